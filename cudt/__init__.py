@@ -1,0 +1,24 @@
+"""cudt: constrained unrolled transformers in JAX.
+
+Train transformers whose every layer must lower the loss by a factor, with the constraints
+enforced by a primal-dual method in one jitted step. See README.md.
+"""
+
+from cudt.constrained import DescentConfig, constraint_values, lagrangian_terms
+from cudt.dual import as_dual, dual_adam, dual_ascent, project_nonnegative, resilience_decay
+from cudt.train import TrainState, make_train_step
+
+__all__ = [
+    "DescentConfig",
+    "TrainState",
+    "as_dual",
+    "constraint_values",
+    "dual_adam",
+    "dual_ascent",
+    "lagrangian_terms",
+    "make_train_step",
+    "project_nonnegative",
+    "resilience_decay",
+]
+
+__version__ = "0.1.0"

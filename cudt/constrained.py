@@ -1,0 +1,125 @@
+"""The layerwise-descent constrained problem: configuration, constraint values, Lagrangian.
+
+    minimise_θ   E ℓ_L
+    subject to   E ℓ_l ≤ (1 − ε_l) · E ℓ_{l−1}      l = 1..L      (descent constraints)
+                 E ℓ_0 ≤ C                                           (reference, optional)
+
+Multipliers and constraint values are vectors of length ``L+1``: index 0 is the reference
+constraint (identically 0 when ``reference=None``), index ``l ≥ 1`` the descent constraint of
+layer ``l``. Everything here is a pure function of arrays; ERM is the same function with the
+multipliers at zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["DescentConfig", "constraint_values", "lagrangian_terms"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DescentConfig:
+    """What the constrained step enforces. Hashable, so it can be a static argument.
+
+    Attributes:
+      num_layers: L, the number of layers (per-layer losses have L+1 columns).
+      epsilon: the descent factor ε_l ∈ [0, 1): a scalar, or L values (layer 1..L).
+      reference: C of the reference constraint E ℓ_0 ≤ C, or None for no reference constraint.
+      resilience: α of the resilient relaxation (cost (α/2)‖u‖²), or None for hard constraints.
+      resilience_mode: "decay" — the dual update decays λ by λ/α (the optimal-slack form); or
+        "slack" — explicit slacks u ≥ 0, updated by projected gradient descent on
+        (α/2)‖u‖² − λ·u with learning rate ``slack_lr`` (the paper's video setting).
+      slack_lr: learning rate of the explicit slacks.
+      slack_restart_steps: with explicit slacks, reset u to 0 every this many steps (the
+        paper's "resilience restarts" after every epoch); None for never.
+      warmup_steps: primal warm-up: the multipliers stay frozen (at 0) for this many steps.
+      constrained: False gives the ERM baseline through the same step: λ ≡ 0, no dual update.
+    """
+
+    num_layers: int
+    epsilon: float | Sequence[float] | np.ndarray = 0.1
+    reference: float | None = None
+    resilience: float | None = None
+    resilience_mode: Literal["decay", "slack"] = "decay"
+    slack_lr: float = 1e-2
+    slack_restart_steps: int | None = None
+    warmup_steps: int = 0
+    constrained: bool = True
+
+    def __post_init__(self):
+        L = self.num_layers
+        if isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
+            raise ValueError(f"num_layers must be an integer >= 1, got {L!r}")
+        eps = np.asarray(self.epsilon, dtype=np.float64)
+        if eps.ndim == 0:
+            eps = np.full((L,), float(eps))
+        if eps.shape != (L,):
+            raise ValueError(
+                f"epsilon must be a scalar or {L} values (one per layer 1..{L}), "
+                f"got shape {eps.shape}"
+            )
+        if not np.all((eps >= 0.0) & (eps < 1.0)):
+            raise ValueError(f"epsilon must lie in [0, 1), got {eps.tolist()}")
+        # Stored as a tuple so the config stays hashable (usable as a static jit argument).
+        object.__setattr__(self, "epsilon", tuple(float(e) for e in eps))
+        if self.reference is not None and not math.isfinite(float(self.reference)):
+            raise ValueError(f"reference must be a finite number or None, got {self.reference}")
+        if self.resilience is not None and not float(self.resilience) > 0:
+            raise ValueError(f"resilience (alpha) must be > 0 or None, got {self.resilience}")
+        if self.resilience_mode not in ("decay", "slack"):
+            raise ValueError(
+                f"resilience_mode must be 'decay' or 'slack', got {self.resilience_mode!r}"
+            )
+        if self.resilience_mode == "slack" and self.resilience is None:
+            raise ValueError("resilience_mode='slack' needs resilience=alpha > 0")
+        if not self.slack_lr > 0:
+            raise ValueError(f"slack_lr must be > 0, got {self.slack_lr}")
+        if self.slack_restart_steps is not None and self.slack_restart_steps < 1:
+            raise ValueError(f"slack_restart_steps must be >= 1 or None, got "
+                             f"{self.slack_restart_steps}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+
+    @property
+    def epsilon_array(self) -> np.ndarray:
+        """ε as float32 [L]."""
+        return np.asarray(self.epsilon, dtype=np.float32)
+
+    @property
+    def uses_slacks(self) -> bool:
+        return self.constrained and self.resilience is not None and self.resilience_mode == "slack"
+
+
+def constraint_values(mean_losses, epsilon, reference=None):
+    """g [L+1] from the mean per-layer losses [L+1].
+
+    g_0 = mean ℓ_0 − C (0 when ``reference`` is None);
+    g_l = mean ℓ_l − (1 − ε_l)·mean ℓ_{l−1}, with ``epsilon[l-1]`` the factor of layer l.
+    """
+    descent = mean_losses[1:] - (1.0 - epsilon) * mean_losses[:-1]  # [L]
+    if reference is None:
+        g0 = jnp.zeros((), mean_losses.dtype)
+    else:
+        g0 = mean_losses[0] - reference
+    return jnp.concatenate([g0[None], descent])
+
+
+def lagrangian_terms(per_sample_losses, multipliers, slacks, epsilon, reference=None,
+                     alpha=None):
+    """The Lagrangian and its parts from per-sample losses [B, L+1].
+
+    𝓛 = mean ℓ_L + Σ_l λ_l (g_l − u_l) [+ (α/2)‖u‖² with explicit slacks].
+    Returns ``(lagrangian, mean_losses [L+1], g [L+1])``. The derivative of 𝓛 in λ is ``g − u``.
+    """
+    mean_losses = jnp.mean(per_sample_losses, axis=0)  # [L+1]
+    g = constraint_values(mean_losses, epsilon, reference)
+    lagrangian = mean_losses[-1] + jnp.sum(multipliers * (g - slacks))
+    if alpha is not None:
+        lagrangian = lagrangian + 0.5 * alpha * jnp.sum(slacks**2)
+    return lagrangian, mean_losses, g

@@ -1,0 +1,117 @@
+"""Dual updates for the Lagrange multipliers, as optax transformations.
+
+Every dual transformation here follows one convention so it composes with optax:
+
+    updates, state = dual_tx.update(g, state, multipliers)
+    multipliers = optax.apply_updates(multipliers, updates)
+
+where ``g = ∇_λ 𝓛`` is the vector of constraint values and the returned ``updates`` are *additive*
+and already make the result feasible (λ ≥ 0). The ascent sign flip, the resilience decay and the
+projection onto the non-negative orthant live in this module and nowhere else.
+
+``as_dual(opt)`` turns any optax *minimiser* into projected gradient *ascent*: maximising 𝓛 in λ is
+minimising −𝓛, so it feeds ``−g`` to ``opt`` and projects afterwards. ``dual_ascent(lr)`` (plain
+projected SGD ascent, the literature's recommended default) and ``dual_adam(lr)`` (the paper's
+choice) are the two ready-made ones. ``resilience_decay(alpha)`` is chained in front by
+:func:`cudt.make_train_step` when ``DescentConfig.resilience`` is set: it turns ``g`` into
+``g − λ/α``, the gradient of the resilient dual (Hounie et al. 2023).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+__all__ = [
+    "as_dual",
+    "dual_adam",
+    "dual_ascent",
+    "project_nonnegative",
+    "resilience_decay",
+]
+
+
+def _check_lr(name: str, value) -> None:
+    # Arrays (for vmapped sweeps) are checked only when concrete.
+    try:
+        v = float(value)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return
+    if not v > 0:
+        raise ValueError(f"{name} must be > 0, got {v}: pass a positive learning rate")
+
+
+class ProjectNonnegativeState(NamedTuple):
+    """Stateless; a NamedTuple so it checkpoints and vmaps like every optax state."""
+
+
+def project_nonnegative() -> optax.GradientTransformation:
+    """Rewrites additive updates ``u`` so that ``λ + u`` is ``max(λ + u, 0)``.
+
+    Needs ``params`` (the current multipliers) in ``update``.
+    """
+
+    def init_fn(params):
+        del params
+        return ProjectNonnegativeState()
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError("project_nonnegative needs the current multipliers as `params`")
+        updates = jax.tree.map(lambda u, p: jnp.maximum(p + u, 0.0) - p, updates, params)
+        return updates, state
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+class ResilienceDecayState(NamedTuple):
+    """Stateless; see :func:`resilience_decay`."""
+
+
+def resilience_decay(alpha) -> optax.GradientTransformation:
+    """``g ↦ g − λ/α``: the dual gradient of the resilient relaxation with cost (α/2)‖u‖².
+
+    The optimal slack is ``u = λ/α``, so the resilient dual step is ordinary ascent on ``g − λ/α``
+    (weight decay ``1/α`` on the multipliers). Place it *before* the dual optimiser.
+    ``alpha`` may be a traced array so resilience can be swept under ``vmap``.
+    """
+    _check_lr("resilience alpha", alpha)
+
+    def init_fn(params):
+        del params
+        return ResilienceDecayState()
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError("resilience_decay needs the current multipliers as `params`")
+        updates = jax.tree.map(lambda g, lam: g - lam / alpha, updates, params)
+        return updates, state
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def as_dual(optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
+    """Projected gradient *ascent* with any optax minimiser.
+
+    The returned transformation takes the constraint values ``g`` (``∇_λ 𝓛``) and the current
+    multipliers, and returns updates with ``λ + updates ≥ 0``.
+    """
+    return optax.chain(optax.scale(-1.0), optimizer, project_nonnegative())
+
+
+def dual_ascent(learning_rate) -> optax.GradientTransformation:
+    """Projected SGD ascent: ``λ ← max(0, λ + lr·g)``.
+
+    ``learning_rate`` may be a float, a schedule, or a (vmapped) array.
+    """
+    _check_lr("dual learning rate", learning_rate)
+    return as_dual(optax.sgd(learning_rate))
+
+
+def dual_adam(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8):
+    """Projected Adam ascent (the paper's choice: "a second Adam for the duals")."""
+    _check_lr("dual learning rate", learning_rate)
+    return as_dual(optax.adam(learning_rate, b1=b1, b2=b2, eps=eps))
