@@ -81,8 +81,9 @@ class DescentConfig:
         if not self.slack_lr > 0:
             raise ValueError(f"slack_lr must be > 0, got {self.slack_lr}")
         if self.slack_restart_steps is not None and self.slack_restart_steps < 1:
-            raise ValueError(f"slack_restart_steps must be >= 1 or None, got "
-                             f"{self.slack_restart_steps}")
+            raise ValueError(
+                f"slack_restart_steps must be >= 1 or None, got {self.slack_restart_steps}"
+            )
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
 
@@ -110,8 +111,7 @@ def constraint_values(mean_losses, epsilon, reference=None):
     return jnp.concatenate([g0[None], descent])
 
 
-def lagrangian_terms(per_sample_losses, multipliers, slacks, epsilon, reference=None,
-                     alpha=None):
+def lagrangian_terms(per_sample_losses, multipliers, slacks, epsilon, reference=None, alpha=None):
     """The Lagrangian and its parts from per-sample losses [B, L+1].
 
     𝓛 = mean ℓ_L + Σ_l λ_l (g_l − u_l) [+ (α/2)‖u‖² with explicit slacks].

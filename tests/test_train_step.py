@@ -108,11 +108,15 @@ def test_simultaneous_update_uses_pre_step_parameters():
     _, hist = run(cfg, cudt.dual_ascent(lr_dual), primal=optax.sgd(lr_primal), batches=[batch])
     before, _, metrics = hist[0]
     _, g_pre = expected_g(before.params, batch, 0.1)
-    np.testing.assert_allclose(metrics["multipliers"], np.maximum(0, lr_dual * g_pre),
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        metrics["multipliers"], np.maximum(0, lr_dual * g_pre), rtol=1e-5, atol=1e-7
+    )
     # The primal step moved the parameters enough that g at the new ones differs clearly.
-    params_after = {"w": before.params["w"] - lr_primal * jax.grad(
-        lambda p: jnp.mean(layer_losses(p, batch, None)[:, -1]))(before.params)["w"]}
+    params_after = {
+        "w": before.params["w"]
+        - lr_primal
+        * jax.grad(lambda p: jnp.mean(layer_losses(p, batch, None)[:, -1]))(before.params)["w"]
+    }
     _, g_post = expected_g(params_after, batch, 0.1)
     assert np.max(np.abs(np.maximum(0, g_post) - np.maximum(0, g_pre))) > 1e-2
 
@@ -122,8 +126,7 @@ def test_primal_gradient_is_gradient_of_lagrangian():
     lr = 0.1
     lam0 = jnp.asarray([0.0, 2.0, 0.5, 1.0])
     batch = make_batch(3)
-    state, hist = run(cfg, cudt.dual_ascent(1e-3), primal=optax.sgd(lr), batches=[batch],
-                      lam0=lam0)
+    state, hist = run(cfg, cudt.dual_ascent(1e-3), primal=optax.sgd(lr), batches=[batch], lam0=lam0)
 
     def lag(p):
         m = jnp.mean(layer_losses(p, batch, None), axis=0)
@@ -139,8 +142,7 @@ def test_erm_is_the_same_step_with_zero_multipliers():
     cfg = cudt.DescentConfig(num_layers=L, constrained=False)
     lr = 0.1
     batch = make_batch(4)
-    state, hist = run(cfg, cudt.dual_ascent(10.0), primal=optax.sgd(lr), steps=1,
-                      batches=[batch])
+    state, hist = run(cfg, cudt.dual_ascent(10.0), primal=optax.sgd(lr), steps=1, batches=[batch])
     grad = jax.grad(lambda p: jnp.mean(layer_losses(p, batch, None)[:, -1]))(params0())
     np.testing.assert_allclose(state.params["w"], params0()["w"] - lr * grad["w"], rtol=1e-6)
     assert np.all(np.asarray(state.multipliers) == 0)
@@ -194,15 +196,22 @@ def test_warmup_freezes_duals():
 
 def test_explicit_slacks_and_restarts():
     alpha, slack_lr, lr = 4.0, 0.25, 1.0
-    cfg = cudt.DescentConfig(num_layers=L, epsilon=0.1, resilience=alpha,
-                             resilience_mode="slack", slack_lr=slack_lr, slack_restart_steps=3)
+    cfg = cudt.DescentConfig(
+        num_layers=L,
+        epsilon=0.1,
+        resilience=alpha,
+        resilience_mode="slack",
+        slack_lr=slack_lr,
+        slack_restart_steps=3,
+    )
     _, hist = run(cfg, cudt.dual_ascent(lr), steps=4, lam0=[0.0, 1.0, 0.5, 0.0])
     for i, (before, batch, metrics) in enumerate(hist):
         _, g = expected_g(before.params, batch, 0.1)
         lam, u = np.asarray(before.multipliers), np.asarray(before.slacks)
         # ∇_λ𝓛 = g − u ; ∇_u𝓛 = αu − λ
-        np.testing.assert_allclose(metrics["multipliers"], np.maximum(0, lam + lr * (g - u)),
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            metrics["multipliers"], np.maximum(0, lam + lr * (g - u)), rtol=1e-5, atol=1e-6
+        )
         u_new = np.maximum(0.0, u - slack_lr * (alpha * u - lam))
         if (i + 1) % 3 == 0:
             u_new = np.zeros_like(u_new)
@@ -247,8 +256,9 @@ def test_randomness_comes_from_the_step_counter():
         noise = jax.random.normal(key, batch["x"].shape)
         return layer_losses(params, {"x": batch["x"] + noise, "y": batch["y"]}, key)
 
-    init, step = cudt.make_train_step(noisy_losses, optax.sgd(0.0), cudt.dual_ascent(1.0), cfg,
-                                      donate=False)
+    init, step = cudt.make_train_step(
+        noisy_losses, optax.sgd(0.0), cudt.dual_ascent(1.0), cfg, donate=False
+    )
     key = jax.random.key(3)
     s0 = init(params0())
     s1, m1 = step(s0, make_batch(0), key)
@@ -260,8 +270,9 @@ def test_randomness_comes_from_the_step_counter():
 
 def test_vmapped_seeds_equal_separate_runs():
     cfg = cudt.DescentConfig(num_layers=L, epsilon=0.1)
-    init, step = cudt.make_train_step(layer_losses, optax.adam(1e-2), cudt.dual_adam(0.1), cfg,
-                                      jit=False)
+    init, step = cudt.make_train_step(
+        layer_losses, optax.adam(1e-2), cudt.dual_adam(0.1), cfg, jit=False
+    )
     ws = jnp.asarray([[1.1, 0.9, 0.8], [0.7, 1.2, 1.0]], jnp.float32)
     states = jax.vmap(lambda w: init({"w": w}))(ws)
     vstep = jax.jit(jax.vmap(step, in_axes=(0, None, None)))
@@ -278,13 +289,13 @@ def test_vmapped_seeds_equal_separate_runs():
 
 def test_epsilon_sweep_via_state():
     cfg = cudt.DescentConfig(num_layers=L, epsilon=0.1)
-    init, step = cudt.make_train_step(layer_losses, optax.sgd(0.0), cudt.dual_ascent(1.0), cfg,
-                                      jit=False)
+    init, step = cudt.make_train_step(
+        layer_losses, optax.sgd(0.0), cudt.dual_ascent(1.0), cfg, jit=False
+    )
     eps_grid = jnp.asarray([0.0, 0.2, 0.4])
     states = jax.vmap(lambda e: init(params0(), epsilon=e))(eps_grid)
     batch = make_batch(0)
-    _, metrics = jax.jit(jax.vmap(step, in_axes=(0, None, None)))(states, batch,
-                                                                  jax.random.key(0))
+    _, metrics = jax.jit(jax.vmap(step, in_axes=(0, None, None)))(states, batch, jax.random.key(0))
     for i, e in enumerate(np.asarray(eps_grid)):
         _, g = expected_g(params0(), batch, e)
         np.testing.assert_allclose(metrics["constraint"][i], g, rtol=1e-5, atol=1e-6)
