@@ -1,0 +1,124 @@
+"""Command-line flags from a frozen config dataclass: one flag per field, ``--field-name``.
+
+Field types understood: int, float, str, bool (``--flag`` / ``--no-flag``), ``X | None``, and
+tuples of int/float/str (comma-separated: ``--models dust,ut``). Help text comes from
+``dataclasses.field(metadata={"help": ...})``. Errors exit with status 2 and one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from cudt.io import UsageError
+
+__all__ = ["config_from_args", "run_cli"]
+
+C = TypeVar("C")
+
+
+def _unwrap_optional(tp):
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def _parser_for(tp, name: str) -> Callable[[str], Any]:
+    tp, optional = _unwrap_optional(tp)
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        (elem, *_rest) = typing.get_args(tp)
+        elem_parse = _parser_for(elem, name)
+
+        def parse_tuple(text: str):
+            items = [t.strip() for t in text.split(",") if t.strip()]
+            if not items:
+                raise argparse.ArgumentTypeError(f"--{name} needs at least one value")
+            return tuple(elem_parse(t) for t in items)
+
+        return parse_tuple
+    if origin is typing.Literal:
+        choices = typing.get_args(tp)
+
+        def parse_choice(text: str):
+            if text not in choices:
+                raise argparse.ArgumentTypeError(
+                    f"invalid value {text!r}: choose from {', '.join(map(str, choices))}"
+                )
+            return text
+
+        return parse_choice
+
+    def parse_scalar(text: str):
+        if optional and text.lower() == "none":
+            return None
+        try:
+            return tp(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {tp.__name__}, got {text!r}"
+            ) from None
+
+    return parse_scalar
+
+
+def build_parser(config_cls: type, description: str, prog: str | None = None):
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    hints = typing.get_type_hints(config_cls)
+    for f in dataclasses.fields(config_cls):
+        flag = "--" + f.name.replace("_", "-")
+        tp = hints[f.name]
+        help_text = f.metadata.get("help", "")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if tp is bool:
+            parser.add_argument(
+                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+                help=help_text,
+            )
+            continue
+        if isinstance(default, tuple):
+            shown = ",".join(map(str, default))
+        else:
+            shown = default
+        parser.add_argument(
+            flag, dest=f.name, type=_parser_for(tp, f.name.replace("_", "-")), default=default,
+            help=f"{help_text} (default: {shown})", metavar=f.name.upper(),
+        )
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    return parser
+
+
+def config_from_args(config_cls: type[C], argv: Sequence[str] | None, description: str,
+                     prog: str | None = None) -> tuple[C, argparse.Namespace]:
+    parser = build_parser(config_cls, description, prog)
+    ns = parser.parse_args(argv)
+    try:
+        cfg = config_cls(**vars(ns))
+    except (ValueError, TypeError) as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    return cfg, ns
+
+
+def run_cli(main: Callable[[], Any]) -> int:
+    """Runs ``main``; a :class:`UsageError` (bad input) prints one line and exits 2."""
+    try:
+        main()
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,128 @@
+"""Figures written as PNG (atomically): per-layer loss, metric vs test γ, per-sample ratios.
+
+All take the experiment's ``runs`` list (the dicts written to results.json), group them by model
+and show ERM and constrained side by side. Infeasible runs are dashed, diverged runs are left out
+of the curves and named in the legend, so a broken run is never mistaken for a good one.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from cudt.io import savefig_atomic  # noqa: E402
+
+__all__ = ["plot_layer_losses", "plot_metric_vs_gamma", "plot_ratio_histograms"]
+
+COLORS = {False: "tab:blue", True: "tab:red"}
+LABELS = {False: "ERM", True: "constrained"}
+
+
+def _by_model(runs):
+    groups = defaultdict(list)
+    for run in runs:
+        groups[f"{run['model']}-{run['layers']}"].append(run)
+    return dict(sorted(groups.items()))
+
+
+def _style(run):
+    return "--" if run.get("feasible") is False and run.get("constrained") else "-"
+
+
+def _axes(n):
+    fig, axes = plt.subplots(1, n, figsize=(5.0 * n, 3.8), squeeze=False)
+    return fig, axes[0]
+
+
+def plot_layer_losses(runs, path: str | Path, *, gamma_index: int, title: str = "") -> None:
+    """Mean test loss at every layer (the paper's Figures 1 and 7), log scale."""
+    groups = _by_model(runs)
+    fig, axes = _axes(len(groups))
+    for ax, (name, group) in zip(axes, groups.items(), strict=True):
+        seen = set()
+        for run in group:
+            if run.get("diverged"):
+                ax.plot([], [], color="gray", label=f"{LABELS[run['constrained']]} seed "
+                        f"{run['seed']}: diverged")
+                continue
+            losses = np.asarray(run["layer_loss"][gamma_index], float)
+            label = LABELS[run["constrained"]] if run["constrained"] not in seen else None
+            seen.add(run["constrained"])
+            ax.plot(np.arange(losses.size), losses, _style(run), marker="o", ms=3,
+                    color=COLORS[run["constrained"]], alpha=0.85, label=label)
+        ax.set_yscale("log")
+        ax.set_xlabel("layer l")
+        ax.set_ylabel("mean test loss ℓ_l")
+        ax.set_title(name)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    savefig_atomic(fig, path, dpi=110)
+    plt.close(fig)
+
+
+def plot_metric_vs_gamma(runs, path: str | Path, *, key: str, ylabel: str,
+                         gamma_train: float | None = None, title: str = "") -> None:
+    """``key`` (a list over test γ) against test γ; γ > γ_train is out of distribution."""
+    groups = _by_model(runs)
+    fig, axes = _axes(len(groups))
+    for ax, (name, group) in zip(axes, groups.items(), strict=True):
+        seen = set()
+        for run in group:
+            if run.get("diverged"):
+                ax.plot([], [], color="gray", label=f"{LABELS[run['constrained']]} seed "
+                        f"{run['seed']}: diverged")
+                continue
+            label = LABELS[run["constrained"]] if run["constrained"] not in seen else None
+            seen.add(run["constrained"])
+            ax.plot(run["test_gamma"], run[key], _style(run), marker="o", ms=3,
+                    color=COLORS[run["constrained"]], alpha=0.85, label=label)
+        if gamma_train is not None:
+            ax.axvline(gamma_train, color="k", lw=0.8, ls=":", label="γ_train")
+        ax.set_xlabel("test γ")
+        ax.set_ylabel(ylabel)
+        ax.set_title(name)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    savefig_atomic(fig, path, dpi=110)
+    plt.close(fig)
+
+
+def plot_ratio_histograms(ratios_by_run: dict[tuple[str, bool], np.ndarray], path: str | Path,
+                          *, title: str = "") -> None:
+    """Histograms of per-sample ratios ℓ_l/ℓ_{l−1} (the paper's Figure 12), ERM vs constrained.
+
+    ``ratios_by_run`` maps (model name, constrained) to a flat array of ratios.
+    """
+    models = sorted({m for m, _ in ratios_by_run})
+    fig, axes = _axes(len(models))
+    for ax, model in zip(axes, models, strict=True):
+        for constrained in (False, True):
+            r = ratios_by_run.get((model, constrained))
+            if r is None or r.size == 0:
+                continue
+            r = r[np.isfinite(r)]
+            hi = np.quantile(r, 0.99) if r.size else 2.0
+            bins = np.linspace(0.0, max(2.0, hi), 60)
+            ax.hist(np.clip(r, 0, bins[-1]), bins=bins, alpha=0.55, density=True,
+                    color=COLORS[constrained],
+                    label=f"{LABELS[constrained]} (median {np.median(r):.2f}, "
+                          f"{100 * np.mean(r < 1):.1f}% < 1)")
+        ax.axvline(1.0, color="k", lw=0.8, ls=":")
+        ax.set_xlabel("ℓ_l / ℓ_{l-1}")
+        ax.set_ylabel("density")
+        ax.set_title(model)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    savefig_atomic(fig, path, dpi=110)
+    plt.close(fig)

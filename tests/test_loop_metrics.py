@@ -1,0 +1,127 @@
+"""The vmapped multi-run loop, the descent/feasibility metrics and atomic outputs."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import cudt
+from cudt.io import UsageError, prepare_output_dir, write_json_atomic
+from cudt.loop import sample_indices, train_group
+from cudt.metrics import descent_stats, feasibility, rmse_255, trapezoid_auc
+
+L = 2
+
+
+def layer_losses(params, batch, key):
+    x, y = batch[:, 0], batch[:, 1]
+    s1 = x * params["w"][0]
+    s2 = s1 * params["w"][1]
+    states = jnp.stack([x, s1, s2], axis=1)
+    return (states - y[:, None]) ** 2
+
+
+def toy_data(n=64):
+    x = np.random.default_rng(0).normal(size=n).astype(np.float32)
+    return jnp.asarray(np.stack([x, 0.3 * x], axis=1))
+
+
+def make_group(ws, lr=0.05):
+    cfg = cudt.DescentConfig(num_layers=L, epsilon=0.2)
+    init, step = cudt.make_train_step(
+        layer_losses, optax.sgd(lr), cudt.dual_ascent(0.5), cfg, jit=False
+    )
+    states = jax.vmap(lambda w: init({"w": w}))(jnp.asarray(ws, jnp.float32))
+    keys = jnp.stack([jax.random.key(i) for i in range(len(ws))])
+    return step, states, keys
+
+
+def test_chunked_vmapped_loop_equals_stepping_by_hand():
+    data = toy_data()
+    step, states, keys = make_group([[1.0, 0.9], [0.8, 0.7]])
+
+    def make_batch(key, s):
+        return data[sample_indices(key, s, data.shape[0], 8)]
+
+    result = train_group(step, states, keys, make_batch, 7, chunk_steps=3)
+    assert [int(h["step"]) for h in result.history] == [3, 6, 7]
+    # by hand, one run at a time, one jitted step per call
+    _, states2, _ = make_group([[1.0, 0.9], [0.8, 0.7]])
+    jstep = jax.jit(step)
+    for r in range(2):
+        s = jax.tree.map(lambda a: a[r], states2)
+        for _ in range(7):
+            s, _ = jstep(s, make_batch(keys[r], s.step), keys[r])
+        np.testing.assert_allclose(result.states.params["w"][r], s.params["w"], rtol=1e-5)
+        np.testing.assert_allclose(result.states.multipliers[r], s.multipliers, rtol=1e-5,
+                                   atol=1e-7)
+    assert not result.diverged.any()
+
+
+def test_a_diverging_run_is_frozen_and_reported_and_others_finish():
+    data = toy_data()
+    # run 1 starts with weights so large that its layer-2 loss overflows to inf at once
+    step, states, keys = make_group([[1.0, 0.9], [1e20, 1e20]])
+
+    def make_batch(key, s):
+        return data[sample_indices(key, s, data.shape[0], 8)]
+
+    result = train_group(step, states, keys, make_batch, 6, chunk_steps=2)
+    assert result.diverged.tolist() == [False, True]
+    assert result.diverged_at[0] is None
+    assert result.diverged_at[1]["quantity"] in ("objective", "lagrangian", "multipliers")
+    assert result.diverged_at[1]["step"] >= 1
+    # the diverged run keeps its last finite state; the healthy one trained all steps
+    assert np.all(np.isfinite(np.asarray(result.states.params["w"][1])))
+    assert int(result.states.step[0]) == 6
+
+
+def test_descent_stats_by_hand():
+    losses = np.array([[4.0, 2.0, 3.0], [1.0, 0.5, 0.25]])
+    s = descent_stats(losses)
+    ratios = np.array([0.5, 1.5, 0.5, 0.5])
+    assert s.descent_rate == pytest.approx(0.75)
+    assert s.mean_ratio == pytest.approx(ratios.mean())
+    assert s.median_ratio == pytest.approx(np.median(ratios))
+
+
+def test_feasibility_verdict():
+    ok = feasibility(np.array([1.0, 0.89, 0.8]), 0.1, tolerance=0.0)
+    assert ok.feasible
+    bad = feasibility(np.array([1.0, 0.95, 0.8]), 0.1, tolerance=0.01)
+    assert not bad.feasible
+    assert bad.constraint[1] == pytest.approx(0.95 - 0.9)
+    # within tolerance: 0.905 violates by 0.005 = 0.5% of ℓ_0
+    assert feasibility(np.array([1.0, 0.905, 0.8]), 0.1, tolerance=0.01).feasible
+    assert not feasibility(np.array([1.0, 0.5, 0.4]), 0.1, reference=0.5).feasible
+    assert not feasibility(np.array([1.0, np.nan, 0.4]), 0.1).feasible
+
+
+def test_rmse_and_auc():
+    assert rmse_255(1.0 / 255**2) == pytest.approx(1.0)
+    assert trapezoid_auc([0, 1, 2], [1, 1, 0]) == pytest.approx(1.5)
+
+
+def test_atomic_json_and_output_folder(tmp_path):
+    out = prepare_output_dir(tmp_path / "run")
+    write_json_atomic(out / "results.json", {"a": np.float32(1.5), "b": np.arange(3),
+                                             "c": float("nan")})
+    assert json.loads((out / "results.json").read_text()) == {"a": 1.5, "b": [0, 1, 2],
+                                                               "c": None}
+    assert [p.name for p in out.iterdir()] == ["results.json"]  # no temporary left behind
+    with pytest.raises(UsageError, match="already holds results.json.*--overwrite"):
+        prepare_output_dir(out)
+    assert prepare_output_dir(out, overwrite=True) == out
+
+
+def test_failed_atomic_write_leaves_old_file(tmp_path):
+    path = tmp_path / "results.json"
+    write_json_atomic(path, {"v": 1})
+    with pytest.raises(TypeError):
+        write_json_atomic(path, {"v": object()})
+    assert json.loads(path.read_text()) == {"v": 1}
+    assert os.listdir(tmp_path) == ["results.json"]
