@@ -1,0 +1,25 @@
+"""Models: every one is a pure ``apply(params, x) -> (output, states)`` with ``states [L+1, ...]``.
+
+* ``UT``: tied-weight unrolled transformer (Yang et al. 2022), with ``ut_project`` /
+  ``ut_project_tree`` (eigenvalue clipping of ``W̃_f`` after each optimizer step).
+* ``DUST``: unrolled sparse coding with symmetric attention (De Weerdt et al. 2023); states are
+  patch reconstructions.
+* ``dct_matrix`` / ``dct2_dictionary``: DCT bases used for initialisation.
+"""
+
+from cudt.models.dct import dct1_dictionary, dct2_dictionary, dct_matrix
+from cudt.models.dust import DUST, soft_threshold, spectral_norm_sq
+from cudt.models.ut import UT, UT_PARAM_KEYS, ut_project, ut_project_tree
+
+__all__ = [
+    "DUST",
+    "UT",
+    "UT_PARAM_KEYS",
+    "dct1_dictionary",
+    "dct2_dictionary",
+    "dct_matrix",
+    "soft_threshold",
+    "spectral_norm_sq",
+    "ut_project",
+    "ut_project_tree",
+]

@@ -1,0 +1,176 @@
+"""Deep Unfolded Sequential Transformer (DUST, De Weerdt et al. 2023) as adapted in the paper.
+
+Denoising only (no measurement matrix), LISTA matrices coupled to the dictionary, fixed
+regularisation weights; the ONLY trainable parameter is the dictionary (Appendix C.4). Tokens
+are flattened patches ``x [P]``; a sequence is one patch location over ``T`` frames. Codes are
+rows ``z [K]`` (``K > P``, overcomplete) with reconstruction ``x̂ = z Dᵀ``. Layer ``l`` (with
+``D_l [P, K]`` and ``μ_l = ‖D_l‖₂²``)::
+
+    R = Z D_lᵀ                                           # [..., T, P] current reconstructions
+    A = softmax_row(temperature · R Rᵀ)                  # [..., T, T] frame similarity
+    Z ← (1 − a)·Z + a·A Z                                # symmetric softmax attention
+    Z ← soft(Z + (1/μ_l)(X − Z D_lᵀ) D_l, τ/μ_l)         # coupled LISTA step on the noisy X
+
+States are the RECONSTRUCTIONS ``X̂_l = Z_l D_lᵀ`` (the loss is computed on them), ``states[0]``
+uses the first layer's dictionary.
+
+Initial code (a choice the paper leaves open): ``initial_code="dual"`` (default) uses the
+canonical dual frame, ``Z_0 = X (D_0 D_0ᵀ)⁻¹ D_0``, which reconstructs ``X`` exactly for any
+full-row-rank ``D_0``: the overcomplete DCT is not a tight frame (eigenvalues of ``D Dᵀ`` in
+about ``[1, 2.58]`` for 16x16 patches, 20 atoms per axis), so the scaled adjoint
+``Z_0 = X D_0/μ_0`` (``initial_code="adjoint"``) would shrink the patch mean by ~0.45 and make
+``states[0]`` a poor copy of the input. Both coincide for a tight frame.
+
+Params (``model.init(key, x)``)::
+
+    {"params": {"dictionary": [P, K]}}        # per_layer_dictionary=False (tied)
+    {"params": {"dictionary": [L, P, K]}}     # per_layer_dictionary=True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from cudt.models.dct import dct2_dictionary
+
+__all__ = ["DUST", "soft_threshold", "spectral_norm_sq"]
+
+
+def soft_threshold(z: jax.Array, theta: jax.Array | float) -> jax.Array:
+    """Proximal operator of ``theta·‖·‖₁``: ``sign(z)·max(|z| − theta, 0)``."""
+    return jnp.sign(z) * jnp.maximum(jnp.abs(z) - theta, 0.0)
+
+
+def spectral_norm_sq(d: jax.Array) -> jax.Array:
+    """``‖D‖₂²`` = largest eigenvalue of ``D Dᵀ`` for ``d [..., P, K]``; returns ``[...]``.
+
+    Computed with ``jnp.linalg.eigvalsh`` on the (smaller, ``P x P``) Gram matrix behind a
+    ``stop_gradient``: the LISTA step size is treated as a constant, and differentiating
+    ``eigvalsh`` at a repeated top eigenvalue (a tight frame) would give NaN gradients.
+    """
+    d = jax.lax.stop_gradient(d).astype(jnp.float32)
+    gram = jnp.einsum("...pk,...qk->...pq", d, d)
+    return jnp.linalg.eigvalsh(gram)[..., -1]
+
+
+class DUST(nn.Module):
+    """Unrolled sparse coding with symmetric attention across frames.
+
+    Attributes:
+        num_layers: number of unrolled layers ``L`` (>= 1).
+        patch_dim: token size ``P`` (a square, ``P = patch**2``).
+        atoms_per_dim: 1-D DCT atoms per axis; ``K = atoms_per_dim**2`` (``>= P``).
+        per_layer_dictionary: one dictionary per layer (``[L, P, K]``, each initialised to the
+            same DCT) instead of one shared ``[P, K]``.
+        threshold: sparsity weight ``τ`` (soft threshold ``τ/μ_l``), fixed.
+        attention_weight: attention step ``a``, fixed.
+        temperature: attention score scale; ``None`` means ``1/sqrt(P)``.
+        initial_code: ``"dual"`` (exact reconstruction of X at state 0) or ``"adjoint"``
+            (``Z_0 = X D_0/μ_0``); see the module docstring.
+        dtype: compute dtype; the dictionary is stored in float32 and the Gram solve, ``μ``
+            and the softmax run in float32.
+    """
+
+    num_layers: int
+    patch_dim: int = 256
+    atoms_per_dim: int = 20
+    per_layer_dictionary: bool = False
+    threshold: float = 0.01
+    attention_weight: float = 0.5
+    temperature: float | None = None
+    initial_code: str = "dual"
+    dtype: Any = jnp.float32
+
+    @property
+    def num_atoms(self) -> int:
+        """``K``, the number of dictionary atoms."""
+        return self.atoms_per_dim**2
+
+    @nn.compact
+    def __call__(
+        self, x: jax.Array, return_codes: bool = False
+    ) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, jax.Array, jax.Array]:
+        """Denoise ``x``.
+
+        Args:
+            x: noisy patches ``[..., T, P]`` (e.g. ``[B, T, P]`` or ``[T, P]``).
+            return_codes: also return the sparse codes.
+
+        Returns:
+            ``(output, states)`` or ``(output, states, codes)``: ``output [..., T, P] =
+            states[-1]``, reconstructions ``states [L+1, ..., T, P]``, codes ``[L+1, ..., T, K]``.
+        """
+        patch = math.isqrt(self.patch_dim)
+        if patch * patch != self.patch_dim:
+            raise ValueError(f"patch_dim must be a perfect square, got {self.patch_dim}")
+        if self.atoms_per_dim < patch:
+            raise ValueError(f"atoms_per_dim must be >= {patch}, got {self.atoms_per_dim}")
+        if self.num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
+        if x.ndim < 2 or x.shape[-1] != self.patch_dim:
+            raise ValueError(f"expected x of shape [..., T, {self.patch_dim}], got {x.shape}")
+        if self.initial_code not in ("dual", "adjoint"):
+            raise ValueError(f"initial_code must be 'dual' or 'adjoint', got {self.initial_code!r}")
+
+        atoms_per_dim = self.atoms_per_dim
+
+        def dct_init(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+            del key
+            d = jnp.asarray(dct2_dictionary(patch, atoms_per_dim), dtype=dtype)  # [P, K]
+            return jnp.broadcast_to(d, shape)
+
+        shape: tuple[int, ...] = (self.patch_dim, self.num_atoms)
+        if self.per_layer_dictionary:
+            shape = (self.num_layers, *shape)
+        dictionary = self.param("dictionary", dct_init, shape, jnp.float32)
+
+        temperature = (
+            1.0 / math.sqrt(self.patch_dim) if self.temperature is None else self.temperature
+        )
+        a, tau, dt = self.attention_weight, self.threshold, self.dtype
+        xc = x.astype(dt)
+
+        mu = spectral_norm_sq(dictionary)  # [] or [L]
+        d0 = dictionary[0] if self.per_layer_dictionary else dictionary  # [P, K]
+        mu0 = mu[0] if self.per_layer_dictionary else mu
+
+        if self.initial_code == "dual":
+            # Z_0 = X (D Dᵀ)⁻¹ D: the minimum-norm code with Z_0 D_0ᵀ = X. D Dᵀ ⪰ I at init.
+            gram = jnp.einsum("pk,qk->pq", d0, d0)
+            enc = jnp.linalg.solve(gram, d0)  # [P, K]
+        else:
+            enc = d0 / mu0
+        z0 = jnp.einsum("...tp,pk->...tk", xc, enc.astype(dt))  # [..., T, K]
+
+        def layer(
+            z: jax.Array, layer_params: tuple[jax.Array, jax.Array]
+        ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+            d, mu_l = layer_params
+            d = d.astype(dt)
+            recon = jnp.einsum("...tk,pk->...tp", z, d)  # [..., T, P]
+            scores = temperature * jnp.einsum("...tp,...sp->...ts", recon, recon)
+            attn = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(dt)
+            z = (1.0 - a) * z + a * jnp.einsum("...ts,...sk->...tk", attn, z)
+            resid = xc - jnp.einsum("...tk,pk->...tp", z, d)  # [..., T, P]
+            step = (1.0 / mu_l).astype(dt)
+            z = soft_threshold(z + step * jnp.einsum("...tp,pk->...tk", resid, d), tau * step)
+            return z, (z, jnp.einsum("...tk,pk->...tp", z, d))
+
+        if self.per_layer_dictionary:
+            _, (zs, recons) = jax.lax.scan(layer, z0, (dictionary, mu))
+        else:
+            # Tied: the scanned body closes over the single dictionary; scan only counts layers.
+            _, (zs, recons) = jax.lax.scan(
+                lambda z, _: layer(z, (dictionary, mu)), z0, None, length=self.num_layers
+            )
+        recon0 = jnp.einsum("...tk,pk->...tp", z0, d0.astype(dt))
+        states = jnp.concatenate([recon0[None], recons], axis=0)  # [L+1, ..., T, P]
+        if return_codes:
+            codes = jnp.concatenate([z0[None], zs], axis=0)  # [L+1, ..., T, K]
+            return states[-1], states, codes
+        return states[-1], states

@@ -1,0 +1,193 @@
+"""Unrolled Transformer (UT) of Yang et al. 2022, "Transformers from an optimization perspective".
+
+One layer with weights TIED across all ``L`` applications (``jax.lax.scan``, so a single layer
+is compiled whatever the depth). With ``W = W̃ᵀW̃`` (one symmetric PSD matrix shared by queries,
+keys and values) and ``W_f = −½·b·(W̃_f + W̃_fᵀ) + (1 − b)·I`` each layer computes::
+
+    A = softmax_row(Y W Yᵀ)          # [..., T, T], normalised over the key axis
+    Z = (1 − a)·Y + a·A Y            # symmetric softmax attention step
+    Y ← ReLU(Z W_f + B)              # symmetric residual linear map + ReLU
+
+Every layer's state is returned, ``states[0] = x`` and ``states[L] = output``, because the
+constrained training puts a loss on each of them.
+
+Params (``model.init(key, x)``)::
+
+    {"params": {"attn": [dim, dim],   # W̃
+                "ffn":  [dim, dim],   # W̃_f
+                "bias": [dim]}}       # B
+
+After every optimizer step the published code projects ``W̃_f`` (``ut_project`` /
+``ut_project_tree``) to keep the map contractive and the training free of NaNs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cudt.models.dct import dct_matrix
+
+__all__ = ["UT", "UT_PARAM_KEYS", "ut_project", "ut_project_tree"]
+
+#: Keys that identify a UT parameter dict inside a larger pytree (see ``ut_project_tree``).
+UT_PARAM_KEYS: frozenset[str] = frozenset({"attn", "ffn", "bias"})
+
+# W_f = 0.9·I at init: a contraction close to the identity, so the untrained stack is a mild
+# smoother whose per-layer loss neither explodes nor collapses to zero in a few layers.
+_FFN_INIT_GAIN = 0.9
+
+
+def _dct_attn_init(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+    """W̃ = dim^(−1/4)·C with C the orthonormal DCT, so W̃ᵀW̃ = I/√dim (softmax temperature)."""
+    del key
+    dim = shape[-1]
+    return jnp.asarray(dct_matrix(dim) * dim**-0.25, dtype=dtype)
+
+
+def _dct_ffn_init(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+    """W̃_f = −0.9·I, so W_f = −½(W̃_f + W̃_fᵀ) = 0.9·I at a = b = 1."""
+    del key
+    return jnp.asarray(-_FFN_INIT_GAIN * np.eye(shape[-1]), dtype=dtype)
+
+
+class UT(nn.Module):
+    """Tied-weight unrolled transformer.
+
+    Attributes:
+        num_layers: number of unrolled layers ``L`` (>= 1).
+        dim: token dimension ``D``.
+        a: attention step size (``a = 0`` disables attention).
+        b: residual-map weight (``b = 0`` gives ``W_f = I``).
+        init_scheme: ``"dct"`` (near-identity denoiser, for video patches) or ``"xavier"``
+            (text). Not called ``init``: a dataclass field of that name would shadow
+            ``nn.Module.init`` and break ``model.init(key, x)``.
+        dtype: compute dtype; params are stored in float32 and softmax runs in float32.
+    """
+
+    num_layers: int
+    dim: int
+    a: float = 1.0
+    b: float = 1.0
+    init_scheme: str = "dct"
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """Run the ``L`` tied layers.
+
+        Args:
+            x: tokens ``[..., T, D]`` (e.g. ``[B, T, D]`` or ``[T, D]``).
+            mask: optional key-padding mask ``[..., T]`` (True = real token). Padded tokens are
+                never attended to; their own states are meaningless and should be masked out
+                of any loss.
+
+        Returns:
+            ``(output, states)``: ``output [..., T, D] = states[-1]`` and ``states
+            [L+1, ..., T, D]`` with ``states[0] = x``.
+        """
+        if self.num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
+        if x.ndim < 2 or x.shape[-1] != self.dim:
+            raise ValueError(f"expected x of shape [..., T, {self.dim}], got {x.shape}")
+        if self.init_scheme == "dct":
+            attn_init, ffn_init = _dct_attn_init, _dct_ffn_init
+        elif self.init_scheme == "xavier":
+            attn_init = ffn_init = nn.initializers.xavier_uniform()
+        else:
+            raise ValueError(f"init_scheme must be 'dct' or 'xavier', got {self.init_scheme!r}")
+
+        w_attn_t = self.param("attn", attn_init, (self.dim, self.dim), jnp.float32)
+        w_ffn_t = self.param("ffn", ffn_init, (self.dim, self.dim), jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros_init(), (self.dim,), jnp.float32)
+
+        # The layer only ever sees W and W_f, so build them once, outside the scan.
+        w_attn = jnp.einsum("kd,ke->de", w_attn_t, w_attn_t).astype(self.dtype)  # [D, D]
+        eye = jnp.eye(self.dim, dtype=jnp.float32)
+        w_ffn = (-0.5 * self.b * (w_ffn_t + w_ffn_t.T) + (1.0 - self.b) * eye).astype(self.dtype)
+        bias = bias.astype(self.dtype)
+        a = self.a
+
+        y0 = x.astype(self.dtype)
+        key_mask = None if mask is None else mask.astype(bool)[..., None, :]  # [..., 1, T]
+
+        def layer(y: jax.Array, _: None) -> tuple[jax.Array, jax.Array]:
+            scores = jnp.einsum("...td,de,...se->...ts", y, w_attn, y)  # [..., T, T]
+            scores = scores.astype(jnp.float32)
+            if key_mask is not None:
+                scores = jnp.where(key_mask, scores, jnp.finfo(jnp.float32).min)
+            attn = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
+            z = (1.0 - a) * y + a * jnp.einsum("...ts,...sd->...td", attn, y)
+            y = jax.nn.relu(jnp.einsum("...td,de->...te", z, w_ffn) + bias)
+            return y, y
+
+        _, ys = jax.lax.scan(layer, y0, None, length=self.num_layers)  # [L, ..., T, D]
+        states = jnp.concatenate([y0[None], ys], axis=0)  # [L+1, ..., T, D]
+        return states[-1], states
+
+
+def _project_symmetric(w: jax.Array, clip: float) -> jax.Array:
+    """Symmetrise ``w [..., D, D]`` and clip its eigenvalues to ``[−clip, clip]``."""
+    dtype = w.dtype
+    w32 = w.astype(jnp.float32)  # eigh has no bf16/f16 kernel
+    sym = 0.5 * (w32 + jnp.swapaxes(w32, -1, -2))
+    evals, evecs = jnp.linalg.eigh(sym)
+    proj = jnp.einsum("...ik,...k,...jk->...ij", evecs, jnp.clip(evals, -clip, clip), evecs)
+    # A feasible matrix is returned bit-exact (not via the eigh round trip), so repeated
+    # projections after every step do not accumulate floating-point drift.
+    feasible = jnp.all(jnp.abs(evals) <= clip, axis=-1)[..., None, None]
+    return jnp.where(feasible, sym, proj).astype(dtype)
+
+
+def _is_ut_params(node: Any) -> bool:
+    return isinstance(node, Mapping) and UT_PARAM_KEYS <= set(node.keys())
+
+
+def _project_ut_dict(params: Mapping[str, Any], clip: float) -> dict[str, Any]:
+    out = dict(params)
+    out["ffn"] = _project_symmetric(params["ffn"], clip)
+    return out
+
+
+def ut_project_tree(tree: Any, clip: float = 0.95) -> Any:
+    """Project every UT param dict found anywhere in a nested-dict pytree (see ``ut_project``).
+
+    A UT param dict is any ``Mapping`` whose keys include ``{"attn", "ffn", "bias"}`` (the names
+    ``UT`` uses). Other Mappings are rebuilt as plain ``dict`` with their children walked;
+    non-mapping leaves are returned as is. Trees without a UT dict come back unchanged.
+    """
+    if _is_ut_params(tree):
+        return _project_ut_dict(tree, clip)
+    if isinstance(tree, Mapping):
+        return {k: ut_project_tree(v, clip) for k, v in tree.items()}
+    return tree
+
+
+def ut_project(params: Any, clip: float = 0.95) -> Any:
+    """Projection applied after every optimizer step (the published UT code's stabiliser).
+
+    ``W̃_f`` is replaced by its symmetric part with eigenvalues clipped to ``[−clip, clip]``
+    (``jnp.linalg.eigh``); the model only depends on that symmetric part, so this projects
+    ``W_f`` onto ``‖W_f − (1 − b)I‖₂ ≤ b·clip``. An already-feasible symmetric ``W̃_f`` is
+    returned bit-exact. Pure and jittable.
+
+    Contract: ``params`` is either one UT's own dict ``{"attn", "ffn", "bias"}`` or any nested
+    dict holding such dicts, e.g. the full ``model.init`` output ``{"params": {...}}`` or a
+    bigger model with a UT submodule; every dict whose keys include ``{"attn", "ffn", "bias"}``
+    is projected (its ``"ffn"`` leaf only), everything else is returned untouched. Extra
+    leading axes on ``ffn`` (runs stacked by ``vmap``) are projected independently.
+
+    Raises:
+        KeyError: if ``params`` contains no UT param dict (almost surely a wiring mistake).
+    """
+    found = _is_ut_params(params) or any(
+        _is_ut_params(node) for node in jax.tree_util.tree_leaves(params, is_leaf=_is_ut_params)
+    )
+    if not found:
+        raise KeyError(f"no UT param dict (keys {sorted(UT_PARAM_KEYS)}) found in params")
+    return ut_project_tree(params, clip)

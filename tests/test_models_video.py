@@ -1,0 +1,326 @@
+"""Tests for the video models (UT, DUST) and the DCT dictionaries, on tiny configs."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cudt.models import (
+    DUST,
+    UT,
+    dct2_dictionary,
+    dct_matrix,
+    spectral_norm_sq,
+    ut_project,
+    ut_project_tree,
+)
+
+B, T, PATCH = 3, 4, 4
+P = PATCH * PATCH  # 16 values per token (4x4 patches)
+ATOMS = 5  # K = 25 > P: overcomplete
+
+
+def _inputs(batch: bool = True, seed: int = 0) -> jax.Array:
+    shape = (B, T, P) if batch else (T, P)
+    return jax.random.uniform(jax.random.key(seed), shape, jnp.float32)
+
+
+def _param_count(variables) -> int:
+    return sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(variables))
+
+
+def _smooth_video(rng: np.random.Generator, batch: int, frames: int, patch: int) -> np.ndarray:
+    """Smooth patches, slowly brightening over frames: ``[batch, frames, patch**2]``."""
+    u = np.linspace(0.0, 1.0, patch)
+    out = []
+    for _ in range(batch):
+        f1, f2, phase = rng.uniform(0.5, 2.0, 3)
+        base = 0.5 + 0.3 * np.outer(np.sin(np.pi * f1 * u + phase), np.cos(np.pi * f2 * u))
+        out.append(np.stack([base + 0.02 * t for t in range(frames)]))
+    return np.asarray(out, np.float32).reshape(batch, frames, patch * patch)
+
+
+# ----------------------------------------------------------------------------- DCT
+
+
+def test_dct_matrix_orthonormal() -> None:
+    for n in (1, 4, 16):
+        c = dct_matrix(n)
+        np.testing.assert_allclose(c @ c.T, np.eye(n), atol=1e-12)
+        np.testing.assert_allclose(c.T @ c, np.eye(n), atol=1e-12)
+    # Row 0 is the constant (DC) vector.
+    np.testing.assert_allclose(dct_matrix(8)[0], np.full(8, 8**-0.5), atol=1e-12)
+
+
+def test_dct2_square_is_orthonormal_kronecker_basis() -> None:
+    d = dct2_dictionary(PATCH)
+    assert d.shape == (P, P)
+    np.testing.assert_allclose(d.T @ d, np.eye(P), atol=1e-12)
+    c = dct_matrix(PATCH)
+    np.testing.assert_allclose(d, np.kron(c.T, c.T), atol=1e-12)
+    np.testing.assert_allclose(dct2_dictionary(PATCH, PATCH), d)
+
+
+def test_dct2_overcomplete_atoms() -> None:
+    d = dct2_dictionary(16, 20)
+    assert d.shape == (256, 400)
+    np.testing.assert_allclose(np.linalg.norm(d, axis=0), 1.0, atol=1e-12)
+    np.testing.assert_allclose(d[:, 1:].sum(axis=0), 0.0, atol=1e-10)  # non-DC atoms zero-mean
+    np.testing.assert_allclose(d[:, 0], np.full(256, 1 / 16), atol=1e-12)  # DC atom
+    assert np.linalg.matrix_rank(d) == 256  # spans every patch
+    with pytest.raises(ValueError):
+        dct2_dictionary(4, 3)
+
+
+# ----------------------------------------------------------------------------- UT
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_ut_shapes_and_state0(batch: bool) -> None:
+    x = _inputs(batch)
+    model = UT(num_layers=3, dim=P)
+    variables = model.init(jax.random.key(0), x)
+    out, states = model.apply(variables, x)
+    assert out.shape == x.shape
+    assert states.shape == (4, *x.shape)
+    np.testing.assert_array_equal(states[0], x)
+    np.testing.assert_array_equal(out, states[-1])
+
+
+def test_ut_params_tied_and_structure() -> None:
+    x = _inputs()
+    counts = []
+    for layers in (1, 3, 7):
+        variables = UT(num_layers=layers, dim=P).init(jax.random.key(0), x)
+        shapes = jax.tree.map(lambda a: a.shape, variables)
+        assert shapes == {"params": {"attn": (P, P), "ffn": (P, P), "bias": (P,)}}
+        counts.append(_param_count(variables))
+    assert counts == [2 * P * P + P] * 3
+
+
+def test_ut_dct_init() -> None:
+    variables = UT(num_layers=2, dim=P).init(jax.random.key(0), _inputs())
+    params = variables["params"]
+    w = params["attn"].T @ params["attn"]
+    np.testing.assert_allclose(w, np.eye(P) / np.sqrt(P), atol=1e-6)
+    w_f = -0.5 * (params["ffn"] + params["ffn"].T)
+    np.testing.assert_allclose(w_f, 0.9 * np.eye(P), atol=1e-7)
+    np.testing.assert_array_equal(params["bias"], 0.0)
+    xavier = UT(num_layers=2, dim=P, init_scheme="xavier").init(jax.random.key(0), _inputs())
+    assert not np.allclose(xavier["params"]["ffn"], np.diag(np.diag(xavier["params"]["ffn"])))
+    with pytest.raises(ValueError):
+        UT(num_layers=2, dim=P, init_scheme="nope").init(jax.random.key(0), _inputs())
+
+
+def test_ut_a0_b0_is_relu_plus_bias() -> None:
+    x = _inputs() - 0.5  # mixed signs so the ReLU matters
+    model = UT(num_layers=3, dim=P, a=0.0, b=0.0, init_scheme="xavier")
+    variables = model.init(jax.random.key(0), x)
+    bias = jax.random.normal(jax.random.key(1), (P,)) * 0.3
+    variables = {"params": {**variables["params"], "bias": bias}}
+    _, states = model.apply(variables, x)
+    y = x
+    for layer in range(1, 4):
+        y = jax.nn.relu(y + bias)
+        np.testing.assert_allclose(states[layer], y, atol=1e-6)
+
+
+def test_ut_matches_reference_layer() -> None:
+    """One layer against a NumPy transcription of the formula, for general a, b."""
+    a, b = 0.7, 0.6
+    x = _inputs()
+    model = UT(num_layers=1, dim=P, a=a, b=b, init_scheme="xavier")
+    variables = model.init(jax.random.key(2), x)
+    pr = jax.tree.map(lambda t: np.asarray(t, np.float64), variables["params"])
+    pr["bias"] = np.linspace(-0.1, 0.1, P)
+    w = pr["attn"].T @ pr["attn"]
+    w_f = -0.5 * b * (pr["ffn"] + pr["ffn"].T) + (1 - b) * np.eye(P)
+    xs = np.asarray(x, np.float64)
+    expected = []
+    for y in xs:
+        s = y @ w @ y.T
+        att = np.exp(s - s.max(axis=-1, keepdims=True))
+        att /= att.sum(axis=-1, keepdims=True)
+        z = (1 - a) * y + a * att @ y
+        expected.append(np.maximum(z @ w_f + pr["bias"], 0.0))
+    out, _ = model.apply({"params": jax.tree.map(jnp.asarray, pr)}, x)
+    np.testing.assert_allclose(out, np.stack(expected), atol=1e-5)
+
+
+def test_ut_mask_ignores_padding() -> None:
+    x = _inputs()
+    model = UT(num_layers=3, dim=P)
+    variables = model.init(jax.random.key(0), x)
+    mask = jnp.arange(T) < T - 1  # last token is padding
+    padded = x.at[:, -1].set(5.0)
+    out, _ = model.apply(variables, padded, jnp.broadcast_to(mask, (B, T)))
+    ref, _ = model.apply(variables, x[:, :-1])
+    np.testing.assert_allclose(out[:, :-1], ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("scheme", ["dct", "xavier"])
+def test_ut_untrained_stays_finite_over_10_layers(scheme: str) -> None:
+    # Video-like tokens (one patch location over similar frames), where a near-identity layer
+    # is meaningful: attention over near-duplicate frames changes them little.
+    x = jnp.asarray(_smooth_video(np.random.default_rng(1), batch=B, frames=8, patch=8))
+    model = UT(num_layers=10, dim=64, init_scheme=scheme)
+    _, states = model.apply(model.init(jax.random.key(0), x), x)
+    assert bool(jnp.all(jnp.isfinite(states)))
+    assert float(jnp.abs(states).max()) < 10.0
+    if scheme == "dct":  # near-identity: one layer moves the input only a little
+        assert float(jnp.mean((states[1] - x) ** 2)) < 0.05 * float(jnp.mean(x**2))
+
+
+def test_ut_grads_finite_and_jit() -> None:
+    x = _inputs()
+    model = UT(num_layers=4, dim=P)
+    variables = model.init(jax.random.key(0), x)
+
+    def loss(v):
+        _, states = model.apply(v, x)
+        return jnp.sum(jnp.mean((states - x[None]) ** 2, axis=(1, 2, 3)))
+
+    grads = jax.jit(jax.grad(loss))(variables)
+    for g in jax.tree_util.tree_leaves(grads):
+        assert bool(jnp.all(jnp.isfinite(g)))
+    assert float(jnp.abs(grads["params"]["ffn"]).max()) > 0
+    out_jit, states_jit = jax.jit(model.apply)(variables, x)
+    _, states = model.apply(variables, x)
+    np.testing.assert_allclose(states_jit, states, atol=1e-6)
+
+
+def test_ut_project_clips_eigenvalues() -> None:
+    params = UT(num_layers=2, dim=P, init_scheme="xavier").init(jax.random.key(0), _inputs())
+    ffn = 2.0 * jax.random.normal(jax.random.key(1), (P, P))
+    params = {"params": {**params["params"], "ffn": ffn}}
+    projected = jax.jit(ut_project)(params)  # full model.init tree
+    sym = projected["params"]["ffn"]
+    np.testing.assert_allclose(sym, sym.T, atol=1e-6)
+    evals = np.linalg.eigvalsh(np.asarray(sym, np.float64))
+    assert evals.min() >= -0.95 - 1e-5 and evals.max() <= 0.95 + 1e-5
+    assert np.abs(np.linalg.eigvalsh(np.asarray(ffn + ffn.T) / 2)).max() > 0.95  # it did clip
+    np.testing.assert_array_equal(projected["params"]["attn"], params["params"]["attn"])
+    np.testing.assert_array_equal(projected["params"]["bias"], params["params"]["bias"])
+    # The UT's own dict works too, and the result is the same.
+    own = ut_project(params["params"])
+    np.testing.assert_allclose(own["ffn"], sym, atol=1e-6)
+
+
+def test_ut_project_leaves_feasible_unchanged() -> None:
+    q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((P, P)))
+    feasible = (q * np.linspace(-0.9, 0.94, P)) @ q.T
+    feasible = jnp.asarray(0.5 * (feasible + feasible.T), jnp.float32)
+    params = {"attn": jnp.eye(P), "ffn": feasible, "bias": jnp.zeros(P)}
+    np.testing.assert_array_equal(jax.jit(ut_project)(params)["ffn"], feasible)
+    init = UT(num_layers=2, dim=P).init(jax.random.key(0), _inputs())  # W̃_f = −0.9·I
+    np.testing.assert_array_equal(ut_project(init)["params"]["ffn"], init["params"]["ffn"])
+
+
+def test_ut_project_tree_nested_and_stacked() -> None:
+    ffn = 3.0 * jax.random.normal(jax.random.key(0), (2, P, P))  # two runs stacked by vmap
+    tree = {
+        "params": {
+            "enc": {"attn": jnp.ones((2, P, P)), "ffn": ffn, "bias": jnp.ones((2, P))},
+            "head": {"kernel": jnp.ones((P, 2))},
+        }
+    }
+    out = ut_project_tree(tree)
+    np.testing.assert_array_equal(out["params"]["head"]["kernel"], tree["params"]["head"]["kernel"])
+    for run in range(2):
+        evals = np.linalg.eigvalsh(np.asarray(out["params"]["enc"]["ffn"][run], np.float64))
+        assert np.abs(evals).max() <= 0.95 + 1e-5
+    with pytest.raises(KeyError):
+        ut_project({"params": {"dictionary": jnp.ones((2, 2))}})
+
+
+# ----------------------------------------------------------------------------- DUST
+
+
+@pytest.mark.parametrize("per_layer", [False, True])
+@pytest.mark.parametrize("batch", [True, False])
+def test_dust_shapes_and_state0(batch: bool, per_layer: bool) -> None:
+    x = _inputs(batch)
+    model = DUST(num_layers=3, patch_dim=P, atoms_per_dim=ATOMS, per_layer_dictionary=per_layer)
+    variables = model.init(jax.random.key(0), x)
+    out, states = model.apply(variables, x)
+    assert out.shape == x.shape
+    assert states.shape == (4, *x.shape)
+    np.testing.assert_array_equal(out, states[-1])
+    # Dual-frame initial code: state 0 reconstructs the (noisy) input.
+    np.testing.assert_allclose(states[0], x, atol=1e-5)
+    if not batch:
+        return  # the codes are checked once per dictionary layout
+    out2, states2, codes = model.apply(variables, x, return_codes=True)
+    assert codes.shape == (4, *x.shape[:-1], ATOMS**2)
+    np.testing.assert_array_equal(states2, states)
+    d = variables["params"]["dictionary"]
+    d_last = d[-1] if per_layer else d
+    np.testing.assert_allclose(jnp.einsum("...tk,pk->...tp", codes[-1], d_last), out, atol=1e-5)
+
+
+def test_dust_adjoint_initial_code_tight_frame() -> None:
+    """``Z_0 = X D/μ`` reconstructs X for a tight frame (orthonormal DCT, atoms == patch)."""
+    x = _inputs()
+    model = DUST(num_layers=2, patch_dim=P, atoms_per_dim=PATCH, initial_code="adjoint")
+    _, states = model.apply(model.init(jax.random.key(0), x), x)
+    np.testing.assert_allclose(states[0], x, atol=1e-5)
+
+
+def test_dust_dictionary_shapes_tied_vs_per_layer() -> None:
+    x = _inputs()
+    dct = dct2_dictionary(PATCH, ATOMS)
+    shared = DUST(num_layers=5, patch_dim=P, atoms_per_dim=ATOMS).init(jax.random.key(0), x)
+    assert jax.tree.map(lambda a: a.shape, shared) == {"params": {"dictionary": (P, ATOMS**2)}}
+    np.testing.assert_allclose(shared["params"]["dictionary"], dct, atol=1e-7)
+    per = DUST(num_layers=5, patch_dim=P, atoms_per_dim=ATOMS, per_layer_dictionary=True)
+    per_vars = per.init(jax.random.key(0), x)
+    assert per_vars["params"]["dictionary"].shape == (5, P, ATOMS**2)
+    for layer in range(5):
+        np.testing.assert_allclose(per_vars["params"]["dictionary"][layer], dct, atol=1e-7)
+    # With identical per-layer dictionaries the two parametrisations compute the same thing.
+    _, s_shared = DUST(num_layers=5, patch_dim=P, atoms_per_dim=ATOMS).apply(shared, x)
+    _, s_per = per.apply(per_vars, x)
+    np.testing.assert_allclose(s_per, s_shared, atol=1e-5)
+
+
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_dust_grads_finite_and_jit(per_layer: bool) -> None:
+    x = _inputs()
+    model = DUST(num_layers=3, patch_dim=P, atoms_per_dim=ATOMS, per_layer_dictionary=per_layer)
+    variables = model.init(jax.random.key(0), x)
+    clean = jnp.clip(x + 0.05, 0.0, 1.0)
+
+    def loss(v):
+        _, states = model.apply(v, x)
+        return jnp.sum(jnp.mean((states - clean[None]) ** 2, axis=(1, 2, 3)))
+
+    grads = jax.jit(jax.grad(loss))(variables)["params"]["dictionary"]
+    assert bool(jnp.all(jnp.isfinite(grads)))
+    assert float(jnp.abs(grads).max()) > 0
+    if per_layer:  # jit vs eager once is enough (compiles dominate the test time)
+        _, states_jit = jax.jit(model.apply)(variables, x)
+        _, states = model.apply(variables, x)
+        np.testing.assert_allclose(states_jit, states, atol=1e-6)
+
+
+def test_spectral_norm_sq_value_and_no_gradient() -> None:
+    d = jnp.asarray(dct2_dictionary(PATCH, ATOMS), jnp.float32)
+    expected = np.linalg.norm(np.asarray(d, np.float64), 2) ** 2
+    np.testing.assert_allclose(spectral_norm_sq(d), expected, rtol=1e-5)
+    # Orthonormal basis: the top eigenvalue is P-fold degenerate; the gradient must not be NaN.
+    g = jax.grad(lambda m: spectral_norm_sq(m))(jnp.asarray(dct2_dictionary(PATCH)))
+    assert bool(jnp.all(g == 0))
+
+
+def test_untrained_dust_denoises_smooth_signal() -> None:
+    rng = np.random.default_rng(0)
+    clean = _smooth_video(rng, batch=8, frames=T, patch=8)  # [8, T, 64]
+    noisy = clean + 0.1 * rng.standard_normal(clean.shape).astype(np.float32)
+    model = DUST(num_layers=3, patch_dim=64, atoms_per_dim=10, threshold=0.05)
+    _, states = model.apply(model.init(jax.random.key(0), noisy), noisy)
+    mse = np.asarray(jnp.mean((states - clean[None]) ** 2, axis=(1, 2, 3)))  # [L+1]
+    np.testing.assert_allclose(mse[0], np.mean((noisy - clean) ** 2), rtol=1e-4)
+    assert mse[-1] < 0.6 * mse[0], mse
+    assert np.all(np.diff(mse) < 0), mse  # every layer descends here
