@@ -1,0 +1,322 @@
+"""Video data: the synthetic generator, frame folders, splits, patches, sequences and noise."""
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+
+from cudt.data import (
+    DataError,
+    VideoSplits,
+    load_frame_folders,
+    load_video_data,
+    make_sequences,
+    patchify,
+    perturb,
+    split_videos,
+    synthetic_videos,
+    unpatchify,
+)
+
+# --------------------------------------------------------------------------------------------------
+# Synthetic videos
+# --------------------------------------------------------------------------------------------------
+
+
+def test_synthetic_is_deterministic_per_seed_and_video():
+    a = synthetic_videos(3, 6, size=64, seed=3)
+    b = synthetic_videos(3, 6, size=64, seed=3)
+    assert a.tobytes() == b.tobytes()
+    assert not np.array_equal(a, synthetic_videos(3, 6, size=64, seed=4))
+    assert not np.array_equal(a[0], a[1]) and not np.array_equal(a[1], a[2])
+    # Video v depends on (seed, v) only: fewer videos or frames give the same content.
+    np.testing.assert_array_equal(synthetic_videos(1, 6, size=64, seed=3)[0], a[0])
+    np.testing.assert_array_equal(synthetic_videos(3, 4, size=64, seed=3), a[:, :4])
+
+
+def test_synthetic_shape_range_dtype():
+    v = synthetic_videos(2, 5)
+    assert v.shape == (2, 5, 160, 160) and v.dtype == np.float32
+    assert v.min() >= 0.0 and v.max() <= 1.0
+    assert v.std() > 0.05  # textured, not flat
+
+
+def test_synthetic_objects_move_over_a_static_background():
+    v = synthetic_videos(4, 20, seed=1)
+    diff = np.abs(np.diff(v, axis=1))  # [V, F-1, S, S]
+    for i in range(len(v)):
+        # Background: drift is sub-pixel, so most pixels barely change; objects change a lot.
+        assert np.median(diff[i]) < 0.01, i
+        assert diff[i].max() > 0.3, i
+        moving = (diff[i] > 0.1).mean()
+        assert 1e-3 < moving < 0.1, (i, moving)
+        # Motion in every frame step, not just somewhere in the clip.
+        assert (diff[i].max(axis=(1, 2)) > 0.1).all(), i
+
+
+def test_synthetic_rejects_bad_arguments():
+    with pytest.raises(DataError, match="num_frames"):
+        synthetic_videos(2, 0)
+    with pytest.raises(DataError, match="seed"):
+        synthetic_videos(2, 2, seed=-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Patches and sequences
+# --------------------------------------------------------------------------------------------------
+
+
+def position_frame(h=32, w=48):
+    rows, cols = np.mgrid[0:h, 0:w]
+    return (rows * 1000 + cols).astype(np.float32)  # value encodes (row, col)
+
+
+def test_patchify_order_and_roundtrip():
+    frame = position_frame()
+    p = patchify(frame, 16)  # [6, 256]
+    assert p.shape == (6, 256)
+    for k in range(6):
+        ph, pw = divmod(k, 3)  # row-major patches
+        for e in (0, 1, 15, 16, 17, 255):
+            r, c = divmod(e, 16)  # row-major within the patch
+            assert p[k, e] == (ph * 16 + r) * 1000 + pw * 16 + c
+    batch = np.stack([frame, frame + 1, frame + 2])[None].repeat(2, 0)  # [2, 3, 32, 48]
+    patches = patchify(batch, 16)
+    assert patches.shape == (2, 3, 6, 256)
+    np.testing.assert_array_equal(unpatchify(patches, 32, 48), batch)
+    # Same on jax arrays.
+    np.testing.assert_array_equal(np.asarray(patchify(jnp.asarray(batch), 16)), patches)
+    np.testing.assert_array_equal(np.asarray(unpatchify(jnp.asarray(patches), 32, 48)), batch)
+    # Other patch sizes.
+    np.testing.assert_array_equal(unpatchify(patchify(frame, 8), 32, 48), frame)
+
+
+def test_patchify_rejects_indivisible_sizes():
+    with pytest.raises(DataError, match="not divisible by patch=16"):
+        patchify(np.zeros((30, 32)), 16)
+    with pytest.raises(DataError, match="do not tile"):
+        unpatchify(np.zeros((6, 256)), 32, 32)
+
+
+def test_make_sequences_shapes_and_content():
+    rng = np.random.default_rng(0)
+    v0 = rng.random((10, 32, 32), dtype=np.float32)
+    v1 = rng.random((7, 32, 32), dtype=np.float32)
+    seqs = make_sequences([v0, v1], 3, stride=2)
+    # v0: windows at 0, 2, 4, 6; v1: at 0, 2, 4; 4 patches each.
+    assert seqs.shape == ((4 + 3) * 4, 3, 256) and seqs.dtype == np.float32
+    for video, offset, n_windows in ((v0, 0, 4), (v1, 16, 3)):
+        for w in range(n_windows):
+            for k in range(4):
+                expected = patchify(video[2 * w : 2 * w + 3], 16)[:, k]  # [T, P]
+                np.testing.assert_array_equal(seqs[offset + w * 4 + k], expected)
+    # Default stride = seq_len: disjoint windows; an array of videos works too.
+    assert make_sequences(np.stack([v0, v0]), 3).shape == (2 * 3 * 4, 3, 256)
+    assert make_sequences([synthetic_videos(1, 8)[0]], 8).shape == (100, 8, 256)
+
+
+def test_make_sequences_too_few_frames():
+    with pytest.raises(DataError, match=r"video 1 has 2 frames, too few frames for one sequence"):
+        make_sequences([np.zeros((5, 16, 16)), np.zeros((2, 16, 16))], 4)
+
+
+def test_split_by_video():
+    videos = [np.full((2, 16, 16), i, np.float32) for i in range(10)]
+    train, val, test = split_videos(videos)
+    ids = [[int(v[0, 0, 0]) for v in part] for part in (train, val, test)]
+    assert sorted(sum(ids, [])) == list(range(10))  # disjoint and complete
+    assert all(len(part) >= 1 for part in ids) and len(ids[0]) == 7
+    assert [[int(v[0, 0, 0]) for v in p] for p in split_videos(videos)] == ids
+    # Three videos: one each; arrays stay arrays.
+    tr, va, te = split_videos(np.arange(3)[:, None, None, None] * np.ones((3, 2, 4, 4)))
+    assert [len(tr), len(va), len(te)] == [1, 1, 1] and isinstance(tr, np.ndarray)
+    with pytest.raises(DataError, match="at least 3 videos"):
+        split_videos(videos[:2])
+
+
+# --------------------------------------------------------------------------------------------------
+# Frame folders
+# --------------------------------------------------------------------------------------------------
+
+
+def write_video(folder: Path, values, size=(48, 36), suffix=".tif", names=None):
+    folder.mkdir(parents=True)
+    names = names or [f"{i + 1:03d}" for i in range(len(values))]
+    for name, value in zip(names, values, strict=True):
+        Image.new("L", size, int(value)).save(folder / f"{name}{suffix}")
+
+
+def ucsd_tree(root: Path) -> Path:
+    ped2 = root / "UCSDped2"
+    write_video(ped2 / "Train" / "Train001", [10, 20, 30])
+    # Unpadded names: natural order must put 2 before 10.
+    write_video(ped2 / "Train" / "Train002", [40, 50, 60], names=["1", "2", "10"])
+    write_video(ped2 / "Test" / "Test001", [70, 80, 90])
+    write_video(ped2 / "Test" / "Test001_gt", [255, 0, 255], suffix=".bmp")
+    write_video(ped2 / "Test" / "Test002", [100, 110, 120])
+    (ped2 / "Test" / "Test001" / "README.txt").write_text("not a frame")
+    (ped2 / "Test" / "Test001" / ".DS_Store").write_bytes(b"\x00junk")
+    (ped2 / "Test" / "UCSDped2.m").write_text("% matlab file")
+    return ped2
+
+
+def expected_video(values, size=160):
+    return np.stack([np.full((size, size), np.float32(v) / np.float32(255.0)) for v in values])
+
+
+def test_reads_ucsd_layout(tmp_path):
+    ped2 = ucsd_tree(tmp_path)
+    for root in (tmp_path, ped2):
+        data = load_frame_folders(root)
+        assert set(data) == {"train", "test"}
+        assert [v.shape for v in data["train"]] == [(3, 160, 160)] * 2
+        assert len(data["test"]) == 2  # Test001_gt is not a video
+        for got, values in zip(
+            data["train"] + data["test"],
+            ([10, 20, 30], [40, 50, 60], [70, 80, 90], [100, 110, 120]),
+            strict=True,
+        ):
+            assert got.dtype == np.float32
+            np.testing.assert_array_equal(got, expected_video(values))
+    small = load_frame_folders(tmp_path, size=32, max_videos=1, max_frames=2)
+    assert len(small["train"]) == 1 and small["train"][0].shape == (2, 32, 32)
+
+
+def test_reads_generic_frame_layout(tmp_path):
+    write_video(tmp_path / "avenue" / "training" / "frames" / "01", [5, 6], suffix=".jpg")
+    write_video(tmp_path / "avenue" / "testing" / "frames" / "01", [7, 8, 9], suffix=".png")
+    data = load_frame_folders(tmp_path, dataset="frames", size=16)
+    assert [v.shape for v in data["train"]] == [(2, 16, 16)]
+    np.testing.assert_array_equal(data["test"][0], expected_video([7, 8, 9], 16))
+    # JPEG of a constant frame decodes to (almost) the constant.
+    np.testing.assert_allclose(data["train"][0], expected_video([5, 6], 16), atol=2 / 255)
+
+
+def test_load_video_data_from_folders(tmp_path):
+    ucsd_tree(tmp_path)
+    data = load_video_data("ucsd", tmp_path, seq_len=2, size=32)
+    # train: 2 videos x 1 window x 4 patches; val = Test001, test = Test002.
+    assert data.train.shape == (8, 2, 256)
+    assert data.val.shape == (4, 2, 256) and data.test.shape == (4, 2, 256)
+    np.testing.assert_array_equal(data.val[:, 0], np.float32(70) / np.float32(255))
+    np.testing.assert_array_equal(data.test[:, 1], np.float32(110) / np.float32(255))
+    assert data.sigma == pytest.approx(float(np.std(data.train)), rel=1e-6)
+    assert data.source.startswith("ucsd:")
+
+
+def test_load_video_data_synthetic():
+    data = load_video_data("synthetic", seq_len=4, num_videos=4, num_frames=8, size=32, seed=2)
+    assert isinstance(data, VideoSplits)
+    # 4 videos -> 2/1/1 by video; 2 windows x 4 patches per video.
+    assert data.train.shape == (16, 4, 256)
+    assert data.val.shape == data.test.shape == (8, 4, 256)
+    assert all(x.dtype == np.float32 for x in (data.train, data.val, data.test))
+    assert data.sigma == pytest.approx(float(np.std(data.train)), rel=1e-6) and data.sigma > 0
+    assert (data.seq_len, data.patch, data.frame_size) == (4, 16, 32)
+
+
+def one_line(excinfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message
+    return message
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(DataError) as e:
+        load_frame_folders(tmp_path / "nope")
+    assert "does not exist" in one_line(e) and "data_dir" in one_line(e)
+
+
+def test_empty_folder(tmp_path):
+    (tmp_path / "stuff").mkdir()
+    with pytest.raises(DataError) as e:
+        load_frame_folders(tmp_path)
+    assert "no video folders found" in one_line(e) and "Train001" in one_line(e)
+    with pytest.raises(DataError) as e:
+        load_frame_folders(tmp_path, dataset="frames")
+    assert "{train,test}" in one_line(e)
+
+
+def test_corrupt_frame(tmp_path):
+    ped2 = ucsd_tree(tmp_path)
+    (ped2 / "Train" / "Train001" / "002.tif").write_bytes(b"this is not a tiff")
+    with pytest.raises(DataError) as e:
+        load_frame_folders(tmp_path)
+    assert "cannot decode frame" in one_line(e) and "002.tif" in one_line(e)
+
+
+def test_truncated_frame(tmp_path):
+    ped2 = ucsd_tree(tmp_path)
+    path = ped2 / "Train" / "Train001" / "002.tif"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64), np.uint8)).save(path)
+    path.write_bytes(path.read_bytes()[:500])
+    with pytest.raises(DataError, match="cannot decode frame .*002.tif"):
+        load_frame_folders(tmp_path)
+
+
+def test_mixed_frame_sizes(tmp_path):
+    ped2 = ucsd_tree(tmp_path)
+    Image.new("L", (50, 36), 0).save(ped2 / "Test" / "Test002" / "004.tif")
+    with pytest.raises(DataError) as e:
+        load_frame_folders(tmp_path)
+    assert "differ in size" in one_line(e) and "Test002" in one_line(e)
+    assert "48x36" in one_line(e) and "50x36" in one_line(e)
+
+
+def test_video_folder_without_frames(tmp_path):
+    ped2 = ucsd_tree(tmp_path)
+    (ped2 / "Train" / "Train003").mkdir()
+    (ped2 / "Train" / "Train003" / "notes.txt").write_text("x")
+    with pytest.raises(DataError, match="Train003' has no image frames"):
+        load_frame_folders(tmp_path)
+
+
+def test_too_few_frames_for_a_sequence(tmp_path):
+    ucsd_tree(tmp_path)
+    with pytest.raises(DataError, match="too few frames for one sequence of seq_len=4"):
+        load_video_data("ucsd", tmp_path, seq_len=4, size=32)
+
+
+def test_unknown_dataset_and_missing_data_dir():
+    with pytest.raises(DataError) as e:
+        load_video_data("kitti")
+    assert "unknown dataset 'kitti'" in one_line(e)
+    assert "synthetic, ucsd, frames" in one_line(e)
+    with pytest.raises(DataError, match="needs data_dir"):
+        load_video_data("ucsd")
+
+
+# --------------------------------------------------------------------------------------------------
+# Noise
+# --------------------------------------------------------------------------------------------------
+
+
+def test_perturb_statistics_and_exact_zero():
+    x = jnp.linspace(0.0, 1.0, 1_000_000, dtype=jnp.float32).reshape(1000, 1000)
+    key = jax.random.key(0)
+    noise = perturb(x, 0.5, 0.2, key) - x
+    assert abs(float(noise.mean())) < 1e-3
+    assert float(noise.std()) == pytest.approx(0.1, rel=0.01)
+    np.testing.assert_array_equal(perturb(x, 0.0, 0.2, key), x)
+
+
+def test_perturb_jit_vmap_dtype():
+    x = jnp.ones((64, 8, 256), jnp.float32)
+    key = jax.random.key(1)
+    jitted = jax.jit(perturb)  # gamma and sigma traced
+    y = jitted(x, 0.3, 0.5, key)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    np.testing.assert_allclose(y, perturb(x, 0.3, 0.5, key), rtol=1e-6, atol=1e-6)
+    gammas = jnp.array([0.0, 0.5, 1.0])
+    ys = jax.vmap(perturb, in_axes=(None, 0, None, None))(x, gammas, 0.5, key)
+    assert ys.shape == (3, *x.shape)
+    np.testing.assert_array_equal(ys[0], x)
+    stds = (ys - x).std(axis=(1, 2, 3))
+    np.testing.assert_allclose(stds, 0.5 * gammas, atol=0.01)
+    keys = jax.random.split(key, 4)
+    assert jax.vmap(perturb, in_axes=(0, None, None, 0))(x[:4], 1.0, 1.0, keys).shape == x[:4].shape
+    xb = x.astype(jnp.bfloat16)
+    assert perturb(xb, 0.1, 0.2, key).dtype == jnp.bfloat16
