@@ -36,6 +36,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from cudt import linalg
 from cudt.models.dct import dct2_dictionary
 
 __all__ = ["DUST", "soft_threshold", "spectral_norm_sq"]
@@ -49,13 +50,13 @@ def soft_threshold(z: jax.Array, theta: jax.Array | float) -> jax.Array:
 def spectral_norm_sq(d: jax.Array) -> jax.Array:
     """``‖D‖₂²`` = largest eigenvalue of ``D Dᵀ`` for ``d [..., P, K]``; returns ``[...]``.
 
-    Computed with ``jnp.linalg.eigvalsh`` on the (smaller, ``P x P``) Gram matrix behind a
+    Computed with ``cudt.linalg.eigvalsh`` (vmap-safe on CPU) on the (smaller, ``P x P``) Gram matrix behind a
     ``stop_gradient``: the LISTA step size is treated as a constant, and differentiating
     ``eigvalsh`` at a repeated top eigenvalue (a tight frame) would give NaN gradients.
     """
     d = jax.lax.stop_gradient(d).astype(jnp.float32)
     gram = jnp.einsum("...pk,...qk->...pq", d, d)
-    return jnp.linalg.eigvalsh(gram)[..., -1]
+    return linalg.eigvalsh(gram)[..., -1]
 
 
 class DUST(nn.Module):
@@ -142,7 +143,7 @@ class DUST(nn.Module):
         if self.initial_code == "dual":
             # Z_0 = X (D Dᵀ)⁻¹ D: the minimum-norm code with Z_0 D_0ᵀ = X. D Dᵀ ⪰ I at init.
             gram = jnp.einsum("pk,qk->pq", d0, d0)
-            enc = jnp.linalg.solve(gram, d0)  # [P, K]
+            enc = linalg.solve(gram, d0)  # [P, K]
         else:
             enc = d0 / mu0
         z0 = jnp.einsum("...tp,pk->...tk", xc, enc.astype(dt))  # [..., T, K]

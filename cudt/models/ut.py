@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cudt import linalg
 from cudt.models.dct import dct_matrix
 
 __all__ = ["UT", "UT_PARAM_KEYS", "ut_project", "ut_project_tree"]
@@ -136,7 +137,7 @@ def _project_symmetric(w: jax.Array, clip: float) -> jax.Array:
     dtype = w.dtype
     w32 = w.astype(jnp.float32)  # eigh has no bf16/f16 kernel
     sym = 0.5 * (w32 + jnp.swapaxes(w32, -1, -2))
-    evals, evecs = jnp.linalg.eigh(sym)
+    evals, evecs = linalg.eigh(sym)  # vmap-safe on CPU, see cudt.linalg
     proj = jnp.einsum("...ik,...k,...jk->...ij", evecs, jnp.clip(evals, -clip, clip), evecs)
     # A feasible matrix is returned bit-exact (not via the eigh round trip), so repeated
     # projections after every step do not accumulate floating-point drift.
@@ -172,7 +173,7 @@ def ut_project(params: Any, clip: float = 0.95) -> Any:
     """Projection applied after every optimizer step (the published UT code's stabiliser).
 
     ``W̃_f`` is replaced by its symmetric part with eigenvalues clipped to ``[−clip, clip]``
-    (``jnp.linalg.eigh``); the model only depends on that symmetric part, so this projects
+    (``cudt.linalg.eigh``); the model only depends on that symmetric part, so this projects
     ``W_f`` onto ``‖W_f − (1 − b)I‖₂ ≤ b·clip``. An already-feasible symmetric ``W̃_f`` is
     returned bit-exact. Pure and jittable.
 
