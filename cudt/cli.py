@@ -15,7 +15,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from cudt.io import UsageError
+from cudt.errors import CudtError
 
 __all__ = ["config_from_args", "run_cli"]
 
@@ -63,9 +63,7 @@ def _parser_for(tp, name: str) -> Callable[[str], Any]:
         try:
             return tp(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected {tp.__name__}, got {text!r}"
-            ) from None
+            raise argparse.ArgumentTypeError(f"expected {tp.__name__}, got {text!r}") from None
 
     return parse_scalar
 
@@ -84,7 +82,10 @@ def build_parser(config_cls: type, description: str, prog: str | None = None):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if tp is bool:
             parser.add_argument(
-                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+                flag,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=default,
                 help=help_text,
             )
             continue
@@ -93,15 +94,20 @@ def build_parser(config_cls: type, description: str, prog: str | None = None):
         else:
             shown = default
         parser.add_argument(
-            flag, dest=f.name, type=_parser_for(tp, f.name.replace("_", "-")), default=default,
-            help=f"{help_text} (default: {shown})", metavar=f.name.upper(),
+            flag,
+            dest=f.name,
+            type=_parser_for(tp, f.name.replace("_", "-")),
+            default=default,
+            help=help_text if "default" in help_text else f"{help_text} (default: {shown})",
+            metavar=f.name.upper(),
         )
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 
-def config_from_args(config_cls: type[C], argv: Sequence[str] | None, description: str,
-                     prog: str | None = None) -> tuple[C, argparse.Namespace]:
+def config_from_args(
+    config_cls: type[C], argv: Sequence[str] | None, description: str, prog: str | None = None
+) -> tuple[C, argparse.Namespace]:
     parser = build_parser(config_cls, description, prog)
     ns = parser.parse_args(argv)
     try:
@@ -112,10 +118,10 @@ def config_from_args(config_cls: type[C], argv: Sequence[str] | None, descriptio
 
 
 def run_cli(main: Callable[[], Any]) -> int:
-    """Runs ``main``; a :class:`UsageError` (bad input) prints one line and exits 2."""
+    """Runs ``main``; a :class:`cudt.errors.CudtError` (bad input) prints one line, exits 2."""
     try:
         main()
-    except UsageError as e:
+    except CudtError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

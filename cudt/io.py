@@ -11,13 +11,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["UsageError", "fresh_run_dir", "prepare_output_dir", "to_jsonable", "write_json_atomic"]
+from cudt.errors import UsageError
+
+__all__ = [
+    "UsageError",
+    "check_writable",
+    "fresh_run_dir",
+    "savefig_atomic",
+    "to_jsonable",
+    "write_json_atomic",
+]
 
 RESULT_FILES = ("results.json",)
-
-
-class UsageError(ValueError):
-    """Bad input from the user: the message names the problem and the fix; the CLI exits 2."""
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -39,16 +44,27 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def _atomic_write(path: Path, write) -> None:
+    """Writes through ``write(file)`` to a temporary name beside ``path``, then renames it.
+
+    A failure (a full disk, a kill) leaves the old ``path`` untouched and no temporary behind;
+    an ``OSError`` becomes a :class:`UsageError` naming the file and the fix.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise UsageError(
+                f"cannot write {path} ({e.strerror or e}): free disk space or pass a writable --out"
+            ) from e
         raise
 
 
@@ -73,17 +89,9 @@ def fresh_run_dir(experiment: str, root: str | os.PathLike = "runs") -> Path:
     return path
 
 
-def prepare_output_dir(out: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Creates ``out``; refuses a folder that already holds results unless ``overwrite``."""
+def check_writable(out: str | os.PathLike) -> Path:
+    """Creates ``out`` if needed and proves a file can be written there (a clear error if not)."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a folder: pass a folder path")
-    existing = [name for name in RESULT_FILES if (out / name).exists()]
-    if existing and not overwrite:
-        raise UsageError(
-            f"--out {out} already holds {existing[0]}: pass another --out, or --overwrite to "
-            "replace it"
-        )
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
@@ -91,6 +99,6 @@ def prepare_output_dir(out: str | os.PathLike, *, overwrite: bool = False) -> Pa
         probe.unlink()
     except OSError as e:
         raise UsageError(
-            f"cannot write to --out {out} ({e.strerror}): pass a writable folder"
+            f"cannot write to --out {out} ({e.strerror or e}): pass a writable folder"
         ) from e
     return out

@@ -1,13 +1,21 @@
 """The training loop: several runs (seeds, sweep points) trained together in one compiled program.
 
 The runs of a group share a model structure and a step; their states are stacked on a leading
-axis and the step is ``vmap``-ed over them. ``chunk_steps`` steps run inside one ``lax.scan`` per
-call, so the host is touched only at chunk boundaries (the log steps): there the metrics are
-fetched, checked for non-finite values and shown on the progress bar.
+axis and the step is ``vmap``-ed over them. Up to ``chunk_steps`` steps run inside one
+``lax.scan`` per call, so the host is touched only at chunk boundaries (the log steps): there the
+metrics are fetched, checked for non-finite values, shown on the progress bar and, every
+``checkpoint_every`` steps, the states are checkpointed.
 
-Batches are sampled *inside* the compiled program from device-resident data, with indices drawn
-from ``fold_in(data_key, step)``: a run's data order is a function of its key and step counter, so
-a run resumed from a checkpoint sees exactly the batches it would have seen.
+Chunk boundaries are the multiples of ``chunk_steps`` (and of ``checkpoint_every``), counted from
+step 0 whatever step a run resumes from, so a resumed run executes exactly the same compiled
+chunks as an uninterrupted one. Batches are sampled *inside* the compiled program from
+device-resident data, with indices drawn from ``fold_in(data_key, step)``: a run's data order is a
+function of its key and step counter, so a resumed run sees exactly the batches it would have
+seen.
+
+A run whose watched metrics turn non-finite is *frozen*: its lane keeps computing (the runs share
+one program) but its state is kept at the last finite value, and the divergence is recorded with
+the step and the quantity; the other runs of the group finish unaffected.
 """
 
 from __future__ import annotations
@@ -21,7 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["LoopResult", "sample_indices", "train_group"]
+from cudt.checkpoint import GroupCheckpointer
+
+__all__ = ["Divergence", "LoopResult", "chunk_boundaries", "sample_indices", "train_group"]
 
 _DATA_STREAM = 0x5EED  # keeps data-order randomness apart from the step's own key stream
 
@@ -32,19 +42,54 @@ def sample_indices(key: jax.Array, step: jax.Array, num_examples: int, batch_siz
     return jax.random.randint(k, (batch_size,), 0, num_examples)
 
 
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+    """Where a run first produced a non-finite watched metric."""
+
+    run: int
+    step: int  # the step (1-based count of steps taken) whose metrics were non-finite
+    quantity: str
+    last_good_checkpoint: int | None  # the latest checkpoint step before it (pinned), if any
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclasses.dataclass
 class LoopResult:
     states: Any  # stacked [R, ...]
     history: list[dict[str, np.ndarray]]  # one entry per chunk: step, and metrics [R, ...]
     diverged: np.ndarray  # [R] bool
-    diverged_at: list[dict | None]  # per run: {"step", "quantity"} of the first non-finite value
+    divergences: list[Divergence | None]  # per run
+    resumed_from: int | None = None  # the checkpoint step training resumed from, if any
+
+    @property
+    def diverged_at(self) -> list[dict | None]:
+        return [None if d is None else d.to_json() for d in self.divergences]
 
 
-def _first_non_finite(metrics: dict[str, np.ndarray], run: int, names) -> str | None:
-    for name in names:
-        if name in metrics and not np.all(np.isfinite(metrics[name][:, run])):
-            return name
-    return None
+def chunk_boundaries(start: int, num_steps: int, chunk_steps: int, every: int | None = None):
+    """The chunk ends after ``start``: multiples of ``chunk_steps`` or ``every``, and the end."""
+    ends = []
+    step = start
+    while step < num_steps:
+        nxt = (step // chunk_steps + 1) * chunk_steps
+        if every:
+            nxt = min(nxt, (step // every + 1) * every)
+        step = min(nxt, num_steps)
+        ends.append(step)
+    return ends
+
+
+def _history_to_json(history):
+    return [{k: np.asarray(v).tolist() for k, v in h.items()} for h in history]
+
+
+def _history_from_json(history):
+    return [
+        {k: np.asarray(v, np.float64 if k != "step" else np.int64) for k, v in h.items()}
+        for h in history
+    ]
 
 
 def train_group(
@@ -57,31 +102,61 @@ def train_group(
     chunk_steps: int = 100,
     progress: Any | None = None,
     watch: tuple[str, ...] = ("objective", "lagrangian", "multipliers"),
-    on_chunk: Callable[[Any, dict], None] | None = None,
+    checkpointer: GroupCheckpointer | None = None,
+    checkpoint_every: int | None = None,
+    on_divergence: Callable[[Divergence], None] | None = None,
+    fault: tuple[int, int] | None = None,
 ) -> LoopResult:
-    """Trains R runs for ``num_steps`` steps.
+    """Trains R runs for ``num_steps`` steps, resuming from ``checkpointer``'s latest checkpoint.
 
     Args:
       step_fn: the pure (un-jitted) ``step(state, batch, key)`` from ``make_train_step(jit=False)``.
-      states: R train states stacked on a leading axis (``jax.vmap(init)(...)``).
+      states: R train states stacked on a leading axis (``jax.vmap(init)(...)``); when the
+        checkpointer holds a checkpoint, these only give the structure to restore into.
       keys: [R] run keys (the step folds its counter in).
       make_batch: ``(key, step) -> batch`` for one run, traced inside the program.
       chunk_steps: steps per compiled ``scan``: the host sees metrics only every chunk.
       progress: a tqdm-like object (``update(n)``, ``set_postfix_str``) or None.
-      watch: metrics whose non-finite values mark a run as diverged. A diverged run is frozen at
-        its last finite state (its lane keeps computing, but the result is not kept), so the other
-        runs of the group finish unaffected.
-      on_chunk: called with ``(states, chunk_metrics)`` after every chunk (checkpointing hooks).
+      watch: metrics whose non-finite values mark a run as diverged (then frozen, see above).
+      checkpointer: saves every ``checkpoint_every`` steps and at the end; resumes from its
+        latest checkpoint.
+      checkpoint_every: steps between checkpoints (default: every chunk).
+      on_divergence: called once per run that diverges, after its last good checkpoint is pinned.
+      fault: ``(run, step)``: for fault-injection tests, every floating leaf of that run's batch
+        at that step is replaced by NaN, so its loss becomes non-finite through the real step.
     """
+    num_runs = keys.shape[0]
+    every = checkpoint_every or chunk_steps
+    frozen = jnp.zeros((num_runs,), bool)
+    divergences: list[Divergence | None] = [None] * num_runs
+    history: list[dict[str, np.ndarray]] = []
+    resumed_from = None
+    if checkpointer is not None and checkpointer.latest_step() is not None:
+        states, loop = checkpointer.restore(states)
+        resumed_from = checkpointer.latest_step()
+        frozen = jnp.asarray(loop["frozen"], bool)
+        divergences = [None if d is None else Divergence(**d) for d in loop["divergences"]]
+        history = _history_from_json(loop["history"])
+    fault_run, fault_step = fault if fault is not None else (-1, -1)
 
     def one_step(carry, _):
         states, frozen = carry
 
-        def run_step(state, key):
+        def run_step(state, key, run):
             batch = make_batch(key, state.step)
+            if fault is not None:
+                poison = (run == fault_run) & (state.step + 1 == fault_step)
+                batch = jax.tree.map(
+                    lambda b: (
+                        jnp.where(poison, jnp.nan, b)
+                        if jnp.issubdtype(b.dtype, jnp.floating)
+                        else b
+                    ),
+                    batch,
+                )
             return step_fn(state, batch, key)
 
-        new_states, metrics = jax.vmap(run_step)(states, keys)
+        new_states, metrics = jax.vmap(run_step)(states, keys, jnp.arange(num_runs))
         finite = jnp.ones(frozen.shape, bool)
         for name in watch:
             if name in metrics:
@@ -107,30 +182,51 @@ def train_group(
             compiled[n] = jax.jit(f, donate_argnums=(0,))
         return compiled[n]
 
-    num_runs = keys.shape[0]
-    frozen = jnp.zeros((num_runs,), bool)
-    diverged_at: list[dict | None] = [None] * num_runs
-    history: list[dict[str, np.ndarray]] = []
     done = int(np.asarray(jax.device_get(states.step)).reshape(-1)[0])
-    while done < num_steps:
-        n = min(chunk_steps, num_steps - done)
+    if progress is not None and done:
+        progress.update(done)
+    last_saved = resumed_from
+    for end in chunk_boundaries(done, num_steps, chunk_steps, every):
+        n = end - done
         (states, frozen), metrics = chunk_fn(n)(states, frozen)
         metrics = jax.device_get(metrics)  # [n, R, ...]
         for r in range(num_runs):
-            if diverged_at[r] is None:
-                bad = _first_non_finite(metrics, r, watch)
-                if bad is not None:
-                    rows = [i for i in range(n) if not np.all(np.isfinite(metrics[bad][i, r]))]
-                    diverged_at[r] = {"step": done + rows[0] + 1, "quantity": bad}
-        entry = {"step": np.asarray(done + n)}
+            if divergences[r] is not None:
+                continue
+            bad = next(
+                (
+                    name
+                    for name in watch
+                    if name in metrics and not np.all(np.isfinite(metrics[name][:, r]))
+                ),
+                None,
+            )
+            if bad is None:
+                continue
+            row = next(i for i in range(n) if not np.all(np.isfinite(metrics[bad][i, r])))
+            if last_saved is not None and checkpointer is not None:
+                checkpointer.pin(last_saved)
+            divergences[r] = Divergence(r, done + row + 1, bad, last_saved)
+            if on_divergence is not None:
+                on_divergence(divergences[r])
+        entry = {"step": np.asarray(end)}
         for name, value in metrics.items():
             with warnings.catch_warnings():  # an all-NaN column (a diverged run) is expected
                 warnings.simplefilter("ignore", RuntimeWarning)
                 entry[name] = np.nanmean(value, axis=0) if value.ndim >= 2 else value
         history.append(entry)
-        done += n
-        if on_chunk is not None:
-            on_chunk(states, entry)
+        done = end
+        if checkpointer is not None and (done % every == 0 or done == num_steps):
+            checkpointer.save(
+                done,
+                states,
+                {
+                    "frozen": np.asarray(jax.device_get(frozen)).tolist(),
+                    "divergences": [None if d is None else d.to_json() for d in divergences],
+                    "history": _history_to_json(history),
+                },
+            )
+            last_saved = done
         if progress is not None:
             progress.update(n)
             obj = entry.get("objective")
@@ -138,4 +234,8 @@ def train_group(
                 progress.set_postfix_str(
                     "loss " + " ".join(f"{v:.3g}" for v in np.atleast_1d(obj)), refresh=False
                 )
-    return LoopResult(states, history, np.asarray(jax.device_get(frozen)), diverged_at)
+    if checkpointer is not None:
+        checkpointer.wait()
+    return LoopResult(
+        states, history, np.asarray(jax.device_get(frozen)), divergences, resumed_from
+    )

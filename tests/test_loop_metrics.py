@@ -10,7 +10,8 @@ import optax
 import pytest
 
 import cudt
-from cudt.io import UsageError, prepare_output_dir, write_json_atomic
+from cudt.experiment import open_output
+from cudt.io import UsageError, write_json_atomic
 from cudt.loop import sample_indices, train_group
 from cudt.metrics import descent_stats, feasibility, rmse_255, trapezoid_auc
 
@@ -53,12 +54,13 @@ def test_chunked_vmapped_loop_equals_stepping_by_hand():
     _, states2, _ = make_group([[1.0, 0.9], [0.8, 0.7]])
     jstep = jax.jit(step)
     for r in range(2):
-        s = jax.tree.map(lambda a: a[r], states2)
+        s = jax.tree.map(lambda a, r=r: a[r], states2)
         for _ in range(7):
             s, _ = jstep(s, make_batch(keys[r], s.step), keys[r])
         np.testing.assert_allclose(result.states.params["w"][r], s.params["w"], rtol=1e-5)
-        np.testing.assert_allclose(result.states.multipliers[r], s.multipliers, rtol=1e-5,
-                                   atol=1e-7)
+        np.testing.assert_allclose(
+            result.states.multipliers[r], s.multipliers, rtol=1e-5, atol=1e-7
+        )
     assert not result.diverged.any()
 
 
@@ -107,15 +109,15 @@ def test_rmse_and_auc():
 
 
 def test_atomic_json_and_output_folder(tmp_path):
-    out = prepare_output_dir(tmp_path / "run")
-    write_json_atomic(out / "results.json", {"a": np.float32(1.5), "b": np.arange(3),
-                                             "c": float("nan")})
-    assert json.loads((out / "results.json").read_text()) == {"a": 1.5, "b": [0, 1, 2],
-                                                               "c": None}
-    assert [p.name for p in out.iterdir()] == ["results.json"]  # no temporary left behind
+    out = open_output(tmp_path / "run", {"lr": 1}).path
+    write_json_atomic(
+        out / "results.json", {"a": np.float32(1.5), "b": np.arange(3), "c": float("nan")}
+    )
+    assert json.loads((out / "results.json").read_text()) == {"a": 1.5, "b": [0, 1, 2], "c": None}
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "results.json"]  # no temporary
     with pytest.raises(UsageError, match="already holds results.json.*--overwrite"):
-        prepare_output_dir(out)
-    assert prepare_output_dir(out, overwrite=True) == out
+        open_output(out, {"lr": 1})
+    assert open_output(out, {"lr": 1}, overwrite=True).path == out
 
 
 def test_failed_atomic_write_leaves_old_file(tmp_path):

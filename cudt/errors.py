@@ -1,0 +1,26 @@
+"""User-facing errors: bad input that the user can fix.
+
+Every error here carries a one-line message that names the problem and the fix. The command-line
+entry points (:func:`cudt.cli.run_cli`) print it as ``error: <message>`` and exit with status 2;
+anything else that escapes is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CheckpointError", "CudtError", "DataError", "UsageError"]
+
+
+class CudtError(ValueError):
+    """Base class of every user-fixable error raised by cudt."""
+
+
+class UsageError(CudtError):
+    """Bad flags, config values or output folders."""
+
+
+class DataError(CudtError):
+    """Missing, malformed or unreadable data."""
+
+
+class CheckpointError(CudtError):
+    """A checkpoint that cannot be used: corrupt, or from a different config or model."""
