@@ -6,16 +6,25 @@ enforced by a primal-dual method in one jitted step. See README.md.
 
 from cudt.constrained import DescentConfig, constraint_values, lagrangian_terms
 from cudt.dual import as_dual, dual_adam, dual_ascent, project_nonnegative, resilience_decay
+from cudt.errors import CheckpointError, CudtError, DataError, UsageError
+from cudt.models.encoders import Encoder, EncoderError, load_encoder
 from cudt.train import TrainState, make_train_step
 
 __all__ = [
+    "CheckpointError",
+    "CudtError",
+    "DataError",
     "DescentConfig",
+    "Encoder",
+    "EncoderError",
     "TrainState",
+    "UsageError",
     "as_dual",
     "constraint_values",
     "dual_adam",
     "dual_ascent",
     "lagrangian_terms",
+    "load_encoder",
     "make_train_step",
     "project_nonnegative",
     "resilience_decay",
