@@ -29,3 +29,28 @@ __all__ = [
     "synthetic_videos",
     "unpatchify",
 ]
+
+# Text classification data (synthetic sentiment, IMDb, MNLI, aclImdb).
+from cudt.data.text import (  # noqa: E402
+    TEXT_DATASETS,
+    TextSplit,
+    TextSplits,
+    load_text_data,
+    load_tfds_text,
+    read_aclimdb,
+    synthetic_sentiment,
+    synthetic_sentiment_score,
+    tokenize_split,
+)
+
+__all__ += [
+    "TEXT_DATASETS",
+    "TextSplit",
+    "TextSplits",
+    "load_text_data",
+    "load_tfds_text",
+    "read_aclimdb",
+    "synthetic_sentiment",
+    "synthetic_sentiment_score",
+    "tokenize_split",
+]

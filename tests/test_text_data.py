@@ -1,0 +1,486 @@
+"""Text data: the synthetic sentiment corpus, TFDS reading without TensorFlow, aclImdb, tokenizing.
+
+The TFDS tests build tiny datasets with the real TFDS machinery (a ``GeneratorBasedBuilder`` with
+the name, config, version and features of ``imdb_reviews`` / ``glue/mnli``, prepared with
+``download_and_prepare``) in a temporary ``data_dir`` and read them through the same code as real
+data. TFDS can only *write* TFRecord with TensorFlow, so the TFRecord case re-frames the records
+TFDS wrote as array_record (the same serialized ``tf.Example`` bytes) into TFRecord files, as
+TensorFlow would.
+"""
+
+import json
+import re
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from cudt.data import (
+    TEXT_DATASETS,
+    DataError,
+    TextSplit,
+    load_text_data,
+    load_tfds_text,
+    read_aclimdb,
+    synthetic_sentiment,
+    synthetic_sentiment_score,
+    tokenize_split,
+)
+from cudt.data import text as text_lib
+
+# --------------------------------------------------------------------------------------------------
+# Synthetic sentiment
+# --------------------------------------------------------------------------------------------------
+
+
+def test_synthetic_is_deterministic_per_seed_stream_and_index():
+    a = synthetic_sentiment(30, seed=3)
+    b = synthetic_sentiment(30, seed=3)
+    assert a.texts == b.texts and np.array_equal(a.labels, b.labels)
+    # Example i depends on (seed, stream, i) only: a shorter run is a prefix.
+    short = synthetic_sentiment(7, seed=3)
+    assert short.texts == a.texts[:7] and np.array_equal(short.labels, a.labels[:7])
+    assert not set(a.texts) & set(synthetic_sentiment(30, seed=4).texts)
+    assert not set(a.texts) & set(synthetic_sentiment(30, seed=3, stream=1).texts)
+    assert a.pairs is None and a.labels.dtype == np.int32 and len(a) == 30
+
+
+def test_synthetic_is_balanced_varied_and_labelled_by_the_rule():
+    s = synthetic_sentiment(400, seed=0)
+    assert s.labels.sum() == 200  # balanced
+    assert len(set(s.texts)) >= 396  # almost no repeats
+    scores = np.array([synthetic_sentiment_score(t) for t in s.texts])
+    np.testing.assert_array_equal((scores > 0).astype(np.int32), s.labels)
+    assert np.abs(scores).min() >= 0.5  # no ties
+    lower = [t.lower() for t in s.texts]
+
+    def frac(pattern):
+        return np.mean([re.search(pattern, t) is not None for t in lower])
+
+    assert frac(r"\b(not|never|hardly|barely|no|didn't|wasn't|isn't|weren't|aren't)\b") > 0.3
+    assert frac(r", but ") > 0.2
+    assert frac(r"^although |, although |, even though ") > 0.1
+    assert frac(r"\b(very|extremely|truly|incredibly|remarkably|really|genuinely)\b") > 0.2
+    assert frac(r"\b(somewhat|fairly|rather|mildly|slightly|moderately)\b") > 0.05
+    assert frac(r"\b(follows|set in|minutes|watched it|subtitles|screening)\b") > 0.3
+    words = np.array([len(t.split()) for t in s.texts])
+    assert words.min() <= 6 and words.max() >= 50, (words.min(), words.max())
+    # Many sentiment words in use, on both sides.
+    vocab = {w for t in lower for w in re.findall(r"[a-z']+", t)}
+    assert len(vocab & set(text_lib._POS_ADJ)) >= 30 and len(vocab & set(text_lib._NEG_ADJ)) >= 30
+
+
+@pytest.mark.parametrize(
+    "text, score",
+    [
+        ("The acting was superb.", 1.0),
+        ("The acting was not superb.", -1.0),  # negation flips
+        ("The acting wasn't superb.", -1.0),
+        ("The acting was never dull.", 1.0),
+        ("The plot was hardly clever.", -1.0),
+        ("It was no masterpiece.", -1.0),
+        ("I did not enjoy the ending.", -1.0),
+        ("We never hated it.", 1.0),
+        ("The score was very good.", 2.0),  # strong intensifier
+        ("I truly loved it.", 2.0),
+        ("The score was somewhat good.", 0.5),  # weak intensifier
+        ("The acting was superb, but the plot was dull.", -1.0),  # the "but" clause dominates
+        ("The acting was dull, but the plot was superb.", 1.0),
+        ("The acting was dull, but the plot was not bad.", 1.0),
+        ("Although the acting was superb, the plot was dull.", -1.0),
+        ("The plot was dull, even though the acting was superb.", -1.0),
+        ("It runs about 90 minutes. I had not heard of the director before.", 0.0),
+        ("The acting was superb. The plot was dull. The ending was very moving.", 2.0),
+        ("What a gem! It was a waste of time, but the cast was extremely lazy.", -1.0),
+    ],
+)
+def test_rule_on_constructed_reviews(text, score):
+    assert synthetic_sentiment_score(text) == score
+
+
+def test_filler_sentences_carry_no_sentiment():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        sentence = text_lib._filler_sentence(rng)
+        assert synthetic_sentiment_score(sentence) == 0.0, sentence
+        assert not set(re.findall(r"[a-z']+", sentence.lower())) & set(text_lib._LEXICON)
+
+
+def test_synthetic_splits_are_disjoint_sized_and_deterministic():
+    sp = load_text_data(num_train=250, num_test=80, val_fraction=0.2, seed=1)
+    assert (len(sp.train), len(sp.val), len(sp.test)) == (200, 50, 80)
+    train, val, test = set(sp.train.texts), set(sp.val.texts), set(sp.test.texts)
+    assert len(train) == 200 and len(val) == 50 and len(test) == 80
+    assert not (train & val) and not (train & test) and not (val & test)
+    assert sp.num_classes == 2 and sp.label_names == ("negative", "positive")
+    assert "synthetic" in sp.source
+    for split in (sp.train, sp.val, sp.test):
+        assert 0.3 < split.labels.mean() < 0.7
+        assert all(
+            int(synthetic_sentiment_score(t) > 0) == y
+            for t, y in zip(split.texts, split.labels, strict=True)
+        )
+    again = load_text_data(num_train=250, num_test=80, val_fraction=0.2, seed=1)
+    assert again.train.texts == sp.train.texts and again.test.texts == sp.test.texts
+    other = load_text_data(num_train=250, num_test=80, val_fraction=0.2, seed=2)
+    assert not set(other.train.texts) & train
+
+
+def test_load_text_data_rejects_bad_arguments(tmp_path):
+    assert TEXT_DATASETS == ("synthetic", "imdb", "mnli", "aclimdb")
+    with pytest.raises(DataError, match="unknown dataset 'sst2'.*synthetic, imdb, mnli, aclimdb"):
+        load_text_data("sst2")
+    with pytest.raises(DataError, match="val_fraction"):
+        load_text_data(val_fraction=1.0)
+    with pytest.raises(DataError, match="num_train"):
+        load_text_data(num_train=0)
+    with pytest.raises(DataError, match="too small"):
+        load_text_data(num_train=1, num_test=1, val_fraction=0.5)
+    with pytest.raises(DataError, match="aclimdb' needs data_dir"):
+        load_text_data("aclimdb")
+    with pytest.raises(DataError, match="same number"):
+        TextSplit(texts=("a", "b"), pairs=None, labels=np.array([0]))
+
+
+# --------------------------------------------------------------------------------------------------
+# TFDS: tiny imdb_reviews / glue/mnli built locally
+# --------------------------------------------------------------------------------------------------
+
+
+def _imdb_example(i: int) -> dict:
+    label = i % 2
+    word = ("awful", "great")[label]
+    return {"text": f"Review {i}: a {word} film.<br /><br />Second  line {i}.", "label": label}
+
+
+def _mnli_example(split: str, i: int) -> dict:
+    label = -1 if split.startswith("test") else i % 3
+    return {
+        "premise": f"{split} premise {i}.",
+        "hypothesis": f"{split} hypothesis {i}.",
+        "label": label,
+        "idx": i,
+    }
+
+
+_IMDB_SIZES = {"train": 20, "test": 8, "unsupervised": 3}
+_MNLI_SIZES = {"train": 15, "validation_matched": 6, "validation_mismatched": 4, "test_matched": 3}
+
+
+class _ImdbReviews(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """Same name, config, version and features as TFDS ``imdb_reviews``; tiny made-up content."""
+
+    name = "imdb_reviews"
+    VERSION = tfds.core.Version("1.0.0")
+    BUILDER_CONFIGS = [
+        tfds.core.BuilderConfig(name="plain_text", version=tfds.core.Version("1.0.0"))
+    ]
+
+    def _info(self):
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.FeaturesDict(
+                {
+                    "text": tfds.features.Text(),
+                    "label": tfds.features.ClassLabel(names=["neg", "pos"]),
+                }
+            ),
+            supervised_keys=("text", "label"),
+        )
+
+    def _split_generators(self, dl_manager):
+        return {split: self._generate_examples(split) for split in _IMDB_SIZES}
+
+    def _generate_examples(self, split):
+        for i in range(_IMDB_SIZES[split]):
+            ex = _imdb_example(i if split != "test" else 100 + i)
+            if split == "unsupervised":
+                ex["label"] = -1
+            yield f"{split}{i}", ex
+
+
+class _Glue(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """Same name, ``mnli`` config, version and features as TFDS ``glue``; tiny content."""
+
+    name = "glue"
+    VERSION = tfds.core.Version("2.0.0")
+    BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="mnli", version=tfds.core.Version("2.0.0"))]
+
+    def _info(self):
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.FeaturesDict(
+                {
+                    "premise": tfds.features.Text(),
+                    "hypothesis": tfds.features.Text(),
+                    "label": tfds.features.ClassLabel(
+                        names=["entailment", "neutral", "contradiction"]
+                    ),
+                    "idx": np.int32,
+                }
+            ),
+        )
+
+    def _split_generators(self, dl_manager):
+        return {split: self._generate_examples(split) for split in _MNLI_SIZES}
+
+    def _generate_examples(self, split):
+        for i in range(_MNLI_SIZES[split]):
+            yield i, _mnli_example(split, i)
+
+
+def _prepare(builder_cls, data_dir: Path, file_format: str) -> Path:
+    builder = builder_cls(data_dir=str(data_dir), file_format=file_format)
+    builder.download_and_prepare()
+    return Path(str(builder.data_dir))
+
+
+def _crc32c_bitwise(data: bytes) -> int:
+    """CRC-32C bit by bit (independent of the table-driven one in the module)."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def _masked(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _array_record_to_tfrecord(variant: Path) -> None:
+    """Rewrite a prepared array_record dataset as TensorFlow writes TFRecord: same records, TFRecord
+    framing (length, masked CRC32C, data, masked CRC32C), ``*.tfrecord-*`` shards, fileFormat."""
+    builder = tfds.builder_from_directory(str(variant))
+    info_file = variant / "dataset_info.json"
+    meta = json.loads(info_file.read_text())
+    for split in meta["splits"]:
+        name = split["name"]
+        raw = builder.as_data_source(
+            name, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES
+        )
+        records = [bytes(raw[i]) for i in range(len(raw))]
+        shards = sorted(variant.glob(f"{meta['name']}-{name}.array_record-*"))
+        lengths = [int(n) for n in split["shardLengths"]]
+        assert len(shards) == len(lengths) and sum(lengths) == len(records)
+        start = 0
+        for shard, n in zip(shards, lengths, strict=True):
+            out = variant / shard.name.replace(".array_record-", ".tfrecord-")
+            with open(out, "wb") as f:
+                for rec in records[start : start + n]:
+                    header = struct.pack("<Q", len(rec))
+                    f.write(header + struct.pack("<I", _masked(_crc32c_bitwise(header))))
+                    f.write(rec + struct.pack("<I", _masked(_crc32c_bitwise(rec))))
+            start += n
+            shard.unlink()
+    meta["fileFormat"] = "tfrecord"
+    info_file.write_text(json.dumps(meta))
+
+
+@pytest.fixture(scope="module")
+def tfds_dirs(tmp_path_factory):
+    """``{format: data_dir}`` with a tiny imdb_reviews in each format and glue/mnli in
+    array_record (under the array_record dir) and tfrecord (under the tfrecord dir)."""
+    dirs = {}
+    for fmt in ("array_record", "parquet"):
+        dirs[fmt] = tmp_path_factory.mktemp(f"tfds_{fmt}")
+        _prepare(_ImdbReviews, dirs[fmt], fmt)
+    _prepare(_Glue, dirs["array_record"], "array_record")
+    dirs["tfrecord"] = tmp_path_factory.mktemp("tfds_tfrecord")
+    shutil.copytree(dirs["array_record"], dirs["tfrecord"], dirs_exist_ok=True)
+    _array_record_to_tfrecord(dirs["tfrecord"] / "imdb_reviews" / "plain_text" / "1.0.0")
+    _array_record_to_tfrecord(dirs["tfrecord"] / "glue" / "mnli" / "2.0.0")
+    return dirs
+
+
+def test_crc32c_matches_the_standard_check_value():
+    assert _crc32c_bitwise(b"123456789") == 0xE3069283
+    assert text_lib._crc32c(b"123456789") == 0xE3069283
+    assert text_lib._masked_crc32c(b"some bytes") == _masked(_crc32c_bitwise(b"some bytes"))
+
+
+@pytest.mark.parametrize("fmt", ["array_record", "parquet", "tfrecord"])
+def test_tfds_imdb_reads_every_example_without_tensorflow(tfds_dirs, fmt):
+    import sys
+
+    assert "tensorflow" not in sys.modules  # nothing here imports TensorFlow
+    s = load_tfds_text("imdb", tfds_dirs[fmt], "train")
+    assert len(s) == 20 and s.pairs is None and s.labels.dtype == np.int32
+    expected = {
+        text_lib._clean_review(e["text"]): e["label"] for e in map(_imdb_example, range(20))
+    }
+    assert dict(zip(s.texts, s.labels.tolist(), strict=True)) == expected
+    assert all("<br" not in t and "  " not in t for t in s.texts)
+    assert "Review 3: a great film. Second line 3." in s.texts
+    test = load_tfds_text("imdb", tfds_dirs[fmt], "test")
+    assert len(test) == 8 and all(t.startswith("Review 1") for t in test.texts)
+    # Unlabelled examples (label -1) are dropped.
+    assert len(load_tfds_text("imdb", tfds_dirs[fmt], "unsupervised")) == 0
+
+
+def test_tfds_subsample_is_seeded_and_the_same_in_every_format(tfds_dirs):
+    picks = {}
+    for fmt in ("array_record", "parquet", "tfrecord"):
+        a = load_tfds_text("imdb", tfds_dirs[fmt], "train", max_examples=6, seed=5)
+        b = load_tfds_text("imdb", tfds_dirs[fmt], "train", max_examples=6, seed=5)
+        assert len(a) == 6 and a.texts == b.texts
+        picks[fmt] = a.texts
+    assert picks["array_record"] == picks["parquet"] == picks["tfrecord"]
+    other = load_tfds_text("imdb", tfds_dirs["array_record"], "train", max_examples=6, seed=6)
+    assert other.texts != picks["array_record"]
+
+
+@pytest.mark.parametrize("fmt", ["array_record", "tfrecord"])
+def test_load_text_data_imdb_and_mnli(tfds_dirs, fmt):
+    sp = load_text_data("imdb", tfds_dirs[fmt], num_train=None, num_test=5, val_fraction=0.25)
+    assert (len(sp.train), len(sp.val), len(sp.test)) == (15, 5, 5)
+    assert not set(sp.train.texts) & set(sp.val.texts)
+    assert sp.num_classes == 2 and sp.label_names == ("neg", "pos")
+    assert f"imdb_reviews/plain_text:1.0.0 ({fmt})" in sp.source and "20 of 20" in sp.source
+
+    nli = load_text_data("mnli", tfds_dirs[fmt], num_train=12, num_test=None, val_fraction=0.25)
+    assert (len(nli.train), len(nli.val), len(nli.test)) == (9, 3, 6)
+    assert nli.num_classes == 3 and nli.label_names == ("entailment", "neutral", "contradiction")
+    assert f"glue/mnli:2.0.0 ({fmt})" in nli.source
+    for split in (nli.train, nli.val):
+        for (premise, hypothesis), y in zip(split.inputs(), split.labels, strict=True):
+            i = int(premise.split()[-1].rstrip("."))
+            assert premise == f"train premise {i}." and hypothesis == f"train hypothesis {i}."
+            assert y == i % 3
+    assert all(p.startswith("validation_matched premise") for p in nli.test.texts)
+    assert isinstance(nli.test.inputs()[0], tuple)
+
+
+def test_tfds_missing_data_fails_fast_and_names_the_fix(tmp_path):
+    # No download is attempted (that would hang for minutes offline): the error comes at once.
+    with pytest.raises(DataError) as err:
+        load_tfds_text("imdb", tmp_path, "train")
+    msg = str(err.value)
+    assert "\n" not in msg and str(tmp_path) in msg
+    assert "--download" in msg
+    assert (
+        f"tfds build imdb_reviews/plain_text --data_dir {tmp_path} --file_format array_record"
+        in msg
+    )
+    with pytest.raises(DataError, match=r"no prepared glue/mnli.*tfds build glue/mnli"):
+        load_text_data("mnli", tmp_path / "nowhere")
+    assert not (tmp_path / "nowhere").exists() and not list(tmp_path.iterdir())
+
+
+def test_tfds_bad_split_format_and_dataset_name(tfds_dirs, tmp_path):
+    with pytest.raises(DataError, match=r"no split 'validation'.*test, train, unsupervised"):
+        load_tfds_text("imdb", tfds_dirs["array_record"], "validation")
+    with pytest.raises(DataError, match="imdb, mnli"):
+        load_tfds_text("sst2", tfds_dirs["array_record"], "train")
+    # A format that needs TensorFlow to read: the error says to re-prepare as array_record.
+    variant = tmp_path / "imdb_reviews" / "plain_text" / "1.0.0"
+    shutil.copytree(tfds_dirs["tfrecord"] / "imdb_reviews" / "plain_text" / "1.0.0", variant)
+    meta = json.loads((variant / "dataset_info.json").read_text())
+    meta["fileFormat"] = "riegeli"
+    (variant / "dataset_info.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match="riegeli.*without TensorFlow.*--file_format array_record"):
+        load_tfds_text("imdb", tmp_path, "train")
+    # The version folder itself is accepted as data_dir.
+    variant = tfds_dirs["tfrecord"] / "imdb_reviews" / "plain_text" / "1.0.0"
+    assert len(load_tfds_text("imdb", variant, "test")) == 8
+
+
+def test_tfrecord_corruption_is_reported(tfds_dirs, tmp_path):
+    shutil.copytree(tfds_dirs["tfrecord"] / "imdb_reviews", tmp_path / "imdb_reviews")
+    shard = next((tmp_path / "imdb_reviews" / "plain_text" / "1.0.0").glob("*-train.tfrecord-*"))
+    data = bytearray(shard.read_bytes())
+    data[3] ^= 0xFF  # the first record's length
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="corrupt"):
+        load_tfds_text("imdb", tmp_path, "train")
+    shard.write_bytes(bytes(data[: len(data) // 2]))
+    with pytest.raises(DataError, match="corrupt|truncated"):
+        load_tfds_text("imdb", tmp_path, "train")
+
+
+# --------------------------------------------------------------------------------------------------
+# aclImdb folder
+# --------------------------------------------------------------------------------------------------
+
+
+def _write_aclimdb(root: Path, n: int = 4) -> Path:
+    base = root / "aclImdb"
+    for split in ("train", "test"):
+        for name in ("neg", "pos"):
+            folder = base / split / name
+            folder.mkdir(parents=True)
+            for i in range(n):
+                (folder / f"{i}_{7 if name == 'pos' else 2}.txt").write_text(
+                    f"{split} {name} review {i}.<br /><br />It is café-good.", encoding="utf-8"
+                )
+    (base / "train" / "unsup").mkdir()
+    (base / "train" / "unsup" / "0_0.txt").write_text("unlabelled")
+    return base
+
+
+def test_read_aclimdb(tmp_path):
+    base = _write_aclimdb(tmp_path)
+    s = read_aclimdb(tmp_path, "train")
+    assert len(s) == 8 and s.labels.tolist() == [0] * 4 + [1] * 4
+    assert s.texts[0] == "train neg review 0. It is café-good."
+    assert all(("pos" in t) == bool(y) for t, y in zip(s.texts, s.labels, strict=True))
+    assert read_aclimdb(base, "train").texts == s.texts  # the aclImdb folder itself works too
+    sub = read_aclimdb(base, "test", max_examples=3, seed=1)
+    assert len(sub) == 3 and set(sub.texts) <= set(read_aclimdb(base, "test").texts)
+    assert sub.texts == read_aclimdb(base, "test", max_examples=3, seed=1).texts
+    sp = load_text_data("aclimdb", tmp_path, num_train=None, num_test=None, val_fraction=0.25)
+    assert (len(sp.train), len(sp.val), len(sp.test)) == (6, 2, 8)
+    assert all(t.startswith("test") for t in sp.test.texts)
+
+
+def test_read_aclimdb_errors(tmp_path):
+    with pytest.raises(DataError, match="does not exist.*aclImdb_v1.tar.gz"):
+        read_aclimdb(tmp_path / "missing", "train")
+    with pytest.raises(DataError, match="'train' or 'test'"):
+        read_aclimdb(tmp_path, "unsup")
+    with pytest.raises(DataError, match="no train/ folder"):
+        read_aclimdb(tmp_path, "train")
+    base = _write_aclimdb(tmp_path)
+    shutil.rmtree(base / "test" / "pos")
+    with pytest.raises(DataError, match="no pos/ folder"):
+        read_aclimdb(tmp_path, "test")
+    for f in (base / "train" / "neg").iterdir():
+        f.unlink()
+    with pytest.raises(DataError, match=r"no \.txt reviews in .*neg"):
+        read_aclimdb(tmp_path, "train")
+    (base / "train" / "neg" / "9_1.txt").write_bytes(b"caf\xe9 latin-1 review")
+    with pytest.raises(DataError, match=r"9_1\.txt' is not UTF-8"):
+        read_aclimdb(tmp_path, "train")
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenizing with the real all-MiniLM-L6-v2
+# --------------------------------------------------------------------------------------------------
+
+
+def test_tokenize_split_with_minilm():
+    from cudt.models.encoders import load_encoder, minilm_path
+
+    encoder = load_encoder(minilm_path())
+    single = TextSplit(
+        texts=("The acting was superb.", " ".join(["long"] * 100)), pairs=None, labels=[1, 0]
+    )
+    ids, mask = tokenize_split(encoder, single, 16)
+    assert ids.shape == mask.shape == (2, 16) and ids.dtype == mask.dtype == np.int32
+    cls_id, sep_id = encoder.tokenizer.token_to_id("[CLS]"), encoder.tokenizer.token_to_id("[SEP]")
+    assert (ids[:, 0] == cls_id).all()
+    assert mask[0].sum() == 7 and ids[0, 6] == sep_id and (ids[0, 7:] == 0).all()  # 5 tokens
+    assert mask[1].all() and ids[1, -1] == sep_id  # truncated to max_length
+    pair = TextSplit(texts=("A man is eating.",), pairs=("Someone eats.",), labels=[0])
+    ids, mask, types = tokenize_split(encoder, pair, 24, return_token_type_ids=True)
+    row = ids[0, : mask[0].sum()]
+    assert (row == sep_id).sum() == 2 and row[0] == cls_id
+    first_sep = int(np.flatnonzero(row == sep_id)[0])
+    assert (types[0, : first_sep + 1] == 0).all()
+    assert (types[0, first_sep + 1 : len(row)] == 1).all()
+    text_ids, _ = encoder.tokenize(["A man is eating."], 24)
+    np.testing.assert_array_equal(ids[0, : first_sep + 1], text_ids[0, : first_sep + 1])
