@@ -48,14 +48,26 @@ def plot_layer_losses(runs, path: str | Path, *, gamma_index: int, title: str = 
         seen = set()
         for run in group:
             if run.get("diverged"):
-                ax.plot([], [], color="gray", label=f"{LABELS[run['constrained']]} seed "
-                        f"{run['seed']}: diverged")
+                ax.plot(
+                    [],
+                    [],
+                    color="gray",
+                    label=f"{LABELS[run['constrained']]} seed {run['seed']}: diverged",
+                )
                 continue
             losses = np.asarray(run["layer_loss"][gamma_index], float)
             label = LABELS[run["constrained"]] if run["constrained"] not in seen else None
             seen.add(run["constrained"])
-            ax.plot(np.arange(losses.size), losses, _style(run), marker="o", ms=3,
-                    color=COLORS[run["constrained"]], alpha=0.85, label=label)
+            ax.plot(
+                np.arange(losses.size),
+                losses,
+                _style(run),
+                marker="o",
+                ms=3,
+                color=COLORS[run["constrained"]],
+                alpha=0.85,
+                label=label,
+            )
         ax.set_yscale("log")
         ax.set_xlabel("layer l")
         ax.set_ylabel("mean test loss ℓ_l")
@@ -68,8 +80,15 @@ def plot_layer_losses(runs, path: str | Path, *, gamma_index: int, title: str = 
     plt.close(fig)
 
 
-def plot_metric_vs_gamma(runs, path: str | Path, *, key: str, ylabel: str,
-                         gamma_train: float | None = None, title: str = "") -> None:
+def plot_metric_vs_gamma(
+    runs,
+    path: str | Path,
+    *,
+    key: str,
+    ylabel: str,
+    gamma_train: float | None = None,
+    title: str = "",
+) -> None:
     """``key`` (a list over test γ) against test γ; γ > γ_train is out of distribution."""
     groups = _by_model(runs)
     fig, axes = _axes(len(groups))
@@ -77,13 +96,25 @@ def plot_metric_vs_gamma(runs, path: str | Path, *, key: str, ylabel: str,
         seen = set()
         for run in group:
             if run.get("diverged"):
-                ax.plot([], [], color="gray", label=f"{LABELS[run['constrained']]} seed "
-                        f"{run['seed']}: diverged")
+                ax.plot(
+                    [],
+                    [],
+                    color="gray",
+                    label=f"{LABELS[run['constrained']]} seed {run['seed']}: diverged",
+                )
                 continue
             label = LABELS[run["constrained"]] if run["constrained"] not in seen else None
             seen.add(run["constrained"])
-            ax.plot(run["test_gamma"], run[key], _style(run), marker="o", ms=3,
-                    color=COLORS[run["constrained"]], alpha=0.85, label=label)
+            ax.plot(
+                run["test_gamma"],
+                run[key],
+                _style(run),
+                marker="o",
+                ms=3,
+                color=COLORS[run["constrained"]],
+                alpha=0.85,
+                label=label,
+            )
         if gamma_train is not None:
             ax.axvline(gamma_train, color="k", lw=0.8, ls=":", label="γ_train")
         ax.set_xlabel("test γ")
@@ -97,8 +128,9 @@ def plot_metric_vs_gamma(runs, path: str | Path, *, key: str, ylabel: str,
     plt.close(fig)
 
 
-def plot_ratio_histograms(ratios_by_run: dict[tuple[str, bool], np.ndarray], path: str | Path,
-                          *, title: str = "") -> None:
+def plot_ratio_histograms(
+    ratios_by_run: dict[tuple[str, bool], np.ndarray], path: str | Path, *, title: str = ""
+) -> None:
     """Histograms of per-sample ratios ℓ_l/ℓ_{l−1} (the paper's Figure 12), ERM vs constrained.
 
     ``ratios_by_run`` maps (model name, constrained) to a flat array of ratios.
@@ -113,10 +145,15 @@ def plot_ratio_histograms(ratios_by_run: dict[tuple[str, bool], np.ndarray], pat
             r = r[np.isfinite(r)]
             hi = np.quantile(r, 0.99) if r.size else 2.0
             bins = np.linspace(0.0, max(2.0, hi), 60)
-            ax.hist(np.clip(r, 0, bins[-1]), bins=bins, alpha=0.55, density=True,
-                    color=COLORS[constrained],
-                    label=f"{LABELS[constrained]} (median {np.median(r):.2f}, "
-                          f"{100 * np.mean(r < 1):.1f}% < 1)")
+            ax.hist(
+                np.clip(r, 0, bins[-1]),
+                bins=bins,
+                alpha=0.55,
+                density=True,
+                color=COLORS[constrained],
+                label=f"{LABELS[constrained]} (median {np.median(r):.2f}, "
+                f"{100 * np.mean(r < 1):.1f}% < 1)",
+            )
         ax.axvline(1.0, color="k", lw=0.8, ls=":")
         ax.set_xlabel("ℓ_l / ℓ_{l-1}")
         ax.set_ylabel("density")

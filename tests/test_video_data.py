@@ -320,3 +320,12 @@ def test_perturb_jit_vmap_dtype():
     assert jax.vmap(perturb, in_axes=(0, None, None, 0))(x[:4], 1.0, 1.0, keys).shape == x[:4].shape
     xb = x.astype(jnp.bfloat16)
     assert perturb(xb, 0.1, 0.2, key).dtype == jnp.bfloat16
+
+
+def test_perturb_noise_does_not_depend_on_batching():
+    x = jnp.zeros((10, 3, 4), jnp.float32)
+    key = jax.random.key(7)
+    whole = perturb(x, 1.0, 1.0, key)
+    parts = jnp.concatenate([perturb(x[:4], 1.0, 1.0, key), perturb(x[4:], 1.0, 1.0, key, 4)])
+    np.testing.assert_array_equal(whole, parts)
+    assert not np.allclose(whole[0], whole[1])  # samples get different noise

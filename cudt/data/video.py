@@ -36,6 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from cudt.errors import DataError
+
 __all__ = [
     "DATASETS",
     "IMAGE_SUFFIXES",
@@ -64,10 +66,6 @@ _EXPECTED_LAYOUT = {
     "frames": "root/{train,test}/<video>/<frame>.{tif,png,jpg,bmp} "
     "(training/testing and a frames/ level are accepted)",
 }
-
-
-class DataError(ValueError):
-    """Bad or missing data; the one-line message names the problem and the fix."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -743,15 +741,22 @@ def load_video_data(
     )
 
 
-def perturb(x: jax.Array, gamma, sigma, key: jax.Array) -> jax.Array:
+def perturb(x: jax.Array, gamma, sigma, key: jax.Array, first_index=0) -> jax.Array:
     """``x + gamma * sigma * N(0, 1)``, same shape and dtype as ``x``.
 
-    ``gamma`` and ``sigma`` may be traced scalars (jit, vmap over noise levels); ``gamma = 0``
-    returns ``x`` exactly.
+    The noise of sample ``i`` (along the leading axis) is drawn from ``fold_in(key, first_index +
+    i)``, so a sample's noise does not depend on how the data is cut into batches: evaluating in
+    batches of 64 or 512 sees the same noisy inputs. ``gamma`` and ``sigma`` may be traced scalars
+    (jit, vmap over noise levels); ``gamma = 0`` returns ``x`` exactly.
     """
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise DataError(f"perturb needs a floating-point x, got {x.dtype}: cast the data first")
-    noise = jax.random.normal(key, x.shape, dtype=x.dtype)
+    if x.ndim == 0:
+        raise DataError("perturb needs x with a leading sample axis, got a scalar")
+    idx = first_index + jnp.arange(x.shape[0])
+    noise = jax.vmap(
+        lambda i: jax.random.normal(jax.random.fold_in(key, i), x.shape[1:], dtype=x.dtype)
+    )(idx)
     scale = jnp.asarray(gamma, x.dtype) * jnp.asarray(sigma, x.dtype)
     return x + scale * noise

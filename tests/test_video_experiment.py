@@ -1,0 +1,215 @@
+"""The video experiment end to end on tiny configs: results, plots, divergence, resume, refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from cudt.checkpoint import GroupCheckpointer
+from experiments import video_denoise
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "--num-videos",
+    "3",
+    "--num-frames",
+    "8",
+    "--seq-len",
+    "4",
+    "--batch-size",
+    "16",
+    "--dust-atoms",
+    "16",
+    "--eval-batch-size",
+    "128",
+]
+RUN_KEYS = {
+    "model",
+    "layers",
+    "constrained",
+    "seed",
+    "gamma_train",
+    "test_gamma",
+    "rmse",
+    "layer_loss",
+    "descent_rate",
+    "mean_ratio",
+    "median_ratio",
+    "feasible",
+    "multipliers",
+}
+
+
+@pytest.fixture(scope="module")
+def diverging_run(tmp_path_factory):
+    """UT and DUST, ERM and constrained, 2 seeds; seed 1 of constrained UT is poisoned at 12."""
+    out = tmp_path_factory.mktemp("vd") / "run"
+    argv = TINY + [
+        "--models",
+        "dust,ut",
+        "--steps",
+        "20",
+        "--chunk-steps",
+        "5",
+        "--seeds",
+        "2",
+        "--keep-checkpoints",
+        "1",
+        "--inject-nan",
+        "ut,constrained,1,12",
+        "--out",
+        str(out),
+    ]
+    assert video_denoise.main(argv) == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_results_json_has_every_run_and_key(diverging_run):
+    _, results = diverging_run
+    runs = results["runs"]
+    assert {(r["model"], r["constrained"], r["seed"]) for r in runs} == {
+        (m, c, s) for m in ("dust", "ut") for c in (False, True) for s in (0, 1)
+    }
+    for run in runs:
+        assert RUN_KEYS <= set(run)
+        assert run["layers"] == 3 and len(run["multipliers"]) == 4
+        assert len(run["rmse"]) == len(run["test_gamma"]) == len(run["layer_loss"])
+        assert all(len(ll) == 4 for ll in run["layer_loss"])
+        assert run["gamma_train"] in run["test_gamma"]
+        assert max(run["test_gamma"]) > run["gamma_train"]  # OOD points are evaluated
+        if not run["constrained"]:
+            assert run["multipliers"] == [0.0, 0.0, 0.0, 0.0]
+    # Zero noise is the easiest test point: RMSE grows with γ for a healthy run.
+    healthy = next(r for r in runs if r["model"] == "dust" and not r["constrained"])
+    assert healthy["rmse"][0] < healthy["rmse"][-1]
+    assert results["config"]["steps"] == 20
+
+
+def test_plots_are_real_pngs(diverging_run):
+    out, _ = diverging_run
+    for name in ("layer_loss.png", "rmse_vs_gamma.png"):
+        with Image.open(out / name) as im:
+            assert im.format == "PNG" and im.size[0] > 400 and im.size[1] > 200
+            # not a blank canvas: many distinct colours were drawn
+            assert len(im.convert("RGB").getcolors(maxcolors=1_000_000)) > 50
+
+
+def test_injected_nan_stops_one_run_keeps_its_checkpoint_others_finish(diverging_run):
+    out, results = diverging_run
+    bad = [r for r in results["runs"] if r["diverged"]]
+    assert [(r["model"], r["constrained"], r["seed"]) for r in bad] == [("ut", True, 1)]
+    assert bad[0]["diverged_at"]["step"] == 12
+    assert bad[0]["diverged_at"]["last_good_checkpoint"] == 10
+    assert bad[0]["feasible"] is False and bad[0]["best"] is False
+    # keep=1, yet the last good checkpoint before step 12 survived the later saves
+    group = out / "checkpoints" / "ut-3-constrained"
+    assert sorted(int(p.name) for p in group.iterdir() if p.name.isdigit()) == [10, 20]
+    ckpt = GroupCheckpointer(group, keep=1)
+    states, _ = ckpt.restore(None, step=10)
+    ckpt.close()
+    assert np.all(np.isfinite(states["params"]["params"]["ffn"]))
+    # the diverged run's sibling seed and every other group trained all 20 steps
+    for run in results["runs"]:
+        if not run["diverged"]:
+            assert run["train_steps"][-1] == 20 and np.isfinite(run["train_objective"][-1])
+
+
+def test_finished_output_is_never_overwritten(diverging_run, capsys):
+    out, _ = diverging_run
+    before = (out / "results.json").read_bytes()
+    argv = TINY + ["--models", "ut", "--steps", "20", "--out", str(out)]
+    assert video_denoise.main(argv) == 2
+    assert "already holds results.json" in capsys.readouterr().err
+    assert (out / "results.json").read_bytes() == before
+
+
+def test_help_lists_every_config_field(capsys):
+    with pytest.raises(SystemExit) as e:
+        video_denoise.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for f in dataclasses.fields(video_denoise.Config):
+        assert "--" + f.name.replace("_", "-") in text
+
+
+def _cli(out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "experiments.video_denoise",
+        *TINY,
+        "--models",
+        "ut",
+        "--seeds",
+        "2",
+        "--steps",
+        "120",
+        "--chunk-steps",
+        "5",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def _final_arrays(out: Path) -> dict[str, dict]:
+    arrays = {}
+    for group in ("ut-3-ERM", "ut-3-constrained"):
+        ckpt = GroupCheckpointer(out / "checkpoints" / group)
+        assert ckpt.latest_step() == 120
+        states, _ = ckpt.restore(None)
+        ckpt.close()
+        arrays[group] = states
+    return arrays
+
+
+def test_sigkill_then_resume_is_bitwise_the_uninterrupted_run(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    subprocess.run(_cli(straight), cwd=ROOT, env=env, check=True, capture_output=True)
+
+    proc = subprocess.Popen(
+        _cli(killed), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    group = killed / "checkpoints" / "ut-3-constrained"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if group.is_dir() and any(p.name.isdigit() for p in group.iterdir()):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    saved = sorted(int(p.name) for p in group.iterdir() if p.name.isdigit())
+    assert saved and max(saved) < 120 and not (killed / "results.json").exists()
+
+    resumed = subprocess.run(_cli(killed), cwd=ROOT, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from the checkpoint at step" in resumed.stderr
+
+    a, b = _final_arrays(straight), _final_arrays(killed)
+    for group_name in a:
+        for name in ("params", "multipliers", "opt_state", "dual_state", "step"):
+            left = np.concatenate([np.ravel(x) for x in _leaves(a[group_name][name])])
+            right = np.concatenate([np.ravel(x) for x in _leaves(b[group_name][name])])
+            assert left.tobytes() == right.tobytes(), (group_name, name)
+    ra = json.loads((straight / "results.json").read_text())["runs"]
+    rb = json.loads((killed / "results.json").read_text())["runs"]
+    assert [r["rmse"] for r in ra] == [r["rmse"] for r in rb]
+    assert [r["train_objective"] for r in ra] == [r["train_objective"] for r in rb]
+
+
+def _leaves(tree):
+    import jax
+
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
