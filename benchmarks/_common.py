@@ -1,0 +1,327 @@
+"""Shared helpers of the benchmark scripts: data, the UT denoiser wiring, timing, tables.
+
+Timing rules (the house rule for speed): alternatives are measured side by side in one process,
+interleaved over several repetitions (the order rotates every repetition), and reported as
+medians and ratios of medians, never as absolute claims. Work is synchronised with
+``jax.block_until_ready`` (or by the host fetching metrics) before a clock is read.
+
+LAPACK threads: the UT step's eigenvalue clipping calls LAPACK's symmetric eigensolver on a
+256x256 matrix (jax's CPU kernels call SciPy's OpenBLAS). OpenBLAS splits the call over one
+thread per core by default; on a machine whose cores other jobs share, the call then waits for
+threads that are not running, and becomes an order of magnitude slower or more, erratically.
+The scripts therefore run with ``--lapack-threads 1`` by default (:func:`lapack_threads`); pass
+0 to keep the libraries' own default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import cudt
+from cudt.data.video import load_video_data, perturb
+from cudt.loop import sample_indices, train_group
+from cudt.models import UT, ut_project
+
+__all__ = [
+    "ChunkClock",
+    "UTSetup",
+    "add_lapack_threads_flag",
+    "burn_in",
+    "compile_seconds",
+    "copy_tree",
+    "environment",
+    "interleave",
+    "lapack_threads",
+    "make_layer_losses",
+    "make_ut_setup",
+    "max_abs_diff",
+    "median",
+    "print_table",
+    "stack_states",
+    "video_data",
+]
+
+# The compile-side events jax records for every new program (trace, lowering, XLA compile).
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Data and model
+# --------------------------------------------------------------------------------------------------
+
+
+def video_data(seq_len: int = 8, num_videos: int = 4, num_frames: int = 32, seed: int = 0):
+    """Synthetic surveillance clips as 16x16-patch sequences: (train [N, T, 256] on device, σ_x)."""
+    data = load_video_data(
+        "synthetic", seq_len=seq_len, num_videos=num_videos, num_frames=num_frames, seed=seed
+    )
+    return jnp.asarray(data.train), float(data.sigma)
+
+
+def make_layer_losses(model, gamma, sigma: float):
+    """``(params, clean [B, T, P], key) -> [B, L+1]``: per-sample MSE of every layer's state.
+
+    The same function as ``cudt.video.make_layer_losses`` (the experiment's), restated here so
+    the benchmarks import only the library core, not the experiment module.
+    """
+
+    def layer_losses(params, clean, key):
+        noisy = perturb(clean, gamma, sigma, key)
+        _, states = model.apply(params, noisy)  # [L+1, B, T, P]
+        return jnp.mean((states - clean[None]) ** 2, axis=(2, 3)).T
+
+    return layer_losses
+
+
+@dataclasses.dataclass
+class UTSetup:
+    """The video experiment's wiring of a UT denoiser (as in ``cudt.video._train_group``)."""
+
+    model: UT
+    params: Any
+    init: Callable
+    step: Callable  # jitted or pure, as asked
+    layer_losses: Callable
+    config: cudt.DescentConfig
+    make_batch: Callable  # (key, step) -> [B, T, P], sampled from device-resident data
+
+
+def make_ut_setup(
+    train_x: jax.Array,
+    sigma: float,
+    *,
+    layers: int = 3,
+    batch_size: int = 64,
+    gamma: float = 0.5,
+    lr: float = 2e-3,
+    dual_lr: float = 1e-2,
+    epsilon: float = 0.1,
+    jit: bool = False,
+    donate: bool = True,
+) -> UTSetup:
+    """Constrained UT-``layers`` with primal Adam, projected SGD dual ascent, eigenvalue clipping."""
+    dim = train_x.shape[-1]
+    model = UT(num_layers=layers, dim=dim, init_scheme="dct")
+    params = model.init(jax.random.key(0), jnp.zeros((1,) + train_x.shape[1:], jnp.float32))
+    layer_losses = make_layer_losses(model, jnp.float32(gamma), sigma)
+    config = cudt.DescentConfig(num_layers=layers, epsilon=epsilon)
+    init, step = cudt.make_train_step(
+        layer_losses,
+        optax.adam(lr),
+        cudt.dual_ascent(dual_lr),
+        config,
+        project_params=ut_project,
+        jit=jit,
+        donate=donate,
+    )
+    num_train = train_x.shape[0]
+
+    def make_batch(key, step_count):
+        return train_x[sample_indices(key, step_count, num_train, batch_size)]
+
+    return UTSetup(model, params, init, step, layer_losses, config, make_batch)
+
+
+def stack_states(init: Callable, params: Any, num_runs: int):
+    """``num_runs`` fresh train states stacked on a leading axis (the layout ``train_group`` wants)."""
+    return jax.jit(jax.vmap(lambda _: init(params)))(jnp.arange(num_runs))
+
+
+def burn_in(setup: UTSetup, states: Any, keys: jax.Array, num_steps: int):
+    """Trains the stacked ``states`` ``num_steps`` steps, then resets their step counters to 0.
+
+    At the DCT init W̃_f = −0.9·I is diagonal, and the eigenvalue clipping's ``eigh`` of a
+    diagonal matrix is cheaper than of a trained one: benchmarks start after a burn-in so
+    every step they time costs what a step mid-training costs. The counters go back to 0 so
+    every timed ``train_group`` call starts at a chunk boundary (the optimiser's own count, in
+    its state, is kept).
+    """
+    if num_steps > 0:
+        states = train_group(
+            setup.step, states, keys, setup.make_batch, num_steps, chunk_steps=num_steps
+        ).states
+    return states.replace(step=jnp.zeros_like(states.step))
+
+
+def copy_tree(tree: Any) -> Any:
+    """Fresh device buffers (inputs of donating programs are consumed)."""
+    return jax.tree.map(jnp.copy, tree)
+
+
+def max_abs_diff(a: Any, b: Any) -> float:
+    diffs = jax.tree.map(lambda x, y: jnp.max(jnp.abs(jnp.asarray(x) - jnp.asarray(y))), a, b)
+    return float(max(jax.tree.leaves(diffs)))
+
+
+# --------------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def interleave(
+    alternatives: dict[str, Callable[[], Any]], repeats: int, *, verbose: bool = True
+) -> dict[str, list[Any]]:
+    """Runs every alternative once per repetition, rotating the order, and collects the results.
+
+    Each alternative is a callable returning its own measurement (seconds, or a tuple of them);
+    rotating the order keeps a slow phase of the machine from always hitting the same one.
+    """
+    names = list(alternatives)
+    results: dict[str, list[Any]] = {name: [] for name in names}
+    for rep in range(repeats):
+        t0 = time.perf_counter()
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            results[name].append(alternatives[name]())
+        if verbose:
+            print(
+                f"  repetition {rep + 1}/{repeats} done ({time.perf_counter() - t0:.0f}s)",
+                flush=True,
+            )
+    return results
+
+
+class ChunkClock:
+    """A tqdm-like ``train_group(progress=...)`` object that timestamps every chunk.
+
+    ``train_group`` calls ``progress.update(n)`` after each chunk, once the chunk's metrics are on
+    the host, so the stamps bound each chunk's full cost (device work and host bookkeeping).
+    ``start()`` right before ``train_group`` (states must start at step 0, or a resumed loop's
+    initial ``update`` would count as a chunk); afterwards ``first`` is the first chunk's wall
+    time (tracing + compilation + the chunk) and ``steady`` the wall times of the later chunks.
+    """
+
+    def __init__(self):
+        self.stamps: list[float] = []
+
+    def start(self) -> ChunkClock:
+        self.stamps = [time.perf_counter()]
+        return self
+
+    def update(self, n: int = 1) -> None:
+        del n
+        self.stamps.append(time.perf_counter())
+
+    def set_postfix_str(self, *args, **kwargs) -> None:
+        del args, kwargs
+
+    @property
+    def durations(self) -> list[float]:
+        return [b - a for a, b in zip(self.stamps[:-1], self.stamps[1:], strict=True)]
+
+    @property
+    def first(self) -> float:
+        return self.durations[0]
+
+    @property
+    def steady(self) -> list[float]:
+        return self.durations[1:]
+
+
+@contextlib.contextmanager
+def lapack_threads(num_threads: int) -> Iterator[str]:
+    """Limits the OpenBLAS threads behind jax's CPU LAPACK kernels inside the block.
+
+    ``num_threads`` 0 leaves the libraries as they are. Yields one line for the script's
+    header saying what is in effect. Needs ``threadpoolctl`` (installed with scikit-learn);
+    without it nothing is changed and the line says so.
+    """
+    # jax's CPU LAPACK kernels call SciPy's LAPACK (loaded on first use): load it now, so the
+    # limit below finds it.
+    import scipy.linalg.cython_lapack  # noqa: F401
+
+    try:
+        import threadpoolctl
+    except ImportError:
+        yield "LAPACK threads: library default (threadpoolctl is not installed)"
+        return
+
+    def describe() -> str:
+        found = [
+            f"{info['internal_api']} {info['version']}: {info['num_threads']}"
+            for info in threadpoolctl.threadpool_info()
+            if info["user_api"] == "blas"
+        ]
+        return ", ".join(found) or "no BLAS library found"
+
+    if num_threads <= 0:
+        yield f"LAPACK threads: library default ({describe()})"
+        return
+    with threadpoolctl.threadpool_limits(limits=num_threads, user_api="blas"):
+        yield f"LAPACK threads: {num_threads} (--lapack-threads; {describe()})"
+
+
+def add_lapack_threads_flag(parser) -> None:
+    parser.add_argument(
+        "--lapack-threads",
+        type=int,
+        default=1,
+        help="OpenBLAS threads for jax's LAPACK calls (the eigenvalue clipping's eigh); "
+        "0 keeps the library default, one per core (default 1, see benchmarks/README.md)",
+    )
+
+
+@contextlib.contextmanager
+def compile_seconds() -> Iterator[list[float]]:
+    """Sums jax's trace + lowering + XLA compile durations inside the block into ``total[0]``."""
+    total = [0.0]
+
+    def listener(event: str, duration: float, **kwargs) -> None:
+        if event in _COMPILE_EVENTS:
+            total[0] += duration
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield total
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+# --------------------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------------------
+
+
+def environment() -> str:
+    """One line naming what the numbers were measured on."""
+    devices = ", ".join(sorted({d.platform for d in jax.devices()}))
+    return (
+        f"jax {jax.__version__} ({devices}), python {platform.python_version()}, "
+        f"{os.cpu_count()} CPU cores"
+    )
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A plain fixed-width table; floats are shown with 4 significant digits."""
+
+    def fmt(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return str(value)
+
+    cells = [[fmt(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    line = "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))
+    print(line)
+    print("-" * len(line))
+    for row in cells:
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
