@@ -20,12 +20,18 @@ it is never deleted by later saves.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import re
+import shutil
+import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from cudt.errors import CheckpointError
@@ -61,6 +67,8 @@ class GroupCheckpointer:
             raise CheckpointError(f"keep must be >= 1 checkpoint, got {keep}: pass keep >= 1")
         self.directory = Path(directory).absolute()
         self._policy = PinnedOrLatest(keep)
+        self._failed = False
+        self._closed = False
         options = ocp.CheckpointManagerOptions(
             preservation_policy=self._policy,
             create=True,
@@ -70,8 +78,18 @@ class GroupCheckpointer:
             self._manager = ocp.CheckpointManager(self.directory, options=options)
         except (OSError, ValueError) as e:
             raise CheckpointError(
-                f"cannot open checkpoint folder {self.directory} ({e}): pass a writable --out"
+                f"cannot open checkpoint folder {self.directory} ({_os_reason(e)}): pass a "
+                "writable --out"
             ) from e
+        _QUIET.open_checkpointers += 1
+        _quiet_unraisable_hook()
+        try:
+            self._load_pins()
+        except BaseException:
+            self.close()
+            raise
+
+    def _load_pins(self) -> None:
         latest = self.latest_step()
         if latest is not None:
             # Pins live in the checkpoints themselves, so a resumed process keeps honouring them.
@@ -109,11 +127,8 @@ class GroupCheckpointer:
                 ),
                 force=True,
             )
-        except OSError as e:
-            raise CheckpointError(
-                f"cannot write checkpoint {self.step_dir(step)} ({e.strerror or e}): free disk "
-                "space or pass another --out"
-            ) from e
+        except Exception as e:  # a failed background save surfaces here, or in wait()
+            self._write_failed(e)
 
     def restore(self, abstract_states: Any, step: int | None = None) -> tuple[Any, dict]:
         """``(states, loop)`` of ``step`` (default: the latest) into the structure of
@@ -121,12 +136,25 @@ class GroupCheckpointer:
         raw nested dict of arrays, for inspection)."""
         step = self.latest_step() if step is None else step
         if step is None:
-            raise CheckpointError(f"no checkpoint in {self.directory}: nothing to resume from")
+            raise CheckpointError(
+                f"no checkpoint in {self.directory}: nothing to resume from; start without --resume"
+            )
         target = (
             None
             if abstract_states is None
             else jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_states)
         )
+        where = self.step_dir(step)
+        if target is not None:
+            # Compare the saved array shapes with this model's before reading any array, so a
+            # checkpoint of another model is named as such, not as a corrupt file.
+            saved = self._saved_arrays(step)
+            mismatch = None if saved is None else _first_mismatch(saved, _leaf_specs(target))
+            if mismatch is not None:
+                raise CheckpointError(
+                    f"checkpoint {where} was written by a different model ({mismatch}): pass "
+                    "another --out, or --overwrite to discard it"
+                )
         try:
             restored = self._manager.restore(
                 step,
@@ -135,20 +163,34 @@ class GroupCheckpointer:
                 ),
             )
         except Exception as e:  # orbax raises many types for unreadable or mismatched files
-            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            _QUIET.failed = True
             raise CheckpointError(
-                f"cannot restore checkpoint {self.step_dir(step)} ({type(e).__name__}: "
-                f"{first_line}): it is corrupt or from a different model; delete that folder to "
-                "resume from an earlier step, or pass --overwrite to start again"
+                f"checkpoint {where} is corrupt (its arrays cannot be read): delete that folder "
+                "to resume from an earlier step, or pass --overwrite to start again"
             ) from e
         states = restored.state
-        mismatch = None if target is None else _first_mismatch(states, target)
-        if mismatch is not None:
-            raise CheckpointError(
-                f"checkpoint {self.step_dir(step)} does not fit this model ({mismatch}): it was "
-                "written by a different model or config; pass another --out, or --overwrite"
-            )
+        if target is not None:
+            mismatch = _first_mismatch(_leaf_specs(states), _leaf_specs(target))
+            if mismatch is not None:
+                raise CheckpointError(
+                    f"checkpoint {where} was written by a different model ({mismatch}): pass "
+                    "another --out, or --overwrite to discard it"
+                )
         return states, dict(restored.loop)
+
+    def _saved_arrays(self, step: int) -> dict[tuple[str, ...], tuple] | None:
+        """``{path: (shape, dtype)}`` of the arrays saved at ``step`` (None when unreadable)."""
+        absl_logger = logging.getLogger("absl")
+        level = absl_logger.level
+        absl_logger.setLevel(logging.ERROR)  # orbax warns about optional metadata files
+        try:
+            meta = ocp.StandardCheckpointer().metadata(self.step_dir(step) / "state")
+            tree = getattr(meta, "item_metadata", meta)
+            return None if tree is None else _leaf_specs(tree)
+        except Exception:  # unreadable metadata: the full restore names the checkpoint corrupt
+            return None
+        finally:
+            absl_logger.setLevel(level)
 
     def _read_loop(self, step: int) -> dict:
         try:
@@ -157,17 +199,53 @@ class GroupCheckpointer:
             )
             return dict(restored.loop)
         except Exception as e:
+            _QUIET.failed = True
             raise CheckpointError(
-                f"cannot read checkpoint {self.step_dir(step)} ({type(e).__name__}): it is "
-                "corrupt; delete that folder to resume from an earlier step, or pass --overwrite"
+                f"checkpoint {self.step_dir(step)} is corrupt (its loop record cannot be read): "
+                "delete that folder to resume from an earlier step, or pass --overwrite to start "
+                "again"
             ) from e
 
     def wait(self) -> None:
         """Blocks until every pending asynchronous save is committed."""
-        self._manager.wait_until_finished()
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            self._write_failed(e)
 
     def close(self) -> None:
-        self._manager.close()
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._manager.close()
+        except Exception as e:
+            if not self._failed:  # else already reported by save() or wait()
+                self._write_failed(e)
+        finally:
+            _QUIET.open_checkpointers -= 1
+            if self._failed:
+                self._remove_partial_saves()
+
+    def _remove_partial_saves(self) -> None:
+        """Deletes orbax's temporary folders of failed saves (complete saves are renamed)."""
+        for tmp in self.directory.glob("*.orbax-checkpoint-tmp*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _write_failed(self, error: Exception) -> None:
+        """Removes the half-written checkpoint (orbax's temporary folder) and raises a
+        :class:`CheckpointError` naming the cause (a full disk, a file size limit, ...)."""
+        self._failed = True
+        _QUIET.failed = True
+        try:  # let orbax's other writer threads of the failed save finish first
+            self._manager.wait_until_finished()
+        except Exception:
+            pass  # the same failure, reported below
+        self._remove_partial_saves()
+        raise CheckpointError(
+            f"cannot write checkpoints in {self.directory} ({_os_reason(error)}): free disk space "
+            "or pass a writable --out"
+        ) from error
 
     def __enter__(self) -> GroupCheckpointer:
         return self
@@ -176,13 +254,122 @@ class GroupCheckpointer:
         self.close()
 
 
-def _first_mismatch(restored: Any, target: Any) -> str | None:
-    paths_r = jax.tree_util.tree_flatten_with_path(restored)[0]
-    paths_t = jax.tree_util.tree_flatten_with_path(target)[0]
-    if len(paths_r) != len(paths_t):
-        return f"{len(paths_r)} arrays, expected {len(paths_t)}"
-    for (path, a), (_, t) in zip(paths_r, paths_t, strict=True):
-        if tuple(a.shape) != tuple(t.shape) or a.dtype != t.dtype:
-            name = jax.tree_util.keystr(path)
-            return f"{name} is {a.dtype}{list(a.shape)}, expected {t.dtype}{list(t.shape)}"
+def _os_reason(error: BaseException) -> str:
+    """The operating-system cause of a failed write, in words (``No space left on device``)."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    code = re.search(r"os_error_code='?(\d+)", str(error))  # tensorstore's formatting
+    if code:
+        return os.strerror(int(code.group(1)))
+    return type(error).__name__
+
+
+class _QuietOrbaxErrors(logging.Filter):
+    """Keeps orbax's own reports of a failed save or restore off stderr.
+
+    When a write fails (a full disk) or a checkpoint cannot be read, orbax logs the error with
+    tracebacks from its writer threads and again from ``wait_until_finished`` (absl logger),
+    asyncio logs the other writes of that save as "exception was never retrieved", and the
+    coroutines left unfinished report "Exception ignored in ..." when collected. The same
+    failure is raised in the main thread and reported by :class:`GroupCheckpointer` as one
+    :class:`CheckpointError` line naming the cause and the fix, so those reports are dropped:
+    orbax ERROR records while a checkpointer is open, and, once a checkpointer has failed,
+    asyncio ERROR records and unraisable errors that come from orbax or tensorstore. Other
+    records still print.
+    """
+
+    open_checkpointers = 0
+    failed = False  # sticky: stragglers of a failed save report even after it is closed
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        if record.name == "asyncio":
+            text = _record_text(record).lower()
+            from_orbax = any(word in text for word in ("orbax", "tensorstore", "ocdbt", "zarr"))
+            return not (self.failed and from_orbax)
+        from_orbax = "orbax" in record.pathname
+        return not (from_orbax and (self.open_checkpointers > 0 or self.failed))
+
+
+def _record_text(record: logging.LogRecord) -> str:
+    """A log record's message and the traceback it carries, as text."""
+    text = record.getMessage()
+    if record.exc_info and record.exc_info[0] is not None:
+        text += "".join(traceback.format_exception(*record.exc_info))
+    return text
+
+
+_QUIET = _QuietOrbaxErrors()
+logging.getLogger("absl").addFilter(_QUIET)
+logging.getLogger("asyncio").addFilter(_QUIET)
+
+
+def _quiet_unraisable_hook() -> None:
+    """Installs (once) an unraisable hook that drops what a failed orbax save or restore leaves
+    behind: tensorstore completing the other writes of a failed save calls back into orbax's
+    event loop, already closed (``RuntimeError('Event loop is closed')``, from a writer thread,
+    while training goes on), and the unfinished read or write coroutines of a failed save or
+    restore raise when collected. Other unraisable errors still print."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_cudt_quiet_orbax", False):
+        return
+
+    def hook(unraisable):
+        exc, obj = unraisable.exc_value, unraisable.object
+        if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+            return
+        code = getattr(obj, "cr_code", None)
+        if _QUIET.failed and code is not None and "orbax" in code.co_filename:
+            return
+        previous(unraisable)
+
+    hook._cudt_quiet_orbax = True
+    sys.unraisablehook = hook
+
+
+def _path_names(path) -> tuple[str, ...]:
+    """A tree path as plain names, the same for a dataclass field, a dict key or a list index."""
+    names = []
+    for entry in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(entry, attr):
+                names.append(str(getattr(entry, attr)))
+                break
+        else:
+            names.append(str(entry))
+    return tuple(names)
+
+
+def _leaf_specs(tree: Any) -> dict[tuple[str, ...], tuple]:
+    """``{path: (shape, dtype)}`` of every array leaf of ``tree``."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {
+        _path_names(path): (tuple(leaf.shape), np.dtype(leaf.dtype))
+        for path, leaf in leaves
+        if hasattr(leaf, "shape")
+    }
+
+
+def _first_mismatch(saved: dict, expected: dict) -> str | None:
+    """The first difference between two ``{path: (shape, dtype)}`` maps, in words (or None)."""
+
+    def spec(s):
+        return f"{s[1]}{list(s[0])}"
+
+    def order(path):  # parameters first: they name the model
+        return (path[:1] != ("params",), path)
+
+    if set(saved) != set(expected) and sorted(map(spec, saved.values())) == sorted(
+        map(spec, expected.values())
+    ):
+        return None  # the same arrays under other path names: let the restore itself decide
+
+    for path in sorted(set(saved) & set(expected), key=order):
+        if saved[path] != expected[path]:
+            return f"{'/'.join(path)} is {spec(saved[path])}, expected {spec(expected[path])}"
+    for path in sorted(set(expected) - set(saved), key=order):
+        return f"it lacks {'/'.join(path)}, expected {spec(expected[path])}"
+    for path in sorted(set(saved) - set(expected), key=order):
+        return f"it holds {'/'.join(path)} {spec(saved[path])}, which this model does not have"
     return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 import types
 import typing
@@ -20,6 +21,20 @@ from cudt.errors import CudtError
 __all__ = ["config_from_args", "run_cli"]
 
 C = TypeVar("C")
+
+
+_KINDS = {int: ("an integer", "a whole number"), float: ("a number", "a number such as 0.01")}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad command line as one line, ``error: <message>``, status 2."""
+
+    def error(self, message: str):
+        missing = re.match(r"argument (--[\w-]+): expected one argument$", message)
+        if missing:
+            flag = missing.group(1)
+            message += f": pass a value, e.g. {flag} VALUE (a negative one as {flag}=-1e-3)"
+        self.exit(2, f"error: {message} (see --help)\n")
 
 
 def _unwrap_optional(tp):
@@ -41,7 +56,7 @@ def _parser_for(tp, name: str) -> Callable[[str], Any]:
         def parse_tuple(text: str):
             items = [t.strip() for t in text.split(",") if t.strip()]
             if not items:
-                raise argparse.ArgumentTypeError(f"--{name} needs at least one value")
+                raise argparse.ArgumentTypeError("needs at least one comma-separated value")
             return tuple(elem_parse(t) for t in items)
 
         return parse_tuple
@@ -63,13 +78,14 @@ def _parser_for(tp, name: str) -> Callable[[str], Any]:
         try:
             return tp(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {tp.__name__}, got {text!r}") from None
+            what, fix = _KINDS.get(tp, (f"a {tp.__name__}", f"a {tp.__name__}"))
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}: pass {fix}") from None
 
     return parse_scalar
 
 
 def build_parser(config_cls: type, description: str, prog: str | None = None):
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=prog,
         description=description,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -113,7 +129,7 @@ def config_from_args(
     try:
         cfg = config_cls(**vars(ns))
     except (ValueError, TypeError) as e:
-        parser.exit(2, f"{parser.prog}: error: {e}\n")
+        parser.exit(2, f"error: {e}\n")
     return cfg, ns
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from cudt.checkpoint import GroupCheckpointer
-from cudt.errors import UsageError
+from cudt.errors import CudtError, UsageError
 from cudt.io import RESULT_FILES, check_writable, to_jsonable, write_json_atomic
 from cudt.loop import Divergence, LoopResult, train_group
 
@@ -63,6 +63,26 @@ def _differences(old: dict, new: dict) -> list[str]:
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
+def _topmost_missing(path: Path) -> Path | None:
+    """The outermost folder that creating ``path`` would create (None when it exists)."""
+    missing = None
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing = p
+    return missing
+
+
+def _holds_checkpoints(folder: Path) -> bool:
+    """Whether ``folder`` holds a group folder with a saved step (``<group>/<step>/``)."""
+    if not folder.is_dir():
+        return False
+    return any(
+        group.is_dir() and any(step.name.isdigit() for step in group.iterdir())
+        for group in folder.iterdir()
+    )
+
+
 def open_output(
     out: str | Path,
     config: dict[str, Any],
@@ -74,8 +94,8 @@ def open_output(
 
     * holds ``results.json``: refused unless ``overwrite`` (then its outputs are removed);
     * holds checkpoints of the same config: resumed (``resuming=True``);
-    * holds checkpoints of another config: refused (the differing fields are named) unless
-      ``overwrite``;
+    * holds checkpoints of another config, or checkpoints without the config they belong to:
+      refused (the differing fields are named) unless ``overwrite``;
     * ``resume=True`` and nothing to resume: refused.
     """
     out = Path(out)
@@ -93,7 +113,9 @@ def open_output(
     if saved_config.exists() and not overwrite:
         try:
             old = json.loads(saved_config.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            if not isinstance(old, dict):
+                raise ValueError(f"a JSON {type(old).__name__}, not an object")
+        except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
             raise UsageError(
                 f"{saved_config} is unreadable ({e}): pass another --out, or --overwrite to start "
                 "again"
@@ -101,23 +123,40 @@ def open_output(
         diff = _differences(old, config)
         if diff:
             raise UsageError(
-                f"--out {out} holds checkpoints of a different config ({'; '.join(diff[:4])}): "
+                f"--out {out} holds checkpoints of a different config ({'; '.join(diff[:4])}"
+                f"{f'; and {len(diff) - 4} more' if len(diff) > 4 else ''}): "
                 "pass another --out, rerun with the same flags to resume, or --overwrite to "
                 "discard them"
             )
         resuming = True
+    elif not overwrite and _holds_checkpoints(out / CHECKPOINTS):
+        raise UsageError(
+            f"--out {out} holds checkpoints but no {CHECKPOINTS}/{CONFIG_FILE} saying which config "
+            "they belong to: pass another --out, or --overwrite to discard them"
+        )
     if resume and not resuming:
         raise UsageError(
             f"--resume: {out} holds no checkpoint to resume from: drop --resume to start a new run"
         )
-    check_writable(out)
-    if overwrite:
-        for name in RESULT_FILES:
-            (out / name).unlink(missing_ok=True)
-        shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
-    if not resuming:
-        (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
-        write_json_atomic(saved_config, config)
+    created = _topmost_missing(out)
+    try:
+        check_writable(out)
+        if overwrite:
+            for name in RESULT_FILES:
+                (out / name).unlink(missing_ok=True)
+            shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
+        if not resuming:
+            (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+            write_json_atomic(saved_config, config)
+    except (CudtError, OSError) as e:
+        if created is not None:  # a full disk, say: leave no empty folders behind
+            shutil.rmtree(created, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise UsageError(
+                f"cannot write to --out {out} ({e.strerror or e}): free disk space or pass a "
+                "writable --out"
+            ) from e
+        raise
     return OutputDir(out, resuming)
 
 

@@ -43,6 +43,16 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
+def _file_mode(path: Path) -> int:
+    """The mode a plain ``open(path, "w")`` would give: the old file's, else 0666 - umask."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def _atomic_write(path: Path, write) -> None:
     """Writes through ``write(file)`` to a temporary name beside ``path``, then renames it.
 
@@ -57,6 +67,7 @@ def _atomic_write(path: Path, write) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _file_mode(path))  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException as e:
         if tmp is not None:

@@ -22,6 +22,7 @@ import numpy as np
 import optax
 
 from cudt import plots
+from cudt.checkpoint import GroupCheckpointer
 from cudt.constrained import DescentConfig
 from cudt.data.video import VideoSplits, load_video_data, perturb
 from cudt.dual import dual_adam, dual_ascent
@@ -158,7 +159,8 @@ def _fault_for(cfg, name: str, constrained: bool, seeds: list[int]):
     return seeds.index(int(seed)), int(step)
 
 
-def _train_group(name, constrained, cfg, data: VideoSplits, train_x, seeds, out):
+def _group_setup(name, constrained, cfg, data: VideoSplits, seeds):
+    """The model, constraints, train step and initial stacked states of one group of runs."""
     patch_dim = data.train.shape[-1]
     model, project = build_model(name, cfg, constrained=constrained, patch_dim=patch_dim)
     steps_per_epoch = max(1, math.ceil(data.train.shape[0] / cfg.batch_size))
@@ -175,13 +177,43 @@ def _train_group(name, constrained, cfg, data: VideoSplits, train_x, seeds, out)
     sample = jnp.zeros((1,) + data.train.shape[1:], jnp.float32)
     keys = jnp.stack([jax.random.key(s) for s in seeds])
     init_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
-    states = jax.jit(jax.vmap(lambda k: init(model.init(k, sample))))(init_keys)
+
+    def init_states(init_keys):
+        return jax.vmap(lambda k: init(model.init(k, sample)))(init_keys)
+
+    return model, descent, step, keys, init_keys, init_states
+
+
+def _group_name(name: str, constrained: bool, cfg) -> str:
+    return f"{name}-{cfg.layers} {KINDS[constrained]}"
+
+
+def _check_checkpoints(cfg, data: VideoSplits, seeds, out) -> None:
+    """Restores every group's latest checkpoint before anything is trained or written, so a
+    corrupt checkpoint or one of another model is refused with nothing in ``out`` touched."""
+    for name in cfg.models:
+        for constrained in (False, True):
+            folder = out.group_dir(_group_name(name, constrained, cfg).replace(" ", "-"))
+            if not folder.is_dir():
+                continue
+            *_, init_keys, init_states = _group_setup(name, constrained, cfg, data, seeds)
+            abstract = jax.eval_shape(init_states, init_keys)
+            with GroupCheckpointer(folder, keep=cfg.keep_checkpoints) as checkpointer:
+                if checkpointer.latest_step() is not None:
+                    checkpointer.restore(abstract)
+
+
+def _train_group(name, constrained, cfg, data: VideoSplits, train_x, seeds, out):
+    model, descent, step, keys, init_keys, init_states = _group_setup(
+        name, constrained, cfg, data, seeds
+    )
+    states = jax.jit(init_states)(init_keys)
     num_train = train_x.shape[0]
 
     def make_batch(key, step):
         return train_x[sample_indices(key, step, num_train, cfg.batch_size)]
 
-    group = f"{name}-{cfg.layers} {KINDS[constrained]}"
+    group = _group_name(name, constrained, cfg)
     result = run_group(
         step,
         states,
@@ -321,9 +353,11 @@ def run_experiment(cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             else f" (if interrupted, rerun with --out {out.path} to resume)"
         )
     )
+    seeds = [cfg.seed + i for i in range(cfg.seeds)]
+    if out.resuming:
+        _check_checkpoints(cfg, data, seeds, out)
     train_x = jnp.asarray(data.train)
     gammas = test_gamma_grid(cfg.gamma_train, cfg.test_gammas)
-    seeds = [cfg.seed + i for i in range(cfg.seeds)]
     eval_key = jax.random.key(10_000 + cfg.seed)
     runs: list[dict] = []
     train_seconds = {}

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -425,7 +426,7 @@ def _video_dirs(split_dir: Path) -> list[Path]:
     return dirs
 
 
-def _read_video(folder: Path, size: int, max_frames: int | None) -> np.ndarray:
+def _read_video(folder: Path, size: int, max_frames: int | None, min_frames: int = 1) -> np.ndarray:
     """``[F, size, size]`` float32 in ``[0, 1]`` from one folder of frames."""
     files = sorted(
         (
@@ -436,20 +437,37 @@ def _read_video(folder: Path, size: int, max_frames: int | None) -> np.ndarray:
         key=_natural_key,
     )
     if not files:
+        others = sorted(
+            {p.suffix.lower() or p.name for p in folder.iterdir() if not p.name.startswith(".")}
+        )
+        found = f", only {', '.join(others[:3])} files" if others else ""
         raise DataError(
             f"video folder '{folder}' has no image frames "
-            f"({', '.join(sorted(IMAGE_SUFFIXES))}): extract its frames there or remove the folder"
+            f"({', '.join(sorted(IMAGE_SUFFIXES))}){found}: point data_dir at a video dataset "
+            "of frame folders, or extract this video's frames there"
         )
     if max_frames is not None:
         files = files[:max_frames]
+    if len(files) < min_frames:
+        raise DataError(
+            f"video folder '{folder}' has {len(files)} frames, too few frames for one sequence "
+            f"of seq_len={min_frames}: pass a smaller --seq-len or remove that folder"
+        )
     frames = np.empty((len(files), size, size), np.float32)
     first_size: tuple[int, int] | None = None
     for i, path in enumerate(files):
         try:
-            with Image.open(path) as im:
-                gray = im.convert("L")  # forces the decode, so truncated files fail here
-        except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
-            reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+            # PIL warns (e.g. "Corrupt EXIF data") on stderr about files it can still decode or
+            # is about to refuse; a frame either decodes or raises the one DataError below.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with Image.open(path) as im:
+                    gray = im.convert("L")  # forces the decode, so truncated files fail here
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+            if isinstance(exc, UnidentifiedImageError):
+                reason = "not an image file PIL can read"
+            else:
+                reason = (str(exc).splitlines() or [type(exc).__name__])[0]
             raise DataError(
                 f"cannot decode frame '{path}' ({reason}): re-extract that frame or delete the file"
             ) from exc
@@ -474,6 +492,7 @@ def load_frame_folders(
     size: int = 160,
     max_videos: int | None = None,
     max_frames: int | None = None,
+    min_frames: int = 1,
 ) -> dict[str, list[np.ndarray]]:
     """Read train/test videos stored as folders of frames.
 
@@ -489,7 +508,7 @@ def load_frame_folders(
 
     Each frame is converted to grayscale ``L``, resized to ``size x size`` (bilinear) and scaled by
     1/255. ``max_videos`` caps the videos per split, ``max_frames`` the frames per video (the first
-    ones).
+    ones); a video with fewer than ``min_frames`` frames is refused (naming its folder).
 
     Returns:
         ``{"train": [[F, size, size] float32, ...], "test": [...]}``; a split without a folder is an
@@ -527,7 +546,7 @@ def load_frame_folders(
         videos = [v for d in dirs for v in _video_dirs(d)]
         if max_videos is not None:
             videos = videos[:max_videos]
-        out[split] = [_read_video(v, size, max_frames) for v in videos]
+        out[split] = [_read_video(v, size, max_frames, min_frames) for v in videos]
     if not out["train"] and not out["test"]:
         raise DataError(
             f"no video folders found under '{root}': expected {_EXPECTED_LAYOUT[dataset]}; "
@@ -709,9 +728,20 @@ def load_video_data(
                 f"dataset {dataset!r} needs data_dir: pass the folder holding the frames "
                 f"(expected {_EXPECTED_LAYOUT[dataset]})"
             )
-        folders = load_frame_folders(
-            data_dir, dataset=dataset, size=size, max_videos=max_videos, max_frames=max_frames
-        )
+        try:
+            folders = load_frame_folders(
+                data_dir,
+                dataset=dataset,
+                size=size,
+                max_videos=max_videos,
+                max_frames=max_frames,
+                min_frames=seq_len,
+            )
+        except OSError as e:  # e.g. a folder or frame the user may not read
+            raise DataError(
+                f"cannot read '{e.filename or data_dir}' ({e.strerror or e}): check that data_dir "
+                "and its files are readable"
+            ) from e
         train_v, held_out = folders["train"], folders["test"]
         if not train_v:
             raise DataError(

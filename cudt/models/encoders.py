@@ -121,7 +121,8 @@ class EncoderConfig:
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise EncoderError(
                 f"unsupported architecture {model_type!r}: supported are "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}; pass a folder of one of those (its "
+                "config.json model_type)"
             )
         try:
             if model_type == "distilbert":
@@ -610,13 +611,15 @@ class _Weights:
         if key not in self.tensors:
             raise EncoderError(
                 f"tensor {self.prefix + name!r} is missing from {self.source.name}: the weights "
-                "do not fit config.json (wrong folder or a truncated export?)"
+                "do not fit config.json; pass the config.json exported with these weights, or "
+                "re-export them if the file was cut short"
             )
         arr = self.tensors[key]
         if tuple(arr.shape) != tuple(shape):
             raise EncoderError(
                 f"tensor {key!r} has shape {list(arr.shape)}, expected {list(shape)} from "
-                "config.json: the weights do not fit the config"
+                "config.json: the weights do not fit the config; pass the config.json exported "
+                "with these weights"
             )
         return arr
 
@@ -649,7 +652,8 @@ def _find_prefix(tensors: Mapping[str, np.ndarray], model_type: str) -> str:
     if not found:
         raise EncoderError(
             f"tensor {_WORD_KEY!r} (optionally prefixed, e.g. '{model_type}.') is missing from "
-            f"the checkpoint: it is not a {model_type} model"
+            f"the checkpoint: it is not a {model_type} model; pass the folder of a {model_type} "
+            "model, or the config.json that came with these weights"
         )
     raise EncoderError(f"several encoders in the checkpoint (prefixes {found}); keep only one")
 
@@ -703,6 +707,20 @@ def _read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
     import safetensors
     import safetensors.numpy
 
+    # A pickle (or torch.save zip of pickles) saved under a safetensors name: refused by its
+    # first bytes; it is never unpickled.
+    try:
+        with open(file, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as err:
+        raise EncoderError(f"cannot read {file} ({err.strerror or err}): check the file") from err
+    if (len(magic) >= 2 and magic[0] == 0x80 and 2 <= magic[1] <= 5) or magic == b"PK\x03\x04":
+        raise EncoderError(
+            f"{file} is a pickle (torch.save) file, not safetensors: pickle checkpoints are not "
+            "loaded (unsafe); convert to safetensors (e.g. save_pretrained(dir, "
+            "safe_serialization=True) in a trusted environment)"
+        )
+
     try:
         try:
             return safetensors.numpy.load_file(str(file))
@@ -711,7 +729,11 @@ def _read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
             with safetensors.safe_open(str(file), framework="flax") as fh:
                 return {k: np.asarray(fh.get_tensor(k)) for k in fh.keys()}
     except Exception as err:  # SafetensorError, OSError: corrupt or truncated file
-        raise EncoderError(f"cannot read {file}: {err}; re-export the safetensors file") from err
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise EncoderError(
+            f"cannot read {file} ({reason}): it is corrupt or truncated; re-export the "
+            "safetensors file"
+        ) from err
 
 
 def _load_tensors(folder: pathlib.Path) -> tuple[dict[str, np.ndarray], pathlib.Path]:

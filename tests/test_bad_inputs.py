@@ -1,0 +1,1004 @@
+"""Bad input, tried as a new user would: every case exits 2 with ONE line ``error: <problem>:
+<fix>``, no traceback, and nothing the user already had is overwritten or left half-written.
+
+Cases are driven through the command line: ``experiments.video_denoise.main(argv)`` in-process
+(its exit status is the return value, or ``SystemExit.code`` for flag errors), a real subprocess
+where the process itself must be limited (a full disk, simulated with ``RLIMIT_FSIZE``, which
+works as root), ``cudt.cli.run_cli(lambda: cudt.load_encoder(folder))`` for pretrained weights,
+and the same weights through ``experiments.text_classify --checkpoint FOLDER``.
+
+``CUDT_ERRORS_TABLE=path pytest tests/test_bad_inputs.py`` also writes the tables of case ->
+message (from this run's real output) that docs/errors.md shows.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import io
+import json
+import logging
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+from safetensors.numpy import save_file
+
+import cudt
+from cudt.cli import run_cli
+from experiments import video_denoise
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A tiny run: one UT layer, 4 steps in chunks of 2 (checkpoints at steps 2 and 4), one seed.
+TINY = [
+    "--models",
+    "ut",
+    "--layers",
+    "1",
+    "--steps",
+    "4",
+    "--chunk-steps",
+    "2",
+    "--seeds",
+    "1",
+    "--batch-size",
+    "4",
+    "--num-videos",
+    "3",
+    "--num-frames",
+    "4",
+    "--seq-len",
+    "4",
+]
+RESULTS = ("results.json", "layer_loss.png", "rmse_vs_gamma.png")
+# Progress reports of the tiny run, on stderr before a failure after training started: its
+# progress bars and "resumed from" notes.
+PROGRESS = re.compile(r"^ut-1 (ERM|constrained):(\s+\d+%\|| resumed from the checkpoint at step)")
+
+# case -> (section, message, exit status), for docs/errors.md
+MESSAGES: dict[str, tuple[str, str, int]] = {}
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+def cli(argv, capsys) -> tuple[int, str]:
+    """Runs the video CLI in-process: ``(exit status, stderr)``.
+
+    What a command-line run would also print on stderr counts as stderr here: Python warnings
+    (default filters), log records of WARNING and above (the root logger's default), and
+    unraisable exceptions (e.g. a coroutine dying when collected, flushed by ``gc.collect``).
+    """
+    capsys.readouterr()
+    logged = io.StringIO()
+    handler = logging.StreamHandler(logged)
+    handler.setLevel(logging.WARNING)
+    unraisable: list[str] = []
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: unraisable.append(f"Exception ignored in: {u.object!r}\n")
+    logging.getLogger().addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning):
+                warnings.filterwarnings("ignore", category=category)
+            try:
+                status = video_denoise.main([str(a) for a in argv])
+            except SystemExit as e:  # argparse and config validation exit directly
+                status = e.code
+            gc.collect()
+    finally:
+        logging.getLogger().removeHandler(handler)
+        sys.unraisablehook = previous_hook
+    shown = "".join(
+        warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught
+    )
+    return status, shown + logged.getvalue() + "".join(unraisable) + capsys.readouterr().err
+
+
+# Starts the CLI with a file size limit: SIGXFSZ ignored, so a write past the limit fails with
+# EFBIG ("File too large"), as a write to a full disk fails with ENOSPC; it works as root.
+_LIMITED = (
+    "import os, resource, signal, sys; "
+    "signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+    "n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'experiments.video_denoise', *sys.argv[2:]])"
+)
+
+
+def cli_subprocess(argv, *, max_file_bytes: int) -> tuple[int, str]:
+    """Runs the video CLI as a real process unable to write a file past ``max_file_bytes``."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _LIMITED, str(max_file_bytes), *map(str, argv)],
+        cwd=ROOT,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return proc.returncode, proc.stderr
+
+
+def check(case, status: int, err: str, problem: str, fix: str, *, progress=False) -> str:
+    """Exit status 2 and exactly one stderr line ``error: ...`` naming the problem and the fix.
+
+    ``progress=True``: the run failed after training started, so stderr also holds that run's
+    progress report (bars, "resumed from ..."), not errors; it is set aside first.
+    """
+    assert "Traceback" not in err, err
+    text = err
+    if progress:
+        text = "\n".join(s for s in re.split(r"[\r\n]", err) if s and not PROGRESS.match(s))
+    lines = text.splitlines()
+    assert len(lines) == 1, err
+    line = lines[0]
+    assert line.startswith("error: "), err
+    assert problem in line, (problem, line)
+    assert fix in line, (fix, line)
+    assert status == 2, (status, err)
+    if case is not None:
+        MESSAGES[case] = (_section(), line, status)
+    return line
+
+
+# Sections of docs/errors.md, by the test that records a case.
+SECTIONS = {
+    "test_invalid_config": "Flags and config values",
+    "test_bad_data_folder": "Data folders",
+    "test_bad_weights": "Pretrained weights (`cudt.load_encoder`, `--checkpoint FOLDER`)",
+    "test_model_flag": "Pretrained weights (`cudt.load_encoder`, `--checkpoint FOLDER`)",
+    "test_output": "Output folder, full disk",
+    "test_disk_full": "Output folder, full disk",
+    "test_": "Checkpoints in `--out`",
+}
+
+
+def _section() -> str:
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[-1]
+    return next(title for prefix, title in SECTIONS.items() if test.startswith(prefix))
+
+
+def tree(path: Path) -> dict[str, str] | None:
+    """Every file and folder under ``path`` with a hash of its bytes (None: nothing there)."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    if path.is_file():
+        return {".": hashlib.sha256(path.read_bytes()).hexdigest()}
+    out = {}
+    for p in sorted(path.rglob("*")):
+        rel = str(p.relative_to(path))
+        out[rel] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+    return out
+
+
+def temp_files(path: Path) -> list[str]:
+    """Half-written leftovers: our atomic-write temporaries and orbax's temporary folders."""
+    return [
+        str(p)
+        for p in path.rglob("*")
+        if p.name.endswith(".tmp") or "orbax-checkpoint-tmp" in p.name
+    ]
+
+
+def previous_run(folder: Path) -> Path:
+    """An --out folder holding the results of an earlier finished run."""
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text('{"experiment": "video_denoise", "runs": []}')
+    (folder / "layer_loss.png").write_bytes(b"\x89PNG earlier figure")
+    return folder
+
+
+def write_video(folder: Path, frames: int = 4, size=(32, 32), suffix=".tif") -> None:
+    folder.mkdir(parents=True)
+    for i in range(frames):
+        Image.new("L", size, 20 * i + 10).save(folder / f"{i + 1:03d}{suffix}")
+
+
+def ucsd(root: Path, frames: int = 4) -> Path:
+    """A UCSD Anomaly layout: ``root/UCSDped2/{Train,Test}/<video>/001.tif ...``."""
+    ped2 = root / "UCSDped2"
+    for video in ("Train/Train001", "Train/Train002", "Test/Test001", "Test/Test002"):
+        write_video(ped2 / video, frames)
+    return ped2
+
+
+# --------------------------------------------------------------------------------------------
+# Invalid flags and config values: refused before anything is read or written
+# --------------------------------------------------------------------------------------------
+
+CONFIG_CASES = [
+    # (case, flags, problem, fix)
+    ("epsilon = 1", ["--epsilon", "1"], "got 1.0", "--epsilon must lie in [0, 1)"),
+    ("epsilon < 0", ["--epsilon=-0.1"], "got -0.1", "--epsilon must lie in [0, 1)"),
+    ("learning rate 0", ["--lr", "0"], "got 0.0", "--lr must be a finite number > 0"),
+    ("negative learning rate", ["--lr=-1e-3"], "got -0.001", "--lr must be a finite number > 0"),
+    ("infinite learning rate", ["--lr", "inf"], "got inf", "--lr must be a finite number > 0"),
+    (
+        "negative dual learning rate",
+        ["--dual-lr", "-0.01"],
+        "got -0.01",
+        "--dual-lr must be a finite number > 0",
+    ),
+    (
+        "negative value written as a separate word",
+        ["--lr", "-1e-3"],
+        "argument --lr: expected one argument",
+        "a negative one as --lr=-1e-3",
+    ),
+    ("layers 0", ["--layers", "0"], "got 0", "--layers must be >= 1"),
+    (
+        "layers not a number",
+        ["--layers", "three"],
+        "'three' is not an integer",
+        "pass a whole number",
+    ),
+    (
+        "negative gamma",
+        ["--gamma-train", "-0.5"],
+        "got -0.5",
+        "--gamma-train must be a finite number >= 0",
+    ),
+    (
+        "negative test gamma",
+        ["--test-gammas", "0.5,-1"],
+        "got -1.0",
+        "--test-gammas must all be finite numbers >= 0",
+    ),
+    (
+        "unknown model",
+        ["--models", "ut,transformer"],
+        "unknown model 'transformer'",
+        "choose from dust, ut",
+    ),
+    (
+        "unknown dataset",
+        ["--dataset", "kitti"],
+        "--dataset 'kitti' is unknown",
+        "choose from synthetic, ucsd, frames",
+    ),
+    ("seeds 0", ["--seeds", "0"], "got 0", "--seeds must be >= 1"),
+    ("negative seed", ["--seed", "-1"], "got -1", "--seed must be >= 0"),
+    ("steps 0", ["--steps", "0"], "got 0", "--steps must be >= 1"),
+    ("batch size 0", ["--batch-size", "0"], "got 0", "--batch-size must be >= 1"),
+    (
+        "fewer synthetic frames than --seq-len",
+        ["--num-frames", "4", "--seq-len", "8"],
+        "--num-frames (4)",
+        "must be >= --seq-len (8)",
+    ),
+    ("max videos 0", ["--max-videos", "0"], "got 0", "--max-videos must be >= 1"),
+    (
+        "frame dataset without --data-dir",
+        ["--dataset", "ucsd"],
+        "--dataset ucsd needs --data-dir",
+        "pointing at the frame folders",
+    ),
+    (
+        "misspelt flag",
+        ["--learning-rate", "0.1"],
+        "unrecognized arguments: --learning-rate 0.1",
+        "see --help",
+    ),
+    (
+        "--resume with --overwrite",
+        ["--resume", "--overwrite"],
+        "--resume and --overwrite contradict each other",
+        "pass one of them",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case, flags, problem, fix", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES]
+)
+def test_invalid_config(case, flags, problem, fix, tmp_path, capsys):
+    out = previous_run(tmp_path / "out")
+    before = tree(out)
+    status, err = cli([*TINY, *flags, "--out", out], capsys)
+    check(case, status, err, problem, fix)
+    assert tree(out) == before
+
+
+# --------------------------------------------------------------------------------------------
+# Data folders: refused before --out is touched
+# --------------------------------------------------------------------------------------------
+
+
+def _missing(root: Path) -> Path:
+    return root / "UCSD_Anomaly_Dataset.v1p2"
+
+
+def _empty(root: Path) -> Path:
+    (root / "empty").mkdir()
+    return root / "empty"
+
+
+def _a_file(root: Path) -> Path:
+    (root / "UCSDped2.tar.gz").write_bytes(b"\x1f\x8b archive, not extracted")
+    return root / "UCSDped2.tar.gz"
+
+
+def _text_dataset(root: Path) -> Path:
+    # aclImdb, the text-classification data set: train/test folders, but of .txt reviews.
+    for split in ("train", "test"):
+        for label in ("neg", "pos"):
+            (root / "aclImdb" / split / label).mkdir(parents=True)
+            (root / "aclImdb" / split / label / "0_9.txt").write_text("a fine film")
+    return root / "aclImdb"
+
+
+def _image_dataset(root: Path) -> Path:
+    # An image-classification folder (one folder of pictures per class): no video layout.
+    write_video(root / "pictures" / "cat", 2, suffix=".png")
+    write_video(root / "pictures" / "dog", 2, suffix=".png")
+    return root / "pictures"
+
+
+def _corrupt_frame(root: Path) -> Path:
+    ped2 = ucsd(root)
+    (ped2 / "Train" / "Train001" / "002.tif").write_bytes(b"II*\x00 not really a tiff")
+    return root
+
+
+def _truncated_frame(root: Path) -> Path:
+    ped2 = ucsd(root)
+    frame = ped2 / "Train" / "Train002" / "003.tif"
+    noise = np.random.default_rng(0).integers(0, 255, (64, 64), np.uint8)
+    Image.fromarray(noise).save(frame)
+    frame.write_bytes(frame.read_bytes()[:600])  # a copy interrupted half-way
+    return root
+
+
+def _mixed_sizes(root: Path) -> Path:
+    ped2 = ucsd(root)
+    Image.new("L", (40, 32), 0).save(ped2 / "Test" / "Test002" / "005.tif")
+    return root
+
+
+def _non_image_files(root: Path) -> Path:
+    ped2 = ucsd(root)
+    video = ped2 / "Test" / "Test001"
+    (video / "README.txt").write_text("notes")  # skipped: not a frame suffix
+    (video / "Thumbs.db").write_bytes(b"\x00\x01")  # skipped
+    (video / "005.jpg").write_text("<html>404 Not Found</html>")  # a failed download
+    return root
+
+
+def _too_few_frames(root: Path) -> Path:
+    ucsd(root, frames=3)  # --seq-len 4
+    return root
+
+
+def _no_test_videos(root: Path) -> Path:
+    write_video(root / "UCSDped2" / "Train" / "Train001")
+    return root
+
+
+DATA_CASES = [
+    # (case, build the --data-dir, problem, fix)
+    ("data folder missing", _missing, "does not exist", "pass data_dir pointing at the extracted"),
+    ("data folder empty", _empty, "no video folders found", "extract the dataset in that layout"),
+    (
+        "data folder is a file",
+        _a_file,
+        "is not a folder",
+        "pass data_dir pointing at the extracted",
+    ),
+    (
+        "wrong dataset: a text dataset",
+        _text_dataset,
+        "has no image frames (.bmp, .jpeg, .jpg, .png, .tif, .tiff), only .txt files",
+        "point data_dir at a video dataset of frame folders",
+    ),
+    (
+        "wrong dataset: an image dataset",
+        _image_dataset,
+        "no video folders found under",
+        "expected root/UCSDped2/Train/Train001/001.tif",
+    ),
+    (
+        "corrupt frame",
+        _corrupt_frame,
+        "Train001/002.tif' (not an image file PIL can read)",
+        "re-extract that frame or delete the file",
+    ),
+    (
+        "truncated frame",
+        _truncated_frame,
+        "Train002/003.tif' (image file is truncated",
+        "re-extract that frame or delete the file",
+    ),
+    (
+        "frames of mixed sizes",
+        _mixed_sizes,
+        "differ in size: 001.tif is 32x32 but 005.tif is 40x32",
+        "re-extract the video so all its frames have one size",
+    ),
+    (
+        "non-image file among the frames",
+        _non_image_files,
+        "Test001/005.jpg' (not an image file PIL can read)",
+        "re-extract that frame or delete the file",
+    ),
+    (
+        "too few frames for one sequence",
+        _too_few_frames,
+        "Train001' has 3 frames, too few frames for one sequence of seq_len=4",
+        "pass a smaller --seq-len or remove that folder",
+    ),
+    (
+        "no test videos",
+        _no_test_videos,
+        "need at least 2 test videos",
+        "add test videos",
+    ),
+]
+
+
+@pytest.mark.parametrize("case, build, problem, fix", DATA_CASES, ids=[c[0] for c in DATA_CASES])
+def test_bad_data_folder(case, build, problem, fix, tmp_path, capsys):
+    root = tmp_path / "data"
+    root.mkdir()
+    data_dir = build(root)
+    before = tree(root)
+    out = tmp_path / "out"
+    status, err = cli([*TINY, "--dataset", "ucsd", "--data-dir", data_dir, "--out", out], capsys)
+    check(case, status, err, problem, fix)
+    assert not out.exists()  # the data is read before --out is created
+    assert tree(root) == before  # and the data is only read
+
+
+def test_the_data_folders_are_broken_copies_of_one_that_loads(tmp_path):
+    from cudt.data.video import load_video_data
+
+    data = load_video_data("ucsd", ucsd(tmp_path), seq_len=4, size=32)
+    assert data.train.shape == (8, 4, 256) and data.val.shape == data.test.shape == (4, 4, 256)
+
+
+# --------------------------------------------------------------------------------------------
+# Pretrained weights (cudt.load_encoder): refused with one line; pickles are never unpickled
+# --------------------------------------------------------------------------------------------
+
+D, F, V, P = 8, 12, 20, 16  # hidden, MLP, vocabulary, positions of a tiny BERT
+
+
+def bert_folder(folder: Path, *, config=None, tensors=None) -> Path:
+    """A Hugging Face BERT folder (config.json + model.safetensors) with random weights."""
+    rng = np.random.default_rng(0)
+
+    def rand(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    t = {
+        "embeddings.word_embeddings.weight": rand(V, D),
+        "embeddings.position_embeddings.weight": rand(P, D),
+        "embeddings.token_type_embeddings.weight": rand(2, D),
+        "embeddings.LayerNorm.weight": rand(D),
+        "embeddings.LayerNorm.bias": rand(D),
+    }
+    linears = {
+        "attention.self.query": (D, D),
+        "attention.self.key": (D, D),
+        "attention.self.value": (D, D),
+        "attention.output.dense": (D, D),
+        "intermediate.dense": (F, D),
+        "output.dense": (D, F),
+    }
+    for name, shape in linears.items():
+        t[f"encoder.layer.0.{name}.weight"] = rand(*shape)
+        t[f"encoder.layer.0.{name}.bias"] = rand(shape[0])
+    for name in ("attention.output.LayerNorm", "output.LayerNorm"):
+        t[f"encoder.layer.0.{name}.weight"] = rand(D)
+        t[f"encoder.layer.0.{name}.bias"] = rand(D)
+    cfg = dict(
+        model_type="bert",
+        hidden_size=D,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=F,
+        vocab_size=V,
+        max_position_embeddings=P,
+        type_vocab_size=2,
+        hidden_act="gelu",
+    )
+    cfg.update(config or {})
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file(t if tensors is None else tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+class _Trap:
+    """Unpickling this creates the file ``marker``: proof that a loader unpickled it."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _pickle_only(folder: Path, marker: Path) -> Path:
+    bert_folder(folder)
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(_Trap(marker)))
+    return folder
+
+
+def _pickle_named_safetensors(folder: Path, marker: Path) -> Path:
+    bert_folder(folder)
+    (folder / "model.safetensors").write_bytes(pickle.dumps(_Trap(marker)))
+    return folder
+
+
+def _truncated_safetensors(folder: Path, marker: Path) -> Path:
+    bert_folder(folder)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    return folder
+
+
+def _no_safetensors(folder: Path, marker: Path) -> Path:
+    bert_folder(folder)
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+def _no_config(folder: Path, marker: Path) -> Path:
+    bert_folder(folder)
+    (folder / "config.json").unlink()
+    return folder
+
+
+def _broken_config(folder: Path, marker: Path) -> Path:
+    bert_folder(folder)
+    (folder / "config.json").write_text('{"model_type": "bert",')
+    return folder
+
+
+WEIGHT_CASES = [
+    # (case, build the model folder, problem, fix)
+    ("model folder missing", lambda f, m: f, "does not exist", "pass a folder holding config.json"),
+    (
+        "weights file missing",
+        _no_safetensors,
+        "has no model.safetensors",
+        "save_pretrained(dir, safe_serialization=True)",
+    ),
+    ("config.json missing", _no_config, "has no config.json", "pass a Hugging Face model folder"),
+    ("config.json not JSON", _broken_config, "is not valid JSON", "re-export the model"),
+    (
+        "unsupported architecture",
+        lambda f, m: bert_folder(f, config={"model_type": "gpt2"}),
+        "unsupported architecture 'gpt2'",
+        "pass a folder of one of those",
+    ),
+    (
+        "weights of another architecture",
+        lambda f, m: bert_folder(
+            f, tensors={"wte.weight": np.zeros((V, D), np.float32), "wpe.weight": np.zeros((P, D))}
+        ),
+        "it is not a bert model",
+        "pass the folder of a bert model, or the config.json that came with these weights",
+    ),
+    (
+        "weights shape mismatch",
+        lambda f, m: bert_folder(f, config={"intermediate_size": 16}),
+        "'encoder.layer.0.intermediate.dense.weight' has shape [12, 8], expected [16, 8]",
+        "pass the config.json exported with these weights",
+    ),
+    (
+        "weights missing a layer",
+        lambda f, m: bert_folder(f, config={"num_hidden_layers": 2}),
+        "'encoder.layer.1.attention.self.query.weight' is missing",
+        "pass the config.json exported with these weights",
+    ),
+    (
+        "pickle checkpoint instead of safetensors",
+        _pickle_only,
+        "only pytorch_model.bin: pickle checkpoints are not loaded (unsafe)",
+        "convert to safetensors",
+    ),
+    (
+        "pickle saved as model.safetensors",
+        _pickle_named_safetensors,
+        "model.safetensors is a pickle (torch.save) file, not safetensors",
+        "convert to safetensors",
+    ),
+    (
+        "truncated safetensors",
+        _truncated_safetensors,
+        "it is corrupt or truncated",
+        "re-export the safetensors file",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case, build, problem, fix", WEIGHT_CASES, ids=[c[0] for c in WEIGHT_CASES]
+)
+def test_bad_weights(case, build, problem, fix, tmp_path, capsys):
+    marker = tmp_path / "UNPICKLED"
+    folder = build(tmp_path / "model", marker)
+    if "pickle" in case:  # the trap works: unpickling it really would create the marker
+        data = next(folder.glob("*.bin"), folder / "model.safetensors").read_bytes()
+        pickle.loads(data).close()
+        assert marker.exists()
+        marker.unlink()
+    before = tree(tmp_path / "model")
+    capsys.readouterr()
+    status = run_cli(lambda: cudt.load_encoder(folder))
+    check(case, status, capsys.readouterr().err, problem, fix)
+    assert not marker.exists(), "the loader unpickled the checkpoint"
+    assert tree(tmp_path / "model") == before
+
+
+TEXT_TINY = ["--num-train", "8", "--num-test", "4"]  # a few generated reviews
+
+
+def text_cli(argv, capsys) -> tuple[int, str]:
+    """Runs ``python -m experiments.text_classify`` in-process: ``(exit status, stderr)``."""
+    from experiments import text_classify
+
+    capsys.readouterr()
+    try:
+        status = text_classify.main([str(a) for a in argv])
+    except SystemExit as e:
+        status = e.code
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "case, build, problem, fix", WEIGHT_CASES, ids=[c[0] for c in WEIGHT_CASES]
+)
+def test_bad_weights_through_the_text_cli(case, build, problem, fix, tmp_path, capsys):
+    """The same folders given to ``experiments.text_classify --checkpoint``: the same line,
+    before --out is created."""
+    marker = tmp_path / "UNPICKLED"
+    folder = build(tmp_path / "model", marker)
+    before = tree(tmp_path / "model")
+    out = tmp_path / "out"
+    argv = ["--model", "bert", "--checkpoint", folder, *TEXT_TINY, "--out", out]
+    status, err = text_cli(argv, capsys)
+    check(None, status, err, problem, fix)
+    assert not marker.exists(), "the loader unpickled the checkpoint"
+    assert tree(tmp_path / "model") == before
+    assert not out.exists()
+
+
+def test_model_flag_and_weights_disagree(tmp_path, capsys):
+    folder = bert_folder(tmp_path / "model")
+    before = tree(folder)
+    out = tmp_path / "out"
+    argv = ["--model", "roberta", "--checkpoint", folder, *TEXT_TINY, "--out", out]
+    status, err = text_cli(argv, capsys)
+    check(
+        "--model and --checkpoint disagree (text CLI)",
+        status,
+        err,
+        "--model roberta but",
+        "holds a bert model: pass --model bert or a roberta folder",
+    )
+    assert tree(folder) == before
+    assert not out.exists()
+
+
+def test_safe_model_folder_loads(tmp_path):
+    """The folders above are broken copies of one that loads."""
+    enc = cudt.load_encoder(bert_folder(tmp_path / "model"))
+    assert enc.num_layers == 1 and enc.config.hidden_size == D
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints and output folders (one real tiny run, copied per case)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A real finished tiny run: results, plots, checkpoints at steps 2 and 4 of both groups."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert video_denoise.main([*TINY, "--out", str(out)]) == 0
+    assert (out / "results.json").is_file()
+    assert sorted(p.name for p in (out / "checkpoints" / "ut-1-ERM").iterdir()) == ["2", "4"]
+    return out
+
+
+@pytest.fixture
+def interrupted_run(finished_run, tmp_path) -> Path:
+    """The same run as if killed before it wrote its results: only checkpoints."""
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    for name in RESULTS:
+        (out / name).unlink()
+    return out
+
+
+def test_output_holding_results_is_never_overwritten(finished_run, capsys):
+    before = tree(finished_run)
+    status, err = cli([*TINY, "--out", finished_run], capsys)
+    check(
+        "--out holds results of a finished run",
+        status,
+        err,
+        "already holds results.json of a finished run",
+        "pass another --out, or --overwrite to replace it",
+    )
+    assert tree(finished_run) == before
+
+
+def test_corrupt_checkpoint(interrupted_run, capsys):
+    # The second group's latest checkpoint: found before the first group trains or writes.
+    step = interrupted_run / "checkpoints" / "ut-1-constrained" / "4"
+    for chunk in (step / "state" / "ocdbt.process_0" / "d").iterdir():
+        chunk.write_bytes(b"\0" * 64)
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--out", interrupted_run], capsys)
+    check(
+        "corrupt checkpoint",
+        status,
+        err,
+        "ut-1-constrained/4 is corrupt (its arrays cannot be read",
+        "delete that folder to resume from an earlier step, or pass --overwrite",
+    )
+    assert tree(interrupted_run) == before
+
+
+def test_checkpoint_with_truncated_index(interrupted_run, capsys):
+    state = interrupted_run / "checkpoints" / "ut-1-ERM" / "4" / "state"
+    for manifest in state.rglob("manifest.ocdbt"):
+        manifest.write_bytes(manifest.read_bytes()[:10])
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--out", interrupted_run], capsys)
+    check(
+        "checkpoint with a truncated array index",
+        status,
+        err,
+        "ut-1-ERM/4 is corrupt (its arrays cannot be read",
+        "delete that folder to resume from an earlier step, or pass --overwrite",
+    )
+    assert tree(interrupted_run) == before
+
+
+def test_checkpoint_with_corrupt_loop_record(interrupted_run, capsys):
+    (interrupted_run / "checkpoints" / "ut-1-ERM" / "4" / "loop" / "metadata").write_text("{")
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--out", interrupted_run], capsys)
+    check(
+        "checkpoint with a corrupt loop record",
+        status,
+        err,
+        "ut-1-ERM/4 is corrupt (its loop record cannot be read",
+        "delete that folder to resume from an earlier step, or pass --overwrite",
+    )
+    assert tree(interrupted_run) == before
+
+
+def test_checkpoint_of_a_different_config(interrupted_run, capsys):
+    lr = video_denoise.Config().lr  # the run was trained with the default
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--lr", lr / 2, "--out", interrupted_run], capsys)
+    check(
+        "checkpoints of a different config",
+        status,
+        err,
+        f"holds checkpoints of a different config (lr {lr!r} -> {lr / 2!r})",
+        "pass another --out, rerun with the same flags to resume, or --overwrite",
+    )
+    assert tree(interrupted_run) == before
+
+
+def test_checkpoint_of_a_different_model_flag(interrupted_run, capsys):
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--models", "dust", "--out", interrupted_run], capsys)
+    check(
+        "checkpoints of a different model (--models)",
+        status,
+        err,
+        "holds checkpoints of a different config (models ['ut'] -> ['dust'])",
+        "pass another --out, rerun with the same flags to resume, or --overwrite",
+    )
+    assert tree(interrupted_run) == before
+
+
+def test_checkpoint_written_by_a_different_model(interrupted_run, capsys):
+    """A DUST checkpoint under the UT group's name (e.g. a folder copied from another run): its
+    arrays are compared with this model's before anything is trained."""
+    from cudt.checkpoint import GroupCheckpointer
+    from cudt.data.video import load_video_data
+    from cudt.video import _group_setup
+
+    dust_cfg = video_denoise.Config(
+        models=("dust",), layers=1, num_videos=3, num_frames=4, seq_len=4
+    )
+    data = load_video_data(seq_len=4, num_videos=3, num_frames=4)
+    *_, init_keys, init_states = _group_setup("dust", False, dust_cfg, data, [0])
+    abstract = jax.eval_shape(init_states, init_keys)
+    dust_states = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), abstract)
+    group = interrupted_run / "checkpoints" / "ut-1-ERM"
+    shutil.rmtree(group)
+    with GroupCheckpointer(group, asynchronous=False) as ckpt:
+        ckpt.save(4, dust_states, {"frozen": [False], "divergences": [None], "history": []})
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--out", interrupted_run], capsys)
+    check(
+        "checkpoint written by a different model",
+        status,
+        err,
+        "ut-1-ERM/4 was written by a different model (",
+        "pass another --out, or --overwrite to discard it",
+    )
+    assert tree(interrupted_run) == before
+
+
+def test_checkpoints_without_their_config(interrupted_run, capsys):
+    (interrupted_run / "checkpoints" / "config.json").unlink()
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--out", interrupted_run], capsys)
+    check(
+        "checkpoints without their config.json",
+        status,
+        err,
+        "holds checkpoints but no checkpoints/config.json saying which config they belong to",
+        "pass another --out, or --overwrite to discard them",
+    )
+    assert tree(interrupted_run) == before
+
+
+def test_checkpoint_config_unreadable(interrupted_run, capsys):
+    (interrupted_run / "checkpoints" / "config.json").write_text('{"lr": 0.0')
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--out", interrupted_run], capsys)
+    check(
+        "checkpoint config.json unreadable",
+        status,
+        err,
+        "checkpoints/config.json is unreadable",
+        "pass another --out, or --overwrite to start again",
+    )
+    assert tree(interrupted_run) == before
+
+
+def test_resume_with_nothing_to_resume(tmp_path, capsys):
+    out = tmp_path / "new"
+    status, err = cli([*TINY, "--resume", "--out", out], capsys)
+    check(
+        "--resume with no checkpoint",
+        status,
+        err,
+        "holds no checkpoint to resume from",
+        "drop --resume to start a new run",
+    )
+    assert not out.exists()
+
+
+def test_output_is_a_file(tmp_path, capsys):
+    out = tmp_path / "results.txt"
+    out.write_text("my notes")
+    status, err = cli([*TINY, "--out", out], capsys)
+    check("--out is a file", status, err, "is a file, not a folder", "pass a folder path")
+    assert out.read_text() == "my notes"
+
+
+def test_output_under_a_file(tmp_path, capsys):
+    """An unwritable --out that stays unwritable as root: its parent is a regular file."""
+    parent = tmp_path / "notes.txt"
+    parent.write_text("my notes")
+    status, err = cli([*TINY, "--out", parent / "run"], capsys)
+    check(
+        "--out cannot be created",
+        status,
+        err,
+        "cannot write to --out",
+        "(Not a directory): pass a writable folder",
+    )
+    assert parent.read_text() == "my notes"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through file permissions")
+def test_output_in_a_read_only_folder(tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        status, err = cli([*TINY, "--out", locked / "run"], capsys)
+    finally:
+        locked.chmod(0o755)
+    check(
+        "--out in a read-only folder",
+        status,
+        err,
+        "(Permission denied)",
+        "pass a writable folder",
+    )
+    assert list(locked.iterdir()) == []
+
+
+def test_disk_full_at_start(tmp_path):
+    """No room even for the run's config: refused, and the new --out is removed again."""
+    out = tmp_path / "run"
+    status, err = cli_subprocess([*TINY, "--out", out], max_file_bytes=200)
+    check(
+        "disk full when the run starts",
+        status,
+        err,
+        "checkpoints/config.json (File too large)",
+        "free disk space or pass a writable --out",
+    )
+    assert not out.exists()
+
+
+def test_disk_full_while_checkpointing(tmp_path):
+    """The disk fills up during training: the checkpoint being written is removed, no
+    half-written checkpoint or result is left, and the message names the cause."""
+    out = tmp_path / "run"
+    status, err = cli_subprocess([*TINY, "--out", out], max_file_bytes=100_000)
+    check(
+        "disk full while writing a checkpoint",
+        status,
+        err,
+        "cannot write checkpoints in",
+        "(File too large): free disk space or pass a writable --out",
+        progress=True,
+    )
+    assert temp_files(out) == []
+    assert not any((out / name).exists() for name in RESULTS)
+    steps = [p for p in (out / "checkpoints").rglob("*") if p.is_dir() and p.name.isdigit()]
+    assert steps == []  # no checkpoint that looks complete but is not
+    assert json.loads((out / "checkpoints" / "config.json").read_text())["steps"] == 4
+
+
+def test_disk_full_while_writing_results(interrupted_run):
+    """Resuming a run whose training is done, with no room for its figures: no half-written
+    figure or results.json (atomic writes), and its checkpoints are untouched."""
+    before = tree(interrupted_run / "checkpoints")
+    status, err = cli_subprocess([*TINY, "--out", interrupted_run], max_file_bytes=8_000)
+    check(
+        "disk full while writing results",
+        status,
+        err,
+        "cannot write " + str(interrupted_run / "layer_loss.png") + " (File too large)",
+        "free disk space or pass a writable --out",
+        progress=True,
+    )
+    assert temp_files(interrupted_run) == []
+    assert sorted(p.name for p in interrupted_run.iterdir()) == ["checkpoints"]
+    assert tree(interrupted_run / "checkpoints") == before
+
+
+# --------------------------------------------------------------------------------------------
+# The table of docs/errors.md
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_table(tmp_path_factory):
+    yield
+    path = os.environ.get("CUDT_ERRORS_TABLE")
+    if not path:
+        return
+    base = str(tmp_path_factory.getbasetemp())
+    lines = []
+    for title in dict.fromkeys(SECTIONS.values()):
+        rows = [(case, line, st) for case, (sec, line, st) in MESSAGES.items() if sec == title]
+        if not rows:
+            continue
+        lines += [f"### {title}", "", "| case | exit | message (stderr) |", "|---|---|---|"]
+        for case, line, status in rows:
+            line = re.sub(re.escape(base) + r"/[^/]+/", "/tmp/", line)
+            cell = line.replace("|", "\\|")
+            lines.append(f"| {case} | {status} | `{cell}` |")
+        lines.append("")
+    Path(path).write_text("\n".join(lines))
