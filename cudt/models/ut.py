@@ -69,6 +69,9 @@ class UT(nn.Module):
             (text). Not called ``init``: a dataclass field of that name would shadow
             ``nn.Module.init`` and break ``model.init(key, x)``.
         dtype: compute dtype; params are stored in float32 and softmax runs in float32.
+        sublayer: also return the state after each attention step ``Z``: ``states`` is then
+            ``[2L+1, ...]`` (``x, Z_1, Y_1, Z_2, Y_2, ...``), so the layer outputs are
+            ``states[2::2]`` (per-sub-layer descent constraints).
     """
 
     num_layers: int
@@ -77,6 +80,7 @@ class UT(nn.Module):
     b: float = 1.0
     init_scheme: str = "dct"
     dtype: Any = jnp.float32
+    sublayer: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
@@ -90,7 +94,7 @@ class UT(nn.Module):
 
         Returns:
             ``(output, states)``: ``output [..., T, D] = states[-1]`` and ``states
-            [L+1, ..., T, D]`` with ``states[0] = x``.
+            [L+1, ..., T, D]`` with ``states[0] = x`` (``[2L+1, ...]`` when ``sublayer``).
         """
         if self.num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
@@ -125,10 +129,14 @@ class UT(nn.Module):
             attn = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
             z = (1.0 - a) * y + a * jnp.einsum("...ts,...sd->...td", attn, y)
             y = jax.nn.relu(jnp.einsum("...td,de->...te", z, w_ffn) + bias)
-            return y, y
+            return y, ((z, y) if self.sublayer else y)
 
         _, ys = jax.lax.scan(layer, y0, None, length=self.num_layers)  # [L, ..., T, D]
-        states = jnp.concatenate([y0[None], ys], axis=0)  # [L+1, ..., T, D]
+        if self.sublayer:
+            zs, ys = ys  # each [L, ..., T, D]
+            # Interleave to [2L, ..., T, D]: Z_1, Y_1, Z_2, Y_2, ...
+            ys = jnp.stack([zs, ys], axis=1).reshape((-1,) + y0.shape)
+        states = jnp.concatenate([y0[None], ys], axis=0)  # [L+1 or 2L+1, ..., T, D]
         return states[-1], states
 
 

@@ -1,0 +1,383 @@
+"""The text experiment end to end on tiny configs: results, plots, states, noise, head, refusals.
+
+The pretrained model is a random 2-block BERT (hidden size 32) written here in the Hugging Face
+layout, with the real all-MiniLM-L6-v2 ``tokenizer.json`` so it can read the generated reviews.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+from safetensors.numpy import save_file
+
+from cudt import text
+from cudt.errors import UsageError
+from cudt.metrics import trapezoid_auc
+from cudt.models.encoders import minilm_path
+from experiments import text_classify
+
+D, LAYERS, HEADS, FFN, MAX_POS = 32, 2, 4, 37, 64
+TINY = [
+    "--num-train",
+    "40",
+    "--num-test",
+    "20",
+    "--max-length",
+    "16",
+    "--batch-size",
+    "8",
+    "--test-gammas",
+    "0,2",
+    "--gamma-train",
+    "1",
+    "--eval-batch-size",
+    "32",
+]
+RUN_KEYS = {
+    "model",
+    "layers",
+    "constrained",
+    "seed",
+    "gamma_train",
+    "test_gamma",
+    "layer_loss",
+    "descent_rate",
+    "mean_ratio",
+    "median_ratio",
+    "feasible",
+    "multipliers",
+    "diverged",
+    "accuracy",
+    "auc",
+}
+
+
+def write_tiny_bert(folder: Path, seed: int = 0) -> Path:
+    """A random BERT folder (config.json, model.safetensors) with MiniLM's tokenizer.json."""
+    tok = minilm_path()
+    vocab = json.loads((tok / "config.json").read_text())["vocab_size"]
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape):
+        return (0.2 * rng.standard_normal(shape)).astype(np.float32)
+
+    t = {
+        "embeddings.word_embeddings.weight": rand(vocab, D),
+        "embeddings.position_embeddings.weight": rand(MAX_POS, D),
+        "embeddings.token_type_embeddings.weight": rand(2, D),
+        "embeddings.LayerNorm.weight": 1 + rand(D),
+        "embeddings.LayerNorm.bias": rand(D),
+    }
+    linears = {
+        "attention.self.query": (D, D),
+        "attention.self.key": (D, D),
+        "attention.self.value": (D, D),
+        "attention.output.dense": (D, D),
+        "intermediate.dense": (FFN, D),
+        "output.dense": (D, FFN),
+    }
+    for i in range(LAYERS):
+        for name, shape in linears.items():
+            t[f"encoder.layer.{i}.{name}.weight"] = rand(*shape)
+            t[f"encoder.layer.{i}.{name}.bias"] = rand(shape[0])
+        for name in ("attention.output.LayerNorm", "output.LayerNorm"):
+            t[f"encoder.layer.{i}.{name}.weight"] = 1 + rand(D)
+            t[f"encoder.layer.{i}.{name}.bias"] = rand(D)
+    config = dict(
+        model_type="bert",
+        hidden_size=D,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=FFN,
+        vocab_size=vocab,
+        max_position_embeddings=MAX_POS,
+        type_vocab_size=2,
+        hidden_act="gelu",
+        pad_token_id=0,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(t, str(folder / "model.safetensors"))
+    shutil.copy(tok / "tokenizer.json", folder / "tokenizer.json")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> Path:
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="module")
+def bert_run(tiny_bert, tmp_path_factory):
+    """Tiny BERT, one state per sub-layer, ERM and constrained, 2 seeds vmapped, 4 steps."""
+    out = tmp_path_factory.mktemp("tc") / "run"
+    argv = TINY + [
+        "--model",
+        "bert",
+        "--checkpoint",
+        str(tiny_bert),
+        "--granularity",
+        "sublayer",
+        "--steps",
+        "4",
+        "--chunk-steps",
+        "2",
+        "--checkpoint-every",
+        "4",
+        "--seeds",
+        "2",
+        "--out",
+        str(out),
+    ]
+    assert text_classify.main(argv) == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def _batch(model: text.TextClassifier, texts, max_length=12) -> dict:
+    ids, mask = model.encoder.tokenize(texts, max_length)
+    return {
+        "ids": jnp.asarray(ids),
+        "mask": jnp.asarray(mask, jnp.float32),
+        "labels": jnp.arange(len(texts), dtype=jnp.int32) % 2,
+    }
+
+
+def test_results_json_has_every_run_and_key(bert_run):
+    _, results = bert_run
+    runs = results["runs"]
+    assert {(r["constrained"], r["seed"]) for r in runs} == {
+        (c, s) for c in (False, True) for s in (0, 1)
+    }
+    states = 2 * LAYERS + 1  # sub-layer granularity: attention and MLP output of every block
+    for run in runs:
+        assert RUN_KEYS <= set(run) and "rmse" not in run
+        assert run["model"] == "bert" and run["layers"] == 2 * LAYERS and run["blocks"] == LAYERS
+        assert run["granularity"] == "sublayer" and len(run["multipliers"]) == states
+        assert run["test_gamma"] == [0.0, 1.0, 2.0]  # γ_train joins the explicit grid
+        assert len(run["accuracy"]) == len(run["layer_loss"]) == len(run["test_gamma"])
+        assert all(len(ll) == states for ll in run["layer_loss"])
+        assert 0 < run["descent_rate"] <= 1 and run["mean_ratio"] > 0
+        if not run["constrained"]:
+            assert run["multipliers"] == [0.0] * states
+    assert results["config"]["steps"] == 4 and results["paper_descent"]["descent_rate"] == 0.708
+    # Seeds share the pretrained body but not the head init, batches and noise.
+    erm = [r for r in runs if not r["constrained"]]
+    assert erm[0]["layer_loss"] != erm[1]["layer_loss"]
+
+
+def test_accuracy_and_auc_are_consistent(bert_run):
+    _, results = bert_run
+    n_test = 20
+    for run in results["runs"]:
+        acc = np.asarray(run["accuracy"])
+        assert np.all((acc >= 0) & (acc <= 1))
+        # accuracy is that of the last state, counted over the test examples
+        np.testing.assert_allclose(acc, [la[-1] for la in run["layer_accuracy"]])
+        np.testing.assert_allclose(acc * n_test, np.round(acc * n_test), atol=1e-9)
+        assert run["auc"] == pytest.approx(trapezoid_auc(run["test_gamma"], acc))
+        assert run["auc"] == pytest.approx(0.5 * (acc[0] + acc[1]) + 0.5 * (acc[1] + acc[2]))
+
+
+def test_plots_are_real_pngs(bert_run):
+    out, _ = bert_run
+    for name in ("layer_loss.png", "accuracy_vs_gamma.png", "ratio_hist.png"):
+        with Image.open(out / name) as im:
+            assert im.format == "PNG" and im.size[0] > 400 and im.size[1] > 200
+            assert len(im.convert("RGB").getcolors(maxcolors=1_000_000)) > 50
+
+
+def test_finished_output_is_refused_and_kept(bert_run, tiny_bert, capsys):
+    out, _ = bert_run
+    before = (out / "results.json").read_bytes()
+    argv = TINY + ["--model", "bert", "--checkpoint", str(tiny_bert), "--out", str(out)]
+    assert text_classify.main(argv) == 2
+    assert "already holds results.json" in capsys.readouterr().err
+    assert (out / "results.json").read_bytes() == before
+
+
+def test_sublayer_granularity_gives_2l_plus_1_states(tiny_bert):
+    # (the encoder's interleaving is tested in test_encoders.py; the run above goes end to end)
+    sub = text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert, granularity="sublayer")
+    assert (sub.blocks, sub.num_layers) == (LAYERS, 2 * LAYERS)
+    # the UT: after each layer's attention step Z, then its output Y
+    block = text.build_text_model("ut", num_classes=2, checkpoint=tiny_bert, layers=3)
+    ut = text.build_text_model(
+        "ut", num_classes=2, checkpoint=tiny_bert, layers=3, granularity="sublayer"
+    )
+    assert (block.num_layers, ut.num_layers, ut.blocks) == (3, 6, 3)
+    batch = _batch(ut, ["a fine film", "not good at all", "meh"])
+    params = jax.jit(ut.init)(jax.random.key(0))
+    noise = jnp.zeros(batch["ids"].shape + (D,))
+    states = jax.jit(ut.states)(params, batch, noise)
+    assert states.shape[0] == 7
+    np.testing.assert_allclose(states[::2], jax.jit(block.states)(params, batch, noise), atol=1e-5)
+    losses = jax.jit(text.make_layer_losses(ut, 0.5))(params, batch, jax.random.key(1))
+    assert losses.shape == (3, 7) and bool(jnp.all(jnp.isfinite(losses)))
+    # the UT's projection finds its parameters inside the classifier's
+    assert jax.tree.structure(ut.project()(params)) == jax.tree.structure(params)
+    assert sub.project() is None
+
+
+def test_embedding_noise_scale_is_gamma_times_table_std(tiny_bert):
+    model = text.build_text_model("ut", num_classes=2, checkpoint=tiny_bert, layers=1)
+    table = np.asarray(model.table, np.float64)
+    assert model.noise_unit == pytest.approx(table.std(), rel=1e-6)
+    batch = _batch(model, ["the acting was superb but the plot was a mess"] * 64, 16)
+    gamma = 0.7
+    noise = np.asarray(model.noise(jax.random.key(3), batch, gamma))
+    real = np.asarray(batch["mask"]) > 0
+    assert noise[real].std() == pytest.approx(gamma * table.std(), rel=0.02)
+    assert np.all(noise[~real] == 0)  # padding is not perturbed
+    # The noise is what the first state sees: x̃ = E[ids] + noise, before any block (UT) ...
+    params = jax.jit(model.init)(jax.random.key(0))
+    x0 = np.asarray(jax.jit(model.states)(params, batch, jnp.asarray(noise))[0])
+    np.testing.assert_allclose(x0, table[np.asarray(batch["ids"])] + noise, atol=1e-5)
+    # ... and the encoder gets it as its embedding_noise (added to the word embeddings).
+    bert = text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert)
+    bparams = jax.jit(bert.init)(jax.random.key(0))
+    ours = bert.states(bparams, batch, jnp.asarray(noise))
+    ref = bert.encoder.apply(
+        bert.encoder.params, batch["ids"], batch["mask"], embedding_noise=noise
+    )
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), atol=1e-5)
+    # --noise-scale replaces the table std
+    fixed = text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert, noise_scale=0.25)
+    assert fixed.noise_unit == 0.25
+    assert np.asarray(fixed.noise(jax.random.key(3), batch, 2.0))[real].std() == pytest.approx(
+        0.5, rel=0.02
+    )
+
+
+@pytest.mark.parametrize("name", ["bert", "ut"])
+def test_one_head_is_shared_by_every_state(tiny_bert, name):
+    model = text.build_text_model(name, num_classes=3, checkpoint=tiny_bert)
+    params = jax.jit(model.init)(jax.random.key(0))
+    # exactly one readout: no other [D, C] matrix anywhere in the params
+    assert set(params["head"]) == {"kernel", "bias"}
+    assert params["head"]["kernel"].shape == (D, 3)
+    assert [x.shape for x in jax.tree.leaves(params["body"])].count((D, 3)) == 0
+    batch = _batch(model, ["good", "a terrible waste of time", "it is set in Lisbon"])
+    noise = jnp.zeros(batch["ids"].shape + (D,))
+
+    @jax.jit
+    def pooled_and_logits(params, batch):  # [S, B, D], [S, B, C]
+        pooled = model.pool(model.states(params, batch, noise), batch["mask"])
+        return pooled, model.logits(params, batch, noise)
+
+    pooled, logits = pooled_and_logits(params, batch)
+    w, b = params["head"]["kernel"], params["head"]["bias"]
+    for state in range(model.num_layers + 1):
+        np.testing.assert_allclose(logits[state], pooled[state] @ w + b, atol=1e-5)
+
+    def state_losses(head, batch):  # [S]
+        p = dict(params, head=head)
+        return text.cross_entropy(model.logits(p, batch, noise), batch["labels"]).sum(axis=1)
+
+    # the loss of every state reaches the one head: its gradients land on the same leaves
+    jac = jax.jit(jax.jacrev(state_losses))(params["head"], batch)
+    assert jac["kernel"].shape == (model.num_layers + 1, D, 3)
+    assert np.all(np.abs(np.asarray(jac["kernel"])).max(axis=(1, 2)) > 0)
+
+
+def test_pooling_and_reference_defaults(tiny_bert):
+    # the paper's: [CLS] for pretrained encoders, token mean for the UT; MiniLM: its own (mean)
+    assert text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert).pooling == "first"
+    assert text.build_text_model("ut", num_classes=2, checkpoint=tiny_bert).pooling == "mean"
+    assert text.build_text_model("minilm", num_classes=2).pooling == "mean"
+    model = text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert, pooling="mean")
+    batch = _batch(model, ["good", "a terrible waste of time"])
+    states = jax.random.normal(jax.random.key(0), (3,) + batch["ids"].shape + (D,))
+    m = np.asarray(batch["mask"])[None, :, :, None]
+    expected = (np.asarray(states) * m).sum(2) / m.sum(2)  # padding left out of the mean
+    np.testing.assert_allclose(model.pool(states, batch["mask"]), expected, atol=1e-5)
+    assert text.reference_bound("chance", 3) == pytest.approx(np.log(3))
+    assert text.reference_bound("none", 2) is None and text.reference_bound("0.5", 2) == 0.5
+
+
+def test_build_text_model_refusals(tiny_bert):
+    with pytest.raises(UsageError, match="--model roberta needs --checkpoint FOLDER"):
+        text.build_text_model("roberta", num_classes=2)
+    with pytest.raises(UsageError, match="--layers 3 applies to --model ut only"):
+        text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert, layers=3)
+    with pytest.raises(UsageError, match="unknown pooling 'max'"):
+        text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert, pooling="max")
+    with pytest.raises(UsageError, match="unknown granularity"):
+        text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert, granularity="layer")
+
+
+def test_cli_choices_match_the_library():
+    from cudt.data.text import TEXT_DATASETS
+
+    assert text_classify.MODELS == text.MODELS and text_classify.DATASETS == TEXT_DATASETS
+
+
+def test_help_lists_every_flag(capsys):
+    with pytest.raises(SystemExit) as e:
+        text_classify.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for f in dataclasses.fields(text_classify.Config):
+        assert "--" + f.name.replace("_", "-") in out
+    for flag in ("--model", "--checkpoint", "--dataset", "--data-dir", "--layers", "--granularity",
+                 "--gamma-train", "--seeds", "--steps", "--out"):  # fmt: skip
+        assert flag in out
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--model", "gpt2"], "--model 'gpt2' is unknown"),
+        (["--model", "bert"], "--model bert needs --checkpoint"),
+        (["--model", "roberta"], "--model roberta needs --checkpoint"),
+        (["--dataset", "sst2"], "--dataset 'sst2' is unknown"),
+        (["--granularity", "layer"], "--granularity must be block or sublayer"),
+        (["--layers", "3"], "--layers applies to --model ut only"),
+        (["--model", "ut", "--layers", "0"], "--layers must be >= 1"),
+        (["--gamma-train", "-1"], "--gamma-train must be >= 0"),
+        (["--epsilon", "1.5"], "--epsilon must lie in [0, 1)"),
+        (["--dataset", "aclimdb"], "--dataset aclimdb needs --data-dir"),
+        (["--reference", "low"], "--reference must be chance, none or a number"),
+        (["--pooling", "max"], "--pooling must be first or mean"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(argv, words, capsys, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        text_classify.main([*argv, "--out", str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "error: " in err and words in err
+    assert not out.exists()
+
+
+def test_bad_checkpoints_and_data_fail_before_touching_out(tiny_bert, tmp_path, capsys):
+    out = tmp_path / "out"
+    cases = [
+        (["--model", "bert", "--checkpoint", str(tmp_path / "nope")], "does not exist"),
+        (["--model", "roberta", "--checkpoint", str(tiny_bert)], "holds a bert model"),
+        (["--dataset", "imdb", "--data-dir", str(tmp_path)], "no prepared imdb_reviews"),
+        (["--model", "bert", "--checkpoint", str(tiny_bert), "--max-length", "100"], "positions"),
+    ]
+    for argv, words in cases:
+        assert text_classify.main([*TINY, *argv, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("error: ") and words in err, err
+        assert not out.exists()
+
+
+def test_length_batches_cover_every_example_once():
+    lengths = np.array([3, 17, 5, 64, 9, 33, 1, 12, 40, 16, 2])
+    seen = []
+    for index, count, length in text._length_batches(lengths, 4, 64):
+        assert index.size == 4 and length % 16 == 0 and length <= 64
+        assert lengths[index[:count]].max() <= length
+        seen += index[:count].tolist()
+    assert sorted(seen) == list(range(lengths.size))
