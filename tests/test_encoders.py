@@ -603,3 +603,14 @@ def test_error_corrupt_safetensors(tmp_path: pathlib.Path) -> None:
     (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(EncoderError, match="cannot read"):
         load_encoder(tmp_path)
+
+
+def test_concrete_ids_closed_over_inside_jit(tiny_bert: Encoder) -> None:
+    """Ids captured as constants by a jitted function are range-checked on the host, not a crash."""
+    ids = jnp.array([[1, 2, 3]])
+    mask = jnp.ones_like(ids)
+    states = jax.jit(lambda: tiny_bert(ids, mask))()
+    np.testing.assert_allclose(states, tiny_bert(ids, mask), atol=1e-6)
+    bad = jnp.array([[tiny_bert.config.vocab_size]])
+    with pytest.raises(EncoderError, match="input_ids must lie in"):
+        jax.jit(lambda: tiny_bert(bad, jnp.ones_like(bad)))()

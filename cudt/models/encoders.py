@@ -558,6 +558,7 @@ def _check_range(name: str, ids: jax.Array, size: int) -> None:
     """Raise unless every id is in ``[0, size)``; a no-op under tracing (values unknown)."""
     if isinstance(ids, jax.core.Tracer) or ids.size == 0:
         return
+    ids = np.asarray(ids)  # on the host: a concrete array closed over inside jit stays concrete
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= size:
         raise EncoderError(f"{name} must lie in [0, {size}), found values in [{lo}, {hi}]")
