@@ -28,11 +28,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from cudt.checkpoint import GroupCheckpointer
+from cudt.dual import dual_adam, dual_ascent
 from cudt.errors import CudtError, UsageError
 from cudt.io import RESULT_FILES, check_writable, to_jsonable, write_json_atomic
 from cudt.loop import Divergence, LoopResult, train_group
 
 __all__ = [
+    "dual_optimizer",
     "Column",
     "OutputDir",
     "format_table",
@@ -267,3 +269,10 @@ def status_cell(run: dict) -> str:
     if run.get("diverged"):
         return "DIVERGED"
     return ("yes" if run.get("feasible") else "NO") + ("*" if run.get("best") else " ")
+
+
+def dual_optimizer(cfg):
+    """The dual transformation named by ``cfg.dual_optimizer`` (``adam`` or ``sgd``)."""
+    if cfg.dual_optimizer == "adam":
+        return dual_adam(cfg.dual_lr)
+    return dual_ascent(cfg.dual_lr)

@@ -45,14 +45,21 @@ from cudt import plots
 from cudt.constrained import DescentConfig
 from cudt.data.text import TextSplit, TextSplits, load_text_data, tokenize_split
 from cudt.errors import UsageError
-from cudt.experiment import Column, format_table, open_output, run_group, select_best, status_cell
+from cudt.experiment import (
+    Column,
+    dual_optimizer,
+    format_table,
+    open_output,
+    run_group,
+    select_best,
+    status_cell,
+)
 from cudt.io import fresh_run_dir, write_json_atomic
 from cudt.loop import LoopResult, sample_indices
 from cudt.metrics import descent_stats, feasibility, trapezoid_auc
 from cudt.models import UT, ut_project
 from cudt.models.encoders import Encoder, load_encoder, minilm_path
 from cudt.train import make_train_step
-from cudt.video import dual_optimizer
 
 __all__ = [
     "GRANULARITIES",

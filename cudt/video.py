@@ -25,9 +25,16 @@ from cudt import plots
 from cudt.checkpoint import GroupCheckpointer
 from cudt.constrained import DescentConfig
 from cudt.data.video import VideoSplits, load_video_data, perturb
-from cudt.dual import dual_adam, dual_ascent
 from cudt.errors import UsageError
-from cudt.experiment import Column, format_table, open_output, run_group, select_best, status_cell
+from cudt.experiment import (
+    Column,
+    dual_optimizer,
+    format_table,
+    open_output,
+    run_group,
+    select_best,
+    status_cell,
+)
 from cudt.io import fresh_run_dir, write_json_atomic
 from cudt.loop import LoopResult, sample_indices
 from cudt.metrics import descent_stats, feasibility, rmse_255
@@ -124,13 +131,6 @@ def test_gamma_grid(gamma_train: float, explicit=None) -> list[float]:
     if gamma_train == 0:
         return [0.0, 0.05, 0.1, 0.15, 0.2, 0.3]
     return [round(f * gamma_train, 6) for f in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)]
-
-
-def dual_optimizer(cfg):
-    """The dual transformation named by ``cfg.dual_optimizer`` (``adam`` or ``sgd``)."""
-    if cfg.dual_optimizer == "adam":
-        return dual_adam(cfg.dual_lr)
-    return dual_ascent(cfg.dual_lr)
 
 
 def descent_config(cfg, *, constrained: bool, steps_per_epoch: int) -> DescentConfig:
