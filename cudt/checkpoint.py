@@ -301,8 +301,15 @@ def _record_text(record: logging.LogRecord) -> str:
 
 
 _QUIET = _QuietOrbaxErrors()
-logging.getLogger("absl").addFilter(_QUIET)
-logging.getLogger("asyncio").addFilter(_QUIET)
+
+
+def install_log_filters() -> None:
+    """Adds the filter above to the absl and asyncio loggers (idempotent). A process-wide
+    setting, so entry points call it (:func:`cudt.cli.configure_process`), not ``import``."""
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if _QUIET not in logger.filters:
+            logger.addFilter(_QUIET)
 
 
 def _quiet_unraisable_hook() -> None:

@@ -105,6 +105,17 @@ def build_parser(config_cls: type, description: str, prog: str | None = None):
                 help=help_text,
             )
             continue
+        if f.metadata.get("repeat"):
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                action="append",
+                type=str,
+                default=None,
+                help=f"{help_text} (repeatable)",
+                metavar=f.name.upper(),
+            )
+            continue
         if isinstance(default, tuple):
             shown = ",".join(map(str, default))
         else:
@@ -126,6 +137,10 @@ def config_from_args(
 ) -> tuple[C, argparse.Namespace]:
     parser = build_parser(config_cls, description, prog)
     ns = parser.parse_args(argv)
+    for f in dataclasses.fields(config_cls):
+        if f.metadata.get("repeat"):
+            given = getattr(ns, f.name)
+            setattr(ns, f.name, tuple(given) if given else f.default)
     try:
         cfg = config_cls(**vars(ns))
     except (ValueError, TypeError) as e:
@@ -144,3 +159,38 @@ def run_cli(main: Callable[[], Any]) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def configure_process() -> None:
+    """Process-wide settings an entry point applies (never ``import cudt``):
+
+    * one OpenBLAS thread, unless the user exported ``OPENBLAS_NUM_THREADS``: jaxlib's CPU
+      LAPACK kernels (eigh, solve: the UT projection, DUST's step size) run on SciPy's OpenBLAS,
+      which by default spins a thread per core; next to XLA's threads on a small or shared
+      machine that turned a 256x256 eigh from ~7 ms into ~1 s (measured on 2 cores under load);
+    * matplotlib's non-interactive Agg backend (plots are written to files);
+    * the filters that keep orbax's own reports of a failed checkpoint write off stderr (the
+      failure is reported once, as one line, by :class:`cudt.checkpoint.GroupCheckpointer`).
+    """
+    import os
+
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from cudt.checkpoint import install_log_filters
+
+    install_log_filters()
+
+
+def task_main(task, argv: Sequence[str] | None, description: str, prog: str) -> int:
+    """The whole entry point of an experiment: flags → config → :func:`cudt.runner.run`."""
+    configure_process()
+    cfg, _ = config_from_args(task.config_cls, argv, description, prog)
+
+    def go():
+        from cudt.runner import run
+
+        run(task, cfg)
+
+    return run_cli(go)

@@ -94,13 +94,15 @@ class DescentConfig:
 
     @property
     def uses_slacks(self) -> bool:
-        return self.constrained and self.resilience is not None and self.resilience_mode == "slack"
+        # Static: an ERM run in a slack-mode group keeps u = 0 (its duals are frozen).
+        return self.resilience is not None and self.resilience_mode == "slack"
 
 
-def constraint_values(mean_losses, epsilon, reference=None):
+def constraint_values(mean_losses, epsilon, reference=None, reference_active=None):
     """g [L+1] from the mean per-layer losses [L+1].
 
-    g_0 = mean ℓ_0 − C (0 when ``reference`` is None);
+    g_0 = mean ℓ_0 − C (0 when ``reference`` is None, or where ``reference_active`` is False:
+    a traced per-run switch, so runs with and without the reference constraint share a program);
     g_l = mean ℓ_l − (1 − ε_l)·mean ℓ_{l−1}, with ``epsilon[l-1]`` the factor of layer l.
     """
     descent = mean_losses[1:] - (1.0 - epsilon) * mean_losses[:-1]  # [L]
@@ -108,17 +110,28 @@ def constraint_values(mean_losses, epsilon, reference=None):
         g0 = jnp.zeros((), mean_losses.dtype)
     else:
         g0 = mean_losses[0] - reference
+        if reference_active is not None:
+            # where, not a product: no gradient reaches ℓ_0 through an inactive constraint
+            g0 = jnp.where(reference_active, g0, jnp.zeros_like(g0))
     return jnp.concatenate([g0[None], descent])
 
 
-def lagrangian_terms(per_sample_losses, multipliers, slacks, epsilon, reference=None, alpha=None):
+def lagrangian_terms(
+    per_sample_losses,
+    multipliers,
+    slacks,
+    epsilon,
+    reference=None,
+    alpha=None,
+    reference_active=None,
+):
     """The Lagrangian and its parts from per-sample losses [B, L+1].
 
     𝓛 = mean ℓ_L + Σ_l λ_l (g_l − u_l) [+ (α/2)‖u‖² with explicit slacks].
     Returns ``(lagrangian, mean_losses [L+1], g [L+1])``. The derivative of 𝓛 in λ is ``g − u``.
     """
     mean_losses = jnp.mean(per_sample_losses, axis=0)  # [L+1]
-    g = constraint_values(mean_losses, epsilon, reference)
+    g = constraint_values(mean_losses, epsilon, reference, reference_active)
     lagrangian = mean_losses[-1] + jnp.sum(multipliers * (g - slacks))
     if alpha is not None:
         lagrangian = lagrangian + 0.5 * alpha * jnp.sum(slacks**2)

@@ -28,13 +28,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from cudt.checkpoint import GroupCheckpointer
-from cudt.dual import dual_adam, dual_ascent
 from cudt.errors import CudtError, UsageError
 from cudt.io import RESULT_FILES, check_writable, to_jsonable, write_json_atomic
 from cudt.loop import Divergence, LoopResult, train_group
 
 __all__ = [
-    "dual_optimizer",
     "Column",
     "OutputDir",
     "format_table",
@@ -175,12 +173,14 @@ def run_group(
     checkpoint_dir: Path | None,
     checkpoint_every: int | None = None,
     keep_checkpoints: int = 2,
-    fault: tuple[int, int] | None = None,
+    fault: tuple[Any, int] | None = None,
     log: Callable[[str], None] | None = None,
+    **loop_kwargs: Any,
 ) -> LoopResult:
     """:func:`cudt.loop.train_group` with a progress bar, checkpoints and divergence messages.
 
-    ``labels[r]`` names run ``r`` in messages (e.g. ``"dust-3 constrained seed 1"``).
+    ``labels[r]`` names run ``r`` in messages (e.g. ``"dust-3 constrained seed 1"``);
+    ``loop_kwargs`` (``data``, ``extras``, ``shardings``, ``curve_every``) go to the loop.
     """
     log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
 
@@ -215,6 +215,7 @@ def run_group(
                 checkpoint_every=checkpoint_every,
                 on_divergence=report,
                 fault=fault,
+                **loop_kwargs,
             )
     finally:
         if checkpointer is not None:
@@ -225,7 +226,8 @@ def run_group(
 
 
 def select_best(runs: list[dict], score: str, *, higher_is_better: bool) -> None:
-    """Marks ``best: True`` on the best run of each (model, layers, constrained) group.
+    """Marks ``best: True`` on the best run of each setting: (model, layers, constrained,
+    gamma_train), across sweep points and seeds.
 
     A diverged run is never eligible, nor is an infeasible constrained run: a broken run is never
     silently picked as "best". (ERM runs have no constraints to satisfy: their feasibility verdict
@@ -234,7 +236,8 @@ def select_best(runs: list[dict], score: str, *, higher_is_better: bool) -> None
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
         run["best"] = False
-        groups.setdefault((run["model"], run["layers"], run["constrained"]), []).append(run)
+        setting = (run["model"], run["layers"], run["constrained"], run.get("gamma_train"))
+        groups.setdefault(setting, []).append(run)
     for group in groups.values():
         eligible = [
             r
@@ -269,10 +272,3 @@ def status_cell(run: dict) -> str:
     if run.get("diverged"):
         return "DIVERGED"
     return ("yes" if run.get("feasible") else "NO") + ("*" if run.get("best") else " ")
-
-
-def dual_optimizer(cfg):
-    """The dual transformation named by ``cfg.dual_optimizer`` (``adam`` or ``sgd``)."""
-    if cfg.dual_optimizer == "adam":
-        return dual_adam(cfg.dual_lr)
-    return dual_ascent(cfg.dual_lr)

@@ -21,6 +21,7 @@ the step and the quantity; the other runs of the group finish unaffected.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,9 @@ import numpy as np
 from cudt.checkpoint import GroupCheckpointer
 
 __all__ = ["Divergence", "LoopResult", "chunk_boundaries", "sample_indices", "train_group"]
+
+# Metrics kept step by step for the training curves (TensorBoard, the multipliers plot).
+CURVE_METRICS = ("objective", "lagrangian", "layer_loss", "constraint", "multipliers", "slacks")
 
 _DATA_STREAM = 0x5EED  # keeps data-order randomness apart from the step's own key stream
 
@@ -62,6 +66,8 @@ class LoopResult:
     diverged: np.ndarray  # [R] bool
     divergences: list[Divergence | None]  # per run
     resumed_from: int | None = None  # the checkpoint step training resumed from, if any
+    curves: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)  # per step
+    max_multipliers: np.ndarray | None = None  # [R, L+1]: the max of λ over every step
 
     @property
     def diverged_at(self) -> list[dict | None]:
@@ -105,7 +111,11 @@ def train_group(
     checkpointer: GroupCheckpointer | None = None,
     checkpoint_every: int | None = None,
     on_divergence: Callable[[Divergence], None] | None = None,
-    fault: tuple[int, int] | None = None,
+    fault: tuple[Any, int] | None = None,
+    data: Any = None,
+    extras: Any = None,
+    shardings: Any = None,
+    curve_every: int | None = None,
 ) -> LoopResult:
     """Trains R runs for ``num_steps`` steps, resuming from ``checkpointer``'s latest checkpoint.
 
@@ -114,7 +124,8 @@ def train_group(
       states: R train states stacked on a leading axis (``jax.vmap(init)(...)``); when the
         checkpointer holds a checkpoint, these only give the structure to restore into.
       keys: [R] run keys (the step folds its counter in).
-      make_batch: ``(key, step) -> batch`` for one run, traced inside the program.
+      make_batch: ``(key, step) -> batch`` for one run, traced inside the program; with
+        ``data`` or ``extras`` given, ``(key, step, data, extras_r) -> batch`` instead.
       chunk_steps: steps per compiled ``scan``: the host sees metrics only every chunk.
       progress: a tqdm-like object (``update(n)``, ``set_postfix_str``) or None.
       watch: metrics whose non-finite values mark a run as diverged (then frozen, see above).
@@ -122,14 +133,26 @@ def train_group(
         latest checkpoint.
       checkpoint_every: steps between checkpoints (default: every chunk).
       on_divergence: called once per run that diverges, after its last good checkpoint is pinned.
-      fault: ``(run, step)``: for fault-injection tests, every floating leaf of that run's batch
-        at that step is replaced by NaN, so its loss becomes non-finite through the real step.
+      fault: ``(runs, step)``: for fault-injection tests, every floating leaf of the batch of
+        each run in ``runs`` (an index or a list of them) at that step is replaced by NaN, so
+        its loss becomes non-finite through the real step.
+      data: a pytree of arrays shared by every run (training examples, frozen tables): an
+        *argument* of the compiled program, not a constant baked into it.
+      extras: a pytree of per-run arrays ``[R, ...]`` (e.g. a swept noise level) handed to
+        ``make_batch``.
+      shardings: a :class:`cudt.runner.mesh.Shardings` placing the run axis (states, keys,
+        extras) and the batch axis on a device mesh; None keeps everything on one device.
+      curve_every: keep every this many steps' metrics (the training curves, plus the last
+        step of each chunk) in ``LoopResult.curves``; default: about ten points per chunk.
     """
     num_runs = keys.shape[0]
     every = checkpoint_every or chunk_steps
+    curve_every = curve_every or max(1, -(-chunk_steps // 10))
     frozen = jnp.zeros((num_runs,), bool)
     divergences: list[Divergence | None] = [None] * num_runs
     history: list[dict[str, np.ndarray]] = []
+    curves: list[dict[str, np.ndarray]] = []
+    max_multipliers = None
     resumed_from = None
     if checkpointer is not None and checkpointer.latest_step() is not None:
         states, loop = checkpointer.restore(states)
@@ -137,15 +160,31 @@ def train_group(
         frozen = jnp.asarray(loop["frozen"], bool)
         divergences = [None if d is None else Divergence(**d) for d in loop["divergences"]]
         history = _history_from_json(loop["history"])
-    fault_run, fault_step = fault if fault is not None else (-1, -1)
+        curves = _history_from_json(loop.get("curves", []))
+        if loop.get("max_multipliers") is not None:
+            max_multipliers = np.asarray(loop["max_multipliers"], np.float64)
+    fault_runs, fault_step = fault if fault is not None else ((), -1)
+    fault_mask = np.zeros((num_runs,), bool)
+    fault_mask[np.asarray(fault_runs, int).reshape(-1)] = True
+    with_data = data is not None or extras is not None
+    if extras is None:
+        extras = jnp.zeros((num_runs,), jnp.float32)  # a placeholder to vmap over
+    if shardings is not None:
+        states, keys, frozen, extras = shardings.put_runs((states, keys, frozen, extras))
+        data = shardings.put_replicated(data)
 
-    def one_step(carry, _):
+    def one_step(carry, _, data, keys, extras):
         states, frozen = carry
 
-        def run_step(state, key, run):
-            batch = make_batch(key, state.step)
+        def run_step(state, key, run, extra):
+            if with_data:
+                batch = make_batch(key, state.step, data, extra)
+            else:
+                batch = make_batch(key, state.step)
+            if shardings is not None:
+                batch = shardings.constrain_batch(batch)
             if fault is not None:
-                poison = (run == fault_run) & (state.step + 1 == fault_step)
+                poison = jnp.asarray(fault_mask)[run] & (state.step + 1 == fault_step)
                 batch = jax.tree.map(
                     lambda b: (
                         jnp.where(poison, jnp.nan, b)
@@ -156,7 +195,10 @@ def train_group(
                 )
             return step_fn(state, batch, key)
 
-        new_states, metrics = jax.vmap(run_step)(states, keys, jnp.arange(num_runs))
+        vmapped = jax.vmap(
+            run_step, spmd_axis_name=None if shardings is None else shardings.run_axis
+        )
+        new_states, metrics = vmapped(states, keys, jnp.arange(num_runs), extras)
         finite = jnp.ones(frozen.shape, bool)
         for name in watch:
             if name in metrics:
@@ -176,20 +218,35 @@ def train_group(
     def chunk_fn(n: int):
         if n not in compiled:
 
-            def f(states, frozen):
-                return jax.lax.scan(one_step, (states, frozen), None, length=n)
+            def f(states, frozen, data, keys, extras):
+                body = functools.partial(one_step, data=data, keys=keys, extras=extras)
+                return jax.lax.scan(body, (states, frozen), None, length=n)
 
             compiled[n] = jax.jit(f, donate_argnums=(0,))
         return compiled[n]
 
-    done = int(np.asarray(jax.device_get(states.step)).reshape(-1)[0])
+    fetch = jax.device_get if shardings is None else shardings.to_host
+    done = int(np.asarray(fetch(states.step)).reshape(-1)[0])
     if progress is not None and done:
         progress.update(done)
     last_saved = resumed_from
     for end in chunk_boundaries(done, num_steps, chunk_steps, every):
         n = end - done
-        (states, frozen), metrics = chunk_fn(n)(states, frozen)
-        metrics = jax.device_get(metrics)  # [n, R, ...]
+        (states, frozen), metrics = chunk_fn(n)(states, frozen, data, keys, extras)
+        metrics = fetch(metrics)  # [n, R, ...]
+        if "multipliers" in metrics:
+            with warnings.catch_warnings():  # a diverged run's NaN multipliers are expected
+                warnings.simplefilter("ignore", RuntimeWarning)
+                chunk_max = np.nanmax(np.asarray(metrics["multipliers"], np.float64), axis=0)
+            max_multipliers = (
+                chunk_max if max_multipliers is None else np.fmax(max_multipliers, chunk_max)
+            )
+        for i in range(n):
+            if (done + i + 1) % curve_every == 0 or i == n - 1:
+                curves.append(
+                    {"step": np.asarray(done + i + 1)}
+                    | {k: np.asarray(v[i]) for k, v in metrics.items() if k in CURVE_METRICS}
+                )
         for r in range(num_runs):
             if divergences[r] is not None:
                 continue
@@ -221,9 +278,13 @@ def train_group(
                 done,
                 states,
                 {
-                    "frozen": np.asarray(jax.device_get(frozen)).tolist(),
+                    "frozen": np.asarray(fetch(frozen)).tolist(),
                     "divergences": [None if d is None else d.to_json() for d in divergences],
                     "history": _history_to_json(history),
+                    "curves": _history_to_json(curves),
+                    "max_multipliers": (
+                        None if max_multipliers is None else max_multipliers.tolist()
+                    ),
                 },
             )
             last_saved = done
@@ -237,5 +298,11 @@ def train_group(
     if checkpointer is not None:
         checkpointer.wait()
     return LoopResult(
-        states, history, np.asarray(jax.device_get(frozen)), divergences, resumed_from
+        states,
+        history,
+        np.asarray(fetch(frozen)),
+        divergences,
+        resumed_from,
+        curves,
+        max_multipliers,
     )

@@ -10,13 +10,10 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from cudt.io import savefig_atomic  # noqa: E402
+from cudt.io import savefig_atomic
 
 __all__ = ["plot_layer_losses", "plot_metric_vs_gamma", "plot_ratio_histograms"]
 
@@ -40,8 +37,11 @@ def _axes(n):
     return fig, axes[0]
 
 
-def plot_layer_losses(runs, path: str | Path, *, gamma_index: int, title: str = "") -> None:
-    """Mean test loss at every layer (the paper's Figures 1 and 7), log scale."""
+def plot_layer_losses(
+    runs, path: str | Path, *, gamma_index: int | None = None, title: str = ""
+) -> None:
+    """Mean test loss at every layer (the paper's Figures 1 and 7), log scale, at test γ index
+    ``gamma_index`` (None: each run's own γ_train)."""
     groups = _by_model(runs)
     fig, axes = _axes(len(groups))
     for ax, (name, group) in zip(axes, groups.items(), strict=True):
@@ -55,7 +55,10 @@ def plot_layer_losses(runs, path: str | Path, *, gamma_index: int, title: str = 
                     label=f"{LABELS[run['constrained']]} seed {run['seed']}: diverged",
                 )
                 continue
-            losses = np.asarray(run["layer_loss"][gamma_index], float)
+            gi = gamma_index
+            if gi is None:
+                gi = run["test_gamma"].index(run["gamma_train"])
+            losses = np.asarray(run["layer_loss"][gi], float)
             label = LABELS[run["constrained"]] if run["constrained"] not in seen else None
             seen.add(run["constrained"])
             ax.plot(

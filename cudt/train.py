@@ -26,7 +26,7 @@ import optax
 from cudt.constrained import DescentConfig, lagrangian_terms
 from cudt.dual import project_nonnegative, resilience_decay
 
-__all__ = ["TrainState", "make_train_step"]
+__all__ = ["TrainState", "make_train_step", "set_learning_rate"]
 
 LayerLosses = Callable[[Any, Any, jax.Array], jax.Array]
 
@@ -35,8 +35,12 @@ LayerLosses = Callable[[Any, Any, jax.Array], jax.Array]
 class TrainState:
     """Everything a run's future depends on, as one pytree (vmappable, checkpointable).
 
-    ``epsilon`` and ``reference`` are arrays in the state, not static config, so that a sweep
-    over them is a ``vmap`` over states of the same compiled step.
+    The run's hyperparameters are arrays in the state, not static config, so that a sweep over
+    them (and ERM next to constrained runs) is a ``vmap`` over states of ONE compiled step:
+    ``epsilon``, ``reference`` (with ``has_reference``), ``resilience`` (α; inf for hard
+    constraints), ``constrained`` (False: an ERM run, λ ≡ 0, no dual update), and the learning
+    rates when the optimisers are built with ``optax.inject_hyperparams`` (they then live in
+    ``opt_state`` / ``dual_state``; see :func:`set_learning_rate`).
     """
 
     step: jax.Array  # [] int32
@@ -47,11 +51,51 @@ class TrainState:
     slacks: jax.Array  # [L+1]; explicit resilience slacks (zeros unless resilience_mode="slack")
     slack_state: Any
     epsilon: jax.Array  # [L]
-    reference: jax.Array  # [] the bound C (unused when DescentConfig.reference is None)
+    reference: jax.Array  # [] the bound C (0 when has_reference is False)
+    has_reference: jax.Array  # [] bool: whether the reference constraint E ℓ_0 <= C is on
+    resilience: jax.Array  # [] α of the resilient relaxation; inf: hard constraints
+    constrained: jax.Array  # [] bool: False is ERM through the same step
 
 
 def _where_tree(pred, new, old):
     return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
+
+
+def _is_injected(node) -> bool:
+    return isinstance(node, optax.InjectStatefulHyperparamsState)
+
+
+def set_learning_rate(opt_state, value, name: str = "learning_rate"):
+    """``opt_state`` with the injected hyperparameter ``name`` set to ``value`` (float32).
+
+    The optimiser must be built with ``optax.inject_hyperparams`` (for example
+    ``optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)``), which keeps its learning
+    rate in its state, so runs stacked on a leading axis each train with their own. Raises a
+    ``ValueError`` naming the fix when no such hyperparameter is in the state.
+    """
+    found = []
+
+    def put(node):
+        if _is_injected(node) and name in node.hyperparams:
+            found.append(node)
+            hyper = dict(node.hyperparams)
+            hyper[name] = jnp.asarray(value, jnp.float32).reshape(jnp.shape(hyper[name]))
+            return node._replace(hyperparams=hyper)
+        return node
+
+    new_state = jax.tree.map(put, opt_state, is_leaf=_is_injected)
+    if not found:
+        raise ValueError(
+            f"cannot set {name}: the optimizer keeps no injected {name!r} in its state; build it "
+            f"with optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)({name}=1e-3)"
+        )
+    return new_state
+
+
+def _copy_tree(tree):
+    """Fresh buffers for every array leaf: the donating step may delete what the state holds,
+    and the caller's arrays must stay the caller's."""
+    return jax.tree.map(lambda x: jnp.array(x, copy=True) if hasattr(x, "shape") else x, tree)
 
 
 def make_train_step(
@@ -72,12 +116,20 @@ def make_train_step(
       dual_optimizer: a dual transformation from :mod:`cudt.dual` (``cudt.dual_ascent(lr)``,
         ``cudt.dual_adam(lr)`` or ``cudt.as_dual(any_optax_optimizer)``): it takes the
         constraint values and returns additive, projected multiplier updates.
-      config: the constraints; ``DescentConfig(num_layers=L, constrained=False)`` is ERM.
+      config: the constraints; ``DescentConfig(num_layers=L, constrained=False)`` is ERM. Its
+        epsilon, reference, resilience and constrained are the *defaults* of the per-run values
+        that ``init`` puts in the state; the rest (layers, warm-up, slack mode) is static.
       project_params: applied to the parameters after every primal update (e.g. the UT's
         eigenvalue clipping, :func:`cudt.models.ut_project`).
       jit: False returns the pure step, to be composed (``vmap`` over seeds, ``scan`` over
         steps) and jitted by the caller.
       donate: donate the input state's buffers to the jitted step (saves a copy of the state).
+        ``init`` copies the params it is given, so the caller's arrays are never donated.
+
+    ``init(params, *, epsilon=None, reference=None, resilience=None, constrained=None, lr=None,
+    dual_lr=None)`` overrides the config's values for one run (arrays under ``vmap``: a sweep).
+    ``reference`` NaN means no reference constraint; ``resilience`` inf means hard constraints.
+    ``lr`` / ``dual_lr`` need optimisers built with ``optax.inject_hyperparams``.
 
     ``metrics`` is a flat dict: ``objective`` (mean ℓ_L), ``lagrangian``, ``layer_loss`` [L+1],
     ``constraint`` [L+1] (g), ``multipliers`` [L+1] and ``slacks`` [L+1] (after the step),
@@ -85,29 +137,56 @@ def make_train_step(
     """
     cfg = config
     num_states = cfg.num_layers + 1
-    if cfg.constrained and cfg.resilience is not None and cfg.resilience_mode == "decay":
-        dual_tx = optax.chain(resilience_decay(cfg.resilience), dual_optimizer)
-    else:
-        dual_tx = dual_optimizer
+    decay = cfg.resilience_mode == "decay"
     slack_tx = optax.chain(optax.sgd(cfg.slack_lr), project_nonnegative())
-    alpha = cfg.resilience if cfg.uses_slacks else None
 
-    def init(params, *, epsilon=None, reference=None) -> TrainState:
+    def dual_tx(alpha):
+        # The resilient decay g - λ/α is a stateless transform in front of the dual optimiser;
+        # α = inf makes it the identity (hard constraints), so α can differ per run.
+        if decay:
+            return optax.chain(resilience_decay(alpha), dual_optimizer)
+        return dual_optimizer
+
+    def init(
+        params,
+        *,
+        epsilon=None,
+        reference=None,
+        resilience=None,
+        constrained=None,
+        lr=None,
+        dual_lr=None,
+    ) -> TrainState:
         eps = cfg.epsilon_array if epsilon is None else epsilon
         eps = jnp.broadcast_to(jnp.asarray(eps, jnp.float32), (cfg.num_layers,))
         ref = cfg.reference if reference is None else reference
+        ref = jnp.asarray(jnp.nan if ref is None else ref, jnp.float32)
+        has_ref = jnp.isfinite(ref)
+        alpha = cfg.resilience if resilience is None else resilience
+        alpha = jnp.asarray(jnp.inf if alpha is None else alpha, jnp.float32)
+        flag = cfg.constrained if constrained is None else constrained
+        params = _copy_tree(params)
+        opt_state = optimizer.init(params)
+        if lr is not None:
+            opt_state = set_learning_rate(opt_state, lr)
         # Fresh buffers for each field: a shared one could not be donated twice.
         zeros = lambda: jnp.zeros((num_states,), jnp.float32)  # noqa: E731
+        dual_state = dual_tx(alpha).init(zeros())
+        if dual_lr is not None:
+            dual_state = set_learning_rate(dual_state, dual_lr)
         return TrainState(
             step=jnp.zeros((), jnp.int32),
             params=params,
-            opt_state=optimizer.init(params),
+            opt_state=opt_state,
             multipliers=zeros(),
-            dual_state=dual_tx.init(zeros()),
+            dual_state=dual_state,
             slacks=zeros(),
             slack_state=slack_tx.init(zeros()),
             epsilon=eps,
-            reference=jnp.asarray(0.0 if ref is None else ref, jnp.float32),
+            reference=jnp.where(has_ref, ref, 0.0),
+            has_reference=has_ref,
+            resilience=alpha,
+            constrained=jnp.asarray(flag, bool),
         )
 
     def objective(params, multipliers, slacks, state: TrainState, batch, key):
@@ -118,9 +197,15 @@ def make_train_step(
                 f"(layers 0..{cfg.num_layers}), got {losses.shape}: check num_layers in "
                 "DescentConfig matches the model"
             )
-        reference = state.reference if cfg.reference is not None else None
+        alpha = state.resilience if cfg.uses_slacks else None
         lag, mean_losses, g = lagrangian_terms(
-            losses.astype(jnp.float32), multipliers, slacks, state.epsilon, reference, alpha
+            losses.astype(jnp.float32),
+            multipliers,
+            slacks,
+            state.epsilon,
+            state.reference,
+            alpha,
+            reference_active=state.has_reference,
         )
         return lag, (mean_losses, g)
 
@@ -139,43 +224,45 @@ def make_train_step(
 
         multipliers, dual_state = state.multipliers, state.dual_state
         slacks, slack_state = state.slacks, state.slack_state
-        if cfg.constrained:
-            # g_mult = ∇_λ𝓛 = g − u, evaluated at the pre-step parameters and multipliers.
-            dual_updates, new_dual_state = dual_tx.update(g_mult, dual_state, multipliers)
-            new_multipliers = optax.apply_updates(multipliers, dual_updates)
-            if cfg.uses_slacks:
-                slack_updates, new_slack_state = slack_tx.update(g_slacks, slack_state, slacks)
-                new_slacks = optax.apply_updates(slacks, slack_updates)
-            else:
-                new_slacks, new_slack_state = slacks, slack_state
-            if cfg.warmup_steps > 0:
-                active = state.step >= cfg.warmup_steps
-                new_multipliers = jnp.where(active, new_multipliers, multipliers)
-                new_dual_state = _where_tree(active, new_dual_state, dual_state)
-                new_slacks = jnp.where(active, new_slacks, slacks)
-                new_slack_state = _where_tree(active, new_slack_state, slack_state)
-            if cfg.uses_slacks and cfg.slack_restart_steps is not None:
-                restart = (state.step + 1) % cfg.slack_restart_steps == 0
-                new_slacks = jnp.where(restart, jnp.zeros_like(new_slacks), new_slacks)
-            multipliers, dual_state = new_multipliers, new_dual_state
-            slacks, slack_state = new_slacks, new_slack_state
+        # g_mult = ∇_λ𝓛 = g − u, evaluated at the pre-step parameters and multipliers.
+        dual_updates, new_dual_state = dual_tx(state.resilience).update(
+            g_mult, dual_state, multipliers
+        )
+        new_multipliers = optax.apply_updates(multipliers, dual_updates)
+        if cfg.uses_slacks:
+            slack_updates, new_slack_state = slack_tx.update(g_slacks, slack_state, slacks)
+            new_slacks = optax.apply_updates(slacks, slack_updates)
+        else:
+            new_slacks, new_slack_state = slacks, slack_state
+        # ERM runs (and constrained ones during the primal warm-up) keep λ, u and the dual
+        # optimisers' states frozen: the same compiled step, with the duals switched off.
+        active = state.constrained
+        if cfg.warmup_steps > 0:
+            active = active & (state.step >= cfg.warmup_steps)
+        new_multipliers = jnp.where(active, new_multipliers, multipliers)
+        new_dual_state = _where_tree(active, new_dual_state, dual_state)
+        new_slacks = jnp.where(active, new_slacks, slacks)
+        new_slack_state = _where_tree(active, new_slack_state, slack_state)
+        if cfg.uses_slacks and cfg.slack_restart_steps is not None:
+            restart = (state.step + 1) % cfg.slack_restart_steps == 0
+            new_slacks = jnp.where(restart, jnp.zeros_like(new_slacks), new_slacks)
 
         new_state = state.replace(
             step=state.step + 1,
             params=params,
             opt_state=opt_state,
-            multipliers=multipliers,
-            dual_state=dual_state,
-            slacks=slacks,
-            slack_state=slack_state,
+            multipliers=new_multipliers,
+            dual_state=new_dual_state,
+            slacks=new_slacks,
+            slack_state=new_slack_state,
         )
         metrics = {
             "objective": mean_losses[-1],
             "lagrangian": lag,
             "layer_loss": mean_losses,
             "constraint": g,
-            "multipliers": multipliers,
-            "slacks": slacks,
+            "multipliers": new_multipliers,
+            "slacks": new_slacks,
             "grad_norm": optax.tree.norm(g_params),
         }
         return new_state, metrics

@@ -1,0 +1,276 @@
+"""The fields every experiment shares, their checks declared once, and what is sweepable.
+
+A task's config is a frozen dataclass that subclasses :class:`RunConfig` and adds its own
+fields. Every field is declared with :func:`flag`: its help text, and its check (``positive``,
+``at_least(n)``, ``in_range(lo, hi)``, ``one_of(...)``). The checks run in
+``RunConfig.__post_init__`` for the base fields and the task's alike, and every float field
+(scalar, optional or tuple) rejects NaN and infinities whatever its own check says. A task
+changes the default of a shared field with :func:`shared` (``steps: int = shared("steps",
+160)``), keeping its help and check, and adds cross-field checks in ``validate()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = [
+    "CONSTRAINT_ONLY",
+    "SWEEPABLE",
+    "RunConfig",
+    "at_least",
+    "flag",
+    "in_range",
+    "one_of",
+    "positive",
+    "shared",
+]
+
+# Hyperparameters that may take several values in one program (``--sweep NAME=V1,V2``): each is
+# an array in the train state (or handed to the batch), so a sweep is a vmap over runs.
+SWEEPABLE = ("epsilon", "reference", "lr", "dual_lr", "resilience", "gamma_train")
+# Those that only matter to constrained runs: ERM runs are not swept over them.
+CONSTRAINT_ONLY = ("epsilon", "reference", "dual_lr", "resilience")
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """A field's condition: ``ok(value)`` and how to say it (``"> 0"``, ``"lie in [0, 1)"``)."""
+
+    ok: Callable[[Any], bool]
+    text: str
+
+    def message(self, name: str, value, *, is_float: bool, many: bool) -> str:
+        shown = repr(value) if isinstance(value, str) else str(value)
+        if self.text[0] in "<>" and is_float:
+            what = "all be finite numbers" if many else "be a finite number"
+            return f"{name} must {what} {self.text}, got {shown}"
+        verb = "" if self.text.split()[0] in ("lie", "be") else "be "
+        return f"{name} must {'all ' if many else ''}{verb}{self.text}, got {shown}"
+
+
+positive = Check(lambda v: v > 0, "> 0")
+non_negative = Check(lambda v: v >= 0, ">= 0")
+
+
+def at_least(n) -> Check:
+    return Check(lambda v: v >= n, f">= {n}")
+
+
+def in_range(lo, hi) -> Check:
+    return Check(lambda v: lo <= v < hi, f"lie in [{lo:g}, {hi:g})")
+
+
+def one_of(*choices) -> Check:
+    return Check(lambda v: v in choices, f"be one of {', '.join(map(str, choices))}")
+
+
+def flag(default, help: str, *, check: Check | None = None, repeat: bool = False, **kw):
+    """A config field: its default, help text and check (applied to each element of a tuple,
+    skipped for None). ``repeat``: a flag given several times (``--sweep A --sweep B``)."""
+    metadata = {"help": help, "check": check, "repeat": repeat}
+    if isinstance(default, list | dict | set):
+        raise TypeError("use a tuple default for a config field")
+    return dataclasses.field(default=default, metadata=metadata, **kw)
+
+
+def shared(name: str, default):
+    """A shared field of :class:`RunConfig` with another default (same help and check)."""
+    base = {f.name: f for f in dataclasses.fields(RunConfig)}[name]
+    return dataclasses.field(default=default, metadata=base.metadata)
+
+
+def _is_float_type(tp) -> bool:
+    if tp is float:
+        return True
+    args = typing.get_args(tp)
+    return any(_is_float_type(a) for a in args if a is not type(None) and a is not Ellipsis)
+
+
+def _flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """What every experiment shares: runs, training, constraints, evaluation and output."""
+
+    # -- runs --------------------------------------------------------------------------------
+    seeds: int = flag(2, "seeds per setting, trained together (vmap)", check=at_least(1))
+    seed: int = flag(0, "first seed; also seeds the data", check=non_negative)
+    sweep: tuple[str, ...] = flag(
+        (),
+        "NAME=V1,V2,...: train every value of NAME (one of " + ", ".join(SWEEPABLE) + "); "
+        "repeat for a Cartesian product; all points x seeds train as one program per model "
+        "structure",
+        repeat=True,
+    )
+    # -- training ----------------------------------------------------------------------------
+    steps: int = flag(800, "training steps per run", check=at_least(1))
+    batch_size: int = flag(32, "examples per batch", check=at_least(1))
+    lr: float | None = flag(None, "primal Adam learning rate (default: the task's)", check=positive)
+    gamma_train: float = flag(0.5, "training perturbation level gamma", check=non_negative)
+    test_gammas: tuple[float, ...] | None = flag(
+        None, "test perturbation levels (default: the task's grid)", check=non_negative
+    )
+    # -- constraints -------------------------------------------------------------------------
+    epsilon: float = flag(
+        0.1, "descent factor: l_l <= (1-eps) l_{l-1}", check=in_range(0.0, 1.0)
+    )
+    reference: str = flag(
+        "none",
+        "bound C of the reference constraint E l_0 <= C: a number, none, or (classification) "
+        "chance = ln(number of classes)",
+    )
+    resilience: float | None = flag(
+        None, "resilience alpha (none: hard constraints)", check=positive
+    )
+    resilience_mode: str = flag(
+        "decay",
+        "decay (dual weight decay 1/alpha) or slack (explicit slacks, restarted every epoch)",
+        check=one_of("decay", "slack"),
+    )
+    slack_lr: float = flag(1e-2, "learning rate of explicit slacks", check=positive)
+    dual_optimizer: str = flag("adam", "adam (the paper) or sgd", check=one_of("adam", "sgd"))
+    dual_lr: float = flag(5e-2, "dual learning rate", check=positive)
+    warmup_steps: int | None = flag(
+        None, "primal warm-up steps with duals frozen (default: one epoch)", check=non_negative
+    )
+    tolerance: float = flag(
+        0.05,
+        "feasibility tolerance on held-out data, relative to the previous layer's loss",
+        check=non_negative,
+    )
+    # -- loop, evaluation, devices -----------------------------------------------------------
+    chunk_steps: int = flag(100, "steps per compiled chunk (log every)", check=at_least(1))
+    eval_batch_size: int = flag(512, "examples per evaluation batch", check=at_least(1))
+    devices: int | None = flag(
+        None, "use at most this many devices (default: every visible one)", check=at_least(1)
+    )
+    distributed: bool = flag(
+        False,
+        "multi-host job: call jax.distributed.initialize() first (SLURM, TPU VM, or the "
+        "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID variables)",
+    )
+    # -- output ------------------------------------------------------------------------------
+    checkpoint_every: int | None = flag(
+        None, "steps between checkpoints (default: every chunk)", check=at_least(1)
+    )
+    keep_checkpoints: int = flag(2, "checkpoints kept per group", check=at_least(1))
+    out: str | None = flag(
+        None,
+        "output folder (default: a fresh runs/<experiment>-<time>); rerunning with the same "
+        "--out and flags resumes from its checkpoints",
+    )
+    resume: bool = flag(
+        False,
+        "require a checkpoint in --out to resume from (resuming is automatic when --out holds "
+        "checkpoints of the same config)",
+    )
+    overwrite: bool = flag(False, "discard results and checkpoints already in --out")
+    inject_nan: tuple[str, ...] | None = flag(
+        None,
+        "fault injection for testing divergence handling: MODEL,KIND,SEED,STEP (e.g. "
+        "ut,constrained,0,30) makes the batch of that run (every sweep point of it) NaN at STEP",
+    )
+
+    # Fields that do not change what a run computes: a checkpoint stays valid when only these
+    # differ (a class attribute, not a field).
+    RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
+        "out",
+        "overwrite",
+        "resume",
+        "eval_batch_size",
+        "devices",
+        "distributed",
+    )
+
+    def __post_init__(self):
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            many = isinstance(value, tuple)
+            values = value if many else (value,)
+            name = _flag_name(f.name)
+            is_float = _is_float_type(hints[f.name])
+            check = f.metadata.get("check")
+            for v in values:
+                finite = not (isinstance(v, float) and not math.isfinite(v))
+                if finite and (check is None or check.ok(v)):
+                    continue
+                if check is None:
+                    what = "all be finite numbers" if many else "be a finite number"
+                    raise ValueError(f"{name} must {what}, got {v}")
+                raise ValueError(check.message(name, v, is_float=is_float, many=many))
+        self._validate_shared()
+        self.validate()
+
+    def _validate_shared(self) -> None:
+        def need(cond, msg):
+            if not cond:
+                raise ValueError(msg)
+
+        need(
+            not (self.resume and self.overwrite),
+            "--resume and --overwrite contradict each other: pass one of them",
+        )
+        need(
+            self.resilience_mode == "decay" or self.resilience is not None,
+            "--resilience-mode slack needs --resilience ALPHA",
+        )
+        need(
+            _is_reference(self.reference),
+            f"--reference must be chance, none or a finite number, got {self.reference!r}",
+        )
+        if self.inject_nan is not None:
+            parts = self.inject_nan
+            ok = (
+                len(parts) == 4
+                and parts[1] in ("ERM", "constrained")
+                and parts[2].isdigit()
+                and parts[3].isdigit()
+                and int(parts[3]) >= 1
+            )
+            need(
+                ok,
+                "--inject-nan must be MODEL,KIND,SEED,STEP with KIND ERM or constrained (e.g. "
+                f"ut,constrained,0,30), got {','.join(parts)!r}",
+            )
+            need(
+                self.seed <= int(parts[2]) < self.seed + self.seeds,
+                f"--inject-nan seed {parts[2]} is not among the seeds trained "
+                f"({self.seed}..{self.seed + self.seeds - 1})",
+            )
+        # Sweep syntax is checked here so a typo fails before any data is read.
+        from cudt.runner.sweep import parse_sweeps
+
+        parse_sweeps(self)
+
+    def validate(self) -> None:
+        """Cross-field checks of a task's config: raise ValueError with the flag and the fix."""
+
+    @property
+    def seed_list(self) -> list[int]:
+        return [self.seed + i for i in range(self.seeds)]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fields a checkpoint depends on (the config minus output-only fields)."""
+        ignore = set(self.RESUME_IGNORES)
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ignore}
+
+
+def _is_reference(text: str) -> bool:
+    if str(text).lower() in ("chance", "none"):
+        return True
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def model_list(value: Sequence[str]) -> tuple[str, ...]:
+    return tuple(value)

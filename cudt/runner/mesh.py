@@ -1,0 +1,141 @@
+"""Devices: a mesh over every visible device, with a run axis and a batch axis.
+
+Runs of a group (sweep points × seeds) are independent, so their stacked states, keys and
+per-run values are split over the mesh's ``run`` axis; each run's batch is split over its
+``data`` axis (data parallelism inside a run). Everything shared by the runs (training examples,
+frozen tables) is replicated. The vmapped step is compiled once with ``jax.jit`` over
+``NamedSharding``-placed arguments; ``vmap(..., spmd_axis_name="run")`` tells the partitioner
+that the vmapped axis is the run axis. No ``pmap``.
+
+The mesh shape is chosen per group: ``run`` = the largest divisor of the device count that
+divides the number of runs, ``data`` = the largest divisor of the remaining devices that
+divides the batch size; devices that fit neither are left idle (``Shardings.devices`` says how
+many are used). Multi-host jobs call :func:`initialize_distributed` first; host-side reads
+then gather the global arrays (:meth:`Shardings.to_host`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+__all__ = ["Shardings", "initialize_distributed", "make_shardings", "mesh_shape"]
+
+RUN, DATA = "run", "data"
+
+
+def initialize_distributed() -> None:
+    """``jax.distributed.initialize()`` for a multi-host job (SLURM, TPU VM, or the
+    ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID`` variables): every
+    process then sees every device of the job, and the mesh spans them all."""
+    if jax.distributed.is_initialized():
+        return
+    jax.distributed.initialize()
+
+
+def _largest_divisor(n: int, of: int) -> int:
+    """The largest divisor of ``n`` that also divides ``of``."""
+    return math.gcd(n, of)
+
+
+def mesh_shape(num_devices: int, num_runs: int, batch_size: int) -> tuple[int, int]:
+    """``(run, data)`` sizes of the mesh for a group (see the module docstring)."""
+    run = _largest_divisor(num_devices, num_runs)
+    data = _largest_divisor(num_devices // run, batch_size)
+    return run, data
+
+
+@dataclasses.dataclass(frozen=True)
+class Shardings:
+    """Where a group's arrays live: the run axis, the batch axis, replicated data."""
+
+    mesh: Mesh
+    run_axis: str = RUN
+    data_axis: str = DATA
+
+    @property
+    def devices(self) -> int:
+        return int(self.mesh.devices.size)
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return dict(self.mesh.shape)
+
+    def runs(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P(self.run_axis))
+
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P())
+
+    def put_runs(self, tree: Any) -> Any:
+        """Places every leaf of ``tree`` split along its leading (run) axis."""
+        return _put(tree, self.runs())
+
+    def put_replicated(self, tree: Any) -> Any:
+        return _put(tree, self.replicated())
+
+    def constrain_batch(self, batch: Any) -> Any:
+        """Splits a run's examples over the data axis (inside the vmapped step: ``[R, B, ...]``
+        then lies on ``(run, data)``). Only ``batch.examples`` when the batch has it, so
+        frozen tables travelling with the batch stay replicated."""
+        spec = NamedSharding(self.mesh, P(self.data_axis))
+        if self.mesh.shape[self.data_axis] == 1:
+            return batch
+
+        def constrain(x):
+            return jax.lax.with_sharding_constraint(x, spec) if getattr(x, "ndim", 0) else x
+
+        if hasattr(batch, "examples") and hasattr(batch, "_replace"):
+            return batch._replace(examples=jax.tree.map(constrain, batch.examples))
+        return jax.tree.map(constrain, batch)
+
+    def to_host(self, tree: Any) -> Any:
+        """numpy copies of (possibly sharded, possibly multi-host) arrays."""
+        if jax.process_count() == 1:
+            return jax.device_get(tree)
+        from jax.experimental import multihost_utils
+
+        return jax.tree.map(
+            np.asarray, multihost_utils.process_allgather(tree, tiled=True)
+        )  # pragma: no cover - multi-host only
+
+
+def _put(tree: Any, sharding: NamedSharding) -> Any:
+    if tree is None:
+        return None
+    return jax.tree.map(lambda x: jax.device_put(x, sharding), tree)
+
+
+def make_shardings(
+    num_runs: int, batch_size: int, max_devices: int | None = None
+) -> Shardings | None:
+    """The shardings of a group of ``num_runs`` runs with batches of ``batch_size``, over every
+    visible device (at most ``max_devices``); None with a single device (plain placement)."""
+    devices = jax.devices()
+    if max_devices is not None:
+        devices = devices[:max_devices]
+    if len(devices) == 1 and jax.process_count() == 1:
+        return None
+    run, data = mesh_shape(len(devices), num_runs, batch_size)
+    grid = np.asarray(devices[: run * data], dtype=object).reshape(run, data)
+    return Shardings(Mesh(grid, (RUN, DATA)))
+
+
+def visible_devices() -> int:
+    return jax.device_count()
+
+
+def forced_cpu_devices() -> int | None:
+    """The count forced by ``XLA_FLAGS=--xla_force_host_platform_device_count=N``, if any."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    for part in flags.split():
+        if part.startswith("--xla_force_host_platform_device_count="):
+            return int(part.split("=", 1)[1])
+    return None

@@ -1,0 +1,142 @@
+"""``--sweep NAME=V1,V2,...``: hyperparameter sweeps trained as one program.
+
+Every sweepable hyperparameter (:data:`cudt.runner.config.SWEEPABLE`) is an array in the train
+state or in the batch, so the Cartesian product of the swept values × the seeds is one stack of
+runs, vmapped over by one compiled step per model structure. ERM runs are swept only over what
+changes them (``lr``, ``gamma_train``): the constraint hyperparameters do not, so they are not
+repeated. Every run carries ``hparams``, the values of every sweepable field it trained with
+(None for a constraint hyperparameter of an ERM run: it has none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Any
+
+from cudt.runner.config import CONSTRAINT_ONLY, SWEEPABLE
+
+__all__ = ["RunSpec", "expand_runs", "parse_sweeps", "swept_suffix"]
+
+SHORT = {
+    "epsilon": "eps",
+    "reference": "C",
+    "lr": "lr",
+    "dual_lr": "dlr",
+    "resilience": "alpha",
+    "gamma_train": "gamma",
+}
+
+
+def _parse_value(cfg, name: str, text: str):
+    """One swept value, checked like the flag itself."""
+    from cudt.runner.config import RunConfig
+
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    if name == "reference":
+        from cudt.runner.config import _is_reference
+
+        if not _is_reference(text):
+            raise ValueError(
+                f"--sweep reference: {text!r} is not chance, none or a finite number"
+            )
+        return text.lower() if text.lower() in ("chance", "none") else str(float(text))
+    if name == "resilience" and text.lower() == "none":
+        if cfg.resilience_mode == "slack":
+            raise ValueError(
+                "--sweep resilience: none is not allowed with --resilience-mode slack (explicit "
+                "slacks need an alpha): drop none or use --resilience-mode decay"
+            )
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"--sweep {name}: {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"--sweep {name}: values must be finite numbers, got {text}")
+    check = fields[name].metadata["check"]
+    if not check.ok(value):
+        raise ValueError(
+            "--sweep " + check.message(name, value, is_float=True, many=True).replace("_", "-")
+        )
+    return value
+
+
+def parse_sweeps(cfg) -> dict[str, tuple]:
+    """``{name: values}`` from ``cfg.sweep`` (``("epsilon=0.05,0.1", "lr=1e-3,3e-4")``), in the
+    order given; a ValueError names a malformed item, an unknown name or a bad value."""
+    sweeps: dict[str, tuple] = {}
+    for item in cfg.sweep:
+        name, sep, values = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or not name:
+            raise ValueError(f"--sweep {item!r} must be NAME=V1,V2,... (e.g. epsilon=0.05,0.1)")
+        if name not in SWEEPABLE:
+            raise ValueError(
+                f"--sweep {name} is not sweepable: choose from {', '.join(SWEEPABLE)}"
+            )
+        if name in sweeps:
+            raise ValueError(f"--sweep {name} is given twice: list all its values in one --sweep")
+        texts = [v.strip() for v in values.split(",") if v.strip()]
+        if not texts:
+            raise ValueError(f"--sweep {name}= needs at least one value")
+        parsed = [_parse_value(cfg, name, t) for t in texts]
+        unique = list(dict.fromkeys(parsed))
+        sweeps[name] = tuple(unique)
+    return sweeps
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One run: a model, ERM or constrained, a seed and its hyperparameters."""
+
+    model: str
+    constrained: bool
+    seed: int
+    hparams: tuple[tuple[str, Any], ...]  # every sweepable field, in SWEEPABLE order
+    point: int  # index of the sweep point (among this kind's points)
+
+    @property
+    def hp(self) -> dict[str, Any]:
+        return dict(self.hparams)
+
+    @property
+    def kind(self) -> str:
+        return "constrained" if self.constrained else "ERM"
+
+
+def base_hparams(cfg, lr: float) -> dict[str, Any]:
+    hp = {name: getattr(cfg, name) for name in SWEEPABLE}
+    hp["lr"] = lr
+    if hp["reference"] is not None:
+        ref = str(hp["reference"]).lower()
+        hp["reference"] = ref if ref in ("chance", "none") else str(float(ref))
+    return hp
+
+
+def expand_runs(cfg, models, default_lr) -> list[RunSpec]:
+    """Every run of ``cfg``: for each model, ERM then constrained, each sweep point, each
+    seed. ``default_lr(model)`` gives the learning rate when ``cfg.lr`` is None."""
+    sweeps = parse_sweeps(cfg)
+    specs = []
+    for model in models:
+        lr = cfg.lr if cfg.lr is not None else default_lr(model)
+        for constrained in (False, True):
+            names = [n for n in sweeps if constrained or n not in CONSTRAINT_ONLY]
+            for point, combo in enumerate(itertools.product(*(sweeps[n] for n in names))):
+                hp = base_hparams(cfg, lr) | dict(zip(names, combo, strict=True))
+                if not constrained:
+                    hp |= {n: None for n in CONSTRAINT_ONLY}
+                items = tuple((n, hp[n]) for n in SWEEPABLE)
+                for seed in cfg.seed_list:
+                    specs.append(RunSpec(model, constrained, seed, items, point))
+    return specs
+
+
+def swept_suffix(spec: RunSpec, swept: list[str]) -> str:
+    """``eps=0.05 lr=0.001``: the swept values of a run (what tells it from its siblings)."""
+    hp = spec.hp
+    parts = [f"{SHORT[n]}={hp[n]:g}" if isinstance(hp[n], float) else f"{SHORT[n]}={hp[n]}"
+             for n in swept if hp[n] is not None]
+    return " ".join(parts)

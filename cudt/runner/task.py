@@ -1,0 +1,181 @@
+"""The task protocol: what a task says, and nothing else.
+
+A task (video denoising, text classification, ...) is a subclass of :class:`Task` in
+``cudt/tasks/``. It loads its data, builds the model of each group of runs with its per-sample
+layer losses and evaluation outputs, and turns evaluation outputs into its metrics, columns and
+figures. Validation, output folders, resume, fault injection, divergence, sweeps, devices,
+training, evaluation, best-run selection, results, tables, plots and TensorBoard logs live in
+:func:`cudt.runner.run` once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Hashable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from cudt.errors import UsageError
+from cudt.experiment import Column
+
+__all__ = ["EvalBatch", "GroupModel", "RunBatch", "Task"]
+
+
+class RunBatch(NamedTuple):
+    """What a group's ``layer_losses(params, batch, key)`` receives at every training step."""
+
+    examples: Any  # the task's examples, [B, ...] leaves (split over the mesh's data axis)
+    gamma: jax.Array  # [] this run's training perturbation level
+    frozen: Any  # frozen tables shared by every run: jit arguments, not baked-in constants
+
+
+class EvalBatch(NamedTuple):
+    examples: Any  # [B, ...] leaves (every batch of a split has the same B)
+    index: np.ndarray  # [B] example indices (noise is a function of the index, not the batch)
+    count: int  # the first ``count`` rows are real, the rest pad the batch to its size
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GroupModel:
+    """One model structure, as the runner sees it: pure functions and their frozen inputs.
+
+    Attributes:
+      name: the model's name (``dust``, ``minilm``, ...).
+      num_layers: L, so per-sample losses are ``[B, L+1]``.
+      init: ``key -> params`` of one run.
+      layer_losses: ``(params, RunBatch, key) -> [B, L+1]``.
+      eval_outputs: ``(params, frozen, examples, index [B], gamma, key) -> {name: [B, S]}``
+        for one run; ``"losses"`` (per-sample layer losses) is required, anything else
+        (``"correct"``) is handed to :meth:`Task.run_metrics`.
+      frozen: arrays every run reads and none trains (a word-embedding table).
+      project: applied to the params after every optimizer step (or None).
+      record: extra fields of every run record of this group (``blocks``, ``granularity``).
+    """
+
+    name: str
+    num_layers: int
+    init: Callable[[jax.Array], Any]
+    layer_losses: Callable[[Any, RunBatch, jax.Array], jax.Array]
+    eval_outputs: Callable[..., dict[str, jax.Array]]
+    frozen: Any = None
+    project: Callable[[Any], Any] | None = None
+    record: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Task:
+    """Base class of the tasks: override what your task needs (see ``cudt/tasks/video.py``)."""
+
+    name: str = "task"  # runs/<name>-<time>, results.json "experiment"
+    config_cls: type = None  # the task's RunConfig subclass
+    selection: tuple[str, bool] = ("val_objective", False)  # run key, higher is better
+    figures_written: tuple[str, ...] = ()
+
+    # -- data ------------------------------------------------------------------------------
+    def load(self, cfg) -> Any:
+        """Reads the data (every data error raised here, before anything is written)."""
+        raise NotImplementedError
+
+    def describe(self, cfg, data) -> list[str]:
+        """Lines printed once the data (and models) are read."""
+        return []
+
+    def fingerprint(self, cfg, data) -> dict[str, Any]:
+        """What checkpoints depend on besides the config (the data, pretrained folders)."""
+        return {}
+
+    def config_extras(self, cfg, data) -> dict[str, Any]:
+        """Derived values written into results.json's config."""
+        return {}
+
+    def train_examples(self, data) -> Any:
+        """The training examples, a pytree of ``[N, ...]`` arrays (moved to the devices once)."""
+        raise NotImplementedError
+
+    def eval_batches(self, data, split: str, model: GroupModel, batch_size: int):
+        """``Iterator[EvalBatch]`` over ``split`` (``"val"`` or ``"test"``), every batch of one
+        size. Default: ``train_examples``-like pytrees cut in order, the last batch padded."""
+        examples = self.split_examples(data, split)
+        n = self.split_size(data, split)
+        return cut_in_batches(examples, n, min(batch_size, n))
+
+    def split_examples(self, data, split: str) -> Any:
+        raise NotImplementedError
+
+    def split_size(self, data, split: str) -> int:
+        return jax.tree.leaves(self.split_examples(data, split))[0].shape[0]
+
+    # -- models ----------------------------------------------------------------------------
+    def model_names(self, cfg) -> list[str]:
+        raise NotImplementedError
+
+    def structure(self, cfg, name: str, constrained: bool) -> Hashable:
+        """What makes ERM and constrained models of ``name`` different programs (None: they
+        share one, ERM being a per-run flag)."""
+        return None
+
+    def build(self, cfg, data, name: str, structure: Hashable) -> GroupModel:
+        raise NotImplementedError
+
+    def default_lr(self, cfg, name: str) -> float:
+        return 1e-3
+
+    def warmup_steps(self, cfg, steps_per_epoch: int) -> int:
+        """Primal warm-up: ``cfg.warmup_steps``, else one epoch."""
+        return steps_per_epoch if cfg.warmup_steps is None else cfg.warmup_steps
+
+    def resolve_reference(self, value: str | None, data) -> float | None:
+        """The bound C of ``E ℓ_0 <= C`` named by ``--reference`` (``none`` or a number)."""
+        if value is None or str(value).lower() == "none":
+            return None
+        if str(value).lower() == "chance":
+            raise UsageError(
+                f"--reference chance needs a classification task; {self.name} has no chance "
+                "level: pass a number or none"
+            )
+        value = float(value)
+        if not math.isfinite(value):
+            raise UsageError(f"--reference must be a finite number, got {value}")
+        return value
+
+    # -- evaluation and reports ------------------------------------------------------------
+    def test_gammas(self, cfg, gamma_trains: list[float]) -> list[float]:
+        raise NotImplementedError
+
+    def run_metrics(
+        self, cfg, test: dict[str, np.ndarray], val: dict[str, np.ndarray], gammas, gamma_train
+    ) -> dict[str, Any]:
+        """The task's metrics of one run from its evaluation outputs: ``test[name]`` is
+        ``[G, N, S]`` over the test γ grid, ``val[name]`` ``[N, S]`` at its γ_train."""
+        return {}
+
+    def metric_columns(self) -> list[Column]:
+        """Table columns after the run's identity (model, L, kind, seed, swept values)."""
+        return []
+
+    def after_columns(self) -> list[Column]:
+        """Table columns after the descent statistics, before feasibility."""
+        return []
+
+    def table_footer(self, runs: list[dict]) -> str:
+        return ""
+
+    def figures(self, runs, ratios, out: Path, gammas, cfg) -> list[Path]:
+        """Writes the task's figures into ``out``; returns their paths."""
+        return []
+
+
+def cut_in_batches(examples: Any, n: int, batch_size: int) -> Iterator[EvalBatch]:
+    """Consecutive batches of ``batch_size`` rows; the last one padded with its first row, so
+    every batch has one shape (one compiled evaluation program)."""
+    for start in range(0, n, batch_size):
+        index = np.arange(start, min(start + batch_size, n))
+        count = index.size
+        rows = np.concatenate([index, np.full(batch_size - count, index[0])]) if count < batch_size else index
+        batch = jax.tree.map(lambda a, rows=rows: np.asarray(a)[rows], examples)
+        # padded rows keep distinct indices, so their noise never aliases a real row's
+        full = np.arange(start, start + batch_size)
+        yield EvalBatch(batch, full, count)

@@ -1,0 +1,243 @@
+"""Video denoising with constrained unrolled transformers (the paper's Section 4), as a task.
+
+A sample is one 16×16 patch location over T consecutive frames, ``[T, P]`` with P = 256 pixels in
+[0, 1]. The model sees ``x̃ = x + γ·σ_x·n`` and returns every layer's reconstruction; the loss of
+layer l is the per-sample MSE of state l to the clean patches. The runner trains ERM and
+constrained versions of each model (sweep points × seeds in one program per model structure)
+and writes ``results.json``, plots and a summary table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from cudt import plots
+from cudt.data.video import VideoSplits, load_video_data, perturb
+from cudt.errors import UsageError
+from cudt.experiment import Column
+from cudt.metrics import rmse_255
+from cudt.models import DUST, UT, ut_project
+from cudt.runner.config import RunConfig, at_least, flag, non_negative, shared
+from cudt.runner.task import GroupModel, Task
+
+__all__ = ["DATASETS", "MODELS", "VideoConfig", "VideoTask", "build_model", "test_gamma_grid"]
+
+MODELS = ("dust", "ut")
+DATASETS = ("synthetic", "ucsd", "frames")
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoConfig(RunConfig):
+    """Flags of ``python -m experiments.video_denoise`` (shared ones: :class:`RunConfig`)."""
+
+    dataset: str = flag(
+        "synthetic",
+        "synthetic (embedded generator), ucsd (UCSD Anomaly frame folders) or frames "
+        "(generic root/{train,test}/<video>/<frame> folders)",
+    )
+    data_dir: str | None = flag(None, "folder of the frames")
+    models: tuple[str, ...] = flag(("dust", "ut"), "comma-separated models: dust, ut")
+    layers: int = flag(3, "number of unrolled layers L", check=at_least(1))
+    seq_len: int = flag(8, "frames per sequence T", check=at_least(1))
+    dust_atoms: int = flag(
+        20, "DUST overcomplete DCT atoms per dimension (K = atoms^2)", check=at_least(1)
+    )
+    dust_dictionary: str = flag(
+        "paper", "paper (shared for ERM, one per layer when constrained), shared, or per-layer"
+    )
+    dust_threshold: float = flag(0.01, "DUST soft threshold tau", check=non_negative)
+    ut_a: float = flag(
+        0.25,
+        "UT attention step a (the published code uses 1: then layer 1 averages all T frames "
+        "and no later layer can lower the loss on this data)",
+    )
+    ut_b: float = flag(1.0, "UT feed-forward step b")
+    num_videos: int = flag(20, "synthetic: number of videos")
+    num_frames: int = flag(32, "synthetic: frames per video")
+    max_videos: int | None = flag(
+        None, "read at most this many videos per split (frame folders)", check=at_least(1)
+    )
+    # shared fields with this experiment's defaults
+    lr: float | None = shared("lr", 1e-3)
+    gamma_train: float = shared("gamma_train", 0.5)
+    dual_lr: float = shared("dual_lr", 5e-2)
+
+    def validate(self) -> None:
+        def need(cond, msg):
+            if not cond:
+                raise ValueError(msg)
+
+        need(
+            self.dataset in DATASETS,
+            f"--dataset {self.dataset!r} is unknown: choose from {', '.join(DATASETS)}",
+        )
+        need(
+            self.dataset == "synthetic" or self.data_dir,
+            f"--dataset {self.dataset} needs --data-dir pointing at the frame folders",
+        )
+        bad = [m for m in self.models if m not in MODELS]
+        need(
+            not bad,
+            f"--models: unknown model {bad[0] if bad else ''!r}: choose from {', '.join(MODELS)}",
+        )
+        need(
+            self.dust_dictionary in ("paper", "shared", "per-layer"),
+            f"--dust-dictionary must be paper, shared or per-layer, got {self.dust_dictionary!r}",
+        )
+        need(
+            self.num_videos >= 3,
+            f"--num-videos must be >= 3 (train/val/test split by video), got {self.num_videos}",
+        )
+        need(
+            self.num_frames >= self.seq_len,
+            f"--num-frames ({self.num_frames}) must be >= --seq-len ({self.seq_len})",
+        )
+        need(
+            not self.inject_nan or self.inject_nan[0] in MODELS,
+            f"--inject-nan model must be one of {', '.join(MODELS)}",
+        )
+
+
+def build_model(name: str, cfg, *, per_layer_dictionary: bool, patch_dim: int):
+    """The module and the parameter projection applied after each optimizer step (or None)."""
+    if name == "ut":
+        model = UT(num_layers=cfg.layers, dim=patch_dim, a=cfg.ut_a, b=cfg.ut_b, init_scheme="dct")
+        return model, ut_project
+    if name == "dust":
+        model = DUST(
+            num_layers=cfg.layers,
+            patch_dim=patch_dim,
+            atoms_per_dim=cfg.dust_atoms,
+            per_layer_dictionary=per_layer_dictionary,
+            threshold=cfg.dust_threshold,
+        )
+        return model, None
+    raise UsageError(f"unknown model {name!r}: choose from {', '.join(MODELS)}")
+
+
+def test_gamma_grid(gamma_train: float, explicit=None) -> list[float]:
+    """The test γ grid: 0 to 4×γ_train (γ > γ_train is out of distribution)."""
+    if explicit:
+        return sorted({float(g) for g in explicit} | {float(gamma_train)})
+    if gamma_train == 0:
+        return [0.0, 0.05, 0.1, 0.15, 0.2, 0.3]
+    return [round(f * gamma_train, 6) for f in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)]
+
+
+class VideoTask(Task):
+    name = "video_denoise"
+    config_cls = VideoConfig
+    selection = ("val_objective", False)
+
+    def load(self, cfg) -> VideoSplits:
+        return load_video_data(
+            cfg.dataset,
+            cfg.data_dir,
+            seq_len=cfg.seq_len,
+            num_videos=cfg.num_videos,
+            num_frames=cfg.num_frames,
+            seed=cfg.seed,
+            max_videos=cfg.max_videos,
+        )
+
+    def describe(self, cfg, data) -> list[str]:
+        return [
+            f"data: {data.source}: train {data.train.shape[0]} / val {data.val.shape[0]} / test "
+            f"{data.test.shape[0]} sequences of {data.seq_len}x{data.train.shape[-1]}; "
+            f"sigma_x = {data.sigma:.4f}"
+        ]
+
+    def fingerprint(self, cfg, data) -> dict[str, Any]:
+        return {
+            "data_source": data.source,
+            "sigma_x": data.sigma,
+            "train_shape": list(data.train.shape),
+        }
+
+    def config_extras(self, cfg, data) -> dict[str, Any]:
+        return {"sigma_x": data.sigma, "data_source": data.source}
+
+    def train_examples(self, data):
+        return data.train
+
+    def split_examples(self, data, split: str):
+        return getattr(data, split)
+
+    def model_names(self, cfg) -> list[str]:
+        return list(cfg.models)
+
+    def structure(self, cfg, name: str, constrained: bool):
+        # The paper keeps one dictionary per layer in constrained DUST only: then ERM and
+        # constrained DUST are different models (two programs).
+        if name == "dust" and cfg.dust_dictionary == "paper":
+            return "per-layer" if constrained else "shared"
+        return None
+
+    def build(self, cfg, data, name: str, structure) -> GroupModel:
+        per_layer = {"paper": structure == "per-layer", "shared": False, "per-layer": True}[
+            cfg.dust_dictionary
+        ]
+        patch_dim = data.train.shape[-1]
+        module, project = build_model(
+            name, cfg, per_layer_dictionary=per_layer, patch_dim=patch_dim
+        )
+        sigma = data.sigma
+        sample = jnp.zeros((1,) + data.train.shape[1:], jnp.float32)
+
+        def layer_losses(params, batch, key):
+            noisy = perturb(batch.examples, batch.gamma, sigma, key)
+            _, states = module.apply(params, noisy)  # [L+1, B, T, P]
+            return jnp.mean((states - batch.examples[None]) ** 2, axis=(2, 3)).T
+
+        def eval_outputs(params, frozen, clean, index, gamma, key):
+            del frozen
+            noisy = perturb(clean, gamma, sigma, key, index[0])
+            _, states = module.apply(params, noisy)
+            return {"losses": jnp.mean((states - clean[None]) ** 2, axis=(2, 3)).T}
+
+        return GroupModel(
+            name=name,
+            num_layers=cfg.layers,
+            init=lambda key: module.init(key, sample),
+            layer_losses=layer_losses,
+            eval_outputs=eval_outputs,
+            project=project,
+        )
+
+    def test_gammas(self, cfg, gamma_trains):
+        grid: set[float] = set()
+        for g in gamma_trains:
+            grid |= set(test_gamma_grid(g, cfg.test_gammas))
+        return sorted(grid)
+
+    def run_metrics(self, cfg, test, val, gammas, gamma_train):
+        rmse = [float(rmse_255(pg[:, -1].mean())) for pg in test["losses"]]
+        return {"rmse": rmse, "mean_rmse": float(np.mean(rmse))}
+
+    def metric_columns(self):
+        def at_train(r):
+            return r["rmse"][r["test_gamma"].index(r["gamma_train"])]
+
+        return [
+            Column("RMSE@γtr", 9, lambda r: f"{at_train(r):.3f}"),
+            Column("meanRMSE", 9, lambda r: f"{r['mean_rmse']:.3f}"),
+        ]
+
+    def figures(self, runs, ratios, out, gammas, cfg):
+        paths = [out / "layer_loss.png", out / "rmse_vs_gamma.png"]
+        plots.plot_layer_losses(
+            runs, paths[0], title=f"mean test loss per layer at γ_train = {cfg.gamma_train}"
+        )
+        plots.plot_metric_vs_gamma(
+            runs,
+            paths[1],
+            key="rmse",
+            ylabel="RMSE (0-255)",
+            gamma_train=cfg.gamma_train,
+            title="test RMSE vs perturbation (γ > γ_train: OOD)",
+        )
+        return paths
