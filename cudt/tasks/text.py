@@ -1,0 +1,376 @@
+"""Text classification with perturbed embeddings (the paper's Section 5), as a task.
+
+The model and its data (:mod:`cudt.text`): a pretrained BERT-family encoder, or a UT over its
+word embeddings, with ONE linear head shared by every state; the loss of state l is the
+cross-entropy of that prediction for embeddings perturbed by ``γ·σ_E·n``. The word-embedding
+table stays frozen (it fixes the noise scale) and reaches the compiled programs as an argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cudt import plots
+from cudt.data.text import TextSplits, load_text_data
+from cudt.errors import UsageError
+from cudt.experiment import Column
+from cudt.metrics import trapezoid_auc
+from cudt.runner.config import RunConfig, at_least, flag, positive, shared
+from cudt.runner.task import EvalBatch, GroupModel, Task
+from cudt.text import (
+    GRANULARITIES,
+    MODELS,
+    PAPER_DESCENT,
+    PAPER_DESCENT_SOURCE,
+    TextClassifier,
+    build_text_model,
+    cross_entropy,
+    length_batches,
+    make_layer_losses,
+    reference_bound,
+    test_gamma_grid,
+    tokenize_splits,
+)
+
+__all__ = ["DATASETS", "TextConfig", "TextData", "TextTask"]
+
+DATASETS = ("synthetic", "imdb", "mnli", "aclimdb")  # = cudt.data.text.TEXT_DATASETS
+
+
+@dataclasses.dataclass(frozen=True)
+class TextConfig(RunConfig):
+    """Flags of ``python -m experiments.text_classify`` (shared ones: :class:`RunConfig`)."""
+
+    model: str = flag(
+        "minilm",
+        "minilm (all-MiniLM-L6-v2, pip package), bert, distilbert, roberta (need --checkpoint) "
+        "or ut (a UT over the encoder's word embeddings)",
+    )
+    checkpoint: str | None = flag(
+        None,
+        "Hugging Face model folder (config.json, model.safetensors, tokenizer.json); for ut, "
+        "the encoder whose tokenizer and word embeddings it uses (default for minilm and ut: "
+        "the pip all-MiniLM-L6-v2)",
+    )
+    dataset: str = flag(
+        "synthetic",
+        "synthetic (generated reviews), imdb or mnli (prepared TFDS folders), aclimdb (the "
+        "Stanford aclImdb folder)",
+    )
+    data_dir: str | None = flag(
+        None, "TFDS data folder (imdb, mnli; default $TFDS_DATA_DIR) or aclImdb folder"
+    )
+    download: bool = flag(False, "imdb/mnli: download and prepare missing TFDS data")
+    num_train: int | None = flag(
+        2000,
+        "training pool (train + val) drawn from the source; none: all of it",
+        check=at_least(2),
+    )
+    num_test: int | None = flag(
+        400, "test examples drawn from the source; none: all of it", check=at_least(1)
+    )
+    val_fraction: float = flag(
+        0.1, "fraction of the pool held out to check feasibility", check=positive
+    )
+    max_length: int = flag(64, "tokens per text (truncated / padded)", check=at_least(4))
+    layers: int | None = flag(
+        None,
+        "ut: unrolled layers L (default 3); pretrained encoders use their blocks",
+        check=at_least(1),
+    )
+    granularity: str = flag(
+        "block",
+        "block (a constraint per block: L+1 states) or sublayer (attention and MLP outputs "
+        "each a state: 2L+1)",
+    )
+    pooling: str | None = flag(
+        None,
+        "the shared head's input: first (token: [CLS] / <s>) or mean (of the tokens); default: "
+        "first for bert, distilbert, roberta and mean for ut (the paper's), mean for minilm "
+        "(the pooling it was trained with)",
+    )
+    noise_scale: float | None = flag(
+        None,
+        "noise std at gamma = 1 (default: the std of the word-embedding table)",
+        check=positive,
+    )
+    train_embeddings: bool = flag(
+        False,
+        "also train the word-embedding table (frozen by default: the noise scale is fixed from "
+        "it)",
+    )
+    ut_a: float = flag(1.0, "UT attention step a")
+    ut_b: float = flag(1.0, "UT feed-forward step b")
+    # shared fields with this experiment's defaults
+    seeds: int = shared("seeds", 1)
+    steps: int = shared("steps", 160)
+    batch_size: int = shared("batch_size", 16)
+    reference: str = shared("reference", "chance")
+    dual_lr: float = shared("dual_lr", 0.1)
+    tolerance: float = shared("tolerance", 0.01)
+    chunk_steps: int = shared("chunk_steps", 40)
+    eval_batch_size: int = shared("eval_batch_size", 64)
+    keep_checkpoints: int = shared("keep_checkpoints", 1)
+
+    def validate(self) -> None:
+        def need(cond, msg):
+            if not cond:
+                raise ValueError(msg)
+
+        need(
+            self.model in MODELS,
+            f"--model {self.model!r} is unknown: choose from {', '.join(MODELS)}",
+        )
+        need(
+            self.model in ("minilm", "ut") or self.checkpoint,
+            f"--model {self.model} needs --checkpoint FOLDER (a Hugging Face {self.model} "
+            "folder with config.json, model.safetensors and tokenizer.json)",
+        )
+        need(
+            self.dataset in DATASETS,
+            f"--dataset {self.dataset!r} is unknown: choose from {', '.join(DATASETS)}",
+        )
+        need(
+            self.dataset != "aclimdb" or self.data_dir,
+            "--dataset aclimdb needs --data-dir pointing at the aclImdb folder",
+        )
+        need(
+            self.layers is None or self.model == "ut",
+            f"--layers applies to --model ut only ({self.model} uses all its blocks): drop it",
+        )
+        need(
+            self.granularity in GRANULARITIES,
+            f"--granularity must be block or sublayer, got {self.granularity!r}",
+        )
+        need(
+            self.pooling in (None, "first", "mean"),
+            f"--pooling must be first or mean, got {self.pooling!r}",
+        )
+        need(
+            0 < self.val_fraction < 1,
+            f"--val-fraction must lie in (0, 1), got {self.val_fraction}",
+        )
+        need(
+            not self.inject_nan or self.inject_nan[0] == self.model,
+            f"--inject-nan model must be --model ({self.model})",
+        )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TextData:
+    """The read data, the model (its encoder and tokenizer) and the tokenized splits."""
+
+    source: TextSplits
+    model: TextClassifier
+    tokens: dict  # train / val / test: cudt.text.TokenizedSplit
+
+
+class TextTask(Task):
+    name = "text_classify"
+    config_cls = TextConfig
+    selection = ("val_accuracy", True)
+
+    def load(self, cfg) -> TextData:
+        data = load_text_data(
+            cfg.dataset,
+            cfg.data_dir,
+            download=cfg.download,
+            num_train=cfg.num_train,
+            num_test=cfg.num_test,
+            val_fraction=cfg.val_fraction,
+            seed=cfg.seed,
+        )
+        model = build_text_model(
+            cfg.model,
+            num_classes=data.num_classes,
+            checkpoint=cfg.checkpoint,
+            granularity=cfg.granularity,
+            layers=cfg.layers,
+            train_embeddings=cfg.train_embeddings,
+            noise_scale=cfg.noise_scale,
+            pooling=cfg.pooling,
+            ut_a=cfg.ut_a,
+            ut_b=cfg.ut_b,
+        )
+        if cfg.max_length > model.encoder.config.max_length:
+            raise UsageError(
+                f"--max-length {cfg.max_length} exceeds the {model.encoder.config.max_length} "
+                f"positions of {model.encoder.path}: pass a smaller --max-length"
+            )
+        return TextData(data, model, tokenize_splits(model, data, cfg.max_length))
+
+    def describe(self, cfg, data: TextData) -> list[str]:
+        src, model = data.source, data.model
+        full = float(np.mean(data.tokens["train"].lengths >= cfg.max_length))
+        return [
+            f"data: {src.source}: train {len(src.train)} / val {len(src.val)} / test "
+            f"{len(src.test)}, {src.num_classes} classes; {cfg.max_length} tokens "
+            f"({100 * full:.0f}% of train texts fill or exceed them)",
+            f"model: {model.name} from {model.encoder.path}: {model.blocks} "
+            f"{'UT layers' if model.ut is not None else 'blocks'}, {model.granularity} "
+            f"granularity -> {model.num_layers + 1} states; noise std = gamma x "
+            f"{model.noise_unit:.4g}"
+            + (" (std of the word-embedding table)" if cfg.noise_scale is None else ""),
+        ]
+
+    def fingerprint(self, cfg, data: TextData) -> dict[str, Any]:
+        return {
+            "encoder_folder": str(data.model.encoder.path),
+            "data_source": data.source.source,
+            "train_shape": list(data.tokens["train"].ids.shape),
+            "noise_unit": data.model.noise_unit,
+        }
+
+    def config_extras(self, cfg, data: TextData) -> dict[str, Any]:
+        model, src = data.model, data.source
+        return {
+            "lr": cfg.lr if cfg.lr is not None else self.default_lr(cfg, cfg.model),
+            "reference_bound": reference_bound(cfg.reference, model.num_classes),
+            "noise_unit": model.noise_unit,
+            "encoder_folder": str(model.encoder.path),
+            "data_source": src.source,
+            "num_classes": src.num_classes,
+            "label_names": list(src.label_names),
+            "paper_descent": PAPER_DESCENT,
+        }
+
+    def train_examples(self, data: TextData):
+        split = data.tokens["train"]
+        out = {
+            "ids": split.ids,
+            "mask": split.mask.astype(np.float32),
+            "labels": split.labels,
+        }
+        if split.types is not None:
+            out["types"] = split.types
+        return out
+
+    def split_size(self, data: TextData, split: str) -> int:
+        return len(data.tokens[split])
+
+    def eval_batches(self, data: TextData, split: str, model: GroupModel, batch_size: int):
+        tokens = data.tokens[split]
+        max_length = tokens.ids.shape[1]
+        for index, count, length in length_batches(tokens.lengths, batch_size, max_length):
+            yield EvalBatch(tokens.batch(index, length), index, count)
+
+    def model_names(self, cfg) -> list[str]:
+        return [cfg.model]
+
+    def default_lr(self, cfg, name: str) -> float:
+        """1e-4 for pretrained encoders (fine-tuning), 1e-3 for the UT."""
+        return 1e-3 if name == "ut" else 1e-4
+
+    def warmup_steps(self, cfg, steps_per_epoch: int) -> int:
+        """``--warmup-steps``, else one epoch capped at a quarter of the steps."""
+        if cfg.warmup_steps is not None:
+            return cfg.warmup_steps
+        return min(steps_per_epoch, cfg.steps // 4)
+
+    def resolve_reference(self, value, data: TextData):
+        try:
+            return reference_bound(value, data.model.num_classes)
+        except ValueError as e:
+            raise UsageError(str(e)) from e
+
+    def build(self, cfg, data: TextData, name: str, structure) -> GroupModel:
+        model = data.model
+        max_length = cfg.max_length
+
+        def eval_outputs(params, frozen, batch, index, gamma, key):
+            length = batch["ids"].shape[1]
+
+            def example_noise(i):  # the noise of example i depends on (key, i) only
+                n = jax.random.normal(jax.random.fold_in(key, i), (max_length, model.dim))
+                return n[:length]
+
+            noise = jax.vmap(example_noise)(index) * (gamma * model.noise_unit)
+            noise = noise * batch["mask"][..., None]
+            logits = model.logits(params, batch, noise, frozen)  # [S, B, C]
+            correct = jnp.argmax(logits, axis=-1) == batch["labels"][None]
+            return {"losses": cross_entropy(logits, batch["labels"]).T, "correct": correct.T}
+
+        return GroupModel(
+            name=model.name,
+            num_layers=model.num_layers,
+            init=model.init,
+            layer_losses=make_layer_losses(model),
+            eval_outputs=eval_outputs,
+            frozen=model.frozen(),
+            project=model.project(),
+            record={"blocks": model.blocks, "granularity": model.granularity},
+        )
+
+    def test_gammas(self, cfg, gamma_trains):
+        grid: set[float] = set()
+        for g in gamma_trains:
+            grid |= set(test_gamma_grid(g, cfg.test_gammas))
+        return sorted(grid)
+
+    def run_metrics(self, cfg, test, val, gammas, gamma_train):
+        accuracy = [float(c[:, -1].mean()) for c in test["correct"]]
+        return {
+            "accuracy": accuracy,
+            "auc": trapezoid_auc(gammas, accuracy),
+            "layer_accuracy": [c.mean(0).tolist() for c in test["correct"]],
+            "val_accuracy": float(val["correct"][:, -1].mean()),
+        }
+
+    def metric_columns(self):
+        def at_train(r):
+            return r["accuracy"][r["test_gamma"].index(r["gamma_train"])]
+
+        return [
+            Column("acc@γtr", 8, lambda r: f"{at_train(r):.3f}"),
+            Column("acc@γmax", 8, lambda r: f"{r['accuracy'][-1]:.3f}"),
+            Column("AUC", 6, lambda r: f"{r['auc']:.3f}"),
+        ]
+
+    def after_columns(self):
+        return [Column("ℓ↓ all l", 8, lambda r: "yes" if r["loss_decreases"] else "no")]
+
+    def table_footer(self, runs) -> str:
+        paper = (
+            f"{PAPER_DESCENT_SOURCE}: descent {100 * PAPER_DESCENT['descent_rate']:.1f}%, "
+            f"mean r {PAPER_DESCENT['mean_ratio']:.3f}, median r "
+            f"{PAPER_DESCENT['median_ratio']:.3f}"
+        )
+        lines = [paper, "mean test loss per state at gamma_train:"]
+        for r in runs:
+            losses = r["layer_loss"][r["test_gamma"].index(r["gamma_train"])]
+            lines.append(f"{r['label']}: " + " ".join(f"{v:.3f}" for v in losses))
+        return "\n".join(lines)
+
+    def figures(self, runs, ratios, out, gammas, cfg):
+        paths = [out / "layer_loss.png", out / "accuracy_vs_gamma.png", out / "ratio_hist.png"]
+        plots.plot_layer_losses(
+            runs,
+            paths[0],
+            title=f"mean test cross-entropy per state at γ_train = {cfg.gamma_train}",
+        )
+        plots.plot_metric_vs_gamma(
+            runs,
+            paths[1],
+            key="accuracy",
+            ylabel="test accuracy",
+            gamma_train=cfg.gamma_train,
+            title="test accuracy vs embedding perturbation (γ > γ_train: OOD)",
+        )
+        by_model: dict[tuple[str, bool], list] = {}
+        for run, r in zip(runs, ratios, strict=True):
+            if r is not None:
+                key = (f"{run['model']}-{run['layers']}", run["constrained"])
+                by_model.setdefault(key, []).append(r)
+        plots.plot_ratio_histograms(
+            {k: np.concatenate(v) for k, v in by_model.items()},
+            paths[2],
+            title=f"per-sample ratios ℓ_l / ℓ_(l-1) on the test set at γ_train = "
+            f"{cfg.gamma_train}",
+        )
+        return paths
+
