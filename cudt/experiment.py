@@ -6,6 +6,7 @@ evaluates them and writes ``results.json`` and plots into its output folder::
 
     <out>/checkpoints/config.json        the config the checkpoints belong to
     <out>/checkpoints/<group>/<step>/    orbax checkpoints of each group (last k, pinned)
+    <out>/tensorboard/<run>/             training curves (TensorBoard event files)
     <out>/*.png                          plots (atomic)
     <out>/results.json                   written last (atomic): its presence means "complete"
 
@@ -145,6 +146,7 @@ def open_output(
             for name in RESULT_FILES:
                 (out / name).unlink(missing_ok=True)
             shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
+            shutil.rmtree(out / "tensorboard", ignore_errors=True)
         if not resuming:
             (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
             write_json_atomic(saved_config, config)

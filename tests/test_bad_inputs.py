@@ -39,10 +39,14 @@ from experiments import video_denoise
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# A tiny run: one UT layer, 4 steps in chunks of 2 (checkpoints at steps 2 and 4), one seed.
+# A tiny run: one layer of DUST and UT, 4 steps in chunks of 2 (checkpoints at steps 2 and 4),
+# one seed. Three groups: DUST ERM and constrained (one dictionary per layer: another model), and
+# UT, whose ERM and constrained runs share one program.
 TINY = [
     "--models",
-    "ut",
+    "dust,ut",
+    "--dust-atoms",
+    "16",
     "--layers",
     "1",
     "--steps",
@@ -60,10 +64,12 @@ TINY = [
     "--seq-len",
     "4",
 ]
-RESULTS = ("results.json", "layer_loss.png", "rmse_vs_gamma.png")
+RESULTS = ("results.json", "layer_loss.png", "rmse_vs_gamma.png", "training_curves.png")
 # Progress reports of the tiny run, on stderr before a failure after training started: its
 # progress bars and "resumed from" notes.
-PROGRESS = re.compile(r"^ut-1 (ERM|constrained):(\s+\d+%\|| resumed from the checkpoint at step)")
+PROGRESS = re.compile(
+    r"^(dust-1 (ERM|constrained)|ut-1):(\s+\d+%\|| resumed from the checkpoint at step)"
+)
 
 # case -> (section, message, exit status), for docs/errors.md
 MESSAGES: dict[str, tuple[str, str, int]] = {}
@@ -712,7 +718,8 @@ def finished_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("finished") / "run"
     assert video_denoise.main([*TINY, "--out", str(out)]) == 0
     assert (out / "results.json").is_file()
-    assert sorted(p.name for p in (out / "checkpoints" / "ut-1-ERM").iterdir()) == ["2", "4"]
+    for group in ("dust-1-ERM", "dust-1-constrained", "ut-1"):
+        assert sorted(p.name for p in (out / "checkpoints" / group).iterdir()) == ["2", "4"]
     return out
 
 
@@ -740,8 +747,8 @@ def test_output_holding_results_is_never_overwritten(finished_run, capsys):
 
 
 def test_corrupt_checkpoint(interrupted_run, capsys):
-    # The second group's latest checkpoint: found before the first group trains or writes.
-    step = interrupted_run / "checkpoints" / "ut-1-constrained" / "4"
+    # The last group's latest checkpoint: found before the first group trains or writes.
+    step = interrupted_run / "checkpoints" / "ut-1" / "4"
     for chunk in (step / "state" / "ocdbt.process_0" / "d").iterdir():
         chunk.write_bytes(b"\0" * 64)
     before = tree(interrupted_run)
@@ -750,14 +757,14 @@ def test_corrupt_checkpoint(interrupted_run, capsys):
         "corrupt checkpoint",
         status,
         err,
-        "ut-1-constrained/4 is corrupt (its arrays cannot be read",
+        "ut-1/4 is corrupt (its arrays cannot be read",
         "delete that folder to resume from an earlier step, or pass --overwrite",
     )
     assert tree(interrupted_run) == before
 
 
 def test_checkpoint_with_truncated_index(interrupted_run, capsys):
-    state = interrupted_run / "checkpoints" / "ut-1-ERM" / "4" / "state"
+    state = interrupted_run / "checkpoints" / "ut-1" / "4" / "state"
     for manifest in state.rglob("manifest.ocdbt"):
         manifest.write_bytes(manifest.read_bytes()[:10])
     before = tree(interrupted_run)
@@ -766,21 +773,21 @@ def test_checkpoint_with_truncated_index(interrupted_run, capsys):
         "checkpoint with a truncated array index",
         status,
         err,
-        "ut-1-ERM/4 is corrupt (its arrays cannot be read",
+        "ut-1/4 is corrupt (its arrays cannot be read",
         "delete that folder to resume from an earlier step, or pass --overwrite",
     )
     assert tree(interrupted_run) == before
 
 
 def test_checkpoint_with_corrupt_loop_record(interrupted_run, capsys):
-    (interrupted_run / "checkpoints" / "ut-1-ERM" / "4" / "loop" / "metadata").write_text("{")
+    (interrupted_run / "checkpoints" / "ut-1" / "4" / "loop" / "metadata").write_text("{")
     before = tree(interrupted_run)
     status, err = cli([*TINY, "--out", interrupted_run], capsys)
     check(
         "checkpoint with a corrupt loop record",
         status,
         err,
-        "ut-1-ERM/4 is corrupt (its loop record cannot be read",
+        "ut-1/4 is corrupt (its loop record cannot be read",
         "delete that folder to resume from an earlier step, or pass --overwrite",
     )
     assert tree(interrupted_run) == before
@@ -802,42 +809,30 @@ def test_checkpoint_of_a_different_config(interrupted_run, capsys):
 
 def test_checkpoint_of_a_different_model_flag(interrupted_run, capsys):
     before = tree(interrupted_run)
-    status, err = cli([*TINY, "--models", "dust", "--out", interrupted_run], capsys)
+    status, err = cli([*TINY, "--models", "ut", "--out", interrupted_run], capsys)
     check(
         "checkpoints of a different model (--models)",
         status,
         err,
-        "holds checkpoints of a different config (models ['ut'] -> ['dust'])",
+        "holds checkpoints of a different config (models ['dust', 'ut'] -> ['ut'])",
         "pass another --out, rerun with the same flags to resume, or --overwrite",
     )
     assert tree(interrupted_run) == before
 
 
 def test_checkpoint_written_by_a_different_model(interrupted_run, capsys):
-    """A DUST checkpoint under the UT group's name (e.g. a folder copied from another run): its
+    """A DUST checkpoint under the UT group's name (a folder copied from another group): its
     arrays are compared with this model's before anything is trained."""
-    from cudt.checkpoint import GroupCheckpointer
-    from cudt.data.video import load_video_data
-    from cudt.video import _group_setup
-
-    dust_cfg = video_denoise.Config(
-        models=("dust",), layers=1, num_videos=3, num_frames=4, seq_len=4
-    )
-    data = load_video_data(seq_len=4, num_videos=3, num_frames=4)
-    *_, init_keys, init_states = _group_setup("dust", False, dust_cfg, data, [0])
-    abstract = jax.eval_shape(init_states, init_keys)
-    dust_states = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), abstract)
-    group = interrupted_run / "checkpoints" / "ut-1-ERM"
-    shutil.rmtree(group)
-    with GroupCheckpointer(group, asynchronous=False) as ckpt:
-        ckpt.save(4, dust_states, {"frozen": [False], "divergences": [None], "history": []})
+    checkpoints = interrupted_run / "checkpoints"
+    shutil.rmtree(checkpoints / "ut-1")
+    shutil.copytree(checkpoints / "dust-1-ERM", checkpoints / "ut-1")
     before = tree(interrupted_run)
     status, err = cli([*TINY, "--out", interrupted_run], capsys)
     check(
         "checkpoint written by a different model",
         status,
         err,
-        "ut-1-ERM/4 was written by a different model (",
+        "ut-1/4 was written by a different model (",
         "pass another --out, or --overwrite to discard it",
     )
     assert tree(interrupted_run) == before
@@ -955,7 +950,8 @@ def test_disk_full_while_writing_results(interrupted_run):
         progress=True,
     )
     assert temp_files(interrupted_run) == []
-    assert sorted(p.name for p in interrupted_run.iterdir()) == ["checkpoints"]
+    # what training wrote (checkpoints, the training curves' logs) stays; no result file
+    assert sorted(p.name for p in interrupted_run.iterdir()) == ["checkpoints", "tensorboard"]
     assert tree(interrupted_run / "checkpoints") == before
 
 

@@ -112,7 +112,8 @@ def test_injected_nan_stops_one_run_keeps_its_checkpoint_others_finish(diverging
     assert bad[0]["diverged_at"]["last_good_checkpoint"] == 10
     assert bad[0]["feasible"] is False and bad[0]["best"] is False
     # keep=1, yet the last good checkpoint before step 12 survived the later saves
-    group = out / "checkpoints" / "ut-3-constrained"
+    # ERM and constrained UT share one program (and one checkpoint folder): same structure
+    group = out / "checkpoints" / "ut-3"
     assert sorted(int(p.name) for p in group.iterdir() if p.name.isdigit()) == [10, 20]
     ckpt = GroupCheckpointer(group, keep=1)
     states, _ = ckpt.restore(None, step=10)
@@ -156,6 +157,11 @@ def _cli(out: Path, *extra: str) -> list[str]:
         "120",
         "--chunk-steps",
         "5",
+        # explicit slacks, so the resumed state's slacks are compared while they are non-zero
+        "--resilience",
+        "2.0",
+        "--resilience-mode",
+        "slack",
         "--out",
         str(out),
         *extra,
@@ -164,7 +170,7 @@ def _cli(out: Path, *extra: str) -> list[str]:
 
 def _final_arrays(out: Path) -> dict[str, dict]:
     arrays = {}
-    for group in ("ut-3-ERM", "ut-3-constrained"):
+    for group in ("ut-3",):
         ckpt = GroupCheckpointer(out / "checkpoints" / group)
         assert ckpt.latest_step() == 120
         states, _ = ckpt.restore(None)
@@ -181,7 +187,7 @@ def test_sigkill_then_resume_is_bitwise_the_uninterrupted_run(tmp_path):
     proc = subprocess.Popen(
         _cli(killed), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    group = killed / "checkpoints" / "ut-3-constrained"
+    group = killed / "checkpoints" / "ut-3"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
         if group.is_dir() and any(p.name.isdigit() for p in group.iterdir()):
@@ -199,14 +205,26 @@ def test_sigkill_then_resume_is_bitwise_the_uninterrupted_run(tmp_path):
 
     a, b = _final_arrays(straight), _final_arrays(killed)
     for group_name in a:
-        for name in ("params", "multipliers", "opt_state", "dual_state", "step"):
-            left = np.concatenate([np.ravel(x) for x in _leaves(a[group_name][name])])
-            right = np.concatenate([np.ravel(x) for x in _leaves(b[group_name][name])])
+        for name in (
+            "params",
+            "multipliers",
+            "opt_state",
+            "dual_state",
+            "slacks",
+            "slack_state",
+            "step",
+        ):
+            left = np.concatenate([np.ravel(x) for x in _leaves(a[group_name][name])] or [[]])
+            right = np.concatenate([np.ravel(x) for x in _leaves(b[group_name][name])] or [[]])
             assert left.tobytes() == right.tobytes(), (group_name, name)
     ra = json.loads((straight / "results.json").read_text())["runs"]
     rb = json.loads((killed / "results.json").read_text())["runs"]
     assert [r["rmse"] for r in ra] == [r["rmse"] for r in rb]
     assert [r["train_objective"] for r in ra] == [r["train_objective"] for r in rb]
+    assert [r["max_multipliers"] for r in ra] == [r["max_multipliers"] for r in rb]
+    assert [r["curves"] for r in ra] == [r["curves"] for r in rb]
+    slacks = [u for r in ra if r["constrained"] for u in r["curves"]["slacks"]]
+    assert max(max(u) for u in slacks) > 0  # the slacks were live when compared
 
 
 def _leaves(tree):

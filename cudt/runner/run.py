@@ -41,6 +41,7 @@ from cudt.train import make_train_step
 __all__ = ["Group", "plan_groups", "run"]
 
 KINDS = {False: "ERM", True: "constrained"}
+TENSORBOARD = "tensorboard"  # <out>/tensorboard/<run label>/events.out.tfevents.*
 
 
 def primal_optimizer(lr: float) -> optax.GradientTransformation:
@@ -133,7 +134,11 @@ class _GroupProgram:
         self.per_run = {
             "epsilon": col([hp["epsilon"] for hp in hps], cfg.epsilon),
             "reference": col(resolved_ref, np.nan),
-            "resilience": col(alphas, np.inf),
+            # ERM runs have no α: inf (no decay) in decay mode; in slack mode the group's α,
+            # since (α/2)·‖u‖² with u ≡ 0 must stay 0, not inf·0
+            "resilience": col(
+                alphas, cfg.resilience if cfg.resilience_mode == "slack" else np.inf
+            ),
             "constrained": jnp.asarray([s.constrained for s in group.specs]),
             "lr": col([hp["lr"] for hp in hps], 0.0),
             "dual_lr": col([hp["dual_lr"] for hp in hps], cfg.dual_lr),
@@ -405,6 +410,20 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             shardings=shardings,
         )
         train_seconds[group.name] = time.perf_counter() - t
+        if main_process:  # training logs, as soon as the group has trained (rewritten whole)
+            curves_lib.write_tensorboard(
+                [
+                    {
+                        "label": label,
+                        "group": group.name,
+                        "constrained": spec.constrained,
+                        "curves": _curves_of(result, r),
+                    }
+                    for r, (label, spec) in enumerate(zip(group.labels, group.specs, strict=True))
+                    if result.curves
+                ],
+                out.path / TENSORBOARD,
+            )
         t = time.perf_counter()
         group_runs, group_ratios = _summarise(
             task, cfg, data, group, program, result, gammas, gamma_trains, eval_key
@@ -435,11 +454,10 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         curves_lib.plot_training_curves(
             curve_runs, figures[-1], title="multipliers and constraint values during training"
         )
-        tb = curves_lib.write_tensorboard(curve_runs, out.path / "tensorboard")
         results["wall_seconds"] = time.perf_counter() - t0
         write_json_atomic(out.path / "results.json", results)
         print(_table(task, runs, swept))
         names = ", ".join(str(p) for p in [out.path / "results.json", *figures])
-        print(f"TensorBoard logs of {len(tb)} runs: tensorboard --logdir {out.path / 'tensorboard'}")
+        print(f"training curves: tensorboard --logdir {out.path / TENSORBOARD}")
         print(f"wrote {names} in {results['wall_seconds']:.0f}s")
     return results
