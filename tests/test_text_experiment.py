@@ -316,7 +316,9 @@ def test_build_text_model_refusals(tiny_bert):
 def test_cli_choices_match_the_library():
     from cudt.data.text import TEXT_DATASETS
 
-    assert text_classify.MODELS == text.MODELS and text_classify.DATASETS == TEXT_DATASETS
+    from cudt.tasks import text as text_task
+
+    assert text_task.DATASETS == TEXT_DATASETS
 
 
 def test_help_lists_every_flag(capsys):
@@ -341,10 +343,17 @@ def test_help_lists_every_flag(capsys):
         (["--granularity", "layer"], "--granularity must be block or sublayer"),
         (["--layers", "3"], "--layers applies to --model ut only"),
         (["--model", "ut", "--layers", "0"], "--layers must be >= 1"),
-        (["--gamma-train", "-1"], "--gamma-train must be >= 0"),
+        (["--gamma-train", "-1"], "--gamma-train must be a finite number >= 0"),
+        # every float flag is checked by the shared config: inf and nan are refused
+        (["--gamma-train", "inf"], "--gamma-train must be a finite number >= 0, got inf"),
+        (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),
+        (["--dual-lr", "nan"], "--dual-lr must be a finite number > 0, got nan"),
+        (["--noise-scale", "inf"], "--noise-scale must be a finite number > 0, got inf"),
+        (["--sweep", "epsilon=0.1,1.2"], "--sweep epsilon must all lie in [0, 1), got 1.2"),
+        (["--sweep", "depth=3,5"], "--sweep depth is not sweepable"),
         (["--epsilon", "1.5"], "--epsilon must lie in [0, 1)"),
         (["--dataset", "aclimdb"], "--dataset aclimdb needs --data-dir"),
-        (["--reference", "low"], "--reference must be chance, none or a number"),
+        (["--reference", "low"], "--reference must be chance, none or a finite number"),
         (["--pooling", "max"], "--pooling must be first or mean"),
     ],
 )
@@ -376,7 +385,7 @@ def test_bad_checkpoints_and_data_fail_before_touching_out(tiny_bert, tmp_path, 
 def test_length_batches_cover_every_example_once():
     lengths = np.array([3, 17, 5, 64, 9, 33, 1, 12, 40, 16, 2])
     seen = []
-    for index, count, length in text._length_batches(lengths, 4, 64):
+    for index, count, length in text.length_batches(lengths, 4, 64):
         assert index.size == 4 and length % 16 == 0 and length <= 64
         assert lengths[index[:count]].max() <= length
         seen += index[:count].tolist()

@@ -35,6 +35,7 @@ SWEEPABLE = ("epsilon", "reference", "lr", "dual_lr", "resilience", "gamma_train
 # Those that only matter to constrained runs: ERM runs are not swept over them.
 CONSTRAINT_ONLY = ("epsilon", "reference", "dual_lr", "resilience")
 
+
 @dataclasses.dataclass(frozen=True)
 class Check:
     """A field's condition: ``ok(value)`` and how to say it (``"> 0"``, ``"lie in [0, 1)"``)."""
@@ -116,9 +117,7 @@ class RunConfig:
         None, "test perturbation levels (default: the task's grid)", check=non_negative
     )
     # -- constraints -------------------------------------------------------------------------
-    epsilon: float = flag(
-        0.1, "descent factor: l_l <= (1-eps) l_{l-1}", check=in_range(0.0, 1.0)
-    )
+    epsilon: float = flag(0.1, "descent factor: l_l <= (1-eps) l_{l-1}", check=in_range(0.0, 1.0))
     reference: str = flag(
         "none",
         "bound C of the reference constraint E l_0 <= C: a number, none, or (classification) "

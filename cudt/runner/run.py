@@ -136,9 +136,7 @@ class _GroupProgram:
             "reference": col(resolved_ref, np.nan),
             # ERM runs have no α: inf (no decay) in decay mode; in slack mode the group's α,
             # since (α/2)·‖u‖² with u ≡ 0 must stay 0, not inf·0
-            "resilience": col(
-                alphas, cfg.resilience if cfg.resilience_mode == "slack" else np.inf
-            ),
+            "resilience": col(alphas, cfg.resilience if cfg.resilience_mode == "slack" else np.inf),
             "constrained": jnp.asarray([s.constrained for s in group.specs]),
             "lr": col([hp["lr"] for hp in hps], 0.0),
             "dual_lr": col([hp["dual_lr"] for hp in hps], cfg.dual_lr),
@@ -315,9 +313,13 @@ def _table(task: Task, runs: list[dict], swept: list[str]) -> str:
             Column(
                 name,
                 max(8, len(name)),
-                lambda r, n=name: "-" if r["hparams"][n] is None else f"{r['hparams'][n]:.3g}"
-                if isinstance(r["hparams"][n], float)
-                else str(r["hparams"][n]),
+                lambda r, n=name: (
+                    "-"
+                    if r["hparams"][n] is None
+                    else f"{r['hparams'][n]:.3g}"
+                    if isinstance(r["hparams"][n], float)
+                    else str(r["hparams"][n])
+                ),
             )
         )
     columns += task.metric_columns()
@@ -364,14 +366,16 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     )
     print(
         f"output: {out.path}"
-        + (" (resuming)" if out.resuming else f" (if interrupted, rerun with --out {out.path} to resume)")
+        + (
+            " (resuming)"
+            if out.resuming
+            else f" (if interrupted, rerun with --out {out.path} to resume)"
+        )
     )
     train_examples = task.train_examples(data)
     num_train = jax.tree.leaves(train_examples)[0].shape[0]
     steps_per_epoch = max(1, math.ceil(num_train / cfg.batch_size))
-    programs = [
-        _GroupProgram(task, cfg, data, g, train_examples, steps_per_epoch) for g in groups
-    ]
+    programs = [_GroupProgram(task, cfg, data, g, train_examples, steps_per_epoch) for g in groups]
     if out.resuming:  # a corrupt or foreign checkpoint is refused before any training
         for group, program in zip(groups, programs, strict=True):
             folder = out.group_dir(group.slug)
@@ -436,13 +440,18 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     config = (
         dataclasses.asdict(cfg)
         | task.config_extras(cfg, data)
-        | {"test_gamma": gammas, "out": str(out.path), "sweeps": {k: list(v) for k, v in sweeps.items()}}
+        | {
+            "test_gamma": gammas,
+            "out": str(out.path),
+            "sweeps": {k: list(v) for k, v in sweeps.items()},
+        }
     )
     results = {
         "experiment": task.name,
         "config": config,
         "devices": devices_used,
         "processes": jax.process_count(),
+        **task.results_extras(cfg, data),
         "runs": runs,
         "train_seconds": train_seconds,
         "eval_seconds": eval_seconds,

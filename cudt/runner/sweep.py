@@ -38,9 +38,7 @@ def _parse_value(cfg, name: str, text: str):
         from cudt.runner.config import _is_reference
 
         if not _is_reference(text):
-            raise ValueError(
-                f"--sweep reference: {text!r} is not chance, none or a finite number"
-            )
+            raise ValueError(f"--sweep reference: {text!r} is not chance, none or a finite number")
         return text.lower() if text.lower() in ("chance", "none") else str(float(text))
     if name == "resilience" and text.lower() == "none":
         if cfg.resilience_mode == "slack":
@@ -73,9 +71,7 @@ def parse_sweeps(cfg) -> dict[str, tuple]:
         if not sep or not name:
             raise ValueError(f"--sweep {item!r} must be NAME=V1,V2,... (e.g. epsilon=0.05,0.1)")
         if name not in SWEEPABLE:
-            raise ValueError(
-                f"--sweep {name} is not sweepable: choose from {', '.join(SWEEPABLE)}"
-            )
+            raise ValueError(f"--sweep {name} is not sweepable: choose from {', '.join(SWEEPABLE)}")
         if name in sweeps:
             raise ValueError(f"--sweep {name} is given twice: list all its values in one --sweep")
         texts = [v.strip() for v in values.split(",") if v.strip()]
@@ -137,6 +133,9 @@ def expand_runs(cfg, models, default_lr) -> list[RunSpec]:
 def swept_suffix(spec: RunSpec, swept: list[str]) -> str:
     """``eps=0.05 lr=0.001``: the swept values of a run (what tells it from its siblings)."""
     hp = spec.hp
-    parts = [f"{SHORT[n]}={hp[n]:g}" if isinstance(hp[n], float) else f"{SHORT[n]}={hp[n]}"
-             for n in swept if hp[n] is not None]
+    parts = [
+        f"{SHORT[n]}={hp[n]:g}" if isinstance(hp[n], float) else f"{SHORT[n]}={hp[n]}"
+        for n in swept
+        if hp[n] is not None
+    ]
     return " ".join(parts)

@@ -91,6 +91,10 @@ class Task:
         """Derived values written into results.json's config."""
         return {}
 
+    def results_extras(self, cfg, data) -> dict[str, Any]:
+        """Top-level entries of results.json besides the runner's (reference figures)."""
+        return {}
+
     def train_examples(self, data) -> Any:
         """The training examples, a pytree of ``[N, ...]`` arrays (moved to the devices once)."""
         raise NotImplementedError
@@ -174,7 +178,11 @@ def cut_in_batches(examples: Any, n: int, batch_size: int) -> Iterator[EvalBatch
     for start in range(0, n, batch_size):
         index = np.arange(start, min(start + batch_size, n))
         count = index.size
-        rows = np.concatenate([index, np.full(batch_size - count, index[0])]) if count < batch_size else index
+        rows = (
+            np.concatenate([index, np.full(batch_size - count, index[0])])
+            if count < batch_size
+            else index
+        )
         batch = jax.tree.map(lambda a, rows=rows: np.asarray(a)[rows], examples)
         # padded rows keep distinct indices, so their noise never aliases a real row's
         full = np.arange(start, start + batch_size)

@@ -101,8 +101,7 @@ class TextConfig(RunConfig):
     )
     train_embeddings: bool = flag(
         False,
-        "also train the word-embedding table (frozen by default: the noise scale is fixed from "
-        "it)",
+        "also train the word-embedding table (frozen by default: the noise scale is fixed from it)",
     )
     ut_a: float = flag(1.0, "UT attention step a")
     ut_b: float = flag(1.0, "UT feed-forward step b")
@@ -236,8 +235,10 @@ class TextTask(Task):
             "data_source": src.source,
             "num_classes": src.num_classes,
             "label_names": list(src.label_names),
-            "paper_descent": PAPER_DESCENT,
         }
+
+    def results_extras(self, cfg, data: TextData) -> dict[str, Any]:
+        return {"paper_descent": PAPER_DESCENT}
 
     def train_examples(self, data: TextData):
         split = data.tokens["train"]
@@ -369,8 +370,6 @@ class TextTask(Task):
         plots.plot_ratio_histograms(
             {k: np.concatenate(v) for k, v in by_model.items()},
             paths[2],
-            title=f"per-sample ratios ℓ_l / ℓ_(l-1) on the test set at γ_train = "
-            f"{cfg.gamma_train}",
+            title=f"per-sample ratios ℓ_l / ℓ_(l-1) on the test set at γ_train = {cfg.gamma_train}",
         )
         return paths
-

@@ -1,0 +1,307 @@
+"""The shared runner on a task written in this file: a new task needs no runner code.
+
+``ToyTask`` denoises vectors with L residual tanh layers (a few lines of model). Through
+``cudt.runner.run`` it gets flags and checks, sweeps, ERM and constrained runs in one program,
+the device mesh, checkpoints, results, tables, plots and training curves. The tests check the
+promises the runner makes: a sweep member trains like that member alone, 4 devices give the
+1-device results, ERM lanes are ERM, the best run is a feasible one, and the step never deletes
+the caller's arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import cudt
+from cudt.checkpoint import GroupCheckpointer
+from cudt.cli import task_main
+from cudt.experiment import Column
+from cudt.runner import GroupModel, RunConfig, Task, run
+from cudt.runner.config import SWEEPABLE, at_least, flag, shared
+
+ROOT = Path(__file__).resolve().parents[1]
+DIM = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyConfig(RunConfig):
+    layers: int = flag(2, "residual layers", check=at_least(1))
+    num_examples: int = flag(96, "examples per split", check=at_least(8))
+    steps: int = shared("steps", 12)
+    batch_size: int = shared("batch_size", 8)
+    chunk_steps: int = shared("chunk_steps", 4)
+    eval_batch_size: int = shared("eval_batch_size", 32)
+    seeds: int = shared("seeds", 2)
+    lr: float | None = shared("lr", 3e-2)
+    dual_lr: float = shared("dual_lr", 0.2)
+    epsilon: float = shared("epsilon", 0.3)
+    warmup_steps: int | None = shared("warmup_steps", 2)
+
+
+class ToyTask(Task):
+    name = "toy"
+    config_cls = ToyConfig
+
+    def load(self, cfg):
+        rng = np.random.default_rng(cfg.seed)
+        basis = rng.normal(size=(2, DIM)).astype(np.float32)
+        return {
+            split: (rng.normal(size=(cfg.num_examples, 2)).astype(np.float32) @ basis)
+            for split in ("train", "val", "test")
+        }
+
+    def train_examples(self, data):
+        return data["train"]
+
+    def split_examples(self, data, split):
+        return data[split]
+
+    def model_names(self, cfg):
+        return ["toy"]
+
+    def build(self, cfg, data, name, structure):
+        L = cfg.layers
+
+        def states(params, x):
+            out = [x]
+            for layer in range(L):
+                out.append(out[-1] - jnp.tanh(out[-1] @ params["w"][layer]))
+            return jnp.stack(out)  # [L+1, B, D]
+
+        def per_sample(params, clean, noise):
+            return jnp.mean((states(params, clean + noise) - clean[None]) ** 2, axis=2).T
+
+        def layer_losses(params, batch, key):
+            noise = batch.gamma * jax.random.normal(key, batch.examples.shape)
+            return per_sample(params, batch.examples, noise)
+
+        def eval_outputs(params, frozen, clean, index, gamma, key):
+            noise = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (DIM,)))(index)
+            return {"losses": per_sample(params, clean, gamma * noise)}
+
+        return GroupModel(
+            name="toy",
+            num_layers=L,
+            init=lambda key: {"w": 0.05 * jax.random.normal(key, (L, DIM, DIM))},
+            layer_losses=layer_losses,
+            eval_outputs=eval_outputs,
+        )
+
+    def test_gammas(self, cfg, gamma_trains):
+        return sorted({0.0, 1.0} | set(gamma_trains))
+
+    def run_metrics(self, cfg, test, val, gammas, gamma_train):
+        return {"final_loss": [float(g[:, -1].mean()) for g in test["losses"]]}
+
+    def metric_columns(self):
+        return [Column("final", 8, lambda r: f"{r['final_loss'][0]:.4f}")]
+
+
+def toy(argv, out) -> dict:
+    assert task_main(ToyTask(), [*argv, "--out", str(out)], "toy", "toy") == 0
+    return json.loads((Path(out) / "results.json").read_text())
+
+
+def final_params(out: Path, group: str) -> dict:
+    with GroupCheckpointer(out / "checkpoints" / group) as ckpt:
+        states, _ = ckpt.restore(None)
+    return states
+
+
+@pytest.fixture(scope="module")
+def sweep_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("toy") / "sweep"
+    argv = ["--sweep", "epsilon=0.2,0.4", "--sweep", "lr=0.03,0.01", "--gamma-train", "0.3"]
+    return out, toy(argv, out)
+
+
+def test_sweep_runs_every_point_and_seed_in_one_program(sweep_run, capsys):
+    out, results = sweep_run
+    runs = results["runs"]
+    # ERM is swept only over lr (2 points), constrained over epsilon x lr (4): x 2 seeds
+    assert sum(not r["constrained"] for r in runs) == 4
+    assert sum(r["constrained"] for r in runs) == 8
+    groups = sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir())
+    assert groups == ["toy-2"]  # ERM and constrained runs: one program, one checkpoint folder
+    for r in runs:
+        assert set(r["hparams"]) == set(SWEEPABLE)
+        if r["constrained"]:
+            assert r["hparams"]["epsilon"] in (0.2, 0.4) and r["hparams"]["dual_lr"] == 0.2
+        else:
+            assert r["hparams"]["epsilon"] is None and r["hparams"]["reference"] is None
+            assert r["max_multipliers"] == [0.0] * 3
+    points = {(r["hparams"]["epsilon"], r["hparams"]["lr"]) for r in runs if r["constrained"]}
+    assert points == {(e, lr) for e in (0.2, 0.4) for lr in (0.03, 0.01)}
+    assert results["config"]["sweeps"] == {"epsilon": [0.2, 0.4], "lr": [0.03, 0.01]}
+
+
+def test_constrained_lanes_are_not_erm(sweep_run):
+    """A wiring bug that trained every lane as ERM would pass the other tests."""
+    _, results = sweep_run
+    constrained = [r for r in results["runs"] if r["constrained"]]
+    assert all(max(r["max_multipliers"]) > 0 for r in constrained)
+    erm = {(r["seed"], r["hparams"]["lr"]): r for r in results["runs"] if not r["constrained"]}
+    for r in constrained:
+        twin = erm[(r["seed"], r["hparams"]["lr"])]  # same init, same batches, same noise
+        assert abs(r["val_objective"] - twin["val_objective"]) > 1e-6
+
+
+def test_a_sweep_member_trains_like_that_member_alone(sweep_run, tmp_path):
+    out, results = sweep_run
+    alone = toy(["--epsilon", "0.4", "--lr", "0.01", "--gamma-train", "0.3"], tmp_path / "a")
+    swept = final_params(out, "toy-2")
+    single = final_params(tmp_path / "a", "toy-2")
+    # alone: [ERM s0, ERM s1, constrained s0, constrained s1]; the sweep lists the same runs
+    index = {
+        (r["constrained"], r["seed"], r["hparams"]["epsilon"], r["hparams"]["lr"]): i
+        for i, r in enumerate(results["runs"])
+    }
+    for j, r in enumerate(alone["runs"]):
+        i = index[(r["constrained"], r["seed"], r["hparams"]["epsilon"], r["hparams"]["lr"])]
+        w_sweep, w_alone = swept["params"]["w"][i], single["params"]["w"][j]
+        assert np.max(np.abs(w_alone)) > 0.06  # it trained
+        np.testing.assert_allclose(w_sweep, w_alone, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            swept["multipliers"][i], single["multipliers"][j], rtol=1e-4, atol=1e-5
+        )
+        assert results["runs"][i]["feasible"] == r["feasible"]
+
+
+def test_best_run_per_setting_is_feasible(sweep_run):
+    _, results = sweep_run
+    for constrained in (False, True):
+        runs = [r for r in results["runs"] if r["constrained"] == constrained]
+        best = [r for r in runs if r["best"]]
+        eligible = [r for r in runs if r["feasible"] or not constrained]
+        assert len(best) == (1 if eligible else 0)
+        if best:
+            assert best[0]["val_objective"] == min(r["val_objective"] for r in eligible)
+
+
+def test_outputs_curves_and_table(sweep_run, capsys):
+    out, results = sweep_run
+    run0 = results["runs"][0]
+    assert run0["curves"]["step"][-1] == 12 and len(run0["curves"]["multipliers"][0]) == 3
+    assert (out / "training_curves.png").stat().st_size > 10_000
+    logs = sorted(p.name for p in (out / "tensorboard").iterdir())
+    assert len(logs) == len(results["runs"])
+    assert all(any((out / "tensorboard" / d).iterdir()) for d in logs)
+    assert results["devices"] >= 1 and results["processes"] == 1
+
+
+def test_sweep_flag_errors(tmp_path, capsys):
+    for argv, words in [
+        (["--sweep", "epsilon"], "must be NAME=V1,V2"),
+        (["--sweep", "lr=0.1", "--sweep", "lr=0.2"], "--sweep lr is given twice"),
+        (["--sweep", "lr=0.1,-1"], "--sweep lr must all be finite numbers > 0, got -1.0"),
+        (["--sweep", "gamma_train=inf"], "values must be finite numbers"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            task_main(ToyTask(), [*argv, "--out", str(tmp_path / "o")], "toy", "toy")
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err, err
+    assert not (tmp_path / "o").exists()
+
+
+FOUR_DEVICES = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    import jax
+    from test_runner import ToyTask, toy
+    assert jax.device_count() == 4, jax.devices()
+    one = toy(["--devices", "1", "--seeds", "2", "--sweep", "epsilon=0.2,0.4"], {out!r} + "/one")
+    four = toy(["--seeds", "2", "--sweep", "epsilon=0.2,0.4"], {out!r} + "/four")
+    print(json.dumps({{"one": one, "four": four}}))
+    """
+)
+
+
+def test_four_cpu_devices_give_the_one_device_results(tmp_path):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env["JAX_PLATFORMS"] = "cpu"
+    code = FOUR_DEVICES.format(tests=str(ROOT / "tests"), out=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    both = json.loads(proc.stdout.strip().splitlines()[-1])
+    one, four = both["one"], both["four"]
+    assert one["devices"] == 1 and four["devices"] == 4
+    for a, b in zip(one["runs"], four["runs"], strict=True):
+        assert (a["label"], a["hparams"]) == (b["label"], b["hparams"])
+        np.testing.assert_allclose(a["final_loss"], b["final_loss"], rtol=1e-4)
+        np.testing.assert_allclose(a["multipliers"], b["multipliers"], rtol=1e-4, atol=1e-5)
+        assert a["feasible"] == b["feasible"]
+
+
+# --------------------------------------------------------------------------------------------
+# The importable step: per-run values in the state, never deleting the caller's arrays
+# --------------------------------------------------------------------------------------------
+
+
+def _losses(params, batch, key):
+    del key
+    states = [batch]
+    for layer in range(params["w"].shape[0]):
+        states.append(states[-1] * params["w"][layer])
+    return (jnp.stack(states, 1) - 0.5 * batch[:, None]) ** 2
+
+
+def test_two_states_from_one_params_then_the_params_still_work():
+    params = {"w": jnp.asarray([1.1, 0.9, 0.7], jnp.float32)}
+    batch = jnp.linspace(-1.0, 1.0, 16)
+    cfg = cudt.DescentConfig(num_layers=3, epsilon=0.1)
+    init_c, step_c = cudt.make_train_step(_losses, optax.adam(1e-2), cudt.dual_ascent(0.1), cfg)
+    erm = dataclasses.replace(cfg, constrained=False)
+    init_e, step_e = cudt.make_train_step(_losses, optax.adam(1e-2), cudt.dual_ascent(0.1), erm)
+    s1 = init_c(params)
+    s1, _ = step_c(s1, batch, jax.random.key(0))  # donates s1's buffers
+    s2 = init_e(params)  # the caller's params are alive
+    s2, _ = step_e(s2, batch, jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(params["w"]), np.float32([1.1, 0.9, 0.7]))
+    assert float(jnp.sum(params["w"])) == pytest.approx(2.7)
+    assert not np.allclose(np.asarray(s1.params["w"]), np.asarray(params["w"]))
+
+
+def test_erm_flag_in_the_state_is_erm():
+    """ERM and constrained as lanes of ONE vmapped step: the ERM lane equals a pure ERM run."""
+    params = {"w": jnp.asarray([1.1, 0.95, 0.7], jnp.float32)}
+    batch = jnp.linspace(-1.0, 1.0, 16)
+    cfg = cudt.DescentConfig(num_layers=3, epsilon=0.2)
+    tx = optax.inject_hyperparams(optax.adam)(learning_rate=1e-2)
+    init, step = cudt.make_train_step(_losses, tx, cudt.dual_adam(0.1), cfg, jit=False)
+    states = jax.vmap(lambda c, lr: init(params, constrained=c, lr=lr))(
+        jnp.asarray([False, True]), jnp.asarray([1e-2, 1e-2])
+    )
+    erm_cfg = dataclasses.replace(cfg, constrained=False)
+    init_e, step_e = cudt.make_train_step(_losses, optax.adam(1e-2), cudt.dual_adam(0.1), erm_cfg)
+    alone = init_e(params)
+    vstep = jax.jit(jax.vmap(step, in_axes=(0, None, None)))
+    for i in range(5):
+        states, _ = vstep(states, batch, jax.random.key(i))
+        alone, _ = step_e(alone, batch, jax.random.key(i))
+    np.testing.assert_allclose(states.params["w"][0], alone.params["w"], rtol=1e-5)
+    assert np.all(np.asarray(states.multipliers[0]) == 0)
+    assert float(jnp.max(states.multipliers[1])) > 0
+    assert not np.allclose(states.params["w"][0], states.params["w"][1], atol=1e-5)
+
+
+def test_learning_rate_needs_an_injected_optimizer():
+    cfg = cudt.DescentConfig(num_layers=3)
+    init, _ = cudt.make_train_step(_losses, optax.adam(1e-2), cudt.dual_ascent(0.1), cfg)
+    with pytest.raises(ValueError, match="optax.inject_hyperparams"):
+        init({"w": jnp.ones(3)}, lr=1e-3)
