@@ -19,7 +19,9 @@ import contextlib
 import dataclasses
 import os
 import platform
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -31,22 +33,30 @@ import optax
 import cudt
 from cudt.data.video import load_video_data, perturb
 from cudt.loop import sample_indices, train_group
-from cudt.models import UT, ut_project
+from cudt.models import DUST, UT, ut_project
 
 __all__ = [
+    "VIDEO",
     "ChunkClock",
+    "JaxSteps",
     "UTSetup",
+    "VideoSetup",
     "add_lapack_threads_flag",
+    "build_video_model",
     "burn_in",
+    "command_line",
     "compile_seconds",
     "copy_tree",
     "environment",
+    "header",
     "interleave",
     "lapack_threads",
     "make_layer_losses",
     "make_ut_setup",
+    "make_video_setup",
     "max_abs_diff",
     "median",
+    "model_names",
     "print_table",
     "stack_states",
     "video_data",
@@ -135,6 +145,88 @@ def make_ut_setup(
         return train_x[sample_indices(key, step_count, num_train, batch_size)]
 
     return UTSetup(model, params, init, step, layer_losses, config, make_batch)
+
+
+# The video experiment's defaults (experiments/video_denoise.py), as the newer scripts use them:
+# γ_train, primal Adam lr, dual ascent lr, ε, the UT's attention step a, DUST's atoms per axis
+# (K = 400 atoms) and soft threshold. DUST is the constrained model of the paper's setting, one
+# dictionary per layer.
+VIDEO = dict(
+    gamma=0.5, lr=1e-3, dual_lr=5e-2, epsilon=0.1, ut_a=0.25, dust_atoms=20, dust_threshold=0.01
+)
+
+
+def model_names(text: str) -> list[str]:
+    """``"ut,dust"`` -> ``["ut", "dust"]`` (for ``--models``)."""
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in ("ut", "dust")]
+    if bad or not names:
+        raise ValueError(f"--models takes a comma-separated list of ut, dust; got {text!r}")
+    return names
+
+
+@dataclasses.dataclass
+class VideoSetup:
+    """One denoiser of the video setting wired to ``cudt.make_train_step`` (see ``VIDEO``)."""
+
+    name: str  # "UT-5", "DUST-5"
+    model: Any
+    params: Any
+    init: Callable
+    step: Callable  # jitted (donating) or pure, as asked
+    layer_losses: Callable
+    config: cudt.DescentConfig
+    project: Callable | None  # the parameter projection after every step (UT), or None
+    sigma: float  # σ_x of the data (the noise is γ·σ_x·n)
+
+
+def build_video_model(model_name: str, layers: int, dim: int):
+    """``(module, projection)`` of the video experiment's UT or DUST (see ``VIDEO``)."""
+    if model_name == "ut":
+        return UT(num_layers=layers, dim=dim, a=VIDEO["ut_a"], init_scheme="dct"), ut_project
+    if model_name == "dust":
+        model = DUST(
+            num_layers=layers,
+            patch_dim=dim,
+            atoms_per_dim=VIDEO["dust_atoms"],
+            per_layer_dictionary=True,
+            threshold=VIDEO["dust_threshold"],
+        )
+        return model, None
+    raise ValueError(f"unknown model {model_name!r}")
+
+
+def make_video_setup(
+    model_name: str,
+    train_x: jax.Array,
+    sigma: float,
+    *,
+    layers: int,
+    constrained: bool = True,
+    jit: bool = True,
+    donate: bool = True,
+) -> VideoSetup:
+    """UT-``layers`` or DUST-``layers``: per-layer MSE losses, primal Adam, SGD dual ascent.
+
+    ``constrained=False`` is ERM through the same step (``DescentConfig(constrained=False)``).
+    """
+    model, project = build_video_model(model_name, layers, train_x.shape[-1])
+    params = model.init(jax.random.key(0), jnp.zeros((1,) + train_x.shape[1:], jnp.float32))
+    layer_losses = make_layer_losses(model, jnp.float32(VIDEO["gamma"]), sigma)
+    config = cudt.DescentConfig(
+        num_layers=layers, epsilon=VIDEO["epsilon"], constrained=constrained
+    )
+    init, step = cudt.make_train_step(
+        layer_losses,
+        optax.adam(VIDEO["lr"]),
+        cudt.dual_ascent(VIDEO["dual_lr"]),
+        config,
+        project_params=project,
+        jit=jit,
+        donate=donate,
+    )
+    name = f"{model_name.upper()}-{layers}"
+    return VideoSetup(name, model, params, init, step, layer_losses, config, project, sigma)
 
 
 def stack_states(init: Callable, params: Any, num_runs: int):
@@ -237,6 +329,27 @@ class ChunkClock:
         return self.durations[1:]
 
 
+class JaxSteps:
+    """Advances a train state with a jitted step; ``block(n)`` times n steps (s/step).
+
+    The state is replaced after every call (a donating step consumes its input); the clock is
+    read after ``jax.block_until_ready`` of the state.
+    """
+
+    def __init__(self, step: Callable, state: Any, batch: Any, key: jax.Array):
+        self.step, self.state, self.batch, self.key = step, state, batch, key
+
+    def __call__(self) -> None:
+        self.state, _ = self.step(self.state, self.batch, self.key)
+
+    def block(self, num_steps: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(num_steps):
+            self()
+        jax.block_until_ready(self.state)
+        return (time.perf_counter() - t0) / num_steps
+
+
 @contextlib.contextmanager
 def lapack_threads(num_threads: int) -> Iterator[str]:
     """Limits the OpenBLAS threads behind jax's CPU LAPACK kernels inside the block.
@@ -302,12 +415,31 @@ def compile_seconds() -> Iterator[list[float]]:
 
 
 def environment() -> str:
-    """One line naming what the numbers were measured on."""
-    devices = ", ".join(sorted({d.platform for d in jax.devices()}))
+    """One line naming what the numbers were measured on (jax runs on its default device)."""
+    import jaxlib
+
+    device = jax.devices()[0]  # the default device: a GPU if jax has one, else the CPU
     return (
-        f"jax {jax.__version__} ({devices}), python {platform.python_version()}, "
-        f"{os.cpu_count()} CPU cores"
+        f"jax {jax.__version__} (jaxlib {jaxlib.__version__}), default device "
+        f"{device.platform}:{device.device_kind} (x{jax.device_count()}), "
+        f"python {platform.python_version()}, {os.cpu_count()} CPU cores"
     )
+
+
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    """The command that runs ``module`` with ``argv`` (``sys.argv[1:]`` when None)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    exe = sys.executable
+    rel = os.path.relpath(exe)
+    if not rel.startswith(".."):
+        exe = rel
+    return shlex.join([exe, "-m", module, *argv])
+
+
+def header(module: str, argv: Sequence[str] | None) -> None:
+    """Prints the exact command line and the environment, the first lines of every output."""
+    print(f"command: {command_line(module, argv)}")
+    print(f"environment: {environment()}", flush=True)
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

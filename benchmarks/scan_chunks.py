@@ -26,6 +26,7 @@ from benchmarks._common import (
     ChunkClock,
     add_lapack_threads_flag,
     burn_in,
+    command_line,
     copy_tree,
     environment,
     interleave,
@@ -70,6 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    print(f"command: {command_line('benchmarks.scan_chunks', argv)}")
     with lapack_threads(args.lapack_threads) as lapack:
         run(args, lapack)
 

@@ -37,6 +37,7 @@ import numpy as np
 from benchmarks._common import (
     ChunkClock,
     add_lapack_threads_flag,
+    command_line,
     compile_seconds,
     copy_tree,
     environment,
@@ -141,6 +142,7 @@ def break_even(compile_v: float, compile_s: float, ms_v: float, ms_s: float) -> 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    print(f"command: {command_line('benchmarks.seeds_vmap', argv)}")
     with lapack_threads(args.lapack_threads) as lapack:
         run(args, lapack)
 

@@ -44,6 +44,7 @@ import torch
 
 from benchmarks._common import (
     add_lapack_threads_flag,
+    command_line,
     copy_tree,
     environment,
     interleave,
@@ -341,6 +342,7 @@ def bench_batch_size(args, train_x, sigma, batch_size: int, compile_status: str 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    print(f"command: {command_line('benchmarks.torch_baseline', argv)}")
     with lapack_threads(args.lapack_threads) as lapack:
         run(args, lapack)
 

@@ -27,7 +27,6 @@ import sys
 import warnings
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 from PIL import Image

@@ -85,3 +85,108 @@ def test_torch_baseline_reports_torch_compile_unavailable(bench, capsys, monkeyp
     assert [r.split()[1] for r in speed] == ["jax", "torch", "torch"]
     assert "torch compile  unavailable: RuntimeError: no C++ compiler here" in speed[2]
     assert "second line" not in out
+
+
+def _ratios(out: str, prefix: str) -> dict[str, float]:
+    """``ratio <what> = <number>`` lines starting with ``prefix``: {what: number} (all finite)."""
+    found = {}
+    for line in out.splitlines():
+        if line.startswith(f"ratio {prefix}"):
+            what, _, value = line[len("ratio ") :].rpartition(" = ")
+            found[what] = float(value)
+    assert found, f"no 'ratio {prefix}...' lines in the output"
+    assert all(0 < v < float("inf") for v in found.values()), found
+    return found
+
+
+def _check_header(out: str, module: str) -> None:
+    lines = out.splitlines()
+    assert lines[0].startswith("command: ") and f"-m benchmarks.{module} --quick" in lines[0]
+    assert lines[1].startswith("environment: jax ") and "default device " in lines[1]
+
+
+def test_cooper_baseline_prints_ratios_and_equal_work(bench, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("cooper")
+    bench("cooper_baseline").main(["--quick"])
+    out = capsys.readouterr().out
+    _check_header(out, "cooper_baseline")
+    losses = _table(out, "model losses [B, L+1] max abs diff max rel to max loss")
+    assert [r.split()[0] for r in losses] == ["UT-1", "DUST-1"]
+    assert all(float(r.split()[2]) < 1e-6 for r in losses)  # same per-layer losses
+    steps = _table(
+        out,
+        "model impl layer loss rel lagrangian rel multipliers abs cudt λ moved params max abs "
+        "frac params > 0.0001 match",
+    )
+    assert len(steps) == 4 and all(r.split()[-1] == "yes" for r in steps)
+    speed = _table(out, "model impl torch threads ms/step this / cudt Cooper / hand")
+    assert len(speed) == 2 * 5  # cudt + (Cooper, hand) x (1 thread, default) per model
+    ratios = _ratios(out, "UT-1: ")
+    assert "UT-1: torch + Cooper [torch threads 1] / cudt" in ratios
+    assert "UT-1: torch + Cooper / torch hand-written [torch threads 1]" in ratios
+    assert len(_ratios(out, "DUST-1: ")) == 6
+
+
+def test_erm_vs_constrained_prints_ratios(bench, capsys):
+    bench("erm_vs_constrained").main(["--quick"])
+    out = capsys.readouterr().out
+    _check_header(out, "erm_vs_constrained")
+    rows = _table(out, "model step compile s ms/step this / ERM")
+    assert [r.split()[:-3] for r in rows] == [
+        ["UT-1", "plain", "ERM"],
+        ["UT-1", "ERM"],
+        ["UT-1", "constrained"],
+        ["DUST-1", "plain", "ERM"],
+        ["DUST-1", "ERM"],
+        ["DUST-1", "constrained"],
+    ]
+    assert rows[1].split()[-1] == "1"
+    assert set(_ratios(out, "")) == {
+        f"{m}: constrained / {erm}" for m in ("UT-1", "DUST-1") for erm in ("ERM", "plain ERM")
+    }
+    assert "same work, UT-1: first step's objective mean ℓ_L max - min over the three = 0 " in out
+
+
+def test_sweep_vmap_prints_ratios_and_equal_work(bench, capsys):
+    # One model: every R compiles its own vmapped program (~3 s each on 2 cores).
+    bench("sweep_vmap").main(["--quick", "--models", "ut"])
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("-m benchmarks.sweep_vmap --quick --models ut")
+    checks = _table(
+        out,
+        "model R params max abs diff frac params > 0.0001 λ max abs diff λ spread over runs",
+    )
+    assert [r.split()[:2] for r in checks] == [["UT-1", "1"], ["UT-1", "2"]]
+    # vmapped run r == sequential run r: few parameters differ, the multipliers agree
+    assert all(float(r.split()[3]) < 0.01 and float(r.split()[4]) < 1e-6 for r in checks)
+    rows = _table(out, "model R way compile s ms/step ms/run-step this / one program")
+    assert [r.split()[1:3] for r in rows] == [
+        ["1", "one"],
+        ["1", "sequential"],
+        ["2", "one"],
+        ["2", "sequential"],
+    ]
+    assert set(_ratios(out, "UT-1 ")) == {
+        "UT-1 R=1: sequential / one program",
+        "UT-1 R=2: sequential / one program",
+    }
+
+
+def test_flops_prints_rates_against_the_matmul(bench, capsys):
+    bench("flops").main(["--quick"])
+    out = capsys.readouterr().out
+    _check_header(out, "flops")
+    rows = _table(out, "program GFLOP as compiled GFLOP used ms/call GFLOP/s / matmul rate")
+    assert [r.split()[0] for r in rows] == ["matmul", "UT-2", "DUST-2"]
+    assert rows[0].split()[-1] == "1"
+    for row in rows:
+        assert float(row.split()[-5]) > 0  # GFLOP counted
+    # XLA counts the layer scan's body once: unrolled, L = 2 layers count more FLOPs.
+    assert _ratios(out, "UT-2: GFLOP unrolled")["UT-2: GFLOP unrolled / as compiled"] > 1.05
+    assert set(_ratios(out, "")) == {
+        "UT-2: achieved FLOP/s / matmul rate",
+        "UT-2: GFLOP unrolled / as compiled",
+        "DUST-2: achieved FLOP/s / matmul rate",
+        "DUST-2: GFLOP unrolled / as compiled",
+    }

@@ -53,6 +53,13 @@ requires_hf = pytest.mark.skipif(
 )
 
 TOL = 1e-4  # max abs difference allowed against HF, float32 on CPU
+# Padded query positions of the real MiniLM are ill-conditioned (observed up to 6e-5 against HF
+# on one CPU, where real tokens differ by < 4e-6): compared relative to the state's scale.
+PAD_REL_TOL = 1e-4
+# Two differently compiled JAX programs (jit vs eager, block vs sublayer, with vs without an
+# extra add) computing the same states agree up to float32 rounding, which XLA's fusion and
+# vectorisation make CPU-dependent: compared relative to the states' scale (|states| ~ 4).
+REL_TOL = 1e-5
 TINY = dict(hidden=32, heads=4, intermediate=37, vocab=100, max_pos=64)
 
 
@@ -74,6 +81,25 @@ def padded_batch(
         ids[b, :n] = rng.integers(pad_id + 1, TINY["vocab"], size=n)
         mask[b, :n] = 1
     return ids, mask
+
+
+def assert_same_states(actual: Any, desired: Any, rel: float = REL_TOL) -> None:
+    """Equal up to float32 rounding at the scale of ``desired`` (a wrong state is off by O(1))."""
+    desired = np.asarray(desired)
+    scale = float(np.abs(desired).max())
+    np.testing.assert_allclose(np.asarray(actual), desired, rtol=rel, atol=rel * scale)
+
+
+def assert_matches_hf_real_model(ours: Any, ref: np.ndarray, mask: np.ndarray, label: str) -> None:
+    """Real tokens within ``TOL``; padded query positions within ``PAD_REL_TOL`` of the scale."""
+    diff = np.abs(np.asarray(ours) - ref)  # [L+1, B, T, D]
+    real = mask.astype(bool)  # [B, T]
+    real_diff = float(diff[:, real].max())
+    pad_diff = float(diff[:, ~real].max()) if (~real).any() else 0.0
+    scale = float(np.abs(ref).max())
+    print(f"\n[{label}] max diff real tokens {real_diff:.2e}, padded {pad_diff:.2e}")
+    assert real_diff < TOL, real_diff
+    assert pad_diff < PAD_REL_TOL * scale, (pad_diff, scale)
 
 
 def hf_states(model: Any, ids: np.ndarray, mask: np.ndarray, **kw: Any) -> np.ndarray:
@@ -348,14 +374,13 @@ def test_parity_with_hf_minilm_real_weights() -> None:
         np.testing.assert_array_equal(mask, ref["attention_mask"])
         np.testing.assert_array_equal(types, ref["token_type_ids"])
 
-        diff = np.abs(np.asarray(enc(ids, mask)) - hf_states(model, ids, mask)).max()
-        print(f"\n[all-MiniLM-L6-v2 {'pairs' if types.max() else 'single'}] max diff {diff:.2e}")
-        assert diff < TOL
+        label = f"all-MiniLM-L6-v2 {'pairs' if types.max() else 'single'}"
+        assert_matches_hf_real_model(enc(ids, mask), hf_states(model, ids, mask), mask, label)
         typed = enc.apply(enc.params, ids, mask, token_type_ids=types)
         ref_typed = hf_states(
             model, ids, mask, token_type_ids=torch.from_numpy(types.astype(np.int64))
         )
-        assert np.abs(np.asarray(typed) - ref_typed).max() < TOL
+        assert_matches_hf_real_model(typed, ref_typed, mask, f"{label} typed")
 
 
 # --------------------------------------------------------------------------------------------
@@ -416,8 +441,9 @@ def test_sublayer_granularity(tiny_bert: Encoder) -> None:
     sub = tiny_bert.apply(tiny_bert.params, ids, mask, granularity="sublayer")  # [2L+1, B, T, D]
     n_layers = tiny_bert.config.num_layers
     assert blocks.shape[0] == n_layers + 1 and sub.shape[0] == 2 * n_layers + 1
-    np.testing.assert_allclose(sub[0], blocks[0], atol=1e-6)  # embedding output
-    np.testing.assert_allclose(sub[2::2], blocks[1:], atol=1e-6)  # block outputs
+    # Two compiled programs (granularity is static): equal up to rounding at the states' scale.
+    assert_same_states(sub[0], blocks[0])  # embedding output
+    assert_same_states(sub[2::2], blocks[1:])  # block outputs
     # After-attention states are real intermediate states, not copies of block outputs.
     assert not np.allclose(sub[1::2], sub[2::2], atol=1e-3)
     with pytest.raises(EncoderError, match="granularity"):
@@ -432,7 +458,7 @@ def test_embedding_noise(tiny_bert: Encoder) -> None:
     shape = (*ids.shape, tiny_bert.config.hidden_size)
     zero = tiny_bert.apply(params, ids, mask, embedding_noise=jnp.zeros(shape))
     # Another compiled program (extra add) may fuse differently: equal up to float32 rounding.
-    np.testing.assert_allclose(np.asarray(zero), np.asarray(clean), atol=1e-5)
+    assert_same_states(zero, clean)
 
     noise = np.zeros(shape, np.float32)
     noise[0, 2] = np.random.default_rng(0).standard_normal(shape[-1])
@@ -450,16 +476,14 @@ def test_embedding_noise(tiny_bert: Encoder) -> None:
     shifted = jax.tree.map(lambda x: x, params)
     shifted["embeddings"] = dict(params["embeddings"])
     shifted["embeddings"]["word_embeddings"] = {"embedding": word.at[ids[0, 2]].add(noise[0, 2])}
-    np.testing.assert_allclose(tiny_bert.apply(shifted, ids, mask), noisy, atol=1e-5)
+    assert_same_states(tiny_bert.apply(shifted, ids, mask), noisy)  # another program
 
 
 def test_jit_and_grad_of_apply(tiny_bert: Encoder) -> None:
     ids, mask = padded_batch(0)
     eager = tiny_bert.apply(tiny_bert.params, ids, mask, granularity="sublayer")
     jitted = jax.jit(tiny_bert.apply, static_argnames="granularity")
-    np.testing.assert_allclose(
-        jitted(tiny_bert.params, ids, mask, granularity="sublayer"), eager, atol=1e-6
-    )
+    assert_same_states(jitted(tiny_bert.params, ids, mask, granularity="sublayer"), eager)
     noise = jnp.zeros((*ids.shape, tiny_bert.config.hidden_size))
 
     def loss(params: Any, noise: jax.Array) -> jax.Array:
@@ -493,6 +517,7 @@ def test_prefixed_and_headed_checkpoints_load(tmp_path: pathlib.Path) -> None:
     plain = load_encoder(write_tiny_folder(tmp_path / "plain", "distilbert"))
     prefixed = load_encoder(write_tiny_folder(tmp_path / "pre", "distilbert", prefix="distilbert."))
     ids, mask = padded_batch(0)
+    # Same config, same weights: the same compiled program on the same inputs, so bit-equal.
     np.testing.assert_array_equal(np.asarray(plain(ids, mask)), np.asarray(prefixed(ids, mask)))
     assert (
         plain.config.type_vocab_size == 0
@@ -610,7 +635,8 @@ def test_concrete_ids_closed_over_inside_jit(tiny_bert: Encoder) -> None:
     ids = jnp.array([[1, 2, 3]])
     mask = jnp.ones_like(ids)
     states = jax.jit(lambda: tiny_bert(ids, mask))()
-    np.testing.assert_allclose(states, tiny_bert(ids, mask), atol=1e-6)
+    # Everything is a constant here, so XLA may fold and fuse freely: not bit-equal to eager.
+    assert_same_states(states, tiny_bert(ids, mask))
     bad = jnp.array([[tiny_bert.config.vocab_size]])
     with pytest.raises(EncoderError, match="input_ids must lie in"):
         jax.jit(lambda: tiny_bert(bad, jnp.ones_like(bad)))()

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import cudt
-from cudt.experiment import open_output
+from cudt.experiment import open_output, select_best
 from cudt.io import UsageError, write_json_atomic
 from cudt.loop import sample_indices, train_group
 from cudt.metrics import descent_stats, feasibility, rmse_255, trapezoid_auc
@@ -57,9 +57,13 @@ def test_chunked_vmapped_loop_equals_stepping_by_hand():
         s = jax.tree.map(lambda a, r=r: a[r], states2)
         for _ in range(7):
             s, _ = jstep(s, make_batch(keys[r], s.step), keys[r])
-        np.testing.assert_allclose(result.states.params["w"][r], s.params["w"], rtol=1e-5)
+        # scan + vmap vs one jitted step at a time: two compiled programs, equal up to float32
+        # rounding at the scale of w and λ (~1); a wrong batch, key or chunk moves them >1e-3.
         np.testing.assert_allclose(
-            result.states.multipliers[r], s.multipliers, rtol=1e-5, atol=1e-7
+            result.states.params["w"][r], s.params["w"], rtol=1e-5, atol=1e-5
+        )
+        np.testing.assert_allclose(
+            result.states.multipliers[r], s.multipliers, rtol=1e-5, atol=1e-5
         )
     assert not result.diverged.any()
 
@@ -127,3 +131,56 @@ def test_failed_atomic_write_leaves_old_file(tmp_path):
         write_json_atomic(path, {"v": object()})
     assert json.loads(path.read_text()) == {"v": 1}
     assert os.listdir(tmp_path) == ["results.json"]
+
+
+def _run(name, constrained, score, feasible=True, diverged=False, model="dust", layers=3):
+    run = {"name": name, "model": model, "layers": layers, "constrained": constrained}
+    run.update(feasible=feasible, diverged=diverged)
+    if score is not None:
+        run["rmse"] = score
+    return run
+
+
+def _best(runs):
+    return sorted(r["name"] for r in runs if r["best"])
+
+
+def test_select_best_never_picks_an_infeasible_or_broken_run():
+    nan = float("nan")
+    runs = [
+        # constrained DUST-3: the lowest RMSE is infeasible; the best feasible one must win.
+        _run("c-infeasible", True, 1.0, feasible=False),
+        _run("c-feasible-worse", True, 3.0),
+        _run("c-feasible-best", True, 2.0),
+        # constrained DUST-3 is one setting; DUST-5 another, all infeasible: no best at all.
+        _run("c5-infeasible-a", True, 1.0, feasible=False, layers=5),
+        _run("c5-infeasible-b", True, 2.0, feasible=False, layers=5),
+        # ERM DUST-3: NaN score first (a bare min() would return it), a diverged run with the
+        # lowest score, an ERM run whose (reported, not required) verdict is infeasible.
+        _run("e-nan", False, nan),
+        _run("e-diverged", False, 0.5, diverged=True),
+        _run("e-infeasible-best", False, 1.5, feasible=False),
+        _run("e-feasible", False, 2.5),
+        _run("e-missing-score", False, None),
+        # UT-3 constrained: only a diverged (feasible-looking) run and a NaN one: no best.
+        _run("u-diverged", True, 0.1, diverged=True, model="ut"),
+        _run("u-nan", True, nan, model="ut"),
+    ]
+    runs[1]["best"] = True  # a stale mark from an earlier call is cleared
+    select_best(runs, "rmse", higher_is_better=False)
+    assert _best(runs) == ["c-feasible-best", "e-infeasible-best"]
+    assert all(isinstance(r["best"], bool) for r in runs)
+
+
+def test_select_best_higher_is_better():
+    runs = [
+        _run("c-nan", True, float("nan")),
+        _run("c-infeasible", True, 0.99, feasible=False),
+        _run("c-diverged", True, 0.98, diverged=True),
+        _run("c-low", True, 0.6),
+        _run("c-high", True, 0.8),
+        _run("e-low", False, 0.7),
+        _run("e-high", False, 0.9, feasible=False),
+    ]
+    select_best(runs, "rmse", higher_is_better=True)
+    assert _best(runs) == ["c-high", "e-high"]

@@ -1,4 +1,12 @@
-"""Tests for the video models (UT, DUST) and the DCT dictionaries, on tiny configs."""
+"""Tests for the video models (UT, DUST) and the DCT dictionaries, on tiny configs.
+
+Two differently compiled programs (jit vs eager, another sequence length, another dictionary
+layout) agree only up to float32 rounding that XLA's fusion and vectorisation make
+CPU-dependent: such comparisons use ``assert_same_program_result`` (rtol and atol 1e-5 of the
+states' scale, here ~1); a real bug (padding leaking into attention, a wrong projection) moves
+them by 1e-1 or more. Exact equality is kept for copies (state 0 is the input, the output is
+the last state), leaves a function promises to return untouched, and stopped gradients.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +33,13 @@ ATOMS = 5  # K = 25 > P: overcomplete
 def _inputs(batch: bool = True, seed: int = 0) -> jax.Array:
     shape = (B, T, P) if batch else (T, P)
     return jax.random.uniform(jax.random.key(seed), shape, jnp.float32)
+
+
+def assert_same_program_result(actual, desired, rel: float = 1e-5) -> None:
+    """Equal up to float32 rounding at the scale of ``desired``."""
+    desired = np.asarray(desired)
+    scale = max(float(np.abs(desired).max()), 1e-30)
+    np.testing.assert_allclose(np.asarray(actual), desired, rtol=rel, atol=rel * scale)
 
 
 def _param_count(variables) -> int:
@@ -157,7 +172,7 @@ def test_ut_mask_ignores_padding() -> None:
     padded = x.at[:, -1].set(5.0)
     out, _ = model.apply(variables, padded, jnp.broadcast_to(mask, (B, T)))
     ref, _ = model.apply(variables, x[:, :-1])
-    np.testing.assert_allclose(out[:, :-1], ref, atol=1e-6)
+    assert_same_program_result(out[:, :-1], ref)  # T vs T-1 tokens: two programs
 
 
 @pytest.mark.parametrize("scheme", ["dct", "xavier"])
@@ -188,7 +203,7 @@ def test_ut_grads_finite_and_jit() -> None:
     assert float(jnp.abs(grads["params"]["ffn"]).max()) > 0
     out_jit, states_jit = jax.jit(model.apply)(variables, x)
     _, states = model.apply(variables, x)
-    np.testing.assert_allclose(states_jit, states, atol=1e-6)
+    assert_same_program_result(states_jit, states)
 
 
 def test_ut_project_clips_eigenvalues() -> None:
@@ -197,7 +212,8 @@ def test_ut_project_clips_eigenvalues() -> None:
     params = {"params": {**params["params"], "ffn": ffn}}
     projected = jax.jit(ut_project)(params)  # full model.init tree
     sym = projected["params"]["ffn"]
-    np.testing.assert_allclose(sym, sym.T, atol=1e-6)
+    # V·diag(λ)·Vᵀ rounds (i, j) and (j, i) separately: symmetric up to ~n·eps·‖W‖.
+    np.testing.assert_allclose(sym, sym.T, atol=1e-5)
     evals = np.linalg.eigvalsh(np.asarray(sym, np.float64))
     assert evals.min() >= -0.95 - 1e-5 and evals.max() <= 0.95 + 1e-5
     assert np.abs(np.linalg.eigvalsh(np.asarray(ffn + ffn.T) / 2)).max() > 0.95  # it did clip
@@ -205,7 +221,7 @@ def test_ut_project_clips_eigenvalues() -> None:
     np.testing.assert_array_equal(projected["params"]["bias"], params["params"]["bias"])
     # The UT's own dict works too, and the result is the same.
     own = ut_project(params["params"])
-    np.testing.assert_allclose(own["ffn"], sym, atol=1e-6)
+    assert_same_program_result(own["ffn"], sym)  # eager vs jit
 
 
 def test_ut_project_leaves_feasible_unchanged() -> None:
@@ -257,7 +273,7 @@ def test_dust_shapes_and_state0(batch: bool, per_layer: bool) -> None:
     np.testing.assert_array_equal(states2, states)
     d = variables["params"]["dictionary"]
     d_last = d[-1] if per_layer else d
-    np.testing.assert_allclose(jnp.einsum("...tk,pk->...tp", codes[-1], d_last), out, atol=1e-5)
+    assert_same_program_result(jnp.einsum("...tk,pk->...tp", codes[-1], d_last), out)
 
 
 def test_dust_adjoint_initial_code_tight_frame() -> None:
@@ -282,7 +298,7 @@ def test_dust_dictionary_shapes_tied_vs_per_layer() -> None:
     # With identical per-layer dictionaries the two parametrisations compute the same thing.
     _, s_shared = DUST(num_layers=5, patch_dim=P, atoms_per_dim=ATOMS).apply(shared, x)
     _, s_per = per.apply(per_vars, x)
-    np.testing.assert_allclose(s_per, s_shared, atol=1e-5)
+    assert_same_program_result(s_per, s_shared)
 
 
 @pytest.mark.parametrize("per_layer", [False, True])
@@ -302,7 +318,7 @@ def test_dust_grads_finite_and_jit(per_layer: bool) -> None:
     if per_layer:  # jit vs eager once is enough (compiles dominate the test time)
         _, states_jit = jax.jit(model.apply)(variables, x)
         _, states = model.apply(variables, x)
-        np.testing.assert_allclose(states_jit, states, atol=1e-6)
+        assert_same_program_result(states_jit, states)
 
 
 def test_spectral_norm_sq_value_and_no_gradient() -> None:

@@ -28,7 +28,7 @@ import cudt
 from cudt.checkpoint import GroupCheckpointer
 from cudt.cli import task_main
 from cudt.experiment import Column
-from cudt.runner import GroupModel, RunConfig, Task, run
+from cudt.runner import GroupModel, RunConfig, Task
 from cudt.runner.config import SWEEPABLE, at_least, flag, shared
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -315,7 +315,6 @@ def test_build_text_model_refusals(tiny_bert):
 
 def test_cli_choices_match_the_library():
     from cudt.data.text import TEXT_DATASETS
-
     from cudt.tasks import text as text_task
 
     assert text_task.DATASETS == TEXT_DATASETS

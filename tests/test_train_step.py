@@ -2,6 +2,16 @@
 
 The toy model has L scalar "layers": x_l = w_l·x_{l−1}, per-sample loss ℓ_l = (x_l − y)², so every
 mean loss, constraint value and gradient can be computed independently in numpy-like code.
+
+Tolerances. The jitted step and the hand computation are two differently compiled programs
+(XLA fuses, reorders reductions and contracts multiply-adds into FMAs differently on different
+CPUs), so float results are compared with ``rtol=1e-5`` and an ``atol`` of about 1e-5 of the
+compared quantities' scale (``atol=1e-6`` for constraint values and multipliers of order 0.1–1).
+Every bug targeted here (a sign, a wrong index, a missing projection or decay, stale parameters)
+moves the result by 1e-2 or more. Exact equality is kept only where the step promises it:
+a projection that pins a value at exactly 0 (``max(λ+u, 0) - λ + λ`` is exactly 0), values the
+step must leave untouched (``jnp.where`` of the old value: warm-up, ERM), and the same compiled
+program run twice on the same inputs.
 """
 
 import chex
@@ -46,13 +56,15 @@ def expected_g(params, batch, epsilon, reference=None):
     return m, g
 
 
-def run(cfg, dual, steps=1, primal=None, batches=None, lam0=None, **kw):
+def run(cfg, dual, steps=1, primal=None, batches=None, lam0=None, slacks0=None, **kw):
     init, step = cudt.make_train_step(
         layer_losses, primal or optax.sgd(0.0), dual, cfg, donate=False, **kw
     )
     state = init(params0())
     if lam0 is not None:
         state = state.replace(multipliers=jnp.asarray(lam0, jnp.float32))
+    if slacks0 is not None:
+        state = state.replace(slacks=jnp.asarray(slacks0, jnp.float32))
     key = jax.random.key(0)
     history = []
     for i in range(steps):
@@ -74,7 +86,7 @@ def test_dual_ascent_is_projected_sgd_ascent_exactly():
         _, g = expected_g(before.params, batch, eps)
         np.testing.assert_allclose(metrics["constraint"], g, rtol=1e-5, atol=1e-6)
         lam_expected = np.maximum(0.0, np.asarray(before.multipliers) + lr * g)
-        np.testing.assert_allclose(metrics["multipliers"], lam_expected, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(metrics["multipliers"], lam_expected, rtol=1e-5, atol=1e-6)
     assert np.all(np.asarray(state.multipliers) >= 0)
     # the sign: the first layer's constraint is violated (w_1 = 1.1 makes ℓ grow), λ_1 grows.
     assert float(state.multipliers[1]) > 0.2
@@ -109,7 +121,7 @@ def test_simultaneous_update_uses_pre_step_parameters():
     before, _, metrics = hist[0]
     _, g_pre = expected_g(before.params, batch, 0.1)
     np.testing.assert_allclose(
-        metrics["multipliers"], np.maximum(0, lr_dual * g_pre), rtol=1e-5, atol=1e-7
+        metrics["multipliers"], np.maximum(0, lr_dual * g_pre), rtol=1e-5, atol=1e-6
     )
     # The primal step moved the parameters enough that g at the new ones differs clearly.
     params_after = {
@@ -134,8 +146,9 @@ def test_primal_gradient_is_gradient_of_lagrangian():
         return m[-1] + jnp.sum(lam0[1:] * g)
 
     want = params0()["w"] - lr * jax.grad(lag)(params0())["w"]
-    np.testing.assert_allclose(state.params["w"], want, rtol=1e-5)
-    np.testing.assert_allclose(hist[0][2]["lagrangian"], lag(params0()), rtol=1e-5)
+    np.testing.assert_allclose(state.params["w"], want, rtol=1e-5, atol=1e-6)
+    # 𝓛 ≈ 0.1 is a sum of terms of order 1: an absolute tolerance at that scale.
+    np.testing.assert_allclose(hist[0][2]["lagrangian"], lag(params0()), rtol=1e-5, atol=1e-5)
 
 
 def test_erm_is_the_same_step_with_zero_multipliers():
@@ -144,10 +157,12 @@ def test_erm_is_the_same_step_with_zero_multipliers():
     batch = make_batch(4)
     state, hist = run(cfg, cudt.dual_ascent(10.0), primal=optax.sgd(lr), steps=1, batches=[batch])
     grad = jax.grad(lambda p: jnp.mean(layer_losses(p, batch, None)[:, -1]))(params0())
-    np.testing.assert_allclose(state.params["w"], params0()["w"] - lr * grad["w"], rtol=1e-6)
-    assert np.all(np.asarray(state.multipliers) == 0)
+    np.testing.assert_allclose(
+        state.params["w"], params0()["w"] - lr * grad["w"], rtol=1e-5, atol=1e-6
+    )
+    assert np.all(np.asarray(state.multipliers) == 0)  # never updated: exactly 0
     m = hist[0][2]
-    np.testing.assert_allclose(m["lagrangian"], m["objective"], rtol=1e-6)
+    np.testing.assert_allclose(m["lagrangian"], m["objective"], rtol=1e-5)
 
 
 def test_resilience_decay_form():
@@ -159,7 +174,7 @@ def test_resilience_decay_form():
         _, g = expected_g(before.params, batch, 0.1)
         lam = np.asarray(before.multipliers)
         want = np.maximum(0.0, lam + lr * (g - lam / alpha))
-        np.testing.assert_allclose(metrics["multipliers"], want, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(metrics["multipliers"], want, rtol=1e-5, atol=1e-6)
 
 
 def test_dual_adam_matches_optax_adam_on_negated_gradient():
@@ -173,7 +188,8 @@ def test_dual_adam_matches_optax_adam_on_negated_gradient():
         _, g = expected_g(before.params, batch, 0.1)
         upd, opt_state = adam.update(-jnp.asarray(g, jnp.float32), opt_state, lam)
         lam = jnp.maximum(lam + upd, 0.0)
-        np.testing.assert_allclose(metrics["multipliers"], lam, rtol=1e-5, atol=1e-6)
+        # Adam moves each λ by about lr per step: atol relative to that scale.
+        np.testing.assert_allclose(metrics["multipliers"], lam, rtol=1e-5, atol=1e-4 * lr)
 
 
 def test_reference_constraint():
@@ -192,6 +208,79 @@ def test_warmup_freezes_duals():
     assert np.all(np.asarray(hist[0][2]["multipliers"]) == 0)
     assert np.all(np.asarray(hist[1][2]["multipliers"]) == 0)
     assert float(hist[2][2]["multipliers"][1]) > 0
+
+
+def adam_states(dual_state):
+    """The ``ScaleByAdamState`` nodes (count, mu, nu) inside a dual optimiser's state."""
+    found = [
+        node
+        for node in jax.tree.leaves(
+            dual_state, is_leaf=lambda n: isinstance(n, optax.ScaleByAdamState)
+        )
+        if isinstance(node, optax.ScaleByAdamState)
+    ]
+    assert len(found) == 1, dual_state
+    return found[0]
+
+
+def test_warmup_freezes_dual_adam_state_then_starts_fresh():
+    """During warm-up neither λ nor Adam's moments/count move; the first active step is a fresh
+    Adam's first step. (A warm-up that only masks λ but lets Adam accumulate would start with
+    a stale bias correction and moments: visibly different updates.)"""
+    warmup, lr = 3, 0.05
+    cfg = cudt.DescentConfig(num_layers=L, epsilon=0.1, warmup_steps=warmup)
+    # The primal moves during warm-up (it is a primal warm-up), so g changes from step to step.
+    state, hist = run(cfg, cudt.dual_adam(lr), steps=warmup + 2, primal=optax.sgd(0.05))
+    initial = hist[0][0].dual_state
+    for i in range(warmup):
+        before, _, metrics = hist[i]
+        after = hist[i + 1][0]
+        assert np.all(np.asarray(metrics["multipliers"]) == 0)
+        assert np.all(np.asarray(after.multipliers) == 0)
+        adam = adam_states(after.dual_state)
+        assert int(adam.count) == 0
+        assert np.all(np.asarray(adam.mu) == 0) and np.all(np.asarray(adam.nu) == 0)
+        chex.assert_trees_all_equal(after.dual_state, initial)
+        # ... while the primal did train.
+        assert not np.array_equal(after.params["w"], before.params["w"])
+
+    # From step `warmup` on: an independent, fresh optax Adam on −g, projected onto λ ≥ 0.
+    ref = optax.adam(lr)
+    lam = jnp.zeros(L + 1, jnp.float32)
+    ref_state = ref.init(lam)
+    for k, (before, batch, metrics) in enumerate(hist[warmup:], start=1):
+        _, g = expected_g(before.params, batch, 0.1)
+        upd, ref_state = ref.update(-jnp.asarray(g, jnp.float32), ref_state, lam)
+        lam = jnp.maximum(lam + upd, 0.0)
+        np.testing.assert_allclose(metrics["multipliers"], lam, rtol=1e-5, atol=1e-4 * lr)
+        after = hist[warmup + k][0] if warmup + k < len(hist) else state
+        assert int(adam_states(after.dual_state).count) == k
+    # The first active step is Adam's lr·sign(g) on the violated layer 1 (not lr·g, not 0).
+    first = np.asarray(hist[warmup][2]["multipliers"])
+    np.testing.assert_allclose(first[1], lr, rtol=1e-4)
+    assert float(state.multipliers[1]) > lr
+
+
+def test_slack_projection_binds_at_exactly_zero():
+    """u ← max(0, u − lr·(α·u − λ)): where λ = 0 and lr·α > 1 the unprojected step is negative
+    and the slack must land at exactly 0; elsewhere it is the plain gradient step."""
+    alpha, slack_lr = 1.0, 3.0
+    cfg = cudt.DescentConfig(
+        num_layers=L, epsilon=0.1, resilience=alpha, resilience_mode="slack", slack_lr=slack_lr
+    )
+    lam0 = np.array([0.0, 1.0, 0.0, 2.0], np.float32)
+    u0 = np.array([0.5, 0.2, 0.4, 0.1], np.float32)
+    _, hist = run(cfg, cudt.dual_ascent(0.1), lam0=lam0, slacks0=u0)
+    before, _, metrics = hist[0]
+    np.testing.assert_array_equal(before.slacks, u0)  # the step really started from u0
+    unprojected = u0.astype(np.float64) - slack_lr * (alpha * u0 - lam0)
+    binds = unprojected < 0
+    assert binds.tolist() == [True, False, True, False]  # both cases in one step
+    slacks = np.asarray(metrics["slacks"])
+    assert np.all(slacks >= 0)
+    assert np.all(slacks[binds] == 0.0)  # the projection, exactly (not -1e-8, not u0)
+    np.testing.assert_allclose(slacks[~binds], unprojected[~binds], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(slacks[~binds], [2.6, 5.8], rtol=1e-5)  # by hand
 
 
 def test_explicit_slacks_and_restarts():
@@ -215,7 +304,7 @@ def test_explicit_slacks_and_restarts():
         u_new = np.maximum(0.0, u - slack_lr * (alpha * u - lam))
         if (i + 1) % 3 == 0:
             u_new = np.zeros_like(u_new)
-        np.testing.assert_allclose(metrics["slacks"], u_new, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(metrics["slacks"], u_new, rtol=1e-5, atol=1e-6)
     assert float(hist[1][2]["slacks"][1]) > 0  # slacks really moved before the restart
     assert np.all(np.asarray(hist[2][2]["slacks"]) == 0)  # ... and were reset at step 3
 
@@ -282,9 +371,10 @@ def test_vmapped_seeds_equal_separate_runs():
     for _ in range(3):
         states, _ = vstep(states, batch, key)
         singles = [jstep(s, batch, key)[0] for s in singles]
+    # vmap vs one run at a time: two compiled programs; a mixed-up run differs by ~1e-2.
     for i, s in enumerate(singles):
-        np.testing.assert_allclose(states.params["w"][i], s.params["w"], rtol=1e-6)
-        np.testing.assert_allclose(states.multipliers[i], s.multipliers, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(states.params["w"][i], s.params["w"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(states.multipliers[i], s.multipliers, rtol=1e-5, atol=1e-5)
 
 
 def test_epsilon_sweep_via_state():
