@@ -154,6 +154,10 @@ def train_group(
     curves: list[dict[str, np.ndarray]] = []
     max_multipliers = None
     resumed_from = None
+    if shardings is not None:
+        # on the mesh first, so a checkpoint is restored straight into sharded arrays (on a
+        # multi-host job each process then reads only its own shards)
+        states = shardings.put_runs(states)
     if checkpointer is not None and checkpointer.latest_step() is not None:
         states, loop = checkpointer.restore(states)
         resumed_from = checkpointer.latest_step()

@@ -305,3 +305,79 @@ def test_learning_rate_needs_an_injected_optimizer():
     init, _ = cudt.make_train_step(_losses, optax.adam(1e-2), cudt.dual_ascent(0.1), cfg)
     with pytest.raises(ValueError, match="optax.inject_hyperparams"):
         init({"w": jnp.ones(3)}, lr=1e-3)
+
+
+TWO_PROCESSES = textwrap.dedent(
+    """
+    import sys
+    import jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    sys.path.insert(0, {tests!r})
+    from test_runner import ToyTask
+    from cudt.cli import task_main
+    argv = ["--seeds", "2", "--sweep", "epsilon=0.2,0.4", "--distributed", "--out", sys.argv[1]]
+    sys.exit(task_main(ToyTask(), argv, "toy", "toy"))
+    """
+)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _two_processes(out: Path) -> list[subprocess.CompletedProcess]:
+    """One job of two processes with 2 CPU devices each, launched as a cluster scheduler
+    would: the same command, told the coordinator, the process count and its own id."""
+    code = TWO_PROCESSES.format(tests=str(ROOT / "tests"))
+    port = _free_port()
+    procs = []
+    for pid in (0, 1):
+        env = dict(
+            os.environ,
+            XLA_FLAGS="--xla_force_host_platform_device_count=2",
+            JAX_PLATFORMS="cpu",
+            JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+            JAX_NUM_PROCESSES="2",
+            JAX_PROCESS_ID=str(pid),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code, str(out)],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    done = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=600)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return done
+
+
+def test_a_two_process_job_gives_the_one_process_results_and_resumes(tmp_path):
+    first = _two_processes(tmp_path / "job")
+    for p in first:
+        assert p.returncode == 0, p.stderr[-3000:]
+    job = json.loads((tmp_path / "job" / "results.json").read_text())
+    assert job["processes"] == 2 and job["devices"] == 4
+    assert "wrote" in first[0].stdout and "wrote" not in first[1].stdout  # process 0 writes
+    single = toy(["--seeds", "2", "--sweep", "epsilon=0.2,0.4"], tmp_path / "single")
+    for a, b in zip(single["runs"], job["runs"], strict=True):
+        assert a["label"] == b["label"]
+        np.testing.assert_allclose(a["final_loss"], b["final_loss"], rtol=1e-4)
+        np.testing.assert_allclose(a["multipliers"], b["multipliers"], rtol=1e-4, atol=1e-5)
+    # the job's orbax checkpoints resume in a new job: results gone, training done
+    (tmp_path / "job" / "results.json").unlink()
+    again = _two_processes(tmp_path / "job")
+    for p in again:
+        assert p.returncode == 0, p.stderr[-3000:]
+    assert "resumed from the checkpoint at step 12" in again[0].stderr
+    resumed = json.loads((tmp_path / "job" / "results.json").read_text())
+    assert [r["final_loss"] for r in resumed["runs"]] == [r["final_loss"] for r in job["runs"]]

@@ -37,7 +37,27 @@ def initialize_distributed() -> None:
     process then sees every device of the job, and the mesh spans them all."""
     if jax.distributed.is_initialized():
         return
-    jax.distributed.initialize()
+    from cudt.errors import UsageError
+
+    env = os.environ
+    kwargs = {}
+    if env.get("JAX_COORDINATOR_ADDRESS"):  # an explicit launch; else SLURM / TPU VM detection
+        kwargs = {"coordinator_address": env["JAX_COORDINATOR_ADDRESS"]}
+        try:
+            kwargs["num_processes"] = int(env["JAX_NUM_PROCESSES"])
+            kwargs["process_id"] = int(env["JAX_PROCESS_ID"])
+        except (KeyError, ValueError) as e:
+            raise UsageError(
+                f"--distributed with JAX_COORDINATOR_ADDRESS needs integer JAX_NUM_PROCESSES and "
+                f"JAX_PROCESS_ID ({e!r}): set both for every process of the job"
+            ) from e
+    try:
+        jax.distributed.initialize(**kwargs)
+    except (ValueError, RuntimeError) as e:
+        raise UsageError(
+            f"--distributed: cannot join the job ({e}): launch it under SLURM or on a TPU VM, "
+            "or set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID"
+        ) from e
 
 
 def _largest_divisor(n: int, of: int) -> int:
@@ -110,7 +130,22 @@ class Shardings:
 def _put(tree: Any, sharding: NamedSharding) -> Any:
     if tree is None:
         return None
-    return jax.tree.map(lambda x: jax.device_put(x, sharding), tree)
+    if jax.process_count() == 1:
+        return jax.tree.map(lambda x: jax.device_put(x, sharding), tree)
+    return jax.tree.map(lambda x: _put_global(x, sharding), tree)
+
+
+def _put_global(x, sharding: NamedSharding):
+    """A value every process holds whole, as a global array of which each process places only
+    its own shards (``device_put`` accepts only shardings of this process's devices)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:  # already global
+        return x if x.sharding == sharding else jax.device_put(x, sharding)
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # typed keys: place their data
+        impl = jax.random.key_impl(x)
+        data = _put_global(jax.random.key_data(x), sharding)
+        return jax.random.wrap_key_data(data, impl=impl)
+    host = np.asarray(jax.device_get(x))
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
 def make_shardings(

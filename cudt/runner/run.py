@@ -28,7 +28,16 @@ from cudt import curves as curves_lib
 from cudt.checkpoint import GroupCheckpointer
 from cudt.constrained import DescentConfig
 from cudt.dual import as_dual
-from cudt.experiment import Column, format_table, open_output, run_group, select_best, status_cell
+from cudt.errors import UsageError
+from cudt.experiment import (
+    Column,
+    OutputDir,
+    format_table,
+    open_output,
+    run_group,
+    select_best,
+    status_cell,
+)
 from cudt.io import fresh_run_dir, write_json_atomic
 from cudt.loop import LoopResult, sample_indices
 from cudt.metrics import descent_stats, feasibility
@@ -339,6 +348,31 @@ def _table(task: Task, runs: list[dict], swept: list[str]) -> str:
     return table + (f"\n{footer}" if footer else "")
 
 
+def _open_output_once(path, fingerprint, cfg, main_process: bool):
+    """:func:`open_output` by process 0 of a multi-host job; the others wait for it and take
+    its verdict (resuming or not), so no two processes race on the folder."""
+    if jax.process_count() == 1:
+        return open_output(path, fingerprint, overwrite=cfg.overwrite, resume=cfg.resume)
+    from jax.experimental import multihost_utils
+
+    out, failed, resuming = None, 0, 0
+    if main_process:
+        try:
+            out = open_output(path, fingerprint, overwrite=cfg.overwrite, resume=cfg.resume)
+            resuming = int(out.resuming)
+        except Exception:
+            failed = 1
+            raise
+        finally:
+            verdict = multihost_utils.broadcast_one_to_all(np.asarray([failed, resuming]))
+    else:
+        verdict = multihost_utils.broadcast_one_to_all(np.asarray([failed, resuming]))
+        if verdict[0]:
+            raise UsageError(f"process 0 could not open --out {path}: see its error")
+        out = OutputDir(Path(path), bool(verdict[1]))
+    return out
+
+
 def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Runs the whole experiment of ``cfg`` (a ``task.config_cls``); returns the results."""
     t0 = time.perf_counter()
@@ -358,11 +392,8 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         for spec in group.specs:  # every reference resolves before anything is written
             task.resolve_reference(spec.hp["reference"], data)
     fingerprint = cfg.fingerprint() | task.fingerprint(cfg, data)
-    out = open_output(
-        out_dir or cfg.out or fresh_run_dir(task.name),
-        fingerprint,
-        overwrite=cfg.overwrite,
-        resume=cfg.resume,
+    out = _open_output_once(
+        out_dir or cfg.out or fresh_run_dir(task.name), fingerprint, cfg, main_process
     )
     print(
         f"output: {out.path}"
@@ -414,6 +445,8 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             shardings=shardings,
         )
         train_seconds[group.name] = time.perf_counter() - t
+        if shardings is not None and jax.process_count() > 1:  # every process reads every run
+            result = dataclasses.replace(result, states=shardings.to_host(result.states))
         if main_process:  # training logs, as soon as the group has trained (rewritten whole)
             curves_lib.write_tensorboard(
                 [
