@@ -53,6 +53,7 @@ class ToyConfig(RunConfig):
 class ToyTask(Task):
     name = "toy"
     config_cls = ToyConfig
+    eval_traces = 0
 
     def load(self, cfg):
         rng = np.random.default_rng(cfg.seed)
@@ -88,6 +89,7 @@ class ToyTask(Task):
             return per_sample(params, batch.examples, noise)
 
         def eval_outputs(params, frozen, clean, index, gamma, key):
+            self.eval_traces += 1  # Python runs only while tracing: counts compilations
             noise = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (DIM,)))(index)
             return {"losses": per_sample(params, clean, gamma * noise)}
 
@@ -109,9 +111,18 @@ class ToyTask(Task):
         return [Column("final", 8, lambda r: f"{r['final_loss'][0]:.4f}")]
 
 
-def toy(argv, out) -> dict:
-    assert task_main(ToyTask(), [*argv, "--out", str(out)], "toy", "toy") == 0
+def toy(argv, out, task=None) -> dict:
+    task = task or ToyTask()
+    assert task_main(task, [*argv, "--out", str(out)], "toy", "toy") == 0
     return json.loads((Path(out) / "results.json").read_text())
+
+
+def test_evaluation_compiles_once_per_group(tmp_path):
+    """Validation and test splits, every γ, every batch (the last one padded): one program."""
+    task = ToyTask()
+    results = toy(["--num-examples", "80", "--seeds", "1"], tmp_path / "o", task)
+    assert len(results["runs"][0]["test_gamma"]) == 3
+    assert task.eval_traces == 1
 
 
 def final_params(out: Path, group: str) -> dict:
