@@ -1,0 +1,279 @@
+"""A hyperparameter sweep (one ε per run) as ONE vmapped program vs the runs one after another.
+
+Run from the repository root:
+
+    .venv/bin/python -m benchmarks.sweep_vmap               # UT-5 and DUST-5, R = 1,2,4,8; ~2 min
+
+R constrained runs of the video setting (``VIDEO`` in ``benchmarks/_common.py``, batch 32) that
+differ only in the descent factor, ε_r = 0.05·(r+1), trained two ways:
+
+* ``one program``: the R states made by ``jax.vmap(lambda e: init(params, epsilon=e))`` and
+  stepped by ``jax.jit(jax.vmap(step, in_axes=(0, None, None)))`` (the pure step of
+  ``make_train_step(..., jit=False)``; every run sees the same batch and key), one compiled
+  program per R;
+* ``sequential``: R states made by ``init(params, epsilon=ε_r)``, each stepped by the same
+  compiled single-run step (``jax.jit(step)``, compiled once, reused for every run and R), run
+  after run.
+
+Both donate the states. Compile times are measured with ``jax.jit(...).lower(...).compile()``.
+Equal work: the first ``--check-steps`` steps are trained both ways from the same init and
+run r of the vmapped program compared with sequential run r (max abs difference of the
+parameters and multipliers, and the fraction of parameters that differ by more than 0.1·lr:
+Adam moves every parameter by about lr per step, so a gradient at rounding level can flip an
+element's step; the runs' multipliers differ from each other, since ε differs).
+The timed blocks continue from there: every alternative (R × way, both models) is interleaved
+over ``--repeats`` repetitions of ``--steps`` steps of all R runs; the table gives the median
+ms per step of all R runs and the ratio sequential / one program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks._common import (
+    VIDEO,
+    add_lapack_threads_flag,
+    copy_tree,
+    header,
+    interleave,
+    lapack_threads,
+    make_video_setup,
+    max_abs_diff,
+    median,
+    model_names,
+    print_table,
+    video_data,
+)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--models", type=model_names, default=["ut", "dust"], help="default ut,dust")
+    p.add_argument(
+        "--runs",
+        type=lambda s: [int(r) for r in s.split(",")],
+        default=[1, 2, 4, 8],
+        help="comma-separated sweep sizes R (default 1,2,4,8)",
+    )
+    p.add_argument("--layers", type=int, default=5, help="unrolled layers L (default 5)")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default 32)")
+    p.add_argument("--seq-len", type=int, default=8, help="frames per sequence T (default 8)")
+    p.add_argument("--steps", type=int, default=5, help="steps per timed block (default 5)")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved repetitions (default 5)")
+    p.add_argument(
+        "--check-steps",
+        type=int,
+        default=3,
+        help="steps trained both ways and compared before timing (default 3)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="tiny sizes for the tests (L=1, batch 4, R=1,2)"
+    )
+    add_lapack_threads_flag(p)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.layers, args.batch_size, args.runs = 1, 4, [1, 2]
+        args.steps, args.repeats, args.check_steps = 1, 1, 1
+    return args
+
+
+def epsilons(num_runs: int) -> np.ndarray:
+    """The sweep: ε_r = 0.05·(r+1)."""
+    return 0.05 * np.arange(1, num_runs + 1, dtype=np.float32)
+
+
+class OneProgram:
+    """R runs stacked in one state, stepped by one compiled vmapped program."""
+
+    def __init__(self, compiled: Callable, states: Any, batch, key):
+        self.compiled, self.states, self.batch, self.key = compiled, states, batch, key
+
+    def steps(self, n: int) -> float:
+        """Seconds per step of all R runs over ``n`` steps."""
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self.states, _ = self.compiled(self.states, self.batch, self.key)
+        jax.block_until_ready(self.states)
+        return (time.perf_counter() - t0) / n
+
+    def run(self, r: int) -> Any:
+        return jax.tree.map(lambda x: x[r], self.states)
+
+
+class Sequential:
+    """R separate states, each stepped by the same compiled single-run step, run after run."""
+
+    def __init__(self, compiled: Callable, states: list, batch, key):
+        self.compiled, self.states, self.batch, self.key = compiled, states, batch, key
+
+    def steps(self, n: int) -> float:
+        t0 = time.perf_counter()
+        for r in range(len(self.states)):
+            state = self.states[r]
+            for _ in range(n):
+                state, _ = self.compiled(state, self.batch, self.key)
+            self.states[r] = state
+        jax.block_until_ready(self.states)
+        return (time.perf_counter() - t0) / n
+
+    def run(self, r: int) -> Any:
+        return self.states[r]
+
+
+def setup_model(args, model_name: str, train_x, sigma, batch, key):
+    """The alternatives of one model: {(R, way): (object with .steps, compile s)} and checks."""
+    setup = make_video_setup(model_name, train_x, sigma, layers=args.layers, jit=False)
+    params = setup.params
+    eps_all = epsilons(max(args.runs))
+
+    t0 = time.perf_counter()
+    single = (
+        jax.jit(setup.step, donate_argnums=0)
+        .lower(setup.init(copy_tree(params)), batch, key)
+        .compile()
+    )
+    single_compile = time.perf_counter() - t0
+    vmapped = jax.jit(jax.vmap(setup.step, in_axes=(0, None, None)), donate_argnums=0)
+    make_states = jax.jit(jax.vmap(lambda e: setup.init(params, epsilon=e)))
+
+    alternatives, compile_s, checks = {}, {}, []
+    for R in args.runs:
+        eps = jnp.asarray(eps_all[:R])
+        states = make_states(eps)
+        t0 = time.perf_counter()
+        program = vmapped.lower(states, batch, key).compile()
+        compile_s[(setup.name, R, "one program")] = time.perf_counter() - t0
+        compile_s[(setup.name, R, "sequential")] = single_compile
+        one = OneProgram(program, states, batch, key)
+        seq = Sequential(
+            single,
+            [setup.init(copy_tree(params), epsilon=eps_all[r]) for r in range(R)],
+            batch,
+            key,
+        )
+        if args.check_steps > 0:
+            one.steps(args.check_steps)
+            seq.steps(args.check_steps)
+            diffs = np.concatenate(
+                [
+                    np.abs(np.asarray(a) - np.asarray(b)).ravel()
+                    for r in range(R)
+                    for a, b in zip(
+                        jax.tree.leaves(one.run(r).params),
+                        jax.tree.leaves(seq.run(r).params),
+                        strict=True,
+                    )
+                ]
+            )
+            mult_diff = max(
+                max_abs_diff(one.run(r).multipliers, seq.run(r).multipliers) for r in range(R)
+            )
+            lam = np.asarray(one.states.multipliers)  # [R, L+1]
+            checks.append(
+                [
+                    setup.name,
+                    R,
+                    float(diffs.max()),
+                    # Adam moves a parameter by ~lr per step whatever its gradient's size: an
+                    # element whose gradient is at rounding level may move either way.
+                    float(np.mean(diffs > 0.1 * VIDEO["lr"])),
+                    mult_diff,
+                    float((lam.max(axis=0) - lam.min(axis=0)).max()),
+                ]
+            )
+        alternatives[(setup.name, R, "one program")] = one
+        alternatives[(setup.name, R, "sequential")] = seq
+    return setup.name, alternatives, compile_s, checks
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    header("benchmarks.sweep_vmap", argv)
+    with lapack_threads(args.lapack_threads) as lapack:
+        run(args, lapack)
+
+
+def run(args: argparse.Namespace, lapack: str) -> None:
+    print(lapack)
+    t_total = time.perf_counter()
+    train_x, sigma = video_data(seq_len=args.seq_len)
+    batch = train_x[: args.batch_size]
+    key = jax.random.key(0)
+    print(
+        f"video denoising, constrained: batch {args.batch_size}x{args.seq_len}x"
+        f"{train_x.shape[-1]}, L = {args.layers}; sweep R = {args.runs} runs with "
+        f"ε_r = 0.05·(r+1) (up to {epsilons(max(args.runs))[-1]:.2f}); {args.repeats} "
+        f"interleaved repetitions of {args.steps} steps of all R runs"
+    )
+    alternatives, compile_s, checks, names = {}, {}, [], []
+    for model_name in args.models:
+        print(f"compiling {model_name} ...", flush=True)
+        name, alts, comp, chk = setup_model(args, model_name, train_x, sigma, batch, key)
+        names.append(name)
+        alternatives.update(alts)
+        compile_s.update(comp)
+        checks += chk
+    if checks:
+        print(
+            f"\nequal work: after {args.check_steps} steps from the same init, run r of the "
+            "one program vs sequential run r (max over r); spread = max over layers of "
+            "(max - min over runs) of λ: the runs differ"
+        )
+        print_table(
+            [
+                "model",
+                "R",
+                "params max abs diff",
+                f"frac params > {0.1 * VIDEO['lr']:g}",
+                "λ max abs diff",
+                "λ spread over runs",
+            ],
+            checks,
+        )
+    for alt in alternatives.values():  # one untimed warm-up block each
+        alt.steps(args.steps)
+    results = interleave(
+        {name: (lambda a=alt: a.steps(args.steps)) for name, alt in alternatives.items()},
+        args.repeats,
+    )
+    ms = {name: 1e3 * median(ts) for name, ts in results.items()}
+    rows = []
+    for model in names:
+        for R in args.runs:
+            for way in ("one program", "sequential"):
+                value = ms[(model, R, way)]
+                rows.append(
+                    [
+                        model,
+                        R,
+                        way,
+                        compile_s[(model, R, way)],
+                        value,
+                        value / R,
+                        value / ms[(model, R, "one program")],
+                    ]
+                )
+    print(
+        f"\nsteady state: median over {args.repeats} interleaved repetitions; ms/step = one "
+        "step of all R runs; compile s: the vmapped program for R (one per R), the single-run "
+        "step (compiled once, shared by every R)"
+    )
+    print_table(
+        ["model", "R", "way", "compile s", "ms/step", "ms/run-step", "this / one program"], rows
+    )
+    for model in names:
+        for R in args.runs:
+            ratio = ms[(model, R, "sequential")] / ms[(model, R, "one program")]
+            print(f"ratio {model} R={R}: sequential / one program = {ratio:.3g}")
+    print(f"total wall {time.perf_counter() - t_total:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
