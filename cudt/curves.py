@@ -257,7 +257,7 @@ def _row(fig, ax_lam, ax_g, name: str, group: list) -> None:
     bar.ax.legend(
         handles=handles,
         loc="upper left",
-        bbox_to_anchor=(2.6, 1.0),
+        bbox_to_anchor=(3.4, 1.0),
         fontsize=8,
         frameon=False,
         title=name,

@@ -1,0 +1,164 @@
+"""Training curves: TensorBoard event files read back exactly, the PNG drawn, bad input refused."""
+
+import math
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from tensorboardX.proto.event_pb2 import Event
+from tensorboardX.record_writer import masked_crc32c
+
+from cudt.curves import plot_training_curves, write_tensorboard
+
+L = 2  # layers: per-layer curves have L+1 = 3 columns
+
+
+def make_run(label, group="ut-2", constrained=True, k=5, seed=0, slacks=False, diverge=None):
+    rng = np.random.default_rng(seed)
+    steps = [10 * j for j in range(k)]
+    layer_loss = (1.0 + rng.random((k, L + 1))).tolist()
+    constraint = rng.normal(0.0, 0.1, (k, L + 1)).tolist()
+    lam = (rng.random((k, L + 1)) if constrained else np.zeros((k, L + 1))).tolist()
+    curves = {
+        "step": steps,
+        "objective": rng.random(k).tolist(),
+        "lagrangian": rng.random(k).tolist(),
+        "layer_loss": layer_loss,
+        "constraint": constraint,
+        "multipliers": lam,
+    }
+    if slacks:
+        curves["slacks"] = rng.random((k, L + 1)).tolist()
+    if diverge is not None:
+        curves["objective"][diverge:] = [None] * (k - diverge)
+        curves["lagrangian"][diverge] = float("nan")
+        for j in range(diverge, k):
+            curves["constraint"][j] = [None, float("nan"), None]
+            curves["multipliers"][j] = [float("nan")] * (L + 1)
+    return {"label": label, "group": group, "constrained": constrained, "curves": curves}
+
+
+def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the folder's event file, by tag: [(step, value)], via TFRecord framing."""
+    files = list(run_dir.glob("events.out.tfevents.*"))
+    assert len(files) == 1, files
+    data = files[0].read_bytes()
+    out: dict[str, list[tuple[int, float]]] = {}
+    pos = 0
+    while pos < len(data):
+        header = data[pos : pos + 8]
+        (length,) = struct.unpack("<Q", header)
+        (hcrc,) = struct.unpack("<I", data[pos + 8 : pos + 12])
+        assert hcrc == masked_crc32c(header)
+        body = data[pos + 12 : pos + 12 + length]
+        (bcrc,) = struct.unpack("<I", data[pos + 12 + length : pos + 16 + length])
+        assert bcrc == masked_crc32c(body)
+        pos += 16 + length
+        event = Event.FromString(body)
+        if event.HasField("summary"):
+            for value in event.summary.value:
+                out.setdefault(value.tag, []).append((event.step, value.simple_value))
+    assert pos == len(data)
+    return out
+
+
+def f32(x):
+    return float(np.float32(np.nan if x is None else x))
+
+
+def same(a, b):
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def test_tensorboard_scalars_read_back_exactly(tmp_path):
+    runs = [
+        make_run("ut-2 constrained seed 0", slacks=True),
+        make_run("ut-2 ERM seed 0", constrained=False, seed=1),
+        make_run("ut-2 constrained seed 2 diverged", seed=2, diverge=3),
+    ]
+    dirs = write_tensorboard(runs, tmp_path / "tb")
+    assert [d.parent for d in dirs] == [tmp_path / "tb"] * 3
+    for run, run_dir in zip(runs, dirs, strict=True):
+        got = read_scalars(run_dir)
+        c = run["curves"]
+        want = {"train/objective": c["objective"], "train/lagrangian": c["lagrangian"]}
+        for li in range(L + 1):
+            want[f"layer_loss/l{li}"] = [row[li] for row in c["layer_loss"]]
+            want[f"constraint/g{li}"] = [row[li] for row in c["constraint"]]
+            want[f"multiplier/lambda{li}"] = [row[li] for row in c["multipliers"]]
+            if "slacks" in c:
+                want[f"slack/u{li}"] = [row[li] for row in c["slacks"]]
+        assert set(got) == set(want)
+        for tag, values in want.items():
+            assert [s for s, _ in got[tag]] == c["step"], tag
+            for (_, v), w in zip(got[tag], values, strict=True):
+                assert same(v, f32(w)), (tag, v, w)
+    # The diverged run: finite up to step 20, NaN from step 30 on.
+    obj = read_scalars(dirs[2])["train/objective"]
+    assert all(math.isfinite(v) for s, v in obj if s < 30)
+    assert all(math.isnan(v) for s, v in obj if s >= 30)
+    # Rewriting replaces the run's event file instead of adding a second one.
+    assert write_tensorboard(runs[:1], tmp_path / "tb") == dirs[:1]
+    assert len(list(dirs[0].glob("events.out.tfevents.*"))) == 1
+    assert not [p for p in (tmp_path / "tb").iterdir() if p.name.startswith(".")]
+
+
+def test_unsafe_and_clashing_labels_get_distinct_single_folders(tmp_path):
+    labels = ["a/b c", "a b/c", "a_b_c", "A/B C", "../..", "", "a/b c"]
+    dirs = write_tensorboard([make_run(label, k=2) for label in labels], tmp_path)
+    assert len({d.name.casefold() for d in dirs}) == len(labels)
+    for d in dirs:
+        assert d.parent == tmp_path and d.is_dir()
+        assert "/" not in d.name and " " not in d.name and not d.name.startswith(".")
+        assert len(list(d.glob("events.out.tfevents.*"))) == 1
+    assert dirs[0].name == "a_b_c"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(d.name for d in dirs)
+
+
+def test_plot_training_curves_draws_a_png(tmp_path):
+    runs = [
+        make_run("ut-2 ERM seed 0", constrained=False, k=40),
+        make_run("ut-2 constrained seed 0", k=40, seed=1),
+        make_run("ut-2 constrained seed 1 (diverged)", k=40, seed=2, diverge=25),
+        make_run("ut-4 constrained seed 0", group="ut-4", k=40, seed=3),
+    ]
+    path = tmp_path / "curves.png"
+    plot_training_curves(runs, path, title="training curves")
+    img = Image.open(path)
+    img.load()
+    assert img.format == "PNG"
+    w, h = img.size
+    assert w > 800 and h > 500  # two rows of two panels
+    colors = img.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert len(colors) > 100
+    assert not [p for p in tmp_path.iterdir() if p.name != "curves.png"]  # no temp left behind
+
+
+def test_ragged_or_malformed_input_raises(tmp_path):
+    run = make_run("r", k=4)
+    run["curves"]["constraint"][2] = [0.0, 0.1]
+    with pytest.raises(ValueError, match="ragged"):
+        write_tensorboard([run], tmp_path / "tb")
+    assert not (tmp_path / "tb").exists()  # refused before writing anything
+    with pytest.raises(ValueError, match="ragged"):
+        plot_training_curves([run], tmp_path / "x.png")
+
+    run = make_run("r", k=4)
+    run["curves"]["objective"].pop()
+    with pytest.raises(ValueError, match="objective"):
+        plot_training_curves([run], tmp_path / "x.png")
+
+    run = make_run("r", k=4)
+    run["curves"]["multipliers"] = [row + [0.0] for row in run["curves"]["multipliers"]]
+    with pytest.raises(ValueError, match="columns"):
+        write_tensorboard([run], tmp_path / "tb")
+
+    run = make_run("r", k=4)
+    del run["curves"]["layer_loss"]
+    with pytest.raises(ValueError, match="layer_loss"):
+        write_tensorboard([run], tmp_path / "tb")
+    with pytest.raises(ValueError, match="at least one run"):
+        plot_training_curves([], tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
