@@ -101,8 +101,8 @@ class ToyTask(Task):
             eval_outputs=eval_outputs,
         )
 
-    def test_gammas(self, cfg, gamma_trains):
-        return sorted({0.0, 1.0} | set(gamma_trains))
+    def test_gamma_grid(self, cfg, gamma_train):
+        return sorted({0.0, 1.0, gamma_train})
 
     def run_metrics(self, cfg, test, val, gammas, gamma_train):
         return {"final_loss": [float(g[:, -1].mean()) for g in test["losses"]]}
@@ -392,3 +392,49 @@ def test_a_two_process_job_gives_the_one_process_results_and_resumes(tmp_path):
     assert "resumed from the checkpoint at step 12" in again[0].stderr
     resumed = json.loads((tmp_path / "job" / "results.json").read_text())
     assert [r["final_loss"] for r in resumed["runs"]] == [r["final_loss"] for r in job["runs"]]
+
+
+def test_every_sweepable_field_is_a_per_run_value(tmp_path):
+    argv = [
+        "--seeds",
+        "1",
+        "--sweep",
+        "gamma_train=0.1,0.3",
+        "--sweep",
+        "reference=none,0.001",
+        "--sweep",
+        "resilience=none,0.5",
+        "--sweep",
+        "dual_lr=0.1,0.4",
+    ]
+    results = toy(argv, tmp_path / "o")
+    runs = results["runs"]
+    assert sum(not r["constrained"] for r in runs) == 2  # ERM: gamma_train only
+    assert sum(r["constrained"] for r in runs) == 16
+    assert {0.1, 0.3} <= set(runs[0]["test_gamma"])
+    by_hp = {tuple(sorted(r["hparams"].items())): r for r in runs if r["constrained"]}
+    assert len(by_hp) == 16
+    for r in runs:
+        hp = r["hparams"]
+        assert r["gamma_train"] == hp["gamma_train"]
+        if not r["constrained"]:
+            continue
+        # the reference constraint E l_0 <= C exists only where it was asked for
+        lam0 = r["max_multipliers"][0]
+        assert (lam0 > 0) == (hp["reference"] is not None), (hp, lam0)
+    # the noise level reaches the loss: layer 0's loss is the noise energy gamma^2
+    for r in runs:
+        gi = r["test_gamma"].index(r["gamma_train"])
+        assert r["layer_loss"][gi][0] == pytest.approx(r["gamma_train"] ** 2, rel=0.25)
+
+    # resilience weakens the multipliers: with alpha = 0.5 the dual decays by lambda/alpha
+    def peak(alpha):
+        return np.mean(
+            [
+                max(r["max_multipliers"])
+                for r in runs
+                if r["constrained"] and r["hparams"]["resilience"] == alpha
+            ]
+        )
+
+    assert peak(0.5) < peak(None)

@@ -208,11 +208,14 @@ class RunConfig:
         self._validate_shared()
         self.validate()
 
-    def _validate_shared(self) -> None:
-        def need(cond, msg):
-            if not cond:
-                raise ValueError(msg)
+    @staticmethod
+    def require(condition, message: str) -> None:
+        """Cross-field checks: ``message`` (the flag, the problem and the fix) unless true."""
+        if not condition:
+            raise ValueError(message)
 
+    def _validate_shared(self) -> None:
+        need = self.require
         need(
             not (self.resume and self.overwrite),
             "--resume and --overwrite contradict each other: pass one of them",

@@ -227,28 +227,20 @@ def _summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval
     evaluator = jax.jit(
         jax.vmap(model.eval_outputs, in_axes=(0, None, None, None, None, None))
     )  # compiled once per group (and per batch shape)
-    params = result.states.params
-    frozen = model.frozen
-    n_test = task.split_size(data, "test")
-    n_val = task.split_size(data, "val")
-    test = _evaluate(
-        evaluator,
-        params,
-        frozen,
-        task.eval_batches(data, "test", model, cfg.eval_batch_size),
-        n_test,
-        gammas,
-        eval_key,
-    )
-    val = _evaluate(
-        evaluator,
-        params,
-        frozen,
-        task.eval_batches(data, "val", model, cfg.eval_batch_size),
-        n_val,
-        val_gammas,
-        jax.random.fold_in(eval_key, 99),
-    )
+    def evaluate(split: str, split_gammas, key):
+        batches = task.eval_batches(data, split, model, cfg.eval_batch_size)
+        return _evaluate(
+            evaluator,
+            result.states.params,
+            model.frozen,
+            batches,
+            task.split_size(data, split),
+            split_gammas,
+            key,
+        )
+
+    test = evaluate("test", gammas, eval_key)
+    val = evaluate("val", val_gammas, jax.random.fold_in(eval_key, 99))
     eps = np.asarray(program.per_run["epsilon"])
     runs, ratios = [], []
     for r, spec in enumerate(group.specs):

@@ -146,8 +146,17 @@ class Task:
         return value
 
     # -- evaluation and reports ------------------------------------------------------------
-    def test_gammas(self, cfg, gamma_trains: list[float]) -> list[float]:
+    def test_gamma_grid(self, cfg, gamma_train: float) -> list[float]:
+        """The test γ grid of a run trained at ``gamma_train`` (it must contain it)."""
         raise NotImplementedError
+
+    def test_gammas(self, cfg, gamma_trains: list[float]) -> list[float]:
+        """One grid for every run of the experiment: the union of their grids, so runs swept
+        over γ_train are evaluated (and compiled) alike."""
+        grid: set[float] = set()
+        for g in gamma_trains:
+            grid |= set(self.test_gamma_grid(cfg, g))
+        return sorted(grid)
 
     def run_metrics(
         self, cfg, test: dict[str, np.ndarray], val: dict[str, np.ndarray], gammas, gamma_train

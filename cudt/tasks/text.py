@@ -117,10 +117,7 @@ class TextConfig(RunConfig):
     keep_checkpoints: int = shared("keep_checkpoints", 1)
 
     def validate(self) -> None:
-        def need(cond, msg):
-            if not cond:
-                raise ValueError(msg)
-
+        need = self.require
         need(
             self.model in MODELS,
             f"--model {self.model!r} is unknown: choose from {', '.join(MODELS)}",
@@ -307,11 +304,8 @@ class TextTask(Task):
             record={"blocks": model.blocks, "granularity": model.granularity},
         )
 
-    def test_gammas(self, cfg, gamma_trains):
-        grid: set[float] = set()
-        for g in gamma_trains:
-            grid |= set(test_gamma_grid(g, cfg.test_gammas))
-        return sorted(grid)
+    def test_gamma_grid(self, cfg, gamma_train: float) -> list[float]:
+        return test_gamma_grid(gamma_train, cfg.test_gammas)
 
     def run_metrics(self, cfg, test, val, gammas, gamma_train):
         accuracy = [float(c[:, -1].mean()) for c in test["correct"]]

@@ -67,10 +67,7 @@ class VideoConfig(RunConfig):
     dual_lr: float = shared("dual_lr", 5e-2)
 
     def validate(self) -> None:
-        def need(cond, msg):
-            if not cond:
-                raise ValueError(msg)
-
+        need = self.require
         need(
             self.dataset in DATASETS,
             f"--dataset {self.dataset!r} is unknown: choose from {', '.join(DATASETS)}",
@@ -208,11 +205,8 @@ class VideoTask(Task):
             project=project,
         )
 
-    def test_gammas(self, cfg, gamma_trains):
-        grid: set[float] = set()
-        for g in gamma_trains:
-            grid |= set(test_gamma_grid(g, cfg.test_gammas))
-        return sorted(grid)
+    def test_gamma_grid(self, cfg, gamma_train: float) -> list[float]:
+        return test_gamma_grid(gamma_train, cfg.test_gammas)
 
     def run_metrics(self, cfg, test, val, gammas, gamma_train):
         rmse = [float(rmse_255(pg[:, -1].mean())) for pg in test["losses"]]
