@@ -8,6 +8,7 @@ from cudt.constrained import DescentConfig, constraint_values, lagrangian_terms
 from cudt.dual import as_dual, dual_adam, dual_ascent, project_nonnegative, resilience_decay
 from cudt.errors import CheckpointError, CudtError, DataError, UsageError
 from cudt.models.encoders import Encoder, EncoderError, load_encoder
+from cudt.models.vit import ViT, load_vit
 from cudt.train import TrainState, make_train_step
 
 __all__ = [
@@ -19,12 +20,14 @@ __all__ = [
     "EncoderError",
     "TrainState",
     "UsageError",
+    "ViT",
     "as_dual",
     "constraint_values",
     "dual_adam",
     "dual_ascent",
     "lagrangian_terms",
     "load_encoder",
+    "load_vit",
     "make_train_step",
     "project_nonnegative",
     "resilience_decay",

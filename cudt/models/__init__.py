@@ -5,19 +5,26 @@
 * ``DUST``: unrolled sparse coding with symmetric attention (De Weerdt et al. 2023); states are
   patch reconstructions.
 * ``dct_matrix`` / ``dct2_dictionary``: DCT bases used for initialisation.
+* ``load_vit`` / ``ViT``: a pretrained Hugging Face ViT (``states [L+1, B, N+1, D]``) with a
+  trainable readout of every state back to pixels (the paper's ViT denoiser).
 """
 
 from cudt.models.dct import dct1_dictionary, dct2_dictionary, dct_matrix
 from cudt.models.dust import DUST, soft_threshold, spectral_norm_sq
 from cudt.models.ut import UT, UT_PARAM_KEYS, ut_project, ut_project_tree
+from cudt.models.vit import ViT, ViTConfig, ViTPreprocessor, load_vit
 
 __all__ = [
     "DUST",
     "UT",
     "UT_PARAM_KEYS",
+    "ViT",
+    "ViTConfig",
+    "ViTPreprocessor",
     "dct1_dictionary",
     "dct2_dictionary",
     "dct_matrix",
+    "load_vit",
     "soft_threshold",
     "spectral_norm_sq",
     "ut_project",
