@@ -271,7 +271,7 @@ CONFIG_CASES = [
         "unknown dataset",
         ["--dataset", "kitti"],
         "--dataset 'kitti' is unknown",
-        "choose from synthetic, ucsd, frames",
+        "choose from synthetic, ucsd, frames, avenue, shanghaitech",
     ),
     ("seeds 0", ["--seeds", "0"], "got 0", "--seeds must be >= 1"),
     ("negative seed", ["--seed", "-1"], "got -1", "--seed must be >= 0"),
@@ -446,7 +446,7 @@ DATA_CASES = [
     (
         "no test videos",
         _no_test_videos,
-        "need at least 2 test videos",
+        "need at least 1 test video",
         "add test videos",
     ),
 ]
@@ -469,7 +469,8 @@ def test_the_data_folders_are_broken_copies_of_one_that_loads(tmp_path):
     from cudt.data.video import load_video_data
 
     data = load_video_data("ucsd", ucsd(tmp_path), seq_len=4, size=32)
-    assert data.train.shape == (8, 4, 256) and data.val.shape == data.test.shape == (4, 4, 256)
+    # validation comes from the training videos (Train002), testing from both test videos
+    assert data.train.shape == data.val.shape == (4, 4, 256) and data.test.shape == (8, 4, 256)
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from cudt.data import (
     make_sequences,
     patchify,
     perturb,
+    split_train_val,
     split_videos,
     synthetic_videos,
     unpatchify,
@@ -198,13 +199,51 @@ def test_reads_generic_frame_layout(tmp_path):
 def test_load_video_data_from_folders(tmp_path):
     ucsd_tree(tmp_path)
     data = load_video_data("ucsd", tmp_path, seq_len=2, size=32)
-    # train: 2 videos x 1 window x 4 patches; val = Test001, test = Test002.
-    assert data.train.shape == (8, 2, 256)
-    assert data.val.shape == (4, 2, 256) and data.test.shape == (4, 2, 256)
-    np.testing.assert_array_equal(data.val[:, 0], np.float32(70) / np.float32(255))
-    np.testing.assert_array_equal(data.test[:, 1], np.float32(110) / np.float32(255))
+    # val comes from the training videos: train = Train001, val = Train002 (the last by name);
+    # test = Test001 + Test002. One window x 4 patches per video.
+    assert data.train.shape == (4, 2, 256) and data.val.shape == (4, 2, 256)
+    assert data.test.shape == (8, 2, 256)
+    np.testing.assert_array_equal(data.train[:, 1], np.float32(20) / np.float32(255))
+    np.testing.assert_array_equal(data.val[:, 0], np.float32(40) / np.float32(255))
+    np.testing.assert_array_equal(data.test[:4, 0], np.float32(70) / np.float32(255))
+    np.testing.assert_array_equal(data.test[4:, 1], np.float32(110) / np.float32(255))
     assert data.sigma == pytest.approx(float(np.std(data.train)), rel=1e-6)
     assert data.source.startswith("ucsd:")
+
+
+def test_split_train_val():
+    videos = [np.full((4, 16, 16), i, np.float32) for i in range(20)]
+    for n, n_val in ((2, 1), (3, 1), (7, 1), (10, 2), (16, 2), (20, 3)):
+        train, val = split_train_val(videos[:n], seq_len=2)
+        assert [int(v[0, 0, 0]) for v in train + val] == list(range(n))  # in order, disjoint
+        assert len(val) == n_val, n
+    # One video: split in time, the last max(round(0.15 * F), seq_len) frames are val.
+    video = np.arange(40, dtype=np.float32)[:, None, None] * np.ones((1, 16, 16), np.float32)
+    (train,), (val,) = split_train_val([video], seq_len=2)
+    np.testing.assert_array_equal(val[:, 0, 0], np.arange(34, 40))
+    np.testing.assert_array_equal(train, video[:34])
+    (train,), (val,) = split_train_val([video[:10]], seq_len=4)
+    assert (len(train), len(val)) == (6, 4)
+    with pytest.raises(DataError, match="only training video has 7 frames.*needs 8"):
+        split_train_val([video[:7]], seq_len=4)
+
+
+def test_one_training_video_in_folders_is_split_in_time(tmp_path):
+    write_video(tmp_path / "train" / "01", list(range(10, 110, 10)))  # 10 frames
+    write_video(tmp_path / "test" / "01", [200, 210])
+    data = load_video_data("frames", tmp_path, seq_len=2, size=16)
+    # Frames 0-7 train (4 windows), 8-9 val (1 window), one patch per 16x16 frame.
+    assert (data.train.shape, data.val.shape, data.test.shape) == ((4, 2, 256),) + (
+        (1, 2, 256),
+    ) * 2
+    np.testing.assert_array_equal(data.val[0, :, 0], np.float32([90, 100]) / np.float32(255))
+
+
+def test_no_test_videos(tmp_path):
+    write_video(tmp_path / "UCSDped2" / "Train" / "Train001", [10, 20, 30, 40])
+    with pytest.raises(DataError) as e:
+        load_video_data("ucsd", tmp_path, seq_len=2, size=16)
+    assert "need at least 1 test video" in one_line(e) and "add test videos" in one_line(e)
 
 
 def test_load_video_data_synthetic():
@@ -284,7 +323,7 @@ def test_unknown_dataset_and_missing_data_dir():
     with pytest.raises(DataError) as e:
         load_video_data("kitti")
     assert "unknown dataset 'kitti'" in one_line(e)
-    assert "synthetic, ucsd, frames" in one_line(e)
+    assert "synthetic, ucsd, frames, avenue, shanghaitech" in one_line(e)
     with pytest.raises(DataError, match="needs data_dir"):
         load_video_data("ucsd")
 

@@ -17,10 +17,15 @@ Sources (``load_video_data(dataset=...)``):
 * ``"ucsd"``: UCSD Anomaly frame folders (``UCSDped1|UCSDped2/Train/Train001/001.tif``).
 * ``"frames"``: the generic ``{train,test}/<video>/<frame>.png`` layout (Avenue / ShanghaiTech after
   extracting frames; ``training/testing`` and a ``frames/`` level are accepted too).
+* ``"avenue"``: CUHK Avenue as its archive extracts (``Avenue Dataset/training_videos/01.avi``,
+  ``testing_videos/01.avi``), decoded with PyAV (:mod:`cudt.data.avi`).
+* ``"shanghaitech"``: ShanghaiTech Campus as its archive extracts
+  (``shanghaitech/training/videos/01_001.avi``, ``testing/frames/01_0014/000.jpg``).
 
-For the two folder sources the *train* split is every training video, and the *test* videos are
-split by video into *val* (first half) and *test* (second half): the training videos contain no
-anomalies and the test videos are the only held-out footage.
+For every real dataset the split rule is the same (:func:`split_train_val`): *test* is every test
+video, *val* the last ~15% of the training videos by sorted name (at least one, and at least one
+left for *train*), *train* the rest. With a single training video, its last ~15% of frames (at
+least ``seq_len``) are *val* instead. The test videos hold the anomalies and stay untouched.
 """
 
 from __future__ import annotations
@@ -42,20 +47,29 @@ from cudt.errors import DataError
 __all__ = [
     "DATASETS",
     "IMAGE_SUFFIXES",
+    "VAL_FRACTION",
+    "VIDEO_SUFFIX",
     "DataError",
     "VideoSplits",
     "load_frame_folders",
     "load_video_data",
+    "load_videos",
     "make_sequences",
     "patchify",
     "perturb",
+    "split_train_val",
     "split_videos",
     "synthetic_videos",
     "unpatchify",
 ]
 
-DATASETS: tuple[str, ...] = ("synthetic", "ucsd", "frames")
+DATASETS: tuple[str, ...] = ("synthetic", "ucsd", "frames", "avenue", "shanghaitech")
 IMAGE_SUFFIXES: frozenset[str] = frozenset({".tif", ".tiff", ".png", ".jpg", ".jpeg", ".bmp"})
+VIDEO_SUFFIX = ".avi"
+# Fraction of the training videos (or, with one training video, of its frames) held out as val.
+VAL_FRACTION = 0.15
+# The training-video folder that identifies each dataset stored as video files.
+_VIDEO_MARKERS = {"avenue": ("training_videos",), "shanghaitech": ("training", "videos")}
 
 # Split-folder names as shipped by UCSD (Train/Test) and by the common extracted-frames layouts
 # (train/test, training/testing); matched case-insensitively.
@@ -66,6 +80,10 @@ _EXPECTED_LAYOUT = {
     "(or root = UCSDped2, or a folder with Train/Test)",
     "frames": "root/{train,test}/<video>/<frame>.{tif,png,jpg,bmp} "
     "(training/testing and a frames/ level are accepted)",
+    "avenue": "root/training_videos/01.avi and root/testing_videos/01.avi "
+    "(root = 'Avenue Dataset' or the folder holding it)",
+    "shanghaitech": "root/training/videos/01_001.avi and root/testing/frames/01_0014/000.jpg "
+    "(root = shanghaitech or the folder holding it)",
 }
 
 
@@ -556,6 +574,159 @@ def load_frame_folders(
 
 
 # --------------------------------------------------------------------------------------------------
+# Video files: CUHK Avenue, ShanghaiTech
+# --------------------------------------------------------------------------------------------------
+
+
+def _child_dir(folder: Path, *names: str) -> Path | None:
+    """``folder/names[0]/names[1]/...`` matched case-insensitively among visible folders."""
+    for name in names:
+        match = [d for d in _visible_dirs(folder) if d.name.lower() == name]
+        if not match:
+            return None
+        folder = match[0]
+    return folder
+
+
+def _dataset_root(root: Path, dataset: str, marker: tuple[str, ...]) -> Path | None:
+    """``root`` if it holds ``marker`` (a folder path), else its one child that does."""
+    if _child_dir(root, *marker) is not None:
+        return root
+    found = [d for d in _visible_dirs(root) if _child_dir(d, *marker) is not None]
+    if len(found) > 1:
+        names = ", ".join(d.name for d in found)
+        raise DataError(
+            f"several {dataset} datasets under '{root}' ({names}): point data_dir at one of them"
+        )
+    return found[0] if found else None
+
+
+def _video_files(folder: Path) -> list[Path]:
+    """The ``.avi`` files of ``folder`` in natural order; hidden (``.*``, ``._*``) and other
+    files are skipped; none is an error naming what was there."""
+    visible = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
+    files = sorted((p for p in visible if p.suffix.lower() == VIDEO_SUFFIX), key=_natural_key)
+    if not files:
+        others = sorted({p.suffix.lower() or p.name for p in visible})
+        found = f", only {', '.join(others[:3])} files" if others else ""
+        raise DataError(
+            f"no {VIDEO_SUFFIX} videos in '{folder}' (hidden files skipped){found}: put the "
+            "dataset's videos there or point data_dir at the extracted dataset"
+        )
+    return files
+
+
+def _layout_error(root: Path, dataset: str) -> DataError:
+    """No ``dataset`` layout under ``root``: name the folder expected, and a wrong dataset name."""
+    hint = ""
+    for other, marker in _VIDEO_MARKERS.items():
+        candidates = [root, *_visible_dirs(root)]
+        if other != dataset and any(_child_dir(d, *marker) for d in candidates):
+            hint = f" (this looks like the {other} layout: pass dataset {other!r})"
+    return DataError(
+        f"no {'/'.join(_VIDEO_MARKERS[dataset])}/ folder under '{root}' or its subfolders{hint}: "
+        f"expected the {dataset} layout {_EXPECTED_LAYOUT[dataset]}; point data_dir at the "
+        "extracted dataset"
+    )
+
+
+def load_videos(
+    root: str | Path,
+    *,
+    dataset: str = "ucsd",
+    size: int = 160,
+    max_videos: int | None = None,
+    max_frames: int | None = None,
+    min_frames: int = 1,
+) -> dict[str, list[np.ndarray]]:
+    """Train/test videos of a real dataset in the layout its archive extracts to.
+
+    * ``"ucsd"``, ``"frames"``: :func:`load_frame_folders`.
+    * ``"avenue"`` (CUHK Avenue): ``root/training_videos/01.avi ...`` and
+      ``root/testing_videos/01.avi ...``; ``root`` may also be the folder holding
+      ``Avenue Dataset/``. The ground truth beside them (``training_vol/``, ``testing_vol/``,
+      ``testing_label_mask/``, ``ground_truth_demo/``) is ignored.
+    * ``"shanghaitech"``: ``root/training/videos/01_001.avi ...`` and
+      ``root/testing/frames/01_0014/000.jpg ...`` (one frame folder per test clip, frames in
+      numeric order); ``root`` may also be the folder holding ``shanghaitech/``. The masks
+      (``testing/test_frame_mask/``, ``testing/test_pixel_mask/``) are ignored.
+
+    Folder names match case-insensitively; videos are read in natural name order; hidden files
+    (``.DS_Store``, AppleDouble ``._01.avi``) and other non-video files are skipped. ``.avi`` files
+    are decoded with PyAV (:func:`cudt.data.avi.read_avi`), frame folders as for UCSD; both give
+    grayscale ``[F, size, size]`` float32 in ``[0, 1]``. ``max_videos`` caps the videos per split,
+    ``max_frames`` the frames per video (the first ones); a video with fewer than ``min_frames``
+    frames is refused.
+
+    Returns:
+        ``{"train": [[F, size, size], ...], "test": [...]}``.
+    """
+    if dataset not in DATASETS or dataset == "synthetic":
+        raise DataError(
+            f"load_videos reads a real dataset ({', '.join(DATASETS[1:])}), got {dataset!r}: "
+            "pass one of them"
+        )
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise DataError(
+            f"data folder '{root}' {what}: pass data_dir pointing at the extracted dataset "
+            f"(expected {_EXPECTED_LAYOUT[dataset]})"
+        )
+    if dataset in ("ucsd", "frames"):
+        return load_frame_folders(
+            root,
+            dataset=dataset,
+            size=size,
+            max_videos=max_videos,
+            max_frames=max_frames,
+            min_frames=min_frames,
+        )
+    from cudt.data.avi import read_avi  # PyAV loads only for the datasets stored as videos
+
+    def cap(items: list[Path]) -> list[Path]:
+        return items if max_videos is None else items[:max_videos]
+
+    def avi(path: Path) -> np.ndarray:
+        return read_avi(path, size=size, max_frames=max_frames, min_frames=min_frames)
+
+    if dataset == "avenue":
+        base = _dataset_root(root, dataset, _VIDEO_MARKERS[dataset])
+        if base is None:
+            raise _layout_error(root, dataset)
+        test_dir = _child_dir(base, "testing_videos")
+        if test_dir is None:
+            raise DataError(
+                f"no testing_videos/ folder beside '{_child_dir(base, 'training_videos')}': "
+                f"extract the test videos there (expected {_EXPECTED_LAYOUT[dataset]})"
+            )
+        train_files = cap(_video_files(_child_dir(base, "training_videos")))
+        test_files = cap(_video_files(test_dir))
+        return {"train": [avi(p) for p in train_files], "test": [avi(p) for p in test_files]}
+
+    base = _dataset_root(root, dataset, _VIDEO_MARKERS[dataset])
+    if base is None:
+        raise _layout_error(root, dataset)
+    test_dir = _child_dir(base, "testing", "frames")
+    if test_dir is None:
+        raise DataError(
+            f"no testing/frames/ folder in '{base}': extract the test clips' frame folders there "
+            f"(expected {_EXPECTED_LAYOUT[dataset]})"
+        )
+    clips = cap(_visible_dirs(test_dir))
+    if not clips:
+        raise DataError(
+            f"no test clip folders in '{test_dir}': extract the test clips there, one frame "
+            "folder per clip (testing/frames/01_0014/000.jpg)"
+        )
+    train_files = cap(_video_files(_child_dir(base, "training", "videos")))
+    return {
+        "train": [avi(p) for p in train_files],
+        "test": [_read_video(d, size, max_frames, min_frames) for d in clips],
+    }
+
+
+# --------------------------------------------------------------------------------------------------
 # Splits, patches, sequences
 # --------------------------------------------------------------------------------------------------
 
@@ -593,6 +764,35 @@ def split_videos(
         return videos[:a], videos[a:b], videos[b:]
     videos = list(videos)
     return videos[:a], videos[a:b], videos[b:]
+
+
+def split_train_val(
+    videos: Sequence[np.ndarray], seq_len: int, fraction: float = VAL_FRACTION
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Hold out validation footage from the training videos: ``(train, val)``.
+
+    With ``V >= 2`` videos, *val* is the last ``round(fraction * V)`` videos (at least one, at most
+    ``V - 1``), *train* the others: split by video, in the given (sorted name) order. With a single
+    video of ``F`` frames it is split in time instead: *val* is its last ``max(round(fraction * F),
+    seq_len)`` frames, *train* the frames before, which must hold ``seq_len`` frames too.
+    """
+    videos = list(videos)
+    n = len(videos)
+    if n == 0:
+        raise DataError("split_train_val got no videos: pass at least one training video")
+    if n >= 2:
+        n_val = min(max(1, math.floor(fraction * n + 0.5)), n - 1)
+        return videos[: n - n_val], videos[n - n_val :]
+    video = videos[0]
+    frames = len(video)
+    n_val = max(math.floor(fraction * frames + 0.5), seq_len)
+    if frames - n_val < seq_len:
+        raise DataError(
+            f"the only training video has {frames} frames, too few to split in time into train "
+            f"and val sequences of seq_len={seq_len} (needs {2 * seq_len}): add training videos "
+            "or pass a smaller seq_len"
+        )
+    return [video[: frames - n_val]], [video[frames - n_val :]]
 
 
 def patchify(frames, patch: int = 16):
@@ -677,7 +877,7 @@ def make_sequences(
 
 @dataclasses.dataclass(frozen=True, eq=False)  # eq=False: arrays have no boolean ==
 class VideoSplits:
-    """Sequences of the three splits (split by video) and what made them.
+    """Sequences of the three splits and what made them (see :func:`load_video_data`).
 
     ``train``, ``val``, ``test``: ``[N, T, P]`` float32 clean sequences. ``sigma``: the standard
     deviation of the clean training pixels (the noise scale is ``gamma * sigma``).
@@ -707,14 +907,17 @@ def load_video_data(
     size: int = 160,
     patch: int = 16,
 ) -> VideoSplits:
-    """Videos -> split by video -> ``[N, seq_len, patch*patch]`` sequences.
+    """Videos -> train / val / test videos -> ``[N, seq_len, patch*patch]`` sequences.
 
     * ``"synthetic"``: ``num_videos`` clips of ``num_frames`` frames from :func:`synthetic_videos`
       (``seed``), split 70/15/15 by video.
-    * ``"ucsd"`` / ``"frames"``: :func:`load_frame_folders` on ``data_dir``; *train* is every
-      training video, *val* the first half of the test videos and *test* the second half (by
-      video). ``max_videos`` caps the videos read per split folder and ``max_frames`` the frames
-      per video; ``seed`` and ``num_videos``/``num_frames`` are not used.
+    * ``"ucsd"``, ``"frames"``, ``"avenue"``, ``"shanghaitech"``: :func:`load_videos` on
+      ``data_dir``. *test* is every test video; *val* comes from the training videos
+      (:func:`split_train_val`): the last ~15% of them by sorted name (at least one, and at least
+      one left for *train*), or, when there is a single training video, its last ~15% of frames
+      (at least ``seq_len``; split in time). ``max_videos`` caps the videos read per split (before
+      the val split) and ``max_frames`` the frames per video; ``seed`` and
+      ``num_videos``/``num_frames`` are not used.
     """
     if dataset not in DATASETS:
         raise DataError(f"unknown dataset {dataset!r}: valid names are {', '.join(DATASETS)}")
@@ -725,11 +928,11 @@ def load_video_data(
     else:
         if data_dir is None:
             raise DataError(
-                f"dataset {dataset!r} needs data_dir: pass the folder holding the frames "
+                f"dataset {dataset!r} needs data_dir: pass the folder holding the videos "
                 f"(expected {_EXPECTED_LAYOUT[dataset]})"
             )
         try:
-            folders = load_frame_folders(
+            folders = load_videos(
                 data_dir,
                 dataset=dataset,
                 size=size,
@@ -742,19 +945,18 @@ def load_video_data(
                 f"cannot read '{e.filename or data_dir}' ({e.strerror or e}): check that data_dir "
                 "and its files are readable"
             ) from e
-        train_v, held_out = folders["train"], folders["test"]
+        train_v, test_v = folders["train"], folders["test"]
         if not train_v:
             raise DataError(
                 f"no training videos under '{data_dir}': add a Train/ (or train/) folder of "
                 "video folders"
             )
-        if len(held_out) < 2:
+        if not test_v:
             raise DataError(
-                f"need at least 2 test videos under '{data_dir}' to split into val and test by "
-                f"video, found {len(held_out)}: add test videos (or raise max_videos)"
+                f"need at least 1 test video under '{data_dir}', found 0: add test videos "
+                f"(expected {_EXPECTED_LAYOUT[dataset]})"
             )
-        half = len(held_out) // 2
-        val_v, test_v = held_out[:half], held_out[half:]
+        train_v, val_v = split_train_val(train_v, seq_len)
         source = f"{dataset}:{data_dir}"
     train = make_sequences(train_v, seq_len, stride=stride, patch=patch)
     val = make_sequences(val_v, seq_len, stride=stride, patch=patch)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cudt import plots
-from cudt.data.video import VideoSplits, load_video_data, perturb
+from cudt.data.video import DATASETS, VideoSplits, load_video_data, perturb
 from cudt.errors import UsageError
 from cudt.experiment import Column
 from cudt.metrics import rmse_255
@@ -27,7 +27,6 @@ from cudt.runner.task import GroupModel, Task
 __all__ = ["DATASETS", "MODELS", "VideoConfig", "VideoTask", "build_model", "test_gamma_grid"]
 
 MODELS = ("dust", "ut")
-DATASETS = ("synthetic", "ucsd", "frames")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,10 +35,12 @@ class VideoConfig(RunConfig):
 
     dataset: str = flag(
         "synthetic",
-        "synthetic (embedded generator), ucsd (UCSD Anomaly frame folders) or frames "
-        "(generic root/{train,test}/<video>/<frame> folders)",
+        "synthetic (embedded generator), ucsd (UCSD Anomaly frame folders), frames (generic "
+        "root/{train,test}/<video>/<frame> folders), avenue (CUHK Avenue: training_videos/"
+        "*.avi, testing_videos/*.avi) or shanghaitech (training/videos/*.avi, "
+        "testing/frames/<clip>/*.jpg); validation videos come from the training ones",
     )
-    data_dir: str | None = flag(None, "folder of the frames")
+    data_dir: str | None = flag(None, "folder of the dataset (frames or videos)")
     models: tuple[str, ...] = flag(("dust", "ut"), "comma-separated models: dust, ut")
     layers: int = flag(3, "number of unrolled layers L", check=at_least(1))
     seq_len: int = flag(8, "frames per sequence T", check=at_least(1))
@@ -56,10 +57,15 @@ class VideoConfig(RunConfig):
         "and no later layer can lower the loss on this data)",
     )
     ut_b: float = flag(1.0, "UT feed-forward step b")
+    ut_attention: str = flag(
+        "dot",
+        "UT attention scores: dot (softmax(Y W Y^T), the published code) or distance "
+        "(softmax(-|y_t - y_s|^2_W / 2), the kernel of Yang et al.'s energy)",
+    )
     num_videos: int = flag(20, "synthetic: number of videos")
     num_frames: int = flag(32, "synthetic: frames per video")
     max_videos: int | None = flag(
-        None, "read at most this many videos per split (frame folders)", check=at_least(1)
+        None, "read at most this many videos per split", check=at_least(1)
     )
     # shared fields with this experiment's defaults
     lr: float | None = shared("lr", 1e-3)
@@ -86,6 +92,10 @@ class VideoConfig(RunConfig):
             f"--dust-dictionary must be paper, shared or per-layer, got {self.dust_dictionary!r}",
         )
         need(
+            self.ut_attention in ("dot", "distance"),
+            f"--ut-attention must be dot or distance, got {self.ut_attention!r}",
+        )
+        need(
             self.num_videos >= 3,
             f"--num-videos must be >= 3 (train/val/test split by video), got {self.num_videos}",
         )
@@ -102,7 +112,14 @@ class VideoConfig(RunConfig):
 def build_model(name: str, cfg, *, per_layer_dictionary: bool, patch_dim: int):
     """The module and the parameter projection applied after each optimizer step (or None)."""
     if name == "ut":
-        model = UT(num_layers=cfg.layers, dim=patch_dim, a=cfg.ut_a, b=cfg.ut_b, init_scheme="dct")
+        model = UT(
+            num_layers=cfg.layers,
+            dim=patch_dim,
+            a=cfg.ut_a,
+            b=cfg.ut_b,
+            init_scheme="dct",
+            attention=cfg.ut_attention,
+        )
         return model, ut_project
     if name == "dust":
         model = DUST(
