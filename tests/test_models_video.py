@@ -340,3 +340,32 @@ def test_untrained_dust_denoises_smooth_signal() -> None:
     np.testing.assert_allclose(mse[0], np.mean((noisy - clean) ** 2), rtol=1e-4)
     assert mse[-1] < 0.6 * mse[0], mse
     assert np.all(np.diff(mse) < 0), mse  # every layer descends here
+
+
+def test_ut_distance_attention_is_the_energy_kernel():
+    """attention="distance" is softmax_row(−½‖y_t − y_s‖²_W): with a bright frame among dim
+    ones, dot-product attention picks the bright key whatever the query; the kernel picks the
+    query's look-alike."""
+    dim = 4
+    y = jnp.asarray([[0.2] * dim, [0.25] * dim, [3.0] * dim], jnp.float32)  # [T=3, D]
+    layer = {"a": 1.0, "b": 0.0, "num_layers": 1, "dim": dim}  # W_f = I: Y_1 = relu(A Y)
+    dot = UT(**layer, attention="dot")
+    dist = UT(**layer, attention="distance")
+    params = dot.init(jax.random.key(0), y[None])
+    w_t = params["params"]["attn"]
+    w = np.asarray(w_t.T @ w_t, np.float64)
+    yy = np.asarray(y, np.float64)
+    d2 = (
+        np.einsum("td,de,te->t", yy, w, yy)[:, None]
+        + np.einsum("sd,de,se->s", yy, w, yy)[None, :]
+        - 2 * yy @ w @ yy.T
+    )
+    kernel = np.exp(-0.5 * d2)
+    expected = (kernel / kernel.sum(1, keepdims=True)) @ yy
+    _, states = jax.jit(dist.apply)(params, y[None])
+    assert_same_program_result(states[1, 0], np.maximum(expected, 0))
+    # the first (dim) frame: the kernel averages it with its look-alike, dot attention does not
+    _, dot_states = dot.apply(params, y[None])
+    assert abs(float(states[1, 0, 0, 0]) - 0.225) < abs(float(dot_states[1, 0, 0, 0]) - 0.225)
+    with pytest.raises(ValueError, match="attention must be"):
+        UT(**layer, attention="cosine").init(jax.random.key(0), y[None])

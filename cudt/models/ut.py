@@ -72,6 +72,11 @@ class UT(nn.Module):
         sublayer: also return the state after each attention step ``Z``: ``states`` is then
             ``[2L+1, ...]`` (``x, Z_1, Y_1, Z_2, Y_2, ...``), so the layer outputs are
             ``states[2::2]`` (per-sub-layer descent constraints).
+        attention: ``"dot"`` — ``softmax_row(Y W Yᵀ)``, the published code; or ``"distance"``
+            — ``softmax_row(−½‖y_t − y_s‖²_W)``, the kernel of Yang et al.'s energy, whose
+            gradient step the layer is. The two differ by the key-norm term ``−½ y_sᵀ W y_s``
+            (the query-norm term cancels in the row softmax): without it, attention prefers
+            keys of large W-norm (bright frames of non-negative pixels) over similar ones.
     """
 
     num_layers: int
@@ -81,6 +86,7 @@ class UT(nn.Module):
     init_scheme: str = "dct"
     dtype: Any = jnp.float32
     sublayer: bool = False
+    attention: str = "dot"
 
     @nn.compact
     def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
@@ -100,6 +106,8 @@ class UT(nn.Module):
             raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
         if x.ndim < 2 or x.shape[-1] != self.dim:
             raise ValueError(f"expected x of shape [..., T, {self.dim}], got {x.shape}")
+        if self.attention not in ("dot", "distance"):
+            raise ValueError(f"attention must be 'dot' or 'distance', got {self.attention!r}")
         if self.init_scheme == "dct":
             attn_init, ffn_init = _dct_attn_init, _dct_ffn_init
         elif self.init_scheme == "xavier":
@@ -124,6 +132,9 @@ class UT(nn.Module):
         def layer(y: jax.Array, _: None) -> tuple[jax.Array, jax.Array]:
             scores = jnp.einsum("...td,de,...se->...ts", y, w_attn, y)  # [..., T, T]
             scores = scores.astype(jnp.float32)
+            if self.attention == "distance":  # −½‖y_t − y_s‖²_W up to the row's own term
+                key_norms = jnp.einsum("...sd,de,...se->...s", y, w_attn, y)
+                scores = scores - 0.5 * key_norms.astype(jnp.float32)[..., None, :]
             if key_mask is not None:
                 scores = jnp.where(key_mask, scores, jnp.finfo(jnp.float32).min)
             attn = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
