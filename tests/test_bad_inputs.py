@@ -296,6 +296,43 @@ CONFIG_CASES = [
         "unrecognized arguments: --learning-rate 0.1",
         "see --help",
     ),
+    ("learning rate nan", ["--lr", "nan"], "got nan", "--lr must be a finite number > 0"),
+    (
+        "malformed --sweep",
+        ["--sweep", "epsilon"],
+        "--sweep 'epsilon' must be NAME=V1,V2,...",
+        "(e.g. epsilon=0.05,0.1)",
+    ),
+    (
+        "--sweep of a field that cannot be swept",
+        ["--sweep", "layers=3,5"],
+        "--sweep layers is not sweepable",
+        "choose from epsilon, reference, lr, dual_lr, resilience, gamma_train",
+    ),
+    (
+        "--sweep value out of range",
+        ["--sweep", "epsilon=0.1,1"],
+        "got 1.0",
+        "--sweep epsilon must all lie in [0, 1)",
+    ),
+    (
+        "--sweep resilience none with explicit slacks",
+        ["--sweep", "resilience=none,2", "--resilience", "2", "--resilience-mode", "slack"],
+        "none is not allowed with --resilience-mode slack",
+        "drop none or use --resilience-mode decay",
+    ),
+    (
+        "--distributed outside a cluster job",
+        ["--distributed"],
+        "--distributed: cannot join the job",
+        "set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID",
+    ),
+    (
+        "--reference chance on a denoising task",
+        ["--reference", "chance"],
+        "--reference chance needs a classification task",
+        "pass a number or none",
+    ),
     (
         "--resume with --overwrite",
         ["--resume", "--overwrite"],
