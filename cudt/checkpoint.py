@@ -372,11 +372,19 @@ def _first_mismatch(saved: dict, expected: dict) -> str | None:
     ):
         return None  # the same arrays under other path names: let the restore itself decide
 
-    for path in sorted(set(saved) & set(expected), key=order):
-        if saved[path] != expected[path]:
-            return f"{'/'.join(path)} is {spec(saved[path])}, expected {spec(expected[path])}"
-    for path in sorted(set(expected) - set(saved), key=order):
-        return f"it lacks {'/'.join(path)}, expected {spec(expected[path])}"
-    for path in sorted(set(saved) - set(expected), key=order):
-        return f"it holds {'/'.join(path)} {spec(saved[path])}, which this model does not have"
-    return None
+    def differences(params_only: bool):
+        def keep(path):
+            return (path[:1] == ("params",)) == params_only
+
+        for path in sorted(set(saved) & set(expected), key=order):
+            if keep(path) and saved[path] != expected[path]:
+                yield f"{'/'.join(path)} is {spec(saved[path])}, expected {spec(expected[path])}"
+        for path in sorted(set(expected) - set(saved), key=order):
+            if keep(path):
+                yield f"it lacks {'/'.join(path)}, expected {spec(expected[path])}"
+        for path in sorted(set(saved) - set(expected), key=order):
+            if keep(path):
+                yield f"it holds {'/'.join(path)} {spec(saved[path])}, which this model lacks"
+
+    # the parameters name the model; then the rest (run counts, optimizer states)
+    return next(differences(True), None) or next(differences(False), None)
