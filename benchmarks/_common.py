@@ -15,6 +15,7 @@ The scripts therefore run with ``--lapack-threads 1`` by default (:func:`lapack_
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import os
@@ -57,9 +58,14 @@ __all__ = [
     "max_abs_diff",
     "median",
     "model_names",
+    "parse_video_args",
     "print_table",
+    "run_main",
     "stack_states",
+    "time_alternatives",
+    "video_batch",
     "video_data",
+    "video_parser",
 ]
 
 # The compile-side events jax records for every new program (trace, lowering, XLA compile).
@@ -81,6 +87,13 @@ def video_data(seq_len: int = 8, num_videos: int = 4, num_frames: int = 32, seed
         "synthetic", seq_len=seq_len, num_videos=num_videos, num_frames=num_frames, seed=seed
     )
     return jnp.asarray(data.train), float(data.sigma)
+
+
+def video_batch(seq_len: int, batch_size: int):
+    """``(train [N, T, 256], σ_x, batch, key)``: ``video_data``, its first ``batch_size``
+    sequences (the batch every timed step sees) and ``jax.random.key(0)``."""
+    train_x, sigma = video_data(seq_len=seq_len)
+    return train_x, sigma, train_x[:batch_size], jax.random.key(0)
 
 
 def make_layer_losses(model, gamma, sigma: float):
@@ -269,6 +282,14 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
+def time_alternatives(alternatives: dict[Any, Callable[[], float]], repeats: int) -> dict:
+    """One untimed call of each alternative (warm-up), then ``interleave``: median seconds each."""
+    for measure in alternatives.values():
+        measure()
+    results = interleave(alternatives, repeats)
+    return {name: median(ts) for name, ts in results.items()}
+
+
 def interleave(
     alternatives: dict[str, Callable[[], Any]], repeats: int, *, verbose: bool = True
 ) -> dict[str, list[Any]]:
@@ -391,6 +412,55 @@ def add_lapack_threads_flag(parser) -> None:
         help="OpenBLAS threads for jax's LAPACK calls (the eigenvalue clipping's eigh); "
         "0 keeps the library default, one per core (default 1, see benchmarks/README.md)",
     )
+
+
+def video_parser(doc: str, *, steps: int, repeats: int, quick_help: str) -> argparse.ArgumentParser:
+    """The flags of the scripts in the video setting; each script adds its own.
+
+    ``--models``, ``--layers`` (5), ``--batch-size`` (32), ``--seq-len`` (8), ``--steps`` and
+    ``--repeats`` (defaults as given), ``--quick`` (``quick_help`` names its sizes) and
+    ``--lapack-threads``. Parse with :func:`parse_video_args`.
+    """
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--models", type=model_names, default=["ut", "dust"], help="default ut,dust")
+    p.add_argument("--layers", type=int, default=5, help="unrolled layers L (default 5)")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default 32)")
+    p.add_argument("--seq-len", type=int, default=8, help="frames per sequence T (default 8)")
+    p.add_argument(
+        "--steps", type=int, default=steps, help=f"steps per timed block (default {steps})"
+    )
+    p.add_argument(
+        "--repeats", type=int, default=repeats, help=f"interleaved repetitions (default {repeats})"
+    )
+    p.add_argument("--quick", action="store_true", help=f"tiny sizes for the tests ({quick_help})")
+    add_lapack_threads_flag(p)
+    return p
+
+
+def parse_video_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, quick: dict[str, Any]
+) -> argparse.Namespace:
+    """``parser.parse_args(argv)``; with ``--quick``, the attributes in ``quick`` replace the
+    parsed values (also ones given on the command line)."""
+    args = parser.parse_args(argv)
+    if args.quick:
+        for name, value in quick.items():
+            setattr(args, name, value)
+    return args
+
+
+def run_main(
+    module: str,
+    argv: Sequence[str] | None,
+    parse_args: Callable[[Sequence[str] | None], argparse.Namespace],
+    run: Callable[[argparse.Namespace, str], None],
+) -> None:
+    """A script's ``main``: parses ``argv``, prints the :func:`header`, then calls
+    ``run(args, lapack)`` inside ``lapack_threads(args.lapack_threads)`` (``lapack``: its line)."""
+    args = parse_args(argv)
+    header(module, argv)
+    with lapack_threads(args.lapack_threads) as lapack:
+        run(args, lapack)
 
 
 @contextlib.contextmanager

@@ -44,16 +44,14 @@ import torch
 from benchmarks._common import (
     VIDEO,
     JaxSteps,
-    add_lapack_threads_flag,
     copy_tree,
-    header,
-    interleave,
-    lapack_threads,
     make_video_setup,
-    median,
-    model_names,
+    parse_video_args,
     print_table,
+    run_main,
+    time_alternatives,
     video_data,
+    video_parser,
 )
 from benchmarks.torch_baseline import TorchUT, torch_threads
 from cudt.data.video import perturb
@@ -63,13 +61,7 @@ TORCH_DEFAULT_THREADS = torch.get_num_threads()
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--models", type=model_names, default=["ut", "dust"], help="default ut,dust")
-    p.add_argument("--layers", type=int, default=5, help="unrolled layers L (default 5)")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default 32)")
-    p.add_argument("--seq-len", type=int, default=8, help="frames per sequence T (default 8)")
-    p.add_argument("--steps", type=int, default=10, help="steps per timed block (default 10)")
-    p.add_argument("--repeats", type=int, default=7, help="interleaved repetitions (default 7)")
+    p = video_parser(__doc__, steps=10, repeats=7, quick_help="L=1, batch 4, 1 repeat")
     p.add_argument(
         "--torch-threads",
         default="1,0",
@@ -77,14 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="comma-separated torch thread counts to time; 0 is torch's default "
         f"({TORCH_DEFAULT_THREADS} here) (default 1,0)",
     )
-    p.add_argument(
-        "--quick", action="store_true", help="tiny sizes for the tests (L=1, batch 4, 1 repeat)"
-    )
-    add_lapack_threads_flag(p)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.layers, args.batch_size, args.steps, args.repeats = 1, 4, 2, 1
-    return args
+    return parse_video_args(p, argv, quick=dict(layers=1, batch_size=4, steps=2, repeats=1))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -379,10 +364,7 @@ def bench_model(args, model_name: str, train_x, sigma) -> tuple[list, list, list
                 torch.tensor(multipliers0),
             )
             alternatives[(impl_name, label)] = torch_block(tstep, clean, args.steps, n)
-    for measure in alternatives.values():  # one untimed warm-up block each
-        measure()
-    results = interleave(alternatives, args.repeats)
-    ms = {name: 1e3 * median(ts) for name, ts in results.items()}
+    ms = {name: 1e3 * s for name, s in time_alternatives(alternatives, args.repeats).items()}
     jax_ms = ms[("cudt (jax.jit)", "-")]
     speed = []
     for (impl_name, threads), value in ms.items():
@@ -402,10 +384,7 @@ def bench_model(args, model_name: str, train_x, sigma) -> tuple[list, list, list
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
-    header("benchmarks.cooper_baseline", argv)
-    with lapack_threads(args.lapack_threads) as lapack:
-        run(args, lapack)
+    run_main("benchmarks.cooper_baseline", argv, parse_args, run)
 
 
 def run(args: argparse.Namespace, lapack: str) -> None:

@@ -35,16 +35,14 @@ import optax
 from benchmarks._common import (
     VIDEO,
     JaxSteps,
-    add_lapack_threads_flag,
     copy_tree,
-    header,
-    interleave,
-    lapack_threads,
     make_video_setup,
-    median,
-    model_names,
+    parse_video_args,
     print_table,
-    video_data,
+    run_main,
+    time_alternatives,
+    video_batch,
+    video_parser,
 )
 
 KINDS = ("plain ERM", "ERM", "constrained")
@@ -52,21 +50,8 @@ G3 = {"float_kind": lambda v: f"{v:.3g}"}  # numpy print format
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--models", type=model_names, default=["ut", "dust"], help="default ut,dust")
-    p.add_argument("--layers", type=int, default=5, help="unrolled layers L (default 5)")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default 32)")
-    p.add_argument("--seq-len", type=int, default=8, help="frames per sequence T (default 8)")
-    p.add_argument("--steps", type=int, default=20, help="steps per timed block (default 20)")
-    p.add_argument("--repeats", type=int, default=7, help="interleaved repetitions (default 7)")
-    p.add_argument(
-        "--quick", action="store_true", help="tiny sizes for the tests (L=1, batch 4, 1 repeat)"
-    )
-    add_lapack_threads_flag(p)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.layers, args.batch_size, args.steps, args.repeats = 1, 4, 2, 1
-    return args
+    p = video_parser(__doc__, steps=20, repeats=7, quick_help="L=1, batch 4, 1 repeat")
+    return parse_video_args(p, argv, quick=dict(layers=1, batch_size=4, steps=2, repeats=1))
 
 
 def plain_erm(setup):
@@ -92,18 +77,13 @@ def plain_erm(setup):
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
-    header("benchmarks.erm_vs_constrained", argv)
-    with lapack_threads(args.lapack_threads) as lapack:
-        run(args, lapack)
+    run_main("benchmarks.erm_vs_constrained", argv, parse_args, run)
 
 
 def run(args: argparse.Namespace, lapack: str) -> None:
     print(lapack)
     t_total = time.perf_counter()
-    train_x, sigma = video_data(seq_len=args.seq_len)
-    batch = train_x[: args.batch_size]
-    key = jax.random.key(0)
+    train_x, sigma, batch, key = video_batch(args.seq_len, args.batch_size)
     print(
         f"video denoising: batch {args.batch_size}x{args.seq_len}x{train_x.shape[-1]}, "
         f"L = {args.layers}; {args.repeats} interleaved repetitions of {args.steps} steps"
@@ -140,10 +120,7 @@ def run(args: argparse.Namespace, lapack: str) -> None:
             "constrained "
             f"{np.array2string(np.asarray(first['constrained']['multipliers']), formatter=G3)}"
         )
-    for measure in alternatives.values():  # one untimed warm-up block each
-        measure()
-    results = interleave(alternatives, args.repeats)
-    ms = {name: 1e3 * median(ts) for name, ts in results.items()}
+    ms = {name: 1e3 * s for name, s in time_alternatives(alternatives, args.repeats).items()}
     rows = [
         [
             model,

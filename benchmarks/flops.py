@@ -36,38 +36,23 @@ import jax.numpy as jnp
 
 from benchmarks._common import (
     JaxSteps,
-    add_lapack_threads_flag,
     copy_tree,
-    header,
-    interleave,
-    lapack_threads,
     make_video_setup,
-    median,
-    model_names,
+    parse_video_args,
     print_table,
-    video_data,
+    run_main,
+    time_alternatives,
+    video_batch,
+    video_parser,
 )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--models", type=model_names, default=["ut", "dust"], help="default ut,dust")
-    p.add_argument("--layers", type=int, default=5, help="unrolled layers L (default 5)")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default 32)")
-    p.add_argument("--seq-len", type=int, default=8, help="frames per sequence T (default 8)")
-    p.add_argument("--steps", type=int, default=10, help="steps per timed block (default 10)")
+    p = video_parser(__doc__, steps=10, repeats=5, quick_help="L=2, batch 4, n=256")
     p.add_argument("--matmul-size", type=int, default=2048, help="n of the n x n matmul")
     p.add_argument("--matmuls", type=int, default=3, help="matmuls per timed block (default 3)")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved repetitions (default 5)")
-    p.add_argument(
-        "--quick", action="store_true", help="tiny sizes for the tests (L=2, batch 4, n=256)"
-    )
-    add_lapack_threads_flag(p)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.layers, args.batch_size, args.steps, args.repeats = 2, 4, 2, 1
-        args.matmul_size, args.matmuls = 256, 2
-    return args
+    quick = dict(layers=2, batch_size=4, steps=2, repeats=1, matmul_size=256, matmuls=2)
+    return parse_video_args(p, argv, quick=quick)
 
 
 def xla_flops(compiled) -> float:
@@ -105,18 +90,13 @@ class Matmul:
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
-    header("benchmarks.flops", argv)
-    with lapack_threads(args.lapack_threads) as lapack:
-        run(args, lapack)
+    run_main("benchmarks.flops", argv, parse_args, run)
 
 
 def run(args: argparse.Namespace, lapack: str) -> None:
     print(lapack)
     t_total = time.perf_counter()
-    train_x, sigma = video_data(seq_len=args.seq_len)
-    batch = train_x[: args.batch_size]
-    key = jax.random.key(0)
+    train_x, sigma, batch, key = video_batch(args.seq_len, args.batch_size)
     n = args.matmul_size
     print(
         f"video denoising, constrained step: batch {args.batch_size}x{args.seq_len}x"
@@ -139,10 +119,7 @@ def run(args: argparse.Namespace, lapack: str) -> None:
         counts[setup.name] = (xla_flops(compiled), xla_flops(unrolled))
         steps = JaxSteps(compiled, state, batch, key)
         alternatives[setup.name] = lambda s=steps: s.block(args.steps)
-    for measure in alternatives.values():  # one untimed warm-up block each
-        measure()
-    results = interleave(alternatives, args.repeats)
-    seconds = {name: median(ts) for name, ts in results.items()}
+    seconds = time_alternatives(alternatives, args.repeats)
     peak = matmul.flops / seconds[f"matmul {n}"]
     rows = []
     for name, (as_compiled, used) in counts.items():

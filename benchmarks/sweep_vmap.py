@@ -39,49 +39,34 @@ import numpy as np
 
 from benchmarks._common import (
     VIDEO,
-    add_lapack_threads_flag,
     copy_tree,
-    header,
-    interleave,
-    lapack_threads,
     make_video_setup,
     max_abs_diff,
-    median,
-    model_names,
+    parse_video_args,
     print_table,
-    video_data,
+    run_main,
+    time_alternatives,
+    video_batch,
+    video_parser,
 )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--models", type=model_names, default=["ut", "dust"], help="default ut,dust")
+    p = video_parser(__doc__, steps=5, repeats=5, quick_help="L=1, batch 4, R=1,2")
     p.add_argument(
         "--runs",
         type=lambda s: [int(r) for r in s.split(",")],
         default=[1, 2, 4, 8],
         help="comma-separated sweep sizes R (default 1,2,4,8)",
     )
-    p.add_argument("--layers", type=int, default=5, help="unrolled layers L (default 5)")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default 32)")
-    p.add_argument("--seq-len", type=int, default=8, help="frames per sequence T (default 8)")
-    p.add_argument("--steps", type=int, default=5, help="steps per timed block (default 5)")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved repetitions (default 5)")
     p.add_argument(
         "--check-steps",
         type=int,
         default=3,
         help="steps trained both ways and compared before timing (default 3)",
     )
-    p.add_argument(
-        "--quick", action="store_true", help="tiny sizes for the tests (L=1, batch 4, R=1,2)"
-    )
-    add_lapack_threads_flag(p)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.layers, args.batch_size, args.runs = 1, 4, [1, 2]
-        args.steps, args.repeats, args.check_steps = 1, 1, 1
-    return args
+    quick = dict(layers=1, batch_size=4, runs=[1, 2], steps=1, repeats=1, check_steps=1)
+    return parse_video_args(p, argv, quick=quick)
 
 
 def epsilons(num_runs: int) -> np.ndarray:
@@ -194,18 +179,13 @@ def setup_model(args, model_name: str, train_x, sigma, batch, key):
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
-    header("benchmarks.sweep_vmap", argv)
-    with lapack_threads(args.lapack_threads) as lapack:
-        run(args, lapack)
+    run_main("benchmarks.sweep_vmap", argv, parse_args, run)
 
 
 def run(args: argparse.Namespace, lapack: str) -> None:
     print(lapack)
     t_total = time.perf_counter()
-    train_x, sigma = video_data(seq_len=args.seq_len)
-    batch = train_x[: args.batch_size]
-    key = jax.random.key(0)
+    train_x, sigma, batch, key = video_batch(args.seq_len, args.batch_size)
     print(
         f"video denoising, constrained: batch {args.batch_size}x{args.seq_len}x"
         f"{train_x.shape[-1]}, L = {args.layers}; sweep R = {args.runs} runs with "
@@ -237,13 +217,8 @@ def run(args: argparse.Namespace, lapack: str) -> None:
             ],
             checks,
         )
-    for alt in alternatives.values():  # one untimed warm-up block each
-        alt.steps(args.steps)
-    results = interleave(
-        {name: (lambda a=alt: a.steps(args.steps)) for name, alt in alternatives.items()},
-        args.repeats,
-    )
-    ms = {name: 1e3 * median(ts) for name, ts in results.items()}
+    measures = {name: (lambda a=alt: a.steps(args.steps)) for name, alt in alternatives.items()}
+    ms = {name: 1e3 * s for name, s in time_alternatives(measures, args.repeats).items()}
     rows = []
     for model in names:
         for R in args.runs:

@@ -47,11 +47,10 @@ from benchmarks._common import (
     command_line,
     copy_tree,
     environment,
-    interleave,
     lapack_threads,
     make_ut_setup,
-    median,
     print_table,
+    time_alternatives,
     video_data,
 )
 from cudt.data.video import perturb
@@ -327,10 +326,7 @@ def bench_batch_size(args, train_x, sigma, batch_size: int, compile_status: str 
         "jax": time_steps(jax_step, args.steps, sync=jax_step.sync),
         **{name: time_steps(partial(t, clean), args.steps) for name, t in variants.items()},
     }
-    for measure in alternatives.values():  # warm-up: one untimed block each
-        measure()
-    results = interleave(alternatives, args.repeats)
-    ms = {name: 1e3 * median(ts) for name, ts in results.items()}
+    ms = {name: 1e3 * s for name, s in time_alternatives(alternatives, args.repeats).items()}
     speed = [
         [batch_size, name, ms[name], ms[name] / ms["torch eager"], ms["jax"] / ms[name]]
         for name in alternatives

@@ -227,6 +227,7 @@ def _summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval
     evaluator = jax.jit(
         jax.vmap(model.eval_outputs, in_axes=(0, None, None, None, None, None))
     )  # compiled once per group (and per batch shape)
+
     def evaluate(split: str, split_gammas, key):
         batches = task.eval_batches(data, split, model, cfg.eval_batch_size)
         return _evaluate(
