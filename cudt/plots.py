@@ -22,10 +22,20 @@ LABELS = {False: "ERM", True: "constrained"}
 
 
 def _by_model(runs):
+    """Panels by model and depth; a control run (``run["panel"]``) joins its model's panel."""
     groups = defaultdict(list)
     for run in runs:
-        groups[f"{run['model']}-{run['layers']}"].append(run)
+        groups[f"{run.get('panel', run['model'])}-{run['layers']}"].append(run)
     return dict(sorted(groups.items()))
+
+
+def _kind(run) -> str:
+    """The legend entry of a run: ERM, constrained, or its variant (e.g. a control)."""
+    return run.get("variant") or LABELS[run["constrained"]]
+
+
+def _color(run) -> str:
+    return "tab:green" if run.get("variant") else COLORS[run["constrained"]]
 
 
 def _style(run):
@@ -52,22 +62,22 @@ def plot_layer_losses(
                     [],
                     [],
                     color="gray",
-                    label=f"{LABELS[run['constrained']]} seed {run['seed']}: diverged",
+                    label=f"{_kind(run)} seed {run['seed']}: diverged",
                 )
                 continue
             gi = gamma_index
             if gi is None:
                 gi = run["test_gamma"].index(run["gamma_train"])
             losses = np.asarray(run["layer_loss"][gi], float)
-            label = LABELS[run["constrained"]] if run["constrained"] not in seen else None
-            seen.add(run["constrained"])
+            label = _kind(run) if _kind(run) not in seen else None
+            seen.add(_kind(run))
             ax.plot(
                 np.arange(losses.size),
                 losses,
                 _style(run),
                 marker="o",
                 ms=3,
-                color=COLORS[run["constrained"]],
+                color=_color(run),
                 alpha=0.85,
                 label=label,
             )
@@ -103,18 +113,18 @@ def plot_metric_vs_gamma(
                     [],
                     [],
                     color="gray",
-                    label=f"{LABELS[run['constrained']]} seed {run['seed']}: diverged",
+                    label=f"{_kind(run)} seed {run['seed']}: diverged",
                 )
                 continue
-            label = LABELS[run["constrained"]] if run["constrained"] not in seen else None
-            seen.add(run["constrained"])
+            label = _kind(run) if _kind(run) not in seen else None
+            seen.add(_kind(run))
             ax.plot(
                 run["test_gamma"],
                 run[key],
                 _style(run),
                 marker="o",
                 ms=3,
-                color=COLORS[run["constrained"]],
+                color=_color(run),
                 alpha=0.85,
                 label=label,
             )

@@ -39,8 +39,9 @@ from experiments import video_denoise
 ROOT = Path(__file__).resolve().parents[1]
 
 # A tiny run: one layer of DUST and UT, 4 steps in chunks of 2 (checkpoints at steps 2 and 4),
-# one seed. Three groups: DUST ERM and constrained (one dictionary per layer: another model), and
-# UT, whose ERM and constrained runs share one program.
+# one seed. Four groups: DUST ERM and constrained (one dictionary per layer: another model), the
+# control (ERM DUST with per-layer dictionaries), and UT, whose ERM and constrained runs share
+# one program.
 TINY = [
     "--models",
     "dust,ut",
@@ -67,7 +68,8 @@ RESULTS = ("results.json", "layer_loss.png", "rmse_vs_gamma.png", "training_curv
 # Progress reports of the tiny run, on stderr before a failure after training started: its
 # progress bars and "resumed from" notes.
 PROGRESS = re.compile(
-    r"^(dust-1 (ERM|constrained)|ut-1):(\s+\d+%\|| resumed from the checkpoint at step)"
+    r"^(dust-1 (ERM|constrained)|dust-pl-1 ERM|ut-1):"
+    r"(\s+\d+%\|| resumed from the checkpoint at step)"
 )
 
 # case -> (section, message, exit status), for docs/errors.md
@@ -755,7 +757,7 @@ def finished_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("finished") / "run"
     assert video_denoise.main([*TINY, "--out", str(out)]) == 0
     assert (out / "results.json").is_file()
-    for group in ("dust-1-ERM", "dust-1-constrained", "ut-1"):
+    for group in ("dust-1-ERM", "dust-1-constrained", "dust-pl-1-ERM", "ut-1"):
         assert sorted(p.name for p in (out / "checkpoints" / group).iterdir()) == ["2", "4"]
     return out
 

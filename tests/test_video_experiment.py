@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from PIL import Image
@@ -75,11 +76,18 @@ def diverging_run(tmp_path_factory):
 
 
 def test_results_json_has_every_run_and_key(diverging_run):
-    _, results = diverging_run
+    out, results = diverging_run
     runs = results["runs"]
     assert {(r["model"], r["constrained"], r["seed"]) for r in runs} == {
         (m, c, s) for m in ("dust", "ut") for c in (False, True) for s in (0, 1)
-    }
+    } | {("dust-pl", False, s) for s in (0, 1)}  # the control: ERM, per-layer dictionaries
+    # the control has the constrained DUST's architecture, the plain ERM DUST does not
+    shapes = {}
+    for group in ("dust-3-ERM", "dust-3-constrained", "dust-pl-3-ERM"):
+        with GroupCheckpointer(out / "checkpoints" / group) as ckpt:
+            states, _ = ckpt.restore(None)
+        shapes[group] = [np.shape(x) for x in jax.tree.leaves(states["params"])]
+    assert shapes["dust-pl-3-ERM"] == shapes["dust-3-constrained"] != shapes["dust-3-ERM"]
     for run in runs:
         assert RUN_KEYS <= set(run)
         assert run["layers"] == 3 and len(run["multipliers"]) == 4

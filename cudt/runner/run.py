@@ -377,7 +377,12 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     data = task.load(cfg)
     for line in task.describe(cfg, data):
         print(line)
-    specs = expand_runs(cfg, task.model_names(cfg), lambda m: task.default_lr(cfg, m))
+    specs = expand_runs(
+        cfg,
+        task.model_names(cfg),
+        lambda m: task.default_lr(cfg, m),
+        lambda m: task.kinds(cfg, m),
+    )
     groups = plan_groups(task, cfg, specs)
     for group in groups:
         group.model = task.build(cfg, data, group.model_name, group.structure)

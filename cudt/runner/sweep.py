@@ -111,14 +111,15 @@ def base_hparams(cfg, lr: float) -> dict[str, Any]:
     return hp
 
 
-def expand_runs(cfg, models, default_lr) -> list[RunSpec]:
-    """Every run of ``cfg``: for each model, ERM then constrained, each sweep point, each
-    seed. ``default_lr(model)`` gives the learning rate when ``cfg.lr`` is None."""
+def expand_runs(cfg, models, default_lr, kinds=None) -> list[RunSpec]:
+    """Every run of ``cfg``: for each model, ERM then constrained (``kinds(model)``: which of
+    them, default both), each sweep point, each seed. ``default_lr(model)`` gives the learning
+    rate when ``cfg.lr`` is None."""
     sweeps = parse_sweeps(cfg)
     specs = []
     for model in models:
         lr = cfg.lr if cfg.lr is not None else default_lr(model)
-        for constrained in (False, True):
+        for constrained in (False, True) if kinds is None else kinds(model):
             names = [n for n in sweeps if constrained or n not in CONSTRAINT_ONLY]
             for point, combo in enumerate(itertools.product(*(sweeps[n] for n in names))):
                 hp = base_hparams(cfg, lr) | dict(zip(names, combo, strict=True))

@@ -116,6 +116,11 @@ class Task:
     def model_names(self, cfg) -> list[str]:
         raise NotImplementedError
 
+    def kinds(self, cfg, name: str) -> tuple[bool, ...]:
+        """Which of ERM (False) and constrained (True) runs model ``name`` trains (a control
+        model may be ERM only)."""
+        return (False, True)
+
     def structure(self, cfg, name: str, constrained: bool) -> Hashable:
         """What makes ERM and constrained models of ``name`` different programs (None: they
         share one, ERM being a per-run flag)."""

@@ -27,6 +27,7 @@ from cudt.runner.task import GroupModel, Task
 __all__ = ["DATASETS", "MODELS", "VideoConfig", "VideoTask", "build_model", "test_gamma_grid"]
 
 MODELS = ("dust", "ut")
+CONTROL = "dust-pl"  # ERM DUST with one dictionary per layer: the control of constrained DUST
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,12 @@ class VideoConfig(RunConfig):
         "paper", "paper (shared for ERM, one per layer when constrained), shared, or per-layer"
     )
     dust_threshold: float = flag(0.01, "DUST soft threshold tau", check=non_negative)
+    dust_control: bool = flag(
+        True,
+        "with --dust-dictionary paper, also train ERM DUST with one dictionary per layer "
+        "(rows dust-pl): the control that separates the constraints' effect from the "
+        "architecture's",
+    )
     ut_a: float = flag(
         0.25,
         "UT attention step a (the published code uses 1: then layer 1 averages all T frames "
@@ -182,13 +189,22 @@ class VideoTask(Task):
         return getattr(data, split)
 
     def model_names(self, cfg) -> list[str]:
-        return list(cfg.models)
+        names = list(cfg.models)
+        if "dust" in names and cfg.dust_dictionary == "paper" and cfg.dust_control:
+            names.insert(names.index("dust") + 1, CONTROL)
+        return names
+
+    def kinds(self, cfg, name: str) -> tuple[bool, ...]:
+        return (False,) if name == CONTROL else (False, True)
 
     def structure(self, cfg, name: str, constrained: bool):
         # The paper keeps one dictionary per layer in constrained DUST only: then ERM and
-        # constrained DUST are different models (two programs).
+        # constrained DUST are different models (two programs); the control is ERM with the
+        # constrained model's architecture.
         if name == "dust" and cfg.dust_dictionary == "paper":
             return "per-layer" if constrained else "shared"
+        if name == CONTROL:
+            return "per-layer"
         return None
 
     def build(self, cfg, data, name: str, structure) -> GroupModel:
@@ -197,7 +213,10 @@ class VideoTask(Task):
         ]
         patch_dim = data.train.shape[-1]
         module, project = build_model(
-            name, cfg, per_layer_dictionary=per_layer, patch_dim=patch_dim
+            "dust" if name == CONTROL else name,
+            cfg,
+            per_layer_dictionary=per_layer,
+            patch_dim=patch_dim,
         )
         sigma = data.sigma
         sample = jnp.zeros((1,) + data.train.shape[1:], jnp.float32)
@@ -220,6 +239,9 @@ class VideoTask(Task):
             layer_losses=layer_losses,
             eval_outputs=eval_outputs,
             project=project,
+            record={"panel": "dust", "variant": "ERM, per-layer dict. (control)"}
+            if name == CONTROL
+            else {},
         )
 
     def test_gamma_grid(self, cfg, gamma_train: float) -> list[float]:
