@@ -127,7 +127,6 @@ class _GroupProgram:
             warmup_steps=task.warmup_steps(cfg, steps_per_epoch),
             constrained=True,
         )
-        self.descent = descent
         init, self.step = make_train_step(
             model.layer_losses,
             primal_optimizer(hps[0]["lr"]),
