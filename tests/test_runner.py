@@ -63,10 +63,7 @@ class ToyTask(Task):
             for split in ("train", "val", "test")
         }
 
-    def train_examples(self, data):
-        return data["train"]
-
-    def split_examples(self, data, split):
+    def split_examples(self, data, split, model):
         return data[split]
 
     def model_names(self, cfg):

@@ -450,3 +450,45 @@ def test_error_missing_tensor_and_shape_mismatch(tmp_path: pathlib.Path) -> None
     write_tiny_vit(tmp_path / "d", drop=("embeddings.patch_embeddings.projection.weight",))
     with pytest.raises(EncoderError, match="it is not a ViT model"):
         load_vit(tmp_path / "d")
+
+
+# --------------------------------------------------------------------------------------------
+# The ViT denoiser in the video experiment (the paper's ViT rows), through the CLI
+# --------------------------------------------------------------------------------------------
+
+
+def test_vit_denoiser_in_the_video_experiment(tmp_path: pathlib.Path) -> None:
+    """A tiny random ViT fine-tuned as a video denoiser: frames through its preprocessing,
+    every state read back as a frame, ERM and constrained in one program, RMSE reported."""
+    from experiments import video_denoise
+
+    folder = write_tiny_vit(tmp_path / "vit")
+    out = tmp_path / "run"
+    argv = [
+        "--models", "vit", "--vit-checkpoint", str(folder), "--num-videos", "3",
+        "--num-frames", "8", "--seq-len", "4", "--batch-size", "4", "--steps", "6",
+        "--chunk-steps", "3", "--seeds", "1", "--warmup-steps", "2", "--eval-batch-size", "8",
+        "--out", str(out),
+    ]  # fmt: skip
+    assert video_denoise.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    runs = results["runs"]
+    assert [(r["model"], r["constrained"]) for r in runs] == [("vit", False), ("vit", True)]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir()) == ["vit-2"]
+    for r in runs:
+        assert r["layers"] == TINY["layers"] and r["hparams"]["lr"] == 1e-4  # the ViT default
+        gi = r["test_gamma"].index(r["gamma_train"])
+        assert len(r["layer_loss"][gi]) == TINY["layers"] + 1
+        assert np.isfinite(r["mean_rmse"]) and 0 < r["rmse"][0] < 255
+        # RMSE of the last state = 255 * sqrt(its mean loss): read back on the 0-255 scale
+        assert r["rmse"][gi] == pytest.approx(255 * np.sqrt(r["layer_loss"][gi][-1]), rel=1e-5)
+    assert max(runs[1]["max_multipliers"]) > 0 and max(runs[0]["max_multipliers"]) == 0
+
+
+def test_vit_model_needs_its_checkpoint(capsys) -> None:
+    from experiments import video_denoise
+
+    with pytest.raises(SystemExit) as e:
+        video_denoise.main(["--models", "vit"])
+    assert e.value.code == 2
+    assert "--models vit needs --vit-checkpoint FOLDER" in capsys.readouterr().err

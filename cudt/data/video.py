@@ -891,6 +891,7 @@ class VideoSplits:
     patch: int
     frame_size: int
     source: str
+    frames: dict[str, np.ndarray] | None = None  # split -> [F, H, W] whole frames, if kept
 
 
 def load_video_data(
@@ -906,8 +907,12 @@ def load_video_data(
     stride: int | None = None,
     size: int = 160,
     patch: int = 16,
+    keep_frames: bool = False,
 ) -> VideoSplits:
     """Videos -> train / val / test videos -> ``[N, seq_len, patch*patch]`` sequences.
+
+    ``keep_frames``: also keep every split's whole frames, ``frames[split] [F, size, size]``
+    (for models that read frames, not patch sequences: the ViT denoiser).
 
     * ``"synthetic"``: ``num_videos`` clips of ``num_frames`` frames from :func:`synthetic_videos`
       (``seed``), split 70/15/15 by video.
@@ -961,6 +966,12 @@ def load_video_data(
     train = make_sequences(train_v, seq_len, stride=stride, patch=patch)
     val = make_sequences(val_v, seq_len, stride=stride, patch=patch)
     test = make_sequences(test_v, seq_len, stride=stride, patch=patch)
+    frames = None
+    if keep_frames:
+        frames = {
+            name: np.concatenate([np.asarray(v, np.float32) for v in videos])
+            for name, videos in (("train", train_v), ("val", val_v), ("test", test_v))
+        }
     return VideoSplits(
         train=train,
         val=val,
@@ -970,6 +981,7 @@ def load_video_data(
         patch=patch,
         frame_size=size,
         source=source,
+        frames=frames,
     )
 
 

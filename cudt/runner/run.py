@@ -109,8 +109,11 @@ def _name_group(group: Group, swept: list[str]) -> None:
 class _GroupProgram:
     """The step, initial states and per-run arrays of one group."""
 
-    def __init__(self, task: Task, cfg, data, group: Group, train_examples, steps_per_epoch):
+    def __init__(self, task: Task, cfg, data, group: Group):
         model = group.model
+        self.train_examples = task.train_examples(data, model)
+        num_train = jax.tree.leaves(self.train_examples)[0].shape[0]
+        steps_per_epoch = max(1, math.ceil(num_train / cfg.batch_size))
         hps = [s.hp for s in group.specs]
         resolved_ref = [task.resolve_reference(hp["reference"], data) for hp in hps]
         alphas = [hp["resilience"] for hp in hps]
@@ -161,7 +164,6 @@ class _GroupProgram:
             return jax.vmap(one)(init_keys, per_run)
 
         self.init_states = init_states
-        num_train = jax.tree.leaves(train_examples)[0].shape[0]
         batch_size = cfg.batch_size
 
         def make_batch(key, step, data, gamma):
@@ -234,7 +236,7 @@ def _summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval
             result.states.params,
             model.frozen,
             batches,
-            task.split_size(data, split),
+            task.split_size(data, split, model),
             split_gammas,
             key,
         )
@@ -400,10 +402,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             else f" (if interrupted, rerun with --out {out.path} to resume)"
         )
     )
-    train_examples = task.train_examples(data)
-    num_train = jax.tree.leaves(train_examples)[0].shape[0]
-    steps_per_epoch = max(1, math.ceil(num_train / cfg.batch_size))
-    programs = [_GroupProgram(task, cfg, data, g, train_examples, steps_per_epoch) for g in groups]
+    programs = [_GroupProgram(task, cfg, data, g) for g in groups]
     if out.resuming:  # a corrupt or foreign checkpoint is refused before any training
         for group, program in zip(groups, programs, strict=True):
             folder = out.group_dir(group.slug)
@@ -414,7 +413,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     gamma_trains = sorted({float(s.hp["gamma_train"]) for s in specs})
     gammas = task.test_gammas(cfg, gamma_trains)
     eval_key = jax.random.key(10_000 + cfg.seed)
-    device_examples = jax.tree.map(jnp.asarray, train_examples)
+    on_device: dict[int, Any] = {}  # groups reading the same examples share one device copy
     runs: list[dict] = []
     ratios: list = []
     train_seconds, eval_seconds = {}, {}
@@ -424,6 +423,11 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         shardings = make_shardings(len(group.specs), cfg.batch_size, cfg.devices)
         if shardings is not None:
             devices_used = max(devices_used, shardings.devices)
+        if id(program.train_examples) not in on_device:
+            on_device[id(program.train_examples)] = jax.tree.map(
+                jnp.asarray, program.train_examples
+            )
+        examples = on_device[id(program.train_examples)]
         result = run_group(
             program.step,
             program.initial_states(),
@@ -437,7 +441,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             checkpoint_every=cfg.checkpoint_every,
             keep_checkpoints=cfg.keep_checkpoints,
             fault=_fault_runs(cfg, group),
-            data={"examples": device_examples, "frozen": group.model.frozen},
+            data={"examples": examples, "frozen": group.model.frozen},
             extras=program.extras,
             shardings=shardings,
         )

@@ -95,22 +95,25 @@ class Task:
         """Top-level entries of results.json besides the runner's (reference figures)."""
         return {}
 
-    def train_examples(self, data) -> Any:
-        """The training examples, a pytree of ``[N, ...]`` arrays (moved to the devices once)."""
-        raise NotImplementedError
+    def train_examples(self, data, model: GroupModel) -> Any:
+        """The training examples of ``model``'s group, a pytree of ``[N, ...]`` arrays (moved
+        to the devices once). Default: :meth:`split_examples` of ``"train"``."""
+        return self.split_examples(data, "train", model)
 
     def eval_batches(self, data, split: str, model: GroupModel, batch_size: int):
         """``Iterator[EvalBatch]`` over ``split`` (``"val"`` or ``"test"``), every batch of one
-        size. Default: ``train_examples``-like pytrees cut in order, the last batch padded."""
-        examples = self.split_examples(data, split)
-        n = self.split_size(data, split)
+        size. Default: :meth:`split_examples` cut in order, the last batch padded."""
+        examples = self.split_examples(data, split, model)
+        n = self.split_size(data, split, model)
         return cut_in_batches(examples, n, min(batch_size, n))
 
-    def split_examples(self, data, split: str) -> Any:
+    def split_examples(self, data, split: str, model: GroupModel) -> Any:
+        """The examples of ``split`` (``"train"``, ``"val"``, ``"test"``) as ``model`` reads
+        them (patch sequences, whole frames, token ids, ...)."""
         raise NotImplementedError
 
-    def split_size(self, data, split: str) -> int:
-        return jax.tree.leaves(self.split_examples(data, split))[0].shape[0]
+    def split_size(self, data, split: str, model: GroupModel) -> int:
+        return jax.tree.leaves(self.split_examples(data, split, model))[0].shape[0]
 
     # -- models ----------------------------------------------------------------------------
     def model_names(self, cfg) -> list[str]:

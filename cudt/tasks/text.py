@@ -237,7 +237,7 @@ class TextTask(Task):
     def results_extras(self, cfg, data: TextData) -> dict[str, Any]:
         return {"paper_descent": PAPER_DESCENT}
 
-    def train_examples(self, data: TextData):
+    def train_examples(self, data: TextData, model=None):
         split = data.tokens["train"]
         out = {
             "ids": split.ids,
@@ -248,7 +248,7 @@ class TextTask(Task):
             out["types"] = split.types
         return out
 
-    def split_size(self, data: TextData, split: str) -> int:
+    def split_size(self, data: TextData, split: str, model=None) -> int:
         return len(data.tokens[split])
 
     def eval_batches(self, data: TextData, split: str, model: GroupModel, batch_size: int):

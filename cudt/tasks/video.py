@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -20,13 +21,21 @@ from cudt.data.video import DATASETS, VideoSplits, load_video_data, perturb
 from cudt.errors import UsageError
 from cudt.experiment import Column
 from cudt.metrics import rmse_255
-from cudt.models import DUST, UT, ut_project
+from cudt.models import DUST, UT, load_vit, ut_project
 from cudt.runner.config import RunConfig, at_least, flag, non_negative, shared
 from cudt.runner.task import GroupModel, Task
 
-__all__ = ["DATASETS", "MODELS", "VideoConfig", "VideoTask", "build_model", "test_gamma_grid"]
+__all__ = [
+    "DATASETS",
+    "MODELS",
+    "VideoConfig",
+    "VideoTask",
+    "build_model",
+    "test_gamma_grid",
+    "vit_denoiser",
+]
 
-MODELS = ("dust", "ut")
+MODELS = ("dust", "ut", "vit")
 CONTROL = "dust-pl"  # ERM DUST with one dictionary per layer: the control of constrained DUST
 
 
@@ -42,7 +51,16 @@ class VideoConfig(RunConfig):
         "testing/frames/<clip>/*.jpg); validation videos come from the training ones",
     )
     data_dir: str | None = flag(None, "folder of the dataset (frames or videos)")
-    models: tuple[str, ...] = flag(("dust", "ut"), "comma-separated models: dust, ut")
+    models: tuple[str, ...] = flag(
+        ("dust", "ut"),
+        "comma-separated models: dust, ut, vit (a pretrained ViT from --vit-checkpoint, fine-tuned "
+        "whole, its states read back as frames)",
+    )
+    vit_checkpoint: str | None = flag(
+        None,
+        "Hugging Face ViT folder (config.json, model.safetensors, preprocessor_config.json) for "
+        "--models vit; its depth is the model's own (--layers is for dust and ut)",
+    )
     layers: int = flag(3, "number of unrolled layers L", check=at_least(1))
     seq_len: int = flag(8, "frames per sequence T", check=at_least(1))
     dust_atoms: int = flag(
@@ -75,7 +93,7 @@ class VideoConfig(RunConfig):
         None, "read at most this many videos per split", check=at_least(1)
     )
     # shared fields with this experiment's defaults
-    lr: float | None = shared("lr", 1e-3)
+    lr: float | None = shared("lr", None)
     gamma_train: float = shared("gamma_train", 0.5)
     dual_lr: float = shared("dual_lr", 5e-2)
 
@@ -93,6 +111,11 @@ class VideoConfig(RunConfig):
         need(
             not bad,
             f"--models: unknown model {bad[0] if bad else ''!r}: choose from {', '.join(MODELS)}",
+        )
+        need(
+            "vit" not in self.models or self.vit_checkpoint,
+            "--models vit needs --vit-checkpoint FOLDER (a Hugging Face ViT folder with "
+            "config.json and model.safetensors)",
         )
         need(
             self.dust_dictionary in ("paper", "shared", "per-layer"),
@@ -149,12 +172,47 @@ def test_gamma_grid(gamma_train: float, explicit=None) -> list[float]:
     return [round(f * gamma_train, 6) for f in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)]
 
 
+def vit_denoiser(vit, sigma: float) -> GroupModel:
+    """A pretrained ViT as a denoiser (the paper's): each noisy frame goes through the model's
+    own preprocessing, every state is read back as a frame by one trainable linear readout
+    (patch tokens → pixels), and the loss of state l is the MSE, on [0, 1] intensities after
+    undoing the preprocessing, to the clean frame at the model's resolution. The whole ViT is
+    fine-tuned (its final LayerNorm and head are dropped)."""
+
+    def per_sample(params, clean, noisy):
+        states = vit.apply(params["vit"], vit.preprocess(noisy))  # [L+1, B, N+1, D]
+        frames = vit.postprocess(vit.readout(params["readout"], states), clip=False)
+        target = vit.postprocess(vit.preprocess(clean), clip=False)  # [B, H', W']
+        return jnp.mean((frames - target[None]) ** 2, axis=(2, 3)).T  # [B, L+1]
+
+    def layer_losses(params, batch, key):
+        return per_sample(params, batch.examples, perturb(batch.examples, batch.gamma, sigma, key))
+
+    def eval_outputs(params, frozen, clean, index, gamma, key):
+        del frozen
+        return {"losses": per_sample(params, clean, perturb(clean, gamma, sigma, key, index[0]))}
+
+    def init(key):
+        pretrained = jax.tree.map(jnp.asarray, vit.params)
+        return {"vit": pretrained, "readout": vit.init_readout(key)}
+
+    return GroupModel(
+        name="vit",
+        num_layers=vit.num_layers,
+        init=init,
+        layer_losses=layer_losses,
+        eval_outputs=eval_outputs,
+    )
+
+
 class VideoTask(Task):
     name = "video_denoise"
     config_cls = VideoConfig
     selection = ("val_objective", False)
 
     def load(self, cfg) -> VideoSplits:
+        if "vit" in cfg.models:  # read the weights before the data: a bad folder fails fast
+            self._vit = load_vit(cfg.vit_checkpoint)
         return load_video_data(
             cfg.dataset,
             cfg.data_dir,
@@ -163,7 +221,12 @@ class VideoTask(Task):
             num_frames=cfg.num_frames,
             seed=cfg.seed,
             max_videos=cfg.max_videos,
+            keep_frames="vit" in cfg.models,
         )
+
+    def default_lr(self, cfg, name: str) -> float:
+        """1e-3 for the unrolled models trained from scratch, 1e-4 to fine-tune the ViT."""
+        return 1e-4 if name == "vit" else 1e-3
 
     def describe(self, cfg, data) -> list[str]:
         return [
@@ -182,11 +245,9 @@ class VideoTask(Task):
     def config_extras(self, cfg, data) -> dict[str, Any]:
         return {"sigma_x": data.sigma, "data_source": data.source}
 
-    def train_examples(self, data):
-        return data.train
-
-    def split_examples(self, data, split: str):
-        return getattr(data, split)
+    def split_examples(self, data, split: str, model):
+        # the ViT reads whole frames [F, H, W]; DUST and UT patch sequences [N, T, P]
+        return data.frames[split] if model.name == "vit" else getattr(data, split)
 
     def model_names(self, cfg) -> list[str]:
         names = list(cfg.models)
@@ -208,6 +269,8 @@ class VideoTask(Task):
         return None
 
     def build(self, cfg, data, name: str, structure) -> GroupModel:
+        if name == "vit":
+            return vit_denoiser(self._vit, data.sigma)
         per_layer = {"paper": structure == "per-layer", "shared": False, "per-layer": True}[
             cfg.dust_dictionary
         ]
