@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cudt.data import DataError, load_video_data, load_videos, make_sequences
+from cudt.data import DataError, layouts, load_video_data, load_videos, make_sequences
 
 W, H = 48, 40  # native frame size of the tiny videos
 TOL = 10 / 255  # mean absolute error allowed after codec / JPEG round trips
@@ -29,23 +29,12 @@ def square_frames(n: int, base: int, rgb: bool = False) -> list[np.ndarray]:
 
 
 def write_avi(path: Path, frames: list[np.ndarray], codec: str = "mpeg4") -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream(codec, rate=25)
-        stream.width, stream.height = W, H
-        stream.pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"
-        stream.bit_rate = 2_000_000
-        for a in frames:
-            fmt = "rgb24" if a.ndim == 3 else "gray"
-            out.mux(stream.encode(av.VideoFrame.from_ndarray(a, format=fmt)))
-        out.mux(stream.encode())
+    layouts.write_avi(path, frames, codec=codec, bit_rate=2_000_000)
 
 
 def write_jpegs(folder: Path, frames: list[np.ndarray], names=None) -> None:
-    folder.mkdir(parents=True)
-    names = names or [f"{i:03d}" for i in range(len(frames))]
-    for name, a in zip(names, frames, strict=True):
-        Image.fromarray(a).save(folder / f"{name}.jpg", quality=95)
+    assert not folder.exists()
+    layouts.write_frames(folder, frames, suffix=".jpg", names=names, quality=95)
 
 
 def expected(frames: list[np.ndarray], size: int) -> np.ndarray:
