@@ -1,0 +1,218 @@
+"""The Table 3 job (experiments.video_table): dataset layouts read back by the real readers, a
+tiny end-to-end grid (CSV, Markdown, figures), reuse of finished sub-runs, refusals."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from cudt import table3
+from cudt.data import layouts, load_video_data, load_videos, synthetic_videos
+from experiments import video_table
+
+WRITERS = {
+    "ucsd": layouts.write_ucsd,
+    "avenue": layouts.write_avenue,
+    "shanghaitech": layouts.write_shanghaitech,
+}
+
+
+@pytest.mark.parametrize("name", ["ucsd", "avenue", "shanghaitech"])
+def test_layout_writers_are_read_by_the_real_readers(tmp_path, name):
+    videos = synthetic_videos(5, 6, size=32, seed=3)  # [V, F, 32, 32] in [0, 1]
+    split = {"train": list(videos[:3]), "test": list(videos[3:])}
+    top = WRITERS[name](tmp_path, split)
+    assert top.name == table3.FOLDERS[name] and top.parent == tmp_path
+    data = load_videos(top, dataset=name, size=32)
+    assert [v.shape for v in data["train"]] == [(6, 32, 32)] * 3
+    assert [v.shape for v in data["test"]] == [(6, 32, 32)] * 2
+    for got, want in zip(data["train"] + data["test"], videos, strict=True):
+        assert np.abs(got - want).mean() < 0.03  # TIFF exact; AVI / JPEG lossy
+    # The ground truth beside the videos is there, and skipped by the readers.
+    beside = {
+        "ucsd": "UCSDped2/Test/Test001_gt/001.bmp",
+        "avenue": "testing_label_mask/1_label.mat",
+        "shanghaitech": "testing/test_frame_mask/01_0014.npy",
+    }[name]
+    assert (top / beside).is_file()
+    splits = load_video_data(name, top, seq_len=3, size=32)
+    assert (splits.train.shape, splits.val.shape, splits.test.shape) == (
+        (2 * 2 * 4, 3, 256),
+        (2 * 4, 3, 256),
+        (2 * 2 * 4, 3, 256),
+    )
+
+
+def _rows(text: str) -> dict[str, list[str]]:
+    """Markdown table rows by their first cell (the headline table only: the first table)."""
+    out = {}
+    for line in text.split("### Direction")[0].splitlines():
+        if line.startswith("| ") and not line.startswith("| model"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            out[cells[0]] = cells[1:]
+    return out
+
+
+def _number(cell: str) -> float:
+    return float(cell.strip("*"))
+
+
+def test_headline_markdown_bolds_the_lower_number():
+    def row(model, kind, value, status="ok"):
+        r = {"dataset": "ucsd", "model": model, "layers": 3, "kind": kind, "gamma_train": 0.15}
+        return r | {"status": status} | ({} if value is None else {"mean_rmse": value})
+
+    rows = [
+        row("dust", "ERM", 12.0),
+        row("dust", "constrained", 11.5),
+        row("ut", "ERM", 10.0),
+        row("ut", "constrained", 10.25),
+        row("dust-pl", "ERM", 11.9),
+    ]
+    text = table3.headline_markdown(rows, ["ucsd"], ["dust", "ut"], [3], 0.15, [0, 0.3])
+    cells = _rows(text)
+    assert cells["dust-3"] == ["**11.500**", "12.000"]
+    assert cells["ut-3"] == ["10.250", "**10.000**"]
+    assert cells["dust-pl-3"] == ["—", "11.900"]  # the control: ERM only, nothing to bold
+    assert "Constrained lower than ERM in 1 of 2" in text
+    rows[1] = row("dust", "constrained", 11.0, status="infeasible")
+    rows[3] = row("ut", "constrained", None, status="diverged")
+    cells = _rows(table3.headline_markdown(rows, ["ucsd"], ["dust", "ut"], [3], 0.15, [0]))
+    assert cells["dust-3"] == ["infeasible (11.000)", "12.000"]  # not eligible: never bold
+    assert cells["ut-3"] == ["diverged", "10.000"]
+
+
+TINY = [
+    "--scale",
+    "tiny",
+    "--datasets",
+    "avenue",
+    "--models",
+    "dust,ut",
+    "--layers",
+    "3",
+    "--gamma-trains",
+    "0.09,0.15",
+    "--steps",
+    "10",
+    "--test-gammas",
+    "0,0.3",
+    # every constrained run counts as feasible, so each cell has both numbers to compare
+    "--tolerance",
+    "100",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_grid(tmp_path_factory):
+    out = tmp_path_factory.mktemp("table3") / "out"
+    assert video_table.main(TINY + ["--out", str(out)]) == 0
+    return out
+
+
+def test_tiny_grid_writes_table_csv_and_figures(tiny_grid):
+    out = tiny_grid
+    # The datasets in their real layouts, read back by the real readers.
+    assert (out / "data" / "Avenue Dataset" / "training_videos" / "01.avi").is_file()
+    assert (out / "data" / "Avenue Dataset" / "testing_label_mask").is_dir()
+    results = json.loads((out / "avenue-L3" / "results.json").read_text())
+    assert results["config"]["dataset"] == "avenue"
+    assert results["config"]["data_dir"] == str(out / "data" / "Avenue Dataset")
+    assert results["config"]["sweep"] == ["gamma_train=0.09,0.15"]
+    assert results["config"]["test_gamma"] == [0.0, 0.09, 0.15, 0.3]
+
+    with open(out / "table3.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == table3.CSV_COLUMNS
+    keys = {(r["model"], r["kind"], float(r["gamma_train"])) for r in rows}
+    assert keys == {
+        (m, k, g)
+        for m, k in (("dust", "ERM"), ("dust", "constrained"), ("dust-pl", "ERM"))
+        + (("ut", "ERM"), ("ut", "constrained"))
+        for g in (0.09, 0.15)
+    }
+    assert len(rows) == 10
+    for r in rows:
+        assert r["dataset"] == "avenue" and r["layers"] == "3" and r["status"] == "ok"
+        assert np.isfinite(float(r["mean_rmse"])) and np.isfinite(float(r["rmse_at_gamma_train"]))
+        assert float(r["peak_lambda"]) >= 0 and r["sub_run"] == "avenue-L3"
+        assert r["epsilon"] == ("0.1" if r["kind"] == "constrained" else "")
+    # The CSV numbers are the best runs' of results.json.
+    best = {
+        (r["model"], "constrained" if r["constrained"] else "ERM", r["gamma_train"]): r
+        for r in results["runs"]
+        if r["best"]
+    }
+    for r in rows:
+        run = best[(r["model"], r["kind"], float(r["gamma_train"]))]
+        assert float(r["mean_rmse"]) == pytest.approx(run["mean_rmse"], rel=1e-5)
+
+    md = (out / "table3.md").read_text()
+    cells = _rows(md)
+    assert set(cells) == {"dust-3", "ut-3", "dust-pl-3"}
+    for model in ("dust-3", "ut-3"):
+        c, e = cells[model]
+        lower = min(_number(c), _number(e))
+        for cell in (c, e):  # the lower one bold (both when equal), the other not
+            assert cell.startswith("**") == (_number(cell) == lower), (model, c, e)
+    csv_c = next(r for r in rows if r["model"] == "dust" and r["kind"] == "constrained"
+                 and r["gamma_train"] == "0.15")  # fmt: skip
+    assert _number(cells["dust-3"][0]) == pytest.approx(float(csv_c["mean_rmse"]), abs=5e-4)
+    assert "### Direction against the paper" in md and "### Every γ_train" in md
+
+    for name in ("fig2_rmse_vs_gamma.png", "fig3_depth.png", "fig7_layer_loss.png"):
+        with Image.open(out / name) as im:
+            assert im.format == "PNG"
+            assert im.size[0] >= 600 and im.size[1] >= 300, (name, im.size)
+            colours = im.convert("RGB").getcolors(maxcolors=1 << 20)
+            assert len(colours) > 50, name
+
+
+def test_rerun_reuses_finished_subruns(tiny_grid, capsys):
+    out = tiny_grid
+    results = out / "avenue-L3" / "results.json"
+    before = results.stat().st_mtime_ns
+    t = time.perf_counter()
+    assert video_table.main(TINY + ["--out", str(out)]) == 0
+    assert time.perf_counter() - t < 20  # no training, no compilation
+    assert results.stat().st_mtime_ns == before
+    printed = capsys.readouterr().out
+    assert "avenue-L3: reusing" in printed
+    assert re.search(r"1 sub-runs \(0 trained, 1 reused\)", printed)
+    assert "| dust-3 |" in printed  # the headline table is printed
+    # Other flags: refused before anything is trained or written, naming the difference.
+    assert video_table.main([*TINY[:-6], "--steps", "11", *TINY[-4:], "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    assert "holds results of another config (steps: 10 there, 11 now" in err
+    assert results.stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--datasets", "ucsd,kitti"], "--datasets: unknown dataset 'kitti'"),
+        (["--models", "dust,lstm"], "--models: unknown model 'lstm'"),
+        (["--models", "vit"], "--models vit: not in this table yet"),
+        (["--gamma-trains", "0,nan"], "--gamma-trains must all be finite numbers >= 0"),
+        (["--gamma-trains", "0,-0.1,0.15"], "--gamma-trains must all be finite numbers >= 0"),
+        (["--headline-gamma", "0.2"], "--headline-gamma 0.2 is not among --gamma-trains"),
+        (["--scale", "paper"], "--scale paper needs --data-root DIR"),
+        (["--scale", "paper", "--data-root", "{tmp}/nope"], "/nope' does not exist"),
+        (["--scale", "paper", "--data-root", "{tmp}"], "has no 'Avenue Dataset' folder"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, message):
+    (tmp_path / layouts.UCSD / "UCSDped2" / "Train").mkdir(parents=True)  # Avenue missing
+    out = tmp_path / "out"
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert video_table.main(argv + ["--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and message in err, err
+    assert not out.exists()
