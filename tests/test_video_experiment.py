@@ -21,6 +21,8 @@ from experiments import video_denoise
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
+    "--layers",
+    "3",
     "--num-videos",
     "3",
     "--num-frames",
