@@ -503,6 +503,18 @@ def _read_video(folder: Path, size: int, max_frames: int | None, min_frames: int
     return frames
 
 
+def _existing_root(root, dataset: str) -> Path:
+    """``root`` as a Path, or a DataError naming the expected layout when it is no folder."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise DataError(
+            f"data folder '{root}' {what}: pass data_dir pointing at the extracted dataset "
+            f"(expected {_EXPECTED_LAYOUT[dataset]})"
+        )
+    return root
+
+
 def load_frame_folders(
     root: str | Path,
     *,
@@ -537,13 +549,7 @@ def load_frame_folders(
             f"load_frame_folders reads dataset 'ucsd' or 'frames', got {dataset!r}: "
             "pass one of them"
         )
-    root = Path(root).expanduser()
-    if not root.is_dir():
-        what = "is not a folder" if root.exists() else "does not exist"
-        raise DataError(
-            f"data folder '{root}' {what}: pass data_dir pointing at the extracted dataset "
-            f"(expected {_EXPECTED_LAYOUT[dataset]})"
-        )
+    root = _existing_root(root, dataset)
     splits = _split_dirs(root)
     if not splits["train"] and not splits["test"]:
         # One level down: UCSDped1/UCSDped2 (ucsd), or one dataset folder (frames).
@@ -666,13 +672,7 @@ def load_videos(
             f"load_videos reads a real dataset ({', '.join(DATASETS[1:])}), got {dataset!r}: "
             "pass one of them"
         )
-    root = Path(root).expanduser()
-    if not root.is_dir():
-        what = "is not a folder" if root.exists() else "does not exist"
-        raise DataError(
-            f"data folder '{root}' {what}: pass data_dir pointing at the extracted dataset "
-            f"(expected {_EXPECTED_LAYOUT[dataset]})"
-        )
+    root = _existing_root(root, dataset)
     if dataset in ("ucsd", "frames"):
         return load_frame_folders(
             root,

@@ -54,6 +54,9 @@ from cudt.models.encoders import (
     _layer_norm,
     _load_tensors,
 )
+from cudt.models.encoders import (
+    _Weights as _EncoderWeights,
+)
 
 __all__ = ["ViT", "ViTConfig", "ViTPreprocessor", "load_vit"]
 
@@ -520,40 +523,16 @@ class ViT:
 # --------------------------------------------------------------------------------------------
 
 
-class _Weights:
-    """HF state dict with a model prefix, giving named, shape-checked numpy tensors."""
-
-    def __init__(self, tensors: Mapping[str, np.ndarray], prefix: str, source: pathlib.Path):
-        self.tensors, self.prefix, self.source = tensors, prefix, source
-
-    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        key = self.prefix + name
-        if key not in self.tensors:
-            raise EncoderError(
-                f"tensor {key!r} is missing from {self.source.name}: the weights do not fit "
-                "config.json; pass the config.json exported with these weights, or re-export "
-                "them if the file was cut short"
-            )
-        arr = self.tensors[key]
-        if tuple(arr.shape) != tuple(shape):
-            raise EncoderError(
-                f"tensor {key!r} has shape {list(arr.shape)}, expected {list(shape)} from "
-                "config.json: the weights do not fit the config; pass the config.json exported "
-                "with these weights"
-            )
-        return arr
+class _Weights(_EncoderWeights):
+    """HF state dict with a model prefix, giving named, shape-checked numpy tensors (the
+    encoders' reader; ViT's query/key/value may have no bias, ``qkv_bias=False``)."""
 
     def dense(self, name: str, n_in: int, n_out: int, bias: bool = True) -> dict[str, np.ndarray]:
+        if bias:
+            return super().dense(name, n_in, n_out)
         # torch Linear stores weight as [out, in]; flax Dense kernels are [in, out].
         weight = self.get(f"{name}.weight", (n_out, n_in))
-        b = self.get(f"{name}.bias", (n_out,)) if bias else np.zeros((n_out,), weight.dtype)
-        return {"kernel": weight.T, "bias": b}
-
-    def norm(self, name: str, dim: int) -> dict[str, np.ndarray]:
-        return {
-            "scale": self.get(f"{name}.weight", (dim,)),
-            "bias": self.get(f"{name}.bias", (dim,)),
-        }
+        return {"kernel": weight.T, "bias": np.zeros((n_out,), weight.dtype)}
 
 
 def _find_prefix(tensors: Mapping[str, np.ndarray]) -> str:
