@@ -369,3 +369,19 @@ def test_ut_distance_attention_is_the_energy_kernel():
     assert abs(float(states[1, 0, 0, 0]) - 0.225) < abs(float(dot_states[1, 0, 0, 0]) - 0.225)
     with pytest.raises(ValueError, match="attention must be"):
         UT(**layer, attention="cosine").init(jax.random.key(0), y[None])
+
+
+def test_ut_reinject_is_a_data_fidelity_step():
+    """reinject=β: after every layer Y ← (1 − β)·Y + β·X, X the input (not the last state)."""
+    x = jax.random.normal(jax.random.key(3), (2, 5, 8))
+    beta = 0.3
+    model = UT(num_layers=2, dim=8, a=0.0, b=0.0, reinject=beta)  # a = b = 0: Y ← ReLU(Y + B)
+    params = model.init(jax.random.key(0), x)
+    _, states = jax.jit(model.apply)(params, x)
+    y1 = (1 - beta) * jax.nn.relu(x) + beta * x
+    y2 = (1 - beta) * jax.nn.relu(y1) + beta * x
+    assert_same_program_result(states[1], y1)
+    assert_same_program_result(states[2], y2)
+    assert not np.allclose(states[2], (1 - beta) * jax.nn.relu(y1) + beta * y1, atol=1e-3)
+    with pytest.raises(ValueError, match="reinject must lie in"):
+        UT(num_layers=1, dim=8, reinject=1.0).init(jax.random.key(0), x)

@@ -77,6 +77,9 @@ class UT(nn.Module):
             gradient step the layer is. The two differ by the key-norm term ``−½ y_sᵀ W y_s``
             (the query-norm term cancels in the row softmax): without it, attention prefers
             keys of large W-norm (bright frames of non-negative pixels) over similar ones.
+        reinject: β of a data-fidelity step after every layer, ``Y ← (1 − β)·Y + β·X`` with
+            ``X`` the input (the gradient step of ``½‖Y − X‖²`` that unrolled denoisers take):
+            without it nothing of the noisy input reaches the layers after the first.
     """
 
     num_layers: int
@@ -87,6 +90,7 @@ class UT(nn.Module):
     dtype: Any = jnp.float32
     sublayer: bool = False
     attention: str = "dot"
+    reinject: float = 0.0
 
     @nn.compact
     def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
@@ -106,6 +110,8 @@ class UT(nn.Module):
             raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
         if x.ndim < 2 or x.shape[-1] != self.dim:
             raise ValueError(f"expected x of shape [..., T, {self.dim}], got {x.shape}")
+        if not 0.0 <= self.reinject < 1.0:
+            raise ValueError(f"reinject must lie in [0, 1), got {self.reinject}")
         if self.attention not in ("dot", "distance"):
             raise ValueError(f"attention must be 'dot' or 'distance', got {self.attention!r}")
         if self.init_scheme == "dct":
@@ -140,6 +146,8 @@ class UT(nn.Module):
             attn = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
             z = (1.0 - a) * y + a * jnp.einsum("...ts,...sd->...td", attn, y)
             y = jax.nn.relu(jnp.einsum("...td,de->...te", z, w_ffn) + bias)
+            if self.reinject:
+                y = (1.0 - self.reinject) * y + self.reinject * y0
             return y, ((z, y) if self.sublayer else y)
 
         _, ys = jax.lax.scan(layer, y0, None, length=self.num_layers)  # [L, ..., T, D]

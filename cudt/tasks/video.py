@@ -22,7 +22,7 @@ from cudt.errors import UsageError
 from cudt.experiment import Column
 from cudt.metrics import rmse_255
 from cudt.models import DUST, UT, load_vit, ut_project
-from cudt.runner.config import RunConfig, at_least, flag, non_negative, shared
+from cudt.runner.config import RunConfig, at_least, flag, in_range, non_negative, shared
 from cudt.runner.task import GroupModel, Task
 
 __all__ = [
@@ -87,6 +87,11 @@ class VideoConfig(RunConfig):
         "and no later layer can lower the loss on this data)",
     )
     ut_b: float = flag(1.0, "UT feed-forward step b")
+    ut_reinject: float = flag(
+        0.0,
+        "UT data-fidelity step after every layer, Y <- (1-beta) Y + beta X (X the noisy input)",
+        check=in_range(0.0, 1.0),
+    )
     ut_attention: str = flag(
         "dot",
         "UT attention scores: dot (softmax(Y W Y^T), the published code) or distance "
@@ -159,6 +164,7 @@ def build_model(name: str, cfg, *, per_layer_dictionary: bool, patch_dim: int):
             b=cfg.ut_b,
             init_scheme="dct",
             attention=cfg.ut_attention,
+            reinject=cfg.ut_reinject,
         )
         return model, ut_project
     if name == "dust":
