@@ -157,7 +157,7 @@ def train_group(
     if shardings is not None:
         # on the mesh first, so a checkpoint is restored straight into sharded arrays (on a
         # multi-host job each process then reads only its own shards)
-        states = shardings.put_runs(states)
+        states = shardings.put_states(states)
     if checkpointer is not None and checkpointer.latest_step() is not None:
         states, loop = checkpointer.restore(states)
         resumed_from = checkpointer.latest_step()
@@ -174,7 +174,8 @@ def train_group(
     if extras is None:
         extras = jnp.zeros((num_runs,), jnp.float32)  # a placeholder to vmap over
     if shardings is not None:
-        states, keys, frozen, extras = shardings.put_runs((states, keys, frozen, extras))
+        states = shardings.put_states(states)
+        keys, frozen, extras = shardings.put_runs((keys, frozen, extras))
         data = shardings.put_replicated(data)
 
     def one_step(carry, _, data, keys, extras):

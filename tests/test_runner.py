@@ -233,7 +233,17 @@ FOUR_DEVICES = textwrap.dedent(
     assert jax.device_count() == 4, jax.devices()
     one = toy(["--devices", "1", "--seeds", "2", "--sweep", "epsilon=0.2,0.4"], {out!r} + "/one")
     four = toy(["--seeds", "2", "--sweep", "epsilon=0.2,0.4"], {out!r} + "/four")
-    print(json.dumps({{"one": one, "four": four}}))
+    # FSDP: 2 runs (ERM, constrained) x 2-way data axis; every leaf split (no size floor)
+    import numpy as np
+    import cudt.runner.mesh as mesh
+    mesh.FSDP_MIN_ELEMENTS = 0
+    sh = mesh.make_shardings(2, 8, fsdp=True)
+    placed = sh.put_states({{"w": np.zeros((2, 3, 8, 4), np.float32), "b": np.zeros((2,))}})
+    specs = [tuple(placed["w"].sharding.spec), tuple(placed["b"].sharding.spec)]
+    single = toy(["--devices", "1", "--seeds", "1"], {out!r} + "/single")
+    fsdp = toy(["--seeds", "1", "--fsdp"], {out!r} + "/fsdp")
+    print(json.dumps({{"one": one, "four": four, "single": single, "fsdp": fsdp,
+                       "specs": specs, "mesh": dict(sh.mesh.shape)}}))
     """
 )
 
@@ -254,6 +264,15 @@ def test_four_cpu_devices_give_the_one_device_results(tmp_path):
         np.testing.assert_allclose(a["final_loss"], b["final_loss"], rtol=1e-4)
         np.testing.assert_allclose(a["multipliers"], b["multipliers"], rtol=1e-4, atol=1e-5)
         assert a["feasible"] == b["feasible"]
+    # --fsdp: the states split over (run, data); the same runs as on one device
+    assert both["mesh"] == {"run": 2, "data": 2}
+    assert both["specs"] == [["run", None, "data"], ["run"]]
+    single, fsdp = both["single"], both["fsdp"]
+    assert single["devices"] == 1 and fsdp["devices"] == 4
+    for a, b in zip(single["runs"], fsdp["runs"], strict=True):
+        assert a["label"] == b["label"]
+        np.testing.assert_allclose(a["final_loss"], b["final_loss"], rtol=1e-4)
+        np.testing.assert_allclose(a["multipliers"], b["multipliers"], rtol=1e-4, atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------

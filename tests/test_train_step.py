@@ -425,3 +425,30 @@ def test_dual_learning_rate_validation():
 def test_config_is_hashable():
     cfg = cudt.DescentConfig(num_layers=3, epsilon=np.array([0.1, 0.2, 0.3]))
     assert hash(cfg) == hash(cudt.DescentConfig(num_layers=3, epsilon=[0.1, 0.2, 0.3]))
+
+
+def test_scheduled_dual_ascent_counts_only_dual_steps_and_settles():
+    """A linear dual schedule over N dual steps: the k-th dual update (after the warm-up) is
+    ``lr·(1 − k/N)·g`` exactly as SGD ascent would be with that rate, and λ stands still
+    once the rate reaches 0 (the schedule's count stands still during the warm-up)."""
+    from cudt.runner.run import dual_optimizer, lr_factor
+
+    factor = lr_factor("linear", 4)
+    np.testing.assert_allclose([float(factor(k)) for k in (0, 2, 4, 9)], [1, 0.5, 0, 0])
+    cosine = lr_factor("cosine", 10)
+    np.testing.assert_allclose([float(cosine(k)) for k in (0, 5, 10)], [1, 0.5, 0], atol=1e-7)
+    cfg = cudt.DescentConfig(num_layers=L, epsilon=0.1, warmup_steps=2)
+    lr = 2.0
+    _, hist = run(cfg, dual_optimizer("sgd", lr, "linear", 4), steps=8, lam0=[0, 0.3, 0.3, 0.3])
+    for i, (before, _, metrics) in enumerate(hist):
+        lam_before = np.asarray(before.multipliers)
+        lam_after = np.asarray(metrics["multipliers"])
+        if i < 2 or i >= 6:  # warm-up, then the rate is 0: λ is left exactly as it was
+            np.testing.assert_array_equal(lam_after, lam_before)
+            continue
+        rate = lr * (1 - (i - 2) / 4)
+        g = np.asarray(metrics["constraint"])
+        want = np.maximum(lam_before + rate * g, 0.0)
+        want[0] = lam_before[0]  # no reference constraint: its λ stays 0
+        np.testing.assert_allclose(lam_after, want, rtol=1e-5, atol=1e-6)
+        assert not np.allclose(lam_after, lam_before)  # the dual does move while the rate > 0

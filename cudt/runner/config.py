@@ -112,6 +112,11 @@ class RunConfig:
     steps: int = flag(800, "training steps per run", check=at_least(1))
     batch_size: int = flag(32, "examples per batch", check=at_least(1))
     lr: float | None = flag(None, "primal Adam learning rate (default: the task's)", check=positive)
+    lr_schedule: str = flag(
+        "constant",
+        "primal learning-rate schedule over --steps: constant, cosine or linear (decay to 0)",
+        check=one_of("constant", "cosine", "linear"),
+    )
     gamma_train: float = flag(0.5, "training perturbation level gamma", check=non_negative)
     test_gammas: tuple[float, ...] | None = flag(
         None, "test perturbation levels (default: the task's grid)", check=non_negative
@@ -134,6 +139,12 @@ class RunConfig:
     slack_lr: float = flag(1e-2, "learning rate of explicit slacks", check=positive)
     dual_optimizer: str = flag("adam", "adam (the paper) or sgd", check=one_of("adam", "sgd"))
     dual_lr: float = flag(5e-2, "dual learning rate", check=positive)
+    dual_lr_schedule: str = flag(
+        "constant",
+        "dual learning-rate schedule over the steps after the warm-up: constant, cosine or "
+        "linear (decay to 0: the multipliers settle before the end)",
+        check=one_of("constant", "cosine", "linear"),
+    )
     warmup_steps: int | None = flag(
         None, "primal warm-up steps with duals frozen (default: one epoch)", check=non_negative
     )
@@ -147,6 +158,11 @@ class RunConfig:
     eval_batch_size: int = flag(512, "examples per evaluation batch", check=at_least(1))
     devices: int | None = flag(
         None, "use at most this many devices (default: every visible one)", check=at_least(1)
+    )
+    fsdp: bool = flag(
+        False,
+        "fully sharded data parallel: split each run's parameters and optimizer states over "
+        "the devices of its data axis too (for models that do not fit one device)",
     )
     distributed: bool = flag(
         False,
@@ -184,6 +200,7 @@ class RunConfig:
         "eval_batch_size",
         "devices",
         "distributed",
+        "fsdp",
     )
 
     def __post_init__(self):

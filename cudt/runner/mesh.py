@@ -10,7 +10,12 @@ that the vmapped axis is the run axis. No ``pmap``.
 The mesh shape is chosen per group: ``run`` = the largest divisor of the device count that
 divides the number of runs, ``data`` = the largest divisor of the remaining devices that
 divides the batch size; devices that fit neither are left idle (``Shardings.devices`` says how
-many are used). Multi-host jobs call :func:`initialize_distributed` first; host-side reads
+many are used). With ``fsdp=True`` (``--fsdp``) the run states (parameters, optimiser moments)
+are also split over the ``data`` axis, fully sharded data parallelism: every state leaf of at
+least :data:`FSDP_MIN_ELEMENTS` elements per run is split along its largest dimension that the
+``data`` size divides (small leaves, norms and biases, stay replicated within the run); XLA
+all-gathers a layer's weights where the step needs them and reduce-scatters the gradients.
+Multi-host jobs call :func:`initialize_distributed` first; host-side reads
 then gather the global arrays (:meth:`Shardings.to_host`).
 """
 
@@ -29,6 +34,19 @@ from jax.sharding import PartitionSpec as P
 __all__ = ["Shardings", "initialize_distributed", "make_shardings", "mesh_shape"]
 
 RUN, DATA = "run", "data"
+FSDP_MIN_ELEMENTS = 1024  # per run: smaller leaves are not worth a collective
+
+
+def fsdp_spec(shape: tuple[int, ...], data: int, run_axis: str = RUN, data_axis: str = DATA) -> P:
+    """The spec of a stacked state leaf ``[R, ...]`` under FSDP: the run axis first, then the
+    data axis on the largest trailing dimension ``data`` divides (None: replicated in the run)."""
+    if len(shape) < 2 or data == 1 or math.prod(shape[1:]) < FSDP_MIN_ELEMENTS:
+        return P(run_axis)
+    dims = [d for d in range(1, len(shape)) if shape[d] % data == 0 and shape[d] >= data]
+    if not dims:
+        return P(run_axis)
+    best = max(dims, key=lambda d: (shape[d], -d))
+    return P(run_axis, *([None] * (best - 1)), data_axis)
 
 
 def initialize_distributed() -> None:
@@ -79,6 +97,7 @@ class Shardings:
     mesh: Mesh
     run_axis: str = RUN
     data_axis: str = DATA
+    fsdp: bool = False
 
     @property
     def devices(self) -> int:
@@ -97,6 +116,22 @@ class Shardings:
     def put_runs(self, tree: Any) -> Any:
         """Places every leaf of ``tree`` split along its leading (run) axis."""
         return _put(tree, self.runs())
+
+    def state_sharding(self, x: Any) -> NamedSharding:
+        """Where a stacked run-state leaf lives: split over runs, and under FSDP over data."""
+        if not self.fsdp:
+            return self.runs()
+        spec = fsdp_spec(
+            tuple(x.shape), self.mesh.shape[self.data_axis], self.run_axis, self.data_axis
+        )
+        return NamedSharding(self.mesh, spec)
+
+    def put_states(self, tree: Any) -> Any:
+        """Places stacked run states: :meth:`put_runs`, with FSDP's splits when ``fsdp``."""
+        if not self.fsdp:
+            return self.put_runs(tree)
+        one = (lambda x, s: jax.device_put(x, s)) if jax.process_count() == 1 else _put_global
+        return jax.tree.map(lambda x: one(x, self.state_sharding(x)), tree)
 
     def put_replicated(self, tree: Any) -> Any:
         return _put(tree, self.replicated())
@@ -149,10 +184,11 @@ def _put_global(x, sharding: NamedSharding):
 
 
 def make_shardings(
-    num_runs: int, batch_size: int, max_devices: int | None = None
+    num_runs: int, batch_size: int, max_devices: int | None = None, *, fsdp: bool = False
 ) -> Shardings | None:
     """The shardings of a group of ``num_runs`` runs with batches of ``batch_size``, over every
-    visible device (at most ``max_devices``); None with a single device (plain placement)."""
+    visible device (at most ``max_devices``); None with a single device (plain placement).
+    ``fsdp``: also split the run states over the data axis (see the module docstring)."""
     devices = jax.devices()
     if max_devices is not None:
         devices = devices[:max_devices]
@@ -160,7 +196,7 @@ def make_shardings(
         return None
     run, data = mesh_shape(len(devices), num_runs, batch_size)
     grid = np.asarray(devices[: run * data], dtype=object).reshape(run, data)
-    return Shardings(Mesh(grid, (RUN, DATA)))
+    return Shardings(Mesh(grid, (RUN, DATA)), fsdp=fsdp)
 
 
 def visible_devices() -> int:

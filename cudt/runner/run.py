@@ -53,15 +53,44 @@ KINDS = {False: "ERM", True: "constrained"}
 TENSORBOARD = "tensorboard"  # <out>/tensorboard/<run label>/events.out.tfevents.*
 
 
-def primal_optimizer(lr: float) -> optax.GradientTransformation:
-    """Adam with its learning rate in its state (a per-run array under a sweep)."""
-    return optax.inject_hyperparams(optax.adam)(learning_rate=lr)
+SCHEDULES = ("constant", "cosine", "linear")
 
 
-def dual_optimizer(name: str, lr: float) -> optax.GradientTransformation:
-    """Projected ascent with Adam (the paper) or SGD, the learning rate in its state."""
+def lr_factor(schedule: str, steps: int):
+    """``count -> factor`` of a learning-rate schedule over ``steps`` updates (1 at count 0):
+    constant 1; cosine ``(1 + cos(π t/steps))/2``; linear ``1 - t/steps``; both reach 0 at
+    ``steps`` and stay there."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}: choose from {', '.join(SCHEDULES)}")
+    if schedule == "cosine":
+        return optax.cosine_decay_schedule(1.0, max(1, steps))
+    if schedule == "linear":
+        return optax.linear_schedule(1.0, 0.0, max(1, steps))
+    return optax.constant_schedule(1.0)
+
+
+def _scheduled(inner: optax.GradientTransformation, schedule: str, steps: int):
+    if schedule == "constant":
+        return inner  # no schedule state: checkpoints of constant-rate runs keep their layout
+    return optax.chain(inner, optax.scale_by_schedule(lr_factor(schedule, steps)))
+
+
+def primal_optimizer(
+    lr: float, schedule: str = "constant", steps: int = 1
+) -> optax.GradientTransformation:
+    """Adam with its learning rate in its state (a per-run array under a sweep), times the
+    factor of ``schedule`` over ``steps`` updates."""
+    return _scheduled(optax.inject_hyperparams(optax.adam)(learning_rate=lr), schedule, steps)
+
+
+def dual_optimizer(
+    name: str, lr: float, schedule: str = "constant", steps: int = 1
+) -> optax.GradientTransformation:
+    """Projected ascent with Adam (the paper) or SGD, the learning rate in its state, times the
+    factor of ``schedule`` over ``steps`` dual updates (the dual state, and so the schedule's
+    count, stands still during the primal warm-up)."""
     inner = optax.adam if name == "adam" else optax.sgd
-    return as_dual(optax.inject_hyperparams(inner)(learning_rate=lr))
+    return as_dual(_scheduled(optax.inject_hyperparams(inner)(learning_rate=lr), schedule, steps))
 
 
 @dataclasses.dataclass
@@ -117,6 +146,7 @@ class _GroupProgram:
         hps = [s.hp for s in group.specs]
         resolved_ref = [task.resolve_reference(hp["reference"], data) for hp in hps]
         alphas = [hp["resilience"] for hp in hps]
+        warmup = task.warmup_steps(cfg, steps_per_epoch)
         descent = DescentConfig(
             num_layers=model.num_layers,
             epsilon=cfg.epsilon,
@@ -127,13 +157,15 @@ class _GroupProgram:
             resilience_mode=cfg.resilience_mode,
             slack_lr=cfg.slack_lr,
             slack_restart_steps=steps_per_epoch if cfg.resilience_mode == "slack" else None,
-            warmup_steps=task.warmup_steps(cfg, steps_per_epoch),
+            warmup_steps=warmup,
             constrained=True,
         )
         init, self.step = make_train_step(
             model.layer_losses,
-            primal_optimizer(hps[0]["lr"]),
-            dual_optimizer(cfg.dual_optimizer, cfg.dual_lr),
+            primal_optimizer(hps[0]["lr"], cfg.lr_schedule, cfg.steps),
+            dual_optimizer(
+                cfg.dual_optimizer, cfg.dual_lr, cfg.dual_lr_schedule, cfg.steps - warmup
+            ),
             descent,
             project_params=model.project,
             jit=False,
@@ -420,7 +452,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     devices_used = 1
     for group, program in zip(groups, programs, strict=True):
         t = time.perf_counter()
-        shardings = make_shardings(len(group.specs), cfg.batch_size, cfg.devices)
+        shardings = make_shardings(len(group.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp)
         if shardings is not None:
             devices_used = max(devices_used, shardings.devices)
         if id(program.train_examples) not in on_device:
