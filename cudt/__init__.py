@@ -7,6 +7,7 @@ enforced by a primal-dual method in one jitted step. See README.md.
 from cudt.constrained import DescentConfig, constraint_values, lagrangian_terms
 from cudt.dual import as_dual, dual_adam, dual_ascent, project_nonnegative, resilience_decay
 from cudt.errors import CheckpointError, CudtError, DataError, UsageError
+from cudt.models.decoder import Decoder, DecoderConfig, load_decoder
 from cudt.models.encoders import Encoder, EncoderError, load_encoder
 from cudt.models.vit import ViT, load_vit
 from cudt.train import TrainState, make_train_step
@@ -15,6 +16,8 @@ __all__ = [
     "CheckpointError",
     "CudtError",
     "DataError",
+    "Decoder",
+    "DecoderConfig",
     "DescentConfig",
     "Encoder",
     "EncoderError",
@@ -26,6 +29,7 @@ __all__ = [
     "dual_adam",
     "dual_ascent",
     "lagrangian_terms",
+    "load_decoder",
     "load_encoder",
     "load_vit",
     "make_train_step",

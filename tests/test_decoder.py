@@ -1,0 +1,474 @@
+"""Tests of cudt.models.decoder: parity with transformers' Llama / Mistral / Qwen2 causal LMs
+(hidden states, logits, greedy generation), KV-cache generation with embedding noise, mixed
+precision, writing folders, sharded forwards on 4 forced CPU devices, and load errors.
+
+torch and transformers are the test-only reference stack (the ``test`` extra); the library
+itself never imports them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: never reach for the hub
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+import cudt  # noqa: E402
+from cudt.models.decoder import (  # noqa: E402
+    Decoder,
+    DecoderConfig,
+    _inv_freq,
+    decoder_partition_specs,
+    load_decoder,
+    write_decoder_folder,
+)
+from cudt.models.encoders import EncoderError  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TOL = dict(rtol=1e-4, atol=1e-4)  # float32 on CPU against transformers
+TINY = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=0,
+    attn_implementation="eager",
+)
+LLAMA3 = dict(
+    rope_type="llama3",
+    rope_theta=500.0,
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=4,  # small, so most frequencies of head_dim 16 are scaled
+)
+# name -> (transformers config class, extra config kwargs, padding side of the test batch)
+MODELS = {
+    "llama_untied_llama3_bias": (
+        "LlamaConfig",
+        dict(rope_parameters=LLAMA3, attention_bias=True, mlp_bias=True),
+        "left",
+    ),
+    "llama_tied": ("LlamaConfig", dict(tie_word_embeddings=True), "right"),
+    "mistral_window": ("MistralConfig", dict(sliding_window=3), "left"),
+    "qwen2_tied": ("Qwen2Config", dict(tie_word_embeddings=True), "right"),
+}
+
+
+def hf_model(name: str, folder: pathlib.Path, **save_kwargs):
+    cls, extra, _ = MODELS[name]
+    torch.manual_seed(sorted(MODELS).index(name))
+    config = getattr(transformers, cls)(**TINY, **extra)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(folder, **save_kwargs)
+    return model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Every reference model, saved; the first one sharded into several files."""
+    out = {}
+    for i, name in enumerate(MODELS):
+        folder = tmp_path_factory.mktemp(name)
+        kwargs = dict(max_shard_size="20KB") if i == 0 else {}
+        out[name] = (hf_model(name, folder, **kwargs), folder)
+    return out
+
+
+def batch(padding: str, seed: int = 0, lengths=(7, 4, 5)) -> tuple[np.ndarray, np.ndarray]:
+    """Random ids ``[3, 7]`` and a mask padded on ``padding`` to row lengths ``lengths``."""
+    rng = np.random.default_rng(seed)
+    length = max(lengths)
+    ids = rng.integers(1, TINY["vocab_size"], (len(lengths), length))
+    mask = np.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        if padding == "left":
+            mask[row, length - n :] = 1
+        else:
+            mask[row, :n] = 1
+    return np.where(mask == 1, ids, 0), mask
+
+
+def hf_positions(mask: np.ndarray) -> np.ndarray:
+    """Position ids as transformers' generate computes them (cumsum of the mask, pads 0)."""
+    return np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Parity with transformers
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_states_and_logits_match_transformers(models, name):
+    model, folder = models[name]
+    dec = load_decoder(folder)
+    padding = MODELS[name][2]
+    ids, mask = batch(padding)
+    # Transformers' plain forward numbers positions 0..T-1 whatever the padding; for a
+    # left-padded batch it is given the positions its own generate uses, which are ours.
+    kwargs = dict(position_ids=torch.tensor(hf_positions(mask))) if padding == "left" else {}
+    with torch.no_grad():
+        ref = model(
+            input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            output_hidden_states=True,
+            **kwargs,
+        )
+    hidden = np.stack([h.numpy() for h in ref.hidden_states])  # [L+1, B, T, D]
+    states = np.asarray(dec(ids, mask))
+    assert states.shape == (3, 3, 7, 64)
+    real = mask == 1  # padded query positions are meaningless in both
+    np.testing.assert_allclose(states[:-1][:, real], hidden[:-1][:, real], **TOL)
+    # transformers 5.x ties hidden_states[-1] to the final-normed output; ours is pre-norm.
+    assert np.abs(states[-1][real] - hidden[-1][real]).max() > 1e-2
+    normed = np.asarray(dec.final_norm(dec.params, states[-1]))
+    np.testing.assert_allclose(normed[real], hidden[-1][real], **TOL)
+    logits = np.asarray(dec.readout(states))  # [L+1, B, T, V]
+    assert logits.shape == (3, 3, 7, 128) and logits.dtype == np.float32
+    np.testing.assert_allclose(logits[-1][real], ref.logits.numpy()[real], **TOL)
+
+
+def test_loader_reads_shards_tokenizer_and_config(models, tmp_path):
+    _, folder = models["llama_untied_llama3_bias"]
+    assert (folder / "model.safetensors.index.json").is_file()
+    assert len(list(folder.glob("model-*-of-*.safetensors"))) > 1
+    dec = load_decoder(folder)
+    c = dec.config
+    assert (c.num_kv_heads, c.head_dim, c.rope_type, c.rope_original_max_positions) == (
+        2,
+        16,
+        "llama3",
+        4,
+    )
+    assert c.qkv_bias and c.o_bias and c.mlp_bias and not c.tie_word_embeddings
+    assert "bias" in dec.params["blocks"]["o"] and dec.params["lm_head"].shape == (64, 128)
+    assert dec.tokenizer is None
+    # llama3 scaling really changes the rotary frequencies of this config.
+    plain = _inv_freq(DecoderConfig(128, 64, 96, 2, 4, rope_theta=500.0))
+    assert np.abs(_inv_freq(c) - plain).max() > 1e-3
+    # Qwen2: biases on q/k/v only; Mistral keeps its sliding window.
+    qwen = load_decoder(models["qwen2_tied"][1]).params["blocks"]
+    assert "bias" in qwen["q"] and "bias" not in qwen["o"]
+    assert load_decoder(models["mistral_window"][1]).config.sliding_window == 3
+
+
+def test_embed_noise_embeds_and_gradients(models):
+    dec = load_decoder(models["llama_tied"][1])
+    ids, mask = batch("right")
+    clean = dec.apply(dec.params, ids, mask)
+    noise = 0.1 * np.random.default_rng(1).standard_normal((3, 7, 64)).astype(np.float32)
+    noisy = dec.apply(dec.params, ids, mask, embed_noise=noise)
+    from_embeds = dec.apply_embeds(dec.params, dec.embed(dec.params, ids) + noise, mask)
+    np.testing.assert_allclose(np.asarray(noisy), np.asarray(from_embeds), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(noisy[0]), np.asarray(clean[0]) + noise, atol=1e-6)
+
+    def loss(params):
+        return jnp.mean(dec.readout_apply(params, dec.apply(params, ids, mask)[-1]) ** 2)
+
+    grads = jax.jit(jax.grad(loss))(dec.params)
+    assert jax.tree.structure(grads) == jax.tree.structure(dec.params)
+    assert float(jnp.abs(grads["blocks"]["q"]["kernel"]).max()) > 0
+    # head_matrix is the tied embedding, transposed.
+    np.testing.assert_array_equal(dec.head_matrix(dec.params), dec.params["embed"].T)
+
+
+def test_bf16_compute_with_f32_params_is_close_to_f32(models):
+    folder = models["llama_untied_llama3_bias"][1]
+    f32 = load_decoder(folder)
+    mixed = load_decoder(folder, jnp.bfloat16, param_dtype=jnp.float32)
+    assert mixed.params["embed"].dtype == jnp.float32
+    ids, mask = batch("left")
+    ref, got = f32(ids, mask), mixed(ids, mask)
+    assert got.dtype == jnp.bfloat16
+    real = mask == 1
+    scale = float(jnp.abs(ref).max())
+    err = np.abs(np.asarray(got, np.float32) - np.asarray(ref))[:, real].max()
+    assert err < 0.03 * scale, (err, scale)
+    logit_ref, logit = f32.readout(ref)[-1], mixed.readout(got)[-1]
+    assert logit.dtype == jnp.float32
+    assert np.abs(np.asarray(logit - logit_ref))[real].max() < 0.03 * float(
+        jnp.abs(logit_ref).max()
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Greedy generation with a KV cache
+# --------------------------------------------------------------------------------------------
+
+
+def no_cache_greedy(dec: Decoder, ids, mask, steps: int, noise=None) -> np.ndarray:
+    """Reference: rerun the whole forward over the sequence so far at every step.
+
+    The sequence lives in a fixed ``[B, T + steps]`` buffer whose unfilled slots are masked
+    out (causal attention: they cannot change earlier slots), so one compiled forward serves
+    every step; ``noise [B, T + steps, D]`` is the embedding noise of every slot.
+    """
+    batch, length = ids.shape
+    ids = np.concatenate([ids, np.zeros((batch, steps), ids.dtype)], axis=1)
+    mask = np.concatenate([mask, np.zeros((batch, steps), mask.dtype)], axis=1)
+
+    @jax.jit
+    def next_token(ids, mask, slot):
+        states = dec.apply(dec.params, ids, mask, embed_noise=noise)
+        last = jnp.take(states[-1], slot, axis=1)  # [B, D]
+        return jnp.argmax(dec.readout_apply(dec.params, last), axis=-1)
+
+    for i in range(steps):
+        token = np.asarray(next_token(ids, mask, length + i - 1))
+        ids[:, length + i], mask[:, length + i] = token, 1
+    return ids[:, length:]
+
+
+@pytest.mark.parametrize("name", ["llama_untied_llama3_bias", "mistral_window"])
+def test_generate_matches_no_cache_loop_and_transformers(models, name):
+    model, folder = models[name]
+    dec = load_decoder(folder)
+    ids, mask = batch("left")
+    steps = 6
+    got = np.asarray(dec.generate(dec.params, ids, mask, steps))
+    assert got.shape == (3, steps)
+    np.testing.assert_array_equal(got, no_cache_greedy(dec, ids, mask, steps))
+    with torch.no_grad():
+        ref = model.generate(
+            input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            do_sample=False,
+            max_new_tokens=steps,
+        )
+    np.testing.assert_array_equal(got, ref[:, ids.shape[1] :].numpy())
+    # The same prompts right-padded are left-aligned first: the same tokens.
+    shift = mask.sum(axis=1)  # roll each row's real tokens to its front
+    right_ids = np.stack([np.roll(r, n) for r, n in zip(ids, shift, strict=True)])
+    right_mask = np.stack([np.roll(r, n) for r, n in zip(mask, shift, strict=True)])
+    assert (right_mask[:, 0] == 1).all() and (right_mask != mask).any()
+    again = np.asarray(dec.generate(dec.params, right_ids, right_mask, steps))
+    np.testing.assert_array_equal(again, got)
+
+
+def test_noisy_generate_equals_the_noisy_no_cache_loop(models):
+    dec = load_decoder(models["llama_tied"][1])
+    ids, mask = batch("left")
+    steps, std, key = 5, 0.5, jax.random.key(3)
+    got = np.asarray(dec.generate(dec.params, ids, mask, steps, noise_std=std, key=key))
+    noise = std * jax.random.normal(key, (3, ids.shape[1] + steps, 64), jnp.float32)
+    np.testing.assert_array_equal(got, no_cache_greedy(dec, ids, mask, steps, np.asarray(noise)))
+    clean = np.asarray(dec.generate(dec.params, ids, mask, steps))
+    assert (got != clean).any()  # the noise reaches the tokens
+    # noise_std 0 with a key is the noiseless run.
+    zero = dec.generate(dec.params, ids, mask, steps, noise_std=0.0, key=key)
+    np.testing.assert_array_equal(np.asarray(zero), clean)
+
+
+def test_generate_stops_rows_at_eos(models):
+    dec = load_decoder(models["llama_tied"][1])
+    ids, mask = batch("left")
+    clean = np.asarray(dec.generate(dec.params, ids, mask, 5))
+    eos = int(clean[0, 1])
+    got = np.asarray(dec.generate(dec.params, ids, mask, 5, eos_id=eos, pad_id=7))
+    for row, ref in zip(got, clean, strict=True):
+        hit = np.flatnonzero(ref == eos)
+        stop = hit[0] + 1 if hit.size else 5
+        np.testing.assert_array_equal(row[:stop], ref[:stop])
+        assert (row[stop:] == 7).all()
+    assert (got[0, 2:] == 7).all()
+
+
+# --------------------------------------------------------------------------------------------
+# Random init and writing folders
+# --------------------------------------------------------------------------------------------
+
+
+def test_init_params_write_and_load_round_trip(tmp_path):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    cfg = DecoderConfig(
+        vocab_size=32, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+        num_kv_heads=1, attention_bias=True, rope_type="llama3", rope_original_max_positions=8,
+    )  # fmt: skip
+    params = cfg.init_params(jax.random.key(0))
+    tok = Tokenizer(WordLevel({f"w{i}": i for i in range(32)}, unk_token="w0"))
+    write_decoder_folder(tmp_path / "m", cfg, params, tokenizer=tok)
+    dec = load_decoder(tmp_path / "m")
+    assert dec.config == cfg and dec.tokenizer.token_to_id("w5") == 5
+    jax.tree.map(np.testing.assert_array_equal, dec.params, params)
+    # transformers reads the folder as the same model.
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m").eval()
+    ids, mask = np.array([[3, 4, 5, 6]]), np.ones((1, 4), np.int64)
+    with torch.no_grad():
+        logits = ref(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
+    np.testing.assert_allclose(dec.readout(dec(ids, mask))[-1], logits.numpy(), **TOL)
+    with pytest.raises(EncoderError, match=r"params\['blocks'\]\['q'\]\['kernel'\] has shape"):
+        q = dict(params["blocks"]["q"], kernel=jnp.zeros((2, 32, 8)))
+        bad = dict(params, blocks=dict(params["blocks"], q=q))
+        write_decoder_folder(tmp_path / "bad", cfg, bad)
+
+
+# --------------------------------------------------------------------------------------------
+# Sharding on 4 forced CPU devices
+# --------------------------------------------------------------------------------------------
+
+SHARDED = """
+import json, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from cudt.models.decoder import Decoder, DecoderConfig, decoder_partition_specs
+
+cfg = DecoderConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=2,
+                    num_heads=4, num_kv_heads=2, attention_bias=True)
+dec = Decoder(cfg, cfg.init_params(jax.random.key(0)))
+rng = np.random.default_rng(0)
+ids = rng.integers(0, 128, (4, 6)); mask = np.ones((4, 6), np.int32); mask[1, :2] = 0
+
+
+@jax.jit
+def forward(params, ids, mask):
+    states = dec.apply(params, ids, mask)
+    return states, dec.readout_apply(params, states)
+
+
+ref, ref_logits = jax.device_get(forward(dec.params, ids, mask))
+devices = np.array(jax.devices())
+out = {"devices": len(devices)}
+for mode, shape, names in [("fsdp", (4,), ("data",)), ("tp", (4,), ("model",)),
+                           ("fsdp_tp", (2, 2), ("data", "model"))]:
+    mesh = Mesh(devices.reshape(shape), names)
+    specs = decoder_partition_specs(dec.params, mode, mesh)
+    params = jax.device_put(dec.params, jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
+    batch = NamedSharding(mesh, P("data") if "data" in names else P())
+    states, logits = forward(params, jax.device_put(ids, batch), jax.device_put(mask, batch))
+    out[mode] = {
+        "states": float(np.abs(np.asarray(states) - ref).max()),
+        "logits": float(np.abs(np.asarray(logits) - ref_logits).max()),
+        "q": specs["blocks"]["q"]["kernel"], "o": specs["blocks"]["o"]["kernel"],
+        "embed": specs["embed"], "norm": specs["blocks"]["attn_norm"],
+        "q_shards": len(params["blocks"]["q"]["kernel"].addressable_shards),
+        "q_shard_shape": list(params["blocks"]["q"]["kernel"].addressable_shards[0].data.shape),
+    }
+odd = DecoderConfig(vocab_size=30, hidden_size=12, intermediate_size=18, num_layers=1,
+                    num_heads=3)
+odd_specs = decoder_partition_specs(jax.eval_shape(odd.init_params, jax.random.key(0)), "tp",
+                                    Mesh(devices, ("model",)))
+out["odd"] = {"embed": odd_specs["embed"], "gate": odd_specs["blocks"]["gate"]["kernel"]}
+print(json.dumps(out, default=list))
+"""
+
+
+def test_sharded_forward_equals_one_device(tmp_path):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run(
+        [sys.executable, "-c", SHARDED], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["devices"] == 4
+    for mode in ("fsdp", "tp", "fsdp_tp"):
+        assert out[mode]["states"] < 1e-5 and out[mode]["logits"] < 1e-5, (mode, out[mode])
+        assert out[mode]["norm"] == [None, None]  # norms replicated
+        assert out[mode]["q_shards"] == 4
+    # The specs really shard: q kernel [L=2, D=64, H*Dh=64].
+    assert out["fsdp"]["q_shard_shape"] == [2, 16, 64]  # first of the equal largest dims
+    assert out["fsdp"]["q"] == [None, "data", None] and out["fsdp"]["embed"] == ["data", None]
+    assert out["tp"]["q"] == [None, None, "model"] and out["tp"]["o"] == [None, "model", None]
+    assert out["tp"]["embed"] == ["model", None]
+    assert out["fsdp_tp"]["q"] == [None, "data", "model"]
+    assert out["fsdp_tp"]["q_shard_shape"] == [2, 32, 32]
+    # Dims the axis does not divide stay whole: vocab 30 -> hidden 12; width 18 -> replicated.
+    assert out["odd"] == {"embed": [None, "model"], "gate": [None, None, None]}
+
+
+def test_partition_spec_errors():
+    cfg = DecoderConfig(vocab_size=30, hidden_size=12, intermediate_size=18, num_layers=1,
+                        num_heads=3)  # fmt: skip
+    params = jax.eval_shape(cfg.init_params, jax.random.key(0))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("model",))
+    with pytest.raises(EncoderError) as err:
+        decoder_partition_specs(params, "pipeline", mesh)
+    assert "sharding mode must be" in one_line(err)
+    with pytest.raises(EncoderError) as err:
+        decoder_partition_specs(params, "fsdp", mesh)
+    assert "lack ['data']" in one_line(err)
+    with pytest.raises(EncoderError) as err:
+        decoder_partition_specs(params, "fsdp_tp")
+    assert "needs mesh=" in one_line(err)
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input: one clear line each
+# --------------------------------------------------------------------------------------------
+
+
+def one_line(err: pytest.ExceptionInfo) -> str:
+    message = str(err.value)
+    assert "\n" not in message and isinstance(err.value, cudt.CudtError)
+    return message
+
+
+def write_config(folder: pathlib.Path, **overrides) -> pathlib.Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = DecoderConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=1,
+                        num_heads=2).to_dict()  # fmt: skip
+    (folder / "config.json").write_text(json.dumps({**raw, **overrides}))
+    return folder
+
+
+def test_bad_folders_and_configs(tmp_path):
+    with pytest.raises(EncoderError) as err:
+        load_decoder(tmp_path / "nope")
+    assert "does not exist" in one_line(err)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(EncoderError) as err:
+        load_decoder(tmp_path / "empty")
+    assert "has no config.json" in one_line(err)
+    pickled = write_config(tmp_path / "pickle")
+    (pickled / "pytorch_model.bin").write_bytes(b"\x80\x04 never opened")
+    with pytest.raises(EncoderError) as err:
+        load_decoder(pickled)
+    assert "pytorch_model.bin" in one_line(err) and "pickle" in str(err.value)
+    for overrides, expected in [
+        (dict(model_type="gpt2"), "unsupported architecture 'gpt2'"),
+        (dict(hidden_act="gelu"), "unsupported hidden_act 'gelu'"),
+        (dict(rope_parameters={"rope_type": "yarn", "factor": 2.0}), "unsupported rope_type"),
+        (dict(model_type="qwen2", use_sliding_window=True), "qwen2 with sliding-window"),
+        (dict(num_key_value_heads=3), "not a multiple of num_key_value_heads"),
+        (dict(hidden_size=None), "lacks hidden_size"),
+    ]:
+        folder = write_config(tmp_path / "cfg", **overrides)
+        with pytest.raises(EncoderError) as err:
+            load_decoder(folder)
+        assert expected in one_line(err), (overrides, str(err.value))
+
+
+def test_bad_call_arguments(models):
+    dec = load_decoder(models["llama_tied"][1])
+    ids, mask = batch("left")
+    cases = [
+        (lambda: dec(ids.astype(np.float32), mask), "input_ids must be an integer array"),
+        (lambda: dec(ids, mask[:, :3]), "attention_mask has shape"),
+        (lambda: dec(ids + 500, mask), "input_ids must lie in [0, 128)"),
+        (lambda: dec.generate(dec.params, ids, mask, 3, noise_std=0.1), "needs a key"),
+        (lambda: dec.generate(dec.params, ids, 0 * mask, 3), "no real token"),
+        (lambda: dec.generate(dec.params, ids, mask, -1), "max_new_tokens must be"),
+        (lambda: dec.readout(np.zeros((2, 5))), "states have shape"),
+    ]
+    for call, expected in cases:
+        with pytest.raises(EncoderError) as err:
+            call()
+        assert expected in one_line(err), str(err.value)
