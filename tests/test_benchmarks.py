@@ -188,3 +188,24 @@ def test_flops_prints_rates_against_the_matmul(bench, capsys):
         "DUST-2: achieved FLOP/s / matmul rate",
         "DUST-2: GFLOP unrolled / as compiled",
     }
+
+
+def test_lm_loss_memory_prints_memory_ratios_and_equal_work(bench, capsys):
+    bench("lm_loss_memory").main(["--quick"])
+    out = capsys.readouterr().out
+    _check_header(out, "lm_loss_memory")
+    memory = _table(
+        out,
+        "V L+1 logits MiB naive MiB chunked MiB chunked+vocab MiB naive / chunked "
+        "naive / chunked+vocab",
+    )
+    assert [r.split()[:2] for r in memory] == [["1024", "3"]]
+    checks = _table(out, "way ce acc d states d head d scale")
+    assert [r.split()[0] for r in checks] == ["chunked", "chunked+vocab"]
+    assert all(float(v) < 1e-5 for r in checks for v in r.split()[1:])  # same values, gradients
+    assert _table(out, "way ms/call this / naive")[0].split()[-1] == "1"
+    ratios = _ratios(out, "V=1024 L+1=3: ")
+    # compiled memory is deterministic: the chunks need less scratch than the full logits
+    assert ratios["V=1024 L+1=3: naive / chunked temp memory"] > 1
+    assert ratios["V=1024 L+1=3: naive / chunked+vocab temp memory"] > 1
+    assert "V=1024 L+1=3: chunked / naive time" in ratios

@@ -1,0 +1,248 @@
+"""Memory of the per-layer LM losses: every layer's full logits vs cudt.lm_loss's chunks.
+
+Run from the repository root:
+
+    .venv/bin/python -m benchmarks.lm_loss_memory           # V up to 128k, L+1 up to 33; 1-2 min
+
+A decoder's states ``[L+1, B, T, D]`` are read out by an RMS norm (with a scale parameter) and
+a head ``[D, V]``; the per-sample per-layer token cross-entropy ``[B, L+1]`` is computed three
+ways (``cudt/lm_loss.py``):
+
+* ``naive``: ``naive_layer_token_losses``, the ``[L+1, B, T, V]`` float32 logits at once;
+* ``chunked``: ``layer_token_losses(chunk_tokens=--chunk-tokens)``, ``[chunk, V]`` at a time;
+* ``chunked+vocab``: the same with ``vocab_chunk=--vocab-chunk`` too (online log-sum-exp).
+
+Memory: for every vocabulary size (``--vocab``) and depth (``--depths``, L+1) at a fixed small
+batch ``--batch x --seq``, the forward + backward program, ``jax.jit(jax.value_and_grad(...))``
+w.r.t. the states, the head and the norm scale, is compiled (never run) and its
+``memory_analysis().temp_size_in_bytes`` printed: XLA's peak scratch memory, besides the
+arguments and the outputs (the head's gradient ``[D, V]`` is an output). For scale, the
+``logits`` column is the size of one ``[L+1, B, T, V]`` float32 array.
+
+Time: at one mid size (``--time-vocab``, ``--time-depth``) the three compiled programs are run
+interleaved over ``--repeats`` repetitions (medians); before timing, their losses and gradients
+are compared with the naive ones (equal work).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks._common import header, max_abs_diff, print_table, time_alternatives
+from cudt.lm_loss import layer_token_losses, naive_layer_token_losses
+
+MIB = 2**20
+
+
+def int_list(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--vocab", type=int_list, default=[8192, 32768, 131072], help="default 8192,32768,131072"
+    )
+    p.add_argument("--depths", type=int_list, default=[5, 17, 33], help="L+1; default 5,17,33")
+    p.add_argument("--batch", type=int, default=2, help="sequences B (default 2)")
+    p.add_argument("--seq", type=int, default=64, help="tokens per sequence T (default 64)")
+    p.add_argument("--dim", type=int, default=128, help="model width D (default 128)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument(
+        "--chunk-tokens", type=int, default=512, help="rows per chunk (default 512, the library's)"
+    )
+    p.add_argument("--vocab-chunk", type=int, default=8192, help="vocabulary block (default 8192)")
+    p.add_argument("--time-vocab", type=int, default=32768, help="V of the timed size")
+    p.add_argument("--time-depth", type=int, default=17, help="L+1 of the timed size")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved repetitions (default 5)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes for the tests (V 1024, L+1 3)")
+    args = p.parse_args(argv)
+    if args.quick:
+        quick = dict(
+            vocab=[1024],
+            depths=[3],
+            batch=1,
+            seq=16,
+            dim=16,
+            chunk_tokens=8,
+            vocab_chunk=128,
+            time_vocab=1024,
+            time_depth=3,
+            repeats=1,
+        )
+        for name, value in quick.items():
+            setattr(args, name, value)
+    return args
+
+
+def rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
+    """``[..., D] -> [..., D]``: Llama's final norm."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
+    return (normed * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def value_and_grad_program(fn: Callable) -> Callable:
+    """``(states, head, scale, labels, mask) -> ((Σ ce, (ce, acc)), grads)``, jitted."""
+
+    def loss(states, head, scale, labels, mask):
+        ce, acc = fn(states, lambda x: rms_norm(x, scale), head, labels, mask)
+        return jnp.sum(ce), (ce, acc)
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+
+def ways(args: argparse.Namespace) -> dict[str, Callable]:
+    chunked = functools.partial(layer_token_losses, chunk_tokens=args.chunk_tokens)
+    return {
+        "naive": value_and_grad_program(naive_layer_token_losses),
+        "chunked": value_and_grad_program(chunked),
+        "chunked+vocab": value_and_grad_program(
+            functools.partial(chunked, vocab_chunk=args.vocab_chunk)
+        ),
+    }
+
+
+def specs(args: argparse.Namespace, depth: int, vocab: int) -> tuple:
+    dtype = jnp.dtype(args.dtype)
+    s = jax.ShapeDtypeStruct
+    return (
+        s((depth, args.batch, args.seq, args.dim), dtype),
+        s((args.dim, vocab), dtype),
+        s((args.dim,), dtype),
+        s((args.batch, args.seq), jnp.int32),
+        s((args.batch, args.seq), jnp.float32),
+    )
+
+
+def inputs(args: argparse.Namespace, depth: int, vocab: int) -> tuple:
+    """Random states and head, labels everywhere, the first quarter of each sequence a prompt."""
+    dtype = jnp.dtype(args.dtype)
+    ks = jax.random.split(jax.random.key(0), 3)
+    states = jax.random.normal(ks[0], (depth, args.batch, args.seq, args.dim), dtype)
+    head = (jax.random.normal(ks[1], (args.dim, vocab)) / np.sqrt(args.dim)).astype(dtype)
+    labels = jax.random.randint(ks[2], (args.batch, args.seq), 0, vocab)
+    mask = jnp.broadcast_to(jnp.arange(args.seq) >= args.seq // 4, (args.batch, args.seq))
+    return states, head, jnp.ones((args.dim,), dtype), labels, mask.astype(jnp.float32)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    header("benchmarks.lm_loss_memory", argv)
+    run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    t_total = time.perf_counter()
+    tokens = args.batch * args.seq
+    print(
+        f"per-layer token cross-entropy [B, L+1] and its gradient w.r.t. states, head, norm "
+        f"scale; B x T = {args.batch} x {args.seq}, D = {args.dim}, {args.dtype}; chunked: "
+        f"chunk_tokens {args.chunk_tokens}, chunked+vocab: also vocab_chunk {args.vocab_chunk}"
+    )
+    programs = ways(args)
+    timed_size = (args.time_vocab, args.time_depth)
+    compiled = {}  # the timed size's programs, when the grid has it
+    rows, ratios = [], []
+    for vocab in args.vocab:
+        for depth in args.depths:
+            temp = {}
+            for name, program in programs.items():
+                executable = program.lower(*specs(args, depth, vocab)).compile()
+                temp[name] = executable.memory_analysis().temp_size_in_bytes
+                if (vocab, depth) == timed_size:
+                    compiled[name] = executable
+            logits = depth * tokens * vocab * 4
+            rows.append(
+                [
+                    vocab,
+                    depth,
+                    logits / MIB,
+                    temp["naive"] / MIB,
+                    temp["chunked"] / MIB,
+                    temp["chunked+vocab"] / MIB,
+                    temp["naive"] / temp["chunked"],
+                    temp["naive"] / temp["chunked+vocab"],
+                ]
+            )
+            for name in ("chunked", "chunked+vocab"):
+                ratios.append(
+                    f"ratio V={vocab} L+1={depth}: naive / {name} temp memory = "
+                    f"{temp['naive'] / temp[name]:.3g}"
+                )
+        print(f"  V = {vocab} compiled ({time.perf_counter() - t_total:.0f}s)", flush=True)
+    print(
+        "\ntemp MiB: memory_analysis().temp_size_in_bytes of the compiled value_and_grad "
+        "(compiled, not run); logits MiB: one [L+1, B, T, V] float32 array"
+    )
+    print_table(
+        [
+            "V",
+            "L+1",
+            "logits MiB",
+            "naive MiB",
+            "chunked MiB",
+            "chunked+vocab MiB",
+            "naive / chunked",
+            "naive / chunked+vocab",
+        ],
+        rows,
+    )
+
+    vocab, depth = timed_size
+    data = inputs(args, depth, vocab)
+    if not compiled:
+        compiled = {name: p.lower(*data).compile() for name, p in programs.items()}
+    results = {name: jax.block_until_ready(c(*data)) for name, c in compiled.items()}
+    (_, (ce, acc)), grads = results["naive"]
+    print(f"\nequal work at V = {vocab}, L+1 = {depth} (max abs difference to naive):")
+    checks = []
+    for name in ("chunked", "chunked+vocab"):
+        (_, (ce_c, acc_c)), grads_c = results[name]
+        checks.append(
+            [
+                name,
+                max_abs_diff(ce_c, ce),
+                max_abs_diff(acc_c, acc),
+                max_abs_diff(grads_c[0], grads[0]),
+                max_abs_diff(grads_c[1], grads[1]),
+                max_abs_diff(grads_c[2], grads[2]),
+            ]
+        )
+    print_table(["way", "ce", "acc", "d states", "d head", "d scale"], checks)
+    print(f"(mean ce over samples and layers: {float(jnp.mean(ce)):.4g})")
+
+    def timed(c: Callable) -> Callable[[], float]:
+        def measure() -> float:
+            t0 = time.perf_counter()
+            jax.block_until_ready(c(*data))
+            return time.perf_counter() - t0
+
+        return measure
+
+    print(f"\ntiming at V = {vocab}, L+1 = {depth}: {args.repeats} interleaved repetitions")
+    seconds = time_alternatives({n: timed(c) for n, c in compiled.items()}, args.repeats)
+    print(f"\nms per value_and_grad call, medians over {args.repeats} repetitions")
+    print_table(
+        ["way", "ms/call", "this / naive"],
+        [[n, 1e3 * s, s / seconds["naive"]] for n, s in seconds.items()],
+    )
+    for line in ratios:
+        print(line)
+    for name in ("chunked", "chunked+vocab"):
+        print(
+            f"ratio V={vocab} L+1={depth}: {name} / naive time = "
+            f"{seconds[name] / seconds['naive']:.3g}"
+        )
+    print(f"total wall {time.perf_counter() - t_total:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

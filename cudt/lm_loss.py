@@ -1,0 +1,291 @@
+"""Per-layer language-model losses without materialising every layer's logits.
+
+A decoder returns its residual stream before the final norm, ``states [L+1, B, T, D]``; each
+state is read out with the model's own final norm and LM head, ``norm_fn(state) @ head`` with
+``head [D, V]`` (METHOD.md, "Language modelling"). The per-layer loss of sample ``b`` at layer
+``l`` is the mean token cross-entropy of that readout over the response tokens:
+
+    ce[b, l]  = Σ_t m[b, t] · CE(logits[l, b, t], labels[b, t]) / Σ_t m[b, t]
+    acc[b, l] = Σ_t m[b, t] · [argmax logits[l, b, t] == labels[b, t]] / Σ_t m[b, t]
+
+with ``labels[b, t]`` the next token and ``m = loss_mask`` (1 on response tokens, 0 on prompt
+and padding). Conventions shared by both functions here:
+
+* A sample with no response tokens (``Σ_t m[b, t] = 0``) gets loss 0 and accuracy 0, with zero
+  gradient: it neither contributes nor produces a NaN.
+* Positions with mask 0 contribute nothing, and their labels are ignored (any value, e.g. the
+  Hugging Face ``-100``). A label outside ``[0, V)`` at a position with mask != 0 makes that
+  sample's loss NaN: a loud signal, since traced labels cannot be checked.
+* Logits, log-sum-exp and the losses are float32, also for bfloat16 states and head (the head
+  matmul accumulates in float32). Ties in the argmax go to the lowest token id.
+
+:func:`naive_layer_token_losses` builds the ``[L+1, B, T, V]`` logits: the reference, fine for
+small models. :func:`layer_token_losses` gives the same values and gradients while holding one
+chunk of logits at a time, forward and backward: at Llama-3 sizes (L = 32, V = 128256) the full
+logits of one 4 x 512-token batch are 33 x 2048 x 128256 float32 = 35 GB.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from cudt.errors import UsageError
+
+__all__ = ["layer_token_losses", "naive_layer_token_losses"]
+
+NormFn = Callable[[jax.Array], jax.Array]
+
+
+def naive_layer_token_losses(
+    states: jax.Array,
+    norm_fn: NormFn,
+    head: jax.Array,
+    labels: jax.Array,
+    loss_mask: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """Per-sample per-layer token cross-entropy and accuracy, the direct way (the reference).
+
+    Args:
+      states: ``[L+1, B, T, D]`` every layer's residual stream, before the final norm.
+      norm_fn: the final norm, ``[..., D] -> [..., D]``, acting on the last axis only.
+      head: ``[D, V]`` the LM head (may be a traced parameter).
+      labels: ``[B, T]`` integer next-token ids.
+      loss_mask: ``[B, T]`` 1 on response tokens, 0 elsewhere (bool or numeric).
+
+    Returns:
+      ``(ce [B, L+1], acc [B, L+1])`` float32 (see the module docstring for the conventions).
+      Materialises ``[L+1, B, T, V]`` float32 logits; use :func:`layer_token_losses` at scale.
+    """
+    vocab = _check(states, head, labels, loss_mask)
+    logits = jnp.einsum(
+        "lbtd,dv->lbtv", norm_fn(states), head, preferred_element_type=jnp.float32
+    )  # [L+1, B, T, V]
+    safe = _safe_labels(labels, loss_mask, vocab)  # [B, T]
+    rows = jnp.broadcast_to(safe, logits.shape[:-1])  # [L+1, B, T]
+    label_logit = jnp.take_along_axis(logits, rows[..., None], axis=-1)[..., 0]
+    ce = jax.nn.logsumexp(logits, axis=-1) - label_logit  # [L+1, B, T]
+    correct = jnp.argmax(logits, axis=-1) == rows  # [L+1, B, T]
+    return _per_sample(ce, correct, labels, loss_mask, vocab)
+
+
+def layer_token_losses(
+    states: jax.Array,
+    norm_fn: NormFn,
+    head: jax.Array,
+    labels: jax.Array,
+    loss_mask: jax.Array,
+    *,
+    chunk_tokens: int = 512,
+    vocab_chunk: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`naive_layer_token_losses`, holding at most one chunk of logits at a time.
+
+    The ``(L+1)·B·T`` rows of ``states`` (layer-major, then sample, then token) are processed
+    ``chunk_tokens`` rows at a time by a ``jax.lax.scan`` whose body is ``jax.checkpoint``-ed:
+    the forward keeps only each chunk's per-row cross-entropy and hit (two floats a row), and
+    the backward recomputes one chunk's ``[chunk_tokens, V]`` float32 logits at a time from the
+    states (rematerialisation: about one extra forward matmul). With ``vocab_chunk`` the
+    vocabulary is chunked too, inside each row chunk, with an online log-sum-exp and argmax, so
+    the largest logits block is ``[chunk_tokens, vocab_chunk]`` (each block is a slice of the
+    head, not a copy). Worth it when a few ``chunk_tokens x V`` float32 buffers weigh more
+    than the head's own gradient ``[D, V]``, which the backward holds whole in any case.
+
+    Neither size needs to divide its axis. The rows are padded to a whole number of chunks by
+    repeating the last row (real values, so ``norm_fn`` sees no artificial zeros) and the padded
+    rows' results are dropped: they get exactly zero gradient. When ``chunk_tokens`` divides
+    ``(L+1)·B·T`` the states are only reshaped, not copied. The last vocabulary block is the
+    head's last ``vocab_chunk`` columns, with those already seen set to -inf. Values and
+    gradients (w.r.t. the states, the head and anything ``norm_fn`` closes over) equal the
+    naive version's up to float32 summation order.
+
+    The gradients of the head and of ``norm_fn``'s parameters are sums over the chunks; for a
+    bfloat16 (or float16) head or norm scale they are summed in float32 and rounded once,
+    which costs one float32 copy of the head next to its float32 gradient sum.
+
+    Args:
+      states, norm_fn, head, labels, loss_mask: as in :func:`naive_layer_token_losses`;
+        ``norm_fn`` is applied to ``[chunk_tokens, D]`` blocks, so it must act row by row.
+      chunk_tokens: rows of the flattened (layer, sample, token) axis per chunk (clipped to the
+        row count). Peak logits memory is a few ``chunk_tokens x V`` float32 buffers.
+      vocab_chunk: vocabulary entries per block (clipped to V), or None for the whole
+        vocabulary at once.
+
+    Returns:
+      ``(ce [B, L+1], acc [B, L+1])`` float32.
+    """
+    vocab = _check(states, head, labels, loss_mask)
+    if not _positive_int(chunk_tokens):
+        raise UsageError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
+    if vocab_chunk is not None and not _positive_int(vocab_chunk):
+        raise UsageError(f"vocab_chunk must be a positive int or None, got {vocab_chunk!r}")
+    num_states, batch, seq, dim = states.shape
+    num_rows = num_states * batch * seq
+    chunk = min(int(chunk_tokens), num_rows)
+    num_chunks = math.ceil(num_rows / chunk)
+    pad = num_chunks * chunk - num_rows
+
+    rows = states.reshape(num_rows, dim)
+    safe = _safe_labels(labels, loss_mask, vocab)
+    row_labels = jnp.broadcast_to(safe, (num_states, batch, seq)).reshape(num_rows)
+    if pad:
+        rows = jnp.pad(rows, ((0, pad), (0, 0)), mode="edge")
+        row_labels = jnp.pad(row_labels, (0, pad), mode="edge")
+    rows = rows.reshape(num_chunks, chunk, dim)
+    row_labels = row_labels.reshape(num_chunks, chunk)
+
+    if vocab_chunk is None or vocab_chunk >= vocab:
+        readout = _rows_full_vocab
+    else:
+        readout = functools.partial(_rows_vocab_chunked, vocab_chunk=int(vocab_chunk))
+
+    # The scan sums the gradients of the head and of what norm_fn closes over (its scale)
+    # chunk by chunk. It gets them in float32, cast back inside the body (exact), so that a
+    # bfloat16 parameter's gradient is summed in float32 and rounded once, not once per chunk.
+    norm_converted, norm_consts = jax.closure_convert(norm_fn, rows[0])
+    params = (head, tuple(norm_consts))
+    dtypes = jax.tree.map(lambda a: a.dtype, params)
+    wide = jax.tree.map(_float32_if_narrower, params)
+
+    def body(carry: None, xs: tuple[jax.Array, jax.Array]) -> tuple[None, tuple]:
+        x, lab = xs  # [C, D], [C]
+        head_, consts = jax.tree.map(lambda a, dtype: a.astype(dtype), wide, dtypes)
+        return carry, readout(norm_converted(x, *consts), head_, lab)
+
+    # prevent_cse=False: inside a scan the rematerialised body cannot be merged with the
+    # forward anyway (jax.checkpoint's documented advice for scan bodies).
+    _, (ce, correct) = jax.lax.scan(
+        jax.checkpoint(body, prevent_cse=False), None, (rows, row_labels)
+    )  # [num_chunks, C] each
+    shape = (num_states, batch, seq)
+    ce = ce.reshape(-1)[:num_rows].reshape(shape)
+    correct = correct.reshape(-1)[:num_rows].reshape(shape)
+    return _per_sample(ce, correct, labels, loss_mask, vocab)
+
+
+# --------------------------------------------------------------------------------------------------
+# Pieces
+# --------------------------------------------------------------------------------------------------
+
+
+def _check(states: jax.Array, head: jax.Array, labels: jax.Array, loss_mask: jax.Array) -> int:
+    """Shape checks at the border; returns V."""
+    if jnp.ndim(states) != 4:
+        raise UsageError(
+            f"states must be [L+1, B, T, D] (every layer's residual stream), got shape "
+            f"{jnp.shape(states)}"
+        )
+    _, batch, seq, dim = states.shape
+    if jnp.ndim(head) != 2 or head.shape[0] != dim:
+        raise UsageError(
+            f"head must be [D, V] with D = {dim} (the states' last axis), got shape "
+            f"{jnp.shape(head)}; pass the LM head's kernel, transposed if it is stored [V, D]"
+        )
+    if jnp.shape(labels) != (batch, seq) or jnp.shape(loss_mask) != (batch, seq):
+        raise UsageError(
+            f"labels and loss_mask must be [B, T] = {(batch, seq)} like the states, got "
+            f"{jnp.shape(labels)} and {jnp.shape(loss_mask)}"
+        )
+    if not jnp.issubdtype(jnp.result_type(labels), jnp.integer):
+        raise UsageError(
+            f"labels must be integer token ids, got dtype {jnp.result_type(labels)}: "
+            "pass them as int32"
+        )
+    return int(head.shape[1])
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
+
+
+def _float32_if_narrower(value: jax.Array) -> jax.Array:
+    dtype = jnp.result_type(value)
+    if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
+        return value.astype(jnp.float32)
+    return value
+
+
+def _safe_labels(labels: jax.Array, loss_mask: jax.Array, vocab: int) -> jax.Array:
+    """``[B, T]`` labels clipped into ``[0, V)`` (ignored and invalid ones are handled later)."""
+    return jnp.clip(jnp.where(loss_mask != 0, labels, 0), 0, vocab - 1).astype(jnp.int32)
+
+
+def _per_sample(
+    ce: jax.Array, correct: jax.Array, labels: jax.Array, loss_mask: jax.Array, vocab: int
+) -> tuple[jax.Array, jax.Array]:
+    """Per-token ``ce, correct [L+1, B, T]`` -> masked means ``[B, L+1]`` (float32)."""
+    weight = loss_mask.astype(jnp.float32)  # [B, T]
+    on = loss_mask != 0
+    invalid = on & ((labels < 0) | (labels >= vocab))
+    # where, not a product: a non-finite value at a masked-off position stays out, forward
+    # and backward; an out-of-range label where the mask is on poisons its sample.
+    ce = jnp.where(on, jnp.where(invalid, jnp.nan, ce) * weight, 0.0)
+    hits = jnp.where(on & ~invalid, correct.astype(jnp.float32) * weight, 0.0)
+    count = jnp.sum(weight, axis=-1)  # [B]
+    denom = jnp.where(count != 0, count, 1.0)
+    loss = jnp.where(count != 0, jnp.sum(ce, axis=-1) / denom, 0.0)  # [L+1, B]
+    acc = jnp.where(count != 0, jnp.sum(hits, axis=-1) / denom, 0.0)
+    return loss.T, acc.T
+
+
+def _rows_full_vocab(
+    normed: jax.Array, head: jax.Array, labels: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """``normed [C, D]`` -> per-row ``(ce [C], correct [C])`` over the whole vocabulary."""
+    logits = jnp.dot(normed, head, preferred_element_type=jnp.float32)  # [C, V]
+    label_logit = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+    ce = jax.nn.logsumexp(logits, axis=-1) - label_logit
+    return ce, jnp.argmax(logits, axis=-1) == labels
+
+
+def _rows_vocab_chunked(
+    normed: jax.Array, head: jax.Array, labels: jax.Array, *, vocab_chunk: int
+) -> tuple[jax.Array, jax.Array]:
+    """``normed [C, D]`` -> per-row ``(ce [C], correct [C])``, one vocabulary block at a time.
+
+    Block ``k`` reads the head's columns ``[s_k, s_k + vc)`` with ``s_k = min(k·vc, V − vc)``
+    (a slice of the head, no copy); in the last block the columns below ``k·vc``, already seen,
+    are set to -inf. Online log-sum-exp: ``lse = m + log s`` with ``m`` the running maximum (held
+    constant for the gradient, which stays exact: d lse / d logit_j = exp(logit_j − m) / s, the
+    softmax) and ``s = Σ_j exp(logit_j − m)`` rescaled whenever ``m`` grows. The argmax keeps
+    the earlier block's index on ties, as ``jnp.argmax`` does.
+    """
+    rows = normed.shape[0]
+    dim, vocab = head.shape
+    num_blocks = math.ceil(vocab / vocab_chunk)
+
+    def body(carry: tuple, k: jax.Array) -> tuple[tuple, None]:
+        top, total, label_logit, best, best_id = carry
+        start = jnp.minimum(k * vocab_chunk, vocab - vocab_chunk)
+        block = jax.lax.dynamic_slice(head, (0, start), (dim, vocab_chunk))  # [D, vc]
+        ids = start + jnp.arange(vocab_chunk, dtype=jnp.int32)  # [vc]
+        logits = jnp.dot(normed, block, preferred_element_type=jnp.float32)  # [C, vc]
+        fresh = ids >= k * vocab_chunk  # [vc]: False where block k - 1 already had the column
+        logits = jnp.where(fresh, logits, -jnp.inf)
+        block_max = jnp.max(logits, axis=-1)  # [C]
+        new_top = jax.lax.stop_gradient(jnp.maximum(top, block_max))
+        total = total * jnp.exp(top - new_top) + jnp.sum(
+            jnp.exp(logits - new_top[:, None]), axis=-1
+        )
+        label_logit = label_logit + jnp.sum(
+            jnp.where(fresh & (ids == labels[:, None]), logits, 0.0), axis=-1
+        )
+        better = block_max > best
+        best_id = jnp.where(better, start + jnp.argmax(logits, axis=-1), best_id)
+        best = jnp.where(better, block_max, best)
+        return (new_top, total, label_logit, best, best_id), None
+
+    neg_inf = jnp.full((rows,), -jnp.inf, jnp.float32)
+    zeros = jnp.zeros((rows,), jnp.float32)
+    init = (neg_inf, zeros, zeros, neg_inf, jnp.zeros((rows,), jnp.int32))
+    (top, total, label_logit, _, best_id), _ = jax.lax.scan(
+        jax.checkpoint(body, prevent_cse=False),
+        init,
+        jnp.arange(num_blocks, dtype=jnp.int32),
+    )
+    return top + jnp.log(total) - label_logit, best_id == labels

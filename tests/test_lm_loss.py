@@ -1,0 +1,212 @@
+"""Per-layer LM losses: the chunked version equals the naive one and needs less memory."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cudt.errors import UsageError
+from cudt.lm_loss import layer_token_losses, naive_layer_token_losses
+
+L1, B, T, D, V = 3, 3, 5, 8, 50  # 45 rows of the flattened (layer, sample, token) axis
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def rms_norm(x, scale):
+    """Llama's final norm, ``[..., D] -> [..., D]``, with a (traced) scale."""
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+
+
+def problem(dtype=jnp.float32, batch=B, seq=T):
+    """States that read out better with depth (accuracy neither 0 nor 1), sample 1 all masked,
+    and HF-style ``-100`` labels at every masked position."""
+    ks = jax.random.split(jax.random.key(0), 5)
+    head = jax.random.normal(ks[0], (D, V))
+    labels = jax.random.randint(ks[1], (batch, seq), 0, V)
+    mask = jax.random.uniform(ks[2], (batch, seq)) > 0.3
+    mask = mask.at[1].set(False).at[0, 0].set(True).at[2, 0].set(True)
+    depth = jnp.linspace(0.0, 1.5, L1)[:, None, None, None]
+    states = jax.random.normal(ks[3], (L1, batch, seq, D)) + depth * head.T[labels][None]
+    scale = 1.0 + 0.1 * jax.random.normal(ks[4], (D,))
+    labels = jnp.where(mask, labels, -100)
+    return states.astype(dtype), head.astype(dtype), scale.astype(dtype), labels, mask
+
+
+def objective(fn, states, head, scale, labels, mask):
+    """A weighted sum of both outputs (the weights differ per sample and layer)."""
+    ce, acc = fn(states, lambda x: rms_norm(x, scale), head, labels, mask)
+    weights = jnp.linspace(0.1, 1.0, ce.size).reshape(ce.shape)
+    return jnp.sum(weights * ce) + jnp.sum(acc), (ce, acc)
+
+
+def eager_value_and_grads(fn, states, head, scale, labels, mask):
+    """``((objective, (ce, acc)), (d/d states, d/d head, d/d scale))``."""
+    return jax.value_and_grad(objective, argnums=(1, 2, 3), has_aux=True)(
+        fn, states, head, scale, labels, mask
+    )
+
+
+# Jitted: one compilation per loss function instead of one per operation (fast tests).
+value_and_grads = jax.jit(eager_value_and_grads, static_argnums=0)
+
+
+def test_naive_matches_a_float64_numpy_reference():
+    states, head, scale, labels, mask = problem()
+    (_, (ce, acc)), _ = value_and_grads(
+        naive_layer_token_losses, states, head, scale, labels, mask.astype(jnp.float32)
+    )
+    s, h, g = (np.asarray(a, np.float64) for a in (states, head, scale))
+    normed = s / np.sqrt(np.mean(s * s, axis=-1, keepdims=True) + 1e-6) * g
+    logits = normed @ h  # [L+1, B, T, V]
+    lse = np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1)) + logits.max(-1)
+    m = np.asarray(mask)
+    want_ce, want_acc = np.zeros((B, L1)), np.zeros((B, L1))
+    for b in range(B):
+        for layer in range(L1):
+            ts = np.flatnonzero(m[b])
+            if ts.size:
+                lab = np.asarray(labels)[b, ts]
+                want_ce[b, layer] = np.mean(lse[layer, b, ts] - logits[layer, b, ts, lab])
+                want_acc[b, layer] = np.mean(np.argmax(logits[layer, b, ts], -1) == lab)
+    np.testing.assert_allclose(ce, want_ce, **TOL)
+    np.testing.assert_allclose(acc, want_acc, atol=1e-6)
+    assert ce.dtype == acc.dtype == jnp.float32
+    # not trivially 0 or 1: deeper layers read out better
+    assert 0 < want_acc[[0, 2], -1].min() and want_acc.max() < 1
+    assert np.all(want_acc[[0, 2], -1] > want_acc[[0, 2], 0])
+
+
+@pytest.mark.parametrize(
+    "chunk_tokens, vocab_chunk",
+    [
+        (15, None),  # divides the 45 rows
+        (7, None),  # does not: the last chunk is padded
+        (100, None),  # more than the rows: one chunk
+        (15, 10),  # vocabulary blocks dividing V = 50
+        (7, 16),  # neither divides: padded rows and an overlapping last vocabulary block
+        (45, 1),  # one vocabulary entry per block
+        (9, 50),  # a block of the whole vocabulary: the unchunked path
+    ],
+)
+def test_chunked_equals_naive_values_and_gradients(chunk_tokens, vocab_chunk):
+    args = problem()
+    (_, (ce, acc)), grads = value_and_grads(naive_layer_token_losses, *args)
+    chunked = functools.partial(
+        layer_token_losses, chunk_tokens=chunk_tokens, vocab_chunk=vocab_chunk
+    )
+    (_, (ce_c, acc_c)), grads_c = value_and_grads(chunked, *args)
+    np.testing.assert_allclose(ce_c, ce, **TOL)
+    np.testing.assert_allclose(acc_c, acc, atol=1e-6)
+    for name, g, g_c in zip(("states", "head", "scale"), grads, grads_c, strict=True):
+        assert np.abs(g).max() > 1e-3, name  # the gradient is not trivially zero
+        np.testing.assert_allclose(g_c, g, **TOL, err_msg=name)
+
+
+def test_a_sample_without_response_tokens_gets_zero_loss_and_zero_gradient():
+    states, head, scale, labels, mask = problem()
+    chunked = functools.partial(layer_token_losses, chunk_tokens=7, vocab_chunk=16)
+    (_, (ce, acc)), (g_states, g_head, _) = value_and_grads(
+        chunked, states, head, scale, labels, mask
+    )
+    ce, acc, g_states, g_head = (np.asarray(a) for a in (ce, acc, g_states, g_head))
+    assert np.all(ce[1] == 0) and np.all(acc[1] == 0)
+    assert np.all(ce[[0, 2]] > 0)
+    assert np.all(np.isfinite(g_states)) and np.all(np.isfinite(g_head))
+    assert np.all(g_states[:, 1] == 0)
+    # masked-off tokens of the other samples get no gradient either
+    off = ~np.asarray(mask)
+    assert np.all(g_states[:, off] == 0)
+    assert np.abs(g_states[:, ~off]).min() > 0
+
+
+def test_eager_matches_jit():
+    states, head, scale, labels, mask = problem()
+    norm = lambda x: rms_norm(x, scale)
+    chunked = functools.partial(layer_token_losses, chunk_tokens=7, vocab_chunk=16)
+    ce, acc = chunked(states, norm, head, labels, mask)  # eager: op by op
+    (_, (ce_j, acc_j)), _ = value_and_grads(chunked, states, head, scale, labels, mask)
+    np.testing.assert_allclose(ce, ce_j, **TOL)
+    np.testing.assert_allclose(acc, acc_j, atol=1e-6)
+
+
+@pytest.mark.parametrize("vocab_chunk", [None, 16])
+def test_bfloat16_states_and_head_give_float32_losses_and_sound_gradients(vocab_chunk):
+    # 384 rows in 96 chunks: the head's and the norm scale's gradients are sums over 96 chunks
+    args = problem(jnp.bfloat16, batch=4, seq=32)
+    chunked = functools.partial(layer_token_losses, chunk_tokens=4, vocab_chunk=vocab_chunk)
+    (_, (ce, _)), _ = value_and_grads(naive_layer_token_losses, *args)
+    (_, (ce_c, _)), grads_c = value_and_grads(chunked, *args)
+    assert ce.dtype == ce_c.dtype == jnp.float32
+    assert all(g.dtype == jnp.bfloat16 for g in grads_c)
+    np.testing.assert_allclose(ce_c, ce, **TOL)
+    wide = tuple(a.astype(jnp.float32) for a in args[:3]) + args[3:]
+    _, grads_32 = value_and_grads(naive_layer_token_losses, *wide)
+    # Gradients: bf16 roundings of the float32 ones (error as a fraction of the largest entry).
+    # Summed over the chunks in bf16, the head's and the scale's would be off by 0.8 % and
+    # 1.5 % here; summed in float32 and rounded once, by 0.2-0.45 %.
+    for name, g_c, g_32, bound in zip(
+        ("states", "head", "scale"), grads_c, grads_32, (0.02, 0.006, 0.008), strict=True
+    ):
+        g_c, g_32 = np.asarray(g_c, np.float32), np.asarray(g_32)
+        assert np.abs(g_c - g_32).max() < bound * np.abs(g_32).max(), name
+
+
+@pytest.mark.parametrize("fn", [naive_layer_token_losses, layer_token_losses])
+def test_an_out_of_range_label_on_a_response_token_poisons_its_sample(fn):
+    states, head, scale, labels, mask = problem()
+    labels = labels.at[2, 0].set(V)  # mask[2, 0] is on
+    ce, acc = (np.asarray(a) for a in fn(states, lambda x: rms_norm(x, scale), head, labels, mask))
+    assert np.all(np.isnan(ce[2])) and np.all(np.isfinite(ce[[0, 1]]))
+    assert np.all(np.isfinite(acc))
+
+
+def test_bad_inputs_raise_one_line_usage_errors():
+    states, head, scale, labels, mask = problem()
+    norm = lambda x: rms_norm(x, scale)
+    cases = [
+        ((states, norm, head.T, labels, mask), {}, "head must be [D, V] with D = 8"),
+        ((states[0], norm, head, labels, mask), {}, "states must be [L+1, B, T, D]"),
+        ((states, norm, head, labels[:, :-1], mask), {}, "labels and loss_mask must be [B, T]"),
+        ((states, norm, head, labels * 1.0, mask), {}, "labels must be integer token ids"),
+        ((states, norm, head, labels, mask), {"chunk_tokens": 0}, "chunk_tokens must be"),
+        ((states, norm, head, labels, mask), {"vocab_chunk": 0}, "vocab_chunk must be"),
+    ]
+    for args, kwargs, message in cases:
+        with pytest.raises(UsageError) as info:
+            layer_token_losses(*args, **kwargs)
+        assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def temp_bytes(fn, num_states, vocab, batch=4, seq=64, dim=32):
+    """Temp memory of the compiled forward + backward (value_and_grad; compiled, never run)."""
+    spec = jax.ShapeDtypeStruct
+    args = (
+        spec((num_states, batch, seq, dim), jnp.float32),
+        spec((dim, vocab), jnp.float32),
+        spec((dim,), jnp.float32),
+        spec((batch, seq), jnp.int32),
+        spec((batch, seq), jnp.float32),
+    )
+
+    def loss(states, head, scale, labels, mask):
+        return jnp.sum(fn(states, lambda x: rms_norm(x, scale), head, labels, mask)[0])
+
+    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_chunked_program_needs_less_temp_memory():
+    # V = 4096, L+1 = 5, B*T = 256: the naive logits alone are 5*256*4096 float32 = 21 MB, the
+    # chunked ones 128*4096 (or 128*1024) float32 = 2 MB (0.5 MB).
+    naive = temp_bytes(naive_layer_token_losses, 5, 4096)
+    chunked = temp_bytes(functools.partial(layer_token_losses, chunk_tokens=128), 5, 4096)
+    by_vocab = functools.partial(layer_token_losses, chunk_tokens=128, vocab_chunk=1024)
+    assert naive > 5 * 256 * 4096 * 4
+    assert chunked < naive / 4
+    assert temp_bytes(by_vocab, 5, 4096) < chunked
+    # deeper: the naive program grows with the depth, the chunked one does not
+    assert temp_bytes(naive_layer_token_losses, 17, 4096) > 3 * naive
+    deeper = temp_bytes(functools.partial(layer_token_losses, chunk_tokens=128), 17, 4096)
+    assert deeper < 1.2 * chunked
