@@ -1,0 +1,845 @@
+"""Alpaca instruction data for causal-LM fine-tuning: reading, prompting, tokenizing, splits.
+
+Pipeline::
+
+    alpaca_data.json / .jsonl --load_alpaca--> records --split_alpaca(seed)--> train / val / test
+    (no file: generated_instructions(n, seed), a learnable synthetic set in the same format)
+    records + tokenizer.json --tokenize_alpaca(max_length)--> input_ids, attention_mask, labels,
+                                                              loss_mask [N, T], prompt_length [N]
+    records + tokenizer.json --prompt_batches(batch_size, max_prompt_length)--> left-padded prompts
+
+* Records follow the Stanford ``alpaca_data.json`` layout: a JSON list of
+  ``{"instruction": str, "input": str, "output": str}`` (``input`` may be missing or ``""``);
+  JSON lines (one object a line) are read too.
+* The prompt is the Stanford Alpaca template (:data:`ALPACA_PROMPT`, or
+  :data:`ALPACA_PROMPT_NO_INPUT` when the input is empty); the response is the output followed by
+  the tokenizer's EOS token.
+* Tokenizers are ``tokenizers.Tokenizer`` objects read from a ``tokenizer.json`` (what a Hugging
+  Face Llama folder ships), wrapped with their BOS / EOS / PAD ids by :func:`load_tokenizer`. The
+  no-download default, :func:`build_word_tokenizer`, is saved as a ``tokenizer.json`` and read
+  back through the same :func:`load_tokenizer`.
+
+Every bad input (missing file, invalid JSON, a record without ``"output"``, ...) raises
+:class:`AlpacaDataError`, one line naming the file, the record and the fix; it is both a
+:class:`cudt.errors.DataError` and a :class:`cudt.errors.UsageError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from cudt.errors import DataError, UsageError
+
+__all__ = [
+    "ALPACA_PROMPT",
+    "ALPACA_PROMPT_NO_INPUT",
+    "AlpacaDataError",
+    "AlpacaRecord",
+    "AlpacaSplits",
+    "INSTRUCTION_KINDS",
+    "InstructionTokenizer",
+    "PromptBatch",
+    "TokenizedAlpaca",
+    "alpaca_prompt",
+    "alpaca_splits",
+    "build_word_tokenizer",
+    "generated_instructions",
+    "load_alpaca",
+    "load_tokenizer",
+    "prompt_batches",
+    "split_alpaca",
+    "tokenize_alpaca",
+    "write_alpaca",
+]
+
+
+class AlpacaDataError(DataError, UsageError):
+    """Unusable instruction data or tokenizer: a missing or malformed file, bad sizes."""
+
+
+# The Stanford Alpaca templates (tatsu-lab/stanford_alpaca, PROMPT_DICT), with a newline after
+# "### Response:" so the response starts on its own line, as in Alpaca-LoRA and most fine-tunes.
+ALPACA_PROMPT = (
+    "Below is an instruction that describes a task, paired with an input that provides further "
+    "context. Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+)
+ALPACA_PROMPT_NO_INPUT = (
+    "Below is an instruction that describes a task. Write a response that appropriately "
+    "completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Response:\n"
+)
+
+_FORMAT_HINT = (
+    'every record needs string "instruction" and "output" keys (and an optional string "input")'
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Records
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AlpacaRecord:
+    """One instruction example: ``input`` is ``""`` when the instruction stands alone."""
+
+    instruction: str
+    input: str
+    output: str
+
+    def prompt(self) -> str:
+        """:func:`alpaca_prompt` of this record."""
+        return alpaca_prompt(self)
+
+
+def alpaca_prompt(record: AlpacaRecord) -> str:
+    """The Stanford Alpaca prompt of ``record``: with-input template when ``record.input`` is not
+    empty, else the no-input one. Ends with ``"### Response:\\n"``; the response follows it."""
+    if record.input:
+        return ALPACA_PROMPT.format(instruction=record.instruction, input=record.input)
+    return ALPACA_PROMPT_NO_INPUT.format(instruction=record.instruction)
+
+
+def _record(obj: Any, where: str) -> AlpacaRecord:
+    """Validate one decoded JSON object; ``where`` names the file and record for the error."""
+    if not isinstance(obj, dict):
+        raise AlpacaDataError(
+            f"{where} is a JSON {type(obj).__name__}, not an object: {_FORMAT_HINT}"
+        )
+    for key in ("instruction", "output"):
+        if key not in obj:
+            keys = ", ".join(sorted(map(str, obj))) or "none"
+            raise AlpacaDataError(
+                f'{where} has no "{key}" key (keys: {keys}): {_FORMAT_HINT}; fix or remove it'
+            )
+    fields = {
+        "instruction": obj["instruction"],
+        "input": obj.get("input", ""),
+        "output": obj["output"],
+    }
+    for key, value in fields.items():
+        if not isinstance(value, str):
+            raise AlpacaDataError(
+                f'{where} has a {type(value).__name__} "{key}", not a string: {_FORMAT_HINT}'
+            )
+    if not fields["instruction"].strip():
+        raise AlpacaDataError(f'{where} has an empty "instruction": fill it in or remove it')
+    return AlpacaRecord(**fields)
+
+
+def _parse_json_lines(text: str, path: Path) -> list[tuple[Any, str]]:
+    """``(object, where)`` per non-blank line."""
+    out = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"'{path}' record {len(out)} (line {lineno})"
+        try:
+            out.append((json.loads(line), where))
+        except json.JSONDecodeError as err:
+            raise AlpacaDataError(
+                f"'{path}' line {lineno} is not valid JSON ({err.msg} at column {err.colno}): "
+                "fix the line; a .jsonl file holds one JSON object per line"
+            ) from err
+    return out
+
+
+def load_alpaca(path: str | Path) -> tuple[AlpacaRecord, ...]:
+    """Read an Alpaca-format file: a JSON list of records (``alpaca_data.json``) or JSON lines.
+
+    ``.jsonl`` / ``.ndjson`` files are read line by line (blank lines skipped); any other name is
+    parsed as one JSON document, falling back to JSON lines when that fails and the first line is
+    an object on its own. A missing ``"input"`` means ``""``; other keys are ignored. Records come
+    in file order. Raises :class:`AlpacaDataError` naming the file and the record index for a
+    missing file, invalid JSON, an empty list, a record that is not an object, lacks
+    ``"instruction"`` or ``"output"``, has a non-string field or an empty instruction.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise AlpacaDataError(
+            f"Alpaca data file '{path}' {what}: pass the path of a JSON file such as "
+            "alpaca_data.json (a list of instruction/input/output records) or a .jsonl file"
+        )
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise AlpacaDataError(
+            f"'{path}' is not UTF-8 ({err.reason} at byte {err.start}): re-save it as UTF-8 JSON"
+        ) from err
+    if not text.strip():
+        raise AlpacaDataError(f"'{path}' is empty: it must hold a JSON list of records")
+
+    if path.suffix.lower() in (".jsonl", ".ndjson"):
+        items = _parse_json_lines(text, path)
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            first = text.strip().splitlines()[0]
+            try:
+                looks_like_lines = isinstance(json.loads(first), dict) and first != text.strip()
+            except json.JSONDecodeError:
+                looks_like_lines = False
+            if not looks_like_lines:
+                raise AlpacaDataError(
+                    f"'{path}' is not valid JSON ({err.msg} at line {err.lineno} column "
+                    f"{err.colno}): fix the file (a JSON list of records, or .jsonl with one "
+                    "record per line)"
+                ) from err
+            items = _parse_json_lines(text, path)
+        else:
+            if not isinstance(data, list):
+                raise AlpacaDataError(
+                    f"'{path}' holds a JSON {type(data).__name__}, not a list of records: "
+                    "write the records as a JSON list (the alpaca_data.json layout)"
+                )
+            items = [(obj, f"'{path}' record {i}") for i, obj in enumerate(data)]
+    if not items:
+        raise AlpacaDataError(
+            f"'{path}' holds no records: add instruction/input/output records to it"
+        )
+    return tuple(_record(obj, where) for obj, where in items)
+
+
+def write_alpaca(records: Sequence[AlpacaRecord], path: str | Path) -> Path:
+    """Write ``records`` in the ``alpaca_data.json`` layout (JSON lines for ``.jsonl``)."""
+    path = Path(path)
+    rows = [dataclasses.asdict(r) for r in records]
+    if path.suffix.lower() in (".jsonl", ".ndjson"):
+        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    else:
+        text = json.dumps(rows, indent=4, ensure_ascii=False) + "\n"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Splits
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AlpacaSplits:
+    """Train / val / test records of one source and a description of the source."""
+
+    train: tuple[AlpacaRecord, ...]
+    val: tuple[AlpacaRecord, ...]
+    test: tuple[AlpacaRecord, ...]
+    source: str
+
+
+def split_alpaca(
+    records: Sequence[AlpacaRecord],
+    *,
+    num_train: int | None,
+    num_val: int,
+    num_test: int,
+    seed: int = 0,
+) -> AlpacaSplits:
+    """Seeded disjoint train / val / test subsets of ``records``, each in the records' order.
+
+    A seeded permutation deals ``num_test`` records to test, the next ``num_val`` to val and the
+    next ``num_train`` to train (``None``: all the rest), so test and val do not change with
+    ``num_train``.
+    """
+    for name, value in (("num_val", num_val), ("num_test", num_test)):
+        if value < 0:
+            raise AlpacaDataError(f"{name} must be >= 0, got {value}: pass a count")
+    if num_train is not None and num_train < 1:
+        raise AlpacaDataError(f"num_train must be >= 1 or None, got {num_train}: pass a count")
+    n = len(records)
+    n_train = n - num_val - num_test if num_train is None else num_train
+    if n_train < 1 or n_train + num_val + num_test > n:
+        raise AlpacaDataError(
+            f"cannot split {n} records into train {num_train}, val {num_val} and test "
+            f"{num_test}: pass smaller sizes or more records"
+        )
+    perm = np.random.default_rng([seed, 2]).permutation(n)
+    parts = np.split(perm, [num_test, num_test + num_val, num_test + num_val + n_train])
+
+    def take(idx: np.ndarray) -> tuple[AlpacaRecord, ...]:
+        return tuple(records[int(i)] for i in np.sort(idx))
+
+    return AlpacaSplits(
+        train=take(parts[2]), val=take(parts[1]), test=take(parts[0]), source=f"{n} records"
+    )
+
+
+def alpaca_splits(
+    path: str | Path | None = None,
+    *,
+    num_train: int | None = 2000,
+    num_val: int = 200,
+    num_test: int = 200,
+    seed: int = 0,
+) -> AlpacaSplits:
+    """Train / val / test records from an Alpaca file, or (``path=None``) generated ones.
+
+    With a file, :func:`load_alpaca` then :func:`split_alpaca` (``num_train=None``: every record
+    not in val or test). Without, :func:`generated_instructions` makes exactly
+    ``num_train + num_val + num_test`` distinct records from ``seed`` (``num_train=None`` means
+    2000), then splits them.
+    """
+    if path is None:
+        n_train = 2000 if num_train is None else num_train
+        if n_train < 1 or num_val < 0 or num_test < 0:
+            raise AlpacaDataError(
+                f"split sizes must be num_train >= 1, num_val >= 0, num_test >= 0, got "
+                f"{n_train}, {num_val}, {num_test}: pass non-negative counts"
+            )
+        records = generated_instructions(n_train + num_val + num_test, seed=seed)
+        source = f"generated instructions (seed={seed})"
+    else:
+        records = load_alpaca(path)
+        n_train = num_train
+        source = f"Alpaca file {path}"
+    out = split_alpaca(records, num_train=n_train, num_val=num_val, num_test=num_test, seed=seed)
+    return dataclasses.replace(
+        out,
+        source=f"{source}: train {len(out.train)}, val {len(out.val)}, test {len(out.test)} "
+        f"of {len(records)} (split seed={seed})",
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------------------------------
+
+# Fallbacks when tokenizer_config.json does not name the token (Llama 2, Llama 3, GPT-2, Gemma).
+_EOS_NAMES = ("</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "<|eot_id|>")
+_PAD_NAMES = ("<pad>", "[PAD]", "<|pad|>", "<|finetune_right_pad_id|>")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class InstructionTokenizer:
+    """A ``tokenizers.Tokenizer`` (padding and truncation off) with its special token ids.
+
+    ``bos_id`` is ``None`` when the tokenizer puts nothing in front of a sequence. ``pad_id`` only
+    fills positions that masks exclude; it may equal ``eos_id`` (Llama has no pad token).
+    """
+
+    tokenizer: Any  # tokenizers.Tokenizer
+    bos_id: int | None
+    eos_id: int
+    pad_id: int
+    path: Path | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` alone: no BOS, no EOS (the post-processor is not applied)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [list(e.ids) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int] | np.ndarray, *, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(
+            [int(i) for i in np.asarray(ids).reshape(-1)], skip_special_tokens=skip_special_tokens
+        )
+
+
+def _token_id(tokenizer: Any, token: str, what: str, where: str) -> int:
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise AlpacaDataError(
+            f"{what} token {token!r} is not in the vocabulary of {where}: pass {what}= with a "
+            "token the tokenizer has"
+        )
+    return int(token_id)
+
+
+def _config_token(config: dict[str, Any], key: str) -> str | None:
+    """``tokenizer_config.json`` writes a token as a string or as ``{"content": ...}``."""
+    value = config.get(key)
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def _leading_token(tokenizer: Any) -> int | None:
+    """The id the tokenizer's post-processor puts in front of a single sequence, if exactly one."""
+    bare = tokenizer.encode("a", add_special_tokens=False).ids
+    full = tokenizer.encode("a", add_special_tokens=True).ids
+    for k in range(len(full) - len(bare) + 1):
+        if full[k : k + len(bare)] == bare:
+            return int(full[0]) if k == 1 else None
+    return None
+
+
+def _wrap(
+    tokenizer: Any,
+    config: dict[str, Any],
+    *,
+    bos: str | None | Literal["auto"],
+    eos: str | None,
+    pad: str | None,
+    path: Path | None,
+    where: str,
+) -> InstructionTokenizer:
+    from tokenizers import Tokenizer
+
+    # A private copy: the caller's tokenizer keeps its own padding and truncation settings.
+    tok = Tokenizer.from_str(tokenizer.to_str())
+    tok.no_padding()
+    tok.no_truncation()
+
+    if bos == "auto":
+        config_bos = _config_token(config, "bos_token")
+        if config.get("add_bos_token") is False:
+            bos_id = None
+        elif config.get("add_bos_token") is True and config_bos is not None:
+            bos_id = _token_id(tok, config_bos, "bos", where)
+        else:
+            bos_id = _leading_token(tok)
+    elif bos is None:
+        bos_id = None
+    else:
+        bos_id = _token_id(tok, bos, "bos", where)
+
+    eos = eos or _config_token(config, "eos_token")
+    if eos is None:
+        eos = next((t for t in _EOS_NAMES if tok.token_to_id(t) is not None), None)
+    if eos is None:
+        raise AlpacaDataError(
+            f"cannot tell the end-of-sequence token of {where} (no eos_token in "
+            f"tokenizer_config.json, none of {', '.join(_EOS_NAMES)} in the vocabulary): pass eos="
+        )
+    eos_id = _token_id(tok, eos, "eos", where)
+
+    pad = pad or _config_token(config, "pad_token")
+    if pad is None:
+        pad = next((t for t in _PAD_NAMES if tok.token_to_id(t) is not None), None)
+    pad_id = eos_id if pad is None else _token_id(tok, pad, "pad", where)
+    return InstructionTokenizer(tok, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, path=path)
+
+
+def load_tokenizer(
+    path: Any,
+    *,
+    bos: str | None | Literal["auto"] = "auto",
+    eos: str | None = None,
+    pad: str | None = None,
+) -> InstructionTokenizer:
+    """A ``tokenizer.json`` (or a model folder holding one) as an :class:`InstructionTokenizer`.
+
+    ``path`` may also be a ``tokenizers.Tokenizer`` object (copied, never changed). Special
+    tokens, each overridable by name:
+
+    * BOS (``bos="auto"``): ``tokenizer_config.json``'s ``bos_token`` when its ``add_bos_token``
+      is true, none when it is false, else the token the tokenizer's own post-processor puts in
+      front (Llama 2 ``<s>``, Llama 3 ``<|begin_of_text|>``; none for GPT-2). ``bos=None``: none.
+    * EOS: ``tokenizer_config.json``'s ``eos_token``, else the first of ``</s>``,
+      ``<|end_of_text|>``, ``<|endoftext|>``, ``<eos>``, ``<|eot_id|>`` in the vocabulary.
+    * PAD: ``pad_token``, else ``<pad>``, ``[PAD]``, ``<|pad|>``,
+      ``<|finetune_right_pad_id|>``, else the EOS id (pads are masked out everywhere).
+
+    ``tokenizer_config.json`` is read from the folder of ``tokenizer.json`` when present.
+    """
+    from tokenizers import Tokenizer
+
+    if isinstance(path, Tokenizer):
+        return _wrap(path, {}, bos=bos, eos=eos, pad=pad, path=None, where="the tokenizer")
+    path = Path(path).expanduser()
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise AlpacaDataError(
+            f"no tokenizer file at '{file}': pass a tokenizer.json or a model folder holding one "
+            "(a Hugging Face Llama folder; or save build_word_tokenizer(records) there)"
+        )
+    try:
+        tokenizer = Tokenizer.from_file(str(file))
+    except Exception as err:  # tokenizers raises plain Exception subclasses
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise AlpacaDataError(
+            f"'{file}' is not a readable tokenizer.json ({first}): replace it with the model's "
+            "tokenizer.json (tokenizers format)"
+        ) from err
+    config: dict[str, Any] = {}
+    config_file = file.parent / "tokenizer_config.json"
+    if config_file.is_file():
+        try:
+            loaded = json.loads(config_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise AlpacaDataError(
+                f"'{config_file}' is not valid JSON ({err}): fix it or delete it"
+            ) from err
+        config = loaded if isinstance(loaded, dict) else {}
+    return _wrap(tokenizer, config, bos=bos, eos=eos, pad=pad, path=file, where=f"'{file}'")
+
+
+def _as_tokenizer(tokenizer: Any) -> InstructionTokenizer:
+    return tokenizer if isinstance(tokenizer, InstructionTokenizer) else load_tokenizer(tokenizer)
+
+
+# The word tokenizer: one token per word (with the space before it, SentencePiece style), per
+# run of punctuation and per run of whitespace holding a newline, so decoding is exact.
+_SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
+_SPLIT_PATTERN = r"\s*\n\s*|[^\w\s]+"
+
+
+def _word_pre_tokenizer() -> Any:
+    from tokenizers import Regex
+    from tokenizers import pre_tokenizers as pt
+
+    return pt.Sequence(
+        [
+            pt.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
+            pt.Metaspace(replacement="\u2581", prepend_scheme="never", split=True),
+        ]
+    )
+
+
+def build_word_tokenizer(records: Sequence[AlpacaRecord]) -> Any:
+    """A word-level ``tokenizers.Tokenizer`` covering ``records`` and both prompt templates.
+
+    Pre-tokenization splits at runs of punctuation and at whitespace holding a newline, then at
+    spaces, a word keeping the space before it (``"\u2581word"``, as SentencePiece does), so
+    ``decode(encode(text)) == text`` for any text made of known pieces. Ids: ``<pad>`` 0,
+    ``<s>`` 1, ``</s>`` 2, ``<unk>`` 3, then the pieces by decreasing count (ties by name). The
+    post-processor prepends ``<s>`` (like Llama's), so :func:`load_tokenizer` finds BOS ``<s>``,
+    EOS ``</s>`` and PAD ``<pad>`` with no ``tokenizer_config.json``. Save it with
+    ``tokenizer.save(".../tokenizer.json")``.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+
+    if not records:
+        raise AlpacaDataError("build_word_tokenizer got no records: pass the records to cover")
+    pre = _word_pre_tokenizer()
+    counts: Counter[str] = Counter()
+    texts = [ALPACA_PROMPT.format(instruction="", input=""), ALPACA_PROMPT_NO_INPUT]
+    texts[1] = texts[1].format(instruction="")
+    for r in records:
+        texts += [alpaca_prompt(r), r.output]
+    for text in texts:
+        counts.update(piece for piece, _ in pre.pre_tokenize_str(text))
+    for special in _SPECIAL_TOKENS:
+        counts.pop(special, None)
+    pieces = sorted(counts, key=lambda p: (-counts[p], p))
+    vocab = {t: i for i, t in enumerate((*_SPECIAL_TOKENS, *pieces))}
+
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="never", split=True)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in _SPECIAL_TOKENS])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", vocab["<s>"])]
+    )
+    return tok
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenized training arrays
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TokenizedAlpaca:
+    """Right-padded causal-LM arrays of ``N`` records, ``T = max_length``.
+
+    Row ``i`` holds ``[BOS] prompt response EOS`` then padding. ``labels[i, t]`` is the next
+    token ``input_ids[i, t + 1]`` (``pad_id`` at the last real position and on padding).
+    ``loss_mask[i, t]`` is 1 exactly where ``labels[i, t]`` is a response token or the EOS,
+    i.e. ``t`` in ``[prompt_length[i] - 1, length[i] - 1)``. ``prompt_length`` counts BOS and the
+    (possibly truncated) prompt; ``truncated`` flags rows that lost tokens to ``max_length``.
+    """
+
+    input_ids: np.ndarray  # [N, T] int32
+    attention_mask: np.ndarray  # [N, T] int32
+    labels: np.ndarray  # [N, T] int32
+    loss_mask: np.ndarray  # [N, T] int32
+    prompt_length: np.ndarray  # [N] int32
+    truncated: np.ndarray  # [N] bool
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def take(self, indices: Sequence[int] | np.ndarray) -> TokenizedAlpaca:
+        """The rows at ``indices``, in that order."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        return TokenizedAlpaca(**{f.name: getattr(self, f.name)[idx] for f in _FIELDS})
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The five training arrays by name (``truncated`` left out)."""
+        return {f.name: getattr(self, f.name) for f in _FIELDS if f.name != "truncated"}
+
+
+_FIELDS = dataclasses.fields(TokenizedAlpaca)
+
+
+def _fit(
+    prompt: list[int], response: list[int], space: int, min_response: int
+) -> tuple[list[int], list[int]]:
+    """The truncation rule of :func:`tokenize_alpaca` for one example (``space`` excludes BOS)."""
+    if len(prompt) + len(response) <= space:
+        return prompt, response
+    keep_response = min(len(response), max(min_response, space - len(prompt)))
+    keep_prompt = space - keep_response
+    return prompt[len(prompt) - keep_prompt :], response[:keep_response]
+
+
+def tokenize_alpaca(
+    records: Sequence[AlpacaRecord],
+    tokenizer: Any,
+    max_length: int,
+    *,
+    min_response_tokens: int | None = None,
+) -> TokenizedAlpaca:
+    """Tokenize ``records`` for causal-LM training on the responses (see :class:`TokenizedAlpaca`).
+
+    ``tokenizer``: an :class:`InstructionTokenizer`, or anything :func:`load_tokenizer` takes.
+    The prompt (:func:`alpaca_prompt`) and the output are tokenized separately, then
+    ``[BOS] + prompt + output + [EOS]`` (BOS only if the tokenizer has one).
+
+    Truncation to ``max_length`` tokens, with ``S = max_length - (1 if BOS else 0)``: when
+    prompt + response (output and EOS) exceed ``S``, the response keeps its first
+    ``min(len(response), max(m, S - len(prompt)))`` tokens and the prompt its last
+    ``S - kept response`` tokens, where ``m = min_response_tokens`` (default ``S // 4``). So the
+    prompt is cut from the left first (its template header goes before the instruction), and a
+    long prompt never leaves the response fewer than ``m`` tokens; a response cut at the right
+    loses its EOS. BOS is always kept.
+    """
+    tok = _as_tokenizer(tokenizer)
+    if not records:
+        raise AlpacaDataError("tokenize_alpaca got no records: load or generate some first")
+    n_bos = 0 if tok.bos_id is None else 1
+    space = max_length - n_bos
+    if space < 2:
+        raise AlpacaDataError(
+            f"max_length={max_length} leaves no room for a prompt and a response token: pass "
+            f"max_length >= {n_bos + 2}"
+        )
+    m = max(1, space // 4) if min_response_tokens is None else min_response_tokens
+    if not 1 <= m <= space - 1:
+        raise AlpacaDataError(
+            f"min_response_tokens={min_response_tokens} must be in [1, {space - 1}] for "
+            f"max_length={max_length}: pass a value in that range"
+        )
+    prompts = tok.encode_batch([alpaca_prompt(r) for r in records])
+    outputs = tok.encode_batch([r.output for r in records])
+
+    n = len(records)
+    input_ids = np.full((n, max_length), tok.pad_id, dtype=np.int32)
+    labels = np.full((n, max_length), tok.pad_id, dtype=np.int32)
+    attention_mask = np.zeros((n, max_length), dtype=np.int32)
+    loss_mask = np.zeros((n, max_length), dtype=np.int32)
+    prompt_length = np.zeros(n, dtype=np.int32)
+    truncated = np.zeros(n, dtype=bool)
+    for i, (p, o) in enumerate(zip(prompts, outputs, strict=True)):
+        response = o + [tok.eos_id]
+        p_kept, r_kept = _fit(p, response, space, m)
+        row = ([tok.bos_id] if n_bos else []) + p_kept + r_kept
+        length, start = len(row), n_bos + len(p_kept)
+        input_ids[i, :length] = row
+        attention_mask[i, :length] = 1
+        labels[i, : length - 1] = row[1:]
+        loss_mask[i, start - 1 : length - 1] = 1
+        prompt_length[i] = start
+        truncated[i] = len(p_kept) < len(p) or len(r_kept) < len(response)
+    return TokenizedAlpaca(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        labels=labels,
+        loss_mask=loss_mask,
+        prompt_length=prompt_length,
+        truncated=truncated,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Prompt batches for generation
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PromptBatch:
+    """``B`` left-padded prompts ``[pad.. BOS prompt]``, ``P = max_prompt_length``.
+
+    Generation continues every row at column ``P``. ``positions`` is each token's index among its
+    row's real tokens (0 on padding). ``indices`` are the rows' positions in the records given;
+    a final short batch is filled up with copies of its last prompt, marked ``valid == False``.
+    """
+
+    input_ids: np.ndarray  # [B, P] int32
+    attention_mask: np.ndarray  # [B, P] int32
+    positions: np.ndarray  # [B, P] int32
+    prompt_length: np.ndarray  # [B] int32, real tokens incl. BOS
+    indices: np.ndarray  # [B] int32
+    valid: np.ndarray  # [B] bool
+
+
+def prompt_batches(
+    records: Sequence[AlpacaRecord],
+    tokenizer: Any,
+    *,
+    batch_size: int,
+    max_prompt_length: int,
+) -> Iterator[PromptBatch]:
+    """Yield the prompts of ``records`` in order, ``batch_size`` at a time, left-padded.
+
+    Each row is ``[BOS] + prompt`` (as in :func:`tokenize_alpaca`), the prompt cut from the left
+    to fit ``max_prompt_length``. Every batch has the same shape ``[batch_size,
+    max_prompt_length]``, so a jitted generation step compiles once.
+    """
+    tok = _as_tokenizer(tokenizer)
+    if not records:
+        raise AlpacaDataError("prompt_batches got no records: load or generate some first")
+    n_bos = 0 if tok.bos_id is None else 1
+    if batch_size < 1 or max_prompt_length < n_bos + 1:
+        raise AlpacaDataError(
+            f"prompt_batches needs batch_size >= 1 and max_prompt_length >= {n_bos + 1}, got "
+            f"{batch_size} and {max_prompt_length}: pass larger values"
+        )
+    prompts = tok.encode_batch([alpaca_prompt(r) for r in records])
+    space = max_prompt_length - n_bos
+    for start in range(0, len(records), batch_size):
+        idx = list(range(start, min(start + batch_size, len(records))))
+        valid = np.array([True] * len(idx) + [False] * (batch_size - len(idx)))
+        idx += [idx[-1]] * (batch_size - len(idx))
+        input_ids = np.full((batch_size, max_prompt_length), tok.pad_id, dtype=np.int32)
+        mask = np.zeros((batch_size, max_prompt_length), dtype=np.int32)
+        lengths = np.zeros(batch_size, dtype=np.int32)
+        for b, i in enumerate(idx):
+            prompt = prompts[i]
+            row = ([tok.bos_id] if n_bos else []) + prompt[max(0, len(prompt) - space) :]
+            input_ids[b, max_prompt_length - len(row) :] = row
+            mask[b, max_prompt_length - len(row) :] = 1
+            lengths[b] = len(row)
+        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+        yield PromptBatch(
+            input_ids=input_ids,
+            attention_mask=mask,
+            positions=positions,
+            prompt_length=lengths,
+            indices=np.asarray(idx, dtype=np.int32),
+            valid=valid,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Generated instructions (no download)
+# --------------------------------------------------------------------------------------------------
+
+_WORDS = (
+    "apple", "river", "cloud", "stone", "tiger", "lemon", "chair", "piano", "candle", "garden",
+    "rocket", "pencil", "window", "forest", "button", "rabbit", "orange", "mirror", "castle",
+    "bridge",
+)  # fmt: skip
+_OPPOSITES = (
+    ("hot", "cold"), ("big", "small"), ("fast", "slow"), ("happy", "sad"), ("light", "dark"),
+    ("up", "down"), ("early", "late"), ("open", "closed"), ("full", "empty"), ("hard", "soft"),
+    ("old", "new"), ("strong", "weak"), ("rich", "poor"), ("wet", "dry"), ("loud", "quiet"),
+    ("high", "low"), ("long", "short"), ("clean", "dirty"), ("push", "pull"), ("win", "lose"),
+)  # fmt: skip
+_OPPOSITE = {**dict(_OPPOSITES), **{b: a for a, b in _OPPOSITES}}
+_MAX_NUMBER = 30  # every number in the set is in [0, _MAX_NUMBER]
+
+INSTRUCTION_KINDS: tuple[str, ...] = (
+    "reverse", "sort", "repeat", "uppercase", "add", "opposite", "count", "next",
+)  # fmt: skip
+
+
+def _words(rng: np.random.Generator, low: int, high: int) -> list[str]:
+    k = int(rng.integers(low, high + 1))
+    return [_WORDS[i] for i in rng.choice(len(_WORDS), size=k, replace=False)]
+
+
+def _instruction(rng: np.random.Generator, kind: str) -> tuple[str, str, str, str]:
+    """``(instruction with input, input, instruction without input, output)`` of one task."""
+    if kind == "reverse":
+        words = _words(rng, 3, 5)
+        task, data, out = "Reverse the following words", " ".join(words), " ".join(words[::-1])
+        return task + ".", data, f"{task}: {data}", out
+    if kind == "sort":
+        k = int(rng.integers(3, 6))
+        nums = [int(x) for x in rng.choice(_MAX_NUMBER + 1, size=k, replace=False)]
+        task = "Sort these numbers in ascending order"
+        data = ", ".join(map(str, nums))
+        return task + ".", data, f"{task}: {data}", ", ".join(map(str, sorted(nums)))
+    if kind == "repeat":
+        word, k = _WORDS[int(rng.integers(len(_WORDS)))], int(rng.integers(2, 6))
+        out = " ".join([word] * k)
+        return f"Repeat the word {k} times.", word, f"Repeat the word {word} {k} times.", out
+    if kind == "uppercase":
+        words = _words(rng, 1, 3)
+        data = " ".join(words)
+        return "Convert to uppercase.", data, f"Convert to uppercase: {data}", data.upper()
+    if kind == "add":
+        a, b = (int(x) for x in rng.integers(0, _MAX_NUMBER // 2 + 1, size=2))
+        out = f"{a} plus {b} is {a + b}."
+        return "Add the two numbers.", f"{a} and {b}", f"What is {a} plus {b}?", out
+    if kind == "opposite":
+        word = sorted(_OPPOSITE)[int(rng.integers(len(_OPPOSITE)))]
+        out = f"The opposite of {word} is {_OPPOSITE[word]}."
+        return "Give the opposite of the word.", word, f"Give the opposite of: {word}", out
+    if kind == "count":
+        words = _words(rng, 2, 6)
+        data = " ".join(words)
+        return (
+            "Count the words.",
+            data,
+            f"Count the words: {data}",
+            f"There are {len(words)} words.",
+        )
+    # "next"
+    x = int(rng.integers(0, _MAX_NUMBER))
+    out = f"The number after {x} is {x + 1}."
+    return (
+        "Give the number that comes after this one.",
+        str(x),
+        f"What number comes after {x}?",
+        out,
+    )
+
+
+def generated_instructions(num_records: int, seed: int = 0) -> tuple[AlpacaRecord, ...]:
+    """``num_records`` distinct Alpaca records of eight small tasks with learnable structure.
+
+    Tasks (:data:`INSTRUCTION_KINDS`): reverse 3-5 words, sort 3-5 numbers, repeat a word 2-5
+    times, convert 1-3 words to uppercase, add two numbers in 0-15, give the opposite of one of
+    40 words, count 2-6 words, give the number after one in 0-29. Words come from a list of 20
+    nouns. Each task is drawn uniformly and phrased half the time with an input
+    (``"Reverse the following words."`` + input ``"river tiger lemon"``) and half the time without
+    (``"Reverse the following words: river tiger lemon"``).
+
+    Candidate ``j`` depends only on ``(seed, j)``; repeats are skipped, so the records are the
+    first ``num_records`` distinct candidates and a longer set extends a shorter one.
+    """
+    if num_records < 0 or seed < 0:
+        raise AlpacaDataError(
+            f"generated_instructions needs num_records >= 0 and seed >= 0, got {num_records} "
+            f"and {seed}: pass non-negative values"
+        )
+    records: list[AlpacaRecord] = []
+    seen: set[AlpacaRecord] = set()
+    max_candidates = 20 * num_records + 1000
+    j = 0
+    while len(records) < num_records:
+        if j >= max_candidates:
+            raise AlpacaDataError(
+                f"generated_instructions found only {len(records)} distinct records in {j} "
+                f"draws: ask for fewer than {num_records}"
+            )
+        rng = np.random.default_rng([seed, j])
+        j += 1
+        kind = INSTRUCTION_KINDS[int(rng.integers(len(INSTRUCTION_KINDS)))]
+        with_input, data, without_input, output = _instruction(rng, kind)
+        if rng.random() < 0.5:
+            record = AlpacaRecord(instruction=with_input, input=data, output=output)
+        else:
+            record = AlpacaRecord(instruction=without_input, input="", output=output)
+        if record not in seen:
+            seen.add(record)
+            records.append(record)
+    return tuple(records)
