@@ -332,6 +332,9 @@ def _summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval
         }
         runs.append(record)
         ratios.append(None if diverged else stats.ratios.ravel())
+    extra = task.trained_outputs(cfg, data, model, result.states.params, group.labels)
+    for record, fields in zip(runs, extra, strict=True):
+        record.update(fields)
     return runs, ratios
 
 

@@ -188,6 +188,12 @@ class Task:
         """Writes the task's figures into ``out``; returns their paths."""
         return []
 
+    def trained_outputs(self, cfg, data, model: GroupModel, params, labels) -> list[dict]:
+        """Extra fields of each run's record computed from its trained parameters (e.g.
+        generated text); ``params`` are the group's stacked ``[R, ...]`` parameters, in the
+        order of ``labels``. Called once per group after evaluation."""
+        return [{} for _ in labels]
+
 
 def cut_in_batches(examples: Any, n: int, batch_size: int) -> Iterator[EvalBatch]:
     """Consecutive batches of ``batch_size`` rows; the last one padded with its first row, so

@@ -1,0 +1,528 @@
+"""LLM supervised fine-tuning with layerwise descent constraints (the paper's Section 6), as a task.
+
+A Llama-family decoder (:mod:`cudt.models.decoder`) is trained on instruction data in the
+Alpaca format (:mod:`cudt.data.alpaca`), the loss on the response tokens only. The state of
+layer ``l`` is the residual stream after block ``l`` (``l = 0``: the input embeddings), read
+out with the model's own final norm and LM head; its loss is the mean token cross-entropy of
+that readout over the response (METHOD.md, "Language modelling"), computed in chunks with
+rematerialisation (:func:`cudt.lm_loss.layer_token_losses`), never as ``[L+1, B, T, V]``
+logits. Robustness is the paper's: Gaussian noise ``γ·σ_E·n`` on every input embedding
+(``σ_E``: the std of the input embedding table at the start), evaluated as the mean token
+accuracy of held-out responses vs ``γ``; and greedy completions of held-out prompts by the ERM
+and the constrained model with that noise on every token, generated ones included (a KV-cache
+decoder, :meth:`cudt.models.decoder.Decoder.generate`).
+
+Without ``--checkpoint`` the model is a tiny decoder trained from scratch with a word-level
+tokenizer of the generated instruction set (no download: the default trains on a 2-core CPU in
+minutes). With ``--checkpoint`` a Hugging Face Llama / Mistral / Qwen2 folder is fine-tuned
+whole, with its own ``tokenizer.json``; ``--data`` reads ``alpaca_data.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cudt import plots
+from cudt.data.alpaca import (
+    InstructionTokenizer,
+    TokenizedAlpaca,
+    alpaca_splits,
+    build_word_tokenizer,
+    load_tokenizer,
+    prompt_batches,
+    tokenize_alpaca,
+)
+from cudt.errors import UsageError
+from cudt.experiment import Column
+from cudt.io import _atomic_write
+from cudt.lm_loss import layer_token_losses
+from cudt.metrics import trapezoid_auc
+from cudt.models.decoder import Decoder, DecoderConfig, load_decoder
+from cudt.runner.config import RunConfig, at_least, flag, non_negative, one_of, positive, shared
+from cudt.runner.task import GroupModel, RunBatch, Task, cut_in_batches
+
+__all__ = ["LLMConfig", "LLMData", "LLMTask", "test_gamma_grid"]
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+TEST_GAMMAS = (0.0, 0.5, 1.0, 1.5, 2.0)
+
+
+def test_gamma_grid(gamma_train: float, explicit=None) -> list[float]:
+    """The test γ grid: ``explicit`` or 0, 0.5, 1, 1.5, 2, with γ_train."""
+    base = explicit if explicit else TEST_GAMMAS
+    return sorted({float(g) for g in base} | {float(gamma_train)})
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMConfig(RunConfig):
+    """Flags of ``python -m experiments.llm_sft`` (shared ones: :class:`RunConfig`)."""
+
+    checkpoint: str | None = flag(
+        None,
+        "Hugging Face Llama / Mistral / Qwen2 folder (config.json, *.safetensors, "
+        "tokenizer.json) to fine-tune whole; default: a tiny decoder trained from scratch with "
+        "a word tokenizer of the data",
+    )
+    data: str | None = flag(
+        None,
+        "Alpaca data: a JSON list (alpaca_data.json) or JSON lines of {instruction, input, "
+        "output}; default: generated instructions (no download)",
+    )
+    num_train: int | None = flag(
+        2000, "training records; none: every record not in val or test", check=at_least(1)
+    )
+    num_val: int = flag(200, "validation records (feasibility, best run)", check=at_least(1))
+    num_test: int = flag(200, "test records (accuracy vs gamma)", check=at_least(1))
+    max_length: int = flag(
+        96, "tokens per example (the prompt is cut from the left first)", check=at_least(4)
+    )
+    layers: int = flag(4, "tiny decoder (no --checkpoint): blocks L", check=at_least(1))
+    hidden: int = flag(64, "tiny decoder: hidden size D", check=at_least(2))
+    heads: int = flag(4, "tiny decoder: attention heads", check=at_least(1))
+    kv_heads: int = flag(2, "tiny decoder: key/value heads (grouped-query)", check=at_least(1))
+    intermediate: int = flag(128, "tiny decoder: SwiGLU width", check=at_least(1))
+    compute_dtype: str = flag(
+        "float32",
+        "float32, or bfloat16: mixed precision (bf16 matmuls, float32 master weights, optimizer "
+        "states, norms, softmax and losses)",
+        check=one_of(*DTYPES),
+    )
+    chunk_tokens: int = flag(
+        2048,
+        "per-layer loss: (layer, token) rows of logits held at a time (rematerialised in the "
+        "backward pass)",
+        check=at_least(1),
+    )
+    vocab_chunk: int | None = flag(
+        None, "per-layer loss: also chunk the vocabulary (online log-sum-exp)", check=at_least(1)
+    )
+    train_embeddings: bool = flag(
+        False,
+        "also train the input embedding table (frozen by default, as in the text task: it fixes "
+        "the noise scale; a tied LM head is then frozen too)",
+    )
+    noise_scale: float | None = flag(
+        None,
+        "noise std at gamma = 1 (default: the std of the input embedding table at the start)",
+        check=positive,
+    )
+    completions: int = flag(
+        2,
+        "held-out prompts every run completes greedily, at gamma 0 and perturbed",
+        check=non_negative,
+    )
+    max_new_tokens: int = flag(16, "tokens generated per completion", check=at_least(1))
+    completion_gamma: float | None = flag(
+        None,
+        "noise level of the perturbed completions, on every token (default: the largest test "
+        "gamma)",
+        check=non_negative,
+    )
+    # shared fields with this experiment's defaults
+    seeds: int = shared("seeds", 1)
+    steps: int = shared("steps", 600)
+    batch_size: int = shared("batch_size", 16)
+    gamma_train: float = shared("gamma_train", 0.5)
+    epsilon: float = shared("epsilon", 0.1)
+    # ln V, the paper's C = 12 for Llama 3 (ln 128256 = 11.76): without it descent is met by
+    # making the embeddings' own readout worse
+    reference: str = shared("reference", "chance")
+    dual_optimizer: str = shared("dual_optimizer", "sgd")
+    dual_lr: float = shared("dual_lr", 1.0)
+    chunk_steps: int = shared("chunk_steps", 100)
+    eval_batch_size: int = shared("eval_batch_size", 100)
+    keep_checkpoints: int = shared("keep_checkpoints", 1)
+
+    def validate(self) -> None:
+        need = self.require
+        need(
+            self.checkpoint is not None or self.hidden % self.heads == 0,
+            f"--hidden {self.hidden} is not divisible by --heads {self.heads}: pick sizes that "
+            "divide",
+        )
+        need(
+            self.checkpoint is not None or self.heads % self.kv_heads == 0,
+            f"--heads {self.heads} is not a multiple of --kv-heads {self.kv_heads}: pick a "
+            "divisor of --heads",
+        )
+        need(
+            self.checkpoint is not None or (self.hidden // max(self.heads, 1)) % 2 == 0,
+            f"--hidden / --heads = {self.hidden // max(self.heads, 1)} must be even (rotary "
+            "embeddings): change --hidden or --heads",
+        )
+        need(
+            not self.inject_nan or self.inject_nan[0] == "llm",
+            "--inject-nan model must be llm",
+        )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LLMData:
+    """The decoder, its tokenizer, the tokenized splits and the records behind them."""
+
+    decoder: Decoder
+    tokenizer: InstructionTokenizer
+    records: dict  # train / val / test: tuple[AlpacaRecord, ...]
+    tokens: dict  # train / val / test: TokenizedAlpaca
+    source: str
+    noise_unit: float
+    from_scratch: bool
+
+
+def _tiny_decoder(cfg: LLMConfig, tok: InstructionTokenizer) -> Decoder:
+    config = DecoderConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=cfg.hidden,
+        intermediate_size=cfg.intermediate,
+        num_layers=cfg.layers,
+        num_heads=cfg.heads,
+        num_kv_heads=cfg.kv_heads,
+        max_position_embeddings=max(2048, cfg.max_length + cfg.max_new_tokens),
+        bos_token_id=tok.bos_id,
+        eos_token_id=(tok.eos_id,),
+        pad_token_id=tok.pad_id,
+    )
+    params = config.init_params(jax.random.key(cfg.seed))
+    return Decoder(
+        config=config, params=params, tokenizer=tok.tokenizer, dtype=DTYPES[cfg.compute_dtype]
+    )
+
+
+def _masked_fraction(tokens: TokenizedAlpaca) -> float:
+    return float(np.mean(tokens.truncated))
+
+
+class LLMTask(Task):
+    name = "llm_sft"
+    config_cls = LLMConfig
+    selection = ("val_accuracy", True)
+
+    # -- data ------------------------------------------------------------------------------
+    def load(self, cfg) -> LLMData:
+        if cfg.checkpoint is not None:  # the weights first: a bad folder fails before the data
+            decoder = load_decoder(
+                cfg.checkpoint, dtype=DTYPES[cfg.compute_dtype], param_dtype=jnp.float32
+            )
+        splits = alpaca_splits(
+            cfg.data,
+            num_train=cfg.num_train,
+            num_val=cfg.num_val,
+            num_test=cfg.num_test,
+            seed=cfg.seed,
+        )
+        records = {"train": splits.train, "val": splits.val, "test": splits.test}
+        if cfg.checkpoint is not None:
+            tok = load_tokenizer(cfg.checkpoint)
+            if tok.vocab_size > decoder.config.vocab_size:
+                raise UsageError(
+                    f"{cfg.checkpoint}/tokenizer.json has {tok.vocab_size} tokens but the model "
+                    f"only {decoder.config.vocab_size} embeddings: use the model's own tokenizer"
+                )
+        else:
+            tok = load_tokenizer(build_word_tokenizer(splits.train + splits.val + splits.test))
+            decoder = _tiny_decoder(cfg, tok)
+        tokens = {k: tokenize_alpaca(v, tok, cfg.max_length) for k, v in records.items()}
+        for split, t in tokens.items():
+            if not np.any(t.loss_mask):
+                raise UsageError(
+                    f"the {split} split has no response tokens within --max-length "
+                    f"{cfg.max_length}: pass a larger --max-length"
+                )
+        embed = np.asarray(decoder.params["embed"], np.float64)
+        unit = float(embed.std()) if cfg.noise_scale is None else float(cfg.noise_scale)
+        return LLMData(
+            decoder=decoder,
+            tokenizer=tok,
+            records=records,
+            tokens=tokens,
+            source=splits.source,
+            noise_unit=unit,
+            from_scratch=cfg.checkpoint is None,
+        )
+
+    def describe(self, cfg, data: LLMData) -> list[str]:
+        c = data.decoder.config
+        n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(data.decoder.params))
+        origin = (
+            "from scratch, word tokenizer of the data"
+            if data.from_scratch
+            else f"from {cfg.checkpoint}"
+        )
+        resp = float(data.tokens["train"].loss_mask.sum(1).mean())
+        return [
+            f"data: {data.source}; {cfg.max_length} tokens, {resp:.1f} response tokens per "
+            f"example, {100 * _masked_fraction(data.tokens['train']):.0f}% of train examples "
+            "truncated",
+            f"model: {c.model_type} {origin}: L = {c.num_layers} blocks, D = {c.hidden_size}, "
+            f"{c.num_heads} heads ({c.num_kv_heads} kv), V = {c.vocab_size}, "
+            f"{n_params / 1e6:.2f}M parameters, compute {cfg.compute_dtype}; noise std = gamma x "
+            f"{data.noise_unit:.4g}"
+            + (" (std of the input embeddings)" if cfg.noise_scale is None else ""),
+        ]
+
+    def fingerprint(self, cfg, data: LLMData) -> dict[str, Any]:
+        return {
+            "source": data.source,
+            "checkpoint": cfg.checkpoint,
+            "vocab_size": data.decoder.config.vocab_size,
+            "train_shape": list(data.tokens["train"].input_ids.shape),
+            "noise_unit": data.noise_unit,
+        }
+
+    def config_extras(self, cfg, data: LLMData) -> dict[str, Any]:
+        return {
+            "lr": cfg.lr if cfg.lr is not None else self.default_lr(cfg, "llm"),
+            "noise_unit": data.noise_unit,
+            "data_source": data.source,
+            "decoder": data.decoder.config.to_dict(),
+            "reference_bound": self._chance_bound(cfg, data),
+        }
+
+    @staticmethod
+    def _chance_bound(cfg, data: LLMData) -> float | None:
+        return math.log(data.decoder.config.vocab_size) if cfg.reference == "chance" else None
+
+    def split_examples(self, data: LLMData, split: str, model=None):
+        t = data.tokens[split]
+        return {
+            "input_ids": t.input_ids,
+            "attention_mask": t.attention_mask,
+            "labels": t.labels,
+            "loss_mask": t.loss_mask.astype(np.float32),
+        }
+
+    def split_size(self, data: LLMData, split: str, model=None) -> int:
+        return len(data.tokens[split])
+
+    def eval_batches(self, data: LLMData, split: str, model: GroupModel, batch_size: int):
+        n = self.split_size(data, split)
+        return cut_in_batches(self.split_examples(data, split), n, min(batch_size, n))
+
+    # -- models ----------------------------------------------------------------------------
+    def model_names(self, cfg) -> list[str]:
+        return ["llm"]
+
+    def default_lr(self, cfg, name: str) -> float:
+        """3e-3 for a tiny decoder trained from scratch, 1e-5 to fine-tune a checkpoint."""
+        return 3e-3 if cfg.checkpoint is None else 1e-5
+
+    def warmup_steps(self, cfg, steps_per_epoch: int) -> int:
+        """``--warmup-steps``, else one epoch capped at a quarter of the steps."""
+        if cfg.warmup_steps is not None:
+            return cfg.warmup_steps
+        return min(steps_per_epoch, cfg.steps // 4)
+
+    def resolve_reference(self, value, data: LLMData):
+        if value is not None and str(value).lower() == "chance":
+            return math.log(data.decoder.config.vocab_size)
+        return super().resolve_reference(value, data)
+
+    def build(self, cfg, data: LLMData, name: str, structure) -> GroupModel:
+        dec = data.decoder
+        unit = data.noise_unit
+        dim = dec.config.hidden_size
+        length = cfg.max_length
+        pretrained = None if data.from_scratch else dec.params
+        frozen_table = None if cfg.train_embeddings else dec.params["embed"]
+
+        def whole(params, frozen):  # the decoder's params, the frozen table put back
+            return params if frozen_table is None else {**params, "embed": frozen}
+
+        def per_sample(params, ex, noise):
+            states = dec.apply(params, ex["input_ids"], ex["attention_mask"], embed_noise=noise)
+            return layer_token_losses(
+                states,
+                lambda x: dec.final_norm(params, x),
+                dec.head_matrix(params),
+                ex["labels"],
+                ex["loss_mask"],
+                chunk_tokens=cfg.chunk_tokens,
+                vocab_chunk=cfg.vocab_chunk,
+            )  # ce, acc: [B, L+1]
+
+        def on_tokens(noise, ex):  # padding gets no noise (it is masked out anyway)
+            return (noise * ex["attention_mask"][..., None]).astype(dec.dtype)
+
+        def layer_losses(params, batch: RunBatch, key):
+            ex = batch.examples
+            noise = jax.random.normal(key, (*ex["input_ids"].shape, dim)) * (batch.gamma * unit)
+            return per_sample(whole(params, batch.frozen), ex, on_tokens(noise, ex))[0]
+
+        def eval_outputs(params, frozen, ex, index, gamma, key):
+            def example_noise(i):  # the noise of example i depends on (key, i) only
+                return jax.random.normal(jax.random.fold_in(key, i), (length, dim))
+
+            noise = jax.vmap(example_noise)(index) * (gamma * unit)
+            ce, acc = per_sample(whole(params, frozen), ex, on_tokens(noise, ex))
+            return {"losses": ce, "correct": acc}
+
+        def init(key):
+            if pretrained is not None:  # every run starts from the checkpoint
+                params = jax.tree.map(jnp.array, pretrained)
+            else:
+                params = dec.config.init_params(key)
+            if frozen_table is not None:
+                params = {k: v for k, v in params.items() if k != "embed"}
+            return params
+
+        return GroupModel(
+            name="llm",
+            num_layers=dec.num_layers,
+            init=init,
+            layer_losses=layer_losses,
+            eval_outputs=eval_outputs,
+            frozen=frozen_table,
+            record={"blocks": dec.num_layers},
+        )
+
+    def trained_outputs(self, cfg, data: LLMData, model, params, labels) -> list[dict]:
+        k = min(cfg.completions, len(data.records["test"]))
+        if k == 0:
+            return [{} for _ in labels]
+        dec, tok = data.decoder, data.tokenizer
+        records = data.records["test"][:k]
+        batch = next(prompt_batches(records, tok, batch_size=k, max_prompt_length=cfg.max_length))
+        gammas = [0.0, self._completion_gamma(cfg)]
+        key = jax.random.key(cfg.seed + 7)  # the same noise for every run
+        out = []
+        for r in range(len(labels)):
+            run_params = jax.tree.map(lambda x, r=r: x[r], params)
+            if model.frozen is not None:
+                run_params = {**run_params, "embed": model.frozen}
+            texts = []
+            for g in gammas:
+                ids = dec.generate(
+                    run_params,
+                    batch.input_ids,
+                    batch.attention_mask,
+                    cfg.max_new_tokens,
+                    noise_std=g * data.noise_unit,
+                    key=key,
+                    eos_id=tok.eos_id,
+                    pad_id=tok.pad_id,
+                )
+                for i, row in enumerate(np.asarray(ids)):
+                    texts.append(
+                        {
+                            "prompt_index": i,
+                            "instruction": records[i].instruction,
+                            "input": records[i].input,
+                            "reference": records[i].output,
+                            "gamma": g,
+                            "completion": _until_eos(tok, row).strip(),
+                        }
+                    )
+            out.append({"completions": texts})
+        return out
+
+    def _completion_gamma(self, cfg) -> float:
+        if cfg.completion_gamma is not None:
+            return float(cfg.completion_gamma)
+        return max(test_gamma_grid(cfg.gamma_train, cfg.test_gammas))
+
+    # -- evaluation and reports --------------------------------------------------------------
+    def test_gamma_grid(self, cfg, gamma_train: float) -> list[float]:
+        return test_gamma_grid(gamma_train, cfg.test_gammas)
+
+    def run_metrics(self, cfg, test, val, gammas, gamma_train):
+        accuracy = [float(c[:, -1].mean()) for c in test["correct"]]
+        return {
+            "accuracy": accuracy,
+            "auc": trapezoid_auc(gammas, accuracy),
+            "layer_accuracy": [c.mean(0).tolist() for c in test["correct"]],
+            "val_accuracy": float(val["correct"][:, -1].mean()),
+        }
+
+    def metric_columns(self):
+        def at_train(r):
+            return r["accuracy"][r["test_gamma"].index(r["gamma_train"])]
+
+        return [
+            Column("acc@γtr", 8, lambda r: f"{at_train(r):.3f}"),
+            Column("acc@γmax", 8, lambda r: f"{r['accuracy'][-1]:.3f}"),
+            Column("AUC", 6, lambda r: f"{r['auc']:.3f}"),
+        ]
+
+    def after_columns(self):
+        return [Column("ℓ↓ all l", 8, lambda r: "yes" if r["loss_decreases"] else "no")]
+
+    def table_footer(self, runs) -> str:
+        lines = ["mean test token accuracy per gamma (final layer):"]
+        for r in runs:
+            acc = " ".join(
+                f"{g:g}:{a:.3f}" for g, a in zip(r["test_gamma"], r["accuracy"], strict=True)
+            )
+            lines.append(f"{r['label']}: {acc}")
+        lines.append("mean test cross-entropy per state at gamma_train:")
+        for r in runs:
+            losses = r["layer_loss"][r["test_gamma"].index(r["gamma_train"])]
+            lines.append(f"{r['label']}: " + " ".join(f"{v:.3f}" for v in losses))
+        return "\n".join(lines + _completion_lines(runs, first_only=True))
+
+    def figures(self, runs, ratios, out: Path, gammas, cfg):
+        paths = [out / "layer_loss.png", out / "accuracy_vs_gamma.png", out / "ratio_hist.png"]
+        plots.plot_layer_losses(
+            runs,
+            paths[0],
+            title=f"mean test token cross-entropy per state at γ_train = {cfg.gamma_train}",
+        )
+        plots.plot_metric_vs_gamma(
+            runs,
+            paths[1],
+            key="accuracy",
+            ylabel="mean test token accuracy",
+            gamma_train=cfg.gamma_train,
+            title="token accuracy vs embedding perturbation (γ > γ_train: OOD)",
+        )
+        by_kind: dict[tuple[str, bool], list] = {}
+        for run, r in zip(runs, ratios, strict=True):
+            if r is not None:
+                by_kind.setdefault((f"llm-{run['layers']}", run["constrained"]), []).append(r)
+        plots.plot_ratio_histograms(
+            {k: np.concatenate(v) for k, v in by_kind.items()},
+            paths[2],
+            title=f"per-sample ratios ℓ_l / ℓ_(l-1) on the test set at γ_train = {cfg.gamma_train}",
+        )
+        if any(r.get("completions") for r in runs):
+            text = "\n".join(
+                ["# Greedy completions of held-out prompts", ""] + _completion_lines(runs)
+            )
+            data = (text + "\n").encode()
+            _atomic_write(out / "completions.md", lambda f: f.write(data))
+            paths.append(out / "completions.md")
+        return paths
+
+
+def _until_eos(tok: InstructionTokenizer, row: np.ndarray) -> str:
+    ids = [int(i) for i in row]
+    if tok.eos_id in ids:
+        ids = ids[: ids.index(tok.eos_id)]
+    return tok.decode(ids)
+
+
+def _completion_lines(runs: list[dict], first_only: bool = False) -> list[str]:
+    """Side-by-side completions (ERM, constrained) of each prompt at each noise level."""
+    runs = [r for r in runs if r.get("completions")]
+    if not runs:
+        return []
+    lines = []
+    first = runs[0]["completions"]
+    prompts = sorted({c["prompt_index"] for c in first})
+    for i in prompts[:1] if first_only else prompts:
+        c0 = next(c for c in first if c["prompt_index"] == i)
+        ask = c0["instruction"] + (f" | input: {c0['input']}" if c0["input"] else "")
+        lines += ["", f"prompt {i}: {ask}", f"  reference: {c0['reference']}"]
+        for gamma in sorted({c["gamma"] for c in first}):
+            for r in runs:
+                c = next(
+                    c for c in r["completions"] if c["prompt_index"] == i and c["gamma"] == gamma
+                )
+                lines.append(f"  γ={gamma:g} {r['label']}: {c['completion']}")
+    return lines

@@ -1,0 +1,184 @@
+"""``python -m experiments.llm_sft``: the LLM task through the shared runner, on tiny decoders.
+
+Real code paths: generated Alpaca-format records and their word tokenizer saved and read back
+as ``tokenizer.json``, the Llama-architecture decoder, the chunked per-layer token loss, the
+KV-cache generation, orbax checkpoints, results.json and PNGs. A Hugging Face folder written by
+:func:`cudt.models.decoder.write_decoder_folder` stands in for a pretrained checkpoint (its
+parity with transformers is tested in ``tests/test_decoder.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from cudt.data.alpaca import build_word_tokenizer, generated_instructions, write_alpaca
+from cudt.models.decoder import DecoderConfig, write_decoder_folder
+from experiments import llm_sft
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "--num-train", "48", "--num-val", "8", "--num-test", "8", "--max-length", "64",
+    "--layers", "2", "--hidden", "16", "--heads", "2", "--kv-heads", "1",
+    "--intermediate", "32", "--steps", "8", "--chunk-steps", "4", "--batch-size", "8",
+    "--completions", "1", "--max-new-tokens", "4", "--eval-batch-size", "8",
+    "--test-gammas", "0,2", "--chunk-tokens", "100",
+]  # fmt: skip
+
+
+def run(argv, out: Path) -> dict:
+    assert llm_sft.main([*argv, "--out", str(out)]) == 0
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("llm") / "run"
+    return out, run(TINY, out)
+
+
+def test_every_run_has_per_layer_losses_accuracy_and_completions(tiny_run):
+    out, results = tiny_run
+    runs = results["runs"]
+    assert [r["constrained"] for r in runs] == [False, True]
+    for r in runs:
+        assert r["layers"] == 2 and len(r["multipliers"]) == 3
+        assert np.asarray(r["layer_loss"]).shape == (3, 3)  # [G, L+1]
+        assert np.all(np.isfinite(r["layer_loss"]))
+        assert all(0 <= a <= 1 for a in r["accuracy"]) and r["test_gamma"] == [0.0, 0.5, 2.0]
+        # greedy completions of one held-out prompt, clean and at the largest test gamma
+        assert [c["gamma"] for c in r["completions"]] == [0.0, 2.0]
+        assert all(isinstance(c["completion"], str) for c in r["completions"])
+    erm, con = runs
+    assert max(erm["max_multipliers"]) == 0 and max(con["max_multipliers"]) > 0
+    # the reference constraint is on: C = ln V of the word tokenizer
+    assert results["config"]["reference_bound"] == pytest.approx(
+        np.log(results["config"]["decoder"]["vocab_size"])
+    )
+    for name in ("layer_loss.png", "accuracy_vs_gamma.png", "ratio_hist.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (out / "completions.md").read_text()
+    assert "ERM" in text and "constrained" in text and "γ=2" in text
+
+
+def test_training_lowers_the_response_loss(tiny_run):
+    _, results = tiny_run
+    for r in results["runs"]:
+        objective = r["train_objective"]
+        assert objective[-1] < objective[0]
+
+
+def test_a_finished_run_is_refused_and_kept(tiny_run, capsys):
+    out, _ = tiny_run
+    before = (out / "results.json").read_bytes()
+    assert llm_sft.main([*TINY, "--out", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert (out / "results.json").read_bytes() == before
+
+
+@pytest.fixture(scope="module")
+def checkpoint_folder(tmp_path_factory):
+    """A Hugging Face Llama folder (config.json, model.safetensors, tokenizer.json)."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    records = generated_instructions(80, seed=0)
+    tokenizer = build_word_tokenizer(records)
+    config = DecoderConfig(
+        vocab_size=tokenizer.get_vocab_size() + 3,  # a model may have more rows than tokens
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        tie_word_embeddings=True,
+    )
+    write_decoder_folder(folder, config, config.init_params(jax.random.key(3)), tokenizer)
+    data = write_alpaca(records, folder / "alpaca_data.json")
+    return folder, data
+
+
+def test_fine_tunes_a_hugging_face_folder_on_an_alpaca_file(checkpoint_folder, tmp_path):
+    folder, data = checkpoint_folder
+    argv = [
+        "--checkpoint", str(folder), "--data", str(data), "--num-train", "48", "--num-val",
+        "8", "--num-test", "8", "--max-length", "64", "--steps", "6", "--chunk-steps", "3",
+        "--batch-size", "8", "--completions", "1", "--max-new-tokens", "3", "--lr", "3e-3",
+        "--train-embeddings", "--test-gammas", "0,1",
+    ]  # fmt: skip
+    results = run(argv, tmp_path / "ft")
+    saved = json.loads((folder / "config.json").read_text())
+    assert results["config"]["decoder"]["vocab_size"] == saved["vocab_size"]
+    assert results["config"]["decoder"]["tie_word_embeddings"] is True
+    assert "alpaca_data.json" in results["config"]["data_source"]
+    for r in results["runs"]:
+        assert r["train_objective"][-1] < r["train_objective"][0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--checkpoint", "/nonexistent/llama"], "does not exist"),
+        (["--data", "/nonexistent/alpaca_data.json"], "alpaca_data.json"),
+        (["--hidden", "10", "--heads", "4"], "--hidden 10 is not divisible"),
+        (["--heads", "4", "--kv-heads", "3"], "--kv-heads"),
+        (["--compute-dtype", "float16"], "--compute-dtype"),
+        (["--max-length", "3"], "--max-length"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(argv, words, tmp_path, capsys):
+    out = tmp_path / "out"
+    try:  # flag errors exit from the parser, data and model errors return 2
+        code = llm_sft.main([*TINY, *argv, "--out", str(out)])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and words in err, err
+    assert not (out / "results.json").exists()
+    assert not (out / "checkpoints").exists()
+
+
+def test_bf16_compute_trains_close_to_float32(tiny_run, tmp_path):
+    _, f32 = tiny_run
+    bf16 = run([*TINY, "--compute-dtype", "bfloat16", "--completions", "0"], tmp_path / "bf16")
+    for a, b in zip(f32["runs"], bf16["runs"], strict=True):
+        assert np.all(np.isfinite(b["layer_loss"]))
+        # bf16 matmuls, float32 master weights: the same training to about 2 digits
+        np.testing.assert_allclose(b["train_objective"], a["train_objective"], rtol=0.05)
+
+
+FSDP = textwrap.dedent(
+    """
+    import json, sys
+    import jax
+    from experiments import llm_sft
+    assert jax.device_count() == 4, jax.devices()
+    argv = {argv!r}
+    llm_sft.main([*argv, "--devices", "1", "--out", {out!r} + "/one"])
+    llm_sft.main([*argv, "--fsdp", "--out", {out!r} + "/fsdp"])
+    """
+)
+
+
+def test_fsdp_on_four_devices_gives_the_one_device_results(tmp_path):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env["JAX_PLATFORMS"] = "cpu"
+    argv = [*TINY, "--completions", "0", "--hidden", "32", "--intermediate", "64"]
+    code = FSDP.format(argv=argv, out=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = json.loads((tmp_path / "one" / "results.json").read_text())
+    fsdp = json.loads((tmp_path / "fsdp" / "results.json").read_text())
+    assert one["devices"] == 1 and fsdp["devices"] == 4
+    for a, b in zip(one["runs"], fsdp["runs"], strict=True):
+        np.testing.assert_allclose(a["train_objective"], b["train_objective"], rtol=1e-4)
+        np.testing.assert_allclose(a["layer_loss"], b["layer_loss"], rtol=1e-4)
+        np.testing.assert_allclose(a["multipliers"], b["multipliers"], rtol=1e-4, atol=1e-5)
