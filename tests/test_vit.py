@@ -492,3 +492,24 @@ def test_vit_model_needs_its_checkpoint(capsys) -> None:
         video_denoise.main(["--models", "vit"])
     assert e.value.code == 2
     assert "--models vit needs --vit-checkpoint FOLDER" in capsys.readouterr().err
+
+
+def test_written_folder_loads_in_transformers_strictly_and_matches(tmp_path: pathlib.Path) -> None:
+    """write_vit_folder (the tiny Table 3's stand-in ViT) is a real HF folder: transformers
+    loads every tensor it expects from it (nothing missing, nothing unused) and computes the
+    states load_vit computes."""
+    from cudt.models.vit import write_vit_folder
+
+    write_vit_folder(tmp_path, image_size=16, patch_size=4, hidden_size=16, num_layers=2, seed=3)
+    base, info = transformers.ViTModel.from_pretrained(
+        tmp_path, add_pooling_layer=False, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    base.eval()
+    vit = load_vit(tmp_path)
+    x = pixels((2, 3, 16, 16))
+    with torch.no_grad():
+        ref = base(pixel_values=torch.from_numpy(x), output_hidden_states=True).hidden_states
+    ours = np.asarray(vit(x))
+    assert np.abs(ours - np.stack([h.numpy() for h in ref])).max() < TOL
+    assert vit.preprocessor.size == (16, 16)

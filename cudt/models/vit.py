@@ -628,3 +628,84 @@ def load_vit(path: str | pathlib.Path, dtype: Any = jnp.float32) -> ViT:
     weights = _Weights(tensors, _find_prefix(tensors), source)
     params = jax.tree.map(lambda a: jnp.asarray(a, dtype=dtype), _convert(weights, config))
     return ViT(config=config, params=params, preprocessor=preprocessor, dtype=dtype, path=folder)
+
+
+def write_vit_folder(
+    folder: str | pathlib.Path,
+    *,
+    image_size: int = 32,
+    patch_size: int = 8,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    intermediate_size: int = 64,
+    num_channels: int = 3,
+    seed: int = 0,
+    std: float = 0.02,
+) -> pathlib.Path:
+    """Write a random-weight ViT in the Hugging Face layout (``config.json``,
+    ``model.safetensors`` with ``ViTModel``'s tensor names, ``preprocessor_config.json``), as
+    transformers' ``save_pretrained`` does (initialised the way transformers does: matrices
+    ~ N(0, std), biases 0, LayerNorm weights 1), with no torch. It stands in for a pretrained
+    ViT where none can be downloaded (the tiny Table 3 job) and reads back with
+    :func:`load_vit`. Returns the folder."""
+    import safetensors.numpy
+
+    folder = pathlib.Path(folder).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    d, f = hidden_size, intermediate_size
+    n = (image_size // patch_size) ** 2
+
+    def normal(*shape):
+        return (std * rng.standard_normal(shape)).astype(np.float32)
+
+    tensors = {
+        "embeddings.cls_token": normal(1, 1, d),
+        "embeddings.position_embeddings": normal(1, n + 1, d),
+        _PATCH_KEY: normal(d, num_channels, patch_size, patch_size),
+        "embeddings.patch_embeddings.projection.bias": np.zeros(d, np.float32),
+        "layernorm.weight": np.ones(d, np.float32),
+        "layernorm.bias": np.zeros(d, np.float32),
+    }
+    shapes = {"query": (d, d), "key": (d, d), "value": (d, d), "attn_out": (d, d)}
+    shapes |= {"mlp_in": (f, d), "mlp_out": (d, f)}
+    for i in range(num_layers):
+        p = f"encoder.layer.{i}."
+        for name in ("layernorm_before", "layernorm_after"):
+            tensors[p + _LEGACY_BLOCK[name] + ".weight"] = np.ones(d, np.float32)
+            tensors[p + _LEGACY_BLOCK[name] + ".bias"] = np.zeros(d, np.float32)
+        for name, (n_out, n_in) in shapes.items():
+            tensors[p + _LEGACY_BLOCK[name] + ".weight"] = normal(n_out, n_in)
+            tensors[p + _LEGACY_BLOCK[name] + ".bias"] = np.zeros(n_out, np.float32)
+    safetensors.numpy.save_file(tensors, str(folder / _SAFETENSORS_FILE), metadata={"format": "pt"})
+    config = {
+        "model_type": "vit",
+        "architectures": ["ViTModel"],
+        "hidden_size": d,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "intermediate_size": f,
+        "hidden_act": "gelu",
+        "layer_norm_eps": 1e-12,
+        "image_size": image_size,
+        "patch_size": patch_size,
+        "num_channels": num_channels,
+        "qkv_bias": True,
+        "initializer_range": std,
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    processor = {
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5] * num_channels,
+        "image_std": [0.5] * num_channels,
+        "rescale_factor": 1 / 255,
+        "size": {"height": image_size, "width": image_size},
+        "image_processor_type": "ViTImageProcessor",
+    }
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps(processor, indent=2) + "\n", encoding="utf-8"
+    )
+    return folder
