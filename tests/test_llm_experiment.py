@@ -53,7 +53,7 @@ def test_every_run_has_per_layer_losses_accuracy_and_completions(tiny_run):
         assert r["layers"] == 2 and len(r["multipliers"]) == 3
         assert np.asarray(r["layer_loss"]).shape == (3, 3)  # [G, L+1]
         assert np.all(np.isfinite(r["layer_loss"]))
-        assert all(0 <= a <= 1 for a in r["accuracy"]) and r["test_gamma"] == [0.0, 0.5, 2.0]
+        assert all(0 <= a <= 1 for a in r["accuracy"]) and r["test_gamma"] == [0.0, 1.0, 2.0]
         # greedy completions of one held-out prompt, clean and at the largest test gamma
         assert [c["gamma"] for c in r["completions"]] == [0.0, 2.0]
         assert all(isinstance(c["completion"], str) for c in r["completions"])
