@@ -18,9 +18,7 @@ every γ_train), ``fig2_rmse_vs_gamma.png``, ``fig3_depth.png``, ``fig7_layer_lo
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 import math
 import shutil
@@ -31,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from cudt import grid
 from cudt.data import layouts
 from cudt.errors import DataError, UsageError
-from cudt.experiment import CHECKPOINTS, CONFIG_FILE
-from cudt.io import _atomic_write, fresh_run_dir, savefig_atomic, to_jsonable
+from cudt.grid import SubRun, check_subrun, fmt, grid_axes, save_figure, write_text
+from cudt.io import fresh_run_dir
 from cudt.runner.config import SWEEPABLE, flag
 from cudt.tasks.video import CONTROL, MODELS, VideoConfig, VideoTask, test_gamma_grid
 
@@ -60,7 +59,7 @@ WRITERS = {
     "shanghaitech": layouts.write_shanghaitech,
 }
 GAMMA_TRAINS = (0.0, 0.09, 0.11, 0.13, 0.15)
-KIND = {False: "ERM", True: "constrained"}
+KIND = grid.KIND
 HPARAMS = tuple(n for n in SWEEPABLE if n != "gamma_train")
 
 # Settings per scale (flags override steps, seeds, batch size, test γ).
@@ -146,14 +145,6 @@ PAPER_TABLE3 = _paper_table()
 # --------------------------------------------------------------------------------------------------
 
 
-def _finite(values) -> bool:
-    return all(isinstance(v, int) or math.isfinite(v) for v in values)
-
-
-def _unique(values) -> tuple:
-    return tuple(dict.fromkeys(values))
-
-
 @dataclasses.dataclass(frozen=True)
 class Table3Config:
     """Flags of ``python -m experiments.video_table``."""
@@ -229,45 +220,7 @@ class Table3Config:
             all(n >= 1 for n in self.layers),
             f"--layers must all be >= 1, got {','.join(map(str, self.layers))}",
         )
-        gammas = self.gamma_trains
-        need(
-            _finite(gammas) and all(g >= 0 for g in gammas),
-            "--gamma-trains must all be finite numbers >= 0, got "
-            + ",".join(f"{g:g}" for g in gammas),
-        )
-        need(
-            math.isfinite(self.headline_gamma) and self.headline_gamma >= 0,
-            f"--headline-gamma must be a finite number >= 0, got {self.headline_gamma:g}",
-        )
-        need(
-            self.headline_gamma in gammas,
-            f"--headline-gamma {self.headline_gamma:g} is not among --gamma-trains "
-            f"({','.join(f'{g:g}' for g in gammas)}): pass one of them",
-        )
-        if self.test_gammas is not None:
-            need(
-                _finite(self.test_gammas) and all(g >= 0 for g in self.test_gammas),
-                "--test-gammas must all be finite numbers >= 0, got "
-                + ",".join(f"{g:g}" for g in self.test_gammas),
-            )
-        if self.tolerance is not None:
-            need(
-                math.isfinite(self.tolerance) and self.tolerance >= 0,
-                f"--tolerance must be a finite number >= 0, got {self.tolerance:g}",
-            )
-        for name in ("seeds", "steps", "batch_size", "max_videos", "devices"):
-            value = getattr(self, name)
-            need(
-                value is None or value >= 1,
-                f"--{name.replace('_', '-')} must be >= 1, got {value}",
-            )
-        for item in self.sweep:
-            name = item.partition("=")[0].strip().replace("-", "_")
-            need(
-                name != "gamma_train",
-                "--sweep gamma_train: the training levels are --gamma-trains (every sub-run "
-                "sweeps them): pass --gamma-trains " + item.partition("=")[2],
-            )
+        grid.check_grid_flags(self, need, ("seeds", "steps", "batch_size", "max_videos", "devices"))
         need(
             self.scale == "paper" or self.data_root is None,
             "--data-root is read by --scale paper only (--scale tiny writes its own data under "
@@ -275,29 +228,12 @@ class Table3Config:
         )
         # Unique values, in the order given (a repeated value would be a second sub-run).
         for name in ("datasets", "models", "layers", "gamma_trains"):
-            object.__setattr__(self, name, _unique(getattr(self, name)))
+            object.__setattr__(self, name, grid.unique(getattr(self, name)))
 
 
 # --------------------------------------------------------------------------------------------------
 # Plan: one sub-run per (dataset, L)
 # --------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class SubRun:
-    dataset: str
-    layers: int
-    cfg: VideoConfig
-    out: Path
-    finished: bool = False
-
-    @property
-    def name(self) -> str:
-        return f"{self.dataset}-L{self.layers}"
-
-
-def _fmt(values) -> str:
-    return ",".join(f"{v:g}" for v in values)
 
 
 def data_dirs(opts: Table3Config, out: Path) -> dict[str, Path]:
@@ -365,7 +301,7 @@ def plan(opts: Table3Config, out: Path) -> list[SubRun]:
                 data_dir=str(dirs[dataset]),
                 layers=layers,
                 models=tuple(opts.models),
-                sweep=(f"gamma_train={_fmt(opts.gamma_trains)}", *opts.sweep),
+                sweep=(f"gamma_train={fmt(opts.gamma_trains)}", *opts.sweep),
                 gamma_train=opts.headline_gamma,  # the sub-run's own plots mark this γ
                 test_gammas=tuple(test_gammas),
                 seeds=opts.seeds or scale["seeds"],
@@ -383,56 +319,8 @@ def plan(opts: Table3Config, out: Path) -> list[SubRun]:
                 cfg = VideoConfig(**kw)
             except ValueError as e:
                 raise UsageError(str(e)) from None
-            subs.append(SubRun(dataset, layers, cfg, sub_out))
+            subs.append(SubRun(f"{dataset}-L{layers}", (dataset, layers), cfg, sub_out))
     return subs
-
-
-def _differences(saved: dict, cfg: VideoConfig) -> list[str]:
-    want = to_jsonable(cfg.fingerprint())
-    return [
-        f"{k}: {saved.get(k)!r} there, {v!r} now"
-        for k, v in want.items()
-        if saved.get(k) != v  # a field missing there reads None, as the runner's resume rule
-    ]
-
-
-def _refuse(sub: SubRun, what: str, diff: list[str]) -> UsageError:
-    shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
-    return UsageError(
-        f"{sub.out} holds {what} of another config ({shown}): rerun with the flags that made "
-        "it, pass another --out, or --overwrite to retrain"
-    )
-
-
-def check_subrun(sub: SubRun, overwrite: bool) -> None:
-    """Sets ``sub.finished`` (results.json of the same config: reused); refuses a folder holding
-    results or checkpoints of another config unless ``overwrite``."""
-    if overwrite:
-        return
-    results = sub.out / "results.json"
-    if results.exists():
-        try:
-            saved = json.loads(results.read_text())["config"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise UsageError(
-                f"{results} is unreadable ({e}): delete {sub.out}, or pass --overwrite"
-            ) from e
-        diff = _differences(saved, sub.cfg)
-        if diff:
-            raise _refuse(sub, "results", diff)
-        sub.finished = True
-        return
-    saved_config = sub.out / CHECKPOINTS / CONFIG_FILE
-    if saved_config.exists():  # the runner resumes these; a foreign one is refused up front
-        try:
-            saved = json.loads(saved_config.read_text())
-        except (OSError, ValueError) as e:
-            raise UsageError(
-                f"{saved_config} is unreadable ({e}): delete {sub.out}, or pass --overwrite"
-            ) from e
-        diff = _differences(saved, sub.cfg)
-        if diff:
-            raise _refuse(sub, "checkpoints", diff)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -479,15 +367,6 @@ def build_tiny_datasets(root: Path, datasets, *, overwrite: bool = False) -> dic
 # --------------------------------------------------------------------------------------------------
 
 
-def _num(value) -> float:
-    return math.nan if value is None else float(value)
-
-
-def _peak(values) -> float:
-    vals = [math.inf if v is None else float(v) for v in values]
-    return max(vals) if vals else 0.0
-
-
 def best_rows(results: dict[tuple[str, int], dict]) -> list[dict]:
     """One row per (dataset, model, L, kind, γ_train): its best run (the runner's ``best`` mark)
     or, where no run is eligible, its status (``diverged``: every run diverged; ``infeasible``)."""
@@ -497,40 +376,24 @@ def best_rows(results: dict[tuple[str, int], dict]) -> list[dict]:
         for r in res["runs"]:
             settings[(r["model"], r["constrained"], float(r["gamma_train"]))].append(r)
         for (model, constrained, gamma), runs in settings.items():
-            best = [r for r in runs if r.get("best")]
-            shown = best
-            if not best and constrained:  # infeasible: still show its best number, flagged
-                alive = [
-                    r
-                    for r in runs
-                    if not r.get("diverged") and math.isfinite(_num(r.get("val_objective")))
-                ]
-                shown = sorted(alive, key=lambda r: r["val_objective"])[:1]
-            diverged = sum(bool(r.get("diverged")) for r in runs)
-            infeasible = sum(
-                (not r.get("diverged")) and constrained and not r.get("feasible") for r in runs
-            )
+            b, status = grid.best_of_setting(runs, constrained, score="val_objective", higher=False)
             row = {
                 "dataset": dataset,
                 "model": model,
                 "layers": layers,
                 "kind": KIND[constrained],
                 "gamma_train": gamma,
-                "status": "ok" if best else ("infeasible" if infeasible else "diverged"),
-                "runs": len(runs),
-                "diverged_runs": diverged,
-                "infeasible_runs": infeasible,
+                **status,
                 "sub_run": f"{dataset}-L{layers}",
             }
-            if shown:
-                b = shown[0]
+            if b is not None:
                 test_gamma = [float(g) for g in b["test_gamma"]]
                 rmse = [math.nan if v is None else float(v) for v in b["rmse"]]
                 row |= {
                     "mean_rmse": float(b["mean_rmse"]),
                     "rmse_at_gamma_train": rmse[test_gamma.index(gamma)],
                     "feasible": bool(b["feasible"]),
-                    "peak_lambda": _peak(b["max_multipliers"]),
+                    "peak_lambda": grid.peak(b["max_multipliers"]),
                     "val_objective": float(b["val_objective"]),
                     "seed": int(b["seed"]),
                     "label": b["label"],
@@ -577,21 +440,7 @@ CSV_COLUMNS = (
 
 
 def csv_text(rows: list[dict]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        cells = {}
-        for k in CSV_COLUMNS:
-            v = row.get(k)
-            if v is None:
-                cells[k] = ""
-            elif isinstance(v, float):
-                cells[k] = "inf" if math.isinf(v) else f"{v:.6g}"
-            else:
-                cells[k] = v
-        writer.writerow(cells)
-    return buf.getvalue()
+    return grid.csv_text(rows, CSV_COLUMNS)
 
 
 def _index(rows):
@@ -667,7 +516,7 @@ def _wins(rows, datasets, models, layers, gamma):
 def headline_markdown(rows, datasets, models, layers, gamma, test_gammas) -> str:
     """The headline table at γ_train = ``gamma`` (Markdown), with its legend and counts."""
     lines = [
-        f"### Table 3: mean test RMSE (0-255) over test γ ∈ {{{_fmt(test_gammas)}}}, "
+        f"### Table 3: mean test RMSE (0-255) over test γ ∈ {{{fmt(test_gammas)}}}, "
         f"γ_train = {gamma:g}",
         "",
         *_table_lines(rows, datasets, models, layers, [gamma], label_gamma=False),
@@ -791,53 +640,15 @@ def _series(idx, d, m, L, g):
 
 
 def _draw(ax, key, row, x, y, ms=4) -> None:
-    """One line in the project's convention (:mod:`cudt.plots`): an infeasible run dashed and
-    named so, a diverged one only named in the legend."""
-    s = STYLE[key]
-    if row["status"] == "diverged" or "mean_rmse" not in row:
-        ax.plot([], [], color="0.5", ls=":", label=f"{s['label']}: {row['status']}")
-        return
-    ok = row["status"] == "ok"
-    ax.plot(
-        x,
-        y,
-        color=s["color"],
-        ls="-" if ok else "--",
-        marker=s["marker"],
-        ms=ms,
-        alpha=1.0 if ok else 0.8,
-        label=s["label"] + ("" if ok else f" ({row['status']})"),
-    )
-
-
-def _grid(nrows, ncols, w, h, min_width=7.5):
-    import matplotlib.pyplot as plt
-
-    width = max(w * ncols, min_width)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width, h * nrows + 0.6), squeeze=False)
-    return fig, axes
-
-
-def _save(fig, path):
-    import matplotlib.pyplot as plt
-
-    # room for the title above the panels and the note under them
-    h = fig.get_figheight()
-    fig.tight_layout(rect=(0, 0.3 / h, 1, 1 - 0.3 / h))
-    savefig_atomic(fig, path, dpi=100)
-    plt.close(fig)
+    """One best run as a line (:func:`cudt.grid.draw_line`)."""
+    grid.draw_line(ax, STYLE[key], row, x, y, has_value="mean_rmse" in row, ms=ms)
 
 
 def _legend_note(fig) -> None:
-    fig.text(
-        0.5,
-        0.005,
+    grid.figure_note(
+        fig,
         "best run per setting by validation RMSE; dashed: no feasible constrained run (the best "
         "infeasible one shown)",
-        ha="center",
-        va="bottom",
-        fontsize=8,
-        color="0.35",
     )
 
 
@@ -846,7 +657,7 @@ def plot_fig2(rows, opts, path: Path) -> None:
     idx, g = _index(rows), opts.headline_gamma
     L = 3 if 3 in opts.layers else min(opts.layers)
     models = [m for m in opts.models if m != CONTROL]
-    fig, axes = _grid(len(opts.datasets), len(models), w=4.4, h=3.1)
+    fig, axes = grid_axes(len(opts.datasets), len(models), w=4.4, h=3.1)
     for i, d in enumerate(opts.datasets):
         for j, m in enumerate(models):
             ax = axes[i, j]
@@ -866,7 +677,7 @@ def plot_fig2(rows, opts, path: Path) -> None:
         f"Fig. 2: test RMSE vs test γ, γ_train = {g:g} (dotted line; shaded: OOD)", fontsize=11
     )
     _legend_note(fig)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_fig3(rows, opts, path: Path) -> None:
@@ -874,7 +685,7 @@ def plot_fig3(rows, opts, path: Path) -> None:
     idx, g = _index(rows), opts.headline_gamma
     models = [m for m in opts.models if m != CONTROL]
     layers = sorted(opts.layers)
-    fig, axes = _grid(len(opts.datasets), len(models), w=4.2, h=3.0)
+    fig, axes = grid_axes(len(opts.datasets), len(models), w=4.2, h=3.0)
     for i, d in enumerate(opts.datasets):
         for j, m in enumerate(models):
             ax = axes[i, j]
@@ -918,17 +729,12 @@ def plot_fig3(rows, opts, path: Path) -> None:
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
     fig.suptitle(f"Fig. 3: mean test RMSE vs depth, γ_train = {g:g}", fontsize=11)
-    fig.text(
-        0.5,
-        0.005,
+    grid.figure_note(
+        fig,
         "best run per setting by validation RMSE; hollow: no feasible constrained run (the best "
         "infeasible one shown)",
-        ha="center",
-        va="bottom",
-        fontsize=8,
-        color="0.35",
     )
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_fig7(rows, opts, path: Path) -> None:
@@ -937,7 +743,7 @@ def plot_fig7(rows, opts, path: Path) -> None:
     models = [m for m in opts.models if m != CONTROL]
     layers = sorted(opts.layers)
     pairs = [(d, m) for d in opts.datasets for m in models]
-    fig, axes = _grid(len(pairs), len(layers), w=3.7, h=2.6)
+    fig, axes = grid_axes(len(pairs), len(layers), w=3.7, h=2.6)
     for i, (d, m) in enumerate(pairs):
         for j, L in enumerate(layers):
             ax = axes[i, j]
@@ -956,7 +762,7 @@ def plot_fig7(rows, opts, path: Path) -> None:
             ax.legend(fontsize=6)
     fig.suptitle(f"Fig. 7: mean test loss per layer at γ_train = {g:g}, log scale", fontsize=11)
     _legend_note(fig)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -964,16 +770,9 @@ def plot_fig7(rows, opts, path: Path) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _write_text(path: Path, text: str) -> None:
-    data = text.encode()
-    _atomic_write(path, lambda f: f.write(data))
-
-
 def run_table(opts: Table3Config) -> dict[str, Any]:
     """Trains (or reuses) every sub-run, then writes the table, CSV and figures; returns
     ``{"rows", "markdown", "paths", "trained", "reused", "wall_seconds"}``."""
-    from cudt.runner import run
-
     t0 = time.perf_counter()
     check_data_root(opts)
     out = Path(opts.out) if opts.out else fresh_run_dir("video_table")
@@ -993,22 +792,15 @@ def run_table(opts: Table3Config) -> dict[str, Any]:
         print(
             f"tiny datasets in their real layouts under {out / 'data'} ({time.perf_counter() - t:.1f}s)"
         )
-    results = {}
-    for k, sub in enumerate(subs, start=1):
-        if sub.finished:
-            print(f"[{k}/{len(subs)}] {sub.name}: reusing {sub.out / 'results.json'}")
-        else:
-            print(f"[{k}/{len(subs)}] {sub.name}: training")
-            run(VideoTask(), sub.cfg, sub.out)
-        results[(sub.dataset, sub.layers)] = json.loads((sub.out / "results.json").read_text())
+    results = grid.train_subruns(subs, VideoTask)
     rows = best_rows(results)
-    test_gammas = results[(subs[0].dataset, subs[0].layers)]["config"]["test_gamma"]
+    test_gammas = results[subs[0].key]["config"]["test_gamma"]
     wall = time.perf_counter() - t0
     trained = len(todo)
     note = (
         f"{len(subs)} sub-runs ({trained} trained, {len(subs) - trained} reused), "
         f"{subs[0].cfg.steps} steps, {subs[0].cfg.seeds} seed(s), γ_train ∈ "
-        f"{{{_fmt(opts.gamma_trains)}}}"
+        f"{{{fmt(opts.gamma_trains)}}}"
         + (f", sweeps {'; '.join(opts.sweep)}" if opts.sweep else "")
         + f"; data: {'generated tiny copies' if opts.scale == 'tiny' else opts.data_root}."
     )
@@ -1021,8 +813,8 @@ def run_table(opts: Table3Config) -> dict[str, Any]:
         "fig3": out / "fig3_depth.png",
         "fig7": out / "fig7_layer_loss.png",
     }
-    _write_text(paths["csv"], csv_text(rows))
-    _write_text(paths["md"], markdown)
+    write_text(paths["csv"], csv_text(rows))
+    write_text(paths["md"], markdown)
     plot_fig2(rows, opts, paths["fig2"])
     plot_fig3(rows, opts, paths["fig3"])
     plot_fig7(rows, opts, paths["fig7"])

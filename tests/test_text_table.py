@@ -1,0 +1,308 @@
+"""The Table 4 job (experiments.text_table): the generated IMDb/MNLI sets read back by the TFDS
+reader, the sub-run plan of the paper scale, a micro grid end to end (CSV, Markdown, figures,
+ratio histograms), reuse of finished sub-runs, refusals.
+
+The stand-in encoder is the random 2-block BERT (hidden size 32) of test_text_experiment, so the
+micro grid compiles and trains in seconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_text_experiment import write_tiny_bert
+
+from cudt import table4
+from cudt.data.text import load_text_data, synthetic_sentiment
+from experiments import text_table
+
+
+def test_generated_nli_is_balanced_deterministic_and_labelled_by_construction():
+    a = table4.generated_nli(60, seed=0)
+    assert a.pairs is not None and len(a) == 60
+    assert np.array_equal(a.labels, np.arange(60) % 3)
+    b = table4.generated_nli(60, seed=0)
+    assert a.texts == b.texts and a.pairs == b.pairs
+    assert table4.generated_nli(60, seed=0, stream=1).pairs != a.pairs
+    assert len(set(zip(a.texts, a.pairs, strict=True))) >= 55  # varied
+    for premise, hypothesis, label in zip(a.texts, a.pairs, a.labels, strict=True):
+        assert premise.endswith(".") and hypothesis.endswith(".")
+        if hypothesis.startswith("Someone is "):  # a part of the premise: entailed
+            assert label == 0 and hypothesis[len("Someone is ") : -1] in premise
+        if hypothesis.startswith("Nobody is "):  # denies the premise's activity
+            assert label == 2 and hypothesis[len("Nobody is ") : -1] in premise
+    # No single opening word gives a label away.
+    for word in ("The", "A"):
+        labels = {int(y) for h, y in zip(a.pairs, a.labels, strict=True) if h.split()[0] == word}
+        assert len(labels) >= 2, word
+
+
+def test_tiny_datasets_are_read_back_by_the_tfds_reader(tmp_path):
+    made = table4.build_tiny_datasets(tmp_path, ("imdb", "mnli"), 30, 12)
+    assert made == {"imdb": tmp_path / "imdb_reviews", "mnli": tmp_path / "glue"}
+    assert (tmp_path / "imdb_reviews/plain_text/1.0.0/dataset_info.json").is_file()
+    assert (tmp_path / "glue/mnli/2.0.0/dataset_info.json").is_file()
+
+    imdb = load_text_data("imdb", tmp_path, num_train=30, num_test=12, val_fraction=0.2)
+    assert (len(imdb.train), len(imdb.val), len(imdb.test), imdb.num_classes) == (24, 6, 12, 2)
+    assert "imdb_reviews/plain_text:1.0.0 (array_record)" in imdb.source
+    generated = set(synthetic_sentiment(40, seed=0).texts)
+    assert set(imdb.train.texts) <= generated  # the generated reviews, unchanged
+
+    mnli = load_text_data("mnli", tmp_path, num_train=30, num_test=12, val_fraction=0.2)
+    assert mnli.num_classes == 3 and mnli.label_names == table4.NLI_LABELS
+    assert mnli.test.pairs is not None and len(mnli.test) == 12
+    assert np.bincount(mnli.test.labels, minlength=3).tolist() == [4, 4, 4]
+    train = set(
+        zip(mnli.train.texts + mnli.val.texts, mnli.train.pairs + mnli.val.pairs, strict=True)
+    )
+    assert not train & set(zip(mnli.test.texts, mnli.test.pairs, strict=True))  # held out
+
+    # The same spec again: kept, not rewritten; another size: rewritten.
+    info = tmp_path / "glue/mnli/2.0.0/dataset_info.json"
+    before = info.stat().st_mtime_ns
+    table4.build_tiny_datasets(tmp_path, ("mnli",), 30, 12)
+    assert info.stat().st_mtime_ns == before
+    table4.build_tiny_datasets(tmp_path, ("mnli",), 30, 9)
+    assert len(load_text_data("mnli", tmp_path, num_train=30, num_test=None).test) == 9
+
+
+def _encoder_folder(folder: Path, model_type: str) -> Path:
+    """A folder that passes the job's up-front checks (it is not loaded by these tests)."""
+    folder.mkdir(parents=True)
+    config = dict(
+        model_type=model_type,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        vocab_size=100,
+        max_position_embeddings=64,
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+def test_paper_plan_is_the_papers_grid(tmp_path):
+    distilbert = _encoder_folder(tmp_path / "distilbert", "distilbert")
+    roberta = _encoder_folder(tmp_path / "roberta", "roberta")
+    table4.build_tiny_datasets(tmp_path / "tfds", ("imdb", "mnli"), 6, 3)  # a prepared layout
+    opts = table4.Table4Config(
+        scale="paper",
+        data_dir=str(tmp_path / "tfds"),
+        checkpoint_distilbert=str(distilbert),
+        checkpoint_roberta=str(roberta),
+    )
+    table4.check_inputs(opts)
+    subs = table4.plan(opts, tmp_path / "out")
+    models = ["ut-L3", "ut-L5", "ut-L7", "ut-L9", "distilbert", "roberta"]  # the paper's order
+    assert [s.name for s in subs] == [f"{d}-{m}" for d in ("imdb", "mnli") for m in models]
+    by_name = {s.name: s.cfg for s in subs}
+    assert len(subs) == 12
+    ut = by_name["mnli-ut-L7"]
+    assert (ut.model, ut.layers, ut.granularity, ut.dataset) == ("ut", 7, "block", "mnli")
+    assert ut.checkpoint == str(distilbert)  # the UT reads DistilBERT's word embeddings
+    assert ut.data_dir == str(tmp_path / "tfds")
+    rob = by_name["imdb-roberta"]
+    assert (rob.checkpoint, rob.granularity, rob.layers) == (str(roberta), "sublayer", None)
+    assert rob.sweep == ("gamma_train=0,0.2,0.4,0.6,0.8,1",)
+    assert (rob.seeds, rob.num_train, rob.num_test, rob.gamma_train) == (5, None, None, 1.0)
+    assert subs[0].out == tmp_path / "out" / subs[0].name
+
+
+TINY = [
+    "--models",
+    "minilm",
+    "--gamma-trains",
+    "0,1",
+    "--steps",
+    "4",
+    "--batch-size",
+    "8",
+    "--num-train",
+    "40",
+    "--num-test",
+    "20",
+    "--max-length",
+    "16",
+    "--test-gammas",
+    "0,2",
+    # every constrained run counts as feasible, so each cell has both numbers to compare
+    "--tolerance",
+    "100",
+]
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory) -> Path:
+    return write_tiny_bert(tmp_path_factory.mktemp("stand_in"))
+
+
+@pytest.fixture(scope="module")
+def micro_grid(tmp_path_factory, stand_in):
+    out = tmp_path_factory.mktemp("table4") / "out"
+    argv = TINY + ["--checkpoint-minilm", str(stand_in), "--out", str(out)]
+    assert text_table.main(argv) == 0
+    return out, argv
+
+
+def _rows(text: str) -> dict[str, list[str]]:
+    """Markdown table rows by their first cell (the headline table only: the first table)."""
+    out = {}
+    for line in text.split("### Direction")[0].splitlines():
+        if line.startswith("| ") and not line.startswith("| model"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            out[cells[0]] = cells[1:]
+    return out
+
+
+def _number(cell: str) -> float:
+    return float(cell.strip("*"))
+
+
+def test_micro_grid_writes_table_csv_figures_and_ratio_histograms(micro_grid):
+    out, _ = micro_grid
+    assert (out / "data/imdb_reviews/plain_text/1.0.0/dataset_info.json").is_file()
+    assert (out / "data/glue/mnli/2.0.0/dataset_info.json").is_file()
+    results = {
+        d: json.loads((out / f"{d}-minilm/results.json").read_text()) for d in table4.DATASETS
+    }
+    assert results["mnli"]["config"]["dataset"] == "mnli"
+    assert results["mnli"]["config"]["num_classes"] == 3
+    assert results["imdb"]["config"]["data_dir"] == str(out / "data")
+    assert results["imdb"]["config"]["sweep"] == ["gamma_train=0,1"]
+    assert results["imdb"]["config"]["test_gamma"] == [0.0, 1.0, 2.0]
+
+    with open(out / "table4.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == table4.CSV_COLUMNS
+    keys = {(r["dataset"], r["kind"], float(r["gamma_train"])) for r in rows}
+    assert keys == {
+        (d, k, g) for d in ("imdb", "mnli") for k in ("ERM", "constrained") for g in (0, 1)
+    }
+    assert len(rows) == 8
+    for r in rows:
+        assert r["model"] == "minilm" and r["layers"] == "4"  # 2 blocks, one state per sub-layer
+        assert r["status"] == "ok" and 0 <= float(r["auc"]) <= 2
+        assert r["epsilon"] == ("0.1" if r["kind"] == "constrained" else "")
+        assert r["sub_run"] == f"{r['dataset']}-minilm"
+    # The CSV numbers are the best runs' of results.json, the best by validation accuracy.
+    for r in rows:
+        runs = [
+            x
+            for x in results[r["dataset"]]["runs"]
+            if x["gamma_train"] == float(r["gamma_train"])
+            and x["constrained"] == (r["kind"] == "constrained")
+        ]
+        best = next(x for x in runs if x["best"])
+        assert float(r["auc"]) == pytest.approx(best["auc"], rel=1e-5)
+        assert float(r["val_accuracy"]) == max(x["val_accuracy"] for x in runs)
+
+    md = (out / "table4.md").read_text()
+    cells = _rows(md)
+    assert set(cells) == {"MiniLM-4"}
+    for c, e in (cells["MiniLM-4"][:2], cells["MiniLM-4"][2:]):
+        higher = max(_number(c), _number(e))
+        for cell in (c, e):  # the higher AUC bold (both when equal), the other not
+            assert cell.startswith("**") == (_number(cell) == higher), (c, e)
+    # MiniLM is compared with the paper's DistilBERT-12 at γ_train = 1: C (+0.044), C (+0.003)
+    assert "/ C (+0.044)" in md and "/ C (+0.003)" in md
+    assert "### Every γ_train" in md and "| MiniLM-4 | 0 |" in md
+
+    for name in ("fig1_layer_loss.png", "fig4_accuracy_vs_gamma.png", "fig12_ratio_hist.png"):
+        with Image.open(out / name) as im:
+            assert im.format == "PNG"
+            assert im.size[0] >= 600 and im.size[1] >= 400, (name, im.size)
+            assert len(im.convert("RGB").getcolors(maxcolors=1 << 20)) > 50, name
+
+    # Every run's ratio histogram counts each test sample once per layer, and its share below
+    # 1 is the run's descent rate.
+    hists = table4.read_ratio_histograms(out / "mnli-minilm")
+    runs = results["mnli"]["runs"]
+    assert set(hists) == {r["label"] for r in runs}
+    below_one = int(np.searchsorted(table4.RATIO_EDGES, 1.0))
+    for run in runs:
+        counts = hists[run["label"]]  # [L, B+1]
+        assert counts.shape == (4, len(table4.RATIO_EDGES))
+        assert counts.sum(axis=1).tolist() == [20] * 4
+        assert counts[:, :below_one].sum() / counts.sum() == pytest.approx(run["descent_rate"])
+
+
+def test_rerun_reuses_finished_subruns_and_refuses_other_flags(micro_grid, capsys):
+    out, argv = micro_grid
+    results = out / "imdb-minilm" / "results.json"
+    before = results.stat().st_mtime_ns
+    capsys.readouterr()
+    t = time.perf_counter()
+    assert text_table.main(argv) == 0
+    assert time.perf_counter() - t < 20  # no training, no compilation
+    assert results.stat().st_mtime_ns == before
+    printed = capsys.readouterr().out
+    assert "imdb-minilm: reusing" in printed and "mnli-minilm: reusing" in printed
+    assert re.search(r"2 sub-runs \(0 trained, 2 reused\)", printed)
+    assert "| MiniLM-4 |" in printed  # the headline table is printed
+    # Other flags: refused before anything is trained or written, naming the difference.
+    other = list(argv)
+    other[other.index("--steps") + 1] = "5"
+    assert text_table.main(other) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    assert "holds results of another config (steps: 4 there, 5 now" in err
+    assert results.stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--datasets", "imdb,sst2"], "--datasets: unknown dataset 'sst2'"),
+        (["--models", "ut,gpt2"], "--models: unknown model 'gpt2'"),
+        (["--gamma-trains", "0,nan"], "--gamma-trains must all be finite numbers >= 0"),
+        (["--headline-gamma", "0.5"], "--headline-gamma 0.5 is not among --gamma-trains"),
+        (["--sweep", "gamma_train=0,1"], "--sweep gamma_train: the training levels are"),
+        (["--encoder-granularity", "layer"], "--encoder-granularity must be block or sublayer"),
+        (["--max-length", "2"], "--max-length must be >= 4, got 2"),
+        (["--data-dir", "{tmp}"], "--data-dir is read by --scale paper only"),
+        (
+            ["--scale", "paper"],
+            "--scale paper needs --data-dir TFDS_DIR, --checkpoint-distilbert DIR, "
+            "--checkpoint-roberta DIR",
+        ),
+        (["--scale", "paper", "--models", "roberta"], "needs --data-dir TFDS_DIR, --checkpoint-r"),
+        (["--models", "distilbert"], "--models distilbert needs --checkpoint-distilbert DIR"),
+        (
+            ["--models", "distilbert", "--checkpoint-distilbert", "{tmp}/roberta"],
+            "roberta' holds a roberta model, not distilbert",
+        ),
+        (["--checkpoint-minilm", "{tmp}/nope"], "--checkpoint-minilm '{tmp}/nope' does not exist"),
+        (
+            ["--checkpoint-minilm", "{tmp}/empty"],
+            "empty' has no config.json, tokenizer.json, model",
+        ),
+        (["{paper}", "--data-dir", "{tmp}/nope"], "--data-dir '{tmp}/nope' does not exist"),
+        (["{paper}", "--data-dir", "{tmp}"], "has no prepared imdb_reviews/plain_text"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, message):
+    distilbert = _encoder_folder(tmp_path / "distilbert", "distilbert")
+    roberta = _encoder_folder(tmp_path / "roberta", "roberta")
+    (tmp_path / "empty").mkdir()
+    paper = ["--scale", "paper", "--checkpoint-distilbert", str(distilbert)]
+    paper += ["--checkpoint-roberta", str(roberta)]
+    out = tmp_path / "out"
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    if argv[0] == "{paper}":
+        argv = paper + argv[1:]
+    assert text_table.main(argv + ["--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    message = message.replace("{tmp}", str(tmp_path))
+    assert err.startswith("error: ") and "\n" not in err and message in err, err
+    assert not out.exists()
