@@ -34,8 +34,9 @@ from cudt.data import layouts
 from cudt.errors import DataError, UsageError
 from cudt.grid import SubRun, check_subrun, fmt, grid_axes, save_figure, write_text
 from cudt.io import fresh_run_dir
+from cudt.models.vit import write_vit_folder
 from cudt.runner.config import SWEEPABLE, flag
-from cudt.tasks.video import CONTROL, MODELS, VideoConfig, VideoTask, test_gamma_grid
+from cudt.tasks.video import CONTROL, VideoConfig, VideoTask, test_gamma_grid
 
 __all__ = [
     "DATASETS",
@@ -50,7 +51,14 @@ __all__ = [
 ]
 
 DATASETS = ("ucsd", "avenue", "shanghaitech")
-TABLE_MODELS = tuple(m for m in MODELS if m in ("dust", "ut"))  # unrolled, depth = --layers
+UNROLLED = ("dust", "ut")  # depth = --layers
+TABLE_MODELS = (*UNROLLED, "vit")  # the ViT's depth is its checkpoint's (the paper's: 12)
+PAPER_VIT_LAYERS = 12
+# --scale tiny without --vit-checkpoint: a random-weight ViT written in the Hugging Face layout
+# (no pretrained weights can be downloaded here), read back through the real loader.
+TINY_VIT = dict(
+    image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64
+)
 NAMES = {"ucsd": "UCSD", "avenue": "Avenue", "shanghaitech": "ShanghaiTech"}
 FOLDERS = {"ucsd": layouts.UCSD, "avenue": layouts.AVENUE, "shanghaitech": layouts.SHANGHAITECH}
 WRITERS = {
@@ -124,6 +132,11 @@ ut 7 0.09 13.962 13.819 16.286 13.567 12.818 11.953
 ut 7 0.11 16.731 14.005 13.606 13.300 13.092 11.849
 ut 7 0.13 12.553 13.357 18.531 12.735 11.155 11.534
 ut 7 0.15 12.232 12.996 12.726 12.316 10.577 11.768
+vit 12 0.00 11.577 12.124 11.577 12.124 21.308 21.793
+vit 12 0.09 7.595 7.582 7.538 8.008 16.349 17.037
+vit 12 0.11 7.219 7.495 7.387 7.240 16.638 18.515
+vit 12 0.13 7.094 7.138 7.021 7.351 23.186 23.482
+vit 12 0.15 6.953 6.865 6.650 6.889 12.695 14.632
 """
 
 
@@ -166,7 +179,14 @@ class Table3Config:
         "the same --out to reuse finished sub-runs and resume interrupted ones",
     )
     models: tuple[str, ...] = flag(
-        ("dust", "ut"), "models (dust also trains the ERM control dust-pl)"
+        ("dust", "ut"),
+        "models: dust (also trains the ERM control dust-pl), ut, vit (a pretrained ViT "
+        "fine-tuned as a denoiser, its depth its own)",
+    )
+    vit_checkpoint: str | None = flag(
+        None,
+        "Hugging Face ViT folder for --models vit (the paper: google/vit-base-patch16-224); "
+        "--scale tiny without it writes a random-weight tiny ViT in that layout",
     )
     layers: tuple[int, ...] = flag((3, 5, 7), "depths L")
     datasets: tuple[str, ...] = flag(DATASETS, "datasets: " + ", ".join(DATASETS))
@@ -206,9 +226,13 @@ class Table3Config:
             + ", ".join(DATASETS),
         )
         need(
-            "vit" not in self.models,
-            "--models vit: not in this table yet (its depth is its checkpoint's, not --layers): "
-            "train it with python -m experiments.video_denoise --models vit --vit-checkpoint DIR",
+            self.vit_checkpoint is None or "vit" in self.models,
+            "--vit-checkpoint is read with --models ...,vit only: add vit to --models or drop it",
+        )
+        need(
+            self.scale == "tiny" or "vit" not in self.models or self.vit_checkpoint,
+            "--scale paper --models vit needs --vit-checkpoint FOLDER (a Hugging Face ViT "
+            "folder, e.g. google/vit-base-patch16-224)",
         )
         bad = [m for m in self.models if m not in TABLE_MODELS]
         need(
@@ -243,7 +267,15 @@ def data_dirs(opts: Table3Config, out: Path) -> dict[str, Path]:
 
 
 def check_data_root(opts: Table3Config) -> None:
-    """``--scale paper``: every requested dataset folder is there (one DataError line if not)."""
+    """``--scale paper``: every requested dataset folder is there (one DataError line if not);
+    ``--vit-checkpoint`` a model folder."""
+    if opts.vit_checkpoint is not None:
+        folder = Path(opts.vit_checkpoint).expanduser()
+        if not (folder / "config.json").is_file():
+            raise DataError(
+                f"--vit-checkpoint '{folder}' holds no config.json: pass a Hugging Face ViT "
+                "folder (config.json, model.safetensors)"
+            )
     if opts.scale != "paper":
         return
     if opts.data_root is None:
@@ -293,14 +325,15 @@ def plan(opts: Table3Config, out: Path) -> list[SubRun]:
         opts.test_gammas or scale["test_gammas"] or tuple(test_gamma_grid(opts.headline_gamma))
     )
     subs = []
+    unrolled = tuple(m for m in opts.models if m in UNROLLED)
     for dataset in opts.datasets:
-        for layers in opts.layers:
+        for layers in opts.layers if unrolled else ():
             sub_out = out / f"{dataset}-L{layers}"
             kw = dict(
                 dataset=dataset,
                 data_dir=str(dirs[dataset]),
                 layers=layers,
-                models=tuple(opts.models),
+                models=unrolled,
                 sweep=(f"gamma_train={fmt(opts.gamma_trains)}", *opts.sweep),
                 gamma_train=opts.headline_gamma,  # the sub-run's own plots mark this γ
                 test_gammas=tuple(test_gammas),
@@ -320,7 +353,46 @@ def plan(opts: Table3Config, out: Path) -> list[SubRun]:
             except ValueError as e:
                 raise UsageError(str(e)) from None
             subs.append(SubRun(f"{dataset}-L{layers}", (dataset, layers), cfg, sub_out))
+        if "vit" in opts.models:
+            subs.append(_vit_subrun(opts, out, dataset, dirs[dataset], test_gammas))
     return subs
+
+
+def vit_folder(opts: Table3Config, out: Path) -> Path:
+    """The ViT to fine-tune: ``--vit-checkpoint``, or (tiny) the stand-in under <out>/data."""
+    if opts.vit_checkpoint is not None:
+        return Path(opts.vit_checkpoint).expanduser()
+    return out / "data" / "vit-tiny-random"
+
+
+def _vit_subrun(opts: Table3Config, out: Path, dataset: str, data_dir: Path, test_gammas):
+    """One sub-run per dataset: the ViT (ERM and constrained) at every γ_train."""
+    scale = SCALES[opts.scale]
+    sub_out = out / f"{dataset}-vit"
+    kw = dict(
+        dataset=dataset,
+        data_dir=str(data_dir),
+        models=("vit",),
+        vit_checkpoint=str(vit_folder(opts, out)),
+        sweep=(f"gamma_train={fmt(opts.gamma_trains)}", *opts.sweep),
+        gamma_train=opts.headline_gamma,
+        test_gammas=tuple(test_gammas),
+        seeds=opts.seeds or scale["seeds"],
+        steps=opts.steps or scale["steps"],
+        batch_size=opts.batch_size or scale["batch_size"],
+        max_videos=opts.max_videos,
+        devices=opts.devices,
+        out=str(sub_out),
+        overwrite=opts.overwrite,
+        **{k: v for k, v in scale["video"].items() if k != "dust_atoms"},
+    )
+    if opts.tolerance is not None:
+        kw["tolerance"] = opts.tolerance
+    try:
+        cfg = VideoConfig(**kw)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return SubRun(f"{dataset}-vit", (dataset, "vit"), cfg, sub_out)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -371,11 +443,13 @@ def best_rows(results: dict[tuple[str, int], dict]) -> list[dict]:
     """One row per (dataset, model, L, kind, γ_train): its best run (the runner's ``best`` mark)
     or, where no run is eligible, its status (``diverged``: every run diverged; ``infeasible``)."""
     rows = []
-    for (dataset, layers), res in results.items():
+    for (dataset, depth), res in results.items():
         settings: dict[tuple, list[dict]] = defaultdict(list)
-        for r in res["runs"]:
-            settings[(r["model"], r["constrained"], float(r["gamma_train"]))].append(r)
-        for (model, constrained, gamma), runs in settings.items():
+        for r in res["runs"]:  # the depth of a ViT is its checkpoint's: read it from the runs
+            settings[
+                (r["model"], int(r["layers"]), r["constrained"], float(r["gamma_train"]))
+            ].append(r)
+        for (model, layers, constrained, gamma), runs in settings.items():
             b, status = grid.best_of_setting(runs, constrained, score="val_objective", higher=False)
             row = {
                 "dataset": dataset,
@@ -384,7 +458,7 @@ def best_rows(results: dict[tuple[str, int], dict]) -> list[dict]:
                 "kind": KIND[constrained],
                 "gamma_train": gamma,
                 **status,
-                "sub_run": f"{dataset}-L{layers}",
+                "sub_run": f"{dataset}-vit" if depth == "vit" else f"{dataset}-L{layers}",
             }
             if b is not None:
                 test_gamma = [float(g) for g in b["test_gamma"]]
@@ -404,7 +478,7 @@ def best_rows(results: dict[tuple[str, int], dict]) -> list[dict]:
                     "layer_loss": b["layer_loss"][test_gamma.index(gamma)],
                 }
             rows.append(row)
-    order = {m: i for i, m in enumerate(("dust", CONTROL, "ut"))}
+    order = {m: i for i, m in enumerate(("dust", CONTROL, "ut", "vit"))}
     rows.sort(
         key=lambda r: (
             r["dataset"],
@@ -457,6 +531,13 @@ def _cell(row: dict | None) -> str:
     return row["status"]
 
 
+def _depths(rows, model: str, layers) -> list[int]:
+    """The depths of ``model``'s rows: ``layers`` for the unrolled models, the ViT's own."""
+    if model != "vit":
+        return list(layers)
+    return sorted({r["layers"] for r in rows if r["model"] == "vit"})
+
+
 def _row_models(models) -> list[str]:
     """dust, ut, then the control rows."""
     names = [m for m in models if m != CONTROL]
@@ -484,7 +565,7 @@ def _table_lines(rows, datasets, models, layers, gammas, *, label_gamma: bool) -
         "|" + "|".join(["---"] * (1 + label_gamma) + ["---:"] * (2 * len(datasets))) + "|",
     ]
     for model in _row_models(models):
-        for L in layers:
+        for L in _depths(rows, model, layers):
             for g in gammas:
                 cells = [f"{model}-{L}"] + ([f"{g:g}"] if label_gamma else [])
                 for d in datasets:
@@ -556,10 +637,10 @@ def paper_direction_markdown(rows, datasets, models, layers, gamma) -> str:
     ]
     counts = {"eligible": [0, 0, 0, 0], "infeasible": [0, 0, 0, 0]}  # agree, n, ours C, paper C
     for m in [m for m in models if m != CONTROL]:
-        for L in layers:
+        for L in _depths(rows, m, layers):
             cells = [f"{m}-{L}"]
-            for d in datasets:
-                paper = PAPER_TABLE3.get((m, L, gamma, d))
+            for d in datasets:  # the paper's ViT is ViT-Base (12 blocks), whatever ours is
+                paper = PAPER_TABLE3.get((m, PAPER_VIT_LAYERS if m == "vit" else L, gamma, d))
                 c, e = idx.get((d, m, L, "constrained", gamma)), idx.get((d, m, L, "ERM", gamma))
                 p = "—" if paper is None else ("C" if paper[0] < paper[1] else "E")
                 o, group = "—", None
@@ -655,12 +736,13 @@ def _legend_note(fig) -> None:
 def plot_fig2(rows, opts, path: Path) -> None:
     """RMSE vs test γ of the best runs at the headline γ_train, L = 3 (or the shallowest)."""
     idx, g = _index(rows), opts.headline_gamma
-    L = 3 if 3 in opts.layers else min(opts.layers)
+    shallow = 3 if 3 in opts.layers else min(opts.layers)
     models = [m for m in opts.models if m != CONTROL]
     fig, axes = grid_axes(len(opts.datasets), len(models), w=4.4, h=3.1)
     for i, d in enumerate(opts.datasets):
         for j, m in enumerate(models):
             ax = axes[i, j]
+            L = (_depths(rows, m, opts.layers) or [0])[0] if m == "vit" else shallow
             for key, row in _series(idx, d, m, L, g):
                 _draw(ax, key, row, row.get("test_gamma"), row.get("rmse"))
             ax.axvline(g, color="k", lw=0.8, ls=":")
@@ -683,7 +765,7 @@ def plot_fig2(rows, opts, path: Path) -> None:
 def plot_fig3(rows, opts, path: Path) -> None:
     """Mean RMSE over the test γ grid vs depth L, per dataset and model, at the headline γ."""
     idx, g = _index(rows), opts.headline_gamma
-    models = [m for m in opts.models if m != CONTROL]
+    models = [m for m in opts.models if m in UNROLLED]  # the ViT's depth is not varied
     layers = sorted(opts.layers)
     fig, axes = grid_axes(len(opts.datasets), len(models), w=4.2, h=3.0)
     for i, d in enumerate(opts.datasets):
@@ -740,7 +822,7 @@ def plot_fig3(rows, opts, path: Path) -> None:
 def plot_fig7(rows, opts, path: Path) -> None:
     """Mean test loss per layer at the headline γ_train, one panel per (dataset, model) × L."""
     idx, g = _index(rows), opts.headline_gamma
-    models = [m for m in opts.models if m != CONTROL]
+    models = [m for m in opts.models if m in UNROLLED]
     layers = sorted(opts.layers)
     pairs = [(d, m) for d in opts.datasets for m in models]
     fig, axes = grid_axes(len(pairs), len(layers), w=3.7, h=2.6)
@@ -789,6 +871,13 @@ def run_table(opts: Table3Config) -> dict[str, Any]:
     if opts.scale == "tiny":
         t = time.perf_counter()
         build_tiny_datasets(out / "data", opts.datasets, overwrite=opts.overwrite)
+        if "vit" in opts.models and opts.vit_checkpoint is None:
+            folder = vit_folder(opts, out)
+            if not (folder / "model.safetensors").is_file():
+                tmp = folder.with_name(f".tmp-{folder.name}")
+                shutil.rmtree(tmp, ignore_errors=True)
+                write_vit_folder(tmp, **TINY_VIT)
+                tmp.rename(folder)
         print(
             f"tiny datasets in their real layouts under {out / 'data'} ({time.perf_counter() - t:.1f}s)"
         )
@@ -810,14 +899,15 @@ def run_table(opts: Table3Config) -> dict[str, Any]:
         "csv": out / "table3.csv",
         "md": out / "table3.md",
         "fig2": out / "fig2_rmse_vs_gamma.png",
-        "fig3": out / "fig3_depth.png",
-        "fig7": out / "fig7_layer_loss.png",
     }
     write_text(paths["csv"], csv_text(rows))
     write_text(paths["md"], markdown)
     plot_fig2(rows, opts, paths["fig2"])
-    plot_fig3(rows, opts, paths["fig3"])
-    plot_fig7(rows, opts, paths["fig7"])
+    if any(m in UNROLLED for m in opts.models):  # depth study, per-layer loss per depth
+        paths["fig3"] = out / "fig3_depth.png"
+        paths["fig7"] = out / "fig7_layer_loss.png"
+        plot_fig3(rows, opts, paths["fig3"])
+        plot_fig7(rows, opts, paths["fig7"])
     wall = time.perf_counter() - t0
     print()
     print(

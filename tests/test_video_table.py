@@ -199,7 +199,9 @@ def test_rerun_reuses_finished_subruns(tiny_grid, capsys):
     [
         (["--datasets", "ucsd,kitti"], "--datasets: unknown dataset 'kitti'"),
         (["--models", "dust,lstm"], "--models: unknown model 'lstm'"),
-        (["--models", "vit"], "--models vit: not in this table yet"),
+        (["--scale", "paper", "--models", "vit", "--data-root", "{tmp}"], "needs --vit-checkpoint"),
+        (["--vit-checkpoint", "{tmp}"], "--vit-checkpoint is read with --models ...,vit only"),
+        (["--models", "vit", "--vit-checkpoint", "{tmp}/nope"], "holds no config.json"),
         (["--gamma-trains", "0,nan"], "--gamma-trains must all be finite numbers >= 0"),
         (["--gamma-trains", "0,-0.1,0.15"], "--gamma-trains must all be finite numbers >= 0"),
         (["--headline-gamma", "0.2"], "--headline-gamma 0.2 is not among --gamma-trains"),
@@ -216,3 +218,26 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, messag
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and message in err, err
     assert not out.exists()
+
+
+def test_the_vit_row_fine_tunes_a_hugging_face_folder_per_dataset(tmp_path, capsys):
+    """--models vit: one sub-run per dataset through the real ViT loader (tiny: a random-weight
+    ViT written in the Hugging Face layout), rows at the ViT's own depth, compared with the
+    paper's ViT-Base row."""
+    out = tmp_path / "vit"
+    argv = ["--scale", "tiny", "--datasets", "ucsd", "--models", "vit", "--gamma-trains",
+            "0.15", "--steps", "6", "--test-gammas", "0,0.3", "--out", str(out)]  # fmt: skip
+    assert video_table.main(argv) == 0
+    assert (out / "data" / "vit-tiny-random" / "model.safetensors").is_file()
+    rows = list(csv.DictReader((out / "table3.csv").open()))
+    assert {(r["model"], r["layers"], r["kind"]) for r in rows} == {
+        ("vit", str(table3.TINY_VIT["num_layers"]), "ERM"),
+        ("vit", str(table3.TINY_VIT["num_layers"]), "constrained"),
+    }
+    assert all(r["sub_run"] == "ucsd-vit" for r in rows)
+    md = (out / "table3.md").read_text()
+    assert "| vit-2 |" in md
+    direction = md.split("### Direction")[1]
+    assert "| vit-2 |" in direction and "/ C" in direction  # the paper's ViT-12: C lower
+    assert (out / "fig2_rmse_vs_gamma.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (out / "fig3_depth.png").exists()  # no depth study of a fixed-depth ViT
