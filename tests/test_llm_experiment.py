@@ -182,3 +182,23 @@ def test_fsdp_on_four_devices_gives_the_one_device_results(tmp_path):
         np.testing.assert_allclose(a["train_objective"], b["train_objective"], rtol=1e-4)
         np.testing.assert_allclose(a["layer_loss"], b["layer_loss"], rtol=1e-4)
         np.testing.assert_allclose(a["multipliers"], b["multipliers"], rtol=1e-4, atol=1e-5)
+
+
+def test_bad_files_exit_2_with_one_line_before_training(checkpoint_folder, tmp_path, capsys):
+    folder, _ = checkpoint_folder
+    broken = tmp_path / "alpaca_data.json"
+    broken.write_text('[{"instruction": "Say hi.", "input": ""}]')  # no "output"
+    no_tokenizer = tmp_path / "no-tokenizer"
+    no_tokenizer.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (no_tokenizer / name).write_bytes((folder / name).read_bytes())
+    cases = [
+        (["--data", str(broken)], "output"),
+        (["--checkpoint", str(no_tokenizer)], "tokenizer"),
+    ]
+    for argv, words in cases:
+        out = tmp_path / "out"
+        code = llm_sft.main([*TINY, *argv, "--out", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and words in err, err
+        assert not out.exists() or not any(out.iterdir())

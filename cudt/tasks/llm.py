@@ -480,7 +480,7 @@ class LLMTask(Task):
             key="accuracy",
             ylabel="mean test token accuracy",
             gamma_train=cfg.gamma_train,
-            title="token accuracy vs embedding perturbation (γ > γ_train: OOD)",
+            title="token accuracy vs embedding noise (γ > γ_train: OOD)",
         )
         by_kind: dict[tuple[str, bool], list] = {}
         for run, r in zip(runs, ratios, strict=True):
