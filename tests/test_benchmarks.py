@@ -209,3 +209,39 @@ def test_lm_loss_memory_prints_memory_ratios_and_equal_work(bench, capsys):
     assert ratios["V=1024 L+1=3: naive / chunked temp memory"] > 1
     assert ratios["V=1024 L+1=3: naive / chunked+vocab temp memory"] > 1
     assert "V=1024 L+1=3: chunked / naive time" in ratios
+
+
+def test_llm_memory_table_adds_up_and_matches_the_compiled_step(bench, capsys):
+    # float32 only: each compile costs ~2 s on 2 cores whatever the size, and the mixed
+    # precision path differs only in the compute dtype.
+    bench("llm_memory").main(["--quick", "--precisions", "float32"])
+    out = capsys.readouterr().out
+    _check_header(out, "llm_memory")
+    # the tiny decoder (L 6, D 32, F 64, V 512, 4 heads, 2 kv heads of 8), counted by hand:
+    # per block 32·8·(4 + 2 + 2 + 4) + 3·32·64 + 2·32 = 9280; trained 6·9280 + 32 + 32·512
+    # (blocks, final norm, LM head); the frozen embedding table 512·32
+    assert "parameters: 88,480 (72,096 trained, 16,384 in the frozen embedding table)" in out
+    states = _table(out, "shards params GB frozen GB grads GB Adam GB duals B multipliers B")
+    assert [r.split()[0] for r in states] == ["4", "1"]
+    assert all(r.split()[-1] == "28" for r in states)  # the [L+1] float32 multipliers
+    four, one = ([float(v) for v in r.split()[1:5]] for r in states)
+    assert one[0] == pytest.approx(72_096 * 4 / 1e9, rel=1e-3)  # trained params, float32
+    assert one[3] == pytest.approx(2 * one[0], rel=1e-3)  # Adam's mu and nu
+    assert one[1] == four[1]  # the frozen table stays whole on every device
+    assert one[2] / 4 <= four[2] < one[2] / 3  # FSDP 4 splits all but the small leaves
+    extrapolated = _ratios(out, "float32: extrapolated")
+    assert 0.5 < extrapolated["float32: extrapolated from L=2,3 / compiled at L=6"] < 2
+    # the table's accounting is the real jitted constrained step's compiled memory
+    step = _ratios(out, "step peak")[
+        "step peak / table total (params + frozen + grads + Adam + duals + activations)"
+    ]
+    assert step == pytest.approx(1.0, abs=0.01)
+    rows = [
+        line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "B (+" in line
+    ]
+    assert [r[0].lstrip("| ") for r in rows] == ["4 x 80 GB, FSDP 4", "1 x H200 141 GB"]
+    for row in rows:
+        params, grads, adam, activations, total = (float(row[i]) for i in (2, 3, 4, 6, 7))
+        assert total == pytest.approx(params + grads + adam + activations, rel=2e-3)
+        assert row[8].startswith("yes")
+        assert 0 < float(row[9]) <= activations  # block remat can only save memory

@@ -1,0 +1,764 @@
+"""Memory per device to fine-tune Llama 3.1 8B with cudt's constrained step (the paper's Section 6).
+
+Run from the repository root:
+
+    .venv/bin/python -m benchmarks.llm_memory            # the 8B table; ~1.5 min on 2 CPU cores
+    .venv/bin/python -m benchmarks.llm_memory --quick    # a tiny decoder: the code paths only
+
+Nothing is allocated or run: every number comes from shapes or from XLA's compiler. Setups:
+``--gpus`` x ``--gpu-gb`` with the run's state split over every GPU (FSDP); the same machine as
+cudt's runner lays one run out for this batch (its data axis is ``gcd(gpus, batch)``, so 4 of 8
+GPUs for a batch of 4); one H200 (``--h200-gb``). Precisions: float32, and mixed (bfloat16
+compute, float32 parameters, gradients and Adam moments: the LLM task's ``--compute-dtype
+bfloat16``).
+
+* **The model and the step are cudt's own**: the LLM task's per-sample layer losses
+  (:meth:`cudt.tasks.llm.LLMTask.build`: ``Decoder.apply`` + :func:`cudt.lm_loss.
+  layer_token_losses` with the task's ``chunk_tokens``; the input embedding table frozen, as the
+  task's default), the runner's optimisers (:func:`cudt.runner.run.primal_optimizer`, Adam, and
+  the dual one) and :func:`cudt.train.make_train_step`, over a
+  :class:`~cudt.models.decoder.DecoderConfig` with Llama 3.1 8B's architecture.
+* **State bytes, exactly from shapes**: ``jax.eval_shape`` of the step's ``init`` (parameters,
+  Adam's ``mu`` and ``nu``, the ``[L+1]`` multipliers, the dual state) and of the
+  ``value_and_grad`` (the gradients). Under FSDP each leaf is split as ``--fsdp`` splits it
+  (:func:`cudt.runner.mesh.fsdp_spec`); the frozen table stays whole on every device.
+* **Activations, from the compiler**: ``jax.jit(value_and_grad(objective)).lower(shapes)
+  .compile().memory_analysis().temp_size_in_bytes``, XLA's scratch besides the arguments (the
+  parameters) and the outputs (the gradients); ``objective`` sums the batch-mean layer losses
+  (the Lagrangian's shape). On one device it is compiled at depths ``L = 1, L0, L0 + 1`` and at
+  ``--layers`` directly (the blocks are one ``lax.scan``: compiling 32 layers costs what 2 do),
+  and the line through ``L0, L0 + 1`` is printed next to the direct compile; ``L0 >= 2`` is the
+  first depth with whole ``chunk_tokens`` loss blocks. Under FSDP the program is compiled
+  sharded (``NamedSharding`` arguments, forced CPU devices in a subprocess), so its per-device
+  scratch includes the gathered weights and the unreduced gradients.
+* **Cross-check**: the real jitted constrained step (state donated), compiled on one device:
+  its arguments + scratch + non-aliased outputs against the table's total.
+* **Residuals**: what autodiff saves per layer (``jax.ad_checkpoint.print_saved_residuals``),
+  independent of the backend, next to the compiled slope (XLA:CPU has no bfloat16 matmul).
+* **Block rematerialisation**: ``cudt.models.decoder`` has none (no ``jax.checkpoint`` around
+  its scan body), so that column is an estimate: the activations less ``L - 1`` layers' compiled
+  per-layer scratch, keeping every layer's state ``[b, T, D]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.ad_checkpoint import print_saved_residuals
+
+from benchmarks._common import header, print_table
+from cudt.constrained import DescentConfig
+from cudt.errors import UsageError
+from cudt.models.decoder import Decoder, DecoderConfig
+from cudt.runner.mesh import fsdp_spec, mesh_shape
+from cudt.runner.run import dual_optimizer, primal_optimizer
+from cudt.runner.task import GroupModel, RunBatch
+from cudt.tasks.llm import LLMConfig, LLMData, LLMTask
+from cudt.train import make_train_step
+
+ROOT = Path(__file__).resolve().parents[1]
+GB = 1e9
+PRECISIONS = {"float32": "float32", "mixed": "bfloat16"}  # label -> compute dtype
+# LLVM optimisation off: compiles 2-3x faster; buffer assignment, and so every memory figure,
+# is decided before LLVM runs (identical temp bytes checked for the 8B at L = 3, both dtypes).
+COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
+# Short dtype names of jax's residual printer -> bytes per element.
+_ITEMSIZE = {"bool": 1, "bf16": 2, "f16": 2, "f32": 4, "f64": 8}
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------------
+
+
+def llama31_8b(num_layers: int = 32) -> DecoderConfig:
+    """Llama 3.1 8B's architecture (its ``config.json``), with ``num_layers`` blocks."""
+    return DecoderConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=num_layers,
+        num_heads=32,
+        num_kv_heads=8,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_type="llama3",
+        rope_factor=8.0,
+        rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0,
+        rope_original_max_positions=8192,
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+        bos_token_id=128000,
+        eos_token_id=(128001, 128008, 128009),
+    )
+
+
+def tiny_config(num_layers: int) -> DecoderConfig:
+    """A decoder of the same family small enough for the tests (``--quick``)."""
+    return DecoderConfig(
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=num_layers,
+        num_heads=4,
+        num_kv_heads=2,
+        rope_type="llama3",
+        rope_original_max_positions=64,
+        max_position_embeddings=256,
+    )
+
+
+def precision_list(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [n for n in names if n not in PRECISIONS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown precision {unknown or text!r}: choose from {', '.join(PRECISIONS)}"
+        )
+    return names
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--layers", type=int, default=32, help="blocks L of the table (default 32)")
+    p.add_argument(
+        "--batch", type=int, default=4, help="sequences per step (default 4, the paper's)"
+    )
+    p.add_argument("--seq", type=int, default=512, help="tokens per sequence T (default 512)")
+    p.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=2048,
+        help="layer_token_losses rows (default 2048, the task's)",
+    )
+    p.add_argument(
+        "--vocab-chunk", type=int, default=None, help="layer_token_losses vocabulary block (none)"
+    )
+    p.add_argument(
+        "--train-embeddings",
+        action="store_true",
+        help="train the input embedding table too (the task freezes it by default)",
+    )
+    p.add_argument(
+        "--precisions",
+        type=precision_list,
+        default=list(PRECISIONS),
+        help="float32 and/or mixed (bf16 compute, float32 state); default float32,mixed",
+    )
+    p.add_argument("--gpus", type=int, default=8, help="GPUs of the FSDP machine (default 8)")
+    p.add_argument("--gpu-gb", type=float, default=80.0, help="their memory, GB (default 80)")
+    p.add_argument("--h200-gb", type=float, default=141.0, help="one H200's memory, GB (141)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny decoder (L 6, D 32, V 512, T 16) on 4 GPUs; fewer compiles",
+    )
+    args = p.parse_args(argv)
+    if args.quick:
+        args.layers, args.seq, args.chunk_tokens, args.gpus = 6, 16, 32, 4
+    for name in ("layers", "batch", "seq", "chunk_tokens", "gpus"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("gpu_gb", "h200_gb"):
+        if not getattr(args, name) > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.layers < 4:
+        raise UsageError(
+            f"--layers must be >= 4 (the slope is measured below it), got {args.layers}"
+        )
+    return args
+
+
+def decoder_config(args: argparse.Namespace, num_layers: int) -> DecoderConfig:
+    return tiny_config(num_layers) if args.quick else llama31_8b(num_layers)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """A machine and how one run's state is laid out on it."""
+
+    label: str
+    shards: int  # ways the run's state is split (FSDP over that many devices); 1: one device
+    capacity_gb: float
+
+
+def setups(args: argparse.Namespace) -> list[Setup]:
+    """FSDP over every GPU; FSDP as cudt's runner lays it out for this batch; one H200."""
+    gpus, gb = args.gpus, f"{args.gpu_gb:g} GB"
+    out = []
+    if gpus > 1:
+        out.append(Setup(f"{gpus} x {gb}, FSDP {gpus}", gpus, args.gpu_gb))
+        data = mesh_shape(gpus, 1, args.batch)[1]  # the runner's data axis for one run
+        if 1 < data < gpus:
+            out.append(Setup(f"{gpus} x {gb}, cudt runner (FSDP {data})", data, args.gpu_gb))
+    out.append(Setup(f"1 x H200 {args.h200_gb:g} GB", 1, args.h200_gb))
+    return out
+
+
+def batch_layout(shards: int, batch: int) -> tuple[int, int]:
+    """``(data, extra)``: the batch is split ``data = gcd(shards, batch)`` ways; the state over
+    ``data x extra = shards`` devices (``extra`` devices hold the same examples)."""
+    data = math.gcd(shards, batch)
+    return data, shards // data
+
+
+def first_depth(args: argparse.Namespace) -> int:
+    """The smallest L >= 2 at which ``layer_token_losses`` holds full ``chunk_tokens`` blocks
+    (``(L+1)·B·T >= chunk_tokens``); below it the logits block grows with L."""
+    return max(2, math.ceil(args.chunk_tokens / (args.batch * args.seq)) - 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# The task's model, step and shapes
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Program:
+    """The LLM task's model at one depth and precision, as shapes."""
+
+    config: DecoderConfig
+    task_cfg: LLMConfig
+    model: GroupModel
+    params: Any  # trainable params, ShapeDtypeStruct leaves
+    batch: RunBatch  # ShapeDtypeStruct leaves
+    key: Any
+
+    def objective(self, params, batch, key) -> jax.Array:
+        """Every layer's batch-mean loss, summed: the Lagrangian's shape with unit weights."""
+        return jnp.sum(jnp.mean(self.model.layer_losses(params, batch, key), axis=0))
+
+
+def build_program(args: argparse.Namespace, num_layers: int, compute_dtype: str) -> Program:
+    """The LLM task's ``layer_losses`` (``LLMTask.build``) over a decoder made of shapes."""
+    config = decoder_config(args, num_layers)
+    shapes = jax.eval_shape(config.init_params, jax.random.key(0))
+    decoder = Decoder(config=config, params=shapes, dtype=jnp.dtype(compute_dtype))
+    task_cfg = LLMConfig(
+        max_length=args.seq,
+        batch_size=args.batch,
+        compute_dtype=compute_dtype,
+        chunk_tokens=args.chunk_tokens,
+        vocab_chunk=args.vocab_chunk,
+        train_embeddings=args.train_embeddings,
+    )
+    data = LLMData(
+        decoder=decoder,
+        tokenizer=None,
+        records={},
+        tokens={},
+        source="shapes only",
+        noise_unit=1.0,
+        from_scratch=True,
+    )
+    model = LLMTask().build(task_cfg, data, "llm", None)
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    s = jax.ShapeDtypeStruct
+    tokens = (args.batch, args.seq)
+    examples = {
+        "input_ids": s(tokens, jnp.int32),
+        "attention_mask": s(tokens, jnp.int32),
+        "labels": s(tokens, jnp.int32),
+        "loss_mask": s(tokens, jnp.float32),
+    }
+    batch = RunBatch(examples, s((), jnp.float32), model.frozen)
+    key = jax.eval_shape(jax.random.key, 0)
+    return Program(config, task_cfg, model, params, batch, key)
+
+
+def make_step(program: Program, *, jit: bool):
+    """``make_train_step`` wired as the runner wires it for the LLM task."""
+    cfg, task = program.task_cfg, LLMTask()
+    descent = DescentConfig(
+        num_layers=program.config.num_layers,
+        epsilon=cfg.epsilon,
+        reference=math.log(program.config.vocab_size),  # the task's "chance" reference
+        resilience_mode=cfg.resilience_mode,
+    )
+    return make_train_step(
+        program.model.layer_losses,
+        primal_optimizer(task.default_lr(cfg, "llm"), cfg.lr_schedule, cfg.steps),
+        dual_optimizer(cfg.dual_optimizer, cfg.dual_lr, cfg.dual_lr_schedule, cfg.steps),
+        descent,
+        jit=jit,
+    )
+
+
+def _nbytes(leaf: Any) -> int:
+    return int(np.prod(leaf.shape, dtype=np.int64)) * jnp.dtype(leaf.dtype).itemsize
+
+
+def device_bytes(tree: Any, shards: int) -> int:
+    """Bytes of ``tree`` on one device when each leaf is split as ``--fsdp`` splits it."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        spec = fsdp_spec((1, *leaf.shape), shards)
+        split = shards if any(axis is not None for axis in tuple(spec)[1:]) else 1
+        total += _nbytes(leaf) // split
+    return total
+
+
+@dataclasses.dataclass(frozen=True)
+class StateBytes:
+    """Bytes on one device of everything that outlives a step (and of the gradients)."""
+
+    params: int  # trainable parameters
+    frozen: int  # the frozen input embedding table (replicated; 0 with --train-embeddings)
+    grads: int
+    adam: int  # the primal optimiser's state: mu, nu, the count and the injected learning rate
+    duals: int  # multipliers [L+1], dual state, slacks, per-run hyperparameters, step
+    multipliers: int  # of which the multipliers
+
+    @property
+    def total(self) -> int:
+        return self.params + self.frozen + self.grads + self.adam + self.duals
+
+
+def state_shapes(program: Program) -> tuple[Any, Any]:
+    """``(train state, gradients)`` as shapes: ``jax.eval_shape`` of the step's ``init`` and of
+    the ``value_and_grad``."""
+    init, _ = make_step(program, jit=False)
+    state = jax.eval_shape(init, program.params)
+    _, grads = jax.eval_shape(
+        jax.value_and_grad(program.objective), program.params, program.batch, program.key
+    )
+    return state, grads
+
+
+def state_bytes(program: Program, shapes: tuple[Any, Any], shards: int) -> StateBytes:
+    """:class:`StateBytes` on one of ``shards`` devices, from :func:`state_shapes`."""
+    state, grads = shapes
+    rest = state.replace(params=None, opt_state=None)
+    return StateBytes(
+        params=device_bytes(state.params, shards),
+        frozen=0 if program.batch.frozen is None else _nbytes(program.batch.frozen),
+        grads=device_bytes(grads, shards),
+        adam=device_bytes(state.opt_state, shards),
+        duals=sum(_nbytes(leaf) for leaf in jax.tree.leaves(rest)),
+        multipliers=_nbytes(state.multipliers),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Compiled memory
+# --------------------------------------------------------------------------------------------------
+
+
+def compiled_temp(program: Program) -> int:
+    """XLA's scratch bytes of the jitted ``value_and_grad`` on one device (compiled, not run)."""
+    grad_fn = jax.jit(jax.value_and_grad(program.objective))
+    compiled = grad_fn.lower(program.params, program.batch, program.key).compile(COMPILER_OPTIONS)
+    return int(compiled.memory_analysis().temp_size_in_bytes)
+
+
+def sharded_temp(program: Program, shards: int) -> int:
+    """Per-device scratch bytes of the ``value_and_grad`` compiled over ``shards`` devices: the
+    batch over ``data``, each state leaf as ``--fsdp`` splits it over ``data x extra``."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    data, extra = batch_layout(shards, program.batch.examples["input_ids"].shape[0])
+    devices = np.asarray(jax.devices()[:shards]).reshape(data, extra)
+    mesh = Mesh(devices, ("data", "extra"))
+    state_axes = ("data", "extra") if extra > 1 else "data"
+
+    def place(leaf: Any, spec: Any) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, spec))
+
+    def state_spec(leaf: Any) -> Any:
+        spec = tuple(fsdp_spec((1, *leaf.shape), shards))[1:]
+        return P(*(state_axes if axis is not None else None for axis in spec))
+
+    params = jax.tree.map(lambda x: place(x, state_spec(x)), program.params)
+    batch = program.batch._replace(
+        examples=jax.tree.map(lambda x: place(x, P("data")), program.batch.examples),
+        gamma=place(program.batch.gamma, P()),
+        frozen=jax.tree.map(lambda x: place(x, P()), program.batch.frozen),
+    )
+    out = (NamedSharding(mesh, P()), jax.tree.map(lambda x: x.sharding, params))
+    grad_fn = jax.jit(jax.value_and_grad(program.objective), out_shardings=out)
+    compiled = grad_fn.lower(params, batch, program.key).compile(COMPILER_OPTIONS)
+    return int(compiled.memory_analysis().temp_size_in_bytes)
+
+
+def step_peak(program: Program) -> dict[str, int]:
+    """The real jitted constrained step (state donated), compiled on one device."""
+    init, step = make_step(program, jit=True)
+    state = jax.eval_shape(init, program.params)
+    compiled = step.lower(state, program.batch, program.key).compile(COMPILER_OPTIONS)
+    m = compiled.memory_analysis()
+    out = {
+        "arguments": m.argument_size_in_bytes,
+        "temp": m.temp_size_in_bytes,
+        "outputs not aliased": m.output_size_in_bytes - m.alias_size_in_bytes,
+    }
+    out["peak"] = sum(out.values())
+    return {k: int(v) for k, v in out.items()}
+
+
+def saved_residuals(program: Program) -> dict[str, int]:
+    """Bytes of what JAX's autodiff saves for the backward pass (platform-independent), besides
+    the arguments: ``total`` and ``weight copies`` (compute-dtype copies of block weights)."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        print_saved_residuals(program.objective, program.params, program.batch, program.key)
+    block_shapes = {tuple(x.shape) for x in jax.tree.leaves(program.params["blocks"])}
+    total = copies = 0
+    for line in buffer.getvalue().splitlines():
+        found = re.match(r"(\w+)\[([\d,]*)\] (.*)", line)
+        if found is None or found.group(3).startswith("from the argument"):
+            continue
+        name, dims = found.group(1), found.group(2)
+        shape = tuple(int(d) for d in dims.split(",") if d)
+        digits = re.sub(r"\D", "", name)
+        size = _ITEMSIZE.get(name, int(digits) // 8 if digits else 8)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * size
+        total += nbytes
+        if shape in block_shapes and len(shape) >= 2:
+            copies += nbytes
+    return {"total": total, "weight copies": copies}
+
+
+# --------------------------------------------------------------------------------------------------
+# The sharded compiles run in a subprocess with forced CPU devices
+# --------------------------------------------------------------------------------------------------
+
+
+def _job_args(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("quick", "batch", "seq", "chunk_tokens", "vocab_chunk", "train_embeddings")
+    return {k: getattr(args, k) for k in keys}
+
+
+def start_sharded(args: argparse.Namespace, items: list[dict[str, Any]]) -> subprocess.Popen | None:
+    """Starts the subprocess compiling ``items`` (``{precision, shards, depth}``; sharded when
+    ``shards > 1``): it needs ``max(shards)`` devices, so it runs on forced CPU devices."""
+    if not items:
+        return None
+    devices = max(item["shards"] for item in items)
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
+    ).strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    job = json.dumps({"args": _job_args(args), "items": items})
+    return subprocess.Popen(
+        [sys.executable, "-c", "from benchmarks.llm_memory import worker; worker()", job],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=tempfile.TemporaryFile(mode="w+"),  # XLA's warnings may outgrow a pipe
+        text=True,
+    )
+
+
+def finish_sharded(proc: subprocess.Popen | None) -> dict[tuple, int]:
+    """``{(precision, shards, depth): temp bytes}`` from the subprocess's JSON lines."""
+    if proc is None:
+        return {}
+    out = proc.stdout.read()
+    if proc.wait() != 0:
+        proc.stderr.seek(0)
+        tail = "\n".join(proc.stderr.read().strip().splitlines()[-15:])
+        raise RuntimeError(f"the sharded-compile subprocess failed:\n{tail}")
+    results = {}
+    for line in out.splitlines():
+        item = json.loads(line)
+        results[(item["precision"], item["shards"], item["depth"])] = item["temp"]
+    return results
+
+
+def temp_of(args: argparse.Namespace, item: dict[str, Any]) -> int:
+    """Scratch bytes of one compile item ``{precision, shards, depth}``."""
+    program = build_program(args, item["depth"], PRECISIONS[item["precision"]])
+    if item["shards"] == 1:
+        return compiled_temp(program)
+    return sharded_temp(program, item["shards"])
+
+
+def worker() -> None:
+    """The subprocess: ``{args, items}`` as JSON in ``sys.argv[1]``; one JSON line per item."""
+    job = json.loads(sys.argv[1])
+    args = argparse.Namespace(**job["args"])
+    for item in job["items"]:
+        print(json.dumps({**item, "temp": temp_of(args, item)}), flush=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------------
+
+
+def gb(nbytes: float) -> float:
+    return nbytes / GB
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    header("benchmarks.llm_memory", argv)
+    run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
+    depth, low = args.layers, first_depth(args)
+    if low + 1 >= depth:
+        raise UsageError(f"--layers {depth} must exceed {low + 1}, the depths of the slope")
+    machines = setups(args)
+    on_cpu = jax.devices()[0].platform == "cpu"
+    measured = ([] if args.quick else [1]) + [low, low + 1]  # --quick: fewer compiles
+    here = [
+        {"precision": p, "shards": 1, "depth": d}
+        for p in args.precisions
+        for d in (*measured, depth)
+    ]
+    there = [
+        {"precision": p, "shards": s.shards, "depth": d}
+        for s in machines
+        if s.shards > 1
+        for p in args.precisions
+        for d in (low, depth)
+    ]
+    # The subprocess compiles on the other core meanwhile: the sharded programs, and one-device
+    # ones until both have about as many (this process also compiles the step).
+    while on_cpu and len(there) < len(here) + 1:
+        there.append(here.pop(0))
+    proc = start_sharded(args, there)
+
+    config = decoder_config(args, depth)
+    print(
+        f"decoder: V {config.vocab_size}, D {config.hidden_size}, F {config.intermediate_size}, "
+        f"H {config.num_heads} (kv {config.num_kv_heads}), Dh {config.head_dim}, L {depth}, "
+        f"untied, rope {config.rope_type}; batch {args.batch} x {args.seq} tokens; "
+        f"layer_token_losses chunk_tokens {args.chunk_tokens}, vocab_chunk {args.vocab_chunk}; "
+        f"input embeddings {'trained' if args.train_embeddings else 'frozen (the task default)'}"
+    )
+    print(
+        f"compiled for: {jax.devices()[0].platform} (one device; a subprocess compiles on "
+        "forced CPU devices)"
+    )
+
+    # ---- state bytes, exactly from shapes --------------------------------------------------
+    full = {p: build_program(args, depth, PRECISIONS[p]) for p in args.precisions}
+    base = args.precisions[0]  # the state is float32 in either precision
+    shapes = state_shapes(full[base])
+    states = {s.shards: state_bytes(full[base], shapes, s.shards) for s in machines}
+    n_train = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(full[base].params))
+    frozen = full[base].batch.frozen
+    n_frozen = 0 if frozen is None else int(np.prod(frozen.shape))
+    print(
+        f"\nparameters: {n_train + n_frozen:,} ({n_train:,} trained, {n_frozen:,} in the frozen "
+        "embedding table); the state is float32 in both precisions (mixed precision casts "
+        "each layer to bfloat16 inside the scan; gradients and Adam moments stay float32)"
+    )
+    print("state bytes per device (jax.eval_shape of the step's init and of the value_and_grad):")
+    print_table(
+        ["shards", "params GB", "frozen GB", "grads GB", "Adam GB", "duals B", "multipliers B"],
+        [
+            [k, gb(st.params), gb(st.frozen), gb(st.grads), gb(st.adam), st.duals, st.multipliers]
+            for k, st in states.items()
+        ],
+    )
+
+    # ---- compiles here, the real step, residuals; then the subprocess's ---------------------
+    temps: dict[tuple[str, int, int], int] = {}
+    for item in here:
+        temps[item["precision"], 1, item["depth"]] = temp_of(args, item)
+    print(f"  {len(here)} compiles here done ({time.perf_counter() - t0:.0f}s)", flush=True)
+    check = step_peak(full[base])
+    residuals = {}
+    for precision in args.precisions:
+        r_low = saved_residuals(build_program(args, low, PRECISIONS[precision]))
+        r_high = saved_residuals(build_program(args, low + 1, PRECISIONS[precision]))
+        residuals[precision] = {k: r_high[k] - r_low[k] for k in r_low}
+    for key, value in finish_sharded(proc).items():
+        temps[key] = value
+    print(f"  {len(there)} compiles in the subprocess done ({time.perf_counter() - t0:.0f}s)")
+
+    # ---- activations on one device: measured depths, extrapolation, direct ----------------
+    print(
+        f"\nactivations on one device: XLA temp of the compiled value_and_grad, batch {args.batch}"
+    )
+    slopes, rows = {}, []
+    for p in args.precisions:
+        slopes[p] = temps[p, 1, low + 1] - temps[p, 1, low]
+        line = temps[p, 1, low] + (depth - low) * slopes[p]
+        measured_gb = [gb(temps[p, 1, d]) for d in measured]
+        rows.append([p, *measured_gb, gb(slopes[p]), gb(line), gb(temps[p, 1, depth])])
+    print_table(
+        [
+            "precision",
+            *(f"L={d} GB" for d in measured),
+            f"slope L={low}-{low + 1} GB/layer",
+            f"line at L={depth} GB",
+            f"compiled L={depth} GB",
+        ],
+        rows,
+    )
+    for p in args.precisions:
+        line = temps[p, 1, low] + (depth - low) * slopes[p]
+        print(
+            f"ratio {p}: extrapolated from L={low},{low + 1} / compiled at L={depth} = "
+            f"{line / temps[p, 1, depth]:.4g}"
+        )
+        if 1 in measured and low == 2:
+            line_12 = temps[p, 1, 1] + (depth - 1) * (temps[p, 1, 2] - temps[p, 1, 1])
+            print(
+                f"ratio {p}: extrapolated from L=1,2 / compiled at L={depth} = "
+                f"{line_12 / temps[p, 1, depth]:.4g}"
+            )
+    print(
+        "(the table uses the direct compile: the blocks are one lax.scan, so compiling at "
+        f"L={depth} costs what L=2 does."
+        + (
+            " L = 1 lies off the line: XLA removes a while loop that runs once."
+            if 1 in measured
+            else ""
+        )
+        + f" Below L = {low} the loss's logits block [chunk_tokens, V] still grows with L.)"
+    )
+
+    print(
+        f"\nper layer, batch {args.batch}: saved residuals (jax.ad_checkpoint."
+        "print_saved_residuals, besides the arguments; platform-independent) vs the compiled slope"
+    )
+    print_table(
+        ["precision", "residuals GB/layer", "of which weight copies GB", "compiled slope GB/layer"],
+        [
+            [p, gb(residuals[p]["total"]), gb(residuals[p]["weight copies"]), gb(slopes[p])]
+            for p in args.precisions
+        ],
+    )
+
+    table_total = states[1].total + temps[base, 1, depth]
+    print(
+        f"\ncheck: the jitted constrained step ({base}, one device, L={depth}, state donated) "
+        "compiled: " + ", ".join(f"{k} {gb(v):.4g} GB" for k, v in check.items())
+    )
+    print(
+        f"ratio step peak / table total (params + frozen + grads + Adam + duals + activations) = "
+        f"{check['peak'] / table_total:.6g}"
+    )
+
+    sharded = [s for s in machines if s.shards > 1]
+    if sharded:
+        print(
+            "\nactivations per device under FSDP: XLA temp of the value_and_grad compiled over "
+            "forced CPU devices"
+        )
+        print_table(
+            ["setup", "batch split", "state split", "precision", f"L={low} GB", f"L={depth} GB"],
+            [
+                [
+                    s.label,
+                    batch_layout(s.shards, args.batch)[0],
+                    s.shards,
+                    p,
+                    gb(temps[p, s.shards, low]),
+                    gb(temps[p, s.shards, depth]),
+                ]
+                for s in sharded
+                for p in args.precisions
+            ],
+        )
+
+    # ---- the table ----------------------------------------------------------------------------
+    def remat(setup: Setup, precision: str) -> int:
+        """Without (L-1) layers' compiled per-layer scratch, keeping every layer's state."""
+        at_depth = temps[precision, setup.shards, depth]
+        slope = (at_depth - temps[precision, setup.shards, low]) / (depth - low)
+        per_device_batch = args.batch // batch_layout(setup.shards, args.batch)[0]
+        itemsize = jnp.dtype(PRECISIONS[precision]).itemsize
+        state = per_device_batch * args.seq * config.hidden_size * itemsize
+        return int(at_depth - (depth - 1) * max(slope - state, 0))
+
+    print(
+        f"\n## Memory per device: {'a tiny decoder' if args.quick else 'Llama 3.1 8B'}, cudt "
+        f"constrained step, batch {args.batch} x {args.seq} tokens\n"
+    )
+    cols = [
+        "setup",
+        "precision",
+        "params GB",
+        "grads GB",
+        "Adam μ,ν GB",
+        "multipliers",
+        "activations GB",
+        "total GB",
+        "fits",
+        "activations, remat (est.) GB",
+        "total, remat GB",
+        "fits, remat",
+    ]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "|".join("---" for _ in cols) + "|")
+    for setup in machines:
+        st = states[setup.shards]
+        cap = setup.capacity_gb * GB
+        for precision in args.precisions:
+            activations = temps[precision, setup.shards, depth]
+            total = st.total + activations
+            total_rm = st.total + remat(setup, precision)
+            mark = "†" if precision == "mixed" and on_cpu else ""
+            cells = [
+                setup.label,
+                precision,
+                f"{gb(st.params + st.frozen):.4g}",
+                f"{gb(st.grads):.4g}",
+                f"{gb(st.adam):.4g}",
+                f"{st.multipliers} B (+{st.duals - st.multipliers} B duals)",
+                f"{gb(activations):.4g}{mark}",
+                f"{gb(total):.4g}",
+                f"{'yes' if total <= cap else 'no'} ({100 * total / cap:.0f}%)",
+                f"{gb(remat(setup, precision)):.4g}{mark}",
+                f"{gb(total_rm):.4g}",
+                f"{'yes' if total_rm <= cap else 'no'} ({100 * total_rm / cap:.0f}%)",
+            ]
+            print("| " + " | ".join(cells) + " |")
+    print(
+        "\nGB = 1e9 bytes; capacities are the nominal ones, of which JAX preallocates 75% unless "
+        "XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise. params: the trained parameters, split "
+        "as --fsdp splits them, plus the frozen input embedding table, whole on every device "
+        "(the runner replicates frozen tables). Adam: mu, nu (and its count and injected "
+        "learning rate). multipliers: the [L+1] float32 λ; duals: the dual optimiser's state, "
+        "slacks and the per-run hyperparameters. activations: XLA temp of the compiled "
+        "value_and_grad at the per-device batch (under FSDP: the sharded program, gathered "
+        "weights and unreduced gradients included). remat (est.): the decoder has no block "
+        "rematerialisation; estimated as the activations without (L-1) layers' compiled "
+        "per-layer scratch, keeping every layer's state."
+    )
+    if "mixed" in args.precisions and on_cpu:
+        mixed = residuals["mixed"]
+        has_f32 = "float32" in args.precisions
+        f32_slope = f" (float32: {gb(slopes['float32']):.3g})" if has_f32 else ""
+        f32_saved = f" (float32: {gb(residuals['float32']['total']):.3g} GB)" if has_f32 else ""
+        print(
+            "† compiled for the CPU: XLA:CPU computes bfloat16 matmuls in float32 and holds many "
+            "bfloat16 values in float32-sized buffers. Its mixed-precision slope is "
+            f"{gb(slopes['mixed']):.3g} GB/layer{f32_slope}, while autodiff saves "
+            f"{gb(mixed['total']):.3g} GB per layer in mixed precision{f32_saved}, of which "
+            f"{gb(mixed['weight copies']):.3g} GB are the bfloat16 copies of the layer's weights "
+            "cast inside the scan. On a GPU the † figures are likely upper bounds."
+        )
+    print(f"total wall {time.perf_counter() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
