@@ -553,8 +553,13 @@ def _run_blocks(
     key_valid: jax.Array,  # [B, T] bool
     c: DecoderConfig,
     dtype: Any,
+    remat: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """All blocks over a full sequence: ``(states [L, B, T, D], keys, values [L, B, T, K, Dh])``."""
+    """All blocks over a full sequence: ``(states [L, B, T, D], keys, values [L, B, T, K, Dh])``.
+
+    ``remat``: rematerialise each block in the backward pass (``jax.checkpoint``): autodiff keeps
+    only the blocks' inputs (which are the states anyway), not their attention and MLP
+    intermediates nor the per-layer compute-dtype copies of the weights."""
     cos, sin = _rotary(positions, c, dtype)
     allowed = _allowed(key_valid, jnp.arange(x.shape[1]), c)
 
@@ -565,7 +570,10 @@ def _run_blocks(
         h = h + _mlp(p, h, c)
         return h, (h, k, v)
 
-    _, (states, keys, values) = jax.lax.scan(block, x, blocks)
+    body = (
+        jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable) if remat else block
+    )
+    _, (states, keys, values) = jax.lax.scan(body, x, blocks)
     return states, keys, values
 
 
@@ -578,7 +586,7 @@ def _embed_tokens(params: Params, input_ids: jax.Array, dtype: Any) -> jax.Array
     return jnp.take(params["embed"], input_ids, axis=0).astype(dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "dtype"))
+@functools.partial(jax.jit, static_argnames=("config", "dtype", "remat"))
 def _forward(
     params: Params,
     embeds: jax.Array,  # [B, T, D]
@@ -587,15 +595,16 @@ def _forward(
     *,
     config: DecoderConfig,
     dtype: Any,
+    remat: bool = False,
 ) -> jax.Array:  # [L+1, B, T, D]
     mask = attention_mask != 0
     positions = _default_positions(mask) if position_ids is None else position_ids
     x = embeds.astype(dtype)
-    states, _, _ = _run_blocks(params["blocks"], x, positions, mask, config, dtype)
+    states, _, _ = _run_blocks(params["blocks"], x, positions, mask, config, dtype, remat)
     return jnp.concatenate([x[None], states], axis=0)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "dtype"))
+@functools.partial(jax.jit, static_argnames=("config", "dtype", "remat"))
 def _forward_ids(
     params: Params,
     input_ids: jax.Array,
@@ -605,11 +614,14 @@ def _forward_ids(
     *,
     config: DecoderConfig,
     dtype: Any,
+    remat: bool = False,
 ) -> jax.Array:
     x = _embed_tokens(params, input_ids, dtype)
     if embed_noise is not None:
         x = x + embed_noise.astype(dtype)
-    return _forward(params, x, attention_mask, position_ids, config=config, dtype=dtype)
+    return _forward(
+        params, x, attention_mask, position_ids, config=config, dtype=dtype, remat=remat
+    )
 
 
 def _head_matrix(params: Params, config: DecoderConfig) -> jax.Array:
@@ -727,6 +739,8 @@ class Decoder:
     Not itself a pytree: pass ``dec.params`` (or a trained copy) to ``dec.apply``. ``eq=False``
     keeps hashing by identity, so bound methods such as ``dec.apply`` can be jitted. ``dtype`` is
     the compute dtype (see the module docstring); params are used in whatever dtype they have.
+    ``remat`` rematerialises every block in the backward pass (``dataclasses.replace(dec,
+    remat=True)``): the same values and gradients, less activation memory.
     """
 
     config: DecoderConfig
@@ -734,6 +748,7 @@ class Decoder:
     tokenizer: Any = None  # tokenizers.Tokenizer | None
     dtype: Any = jnp.float32
     path: pathlib.Path | None = None
+    remat: bool = False
 
     @property
     def num_layers(self) -> int:
@@ -787,6 +802,7 @@ class Decoder:
             embed_noise,
             config=self.config,
             dtype=jnp.dtype(self.dtype),
+            remat=self.remat,
         )
 
     def apply_embeds(
@@ -813,6 +829,7 @@ class Decoder:
             position_ids,
             config=self.config,
             dtype=jnp.dtype(self.dtype),
+            remat=self.remat,
         )
 
     def embed(self, params: Params, input_ids: Any) -> jax.Array:

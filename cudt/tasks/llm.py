@@ -94,6 +94,11 @@ class LLMConfig(RunConfig):
         "states, norms, softmax and losses)",
         check=one_of(*DTYPES),
     )
+    remat: bool = flag(
+        False,
+        "rematerialise every decoder block in the backward pass (less activation memory, "
+        "about one more forward pass of compute)",
+    )
     chunk_tokens: int = flag(
         2048,
         "per-layer loss: (layer, token) rows of logits held at a time (rematerialised in the "
@@ -192,7 +197,11 @@ def _tiny_decoder(cfg: LLMConfig, tok: InstructionTokenizer) -> Decoder:
     )
     params = config.init_params(jax.random.key(cfg.seed))
     return Decoder(
-        config=config, params=params, tokenizer=tok.tokenizer, dtype=DTYPES[cfg.compute_dtype]
+        config=config,
+        params=params,
+        tokenizer=tok.tokenizer,
+        dtype=DTYPES[cfg.compute_dtype],
+        remat=cfg.remat,
     )
 
 
@@ -208,8 +217,11 @@ class LLMTask(Task):
     # -- data ------------------------------------------------------------------------------
     def load(self, cfg) -> LLMData:
         if cfg.checkpoint is not None:  # the weights first: a bad folder fails before the data
-            decoder = load_decoder(
-                cfg.checkpoint, dtype=DTYPES[cfg.compute_dtype], param_dtype=jnp.float32
+            decoder = dataclasses.replace(
+                load_decoder(
+                    cfg.checkpoint, dtype=DTYPES[cfg.compute_dtype], param_dtype=jnp.float32
+                ),
+                remat=cfg.remat,
             )
         splits = alpaca_splits(
             cfg.data,
