@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    .venv/bin/python -m benchmarks.llm_memory            # the 8B table; ~1.5 min on 2 CPU cores
+    .venv/bin/python -m benchmarks.llm_memory            # the 8B table; ~2 min on 2 CPU cores
     .venv/bin/python -m benchmarks.llm_memory --quick    # a tiny decoder: the code paths only
 
 Nothing is allocated or run: every number comes from shapes or from XLA's compiler. Setups:
@@ -35,9 +35,9 @@ bfloat16``).
   its arguments + scratch + non-aliased outputs against the table's total.
 * **Residuals**: what autodiff saves per layer (``jax.ad_checkpoint.print_saved_residuals``),
   independent of the backend, next to the compiled slope (XLA:CPU has no bfloat16 matmul).
-* **Block rematerialisation**: ``cudt.models.decoder`` has none (no ``jax.checkpoint`` around
-  its scan body), so that column is an estimate: the activations less ``L - 1`` layers' compiled
-  per-layer scratch, keeping every layer's state ``[b, T, D]``.
+* **Block rematerialisation**: the same programs compiled at ``--layers`` with the decoder's
+  ``remat=True`` (the LLM task's ``--remat``: ``jax.checkpoint`` with ``nothing_saveable``
+  around each block of the scan), one device and sharded alike: measured, not estimated.
 """
 
 from __future__ import annotations
@@ -246,11 +246,14 @@ class Program:
         return jnp.sum(jnp.mean(self.model.layer_losses(params, batch, key), axis=0))
 
 
-def build_program(args: argparse.Namespace, num_layers: int, compute_dtype: str) -> Program:
-    """The LLM task's ``layer_losses`` (``LLMTask.build``) over a decoder made of shapes."""
+def build_program(
+    args: argparse.Namespace, num_layers: int, compute_dtype: str, remat: bool = False
+) -> Program:
+    """The LLM task's ``layer_losses`` (``LLMTask.build``) over a decoder made of shapes;
+    ``remat`` rematerialises every block in the backward pass (the task's ``--remat``)."""
     config = decoder_config(args, num_layers)
     shapes = jax.eval_shape(config.init_params, jax.random.key(0))
-    decoder = Decoder(config=config, params=shapes, dtype=jnp.dtype(compute_dtype))
+    decoder = Decoder(config=config, params=shapes, dtype=jnp.dtype(compute_dtype), remat=remat)
     task_cfg = LLMConfig(
         max_length=args.seq,
         batch_size=args.batch,
@@ -258,6 +261,7 @@ def build_program(args: argparse.Namespace, num_layers: int, compute_dtype: str)
         chunk_tokens=args.chunk_tokens,
         vocab_chunk=args.vocab_chunk,
         train_embeddings=args.train_embeddings,
+        remat=remat,
     )
     data = LLMData(
         decoder=decoder,
@@ -447,8 +451,8 @@ def _job_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def start_sharded(args: argparse.Namespace, items: list[dict[str, Any]]) -> subprocess.Popen | None:
-    """Starts the subprocess compiling ``items`` (``{precision, shards, depth}``; sharded when
-    ``shards > 1``): it needs ``max(shards)`` devices, so it runs on forced CPU devices."""
+    """Starts the subprocess compiling ``items`` (``{precision, shards, depth, remat}``; sharded
+    when ``shards > 1``): it needs ``max(shards)`` devices, so it runs on forced CPU devices."""
     if not items:
         return None
     devices = max(item["shards"] for item in items)
@@ -470,7 +474,7 @@ def start_sharded(args: argparse.Namespace, items: list[dict[str, Any]]) -> subp
 
 
 def finish_sharded(proc: subprocess.Popen | None) -> dict[tuple, int]:
-    """``{(precision, shards, depth): temp bytes}`` from the subprocess's JSON lines."""
+    """``{(precision, shards, depth, remat): temp bytes}`` from the subprocess's JSON lines."""
     if proc is None:
         return {}
     out = proc.stdout.read()
@@ -481,13 +485,13 @@ def finish_sharded(proc: subprocess.Popen | None) -> dict[tuple, int]:
     results = {}
     for line in out.splitlines():
         item = json.loads(line)
-        results[(item["precision"], item["shards"], item["depth"])] = item["temp"]
+        results[item["precision"], item["shards"], item["depth"], item["remat"]] = item["temp"]
     return results
 
 
 def temp_of(args: argparse.Namespace, item: dict[str, Any]) -> int:
-    """Scratch bytes of one compile item ``{precision, shards, depth}``."""
-    program = build_program(args, item["depth"], PRECISIONS[item["precision"]])
+    """Scratch bytes of one compile item ``{precision, shards, depth, remat}``."""
+    program = build_program(args, item["depth"], PRECISIONS[item["precision"]], item["remat"])
     if item["shards"] == 1:
         return compiled_temp(program)
     return sharded_temp(program, item["shards"])
@@ -524,17 +528,18 @@ def run(args: argparse.Namespace) -> None:
     machines = setups(args)
     on_cpu = jax.devices()[0].platform == "cpu"
     measured = ([] if args.quick else [1]) + [low, low + 1]  # --quick: fewer compiles
+    # (depth, remat): the line's depths, then the full depth without and with block remat
     here = [
-        {"precision": p, "shards": 1, "depth": d}
+        {"precision": p, "shards": 1, "depth": d, "remat": r}
         for p in args.precisions
-        for d in (*measured, depth)
+        for d, r in (*((d, False) for d in measured), (depth, False), (depth, True))
     ]
     there = [
-        {"precision": p, "shards": s.shards, "depth": d}
+        {"precision": p, "shards": s.shards, "depth": d, "remat": r}
         for s in machines
         if s.shards > 1
         for p in args.precisions
-        for d in (low, depth)
+        for d, r in ((low, False), (depth, False), (depth, True))
     ]
     # The subprocess compiles on the other core meanwhile: the sharded programs, and one-device
     # ones until both have about as many (this process also compiles the step).
@@ -578,9 +583,9 @@ def run(args: argparse.Namespace) -> None:
     )
 
     # ---- compiles here, the real step, residuals; then the subprocess's ---------------------
-    temps: dict[tuple[str, int, int], int] = {}
+    temps: dict[tuple[str, int, int, bool], int] = {}  # (precision, shards, depth, remat)
     for item in here:
-        temps[item["precision"], 1, item["depth"]] = temp_of(args, item)
+        temps[item["precision"], 1, item["depth"], item["remat"]] = temp_of(args, item)
     print(f"  {len(here)} compiles here done ({time.perf_counter() - t0:.0f}s)", flush=True)
     check = step_peak(full[base])
     residuals = {}
@@ -598,10 +603,19 @@ def run(args: argparse.Namespace) -> None:
     )
     slopes, rows = {}, []
     for p in args.precisions:
-        slopes[p] = temps[p, 1, low + 1] - temps[p, 1, low]
-        line = temps[p, 1, low] + (depth - low) * slopes[p]
-        measured_gb = [gb(temps[p, 1, d]) for d in measured]
-        rows.append([p, *measured_gb, gb(slopes[p]), gb(line), gb(temps[p, 1, depth])])
+        slopes[p] = temps[p, 1, low + 1, False] - temps[p, 1, low, False]
+        line = temps[p, 1, low, False] + (depth - low) * slopes[p]
+        measured_gb = [gb(temps[p, 1, d, False]) for d in measured]
+        rows.append(
+            [
+                p,
+                *measured_gb,
+                gb(slopes[p]),
+                gb(line),
+                gb(temps[p, 1, depth, False]),
+                gb(temps[p, 1, depth, True]),
+            ]
+        )
     print_table(
         [
             "precision",
@@ -609,20 +623,23 @@ def run(args: argparse.Namespace) -> None:
             f"slope L={low}-{low + 1} GB/layer",
             f"line at L={depth} GB",
             f"compiled L={depth} GB",
+            f"compiled L={depth}, remat GB",
         ],
         rows,
     )
     for p in args.precisions:
-        line = temps[p, 1, low] + (depth - low) * slopes[p]
+        line = temps[p, 1, low, False] + (depth - low) * slopes[p]
         print(
             f"ratio {p}: extrapolated from L={low},{low + 1} / compiled at L={depth} = "
-            f"{line / temps[p, 1, depth]:.4g}"
+            f"{line / temps[p, 1, depth, False]:.4g}"
         )
         if 1 in measured and low == 2:
-            line_12 = temps[p, 1, 1] + (depth - 1) * (temps[p, 1, 2] - temps[p, 1, 1])
+            line_12 = temps[p, 1, 1, False] + (depth - 1) * (
+                temps[p, 1, 2, False] - temps[p, 1, 1, False]
+            )
             print(
                 f"ratio {p}: extrapolated from L=1,2 / compiled at L={depth} = "
-                f"{line_12 / temps[p, 1, depth]:.4g}"
+                f"{line_12 / temps[p, 1, depth, False]:.4g}"
             )
     print(
         "(the table uses the direct compile: the blocks are one lax.scan, so compiling at "
@@ -647,7 +664,7 @@ def run(args: argparse.Namespace) -> None:
         ],
     )
 
-    table_total = states[1].total + temps[base, 1, depth]
+    table_total = states[1].total + temps[base, 1, depth, False]
     print(
         f"\ncheck: the jitted constrained step ({base}, one device, L={depth}, state donated) "
         "compiled: " + ", ".join(f"{k} {gb(v):.4g} GB" for k, v in check.items())
@@ -664,15 +681,24 @@ def run(args: argparse.Namespace) -> None:
             "forced CPU devices"
         )
         print_table(
-            ["setup", "batch split", "state split", "precision", f"L={low} GB", f"L={depth} GB"],
+            [
+                "setup",
+                "batch split",
+                "state split",
+                "precision",
+                f"L={low} GB",
+                f"L={depth} GB",
+                f"L={depth}, remat GB",
+            ],
             [
                 [
                     s.label,
                     batch_layout(s.shards, args.batch)[0],
                     s.shards,
                     p,
-                    gb(temps[p, s.shards, low]),
-                    gb(temps[p, s.shards, depth]),
+                    gb(temps[p, s.shards, low, False]),
+                    gb(temps[p, s.shards, depth, False]),
+                    gb(temps[p, s.shards, depth, True]),
                 ]
                 for s in sharded
                 for p in args.precisions
@@ -680,15 +706,6 @@ def run(args: argparse.Namespace) -> None:
         )
 
     # ---- the table ----------------------------------------------------------------------------
-    def remat(setup: Setup, precision: str) -> int:
-        """Without (L-1) layers' compiled per-layer scratch, keeping every layer's state."""
-        at_depth = temps[precision, setup.shards, depth]
-        slope = (at_depth - temps[precision, setup.shards, low]) / (depth - low)
-        per_device_batch = args.batch // batch_layout(setup.shards, args.batch)[0]
-        itemsize = jnp.dtype(PRECISIONS[precision]).itemsize
-        state = per_device_batch * args.seq * config.hidden_size * itemsize
-        return int(at_depth - (depth - 1) * max(slope - state, 0))
-
     print(
         f"\n## Memory per device: {'a tiny decoder' if args.quick else 'Llama 3.1 8B'}, cudt "
         f"constrained step, batch {args.batch} x {args.seq} tokens\n"
@@ -703,7 +720,7 @@ def run(args: argparse.Namespace) -> None:
         "activations GB",
         "total GB",
         "fits",
-        "activations, remat (est.) GB",
+        "activations, remat GB",
         "total, remat GB",
         "fits, remat",
     ]
@@ -713,9 +730,10 @@ def run(args: argparse.Namespace) -> None:
         st = states[setup.shards]
         cap = setup.capacity_gb * GB
         for precision in args.precisions:
-            activations = temps[precision, setup.shards, depth]
+            activations = temps[precision, setup.shards, depth, False]
+            activations_rm = temps[precision, setup.shards, depth, True]
             total = st.total + activations
-            total_rm = st.total + remat(setup, precision)
+            total_rm = st.total + activations_rm
             mark = "†" if precision == "mixed" and on_cpu else ""
             cells = [
                 setup.label,
@@ -727,7 +745,7 @@ def run(args: argparse.Namespace) -> None:
                 f"{gb(activations):.4g}{mark}",
                 f"{gb(total):.4g}",
                 f"{'yes' if total <= cap else 'no'} ({100 * total / cap:.0f}%)",
-                f"{gb(remat(setup, precision)):.4g}{mark}",
+                f"{gb(activations_rm):.4g}{mark}",
                 f"{gb(total_rm):.4g}",
                 f"{'yes' if total_rm <= cap else 'no'} ({100 * total_rm / cap:.0f}%)",
             ]
@@ -740,9 +758,9 @@ def run(args: argparse.Namespace) -> None:
         "learning rate). multipliers: the [L+1] float32 λ; duals: the dual optimiser's state, "
         "slacks and the per-run hyperparameters. activations: XLA temp of the compiled "
         "value_and_grad at the per-device batch (under FSDP: the sharded program, gathered "
-        "weights and unreduced gradients included). remat (est.): the decoder has no block "
-        "rematerialisation; estimated as the activations without (L-1) layers' compiled "
-        "per-layer scratch, keeping every layer's state."
+        "weights and unreduced gradients included). remat: the same program compiled with every "
+        "decoder block rematerialised in the backward pass (Decoder(remat=True), the task's "
+        "--remat: jax.checkpoint with nothing_saveable around each block of the scan)."
     )
     if "mixed" in args.precisions and on_cpu:
         mixed = residuals["mixed"]
