@@ -64,7 +64,10 @@ from cudt.models.encoders import (
     EncoderError,
     _check_range,
     _check_shape,
+    _find_prefix_of,
     _load_tensors,
+    _model_folder,
+    _read_tokenizer,
     _Weights,
 )
 
@@ -1012,23 +1015,13 @@ def decoder_partition_specs(params: Params, mode: ShardingMode, mesh: Mesh | Non
 
 def _find_prefix(tensors: Mapping[str, np.ndarray]) -> str:
     """The prefix before ``embed_tokens.`` ('model.' for ForCausalLM, '' for a base model)."""
-    found = [
-        k[: -len(_EMBED_KEY)]
-        for k in tensors
-        if k.endswith(_EMBED_KEY) and (k == _EMBED_KEY or k[: -len(_EMBED_KEY)].endswith("."))
-    ]
-    for preferred in ("model.", ""):
-        if preferred in found:
-            return preferred
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise EncoderError(
-            f"tensor 'model.{_EMBED_KEY}' is missing from the checkpoint: it is not a "
-            "Llama-family decoder; pass the folder of one, or the config.json that came with "
-            "these weights"
-        )
-    raise EncoderError(f"several decoders in the checkpoint (prefixes {found}); keep only one")
+    return _find_prefix_of(
+        tensors,
+        _EMBED_KEY,
+        ("model.", ""),
+        f"tensor 'model.{_EMBED_KEY}' is missing from the checkpoint: it is not a Llama-family "
+        "decoder; pass the folder of one, or the config.json that came with these weights",
+    )
 
 
 def _convert(tensors: Mapping[str, np.ndarray], source: pathlib.Path, c: DecoderConfig) -> Params:
@@ -1082,30 +1075,12 @@ def load_decoder(
     ``param_dtype`` (default ``dtype``; ``dtype=jnp.bfloat16, param_dtype=jnp.float32`` is
     mixed precision). Raises :class:`EncoderError` with a one-line fix for every problem.
     """
-    folder = pathlib.Path(path).expanduser()
-    if not folder.is_dir():
-        raise EncoderError(
-            f"model folder {folder} does not exist: pass a folder holding config.json and "
-            f"{_SAFETENSORS_FILE}"
-        )
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise EncoderError(
-            f"{folder} has no config.json: pass a Hugging Face model folder (save_pretrained)"
-        )
+    folder, config_file = _model_folder(path)
     config = DecoderConfig.from_file(config_file)
     tensors, source = _load_tensors(folder)
     store = jnp.dtype(dtype if param_dtype is None else param_dtype)
     params = jax.tree.map(lambda a: jnp.asarray(a, dtype=store), _convert(tensors, source, config))
-    tokenizer = None
-    tokenizer_file = folder / "tokenizer.json"
-    if tokenizer_file.is_file():
-        from tokenizers import Tokenizer
-
-        try:
-            tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        except Exception as err:  # tokenizers raises plain Exception subclasses
-            raise EncoderError(f"cannot read {tokenizer_file} ({err}): re-export it") from err
+    tokenizer = _read_tokenizer(folder)
     return Decoder(config=config, params=params, tokenizer=tokenizer, dtype=dtype, path=folder)
 
 

@@ -770,14 +770,8 @@ def _load_tensors(folder: pathlib.Path) -> tuple[dict[str, np.ndarray], pathlib.
     )
 
 
-def load_encoder(path: str | pathlib.Path, *, dtype: Any = jnp.float32) -> Encoder:
-    """Load a Hugging Face BERT / DistilBERT / RoBERTa folder into an :class:`Encoder`.
-
-    Reads ``config.json``, ``model.safetensors`` (or a sharded safetensors index) and, when
-    present, ``tokenizer.json``. Task heads (pooler, MLM head, classifier) are ignored; a
-    ``bert.`` / ``roberta.`` / ``distilbert.`` prefix on tensor names is handled. Params are cast
-    to ``dtype``. Raises :class:`EncoderError` with a one-line fix for every loading problem.
-    """
+def _model_folder(path: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """``(folder, folder/config.json)`` of a Hugging Face model folder, or one EncoderError line."""
     folder = pathlib.Path(path).expanduser()
     if not folder.is_dir():
         raise EncoderError(
@@ -789,17 +783,57 @@ def load_encoder(path: str | pathlib.Path, *, dtype: Any = jnp.float32) -> Encod
         raise EncoderError(
             f"{folder} has no config.json: pass a Hugging Face model folder (save_pretrained)"
         )
+    return folder, config_file
+
+
+def _read_tokenizer(folder: pathlib.Path) -> Any:
+    """The folder's ``tokenizer.json`` as a ``tokenizers.Tokenizer``, or None when it has none."""
+    tokenizer_file = folder / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(tokenizer_file))
+    except Exception as err:  # tokenizers raises plain Exception subclasses
+        raise EncoderError(f"cannot read {tokenizer_file} ({err}): re-export it") from err
+
+
+def _find_prefix_of(
+    tensors: Mapping[str, np.ndarray], key: str, preferred: tuple[str, ...], missing: str
+) -> str:
+    """The prefix in front of ``key`` among the tensor names: the first of ``preferred`` that
+    occurs, else the only one; ``missing`` is the error line when none does."""
+    found = [
+        k[: -len(key)]
+        for k in tensors
+        if k.endswith(key) and (k == key or k[: -len(key)].endswith("."))
+    ]
+    for prefix in preferred:
+        if prefix in found:
+            return prefix
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise EncoderError(missing)
+    raise EncoderError(f"several models in the checkpoint (prefixes {found}); keep only one")
+
+
+def load_encoder(path: str | pathlib.Path, *, dtype: Any = jnp.float32) -> Encoder:
+    """Load a Hugging Face BERT / DistilBERT / RoBERTa folder into an :class:`Encoder`.
+
+    Reads ``config.json``, ``model.safetensors`` (or a sharded safetensors index) and, when
+    present, ``tokenizer.json``. Task heads (pooler, MLM head, classifier) are ignored; a
+    ``bert.`` / ``roberta.`` / ``distilbert.`` prefix on tensor names is handled. Params are cast
+    to ``dtype``. Raises :class:`EncoderError` with a one-line fix for every loading problem.
+    """
+    folder, config_file = _model_folder(path)
     config = EncoderConfig.from_file(config_file)
     tensors, source = _load_tensors(folder)
     weights = _Weights(tensors, _find_prefix(tensors, config.model_type), source)
     params = jax.tree.map(lambda a: jnp.asarray(a, dtype=dtype), _convert(weights, config))
 
-    tokenizer = None
-    tokenizer_file = folder / "tokenizer.json"
-    if tokenizer_file.is_file():
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    tokenizer = _read_tokenizer(folder)
     return Encoder(config=config, params=params, tokenizer=tokenizer, dtype=dtype, path=folder)
 
 

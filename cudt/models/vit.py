@@ -51,8 +51,10 @@ from cudt.models.encoders import (
     _SAFETENSORS_FILE,
     EncoderError,
     _activation,
+    _find_prefix_of,
     _layer_norm,
     _load_tensors,
+    _model_folder,
 )
 from cudt.models.encoders import (
     _Weights as _EncoderWeights,
@@ -537,23 +539,14 @@ class _Weights(_EncoderWeights):
 
 def _find_prefix(tensors: Mapping[str, np.ndarray]) -> str:
     """The prefix before ``embeddings.`` ('' for ViTModel, 'vit.' for ViTForX checkpoints)."""
-    found = [
-        k[: -len(_PATCH_KEY)]
-        for k in tensors
-        if k.endswith(_PATCH_KEY) and (k == _PATCH_KEY or k[: -len(_PATCH_KEY)].endswith("."))
-    ]
-    for preferred in ("", "vit."):
-        if preferred in found:
-            return preferred
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise EncoderError(
-            f"tensor {_PATCH_KEY!r} (optionally prefixed 'vit.') is missing from the checkpoint: "
-            "it is not a ViT model; pass the folder of a ViT model, or the config.json that came "
-            "with these weights"
-        )
-    raise EncoderError(f"several ViTs in the checkpoint (prefixes {found}); keep only one")
+    return _find_prefix_of(
+        tensors,
+        _PATCH_KEY,
+        ("", "vit."),
+        f"tensor {_PATCH_KEY!r} (optionally prefixed 'vit.') is missing from the checkpoint: it "
+        "is not a ViT model; pass the folder of a ViT model, or the config.json that came with "
+        "these weights",
+    )
 
 
 def _convert(weights: _Weights, config: ViTConfig) -> Params:
@@ -604,17 +597,7 @@ def load_vit(path: str | pathlib.Path, dtype: Any = jnp.float32) -> ViT:
     decoder and mask token are ignored. Params are cast to ``dtype``. Raises
     :class:`EncoderError` with a one-line fix for every loading problem.
     """
-    folder = pathlib.Path(path).expanduser()
-    if not folder.is_dir():
-        raise EncoderError(
-            f"model folder {folder} does not exist: pass a folder holding config.json and "
-            f"{_SAFETENSORS_FILE}"
-        )
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise EncoderError(
-            f"{folder} has no config.json: pass a Hugging Face model folder (save_pretrained)"
-        )
+    folder, config_file = _model_folder(path)
     config = ViTConfig.from_dict(_read_json(config_file))
     pre_file = folder / "preprocessor_config.json"
     preprocessor = (
