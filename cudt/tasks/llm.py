@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cudt import plots
 from cudt.data.alpaca import (
     InstructionTokenizer,
     TokenizedAlpaca,
@@ -40,13 +39,12 @@ from cudt.data.alpaca import (
     tokenize_alpaca,
 )
 from cudt.errors import UsageError
-from cudt.experiment import Column
 from cudt.io import _atomic_write
 from cudt.lm_loss import layer_token_losses
-from cudt.metrics import trapezoid_auc
 from cudt.models.decoder import Decoder, DecoderConfig, load_decoder
 from cudt.runner.config import RunConfig, at_least, flag, non_negative, one_of, positive, shared
 from cudt.runner.task import GroupModel, RunBatch, Task, cut_in_batches
+from cudt.tasks.accuracy import AccuracyReports
 
 __all__ = ["LLMConfig", "LLMData", "LLMTask", "test_gamma_grid"]
 
@@ -209,10 +207,11 @@ def _masked_fraction(tokens: TokenizedAlpaca) -> float:
     return float(np.mean(tokens.truncated))
 
 
-class LLMTask(Task):
+class LLMTask(AccuracyReports, Task):
     name = "llm_sft"
     config_cls = LLMConfig
-    selection = ("val_accuracy", True)
+    loss_name = "token cross-entropy"
+    accuracy_name = "mean token accuracy"
 
     # -- data ------------------------------------------------------------------------------
     def load(self, cfg) -> LLMData:
@@ -444,28 +443,6 @@ class LLMTask(Task):
     def test_gamma_grid(self, cfg, gamma_train: float) -> list[float]:
         return test_gamma_grid(gamma_train, cfg.test_gammas)
 
-    def run_metrics(self, cfg, test, val, gammas, gamma_train):
-        accuracy = [float(c[:, -1].mean()) for c in test["correct"]]
-        return {
-            "accuracy": accuracy,
-            "auc": trapezoid_auc(gammas, accuracy),
-            "layer_accuracy": [c.mean(0).tolist() for c in test["correct"]],
-            "val_accuracy": float(val["correct"][:, -1].mean()),
-        }
-
-    def metric_columns(self):
-        def at_train(r):
-            return r["accuracy"][r["test_gamma"].index(r["gamma_train"])]
-
-        return [
-            Column("acc@γtr", 8, lambda r: f"{at_train(r):.3f}"),
-            Column("acc@γmax", 8, lambda r: f"{r['accuracy'][-1]:.3f}"),
-            Column("AUC", 6, lambda r: f"{r['auc']:.3f}"),
-        ]
-
-    def after_columns(self):
-        return [Column("ℓ↓ all l", 8, lambda r: "yes" if r["loss_decreases"] else "no")]
-
     def table_footer(self, runs) -> str:
         lines = ["mean test token accuracy per gamma (final layer):"]
         for r in runs:
@@ -473,36 +450,11 @@ class LLMTask(Task):
                 f"{g:g}:{a:.3f}" for g, a in zip(r["test_gamma"], r["accuracy"], strict=True)
             )
             lines.append(f"{r['label']}: {acc}")
-        lines.append("mean test cross-entropy per state at gamma_train:")
-        for r in runs:
-            losses = r["layer_loss"][r["test_gamma"].index(r["gamma_train"])]
-            lines.append(f"{r['label']}: " + " ".join(f"{v:.3f}" for v in losses))
+        lines += self.layer_loss_lines(runs, "cross-entropy")
         return "\n".join(lines + _completion_lines(runs, first_only=True))
 
     def figures(self, runs, ratios, out: Path, gammas, cfg):
-        paths = [out / "layer_loss.png", out / "accuracy_vs_gamma.png", out / "ratio_hist.png"]
-        plots.plot_layer_losses(
-            runs,
-            paths[0],
-            title=f"mean test token cross-entropy per state at γ_train = {cfg.gamma_train}",
-        )
-        plots.plot_metric_vs_gamma(
-            runs,
-            paths[1],
-            key="accuracy",
-            ylabel="mean test token accuracy",
-            gamma_train=cfg.gamma_train,
-            title="token accuracy vs embedding noise (γ > γ_train: OOD)",
-        )
-        by_kind: dict[tuple[str, bool], list] = {}
-        for run, r in zip(runs, ratios, strict=True):
-            if r is not None:
-                by_kind.setdefault((f"llm-{run['layers']}", run["constrained"]), []).append(r)
-        plots.plot_ratio_histograms(
-            {k: np.concatenate(v) for k, v in by_kind.items()},
-            paths[2],
-            title=f"per-sample ratios ℓ_l / ℓ_(l-1) on the test set at γ_train = {cfg.gamma_train}",
-        )
+        paths = self.accuracy_figures(runs, ratios, out, cfg, noise="embedding noise")
         if any(r.get("completions") for r in runs):
             text = "\n".join(
                 ["# Greedy completions of held-out prompts", ""] + _completion_lines(runs)

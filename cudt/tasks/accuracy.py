@@ -1,0 +1,87 @@
+"""What the accuracy tasks (text classification, LLM fine-tuning) report alike.
+
+Their evaluation outputs are ``"losses"`` and ``"correct"`` (per sample and state: a hit, or a
+fraction of hits for token accuracy); the metrics are accuracy per test γ (the last state), its
+AUC over the γ grid, accuracy per state, and validation accuracy (the best-run score); the
+figures are the per-state loss, accuracy vs γ and the per-sample ratio histograms.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cudt import plots
+from cudt.experiment import Column
+from cudt.metrics import trapezoid_auc
+
+__all__ = ["AccuracyReports"]
+
+
+class AccuracyReports:
+    """Mixin of a :class:`cudt.runner.Task` whose ``eval_outputs`` give ``"correct"``."""
+
+    selection = ("val_accuracy", True)
+    loss_name = "cross-entropy"  # in the per-state loss plot's title and the footer
+    accuracy_name = "accuracy"  # in the accuracy plot's axis label
+
+    def run_metrics(self, cfg, test, val, gammas, gamma_train):
+        accuracy = [float(c[:, -1].mean()) for c in test["correct"]]
+        return {
+            "accuracy": accuracy,
+            "auc": trapezoid_auc(gammas, accuracy),
+            "layer_accuracy": [c.mean(0).tolist() for c in test["correct"]],
+            "val_accuracy": float(val["correct"][:, -1].mean()),
+        }
+
+    def metric_columns(self):
+        def at_train(r):
+            return r["accuracy"][r["test_gamma"].index(r["gamma_train"])]
+
+        return [
+            Column("acc@γtr", 8, lambda r: f"{at_train(r):.3f}"),
+            Column("acc@γmax", 8, lambda r: f"{r['accuracy'][-1]:.3f}"),
+            Column("AUC", 6, lambda r: f"{r['auc']:.3f}"),
+        ]
+
+    def after_columns(self):
+        return [Column("ℓ↓ all l", 8, lambda r: "yes" if r["loss_decreases"] else "no")]
+
+    @staticmethod
+    def layer_loss_lines(runs, what: str = "loss") -> list[str]:
+        """The mean test loss of every state at each run's γ_train, one line a run."""
+        lines = [f"mean test {what} per state at gamma_train:"]
+        for r in runs:
+            losses = r["layer_loss"][r["test_gamma"].index(r["gamma_train"])]
+            lines.append(f"{r['label']}: " + " ".join(f"{v:.3f}" for v in losses))
+        return lines
+
+    def accuracy_figures(self, runs, ratios, out: Path, cfg, *, noise: str) -> list[Path]:
+        """``layer_loss.png``, ``accuracy_vs_gamma.png`` and ``ratio_hist.png``; ``noise``
+        names the perturbation in the accuracy plot's title."""
+        paths = [out / "layer_loss.png", out / "accuracy_vs_gamma.png", out / "ratio_hist.png"]
+        plots.plot_layer_losses(
+            runs,
+            paths[0],
+            title=f"mean test {self.loss_name} per state at γ_train = {cfg.gamma_train}",
+        )
+        plots.plot_metric_vs_gamma(
+            runs,
+            paths[1],
+            key="accuracy",
+            ylabel=f"test {self.accuracy_name}",
+            gamma_train=cfg.gamma_train,
+            title=f"{self.accuracy_name} vs {noise} (γ > γ_train: OOD)",
+        )
+        by_model: dict[tuple[str, bool], list] = {}
+        for run, r in zip(runs, ratios, strict=True):
+            if r is not None:
+                key = (f"{run['model']}-{run['layers']}", run["constrained"])
+                by_model.setdefault(key, []).append(r)
+        plots.plot_ratio_histograms(
+            {k: np.concatenate(v) for k, v in by_model.items()},
+            paths[2],
+            title=f"per-sample ratios ℓ_l / ℓ_(l-1) on the test set at γ_train = {cfg.gamma_train}",
+        )
+        return paths
