@@ -19,11 +19,8 @@ every γ_train), ``fig2_rmse_vs_gamma.png``, ``fig3_depth.png``, ``fig7_layer_lo
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import shutil
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +29,9 @@ import numpy as np
 from cudt import grid
 from cudt.data import layouts
 from cudt.errors import DataError, UsageError
-from cudt.grid import SubRun, check_subrun, fmt, grid_axes, save_figure, write_text
-from cudt.io import fresh_run_dir
+from cudt.grid import SubRun, fmt, grid_axes, save_figure
 from cudt.models.vit import write_vit_folder
-from cudt.runner.config import SWEEPABLE, flag
+from cudt.runner.config import flag
 from cudt.tasks.video import CONTROL, VideoConfig, VideoTask, test_gamma_grid
 
 __all__ = [
@@ -68,7 +64,7 @@ WRITERS = {
 }
 GAMMA_TRAINS = (0.0, 0.09, 0.11, 0.13, 0.15)
 KIND = grid.KIND
-HPARAMS = tuple(n for n in SWEEPABLE if n != "gamma_train")
+HPARAMS = grid.HPARAMS
 
 # Settings per scale (flags override steps, seeds, batch size, test γ).
 SCALES: dict[str, dict[str, Any]] = {
@@ -140,17 +136,7 @@ vit 12 0.15 6.953 6.865 6.650 6.889 12.695 14.632
 """
 
 
-def _paper_table() -> dict[tuple[str, int, float, str], tuple[float, float]]:
-    table = {}
-    for line in _PAPER_ROWS.strip().splitlines():
-        model, layers, gamma, *values = line.split()
-        v = [float(x) for x in values]
-        for i, dataset in enumerate(("avenue", "shanghaitech", "ucsd")):  # the paper's order
-            table[(model, int(layers), float(gamma), dataset)] = (v[2 * i], v[2 * i + 1])
-    return table
-
-
-PAPER_TABLE3 = _paper_table()
+PAPER_TABLE3 = grid.paper_table(_PAPER_ROWS, ("avenue", "shanghaitech", "ucsd"))  # its order
 
 
 # --------------------------------------------------------------------------------------------------
@@ -173,11 +159,7 @@ class Table3Config:
         "--scale paper: folder holding UCSD_Anomaly_Dataset.v1p2, 'Avenue Dataset' and "
         "shanghaitech as their archives extract",
     )
-    out: str | None = flag(
-        None,
-        "output folder (default: a fresh runs/video_table-<time>); rerun the same command with "
-        "the same --out to reuse finished sub-runs and resume interrupted ones",
-    )
+    out: str | None = grid.out_flag("video_table")
     models: tuple[str, ...] = flag(
         ("dust", "ut"),
         "models: dust (also trains the ERM control dust-pl), ut, vit (a pretrained ViT "
@@ -189,15 +171,10 @@ class Table3Config:
         "--scale tiny without it writes a random-weight tiny ViT in that layout",
     )
     layers: tuple[int, ...] = flag((3, 5, 7), "depths L")
-    datasets: tuple[str, ...] = flag(DATASETS, "datasets: " + ", ".join(DATASETS))
+    datasets: tuple[str, ...] = grid.datasets_flag(DATASETS)
     gamma_trains: tuple[float, ...] = flag(GAMMA_TRAINS, "training perturbation levels γ_train")
-    headline_gamma: float = flag(0.15, "the γ_train of the headline table and the figures")
-    sweep: tuple[str, ...] = flag(
-        (),
-        "NAME=V1,V2,...: also sweep NAME (" + ", ".join(HPARAMS) + ") in every sub-run; "
-        "a single value fixes it (e.g. epsilon=0.05)",
-        repeat=True,
-    )
+    headline_gamma: float = grid.headline_flag(0.15)
+    sweep: tuple[str, ...] = grid.sweep_flag("epsilon=0.05")
     seeds: int | None = flag(None, "seeds per setting (default: tiny 1, paper 5)")
     steps: int | None = flag(None, "training steps per run (default: tiny 60, paper 800)")
     batch_size: int | None = flag(None, "examples per batch (default 32)")
@@ -210,21 +187,13 @@ class Table3Config:
         None, "feasibility tolerance on validation data (default: the runner's, 0.05)"
     )
     max_videos: int | None = flag(None, "read at most this many videos per split")
-    devices: int | None = flag(None, "use at most this many devices (default: every visible one)")
-    overwrite: bool = flag(False, "retrain every sub-run, discarding results already in --out")
+    devices: int | None = grid.devices_flag()
+    overwrite: bool = grid.overwrite_flag()
 
     def __post_init__(self):
-        def need(ok, message):
-            if not ok:
-                raise UsageError(message)
-
+        need = grid.need
         need(self.scale in SCALES, f"--scale must be tiny or paper, got {self.scale!r}")
-        bad = [d for d in self.datasets if d not in DATASETS]
-        need(
-            not bad,
-            f"--datasets: unknown dataset {bad[0] if bad else ''!r}: choose from "
-            + ", ".join(DATASETS),
-        )
+        grid.check_known("datasets", "dataset", self.datasets, DATASETS)
         need(
             self.vit_checkpoint is None or "vit" in self.models,
             "--vit-checkpoint is read with --models ...,vit only: add vit to --models or drop it",
@@ -234,12 +203,8 @@ class Table3Config:
             "--scale paper --models vit needs --vit-checkpoint FOLDER (a Hugging Face ViT "
             "folder, e.g. google/vit-base-patch16-224)",
         )
-        bad = [m for m in self.models if m not in TABLE_MODELS]
-        need(
-            not bad,
-            f"--models: unknown model {bad[0] if bad else ''!r}: choose from "
-            f"{', '.join(TABLE_MODELS)} ({CONTROL} rows come with dust)",
-        )
+        hint = f" ({CONTROL} rows come with dust)"
+        grid.check_known("models", "model", self.models, TABLE_MODELS, hint)
         need(
             all(n >= 1 for n in self.layers),
             f"--layers must all be >= 1, got {','.join(map(str, self.layers))}",
@@ -250,9 +215,7 @@ class Table3Config:
             "--data-root is read by --scale paper only (--scale tiny writes its own data under "
             "<out>/data): drop --data-root or pass --scale paper",
         )
-        # Unique values, in the order given (a repeated value would be a second sub-run).
-        for name in ("datasets", "models", "layers", "gamma_trains"):
-            object.__setattr__(self, name, grid.unique(getattr(self, name)))
+        grid.keep_unique(self)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -327,35 +290,36 @@ def plan(opts: Table3Config, out: Path) -> list[SubRun]:
     subs = []
     unrolled = tuple(m for m in opts.models if m in UNROLLED)
     for dataset in opts.datasets:
+        data = (dataset, dirs[dataset], test_gammas)
         for layers in opts.layers if unrolled else ():
-            sub_out = out / f"{dataset}-L{layers}"
-            kw = dict(
-                dataset=dataset,
-                data_dir=str(dirs[dataset]),
-                layers=layers,
-                models=unrolled,
-                sweep=(f"gamma_train={fmt(opts.gamma_trains)}", *opts.sweep),
-                gamma_train=opts.headline_gamma,  # the sub-run's own plots mark this γ
-                test_gammas=tuple(test_gammas),
-                seeds=opts.seeds or scale["seeds"],
-                steps=opts.steps or scale["steps"],
-                batch_size=opts.batch_size or scale["batch_size"],
-                max_videos=opts.max_videos,
-                devices=opts.devices,
-                out=str(sub_out),
-                overwrite=opts.overwrite,
-                **scale["video"],
-            )
-            if opts.tolerance is not None:
-                kw["tolerance"] = opts.tolerance
-            try:
-                cfg = VideoConfig(**kw)
-            except ValueError as e:
-                raise UsageError(str(e)) from None
-            subs.append(SubRun(f"{dataset}-L{layers}", (dataset, layers), cfg, sub_out))
-        if "vit" in opts.models:
-            subs.append(_vit_subrun(opts, out, dataset, dirs[dataset], test_gammas))
+            name = f"{dataset}-L{layers}"
+            cfg = _config(opts, out / name, *data, layers=layers, models=unrolled, **scale["video"])
+            subs.append(SubRun(name, (dataset, layers), cfg, out / name))
+        if "vit" in opts.models:  # one sub-run per dataset: the ViT at every γ_train
+            name = f"{dataset}-vit"
+            video = {k: v for k, v in scale["video"].items() if k != "dust_atoms"}
+            vit = str(vit_folder(opts, out))
+            cfg = _config(opts, out / name, *data, models=("vit",), vit_checkpoint=vit, **video)
+            subs.append(SubRun(name, (dataset, "vit"), cfg, out / name))
     return subs
+
+
+def _config(opts: Table3Config, out: Path, dataset, data_dir, test_gammas, **fields):
+    """The video task's config of one sub-run (:func:`cudt.grid.subrun_config`)."""
+    scale = SCALES[opts.scale]
+    return grid.subrun_config(
+        VideoConfig,
+        opts,
+        out,
+        dataset=dataset,
+        data_dir=str(data_dir),
+        test_gammas=tuple(test_gammas),
+        seeds=opts.seeds or scale["seeds"],
+        steps=opts.steps or scale["steps"],
+        batch_size=opts.batch_size or scale["batch_size"],
+        max_videos=opts.max_videos,
+        **fields,
+    )
 
 
 def vit_folder(opts: Table3Config, out: Path) -> Path:
@@ -363,36 +327,6 @@ def vit_folder(opts: Table3Config, out: Path) -> Path:
     if opts.vit_checkpoint is not None:
         return Path(opts.vit_checkpoint).expanduser()
     return out / "data" / "vit-tiny-random"
-
-
-def _vit_subrun(opts: Table3Config, out: Path, dataset: str, data_dir: Path, test_gammas):
-    """One sub-run per dataset: the ViT (ERM and constrained) at every γ_train."""
-    scale = SCALES[opts.scale]
-    sub_out = out / f"{dataset}-vit"
-    kw = dict(
-        dataset=dataset,
-        data_dir=str(data_dir),
-        models=("vit",),
-        vit_checkpoint=str(vit_folder(opts, out)),
-        sweep=(f"gamma_train={fmt(opts.gamma_trains)}", *opts.sweep),
-        gamma_train=opts.headline_gamma,
-        test_gammas=tuple(test_gammas),
-        seeds=opts.seeds or scale["seeds"],
-        steps=opts.steps or scale["steps"],
-        batch_size=opts.batch_size or scale["batch_size"],
-        max_videos=opts.max_videos,
-        devices=opts.devices,
-        out=str(sub_out),
-        overwrite=opts.overwrite,
-        **{k: v for k, v in scale["video"].items() if k != "dust_atoms"},
-    )
-    if opts.tolerance is not None:
-        kw["tolerance"] = opts.tolerance
-    try:
-        cfg = VideoConfig(**kw)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    return SubRun(f"{dataset}-vit", (dataset, "vit"), cfg, sub_out)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -408,29 +342,18 @@ def build_tiny_datasets(root: Path, datasets, *, overwrite: bool = False) -> dic
     root.mkdir(parents=True, exist_ok=True)
     made = {}
     for d in datasets:
-        from cudt.data.video import synthetic_videos
 
-        top = root / FOLDERS[d]
-        marker = root / f".{d}.json"
+        def write(tmp: Path, d=d) -> Path:
+            from cudt.data.video import synthetic_videos
+
+            n_train, n_test = spec["train_videos"], spec["test_videos"]
+            videos = synthetic_videos(n_train + n_test, spec["frames"], seed=TINY_SEEDS[d])
+            return WRITERS[d](
+                tmp, {"train": list(videos[:n_train]), "test": list(videos[n_train:])}
+            )
+
         want = dict(spec, seed=TINY_SEEDS[d], layout=FOLDERS[d])
-        if not overwrite and top.is_dir() and marker.exists():
-            try:
-                if json.loads(marker.read_text()) == want:
-                    made[d] = top
-                    continue
-            except (OSError, ValueError):
-                pass
-        n_train, n_test = spec["train_videos"], spec["test_videos"]
-        videos = synthetic_videos(n_train + n_test, spec["frames"], seed=TINY_SEEDS[d])
-        tmp = root / f".tmp-{d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        written = WRITERS[d](tmp, {"train": list(videos[:n_train]), "test": list(videos[n_train:])})
-        marker.unlink(missing_ok=True)
-        shutil.rmtree(top, ignore_errors=True)
-        written.rename(top)
-        shutil.rmtree(tmp, ignore_errors=True)
-        marker.write_text(json.dumps(want))
-        made[d] = top
+        made[d] = grid.keep_or_build(root, d, root / FOLDERS[d], want, write, overwrite=overwrite)
     return made
 
 
@@ -442,93 +365,35 @@ def build_tiny_datasets(root: Path, datasets, *, overwrite: bool = False) -> dic
 def best_rows(results: dict[tuple[str, int], dict]) -> list[dict]:
     """One row per (dataset, model, L, kind, γ_train): its best run (the runner's ``best`` mark)
     or, where no run is eligible, its status (``diverged``: every run diverged; ``infeasible``)."""
+
+    def fields(b: dict, i: int) -> dict[str, Any]:
+        rmse = [grid.num(v) for v in b["rmse"]]
+        return {
+            "mean_rmse": float(b["mean_rmse"]),
+            "rmse_at_gamma_train": rmse[i],
+            "val_objective": float(b["val_objective"]),
+            "rmse": rmse,  # for Figure 2 (not in the CSV)
+        }
+
     rows = []
-    for (dataset, depth), res in results.items():
-        settings: dict[tuple, list[dict]] = defaultdict(list)
-        for r in res["runs"]:  # the depth of a ViT is its checkpoint's: read it from the runs
-            settings[
-                (r["model"], int(r["layers"]), r["constrained"], float(r["gamma_train"]))
-            ].append(r)
-        for (model, layers, constrained, gamma), runs in settings.items():
-            b, status = grid.best_of_setting(runs, constrained, score="val_objective", higher=False)
-            row = {
-                "dataset": dataset,
-                "model": model,
-                "layers": layers,
-                "kind": KIND[constrained],
-                "gamma_train": gamma,
-                **status,
-                "sub_run": f"{dataset}-vit" if depth == "vit" else f"{dataset}-L{layers}",
-            }
-            if b is not None:
-                test_gamma = [float(g) for g in b["test_gamma"]]
-                rmse = [math.nan if v is None else float(v) for v in b["rmse"]]
-                row |= {
-                    "mean_rmse": float(b["mean_rmse"]),
-                    "rmse_at_gamma_train": rmse[test_gamma.index(gamma)],
-                    "feasible": bool(b["feasible"]),
-                    "peak_lambda": grid.peak(b["max_multipliers"]),
-                    "val_objective": float(b["val_objective"]),
-                    "seed": int(b["seed"]),
-                    "label": b["label"],
-                    **{n: b["hparams"].get(n) for n in HPARAMS},
-                    # for the figures (not in the CSV)
-                    "test_gamma": test_gamma,
-                    "rmse": rmse,
-                    "layer_loss": b["layer_loss"][test_gamma.index(gamma)],
-                }
-            rows.append(row)
-    order = {m: i for i, m in enumerate(("dust", CONTROL, "ut", "vit"))}
-    rows.sort(
-        key=lambda r: (
-            r["dataset"],
-            order.get(r["model"], 9),
-            r["layers"],
-            r["kind"],
-            r["gamma_train"],
+    for (dataset, depth), res in results.items():  # a ViT's depth is its checkpoint's
+        sub_run = f"{dataset}-vit" if depth == "vit" else f"{dataset}-L{depth}"
+        rows += grid.setting_rows(
+            res, dataset, sub_run, score="val_objective", higher=False, fields=fields
         )
-    )
-    return rows
+    return grid.sort_rows(rows, sorted(DATASETS), ("dust", CONTROL, "ut", "vit"))  # by name
 
 
 CSV_COLUMNS = (
-    "dataset",
-    "model",
-    "layers",
-    "kind",
-    "gamma_train",
-    "status",
+    *grid.SETTING_COLUMNS,
     "mean_rmse",
     "rmse_at_gamma_train",
     "feasible",
     "peak_lambda",
     "val_objective",
     "seed",
-    *HPARAMS,
-    "runs",
-    "diverged_runs",
-    "infeasible_runs",
-    "label",
-    "sub_run",
+    *grid.RUN_COLUMNS,
 )
-
-
-def csv_text(rows: list[dict]) -> str:
-    return grid.csv_text(rows, CSV_COLUMNS)
-
-
-def _index(rows):
-    return {(r["dataset"], r["model"], r["layers"], r["kind"], r["gamma_train"]): r for r in rows}
-
-
-def _cell(row: dict | None) -> str:
-    if row is None:
-        return "—"
-    if row["status"] == "ok":
-        return f"{row['mean_rmse']:.3f}"
-    if "mean_rmse" in row:  # infeasible: the best of the infeasible runs, not eligible
-        return f"{row['status']} ({row['mean_rmse']:.3f})"
-    return row["status"]
 
 
 def _depths(rows, model: str, layers) -> list[int]:
@@ -544,41 +409,28 @@ def _row_models(models) -> list[str]:
     return names + ([CONTROL] if "dust" in names else [])
 
 
-def _pair_cells(c: dict | None, e: dict | None) -> tuple[str, str]:
-    cc, ec = _cell(c), _cell(e)
-    if c and e and c["status"] == "ok" and e["status"] == "ok":
-        cv, ev = round(c["mean_rmse"], 3), round(e["mean_rmse"], 3)
-        if cv <= ev:
-            cc = f"**{cc}**"
-        if ev <= cv:
-            ec = f"**{ec}**"
-    return cc, ec
+def _table_rows(rows, models, layers) -> list[tuple[str, str, int]]:
+    """(label, model, L) of the table's lines: dust, ut, the ViT at its own depth, the control."""
+    return [(f"{m}-{L}", m, L) for m in _row_models(models) for L in _depths(rows, m, layers)]
 
 
 def _table_lines(rows, datasets, models, layers, gammas, *, label_gamma: bool) -> list[str]:
-    idx = _index(rows)
-    head = ["model"] + (["γ_train"] if label_gamma else [])
-    for d in datasets:
-        head += [f"{NAMES[d]} constr.", f"{NAMES[d]} ERM"]
-    lines = [
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join(["---"] * (1 + label_gamma) + ["---:"] * (2 * len(datasets))) + "|",
-    ]
-    for model in _row_models(models):
-        for L in _depths(rows, model, layers):
-            for g in gammas:
-                cells = [f"{model}-{L}"] + ([f"{g:g}"] if label_gamma else [])
-                for d in datasets:
-                    c = idx.get((d, model, L, "constrained", g))
-                    e = idx.get((d, model, L, "ERM", g))
-                    cells += list(_pair_cells(c, e))
-                lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    """Mean RMSE of constrained and ERM per dataset, the lower bold."""
+    return grid.table_lines(
+        rows,
+        NAMES,
+        datasets,
+        _table_rows(rows, models, layers),
+        gammas,
+        metric="mean_rmse",
+        higher=False,
+        label_gamma=label_gamma,
+    )
 
 
 def _wins(rows, datasets, models, layers, gamma):
     """(constrained lower, cells with both numbers) per L, over models × datasets."""
-    idx = _index(rows)
+    idx = grid.index_rows(rows)
     out = {}
     for L in layers:
         wins = both = 0
@@ -619,92 +471,33 @@ def headline_markdown(rows, datasets, models, layers, gamma, test_gammas) -> str
 
 
 def paper_direction_markdown(rows, datasets, models, layers, gamma) -> str:
-    """Per cell: which of constrained (C) / ERM (E) is lower here and in the paper's table.
-
-    Cells whose constrained runs are all infeasible are counted apart, by the number of the best
-    infeasible run (``infeasible (C)``): they are not eligible for the table's comparison."""
-    idx = _index(rows)
-    head = ["model"] + [NAMES[d] for d in datasets]
-    lines = [
-        f"### Direction against the paper's table (appendix B.4), γ_train = {gamma:g}",
-        "",
-        "Cell: the lower of constrained (C) and ERM (E) here / in the paper (=: equal to 3 "
-        "decimals, not counted); ✓ same direction; "
-        "`infeasible (C)`: no feasible constrained run, the best infeasible one's direction.",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join(["---"] * len(head)) + "|",
-    ]
-    counts = {"eligible": [0, 0, 0, 0], "infeasible": [0, 0, 0, 0]}  # agree, n, ours C, paper C
-    for m in [m for m in models if m != CONTROL]:
-        for L in _depths(rows, m, layers):
-            cells = [f"{m}-{L}"]
-            for d in datasets:  # the paper's ViT is ViT-Base (12 blocks), whatever ours is
-                paper = PAPER_TABLE3.get((m, PAPER_VIT_LAYERS if m == "vit" else L, gamma, d))
-                c, e = idx.get((d, m, L, "constrained", gamma)), idx.get((d, m, L, "ERM", gamma))
-                p = "—" if paper is None else ("C" if paper[0] < paper[1] else "E")
-                o, group = "—", None
-                if c and e and e["status"] == "ok" and "mean_rmse" in c:
-                    diff = round(c["mean_rmse"], 3) - round(e["mean_rmse"], 3)
-                    o = "=" if diff == 0 else ("C" if diff < 0 else "E")
-                    group = "eligible" if c["status"] == "ok" else "infeasible"
-                lost = [r["status"] for r in (c, e) if r and r["status"] != "ok"]
-                shown = o if group == "eligible" else (f"{lost[0]} ({o})" if o != "—" else None)
-                shown = shown or (lost[0] if lost else "—")
-                mark = ""
-                if group and o != "=" and p in ("C", "E"):
-                    n = counts[group]
-                    n[0] += o == p
-                    n[1] += 1
-                    n[2] += o == "C"
-                    n[3] += p == "C"
-                    mark = " ✓" if o == p else " ✗"
-                cells.append(f"{shown} / {p}{mark}")
-            lines.append("| " + " | ".join(cells) + " |")
-    agree, n, ours, paper = counts["eligible"]
-    lines.append(
-        f"\nEligible cells: same direction in {agree} of {n}; constrained lower in {ours} of "
-        f"them here, {paper} in the paper."
+    """Per cell: which of constrained (C) / ERM (E) is lower here and in the paper's table
+    (:func:`cudt.grid.direction_markdown`); a cell without a feasible constrained run reads
+    ``infeasible (C)``."""
+    lines = [line for line in _table_rows(rows, models, layers) if line[1] != CONTROL]
+    return grid.direction_markdown(
+        rows,
+        NAMES,
+        datasets,
+        lines,
+        gamma,
+        _paper_pair,
+        metric="mean_rmse",
+        higher=False,
+        signed=False,
     )
-    agree, n, ours, paper = counts["infeasible"]
-    if n:
-        lines.append(
-            f"Cells without a feasible constrained run (best infeasible run): same direction in "
-            f"{agree} of {n}; constrained lower in {ours} here, {paper} in the paper."
-        )
-    return "\n".join(lines)
 
 
-def table_markdown(
-    rows, opts: Table3Config, test_gammas, wall: float, note: str, trained_seconds: float
-) -> str:
-    datasets, models, layers = opts.datasets, opts.models, opts.layers
-    parts = [
-        f"# Video grid (the paper's Table 3), --scale {opts.scale}",
-        "",
-        note,
-        "",
-        headline_markdown(rows, datasets, models, layers, opts.headline_gamma, test_gammas),
-        "",
-        paper_direction_markdown(rows, datasets, models, layers, opts.headline_gamma),
-        "",
-        "### Every γ_train",
-        "",
-        *_table_lines(rows, datasets, models, layers, list(opts.gamma_trains), label_gamma=True),
-        "",
-        f"Wall time of the job that wrote this: {wall:.0f} s (sub-runs' own wall times, "
-        f"summed: {trained_seconds:.0f} s).",
-    ]
-    return "\n".join(parts) + "\n"
+def _paper_pair(model: str, L: int, gamma: float, dataset: str) -> tuple[float, float] | None:
+    """The paper's (constrained, ERM) cell; its ViT is ViT-Base (12 blocks), whatever ours is."""
+    return PAPER_TABLE3.get((model, PAPER_VIT_LAYERS if model == "vit" else L, gamma, dataset))
 
 
 # --------------------------------------------------------------------------------------------------
 # Figures
 # --------------------------------------------------------------------------------------------------
 
-STYLE = {
-    "ERM": {"color": "tab:blue", "marker": "o", "label": "ERM"},
-    "constrained": {"color": "tab:red", "marker": "s", "label": "constrained"},
+STYLE = grid.STYLE | {
     CONTROL: {"color": "tab:green", "marker": "^", "label": "control: ERM, per-layer dict."},
 }
 
@@ -735,7 +528,7 @@ def _legend_note(fig) -> None:
 
 def plot_fig2(rows, opts, path: Path) -> None:
     """RMSE vs test γ of the best runs at the headline γ_train, L = 3 (or the shallowest)."""
-    idx, g = _index(rows), opts.headline_gamma
+    idx, g = grid.index_rows(rows), opts.headline_gamma
     shallow = 3 if 3 in opts.layers else min(opts.layers)
     models = [m for m in opts.models if m != CONTROL]
     fig, axes = grid_axes(len(opts.datasets), len(models), w=4.4, h=3.1)
@@ -745,11 +538,7 @@ def plot_fig2(rows, opts, path: Path) -> None:
             L = (_depths(rows, m, opts.layers) or [0])[0] if m == "vit" else shallow
             for key, row in _series(idx, d, m, L, g):
                 _draw(ax, key, row, row.get("test_gamma"), row.get("rmse"))
-            ax.axvline(g, color="k", lw=0.8, ls=":")
-            lo, hi = ax.get_xlim()
-            ax.axvspan(g, hi, color="0.94", zorder=0)
-            ax.set_xlim(lo, hi)
-            ax.text(0.98, 0.04, "OOD", transform=ax.transAxes, ha="right", fontsize=8, color="0.4")
+            grid.mark_train_gamma(ax, g, label_y=0.04)
             ax.set_title(f"{NAMES[d]} · {m.upper()}-{L}", fontsize=10)
             ax.set_xlabel("test γ")
             ax.set_ylabel("RMSE (0-255)")
@@ -764,7 +553,7 @@ def plot_fig2(rows, opts, path: Path) -> None:
 
 def plot_fig3(rows, opts, path: Path) -> None:
     """Mean RMSE over the test γ grid vs depth L, per dataset and model, at the headline γ."""
-    idx, g = _index(rows), opts.headline_gamma
+    idx, g = grid.index_rows(rows), opts.headline_gamma
     models = [m for m in opts.models if m in UNROLLED]  # the ViT's depth is not varied
     layers = sorted(opts.layers)
     fig, axes = grid_axes(len(opts.datasets), len(models), w=4.2, h=3.0)
@@ -821,7 +610,7 @@ def plot_fig3(rows, opts, path: Path) -> None:
 
 def plot_fig7(rows, opts, path: Path) -> None:
     """Mean test loss per layer at the headline γ_train, one panel per (dataset, model) × L."""
-    idx, g = _index(rows), opts.headline_gamma
+    idx, g = grid.index_rows(rows), opts.headline_gamma
     models = [m for m in opts.models if m in UNROLLED]
     layers = sorted(opts.layers)
     pairs = [(d, m) for d in opts.datasets for m in models]
@@ -852,83 +641,66 @@ def plot_fig7(rows, opts, path: Path) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def run_table(opts: Table3Config) -> dict[str, Any]:
-    """Trains (or reuses) every sub-run, then writes the table, CSV and figures; returns
-    ``{"rows", "markdown", "paths", "trained", "reused", "wall_seconds"}``."""
-    t0 = time.perf_counter()
-    check_data_root(opts)
-    out = Path(opts.out) if opts.out else fresh_run_dir("video_table")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a folder: pass a folder path")
-    subs = plan(opts, out)
-    for sub in subs:  # every refusal before anything is written or trained
-        check_subrun(sub, opts.overwrite)
-    todo = [s for s in subs if not s.finished]
+def prepare_tiny(opts: Table3Config, out: Path) -> None:
+    """``--scale tiny``: the datasets in their real layouts under ``<out>/data``, and (with
+    ``--models vit`` but no ``--vit-checkpoint``) a random-weight ViT folder."""
+    t = time.perf_counter()
+    build_tiny_datasets(out / "data", opts.datasets, overwrite=opts.overwrite)
+    if "vit" in opts.models and opts.vit_checkpoint is None:
+        folder = vit_folder(opts, out)
+        if not (folder / "model.safetensors").is_file():
+            tmp = folder.with_name(f".tmp-{folder.name}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            write_vit_folder(tmp, **TINY_VIT)
+            tmp.rename(folder)
     print(
-        f"video table: {len(subs)} sub-runs under {out} ({len(subs) - len(todo)} finished, "
-        f"reused; {len(todo)} to train); rerun this command with --out {out} to resume"
+        f"tiny datasets in their real layouts under {out / 'data'} ({time.perf_counter() - t:.1f}s)"
     )
-    if opts.scale == "tiny":
-        t = time.perf_counter()
-        build_tiny_datasets(out / "data", opts.datasets, overwrite=opts.overwrite)
-        if "vit" in opts.models and opts.vit_checkpoint is None:
-            folder = vit_folder(opts, out)
-            if not (folder / "model.safetensors").is_file():
-                tmp = folder.with_name(f".tmp-{folder.name}")
-                shutil.rmtree(tmp, ignore_errors=True)
-                write_vit_folder(tmp, **TINY_VIT)
-                tmp.rename(folder)
-        print(
-            f"tiny datasets in their real layouts under {out / 'data'} ({time.perf_counter() - t:.1f}s)"
-        )
-    results = grid.train_subruns(subs, VideoTask)
-    rows = best_rows(results)
-    test_gammas = results[subs[0].key]["config"]["test_gamma"]
-    wall = time.perf_counter() - t0
-    trained = len(todo)
-    note = (
-        f"{len(subs)} sub-runs ({trained} trained, {len(subs) - trained} reused), "
-        f"{subs[0].cfg.steps} steps, {subs[0].cfg.seeds} seed(s), γ_train ∈ "
-        f"{{{fmt(opts.gamma_trains)}}}"
-        + (f", sweeps {'; '.join(opts.sweep)}" if opts.sweep else "")
-        + f"; data: {'generated tiny copies' if opts.scale == 'tiny' else opts.data_root}."
-    )
-    trained_seconds = sum(float(r.get("wall_seconds") or 0) for r in results.values())
-    markdown = table_markdown(rows, opts, test_gammas, wall, note, trained_seconds)
-    paths = {
-        "csv": out / "table3.csv",
-        "md": out / "table3.md",
-        "fig2": out / "fig2_rmse_vs_gamma.png",
-    }
-    write_text(paths["csv"], csv_text(rows))
-    write_text(paths["md"], markdown)
+
+
+def figures(rows: list[dict], opts: Table3Config, out: Path) -> dict[str, Path]:
+    """Figure 2, and with an unrolled model the depth study (3) and per-layer losses (7)."""
+    paths = {"fig2": out / "fig2_rmse_vs_gamma.png"}
     plot_fig2(rows, opts, paths["fig2"])
-    if any(m in UNROLLED for m in opts.models):  # depth study, per-layer loss per depth
+    if any(m in UNROLLED for m in opts.models):
         paths["fig3"] = out / "fig3_depth.png"
         paths["fig7"] = out / "fig7_layer_loss.png"
         plot_fig3(rows, opts, paths["fig3"])
         plot_fig7(rows, opts, paths["fig7"])
-    wall = time.perf_counter() - t0
-    print()
-    print(
-        headline_markdown(
-            rows, opts.datasets, opts.models, opts.layers, opts.headline_gamma, test_gammas
-        )
-    )
-    print()
-    print(
-        paper_direction_markdown(rows, opts.datasets, opts.models, opts.layers, opts.headline_gamma)
-    )
-    print()
-    print(f"wrote {', '.join(str(p) for p in paths.values())}")
-    print(
-        f"video table: {len(subs)} sub-runs ({trained} trained, {len(subs) - trained} reused) in {wall:.0f}s wall"
-    )
-    return {
-        "rows": rows,
-        "markdown": markdown,
-        "paths": paths,
-        "trained": trained,
-        "reused": len(subs) - trained,
-        "wall_seconds": wall,
-    }
+    return paths
+
+
+def _data_note(opts: Table3Config, cfg: VideoConfig) -> str:
+    return f"data: {'generated tiny copies' if opts.scale == 'tiny' else opts.data_root}"
+
+
+JOB = grid.TableJob(
+    name="video table",
+    table="table3",
+    title="Video grid (the paper's Table 3)",
+    check=check_data_root,
+    plan=plan,
+    prepare_tiny=prepare_tiny,
+    make_task=VideoTask,
+    best_rows=best_rows,
+    csv_columns=CSV_COLUMNS,
+    settings=lambda opts, cfg: f"{cfg.steps} steps, {cfg.seeds} seed(s)",
+    details=_data_note,
+    headline=lambda rows, opts, test_gammas: headline_markdown(
+        rows, opts.datasets, opts.models, opts.layers, opts.headline_gamma, test_gammas
+    ),
+    direction=lambda rows, opts: paper_direction_markdown(
+        rows, opts.datasets, opts.models, opts.layers, opts.headline_gamma
+    ),
+    every_gamma=lambda rows, opts: _table_lines(
+        rows, opts.datasets, opts.models, opts.layers, list(opts.gamma_trains), label_gamma=True
+    ),
+    figures=figures,
+)
+
+
+def run_table(opts: Table3Config) -> dict[str, Any]:
+    """Trains (or reuses) every sub-run, then writes the table, CSV and figures
+    (:func:`cudt.grid.run_job`); returns ``{"rows", "markdown", "paths", "trained", "reused",
+    "wall_seconds"}``."""
+    return grid.run_job(JOB, opts)

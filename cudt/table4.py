@@ -41,11 +41,7 @@ every γ_train), ``fig1_layer_loss.png``, ``fig4_accuracy_vs_gamma.png``,
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import shutil
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +49,10 @@ import numpy as np
 
 from cudt import grid
 from cudt.data.text import TextSplit, synthetic_sentiment
-from cudt.errors import DataError, UsageError
-from cudt.grid import SubRun, check_subrun, fmt, grid_axes, save_figure, write_text
-from cudt.io import _atomic_write, fresh_run_dir
-from cudt.runner.config import SWEEPABLE, flag
+from cudt.errors import DataError
+from cudt.grid import SubRun, fmt, grid_axes, save_figure
+from cudt.io import _atomic_write
+from cudt.runner.config import flag
 from cudt.tasks.text import TextConfig, TextTask
 
 __all__ = [
@@ -85,7 +81,7 @@ STAND_IN = {"minilm": "distilbert"}
 GAMMA_TRAINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 UT_LAYERS = (3, 5, 7, 9)
 KIND = grid.KIND
-HPARAMS = tuple(n for n in SWEEPABLE if n != "gamma_train")
+HPARAMS = grid.HPARAMS
 RATIOS_FILE = "ratio_histograms.npz"
 RATIO_EDGES = np.linspace(0.0, 2.5, 101)  # 0.025-wide bins; one more count: r > 2.5
 
@@ -164,17 +160,7 @@ roberta 24 1.0 1.874 1.824 1.783 1.756
 """
 
 
-def _paper_table() -> dict[tuple[str, int, float, str], tuple[float, float]]:
-    table = {}
-    for line in _PAPER_ROWS.strip().splitlines():
-        model, layers, gamma, *values = line.split()
-        v = [float(x) for x in values]
-        for i, dataset in enumerate(DATASETS):  # the paper's order: IMDb, MNLI
-            table[(model, int(layers), float(gamma), dataset)] = (v[2 * i], v[2 * i + 1])
-    return table
-
-
-PAPER_TABLE4 = _paper_table()
+PAPER_TABLE4 = grid.paper_table(_PAPER_ROWS, DATASETS)  # the paper's order: IMDb, MNLI
 
 
 # --------------------------------------------------------------------------------------------------
@@ -210,11 +196,7 @@ class Table4Config:
         "the BERT folder of the minilm rows, whose word embeddings the UT reads at --scale tiny "
         "(default: all-MiniLM-L6-v2 from its pip package)",
     )
-    out: str | None = flag(
-        None,
-        "output folder (default: a fresh runs/text_table-<time>); rerun the same command with "
-        "the same --out to reuse finished sub-runs and resume interrupted ones",
-    )
+    out: str | None = grid.out_flag("text_table")
     models: tuple[str, ...] | None = flag(
         None,
         "models: " + ", ".join(TABLE_MODELS) + " (default: tiny minilm,ut; paper "
@@ -228,17 +210,12 @@ class Table4Config:
         "constraints of the pretrained encoders: sublayer (attention and MLP of each block: "
         "the paper's L = 12 for DistilBERT, 24 for RoBERTa) or block",
     )
-    datasets: tuple[str, ...] = flag(DATASETS, "datasets: " + ", ".join(DATASETS))
+    datasets: tuple[str, ...] = grid.datasets_flag(DATASETS)
     gamma_trains: tuple[float, ...] | None = flag(
         None, "training perturbation levels γ_train (default: tiny 0,1; paper 0,0.2,...,1)"
     )
-    headline_gamma: float = flag(1.0, "the γ_train of the headline table and the figures")
-    sweep: tuple[str, ...] = flag(
-        (),
-        "NAME=V1,V2,...: also sweep NAME (" + ", ".join(HPARAMS) + ") in every sub-run; "
-        "a single value fixes it (e.g. dual_lr=0.05)",
-        repeat=True,
-    )
+    headline_gamma: float = grid.headline_flag(1.0)
+    sweep: tuple[str, ...] = grid.sweep_flag("dual_lr=0.05")
     seeds: int | None = flag(None, "seeds per setting (default: tiny 1, paper 5)")
     steps: int | None = flag(None, "training steps per run (default: tiny 40, paper 2000)")
     batch_size: int | None = flag(None, "examples per batch (default: tiny 8, paper 32)")
@@ -255,31 +232,18 @@ class Table4Config:
     tolerance: float | None = flag(
         None, "feasibility tolerance on validation data (default: the text task's, 0.01)"
     )
-    devices: int | None = flag(None, "use at most this many devices (default: every visible one)")
-    overwrite: bool = flag(False, "retrain every sub-run, discarding results already in --out")
+    devices: int | None = grid.devices_flag()
+    overwrite: bool = grid.overwrite_flag()
 
     def __post_init__(self):
-        def need(ok, message):
-            if not ok:
-                raise UsageError(message)
-
+        need = grid.need
         need(self.scale in SCALES, f"--scale must be tiny or paper, got {self.scale!r}")
         scale = SCALES[self.scale]
         for name in ("models", "layers", "gamma_trains"):  # the scale's default where not given
             if getattr(self, name) is None:
                 object.__setattr__(self, name, scale[name])
-        bad = [d for d in self.datasets if d not in DATASETS]
-        need(
-            not bad,
-            f"--datasets: unknown dataset {bad[0] if bad else ''!r}: choose from "
-            + ", ".join(DATASETS),
-        )
-        bad = [m for m in self.models if m not in TABLE_MODELS]
-        need(
-            not bad,
-            f"--models: unknown model {bad[0] if bad else ''!r}: choose from "
-            + ", ".join(TABLE_MODELS),
-        )
+        grid.check_known("datasets", "dataset", self.datasets, DATASETS)
+        grid.check_known("models", "model", self.models, TABLE_MODELS)
         need(
             all(n >= 1 for n in self.layers),
             f"--layers must all be >= 1, got {','.join(map(str, self.layers))}",
@@ -326,9 +290,7 @@ class Table4Config:
                 "--data-dir is read by --scale paper only (--scale tiny writes its own data "
                 "under <out>/data): drop --data-dir or pass --scale paper",
             )
-        # Unique values, in the order given (a repeated value would be a second sub-run).
-        for name in ("datasets", "models", "layers", "gamma_trains"):
-            object.__setattr__(self, name, grid.unique(getattr(self, name)))
+        grid.keep_unique(self)
 
     def setting(self, name: str):
         """A per-scale setting: the flag when given, else the scale's default."""
@@ -432,15 +394,16 @@ def plan(opts: Table4Config, out: Path) -> list[SubRun]:
         for model in models:
             for layers in opts.layers if model == "ut" else (None,):
                 name = _sub_name(dataset, model, layers)
-                kw = dict(
+                cfg = grid.subrun_config(
+                    TextConfig,
+                    opts,
+                    out / name,
                     model=model,
                     checkpoint=checkpoint_of(opts, model),
                     dataset=dataset,
                     data_dir=str(data_dir),
                     layers=layers,
                     granularity="block" if model == "ut" else opts.encoder_granularity,
-                    sweep=(f"gamma_train={fmt(opts.gamma_trains)}", *opts.sweep),
-                    gamma_train=opts.headline_gamma,  # the sub-run's own plots mark this γ
                     test_gammas=opts.test_gammas,
                     seeds=opts.setting("seeds"),
                     steps=opts.setting("steps"),
@@ -448,17 +411,8 @@ def plan(opts: Table4Config, out: Path) -> list[SubRun]:
                     num_train=opts.setting("num_train"),
                     num_test=opts.setting("num_test"),
                     max_length=opts.setting("max_length"),
-                    devices=opts.devices,
-                    out=str(out / name),
-                    overwrite=opts.overwrite,
                     **scale["text"],
                 )
-                if opts.tolerance is not None:
-                    kw["tolerance"] = opts.tolerance
-                try:
-                    cfg = TextConfig(**kw)
-                except ValueError as e:
-                    raise UsageError(str(e)) from None
                 # results.json holds the learning rate the task resolved (its default: None here)
                 lr = cfg.lr if cfg.lr is not None else TextTask().default_lr(cfg, model)
                 subs.append(SubRun(name, (dataset, model, layers), cfg, out / name, {"lr": lr}))
@@ -739,31 +693,19 @@ def build_tiny_datasets(
     made = {}
     for d in datasets:
         top_name = _TFDS_FOLDERS[d].split("/")[0]
-        top = root / top_name
-        marker = root / f".{d}.json"
-        want = {"dataset": d, "train": num_train, "test": num_test, "generator": 2}
-        if not overwrite and top.is_dir() and marker.exists():
-            try:
-                if json.loads(marker.read_text()) == want:
-                    made[d] = top
-                    continue
-            except (OSError, ValueError):
-                pass
-        import tensorflow_datasets as tfds
 
-        tfds.disable_progress_bar()
-        tmp = root / f".tmp-{d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        builder = _tfds_builder(d, _tiny_splits(d, num_train, num_test))(
-            data_dir=str(tmp), file_format="array_record"
-        )
-        builder.download_and_prepare()
-        marker.unlink(missing_ok=True)
-        shutil.rmtree(top, ignore_errors=True)
-        (tmp / top_name).rename(top)
-        shutil.rmtree(tmp, ignore_errors=True)
-        marker.write_text(json.dumps(want))
-        made[d] = top
+        def prepare(tmp: Path, d=d, top_name=top_name) -> Path:
+            import tensorflow_datasets as tfds
+
+            tfds.disable_progress_bar()
+            builder = _tfds_builder(d, _tiny_splits(d, num_train, num_test))(
+                data_dir=str(tmp), file_format="array_record"
+            )
+            builder.download_and_prepare()
+            return tmp / top_name
+
+        want = {"dataset": d, "train": num_train, "test": num_test, "generator": 2}
+        made[d] = grid.keep_or_build(root, d, root / top_name, want, prepare, overwrite=overwrite)
     return made
 
 
@@ -826,68 +768,32 @@ def best_rows(results: dict[tuple, dict]) -> list[dict]:
     """One row per (dataset, model, L, kind, γ_train): its best run (the runner's ``best`` mark:
     validation accuracy) or, where no run is eligible, its status (``diverged``: every run
     diverged; ``infeasible``: the best infeasible one, flagged)."""
+
+    def fields(b: dict, i: int) -> dict[str, Any]:
+        accuracy = [grid.num(v) for v in b["accuracy"]]
+        return {
+            "auc": float(b["auc"]),
+            "acc_at_gamma_train": accuracy[i],
+            "acc_at_max_gamma": accuracy[-1],
+            "val_accuracy": float(b["val_accuracy"]),
+            "loss_decreases": bool(b["loss_decreases"]),
+            "descent_rate": float(b["descent_rate"]),
+            "mean_ratio": float(b["mean_ratio"]),
+            "median_ratio": float(b["median_ratio"]),
+            "accuracy": accuracy,  # for Figure 4 (not in the CSV)
+        }
+
     rows = []
     for (dataset, _, _), res in results.items():
-        settings: dict[tuple, list[dict]] = defaultdict(list)
-        for r in res["runs"]:
-            key = (r["model"], int(r["layers"]), r["constrained"], float(r["gamma_train"]))
-            settings[key].append(r)
         sub_run = Path(res["config"]["out"]).name
-        for (model, layers, constrained, gamma), runs in settings.items():
-            b, status = grid.best_of_setting(runs, constrained, score="val_accuracy", higher=True)
-            row = {
-                "dataset": dataset,
-                "model": model,
-                "layers": layers,
-                "kind": KIND[constrained],
-                "gamma_train": gamma,
-                **status,
-                "sub_run": sub_run,
-            }
-            if b is not None:
-                test_gamma = [float(g) for g in b["test_gamma"]]
-                accuracy = [math.nan if v is None else float(v) for v in b["accuracy"]]
-                gi = test_gamma.index(gamma)
-                row |= {
-                    "auc": float(b["auc"]),
-                    "acc_at_gamma_train": accuracy[gi],
-                    "acc_at_max_gamma": accuracy[-1],
-                    "val_accuracy": float(b["val_accuracy"]),
-                    "feasible": bool(b["feasible"]),
-                    "loss_decreases": bool(b["loss_decreases"]),
-                    "descent_rate": float(b["descent_rate"]),
-                    "mean_ratio": float(b["mean_ratio"]),
-                    "median_ratio": float(b["median_ratio"]),
-                    "peak_lambda": grid.peak(b["max_multipliers"]),
-                    "seed": int(b["seed"]),
-                    "label": b["label"],
-                    **{n: b["hparams"].get(n) for n in HPARAMS},
-                    # for the figures (not in the CSV)
-                    "test_gamma": test_gamma,
-                    "accuracy": accuracy,
-                    "layer_loss": b["layer_loss"][gi],
-                }
-            rows.append(row)
-    order = {m: i for i, m in enumerate(TABLE_MODELS)}
-    rows.sort(
-        key=lambda r: (
-            DATASETS.index(r["dataset"]),
-            order.get(r["model"], 9),
-            r["layers"],
-            r["kind"],
-            r["gamma_train"],
+        rows += grid.setting_rows(
+            res, dataset, sub_run, score="val_accuracy", higher=True, fields=fields
         )
-    )
-    return rows
+    return grid.sort_rows(rows, DATASETS, TABLE_MODELS)
 
 
 CSV_COLUMNS = (
-    "dataset",
-    "model",
-    "layers",
-    "kind",
-    "gamma_train",
-    "status",
+    *grid.SETTING_COLUMNS,
     "auc",
     "acc_at_gamma_train",
     "acc_at_max_gamma",
@@ -899,21 +805,8 @@ CSV_COLUMNS = (
     "median_ratio",
     "peak_lambda",
     "seed",
-    *HPARAMS,
-    "runs",
-    "diverged_runs",
-    "infeasible_runs",
-    "label",
-    "sub_run",
+    *grid.RUN_COLUMNS,
 )
-
-
-def csv_text(rows: list[dict]) -> str:
-    return grid.csv_text(rows, CSV_COLUMNS)
-
-
-def _index(rows):
-    return {(r["dataset"], r["model"], r["layers"], r["kind"], r["gamma_train"]): r for r in rows}
 
 
 def _row_models(rows) -> list[tuple[str, int]]:
@@ -926,51 +819,24 @@ def _label(model: str, layers: int) -> str:
     return f"{MODEL_NAMES.get(model, model)}-{layers}"
 
 
-def _cell(row: dict | None) -> str:
-    if row is None:
-        return "—"
-    if row["status"] == "ok":
-        return f"{row['auc']:.3f}"
-    if "auc" in row:  # infeasible: the best of the infeasible runs, not eligible
-        return f"{row['status']} ({row['auc']:.3f})"
-    return row["status"]
-
-
-def _pair_cells(c: dict | None, e: dict | None) -> tuple[str, str]:
-    """Constrained and ERM cells, the higher AUC bold (both when equal to 3 decimals)."""
-    cc, ec = _cell(c), _cell(e)
-    if c and e and c["status"] == "ok" and e["status"] == "ok":
-        cv, ev = round(c["auc"], 3), round(e["auc"], 3)
-        if cv >= ev:
-            cc = f"**{cc}**"
-        if ev >= cv:
-            ec = f"**{ec}**"
-    return cc, ec
-
-
 def _table_lines(rows, datasets, gammas, *, label_gamma: bool) -> list[str]:
-    idx = _index(rows)
-    head = ["model"] + (["γ_train"] if label_gamma else [])
-    for d in datasets:
-        head += [f"{NAMES[d]} constr.", f"{NAMES[d]} ERM"]
-    lines = [
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join(["---"] * (1 + label_gamma) + ["---:"] * (2 * len(datasets))) + "|",
-    ]
-    for model, L in _row_models(rows):
-        for g in gammas:
-            cells = [_label(model, L)] + ([f"{g:g}"] if label_gamma else [])
-            for d in datasets:
-                c = idx.get((d, model, L, "constrained", g))
-                e = idx.get((d, model, L, "ERM", g))
-                cells += list(_pair_cells(c, e))
-            lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    """Accuracy AUC of constrained and ERM per dataset, the higher bold (both when equal to 3
+    decimals)."""
+    return grid.table_lines(
+        rows,
+        NAMES,
+        datasets,
+        [(_label(model, L), model, L) for model, L in _row_models(rows)],
+        gammas,
+        metric="auc",
+        higher=True,
+        label_gamma=label_gamma,
+    )
 
 
 def headline_markdown(rows, datasets, gamma, test_gammas) -> str:
     """The headline table at γ_train = ``gamma`` (Markdown), with its legend and counts."""
-    idx = _index(rows)
+    idx = grid.index_rows(rows)
     lines = [
         f"### Table 4: test accuracy AUC over test γ ∈ {{{fmt(test_gammas)}}}, γ_train = {gamma:g}",
         "",
@@ -1000,101 +866,36 @@ def headline_markdown(rows, datasets, gamma, test_gammas) -> str:
 
 def paper_direction_markdown(rows, datasets, gamma) -> str:
     """Per cell: which of constrained (C) / ERM (E) has the higher AUC here and in the paper's
-    table (MiniLM against the paper's DistilBERT-12, the encoder it stands in for).
-
-    Cells whose constrained runs are all infeasible are counted apart, by the number of the best
-    infeasible run (``infeasible: C``): they are not eligible for the table's comparison."""
-    idx = _index(rows)
-    head = ["model"] + [NAMES[d] for d in datasets]
-    lines = [
-        f"### Direction against the paper's table (appendix B.4), γ_train = {gamma:g}",
-        "",
-        "Cell: the higher of constrained (C) and ERM (E) here / in the paper (=: equal to 3 "
-        "decimals, not counted), with constrained minus ERM here and there; ✓ same direction; "
-        "`infeasible: C`: no feasible constrained run, the best infeasible one's direction. "
-        "MiniLM rows are compared with the paper's DistilBERT-12.",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join(["---"] * len(head)) + "|",
-    ]
-    counts = {"eligible": [0, 0, 0, 0], "infeasible": [0, 0, 0, 0]}  # agree, n, ours C, paper C
-    for model, L in _row_models(rows):
-        ref = STAND_IN.get(model, model)
-        paper_l = L if ref == "ut" else PAPER_LAYERS.get(ref)
-        cells = [_label(model, L)]
-        for d in datasets:
-            paper = PAPER_TABLE4.get((ref, paper_l, gamma, d))
-            c, e = (
-                idx.get((d, model, L, "constrained", gamma)),
-                idx.get((d, model, L, "ERM", gamma)),
-            )
-            p, pd = "—", ""
-            if paper is not None:
-                pdiff = round(paper[0] - paper[1], 3)
-                p = "=" if pdiff == 0 else ("C" if pdiff > 0 else "E")
-                pd = f" ({pdiff:+.3f})"
-            o, od, group = "—", "", None
-            if c and e and e["status"] == "ok" and "auc" in c:
-                diff = round(c["auc"], 3) - round(e["auc"], 3)
-                o = "=" if round(diff, 3) == 0 else ("C" if diff > 0 else "E")
-                od = f" ({diff:+.3f})"
-                group = "eligible" if c["status"] == "ok" else "infeasible"
-            lost = [r["status"] for r in (c, e) if r and r["status"] != "ok"]
-            shown = f"{o}{od}" if group == "eligible" else None
-            if shown is None:
-                shown = f"{lost[0]}: {o}{od}" if lost and o != "—" else (lost[0] if lost else "—")
-            mark = ""
-            if group and o != "=" and p in ("C", "E"):
-                n = counts[group]
-                n[0] += o == p
-                n[1] += 1
-                n[2] += o == "C"
-                n[3] += p == "C"
-                mark = " ✓" if o == p else " ✗"
-            cells.append(f"{shown} / {p}{pd}{mark}")
-        lines.append("| " + " | ".join(cells) + " |")
-    agree, n, ours, paper_c = counts["eligible"]
-    lines.append(
-        f"\nEligible cells: same direction in {agree} of {n}; constrained higher in {ours} of "
-        f"them here, {paper_c} in the paper."
+    table, with constrained minus ERM (:func:`cudt.grid.direction_markdown`); MiniLM against
+    the paper's DistilBERT-12, the encoder it stands in for. A cell without a feasible
+    constrained run reads ``infeasible: C``."""
+    return grid.direction_markdown(
+        rows,
+        NAMES,
+        datasets,
+        [(_label(model, L), model, L) for model, L in _row_models(rows)],
+        gamma,
+        _paper_pair,
+        metric="auc",
+        higher=True,
+        signed=True,
+        legend=" MiniLM rows are compared with the paper's DistilBERT-12.",
     )
-    agree, n, ours, paper_c = counts["infeasible"]
-    if n:
-        lines.append(
-            f"Cells without a feasible constrained run (best infeasible run): same direction in "
-            f"{agree} of {n}; constrained higher in {ours} here, {paper_c} in the paper."
-        )
-    return "\n".join(lines)
 
 
-def table_markdown(rows, opts: Table4Config, test_gammas, wall: float, note: str, trained_s):
-    parts = [
-        f"# Text grid (the paper's Table 4), --scale {opts.scale}",
-        "",
-        note,
-        "",
-        headline_markdown(rows, opts.datasets, opts.headline_gamma, test_gammas),
-        "",
-        paper_direction_markdown(rows, opts.datasets, opts.headline_gamma),
-        "",
-        "### Every γ_train",
-        "",
-        *_table_lines(rows, opts.datasets, list(opts.gamma_trains), label_gamma=True),
-        "",
-        f"Wall time of the job that wrote this: {wall:.0f} s (sub-runs' own wall times, "
-        f"summed: {trained_s:.0f} s).",
-    ]
-    return "\n".join(parts) + "\n"
+def _paper_pair(model: str, L: int, gamma: float, dataset: str) -> tuple[float, float] | None:
+    """The paper's (constrained, ERM) cell of ``model`` (a stand-in: of the model it stands in
+    for, at that model's L)."""
+    ref = STAND_IN.get(model, model)
+    paper_l = L if ref == "ut" else PAPER_LAYERS.get(ref)
+    return PAPER_TABLE4.get((ref, paper_l, gamma, dataset))
 
 
 # --------------------------------------------------------------------------------------------------
 # Figures
 # --------------------------------------------------------------------------------------------------
 
-STYLE = {
-    "ERM": {"color": "tab:blue", "marker": "o", "label": "ERM"},
-    "constrained": {"color": "tab:red", "marker": "s", "label": "constrained"},
-}
+STYLE = grid.STYLE
 _NOTE = (
     "best run per setting by validation accuracy; dashed: no feasible constrained run (the best "
     "infeasible one shown)"
@@ -1103,7 +904,7 @@ _NOTE = (
 
 def _panels(rows, opts):
     """The figures' panels: datasets × the table's (model, L), and each panel's two runs."""
-    idx, g = _index(rows), opts.headline_gamma
+    idx, g = grid.index_rows(rows), opts.headline_gamma
     cols = _row_models(rows)
 
     def series(d, model, L):
@@ -1111,6 +912,17 @@ def _panels(rows, opts):
         return [(k, r) for k, r in found if r is not None]
 
     return cols, series
+
+
+def _finish_panel(ax, d: str, model: str, L: int, j: int, xlabel: str, ylabel: str, **legend):
+    """A panel's title (dataset · model), axis labels (y on the first column only), grid and
+    legend (``legend``: its keywords)."""
+    ax.set_title(f"{NAMES[d]} · {_label(model, L)}", fontsize=9)
+    ax.set_xlabel(xlabel)
+    if j == 0:
+        ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(**legend)
 
 
 def plot_fig1(rows, opts, path: Path) -> None:
@@ -1127,12 +939,8 @@ def plot_fig1(rows, opts, path: Path) -> None:
                 x = None if loss is None else np.arange(len(loss))
                 grid.draw_line(ax, STYLE[key], row, x, loss, has_value="auc" in row, ms=3)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_title(f"{NAMES[d]} · {_label(model, L)}", fontsize=9)
-            ax.set_xlabel("state l (0: the perturbed embeddings)")
-            if j == 0:
-                ax.set_ylabel("mean test cross-entropy ℓ_l")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7)
+            xlabel, ylabel = "state l (0: the perturbed embeddings)", "mean test cross-entropy ℓ_l"
+            _finish_panel(ax, d, model, L, j, xlabel, ylabel, fontsize=7)
     g = opts.headline_gamma
     fig.suptitle(f"Fig. 1: mean test loss per layer, γ_train = test γ = {g:g}", fontsize=11)
     grid.figure_note(fig, _NOTE)
@@ -1153,17 +961,10 @@ def plot_fig4(rows, opts, path: Path) -> None:
                     style = style | {"label": f"{style['label']} (AUC {row['auc']:.3f})"}
                 x, y = row.get("test_gamma"), row.get("accuracy")
                 grid.draw_line(ax, style, row, x, y, has_value="auc" in row)
-            ax.axvline(g, color="k", lw=0.8, ls=":")
-            lo, hi = ax.get_xlim()
-            ax.axvspan(g, hi, color="0.94", zorder=0)
-            ax.set_xlim(lo, hi)
-            ax.text(0.98, 0.9, "OOD", transform=ax.transAxes, ha="right", fontsize=8, color="0.4")
-            ax.set_title(f"{NAMES[d]} · {_label(model, L)}", fontsize=9)
-            ax.set_xlabel("test γ")
-            if j == 0:
-                ax.set_ylabel("test accuracy")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7, loc="lower left")
+            grid.mark_train_gamma(ax, g, label_y=0.9)
+            _finish_panel(
+                ax, d, model, L, j, "test γ", "test accuracy", fontsize=7, loc="lower left"
+            )
     fig.suptitle(
         f"Fig. 4: test accuracy vs embedding perturbation, γ_train = {g:g} (dotted; shaded: OOD)",
         fontsize=11,
@@ -1222,12 +1023,9 @@ def plot_fig12(rows, opts, out: Path, path: Path) -> None:
                     color="0.4",
                 )
             ax.set_xlim(RATIO_EDGES[0], RATIO_EDGES[-1])
-            ax.set_title(f"{NAMES[d]} · {_label(model, L)}", fontsize=9)
-            ax.set_xlabel("ℓ_l / ℓ_(l-1)")
-            if j == 0:
-                ax.set_ylabel("density")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=6, loc="upper right")
+            _finish_panel(
+                ax, d, model, L, j, "ℓ_l / ℓ_(l-1)", "density", fontsize=6, loc="upper right"
+            )
     fig.suptitle(
         f"Fig. 12: per-sample layer ratios on the test set at γ_train = {g:g} (dotted: 1; "
         "dashed: 1 − ε)",
@@ -1246,89 +1044,84 @@ def plot_fig12(rows, opts, out: Path, path: Path) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def run_table(opts: Table4Config) -> dict[str, Any]:
-    """Trains (or reuses) every sub-run, then writes the table, CSV and figures; returns
-    ``{"rows", "markdown", "paths", "trained", "reused", "wall_seconds"}``."""
-    t0 = time.perf_counter()
-    check_inputs(opts)
-    out = Path(opts.out) if opts.out else fresh_run_dir("text_table")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a folder: pass a folder path")
-    subs = plan(opts, out)
-    for sub in subs:  # every refusal before anything is written or trained
-        check_subrun(sub, opts.overwrite)
-    todo = [s for s in subs if not s.finished]
-    print(
-        f"text table: {len(subs)} sub-runs under {out} ({len(subs) - len(todo)} finished, "
-        f"reused; {len(todo)} to train); rerun this command with --out {out} to resume"
+def prepare_tiny(opts: Table4Config, out: Path) -> None:
+    """``--scale tiny``: the generated IMDb and MNLI in the prepared-TFDS layout under
+    ``<out>/data``."""
+    t = time.perf_counter()
+    built = build_tiny_datasets(
+        out / "data",
+        opts.datasets,
+        opts.setting("num_train"),
+        opts.setting("num_test"),
+        overwrite=opts.overwrite,
     )
-    if opts.scale == "tiny":
-        t = time.perf_counter()
-        built = build_tiny_datasets(
-            out / "data",
-            opts.datasets,
-            opts.setting("num_train"),
-            opts.setting("num_test"),
-            overwrite=opts.overwrite,
-        )
-        print(
-            f"tiny datasets in the prepared-TFDS layout under {out / 'data'}: "
-            f"{', '.join(p.name for p in built.values())} ({time.perf_counter() - t:.1f}s)"
-        )
-    results = grid.train_subruns(subs, RatioRecordingTextTask)
-    rows = best_rows(results)
-    test_gammas = results[subs[0].key]["config"]["test_gamma"]
-    wall = time.perf_counter() - t0
-    trained = len(todo)
-    cfg = subs[0].cfg
+    print(
+        f"tiny datasets in the prepared-TFDS layout under {out / 'data'}: "
+        f"{', '.join(p.name for p in built.values())} ({time.perf_counter() - t:.1f}s)"
+    )
+
+
+def figures(rows: list[dict], opts: Table4Config, out: Path) -> dict[str, Path]:
+    """Figures 1, 4 and 12 (the last from the sub-runs' ratio histograms under ``out``)."""
+    paths = {
+        "fig1": out / "fig1_layer_loss.png",
+        "fig4": out / "fig4_accuracy_vs_gamma.png",
+        "fig12": out / "fig12_ratio_hist.png",
+    }
+    plot_fig1(rows, opts, paths["fig1"])
+    plot_fig4(rows, opts, paths["fig4"])
+    plot_fig12(rows, opts, out, paths["fig12"])
+    return paths
+
+
+def _settings(opts: Table4Config, cfg: TextConfig) -> str:
+    return (
+        f"{cfg.steps} steps of {cfg.batch_size}, {cfg.seeds} seed(s), "
+        f"{'all' if cfg.num_train is None else cfg.num_train} training examples "
+        f"({int(round(100 * cfg.val_fraction))}% of them held out for validation), "
+        f"{'all' if cfg.num_test is None else cfg.num_test} test ones, {cfg.max_length} tokens"
+    )
+
+
+def _details(opts: Table4Config, cfg: TextConfig) -> str:
     data = (
         "generated, in the TFDS layout (synthetic reviews for IMDb, generated premise/hypothesis "
         "pairs for MNLI); MiniLM stands in for DistilBERT and RoBERTa"
         if opts.scale == "tiny"
         else f"TFDS data in {opts.data_dir}"
     )
-    note = (
-        f"{len(subs)} sub-runs ({trained} trained, {len(subs) - trained} reused), "
-        f"{cfg.steps} steps of {cfg.batch_size}, {cfg.seeds} seed(s), "
-        f"{'all' if cfg.num_train is None else cfg.num_train} training examples "
-        f"({int(round(100 * cfg.val_fraction))}% of them held out for validation), "
-        f"{'all' if cfg.num_test is None else cfg.num_test} test ones, {cfg.max_length} tokens, "
-        f"γ_train ∈ {{{fmt(opts.gamma_trains)}}}"
-        + (f", sweeps {'; '.join(opts.sweep)}" if opts.sweep else "")
-        + f"; constraint settings: the text task's defaults (ε {cfg.epsilon:g}, reference "
+    return (
+        f"constraint settings: the text task's defaults (ε {cfg.epsilon:g}, reference "
         f"{cfg.reference}, dual lr {cfg.dual_lr:g}, resilience {cfg.resilience}, tolerance "
-        f"{cfg.tolerance:g}); data: {data}."
+        f"{cfg.tolerance:g}); data: {data}"
     )
-    trained_seconds = sum(float(r.get("wall_seconds") or 0) for r in results.values())
-    markdown = table_markdown(rows, opts, test_gammas, wall, note, trained_seconds)
-    paths = {
-        "csv": out / "table4.csv",
-        "md": out / "table4.md",
-        "fig1": out / "fig1_layer_loss.png",
-        "fig4": out / "fig4_accuracy_vs_gamma.png",
-        "fig12": out / "fig12_ratio_hist.png",
-    }
-    write_text(paths["csv"], csv_text(rows))
-    write_text(paths["md"], markdown)
-    plot_fig1(rows, opts, paths["fig1"])
-    plot_fig4(rows, opts, paths["fig4"])
-    plot_fig12(rows, opts, out, paths["fig12"])
-    wall = time.perf_counter() - t0
-    print()
-    print(headline_markdown(rows, opts.datasets, opts.headline_gamma, test_gammas))
-    print()
-    print(paper_direction_markdown(rows, opts.datasets, opts.headline_gamma))
-    print()
-    print(f"wrote {', '.join(str(p) for p in paths.values())}")
-    print(
-        f"text table: {len(subs)} sub-runs ({trained} trained, {len(subs) - trained} reused) "
-        f"in {wall:.0f}s wall"
-    )
-    return {
-        "rows": rows,
-        "markdown": markdown,
-        "paths": paths,
-        "trained": trained,
-        "reused": len(subs) - trained,
-        "wall_seconds": wall,
-    }
+
+
+JOB = grid.TableJob(
+    name="text table",
+    table="table4",
+    title="Text grid (the paper's Table 4)",
+    check=check_inputs,
+    plan=plan,
+    prepare_tiny=prepare_tiny,
+    make_task=RatioRecordingTextTask,
+    best_rows=best_rows,
+    csv_columns=CSV_COLUMNS,
+    settings=_settings,
+    details=_details,
+    headline=lambda rows, opts, test_gammas: headline_markdown(
+        rows, opts.datasets, opts.headline_gamma, test_gammas
+    ),
+    direction=lambda rows, opts: paper_direction_markdown(rows, opts.datasets, opts.headline_gamma),
+    every_gamma=lambda rows, opts: _table_lines(
+        rows, opts.datasets, list(opts.gamma_trains), label_gamma=True
+    ),
+    figures=figures,
+)
+
+
+def run_table(opts: Table4Config) -> dict[str, Any]:
+    """Trains (or reuses) every sub-run, then writes the table, CSV and figures
+    (:func:`cudt.grid.run_job`); returns ``{"rows", "markdown", "paths", "trained", "reused",
+    "wall_seconds"}``."""
+    return grid.run_job(JOB, opts)

@@ -24,27 +24,14 @@ the headline table.
 
 import sys
 
-from cudt.cli import config_from_args, configure_process, run_cli
-from cudt.table4 import Table4Config
+from cudt.grid import table_main
+from cudt.table4 import Table4Config, run_table
 
 __all__ = ["Table4Config", "main"]
 
-PROG = "experiments.text_table"
-
 
 def main(argv=None) -> int:
-    configure_process()
-    try:
-        opts, _ = config_from_args(Table4Config, argv, __doc__.split("\n\n")[0], PROG)
-    except SystemExit as e:  # --help, or a bad flag (already reported in one line)
-        return 0 if e.code is None else int(e.code)
-
-    def go():
-        from cudt.table4 import run_table
-
-        run_table(opts)
-
-    return run_cli(go)
+    return table_main(Table4Config, run_table, argv, __doc__, "experiments.text_table")
 
 
 if __name__ == "__main__":

@@ -19,27 +19,14 @@ fig7_layer_loss.png under --out and prints the headline table.
 
 import sys
 
-from cudt.cli import config_from_args, configure_process, run_cli
-from cudt.table3 import Table3Config
+from cudt.grid import table_main
+from cudt.table3 import Table3Config, run_table
 
 __all__ = ["Table3Config", "main"]
 
-PROG = "experiments.video_table"
-
 
 def main(argv=None) -> int:
-    configure_process()
-    try:
-        opts, _ = config_from_args(Table3Config, argv, __doc__.split("\n\n")[0], PROG)
-    except SystemExit as e:  # --help, or a bad flag (already reported in one line)
-        return 0 if e.code is None else int(e.code)
-
-    def go():
-        from cudt.table3 import run_table
-
-        run_table(opts)
-
-    return run_cli(go)
+    return table_main(Table3Config, run_table, argv, __doc__, "experiments.video_table")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 from test_text_experiment import write_tiny_bert
+from test_video_table import assert_figures, cell_number, headline_cells, one_line_error
 
 from cudt import table4
 from cudt.data.text import load_text_data, synthetic_sentiment
@@ -155,20 +155,6 @@ def micro_grid(tmp_path_factory, stand_in):
     return out, argv
 
 
-def _rows(text: str) -> dict[str, list[str]]:
-    """Markdown table rows by their first cell (the headline table only: the first table)."""
-    out = {}
-    for line in text.split("### Direction")[0].splitlines():
-        if line.startswith("| ") and not line.startswith("| model"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            out[cells[0]] = cells[1:]
-    return out
-
-
-def _number(cell: str) -> float:
-    return float(cell.strip("*"))
-
-
 def test_micro_grid_writes_table_csv_figures_and_ratio_histograms(micro_grid):
     out, _ = micro_grid
     assert (out / "data/imdb_reviews/plain_text/1.0.0/dataset_info.json").is_file()
@@ -208,21 +194,18 @@ def test_micro_grid_writes_table_csv_figures_and_ratio_histograms(micro_grid):
         assert float(r["val_accuracy"]) == max(x["val_accuracy"] for x in runs)
 
     md = (out / "table4.md").read_text()
-    cells = _rows(md)
+    cells = headline_cells(md)
     assert set(cells) == {"MiniLM-4"}
     for c, e in (cells["MiniLM-4"][:2], cells["MiniLM-4"][2:]):
-        higher = max(_number(c), _number(e))
+        higher = max(cell_number(c), cell_number(e))
         for cell in (c, e):  # the higher AUC bold (both when equal), the other not
-            assert cell.startswith("**") == (_number(cell) == higher), (c, e)
+            assert cell.startswith("**") == (cell_number(cell) == higher), (c, e)
     # MiniLM is compared with the paper's DistilBERT-12 at γ_train = 1: C (+0.044), C (+0.003)
     assert "/ C (+0.044)" in md and "/ C (+0.003)" in md
     assert "### Every γ_train" in md and "| MiniLM-4 | 0 |" in md
 
-    for name in ("fig1_layer_loss.png", "fig4_accuracy_vs_gamma.png", "fig12_ratio_hist.png"):
-        with Image.open(out / name) as im:
-            assert im.format == "PNG"
-            assert im.size[0] >= 600 and im.size[1] >= 400, (name, im.size)
-            assert len(im.convert("RGB").getcolors(maxcolors=1 << 20)) > 50, name
+    figures = ("fig1_layer_loss.png", "fig4_accuracy_vs_gamma.png", "fig12_ratio_hist.png")
+    assert_figures(out, figures, min_height=400)
 
     # Every run's ratio histogram counts each test sample once per layer, and its share below
     # 1 is the run's descent rate.
@@ -254,9 +237,7 @@ def test_rerun_reuses_finished_subruns_and_refuses_other_flags(micro_grid, capsy
     other = list(argv)
     other[other.index("--steps") + 1] = "5"
     assert text_table.main(other) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err
-    assert "holds results of another config (steps: 4 there, 5 now" in err
+    assert "holds results of another config (steps: 4 there, 5 now" in one_line_error(capsys)
     assert results.stat().st_mtime_ns == before
 
 
@@ -302,7 +283,6 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, messag
     if argv[0] == "{paper}":
         argv = paper + argv[1:]
     assert text_table.main(argv + ["--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    message = message.replace("{tmp}", str(tmp_path))
-    assert err.startswith("error: ") and "\n" not in err and message in err, err
+    err = one_line_error(capsys)
+    assert message.replace("{tmp}", str(tmp_path)) in err, err
     assert not out.exists()

@@ -49,7 +49,10 @@ def test_layout_writers_are_read_by_the_real_readers(tmp_path, name):
     )
 
 
-def _rows(text: str) -> dict[str, list[str]]:
+# Helpers shared with test_text_table (the Table 4 job writes the same kinds of outputs).
+
+
+def headline_cells(text: str) -> dict[str, list[str]]:
     """Markdown table rows by their first cell (the headline table only: the first table)."""
     out = {}
     for line in text.split("### Direction")[0].splitlines():
@@ -59,8 +62,24 @@ def _rows(text: str) -> dict[str, list[str]]:
     return out
 
 
-def _number(cell: str) -> float:
+def cell_number(cell: str) -> float:
     return float(cell.strip("*"))
+
+
+def one_line_error(capsys) -> str:
+    """What the job wrote to stderr: one ``error: ...`` line."""
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+def assert_figures(out, names, min_height: int) -> None:
+    """Each figure a real PNG: at least 600 × ``min_height`` pixels, more than 50 colours."""
+    for name in names:
+        with Image.open(out / name) as im:
+            assert im.format == "PNG"
+            assert im.size[0] >= 600 and im.size[1] >= min_height, (name, im.size)
+            assert len(im.convert("RGB").getcolors(maxcolors=1 << 20)) > 50, name
 
 
 def test_headline_markdown_bolds_the_lower_number():
@@ -76,14 +95,14 @@ def test_headline_markdown_bolds_the_lower_number():
         row("dust-pl", "ERM", 11.9),
     ]
     text = table3.headline_markdown(rows, ["ucsd"], ["dust", "ut"], [3], 0.15, [0, 0.3])
-    cells = _rows(text)
+    cells = headline_cells(text)
     assert cells["dust-3"] == ["**11.500**", "12.000"]
     assert cells["ut-3"] == ["10.250", "**10.000**"]
     assert cells["dust-pl-3"] == ["—", "11.900"]  # the control: ERM only, nothing to bold
     assert "Constrained lower than ERM in 1 of 2" in text
     rows[1] = row("dust", "constrained", 11.0, status="infeasible")
     rows[3] = row("ut", "constrained", None, status="diverged")
-    cells = _rows(table3.headline_markdown(rows, ["ucsd"], ["dust", "ut"], [3], 0.15, [0]))
+    cells = headline_cells(table3.headline_markdown(rows, ["ucsd"], ["dust", "ut"], [3], 0.15, [0]))
     assert cells["dust-3"] == ["infeasible (11.000)", "12.000"]  # not eligible: never bold
     assert cells["ut-3"] == ["diverged", "10.000"]
 
@@ -154,24 +173,20 @@ def test_tiny_grid_writes_table_csv_and_figures(tiny_grid):
         assert float(r["mean_rmse"]) == pytest.approx(run["mean_rmse"], rel=1e-5)
 
     md = (out / "table3.md").read_text()
-    cells = _rows(md)
+    cells = headline_cells(md)
     assert set(cells) == {"dust-3", "ut-3", "dust-pl-3"}
     for model in ("dust-3", "ut-3"):
         c, e = cells[model]
-        lower = min(_number(c), _number(e))
+        lower = min(cell_number(c), cell_number(e))
         for cell in (c, e):  # the lower one bold (both when equal), the other not
-            assert cell.startswith("**") == (_number(cell) == lower), (model, c, e)
+            assert cell.startswith("**") == (cell_number(cell) == lower), (model, c, e)
     csv_c = next(r for r in rows if r["model"] == "dust" and r["kind"] == "constrained"
                  and r["gamma_train"] == "0.15")  # fmt: skip
-    assert _number(cells["dust-3"][0]) == pytest.approx(float(csv_c["mean_rmse"]), abs=5e-4)
+    assert cell_number(cells["dust-3"][0]) == pytest.approx(float(csv_c["mean_rmse"]), abs=5e-4)
     assert "### Direction against the paper" in md and "### Every γ_train" in md
 
-    for name in ("fig2_rmse_vs_gamma.png", "fig3_depth.png", "fig7_layer_loss.png"):
-        with Image.open(out / name) as im:
-            assert im.format == "PNG"
-            assert im.size[0] >= 600 and im.size[1] >= 300, (name, im.size)
-            colours = im.convert("RGB").getcolors(maxcolors=1 << 20)
-            assert len(colours) > 50, name
+    figures = ("fig2_rmse_vs_gamma.png", "fig3_depth.png", "fig7_layer_loss.png")
+    assert_figures(out, figures, min_height=300)
 
 
 def test_rerun_reuses_finished_subruns(tiny_grid, capsys):
@@ -188,9 +203,7 @@ def test_rerun_reuses_finished_subruns(tiny_grid, capsys):
     assert "| dust-3 |" in printed  # the headline table is printed
     # Other flags: refused before anything is trained or written, naming the difference.
     assert video_table.main([*TINY[:-6], "--steps", "11", *TINY[-4:], "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err
-    assert "holds results of another config (steps: 10 there, 11 now" in err
+    assert "holds results of another config (steps: 10 there, 11 now" in one_line_error(capsys)
     assert results.stat().st_mtime_ns == before
 
 
@@ -215,8 +228,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, messag
     out = tmp_path / "out"
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     assert video_table.main(argv + ["--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err and message in err, err
+    err = one_line_error(capsys)
+    assert message in err, err
     assert not out.exists()
 
 
