@@ -484,3 +484,50 @@ def test_tokenize_split_with_minilm():
     assert (types[0, first_sep + 1 : len(row)] == 1).all()
     text_ids, _ = encoder.tokenize(["A man is eating."], 24)
     np.testing.assert_array_equal(ids[0, : first_sep + 1], text_ids[0, : first_sep + 1])
+
+
+def test_imdb_like_reviews_are_long_mixed_and_round_trip_the_aclimdb_layout(tmp_path):
+    from cudt.data.text import (
+        _REVIEW_NEG,
+        _REVIEW_POS,
+        _clean_review,
+        imdb_like_reviews,
+        write_aclimdb,
+    )
+
+    split, ratings = imdb_like_reviews(40, seed=3)
+    again, _ = imdb_like_reviews(41, seed=3)
+    assert split.texts == again.texts[:40]  # example i depends on (seed, stream, i) only
+    assert split.labels.tolist() == [i % 2 for i in range(40)]
+    assert np.all((ratings >= 7) == (split.labels == 1)) and set(ratings) <= {
+        1,
+        2,
+        3,
+        4,
+        7,
+        8,
+        9,
+        10,
+    }
+    words = [len(t.split()) for t in split.texts]
+    assert min(words) > 100 and all("<br /><br />" in t for t in split.texts)
+    # opinion words are a minority, and both polarities occur within the same reviews
+    lexicon = set(_REVIEW_POS) | set(_REVIEW_NEG)
+    tokens = [re.findall(r"[a-z]+", t.lower()) for t in split.texts]
+    share = np.mean([sum(w in lexicon for w in ws) / len(ws) for ws in tokens])
+    assert 0.01 < share < 0.1
+    assert any(set(ws) & set(_REVIEW_POS) and set(ws) & set(_REVIEW_NEG) for ws in tokens)
+    short, _ = imdb_like_reviews(10, seed=3, short=True)
+    assert max(len(t.split()) for t in short.texts) < 100
+
+    test, test_ratings = imdb_like_reviews(6, seed=3, stream=1)
+    root = write_aclimdb(tmp_path, split, test, ratings=(ratings, test_ratings))
+    assert root == tmp_path / "aclImdb"
+    names = sorted(p.name for p in (root / "test" / "pos").glob("*.txt"))
+    assert names == sorted(f"{i}_{test_ratings[i]}.txt" for i in (1, 3, 5))
+    back = read_aclimdb(tmp_path, "train")
+    assert sorted(back.texts) == sorted(_clean_review(t) for t in split.texts)
+    assert sorted(back.labels.tolist()) == sorted(split.labels.tolist())
+    pairs = TextSplit(texts=("a",), pairs=("b",), labels=np.array([0]))
+    with pytest.raises(DataError, match="binary single-text"):
+        write_aclimdb(tmp_path / "x", pairs, test)

@@ -274,8 +274,9 @@ def test_one_head_is_shared_by_every_state(tiny_bert, name):
 
     pooled, logits = pooled_and_logits(params, batch)
     w, b = params["head"]["kernel"], params["head"]["bias"]
+    assert not model.head_norm  # the paper's readout: linear in the pooled state
     for state in range(model.num_layers + 1):
-        np.testing.assert_allclose(logits[state], pooled[state] @ w + b, atol=1e-5)
+        np.testing.assert_allclose(logits[state], pooled[state] @ w + b, rtol=1e-4, atol=1e-5)
 
     def state_losses(head, batch):  # [S]
         p = dict(params, head=head)
@@ -389,3 +390,103 @@ def test_length_batches_cover_every_example_once():
         assert lengths[index[:count]].max() <= length
         seen += index[:count].tolist()
     assert sorted(seen) == list(range(lengths.size))
+
+
+def _hf_sublayer_states(model_type: str, folder: Path):
+    """A tiny random HF DistilBERT / RoBERTa saved to ``folder``, and a function returning its
+    states per sub-layer ``[2L+1, B, T, D]`` read with forward hooks: the embedding output,
+    then after each block the attention sub-layer's output (after its LayerNorm) and the block's."""
+    import torch
+    import transformers as tr
+
+    torch.manual_seed(0)
+    if model_type == "distilbert":
+        cfg = tr.DistilBertConfig(
+            vocab_size=100, dim=D, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FFN,
+            max_position_embeddings=MAX_POS,
+        )  # fmt: skip
+        hf = tr.DistilBertModel(cfg)
+        attn_outputs = [blk.sa_layer_norm for blk in hf.transformer.layer]
+    else:
+        cfg = tr.RobertaConfig(
+            vocab_size=100, hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+            intermediate_size=FFN, max_position_embeddings=MAX_POS,
+        )  # fmt: skip
+        hf = tr.RobertaModel(cfg)
+        attn_outputs = [blk.attention.output for blk in hf.encoder.layer]
+    with torch.no_grad():  # away from init: LayerNorm gains and biases not 1 and 0
+        for p in hf.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    hf.eval()
+    hf.save_pretrained(folder, safe_serialization=True)
+
+    def states(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        seen = []
+        hooks = [
+            m.register_forward_hook(lambda _m, _i, out: seen.append(out)) for m in attn_outputs
+        ]
+        with torch.no_grad():
+            out = hf(
+                input_ids=torch.from_numpy(ids.astype(np.int64)),
+                attention_mask=torch.from_numpy(mask.astype(np.int64)),
+                output_hidden_states=True,
+            )
+        for h in hooks:
+            h.remove()
+        blocks = [h.numpy() for h in out.hidden_states]
+        subs = [blocks[0]]
+        for attn, block in zip(seen, blocks[1:], strict=True):
+            subs += [(attn[0] if isinstance(attn, tuple) else attn).numpy(), block]
+        return np.stack(subs)
+
+    return states
+
+
+@pytest.mark.parametrize("model_type", ["distilbert", "roberta"])
+def test_sublayer_states_match_hf_distilbert_and_roberta(model_type, tmp_path):
+    # --granularity sublayer for the paper's DistilBERT (L = 12) and RoBERTa (L = 24): every
+    # attention and MLP sub-layer is a state, equal to the reference model's own.
+    hf_states = _hf_sublayer_states(model_type, tmp_path)
+    model = text.build_text_model(
+        model_type, num_classes=2, checkpoint=tmp_path, granularity="sublayer"
+    )
+    assert (model.blocks, model.num_layers) == (LAYERS, 2 * LAYERS)
+    rng = np.random.default_rng(0)
+    pad = model.encoder.config.pad_token_id
+    ids = rng.integers(3, 100, size=(3, 12)).astype(np.int32)
+    mask = np.ones((3, 12), np.int32)
+    mask[1, 8:], mask[2, 5:] = 0, 0
+    ids[mask == 0] = pad
+    batch = {
+        "ids": jnp.asarray(ids),
+        "mask": jnp.asarray(mask, jnp.float32),
+        "labels": jnp.asarray([0, 1, 0], jnp.int32),
+    }
+    params = jax.jit(model.init)(jax.random.key(0))
+    noise = jnp.zeros(ids.shape + (D,))
+    ours = np.asarray(jax.jit(model.states)(params, batch, noise))  # [2L+1, B, T, D]
+    ref = hf_states(ids, mask)
+    assert ours.shape == ref.shape == (2 * LAYERS + 1, 3, 12, D)
+    real = mask.astype(bool)  # padded query rows are not read by the head
+    np.testing.assert_allclose(ours[:, real], ref[:, real], atol=1e-4)
+    losses = jax.jit(text.make_layer_losses(model, 1.0))(params, batch, jax.random.key(1))
+    assert losses.shape == (3, 2 * LAYERS + 1) and bool(jnp.all(jnp.isfinite(losses)))
+
+
+def test_max_length_defaults_by_dataset_and_the_normalised_head(tiny_bert):
+    from cudt.tasks.text import TextConfig, max_length_of
+
+    # long reviews need more than 64 tokens: their opening is the plot, not the verdict
+    assert max_length_of(TextConfig()) == 64
+    assert max_length_of(TextConfig(dataset="aclimdb", data_dir="x")) == 256
+    assert max_length_of(TextConfig(dataset="imdb")) == 256
+    assert max_length_of(TextConfig(dataset="mnli")) == 128
+    assert max_length_of(TextConfig(dataset="imdb", max_length=32)) == 32
+    ut = text.build_text_model("ut", num_classes=2, checkpoint=tiny_bert, head_norm=True)
+    assert not text.build_text_model("ut", num_classes=2, checkpoint=tiny_bert).head_norm
+    params = jax.jit(ut.init)(jax.random.key(0))
+    pooled = jax.random.normal(jax.random.key(1), (3, 2, D))
+    # the normalised readout does not depend on the scale of the state it reads
+    np.testing.assert_allclose(
+        ut.head(params, 1e-3 * pooled), ut.head(params, pooled), rtol=1e-4, atol=1e-5
+    )

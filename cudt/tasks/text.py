@@ -15,13 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cudt import plots
 from cudt.data.text import TextSplits, load_text_data
 from cudt.errors import UsageError
-from cudt.experiment import Column
-from cudt.metrics import trapezoid_auc
 from cudt.runner.config import RunConfig, at_least, flag, positive, shared
 from cudt.runner.task import EvalBatch, GroupModel, Task
+from cudt.tasks.accuracy import AccuracyReports
 from cudt.text import (
     GRANULARITIES,
     MODELS,
@@ -37,9 +35,17 @@ from cudt.text import (
     tokenize_splits,
 )
 
-__all__ = ["DATASETS", "TextConfig", "TextData", "TextTask"]
+__all__ = ["DATASETS", "DEFAULT_MAX_LENGTH", "TextConfig", "TextData", "TextTask", "max_length_of"]
 
 DATASETS = ("synthetic", "imdb", "mnli", "aclimdb")  # = cudt.data.text.TEXT_DATASETS
+# --max-length by dataset: IMDb reviews run to 230 words (about 300 tokens), and most open with
+# the plot, so their first 64 tokens rarely hold an opinion (every model stays near chance).
+DEFAULT_MAX_LENGTH = {"synthetic": 64, "mnli": 128, "imdb": 256, "aclimdb": 256}
+
+
+def max_length_of(cfg) -> int:
+    """``--max-length``, else the dataset's default (:data:`DEFAULT_MAX_LENGTH`)."""
+    return cfg.max_length if cfg.max_length is not None else DEFAULT_MAX_LENGTH[cfg.dataset]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +83,12 @@ class TextConfig(RunConfig):
     val_fraction: float = flag(
         0.1, "fraction of the pool held out to check feasibility", check=positive
     )
-    max_length: int = flag(64, "tokens per text (truncated / padded)", check=at_least(4))
+    max_length: int | None = flag(
+        None,
+        "tokens per text (truncated / padded); default: 64 for synthetic, 128 for mnli, 256 for "
+        "imdb and aclimdb (64 tokens are the plot summary of most reviews, not their verdict)",
+        check=at_least(4),
+    )
     layers: int | None = flag(
         None,
         "ut: unrolled layers L (default 3); pretrained encoders use their blocks",
@@ -105,6 +116,11 @@ class TextConfig(RunConfig):
     )
     ut_a: float = flag(1.0, "UT attention step a")
     ut_b: float = flag(1.0, "UT feed-forward step b")
+    head_norm: bool = flag(
+        False,
+        "divide the pooled state by its RMS before the shared head (a scale-free readout; "
+        "helps the UT, whose states are not LayerNorm outputs, start learning sooner)",
+    )
     # shared fields with this experiment's defaults
     seeds: int = shared("seeds", 1)
     steps: int = shared("steps", 160)
@@ -166,10 +182,9 @@ class TextData:
     tokens: dict  # train / val / test: cudt.text.TokenizedSplit
 
 
-class TextTask(Task):
+class TextTask(AccuracyReports, Task):
     name = "text_classify"
     config_cls = TextConfig
-    selection = ("val_accuracy", True)
 
     def load(self, cfg) -> TextData:
         data = load_text_data(
@@ -192,20 +207,23 @@ class TextTask(Task):
             pooling=cfg.pooling,
             ut_a=cfg.ut_a,
             ut_b=cfg.ut_b,
+            head_norm=cfg.head_norm,
         )
-        if cfg.max_length > model.encoder.config.max_length:
+        max_length = max_length_of(cfg)
+        if max_length > model.encoder.config.max_length:
             raise UsageError(
-                f"--max-length {cfg.max_length} exceeds the {model.encoder.config.max_length} "
+                f"--max-length {max_length} exceeds the {model.encoder.config.max_length} "
                 f"positions of {model.encoder.path}: pass a smaller --max-length"
             )
-        return TextData(data, model, tokenize_splits(model, data, cfg.max_length))
+        return TextData(data, model, tokenize_splits(model, data, max_length))
 
     def describe(self, cfg, data: TextData) -> list[str]:
         src, model = data.source, data.model
-        full = float(np.mean(data.tokens["train"].lengths >= cfg.max_length))
+        max_length = max_length_of(cfg)
+        full = float(np.mean(data.tokens["train"].lengths >= max_length))
         return [
             f"data: {src.source}: train {len(src.train)} / val {len(src.val)} / test "
-            f"{len(src.test)}, {src.num_classes} classes; {cfg.max_length} tokens "
+            f"{len(src.test)}, {src.num_classes} classes; {max_length} tokens "
             f"({100 * full:.0f}% of train texts fill or exceed them)",
             f"model: {model.name} from {model.encoder.path}: {model.blocks} "
             f"{'UT layers' if model.ut is not None else 'blocks'}, {model.granularity} "
@@ -226,6 +244,8 @@ class TextTask(Task):
         model, src = data.model, data.source
         return {
             "lr": cfg.lr if cfg.lr is not None else self.default_lr(cfg, cfg.model),
+            "max_length": max_length_of(cfg),
+            "head_norm": model.head_norm,
             "reference_bound": reference_bound(cfg.reference, model.num_classes),
             "noise_unit": model.noise_unit,
             "encoder_folder": str(model.encoder.path),
@@ -278,7 +298,7 @@ class TextTask(Task):
 
     def build(self, cfg, data: TextData, name: str, structure) -> GroupModel:
         model = data.model
-        max_length = cfg.max_length
+        max_length = max_length_of(cfg)
 
         def eval_outputs(params, frozen, batch, index, gamma, key):
             length = batch["ids"].shape[1]
@@ -307,63 +327,14 @@ class TextTask(Task):
     def test_gamma_grid(self, cfg, gamma_train: float) -> list[float]:
         return test_gamma_grid(gamma_train, cfg.test_gammas)
 
-    def run_metrics(self, cfg, test, val, gammas, gamma_train):
-        accuracy = [float(c[:, -1].mean()) for c in test["correct"]]
-        return {
-            "accuracy": accuracy,
-            "auc": trapezoid_auc(gammas, accuracy),
-            "layer_accuracy": [c.mean(0).tolist() for c in test["correct"]],
-            "val_accuracy": float(val["correct"][:, -1].mean()),
-        }
-
-    def metric_columns(self):
-        def at_train(r):
-            return r["accuracy"][r["test_gamma"].index(r["gamma_train"])]
-
-        return [
-            Column("acc@γtr", 8, lambda r: f"{at_train(r):.3f}"),
-            Column("acc@γmax", 8, lambda r: f"{r['accuracy'][-1]:.3f}"),
-            Column("AUC", 6, lambda r: f"{r['auc']:.3f}"),
-        ]
-
-    def after_columns(self):
-        return [Column("ℓ↓ all l", 8, lambda r: "yes" if r["loss_decreases"] else "no")]
-
     def table_footer(self, runs) -> str:
         paper = (
             f"{PAPER_DESCENT_SOURCE}: descent {100 * PAPER_DESCENT['descent_rate']:.1f}%, "
             f"mean r {PAPER_DESCENT['mean_ratio']:.3f}, median r "
             f"{PAPER_DESCENT['median_ratio']:.3f}"
         )
-        lines = [paper, "mean test loss per state at gamma_train:"]
-        for r in runs:
-            losses = r["layer_loss"][r["test_gamma"].index(r["gamma_train"])]
-            lines.append(f"{r['label']}: " + " ".join(f"{v:.3f}" for v in losses))
+        lines = [paper, *self.layer_loss_lines(runs)]
         return "\n".join(lines)
 
     def figures(self, runs, ratios, out, gammas, cfg):
-        paths = [out / "layer_loss.png", out / "accuracy_vs_gamma.png", out / "ratio_hist.png"]
-        plots.plot_layer_losses(
-            runs,
-            paths[0],
-            title=f"mean test cross-entropy per state at γ_train = {cfg.gamma_train}",
-        )
-        plots.plot_metric_vs_gamma(
-            runs,
-            paths[1],
-            key="accuracy",
-            ylabel="test accuracy",
-            gamma_train=cfg.gamma_train,
-            title="test accuracy vs embedding perturbation (γ > γ_train: OOD)",
-        )
-        by_model: dict[tuple[str, bool], list] = {}
-        for run, r in zip(runs, ratios, strict=True):
-            if r is not None:
-                key = (f"{run['model']}-{run['layers']}", run["constrained"])
-                by_model.setdefault(key, []).append(r)
-        plots.plot_ratio_histograms(
-            {k: np.concatenate(v) for k, v in by_model.items()},
-            paths[2],
-            title=f"per-sample ratios ℓ_l / ℓ_(l-1) on the test set at γ_train = {cfg.gamma_train}",
-        )
-        return paths
+        return self.accuracy_figures(runs, ratios, out, cfg, noise="embedding perturbation")

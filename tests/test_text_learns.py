@@ -1,0 +1,113 @@
+"""The UT text classifier learns: through the real runner, on reviews in the aclImdb layout, its
+lift above chance must reach half that of a bag-of-words logistic regression fitted here on the
+same tokens.
+
+The reviews are :func:`cudt.data.text.imdb_like_reviews` (generated, ``short``: about 65 words,
+mostly neutral, negation, mixed opinions; not real IMDb), written to ``tmp_path`` as
+``aclImdb/{train,test}/{neg,pos}/<id>_<rating>.txt`` and read back by ``--dataset aclimdb``. The
+bag of words sees the same first ``MAX_LENGTH`` tokens as the UT, one weight per token of the
+training texts, its L2 strength chosen on the validation split.
+
+The UT reads with ``--head-norm`` (it starts learning sooner). Measured (one run, 160 steps):
+UT-3 ERM 0.657, bag of words 0.733. The
+UT does NOT beat the bag of words in this budget (nor on 2,000 real IMDb reviews at 256 tokens:
+0.738 vs 0.865), so the bar is "learns", not "wins": a UT that stops learning sits at 0.5.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+from cudt import text
+from cudt.data.text import imdb_like_reviews, load_text_data, write_aclimdb
+from experiments import text_classify
+
+NUM_TRAIN, NUM_TEST, MAX_LENGTH = 600, 300, 96
+
+
+def bag_of_words(tokens: text.TokenizedSplit, vocab: np.ndarray) -> np.ndarray:
+    """Binary presence ``[N, len(vocab)]`` of each vocabulary token among a text's tokens."""
+    index = {int(t): i for i, t in enumerate(vocab)}
+    out = np.zeros((len(tokens), vocab.size))
+    for row, (ids, mask) in enumerate(zip(tokens.ids, tokens.mask, strict=True)):
+        cols = [index[t] for t in ids[mask > 0].tolist() if t in index]
+        out[row, cols] = 1.0
+    return out
+
+
+def logistic_regression(x: np.ndarray, y: np.ndarray, l2: float) -> np.ndarray:
+    """Weights ``[V + 1]`` (bias last) of an L2-regularised logistic regression (L-BFGS)."""
+    xb = np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)
+    sign = 2.0 * y - 1.0
+
+    def loss_and_grad(w):
+        margin = sign * (xb @ w)
+        loss = np.logaddexp(0.0, -margin).mean() + 0.5 * l2 * np.sum(w[:-1] ** 2)
+        grad = xb.T @ (-sign * np.exp(-np.logaddexp(0.0, margin))) / x.shape[0]
+        grad[:-1] += l2 * w[:-1]
+        return loss, grad
+
+    w0 = np.zeros(xb.shape[1])
+    return minimize(loss_and_grad, w0, jac=True, method="L-BFGS-B", options={"maxiter": 500}).x
+
+
+def accuracy(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean(((x @ w[:-1] + w[-1]) > 0) == (y > 0)))
+
+
+@pytest.fixture(scope="module")
+def reviews(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reviews")
+    train, train_ratings = imdb_like_reviews(NUM_TRAIN, seed=0, stream=0, short=True)
+    test, test_ratings = imdb_like_reviews(NUM_TEST, seed=0, stream=1, short=True)
+    write_aclimdb(root, train, test, ratings=(train_ratings, test_ratings))
+    return root
+
+
+def test_reviews_are_long_and_in_the_aclimdb_layout(reviews):
+    files = sorted((reviews / "aclImdb" / "train" / "pos").glob("*.txt"))
+    assert len(files) == NUM_TRAIN // 2
+    ratings = [int(f.stem.split("_")[1]) for f in files]
+    assert min(ratings) >= 7 and max(ratings) <= 10
+    raw = files[0].read_text()
+    assert "<br /><br />" in raw and len(raw.split()) > 30
+    data = load_text_data("aclimdb", reviews, num_train=None, num_test=None)
+    assert "<br" not in data.train.texts[0]  # the reader strips the tags
+    assert len(data.train) + len(data.val) == NUM_TRAIN and len(data.test) == NUM_TEST
+
+
+def test_ut_learns_against_bag_of_words_on_the_same_tokens(reviews, tmp_path):
+    out = tmp_path / "run"
+    argv = [
+        "--model", "ut", "--dataset", "aclimdb", "--data-dir", str(reviews),
+        "--num-train", str(NUM_TRAIN), "--num-test", str(NUM_TEST),
+        "--max-length", str(MAX_LENGTH), "--seeds", "1", "--test-gammas", "0",
+        "--eval-batch-size", "100", "--head-norm", "--out", str(out),
+    ]  # fmt: skip
+    assert text_classify.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+
+    # The baseline, on the very splits and tokens the run used.
+    data = load_text_data("aclimdb", reviews, num_train=NUM_TRAIN, num_test=NUM_TEST)
+    model = text.build_text_model("ut", num_classes=2)
+    tokens = text.tokenize_splits(model, data, MAX_LENGTH)
+    special = set(model.encoder.tokenize([""], 4)[0][0].tolist())
+    vocab = np.setdiff1d(np.unique(tokens["train"].ids[tokens["train"].mask > 0]), list(special))
+    x = {k: bag_of_words(v, vocab) for k, v in tokens.items()}
+    y = {k: v.labels for k, v in tokens.items()}
+    fits = [logistic_regression(x["train"], y["train"], l2) for l2 in (1e-3, 1e-2, 1e-1)]
+    best = max(fits, key=lambda w: accuracy(w, x["val"], y["val"]))
+    bow = accuracy(best, x["test"], y["test"])
+
+    assert bow > 0.6  # the words carry the label: there is something to learn
+    for run in results["runs"]:
+        acc = run["accuracy"][run["test_gamma"].index(0.0)]
+        print(f"{run['label']}: test accuracy {acc:.3f} vs bag of words {bow:.3f}")
+    erm = next(r for r in results["runs"] if not r["constrained"])
+    acc = erm["accuracy"][erm["test_gamma"].index(0.0)]
+    assert acc - 0.5 > 0.5 * (bow - 0.5), (acc, bow)
+    assert erm["layer_loss"][0][-1] < np.log(2) - 0.02  # the last state's test loss
