@@ -186,6 +186,41 @@ def test_accuracy_and_auc_are_consistent(bert_run):
         assert run["auc"] == pytest.approx(0.5 * (acc[0] + acc[1]) + 0.5 * (acc[1] + acc[2]))
 
 
+def test_best_run_is_chosen_by_validation_auc(bert_run):
+    """--select val-auc (the default, the paper's B.3): validation data is scored over the test
+    γ grid, its AUC is each run's score, and the best mark of each kind is its maximum."""
+    _, results = bert_run
+    assert results["config"]["select"] == "val-auc"
+    assert results["config"]["val_gamma"] == results["config"]["test_gamma"] == [0.0, 1.0, 2.0]
+    n_val = 4  # TINY: a pool of 40, 10 % held out
+    for run in results["runs"]:
+        acc = np.asarray(run["val_accuracy_by_gamma"])
+        np.testing.assert_allclose(acc * n_val, np.round(acc * n_val), atol=1e-9)
+        assert run["val_auc"] == pytest.approx(trapezoid_auc(run["test_gamma"], acc))
+        # the accuracy at γ_train is the validation accuracy the feasibility check also reads
+        assert run["val_accuracy"] == pytest.approx(acc[run["test_gamma"].index(1.0)])
+    for constrained in (False, True):
+        runs = [r for r in results["runs"] if r["constrained"] == constrained]
+        eligible = [r for r in runs if not r["diverged"] and (r["feasible"] or not constrained)]
+        best = [r for r in runs if r.get("best")]
+        if eligible:
+            assert len(best) == 1
+            assert best[0]["val_auc"] == max(r["val_auc"] for r in eligible)
+
+
+def test_select_val_accuracy_scores_validation_at_gamma_train_only(tiny_bert, tmp_path):
+    out = tmp_path / "run"
+    argv = TINY + ["--model", "bert", "--checkpoint", str(tiny_bert), "--steps", "2"]
+    argv += ["--seeds", "2", "--select", "val-accuracy", "--out", str(out)]
+    assert text_classify.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["val_gamma"] == [1.0]
+    assert all("val_auc" not in r for r in results["runs"])
+    erm = [r for r in results["runs"] if not r["constrained"]]  # never infeasible
+    best = [r for r in erm if r.get("best")]
+    assert len(best) == 1 and best[0]["val_accuracy"] == max(r["val_accuracy"] for r in erm)
+
+
 def test_plots_are_real_pngs(bert_run):
     out, _ = bert_run
     for name in ("layer_loss.png", "accuracy_vs_gamma.png", "ratio_hist.png"):
@@ -355,6 +390,8 @@ def test_help_lists_every_flag(capsys):
         (["--dataset", "aclimdb"], "--dataset aclimdb needs --data-dir"),
         (["--reference", "low"], "--reference must be chance, none or a finite number"),
         (["--pooling", "max"], "--pooling must be first or mean"),
+        (["--select", "test-auc"], "--select must be one of val-auc, val-accuracy"),
+        (["--test-gammas", "0.5"], "--select val-auc needs at least two test gammas"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(argv, words, capsys, tmp_path):

@@ -309,6 +309,7 @@ def _summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval
                 gammas,
                 gamma_train,
             ),
+            **task.val_metrics(cfg, {k: v[:, r] for k, v in val.items()}, val_gammas, gamma_train),
             "layer_loss": layer_loss,
             "loss_decreases": _decreases(layer_loss[gi]),
             "descent_rate": stats.descent_rate,
@@ -447,6 +448,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
                         checkpointer.restore(program.abstract_states())
     gamma_trains = sorted({float(s.hp["gamma_train"]) for s in specs})
     gammas = task.test_gammas(cfg, gamma_trains)
+    val_gammas = sorted(set(task.val_gammas(cfg, gamma_trains, gammas)) | set(gamma_trains))
     eval_key = jax.random.key(10_000 + cfg.seed)
     on_device: dict[int, Any] = {}  # groups reading the same examples share one device copy
     runs: list[dict] = []
@@ -499,18 +501,19 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             )
         t = time.perf_counter()
         group_runs, group_ratios = _summarise(
-            task, cfg, data, group, program, result, gammas, gamma_trains, eval_key
+            task, cfg, data, group, program, result, gammas, val_gammas, eval_key
         )
         eval_seconds[group.name] = time.perf_counter() - t
         runs += group_runs
         ratios += group_ratios
-    score, higher = task.selection
+    score, higher = task.selection_for(cfg)
     select_best(runs, score, higher_is_better=higher)
     config = (
         dataclasses.asdict(cfg)
         | task.config_extras(cfg, data)
         | {
             "test_gamma": gammas,
+            "val_gamma": val_gammas,
             "out": str(out.path),
             "sweeps": {k: list(v) for k, v in sweeps.items()},
         }

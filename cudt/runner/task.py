@@ -166,6 +166,23 @@ class Task:
             grid |= set(self.test_gamma_grid(cfg, g))
         return sorted(grid)
 
+    def val_gammas(self, cfg, gamma_trains: list[float], test_gammas: list[float]) -> list[float]:
+        """The γ at which validation data is scored. Every run's γ_train is always among them
+        (feasibility is judged there); a task whose best-run score needs more (a validation
+        AUC) adds them. Default: the γ_train values only."""
+        return list(gamma_trains)
+
+    def selection_for(self, cfg) -> tuple[str, bool]:
+        """The best-run score of this configuration: (run key, higher is better)."""
+        return self.selection
+
+    def val_metrics(
+        self, cfg, val: dict[str, np.ndarray], val_gammas: list[float], gamma_train: float
+    ) -> dict[str, Any]:
+        """Metrics of one run from its validation outputs at every γ of :meth:`val_gammas`
+        (``val[name]`` is ``[Gv, N, S]``), e.g. the score :meth:`selection_for` names."""
+        return {}
+
     def run_metrics(
         self, cfg, test: dict[str, np.ndarray], val: dict[str, np.ndarray], gammas, gamma_train
     ) -> dict[str, Any]:

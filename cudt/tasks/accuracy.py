@@ -2,7 +2,8 @@
 
 Their evaluation outputs are ``"losses"`` and ``"correct"`` (per sample and state: a hit, or a
 fraction of hits for token accuracy); the metrics are accuracy per test γ (the last state), its
-AUC over the γ grid, accuracy per state, and validation accuracy (the best-run score); the
+AUC over the γ grid, accuracy per state, validation accuracy at γ_train (the default best-run
+score) and, where validation data is scored over a γ grid, its AUC (``val_auc``); the
 figures are the per-state loss, accuracy vs γ and the per-sample ratio histograms.
 """
 
@@ -34,6 +35,14 @@ class AccuracyReports:
             "layer_accuracy": [c.mean(0).tolist() for c in test["correct"]],
             "val_accuracy": float(val["correct"][:, -1].mean()),
         }
+
+    def val_metrics(self, cfg, val, val_gammas, gamma_train):
+        """Where validation data was scored at several γ: the validation accuracy at each and
+        its AUC (the paper's best-run score, appendix B.3)."""
+        if len(val_gammas) < 2:
+            return {}
+        accuracy = [float(c[:, -1].mean()) for c in val["correct"]]
+        return {"val_accuracy_by_gamma": accuracy, "val_auc": trapezoid_auc(val_gammas, accuracy)}
 
     def metric_columns(self):
         def at_train(r):

@@ -17,7 +17,7 @@ import numpy as np
 
 from cudt.data.text import TextSplits, load_text_data
 from cudt.errors import UsageError
-from cudt.runner.config import RunConfig, at_least, flag, positive, shared
+from cudt.runner.config import RunConfig, at_least, flag, one_of, positive, shared
 from cudt.runner.task import EvalBatch, GroupModel, Task
 from cudt.tasks.accuracy import AccuracyReports
 from cudt.text import (
@@ -121,6 +121,12 @@ class TextConfig(RunConfig):
         "divide the pooled state by its RMS before the shared head (a scale-free readout; "
         "helps the UT, whose states are not LayerNorm outputs, start learning sooner)",
     )
+    select: str = flag(
+        "val-auc",
+        "best run per setting by val-auc (area under validation accuracy over the test gamma "
+        "grid: the paper's rule) or val-accuracy (validation accuracy at gamma_train)",
+        check=one_of("val-auc", "val-accuracy"),
+    )
     # shared fields with this experiment's defaults
     seeds: int = shared("seeds", 1)
     steps: int = shared("steps", 160)
@@ -166,6 +172,13 @@ class TextConfig(RunConfig):
         need(
             0 < self.val_fraction < 1,
             f"--val-fraction must lie in (0, 1), got {self.val_fraction}",
+        )
+        need(
+            self.select == "val-accuracy"
+            or not self.test_gammas
+            or len({*self.test_gammas, self.gamma_train}) >= 2,
+            "--select val-auc needs at least two test gammas (an area under a curve): add "
+            "--test-gammas values or use --select val-accuracy",
         )
         need(
             not self.inject_nan or self.inject_nan[0] == self.model,
@@ -326,6 +339,15 @@ class TextTask(AccuracyReports, Task):
 
     def test_gamma_grid(self, cfg, gamma_train: float) -> list[float]:
         return test_gamma_grid(gamma_train, cfg.test_gammas)
+
+    def val_gammas(self, cfg, gamma_trains, test_gammas):
+        """With ``--select val-auc``, validation data is scored over the test γ grid too."""
+        if cfg.select == "val-auc":
+            return sorted(set(test_gammas) | set(gamma_trains))
+        return list(gamma_trains)
+
+    def selection_for(self, cfg):
+        return ("val_auc", True) if cfg.select == "val-auc" else ("val_accuracy", True)
 
     def table_footer(self, runs) -> str:
         paper = (
