@@ -48,6 +48,7 @@ from cudt.data.text import TextSplit, TextSplits, tokenize_split
 from cudt.errors import UsageError
 from cudt.models import UT, ut_project
 from cudt.models.encoders import Encoder, load_encoder, minilm_path
+from cudt.runner.config import chance_offset
 
 __all__ = [
     "GRANULARITIES",
@@ -387,7 +388,8 @@ def test_gamma_grid(gamma_train: float, explicit=None) -> list[float]:
 
 def reference_bound(reference: str | float | None, num_classes: int) -> float | None:
     """The bound C of ``E ℓ_0 <= C``: ``"chance"`` is ln(num_classes), the cross-entropy of a
-    uniform guess; ``"none"`` / None drops the constraint; anything else is a number.
+    uniform guess, ``"chance+X"`` that plus X (the paper's C = 1.0 on binary IMDb is about
+    chance+0.3); ``"none"`` / None drops the constraint; anything else is a number.
 
     Without it the cheapest way to satisfy ``ℓ_1 <= (1 − ε) ℓ_0`` is to make state 0 worse:
     the first token of the embedding output carries no information about the label, so the
@@ -395,9 +397,16 @@ def reference_bound(reference: str | float | None, num_classes: int) -> float | 
     """
     if reference is None or str(reference).lower() == "none":
         return None
-    if str(reference).lower() == "chance":
-        return float(np.log(num_classes))
-    value = float(reference)
+    offset = chance_offset(reference)
+    if offset is not None:
+        return float(np.log(num_classes)) + offset
+    try:
+        value = float(reference)
+    except ValueError:
+        value = math.nan
     if not math.isfinite(value):
-        raise UsageError(f"--reference must be chance, none or a finite number, got {reference}")
+        raise UsageError(
+            f"--reference must be chance, chance+X (X >= 0), none or a finite number, got "
+            f"{reference}"
+        )
     return value

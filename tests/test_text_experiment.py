@@ -336,6 +336,9 @@ def test_pooling_and_reference_defaults(tiny_bert):
     np.testing.assert_allclose(model.pool(states, batch["mask"]), expected, atol=1e-5)
     assert text.reference_bound("chance", 3) == pytest.approx(np.log(3))
     assert text.reference_bound("none", 2) is None and text.reference_bound("0.5", 2) == 0.5
+    # chance+X: the chance level plus a margin (the paper's C = 1.0 on IMDb is ln 2 + 0.31)
+    assert text.reference_bound("chance+0.3", 2) == pytest.approx(np.log(2) + 0.3)
+    assert text.reference_bound("Chance+0", 3) == pytest.approx(np.log(3))
 
 
 def test_build_text_model_refusals(tiny_bert):
@@ -388,7 +391,9 @@ def test_help_lists_every_flag(capsys):
         (["--sweep", "depth=3,5"], "--sweep depth is not sweepable"),
         (["--epsilon", "1.5"], "--epsilon must lie in [0, 1)"),
         (["--dataset", "aclimdb"], "--dataset aclimdb needs --data-dir"),
-        (["--reference", "low"], "--reference must be chance, none or a finite number"),
+        (["--reference", "low"], "--reference must be chance, chance+X (X >= 0), none or a"),
+        (["--reference", "chance+-1"], "--reference must be chance, chance+X (X >= 0), none or"),
+        (["--sweep", "reference=chance+x"], "--sweep reference: 'chance+x' is not chance, chance+X"),
         (["--pooling", "max"], "--pooling must be first or mean"),
         (["--select", "test-auc"], "--select must be one of val-auc, val-accuracy"),
         (["--test-gammas", "0.5"], "--select val-auc needs at least two test gammas"),

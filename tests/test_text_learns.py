@@ -85,7 +85,7 @@ def test_ut_learns_against_bag_of_words_on_the_same_tokens(reviews, tmp_path):
     argv = [
         "--model", "ut", "--dataset", "aclimdb", "--data-dir", str(reviews),
         "--num-train", str(NUM_TRAIN), "--num-test", str(NUM_TEST),
-        "--max-length", str(MAX_LENGTH), "--seeds", "1", "--test-gammas", "0",
+        "--max-length", str(MAX_LENGTH), "--seeds", "1", "--steps", "160", "--test-gammas", "0",
         "--eval-batch-size", "100", "--head-norm", "--out", str(out),
     ]  # fmt: skip
     assert text_classify.main(argv) == 0

@@ -126,7 +126,7 @@ class RunConfig:
     reference: str = flag(
         "none",
         "bound C of the reference constraint E l_0 <= C: a number, none, or (classification) "
-        "chance = ln(number of classes)",
+        "chance = ln(number of classes), chance+X = ln(number of classes) + X",
     )
     resilience: float | None = flag(
         None, "resilience alpha (none: hard constraints)", check=positive
@@ -243,7 +243,8 @@ class RunConfig:
         )
         need(
             _is_reference(self.reference),
-            f"--reference must be chance, none or a finite number, got {self.reference!r}",
+            f"--reference must be chance, chance+X (X >= 0), none or a finite number, got "
+            f"{self.reference!r}",
         )
         if self.inject_nan is not None:
             parts = self.inject_nan
@@ -282,8 +283,35 @@ class RunConfig:
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in ignore}
 
 
+def chance_offset(text) -> float | None:
+    """``chance`` → 0, ``chance+X`` → X (finite, >= 0); None for anything else (a number,
+    none, or text that is neither)."""
+    t = str(text).strip().lower()
+    if t == "chance":
+        return 0.0
+    if not t.startswith("chance+"):
+        return None
+    try:
+        x = float(t[len("chance+") :])
+    except ValueError:
+        return None
+    return x if math.isfinite(x) and x >= 0 else None
+
+
+def normalize_reference(text) -> str:
+    """The canonical spelling of a valid ``--reference``: none, chance, chance+X or a number
+    (so swept and flag values compare and print alike)."""
+    t = str(text).strip().lower()
+    if t == "none":
+        return t
+    offset = chance_offset(t)
+    if offset is not None:
+        return "chance" if t == "chance" else f"chance+{offset:g}"
+    return str(float(t))
+
+
 def _is_reference(text: str) -> bool:
-    if str(text).lower() in ("chance", "none"):
+    if str(text).strip().lower() == "none" or chance_offset(text) is not None:
         return True
     try:
         return math.isfinite(float(text))

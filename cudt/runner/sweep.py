@@ -15,7 +15,7 @@ import itertools
 import math
 from typing import Any
 
-from cudt.runner.config import CONSTRAINT_ONLY, SWEEPABLE
+from cudt.runner.config import CONSTRAINT_ONLY, SWEEPABLE, normalize_reference
 
 __all__ = ["RunSpec", "expand_runs", "parse_sweeps", "swept_suffix"]
 
@@ -38,8 +38,10 @@ def _parse_value(cfg, name: str, text: str):
         from cudt.runner.config import _is_reference
 
         if not _is_reference(text):
-            raise ValueError(f"--sweep reference: {text!r} is not chance, none or a finite number")
-        return text.lower() if text.lower() in ("chance", "none") else str(float(text))
+            raise ValueError(
+                f"--sweep reference: {text!r} is not chance, chance+X, none or a finite number"
+            )
+        return normalize_reference(text)
     if name == "resilience" and text.lower() == "none":
         if cfg.resilience_mode == "slack":
             raise ValueError(
@@ -106,8 +108,7 @@ def base_hparams(cfg, lr: float) -> dict[str, Any]:
     hp = {name: getattr(cfg, name) for name in SWEEPABLE}
     hp["lr"] = lr
     if hp["reference"] is not None:
-        ref = str(hp["reference"]).lower()
-        hp["reference"] = ref if ref in ("chance", "none") else str(float(ref))
+        hp["reference"] = normalize_reference(hp["reference"])
     return hp
 
 

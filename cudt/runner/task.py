@@ -21,6 +21,7 @@ import numpy as np
 
 from cudt.errors import UsageError
 from cudt.experiment import Column
+from cudt.runner.config import chance_offset
 
 __all__ = ["EvalBatch", "GroupModel", "RunBatch", "Task"]
 
@@ -143,9 +144,9 @@ class Task:
         """The bound C of ``E ℓ_0 <= C`` named by ``--reference`` (``none`` or a number)."""
         if value is None or str(value).lower() == "none":
             return None
-        if str(value).lower() == "chance":
+        if chance_offset(value) is not None:
             raise UsageError(
-                f"--reference chance needs a classification task; {self.name} has no chance "
+                f"--reference {value} needs a classification task; {self.name} has no chance "
                 "level: pass a number or none"
             )
         value = float(value)

@@ -42,7 +42,16 @@ from cudt.errors import UsageError
 from cudt.io import _atomic_write
 from cudt.lm_loss import layer_token_losses
 from cudt.models.decoder import Decoder, DecoderConfig, load_decoder
-from cudt.runner.config import RunConfig, at_least, flag, non_negative, one_of, positive, shared
+from cudt.runner.config import (
+    RunConfig,
+    at_least,
+    chance_offset,
+    flag,
+    non_negative,
+    one_of,
+    positive,
+    shared,
+)
 from cudt.runner.task import GroupModel, RunBatch, Task, cut_in_batches
 from cudt.tasks.accuracy import AccuracyReports
 
@@ -332,8 +341,9 @@ class LLMTask(AccuracyReports, Task):
         return min(steps_per_epoch, cfg.steps // 4)
 
     def resolve_reference(self, value, data: LLMData):
-        if value is not None and str(value).lower() == "chance":
-            return math.log(data.decoder.config.vocab_size)
+        offset = None if value is None else chance_offset(value)
+        if offset is not None:  # chance: a uniform guess over the vocabulary
+            return math.log(data.decoder.config.vocab_size) + offset
         return super().resolve_reference(value, data)
 
     def build(self, cfg, data: LLMData, name: str, structure) -> GroupModel:
