@@ -393,7 +393,10 @@ def test_help_lists_every_flag(capsys):
         (["--dataset", "aclimdb"], "--dataset aclimdb needs --data-dir"),
         (["--reference", "low"], "--reference must be chance, chance+X (X >= 0), none or a"),
         (["--reference", "chance+-1"], "--reference must be chance, chance+X (X >= 0), none or"),
-        (["--sweep", "reference=chance+x"], "--sweep reference: 'chance+x' is not chance, chance+X"),
+        (
+            ["--sweep", "reference=chance+x"],
+            "--sweep reference: 'chance+x' is not chance, chance+X",
+        ),
         (["--pooling", "max"], "--pooling must be first or mean"),
         (["--select", "test-auc"], "--select must be one of val-auc, val-accuracy"),
         (["--test-gammas", "0.5"], "--select val-auc needs at least two test gammas"),
