@@ -115,7 +115,12 @@ class TextConfig(RunConfig):
         "also train the word-embedding table (frozen by default: the noise scale is fixed from it)",
     )
     ut_a: float = flag(1.0, "UT attention step a")
-    ut_b: float = flag(1.0, "UT feed-forward step b")
+    ut_b: float = flag(
+        0.5,
+        "UT feed-forward step b: W_f = -b/2 (W + W^T) + (1-b) I. At b = 1 (the published code) "
+        "W_f has eigenvalues of both signs and every other state reads backwards through the "
+        "shared head; at 0.5 (the default) W_f is positive definite",
+    )
     head_norm: bool = flag(
         False,
         "divide the pooled state by its RMS before the shared head (a scale-free readout; "
