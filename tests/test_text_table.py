@@ -179,7 +179,7 @@ def test_micro_grid_writes_table_csv_figures_and_ratio_histograms(micro_grid):
     for r in rows:
         assert r["model"] == "minilm" and r["layers"] == "4"  # 2 blocks, one state per sub-layer
         assert r["status"] == "ok" and 0 <= float(r["auc"]) <= 2
-        assert r["epsilon"] == ("0.1" if r["kind"] == "constrained" else "")
+        assert r["epsilon"] == ("0.05" if r["kind"] == "constrained" else "")  # text default
         assert r["sub_run"] == f"{r['dataset']}-minilm"
     # The CSV numbers are the best runs' of results.json, the best by validation accuracy AUC
     # (validation data scored over the test γ grid, as the paper's B.3).
