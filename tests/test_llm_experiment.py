@@ -10,6 +10,7 @@ parity with transformers is tested in ``tests/test_decoder.py``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -202,3 +203,17 @@ def test_bad_files_exit_2_with_one_line_before_training(checkpoint_folder, tmp_p
         err = capsys.readouterr().err.strip()
         assert code == 2 and len(err.splitlines()) == 1 and words in err, err
         assert not out.exists() or not any(out.iterdir())
+
+
+def test_reference_chance_plus_x_is_ln_vocab_plus_x():
+    from types import SimpleNamespace
+
+    from cudt.tasks.llm import LLMTask
+
+    data = SimpleNamespace(decoder=SimpleNamespace(config=SimpleNamespace(vocab_size=128)))
+    task = LLMTask()
+    assert task.resolve_reference("chance", data) == pytest.approx(math.log(128))
+    assert task.resolve_reference("chance+0.5", data) == pytest.approx(math.log(128) + 0.5)
+    assert (
+        task.resolve_reference("3.0", data) == 3.0 and task.resolve_reference("none", data) is None
+    )

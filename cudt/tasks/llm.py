@@ -303,12 +303,14 @@ class LLMTask(AccuracyReports, Task):
             "noise_unit": data.noise_unit,
             "data_source": data.source,
             "decoder": data.decoder.config.to_dict(),
-            "reference_bound": self._chance_bound(cfg, data),
+            "reference_bound": self._chance_bound(cfg.reference, data),
         }
 
     @staticmethod
-    def _chance_bound(cfg, data: LLMData) -> float | None:
-        return math.log(data.decoder.config.vocab_size) if cfg.reference == "chance" else None
+    def _chance_bound(reference, data: LLMData) -> float | None:
+        """ln V (+ X) for ``chance`` (``chance+X``): a uniform guess over the vocabulary."""
+        offset = None if reference is None else chance_offset(reference)
+        return None if offset is None else math.log(data.decoder.config.vocab_size) + offset
 
     def split_examples(self, data: LLMData, split: str, model=None):
         t = data.tokens[split]
@@ -341,9 +343,9 @@ class LLMTask(AccuracyReports, Task):
         return min(steps_per_epoch, cfg.steps // 4)
 
     def resolve_reference(self, value, data: LLMData):
-        offset = None if value is None else chance_offset(value)
-        if offset is not None:  # chance: a uniform guess over the vocabulary
-            return math.log(data.decoder.config.vocab_size) + offset
+        bound = self._chance_bound(value, data)
+        if bound is not None:
+            return bound
         return super().resolve_reference(value, data)
 
     def build(self, cfg, data: LLMData, name: str, structure) -> GroupModel:
