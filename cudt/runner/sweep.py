@@ -15,7 +15,13 @@ import itertools
 import math
 from typing import Any
 
-from cudt.runner.config import CONSTRAINT_ONLY, SWEEPABLE, normalize_reference
+from cudt.runner.config import (
+    CONSTRAINT_ONLY,
+    SWEEPABLE,
+    RunConfig,
+    _is_reference,
+    normalize_reference,
+)
 
 __all__ = ["RunSpec", "expand_runs", "parse_sweeps", "swept_suffix"]
 
@@ -31,12 +37,8 @@ SHORT = {
 
 def _parse_value(cfg, name: str, text: str):
     """One swept value, checked like the flag itself."""
-    from cudt.runner.config import RunConfig
-
     fields = {f.name: f for f in dataclasses.fields(RunConfig)}
     if name == "reference":
-        from cudt.runner.config import _is_reference
-
         if not _is_reference(text):
             raise ValueError(
                 f"--sweep reference: {text!r} is not chance, chance+X, none or a finite number"
