@@ -66,8 +66,8 @@ from benchmarks._common import header, print_table
 from cudt.constrained import DescentConfig
 from cudt.errors import UsageError
 from cudt.models.decoder import Decoder, DecoderConfig
+from cudt.optim import dual_optimizer, primal_optimizer
 from cudt.runner.mesh import fsdp_spec, mesh_shape
-from cudt.runner.run import dual_optimizer, primal_optimizer
 from cudt.runner.task import GroupModel, RunBatch
 from cudt.tasks.llm import LLMConfig, LLMData, LLMTask
 from cudt.train import make_train_step

@@ -305,7 +305,7 @@ _QUIET = _QuietOrbaxErrors()
 
 def install_log_filters() -> None:
     """Adds the filter above to the absl and asyncio loggers (idempotent). A process-wide
-    setting, so entry points call it (:func:`cudt.cli.configure_process`), not ``import``."""
+    setting, so entry points call it (:func:`cudt.runner.cli.configure_process`), not ``import``."""
     for name in ("absl", "asyncio"):
         logger = logging.getLogger(name)
         if _QUIET not in logger.filters:

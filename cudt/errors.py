@@ -1,7 +1,7 @@
 """User-facing errors: bad input that the user can fix.
 
 Every error here carries a one-line message that names the problem and the fix. The command-line
-entry points (:func:`cudt.cli.run_cli`) print it as ``error: <message>`` and exit with status 2;
+entry points (:func:`cudt.runner.cli.run_cli`) print it as ``error: <message>`` and exit with status 2;
 anything else that escapes is a bug and keeps its traceback.
 """
 

@@ -53,7 +53,7 @@ def _file_mode(path: Path) -> int:
         return 0o666 & ~umask
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
     """Writes through ``write(file)`` to a temporary name beside ``path``, then renames it.
 
     A failure (a full disk, a kill) leaves the old ``path`` untouched and no temporary behind;
@@ -81,13 +81,13 @@ def _atomic_write(path: Path, write) -> None:
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     data = json.dumps(to_jsonable(obj), indent=2, allow_nan=False).encode()
-    _atomic_write(Path(path), lambda f: f.write(data))
+    atomic_write(Path(path), lambda f: f.write(data))
 
 
 def savefig_atomic(fig, path: str | os.PathLike, **kwargs) -> None:
     """``fig.savefig`` to a temporary name in the same folder, then an atomic rename."""
     fmt = Path(path).suffix.lstrip(".") or "png"
-    _atomic_write(Path(path), lambda f: fig.savefig(f, format=fmt, **kwargs))
+    atomic_write(Path(path), lambda f: fig.savefig(f, format=fmt, **kwargs))
 
 
 def fresh_run_dir(experiment: str, root: str | os.PathLike = "runs") -> Path:

@@ -48,7 +48,7 @@ from cudt.data.text import TextSplit, TextSplits, tokenize_split
 from cudt.errors import UsageError
 from cudt.models import UT, ut_project
 from cudt.models.encoders import Encoder, load_encoder, minilm_path
-from cudt.runner.config import chance_offset
+from cudt.runner.hparams import chance_offset
 
 __all__ = [
     "GRANULARITIES",

@@ -19,7 +19,7 @@ and the constrained model, clean and with noise on every token) and TensorBoard 
 
 import sys
 
-from cudt.cli import task_main
+from cudt.runner.cli import task_main
 from cudt.tasks.llm import LLMConfig as Config
 from cudt.tasks.llm import LLMTask
 

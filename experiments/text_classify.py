@@ -22,7 +22,7 @@ per-sample descent figures beside it.
 
 import sys
 
-from cudt.cli import task_main
+from cudt.runner.cli import task_main
 from cudt.tasks.text import TextConfig as Config
 from cudt.tasks.text import TextTask
 

@@ -24,8 +24,8 @@ the headline table.
 
 import sys
 
-from cudt.grid import table_main
-from cudt.table4 import Table4Config, run_table
+from cudt.paper.job import table_main
+from cudt.paper.text_table import Table4Config, run_table
 
 __all__ = ["Table4Config", "main"]
 

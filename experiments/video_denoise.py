@@ -19,7 +19,7 @@ prints a summary table.
 
 import sys
 
-from cudt.cli import task_main
+from cudt.runner.cli import task_main
 from cudt.tasks.video import VideoConfig as Config
 from cudt.tasks.video import VideoTask
 

@@ -4,7 +4,7 @@
 Cases are driven through the command line: ``experiments.video_denoise.main(argv)`` in-process
 (its exit status is the return value, or ``SystemExit.code`` for flag errors), a real subprocess
 where the process itself must be limited (a full disk, simulated with ``RLIMIT_FSIZE``, which
-works as root), ``cudt.cli.run_cli(lambda: cudt.load_encoder(folder))`` for pretrained weights,
+works as root), ``cudt.runner.cli.run_cli(lambda: cudt.load_encoder(folder))`` for pretrained weights,
 and the same weights through ``experiments.text_classify --checkpoint FOLDER``.
 
 ``CUDT_ERRORS_TABLE=path pytest tests/test_bad_inputs.py`` also writes the tables of case ->
@@ -33,7 +33,7 @@ from PIL import Image
 from safetensors.numpy import save_file
 
 import cudt
-from cudt.cli import run_cli
+from cudt.runner.cli import run_cli
 from experiments import video_denoise
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from PIL import Image
 from tensorboardX.proto.event_pb2 import Event
 from tensorboardX.record_writer import masked_crc32c
 
-from cudt.curves import plot_training_curves, write_tensorboard
+from cudt.runner.curves import plot_training_curves, write_tensorboard
 
 L = 2  # layers: per-layer curves have L+1 = 3 columns
 

@@ -10,10 +10,11 @@ import optax
 import pytest
 
 import cudt
-from cudt.experiment import open_output, select_best
 from cudt.io import UsageError, write_json_atomic
 from cudt.loop import sample_indices, train_group
 from cudt.metrics import descent_stats, feasibility, rmse_255, trapezoid_auc
+from cudt.runner.output import open_output
+from cudt.runner.report import select_best
 
 L = 2
 
@@ -124,7 +125,7 @@ def test_atomic_json_and_output_folder(tmp_path):
     assert open_output(out, {"lr": 1}, overwrite=True).path == out
 
 
-def test_failed_atomic_write_leaves_old_file(tmp_path):
+def test_failedatomic_write_leaves_old_file(tmp_path):
     path = tmp_path / "results.json"
     write_json_atomic(path, {"v": 1})
     with pytest.raises(TypeError):

@@ -26,10 +26,10 @@ import pytest
 
 import cudt
 from cudt.checkpoint import GroupCheckpointer
-from cudt.cli import task_main
-from cudt.experiment import Column
 from cudt.runner import GroupModel, RunConfig, Task
+from cudt.runner.cli import task_main
 from cudt.runner.config import SWEEPABLE, at_least, flag, shared
+from cudt.runner.report import Column
 
 ROOT = Path(__file__).resolve().parents[1]
 DIM = 8
@@ -341,7 +341,7 @@ TWO_PROCESSES = textwrap.dedent(
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     sys.path.insert(0, {tests!r})
     from test_runner import ToyTask
-    from cudt.cli import task_main
+    from cudt.runner.cli import task_main
     argv = ["--seeds", "2", "--sweep", "epsilon=0.2,0.4", "--distributed", "--out", sys.argv[1]]
     sys.exit(task_main(ToyTask(), argv, "toy", "toy"))
     """

@@ -19,8 +19,8 @@ import pytest
 from test_text_experiment import write_tiny_bert
 from test_video_table import assert_figures, cell_number, headline_cells, one_line_error
 
-from cudt import table4
 from cudt.data.text import load_text_data, synthetic_sentiment
+from cudt.paper import text_table as table4
 from experiments import text_table
 
 

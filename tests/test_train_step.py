@@ -431,7 +431,7 @@ def test_scheduled_dual_ascent_counts_only_dual_steps_and_settles():
     """A linear dual schedule over N dual steps: the k-th dual update (after the warm-up) is
     ``lr·(1 − k/N)·g`` exactly as SGD ascent would be with that rate, and λ stands still
     once the rate reaches 0 (the schedule's count stands still during the warm-up)."""
-    from cudt.runner.run import dual_optimizer, lr_factor
+    from cudt.optim import dual_optimizer, lr_factor
 
     factor = lr_factor("linear", 4)
     np.testing.assert_allclose([float(factor(k)) for k in (0, 2, 4, 9)], [1, 0.5, 0, 0])

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cudt import table3
 from cudt.data import layouts, load_video_data, load_videos, synthetic_videos
+from cudt.paper import video_table as table3
 from experiments import video_table
 
 WRITERS = {

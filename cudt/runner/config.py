@@ -17,9 +17,10 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cudt.runner.hparams import REFERENCE_SPELLINGS, SWEEPABLE, is_reference
+from cudt.runner.sweep import parse_sweeps
+
 __all__ = [
-    "CONSTRAINT_ONLY",
-    "SWEEPABLE",
     "RunConfig",
     "at_least",
     "flag",
@@ -28,12 +29,6 @@ __all__ = [
     "positive",
     "shared",
 ]
-
-# Hyperparameters that may take several values in one program (``--sweep NAME=V1,V2``): each is
-# an array in the train state (or handed to the batch), so a sweep is a vmap over runs.
-SWEEPABLE = ("epsilon", "reference", "lr", "dual_lr", "resilience", "gamma_train")
-# Those that only matter to constrained runs: ERM runs are not swept over them.
-CONSTRAINT_ONLY = ("epsilon", "reference", "dual_lr", "resilience")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,9 +237,8 @@ class RunConfig:
             "--resilience-mode slack needs --resilience ALPHA",
         )
         need(
-            _is_reference(self.reference),
-            f"--reference must be chance, chance+X (X >= 0), none or a finite number, got "
-            f"{self.reference!r}",
+            is_reference(self.reference),
+            f"--reference must be {REFERENCE_SPELLINGS}, got {self.reference!r}",
         )
         if self.inject_nan is not None:
             parts = self.inject_nan
@@ -266,8 +260,6 @@ class RunConfig:
                 f"({self.seed}..{self.seed + self.seeds - 1})",
             )
         # Sweep syntax is checked here so a typo fails before any data is read.
-        from cudt.runner.sweep import parse_sweeps
-
         parse_sweeps(self)
 
     def validate(self) -> None:
@@ -281,42 +273,6 @@ class RunConfig:
         """The fields a checkpoint depends on (the config minus output-only fields)."""
         ignore = set(self.RESUME_IGNORES)
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in ignore}
-
-
-def chance_offset(text) -> float | None:
-    """``chance`` → 0, ``chance+X`` → X (finite, >= 0); None for anything else (a number,
-    none, or text that is neither)."""
-    t = str(text).strip().lower()
-    if t == "chance":
-        return 0.0
-    if not t.startswith("chance+"):
-        return None
-    try:
-        x = float(t[len("chance+") :])
-    except ValueError:
-        return None
-    return x if math.isfinite(x) and x >= 0 else None
-
-
-def normalize_reference(text) -> str:
-    """The canonical spelling of a valid ``--reference``: none, chance, chance+X or a number
-    (so swept and flag values compare and print alike)."""
-    t = str(text).strip().lower()
-    if t == "none":
-        return t
-    offset = chance_offset(t)
-    if offset is not None:
-        return "chance" if t == "chance" else f"chance+{offset:g}"
-    return str(float(t))
-
-
-def _is_reference(text: str) -> bool:
-    if str(text).strip().lower() == "none" or chance_offset(text) is not None:
-        return True
-    try:
-        return math.isfinite(float(text))
-    except ValueError:
-        return False
 
 
 def model_list(value: Sequence[str]) -> tuple[str, ...]:

@@ -1,6 +1,6 @@
 """``--sweep NAME=V1,V2,...``: hyperparameter sweeps trained as one program.
 
-Every sweepable hyperparameter (:data:`cudt.runner.config.SWEEPABLE`) is an array in the train
+Every sweepable hyperparameter (:data:`cudt.runner.hparams.SWEEPABLE`) is an array in the train
 state or in the batch, so the Cartesian product of the swept values × the seeds is one stack of
 runs, vmapped over by one compiled step per model structure. ERM runs are swept only over what
 changes them (``lr``, ``gamma_train``): the constraint hyperparameters do not, so they are not
@@ -15,13 +15,7 @@ import itertools
 import math
 from typing import Any
 
-from cudt.runner.config import (
-    CONSTRAINT_ONLY,
-    SWEEPABLE,
-    RunConfig,
-    _is_reference,
-    normalize_reference,
-)
+from cudt.runner.hparams import CONSTRAINT_ONLY, SWEEPABLE, is_reference, normalize_reference
 
 __all__ = ["RunSpec", "expand_runs", "parse_sweeps", "swept_suffix"]
 
@@ -37,9 +31,9 @@ SHORT = {
 
 def _parse_value(cfg, name: str, text: str):
     """One swept value, checked like the flag itself."""
-    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
     if name == "reference":
-        if not _is_reference(text):
+        if not is_reference(text):
             raise ValueError(
                 f"--sweep reference: {text!r} is not chance, chance+X, none or a finite number"
             )

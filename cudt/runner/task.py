@@ -11,7 +11,6 @@ training, evaluation, best-run selection, results, tables, plots and TensorBoard
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,9 +18,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from cudt.errors import UsageError
-from cudt.experiment import Column
-from cudt.runner.config import chance_offset
+from cudt.runner.hparams import resolve_reference
+from cudt.runner.report import Column
 
 __all__ = ["EvalBatch", "GroupModel", "RunBatch", "Task"]
 
@@ -140,19 +138,15 @@ class Task:
         """Primal warm-up: ``cfg.warmup_steps``, else one epoch."""
         return steps_per_epoch if cfg.warmup_steps is None else cfg.warmup_steps
 
+    def chance_level(self, data) -> float | None:
+        """The loss of a uniform guess (ln K for K classes), which ``--reference chance+X``
+        adds X to; None (the default) for a task without one (regression)."""
+        return None
+
     def resolve_reference(self, value: str | None, data) -> float | None:
-        """The bound C of ``E ℓ_0 <= C`` named by ``--reference`` (``none`` or a number)."""
-        if value is None or str(value).lower() == "none":
-            return None
-        if chance_offset(value) is not None:
-            raise UsageError(
-                f"--reference {value} needs a classification task; {self.name} has no chance "
-                "level: pass a number or none"
-            )
-        value = float(value)
-        if not math.isfinite(value):
-            raise UsageError(f"--reference must be a finite number, got {value}")
-        return value
+        """The bound C of ``E ℓ_0 <= C`` named by ``--reference`` (see
+        :func:`cudt.runner.hparams.resolve_reference`)."""
+        return resolve_reference(value, self.chance_level(data), self.name)
 
     # -- evaluation and reports ------------------------------------------------------------
     def test_gamma_grid(self, cfg, gamma_train: float) -> list[float]:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cudt import plots
-from cudt.experiment import Column
 from cudt.metrics import trapezoid_auc
+from cudt.runner import plots
+from cudt.runner.report import Column
 
 __all__ = ["AccuracyReports"]
 

@@ -39,13 +39,12 @@ from cudt.data.alpaca import (
     tokenize_alpaca,
 )
 from cudt.errors import UsageError
-from cudt.io import _atomic_write
+from cudt.io import atomic_write
 from cudt.lm_loss import layer_token_losses
 from cudt.models.decoder import Decoder, DecoderConfig, load_decoder
 from cudt.runner.config import (
     RunConfig,
     at_least,
-    chance_offset,
     flag,
     non_negative,
     one_of,
@@ -303,14 +302,12 @@ class LLMTask(AccuracyReports, Task):
             "noise_unit": data.noise_unit,
             "data_source": data.source,
             "decoder": data.decoder.config.to_dict(),
-            "reference_bound": self._chance_bound(cfg.reference, data),
+            "reference_bound": self.resolve_reference(cfg.reference, data),
         }
 
-    @staticmethod
-    def _chance_bound(reference, data: LLMData) -> float | None:
-        """ln V (+ X) for ``chance`` (``chance+X``): a uniform guess over the vocabulary."""
-        offset = None if reference is None else chance_offset(reference)
-        return None if offset is None else math.log(data.decoder.config.vocab_size) + offset
+    def chance_level(self, data: LLMData) -> float:
+        """ln V: the cross-entropy of a uniform guess over the vocabulary."""
+        return math.log(data.decoder.config.vocab_size)
 
     def split_examples(self, data: LLMData, split: str, model=None):
         t = data.tokens[split]
@@ -341,12 +338,6 @@ class LLMTask(AccuracyReports, Task):
         if cfg.warmup_steps is not None:
             return cfg.warmup_steps
         return min(steps_per_epoch, cfg.steps // 4)
-
-    def resolve_reference(self, value, data: LLMData):
-        bound = self._chance_bound(value, data)
-        if bound is not None:
-            return bound
-        return super().resolve_reference(value, data)
 
     def build(self, cfg, data: LLMData, name: str, structure) -> GroupModel:
         dec = data.decoder
@@ -472,7 +463,7 @@ class LLMTask(AccuracyReports, Task):
                 ["# Greedy completions of held-out prompts", ""] + _completion_lines(runs)
             )
             data = (text + "\n").encode()
-            _atomic_write(out / "completions.md", lambda f: f.write(data))
+            atomic_write(out / "completions.md", lambda f: f.write(data))
             paths.append(out / "completions.md")
         return paths
 

@@ -16,13 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cudt import plots
 from cudt.data.video import DATASETS, VideoSplits, load_video_data, perturb
 from cudt.errors import UsageError
-from cudt.experiment import Column
 from cudt.metrics import rmse_255
 from cudt.models import DUST, UT, load_vit, ut_project
+from cudt.runner import plots
 from cudt.runner.config import RunConfig, at_least, flag, in_range, non_negative, shared
+from cudt.runner.report import Column
 from cudt.runner.task import GroupModel, Task
 
 __all__ = [

@@ -1,8 +1,4 @@
-"""What every experiment shares: its output folder, training groups of runs, verdicts, tables.
-
-An experiment trains *groups* of runs — one group per (model, ERM or constrained), the seeds of a
-group stacked and trained together in one vmapped program (:func:`cudt.loop.train_group`) — then
-evaluates them and writes ``results.json`` and plots into its output folder::
+"""An experiment's output folder: what it holds, and the rules that keep a user's work safe.
 
     <out>/checkpoints/config.json        the config the checkpoints belong to
     <out>/checkpoints/<group>/<step>/    orbax checkpoints of each group (last k, pinned)
@@ -10,9 +6,9 @@ evaluates them and writes ``results.json`` and plots into its output folder::
     <out>/*.png                          plots (atomic)
     <out>/results.json                   written last (atomic): its presence means "complete"
 
-Rules that keep a user's work safe: a folder holding ``results.json`` is never overwritten without
-``--overwrite``; a folder holding checkpoints of the *same* config is resumed; one holding
-checkpoints of a different config is refused with the differences named.
+A folder holding ``results.json`` is never overwritten without ``--overwrite``; a folder holding
+checkpoints of the *same* config is resumed; one holding checkpoints of a different config is
+refused with the differences named.
 """
 
 from __future__ import annotations
@@ -20,30 +16,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import sys
-from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
-from tqdm.auto import tqdm
 
-from cudt.checkpoint import GroupCheckpointer
 from cudt.errors import CudtError, UsageError
 from cudt.io import RESULT_FILES, check_writable, to_jsonable, write_json_atomic
-from cudt.loop import Divergence, LoopResult, train_group
 
 __all__ = [
-    "Column",
+    "CHECKPOINTS",
+    "CONFIG_FILE",
+    "TENSORBOARD",
     "OutputDir",
-    "format_table",
     "open_output",
-    "run_group",
-    "select_best",
+    "open_output_once",
 ]
 
 CHECKPOINTS = "checkpoints"
 CONFIG_FILE = "config.json"
+TENSORBOARD = "tensorboard"  # <out>/tensorboard/<run label>/events.out.tfevents.*
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,115 +155,26 @@ def open_output(
     return OutputDir(out, resuming)
 
 
-def run_group(
-    step_fn: Callable,
-    states: Any,
-    keys: Any,
-    make_batch: Callable,
-    *,
-    name: str,
-    labels: Sequence[str],
-    num_steps: int,
-    chunk_steps: int,
-    checkpoint_dir: Path | None,
-    checkpoint_every: int | None = None,
-    keep_checkpoints: int = 2,
-    fault: tuple[Any, int] | None = None,
-    log: Callable[[str], None] | None = None,
-    **loop_kwargs: Any,
-) -> LoopResult:
-    """:func:`cudt.loop.train_group` with a progress bar, checkpoints and divergence messages.
+def open_output_once(path, fingerprint, cfg, main_process: bool):
+    """:func:`open_output` by process 0 of a multi-host job; the others wait for it and take
+    its verdict (resuming or not), so no two processes race on the folder."""
+    if jax.process_count() == 1:
+        return open_output(path, fingerprint, overwrite=cfg.overwrite, resume=cfg.resume)
+    from jax.experimental import multihost_utils
 
-    ``labels[r]`` names run ``r`` in messages (e.g. ``"dust-3 constrained seed 1"``);
-    ``loop_kwargs`` (``data``, ``extras``, ``shardings``, ``curve_every``) go to the loop.
-    """
-    log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
-
-    def report(d: Divergence) -> None:
-        where = (
-            f"its last good checkpoint, step {d.last_good_checkpoint}, is kept in "
-            f"{checkpoint_dir / str(d.last_good_checkpoint)}"
-            if d.last_good_checkpoint is not None and checkpoint_dir is not None
-            else "no checkpoint was written before it"
-        )
-        log(
-            f"DIVERGED: {labels[d.run]} at step {d.step}: {d.quantity} is non-finite; {where}; "
-            "the other runs go on"
-        )
-
-    checkpointer = None
-    if checkpoint_dir is not None:
-        checkpointer = GroupCheckpointer(checkpoint_dir, keep=keep_checkpoints)
-    try:
-        with tqdm(
-            total=num_steps, desc=name, unit="step", leave=True, mininterval=1.0, dynamic_ncols=True
-        ) as bar:
-            result = train_group(
-                step_fn,
-                states,
-                keys,
-                make_batch,
-                num_steps,
-                chunk_steps=chunk_steps,
-                progress=bar,
-                checkpointer=checkpointer,
-                checkpoint_every=checkpoint_every,
-                on_divergence=report,
-                fault=fault,
-                **loop_kwargs,
-            )
-    finally:
-        if checkpointer is not None:
-            checkpointer.close()
-    if result.resumed_from is not None:
-        log(f"{name}: resumed from the checkpoint at step {result.resumed_from}")
-    return result
-
-
-def select_best(runs: list[dict], score: str, *, higher_is_better: bool) -> None:
-    """Marks ``best: True`` on the best run of each setting: (model, layers, constrained,
-    gamma_train), across sweep points and seeds.
-
-    A diverged run is never eligible, nor is an infeasible constrained run: a broken run is never
-    silently picked as "best". (ERM runs have no constraints to satisfy: their feasibility verdict
-    is reported, not required.) A group with no eligible run has no best.
-    """
-    groups: dict[tuple, list[dict]] = {}
-    for run in runs:
-        run["best"] = False
-        setting = (run["model"], run["layers"], run["constrained"], run.get("gamma_train"))
-        groups.setdefault(setting, []).append(run)
-    for group in groups.values():
-        eligible = [
-            r
-            for r in group
-            if not r.get("diverged")
-            and (r.get("feasible") or not r["constrained"])
-            and np.isfinite(r.get(score, np.nan))
-        ]
-        if eligible:
-            pick = (max if higher_is_better else min)(eligible, key=lambda r: r[score])
-            pick["best"] = True
-
-
-@dataclasses.dataclass(frozen=True)
-class Column:
-    header: str
-    width: int
-    cell: Callable[[dict], str]
-
-
-def format_table(runs: Iterable[dict], columns: Sequence[Column]) -> str:
-    """A fixed-width text table, one row per run."""
-    head = " ".join(f"{c.header:>{c.width}}" for c in columns)
-    lines = [head, "-" * len(head)]
-    for run in runs:
-        lines.append(" ".join(f"{c.cell(run):>{c.width}}" for c in columns))
-    return "\n".join(lines)
-
-
-def status_cell(run: dict) -> str:
-    """``DIVERGED`` / ``yes`` / ``NO`` (feasibility), ``*`` for the best run of its group."""
-    if run.get("diverged"):
-        return "DIVERGED"
-    return ("yes" if run.get("feasible") else "NO") + ("*" if run.get("best") else " ")
+    out, failed, resuming = None, 0, 0
+    if main_process:
+        try:
+            out = open_output(path, fingerprint, overwrite=cfg.overwrite, resume=cfg.resume)
+            resuming = int(out.resuming)
+        except Exception:
+            failed = 1
+            raise
+        finally:
+            verdict = multihost_utils.broadcast_one_to_all(np.asarray([failed, resuming]))
+    else:
+        verdict = multihost_utils.broadcast_one_to_all(np.asarray([failed, resuming]))
+        if verdict[0]:
+            raise UsageError(f"process 0 could not open --out {path}: see its error")
+        out = OutputDir(Path(path), bool(verdict[1]))
+    return out

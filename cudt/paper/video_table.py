@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from cudt import grid
 from cudt.data import layouts
 from cudt.errors import DataError, UsageError
-from cudt.grid import SubRun, fmt, grid_axes, save_figure
 from cudt.models.vit import write_vit_folder
+from cudt.paper import job as grid
+from cudt.paper.job import SubRun, fmt, grid_axes, save_figure
 from cudt.runner.config import flag
 from cudt.tasks.video import CONTROL, VideoConfig, VideoTask, test_gamma_grid
 
@@ -63,7 +63,6 @@ WRITERS = {
     "shanghaitech": layouts.write_shanghaitech,
 }
 GAMMA_TRAINS = (0.0, 0.09, 0.11, 0.13, 0.15)
-KIND = grid.KIND
 HPARAMS = grid.HPARAMS
 
 # Settings per scale (flags override steps, seeds, batch size, test γ).
@@ -305,7 +304,7 @@ def plan(opts: Table3Config, out: Path) -> list[SubRun]:
 
 
 def _config(opts: Table3Config, out: Path, dataset, data_dir, test_gammas, **fields):
-    """The video task's config of one sub-run (:func:`cudt.grid.subrun_config`)."""
+    """The video task's config of one sub-run (:func:`cudt.paper.job.subrun_config`)."""
     scale = SCALES[opts.scale]
     return grid.subrun_config(
         VideoConfig,
@@ -472,7 +471,7 @@ def headline_markdown(rows, datasets, models, layers, gamma, test_gammas) -> str
 
 def paper_direction_markdown(rows, datasets, models, layers, gamma) -> str:
     """Per cell: which of constrained (C) / ERM (E) is lower here and in the paper's table
-    (:func:`cudt.grid.direction_markdown`); a cell without a feasible constrained run reads
+    (:func:`cudt.paper.job.direction_markdown`); a cell without a feasible constrained run reads
     ``infeasible (C)``."""
     lines = [line for line in _table_rows(rows, models, layers) if line[1] != CONTROL]
     return grid.direction_markdown(
@@ -514,7 +513,7 @@ def _series(idx, d, m, L, g):
 
 
 def _draw(ax, key, row, x, y, ms=4) -> None:
-    """One best run as a line (:func:`cudt.grid.draw_line`)."""
+    """One best run as a line (:func:`cudt.paper.job.draw_line`)."""
     grid.draw_line(ax, STYLE[key], row, x, y, has_value="mean_rmse" in row, ms=ms)
 
 
@@ -674,33 +673,54 @@ def _data_note(opts: Table3Config, cfg: VideoConfig) -> str:
     return f"data: {'generated tiny copies' if opts.scale == 'tiny' else opts.data_root}"
 
 
-JOB = grid.TableJob(
-    name="video table",
-    table="table3",
-    title="Video grid (the paper's Table 3)",
-    check=check_data_root,
-    plan=plan,
-    prepare_tiny=prepare_tiny,
-    make_task=VideoTask,
-    best_rows=best_rows,
-    csv_columns=CSV_COLUMNS,
-    settings=lambda opts, cfg: f"{cfg.steps} steps, {cfg.seeds} seed(s)",
-    details=_data_note,
-    headline=lambda rows, opts, test_gammas: headline_markdown(
-        rows, opts.datasets, opts.models, opts.layers, opts.headline_gamma, test_gammas
-    ),
-    direction=lambda rows, opts: paper_direction_markdown(
-        rows, opts.datasets, opts.models, opts.layers, opts.headline_gamma
-    ),
-    every_gamma=lambda rows, opts: _table_lines(
-        rows, opts.datasets, opts.models, opts.layers, list(opts.gamma_trains), label_gamma=True
-    ),
-    figures=figures,
-)
+class VideoTableJob(grid.TableJob):
+    name = "video table"
+    table = "table3"
+    title = "Video grid (the paper's Table 3)"
+    csv_columns = CSV_COLUMNS
+
+    def check(self, opts):
+        check_data_root(opts)
+
+    def plan(self, opts, out):
+        return plan(opts, out)
+
+    def prepare_tiny(self, opts, out):
+        prepare_tiny(opts, out)
+
+    def make_task(self):
+        return VideoTask()
+
+    def best_rows(self, results):
+        return best_rows(results)
+
+    def settings(self, opts, cfg):
+        return f"{cfg.steps} steps, {cfg.seeds} seed(s)"
+
+    def details(self, opts, cfg):
+        return _data_note(opts, cfg)
+
+    def headline(self, rows, opts, test_gammas):
+        return headline_markdown(
+            rows, opts.datasets, opts.models, opts.layers, opts.headline_gamma, test_gammas
+        )
+
+    def direction(self, rows, opts):
+        return paper_direction_markdown(
+            rows, opts.datasets, opts.models, opts.layers, opts.headline_gamma
+        )
+
+    def every_gamma(self, rows, opts):
+        return _table_lines(
+            rows, opts.datasets, opts.models, opts.layers, list(opts.gamma_trains), label_gamma=True
+        )
+
+    def figures(self, rows, opts, out):
+        return figures(rows, opts, out)
 
 
 def run_table(opts: Table3Config) -> dict[str, Any]:
     """Trains (or reuses) every sub-run, then writes the table, CSV and figures
-    (:func:`cudt.grid.run_job`); returns ``{"rows", "markdown", "paths", "trained", "reused",
+    (:func:`cudt.paper.job.run_job`); returns ``{"rows", "markdown", "paths", "trained", "reused",
     "wall_seconds"}``."""
-    return grid.run_job(JOB, opts)
+    return grid.run_job(VideoTableJob(), opts)

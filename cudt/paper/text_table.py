@@ -47,11 +47,11 @@ from typing import Any
 
 import numpy as np
 
-from cudt import grid
 from cudt.data.text import TextSplit, synthetic_sentiment
 from cudt.errors import DataError
-from cudt.grid import SubRun, fmt, grid_axes, save_figure
-from cudt.io import _atomic_write
+from cudt.io import atomic_write
+from cudt.paper import job as grid
+from cudt.paper.job import SubRun, fmt, grid_axes, save_figure
 from cudt.runner.config import flag
 from cudt.tasks.text import TextConfig, TextTask
 
@@ -80,7 +80,6 @@ PAPER_LAYERS = {"distilbert": 12, "roberta": 24}
 STAND_IN = {"minilm": "distilbert"}
 GAMMA_TRAINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 UT_LAYERS = (3, 5, 7, 9)
-KIND = grid.KIND
 HPARAMS = grid.HPARAMS
 RATIOS_FILE = "ratio_histograms.npz"
 RATIO_EDGES = np.linspace(0.0, 2.5, 101)  # 0.025-wide bins; one more count: r > 2.5
@@ -743,7 +742,7 @@ class RatioRecordingTextTask(TextTask):
         def write(f):
             np.savez(f, edges=RATIO_EDGES, counts=counts, labels=np.asarray(labels, dtype=str))
 
-        _atomic_write(Path(out) / RATIOS_FILE, write)
+        atomic_write(Path(out) / RATIOS_FILE, write)
         return paths
 
 
@@ -868,7 +867,7 @@ def headline_markdown(rows, datasets, gamma, test_gammas) -> str:
 
 def paper_direction_markdown(rows, datasets, gamma) -> str:
     """Per cell: which of constrained (C) / ERM (E) has the higher AUC here and in the paper's
-    table, with constrained minus ERM (:func:`cudt.grid.direction_markdown`); MiniLM against
+    table, with constrained minus ERM (:func:`cudt.paper.job.direction_markdown`); MiniLM against
     the paper's DistilBERT-12, the encoder it stands in for. A cell without a feasible
     constrained run reads ``infeasible: C``."""
     return grid.direction_markdown(
@@ -1099,31 +1098,48 @@ def _details(opts: Table4Config, cfg: TextConfig) -> str:
     )
 
 
-JOB = grid.TableJob(
-    name="text table",
-    table="table4",
-    title="Text grid (the paper's Table 4)",
-    check=check_inputs,
-    plan=plan,
-    prepare_tiny=prepare_tiny,
-    make_task=RatioRecordingTextTask,
-    best_rows=best_rows,
-    csv_columns=CSV_COLUMNS,
-    settings=_settings,
-    details=_details,
-    headline=lambda rows, opts, test_gammas: headline_markdown(
-        rows, opts.datasets, opts.headline_gamma, test_gammas
-    ),
-    direction=lambda rows, opts: paper_direction_markdown(rows, opts.datasets, opts.headline_gamma),
-    every_gamma=lambda rows, opts: _table_lines(
-        rows, opts.datasets, list(opts.gamma_trains), label_gamma=True
-    ),
-    figures=figures,
-)
+class TextTableJob(grid.TableJob):
+    name = "text table"
+    table = "table4"
+    title = "Text grid (the paper's Table 4)"
+    csv_columns = CSV_COLUMNS
+
+    def check(self, opts):
+        check_inputs(opts)
+
+    def plan(self, opts, out):
+        return plan(opts, out)
+
+    def prepare_tiny(self, opts, out):
+        prepare_tiny(opts, out)
+
+    def make_task(self):
+        return RatioRecordingTextTask()
+
+    def best_rows(self, results):
+        return best_rows(results)
+
+    def settings(self, opts, cfg):
+        return _settings(opts, cfg)
+
+    def details(self, opts, cfg):
+        return _details(opts, cfg)
+
+    def headline(self, rows, opts, test_gammas):
+        return headline_markdown(rows, opts.datasets, opts.headline_gamma, test_gammas)
+
+    def direction(self, rows, opts):
+        return paper_direction_markdown(rows, opts.datasets, opts.headline_gamma)
+
+    def every_gamma(self, rows, opts):
+        return _table_lines(rows, opts.datasets, list(opts.gamma_trains), label_gamma=True)
+
+    def figures(self, rows, opts, out):
+        return figures(rows, opts, out)
 
 
 def run_table(opts: Table4Config) -> dict[str, Any]:
     """Trains (or reuses) every sub-run, then writes the table, CSV and figures
-    (:func:`cudt.grid.run_job`); returns ``{"rows", "markdown", "paths", "trained", "reused",
+    (:func:`cudt.paper.job.run_job`); returns ``{"rows", "markdown", "paths", "trained", "reused",
     "wall_seconds"}``."""
-    return grid.run_job(JOB, opts)
+    return grid.run_job(TextTableJob(), opts)

@@ -1,4 +1,4 @@
-"""What the paper-table jobs share (:mod:`cudt.table3`, video; :mod:`cudt.table4`, text).
+"""What the paper-table jobs share (:mod:`cudt.paper.video_table`, video; :mod:`cudt.paper.text_table`, text).
 
 A table job is a grid of sub-runs, each ONE :func:`cudt.runner.run` call (γ_train × sweep point
 × seed as one vmapped program), in its own folder under ``--out``. Shared here: the checks of
@@ -24,11 +24,14 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cudt.cli import config_from_args, configure_process, run_cli
 from cudt.errors import UsageError
-from cudt.experiment import CHECKPOINTS, CONFIG_FILE
-from cudt.io import _atomic_write, fresh_run_dir, savefig_atomic, to_jsonable
-from cudt.runner.config import SWEEPABLE, flag
+from cudt.io import atomic_write, fresh_run_dir, savefig_atomic, to_jsonable
+from cudt.runner.cli import config_from_args, configure_process, run_cli
+from cudt.runner.config import flag
+from cudt.runner.hparams import SWEEPABLE
+from cudt.runner.output import CHECKPOINTS, CONFIG_FILE
+from cudt.runner.report import KINDS
+from cudt.runner.run import run
 
 __all__ = [
     "STYLE",
@@ -69,7 +72,6 @@ __all__ = [
     "write_text",
 ]
 
-KIND = {False: "ERM", True: "constrained"}
 HPARAMS = tuple(n for n in SWEEPABLE if n != "gamma_train")  # what --sweep may name
 # The CSV's first columns (the setting) and its last (the run shown and how it was chosen);
 # each table puts its own numbers between them.
@@ -316,8 +318,6 @@ def check_subrun(sub: SubRun, overwrite: bool) -> None:
 def train_subruns(subs: list[SubRun], make_task: Callable[[], Any]) -> dict[tuple, dict]:
     """Trains every unfinished sub-run with the shared runner (a finished one is reused);
     returns ``{sub.key: its results.json}``."""
-    from cudt.runner import run
-
     results = {}
     for k, sub in enumerate(subs, start=1):
         if sub.finished:
@@ -388,7 +388,7 @@ def setting_rows(
             "dataset": dataset,
             "model": model,
             "layers": layers,
-            "kind": KIND[constrained],
+            "kind": KINDS[constrained],
             "gamma_train": gamma,
             **status,
             "sub_run": sub_run,
@@ -447,7 +447,7 @@ def csv_text(rows: Iterable[dict], columns: Sequence[str]) -> str:
 
 def write_text(path: Path, text: str) -> None:
     data = text.encode()
-    _atomic_write(path, lambda f: f.write(data))
+    atomic_write(path, lambda f: f.write(data))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -632,7 +632,7 @@ STYLE = {
 
 
 def draw_line(ax, style: dict, row: dict, x, y, *, has_value: bool, ms: float = 4) -> None:
-    """One best run as a line in the project's convention (:mod:`cudt.plots`): an infeasible
+    """One best run as a line in the project's convention (:mod:`cudt.runner.plots`): an infeasible
     one dashed and named so, one without numbers (diverged) only named in the legend."""
     if row["status"] == "diverged" or not has_value:
         ax.plot([], [], color="0.5", ls=":", label=f"{style['label']}: {row['status']}")
@@ -689,28 +689,57 @@ def mark_train_gamma(ax, gamma: float, *, label_y: float) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
 class TableJob:
-    """What one paper-table job says about itself; :func:`run_job` does the rest.
+    """A paper-table job, as :class:`cudt.runner.Task` is a task: a subclass says what the job
+    is (its data, sub-runs, rows, Markdown and figures); :func:`run_job` does the rest.
 
-    Every callable takes the job's frozen flags ``opts`` (which have ``out``, ``scale``,
+    Every method takes the job's frozen flags ``opts`` (which have ``out``, ``scale``,
     ``overwrite``, ``gamma_trains``, ``sweep``); ``cfg`` is the first sub-run's task config."""
 
     name: str  # in its messages ("video table"); with "_" for " ": its default --out folder
     table: str  # the CSV and Markdown file names: <table>.csv, <table>.md
     title: str  # the Markdown's heading, before ", --scale <scale>"
-    check: Callable[[Any], None]  # inputs checked before anything is written (one-line errors)
-    plan: Callable[[Any, Path], list[SubRun]]  # (opts, out): the sub-runs
-    prepare_tiny: Callable[[Any, Path], None]  # --scale tiny: write the generated data
-    make_task: Callable[[], Any]  # the task that trains each sub-run
-    best_rows: Callable[[dict[tuple, dict]], list[dict]]  # {sub.key: results.json} -> rows
     csv_columns: Sequence[str]
-    settings: Callable[[Any, Any], str]  # (opts, cfg): the training settings, for the note
-    details: Callable[[Any, Any], str]  # (opts, cfg): the note's last clause (the data, ...)
-    headline: Callable[[list[dict], Any, Sequence[float]], str]  # (rows, opts, test γ)
-    direction: Callable[[list[dict], Any], str]  # (rows, opts): the cells against the paper
-    every_gamma: Callable[[list[dict], Any], list[str]]  # (rows, opts): the table at every γ_train
-    figures: Callable[[list[dict], Any, Path], dict[str, Path]]  # (rows, opts, out): written
+
+    def check(self, opts) -> None:
+        """Inputs checked before anything is written (one-line errors)."""
+
+    def plan(self, opts, out: Path) -> list[SubRun]:
+        raise NotImplementedError
+
+    def prepare_tiny(self, opts, out: Path) -> None:
+        """--scale tiny: write the generated data."""
+
+    def make_task(self):
+        """The task that trains each sub-run."""
+        raise NotImplementedError
+
+    def best_rows(self, results: dict[tuple, dict]) -> list[dict]:
+        """``{sub.key: results.json}`` → one row per setting."""
+        raise NotImplementedError
+
+    def settings(self, opts, cfg) -> str:
+        """The training settings, for the note."""
+        raise NotImplementedError
+
+    def details(self, opts, cfg) -> str:
+        """The note's last clause (the data, ...)."""
+        return ""
+
+    def headline(self, rows: list[dict], opts, test_gammas: Sequence[float]) -> str:
+        raise NotImplementedError
+
+    def direction(self, rows: list[dict], opts) -> str:
+        """The cells against the paper."""
+        raise NotImplementedError
+
+    def every_gamma(self, rows: list[dict], opts) -> list[str]:
+        """The table at every γ_train."""
+        raise NotImplementedError
+
+    def figures(self, rows: list[dict], opts, out: Path) -> dict[str, Path]:
+        """Writes the job's figures; returns ``{name: path}``."""
+        return {}
 
 
 def run_job(job: TableJob, opts) -> dict[str, Any]:

@@ -14,11 +14,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from cudt.io import savefig_atomic
+from cudt.runner.report import KINDS
 
 __all__ = ["plot_layer_losses", "plot_metric_vs_gamma", "plot_ratio_histograms"]
 
 COLORS = {False: "tab:blue", True: "tab:red"}
-LABELS = {False: "ERM", True: "constrained"}
 
 
 def _by_model(runs):
@@ -31,7 +31,7 @@ def _by_model(runs):
 
 def _kind(run) -> str:
     """The legend entry of a run: ERM, constrained, or its variant (e.g. a control)."""
-    return run.get("variant") or LABELS[run["constrained"]]
+    return run.get("variant") or KINDS[run["constrained"]]
 
 
 def _color(run) -> str:
@@ -164,7 +164,7 @@ def plot_ratio_histograms(
                 alpha=0.55,
                 density=True,
                 color=COLORS[constrained],
-                label=f"{LABELS[constrained]} (median {np.median(r):.2f}, "
+                label=f"{KINDS[constrained]} (median {np.median(r):.2f}, "
                 f"{100 * np.mean(r < 1):.1f}% < 1)",
             )
         ax.axvline(1.0, color="k", lw=0.8, ls=":")

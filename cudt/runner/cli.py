@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from cudt.errors import CudtError
+from cudt.runner.run import run
 
 __all__ = ["config_from_args", "run_cli"]
 
@@ -188,9 +189,4 @@ def task_main(task, argv: Sequence[str] | None, description: str, prog: str) -> 
     configure_process()
     cfg, _ = config_from_args(task.config_cls, argv, description, prog)
 
-    def go():
-        from cudt.runner import run
-
-        run(task, cfg)
-
-    return run_cli(go)
+    return run_cli(lambda: run(task, cfg))

@@ -1,0 +1,56 @@
+"""The optimisers every runner-built step uses: Adam on the parameters, projected ascent on the
+multipliers, each with its learning rate in its state (a per-run array under a sweep), and the
+learning-rate schedules they share.
+
+Anyone wiring :func:`cudt.make_train_step` the way the runner does imports these:
+
+    init, step = cudt.make_train_step(layer_losses, primal_optimizer(1e-3, "cosine", steps),
+                                      dual_optimizer("sgd", 1e3, "constant", steps - warmup), cfg)
+"""
+
+from __future__ import annotations
+
+import optax
+
+from cudt.dual import as_dual
+
+__all__ = ["SCHEDULES", "dual_optimizer", "lr_factor", "primal_optimizer"]
+
+SCHEDULES = ("constant", "cosine", "linear")
+
+
+def lr_factor(schedule: str, steps: int):
+    """``count -> factor`` of a learning-rate schedule over ``steps`` updates (1 at count 0):
+    constant 1; cosine ``(1 + cos(π t/steps))/2``; linear ``1 - t/steps``; both reach 0 at
+    ``steps`` and stay there."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}: choose from {', '.join(SCHEDULES)}")
+    if schedule == "cosine":
+        return optax.cosine_decay_schedule(1.0, max(1, steps))
+    if schedule == "linear":
+        return optax.linear_schedule(1.0, 0.0, max(1, steps))
+    return optax.constant_schedule(1.0)
+
+
+def _scheduled(inner: optax.GradientTransformation, schedule: str, steps: int):
+    if schedule == "constant":
+        return inner  # no schedule state: checkpoints of constant-rate runs keep their layout
+    return optax.chain(inner, optax.scale_by_schedule(lr_factor(schedule, steps)))
+
+
+def primal_optimizer(
+    lr: float, schedule: str = "constant", steps: int = 1
+) -> optax.GradientTransformation:
+    """Adam with its learning rate in its state (a per-run array under a sweep), times the
+    factor of ``schedule`` over ``steps`` updates."""
+    return _scheduled(optax.inject_hyperparams(optax.adam)(learning_rate=lr), schedule, steps)
+
+
+def dual_optimizer(
+    name: str, lr: float, schedule: str = "constant", steps: int = 1
+) -> optax.GradientTransformation:
+    """Projected ascent with Adam (the paper) or SGD, the learning rate in its state, times the
+    factor of ``schedule`` over ``steps`` dual updates (the dual state, and so the schedule's
+    count, stands still during the primal warm-up)."""
+    inner = optax.adam if name == "adam" else optax.sgd
+    return as_dual(_scheduled(optax.inject_hyperparams(inner)(learning_rate=lr), schedule, steps))

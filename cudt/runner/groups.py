@@ -1,0 +1,228 @@
+"""Training groups: runs that share a model structure, trained as one vmapped program.
+
+An experiment's runs (sweep points × seeds, ERM and constrained) are grouped by model structure
+(:func:`plan_groups`); a group's step, initial states and per-run arrays are one
+:class:`GroupProgram`, trained by :func:`run_group` (:func:`cudt.loop.train_group` with a
+progress bar, checkpoints and divergence messages).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Callable, Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from cudt.checkpoint import GroupCheckpointer
+from cudt.constrained import DescentConfig
+from cudt.loop import Divergence, LoopResult, sample_indices, train_group
+from cudt.optim import dual_optimizer, primal_optimizer
+from cudt.runner.report import KINDS
+from cudt.runner.sweep import RunSpec, swept_suffix
+from cudt.runner.task import GroupModel, RunBatch, Task
+from cudt.train import make_train_step
+
+__all__ = ["Group", "GroupProgram", "plan_groups", "run_group"]
+
+
+@dataclasses.dataclass
+class Group:
+    """Runs that share a model structure: trained as one program, evaluated by one."""
+
+    model_name: str
+    structure: Hashable
+    specs: list[RunSpec]
+    model: GroupModel | None = None
+    name: str = ""
+    labels: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def slug(self) -> str:
+        return self.name.replace(" ", "-")
+
+
+def plan_groups(task: Task, cfg, specs: list[RunSpec]) -> list[Group]:
+    groups: dict[tuple, Group] = {}
+    for spec in specs:
+        structure = task.structure(cfg, spec.model, spec.constrained)
+        key = (spec.model, structure)
+        if key not in groups:
+            groups[key] = Group(spec.model, structure, [])
+        groups[key].specs.append(spec)
+    return list(groups.values())
+
+
+def name_group(group: Group, swept: list[str]) -> None:
+    L = group.model.num_layers
+    kinds = {s.constrained for s in group.specs}
+    group.name = f"{group.model_name}-{L}" + (
+        f" {KINDS[next(iter(kinds))]}" if len(kinds) == 1 else ""
+    )
+    group.labels = []
+    for s in group.specs:
+        suffix = swept_suffix(s, swept)
+        group.labels.append(
+            f"{group.model_name}-{L} {KINDS[s.constrained]} seed {s.seed}"
+            + (f" {suffix}" if suffix else "")
+        )
+
+
+class GroupProgram:
+    """The step, initial states and per-run arrays of one group."""
+
+    def __init__(self, task: Task, cfg, data, group: Group):
+        model = group.model
+        self.train_examples = task.train_examples(data, model)
+        num_train = jax.tree.leaves(self.train_examples)[0].shape[0]
+        steps_per_epoch = max(1, math.ceil(num_train / cfg.batch_size))
+        hps = [s.hp for s in group.specs]
+        resolved_ref = [task.resolve_reference(hp["reference"], data) for hp in hps]
+        alphas = [hp["resilience"] for hp in hps]
+        warmup = task.warmup_steps(cfg, steps_per_epoch)
+        descent = DescentConfig(
+            num_layers=model.num_layers,
+            epsilon=cfg.epsilon,
+            reference=None,
+            resilience=next((a for a in alphas if a is not None), None)
+            if cfg.resilience_mode == "slack"
+            else None,
+            resilience_mode=cfg.resilience_mode,
+            slack_lr=cfg.slack_lr,
+            slack_restart_steps=steps_per_epoch if cfg.resilience_mode == "slack" else None,
+            warmup_steps=warmup,
+            constrained=True,
+        )
+        init, self.step = make_train_step(
+            model.layer_losses,
+            primal_optimizer(hps[0]["lr"], cfg.lr_schedule, cfg.steps),
+            dual_optimizer(
+                cfg.dual_optimizer, cfg.dual_lr, cfg.dual_lr_schedule, cfg.steps - warmup
+            ),
+            descent,
+            project_params=model.project,
+            jit=False,
+        )
+
+        def col(values, fill):
+            return jnp.asarray([fill if v is None else v for v in values], jnp.float32)
+
+        self.per_run = {
+            "epsilon": col([hp["epsilon"] for hp in hps], cfg.epsilon),
+            "reference": col(resolved_ref, np.nan),
+            # ERM runs have no α: inf (no decay) in decay mode; in slack mode the group's α,
+            # since (α/2)·‖u‖² with u ≡ 0 must stay 0, not inf·0
+            "resilience": col(alphas, cfg.resilience if cfg.resilience_mode == "slack" else np.inf),
+            "constrained": jnp.asarray([s.constrained for s in group.specs]),
+            "lr": col([hp["lr"] for hp in hps], 0.0),
+            "dual_lr": col([hp["dual_lr"] for hp in hps], cfg.dual_lr),
+        }
+        self.references = resolved_ref
+        self.extras = col([hp["gamma_train"] for hp in hps], 0.0)
+        self.keys = jnp.stack([jax.random.key(s.seed) for s in group.specs])
+        self.init_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(self.keys)
+
+        def init_states(init_keys, per_run):
+            def one(k, hp):
+                return init(model.init(k), **hp)
+
+            return jax.vmap(one)(init_keys, per_run)
+
+        self.init_states = init_states
+        batch_size = cfg.batch_size
+
+        def make_batch(key, step, data, gamma):
+            index = sample_indices(key, step, num_train, batch_size)
+            examples = jax.tree.map(lambda a: a[index], data["examples"])
+            return RunBatch(examples, gamma, data["frozen"])
+
+        self.make_batch = make_batch
+
+    def abstract_states(self):
+        return jax.eval_shape(self.init_states, self.init_keys, self.per_run)
+
+    def initial_states(self):
+        return jax.jit(self.init_states)(self.init_keys, self.per_run)
+
+
+def fault_runs(cfg, group: Group) -> tuple[list[int], int] | None:
+    if not cfg.inject_nan:
+        return None
+    model, kind, seed, step = cfg.inject_nan
+    runs = [
+        i
+        for i, s in enumerate(group.specs)
+        if s.model == model and KINDS[s.constrained] == kind and s.seed == int(seed)
+    ]
+    return (runs, int(step)) if runs else None
+
+
+def run_group(
+    step_fn: Callable,
+    states: Any,
+    keys: Any,
+    make_batch: Callable,
+    *,
+    name: str,
+    labels: Sequence[str],
+    num_steps: int,
+    chunk_steps: int,
+    checkpoint_dir: Path | None,
+    checkpoint_every: int | None = None,
+    keep_checkpoints: int = 2,
+    fault: tuple[Any, int] | None = None,
+    log: Callable[[str], None] | None = None,
+    **loop_kwargs: Any,
+) -> LoopResult:
+    """:func:`cudt.loop.train_group` with a progress bar, checkpoints and divergence messages.
+
+    ``labels[r]`` names run ``r`` in messages (e.g. ``"dust-3 constrained seed 1"``);
+    ``loop_kwargs`` (``data``, ``extras``, ``shardings``, ``curve_every``) go to the loop.
+    """
+    log = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
+
+    def report(d: Divergence) -> None:
+        where = (
+            f"its last good checkpoint, step {d.last_good_checkpoint}, is kept in "
+            f"{checkpoint_dir / str(d.last_good_checkpoint)}"
+            if d.last_good_checkpoint is not None and checkpoint_dir is not None
+            else "no checkpoint was written before it"
+        )
+        log(
+            f"DIVERGED: {labels[d.run]} at step {d.step}: {d.quantity} is non-finite; {where}; "
+            "the other runs go on"
+        )
+
+    checkpointer = None
+    if checkpoint_dir is not None:
+        checkpointer = GroupCheckpointer(checkpoint_dir, keep=keep_checkpoints)
+    try:
+        with tqdm(
+            total=num_steps, desc=name, unit="step", leave=True, mininterval=1.0, dynamic_ncols=True
+        ) as bar:
+            result = train_group(
+                step_fn,
+                states,
+                keys,
+                make_batch,
+                num_steps,
+                chunk_steps=chunk_steps,
+                progress=bar,
+                checkpointer=checkpointer,
+                checkpoint_every=checkpoint_every,
+                on_divergence=report,
+                fault=fault,
+                **loop_kwargs,
+            )
+    finally:
+        if checkpointer is not None:
+            checkpointer.close()
+    if result.resumed_from is not None:
+        log(f"{name}: resumed from the checkpoint at step {result.resumed_from}")
+    return result
