@@ -15,8 +15,8 @@ bfloat16``).
 * **The model and the step are cudt's own**: the LLM task's per-sample layer losses
   (:meth:`cudt.tasks.llm.LLMTask.build`: ``Decoder.apply`` + :func:`cudt.lm_loss.
   layer_token_losses` with the task's ``chunk_tokens``; the input embedding table frozen, as the
-  task's default), the runner's optimisers (:func:`cudt.runner.run.primal_optimizer`, Adam, and
-  the dual one) and :func:`cudt.train.make_train_step`, over a
+  task's default), the runner's own step (:func:`cudt.runner.groups.make_group_step`: Adam, the dual
+  optimiser and :func:`cudt.train.make_train_step`, wired as for every group), over a
   :class:`~cudt.models.decoder.DecoderConfig` with Llama 3.1 8B's architecture.
 * **State bytes, exactly from shapes**: ``jax.eval_shape`` of the step's ``init`` (parameters,
   Adam's ``mu`` and ``nu``, the ``[L+1]`` multipliers, the dual state) and of the
@@ -63,14 +63,12 @@ import numpy as np
 from jax.ad_checkpoint import print_saved_residuals
 
 from benchmarks._common import header, print_table
-from cudt.constrained import DescentConfig
 from cudt.errors import UsageError
 from cudt.models.decoder import Decoder, DecoderConfig
-from cudt.optim import dual_optimizer, primal_optimizer
+from cudt.runner.groups import make_group_step
 from cudt.runner.mesh import fsdp_spec, mesh_shape
 from cudt.runner.task import GroupModel, RunBatch
 from cudt.tasks.llm import LLMConfig, LLMData, LLMTask
-from cudt.train import make_train_step
 
 ROOT = Path(__file__).resolve().parents[1]
 GB = 1e9
@@ -288,21 +286,19 @@ def build_program(
 
 
 def make_step(program: Program, *, jit: bool):
-    """``make_train_step`` wired as the runner wires it for the LLM task."""
+    """The runner's own step for the LLM task (:func:`cudt.runner.groups.make_group_step`);
+    its ``init`` puts the task's ``chance`` reference, ln V, in the state."""
     cfg, task = program.task_cfg, LLMTask()
-    descent = DescentConfig(
-        num_layers=program.config.num_layers,
-        epsilon=cfg.epsilon,
-        reference=math.log(program.config.vocab_size),  # the task's "chance" reference
-        resilience_mode=cfg.resilience_mode,
-    )
-    return make_train_step(
-        program.model.layer_losses,
-        primal_optimizer(task.default_lr(cfg, "llm"), cfg.lr_schedule, cfg.steps),
-        dual_optimizer(cfg.dual_optimizer, cfg.dual_lr, cfg.dual_lr_schedule, cfg.steps),
-        descent,
+    init, step = make_group_step(
+        cfg,
+        program.model,
+        lr=task.default_lr(cfg, "llm"),
+        warmup=0,
+        steps_per_epoch=1,
         jit=jit,
     )
+    reference = math.log(program.config.vocab_size)
+    return (lambda params: init(params, reference=reference)), step
 
 
 def _nbytes(leaf: Any) -> int:

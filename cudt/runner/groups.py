@@ -29,7 +29,7 @@ from cudt.runner.sweep import RunSpec, swept_suffix
 from cudt.runner.task import GroupModel, RunBatch, Task
 from cudt.train import make_train_step
 
-__all__ = ["Group", "GroupProgram", "plan_groups", "run_group"]
+__all__ = ["Group", "GroupProgram", "make_group_step", "plan_groups", "run_group"]
 
 
 @dataclasses.dataclass
@@ -74,6 +74,44 @@ def name_group(group: Group, swept: list[str]) -> None:
         )
 
 
+def make_group_step(
+    cfg,
+    model: GroupModel,
+    *,
+    lr: float,
+    warmup: int,
+    steps_per_epoch: int,
+    slack_alpha: float | None = None,
+    jit: bool = False,
+):
+    """``(init, step)`` of :func:`cudt.make_train_step` wired as the runner wires every group:
+    the model's per-sample layer losses and projection, Adam on the parameters
+    (:func:`cudt.optim.primal_optimizer`, ``cfg.lr_schedule`` over ``cfg.steps``), the dual
+    optimiser of ``cfg`` over the steps after the ``warmup``, and the constraint defaults of
+    ``cfg`` (each run's own ε, reference, α, ERM/constrained and learning rates go to ``init``).
+    ``slack_alpha``: the α of explicit slacks (``--resilience-mode slack``)."""
+    slack = cfg.resilience_mode == "slack"
+    descent = DescentConfig(
+        num_layers=model.num_layers,
+        epsilon=cfg.epsilon,
+        reference=None,
+        resilience=slack_alpha if slack else None,
+        resilience_mode=cfg.resilience_mode,
+        slack_lr=cfg.slack_lr,
+        slack_restart_steps=steps_per_epoch if slack else None,
+        warmup_steps=warmup,
+        constrained=True,
+    )
+    return make_train_step(
+        model.layer_losses,
+        primal_optimizer(lr, cfg.lr_schedule, cfg.steps),
+        dual_optimizer(cfg.dual_optimizer, cfg.dual_lr, cfg.dual_lr_schedule, cfg.steps - warmup),
+        descent,
+        project_params=model.project,
+        jit=jit,
+    )
+
+
 class GroupProgram:
     """The step, initial states and per-run arrays of one group."""
 
@@ -86,28 +124,14 @@ class GroupProgram:
         resolved_ref = [task.resolve_reference(hp["reference"], data) for hp in hps]
         alphas = [hp["resilience"] for hp in hps]
         warmup = task.warmup_steps(cfg, steps_per_epoch)
-        descent = DescentConfig(
-            num_layers=model.num_layers,
-            epsilon=cfg.epsilon,
-            reference=None,
-            resilience=next((a for a in alphas if a is not None), None)
-            if cfg.resilience_mode == "slack"
-            else None,
-            resilience_mode=cfg.resilience_mode,
-            slack_lr=cfg.slack_lr,
-            slack_restart_steps=steps_per_epoch if cfg.resilience_mode == "slack" else None,
-            warmup_steps=warmup,
-            constrained=True,
-        )
-        init, self.step = make_train_step(
-            model.layer_losses,
-            primal_optimizer(hps[0]["lr"], cfg.lr_schedule, cfg.steps),
-            dual_optimizer(
-                cfg.dual_optimizer, cfg.dual_lr, cfg.dual_lr_schedule, cfg.steps - warmup
-            ),
-            descent,
-            project_params=model.project,
-            jit=False,
+        slack_alpha = next((a for a in alphas if a is not None), None)
+        init, self.step = make_group_step(
+            cfg,
+            model,
+            lr=hps[0]["lr"],
+            warmup=warmup,
+            steps_per_epoch=steps_per_epoch,
+            slack_alpha=slack_alpha,
         )
 
         def col(values, fill):
