@@ -1,43 +1,50 @@
 """Text classification with perturbed embeddings (the paper's Section 5), as a task.
 
-The model and its data (:mod:`cudt.text`): a pretrained BERT-family encoder, or a UT over its
-word embeddings, with ONE linear head shared by every state; the loss of state l is the
-cross-entropy of that prediction for embeddings perturbed by ``γ·σ_E·n``. The word-embedding
-table stays frozen (it fixes the noise scale) and reaches the compiled programs as an argument.
+The model (:mod:`cudt.models.classifier`) and its data (:mod:`cudt.data.text`): a pretrained
+BERT-family encoder, or a UT over its word embeddings, with ONE linear head shared by every
+state; the loss of state l is the cross-entropy of that prediction for embeddings perturbed by
+``γ·σ_E·n``. The word-embedding table stays frozen (it fixes the noise scale) and reaches the
+compiled programs as an argument. The task's policy is here too: the test γ grid, the reference
+bound C, the paper's descent figures.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cudt.data.text import TextSplits, load_text_data
+from cudt.data.text import TEXT_DATASETS as DATASETS
+from cudt.data.text import TextSplits, length_batches, load_text_data, tokenize_splits
 from cudt.errors import UsageError
-from cudt.runner.config import RunConfig, at_least, flag, one_of, positive, shared
-from cudt.runner.task import EvalBatch, GroupModel, Task
-from cudt.tasks.accuracy import AccuracyReports
-from cudt.text import (
+from cudt.models.classifier import (
     GRANULARITIES,
     MODELS,
-    PAPER_DESCENT,
-    PAPER_DESCENT_SOURCE,
     TextClassifier,
     build_text_model,
     cross_entropy,
-    length_batches,
     make_layer_losses,
-    reference_bound,
-    test_gamma_grid,
-    tokenize_splits,
 )
+from cudt.runner.config import RunConfig, at_least, chance_offset, flag, one_of, positive, shared
+from cudt.runner.task import EvalBatch, GroupModel, Task
+from cudt.tasks.accuracy import AccuracyReports
 
-__all__ = ["DATASETS", "DEFAULT_MAX_LENGTH", "TextConfig", "TextData", "TextTask", "max_length_of"]
+__all__ = [
+    "DATASETS",
+    "DEFAULT_MAX_LENGTH",
+    "PAPER_DESCENT",
+    "TextConfig",
+    "TextData",
+    "TextTask",
+    "max_length_of",
+    "reference_bound",
+    "test_gamma_grid",
+]
 
-DATASETS = ("synthetic", "imdb", "mnli", "aclimdb")  # = cudt.data.text.TEXT_DATASETS
 # --max-length by dataset: IMDb reviews run to 230 words (about 300 tokens), and most open with
 # the plot, so their first 64 tokens rarely hold an opinion (every model stays near chance).
 DEFAULT_MAX_LENGTH = {"synthetic": 64, "mnli": 128, "imdb": 256, "aclimdb": 256}
@@ -46,6 +53,47 @@ DEFAULT_MAX_LENGTH = {"synthetic": 64, "mnli": 128, "imdb": 256, "aclimdb": 256}
 def max_length_of(cfg) -> int:
     """``--max-length``, else the dataset's default (:data:`DEFAULT_MAX_LENGTH`)."""
     return cfg.max_length if cfg.max_length is not None else DEFAULT_MAX_LENGTH[cfg.dataset]
+
+
+# Appendix B.5 / Figure 12: constrained RoBERTa on IMDb, per-sample ratios on the test set.
+PAPER_DESCENT = {"descent_rate": 0.708, "mean_ratio": 0.87, "median_ratio": 0.82}
+PAPER_DESCENT_SOURCE = "paper, constrained RoBERTa on IMDb (Fig. 12)"
+
+
+def test_gamma_grid(gamma_train: float, explicit=None) -> list[float]:
+    """The test γ grid: ``explicit`` or 0, 0.5, 1, 1.5, 2 (γ > γ_train is OOD), with γ_train.
+
+    A fixed grid, so the accuracy AUC is comparable across γ_train (the paper's Table 4 AUCs,
+    at most about 2, suggest a [0, 2] range too).
+    """
+    base = explicit if explicit else (0.0, 0.5, 1.0, 1.5, 2.0)
+    return sorted({float(g) for g in base} | {float(gamma_train)})
+
+
+def reference_bound(reference: str | float | None, num_classes: int) -> float | None:
+    """The bound C of ``E ℓ_0 <= C``: ``"chance"`` is ln(num_classes), the cross-entropy of a
+    uniform guess, ``"chance+X"`` that plus X (the paper's C = 1.0 on binary IMDb is about
+    chance+0.3); ``"none"`` / None drops the constraint; anything else is a number.
+
+    Without it the cheapest way to satisfy ``ℓ_1 <= (1 − ε) ℓ_0`` is to make state 0 worse:
+    the first token of the embedding output carries no information about the label, so the
+    head can only raise ℓ_0 above chance, and the multiplier of layer 1 pays it to.
+    """
+    if reference is None or str(reference).lower() == "none":
+        return None
+    offset = chance_offset(reference)
+    if offset is not None:
+        return float(np.log(num_classes)) + offset
+    try:
+        value = float(reference)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise UsageError(
+            f"--reference must be chance, chance+X (X >= 0), none or a finite number, got "
+            f"{reference}"
+        )
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +249,7 @@ class TextData:
 
     source: TextSplits
     model: TextClassifier
-    tokens: dict  # train / val / test: cudt.text.TokenizedSplit
+    tokens: dict  # train / val / test: cudt.data.text.TokenizedSplit
 
 
 class TextTask(AccuracyReports, Task):

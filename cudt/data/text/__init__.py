@@ -27,7 +27,7 @@ TFDS data is read from a prepared ``data_dir`` (``DATA_DIR/imdb_reviews/plain_te
 small TFRecord reader (:mod:`cudt.data.text.tfds`); the serialized examples are decoded by
 ``tfds``' numpy parser either way. Nothing is downloaded unless ``download=True``.
 
-Modules: :mod:`~cudt.data.text.tokenized` (splits and their tokens),
+Modules: :mod:`~cudt.data.text.tokenized` (splits, tokens, length batches),
 :mod:`~cudt.data.text.generated` (generated reviews and their word lists),
 :mod:`~cudt.data.text.aclimdb` (the aclImdb folder), :mod:`~cudt.data.text.tfds` (TFDS without
 TensorFlow), :mod:`~cudt.data.text.nli` (generated NLI pairs, tiny prepared-TFDS datasets).
@@ -49,21 +49,31 @@ from cudt.data.text.generated import (
     synthetic_sentiment_score,
 )
 from cudt.data.text.tfds import _TFDS, _load_tfds, load_tfds_text
-from cudt.data.text.tokenized import TextSplit, TextSplits, tokenize_split
+from cudt.data.text.tokenized import (
+    TextSplit,
+    TextSplits,
+    TokenizedSplit,
+    length_batches,
+    tokenize_split,
+    tokenize_splits,
+)
 from cudt.errors import DataError
 
 __all__ = [
     "TEXT_DATASETS",
     "TextSplit",
     "TextSplits",
+    "TokenizedSplit",
     "imdb_like_review",
     "imdb_like_reviews",
+    "length_batches",
     "load_text_data",
     "load_tfds_text",
     "read_aclimdb",
     "synthetic_sentiment",
     "synthetic_sentiment_score",
     "tokenize_split",
+    "tokenize_splits",
     "write_aclimdb",
 ]
 

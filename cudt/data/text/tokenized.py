@@ -2,20 +2,34 @@
 
 A :class:`TextSplit` holds raw strings (one text, or a premise/hypothesis pair, per example) and
 int32 labels; :class:`TextSplits` the train / val / test splits of one source.
-:func:`tokenize_split` turns a split into ``(ids, mask)`` with the encoder's tokenizer.
+:func:`tokenize_split` turns a split into ``(ids, mask)`` with the encoder's tokenizer;
+:class:`TokenizedSplit`, :func:`tokenize_splits` and :func:`length_batches` are the tokenized form
+the text classifier (:mod:`cudt.models.classifier`) is trained and evaluated on.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from cudt.errors import DataError
 
-__all__ = ["TextSplit", "TextSplits", "tokenize_split"]
+if TYPE_CHECKING:
+    from cudt.models.classifier import Batch, TextClassifier
+
+__all__ = [
+    "TextSplit",
+    "TextSplits",
+    "TokenizedSplit",
+    "length_batches",
+    "tokenize_split",
+    "tokenize_splits",
+]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -100,3 +114,70 @@ def tokenize_split(
         raise DataError("cannot tokenize an empty TextSplit: load or generate some examples first")
     out = encoder.tokenize(split.inputs(), max_length, return_token_type_ids=return_token_type_ids)
     return tuple(np.asarray(a, dtype=np.int32) for a in out)
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenized data and evaluation
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TokenizedSplit:
+    """A tokenized split: ``ids``, ``mask`` ``[N, T]``, ``labels`` ``[N]``, ``types`` or None."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    labels: np.ndarray
+    types: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.mask.sum(axis=1)
+
+    def batch(self, index: np.ndarray | None = None, length: int | None = None) -> Batch:
+        """The rows ``index`` (all by default), cut to the first ``length`` tokens."""
+        index = np.arange(len(self)) if index is None else index
+        t = self.ids.shape[1] if length is None else length
+        out = {
+            "ids": jnp.asarray(self.ids[index, :t]),
+            "mask": jnp.asarray(self.mask[index, :t], jnp.float32),
+            "labels": jnp.asarray(self.labels[index]),
+        }
+        if self.types is not None:
+            out["types"] = jnp.asarray(self.types[index, :t])
+        return out
+
+
+def tokenize_splits(
+    model: TextClassifier, data: TextSplits, max_length: int
+) -> dict[str, TokenizedSplit]:
+    """Tokenizes train / val / test with the model's tokenizer (pairs use its pair template)."""
+    out = {}
+    for name in ("train", "val", "test"):
+        split: TextSplit = getattr(data, name)
+        arrays = tokenize_split(
+            model.encoder, split, max_length, return_token_type_ids=model.uses_token_types
+        )
+        types = arrays[2] if model.uses_token_types else None
+        out[name] = TokenizedSplit(arrays[0], arrays[1], np.asarray(split.labels, np.int32), types)
+    return out
+
+
+def length_batches(lengths: np.ndarray, batch_size: int, max_length: int, multiple: int = 16):
+    """Batches of examples of similar length: ``(index [batch_size], count, padded length)``.
+
+    Sorting by length and cutting each batch to its longest example (rounded up to ``multiple``)
+    skips most padding; the last batch is filled with repeats of its first row so every batch
+    has the same size (one compiled program per padded length).
+    """
+    order = np.argsort(lengths, kind="stable")
+    for start in range(0, order.size, batch_size):
+        index = order[start : start + batch_size]
+        count = index.size
+        length = min(max_length, multiple * math.ceil(max(int(lengths[index].max()), 1) / multiple))
+        if count < batch_size:
+            index = np.concatenate([index, np.full(batch_size - count, index[0])])
+        yield index, count, length
