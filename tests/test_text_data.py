@@ -29,7 +29,8 @@ from cudt.data import (
     synthetic_sentiment_score,
     tokenize_split,
 )
-from cudt.data import text as text_lib
+from cudt.data.text import aclimdb, generated
+from cudt.data.text import tfds as tfds_reader
 
 # --------------------------------------------------------------------------------------------------
 # Synthetic sentiment
@@ -70,7 +71,7 @@ def test_synthetic_is_balanced_varied_and_labelled_by_the_rule():
     assert words.min() <= 6 and words.max() >= 50, (words.min(), words.max())
     # Many sentiment words in use, on both sides.
     vocab = {w for t in lower for w in re.findall(r"[a-z']+", t)}
-    assert len(vocab & set(text_lib._POS_ADJ)) >= 30 and len(vocab & set(text_lib._NEG_ADJ)) >= 30
+    assert len(vocab & set(generated._POS_ADJ)) >= 30 and len(vocab & set(generated._NEG_ADJ)) >= 30
 
 
 @pytest.mark.parametrize(
@@ -104,9 +105,9 @@ def test_rule_on_constructed_reviews(text, score):
 def test_filler_sentences_carry_no_sentiment():
     rng = np.random.default_rng(0)
     for _ in range(300):
-        sentence = text_lib._filler_sentence(rng)
+        sentence = generated._filler_sentence(rng)
         assert synthetic_sentiment_score(sentence) == 0.0, sentence
-        assert not set(re.findall(r"[a-z']+", sentence.lower())) & set(text_lib._LEXICON)
+        assert not set(re.findall(r"[a-z']+", sentence.lower())) & set(generated._LEXICON)
 
 
 def test_synthetic_splits_are_disjoint_sized_and_deterministic():
@@ -299,8 +300,8 @@ def tfds_dirs(tmp_path_factory):
 
 def test_crc32c_matches_the_standard_check_value():
     assert _crc32c_bitwise(b"123456789") == 0xE3069283
-    assert text_lib._crc32c(b"123456789") == 0xE3069283
-    assert text_lib._masked_crc32c(b"some bytes") == _masked(_crc32c_bitwise(b"some bytes"))
+    assert tfds_reader._crc32c(b"123456789") == 0xE3069283
+    assert tfds_reader._masked_crc32c(b"some bytes") == _masked(_crc32c_bitwise(b"some bytes"))
 
 
 @pytest.mark.parametrize("fmt", ["array_record", "parquet", "tfrecord"])
@@ -310,9 +311,7 @@ def test_tfds_imdb_reads_every_example_without_tensorflow(tfds_dirs, fmt):
     assert "tensorflow" not in sys.modules  # nothing here imports TensorFlow
     s = load_tfds_text("imdb", tfds_dirs[fmt], "train")
     assert len(s) == 20 and s.pairs is None and s.labels.dtype == np.int32
-    expected = {
-        text_lib._clean_review(e["text"]): e["label"] for e in map(_imdb_example, range(20))
-    }
+    expected = {aclimdb._clean_review(e["text"]): e["label"] for e in map(_imdb_example, range(20))}
     assert dict(zip(s.texts, s.labels.tolist(), strict=True)) == expected
     assert all("<br" not in t and "  " not in t for t in s.texts)
     assert "Review 3: a great film. Second line 3." in s.texts
@@ -487,13 +486,9 @@ def test_tokenize_split_with_minilm():
 
 
 def test_imdb_like_reviews_are_long_mixed_and_round_trip_the_aclimdb_layout(tmp_path):
-    from cudt.data.text import (
-        _REVIEW_NEG,
-        _REVIEW_POS,
-        _clean_review,
-        imdb_like_reviews,
-        write_aclimdb,
-    )
+    from cudt.data.text import imdb_like_reviews, write_aclimdb
+    from cudt.data.text.aclimdb import _clean_review
+    from cudt.data.text.generated import _REVIEW_NEG, _REVIEW_POS
 
     split, ratings = imdb_like_reviews(40, seed=3)
     again, _ = imdb_like_reviews(41, seed=3)

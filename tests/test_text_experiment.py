@@ -18,10 +18,17 @@ import pytest
 from PIL import Image
 from safetensors.numpy import save_file
 
-from cudt import text
+from cudt.data.text import length_batches
 from cudt.errors import UsageError
 from cudt.metrics import trapezoid_auc
+from cudt.models.classifier import (
+    TextClassifier,
+    build_text_model,
+    cross_entropy,
+    make_layer_losses,
+)
 from cudt.models.encoders import minilm_path
+from cudt.runner.hparams import resolve_reference
 from experiments import text_classify
 
 D, LAYERS, HEADS, FFN, MAX_POS = 32, 2, 4, 37, 64
@@ -141,7 +148,7 @@ def bert_run(tiny_bert, tmp_path_factory):
     return out, json.loads((out / "results.json").read_text())
 
 
-def _batch(model: text.TextClassifier, texts, max_length=12) -> dict:
+def _batch(model: TextClassifier, texts, max_length=12) -> dict:
     ids, mask = model.encoder.tokenize(texts, max_length)
     return {
         "ids": jnp.asarray(ids),
@@ -240,11 +247,11 @@ def test_finished_output_is_refused_and_kept(bert_run, tiny_bert, capsys):
 
 def test_sublayer_granularity_gives_2l_plus_1_states(tiny_bert):
     # (the encoder's interleaving is tested in test_encoders.py; the run above goes end to end)
-    sub = text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert, granularity="sublayer")
+    sub = build_text_model("bert", num_classes=2, checkpoint=tiny_bert, granularity="sublayer")
     assert (sub.blocks, sub.num_layers) == (LAYERS, 2 * LAYERS)
     # the UT: after each layer's attention step Z, then its output Y
-    block = text.build_text_model("ut", num_classes=2, checkpoint=tiny_bert, layers=3)
-    ut = text.build_text_model(
+    block = build_text_model("ut", num_classes=2, checkpoint=tiny_bert, layers=3)
+    ut = build_text_model(
         "ut", num_classes=2, checkpoint=tiny_bert, layers=3, granularity="sublayer"
     )
     assert (block.num_layers, ut.num_layers, ut.blocks) == (3, 6, 3)
@@ -254,7 +261,7 @@ def test_sublayer_granularity_gives_2l_plus_1_states(tiny_bert):
     states = jax.jit(ut.states)(params, batch, noise)
     assert states.shape[0] == 7
     np.testing.assert_allclose(states[::2], jax.jit(block.states)(params, batch, noise), atol=1e-5)
-    losses = jax.jit(text.make_layer_losses(ut, 0.5))(params, batch, jax.random.key(1))
+    losses = jax.jit(make_layer_losses(ut, 0.5))(params, batch, jax.random.key(1))
     assert losses.shape == (3, 7) and bool(jnp.all(jnp.isfinite(losses)))
     # the UT's projection finds its parameters inside the classifier's
     assert jax.tree.structure(ut.project()(params)) == jax.tree.structure(params)
@@ -262,7 +269,7 @@ def test_sublayer_granularity_gives_2l_plus_1_states(tiny_bert):
 
 
 def test_embedding_noise_scale_is_gamma_times_table_std(tiny_bert):
-    model = text.build_text_model("ut", num_classes=2, checkpoint=tiny_bert, layers=1)
+    model = build_text_model("ut", num_classes=2, checkpoint=tiny_bert, layers=1)
     table = np.asarray(model.table, np.float64)
     assert model.noise_unit == pytest.approx(table.std(), rel=1e-6)
     batch = _batch(model, ["the acting was superb but the plot was a mess"] * 64, 16)
@@ -276,7 +283,7 @@ def test_embedding_noise_scale_is_gamma_times_table_std(tiny_bert):
     x0 = np.asarray(jax.jit(model.states)(params, batch, jnp.asarray(noise))[0])
     np.testing.assert_allclose(x0, table[np.asarray(batch["ids"])] + noise, atol=1e-5)
     # ... and the encoder gets it as its embedding_noise (added to the word embeddings).
-    bert = text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert)
+    bert = build_text_model("bert", num_classes=2, checkpoint=tiny_bert)
     bparams = jax.jit(bert.init)(jax.random.key(0))
     ours = bert.states(bparams, batch, jnp.asarray(noise))
     ref = bert.encoder.apply(
@@ -284,7 +291,7 @@ def test_embedding_noise_scale_is_gamma_times_table_std(tiny_bert):
     )
     np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), atol=1e-5)
     # --noise-scale replaces the table std
-    fixed = text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert, noise_scale=0.25)
+    fixed = build_text_model("bert", num_classes=2, checkpoint=tiny_bert, noise_scale=0.25)
     assert fixed.noise_unit == 0.25
     assert np.asarray(fixed.noise(jax.random.key(3), batch, 2.0))[real].std() == pytest.approx(
         0.5, rel=0.02
@@ -293,7 +300,7 @@ def test_embedding_noise_scale_is_gamma_times_table_std(tiny_bert):
 
 @pytest.mark.parametrize("name", ["bert", "ut"])
 def test_one_head_is_shared_by_every_state(tiny_bert, name):
-    model = text.build_text_model(name, num_classes=3, checkpoint=tiny_bert)
+    model = build_text_model(name, num_classes=3, checkpoint=tiny_bert)
     params = jax.jit(model.init)(jax.random.key(0))
     # exactly one readout: no other [D, C] matrix anywhere in the params
     assert set(params["head"]) == {"kernel", "bias"}
@@ -315,7 +322,7 @@ def test_one_head_is_shared_by_every_state(tiny_bert, name):
 
     def state_losses(head, batch):  # [S]
         p = dict(params, head=head)
-        return text.cross_entropy(model.logits(p, batch, noise), batch["labels"]).sum(axis=1)
+        return cross_entropy(model.logits(p, batch, noise), batch["labels"]).sum(axis=1)
 
     # the loss of every state reaches the one head: its gradients land on the same leaves
     jac = jax.jit(jax.jacrev(state_losses))(params["head"], batch)
@@ -325,38 +332,36 @@ def test_one_head_is_shared_by_every_state(tiny_bert, name):
 
 def test_pooling_and_reference_defaults(tiny_bert):
     # the paper's: [CLS] for pretrained encoders, token mean for the UT; MiniLM: its own (mean)
-    assert text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert).pooling == "first"
-    assert text.build_text_model("ut", num_classes=2, checkpoint=tiny_bert).pooling == "mean"
-    assert text.build_text_model("minilm", num_classes=2).pooling == "mean"
-    model = text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert, pooling="mean")
+    assert build_text_model("bert", num_classes=2, checkpoint=tiny_bert).pooling == "first"
+    assert build_text_model("ut", num_classes=2, checkpoint=tiny_bert).pooling == "mean"
+    assert build_text_model("minilm", num_classes=2).pooling == "mean"
+    model = build_text_model("bert", num_classes=2, checkpoint=tiny_bert, pooling="mean")
     batch = _batch(model, ["good", "a terrible waste of time"])
     states = jax.random.normal(jax.random.key(0), (3,) + batch["ids"].shape + (D,))
     m = np.asarray(batch["mask"])[None, :, :, None]
     expected = (np.asarray(states) * m).sum(2) / m.sum(2)  # padding left out of the mean
     np.testing.assert_allclose(model.pool(states, batch["mask"]), expected, atol=1e-5)
-    assert text.reference_bound("chance", 3) == pytest.approx(np.log(3))
-    assert text.reference_bound("none", 2) is None and text.reference_bound("0.5", 2) == 0.5
+    ln2, ln3 = np.log(2), np.log(3)
+    assert resolve_reference("chance", ln3) == pytest.approx(np.log(3))
+    assert resolve_reference("none", ln2) is None and resolve_reference("0.5", ln2) == 0.5
     # chance+X: the chance level plus a margin (the paper's C = 1.0 on IMDb is ln 2 + 0.31)
-    assert text.reference_bound("chance+0.3", 2) == pytest.approx(np.log(2) + 0.3)
-    assert text.reference_bound("Chance+0", 3) == pytest.approx(np.log(3))
+    assert resolve_reference("chance+0.3", ln2) == pytest.approx(np.log(2) + 0.3)
+    assert resolve_reference("Chance+0", ln3) == pytest.approx(np.log(3))
+    with pytest.raises(UsageError, match="has no chance level"):
+        resolve_reference("chance", None)
+    with pytest.raises(UsageError, match="--reference must be chance"):
+        resolve_reference("chanse", ln2)
 
 
 def test_build_text_model_refusals(tiny_bert):
     with pytest.raises(UsageError, match="--model roberta needs --checkpoint FOLDER"):
-        text.build_text_model("roberta", num_classes=2)
+        build_text_model("roberta", num_classes=2)
     with pytest.raises(UsageError, match="--layers 3 applies to --model ut only"):
-        text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert, layers=3)
+        build_text_model("bert", num_classes=2, checkpoint=tiny_bert, layers=3)
     with pytest.raises(UsageError, match="unknown pooling 'max'"):
-        text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert, pooling="max")
+        build_text_model("bert", num_classes=2, checkpoint=tiny_bert, pooling="max")
     with pytest.raises(UsageError, match="unknown granularity"):
-        text.build_text_model("bert", num_classes=2, checkpoint=tiny_bert, granularity="layer")
-
-
-def test_cli_choices_match_the_library():
-    from cudt.data.text import TEXT_DATASETS
-    from cudt.tasks import text as text_task
-
-    assert text_task.DATASETS == TEXT_DATASETS
+        build_text_model("bert", num_classes=2, checkpoint=tiny_bert, granularity="layer")
 
 
 def test_help_lists_every_flag(capsys):
@@ -430,7 +435,7 @@ def test_bad_checkpoints_and_data_fail_before_touching_out(tiny_bert, tmp_path, 
 def test_length_batches_cover_every_example_once():
     lengths = np.array([3, 17, 5, 64, 9, 33, 1, 12, 40, 16, 2])
     seen = []
-    for index, count, length in text.length_batches(lengths, 4, 64):
+    for index, count, length in length_batches(lengths, 4, 64):
         assert index.size == 4 and length % 16 == 0 and length <= 64
         assert lengths[index[:count]].max() <= length
         seen += index[:count].tolist()
@@ -492,9 +497,7 @@ def test_sublayer_states_match_hf_distilbert_and_roberta(model_type, tmp_path):
     # --granularity sublayer for the paper's DistilBERT (L = 12) and RoBERTa (L = 24): every
     # attention and MLP sub-layer is a state, equal to the reference model's own.
     hf_states = _hf_sublayer_states(model_type, tmp_path)
-    model = text.build_text_model(
-        model_type, num_classes=2, checkpoint=tmp_path, granularity="sublayer"
-    )
+    model = build_text_model(model_type, num_classes=2, checkpoint=tmp_path, granularity="sublayer")
     assert (model.blocks, model.num_layers) == (LAYERS, 2 * LAYERS)
     rng = np.random.default_rng(0)
     pad = model.encoder.config.pad_token_id
@@ -514,7 +517,7 @@ def test_sublayer_states_match_hf_distilbert_and_roberta(model_type, tmp_path):
     assert ours.shape == ref.shape == (2 * LAYERS + 1, 3, 12, D)
     real = mask.astype(bool)  # padded query rows are not read by the head
     np.testing.assert_allclose(ours[:, real], ref[:, real], atol=1e-4)
-    losses = jax.jit(text.make_layer_losses(model, 1.0))(params, batch, jax.random.key(1))
+    losses = jax.jit(make_layer_losses(model, 1.0))(params, batch, jax.random.key(1))
     assert losses.shape == (3, 2 * LAYERS + 1) and bool(jnp.all(jnp.isfinite(losses)))
 
 
@@ -527,8 +530,8 @@ def test_max_length_defaults_by_dataset_and_the_normalised_head(tiny_bert):
     assert max_length_of(TextConfig(dataset="imdb")) == 256
     assert max_length_of(TextConfig(dataset="mnli")) == 128
     assert max_length_of(TextConfig(dataset="imdb", max_length=32)) == 32
-    ut = text.build_text_model("ut", num_classes=2, checkpoint=tiny_bert, head_norm=True)
-    assert not text.build_text_model("ut", num_classes=2, checkpoint=tiny_bert).head_norm
+    ut = build_text_model("ut", num_classes=2, checkpoint=tiny_bert, head_norm=True)
+    assert not build_text_model("ut", num_classes=2, checkpoint=tiny_bert).head_norm
     params = jax.jit(ut.init)(jax.random.key(0))
     pooled = jax.random.normal(jax.random.key(1), (3, 2, D))
     # the normalised readout does not depend on the scale of the state it reads

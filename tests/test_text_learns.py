@@ -23,14 +23,20 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from cudt import text
-from cudt.data.text import imdb_like_reviews, load_text_data, write_aclimdb
+from cudt.data.text import (
+    TokenizedSplit,
+    imdb_like_reviews,
+    load_text_data,
+    tokenize_splits,
+    write_aclimdb,
+)
+from cudt.models.classifier import build_text_model
 from experiments import text_classify
 
 NUM_TRAIN, NUM_TEST, MAX_LENGTH = 600, 300, 96
 
 
-def bag_of_words(tokens: text.TokenizedSplit, vocab: np.ndarray) -> np.ndarray:
+def bag_of_words(tokens: TokenizedSplit, vocab: np.ndarray) -> np.ndarray:
     """Binary presence ``[N, len(vocab)]`` of each vocabulary token among a text's tokens."""
     index = {int(t): i for i, t in enumerate(vocab)}
     out = np.zeros((len(tokens), vocab.size))
@@ -94,8 +100,8 @@ def test_ut_learns_against_bag_of_words_on_the_same_tokens(reviews, tmp_path):
 
     # The baseline, on the very splits and tokens the run used.
     data = load_text_data("aclimdb", reviews, num_train=NUM_TRAIN, num_test=NUM_TEST)
-    model = text.build_text_model("ut", num_classes=2)
-    tokens = text.tokenize_splits(model, data, MAX_LENGTH)
+    model = build_text_model("ut", num_classes=2)
+    tokens = tokenize_splits(model, data, MAX_LENGTH)
     special = set(model.encoder.tokenize([""], 4)[0][0].tolist())
     vocab = np.setdiff1d(np.unique(tokens["train"].ids[tokens["train"].mask > 0]), list(special))
     x = {k: bag_of_words(v, vocab) for k, v in tokens.items()}

@@ -20,17 +20,18 @@ from test_text_experiment import write_tiny_bert
 from test_video_table import assert_figures, cell_number, headline_cells, one_line_error
 
 from cudt.data.text import load_text_data, synthetic_sentiment
+from cudt.data.text.nli import NLI_LABELS, generated_nli
 from cudt.paper import text_table as table4
 from experiments import text_table
 
 
 def test_generated_nli_is_balanced_deterministic_and_labelled_by_construction():
-    a = table4.generated_nli(60, seed=0)
+    a = generated_nli(60, seed=0)
     assert a.pairs is not None and len(a) == 60
     assert np.array_equal(a.labels, np.arange(60) % 3)
-    b = table4.generated_nli(60, seed=0)
+    b = generated_nli(60, seed=0)
     assert a.texts == b.texts and a.pairs == b.pairs
-    assert table4.generated_nli(60, seed=0, stream=1).pairs != a.pairs
+    assert generated_nli(60, seed=0, stream=1).pairs != a.pairs
     assert len(set(zip(a.texts, a.pairs, strict=True))) >= 55  # varied
     for premise, hypothesis, label in zip(a.texts, a.pairs, a.labels, strict=True):
         assert premise.endswith(".") and hypothesis.endswith(".")
@@ -57,7 +58,7 @@ def test_tiny_datasets_are_read_back_by_the_tfds_reader(tmp_path):
     assert set(imdb.train.texts) <= generated  # the generated reviews, unchanged
 
     mnli = load_text_data("mnli", tmp_path, num_train=30, num_test=12, val_fraction=0.2)
-    assert mnli.num_classes == 3 and mnli.label_names == table4.NLI_LABELS
+    assert mnli.num_classes == 3 and mnli.label_names == NLI_LABELS
     assert mnli.test.pairs is not None and len(mnli.test) == 12
     assert np.bincount(mnli.test.labels, minlength=3).tolist() == [4, 4, 4]
     train = set(

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cudt.data import DataError, layouts, load_video_data, load_videos, make_sequences
+from cudt.data import DataError, load_video_data, load_videos, make_sequences
+from cudt.data.video import archives
 
 W, H = 48, 40  # native frame size of the tiny videos
 TOL = 10 / 255  # mean absolute error allowed after codec / JPEG round trips
@@ -29,12 +30,12 @@ def square_frames(n: int, base: int, rgb: bool = False) -> list[np.ndarray]:
 
 
 def write_avi(path: Path, frames: list[np.ndarray], codec: str = "mpeg4") -> None:
-    layouts.write_avi(path, frames, codec=codec, bit_rate=2_000_000)
+    archives.write_avi(path, frames, codec=codec, bit_rate=2_000_000)
 
 
 def write_jpegs(folder: Path, frames: list[np.ndarray], names=None) -> None:
     assert not folder.exists()
-    layouts.write_frames(folder, frames, suffix=".jpg", names=names, quality=95)
+    archives.write_frames(folder, frames, suffix=".jpg", names=names, quality=95)
 
 
 def expected(frames: list[np.ndarray], size: int) -> np.ndarray:

@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cudt.data import layouts, load_video_data, load_videos, synthetic_videos
+from cudt.data import load_video_data, load_videos, synthetic_videos
+from cudt.data.video import archives
 from cudt.paper import video_table as table3
 from experiments import video_table
 
 WRITERS = {
-    "ucsd": layouts.write_ucsd,
-    "avenue": layouts.write_avenue,
-    "shanghaitech": layouts.write_shanghaitech,
+    "ucsd": archives.write_ucsd,
+    "avenue": archives.write_avenue,
+    "shanghaitech": archives.write_shanghaitech,
 }
 
 
@@ -224,7 +225,7 @@ def test_rerun_reuses_finished_subruns(tiny_grid, capsys):
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, message):
-    (tmp_path / layouts.UCSD / "UCSDped2" / "Train").mkdir(parents=True)  # Avenue missing
+    (tmp_path / archives.UCSD / "UCSDped2" / "Train").mkdir(parents=True)  # Avenue missing
     out = tmp_path / "out"
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     assert video_table.main(argv + ["--out", str(out)]) == 2

@@ -13,7 +13,7 @@ Outputs under ``<out>``: ``table3.csv`` (long format: one row per best run), ``t
 headline table at ``--headline-gamma``, the direction of each cell against the paper's table, and
 every γ_train), ``fig2_rmse_vs_gamma.png``, ``fig3_depth.png``, ``fig7_layer_loss.png``; with
 ``--scale tiny`` also ``data/``: tiny copies of the three datasets in their real layouts
-(:mod:`cudt.data.layouts`), read back through the real readers.
+(:mod:`cudt.data.video.archives`), read back through the real readers.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from cudt.data import layouts
+from cudt.data.video import archives
 from cudt.errors import DataError, UsageError
 from cudt.models.vit import write_vit_folder
 from cudt.paper import job as grid
@@ -56,11 +56,11 @@ TINY_VIT = dict(
     image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64
 )
 NAMES = {"ucsd": "UCSD", "avenue": "Avenue", "shanghaitech": "ShanghaiTech"}
-FOLDERS = {"ucsd": layouts.UCSD, "avenue": layouts.AVENUE, "shanghaitech": layouts.SHANGHAITECH}
+FOLDERS = {"ucsd": archives.UCSD, "avenue": archives.AVENUE, "shanghaitech": archives.SHANGHAITECH}
 WRITERS = {
-    "ucsd": layouts.write_ucsd,
-    "avenue": layouts.write_avenue,
-    "shanghaitech": layouts.write_shanghaitech,
+    "ucsd": archives.write_ucsd,
+    "avenue": archives.write_avenue,
+    "shanghaitech": archives.write_shanghaitech,
 }
 GAMMA_TRAINS = (0.0, 0.09, 0.11, 0.13, 0.15)
 HPARAMS = grid.HPARAMS

@@ -134,9 +134,17 @@ class Task:
     def default_lr(self, cfg, name: str) -> float:
         return 1e-3
 
+    # The default primal warm-up is one epoch, capped at this fraction of --steps (None: no cap).
+    warmup_cap: float | None = None
+
     def warmup_steps(self, cfg, steps_per_epoch: int) -> int:
-        """Primal warm-up: ``cfg.warmup_steps``, else one epoch."""
-        return steps_per_epoch if cfg.warmup_steps is None else cfg.warmup_steps
+        """Primal warm-up: ``cfg.warmup_steps``, else one epoch (at most ``warmup_cap`` of the
+        steps)."""
+        if cfg.warmup_steps is not None:
+            return cfg.warmup_steps
+        if self.warmup_cap is None:
+            return steps_per_epoch
+        return min(steps_per_epoch, int(cfg.steps * self.warmup_cap))
 
     def chance_level(self, data) -> float | None:
         """The loss of a uniform guess (ln K for K classes), which ``--reference chance+X``

@@ -17,7 +17,17 @@ from cudt.metrics import trapezoid_auc
 from cudt.runner import plots
 from cudt.runner.report import Column
 
-__all__ = ["AccuracyReports"]
+__all__ = ["TEST_GAMMAS", "AccuracyReports", "test_gamma_grid"]
+
+# A fixed grid, so the accuracy AUC is comparable across γ_train (the paper's Table 4 AUCs, at
+# most about 2, suggest a [0, 2] range).
+TEST_GAMMAS = (0.0, 0.5, 1.0, 1.5, 2.0)
+
+
+def test_gamma_grid(gamma_train: float, explicit=None) -> list[float]:
+    """The test γ grid: ``explicit`` or 0, 0.5, 1, 1.5, 2 (γ > γ_train is OOD), with γ_train."""
+    base = explicit if explicit else TEST_GAMMAS
+    return sorted({float(g) for g in base} | {float(gamma_train)})
 
 
 class AccuracyReports:
@@ -26,6 +36,9 @@ class AccuracyReports:
     selection = ("val_accuracy", True)
     loss_name = "cross-entropy"  # in the per-state loss plot's title and the footer
     accuracy_name = "accuracy"  # in the accuracy plot's axis label
+
+    def test_gamma_grid(self, cfg, gamma_train: float) -> list[float]:
+        return test_gamma_grid(gamma_train, cfg.test_gammas)
 
     def run_metrics(self, cfg, test, val, gammas, gamma_train):
         accuracy = [float(c[:, -1].mean()) for c in test["correct"]]

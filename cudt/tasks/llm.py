@@ -52,18 +52,11 @@ from cudt.runner.config import (
     shared,
 )
 from cudt.runner.task import GroupModel, RunBatch, Task, cut_in_batches
-from cudt.tasks.accuracy import AccuracyReports
+from cudt.tasks.accuracy import AccuracyReports, test_gamma_grid
 
-__all__ = ["LLMConfig", "LLMData", "LLMTask", "test_gamma_grid"]
+__all__ = ["LLMConfig", "LLMData", "LLMTask"]
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-TEST_GAMMAS = (0.0, 0.5, 1.0, 1.5, 2.0)
-
-
-def test_gamma_grid(gamma_train: float, explicit=None) -> list[float]:
-    """The test γ grid: ``explicit`` or 0, 0.5, 1, 1.5, 2, with γ_train."""
-    base = explicit if explicit else TEST_GAMMAS
-    return sorted({float(g) for g in base} | {float(gamma_train)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +213,7 @@ class LLMTask(AccuracyReports, Task):
     config_cls = LLMConfig
     loss_name = "token cross-entropy"
     accuracy_name = "mean token accuracy"
+    warmup_cap = 0.25  # the default warm-up: one epoch, at most a quarter of the steps
 
     # -- data ------------------------------------------------------------------------------
     def load(self, cfg) -> LLMData:
@@ -333,12 +327,6 @@ class LLMTask(AccuracyReports, Task):
         """3e-3 for a tiny decoder trained from scratch, 1e-5 to fine-tune a checkpoint."""
         return 3e-3 if cfg.checkpoint is None else 1e-5
 
-    def warmup_steps(self, cfg, steps_per_epoch: int) -> int:
-        """``--warmup-steps``, else one epoch capped at a quarter of the steps."""
-        if cfg.warmup_steps is not None:
-            return cfg.warmup_steps
-        return min(steps_per_epoch, cfg.steps // 4)
-
     def build(self, cfg, data: LLMData, name: str, structure) -> GroupModel:
         dec = data.decoder
         unit = data.noise_unit
@@ -443,9 +431,6 @@ class LLMTask(AccuracyReports, Task):
         return max(test_gamma_grid(cfg.gamma_train, cfg.test_gammas))
 
     # -- evaluation and reports --------------------------------------------------------------
-    def test_gamma_grid(self, cfg, gamma_train: float) -> list[float]:
-        return test_gamma_grid(gamma_train, cfg.test_gammas)
-
     def table_footer(self, runs) -> str:
         lines = ["mean test token accuracy per gamma (final layer):"]
         for r in runs:

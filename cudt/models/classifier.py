@@ -1,4 +1,4 @@
-"""Text classification with perturbed embeddings (the paper's Section 5).
+"""The text classifier for the perturbed-embedding experiments (the paper's Section 5).
 
 A sample is a token sequence (``ids [T]``, ``mask [T]``) with a class label. The input token
 embeddings are perturbed before the first block,
@@ -36,7 +36,6 @@ task of the shared runner.
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 from typing import Any
 
@@ -44,25 +43,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cudt.data.text import TextSplit, TextSplits, tokenize_split
 from cudt.errors import UsageError
 from cudt.models import UT, ut_project
 from cudt.models.encoders import Encoder, load_encoder, minilm_path
-from cudt.runner.hparams import chance_offset
 
 __all__ = [
     "GRANULARITIES",
     "MODELS",
-    "PAPER_DESCENT",
+    "POOLINGS",
+    "Batch",
     "TextClassifier",
-    "TokenizedSplit",
     "build_text_model",
     "cross_entropy",
-    "length_batches",
     "make_layer_losses",
-    "reference_bound",
-    "test_gamma_grid",
-    "tokenize_splits",
 ]
 
 MODELS = ("minilm", "bert", "distilbert", "roberta", "ut")
@@ -70,9 +63,6 @@ GRANULARITIES = ("block", "sublayer")
 POOLINGS = ("first", "mean")
 # The model_type a --checkpoint folder must hold for each --model (ut: any encoder's embeddings).
 _MODEL_TYPES = {"minilm": "bert", "bert": "bert", "distilbert": "distilbert", "roberta": "roberta"}
-# Appendix B.5 / Figure 12: constrained RoBERTa on IMDb, per-sample ratios on the test set.
-PAPER_DESCENT = {"descent_rate": 0.708, "mean_ratio": 0.87, "median_ratio": 0.82}
-PAPER_DESCENT_SOURCE = "paper, constrained RoBERTa on IMDb (Fig. 12)"
 
 
 Batch = dict[str, jax.Array]  # ids [B, T] int32, mask [B, T] float32, labels [B] int32, types?
@@ -307,106 +297,3 @@ def build_text_model(
         pooling=pooling,
         head_norm=head_norm,
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Tokenized data and evaluation
-# --------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class TokenizedSplit:
-    """A tokenized split: ``ids``, ``mask`` ``[N, T]``, ``labels`` ``[N]``, ``types`` or None."""
-
-    ids: np.ndarray
-    mask: np.ndarray
-    labels: np.ndarray
-    types: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return self.ids.shape[0]
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return self.mask.sum(axis=1)
-
-    def batch(self, index: np.ndarray | None = None, length: int | None = None) -> Batch:
-        """The rows ``index`` (all by default), cut to the first ``length`` tokens."""
-        index = np.arange(len(self)) if index is None else index
-        t = self.ids.shape[1] if length is None else length
-        out = {
-            "ids": jnp.asarray(self.ids[index, :t]),
-            "mask": jnp.asarray(self.mask[index, :t], jnp.float32),
-            "labels": jnp.asarray(self.labels[index]),
-        }
-        if self.types is not None:
-            out["types"] = jnp.asarray(self.types[index, :t])
-        return out
-
-
-def tokenize_splits(
-    model: TextClassifier, data: TextSplits, max_length: int
-) -> dict[str, TokenizedSplit]:
-    """Tokenizes train / val / test with the model's tokenizer (pairs use its pair template)."""
-    out = {}
-    for name in ("train", "val", "test"):
-        split: TextSplit = getattr(data, name)
-        arrays = tokenize_split(
-            model.encoder, split, max_length, return_token_type_ids=model.uses_token_types
-        )
-        types = arrays[2] if model.uses_token_types else None
-        out[name] = TokenizedSplit(arrays[0], arrays[1], np.asarray(split.labels, np.int32), types)
-    return out
-
-
-def length_batches(lengths: np.ndarray, batch_size: int, max_length: int, multiple: int = 16):
-    """Batches of examples of similar length: ``(index [batch_size], count, padded length)``.
-
-    Sorting by length and cutting each batch to its longest example (rounded up to ``multiple``)
-    skips most padding; the last batch is filled with repeats of its first row so every batch
-    has the same size (one compiled program per padded length).
-    """
-    order = np.argsort(lengths, kind="stable")
-    for start in range(0, order.size, batch_size):
-        index = order[start : start + batch_size]
-        count = index.size
-        length = min(max_length, multiple * math.ceil(max(int(lengths[index].max()), 1) / multiple))
-        if count < batch_size:
-            index = np.concatenate([index, np.full(batch_size - count, index[0])])
-        yield index, count, length
-
-
-def test_gamma_grid(gamma_train: float, explicit=None) -> list[float]:
-    """The test γ grid: ``explicit`` or 0, 0.5, 1, 1.5, 2 (γ > γ_train is OOD), with γ_train.
-
-    A fixed grid, so the accuracy AUC is comparable across γ_train (the paper's Table 4 AUCs,
-    at most about 2, suggest a [0, 2] range too).
-    """
-    base = explicit if explicit else (0.0, 0.5, 1.0, 1.5, 2.0)
-    return sorted({float(g) for g in base} | {float(gamma_train)})
-
-
-def reference_bound(reference: str | float | None, num_classes: int) -> float | None:
-    """The bound C of ``E ℓ_0 <= C``: ``"chance"`` is ln(num_classes), the cross-entropy of a
-    uniform guess, ``"chance+X"`` that plus X (the paper's C = 1.0 on binary IMDb is about
-    chance+0.3); ``"none"`` / None drops the constraint; anything else is a number.
-
-    Without it the cheapest way to satisfy ``ℓ_1 <= (1 − ε) ℓ_0`` is to make state 0 worse:
-    the first token of the embedding output carries no information about the label, so the
-    head can only raise ℓ_0 above chance, and the multiplier of layer 1 pays it to.
-    """
-    if reference is None or str(reference).lower() == "none":
-        return None
-    offset = chance_offset(reference)
-    if offset is not None:
-        return float(np.log(num_classes)) + offset
-    try:
-        value = float(reference)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value):
-        raise UsageError(
-            f"--reference must be chance, chance+X (X >= 0), none or a finite number, got "
-            f"{reference}"
-        )
-    return value

@@ -1,0 +1,179 @@
+"""Text classification data for the perturbed-embedding experiments: synthetic, IMDb, MNLI.
+
+A split is a :class:`TextSplit` of raw strings (one text, or a premise/hypothesis pair, per
+example) and int32 labels; :func:`tokenize_split` turns it into ``(ids, mask)`` with the encoder's
+tokenizer, the encoder maps ids to the embeddings that get perturbed.
+
+Pipeline::
+
+    source train split --seeded subset (num_train)--> pool --seeded val_fraction--> train / val
+    source test split  --seeded subset (num_test)-->  test
+    TextSplit --tokenize_split(encoder, split, max_length)--> ids [N, T] int32, mask [N, T] int32
+
+Sources (``load_text_data(dataset=...)``):
+
+* ``"synthetic"`` (default, no download): :func:`synthetic_sentiment`, generated mini movie
+  reviews whose binary label follows from their content by the rule in
+  :func:`synthetic_sentiment_score` (negation, intensifiers, contrast clauses, neutral filler).
+* ``"imdb"``: TFDS ``imdb_reviews/plain_text`` (25k train / 25k test reviews, neg/pos).
+* ``"mnli"``: TFDS ``glue/mnli`` (premise/hypothesis pairs; entailment/neutral/contradiction);
+  *test* is ``validation_matched`` (the GLUE test labels are hidden).
+* ``"aclimdb"``: the raw Stanford folder ``aclImdb/{train,test}/{pos,neg}/*.txt``, the same
+  reviews as ``"imdb"`` without TFDS.
+
+TFDS data is read from a prepared ``data_dir`` (``DATA_DIR/imdb_reviews/plain_text/1.0.0/``,
+``DATA_DIR/glue/mnli/2.0.0/``) without TensorFlow: ``array_record`` and ``parquet`` through
+``tfds``' own data sources, and ``tfrecord`` (what ``tfds build`` writes by default) through a
+small TFRecord reader (:mod:`cudt.data.text.tfds`); the serialized examples are decoded by
+``tfds``' numpy parser either way. Nothing is downloaded unless ``download=True``.
+
+Modules: :mod:`~cudt.data.text.tokenized` (splits, tokens, length batches),
+:mod:`~cudt.data.text.generated` (generated reviews and their word lists),
+:mod:`~cudt.data.text.aclimdb` (the aclImdb folder), :mod:`~cudt.data.text.tfds` (TFDS without
+TensorFlow), :mod:`~cudt.data.text.nli` (generated NLI pairs, tiny prepared-TFDS datasets).
+:func:`load_text_data` is here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cudt.data.text.aclimdb import _ACLIMDB_HINT, read_aclimdb, write_aclimdb
+from cudt.data.text.generated import (
+    _unique_synthetic,
+    imdb_like_review,
+    imdb_like_reviews,
+    synthetic_sentiment,
+    synthetic_sentiment_score,
+)
+from cudt.data.text.tfds import _TFDS, _load_tfds, load_tfds_text
+from cudt.data.text.tokenized import (
+    TextSplit,
+    TextSplits,
+    TokenizedSplit,
+    length_batches,
+    tokenize_split,
+    tokenize_splits,
+)
+from cudt.errors import DataError
+
+__all__ = [
+    "TEXT_DATASETS",
+    "TextSplit",
+    "TextSplits",
+    "TokenizedSplit",
+    "imdb_like_review",
+    "imdb_like_reviews",
+    "length_batches",
+    "load_text_data",
+    "load_tfds_text",
+    "read_aclimdb",
+    "synthetic_sentiment",
+    "synthetic_sentiment_score",
+    "tokenize_split",
+    "tokenize_splits",
+    "write_aclimdb",
+]
+
+TEXT_DATASETS: tuple[str, ...] = ("synthetic", "imdb", "mnli", "aclimdb")
+
+# Default sizes when num_train / num_test are not given: synthetic always, the real datasets use
+# everything when None is passed explicitly.
+_DEFAULT_NUM_TRAIN = 4000
+_DEFAULT_NUM_TEST = 1000
+_SYNTHETIC_LABEL_NAMES = ("negative", "positive")
+
+
+# --------------------------------------------------------------------------------------------------
+# All splits
+# --------------------------------------------------------------------------------------------------
+
+
+def _split_val(pool: TextSplit, val_fraction: float, seed: int) -> tuple[TextSplit, TextSplit]:
+    """Seeded random ``(train, val)`` split of ``pool``: ``round(val_fraction * N)`` go to val (at
+    least one when ``val_fraction > 0``), each part keeps the pool's order."""
+    n = len(pool)
+    n_val = int(round(val_fraction * n))
+    if val_fraction > 0:
+        n_val = max(n_val, 1)
+    if n - n_val < 1:
+        raise DataError(
+            f"a training pool of {n} examples is too small to hold out val_fraction="
+            f"{val_fraction}: use more training examples or a smaller val_fraction"
+        )
+    perm = np.random.default_rng([seed, 1]).permutation(n)
+    return pool.take(np.sort(perm[n_val:])), pool.take(np.sort(perm[:n_val]))
+
+
+def load_text_data(
+    dataset: str = "synthetic",
+    data_dir: str | Path | None = None,
+    *,
+    download: bool = False,
+    num_train: int | None = _DEFAULT_NUM_TRAIN,
+    num_test: int | None = _DEFAULT_NUM_TEST,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+) -> TextSplits:
+    """Train / val / test text splits of one source.
+
+    ``num_train`` examples are drawn (seeded) from the source's training split into a pool, of
+    which ``val_fraction`` (rounded) is held out as *val* and the rest is *train* (so
+    ``num_train=2000, val_fraction=0.1`` gives 1800 / 200). ``num_test`` examples are drawn from
+    the source's test split. ``None`` means all of it (``synthetic``: the defaults, 4000 / 1000).
+
+    * ``"synthetic"``: :func:`synthetic_sentiment`, pool from stream 0 and test from stream 1
+      with repeated texts skipped, so no review is in two splits; ``data_dir`` is not used.
+    * ``"imdb"`` / ``"mnli"``: :func:`load_tfds_text` from ``data_dir``; IMDb ``train`` ->
+      train/val, ``test`` -> test; MNLI ``train`` -> train/val, ``validation_matched`` -> test.
+      ``download=True`` downloads and prepares missing data (otherwise missing data is a
+      :class:`DataError` naming the fix).
+    * ``"aclimdb"``: :func:`read_aclimdb` on ``data_dir``: ``train`` -> train/val, ``test`` ->
+      test.
+    """
+    if dataset not in TEXT_DATASETS:
+        raise DataError(f"unknown dataset {dataset!r}: valid names are {', '.join(TEXT_DATASETS)}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}: pass e.g. 0.1")
+    for name, value in (("num_train", num_train), ("num_test", num_test)):
+        if value is not None and value < 1:
+            raise DataError(f"{name} must be >= 1 or None, got {value}: pass a positive count")
+
+    if dataset == "synthetic":
+        n_train = _DEFAULT_NUM_TRAIN if num_train is None else num_train
+        n_test = _DEFAULT_NUM_TEST if num_test is None else num_test
+        pool = _unique_synthetic(n_train, seed, 0, set())
+        test = _unique_synthetic(n_test, seed, 1, set(pool.texts))
+        label_names = _SYNTHETIC_LABEL_NAMES
+        source = f"synthetic sentiment reviews (seed={seed}, pool={n_train}, test={n_test})"
+    elif dataset == "aclimdb":
+        if data_dir is None:
+            raise DataError(f"dataset 'aclimdb' needs data_dir: {_ACLIMDB_HINT}")
+        pool = read_aclimdb(data_dir, "train", max_examples=num_train, seed=seed)
+        test = read_aclimdb(data_dir, "test", max_examples=num_test, seed=seed)
+        label_names = ("neg", "pos")
+        source = f"aclImdb folder {data_dir}: train {len(pool)}, test {len(test)} (seed={seed})"
+    else:
+        spec = _TFDS[dataset]
+        pool, where, n_pool = _load_tfds(
+            dataset, data_dir, spec.train, download=download, max_examples=num_train, seed=seed
+        )
+        test, _, n_test = _load_tfds(
+            dataset, data_dir, spec.test, download=download, max_examples=num_test, seed=seed
+        )
+        label_names = spec.label_names
+        source = (
+            f"TFDS {where}: {spec.train} {len(pool)} of {n_pool} -> train/val, {spec.test} "
+            f"{len(test)} of {n_test} -> test (seed={seed})"
+        )
+    train, val = _split_val(pool, val_fraction, seed)
+    return TextSplits(
+        train=train,
+        val=val,
+        test=test,
+        num_classes=len(label_names),
+        label_names=label_names,
+        source=source,
+    )

@@ -1,0 +1,124 @@
+"""The Stanford aclImdb folder ``aclImdb/{train,test}/{neg,pos}/<id>_<rating>.txt``: its reader
+(:func:`read_aclimdb`) and a writer of splits in that layout (:func:`write_aclimdb`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from cudt.data.text.tokenized import TextSplit
+from cudt.errors import DataError
+
+__all__ = ["read_aclimdb", "write_aclimdb"]
+
+
+def write_aclimdb(
+    root: str | Path,
+    train: TextSplit,
+    test: TextSplit,
+    *,
+    ratings: tuple[Sequence[int], Sequence[int]] | None = None,
+) -> Path:
+    """Write two binary splits in the Stanford layout ``root/aclImdb/{train,test}/{neg,pos}/
+    <id>_<rating>.txt`` (what :func:`read_aclimdb` reads) and return the ``aclImdb`` folder.
+
+    ``ratings`` (per split, 1-10) name the files as the real archive does; without them
+    negative reviews get rating 1 and positive ones 10. Texts are written as given (UTF-8).
+    """
+    base = Path(root).expanduser() / "aclImdb"
+    for name, split, split_ratings in (
+        ("train", train, None if ratings is None else ratings[0]),
+        ("test", test, None if ratings is None else ratings[1]),
+    ):
+        if split.pairs is not None or (len(split) and int(split.labels.max()) > 1):
+            raise DataError(
+                f"write_aclimdb writes binary single-text splits; the {name} split has pairs or "
+                "labels above 1: pass neg (0) / pos (1) reviews"
+            )
+        for folder in ("neg", "pos"):
+            (base / name / folder).mkdir(parents=True, exist_ok=True)
+        for i, (text, label) in enumerate(zip(split.texts, split.labels, strict=True)):
+            rating = (10 if label else 1) if split_ratings is None else int(split_ratings[i])
+            path = base / name / ("pos" if label else "neg") / f"{i}_{rating}.txt"
+            path.write_text(text, encoding="utf-8")
+    return base
+
+
+# --------------------------------------------------------------------------------------------------
+# aclImdb folder
+# --------------------------------------------------------------------------------------------------
+
+_ACLIMDB_HINT = (
+    "download aclImdb_v1.tar.gz from https://ai.stanford.edu/~amaas/data/sentiment/ and extract "
+    "it, then pass the aclImdb folder (or its parent) as data_dir"
+)
+
+
+def _clean_review(text: str) -> str:
+    """IMDb reviews carry HTML line breaks (``<br />``): replace them, collapse whitespace."""
+    text = re.sub(r"<br\s*/?>", " ", text, flags=re.IGNORECASE)
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _subsample(n: int, max_examples: int | None, seed: int) -> np.ndarray:
+    """Indices to keep: all (in order), or a seeded random ``max_examples`` of them (sorted)."""
+    if max_examples is not None and max_examples < 0:
+        raise DataError(f"max_examples must be >= 0 or None, got {max_examples}: pass a count")
+    if max_examples is None or max_examples >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).permutation(n)[:max_examples])
+
+
+def read_aclimdb(
+    root: str | Path, split: str, *, max_examples: int | None = None, seed: int = 0
+) -> TextSplit:
+    """Read ``aclImdb/{train,test}/{neg,pos}/*.txt`` (labels 0 neg, 1 pos).
+
+    ``root`` is the ``aclImdb`` folder or its parent. Files are taken in name order, ``neg``
+    first; ``max_examples`` keeps a seeded random subset (only those files are read). ``<br />``
+    tags are replaced by spaces. The ``unsup`` folder is ignored.
+    """
+    if split not in ("train", "test"):
+        raise DataError(f"aclImdb split must be 'train' or 'test', got {split!r}: pass one of them")
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise DataError(f"aclImdb folder '{root}' {what}: {_ACLIMDB_HINT}")
+    if (root / "aclImdb").is_dir():
+        root = root / "aclImdb"
+    split_dir = root / split
+    if not split_dir.is_dir():
+        raise DataError(
+            f"no {split}/ folder in '{root}' (expected aclImdb/{split}/{{neg,pos}}): "
+            f"{_ACLIMDB_HINT}"
+        )
+    files: list[Path] = []
+    labels: list[int] = []
+    for label, name in enumerate(("neg", "pos")):
+        folder = split_dir / name
+        if not folder.is_dir():
+            raise DataError(
+                f"no {name}/ folder in '{split_dir}' (expected {split}/neg and {split}/pos): "
+                f"{_ACLIMDB_HINT}"
+            )
+        found = sorted(p for p in folder.glob("*.txt") if not p.name.startswith("."))
+        if not found:
+            raise DataError(f"no .txt reviews in '{folder}': {_ACLIMDB_HINT}")
+        files += found
+        labels += [label] * len(found)
+    keep = _subsample(len(files), max_examples, seed)
+    texts = []
+    for i in keep:
+        try:
+            raw = files[i].read_bytes().decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise DataError(
+                f"'{files[i]}' is not UTF-8 ({err.reason} at byte {err.start}): re-extract "
+                "aclImdb_v1.tar.gz or re-save the file as UTF-8"
+            ) from err
+        texts.append(_clean_review(raw))
+    return TextSplit(texts=tuple(texts), pairs=None, labels=np.asarray(labels)[keep])

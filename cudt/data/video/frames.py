@@ -1,0 +1,364 @@
+"""Reading the real video datasets from disk: frame folders (UCSD, extracted frames) and the
+datasets stored as ``.avi`` files (CUHK Avenue, ShanghaiTech) in the layout their archives extract.
+
+Frame folders are read with PIL; ``.avi`` files are decoded by :mod:`cudt.data.video.avi`, imported
+only when such a dataset is read. Both give grayscale ``[F, size, size]`` float32 in ``[0, 1]``.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from cudt.errors import DataError
+
+__all__ = [
+    "DATASETS",
+    "IMAGE_SUFFIXES",
+    "VIDEO_SUFFIX",
+    "load_frame_folders",
+    "load_videos",
+]
+
+DATASETS: tuple[str, ...] = ("synthetic", "ucsd", "frames", "avenue", "shanghaitech")
+IMAGE_SUFFIXES: frozenset[str] = frozenset({".tif", ".tiff", ".png", ".jpg", ".jpeg", ".bmp"})
+VIDEO_SUFFIX = ".avi"
+# The training-video folder that identifies each dataset stored as video files.
+_VIDEO_MARKERS = {"avenue": ("training_videos",), "shanghaitech": ("training", "videos")}
+
+# Split-folder names as shipped by UCSD (Train/Test) and by the common extracted-frames layouts
+# (train/test, training/testing); matched case-insensitively.
+_SPLIT_NAMES = {"train": "train", "training": "train", "test": "test", "testing": "test"}
+
+_EXPECTED_LAYOUT = {
+    "ucsd": "root/UCSDped2/Train/Train001/001.tif "
+    "(or root = UCSDped2, or a folder with Train/Test)",
+    "frames": "root/{train,test}/<video>/<frame>.{tif,png,jpg,bmp} "
+    "(training/testing and a frames/ level are accepted)",
+    "avenue": "root/training_videos/01.avi and root/testing_videos/01.avi "
+    "(root = 'Avenue Dataset' or the folder holding it)",
+    "shanghaitech": "root/training/videos/01_001.avi and root/testing/frames/01_0014/000.jpg "
+    "(root = shanghaitech or the folder holding it)",
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Frame folders
+# --------------------------------------------------------------------------------------------------
+
+
+def _natural_key(path: Path) -> tuple:
+    """Sort ``2.tif`` before ``10.tif``: digit runs compare as numbers."""
+    parts = re.split(r"(\d+)", path.name.lower())
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
+
+
+def _visible_dirs(folder: Path) -> list[Path]:
+    return sorted(
+        (p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")),
+        key=_natural_key,
+    )
+
+
+def _split_dirs(folder: Path) -> dict[str, list[Path]]:
+    found: dict[str, list[Path]] = {"train": [], "test": []}
+    for child in _visible_dirs(folder):
+        split = _SPLIT_NAMES.get(child.name.lower())
+        if split is not None:
+            found[split].append(child)
+    return found
+
+
+def _video_dirs(split_dir: Path) -> list[Path]:
+    """Video folders of one split; UCSD ``*_gt`` mask folders are not videos."""
+    dirs = [p for p in _visible_dirs(split_dir) if not p.name.lower().endswith("_gt")]
+    # The common extracted layout has one more level: training/frames/<video>/.
+    if len(dirs) == 1 and dirs[0].name.lower() == "frames":
+        return _video_dirs(dirs[0])
+    return dirs
+
+
+def _read_video(folder: Path, size: int, max_frames: int | None, min_frames: int = 1) -> np.ndarray:
+    """``[F, size, size]`` float32 in ``[0, 1]`` from one folder of frames."""
+    files = sorted(
+        (
+            p
+            for p in folder.iterdir()
+            if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_SUFFIXES
+        ),
+        key=_natural_key,
+    )
+    if not files:
+        others = sorted(
+            {p.suffix.lower() or p.name for p in folder.iterdir() if not p.name.startswith(".")}
+        )
+        found = f", only {', '.join(others[:3])} files" if others else ""
+        raise DataError(
+            f"video folder '{folder}' has no image frames "
+            f"({', '.join(sorted(IMAGE_SUFFIXES))}){found}: point data_dir at a video dataset "
+            "of frame folders, or extract this video's frames there"
+        )
+    if max_frames is not None:
+        files = files[:max_frames]
+    if len(files) < min_frames:
+        raise DataError(
+            f"video folder '{folder}' has {len(files)} frames, too few frames for one sequence "
+            f"of seq_len={min_frames}: pass a smaller --seq-len or remove that folder"
+        )
+    frames = np.empty((len(files), size, size), np.float32)
+    first_size: tuple[int, int] | None = None
+    for i, path in enumerate(files):
+        try:
+            # PIL warns (e.g. "Corrupt EXIF data") on stderr about files it can still decode or
+            # is about to refuse; a frame either decodes or raises the one DataError below.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with Image.open(path) as im:
+                    gray = im.convert("L")  # forces the decode, so truncated files fail here
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+            if isinstance(exc, UnidentifiedImageError):
+                reason = "not an image file PIL can read"
+            else:
+                reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise DataError(
+                f"cannot decode frame '{path}' ({reason}): re-extract that frame or delete the file"
+            ) from exc
+        if first_size is None:
+            first_size = gray.size
+        elif gray.size != first_size:
+            raise DataError(
+                f"frames in video folder '{folder}' differ in size: {files[0].name} is "
+                f"{first_size[0]}x{first_size[1]} but {path.name} is "
+                f"{gray.size[0]}x{gray.size[1]}; "
+                "re-extract the video so all its frames have one size"
+            )
+        gray = gray.resize((size, size), Image.Resampling.BILINEAR)
+        frames[i] = np.asarray(gray, dtype=np.float32) / np.float32(255.0)
+    return frames
+
+
+def _existing_root(root, dataset: str) -> Path:
+    """``root`` as a Path, or a DataError naming the expected layout when it is no folder."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise DataError(
+            f"data folder '{root}' {what}: pass data_dir pointing at the extracted dataset "
+            f"(expected {_EXPECTED_LAYOUT[dataset]})"
+        )
+    return root
+
+
+def load_frame_folders(
+    root: str | Path,
+    *,
+    dataset: str = "ucsd",
+    size: int = 160,
+    max_videos: int | None = None,
+    max_frames: int | None = None,
+    min_frames: int = 1,
+) -> dict[str, list[np.ndarray]]:
+    """Read train/test videos stored as folders of frames.
+
+    Layouts (folder names matched case-insensitively; hidden entries, ``*_gt`` folders and
+    non-image files are skipped; frames sorted in natural order, ``2.tif`` before ``10.tif``):
+
+    * ``dataset="ucsd"``: ``root/UCSDped1|UCSDped2/Train/Train001/001.tif`` (every ``UCSDped*``
+      folder found is read, in name order: point ``root`` at ``UCSDped2`` to read only Ped2), or
+      ``root`` itself holding ``Train``/``Test``.
+    * ``dataset="frames"``: ``root/{train,test}/<video>/<frame>.{tif,png,jpg,...}``; ``training``/
+      ``testing`` and an extra ``frames/`` level (``training/frames/01/0000.jpg``) are accepted, as
+      is one dataset folder in between (``root/avenue/training/...``).
+
+    Each frame is converted to grayscale ``L``, resized to ``size x size`` (bilinear) and scaled by
+    1/255. ``max_videos`` caps the videos per split, ``max_frames`` the frames per video (the first
+    ones); a video with fewer than ``min_frames`` frames is refused (naming its folder).
+
+    Returns:
+        ``{"train": [[F, size, size] float32, ...], "test": [...]}``; a split without a folder is an
+        empty list.
+    """
+    if dataset not in ("ucsd", "frames"):
+        raise DataError(
+            f"load_frame_folders reads dataset 'ucsd' or 'frames', got {dataset!r}: "
+            "pass one of them"
+        )
+    root = _existing_root(root, dataset)
+    splits = _split_dirs(root)
+    if not splits["train"] and not splits["test"]:
+        # One level down: UCSDped1/UCSDped2 (ucsd), or one dataset folder (frames).
+        nested = [d for d in _visible_dirs(root) if any(_split_dirs(d).values())]
+        if dataset == "ucsd":
+            nested = [d for d in nested if d.name.lower().startswith("ucsdped")] or nested
+        elif len(nested) > 1:
+            names = ", ".join(d.name for d in nested)
+            raise DataError(
+                f"several datasets under '{root}' ({names}): point data_dir at one of them"
+            )
+        for d in nested:
+            for split, dirs in _split_dirs(d).items():
+                splits[split].extend(dirs)
+
+    out: dict[str, list[np.ndarray]] = {"train": [], "test": []}
+    for split, dirs in splits.items():
+        videos = [v for d in dirs for v in _video_dirs(d)]
+        if max_videos is not None:
+            videos = videos[:max_videos]
+        out[split] = [_read_video(v, size, max_frames, min_frames) for v in videos]
+    if not out["train"] and not out["test"]:
+        raise DataError(
+            f"no video folders found under '{root}': expected {_EXPECTED_LAYOUT[dataset]}; "
+            "extract the dataset in that layout or point data_dir at the right folder"
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Video files: CUHK Avenue, ShanghaiTech
+# --------------------------------------------------------------------------------------------------
+
+
+def _child_dir(folder: Path, *names: str) -> Path | None:
+    """``folder/names[0]/names[1]/...`` matched case-insensitively among visible folders."""
+    for name in names:
+        match = [d for d in _visible_dirs(folder) if d.name.lower() == name]
+        if not match:
+            return None
+        folder = match[0]
+    return folder
+
+
+def _dataset_root(root: Path, dataset: str, marker: tuple[str, ...]) -> Path | None:
+    """``root`` if it holds ``marker`` (a folder path), else its one child that does."""
+    if _child_dir(root, *marker) is not None:
+        return root
+    found = [d for d in _visible_dirs(root) if _child_dir(d, *marker) is not None]
+    if len(found) > 1:
+        names = ", ".join(d.name for d in found)
+        raise DataError(
+            f"several {dataset} datasets under '{root}' ({names}): point data_dir at one of them"
+        )
+    return found[0] if found else None
+
+
+def _video_files(folder: Path) -> list[Path]:
+    """The ``.avi`` files of ``folder`` in natural order; hidden (``.*``, ``._*``) and other
+    files are skipped; none is an error naming what was there."""
+    visible = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
+    files = sorted((p for p in visible if p.suffix.lower() == VIDEO_SUFFIX), key=_natural_key)
+    if not files:
+        others = sorted({p.suffix.lower() or p.name for p in visible})
+        found = f", only {', '.join(others[:3])} files" if others else ""
+        raise DataError(
+            f"no {VIDEO_SUFFIX} videos in '{folder}' (hidden files skipped){found}: put the "
+            "dataset's videos there or point data_dir at the extracted dataset"
+        )
+    return files
+
+
+def _layout_error(root: Path, dataset: str) -> DataError:
+    """No ``dataset`` layout under ``root``: name the folder expected, and a wrong dataset name."""
+    hint = ""
+    for other, marker in _VIDEO_MARKERS.items():
+        candidates = [root, *_visible_dirs(root)]
+        if other != dataset and any(_child_dir(d, *marker) for d in candidates):
+            hint = f" (this looks like the {other} layout: pass dataset {other!r})"
+    return DataError(
+        f"no {'/'.join(_VIDEO_MARKERS[dataset])}/ folder under '{root}' or its subfolders{hint}: "
+        f"expected the {dataset} layout {_EXPECTED_LAYOUT[dataset]}; point data_dir at the "
+        "extracted dataset"
+    )
+
+
+def load_videos(
+    root: str | Path,
+    *,
+    dataset: str = "ucsd",
+    size: int = 160,
+    max_videos: int | None = None,
+    max_frames: int | None = None,
+    min_frames: int = 1,
+) -> dict[str, list[np.ndarray]]:
+    """Train/test videos of a real dataset in the layout its archive extracts to.
+
+    * ``"ucsd"``, ``"frames"``: :func:`load_frame_folders`.
+    * ``"avenue"`` (CUHK Avenue): ``root/training_videos/01.avi ...`` and
+      ``root/testing_videos/01.avi ...``; ``root`` may also be the folder holding
+      ``Avenue Dataset/``. The ground truth beside them (``training_vol/``, ``testing_vol/``,
+      ``testing_label_mask/``, ``ground_truth_demo/``) is ignored.
+    * ``"shanghaitech"``: ``root/training/videos/01_001.avi ...`` and
+      ``root/testing/frames/01_0014/000.jpg ...`` (one frame folder per test clip, frames in
+      numeric order); ``root`` may also be the folder holding ``shanghaitech/``. The masks
+      (``testing/test_frame_mask/``, ``testing/test_pixel_mask/``) are ignored.
+
+    Folder names match case-insensitively; videos are read in natural name order; hidden files
+    (``.DS_Store``, AppleDouble ``._01.avi``) and other non-video files are skipped. ``.avi`` files
+    are decoded with PyAV (:func:`cudt.data.video.avi.read_avi`), frame folders as for UCSD; both give
+    grayscale ``[F, size, size]`` float32 in ``[0, 1]``. ``max_videos`` caps the videos per split,
+    ``max_frames`` the frames per video (the first ones); a video with fewer than ``min_frames``
+    frames is refused.
+
+    Returns:
+        ``{"train": [[F, size, size], ...], "test": [...]}``.
+    """
+    if dataset not in DATASETS or dataset == "synthetic":
+        raise DataError(
+            f"load_videos reads a real dataset ({', '.join(DATASETS[1:])}), got {dataset!r}: "
+            "pass one of them"
+        )
+    root = _existing_root(root, dataset)
+    if dataset in ("ucsd", "frames"):
+        return load_frame_folders(
+            root,
+            dataset=dataset,
+            size=size,
+            max_videos=max_videos,
+            max_frames=max_frames,
+            min_frames=min_frames,
+        )
+    from cudt.data.video.avi import read_avi  # PyAV loads only for the datasets stored as videos
+
+    def cap(items: list[Path]) -> list[Path]:
+        return items if max_videos is None else items[:max_videos]
+
+    def avi(path: Path) -> np.ndarray:
+        return read_avi(path, size=size, max_frames=max_frames, min_frames=min_frames)
+
+    if dataset == "avenue":
+        base = _dataset_root(root, dataset, _VIDEO_MARKERS[dataset])
+        if base is None:
+            raise _layout_error(root, dataset)
+        test_dir = _child_dir(base, "testing_videos")
+        if test_dir is None:
+            raise DataError(
+                f"no testing_videos/ folder beside '{_child_dir(base, 'training_videos')}': "
+                f"extract the test videos there (expected {_EXPECTED_LAYOUT[dataset]})"
+            )
+        train_files = cap(_video_files(_child_dir(base, "training_videos")))
+        test_files = cap(_video_files(test_dir))
+        return {"train": [avi(p) for p in train_files], "test": [avi(p) for p in test_files]}
+
+    base = _dataset_root(root, dataset, _VIDEO_MARKERS[dataset])
+    if base is None:
+        raise _layout_error(root, dataset)
+    test_dir = _child_dir(base, "testing", "frames")
+    if test_dir is None:
+        raise DataError(
+            f"no testing/frames/ folder in '{base}': extract the test clips' frame folders there "
+            f"(expected {_EXPECTED_LAYOUT[dataset]})"
+        )
+    clips = cap(_visible_dirs(test_dir))
+    if not clips:
+        raise DataError(
+            f"no test clip folders in '{test_dir}': extract the test clips there, one frame "
+            "folder per clip (testing/frames/01_0014/000.jpg)"
+        )
+    train_files = cap(_video_files(_child_dir(base, "training", "videos")))
+    return {
+        "train": [avi(p) for p in train_files],
+        "test": [_read_video(d, size, max_frames, min_frames) for d in clips],
+    }

@@ -1,0 +1,317 @@
+"""Videos to model inputs: split by video, patch-token sequences, the dataset entry point, noise.
+
+A model *sequence* is one patch location followed over ``T`` consecutive frames: ``[T, p*p]``.
+:func:`load_video_data` reads or generates the videos, splits them (:func:`split_videos`,
+:func:`split_train_val`) and cuts each split into sequences (:func:`make_sequences`);
+:func:`perturb` adds the noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cudt.data.video.frames import _EXPECTED_LAYOUT, DATASETS, load_videos
+from cudt.data.video.synthetic import synthetic_videos
+from cudt.errors import DataError
+
+__all__ = [
+    "VAL_FRACTION",
+    "VideoSplits",
+    "load_video_data",
+    "make_sequences",
+    "patchify",
+    "perturb",
+    "split_train_val",
+    "split_videos",
+    "unpatchify",
+]
+
+# Fraction of the training videos (or, with one training video, of its frames) held out as val.
+VAL_FRACTION = 0.15
+
+
+# --------------------------------------------------------------------------------------------------
+# Splits, patches, sequences
+# --------------------------------------------------------------------------------------------------
+
+
+def split_videos(
+    videos: Sequence[np.ndarray] | np.ndarray,
+    fractions: tuple[float, float, float] = (0.7, 0.15, 0.15),
+) -> tuple:
+    """Split by video into ``(train, val, test)``: consecutive runs, in the given order.
+
+    Counts follow ``fractions`` (largest remainder), with at least one video per split. A video is
+    never in two splits. Lists give lists, an array ``[V, ...]`` gives arrays.
+    """
+    n = len(videos)
+    if n < 3:
+        raise DataError(
+            f"need at least 3 videos to split into train/val/test by video, got {n}: "
+            "generate or provide more videos"
+        )
+    frac = np.asarray(fractions, dtype=np.float64)
+    if frac.shape != (3,) or not np.all(frac > 0):
+        raise DataError(
+            f"fractions must be three positive numbers (train, val, test), got {fractions!r}"
+        )
+    exact = frac / frac.sum() * n
+    counts = np.floor(exact).astype(np.int64)
+    for i in np.argsort(-(exact - counts), kind="stable")[: n - counts.sum()]:
+        counts[i] += 1
+    for i in range(3):  # every split gets a video, taken from the largest one
+        if counts[i] == 0:
+            counts[int(np.argmax(counts))] -= 1
+            counts[i] = 1
+    a, b = int(counts[0]), int(counts[0] + counts[1])
+    if isinstance(videos, np.ndarray):
+        return videos[:a], videos[a:b], videos[b:]
+    videos = list(videos)
+    return videos[:a], videos[a:b], videos[b:]
+
+
+def split_train_val(
+    videos: Sequence[np.ndarray], seq_len: int, fraction: float = VAL_FRACTION
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Hold out validation footage from the training videos: ``(train, val)``.
+
+    With ``V >= 2`` videos, *val* is the last ``round(fraction * V)`` videos (at least one, at most
+    ``V - 1``), *train* the others: split by video, in the given (sorted name) order. With a single
+    video of ``F`` frames it is split in time instead: *val* is its last ``max(round(fraction * F),
+    seq_len)`` frames, *train* the frames before, which must hold ``seq_len`` frames too.
+    """
+    videos = list(videos)
+    n = len(videos)
+    if n == 0:
+        raise DataError("split_train_val got no videos: pass at least one training video")
+    if n >= 2:
+        n_val = min(max(1, math.floor(fraction * n + 0.5)), n - 1)
+        return videos[: n - n_val], videos[n - n_val :]
+    video = videos[0]
+    frames = len(video)
+    n_val = max(math.floor(fraction * frames + 0.5), seq_len)
+    if frames - n_val < seq_len:
+        raise DataError(
+            f"the only training video has {frames} frames, too few to split in time into train "
+            f"and val sequences of seq_len={seq_len} (needs {2 * seq_len}): add training videos "
+            "or pass a smaller seq_len"
+        )
+    return [video[: frames - n_val]], [video[frames - n_val :]]
+
+
+def patchify(frames, patch: int = 16):
+    """``[..., H, W] -> [..., (H/p)*(W/p), p*p]``: patches in row-major order, each row-major.
+
+    Works on numpy and jax arrays alike.
+    """
+    *lead, h, w = frames.shape
+    if h % patch or w % patch:
+        raise DataError(
+            f"frame size {h}x{w} is not divisible by patch={patch}: resize frames to a multiple "
+            "of the patch size"
+        )
+    nh, nw = h // patch, w // patch
+    x = frames.reshape(*lead, nh, patch, nw, patch)
+    x = x.swapaxes(-3, -2)  # [..., nh, nw, p, p]
+    return x.reshape(*lead, nh * nw, patch * patch)
+
+
+def unpatchify(patches, height: int, width: int):
+    """Exact inverse of :func:`patchify`: ``[..., N, p*p] -> [..., height, width]``."""
+    *lead, num, pp = patches.shape
+    patch = math.isqrt(pp)
+    if patch * patch != pp:
+        raise DataError(f"patch length {pp} is not a square: pass [..., N, p*p] patches")
+    if height % patch or width % patch or (height // patch) * (width // patch) != num:
+        raise DataError(
+            f"{num} patches of {patch}x{patch} do not tile a {height}x{width} frame: pass the "
+            "height and width the patches came from"
+        )
+    nh, nw = height // patch, width // patch
+    x = patches.reshape(*lead, nh, nw, patch, patch)
+    x = x.swapaxes(-3, -2)  # [..., nh, p, nw, p]
+    return x.reshape(*lead, height, width)
+
+
+def make_sequences(
+    videos: Sequence[np.ndarray] | np.ndarray,
+    seq_len: int,
+    *,
+    stride: int | None = None,
+    patch: int = 16,
+) -> np.ndarray:
+    """Token sequences: one patch location followed over ``seq_len`` consecutive frames.
+
+    Each video ``[F, H, W]`` gives windows starting at ``0, stride, 2*stride, ...`` (``stride``
+    defaults to ``seq_len``: no frame is in two windows), each patchified. Samples are ordered by
+    video, then window, then patch (row-major), so sample ``w * num_patches + k`` of a video is
+    patch ``k`` of frames ``[w*stride, w*stride + seq_len)``.
+
+    Returns:
+        ``[N, seq_len, patch*patch]`` float32 with ``N = sum_v num_windows_v * num_patches``.
+    """
+    stride = seq_len if stride is None else stride
+    if seq_len < 1 or stride < 1:
+        raise DataError(f"seq_len and stride must be >= 1, got {seq_len} and {stride}")
+    if len(videos) == 0:
+        raise DataError("make_sequences got no videos: pass at least one [F, H, W] video")
+    out = []
+    for i, video in enumerate(videos):
+        video = np.asarray(video, dtype=np.float32)
+        if video.ndim != 3:
+            raise DataError(f"video {i} has shape {video.shape}: pass [F, H, W] frames")
+        num_frames = video.shape[0]
+        if num_frames < seq_len:
+            raise DataError(
+                f"video {i} has {num_frames} frames, too few frames for one sequence of "
+                f"seq_len={seq_len}: use a smaller seq_len or drop the short video"
+            )
+        starts = np.arange(0, num_frames - seq_len + 1, stride)  # [W]
+        windows = video[starts[:, None] + np.arange(seq_len)[None, :]]  # [W, T, H, W]
+        tokens = patchify(windows, patch)  # [W, T, Np, P]
+        tokens = tokens.transpose(0, 2, 1, 3)  # [W, Np, T, P]
+        out.append(tokens.reshape(-1, seq_len, patch * patch))
+    return np.ascontiguousarray(np.concatenate(out, axis=0))
+
+
+# --------------------------------------------------------------------------------------------------
+# Datasets
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: arrays have no boolean ==
+class VideoSplits:
+    """Sequences of the three splits and what made them (see :func:`load_video_data`).
+
+    ``train``, ``val``, ``test``: ``[N, T, P]`` float32 clean sequences. ``sigma``: the standard
+    deviation of the clean training pixels (the noise scale is ``gamma * sigma``).
+    """
+
+    train: np.ndarray  # [N_train, T, P]
+    val: np.ndarray  # [N_val, T, P]
+    test: np.ndarray  # [N_test, T, P]
+    sigma: float
+    seq_len: int
+    patch: int
+    frame_size: int
+    source: str
+    frames: dict[str, np.ndarray] | None = None  # split -> [F, H, W] whole frames, if kept
+
+
+def load_video_data(
+    dataset: str = "synthetic",
+    data_dir: str | Path | None = None,
+    *,
+    seq_len: int = 8,
+    num_videos: int = 12,
+    num_frames: int = 48,
+    seed: int = 0,
+    max_videos: int | None = None,
+    max_frames: int | None = None,
+    stride: int | None = None,
+    size: int = 160,
+    patch: int = 16,
+    keep_frames: bool = False,
+) -> VideoSplits:
+    """Videos -> train / val / test videos -> ``[N, seq_len, patch*patch]`` sequences.
+
+    ``keep_frames``: also keep every split's whole frames, ``frames[split] [F, size, size]``
+    (for models that read frames, not patch sequences: the ViT denoiser).
+
+    * ``"synthetic"``: ``num_videos`` clips of ``num_frames`` frames from :func:`synthetic_videos`
+      (``seed``), split 70/15/15 by video.
+    * ``"ucsd"``, ``"frames"``, ``"avenue"``, ``"shanghaitech"``: :func:`load_videos` on
+      ``data_dir``. *test* is every test video; *val* comes from the training videos
+      (:func:`split_train_val`): the last ~15% of them by sorted name (at least one, and at least
+      one left for *train*), or, when there is a single training video, its last ~15% of frames
+      (at least ``seq_len``; split in time). ``max_videos`` caps the videos read per split (before
+      the val split) and ``max_frames`` the frames per video; ``seed`` and
+      ``num_videos``/``num_frames`` are not used.
+    """
+    if dataset not in DATASETS:
+        raise DataError(f"unknown dataset {dataset!r}: valid names are {', '.join(DATASETS)}")
+    if dataset == "synthetic":
+        videos = synthetic_videos(num_videos, num_frames, size=size, seed=seed)
+        train_v, val_v, test_v = split_videos(videos)
+        source = f"synthetic(num_videos={num_videos}, num_frames={num_frames}, seed={seed})"
+    else:
+        if data_dir is None:
+            raise DataError(
+                f"dataset {dataset!r} needs data_dir: pass the folder holding the videos "
+                f"(expected {_EXPECTED_LAYOUT[dataset]})"
+            )
+        try:
+            folders = load_videos(
+                data_dir,
+                dataset=dataset,
+                size=size,
+                max_videos=max_videos,
+                max_frames=max_frames,
+                min_frames=seq_len,
+            )
+        except OSError as e:  # e.g. a folder or frame the user may not read
+            raise DataError(
+                f"cannot read '{e.filename or data_dir}' ({e.strerror or e}): check that data_dir "
+                "and its files are readable"
+            ) from e
+        train_v, test_v = folders["train"], folders["test"]
+        if not train_v:
+            raise DataError(
+                f"no training videos under '{data_dir}': add a Train/ (or train/) folder of "
+                "video folders"
+            )
+        if not test_v:
+            raise DataError(
+                f"need at least 1 test video under '{data_dir}', found 0: add test videos "
+                f"(expected {_EXPECTED_LAYOUT[dataset]})"
+            )
+        train_v, val_v = split_train_val(train_v, seq_len)
+        source = f"{dataset}:{data_dir}"
+    train = make_sequences(train_v, seq_len, stride=stride, patch=patch)
+    val = make_sequences(val_v, seq_len, stride=stride, patch=patch)
+    test = make_sequences(test_v, seq_len, stride=stride, patch=patch)
+    frames = None
+    if keep_frames:
+        frames = {
+            name: np.concatenate([np.asarray(v, np.float32) for v in videos])
+            for name, videos in (("train", train_v), ("val", val_v), ("test", test_v))
+        }
+    return VideoSplits(
+        train=train,
+        val=val,
+        test=test,
+        sigma=float(np.std(train, dtype=np.float64)),
+        seq_len=seq_len,
+        patch=patch,
+        frame_size=size,
+        source=source,
+        frames=frames,
+    )
+
+
+def perturb(x: jax.Array, gamma, sigma, key: jax.Array, first_index=0) -> jax.Array:
+    """``x + gamma * sigma * N(0, 1)``, same shape and dtype as ``x``.
+
+    The noise of sample ``i`` (along the leading axis) is drawn from ``fold_in(key, first_index +
+    i)``, so a sample's noise does not depend on how the data is cut into batches: evaluating in
+    batches of 64 or 512 sees the same noisy inputs. ``gamma`` and ``sigma`` may be traced scalars
+    (jit, vmap over noise levels); ``gamma = 0`` returns ``x`` exactly.
+    """
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise DataError(f"perturb needs a floating-point x, got {x.dtype}: cast the data first")
+    if x.ndim == 0:
+        raise DataError("perturb needs x with a leading sample axis, got a scalar")
+    idx = first_index + jnp.arange(x.shape[0])
+    noise = jax.vmap(
+        lambda i: jax.random.normal(jax.random.fold_in(key, i), x.shape[1:], dtype=x.dtype)
+    )(idx)
+    scale = jnp.asarray(gamma, x.dtype) * jnp.asarray(sigma, x.dtype)
+    return x + scale * noise
