@@ -50,8 +50,12 @@ import numpy as np
 from cudt.data.text.nli import tfds_builder, tiny_splits
 from cudt.errors import DataError
 from cudt.io import atomic_write
+from cudt.paper import figures as figs
 from cudt.paper import job as grid
-from cudt.paper.job import SubRun, fmt, grid_axes, save_figure
+from cudt.paper import rows as table_rows
+from cudt.paper.figures import grid_axes, save_figure
+from cudt.paper.job import SubRun
+from cudt.paper.rows import fmt
 from cudt.runner.config import flag
 from cudt.tasks.text import TextConfig, TextTask
 
@@ -79,7 +83,7 @@ PAPER_LAYERS = {"distilbert": 12, "roberta": 24}
 STAND_IN = {"minilm": "distilbert"}
 GAMMA_TRAINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 UT_LAYERS = (3, 5, 7, 9)
-HPARAMS = grid.HPARAMS
+HPARAMS = table_rows.HPARAMS
 RATIOS_FILE = "ratio_histograms.npz"
 RATIO_EDGES = np.linspace(0.0, 2.5, 101)  # 0.025-wide bins; one more count: r > 2.5
 
@@ -158,7 +162,7 @@ roberta 24 1.0 1.874 1.824 1.783 1.756
 """
 
 
-PAPER_TABLE4 = grid.paper_table(_PAPER_ROWS, DATASETS)  # the paper's order: IMDb, MNLI
+PAPER_TABLE4 = table_rows.paper_table(_PAPER_ROWS, DATASETS)  # the paper's order: IMDb, MNLI
 
 
 # --------------------------------------------------------------------------------------------------
@@ -511,7 +515,7 @@ def best_rows(results: dict[tuple, dict]) -> list[dict]:
     diverged; ``infeasible``: the best infeasible one, flagged)."""
 
     def fields(b: dict, i: int) -> dict[str, Any]:
-        accuracy = [grid.num(v) for v in b["accuracy"]]
+        accuracy = [table_rows.num(v) for v in b["accuracy"]]
         return {
             "auc": float(b["auc"]),
             "acc_at_gamma_train": accuracy[i],
@@ -528,14 +532,14 @@ def best_rows(results: dict[tuple, dict]) -> list[dict]:
     rows = []
     for (dataset, _, _), res in results.items():
         sub_run = Path(res["config"]["out"]).name
-        rows += grid.setting_rows(
+        rows += table_rows.setting_rows(
             res, dataset, sub_run, score="val_auc", higher=True, fields=fields
         )
-    return grid.sort_rows(rows, DATASETS, TABLE_MODELS)
+    return table_rows.sort_rows(rows, DATASETS, TABLE_MODELS)
 
 
 CSV_COLUMNS = (
-    *grid.SETTING_COLUMNS,
+    *table_rows.SETTING_COLUMNS,
     "auc",
     "acc_at_gamma_train",
     "acc_at_max_gamma",
@@ -548,7 +552,7 @@ CSV_COLUMNS = (
     "median_ratio",
     "peak_lambda",
     "seed",
-    *grid.RUN_COLUMNS,
+    *table_rows.RUN_COLUMNS,
 )
 
 
@@ -565,7 +569,7 @@ def _label(model: str, layers: int) -> str:
 def _table_lines(rows, datasets, gammas, *, label_gamma: bool) -> list[str]:
     """Accuracy AUC of constrained and ERM per dataset, the higher bold (both when equal to 3
     decimals)."""
-    return grid.table_lines(
+    return table_rows.table_lines(
         rows,
         NAMES,
         datasets,
@@ -579,7 +583,7 @@ def _table_lines(rows, datasets, gammas, *, label_gamma: bool) -> list[str]:
 
 def headline_markdown(rows, datasets, gamma, test_gammas) -> str:
     """The headline table at γ_train = ``gamma`` (Markdown), with its legend and counts."""
-    idx = grid.index_rows(rows)
+    idx = table_rows.index_rows(rows)
     lines = [
         f"### Table 4: test accuracy AUC over test γ ∈ {{{fmt(test_gammas)}}}, γ_train = {gamma:g}",
         "",
@@ -612,7 +616,7 @@ def paper_direction_markdown(rows, datasets, gamma) -> str:
     table, with constrained minus ERM (:func:`cudt.paper.job.direction_markdown`); MiniLM against
     the paper's DistilBERT-12, the encoder it stands in for. A cell without a feasible
     constrained run reads ``infeasible: C``."""
-    return grid.direction_markdown(
+    return table_rows.direction_markdown(
         rows,
         NAMES,
         datasets,
@@ -638,7 +642,7 @@ def _paper_pair(model: str, L: int, gamma: float, dataset: str) -> tuple[float, 
 # Figures
 # --------------------------------------------------------------------------------------------------
 
-STYLE = grid.STYLE
+STYLE = figs.STYLE
 _NOTE = (
     "best run per setting by validation AUC; dashed: no feasible constrained run (the best "
     "infeasible one shown)"
@@ -647,7 +651,7 @@ _NOTE = (
 
 def _panels(rows, opts):
     """The figures' panels: datasets × the table's (model, L), and each panel's two runs."""
-    idx, g = grid.index_rows(rows), opts.headline_gamma
+    idx, g = table_rows.index_rows(rows), opts.headline_gamma
     cols = _row_models(rows)
 
     def series(d, model, L):
@@ -680,13 +684,13 @@ def plot_fig1(rows, opts, path: Path) -> None:
             for key, row in series(d, model, L):
                 loss = row.get("layer_loss")
                 x = None if loss is None else np.arange(len(loss))
-                grid.draw_line(ax, STYLE[key], row, x, loss, has_value="auc" in row, ms=3)
+                figs.draw_line(ax, STYLE[key], row, x, loss, has_value="auc" in row, ms=3)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             xlabel, ylabel = "state l (0: the perturbed embeddings)", "mean test cross-entropy ℓ_l"
             _finish_panel(ax, d, model, L, j, xlabel, ylabel, fontsize=7)
     g = opts.headline_gamma
     fig.suptitle(f"Fig. 1: mean test loss per layer, γ_train = test γ = {g:g}", fontsize=11)
-    grid.figure_note(fig, _NOTE)
+    figs.figure_note(fig, _NOTE)
     save_figure(fig, path)
 
 
@@ -703,8 +707,8 @@ def plot_fig4(rows, opts, path: Path) -> None:
                 if "auc" in row:
                     style = style | {"label": f"{style['label']} (AUC {row['auc']:.3f})"}
                 x, y = row.get("test_gamma"), row.get("accuracy")
-                grid.draw_line(ax, style, row, x, y, has_value="auc" in row)
-            grid.mark_train_gamma(ax, g, label_y=0.9)
+                figs.draw_line(ax, style, row, x, y, has_value="auc" in row)
+            figs.mark_train_gamma(ax, g, label_y=0.9)
             _finish_panel(
                 ax, d, model, L, j, "test γ", "test accuracy", fontsize=7, loc="lower left"
             )
@@ -712,7 +716,7 @@ def plot_fig4(rows, opts, path: Path) -> None:
         f"Fig. 4: test accuracy vs embedding perturbation, γ_train = {g:g} (dotted; shaded: OOD)",
         fontsize=11,
     )
-    grid.figure_note(fig, _NOTE)
+    figs.figure_note(fig, _NOTE)
     save_figure(fig, path)
 
 
@@ -774,7 +778,7 @@ def plot_fig12(rows, opts, out: Path, path: Path) -> None:
         "dashed: 1 − ε)",
         fontsize=11,
     )
-    grid.figure_note(
+    figs.figure_note(
         fig,
         "every layer and test sample of the best run per setting; paper, constrained RoBERTa on "
         "IMDb: mean 0.87, median 0.82, 70.8% < 1",

@@ -29,8 +29,12 @@ import numpy as np
 from cudt.data.video import archives
 from cudt.errors import DataError, UsageError
 from cudt.models.vit import write_vit_folder
+from cudt.paper import figures as figs
 from cudt.paper import job as grid
-from cudt.paper.job import SubRun, fmt, grid_axes, save_figure
+from cudt.paper import rows as table_rows
+from cudt.paper.figures import grid_axes, save_figure
+from cudt.paper.job import SubRun
+from cudt.paper.rows import fmt
 from cudt.runner.config import flag
 from cudt.tasks.video import CONTROL, VideoConfig, VideoTask, test_gamma_grid
 
@@ -63,7 +67,7 @@ WRITERS = {
     "shanghaitech": archives.write_shanghaitech,
 }
 GAMMA_TRAINS = (0.0, 0.09, 0.11, 0.13, 0.15)
-HPARAMS = grid.HPARAMS
+HPARAMS = table_rows.HPARAMS
 
 # Settings per scale (flags override steps, seeds, batch size, test γ).
 SCALES: dict[str, dict[str, Any]] = {
@@ -135,7 +139,7 @@ vit 12 0.15 6.953 6.865 6.650 6.889 12.695 14.632
 """
 
 
-PAPER_TABLE3 = grid.paper_table(_PAPER_ROWS, ("avenue", "shanghaitech", "ucsd"))  # its order
+PAPER_TABLE3 = table_rows.paper_table(_PAPER_ROWS, ("avenue", "shanghaitech", "ucsd"))  # its order
 
 
 # --------------------------------------------------------------------------------------------------
@@ -366,7 +370,7 @@ def best_rows(results: dict[tuple[str, int], dict]) -> list[dict]:
     or, where no run is eligible, its status (``diverged``: every run diverged; ``infeasible``)."""
 
     def fields(b: dict, i: int) -> dict[str, Any]:
-        rmse = [grid.num(v) for v in b["rmse"]]
+        rmse = [table_rows.num(v) for v in b["rmse"]]
         return {
             "mean_rmse": float(b["mean_rmse"]),
             "rmse_at_gamma_train": rmse[i],
@@ -377,21 +381,21 @@ def best_rows(results: dict[tuple[str, int], dict]) -> list[dict]:
     rows = []
     for (dataset, depth), res in results.items():  # a ViT's depth is its checkpoint's
         sub_run = f"{dataset}-vit" if depth == "vit" else f"{dataset}-L{depth}"
-        rows += grid.setting_rows(
+        rows += table_rows.setting_rows(
             res, dataset, sub_run, score="val_objective", higher=False, fields=fields
         )
-    return grid.sort_rows(rows, sorted(DATASETS), ("dust", CONTROL, "ut", "vit"))  # by name
+    return table_rows.sort_rows(rows, sorted(DATASETS), ("dust", CONTROL, "ut", "vit"))  # by name
 
 
 CSV_COLUMNS = (
-    *grid.SETTING_COLUMNS,
+    *table_rows.SETTING_COLUMNS,
     "mean_rmse",
     "rmse_at_gamma_train",
     "feasible",
     "peak_lambda",
     "val_objective",
     "seed",
-    *grid.RUN_COLUMNS,
+    *table_rows.RUN_COLUMNS,
 )
 
 
@@ -415,7 +419,7 @@ def _table_rows(rows, models, layers) -> list[tuple[str, str, int]]:
 
 def _table_lines(rows, datasets, models, layers, gammas, *, label_gamma: bool) -> list[str]:
     """Mean RMSE of constrained and ERM per dataset, the lower bold."""
-    return grid.table_lines(
+    return table_rows.table_lines(
         rows,
         NAMES,
         datasets,
@@ -429,7 +433,7 @@ def _table_lines(rows, datasets, models, layers, gammas, *, label_gamma: bool) -
 
 def _wins(rows, datasets, models, layers, gamma):
     """(constrained lower, cells with both numbers) per L, over models × datasets."""
-    idx = grid.index_rows(rows)
+    idx = table_rows.index_rows(rows)
     out = {}
     for L in layers:
         wins = both = 0
@@ -474,7 +478,7 @@ def paper_direction_markdown(rows, datasets, models, layers, gamma) -> str:
     (:func:`cudt.paper.job.direction_markdown`); a cell without a feasible constrained run reads
     ``infeasible (C)``."""
     lines = [line for line in _table_rows(rows, models, layers) if line[1] != CONTROL]
-    return grid.direction_markdown(
+    return table_rows.direction_markdown(
         rows,
         NAMES,
         datasets,
@@ -496,7 +500,7 @@ def _paper_pair(model: str, L: int, gamma: float, dataset: str) -> tuple[float, 
 # Figures
 # --------------------------------------------------------------------------------------------------
 
-STYLE = grid.STYLE | {
+STYLE = figs.STYLE | {
     CONTROL: {"color": "tab:green", "marker": "^", "label": "control: ERM, per-layer dict."},
 }
 
@@ -514,11 +518,11 @@ def _series(idx, d, m, L, g):
 
 def _draw(ax, key, row, x, y, ms=4) -> None:
     """One best run as a line (:func:`cudt.paper.job.draw_line`)."""
-    grid.draw_line(ax, STYLE[key], row, x, y, has_value="mean_rmse" in row, ms=ms)
+    figs.draw_line(ax, STYLE[key], row, x, y, has_value="mean_rmse" in row, ms=ms)
 
 
 def _legend_note(fig) -> None:
-    grid.figure_note(
+    figs.figure_note(
         fig,
         "best run per setting by validation RMSE; dashed: no feasible constrained run (the best "
         "infeasible one shown)",
@@ -527,7 +531,7 @@ def _legend_note(fig) -> None:
 
 def plot_fig2(rows, opts, path: Path) -> None:
     """RMSE vs test γ of the best runs at the headline γ_train, L = 3 (or the shallowest)."""
-    idx, g = grid.index_rows(rows), opts.headline_gamma
+    idx, g = table_rows.index_rows(rows), opts.headline_gamma
     shallow = 3 if 3 in opts.layers else min(opts.layers)
     models = [m for m in opts.models if m != CONTROL]
     fig, axes = grid_axes(len(opts.datasets), len(models), w=4.4, h=3.1)
@@ -537,7 +541,7 @@ def plot_fig2(rows, opts, path: Path) -> None:
             L = (_depths(rows, m, opts.layers) or [0])[0] if m == "vit" else shallow
             for key, row in _series(idx, d, m, L, g):
                 _draw(ax, key, row, row.get("test_gamma"), row.get("rmse"))
-            grid.mark_train_gamma(ax, g, label_y=0.04)
+            figs.mark_train_gamma(ax, g, label_y=0.04)
             ax.set_title(f"{NAMES[d]} · {m.upper()}-{L}", fontsize=10)
             ax.set_xlabel("test γ")
             ax.set_ylabel("RMSE (0-255)")
@@ -552,7 +556,7 @@ def plot_fig2(rows, opts, path: Path) -> None:
 
 def plot_fig3(rows, opts, path: Path) -> None:
     """Mean RMSE over the test γ grid vs depth L, per dataset and model, at the headline γ."""
-    idx, g = grid.index_rows(rows), opts.headline_gamma
+    idx, g = table_rows.index_rows(rows), opts.headline_gamma
     models = [m for m in opts.models if m in UNROLLED]  # the ViT's depth is not varied
     layers = sorted(opts.layers)
     fig, axes = grid_axes(len(opts.datasets), len(models), w=4.2, h=3.0)
@@ -599,7 +603,7 @@ def plot_fig3(rows, opts, path: Path) -> None:
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
     fig.suptitle(f"Fig. 3: mean test RMSE vs depth, γ_train = {g:g}", fontsize=11)
-    grid.figure_note(
+    figs.figure_note(
         fig,
         "best run per setting by validation RMSE; hollow: no feasible constrained run (the best "
         "infeasible one shown)",
@@ -609,7 +613,7 @@ def plot_fig3(rows, opts, path: Path) -> None:
 
 def plot_fig7(rows, opts, path: Path) -> None:
     """Mean test loss per layer at the headline γ_train, one panel per (dataset, model) × L."""
-    idx, g = grid.index_rows(rows), opts.headline_gamma
+    idx, g = table_rows.index_rows(rows), opts.headline_gamma
     models = [m for m in opts.models if m in UNROLLED]
     layers = sorted(opts.layers)
     pairs = [(d, m) for d in opts.datasets for m in models]

@@ -1,0 +1,321 @@
+"""The rows of a table job: the best run of each setting, sorted, as CSV, and as Markdown tables
+(constrained vs ERM at one γ_train, and the direction of each cell against the paper's table).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from cudt.io import atomic_write
+from cudt.runner.hparams import SWEEPABLE
+from cudt.runner.report import KINDS
+
+HPARAMS = tuple(n for n in SWEEPABLE if n != "gamma_train")  # what --sweep may name
+
+
+# The CSV's first columns (the setting) and its last (the run shown and how it was chosen);
+# each table puts its own numbers between them.
+SETTING_COLUMNS = ("dataset", "model", "layers", "kind", "gamma_train", "status")
+
+
+RUN_COLUMNS = (*HPARAMS, "runs", "diverged_runs", "infeasible_runs", "label", "sub_run")
+
+
+def finite(values) -> bool:
+    return all(isinstance(v, int) or math.isfinite(v) for v in values)
+
+
+def unique(values) -> tuple:
+    """The values in the order given, each once (a repeated value would be a second sub-run)."""
+    return tuple(dict.fromkeys(values))
+
+
+def fmt(values) -> str:
+    return ",".join(f"{v:g}" for v in values)
+
+
+def num(value) -> float:
+    return math.nan if value is None else float(value)
+
+
+def peak(values) -> float:
+    """The largest multiplier over training (None, a non-finite one in JSON, reads inf)."""
+    vals = [math.inf if v is None else float(v) for v in values]
+    return max(vals) if vals else 0.0
+
+
+def best_of_setting(
+    runs: list[dict], constrained: bool, *, score: str, higher: bool
+) -> tuple[dict | None, dict[str, Any]]:
+    """The run shown for one setting (model, L, kind, γ_train) and its status fields.
+
+    The shown run is the runner's ``best`` mark (the best ``score`` among non-diverged runs that
+    are feasible, for constrained ones); where no constrained run is feasible, the best of the
+    infeasible ones, flagged (``status`` ``infeasible``); None where every run diverged."""
+    best = [r for r in runs if r.get("best")]
+    shown = best
+    if not best and constrained:  # infeasible: still show its best number, flagged
+        alive = [r for r in runs if not r.get("diverged") and math.isfinite(num(r.get(score)))]
+        shown = sorted(alive, key=lambda r: r[score], reverse=higher)[:1]
+    infeasible = sum(
+        (not r.get("diverged")) and constrained and not r.get("feasible") for r in runs
+    )
+    status = {
+        "status": "ok" if best else ("infeasible" if infeasible else "diverged"),
+        "runs": len(runs),
+        "diverged_runs": sum(bool(r.get("diverged")) for r in runs),
+        "infeasible_runs": infeasible,
+    }
+    return (shown[0] if shown else None), status
+
+
+def setting_rows(
+    res: dict, dataset: str, sub_run: str, *, score: str, higher: bool, fields
+) -> list[dict]:
+    """One row per (model, L, kind, γ_train) of one sub-run's ``results.json`` ``res``: its best
+    run (:func:`best_of_setting` by ``score``) and status, and (unless every run diverged) what
+    every table shows of that run; ``fields(best, i)`` adds the table's own numbers of it
+    (``i``: the index of its γ_train in its test γ grid). L is each run's own (a pretrained
+    model's depth is its checkpoint's)."""
+    settings: dict[tuple, list[dict]] = defaultdict(list)
+    for r in res["runs"]:
+        key = (r["model"], int(r["layers"]), r["constrained"], float(r["gamma_train"]))
+        settings[key].append(r)
+    rows = []
+    for (model, layers, constrained, gamma), runs in settings.items():
+        b, status = best_of_setting(runs, constrained, score=score, higher=higher)
+        row = {
+            "dataset": dataset,
+            "model": model,
+            "layers": layers,
+            "kind": KINDS[constrained],
+            "gamma_train": gamma,
+            **status,
+            "sub_run": sub_run,
+        }
+        if b is not None:
+            test_gamma = [float(g) for g in b["test_gamma"]]
+            i = test_gamma.index(gamma)
+            row |= fields(b, i) | {
+                "feasible": bool(b["feasible"]),
+                "peak_lambda": peak(b["max_multipliers"]),
+                "seed": int(b["seed"]),
+                "label": b["label"],
+                **{n: b["hparams"].get(n) for n in HPARAMS},
+                # for the figures (not in the CSV)
+                "test_gamma": test_gamma,
+                "layer_loss": b["layer_loss"][i],
+            }
+        rows.append(row)
+    return rows
+
+
+def sort_rows(rows: list[dict], datasets: Sequence[str], models: Sequence[str]) -> list[dict]:
+    """``rows`` in the CSV's order: by dataset and model (in the order given; an unlisted model
+    last), L, kind, γ_train."""
+    order = {m: i for i, m in enumerate(models)}
+    rows.sort(
+        key=lambda r: (
+            datasets.index(r["dataset"]),
+            order.get(r["model"], 9),
+            r["layers"],
+            r["kind"],
+            r["gamma_train"],
+        )
+    )
+    return rows
+
+
+def csv_text(rows: Iterable[dict], columns: Sequence[str]) -> str:
+    """Long-format CSV of ``rows`` (one best run each): floats to 6 significant digits."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        cells = {}
+        for k in columns:
+            v = row.get(k)
+            if v is None:
+                cells[k] = ""
+            elif isinstance(v, float):
+                cells[k] = "inf" if math.isinf(v) else f"{v:.6g}"
+            else:
+                cells[k] = v
+        writer.writerow(cells)
+    return buf.getvalue()
+
+
+def write_text(path: Path, text: str) -> None:
+    data = text.encode()
+    atomic_write(path, lambda f: f.write(data))
+
+
+def paper_table(text: str, datasets: Sequence[str]) -> dict[tuple[str, int, float, str], tuple]:
+    """A paper's table typed as lines ``model L γ_train c₁ e₁ c₂ e₂ ...``: one (constrained,
+    ERM) pair per dataset, in the paper's column order ``datasets``; keyed by
+    ``(model, L, γ_train, dataset)``."""
+    table = {}
+    for line in text.strip().splitlines():
+        model, layers, gamma, *values = line.split()
+        v = [float(x) for x in values]
+        for i, dataset in enumerate(datasets):
+            table[(model, int(layers), float(gamma), dataset)] = (v[2 * i], v[2 * i + 1])
+    return table
+
+
+def index_rows(rows: Iterable[dict]) -> dict[tuple, dict]:
+    """``{(dataset, model, L, kind, γ_train): row}``."""
+    return {(r["dataset"], r["model"], r["layers"], r["kind"], r["gamma_train"]): r for r in rows}
+
+
+def _cell(row: dict | None, metric: str) -> str:
+    if row is None:
+        return "—"
+    if row["status"] == "ok":
+        return f"{row[metric]:.3f}"
+    if metric in row:  # infeasible: the best of the infeasible runs, not eligible
+        return f"{row['status']} ({row[metric]:.3f})"
+    return row["status"]
+
+
+def _pair_cells(c: dict | None, e: dict | None, metric: str, higher: bool) -> tuple[str, str]:
+    """Constrained and ERM cells, the better ``metric`` bold (both when equal to 3 decimals)."""
+    cc, ec = _cell(c, metric), _cell(e, metric)
+    if c and e and c["status"] == "ok" and e["status"] == "ok":
+        cv, ev = round(c[metric], 3), round(e[metric], 3)
+        if (cv >= ev) if higher else (cv <= ev):
+            cc = f"**{cc}**"
+        if (ev >= cv) if higher else (ev <= cv):
+            ec = f"**{ec}**"
+    return cc, ec
+
+
+def table_lines(
+    rows: list[dict],
+    names: dict[str, str],
+    datasets: Sequence[str],
+    table_rows: Iterable[tuple[str, str, int]],
+    gammas: Sequence[float],
+    *,
+    metric: str,
+    higher: bool,
+    label_gamma: bool,
+) -> list[str]:
+    """A Markdown table: a line per ``(label, model, L)`` of ``table_rows`` and γ_train of
+    ``gammas`` (the γ_train a column where ``label_gamma``); per dataset (shown as ``names``) the
+    constrained and the ERM best run's ``metric``, the better one bold (``higher``: larger)."""
+    idx = index_rows(rows)
+    head = ["model"] + (["γ_train"] if label_gamma else [])
+    for d in datasets:
+        head += [f"{names[d]} constr.", f"{names[d]} ERM"]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---"] * (1 + label_gamma) + ["---:"] * (2 * len(datasets))) + "|",
+    ]
+    for label, model, L in table_rows:
+        for g in gammas:
+            cells = [label] + ([f"{g:g}"] if label_gamma else [])
+            for d in datasets:
+                c = idx.get((d, model, L, "constrained", g))
+                e = idx.get((d, model, L, "ERM", g))
+                cells += list(_pair_cells(c, e, metric, higher))
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _direction(diff: float, higher: bool) -> str:
+    """C where constrained is the better (``diff``: constrained minus ERM, to 3 decimals)."""
+    if round(diff, 3) == 0:
+        return "="
+    return "C" if (diff > 0) == higher else "E"
+
+
+def direction_markdown(
+    rows: list[dict],
+    names: dict[str, str],
+    datasets: Sequence[str],
+    table_rows: Iterable[tuple[str, str, int]],
+    gamma: float,
+    paper: Callable[[str, int, float, str], tuple[float, float] | None],
+    *,
+    metric: str,
+    higher: bool,
+    signed: bool,
+    legend: str = "",
+) -> str:
+    """Per cell: which of constrained (C) / ERM (E) has the better ``metric`` here and in the
+    paper's table (``paper(model, L, gamma, dataset)``: its (constrained, ERM) pair, None where
+    it has no such row); ``signed``: with constrained minus ERM here and there. ``legend``
+    ends the legend line.
+
+    Cells whose constrained runs are all infeasible are counted apart, by the number of the best
+    infeasible run: they are not eligible for the table's comparison."""
+    idx = index_rows(rows)
+    better = "higher" if higher else "lower"
+    flagged = "`infeasible: C`" if signed else "`infeasible (C)`"
+    head = ["model"] + [names[d] for d in datasets]
+    lines = [
+        f"### Direction against the paper's table (appendix B.4), γ_train = {gamma:g}",
+        "",
+        f"Cell: the {better} of constrained (C) and ERM (E) here / in the paper (=: equal to 3 "
+        "decimals, not counted)"
+        + (", with constrained minus ERM here and there" if signed else "")
+        + f"; ✓ same direction; {flagged}: no feasible constrained run, the best infeasible "
+        "one's direction." + legend,
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---"] * len(head)) + "|",
+    ]
+    counts = {"eligible": [0, 0, 0, 0], "infeasible": [0, 0, 0, 0]}  # agree, n, ours C, paper C
+    for label, model, L in table_rows:
+        cells = [label]
+        for d in datasets:
+            ref = paper(model, L, gamma, d)
+            c = idx.get((d, model, L, "constrained", gamma))
+            e = idx.get((d, model, L, "ERM", gamma))
+            p, pd = "—", ""
+            if ref is not None:
+                pdiff = round(ref[0] - ref[1], 3)
+                p = _direction(pdiff, higher)
+                pd = f" ({pdiff:+.3f})" if signed else ""
+            o, od, group = "—", "", None
+            if c and e and e["status"] == "ok" and metric in c:
+                diff = round(c[metric], 3) - round(e[metric], 3)
+                o = _direction(diff, higher)
+                od = f" ({diff:+.3f})" if signed else ""
+                group = "eligible" if c["status"] == "ok" else "infeasible"
+            lost = [r["status"] for r in (c, e) if r and r["status"] != "ok"]
+            if group == "eligible":
+                shown = f"{o}{od}"
+            elif lost and o != "—":
+                shown = f"{lost[0]}: {o}{od}" if signed else f"{lost[0]} ({o})"
+            else:
+                shown = lost[0] if lost else "—"
+            mark = ""
+            if group and o != "=" and p in ("C", "E"):
+                n = counts[group]
+                n[0] += o == p
+                n[1] += 1
+                n[2] += o == "C"
+                n[3] += p == "C"
+                mark = " ✓" if o == p else " ✗"
+            cells.append(f"{shown} / {p}{pd}{mark}")
+        lines.append("| " + " | ".join(cells) + " |")
+    agree, n, ours, paper_c = counts["eligible"]
+    lines.append(
+        f"\nEligible cells: same direction in {agree} of {n}; constrained {better} in {ours} of "
+        f"them here, {paper_c} in the paper."
+    )
+    agree, n, ours, paper_c = counts["infeasible"]
+    if n:
+        lines.append(
+            f"Cells without a feasible constrained run (best infeasible run): same direction in "
+            f"{agree} of {n}; constrained {better} in {ours} here, {paper_c} in the paper."
+        )
+    return "\n".join(lines)
