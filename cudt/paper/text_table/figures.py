@@ -1,0 +1,173 @@
+"""The text grid's figures: the paper's Figure 1 (loss per layer), 4 (accuracy vs test γ) and
+12 (histograms of the per-sample ratios).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cudt.paper import figures as figs
+from cudt.paper import rows as table_rows
+from cudt.paper.figures import grid_axes, save_figure
+from cudt.paper.text_table.config import NAMES, Table4Config
+from cudt.paper.text_table.report import RATIO_EDGES, model_label, read_ratio_histograms, row_models
+
+STYLE = figs.STYLE
+
+
+_NOTE = (
+    "best run per setting by validation AUC; dashed: no feasible constrained run (the best "
+    "infeasible one shown)"
+)
+
+
+def _panels(rows, opts):
+    """The figures' panels: datasets × the table's (model, L), and each panel's two runs."""
+    idx, g = table_rows.index_rows(rows), opts.headline_gamma
+    cols = row_models(rows)
+
+    def series(d, model, L):
+        found = [(k, idx.get((d, model, L, k, g))) for k in ("ERM", "constrained")]
+        return [(k, r) for k, r in found if r is not None]
+
+    return cols, series
+
+
+def _finish_panel(ax, d: str, model: str, L: int, j: int, xlabel: str, ylabel: str, **legend):
+    """A panel's title (dataset · model), axis labels (y on the first column only), grid and
+    legend (``legend``: its keywords)."""
+    ax.set_title(f"{NAMES[d]} · {model_label(model, L)}", fontsize=9)
+    ax.set_xlabel(xlabel)
+    if j == 0:
+        ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(**legend)
+
+
+def plot_fig1(rows, opts, path: Path) -> None:
+    """Mean test cross-entropy per state at the headline γ_train (the paper's Figure 1)."""
+    from matplotlib.ticker import MaxNLocator
+
+    cols, series = _panels(rows, opts)
+    fig, axes = grid_axes(len(opts.datasets), len(cols), w=3.8, h=2.8)
+    for i, d in enumerate(opts.datasets):
+        for j, (model, L) in enumerate(cols):
+            ax = axes[i, j]
+            for key, row in series(d, model, L):
+                loss = row.get("layer_loss")
+                x = None if loss is None else np.arange(len(loss))
+                figs.draw_line(ax, STYLE[key], row, x, loss, has_value="auc" in row, ms=3)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            xlabel, ylabel = "state l (0: the perturbed embeddings)", "mean test cross-entropy ℓ_l"
+            _finish_panel(ax, d, model, L, j, xlabel, ylabel, fontsize=7)
+    g = opts.headline_gamma
+    fig.suptitle(f"Fig. 1: mean test loss per layer, γ_train = test γ = {g:g}", fontsize=11)
+    figs.figure_note(fig, _NOTE)
+    save_figure(fig, path)
+
+
+def plot_fig4(rows, opts, path: Path) -> None:
+    """Test accuracy vs test γ at the headline γ_train (the paper's Figure 4)."""
+    cols, series = _panels(rows, opts)
+    g = opts.headline_gamma
+    fig, axes = grid_axes(len(opts.datasets), len(cols), w=3.8, h=2.9)
+    for i, d in enumerate(opts.datasets):
+        for j, (model, L) in enumerate(cols):
+            ax = axes[i, j]
+            for key, row in series(d, model, L):
+                style = STYLE[key]
+                if "auc" in row:
+                    style = style | {"label": f"{style['label']} (AUC {row['auc']:.3f})"}
+                x, y = row.get("test_gamma"), row.get("accuracy")
+                figs.draw_line(ax, style, row, x, y, has_value="auc" in row)
+            figs.mark_train_gamma(ax, g, label_y=0.9)
+            _finish_panel(
+                ax, d, model, L, j, "test γ", "test accuracy", fontsize=7, loc="lower left"
+            )
+    fig.suptitle(
+        f"Fig. 4: test accuracy vs embedding perturbation, γ_train = {g:g} (dotted; shaded: OOD)",
+        fontsize=11,
+    )
+    figs.figure_note(fig, _NOTE)
+    save_figure(fig, path)
+
+
+def plot_fig12(rows, opts, out: Path, path: Path) -> None:
+    """Histograms of the per-sample ratios ℓ_l / ℓ_{l-1} over every layer and test sample at
+    the headline γ_train, best ERM vs best constrained run (the paper's Figure 12)."""
+    cols, series = _panels(rows, opts)
+    g = opts.headline_gamma
+    width = RATIO_EDGES[1] - RATIO_EDGES[0]
+    hists: dict[str, dict[str, np.ndarray]] = {}
+    fig, axes = grid_axes(len(opts.datasets), len(cols), w=3.8, h=2.8)
+    for i, d in enumerate(opts.datasets):
+        for j, (model, L) in enumerate(cols):
+            ax = axes[i, j]
+            drawn = 0
+            for key, row in series(d, model, L):
+                if "label" not in row:
+                    continue
+                if row["sub_run"] not in hists:
+                    hists[row["sub_run"]] = read_ratio_histograms(out / row["sub_run"])
+                counts = hists[row["sub_run"]].get(row["label"])
+                if counts is None or counts.sum() == 0:
+                    continue
+                total = counts.sum(axis=0)  # [B+1] over every layer
+                n = total.sum()
+                over = total[-1] / n
+                s = STYLE[key]
+                flagged = "" if row["status"] == "ok" else f" ({row['status']})"
+                ax.stairs(
+                    total[:-1] / (n * width),
+                    RATIO_EDGES,
+                    fill=True,
+                    color=s["color"],
+                    alpha=0.45,
+                    label=f"{s['label']}{flagged}: mean {row['mean_ratio']:.2f}, median "
+                    f"{row['median_ratio']:.2f}, {100 * row['descent_rate']:.0f}% < 1"
+                    + (f", {100 * over:.0f}% > {RATIO_EDGES[-1]:g}" if over >= 0.005 else ""),
+                )
+                if key == "constrained" and row.get("epsilon") is not None:
+                    ax.axvline(1 - row["epsilon"], color=s["color"], lw=0.9, ls="--")
+                drawn += 1
+            ax.axvline(1.0, color="k", lw=0.8, ls=":")
+            if not drawn:
+                ax.text(
+                    0.5,
+                    0.5,
+                    "no ratio histograms recorded",
+                    transform=ax.transAxes,
+                    ha="center",
+                    fontsize=8,
+                    color="0.4",
+                )
+            ax.set_xlim(RATIO_EDGES[0], RATIO_EDGES[-1])
+            _finish_panel(
+                ax, d, model, L, j, "ℓ_l / ℓ_(l-1)", "density", fontsize=6, loc="upper right"
+            )
+    fig.suptitle(
+        f"Fig. 12: per-sample layer ratios on the test set at γ_train = {g:g} (dotted: 1; "
+        "dashed: 1 − ε)",
+        fontsize=11,
+    )
+    figs.figure_note(
+        fig,
+        "every layer and test sample of the best run per setting; paper, constrained RoBERTa on "
+        "IMDb: mean 0.87, median 0.82, 70.8% < 1",
+    )
+    save_figure(fig, path)
+
+
+def figures(rows: list[dict], opts: Table4Config, out: Path) -> dict[str, Path]:
+    """Figures 1, 4 and 12 (the last from the sub-runs' ratio histograms under ``out``)."""
+    paths = {
+        "fig1": out / "fig1_layer_loss.png",
+        "fig4": out / "fig4_accuracy_vs_gamma.png",
+        "fig12": out / "fig12_ratio_hist.png",
+    }
+    plot_fig1(rows, opts, paths["fig1"])
+    plot_fig4(rows, opts, paths["fig4"])
+    plot_fig12(rows, opts, out, paths["fig12"])
+    return paths

@@ -1,0 +1,204 @@
+"""The text grid's rows and Markdown: the best run of each setting, the CSV columns, the headline
+table (constrained vs ERM at the headline γ_train), each cell against the paper, and the
+per-sample ratio histograms each sub-run records for Figure 12.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cudt.io import atomic_write
+from cudt.paper import rows as table_rows
+from cudt.paper.rows import fmt
+from cudt.paper.text_table.config import (
+    DATASETS,
+    MODEL_NAMES,
+    NAMES,
+    PAPER_LAYERS,
+    PAPER_TABLE4,
+    STAND_IN,
+    TABLE_MODELS,
+)
+from cudt.tasks.text import TextTask
+
+RATIOS_FILE = "ratio_histograms.npz"
+
+
+RATIO_EDGES = np.linspace(0.0, 2.5, 101)  # 0.025-wide bins; one more count: r > 2.5
+
+
+def ratio_histograms(runs: list[dict], ratios: list) -> tuple[np.ndarray, list[str]]:
+    """``counts [R, L, B+1]``: per run and layer, how many test samples have their ratio
+    ``ℓ_l / ℓ_{l-1}`` (at the run's γ_train) in each bin of :data:`RATIO_EDGES`, the last count
+    those ``> 2.5``; a diverged run (no ratios) counts nothing. And the runs' labels."""
+    width = max((int(r["layers"]) for r in runs), default=1)
+    bins = len(RATIO_EDGES) - 1
+    counts = np.zeros((len(runs), width, bins + 1), np.int64)
+    for i, (run, r) in enumerate(zip(runs, ratios, strict=True)):
+        if r is None:
+            continue
+        per_layer = np.asarray(r, np.float64).reshape(-1, int(run["layers"]))  # [N, L]
+        for layer in range(per_layer.shape[1]):
+            v = per_layer[:, layer]
+            counts[i, layer, :bins] = np.histogram(v, bins=RATIO_EDGES)[0]
+            counts[i, layer, bins] = int(np.sum(v > RATIO_EDGES[-1]))
+    return counts, [r["label"] for r in runs]
+
+
+class RatioRecordingTextTask(TextTask):
+    """The text task, also writing every run's per-sample ratio histograms (:func:`ratio_
+    histograms`) to ``ratio_histograms.npz`` beside its figures, before ``results.json``."""
+
+    def figures(self, runs, ratios, out, gammas, cfg):
+        paths = super().figures(runs, ratios, out, gammas, cfg)
+        counts, labels = ratio_histograms(runs, ratios)
+
+        def write(f):
+            np.savez(f, edges=RATIO_EDGES, counts=counts, labels=np.asarray(labels, dtype=str))
+
+        atomic_write(Path(out) / RATIOS_FILE, write)
+        return paths
+
+
+def read_ratio_histograms(folder: Path) -> dict[str, np.ndarray]:
+    """``{run label: counts [L, B+1]}`` of a sub-run (empty if it has no histograms: trained
+    by ``experiments.text_classify``, say)."""
+    path = Path(folder) / RATIOS_FILE
+    if not path.is_file():
+        return {}
+    with np.load(path, allow_pickle=False) as z:
+        if not np.array_equal(z["edges"], RATIO_EDGES):
+            return {}
+        return {str(label): c for label, c in zip(z["labels"], z["counts"], strict=True)}
+
+
+def best_rows(results: dict[tuple, dict]) -> list[dict]:
+    """One row per (dataset, model, L, kind, γ_train): its best run (the runner's ``best`` mark:
+    validation accuracy AUC) or, where no run is eligible, its status (``diverged``: every run
+    diverged; ``infeasible``: the best infeasible one, flagged)."""
+
+    def fields(b: dict, i: int) -> dict[str, Any]:
+        accuracy = [table_rows.num(v) for v in b["accuracy"]]
+        return {
+            "auc": float(b["auc"]),
+            "acc_at_gamma_train": accuracy[i],
+            "acc_at_max_gamma": accuracy[-1],
+            "val_auc": float(b["val_auc"]),
+            "val_accuracy": float(b["val_accuracy"]),
+            "loss_decreases": bool(b["loss_decreases"]),
+            "descent_rate": float(b["descent_rate"]),
+            "mean_ratio": float(b["mean_ratio"]),
+            "median_ratio": float(b["median_ratio"]),
+            "accuracy": accuracy,  # for Figure 4 (not in the CSV)
+        }
+
+    rows = []
+    for (dataset, _, _), res in results.items():
+        sub_run = Path(res["config"]["out"]).name
+        rows += table_rows.setting_rows(
+            res, dataset, sub_run, score="val_auc", higher=True, fields=fields
+        )
+    return table_rows.sort_rows(rows, DATASETS, TABLE_MODELS)
+
+
+CSV_COLUMNS = (
+    *table_rows.SETTING_COLUMNS,
+    "auc",
+    "acc_at_gamma_train",
+    "acc_at_max_gamma",
+    "val_auc",
+    "val_accuracy",
+    "feasible",
+    "loss_decreases",
+    "descent_rate",
+    "mean_ratio",
+    "median_ratio",
+    "peak_lambda",
+    "seed",
+    *table_rows.RUN_COLUMNS,
+)
+
+
+def row_models(rows) -> list[tuple[str, int]]:
+    """(model, L) of the table's rows, in the paper's order (UT by depth, then the encoders)."""
+    order = {m: i for i, m in enumerate(TABLE_MODELS)}
+    return sorted({(r["model"], r["layers"]) for r in rows}, key=lambda k: (order[k[0]], k[1]))
+
+
+def model_label(model: str, layers: int) -> str:
+    return f"{MODEL_NAMES.get(model, model)}-{layers}"
+
+
+def gamma_table_lines(rows, datasets, gammas, *, label_gamma: bool) -> list[str]:
+    """Accuracy AUC of constrained and ERM per dataset, the higher bold (both when equal to 3
+    decimals)."""
+    return table_rows.table_lines(
+        rows,
+        NAMES,
+        datasets,
+        [(model_label(model, L), model, L) for model, L in row_models(rows)],
+        gammas,
+        metric="auc",
+        higher=True,
+        label_gamma=label_gamma,
+    )
+
+
+def headline_markdown(rows, datasets, gamma, test_gammas) -> str:
+    """The headline table at γ_train = ``gamma`` (Markdown), with its legend and counts."""
+    idx = table_rows.index_rows(rows)
+    lines = [
+        f"### Table 4: test accuracy AUC over test γ ∈ {{{fmt(test_gammas)}}}, γ_train = {gamma:g}",
+        "",
+        *gamma_table_lines(rows, datasets, [gamma], label_gamma=False),
+        "",
+        "Best run per cell by validation accuracy AUC among non-diverged runs, feasible ones for "
+        "constrained; **bold**: the higher of constrained and ERM; `infeasible`: no constrained "
+        "run met its constraints on validation data (the best infeasible one's AUC in "
+        "brackets); `diverged`: every run diverged. L of an encoder: its constrained states "
+        "(one per sub-layer: DistilBERT 12, RoBERTa 24, MiniLM 12).",
+    ]
+    wins = both = 0
+    for model, L in row_models(rows):
+        for d in datasets:
+            c, e = (
+                idx.get((d, model, L, "constrained", gamma)),
+                idx.get((d, model, L, "ERM", gamma)),
+            )
+            if c and e and c["status"] == "ok" and e["status"] == "ok":
+                both += 1
+                wins += round(c["auc"], 3) > round(e["auc"], 3)
+    lines.append(
+        f"\nConstrained higher than ERM in {wins} of {both} model×dataset cells with both numbers."
+    )
+    return "\n".join(lines)
+
+
+def paper_direction_markdown(rows, datasets, gamma) -> str:
+    """Per cell: which of constrained (C) / ERM (E) has the higher AUC here and in the paper's
+    table, with constrained minus ERM (:func:`cudt.paper.job.direction_markdown`); MiniLM against
+    the paper's DistilBERT-12, the encoder it stands in for. A cell without a feasible
+    constrained run reads ``infeasible: C``."""
+    return table_rows.direction_markdown(
+        rows,
+        NAMES,
+        datasets,
+        [(model_label(model, L), model, L) for model, L in row_models(rows)],
+        gamma,
+        _paper_pair,
+        metric="auc",
+        higher=True,
+        signed=True,
+        legend=" MiniLM rows are compared with the paper's DistilBERT-12.",
+    )
+
+
+def _paper_pair(model: str, L: int, gamma: float, dataset: str) -> tuple[float, float] | None:
+    """The paper's (constrained, ERM) cell of ``model`` (a stand-in: of the model it stands in
+    for, at that model's L)."""
+    ref = STAND_IN.get(model, model)
+    paper_l = L if ref == "ut" else PAPER_LAYERS.get(ref)
+    return PAPER_TABLE4.get((ref, paper_l, gamma, dataset))
