@@ -1,0 +1,96 @@
+"""The package's import graph has no circles, function-level imports included."""
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _modules(root: pathlib.Path) -> dict[str, pathlib.Path]:
+    mods = {}
+    for path in (root / "cudt").rglob("*.py"):
+        rel = path.relative_to(root).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        mods[".".join(parts)] = path
+    return mods
+
+
+def import_graph(root: pathlib.Path = ROOT) -> dict[str, set[str]]:
+    """Module → the cudt modules it imports anywhere in its body (edges to its own parent
+    packages left out: a package's __init__ re-exporting its modules is not a circle)."""
+    mods = _modules(root)
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        parents = {".".join(mod.split(".")[:i]) for i in range(1, mod.count(".") + 1)}
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: package.count(".") + 2 - node.level]
+                    base = ".".join(parts + ([base] if base else []))
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                found = resolve(target) if target.startswith("cudt") else None
+                if found and found != mod and found not in parents:
+                    edges.add(found)
+        graph[mod] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_checker_sees_a_circle_hidden_in_a_function(tmp_path):
+    pkg = tmp_path / "cudt" / "runner"
+    pkg.mkdir(parents=True)
+    (tmp_path / "cudt" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from cudt.runner.config import A\n")
+    (pkg / "config.py").write_text("def f():\n    from cudt.runner import sweep\n")
+    (pkg / "sweep.py").write_text("from .config import f\n")
+    assert cycles(import_graph(tmp_path)) == [["cudt.runner.config", "cudt.runner.sweep"]]
+
+
+def test_cudt_has_no_import_circles():
+    graph = import_graph()
+    assert len(graph) > 40 and sum(map(len, graph.values())) > 100
+    assert cycles(graph) == []
