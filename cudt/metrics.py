@@ -1,11 +1,13 @@
-"""Descent and feasibility metrics computed from per-sample layer losses [N, L+1].
+"""Descent and feasibility metrics computed from per-sample layer losses [N, L+1], and the
+scores of generated text against a reference answer (exact match, ROUGE-L).
 
-These run on the host (numpy) on held-out losses gathered by an evaluation pass.
+These run on the host (numpy / Python) on held-out outputs gathered by an evaluation pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 
@@ -13,8 +15,11 @@ __all__ = [
     "DescentStats",
     "FeasibilityVerdict",
     "descent_stats",
+    "exact_match",
     "feasibility",
     "rmse_255",
+    "rouge_l",
+    "text_tokens",
     "trapezoid_auc",
 ]
 
@@ -88,3 +93,33 @@ def trapezoid_auc(xs, ys) -> float:
     """Area under ys(xs) by the trapezoid rule (the paper's accuracy AUC)."""
     xs, ys = np.asarray(xs, np.float64), np.asarray(ys, np.float64)
     return float(np.sum(0.5 * (ys[1:] + ys[:-1]) * np.diff(xs)))
+
+
+def text_tokens(text: str) -> list[str]:
+    """Lower-cased alphanumeric words: the tokenization of Google's ``rouge_score`` (without
+    stemming), so that punctuation and case do not count against an answer."""
+    return re.sub(r"[^a-z0-9]+", " ", text.lower()).split()
+
+
+def exact_match(candidate: str, reference: str) -> bool:
+    """Whether two texts have the same words (case and punctuation ignored)."""
+    return text_tokens(candidate) == text_tokens(reference)
+
+
+def rouge_l(candidate: str, reference: str) -> float:
+    """ROUGE-L F1 (Lin 2004): ``2PR / (P + R)`` with ``P = LCS / |candidate|`` and
+    ``R = LCS / |reference|`` over :func:`text_tokens`, LCS the longest common subsequence.
+    0 when either text has no words."""
+    a, b = text_tokens(candidate), text_tokens(reference)
+    if not a or not b:
+        return 0.0
+    row = [0] * (len(b) + 1)  # one row of the LCS table at a time
+    for x in a:
+        prev_diag = 0
+        for j, y in enumerate(b, 1):
+            prev_diag, row[j] = row[j], prev_diag + 1 if x == y else max(row[j], row[j - 1])
+    lcs = row[-1]
+    if lcs == 0:
+        return 0.0
+    p, r = lcs / len(a), lcs / len(b)
+    return 2 * p * r / (p + r)

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from cudt.data.alpaca import build_word_tokenizer, generated_instructions, write_alpaca
+from cudt.metrics import exact_match, rouge_l
 from cudt.models.decoder import DecoderConfig, write_decoder_folder
 from experiments import llm_sft
 
@@ -58,6 +59,13 @@ def test_every_run_has_per_layer_losses_accuracy_and_completions(tiny_run):
         # greedy completions of one held-out prompt, clean and at the largest test gamma
         assert [c["gamma"] for c in r["completions"]] == [0.0, 2.0]
         assert all(isinstance(c["completion"], str) for c in r["completions"])
+        # each completion is scored against its reference; the run's means are of those scores
+        for c in r["completions"]:
+            assert c["rouge_l"] == pytest.approx(rouge_l(c["completion"], c["reference"]))
+            assert c["exact"] == exact_match(c["completion"], c["reference"])
+        for s in r["completion_scores"]:
+            at = [c for c in r["completions"] if c["gamma"] == s["gamma"]]
+            assert s["rouge_l"] == pytest.approx(np.mean([c["rouge_l"] for c in at]))
     erm, con = runs
     assert max(erm["max_multipliers"]) == 0 and max(con["max_multipliers"]) > 0
     # the reference constraint is on: C = ln V of the word tokenizer
@@ -67,7 +75,7 @@ def test_every_run_has_per_layer_losses_accuracy_and_completions(tiny_run):
     for name in ("layer_loss.png", "accuracy_vs_gamma.png", "ratio_hist.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = (out / "completions.md").read_text()
-    assert "ERM" in text and "constrained" in text and "γ=2" in text
+    assert "ERM" in text and "constrained" in text and "γ=2" in text and "ROUGE-L" in text
 
 
 def test_training_lowers_the_response_loss(tiny_run):

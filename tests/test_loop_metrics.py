@@ -12,7 +12,15 @@ import pytest
 import cudt
 from cudt.io import UsageError, write_json_atomic
 from cudt.loop import sample_indices, train_group
-from cudt.metrics import descent_stats, feasibility, rmse_255, trapezoid_auc
+from cudt.metrics import (
+    descent_stats,
+    exact_match,
+    feasibility,
+    rmse_255,
+    rouge_l,
+    text_tokens,
+    trapezoid_auc,
+)
 from cudt.runner.output import open_output
 from cudt.runner.report import select_best
 
@@ -185,3 +193,36 @@ def test_select_best_higher_is_better():
     ]
     select_best(runs, "rmse", higher_is_better=True)
     assert _best(runs) == ["c-high", "e-high"]
+
+
+def _lcs_brute_force(a: list[str], b: list[str]) -> int:
+    """The longest common subsequence by trying every subsequence of the shorter list."""
+    import itertools
+
+    short, long_ = (a, b) if len(a) <= len(b) else (b, a)
+    for k in range(len(short), 0, -1):
+        for sub in itertools.combinations(short, k):
+            it = iter(long_)
+            if all(w in it for w in sub):  # a subsequence of long_ too
+                return k
+    return 0
+
+
+def test_rouge_l_is_the_lcs_f1_over_words():
+    assert rouge_l("The cat sat on the mat.", "the cat is on the mat") == pytest.approx(5 / 6)
+    assert rouge_l("a b c", "c b a") == pytest.approx(1 / 3)
+    assert rouge_l("", "anything") == 0.0 and rouge_l("x y", "z") == 0.0
+    assert rouge_l("Paris!", "paris") == 1.0
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        a = list(rng.choice(list("abcd"), rng.integers(1, 8)))
+        b = list(rng.choice(list("abcd"), rng.integers(1, 8)))
+        lcs = _lcs_brute_force(a, b)
+        want = 0.0 if lcs == 0 else 2 * lcs / (len(a) + len(b))  # F1 of P = lcs/|a|, R = lcs/|b|
+        assert rouge_l(" ".join(a), " ".join(b)) == pytest.approx(want)
+
+
+def test_exact_match_ignores_case_and_punctuation_only():
+    assert text_tokens("The capital: Paris.") == ["the", "capital", "paris"]
+    assert exact_match("The capital of France is Paris.", "the capital of france is paris")
+    assert not exact_match("Paris is the capital", "The capital is Paris")

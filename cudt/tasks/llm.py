@@ -41,6 +41,7 @@ from cudt.data.alpaca import (
 from cudt.errors import UsageError
 from cudt.io import atomic_write
 from cudt.lm_loss import layer_token_losses
+from cudt.metrics import exact_match, rouge_l
 from cudt.models.decoder import Decoder, DecoderConfig, load_decoder
 from cudt.runner.config import (
     RunConfig,
@@ -412,6 +413,7 @@ class LLMTask(AccuracyReports, Task):
                     pad_id=tok.pad_id,
                 )
                 for i, row in enumerate(np.asarray(ids)):
+                    text = _until_eos(tok, row).strip()
                     texts.append(
                         {
                             "prompt_index": i,
@@ -419,10 +421,12 @@ class LLMTask(AccuracyReports, Task):
                             "input": records[i].input,
                             "reference": records[i].output,
                             "gamma": g,
-                            "completion": _until_eos(tok, row).strip(),
+                            "completion": text,
+                            "exact": exact_match(text, records[i].output),
+                            "rouge_l": rouge_l(text, records[i].output),
                         }
                     )
-            out.append({"completions": texts})
+            out.append({"completions": texts, "completion_scores": _completion_scores(texts)})
         return out
 
     def _completion_gamma(self, cfg) -> float:
@@ -439,6 +443,15 @@ class LLMTask(AccuracyReports, Task):
             )
             lines.append(f"{r['label']}: {acc}")
         lines += self.layer_loss_lines(runs, "cross-entropy")
+        scored = [r for r in runs if r.get("completion_scores")]
+        if scored:
+            lines.append("greedy completions vs the reference (exact match, ROUGE-L), per gamma:")
+            for r in scored:
+                cells = " ".join(
+                    f"{s['gamma']:g}:{s['exact']:.2f}/{s['rouge_l']:.2f}"
+                    for s in r["completion_scores"]
+                )
+                lines.append(f"{r['label']}: {cells}")
         return "\n".join(lines + _completion_lines(runs, first_only=True))
 
     def figures(self, runs, ratios, out: Path, gammas, cfg):
@@ -460,6 +473,22 @@ def _until_eos(tok: InstructionTokenizer, row: np.ndarray) -> str:
     return tok.decode(ids)
 
 
+def _completion_scores(texts: list[dict]) -> list[dict]:
+    """Mean exact match and ROUGE-L of a run's completions at each noise level."""
+    out = []
+    for gamma in sorted({c["gamma"] for c in texts}):
+        at = [c for c in texts if c["gamma"] == gamma]
+        out.append(
+            {
+                "gamma": gamma,
+                "exact": float(np.mean([c["exact"] for c in at])),
+                "rouge_l": float(np.mean([c["rouge_l"] for c in at])),
+                "count": len(at),
+            }
+        )
+    return out
+
+
 def _completion_lines(runs: list[dict], first_only: bool = False) -> list[str]:
     """Side-by-side completions (ERM, constrained) of each prompt at each noise level."""
     runs = [r for r in runs if r.get("completions")]
@@ -477,5 +506,6 @@ def _completion_lines(runs: list[dict], first_only: bool = False) -> list[str]:
                 c = next(
                     c for c in r["completions"] if c["prompt_index"] == i and c["gamma"] == gamma
                 )
-                lines.append(f"  γ={gamma:g} {r['label']}: {c['completion']}")
+                score = f"[exact {int(c['exact'])}, ROUGE-L {c['rouge_l']:.2f}]"
+                lines.append(f"  γ={gamma:g} {r['label']} {score}: {c['completion']}")
     return lines
