@@ -5,10 +5,16 @@
 * :mod:`~cudt.models.llama.model`: :class:`Decoder` (forward, readout, generation entry point).
 * :mod:`~cudt.models.llama.generate`: greedy KV-cache generation.
 * :mod:`~cudt.models.llama.sharding`: :func:`decoder_partition_specs` (FSDP / tensor parallel).
-* :mod:`~cudt.models.llama.hf`: :func:`load_decoder`, :func:`write_decoder_folder`.
+* :mod:`~cudt.models.llama.hf`: :func:`load_decoder` (a folder or a ``.gguf`` file),
+  :func:`write_decoder_folder`.
+* :mod:`~cudt.models.llama.gguf`: GGUF files (:func:`load_gguf`, :func:`write_gguf`,
+  :func:`smollm2_gguf_path`).
+* :mod:`~cudt.models.llama.chat`: :func:`apply_chat_template`.
 """
 
+from cudt.models.llama.chat import apply_chat_template
 from cudt.models.llama.config import SUPPORTED_DECODER_TYPES, DecoderConfig
+from cudt.models.llama.gguf import load_gguf, smollm2_gguf_path, write_gguf
 from cudt.models.llama.hf import load_decoder, write_decoder_folder
 from cudt.models.llama.model import Decoder
 from cudt.models.llama.sharding import ShardingMode, decoder_partition_specs
@@ -18,7 +24,11 @@ __all__ = [
     "Decoder",
     "DecoderConfig",
     "ShardingMode",
+    "apply_chat_template",
     "decoder_partition_specs",
     "load_decoder",
+    "load_gguf",
+    "smollm2_gguf_path",
     "write_decoder_folder",
+    "write_gguf",
 ]

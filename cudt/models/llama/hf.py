@@ -25,9 +25,11 @@ from cudt.models.hf import (
     find_prefix,
     load_tensors,
     model_folder,
+    read_json,
     read_tokenizer,
 )
 from cudt.models.llama.config import DecoderConfig, Params
+from cudt.models.llama.gguf import load_gguf
 from cudt.models.llama.model import Decoder
 
 __all__ = ["load_decoder", "write_decoder_folder"]
@@ -100,21 +102,44 @@ def _convert(tensors: Mapping[str, np.ndarray], source: pathlib.Path, c: Decoder
 def load_decoder(
     path: str | pathlib.Path, dtype: Any = jnp.float32, *, param_dtype: Any = None
 ) -> Decoder:
-    """Load a Hugging Face Llama / Mistral / Qwen2 causal-LM folder into a :class:`Decoder`.
+    """Load a Llama / Mistral / Qwen2 causal LM into a :class:`Decoder`: a Hugging Face folder,
+    or a ``.gguf`` file (:func:`cudt.models.llama.gguf.load_gguf`: dequantised weights, its
+    tokenizer and chat template).
 
-    Reads ``config.json``, ``model.safetensors`` (or the shards of
+    From a folder: ``config.json``, ``model.safetensors`` (or the shards of
     ``model.safetensors.index.json``) and, when present, ``tokenizer.json`` (``dec.tokenizer``,
-    a ``tokenizers.Tokenizer``; else None). ``dtype`` is the compute dtype; params are stored in
-    ``param_dtype`` (default ``dtype``; ``dtype=jnp.bfloat16, param_dtype=jnp.float32`` is
-    mixed precision). Raises :class:`ModelFolderError` with a one-line fix for every problem.
+    a ``tokenizers.Tokenizer``; else None) and the ``chat_template`` of
+    ``tokenizer_config.json`` (``dec.chat_template``). ``dtype`` is the compute dtype; params
+    are stored in ``param_dtype`` (default ``dtype``; ``dtype=jnp.bfloat16,
+    param_dtype=jnp.float32`` is mixed precision). Raises :class:`ModelFolderError` with a
+    one-line fix for every problem.
     """
+    if pathlib.Path(path).suffix.lower() == ".gguf":
+        return load_gguf(path, dtype, param_dtype=param_dtype)
     folder, config_file = model_folder(path)
     config = DecoderConfig.from_file(config_file)
     tensors, source = load_tensors(folder)
     store = jnp.dtype(dtype if param_dtype is None else param_dtype)
     params = jax.tree.map(lambda a: jnp.asarray(a, dtype=store), _convert(tensors, source, config))
     tokenizer = read_tokenizer(folder)
-    return Decoder(config=config, params=params, tokenizer=tokenizer, dtype=dtype, path=folder)
+    return Decoder(
+        config=config,
+        params=params,
+        tokenizer=tokenizer,
+        dtype=dtype,
+        path=folder,
+        chat_template=_chat_template(folder),
+    )
+
+
+def _chat_template(folder: pathlib.Path) -> str | None:
+    """The ``chat_template`` string of ``tokenizer_config.json`` (or ``chat_template.jinja``)."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    config = folder / "tokenizer_config.json"
+    template = read_json(config).get("chat_template") if config.is_file() else None
+    return template if isinstance(template, str) else None
 
 
 def write_decoder_folder(

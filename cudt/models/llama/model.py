@@ -122,6 +122,7 @@ class Decoder:
     dtype: Any = jnp.float32
     path: pathlib.Path | None = None
     remat: bool = False
+    chat_template: str | None = None  # Jinja; render with llama.chat.apply_chat_template
 
     @property
     def num_layers(self) -> int:
