@@ -17,7 +17,7 @@ bfloat16``).
   layer_token_losses` with the task's ``chunk_tokens``; the input embedding table frozen, as the
   task's default), the runner's own step (:func:`cudt.runner.groups.make_group_step`: Adam, the dual
   optimiser and :func:`cudt.train.make_train_step`, wired as for every group), over a
-  :class:`~cudt.models.decoder.DecoderConfig` with Llama 3.1 8B's architecture.
+  :class:`~cudt.models.llama.DecoderConfig` with Llama 3.1 8B's architecture.
 * **State bytes, exactly from shapes**: ``jax.eval_shape`` of the step's ``init`` (parameters,
   Adam's ``mu`` and ``nu``, the ``[L+1]`` multipliers, the dual state) and of the
   ``value_and_grad`` (the gradients). Under FSDP each leaf is split as ``--fsdp`` splits it
@@ -64,7 +64,7 @@ from jax.ad_checkpoint import print_saved_residuals
 
 from benchmarks._common import header, print_table
 from cudt.errors import UsageError
-from cudt.models.decoder import Decoder, DecoderConfig
+from cudt.models.llama import Decoder, DecoderConfig
 from cudt.runner.groups import make_group_step
 from cudt.runner.mesh import fsdp_spec, mesh_shape
 from cudt.runner.task import GroupModel, RunBatch

@@ -7,8 +7,9 @@ enforced by a primal-dual method in one jitted step. See README.md.
 from cudt.constrained import DescentConfig, constraint_values, lagrangian_terms
 from cudt.dual import as_dual, dual_adam, dual_ascent, project_nonnegative, resilience_decay
 from cudt.errors import CheckpointError, CudtError, DataError, UsageError
-from cudt.models.decoder import Decoder, DecoderConfig, load_decoder
 from cudt.models.encoders import Encoder, EncoderError, load_encoder
+from cudt.models.hf import ModelFolderError
+from cudt.models.llama import Decoder, DecoderConfig, load_decoder
 from cudt.models.vit import ViT, load_vit
 from cudt.train import TrainState, make_train_step
 
@@ -21,6 +22,7 @@ __all__ = [
     "DescentConfig",
     "Encoder",
     "EncoderError",
+    "ModelFolderError",
     "TrainState",
     "UsageError",
     "ViT",

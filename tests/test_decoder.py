@@ -1,4 +1,4 @@
-"""Tests of cudt.models.decoder: parity with transformers' Llama / Mistral / Qwen2 causal LMs
+"""Tests of cudt.models.llama: parity with transformers' Llama / Mistral / Qwen2 causal LMs
 (hidden states, logits, greedy generation), KV-cache generation with embedding noise, mixed
 precision, writing folders, sharded forwards on 4 forced CPU devices, and load errors.
 
@@ -26,15 +26,15 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import cudt  # noqa: E402
-from cudt.models.decoder import (  # noqa: E402
+from cudt.models.hf import ModelFolderError  # noqa: E402
+from cudt.models.llama import (  # noqa: E402
     Decoder,
     DecoderConfig,
-    _inv_freq,
     decoder_partition_specs,
     load_decoder,
     write_decoder_folder,
 )
-from cudt.models.encoders import EncoderError  # noqa: E402
+from cudt.models.llama.layers import inv_freq  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOL = dict(rtol=1e-4, atol=1e-4)  # float32 on CPU against transformers
@@ -161,8 +161,8 @@ def test_loader_reads_shards_tokenizer_and_config(models, tmp_path):
     assert "bias" in dec.params["blocks"]["o"] and dec.params["lm_head"].shape == (64, 128)
     assert dec.tokenizer is None
     # llama3 scaling really changes the rotary frequencies of this config.
-    plain = _inv_freq(DecoderConfig(128, 64, 96, 2, 4, rope_theta=500.0))
-    assert np.abs(_inv_freq(c) - plain).max() > 1e-3
+    plain = inv_freq(DecoderConfig(128, 64, 96, 2, 4, rope_theta=500.0))
+    assert np.abs(inv_freq(c) - plain).max() > 1e-3
     # Qwen2: biases on q/k/v only; Mistral keeps its sliding window.
     qwen = load_decoder(models["qwen2_tied"][1]).params["blocks"]
     assert "bias" in qwen["q"] and "bias" not in qwen["o"]
@@ -315,7 +315,7 @@ def test_init_params_write_and_load_round_trip(tmp_path):
     with torch.no_grad():
         logits = ref(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
     np.testing.assert_allclose(dec.readout(dec(ids, mask))[-1], logits.numpy(), **TOL)
-    with pytest.raises(EncoderError, match=r"params\['blocks'\]\['q'\]\['kernel'\] has shape"):
+    with pytest.raises(ModelFolderError, match=r"params\['blocks'\]\['q'\]\['kernel'\] has shape"):
         q = dict(params["blocks"]["q"], kernel=jnp.zeros((2, 32, 8)))
         bad = dict(params, blocks=dict(params["blocks"], q=q))
         write_decoder_folder(tmp_path / "bad", cfg, bad)
@@ -328,7 +328,7 @@ def test_init_params_write_and_load_round_trip(tmp_path):
 SHARDED = """
 import json, jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from cudt.models.decoder import Decoder, DecoderConfig, decoder_partition_specs
+from cudt.models.llama import Decoder, DecoderConfig, decoder_partition_specs
 
 cfg = DecoderConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=2,
                     num_heads=4, num_kv_heads=2, attention_bias=True)
@@ -399,13 +399,13 @@ def test_partition_spec_errors():
                         num_heads=3)  # fmt: skip
     params = jax.eval_shape(cfg.init_params, jax.random.key(0))
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("model",))
-    with pytest.raises(EncoderError) as err:
+    with pytest.raises(ModelFolderError) as err:
         decoder_partition_specs(params, "pipeline", mesh)
     assert "sharding mode must be" in one_line(err)
-    with pytest.raises(EncoderError) as err:
+    with pytest.raises(ModelFolderError) as err:
         decoder_partition_specs(params, "fsdp", mesh)
     assert "lack ['data']" in one_line(err)
-    with pytest.raises(EncoderError) as err:
+    with pytest.raises(ModelFolderError) as err:
         decoder_partition_specs(params, "fsdp_tp")
     assert "needs mesh=" in one_line(err)
 
@@ -430,16 +430,16 @@ def write_config(folder: pathlib.Path, **overrides) -> pathlib.Path:
 
 
 def test_bad_folders_and_configs(tmp_path):
-    with pytest.raises(EncoderError) as err:
+    with pytest.raises(ModelFolderError) as err:
         load_decoder(tmp_path / "nope")
     assert "does not exist" in one_line(err)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(EncoderError) as err:
+    with pytest.raises(ModelFolderError) as err:
         load_decoder(tmp_path / "empty")
     assert "has no config.json" in one_line(err)
     pickled = write_config(tmp_path / "pickle")
     (pickled / "pytorch_model.bin").write_bytes(b"\x80\x04 never opened")
-    with pytest.raises(EncoderError) as err:
+    with pytest.raises(ModelFolderError) as err:
         load_decoder(pickled)
     assert "pytorch_model.bin" in one_line(err) and "pickle" in str(err.value)
     for overrides, expected in [
@@ -451,7 +451,7 @@ def test_bad_folders_and_configs(tmp_path):
         (dict(hidden_size=None), "lacks hidden_size"),
     ]:
         folder = write_config(tmp_path / "cfg", **overrides)
-        with pytest.raises(EncoderError) as err:
+        with pytest.raises(ModelFolderError) as err:
             load_decoder(folder)
         assert expected in one_line(err), (overrides, str(err.value))
 
@@ -469,7 +469,7 @@ def test_bad_call_arguments(models):
         (lambda: dec.readout(np.zeros((2, 5))), "states have shape"),
     ]
     for call, expected in cases:
-        with pytest.raises(EncoderError) as err:
+        with pytest.raises(ModelFolderError) as err:
             call()
         assert expected in one_line(err), str(err.value)
 
@@ -480,7 +480,7 @@ def test_block_remat_gives_the_same_gradients_with_less_saved_memory():
     import dataclasses
 
     from cudt.lm_loss import layer_token_losses
-    from cudt.models.decoder import Decoder, DecoderConfig
+    from cudt.models.llama import Decoder, DecoderConfig
 
     config = DecoderConfig(
         vocab_size=64, hidden_size=32, intermediate_size=128, num_layers=3, num_heads=4,

@@ -3,7 +3,7 @@
 Real code paths: generated Alpaca-format records and their word tokenizer saved and read back
 as ``tokenizer.json``, the Llama-architecture decoder, the chunked per-layer token loss, the
 KV-cache generation, orbax checkpoints, results.json and PNGs. A Hugging Face folder written by
-:func:`cudt.models.decoder.write_decoder_folder` stands in for a pretrained checkpoint (its
+:func:`cudt.models.llama.write_decoder_folder` stands in for a pretrained checkpoint (its
 parity with transformers is tested in ``tests/test_decoder.py``).
 """
 
@@ -23,7 +23,7 @@ import pytest
 
 from cudt.data.alpaca import build_word_tokenizer, generated_instructions, write_alpaca
 from cudt.metrics import exact_match, rouge_l
-from cudt.models.decoder import DecoderConfig, write_decoder_folder
+from cudt.models.llama import DecoderConfig, write_decoder_folder
 from experiments import llm_sft
 
 ROOT = Path(__file__).resolve().parents[1]

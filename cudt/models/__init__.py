@@ -7,20 +7,20 @@
 * ``dct_matrix`` / ``dct2_dictionary``: DCT bases used for initialisation.
 * ``load_vit`` / ``ViT``: a pretrained Hugging Face ViT (``states [L+1, B, N+1, D]``) with a
   trainable readout of every state back to pixels (the paper's ViT denoiser).
-* ``load_decoder`` / ``Decoder`` / ``DecoderConfig``: a Llama-family causal LM (Llama, Mistral,
-  Qwen2; ``states [L+1, B, T, D]``), greedy KV-cache generation with embedding noise,
+* ``load_decoder`` / ``Decoder`` / ``DecoderConfig`` (:mod:`cudt.models.llama`): a Llama-family
+  causal LM (Llama, Mistral, Qwen2; ``states [L+1, B, T, D]``), greedy KV-cache generation with embedding noise,
   ``write_decoder_folder`` and ``decoder_partition_specs`` (FSDP / tensor-parallel specs).
 """
 
 from cudt.models.dct import dct1_dictionary, dct2_dictionary, dct_matrix
-from cudt.models.decoder import (
+from cudt.models.dust import DUST, soft_threshold, spectral_norm_sq
+from cudt.models.llama import (
     Decoder,
     DecoderConfig,
     decoder_partition_specs,
     load_decoder,
     write_decoder_folder,
 )
-from cudt.models.dust import DUST, soft_threshold, spectral_norm_sq
 from cudt.models.ut import UT, UT_PARAM_KEYS, ut_project, ut_project_tree
 from cudt.models.vit import ViT, ViTConfig, ViTPreprocessor, load_vit
 

@@ -22,10 +22,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.resources
-import json
 import math
 import pathlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import flax.linen as nn
@@ -33,7 +32,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cudt.errors import CudtError
+from cudt.models.hf import (
+    ACTIVATIONS,
+    ModelFolderError,
+    Weights,
+    activation,
+    check_range,
+    check_shape,
+    layer_norm,
+    load_tensors,
+    model_folder,
+    read_json,
+    read_tokenizer,
+)
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -49,28 +60,8 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("bert", "distilbert", "roberta")
 Granularity = Literal["block", "sublayer"]
 Params = dict[str, Any]
 
-# Files that hold a pickled state dict. Unpickling runs arbitrary code, so we only detect them
-# (to give a useful error) and never open them.
-_PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle", "*.ckpt")
-_SAFETENSORS_FILE = "model.safetensors"
-_SAFETENSORS_INDEX = "model.safetensors.index.json"
-
-# HF ACT2FN names -> our canonical activation names.
-_ACTIVATIONS: dict[str, str] = {
-    "gelu": "gelu",  # exact, erf based (torch.nn.functional.gelu default)
-    "gelu_python": "gelu",  # same exact erf formula, written out in Python
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",  # same tanh formula, only written differently in HF
-    "gelu_accurate": "gelu_tanh",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-}
-
-
-class EncoderError(CudtError):
-    """A model folder, config or checkpoint that cannot be loaded; the message says how to fix it."""
+# The error every loading problem raises; its older name, kept for existing callers.
+EncoderError = ModelFolderError
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,11 +159,11 @@ class EncoderConfig:
             if isinstance(err, EncoderError):
                 raise
             raise EncoderError(f"config.json has a malformed field: {err}") from err
-        if not isinstance(act_name, str) or act_name not in _ACTIVATIONS:
+        if not isinstance(act_name, str) or act_name not in ACTIVATIONS:
             raise EncoderError(
-                f"unsupported activation {act_name!r}: supported are {', '.join(_ACTIVATIONS)}"
+                f"unsupported activation {act_name!r}: supported are {', '.join(ACTIVATIONS)}"
             )
-        cfg = cls(model_type=model_type, activation=_ACTIVATIONS[act_name], **fields)
+        cfg = cls(model_type=model_type, activation=ACTIVATIONS[act_name], **fields)
         sizes = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size")
         for name in (*sizes, "max_position_embeddings"):
             if getattr(cfg, name) < 1:
@@ -195,14 +186,7 @@ class EncoderConfig:
     @classmethod
     def from_file(cls, path: str | pathlib.Path) -> EncoderConfig:
         """Parse a ``config.json`` file."""
-        path = pathlib.Path(path)
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise EncoderError(f"{path} is not valid JSON ({err}); re-export the model") from err
-        if not isinstance(raw, dict):
-            raise EncoderError(f"{path} must hold a JSON object; re-export the model")
-        return cls.from_dict(raw)
+        return cls.from_dict(read_json(path))
 
 
 def _or_default(value: Any, default: Any) -> Any:
@@ -213,26 +197,6 @@ def _or_default(value: Any, default: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 # Flax modules
 # --------------------------------------------------------------------------------------------
-
-
-def _activation(name: str) -> Callable[[jax.Array], jax.Array]:
-    if name == "gelu":
-        return functools.partial(jax.nn.gelu, approximate=False)
-    if name == "gelu_tanh":
-        return functools.partial(jax.nn.gelu, approximate=True)
-    if name == "relu":
-        return jax.nn.relu
-    if name == "silu":
-        return jax.nn.silu
-    raise EncoderError(f"unsupported activation {name!r}")  # unreachable: from_dict validates
-
-
-def _layer_norm(eps: float, dtype: Any, name: str) -> nn.LayerNorm:
-    # Two-pass variance (use_fast_variance=False) as torch computes it; E[x^2]-E[x]^2 loses
-    # precision and costs parity with HF.
-    return nn.LayerNorm(
-        epsilon=eps, dtype=dtype, param_dtype=dtype, use_fast_variance=False, name=name
-    )
 
 
 def _position_ids(config: EncoderConfig, input_ids: jax.Array) -> jax.Array:
@@ -262,7 +226,7 @@ class _Embeddings(nn.Module):
             self.token_type_embeddings = nn.Embed(
                 c.type_vocab_size, c.hidden_size, dtype=dt, param_dtype=dt
             )
-        self.layer_norm = _layer_norm(c.layer_norm_eps, dt, "layer_norm")
+        self.layer_norm = layer_norm(c.layer_norm_eps, dt, "layer_norm")
 
     def word(self, input_ids: jax.Array) -> jax.Array:
         """Word embedding lookup only: ``[B, T] -> [B, T, D]``."""
@@ -320,11 +284,11 @@ class _Block(nn.Module):
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, c.hidden_size)
         attn = dense(c.hidden_size, name="attn_out")(ctx)
-        h_attn = _layer_norm(c.layer_norm_eps, dt, "attn_norm")(attn + h)  # [B, T, D]
+        h_attn = layer_norm(c.layer_norm_eps, dt, "attn_norm")(attn + h)  # [B, T, D]
 
         m = dense(c.intermediate_size, name="mlp_in")(h_attn)  # [B, T, F]
-        m = dense(c.hidden_size, name="mlp_out")(_activation(c.activation)(m))
-        h_out = _layer_norm(c.layer_norm_eps, dt, "mlp_norm")(m + h_attn)  # [B, T, D]
+        m = dense(c.hidden_size, name="mlp_out")(activation(c.activation)(m))
+        h_out = layer_norm(c.layer_norm_eps, dt, "mlp_norm")(m + h_attn)  # [B, T, D]
         return h_out, ((h_attn, h_out) if self.sublayer else h_out)
 
 
@@ -461,17 +425,17 @@ class Encoder:
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
         attention_mask = jnp.asarray(attention_mask)
-        _check_shape("attention_mask", attention_mask.shape, (batch, length))
-        _check_range("input_ids", input_ids, self.config.vocab_size)
+        check_shape("attention_mask", attention_mask.shape, (batch, length))
+        check_range("input_ids", input_ids, self.config.vocab_size)
         if token_type_ids is not None:
             token_type_ids = jnp.asarray(token_type_ids)
-            _check_shape("token_type_ids", token_type_ids.shape, (batch, length))
+            check_shape("token_type_ids", token_type_ids.shape, (batch, length))
             if self.config.type_vocab_size == 0:
                 raise EncoderError(f"{self.config.model_type} has no token type embeddings")
-            _check_range("token_type_ids", token_type_ids, self.config.type_vocab_size)
+            check_range("token_type_ids", token_type_ids, self.config.type_vocab_size)
         if embedding_noise is not None:
             embedding_noise = jnp.asarray(embedding_noise)
-            _check_shape(
+            check_shape(
                 "embedding_noise", embedding_noise.shape, (batch, length, self.config.hidden_size)
             )
         return _forward(
@@ -554,21 +518,6 @@ class Encoder:
         return ids, mask
 
 
-def _check_range(name: str, ids: jax.Array, size: int) -> None:
-    """Raise unless every id is in ``[0, size)``; a no-op under tracing (values unknown)."""
-    if isinstance(ids, jax.core.Tracer) or ids.size == 0:
-        return
-    ids = np.asarray(ids)  # on the host: a concrete array closed over inside jit stays concrete
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= size:
-        raise EncoderError(f"{name} must lie in [0, {size}), found values in [{lo}, {hi}]")
-
-
-def _check_shape(name: str, found: tuple[int, ...], expected: tuple[int, ...]) -> None:
-    if tuple(found) != tuple(expected):
-        raise EncoderError(f"{name} has shape {list(found)}, expected {list(expected)}")
-
-
 # --------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------
@@ -597,47 +546,6 @@ _DISTILBERT_BLOCK = {
 _WORD_KEY = "embeddings.word_embeddings.weight"
 
 
-class _Weights:
-    """HF state dict with a model prefix, giving named, shape-checked numpy tensors."""
-
-    def __init__(self, tensors: Mapping[str, np.ndarray], prefix: str, source: pathlib.Path):
-        self.tensors, self.prefix, self.source = tensors, prefix, source
-
-    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        key = self.prefix + name
-        if key not in self.tensors and key.endswith((".weight", ".bias")):
-            # TF-converted checkpoints name LayerNorm params gamma/beta; HF renames them too.
-            legacy = key.rsplit(".", 1)[0] + (".gamma" if key.endswith(".weight") else ".beta")
-            key = legacy if legacy in self.tensors else key
-        if key not in self.tensors:
-            raise EncoderError(
-                f"tensor {self.prefix + name!r} is missing from {self.source.name}: the weights "
-                "do not fit config.json; pass the config.json exported with these weights, or "
-                "re-export them if the file was cut short"
-            )
-        arr = self.tensors[key]
-        if tuple(arr.shape) != tuple(shape):
-            raise EncoderError(
-                f"tensor {key!r} has shape {list(arr.shape)}, expected {list(shape)} from "
-                "config.json: the weights do not fit the config; pass the config.json exported "
-                "with these weights"
-            )
-        return arr
-
-    def dense(self, name: str, n_in: int, n_out: int) -> dict[str, np.ndarray]:
-        # torch Linear stores weight as [out, in]; flax Dense kernels are [in, out].
-        return {
-            "kernel": self.get(f"{name}.weight", (n_out, n_in)).T,
-            "bias": self.get(f"{name}.bias", (n_out,)),
-        }
-
-    def norm(self, name: str, dim: int) -> dict[str, np.ndarray]:
-        return {
-            "scale": self.get(f"{name}.weight", (dim,)),
-            "bias": self.get(f"{name}.bias", (dim,)),
-        }
-
-
 def _find_prefix(tensors: Mapping[str, np.ndarray], model_type: str) -> str:
     """The prefix before ``embeddings.`` ('' for base models, 'bert.' for BertForX, ...)."""
     found = [
@@ -659,7 +567,7 @@ def _find_prefix(tensors: Mapping[str, np.ndarray], model_type: str) -> str:
     raise EncoderError(f"several encoders in the checkpoint (prefixes {found}); keep only one")
 
 
-def _convert(weights: _Weights, config: EncoderConfig) -> Params:
+def _convert(weights: Weights, config: EncoderConfig) -> Params:
     """HF tensors -> our params tree (numpy): ``{"embeddings": ..., "blocks": [L]-stacked}``."""
     c = config
     d, f = c.hidden_size, c.intermediate_size
@@ -704,121 +612,6 @@ def _convert(weights: _Weights, config: EncoderConfig) -> Params:
     return {"embeddings": embeddings, "blocks": blocks}
 
 
-def _read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
-    import safetensors
-    import safetensors.numpy
-
-    # A pickle (or torch.save zip of pickles) saved under a safetensors name: refused by its
-    # first bytes; it is never unpickled.
-    try:
-        with open(file, "rb") as fh:
-            magic = fh.read(4)
-    except OSError as err:
-        raise EncoderError(f"cannot read {file} ({err.strerror or err}): check the file") from err
-    if (len(magic) >= 2 and magic[0] == 0x80 and 2 <= magic[1] <= 5) or magic == b"PK\x03\x04":
-        raise EncoderError(
-            f"{file} is a pickle (torch.save) file, not safetensors: pickle checkpoints are not "
-            "loaded (unsafe); convert to safetensors (e.g. save_pretrained(dir, "
-            "safe_serialization=True) in a trusted environment)"
-        )
-
-    try:
-        try:
-            return safetensors.numpy.load_file(str(file))
-        except KeyError:
-            # Older safetensors' numpy backend lacks bfloat16; the flax one has it (ml_dtypes).
-            with safetensors.safe_open(str(file), framework="flax") as fh:
-                return {k: np.asarray(fh.get_tensor(k)) for k in fh.keys()}
-    except Exception as err:  # SafetensorError, OSError: corrupt or truncated file
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise EncoderError(
-            f"cannot read {file} ({reason}): it is corrupt or truncated; re-export the "
-            "safetensors file"
-        ) from err
-
-
-def _load_tensors(folder: pathlib.Path) -> tuple[dict[str, np.ndarray], pathlib.Path]:
-    single = folder / _SAFETENSORS_FILE
-    if single.is_file():
-        return _read_safetensors(single), single
-    index = folder / _SAFETENSORS_INDEX
-    if index.is_file():
-        # Sharded export: the index maps tensor name -> shard file.
-        try:
-            shards = sorted(
-                set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-            )
-        except (json.JSONDecodeError, KeyError, AttributeError) as err:
-            raise EncoderError(f"{index} is malformed ({err}); re-export the model") from err
-        tensors: dict[str, np.ndarray] = {}
-        for shard in shards:
-            if not (folder / shard).is_file():
-                raise EncoderError(f"shard {shard} listed in {index.name} is missing from {folder}")
-            tensors.update(_read_safetensors(folder / shard))
-        return tensors, index
-    pickles = sorted({p.name for pat in _PICKLE_PATTERNS for p in folder.glob(pat)})
-    if pickles:
-        # Detected by name only: the file is never opened.
-        raise EncoderError(
-            f"{folder} has no {_SAFETENSORS_FILE}, only {', '.join(pickles)}: pickle checkpoints "
-            "are not loaded (unsafe); convert to safetensors (e.g. save_pretrained(dir, "
-            "safe_serialization=True) in a trusted environment)"
-        )
-    raise EncoderError(
-        f"{folder} has no {_SAFETENSORS_FILE}: export the model with "
-        "save_pretrained(dir, safe_serialization=True)"
-    )
-
-
-def _model_folder(path: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
-    """``(folder, folder/config.json)`` of a Hugging Face model folder, or one EncoderError line."""
-    folder = pathlib.Path(path).expanduser()
-    if not folder.is_dir():
-        raise EncoderError(
-            f"model folder {folder} does not exist: pass a folder holding config.json and "
-            f"{_SAFETENSORS_FILE}"
-        )
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise EncoderError(
-            f"{folder} has no config.json: pass a Hugging Face model folder (save_pretrained)"
-        )
-    return folder, config_file
-
-
-def _read_tokenizer(folder: pathlib.Path) -> Any:
-    """The folder's ``tokenizer.json`` as a ``tokenizers.Tokenizer``, or None when it has none."""
-    tokenizer_file = folder / "tokenizer.json"
-    if not tokenizer_file.is_file():
-        return None
-    from tokenizers import Tokenizer
-
-    try:
-        return Tokenizer.from_file(str(tokenizer_file))
-    except Exception as err:  # tokenizers raises plain Exception subclasses
-        raise EncoderError(f"cannot read {tokenizer_file} ({err}): re-export it") from err
-
-
-def _find_prefix_of(
-    tensors: Mapping[str, np.ndarray], key: str, preferred: tuple[str, ...], missing: str
-) -> str:
-    """The prefix in front of ``key`` among the tensor names: the first of ``preferred`` that
-    occurs, else the only one; ``missing`` is the error line when none does."""
-    found = [
-        k[: -len(key)]
-        for k in tensors
-        if k.endswith(key) and (k == key or k[: -len(key)].endswith("."))
-    ]
-    for prefix in preferred:
-        if prefix in found:
-            return prefix
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise EncoderError(missing)
-    raise EncoderError(f"several models in the checkpoint (prefixes {found}); keep only one")
-
-
 def load_encoder(path: str | pathlib.Path, *, dtype: Any = jnp.float32) -> Encoder:
     """Load a Hugging Face BERT / DistilBERT / RoBERTa folder into an :class:`Encoder`.
 
@@ -827,13 +620,13 @@ def load_encoder(path: str | pathlib.Path, *, dtype: Any = jnp.float32) -> Encod
     ``bert.`` / ``roberta.`` / ``distilbert.`` prefix on tensor names is handled. Params are cast
     to ``dtype``. Raises :class:`EncoderError` with a one-line fix for every loading problem.
     """
-    folder, config_file = _model_folder(path)
+    folder, config_file = model_folder(path)
     config = EncoderConfig.from_file(config_file)
-    tensors, source = _load_tensors(folder)
-    weights = _Weights(tensors, _find_prefix(tensors, config.model_type), source)
+    tensors, source = load_tensors(folder)
+    weights = Weights(tensors, _find_prefix(tensors, config.model_type), source)
     params = jax.tree.map(lambda a: jnp.asarray(a, dtype=dtype), _convert(weights, config))
 
-    tokenizer = _read_tokenizer(folder)
+    tokenizer = read_tokenizer(folder)
     return Encoder(config=config, params=params, tokenizer=tokenizer, dtype=dtype, path=folder)
 
 

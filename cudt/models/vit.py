@@ -28,7 +28,7 @@ A checkpoint with ``qkv_bias=false`` gets zero (trainable) query/key/value biase
 computes the same function.
 
 Only safetensors checkpoints are read: pickle checkpoints (``pytorch_model.bin``, ...) are
-refused, never opened. Loading problems raise :class:`cudt.models.encoders.EncoderError`.
+refused, never opened. Loading problems raise :class:`cudt.models.hf.ModelFolderError`.
 """
 
 from __future__ import annotations
@@ -46,18 +46,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cudt.models.encoders import (
-    _ACTIVATIONS,
-    _SAFETENSORS_FILE,
-    EncoderError,
-    _activation,
-    _find_prefix_of,
-    _layer_norm,
-    _load_tensors,
-    _model_folder,
+from cudt.models.hf import (
+    ACTIVATIONS,
+    SAFETENSORS_FILE,
+    ModelFolderError,
+    activation,
+    find_prefix,
+    layer_norm,
+    load_tensors,
+    model_folder,
+    read_json,
 )
-from cudt.models.encoders import (
-    _Weights as _EncoderWeights,
+from cudt.models.hf import (
+    Weights as _HFWeights,
 )
 
 __all__ = ["ViT", "ViTConfig", "ViTPreprocessor", "load_vit"]
@@ -100,7 +101,7 @@ _V5_BLOCK = {
 def _pair(value: Any, name: str) -> tuple[int, int]:
     if isinstance(value, list | tuple):
         if len(value) != 2:
-            raise EncoderError(f"config.json gives {name}={value}: must be an int or [h, w]")
+            raise ModelFolderError(f"config.json gives {name}={value}: must be an int or [h, w]")
         return int(value[0]), int(value[1])
     return int(value), int(value)
 
@@ -151,14 +152,14 @@ class ViTConfig:
         """Parse a ``config.json`` dict, filling keys it omits with the HF ``ViTConfig`` defaults."""
         model_type = raw.get("model_type")
         if model_type != "vit":
-            raise EncoderError(
+            raise ModelFolderError(
                 f"unsupported architecture {model_type!r}: load_vit reads 'vit' models only "
                 "(config.json model_type); pass a ViT folder"
             )
         act_name = raw.get("hidden_act", "gelu")
-        if not isinstance(act_name, str) or act_name not in _ACTIVATIONS:
-            raise EncoderError(
-                f"unsupported activation {act_name!r}: supported are {', '.join(_ACTIVATIONS)}"
+        if not isinstance(act_name, str) or act_name not in ACTIVATIONS:
+            raise ModelFolderError(
+                f"unsupported activation {act_name!r}: supported are {', '.join(ACTIVATIONS)}"
             )
         try:
             cfg = cls(
@@ -166,7 +167,7 @@ class ViTConfig:
                 num_layers=int(raw.get("num_hidden_layers", 12)),
                 num_heads=int(raw.get("num_attention_heads", 12)),
                 intermediate_size=int(raw.get("intermediate_size", 3072)),
-                activation=_ACTIVATIONS[act_name],
+                activation=ACTIVATIONS[act_name],
                 layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
                 image_size=_pair(raw.get("image_size", 224), "image_size"),
                 patch_size=_pair(raw.get("patch_size", 16), "patch_size"),
@@ -174,27 +175,29 @@ class ViTConfig:
                 qkv_bias=bool(raw.get("qkv_bias", True)),
             )
         except (TypeError, ValueError) as err:
-            if isinstance(err, EncoderError):
+            if isinstance(err, ModelFolderError):
                 raise
-            raise EncoderError(f"config.json has a malformed field: {err}") from err
+            raise ModelFolderError(f"config.json has a malformed field: {err}") from err
         sizes = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "num_channels")
         for name in sizes:
             if getattr(cfg, name) < 1:
-                raise EncoderError(f"config.json gives {name}={getattr(cfg, name)}: must be >= 1")
+                raise ModelFolderError(
+                    f"config.json gives {name}={getattr(cfg, name)}: must be >= 1"
+                )
         if min(cfg.patch_size) < 1 or any(
             s < p or s % p for s, p in zip(cfg.image_size, cfg.patch_size, strict=True)
         ):
-            raise EncoderError(
+            raise ModelFolderError(
                 f"image_size {list(cfg.image_size)} is not a positive multiple of patch_size "
                 f"{list(cfg.patch_size)}: fix config.json"
             )
         if cfg.hidden_size % cfg.num_heads:
-            raise EncoderError(
+            raise ModelFolderError(
                 f"hidden size {cfg.hidden_size} is not divisible by {cfg.num_heads} heads"
             )
         head_dim = raw.get("head_dim")
         if head_dim is not None and int(head_dim) != cfg.head_dim:
-            raise EncoderError(
+            raise ModelFolderError(
                 f"head_dim {head_dim} != hidden_size / num_attention_heads = {cfg.head_dim}: "
                 "not supported"
             )
@@ -225,7 +228,7 @@ class ViTPreprocessor:
             value = raw.get(name, default)
             values = [value] if isinstance(value, int | float) else value
             if not isinstance(values, list | tuple) or len(values) not in (1, num_channels):
-                raise EncoderError(
+                raise ModelFolderError(
                     f"preprocessor_config.json gives {name}={value!r}: expected a number or "
                     f"{num_channels} numbers"
                 )
@@ -249,24 +252,18 @@ class ViTPreprocessor:
                 size=size,
             )
         except (TypeError, ValueError) as err:
-            if isinstance(err, EncoderError):
+            if isinstance(err, ModelFolderError):
                 raise
-            raise EncoderError(f"preprocessor_config.json has a malformed field: {err}") from err
+            raise ModelFolderError(
+                f"preprocessor_config.json has a malformed field: {err}"
+            ) from err
         if pre.do_normalize and min(pre.image_std) <= 0:
-            raise EncoderError(f"preprocessor_config.json image_std {pre.image_std} must be > 0")
+            raise ModelFolderError(
+                f"preprocessor_config.json image_std {pre.image_std} must be > 0"
+            )
         if pre.do_rescale and pre.rescale_factor <= 0:
-            raise EncoderError(f"rescale_factor {pre.rescale_factor} must be > 0")
+            raise ModelFolderError(f"rescale_factor {pre.rescale_factor} must be > 0")
         return pre
-
-
-def _read_json(path: pathlib.Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise EncoderError(f"{path} is not valid JSON ({err}); re-export the model") from err
-    if not isinstance(raw, dict):
-        raise EncoderError(f"{path} must hold a JSON object; re-export the model")
-    return raw
 
 
 # --------------------------------------------------------------------------------------------
@@ -341,7 +338,7 @@ class _Block(nn.Module):
         batch, length, _d = h.shape
         split = (batch, length, c.num_heads, c.head_dim)
 
-        y = _layer_norm(c.layer_norm_eps, dt, "layernorm_before")(h)
+        y = layer_norm(c.layer_norm_eps, dt, "layernorm_before")(h)
         q = dense(c.hidden_size, name="query")(y).reshape(split)  # [B, T, H, Dh]
         k = dense(c.hidden_size, name="key")(y).reshape(split)
         v = dense(c.hidden_size, name="value")(y).reshape(split)
@@ -351,8 +348,8 @@ class _Block(nn.Module):
         ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, c.hidden_size)
         h = h + dense(c.hidden_size, name="attn_out")(ctx)
 
-        y = _layer_norm(c.layer_norm_eps, dt, "layernorm_after")(h)
-        m = _activation(c.activation)(dense(c.intermediate_size, name="mlp_in")(y))
+        y = layer_norm(c.layer_norm_eps, dt, "layernorm_after")(h)
+        m = activation(c.activation)(dense(c.intermediate_size, name="mlp_in")(y))
         h = h + dense(c.hidden_size, name="mlp_out")(m)
         return h, h
 
@@ -415,7 +412,7 @@ class ViT:
         c = self.config
         expected = (c.num_channels, *c.image_size)
         if pixel_values.ndim != 4 or tuple(pixel_values.shape[1:]) != expected:
-            raise EncoderError(
+            raise ModelFolderError(
                 f"pixel_values has shape {list(pixel_values.shape)}, expected [B, "
                 f"{', '.join(map(str, expected))}]: the position embeddings are for "
                 f"{c.image_size[0]}x{c.image_size[1]} images (no interpolation); resize first "
@@ -436,7 +433,7 @@ class ViT:
         images = jnp.asarray(images)
         expected = (self.config.num_channels, *self.config.image_size)
         if images.ndim < 3 or tuple(images.shape[-3:]) != expected:
-            raise EncoderError(
+            raise ModelFolderError(
                 f"images have shape {list(images.shape)}, expected [..., {expected}]"
             )
         return _patchify(images, self.config.patch_size)
@@ -446,7 +443,7 @@ class ViT:
         patches = jnp.asarray(patches)
         c = self.config
         if patches.ndim < 2 or tuple(patches.shape[-2:]) != (c.num_patches, c.patch_dim):
-            raise EncoderError(
+            raise ModelFolderError(
                 f"patches have shape {list(patches.shape)}, expected [..., {c.num_patches}, "
                 f"{c.patch_dim}]"
             )
@@ -467,7 +464,7 @@ class ViT:
         states = jnp.asarray(states)
         c = self.config
         if states.ndim < 2 or tuple(states.shape[-2:]) != (c.num_patches + 1, c.hidden_size):
-            raise EncoderError(
+            raise ModelFolderError(
                 f"states have shape {list(states.shape)}, expected [..., {c.num_patches + 1}, "
                 f"{c.hidden_size}] (N+1 tokens with [CLS], D)"
             )
@@ -484,7 +481,9 @@ class ViT:
         repeated to C channels, then rescaled and normalised as the preprocessor says."""
         frames = jnp.asarray(frames)
         if frames.ndim != 3:
-            raise EncoderError(f"frames have shape {list(frames.shape)}, expected [B, H, W] gray")
+            raise ModelFolderError(
+                f"frames have shape {list(frames.shape)}, expected [B, H, W] gray"
+            )
         if jnp.issubdtype(frames.dtype, jnp.integer):
             intensity = frames.astype(jnp.float32) / 255.0
         else:
@@ -507,7 +506,7 @@ class ViT:
         255 for RMSE on the 0-255 scale."""
         x = jnp.asarray(pixel_values, jnp.float32)
         if x.ndim < 3 or x.shape[-3] != self.config.num_channels:
-            raise EncoderError(
+            raise ModelFolderError(
                 f"pixel_values have shape {list(x.shape)}, expected [..., "
                 f"{self.config.num_channels}, H, W]"
             )
@@ -525,7 +524,7 @@ class ViT:
 # --------------------------------------------------------------------------------------------
 
 
-class _Weights(_EncoderWeights):
+class _Weights(_HFWeights):
     """HF state dict with a model prefix, giving named, shape-checked numpy tensors (the
     encoders' reader; ViT's query/key/value may have no bias, ``qkv_bias=False``)."""
 
@@ -539,7 +538,7 @@ class _Weights(_EncoderWeights):
 
 def _find_prefix(tensors: Mapping[str, np.ndarray]) -> str:
     """The prefix before ``embeddings.`` ('' for ViTModel, 'vit.' for ViTForX checkpoints)."""
-    return _find_prefix_of(
+    return find_prefix(
         tensors,
         _PATCH_KEY,
         ("", "vit."),
@@ -595,19 +594,19 @@ def load_vit(path: str | pathlib.Path, dtype: Any = jnp.float32) -> ViT:
     1/255). A ``vit.`` prefix on tensor names (``ViTForImageClassification``,
     ``ViTForMaskedImageModeling``) is handled; the final LayerNorm, pooler, classifier head,
     decoder and mask token are ignored. Params are cast to ``dtype``. Raises
-    :class:`EncoderError` with a one-line fix for every loading problem.
+    :class:`ModelFolderError` with a one-line fix for every loading problem.
     """
-    folder, config_file = _model_folder(path)
-    config = ViTConfig.from_dict(_read_json(config_file))
+    folder, config_file = model_folder(path)
+    config = ViTConfig.from_dict(read_json(config_file))
     pre_file = folder / "preprocessor_config.json"
     preprocessor = (
-        ViTPreprocessor.from_dict(_read_json(pre_file), config.num_channels)
+        ViTPreprocessor.from_dict(read_json(pre_file), config.num_channels)
         if pre_file.is_file()
         else ViTPreprocessor(
             image_mean=(0.5,) * config.num_channels, image_std=(0.5,) * config.num_channels
         )
     )
-    tensors, source = _load_tensors(folder)
+    tensors, source = load_tensors(folder)
     weights = _Weights(tensors, _find_prefix(tensors), source)
     params = jax.tree.map(lambda a: jnp.asarray(a, dtype=dtype), _convert(weights, config))
     return ViT(config=config, params=params, preprocessor=preprocessor, dtype=dtype, path=folder)
@@ -661,7 +660,7 @@ def write_vit_folder(
         for name, (n_out, n_in) in shapes.items():
             tensors[p + _LEGACY_BLOCK[name] + ".weight"] = normal(n_out, n_in)
             tensors[p + _LEGACY_BLOCK[name] + ".bias"] = np.zeros(n_out, np.float32)
-    safetensors.numpy.save_file(tensors, str(folder / _SAFETENSORS_FILE), metadata={"format": "pt"})
+    safetensors.numpy.save_file(tensors, str(folder / SAFETENSORS_FILE), metadata={"format": "pt"})
     config = {
         "model_type": "vit",
         "architectures": ["ViTModel"],

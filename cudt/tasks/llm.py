@@ -1,6 +1,6 @@
 """LLM supervised fine-tuning with layerwise descent constraints (the paper's Section 6), as a task.
 
-A Llama-family decoder (:mod:`cudt.models.decoder`) is trained on instruction data in the
+A Llama-family decoder (:mod:`cudt.models.llama`) is trained on instruction data in the
 Alpaca format (:mod:`cudt.data.alpaca`), the loss on the response tokens only. The state of
 layer ``l`` is the residual stream after block ``l`` (``l = 0``: the input embeddings), read
 out with the model's own final norm and LM head; its loss is the mean token cross-entropy of
@@ -10,7 +10,7 @@ logits. Robustness is the paper's: Gaussian noise ``γ·σ_E·n`` on every input
 (``σ_E``: the std of the input embedding table at the start), evaluated as the mean token
 accuracy of held-out responses vs ``γ``; and greedy completions of held-out prompts by the ERM
 and the constrained model with that noise on every token, generated ones included (a KV-cache
-decoder, :meth:`cudt.models.decoder.Decoder.generate`).
+decoder, :meth:`cudt.models.llama.Decoder.generate`).
 
 Without ``--checkpoint`` the model is a tiny decoder trained from scratch with a word-level
 tokenizer of the generated instruction set (no download: the default trains on a 2-core CPU in
@@ -42,7 +42,7 @@ from cudt.errors import UsageError
 from cudt.io import atomic_write
 from cudt.lm_loss import layer_token_losses
 from cudt.metrics import exact_match, rouge_l
-from cudt.models.decoder import Decoder, DecoderConfig, load_decoder
+from cudt.models.llama import Decoder, DecoderConfig, load_decoder
 from cudt.runner.config import (
     RunConfig,
     at_least,

