@@ -274,7 +274,15 @@ def gguf_tokenizer(meta: Mapping[str, Any] | _Metadata, path: pathlib.Path | Non
     BPE): vocabulary and merges as stored, control and user-defined tokens as single added
     tokens, llama.cpp's pre-tokenizer for ``tokenizer.ggml.pre``. ``meta`` is a reader's
     metadata or a plain dict of those keys. None when the file has no tokenizer."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+    )
 
     get = meta.get
     name = path.name if path is not None else "the GGUF file"
@@ -311,6 +319,12 @@ def gguf_tokenizer(meta: Mapping[str, Any] | _Metadata, path: pathlib.Path | Non
     specials = [t for t in added if t.special]
     tokenizer.add_special_tokens(specials)
     tokenizer.add_tokens([t for t in added if not t.special])
+    bos = get("tokenizer.ggml.bos_token_id")
+    if get("tokenizer.ggml.add_bos_token") and bos is not None and 0 <= bos < len(tokens):
+        # llama.cpp prepends BOS when this is set: encode(..., add_special_tokens=True) does too
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{tokens[bos]} $A", special_tokens=[(tokens[bos], int(bos))]
+        )
     return tokenizer
 
 
