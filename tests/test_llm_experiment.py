@@ -284,3 +284,36 @@ def test_reference_chance_plus_x_is_ln_vocab_plus_x():
     assert (
         task.resolve_reference("3.0", data) == 3.0 and task.resolve_reference("none", data) is None
     )
+
+
+def test_readouts_at_the_response_window_equal_readouts_everywhere():
+    """The task's default reads every state out at each example's response window only: the
+    same per-layer losses and gradients as at every position, with fewer readouts."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from cudt.runner.task import RunBatch
+    from cudt.tasks.llm import LLMConfig, LLMTask
+
+    task = LLMTask()
+    cfg = LLMConfig(
+        num_train=16, num_val=4, num_test=4, max_length=64, layers=2, hidden=16, heads=2,
+        kv_heads=1, intermediate=32, chunk_tokens=100,
+    )  # fmt: skip
+    data = task.load(cfg)
+    assert 0 < data.response_tokens < cfg.max_length / 2  # prompts dominate the sequence
+    everywhere = dataclasses.replace(data, response_tokens=None)
+    ex = {k: jnp.asarray(v[:8]) for k, v in task.split_examples(data, "train").items()}
+    key = jax.random.key(0)
+    results = []
+    for d in (data, everywhere):
+        model = task.build(cfg, d, "llm", None)
+        batch = RunBatch(ex, jnp.float32(1.0), model.frozen)
+        params = model.init(jax.random.key(1))
+        loss = lambda p, m=model, b=batch: jnp.sum(m.layer_losses(p, b, key))  # noqa: E731
+        results.append((model.layer_losses(params, batch, key), jax.grad(loss)(params)))
+    (window, g_window), (full, g_full) = results
+    np.testing.assert_allclose(window, full, rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(g_window), jax.tree.leaves(g_full), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

@@ -46,7 +46,7 @@ from cudt.data.alpaca import (
 )
 from cudt.errors import UsageError
 from cudt.io import atomic_write
-from cudt.lm_loss import layer_token_losses
+from cudt.lm_loss import layer_token_losses, response_span
 from cudt.models.llama import Decoder, DecoderConfig, apply_chat_template, load_decoder
 from cudt.runner.config import (
     RunConfig,
@@ -119,6 +119,13 @@ class LLMConfig(RunConfig):
     )
     vocab_chunk: int | None = flag(
         None, "per-layer loss: also chunk the vocabulary (online log-sum-exp)", check=at_least(1)
+    )
+    readout_tokens: str = flag(
+        "response",
+        "per-layer loss: read every state out at each example's response window only "
+        "(response: the same losses, fewer readouts over the vocabulary) or at every position "
+        "(all)",
+        check=one_of("response", "all"),
     )
     train_embeddings: bool = flag(
         False,
@@ -193,6 +200,7 @@ class LLMData:
     noise_unit: float
     from_scratch: bool
     prompt_format: str = "alpaca"  # "alpaca" | "chat"
+    response_tokens: int | None = None  # readout window per example; None: every position
 
     def prompt(self, record: AlpacaRecord) -> str:
         """The prompt text of ``record`` in this run's format."""
@@ -330,6 +338,11 @@ class LLMTask(AccuracyReports, Task):
             noise_unit=unit,
             from_scratch=cfg.checkpoint is None,
             prompt_format=fmt,
+            response_tokens=(
+                max(response_span(t.loss_mask) for t in tokens.values())
+                if cfg.readout_tokens == "response"
+                else None
+            ),
         )
 
     def describe(self, cfg, data: LLMData) -> list[str]:
@@ -341,10 +354,11 @@ class LLMTask(AccuracyReports, Task):
             else f"from {cfg.checkpoint}"
         )
         resp = float(data.tokens["train"].loss_mask.sum(1).mean())
+        window = data.response_tokens or cfg.max_length
         return [
             f"data: {data.source}; {cfg.max_length} tokens, {resp:.1f} response tokens per "
             f"example, {100 * _masked_fraction(data.tokens['train']):.0f}% of train examples "
-            "truncated",
+            f"truncated; every state read out at {window} positions per example",
             f"model: {c.model_type} {origin}: L = {c.num_layers} blocks, D = {c.hidden_size}, "
             f"{c.num_heads} heads ({c.num_kv_heads} kv), V = {c.vocab_size}, "
             f"{n_params / 1e6:.2f}M parameters, compute {cfg.compute_dtype}, "
@@ -422,6 +436,7 @@ class LLMTask(AccuracyReports, Task):
                 ex["loss_mask"],
                 chunk_tokens=cfg.chunk_tokens,
                 vocab_chunk=cfg.vocab_chunk,
+                response_tokens=data.response_tokens,
             )  # ce, acc: [B, L+1]
 
         def on_tokens(noise, ex):  # padding gets no noise (it is masked out anyway)
