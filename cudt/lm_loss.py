@@ -34,10 +34,11 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from cudt.errors import UsageError
 
-__all__ = ["layer_token_losses", "naive_layer_token_losses"]
+__all__ = ["layer_token_losses", "naive_layer_token_losses", "response_span"]
 
 NormFn = Callable[[jax.Array], jax.Array]
 
@@ -83,8 +84,17 @@ def layer_token_losses(
     *,
     chunk_tokens: int = 512,
     vocab_chunk: int | None = None,
+    response_tokens: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`naive_layer_token_losses`, holding at most one chunk of logits at a time.
+
+    With ``response_tokens = R`` only ``R`` positions of each sample are read out: the window
+    that starts at its first position with mask != 0 (moved left to fit in ``T``), so a
+    prompt-heavy batch pays for ``(L+1)·B·R`` readouts instead of ``(L+1)·B·T``. It gives the
+    same values and gradients whenever every sample's masked positions lie within ``R`` of its
+    first one (``R >= response_span(loss_mask)``, which instruction data meets: the response is
+    one contiguous run); a sample with a masked position outside its window gets a NaN loss,
+    loudly, rather than a silently smaller mean.
 
     The ``(L+1)·B·T`` rows of ``states`` (layer-major, then sample, then token) are processed
     ``chunk_tokens`` rows at a time by a ``jax.lax.scan`` whose body is ``jax.checkpoint``-ed:
@@ -115,6 +125,7 @@ def layer_token_losses(
         row count). Peak logits memory is a few ``chunk_tokens x V`` float32 buffers.
       vocab_chunk: vocabulary entries per block (clipped to V), or None for the whole
         vocabulary at once.
+      response_tokens: positions per sample to read out (clipped to T), or None for all.
 
     Returns:
       ``(ce [B, L+1], acc [B, L+1])`` float32.
@@ -124,6 +135,12 @@ def layer_token_losses(
         raise UsageError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
     if vocab_chunk is not None and not _positive_int(vocab_chunk):
         raise UsageError(f"vocab_chunk must be a positive int or None, got {vocab_chunk!r}")
+    if response_tokens is not None:
+        if not _positive_int(response_tokens):
+            raise UsageError(
+                f"response_tokens must be a positive int or None, got {response_tokens!r}"
+            )
+        states, labels, loss_mask = _response_window(states, labels, loss_mask, response_tokens)
     num_states, batch, seq, dim = states.shape
     num_rows = num_states * batch * seq
     chunk = min(int(chunk_tokens), num_rows)
@@ -197,6 +214,37 @@ def _check(states: jax.Array, head: jax.Array, labels: jax.Array, loss_mask: jax
             "pass them as int32"
         )
     return int(head.shape[1])
+
+
+def response_span(loss_mask) -> int:
+    """The largest ``last - first + 1`` over the samples' positions with mask != 0 (0 when none
+    has any): the smallest ``response_tokens`` that changes nothing. Host-side (numpy)."""
+    on = np.asarray(loss_mask) != 0
+    if on.ndim != 2 or not on.any():
+        return 0
+    seq = on.shape[1]
+    first = np.argmax(on, axis=1)
+    last = seq - 1 - np.argmax(on[:, ::-1], axis=1)
+    return int(np.max(np.where(on.any(axis=1), last - first + 1, 0)))
+
+
+def _response_window(
+    states: jax.Array, labels: jax.Array, loss_mask: jax.Array, window: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Each sample's ``R = min(window, T)`` positions from its first masked one (moved left to
+    fit): ``states [L+1, B, R, D]``, ``labels``, ``loss_mask [B, R]``. A sample whose masked
+    positions do not all fit gets the invalid label -1 at its masked window positions (NaN)."""
+    seq = states.shape[2]
+    r = min(int(window), seq)
+    on = loss_mask != 0
+    start = jnp.minimum(jnp.argmax(on, axis=1), seq - r)  # [B]
+    idx = start[:, None] + jnp.arange(r)[None, :]  # [B, R]
+    states = jnp.take_along_axis(states, idx[None, :, :, None], axis=2)
+    labels_w = jnp.take_along_axis(labels, idx, axis=1)
+    mask_w = jnp.take_along_axis(loss_mask, idx, axis=1)
+    lost = jnp.sum(on, axis=1) != jnp.sum(mask_w != 0, axis=1)  # [B]
+    labels_w = jnp.where(lost[:, None], -1, labels_w)
+    return states, labels_w, mask_w
 
 
 def _positive_int(value: object) -> bool:

@@ -130,10 +130,77 @@ def test_fine_tunes_a_hugging_face_folder_on_an_alpaca_file(checkpoint_folder, t
         assert r["train_objective"][-1] < r["train_objective"][0]
 
 
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def gguf_checkpoint(tmp_path_factory):
+    """A GGUF file as llama.cpp writes one: a tiny Llama, a byte-level BPE tokenizer with ChatML
+    special tokens (EOS ``<|im_end|>``) and a ChatML template."""
+    pytest.importorskip("gguf")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from cudt.models.llama import write_gguf
+
+    folder = tmp_path_factory.mktemp("tiny-gguf")
+    records = generated_instructions(80, seed=0)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([f"{r.instruction} {r.input} {r.output}" for r in records], trainer)
+    config = DecoderConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        tie_word_embeddings=True,
+        eos_token_id=(tok.token_to_id("<|im_end|>"),),
+        pad_token_id=tok.token_to_id("<|endoftext|>"),
+    )
+    params = config.init_params(jax.random.key(3))
+    file = write_gguf(folder / "tiny.gguf", config, params, tokenizer=tok, chat_template=CHATML)
+    return file, write_alpaca(records, folder / "alpaca_data.json")
+
+
+def test_fine_tunes_a_gguf_file_in_its_chat_template(gguf_checkpoint, tmp_path):
+    file, data = gguf_checkpoint
+    argv = [
+        "--checkpoint", str(file), "--data", str(data), "--num-train", "48", "--num-val",
+        "8", "--num-test", "8", "--max-length", "80", "--steps", "6", "--chunk-steps", "3",
+        "--batch-size", "8", "--completions", "1", "--max-new-tokens", "3", "--lr", "3e-3",
+        "--train-embeddings", "--test-gammas", "0,1",
+    ]  # fmt: skip
+    results = run(argv, tmp_path / "chat")
+    assert results["config"]["prompt_format"] == "chat"  # auto: the file has a template
+    assert results["config"]["decoder"]["eos_token_id"] == 2  # <|im_end|>
+    for r in results["runs"]:
+        assert r["train_objective"][-1] < r["train_objective"][0]
+        assert [c["gamma"] for c in r["completions"]] == [0.0, 1.0]
+    alpaca = run([*argv, "--prompt-format", "alpaca", "--steps", "3"], tmp_path / "alpaca")
+    assert alpaca["config"]["prompt_format"] == "alpaca"
+    # other prompts, other token counts: the two formats really tokenize differently
+    assert alpaca["runs"][0]["train_objective"][0] != results["runs"][0]["train_objective"][0]
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
         (["--checkpoint", "/nonexistent/llama"], "does not exist"),
+        (["--prompt-format", "chat"], "has no chat template"),
+        (["--prompt-format", "json"], "--prompt-format"),
         (["--data", "/nonexistent/alpaca_data.json"], "alpaca_data.json"),
         (["--hidden", "10", "--heads", "4"], "--hidden 10 is not divisible"),
         (["--heads", "4", "--kv-heads", "3"], "--kv-heads"),
@@ -225,3 +292,36 @@ def test_reference_chance_plus_x_is_ln_vocab_plus_x():
     assert (
         task.resolve_reference("3.0", data) == 3.0 and task.resolve_reference("none", data) is None
     )
+
+
+def test_readouts_at_the_response_window_equal_readouts_everywhere():
+    """The task's default reads every state out at each example's response window only: the
+    same per-layer losses and gradients as at every position, with fewer readouts."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from cudt.runner.task import RunBatch
+    from cudt.tasks.llm import LLMConfig, LLMTask
+
+    task = LLMTask()
+    cfg = LLMConfig(
+        num_train=16, num_val=4, num_test=4, max_length=64, layers=2, hidden=16, heads=2,
+        kv_heads=1, intermediate=32, chunk_tokens=100,
+    )  # fmt: skip
+    data = task.load(cfg)
+    assert 0 < data.response_tokens < cfg.max_length / 2  # prompts dominate the sequence
+    everywhere = dataclasses.replace(data, response_tokens=None)
+    ex = {k: jnp.asarray(v[:8]) for k, v in task.split_examples(data, "train").items()}
+    key = jax.random.key(0)
+    results = []
+    for d in (data, everywhere):
+        model = task.build(cfg, d, "llm", None)
+        batch = RunBatch(ex, jnp.float32(1.0), model.frozen)
+        params = model.init(jax.random.key(1))
+        loss = lambda p, m=model, b=batch: jnp.sum(m.layer_losses(p, b, key))  # noqa: E731
+        results.append((model.layer_losses(params, batch, key), jax.grad(loss)(params)))
+    (window, g_window), (full, g_full) = results
+    np.testing.assert_allclose(window, full, rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(g_window), jax.tree.leaves(g_full), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

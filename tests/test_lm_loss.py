@@ -210,3 +210,39 @@ def test_chunked_program_needs_less_temp_memory():
     assert temp_bytes(naive_layer_token_losses, 17, 4096) > 3 * naive
     deeper = temp_bytes(functools.partial(layer_token_losses, chunk_tokens=128), 17, 4096)
     assert deeper < 1.2 * chunked
+
+
+def test_response_window_equals_every_position_values_and_gradients():
+    """Reading out only a window of R positions per sample from its first response token gives
+    the full version's values and gradients when the responses fit (R = their span), and a
+    NaN, not a silently different mean, for a sample whose response does not."""
+    from cudt.lm_loss import response_span
+
+    states, head, scale, labels, _ = problem(seq=12)
+    # contiguous responses at different offsets (sample 1 has none), as instruction data has
+    mask = np.zeros((B, 12), bool)
+    mask[0, 3:7] = True
+    mask[2, 8:12] = True
+    mask = jnp.asarray(mask)
+    labels = jnp.where(mask, jnp.abs(labels) % V, -100)
+    span = response_span(mask)
+    assert span == 4
+    args = (states, head, scale, labels, mask.astype(jnp.float32))
+    full = functools.partial(layer_token_losses, chunk_tokens=7)
+    window = functools.partial(layer_token_losses, chunk_tokens=7, response_tokens=span)
+    (_, (ce, acc)), grads = value_and_grads(full, *args)
+    (_, (ce_w, acc_w)), grads_w = value_and_grads(window, *args)
+    np.testing.assert_allclose(ce_w, ce, **TOL)
+    np.testing.assert_allclose(acc_w, acc, atol=1e-6)
+    assert np.all(np.asarray(ce)[[0, 2]] > 0)
+    for name, g, g_w in zip(("states", "head", "scale"), grads, grads_w, strict=True):
+        assert np.abs(g).max() > 1e-3, name
+        np.testing.assert_allclose(g_w, g, **TOL, err_msg=name)
+    # a window narrower than sample 0's response: that sample is NaN, the others unchanged
+    (_, (ce_short, _)), _ = value_and_grads(
+        functools.partial(layer_token_losses, chunk_tokens=7, response_tokens=3), *args
+    )
+    assert np.all(np.isnan(ce_short[0])) and np.all(np.isnan(ce_short[2]))
+    np.testing.assert_allclose(ce_short[1], 0.0)
+    with pytest.raises(UsageError, match="response_tokens"):
+        layer_token_losses(states, lambda x: x, head, labels, mask, response_tokens=0)

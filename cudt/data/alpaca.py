@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -595,11 +595,13 @@ def tokenize_alpaca(
     max_length: int,
     *,
     min_response_tokens: int | None = None,
+    prompt: Callable[[AlpacaRecord], str] = alpaca_prompt,
 ) -> TokenizedAlpaca:
     """Tokenize ``records`` for causal-LM training on the responses (see :class:`TokenizedAlpaca`).
 
     ``tokenizer``: an :class:`InstructionTokenizer`, or anything :func:`load_tokenizer` takes.
-    The prompt (:func:`alpaca_prompt`) and the output are tokenized separately, then
+    The prompt (``prompt(record)``, by default :func:`alpaca_prompt`; a chat template's
+    rendering of the instruction for chat models) and the output are tokenized separately, then
     ``[BOS] + prompt + output + [EOS]`` (BOS only if the tokenizer has one).
 
     Truncation to ``max_length`` tokens, with ``S = max_length - (1 if BOS else 0)``: when
@@ -626,7 +628,7 @@ def tokenize_alpaca(
             f"min_response_tokens={min_response_tokens} must be in [1, {space - 1}] for "
             f"max_length={max_length}: pass a value in that range"
         )
-    prompts = tok.encode_batch([alpaca_prompt(r) for r in records])
+    prompts = tok.encode_batch([prompt(r) for r in records])
     outputs = tok.encode_batch([r.output for r in records])
 
     n = len(records)
@@ -685,10 +687,11 @@ def prompt_batches(
     *,
     batch_size: int,
     max_prompt_length: int,
+    prompt: Callable[[AlpacaRecord], str] = alpaca_prompt,
 ) -> Iterator[PromptBatch]:
     """Yield the prompts of ``records`` in order, ``batch_size`` at a time, left-padded.
 
-    Each row is ``[BOS] + prompt`` (as in :func:`tokenize_alpaca`), the prompt cut from the left
+    Each row is ``[BOS] + prompt(record)`` (as in :func:`tokenize_alpaca`), the prompt cut from the left
     to fit ``max_prompt_length``. Every batch has the same shape ``[batch_size,
     max_prompt_length]``, so a jitted generation step compiles once.
     """
@@ -701,7 +704,7 @@ def prompt_batches(
             f"prompt_batches needs batch_size >= 1 and max_prompt_length >= {n_bos + 1}, got "
             f"{batch_size} and {max_prompt_length}: pass larger values"
         )
-    prompts = tok.encode_batch([alpaca_prompt(r) for r in records])
+    prompts = tok.encode_batch([prompt(r) for r in records])
     space = max_prompt_length - n_bos
     for start in range(0, len(records), batch_size):
         idx = list(range(start, min(start + batch_size, len(records))))

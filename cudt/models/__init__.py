@@ -8,18 +8,26 @@
 * ``load_vit`` / ``ViT``: a pretrained Hugging Face ViT (``states [L+1, B, N+1, D]``) with a
   trainable readout of every state back to pixels (the paper's ViT denoiser).
 * ``load_decoder`` / ``Decoder`` / ``DecoderConfig`` (:mod:`cudt.models.llama`): a Llama-family
-  causal LM (Llama, Mistral, Qwen2; ``states [L+1, B, T, D]``), greedy KV-cache generation with embedding noise,
-  ``write_decoder_folder`` and ``decoder_partition_specs`` (FSDP / tensor-parallel specs).
+  causal LM (Llama, Mistral, Qwen2; ``states [L+1, B, T, D]``) from a Hugging Face folder or a
+  GGUF file, greedy KV-cache generation with embedding noise, ``write_decoder_folder``,
+  ``write_gguf``, ``apply_chat_template``, ``smollm2_gguf_path`` and
+  ``decoder_partition_specs`` (FSDP / tensor-parallel specs).
+* :mod:`cudt.models.hf`: the Hugging Face folder helpers every pretrained model shares, and
+  ``ModelFolderError``.
 """
 
 from cudt.models.dct import dct1_dictionary, dct2_dictionary, dct_matrix
 from cudt.models.dust import DUST, soft_threshold, spectral_norm_sq
+from cudt.models.hf import ModelFolderError
 from cudt.models.llama import (
     Decoder,
     DecoderConfig,
+    apply_chat_template,
     decoder_partition_specs,
     load_decoder,
+    smollm2_gguf_path,
     write_decoder_folder,
+    write_gguf,
 )
 from cudt.models.ut import UT, UT_PARAM_KEYS, ut_project, ut_project_tree
 from cudt.models.vit import ViT, ViTConfig, ViTPreprocessor, load_vit
@@ -28,20 +36,24 @@ __all__ = [
     "DUST",
     "Decoder",
     "DecoderConfig",
+    "ModelFolderError",
     "UT",
     "UT_PARAM_KEYS",
     "ViT",
     "ViTConfig",
     "ViTPreprocessor",
+    "apply_chat_template",
     "dct1_dictionary",
     "dct2_dictionary",
     "dct_matrix",
     "decoder_partition_specs",
     "load_decoder",
     "load_vit",
+    "smollm2_gguf_path",
     "soft_threshold",
     "spectral_norm_sq",
     "ut_project",
     "ut_project_tree",
     "write_decoder_folder",
+    "write_gguf",
 ]

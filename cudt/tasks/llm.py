@@ -14,14 +14,18 @@ decoder, :meth:`cudt.models.llama.Decoder.generate`).
 
 Without ``--checkpoint`` the model is a tiny decoder trained from scratch with a word-level
 tokenizer of the generated instruction set (no download: the default trains on a 2-core CPU in
-minutes). With ``--checkpoint`` a Hugging Face Llama / Mistral / Qwen2 folder is fine-tuned
-whole, with its own ``tokenizer.json``; ``--data`` reads ``alpaca_data.json``.
+minutes). With ``--checkpoint`` a Hugging Face Llama / Mistral / Qwen2 folder or a GGUF file
+is fine-tuned whole, with its own tokenizer; ``--data`` reads ``alpaca_data.json``. An
+instruction becomes a prompt through the model's chat template when it has one (the instruction
+as the user turn; ``--prompt-format``), else the Stanford Alpaca template.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from cudt.data.alpaca import (
+    AlpacaRecord,
     InstructionTokenizer,
     TokenizedAlpaca,
+    alpaca_prompt,
     alpaca_splits,
     build_word_tokenizer,
     load_tokenizer,
@@ -40,9 +46,9 @@ from cudt.data.alpaca import (
 )
 from cudt.errors import UsageError
 from cudt.io import atomic_write
-from cudt.lm_loss import layer_token_losses
+from cudt.lm_loss import layer_token_losses, response_span
 from cudt.metrics import exact_match, rouge_l
-from cudt.models.llama import Decoder, DecoderConfig, load_decoder
+from cudt.models.llama import Decoder, DecoderConfig, apply_chat_template, load_decoder
 from cudt.runner.config import (
     RunConfig,
     at_least,
@@ -67,8 +73,15 @@ class LLMConfig(RunConfig):
     checkpoint: str | None = flag(
         None,
         "Hugging Face Llama / Mistral / Qwen2 folder (config.json, *.safetensors, "
-        "tokenizer.json) to fine-tune whole; default: a tiny decoder trained from scratch with "
-        "a word tokenizer of the data",
+        "tokenizer.json) or .gguf file (e.g. SmolLM2-135M-Instruct) to fine-tune whole; "
+        "default: a tiny decoder trained from scratch with a word tokenizer of the data",
+    )
+    prompt_format: str = flag(
+        "auto",
+        "how an instruction becomes a prompt: chat (the model's chat template, the instruction "
+        "as the user turn), alpaca (the Stanford Alpaca template), or auto (chat when the model "
+        "has a chat template, else alpaca)",
+        check=one_of("auto", "chat", "alpaca"),
     )
     data: str | None = flag(
         None,
@@ -107,6 +120,13 @@ class LLMConfig(RunConfig):
     )
     vocab_chunk: int | None = flag(
         None, "per-layer loss: also chunk the vocabulary (online log-sum-exp)", check=at_least(1)
+    )
+    readout_tokens: str = flag(
+        "response",
+        "per-layer loss: read every state out at each example's response window only "
+        "(response: the same losses, fewer readouts over the vocabulary) or at every position "
+        "(all)",
+        check=one_of("response", "all"),
     )
     train_embeddings: bool = flag(
         False,
@@ -180,6 +200,51 @@ class LLMData:
     source: str
     noise_unit: float
     from_scratch: bool
+    prompt_format: str = "alpaca"  # "alpaca" | "chat"
+    response_tokens: int | None = None  # readout window per example; None: every position
+
+    def prompt(self, record: AlpacaRecord) -> str:
+        """The prompt text of ``record`` in this run's format."""
+        return _prompter(self.prompt_format, self.decoder, self.tokenizer)(record)
+
+
+def _prompter(
+    fmt: str, decoder: Decoder, tok: InstructionTokenizer
+) -> Callable[[AlpacaRecord], str]:
+    if fmt == "alpaca":
+        return alpaca_prompt
+    return functools.partial(chat_prompt, decoder=decoder, tok=tok)
+
+
+def chat_prompt(record: AlpacaRecord, decoder: Decoder, tok: InstructionTokenizer) -> str:
+    """``record`` as one user turn (the instruction, then its input after a blank line) in the
+    model's chat template, with the opening of the assistant turn; the template writes any BOS
+    itself (``bos_token``), so the tokenizer adds none."""
+    content = f"{record.instruction}\n\n{record.input}" if record.input else record.instruction
+    name = tok.tokenizer.id_to_token
+    return apply_chat_template(
+        [{"role": "user", "content": content}],
+        decoder.chat_template,
+        add_generation_prompt=True,
+        bos_token=name(decoder.config.bos_token_id)
+        if decoder.config.bos_token_id is not None
+        else "",
+        eos_token=name(tok.eos_id) or "",
+    )
+
+
+def _checkpoint_tokenizer(cfg: LLMConfig, decoder: Decoder) -> InstructionTokenizer:
+    """The tokenizer of a checkpoint: its folder's tokenizer.json, or the one a GGUF file holds
+    (its BOS / EOS / PAD ids from the file's metadata)."""
+    if Path(cfg.checkpoint).suffix.lower() != ".gguf":
+        return load_tokenizer(cfg.checkpoint)
+    if decoder.tokenizer is None:
+        raise UsageError(f"{cfg.checkpoint} holds no tokenizer: convert it with its tokenizer")
+    c, name = decoder.config, decoder.tokenizer.id_to_token
+    if not c.eos_token_id:
+        raise UsageError(f"{cfg.checkpoint} has no tokenizer.ggml.eos_token_id: set it in the file")
+    pad = name(c.pad_token_id) if c.pad_token_id is not None else None
+    return load_tokenizer(decoder.tokenizer, eos=name(c.eos_token_id[0]), pad=pad)
 
 
 def _tiny_decoder(cfg: LLMConfig, tok: InstructionTokenizer) -> Decoder:
@@ -234,16 +299,29 @@ class LLMTask(AccuracyReports, Task):
         )
         records = {"train": splits.train, "val": splits.val, "test": splits.test}
         if cfg.checkpoint is not None:
-            tok = load_tokenizer(cfg.checkpoint)
+            tok = _checkpoint_tokenizer(cfg, decoder)
             if tok.vocab_size > decoder.config.vocab_size:
                 raise UsageError(
-                    f"{cfg.checkpoint}/tokenizer.json has {tok.vocab_size} tokens but the model "
+                    f"the tokenizer of {cfg.checkpoint} has {tok.vocab_size} tokens but the model "
                     f"only {decoder.config.vocab_size} embeddings: use the model's own tokenizer"
                 )
         else:
             tok = load_tokenizer(build_word_tokenizer(splits.train + splits.val + splits.test))
             decoder = _tiny_decoder(cfg, tok)
-        tokens = {k: tokenize_alpaca(v, tok, cfg.max_length) for k, v in records.items()}
+        fmt = cfg.prompt_format
+        if fmt == "auto":
+            fmt = "chat" if decoder.chat_template else "alpaca"
+        if fmt == "chat":
+            if not decoder.chat_template:
+                raise UsageError(
+                    f"--prompt-format chat: {cfg.checkpoint or 'the tiny decoder'} has no chat "
+                    "template; pass --prompt-format alpaca"
+                )
+            tok = dataclasses.replace(tok, bos_id=None)  # the template writes any BOS
+        prompt = _prompter(fmt, decoder, tok)
+        tokens = {
+            k: tokenize_alpaca(v, tok, cfg.max_length, prompt=prompt) for k, v in records.items()
+        }
         for split, t in tokens.items():
             if not np.any(t.loss_mask):
                 raise UsageError(
@@ -260,6 +338,12 @@ class LLMTask(AccuracyReports, Task):
             source=splits.source,
             noise_unit=unit,
             from_scratch=cfg.checkpoint is None,
+            prompt_format=fmt,
+            response_tokens=(
+                max(response_span(t.loss_mask) for t in tokens.values())
+                if cfg.readout_tokens == "response"
+                else None
+            ),
         )
 
     def describe(self, cfg, data: LLMData) -> list[str]:
@@ -271,13 +355,15 @@ class LLMTask(AccuracyReports, Task):
             else f"from {cfg.checkpoint}"
         )
         resp = float(data.tokens["train"].loss_mask.sum(1).mean())
+        window = data.response_tokens or cfg.max_length
         return [
             f"data: {data.source}; {cfg.max_length} tokens, {resp:.1f} response tokens per "
             f"example, {100 * _masked_fraction(data.tokens['train']):.0f}% of train examples "
-            "truncated",
+            f"truncated; every state read out at {window} positions per example",
             f"model: {c.model_type} {origin}: L = {c.num_layers} blocks, D = {c.hidden_size}, "
             f"{c.num_heads} heads ({c.num_kv_heads} kv), V = {c.vocab_size}, "
-            f"{n_params / 1e6:.2f}M parameters, compute {cfg.compute_dtype}; noise std = gamma x "
+            f"{n_params / 1e6:.2f}M parameters, compute {cfg.compute_dtype}, "
+            f"{data.prompt_format} prompts; noise std = gamma x "
             f"{data.noise_unit:.4g}"
             + (" (std of the input embeddings)" if cfg.noise_scale is None else ""),
         ]
@@ -289,6 +375,7 @@ class LLMTask(AccuracyReports, Task):
             "vocab_size": data.decoder.config.vocab_size,
             "train_shape": list(data.tokens["train"].input_ids.shape),
             "noise_unit": data.noise_unit,
+            "prompt_format": data.prompt_format,
         }
 
     def config_extras(self, cfg, data: LLMData) -> dict[str, Any]:
@@ -298,6 +385,7 @@ class LLMTask(AccuracyReports, Task):
             "data_source": data.source,
             "decoder": data.decoder.config.to_dict(),
             "reference_bound": self.resolve_reference(cfg.reference, data),
+            "prompt_format": data.prompt_format,
         }
 
     def chance_level(self, data: LLMData) -> float:
@@ -349,6 +437,7 @@ class LLMTask(AccuracyReports, Task):
                 ex["loss_mask"],
                 chunk_tokens=cfg.chunk_tokens,
                 vocab_chunk=cfg.vocab_chunk,
+                response_tokens=data.response_tokens,
             )  # ce, acc: [B, L+1]
 
         def on_tokens(noise, ex):  # padding gets no noise (it is masked out anyway)
@@ -392,7 +481,11 @@ class LLMTask(AccuracyReports, Task):
             return [{} for _ in labels]
         dec, tok = data.decoder, data.tokenizer
         records = data.records["test"][:k]
-        batch = next(prompt_batches(records, tok, batch_size=k, max_prompt_length=cfg.max_length))
+        batch = next(
+            prompt_batches(
+                records, tok, batch_size=k, max_prompt_length=cfg.max_length, prompt=data.prompt
+            )
+        )
         gammas = [0.0, self._completion_gamma(cfg)]
         key = jax.random.key(cfg.seed + 7)  # the same noise for every run
         out = []

@@ -9,6 +9,7 @@
   :func:`write_decoder_folder`.
 * :mod:`~cudt.models.llama.gguf`: GGUF files (:func:`load_gguf`, :func:`write_gguf`,
   :func:`smollm2_gguf_path`).
+* :mod:`~cudt.models.llama.gguf_tokenizer`: GGUF BPE tokenizers <-> ``tokenizers``.
 * :mod:`~cudt.models.llama.chat`: :func:`apply_chat_template`.
 """
 

