@@ -113,3 +113,20 @@ def test_vmap_over_states(update):
     np.testing.assert_allclose(
         states.multipliers["per_sample"][1], s0.multipliers["per_sample"], rtol=1e-6
     )
+
+
+def test_dual_radius_and_nupi_in_the_step():
+    def problem(p, b, k):
+        return jnp.sum(p["w"]), {
+            "lo": cudt.Constraint(1.0 - p["w"], kind="ineq"),  # w ≥ 1, pushes λ up
+            "eq": cudt.Constraint(jnp.sum(p["w"]) - 10.0, kind="eq"),
+        }
+
+    init, step = cudt.make_constrained_step(
+        problem, primal=optax.sgd(1e-3), dual=cudt.nupi(1.0, kp=0.5), dual_radius=0.25
+    )
+    s = init({"w": jnp.zeros(2)}, None)
+    for _ in range(5):
+        s, _ = step(s, None, jax.random.key(0))
+    np.testing.assert_allclose(s.multipliers["lo"], [0.25, 0.25])  # clipped at the radius
+    assert float(s.multipliers["eq"]) == -0.25  # free sign, clipped at −R
