@@ -5,8 +5,18 @@ enforced by a primal-dual method in one jitted step. See README.md.
 """
 
 from cudt.constrained import DescentConfig, constraint_values, lagrangian_terms
-from cudt.dual import as_dual, dual_adam, dual_ascent, project_nonnegative, resilience_decay
+from cudt.constrained_step import ConstrainedState, make_constrained_step
+from cudt.constraint import Constraint, FreeSign
+from cudt.dual import (
+    as_dual,
+    dual_adam,
+    dual_ascent,
+    nupi,
+    project_nonnegative,
+    resilience_decay,
+)
 from cudt.errors import CheckpointError, CudtError, DataError, UsageError
+from cudt.formulation import AugmentedLagrangian, Lagrangian, QuadraticPenalty
 from cudt.models.encoders import Encoder, EncoderError, load_encoder
 from cudt.models.hf import ModelFolderError
 from cudt.models.llama import Decoder, DecoderConfig, load_decoder
@@ -14,6 +24,14 @@ from cudt.models.vit import ViT, load_vit
 from cudt.train import TrainState, make_train_step
 
 __all__ = [
+    "AugmentedLagrangian",
+    "ConstrainedState",
+    "Constraint",
+    "FreeSign",
+    "Lagrangian",
+    "QuadraticPenalty",
+    "make_constrained_step",
+    "nupi",
     "CheckpointError",
     "CudtError",
     "DataError",

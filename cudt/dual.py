@@ -25,10 +25,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from cudt.constraint import FreeSign
+
 __all__ = [
     "as_dual",
     "dual_adam",
     "dual_ascent",
+    "nupi",
     "project_nonnegative",
     "resilience_decay",
 ]
@@ -61,7 +64,13 @@ def project_nonnegative() -> optax.GradientTransformation:
     def update_fn(updates, state, params=None):
         if params is None:
             raise ValueError("project_nonnegative needs the current multipliers as `params`")
-        updates = jax.tree.map(lambda u, p: jnp.maximum(p + u, 0.0) - p, updates, params)
+
+        def proj(u, p):
+            if isinstance(p, FreeSign):  # equality multipliers: free sign, no projection
+                return u
+            return jnp.maximum(p + u, 0.0) - p
+
+        updates = jax.tree.map(proj, updates, params, is_leaf=lambda x: isinstance(x, FreeSign))
         return updates, state
 
     return optax.GradientTransformation(init_fn, update_fn)
@@ -115,3 +124,42 @@ def dual_adam(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e
     """Projected Adam ascent (the paper's choice: "a second Adam for the duals")."""
     _check_lr("dual learning rate", learning_rate)
     return as_dual(optax.adam(learning_rate, b1=b1, b2=b2, eps=eps))
+
+
+class NuPIState(NamedTuple):
+    xi: object  # ξ_{t−1}, the EMA of the constraint values
+    started: jax.Array  # [] bool: whether ξ_{−1} has been set
+
+
+def nupi(learning_rate, kp=0.0, ki=1.0, ema_nu=0.0, init="sgd"):
+    """nuPI control of the multipliers (Sohrabi et al. 2024), projected onto λ ≥ 0.
+
+        ξ_t = ν ξ_{t−1} + (1 − ν) e_t
+        λ ← [λ + η (K_I e_t + K_P (ξ_t − ξ_{t−1}))]₊
+
+    with ``e_t = g`` the constraint values and ``ξ_{−1} = e_0`` (``init="sgd"``: the first step is
+    plain projected ascent with rate η·K_I) or ``ξ_{−1} = 0`` (``init="zeros"``). ``kp=0`` is
+    :func:`dual_ascent` with rate ``η·ki``. Equality multipliers (:class:`cudt.FreeSign`) are not
+    projected.
+    """
+    _check_lr("dual learning rate", learning_rate)
+    if init not in ("sgd", "zeros"):
+        raise ValueError(f"nupi init must be 'sgd' or 'zeros', got {init!r}")
+    if not 0.0 <= float(ema_nu) < 1.0:
+        raise ValueError(f"ema_nu must lie in [0, 1), got {ema_nu}")
+
+    def init_fn(params):
+        xi = jax.tree.map(jnp.zeros_like, params)
+        return NuPIState(xi=xi, started=jnp.zeros((), bool))
+
+    def update_fn(updates, state, params=None):
+        e = updates
+        if init == "sgd":
+            prev = jax.tree.map(lambda x, ei: jnp.where(state.started, x, ei), state.xi, e)
+        else:
+            prev = state.xi
+        xi = jax.tree.map(lambda p, ei: ema_nu * p + (1.0 - ema_nu) * ei, prev, e)
+        raw = jax.tree.map(lambda ei, x, p: learning_rate * (ki * ei + kp * (x - p)), e, xi, prev)
+        return raw, NuPIState(xi=xi, started=jnp.ones((), bool))
+
+    return optax.chain(optax.GradientTransformation(init_fn, update_fn), project_nonnegative())

@@ -1,0 +1,132 @@
+"""The general constrained step: contract, formulations, indexed tables, sweeps."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import cudt
+
+
+def _problem(params, batch, key):
+    # min (x-0)^2 s.t. 1 - x <= 0 (KKT: x=1, λ=2); y = 0.5 (eq: y - 0.5 = 0); per-sample x >= a_i
+    del key
+    x, y = params["x"], params["y"]
+    return x**2 + y**2, {
+        "budget": cudt.Constraint(1.0 - x, kind="ineq"),
+        "balance": cudt.Constraint(y - 0.5, kind="eq"),
+        "per_sample": cudt.Constraint(batch["a"] - x, kind="ineq", index=batch["ids"]),
+    }
+
+
+def _batch(ids):
+    ids = jnp.asarray(ids, jnp.int32)
+    return {"ids": ids, "a": 0.5 * jnp.ones(ids.shape)}
+
+
+def test_contract_shapes_and_kkt():
+    init, step = cudt.make_constrained_step(
+        _problem, primal=optax.sgd(0.05), dual=cudt.dual_ascent(0.05), update="alternating"
+    )
+    params = {"x": jnp.array(0.0), "y": jnp.array(0.0)}
+    state = init(params, _batch([0, 1]), num_indexed={"per_sample": 6})
+    assert state.multipliers["per_sample"].shape == (6,)
+    assert state.multipliers["budget"].shape == ()
+    for t in range(1500):
+        state, metrics = step(state, _batch([t % 3, 3 + t % 3]), jax.random.key(t))
+    np.testing.assert_allclose(state.params["x"], 1.0, atol=2e-2)
+    np.testing.assert_allclose(state.multipliers["budget"], 2.0, atol=5e-2)
+    # equality multiplier is free-sign: y = 0.5 needs λ = -1
+    np.testing.assert_allclose(state.multipliers["balance"], -1.0, atol=5e-2)
+    assert float(state.multipliers["balance"]) < 0
+    assert np.all(np.asarray(state.multipliers["per_sample"]) >= 0)
+    assert set(metrics) >= {"objective", "lagrangian", "constraints", "violation"}
+
+
+def test_init_does_not_alias_and_requires_num_indexed():
+    init, _ = cudt.make_constrained_step(
+        _problem, primal=optax.sgd(0.1), dual=cudt.dual_ascent(0.1)
+    )
+    params = {"x": jnp.array(0.0), "y": jnp.array(0.0)}
+    state = init(params, _batch([0]), num_indexed={"per_sample": 3})
+    assert state.params["x"] is not params["x"]
+    assert state.params["x"].unsafe_buffer_pointer() != params["x"].unsafe_buffer_pointer()
+    with pytest.raises(ValueError, match="num_indexed"):
+        init(params, _batch([0]))
+
+
+def test_indexed_rows_outside_batch_bit_identical_with_adam():
+    init, step = cudt.make_constrained_step(
+        _problem, primal=optax.sgd(0.1), dual=cudt.dual_adam(0.1)
+    )
+    params = {"x": jnp.array(0.0), "y": jnp.array(0.0)}
+    state = init(params, _batch([0, 1]), num_indexed={"per_sample": 8})
+    state, _ = step(state, _batch([0, 1]), jax.random.key(0))
+    before_mult = np.asarray(state.multipliers["per_sample"]).copy()
+    before_dual = [np.asarray(x).copy() for x in jax.tree.leaves(state.dual_state["per_sample"])]
+    state, _ = step(state, _batch([2, 5]), jax.random.key(1))
+    after = np.asarray(state.multipliers["per_sample"])
+    untouched = [0, 1, 3, 4, 6, 7]
+    np.testing.assert_array_equal(after[untouched], before_mult[untouched])
+    assert np.all(after[[2, 5]] > 0)
+    for b, a in zip(before_dual, jax.tree.leaves(state.dual_state["per_sample"]), strict=True):
+        a = np.asarray(a)
+        if a.ndim and a.shape[0] == 8:
+            np.testing.assert_array_equal(a[untouched], b[untouched])
+            assert not np.array_equal(a[[2, 5]], b[[2, 5]])
+
+
+def test_formulations_finite_at_zero_penalty():
+    g = jnp.array([-1.0, 0.5])
+    lam = jnp.array([0.3, 0.0])
+    lag = cudt.Lagrangian().term(g, lam, "ineq", 0.0)
+    al = cudt.AugmentedLagrangian(penalty=0.0).term(g, lam, "ineq", jnp.asarray(0.0))
+    assert np.isfinite(float(al))
+    np.testing.assert_allclose(al, lag, rtol=1e-7)
+    al2 = cudt.AugmentedLagrangian(penalty=2.0).term(g, lam, "ineq", jnp.asarray(2.0))
+    # active set {g>0 or λ>0} = both entries: + (2/2)(1 + 0.25)
+    np.testing.assert_allclose(al2, lag + 1.25, rtol=1e-6)
+    qp = cudt.QuadraticPenalty(penalty=2.0).term(g, lam, "ineq", jnp.asarray(2.0))
+    np.testing.assert_allclose(qp, 0.25, rtol=1e-6)
+    with pytest.raises(ValueError, match="penalty"):
+        cudt.AugmentedLagrangian(penalty=-1.0)
+    with pytest.raises(ValueError, match="kind"):
+        cudt.Constraint(g, kind="leq")
+
+
+@pytest.mark.parametrize("update", ["simultaneous", "alternating", "extragradient"])
+def test_vmap_over_states(update):
+    init, step = cudt.make_constrained_step(
+        _problem, primal=optax.sgd(0.05), dual=cudt.dual_ascent(0.05), update=update
+    )
+    batch = _batch([0, 1])
+    states = jax.vmap(lambda x: init({"x": x, "y": jnp.array(0.0)}, batch, {"per_sample": 4}))(
+        jnp.array([0.0, 2.0])
+    )
+    vstep = jax.vmap(step, in_axes=(0, None, None))
+    s0 = init({"x": jnp.array(2.0), "y": jnp.array(0.0)}, batch, {"per_sample": 4})
+    for t in range(5):
+        states, _ = vstep(states, batch, jax.random.key(t))
+        s0, _ = step(s0, batch, jax.random.key(t))
+    np.testing.assert_allclose(states.params["x"][1], s0.params["x"], rtol=1e-6)
+    np.testing.assert_allclose(
+        states.multipliers["per_sample"][1], s0.multipliers["per_sample"], rtol=1e-6
+    )
+
+
+def test_dual_radius_and_nupi_in_the_step():
+    def problem(p, b, k):
+        return jnp.sum(p["w"]), {
+            "lo": cudt.Constraint(1.0 - p["w"], kind="ineq"),  # w ≥ 1, pushes λ up
+            "eq": cudt.Constraint(jnp.sum(p["w"]) - 10.0, kind="eq"),
+        }
+
+    init, step = cudt.make_constrained_step(
+        problem, primal=optax.sgd(1e-3), dual=cudt.nupi(1.0, kp=0.5), dual_radius=0.25
+    )
+    s = init({"w": jnp.zeros(2)}, None)
+    for _ in range(5):
+        s, _ = step(s, None, jax.random.key(0))
+    np.testing.assert_allclose(s.multipliers["lo"], [0.25, 0.25])  # clipped at the radius
+    assert float(s.multipliers["eq"]) == -0.25  # free sign, clipped at −R
