@@ -20,6 +20,7 @@ PLANNED_BY_OTHER_BRANCHES = {
     "benchmarks/general_step.py",
     "benchmarks/imported_step.py",
     "benchmarks/linalg_step.py",
+    "benchmarks/gpu_suite.py",
     "benchmarks/smollm2_step.py",
     "docs/constrained.md",
     "docs/speed.md",
