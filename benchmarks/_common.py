@@ -99,8 +99,8 @@ def video_batch(seq_len: int, batch_size: int):
 def make_layer_losses(model, gamma, sigma: float):
     """``(params, clean [B, T, P], key) -> [B, L+1]``: per-sample MSE of every layer's state.
 
-    The same function as ``cudt.video.make_layer_losses`` (the experiment's), restated here so
-    the benchmarks import only the library core, not the experiment module.
+    The same function as the video task's ``layer_losses`` (``cudt/tasks/video.py``), restated
+    here so the benchmarks import only the library core, not the task module.
     """
 
     def layer_losses(params, clean, key):
@@ -113,7 +113,7 @@ def make_layer_losses(model, gamma, sigma: float):
 
 @dataclasses.dataclass
 class UTSetup:
-    """The video experiment's wiring of a UT denoiser (as in ``cudt.video._train_group``)."""
+    """The video experiment's wiring of a UT denoiser (as the video task, ``cudt/tasks/video.py``)."""
 
     model: UT
     params: Any
