@@ -23,95 +23,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import ToyTask, toy
 
 import cudt
 from cudt.checkpoint import GroupCheckpointer
-from cudt.runner import GroupModel, RunConfig, Task
 from cudt.runner.cli import task_main
-from cudt.runner.config import SWEEPABLE, at_least, flag, shared
-from cudt.runner.report import Column
+from cudt.runner.config import SWEEPABLE
 
 ROOT = Path(__file__).resolve().parents[1]
-DIM = 8
-
-
-@dataclasses.dataclass(frozen=True)
-class ToyConfig(RunConfig):
-    layers: int = flag(2, "residual layers", check=at_least(1))
-    num_examples: int = flag(96, "examples per split", check=at_least(8))
-    steps: int = shared("steps", 12)
-    batch_size: int = shared("batch_size", 8)
-    chunk_steps: int = shared("chunk_steps", 4)
-    eval_batch_size: int = shared("eval_batch_size", 32)
-    seeds: int = shared("seeds", 2)
-    lr: float | None = shared("lr", 3e-2)
-    dual_lr: float = shared("dual_lr", 0.2)
-    epsilon: float = shared("epsilon", 0.3)
-    warmup_steps: int | None = shared("warmup_steps", 2)
-
-
-class ToyTask(Task):
-    name = "toy"
-    config_cls = ToyConfig
-    eval_traces = 0
-
-    def load(self, cfg):
-        rng = np.random.default_rng(cfg.seed)
-        basis = rng.normal(size=(2, DIM)).astype(np.float32)
-        return {
-            split: (rng.normal(size=(cfg.num_examples, 2)).astype(np.float32) @ basis)
-            for split in ("train", "val", "test")
-        }
-
-    def split_examples(self, data, split, model):
-        return data[split]
-
-    def model_names(self, cfg):
-        return ["toy"]
-
-    def build(self, cfg, data, name, structure):
-        L = cfg.layers
-
-        def states(params, x):
-            out = [x]
-            for layer in range(L):
-                out.append(out[-1] - jnp.tanh(out[-1] @ params["w"][layer]))
-            return jnp.stack(out)  # [L+1, B, D]
-
-        def per_sample(params, clean, noise):
-            return jnp.mean((states(params, clean + noise) - clean[None]) ** 2, axis=2).T
-
-        def layer_losses(params, batch, key):
-            noise = batch.gamma * jax.random.normal(key, batch.examples.shape)
-            return per_sample(params, batch.examples, noise)
-
-        def eval_outputs(params, frozen, clean, index, gamma, key):
-            self.eval_traces += 1  # Python runs only while tracing: counts compilations
-            noise = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (DIM,)))(index)
-            return {"losses": per_sample(params, clean, gamma * noise)}
-
-        return GroupModel(
-            name="toy",
-            num_layers=L,
-            init=lambda key: {"w": 0.05 * jax.random.normal(key, (L, DIM, DIM))},
-            layer_losses=layer_losses,
-            eval_outputs=eval_outputs,
-        )
-
-    def test_gamma_grid(self, cfg, gamma_train):
-        return sorted({0.0, 1.0, gamma_train})
-
-    def run_metrics(self, cfg, test, val, gammas, gamma_train):
-        return {"final_loss": [float(g[:, -1].mean()) for g in test["losses"]]}
-
-    def metric_columns(self):
-        return [Column("final", 8, lambda r: f"{r['final_loss'][0]:.4f}")]
-
-
-def toy(argv, out, task=None) -> dict:
-    task = task or ToyTask()
-    assert task_main(task, [*argv, "--out", str(out)], "toy", "toy") == 0
-    return json.loads((Path(out) / "results.json").read_text())
 
 
 def test_evaluation_compiles_once_per_group(tmp_path):
@@ -229,7 +148,7 @@ FOUR_DEVICES = textwrap.dedent(
     import json, sys
     sys.path.insert(0, {tests!r})
     import jax
-    from test_runner import ToyTask, toy
+    from helpers import ToyTask, toy
     assert jax.device_count() == 4, jax.devices()
     one = toy(["--devices", "1", "--seeds", "2", "--sweep", "epsilon=0.2,0.4"], {out!r} + "/one")
     four = toy(["--seeds", "2", "--sweep", "epsilon=0.2,0.4"], {out!r} + "/four")
@@ -340,7 +259,7 @@ TWO_PROCESSES = textwrap.dedent(
     import jax
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     sys.path.insert(0, {tests!r})
-    from test_runner import ToyTask
+    from helpers import ToyTask
     from cudt.runner.cli import task_main
     argv = ["--seeds", "2", "--sweep", "epsilon=0.2,0.4", "--distributed", "--out", sys.argv[1]]
     sys.exit(task_main(ToyTask(), argv, "toy", "toy"))
