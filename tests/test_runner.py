@@ -10,7 +10,9 @@ the caller's arrays.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import subprocess
@@ -49,9 +51,14 @@ def final_params(out: Path, group: str) -> dict:
 
 @pytest.fixture(scope="module")
 def sweep_run(tmp_path_factory):
+    """The sweep's output folder and results.json; what it printed is in ``printed.txt``."""
     out = tmp_path_factory.mktemp("toy") / "sweep"
     argv = ["--sweep", "epsilon=0.2,0.4", "--sweep", "lr=0.03,0.01", "--gamma-train", "0.3"]
-    return out, toy(argv, out)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        results = toy(argv, out)
+    (out.parent / "printed.txt").write_text(printed.getvalue())
+    return out, results
 
 
 def test_sweep_runs_every_point_and_seed_in_one_program(sweep_run, capsys):
@@ -117,7 +124,7 @@ def test_best_run_per_setting_is_feasible(sweep_run):
             assert best[0]["val_objective"] == min(r["val_objective"] for r in eligible)
 
 
-def test_outputs_curves_and_table(sweep_run, capsys):
+def test_outputs_curves_and_table(sweep_run):
     out, results = sweep_run
     run0 = results["runs"][0]
     assert run0["curves"]["step"][-1] == 12 and len(run0["curves"]["multipliers"][0]) == 3
@@ -126,6 +133,38 @@ def test_outputs_curves_and_table(sweep_run, capsys):
     assert len(logs) == len(results["runs"])
     assert all(any((out / "tensorboard" / d).iterdir()) for d in logs)
     assert results["devices"] >= 1 and results["processes"] == 1
+
+    # The printed summary table: a header, a rule, then one row per run of results.json, in
+    # its order, each cell the run's own value (swept fields after the seed, task columns next).
+    lines = (out.parent / "printed.txt").read_text().splitlines()
+    top = next(
+        i for i, line in enumerate(lines) if line.split()[:4] == ["model", "L", "kind", "seed"]
+    )
+    header = lines[top].split()
+    assert header == [
+        "model", "L", "kind", "seed", "epsilon", "lr", "final", "descent", "mean", "r",
+        "med", "r", "feasible", "max", "λ", "peak", "λ",
+    ]  # fmt: skip
+    assert set(lines[top + 1]) == {"-"} and len(lines[top + 1]) == len(lines[top])
+    runs = results["runs"]
+    rows = [line.split() for line in lines[top + 2 : top + 2 + len(runs)]]
+    for row, r in zip(rows, runs, strict=True):
+        assert len(row) == 13, row
+        model, layers, kind, seed, eps, lr, final, descent, mean_r, med_r, status = row[:11]
+        assert (model, layers, seed) == ("toy", "2", str(r["seed"]))
+        assert kind == ("constrained" if r["constrained"] else "ERM")
+        assert eps == ("-" if not r["constrained"] else f"{r['hparams']['epsilon']:.3g}")
+        assert float(lr) == pytest.approx(r["hparams"]["lr"], rel=1e-3)
+        assert float(final) == pytest.approx(r["final_loss"][0], abs=1e-4)
+        assert float(descent.rstrip("%")) == pytest.approx(100 * r["descent_rate"], abs=0.05)
+        assert float(mean_r) == pytest.approx(r["mean_ratio"], abs=1e-3)
+        assert float(med_r) == pytest.approx(r["median_ratio"], abs=1e-3)
+        assert status == ("yes" if r["feasible"] else "NO") + ("*" if r["best"] else "")
+        assert float(row[11]) == pytest.approx(max(r["multipliers"]), rel=1e-2, abs=1e-6)
+        assert float(row[12]) == pytest.approx(max(r["max_multipliers"]), rel=1e-2, abs=1e-6)
+    assert sum(row[2] == "ERM" for row in rows) == 4
+    assert sum(row[10].endswith("*") for row in rows) >= 1  # the best ERM run at least
+    assert len(lines) > top + 2 + len(runs) and not lines[top + 2 + len(runs)].startswith("toy")
 
 
 def test_sweep_flag_errors(tmp_path, capsys):
