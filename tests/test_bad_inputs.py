@@ -941,6 +941,29 @@ def test_output_under_a_file(tmp_path, capsys):
     assert parent.read_text() == "my notes"
 
 
+def test_output_in_a_read_only_folder(tmp_path, capsys):
+    """--out inside a folder nobody may write to. As a normal user: a chmod 0o555 folder. Root
+    writes through file permissions, so as root the folder is one the kernel refuses to
+    anyone: /sys (sysfs; mkdir there fails with EPERM for root too). Never skipped."""
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        out, reason = locked / "run", "(Permission denied)"
+    else:
+        locked, out, reason = Path("/sys"), Path("/sys/cudt-test-run"), "(Operation not permitted)"
+    assert not out.exists()
+    before = sorted(p.name for p in locked.iterdir())
+    try:
+        status, err = cli([*TINY, "--out", out], capsys)
+    finally:
+        if locked != Path("/sys"):
+            locked.chmod(0o755)
+    # the OS reason differs between the two mechanisms: not a docs/errors.md row
+    check(None, status, err, f"cannot write to --out {out} {reason}", "pass a writable folder")
+    assert not out.exists() and sorted(p.name for p in locked.iterdir()) == before
+
+
 def test_disk_full_at_start(tmp_path):
     """No room even for the run's config: refused, and the new --out is removed again."""
     out = tmp_path / "run"
@@ -1018,3 +1041,35 @@ def _write_table(tmp_path_factory):
             lines.append(f"| {case} | {status} | `{cell}` |")
         lines.append("")
     Path(path).write_text("\n".join(lines))
+
+
+def _docs_rows() -> dict[str, tuple[str, int, str]]:
+    """docs/errors.md's table rows: case -> (section, exit status, message)."""
+    rows, section = {}, None
+    for line in (ROOT / "docs" / "errors.md").read_text().splitlines():
+        if line.startswith("### "):
+            section = line[4:]
+        m = re.fullmatch(r"\| (.+?) \| (\d+) \| `(.*)` \|", line)
+        if m:
+            rows[m.group(1)] = (section, int(m.group(2)), m.group(3).replace("\\|", "|"))
+    return rows
+
+
+def test_zz_docs_errors_md_is_this_runs_output(tmp_path_factory, request):
+    """Runs last in this module: every message recorded above is docs/errors.md's row for that
+    case, word for word (temporary paths as /tmp/...); with the whole module selected, every
+    row of docs/errors.md was recorded. Fix: regenerate with CUDT_ERRORS_TABLE (see the top)."""
+    docs = _docs_rows()
+    assert len(docs) > 50, "docs/errors.md has lost its tables"
+    base = str(tmp_path_factory.getbasetemp())
+    recorded = {
+        case: (section, status, re.sub(re.escape(base) + r"/[^/]+/", "/tmp/", line))
+        for case, (section, line, status) in MESSAGES.items()
+    }
+    for case, got in recorded.items():
+        assert case in docs, f"docs/errors.md has no row {case!r}: regenerate it"
+        assert docs[case] == got, (case, docs[case], got)
+    selected = {i.originalname for i in request.session.items if i.module is request.module}
+    defined = {n for n in dir(request.module) if n.startswith("test_")}
+    if selected == defined:  # the whole module ran: no row without its test
+        assert sorted(set(docs) - set(recorded)) == []

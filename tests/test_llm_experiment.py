@@ -78,11 +78,17 @@ def test_every_run_has_per_layer_losses_accuracy_and_completions(tiny_run):
     assert "ERM" in text and "constrained" in text and "γ=2" in text and "ROUGE-L" in text
 
 
-def test_training_lowers_the_response_loss(tiny_run):
+def test_training_learns_the_held_out_responses(tiny_run):
+    """8 steps from random weights: an untrained decoder reads out near-uniform logits (test
+    cross-entropy ln V, token accuracy about 1/V). After training, both runs beat it on the
+    held-out responses: test cross-entropy of the last state below ln V - 0.08 and token
+    accuracy above 10/V. Measured: 5.05 vs ln 180 = 5.19, accuracy 0.167 vs 1/V = 0.006."""
     _, results = tiny_run
+    vocab = results["config"]["decoder"]["vocab_size"]
     for r in results["runs"]:
-        objective = r["train_objective"]
-        assert objective[-1] < objective[0]
+        clean = r["test_gamma"].index(0.0)
+        assert r["layer_loss"][clean][-1] < np.log(vocab) - 0.08, (r["label"], r["layer_loss"])
+        assert r["accuracy"][clean] > 10 / vocab, (r["label"], r["accuracy"])
 
 
 def test_a_finished_run_is_refused_and_kept(tiny_run, capsys):
@@ -117,8 +123,8 @@ def test_fine_tunes_a_hugging_face_folder_on_an_alpaca_file(checkpoint_folder, t
     folder, data = checkpoint_folder
     argv = [
         "--checkpoint", str(folder), "--data", str(data), "--num-train", "48", "--num-val",
-        "8", "--num-test", "8", "--max-length", "64", "--steps", "6", "--chunk-steps", "3",
-        "--batch-size", "8", "--completions", "1", "--max-new-tokens", "3", "--lr", "3e-3",
+        "8", "--num-test", "8", "--max-length", "64", "--steps", "8", "--chunk-steps", "4",
+        "--batch-size", "8", "--completions", "1", "--max-new-tokens", "3", "--lr", "3e-2",
         "--train-embeddings", "--test-gammas", "0,1",
     ]  # fmt: skip
     results = run(argv, tmp_path / "ft")
@@ -126,8 +132,12 @@ def test_fine_tunes_a_hugging_face_folder_on_an_alpaca_file(checkpoint_folder, t
     assert results["config"]["decoder"]["vocab_size"] == saved["vocab_size"]
     assert results["config"]["decoder"]["tie_word_embeddings"] is True
     assert "alpaca_data.json" in results["config"]["data_source"]
+    # it learns from the folder's random weights: held-out cross-entropy below ln V (see
+    # test_training_learns_the_held_out_responses)
+    vocab = saved["vocab_size"]
     for r in results["runs"]:
-        assert r["train_objective"][-1] < r["train_objective"][0]
+        clean = r["test_gamma"].index(0.0)
+        assert r["layer_loss"][clean][-1] < np.log(vocab) - 0.08, (r["label"], r["layer_loss"])
 
 
 CHATML = (
@@ -223,10 +233,17 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(argv, words, tmp_pat
 def test_bf16_compute_trains_close_to_float32(tiny_run, tmp_path):
     _, f32 = tiny_run
     bf16 = run([*TINY, "--compute-dtype", "bfloat16", "--completions", "0"], tmp_path / "bf16")
+    assert bf16["config"]["compute_dtype"] == "bfloat16"
     for a, b in zip(f32["runs"], bf16["runs"], strict=True):
         assert np.all(np.isfinite(b["layer_loss"]))
-        # bf16 matmuls, float32 master weights: the same training to about 2 digits
+        # bf16 matmuls, float32 master weights: the same training to about 2 digits ...
         np.testing.assert_allclose(b["train_objective"], a["train_objective"], rtol=0.05)
+        np.testing.assert_allclose(b["layer_loss"], a["layer_loss"], rtol=0.05)
+        # ... but not the float32 numbers: bf16 rounding moves the test losses (measured: by
+        # 6e-6 to 3e-5 relative), a float32 rerun of the same config moves them by 0 (with
+        # --compute-dtype ignored: exactly 0). A flag that changed nothing fails here.
+        rel = np.abs(np.subtract(b["layer_loss"], a["layer_loss"])) / np.abs(a["layer_loss"])
+        assert rel.max() > 3e-6, rel
 
 
 FSDP = textwrap.dedent(

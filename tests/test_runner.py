@@ -10,7 +10,9 @@ the caller's arrays.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import subprocess
@@ -23,95 +25,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import ToyTask, toy
 
 import cudt
 from cudt.checkpoint import GroupCheckpointer
-from cudt.runner import GroupModel, RunConfig, Task
 from cudt.runner.cli import task_main
-from cudt.runner.config import SWEEPABLE, at_least, flag, shared
-from cudt.runner.report import Column
+from cudt.runner.config import SWEEPABLE
 
 ROOT = Path(__file__).resolve().parents[1]
-DIM = 8
-
-
-@dataclasses.dataclass(frozen=True)
-class ToyConfig(RunConfig):
-    layers: int = flag(2, "residual layers", check=at_least(1))
-    num_examples: int = flag(96, "examples per split", check=at_least(8))
-    steps: int = shared("steps", 12)
-    batch_size: int = shared("batch_size", 8)
-    chunk_steps: int = shared("chunk_steps", 4)
-    eval_batch_size: int = shared("eval_batch_size", 32)
-    seeds: int = shared("seeds", 2)
-    lr: float | None = shared("lr", 3e-2)
-    dual_lr: float = shared("dual_lr", 0.2)
-    epsilon: float = shared("epsilon", 0.3)
-    warmup_steps: int | None = shared("warmup_steps", 2)
-
-
-class ToyTask(Task):
-    name = "toy"
-    config_cls = ToyConfig
-    eval_traces = 0
-
-    def load(self, cfg):
-        rng = np.random.default_rng(cfg.seed)
-        basis = rng.normal(size=(2, DIM)).astype(np.float32)
-        return {
-            split: (rng.normal(size=(cfg.num_examples, 2)).astype(np.float32) @ basis)
-            for split in ("train", "val", "test")
-        }
-
-    def split_examples(self, data, split, model):
-        return data[split]
-
-    def model_names(self, cfg):
-        return ["toy"]
-
-    def build(self, cfg, data, name, structure):
-        L = cfg.layers
-
-        def states(params, x):
-            out = [x]
-            for layer in range(L):
-                out.append(out[-1] - jnp.tanh(out[-1] @ params["w"][layer]))
-            return jnp.stack(out)  # [L+1, B, D]
-
-        def per_sample(params, clean, noise):
-            return jnp.mean((states(params, clean + noise) - clean[None]) ** 2, axis=2).T
-
-        def layer_losses(params, batch, key):
-            noise = batch.gamma * jax.random.normal(key, batch.examples.shape)
-            return per_sample(params, batch.examples, noise)
-
-        def eval_outputs(params, frozen, clean, index, gamma, key):
-            self.eval_traces += 1  # Python runs only while tracing: counts compilations
-            noise = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (DIM,)))(index)
-            return {"losses": per_sample(params, clean, gamma * noise)}
-
-        return GroupModel(
-            name="toy",
-            num_layers=L,
-            init=lambda key: {"w": 0.05 * jax.random.normal(key, (L, DIM, DIM))},
-            layer_losses=layer_losses,
-            eval_outputs=eval_outputs,
-        )
-
-    def test_gamma_grid(self, cfg, gamma_train):
-        return sorted({0.0, 1.0, gamma_train})
-
-    def run_metrics(self, cfg, test, val, gammas, gamma_train):
-        return {"final_loss": [float(g[:, -1].mean()) for g in test["losses"]]}
-
-    def metric_columns(self):
-        return [Column("final", 8, lambda r: f"{r['final_loss'][0]:.4f}")]
-
-
-def toy(argv, out, task=None) -> dict:
-    task = task or ToyTask()
-    assert task_main(task, [*argv, "--out", str(out)], "toy", "toy") == 0
-    return json.loads((Path(out) / "results.json").read_text())
 
 
 def test_evaluation_compiles_once_per_group(tmp_path):
@@ -130,9 +51,14 @@ def final_params(out: Path, group: str) -> dict:
 
 @pytest.fixture(scope="module")
 def sweep_run(tmp_path_factory):
+    """The sweep's output folder and results.json; what it printed is in ``printed.txt``."""
     out = tmp_path_factory.mktemp("toy") / "sweep"
     argv = ["--sweep", "epsilon=0.2,0.4", "--sweep", "lr=0.03,0.01", "--gamma-train", "0.3"]
-    return out, toy(argv, out)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        results = toy(argv, out)
+    (out.parent / "printed.txt").write_text(printed.getvalue())
+    return out, results
 
 
 def test_sweep_runs_every_point_and_seed_in_one_program(sweep_run, capsys):
@@ -198,7 +124,7 @@ def test_best_run_per_setting_is_feasible(sweep_run):
             assert best[0]["val_objective"] == min(r["val_objective"] for r in eligible)
 
 
-def test_outputs_curves_and_table(sweep_run, capsys):
+def test_outputs_curves_and_table(sweep_run):
     out, results = sweep_run
     run0 = results["runs"][0]
     assert run0["curves"]["step"][-1] == 12 and len(run0["curves"]["multipliers"][0]) == 3
@@ -207,6 +133,38 @@ def test_outputs_curves_and_table(sweep_run, capsys):
     assert len(logs) == len(results["runs"])
     assert all(any((out / "tensorboard" / d).iterdir()) for d in logs)
     assert results["devices"] >= 1 and results["processes"] == 1
+
+    # The printed summary table: a header, a rule, then one row per run of results.json, in
+    # its order, each cell the run's own value (swept fields after the seed, task columns next).
+    lines = (out.parent / "printed.txt").read_text().splitlines()
+    top = next(
+        i for i, line in enumerate(lines) if line.split()[:4] == ["model", "L", "kind", "seed"]
+    )
+    header = lines[top].split()
+    assert header == [
+        "model", "L", "kind", "seed", "epsilon", "lr", "final", "descent", "mean", "r",
+        "med", "r", "feasible", "max", "λ", "peak", "λ",
+    ]  # fmt: skip
+    assert set(lines[top + 1]) == {"-"} and len(lines[top + 1]) == len(lines[top])
+    runs = results["runs"]
+    rows = [line.split() for line in lines[top + 2 : top + 2 + len(runs)]]
+    for row, r in zip(rows, runs, strict=True):
+        assert len(row) == 13, row
+        model, layers, kind, seed, eps, lr, final, descent, mean_r, med_r, status = row[:11]
+        assert (model, layers, seed) == ("toy", "2", str(r["seed"]))
+        assert kind == ("constrained" if r["constrained"] else "ERM")
+        assert eps == ("-" if not r["constrained"] else f"{r['hparams']['epsilon']:.3g}")
+        assert float(lr) == pytest.approx(r["hparams"]["lr"], rel=1e-3)
+        assert float(final) == pytest.approx(r["final_loss"][0], abs=1e-4)
+        assert float(descent.rstrip("%")) == pytest.approx(100 * r["descent_rate"], abs=0.05)
+        assert float(mean_r) == pytest.approx(r["mean_ratio"], abs=1e-3)
+        assert float(med_r) == pytest.approx(r["median_ratio"], abs=1e-3)
+        assert status == ("yes" if r["feasible"] else "NO") + ("*" if r["best"] else "")
+        assert float(row[11]) == pytest.approx(max(r["multipliers"]), rel=1e-2, abs=1e-6)
+        assert float(row[12]) == pytest.approx(max(r["max_multipliers"]), rel=1e-2, abs=1e-6)
+    assert sum(row[2] == "ERM" for row in rows) == 4
+    assert sum(row[10].endswith("*") for row in rows) >= 1  # the best ERM run at least
+    assert len(lines) > top + 2 + len(runs) and not lines[top + 2 + len(runs)].startswith("toy")
 
 
 def test_sweep_flag_errors(tmp_path, capsys):
@@ -229,7 +187,7 @@ FOUR_DEVICES = textwrap.dedent(
     import json, sys
     sys.path.insert(0, {tests!r})
     import jax
-    from test_runner import ToyTask, toy
+    from helpers import ToyTask, toy
     assert jax.device_count() == 4, jax.devices()
     one = toy(["--devices", "1", "--seeds", "2", "--sweep", "epsilon=0.2,0.4"], {out!r} + "/one")
     four = toy(["--seeds", "2", "--sweep", "epsilon=0.2,0.4"], {out!r} + "/four")
@@ -340,7 +298,7 @@ TWO_PROCESSES = textwrap.dedent(
     import jax
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     sys.path.insert(0, {tests!r})
-    from test_runner import ToyTask
+    from helpers import ToyTask
     from cudt.runner.cli import task_main
     argv = ["--seeds", "2", "--sweep", "epsilon=0.2,0.4", "--distributed", "--out", sys.argv[1]]
     sys.exit(task_main(ToyTask(), argv, "toy", "toy"))

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import FFN, HEADS, LAYERS, MAX_POS, D
 from PIL import Image
-from safetensors.numpy import save_file
 
 from cudt.data.text import length_batches
 from cudt.errors import UsageError
@@ -27,11 +26,9 @@ from cudt.models.classifier import (
     cross_entropy,
     make_layer_losses,
 )
-from cudt.models.encoders import minilm_path
 from cudt.runner.hparams import resolve_reference
 from experiments import text_classify
 
-D, LAYERS, HEADS, FFN, MAX_POS = 32, 2, 4, 37, 64
 TINY = [
     "--num-train",
     "40",
@@ -65,61 +62,6 @@ RUN_KEYS = {
     "accuracy",
     "auc",
 }
-
-
-def write_tiny_bert(folder: Path, seed: int = 0) -> Path:
-    """A random BERT folder (config.json, model.safetensors) with MiniLM's tokenizer.json."""
-    tok = minilm_path()
-    vocab = json.loads((tok / "config.json").read_text())["vocab_size"]
-    rng = np.random.default_rng(seed)
-
-    def rand(*shape):
-        return (0.2 * rng.standard_normal(shape)).astype(np.float32)
-
-    t = {
-        "embeddings.word_embeddings.weight": rand(vocab, D),
-        "embeddings.position_embeddings.weight": rand(MAX_POS, D),
-        "embeddings.token_type_embeddings.weight": rand(2, D),
-        "embeddings.LayerNorm.weight": 1 + rand(D),
-        "embeddings.LayerNorm.bias": rand(D),
-    }
-    linears = {
-        "attention.self.query": (D, D),
-        "attention.self.key": (D, D),
-        "attention.self.value": (D, D),
-        "attention.output.dense": (D, D),
-        "intermediate.dense": (FFN, D),
-        "output.dense": (D, FFN),
-    }
-    for i in range(LAYERS):
-        for name, shape in linears.items():
-            t[f"encoder.layer.{i}.{name}.weight"] = rand(*shape)
-            t[f"encoder.layer.{i}.{name}.bias"] = rand(shape[0])
-        for name in ("attention.output.LayerNorm", "output.LayerNorm"):
-            t[f"encoder.layer.{i}.{name}.weight"] = 1 + rand(D)
-            t[f"encoder.layer.{i}.{name}.bias"] = rand(D)
-    config = dict(
-        model_type="bert",
-        hidden_size=D,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        intermediate_size=FFN,
-        vocab_size=vocab,
-        max_position_embeddings=MAX_POS,
-        type_vocab_size=2,
-        hidden_act="gelu",
-        pad_token_id=0,
-    )
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    save_file(t, str(folder / "model.safetensors"))
-    shutil.copy(tok / "tokenizer.json", folder / "tokenizer.json")
-    return folder
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory) -> Path:
-    return write_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
 
 
 @pytest.fixture(scope="module")

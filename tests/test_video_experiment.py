@@ -241,3 +241,43 @@ def _leaves(tree):
     import jax
 
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+@pytest.fixture(scope="module")
+def ut_runs(tmp_path_factory):
+    """UT, 3 steps at --lr 0.5, evaluated in batches of 128 (one batch) and of 7 (the last one
+    padded): the same training, so every number must agree."""
+    argv = TINY[:-2] + ["--models", "ut", "--steps", "3", "--chunk-steps", "3", "--seeds", "1",
+                        "--lr", "0.5", "--warmup-steps", "0", "--test-gammas", "0,0.5"]  # fmt: skip
+    root = tmp_path_factory.mktemp("ut")
+    results = {}
+    for size in (128, 7):
+        out = root / str(size)
+        assert video_denoise.main([*argv, "--eval-batch-size", str(size), "--out", str(out)]) == 0
+        results[size] = json.loads((out / "results.json").read_text())
+    return root, results
+
+
+def test_the_ut_projection_is_applied_after_every_step(ut_runs):
+    """ut_project after each primal step: the symmetric part of every W̃_f ends with eigenvalues
+    in [-0.95, 0.95]. The large learning rate pushes it far outside (to 57 without the
+    projection), so a runner that dropped ``project_params`` fails here."""
+    root, _ = ut_runs
+    with GroupCheckpointer(root / "128" / "checkpoints" / "ut-3") as ckpt:
+        states, _ = ckpt.restore(None)
+    ffn = np.asarray(states["params"]["params"]["ffn"], np.float64)  # [runs, ..., D, D]
+    assert np.all(np.isfinite(ffn))
+    sym = (ffn + np.swapaxes(ffn, -1, -2)) / 2
+    eigenvalues = np.linalg.eigvalsh(sym)
+    assert np.abs(eigenvalues).max() <= 0.95 + 1e-4, np.abs(eigenvalues).max()
+
+
+def test_evaluation_does_not_depend_on_the_eval_batch_size(ut_runs):
+    """Padding rows that leaked into a mean, or noise drawn per batch position instead of per
+    example, would move these numbers between batch sizes 128 and 7."""
+    _, results = ut_runs
+    assert results[7]["config"]["eval_batch_size"] == 7
+    for a, b in zip(results[128]["runs"], results[7]["runs"], strict=True):
+        assert np.all(np.isfinite(a["rmse"]))
+        for key in ("rmse", "layer_loss", "val_objective", "descent_rate", "mean_ratio"):
+            np.testing.assert_allclose(b[key], a[key], rtol=2e-5, atol=1e-7, err_msg=key)

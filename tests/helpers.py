@@ -1,0 +1,209 @@
+"""Helpers shared by several test modules (fixtures are in ``conftest.py``).
+
+No test module imports from another test module: what two of them need lives here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from PIL import Image
+from safetensors.numpy import save_file
+
+from cudt.models.encoders import minilm_path
+from cudt.runner import GroupModel, RunConfig, Task
+from cudt.runner.cli import task_main
+from cudt.runner.config import at_least, flag, shared
+from cudt.runner.report import Column
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# --------------------------------------------------------------------------------------------
+# A random 2-block BERT (hidden size 32) in the Hugging Face layout, MiniLM's tokenizer
+# --------------------------------------------------------------------------------------------
+
+D, LAYERS, HEADS, FFN, MAX_POS = 32, 2, 4, 37, 64
+
+
+def write_tiny_bert(folder: Path, seed: int = 0) -> Path:
+    """A random BERT folder (config.json, model.safetensors) with MiniLM's tokenizer.json."""
+    tok = minilm_path()
+    vocab = json.loads((tok / "config.json").read_text())["vocab_size"]
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape):
+        return (0.2 * rng.standard_normal(shape)).astype(np.float32)
+
+    t = {
+        "embeddings.word_embeddings.weight": rand(vocab, D),
+        "embeddings.position_embeddings.weight": rand(MAX_POS, D),
+        "embeddings.token_type_embeddings.weight": rand(2, D),
+        "embeddings.LayerNorm.weight": 1 + rand(D),
+        "embeddings.LayerNorm.bias": rand(D),
+    }
+    linears = {
+        "attention.self.query": (D, D),
+        "attention.self.key": (D, D),
+        "attention.self.value": (D, D),
+        "attention.output.dense": (D, D),
+        "intermediate.dense": (FFN, D),
+        "output.dense": (D, FFN),
+    }
+    for i in range(LAYERS):
+        for name, shape in linears.items():
+            t[f"encoder.layer.{i}.{name}.weight"] = rand(*shape)
+            t[f"encoder.layer.{i}.{name}.bias"] = rand(shape[0])
+        for name in ("attention.output.LayerNorm", "output.LayerNorm"):
+            t[f"encoder.layer.{i}.{name}.weight"] = 1 + rand(D)
+            t[f"encoder.layer.{i}.{name}.bias"] = rand(D)
+    config = dict(
+        model_type="bert",
+        hidden_size=D,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=FFN,
+        vocab_size=vocab,
+        max_position_embeddings=MAX_POS,
+        type_vocab_size=2,
+        hidden_act="gelu",
+        pad_token_id=0,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(t, str(folder / "model.safetensors"))
+    shutil.copy(tok / "tokenizer.json", folder / "tokenizer.json")
+    return folder
+
+
+# --------------------------------------------------------------------------------------------
+# The paper-table jobs (Table 3 and Table 4 write the same kinds of outputs)
+# --------------------------------------------------------------------------------------------
+
+
+def headline_cells(text: str) -> dict[str, list[str]]:
+    """Markdown table rows by their first cell (the headline table only: the first table)."""
+    out = {}
+    for line in text.split("### Direction")[0].splitlines():
+        if line.startswith("| ") and not line.startswith("| model"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            out[cells[0]] = cells[1:]
+    return out
+
+
+def cell_number(cell: str) -> float:
+    return float(cell.strip("*"))
+
+
+def one_line_error(capsys) -> str:
+    """What the job wrote to stderr: one ``error: ...`` line."""
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+def stamps(folder: Path) -> dict[str, int]:
+    """Every file below ``folder`` and its modification time (ns): what a rerun rewrote."""
+    return {
+        str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()
+    }
+
+
+def assert_figures(out, names, min_height: int) -> None:
+    """Each figure a real PNG: at least 600 × ``min_height`` pixels, more than 50 colours."""
+    for name in names:
+        with Image.open(out / name) as im:
+            assert im.format == "PNG"
+            assert im.size[0] >= 600 and im.size[1] >= min_height, (name, im.size)
+            assert len(im.convert("RGB").getcolors(maxcolors=1 << 20)) > 50, name
+
+
+# --------------------------------------------------------------------------------------------
+# ToyTask: a task of a few lines through the shared runner (tests/test_runner.py)
+# --------------------------------------------------------------------------------------------
+
+DIM = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyConfig(RunConfig):
+    layers: int = flag(2, "residual layers", check=at_least(1))
+    num_examples: int = flag(96, "examples per split", check=at_least(8))
+    steps: int = shared("steps", 12)
+    batch_size: int = shared("batch_size", 8)
+    chunk_steps: int = shared("chunk_steps", 4)
+    eval_batch_size: int = shared("eval_batch_size", 32)
+    seeds: int = shared("seeds", 2)
+    lr: float | None = shared("lr", 3e-2)
+    dual_lr: float = shared("dual_lr", 0.2)
+    epsilon: float = shared("epsilon", 0.3)
+    warmup_steps: int | None = shared("warmup_steps", 2)
+
+
+class ToyTask(Task):
+    name = "toy"
+    config_cls = ToyConfig
+    eval_traces = 0
+
+    def load(self, cfg):
+        rng = np.random.default_rng(cfg.seed)
+        basis = rng.normal(size=(2, DIM)).astype(np.float32)
+        return {
+            split: (rng.normal(size=(cfg.num_examples, 2)).astype(np.float32) @ basis)
+            for split in ("train", "val", "test")
+        }
+
+    def split_examples(self, data, split, model):
+        return data[split]
+
+    def model_names(self, cfg):
+        return ["toy"]
+
+    def build(self, cfg, data, name, structure):
+        L = cfg.layers
+
+        def states(params, x):
+            out = [x]
+            for layer in range(L):
+                out.append(out[-1] - jnp.tanh(out[-1] @ params["w"][layer]))
+            return jnp.stack(out)  # [L+1, B, D]
+
+        def per_sample(params, clean, noise):
+            return jnp.mean((states(params, clean + noise) - clean[None]) ** 2, axis=2).T
+
+        def layer_losses(params, batch, key):
+            noise = batch.gamma * jax.random.normal(key, batch.examples.shape)
+            return per_sample(params, batch.examples, noise)
+
+        def eval_outputs(params, frozen, clean, index, gamma, key):
+            self.eval_traces += 1  # Python runs only while tracing: counts compilations
+            noise = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (DIM,)))(index)
+            return {"losses": per_sample(params, clean, gamma * noise)}
+
+        return GroupModel(
+            name="toy",
+            num_layers=L,
+            init=lambda key: {"w": 0.05 * jax.random.normal(key, (L, DIM, DIM))},
+            layer_losses=layer_losses,
+            eval_outputs=eval_outputs,
+        )
+
+    def test_gamma_grid(self, cfg, gamma_train):
+        return sorted({0.0, 1.0, gamma_train})
+
+    def run_metrics(self, cfg, test, val, gammas, gamma_train):
+        return {"final_loss": [float(g[:, -1].mean()) for g in test["losses"]]}
+
+    def metric_columns(self):
+        return [Column("final", 8, lambda r: f"{r['final_loss'][0]:.4f}")]
+
+
+def toy(argv, out, task=None) -> dict:
+    task = task or ToyTask()
+    assert task_main(task, [*argv, "--out", str(out)], "toy", "toy") == 0
+    return json.loads((Path(out) / "results.json").read_text())
