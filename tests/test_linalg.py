@@ -200,3 +200,77 @@ def test_dust_matmul_matches_lapack_at_init_and_through_training():
     np.testing.assert_allclose(s_mm, s_ex, rtol=1e-4, atol=1e-5)
     # and the two trainings stay together (Adam's sign steps amplify rounding a little)
     np.testing.assert_allclose(runs["matmul"][3], runs["lapack"][3], rtol=1e-3)
+
+
+def _spectrum_matrix(eigenvalues, seed: int = 0) -> jax.Array:
+    n = len(eigenvalues)
+    q, _ = np.linalg.qr(np.random.default_rng(seed).normal(size=(n, n)))
+    return jnp.asarray((q * np.asarray(eigenvalues)) @ q.T, jnp.float32)
+
+
+@pytest.mark.parametrize(
+    ("eigenvalues", "tol"),
+    [
+        # the UT mid-training (measured): 12 of 256 eigenvalues up to 0.14 below −0.95
+        (np.r_[np.linspace(-1.09, -0.96, 12), np.linspace(-0.95, -0.886, 116)], 5e-5),
+        # eigenvalues from 1e-5 to 0.1 outside, the rest inside up to 0.5
+        (np.r_[-0.95 - np.geomspace(1e-5, 0.1, 20), np.linspace(-0.94, 0.5, 108)], 1e-4),
+        # both sides, ‖S‖ = 1.37·clip
+        (np.linspace(-1.3, 1.3, 128), 2e-3),
+    ],
+)
+def test_clip_eigenvalues_matmul_matches_eigh(eigenvalues, tol):
+    s = _spectrum_matrix(eigenvalues)
+    ours = np.asarray(jax.jit(lambda m: linalg.clip_eigenvalues_matmul(m, 0.95))(s), np.float64)
+    w, v = np.linalg.eigh(np.asarray(s, np.float64))
+    exact = (v * np.clip(w, -0.95, 0.95)) @ v.T
+    assert np.abs(ours - exact).max() < tol
+    evals = np.linalg.eigvalsh(ours)
+    assert evals.min() >= -0.95 - 2e-4 and evals.max() <= 0.95 + 2e-4
+    # the same through ut_project, stacked runs included
+    tree = {"attn": jnp.eye(128), "ffn": jnp.stack([s, s]), "bias": jnp.zeros(128)}
+    out = ut_project(tree, method="matmul")["ffn"]
+    np.testing.assert_allclose(out[1], ours, atol=1e-5)
+
+
+def test_clip_eigenvalues_matmul_leaves_feasible_unchanged():
+    s = _spectrum_matrix(np.linspace(-0.9, 0.9, 64))
+    np.testing.assert_array_equal(linalg.clip_eigenvalues_matmul(s, 0.95), s)
+
+
+def test_ut_project_matmul_tracks_eigh_through_training():
+    """UT training with each projection: the same losses step after step (8 Adam steps at a
+    learning rate, 1e-2, that pushes W̃_f's eigenvalues past the clip, so both clip every step)."""
+    import functools
+
+    import optax
+
+    import cudt
+
+    x = jnp.asarray(np.random.default_rng(0).uniform(0, 1, size=(4, 6, 32)), jnp.float32)
+    model = UT(num_layers=2, dim=32)
+    params = model.init(jax.random.key(0), x)
+
+    def losses(p, batch, key):
+        _, states = model.apply(p, batch + 0.2 * jax.random.normal(key, batch.shape))
+        return jnp.mean((states - batch[None]) ** 2, axis=(2, 3)).T
+
+    traces, clipped = {}, {}
+    for method in ("eigh", "matmul"):
+        init, step = cudt.make_train_step(
+            losses,
+            optax.adam(1e-2),
+            cudt.dual_ascent(1e-1),
+            cudt.DescentConfig(2, epsilon=0.1),
+            project_params=functools.partial(ut_project, method=method),
+        )
+        state, trace = init(params), []
+        for _ in range(8):
+            state, metrics = step(state, x, jax.random.key(1))
+            trace.append(np.asarray(metrics["layer_loss"]))
+        traces[method] = np.asarray(trace)
+        ffn = np.asarray(state.params["params"]["ffn"], np.float64)
+        clipped[method] = np.linalg.eigvalsh(ffn)
+    assert np.isclose(clipped["eigh"].min(), -0.95, atol=1e-5)  # the clip was active
+    assert clipped["matmul"].min() >= -0.95 - 2e-4
+    np.testing.assert_allclose(traces["matmul"], traces["eigh"], rtol=2e-3)
