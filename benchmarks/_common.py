@@ -49,6 +49,7 @@ __all__ = [
     "command_line",
     "compile_seconds",
     "copy_tree",
+    "cpu_cores",
     "environment",
     "header",
     "interleave",
@@ -264,7 +265,7 @@ def make_video_setup(
     )
     name = f"{model_name.upper()}-{layers}"
     if model_name == "dust" and atoms_per_dim and atoms_per_dim != VIDEO["dust_atoms"]:
-        name += f" K={atoms_per_dim**2}"
+        name += f"-K{atoms_per_dim**2}"
     return VideoSetup(name, model, params, init, step, layer_losses, config, project, sigma)
 
 
@@ -395,6 +396,31 @@ class JaxSteps:
             self()
         jax.block_until_ready(self.state)
         return (time.perf_counter() - t0) / num_steps
+
+
+@contextlib.contextmanager
+def cpu_cores(num_cores: int) -> Iterator[None]:
+    """Every thread of this process (jax's, torch's, OpenBLAS's) on its first ``num_cores``
+    allowed cores inside the block; 0 (or at least all of them) changes nothing.
+
+    The way to give jax the same thread count as torch within one process: XLA's CPU thread
+    pool is sized once, at start, but threads confined to n cores run at most n at a time.
+    """
+    allowed = sorted(os.sched_getaffinity(0))
+    if num_cores <= 0 or num_cores >= len(allowed):
+        yield
+        return
+
+    def pin(cores) -> None:
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):  # a thread may end meanwhile
+                os.sched_setaffinity(int(tid), cores)
+
+    pin(allowed[:num_cores])
+    try:
+        yield
+    finally:
+        pin(allowed)
 
 
 @contextlib.contextmanager
