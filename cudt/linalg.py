@@ -15,6 +15,12 @@ loop costs little here: the matrices are a few hundred wide and the batch is the
 Gradients: ``solve`` carries a ``custom_vjp`` whose backward pass is another (safe) solve;
 ``eigh``/``eigvalsh`` are used behind ``stop_gradient`` or in projections and define no
 derivative.
+
+Matmul-only methods (no LAPACK, no process setting needed, batched natively under ``vmap``),
+each with its error bound in its docstring: :func:`gram_top_eigenvalue` (Lanczos, DUST's
+``‖D‖²``), :func:`spd_inverse` / :func:`spd_solve` (Newton–Schulz, DUST's dual-frame code),
+:func:`clip_eigenvalues_matmul` (Newton–Schulz sign and inverse square root, the UT's
+projection with ``method="matmul"``). See docs/speed.md for what they cost.
 """
 
 from __future__ import annotations
@@ -25,7 +31,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["eigh", "eigvalsh", "gram_top_eigenvalue", "solve", "spd_inverse", "spd_solve"]
+__all__ = [
+    "clip_eigenvalues_matmul",
+    "eigh",
+    "eigvalsh",
+    "gram_top_eigenvalue",
+    "solve",
+    "spd_inverse",
+    "spd_solve",
+]
 
 
 def _cpu() -> bool:
