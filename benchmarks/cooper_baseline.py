@@ -418,7 +418,8 @@ def run(args: argparse.Namespace, lapack: str) -> None:
         f"video denoising: batch {args.batch_size}x{args.seq_len}x{train_x.shape[-1]}, "
         f"L = {args.layers}, γ = {VIDEO['gamma']}, ε = {VIDEO['epsilon']}, Adam lr "
         f"{VIDEO['lr']}, dual ascent lr {VIDEO['dual_lr']}; UT a = {VIDEO['ut_a']} with "
-        f"eigenvalue clipping; DUST K = {VIDEO['dust_atoms'] ** 2} atoms, one dictionary per layer"
+        f"eigenvalue clipping; DUST K = {', '.join(str(a * a) for a in args.dust_atoms)} atoms, one "
+        "dictionary per layer"
     )
     loss_rows, step_rows, speed_rows, all_ms = [], [], [], {}
     runs = [(m, a) for m in args.models for a in (args.dust_atoms if m == "dust" else [None])]
