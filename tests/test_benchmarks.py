@@ -268,3 +268,15 @@ def test_imported_step_runs_fresh_processes_without_changing_settings(bench, cap
     rows = _table(out, "model process OPENBLAS_NUM_THREADS ms/step")
     assert [r.split()[1:3] for r in rows] == [["imported", "unset"], ["runner", "1"]]
     assert list(_ratios(out, "DUST-1")) == ["DUST-1: imported / runner"]
+
+
+def test_gpu_suite_small_writes_its_markdown_table(bench, capsys, tmp_path):
+    out_file = tmp_path / "suite.md"
+    bench("gpu_suite").main(["--small", "--out", str(out_file)])
+    text = out_file.read_text()
+    assert "| UT-1 |" in text and "| DUST-1 |" in text and "| DUST-1-K576 |" in text
+    sweep = [
+        line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
+    ]
+    assert len(sweep) == 2 and sweep[0].endswith("| 1.00 |")
+    assert f"wrote {out_file}" in capsys.readouterr().out
