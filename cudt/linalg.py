@@ -148,6 +148,11 @@ def _start_vector(n: int, dtype: Any) -> jax.Array:
 def gram_top_eigenvalue(d: jax.Array, steps: int = LANCZOS_STEPS) -> jax.Array:
     """``λ_max(D Dᵀ) = ‖D‖₂²`` for ``d [..., P, K]`` by Lanczos iteration; returns ``[...]``.
 
+    On CPU one matrix at a time (``lax.map`` over leading and ``vmap`` axes, as the LAPACK
+    wrappers above): each Lanczos step reads the whole matrix, and a batch of them (runs x
+    layers: 8 x 5 x 400 KB) does not stay in cache between steps, one matrix does. Measured
+    on 8 stacked runs of DUST-5's dictionaries: vmapped 115 ms vs 46 ms for 8 calls in turn.
+
     Matrix-vector products with ``D`` and ``Dᵀ`` only (the Gram matrix is never formed), from
     a fixed start vector, ``steps`` Lanczos steps with full re-orthogonalisation; the top Ritz
     value (the largest eigenvalue of the ``steps x steps`` projection ``T = Q D Dᵀ Qᵀ``) comes
@@ -165,6 +170,12 @@ def gram_top_eigenvalue(d: jax.Array, steps: int = LANCZOS_STEPS) -> jax.Array:
     dictionary under N(0, 0.05²) noise on every element (a random matrix's nearly flat top).
     """
     d = jax.lax.stop_gradient(d).astype(jnp.float32)
+    if d.ndim == 2:
+        return _lanczos_top(d, steps)
+    return _unbatched(lambda m: _lanczos_top(m, steps), (2,))(d)
+
+
+def _lanczos_top(d: jax.Array, steps: int) -> jax.Array:
     size, lead = d.shape[-2], d.shape[:-2]
     steps = min(steps, size)
     basis = jnp.zeros((*lead, steps, size), d.dtype)  # Q, one Lanczos vector per row
@@ -200,7 +211,10 @@ NEWTON_SCHULZ_MAX_ITERATIONS = 40
 
 
 def spd_inverse(a: jax.Array, lam_max: jax.Array) -> jax.Array:
-    """``A⁻¹`` of a symmetric positive definite ``a [n, n]`` by Newton–Schulz iteration.
+    """``A⁻¹`` of a symmetric positive definite ``a [..., n, n]`` by Newton–Schulz iteration.
+
+    On CPU one matrix at a time under ``vmap`` (as :func:`gram_top_eigenvalue`; 8 stacked
+    256x256 inverses: vmapped 106 ms vs 73 ms in turn).
 
     ``X₀ = I/λ_max``, ``X ← X(2I − A X)``: matrix products only. The residual
     ``R = I − A X`` squares at every step, ``‖R_k‖₂ = (1 − λ_min/λ_max)^(2^k)``, so it
@@ -211,6 +225,11 @@ def spd_inverse(a: jax.Array, lam_max: jax.Array) -> jax.Array:
     (``κ = 2.58``) that is 6 steps.
     """
     a = a.astype(jnp.float32)
+    lam_max = jnp.asarray(lam_max, jnp.float32)
+    return _spd_inverse_one(a, jnp.broadcast_to(lam_max, a.shape[:-2]))
+
+
+def _spd_inverse_core(a: jax.Array, lam_max: jax.Array) -> jax.Array:
     n = a.shape[-1]
     eye = jnp.eye(n, dtype=a.dtype)
     x0 = eye / jnp.asarray(lam_max, a.dtype)
@@ -259,6 +278,7 @@ def _spd_solve_bwd(res, g):
 
 
 spd_solve.defvjp(_spd_solve_fwd, _spd_solve_bwd)
+_spd_inverse_one = _unbatched(_spd_inverse_core, (2, 0))
 
 
 # Odd quintic of the first sign iterations (the Muon/"Polar Express"-style aggressive step:
