@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import os
 import platform
 import shlex
@@ -48,6 +49,7 @@ __all__ = [
     "command_line",
     "compile_seconds",
     "copy_tree",
+    "cpu_cores",
     "environment",
     "header",
     "interleave",
@@ -193,17 +195,35 @@ class VideoSetup:
     sigma: float  # σ_x of the data (the noise is γ·σ_x·n)
 
 
-def build_video_model(model_name: str, layers: int, dim: int):
-    """``(module, projection)`` of the video experiment's UT or DUST (see ``VIDEO``)."""
+def build_video_model(
+    model_name: str,
+    layers: int,
+    dim: int,
+    *,
+    linalg: str = "default",
+    atoms_per_dim: int | None = None,
+):
+    """``(module, projection)`` of the video experiment's UT or DUST (see ``VIDEO``).
+
+    ``linalg``: ``"default"`` (the library's defaults), ``"exact"`` (LAPACK: DUST's
+    eigvalsh/solve, UT's eigh clipping) or ``"matmul"`` (matrix products only, see
+    ``cudt.linalg``). ``atoms_per_dim``: DUST's atoms per axis (default ``VIDEO``'s, 20).
+    """
+    if linalg not in ("default", "exact", "matmul"):
+        raise ValueError(f"linalg must be default, exact or matmul, got {linalg!r}")
     if model_name == "ut":
-        return UT(num_layers=layers, dim=dim, a=VIDEO["ut_a"], init_scheme="dct"), ut_project
+        project = ut_project
+        if linalg == "matmul":
+            project = functools.partial(ut_project, method="matmul")
+        return UT(num_layers=layers, dim=dim, a=VIDEO["ut_a"], init_scheme="dct"), project
     if model_name == "dust":
         model = DUST(
             num_layers=layers,
             patch_dim=dim,
-            atoms_per_dim=VIDEO["dust_atoms"],
+            atoms_per_dim=atoms_per_dim or VIDEO["dust_atoms"],
             per_layer_dictionary=True,
             threshold=VIDEO["dust_threshold"],
+            linalg="lapack" if linalg == "exact" else "matmul",
         )
         return model, None
     raise ValueError(f"unknown model {model_name!r}")
@@ -218,12 +238,17 @@ def make_video_setup(
     constrained: bool = True,
     jit: bool = True,
     donate: bool = True,
+    linalg: str = "default",
+    atoms_per_dim: int | None = None,
 ) -> VideoSetup:
     """UT-``layers`` or DUST-``layers``: per-layer MSE losses, primal Adam, SGD dual ascent.
 
-    ``constrained=False`` is ERM through the same step (``DescentConfig(constrained=False)``).
+    ``constrained=False`` is ERM through the same step (``DescentConfig(constrained=False)``);
+    ``linalg`` and ``atoms_per_dim``: see :func:`build_video_model`.
     """
-    model, project = build_video_model(model_name, layers, train_x.shape[-1])
+    model, project = build_video_model(
+        model_name, layers, train_x.shape[-1], linalg=linalg, atoms_per_dim=atoms_per_dim
+    )
     params = model.init(jax.random.key(0), jnp.zeros((1,) + train_x.shape[1:], jnp.float32))
     layer_losses = make_layer_losses(model, jnp.float32(VIDEO["gamma"]), sigma)
     config = cudt.DescentConfig(
@@ -239,6 +264,8 @@ def make_video_setup(
         donate=donate,
     )
     name = f"{model_name.upper()}-{layers}"
+    if model_name == "dust" and atoms_per_dim and atoms_per_dim != VIDEO["dust_atoms"]:
+        name += f"-K{atoms_per_dim**2}"
     return VideoSetup(name, model, params, init, step, layer_losses, config, project, sigma)
 
 
@@ -369,6 +396,31 @@ class JaxSteps:
             self()
         jax.block_until_ready(self.state)
         return (time.perf_counter() - t0) / num_steps
+
+
+@contextlib.contextmanager
+def cpu_cores(num_cores: int) -> Iterator[None]:
+    """Every thread of this process (jax's, torch's, OpenBLAS's) on its first ``num_cores``
+    allowed cores inside the block; 0 (or at least all of them) changes nothing.
+
+    The way to give jax the same thread count as torch within one process: XLA's CPU thread
+    pool is sized once, at start, but threads confined to n cores run at most n at a time.
+    """
+    allowed = sorted(os.sched_getaffinity(0))
+    if num_cores <= 0 or num_cores >= len(allowed):
+        yield
+        return
+
+    def pin(cores) -> None:
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):  # a thread may end meanwhile
+                os.sched_setaffinity(int(tid), cores)
+
+    pin(allowed[:num_cores])
+    try:
+        yield
+    finally:
+        pin(allowed)
 
 
 @contextlib.contextmanager

@@ -2,7 +2,7 @@
 
 Run from the repository root (needs the ``bench`` extra: torch 2.13 and cooper-optim 1.x):
 
-    .venv/bin/python -m benchmarks.cooper_baseline          # UT-5 and DUST-5, batch 32; ~3 min
+    .venv/bin/python -m benchmarks.cooper_baseline    # UT-5, DUST-5 at K = 400, 576; ~6 min
 
 One training step of the video denoising setting (``VIDEO`` in ``benchmarks/_common.py``, the
 defaults of ``experiments/video_denoise.py``): clean sequences [B=32, T=8, 256] (16x16 patches of
@@ -21,8 +21,11 @@ also clips the eigenvalues of W̃_f after every step. Three implementations:
   backward of the Lagrangian, Adam, λ ← max(0, λ + η·g)): what Cooper's machinery costs.
 
 Each PyTorch variant is timed with 1 thread and with torch's default number of threads
-(``--torch-threads``); the eigendecompositions (UT's clipping, DUST's step sizes) use
-``--lapack-threads`` on both sides. Before timing, the script checks that the implementations
+(``--torch-threads``), and cudt with the same thread count: for n threads every thread of the
+process (XLA's pool, torch's, OpenBLAS's) runs on n cores (``cpu_cores`` in ``_common.py``), so
+each comparison is n against n. DUST runs at K = 400 and 576 atoms (``--dust-atoms 20,24``).
+The eigendecompositions (UT's clipping, torch's DUST step sizes) use ``--lapack-threads`` on
+both sides; cudt's DUST uses its default matmul-only linear algebra (``cudt.linalg``). Before timing, the script checks that the implementations
 do the same work: per-sample layer losses on the same parameters, batch and noise (max abs
 difference), and two training steps from the same parameters and multipliers λ_l = 1 (so the
 dual step is exercised) compared after each step. Then all alternatives are interleaved over
@@ -45,6 +48,7 @@ from benchmarks._common import (
     VIDEO,
     JaxSteps,
     copy_tree,
+    cpu_cores,
     make_video_setup,
     parse_video_args,
     print_table,
@@ -67,9 +71,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="1,0",
         type=lambda s: [int(t) for t in s.split(",")],
         help="comma-separated torch thread counts to time; 0 is torch's default "
-        f"({TORCH_DEFAULT_THREADS} here) (default 1,0)",
+        f"({TORCH_DEFAULT_THREADS} here); cudt is timed with its threads on as many cores "
+        "(default 1,0)",
     )
-    return parse_video_args(p, argv, quick=dict(layers=1, batch_size=4, steps=2, repeats=1))
+    p.add_argument(
+        "--dust-atoms",
+        default="20,24",
+        type=lambda s: [int(t) for t in s.split(",")],
+        help="comma-separated DUST atoms per axis, K = atoms² (default 20,24: K = 400, 576)",
+    )
+    quick = dict(layers=1, batch_size=4, steps=2, repeats=1, dust_atoms=[20])
+    return parse_video_args(p, argv, quick=quick)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -313,6 +325,16 @@ def check_steps(setup, batch, key, eigh_threads: int, multipliers0: np.ndarray):
 # --------------------------------------------------------------------------------------------------
 
 
+def on_cores(num_cores: int, measure: Callable[[], float]) -> Callable[[], float]:
+    """``measure`` run with every thread of the process on ``num_cores`` cores."""
+
+    def run() -> float:
+        with cpu_cores(num_cores):
+            return measure()
+
+    return run
+
+
 def torch_block(step: Callable, clean: torch.Tensor, num_steps: int, threads: int):
     """A measurement for ``interleave``: s/step of ``num_steps`` steps with ``threads`` threads."""
 
@@ -326,8 +348,10 @@ def torch_block(step: Callable, clean: torch.Tensor, num_steps: int, threads: in
     return run
 
 
-def bench_model(args, model_name: str, train_x, sigma) -> tuple[list, list, list, list]:
-    setup = make_video_setup(model_name, train_x, sigma, layers=args.layers)
+def bench_model(
+    args, model_name: str, train_x, sigma, atoms: int | None = None
+) -> tuple[list, list, list, list]:
+    setup = make_video_setup(model_name, train_x, sigma, layers=args.layers, atoms_per_dim=atoms)
     L = setup.config.num_layers
     batch = train_x[: args.batch_size]
     key = jax.random.key(0)
@@ -351,35 +375,30 @@ def bench_model(args, model_name: str, train_x, sigma) -> tuple[list, list, list
     state = state.replace(
         multipliers=jnp.asarray(np.concatenate([[0.0], multipliers0]), jnp.float32)
     )
-    jax_steps = JaxSteps(setup.step, state, batch, key)
-    alternatives = {("cudt (jax.jit)", "-"): lambda: jax_steps.block(args.steps)}
-    for impl_name, impl in IMPLS.items():
-        for threads in args.torch_threads:
-            n = threads if threads > 0 else TORCH_DEFAULT_THREADS
-            label = f"{n}" if threads > 0 else f"{n} (default)"
+    alternatives = {}
+    for threads in args.torch_threads:
+        n = threads if threads > 0 else TORCH_DEFAULT_THREADS
+        label = f"{n}" if threads > 0 else f"{n} (default)"
+        # cudt with its threads on n cores: the same thread count as torch's n threads
+        jax_steps = JaxSteps(setup.step, copy_tree(state), batch, key)
+        alternatives[("cudt (jax.jit)", label)] = on_cores(
+            n, lambda s=jax_steps: s.block(args.steps)
+        )
+        for impl_name, impl in IMPLS.items():
             tstep = impl(
                 build_torch_model(setup, setup.params, args.lapack_threads),
                 L,
                 scale,
                 torch.tensor(multipliers0),
             )
-            alternatives[(impl_name, label)] = torch_block(tstep, clean, args.steps, n)
+            alternatives[(impl_name, label)] = on_cores(n, torch_block(tstep, clean, args.steps, n))
     ms = {name: 1e3 * s for name, s in time_alternatives(alternatives, args.repeats).items()}
-    jax_ms = ms[("cudt (jax.jit)", "-")]
     speed = []
     for (impl_name, threads), value in ms.items():
         hand = ms.get(("torch hand-written", threads))
         over_hand = value / hand if impl_name == "torch + Cooper" and hand else "-"
-        speed.append(
-            [
-                setup.name,
-                impl_name,
-                threads,
-                value,
-                value / jax_ms,
-                over_hand,
-            ]
-        )
+        jax_ms = ms[("cudt (jax.jit)", threads)]
+        speed.append([setup.name, impl_name, threads, value, value / jax_ms, over_hand])
     return [loss_row], step_rows, speed, ms
 
 
@@ -399,11 +418,13 @@ def run(args: argparse.Namespace, lapack: str) -> None:
         f"video denoising: batch {args.batch_size}x{args.seq_len}x{train_x.shape[-1]}, "
         f"L = {args.layers}, γ = {VIDEO['gamma']}, ε = {VIDEO['epsilon']}, Adam lr "
         f"{VIDEO['lr']}, dual ascent lr {VIDEO['dual_lr']}; UT a = {VIDEO['ut_a']} with "
-        f"eigenvalue clipping; DUST K = {VIDEO['dust_atoms'] ** 2} atoms, one dictionary per layer"
+        f"eigenvalue clipping; DUST K = {', '.join(str(a * a) for a in args.dust_atoms)} atoms, one "
+        "dictionary per layer"
     )
     loss_rows, step_rows, speed_rows, all_ms = [], [], [], {}
-    for model_name in args.models:
-        losses, steps, speed, ms = bench_model(args, model_name, train_x, sigma)
+    runs = [(m, a) for m in args.models for a in (args.dust_atoms if m == "dust" else [None])]
+    for model_name, atoms in runs:
+        losses, steps, speed, ms = bench_model(args, model_name, train_x, sigma, atoms)
         loss_rows += losses
         step_rows += steps
         speed_rows += speed
@@ -434,13 +455,13 @@ def run(args: argparse.Namespace, lapack: str) -> None:
         f"{args.steps} steps (after one untimed block each)"
     )
     print_table(
-        ["model", "impl", "torch threads", "ms/step", "this / cudt", "Cooper / hand"],
+        ["model", "impl", "threads", "ms/step", "this / cudt", "Cooper / hand"],
         speed_rows,
     )
     for model, ms in all_ms.items():
-        jax_ms = ms[("cudt (jax.jit)", "-")]
         for (impl_name, threads), value in ms.items():
             if impl_name != "cudt (jax.jit)":
+                jax_ms = ms[("cudt (jax.jit)", threads)]
                 print(
                     f"ratio {model}: {impl_name} [torch threads {threads}] / cudt = {value / jax_ms:.3g}"
                 )

@@ -15,6 +15,12 @@ loop costs little here: the matrices are a few hundred wide and the batch is the
 Gradients: ``solve`` carries a ``custom_vjp`` whose backward pass is another (safe) solve;
 ``eigh``/``eigvalsh`` are used behind ``stop_gradient`` or in projections and define no
 derivative.
+
+Matmul-only methods (no LAPACK, no process setting needed, batched natively under ``vmap``),
+each with its error bound in its docstring: :func:`gram_top_eigenvalue` (Lanczos, DUST's
+``‖D‖²``), :func:`spd_inverse` / :func:`spd_solve` (Newton–Schulz, DUST's dual-frame code),
+:func:`clip_eigenvalues_matmul` (Newton–Schulz sign and inverse square root, the UT's
+projection with ``method="matmul"``). See docs/speed.md for what they cost.
 """
 
 from __future__ import annotations
@@ -25,7 +31,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["eigh", "eigvalsh", "solve"]
+__all__ = [
+    "clip_eigenvalues_matmul",
+    "eigh",
+    "eigvalsh",
+    "gram_top_eigenvalue",
+    "solve",
+    "spd_inverse",
+    "spd_solve",
+]
 
 
 def _cpu() -> bool:
@@ -104,3 +118,227 @@ def _solve_bwd(res: tuple[jax.Array, jax.Array], g: jax.Array) -> tuple[jax.Arra
 
 
 solve.defvjp(_solve_fwd, _solve_bwd)
+
+
+# --------------------------------------------------------------------------------------------------
+# Matmul-only methods (no LAPACK): the defaults of the models' per-step linear algebra.
+#
+# jaxlib's CPU LAPACK kernels run on SciPy's OpenBLAS, whose own thread pool oversubscribes a
+# small machine next to XLA's threads unless the process sets OPENBLAS_NUM_THREADS=1, and they
+# run serially (a ``lax.map``, above) under ``vmap``. The methods below are matrix products and
+# elementwise work only: XLA fuses and threads them itself, batches them under ``vmap``, and
+# they run the same whatever the process's settings. Each documents its error bound; tests
+# compare them with the exact decompositions (tests/test_linalg.py).
+# --------------------------------------------------------------------------------------------------
+
+#: Lanczos steps of :func:`gram_top_eigenvalue` (see its error bound).
+LANCZOS_STEPS = 32
+_RITZ_SQUARINGS = 20
+
+
+def _start_vector(n: int, dtype: Any) -> jax.Array:
+    # A fixed, generic start (no key needed; a constant of the compiled program): a
+    # low-discrepancy sequence centred on 0 has a non-zero component on every eigenvector of
+    # a generic matrix, unlike ones(n) (the patch mean), which a structured D may miss.
+    i = jnp.arange(1, n + 1, dtype=jnp.float32)
+    v = jnp.mod(i * 0.6180339887498949, 1.0) - 0.5 + 0.1 * jnp.cos(3.0 * i)
+    return (v / jnp.linalg.norm(v)).astype(dtype)
+
+
+def gram_top_eigenvalue(d: jax.Array, steps: int = LANCZOS_STEPS) -> jax.Array:
+    """``λ_max(D Dᵀ) = ‖D‖₂²`` for ``d [..., P, K]`` by Lanczos iteration; returns ``[...]``.
+
+    On CPU one matrix at a time (``lax.map`` over leading and ``vmap`` axes, as the LAPACK
+    wrappers above): each Lanczos step reads the whole matrix, and a batch of them (runs x
+    layers: 8 x 5 x 400 KB) does not stay in cache between steps, one matrix does. Measured
+    on 8 stacked runs of DUST-5's dictionaries: vmapped 115 ms vs 46 ms for 8 calls in turn.
+
+    Matrix-vector products with ``D`` and ``Dᵀ`` only (the Gram matrix is never formed), from
+    a fixed start vector, ``steps`` Lanczos steps with full re-orthogonalisation; the top Ritz
+    value (the largest eigenvalue of the ``steps x steps`` projection ``T = Q D Dᵀ Qᵀ``) comes
+    from power iteration on ``T`` by 20 repeated squarings (``T^(2^20)``, tiny matrices). No
+    derivative (``stop_gradient``).
+
+    Error bound: the result is a Rayleigh quotient, never above the exact value (a lower
+    bound). Lanczos (Kaniel–Paige): ``(λ₁ − θ₁)/(λ₁ − λ_n) ≤ (tan θ₀ / T_{k−1}(1 + 2γ))²``
+    with ``T_j`` the Chebyshev polynomial, ``γ = (λ₁ − λ₂)/(λ₂ − λ_n)`` and θ₀ the start's angle
+    to the top eigenvector, i.e. exponential in ``k·√γ`` where power iteration is in ``k·γ``;
+    the squarings add at most ``1/(2²¹·e) ≈ 1.8e-7`` relative (a Ritz pair closer than that
+    is not separated). Measured (tests/test_linalg.py, ``benchmarks/linalg_step.py``): ≤ 3e-7
+    relative on the DCT dictionary (λ₂/λ₁ = 0.82) and on dictionaries trained 60 steps, one of
+    which has λ₂/λ₁ = 0.988, where 64 power iterations were 3.4e-4 off; ≤ 1e-5 on a DCT
+    dictionary under N(0, 0.05²) noise on every element (a random matrix's nearly flat top).
+    """
+    d = jax.lax.stop_gradient(d).astype(jnp.float32)
+    if d.ndim == 2:
+        return _lanczos_top(d, steps)
+    return _unbatched(lambda m: _lanczos_top(m, steps), (2,))(d)
+
+
+def _lanczos_top(d: jax.Array, steps: int) -> jax.Array:
+    size, lead = d.shape[-2], d.shape[:-2]
+    steps = min(steps, size)
+    basis = jnp.zeros((*lead, steps, size), d.dtype)  # Q, one Lanczos vector per row
+    basis = basis.at[..., 0, :].set(_start_vector(size, d.dtype))
+
+    def body(i, basis):
+        q = jax.lax.dynamic_index_in_dim(basis, i, axis=-2, keepdims=False)
+        w = jnp.einsum("...pk,...k->...p", d, jnp.einsum("...pk,...p->...k", d, q))
+        scale = jnp.linalg.norm(w, axis=-1, keepdims=True)
+        for _ in range(2):  # full re-orthogonalisation, twice (float32 loses it otherwise)
+            w = w - jnp.einsum("...jp,...j->...p", basis, jnp.einsum("...jp,...p->...j", basis, w))
+        norm = jnp.linalg.norm(w, axis=-1, keepdims=True)
+        # An invariant subspace found (w only rounding, e.g. D Dᵀ = I): a zero row from here on,
+        # and T = Q D Dᵀ Qᵀ stays the exact projection on the orthonormal rows.
+        found = norm <= 1e-5 * scale
+        w = jnp.where(found, 0.0, w / jnp.where(found, 1.0, norm))
+        return jax.lax.dynamic_update_index_in_dim(basis, w, i + 1, axis=-2)
+
+    basis = jax.lax.fori_loop(0, steps - 1, body, basis)
+    qd = jnp.einsum("...jp,...pk->...jk", basis, d)
+    t = jnp.einsum("...jk,...ik->...ji", qd, qd)  # [..., k, k] = Q G Qᵀ, positive semidefinite
+    m = t
+    for _ in range(_RITZ_SQUARINGS):
+        m = m @ m
+        m = m / jnp.trace(m, axis1=-2, axis2=-1)[..., None, None]
+    v = jnp.einsum("...ij,...j->...i", m, _start_vector(steps, d.dtype))
+    return jnp.einsum("...i,...ij,...j->...", v, t, v) / jnp.sum(v * v, axis=-1)
+
+
+#: Newton–Schulz stops when ``‖I − A X‖_F`` falls below this, then takes one more step.
+NEWTON_SCHULZ_TOL = 1e-3
+NEWTON_SCHULZ_MAX_ITERATIONS = 40
+
+
+def spd_inverse(a: jax.Array, lam_max: jax.Array) -> jax.Array:
+    """``A⁻¹`` of a symmetric positive definite ``a [..., n, n]`` by Newton–Schulz iteration.
+
+    On CPU one matrix at a time under ``vmap`` (as :func:`gram_top_eigenvalue`; 8 stacked
+    256x256 inverses: vmapped 106 ms vs 73 ms in turn).
+
+    ``X₀ = I/λ_max``, ``X ← X(2I − A X)``: matrix products only. The residual
+    ``R = I − A X`` squares at every step, ``‖R_k‖₂ = (1 − λ_min/λ_max)^(2^k)``, so it
+    converges for any SPD ``A`` given ``lam_max`` within a factor 2 of ``λ_max(A)`` from below
+    (a power-iteration estimate is). The loop runs until ``‖R‖_F ≤ 1e-3`` and then takes ONE
+    more step (``‖R‖_F ≤ 1e-6``, float32's floor for these sizes), at most 40 steps; the
+    relative error of the inverse is ``‖A⁻¹ − X‖ ≤ ‖A⁻¹‖·‖R‖``. For DUST's dual frame at init
+    (``κ = 2.58``) that is 6 steps.
+    """
+    a = a.astype(jnp.float32)
+    lam_max = jnp.asarray(lam_max, jnp.float32)
+    return _spd_inverse_one(a, jnp.broadcast_to(lam_max, a.shape[:-2]))
+
+
+def _spd_inverse_core(a: jax.Array, lam_max: jax.Array) -> jax.Array:
+    n = a.shape[-1]
+    eye = jnp.eye(n, dtype=a.dtype)
+    x0 = eye / jnp.asarray(lam_max, a.dtype)
+
+    def residual(x):
+        r = eye - a @ x
+        return r, jnp.sqrt(jnp.sum(r * r))
+
+    def cond(carry):
+        _, _, norm, i = carry
+        return (norm > NEWTON_SCHULZ_TOL) & (i < NEWTON_SCHULZ_MAX_ITERATIONS)
+
+    def body(carry):
+        x, r, _, i = carry
+        x = x + x @ r
+        r, norm = residual(x)
+        return x, r, norm, i + 1
+
+    r0, n0 = residual(x0)
+    x, r, _, _ = jax.lax.while_loop(cond, body, (x0, r0, n0, jnp.int32(0)))
+    x = x + x @ r  # the final quadratic step
+    return 0.5 * (x + jnp.swapaxes(x, -1, -2))
+
+
+@jax.custom_vjp
+def spd_solve(a: jax.Array, b: jax.Array, lam_max: jax.Array) -> jax.Array:
+    """``x = a⁻¹ b`` for SPD ``a [n, n]``, ``b [n, k]``, by :func:`spd_inverse` (no LAPACK).
+
+    ``lam_max``: an estimate of ``λ_max(a)`` (e.g. :func:`gram_top_eigenvalue`). Differentiable
+    in ``a`` and ``b`` (the backward pass reuses the inverse: ``∂b = a⁻¹ g``, ``∂a = −∂b xᵀ``);
+    ``lam_max`` gets no gradient. Error bound: :func:`spd_inverse`'s.
+    """
+    return spd_inverse(a, lam_max) @ b
+
+
+def _spd_solve_fwd(a, b, lam_max):
+    inv = spd_inverse(a, lam_max)
+    x = inv @ b
+    return x, (inv, x, lam_max)
+
+
+def _spd_solve_bwd(res, g):
+    inv, x, lam_max = res
+    gb = inv @ g
+    return -gb @ jnp.swapaxes(x, -1, -2), gb, jnp.zeros_like(lam_max)
+
+
+spd_solve.defvjp(_spd_solve_fwd, _spd_solve_bwd)
+_spd_inverse_one = _unbatched(_spd_inverse_core, (2, 0))
+
+
+# Odd quintic of the first sign iterations (the Muon/"Polar Express"-style aggressive step:
+# slope 3.44 at 0, maps [0, 1] into [0, 1.21], and [0.2, 1.21] into about [0.68, 1.21]);
+# cubic Newton–Schulz steps (x(3 − x²)/2) then converge quadratically to ±1.
+_QUINTIC = (3.4445, -4.7750, 2.0315)
+
+
+def _sign_newton_schulz(x: jax.Array, quintic_steps: int, cubic_steps: int) -> jax.Array:
+    """``sign(x)`` of a symmetric ``x [n, n]`` with spectrum inside ``[−1, 1]``."""
+    eye = jnp.eye(x.shape[-1], dtype=x.dtype)
+    a, b, c = _QUINTIC
+    for _ in range(quintic_steps):
+        x2 = x @ x
+        x = x @ (a * eye + b * x2 + c * (x2 @ x2))
+    for _ in range(cubic_steps):
+        x = x @ (1.5 * eye - 0.5 * (x @ x))
+    return x
+
+
+def clip_eigenvalues_matmul(
+    sym: jax.Array,
+    clip: float,
+    *,
+    quintic_steps: int = 4,
+    cubic_steps: int = 3,
+    rsqrt_steps: int = 2,
+) -> jax.Array:
+    """``sym [n, n]`` (symmetric) with its eigenvalues clipped to ``[−clip, clip]``, by matmuls.
+
+    With ``M = S²`` and the projector ``Π = step(M − c²)`` onto the eigenvectors of ``|λ| > c``,
+    the clipped matrix is ``S·(I + Π(c·M^(−1/2) − I))``: every factor a polynomial in ``S``.
+    ``Π = (I + sign(A))/2`` with ``A = (M − c²I)/ν`` (``ν`` from a Lanczos estimate of ``‖S‖₂``),
+    the sign by 4 quintic and 3 cubic Newton–Schulz steps; ``c·M^(−1/2)`` by Newton's
+    inverse square root from ``I`` (2 steps after a free first one; it stays below
+    ``c/|λ|``, so clipped eigenvalues never overshoot ``c``). A matrix whose Lanczos norm is
+    already ``≤ c`` is returned unchanged (``jnp.where``).
+
+    Error bound, per eigenvalue ``λ`` at distance ``δ = ||λ| − c|`` from the boundary: the
+    projector is exact to float32 once ``2cδ/ν ≥ 3.44⁻⁴ ≈ 0.007``; closer to the boundary the
+    result lies between ``λ`` and ``c·sign(λ)``, so the error is below ``δ ≤ 0.0035·ν/c``
+    (``ν ≈ 2c·δ_max``: about ``0.007·δ_max`` for the largest overshoot ``δ_max``). The inverse
+    square root is exact to ~1e-6 for ``‖S‖₂ ≤ 1.4c`` (the regime after an optimiser step from a
+    feasible point); beyond it the result stays feasible but clips more than needed. Cost: 26
+    ``n x n`` matmuls, against one LAPACK ``eigh``.
+    """
+    s = sym.astype(jnp.float32)
+    n = s.shape[-1]
+    eye = jnp.eye(n, dtype=s.dtype)
+    c2 = jnp.float32(clip) ** 2
+    rho2 = gram_top_eigenvalue(s)  # max λ² (S Sᵀ = S²), a lower bound: pad it below
+    m = s @ s
+    nu = jnp.maximum(1.02 * rho2 - c2, c2)
+    proj = 0.5 * (eye + _sign_newton_schulz((m - c2 * eye) / nu, quintic_steps, cubic_steps))
+    z = m / c2
+    # Newton for z^(−1/2) from y₀ = I·min(1, √(2/z_max)), inside its basin (z·y₀² < 3)
+    y0 = jnp.minimum(1.0, jnp.sqrt(2.0 * c2 / (1.02 * rho2)))
+    y = y0 * (1.5 * eye - 0.5 * y0**2 * z)
+    for _ in range(rsqrt_steps):
+        y = 0.5 * y @ (3.0 * eye - z @ (y @ y))
+    out = s @ (eye + proj @ (y - eye))
+    out = 0.5 * (out + jnp.swapaxes(out, -1, -2))
+    return jnp.where(rho2 <= c2, s, out)

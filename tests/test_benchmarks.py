@@ -118,8 +118,8 @@ def test_cooper_baseline_prints_ratios_and_equal_work(bench, capsys):
         "frac params > 0.0001 match",
     )
     assert len(steps) == 4 and all(r.split()[-1] == "yes" for r in steps)
-    speed = _table(out, "model impl torch threads ms/step this / cudt Cooper / hand")
-    assert len(speed) == 2 * 5  # cudt + (Cooper, hand) x (1 thread, default) per model
+    speed = _table(out, "model impl threads ms/step this / cudt Cooper / hand")
+    assert len(speed) == 2 * 6  # (cudt, Cooper, hand) x (1 thread, default) per model
     ratios = _ratios(out, "UT-1: ")
     assert "UT-1: torch + Cooper [torch threads 1] / cudt" in ratios
     assert "UT-1: torch + Cooper / torch hand-written [torch threads 1]" in ratios
@@ -249,3 +249,34 @@ def test_llm_memory_table_adds_up_and_matches_the_compiled_step(bench, capsys):
         activations_rm, total_rm = float(row[9]), float(row[10])
         assert 0 < activations_rm < activations / 2
         assert total_rm == pytest.approx(params + grads + adam + activations_rm, rel=2e-3)
+
+
+def test_linalg_step_prints_errors_and_ratios(bench, capsys):
+    bench("linalg_step").main(["--quick"])
+    out = capsys.readouterr().out
+    _check_header(out, "linalg_step")
+    acc = _table(out, "model quantity max error (relative for μ and the encoder)")
+    assert len(acc) == 3 and all(float(r.split()[-1]) < 1e-4 for r in acc)
+    assert set(_ratios(out, "")) == {"UT-2: matmul only / LAPACK", "DUST-2: matmul only / LAPACK"}
+
+
+def test_imported_step_runs_fresh_processes_without_changing_settings(bench, capsys):
+    bench("imported_step").main(["--quick", "--models", "dust"])
+    out = capsys.readouterr().out
+    _check_header(out, "imported_step")
+    assert "DUST-1: import cudt changed OPENBLAS_NUM_THREADS: False" in out
+    rows = _table(out, "model process OPENBLAS_NUM_THREADS ms/step")
+    assert [r.split()[1:3] for r in rows] == [["imported", "unset"], ["runner", "1"]]
+    assert list(_ratios(out, "DUST-1")) == ["DUST-1: imported / runner"]
+
+
+def test_gpu_suite_small_writes_its_markdown_table(bench, capsys, tmp_path):
+    out_file = tmp_path / "suite.md"
+    bench("gpu_suite").main(["--small", "--out", str(out_file)])
+    text = out_file.read_text()
+    assert "| UT-1 |" in text and "| DUST-1 |" in text and "| DUST-1-K576 |" in text
+    sweep = [
+        line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
+    ]
+    assert len(sweep) == 2 and sweep[0].endswith("| 1.00 |")
+    assert f"wrote {out_file}" in capsys.readouterr().out

@@ -74,14 +74,18 @@ def test_vmapped_calls_stay_unbatched_on_cpu():
 
 def test_models_under_vmap_emit_only_unbatched_lapack_calls():
     x = jnp.zeros((2, 3, 256))
-    dust = DUST(num_layers=2)
-    params = jax.vmap(lambda k: dust.init(k, x))(jax.random.split(jax.random.key(0), 2))
+    for method in ("lapack", "matmul"):
+        dust = DUST(num_layers=2, linalg=method)
+        params = jax.vmap(lambda k, m=dust: m.init(k, x))(jax.random.split(jax.random.key(0), 2))
 
-    def dust_loss(p):
-        return jnp.mean(dust.apply(p, x)[0] ** 2)
+        def dust_loss(p, m=dust):
+            return jnp.mean(m.apply(p, x)[0] ** 2)
 
-    ranks = _lapack_operand_ranks(jax.vmap(jax.grad(dust_loss)), params)
-    assert ranks and set(ranks) == {2}, ranks
+        ranks = _lapack_operand_ranks(jax.vmap(jax.grad(dust_loss)), params)
+        if method == "lapack":
+            assert ranks and set(ranks) == {2}, ranks
+        else:  # the default: no LAPACK call at all in the step
+            assert ranks == [], ranks
 
     ut = UT(num_layers=2, dim=16)
     ut_params = jax.vmap(lambda k: ut.init(k, jnp.zeros((2, 3, 16))))(
@@ -89,3 +93,184 @@ def test_models_under_vmap_emit_only_unbatched_lapack_calls():
     )
     ranks = _lapack_operand_ranks(jax.vmap(ut_project), ut_params)
     assert ranks and set(ranks) == {2}, ranks
+
+
+# ----------------------------------------------------------------------------- matmul-only methods
+
+
+def _dct_like(seed: int, layers: int = 3, noise: float = 0.0) -> jax.Array:
+    from cudt.models.dct import dct2_dictionary
+
+    d = np.broadcast_to(dct2_dictionary(16, 20), (layers, 256, 400)).astype(np.float32)
+    return jnp.asarray(d + noise * np.random.default_rng(seed).normal(size=d.shape))
+
+
+def _exact_top(d) -> np.ndarray:
+    d64 = np.asarray(d, np.float64)
+    return np.linalg.eigvalsh(np.einsum("...pk,...qk->...pq", d64, d64))[..., -1]
+
+
+@pytest.mark.parametrize(("noise", "rtol"), [(0.0, 1e-6), (0.01, 1e-6), (0.05, 3e-5)])
+def test_gram_top_eigenvalue_matches_eigvalsh_and_is_a_lower_bound(noise, rtol):
+    # noise 0.05 on every element buries the DCT under a random matrix whose top eigenvalues
+    # are nearly equal (the documented worst case: 32 steps do not separate them fully)
+    d = _dct_like(0, noise=noise)
+    ours = np.asarray(jax.jit(linalg.gram_top_eigenvalue)(d), np.float64)
+    exact = _exact_top(d)
+    np.testing.assert_allclose(ours, exact, rtol=rtol)
+    assert np.all(ours <= exact * (1 + 1e-6))  # a Rayleigh quotient: never above
+    # the exact LAPACK path agrees too (the option DUST(linalg="lapack") uses)
+    np.testing.assert_allclose(
+        linalg.eigvalsh(jnp.einsum("lpk,lqk->lpq", d, d))[..., -1], exact, rtol=1e-5
+    )
+
+
+def test_gram_top_eigenvalue_degenerate_and_vmapped():
+    eye = jnp.eye(8, 12)  # D Dᵀ = I: the Lanczos basis stops growing after one step
+    np.testing.assert_allclose(linalg.gram_top_eigenvalue(eye), 1.0, rtol=1e-6)
+    d = _dct_like(1, layers=2, noise=0.02)
+    np.testing.assert_allclose(jax.vmap(linalg.gram_top_eigenvalue)(d), _exact_top(d), rtol=1e-6)
+
+
+def test_spd_solve_matches_solve_values_and_gradients():
+    d = _dct_like(2, layers=1, noise=0.02)[0]
+    gram = d @ d.T
+    lam = linalg.gram_top_eigenvalue(d)
+    ref = np.linalg.solve(np.asarray(gram, np.float64), np.asarray(d, np.float64))
+    ours = np.asarray(linalg.spd_solve(gram, d, lam))
+    assert np.abs(ours - ref).max() / np.abs(ref).max() < 1e-5
+    # residual of the inverse, the documented bound
+    inv = linalg.spd_inverse(gram, lam)
+    assert float(jnp.linalg.norm(jnp.eye(256) - gram @ inv)) < 1e-4
+
+    def loss(solver, dd):
+        return jnp.sum(jnp.sin(solver(dd @ dd.T, dd)))
+
+    g_ours = jax.grad(lambda dd: loss(lambda a, b: linalg.spd_solve(a, b, lam), dd))(d)
+    g_ref = jax.grad(lambda dd: loss(linalg.solve, dd))(d)
+    np.testing.assert_allclose(g_ours, g_ref, rtol=1e-3, atol=1e-4 * float(jnp.abs(g_ref).max()))
+
+
+def test_spd_inverse_converges_for_an_ill_conditioned_matrix():
+    q, _ = np.linalg.qr(np.random.default_rng(3).normal(size=(64, 64)))
+    a = jnp.asarray((q * np.geomspace(1e-3, 1.0, 64)) @ q.T, jnp.float32)  # κ = 1000
+    inv = linalg.spd_inverse(a, jnp.float32(1.0))
+    ref = np.linalg.inv(np.asarray(a, np.float64))
+    assert np.abs(np.asarray(inv) - ref).max() / np.abs(ref).max() < 1e-3
+
+
+def test_dust_matmul_matches_lapack_at_init_and_through_training():
+    """Both DUST linear-algebra methods train the same: same states at init, then 8 constrained
+    steps of each, with μ and the dual code checked against the exact ones on the way."""
+    import optax
+
+    import cudt
+    from cudt.models.dust import spectral_norm_sq
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.uniform(0, 1, size=(4, 3, 256)), jnp.float32)
+    runs = {}
+    for method in ("matmul", "lapack"):
+        model = DUST(num_layers=2, per_layer_dictionary=True, linalg=method)
+        params = model.init(jax.random.key(0), x)
+
+        def losses(p, batch, key, m=model):
+            noisy = batch + 0.1 * jax.random.normal(key, batch.shape)
+            _, states = m.apply(p, noisy)
+            return jnp.mean((states - batch[None]) ** 2, axis=(2, 3)).T
+
+        init, step = cudt.make_train_step(
+            losses, optax.adam(1e-2), cudt.dual_ascent(1e-1), cudt.DescentConfig(2, epsilon=0.1)
+        )
+        runs[method] = [init(params), step, model, []]
+    for _ in range(8):
+        for run in runs.values():
+            run[0], metrics = run[1](run[0], x, jax.random.key(1))
+            run[3].append(np.asarray(metrics["layer_loss"]))
+        d = runs["matmul"][0].params["params"]["dictionary"]  # trained by the matmul path
+        np.testing.assert_allclose(spectral_norm_sq(d), spectral_norm_sq(d, "eigh"), rtol=1e-5)
+    moved = float(
+        jnp.abs(d - runs["lapack"][2].init(jax.random.key(0), x)["params"]["dictionary"]).max()
+    )
+    assert moved > 1e-2  # the dictionaries did train (lr 1e-2, 8 Adam steps)
+    # the trained dictionary's states agree with the exact method's on the same params
+    params = runs["matmul"][0].params
+    s_mm = runs["matmul"][2].apply(params, x)[1]
+    s_ex = runs["lapack"][2].apply(params, x)[1]
+    np.testing.assert_allclose(s_mm, s_ex, rtol=1e-4, atol=1e-5)
+    # and the two trainings stay together (Adam's sign steps amplify rounding a little)
+    np.testing.assert_allclose(runs["matmul"][3], runs["lapack"][3], rtol=1e-3)
+
+
+def _spectrum_matrix(eigenvalues, seed: int = 0) -> jax.Array:
+    n = len(eigenvalues)
+    q, _ = np.linalg.qr(np.random.default_rng(seed).normal(size=(n, n)))
+    return jnp.asarray((q * np.asarray(eigenvalues)) @ q.T, jnp.float32)
+
+
+@pytest.mark.parametrize(
+    ("eigenvalues", "tol"),
+    [
+        # the UT mid-training (measured): 12 of 256 eigenvalues up to 0.14 below −0.95
+        (np.r_[np.linspace(-1.09, -0.96, 12), np.linspace(-0.95, -0.886, 116)], 5e-5),
+        # eigenvalues from 1e-5 to 0.1 outside, the rest inside up to 0.5
+        (np.r_[-0.95 - np.geomspace(1e-5, 0.1, 20), np.linspace(-0.94, 0.5, 108)], 1e-4),
+        # both sides, ‖S‖ = 1.37·clip
+        (np.linspace(-1.3, 1.3, 128), 2e-3),
+    ],
+)
+def test_clip_eigenvalues_matmul_matches_eigh(eigenvalues, tol):
+    s = _spectrum_matrix(eigenvalues)
+    ours = np.asarray(jax.jit(lambda m: linalg.clip_eigenvalues_matmul(m, 0.95))(s), np.float64)
+    w, v = np.linalg.eigh(np.asarray(s, np.float64))
+    exact = (v * np.clip(w, -0.95, 0.95)) @ v.T
+    assert np.abs(ours - exact).max() < tol
+    evals = np.linalg.eigvalsh(ours)
+    assert evals.min() >= -0.95 - 2e-4 and evals.max() <= 0.95 + 2e-4
+    # the same through ut_project, stacked runs included
+    tree = {"attn": jnp.eye(128), "ffn": jnp.stack([s, s]), "bias": jnp.zeros(128)}
+    out = ut_project(tree, method="matmul")["ffn"]
+    np.testing.assert_allclose(out[1], ours, atol=1e-5)
+
+
+def test_clip_eigenvalues_matmul_leaves_feasible_unchanged():
+    s = _spectrum_matrix(np.linspace(-0.9, 0.9, 64))
+    np.testing.assert_array_equal(linalg.clip_eigenvalues_matmul(s, 0.95), s)
+
+
+def test_ut_project_matmul_tracks_eigh_through_training():
+    """UT training with each projection: the same losses step after step (8 Adam steps at a
+    learning rate, 1e-2, that pushes W̃_f's eigenvalues past the clip, so both clip every step)."""
+    import functools
+
+    import optax
+
+    import cudt
+
+    x = jnp.asarray(np.random.default_rng(0).uniform(0, 1, size=(4, 6, 32)), jnp.float32)
+    model = UT(num_layers=2, dim=32)
+    params = model.init(jax.random.key(0), x)
+
+    def losses(p, batch, key):
+        _, states = model.apply(p, batch + 0.2 * jax.random.normal(key, batch.shape))
+        return jnp.mean((states - batch[None]) ** 2, axis=(2, 3)).T
+
+    traces, clipped = {}, {}
+    for method in ("eigh", "matmul"):
+        init, step = cudt.make_train_step(
+            losses,
+            optax.adam(1e-2),
+            cudt.dual_ascent(1e-1),
+            cudt.DescentConfig(2, epsilon=0.1),
+            project_params=functools.partial(ut_project, method=method),
+        )
+        state, trace = init(params), []
+        for _ in range(8):
+            state, metrics = step(state, x, jax.random.key(1))
+            trace.append(np.asarray(metrics["layer_loss"]))
+        traces[method] = np.asarray(trace)
+        ffn = np.asarray(state.params["params"]["ffn"], np.float64)
+        clipped[method] = np.linalg.eigvalsh(ffn)
+    assert np.isclose(clipped["eigh"].min(), -0.95, atol=1e-5)  # the clip was active
+    assert clipped["matmul"].min() >= -0.95 - 2e-4
+    np.testing.assert_allclose(traces["matmul"], traces["eigh"], rtol=2e-3)

@@ -159,11 +159,18 @@ class UT(nn.Module):
         return states[-1], states
 
 
-def _project_symmetric(w: jax.Array, clip: float) -> jax.Array:
+def _project_symmetric(w: jax.Array, clip: float, method: str = "eigh") -> jax.Array:
     """Symmetrise ``w [..., D, D]`` and clip its eigenvalues to ``[−clip, clip]``."""
     dtype = w.dtype
     w32 = w.astype(jnp.float32)  # eigh has no bf16/f16 kernel
     sym = 0.5 * (w32 + jnp.swapaxes(w32, -1, -2))
+    if method == "matmul":
+        clipped = linalg.clip_eigenvalues_matmul
+        for _ in range(sym.ndim - 2):  # runs stacked on leading axes
+            clipped = jax.vmap(clipped, in_axes=(0, None))
+        return clipped(sym, clip).astype(dtype)
+    if method != "eigh":
+        raise ValueError(f"method must be 'eigh' or 'matmul', got {method!r}")
     evals, evecs = linalg.eigh(sym)  # vmap-safe on CPU, see cudt.linalg
     proj = jnp.einsum("...ik,...k,...jk->...ij", evecs, jnp.clip(evals, -clip, clip), evecs)
     # A feasible matrix is returned bit-exact (not via the eigh round trip), so repeated
@@ -176,13 +183,13 @@ def _is_ut_params(node: Any) -> bool:
     return isinstance(node, Mapping) and UT_PARAM_KEYS <= set(node.keys())
 
 
-def _project_ut_dict(params: Mapping[str, Any], clip: float) -> dict[str, Any]:
+def _project_ut_dict(params: Mapping[str, Any], clip: float, method: str) -> dict[str, Any]:
     out = dict(params)
-    out["ffn"] = _project_symmetric(params["ffn"], clip)
+    out["ffn"] = _project_symmetric(params["ffn"], clip, method)
     return out
 
 
-def ut_project_tree(tree: Any, clip: float = 0.95) -> Any:
+def ut_project_tree(tree: Any, clip: float = 0.95, method: str = "eigh") -> Any:
     """Project every UT param dict found anywhere in a nested-dict pytree (see ``ut_project``).
 
     A UT param dict is any ``Mapping`` whose keys include ``{"attn", "ffn", "bias"}`` (the names
@@ -190,19 +197,27 @@ def ut_project_tree(tree: Any, clip: float = 0.95) -> Any:
     non-mapping leaves are returned as is. Trees without a UT dict come back unchanged.
     """
     if _is_ut_params(tree):
-        return _project_ut_dict(tree, clip)
+        return _project_ut_dict(tree, clip, method)
     if isinstance(tree, Mapping):
-        return {k: ut_project_tree(v, clip) for k, v in tree.items()}
+        return {k: ut_project_tree(v, clip, method) for k, v in tree.items()}
     return tree
 
 
-def ut_project(params: Any, clip: float = 0.95) -> Any:
+def ut_project(params: Any, clip: float = 0.95, method: str = "eigh") -> Any:
     """Projection applied after every optimizer step (the published UT code's stabiliser).
 
     ``W̃_f`` is replaced by its symmetric part with eigenvalues clipped to ``[−clip, clip]``
     (``cudt.linalg.eigh``); the model only depends on that symmetric part, so this projects
     ``W_f`` onto ``‖W_f − (1 − b)I‖₂ ≤ b·clip``. An already-feasible symmetric ``W̃_f`` is
     returned bit-exact. Pure and jittable.
+
+    ``method="eigh"`` (default): LAPACK's symmetric eigensolver, exact. ``"matmul"``:
+    :func:`cudt.linalg.clip_eigenvalues_matmul`, matrix products only (error ≤ ~1e-4 in the
+    step's regime, bound in its docstring). On a 2-core CPU the exact method is the faster one
+    when OpenBLAS runs one thread (``cudt.runner.cli.configure_process``; 256x256: ~7 ms vs
+    ~19 ms measured), the matmul one when OpenBLAS keeps its default threads next to XLA's
+    (~13 ms vs 100-700 ms under load); on a GPU the matmuls are the natural choice. See
+    docs/speed.md. Use it as ``functools.partial(ut_project, method="matmul")``.
 
     Contract: ``params`` is either one UT's own dict ``{"attn", "ffn", "bias"}`` or any nested
     dict holding such dicts, e.g. the full ``model.init`` output ``{"params": {...}}`` or a
@@ -218,4 +233,4 @@ def ut_project(params: Any, clip: float = 0.95) -> Any:
     )
     if not found:
         raise KeyError(f"no UT param dict (keys {sorted(UT_PARAM_KEYS)}) found in params")
-    return ut_project_tree(params, clip)
+    return ut_project_tree(params, clip, method)
