@@ -264,6 +264,12 @@ CONFIG_CASES = [
         "--test-gammas must all be finite numbers >= 0",
     ),
     (
+        "DUST atoms below the patch side",
+        ["--dust-atoms", "12"],
+        "--dust-atoms 12 is below the patch side 16",
+        "pass --dust-atoms 16 or more",
+    ),
+    (
         "unknown model",
         ["--models", "ut,transformer"],
         "unknown model 'transformer'",

@@ -25,6 +25,8 @@ from cudt.runner.config import RunConfig, at_least, flag, in_range, non_negative
 from cudt.runner.report import Column
 from cudt.runner.task import GroupModel, Task
 
+PATCH = 16  # side of a video patch (P = 256 pixels: cudt.data.video.patchify's default)
+
 __all__ = [
     "DATASETS",
     "MODELS",
@@ -124,6 +126,12 @@ class VideoConfig(RunConfig):
         need(
             self.dataset == "synthetic" or self.data_dir,
             f"--dataset {self.dataset} needs --data-dir pointing at the frame folders",
+        )
+        need(
+            self.dust_atoms >= PATCH,
+            f"--dust-atoms {self.dust_atoms} is below the patch side {PATCH}: the overcomplete "
+            f"DCT dictionary needs at least {PATCH} atoms per dimension; pass --dust-atoms "
+            f"{PATCH} or more",
         )
         bad = [m for m in self.models if m not in MODELS]
         need(
