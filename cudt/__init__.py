@@ -7,6 +7,7 @@ enforced by a primal-dual method in one jitted step. See README.md.
 from cudt.constrained import DescentConfig, constraint_values, lagrangian_terms
 from cudt.constrained_step import ConstrainedState, make_constrained_step
 from cudt.constraint import Constraint, FreeSign
+from cudt.descent_step import DescentState, make_descent_step
 from cudt.dual import (
     as_dual,
     dual_adam,
@@ -27,10 +28,12 @@ __all__ = [
     "AugmentedLagrangian",
     "ConstrainedState",
     "Constraint",
+    "DescentState",
     "FreeSign",
     "Lagrangian",
     "QuadraticPenalty",
     "make_constrained_step",
+    "make_descent_step",
     "nupi",
     "CheckpointError",
     "CudtError",

@@ -84,8 +84,15 @@ def make_constrained_step(
     formulation=None,
     update: str = "simultaneous",
     dual_radius: float | None = None,
+    *,
+    has_aux: bool = False,
+    jit: bool = True,
 ):
     """``(init, step)`` for ``problem``; see the module docstring.
+
+    ``has_aux``: ``problem`` returns ``(objective, constraints, aux)``; ``aux`` (any pytree,
+    measured at the pre-step parameters) is returned as ``metrics["aux"]``. ``jit=False``
+    returns the pure step, to be composed (``vmap`` over runs, ``scan`` over steps).
 
     ``dual`` follows :mod:`cudt.dual`'s convention (additive, projected updates from ``g``);
     equality multipliers are passed as :class:`cudt.FreeSign` so they are not projected.
@@ -101,7 +108,7 @@ def make_constrained_step(
     def init(params, batch, num_indexed=None, key=None):
         num_indexed = dict(num_indexed or {})
         key = jax.random.key(0) if key is None else key
-        _, cons = jax.eval_shape(problem, params, batch, key)
+        cons = jax.eval_shape(problem, params, batch, key)[1]
         _check_constraints(cons)
         unknown = set(num_indexed) - set(cons)
         if unknown:
@@ -181,10 +188,10 @@ def make_constrained_step(
             mult = jax.tree.map(lambda m, u: m + u, mult, du)
 
         def outputs(p):
-            f, cons = problem(p, batch, key)
-            return (f, {n: c.value for n, c in cons.items()}), cons
+            f, cons, *aux = problem(p, batch, key)
+            return (f, {n: c.value for n, c in cons.items()}), (cons, aux)
 
-        (f, values), vjp_fn, cons = jax.vjp(outputs, params, has_aux=True)
+        (f, values), vjp_fn, (cons, aux) = jax.vjp(outputs, params, has_aux=True)
         _check_constraints(cons)
         kinds = {n: c.kind for n, c in cons.items()}
 
@@ -233,6 +240,8 @@ def make_constrained_step(
             "constraints": {n: jnp.mean(v) for n, v in values.items()},
             "violation": violation,
         }
+        if has_aux:
+            metrics["aux"] = aux[0]
         return new_state, metrics
 
-    return init, jax.jit(step)
+    return init, (jax.jit(step) if jit else step)

@@ -131,7 +131,7 @@ class NuPIState(NamedTuple):
     started: jax.Array  # [] bool: whether ξ_{−1} has been set
 
 
-def nupi(learning_rate, kp=0.0, ki=1.0, ema_nu=0.0, init="sgd"):
+def nupi(learning_rate, kp=0.0, ki=1.0, ema_nu=0.0, init="sgd", project=True):
     """nuPI control of the multipliers (Sohrabi et al. 2024), projected onto λ ≥ 0.
 
         ξ_t = ν ξ_{t−1} + (1 − ν) e_t
@@ -140,12 +140,18 @@ def nupi(learning_rate, kp=0.0, ki=1.0, ema_nu=0.0, init="sgd"):
     with ``e_t = g`` the constraint values and ``ξ_{−1} = e_0`` (``init="sgd"``: the first step is
     plain projected ascent with rate η·K_I) or ``ξ_{−1} = 0`` (``init="zeros"``). ``kp=0`` is
     :func:`dual_ascent` with rate ``η·ki``. Equality multipliers (:class:`cudt.FreeSign`) are not
-    projected.
+    projected. ``project=False`` returns the raw updates (to scale them, e.g. by a schedule,
+    before :func:`project_nonnegative`). ``kp`` and ``ema_nu`` may be traced arrays (a sweep,
+    ``optax.inject_hyperparams``); they are checked only when concrete.
     """
     _check_lr("dual learning rate", learning_rate)
     if init not in ("sgd", "zeros"):
         raise ValueError(f"nupi init must be 'sgd' or 'zeros', got {init!r}")
-    if not 0.0 <= float(ema_nu) < 1.0:
+    try:
+        nu = float(ema_nu)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        nu = 0.0
+    if not 0.0 <= nu < 1.0:
         raise ValueError(f"ema_nu must lie in [0, 1), got {ema_nu}")
 
     def init_fn(params):
@@ -162,4 +168,5 @@ def nupi(learning_rate, kp=0.0, ki=1.0, ema_nu=0.0, init="sgd"):
         raw = jax.tree.map(lambda ei, x, p: learning_rate * (ki * ei + kp * (x - p)), e, xi, prev)
         return raw, NuPIState(xi=xi, started=jnp.ones((), bool))
 
-    return optax.chain(optax.GradientTransformation(init_fn, update_fn), project_nonnegative())
+    core = optax.GradientTransformation(init_fn, update_fn)
+    return optax.chain(core, project_nonnegative()) if project else core

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import optax
 
-from cudt.dual import as_dual
+from cudt.dual import as_dual, nupi, project_nonnegative
 
 __all__ = ["SCHEDULES", "dual_optimizer", "lr_factor", "primal_optimizer"]
 
@@ -46,11 +46,25 @@ def primal_optimizer(
     return _scheduled(optax.inject_hyperparams(optax.adam)(learning_rate=lr), schedule, steps)
 
 
+def _nupi_raw(learning_rate, kp, ema_nu):
+    return nupi(learning_rate, kp=kp, ema_nu=ema_nu, project=False)
+
+
 def dual_optimizer(
-    name: str, lr: float, schedule: str = "constant", steps: int = 1
+    name: str,
+    lr: float,
+    schedule: str = "constant",
+    steps: int = 1,
+    *,
+    kp: float = 0.0,
+    ema_nu: float = 0.0,
 ) -> optax.GradientTransformation:
-    """Projected ascent with Adam (the paper) or SGD, the learning rate in its state, times the
-    factor of ``schedule`` over ``steps`` dual updates (the dual state, and so the schedule's
-    count, stands still during the primal warm-up)."""
+    """Projected ascent with Adam (the paper), SGD or nuPI (:func:`cudt.nupi` with ``kp`` and
+    ``ema_nu``, K_I = 1), the learning rate (and nuPI's ``kp``, ``ema_nu``) in its state, times
+    the factor of ``schedule`` over ``steps`` dual updates (the dual state, and so the
+    schedule's count, stands still during the primal warm-up)."""
+    if name == "nupi":
+        raw = optax.inject_hyperparams(_nupi_raw)(learning_rate=lr, kp=kp, ema_nu=ema_nu)
+        return optax.chain(_scheduled(raw, schedule, steps), project_nonnegative())
     inner = optax.adam if name == "adam" else optax.sgd
     return as_dual(_scheduled(optax.inject_hyperparams(inner)(learning_rate=lr), schedule, steps))

@@ -347,6 +347,42 @@ CONFIG_CASES = [
         "--resume and --overwrite contradict each other",
         "pass one of them",
     ),
+    (
+        "--constraint not a kind",
+        ["--constraint", "median"],
+        "--constraint must be one of mean, indexed, tail",
+        "got 'median'",
+    ),
+    (
+        "--constraint indexed with explicit slacks",
+        ["--constraint", "indexed", "--resilience", "2", "--resilience-mode", "slack"],
+        "--resilience-mode slack works only with --constraint mean",
+        "use --resilience-mode decay",
+    ),
+    (
+        "--tail-beta without --constraint tail",
+        ["--tail-beta", "0.5"],
+        "--tail-beta is the beta of --constraint tail",
+        "pass --constraint tail or drop it",
+    ),
+    (
+        "--tail-beta outside (0, 1]",
+        ["--constraint", "tail", "--tail-beta", "0"],
+        "--tail-beta must lie in (0, 1]",
+        "got 0.0",
+    ),
+    (
+        "--sweep penalty with the Lagrangian",
+        ["--sweep", "penalty=1,2"],
+        "--penalty is rho of --formulation augmented or penalty",
+        "pass one of them or drop it",
+    ),
+    (
+        "--nupi-kp without --dual-optimizer nupi",
+        ["--nupi-kp", "1"],
+        "--nupi-kp is a gain of --dual-optimizer nupi",
+        "pass --dual-optimizer nupi or drop it",
+    ),
 ]
 
 

@@ -17,10 +17,13 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cudt.constrained_step import UPDATES
 from cudt.runner.hparams import REFERENCE_SPELLINGS, SWEEPABLE, is_reference
 from cudt.runner.sweep import parse_sweeps
 
 __all__ = [
+    "CONSTRAINT_KINDS",
+    "FORMULATIONS",
     "RunConfig",
     "at_least",
     "flag",
@@ -29,6 +32,10 @@ __all__ = [
     "positive",
     "shared",
 ]
+
+
+CONSTRAINT_KINDS = ("mean", "indexed", "tail")
+FORMULATIONS = ("lagrangian", "augmented", "penalty")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +139,42 @@ class RunConfig:
         check=one_of("decay", "slack"),
     )
     slack_lr: float = flag(1e-2, "learning rate of explicit slacks", check=positive)
-    dual_optimizer: str = flag("adam", "adam (the paper) or sgd", check=one_of("adam", "sgd"))
+    constraint: str = flag(
+        "mean",
+        "descent constraints: mean (E l_l <= (1-eps) E l_{l-1}), indexed (l_l(x_i) <= (1-eps) "
+        "l_{l-1}(x_i) for every training example, one multiplier per example and layer) or tail "
+        "(CVaR_beta of the per-sample ratio l_l/l_{l-1} <= 1-eps); the reference stays a mean",
+        check=one_of(*CONSTRAINT_KINDS),
+    )
+    tail_beta: float = flag(
+        0.1,
+        "beta of --constraint tail: the mean of the largest ceil(beta*B) ratios of a batch",
+        check=Check(lambda v: 0 < v <= 1, "lie in (0, 1]"),
+    )
+    formulation: str = flag(
+        "lagrangian",
+        "lagrangian, augmented (augmented Lagrangian, + (rho/2) h^2) or penalty (quadratic "
+        "penalty (rho/2) max(g, 0)^2, no multipliers)",
+        check=one_of(*FORMULATIONS),
+    )
+    penalty: float = flag(
+        1.0, "penalty coefficient rho of --formulation augmented or penalty", check=non_negative
+    )
+    update: str = flag(
+        "simultaneous",
+        "primal-dual update: simultaneous, alternating (dual first, then primal with the new "
+        "multipliers) or extragradient (extrapolation from the past)",
+        check=one_of(*UPDATES),
+    )
+    dual_optimizer: str = flag(
+        "adam",
+        "adam (the paper), sgd or nupi (PI control: --nupi-kp, --nupi-ema)",
+        check=one_of("adam", "sgd", "nupi"),
+    )
+    nupi_kp: float = flag(0.0, "proportional gain K_P of --dual-optimizer nupi", check=non_negative)
+    nupi_ema: float = flag(
+        0.0, "EMA factor nu of the error in --dual-optimizer nupi", check=in_range(0.0, 1.0)
+    )
     dual_lr: float = flag(5e-2, "dual learning rate", check=positive)
     dual_lr_schedule: str = flag(
         "constant",
@@ -260,7 +302,47 @@ class RunConfig:
                 f"({self.seed}..{self.seed + self.seeds - 1})",
             )
         # Sweep syntax is checked here so a typo fails before any data is read.
-        parse_sweeps(self)
+        sweeps = parse_sweeps(self)
+        self._validate_dual_dynamics(sweeps)
+
+    def uses_general_step(self) -> bool:
+        """Whether the runner trains through :func:`cudt.make_descent_step` (anything but mean
+        constraints, the Lagrangian, simultaneous updates and Adam/SGD duals)."""
+        return (
+            self.constraint != "mean"
+            or self.formulation != "lagrangian"
+            or self.update != "simultaneous"
+            or self.dual_optimizer == "nupi"
+        )
+
+    def _validate_dual_dynamics(self, sweeps) -> None:
+        need = self.require
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+
+        def given(name):  # set to another value than its default, or swept
+            return name in sweeps or getattr(self, name) != defaults[name]
+
+        if self.uses_general_step():
+            need(
+                self.resilience_mode == "decay",
+                "--resilience-mode slack works only with --constraint mean, --formulation "
+                "lagrangian, --update simultaneous and --dual-optimizer adam or sgd: use "
+                "--resilience-mode decay",
+            )
+        need(
+            self.constraint == "tail" or not given("tail_beta"),
+            "--tail-beta is the beta of --constraint tail: pass --constraint tail or drop it",
+        )
+        need(
+            self.formulation != "lagrangian" or not given("penalty"),
+            "--penalty is rho of --formulation augmented or penalty: pass one of them or drop it",
+        )
+        for name in ("nupi_kp", "nupi_ema"):
+            need(
+                self.dual_optimizer == "nupi" or not given(name),
+                f"--{name.replace('_', '-')} is a gain of --dual-optimizer nupi: pass "
+                "--dual-optimizer nupi or drop it",
+            )
 
     def validate(self) -> None:
         """Cross-field checks of a task's config: raise ValueError with the flag and the fix."""

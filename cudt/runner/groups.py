@@ -22,6 +22,8 @@ from tqdm.auto import tqdm
 
 from cudt.checkpoint import GroupCheckpointer
 from cudt.constrained import DescentConfig
+from cudt.descent_step import make_descent_step
+from cudt.formulation import AugmentedLagrangian, Lagrangian, QuadraticPenalty
 from cudt.loop import Divergence, LoopResult, sample_indices, train_group
 from cudt.optim import dual_optimizer, primal_optimizer
 from cudt.runner.report import KINDS
@@ -82,6 +84,7 @@ def make_group_step(
     warmup: int,
     steps_per_epoch: int,
     slack_alpha: float | None = None,
+    num_examples: int | None = None,
     jit: bool = False,
 ):
     """``(init, step)`` of :func:`cudt.make_train_step` wired as the runner wires every group:
@@ -89,7 +92,13 @@ def make_group_step(
     (:func:`cudt.optim.primal_optimizer`, ``cfg.lr_schedule`` over ``cfg.steps``), the dual
     optimiser of ``cfg`` over the steps after the ``warmup``, and the constraint defaults of
     ``cfg`` (each run's own ε, reference, α, ERM/constrained and learning rates go to ``init``).
-    ``slack_alpha``: the α of explicit slacks (``--resilience-mode slack``)."""
+    ``slack_alpha``: the α of explicit slacks (``--resilience-mode slack``).
+
+    Any other ``--constraint``, ``--formulation``, ``--update`` or ``--dual-optimizer nupi``
+    (``cfg.uses_general_step()``) builds :func:`cudt.make_descent_step` instead, with the same
+    optimisers; ``init`` then also takes ``penalty``, ``tail_beta`` and ``dual_hparams``.
+    ``num_examples``: the training set's size (the rows of ``--constraint indexed``'s table;
+    the batch's ``index`` names its examples' rows)."""
     slack = cfg.resilience_mode == "slack"
     descent = DescentConfig(
         num_layers=model.num_layers,
@@ -102,11 +111,35 @@ def make_group_step(
         warmup_steps=warmup,
         constrained=True,
     )
-    return make_train_step(
+    primal = primal_optimizer(lr, cfg.lr_schedule, cfg.steps)
+    dual = dual_optimizer(
+        cfg.dual_optimizer,
+        cfg.dual_lr,
+        cfg.dual_lr_schedule,
+        cfg.steps - warmup,
+        kp=cfg.nupi_kp,
+        ema_nu=cfg.nupi_ema,
+    )
+    if not cfg.uses_general_step():
+        return make_train_step(
+            model.layer_losses, primal, dual, descent, project_params=model.project, jit=jit
+        )
+    formulation = {
+        "lagrangian": Lagrangian(),
+        "augmented": AugmentedLagrangian(penalty=cfg.penalty),
+        "penalty": QuadraticPenalty(penalty=cfg.penalty),
+    }[cfg.formulation]
+    return make_descent_step(
         model.layer_losses,
-        primal_optimizer(lr, cfg.lr_schedule, cfg.steps),
-        dual_optimizer(cfg.dual_optimizer, cfg.dual_lr, cfg.dual_lr_schedule, cfg.steps - warmup),
+        primal,
+        dual,
         descent,
+        constraint=cfg.constraint,
+        formulation=formulation,
+        update=cfg.update,
+        num_examples=num_examples,
+        example_ids=lambda batch: batch.index,
+        tail_beta=cfg.tail_beta,
         project_params=model.project,
         jit=jit,
     )
@@ -132,6 +165,7 @@ class GroupProgram:
             warmup=warmup,
             steps_per_epoch=steps_per_epoch,
             slack_alpha=slack_alpha,
+            num_examples=num_train,
         )
 
         def col(values, fill):
@@ -147,6 +181,14 @@ class GroupProgram:
             "lr": col([hp["lr"] for hp in hps], 0.0),
             "dual_lr": col([hp["dual_lr"] for hp in hps], cfg.dual_lr),
         }
+        if cfg.uses_general_step():
+            self.per_run["penalty"] = col([hp["penalty"] for hp in hps], cfg.penalty)
+            self.per_run["tail_beta"] = col([hp["tail_beta"] for hp in hps], cfg.tail_beta)
+            if cfg.dual_optimizer == "nupi":
+                self.per_run["dual_hparams"] = {
+                    "kp": col([hp["nupi_kp"] for hp in hps], cfg.nupi_kp),
+                    "ema_nu": col([hp["nupi_ema"] for hp in hps], cfg.nupi_ema),
+                }
         self.references = resolved_ref
         self.extras = col([hp["gamma_train"] for hp in hps], 0.0)
         self.keys = jnp.stack([jax.random.key(s.seed) for s in group.specs])
@@ -164,7 +206,7 @@ class GroupProgram:
         def make_batch(key, step, data, gamma):
             index = sample_indices(key, step, num_train, batch_size)
             examples = jax.tree.map(lambda a: a[index], data["examples"])
-            return RunBatch(examples, gamma, data["frozen"])
+            return RunBatch(examples, gamma, data["frozen"], index)
 
         self.make_batch = make_batch
 

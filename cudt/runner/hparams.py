@@ -25,9 +25,29 @@ __all__ = [
 
 # Hyperparameters that may take several values in one program (``--sweep NAME=V1,V2``): each is
 # an array in the train state (or handed to the batch), so a sweep is a vmap over runs.
-SWEEPABLE = ("epsilon", "reference", "lr", "dual_lr", "resilience", "gamma_train")
+SWEEPABLE = (
+    "epsilon",
+    "reference",
+    "lr",
+    "dual_lr",
+    "resilience",
+    "gamma_train",
+    "penalty",
+    "tail_beta",
+    "nupi_kp",
+    "nupi_ema",
+)
 # Those that only matter to constrained runs: ERM runs are not swept over them.
-CONSTRAINT_ONLY = ("epsilon", "reference", "dual_lr", "resilience")
+CONSTRAINT_ONLY = (
+    "epsilon",
+    "reference",
+    "dual_lr",
+    "resilience",
+    "penalty",
+    "tail_beta",
+    "nupi_kp",
+    "nupi_ema",
+)
 
 REFERENCE_SPELLINGS = "chance, chance+X (X >= 0), none or a finite number"
 

@@ -126,6 +126,11 @@ def summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval_
             "relative_violation_val": verdict.relative_violation,
             "val_objective": float(val_mean[-1]),
             "multipliers": np.asarray(result.states.multipliers[r]).tolist(),
+            **(
+                {"multipliers_table_max": np.asarray(result.states.multipliers_max[r]).tolist()}
+                if cfg.constraint == "indexed"
+                else {}
+            ),
             "max_multipliers": (
                 np.zeros(model.num_layers + 1).tolist()
                 if result.max_multipliers is None

@@ -26,6 +26,10 @@ SHORT = {
     "dual_lr": "dlr",
     "resilience": "alpha",
     "gamma_train": "gamma",
+    "penalty": "rho",
+    "tail_beta": "beta",
+    "nupi_kp": "kp",
+    "nupi_ema": "nu",
 }
 
 
@@ -103,6 +107,14 @@ class RunSpec:
 def base_hparams(cfg, lr: float) -> dict[str, Any]:
     hp = {name: getattr(cfg, name) for name in SWEEPABLE}
     hp["lr"] = lr
+    # the settings of a formulation, constraint kind or dual optimiser that is not used: none
+    unused = {
+        "penalty": cfg.formulation == "lagrangian",
+        "tail_beta": cfg.constraint != "tail",
+        "nupi_kp": cfg.dual_optimizer != "nupi",
+        "nupi_ema": cfg.dual_optimizer != "nupi",
+    }
+    hp |= {name: None for name, off in unused.items() if off}
     if hp["reference"] is not None:
         hp["reference"] = normalize_reference(hp["reference"])
     return hp

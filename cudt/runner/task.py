@@ -30,6 +30,7 @@ class RunBatch(NamedTuple):
     examples: Any  # the task's examples, [B, ...] leaves (split over the mesh's data axis)
     gamma: jax.Array  # [] this run's training perturbation level
     frozen: Any  # frozen tables shared by every run: jit arguments, not baked-in constants
+    index: Any = None  # [B] int: each example's row in the training set (--constraint indexed)
 
 
 class EvalBatch(NamedTuple):

@@ -1,0 +1,136 @@
+"""The runner's --constraint, --formulation, --update and --dual-optimizer nupi on the toy task:
+each flag reaches the step, the general path reproduces the default where the maths says it
+must, and an indexed run resumes bit for bit."""
+
+from __future__ import annotations
+
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from helpers import toy
+
+from cudt.checkpoint import GroupCheckpointer
+
+ONE = ["--seeds", "1"]
+
+
+def _constrained(results) -> dict:
+    (run,) = [r for r in results["runs"] if r["constrained"]]
+    return run
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    return toy(ONE, tmp_path_factory.mktemp("default") / "o")
+
+
+@pytest.fixture(scope="module")
+def sgd_run(tmp_path_factory):
+    return toy([*ONE, "--dual-optimizer", "sgd"], tmp_path_factory.mktemp("sgd") / "o")
+
+
+def _close(a, b) -> bool:
+    return np.allclose(a["final_loss"], b["final_loss"], rtol=1e-4) and np.allclose(
+        a["multipliers"], b["multipliers"], rtol=1e-4, atol=1e-6
+    )
+
+
+def test_general_path_reproduces_the_default_where_it_must(default_run, sgd_run, tmp_path):
+    """The augmented Lagrangian at ρ = 0 is the Lagrangian, and nuPI with K_P = 0, ν = 0 is SGD
+    ascent: both train through make_descent_step and must give the default path's runs."""
+    augmented = toy([*ONE, "--formulation", "augmented", "--penalty", "0"], tmp_path / "a")
+    nupi = toy([*ONE, "--dual-optimizer", "nupi"], tmp_path / "n")
+    assert _close(_constrained(augmented), _constrained(default_run))
+    assert _close(_constrained(nupi), _constrained(sgd_run))
+    assert max(_constrained(default_run)["multipliers"]) > 0
+    for a, b in zip(augmented["runs"], default_run["runs"], strict=True):  # ERM lanes too
+        np.testing.assert_allclose(a["final_loss"], b["final_loss"], rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--constraint", "indexed"],
+        ["--constraint", "tail"],
+        ["--formulation", "augmented", "--penalty", "20"],
+        ["--update", "alternating"],
+        ["--update", "extragradient"],
+    ],
+    ids=lambda f: "-".join(a.strip("-") for a in f),
+)
+def test_each_flag_changes_the_constrained_run(flags, default_run, tmp_path):
+    results = toy([*ONE, *flags], tmp_path / "o")
+    run, base = _constrained(results), _constrained(default_run)
+    assert not _close(run, base), flags
+    assert results["config"][flags[0][2:].replace("-", "_")] == flags[1]
+    # ERM lanes see no constraint: the default's ERM run, except under extragradient, whose
+    # extrapolation from the past moves the primal step of every lane (ERM's too)
+    erm = [r for r in results["runs"] if not r["constrained"]]
+    base_erm = [r for r in default_run["runs"] if not r["constrained"]]
+    same = np.allclose(erm[0]["final_loss"], base_erm[0]["final_loss"], rtol=1e-4)
+    assert same == (flags[1] != "extragradient")
+    if flags[1] == "indexed":
+        # one multiplier per training example and layer: the table's max is above its mean
+        assert np.all(np.asarray(run["multipliers_table_max"][1:]) > run["multipliers"][1:])
+    else:
+        assert "multipliers_table_max" not in run
+
+
+def test_penalty_formulation_and_nupi_gains(sgd_run, tmp_path):
+    penalty = _constrained(
+        toy([*ONE, "--formulation", "penalty", "--penalty", "50"], tmp_path / "p")
+    )
+    assert penalty["multipliers"] == [0.0, 0.0, 0.0]  # no multipliers, yet not ERM
+    assert penalty["final_loss"] != _constrained(sgd_run)["final_loss"]
+    swept = toy(
+        [*ONE, "--dual-optimizer", "nupi", "--sweep", "nupi_kp=0,5", "--nupi-ema", "0.5"],
+        tmp_path / "k",
+    )
+    by_kp = {r["hparams"]["nupi_kp"]: r for r in swept["runs"] if r["constrained"]}
+    assert set(by_kp) == {0.0, 5.0}
+    assert by_kp[0.0]["multipliers"] != by_kp[5.0]["multipliers"]
+    assert all(r["hparams"]["nupi_ema"] == 0.5 for r in by_kp.values())
+
+
+def test_tail_beta_is_a_per_run_value(tmp_path):
+    results = toy([*ONE, "--constraint", "tail", "--sweep", "tail_beta=0.25,1"], tmp_path / "o")
+    runs = {r["hparams"]["tail_beta"]: r for r in results["runs"] if r["constrained"]}
+    assert set(runs) == {0.25, 1.0}
+    assert runs[0.25]["multipliers"] != runs[1.0]["multipliers"]
+    assert [r["hparams"]["tail_beta"] for r in results["runs"] if not r["constrained"]] == [None]
+
+
+def _state_bytes(out) -> dict[str, bytes]:
+    with GroupCheckpointer(out / "checkpoints" / "toy-2") as ckpt:
+        assert ckpt.latest_step() == 12
+        states, _ = ckpt.restore(None)
+    flat = jax.tree_util.tree_flatten_with_path(states)[0]
+    return {jax.tree_util.keystr(p): np.asarray(x).tobytes() for p, x in flat}
+
+
+def test_indexed_run_resumes_bitwise(tmp_path):
+    """Train 12 steps (checkpoints at 4, 8, 12); drop the last checkpoint and the results and
+    rerun: it resumes at step 8 and ends bit for bit where the straight run ended, the
+    multiplier table [4 runs (2 seeds, ERM and constrained), 96 examples, 2 layers] and its Adam moments included."""
+    argv = ["--constraint", "indexed", "--steps", "12", "--chunk-steps", "4", "--seeds", "2"]
+    straight = tmp_path / "straight"
+    first = toy(argv, straight)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(straight, resumed)
+    (resumed / "results.json").unlink()
+    shutil.rmtree(resumed / "checkpoints" / "toy-2" / "12")
+    second = toy(argv, resumed)
+    a, b = _state_bytes(straight), _state_bytes(resumed)
+    assert a.keys() == b.keys()
+    tables = [k for k in a if "multipliers" in k and "descent" in k]
+    assert tables and len(a[tables[0]]) == 4 * 96 * 2 * 4  # float32 [R, N, L], R = 2 seeds x 2
+    assert len({a[tables[0]]} - {bytes(len(a[tables[0]]))}) == 1  # not all zeros
+    for key in a:
+        assert a[key] == b[key], key
+    for ra, rb in zip(first["runs"], second["runs"], strict=True):
+        assert ra["multipliers"] == rb["multipliers"]
+        assert ra.get("multipliers_table_max") == rb.get("multipliers_table_max")
+        assert ra["curves"] == rb["curves"]
+        assert ra["final_loss"] == rb["final_loss"]
