@@ -509,10 +509,10 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         f"{before} before, {after} after"
     )
     print(
-        "| side | device | threads | s/step | tokens/s | GFLOP/s | MFU | "
+        "| side | device | threads | s/step | every round (s) | tokens/s | GFLOP/s | MFU | "
         "speed-up (torch s / cudt s) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     ratios = {}
     for (side, threads), s in seconds.items():
         label = f"{threads}" if threads > 0 else "default"
@@ -520,7 +520,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         ratios[threads] = speedup
         mfu = f"{flops / s / peaks[side]:.3f}" if peaks[side] else "n/a"
         print(
-            f"| {side} | {devices[side]} | {label} | {s:.3g} | {tokens / s:.4g} | "
+            f"| {side} | {devices[side]} | {label} | {s:.3g} | "
+            f"{', '.join(f'{t:.3g}' for t in results[(side, threads)])} | {tokens / s:.4g} | "
             f"{flops / s / 1e9:.4g} | {mfu} | " + (f"{speedup:.2f}x |" if side == "cudt" else "1 |")
         )
     for threads, speedup in ratios.items():

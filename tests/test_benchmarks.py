@@ -296,7 +296,7 @@ def test_smollm2_peer_tiny_agrees_with_torch_and_cooper_and_prints_its_table(ben
         line.split(" | ") for line in out.splitlines() if line.startswith("| torch + Cooper | ")
     ]
     assert [r[1:3] for r in rows] == [["cpu", "default"], ["cpu", "default"]]
-    assert all(r[6] == "n/a" for r in rows)  # no GPU: no MFU
+    assert all(r[7] == "n/a" for r in rows)  # no GPU: no MFU
     assert rows[0][-1].endswith("x |") and rows[1][-1] == "1 |"
     speedup = result["speedup"][0]
     assert f"ratio [threads default]: torch + Cooper / cudt s/step = {speedup:.3g}" in out
