@@ -280,3 +280,36 @@ def test_gpu_suite_small_writes_its_markdown_table(bench, capsys, tmp_path):
     ]
     assert len(sweep) == 2 and sweep[0].endswith("| 1.00 |")
     assert f"wrote {out_file}" in capsys.readouterr().out
+
+
+def test_smollm2_peer_tiny_agrees_with_torch_and_cooper_and_prints_its_table(bench, capsys):
+    # --tiny: a random 2-block Llama written as GGUF, through the same script as SmolLM2
+    result = bench("smollm2_peer").main(["--tiny", "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("-m benchmarks.smollm2_peer --tiny --rounds 1")
+    checks = [
+        line for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
+    ]
+    assert len(checks) == 8 and all(line.endswith("| yes |") for line in checks)
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| cudt | ")]
+    rows += [
+        line.split(" | ") for line in out.splitlines() if line.startswith("| torch + Cooper | ")
+    ]
+    assert [r[1:3] for r in rows] == [["cpu", "default"], ["cpu", "default"]]
+    assert all(r[7] == "n/a" for r in rows)  # no GPU: no MFU
+    assert rows[0][-1].endswith("x |") and rows[1][-1] == "1 |"
+    speedup = result["speedup"][0]
+    assert f"ratio [threads default]: torch + Cooper / cudt s/step = {speedup:.3g}" in out
+
+
+@pytest.mark.parametrize(
+    "sabotage", [["--torch-epsilon", "0.2"], ["--torch-weight-noise", "1e-3"]], ids=["eps", "w"]
+)
+def test_smollm2_peer_check_fails_when_torch_takes_another_step(bench, capsys, sabotage):
+    peer = bench("smollm2_peer")
+    with pytest.raises(peer.PeerMismatch) as failed:
+        peer.main(["--tiny", "--rounds", "1", *sabotage])
+    assert isinstance(failed.value, SystemExit)  # exit status 1 from the command line
+    assert "the torch side does not take cudt's step" in str(failed.value)
+    out = capsys.readouterr().out
+    assert "| NO |" in out and "| side |" not in out  # stopped before any timing

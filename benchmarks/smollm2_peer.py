@@ -1,0 +1,541 @@
+"""The constrained fine-tuning step of SmolLM2-135M-Instruct: cudt vs transformers + Cooper.
+
+Both sides start from the same weights (the GGUF file, dequantised to float32 by
+``cudt.load_decoder``, written as a Hugging Face folder by ``write_decoder_folder`` and loaded by
+transformers' ``LlamaForCausalLM``) and take the same step on the same batch:
+
+* every state read out through the model's final RMSNorm and tied LM head: 31 per-layer mean
+  token cross-entropies over each sample's response tokens (cudt's states are the residual
+  stream before the final norm; transformers' ``hidden_states`` are the same except the last,
+  which is already normed, so it goes through the head alone);
+* the constraints ``ℓ_l ≤ (1−ε)·ℓ_{l−1}`` (l = 1..30, ε = 0.1) and the reference bound
+  ``ℓ_0 ≤ ln V``; Lagrangian ``ℓ_L + Σ_l λ_l g_l``, simultaneous descent-ascent;
+* Adam on every parameter but the (tied, frozen) embeddings, lr 1e-5 (torch: ``fused=True``,
+  its fastest Adam); SGD dual ascent ``λ ← max(0, λ + 0.1·g)``;
+* Gaussian noise ``γ·σ_E·n`` on every input embedding (γ = 1, σ_E the std of the embedding
+  table, padding unperturbed), drawn inside each side's step (cudt from ``fold_in(key, step)``,
+  torch by ``torch.randn``); the two checked steps give torch cudt's exact noise.
+
+The cudt side is the LLM task's own step, as ``benchmarks/smollm2_step.py`` builds it
+(``LLMTask.load`` / ``build`` and :func:`cudt.runner.groups.make_group_step`, readouts at the
+response window, jitted, state donated). The torch side is a ``cooper.ConstrainedMinimizationProblem``
+with two inequality constraints (the reference bound and the 30 descent constraints, each a
+``DenseMultiplier``, ``Lagrangian`` formulation) trained by ``cooper.optim.SimultaneousOptimizer``
+with ``torch.optim.Adam`` and ``torch.optim.SGD(maximize=True)``; it reads out exactly the
+response tokens (a boolean gather, what PyTorch does without a compiler).
+
+Before timing, two steps of each from the same start must agree (per-layer losses, Lagrangian,
+constraint values and multipliers, relative tolerance ``--tolerance``); otherwise the script
+stops with exit status 1. Then ``--rounds`` interleaved rounds (cudt step, torch step, ...) give
+the median seconds per step, tokens/s and the speed-up, as a Markdown table::
+
+    python -m benchmarks.smollm2_peer                      # B = 4, T = 64, 3 rounds
+    python -m benchmarks.smollm2_peer --torch-threads 0,1  # also every thread on one core
+    python -m benchmarks.smollm2_peer --tiny               # a tiny random Llama GGUF, seconds
+
+``--torch-epsilon`` and ``--torch-weight-noise`` give the torch side a different ε or perturbed
+weights: the check must then fail (its own test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import cooper
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from benchmarks._common import cpu_cores, header, interleave, median
+from benchmarks.torch_baseline import torch_threads
+from cudt.models.llama import DecoderConfig, smollm2_gguf_path, write_decoder_folder, write_gguf
+from cudt.runner.groups import make_group_step
+from cudt.runner.task import RunBatch
+from cudt.tasks.llm import LLMConfig, LLMTask
+
+MODULE = "benchmarks.smollm2_peer"
+# torch's own choice of intra-op threads, read before anything here changes it.
+TORCH_DEFAULT_THREADS = torch.get_num_threads()
+# float32 peak FLOP/s (no tensor cores) of the GPUs whose MFU the table can give.
+FP32_PEAK = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12, "L4": 30.3e12}
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class PeerMismatch(SystemExit):
+    """The two sides did not take the same step: the message (the differences) goes to stderr
+    and the exit status is 1."""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--batch", type=int, default=4, help="samples per batch B (default 4)")
+    p.add_argument("--seq", type=int, default=64, help="tokens per sample T (default 64)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds (default 3)")
+    p.add_argument(
+        "--torch-threads",
+        default=[0],
+        type=lambda s: [int(t) for t in s.split(",")],
+        help="comma-separated thread counts; 0: both libraries' defaults (torch: "
+        f"{TORCH_DEFAULT_THREADS} here, XLA: one per core); n > 0: torch on n threads and every "
+        "thread of the process (XLA's too) on n cores (default 0)",
+    )
+    p.add_argument("--tolerance", type=float, default=1e-4, help="relative (default 1e-4)")
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="a tiny random Llama written as GGUF (2 blocks, D 16, V 400) instead of SmolLM2",
+    )
+    p.add_argument(
+        "--torch-epsilon",
+        type=float,
+        default=None,
+        help="give the torch side this ε instead of cudt's: the check must fail",
+    )
+    p.add_argument(
+        "--torch-weight-noise",
+        type=float,
+        default=0.0,
+        help="add this relative Gaussian noise to the torch side's weights: the check must fail",
+    )
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------------------------------
+# The tiny checkpoint (--tiny)
+# --------------------------------------------------------------------------------------------------
+
+
+def write_tiny_gguf(folder: Path, seed: int = 0) -> Path:
+    """A GGUF file as llama.cpp writes one: a tiny random Llama, a byte-level BPE tokenizer with
+    ChatML special tokens (EOS ``<|im_end|>``) trained on the generated instructions, and a
+    ChatML template (as ``tests/test_llm_experiment.py`` writes it)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from cudt.data.alpaca import generated_instructions
+
+    records = generated_instructions(80, seed=seed)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([f"{r.instruction} {r.input} {r.output}" for r in records], trainer)
+    config = DecoderConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        # N(0, 0.5²) weights, not transformers' 0.02: readouts far from uniform, so that a
+        # different ε or different weights show in the losses
+        initializer_range=0.5,
+        tie_word_embeddings=True,
+        eos_token_id=(tok.token_to_id("<|im_end|>"),),
+        pad_token_id=tok.token_to_id("<|endoftext|>"),
+    )
+    params = config.init_params(jax.random.key(seed))
+    # norm weights away from 1 (as trained ones are): a readout that applies the final norm
+    # twice, or skips it, then gives other losses
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: (
+            1.0 + 0.5 * jax.random.normal(jax.random.key(len(path) + seed), x.shape)
+            if "norm" in jax.tree_util.keystr(path)
+            else x
+        ),
+        params,
+    )
+    return write_gguf(folder / "tiny.gguf", config, params, tokenizer=tok, chat_template=CHATML)
+
+
+# --------------------------------------------------------------------------------------------------
+# The cudt side: the LLM task's step
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class CudtSide:
+    cfg: LLMConfig
+    data: object  # LLMData
+    step: Callable
+    state: object  # TrainState
+    batch: RunBatch
+    key: jax.Array
+    reference: float  # ln V
+    lr: float
+
+    def __call__(self) -> dict:
+        self.state, metrics = jax.block_until_ready(self.step(self.state, self.batch, self.key))
+        return metrics
+
+    def noise(self, step: int) -> np.ndarray:
+        """``[B, T, D]``: the embedding noise the step numbered ``step`` draws (the task's
+        ``layer_losses``: ``γ·σ_E·n`` from ``fold_in(key, step)``, zero on padding)."""
+        ex = self.batch.examples
+        dim = self.data.decoder.config.hidden_size
+        k = jax.random.fold_in(self.key, step)
+        n = jax.random.normal(k, (*ex["input_ids"].shape, dim)) * (
+            self.batch.gamma * self.data.noise_unit
+        )
+        return np.asarray(n * ex["attention_mask"][..., None], np.float32)
+
+
+def build_cudt(checkpoint: Path, batch: int, seq: int) -> CudtSide:
+    task = LLMTask()
+    cfg = LLMConfig(
+        checkpoint=str(checkpoint),
+        batch_size=batch,
+        max_length=seq,
+        num_train=max(16, batch),
+        num_val=4,
+        num_test=4,
+    )
+    data = task.load(cfg)
+    for line in task.describe(cfg, data):
+        print(line)
+    model = task.build(cfg, data, "llm", None)
+    lr = task.default_lr(cfg, "llm")
+    init, step = make_group_step(cfg, model, lr=lr, warmup=0, steps_per_epoch=1, jit=True)
+    ex = {k: jnp.asarray(v[:batch]) for k, v in task.split_examples(data, "train").items()}
+    reference = math.log(data.decoder.config.vocab_size)
+    state = init(model.init(jax.random.key(0)), reference=reference)
+    run_batch = RunBatch(ex, jnp.float32(cfg.gamma_train), model.frozen)
+    return CudtSide(cfg, data, step, state, run_batch, jax.random.key(1), reference, lr)
+
+
+# --------------------------------------------------------------------------------------------------
+# The torch side: transformers' LlamaForCausalLM and Cooper
+# --------------------------------------------------------------------------------------------------
+
+
+def load_hf_model(cudt_side: CudtSide, folder: Path, weight_noise: float = 0.0):
+    """``LlamaForCausalLM`` from the decoder's float32 weights (``write_decoder_folder``);
+    ``weight_noise`` > 0 perturbs every weight by that fraction of its std (the check's test)."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    dec = cudt_side.data.decoder
+    write_decoder_folder(folder, dec.config, dec.params)
+    model = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    if weight_noise > 0:
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(weight_noise * p.std() * torch.randn(p.shape, generator=gen))
+    model.model.embed_tokens.weight.requires_grad_(False)  # frozen; the tied head with it
+    if (
+        dec.config.tie_word_embeddings
+        and model.lm_head.weight is not model.model.embed_tokens.weight
+    ):
+        raise RuntimeError("transformers did not tie the LM head to the embeddings")
+    model.train()
+    return model
+
+
+class PeerCMP(cooper.ConstrainedMinimizationProblem):
+    """min ℓ_L  s.t.  ℓ_0 − C ≤ 0  and  ℓ_l − (1−ε)·ℓ_{l−1} ≤ 0, l = 1..L.
+
+    ``ℓ_l``: the batch mean of the per-sample mean token cross-entropy of state ``l``'s readout
+    over the response tokens (cudt's ``layer_token_losses``; a sample with none counts 0)."""
+
+    def __init__(self, model, examples: dict, epsilon: float, reference: float, device):
+        super().__init__()
+        self.model, self.epsilon, self.reference = model, epsilon, reference
+        num_layers = model.config.num_hidden_layers
+        t = {k: torch.tensor(np.asarray(v), device=device) for k, v in examples.items()}
+        self.input_ids = t["input_ids"].long()
+        self.attention_mask = t["attention_mask"].long()
+        # cudt's positions: 0, 1, ... over the real tokens, 0 on padding
+        self.position_ids = (self.attention_mask.cumsum(1) - 1).clamp(min=0)
+        on = t["loss_mask"] != 0
+        self.rows, self.cols = on.nonzero(as_tuple=True)  # the response tokens, [N] each
+        self.labels = t["labels"].long()[self.rows, self.cols].repeat(num_layers + 1)  # [(L+1)·N]
+        self.count = on.sum(1).to(torch.float32)  # [B]
+        self.batch_size = self.input_ids.shape[0]
+
+        def constraint(n: int) -> cooper.Constraint:
+            return cooper.Constraint(
+                constraint_type=cooper.ConstraintType.INEQUALITY,
+                formulation_type=cooper.formulations.Lagrangian,
+                multiplier=cooper.multipliers.DenseMultiplier(num_constraints=n, device=device),
+            )
+
+        self.bound = constraint(1)
+        self.descent = constraint(num_layers)
+
+    def layer_losses(self, noise: torch.Tensor) -> torch.Tensor:
+        """Per-sample losses ``[B, L+1]`` with ``noise [B, T, D]`` on the input embeddings."""
+        base = self.model.model
+        embeds = base.embed_tokens(self.input_ids) + noise
+        out = base(
+            inputs_embeds=embeds,
+            attention_mask=self.attention_mask,
+            position_ids=self.position_ids,
+            output_hidden_states=True,
+        )
+        hs = out.hidden_states  # L+1 of [B, T, D]; the last one after the final norm
+        picked = torch.stack([h[self.rows, self.cols] for h in hs])  # [L+1, N, D]
+        normed = torch.cat([base.norm(picked[:-1]), picked[-1:]])
+        logits = self.model.lm_head(normed).flatten(0, 1)  # [(L+1)·N, V]
+        ce = torch.nn.functional.cross_entropy(logits, self.labels, reduction="none")
+        ce = ce.view(len(hs), -1)  # [L+1, N]
+        sums = ce.new_zeros(len(hs), self.batch_size).index_add_(1, self.rows, ce)
+        per_sample = torch.where(self.count > 0, sums / self.count.clamp(min=1), 0.0)
+        return per_sample.T
+
+    def compute_cmp_state(self, noise: torch.Tensor) -> cooper.CMPState:
+        mean = self.layer_losses(noise).mean(0)  # [L+1]
+        g_bound = mean[:1] - self.reference
+        g_descent = mean[1:] - (1.0 - self.epsilon) * mean[:-1]
+        return cooper.CMPState(
+            loss=mean[-1],
+            observed_constraints={
+                self.bound: cooper.ConstraintState(violation=g_bound),
+                self.descent: cooper.ConstraintState(violation=g_descent),
+            },
+            misc={"layer_loss": mean.detach(), "constraint": torch.cat([g_bound, g_descent])},
+        )
+
+
+class TorchSide:
+    """One ``SimultaneousOptimizer.roll`` per call: Adam on θ, SGD ascent on λ (λ ≥ 0)."""
+
+    def __init__(self, model, cudt_side: CudtSide, epsilon: float, device):
+        self.device = device
+        self.cmp = PeerCMP(
+            model, cudt_side.batch.examples, epsilon, cudt_side.reference, device=device
+        )
+        trained = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = cooper.optim.SimultaneousOptimizer(
+            cmp=self.cmp,
+            # fused: one kernel per step for all tensors (torch's default, one loop of
+            # several elementwise kernels per tensor, takes ~2x as long at 106M parameters)
+            primal_optimizers=torch.optim.Adam(trained, lr=cudt_side.lr, fused=True),
+            dual_optimizers=torch.optim.SGD(
+                self.cmp.dual_parameters(), lr=cudt_side.cfg.dual_lr, maximize=True
+            ),
+        )
+        self.noise_std = float(cudt_side.cfg.gamma_train * cudt_side.data.noise_unit)
+        shape = (*self.cmp.input_ids.shape, model.config.hidden_size)
+        self.noise_shape, self.on_tokens = shape, self.cmp.attention_mask[..., None]
+
+    def __call__(self, noise: np.ndarray | None = None) -> dict:
+        if noise is None:
+            z = torch.randn(self.noise_shape, device=self.device) * self.noise_std
+            z = z * self.on_tokens
+        else:
+            z = torch.tensor(noise, device=self.device)
+        rollout = self.optimizer.roll(compute_cmp_state_kwargs={"noise": z})
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        misc = rollout.cmp_state.misc
+        return {
+            "layer_loss": misc["layer_loss"].cpu().numpy(),
+            "constraint": misc["constraint"].detach().cpu().numpy(),
+            "lagrangian": float(rollout.primal_lagrangian_store.lagrangian.detach()),
+            "multipliers": torch.cat(
+                [self.cmp.bound.multiplier.weight, self.cmp.descent.multiplier.weight]
+            )
+            .detach()
+            .cpu()
+            .numpy(),
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# The check: two steps from the same start
+# --------------------------------------------------------------------------------------------------
+
+
+def relative_diff(a, b, *, normwise: bool) -> float:
+    """max |a − b| / |a| elementwise, or / max |a| (``normwise``: for values that may be 0)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if normwise:
+        return float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), 1e-30))
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(a), 1e-30)))
+
+
+def check_agreement(cudt_side: CudtSide, torch_side: TorchSide, tolerance: float):
+    """Two steps of each side from the same params and λ = 0, torch given cudt's noise; returns
+    the rows of the check table and cudt's first-call seconds (compilation included). Raises
+    :class:`PeerMismatch` when any difference exceeds ``tolerance``."""
+    rows, failed, first_call = [], [], None
+    for i in range(2):
+        t0 = time.perf_counter()
+        jm = jax.tree.map(np.asarray, cudt_side())
+        first_call = first_call or time.perf_counter() - t0
+        tm = torch_side(cudt_side.noise(i))
+        for name, normwise in (
+            ("layer_loss", False),
+            ("lagrangian", False),
+            ("constraint", True),
+            ("multipliers", True),
+        ):
+            diff = relative_diff(jm[name], tm[name], normwise=normwise)
+            ok = diff <= tolerance
+            rows.append((i + 1, name, diff, ok))
+            if not ok:
+                failed.append(f"step {i + 1} {name}: {diff:.3g}")
+        if i == 0:
+            moved = float(np.max(np.abs(jm["multipliers"])))
+    print("\nthe same step? cudt vs torch + Cooper from the same weights, batch and noise")
+    print(f"| step | quantity | max relative difference | within {tolerance:g} |")
+    print("|---|---|---|---|")
+    for i, name, diff, ok in rows:
+        print(f"| {i} | {name} | {diff:.3g} | {'yes' if ok else 'NO'} |")
+    print(f"(largest multiplier after step 1: {moved:.4g}; the dual step is exercised)")
+    if failed:
+        raise PeerMismatch(
+            "error: the torch side does not take cudt's step (relative tolerance "
+            f"{tolerance:g}): " + "; ".join(failed)
+        )
+    return rows, first_call
+
+
+# --------------------------------------------------------------------------------------------------
+# Timing and the table
+# --------------------------------------------------------------------------------------------------
+
+
+def step_flops(cudt_side: CudtSide) -> float:
+    """Model FLOPs of one step: ``6·N·B·T`` for the blocks' ``N`` weights (forward and
+    backward) plus, per readout of a response token at each of the L+1 states, ``4·D·V``
+    (forward, and backward to the state: a tied head is frozen with the embeddings) or
+    ``6·D·V`` (an untied head, trained). Attention scores and cudt's rematerialised readouts
+    are not counted."""
+    dec = cudt_side.data.decoder
+    c = dec.config
+    blocks = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(dec.params["blocks"]))
+    ex = cudt_side.batch.examples
+    tokens = int(np.prod(ex["input_ids"].shape))
+    responses = int(np.sum(np.asarray(ex["loss_mask"]) != 0))
+    per_readout = (4.0 if c.tie_word_embeddings else 6.0) * c.hidden_size * c.vocab_size
+    return 6.0 * blocks * tokens + per_readout * (c.num_layers + 1) * responses
+
+
+def fp32_peak(device_name: str) -> float | None:
+    """The float32 peak FLOP/s of a GPU this script knows by name (None for others, CPUs)."""
+    return next((v for k, v in FP32_PEAK.items() if k in device_name), None)
+
+
+def timed(fn: Callable, threads: int) -> Callable[[], float]:
+    """One call of ``fn`` with ``threads`` threads (0: the defaults), in seconds."""
+
+    def run() -> float:
+        with cpu_cores(threads), torch_threads(threads):
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+
+    return run
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} ({os.cpu_count()} cores)"
+
+
+def run(args: argparse.Namespace, workdir: Path) -> dict:
+    gpu = jax.devices()[0].platform == "gpu"
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if gpu:  # the same float32 arithmetic on both sides: no TF32
+        jax.config.update("jax_default_matmul_precision", "highest")
+        torch.set_float32_matmul_precision("highest")
+    print(
+        f"torch {torch.__version__} on {device} (default {TORCH_DEFAULT_THREADS} threads), "
+        f"cooper-optim {cooper.__version__}; {load_average()}"
+    )
+    checkpoint = write_tiny_gguf(workdir) if args.tiny else smollm2_gguf_path()
+    t0 = time.perf_counter()
+    cudt_side = build_cudt(checkpoint, args.batch, args.seq)
+    ex = cudt_side.batch.examples
+    cfg = cudt_side.cfg
+    epsilon = cfg.epsilon if args.torch_epsilon is None else args.torch_epsilon
+    model = load_hf_model(cudt_side, workdir / "hf", args.torch_weight_noise).to(device)
+    torch_side = TorchSide(model, cudt_side, epsilon, device)
+    responses = int(np.sum(np.asarray(ex["loss_mask"]) != 0))
+    c = cudt_side.data.decoder.config
+    print(
+        f"step: B = {args.batch}, T = {args.seq}, {responses} response tokens read out at "
+        f"{c.num_layers + 1} states (cudt: a window of {cudt_side.data.response_tokens} "
+        f"positions per sample), ε = {cfg.epsilon}"
+        + (f" (torch: {epsilon})" if epsilon != cfg.epsilon else "")
+        + f", ℓ_0 ≤ ln V = {cudt_side.reference:.4g}, Adam lr {cudt_side.lr:g}, dual ascent lr "
+        f"{cfg.dual_lr:g}, γ = {cfg.gamma_train:g} (noise std {cudt_side.data.noise_unit:.4g}), "
+        f"embeddings frozen; set up in {time.perf_counter() - t0:.0f}s",
+        flush=True,
+    )
+    _, compile_s = check_agreement(cudt_side, torch_side, args.tolerance)
+    print(f"cudt's first step (tracing + XLA compilation + the step): {compile_s:.1f}s", flush=True)
+
+    alternatives = {}
+    for threads in args.torch_threads:
+        alternatives[("cudt", threads)] = timed(cudt_side, threads)
+        alternatives[("torch + Cooper", threads)] = timed(torch_side, threads)
+    before = load_average()
+    results = interleave(alternatives, args.rounds)
+    after = load_average()
+
+    flops = step_flops(cudt_side)
+    jax_device = jax.devices()[0]
+    devices = {"cudt": jax_device.platform, "torch + Cooper": device.type}
+    peaks = {
+        "cudt": fp32_peak(jax_device.device_kind) if gpu else None,
+        "torch + Cooper": fp32_peak(torch.cuda.get_device_name(device))
+        if device.type == "cuda"
+        else None,
+    }
+    tokens = int(np.prod(ex["input_ids"].shape))
+    seconds = {name: median(ts) for name, ts in results.items()}
+    print(
+        f"\nmedian of {args.rounds} interleaved rounds, one step each; {flops / 1e9:.4g} GFLOP "
+        "per step (model FLOPs: 6·N·B·T + 4·D·V per response-token readout); "
+        f"{before} before, {after} after"
+    )
+    print(
+        "| side | device | threads | s/step | every round (s) | tokens/s | GFLOP/s | MFU | "
+        "speed-up (torch s / cudt s) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    ratios = {}
+    for (side, threads), s in seconds.items():
+        label = f"{threads}" if threads > 0 else "default"
+        speedup = seconds[("torch + Cooper", threads)] / seconds[("cudt", threads)]
+        ratios[threads] = speedup
+        mfu = f"{flops / s / peaks[side]:.3f}" if peaks[side] else "n/a"
+        print(
+            f"| {side} | {devices[side]} | {label} | {s:.3g} | "
+            f"{', '.join(f'{t:.3g}' for t in results[(side, threads)])} | {tokens / s:.4g} | "
+            f"{flops / s / 1e9:.4g} | {mfu} | " + (f"{speedup:.2f}x |" if side == "cudt" else "1 |")
+        )
+    for threads, speedup in ratios.items():
+        label = f"{threads}" if threads > 0 else "default"
+        print(f"ratio [threads {label}]: torch + Cooper / cudt s/step = {speedup:.3g}")
+    return {"seconds": seconds, "speedup": ratios}
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    header(MODULE, argv)
+    with tempfile.TemporaryDirectory(prefix="smollm2_peer_") as tmp:
+        return run(args, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()
