@@ -100,7 +100,10 @@ def layer_token_losses(
     ``chunk_tokens`` rows at a time by a ``jax.lax.scan`` whose body is ``jax.checkpoint``-ed:
     the forward keeps only each chunk's per-row cross-entropy and hit (two floats a row), and
     the backward recomputes one chunk's ``[chunk_tokens, V]`` float32 logits at a time from the
-    states (rematerialisation: about one extra forward matmul). With ``vocab_chunk`` the
+    states (rematerialisation: about one extra forward matmul). When ``chunk_tokens`` covers
+    every row there is one chunk and no rematerialisation: the backward reuses the logits
+    (``(L+1)·B·T x V`` float32 held from the forward to the backward), two head matmuls per
+    row instead of three. With ``vocab_chunk`` the
     vocabulary is chunked too, inside each row chunk, with an online log-sum-exp and argmax, so
     the largest logits block is ``[chunk_tokens, vocab_chunk]`` (each block is a slice of the
     head, not a copy). Worth it when a few ``chunk_tokens x V`` float32 buffers weigh more
@@ -174,11 +177,17 @@ def layer_token_losses(
         head_, consts = jax.tree.map(lambda a, dtype: a.astype(dtype), wide, dtypes)
         return carry, readout(norm_converted(x, *consts), head_, lab)
 
-    # prevent_cse=False: inside a scan the rematerialised body cannot be merged with the
-    # forward anyway (jax.checkpoint's documented advice for scan bodies).
-    _, (ce, correct) = jax.lax.scan(
-        jax.checkpoint(body, prevent_cse=False), None, (rows, row_labels)
-    )  # [num_chunks, C] each
+    if num_chunks == 1:
+        # One chunk holds every row's logits anyway: no scan and no rematerialisation, so the
+        # backward reuses the forward's logits (two head matmuls per row instead of three).
+        _, (ce, correct) = body(None, (rows[0], row_labels[0]))
+        ce, correct = ce[None], correct[None]
+    else:
+        # prevent_cse=False: inside a scan the rematerialised body cannot be merged with the
+        # forward anyway (jax.checkpoint's documented advice for scan bodies).
+        _, (ce, correct) = jax.lax.scan(
+            jax.checkpoint(body, prevent_cse=False), None, (rows, row_labels)
+        )  # [num_chunks, C] each
     shape = (num_states, batch, seq)
     ce = ce.reshape(-1)[:num_rows].reshape(shape)
     correct = correct.reshape(-1)[:num_rows].reshape(shape)

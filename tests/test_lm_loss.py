@@ -246,3 +246,34 @@ def test_response_window_equals_every_position_values_and_gradients():
     np.testing.assert_allclose(ce_short[1], 0.0)
     with pytest.raises(UsageError, match="response_tokens"):
         layer_token_losses(states, lambda x: x, head, labels, mask, response_tokens=0)
+
+
+def _flops(fn, num_states: int, vocab: int) -> float:
+    batch, seq, dim = 4, 16, 64
+    spec = jax.ShapeDtypeStruct
+    args = (
+        spec((num_states, batch, seq, dim), jnp.float32),
+        spec((dim, vocab), jnp.float32),
+        spec((dim,), jnp.float32),
+        spec((batch, seq), jnp.int32),
+        spec((batch, seq), jnp.float32),
+    )
+
+    def loss(states, head, scale, labels, mask):
+        return jnp.sum(fn(states, lambda x: rms_norm(x, scale), head, labels, mask)[0])
+
+    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
+    cost = compiled.cost_analysis()
+    return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+
+def test_one_chunk_reuses_the_logits_in_the_backward():
+    """With every row in one chunk the head matmuls are the forward, d/d states and d/d head:
+    3 per row. Chunked, the backward also recomputes each chunk's logits: 4 per row. (XLA's
+    cost analysis counts a scan's body once, so the chunked figure is per chunk.)"""
+    rows = 5 * 4 * 16
+    head_matmul = 2.0 * rows * 64 * 4096  # one [rows, D] x [D, V] product
+    one = _flops(functools.partial(layer_token_losses, chunk_tokens=rows), 5, 4096)
+    per_chunk = _flops(functools.partial(layer_token_losses, chunk_tokens=rows // 2), 5, 4096)
+    assert 2.9 * head_matmul < one < 3.3 * head_matmul, one / head_matmul
+    assert per_chunk > 3.9 * head_matmul / 2, per_chunk / (head_matmul / 2)
