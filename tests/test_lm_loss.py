@@ -179,8 +179,8 @@ def test_bad_inputs_raise_one_line_usage_errors():
         assert message in str(info.value) and "\n" not in str(info.value)
 
 
-def temp_bytes(fn, num_states, vocab, batch=4, seq=64, dim=32):
-    """Temp memory of the compiled forward + backward (value_and_grad; compiled, never run)."""
+def compiled_value_and_grad(fn, num_states, vocab, batch=4, seq=64, dim=32):
+    """The compiled forward + backward (value_and_grad) of ``fn``'s summed losses, never run."""
     spec = jax.ShapeDtypeStruct
     args = (
         spec((num_states, batch, seq, dim), jnp.float32),
@@ -193,8 +193,12 @@ def temp_bytes(fn, num_states, vocab, batch=4, seq=64, dim=32):
     def loss(states, head, scale, labels, mask):
         return jnp.sum(fn(states, lambda x: rms_norm(x, scale), head, labels, mask)[0])
 
-    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
-    return compiled.memory_analysis().temp_size_in_bytes
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
+
+
+def temp_bytes(fn, num_states, vocab):
+    """Temp memory of the compiled forward + backward."""
+    return compiled_value_and_grad(fn, num_states, vocab).memory_analysis().temp_size_in_bytes
 
 
 def test_chunked_program_needs_less_temp_memory():
@@ -249,21 +253,7 @@ def test_response_window_equals_every_position_values_and_gradients():
 
 
 def _flops(fn, num_states: int, vocab: int) -> float:
-    batch, seq, dim = 4, 16, 64
-    spec = jax.ShapeDtypeStruct
-    args = (
-        spec((num_states, batch, seq, dim), jnp.float32),
-        spec((dim, vocab), jnp.float32),
-        spec((dim,), jnp.float32),
-        spec((batch, seq), jnp.int32),
-        spec((batch, seq), jnp.float32),
-    )
-
-    def loss(states, head, scale, labels, mask):
-        return jnp.sum(fn(states, lambda x: rms_norm(x, scale), head, labels, mask)[0])
-
-    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
-    cost = compiled.cost_analysis()
+    cost = compiled_value_and_grad(fn, num_states, vocab, seq=16, dim=64).cost_analysis()
     return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
 
