@@ -135,3 +135,22 @@ def test_relative_markdown_links_resolve():
             if not path.exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert checked >= 10 and not broken, broken
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", _readme(), flags=re.S)
+
+
+def test_the_readmes_self_contained_examples_run_and_print_what_it_says(capsys):
+    """Every README code block that starts with its imports runs as written; a block that
+    starts with ``init, step`` continues the one before it (the vmap sweep)."""
+    blocks = _python_blocks()
+    runnable = [i for i, b in enumerate(blocks) if b.startswith("import ")]
+    assert len(runnable) >= 2  # the descent step and the general constrained step
+    for i in runnable:
+        namespace: dict = {}
+        exec(compile(blocks[i], f"README block {i}", "exec"), namespace)
+        if i + 1 < len(blocks) and blocks[i + 1].startswith("init, step"):
+            exec(compile(blocks[i + 1], f"README block {i + 1}", "exec"), namespace)
+    printed = capsys.readouterr().out.strip()
+    assert f"prints `{printed}`" in _readme()  # the output the README quotes is this run's
