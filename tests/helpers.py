@@ -5,8 +5,11 @@ No test module imports from another test module: what two of them need lives her
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import io
 import json
+import pickle
 import shutil
 from pathlib import Path
 
@@ -207,3 +210,25 @@ def toy(argv, out, task=None) -> dict:
     task = task or ToyTask()
     assert task_main(task, [*argv, "--out", str(out)], "toy", "toy") == 0
     return json.loads((Path(out) / "results.json").read_text())
+
+
+def watch_opens_forbid_unpickling(monkeypatch) -> list[str]:
+    """Record every path ``open``/``io.open`` is given from now on (the returned list) and make
+    ``pickle.load(s)`` raise: a loader that refuses pickle checkpoints must never open one."""
+    opened: list[str] = []
+
+    def spy(real):
+        def wrapper(file, *args, **kwargs):
+            opened.append(str(file))
+            return real(file, *args, **kwargs)
+
+        return wrapper
+
+    def no_unpickling(*args, **kwargs):
+        raise AssertionError("the loader tried to unpickle")
+
+    monkeypatch.setattr(builtins, "open", spy(builtins.open))
+    monkeypatch.setattr(io, "open", spy(io.open))
+    monkeypatch.setattr(pickle, "load", no_unpickling)
+    monkeypatch.setattr(pickle, "loads", no_unpickling)
+    return opened

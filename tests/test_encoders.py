@@ -10,20 +10,18 @@ model folders with numpy + safetensors and runs without torch.
 
 from __future__ import annotations
 
-import builtins
 import importlib.resources
 import importlib.util
-import io
 import json
 import os
 import pathlib
-import pickle
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import watch_opens_forbid_unpickling
 from safetensors.numpy import load_file, save_file
 
 from cudt.models.encoders import (
@@ -567,23 +565,7 @@ def test_error_pickle_checkpoint_is_refused_never_opened(
     (tmp_path / "model.safetensors").unlink()
     # Garbage that would blow up (not EncoderError) if anything tried to unpickle it.
     (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x05garbage-not-a-pickle" * 8)
-    opened: list[str] = []
-    real_open, real_io_open = builtins.open, io.open
-
-    def spy(real: Any) -> Any:
-        def wrapper(file: Any, *args: Any, **kwargs: Any) -> Any:
-            opened.append(str(file))
-            return real(file, *args, **kwargs)
-
-        return wrapper
-
-    def no_unpickling(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("the loader tried to unpickle")
-
-    monkeypatch.setattr(builtins, "open", spy(real_open))
-    monkeypatch.setattr(io, "open", spy(real_io_open))
-    monkeypatch.setattr(pickle, "load", no_unpickling)
-    monkeypatch.setattr(pickle, "loads", no_unpickling)
+    opened = watch_opens_forbid_unpickling(monkeypatch)
     with pytest.raises(
         EncoderError,
         match=r"pickle checkpoints are not loaded \(unsafe\); "
