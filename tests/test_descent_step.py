@@ -19,10 +19,12 @@ def _layer_losses(params, batch, key):
     return (pred - batch["y"][:, None]) ** 2 + noise
 
 
+# numpy, not jax arrays: nothing at import time may start JAX's backend (an earlier start
+# changes what jax.distributed.initialize says in test_bad_inputs' docs/errors.md check)
 _rng = np.random.default_rng(0)
-X = jnp.asarray(_rng.normal(size=(N, D)), jnp.float32)
-Y = jnp.asarray(_rng.normal(size=(N,)), jnp.float32)
-PARAMS = {"w": jnp.asarray(_rng.normal(size=(L + 1, D)), jnp.float32)}
+X = _rng.normal(size=(N, D)).astype(np.float32)
+Y = _rng.normal(size=(N,)).astype(np.float32)
+PARAMS = {"w": _rng.normal(size=(L + 1, D)).astype(np.float32)}
 
 
 def _batch(t, size=B):

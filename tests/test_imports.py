@@ -94,3 +94,24 @@ def test_cudt_has_no_import_circles():
     graph = import_graph()
     assert len(graph) > 40 and sum(map(len, graph.values())) > 100
     assert cycles(graph) == []
+
+
+def test_no_test_module_starts_jax_at_import():
+    """pytest imports every test module before running any test. A module that computes with
+    JAX at import starts the backend, and then ``jax.distributed.initialize`` (``--distributed``)
+    says something else than in a fresh process, which docs/errors.md records: keep module-level
+    data in numpy. Checked in a fresh interpreter, in pytest's collection order."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, pathlib, sys\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from jax._src import xla_bridge\n"
+        "for f in sorted(pathlib.Path('tests').glob('test_*.py')):\n"
+        "    importlib.import_module(f.stem)\n"
+        "    if xla_bridge.backends_are_initialized():\n"
+        "        sys.exit(f.name)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, f"{done.stderr.strip().splitlines()[-1:]} starts JAX at import"
