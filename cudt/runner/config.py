@@ -110,6 +110,12 @@ class RunConfig:
         "structure",
         repeat=True,
     )
+    kinds: str = flag(
+        "both",
+        "which runs to train: both (ERM and constrained), erm, or constrained (e.g. a study "
+        "that trains its ERM reference once)",
+        check=one_of("both", "erm", "constrained"),
+    )
     # -- training ----------------------------------------------------------------------------
     steps: int = flag(800, "training steps per run", check=at_least(1))
     batch_size: int = flag(32, "examples per batch", check=at_least(1))

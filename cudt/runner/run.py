@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from cudt.checkpoint import GroupCheckpointer
+from cudt.errors import UsageError
 from cudt.io import fresh_run_dir, write_json_atomic
 from cudt.runner.curves import plot_training_curves, write_tensorboard
 from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups, run_group
@@ -28,7 +29,7 @@ from cudt.runner.hparams import SWEEPABLE
 from cudt.runner.mesh import initialize_distributed, make_shardings
 from cudt.runner.output import TENSORBOARD, open_output_once
 from cudt.runner.report import curves_of, select_best, summarise, summary_table
-from cudt.runner.sweep import expand_runs, parse_sweeps
+from cudt.runner.sweep import expand_runs, parse_sweeps, selected_kinds
 from cudt.runner.task import Task
 
 __all__ = ["run"]
@@ -49,8 +50,13 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         cfg,
         task.model_names(cfg),
         lambda m: task.default_lr(cfg, m),
-        lambda m: task.kinds(cfg, m),
+        lambda m: selected_kinds(cfg, task.kinds(cfg, m)),
     )
+    if not specs:
+        raise UsageError(
+            f"--kinds {cfg.kinds}: none of the models ({', '.join(task.model_names(cfg))}) "
+            "has such runs: pass --kinds both"
+        )
     groups = plan_groups(task, cfg, specs)
     for group in groups:
         group.model = task.build(cfg, data, group.model_name, group.structure)

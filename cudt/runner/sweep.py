@@ -17,7 +17,7 @@ from typing import Any
 
 from cudt.runner.hparams import CONSTRAINT_ONLY, SWEEPABLE, is_reference, normalize_reference
 
-__all__ = ["RunSpec", "expand_runs", "parse_sweeps", "swept_suffix"]
+__all__ = ["RunSpec", "expand_runs", "parse_sweeps", "selected_kinds", "swept_suffix"]
 
 SHORT = {
     "epsilon": "eps",
@@ -138,6 +138,14 @@ def expand_runs(cfg, models, default_lr, kinds=None) -> list[RunSpec]:
                 for seed in cfg.seed_list:
                     specs.append(RunSpec(model, constrained, seed, items, point))
     return specs
+
+
+def selected_kinds(cfg, kinds: tuple[bool, ...]) -> tuple[bool, ...]:
+    """The kinds of a model (``task.kinds``: False = ERM, True = constrained) that ``--kinds``
+    keeps: all of them for ``both``."""
+    if cfg.kinds == "both":
+        return kinds
+    return tuple(k for k in kinds if k == (cfg.kinds == "constrained"))
 
 
 def swept_suffix(spec: RunSpec, swept: list[str]) -> str:
