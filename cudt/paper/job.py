@@ -239,16 +239,16 @@ def check_subrun(sub: SubRun, overwrite: bool) -> None:
             raise _refuse(sub, "checkpoints", diff)
 
 
-def train_subruns(subs: list[SubRun], make_task: Callable[[], Any]) -> dict[tuple, dict]:
-    """Trains every unfinished sub-run with the shared runner (a finished one is reused);
-    returns ``{sub.key: its results.json}``."""
+def train_subruns(subs: list[SubRun], make_task: Callable[[SubRun], Any]) -> dict[tuple, dict]:
+    """Trains every unfinished sub-run with the shared runner and the task ``make_task(sub)``
+    (a finished one is reused); returns ``{sub.key: its results.json}``."""
     results = {}
     for k, sub in enumerate(subs, start=1):
         if sub.finished:
             print(f"[{k}/{len(subs)}] {sub.name}: reusing {sub.out / 'results.json'}")
         else:
             print(f"[{k}/{len(subs)}] {sub.name}: training")
-            run(make_task(), sub.cfg, sub.out)
+            run(make_task(sub), sub.cfg, sub.out)
         results[sub.key] = json.loads((sub.out / "results.json").read_text())
     return results
 
@@ -326,7 +326,7 @@ def run_job(job: TableJob, opts) -> dict[str, Any]:
     )
     if opts.scale == "tiny":
         job.prepare_tiny(opts, out)
-    results = train_subruns(subs, job.make_task)
+    results = train_subruns(subs, lambda sub: job.make_task())
     rows = job.best_rows(results)
     test_gammas = results[subs[0].key]["config"]["test_gamma"]
     wall = time.perf_counter() - t0

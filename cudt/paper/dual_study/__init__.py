@@ -1,0 +1,228 @@
+"""The dual-dynamics study (issue 19 item 4): which formulation × dual optimiser × update keeps
+the descent constraints feasible, and the losses monotone, over a 100x range of dual step sizes.
+
+For each setting (the video default: DUST-5; the constrained UT-5 on the same video; the text
+default: MiniLM-6), each combination of ``--formulations``, ``--dual-optimizers`` and
+``--updates`` is ONE runner call: its dual step size swept over ``--dual-lr-factors`` × the
+setting's base rate for that optimiser, × ``--seeds``, trained as one vmapped program
+(``--kinds constrained``). The setting's ERM runs (the reference of the ID change) are one more
+call. Every call has its own folder under ``--out`` (``<setting>/<combination>``); rerunning the
+same command reuses finished calls and resumes interrupted ones. The report (``study.md``,
+``study.csv``, three PNGs) is :mod:`cudt.paper.dual_study.report`.
+
+The base rates (:data:`SETTINGS`) put every optimiser's multipliers on the scale the setting's
+default reaches: projected SGD and nuPI integrate ``η·g``, so their rate is ``λ*/|g|``-sized
+(video: 1000, the default; text: 10); Adam moves ``λ`` by about ``η`` per step (video: 1; text:
+0.1, the default). The augmented Lagrangian's ρ is the SGD rate (the method of multipliers:
+the quadratic term adds one dual step's worth of ``λ`` to the primal gradient); the quadratic
+penalty has no multipliers and its ρ is swept instead, around the value at which ``ρ·h``
+reaches ``λ*`` within the feasibility tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from cudt.constrained_step import UPDATES
+from cudt.errors import UsageError
+from cudt.io import fresh_run_dir
+from cudt.paper.dual_study import figures, report
+from cudt.paper.dual_study.settings import DUAL_OPTIMIZERS, SETTINGS, Combo, Setting
+from cudt.paper.job import SubRun, check_known, check_subrun, need, train_subruns
+from cudt.paper.rows import fmt, unique
+from cudt.runner.cli import config_from_args, configure_process, run_cli
+from cudt.runner.config import FORMULATIONS, flag
+
+__all__ = ["SETTINGS", "Combo", "Setting", "StudyConfig", "combos", "main", "plan", "run_study"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyConfig:
+    """Flags of ``python -m experiments.dual_study``."""
+
+    settings: tuple[str, ...] = flag(
+        ("video", "ut", "text"), "settings: " + ", ".join(SETTINGS) + " (see the module doc)"
+    )
+    formulations: tuple[str, ...] = flag(FORMULATIONS, "formulations: " + ", ".join(FORMULATIONS))
+    dual_optimizers: tuple[str, ...] = flag(
+        DUAL_OPTIMIZERS,
+        "dual optimisers: " + ", ".join(DUAL_OPTIMIZERS) + " (the penalty formulation has none)",
+    )
+    updates: tuple[str, ...] = flag(
+        UPDATES,
+        "primal-dual updates: " + ", ".join(UPDATES) + " (the penalty formulation: the first)",
+    )
+    dual_lr_factors: tuple[float, ...] = flag(
+        (0.1, 0.316, 1.0, 3.16, 10.0),
+        "the dual step sizes, as multiples of each setting's base rate for the optimiser (the "
+        "quadratic penalty: of its base rho)",
+    )
+    seeds: int = flag(3, "seeds per point")
+    lr_schedule: str = flag(
+        "constant", "primal learning-rate schedule of every run (constant: the study's question)"
+    )
+    nupi_kp: float = flag(5.0, "K_P of the nupi runs")
+    nupi_ema: float = flag(0.0, "EMA factor nu of the nupi runs")
+    steps: int | None = flag(None, "training steps per run (default: the setting's)")
+    scale: str = flag(
+        "default",
+        "default (each setting's own data and steps) or tiny (seconds per run: tests, a laptop)",
+    )
+    devices: int | None = flag(None, "use at most this many devices (default: every visible one)")
+    out: str | None = flag(
+        None,
+        "output folder (default: a fresh runs/dual_study-<time>); rerun with the same --out to "
+        "reuse finished runs and resume interrupted ones",
+    )
+    overwrite: bool = flag(False, "retrain every run, discarding results already in --out")
+
+
+def check(opts: StudyConfig) -> None:
+    """Every flag, before anything is written (one-line UsageErrors)."""
+    check_known("settings", "setting", opts.settings, tuple(SETTINGS))
+    check_known("formulations", "formulation", opts.formulations, FORMULATIONS)
+    check_known("dual-optimizers", "dual optimiser", opts.dual_optimizers, DUAL_OPTIMIZERS)
+    check_known("updates", "update", opts.updates, UPDATES)
+    check_known("scale", "scale", (opts.scale,), ("default", "tiny"))
+    check_known("lr-schedule", "schedule", (opts.lr_schedule,), ("constant", "cosine", "linear"))
+    factors = opts.dual_lr_factors
+    need(
+        all(math.isfinite(f) and f > 0 for f in factors),
+        "--dual-lr-factors must all be finite numbers > 0, got " + fmt(factors),
+    )
+    need(opts.seeds >= 1, f"--seeds must be >= 1, got {opts.seeds}")
+    need(opts.steps is None or opts.steps >= 1, f"--steps must be >= 1, got {opts.steps}")
+    need(opts.devices is None or opts.devices >= 1, f"--devices must be >= 1, got {opts.devices}")
+    need(
+        math.isfinite(opts.nupi_kp) and opts.nupi_kp >= 0,
+        f"--nupi-kp must be a finite number >= 0, got {opts.nupi_kp:g}",
+    )
+    need(0 <= opts.nupi_ema < 1, f"--nupi-ema must lie in [0, 1), got {opts.nupi_ema:g}")
+    need(
+        any(f != "penalty" for f in opts.formulations) or bool(opts.updates),
+        "--formulations penalty alone needs an --updates value",
+    )
+
+
+def combos(opts: StudyConfig) -> list[Combo]:
+    """The combinations of the flags, in their order; the quadratic penalty once (no dual
+    optimiser; the first of ``--updates``)."""
+    out = []
+    for form in unique(opts.formulations):
+        if form == "penalty":
+            out.append(Combo(form, "-", unique(opts.updates)[0]))
+            continue
+        for dual in unique(opts.dual_optimizers):
+            for update in unique(opts.updates):
+                out.append(Combo(form, dual, update))
+    return out
+
+
+def _sweep_values(setting: Setting, combo: Combo, factors) -> tuple[str, tuple[float, ...]]:
+    base = setting.penalty if combo.swept == "penalty" else setting.dual_lr[combo.dual_optimizer]
+    return combo.swept, tuple(float(f"{base * f:.6g}") for f in unique(factors))
+
+
+def _config(setting: Setting, opts: StudyConfig, out: Path, **fields) -> Any:
+    cls = setting.config_cls()
+    kw = dict(setting.fields)
+    if opts.scale == "tiny":
+        kw |= setting.tiny
+    if opts.steps is not None:
+        kw["steps"] = opts.steps
+        kw["chunk_steps"] = min(kw.get("chunk_steps", opts.steps), opts.steps)
+    kw |= dict(
+        seeds=opts.seeds,
+        lr_schedule=opts.lr_schedule,
+        devices=opts.devices,
+        out=str(out),
+        overwrite=opts.overwrite,
+    )
+    kw |= fields
+    try:
+        return cls(**kw)
+    except ValueError as e:
+        raise UsageError(f"{setting.name}: {e}") from None
+
+
+def plan(opts: StudyConfig, out: Path) -> list[SubRun]:
+    """One sub-run per (setting, combination), after each setting's ERM sub-run."""
+    subs = []
+    for name in unique(opts.settings):
+        setting = SETTINGS[name]
+        folder = out / name / "erm"
+        subs.append(
+            SubRun(f"{name} ERM", (name, None), _config(setting, opts, folder, kinds="erm"), folder)
+        )
+        for combo in combos(opts):
+            swept, values = _sweep_values(setting, combo, opts.dual_lr_factors)
+            fields: dict[str, Any] = dict(
+                kinds="constrained",
+                formulation=combo.formulation,
+                update=combo.update,
+                sweep=(f"{swept}={fmt(values)}",),
+            )
+            if combo.formulation == "augmented":
+                fields["penalty"] = setting.augmented_penalty
+            if combo.dual_optimizer != "-":
+                fields["dual_optimizer"] = combo.dual_optimizer
+                fields["dual_lr"] = setting.dual_lr[combo.dual_optimizer]
+            if combo.dual_optimizer == "nupi":
+                fields |= dict(nupi_kp=opts.nupi_kp, nupi_ema=opts.nupi_ema)
+            folder = out / name / combo.slug
+            subs.append(
+                SubRun(
+                    f"{name} {combo.label}",
+                    (name, combo),
+                    _config(setting, opts, folder, **fields),
+                    folder,
+                )
+            )
+    return subs
+
+
+def run_study(opts: StudyConfig) -> dict[str, Any]:
+    """Trains (or reuses) every sub-run, then writes the report; returns ``{"rows", "summary",
+    "markdown", "paths", "trained", "reused", "wall_seconds"}``."""
+    t0 = time.perf_counter()
+    check(opts)
+    out = Path(opts.out) if opts.out else fresh_run_dir("dual_study")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder: pass a folder path")
+    subs = plan(opts, out)
+    for sub in subs:
+        check_subrun(sub, opts.overwrite)
+    todo = [s for s in subs if not s.finished]
+    print(
+        f"dual study: {len(subs)} runner calls under {out} ({len(subs) - len(todo)} finished, "
+        f"reused; {len(todo)} to train); rerun this command with --out {out} to resume"
+    )
+    results = train_subruns(subs, lambda sub: SETTINGS[sub.key[0]].make_task())
+    rows, summaries, erm = report.collect(subs, results)
+    figure_paths = figures.write_figures(opts, rows, summaries, out)
+    written = report.write_report(
+        opts, subs, rows, summaries, erm, figure_paths, out, time.perf_counter() - t0
+    )
+    print()
+    print(written["headline"])
+    print()
+    print(f"wrote {', '.join(str(p) for p in written['paths'].values())}")
+    return written | {
+        "trained": len(todo),
+        "reused": len(subs) - len(todo),
+        "wall_seconds": time.perf_counter() - t0,
+    }
+
+
+def main(argv=None, doc: str = __doc__, prog: str = "experiments.dual_study") -> int:
+    """The entry point: flags → the study; a bad flag or input is one line, status 2."""
+    configure_process()
+    try:
+        opts, _ = config_from_args(StudyConfig, argv, doc.split("\n\n")[0], prog)
+    except SystemExit as e:
+        return 0 if e.code is None else int(e.code)
+    return run_cli(lambda: run_study(opts))

@@ -1,0 +1,114 @@
+"""The dual study's figures (one panel per setting):
+
+* ``success.png``: per combination, the share of runs feasible and monotone, and the share
+  infeasible or diverged, over every dual step size and seed;
+* ``by_step_size.png``: successful runs vs the dual step size factor, one line per combination;
+* ``multipliers.png``: the largest multiplier over training, at factor ×1, every seed, for
+  plain projected ascent and the most successful combination.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cudt.paper.dual_study.report import best
+from cudt.paper.dual_study.settings import SETTINGS
+from cudt.paper.figures import figure_note, grid_axes, save_figure
+
+__all__ = ["write_figures"]
+
+
+def _success(ax, summaries: list[dict], title: str) -> None:
+    ordered = sorted(summaries, key=lambda s: s["ok"] / s["runs"])
+    y = np.arange(len(ordered))
+    ok = [s["ok"] / s["runs"] for s in ordered]
+    failed = [s["failed"] / s["runs"] for s in ordered]
+    ax.barh(y - 0.18, ok, height=0.36, color="tab:green", label="feasible and monotone")
+    ax.barh(y + 0.18, failed, height=0.36, color="tab:red", label="infeasible or diverged")
+    ax.set_yticks(y, [s["combo"].label + (" *" if s["baseline"] else "") for s in ordered])
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of runs (all step sizes and seeds)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+
+
+def _by_factor(ax, summaries: list[dict], title: str) -> None:
+    for s in summaries:
+        fs = sorted(s["by_factor"])
+        share = [s["by_factor"][f][0] / s["by_factor"][f][1] for f in fs]
+        ax.plot(
+            fs,
+            share,
+            marker="o",
+            ms=3,
+            lw=2.2 if s["baseline"] else 1.0,
+            color="k" if s["baseline"] else None,
+            label=s["combo"].label,
+        )
+    ax.set_xscale("log")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("dual step size (× the setting's base rate)")
+    ax.set_ylabel("share feasible and monotone")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=6, ncol=2)
+
+
+def _multipliers(ax, rows: list[dict], combos: list, title: str) -> None:
+    colors = ["k", "tab:red", "tab:blue"]
+    factor = min({r["factor"] for r in rows}, key=lambda f: abs(np.log(f)))
+    for combo, color in zip(combos, colors, strict=False):
+        first = True
+        for r in rows:
+            if r["combo"] != combo or r["factor"] != factor or not r.get("curves"):
+                continue
+            lam = np.asarray(r["curves"]["multipliers"], dtype=float)
+            ax.plot(
+                r["curves"]["step"],
+                lam.max(axis=1),
+                color=color,
+                lw=1,
+                label=combo.label if first else None,
+            )
+            first = False
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"max λ over layers (×{factor:g})")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
+
+
+def write_figures(opts, rows: list[dict], summaries: list[dict], out: Path) -> dict[str, Path]:
+    names = [n for n in opts.settings if any(s["setting"] == n for s in summaries)]
+    if not names:
+        return {}
+    paths = {}
+    fig, axes = grid_axes(1, len(names), 6.5, 0.28 * max(len(summaries) / len(names), 4) + 1.5)
+    for ax, name in zip(axes[0], names, strict=True):
+        _success(ax, [s for s in summaries if s["setting"] == name], SETTINGS[name].title)
+    figure_note(fig, "* plain projected ascent (lagrangian · sgd · simultaneous)")
+    paths["success"] = out / "success.png"
+    save_figure(fig, paths["success"])
+
+    fig, axes = grid_axes(1, len(names), 6.0, 4.0)
+    for ax, name in zip(axes[0], names, strict=True):
+        _by_factor(ax, [s for s in summaries if s["setting"] == name], SETTINGS[name].title)
+    figure_note(fig, "black, thick: plain projected ascent")
+    paths["by_step_size"] = out / "by_step_size.png"
+    save_figure(fig, paths["by_step_size"])
+
+    fig, axes = grid_axes(1, len(names), 6.0, 3.6)
+    for ax, name in zip(axes[0], names, strict=True):
+        mine = [s for s in summaries if s["setting"] == name]
+        b = best(mine, SETTINGS[name].id_metric == "accuracy")
+        shown = [s["combo"] for s in mine if s["baseline"]]
+        if b is not None and b["combo"] not in shown:
+            shown.append(b["combo"])
+        _multipliers(ax, [r for r in rows if r["setting"] == name], shown, SETTINGS[name].title)
+    figure_note(
+        fig, "every seed at the base step size: plain projected ascent and the most successful"
+    )
+    paths["multipliers"] = out / "multipliers.png"
+    save_figure(fig, paths["multipliers"])
+    return paths

@@ -1,0 +1,187 @@
+"""experiments.dual_study: the grid of runner calls, what each trains, the report, reuse, errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+from PIL import Image
+
+from cudt.paper.dual_study import SETTINGS, Combo, StudyConfig, combos
+from cudt.paper.dual_study.report import best, run_rows, summarise
+from experiments import dual_study
+
+TINY = [
+    "--scale",
+    "tiny",
+    "--settings",
+    "video",
+    "--seeds",
+    "1",
+    "--steps",
+    "12",
+    "--formulations",
+    "lagrangian",
+    "--dual-optimizers",
+    "nupi",
+    "--updates",
+    "alternating",
+    "--dual-lr-factors",
+    "0.1,10",
+]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    out = tmp_path_factory.mktemp("study") / "s"
+    assert dual_study.main([*TINY, "--out", str(out)]) == 0
+    return out
+
+
+def test_each_call_trains_its_kind_combination_and_step_sizes(study):
+    erm = json.loads((study / "video" / "erm" / "results.json").read_text())
+    assert [r["constrained"] for r in erm["runs"]] == [False]
+    combo = json.loads(
+        (study / "video" / "lagrangian-nupi-alternating" / "results.json").read_text()
+    )
+    assert [r["constrained"] for r in combo["runs"]] == [True, True]
+    cfg = combo["config"]
+    assert (cfg["dual_optimizer"], cfg["update"], cfg["lr_schedule"]) == (
+        "nupi",
+        "alternating",
+        "constant",
+    )
+    assert cfg["nupi_kp"] == 5.0
+    base = SETTINGS["video"].dual_lr["nupi"]
+    assert sorted(r["hparams"]["dual_lr"] for r in combo["runs"]) == [0.1 * base, 10 * base]
+    # the step size changed the runs: the multipliers of x10 are far larger than those of x0.1
+    peaks = {r["hparams"]["dual_lr"]: max(r["max_multipliers"]) for r in combo["runs"]}
+    assert peaks[10 * base] > 10 * peaks[0.1 * base]
+
+
+def test_report_table_csv_and_figures(study):
+    md = (study / "study.md").read_text()
+    assert "| lagrangian · nupi · alternating | " in md
+    assert "×0.1 | ×10 |" in md
+    rows = list(csv.DictReader((study / "study.csv").open()))
+    assert len(rows) == 2
+    assert {float(r["factor"]) for r in rows} == {0.1, 10.0}
+    for r in rows:
+        assert r["setting"] == "video" and r["swept"] == "dual_lr"
+        ok = r["feasible"] == "1" and r["monotone"] == "1" and r["diverged"] == "0"
+        assert r["ok"] == ("1" if ok else "0")
+        # the ID change is against the ERM run of the same seed
+        change = 100 * (float(r["id"]) / float(r["erm_id"]) - 1)
+        assert math.isclose(
+            float(r["id_change_pct"]), change, rel_tol=1e-3, abs_tol=2e-3
+        )  # CSV: 6 digits
+    for name in ("success", "by_step_size", "multipliers"):
+        with Image.open(study / f"{name}.png") as im:
+            assert im.format == "PNG" and im.size[0] > 300 and im.size[1] > 200
+
+
+def test_rerun_reuses_every_call_and_rewrites_the_same_report(study, capsys):
+    before = (study / "study.csv").read_text()
+    assert dual_study.main([*TINY, "--out", str(study)]) == 0
+    printed = capsys.readouterr().out
+    assert "0 to train" in printed and printed.count("reusing") == 2
+    assert (study / "study.csv").read_text() == before
+
+
+def test_other_flags_on_the_same_folder_are_refused_before_training(study, capsys):
+    assert dual_study.main([*TINY, "--nupi-kp", "1", "--out", str(study)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nupi_kp" in err[0] and "--overwrite" in err[0]
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--settings", "vidoe"], ["--settings", "vidoe", "video"]),
+        (["--dual-lr-factors", "0,1"], ["--dual-lr-factors", "> 0"]),
+        (["--dual-optimizers", "rmsprop"], ["--dual-optimizers", "nupi"]),
+        (["--nupi-ema", "1"], ["--nupi-ema", "[0, 1)"]),
+    ],
+)
+def test_bad_flags_are_one_line_and_write_nothing(tmp_path, capsys, argv, words):
+    out = tmp_path / "s"
+    assert dual_study.main([*TINY, *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and all(w in err[0] for w in words), err
+    assert not out.exists()
+
+
+def test_the_penalty_formulation_is_one_combination_sweeping_rho():
+    opts = StudyConfig(
+        formulations=("lagrangian", "penalty"),
+        dual_optimizers=("sgd", "adam"),
+        updates=("alternating", "simultaneous"),
+    )
+    got = combos(opts)
+    assert len(got) == 5 and got[-1] == Combo("penalty", "-", "alternating")
+    assert got[-1].swept == "penalty" and got[0].swept == "dual_lr"
+
+
+def _run(seed, dual_lr, *, feasible, decreases, diverged=False, rmse=(1.0, 2.0, 3.0)):
+    return {
+        "constrained": True,
+        "seed": seed,
+        "hparams": {"dual_lr": dual_lr},
+        "test_gamma": [0.0, 0.5, 1.0],
+        "gamma_train": 0.5,
+        "rmse": list(rmse),
+        "feasible": feasible,
+        "loss_decreases": decreases,
+        "diverged": diverged,
+        "descent_rate": 0.9,
+        "mean_ratio": 0.7,
+        "median_ratio": 0.6,
+        "max_multipliers": [0.0, 3.0],
+        "multipliers": [0.0, 1.0],
+    }
+
+
+def test_success_needs_feasible_monotone_and_finite_and_the_best_has_most():
+    setting = SETTINGS["video"]
+    erm = {
+        "runs": [
+            {**_run(s, None, feasible=True, decreases=True), "constrained": False} for s in (0, 1)
+        ]
+    }
+    plain, pi = (
+        Combo("lagrangian", "sgd", "simultaneous"),
+        Combo("lagrangian", "nupi", "simultaneous"),
+    )
+    rows = run_rows(
+        setting,
+        plain,
+        {
+            "runs": [
+                _run(0, 100.0, feasible=True, decreases=False),
+                _run(1, 100.0, feasible=False, decreases=True),
+                _run(0, 1000.0, feasible=True, decreases=True, diverged=True),
+                _run(1, 1000.0, feasible=True, decreases=True, rmse=(1.0, 2.2, 3.0)),
+            ]
+        },
+        erm,
+    )
+    rows += run_rows(
+        setting,
+        pi,
+        {
+            "runs": [
+                _run(s, v, feasible=True, decreases=True) for s in (0, 1) for v in (100.0, 1000.0)
+            ]
+        },
+        erm,
+    )
+    assert [r["ok"] for r in rows[:4]] == [False, False, False, True]
+    assert rows[3]["factor"] == 1.0 and rows[0]["factor"] == 0.1
+    assert math.isclose(rows[3]["id_change_pct"], 10.0, rel_tol=1e-9)  # RMSE 2.2 vs ERM 2.0
+    summaries = summarise(rows)
+    s_plain = next(s for s in summaries if s["combo"] == plain)
+    assert (s_plain["ok"], s_plain["failed"], s_plain["diverged"]) == (1, 2, 1)
+    assert s_plain["baseline"] and s_plain["by_factor"] == {0.1: (0, 2), 1.0: (1, 2)}
+    assert best(summaries, higher_is_better=False)["combo"] == pi
