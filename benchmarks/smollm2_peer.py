@@ -508,26 +508,27 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         "per step (model FLOPs: 6·N·B·T + 4·D·V per response-token readout); "
         f"{before} before, {after} after"
     )
-    print(
+    table = [
         "| side | device | threads | s/step | every round (s) | tokens/s | GFLOP/s | MFU | "
-        "speed-up (torch s / cudt s) |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
+        "speed-up (torch s / cudt s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     ratios = {}
     for (side, threads), s in seconds.items():
         label = f"{threads}" if threads > 0 else "default"
         speedup = seconds[("torch + Cooper", threads)] / seconds[("cudt", threads)]
         ratios[threads] = speedup
         mfu = f"{flops / s / peaks[side]:.3f}" if peaks[side] else "n/a"
-        print(
+        table.append(
             f"| {side} | {devices[side]} | {label} | {s:.3g} | "
             f"{', '.join(f'{t:.3g}' for t in results[(side, threads)])} | {tokens / s:.4g} | "
             f"{flops / s / 1e9:.4g} | {mfu} | " + (f"{speedup:.2f}x |" if side == "cudt" else "1 |")
         )
+    print("\n".join(table))
     for threads, speedup in ratios.items():
         label = f"{threads}" if threads > 0 else "default"
         print(f"ratio [threads {label}]: torch + Cooper / cudt s/step = {speedup:.3g}")
-    return {"seconds": seconds, "speedup": ratios}
+    return {"seconds": seconds, "speedup": ratios, "table": table}
 
 
 def main(argv=None) -> dict:

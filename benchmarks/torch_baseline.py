@@ -113,7 +113,7 @@ class TorchUT(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w_attn = self.attn.T @ self.attn  # W = W̃ᵀW̃
-        eye = torch.eye(self.ffn.shape[0], dtype=x.dtype)
+        eye = torch.eye(self.ffn.shape[0], dtype=x.dtype, device=x.device)
         w_ffn = -0.5 * self.b * (self.ffn + self.ffn.T) + (1.0 - self.b) * eye
         y, states = x, [x]
         for _ in range(self.num_layers):

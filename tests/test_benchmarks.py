@@ -5,6 +5,7 @@ these tests only keep them from rotting: each ``main`` completes and prints its 
 """
 
 import importlib
+import math
 from pathlib import Path
 
 import pytest
@@ -274,7 +275,19 @@ def test_gpu_suite_small_writes_its_markdown_table(bench, capsys, tmp_path):
     out_file = tmp_path / "suite.md"
     bench("gpu_suite").main(["--small", "--out", str(out_file)])
     text = out_file.read_text()
-    assert "| UT-1 |" in text and "| DUST-1 |" in text and "| DUST-1-K576 |" in text
+    steps = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines()}
+    for model in ("UT-1", "DUST-1", "DUST-1-K576"):
+        # cudt and torch + Cooper (on the CPU here), measured in the same repetitions
+        _, cudt_ms, device, torch_ms, ratio = steps[model]
+        assert device == "cpu" and ratio.endswith("x |")
+        assert math.isclose(float(ratio[:-3]), float(torch_ms) / float(cudt_ms), rel_tol=0.02)
+    # the LLM step on a tiny random Llama: both sides, tokens/s, no MFU without a GPU
+    llm = [
+        line.split(" | ")
+        for line in text.splitlines()
+        if line.startswith(("| cudt |", "| torch + Cooper |"))
+    ]
+    assert [r[1] for r in llm] == ["cpu", "cpu"] and all(float(r[5]) > 0 for r in llm)
     sweep = [
         line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
     ]
