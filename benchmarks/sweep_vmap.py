@@ -1,16 +1,20 @@
-"""A hyperparameter sweep (one ε per run) as ONE vmapped program vs the runs one after another.
+"""A hyperparameter sweep (one ε per run) as ONE program (looped or vmapped) vs run after run.
 
 Run from the repository root:
 
     .venv/bin/python -m benchmarks.sweep_vmap               # UT-5 and DUST-5, R = 1,2,4,8; ~2 min
 
 R constrained runs of the video setting (``VIDEO`` in ``benchmarks/_common.py``, batch 32) that
-differ only in the descent factor, ε_r = 0.05·(r+1), trained two ways:
+differ only in the descent factor, ε_r = 0.05·(r+1), trained three ways:
 
 * ``one program``: the R states made by ``jax.vmap(lambda e: init(params, epsilon=e))`` and
-  stepped by ``jax.jit(jax.vmap(step, in_axes=(0, None, None)))`` (the pure step of
+  stepped by ``jax.jit`` of :func:`cudt.loop.map_runs` over them with ``how="auto"``, what
+  ``train_group`` (the runner) does: on CPU the runs one after another inside the program
+  (``lax.map``), on GPU/TPU ``jax.vmap``; for R = 1 the step itself (the pure step of
   ``make_train_step(..., jit=False)``; every run sees the same batch and key), one compiled
   program per R;
+* ``one program, vmap``: the same with ``how="vmap"`` (``jax.vmap`` whatever the device, also
+  for R = 1);
 * ``sequential``: R states made by ``init(params, epsilon=ε_r)``, each stepped by the same
   compiled single-run step (``jax.jit(step)``, compiled once, reused for every run and R), run
   after run.
@@ -23,7 +27,7 @@ Adam moves every parameter by about lr per step, so a gradient at rounding level
 element's step; the runs' multipliers differ from each other, since ε differs).
 The timed blocks continue from there: every alternative (R × way, both models) is interleaved
 over ``--repeats`` repetitions of ``--steps`` steps of all R runs; the table gives the median
-ms per step of all R runs and the ratio sequential / one program.
+ms per step of all R runs and the ratio of each way to ``one program``.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from benchmarks._common import (
     video_batch,
     video_parser,
 )
+from cudt.loop import map_runs
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -125,18 +130,27 @@ def setup_model(args, model_name: str, train_x, sigma, batch, key):
         .compile()
     )
     single_compile = time.perf_counter() - t0
-    vmapped = jax.jit(jax.vmap(setup.step, in_axes=(0, None, None)), donate_argnums=0)
+
+    def program(how: str):
+        def stepped(states, batch, key):
+            return map_runs(lambda s: setup.step(s, batch, key), states, how=how)
+
+        return jax.jit(stepped, donate_argnums=0)
+
+    programs = {"one program": program("auto"), "one program, vmap": program("vmap")}
     make_states = jax.jit(jax.vmap(lambda e: setup.init(params, epsilon=e)))
 
     alternatives, compile_s, checks = {}, {}, []
     for R in args.runs:
         eps = jnp.asarray(eps_all[:R])
-        states = make_states(eps)
-        t0 = time.perf_counter()
-        program = vmapped.lower(states, batch, key).compile()
-        compile_s[(setup.name, R, "one program")] = time.perf_counter() - t0
+        ways = {}
+        for way, jitted in programs.items():
+            states = make_states(eps)
+            t0 = time.perf_counter()
+            compiled = jitted.lower(states, batch, key).compile()
+            compile_s[(setup.name, R, way)] = time.perf_counter() - t0
+            ways[way] = OneProgram(compiled, states, batch, key)
         compile_s[(setup.name, R, "sequential")] = single_compile
-        one = OneProgram(program, states, batch, key)
         seq = Sequential(
             single,
             [setup.init(copy_tree(params), epsilon=eps_all[r]) for r in range(R)],
@@ -144,8 +158,11 @@ def setup_model(args, model_name: str, train_x, sigma, batch, key):
             key,
         )
         if args.check_steps > 0:
-            one.steps(args.check_steps)
             seq.steps(args.check_steps)
+        for way, one in ways.items():
+            if args.check_steps <= 0:
+                break
+            one.steps(args.check_steps)
             diffs = np.concatenate(
                 [
                     np.abs(np.asarray(a) - np.asarray(b)).ravel()
@@ -165,6 +182,7 @@ def setup_model(args, model_name: str, train_x, sigma, batch, key):
                 [
                     setup.name,
                     R,
+                    way,
                     float(diffs.max()),
                     # Adam moves a parameter by ~lr per step whatever its gradient's size: an
                     # element whose gradient is at rounding level may move either way.
@@ -173,7 +191,8 @@ def setup_model(args, model_name: str, train_x, sigma, batch, key):
                     float((lam.max(axis=0) - lam.min(axis=0)).max()),
                 ]
             )
-        alternatives[(setup.name, R, "one program")] = one
+        for way, one in ways.items():
+            alternatives[(setup.name, R, way)] = one
         alternatives[(setup.name, R, "sequential")] = seq
     return setup.name, alternatives, compile_s, checks
 
@@ -203,13 +222,14 @@ def run(args: argparse.Namespace, lapack: str) -> None:
     if checks:
         print(
             f"\nequal work: after {args.check_steps} steps from the same init, run r of the "
-            "one program vs sequential run r (max over r); spread = max over layers of "
+            "program vs sequential run r (max over r); spread = max over layers of "
             "(max - min over runs) of λ: the runs differ"
         )
         print_table(
             [
                 "model",
                 "R",
+                "way",
                 "params max abs diff",
                 f"frac params > {0.1 * VIDEO['lr']:g}",
                 "λ max abs diff",
@@ -222,7 +242,7 @@ def run(args: argparse.Namespace, lapack: str) -> None:
     rows = []
     for model in names:
         for R in args.runs:
-            for way in ("one program", "sequential"):
+            for way in ("one program", "one program, vmap", "sequential"):
                 value = ms[(model, R, way)]
                 rows.append(
                     [
@@ -237,16 +257,19 @@ def run(args: argparse.Namespace, lapack: str) -> None:
                 )
     print(
         f"\nsteady state: median over {args.repeats} interleaved repetitions; ms/step = one "
-        "step of all R runs; compile s: the vmapped program for R (one per R), the single-run "
-        "step (compiled once, shared by every R)"
+        "step of all R runs; compile s: the program for R (one per R and way), the single-run "
+        "step (compiled once, shared by every R); one program = cudt.loop.map_runs(how='auto'), "
+        f"on {jax.default_backend()}: "
+        + ("the runs in turn (lax.map)" if jax.default_backend() == "cpu" else "jax.vmap")
     )
     print_table(
         ["model", "R", "way", "compile s", "ms/step", "ms/run-step", "this / one program"], rows
     )
     for model in names:
         for R in args.runs:
-            ratio = ms[(model, R, "sequential")] / ms[(model, R, "one program")]
-            print(f"ratio {model} R={R}: sequential / one program = {ratio:.3g}")
+            for way in ("sequential", "one program, vmap"):
+                ratio = ms[(model, R, way)] / ms[(model, R, "one program")]
+                print(f"ratio {model} R={R}: {way} / one program = {ratio:.3g}")
     print(f"total wall {time.perf_counter() - t_total:.0f}s")
 
 

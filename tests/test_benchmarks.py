@@ -148,27 +148,28 @@ def test_erm_vs_constrained_prints_ratios(bench, capsys):
 
 
 def test_sweep_vmap_prints_ratios_and_equal_work(bench, capsys):
-    # One model: every R compiles its own vmapped program (~3 s each on 2 cores).
+    # One model: every R compiles its two programs (~3 s each on 2 cores).
     bench("sweep_vmap").main(["--quick", "--models", "ut"])
     out = capsys.readouterr().out
     assert out.splitlines()[0].endswith("-m benchmarks.sweep_vmap --quick --models ut")
     checks = _table(
         out,
-        "model R params max abs diff frac params > 0.0001 λ max abs diff λ spread over runs",
+        "model R way params max abs diff frac params > 0.0001 λ max abs diff λ spread over runs",
     )
-    assert [r.split()[:2] for r in checks] == [["UT-1", "1"], ["UT-1", "2"]]
-    # vmapped run r == sequential run r: few parameters differ, the multipliers agree
-    assert all(float(r.split()[3]) < 0.01 and float(r.split()[4]) < 1e-6 for r in checks)
+    ways = ["one program", "one program, vmap"]
+    assert [(r.split()[1], " ".join(r.split()[2:-4])) for r in checks] == [
+        (R, way) for R in ("1", "2") for way in ways
+    ]
+    # each program's run r == sequential run r: few parameters differ, the multipliers agree
+    assert all(float(r.split()[-3]) < 0.01 and float(r.split()[-2]) < 1e-6 for r in checks)
     rows = _table(out, "model R way compile s ms/step ms/run-step this / one program")
-    assert [r.split()[1:3] for r in rows] == [
-        ["1", "one"],
-        ["1", "sequential"],
-        ["2", "one"],
-        ["2", "sequential"],
+    assert [(r.split()[1], " ".join(r.split()[2:-4])) for r in rows] == [
+        (R, way) for R in ("1", "2") for way in [*ways, "sequential"]
     ]
     assert set(_ratios(out, "UT-1 ")) == {
-        "UT-1 R=1: sequential / one program",
-        "UT-1 R=2: sequential / one program",
+        f"UT-1 R={r}: {way} / one program"
+        for r in (1, 2)
+        for way in ("sequential", "one program, vmap")
     }
 
 

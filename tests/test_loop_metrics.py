@@ -11,7 +11,7 @@ import pytest
 
 import cudt
 from cudt.io import UsageError, write_json_atomic
-from cudt.loop import sample_indices, train_group
+from cudt.loop import map_runs, sample_indices, train_group
 from cudt.metrics import (
     descent_stats,
     exact_match,
@@ -50,14 +50,15 @@ def make_group(ws, lr=0.05):
     return step, states, keys
 
 
-def test_chunked_vmapped_loop_equals_stepping_by_hand():
+@pytest.mark.parametrize("run_axis", ["vmap", "map"])
+def test_chunked_vmapped_loop_equals_stepping_by_hand(run_axis):
     data = toy_data()
     step, states, keys = make_group([[1.0, 0.9], [0.8, 0.7]])
 
     def make_batch(key, s):
         return data[sample_indices(key, s, data.shape[0], 8)]
 
-    result = train_group(step, states, keys, make_batch, 7, chunk_steps=3)
+    result = train_group(step, states, keys, make_batch, 7, chunk_steps=3, run_axis=run_axis)
     assert [int(h["step"]) for h in result.history] == [3, 6, 7]
     # by hand, one run at a time, one jitted step per call
     _, states2, _ = make_group([[1.0, 0.9], [0.8, 0.7]])
@@ -75,6 +76,26 @@ def test_chunked_vmapped_loop_equals_stepping_by_hand():
             result.states.multipliers[r], s.multipliers, rtol=1e-5, atol=1e-5
         )
     assert not result.diverged.any()
+
+
+def test_map_runs_modes_agree_and_one_run_calls_the_function_itself():
+    def fn(w, x):
+        return {"y": jnp.tanh(w @ x), "s": jnp.sum(w)}
+
+    w = jax.random.normal(jax.random.key(0), (3, 4, 5))
+    x = jax.random.normal(jax.random.key(1), (3, 5))
+    want = [fn(w[r], x[r]) for r in range(3)]
+    for how in ("auto", "vmap", "map"):
+        got = jax.jit(lambda w, x, how=how: map_runs(fn, w, x, how=how))(w, x)
+        for r in range(3):
+            np.testing.assert_allclose(got["y"][r], want[r]["y"], rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(got["s"][r], want[r]["s"], rtol=1e-5, atol=1e-6)
+    # R = 1: no vmap, no loop; the leading axis comes back
+    jaxpr = str(jax.make_jaxpr(lambda w, x: map_runs(fn, w, x))(w[:1], x[:1]))
+    assert "while" not in jaxpr and "scan" not in jaxpr
+    assert jax.eval_shape(lambda w, x: map_runs(fn, w, x), w[:1], x[:1])["s"].shape == (1,)
+    with pytest.raises(ValueError, match="how must be one of"):
+        map_runs(fn, w, x, how="pmap")
 
 
 def test_a_diverging_run_is_frozen_and_reported_and_others_finish():
