@@ -253,6 +253,26 @@ def train_subruns(subs: list[SubRun], make_task: Callable[[SubRun], Any]) -> dic
     return results
 
 
+def open_job(
+    name: str, opts, plan: Callable[[Any, Path], list[SubRun]], what: str = "sub-runs"
+) -> tuple[Path, list[SubRun], list[SubRun]]:
+    """A job's ``--out`` (default: a fresh ``runs/<name>-<time>``), its sub-runs
+    ``plan(opts, out)`` each checked for reuse or refusal before anything is written, and the
+    ones left to train; prints how many there are and how to resume."""
+    out = Path(opts.out) if opts.out else fresh_run_dir(name.replace(" ", "_"))
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder: pass a folder path")
+    subs = plan(opts, out)
+    for sub in subs:
+        check_subrun(sub, opts.overwrite)
+    todo = [s for s in subs if not s.finished]
+    print(
+        f"{name}: {len(subs)} {what} under {out} ({len(subs) - len(todo)} finished, "
+        f"reused; {len(todo)} to train); rerun this command with --out {out} to resume"
+    )
+    return out, subs, todo
+
+
 class TableJob:
     """A paper-table job, as :class:`cudt.runner.Task` is a task: a subclass says what the job
     is (its data, sub-runs, rows, Markdown and figures); :func:`run_job` does the rest.
@@ -313,17 +333,7 @@ def run_job(job: TableJob, opts) -> dict[str, Any]:
     Every input check and sub-run refusal comes before anything is written or trained."""
     t0 = time.perf_counter()
     job.check(opts)
-    out = Path(opts.out) if opts.out else fresh_run_dir(job.name.replace(" ", "_"))
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a folder: pass a folder path")
-    subs = job.plan(opts, out)
-    for sub in subs:
-        check_subrun(sub, opts.overwrite)
-    todo = [s for s in subs if not s.finished]
-    print(
-        f"{job.name}: {len(subs)} sub-runs under {out} ({len(subs) - len(todo)} finished, "
-        f"reused; {len(todo)} to train); rerun this command with --out {out} to resume"
-    )
+    out, subs, todo = open_job(job.name, opts, job.plan)
     if opts.scale == "tiny":
         job.prepare_tiny(opts, out)
     results = train_subruns(subs, lambda sub: job.make_task())

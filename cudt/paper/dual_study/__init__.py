@@ -29,10 +29,9 @@ from typing import Any
 
 from cudt.constrained_step import UPDATES
 from cudt.errors import UsageError
-from cudt.io import fresh_run_dir
 from cudt.paper.dual_study import figures, report
 from cudt.paper.dual_study.settings import DUAL_OPTIMIZERS, SETTINGS, Combo, Setting
-from cudt.paper.job import SubRun, check_known, check_subrun, need, train_subruns
+from cudt.paper.job import SubRun, check_known, need, open_job, train_subruns
 from cudt.paper.rows import fmt, unique
 from cudt.runner.cli import config_from_args, configure_process, run_cli
 from cudt.runner.config import FORMULATIONS, flag
@@ -190,17 +189,7 @@ def run_study(opts: StudyConfig) -> dict[str, Any]:
     "markdown", "paths", "trained", "reused", "wall_seconds"}``."""
     t0 = time.perf_counter()
     check(opts)
-    out = Path(opts.out) if opts.out else fresh_run_dir("dual_study")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a folder: pass a folder path")
-    subs = plan(opts, out)
-    for sub in subs:
-        check_subrun(sub, opts.overwrite)
-    todo = [s for s in subs if not s.finished]
-    print(
-        f"dual study: {len(subs)} runner calls under {out} ({len(subs) - len(todo)} finished, "
-        f"reused; {len(todo)} to train); rerun this command with --out {out} to resume"
-    )
+    out, subs, todo = open_job("dual study", opts, plan, what="runner calls")
     results = train_subruns(subs, lambda sub: SETTINGS[sub.key[0]].make_task())
     rows, summaries, erm = report.collect(subs, results)
     figure_paths = figures.write_figures(opts, rows, summaries, out)

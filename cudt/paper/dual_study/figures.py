@@ -83,32 +83,46 @@ def write_figures(opts, rows: list[dict], summaries: list[dict], out: Path) -> d
     names = [n for n in opts.settings if any(s["setting"] == n for s in summaries)]
     if not names:
         return {}
-    paths = {}
-    fig, axes = grid_axes(1, len(names), 6.5, 0.28 * max(len(summaries) / len(names), 4) + 1.5)
-    for ax, name in zip(axes[0], names, strict=True):
-        _success(ax, [s for s in summaries if s["setting"] == name], SETTINGS[name].title)
-    figure_note(fig, "* plain projected ascent (lagrangian · sgd · simultaneous)")
-    paths["success"] = out / "success.png"
-    save_figure(fig, paths["success"])
 
-    fig, axes = grid_axes(1, len(names), 6.0, 4.0)
-    for ax, name in zip(axes[0], names, strict=True):
-        _by_factor(ax, [s for s in summaries if s["setting"] == name], SETTINGS[name].title)
-    figure_note(fig, "black, thick: plain projected ascent")
-    paths["by_step_size"] = out / "by_step_size.png"
-    save_figure(fig, paths["by_step_size"])
+    def per_setting(draw, width: float, height: float, note: str, name: str) -> None:
+        fig, axes = grid_axes(1, len(names), width, height)
+        for ax, setting in zip(axes[0], names, strict=True):
+            draw(ax, setting, SETTINGS[setting].title)
+        figure_note(fig, note)
+        paths[name] = out / f"{name}.png"
+        save_figure(fig, paths[name])
 
-    fig, axes = grid_axes(1, len(names), 6.0, 3.6)
-    for ax, name in zip(axes[0], names, strict=True):
-        mine = [s for s in summaries if s["setting"] == name]
-        b = best(mine, SETTINGS[name].id_metric == "accuracy")
-        shown = [s["combo"] for s in mine if s["baseline"]]
+    def mine(setting: str) -> list[dict]:
+        return [s for s in summaries if s["setting"] == setting]
+
+    def multipliers(ax, setting: str, title: str) -> None:
+        b = best(mine(setting), SETTINGS[setting].id_metric == "accuracy")
+        shown = [s["combo"] for s in mine(setting) if s["baseline"]]
         if b is not None and b["combo"] not in shown:
             shown.append(b["combo"])
-        _multipliers(ax, [r for r in rows if r["setting"] == name], shown, SETTINGS[name].title)
-    figure_note(
-        fig, "every seed at the base step size: plain projected ascent and the most successful"
+        _multipliers(ax, [r for r in rows if r["setting"] == setting], shown, title)
+
+    paths: dict[str, Path] = {}
+    height = 0.28 * max(len(summaries) / len(names), 4) + 1.5
+    per_setting(
+        lambda ax, s, title: _success(ax, mine(s), title),
+        6.5,
+        height,
+        "* plain projected ascent (lagrangian · sgd · simultaneous)",
+        "success",
     )
-    paths["multipliers"] = out / "multipliers.png"
-    save_figure(fig, paths["multipliers"])
+    per_setting(
+        lambda ax, s, title: _by_factor(ax, mine(s), title),
+        6.0,
+        4.0,
+        "black, thick: plain projected ascent",
+        "by_step_size",
+    )
+    per_setting(
+        multipliers,
+        6.0,
+        3.6,
+        "every seed at the base step size: plain projected ascent and the most successful",
+        "multipliers",
+    )
     return paths

@@ -66,30 +66,28 @@ _VIDEO_TINY = dict(
 )
 
 SETTINGS: dict[str, Setting] = {
-    "video": Setting(
-        name="video",
-        title="video default (constrained DUST, one dictionary per layer)",
-        make_task=_video_task,
-        config_cls=_video_config,
-        fields=dict(models=("dust",), dust_control=False),
-        tiny=_VIDEO_TINY,
-        dual_lr={"sgd": 1000.0, "nupi": 1000.0, "adam": 1.0},
-        augmented_penalty=1000.0,
-        penalty=1e6,
-        id_metric="rmse",
-    ),
-    "ut": Setting(
-        name="ut",
-        title="constrained UT (video default data)",
-        make_task=_video_task,
-        config_cls=_video_config,
-        fields=dict(models=("ut",)),
-        tiny=_VIDEO_TINY,
-        dual_lr={"sgd": 1000.0, "nupi": 1000.0, "adam": 1.0},
-        augmented_penalty=1000.0,
-        penalty=1e6,
-        id_metric="rmse",
-    ),
+    **{
+        name: Setting(
+            name=name,
+            title=title,
+            make_task=_video_task,
+            config_cls=_video_config,
+            fields=fields,
+            tiny=_VIDEO_TINY,
+            dual_lr={"sgd": 1000.0, "nupi": 1000.0, "adam": 1.0},
+            augmented_penalty=1000.0,
+            penalty=1e6,
+            id_metric="rmse",
+        )
+        for name, title, fields in (
+            (
+                "video",
+                "video default (constrained DUST, one dictionary per layer)",
+                dict(models=("dust",), dust_control=False),
+            ),
+            ("ut", "constrained UT (video default data)", dict(models=("ut",))),
+        )
+    },
     "text": Setting(
         name="text",
         title="text default (MiniLM)",
