@@ -10,8 +10,8 @@ donating, in two versions per model, interleaved over ``--repeats`` repetitions 
 * DUST-5 (one dictionary per layer): ``DUST(linalg="lapack")``, the LISTA step sizes
   ``μ_l = ‖D_l‖²`` by ``eigvalsh`` and the dual-frame code by ``solve``, vs
   ``DUST(linalg="matmul")`` (the default): Lanczos and Newton–Schulz (``cudt.linalg``);
-* UT-5: ``ut_project`` (``method="eigh"``, the default) vs ``ut_project(method="matmul")``
-  (Newton–Schulz sign and inverse square root).
+* UT-5: ``ut_project(method="eigh")`` vs ``ut_project(method="matmul")`` (the default: a
+  Lanczos skip test, then Newton–Schulz sign and inverse square root).
 
 Before timing, each matmul method is compared with the exact one on the same inputs after a
 few training steps (``--train-steps``, so the matrices are not the DCT init): DUST's ``μ_l``

@@ -7,6 +7,7 @@ every ``lapack_*`` custom call must see a single matrix.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
@@ -92,6 +93,9 @@ def test_models_under_vmap_emit_only_unbatched_lapack_calls():
         jax.random.split(jax.random.key(1), 3)
     )
     ranks = _lapack_operand_ranks(jax.vmap(ut_project), ut_params)
+    assert ranks == [], ranks  # the default clipping: no LAPACK call at all
+    exact = functools.partial(ut_project, method="eigh")
+    ranks = _lapack_operand_ranks(jax.vmap(exact), ut_params)
     assert ranks and set(ranks) == {2}, ranks
 
 
@@ -219,6 +223,8 @@ def _spectrum_matrix(eigenvalues, seed: int = 0) -> jax.Array:
         (np.r_[-0.95 - np.geomspace(1e-5, 0.1, 20), np.linspace(-0.94, 0.5, 108)], 1e-4),
         # both sides, ‖S‖ = 1.37·clip
         (np.linspace(-1.3, 1.3, 128), 2e-3),
+        # far past the clip (‖S‖ = 3.2·clip, a random init): pre-passes to c' = ‖S‖/1.3 first
+        (np.linspace(-3.0, 3.0, 128), 2e-3),
     ],
 )
 def test_clip_eigenvalues_matmul_matches_eigh(eigenvalues, tol):
@@ -231,7 +237,7 @@ def test_clip_eigenvalues_matmul_matches_eigh(eigenvalues, tol):
     assert evals.min() >= -0.95 - 2e-4 and evals.max() <= 0.95 + 2e-4
     # the same through ut_project, stacked runs included
     tree = {"attn": jnp.eye(128), "ffn": jnp.stack([s, s]), "bias": jnp.zeros(128)}
-    out = ut_project(tree, method="matmul")["ffn"]
+    out = ut_project(tree)["ffn"]  # the default method
     np.testing.assert_allclose(out[1], ours, atol=1e-5)
 
 
@@ -240,11 +246,49 @@ def test_clip_eigenvalues_matmul_leaves_feasible_unchanged():
     np.testing.assert_array_equal(linalg.clip_eigenvalues_matmul(s, 0.95), s)
 
 
-def test_ut_project_matmul_tracks_eigh_through_training():
-    """UT training with each projection: the same losses step after step (8 Adam steps at a
-    learning rate, 1e-2, that pushes W̃_f's eigenvalues past the clip, so both clip every step)."""
-    import functools
+def test_clip_skip_keeps_a_margin():
+    """The skip test compares a LOWER bound of ‖S‖₂ with the clip, so it needs a margin. Here the
+    Lanczos start vector is an eigenvector (eigenvalue −0.9497, inside the clip): the estimate
+    stops there and misses the eigenvalue −0.96 orthogonal to it. Without the margin the matrix
+    is returned unclipped; with the default margin (1e-3) it is clipped."""
+    n = 64
+    start = np.asarray(linalg._start_vector(n, jnp.float32), np.float64)
+    q, _ = np.linalg.qr(np.c_[start, np.random.default_rng(0).normal(size=(n, n - 1))])
+    s = _spectrum_matrix_from(q, np.r_[-0.9497, -0.96, np.linspace(-0.9, 0.5, n - 2)])
+    assert float(linalg.gram_top_eigenvalue(s)) < 0.95**2  # the estimate is short of the clip
+    no_margin = linalg.clip_eigenvalues_matmul(s, 0.95, margin=0.0)
+    np.testing.assert_array_equal(no_margin, s)  # skipped: wrong
+    evals = np.linalg.eigvalsh(np.asarray(ut_project({"attn": s, "ffn": s, "bias": s[0]})["ffn"]))
+    assert evals.min() >= -0.95 - 1e-5, evals.min()
 
+
+def _spectrum_matrix_from(q: np.ndarray, eigenvalues) -> jax.Array:
+    return jnp.asarray((q * np.asarray(eigenvalues)) @ q.T, jnp.float32)
+
+
+def test_default_clip_vmapped_runs_some_active_some_not():
+    """Runs stacked by vmap, one feasible (returned bit-exact), one past the clip and one far past
+    it; on CPU each run keeps its own branch (a conditional in the compiled program)."""
+    spectra = [
+        np.linspace(-0.9, 0.9, 128),
+        np.r_[np.linspace(-1.09, -0.96, 12), np.linspace(-0.95, -0.886, 116)],
+        np.linspace(-3.0, 3.0, 128),
+    ]
+    ffn = jnp.stack([_spectrum_matrix(e, seed) for seed, e in enumerate(spectra)])
+    tree = {"attn": ffn, "ffn": ffn, "bias": ffn[:, 0]}
+    project = jax.jit(jax.vmap(ut_project))
+    out = np.asarray(project(tree)["ffn"], np.float64)
+    np.testing.assert_array_equal(out[0], ffn[0])
+    for run in (1, 2):
+        w, v = np.linalg.eigh(np.asarray(ffn[run], np.float64))
+        exact = (v * np.clip(w, -0.95, 0.95)) @ v.T
+        assert np.abs(out[run] - exact).max() < 2e-3, run
+        assert np.abs(np.linalg.eigvalsh(out[run])).max() <= 0.95 + 2e-4
+    if jax.default_backend() == "cpu":
+        assert "conditional(" in jax.jit(jax.vmap(ut_project)).lower(tree).compile().as_text()
+
+
+def _ut_training(lr: float, project, steps: int = 8):
     import optax
 
     import cudt
@@ -257,22 +301,43 @@ def test_ut_project_matmul_tracks_eigh_through_training():
         _, states = model.apply(p, batch + 0.2 * jax.random.normal(key, batch.shape))
         return jnp.mean((states - batch[None]) ** 2, axis=(2, 3)).T
 
+    init, step = cudt.make_train_step(
+        losses,
+        optax.adam(lr),
+        cudt.dual_ascent(1e-1),
+        cudt.DescentConfig(2, epsilon=0.1),
+        project_params=project,
+    )
+    state, trace = init(params), []
+    for _ in range(steps):
+        state, metrics = step(state, x, jax.random.key(1))
+        trace.append(np.asarray(metrics["layer_loss"]))
+    return np.asarray(trace), state.params
+
+
+def test_ut_project_default_tracks_eigh_through_training():
+    """UT training with the default projection and with eigh: the same losses step after step
+    (8 Adam steps at a learning rate, 1e-2, that pushes W̃_f's eigenvalues past the clip, so
+    both clip every step)."""
+    exact = functools.partial(ut_project, method="eigh")
     traces, clipped = {}, {}
-    for method in ("eigh", "matmul"):
-        init, step = cudt.make_train_step(
-            losses,
-            optax.adam(1e-2),
-            cudt.dual_ascent(1e-1),
-            cudt.DescentConfig(2, epsilon=0.1),
-            project_params=functools.partial(ut_project, method=method),
-        )
-        state, trace = init(params), []
-        for _ in range(8):
-            state, metrics = step(state, x, jax.random.key(1))
-            trace.append(np.asarray(metrics["layer_loss"]))
-        traces[method] = np.asarray(trace)
-        ffn = np.asarray(state.params["params"]["ffn"], np.float64)
-        clipped[method] = np.linalg.eigvalsh(ffn)
+    for name, project in (("eigh", exact), ("default", ut_project)):
+        traces[name], params = _ut_training(1e-2, project)
+        clipped[name] = np.linalg.eigvalsh(np.asarray(params["params"]["ffn"], np.float64))
     assert np.isclose(clipped["eigh"].min(), -0.95, atol=1e-5)  # the clip was active
-    assert clipped["matmul"].min() >= -0.95 - 2e-4
-    np.testing.assert_allclose(traces["matmul"], traces["eigh"], rtol=2e-3)
+    assert clipped["default"].min() >= -0.95 - 2e-4
+    np.testing.assert_allclose(traces["default"], traces["eigh"], rtol=2e-3)
+
+
+def test_ut_project_default_inactive_clip_is_bit_exact_through_training():
+    """At a learning rate (1e-4) that keeps W̃_f's eigenvalues inside the clip (‖S‖₂ ≈ 0.9), the
+    default skips the clipping: the training is bit-exact the one with eigh (which returns a
+    feasible matrix bit-exact)."""
+    exact = functools.partial(ut_project, method="eigh")
+    trace_eigh, params_eigh = _ut_training(1e-4, exact)
+    trace, params = _ut_training(1e-4, ut_project)
+    ffn = np.asarray(params["params"]["ffn"], np.float64)
+    assert np.abs(np.linalg.eigvalsh(ffn)).max() < 0.94  # inactive all along
+    np.testing.assert_array_equal(trace, trace_eigh)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params_eigh), strict=True):
+        np.testing.assert_array_equal(a, b)
