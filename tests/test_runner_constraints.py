@@ -134,3 +134,15 @@ def test_indexed_run_resumes_bitwise(tmp_path):
         assert ra.get("multipliers_table_max") == rb.get("multipliers_table_max")
         assert ra["curves"] == rb["curves"]
         assert ra["final_loss"] == rb["final_loss"]
+
+
+def test_a_task_default_of_nupi_leaves_other_dual_optimizers_usable():
+    from cudt.tasks.video import VideoConfig
+
+    # the video default is nupi with K_P = 5: sgd keeps that default K_P (unused) or takes 0,
+    # the neutral gain, without a complaint; any other K_P without nupi is still refused
+    assert VideoConfig().dual_optimizer == "nupi" and VideoConfig().nupi_kp == 5.0
+    VideoConfig(dual_optimizer="sgd")
+    VideoConfig(dual_optimizer="sgd", nupi_kp=0.0, nupi_ema=0.0)
+    with pytest.raises(ValueError, match="--nupi-kp is a gain of --dual-optimizer nupi"):
+        VideoConfig(dual_optimizer="sgd", nupi_kp=2.0)

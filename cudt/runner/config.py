@@ -324,9 +324,11 @@ class RunConfig:
     def _validate_dual_dynamics(self, sweeps) -> None:
         need = self.require
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        base = {f.name: f.default for f in dataclasses.fields(RunConfig)}
 
-        def given(name):  # set to another value than its default, or swept
-            return name in sweeps or getattr(self, name) != defaults[name]
+        def given(name):  # swept, or set to a value other than the task's default and the
+            # shared one (a task whose default is nupi may still be run with sgd and K_P = 0)
+            return name in sweeps or getattr(self, name) not in (defaults[name], base[name])
 
         if self.uses_general_step():
             need(

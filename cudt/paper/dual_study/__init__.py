@@ -153,13 +153,28 @@ def plan(opts: StudyConfig, out: Path) -> list[SubRun]:
     subs = []
     for name in unique(opts.settings):
         setting = SETTINGS[name]
+        # Every dual setting is pinned, so a study does not change when a task's defaults do
+        # (the ERM runs and the penalty record plain projected ascent; they use no multipliers).
+        plain = dict(
+            formulation="lagrangian",
+            update="simultaneous",
+            dual_optimizer=setting.plain,
+            dual_lr=setting.dual_lr[setting.plain],
+            nupi_kp=0.0,
+            nupi_ema=0.0,
+        )
         folder = out / name / "erm"
         subs.append(
-            SubRun(f"{name} ERM", (name, None), _config(setting, opts, folder, kinds="erm"), folder)
+            SubRun(
+                f"{name} ERM",
+                (name, None),
+                _config(setting, opts, folder, kinds="erm", **plain),
+                folder,
+            )
         )
         for combo in combos(opts):
             swept, values = _sweep_values(setting, combo, opts.dual_lr_factors)
-            fields: dict[str, Any] = dict(
+            fields: dict[str, Any] = plain | dict(
                 kinds="constrained",
                 formulation=combo.formulation,
                 update=combo.update,

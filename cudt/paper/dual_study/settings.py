@@ -23,6 +23,7 @@ class Setting:
     fields: dict[str, Any]
     tiny: dict[str, Any]  # fields added at --scale tiny
     dual_lr: dict[str, float]  # base dual rate per dual optimiser
+    plain: str  # the dual optimiser of plain projected ascent, recorded by the ERM runs
     augmented_penalty: float  # ρ of the augmented Lagrangian
     penalty: float  # base ρ of the quadratic penalty (× the factors)
     id_metric: str  # "rmse" (lower is better) or "accuracy" (higher)
@@ -75,6 +76,7 @@ SETTINGS: dict[str, Setting] = {
             fields=fields,
             tiny=_VIDEO_TINY,
             dual_lr={"sgd": 1000.0, "nupi": 1000.0, "adam": 1.0},
+            plain="sgd",
             augmented_penalty=1000.0,
             penalty=1e6,
             id_metric="rmse",
@@ -107,6 +109,7 @@ SETTINGS: dict[str, Setting] = {
             warmup_steps=5,
         ),
         dual_lr={"sgd": 10.0, "nupi": 10.0, "adam": 0.1},
+        plain="adam",
         augmented_penalty=10.0,
         penalty=1e3,
         id_metric="accuracy",
