@@ -379,7 +379,7 @@ CONFIG_CASES = [
     ),
     (
         "--nupi-kp without --dual-optimizer nupi",
-        ["--nupi-kp", "1"],
+        ["--dual-optimizer", "sgd", "--nupi-kp", "1"],  # the video default is nupi
         "--nupi-kp is a gain of --dual-optimizer nupi",
         "pass --dual-optimizer nupi or drop it",
     ),
