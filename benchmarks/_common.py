@@ -138,8 +138,10 @@ def make_ut_setup(
     epsilon: float = 0.1,
     jit: bool = False,
     donate: bool = True,
+    clip: str = "matmul",
 ) -> UTSetup:
-    """Constrained UT-``layers`` with primal Adam, projected SGD dual ascent, eigenvalue clipping."""
+    """Constrained UT-``layers`` with primal Adam, projected SGD dual ascent, eigenvalue clipping
+    (``clip``: ``ut_project``'s method, ``"matmul"`` its default or ``"eigh"`` the exact one)."""
     dim = train_x.shape[-1]
     model = UT(num_layers=layers, dim=dim, init_scheme="dct")
     params = model.init(jax.random.key(0), jnp.zeros((1,) + train_x.shape[1:], jnp.float32))
@@ -150,7 +152,7 @@ def make_ut_setup(
         optax.adam(lr),
         cudt.dual_ascent(dual_lr),
         config,
-        project_params=ut_project,
+        project_params=functools.partial(ut_project, method=clip),
         jit=jit,
         donate=donate,
     )
@@ -202,12 +204,14 @@ def build_video_model(
     *,
     linalg: str = "default",
     atoms_per_dim: int | None = None,
+    ut_clip: str | None = None,
 ):
     """``(module, projection)`` of the video experiment's UT or DUST (see ``VIDEO``).
 
     ``linalg``: ``"default"`` (the library's defaults), ``"exact"`` (LAPACK: DUST's
     eigvalsh/solve, UT's eigh clipping) or ``"matmul"`` (matrix products only, see
-    ``cudt.linalg``). ``atoms_per_dim``: DUST's atoms per axis (default ``VIDEO``'s, 20).
+    ``cudt.linalg``). ``ut_clip`` (``"eigh"`` or ``"matmul"``) overrides the UT's clipping
+    alone. ``atoms_per_dim``: DUST's atoms per axis (default ``VIDEO``'s, 20).
     """
     if linalg not in ("default", "exact", "matmul"):
         raise ValueError(f"linalg must be default, exact or matmul, got {linalg!r}")
@@ -217,6 +221,8 @@ def build_video_model(
             project = functools.partial(ut_project, method="eigh")
         elif linalg == "matmul":
             project = functools.partial(ut_project, method="matmul")
+        if ut_clip is not None:
+            project = functools.partial(ut_project, method=ut_clip)
         return UT(num_layers=layers, dim=dim, a=VIDEO["ut_a"], init_scheme="dct"), project
     if model_name == "dust":
         model = DUST(
@@ -242,14 +248,20 @@ def make_video_setup(
     donate: bool = True,
     linalg: str = "default",
     atoms_per_dim: int | None = None,
+    ut_clip: str | None = None,
 ) -> VideoSetup:
     """UT-``layers`` or DUST-``layers``: per-layer MSE losses, primal Adam, SGD dual ascent.
 
     ``constrained=False`` is ERM through the same step (``DescentConfig(constrained=False)``);
-    ``linalg`` and ``atoms_per_dim``: see :func:`build_video_model`.
+    ``linalg``, ``atoms_per_dim`` and ``ut_clip``: see :func:`build_video_model`.
     """
     model, project = build_video_model(
-        model_name, layers, train_x.shape[-1], linalg=linalg, atoms_per_dim=atoms_per_dim
+        model_name,
+        layers,
+        train_x.shape[-1],
+        linalg=linalg,
+        atoms_per_dim=atoms_per_dim,
+        ut_clip=ut_clip,
     )
     params = model.init(jax.random.key(0), jnp.zeros((1,) + train_x.shape[1:], jnp.float32))
     layer_losses = make_layer_losses(model, jnp.float32(VIDEO["gamma"]), sigma)

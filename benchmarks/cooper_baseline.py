@@ -351,7 +351,11 @@ def torch_block(step: Callable, clean: torch.Tensor, num_steps: int, threads: in
 def bench_model(
     args, model_name: str, train_x, sigma, atoms: int | None = None
 ) -> tuple[list, list, list, list]:
-    setup = make_video_setup(model_name, train_x, sigma, layers=args.layers, atoms_per_dim=atoms)
+    # the UT's exact clipping, as the torch side's eigh: the same step on both sides (cudt's
+    # default matrix-product clipping costs 1.24x at one thread, docs/speed.md section 1)
+    setup = make_video_setup(
+        model_name, train_x, sigma, layers=args.layers, atoms_per_dim=atoms, ut_clip="eigh"
+    )
     L = setup.config.num_layers
     batch = train_x[: args.batch_size]
     key = jax.random.key(0)

@@ -285,6 +285,7 @@ def bench_batch_size(args, train_x, sigma, batch_size: int, compile_status: str 
         epsilon=EPSILON,
         jit=True,
         donate=True,
+        clip="eigh",  # the torch side's eigh: the same step (docs/speed.md section 1)
     )
     key = jax.random.key(0)
     batch = train_x[:batch_size]

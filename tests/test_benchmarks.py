@@ -182,8 +182,10 @@ def test_flops_prints_rates_against_the_matmul(bench, capsys):
     assert rows[0].split()[-1] == "1"
     for row in rows:
         assert float(row.split()[-5]) > 0  # GFLOP counted
-    # XLA counts the layer scan's body once: unrolled, L = 2 layers count more FLOPs.
-    assert _ratios(out, "UT-2: GFLOP unrolled")["UT-2: GFLOP unrolled / as compiled"] > 1.05
+    # XLA counts the layer scan's body once: unrolled, L = 2 layers count more FLOPs (the UT's
+    # step is mostly its 26-matmul eigenvalue clipping, outside the scan: a small excess).
+    assert _ratios(out, "UT-2: GFLOP unrolled")["UT-2: GFLOP unrolled / as compiled"] > 1.0
+    assert _ratios(out, "DUST-2: GFLOP unrolled")["DUST-2: GFLOP unrolled / as compiled"] > 1.05
     assert set(_ratios(out, "")) == {
         "UT-2: achieved FLOP/s / matmul rate",
         "UT-2: GFLOP unrolled / as compiled",
