@@ -53,6 +53,13 @@ RUN_KEYS = {
 }
 
 
+def _params(states: dict):
+    """The model parameters of a restored group state: ``cudt.TrainState``'s ``params``, or
+    those inside ``cudt.make_descent_step``'s state (the video default's nuPI and alternating
+    updates train through it)."""
+    return states["params"] if "params" in states else states["inner"]["params"]
+
+
 @pytest.fixture(scope="module")
 def diverging_run(tmp_path_factory):
     """UT and DUST, ERM and constrained, 2 seeds; seed 1 of constrained UT is poisoned at 12."""
@@ -88,7 +95,7 @@ def test_results_json_has_every_run_and_key(diverging_run):
     for group in ("dust-3-ERM", "dust-3-constrained", "dust-pl-3-ERM"):
         with GroupCheckpointer(out / "checkpoints" / group) as ckpt:
             states, _ = ckpt.restore(None)
-        shapes[group] = [np.shape(x) for x in jax.tree.leaves(states["params"])]
+        shapes[group] = [np.shape(x) for x in jax.tree.leaves(_params(states))]
     assert shapes["dust-pl-3-ERM"] == shapes["dust-3-constrained"] != shapes["dust-3-ERM"]
     for run in runs:
         assert RUN_KEYS <= set(run)
@@ -128,7 +135,7 @@ def test_injected_nan_stops_one_run_keeps_its_checkpoint_others_finish(diverging
     ckpt = GroupCheckpointer(group, keep=1)
     states, _ = ckpt.restore(None, step=10)
     ckpt.close()
-    assert np.all(np.isfinite(states["params"]["params"]["ffn"]))
+    assert np.all(np.isfinite(_params(states)["params"]["ffn"]))
     # the diverged run's sibling seed and every other group trained all 20 steps
     for run in results["runs"]:
         if not run["diverged"]:
@@ -168,10 +175,15 @@ def _cli(out: Path, *extra: str) -> list[str]:
         "--chunk-steps",
         "5",
         # explicit slacks, so the resumed state's slacks are compared while they are non-zero
+        # (they exist on make_train_step's path: projected SGD ascent, simultaneous updates)
         "--resilience",
         "2.0",
         "--resilience-mode",
         "slack",
+        "--dual-optimizer",
+        "sgd",
+        "--update",
+        "simultaneous",
         "--out",
         str(out),
         *extra,
@@ -265,7 +277,7 @@ def test_the_ut_projection_is_applied_after_every_step(ut_runs):
     root, _ = ut_runs
     with GroupCheckpointer(root / "128" / "checkpoints" / "ut-3") as ckpt:
         states, _ = ckpt.restore(None)
-    ffn = np.asarray(states["params"]["params"]["ffn"], np.float64)  # [runs, ..., D, D]
+    ffn = np.asarray(_params(states)["params"]["ffn"], np.float64)  # [runs, ..., D, D]
     assert np.all(np.isfinite(ffn))
     sym = (ffn + np.swapaxes(ffn, -1, -2)) / 2
     eigenvalues = np.linalg.eigvalsh(sym)
