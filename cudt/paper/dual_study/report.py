@@ -218,7 +218,13 @@ def _setting_markdown(setting, summaries: list[dict], erm_rows: list[dict], fact
     b = best(summaries, higher)
     base = next((s for s in summaries if s["baseline"]), None)
     lines.append("")
-    if b is not None:
+    if b is not None and b["ok"] == 0:
+        lines += [
+            f"No combination studied kept a run feasible and monotone ({sum(s['runs'] for s in summaries)} "
+            "runs).",
+            "",
+        ]
+    elif b is not None:
         lines.append(
             f"Most successful: **{b['combo'].label}**, {b['ok']}/{b['runs']} runs feasible and "
             f"monotone, {b['failed']}/{b['runs']} infeasible or diverged"
@@ -242,7 +248,11 @@ def headline(opts, summaries: list[dict]) -> str:
         base = next((s for s in mine if s["baseline"]), None)
         if b is None:
             continue
-        line = f"{name}: best {b['combo'].label}: {b['ok']}/{b['runs']} feasible and monotone"
+        line = (
+            f"{name}: best {b['combo'].label}: {b['ok']}/{b['runs']} feasible and monotone"
+            if b["ok"]
+            else f"{name}: no combination kept a run feasible and monotone"
+        )
         if base is not None:
             line += f"; plain projected ascent {base['ok']}/{base['runs']}"
         out.append(line)
