@@ -185,3 +185,24 @@ def test_success_needs_feasible_monotone_and_finite_and_the_best_has_most():
     assert (s_plain["ok"], s_plain["failed"], s_plain["diverged"]) == (1, 2, 1)
     assert s_plain["baseline"] and s_plain["by_factor"] == {0.1: (0, 2), 1.0: (1, 2)}
     assert best(summaries, higher_is_better=False)["combo"] == pi
+
+
+def test_a_finished_text_call_is_reused_though_its_task_resolved_lr_and_length(tmp_path):
+    # The text task writes the learning rate and token length it resolved (its defaults are
+    # None) into results.json's config; the study compares against those, not against None.
+    from cudt.paper.dual_study import plan
+    from cudt.paper.job import check_subrun
+    from cudt.tasks.text import TextTask, max_length_of
+
+    opts = StudyConfig(settings=("text",), formulations=("lagrangian",), dual_optimizers=("nupi",), updates=("alternating",), scale="tiny", out=str(tmp_path))  # fmt: skip
+    for sub in plan(opts, tmp_path):
+        cfg = sub.cfg
+        assert cfg.lr is None and sub.resolved["max_length"] == max_length_of(cfg)
+        written = cfg.fingerprint() | {
+            "lr": TextTask().default_lr(cfg, cfg.model),
+            "max_length": max_length_of(cfg),
+        }
+        sub.out.mkdir(parents=True)
+        (sub.out / "results.json").write_text(json.dumps({"config": written}))
+        check_subrun(sub, overwrite=False)
+        assert sub.finished

@@ -164,14 +164,8 @@ def plan(opts: StudyConfig, out: Path) -> list[SubRun]:
             nupi_ema=0.0,
         )
         folder = out / name / "erm"
-        subs.append(
-            SubRun(
-                f"{name} ERM",
-                (name, None),
-                _config(setting, opts, folder, kinds="erm", **plain),
-                folder,
-            )
-        )
+        cfg = _config(setting, opts, folder, kinds="erm", **plain)
+        subs.append(SubRun(f"{name} ERM", (name, None), cfg, folder, setting.resolved(cfg)))
         for combo in combos(opts):
             swept, values = _sweep_values(setting, combo, opts.dual_lr_factors)
             fields: dict[str, Any] = plain | dict(
@@ -188,13 +182,9 @@ def plan(opts: StudyConfig, out: Path) -> list[SubRun]:
             if combo.dual_optimizer == "nupi":
                 fields |= dict(nupi_kp=opts.nupi_kp, nupi_ema=opts.nupi_ema)
             folder = out / name / combo.slug
+            cfg = _config(setting, opts, folder, **fields)
             subs.append(
-                SubRun(
-                    f"{name} {combo.label}",
-                    (name, combo),
-                    _config(setting, opts, folder, **fields),
-                    folder,
-                )
+                SubRun(f"{name} {combo.label}", (name, combo), cfg, folder, setting.resolved(cfg))
             )
     return subs
 

@@ -27,6 +27,9 @@ class Setting:
     augmented_penalty: float  # ρ of the augmented Lagrangian
     penalty: float  # base ρ of the quadratic penalty (× the factors)
     id_metric: str  # "rmse" (lower is better) or "accuracy" (higher)
+    # config fields whose default the task resolves into results.json, as resolved for ``cfg``
+    # (what a finished call's saved config is compared with; see cudt.paper.job.SubRun)
+    resolved: Callable[[Any], dict[str, Any]] = lambda cfg: {}
 
 
 def _video_task():
@@ -45,6 +48,13 @@ def _text_task():
     from cudt.tasks.text import TextTask
 
     return TextTask()
+
+
+def _text_resolved(cfg) -> dict[str, Any]:
+    from cudt.tasks.text import TextTask, max_length_of
+
+    lr = cfg.lr if cfg.lr is not None else TextTask().default_lr(cfg, cfg.model)
+    return {"lr": lr, "max_length": max_length_of(cfg)}
 
 
 def _text_config():
@@ -113,6 +123,7 @@ SETTINGS: dict[str, Setting] = {
         augmented_penalty=10.0,
         penalty=1e3,
         id_metric="accuracy",
+        resolved=_text_resolved,
     ),
 }
 
