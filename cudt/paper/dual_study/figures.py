@@ -109,7 +109,7 @@ def write_figures(opts, rows: list[dict], summaries: list[dict], out: Path) -> d
         lambda ax, s, title: _success(ax, mine(s), title),
         6.5,
         height,
-        "* plain projected ascent (lagrangian · sgd · simultaneous)",
+        "* plain projected ascent: the Lagrangian, the task's own dual optimiser, simultaneous",
         "success",
     )
     per_setting(
