@@ -101,10 +101,6 @@ def check(opts: StudyConfig) -> None:
         f"--nupi-kp must be a finite number >= 0, got {opts.nupi_kp:g}",
     )
     need(0 <= opts.nupi_ema < 1, f"--nupi-ema must lie in [0, 1), got {opts.nupi_ema:g}")
-    need(
-        any(f != "penalty" for f in opts.formulations) or bool(opts.updates),
-        "--formulations penalty alone needs an --updates value",
-    )
 
 
 def combos(opts: StudyConfig) -> list[Combo]:
@@ -122,7 +118,7 @@ def combos(opts: StudyConfig) -> list[Combo]:
 
 
 def _sweep_values(setting: Setting, combo: Combo, factors) -> tuple[str, tuple[float, ...]]:
-    base = setting.penalty if combo.swept == "penalty" else setting.dual_lr[combo.dual_optimizer]
+    base = setting.base_rate(combo)
     return combo.swept, tuple(float(f"{base * f:.6g}") for f in unique(factors))
 
 

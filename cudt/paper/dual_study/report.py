@@ -87,9 +87,7 @@ def run_rows(setting, combo, results: dict, erm: dict) -> list[dict]:
         if not run["constrained"]:
             continue
         value = run["hparams"][combo.swept]
-        base = (
-            setting.penalty if combo.swept == "penalty" else setting.dual_lr[combo.dual_optimizer]
-        )
+        base = setting.base_rate(combo)
         id_, ood = _metric(run, metric)
         ref = erm_by_seed.get(run["seed"])
         erm_id, erm_ood = _metric(ref, metric) if ref else (math.nan, math.nan)

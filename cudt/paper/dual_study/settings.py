@@ -31,6 +31,10 @@ class Setting:
     # (what a finished call's saved config is compared with; see cudt.paper.job.SubRun)
     resolved: Callable[[Any], dict[str, Any]] = lambda cfg: {}
 
+    def base_rate(self, combo: Combo) -> float:
+        """What ×1 means for ``combo``: the base dual rate of its optimiser, or the penalty's ρ."""
+        return self.penalty if combo.swept == "penalty" else self.dual_lr[combo.dual_optimizer]
+
 
 def _video_task():
     from cudt.tasks.video import VideoTask
