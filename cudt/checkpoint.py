@@ -20,12 +20,15 @@ it is never deleted by later saves.
 from __future__ import annotations
 
 import dataclasses
+import gc
+import inspect
 import logging
 import os
 import re
 import shutil
 import sys
 import traceback
+import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -164,6 +167,7 @@ class GroupCheckpointer:
             )
         except Exception as e:  # orbax raises many types for unreadable or mismatched files
             _QUIET.failed = True
+            _close_orbax_stragglers()
             raise CheckpointError(
                 f"checkpoint {where} is corrupt (its arrays cannot be read): delete that folder "
                 "to resume from an earlier step, or pass --overwrite to start again"
@@ -310,6 +314,31 @@ def install_log_filters() -> None:
         logger = logging.getLogger(name)
         if _QUIET not in logger.filters:
             logger.addFilter(_QUIET)
+
+
+_READ_COROUTINE = re.compile(r"read|deserial|restore|load")
+
+
+def _close_orbax_stragglers() -> int:
+    """Closes orbax's coroutines that a failed restore created but never started; returns how
+    many. orbax runs a read as ``run_until_complete`` on a fresh event loop and closes the loop
+    when the read fails, so the per-array reads still queued (``asyncio.gather`` of
+    ``_read_array_index_and_device_put``) are dropped unstarted, and each prints "RuntimeWarning:
+    coroutine ... was never awaited" whenever the garbage collector gets to it (after the clear
+    error line, or not at all: it depends on which reads had started). Closing them here is
+    exact and changes no warning filter of the process. Only reads are touched: an unstarted
+    write of another checkpointer's save may still be queued on a live loop."""
+    closed = 0
+    for obj in gc.get_objects():
+        if (
+            type(obj) is types.CoroutineType  # not isinstance: it reads proxies' __class__
+            and "orbax" in obj.cr_code.co_filename
+            and _READ_COROUTINE.search(obj.cr_code.co_name)
+            and inspect.getcoroutinestate(obj) == inspect.CORO_CREATED
+        ):
+            obj.close()
+            closed += 1
+    return closed
 
 
 def _quiet_unraisable_hook() -> None:
