@@ -5,29 +5,31 @@ Run from the repository root:
     .venv/bin/python -m benchmarks.sweep_vmap               # UT-5 and DUST-5, R = 1,2,4,8; ~2 min
 
 R constrained runs of the video setting (``VIDEO`` in ``benchmarks/_common.py``, batch 32) that
-differ only in the descent factor, ε_r = 0.05·(r+1), trained three ways:
+differ only in the descent factor, ε_r = 0.05·(r+1). Every program trains a CHUNK of ``--steps``
+steps of all R runs, as ``cudt.loop.train_group`` compiles one (``lax.scan`` over the steps;
+every step sees the same batch and key), four ways:
 
-* ``one program``: the R states made by ``jax.vmap(lambda e: init(params, epsilon=e))`` and
-  stepped by ``jax.jit`` of :func:`cudt.loop.map_runs` over them with ``how="auto"``, what
-  ``train_group`` (the runner) does: on CPU the runs one after another inside the program
-  (``lax.map``), on GPU/TPU ``jax.vmap``; for R = 1 the step itself (the pure step of
-  ``make_train_step(..., jit=False)``; every run sees the same batch and key), one compiled
-  program per R;
-* ``one program, vmap``: the same with ``how="vmap"`` (``jax.vmap`` whatever the device, also
-  for R = 1);
-* ``sequential``: R states made by ``init(params, epsilon=ε_r)``, each stepped by the same
-  compiled single-run step (``jax.jit(step)``, compiled once, reused for every run and R), run
-  after run.
+* ``one program``: what ``train_group`` does: :func:`cudt.loop.map_runs` (``how="auto"``) of
+  a per-run scan over the chunk's steps. On CPU the runs go one after another (``lax.map``),
+  each taking all its steps with its own arrays hot in cache; on GPU/TPU ``jax.vmap``; for
+  R = 1 the scan of the step itself. States made by
+  ``jax.vmap(lambda e: init(params, epsilon=e))``;
+* ``steps outside``: a scan over the steps of ``map_runs`` over the runs, what ``train_group``
+  compiled before (every step visits every run in turn);
+* ``one program, vmap``: ``how="vmap"`` (``jax.vmap`` whatever the device, also for R = 1);
+* ``sequential``: R states made by ``init(params, epsilon=ε_r)``, each trained by the same
+  compiled single-run chunk (``jax.jit`` of the scan, compiled once, reused for every run and
+  R), run after run.
 
-Both donate the states. Compile times are measured with ``jax.jit(...).lower(...).compile()``.
-Equal work: the first ``--check-steps`` steps are trained both ways from the same init and
-run r of the vmapped program compared with sequential run r (max abs difference of the
-parameters and multipliers, and the fraction of parameters that differ by more than 0.1·lr:
-Adam moves every parameter by about lr per step, so a gradient at rounding level can flip an
-element's step; the runs' multipliers differ from each other, since ε differs).
-The timed blocks continue from there: every alternative (R × way, both models) is interleaved
-over ``--repeats`` repetitions of ``--steps`` steps of all R runs; the table gives the median
-ms per step of all R runs and the ratio of each way to ``one program``.
+All donate the states. Compile times are measured with ``jax.jit(...).lower(...).compile()``.
+Equal work: one chunk is trained every way from the same init and run r of each program
+compared with sequential run r (max abs difference of the parameters and multipliers, and the
+fraction of parameters that differ by more than 0.1·lr: Adam moves every parameter by about lr
+per step, so a gradient at rounding level can flip an element's step; the runs' multipliers
+differ from each other, since ε differs). The timed blocks continue from there: every
+alternative (R × way, both models) is interleaved over ``--repeats`` repetitions of one chunk;
+the table gives the median ms per step of all R runs and the ratio of each way to
+``one program``.
 """
 
 from __future__ import annotations
@@ -65,12 +67,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="comma-separated sweep sizes R (default 1,2,4,8)",
     )
     p.add_argument(
-        "--check-steps",
-        type=int,
-        default=3,
-        help="steps trained both ways and compared before timing (default 3)",
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="skip the equal-work check (one chunk trained every way and compared)",
     )
-    quick = dict(layers=1, batch_size=4, runs=[1, 2], steps=1, repeats=1, check_steps=1)
+    quick = dict(layers=1, batch_size=4, runs=[1, 2], steps=2, repeats=1)
     return parse_video_args(p, argv, quick=quick)
 
 
@@ -79,39 +81,40 @@ def epsilons(num_runs: int) -> np.ndarray:
     return 0.05 * np.arange(1, num_runs + 1, dtype=np.float32)
 
 
+WAYS = ("one program", "steps outside", "one program, vmap")
+
+
 class OneProgram:
-    """R runs stacked in one state, stepped by one compiled vmapped program."""
+    """R runs stacked in one state, trained a chunk at a time by one compiled program."""
 
-    def __init__(self, compiled: Callable, states: Any, batch, key):
+    def __init__(self, compiled: Callable, states: Any, batch, key, steps: int):
         self.compiled, self.states, self.batch, self.key = compiled, states, batch, key
+        self.n = steps
 
-    def steps(self, n: int) -> float:
-        """Seconds per step of all R runs over ``n`` steps."""
+    def chunk(self) -> float:
+        """Seconds per step of all R runs over one chunk."""
         t0 = time.perf_counter()
-        for _ in range(n):
-            self.states, _ = self.compiled(self.states, self.batch, self.key)
+        self.states = self.compiled(self.states, self.batch, self.key)
         jax.block_until_ready(self.states)
-        return (time.perf_counter() - t0) / n
+        return (time.perf_counter() - t0) / self.n
 
     def run(self, r: int) -> Any:
         return jax.tree.map(lambda x: x[r], self.states)
 
 
 class Sequential:
-    """R separate states, each stepped by the same compiled single-run step, run after run."""
+    """R separate states, each trained by the same compiled single-run chunk, run after run."""
 
-    def __init__(self, compiled: Callable, states: list, batch, key):
+    def __init__(self, compiled: Callable, states: list, batch, key, steps: int):
         self.compiled, self.states, self.batch, self.key = compiled, states, batch, key
+        self.n = steps
 
-    def steps(self, n: int) -> float:
+    def chunk(self) -> float:
         t0 = time.perf_counter()
         for r in range(len(self.states)):
-            state = self.states[r]
-            for _ in range(n):
-                state, _ = self.compiled(state, self.batch, self.key)
-            self.states[r] = state
+            self.states[r] = self.compiled(self.states[r], self.batch, self.key)
         jax.block_until_ready(self.states)
-        return (time.perf_counter() - t0) / n
+        return (time.perf_counter() - t0) / self.n
 
     def run(self, r: int) -> Any:
         return self.states[r]
@@ -123,21 +126,37 @@ def setup_model(args, model_name: str, train_x, sigma, batch, key):
     params = setup.params
     eps_all = epsilons(max(args.runs))
 
+    n = args.steps
+
+    def scan_steps(state, batch, key):
+        """One run's chunk, as ``train_group`` scans it."""
+        return jax.lax.scan(lambda s, _: (setup.step(s, batch, key)[0], None), state, None, n)[0]
+
     t0 = time.perf_counter()
     single = (
-        jax.jit(setup.step, donate_argnums=0)
+        jax.jit(scan_steps, donate_argnums=0)
         .lower(setup.init(copy_tree(params)), batch, key)
         .compile()
     )
     single_compile = time.perf_counter() - t0
 
-    def program(how: str):
-        def stepped(states, batch, key):
-            return map_runs(lambda s: setup.step(s, batch, key), states, how=how)
+    def runs_outside(how: str):
+        def chunk(states, batch, key):
+            return map_runs(lambda s: scan_steps(s, batch, key), states, how=how)
 
-        return jax.jit(stepped, donate_argnums=0)
+        return jax.jit(chunk, donate_argnums=0)
 
-    programs = {"one program": program("auto"), "one program, vmap": program("vmap")}
+    def steps_outside(states, batch, key):
+        def one_step(states, _):
+            return map_runs(lambda s: setup.step(s, batch, key)[0], states), None
+
+        return jax.lax.scan(one_step, states, None, n)[0]
+
+    programs = {
+        "one program": runs_outside("auto"),
+        "steps outside": jax.jit(steps_outside, donate_argnums=0),
+        "one program, vmap": runs_outside("vmap"),
+    }
     make_states = jax.jit(jax.vmap(lambda e: setup.init(params, epsilon=e)))
 
     alternatives, compile_s, checks = {}, {}, []
@@ -149,20 +168,21 @@ def setup_model(args, model_name: str, train_x, sigma, batch, key):
             t0 = time.perf_counter()
             compiled = jitted.lower(states, batch, key).compile()
             compile_s[(setup.name, R, way)] = time.perf_counter() - t0
-            ways[way] = OneProgram(compiled, states, batch, key)
+            ways[way] = OneProgram(compiled, states, batch, key, n)
         compile_s[(setup.name, R, "sequential")] = single_compile
         seq = Sequential(
             single,
             [setup.init(copy_tree(params), epsilon=eps_all[r]) for r in range(R)],
             batch,
             key,
+            n,
         )
-        if args.check_steps > 0:
-            seq.steps(args.check_steps)
+        if args.check:
+            seq.chunk()
         for way, one in ways.items():
-            if args.check_steps <= 0:
+            if not args.check:
                 break
-            one.steps(args.check_steps)
+            one.chunk()
             diffs = np.concatenate(
                 [
                     np.abs(np.asarray(a) - np.asarray(b)).ravel()
@@ -209,7 +229,7 @@ def run(args: argparse.Namespace, lapack: str) -> None:
         f"video denoising, constrained: batch {args.batch_size}x{args.seq_len}x"
         f"{train_x.shape[-1]}, L = {args.layers}; sweep R = {args.runs} runs with "
         f"ε_r = 0.05·(r+1) (up to {epsilons(max(args.runs))[-1]:.2f}); {args.repeats} "
-        f"interleaved repetitions of {args.steps} steps of all R runs"
+        f"interleaved repetitions of one chunk ({args.steps} steps) of all R runs"
     )
     alternatives, compile_s, checks, names = {}, {}, [], []
     for model_name in args.models:
@@ -221,7 +241,7 @@ def run(args: argparse.Namespace, lapack: str) -> None:
         checks += chk
     if checks:
         print(
-            f"\nequal work: after {args.check_steps} steps from the same init, run r of the "
+            f"\nequal work: after one chunk ({args.steps} steps) from the same init, run r of the "
             "program vs sequential run r (max over r); spread = max over layers of "
             "(max - min over runs) of λ: the runs differ"
         )
@@ -237,12 +257,12 @@ def run(args: argparse.Namespace, lapack: str) -> None:
             ],
             checks,
         )
-    measures = {name: (lambda a=alt: a.steps(args.steps)) for name, alt in alternatives.items()}
+    measures = {name: alt.chunk for name, alt in alternatives.items()}
     ms = {name: 1e3 * s for name, s in time_alternatives(measures, args.repeats).items()}
     rows = []
     for model in names:
         for R in args.runs:
-            for way in ("one program", "one program, vmap", "sequential"):
+            for way in (*WAYS, "sequential"):
                 value = ms[(model, R, way)]
                 rows.append(
                     [
@@ -257,9 +277,10 @@ def run(args: argparse.Namespace, lapack: str) -> None:
                 )
     print(
         f"\nsteady state: median over {args.repeats} interleaved repetitions; ms/step = one "
-        "step of all R runs; compile s: the program for R (one per R and way), the single-run "
-        "step (compiled once, shared by every R); one program = cudt.loop.map_runs(how='auto'), "
-        f"on {jax.default_backend()}: "
+        "step of all R runs; compile s: the chunk program for R (one per R and way), the "
+        "single-run chunk (compiled once, shared by every R); one program = train_group's: "
+        f"cudt.loop.map_runs(how='auto') of each run's {args.steps} steps, on "
+        f"{jax.default_backend()}: "
         + ("the runs in turn (lax.map)" if jax.default_backend() == "cpu" else "jax.vmap")
     )
     print_table(
@@ -267,7 +288,7 @@ def run(args: argparse.Namespace, lapack: str) -> None:
     )
     for model in names:
         for R in args.runs:
-            for way in ("sequential", "one program, vmap"):
+            for way in ("sequential", *WAYS[1:]):
                 ratio = ms[(model, R, way)] / ms[(model, R, "one program")]
                 print(f"ratio {model} R={R}: {way} / one program = {ratio:.3g}")
     print(f"total wall {time.perf_counter() - t_total:.0f}s")

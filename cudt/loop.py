@@ -223,10 +223,12 @@ def train_group(
         keys, frozen, extras = shardings.put_runs((keys, frozen, extras))
         data = shardings.put_replicated(data)
 
-    def one_step(carry, _, data, keys, extras):
-        states, frozen = carry
+    def run_chunk(state, frozen, key, run, extra, data, n):
+        """``n`` steps of ONE run (a ``lax.scan``); a run whose watched metrics turn non-finite
+        is frozen: its state stays that of its last finite step."""
 
-        def run_step(state, key, run, extra):
+        def body(carry, _):
+            state, frozen = carry
             if with_data:
                 batch = make_batch(key, state.step, data, extra)
             else:
@@ -243,30 +245,16 @@ def train_group(
                     ),
                     batch,
                 )
-            return step_fn(state, batch, key)
+            new_state, metrics = step_fn(state, batch, key)
+            finite = jnp.ones((), bool)
+            for name in watch:
+                if name in metrics:
+                    finite &= jnp.all(jnp.isfinite(metrics[name]))
+            frozen = frozen | ~finite
+            new_state = jax.tree.map(lambda new, old: jnp.where(frozen, old, new), new_state, state)
+            return (new_state, frozen), metrics
 
-        new_states, metrics = map_runs(
-            run_step,
-            states,
-            keys,
-            jnp.arange(num_runs),
-            extras,
-            how=run_axis,
-            spmd_axis_name=None if shardings is None else shardings.run_axis,
-        )
-        finite = jnp.ones(frozen.shape, bool)
-        for name in watch:
-            if name in metrics:
-                m = metrics[name]
-                finite &= jnp.all(jnp.isfinite(m.reshape(m.shape[0], -1)), axis=1)
-        frozen = frozen | ~finite
-
-        def keep(new, old):
-            mask = frozen.reshape(frozen.shape + (1,) * (new.ndim - 1))
-            return jnp.where(mask, old, new)
-
-        new_states = jax.tree.map(keep, new_states, states)
-        return (new_states, frozen), metrics
+        return jax.lax.scan(body, (state, frozen), None, length=n)
 
     compiled: dict[int, Callable] = {}
 
@@ -274,8 +262,19 @@ def train_group(
         if n not in compiled:
 
             def f(states, frozen, data, keys, extras):
-                body = functools.partial(one_step, data=data, keys=keys, extras=extras)
-                return jax.lax.scan(body, (states, frozen), None, length=n)
+                # The runs map OUTSIDE the scan over steps: on CPU (``lax.map``) each run takes
+                # its n steps in turn with its own arrays hot in cache, as separate runs would
+                # (docs/speed.md §3c); vmapped, it is the same program as a scan of vmapped steps.
+                return map_runs(
+                    functools.partial(run_chunk, data=data, n=n),
+                    states,
+                    frozen,
+                    keys,
+                    jnp.arange(num_runs),
+                    extras,
+                    how=run_axis,
+                    spmd_axis_name=None if shardings is None else shardings.run_axis,
+                )
 
             compiled[n] = jax.jit(f, donate_argnums=(0,))
         return compiled[n]
@@ -288,7 +287,7 @@ def train_group(
     for end in chunk_boundaries(done, num_steps, chunk_steps, every):
         n = end - done
         (states, frozen), metrics = chunk_fn(n)(states, frozen, data, keys, extras)
-        metrics = fetch(metrics)  # [n, R, ...]
+        metrics = {k: np.swapaxes(v, 0, 1) for k, v in fetch(metrics).items()}  # [n, R, ...]
         if "multipliers" in metrics:
             with warnings.catch_warnings():  # a diverged run's NaN multipliers are expected
                 warnings.simplefilter("ignore", RuntimeWarning)

@@ -156,7 +156,7 @@ def test_sweep_vmap_prints_ratios_and_equal_work(bench, capsys):
         out,
         "model R way params max abs diff frac params > 0.0001 λ max abs diff λ spread over runs",
     )
-    ways = ["one program", "one program, vmap"]
+    ways = ["one program", "steps outside", "one program, vmap"]
     assert [(r.split()[1], " ".join(r.split()[2:-4])) for r in checks] == [
         (R, way) for R in ("1", "2") for way in ways
     ]
@@ -169,7 +169,7 @@ def test_sweep_vmap_prints_ratios_and_equal_work(bench, capsys):
     assert set(_ratios(out, "UT-1 ")) == {
         f"UT-1 R={r}: {way} / one program"
         for r in (1, 2)
-        for way in ("sequential", "one program, vmap")
+        for way in ("sequential", "steps outside", "one program, vmap")
     }
 
 

@@ -78,6 +78,31 @@ def test_chunked_vmapped_loop_equals_stepping_by_hand(run_axis):
     assert not result.diverged.any()
 
 
+def test_a_group_on_cpu_equals_its_runs_trained_alone_bit_for_bit():
+    """On CPU a group's program takes each run's chunk of steps in turn (map_runs outside the
+    scan): a sweep's run r is the run trained on its own, to the last bit, metrics included."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the looped program is the CPU default; accelerators vmap")
+    data = toy_data()
+    ws = [[1.0, 0.9], [0.8, 0.7], [1.1, 0.5]]
+
+    def make_batch(key, s):
+        return data[sample_indices(key, s, data.shape[0], 8)]
+
+    step, states, keys = make_group(ws)
+    group = train_group(step, states, keys, make_batch, 7, chunk_steps=3)
+    for r in range(len(ws)):
+        step, states, keys = make_group(ws[r : r + 1])
+        keys = keys.at[0].set(jax.random.key(r))
+        alone = train_group(step, states, keys, make_batch, 7, chunk_steps=3)
+        np.testing.assert_array_equal(group.states.params["w"][r], alone.states.params["w"][0])
+        np.testing.assert_array_equal(group.states.multipliers[r], alone.states.multipliers[0])
+        assert len(group.curves) == len(alone.curves) > 0
+        for h_group, h_alone in zip(group.curves, alone.curves, strict=True):
+            for name in ("objective", "multipliers"):
+                np.testing.assert_array_equal(h_group[name][r], h_alone[name][0])
+
+
 def test_map_runs_modes_agree_and_one_run_calls_the_function_itself():
     def fn(w, x):
         return {"y": jnp.tanh(w @ x), "s": jnp.sum(w)}
