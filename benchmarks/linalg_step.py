@@ -5,7 +5,8 @@ Run from the repository root:
     .venv/bin/python -m benchmarks.linalg_step              # UT-5 and DUST-5, batch 32; ~2 min
 
 The constrained step of the video setting (``VIDEO`` in ``benchmarks/_common.py``), jitted and
-donating, in two versions (DUST) or three (UT), interleaved over ``--repeats`` repetitions of ``--steps``:
+donating, in two versions (DUST) or three (UT), interleaved over ``--repeats`` repetitions of
+``--steps``:
 
 * DUST-5 (one dictionary per layer): ``DUST(linalg="lapack")``, the LISTA step sizes
   ``μ_l = ‖D_l‖²`` by ``eigvalsh`` and the dual-frame code by ``solve``, vs

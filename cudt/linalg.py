@@ -401,8 +401,9 @@ def clip_eigenvalues_matmul(
 
     Cost: a 64-step and a 32-step Lanczos run (one matrix-vector product a step), ``n x k``
     products, about 90 ``k x k`` products and a bisection: 1.9 ms for ``n = 256`` on one CPU
-    thread, where Newton–Schulz's 26 ``n x n`` products took 6.0 ms and ``eigh`` 3.6 ms
-    (docs/speed.md §1); the fallback pays the deflation attempt and Newton–Schulz.
+    thread, where Newton–Schulz's 26 ``n x n`` products took 9.9 ms and ``eigh`` 3.7 ms (6.0
+    and 3.6 on a quieter machine; docs/speed.md §1); a fallback pays the deflation attempt and
+    Newton–Schulz.
 
     ``method="newton_schulz"``: the skip test with :func:`gram_top_eigenvalue` of ``S`` (``S Sᵀ =
     S²``, same margin), then, with ``M = S²`` and the projector ``Π = step(M − c²)`` onto the

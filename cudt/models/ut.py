@@ -234,9 +234,9 @@ def ut_project(params: Any, clip: float = 0.95, method: str = "matmul") -> Any:
     ``method="eigh"``: LAPACK's symmetric eigensolver (``cudt.linalg.eigh``), exact; on a CPU it
     wants one OpenBLAS thread (``cudt.runner.cli.configure_process``): with OpenBLAS's default
     threads next to XLA's it took 100-700 ms per 256x256 call under load. Clipping alone, one
-    256x256 mid-training ``W̃_f``, one thread: default 1.9 ms, ``eigh`` 3.6 ms, Newton–Schulz
-    6.0 ms (docs/speed.md §1). Use another method as
-    ``functools.partial(ut_project, method="eigh")``.
+    256x256 mid-training ``W̃_f``, one thread: default 1.9 ms, ``eigh`` 3.7 ms, Newton–Schulz
+    9.9 ms; the UT-5 video step: 0.94x ``eigh``'s, Newton–Schulz 1.28x (docs/speed.md §1).
+    Use another method as ``functools.partial(ut_project, method="eigh")``.
 
     Contract: ``params`` is either one UT's own dict ``{"attn", "ffn", "bias"}`` or any nested
     dict holding such dicts, e.g. the full ``model.init`` output ``{"params": {...}}`` or a
