@@ -210,8 +210,9 @@ def build_video_model(
 
     ``linalg``: ``"default"`` (the library's defaults), ``"exact"`` (LAPACK: DUST's
     eigvalsh/solve, UT's eigh clipping) or ``"matmul"`` (matrix products only, see
-    ``cudt.linalg``). ``ut_clip`` (``"eigh"`` or ``"matmul"``) overrides the UT's clipping
-    alone. ``atoms_per_dim``: DUST's atoms per axis (default ``VIDEO``'s, 20).
+    ``cudt.linalg``). ``ut_clip`` (``ut_project``'s method: ``"eigh"``, ``"matmul"`` or
+    ``"newton_schulz"``) overrides the UT's clipping alone. ``atoms_per_dim``: DUST's atoms per
+    axis (default ``VIDEO``'s, 20).
     """
     if linalg not in ("default", "exact", "matmul"):
         raise ValueError(f"linalg must be default, exact or matmul, got {linalg!r}")

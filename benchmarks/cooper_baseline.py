@@ -25,11 +25,16 @@ Each PyTorch variant is timed with 1 thread and with torch's default number of t
 process (XLA's pool, torch's, OpenBLAS's) runs on n cores (``cpu_cores`` in ``_common.py``), so
 each comparison is n against n. DUST runs at K = 400 and 576 atoms (``--dust-atoms 20,24``).
 The eigendecompositions (UT's clipping, torch's DUST step sizes) use ``--lapack-threads`` on
-both sides; cudt's DUST uses its default matmul-only linear algebra (``cudt.linalg``). Before timing, the script checks that the implementations
-do the same work: per-sample layer losses on the same parameters, batch and noise (max abs
-difference), and two training steps from the same parameters and multipliers λ_l = 1 (so the
-dual step is exercised) compared after each step. Then all alternatives are interleaved over
-``--repeats`` repetitions of ``--steps`` steps and the median ms/step and their ratios printed.
+both sides; cudt's DUST uses its default matmul-only linear algebra (``cudt.linalg``). The UT
+has a fourth row, ``cudt, default clip``: cudt with ``ut_project``'s default clipping (Lanczos
+deflation, no LAPACK) instead of ``eigh``, what a user of the defaults runs; the torch side
+keeps ``torch.linalg.eigh``. Before timing, the script checks that the implementations do the
+same work: per-sample layer losses on the same parameters, batch and noise (max abs
+difference), two training steps from the same parameters and multipliers λ_l = 1 (so the dual
+step is exercised) compared after each step, and for the UT's default clipping 20 steps of
+cudt with it against cudt with ``eigh`` (the clip is active after the first few). Then all
+alternatives are interleaved over ``--repeats`` repetitions of ``--steps`` steps and the median
+ms/step and their ratios printed.
 """
 
 from __future__ import annotations
@@ -59,6 +64,9 @@ from benchmarks._common import (
 )
 from benchmarks.torch_baseline import TorchUT, torch_threads
 from cudt.data.video import perturb
+
+# the row of cudt with the UT's default clipping (the other cudt row clips by eigh, as torch)
+DEFAULT_CLIP = "cudt, default clip"
 
 # torch's own choice of intra-op threads, read before anything here changes it.
 TORCH_DEFAULT_THREADS = torch.get_num_threads()
@@ -320,6 +328,26 @@ def check_steps(setup, batch, key, eigh_threads: int, multipliers0: np.ndarray):
     return rows, first_call
 
 
+def check_default_clip(setup, default, batch, key, num_steps: int = 20) -> list:
+    """cudt with the UT's default clipping vs with ``eigh``: ``num_steps`` steps from the same
+    state, the worst relative layer-loss difference over the steps, the largest parameter
+    difference at the end, and how many eigenvalues ``eigh`` clipped at the last step."""
+    states = [s.init(copy_tree(s.params)) for s in (setup, default)]
+    worst = 0.0
+    for _ in range(num_steps):
+        (states[0], m_exact), (states[1], m_default) = (
+            s.step(state, batch, key) for s, state in zip((setup, default), states, strict=True)
+        )
+        exact, ours = np.asarray(m_exact["layer_loss"]), np.asarray(m_default["layer_loss"])
+        worst = max(worst, float(np.max(np.abs(ours - exact) / np.abs(exact))))
+    params = [jax.tree.map(np.asarray, s.params["params"]) for s in states]
+    diff = max(float(np.abs(params[0][k] - params[1][k]).max()) for k in params[0])
+    evals = np.linalg.eigvalsh(np.asarray(params[0]["ffn"], np.float64))
+    at_clip = int(np.sum(np.abs(np.abs(evals) - 0.95) < 1e-6))
+    ok = worst < 2e-3 and at_clip > 0
+    return [setup.name, num_steps, worst, diff, at_clip, "yes" if ok else "NO"]
+
+
 # --------------------------------------------------------------------------------------------------
 # Timing
 # --------------------------------------------------------------------------------------------------
@@ -350,12 +378,15 @@ def torch_block(step: Callable, clean: torch.Tensor, num_steps: int, threads: in
 
 def bench_model(
     args, model_name: str, train_x, sigma, atoms: int | None = None
-) -> tuple[list, list, list, list]:
-    # the UT's exact clipping, as the torch side's eigh: the same step on both sides (cudt's
-    # default matrix-product clipping costs 1.24x at one thread, docs/speed.md section 1)
+) -> tuple[list, list, list, list, list]:
+    # the UT's exact clipping, as the torch side's eigh: the same step on both sides; and the
+    # UT with its default clipping (Lanczos deflation), what a user of the defaults runs
     setup = make_video_setup(
         model_name, train_x, sigma, layers=args.layers, atoms_per_dim=atoms, ut_clip="eigh"
     )
+    default = None
+    if model_name == "ut":
+        default = make_video_setup(model_name, train_x, sigma, layers=args.layers)
     L = setup.config.num_layers
     batch = train_x[: args.batch_size]
     key = jax.random.key(0)
@@ -363,6 +394,7 @@ def bench_model(
     multipliers0 = np.ones(L, np.float32)
     loss_row = check_losses(setup, batch, key, args.lapack_threads)
     step_rows, first_call = check_steps(setup, batch, key, args.lapack_threads, multipliers0)
+    clip_rows = [] if default is None else [check_default_clip(setup, default, batch, key)]
     print(
         "  first call: "
         + "; ".join(f"{name} {seconds:.3g}s" for name, seconds in first_call.items())
@@ -388,6 +420,11 @@ def bench_model(
         alternatives[("cudt (jax.jit)", label)] = on_cores(
             n, lambda s=jax_steps: s.block(args.steps)
         )
+        if default is not None:
+            default_steps = JaxSteps(default.step, copy_tree(state), batch, key)
+            alternatives[(DEFAULT_CLIP, label)] = on_cores(
+                n, lambda s=default_steps: s.block(args.steps)
+            )
         for impl_name, impl in IMPLS.items():
             tstep = impl(
                 build_torch_model(setup, setup.params, args.lapack_threads),
@@ -403,7 +440,7 @@ def bench_model(
         over_hand = value / hand if impl_name == "torch + Cooper" and hand else "-"
         jax_ms = ms[("cudt (jax.jit)", threads)]
         speed.append([setup.name, impl_name, threads, value, value / jax_ms, over_hand])
-    return [loss_row], step_rows, speed, ms
+    return [loss_row], step_rows, clip_rows, speed, ms
 
 
 def main(argv=None) -> None:
@@ -425,12 +462,13 @@ def run(args: argparse.Namespace, lapack: str) -> None:
         f"eigenvalue clipping; DUST K = {', '.join(str(a * a) for a in args.dust_atoms)} atoms, one "
         "dictionary per layer"
     )
-    loss_rows, step_rows, speed_rows, all_ms = [], [], [], {}
+    loss_rows, step_rows, clip_rows, speed_rows, all_ms = [], [], [], [], {}
     runs = [(m, a) for m in args.models for a in (args.dust_atoms if m == "dust" else [None])]
     for model_name, atoms in runs:
-        losses, steps, speed, ms = bench_model(args, model_name, train_x, sigma, atoms)
+        losses, steps, clips, speed, ms = bench_model(args, model_name, train_x, sigma, atoms)
         loss_rows += losses
         step_rows += steps
+        clip_rows += clips
         speed_rows += speed
         all_ms[speed[0][0]] = ms
 
@@ -454,6 +492,16 @@ def run(args: argparse.Namespace, lapack: str) -> None:
         ],
         step_rows,
     )
+    if clip_rows:
+        print(
+            "\nequal work 3: cudt with the UT's default clipping (Lanczos deflation) vs with "
+            "eigh, the same steps from the same state (layer losses relative, max over the "
+            "steps; params after them; eigenvalues eigh left at ±0.95, i.e. the clip was active)"
+        )
+        print_table(
+            ["model", "steps", "layer loss rel", "params max abs", "at the clip", "match"],
+            clip_rows,
+        )
     print(
         f"\nsteady state: median ms/step over {args.repeats} interleaved repetitions of "
         f"{args.steps} steps (after one untimed block each)"
@@ -468,6 +516,12 @@ def run(args: argparse.Namespace, lapack: str) -> None:
                 jax_ms = ms[("cudt (jax.jit)", threads)]
                 print(
                     f"ratio {model}: {impl_name} [torch threads {threads}] / cudt = {value / jax_ms:.3g}"
+                )
+            default_ms = ms.get((DEFAULT_CLIP, threads))
+            if impl_name.startswith("torch") and default_ms:
+                print(
+                    f"ratio {model}: {impl_name} [torch threads {threads}] / {DEFAULT_CLIP} = "
+                    f"{value / default_ms:.3g}"
                 )
         for (impl_name, threads), value in ms.items():
             hand = ms.get(("torch hand-written", threads))

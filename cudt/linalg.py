@@ -19,8 +19,9 @@ derivative.
 Matmul-only methods (no LAPACK, no process setting needed, batched natively under ``vmap``),
 each with its error bound in its docstring: :func:`gram_top_eigenvalue` (Lanczos, DUST's
 ``‖D‖²``), :func:`spd_inverse` / :func:`spd_solve` (Newton–Schulz, DUST's dual-frame code),
-:func:`clip_eigenvalues_matmul` (Newton–Schulz sign and inverse square root, the UT's
-projection with ``method="matmul"``). See docs/speed.md for what they cost.
+:func:`clip_eigenvalues_matmul` (the UT's projection: Lanczos deflation of the eigenvalues
+past the clip, certified, else Newton–Schulz sign and inverse square root). See docs/speed.md
+for what they cost.
 """
 
 from __future__ import annotations
@@ -136,13 +137,44 @@ LANCZOS_STEPS = 32
 _RITZ_SQUARINGS = 20
 
 
-def _start_vector(n: int, dtype: Any) -> jax.Array:
-    # A fixed, generic start (no key needed; a constant of the compiled program): a
-    # low-discrepancy sequence centred on 0 has a non-zero component on every eigenvector of
-    # a generic matrix, unlike ones(n) (the patch mean), which a structured D may miss.
+# Two fixed, generic start vectors (no key needed; constants of the compiled program): a
+# low-discrepancy sequence centred on 0 has a non-zero component on every eigenvector of a
+# generic matrix, unlike ones(n) (the patch mean), which a structured D may miss. The second
+# (another irrational step) starts the clipping's certificate, which must not see only the
+# Krylov space the first one spanned.
+_START_SEQUENCES = ((0.6180339887498949, 3.0), (0.4142135623730951, 5.0))
+
+
+def _start_vector(n: int, dtype: Any, which: int = 0) -> jax.Array:
+    step, freq = _START_SEQUENCES[which]
     i = jnp.arange(1, n + 1, dtype=jnp.float32)
-    v = jnp.mod(i * 0.6180339887498949, 1.0) - 0.5 + 0.1 * jnp.cos(3.0 * i)
+    v = jnp.mod(i * step, 1.0) - 0.5 + 0.1 * jnp.cos(freq * i)
     return (v / jnp.linalg.norm(v)).astype(dtype)
+
+
+def _lanczos_basis(
+    matvec: Callable[[jax.Array], jax.Array], start: jax.Array, steps: int
+) -> jax.Array:
+    """``[steps, n]`` orthonormal rows spanning the Krylov space of the symmetric ``matvec``.
+
+    Full re-orthogonalisation, twice (float32 loses it otherwise). Once an invariant subspace
+    is found (the new vector only rounding, e.g. ``D Dᵀ = I``), the remaining rows are zero:
+    ``Q A Qᵀ`` stays the exact projection on the orthonormal rows, with zero rows and columns.
+    """
+    basis = jnp.zeros((steps, start.shape[-1]), start.dtype).at[0].set(start)
+
+    def body(i, basis):
+        q = jax.lax.dynamic_index_in_dim(basis, i, axis=0, keepdims=False)
+        w = matvec(q)
+        scale = jnp.linalg.norm(w)
+        for _ in range(2):
+            w = w - (basis @ w) @ basis
+        norm = jnp.linalg.norm(w)
+        found = norm <= 1e-5 * scale
+        w = jnp.where(found, 0.0, w / jnp.where(found, 1.0, norm))
+        return jax.lax.dynamic_update_index_in_dim(basis, w, i + 1, axis=0)
+
+    return jax.lax.fori_loop(0, steps - 1, body, basis)
 
 
 def gram_top_eigenvalue(d: jax.Array, steps: int = LANCZOS_STEPS) -> jax.Array:
@@ -176,33 +208,18 @@ def gram_top_eigenvalue(d: jax.Array, steps: int = LANCZOS_STEPS) -> jax.Array:
 
 
 def _lanczos_top(d: jax.Array, steps: int) -> jax.Array:
-    size, lead = d.shape[-2], d.shape[:-2]
+    size = d.shape[-2]
     steps = min(steps, size)
-    basis = jnp.zeros((*lead, steps, size), d.dtype)  # Q, one Lanczos vector per row
-    basis = basis.at[..., 0, :].set(_start_vector(size, d.dtype))
-
-    def body(i, basis):
-        q = jax.lax.dynamic_index_in_dim(basis, i, axis=-2, keepdims=False)
-        w = jnp.einsum("...pk,...k->...p", d, jnp.einsum("...pk,...p->...k", d, q))
-        scale = jnp.linalg.norm(w, axis=-1, keepdims=True)
-        for _ in range(2):  # full re-orthogonalisation, twice (float32 loses it otherwise)
-            w = w - jnp.einsum("...jp,...j->...p", basis, jnp.einsum("...jp,...p->...j", basis, w))
-        norm = jnp.linalg.norm(w, axis=-1, keepdims=True)
-        # An invariant subspace found (w only rounding, e.g. D Dᵀ = I): a zero row from here on,
-        # and T = Q D Dᵀ Qᵀ stays the exact projection on the orthonormal rows.
-        found = norm <= 1e-5 * scale
-        w = jnp.where(found, 0.0, w / jnp.where(found, 1.0, norm))
-        return jax.lax.dynamic_update_index_in_dim(basis, w, i + 1, axis=-2)
-
-    basis = jax.lax.fori_loop(0, steps - 1, body, basis)
-    qd = jnp.einsum("...jp,...pk->...jk", basis, d)
-    t = jnp.einsum("...jk,...ik->...ji", qd, qd)  # [..., k, k] = Q G Qᵀ, positive semidefinite
+    start = _start_vector(size, d.dtype)
+    basis = _lanczos_basis(lambda q: d @ (q @ d), start, steps)  # Q [k, P], for D Dᵀ
+    qd = basis @ d
+    t = qd @ qd.T  # [k, k] = Q D Dᵀ Qᵀ, positive semidefinite
     m = t
     for _ in range(_RITZ_SQUARINGS):
         m = m @ m
-        m = m / jnp.trace(m, axis1=-2, axis2=-1)[..., None, None]
-    v = jnp.einsum("...ij,...j->...i", m, _start_vector(steps, d.dtype))
-    return jnp.einsum("...i,...ij,...j->...", v, t, v) / jnp.sum(v * v, axis=-1)
+        m = m / jnp.trace(m)
+    v = m @ _start_vector(steps, d.dtype)
+    return (v @ t @ v) / jnp.sum(v * v)
 
 
 #: Newton–Schulz stops when ``‖I − A X‖_F`` falls below this, then takes one more step.
@@ -302,83 +319,226 @@ def _sign_newton_schulz(x: jax.Array, quintic_steps: int, cubic_steps: int) -> j
 #: Relative margin of the skip test of :func:`clip_eigenvalues_matmul`: the clipping is skipped
 #: only when the Lanczos estimate of ``‖S‖₂`` (a lower bound) is at most ``(1 − margin)·clip``.
 CLIP_SKIP_MARGIN = 1e-3
+#: Lanczos steps on ``S`` of the deflation (``method="lanczos"``): its Krylov space, and how
+#: many Ritz pairs past the clip it deflates at most (a quarter of it; more: Newton–Schulz).
+CLIP_LANCZOS_STEPS = 64
+#: Lanczos steps on the deflated matrix of the deflation's certificate (a second start vector).
+CLIP_CHECK_STEPS = 32
+#: Relative tolerance of the deflation's certificate (the error bound in
+#: :func:`clip_eigenvalues_matmul`); beyond it the Newton–Schulz clipping runs instead.
+CLIP_DEFLATION_TOL = 1e-5
+#: What ``clip_eigenvalues_matmul(..., return_path=True)`` reports, by index.
+CLIP_PATHS = ("skipped", "deflated", "newton_schulz")
+# Newton–Schulz steps of the k x k sign functions of the deflation: 3.44^10 resolves a Ritz
+# value 3e-6 from the clip (at ‖T‖₂ + c ≈ 2), the cubic steps then converge to float32.
+_DEFLATION_SIGN_STEPS = (10, 4)
 
 
 def clip_eigenvalues_matmul(
     sym: jax.Array,
     clip: float,
     *,
+    method: str = "lanczos",
     quintic_steps: int = 4,
     cubic_steps: int = 3,
     rsqrt_steps: int = 2,
     margin: float = CLIP_SKIP_MARGIN,
-) -> jax.Array:
+    tol: float = CLIP_DEFLATION_TOL,
+    return_path: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """``sym [..., n, n]`` (symmetric) with its eigenvalues clipped to ``[−clip, clip]``, by matmuls.
 
-    No LAPACK: matrix products, a Lanczos estimate of ``‖S‖₂`` and a ``lax.cond``. Leading axes
-    (and ``vmap`` axes) are run one matrix at a time on CPU (``lax.map``, as the LAPACK wrappers
-    above), so each matrix's skip test stays a real branch; elsewhere they are batched natively
-    (the ``cond`` becomes a select: both branches run, the result is the same).
+    No LAPACK: matrix products, Lanczos runs, a bisection on a ``k x k`` tridiagonal matrix and
+    ``lax.cond``. Leading axes (and ``vmap`` axes) are run one matrix at a time on CPU
+    (``lax.map``, as the LAPACK wrappers above), so each matrix's branches stay real branches;
+    elsewhere they are batched natively (the conds become selects: every branch runs, the
+    result is the same). ``return_path=True`` also returns, per matrix, which path ran, as an
+    index into ``CLIP_PATHS``: 0 skipped, 1 deflated, 2 Newton–Schulz.
 
-    Skip: the Lanczos estimate ``ρ`` of ``‖S‖₂`` (:func:`gram_top_eigenvalue` of ``S``, since
-    ``S Sᵀ = S²``) is a lower bound, so the clipping is skipped, and ``sym`` returned bit-exact,
-    only when ``ρ ≤ (1 − margin)·clip`` (``margin`` 1e-3 by default). The skip is wrong only if
-    Lanczos underestimates ``‖S‖₂`` by more than the margin: its error is bounded by
-    Kaniel–Paige (:func:`gram_top_eigenvalue`; measured ≤ 1e-5 relative even on nearly flat
-    spectra, 100x below the margin), but it is unbounded for a matrix whose top eigenvector is
-    (nearly) orthogonal to the fixed start vector. Without the margin a matrix just past the clip
-    whose estimate falls just short of it would be returned unclipped (tests/test_linalg.py).
+    ``method="lanczos"`` (the default; ``c = clip``, ``S = sym``, ``tol`` 1e-5):
 
-    Clipping: with ``M = S²`` and the projector ``Π = step(M − c²)`` onto the eigenvectors of
-    ``|λ| > c``, the clipped matrix is ``S·(I + Π(c·M^(−1/2) − I))``: every factor a polynomial
-    in ``S``. ``Π = (I + sign(A))/2`` with ``A = (M − c²I)/ν`` (``ν = max(1.02ρ² − c², c²)``),
-    the sign by 4 quintic and 3 cubic Newton–Schulz steps; ``c·M^(−1/2)`` by Newton's
-    inverse square root from ``I`` (2 steps after a free first one; it stays below
-    ``c/|λ|``, so clipped eigenvalues never overshoot ``c``).
+    1. Lanczos on ``S`` from a fixed start vector: ``k = 64`` steps with full
+       re-orthogonalisation (``Q [k, n]``, orthonormal rows), ``T = Q S Qᵀ`` and its Ritz
+       values ``θ_i`` (Sturm bisection on its tridiagonal part,
+       ``jax.scipy.linalg.eigh_tridiagonal``, plain jax operations).
+    2. Skip: ``ρ = max|θ_i|`` is a lower bound of ``‖S‖₂``; when ``ρ ≤ (1 − margin)·c``
+       (``margin`` 1e-3) ``sym`` is returned bit-exact. The skip is wrong only if Lanczos
+       underestimates ``‖S‖₂`` by more than the margin: bounded by Kaniel–Paige (see
+       :func:`gram_top_eigenvalue`), unbounded for a matrix whose top eigenvector is (nearly)
+       orthogonal to the start vector. Without the margin a matrix just past the clip whose
+       estimate falls just short of it would be returned unclipped (tests/test_linalg.py).
+    3. Deflation: ``S' = S − Σ (θ_i − c·sign θ_i) u_i u_iᵀ`` over the Ritz pairs with
+       ``|θ_i| > e = (1 + tol/2)·c``, ``u_i = Qᵀ y_i`` the Ritz vectors, computed as
+       ``S − Qᵀ g(T) Q`` with ``g(T) = (T − cI)·step(T − eI) + (T + cI)·step(−T − eI)``, the
+       steps by Newton–Schulz signs of ``(T ∓ eI)/(1.01ρ + e)`` (10 quintic and 4 cubic steps
+       on ``k x k`` matrices: exact to float32 for Ritz values at least ~3e-6 from ``±e``,
+       partial closer to it). Eigenvalues less than ``tol·c/2`` past the clip are left where
+       they are: a Krylov space holds one direction of a cluster, and eigenvalues sit in a
+       cluster at the clip after every projection. More than ``k/4`` Ritz pairs to deflate:
+       Newton–Schulz instead (the Krylov space cannot hold so many eigenvectors accurately).
+    4. Certificate, else Newton–Schulz on ``S`` (``method="newton_schulz"`` below, its skip
+       estimate replaced by ``ρ``): ``S'`` is returned only if (a) the residual of the
+       deflated Ritz pairs, ``r = ‖(S Qᵀ − Qᵀ T) Π‖_F`` (``Π = step(|T| − eI)``; computed
+       explicitly, so it includes the rounding of the Lanczos recurrence), satisfies
+       ``2√2·r ≤ tol·c``, and (b) a second Lanczos run (32 steps) on ``S'`` from another start
+       vector estimates ``‖S'‖₂ ≤ (1 + tol)·c``. (b) is what catches eigenvectors that the
+       first Krylov space missed (tests/test_linalg.py).
 
-    Error bound, per eigenvalue ``λ`` at distance ``δ = ||λ| − c|`` from the boundary: the
-    projector is exact to float32 once ``2cδ/ν ≥ 3.44⁻⁴ ≈ 0.007``, i.e. ``δ ≥ 0.0033`` while
-    ``‖S‖₂ ≤ 1.37c`` (``ν = c²``); closer to the boundary the result lies between ``λ`` and
-    ``c·sign(λ)``, so the error is below ``δ``. The inverse square root is exact to ~1e-6 for
-    ``‖S‖₂ ≤ 1.4c`` (the regime after an optimiser step from a feasible point); beyond it the
-    result stays feasible but clips more than needed. Cost: 26 ``n x n`` matmuls when the clip
-    is active, one Lanczos run (about one matmul) when it is skipped.
+    Error bound of a deflated result. Let ``U`` hold the deflated Ritz vectors, ``B`` the
+    compression of ``S`` onto their orthogonal complement and ``Ŝ`` the matrix ``S`` without
+    the coupling ``(I − UUᵀ) S U`` between them (``‖S − Ŝ‖_F = √2·r``). ``span U`` is invariant
+    under ``Ŝ``, so ``clip(Ŝ) = S' − (S − Ŝ) − g(B)`` (``g(B) = B − clip(B)`` on the
+    complement), and the clipping, the Frobenius projection onto ``{‖X‖₂ ≤ c}``, is
+    1-Lipschitz in the Frobenius norm: ``‖S' − clip(S)‖_F ≤ 2√2·r + ‖g(B)‖_F ≤ tol·c +
+    ‖g(B)‖_F``, with no assumption on eigenvalue gaps. ``g(B)`` holds the eigenvalues past
+    the clip that were not deflated; each is at most ``‖S'‖₂ − c``, which (b) bounds by
+    ``tol·c`` if the second Lanczos estimate is accurate to ``tol``: a lower bound, so this part
+    is an estimate of the same kind as the skip test's, not a proof (the deflation's own part
+    is). Newton–Schulz's resolution adds ≤ 3e-6 per Ritz value within it of ``±e``. Measured
+    against ``eigh`` (tests/test_linalg.py, docs/speed.md §1): ≤ 4.2e-7 max abs on 160 matrices
+    of the video training, ≤ 1e-6 on synthetic spectra it deflates. A fallback result has
+    Newton–Schulz's bound (below).
+
+    Cost: a 64-step and a 32-step Lanczos run (one matrix-vector product a step), ``n x k``
+    products, about 90 ``k x k`` products and a bisection: 1.9 ms for ``n = 256`` on one CPU
+    thread, where Newton–Schulz's 26 ``n x n`` products took 9.9 ms and ``eigh`` 3.7 ms (6.0
+    and 3.6 on a quieter machine; docs/speed.md §1); a fallback pays the deflation attempt and
+    Newton–Schulz.
+
+    ``method="newton_schulz"``: the skip test with :func:`gram_top_eigenvalue` of ``S`` (``S Sᵀ =
+    S²``, same margin), then, with ``M = S²`` and the projector ``Π = step(M − c²)`` onto the
+    eigenvectors of ``|λ| > c``, the clipped matrix is ``S·(I + Π(c·M^(−1/2) − I))``: every
+    factor a polynomial in ``S``. ``Π = (I + sign(A))/2`` with ``A = (M − c²I)/ν``
+    (``ν = max(1.02ρ² − c², c²)``), the sign by 4 quintic and 3 cubic Newton–Schulz steps;
+    ``c·M^(−1/2)`` by Newton's inverse square root from ``I`` (2 steps after a free first one;
+    it stays below ``c/|λ|``, so clipped eigenvalues never overshoot ``c``). Error bound, per
+    eigenvalue ``λ`` at distance ``δ = ||λ| − c|`` from the boundary: the projector is exact
+    to float32 once ``2cδ/ν ≥ 3.44⁻⁴ ≈ 0.007``, i.e. ``δ ≥ 0.0033`` while ``‖S‖₂ ≤ 1.37c``
+    (``ν = c²``); closer to the boundary the result lies between ``λ`` and ``c·sign(λ)``, so
+    the error is below ``δ``. The inverse square root is exact to ~1e-6 for ``‖S‖₂ ≤ 1.4c``
+    (the regime after an optimiser step from a feasible point); a matrix far past the clip is
+    first clipped to ``‖S‖₂/1.3`` until it is in that regime. Cost: 26 ``n x n`` matmuls when
+    the clip is active, one Lanczos run (about one matmul) when it is skipped.
     """
     s = jnp.asarray(sym, jnp.float32)
     if s.ndim < 2 or s.shape[-1] != s.shape[-2]:
         raise ValueError(f"expected square matrices [..., n, n], got {s.shape}")
+    if method not in ("lanczos", "newton_schulz"):
+        raise ValueError(f"method must be 'lanczos' or 'newton_schulz', got {method!r}")
     steps = (quintic_steps, cubic_steps, rsqrt_steps)
 
-    def one(m: jax.Array) -> jax.Array:
+    def one(m: jax.Array) -> tuple[jax.Array, jax.Array]:
+        if method == "lanczos":
+            return _clip_lanczos(m, float(clip), float(margin), float(tol), steps)
         return _clip_one(m, float(clip), float(margin), steps)
 
     # always through the custom_vmap rule: under an outer vmap (runs) a 2-D tracer is batched
-    return _unbatched(one, (2,))(s)
+    out, path = _unbatched(one, (2,))(s)
+    return (out, path) if return_path else out
 
 
-def _clip_one(s: jax.Array, clip: float, margin: float, steps: tuple[int, int, int]) -> jax.Array:
+def _clip_one(
+    s: jax.Array, clip: float, margin: float, steps: tuple[int, int, int]
+) -> tuple[jax.Array, jax.Array]:
     c2 = jnp.float32(clip) ** 2
     rho2 = gram_top_eigenvalue(s)  # max λ² (S Sᵀ = S²), a lower bound
     skip = rho2 <= jnp.float32((1.0 - margin) * clip) ** 2
+    return jax.lax.cond(
+        skip,
+        lambda m: (m, jnp.int32(0)),
+        lambda m: (_clip_newton_schulz(m, c2, rho2, steps), jnp.int32(2)),
+        s,
+    )
 
-    def active(m: jax.Array) -> jax.Array:
-        # Far past the clip (‖S‖₂ > 1.37c: a random init, a large step) the sign's resolution
-        # (∝ ν) and the inverse square root's start degrade: first clip to c' = ‖S‖₂/1.3 > c,
-        # which lies in the regime, until ‖S‖₂ ≤ 1.37c. It leaves eigenvalues below c' where
-        # they are or moves them towards c' (never below c), so the final clip to c is the same.
-        def far(carry):
-            _, r2, i = carry
-            return (r2 > _CLIP_REGIME**2 * c2) & (i < _CLIP_MAX_PASSES)
 
-        def pre_pass(carry):
-            m, r2, i = carry
-            m = _clip_active(m, r2 / 1.3**2, r2, *steps)
-            return m, gram_top_eigenvalue(m), i + 1
+def _clip_newton_schulz(
+    m: jax.Array, c2: jax.Array, rho2: jax.Array, steps: tuple[int, int, int]
+) -> jax.Array:
+    # Far past the clip (‖S‖₂ > 1.37c: a random init, a large step) the sign's resolution
+    # (∝ ν) and the inverse square root's start degrade: first clip to c' = ‖S‖₂/1.3 > c,
+    # which lies in the regime, until ‖S‖₂ ≤ 1.37c. It leaves eigenvalues below c' where
+    # they are or moves them towards c' (never below c), so the final clip to c is the same.
+    def far(carry):
+        _, r2, i = carry
+        return (r2 > _CLIP_REGIME**2 * c2) & (i < _CLIP_MAX_PASSES)
 
-        m, r2, _ = jax.lax.while_loop(far, pre_pass, (m, rho2, jnp.int32(0)))
-        return _clip_active(m, c2, r2, *steps)
+    def pre_pass(carry):
+        m, r2, i = carry
+        m = _clip_active(m, r2 / 1.3**2, r2, *steps)
+        return m, gram_top_eigenvalue(m), i + 1
 
-    return jax.lax.cond(skip, lambda m: m, active, s)
+    m, r2, _ = jax.lax.while_loop(far, pre_pass, (m, rho2, jnp.int32(0)))
+    return _clip_active(m, c2, r2, *steps)
+
+
+def _lanczos_ritz(
+    s: jax.Array, start: jax.Array, steps: int
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``(Q [k, n], Q S [k, n], T = Q S Qᵀ [k, k], Ritz values [k])`` of a symmetric ``s``."""
+    from jax.scipy.linalg import eigh_tridiagonal
+
+    basis = _lanczos_basis(lambda q: s @ q, start, steps)
+    qs = basis @ s
+    t = qs @ basis.T
+    t = 0.5 * (t + t.T)
+    # T is tridiagonal up to rounding (full re-orthogonalisation): bisection on that part
+    theta = eigh_tridiagonal(jnp.diagonal(t), jnp.diagonal(t, 1), eigvals_only=True)
+    return basis, qs, t, theta
+
+
+def _clip_lanczos(
+    s: jax.Array, clip: float, margin: float, tol: float, steps: tuple[int, int, int]
+) -> tuple[jax.Array, jax.Array]:
+    n = s.shape[-1]
+    k = min(CLIP_LANCZOS_STEPS, n)
+    c = jnp.float32(clip)
+    basis, qs, t, theta = _lanczos_ritz(s, _start_vector(n, s.dtype), k)
+    rho = jnp.max(jnp.abs(theta))  # a lower bound of ‖S‖₂
+    # Ritz values within tol·c/2 past the clip are left: a Krylov space resolves a cluster at
+    # the clip (where the previous step's clipping put the eigenvalues) only to about its width
+    num_deflated = jnp.sum(jnp.abs(theta) > (1.0 + 0.5 * tol) * c)
+    path = jnp.where(rho <= (1.0 - margin) * c, 0, jnp.where(num_deflated > k // 4, 2, 1))
+
+    def newton_schulz(m):
+        return _clip_newton_schulz(m, c**2, rho**2, steps), jnp.int32(2)
+
+    def deflated(m):
+        out, certified = _deflate(m, basis, qs, t, rho, num_deflated, c, tol)
+        return jax.lax.cond(certified, lambda m: (out, jnp.int32(1)), newton_schulz, m)
+
+    return jax.lax.switch(path, (lambda m: (m, jnp.int32(0)), deflated, newton_schulz), s)
+
+
+def _deflate(
+    s: jax.Array,
+    basis: jax.Array,
+    qs: jax.Array,
+    t: jax.Array,
+    rho: jax.Array,
+    num_deflated: jax.Array,
+    c: jax.Array,
+    tol: float,
+) -> tuple[jax.Array, jax.Array]:
+    """``(S − Qᵀ g(T) Q, certified)``: see :func:`clip_eigenvalues_matmul`, steps 3 and 4."""
+    k, n = basis.shape
+    eye = jnp.eye(k, dtype=t.dtype)
+    edge = (1.0 + 0.5 * tol) * c  # deflate the Ritz pairs with |θ| > edge
+    sign_scale = 1.01 * rho + edge  # ≥ ‖T ∓ edge·I‖₂
+    signs = _sign_newton_schulz(
+        jnp.stack([t - edge * eye, t + edge * eye]) / sign_scale, *_DEFLATION_SIGN_STEPS
+    )
+    above, below = eye + signs[0], eye - signs[1]  # 2·step(T − edge), 2·step(−T − edge)
+    excess = 0.5 * ((t - c * eye) @ above + (t + c * eye) @ below)  # T − clip(T), there
+    excess = 0.5 * (excess + excess.T)
+    proj = 0.5 * (above + below)  # Π, onto the deflated Ritz vectors
+    residual = jnp.linalg.norm((qs.T - basis.T @ t) @ proj)  # ‖(S Qᵀ − Qᵀ T) Π‖_F
+    out = s - basis.T @ (excess @ basis)
+    out = jnp.where(num_deflated > 0, 0.5 * (out + out.T), s)
+    theta = _lanczos_ritz(out, _start_vector(n, s.dtype, 1), min(CLIP_CHECK_STEPS, n))[3]
+    certified = (2.0 * 2.0**0.5 * residual <= tol * c) & (
+        jnp.max(jnp.abs(theta)) <= (1.0 + tol) * c
+    )
+    return out, certified
 
 
 _CLIP_REGIME = 1.37  # ‖S‖₂ / c up to which one pass of _clip_active is accurate

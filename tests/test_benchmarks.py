@@ -119,10 +119,14 @@ def test_cooper_baseline_prints_ratios_and_equal_work(bench, capsys):
         "frac params > 0.0001 match",
     )
     assert len(steps) == 4 and all(r.split()[-1] == "yes" for r in steps)
+    clip = _table(out, "model steps layer loss rel params max abs at the clip match")
+    assert [r.split()[0] for r in clip] == ["UT-1"] and clip[0].split()[-1] == "yes"
     speed = _table(out, "model impl threads ms/step this / cudt Cooper / hand")
-    assert len(speed) == 2 * 6  # (cudt, Cooper, hand) x (1 thread, default) per model
+    # (cudt, Cooper, hand) x (1 thread, default) per model, and the UT's default clipping
+    assert len(speed) == 2 * 6 + 2
     ratios = _ratios(out, "UT-1: ")
     assert "UT-1: torch + Cooper [torch threads 1] / cudt" in ratios
+    assert "UT-1: torch + Cooper [torch threads 1] / cudt, default clip" in ratios
     assert "UT-1: torch + Cooper / torch hand-written [torch threads 1]" in ratios
     assert len(_ratios(out, "DUST-1: ")) == 6
 
@@ -260,8 +264,12 @@ def test_linalg_step_prints_errors_and_ratios(bench, capsys):
     out = capsys.readouterr().out
     _check_header(out, "linalg_step")
     acc = _table(out, "model quantity max error (relative for μ and the encoder)")
-    assert len(acc) == 3 and all(float(r.split()[-1]) < 1e-4 for r in acc)
-    assert set(_ratios(out, "")) == {"UT-2: matmul only / LAPACK", "DUST-2: matmul only / LAPACK"}
+    assert len(acc) == 4 and all(float(r.split()[-1]) < 1e-4 for r in acc)
+    assert set(_ratios(out, "")) == {
+        "UT-2: Newton–Schulz / LAPACK",
+        "UT-2: Lanczos (default) / LAPACK",
+        "DUST-2: matmul only / LAPACK",
+    }
 
 
 def test_imported_step_runs_fresh_processes_without_changing_settings(bench, capsys):

@@ -286,15 +286,23 @@ def test_default_clip_vmapped_runs_some_active_some_not():
         assert np.abs(np.linalg.eigvalsh(out[run])).max() <= 0.95 + 2e-4
     if jax.default_backend() == "cpu":
         assert "conditional(" in jax.jit(jax.vmap(ut_project)).lower(tree).compile().as_text()
+    # each run took its own path: skipped, deflated (12 past the clip), Newton–Schulz (64 past)
+    clip = jax.jit(jax.vmap(lambda m: linalg.clip_eigenvalues_matmul(m, 0.95, return_path=True)))
+    _, paths = clip(0.5 * (ffn + jnp.swapaxes(ffn, -1, -2)))
+    assert [linalg.CLIP_PATHS[int(p)] for p in paths] == ["skipped", "deflated", "newton_schulz"]
+    # Newton–Schulz stays reachable as an explicit method, vmapped too
+    ns = jax.jit(jax.vmap(functools.partial(ut_project, method="newton_schulz")))(tree)["ffn"]
+    np.testing.assert_array_equal(ns[0], ffn[0])
+    np.testing.assert_allclose(ns[1:], out[1:], atol=2e-3)
 
 
-def _ut_training(lr: float, project, steps: int = 8):
+def _ut_training(lr: float, project, steps: int = 8, dim: int = 32):
     import optax
 
     import cudt
 
-    x = jnp.asarray(np.random.default_rng(0).uniform(0, 1, size=(4, 6, 32)), jnp.float32)
-    model = UT(num_layers=2, dim=32)
+    x = jnp.asarray(np.random.default_rng(0).uniform(0, 1, size=(4, 6, dim)), jnp.float32)
+    model = UT(num_layers=2, dim=dim)
     params = model.init(jax.random.key(0), x)
 
     def losses(p, batch, key):
@@ -341,3 +349,135 @@ def test_ut_project_default_inactive_clip_is_bit_exact_through_training():
     np.testing.assert_array_equal(trace, trace_eigh)
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params_eigh), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_ut_project_default_deflates_through_training_at_full_width():
+    """The same at the video model's width (256 > the 64-step Krylov space) and learning rate
+    (1e-3): the default deflates the Ritz pairs past the clip at every step (no fallback) and
+    the losses stay with eigh's."""
+    paths = []
+
+    def project(params):
+        ffn = params["params"]["ffn"]
+        _, path = linalg.clip_eigenvalues_matmul(0.5 * (ffn + ffn.T), 0.95, return_path=True)
+        jax.debug.callback(lambda p: paths.append(int(p)), path)
+        return ut_project(params)
+
+    trace, params = _ut_training(1e-3, project, dim=256)
+    trace_eigh, _ = _ut_training(1e-3, functools.partial(ut_project, method="eigh"), dim=256)
+    assert [linalg.CLIP_PATHS[p] for p in paths] == ["deflated"] * 8
+    evals = np.linalg.eigvalsh(np.asarray(params["params"]["ffn"], np.float64))
+    assert evals.min() < -0.95 + 1e-5 and np.abs(evals).max() <= 0.95 * (1 + 1e-5)
+    np.testing.assert_allclose(trace, trace_eigh, rtol=2e-3)
+
+
+# ------------------------------------------------------- the default clipping: Lanczos deflation
+
+_C = 0.95
+# The video UT's W̃_f before its projection at step 395 of the default training (measured):
+# 10 eigenvalues past the clip by these amounts, 4 just inside, a tail and a tight bulk.
+_TRAINING_EXCESS = np.array(
+    [0.126, 4.0e-3, 2.3e-3, 1.15e-3, 8.8e-4, 5.1e-4, 3.1e-4, 2.3e-4, 1e-4, 4e-5]
+)
+_TRAINING = np.r_[
+    -_C - _TRAINING_EXCESS,
+    [-0.9496, -0.9493, -0.9473, -0.9454],
+    np.linspace(-0.945, -0.895, 25),
+    np.linspace(-0.892, -0.8837, 217),
+]
+
+
+@pytest.mark.parametrize(
+    ("eigenvalues", "path", "tol"),
+    [
+        (_TRAINING, "deflated", 1e-6),
+        # the same with one eigenvalue 1.4e-6 past the clip (the smallest excess measured)
+        (np.r_[_TRAINING[:-1], -_C - 1.4e-6], "deflated", 2e-6),
+        # past the clip on both sides, two clusters inside
+        (
+            np.r_[
+                -_C - np.array([0.1, 0.01, 1e-3]),
+                _C + np.array([0.2, 0.02, 2e-4]),
+                np.linspace(-0.5, -0.45, 125),
+                np.linspace(0.3, 0.35, 125),
+            ],
+            "deflated",
+            1e-6,
+        ),
+        # a cluster of width 4e-6 straddling the clip: one Krylov space holds one direction of
+        # it, the rest stays within the band tol·c/2 past the clip that the deflation leaves
+        (
+            np.r_[_C + np.linspace(-2e-6, 2e-6, 9), -1.0, np.linspace(-0.5, 0.5, 246)],
+            "deflated",
+            5e-6,
+        ),
+        # far past, a few: deflation does not care how far
+        (np.r_[-2.5, 1.8, np.linspace(-0.9, 0.9, 254)], "deflated", 1e-6),
+        # a cluster of width 2e-4 straddling the clip: not resolved, residuals too large
+        (
+            np.r_[_C + np.linspace(-1e-4, 1e-4, 9), -1.0, np.linspace(-0.5, 0.5, 246)],
+            "newton_schulz",
+            1e-4,
+        ),
+        # a spread spectrum: 20 past the clip by 1e-5..0.1 next to a continuum inside
+        (
+            np.r_[-_C - np.geomspace(1e-5, 0.1, 20), np.linspace(-0.94, 0.5, 236)],
+            "newton_schulz",
+            1e-4,
+        ),
+        # more past the clip (40) than the Krylov space can deflate (k/4 = 16)
+        (
+            np.r_[-_C - np.linspace(1e-3, 0.2, 40), np.linspace(-0.9, 0.9, 216)],
+            "newton_schulz",
+            1e-4,
+        ),
+    ],
+)
+def test_clip_deflation_matches_eigh_or_falls_back(eigenvalues, path, tol):
+    s = _spectrum_matrix(eigenvalues)
+    clip = jax.jit(lambda m: linalg.clip_eigenvalues_matmul(m, _C, return_path=True))
+    out, taken = clip(s)
+    assert linalg.CLIP_PATHS[int(taken)] == path
+    w, v = np.linalg.eigh(np.asarray(s, np.float64))
+    exact = (v * np.clip(w, -_C, _C)) @ v.T
+    assert np.abs(np.asarray(out, np.float64) - exact).max() < tol
+    evals = np.linalg.eigvalsh(np.asarray(out, np.float64))
+    slack = _C * linalg.CLIP_DEFLATION_TOL if path == "deflated" else 2e-4
+    assert np.abs(evals).max() <= _C + slack
+    # ut_project's default is this clipping (of the symmetric part, unjitted: to rounding)
+    projected = ut_project({"attn": s, "ffn": s, "bias": s[0]})["ffn"]
+    np.testing.assert_allclose(projected, out, atol=tol)
+
+
+def test_clip_deflation_falls_back_on_a_random_init():
+    """A xavier-uniform W̃_f (the text classifier's init): ‖S‖₂ ≈ 1.5·clip with ~54 of 256
+    eigenvalues past it, on a continuum: Newton–Schulz, with its far-past pre-passes."""
+    rng = np.random.default_rng(5)
+    w = rng.uniform(-np.sqrt(6 / 512), np.sqrt(6 / 512), size=(256, 256))
+    s = jnp.asarray(0.5 * (w + w.T), jnp.float32)
+    out, taken = jax.jit(lambda m: linalg.clip_eigenvalues_matmul(m, _C, return_path=True))(s)
+    assert linalg.CLIP_PATHS[int(taken)] == "newton_schulz"
+    ev, v = np.linalg.eigh(np.asarray(s, np.float64))
+    assert 1.4 < np.abs(ev).max() / _C < 1.6 and np.sum(np.abs(ev) > _C) > 40
+    exact = (v * np.clip(ev, -_C, _C)) @ v.T
+    assert np.abs(np.asarray(out, np.float64) - exact).max() < 2e-3
+
+
+def test_clip_deflation_certificate_catches_what_the_krylov_space_missed():
+    """The first Lanczos start vector is an eigenvector inside the clip (eigenvalue −0.9497):
+    the first Krylov space is that vector alone, nothing is deflated, and only the second
+    Lanczos run (another start vector) sees the eigenvalue −0.96: Newton–Schulz runs. With
+    ``tol=0`` nothing is ever certified: the fallback runs, and clips as well."""
+    n = 64
+    start = np.asarray(linalg._start_vector(n, jnp.float32), np.float64)
+    q, _ = np.linalg.qr(np.c_[start, np.random.default_rng(0).normal(size=(n, n - 1))])
+    s = _spectrum_matrix_from(q, np.r_[-0.9497, -0.96, np.linspace(-0.9, 0.5, n - 2)])
+    out, taken = linalg.clip_eigenvalues_matmul(s, _C, return_path=True)
+    assert linalg.CLIP_PATHS[int(taken)] == "newton_schulz"
+    assert np.linalg.eigvalsh(np.asarray(out, np.float64)).min() >= -_C - 1e-5
+
+    s = _spectrum_matrix(_TRAINING)
+    out, taken = linalg.clip_eigenvalues_matmul(s, _C, tol=0.0, return_path=True)
+    assert linalg.CLIP_PATHS[int(taken)] == "newton_schulz"
+    w, v = np.linalg.eigh(np.asarray(s, np.float64))
+    assert np.abs(np.asarray(out, np.float64) - (v * np.clip(w, -_C, _C)) @ v.T).max() < 5e-5
