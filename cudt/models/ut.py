@@ -160,7 +160,7 @@ class UT(nn.Module):
 
 
 # ut_project's matrix-product methods -> cudt.linalg.clip_eigenvalues_matmul's
-_MATMUL_METHODS = {"matmul": "lanczos", "newton_schulz": "newton_schulz"}
+_MATMUL_METHODS = {"matmul": "auto", "newton_schulz": "newton_schulz"}
 
 
 def _project_symmetric(w: jax.Array, clip: float, method: str = "matmul") -> jax.Array:
@@ -215,7 +215,8 @@ def ut_project(params: Any, clip: float = 0.95, method: str = "matmul") -> Any:
     (by the default method: when ``‖W̃_f‖₂ ≤ (1 − 1e-3)·clip``). Pure and jittable.
 
     ``method="matmul"`` (default): :func:`cudt.linalg.clip_eigenvalues_matmul` (its
-    ``method="lanczos"``), no LAPACK, so it runs the same whatever the process's OpenBLAS
+    ``method="auto"``: Lanczos deflation on CPU as described here, Newton–Schulz on GPU/TPU,
+    where a chain of matrix-vector steps is latency-bound), no LAPACK, so it runs the same whatever the process's OpenBLAS
     setting. A 64-step Lanczos run on the symmetric ``W̃_f`` skips the clipping (``lax.cond``,
     one branch per run under ``vmap`` on CPU) when its estimate of ``‖W̃_f‖₂`` (a lower bound)
     is at most ``(1 − 1e-3)·clip``; otherwise it deflates the Ritz pairs past the clip onto it,
