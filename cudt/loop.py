@@ -185,8 +185,10 @@ def train_group(
         extras) and the batch axis on a device mesh; None keeps everything on one device.
       curve_every: keep every this many steps' metrics (the training curves, plus the last
         step of each chunk) in ``LoopResult.curves``; default: about ten points per chunk.
-      run_axis: how the step is mapped over the runs: ``"auto"``, ``"vmap"`` or ``"map"``
-        (:func:`map_runs`; the same results up to float rounding).
+      run_axis: how a chunk (a ``lax.scan`` of one run's steps) is mapped over the runs:
+        ``"auto"``, ``"vmap"`` or ``"map"`` (:func:`map_runs`; ``"map"``, the CPU default,
+        gives each run the results of the run trained alone bit for bit, ``"vmap"`` up to
+        float rounding).
     """
     if run_axis not in RUN_AXIS_MODES:
         raise ValueError(f"run_axis must be one of {RUN_AXIS_MODES}, got {run_axis!r}")
