@@ -208,6 +208,15 @@ def test_dust_matmul_matches_lapack_at_init_and_through_training():
     np.testing.assert_allclose(runs["matmul"][3], runs["lapack"][3], rtol=2e-2)
 
 
+# Jitted once for the module: the parametrised cases share a shape, so each compiles once
+# (the clipping's Lanczos, deflation and fallback branches take seconds to compile).
+_clip_with_path = jax.jit(
+    lambda m, clip: linalg.clip_eigenvalues_matmul(m, clip, return_path=True),
+    static_argnums=1,
+)
+_project_ffn = jax.jit(lambda tree: ut_project(tree)["ffn"])
+
+
 def _spectrum_matrix(eigenvalues, seed: int = 0) -> jax.Array:
     n = len(eigenvalues)
     q, _ = np.linalg.qr(np.random.default_rng(seed).normal(size=(n, n)))
@@ -229,7 +238,7 @@ def _spectrum_matrix(eigenvalues, seed: int = 0) -> jax.Array:
 )
 def test_clip_eigenvalues_matmul_matches_eigh(eigenvalues, tol):
     s = _spectrum_matrix(eigenvalues)
-    ours = np.asarray(jax.jit(lambda m: linalg.clip_eigenvalues_matmul(m, 0.95))(s), np.float64)
+    ours = np.asarray(_clip_with_path(s, 0.95)[0], np.float64)
     w, v = np.linalg.eigh(np.asarray(s, np.float64))
     exact = (v * np.clip(w, -0.95, 0.95)) @ v.T
     assert np.abs(ours - exact).max() < tol
@@ -237,7 +246,7 @@ def test_clip_eigenvalues_matmul_matches_eigh(eigenvalues, tol):
     assert evals.min() >= -0.95 - 2e-4 and evals.max() <= 0.95 + 2e-4
     # the same through ut_project, stacked runs included
     tree = {"attn": jnp.eye(128), "ffn": jnp.stack([s, s]), "bias": jnp.zeros(128)}
-    out = ut_project(tree)["ffn"]  # the default method
+    out = _project_ffn(tree)  # the default method
     np.testing.assert_allclose(out[1], ours, atol=1e-5)
 
 
@@ -435,8 +444,7 @@ _TRAINING = np.r_[
 )
 def test_clip_deflation_matches_eigh_or_falls_back(eigenvalues, path, tol):
     s = _spectrum_matrix(eigenvalues)
-    clip = jax.jit(lambda m: linalg.clip_eigenvalues_matmul(m, _C, return_path=True))
-    out, taken = clip(s)
+    out, taken = _clip_with_path(s, _C)
     assert linalg.CLIP_PATHS[int(taken)] == path
     w, v = np.linalg.eigh(np.asarray(s, np.float64))
     exact = (v * np.clip(w, -_C, _C)) @ v.T
@@ -444,8 +452,8 @@ def test_clip_deflation_matches_eigh_or_falls_back(eigenvalues, path, tol):
     evals = np.linalg.eigvalsh(np.asarray(out, np.float64))
     slack = _C * linalg.CLIP_DEFLATION_TOL if path == "deflated" else 2e-4
     assert np.abs(evals).max() <= _C + slack
-    # ut_project's default is this clipping (of the symmetric part, unjitted: to rounding)
-    projected = ut_project({"attn": s, "ffn": s, "bias": s[0]})["ffn"]
+    # ut_project's default is this clipping (of the symmetric part: to rounding)
+    projected = _project_ffn({"attn": s, "ffn": s, "bias": s[0]})
     np.testing.assert_allclose(projected, out, atol=tol)
 
 
@@ -455,7 +463,7 @@ def test_clip_deflation_falls_back_on_a_random_init():
     rng = np.random.default_rng(5)
     w = rng.uniform(-np.sqrt(6 / 512), np.sqrt(6 / 512), size=(256, 256))
     s = jnp.asarray(0.5 * (w + w.T), jnp.float32)
-    out, taken = jax.jit(lambda m: linalg.clip_eigenvalues_matmul(m, _C, return_path=True))(s)
+    out, taken = _clip_with_path(s, _C)
     assert linalg.CLIP_PATHS[int(taken)] == "newton_schulz"
     ev, v = np.linalg.eigh(np.asarray(s, np.float64))
     assert 1.4 < np.abs(ev).max() / _C < 1.6 and np.sum(np.abs(ev) > _C) > 40
