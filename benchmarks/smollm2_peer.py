@@ -56,7 +56,8 @@ import torch
 
 from benchmarks._common import cpu_cores, header, interleave, median
 from benchmarks.torch_baseline import torch_threads
-from cudt.models.llama import DecoderConfig, smollm2_gguf_path, write_decoder_folder, write_gguf
+from cudt.models.llama import smollm2_gguf_path, write_decoder_folder
+from cudt.models.llama import write_tiny_gguf as tiny_gguf
 from cudt.runner.groups import make_group_step
 from cudt.runner.task import RunBatch
 from cudt.tasks.llm import LLMConfig, LLMTask
@@ -66,11 +67,6 @@ MODULE = "benchmarks.smollm2_peer"
 TORCH_DEFAULT_THREADS = torch.get_num_threads()
 # float32 peak FLOP/s (no tensor cores) of the GPUs whose MFU the table can give.
 FP32_PEAK = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12, "L4": 30.3e12}
-CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
-    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 
 class PeerMismatch(SystemExit):
@@ -118,50 +114,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def write_tiny_gguf(folder: Path, seed: int = 0) -> Path:
-    """A GGUF file as llama.cpp writes one: a tiny random Llama, a byte-level BPE tokenizer with
-    ChatML special tokens (EOS ``<|im_end|>``) trained on the generated instructions, and a
-    ChatML template (as ``tests/test_llm_experiment.py`` writes it)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
+    """The tiny GGUF checkpoint of ``--tiny``: :func:`cudt.models.llama.write_tiny_gguf` with a
+    tokenizer trained on the generated instructions, N(0, 0.5²) weights (not transformers'
+    0.02: readouts far from uniform, so that a different ε or different weights show in the
+    losses) and norm weights away from 1."""
     from cudt.data.alpaca import generated_instructions
 
-    records = generated_instructions(80, seed=seed)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+    texts = [f"{r.instruction} {r.input} {r.output}" for r in generated_instructions(80, seed=seed)]
+    return tiny_gguf(
+        folder / "tiny.gguf", texts, jax.random.key(seed), initializer_range=0.5, norm_noise=0.5
     )
-    tok.train_from_iterator([f"{r.instruction} {r.input} {r.output}" for r in records], trainer)
-    config = DecoderConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=16,
-        intermediate_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        # N(0, 0.5²) weights, not transformers' 0.02: readouts far from uniform, so that a
-        # different ε or different weights show in the losses
-        initializer_range=0.5,
-        tie_word_embeddings=True,
-        eos_token_id=(tok.token_to_id("<|im_end|>"),),
-        pad_token_id=tok.token_to_id("<|endoftext|>"),
-    )
-    params = config.init_params(jax.random.key(seed))
-    # norm weights away from 1 (as trained ones are): a readout that applies the final norm
-    # twice, or skips it, then gives other losses
-    params = jax.tree_util.tree_map_with_path(
-        lambda path, x: (
-            1.0 + 0.5 * jax.random.normal(jax.random.key(len(path) + seed), x.shape)
-            if "norm" in jax.tree_util.keystr(path)
-            else x
-        ),
-        params,
-    )
-    return write_gguf(folder / "tiny.gguf", config, params, tokenizer=tok, chat_template=CHATML)
 
 
 # --------------------------------------------------------------------------------------------------

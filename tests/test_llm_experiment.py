@@ -140,48 +140,17 @@ def test_fine_tunes_a_hugging_face_folder_on_an_alpaca_file(checkpoint_folder, t
         assert r["layer_loss"][clean][-1] < np.log(vocab) - 0.08, (r["label"], r["layer_loss"])
 
 
-CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
-    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-
 @pytest.fixture(scope="module")
 def gguf_checkpoint(tmp_path_factory):
     """A GGUF file as llama.cpp writes one: a tiny Llama, a byte-level BPE tokenizer with ChatML
     special tokens (EOS ``<|im_end|>``) and a ChatML template."""
     pytest.importorskip("gguf")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from cudt.models.llama import write_gguf
+    from cudt.models.llama import write_tiny_gguf
 
     folder = tmp_path_factory.mktemp("tiny-gguf")
     records = generated_instructions(80, seed=0)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([f"{r.instruction} {r.input} {r.output}" for r in records], trainer)
-    config = DecoderConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=16,
-        intermediate_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        tie_word_embeddings=True,
-        eos_token_id=(tok.token_to_id("<|im_end|>"),),
-        pad_token_id=tok.token_to_id("<|endoftext|>"),
-    )
-    params = config.init_params(jax.random.key(3))
-    file = write_gguf(folder / "tiny.gguf", config, params, tokenizer=tok, chat_template=CHATML)
+    texts = [f"{r.instruction} {r.input} {r.output}" for r in records]
+    file = write_tiny_gguf(folder / "tiny.gguf", texts, jax.random.key(3))
     return file, write_alpaca(records, folder / "alpaca_data.json")
 
 

@@ -8,14 +8,14 @@
 * :mod:`~cudt.models.llama.hf`: :func:`load_decoder` (a folder or a ``.gguf`` file),
   :func:`write_decoder_folder`.
 * :mod:`~cudt.models.llama.gguf`: GGUF files (:func:`load_gguf`, :func:`write_gguf`,
-  :func:`smollm2_gguf_path`).
+  :func:`smollm2_gguf_path`, :func:`write_tiny_gguf`).
 * :mod:`~cudt.models.llama.gguf_tokenizer`: GGUF BPE tokenizers <-> ``tokenizers``.
 * :mod:`~cudt.models.llama.chat`: :func:`apply_chat_template`.
 """
 
 from cudt.models.llama.chat import apply_chat_template
 from cudt.models.llama.config import SUPPORTED_DECODER_TYPES, DecoderConfig
-from cudt.models.llama.gguf import load_gguf, smollm2_gguf_path, write_gguf
+from cudt.models.llama.gguf import load_gguf, smollm2_gguf_path, write_gguf, write_tiny_gguf
 from cudt.models.llama.hf import load_decoder, write_decoder_folder
 from cudt.models.llama.model import Decoder
 from cudt.models.llama.sharding import ShardingMode, decoder_partition_specs
@@ -32,4 +32,5 @@ __all__ = [
     "smollm2_gguf_path",
     "write_decoder_folder",
     "write_gguf",
+    "write_tiny_gguf",
 ]

