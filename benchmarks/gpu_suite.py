@@ -13,6 +13,11 @@ in full float32 on both sides (no TF32):
   donated, over ``--repeats`` interleaved repetitions of ``--steps`` steps; next to it, the same
   step in PyTorch + Cooper (``benchmarks.cooper_baseline``'s models and ``CooperStep``) on the
   same GPU, timed in the same interleaved repetitions, and the ratio;
+* the UT's eigenvalue clipping: the UT-5 step with each of ``ut_project``'s methods
+  (``matmul``, the default, which picks ``newton_schulz`` on a GPU and ``lanczos`` on a CPU;
+  both pinned; ``eigh``), single run and vmapped over ``--clip-runs`` runs (where every
+  ``lax.cond`` branch runs on an accelerator), interleaved: whether the default's choice is the
+  faster one on this device;
 * sweep scaling: R = ``--runs`` (default 1, 2, 4, ..., 64) runs of UT-5 (ε differing per run)
   as one ``jax.vmap``-ed program: ms per step of all R runs and the speed-up per run-step over
   R = 1;
@@ -63,17 +68,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=[1, 2, 4, 8, 16, 32, 64],
         help="sweep sizes R (default 1,2,4,...,64)",
     )
+    p.add_argument("--clip-runs", type=int, default=8, help="UT clipping: runs vmapped (default 8)")
     p.add_argument("--llm-batch", type=int, default=16, help="LLM step: samples (default 16)")
     p.add_argument("--llm-seq", type=int, default=256, help="LLM step: tokens each (default 256)")
     p.add_argument("--llm-rounds", type=int, default=5, help="LLM step: timed rounds (default 5)")
     p.add_argument(
         "--small",
         action="store_true",
-        help="tiny sizes (L=1, batch 2, R=1,2; the LLM row on a tiny random Llama, B 2 x T 32)",
+        help="tiny sizes (L=1, batch 2, R=1,2, 2 clipping runs; the LLM row on a tiny random "
+        "Llama, B 2 x T 32)",
     )
     args = p.parse_args(argv)
     if args.small:
         args.layers, args.batch_size, args.steps, args.repeats, args.runs = 1, 2, 2, 1, [1, 2]
+        args.clip_runs = 2
         args.llm_batch, args.llm_seq, args.llm_rounds = 2, 32, 1
     return args
 
@@ -171,6 +179,48 @@ def llm_section(args) -> str:
     )
 
 
+CLIP_METHODS = ("matmul", "lanczos", "newton_schulz", "eigh")
+
+
+def clip_rows(args, train_x, sigma, batch, key) -> list[list]:
+    """The UT step with each clipping method, one run and ``--clip-runs`` vmapped, interleaved:
+    rows (method, ms/step, / default, ms/step vmapped, / default)."""
+    alternatives = {}
+    for method in CLIP_METHODS:
+        setup = make_video_setup(
+            "ut", train_x, sigma, layers=args.layers, jit=False, ut_clip=method
+        )
+        single = jax.jit(setup.step, donate_argnums=0)
+        steps = JaxSteps(single, setup.init(copy_tree(setup.params)), batch, key)
+        alternatives[(method, 1)] = lambda s=steps: s.block(args.steps)
+        vmapped = jax.jit(jax.vmap(setup.step, in_axes=(0, None, None)), donate_argnums=0)
+        eps = 0.05 * jnp.arange(1, args.clip_runs + 1, dtype=jnp.float32)
+        holder = {"states": jax.jit(jax.vmap(lambda e, s=setup: s.init(s.params, epsilon=e)))(eps)}
+
+        def block(h=holder, f=vmapped) -> float:
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                h["states"], _ = f(h["states"], batch, key)
+            jax.block_until_ready(h["states"])
+            return (time.perf_counter() - t0) / args.steps
+
+        alternatives[(method, args.clip_runs)] = block
+    seconds = time_alternatives(alternatives, args.repeats)
+    rows = []
+    for method in CLIP_METHODS:
+        one, many = seconds[(method, 1)], seconds[(method, args.clip_runs)]
+        rows.append(
+            [
+                method,
+                f"{1e3 * one:.3f}",
+                f"{one / seconds[('matmul', 1)]:.2f}",
+                f"{1e3 * many:.3f}",
+                f"{many / seconds[('matmul', args.clip_runs)]:.2f}",
+            ]
+        )
+    return rows
+
+
 def sweep_rows(args, train_x, sigma, batch, key) -> list[list]:
     setup = make_video_setup("ut", train_x, sigma, layers=args.layers, jit=False)
     vmapped = jax.jit(jax.vmap(setup.step, in_axes=(0, None, None)), donate_argnums=0)
@@ -209,6 +259,7 @@ def main(argv=None) -> None:
         jax.config.update("jax_default_matmul_precision", "highest")
     train_x, sigma, batch, key = video_batch(args.seq_len, args.batch_size)
     steps, torch_note = step_rows(args, train_x, sigma, batch, key)
+    clips = clip_rows(args, train_x, sigma, batch, key)
     sweep = sweep_rows(args, train_x, sigma, batch, key)
     llm = llm_section(args)
     text = "\n\n".join(
@@ -221,6 +272,17 @@ def main(argv=None) -> None:
                 steps,
             )
             + (f"\n\nPyTorch + Cooper {torch_note}" if torch_note else ""),
+            "## The UT's eigenvalue clipping on this device (UT step, interleaved)\n\n"
+            + markdown(
+                [
+                    "ut_project method",
+                    "ms/step",
+                    "/ default",
+                    f"ms/step, {args.clip_runs} runs vmapped",
+                    "/ default",
+                ],
+                clips,
+            ),
             "## Sweep scaling (UT, R runs as one vmapped program)\n\n"
             + markdown(
                 ["R", "ms/step (all R)", "ms/run-step", "speed-up per run-step vs R=1"], sweep

@@ -303,6 +303,16 @@ def test_gpu_suite_small_writes_its_markdown_table(bench, capsys, tmp_path):
         line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
     ]
     assert len(sweep) == 2 and sweep[0].endswith("| 1.00 |")
+    # the UT step with each clipping method, single and vmapped, as ratios to the default's
+    clips = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines()}
+    assert "| ut_project method | ms/step | / default | ms/step, 2 runs vmapped | / default |" in text
+    for method in ("matmul", "lanczos", "newton_schulz", "eigh"):
+        _, one, ratio_one, many, ratio_many = clips[method]
+        assert float(one) > 0 and float(many) > 0
+    assert clips["matmul"][2] == "1.00" and clips["matmul"][4] == "1.00 |"
+    for method in ("lanczos", "eigh"):
+        ratio = float(clips[method][1]) / float(clips["matmul"][1])
+        assert math.isclose(float(clips[method][2]), ratio, rel_tol=0.02, abs_tol=0.006)
     assert f"wrote {out_file}" in capsys.readouterr().out
 
 
