@@ -305,7 +305,9 @@ def test_gpu_suite_small_writes_its_markdown_table(bench, capsys, tmp_path):
     assert len(sweep) == 2 and sweep[0].endswith("| 1.00 |")
     # the UT step with each clipping method, single and vmapped, as ratios to the default's
     clips = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines()}
-    assert "| ut_project method | ms/step | / default | ms/step, 2 runs vmapped | / default |" in text
+    assert (
+        "| ut_project method | ms/step | / default | ms/step, 2 runs vmapped | / default |" in text
+    )
     for method in ("matmul", "lanczos", "newton_schulz", "eigh"):
         _, one, ratio_one, many, ratio_many = clips[method]
         assert float(one) > 0 and float(many) > 0
