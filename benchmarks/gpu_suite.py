@@ -195,16 +195,9 @@ def clip_rows(args, train_x, sigma, batch, key) -> list[list]:
         alternatives[(method, 1)] = lambda s=steps: s.block(args.steps)
         vmapped = jax.jit(jax.vmap(setup.step, in_axes=(0, None, None)), donate_argnums=0)
         eps = 0.05 * jnp.arange(1, args.clip_runs + 1, dtype=jnp.float32)
-        holder = {"states": jax.jit(jax.vmap(lambda e, s=setup: s.init(s.params, epsilon=e)))(eps)}
-
-        def block(h=holder, f=vmapped) -> float:
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                h["states"], _ = f(h["states"], batch, key)
-            jax.block_until_ready(h["states"])
-            return (time.perf_counter() - t0) / args.steps
-
-        alternatives[(method, args.clip_runs)] = block
+        states = jax.jit(jax.vmap(lambda e, s=setup: s.init(s.params, epsilon=e)))(eps)
+        runs = JaxSteps(vmapped, states, batch, key)
+        alternatives[(method, args.clip_runs)] = lambda r=runs: r.block(args.steps)
     seconds = time_alternatives(alternatives, args.repeats)
     rows = []
     for method in CLIP_METHODS:
@@ -227,16 +220,10 @@ def sweep_rows(args, train_x, sigma, batch, key) -> list[list]:
     make = jax.jit(jax.vmap(lambda e: setup.init(setup.params, epsilon=e)))
     rows, base = [], None
     for runs in args.runs:
-        holder = {"states": make(0.05 * jnp.arange(1, runs + 1, dtype=jnp.float32))}
-
-        def block(h=holder) -> float:
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                h["states"], _ = vmapped(h["states"], batch, key)
-            jax.block_until_ready(h["states"])
-            return (time.perf_counter() - t0) / args.steps
-
-        seconds = _time(block, args.repeats)
+        steps = JaxSteps(
+            vmapped, make(0.05 * jnp.arange(1, runs + 1, dtype=jnp.float32)), batch, key
+        )
+        seconds = _time(lambda s=steps: s.block(args.steps), args.repeats)
         per_run = seconds / runs
         base = base or per_run
         rows.append(
