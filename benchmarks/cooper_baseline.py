@@ -103,6 +103,8 @@ class TorchDUST(torch.nn.Module):
     The only parameter is the dictionary ([P, K] tied or [L, P, K] per layer). As in cudt, the
     LISTA step sizes 1/μ_l with μ_l = ‖D_l‖₂² come from ``eigvalsh`` of the Gram matrix with no
     gradient, and the initial code is Z_0 = X (D_0 D_0ᵀ)⁻¹ D_0 (differentiated through the solve).
+    The same matrix products as cudt's layers (three per layer, two when tied: see
+    ``cudt.models.dust``), so both sides do equal work.
     """
 
     def __init__(self, params: dict, num_layers: int, *, a: float, tau: float, eigh_threads=0):
@@ -129,10 +131,12 @@ class TorchDUST(torch.nn.Module):
         for layer in range(self.num_layers):
             dl = self._layer_dict(layer)
             step = 1.0 / (mu[layer] if self.per_layer else mu)
-            recon = z @ dl.T
+            # cudt's product reuse: tied, the input reconstruction is the last state; the
+            # attended code's reconstruction by linearity, (1 − a)·R + a·A R.
+            recon = z @ dl.T if self.per_layer else states[-1]
             attn = torch.softmax(self.temperature * (recon @ recon.transpose(-1, -2)), dim=-1)
             z = (1.0 - self.a) * z + self.a * (attn @ z)
-            resid = x - z @ dl.T
+            resid = x - ((1.0 - self.a) * recon + self.a * (attn @ recon))
             u = z + step * (resid @ dl)
             z = torch.sign(u) * torch.clamp(u.abs() - self.tau * step, min=0.0)
             states.append(z @ dl.T)

@@ -11,6 +11,11 @@ rows ``z [K]`` (``K > P``, overcomplete) with reconstruction ``x̂ = z Dᵀ``. L
     Z ← (1 − a)·Z + a·A Z                                # symmetric softmax attention
     Z ← soft(Z + (1/μ_l)(X − Z D_lᵀ) D_l, τ/μ_l)         # coupled LISTA step on the noisy X
 
+The attended code's reconstruction ``Z D_lᵀ`` in the LISTA step is computed by linearity as
+``(1 − a)·R + a·A R`` (a ``T x T`` product instead of a ``K -> P`` one per token), and with a
+tied dictionary ``R`` is the previous layer's output state: three of the four ``[..., K] x
+[K, P]``-sized products per layer remain (two when tied), the same function up to rounding.
+
 States are the RECONSTRUCTIONS ``X̂_l = Z_l D_lᵀ`` (the loss is computed on them), ``states[0]``
 uses the first layer's dictionary.
 
@@ -164,29 +169,42 @@ class DUST(nn.Module):
         else:
             enc = d0 / mu0
         z0 = jnp.einsum("...tp,pk->...tk", xc, enc.astype(dt))  # [..., T, K]
+        recon0 = jnp.einsum("...tk,pk->...tp", z0, d0.astype(dt))
 
         def layer(
-            z: jax.Array, layer_params: tuple[jax.Array, jax.Array]
-        ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-            d, mu_l = layer_params
-            d = d.astype(dt)
-            recon = jnp.einsum("...tk,pk->...tp", z, d)  # [..., T, P]
+            z: jax.Array, recon: jax.Array, d: jax.Array, mu_l: jax.Array
+        ) -> tuple[jax.Array, jax.Array]:
+            """One layer from ``z`` and ``recon = z dᵀ``; returns the new ``(z, z dᵀ)``."""
             scores = temperature * jnp.einsum("...tp,...sp->...ts", recon, recon)
             attn = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(dt)
             z = (1.0 - a) * z + a * jnp.einsum("...ts,...sk->...tk", attn, z)
-            resid = xc - jnp.einsum("...tk,pk->...tp", z, d)  # [..., T, P]
+            # ((1 − a)·Z + a·A Z) Dᵀ = (1 − a)·R + a·A R: a [T, T] x [T, P] product per
+            # sequence instead of a [K] -> [P] product per token (and two fewer in the backward).
+            recon = (1.0 - a) * recon + a * jnp.einsum("...ts,...sp->...tp", attn, recon)
             step = (1.0 / mu_l).astype(dt)
+            resid = xc - recon  # [..., T, P]
             z = soft_threshold(z + step * jnp.einsum("...tp,pk->...tk", resid, d), tau * step)
-            return z, (z, jnp.einsum("...tk,pk->...tp", z, d))
+            return z, jnp.einsum("...tk,pk->...tp", z, d)
 
         if self.per_layer_dictionary:
-            _, (zs, recons) = jax.lax.scan(layer, z0, (dictionary, mu))
+
+            def per_layer(z, layer_params):
+                d, mu_l = layer_params
+                d = d.astype(dt)
+                z, recon = layer(z, jnp.einsum("...tk,pk->...tp", z, d), d, mu_l)
+                return z, (z, recon)
+
+            _, (zs, recons) = jax.lax.scan(per_layer, z0, (dictionary, mu))
         else:
-            # Tied: the scanned body closes over the single dictionary; scan only counts layers.
-            _, (zs, recons) = jax.lax.scan(
-                lambda z, _: layer(z, (dictionary, mu)), z0, None, length=self.num_layers
-            )
-        recon0 = jnp.einsum("...tk,pk->...tp", z0, d0.astype(dt))
+            # Tied: the body closes over the one dictionary, so a layer's input reconstruction
+            # is the previous layer's output state, carried instead of recomputed.
+            d = dictionary.astype(dt)
+
+            def tied(carry, _):
+                z, recon = layer(*carry, d, mu)
+                return (z, recon), (z, recon)
+
+            _, (zs, recons) = jax.lax.scan(tied, (z0, recon0), None, length=self.num_layers)
         states = jnp.concatenate([recon0[None], recons], axis=0)  # [L+1, ..., T, P]
         if return_codes:
             codes = jnp.concatenate([z0[None], zs], axis=0)  # [L+1, ..., T, K]
