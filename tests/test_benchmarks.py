@@ -111,7 +111,7 @@ def test_cooper_baseline_prints_ratios_and_equal_work(bench, capsys):
     out = capsys.readouterr().out
     _check_header(out, "cooper_baseline")
     losses = _table(out, "model losses [B, L+1] max abs diff max rel to max loss")
-    assert [r.split()[0] for r in losses] == ["UT-1", "DUST-1"]
+    assert [r.split()[0] for r in losses] == ["UT-3", "DUST-3"]
     assert all(float(r.split()[2]) < 1e-6 for r in losses)  # same per-layer losses
     steps = _table(
         out,
@@ -120,15 +120,15 @@ def test_cooper_baseline_prints_ratios_and_equal_work(bench, capsys):
     )
     assert len(steps) == 4 and all(r.split()[-1] == "yes" for r in steps)
     clip = _table(out, "model steps layer loss rel params max abs at the clip match")
-    assert [r.split()[0] for r in clip] == ["UT-1"] and clip[0].split()[-1] == "yes"
+    assert [r.split()[0] for r in clip] == ["UT-3"] and clip[0].split()[-1] == "yes"
     speed = _table(out, "model impl threads ms/step this / cudt Cooper / hand")
     # (cudt, Cooper, hand) x (1 thread, default) per model, and the UT's default clipping
     assert len(speed) == 2 * 6 + 2
-    ratios = _ratios(out, "UT-1: ")
-    assert "UT-1: torch + Cooper [torch threads 1] / cudt" in ratios
-    assert "UT-1: torch + Cooper [torch threads 1] / cudt, default clip" in ratios
-    assert "UT-1: torch + Cooper / torch hand-written [torch threads 1]" in ratios
-    assert len(_ratios(out, "DUST-1: ")) == 6
+    ratios = _ratios(out, "UT-3: ")
+    assert "UT-3: torch + Cooper [torch threads 1] / cudt" in ratios
+    assert "UT-3: torch + Cooper [torch threads 1] / cudt, default clip" in ratios
+    assert "UT-3: torch + Cooper / torch hand-written [torch threads 1]" in ratios
+    assert len(_ratios(out, "DUST-3: ")) == 6
 
 
 def test_erm_vs_constrained_prints_ratios(bench, capsys):
