@@ -32,7 +32,16 @@ keeps ``torch.linalg.eigh``. Before timing, the script checks that the implement
 same work: per-sample layer losses on the same parameters, batch and noise (max abs
 difference), two training steps from the same parameters and multipliers λ_l = 1 (so the dual
 step is exercised) compared after each step, and for the UT's default clipping 20 steps of
-cudt with it against cudt with ``eigh`` (the clip is active after the first few). Then all
+cudt with it against cudt with ``eigh`` (the clip is active after the first few). The two-step
+check's verdict rests on what rounding cannot move far: the first step's losses and Lagrangian
+(1e-4 relative), the gradient of the Lagrangian at that point (cudt's ``cudt.lagrangian_terms``
+differentiated; 1e-2 in relative L2 norm) and the multipliers after both steps (1e-6). DUST's
+gradient is discontinuous where a code crosses the soft threshold, and a code within rounding
+of it lands on either side: on DUST-1 at batch 8 one code of 25600, 2e-8 from the threshold,
+does so between float32 and float64 and moves the gradient by 4.3 % (JAX and torch agree to
+3e-14 in float64). The parameters after the two Adam steps are printed, not judged: Adam's
+first steps move an element by about lr·sign(gradient), so such differences, and gradients at
+rounding level, move elements the other way (1–3 % of DUST-5's K = 576 dictionary). Then all
 alternatives are interleaved over ``--repeats`` repetitions of ``--steps`` steps and the median
 ms/step and their ratios printed.
 """
@@ -49,6 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+import cudt
 from benchmarks._common import (
     VIDEO,
     JaxSteps,
@@ -291,6 +301,9 @@ def check_steps(setup, batch, key, eigh_threads: int, multipliers0: np.ndarray):
         for name, impl in IMPLS.items()
     }
     worst = {name: [0.0, 0.0, 0.0] for name in steps}  # layer loss rel, lagrangian rel, λ abs
+    first = {}  # the first step's layer loss rel and lagrangian rel, per implementation
+    grad_rel = {}  # the first step's gradient of the Lagrangian, ‖torch − cudt‖₂ / ‖cudt‖₂
+    cudt_grad = lagrangian_grad(setup, state, batch, jax.random.fold_in(key, 0))
     first_call: dict[str, float] = {}
     for i in range(2):
         # The noise cudt's step draws at step i: its layer losses perturb the batch with the
@@ -306,9 +319,16 @@ def check_steps(setup, batch, key, eigh_threads: int, multipliers0: np.ndarray):
             tm = tstep(clean, torch.tensor(np.asarray(noise)))
             first_call.setdefault(name, time.perf_counter() - t0)
             w = worst[name]
-            w[0] = max(w[0], float(np.max(np.abs(jl - tm["layer_loss"].numpy()) / np.abs(jl))))
-            w[1] = max(w[1], abs(jlag - float(tm["lagrangian"])) / abs(jlag))
+            loss_rel = float(np.max(np.abs(jl - tm["layer_loss"].numpy()) / np.abs(jl)))
+            lag_rel = abs(jlag - float(tm["lagrangian"])) / abs(jlag)
+            w[0], w[1] = max(w[0], loss_rel), max(w[1], lag_rel)
             w[2] = max(w[2], float(np.max(np.abs(jmult - tm["multipliers"].numpy()))))
+            if i == 0:
+                first[name] = (loss_rel, lag_rel)
+                grads = {k: p.grad.numpy() for k, p in tstep.model.named_parameters()}
+                diff = sum(float(np.sum((g - grads[k]) ** 2)) for k, g in cudt_grad.items())
+                norm = sum(float(np.sum(g**2)) for g in cudt_grad.values())
+                grad_rel[name] = (diff / norm) ** 0.5
     moved = float(np.max(np.abs(jmult - multipliers0)))  # the dual steps did something
     jparams = jax.tree.map(np.asarray, state.params["params"])
     rows = []
@@ -318,14 +338,16 @@ def check_steps(setup, batch, key, eigh_threads: int, multipliers0: np.ndarray):
             [np.abs(v - tparams[k].detach().numpy()).ravel() for k, v in jparams.items()]
         )
         # Adam's first steps move every parameter by about lr·sign(gradient): an element whose
-        # gradient is at rounding level may move the other way, so count the elements that differ.
+        # gradient is at rounding level may move the other way, so count the elements that
+        # differ (shown, not judged: see the module docstring).
         flipped = float(np.mean(diffs > 0.1 * VIDEO["lr"]))
-        ok = max(worst[name][:2]) < 1e-4 and worst[name][2] < 1e-6 and flipped < 1e-2
+        ok = max(first[name]) < 1e-4 and grad_rel[name] < 1e-2 and worst[name][2] < 1e-6
         rows.append(
             [
                 setup.name,
                 name,
                 *worst[name],
+                grad_rel[name],
                 moved,
                 float(diffs.max()),
                 flipped,
@@ -333,6 +355,22 @@ def check_steps(setup, batch, key, eigh_threads: int, multipliers0: np.ndarray):
             ]
         )
     return rows, first_call
+
+
+def lagrangian_grad(setup, state, batch, key) -> dict[str, np.ndarray]:
+    """cudt's gradient of the Lagrangian at ``state`` (its params and multipliers) for the noise
+    of ``key``, by parameter name: what its step computes, through ``cudt.lagrangian_terms``."""
+
+    def lagrangian(params):
+        losses = setup.layer_losses(params, batch, key).astype(jnp.float32)
+        lag, _, _ = cudt.lagrangian_terms(
+            losses, state.multipliers, state.slacks, state.epsilon, state.reference, None,
+            reference_active=state.has_reference,
+        )  # fmt: skip
+        return lag
+
+    grads = jax.grad(lagrangian)(state.params)["params"]
+    return {k: np.asarray(v) for k, v in grads.items()}
 
 
 def check_default_clip(setup, default, batch, key, num_steps: int = 20) -> list:
@@ -483,7 +521,10 @@ def run(args: argparse.Namespace, lapack: str) -> None:
     print_table(["model", "losses [B, L+1]", "max abs diff", "max rel to max loss"], loss_rows)
     print(
         "\nequal work 2: two steps from the same params and λ_l = 1, vs cudt; max over both "
-        "steps (relative for losses/Lagrangian, absolute for λ; params after the steps)"
+        "steps (relative for losses/Lagrangian, absolute for λ; params after the steps); grad rel:"
+        " the first step's gradient of the Lagrangian, ‖torch − cudt‖₂ / ‖cudt‖₂; match: the first "
+        "step's losses and Lagrangian within 1e-4, its gradient within 1e-2, λ within 1e-6 (the "
+        "params after two Adam steps are shown, not judged: see the module docstring)"
     )
     print_table(
         [
@@ -492,6 +533,7 @@ def run(args: argparse.Namespace, lapack: str) -> None:
             "layer loss rel",
             "lagrangian rel",
             "multipliers abs",
+            "grad rel",
             "cudt λ moved",
             "params max abs",
             f"frac params > {0.1 * VIDEO['lr']:g}",

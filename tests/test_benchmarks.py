@@ -115,10 +115,12 @@ def test_cooper_baseline_prints_ratios_and_equal_work(bench, capsys):
     assert all(float(r.split()[2]) < 1e-6 for r in losses)  # same per-layer losses
     steps = _table(
         out,
-        "model impl layer loss rel lagrangian rel multipliers abs cudt λ moved params max abs "
-        "frac params > 0.0001 match",
+        "model impl layer loss rel lagrangian rel multipliers abs grad rel cudt λ moved "
+        "params max abs frac params > 0.0001 match",
     )
     assert len(steps) == 4 and all(r.split()[-1] == "yes" for r in steps)
+    # the first step's gradient of the Lagrangian, torch against cudt (relative L2)
+    assert all(0 <= float(r.split()[5]) < 1e-2 for r in steps)
     clip = _table(out, "model steps layer loss rel params max abs at the clip match")
     assert [r.split()[0] for r in clip] == ["UT-3"] and clip[0].split()[-1] == "yes"
     speed = _table(out, "model impl threads ms/step this / cudt Cooper / hand")
