@@ -249,7 +249,6 @@ def spd_inverse(a: jax.Array, lam_max: jax.Array) -> jax.Array:
 def _spd_inverse_core(a: jax.Array, lam_max: jax.Array) -> jax.Array:
     n = a.shape[-1]
     eye = jnp.eye(n, dtype=a.dtype)
-    x0 = eye / jnp.asarray(lam_max, a.dtype)
 
     def residual(x):
         r = eye - a @ x
@@ -265,10 +264,10 @@ def _spd_inverse_core(a: jax.Array, lam_max: jax.Array) -> jax.Array:
         r, norm = residual(x)
         return x, r, norm, i + 1
 
-    # X₀ = I/λ is a scaled identity, so the first step X₁ = X₀ + X₀(I − A X₀) needs no matrix
+    # From X₀ = I/λ the first step X₁ = X₀ + X₀(I − A X₀) = (2I − A/λ)/λ needs no matrix
     # product: it is elementwise (equal to the two products it replaces up to rounding).
     inv_lam = 1.0 / jnp.asarray(lam_max, a.dtype)
-    x1 = x0 + inv_lam * (eye - a * inv_lam)
+    x1 = inv_lam * (2.0 * eye - inv_lam * a)
     r1, n1 = residual(x1)
     x, r, _, _ = jax.lax.while_loop(cond, body, (x1, r1, n1, jnp.int32(1)))
     x = x + x @ r  # the final quadratic step
