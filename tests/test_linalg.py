@@ -192,7 +192,10 @@ def test_dust_matmul_matches_lapack_at_init_and_through_training():
             run[0], metrics = run[1](run[0], x, jax.random.key(1))
             run[3].append(np.asarray(metrics["layer_loss"]))
         d = runs["matmul"][0].params["params"]["dictionary"]  # trained by the matmul path
-        np.testing.assert_allclose(spectral_norm_sq(d), spectral_norm_sq(d, "eigh"), rtol=1e-5)
+        # equal_nan=False: a diverged run (NaN dictionaries) must not pass as "equal"
+        np.testing.assert_allclose(
+            spectral_norm_sq(d), spectral_norm_sq(d, "eigh"), rtol=1e-5, equal_nan=False
+        )
     moved = float(
         jnp.abs(d - runs["lapack"][2].init(jax.random.key(0), x)["params"]["dictionary"]).max()
     )
