@@ -205,6 +205,7 @@ def build_video_model(
     linalg: str = "default",
     atoms_per_dim: int | None = None,
     ut_clip: str | None = None,
+    dtype: Any = jnp.float32,
 ):
     """``(module, projection)`` of the video experiment's UT or DUST (see ``VIDEO``).
 
@@ -212,7 +213,8 @@ def build_video_model(
     eigvalsh/solve, UT's eigh clipping) or ``"matmul"`` (matrix products only, see
     ``cudt.linalg``). ``ut_clip`` (``ut_project``'s method: ``"eigh"``, ``"matmul"`` or
     ``"newton_schulz"``) overrides the UT's clipping alone. ``atoms_per_dim``: DUST's atoms per
-    axis (default ``VIDEO``'s, 20).
+    axis (default ``VIDEO``'s, 20). ``dtype``: the models' compute dtype (``jnp.bfloat16``: every
+    model product in bf16; parameters, softmax and the linear algebra stay float32).
     """
     if linalg not in ("default", "exact", "matmul"):
         raise ValueError(f"linalg must be default, exact or matmul, got {linalg!r}")
@@ -224,7 +226,8 @@ def build_video_model(
             project = functools.partial(ut_project, method="matmul")
         if ut_clip is not None:
             project = functools.partial(ut_project, method=ut_clip)
-        return UT(num_layers=layers, dim=dim, a=VIDEO["ut_a"], init_scheme="dct"), project
+        model = UT(num_layers=layers, dim=dim, a=VIDEO["ut_a"], init_scheme="dct", dtype=dtype)
+        return model, project
     if model_name == "dust":
         model = DUST(
             num_layers=layers,
@@ -233,6 +236,7 @@ def build_video_model(
             per_layer_dictionary=True,
             threshold=VIDEO["dust_threshold"],
             linalg="lapack" if linalg == "exact" else "matmul",
+            dtype=dtype,
         )
         return model, None
     raise ValueError(f"unknown model {model_name!r}")
@@ -250,11 +254,12 @@ def make_video_setup(
     linalg: str = "default",
     atoms_per_dim: int | None = None,
     ut_clip: str | None = None,
+    dtype: Any = jnp.float32,
 ) -> VideoSetup:
     """UT-``layers`` or DUST-``layers``: per-layer MSE losses, primal Adam, SGD dual ascent.
 
     ``constrained=False`` is ERM through the same step (``DescentConfig(constrained=False)``);
-    ``linalg``, ``atoms_per_dim`` and ``ut_clip``: see :func:`build_video_model`.
+    ``linalg``, ``atoms_per_dim``, ``ut_clip`` and ``dtype``: see :func:`build_video_model`.
     """
     model, project = build_video_model(
         model_name,
@@ -263,6 +268,7 @@ def make_video_setup(
         linalg=linalg,
         atoms_per_dim=atoms_per_dim,
         ut_clip=ut_clip,
+        dtype=dtype,
     )
     params = model.init(jax.random.key(0), jnp.zeros((1,) + train_x.shape[1:], jnp.float32))
     layer_losses = make_layer_losses(model, jnp.float32(VIDEO["gamma"]), sigma)
@@ -281,6 +287,8 @@ def make_video_setup(
     name = f"{model_name.upper()}-{layers}"
     if model_name == "dust" and atoms_per_dim and atoms_per_dim != VIDEO["dust_atoms"]:
         name += f"-K{atoms_per_dim**2}"
+    if jnp.dtype(dtype) != jnp.float32:
+        name += f"-{jnp.dtype(dtype).name}"
     return VideoSetup(name, model, params, init, step, layer_losses, config, project, sigma)
 
 

@@ -18,6 +18,14 @@ in full float32 on both sides (no TF32):
   both pinned; ``eigh``), single run and vmapped over ``--clip-runs`` runs (where every
   ``lax.cond`` branch runs on an accelerator), interleaved: whether the default's choice is the
   faster one on this device;
+* bf16: the UT-5 and DUST-5 step with every model product in bfloat16 (the models'
+  ``dtype``; parameters, softmax and the linear algebra stay float32) against float32,
+  interleaved: ms/step and the speed-up; and what it costs in accuracy: both trained
+  ``--bf16-steps`` steps from the same start on the same batch and noise, the largest relative
+  difference of the per-layer mean losses over those steps and at the last one, next to a
+  control (float32 from a start 1e-6 away: how far rounding alone moves the constrained
+  dynamics); issue 18, item 4: bf16 where the hardware supports it and the results stay
+  within tolerance;
 * sweep scaling: R = ``--runs`` (default 1, 2, 4, ..., 64) runs of UT-5 (ε differing per run)
   as one ``jax.vmap``-ed program: ms per step of all R runs and the speed-up per run-step over
   R = 1;
@@ -69,6 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="sweep sizes R (default 1,2,4,...,64)",
     )
     p.add_argument("--clip-runs", type=int, default=8, help="UT clipping: runs vmapped (default 8)")
+    p.add_argument(
+        "--bf16-steps", type=int, default=50, help="bf16: training steps compared (default 50)"
+    )
     p.add_argument("--llm-batch", type=int, default=16, help="LLM step: samples (default 16)")
     p.add_argument("--llm-seq", type=int, default=256, help="LLM step: tokens each (default 256)")
     p.add_argument("--llm-rounds", type=int, default=5, help="LLM step: timed rounds (default 5)")
@@ -81,7 +92,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.small:
         args.layers, args.batch_size, args.steps, args.repeats, args.runs = 1, 2, 2, 1, [1, 2]
-        args.clip_runs = 2
+        args.clip_runs, args.bf16_steps = 2, 3
         args.llm_batch, args.llm_seq, args.llm_rounds = 2, 32, 1
     return args
 
@@ -214,6 +225,55 @@ def clip_rows(args, train_x, sigma, batch, key) -> list[list]:
     return rows
 
 
+BF16_MODELS = (("ut", None), ("dust", 20))  # UT-5, DUST-5 with K = 400
+
+
+def bf16_rows(args, train_x, sigma, batch, key) -> list[list]:
+    """Each model's step in float32 and in bfloat16, interleaved, and the layer losses of both
+    trained from the same start: rows (model, f32 ms, bf16 ms, f32 / bf16, the layer losses'
+    largest relative difference from float32's over the steps / at the last step, for bf16 and
+    for the control: float32 from parameters scaled by 1 + 1e-6, the rounding-level floor of
+    the constrained dynamics, which amplify any perturbation)."""
+    alternatives, losses, names = {}, {}, []
+    for model, atoms in BF16_MODELS:
+        for dtype in (jnp.float32, jnp.bfloat16):
+            setup = make_video_setup(
+                model, train_x, sigma, layers=args.layers, atoms_per_dim=atoms, dtype=dtype
+            )
+            name = setup.name.removesuffix("-bfloat16")
+            if dtype == jnp.float32:
+                names.append(name)
+            starts = {jnp.dtype(dtype).name: setup.params}
+            if dtype == jnp.float32:  # the control: float32 from a start 1e-6 away
+                starts["control"] = jax.tree.map(lambda p: p * (1 + 1e-6), setup.params)
+            for label, params in starts.items():
+                state = setup.init(copy_tree(params))
+                trace = []
+                for i in range(args.bf16_steps):
+                    state, metrics = setup.step(state, batch, jax.random.fold_in(key, i))
+                    trace.append(np.asarray(metrics["layer_loss"], np.float64))
+                losses[(name, label)] = np.stack(trace)  # [steps, L+1]
+            steps = JaxSteps(setup.step, state, batch, key)
+            alternatives[(name, jnp.dtype(dtype).name)] = lambda s=steps: s.block(args.steps)
+    seconds = time_alternatives(alternatives, args.repeats)
+    rows = []
+    for name in names:
+        f32, bf16 = seconds[(name, "float32")], seconds[(name, "bfloat16")]
+        ref = losses[(name, "float32")]
+        rel = {k: np.abs(losses[(name, k)] - ref) / np.abs(ref) for k in ("bfloat16", "control")}
+        rows.append(
+            [
+                name,
+                f"{1e3 * f32:.3f}",
+                f"{1e3 * bf16:.3f}",
+                f"{f32 / bf16:.2f}x",
+                f"{rel['bfloat16'].max():.2e} / {rel['bfloat16'][-1].max():.2e}",
+                f"{rel['control'].max():.2e} / {rel['control'][-1].max():.2e}",
+            ]
+        )
+    return rows
+
+
 def sweep_rows(args, train_x, sigma, batch, key) -> list[list]:
     setup = make_video_setup("ut", train_x, sigma, layers=args.layers, jit=False)
     vmapped = jax.jit(jax.vmap(setup.step, in_axes=(0, None, None)), donate_argnums=0)
@@ -247,6 +307,7 @@ def main(argv=None) -> None:
     train_x, sigma, batch, key = video_batch(args.seq_len, args.batch_size)
     steps, torch_note = step_rows(args, train_x, sigma, batch, key)
     clips = clip_rows(args, train_x, sigma, batch, key)
+    bf16 = bf16_rows(args, train_x, sigma, batch, key)
     sweep = sweep_rows(args, train_x, sigma, batch, key)
     llm = llm_section(args)
     text = "\n\n".join(
@@ -269,6 +330,19 @@ def main(argv=None) -> None:
                     "/ default",
                 ],
                 clips,
+            ),
+            "## bf16: every model product in bfloat16 against float32 (interleaved; layer "
+            f"losses of both trained {args.bf16_steps} steps from the same start)\n\n"
+            + markdown(
+                [
+                    "model",
+                    "float32 ms/step",
+                    "bfloat16 ms/step",
+                    "speed-up",
+                    "bf16: layer loss rel. diff, max over steps / last step",
+                    "control (f32, start 1e-6 away): the same",
+                ],
+                bf16,
             ),
             "## Sweep scaling (UT, R runs as one vmapped program)\n\n"
             + markdown(

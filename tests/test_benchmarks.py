@@ -288,12 +288,19 @@ def test_gpu_suite_small_writes_its_markdown_table(bench, capsys, tmp_path):
     out_file = tmp_path / "suite.md"
     bench("gpu_suite").main(["--small", "--out", str(out_file)])
     text = out_file.read_text()
-    steps = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines()}
+
+    def table(heading: str) -> dict[str, list[str]]:
+        """The rows of the table under the ``## heading...`` section, by first cell."""
+        body = next(part for part in text.split("\n## ") if part.startswith(heading))
+        rows = [line.strip("|").split(" | ") for line in body.splitlines() if line[:2] == "| "]
+        return {cells[0].strip(): [c.strip() for c in cells] for cells in rows[1:]}
+
+    steps = table("Constrained step")
     for model in ("UT-1", "DUST-1", "DUST-1-K576"):
         # cudt and torch + Cooper (on the CPU here), measured in the same repetitions
         _, cudt_ms, device, torch_ms, ratio = steps[model]
-        assert device == "cpu" and ratio.endswith("x |")
-        assert math.isclose(float(ratio[:-3]), float(torch_ms) / float(cudt_ms), rel_tol=0.02)
+        assert device == "cpu" and ratio.endswith("x")
+        assert math.isclose(float(ratio[:-1]), float(torch_ms) / float(cudt_ms), rel_tol=0.02)
     # the LLM step on a tiny random Llama: both sides, tokens/s, no MFU without a GPU
     llm = [
         line.split(" | ")
@@ -301,6 +308,14 @@ def test_gpu_suite_small_writes_its_markdown_table(bench, capsys, tmp_path):
         if line.startswith(("| cudt |", "| torch + Cooper |"))
     ]
     assert [r[1] for r in llm] == ["cpu", "cpu"] and all(float(r[5]) > 0 for r in llm)
+    # bf16 against float32: the speed-up is the ratio of the two times, and bf16 moves the
+    # layer losses further than the float32 control (a start 1e-6 away) does
+    bf16 = table("bf16: every model product in bfloat16 against float32")
+    assert sorted(bf16) == ["DUST-1", "UT-1"]
+    for _, f32_ms, bf16_ms, speedup, low, control in bf16.values():
+        assert math.isclose(float(speedup[:-1]), float(f32_ms) / float(bf16_ms), rel_tol=0.02)
+        low_max, control_max = float(low.split(" / ")[0]), float(control.split(" / ")[0])
+        assert low_max > 1e-4 and low_max > 10 * control_max
     sweep = [
         line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
     ]
