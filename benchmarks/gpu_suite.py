@@ -105,6 +105,26 @@ def _time(measure, repeats: int) -> float:
 MODELS = (("ut", None), ("dust", 20), ("dust", 24))  # UT-5; DUST-5 with K = 400, 576
 
 
+_SETUPS: dict = {}
+
+
+def _setup(args, train_x, sigma, model: str, atoms=None, dtype=jnp.float32, ut_clip=None):
+    """``make_video_setup`` (jitted, donating step) shared by the sections: a step that two
+    sections time is compiled once (``ut_clip="matmul"`` is the UT's default clipping)."""
+    key = (model, atoms, jnp.dtype(dtype).name, None if ut_clip == "matmul" else ut_clip)
+    if key not in _SETUPS:
+        _SETUPS[key] = make_video_setup(
+            model,
+            train_x,
+            sigma,
+            layers=args.layers,
+            atoms_per_dim=atoms,
+            dtype=dtype,
+            ut_clip=key[3],
+        )
+    return _SETUPS[key]
+
+
 def _torch_side():
     """(torch, the device, the Cooper step class, the model builder), or the reason they are
     missing."""
@@ -125,7 +145,7 @@ def step_rows(args, train_x, sigma, batch, key) -> tuple[list[list], str]:
     side, note = _torch_side()
     alternatives, names = {}, []
     for model, atoms in MODELS:
-        setup = make_video_setup(model, train_x, sigma, layers=args.layers, atoms_per_dim=atoms)
+        setup = _setup(args, train_x, sigma, model, atoms)
         names.append(setup.name)
         steps = JaxSteps(setup.step, setup.init(copy_tree(setup.params)), batch, key)
         alternatives[(setup.name, "cudt")] = lambda s=steps: s.block(args.steps)
@@ -198,12 +218,12 @@ def clip_rows(args, train_x, sigma, batch, key) -> list[list]:
     rows (method, ms/step, / default, ms/step vmapped, / default)."""
     alternatives = {}
     for method in CLIP_METHODS:
+        single = _setup(args, train_x, sigma, "ut", ut_clip=method)  # jitted, donating
+        steps = JaxSteps(single.step, single.init(copy_tree(single.params)), batch, key)
+        alternatives[(method, 1)] = lambda s=steps: s.block(args.steps)
         setup = make_video_setup(
             "ut", train_x, sigma, layers=args.layers, jit=False, ut_clip=method
         )
-        single = jax.jit(setup.step, donate_argnums=0)
-        steps = JaxSteps(single, setup.init(copy_tree(setup.params)), batch, key)
-        alternatives[(method, 1)] = lambda s=steps: s.block(args.steps)
         vmapped = jax.jit(jax.vmap(setup.step, in_axes=(0, None, None)), donate_argnums=0)
         eps = 0.05 * jnp.arange(1, args.clip_runs + 1, dtype=jnp.float32)
         states = jax.jit(jax.vmap(lambda e, s=setup: s.init(s.params, epsilon=e)))(eps)
@@ -237,9 +257,7 @@ def bf16_rows(args, train_x, sigma, batch, key) -> list[list]:
     alternatives, losses, names = {}, {}, []
     for model, atoms in BF16_MODELS:
         for dtype in (jnp.float32, jnp.bfloat16):
-            setup = make_video_setup(
-                model, train_x, sigma, layers=args.layers, atoms_per_dim=atoms, dtype=dtype
-            )
+            setup = _setup(args, train_x, sigma, model, atoms, dtype)
             name = setup.name.removesuffix("-bfloat16")
             if dtype == jnp.float32:
                 names.append(name)
