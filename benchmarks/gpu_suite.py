@@ -318,6 +318,7 @@ def markdown(headers: list[str], rows: list[list]) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    _SETUPS.clear()  # steps compiled for another call's sizes must not be reused
     header("benchmarks.gpu_suite", argv)
     if jax.devices()[0].platform == "gpu":
         # the same float32 arithmetic on every side (no TF32), as benchmarks.smollm2_peer
