@@ -87,6 +87,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         f"{TORCH_DEFAULT_THREADS} here, XLA: one per core); n > 0: torch on n threads and every "
         "thread of the process (XLA's too) on n cores (default 0)",
     )
+    p.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=None,
+        help="cudt's per-layer loss: readout rows per chunk (default: the LLM task's, 2048); "
+        "at least (L+1)·B·window rows is one chunk, no rematerialised logits",
+    )
     p.add_argument("--tolerance", type=float, default=1e-4, help="relative (default 1e-4)")
     p.add_argument(
         "--tiny",
@@ -158,7 +165,7 @@ class CudtSide:
         return np.asarray(n * ex["attention_mask"][..., None], np.float32)
 
 
-def build_cudt(checkpoint: Path, batch: int, seq: int) -> CudtSide:
+def build_cudt(checkpoint: Path, batch: int, seq: int, chunk_tokens: int | None = None) -> CudtSide:
     task = LLMTask()
     cfg = LLMConfig(
         checkpoint=str(checkpoint),
@@ -167,6 +174,7 @@ def build_cudt(checkpoint: Path, batch: int, seq: int) -> CudtSide:
         num_train=max(16, batch),
         num_val=4,
         num_test=4,
+        **({} if chunk_tokens is None else {"chunk_tokens": chunk_tokens}),
     )
     data = task.load(cfg)
     for line in task.describe(cfg, data):
@@ -375,6 +383,16 @@ def check_agreement(cudt_side: CudtSide, torch_side: TorchSide, tolerance: float
 # --------------------------------------------------------------------------------------------------
 
 
+def readout_chunks(cudt_side: CudtSide) -> str:
+    """How cudt's per-layer loss splits its readout rows (``cudt.lm_loss.layer_token_losses``)."""
+    c = cudt_side.data.decoder.config
+    rows = (c.num_layers + 1) * cudt_side.batch.examples["input_ids"].shape[0]
+    rows *= cudt_side.data.response_tokens or cudt_side.batch.examples["input_ids"].shape[1]
+    chunks = math.ceil(rows / min(cudt_side.cfg.chunk_tokens, rows))
+    how = "logits rematerialised in the backward" if chunks > 1 else "no rematerialisation"
+    return f"{rows} readout rows in {chunks} chunk{'s' * (chunks > 1)}, {how}"
+
+
 def step_flops(cudt_side: CudtSide) -> float:
     """Model FLOPs of one step: ``6·N·B·T`` for the blocks' ``N`` weights (forward and
     backward) plus, per readout of a response token at each of the L+1 states, ``4·D·V``
@@ -425,7 +443,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     )
     checkpoint = write_tiny_gguf(workdir) if args.tiny else smollm2_gguf_path()
     t0 = time.perf_counter()
-    cudt_side = build_cudt(checkpoint, args.batch, args.seq)
+    cudt_side = build_cudt(checkpoint, args.batch, args.seq, args.chunk_tokens)
     ex = cudt_side.batch.examples
     cfg = cudt_side.cfg
     epsilon = cfg.epsilon if args.torch_epsilon is None else args.torch_epsilon
@@ -436,7 +454,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     print(
         f"step: B = {args.batch}, T = {args.seq}, {responses} response tokens read out at "
         f"{c.num_layers + 1} states (cudt: a window of {cudt_side.data.response_tokens} "
-        f"positions per sample), ε = {cfg.epsilon}"
+        f"positions per sample, {readout_chunks(cudt_side)}), ε = {cfg.epsilon}"
         + (f" (torch: {epsilon})" if epsilon != cfg.epsilon else "")
         + f", ℓ_0 ≤ ln V = {cudt_side.reference:.4g}, Adam lr {cudt_side.lr:g}, dual ascent lr "
         f"{cfg.dual_lr:g}, γ = {cfg.gamma_train:g} (noise std {cudt_side.data.noise_unit:.4g}), "

@@ -109,10 +109,11 @@ def layer_token_losses(
     head, not a copy). Worth it when a few ``chunk_tokens x V`` float32 buffers weigh more
     than the head's own gradient ``[D, V]``, which the backward holds whole in any case.
 
-    Neither size needs to divide its axis. The rows are padded to a whole number of chunks by
-    repeating the last row (real values, so ``norm_fn`` sees no artificial zeros) and the padded
-    rows' results are dropped: they get exactly zero gradient. When ``chunk_tokens`` divides
-    ``(L+1)·B·T`` the states are only reshaped, not copied. The last vocabulary block is the
+    Neither size needs to divide its axis. The rows go into ``n = ceil(rows / chunk_tokens)``
+    chunks of equal size ``ceil(rows / n)`` (at most ``chunk_tokens``), padded by fewer than
+    ``n`` rows, which repeat the last row (real values, so ``norm_fn`` sees no artificial
+    zeros); the padded rows' results are dropped: they get exactly zero gradient. When ``n``
+    divides ``(L+1)·B·T`` the states are only reshaped, not copied. The last vocabulary block is the
     head's last ``vocab_chunk`` columns, with those already seen set to -inf. Values and
     gradients (w.r.t. the states, the head and anything ``norm_fn`` closes over) equal the
     naive version's up to float32 summation order.
@@ -146,8 +147,10 @@ def layer_token_losses(
         states, labels, loss_mask = _response_window(states, labels, loss_mask, response_tokens)
     num_states, batch, seq, dim = states.shape
     num_rows = num_states * batch * seq
-    chunk = min(int(chunk_tokens), num_rows)
-    num_chunks = math.ceil(num_rows / chunk)
+    # as few chunks as chunk_tokens allows, of equal size: fewer padded rows than chunks (a
+    # fixed size of chunk_tokens could pad almost a whole chunk of readouts over V)
+    num_chunks = math.ceil(num_rows / min(int(chunk_tokens), num_rows))
+    chunk = math.ceil(num_rows / num_chunks)
     pad = num_chunks * chunk - num_rows
 
     rows = states.reshape(num_rows, dim)

@@ -82,7 +82,8 @@ def test_naive_matches_a_float64_numpy_reference():
     "chunk_tokens, vocab_chunk",
     [
         (15, None),  # divides the 45 rows
-        (7, None),  # does not: the last chunk is padded
+        (7, None),  # does not: 7 chunks of 7 rows, 4 of them padding
+        (44, None),  # 2 chunks of 23 rows, 1 of them padding
         (100, None),  # more than the rows: one chunk
         (15, 10),  # vocabulary blocks dividing V = 50
         (7, 16),  # neither divides: padded rows and an overlapping last vocabulary block
@@ -267,3 +268,11 @@ def test_one_chunk_reuses_the_logits_in_the_backward():
     per_chunk = _flops(functools.partial(layer_token_losses, chunk_tokens=rows // 2), 5, 4096)
     assert 2.9 * head_matmul < one < 3.3 * head_matmul, one / head_matmul
     assert per_chunk > 3.9 * head_matmul / 2, per_chunk / (head_matmul / 2)
+
+
+def test_chunks_are_balanced_so_padding_costs_under_one_row_per_chunk():
+    """320 rows with ``chunk_tokens=300`` are two chunks of 160, not of 300 (280 rows of
+    readouts over V that would be thrown away)."""
+    head_matmul = 2.0 * 160 * 64 * 4096  # one [160, D] x [D, V] product
+    per_chunk = _flops(functools.partial(layer_token_losses, chunk_tokens=300), 5, 4096)
+    assert 3.9 * head_matmul < per_chunk < 4.4 * head_matmul, per_chunk / head_matmul
