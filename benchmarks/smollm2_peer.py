@@ -91,8 +91,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--chunk-tokens",
         type=int,
         default=None,
-        help="cudt's per-layer loss: readout rows per chunk (default: the LLM task's, 2048); "
-        "at least (L+1)·B·window rows is one chunk, no rematerialised logits",
+        help="cudt's per-layer loss: readout rows per chunk (default: the LLM task's, "
+        "cudt.lm_loss.default_chunk_tokens: 1/8 of the device's memory); at least (L+1)·B·window rows is "
+        "one chunk, no rematerialised logits",
     )
     p.add_argument("--tolerance", type=float, default=1e-4, help="relative (default 1e-4)")
     p.add_argument(
@@ -388,7 +389,8 @@ def readout_chunks(cudt_side: CudtSide) -> str:
     c = cudt_side.data.decoder.config
     rows = (c.num_layers + 1) * cudt_side.batch.examples["input_ids"].shape[0]
     rows *= cudt_side.data.response_tokens or cudt_side.batch.examples["input_ids"].shape[1]
-    chunks = math.ceil(rows / min(cudt_side.cfg.chunk_tokens, rows))
+    chunk_tokens = LLMTask.chunk_tokens(cudt_side.cfg, cudt_side.data)
+    chunks = math.ceil(rows / min(chunk_tokens, rows))
     how = "logits rematerialised in the backward" if chunks > 1 else "no rematerialisation"
     return f"{rows} readout rows in {chunks} chunk{'s' * (chunks > 1)}, {how}"
 

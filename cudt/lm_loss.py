@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import os
 from collections.abc import Callable
 
 import jax
@@ -38,7 +39,12 @@ import numpy as np
 
 from cudt.errors import UsageError
 
-__all__ = ["layer_token_losses", "naive_layer_token_losses", "response_span"]
+__all__ = [
+    "default_chunk_tokens",
+    "layer_token_losses",
+    "naive_layer_token_losses",
+    "response_span",
+]
 
 NormFn = Callable[[jax.Array], jax.Array]
 
@@ -200,6 +206,46 @@ def layer_token_losses(
 # --------------------------------------------------------------------------------------------------
 # Pieces
 # --------------------------------------------------------------------------------------------------
+
+
+#: The fewest rows :func:`default_chunk_tokens` gives, and what it gives where the memory is
+#: unknown: 2048 rows of float32 logits over a vocabulary of 49152 are 400 MB.
+MIN_CHUNK_TOKENS = 2048
+#: The share of the device's memory (a CPU's: the machine's RAM) the readout's logits may take.
+LOGITS_MEMORY_FRACTION = 1 / 8
+
+
+def default_chunk_tokens(vocab: int, *, bytes_limit: int | None = None) -> int:
+    """The ``chunk_tokens`` to use when none is given: as many rows as three ``[rows, V]``
+    float32 buffers (the logits held from the forward to the backward, their softmax and its
+    gradient) fit in :data:`LOGITS_MEMORY_FRACTION` of ``bytes_limit``, never fewer than
+    :data:`MIN_CHUNK_TOKENS`.
+
+    Enough rows for one chunk means no rematerialised logits: two head products per row
+    instead of three. On an H200 that took SmolLM2-135M's constrained step at B 16 x T 256
+    (8928 rows, V = 49152) from 0.137 s to 0.124 s (docs/speed.md §10); on this 2-core CPU a
+    SmolLM2 fine-tune of 4712 rows from 15–16 s to 6.95 s per step (docs/results/llm.md).
+
+    ``bytes_limit`` defaults to the memory of jax's first device: an accelerator's
+    ``memory_stats()["bytes_limit"]`` (what jax's allocator may use), a CPU's physical RAM;
+    :data:`MIN_CHUNK_TOKENS` where neither is known."""
+    if bytes_limit is None:
+        device = jax.devices()[0]
+        if device.platform == "cpu":
+            bytes_limit = _physical_memory()
+        else:
+            bytes_limit = (device.memory_stats() or {}).get("bytes_limit")
+    if not bytes_limit:
+        return MIN_CHUNK_TOKENS
+    rows = int(bytes_limit * LOGITS_MEMORY_FRACTION) // (3 * 4 * int(vocab))
+    return max(MIN_CHUNK_TOKENS, rows)
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system
+        return None
 
 
 def _check(states: jax.Array, head: jax.Array, labels: jax.Array, loss_mask: jax.Array) -> int:

@@ -1,6 +1,7 @@
 """Per-layer LM losses: the chunked version equals the naive one and needs less memory."""
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -276,3 +277,17 @@ def test_chunks_are_balanced_so_padding_costs_under_one_row_per_chunk():
     head_matmul = 2.0 * 160 * 64 * 4096  # one [160, D] x [D, V] product
     per_chunk = _flops(functools.partial(layer_token_losses, chunk_tokens=300), 5, 4096)
     assert 3.9 * head_matmul < per_chunk < 4.4 * head_matmul, per_chunk / head_matmul
+
+
+def test_default_chunk_tokens_is_one_chunk_where_the_device_has_memory_to_spare():
+    from cudt.lm_loss import MIN_CHUNK_TOKENS, default_chunk_tokens
+
+    # an H200's allocator (105 GB): 1/8 of it holds three [rows, 49152] float32 buffers for
+    # 22 252 rows, so SmolLM2 at B 16 (8928 readout rows) is one chunk
+    assert default_chunk_tokens(49152, bytes_limit=105 * 10**9) == 22252
+    # a small device, or one that does not report its memory: never below 2048
+    assert default_chunk_tokens(49152, bytes_limit=10**9) == MIN_CHUNK_TOKENS == 2048
+    assert default_chunk_tokens(49152, bytes_limit=0) == 2048
+    # this process's device is a CPU: its share of the machine's RAM
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert default_chunk_tokens(49152) == max(2048, ram // 8 // (12 * 49152))

@@ -46,7 +46,7 @@ from cudt.data.alpaca import (
 )
 from cudt.errors import UsageError
 from cudt.io import atomic_write
-from cudt.lm_loss import layer_token_losses, response_span
+from cudt.lm_loss import default_chunk_tokens, layer_token_losses, response_span
 from cudt.metrics import exact_match, rouge_l
 from cudt.models.llama import (
     Decoder,
@@ -119,10 +119,11 @@ class LLMConfig(RunConfig):
         "rematerialise every decoder block in the backward pass (less activation memory, "
         "about one more forward pass of compute)",
     )
-    chunk_tokens: int = flag(
-        2048,
+    chunk_tokens: int | None = flag(
+        None,
         "per-layer loss: (layer, token) rows of logits held at a time (rematerialised in the "
-        "backward pass)",
+        "backward pass when there is more than one chunk); default: as many as fit in 1/8 of "
+        "the device's memory (a CPU's: the RAM), at least 2048 (cudt.lm_loss.default_chunk_tokens)",
         check=at_least(1),
     )
     vocab_chunk: int | None = flag(
@@ -435,6 +436,14 @@ class LLMTask(AccuracyReports, Task):
         """3e-3 for a tiny decoder trained from scratch, 1e-5 to fine-tune a checkpoint."""
         return 3e-3 if cfg.checkpoint is None else 1e-5
 
+    @staticmethod
+    def chunk_tokens(cfg, data: LLMData) -> int:
+        """``--chunk-tokens``, or :func:`cudt.lm_loss.default_chunk_tokens` for this vocabulary
+        on this process's device."""
+        if cfg.chunk_tokens is not None:
+            return cfg.chunk_tokens
+        return default_chunk_tokens(data.decoder.config.vocab_size)
+
     def build(self, cfg, data: LLMData, name: str, structure) -> GroupModel:
         dec = data.decoder
         unit = data.noise_unit
@@ -442,6 +451,7 @@ class LLMTask(AccuracyReports, Task):
         length = cfg.max_length
         pretrained = None if data.from_scratch else dec.params
         frozen_table = None if cfg.train_embeddings else dec.params["embed"]
+        chunk_tokens = self.chunk_tokens(cfg, data)
 
         def whole(params, frozen):  # the decoder's params, the frozen table put back
             return params if frozen_table is None else {**params, "embed": frozen}
@@ -454,7 +464,7 @@ class LLMTask(AccuracyReports, Task):
                 dec.head_matrix(params),
                 ex["labels"],
                 ex["loss_mask"],
-                chunk_tokens=cfg.chunk_tokens,
+                chunk_tokens=chunk_tokens,
                 vocab_chunk=cfg.vocab_chunk,
                 response_tokens=data.response_tokens,
             )  # ce, acc: [B, L+1]
