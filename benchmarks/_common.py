@@ -560,6 +560,23 @@ def compile_seconds() -> Iterator[list[float]]:
 # --------------------------------------------------------------------------------------------------
 
 
+def choice_list(choices: Sequence[str], what: str) -> Callable[[str], list[str]]:
+    """An argparse ``type``: a comma-separated list of ``choices`` (in the order given), or one
+    line naming the unknown ones and the choices."""
+
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(unknown) or '(none given)'}: choose from "
+                f"{','.join(choices)}"
+            )
+        return names
+
+    return parse
+
+
 def environment() -> str:
     """One line naming what the numbers were measured on (jax runs on its default device)."""
     import jaxlib

@@ -58,6 +58,7 @@ import numpy as np
 from benchmarks._common import (
     VIDEO,
     JaxSteps,
+    choice_list,
     copy_tree,
     environment,
     header,
@@ -73,14 +74,8 @@ SECTIONS = ("step", "sweep", "llm", "clip", "bf16")
 
 
 def _sections(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in names if s not in SECTIONS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown section(s) {', '.join(unknown) or '(none given)'}: choose from "
-            f"{','.join(SECTIONS)}"
-        )
-    return [s for s in SECTIONS if s in names]
+    names = choice_list(SECTIONS, "section(s)")(text)
+    return [s for s in SECTIONS if s in names]  # measured in the suite's order
 
 
 def parse_args(argv=None) -> argparse.Namespace:

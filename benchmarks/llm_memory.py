@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import print_saved_residuals
 
-from benchmarks._common import header, print_table
+from benchmarks._common import choice_list, header, print_table
 from cudt.errors import UsageError
 from cudt.models.llama import Decoder, DecoderConfig
 from cudt.runner.groups import make_group_step
@@ -123,14 +123,7 @@ def tiny_config(num_layers: int) -> DecoderConfig:
     )
 
 
-def precision_list(text: str) -> list[str]:
-    names = [v.strip() for v in text.split(",") if v.strip()]
-    unknown = [n for n in names if n not in PRECISIONS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown precision {unknown or text!r}: choose from {', '.join(PRECISIONS)}"
-        )
-    return names
+precision_list = choice_list(PRECISIONS, "precision")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
