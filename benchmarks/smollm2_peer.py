@@ -389,7 +389,7 @@ def readout_chunks(cudt_side: CudtSide) -> str:
     c = cudt_side.data.decoder.config
     rows = (c.num_layers + 1) * cudt_side.batch.examples["input_ids"].shape[0]
     rows *= cudt_side.data.response_tokens or cudt_side.batch.examples["input_ids"].shape[1]
-    chunk_tokens = LLMTask.chunk_tokens(cudt_side.cfg, cudt_side.data)
+    chunk_tokens = LLMTask().chunk_tokens(cudt_side.cfg, cudt_side.data)
     chunks = math.ceil(rows / min(chunk_tokens, rows))
     how = "logits rematerialised in the backward" if chunks > 1 else "no rematerialisation"
     return f"{rows} readout rows in {chunks} chunk{'s' * (chunks > 1)}, {how}"

@@ -215,11 +215,11 @@ MIN_CHUNK_TOKENS = 2048
 LOGITS_MEMORY_FRACTION = 1 / 8
 
 
-def default_chunk_tokens(vocab: int, *, bytes_limit: int | None = None) -> int:
+def default_chunk_tokens(vocab: int, *, runs: int = 1, bytes_limit: int | None = None) -> int:
     """The ``chunk_tokens`` to use when none is given: as many rows as three ``[rows, V]``
     float32 buffers (the logits held from the forward to the backward, their softmax and its
-    gradient) fit in :data:`LOGITS_MEMORY_FRACTION` of ``bytes_limit``, never fewer than
-    :data:`MIN_CHUNK_TOKENS`.
+    gradient) of each of ``runs`` runs batched together fit in :data:`LOGITS_MEMORY_FRACTION`
+    of ``bytes_limit``, never fewer than :data:`MIN_CHUNK_TOKENS`.
 
     Enough rows for one chunk means no rematerialised logits: two head products per row
     instead of three. On an H200 that took SmolLM2-135M's constrained step at B 16 x T 256
@@ -237,7 +237,7 @@ def default_chunk_tokens(vocab: int, *, bytes_limit: int | None = None) -> int:
             bytes_limit = (device.memory_stats() or {}).get("bytes_limit")
     if not bytes_limit:
         return MIN_CHUNK_TOKENS
-    rows = int(bytes_limit * LOGITS_MEMORY_FRACTION) // (3 * 4 * int(vocab))
+    rows = int(bytes_limit * LOGITS_MEMORY_FRACTION) // (3 * 4 * int(vocab) * int(runs))
     return max(MIN_CHUNK_TOKENS, rows)
 
 

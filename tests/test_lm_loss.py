@@ -285,6 +285,8 @@ def test_default_chunk_tokens_is_one_chunk_where_the_device_has_memory_to_spare(
     # an H200's allocator (105 GB): 1/8 of it holds three [rows, 49152] float32 buffers for
     # 22 252 rows, so SmolLM2 at B 16 (8928 readout rows) is one chunk
     assert default_chunk_tokens(49152, bytes_limit=105 * 10**9) == 22252
+    # 8 runs vmapped together share that memory: an eighth of the rows each
+    assert default_chunk_tokens(49152, runs=8, bytes_limit=105 * 10**9) == 22252 // 8
     # a small device, or one that does not report its memory: never below 2048
     assert default_chunk_tokens(49152, bytes_limit=10**9) == MIN_CHUNK_TOKENS == 2048
     assert default_chunk_tokens(49152, bytes_limit=0) == 2048

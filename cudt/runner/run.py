@@ -29,7 +29,7 @@ from cudt.runner.hparams import SWEEPABLE
 from cudt.runner.mesh import initialize_distributed, make_shardings
 from cudt.runner.output import TENSORBOARD, open_output_once
 from cudt.runner.report import curves_of, select_best, summarise, summary_table
-from cudt.runner.sweep import expand_runs, parse_sweeps, selected_kinds
+from cudt.runner.sweep import parse_sweeps
 from cudt.runner.task import Task
 
 __all__ = ["run"]
@@ -46,12 +46,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     data = task.load(cfg)
     for line in task.describe(cfg, data):
         print(line)
-    specs = expand_runs(
-        cfg,
-        task.model_names(cfg),
-        lambda m: task.default_lr(cfg, m),
-        lambda m: selected_kinds(cfg, task.kinds(cfg, m)),
-    )
+    specs = task.run_specs(cfg)
     if not specs:
         raise UsageError(
             f"--kinds {cfg.kinds}: none of the models ({', '.join(task.model_names(cfg))}) "

@@ -20,6 +20,7 @@ import numpy as np
 
 from cudt.runner.hparams import resolve_reference
 from cudt.runner.report import Column
+from cudt.runner.sweep import RunSpec, expand_runs, selected_kinds
 
 __all__ = ["EvalBatch", "GroupModel", "RunBatch", "Task"]
 
@@ -123,6 +124,16 @@ class Task:
         """Which of ERM (False) and constrained (True) runs model ``name`` trains (a control
         model may be ERM only)."""
         return (False, True)
+
+    def run_specs(self, cfg) -> list[RunSpec]:
+        """Every run ``cfg`` asks of this task: each model's kinds (``--kinds``), sweep points
+        and seeds (:func:`cudt.runner.sweep.expand_runs`); the runner groups these."""
+        return expand_runs(
+            cfg,
+            self.model_names(cfg),
+            lambda m: self.default_lr(cfg, m),
+            lambda m: selected_kinds(cfg, self.kinds(cfg, m)),
+        )
 
     def structure(self, cfg, name: str, constrained: bool) -> Hashable:
         """What makes ERM and constrained models of ``name`` different programs (None: they

@@ -436,13 +436,16 @@ class LLMTask(AccuracyReports, Task):
         """3e-3 for a tiny decoder trained from scratch, 1e-5 to fine-tune a checkpoint."""
         return 3e-3 if cfg.checkpoint is None else 1e-5
 
-    @staticmethod
-    def chunk_tokens(cfg, data: LLMData) -> int:
+    def chunk_tokens(self, cfg, data: LLMData) -> int:
         """``--chunk-tokens``, or :func:`cudt.lm_loss.default_chunk_tokens` for this vocabulary
-        on this process's device."""
+        on this process's device: for one run at a time on a lone CPU (where the runner takes
+        a group's runs in turn, :func:`cudt.loop.map_runs`), else for every run of the job
+        batched together (vmapped on an accelerator or a mesh), which bounds any group."""
         if cfg.chunk_tokens is not None:
             return cfg.chunk_tokens
-        return default_chunk_tokens(data.decoder.config.vocab_size)
+        alone = jax.default_backend() == "cpu" and jax.device_count() == 1
+        runs = 1 if alone else len(self.run_specs(cfg))
+        return default_chunk_tokens(data.decoder.config.vocab_size, runs=runs)
 
     def build(self, cfg, data: LLMData, name: str, structure) -> GroupModel:
         dec = data.decoder
