@@ -180,6 +180,30 @@ def test_sweep_vmap_prints_ratios_and_equal_work(bench, capsys):
     }
 
 
+def test_xla_options_reach_the_compiler_and_bad_ones_stop_with_one_line(bench, capsys):
+    xla_options = bench("xla_options")
+    xla_options.main(["--quick", "--models", "ut", "--options", "fast_math"])
+    out = capsys.readouterr().out
+    _check_header(out, "xla_options")
+    rows = _table(out, "model options ms/step default / this params, λ max abs diff")
+    assert [r.split()[:2] for r in rows] == [["UT-2", "default"], ["UT-2", "fast_math"]]
+    assert rows[0].split()[-2:] == ["1", "0"]  # the reference, against itself
+    # fast math reassociates and approximates: a program that got the option rounds otherwise
+    # (an option jax.jit dropped would leave the programs, and the trained states, identical)
+    assert float(rows[1].split()[-1]) > 0
+    assert set(_ratios(out, "UT-2: ")) == {"UT-2: default / fast_math"}
+
+    with pytest.raises(SystemExit) as exc:
+        xla_options.parse_args(["--custom", "prefer_vector_width=512"])
+    assert exc.value.code == 2
+    assert "is not KEY=VALUE with an XLA option as KEY" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="option set 'custom' .* does not compile: .*not_a_width"):
+        xla_options.main(
+            ["--quick", "--models", "ut", "--options", "default"]
+            + ["--custom", "xla_cpu_prefer_vector_width=not_a_width"]
+        )
+
+
 def test_flops_prints_rates_against_the_matmul(bench, capsys):
     bench("flops").main(["--quick"])
     out = capsys.readouterr().out
