@@ -126,11 +126,16 @@ _LIMITED = (
 
 
 def cli_subprocess(argv, *, max_file_bytes: int) -> tuple[int, str]:
-    """Runs the video CLI as a real process unable to write a file past ``max_file_bytes``."""
+    """Runs the video CLI as a real process unable to write a file past ``max_file_bytes``.
+
+    Without the session's compilation cache (tests/conftest.py): on a full disk its writes
+    fail too, and jax warns of each on stderr, which must hold the CLI's one line."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
     proc = subprocess.run(
         [sys.executable, "-c", _LIMITED, str(max_file_bytes), *map(str, argv)],
         cwd=ROOT,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
