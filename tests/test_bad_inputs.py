@@ -7,12 +7,16 @@ where the process itself must be limited (a full disk, simulated with ``RLIMIT_F
 works as root), ``cudt.runner.cli.run_cli(lambda: cudt.load_encoder(folder))`` for pretrained weights,
 and the same weights through ``experiments.text_classify --checkpoint FOLDER``.
 
-``CUDT_ERRORS_TABLE=path pytest tests/test_bad_inputs.py`` also writes the tables of case ->
-message (from this run's real output) that docs/errors.md shows.
+Every case's message is checked against its row of docs/errors.md in the test that records it,
+and a test reads this module's source for the cases that docs/errors.md must list: neither
+depends on which tests ran or in what order. ``CUDT_ERRORS_TABLE=path pytest
+tests/test_bad_inputs.py`` writes the tables of case -> message (from this run's real output)
+that docs/errors.md shows, without comparing them with the page.
 """
 
 from __future__ import annotations
 
+import ast
 import gc
 import hashlib
 import io
@@ -125,15 +129,20 @@ _LIMITED = (
 )
 
 
-def cli_subprocess(argv, *, max_file_bytes: int) -> tuple[int, str]:
-    """Runs the video CLI as a real process unable to write a file past ``max_file_bytes``.
+def cli_subprocess(argv, *, max_file_bytes: int | None = None) -> tuple[int, str]:
+    """Runs the video CLI as a real process, as a user starts it (a fresh interpreter), unable
+    to write a file past ``max_file_bytes`` when that is given.
 
     Without the session's compilation cache (tests/conftest.py): on a full disk its writes
     fail too, and jax warns of each on stderr, which must hold the CLI's one line."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    if max_file_bytes is None:
+        command = [sys.executable, "-m", "experiments.video_denoise"]
+    else:
+        command = [sys.executable, "-c", _LIMITED, str(max_file_bytes)]
     proc = subprocess.run(
-        [sys.executable, "-c", _LIMITED, str(max_file_bytes), *map(str, argv)],
+        [*command, *map(str, argv)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -161,7 +170,15 @@ def check(case, status: int, err: str, problem: str, fix: str, *, progress=False
     assert fix in line, (fix, line)
     assert status == 2, (status, err)
     if case is not None:
-        MESSAGES[case] = (_section(), line, status)
+        section = _section()
+        MESSAGES[case] = (section, line, status)
+        if not os.environ.get("CUDT_ERRORS_TABLE"):  # regenerating: the page may be stale
+            shown = _as_in_docs(line)
+            assert _docs_rows().get(case) == (section, status, shown), (
+                f"docs/errors.md's row {case!r} is not this run's message "
+                f"({section!r}, {status}, {shown!r}): regenerate it with CUDT_ERRORS_TABLE "
+                "(see the top of tests/test_bad_inputs.py)"
+            )
     return line
 
 
@@ -177,9 +194,27 @@ SECTIONS = {
 }
 
 
-def _section() -> str:
-    test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[-1]
+def _section(test: str | None = None) -> str:
+    """The docs/errors.md section of a test's cases (by default the test running now)."""
+    if test is None:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[-1]
     return next(title for prefix, title in SECTIONS.items() if test.startswith(prefix))
+
+
+# The pytest base temporary folder, as docs/errors.md writes it: /tmp/ (set for every test).
+_TEMP_BASE: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _temp_base(tmp_path_factory):
+    _TEMP_BASE[:] = [str(tmp_path_factory.getbasetemp())]
+
+
+def _as_in_docs(line: str) -> str:
+    """A message with each test's temporary folder written as /tmp/, as docs/errors.md has it."""
+    for base in _TEMP_BASE:
+        line = re.sub(re.escape(base) + r"/[^/]+/", "/tmp/", line)
+    return line
 
 
 def tree(path: Path) -> dict[str, str] | None:
@@ -397,7 +432,13 @@ CONFIG_CASES = [
 def test_invalid_config(case, flags, problem, fix, tmp_path, capsys):
     out = previous_run(tmp_path / "out")
     before = tree(out)
-    status, err = cli([*TINY, *flags, "--out", out], capsys)
+    if "--distributed" in flags:
+        # what jax.distributed.initialize says depends on whether this process has started
+        # JAX's backend (which earlier tests do): a fresh process, as the user's, says the same
+        # whatever ran before
+        status, err = cli_subprocess([*TINY, *flags, "--out", out])
+    else:
+        status, err = cli([*TINY, *flags, "--out", out], capsys)
     check(case, status, err, problem, fix)
     assert tree(out) == before
 
@@ -1107,7 +1148,6 @@ def _write_table(tmp_path_factory):
     path = os.environ.get("CUDT_ERRORS_TABLE")
     if not path:
         return
-    base = str(tmp_path_factory.getbasetemp())
     lines = []
     for title in dict.fromkeys(SECTIONS.values()):
         rows = [(case, line, st) for case, (sec, line, st) in MESSAGES.items() if sec == title]
@@ -1115,8 +1155,7 @@ def _write_table(tmp_path_factory):
             continue
         lines += [f"### {title}", "", "| case | exit | message (stderr) |", "|---|---|---|"]
         for case, line, status in rows:
-            line = re.sub(re.escape(base) + r"/[^/]+/", "/tmp/", line)
-            cell = line.replace("|", "\\|")
+            cell = _as_in_docs(line).replace("|", "\\|")
             lines.append(f"| {case} | {status} | `{cell}` |")
         lines.append("")
     Path(path).write_text("\n".join(lines))
@@ -1134,21 +1173,40 @@ def _docs_rows() -> dict[str, tuple[str, int, str]]:
     return rows
 
 
-def test_zz_docs_errors_md_is_this_runs_output(tmp_path_factory, request):
-    """Runs last in this module: every message recorded above is docs/errors.md's row for that
-    case, word for word (temporary paths as /tmp/...); with the whole module selected, every
-    row of docs/errors.md was recorded. Fix: regenerate with CUDT_ERRORS_TABLE (see the top)."""
-    docs = _docs_rows()
-    assert len(docs) > 50, "docs/errors.md has lost its tables"
-    base = str(tmp_path_factory.getbasetemp())
-    recorded = {
-        case: (section, status, re.sub(re.escape(base) + r"/[^/]+/", "/tmp/", line))
-        for case, (section, line, status) in MESSAGES.items()
-    }
-    for case, got in recorded.items():
-        assert case in docs, f"docs/errors.md has no row {case!r}: regenerate it"
-        assert docs[case] == got, (case, docs[case], got)
-    selected = {i.originalname for i in request.session.items if i.module is request.module}
-    defined = {n for n in dir(request.module) if n.startswith("test_")}
-    if selected == defined:  # the whole module ran: no row without its test
-        assert sorted(set(docs) - set(recorded)) == []
+def _cases_in_this_module() -> dict[str, str]:
+    """case -> docs/errors.md section, for every case a test of this module records, read from
+    its source (not from a run): ``check("case", ...)`` in a test, or ``check(case, ...)`` in
+    a test parametrized over a table of cases."""
+    cases = {}
+    for node in ast.parse(Path(__file__).read_text(encoding="utf-8")).body:
+        if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+            continue
+        tables = [
+            globals()[d.args[1].id]
+            for d in node.decorator_list
+            if isinstance(d, ast.Call)
+            and getattr(d.func, "attr", None) == "parametrize"
+            and len(d.args) > 1
+            and isinstance(d.args[1], ast.Name)
+        ]
+        for call in ast.walk(node):
+            if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "check"):
+                continue
+            first = call.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                cases[first.value] = _section(node.name)
+            elif isinstance(first, ast.Name) and first.id == "case":
+                cases.update({row[0]: _section(node.name) for table in tables for row in table})
+    return cases
+
+
+def test_docs_errors_md_has_a_row_for_every_case_and_no_other():
+    """docs/errors.md lists exactly the cases this module's tests record, each in its test's
+    section (each test checks its message against its row as it records it). Fix: regenerate
+    the page with CUDT_ERRORS_TABLE (see the top)."""
+    docs = {case: section for case, (section, _, _) in _docs_rows().items()}
+    cases = _cases_in_this_module()
+    assert len(cases) > 50 and len(docs) > 50, "docs/errors.md or the case tables are lost"
+    assert sorted(set(cases) - set(docs)) == [], "cases without a row in docs/errors.md"
+    assert sorted(set(docs) - set(cases)) == [], "rows of docs/errors.md without a case"
+    assert {c: docs[c] for c in cases} == cases, "rows in another section than their test's"
