@@ -1,5 +1,6 @@
-"""The README's set-up commands are the ones CI runs, its layout section lists exactly the files
-in the tree, and every relative Markdown link in README.md and docs/ points at a file."""
+"""The README's set-up commands are the ones CI runs, it stays short, its layout section names
+every top-level folder and file (and only paths that exist), docs/layout.md lists exactly the
+files in the tree, and every relative Markdown link in README.md and docs/ points at a file."""
 
 from __future__ import annotations
 
@@ -9,20 +10,26 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Every tracked file under these folders, and these top-level files, must be in the layout
-# (tests/ is listed by its shared modules only).
+# Every tracked file under these folders must be in docs/layout.md.
 _LISTED_IN_FULL = ("cudt", "experiments", "benchmarks", "docs")
-_TOP_LEVEL = ("README.md", "pyproject.toml", ".gitignore", ".ci/run")
 _CONTINUATION_INDENT = 6  # a description continued on the next line
+README_MAX_LINES = 250
 
 
 def _readme() -> str:
     return (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def _layout_block() -> str:
-    layout = _readme().split("## Layout", 1)[1]
-    return re.search(r"```\n(.*?)```", layout, re.S).group(1)
+def _layout_block(text: str | None = None) -> str:
+    """The first code block after "## Layout" in the README (or the first code block of
+    ``text``)."""
+    if text is None:
+        text = _readme().split("## Layout", 1)[1]
+    return re.search(r"```\n(.*?)```", text, re.S).group(1)
+
+
+def _docs_layout_block() -> str:
+    return _layout_block((ROOT / "docs" / "layout.md").read_text(encoding="utf-8"))
 
 
 def parse_layout(block: str) -> list[str]:
@@ -60,25 +67,31 @@ def parse_layout(block: str) -> list[str]:
     return paths
 
 
-def _tracked_files() -> list[str]:
-    """The files git tracks under the folders listed in full, plus the top-level files (every
-    file under those folders, caches aside, when the tree is not a git checkout)."""
+def _ignored(relative: Path) -> bool:
+    """What .gitignore leaves out (and git's own folder), for a tree that is not a checkout."""
+    return any(
+        part in _IGNORED or part.endswith((".egg-info", ".pyc", ".whl")) for part in relative.parts
+    )
+
+
+_IGNORED = {".git", ".gl", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", "build", "runs"}
+
+
+def _tracked_files(*folders: str) -> list[str]:
+    """The files git tracks (under ``folders``, if any); when the tree is not a git checkout,
+    every file there that .gitignore does not leave out."""
     try:
-        out = subprocess.run(
-            ["git", "ls-files", "--", *_LISTED_IN_FULL],
+        return subprocess.run(
+            ["git", "ls-files", "--", *folders],
             cwd=ROOT,
             capture_output=True,
             text=True,
             check=True,
         ).stdout.split()
     except (OSError, subprocess.CalledProcessError):
-        out = [
-            p.relative_to(ROOT).as_posix()
-            for folder in _LISTED_IN_FULL
-            for p in (ROOT / folder).rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts
-        ]
-    return out + [f for f in _TOP_LEVEL if (ROOT / f).is_file()]
+        roots = [ROOT / f for f in folders] if folders else [ROOT]
+        files = (p.relative_to(ROOT) for root in roots for p in root.rglob("*") if p.is_file())
+        return [f.as_posix() for f in files if not _ignored(f)]
 
 
 def test_ci_runs_exactly_the_readme_test_command():
@@ -90,19 +103,37 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert ci[-1].strip() == test_cmd
 
 
-def test_layout_section_names_existing_paths():
+def test_readme_is_short():
+    lines = len(_readme().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES})"
+
+
+def test_readme_layout_names_existing_paths():
     paths = parse_layout(_layout_block())
     missing = [p for p in paths if not (ROOT / p).exists()]
-    assert len(paths) > 50 and not missing, f"listed in README's layout, not in the tree: {missing}"
+    assert len(paths) >= 8 and not missing, f"listed in README's layout, not in the tree: {missing}"
 
 
-def test_layout_section_lists_every_file():
+def test_readme_layout_names_every_top_level_folder_and_file():
+    """Each top-level entry of the tree (a file, or a folder with tracked files) is named at
+    the layout's top level: ``name`` for a file, ``name/`` for a folder."""
     listed = set(parse_layout(_layout_block()))
-    files = _tracked_files()
+    tops = {f.split("/", 1)[0] + ("/" if "/" in f else "") for f in _tracked_files()}
+    unlisted = sorted(tops - listed)
+    assert len(tops) >= 8 and not unlisted, f"in the tree, missing from README's layout: {unlisted}"
+
+
+def test_docs_layout_names_existing_paths():
+    paths = parse_layout(_docs_layout_block())
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert len(paths) > 50 and not missing, f"listed in docs/layout.md, not in the tree: {missing}"
+
+
+def test_docs_layout_lists_every_file():
+    listed = set(parse_layout(_docs_layout_block()))
+    files = _tracked_files(*_LISTED_IN_FULL)
     unlisted = sorted(set(files) - listed)
-    assert len(files) > 50 and not unlisted, (
-        f"in the tree, missing from README's layout: {unlisted}"
-    )
+    assert len(files) > 50 and not unlisted, f"in the tree, missing from docs/layout.md: {unlisted}"
 
 
 def test_layout_parser_refuses_a_line_it_would_skip():
