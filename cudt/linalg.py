@@ -20,8 +20,8 @@ Matmul-only methods (no LAPACK, no process setting needed, batched natively unde
 each with its error bound in its docstring: :func:`gram_top_eigenvalue` (Lanczos, DUST's
 ``‖D‖²``), :func:`spd_inverse` / :func:`spd_solve` (Newton–Schulz, DUST's dual-frame code),
 :func:`clip_eigenvalues_matmul` (the UT's projection: Lanczos deflation of the eigenvalues
-past the clip, certified, else Newton–Schulz sign and inverse square root). See docs/speed.md
-for what they cost.
+past the clip, certified, else Newton–Schulz sign and inverse square root). docs/speed.md
+says how their cost is measured.
 """
 
 from __future__ import annotations
@@ -182,8 +182,8 @@ def gram_top_eigenvalue(d: jax.Array, steps: int = LANCZOS_STEPS) -> jax.Array:
 
     On CPU one matrix at a time (``lax.map`` over leading and ``vmap`` axes, as the LAPACK
     wrappers above): each Lanczos step reads the whole matrix, and a batch of them (runs x
-    layers: 8 x 5 x 400 KB) does not stay in cache between steps, one matrix does. Measured
-    on 8 stacked runs of DUST-5's dictionaries: vmapped 115 ms vs 46 ms for 8 calls in turn.
+    layers: 8 x 5 x 400 KB) does not stay in cache between steps, one matrix does, so the
+    matrices in turn are faster than vmapped.
 
     Matrix-vector products with ``D`` and ``Dᵀ`` only (the Gram matrix is never formed), from
     a fixed start vector, ``steps`` Lanczos steps with full re-orthogonalisation; the top Ritz
@@ -196,15 +196,16 @@ def gram_top_eigenvalue(d: jax.Array, steps: int = LANCZOS_STEPS) -> jax.Array:
     with ``T_j`` the Chebyshev polynomial, ``γ = (λ₁ − λ₂)/(λ₂ − λ_n)`` and θ₀ the start's angle
     to the top eigenvector, i.e. exponential in ``k·√γ`` where power iteration is in ``k·γ``;
     the squarings add at most ``1/(2²¹·e) ≈ 1.8e-7`` relative (a Ritz pair closer than that
-    is not separated). Measured (tests/test_linalg.py, ``benchmarks/linalg_step.py``): ≤ 3e-7
+    is not separated). Accuracy (tests/test_linalg.py): ≤ 3e-7
     relative on the DCT dictionary (λ₂/λ₁ = 0.82) and on dictionaries trained 60 steps, one of
     which has λ₂/λ₁ = 0.988, where 64 power iterations were 3.4e-4 off; ≤ 1e-5 on a DCT
     dictionary under N(0, 0.05²) noise on every element (a random matrix's nearly flat top);
-    ≤ 7e-7 at every 20th step of the video setting's 400 (``benchmarks/_common.py``'s data,
-    per-layer and tied, ``λ₂/λ₁ ≤ 0.97``). Where the top eigenvalues CLUSTER it is looser:
+    ≤ 7e-7 at every 20th step of the video setting's 400 (per-layer and tied,
+    ``λ₂/λ₁ ≤ 0.97``). Where the top eigenvalues CLUSTER it is looser:
     DUST trained 120 steps on uniform noise reached ``λ₂/λ₁ = 1 − 2e-4``, and 32 steps were up
     to 8.2e-3 below ``λ_max`` there (median 1.8e-5; 48 steps: 1.2e-4). A step size ``1/μ``
-    that much too large still converges (ISTA needs ``μ > λ_max/2``). docs/speed.md §8.
+    that much too large still converges (ISTA needs ``μ > λ_max/2``). Warm starts carried
+    across steps were tried and not adopted (docs/speed.md).
     """
     d = jax.lax.stop_gradient(d).astype(jnp.float32)
     if d.ndim == 2:
@@ -235,8 +236,8 @@ NEWTON_SCHULZ_MAX_ITERATIONS = 40
 def spd_inverse(a: jax.Array, lam_max: jax.Array) -> jax.Array:
     """``A⁻¹`` of a symmetric positive definite ``a [..., n, n]`` by Newton–Schulz iteration.
 
-    On CPU one matrix at a time under ``vmap`` (as :func:`gram_top_eigenvalue`; 8 stacked
-    256x256 inverses: vmapped 106 ms vs 73 ms in turn).
+    On CPU one matrix at a time under ``vmap``, as :func:`gram_top_eigenvalue` (the same
+    cache argument).
 
     ``X₀ = I/λ_max``, ``X ← X(2I − A X)``: matrix products only. The residual
     ``R = I − A X`` squares at every step, ``‖R_k‖₂ = (1 − λ_min/λ_max)^(2^k)``, so it
@@ -363,11 +364,11 @@ def clip_eigenvalues_matmul(
     result is the same). ``return_path=True`` also returns, per matrix, which path ran, as an
     index into ``CLIP_PATHS``: 0 skipped, 1 deflated, 2 Newton–Schulz.
 
-    ``method="auto"`` (default): ``"lanczos"`` on CPU, where it was measured (below),
-    ``"newton_schulz"`` on GPU/TPU: there Lanczos' 96 matrix-vector steps run one after another
-    at kernel latency while a 256x256 product takes microseconds, and under ``vmap`` the
-    branches become selects that all run. Measured on an H200 (``benchmarks.gpu_suite``): the
-    UT-5 step with Lanczos takes 3.07x Newton–Schulz's time (2.44x vmapped over 8 runs).
+    ``method="auto"`` (default): ``"lanczos"`` on CPU, where it is the cheapest of the three
+    (below), ``"newton_schulz"`` on GPU/TPU: there Lanczos' 96 matrix-vector steps run one
+    after another at kernel latency while a 256x256 product takes microseconds, and under
+    ``vmap`` the branches become selects that all run. ``python -m benchmarks gpu`` times
+    every method on the device (docs/speed.md).
 
     ``method="lanczos"`` (``c = clip``, ``S = sym``, ``tol`` 1e-5):
 
@@ -408,16 +409,15 @@ def clip_eigenvalues_matmul(
     the clip that were not deflated; each is at most ``‖S'‖₂ − c``, which (b) bounds by
     ``tol·c`` if the second Lanczos estimate is accurate to ``tol``: a lower bound, so this part
     is an estimate of the same kind as the skip test's, not a proof (the deflation's own part
-    is). Newton–Schulz's resolution adds ≤ 3e-6 per Ritz value within it of ``±e``. Measured
-    against ``eigh`` (tests/test_linalg.py, docs/speed.md §1): ≤ 4.2e-7 max abs on 160 matrices
-    of the video training, ≤ 1e-6 on synthetic spectra it deflates. A fallback result has
+    is). Newton–Schulz's resolution adds ≤ 3e-6 per Ritz value within it of ``±e``. Against
+    ``eigh`` (tests/test_linalg.py): ≤ 4.2e-7 max abs on 160 matrices of the video training,
+    ≤ 1e-6 on synthetic spectra it deflates. A fallback result has
     Newton–Schulz's bound (below).
 
     Cost: a 64-step and a 32-step Lanczos run (one matrix-vector product a step), ``n x k``
-    products, about 90 ``k x k`` products and a bisection: 1.9 ms for ``n = 256`` on one CPU
-    thread, where Newton–Schulz's 26 ``n x n`` products took 9.9 ms and ``eigh`` 3.7 ms (6.0
-    and 3.6 on a quieter machine; docs/speed.md §1); a fallback pays the deflation attempt and
-    Newton–Schulz.
+    products, about 90 ``k x k`` products and a bisection, against Newton–Schulz's 26 ``n x n``
+    products: for ``n = 256`` on a CPU it takes less time than either Newton–Schulz or ``eigh``
+    (docs/speed.md); a fallback pays the deflation attempt and Newton–Schulz.
 
     ``method="newton_schulz"``: the skip test with :func:`gram_top_eigenvalue` of ``S`` (``S Sᵀ =
     S²``, same margin), then, with ``M = S²`` and the projector ``Π = step(M − c²)`` onto the

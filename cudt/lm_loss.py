@@ -222,9 +222,8 @@ def default_chunk_tokens(vocab: int, *, runs: int = 1, bytes_limit: int | None =
     of ``bytes_limit``, never fewer than :data:`MIN_CHUNK_TOKENS`.
 
     Enough rows for one chunk means no rematerialised logits: two head products per row
-    instead of three. On an H200 that took SmolLM2-135M's constrained step at B 16 x T 256
-    (8928 rows, V = 49152) from 0.137 s to 0.124 s (docs/speed.md §10); on this 2-core CPU a
-    SmolLM2 fine-tune of 4712 rows from 15–16 s to 6.95 s per step (docs/results/llm.md).
+    instead of three, so the step is faster wherever the memory allows it (``python -m
+    benchmarks llm`` and ``memory``; docs/speed.md).
 
     ``bytes_limit`` defaults to the memory of jax's first device: an accelerator's
     ``memory_stats()["bytes_limit"]`` (what jax's allocator may use), a CPU's physical RAM;

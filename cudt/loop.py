@@ -68,8 +68,8 @@ def map_runs(fn: Callable, *args: Any, how: str = "auto", spmd_axis_name: str | 
     * ``"auto"`` (default): ``"vmap"`` on GPU/TPU or with ``spmd_axis_name`` (runs sharded
       over a mesh), ``"map"`` on CPU: there batching adds no parallelism (a run's own
       products already occupy the cores) and multiplies the working set by R, so every
-      operation streams R runs' arrays through the caches (docs/speed.md §3: R = 8 DUST-5
-      runs vmapped took 1.5-1.9x the time of the same runs in turn).
+      operation streams R runs' arrays through the caches, which is slower than the runs in
+      turn (``python -m benchmarks sweep`` measures both; docs/speed.md).
 
     With one run (and no mesh) ``fn`` runs on it directly, with no batching or loop around it.
     """
@@ -266,7 +266,7 @@ def train_group(
             def f(states, frozen, data, keys, extras):
                 # The runs map OUTSIDE the scan over steps: on CPU (``lax.map``) each run takes
                 # its n steps in turn with its own arrays hot in cache, as separate runs would
-                # (docs/speed.md §3c); vmapped, it is the same program as a scan of vmapped steps.
+                # (docs/speed.md); vmapped, it is the same program as a scan of vmapped steps.
                 return map_runs(
                     functools.partial(run_chunk, data=data, n=n),
                     states,

@@ -2,12 +2,12 @@
 formulation × dual optimiser × update, over a 100x range of dual step sizes and 3 seeds, on the
 video default (DUST-5), the constrained UT-5 and the text default (MiniLM-6).
 
-Tiny scale (seconds per run; what the tests run):
+Tiny scale (what the tests run):
 
     python -m experiments.dual_study --scale tiny --settings video --seeds 1
 
 The full study (one runner call per setting × combination, each one vmapped program of its
-step sizes × seeds; hours on a 2-core CPU, a batch job on a GPU):
+step sizes × seeds; long on a CPU: a batch job, best on a GPU):
 
     python -m experiments.dual_study --out runs/dual_study
 

