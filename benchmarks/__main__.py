@@ -1,0 +1,52 @@
+"""``python -m benchmarks <subcommand> [flags]``: one command per measurement.
+
+    step     the video step: cudt vs PyTorch + Cooper (UT-5, DUST-5; both dynamics), FLOP rate
+    sweep    R runs as one program vs one after another (the runner's train_group)
+    memory   compiled memory: per-layer LM losses, and fine-tuning Llama 3.1 8B
+    llm      SmolLM2-135M's constrained step vs transformers + Cooper
+    gpu      the sections a lent GPU should run (step, sweep, llm), as Markdown
+
+``python -m benchmarks <subcommand> --help`` lists its flags; ``--quick`` (``llm``: ``--tiny``)
+runs it at its tiniest sizes. The process is configured as the main job's entry points
+configure theirs (``cudt.runner.cli.configure_process``: one OpenBLAS thread unless set).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "step": "the video step: cudt vs PyTorch + Cooper, and its FLOP rate",
+    "sweep": "R runs as one program vs one after another",
+    "memory": "compiled memory of the per-layer LM losses and of an 8B fine-tuning step",
+    "llm": "SmolLM2-135M's constrained step vs transformers + Cooper",
+    "gpu": "the sections a lent GPU should run, as Markdown",
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m benchmarks {" + ",".join(SUBCOMMANDS) + "} [flags]", ""]
+    lines += [f"  {name:7s} {what}" for name, what in SUBCOMMANDS.items()]
+    lines += ["", "python -m benchmarks SUBCOMMAND --help: its flags"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"error: unknown subcommand {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    from cudt.runner.cli import configure_process
+
+    configure_process()
+    module = importlib.import_module(f"benchmarks.{name}")
+    return module.main(rest) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

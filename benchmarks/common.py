@@ -1,0 +1,254 @@
+"""What every subcommand shares: the header, timing, tables.
+
+Timing rules (the house rule for speed): alternatives are measured side by side in one process,
+interleaved over several repetitions (the order rotates every repetition), and reported as
+medians and ratios of medians, never as absolute claims. Work is synchronised with
+``jax.block_until_ready`` (or by the host fetching metrics) before a clock is read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "ChunkClock",
+    "JaxSteps",
+    "choice_list",
+    "copy_tree",
+    "cpu_cores",
+    "environment",
+    "header",
+    "int_list",
+    "interleave",
+    "max_abs_diff",
+    "median",
+    "print_table",
+    "time_alternatives",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# The header
+# --------------------------------------------------------------------------------------------------
+
+
+def environment() -> str:
+    """One line naming what the numbers were measured on (jax runs on its default device)."""
+    import jaxlib
+
+    device = jax.devices()[0]  # the default device: a GPU if jax has one, else the CPU
+    return (
+        f"jax {jax.__version__} (jaxlib {jaxlib.__version__}), default device "
+        f"{device.platform}:{device.device_kind} (x{jax.device_count()}), "
+        f"python {platform.python_version()}, {os.cpu_count()} CPU cores"
+    )
+
+
+def command_line(subcommand: str, argv: Sequence[str] | None) -> str:
+    """The command that runs ``python -m benchmarks <subcommand>`` with ``argv``."""
+    argv = sys.argv[2:] if argv is None else list(argv)
+    exe = sys.executable
+    rel = os.path.relpath(exe)
+    if not rel.startswith(".."):
+        exe = rel
+    return shlex.join([exe, "-m", "benchmarks", subcommand, *argv])
+
+
+def header(subcommand: str, argv: Sequence[str] | None) -> None:
+    """Prints the exact command line and the environment, the first lines of every output."""
+    print(f"command: {command_line(subcommand, argv)}")
+    print(f"environment: {environment()}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def interleave(
+    alternatives: dict[Any, Callable[[], Any]], repeats: int, *, verbose: bool = True
+) -> dict[Any, list[Any]]:
+    """Runs every alternative once per repetition, rotating the order, and collects the results.
+
+    Each alternative is a callable returning its own measurement (seconds, or a tuple of them);
+    rotating the order keeps a slow phase of the machine from always hitting the same one.
+    """
+    names = list(alternatives)
+    results: dict[Any, list[Any]] = {name: [] for name in names}
+    for rep in range(repeats):
+        t0 = time.perf_counter()
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            results[name].append(alternatives[name]())
+        if verbose:
+            print(
+                f"  repetition {rep + 1}/{repeats} done ({time.perf_counter() - t0:.0f}s)",
+                flush=True,
+            )
+    return results
+
+
+def time_alternatives(alternatives: dict[Any, Callable[[], float]], repeats: int) -> dict:
+    """One untimed call of each alternative (warm-up), then ``interleave``: median seconds each."""
+    for measure in alternatives.values():
+        measure()
+    results = interleave(alternatives, repeats)
+    return {name: median(ts) for name, ts in results.items()}
+
+
+class JaxSteps:
+    """Advances a train state with a jitted step; ``block(n)`` times n steps (s/step).
+
+    The state is replaced after every call (a donating step consumes its input); the clock is
+    read after ``jax.block_until_ready`` of the state.
+    """
+
+    def __init__(self, step: Callable, state: Any, batch: Any, key: jax.Array):
+        self.step, self.state, self.batch, self.key = step, state, batch, key
+
+    def __call__(self) -> Any:
+        self.state, metrics = self.step(self.state, self.batch, self.key)
+        return metrics
+
+    def block(self, num_steps: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(num_steps):
+            self()
+        jax.block_until_ready(self.state)
+        return (time.perf_counter() - t0) / num_steps
+
+
+class ChunkClock:
+    """A tqdm-like ``train_group(progress=...)`` object that timestamps every chunk.
+
+    ``train_group`` calls ``progress.update(n)`` after each chunk, once the chunk's metrics are on
+    the host, so the stamps bound each chunk's full cost (device work and host bookkeeping).
+    ``start()`` right before ``train_group``; afterwards ``first`` is the first chunk's wall time
+    (tracing + compilation + the chunk) and ``steady`` the wall times of the later chunks.
+    """
+
+    def __init__(self):
+        self.stamps: list[float] = []
+
+    def start(self) -> ChunkClock:
+        self.stamps = [time.perf_counter()]
+        return self
+
+    def update(self, n: int = 1) -> None:
+        del n
+        self.stamps.append(time.perf_counter())
+
+    def set_postfix_str(self, *args, **kwargs) -> None:
+        del args, kwargs
+
+    @property
+    def durations(self) -> list[float]:
+        return [b - a for a, b in zip(self.stamps[:-1], self.stamps[1:], strict=True)]
+
+    @property
+    def first(self) -> float:
+        return self.durations[0]
+
+    @property
+    def steady(self) -> list[float]:
+        return self.durations[1:]
+
+
+@contextlib.contextmanager
+def cpu_cores(num_cores: int) -> Iterator[None]:
+    """Every thread of this process (jax's, torch's, OpenBLAS's) on its first ``num_cores``
+    allowed cores inside the block; 0 (or at least all of them) changes nothing.
+
+    The way to give jax the same thread count as torch within one process: XLA's CPU thread
+    pool is sized once, at start, but threads confined to n cores run at most n at a time.
+    """
+    allowed = sorted(os.sched_getaffinity(0))
+    if num_cores <= 0 or num_cores >= len(allowed):
+        yield
+        return
+
+    def pin(cores) -> None:
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):  # a thread may end meanwhile
+                os.sched_setaffinity(int(tid), cores)
+
+    pin(allowed[:num_cores])
+    try:
+        yield
+    finally:
+        pin(allowed)
+
+
+def copy_tree(tree: Any) -> Any:
+    """Fresh device buffers (inputs of donating programs are consumed)."""
+    return jax.tree.map(jnp.copy, tree)
+
+
+def max_abs_diff(a: Any, b: Any) -> float:
+    diffs = jax.tree.map(lambda x, y: jnp.max(jnp.abs(jnp.asarray(x) - jnp.asarray(y))), a, b)
+    return float(max(jax.tree.leaves(diffs)))
+
+
+# --------------------------------------------------------------------------------------------------
+# Flags and output
+# --------------------------------------------------------------------------------------------------
+
+
+def int_list(text: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (an argparse ``type``)."""
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def choice_list(choices: Sequence[str], what: str) -> Callable[[str], list[str]]:
+    """An argparse ``type``: a comma-separated list of ``choices`` (in the order given), or one
+    line naming the unknown ones and the choices."""
+
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(unknown) or '(none given)'}: choose from "
+                f"{','.join(choices)}"
+            )
+        return names
+
+    return parse
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A plain fixed-width table; floats are shown with 4 significant digits."""
+
+    def fmt(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return str(value)
+
+    cells = [[fmt(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    line = "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))
+    print(line)
+    print("-" * len(line))
+    for row in cells:
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))

@@ -1,0 +1,382 @@
+"""``python -m benchmarks step``: the video step, cudt vs PyTorch + Cooper, and its FLOP rate.
+
+    .venv/bin/python -m benchmarks step                 # UT-5 and DUST-5, both dynamics
+    .venv/bin/python -m benchmarks step --quick         # tiny sizes (the tests)
+
+The step is the main job's (``python -m experiments.video_denoise``), built by the runner's own
+wiring from :class:`cudt.tasks.video.VideoConfig` (``benchmarks/setting.py``): a constrained
+UT-5 or DUST-5 (one dictionary per layer) on batches of 32 sequences of 8 synthetic 16x16
+patches, noise x̃ = x + γ·σ·n drawn in the step, per-layer MSE, primal Adam, the UT's
+eigenvalue clipping. Two primal-dual dynamics (``--dynamics``): ``default``, the config's own
+(nuPI duals, alternating updates), and ``paper`` (Adam duals, simultaneous updates: the shared
+RunConfig defaults). The peer is the same models in PyTorch with the problem in Cooper
+(``benchmarks/peer.py``: Cooper's ``AlternatingDualPrimalOptimizer`` with its ``nuPI``, or its
+``SimultaneousOptimizer`` with ``torch.optim.Adam(maximize=True)``); the UT's clipping there is
+``torch.linalg.eigh`` (cudt: its default, matmul only).
+
+1. **Equal work**, before any timing: both sides start from cudt's parameters and λ = 0, at
+   ε = ``--check-epsilon`` (0.5: every constraint violated at the start, so every multiplier
+   moves; ε is a value in the run's state, the step is the same program) and take
+   ``--check-steps`` steps on the same batch, torch given the noise cudt draws. Per step: the
+   layer losses (max relative difference) and the multipliers after the step (max difference
+   relative to the largest). The verdict: step 1's losses and multipliers within 1e-4, later
+   steps' multipliers within 1e-2 (after one Adam step, an element whose gradient is at
+   rounding level may move the other way, so later steps agree less than the first).
+2. **Speed**: cudt (jitted, state donated) and torch + Cooper, each with 1 thread and with
+   torch's default thread count (``--torch-threads``; for n threads every thread of the
+   process, XLA's too, runs on n cores), all interleaved over ``--repeats`` repetitions of
+   ``--steps`` steps after an untimed block each; median ms/step and torch / cudt.
+3. **FLOP rate** (``--no-flops`` skips it): XLA's FLOP count of the default-dynamics step with
+   every ``lax.scan`` unrolled (a while loop's body is counted once otherwise; the UT counted
+   with ``eigh`` clipping, whose LAPACK call counts 0, since XLA counts both branches of the
+   default clipping's ``lax.cond``), divided by its time, against a jitted float32
+   ``--matmul-size`` square matmul timed in the same interleaving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from benchmarks.common import (
+    JaxSteps,
+    choice_list,
+    copy_tree,
+    cpu_cores,
+    header,
+    int_list,
+    print_table,
+    time_alternatives,
+)
+from benchmarks.peer import TORCH_DEFAULT_THREADS, relative_diff, torch_threads, video_peer
+from benchmarks.setting import VideoSetup, dynamics_config, video_config, video_setup
+from cudt.data.video import perturb
+from cudt.models import ut_project
+from cudt.runner.groups import make_group_step
+
+MODELS = ("ut", "dust")
+DYNAMICS_FLAGS = {"default": "video default", "paper": "paper"}
+QUICK = dict(steps=2, repeats=1, torch_threads=[0], check_steps=2, matmul_size=256)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    defaults = video_config()
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks step",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--models",
+        type=choice_list(MODELS, "model"),
+        default=[m for m in defaults.models if m in MODELS],
+        help="comma-separated models (default: VideoConfig's, ut,dust)",
+    )
+    p.add_argument(
+        "--dynamics",
+        type=choice_list(tuple(DYNAMICS_FLAGS), "dynamics"),
+        default=list(DYNAMICS_FLAGS),
+        help="default (nuPI, alternating: the video task's) and/or paper (Adam duals, "
+        "simultaneous) (default default,paper)",
+    )
+    p.add_argument("--layers", type=int, default=None, help="L (default: VideoConfig's)")
+    p.add_argument("--batch-size", type=int, default=None, help="B (default: VideoConfig's)")
+    p.add_argument("--steps", type=int, default=10, help="steps per timed block (default 10)")
+    p.add_argument("--repeats", type=int, default=7, help="interleaved repetitions (default 7)")
+    p.add_argument(
+        "--torch-threads",
+        type=int_list,
+        default=[1, 0],
+        help="comma-separated thread counts; 0 is torch's default "
+        f"({TORCH_DEFAULT_THREADS} here); cudt runs on as many cores (default 1,0)",
+    )
+    p.add_argument("--check-steps", type=int, default=3, help="equal-work steps (default 3)")
+    p.add_argument(
+        "--check-epsilon", type=float, default=0.5, help="ε of the equal-work check (default 0.5)"
+    )
+    p.add_argument("--no-flops", dest="flops", action="store_false", help="skip the FLOP rate")
+    p.add_argument("--matmul-size", type=int, default=2048, help="n of the n x n matmul")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes for the tests (L = 2, 3 short videos, batch 4, 1 repeat of 2 steps, "
+        "torch's default threads, a 256² matmul)",
+    )
+    args = p.parse_args(argv)
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
+    return args
+
+
+def base_config(args: argparse.Namespace):
+    overrides = {}
+    if args.layers is not None:
+        overrides["layers"] = args.layers
+    if args.batch_size is not None:
+        overrides["batch_size"] = args.batch_size
+    elif args.quick:
+        overrides["batch_size"] = 4
+    return video_config(quick=args.quick, **overrides)
+
+
+# --------------------------------------------------------------------------------------------------
+# Equal work
+# --------------------------------------------------------------------------------------------------
+
+
+def states_at(setup: VideoSetup, epsilon: float):
+    """Run 0's initial state with ε = ``epsilon`` (a per-run value: the same step program)."""
+    program = setup.program
+    per_run = dict(program.per_run, epsilon=jnp.full_like(program.per_run["epsilon"], epsilon))
+    states = jax.jit(program.init_states)(program.init_keys, per_run)
+    return jax.tree.map(lambda a: a[0], states)
+
+
+def check_equal_work(setup: VideoSetup, dynamics: str, num_steps: int, epsilon: float) -> dict:
+    """``num_steps`` steps of cudt and of torch + Cooper from the same start, batch and noise.
+
+    Returns ``{"rows": table rows, "ok": verdict, "first_call": cudt's first step in seconds
+    (tracing and compilation included)}``.
+    """
+    state = states_at(setup, epsilon)
+    tstep, kwargs = video_peer(setup, setup.params(0), epsilon=epsilon)
+    batch = setup.batch()
+    key = jax.random.key(0)
+    rows, ok, first_call = [], True, None
+    for i in range(num_steps):
+        # the noise cudt's step draws at step i: its layer losses perturb the batch with the
+        # step key fold_in(key, i); perturb(0, γ=1, σ=1, k) is that noise itself
+        noise = perturb(jnp.zeros_like(batch.examples), 1.0, 1.0, jax.random.fold_in(key, i))
+        t0 = time.perf_counter()
+        state, jm = jax.block_until_ready(setup.jitted(state, batch, key))
+        first_call = first_call or time.perf_counter() - t0
+        tm = tstep(**kwargs(batch.examples, noise))
+        loss = relative_diff(jm["layer_loss"], tm["layer_loss"].numpy(), normwise=False)
+        lam = relative_diff(jm["multipliers"], tm["multipliers"].numpy(), normwise=True)
+        good = loss < 1e-4 and lam < 1e-4 if i == 0 else lam < 1e-2
+        ok = ok and good
+        largest = float(np.max(np.abs(np.asarray(jm["multipliers"]))))
+        rows.append([setup.name, dynamics, i + 1, loss, lam, largest, "yes" if good else "NO"])
+    return {"rows": rows, "ok": ok, "first_call": first_call}
+
+
+# --------------------------------------------------------------------------------------------------
+# FLOPs
+# --------------------------------------------------------------------------------------------------
+
+
+def xla_flops(compiled) -> float:
+    """``cost_analysis()['flops']`` (a dict, or a list of one dict in some jax versions)."""
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, list | tuple):
+        analysis = analysis[0]
+    return float(analysis["flops"])
+
+
+@contextlib.contextmanager
+def scans_unrolled() -> Iterator[None]:
+    """Inside the block, ``jax.lax.scan`` fully unrolls (for XLA's FLOP count only)."""
+    original = jax.lax.scan
+    jax.lax.scan = functools.partial(original, unroll=True)
+    try:
+        yield
+    finally:
+        jax.lax.scan = original
+
+
+def step_flops(setup: VideoSetup, state, batch, key) -> tuple[float, float]:
+    """(XLA's FLOPs of the step as compiled, with every scan unrolled); the UT's counted with
+    ``eigh`` clipping (see the module docstring)."""
+    step = setup.step
+    as_compiled = xla_flops(jax.jit(step).lower(state, batch, key).compile())
+    if setup.model_name == "ut":
+        model = dataclasses.replace(
+            setup.model, project=functools.partial(ut_project, method="eigh")
+        )
+        lr = float(setup.program.per_run["lr"][0])
+        _, step = make_group_step(setup.cfg, model, lr=lr, warmup=0, steps_per_epoch=1)
+    with scans_unrolled():
+        unrolled = xla_flops(jax.jit(functools.partial(step)).lower(state, batch, key).compile())
+    return as_compiled, unrolled
+
+
+class Matmul:
+    """A jitted float32 ``n x n`` matmul (2n³ FLOPs): the machine's reference rate."""
+
+    def __init__(self, n: int):
+        ka, kb = jax.random.split(jax.random.key(1))
+        self.a = jax.random.normal(ka, (n, n), jnp.float32)
+        self.b = jax.random.normal(kb, (n, n), jnp.float32)
+        self.compiled = jax.jit(jnp.dot).lower(self.a, self.b).compile()
+        self.flops = 2.0 * n**3
+
+    def block(self, calls: int) -> float:
+        t0 = time.perf_counter()
+        jax.block_until_ready([self.compiled(self.a, self.b) for _ in range(calls)])
+        return (time.perf_counter() - t0) / calls
+
+
+# --------------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------------
+
+
+def on_threads(threads: int, measure: Callable[[], float]) -> Callable[[], float]:
+    """``measure`` with ``threads`` torch threads and every thread of the process on as many
+    cores (0: the defaults)."""
+
+    def run() -> float:
+        with cpu_cores(threads), torch_threads(threads):
+            return measure()
+
+    return run
+
+
+def torch_block(step, kwargs: dict, num_steps: int) -> Callable[[], float]:
+    def run() -> float:
+        t0 = time.perf_counter()
+        for _ in range(num_steps):
+            step(**kwargs)
+        return (time.perf_counter() - t0) / num_steps
+
+    return run
+
+
+def thread_label(threads: int) -> str:
+    return f"{threads}" if threads > 0 else f"{TORCH_DEFAULT_THREADS} (default)"
+
+
+@dataclasses.dataclass
+class StepResult:
+    checks: list  # equal-work rows
+    ok: bool
+    ms: dict  # (model, dynamics, impl, threads label) -> median ms/step
+    flops: list  # FLOP-rate rows
+    matmul_gflops: float | None
+    settings: list[str]  # one line per (model, dynamics)
+
+
+def measure(args: argparse.Namespace, *, on_setup: Callable[[VideoSetup], None] | None = None):
+    """Everything ``step`` prints, as a :class:`StepResult` (``gpu`` renders the same)."""
+    base = base_config(args)
+    checks, settings, alternatives, ok = [], [], {}, True
+    flop_counts: dict[str, tuple[float, float]] = {}
+    matmul = None
+    if args.flops:
+        matmul = Matmul(args.matmul_size)
+        alternatives[("matmul", "", f"{args.matmul_size}²", thread_label(0))] = lambda: (
+            matmul.block(3)
+        )
+    for model_name in args.models:
+        for flag in args.dynamics:
+            dynamics = DYNAMICS_FLAGS[flag]
+            setup = video_setup(dynamics_config(base, dynamics), model_name)
+            if on_setup is not None:
+                on_setup(setup)
+            settings.append(f"{dynamics}: {setup.describe()}")
+            print(f"\n{setup.name}, {dynamics}: checking equal work ...", flush=True)
+            check = check_equal_work(setup, dynamics, args.check_steps, args.check_epsilon)
+            checks += check["rows"]
+            ok = ok and check["ok"]
+            print(f"  cudt's first step (tracing + compilation): {check['first_call']:.2f}s")
+            batch, key = setup.batch(), jax.random.key(0)
+            state = setup.state(0)
+            if args.flops and flag == "default":
+                flop_counts[setup.name] = step_flops(setup, state, batch, key)
+            for threads in args.torch_threads:
+                label = thread_label(threads)
+                steps = JaxSteps(setup.jitted, copy_tree(state), batch, key)
+                alternatives[(setup.name, dynamics, "cudt", label)] = on_threads(
+                    threads, lambda s=steps: s.block(args.steps)
+                )
+                tstep, kwargs = video_peer(setup, setup.params(0))
+                alternatives[(setup.name, dynamics, "torch + Cooper", label)] = on_threads(
+                    threads, torch_block(tstep, kwargs(batch.examples), args.steps)
+                )
+    seconds = time_alternatives(alternatives, args.repeats)
+    ms = {k: 1e3 * s for k, s in seconds.items() if k[0] != "matmul"}
+    flops, peak = [], None
+    if matmul is not None:
+        (matmul_key,) = [k for k in seconds if k[0] == "matmul"]
+        peak = matmul.flops / seconds[matmul_key]
+        flops.append(
+            [matmul_key[2] + " matmul", xla_flops(matmul.compiled) / 1e9, matmul.flops / 1e9,
+             1e3 * seconds[matmul_key], peak / 1e9, 1.0]
+        )  # fmt: skip
+        for name, (as_compiled, used) in flop_counts.items():
+            s = seconds[(name, "video default", "cudt", thread_label(0))]
+            flops.append(
+                [name, as_compiled / 1e9, used / 1e9, 1e3 * s, used / s / 1e9, used / s / peak]
+            )
+    return StepResult(checks, ok, ms, flops, None if peak is None else peak / 1e9, settings)
+
+
+def ratios(ms: dict) -> list[list]:
+    """Rows ``model, dynamics, threads, cudt ms, torch + Cooper ms, torch / cudt``."""
+    rows = []
+    for (name, dynamics, impl, threads), value in ms.items():
+        if impl == "cudt":
+            torch_ms = ms[(name, dynamics, "torch + Cooper", threads)]
+            rows.append([name, dynamics, threads, value, torch_ms, torch_ms / value])
+    return rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    header("step", argv)
+    import cooper
+
+    print(
+        f"torch {torch.__version__} (default {TORCH_DEFAULT_THREADS} threads), cooper-optim "
+        f"{cooper.__version__}",
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    result = measure(args)
+    print("\n" + "\n".join(result.settings))
+    print(
+        "\nequal work: cudt vs torch + Cooper from the same parameters, λ = 0, "
+        f"ε = {args.check_epsilon:g}, the same batch and noise (losses: max relative difference; "
+        "λ after the step: max difference / largest λ; match: step 1 within 1e-4, later λ "
+        "within 1e-2)"
+    )
+    print_table(
+        ["model", "dynamics", "step", "layer loss rel", "λ rel", "largest λ", "match"],
+        result.checks,
+    )
+    print(
+        f"\nspeed: median ms/step over {args.repeats} interleaved repetitions of {args.steps} "
+        "steps (torch / cudt > 1: cudt is faster)"
+    )
+    rows = ratios(result.ms)
+    print_table(
+        ["model", "dynamics", "threads", "cudt ms", "torch + Cooper ms", "torch / cudt"], rows
+    )
+    for name, dynamics, threads, _, _, ratio in rows:
+        print(f"ratio {name} [{dynamics}, threads {threads}]: torch + Cooper / cudt = {ratio:.3g}")
+    if result.flops:
+        print(
+            "\nFLOP rate of the default-dynamics step (GFLOP: XLA's count as compiled, and with "
+            "every scan unrolled, used for the rate), against a jitted float32 matmul"
+        )
+        print_table(
+            ["program", "GFLOP as compiled", "GFLOP used", "ms/call", "GFLOP/s", "/ matmul rate"],
+            result.flops,
+        )
+        for row in result.flops[1:]:
+            print(f"ratio {row[0]}: achieved FLOP/s / matmul rate = {row[5]:.3g}")
+    print(f"total wall {time.perf_counter() - t0:.0f}s")
+    if not result.ok:
+        print("error: the PyTorch + Cooper step does not do cudt's work (see 'equal work')")
+        return 1
+    return 0
