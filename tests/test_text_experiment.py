@@ -99,6 +99,7 @@ def _batch(model: TextClassifier, texts, max_length=12) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_results_json_has_every_run_and_key(bert_run):
     _, results = bert_run
     runs = results["runs"]
@@ -122,6 +123,7 @@ def test_results_json_has_every_run_and_key(bert_run):
     assert erm[0]["layer_loss"] != erm[1]["layer_loss"]
 
 
+@pytest.mark.slow
 def test_accuracy_and_auc_are_consistent(bert_run):
     _, results = bert_run
     n_test = 20
@@ -135,6 +137,7 @@ def test_accuracy_and_auc_are_consistent(bert_run):
         assert run["auc"] == pytest.approx(0.5 * (acc[0] + acc[1]) + 0.5 * (acc[1] + acc[2]))
 
 
+@pytest.mark.slow
 def test_best_run_is_chosen_by_validation_auc(bert_run):
     """--select val-auc (the default, the paper's B.3): validation data is scored over the test
     γ grid, its AUC is each run's score, and the best mark of each kind is its maximum."""
@@ -157,6 +160,7 @@ def test_best_run_is_chosen_by_validation_auc(bert_run):
             assert best[0]["val_auc"] == max(r["val_auc"] for r in eligible)
 
 
+@pytest.mark.slow
 def test_select_val_accuracy_scores_validation_at_gamma_train_only(tiny_bert, tmp_path):
     out = tmp_path / "run"
     argv = TINY + ["--model", "bert", "--checkpoint", str(tiny_bert), "--steps", "2"]
@@ -170,6 +174,7 @@ def test_select_val_accuracy_scores_validation_at_gamma_train_only(tiny_bert, tm
     assert len(best) == 1 and best[0]["val_accuracy"] == max(r["val_accuracy"] for r in erm)
 
 
+@pytest.mark.slow
 def test_plots_are_real_pngs(bert_run):
     out, _ = bert_run
     for name in ("layer_loss.png", "accuracy_vs_gamma.png", "ratio_hist.png"):
@@ -178,6 +183,7 @@ def test_plots_are_real_pngs(bert_run):
             assert len(im.convert("RGB").getcolors(maxcolors=1_000_000)) > 50
 
 
+@pytest.mark.slow
 def test_finished_output_is_refused_and_kept(bert_run, tiny_bert, capsys):
     out, _ = bert_run
     before = (out / "results.json").read_bytes()

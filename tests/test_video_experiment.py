@@ -84,6 +84,7 @@ def diverging_run(tmp_path_factory):
     return out, json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow
 def test_results_json_has_every_run_and_key(diverging_run):
     out, results = diverging_run
     runs = results["runs"]
@@ -112,6 +113,7 @@ def test_results_json_has_every_run_and_key(diverging_run):
     assert results["config"]["steps"] == 20
 
 
+@pytest.mark.slow
 def test_plots_are_real_pngs(diverging_run):
     out, _ = diverging_run
     for name in ("layer_loss.png", "rmse_vs_gamma.png"):
@@ -121,6 +123,7 @@ def test_plots_are_real_pngs(diverging_run):
             assert len(im.convert("RGB").getcolors(maxcolors=1_000_000)) > 50
 
 
+@pytest.mark.slow
 def test_injected_nan_stops_one_run_keeps_its_checkpoint_others_finish(diverging_run):
     out, results = diverging_run
     bad = [r for r in results["runs"] if r["diverged"]]
@@ -142,6 +145,7 @@ def test_injected_nan_stops_one_run_keeps_its_checkpoint_others_finish(diverging
             assert run["train_steps"][-1] == 20 and np.isfinite(run["train_objective"][-1])
 
 
+@pytest.mark.slow
 def test_finished_output_is_never_overwritten(diverging_run, capsys):
     out, _ = diverging_run
     before = (out / "results.json").read_bytes()
@@ -201,6 +205,7 @@ def _final_arrays(out: Path) -> dict[str, dict]:
     return arrays
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_is_bitwise_the_uninterrupted_run(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     straight, killed = tmp_path / "straight", tmp_path / "killed"
@@ -270,6 +275,7 @@ def ut_runs(tmp_path_factory):
     return root, results
 
 
+@pytest.mark.slow
 def test_the_ut_projection_is_applied_after_every_step(ut_runs):
     """ut_project after each primal step: the symmetric part of every W̃_f ends with eigenvalues
     in [-0.95, 0.95]. The large learning rate pushes it far outside (to 57 without the
@@ -284,6 +290,7 @@ def test_the_ut_projection_is_applied_after_every_step(ut_runs):
     assert np.abs(eigenvalues).max() <= 0.95 + 1e-4, np.abs(eigenvalues).max()
 
 
+@pytest.mark.slow
 def test_evaluation_does_not_depend_on_the_eval_batch_size(ut_runs):
     """Padding rows that leaked into a mean, or noise drawn per batch position instead of per
     example, would move these numbers between batch sizes 128 and 7."""
