@@ -47,6 +47,7 @@ def tiny_run(tmp_path_factory):
     return out, run(TINY, out)
 
 
+@pytest.mark.slow
 def test_every_run_has_per_layer_losses_accuracy_and_completions(tiny_run):
     out, results = tiny_run
     runs = results["runs"]
@@ -78,6 +79,7 @@ def test_every_run_has_per_layer_losses_accuracy_and_completions(tiny_run):
     assert "ERM" in text and "constrained" in text and "γ=2" in text and "ROUGE-L" in text
 
 
+@pytest.mark.slow
 def test_training_learns_the_held_out_responses(tiny_run):
     """8 steps from random weights: an untrained decoder reads out near-uniform logits (test
     cross-entropy ln V, token accuracy about 1/V). After training, both runs beat it on the
@@ -91,6 +93,7 @@ def test_training_learns_the_held_out_responses(tiny_run):
         assert r["accuracy"][clean] > 10 / vocab, (r["label"], r["accuracy"])
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_refused_and_kept(tiny_run, capsys):
     out, _ = tiny_run
     before = (out / "results.json").read_bytes()
@@ -119,6 +122,7 @@ def checkpoint_folder(tmp_path_factory):
     return folder, data
 
 
+@pytest.mark.slow
 def test_fine_tunes_a_hugging_face_folder_on_an_alpaca_file(checkpoint_folder, tmp_path):
     folder, data = checkpoint_folder
     argv = [
@@ -154,6 +158,7 @@ def gguf_checkpoint(tmp_path_factory):
     return file, write_alpaca(records, folder / "alpaca_data.json")
 
 
+@pytest.mark.slow
 def test_fine_tunes_a_gguf_file_in_its_chat_template(gguf_checkpoint, tmp_path):
     file, data = gguf_checkpoint
     argv = [
@@ -216,6 +221,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(argv, words, tmp_pat
     assert not (out / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_bf16_compute_trains_close_to_float32(tiny_run, tmp_path):
     _, f32 = tiny_run
     bf16 = run([*TINY, "--compute-dtype", "bfloat16", "--completions", "0"], tmp_path / "bf16")
@@ -245,6 +251,7 @@ FSDP = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_fsdp_on_four_devices_gives_the_one_device_results(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
     env["JAX_PLATFORMS"] = "cpu"

@@ -87,6 +87,7 @@ def test_reviews_are_long_and_in_the_aclimdb_layout(reviews):
     assert len(data.train) + len(data.val) == NUM_TRAIN and len(data.test) == NUM_TEST
 
 
+@pytest.mark.slow
 def test_ut_learns_against_bag_of_words_on_the_same_tokens(reviews, tmp_path):
     out = tmp_path / "run"
     argv = [

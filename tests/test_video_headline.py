@@ -38,6 +38,7 @@ def _at_train_gamma(run) -> np.ndarray:
     return np.asarray(run["layer_loss"][run["test_gamma"].index(run["gamma_train"])])
 
 
+@pytest.mark.slow
 def test_constrained_dust_descends_at_every_layer_where_the_control_does_not(headline):
     constrained = _at_train_gamma(headline["dust", True])
     control = _at_train_gamma(headline["dust-pl", False])
