@@ -43,6 +43,8 @@ __all__ = [
     "TorchUT",
     "cooper_optimizer",
     "relative_diff",
+    "video_peer",
+    "torch_device",
     "torch_threads",
     "torch_video_model",
     "video_layer_losses",
@@ -305,23 +307,34 @@ class CooperStep:
         }
 
 
+def torch_device() -> torch.device:
+    """CUDA when torch has it (the GPU jax runs on, on a lent machine), else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def video_peer(setup, params, epsilon: float | None = None) -> tuple[CooperStep, Callable]:
     """``(step, batch_kwargs)`` of the PyTorch + Cooper mirror of ``setup`` from cudt's
-    ``params``: ``step(clean=..., noise=..., scale=...)``; ``batch_kwargs(clean [B, T, P] numpy,
-    noise or None)`` builds its arguments (None: every call draws fresh noise by ``torch.randn``,
-    as cudt's step draws its own)."""
-    model = torch_video_model(setup, params)
+    ``params``, on :func:`torch_device`: ``step(clean=..., noise=..., scale=...)``;
+    ``batch_kwargs(clean [B, T, P], noise or None)`` builds its arguments (None: every call
+    draws fresh noise by ``torch.randn``, as cudt's step draws its own)."""
+    device = torch_device()
+    model = torch_video_model(setup, params).to(device)
     cfg = setup.cfg
     cmp = DescentCMP(
-        video_layer_losses(model), cfg.layers, cfg.epsilon if epsilon is None else epsilon
+        video_layer_losses(model),
+        cfg.layers,
+        cfg.epsilon if epsilon is None else epsilon,
+        device=device,
     )
     lr = float(setup.program.per_run["lr"][0])
-    step = CooperStep(model, cmp, cooper_optimizer(cfg, cmp, model.parameters(), lr))
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    optimizer = cooper_optimizer(cfg, cmp, model.parameters(), lr, fused=device.type == "cuda")
+    step = CooperStep(model, cmp, optimizer, sync=sync)
     scale = setup.noise_scale
 
     def batch_kwargs(clean, noise=None) -> dict:
-        c = torch.as_tensor(np.asarray(clean))
-        n = None if noise is None else torch.as_tensor(np.asarray(noise))
+        c = torch.tensor(np.array(clean), device=device)
+        n = None if noise is None else torch.tensor(np.array(noise), device=device)
         return {"clean": c, "noise": n, "scale": scale}
 
     return step, batch_kwargs

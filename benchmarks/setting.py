@@ -138,9 +138,19 @@ def load_video(cfg: VideoConfig):
     return _DATA[key]
 
 
+_SETUPS: dict[tuple, VideoSetup] = {}
+
+
 def video_setup(cfg: VideoConfig, model_name: str) -> VideoSetup:
     """The constrained group of ``model_name`` (``ut`` or ``dust``) under ``cfg``, built as
-    :func:`cudt.runner.run` builds it."""
+    :func:`cudt.runner.run` builds it; built once per config in this process (a setup holds
+    no run's state, and its jitted step is compiled once)."""
+    if (cfg, model_name) not in _SETUPS:
+        _SETUPS[cfg, model_name] = _build(cfg, model_name)
+    return _SETUPS[cfg, model_name]
+
+
+def _build(cfg: VideoConfig, model_name: str) -> VideoSetup:
     task = VideoTask()
     data = load_video(cfg)
     structure = task.structure(cfg, model_name, True)

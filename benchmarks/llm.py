@@ -1,40 +1,39 @@
-"""The constrained fine-tuning step of SmolLM2-135M-Instruct: cudt vs transformers + Cooper.
+"""``python -m benchmarks llm``: SmolLM2-135M-Instruct's constrained step, cudt vs transformers
++ Cooper.
+
+    .venv/bin/python -m benchmarks llm                       # B = 4, T = 64, 3 rounds
+    .venv/bin/python -m benchmarks llm --torch-threads 0,1   # also every thread on one core
+    .venv/bin/python -m benchmarks llm --tiny                # a tiny random Llama GGUF, seconds
 
 Both sides start from the same weights (the GGUF file, dequantised to float32 by
 ``cudt.load_decoder``, written as a Hugging Face folder by ``write_decoder_folder`` and loaded by
-transformers' ``LlamaForCausalLM``) and take the same step on the same batch:
+transformers' ``LlamaForCausalLM``) and take the same step on the same batch. The setting is the
+LLM task's own, :class:`cudt.tasks.llm.LLMConfig` (ε, the reference bound ``ℓ_0 ≤ ln V``, γ, the
+dual optimiser and its rate, the update order, Adam's rate, the frozen embeddings), only the
+batch's size given here:
 
 * every state read out through the model's final RMSNorm and tied LM head: 31 per-layer mean
   token cross-entropies over each sample's response tokens (cudt's states are the residual
   stream before the final norm; transformers' ``hidden_states`` are the same except the last,
   which is already normed, so it goes through the head alone);
-* the constraints ``ℓ_l ≤ (1−ε)·ℓ_{l−1}`` (l = 1..30, ε = 0.1) and the reference bound
-  ``ℓ_0 ≤ ln V``; Lagrangian ``ℓ_L + Σ_l λ_l g_l``, simultaneous descent-ascent;
-* Adam on every parameter but the (tied, frozen) embeddings, lr 1e-5 (torch: ``fused=True``,
-  its fastest Adam); SGD dual ascent ``λ ← max(0, λ + 0.1·g)``;
-* Gaussian noise ``γ·σ_E·n`` on every input embedding (γ = 1, σ_E the std of the embedding
-  table, padding unperturbed), drawn inside each side's step (cudt from ``fold_in(key, step)``,
-  torch by ``torch.randn``); the two checked steps give torch cudt's exact noise.
+* the constraints ``ℓ_l ≤ (1−ε)·ℓ_{l−1}`` and ``ℓ_0 ≤ ln V``, the Lagrangian's dynamics as the
+  config says (``benchmarks/peer.py``: Cooper's optimiser for the config's dual optimiser and
+  update order; torch's Adam ``fused=True``, its fastest);
+* Gaussian noise ``γ·σ_E·n`` on every input embedding (σ_E the std of the embedding table,
+  padding unperturbed), drawn inside each side's step; the checked steps give torch cudt's
+  exact noise.
 
-The cudt side is the LLM task's own step, as ``benchmarks/smollm2_step.py`` builds it
-(``LLMTask.load`` / ``build`` and :func:`cudt.runner.groups.make_group_step`, readouts at the
-response window, jitted, state donated). The torch side is a ``cooper.ConstrainedMinimizationProblem``
-with two inequality constraints (the reference bound and the 30 descent constraints, each a
-``DenseMultiplier``, ``Lagrangian`` formulation) trained by ``cooper.optim.SimultaneousOptimizer``
-with ``torch.optim.Adam`` and ``torch.optim.SGD(maximize=True)``; it reads out exactly the
-response tokens (a boolean gather, what PyTorch does without a compiler).
+The cudt side is the task's step (``LLMTask.load`` / ``build`` and the runner's
+:func:`cudt.runner.groups.make_group_step`, readouts at the response window, jitted, state
+donated). The torch side reads out exactly the response tokens (a boolean gather, what PyTorch
+does without a compiler).
 
-Before timing, two steps of each from the same start must agree (per-layer losses, Lagrangian,
-constraint values and multipliers, relative tolerance ``--tolerance``); otherwise the script
-stops with exit status 1. Then ``--rounds`` interleaved rounds (cudt step, torch step, ...) give
-the median seconds per step, tokens/s and the speed-up, as a Markdown table::
-
-    python -m benchmarks.smollm2_peer                      # B = 4, T = 64, 3 rounds
-    python -m benchmarks.smollm2_peer --torch-threads 0,1  # also every thread on one core
-    python -m benchmarks.smollm2_peer --tiny               # a tiny random Llama GGUF, seconds
-
-``--torch-epsilon`` and ``--torch-weight-noise`` give the torch side a different ε or perturbed
-weights: the check must then fail (its own test).
+Before timing, two steps of each from the same start must agree (per-layer losses, constraint
+values and multipliers, relative tolerance ``--tolerance``); otherwise the command stops with
+exit status 1. Then ``--rounds`` interleaved rounds (cudt step, torch step, ...) give the median
+seconds per step, tokens/s, the model FLOP rate (MFU on a GPU it knows) and the speed-up, as a
+Markdown table. ``--torch-epsilon`` and ``--torch-weight-noise`` give the torch side a different
+ε or perturbed weights: the check must then fail (its own test).
 """
 
 from __future__ import annotations
@@ -54,17 +53,21 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from benchmarks._common import cpu_cores, header, interleave, median
-from benchmarks.torch_baseline import torch_threads
+from benchmarks.common import cpu_cores, header, interleave, median
+from benchmarks.peer import (
+    TORCH_DEFAULT_THREADS,
+    CooperStep,
+    DescentCMP,
+    cooper_optimizer,
+    relative_diff,
+    torch_threads,
+)
 from cudt.models.llama import smollm2_gguf_path, write_decoder_folder
 from cudt.models.llama import write_tiny_gguf as tiny_gguf
 from cudt.runner.groups import make_group_step
 from cudt.runner.task import RunBatch
 from cudt.tasks.llm import LLMConfig, LLMTask
 
-MODULE = "benchmarks.smollm2_peer"
-# torch's own choice of intra-op threads, read before anything here changes it.
-TORCH_DEFAULT_THREADS = torch.get_num_threads()
 # float32 peak FLOP/s (no tensor cores) of the GPUs whose MFU the table can give.
 FP32_PEAK = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12, "L4": 30.3e12}
 
@@ -75,7 +78,11 @@ class PeerMismatch(SystemExit):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks llm",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--batch", type=int, default=4, help="samples per batch B (default 4)")
     p.add_argument("--seq", type=int, default=64, help="tokens per sample T (default 64)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds (default 3)")
@@ -219,16 +226,13 @@ def load_hf_model(cudt_side: CudtSide, folder: Path, weight_noise: float = 0.0):
     return model
 
 
-class PeerCMP(cooper.ConstrainedMinimizationProblem):
-    """min ℓ_L  s.t.  ℓ_0 − C ≤ 0  and  ℓ_l − (1−ε)·ℓ_{l−1} ≤ 0, l = 1..L.
+class HFLayerLosses:
+    """``noise [B, T, D] -> [B, L+1]``: the per-sample losses of ``LlamaForCausalLM`` on the
+    batch's response tokens (cudt's ``layer_token_losses``: the mean token cross-entropy of each
+    state's readout over a sample's response tokens; a sample with none counts 0)."""
 
-    ``ℓ_l``: the batch mean of the per-sample mean token cross-entropy of state ``l``'s readout
-    over the response tokens (cudt's ``layer_token_losses``; a sample with none counts 0)."""
-
-    def __init__(self, model, examples: dict, epsilon: float, reference: float, device):
-        super().__init__()
-        self.model, self.epsilon, self.reference = model, epsilon, reference
-        num_layers = model.config.num_hidden_layers
+    def __init__(self, model, examples: dict, device):
+        self.model = model
         t = {k: torch.tensor(np.asarray(v), device=device) for k, v in examples.items()}
         self.input_ids = t["input_ids"].long()
         self.attention_mask = t["attention_mask"].long()
@@ -236,22 +240,12 @@ class PeerCMP(cooper.ConstrainedMinimizationProblem):
         self.position_ids = (self.attention_mask.cumsum(1) - 1).clamp(min=0)
         on = t["loss_mask"] != 0
         self.rows, self.cols = on.nonzero(as_tuple=True)  # the response tokens, [N] each
-        self.labels = t["labels"].long()[self.rows, self.cols].repeat(num_layers + 1)  # [(L+1)·N]
+        num_states = model.config.num_hidden_layers + 1
+        self.labels = t["labels"].long()[self.rows, self.cols].repeat(num_states)  # [(L+1)·N]
         self.count = on.sum(1).to(torch.float32)  # [B]
         self.batch_size = self.input_ids.shape[0]
 
-        def constraint(n: int) -> cooper.Constraint:
-            return cooper.Constraint(
-                constraint_type=cooper.ConstraintType.INEQUALITY,
-                formulation_type=cooper.formulations.Lagrangian,
-                multiplier=cooper.multipliers.DenseMultiplier(num_constraints=n, device=device),
-            )
-
-        self.bound = constraint(1)
-        self.descent = constraint(num_layers)
-
-    def layer_losses(self, noise: torch.Tensor) -> torch.Tensor:
-        """Per-sample losses ``[B, L+1]`` with ``noise [B, T, D]`` on the input embeddings."""
+    def __call__(self, noise: torch.Tensor) -> torch.Tensor:
         base = self.model.model
         embeds = base.embed_tokens(self.input_ids) + noise
         out = base(
@@ -270,41 +264,29 @@ class PeerCMP(cooper.ConstrainedMinimizationProblem):
         per_sample = torch.where(self.count > 0, sums / self.count.clamp(min=1), 0.0)
         return per_sample.T
 
-    def compute_cmp_state(self, noise: torch.Tensor) -> cooper.CMPState:
-        mean = self.layer_losses(noise).mean(0)  # [L+1]
-        g_bound = mean[:1] - self.reference
-        g_descent = mean[1:] - (1.0 - self.epsilon) * mean[:-1]
-        return cooper.CMPState(
-            loss=mean[-1],
-            observed_constraints={
-                self.bound: cooper.ConstraintState(violation=g_bound),
-                self.descent: cooper.ConstraintState(violation=g_descent),
-            },
-            misc={"layer_loss": mean.detach(), "constraint": torch.cat([g_bound, g_descent])},
-        )
-
 
 class TorchSide:
-    """One ``SimultaneousOptimizer.roll`` per call: Adam on θ, SGD ascent on λ (λ ≥ 0)."""
+    """One Cooper ``roll`` per call (``benchmarks/peer.py``, the LLM config's dynamics)."""
 
     def __init__(self, model, cudt_side: CudtSide, epsilon: float, device):
         self.device = device
-        self.cmp = PeerCMP(
-            model, cudt_side.batch.examples, epsilon, cudt_side.reference, device=device
+        losses = HFLayerLosses(model, cudt_side.batch.examples, device)
+        self.cmp = DescentCMP(
+            losses,
+            model.config.num_hidden_layers,
+            epsilon,
+            reference=cudt_side.reference,
+            device=device,
         )
         trained = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = cooper.optim.SimultaneousOptimizer(
-            cmp=self.cmp,
-            # fused: one kernel per step for all tensors (torch's default, one loop of
-            # several elementwise kernels per tensor, takes ~2x as long at 106M parameters)
-            primal_optimizers=torch.optim.Adam(trained, lr=cudt_side.lr, fused=True),
-            dual_optimizers=torch.optim.SGD(
-                self.cmp.dual_parameters(), lr=cudt_side.cfg.dual_lr, maximize=True
-            ),
-        )
+        # fused Adam: one kernel per step for all tensors (torch's default, one loop of several
+        # elementwise kernels per tensor, takes ~2x as long at 106M parameters)
+        optimizer = cooper_optimizer(cudt_side.cfg, self.cmp, trained, cudt_side.lr, fused=True)
+        sync = torch.cuda.synchronize if device.type == "cuda" else None
+        self.step = CooperStep(_NoProjection(model), self.cmp, optimizer, sync=sync)
         self.noise_std = float(cudt_side.cfg.gamma_train * cudt_side.data.noise_unit)
-        shape = (*self.cmp.input_ids.shape, model.config.hidden_size)
-        self.noise_shape, self.on_tokens = shape, self.cmp.attention_mask[..., None]
+        shape = (*losses.input_ids.shape, model.config.hidden_size)
+        self.noise_shape, self.on_tokens = shape, losses.attention_mask[..., None]
 
     def __call__(self, noise: np.ndarray | None = None) -> dict:
         if noise is None:
@@ -312,34 +294,23 @@ class TorchSide:
             z = z * self.on_tokens
         else:
             z = torch.tensor(noise, device=self.device)
-        rollout = self.optimizer.roll(compute_cmp_state_kwargs={"noise": z})
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        misc = rollout.cmp_state.misc
-        return {
-            "layer_loss": misc["layer_loss"].cpu().numpy(),
-            "constraint": misc["constraint"].detach().cpu().numpy(),
-            "lagrangian": float(rollout.primal_lagrangian_store.lagrangian.detach()),
-            "multipliers": torch.cat(
-                [self.cmp.bound.multiplier.weight, self.cmp.descent.multiplier.weight]
-            )
-            .detach()
-            .cpu()
-            .numpy(),
-        }
+        out = self.step(noise=z)
+        return {k: v.detach().cpu().numpy() for k, v in out.items()}
+
+
+class _NoProjection:
+    """The LLM has no parameter projection after its step."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def project(self) -> None:
+        pass
 
 
 # --------------------------------------------------------------------------------------------------
 # The check: two steps from the same start
 # --------------------------------------------------------------------------------------------------
-
-
-def relative_diff(a, b, *, normwise: bool) -> float:
-    """max |a − b| / |a| elementwise, or / max |a| (``normwise``: for values that may be 0)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if normwise:
-        return float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), 1e-30))
-    return float(np.max(np.abs(a - b) / np.maximum(np.abs(a), 1e-30)))
 
 
 def check_agreement(cudt_side: CudtSide, torch_side: TorchSide, tolerance: float):
@@ -354,7 +325,6 @@ def check_agreement(cudt_side: CudtSide, torch_side: TorchSide, tolerance: float
         tm = torch_side(cudt_side.noise(i))
         for name, normwise in (
             ("layer_loss", False),
-            ("lagrangian", False),
             ("constraint", True),
             ("multipliers", True),
         ):
@@ -458,9 +428,10 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         f"{c.num_layers + 1} states (cudt: a window of {cudt_side.data.response_tokens} "
         f"positions per sample, {readout_chunks(cudt_side)}), ε = {cfg.epsilon}"
         + (f" (torch: {epsilon})" if epsilon != cfg.epsilon else "")
-        + f", ℓ_0 ≤ ln V = {cudt_side.reference:.4g}, Adam lr {cudt_side.lr:g}, dual ascent lr "
-        f"{cfg.dual_lr:g}, γ = {cfg.gamma_train:g} (noise std {cudt_side.data.noise_unit:.4g}), "
-        f"embeddings frozen; set up in {time.perf_counter() - t0:.0f}s",
+        + f", ℓ_0 ≤ ln V = {cudt_side.reference:.4g}, Adam lr {cudt_side.lr:g}, "
+        f"{cfg.dual_optimizer} duals lr {cfg.dual_lr:g}, {cfg.update} updates, γ = "
+        f"{cfg.gamma_train:g} (noise std {cudt_side.data.noise_unit:.4g}), embeddings frozen; "
+        f"set up in {time.perf_counter() - t0:.0f}s",
         flush=True,
     )
     _, compile_s = check_agreement(cudt_side, torch_side, args.tolerance)
@@ -513,12 +484,14 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     return {"seconds": seconds, "speedup": ratios, "table": table}
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    header(MODULE, argv)
-    with tempfile.TemporaryDirectory(prefix="smollm2_peer_") as tmp:
+def measure(args: argparse.Namespace) -> dict:
+    """:func:`run` in a temporary folder (the HF copy of the weights, the tiny GGUF)."""
+    with tempfile.TemporaryDirectory(prefix="benchmarks_llm_") as tmp:
         return run(args, Path(tmp))
 
 
-if __name__ == "__main__":
-    main()
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    header("llm", argv)
+    measure(args)
+    return 0

@@ -1,9 +1,9 @@
 """Memory per device to fine-tune Llama 3.1 8B with cudt's constrained step (the paper's Section 6).
 
-Run from the repository root:
+The ``llm`` section of ``python -m benchmarks memory``:
 
-    .venv/bin/python -m benchmarks.llm_memory            # the 8B table; ~2 min on 2 CPU cores
-    .venv/bin/python -m benchmarks.llm_memory --quick    # a tiny decoder: the code paths only
+    .venv/bin/python -m benchmarks memory llm            # the 8B table; ~2 min on 2 CPU cores
+    .venv/bin/python -m benchmarks memory llm --quick    # a tiny decoder: the code paths only
 
 Nothing is allocated or run: every number comes from shapes or from XLA's compiler. Setups:
 ``--gpus`` x ``--gpu-gb`` with the run's state split over every GPU (FSDP); the same machine as
@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import print_saved_residuals
 
-from benchmarks._common import choice_list, header, print_table
+from benchmarks.common import choice_list, print_table
 from cudt.errors import UsageError
 from cudt.models.llama import Decoder, DecoderConfig
 from cudt.runner.groups import make_group_step
@@ -127,7 +127,11 @@ precision_list = choice_list(PRECISIONS, "precision")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks memory llm",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--layers", type=int, default=32, help="blocks L of the table (default 32)")
     p.add_argument(
         "--batch", type=int, default=4, help="sequences per step (default 4, the paper's)"
@@ -345,7 +349,7 @@ def state_bytes(program: Program, shapes: tuple[Any, Any], shards: int) -> State
         grads=device_bytes(grads, shards),
         adam=device_bytes(state.opt_state, shards),
         duals=sum(_nbytes(leaf) for leaf in jax.tree.leaves(rest)),
-        multipliers=_nbytes(state.multipliers),
+        multipliers=sum(_nbytes(leaf) for leaf in jax.tree.leaves(state.multipliers)),
     )
 
 
@@ -452,7 +456,7 @@ def start_sharded(args: argparse.Namespace, items: list[dict[str, Any]]) -> subp
     env["JAX_PLATFORMS"] = "cpu"
     job = json.dumps({"args": _job_args(args), "items": items})
     return subprocess.Popen(
-        [sys.executable, "-c", "from benchmarks.llm_memory import worker; worker()", job],
+        [sys.executable, "-c", "from benchmarks.memory_llm import worker; worker()", job],
         cwd=ROOT,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -501,12 +505,6 @@ def worker() -> None:
 
 def gb(nbytes: float) -> float:
     return nbytes / GB
-
-
-def main(argv=None) -> None:
-    args = parse_args(argv)
-    header("benchmarks.llm_memory", argv)
-    run(args)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -765,7 +763,3 @@ def run(args: argparse.Namespace) -> None:
             "cast inside the scan. On a GPU the † figures are likely upper bounds."
         )
     print(f"total wall {time.perf_counter() - t0:.0f}s")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,33 +1,36 @@
-"""Memory of the per-layer LM losses: every layer's full logits vs cudt.lm_loss's chunks.
+"""``python -m benchmarks memory``: memory from XLA's compiler, nothing run at full size.
 
-Run from the repository root:
+    .venv/bin/python -m benchmarks memory                 # both sections, their defaults
+    .venv/bin/python -m benchmarks memory lm-loss [flags] # the per-layer LM losses
+    .venv/bin/python -m benchmarks memory llm [flags]     # fine-tuning Llama 3.1 8B
+    .venv/bin/python -m benchmarks memory --quick         # both, tiny sizes (the tests)
 
-    .venv/bin/python -m benchmarks.lm_loss_memory           # V up to 128k, L+1 up to 33; 1-2 min
-
-A decoder's states ``[L+1, B, T, D]`` are read out by an RMS norm (with a scale parameter) and
-a head ``[D, V]``; the per-sample per-layer token cross-entropy ``[B, L+1]`` is computed three
-ways (``cudt/lm_loss.py``):
+``lm-loss``: every layer's full logits vs :mod:`cudt.lm_loss`'s chunks. A decoder's states
+``[L+1, B, T, D]`` are read out by an RMS norm (with a scale parameter) and a head ``[D, V]``;
+the per-sample per-layer token cross-entropy ``[B, L+1]`` is computed three ways:
 
 * ``naive``: ``naive_layer_token_losses``, the ``[L+1, B, T, V]`` float32 logits at once;
 * ``chunked``: ``layer_token_losses(chunk_tokens=--chunk-tokens)``, ``[chunk, V]`` at a time;
 * ``chunked+vocab``: the same with ``vocab_chunk=--vocab-chunk`` too (online log-sum-exp).
 
-Memory: for every vocabulary size (``--vocab``) and depth (``--depths``, L+1) at a fixed small
-batch ``--batch x --seq``, the forward + backward program, ``jax.jit(jax.value_and_grad(...))``
-w.r.t. the states, the head and the norm scale, is compiled (never run) and its
+For every vocabulary size (``--vocab``) and depth (``--depths``, L+1) at a fixed small batch
+``--batch x --seq``, the forward + backward program, ``jax.jit(jax.value_and_grad(...))`` w.r.t.
+the states, the head and the norm scale, is compiled (never run) and its
 ``memory_analysis().temp_size_in_bytes`` printed: XLA's peak scratch memory, besides the
-arguments and the outputs (the head's gradient ``[D, V]`` is an output). For scale, the
-``logits`` column is the size of one ``[L+1, B, T, V]`` float32 array.
+arguments and the outputs. The ``logits`` column is the size of one ``[L+1, B, T, V]`` float32
+array. At one mid size (``--time-vocab``, ``--time-depth``) the three compiled programs are
+compared (equal work: losses and gradients against the naive ones) and run interleaved over
+``--repeats`` repetitions (medians).
 
-Time: at one mid size (``--time-vocab``, ``--time-depth``) the three compiled programs are run
-interleaved over ``--repeats`` repetitions (medians); before timing, their losses and gradients
-are compared with the naive ones (equal work).
+``llm``: memory per device to fine-tune Llama 3.1 8B with the LLM task's step
+(``benchmarks/memory_llm.py``; ``memory llm --help``).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import sys
 import time
 from collections.abc import Callable
 
@@ -35,18 +38,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks._common import header, max_abs_diff, print_table, time_alternatives
+from benchmarks.common import header, int_list, max_abs_diff, print_table, time_alternatives
 from cudt.lm_loss import layer_token_losses, naive_layer_token_losses
 
 MIB = 2**20
 
 
-def int_list(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
-
-
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks memory lm-loss",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "--vocab", type=int_list, default=[8192, 32768, 131072], help="default 8192,32768,131072"
     )
@@ -131,12 +134,6 @@ def inputs(args: argparse.Namespace, depth: int, vocab: int) -> tuple:
     labels = jax.random.randint(ks[2], (args.batch, args.seq), 0, vocab)
     mask = jnp.broadcast_to(jnp.arange(args.seq) >= args.seq // 4, (args.batch, args.seq))
     return states, head, jnp.ones((args.dim,), dtype), labels, mask.astype(jnp.float32)
-
-
-def main(argv=None) -> None:
-    args = parse_args(argv)
-    header("benchmarks.lm_loss_memory", argv)
-    run(args)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -244,5 +241,33 @@ def run(args: argparse.Namespace) -> None:
     print(f"total wall {time.perf_counter() - t_total:.0f}s")
 
 
-if __name__ == "__main__":
-    main()
+SECTIONS = ("lm-loss", "llm")
+
+
+def main(argv=None) -> int:
+    """``memory [lm-loss|llm] [flags]``: one section with its flags, or both (``--quick`` the
+    only flag then)."""
+    argv = list(argv or [])
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    if argv and argv[0] in SECTIONS:
+        sections, rest = [argv[0]], argv[1:]
+    elif all(a == "--quick" for a in argv):
+        sections, rest = list(SECTIONS), argv
+    else:
+        print(
+            "error: memory takes a section (lm-loss or llm) before its flags, or only --quick",
+            file=sys.stderr,
+        )
+        return 2
+    header("memory", argv)
+    for section in sections:
+        print(f"\n=== memory {section} ===", flush=True)
+        if section == "lm-loss":
+            run(parse_args(rest))
+        else:
+            from benchmarks import memory_llm
+
+            memory_llm.run(memory_llm.parse_args(rest))
+    return 0

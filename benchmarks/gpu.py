@@ -1,0 +1,201 @@
+"""``python -m benchmarks gpu``: the sections a lent GPU should run, as one Markdown file.
+
+    .venv/bin/python -m benchmarks gpu --out gpu.md                 # every section
+    .venv/bin/python -m benchmarks gpu --sections step,sweep        # some of them
+    .venv/bin/python -m benchmarks gpu --small                      # tiny sizes (a CPU, tests)
+
+Each section calls its subcommand's own measuring function, with the GPU's sizes:
+
+* ``step``: ``python -m benchmarks step`` (cudt vs PyTorch + Cooper on the same GPU, UT-5 and
+  DUST-5, both dynamics, equal work checked first; the FLOP rate against a matmul);
+* ``sweep``: ``python -m benchmarks sweep --runs 1,2,4,...,64`` (R runs as one vmapped program);
+* ``llm``: ``python -m benchmarks llm`` at ``--llm-batch`` x ``--llm-seq`` (SmolLM2-135M vs
+  transformers + Cooper; ``--small``: the tiny random Llama).
+
+Both sides run full float32 (no TF32). Each section is printed as soon as it is measured, so a
+run stopped at a time limit keeps what it finished; a section that fails is reported in its
+place (traceback on stderr), the others still run, and the exit status is then 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import traceback
+from pathlib import Path
+
+from benchmarks.common import choice_list, environment, header, int_list
+
+SECTIONS = ("step", "sweep", "llm")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks gpu",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--out", default="gpu.md", help="Markdown file to write (default gpu.md)")
+    p.add_argument(
+        "--sections",
+        type=choice_list(SECTIONS, "section(s)"),
+        default=list(SECTIONS),
+        help=f"comma-separated, measured in this order (default {','.join(SECTIONS)})",
+    )
+    p.add_argument("--steps", type=int, default=20, help="step: steps per block (default 20)")
+    p.add_argument("--repeats", type=int, default=5, help="step: repetitions (default 5)")
+    p.add_argument(
+        "--runs",
+        type=int_list,
+        default=[1, 2, 4, 8, 16, 32, 64],
+        help="sweep: R values (default 1,2,4,...,64)",
+    )
+    p.add_argument("--llm-batch", type=int, default=16, help="llm: samples (default 16)")
+    p.add_argument("--llm-seq", type=int, default=256, help="llm: tokens each (default 256)")
+    p.add_argument("--llm-rounds", type=int, default=5, help="llm: timed rounds (default 5)")
+    p.add_argument(
+        "--small",
+        action="store_true",
+        help="the sections at their --quick sizes (llm: --tiny, B 2 x T 32, one round)",
+    )
+    args = p.parse_args(argv)
+    args.sections = [s for s in SECTIONS if s in args.sections]
+    return args
+
+
+def markdown(headers: list[str], rows: list[list]) -> str:
+    def cell(v) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def step_section(args: argparse.Namespace) -> str:
+    from benchmarks import step
+
+    argv = ["--torch-threads", "0"]
+    argv += (
+        ["--quick"] if args.small else ["--steps", str(args.steps), "--repeats", str(args.repeats)]
+    )
+    result = step.measure(step.parse_args(argv))
+    checks = "yes" if result.ok else "NO (see the checks below)"
+    text = [
+        "## Constrained step: cudt and PyTorch + Cooper on this device, interleaved",
+        "",
+        *[f"* {line}" for line in result.settings],
+        "",
+        markdown(
+            [
+                "model",
+                "dynamics",
+                "torch threads",
+                "cudt ms/step",
+                "torch + Cooper ms/step",
+                "torch / cudt",
+            ],
+            step.ratios(result.ms),
+        ),  # fmt: skip
+        "",
+        f"Equal work (first steps' losses and multipliers agree): {checks}",
+        "",
+        markdown(
+            ["model", "dynamics", "step", "layer loss rel", "λ rel", "largest λ", "match"],
+            result.checks,
+        ),
+    ]
+    if result.flops:
+        text += [
+            "",
+            "FLOP rate of the default-dynamics step against a jitted float32 matmul:",
+            "",
+            markdown(
+                [
+                    "program",
+                    "GFLOP as compiled",
+                    "GFLOP used",
+                    "ms/call",
+                    "GFLOP/s",
+                    "/ matmul rate",
+                ],
+                result.flops,
+            ),  # fmt: skip
+        ]
+    if not result.ok:
+        raise RuntimeError("\n".join(text))
+    return "\n".join(text)
+
+
+def sweep_section(args: argparse.Namespace) -> str:
+    from benchmarks import sweep
+
+    argv = ["--quick"] if args.small else ["--runs", ",".join(map(str, args.runs))]
+    result = sweep.measure(sweep.parse_args(argv))
+    return "\n".join(
+        [
+            "## Sweep: R runs as one program (train_group) vs one after another",
+            "",
+            markdown(
+                [
+                    "model",
+                    "R",
+                    "first chunk s",
+                    "ms/step (all R)",
+                    "ms/run-step",
+                    "one after another / one program, per run-step",
+                    "the same, end to end",
+                ],
+                result["rows"],
+            ),  # fmt: skip
+            "",
+            "Run 0 of each program vs the run alone, largest parameter difference:",
+            "",
+            markdown(["model", "R", "params max abs diff"], result["checks"]),
+        ]
+    )
+
+
+def llm_section(args: argparse.Namespace) -> str:
+    from benchmarks import llm
+    from cudt.errors import CudtError
+
+    argv = ["--batch", str(args.llm_batch), "--seq", str(args.llm_seq)]
+    argv += ["--rounds", str(args.llm_rounds)]
+    if args.small:
+        argv = ["--batch", "2", "--seq", "32", "--rounds", "1", "--tiny"]
+    try:
+        result = llm.measure(llm.parse_args(argv))
+    except CudtError as e:  # the SmolLM2 wheel is not installed
+        return f"## LLM step\n\nnot run: {e}"
+    what = "a tiny random Llama (--small)" if args.small else "SmolLM2-135M-Instruct"
+    return f"## LLM step: {what}, cudt and transformers + Cooper\n\n" + "\n".join(result["table"])
+
+
+SECTION_FUNCTIONS = {"step": step_section, "sweep": sweep_section, "llm": llm_section}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    header("gpu", argv)
+    from benchmarks.step import full_float32
+
+    full_float32()
+    parts = [f"# python -m benchmarks gpu\n\n{environment()}"]
+    failed = []
+    for name in args.sections:
+        t0 = time.perf_counter()
+        try:
+            part = SECTION_FUNCTIONS[name](args)
+        except Exception as e:  # noqa: BLE001 -- one broken section must not cost the others
+            traceback.print_exc()
+            failed.append(name)
+            part = f"## {name}: failed\n\n{type(e).__name__}: {e}"
+        parts.append(part)
+        print(f"\n{part}\n\n[section {name}: {time.perf_counter() - t0:.1f}s]", flush=True)
+    Path(args.out).write_text("\n\n".join(parts) + "\n")
+    print(f"wrote {args.out}")
+    if failed:
+        print(f"error: section(s) {', '.join(failed)} failed (tracebacks above)")
+        return 1
+    return 0
