@@ -860,6 +860,7 @@ def interrupted_run(finished_run, tmp_path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_output_holding_results_is_never_overwritten(finished_run, capsys):
     before = tree(finished_run)
     status, err = cli([*TINY, "--out", finished_run], capsys)
@@ -873,6 +874,7 @@ def test_output_holding_results_is_never_overwritten(finished_run, capsys):
     assert tree(finished_run) == before
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint(interrupted_run, capsys):
     # The last group's latest checkpoint: found before the first group trains or writes.
     step = interrupted_run / "checkpoints" / "ut-1" / "4"
@@ -890,6 +892,7 @@ def test_corrupt_checkpoint(interrupted_run, capsys):
     assert tree(interrupted_run) == before
 
 
+@pytest.mark.slow
 def test_checkpoint_with_truncated_index(interrupted_run, capsys):
     state = interrupted_run / "checkpoints" / "ut-1" / "4" / "state"
     for manifest in state.rglob("manifest.ocdbt"):
@@ -938,6 +941,7 @@ def test_failed_restore_closes_orbax_reads_it_left_unstarted():
     assert warnings_on_collect(close=True) == []
 
 
+@pytest.mark.slow
 def test_checkpoint_with_corrupt_loop_record(interrupted_run, capsys):
     (interrupted_run / "checkpoints" / "ut-1" / "4" / "loop" / "metadata").write_text("{")
     before = tree(interrupted_run)
@@ -952,6 +956,7 @@ def test_checkpoint_with_corrupt_loop_record(interrupted_run, capsys):
     assert tree(interrupted_run) == before
 
 
+@pytest.mark.slow
 def test_checkpoint_of_a_different_config(interrupted_run, capsys):
     assert video_denoise.Config().lr is None  # the run was trained with each model's default
     before = tree(interrupted_run)
@@ -966,6 +971,7 @@ def test_checkpoint_of_a_different_config(interrupted_run, capsys):
     assert tree(interrupted_run) == before
 
 
+@pytest.mark.slow
 def test_checkpoint_of_a_different_model_flag(interrupted_run, capsys):
     before = tree(interrupted_run)
     status, err = cli([*TINY, "--models", "ut", "--out", interrupted_run], capsys)
@@ -979,6 +985,7 @@ def test_checkpoint_of_a_different_model_flag(interrupted_run, capsys):
     assert tree(interrupted_run) == before
 
 
+@pytest.mark.slow
 def test_checkpoint_written_by_a_different_model(interrupted_run, capsys):
     """A DUST checkpoint under the UT group's name (a folder copied from another group): its
     arrays are compared with this model's before anything is trained."""
@@ -997,6 +1004,7 @@ def test_checkpoint_written_by_a_different_model(interrupted_run, capsys):
     assert tree(interrupted_run) == before
 
 
+@pytest.mark.slow
 def test_checkpoints_without_their_config(interrupted_run, capsys):
     (interrupted_run / "checkpoints" / "config.json").unlink()
     before = tree(interrupted_run)
@@ -1011,6 +1019,7 @@ def test_checkpoints_without_their_config(interrupted_run, capsys):
     assert tree(interrupted_run) == before
 
 
+@pytest.mark.slow
 def test_checkpoint_config_unreadable(interrupted_run, capsys):
     (interrupted_run / "checkpoints" / "config.json").write_text('{"lr": 0.0')
     before = tree(interrupted_run)
@@ -1098,6 +1107,7 @@ def test_disk_full_at_start(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_disk_full_while_checkpointing(tmp_path):
     """The disk fills up during training: the checkpoint being written is removed, no
     half-written checkpoint or result is left, and the message names the cause."""
@@ -1118,6 +1128,7 @@ def test_disk_full_while_checkpointing(tmp_path):
     assert json.loads((out / "checkpoints" / "config.json").read_text())["steps"] == 4
 
 
+@pytest.mark.slow
 def test_disk_full_while_writing_results(interrupted_run):
     """Resuming a run whose training is done, with no room for its figures: no half-written
     figure or results.json (atomic writes), and its checkpoints are untouched."""

@@ -40,6 +40,7 @@ def study(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_each_call_trains_its_kind_combination_and_step_sizes(study):
     erm = json.loads((study / "video" / "erm" / "results.json").read_text())
     assert [r["constrained"] for r in erm["runs"]] == [False]
@@ -61,6 +62,7 @@ def test_each_call_trains_its_kind_combination_and_step_sizes(study):
     assert peaks[10 * base] > 10 * peaks[0.1 * base]
 
 
+@pytest.mark.slow
 def test_report_table_csv_and_figures(study):
     md = (study / "study.md").read_text()
     assert "| lagrangian · nupi · alternating | " in md
@@ -82,6 +84,7 @@ def test_report_table_csv_and_figures(study):
             assert im.format == "PNG" and im.size[0] > 300 and im.size[1] > 200
 
 
+@pytest.mark.slow
 def test_rerun_reuses_every_call_and_rewrites_the_same_report(study, capsys):
     before = (study / "study.csv").read_text()
     assert dual_study.main([*TINY, "--out", str(study)]) == 0
@@ -90,6 +93,7 @@ def test_rerun_reuses_every_call_and_rewrites_the_same_report(study, capsys):
     assert (study / "study.csv").read_text() == before
 
 
+@pytest.mark.slow
 def test_other_flags_on_the_same_folder_are_refused_before_training(study, capsys):
     assert dual_study.main([*TINY, "--nupi-kp", "1", "--out", str(study)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

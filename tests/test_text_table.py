@@ -154,6 +154,7 @@ def micro_grid(tmp_path_factory, stand_in):
     return out, argv
 
 
+@pytest.mark.slow
 def test_micro_grid_writes_table_csv_figures_and_ratio_histograms(micro_grid):
     out, _ = micro_grid
     assert (out / "data/imdb_reviews/plain_text/1.0.0/dataset_info.json").is_file()
@@ -221,6 +222,7 @@ def test_micro_grid_writes_table_csv_figures_and_ratio_histograms(micro_grid):
         assert counts[:, :below_one].sum() / counts.sum() == pytest.approx(run["descent_rate"])
 
 
+@pytest.mark.slow
 def test_rerun_reuses_finished_subruns_and_refuses_other_flags(micro_grid, capsys):
     out, argv = micro_grid
     results = out / "imdb-minilm" / "results.json"

@@ -102,6 +102,7 @@ def tiny_grid(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_tiny_grid_writes_table_csv_and_figures(tiny_grid):
     out = tiny_grid
     # The datasets in their real layouts, read back by the real readers.
@@ -156,6 +157,7 @@ def test_tiny_grid_writes_table_csv_and_figures(tiny_grid):
     assert_figures(out, figures, min_height=300)
 
 
+@pytest.mark.slow
 def test_rerun_reuses_finished_subruns(tiny_grid, capsys):
     out = tiny_grid
     results = out / "avenue-L3" / "results.json"
@@ -200,6 +202,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, messag
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_the_vit_row_fine_tunes_a_hugging_face_folder_per_dataset(tmp_path, capsys):
     """--models vit: one sub-run per dataset through the real ViT loader (tiny: a random-weight
     ViT written in the Hugging Face layout), rows at the ViT's own depth, compared with the

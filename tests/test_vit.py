@@ -439,6 +439,7 @@ def test_error_missing_tensor_and_shape_mismatch(tmp_path: pathlib.Path) -> None
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_vit_denoiser_in_the_video_experiment(tmp_path: pathlib.Path) -> None:
     """A tiny random ViT fine-tuned as a video denoiser: frames through its preprocessing,
     every state read back as a frame, ERM and constrained in one program, RMSE reported."""
