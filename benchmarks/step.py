@@ -25,7 +25,8 @@ RunConfig defaults). The peer is the same models in PyTorch with the problem in 
 2. **Speed**: cudt (jitted, state donated) and torch + Cooper, each with 1 thread and with
    torch's default thread count (``--torch-threads``; for n threads every thread of the
    process, XLA's too, runs on n cores), all interleaved over ``--repeats`` repetitions of
-   ``--steps`` steps after an untimed block each; median ms/step and torch / cudt.
+   ``--steps`` steps after ``--burn-in`` untimed steps and an untimed block each; median
+   ms/step and torch / cudt.
 3. **FLOP rate** (``--no-flops`` skips it): XLA's FLOP count of the default-dynamics step with
    every ``lax.scan`` unrolled (a while loop's body is counted once otherwise; the UT counted
    with ``eigh`` clipping, whose LAPACK call counts 0, since XLA counts both branches of the
@@ -65,7 +66,7 @@ from cudt.runner.groups import make_group_step
 
 MODELS = ("ut", "dust")
 DYNAMICS_FLAGS = {"default": "video default", "paper": "paper"}
-QUICK = dict(steps=2, repeats=1, torch_threads=[0], check_steps=3, matmul_size=256)
+QUICK = dict(steps=2, repeats=1, torch_threads=[0], check_steps=3, matmul_size=256, burn_in=0)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -98,6 +99,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=[1, 0],
         help="comma-separated thread counts; 0 is torch's default "
         f"({TORCH_DEFAULT_THREADS} here); cudt runs on as many cores (default 1,0)",
+    )
+    p.add_argument(
+        "--burn-in",
+        type=int,
+        default=20,
+        help="untimed steps of each side before timing (default 20): the UT's clipping is "
+        "inactive at its initial weights (W̃_f = −0.9·I) and active from the first few steps on",
     )
     p.add_argument("--check-steps", type=int, default=3, help="equal-work steps (default 3)")
     p.add_argument(
@@ -197,8 +205,8 @@ def scans_unrolled() -> Iterator[None]:
 def step_flops(setup: VideoSetup, state, batch, key) -> tuple[float, float]:
     """(XLA's FLOPs of the step as compiled, with every scan unrolled); the UT's counted with
     ``eigh`` clipping (see the module docstring)."""
+    as_compiled = xla_flops(setup.jitted.lower(state, batch, key).compile())
     step = setup.step
-    as_compiled = xla_flops(jax.jit(step).lower(state, batch, key).compile())
     if setup.model_name == "ut":
         model = dataclasses.replace(
             setup.model, project=functools.partial(ut_project, method="eigh")
@@ -272,7 +280,7 @@ def measure(args: argparse.Namespace, *, on_setup: Callable[[VideoSetup], None] 
     checks, settings, alternatives, ok = [], [], {}, True
     flop_counts: dict[str, tuple[float, float]] = {}
     matmul = None
-    if args.flops:
+    if args.flops and "default" in args.dynamics:
         matmul = Matmul(args.matmul_size)
         alternatives[("matmul", "", f"{args.matmul_size}²", thread_label(0))] = lambda: (
             matmul.block(3)
@@ -291,17 +299,21 @@ def measure(args: argparse.Namespace, *, on_setup: Callable[[VideoSetup], None] 
             print(f"  cudt's first step (tracing + compilation): {check['first_call']:.2f}s")
             batch, key = setup.batch(), jax.random.key(0)
             state = setup.state(0)
-            if args.flops and flag == "default":
+            if matmul is not None and flag == "default":
                 flop_counts[setup.name] = step_flops(setup, state, batch, key)
             for threads in args.torch_threads:
                 label = thread_label(threads)
                 steps = JaxSteps(setup.jitted, copy_tree(state), batch, key)
+                tstep, kwargs = video_peer(setup, setup.params(0))
+                torch_steps = torch_block(tstep, kwargs(batch.examples), args.steps)
+                if args.burn_in:  # both sides past the first steps (see --burn-in)
+                    steps.block(args.burn_in)
+                    torch_block(tstep, kwargs(batch.examples), args.burn_in)()
                 alternatives[(setup.name, dynamics, "cudt", label)] = on_threads(
                     threads, lambda s=steps: s.block(args.steps)
                 )
-                tstep, kwargs = video_peer(setup, setup.params(0))
                 alternatives[(setup.name, dynamics, "torch + Cooper", label)] = on_threads(
-                    threads, torch_block(tstep, kwargs(batch.examples), args.steps)
+                    threads, torch_steps
                 )
     seconds = time_alternatives(alternatives, args.repeats)
     ms = {k: 1e3 * s for k, s in seconds.items() if k[0] != "matmul"}
