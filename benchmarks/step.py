@@ -15,8 +15,9 @@ RunConfig defaults). The peer is the same models in PyTorch with the problem in 
 ``torch.linalg.eigh`` (cudt: its default, matmul only).
 
 1. **Equal work**, before any timing: both sides start from cudt's parameters and λ = 0, at
-   ε = ``--check-epsilon`` (0.5: every constraint violated at the start, so every multiplier
-   moves; ε is a value in the run's state, the step is the same program) and take
+   ε = ``--check-epsilon`` (0.5: the constraints are violated at the start, so the multipliers
+   move from the first step; ε is a value in the run's state, the step is the same program)
+   and take
    ``--check-steps`` steps on the same batch, torch given the noise cudt draws. Per step: the
    layer losses (max relative difference) and the multipliers after the step (max difference
    relative to the largest). The verdict: step 1's losses and multipliers within 1e-4, later
