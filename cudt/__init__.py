@@ -4,10 +4,10 @@ Train transformers whose every layer must lower the loss by a factor, with the c
 enforced by a primal-dual method in one jitted step. See README.md.
 """
 
+from cudt import descent
 from cudt.constrained import DescentConfig, constraint_values, lagrangian_terms
 from cudt.constrained_step import ConstrainedState, make_constrained_step
 from cudt.constraint import Constraint, FreeSign
-from cudt.descent_step import DescentState, make_descent_step
 from cudt.dual import (
     as_dual,
     dual_adam,
@@ -22,18 +22,16 @@ from cudt.models.encoders import Encoder, EncoderError, load_encoder
 from cudt.models.hf import ModelFolderError
 from cudt.models.llama import Decoder, DecoderConfig, load_decoder
 from cudt.models.vit import ViT, load_vit
-from cudt.train import TrainState, make_train_step
+from cudt.train import make_train_step, set_learning_rate
 
 __all__ = [
     "AugmentedLagrangian",
     "ConstrainedState",
     "Constraint",
-    "DescentState",
     "FreeSign",
     "Lagrangian",
     "QuadraticPenalty",
     "make_constrained_step",
-    "make_descent_step",
     "nupi",
     "CheckpointError",
     "CudtError",
@@ -44,7 +42,6 @@ __all__ = [
     "Encoder",
     "EncoderError",
     "ModelFolderError",
-    "TrainState",
     "UsageError",
     "ViT",
     "as_dual",
@@ -58,6 +55,8 @@ __all__ = [
     "make_train_step",
     "project_nonnegative",
     "resilience_decay",
+    "set_learning_rate",
+    "descent",
 ]
 
 __version__ = "0.1.0"

@@ -8,7 +8,7 @@ training on gives the same result, bit for bit on CPU, as never stopping.
 
 Layout, one orbax ``CheckpointManager`` per group of runs::
 
-    <dir>/<step>/state   stacked TrainState pytree (orbax StandardSave)
+    <dir>/<step>/state   stacked ConstrainedState pytree (orbax StandardSave)
     <dir>/<step>/loop    JSON: frozen runs, divergence records, history, pinned steps
 
 Saves are atomic (orbax writes a temporary folder and renames it when complete), so a run killed

@@ -40,6 +40,8 @@ class DescentConfig:
         paper's "resilience restarts" after every epoch); None for never.
       warmup_steps: primal warm-up: the multipliers stay frozen (at 0) for this many steps.
       constrained: False gives the ERM baseline through the same step: λ ≡ 0, no dual update.
+      tail_beta: β of the tail constraint (:mod:`cudt.descent`, ``constraint="tail"``): the
+        worst β-fraction of a batch's per-sample ratios must descend on average.
     """
 
     num_layers: int
@@ -51,6 +53,7 @@ class DescentConfig:
     slack_restart_steps: int | None = None
     warmup_steps: int = 0
     constrained: bool = True
+    tail_beta: float = 0.1
 
     def __post_init__(self):
         L = self.num_layers
@@ -84,6 +87,8 @@ class DescentConfig:
             raise ValueError(
                 f"slack_restart_steps must be >= 1 or None, got {self.slack_restart_steps}"
             )
+        if not 0.0 < float(self.tail_beta) <= 1.0:
+            raise ValueError(f"tail_beta must lie in (0, 1], got {self.tail_beta}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
 

@@ -1,4 +1,4 @@
-"""The general constrained step: any problem, named constraints, formulations, dual dynamics.
+"""The constrained step: any problem, named constraints, formulations, dual dynamics, resilience.
 
     init, step = cudt.make_constrained_step(problem, primal=optax.adam(1e-3),
                                             dual=cudt.dual_ascent(1e-2),
@@ -7,20 +7,53 @@
     state = init(params, batch, num_indexed={"per_sample": N})
     state, metrics = step(state, batch, key)
 
-``problem(params, batch, key) -> (objective, {name: Constraint})``. One forward per step: the
-step takes the VJP of the problem's outputs (objective and constraint values) and builds the
-cotangent from the formulation, so the primal gradient can use the multipliers of before
-(``"simultaneous"``) or after (``"alternating"``: dual-then-primal) the dual step without a
-second forward. ``"extragradient"`` is extrapolation from the past (Popov): the gradient is
-taken at ``x_t + u_{t−1}`` (the previous step's update, primal and dual), and applied at ``x_t``:
-one gradient per step.
+``problem(params, batch, key) -> (objective, {name: Constraint})`` (``has_aux``: a third output,
+any pytree, comes back as ``metrics["aux"]``). This is cudt's one primal-dual step: the paper's
+layerwise-descent problem is one instance of it (:mod:`cudt.descent`, wrapped by
+:func:`cudt.make_train_step`).
+
+**One forward per gradient.** The step takes the VJP of the problem's outputs (objective and
+constraint values) and builds their cotangent from the formulation, so the primal gradient can
+use the multipliers of before the dual step (``"simultaneous"``) or after it (``"alternating"``:
+dual-then-primal) without a second forward. The update schemes:
+
+- ``"simultaneous"``: both gradients at ``(θ_t, λ_t)``;
+- ``"alternating"``: ``λ_{t+1}`` from the constraints at ``θ_t``, then ``θ_{t+1}`` from the
+  Lagrangian at ``(θ_t, λ_{t+1})`` (one forward: the same constraint values);
+- ``"extragradient"`` (Korpelevich; Cooper's ``ExtraSGD``): two gradients per step; the first, at
+  ``x_t = (θ_t, λ_t, u_t)``, gives the extrapolated point ``x̃ = x_t + Δ(x_t)``; the second, at
+  ``x̃``, gives the update applied at ``x_t``. The optimisers' states advance once per step, by
+  the second update (the extrapolation's states are discarded);
+- ``"optimistic"`` (Popov, extrapolation from the past): one gradient per step, at
+  ``x_t + Δ_{t−1}`` (the previous step's update), applied at ``x_t``. Cheaper than extragradient,
+  with a smaller stability region.
+
+**Per-run values in the state.** ``init(..., hparams=tree)`` stores any pytree of arrays in the
+state and the step then calls ``problem(params, batch, key, hparams)``: runs that differ only in
+such values (ε, a bound, α, ...) share one compiled program (``vmap`` over states). The
+learning rates (``lr``, ``dual_hparams``: optimisers built with ``optax.inject_hyperparams``) and
+the penalty ρ are per-run state too.
+
+**ERM lanes and the warm-up, as a mask.** ``init(..., constrained=False)`` gives a run that
+minimises the objective alone through the same program; with ``warmup_steps=W`` every run does so
+for its first ``W`` steps. Masked, the constraints' cotangent is zero and the multipliers, slacks,
+penalties and dual/slack optimiser states stay exactly as they were.
+
+**Resilience** is a property of a constraint (:class:`cudt.Constraint`'s ``resilience`` α and
+``resilience_mode``): the dual decay ``g − λ/α`` or explicit slacks ``u ≥ 0`` in the state,
+updated with the primal variables by ``slack_optimizer`` (projected onto ``u ≥ 0``) and reset to
+0 every ``slack_restart_steps`` steps if given. Both compose with every formulation, update
+scheme and dual optimiser.
 
 Indexed constraints (``Constraint(..., index=ids)``) have a multiplier table of ``N`` rows; only
-the batch's rows (and the rows of every dual-state leaf shaped like the table, e.g. Adam moments)
-are read and written, the rest stay bit-identical (scalar state such as Adam's step count is
-shared). Ids within one batch should be distinct (a repeated id keeps one of its updates).
+the batch's rows (and the rows of every dual- or slack-state leaf shaped like the table, e.g. Adam
+moments) are read and written, the rest stay bit-identical (scalar state such as Adam's step count
+is shared). Ids within one batch should be distinct (a repeated id keeps one of its updates).
 Constraint values are whatever the problem computes; under ``jit`` with a batch sharded over a
 mesh's data axis, means over the batch are global means, so multi-device runs equal one device.
+
+The key handed to ``problem`` is ``fold_in(key, state.step)``: a fixed key still gives each step
+its own randomness, and a resumed run draws what the uninterrupted one would have.
 """
 
 from __future__ import annotations
@@ -34,29 +67,67 @@ import jax.numpy as jnp
 import optax
 
 from cudt.constraint import Constraint, FreeSign
+from cudt.dual import project_nonnegative
 from cudt.formulation import Lagrangian
 
-__all__ = ["ConstrainedState", "make_constrained_step"]
+__all__ = ["UPDATES", "ConstrainedState", "make_constrained_step", "set_learning_rate"]
 
-UPDATES = ("simultaneous", "alternating", "extragradient")
+UPDATES = ("simultaneous", "alternating", "extragradient", "optimistic")
 
 
 @flax.struct.dataclass
 class ConstrainedState:
     """Everything a run's future depends on, as one pytree (vmappable, checkpointable)."""
 
-    step: jax.Array
+    step: jax.Array  # [] int32
     params: Any
     opt_state: Any
     multipliers: dict  # name -> array (indexed: table [N, ...])
     dual_state: dict  # name -> the dual optimiser's state of that constraint
+    slacks: dict  # name -> u (same shape as its multipliers), explicit-slack constraints only
+    slack_state: dict  # name -> the slack optimiser's state
     penalty: dict  # name -> [] ρ
     violation: dict  # name -> [] last violation norm (for the penalty rule)
-    prev_update: Any  # (primal updates, dual updates) of the last step (extragradient), else ()
+    prev_update: Any  # "optimistic": (params, multipliers, slacks) updates of the last step
+    hparams: Any  # per-run values handed to the problem (None: problem(params, batch, key))
+    constrained: jax.Array  # [] bool: False runs the objective alone (ERM), duals frozen
+
+
+def _is_injected(node) -> bool:
+    return isinstance(node, optax.InjectStatefulHyperparamsState)
+
+
+def set_learning_rate(opt_state, value, name: str = "learning_rate"):
+    """``opt_state`` with the injected hyperparameter ``name`` set to ``value`` (float32).
+
+    The optimiser must be built with ``optax.inject_hyperparams`` (for example
+    ``optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)``), which keeps its learning
+    rate in its state, so runs stacked on a leading axis each train with their own. Raises a
+    ``ValueError`` naming the fix when no such hyperparameter is in the state.
+    """
+    found = []
+
+    def put(node):
+        if _is_injected(node) and name in node.hyperparams:
+            found.append(node)
+            hyper = dict(node.hyperparams)
+            hyper[name] = jnp.asarray(value, jnp.float32).reshape(jnp.shape(hyper[name]))
+            return node._replace(hyperparams=hyper)
+        return node
+
+    new_state = jax.tree.map(put, opt_state, is_leaf=_is_injected)
+    if not found:
+        raise ValueError(
+            f"cannot set {name}: the optimizer keeps no injected {name!r} in its state; build it "
+            f"with optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)({name}=1e-3)"
+        )
+    return new_state
 
 
 def _copy(tree):
-    return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
+    """Fresh buffers for every array leaf: a donating step may delete what the state holds,
+    and the caller's arrays must stay the caller's."""
+    return jax.tree.map(lambda x: jnp.array(x, copy=True) if hasattr(x, "shape") else x, tree)
 
 
 def _check_constraints(cons):
@@ -77,6 +148,14 @@ def _put_rows(tree, rows, ids, n):
     )
 
 
+def _where(pred, new, old):
+    return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
+
+
+def _add(a, b):
+    return jax.tree.map(lambda x, y: x + y, a, b)
+
+
 def make_constrained_step(
     problem: Callable,
     primal: optax.GradientTransformation,
@@ -86,35 +165,104 @@ def make_constrained_step(
     dual_radius: float | None = None,
     *,
     has_aux: bool = False,
+    project_params: Callable[[Any], Any] | None = None,
+    warmup_steps: int = 0,
+    slack_optimizer: optax.GradientTransformation | None = None,
+    slack_restart_steps: int | None = None,
     jit: bool = True,
+    donate: bool = True,
 ):
     """``(init, step)`` for ``problem``; see the module docstring.
 
-    ``has_aux``: ``problem`` returns ``(objective, constraints, aux)``; ``aux`` (any pytree,
-    measured at the pre-step parameters) is returned as ``metrics["aux"]``. ``jit=False``
-    returns the pure step, to be composed (``vmap`` over runs, ``scan`` over steps).
+    Args:
+      problem: ``(params, batch, key[, hparams]) -> (objective, {name: Constraint}[, aux])``.
+      primal: the optax optimiser of the parameters (minimises the Lagrangian).
+      dual: a dual transformation following :mod:`cudt.dual`'s convention (additive, projected
+        updates from the dual gradient ``g``): :func:`cudt.dual_ascent`, :func:`cudt.dual_adam`,
+        :func:`cudt.nupi`, :func:`cudt.as_dual` of any optax optimiser. Equality multipliers are
+        passed as :class:`cudt.FreeSign` so they are not projected.
+      formulation: :class:`cudt.Lagrangian` (default), :class:`cudt.AugmentedLagrangian` or
+        :class:`cudt.QuadraticPenalty`.
+      update: one of ``UPDATES`` (module docstring).
+      dual_radius: bounds the multipliers to ``λ ≤ R`` (``|λ| ≤ R`` for equalities), as TFCO.
+      has_aux: ``problem`` returns a third output, returned as ``metrics["aux"]``.
+      project_params: applied to the parameters after every primal update (and to the
+        extrapolated ones), e.g. the UT's eigenvalue clipping :func:`cudt.models.ut_project`.
+      warmup_steps: the first steps minimise the objective alone (duals frozen at their start).
+      slack_optimizer: the optax optimiser of explicit slacks (``resilience_mode="slack"``),
+        projected onto ``u ≥ 0``; default ``optax.sgd(1e-2)``.
+      slack_restart_steps: reset explicit slacks to 0 every this many steps (the paper's
+        "resilience restarts" after each epoch); None: never.
+      jit: False returns the pure step, to be composed (``vmap`` over runs, ``scan`` over steps)
+        and jitted by the caller.
+      donate: the jitted step donates the input state's buffers (saves a copy of the state per
+        step); ``init`` copies what it is given, so the caller's arrays are never donated.
 
-    ``dual`` follows :mod:`cudt.dual`'s convention (additive, projected updates from ``g``);
-    equality multipliers are passed as :class:`cudt.FreeSign` so they are not projected.
-    ``dual_radius`` bounds the multipliers to ``λ ≤ R`` (``|λ| ≤ R`` for equalities), as TFCO.
+    ``init(params, batch=None, num_indexed=None, key=None, *, constraints=None, hparams=None,
+    constrained=True, lr=None, dual_hparams=None, penalty=None)``: the constraints' structure
+    comes from ``jax.eval_shape`` of ``problem`` on ``batch``, or from ``constraints`` (``{name:
+    Constraint}`` whose values may be ``jax.ShapeDtypeStruct``) when known without a batch.
+    ``hparams``: the per-run values handed to ``problem``; ``constrained=False``: an ERM run;
+    ``lr``, ``dual_hparams`` (``{name: value}``, e.g. ``{"learning_rate": 0.1, "kp": 2.0}``):
+    injected hyperparameters of the primal and dual optimisers; ``penalty``: ρ of every
+    constraint. Each may be an array under ``vmap`` (a sweep).
+
+    ``metrics``: ``objective``, ``lagrangian``, ``constraints`` (name -> mean value),
+    ``violation`` (name -> ‖h‖), ``grad_norm`` (of the primal gradient), all measured at the
+    point the gradient was taken (before the step; the extrapolated point for ``"optimistic"``),
+    and ``aux`` when ``has_aux``.
     """
     formulation = Lagrangian() if formulation is None else formulation
     if update not in UPDATES:
         raise ValueError(f"update must be one of {UPDATES}, got {update!r}")
     if dual_radius is not None and not float(dual_radius) > 0:
         raise ValueError(f"dual_radius must be > 0 or None, got {dual_radius}")
+    if isinstance(warmup_steps, bool) or int(warmup_steps) != warmup_steps or warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+    if slack_restart_steps is not None and not slack_restart_steps >= 1:
+        raise ValueError(f"slack_restart_steps must be >= 1 or None, got {slack_restart_steps}")
     rho0 = float(getattr(formulation, "penalty", 0.0))
+    slack_tx = optax.chain(
+        optax.sgd(1e-2) if slack_optimizer is None else slack_optimizer, project_nonnegative()
+    )
 
-    def init(params, batch, num_indexed=None, key=None):
+    def call(params, batch, key, hparams):
+        out = (
+            problem(params, batch, key) if hparams is None else problem(params, batch, key, hparams)
+        )
+        if not isinstance(out, tuple) or len(out) != (3 if has_aux else 2):
+            raise TypeError(
+                f"problem must return (objective, {{name: cudt.Constraint}}"
+                f"{', aux' if has_aux else ''}), got {type(out).__name__}"
+                + (f" of {len(out)} items" if isinstance(out, tuple) else "")
+                + ("" if has_aux else ": pass has_aux=True if it returns a third output")
+            )
+        _check_constraints(out[1])
+        return out
+
+    def init(
+        params,
+        batch=None,
+        num_indexed=None,
+        key=None,
+        *,
+        constraints=None,
+        hparams=None,
+        constrained=True,
+        lr=None,
+        dual_hparams=None,
+        penalty=None,
+    ) -> ConstrainedState:
         num_indexed = dict(num_indexed or {})
-        key = jax.random.key(0) if key is None else key
-        cons = jax.eval_shape(problem, params, batch, key)[1]
-        _check_constraints(cons)
-        unknown = set(num_indexed) - set(cons)
+        if constraints is None:
+            key = jax.random.key(0) if key is None else key
+            constraints = jax.eval_shape(call, params, batch, key, hparams)[1]
+        _check_constraints(constraints)
+        unknown = set(num_indexed) - set(constraints)
         if unknown:
             raise ValueError(f"num_indexed names unknown constraints {sorted(unknown)}")
         mult = {}
-        for name, c in cons.items():
+        for name, c in constraints.items():
             if c.index is not None:
                 if name not in num_indexed:
                     raise ValueError(
@@ -125,36 +273,78 @@ def make_constrained_step(
                 shape = tuple(c.value.shape)
             mult[name] = jnp.zeros(shape, c.value.dtype)
         dual_state = {
-            n: dual.init(FreeSign(m) if cons[n].kind == "eq" else m) for n, m in mult.items()
+            n: dual.init(FreeSign(m) if constraints[n].kind == "eq" else m) for n, m in mult.items()
         }
+        for name, value in dict(dual_hparams or {}).items():
+            if value is not None:
+                dual_state = set_learning_rate(dual_state, value, name)
+        # fresh buffers per field: a shared one could not be donated twice
+        slacks = {n: jnp.zeros_like(m) for n, m in mult.items() if constraints[n].has_slack}
         params = _copy(params)
+        opt_state = primal.init(params)
+        if lr is not None:
+            opt_state = set_learning_rate(opt_state, lr)
+        rho = rho0 if penalty is None else penalty
         prev = ()
-        if update == "extragradient":
-            prev = (jax.tree.map(jnp.zeros_like, params), jax.tree.map(jnp.zeros_like, mult))
+        if update == "optimistic":
+            prev = tuple(jax.tree.map(jnp.zeros_like, t) for t in (params, mult, slacks))
         return ConstrainedState(
             step=jnp.zeros((), jnp.int32),
             params=params,
-            opt_state=primal.init(params),
+            opt_state=opt_state,
             multipliers=mult,
             dual_state=dual_state,
-            penalty={n: jnp.asarray(rho0, jnp.float32) for n in mult},
+            slacks=slacks,
+            slack_state={n: slack_tx.init(u) for n, u in slacks.items()},
+            penalty={n: jnp.asarray(rho, jnp.float32) for n in mult},
             violation={n: jnp.asarray(jnp.inf, jnp.float32) for n in mult},
             prev_update=prev,
+            hparams=_copy(hparams),
+            constrained=jnp.asarray(constrained, bool),
         )
 
-    def lagr(f, values, lams, kinds, rho):
-        total = f
-        for n in values:
-            total = total + formulation.term(values[n], lams[n], kinds[n], rho[n])
-        return total
+    def rows_of(tables, cons):
+        """The batch's rows of every (indexed) table: ``{name: rows}``."""
+        return {n: (t if cons[n].index is None else t[cons[n].index]) for n, t in tables.items()}
 
-    def dual_step(state, cons, lam_batch, values):
-        new_mult, new_dual, updates = {}, {}, {}
+    def evaluate(params, state, batch, key):
+        def outputs(p):
+            f, cons, *aux = call(p, batch, key, state.hparams)
+            return (f, {n: c.value for n, c in cons.items()}), (cons, aux)
+
+        (f, values), vjp_fn, (cons, aux) = jax.vjp(outputs, params, has_aux=True)
+        if set(cons) != set(state.multipliers) or {
+            n for n, c in cons.items() if c.has_slack
+        } != set(state.slacks):
+            raise ValueError(
+                f"problem returned constraints {sorted(cons)} (explicit slacks on "
+                f"{sorted(n for n, c in cons.items() if c.has_slack)}) but the state was built "
+                f"for {sorted(state.multipliers)} (slacks on {sorted(state.slacks)}): build the "
+                "state with init from the same problem"
+            )
+        return f, values, vjp_fn, cons, (aux[0] if aux else None)
+
+    def dual_gradient(values, lam, u, cons):
+        """``∇_λ`` of the (resilient) Lagrangian at the batch's rows: ``g``, ``g − u`` (explicit
+        slacks) or ``g − λ/α`` (the decay form)."""
+        out = {}
+        for n, c in cons.items():
+            d = values[n]
+            if c.has_slack:
+                d = d - u[n]
+            elif c.resilience is not None:
+                d = d - lam[n] / c.resilience
+            out[n] = d
+        return out
+
+    def dual_apply(state, grad, cons, active):
+        """New multipliers and dual states: the dual optimiser's update from ``grad`` applied at
+        ``state``'s multipliers (masked rows and runs keep theirs)."""
+        new_mult, new_dual = {}, {}
         for n, c in cons.items():
             table, dstate = state.multipliers[n], state.dual_state[n]
             if not formulation.uses_multipliers:
                 new_mult[n], new_dual[n] = table, dstate
-                updates[n] = jnp.zeros_like(table)
                 continue
             wrap = FreeSign if c.kind == "eq" else (lambda x: x)
             unwrap = (lambda x: x.value) if c.kind == "eq" else (lambda x: x)
@@ -163,85 +353,148 @@ def make_constrained_step(
             else:
                 N = table.shape[0]
                 lam, ds = table[c.index], _rows(dstate, c.index, N)
-            u, ds = dual.update(wrap(values[n]), ds, wrap(lam))
-            u = unwrap(u)
-            lam_new = lam + u
+            u, ds_new = dual.update(wrap(grad[n]), ds, wrap(lam))
+            lam_new = lam + unwrap(u)
             if dual_radius is not None:
                 lo = -dual_radius if c.kind == "eq" else 0.0
                 lam_new = jnp.clip(lam_new, lo, dual_radius)
+            lam_new, ds_new = _where(active, (lam_new, ds_new), (lam, ds))
             if c.index is None:
-                new_mult[n], new_dual[n] = lam_new, ds
+                new_mult[n], new_dual[n] = lam_new, ds_new
             else:
                 new_mult[n] = table.at[c.index].set(lam_new)
-                new_dual[n] = _put_rows(dstate, ds, c.index, N)
-            updates[n] = new_mult[n] - table
-        return new_mult, new_dual, updates
+                new_dual[n] = _put_rows(dstate, ds_new, c.index, N)
+        return new_mult, new_dual
 
-    def gather(mult, cons):
-        return {n: (m if cons[n].index is None else m[cons[n].index]) for n, m in mult.items()}
+    def slack_apply(state, grad, cons, active):
+        new_u, new_s = {}, {}
+        for n, table in state.slacks.items():
+            c, sstate = cons[n], state.slack_state[n]
+            if c.index is None:
+                u, ss = table, sstate
+            else:
+                N = table.shape[0]
+                u, ss = table[c.index], _rows(sstate, c.index, N)
+            upd, ss_new = slack_tx.update(grad[n], ss, u)
+            u_new, ss_new = _where(active, (u + upd, ss_new), (u, ss))
+            if c.index is None:
+                new_u[n], new_s[n] = u_new, ss_new
+            else:
+                new_u[n] = table.at[c.index].set(u_new)
+                new_s[n] = _put_rows(sstate, ss_new, c.index, N)
+        return new_u, new_s
+
+    def lagrangian(f, values, u, lam, rho, cons):
+        total = f
+        for n, c in cons.items():
+            g = values[n] - u[n] if c.has_slack else values[n]
+            total = total + formulation.term(g, lam[n], c.kind, rho[n])
+            if c.has_slack:
+                total = total + 0.5 * c.resilience * jnp.sum(u[n] ** 2)
+        return total
+
+    def descend(state, at, ev, active):
+        """The step's new variables and optimiser states from the gradients of ``ev``, the
+        evaluation at the point ``at = (params, multipliers, slacks)``, applied at ``state``'s
+        variables with ``state``'s optimiser states."""
+        f, values, vjp_fn, cons, _ = ev
+        lam_at = rows_of(at[1], cons)
+        u_at = rows_of(at[2], cons)
+        new_mult, new_dual = dual_apply(
+            state, dual_gradient(values, lam_at, u_at, cons), cons, active
+        )
+        lam = rows_of(new_mult, cons) if update == "alternating" else lam_at
+        L, ((cot_f, cot_v), grad_u) = jax.value_and_grad(
+            lambda fv, uu: lagrangian(fv[0], fv[1], uu, lam, state.penalty, cons), argnums=(0, 1)
+        )((f, values), u_at)
+        # ERM and the warm-up: the constraints do not reach the parameters
+        cot_v = jax.tree.map(lambda v: jnp.where(active, v, jnp.zeros_like(v)), cot_v)
+        (grads,) = vjp_fn((cot_f, cot_v))
+        p_updates, opt_state = primal.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, p_updates)
+        if project_params is not None:
+            params = project_params(params)
+        new_u, new_slack_state = slack_apply(state, grad_u, cons, active)
+        return (
+            (params, new_mult, new_u),
+            (opt_state, new_dual, new_slack_state),
+            p_updates,
+            L,
+            grads,
+        )
 
     def step(state: ConstrainedState, batch, key):
-        params, mult = state.params, state.multipliers
+        key = jax.random.fold_in(key, state.step)
+        active = state.constrained
+        if warmup_steps > 0:
+            active = active & (state.step >= warmup_steps)
+        here = (state.params, state.multipliers, state.slacks)
+        if update == "optimistic":
+            at = (optax.apply_updates(state.params, state.prev_update[0]),) + tuple(
+                _add(x, d) for x, d in zip(here[1:], state.prev_update[1:], strict=True)
+            )
+        else:
+            at = here
+        ev = evaluate(at[0], state, batch, key)
+        shown, shown_at = ev, at
         if update == "extragradient":
-            pu, du = state.prev_update
-            params = optax.apply_updates(params, pu)
-            mult = jax.tree.map(lambda m, u: m + u, mult, du)
+            at, *_ = descend(state, here, ev, active)
+            ev = evaluate(at[0], state, batch, key)
+        new, (opt_state, dual_state, slack_state), p_updates, L, grads = descend(
+            state, at, ev, active
+        )
+        params, multipliers, slacks = new
+        if slack_restart_steps is not None:
+            restart = (state.step + 1) % slack_restart_steps == 0
+            slacks = jax.tree.map(lambda u: jnp.where(restart, jnp.zeros_like(u), u), slacks)
 
-        def outputs(p):
-            f, cons, *aux = problem(p, batch, key)
-            return (f, {n: c.value for n, c in cons.items()}), (cons, aux)
-
-        (f, values), vjp_fn, (cons, aux) = jax.vjp(outputs, params, has_aux=True)
-        _check_constraints(cons)
-        kinds = {n: c.kind for n, c in cons.items()}
-
-        state_for_dual = state if update != "extragradient" else state.replace(multipliers=mult)
-        new_mult, new_dual, dual_updates = dual_step(state_for_dual, cons, None, values)
-        if update == "extragradient":
-            # the dual gradient was taken at the extrapolated point; apply it at λ_t
-            new_mult = jax.tree.map(lambda m, u: m + u, state.multipliers, dual_updates)
-            if formulation.uses_multipliers:
-                new_mult = {
-                    n: (m if kinds[n] == "eq" else jnp.maximum(m, 0.0)) for n, m in new_mult.items()
-                }
-            dual_updates = jax.tree.map(lambda a, b: a - b, new_mult, state.multipliers)
-
-        lam_for_primal = gather(new_mult if update == "alternating" else mult, cons)
-        L, cot = jax.value_and_grad(
-            lambda fv: lagr(fv[0], fv[1], lam_for_primal, kinds, state.penalty)
-        )((f, values))
-        (grads,) = vjp_fn(cot)
-        p_updates, opt_state = primal.update(grads, state.opt_state, state.params)
-        new_params = optax.apply_updates(state.params, p_updates)
-
-        lam_now = gather(mult, cons)
+        f, values, _, cons, aux = shown
+        lam_now = rows_of(shown_at[1], cons)
         violation = {
-            n: jnp.sqrt(jnp.mean(formulation.violation(values[n], lam_now[n], kinds[n]) ** 2))
-            for n in values
+            n: jnp.sqrt(jnp.mean(formulation.violation(values[n], lam_now[n], c.kind) ** 2))
+            for n, c in cons.items()
         }
         penalty = {
-            n: formulation.next_penalty(state.penalty[n], state.violation[n], violation[n])
+            n: jnp.where(
+                active,
+                formulation.next_penalty(state.penalty[n], state.violation[n], violation[n]),
+                state.penalty[n],
+            )
             for n in values
         }
-        prev = (p_updates, dual_updates) if update == "extragradient" else ()
-        new_state = ConstrainedState(
+        violation = _where(active, violation, state.violation)
+        prev = ()
+        if update == "optimistic":
+            prev = (
+                p_updates,
+                jax.tree.map(lambda a, b: a - b, multipliers, state.multipliers),
+                jax.tree.map(lambda a, b: a - b, slacks, state.slacks),
+            )
+        new_state = state.replace(
             step=state.step + 1,
-            params=new_params,
+            params=params,
             opt_state=opt_state,
-            multipliers=new_mult,
-            dual_state=new_dual,
+            multipliers=multipliers,
+            dual_state=dual_state,
+            slacks=slacks,
+            slack_state=slack_state,
             penalty=penalty,
             violation=violation,
             prev_update=prev,
         )
+        if update == "extragradient":  # the metrics are those of the point x_t, as elsewhere
+            L = lagrangian(f, values, rows_of(state.slacks, cons), lam_now, state.penalty, cons)
         metrics = {
             "objective": f,
             "lagrangian": L,
             "constraints": {n: jnp.mean(v) for n, v in values.items()},
             "violation": violation,
+            "grad_norm": optax.tree.norm(grads),
         }
         if has_aux:
-            metrics["aux"] = aux[0]
+            metrics["aux"] = aux
         return new_state, metrics
 
-    return init, (jax.jit(step) if jit else step)
+    if jit:
+        step = jax.jit(step, donate_argnums=(0,) if donate else ())
+    return init, step

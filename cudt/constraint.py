@@ -1,14 +1,27 @@
-"""A named constraint returned by a user's problem: ``Constraint(value, kind, index)``.
+"""A named constraint returned by a user's problem: ``Constraint(value, kind, index, resilience)``.
 
     def problem(params, batch, key):
         return objective, {
             "budget": cudt.Constraint(g, kind="ineq"),                    # g <= 0, any shape
             "balance": cudt.Constraint(h, kind="eq"),                     # h == 0, free-sign λ
             "per_sample": cudt.Constraint(g_i, kind="ineq", index=ids),   # [B] values, ids [B]
+            "soft": cudt.Constraint(g, resilience=alpha),                 # g <= u, cost (α/2)‖u‖²
         }
 
 ``index`` (int [B]) names the rows of a multiplier table of ``N`` rows (``num_indexed`` in
 :func:`cudt.make_constrained_step`'s ``init``) that the batch's values ``value[b]`` belong to.
+
+``resilience`` α relaxes an inequality to ``g ≤ u`` with a slack ``u ≥ 0`` that costs
+``(α/2)‖u‖²`` (Hounie et al. 2023); ``None`` (or α = inf, so a sweep can mix hard and resilient
+runs in one program) keeps it hard. ``resilience_mode`` says how the slack is carried:
+
+- ``"decay"``: implicitly, at its optimum ``u = λ/α``: the dual ascends ``g − λ/α`` (weight decay
+  ``1/α`` on the multipliers), nothing else changes;
+- ``"slack"``: explicitly, ``u`` is a variable of the train state (a table like the multipliers for
+  an indexed constraint), updated with the primal variables by projected descent on
+  ``(α/2)‖u‖² + term(g − u)``; the dual ascends ``g − u``. α must be finite.
+
+Either works with every formulation, update scheme and dual optimiser of the step.
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ import flax.struct
 __all__ = ["Constraint", "FreeSign"]
 
 KINDS = ("ineq", "eq")
+RESILIENCE_MODES = ("decay", "slack")
 
 
 @flax.struct.dataclass
@@ -29,6 +43,8 @@ class Constraint:
     value: Any
     kind: str = flax.struct.field(pytree_node=False, default="ineq")
     index: Any = None
+    resilience: Any = None
+    resilience_mode: str = flax.struct.field(pytree_node=False, default="decay")
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -36,6 +52,26 @@ class Constraint:
                 f"Constraint kind must be 'ineq' or 'eq', got {self.kind!r}: pass kind='ineq' "
                 "for value <= 0 or kind='eq' for value == 0"
             )
+        if self.resilience_mode not in RESILIENCE_MODES:
+            raise ValueError(
+                f"Constraint resilience_mode must be 'decay' or 'slack', got "
+                f"{self.resilience_mode!r}"
+            )
+        if self.kind == "eq" and (self.resilience is not None or self.resilience_mode == "slack"):
+            raise ValueError(
+                "resilience relaxes inequality constraints only: drop resilience from the "
+                "kind='eq' constraint, or write it as two inequalities"
+            )
+        if self.resilience_mode == "slack" and self.resilience is None:
+            raise ValueError(
+                "resilience_mode='slack' needs the slack's cost: pass resilience=alpha (> 0, "
+                "finite)"
+            )
+
+    @property
+    def has_slack(self) -> bool:
+        """Whether this constraint carries an explicit slack variable in the train state."""
+        return self.resilience_mode == "slack"
 
 
 @flax.struct.dataclass

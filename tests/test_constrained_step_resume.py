@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent(
     bs = [(jnp.tile(x, (2, 1)), jnp.concatenate([i, i + 16])) for x, i in _batches(5)]
     key = jax.random.key(0)
     s1 = init({"w": jnp.ones(3)}, bs[0], num_indexed={"per_sample": 32})
-    s4 = s1
+    s4 = jax.tree.map(jnp.copy, s1)  # the step donates its input state
     mesh = Mesh(np.array(jax.devices()), ("data",))
     shard = NamedSharding(mesh, P("data"))
     for b in bs:

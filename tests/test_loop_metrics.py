@@ -73,7 +73,10 @@ def test_chunked_vmapped_loop_equals_stepping_by_hand(run_axis):
             result.states.params["w"][r], s.params["w"], rtol=1e-5, atol=1e-5
         )
         np.testing.assert_allclose(
-            result.states.multipliers[r], s.multipliers, rtol=1e-5, atol=1e-5
+            cudt.descent.multipliers(result.states)[r],
+            cudt.descent.multipliers(s),
+            rtol=1e-5,
+            atol=1e-5,
         )
     assert not result.diverged.any()
 
@@ -96,7 +99,9 @@ def test_a_group_on_cpu_equals_its_runs_trained_alone_bit_for_bit():
         keys = keys.at[0].set(jax.random.key(r))
         alone = train_group(step, states, keys, make_batch, 7, chunk_steps=3)
         np.testing.assert_array_equal(group.states.params["w"][r], alone.states.params["w"][0])
-        np.testing.assert_array_equal(group.states.multipliers[r], alone.states.multipliers[0])
+        np.testing.assert_array_equal(
+            cudt.descent.multipliers(group.states)[r], cudt.descent.multipliers(alone.states)[0]
+        )
         assert len(group.curves) == len(alone.curves) > 0
         for h_group, h_alone in zip(group.curves, alone.curves, strict=True):
             for name in ("objective", "multipliers"):
@@ -177,6 +182,27 @@ def test_atomic_json_and_output_folder(tmp_path):
     with pytest.raises(UsageError, match="already holds results.json.*--overwrite"):
         open_output(out, {"lr": 1})
     assert open_output(out, {"lr": 1}, overwrite=True).path == out
+
+
+def test_checkpoints_of_an_earlier_state_layout_are_refused_in_one_line(tmp_path):
+    """A folder of checkpoints written before the one engine (its saved config has no
+    state_layout: layout 1) is named as such, not restored into the wrong pytree; nothing in it
+    is touched."""
+    from cudt.runner.config import RunConfig
+
+    config = RunConfig().fingerprint()
+    assert config["state_layout"] >= 2
+    out = tmp_path / "old"
+    (out / "checkpoints" / "40").mkdir(parents=True)
+    old = {k: v for k, v in config.items() if k != "state_layout"}
+    write_json_atomic(out / "checkpoints" / "config.json", old)
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    for resume in (False, True):
+        with pytest.raises(UsageError, match=r"earlier cudt.*another layout.*--overwrite") as e:
+            open_output(out, config, resume=resume)
+        assert "\n" not in str(e.value)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
+    assert open_output(out, config, overwrite=True).path == out  # --overwrite starts again
 
 
 def test_failedatomic_write_leaves_old_file(tmp_path):

@@ -1,6 +1,8 @@
-"""The runner's --constraint, --formulation, --update and --dual-optimizer nupi on the toy task:
-each flag reaches the step, the general path reproduces the default where the maths says it
-must, and an indexed run resumes bit for bit."""
+"""The runner's --constraint, --formulation, --update, --dual-optimizer nupi and --resilience-mode
+on the toy task: each flag reaches the one step, every combination composes (explicit slacks
+with nuPI, alternating updates and every constraint kind), the options reproduce the default
+where the maths says they must, the runner has one path to the step, and an indexed run resumes
+bit for bit."""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def _close(a, b) -> bool:
 
 def test_general_path_reproduces_the_default_where_it_must(default_run, sgd_run, tmp_path):
     """The augmented Lagrangian at ρ = 0 is the Lagrangian, and nuPI with K_P = 0, ν = 0 is SGD
-    ascent: both train through make_descent_step and must give the default path's runs."""
+    ascent: both must give the default's runs."""
     augmented = toy([*ONE, "--formulation", "augmented", "--penalty", "0"], tmp_path / "a")
     nupi = toy([*ONE, "--dual-optimizer", "nupi"], tmp_path / "n")
     assert _close(_constrained(augmented), _constrained(default_run))
@@ -57,6 +59,7 @@ def test_general_path_reproduces_the_default_where_it_must(default_run, sgd_run,
         ["--formulation", "augmented", "--penalty", "20"],
         ["--update", "alternating"],
         ["--update", "extragradient"],
+        ["--update", "optimistic"],
     ],
     ids=lambda f: "-".join(a.strip("-") for a in f),
 )
@@ -65,12 +68,12 @@ def test_each_flag_changes_the_constrained_run(flags, default_run, tmp_path):
     run, base = _constrained(results), _constrained(default_run)
     assert not _close(run, base), flags
     assert results["config"][flags[0][2:].replace("-", "_")] == flags[1]
-    # ERM lanes see no constraint: the default's ERM run, except under extragradient, whose
-    # extrapolation from the past moves the primal step of every lane (ERM's too)
+    # ERM lanes see no constraint: the default's ERM run, except under the extrapolating
+    # schemes, which change the primal step of every lane (ERM's too)
     erm = [r for r in results["runs"] if not r["constrained"]]
     base_erm = [r for r in default_run["runs"] if not r["constrained"]]
     same = np.allclose(erm[0]["final_loss"], base_erm[0]["final_loss"], rtol=1e-4)
-    assert same == (flags[1] != "extragradient")
+    assert same == (flags[1] not in ("extragradient", "optimistic"))
     if flags[1] == "indexed":
         # one multiplier per training example and layer: the table's max is above its mean
         assert np.all(np.asarray(run["multipliers_table_max"][1:]) > run["multipliers"][1:])
@@ -146,3 +149,41 @@ def test_a_task_default_of_nupi_leaves_other_dual_optimizers_usable():
     VideoConfig(dual_optimizer="sgd", nupi_kp=0.0, nupi_ema=0.0)
     with pytest.raises(ValueError, match="--nupi-kp is a gain of --dual-optimizer nupi"):
         VideoConfig(dual_optimizer="sgd", nupi_kp=2.0)
+
+
+@pytest.mark.parametrize("constraint", ["mean", "indexed", "tail"])
+def test_slacks_compose_with_nupi_alternating_and_every_constraint(constraint, tmp_path):
+    """The video default's dynamics (nuPI, alternating) with explicit resilience slacks, which
+    the runner once refused: trained, the slacks move and are reported, and they relax the
+    constraints (their multipliers end below the hard run's of the same flags)."""
+    flags = [*ONE, "--constraint", constraint, "--dual-optimizer", "nupi", "--nupi-kp", "1"]
+    flags += ["--update", "alternating"]
+    slack = toy([*flags, "--resilience-mode", "slack", "--resilience", "0.5"], tmp_path / "s")
+    hard = toy(flags, tmp_path / "h")
+    run = _constrained(slack)
+    assert slack["config"]["resilience_mode"] == "slack"
+    u = np.asarray(run["curves"]["slacks"])
+    assert u.shape[1] == 3 and np.max(u[:, 1:]) > 0 and np.all(u >= 0)
+    assert sum(run["multipliers"][1:]) < sum(_constrained(hard)["multipliers"][1:])
+
+
+def test_the_runner_has_one_path_to_the_step():
+    """Every run is built by make_group_step through cudt.make_train_step, the one engine's
+    convenience: no module of the runner builds a step otherwise, and no config switch picks
+    an engine."""
+    import pathlib
+
+    import cudt
+    from cudt.runner.config import RunConfig
+
+    runner = pathlib.Path(cudt.__file__).parent / "runner"
+    builders = ("make_train_step(", "make_constrained_step(", "make_descent_step(")
+    calls = {
+        (f.name, b)
+        for f in runner.glob("*.py")
+        for b in builders
+        if b in f.read_text(encoding="utf-8")
+    }
+    assert calls == {("groups.py", "make_train_step(")}, calls
+    assert not hasattr(RunConfig, "uses_general_step")
+    assert not hasattr(cudt, "make_descent_step")

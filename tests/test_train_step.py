@@ -56,15 +56,29 @@ def expected_g(params, batch, epsilon, reference=None):
     return m, g
 
 
+def split(vector):
+    """An ``[L+1]`` vector (index 0 the reference) as the state's ``{reference, descent}``."""
+    v = jnp.asarray(vector, jnp.float32)
+    return {"reference": v[0], "descent": v[1:]}
+
+
+def lam_of(state):
+    return cudt.descent.multipliers(state)
+
+
+def slk(state):
+    return cudt.descent.slacks(state)
+
+
 def run(cfg, dual, steps=1, primal=None, batches=None, lam0=None, slacks0=None, **kw):
     init, step = cudt.make_train_step(
         layer_losses, primal or optax.sgd(0.0), dual, cfg, donate=False, **kw
     )
     state = init(params0())
     if lam0 is not None:
-        state = state.replace(multipliers=jnp.asarray(lam0, jnp.float32))
+        state = state.replace(multipliers=split(lam0))
     if slacks0 is not None:
-        state = state.replace(slacks=jnp.asarray(slacks0, jnp.float32))
+        state = state.replace(slacks=split(slacks0))
     key = jax.random.key(0)
     history = []
     for i in range(steps):
@@ -85,16 +99,16 @@ def test_dual_ascent_is_projected_sgd_ascent_exactly():
     for before, batch, metrics in hist:
         _, g = expected_g(before.params, batch, eps)
         np.testing.assert_allclose(metrics["constraint"], g, rtol=1e-5, atol=1e-6)
-        lam_expected = np.maximum(0.0, np.asarray(before.multipliers) + lr * g)
+        lam_expected = np.maximum(0.0, np.asarray(lam_of(before)) + lr * g)
         np.testing.assert_allclose(metrics["multipliers"], lam_expected, rtol=1e-5, atol=1e-6)
-    assert np.all(np.asarray(state.multipliers) >= 0)
+    assert np.all(np.asarray(lam_of(state)) >= 0)
     # the sign: the first layer's constraint is violated (w_1 = 1.1 makes ℓ grow), λ_1 grows.
-    assert float(state.multipliers[1]) > 0.2
+    assert float(lam_of(state)[1]) > 0.2
     # the projection: layer 3 descends (g < 0) and its multiplier is pinned at exactly 0.
     assert hist[0][2]["constraint"][3] < 0
-    assert float(state.multipliers[3]) == 0.0
+    assert float(lam_of(state)[3]) == 0.0
     # no reference constraint: λ_0 stays 0.
-    assert float(state.multipliers[0]) == 0.0
+    assert float(lam_of(state)[0]) == 0.0
 
 
 def test_epsilon_indexing_per_layer():
@@ -160,7 +174,7 @@ def test_erm_is_the_same_step_with_zero_multipliers():
     np.testing.assert_allclose(
         state.params["w"], params0()["w"] - lr * grad["w"], rtol=1e-5, atol=1e-6
     )
-    assert np.all(np.asarray(state.multipliers) == 0)  # never updated: exactly 0
+    assert np.all(np.asarray(lam_of(state)) == 0)  # never updated: exactly 0
     m = hist[0][2]
     np.testing.assert_allclose(m["lagrangian"], m["objective"], rtol=1e-5)
 
@@ -172,7 +186,7 @@ def test_resilience_decay_form():
     _, hist = run(cfg, cudt.dual_ascent(lr), steps=2, lam0=lam0)
     for before, batch, metrics in hist:
         _, g = expected_g(before.params, batch, 0.1)
-        lam = np.asarray(before.multipliers)
+        lam = np.asarray(lam_of(before))
         want = np.maximum(0.0, lam + lr * (g - lam / alpha))
         np.testing.assert_allclose(metrics["multipliers"], want, rtol=1e-5, atol=1e-6)
 
@@ -211,11 +225,11 @@ def test_warmup_freezes_duals():
 
 
 def adam_states(dual_state):
-    """The ``ScaleByAdamState`` nodes (count, mu, nu) inside a dual optimiser's state."""
+    """The ``ScaleByAdamState`` node (count, mu, nu) of the descent constraints' dual optimiser."""
     found = [
         node
         for node in jax.tree.leaves(
-            dual_state, is_leaf=lambda n: isinstance(n, optax.ScaleByAdamState)
+            dual_state["descent"], is_leaf=lambda n: isinstance(n, optax.ScaleByAdamState)
         )
         if isinstance(node, optax.ScaleByAdamState)
     ]
@@ -236,7 +250,7 @@ def test_warmup_freezes_dual_adam_state_then_starts_fresh():
         before, _, metrics = hist[i]
         after = hist[i + 1][0]
         assert np.all(np.asarray(metrics["multipliers"]) == 0)
-        assert np.all(np.asarray(after.multipliers) == 0)
+        assert np.all(np.asarray(lam_of(after)) == 0)
         adam = adam_states(after.dual_state)
         assert int(adam.count) == 0
         assert np.all(np.asarray(adam.mu) == 0) and np.all(np.asarray(adam.nu) == 0)
@@ -258,7 +272,7 @@ def test_warmup_freezes_dual_adam_state_then_starts_fresh():
     # The first active step is Adam's lr·sign(g) on the violated layer 1 (not lr·g, not 0).
     first = np.asarray(hist[warmup][2]["multipliers"])
     np.testing.assert_allclose(first[1], lr, rtol=1e-4)
-    assert float(state.multipliers[1]) > lr
+    assert float(lam_of(state)[1]) > lr
 
 
 def test_slack_projection_binds_at_exactly_zero():
@@ -272,7 +286,7 @@ def test_slack_projection_binds_at_exactly_zero():
     u0 = np.array([0.5, 0.2, 0.4, 0.1], np.float32)
     _, hist = run(cfg, cudt.dual_ascent(0.1), lam0=lam0, slacks0=u0)
     before, _, metrics = hist[0]
-    np.testing.assert_array_equal(before.slacks, u0)  # the step really started from u0
+    np.testing.assert_array_equal(slk(before), u0)  # the step really started from u0
     unprojected = u0.astype(np.float64) - slack_lr * (alpha * u0 - lam0)
     binds = unprojected < 0
     assert binds.tolist() == [True, False, True, False]  # both cases in one step
@@ -296,7 +310,7 @@ def test_explicit_slacks_and_restarts():
     _, hist = run(cfg, cudt.dual_ascent(lr), steps=4, lam0=[0.0, 1.0, 0.5, 0.0])
     for i, (before, batch, metrics) in enumerate(hist):
         _, g = expected_g(before.params, batch, 0.1)
-        lam, u = np.asarray(before.multipliers), np.asarray(before.slacks)
+        lam, u = np.asarray(lam_of(before)), np.asarray(slk(before))
         # ∇_λ𝓛 = g − u ; ∇_u𝓛 = αu − λ
         np.testing.assert_allclose(
             metrics["multipliers"], np.maximum(0, lam + lr * (g - u)), rtol=1e-5, atol=1e-6
@@ -324,9 +338,10 @@ def test_step_compiles_once_and_metrics_shapes():
     assert int(state.step) == 4
     for name in ("objective", "lagrangian", "grad_norm"):
         assert metrics[name].shape == ()
-    for name in ("layer_loss", "constraint", "multipliers", "slacks"):
+    for name in ("layer_loss", "constraint", "multipliers"):
         assert metrics[name].shape == (L + 1,)
-    assert state.multipliers.shape == (L + 1,)
+    assert "slacks" not in metrics  # only with explicit slacks
+    assert lam_of(state).shape == (L + 1,)
 
 
 def test_state_is_donated():
@@ -374,7 +389,7 @@ def test_vmapped_seeds_equal_separate_runs():
     # vmap vs one run at a time: two compiled programs; a mixed-up run differs by ~1e-2.
     for i, s in enumerate(singles):
         np.testing.assert_allclose(states.params["w"][i], s.params["w"], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(states.multipliers[i], s.multipliers, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(lam_of(states)[i], lam_of(s), rtol=1e-5, atol=1e-5)
 
 
 def test_epsilon_sweep_via_state():
@@ -441,7 +456,7 @@ def test_scheduled_dual_ascent_counts_only_dual_steps_and_settles():
     lr = 2.0
     _, hist = run(cfg, dual_optimizer("sgd", lr, "linear", 4), steps=8, lam0=[0, 0.3, 0.3, 0.3])
     for i, (before, _, metrics) in enumerate(hist):
-        lam_before = np.asarray(before.multipliers)
+        lam_before = np.asarray(lam_of(before))
         lam_after = np.asarray(metrics["multipliers"])
         if i < 2 or i >= 6:  # warm-up, then the rate is 0: λ is left exactly as it was
             np.testing.assert_array_equal(lam_after, lam_before)

@@ -54,10 +54,8 @@ RUN_KEYS = {
 
 
 def _params(states: dict):
-    """The model parameters of a restored group state: ``cudt.TrainState``'s ``params``, or
-    those inside ``cudt.make_descent_step``'s state (the video default's nuPI and alternating
-    updates train through it)."""
-    return states["params"] if "params" in states else states["inner"]["params"]
+    """The model parameters of a restored group state (a ``cudt.ConstrainedState``)."""
+    return states["params"]
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from typing import Any
 
 from cudt.constrained_step import UPDATES
 from cudt.runner.hparams import REFERENCE_SPELLINGS, SWEEPABLE, is_reference
+from cudt.runner.output import STATE_LAYOUT
 from cudt.runner.sweep import parse_sweeps
 
 __all__ = [
@@ -169,7 +170,8 @@ class RunConfig:
     update: str = flag(
         "simultaneous",
         "primal-dual update: simultaneous, alternating (dual first, then primal with the new "
-        "multipliers) or extragradient (extrapolation from the past)",
+        "multipliers, one forward), extragradient (two gradients a step) or optimistic "
+        "(extrapolation from the past, one gradient a step)",
         check=one_of(*UPDATES),
     )
     dual_optimizer: str = flag(
@@ -311,16 +313,6 @@ class RunConfig:
         sweeps = parse_sweeps(self)
         self._validate_dual_dynamics(sweeps)
 
-    def uses_general_step(self) -> bool:
-        """Whether the runner trains through :func:`cudt.make_descent_step` (anything but mean
-        constraints, the Lagrangian, simultaneous updates and Adam/SGD duals)."""
-        return (
-            self.constraint != "mean"
-            or self.formulation != "lagrangian"
-            or self.update != "simultaneous"
-            or self.dual_optimizer == "nupi"
-        )
-
     def _validate_dual_dynamics(self, sweeps) -> None:
         need = self.require
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
@@ -330,13 +322,6 @@ class RunConfig:
             # shared one (a task whose default is nupi may still be run with sgd and K_P = 0)
             return name in sweeps or getattr(self, name) not in (defaults[name], base[name])
 
-        if self.uses_general_step():
-            need(
-                self.resilience_mode == "decay",
-                "--resilience-mode slack works only with --constraint mean, --formulation "
-                "lagrangian, --update simultaneous and --dual-optimizer adam or sgd: use "
-                "--resilience-mode decay",
-            )
         need(
             self.constraint == "tail" or not given("tail_beta"),
             "--tail-beta is the beta of --constraint tail: pass --constraint tail or drop it",
@@ -362,7 +347,8 @@ class RunConfig:
     def fingerprint(self) -> dict[str, Any]:
         """The fields a checkpoint depends on (the config minus output-only fields)."""
         ignore = set(self.RESUME_IGNORES)
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ignore}
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if k not in ignore}
+        return fields | {"state_layout": STATE_LAYOUT}
 
 
 def model_list(value: Sequence[str]) -> tuple[str, ...]:

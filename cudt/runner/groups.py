@@ -22,7 +22,6 @@ from tqdm.auto import tqdm
 
 from cudt.checkpoint import GroupCheckpointer
 from cudt.constrained import DescentConfig
-from cudt.descent_step import make_descent_step
 from cudt.formulation import AugmentedLagrangian, Lagrangian, QuadraticPenalty
 from cudt.loop import Divergence, LoopResult, sample_indices, train_group
 from cudt.optim import dual_optimizer, primal_optimizer
@@ -76,6 +75,13 @@ def name_group(group: Group, swept: list[str]) -> None:
         )
 
 
+FORMULATIONS = {
+    "lagrangian": lambda rho: Lagrangian(),
+    "augmented": lambda rho: AugmentedLagrangian(penalty=rho),
+    "penalty": lambda rho: QuadraticPenalty(penalty=rho),
+}
+
+
 def make_group_step(
     cfg,
     model: GroupModel,
@@ -90,15 +96,12 @@ def make_group_step(
     """``(init, step)`` of :func:`cudt.make_train_step` wired as the runner wires every group:
     the model's per-sample layer losses and projection, Adam on the parameters
     (:func:`cudt.optim.primal_optimizer`, ``cfg.lr_schedule`` over ``cfg.steps``), the dual
-    optimiser of ``cfg`` over the steps after the ``warmup``, and the constraint defaults of
-    ``cfg`` (each run's own ε, reference, α, ERM/constrained and learning rates go to ``init``).
-    ``slack_alpha``: the α of explicit slacks (``--resilience-mode slack``).
-
-    Any other ``--constraint``, ``--formulation``, ``--update`` or ``--dual-optimizer nupi``
-    (``cfg.uses_general_step()``) builds :func:`cudt.make_descent_step` instead, with the same
-    optimisers; ``init`` then also takes ``penalty``, ``tail_beta`` and ``dual_hparams``.
-    ``num_examples``: the training set's size (the rows of ``--constraint indexed``'s table;
-    the batch's ``index`` names its examples' rows)."""
+    optimiser of ``cfg`` over the steps after the ``warmup``, ``cfg``'s constraint kind,
+    formulation and update scheme, and the constraint defaults of ``cfg`` (each run's own ε,
+    reference, α, β, ρ, ERM/constrained, learning rates and nuPI gains go to ``init``).
+    ``slack_alpha``: the α of explicit slacks (``--resilience-mode slack``), restarted every
+    epoch. ``num_examples``: the training set's size (the rows of ``--constraint indexed``'s
+    table; the batch's ``index`` names its examples' rows)."""
     slack = cfg.resilience_mode == "slack"
     descent = DescentConfig(
         num_layers=model.num_layers,
@@ -110,6 +113,7 @@ def make_group_step(
         slack_restart_steps=steps_per_epoch if slack else None,
         warmup_steps=warmup,
         constrained=True,
+        tail_beta=cfg.tail_beta,
     )
     primal = primal_optimizer(lr, cfg.lr_schedule, cfg.steps)
     dual = dual_optimizer(
@@ -120,26 +124,16 @@ def make_group_step(
         kp=cfg.nupi_kp,
         ema_nu=cfg.nupi_ema,
     )
-    if not cfg.uses_general_step():
-        return make_train_step(
-            model.layer_losses, primal, dual, descent, project_params=model.project, jit=jit
-        )
-    formulation = {
-        "lagrangian": Lagrangian(),
-        "augmented": AugmentedLagrangian(penalty=cfg.penalty),
-        "penalty": QuadraticPenalty(penalty=cfg.penalty),
-    }[cfg.formulation]
-    return make_descent_step(
+    return make_train_step(
         model.layer_losses,
         primal,
         dual,
         descent,
         constraint=cfg.constraint,
-        formulation=formulation,
+        formulation=FORMULATIONS[cfg.formulation](cfg.penalty),
         update=cfg.update,
         num_examples=num_examples,
         example_ids=lambda batch: batch.index,
-        tail_beta=cfg.tail_beta,
         project_params=model.project,
         jit=jit,
     )
@@ -180,15 +174,14 @@ class GroupProgram:
             "constrained": jnp.asarray([s.constrained for s in group.specs]),
             "lr": col([hp["lr"] for hp in hps], 0.0),
             "dual_lr": col([hp["dual_lr"] for hp in hps], cfg.dual_lr),
+            "penalty": col([hp["penalty"] for hp in hps], cfg.penalty),
+            "tail_beta": col([hp["tail_beta"] for hp in hps], cfg.tail_beta),
         }
-        if cfg.uses_general_step():
-            self.per_run["penalty"] = col([hp["penalty"] for hp in hps], cfg.penalty)
-            self.per_run["tail_beta"] = col([hp["tail_beta"] for hp in hps], cfg.tail_beta)
-            if cfg.dual_optimizer == "nupi":
-                self.per_run["dual_hparams"] = {
-                    "kp": col([hp["nupi_kp"] for hp in hps], cfg.nupi_kp),
-                    "ema_nu": col([hp["nupi_ema"] for hp in hps], cfg.nupi_ema),
-                }
+        if cfg.dual_optimizer == "nupi":  # nuPI's gains are injected hyperparameters
+            self.per_run["dual_hparams"] = {
+                "kp": col([hp["nupi_kp"] for hp in hps], cfg.nupi_kp),
+                "ema_nu": col([hp["nupi_ema"] for hp in hps], cfg.nupi_ema),
+            }
         self.references = resolved_ref
         self.extras = col([hp["gamma_train"] for hp in hps], 0.0)
         self.keys = jnp.stack([jax.random.key(s.seed) for s in group.specs])

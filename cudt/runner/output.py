@@ -52,6 +52,13 @@ class OutputDir:
         return self.checkpoints / slug
 
 
+# The layout of the train state a run's checkpoints hold, recorded in its saved config. It
+# changes when the state's pytree changes shape (e.g. the one-engine state, layout 2, after the
+# hand-fused TrainState and the DescentState wrapper of layout 1), so an older folder is named
+# as such instead of failing inside orbax.
+STATE_LAYOUT = 2
+
+
 def _differences(old: dict, new: dict) -> list[str]:
     keys = sorted(set(old) | set(new))
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
@@ -114,6 +121,13 @@ def open_output(
                 f"{saved_config} is unreadable ({e}): pass another --out, or --overwrite to start "
                 "again"
             ) from e
+        layout = old.get("state_layout", 1)
+        if layout != config.get("state_layout", layout):
+            raise UsageError(
+                f"--out {out} holds checkpoints of an earlier cudt whose train state has another "
+                f"layout ({layout}; this version writes {config['state_layout']}), which cannot "
+                "be resumed: pass another --out, or --overwrite to discard them"
+            )
         diff = _differences(old, config)
         if diff:
             raise UsageError(

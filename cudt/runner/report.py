@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cudt import descent
 from cudt.loop import LoopResult
 from cudt.metrics import descent_stats, feasibility
 
@@ -125,9 +126,13 @@ def summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval_
             "constraint_val": verdict.constraint,
             "relative_violation_val": verdict.relative_violation,
             "val_objective": float(val_mean[-1]),
-            "multipliers": np.asarray(result.states.multipliers[r]).tolist(),
+            "multipliers": np.asarray(descent.multipliers(result.states)[r]).tolist(),
             **(
-                {"multipliers_table_max": np.asarray(result.states.multipliers_max[r]).tolist()}
+                {
+                    "multipliers_table_max": np.asarray(
+                        descent.multipliers(result.states, jnp.max)[r]
+                    ).tolist()
+                }
                 if cfg.constraint == "indexed"
                 else {}
             ),

@@ -52,8 +52,8 @@ class StudyConfig:
         "dual optimisers: " + ", ".join(DUAL_OPTIMIZERS) + " (the penalty formulation has none)",
     )
     updates: tuple[str, ...] = flag(
-        UPDATES,
-        "primal-dual updates: " + ", ".join(UPDATES) + " (the penalty formulation: the first)",
+        ("simultaneous", "alternating", "optimistic"),
+        "primal-dual updates, of " + ", ".join(UPDATES) + " (the penalty formulation: the first)",
     )
     dual_lr_factors: tuple[float, ...] = flag(
         (0.1, 0.316, 1.0, 3.16, 10.0),

@@ -1,0 +1,207 @@
+"""The paper's layerwise-descent problem, as a problem for :func:`cudt.make_constrained_step`.
+
+    problem = cudt.descent.problem(layer_losses, cfg, constraint="mean")
+    init, step = cudt.make_constrained_step(problem, optax.adam(1e-3), cudt.dual_ascent(1e-2),
+                                            has_aux=True, warmup_steps=cfg.warmup_steps)
+    state = init(params, constraints=cudt.descent.constraints(cfg),
+                 hparams=cudt.descent.hparams(cfg))
+
+(:func:`cudt.make_train_step` is exactly this, with the metrics of :func:`metrics`.)
+
+From the per-sample losses ``ℓ [B, L+1]`` of ``layer_losses(params, batch, key)`` (column 0 the
+input state, column L the output), the objective is ``mean ℓ_L`` and the constraints are
+
+- ``"reference"`` (a scalar): ``mean ℓ_0 − C`` (0 for runs without a reference constraint);
+- ``"descent"``, by ``constraint``:
+
+  - ``"mean"``: ``mean ℓ_l − (1 − ε_l) mean ℓ_{l−1}``, ``[L]`` (the paper's);
+  - ``"indexed"``: ``ℓ_l(x_i) − (1 − ε_l) ℓ_{l−1}(x_i)`` for every example ``i`` of the batch,
+    ``[B, L]``, with a multiplier table of ``num_examples × L`` entries indexed by
+    ``example_ids(batch)`` (each example's row in the training set); only the batch's rows move;
+  - ``"tail"``: ``CVaR_β(r_l) − (1 − ε_l)``, ``[L]``, with ``r_l = ℓ_l(x)/ℓ_{l−1}(x)`` the
+    per-sample ratio and ``CVaR_β`` over the batch the mean of its ``⌈βB⌉`` largest ratios: the
+    worst β-fraction of the examples must descend by the factor on average (β = 1 is the mean
+    ratio; a ratio's denominator is floored at ``RATIO_FLOOR``).
+
+Both constraints carry the run's resilience α (inf: hard) in ``cfg.resilience_mode``: the dual
+decay or explicit slacks. The run's own values (ε, C, α, β) are :func:`hparams`, arrays in the
+train state, so runs that differ only in them share one compiled step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from cudt.constrained import DescentConfig, constraint_values
+from cudt.constraint import Constraint
+
+__all__ = [
+    "CONSTRAINTS",
+    "RATIO_FLOOR",
+    "constraints",
+    "hparams",
+    "metrics",
+    "multipliers",
+    "problem",
+    "slacks",
+    "tail_values",
+]
+
+CONSTRAINTS = ("mean", "indexed", "tail")
+RATIO_FLOOR = 1e-12
+
+
+def _check_kind(constraint: str) -> None:
+    if constraint not in CONSTRAINTS:
+        raise ValueError(f"constraint must be one of {CONSTRAINTS}, got {constraint!r}")
+
+
+def hparams(
+    config: DescentConfig, *, epsilon=None, reference=None, resilience=None, tail_beta=None
+) -> dict[str, jax.Array]:
+    """The run's values of the problem, as arrays (each defaults to ``config``'s):
+
+    ``epsilon [L]``, ``reference []`` (C; 0 when ``has_reference`` is False), ``has_reference``
+    (``reference`` None or NaN: off), ``resilience`` α (None or inf: hard; with explicit slacks
+    the config's α), ``tail_beta`` β of ``"tail"``."""
+    L = config.num_layers
+    eps = config.epsilon_array if epsilon is None else epsilon
+    eps = jnp.broadcast_to(jnp.asarray(eps, jnp.float32), (L,))
+    ref = config.reference if reference is None else reference
+    ref = jnp.asarray(jnp.nan if ref is None else ref, jnp.float32)
+    has_ref = jnp.isfinite(ref)
+    alpha = config.resilience if resilience is None else resilience
+    alpha = jnp.asarray(jnp.inf if alpha is None else alpha, jnp.float32)
+    beta = config.tail_beta if tail_beta is None else tail_beta
+    return {
+        "epsilon": eps,
+        "reference": jnp.where(has_ref, ref, 0.0),
+        "has_reference": has_ref,
+        "resilience": alpha,
+        "tail_beta": jnp.asarray(beta, jnp.float32),
+    }
+
+
+def tail_values(losses, epsilon, beta):
+    """``[L]``: ``CVaR_β(ℓ_l/ℓ_{l−1}) − (1 − ε_l)`` from per-sample losses ``[B, L+1]``; the CVaR
+    of the batch is the mean of its ``k = ⌈βB⌉`` (at least 1) largest ratios. ``beta`` may be a
+    traced array (a sweep)."""
+    ratios = losses[:, 1:] / jnp.maximum(losses[:, :-1], RATIO_FLOOR)  # [B, L]
+    size = ratios.shape[0]
+    k = jnp.clip(jnp.ceil(beta * size), 1, size)
+    ranked = -jnp.sort(-ratios, axis=0)  # largest first
+    top = (jnp.arange(size) < k)[:, None]
+    cvar = jnp.sum(jnp.where(top, ranked, 0.0), axis=0) / k
+    return cvar - (1.0 - epsilon)
+
+
+def _resilient(value, config: DescentConfig, alpha, index=None) -> Constraint:
+    return Constraint(value, index=index, resilience=alpha, resilience_mode=config.resilience_mode)
+
+
+def problem(
+    layer_losses: Callable[[Any, Any, jax.Array], jax.Array],
+    config: DescentConfig,
+    constraint: str = "mean",
+    *,
+    example_ids: Callable[[Any], jax.Array] | None = None,
+):
+    """``problem(params, batch, key, hparams) -> (mean ℓ_L, constraints, aux)`` (module
+    docstring); ``aux``: ``layer_loss [L+1]`` (the batch means) and ``constraint [L+1]`` (index 0
+    the reference, then the descent constraint's value per layer: its batch mean for
+    ``"indexed"``). ``example_ids(batch) -> [B]`` names the rows of ``"indexed"``'s table."""
+    _check_kind(constraint)
+    if constraint == "indexed" and example_ids is None:
+        raise ValueError("constraint='indexed' needs example_ids=batch -> [B] (each example's row)")
+    L = config.num_layers
+
+    def descent_problem(params, batch, key, hp):
+        losses = layer_losses(params, batch, key)
+        if losses.ndim != 2 or losses.shape[1] != L + 1:
+            raise ValueError(
+                f"layer_losses must return per-sample losses of shape [B, {L + 1}] "
+                f"(layers 0..{L}), got {losses.shape}: check num_layers in DescentConfig matches "
+                "the model"
+            )
+        losses = losses.astype(jnp.float32)
+        mean = jnp.mean(losses, axis=0)
+        eps = hp["epsilon"]
+        g = constraint_values(mean, eps, hp["reference"], hp["has_reference"])
+        index, shown = None, g[1:]
+        if constraint == "mean":
+            descent = g[1:]
+        elif constraint == "indexed":
+            descent = losses[:, 1:] - (1.0 - eps) * losses[:, :-1]  # [B, L]
+            index = example_ids(batch)
+        else:
+            descent = shown = tail_values(losses, eps, hp["tail_beta"])
+        alpha = hp["resilience"]
+        cons = {
+            "reference": _resilient(g[0], config, alpha),
+            "descent": _resilient(descent, config, alpha, index),
+        }
+        aux = {"layer_loss": mean, "constraint": jnp.concatenate([g[:1], shown])}
+        return mean[-1], cons, aux
+
+    return descent_problem
+
+
+def constraints(config: DescentConfig, constraint: str = "mean") -> dict[str, Constraint]:
+    """The structure of :func:`problem`'s constraints (abstract values), for ``init`` without a
+    batch: ``init(params, constraints=constraints(cfg, kind), num_indexed=...)``."""
+    _check_kind(constraint)
+    L = config.num_layers
+    f32 = jnp.float32
+    indexed = constraint == "indexed"
+    descent = jax.ShapeDtypeStruct((1, L) if indexed else (L,), f32)
+    index = jax.ShapeDtypeStruct((1,), jnp.int32) if indexed else None
+    alpha = jax.ShapeDtypeStruct((), f32)
+    return {
+        "reference": _resilient(jax.ShapeDtypeStruct((), f32), config, alpha),
+        "descent": _resilient(descent, config, alpha, index),
+    }
+
+
+def _summary(tables: dict, reduce) -> jax.Array:
+    """``[..., L+1]``: the reference's entry, then each layer's (an indexed table of shape
+    ``[..., N, L]``: ``reduce`` over its rows)."""
+    ref, descent = tables["reference"], tables["descent"]
+    if descent.ndim > ref.ndim + 1:
+        descent = reduce(descent, axis=-2)
+    return jnp.concatenate([ref[..., None], descent], axis=-1)
+
+
+def multipliers(state, reduce=jnp.mean) -> jax.Array:
+    """``[..., L+1]``: λ of the reference, then each layer's λ (``"indexed"``: ``reduce`` of the
+    table's rows, e.g. ``jnp.max``); any leading run axes are kept."""
+    return _summary(state.multipliers, reduce)
+
+
+def slacks(state, reduce=jnp.mean) -> jax.Array | None:
+    """``[..., L+1]`` like :func:`multipliers` for explicit slacks; None without them."""
+    return _summary(state.slacks, reduce) if state.slacks else None
+
+
+def metrics(state, step_metrics: dict, constraint: str = "mean") -> dict[str, jax.Array]:
+    """The descent step's flat metrics from the general step's: ``objective``, ``lagrangian``,
+    ``layer_loss [L+1]``, ``constraint [L+1]``, ``grad_norm``, ``multipliers [L+1]`` (after the
+    step), and ``slacks [L+1]`` with explicit slacks, ``multipliers_max [L+1]`` for
+    ``"indexed"``."""
+    aux = step_metrics["aux"]
+    out = {
+        "objective": aux["layer_loss"][-1],
+        "lagrangian": step_metrics["lagrangian"],
+        "layer_loss": aux["layer_loss"],
+        "constraint": aux["constraint"],
+        "multipliers": multipliers(state),
+        "grad_norm": step_metrics["grad_norm"],
+    }
+    if state.slacks:
+        out["slacks"] = slacks(state)
+    if constraint == "indexed":
+        out["multipliers_max"] = multipliers(state, jnp.max)
+    return out
