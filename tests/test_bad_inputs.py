@@ -394,12 +394,6 @@ CONFIG_CASES = [
         "got 'median'",
     ),
     (
-        "--constraint indexed with explicit slacks",
-        ["--constraint", "indexed", "--resilience", "2", "--resilience-mode", "slack"],
-        "--resilience-mode slack works only with --constraint mean",
-        "use --resilience-mode decay",
-    ),
-    (
         "--tail-beta without --constraint tail",
         ["--tail-beta", "0.5"],
         "--tail-beta is the beta of --constraint tail",
