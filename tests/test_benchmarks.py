@@ -176,7 +176,8 @@ def test_step_quick_prints_checks_ratios_and_the_flop_rate(capsys):
 
 @pytest.fixture(scope="module")
 def sweep_result(tmp_path_factory):
-    """``sweep --quick --models ut``'s output and measured result (run once)."""
+    """``sweep --quick --models dust``'s output and measured result (run once; DUST's chunk
+    compiles in half the UT's time)."""
     import contextlib
     import io
 
@@ -190,24 +191,24 @@ def sweep_result(tmp_path_factory):
     buffer = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(buffer):
         mp.setattr(sweep, "measure", keep)
-        assert sweep.main(["--quick", "--models", "ut"]) == 0
+        assert sweep.main(["--quick", "--models", "dust"]) == 0
     return buffer.getvalue(), results[0]
 
 
 @pytest.mark.slow
 def test_sweep_quick_prints_ratios_and_runs_that_match_the_run_alone(sweep_result):
     out, result = sweep_result
-    _check_header(out, "sweep", "--quick --models ut")
+    _check_header(out, "sweep", "--quick --models dust")
     checks = _table(out, "model R params max abs diff")
-    assert checks == [["UT-2", "1", "0"], ["UT-2", "2", "0"]]  # a CPU: the runs one by one
+    assert checks == [["DUST-2", "1", "0"], ["DUST-2", "2", "0"]]  # a CPU: runs one by one
     rows = _table(
         out,
         "model R first chunk s ms/step (all R) ms/run-step per run-step end to end",
     )
-    assert [r[:2] for r in rows] == [["UT-2", "1"], ["UT-2", "2"]]
+    assert [r[:2] for r in rows] == [["DUST-2", "1"], ["DUST-2", "2"]]
     assert rows[0][5] == "1" and rows[0][6] == "1"  # R = 1 is the reference
-    ratio = result["speedup"][("UT-2", 2)]
-    assert f"ratio UT-2 R=2: one after another / one program = {ratio:.3g} per run-step" in out
+    ratio = result["speedup"][("DUST-2", 2)]
+    assert f"ratio DUST-2 R=2: one after another / one program = {ratio:.3g} per run-step" in out
 
 
 def test_memory_lm_loss_quick_prints_ratios_and_equal_work(capsys):
@@ -313,6 +314,6 @@ def test_gpu_writes_the_sections_it_measured_and_isolates_a_failing_one(
     text = out_file.read_text()
     assert text.index("## Sweep") < text.index("## llm: failed")  # the suite's order
     assert "RuntimeError: no weights here" in text
-    rows = [line for line in text.splitlines() if line.startswith("| UT-2 | ")]
+    rows = [line for line in text.splitlines() if line.startswith("| DUST-2 | ")]
     assert len(rows) == 4  # the sweep's table and its equal-work table, R = 1 and 2
     assert "section(s) llm failed" in capsys.readouterr().out
