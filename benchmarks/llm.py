@@ -295,6 +295,7 @@ class TorchSide:
         else:
             z = torch.tensor(noise, device=self.device)
         out = self.step(noise=z)
+        self.step.wait()
         return {k: v.detach().cpu().numpy() for k, v in out.items()}
 
 

@@ -288,17 +288,21 @@ def cooper_optimizer(
 
 class CooperStep:
     """One Cooper ``roll`` per call, then the model's projection; returns the step's layer
-    losses and constraint values (before the step) and multipliers (after it)."""
+    losses and constraint values (before the step) and multipliers (after it), as tensors on
+    the model's device (the work may still be queued there: :meth:`wait` waits for it)."""
 
     def __init__(self, model, cmp: DescentCMP, optimizer, *, sync: Callable[[], None] = None):
         self.model, self.cmp, self.optimizer = model, cmp, optimizer
         self.sync = sync
 
+    def wait(self) -> None:
+        """Waits for the device's queued work (CUDA); nothing on a CPU."""
+        if self.sync is not None:
+            self.sync()
+
     def __call__(self, **kwargs) -> dict:
         rollout = self.optimizer.roll(compute_cmp_state_kwargs=kwargs)
         self.model.project()
-        if self.sync is not None:
-            self.sync()
         misc = rollout.cmp_state.misc
         return {
             "layer_loss": misc["layer_loss"],
