@@ -21,8 +21,7 @@ def _layer_losses(params, batch, key):
     return (pred - batch["y"][:, None]) ** 2 + noise
 
 
-# numpy, not jax arrays: nothing at import time may start JAX's backend (an earlier start
-# changes what jax.distributed.initialize says in test_bad_inputs' docs/errors.md check)
+# numpy, not jax arrays: importing this module starts no JAX backend
 _rng = np.random.default_rng(0)
 X = _rng.normal(size=(N, D)).astype(np.float32)
 Y = _rng.normal(size=(N,)).astype(np.float32)
@@ -34,7 +33,7 @@ def _batch(t, size=B):
     return {"x": X[index], "y": Y[index], "index": index}
 
 
-@pytest.mark.parametrize("dual", ["adam", "sgd", "nupi"])
+@pytest.mark.parametrize("dual", ["adam", "nupi"])
 def test_lanes_of_one_program_equal_each_run_alone(dual):
     """Three lanes of one vmapped program (reference on, different ε/lr/dual lr/β, resilience,
     an ERM lane) with a warm-up give what each run trained alone gives: the run's values are
