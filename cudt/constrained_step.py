@@ -148,6 +148,17 @@ def _put_rows(tree, rows, ids, n):
     )
 
 
+def _update_rows(table, opt_state, index, fn):
+    """``fn(values, opt_state) -> (values, opt_state)`` on a variable and its optimiser state:
+    the whole array, or for an indexed table (``index`` [B]) only the batch's rows, of the table
+    and of every state leaf shaped like it; the other rows stay bit-identical."""
+    if index is None:
+        return fn(table, opt_state)
+    n = table.shape[0]
+    values, new_state = fn(table[index], _rows(opt_state, index, n))
+    return table.at[index].set(values), _put_rows(opt_state, new_state, index, n)
+
+
 def _where(pred, new, old):
     return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
 
@@ -340,48 +351,38 @@ def make_constrained_step(
     def dual_apply(state, grad, cons, active):
         """New multipliers and dual states: the dual optimiser's update from ``grad`` applied at
         ``state``'s multipliers (masked rows and runs keep theirs)."""
+        if not formulation.uses_multipliers:
+            return state.multipliers, state.dual_state
         new_mult, new_dual = {}, {}
         for n, c in cons.items():
-            table, dstate = state.multipliers[n], state.dual_state[n]
-            if not formulation.uses_multipliers:
-                new_mult[n], new_dual[n] = table, dstate
-                continue
             wrap = FreeSign if c.kind == "eq" else (lambda x: x)
             unwrap = (lambda x: x.value) if c.kind == "eq" else (lambda x: x)
-            if c.index is None:
-                lam, ds = table, dstate
-            else:
-                N = table.shape[0]
-                lam, ds = table[c.index], _rows(dstate, c.index, N)
-            u, ds_new = dual.update(wrap(grad[n]), ds, wrap(lam))
-            lam_new = lam + unwrap(u)
-            if dual_radius is not None:
-                lo = -dual_radius if c.kind == "eq" else 0.0
-                lam_new = jnp.clip(lam_new, lo, dual_radius)
-            lam_new, ds_new = _where(active, (lam_new, ds_new), (lam, ds))
-            if c.index is None:
-                new_mult[n], new_dual[n] = lam_new, ds_new
-            else:
-                new_mult[n] = table.at[c.index].set(lam_new)
-                new_dual[n] = _put_rows(dstate, ds_new, c.index, N)
+
+            def ascend(lam, ds, d=grad[n], wrap=wrap, unwrap=unwrap, eq=c.kind == "eq"):
+                u, ds_new = dual.update(wrap(d), ds, wrap(lam))
+                lam_new = lam + unwrap(u)
+                if dual_radius is not None:
+                    lam_new = jnp.clip(lam_new, -dual_radius if eq else 0.0, dual_radius)
+                return _where(active, (lam_new, ds_new), (lam, ds))
+
+            new_mult[n], new_dual[n] = _update_rows(
+                state.multipliers[n], state.dual_state[n], c.index, ascend
+            )
         return new_mult, new_dual
 
     def slack_apply(state, grad, cons, active):
+        """New explicit slacks and slack states: projected descent on ``grad`` (masked rows and
+        runs keep theirs)."""
         new_u, new_s = {}, {}
-        for n, table in state.slacks.items():
-            c, sstate = cons[n], state.slack_state[n]
-            if c.index is None:
-                u, ss = table, sstate
-            else:
-                N = table.shape[0]
-                u, ss = table[c.index], _rows(sstate, c.index, N)
-            upd, ss_new = slack_tx.update(grad[n], ss, u)
-            u_new, ss_new = _where(active, (u + upd, ss_new), (u, ss))
-            if c.index is None:
-                new_u[n], new_s[n] = u_new, ss_new
-            else:
-                new_u[n] = table.at[c.index].set(u_new)
-                new_s[n] = _put_rows(sstate, ss_new, c.index, N)
+        for n in state.slacks:
+
+            def descend_slack(u, ss, d=grad[n]):
+                upd, ss_new = slack_tx.update(d, ss, u)
+                return _where(active, (u + upd, ss_new), (u, ss))
+
+            new_u[n], new_s[n] = _update_rows(
+                state.slacks[n], state.slack_state[n], cons[n].index, descend_slack
+            )
         return new_u, new_s
 
     def lagrangian(f, values, u, lam, rho, cons):
