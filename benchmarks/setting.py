@@ -21,6 +21,7 @@ Two primal-dual dynamics are compared against PyTorch + Cooper (:data:`DYNAMICS`
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from benchmarks.common import choice_list
 from cudt.runner.config import RunConfig
 from cudt.runner.groups import Group, GroupProgram, name_group
 from cudt.runner.task import GroupModel, RunBatch
@@ -35,9 +37,11 @@ from cudt.tasks.video import VideoConfig, VideoTask, build_model
 
 __all__ = [
     "DYNAMICS",
+    "VIDEO_MODELS",
     "VideoSetup",
     "dynamics_config",
     "video_config",
+    "video_parser",
     "video_setup",
 ]
 
@@ -60,6 +64,28 @@ def video_config(quick: bool = False, **overrides: Any) -> VideoConfig:
     if quick:
         fields |= QUICK_VIDEO
     return VideoConfig(**(fields | overrides))
+
+
+VIDEO_MODELS = ("ut", "dust")
+
+
+def video_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """The parser every video subcommand starts from: ``--models``, ``--layers`` and
+    ``--batch-size``, each defaulting to :class:`VideoConfig`'s."""
+    defaults = video_config()
+    p = argparse.ArgumentParser(
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    models = [m for m in defaults.models if m in VIDEO_MODELS]
+    p.add_argument(
+        "--models",
+        type=choice_list(VIDEO_MODELS, "model"),
+        default=models,
+        help=f"comma-separated models (default: VideoConfig's, {','.join(models)})",
+    )
+    p.add_argument("--layers", type=int, default=None, help="L (default: VideoConfig's)")
+    p.add_argument("--batch-size", type=int, default=None, help="B (default: VideoConfig's)")
+    return p
 
 
 def dynamics_config(cfg: VideoConfig, dynamics: str) -> VideoConfig:

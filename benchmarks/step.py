@@ -60,29 +60,17 @@ from benchmarks.common import (
     time_alternatives,
 )
 from benchmarks.peer import TORCH_DEFAULT_THREADS, relative_diff, torch_threads, video_peer
-from benchmarks.setting import VideoSetup, dynamics_config, video_config, video_setup
+from benchmarks.setting import VideoSetup, dynamics_config, video_config, video_parser, video_setup
 from cudt.data.video import perturb
 from cudt.models import ut_project
 from cudt.runner.groups import make_group_step
 
-MODELS = ("ut", "dust")
 DYNAMICS_FLAGS = {"default": "video default", "paper": "paper"}
 QUICK = dict(steps=2, repeats=1, torch_threads=[0], check_steps=3, matmul_size=256, burn_in=0)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    defaults = video_config()
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks step",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--models",
-        type=choice_list(MODELS, "model"),
-        default=[m for m in defaults.models if m in MODELS],
-        help="comma-separated models (default: VideoConfig's, ut,dust)",
-    )
+    p = video_parser("python -m benchmarks step", __doc__)
     p.add_argument(
         "--dynamics",
         type=choice_list(tuple(DYNAMICS_FLAGS), "dynamics"),
@@ -90,8 +78,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="default (nuPI, alternating: the video task's) and/or paper (Adam duals, "
         "simultaneous) (default default,paper)",
     )
-    p.add_argument("--layers", type=int, default=None, help="L (default: VideoConfig's)")
-    p.add_argument("--batch-size", type=int, default=None, help="B (default: VideoConfig's)")
     p.add_argument("--steps", type=int, default=10, help="steps per timed block (default 10)")
     p.add_argument("--repeats", type=int, default=7, help="interleaved repetitions (default 7)")
     p.add_argument(

@@ -31,7 +31,6 @@ import jax.numpy as jnp
 
 from benchmarks.common import (
     ChunkClock,
-    choice_list,
     header,
     int_list,
     interleave,
@@ -39,29 +38,16 @@ from benchmarks.common import (
     median,
     print_table,
 )
-from benchmarks.setting import VideoSetup, video_config, video_setup
+from benchmarks.setting import VideoSetup, video_config, video_parser, video_setup
 from cudt.loop import train_group
 
-MODELS = ("ut", "dust")
 QUICK = dict(runs=[1, 2], chunk_steps=2, chunks=1, repeats=1, batch_size=4)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     defaults = video_config()
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks sweep",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--models",
-        type=choice_list(MODELS, "model"),
-        default=[m for m in defaults.models if m in MODELS],
-        help="comma-separated models (default: VideoConfig's, dust,ut)",
-    )
+    p = video_parser("python -m benchmarks sweep", __doc__)
     p.add_argument("--runs", type=int_list, default=[1, 2, 4, 8], help="R values (default 1,2,4,8)")
-    p.add_argument("--layers", type=int, default=None, help="L (default: VideoConfig's)")
-    p.add_argument("--batch-size", type=int, default=None, help="B (default: VideoConfig's)")
     p.add_argument("--chunk-steps", type=int, default=10, help="steps per chunk (default 10)")
     p.add_argument("--chunks", type=int, default=3, help="timed chunks per call (default 3)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved calls (default 3)")
