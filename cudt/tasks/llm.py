@@ -14,7 +14,9 @@ decoder, :meth:`cudt.models.llama.Decoder.generate`).
 
 Without ``--checkpoint`` the model is a tiny decoder trained from scratch with a word-level
 tokenizer of the generated instruction set (no download; small enough for a CPU). With ``--checkpoint`` a Hugging Face Llama / Mistral / Qwen2 folder or a GGUF file
-is fine-tuned whole, with its own tokenizer; ``--data`` reads ``alpaca_data.json``. An
+is fine-tuned whole, with its own tokenizer; ``--data`` reads ``alpaca_data.json``, and
+``--data tasks`` selects the generated task families of :mod:`cudt.data.instructions` (exact
+answers, train and test disjoint by item) instead of the toy set. An
 instruction becomes a prompt through the model's chat template when it has one (the instruction
 as the user turn; ``--prompt-format``), else the Stanford Alpaca template.
 """
@@ -43,6 +45,7 @@ from cudt.data.alpaca import (
     prompt_batches,
     tokenize_alpaca,
 )
+from cudt.data.instructions import FAMILIES, task_splits
 from cudt.errors import UsageError
 from cudt.io import atomic_write
 from cudt.lm_loss import default_chunk_tokens, layer_token_losses, response_span
@@ -66,7 +69,7 @@ from cudt.runner.config import (
 from cudt.runner.task import GroupModel, RunBatch, Task, cut_in_batches
 from cudt.tasks.accuracy import AccuracyReports, test_gamma_grid
 
-__all__ = ["LLMConfig", "LLMData", "LLMTask"]
+__all__ = ["GENERATED_DATA", "LLMConfig", "LLMData", "LLMTask", "llm_splits"]
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -92,7 +95,8 @@ class LLMConfig(RunConfig):
     data: str | None = flag(
         None,
         "Alpaca data: a JSON list (alpaca_data.json) or JSON lines of {instruction, input, "
-        "output}; default: generated instructions (no download)",
+        f"output}}; or a generated set (no download): tasks ({len(FAMILIES)} task families with "
+        "exact answers, split by item), toy (the 8 small templates); default: toy",
     )
     num_train: int | None = flag(
         2000, "training records; none: every record not in val or test", check=at_least(1)
@@ -194,6 +198,15 @@ class LLMConfig(RunConfig):
             not self.inject_nan or self.inject_nan[0] == "llm",
             "--inject-nan model must be llm",
         )
+        need(
+            self.data is None
+            or self.data in GENERATED_DATA
+            or bool(Path(self.data).suffix)
+            or "/" in self.data
+            or Path(self.data).expanduser().exists(),
+            f"--data {self.data!r} is neither a generated set nor a data file: pass "
+            f"{' or '.join(GENERATED_DATA)}, or the path of a file such as alpaca_data.json",
+        )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -237,6 +250,28 @@ def chat_prompt(record: AlpacaRecord, decoder: Decoder, tok: InstructionTokenize
         if decoder.config.bos_token_id is not None
         else "",
         eos_token=name(tok.eos_id) or "",
+    )
+
+
+# --data names of the generated sets (no file): the task families of cudt.data.instructions, and
+# the toy set of cudt.data.alpaca.generated_instructions (what no --data gives)
+TASKS, TOY = "tasks", "toy"
+GENERATED_DATA = (TASKS, TOY)
+
+
+def llm_splits(cfg: LLMConfig):
+    """The train / val / test records ``--data`` names: ``tasks``, the task families split by
+    item (:func:`cudt.data.instructions.task_splits`; ``--num-train none`` means 2000); no
+    ``--data`` or ``toy``, :func:`cudt.data.alpaca.generated_instructions`; else the file."""
+    if cfg.data == TASKS:
+        num_train = 2000 if cfg.num_train is None else cfg.num_train
+        return task_splits(num_train, cfg.num_val, cfg.num_test, seed=cfg.seed).alpaca()
+    return alpaca_splits(
+        None if cfg.data == TOY else cfg.data,
+        num_train=cfg.num_train,
+        num_val=cfg.num_val,
+        num_test=cfg.num_test,
+        seed=cfg.seed,
     )
 
 
@@ -309,13 +344,7 @@ class LLMTask(AccuracyReports, Task):
                 ),
                 remat=cfg.remat,
             )
-        splits = alpaca_splits(
-            cfg.data,
-            num_train=cfg.num_train,
-            num_val=cfg.num_val,
-            num_test=cfg.num_test,
-            seed=cfg.seed,
-        )
+        splits = llm_splits(cfg)
         records = {"train": splits.train, "val": splits.val, "test": splits.test}
         if cfg.checkpoint is not None:
             tok = _checkpoint_tokenizer(cfg, decoder)
