@@ -112,6 +112,7 @@ def ut_default():
     return video_setup(video_config(quick=True, batch_size=4), "ut")
 
 
+@pytest.mark.slow
 def test_cooper_as_released_fails_the_nupi_check_and_the_fixed_one_passes(ut_default, monkeypatch):
     # cooper-org/cooper issue 107: the released nuPI stores ξ_0 = 0 after its first step, so
     # its second step's K_P term differs; the check compares the first steps' multipliers
@@ -139,6 +140,7 @@ def test_the_check_fails_when_the_peer_takes_another_update_order(ut_default, mo
     assert not bad["ok"] and [r[-1] for r in bad["rows"]] == ["yes", "yes", "NO"]
 
 
+@pytest.mark.slow
 def test_dust_takes_the_same_step_as_its_pytorch_mirror():
     setup = video_setup(video_config(quick=True, batch_size=4), "dust")
     check = step.check_equal_work(setup, "video default", 3, 0.5)
@@ -211,6 +213,7 @@ def test_sweep_quick_prints_ratios_and_runs_that_match_the_run_alone(sweep_resul
     assert f"ratio DUST-2 R=2: one after another / one program = {ratio:.3g} per run-step" in out
 
 
+@pytest.mark.slow
 def test_memory_lm_loss_quick_prints_ratios_and_equal_work(capsys):
     assert memory.main(["lm-loss", "--quick"]) == 0
     out = capsys.readouterr().out
@@ -277,6 +280,7 @@ def test_llm_tiny_agrees_with_transformers_and_cooper_and_prints_its_table(capsy
     assert math.isclose(speedup, float(rows[1][3]) / float(rows[0][3]), rel_tol=0.02)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sabotage", [dict(epsilon=0.2), dict(weight_noise=1e-3)], ids=["eps", "w"])
 def test_llm_check_fails_when_torch_takes_another_step(tiny_llm, capsys, sabotage):
     side, folder = _fresh(tiny_llm)
@@ -298,6 +302,7 @@ def test_llm_check_fails_when_torch_takes_another_step(tiny_llm, capsys, sabotag
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_gpu_writes_the_sections_it_measured_and_isolates_a_failing_one(
     sweep_result, monkeypatch, tmp_path, capsys
 ):

@@ -370,6 +370,7 @@ print(json.dumps(out, default=list))
 """
 
 
+@pytest.mark.slow
 def test_sharded_forward_equals_one_device(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
     env["JAX_PLATFORMS"] = "cpu"
@@ -474,6 +475,7 @@ def test_bad_call_arguments(models):
         assert expected in one_line(err), str(err.value)
 
 
+@pytest.mark.slow
 def test_block_remat_gives_the_same_gradients_with_less_saved_memory():
     """``remat=True``: the same per-layer losses and gradients, and the compiled backward keeps
     less temporary memory (autodiff no longer saves each block's attention and MLP internals)."""

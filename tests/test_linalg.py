@@ -73,6 +73,7 @@ def test_vmapped_calls_stay_unbatched_on_cpu():
     assert 3 in ref
 
 
+@pytest.mark.slow
 def test_models_under_vmap_emit_only_unbatched_lapack_calls():
     x = jnp.zeros((2, 3, 256))
     for method in ("lapack", "matmul"):
@@ -163,6 +164,7 @@ def test_spd_inverse_converges_for_an_ill_conditioned_matrix():
     assert np.abs(np.asarray(inv) - ref).max() / np.abs(ref).max() < 1e-3
 
 
+@pytest.mark.slow
 def test_dust_matmul_matches_lapack_at_init_and_through_training():
     """Both DUST linear-algebra methods train the same: same states at init, then 8 constrained
     steps of each, with μ and the dual code checked against the exact ones on the way."""
@@ -226,6 +228,7 @@ def _spectrum_matrix(eigenvalues, seed: int = 0) -> jax.Array:
     return jnp.asarray((q * np.asarray(eigenvalues)) @ q.T, jnp.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("eigenvalues", "tol"),
     [
@@ -253,6 +256,7 @@ def test_clip_eigenvalues_matmul_matches_eigh(eigenvalues, tol):
     np.testing.assert_allclose(out[1], ours, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_clip_eigenvalues_matmul_leaves_feasible_unchanged():
     s = _spectrum_matrix(np.linspace(-0.9, 0.9, 64))
     np.testing.assert_array_equal(linalg.clip_eigenvalues_matmul(s, 0.95), s)
@@ -278,6 +282,7 @@ def _spectrum_matrix_from(q: np.ndarray, eigenvalues) -> jax.Array:
     return jnp.asarray((q * np.asarray(eigenvalues)) @ q.T, jnp.float32)
 
 
+@pytest.mark.slow
 def test_default_clip_vmapped_runs_some_active_some_not():
     """Runs stacked by vmap, one feasible (returned bit-exact), one past the clip and one far past
     it; on CPU each run keeps its own branch (a conditional in the compiled program)."""
@@ -335,6 +340,7 @@ def _ut_training(lr: float, project, steps: int = 8, dim: int = 32):
     return np.asarray(trace), state.params
 
 
+@pytest.mark.slow
 def test_ut_project_default_tracks_eigh_through_training():
     """UT training with the default projection and with eigh: the same losses step after step
     (8 Adam steps at a learning rate, 1e-2, that pushes W̃_f's eigenvalues past the clip, so
@@ -349,6 +355,7 @@ def test_ut_project_default_tracks_eigh_through_training():
     np.testing.assert_allclose(traces["default"], traces["eigh"], rtol=2e-3)
 
 
+@pytest.mark.slow
 def test_ut_project_default_inactive_clip_is_bit_exact_through_training():
     """At a learning rate (1e-4) that keeps W̃_f's eigenvalues inside the clip (‖S‖₂ ≈ 0.9), the
     default skips the clipping: the training is bit-exact the one with eigh (which returns a
@@ -363,6 +370,7 @@ def test_ut_project_default_inactive_clip_is_bit_exact_through_training():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_ut_project_default_deflates_through_training_at_full_width():
     """The same at the video model's width (256 > the 64-step Krylov space) and learning rate
     (1e-3): the default deflates the Ritz pairs past the clip at every step (no fallback) and
@@ -399,6 +407,7 @@ _TRAINING = np.r_[
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("eigenvalues", "path", "tol"),
     [

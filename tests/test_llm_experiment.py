@@ -304,6 +304,7 @@ def test_reference_chance_plus_x_is_ln_vocab_plus_x():
     )
 
 
+@pytest.mark.slow
 def test_readouts_at_the_response_window_equal_readouts_everywhere():
     """The task's default reads every state out at each example's response window only: the
     same per-layer losses and gradients as at every position, with fewer readouts."""

@@ -53,6 +53,7 @@ def eager_value_and_grads(fn, states, head, scale, labels, mask):
 value_and_grads = jax.jit(eager_value_and_grads, static_argnums=0)
 
 
+@pytest.mark.slow
 def test_naive_matches_a_float64_numpy_reference():
     states, head, scale, labels, mask = problem()
     (_, (ce, acc)), _ = value_and_grads(
@@ -133,6 +134,7 @@ def test_eager_matches_jit():
     np.testing.assert_allclose(acc, acc_j, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vocab_chunk", [None, 16])
 def test_bfloat16_states_and_head_give_float32_losses_and_sound_gradients(vocab_chunk):
     # 384 rows in 96 chunks: the head's and the norm scale's gradients are sums over 96 chunks
@@ -218,6 +220,7 @@ def test_chunked_program_needs_less_temp_memory():
     assert deeper < 1.2 * chunked
 
 
+@pytest.mark.slow
 def test_response_window_equals_every_position_values_and_gradients():
     """Reading out only a window of R positions per sample from its first response token gives
     the full version's values and gradients when the responses fit (R = their span), and a

@@ -81,6 +81,7 @@ def test_chunked_vmapped_loop_equals_stepping_by_hand(run_axis):
     assert not result.diverged.any()
 
 
+@pytest.mark.slow
 def test_a_group_on_cpu_equals_its_runs_trained_alone_bit_for_bit():
     """On CPU a group's program takes each run's chunk of steps in turn (map_runs outside the
     scan): a sweep's run r is the run trained on its own, to the last bit, metrics included."""

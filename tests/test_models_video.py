@@ -188,6 +188,7 @@ def test_ut_untrained_stays_finite_over_10_layers(scheme: str) -> None:
         assert float(jnp.mean((states[1] - x) ** 2)) < 0.05 * float(jnp.mean(x**2))
 
 
+@pytest.mark.slow
 def test_ut_grads_finite_and_jit() -> None:
     x = _inputs()
     model = UT(num_layers=4, dim=P)
@@ -206,6 +207,7 @@ def test_ut_grads_finite_and_jit() -> None:
     assert_same_program_result(states_jit, states)
 
 
+@pytest.mark.slow
 def test_ut_project_clips_eigenvalues() -> None:
     params = UT(num_layers=2, dim=P, init_scheme="xavier").init(jax.random.key(0), _inputs())
     ffn = 2.0 * jax.random.normal(jax.random.key(1), (P, P))
@@ -298,6 +300,7 @@ def _dust_reference(x, dicts, a, tau, temperature, mus=None):
     return np.stack(states), np.stack(codes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_layer", [False, True])
 def test_dust_matches_reference_layers(per_layer: bool) -> None:
     """Three layers against the NumPy transcription, states, codes and the loss gradient, with

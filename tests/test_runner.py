@@ -35,6 +35,7 @@ from cudt.runner.config import SWEEPABLE
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_evaluation_compiles_once_per_group(tmp_path):
     """Validation and test splits, every γ, every batch (the last one padded): one program."""
     task = ToyTask()
@@ -61,6 +62,7 @@ def sweep_run(tmp_path_factory):
     return out, results
 
 
+@pytest.mark.slow
 def test_sweep_runs_every_point_and_seed_in_one_program(sweep_run, capsys):
     out, results = sweep_run
     runs = results["runs"]
@@ -92,6 +94,7 @@ def test_constrained_lanes_are_not_erm(sweep_run):
         assert abs(r["val_objective"] - twin["val_objective"]) > 1e-6
 
 
+@pytest.mark.slow
 def test_a_sweep_member_trains_like_that_member_alone(sweep_run, tmp_path):
     out, results = sweep_run
     alone = toy(["--epsilon", "0.4", "--lr", "0.01", "--gamma-train", "0.3"], tmp_path / "a")
@@ -207,6 +210,7 @@ FOUR_DEVICES = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_four_cpu_devices_give_the_one_device_results(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
     env["JAX_PLATFORMS"] = "cpu"
@@ -281,8 +285,9 @@ def test_erm_flag_in_the_state_is_erm():
         states, _ = vstep(states, batch, jax.random.key(i))
         alone, _ = step_e(alone, batch, jax.random.key(i))
     np.testing.assert_allclose(states.params["w"][0], alone.params["w"], rtol=1e-5)
-    assert np.all(np.asarray(states.multipliers[0]) == 0)
-    assert float(jnp.max(states.multipliers[1])) > 0
+    lam = cudt.descent.multipliers(states)
+    assert np.all(np.asarray(lam[0]) == 0)
+    assert float(jnp.max(lam[1])) > 0
     assert not np.allclose(states.params["w"][0], states.params["w"][1], atol=1e-5)
 
 
@@ -347,6 +352,7 @@ def _two_processes(out: Path) -> list[subprocess.CompletedProcess]:
     return done
 
 
+@pytest.mark.slow
 def test_a_two_process_job_gives_the_one_process_results_and_resumes(tmp_path):
     first = _two_processes(tmp_path / "job")
     for p in first:
@@ -369,6 +375,7 @@ def test_a_two_process_job_gives_the_one_process_results_and_resumes(tmp_path):
     assert [r["final_loss"] for r in resumed["runs"]] == [r["final_loss"] for r in job["runs"]]
 
 
+@pytest.mark.slow
 def test_every_sweepable_field_is_a_per_run_value(tmp_path):
     argv = [
         "--seeds",

@@ -39,6 +39,7 @@ def _close(a, b) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_general_path_reproduces_the_default_where_it_must(default_run, sgd_run, tmp_path):
     """The augmented Lagrangian at ρ = 0 is the Lagrangian, and nuPI with K_P = 0, ν = 0 is SGD
     ascent: both must give the default's runs."""
@@ -81,6 +82,7 @@ def test_each_flag_changes_the_constrained_run(flags, default_run, tmp_path):
         assert "multipliers_table_max" not in run
 
 
+@pytest.mark.slow
 def test_penalty_formulation_and_nupi_gains(sgd_run, tmp_path):
     penalty = _constrained(
         toy([*ONE, "--formulation", "penalty", "--penalty", "50"], tmp_path / "p")
@@ -113,6 +115,7 @@ def _state_bytes(out) -> dict[str, bytes]:
     return {jax.tree_util.keystr(p): np.asarray(x).tobytes() for p, x in flat}
 
 
+@pytest.mark.slow
 def test_indexed_run_resumes_bitwise(tmp_path):
     """Train 12 steps (checkpoints at 4, 8, 12); drop the last checkpoint and the results and
     rerun: it resumes at step 8 and ends bit for bit where the straight run ended, the
@@ -151,6 +154,7 @@ def test_a_task_default_of_nupi_leaves_other_dual_optimizers_usable():
         VideoConfig(dual_optimizer="sgd", nupi_kp=2.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("constraint", ["mean", "indexed", "tail"])
 def test_slacks_compose_with_nupi_alternating_and_every_constraint(constraint, tmp_path):
     """The video default's dynamics (nuPI, alternating) with explicit resilience slacks, which

@@ -125,6 +125,7 @@ def test_tiny_gguf_readouts_match_an_independent_numpy_forward(tmp_path):
     np.testing.assert_allclose(ce_cudt, ce_numpy, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_smollm2_readouts_match_an_independent_numpy_forward():
     try:
         path = smollm2_gguf_path()

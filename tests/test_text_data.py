@@ -304,6 +304,7 @@ def test_crc32c_matches_the_standard_check_value():
     assert tfds_reader._masked_crc32c(b"some bytes") == _masked(_crc32c_bitwise(b"some bytes"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["array_record", "parquet", "tfrecord"])
 def test_tfds_imdb_reads_every_example_without_tensorflow(tfds_dirs, fmt):
     import sys

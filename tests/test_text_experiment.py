@@ -193,6 +193,7 @@ def test_finished_output_is_refused_and_kept(bert_run, tiny_bert, capsys):
     assert (out / "results.json").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_sublayer_granularity_gives_2l_plus_1_states(tiny_bert):
     # (the encoder's interleaving is tested in test_encoders.py; the run above goes end to end)
     sub = build_text_model("bert", num_classes=2, checkpoint=tiny_bert, granularity="sublayer")

@@ -251,6 +251,7 @@ def test_params_are_stacked_and_match_the_module(tiny_vit: ViT) -> None:
     assert "layernorm" not in tiny_vit.params and cfg.num_patches == 16 and cfg.patch_dim == 192
 
 
+@pytest.mark.slow
 def test_jit_and_grad_of_apply(tiny_vit: ViT) -> None:
     x = pixels((2, 3, 32, 32))
     eager = np.asarray(tiny_vit.apply(tiny_vit.params, x))
