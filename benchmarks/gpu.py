@@ -122,6 +122,17 @@ def step_section(args: argparse.Namespace) -> str:
                 result.flops,
             ),  # fmt: skip
         ]
+    if result.bounds:
+        text += [
+            "",
+            "The bound: the step's FLOPs as float32 products alone (torch / floor: the largest "
+            "torch / cudt any implementation of this arithmetic could reach):",
+            "",
+            markdown(
+                ["model", "threads", "floor ms", "torch + Cooper ms", "bound", "torch / cudt"],
+                result.bounds,
+            ),
+        ]
     if not result.ok:
         raise RuntimeError("\n".join(text))
     return "\n".join(text)

@@ -221,6 +221,29 @@ class Matmul:
         return (time.perf_counter() - t0) / calls
 
 
+class ProductFloor:
+    """The step's FLOPs as float32 products alone: ``[256, 256] @ [256, width]`` products
+    (the shape of the video steps' products: a batch of 32 sequences of 8 tokens against a 256-
+    wide layer or a ``width``-atom dictionary) adding up to ``gflop``, in one jitted program. No
+    implementation of the step's arithmetic on these cores can take less time than its products,
+    so ``torch ms / floor ms`` bounds the ratio any of them could reach against the peer."""
+
+    def __init__(self, gflop: float, width: int):
+        per = 2.0 * 256 * 256 * width
+        self.count = max(1, round(gflop * 1e9 / per))
+        self.flops = self.count * per
+        ka, kb = jax.random.split(jax.random.key(2))
+        self.a = jax.random.normal(ka, (self.count, 256, 256), jnp.float32)
+        self.b = jax.random.normal(kb, (self.count, 256, width), jnp.float32)
+        product = functools.partial(jnp.einsum, "kij,kjn->kin")
+        self.compiled = jax.jit(product).lower(self.a, self.b).compile()
+
+    def block(self, calls: int) -> float:
+        t0 = time.perf_counter()
+        jax.block_until_ready([self.compiled(self.a, self.b) for _ in range(calls)])
+        return (time.perf_counter() - t0) / calls
+
+
 # --------------------------------------------------------------------------------------------------
 # Timing
 # --------------------------------------------------------------------------------------------------
@@ -263,6 +286,7 @@ class StepResult:
     flops: list  # FLOP-rate rows
     matmul_gflops: float | None
     settings: list[str]  # one line per (model, dynamics)
+    bounds: list = dataclasses.field(default_factory=list)  # product-floor rows
 
 
 def measure(args: argparse.Namespace, *, on_setup: Callable[[VideoSetup], None] | None = None):
@@ -292,8 +316,14 @@ def measure(args: argparse.Namespace, *, on_setup: Callable[[VideoSetup], None] 
             state = setup.state(0)
             if matmul is not None and flag == "default":
                 flop_counts[setup.name] = step_flops(setup, state, batch, key)
+                width = setup.cfg.dust_atoms**2 if model_name == "dust" else 256
+                floor = ProductFloor(flop_counts[setup.name][1] / 1e9, width)
             for threads in args.torch_threads:
                 label = thread_label(threads)
+                if matmul is not None and flag == "default":
+                    alternatives[(setup.name, dynamics, "product floor", label)] = on_threads(
+                        threads, lambda f=floor: f.block(3)
+                    )
                 steps = JaxSteps(setup.jitted, copy_tree(state), batch, key)
                 tstep, kwargs = video_peer(setup, setup.params(0))
                 torch_steps = torch_block(tstep, kwargs(batch.examples), args.steps)
@@ -321,7 +351,15 @@ def measure(args: argparse.Namespace, *, on_setup: Callable[[VideoSetup], None] 
             flops.append(
                 [name, as_compiled / 1e9, used / 1e9, 1e3 * s, used / s / 1e9, used / s / peak]
             )
-    return StepResult(checks, ok, ms, flops, None if peak is None else peak / 1e9, settings)
+    bounds = []
+    for (name, dynamics, impl, threads), floor_ms in ms.items():
+        if impl == "product floor":
+            torch_ms = ms[(name, dynamics, "torch + Cooper", threads)]
+            cudt_ms = ms[(name, dynamics, "cudt", threads)]
+            bounds.append(
+                [name, threads, floor_ms, torch_ms, torch_ms / floor_ms, torch_ms / cudt_ms]
+            )
+    return StepResult(checks, ok, ms, flops, None if peak is None else peak / 1e9, settings, bounds)
 
 
 def ratios(ms: dict) -> list[list]:
@@ -387,6 +425,21 @@ def main(argv=None) -> int:
         )
         for row in result.flops[1:]:
             print(f"ratio {row[0]}: achieved FLOP/s / matmul rate = {row[5]:.3g}")
+    if result.bounds:
+        print(
+            "\nthe bound, video default: the step's FLOPs (scans unrolled) as float32 products "
+            "alone (ProductFloor), timed in the same interleaving on the same cores; torch / floor "
+            "is the largest torch / cudt any implementation of this arithmetic could reach"
+        )
+        print_table(
+            ["model", "threads", "floor ms", "torch + Cooper ms", "bound", "torch / cudt"],
+            result.bounds,
+        )
+        for name, threads, _, _, bound, measured in result.bounds:
+            print(
+                f"ratio {name} [threads {threads}]: bound torch / floor = {bound:.3g}, "
+                f"measured torch / cudt = {measured:.3g}"
+            )
     print(f"total wall {time.perf_counter() - t0:.0f}s")
     if not result.ok:
         print("error: the PyTorch + Cooper step does not do cudt's work (see 'equal work')")

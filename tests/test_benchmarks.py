@@ -172,6 +172,12 @@ def test_step_quick_prints_checks_ratios_and_the_flop_rate(capsys):
     flops = _table(out, "program GFLOP as compiled GFLOP used ms/call GFLOP/s / matmul rate")
     assert [r[0] for r in flops] == ["256² matmul", "UT-2"]
     assert float(flops[1][2]) > 0 and "ratio UT-2: achieved FLOP/s / matmul rate = " in out
+    # the bound: torch / (the step's FLOPs as products alone), next to the measured ratio
+    (bound,) = _table(out, "model threads floor ms torch + Cooper ms bound torch / cudt")
+    assert bound[:2] == ["UT-2", speed[0][2]] and float(bound[2]) > 0
+    assert bound[3] == speed[0][4]  # the same torch timing as the speed table's
+    assert math.isclose(float(bound[4]), float(bound[3]) / float(bound[2]), rel_tol=2e-3)
+    assert f"ratio UT-2 [threads {bound[1]}]: bound torch / floor = " in out
     assert "nupi duals (lr 1000, K_P 5, K_I 1, EMA 0), alternating updates" in out
     assert "adam duals (lr 0.05), simultaneous updates" in out
 
