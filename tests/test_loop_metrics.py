@@ -190,8 +190,9 @@ def test_checkpoints_of_an_earlier_state_layout_are_refused_in_one_line(tmp_path
     state_layout: layout 1) is named as such, not restored into the wrong pytree; nothing in it
     is touched."""
     from cudt.runner.config import RunConfig
+    from cudt.runner.output import checkpoint_record
 
-    config = RunConfig().fingerprint()
+    config = checkpoint_record(RunConfig())
     assert config["state_layout"] >= 2
     out = tmp_path / "old"
     (out / "checkpoints" / "40").mkdir(parents=True)

@@ -25,7 +25,7 @@ from cudt.io import fresh_run_dir, to_jsonable
 from cudt.paper.rows import HPARAMS, csv_text, finite, fmt, unique, write_text
 from cudt.runner.cli import config_from_args, configure_process, run_cli
 from cudt.runner.config import flag
-from cudt.runner.output import CHECKPOINTS, CONFIG_FILE
+from cudt.runner.output import CHECKPOINTS, CONFIG_FILE, checkpoint_record
 from cudt.runner.run import run
 
 
@@ -234,7 +234,7 @@ def check_subrun(sub: SubRun, overwrite: bool) -> None:
             raise UsageError(
                 f"{saved_config} is unreadable ({e}): delete {sub.out}, or pass --overwrite"
             ) from e
-        diff = _differences(saved, sub.cfg.fingerprint())  # the runner's own record
+        diff = _differences(saved, checkpoint_record(sub.cfg))  # the runner's own record
         if diff:
             raise _refuse(sub, "checkpoints", diff)
 

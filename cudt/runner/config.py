@@ -19,7 +19,6 @@ from typing import Any
 
 from cudt.constrained_step import UPDATES
 from cudt.runner.hparams import REFERENCE_SPELLINGS, SWEEPABLE, is_reference
-from cudt.runner.output import STATE_LAYOUT
 from cudt.runner.sweep import parse_sweeps
 
 __all__ = [
@@ -347,8 +346,7 @@ class RunConfig:
     def fingerprint(self) -> dict[str, Any]:
         """The fields a checkpoint depends on (the config minus output-only fields)."""
         ignore = set(self.RESUME_IGNORES)
-        fields = {k: v for k, v in dataclasses.asdict(self).items() if k not in ignore}
-        return fields | {"state_layout": STATE_LAYOUT}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ignore}
 
 
 def model_list(value: Sequence[str]) -> tuple[str, ...]:

@@ -28,8 +28,10 @@ from cudt.io import RESULT_FILES, check_writable, to_jsonable, write_json_atomic
 __all__ = [
     "CHECKPOINTS",
     "CONFIG_FILE",
+    "STATE_LAYOUT",
     "TENSORBOARD",
     "OutputDir",
+    "checkpoint_record",
     "open_output",
     "open_output_once",
 ]
@@ -57,6 +59,12 @@ class OutputDir:
 # hand-fused TrainState and the DescentState wrapper of layout 1), so an older folder is named
 # as such instead of failing inside orbax.
 STATE_LAYOUT = 2
+
+
+def checkpoint_record(cfg) -> dict[str, Any]:
+    """What a run's ``checkpoints/config.json`` records: the config's fingerprint and the
+    layout of the train state its checkpoints hold (:data:`STATE_LAYOUT`)."""
+    return cfg.fingerprint() | {"state_layout": STATE_LAYOUT}
 
 
 def _differences(old: dict, new: dict) -> list[str]:

@@ -27,7 +27,7 @@ from cudt.runner.curves import plot_training_curves, write_tensorboard
 from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups, run_group
 from cudt.runner.hparams import SWEEPABLE
 from cudt.runner.mesh import initialize_distributed, make_shardings
-from cudt.runner.output import TENSORBOARD, open_output_once
+from cudt.runner.output import TENSORBOARD, checkpoint_record, open_output_once
 from cudt.runner.report import curves_of, select_best, summarise, summary_table
 from cudt.runner.sweep import parse_sweeps
 from cudt.runner.task import Task
@@ -58,7 +58,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         name_group(group, swept)
         for spec in group.specs:  # every reference resolves before anything is written
             task.resolve_reference(spec.hp["reference"], data)
-    fingerprint = cfg.fingerprint() | task.fingerprint(cfg, data)
+    fingerprint = checkpoint_record(cfg) | task.fingerprint(cfg, data)
     out = open_output_once(
         out_dir or cfg.out or fresh_run_dir(task.name), fingerprint, cfg, main_process
     )
