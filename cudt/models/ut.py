@@ -1,21 +1,32 @@
 """Unrolled Transformer (UT) of Yang et al. 2022, "Transformers from an optimization perspective".
 
-One layer with weights TIED across all ``L`` applications (``jax.lax.scan``, so a single layer
-is compiled whatever the depth). With ``W = W̃ᵀW̃`` (one symmetric PSD matrix shared by queries,
-keys and values) and ``W_f = −½·b·(W̃_f + W̃_fᵀ) + (1 − b)·I`` each layer computes::
+Each of the ``L`` layers computes, with ``W = W̃ᵀW̃`` (one symmetric PSD matrix shared by queries,
+keys and values) and ``W_f = −½·b·(W̃_f + W̃_fᵀ) + (1 − b)·I``::
 
     A = softmax_row(Y W Yᵀ)          # [..., T, T], normalised over the key axis
     Z = (1 − a)·Y + a·A Y            # symmetric softmax attention step
-    Y ← ReLU(Z W_f + B)              # symmetric residual linear map + ReLU
+    Y ← ReLU(Z W_f + B)              # symmetric linear map + ReLU            (skip=False)
+    Y ← ReLU(Z + Z W_f + B)          # the same with the residual connection (skip=True)
+
+``skip=True`` is the gradient step of Yang et al.'s energy and the paper's eq. (48), "a linear
+transformation … followed by a residual connection and a ReLU": at ``b = 1`` the layer's map is
+``I − sym(W̃_f)``, so the identity is reachable whatever the eigenvalue clip; without the skip
+``W_f = −sym(W̃_f)`` and the clip bounds it by ``‖W_f‖₂ ≤ 0.95``, a shrinkage at every layer.
+
+``tying`` says which weights the layers share: ``"all"`` (one layer applied ``L`` times, the
+published code; ``jax.lax.scan`` compiles one layer whatever the depth), ``"attention"`` (the
+attention matrix ``W̃`` shared, one ``W̃_f, B`` per layer: the paper's Section 4, "the learnable
+parameters of the attention layers are tied") or ``"none"`` (one set per layer). Per-layer
+weights carry a leading ``[L]`` axis.
 
 Every layer's state is returned, ``states[0] = x`` and ``states[L] = output``, because the
 constrained training puts a loss on each of them.
 
 Params (``model.init(key, x)``)::
 
-    {"params": {"attn": [dim, dim],   # W̃
-                "ffn":  [dim, dim],   # W̃_f
-                "bias": [dim]}}       # B
+    {"params": {"attn": [dim, dim] or [L, dim, dim],   # W̃
+                "ffn":  [dim, dim] or [L, dim, dim],   # W̃_f
+                "bias": [dim] or [L, dim]}}            # B
 
 After every optimizer step the published code projects ``W̃_f`` (``ut_project`` /
 ``ut_project_tree``) to keep the map contractive and the training free of NaNs.
@@ -34,7 +45,10 @@ import numpy as np
 from cudt import linalg
 from cudt.models.dct import dct_matrix
 
-__all__ = ["UT", "UT_PARAM_KEYS", "ut_project", "ut_project_tree"]
+__all__ = ["TYINGS", "UT", "UT_PARAM_KEYS", "ut_project", "ut_project_tree"]
+
+#: What the layers share: every weight, the attention matrix only, or nothing.
+TYINGS = ("all", "attention", "none")
 
 #: Keys that identify a UT parameter dict inside a larger pytree (see ``ut_project_tree``).
 UT_PARAM_KEYS: frozenset[str] = frozenset({"attn", "ffn", "bias"})
@@ -51,14 +65,33 @@ def _dct_attn_init(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.floa
     return jnp.asarray(dct_matrix(dim) * dim**-0.25, dtype=dtype)
 
 
-def _dct_ffn_init(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
-    """W̃_f = −0.9·I, so W_f = −½(W̃_f + W̃_fᵀ) = 0.9·I at a = b = 1."""
-    del key
-    return jnp.asarray(-_FFN_INIT_GAIN * np.eye(shape[-1]), dtype=dtype)
+def _dct_ffn_init(b: float, skip: bool):
+    """W̃_f = c·I with c chosen so that the layer's whole linear map is 0.9·I: ``−b·c + (1 − b)``
+    without the skip (c = −0.9 at b = 1), ``1 − b·c + (1 − b)`` with it (c = 0.1 at b = 1)."""
+    base = (1.0 - b) + (1.0 if skip else 0.0)
+    gain = (base - _FFN_INIT_GAIN) / b if b else 0.0
+
+    def init(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+        del key
+        return jnp.asarray(gain * np.eye(shape[-1]), dtype=dtype)
+
+    return init
+
+
+def _stacked(init, layers: int | None):
+    """``init`` for one ``[D, D]`` matrix, or for ``[L, D, D]`` with an independent draw per layer."""
+    if layers is None:
+        return init
+
+    def stacked(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+        keys = jax.random.split(key, shape[0])
+        return jax.vmap(lambda k: init(k, shape[1:], dtype))(keys)
+
+    return stacked
 
 
 class UT(nn.Module):
-    """Tied-weight unrolled transformer.
+    """Unrolled transformer with symmetric weights, tied across layers as ``tying`` says.
 
     Attributes:
         num_layers: number of unrolled layers ``L`` (>= 1).
@@ -80,6 +113,8 @@ class UT(nn.Module):
         reinject: β of a data-fidelity step after every layer, ``Y ← (1 − β)·Y + β·X`` with
             ``X`` the input (the gradient step of ``½‖Y − X‖²`` that unrolled denoisers take):
             without it nothing of the noisy input reaches the layers after the first.
+        tying: ``"all"`` (default), ``"attention"`` or ``"none"``: see the module doc.
+        skip: the residual connection inside the ReLU, ``ReLU(Z + Z W_f + B)`` (eq. 48).
     """
 
     num_layers: int
@@ -91,6 +126,8 @@ class UT(nn.Module):
     sublayer: bool = False
     attention: str = "dot"
     reinject: float = 0.0
+    tying: str = "all"
+    skip: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
@@ -114,43 +151,64 @@ class UT(nn.Module):
             raise ValueError(f"reinject must lie in [0, 1), got {self.reinject}")
         if self.attention not in ("dot", "distance"):
             raise ValueError(f"attention must be 'dot' or 'distance', got {self.attention!r}")
+        if self.tying not in TYINGS:
+            raise ValueError(f"tying must be one of {', '.join(TYINGS)}, got {self.tying!r}")
         if self.init_scheme == "dct":
-            attn_init, ffn_init = _dct_attn_init, _dct_ffn_init
+            attn_init, ffn_init = _dct_attn_init, _dct_ffn_init(self.b, self.skip)
         elif self.init_scheme == "xavier":
             attn_init = ffn_init = nn.initializers.xavier_uniform()
         else:
             raise ValueError(f"init_scheme must be 'dct' or 'xavier', got {self.init_scheme!r}")
 
-        w_attn_t = self.param("attn", attn_init, (self.dim, self.dim), jnp.float32)
-        w_ffn_t = self.param("ffn", ffn_init, (self.dim, self.dim), jnp.float32)
-        bias = self.param("bias", nn.initializers.zeros_init(), (self.dim,), jnp.float32)
+        D, L = self.dim, self.num_layers
+        attn_layers = L if self.tying == "none" else None
+        ffn_layers = None if self.tying == "all" else L
+        lead = lambda n: () if n is None else (n,)  # noqa: E731
+        w_attn_t = self.param(
+            "attn", _stacked(attn_init, attn_layers), lead(attn_layers) + (D, D), jnp.float32
+        )
+        w_ffn_t = self.param(
+            "ffn", _stacked(ffn_init, ffn_layers), lead(ffn_layers) + (D, D), jnp.float32
+        )
+        bias = self.param("bias", nn.initializers.zeros_init(), lead(ffn_layers) + (D,), jnp.float32)
 
         # The layer only ever sees W and W_f, so build them once, outside the scan.
-        w_attn = jnp.einsum("kd,ke->de", w_attn_t, w_attn_t).astype(self.dtype)  # [D, D]
-        eye = jnp.eye(self.dim, dtype=jnp.float32)
-        w_ffn = (-0.5 * self.b * (w_ffn_t + w_ffn_t.T) + (1.0 - self.b) * eye).astype(self.dtype)
+        w_attn = jnp.einsum("...kd,...ke->...de", w_attn_t, w_attn_t).astype(self.dtype)
+        eye = jnp.eye(D, dtype=jnp.float32)
+        sym = 0.5 * (w_ffn_t + jnp.swapaxes(w_ffn_t, -1, -2))
+        w_ffn = (-self.b * sym + (1.0 - self.b + float(self.skip)) * eye).astype(self.dtype)
         bias = bias.astype(self.dtype)
         a = self.a
+        # per-layer weights are scanned over, shared ones closed over
+        per_layer = {
+            "attn": w_attn if attn_layers else None,
+            "ffn": w_ffn if ffn_layers else None,
+            "bias": bias if ffn_layers else None,
+        }
+        xs = {k: v for k, v in per_layer.items() if v is not None} or None
 
         y0 = x.astype(self.dtype)
         key_mask = None if mask is None else mask.astype(bool)[..., None, :]  # [..., 1, T]
 
-        def layer(y: jax.Array, _: None) -> tuple[jax.Array, jax.Array]:
-            scores = jnp.einsum("...td,de,...se->...ts", y, w_attn, y)  # [..., T, T]
+        def layer(y: jax.Array, ws: dict | None) -> tuple[jax.Array, jax.Array]:
+            ws = ws or {}
+            w_attn_l = ws.get("attn", w_attn)
+            w_ffn_l, bias_l = ws.get("ffn", w_ffn), ws.get("bias", bias)
+            scores = jnp.einsum("...td,de,...se->...ts", y, w_attn_l, y)  # [..., T, T]
             scores = scores.astype(jnp.float32)
             if self.attention == "distance":  # −½‖y_t − y_s‖²_W up to the row's own term
-                key_norms = jnp.einsum("...sd,de,...se->...s", y, w_attn, y)
+                key_norms = jnp.einsum("...sd,de,...se->...s", y, w_attn_l, y)
                 scores = scores - 0.5 * key_norms.astype(jnp.float32)[..., None, :]
             if key_mask is not None:
                 scores = jnp.where(key_mask, scores, jnp.finfo(jnp.float32).min)
             attn = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
             z = (1.0 - a) * y + a * jnp.einsum("...ts,...sd->...td", attn, y)
-            y = jax.nn.relu(jnp.einsum("...td,de->...te", z, w_ffn) + bias)
+            y = jax.nn.relu(jnp.einsum("...td,de->...te", z, w_ffn_l) + bias_l)
             if self.reinject:
                 y = (1.0 - self.reinject) * y + self.reinject * y0
             return y, ((z, y) if self.sublayer else y)
 
-        _, ys = jax.lax.scan(layer, y0, None, length=self.num_layers)  # [L, ..., T, D]
+        _, ys = jax.lax.scan(layer, y0, xs, length=L)  # [L, ..., T, D]
         if self.sublayer:
             zs, ys = ys  # each [L, ..., T, D]
             # Interleave to [2L, ..., T, D]: Z_1, Y_1, Z_2, Y_2, ...

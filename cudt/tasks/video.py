@@ -10,6 +10,7 @@ and writes ``results.json``, plots and a summary table.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -20,6 +21,7 @@ from cudt.data.video import DATASETS, VideoSplits, load_video_data, perturb
 from cudt.errors import UsageError
 from cudt.metrics import rmse_255
 from cudt.models import DUST, UT, load_vit, ut_project
+from cudt.models.ut import TYINGS
 from cudt.runner import plots
 from cudt.runner.config import RunConfig, at_least, flag, in_range, non_negative, shared
 from cudt.runner.report import Column
@@ -77,6 +79,11 @@ class VideoConfig(RunConfig):
         "paper", "paper (shared for ERM, one per layer when constrained), shared, or per-layer"
     )
     dust_threshold: float = flag(0.01, "DUST soft threshold tau", check=non_negative)
+    dust_initial_code: str = flag(
+        "dual",
+        "DUST state 0: dual (the input reconstructed exactly), adjoint, or zero (the paper's, "
+        "Appendix C.3: a blank state 0, so a gamma_train = 0 constraint is not vacuous)",
+    )
     dust_control: bool = flag(
         True,
         "with --dust-dictionary paper, also train ERM DUST with one dictionary per layer "
@@ -88,7 +95,24 @@ class VideoConfig(RunConfig):
         "UT attention step a (the published code uses 1: then layer 1 averages all T frames "
         "and no later layer can lower the loss on this data)",
     )
-    ut_b: float = flag(1.0, "UT feed-forward step b")
+    ut_b: float = flag(1.0, "UT feed-forward step b: W_f = -b/2 (W + W^T) + (1-b) I")
+    ut_tying: str = flag(
+        "all",
+        "which UT weights the layers share: all (one layer applied L times, the published "
+        "code), attention (the attention matrix only, one feed-forward map and bias per "
+        "layer: the paper's Section 4) or none",
+    )
+    ut_skip: bool = flag(
+        False,
+        "UT residual connection inside the ReLU, Y <- ReLU(Z + Z W_f + B): the gradient step "
+        "of Yang et al.'s energy (the paper's eq. 48); the identity map is then reachable",
+    )
+    ut_clip: float = flag(
+        0.95,
+        "after every optimizer step, clip the eigenvalues of the UT's symmetric feed-forward "
+        "matrix to [-clip, clip] (the published code's 0.95); 0: no projection",
+        check=non_negative,
+    )
     ut_reinject: float = flag(
         0.0,
         "UT data-fidelity step after every layer, Y <- (1-beta) Y + beta X (X the noisy input)",
@@ -151,8 +175,17 @@ class VideoConfig(RunConfig):
             f"--dust-dictionary must be paper, shared or per-layer, got {self.dust_dictionary!r}",
         )
         need(
+            self.dust_initial_code in ("dual", "adjoint", "zero"),
+            "--dust-initial-code must be dual, adjoint or zero, got "
+            f"{self.dust_initial_code!r}",
+        )
+        need(
             self.ut_attention in ("dot", "distance"),
             f"--ut-attention must be dot or distance, got {self.ut_attention!r}",
+        )
+        need(
+            self.ut_tying in TYINGS,
+            f"--ut-tying must be one of {', '.join(TYINGS)}, got {self.ut_tying!r}",
         )
         need(
             self.num_videos >= 3,
@@ -179,8 +212,10 @@ def build_model(name: str, cfg, *, per_layer_dictionary: bool, patch_dim: int):
             init_scheme="dct",
             attention=cfg.ut_attention,
             reinject=cfg.ut_reinject,
+            tying=cfg.ut_tying,
+            skip=cfg.ut_skip,
         )
-        return model, ut_project
+        return model, (functools.partial(ut_project, clip=cfg.ut_clip) if cfg.ut_clip else None)
     if name == "dust":
         model = DUST(
             num_layers=cfg.layers,
@@ -188,6 +223,7 @@ def build_model(name: str, cfg, *, per_layer_dictionary: bool, patch_dim: int):
             atoms_per_dim=cfg.dust_atoms,
             per_layer_dictionary=per_layer_dictionary,
             threshold=cfg.dust_threshold,
+            initial_code=cfg.dust_initial_code,
         )
         return model, None
     raise UsageError(f"unknown model {name!r}: choose from {', '.join(MODELS)}")
@@ -287,6 +323,18 @@ class VideoTask(Task):
 
     def kinds(self, cfg, name: str) -> tuple[bool, ...]:
         return (False,) if name == CONTROL else (False, True)
+
+    def inert_states(self, cfg, model, gamma_train):
+        if gamma_train != 0:
+            return {}
+        if model.name == "ut":
+            return {0: "UT's state 0 is the clean input itself (ℓ_0 = 0)"}
+        if model.name in ("dust", CONTROL) and cfg.dust_initial_code == "dual":
+            return {
+                0: "DUST's state 0 reconstructs the clean input exactly (ℓ_0 ≈ 0; "
+                "--dust-initial-code zero is the paper's blank start)"
+            }
+        return {}
 
     def structure(self, cfg, name: str, constrained: bool):
         # The paper keeps one dictionary per layer in constrained DUST only: then ERM and
