@@ -221,7 +221,9 @@ def make_constrained_step(
     ``metrics``: ``objective``, ``lagrangian``, ``constraints`` (name -> mean value),
     ``violation`` (name -> ‖h‖), ``grad_norm`` (of the primal gradient), all measured at the
     point the gradient was taken (before the step; the extrapolated point for ``"optimistic"``),
-    and ``aux`` when ``has_aux``.
+    ``projection`` with ``project_params`` (the share of the primal update it took back,
+    ``‖P(θ') − θ'‖ / ‖θ' − θ‖``: 0 when the update stayed feasible) and ``aux`` when
+    ``has_aux``.
     """
     formulation = Lagrangian() if formulation is None else formulation
     if update not in UPDATES:
@@ -413,8 +415,12 @@ def make_constrained_step(
         (grads,) = vjp_fn((cot_f, cot_v))
         p_updates, opt_state = primal.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, p_updates)
+        removed = None
         if project_params is not None:
-            params = project_params(params)
+            raw, params = params, project_params(params)
+            # the share of the primal update the projection takes back: ‖P(θ') − θ'‖ / ‖θ' − θ‖
+            moved = jax.tree.map(lambda a, b: a - b, params, raw)
+            removed = optax.tree.norm(moved) / jnp.maximum(optax.tree.norm(p_updates), 1e-30)
         new_u, new_slack_state = slack_apply(state, grad_u, cons, active)
         return (
             (params, new_mult, new_u),
@@ -422,6 +428,7 @@ def make_constrained_step(
             p_updates,
             L,
             grads,
+            removed,
         )
 
     def step(state: ConstrainedState, batch, key):
@@ -441,7 +448,7 @@ def make_constrained_step(
         if update == "extragradient":
             at, *_ = descend(state, here, ev, active)
             ev = evaluate(at[0], state, batch, key)
-        new, (opt_state, dual_state, slack_state), p_updates, L, grads = descend(
+        new, (opt_state, dual_state, slack_state), p_updates, L, grads, removed = descend(
             state, at, ev, active
         )
         params, multipliers, slacks = new
@@ -492,6 +499,8 @@ def make_constrained_step(
             "violation": violation,
             "grad_norm": optax.tree.norm(grads),
         }
+        if removed is not None:
+            metrics["projection"] = removed
         if has_aux:
             metrics["aux"] = aux
         return new_state, metrics

@@ -23,6 +23,11 @@ input state, column L the output), the objective is ``mean ℓ_L`` and the const
     worst β-fraction of the examples must descend by the factor on average (β = 1 is the mean
     ratio; a ratio's denominator is floored at ``RATIO_FLOOR``).
 
+With ``objective="violation"`` the objective is the normalised total violation of the descent
+constraints instead, ``Σ_l max(0, mean ℓ_l / mean ℓ_{l−1} − (1 − ε_l))`` (:func:`violation`): a
+phase-I problem, whose minimum is 0 exactly when the model can meet every constraint on the
+batch. Trained as ERM (``constrained=False``) it answers "does a feasible point exist?".
+
 Both constraints carry the run's resilience α (inf: hard) in ``cfg.resilience_mode``: the dual
 decay or explicit slacks. The run's own values (ε, C, α, β) are :func:`hparams`, arrays in the
 train state, so runs that differ only in them share one compiled step.
@@ -41,6 +46,7 @@ from cudt.constraint import Constraint
 
 __all__ = [
     "CONSTRAINTS",
+    "OBJECTIVES",
     "RATIO_FLOOR",
     "constraints",
     "hparams",
@@ -49,9 +55,11 @@ __all__ = [
     "problem",
     "slacks",
     "tail_values",
+    "violation",
 ]
 
 CONSTRAINTS = ("mean", "indexed", "tail")
+OBJECTIVES = ("loss", "violation")
 RATIO_FLOOR = 1e-12
 
 
@@ -99,6 +107,14 @@ def tail_values(losses, epsilon, beta):
     return cvar - (1.0 - epsilon)
 
 
+def violation(mean_losses, epsilon):
+    """``Σ_l max(0, ℓ_l / ℓ_{l−1} − (1 − ε_l))`` of the mean losses ``[..., L+1]``: the descent
+    constraints' total violation, each relative to the loss it must improve on (so every layer
+    counts alike whatever the loss scale); 0 exactly when all of them hold."""
+    prev = jnp.maximum(mean_losses[..., :-1], RATIO_FLOOR)
+    return jnp.sum(jax.nn.relu(mean_losses[..., 1:] / prev - (1.0 - epsilon)), axis=-1)
+
+
 def _resilient(value, config: DescentConfig, alpha, index=None) -> Constraint:
     return Constraint(value, index=index, resilience=alpha, resilience_mode=config.resilience_mode)
 
@@ -109,12 +125,16 @@ def problem(
     constraint: str = "mean",
     *,
     example_ids: Callable[[Any], jax.Array] | None = None,
+    objective: str = "loss",
 ):
     """``problem(params, batch, key, hparams) -> (mean ℓ_L, constraints, aux)`` (module
     docstring); ``aux``: ``layer_loss [L+1]`` (the batch means) and ``constraint [L+1]`` (index 0
     the reference, then the descent constraint's value per layer: its batch mean for
-    ``"indexed"``). ``example_ids(batch) -> [B]`` names the rows of ``"indexed"``'s table."""
+    ``"indexed"``). ``example_ids(batch) -> [B]`` names the rows of ``"indexed"``'s table.
+    ``objective="violation"``: the phase-I objective :func:`violation` instead of mean ℓ_L."""
     _check_kind(constraint)
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     if constraint == "indexed" and example_ids is None:
         raise ValueError("constraint='indexed' needs example_ids=batch -> [B] (each example's row)")
     L = config.num_layers
@@ -145,7 +165,8 @@ def problem(
             "descent": _resilient(descent, config, alpha, index),
         }
         aux = {"layer_loss": mean, "constraint": jnp.concatenate([g[:1], shown])}
-        return mean[-1], cons, aux
+        f = mean[-1] if objective == "loss" else violation(mean, eps)
+        return f, cons, aux
 
     return descent_problem
 
@@ -189,17 +210,20 @@ def slacks(state, reduce=jnp.mean) -> jax.Array | None:
 def metrics(state, step_metrics: dict, constraint: str = "mean") -> dict[str, jax.Array]:
     """The descent step's flat metrics from the general step's: ``objective``, ``lagrangian``,
     ``layer_loss [L+1]``, ``constraint [L+1]``, ``grad_norm``, ``multipliers [L+1]`` (after the
-    step), and ``slacks [L+1]`` with explicit slacks, ``multipliers_max [L+1]`` for
+    step), ``projection`` (the share of the primal update the parameter projection took back)
+    with ``project_params``, ``slacks [L+1]`` with explicit slacks, ``multipliers_max [L+1]`` for
     ``"indexed"``."""
     aux = step_metrics["aux"]
     out = {
-        "objective": aux["layer_loss"][-1],
+        "objective": step_metrics["objective"],
         "lagrangian": step_metrics["lagrangian"],
         "layer_loss": aux["layer_loss"],
         "constraint": aux["constraint"],
         "multipliers": multipliers(state),
         "grad_norm": step_metrics["grad_norm"],
     }
+    if "projection" in step_metrics:
+        out["projection"] = step_metrics["projection"]
     if state.slacks:
         out["slacks"] = slacks(state)
     if constraint == "indexed":

@@ -43,7 +43,15 @@ __all__ = [
 ]
 
 # Metrics kept step by step for the training curves (TensorBoard, the multipliers plot).
-CURVE_METRICS = ("objective", "lagrangian", "layer_loss", "constraint", "multipliers", "slacks")
+CURVE_METRICS = (
+    "objective",
+    "lagrangian",
+    "layer_loss",
+    "constraint",
+    "multipliers",
+    "slacks",
+    "projection",
+)
 
 _DATA_STREAM = 0x5EED  # keeps data-order randomness apart from the step's own key stream
 

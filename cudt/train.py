@@ -43,6 +43,7 @@ def make_train_step(
     num_examples: int | None = None,
     example_ids: Callable[[Any], jax.Array] | None = None,
     project_params: Callable[[Any], Any] | None = None,
+    objective: str = "loss",
     jit: bool = True,
     donate: bool = True,
 ):
@@ -62,6 +63,9 @@ def make_train_step(
       formulation, update: as :func:`cudt.make_constrained_step`'s.
       project_params: applied to the parameters after every primal update (e.g. the UT's
         eigenvalue clipping, :func:`cudt.models.ut_project`).
+      objective: ``"loss"`` (mean ℓ_L, the paper's) or ``"violation"`` (the constraints' total
+        normalised violation, :func:`cudt.descent.violation`: a phase-I problem, trained as ERM
+        to find out whether a feasible point exists).
       jit, donate: as :func:`cudt.make_constrained_step`'s (``jit=False``: the pure step, to
         ``vmap`` over runs and ``scan`` over steps).
 
@@ -83,7 +87,9 @@ def make_train_step(
     indexed = constraint == "indexed"
     if indexed and num_examples is None:
         raise ValueError("constraint='indexed' needs num_examples=N (the multiplier table's rows)")
-    problem = descent.problem(layer_losses, cfg, constraint, example_ids=example_ids)
+    problem = descent.problem(
+        layer_losses, cfg, constraint, example_ids=example_ids, objective=objective
+    )
     shapes = descent.constraints(cfg, constraint)
     c_init, c_step = make_constrained_step(
         problem,

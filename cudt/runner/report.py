@@ -14,14 +14,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cudt import descent
-from cudt.loop import LoopResult
+from cudt import descent, stats
+from cudt.loop import CURVE_METRICS, LoopResult
 from cudt.metrics import descent_stats, feasibility
+from cudt.runner.hparams import CONSTRAINT_ONLY
 
 __all__ = [
     "KINDS",
     "Column",
     "format_table",
+    "interval_lines",
+    "seed_intervals",
     "select_best",
     "status_cell",
     "summarise",
@@ -49,14 +52,19 @@ def evaluate_group(evaluator, params, frozen, batches, num_examples, gammas, key
     return out
 
 
-def decreases(losses) -> bool:
+def decreases(losses, applicable=None) -> bool:
+    """Whether the mean loss falls at every layer: ``losses [L+1]``; ``applicable [L]`` (default
+    all) leaves out the steps from a state whose loss is at the floor (they cannot fall)."""
     losses = np.asarray(losses, np.float64)
-    return bool(np.all(np.isfinite(losses)) and np.all(np.diff(losses) < 0))
+    steps = np.diff(losses) < 0
+    if applicable is not None:
+        steps = steps | ~np.asarray(applicable, bool)
+    return bool(np.all(np.isfinite(losses)) and np.all(steps))
 
 
 def curves_of(result: LoopResult, r: int) -> dict[str, list]:
     out: dict[str, list] = {"step": [int(c["step"]) for c in result.curves]}
-    for name in ("objective", "lagrangian", "layer_loss", "constraint", "multipliers", "slacks"):
+    for name in CURVE_METRICS:
         if result.curves and name in result.curves[0]:
             out[name] = [np.asarray(c[name])[r].tolist() for c in result.curves]
     return out
@@ -96,6 +104,14 @@ def summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval_
         verdict = feasibility(
             val_mean, np.full(model.num_layers, eps[r]), program.references[r], cfg.tolerance
         )
+        applicable = verdict.applicable[1:]  # [L]: steps l-1 -> l judged (not at the floor)
+        task_metrics = task.run_metrics(
+            cfg,
+            {k: v[:, r] for k, v in test.items()},
+            {k: v[vi, r] for k, v in val.items()},
+            gammas,
+            gamma_train,
+        ) | task.val_metrics(cfg, {k: v[:, r] for k, v in val.items()}, val_gammas, gamma_train)
         layer_loss = [pg.mean(0).tolist() for pg in per_gamma]
         record = {
             "model": model.name,
@@ -109,22 +125,23 @@ def summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval_
             "sweep_point": spec.point,
             "gamma_train": gamma_train,
             "test_gamma": list(gammas),
-            **task.run_metrics(
-                cfg,
-                {k: v[:, r] for k, v in test.items()},
-                {k: v[vi, r] for k, v in val.items()},
-                gammas,
-                gamma_train,
-            ),
-            **task.val_metrics(cfg, {k: v[:, r] for k, v in val.items()}, val_gammas, gamma_train),
+            **task_metrics,
             "layer_loss": layer_loss,
+            # reported only: the test split never decides anything (loss_decreases_val does)
             "loss_decreases": decreases(layer_loss[gi]),
+            "layer_loss_val": val_mean.tolist(),
+            "loss_decreases_val": decreases(val_mean, applicable),
             "descent_rate": stats.descent_rate,
             "mean_ratio": stats.mean_ratio,
             "median_ratio": stats.median_ratio,
+            "ratio_floor": stats.floor,
+            "ratios_excluded": stats.excluded,
+            "ratios_total": stats.total,
             "feasible": verdict.feasible and not diverged,
             "constraint_val": verdict.constraint,
             "relative_violation_val": verdict.relative_violation,
+            "constraint_applicable_val": verdict.applicable,
+            "not_applicable": verdict.not_applicable,
             "val_objective": float(val_mean[-1]),
             "multipliers": np.asarray(descent.multipliers(result.states)[r]).tolist(),
             **(
@@ -147,12 +164,131 @@ def summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval_
             "train_steps": [int(h["step"]) for h in result.history],
             "curves": curves_of(result, r),
         }
+        record["interval_metrics"] = metric_names(task_metrics, len(gammas))
         runs.append(record)
-        ratios.append(None if diverged else stats.ratios.ravel())
+        ratios.append(None if diverged else stats.kept)
     extra = task.trained_outputs(cfg, data, model, result.states.params, group.labels)
     for record, fields in zip(runs, extra, strict=True):
         record.update(fields)
     return runs, ratios
+
+
+# What the summary's interval lines cover besides the task's own metrics.
+RUNNER_METRICS = ("val_objective", "descent_rate", "mean_ratio", "median_ratio")
+
+
+def metric_names(task_metrics: dict, num_gammas: int) -> list[str]:
+    """The task's reported scalar metrics: its scalars, and ``NAME@γtr`` for a metric given per
+    test γ (a list of ``num_gammas`` numbers: its value at γ_train)."""
+    out = []
+    for k, v in task_metrics.items():
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int | float | np.floating | np.integer):
+            out.append(k)
+        elif isinstance(v, list) and len(v) == num_gammas and num_gammas > 1:
+            if all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
+                out.append(f"{k}@γtr")
+    return out
+
+
+def _metric(run: dict, name: str) -> float:
+    if name.endswith("@γtr"):
+        values = run[name[: -len("@γtr")]]
+        return float(values[list(run["test_gamma"]).index(run["gamma_train"])])
+    v = run.get(name)
+    return float("nan") if v is None else float(v)
+
+
+def _setting_key(run: dict, keep=lambda name: True) -> tuple:
+    hp = tuple(sorted((k, v) for k, v in run["hparams"].items() if keep(k)))
+    return (run["model"], run["layers"], hp)
+
+
+def seed_intervals(runs: list[dict], level: float = 0.95) -> list[dict]:
+    """One entry per model × kind × sweep point with at least two seeds (diverged runs left
+    out): the mean and Student-t interval over seeds of every reported metric, and for a
+    constrained setting, of constrained − ERM paired by seed (the ERM runs of the same model,
+    L and non-constraint hyperparameters)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        if not r.get("diverged"):
+            groups.setdefault((r["constrained"], *_setting_key(r)), []).append(r)
+    erm_by: dict[tuple, dict[int, dict]] = {}
+    for r in runs:
+        if not r["constrained"] and not r.get("diverged"):
+            key = _setting_key(r, lambda k: k not in CONSTRAINT_ONLY)
+            erm_by.setdefault(key, {})[int(r["seed"])] = r
+    out = []
+    for (constrained, model, layers, hp), rs in groups.items():
+        seeds = sorted({int(r["seed"]) for r in rs})
+        if len(seeds) < 2 or len(seeds) != len(rs):
+            continue
+        rs = sorted(rs, key=lambda r: int(r["seed"]))
+        names = list(dict.fromkeys(rs[0].get("interval_metrics", []) + list(RUNNER_METRICS)))
+
+        def finite_values(items, name):
+            vals = np.array([_metric(r, name) for r in items], np.float64)
+            return vals if np.all(np.isfinite(vals)) else None
+
+        metrics = {}
+        for name in names:
+            vals = finite_values(rs, name)
+            if vals is not None:
+                metrics[name] = stats.t_interval(vals, level).as_dict()
+        minus_erm = {}
+        partners = erm_by.get(_setting_key(rs[0], lambda k: k not in CONSTRAINT_ONLY), {})
+        if constrained and all(int(r["seed"]) in partners for r in rs):
+            erm = [partners[int(r["seed"])] for r in rs]
+            for name in names:
+                a, b = finite_values(rs, name), finite_values(erm, name)
+                if a is not None and b is not None:
+                    minus_erm[name] = stats.paired_t_interval(a, b, level).as_dict()
+        out.append(
+            {
+                "model": model,
+                "layers": layers,
+                "kind": KINDS[constrained],
+                "constrained": constrained,
+                "gamma_train": rs[0].get("gamma_train"),
+                "hparams": dict(hp),
+                "seeds": seeds,
+                "method": "t",
+                "level": level,
+                "metrics": metrics,
+                "constrained_minus_erm": minus_erm,
+            }
+        )
+    return out
+
+
+def interval_lines(intervals: list[dict], swept: Sequence[str] = ()) -> list[str]:
+    """The summary's lines: one per model × kind (× sweep point), ``name mean [low, high]``."""
+
+    def cell(name, iv):
+        if iv["low"] is None:
+            return f"{name} {iv['mean']:.4g}"
+        return f"{name} {iv['mean']:.4g} [{iv['low']:.4g}, {iv['high']:.4g}]"
+
+    lines = []
+    for e in intervals:
+        point = " ".join(
+            f"{n}={e['hparams'][n]:g}"
+            for n in swept
+            if isinstance(e["hparams"].get(n), int | float)
+        )
+        head = f"{e['model']}-{e['layers']} {e['kind']}" + (f" {point}" if point else "")
+        pct = f"{100 * e['level']:g}%"
+        line = (
+            f"{head}: mean [{pct} Student-t interval] over {len(e['seeds'])} seeds: "
+            + "; ".join(cell(n, iv) for n, iv in e["metrics"].items())
+        )
+        if e["constrained_minus_erm"]:
+            line += " | constrained − ERM, paired by seed: " + "; ".join(
+                cell(n, iv) for n, iv in e["constrained_minus_erm"].items()
+            )
+        lines.append(line)
+    return lines
 
 
 def select_best(runs: list[dict], score: str, *, higher_is_better: bool) -> None:
@@ -204,7 +340,13 @@ def status_cell(run: dict) -> str:
     return ("yes" if run.get("feasible") else "NO") + ("*" if run.get("best") else " ")
 
 
-def summary_table(task, runs: list[dict], swept: list[str]) -> str:
+def _ratio(x, pct: bool = False) -> str:
+    if x is None or not np.isfinite(x):
+        return "n/a"  # every ratio excluded (all denominators at the floor)
+    return f"{100 * x:.1f}%" if pct else f"{x:.3f}"
+
+
+def summary_table(task, runs: list[dict], swept: list[str], intervals=None) -> str:
     width = max([5] + [len(r["model"]) for r in runs])
     columns = [
         Column("model", width, lambda r: r["model"]),
@@ -228,16 +370,39 @@ def summary_table(task, runs: list[dict], swept: list[str]) -> str:
         )
     columns += task.metric_columns()
     columns += [
-        Column("descent", 8, lambda r: f"{100 * r['descent_rate']:.1f}%"),
-        Column("mean r", 7, lambda r: f"{r['mean_ratio']:.3f}"),
-        Column("med r", 7, lambda r: f"{r['median_ratio']:.3f}"),
+        Column("descent", 8, lambda r: _ratio(r["descent_rate"], pct=True)),
+        Column("mean r", 7, lambda r: _ratio(r["mean_ratio"])),
+        Column("med r", 7, lambda r: _ratio(r["median_ratio"])),
     ]
     columns += task.after_columns()
+    if any(r.get("not_applicable") for r in runs):
+        columns.append(
+            Column(
+                "n/a at l",
+                8,
+                lambda r: ",".join(map(str, r.get("not_applicable") or [])) or "-",
+            )
+        )
     columns += [
         Column("feasible", 9, status_cell),
         Column("max λ", 8, lambda r: f"{max(r['multipliers']):.3g}"),
         Column("peak λ", 8, lambda r: f"{max(r['max_multipliers']):.3g}"),
     ]
     table = format_table(runs, columns)
+    notes = []
+    if any(r.get("not_applicable") for r in runs):
+        notes.append(
+            "n/a at l: the descent constraint of layer l asks ℓ_l ≤ (1 − ε)·ℓ_{l−1} with the "
+            "mean validation ℓ_{l−1} at the floor (infeasible by construction): not applicable, "
+            "left out of the feasibility and monotone verdicts"
+        )
+    for r in runs:
+        if r.get("ratios_excluded"):
+            notes.append(
+                f"{r['label']}: per-sample ratios excluded: {r['ratios_excluded']} of "
+                f"{r['ratios_total']} (denominator ℓ_(l−1) below {r['ratio_floor']:.3g}); "
+                "descent and mean/median r are over the rest"
+            )
+    notes += interval_lines(intervals or [], swept)
     footer = task.table_footer(runs)
-    return table + (f"\n{footer}" if footer else "")
+    return "\n".join([table, *notes] + ([footer] if footer else []))
