@@ -12,11 +12,13 @@ import re
 import numpy as np
 
 __all__ = [
+    "RELATIVE_FLOOR",
     "DescentStats",
     "FeasibilityVerdict",
     "descent_stats",
     "exact_match",
     "feasibility",
+    "loss_floor",
     "rmse_255",
     "rouge_l",
     "text_tokens",
@@ -24,29 +26,73 @@ __all__ = [
 ]
 
 
+# A per-sample ratio ℓ_l / ℓ_{l−1} is only meaningful when its denominator is on the scale of the
+# data's losses: a denominator of 1e-9 turns any loss into a ratio of 1e6+ and one sample can own
+# the mean. The floor is RELATIVE_FLOOR times the loss scale: by default the largest mean loss of
+# any state over the evaluated samples (the scale the model works at: at γ_train = 0 the input
+# state's loss is ~0 but the later states' are not). Ratios below it are excluded and counted; a
+# descent constraint whose previous state's mean loss is at or below it is "not applicable".
+RELATIVE_FLOOR = 1e-3
+
+
+def loss_floor(mean_losses, scale: float | None = None) -> float:
+    """The floor of a ratio's denominator: ``RELATIVE_FLOOR · scale``, ``scale`` by default the
+    largest finite mean loss among the states ``mean_losses [L+1]`` (1e-12 at the least)."""
+    if scale is None:
+        m = np.asarray(mean_losses, np.float64)
+        m = m[np.isfinite(m)]
+        scale = float(np.max(np.abs(m))) if m.size else 0.0
+    return max(RELATIVE_FLOOR * float(scale), 1e-12)
+
+
 @dataclasses.dataclass(frozen=True)
 class DescentStats:
-    """Per-sample descent behaviour: r_l = ℓ_l / ℓ_{l−1} over every sample and layer 1..L."""
+    """Per-sample descent behaviour: r_l = ℓ_l / ℓ_{l−1} over every sample and layer 1..L whose
+    denominator ℓ_{l−1} is above ``floor`` (the others are excluded, counted in ``excluded``)."""
 
-    descent_rate: float  # fraction of (sample, layer) steps with ℓ_l < ℓ_{l−1}
-    mean_ratio: float
+    descent_rate: float  # fraction of (sample, layer) steps with ℓ_l < ℓ_{l−1}, of those kept
+    mean_ratio: float  # NaN when every ratio is excluded
     median_ratio: float
-    ratios: np.ndarray  # [N, L]
+    ratios: np.ndarray  # [N, L], NaN where excluded
+    floor: float = 0.0  # the denominator floor used
+    excluded: int = 0  # (sample, layer) ratios whose denominator was below the floor
+    total: int = 0  # N · L
+
+    @property
+    def kept(self) -> np.ndarray:
+        """The ratios that count, flat."""
+        return self.ratios[np.isfinite(self.ratios)]
+
+    def excluded_text(self) -> str:
+        """``excluded: 12 of 640 (denominator below 1.2e-05)``, or empty when none was."""
+        if not self.excluded:
+            return ""
+        return f"excluded: {self.excluded} of {self.total} (denominator below {self.floor:.3g})"
 
 
-def descent_stats(per_sample_losses: np.ndarray, tiny: float = 1e-12) -> DescentStats:
-    """Descent statistics from per-sample losses [N, L+1] (the paper's 70.8% / 0.87 / 0.82)."""
+def descent_stats(per_sample_losses: np.ndarray, floor: float | None = None) -> DescentStats:
+    """Descent statistics from per-sample losses [N, L+1] (the paper's 70.8% / 0.87 / 0.82).
+
+    ``floor``: the smallest denominator ℓ_{l−1} a ratio may have (default :func:`loss_floor` of
+    the per-state means, RELATIVE_FLOOR of the largest). Excluded ratios are NaN in ``ratios``,
+    counted in ``excluded`` and left out of every statistic."""
     losses = np.asarray(per_sample_losses, np.float64)
     if losses.ndim != 2 or losses.shape[1] < 2:
         raise ValueError(f"per-sample losses must be [N, L+1] with L >= 1, got {losses.shape}")
+    if floor is None:
+        floor = loss_floor(losses.mean(0))
     prev, curr = losses[:, :-1], losses[:, 1:]
-    # A step from an exact-zero loss has no meaningful ratio; guard the division only.
-    ratios = curr / np.maximum(prev, tiny)
+    keep = prev > floor
+    ratios = np.where(keep, curr / np.where(keep, prev, 1.0), np.nan)
+    kept = ratios[keep]
     return DescentStats(
-        descent_rate=float(np.mean(curr < prev)),
-        mean_ratio=float(np.mean(ratios)),
-        median_ratio=float(np.median(ratios)),
+        descent_rate=float(np.mean(curr[keep] < prev[keep])) if kept.size else float("nan"),
+        mean_ratio=float(np.mean(kept)) if kept.size else float("nan"),
+        median_ratio=float(np.median(kept)) if kept.size else float("nan"),
         ratios=ratios,
+        floor=float(floor),
+        excluded=int(keep.size - keep.sum()),
+        total=int(keep.size),
     )
 
 
@@ -56,6 +102,14 @@ class FeasibilityVerdict:
     constraint: list[float]  # g_l on held-out data, [L+1] (index 0: reference, 0 if none)
     relative_violation: list[float]  # g_l / scale_l, compared with the tolerance
     tolerance: float
+    # [L+1]: False where a descent constraint's previous state's mean loss is at the floor (it
+    # asks ℓ_l ≤ (1 − ε)·~0: infeasible by construction); left out of the verdict. Index 0 True.
+    applicable: list[bool] = dataclasses.field(default_factory=list)
+
+    @property
+    def not_applicable(self) -> list[int]:
+        """The layers l whose descent constraint is not applicable."""
+        return [i for i, a in enumerate(self.applicable) if not a]
 
 
 def feasibility(
@@ -63,15 +117,20 @@ def feasibility(
     epsilon: np.ndarray | float,
     reference: float | None = None,
     tolerance: float = 0.01,
+    floor: float | None = None,
 ) -> FeasibilityVerdict:
     """End-of-training verdict from held-out mean losses [L+1].
 
     Constraint l holds within tolerance when g_l ≤ tolerance · mean ℓ_{l−1} (relative, so the
     verdict does not depend on the loss scale); the reference one when g_0 ≤ tolerance · C.
+    A descent constraint whose mean ℓ_{l−1} is at or below ``floor`` (default
+    :func:`loss_floor` of ``mean_losses``) is not applicable: reported, not judged.
     """
     m = np.asarray(mean_losses, np.float64)
     num_layers = m.shape[0] - 1
     eps = np.broadcast_to(np.asarray(epsilon, np.float64), (num_layers,))
+    if floor is None:
+        floor = loss_floor(m)
     g = np.zeros(num_layers + 1)
     scale = np.ones(num_layers + 1)
     g[1:] = m[1:] - (1.0 - eps) * m[:-1]
@@ -80,8 +139,10 @@ def feasibility(
         g[0] = m[0] - reference
         scale[0] = max(abs(reference), 1e-12)
     rel = g / scale
-    ok = bool(np.all(np.isfinite(m)) and np.all(rel <= tolerance))
-    return FeasibilityVerdict(ok, g.tolist(), rel.tolist(), tolerance)
+    applicable = np.ones(num_layers + 1, bool)
+    applicable[1:] = ~(m[:-1] <= floor)  # NaN stays applicable (and fails below)
+    ok = bool(np.all(np.isfinite(m)) and np.all(rel[applicable] <= tolerance))
+    return FeasibilityVerdict(ok, g.tolist(), rel.tolist(), tolerance, applicable.tolist())
 
 
 def rmse_255(mse: np.ndarray | float) -> np.ndarray | float:

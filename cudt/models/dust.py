@@ -24,7 +24,16 @@ canonical dual frame, ``Z_0 = X (D_0 D_0ᵀ)⁻¹ D_0``, which reconstructs ``X`
 full-row-rank ``D_0``: the overcomplete DCT is not a tight frame (eigenvalues of ``D Dᵀ`` in
 about ``[1, 2.58]`` for 16x16 patches, 20 atoms per axis), so the scaled adjoint
 ``Z_0 = X D_0/μ_0`` (``initial_code="adjoint"``) would shrink the patch mean by ~0.45 and make
-``states[0]`` a poor copy of the input. Both coincide for a tight frame.
+``states[0]`` a poor copy of the input. Both coincide for a tight frame. ``initial_code="zero"`` is the paper's (Appendix C.3): ``Z_0 =
+0``, so ``states[0]`` is the zero image and ℓ_0 the signal's energy, whatever the noise.
+
+Which state 0 to use at γ_train = 0: with ``"dual"`` (or a UT, whose state 0 is its input) the
+clean input is reconstructed exactly, ℓ_0 ≈ 0, and the first descent constraint
+``ℓ_1 ≤ (1 − ε)·ℓ_0`` is infeasible by construction; the runner reports it as not applicable.
+With ``"zero"`` it is an ordinary constraint (layer 1 must recover 1 − ε of the signal). The
+default stays ``"dual"``: every recorded result used it, and at γ_train > 0 it is the better
+start (state 0 is the noisy input, not a blank); ``--dust-initial-code zero`` in the video task
+runs the paper's (docs/results/video.md has what it changes on a tiny run).
 
 Params (``model.init(key, x)``)::
 
@@ -44,7 +53,9 @@ import jax.numpy as jnp
 from cudt import linalg
 from cudt.models.dct import dct2_dictionary
 
-__all__ = ["DUST", "soft_threshold", "spectral_norm_sq"]
+__all__ = ["DUST", "INITIAL_CODES", "soft_threshold", "spectral_norm_sq"]
+
+INITIAL_CODES = ("dual", "adjoint", "zero")
 
 
 def soft_threshold(z: jax.Array, theta: jax.Array | float) -> jax.Array:
@@ -82,8 +93,9 @@ class DUST(nn.Module):
         threshold: sparsity weight ``τ`` (soft threshold ``τ/μ_l``), fixed.
         attention_weight: attention step ``a``, fixed.
         temperature: attention score scale; ``None`` means ``1/sqrt(P)``.
-        initial_code: ``"dual"`` (exact reconstruction of X at state 0) or ``"adjoint"``
-            (``Z_0 = X D_0/μ_0``); see the module docstring.
+        initial_code: ``"dual"`` (exact reconstruction of X at state 0), ``"adjoint"``
+            (``Z_0 = X D_0/μ_0``) or ``"zero"`` (``Z_0 = 0``, the paper's); see the module
+            docstring.
         dtype: compute dtype; the dictionary is stored in float32 and the Gram solve, ``μ``
             and the softmax run in float32.
         linalg: ``"matmul"`` (default): ``μ_l`` by Lanczos iteration and the dual frame's
@@ -131,8 +143,10 @@ class DUST(nn.Module):
             raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
         if x.ndim < 2 or x.shape[-1] != self.patch_dim:
             raise ValueError(f"expected x of shape [..., T, {self.patch_dim}], got {x.shape}")
-        if self.initial_code not in ("dual", "adjoint"):
-            raise ValueError(f"initial_code must be 'dual' or 'adjoint', got {self.initial_code!r}")
+        if self.initial_code not in INITIAL_CODES:
+            raise ValueError(
+                f"initial_code must be one of {', '.join(INITIAL_CODES)}, got {self.initial_code!r}"
+            )
         if self.linalg not in ("matmul", "lapack"):
             raise ValueError(f"linalg must be 'matmul' or 'lapack', got {self.linalg!r}")
         exact = self.linalg == "lapack"
@@ -159,7 +173,10 @@ class DUST(nn.Module):
         d0 = dictionary[0] if self.per_layer_dictionary else dictionary  # [P, K]
         mu0 = mu[0] if self.per_layer_dictionary else mu
 
-        if self.initial_code == "dual":
+        if self.initial_code == "zero":  # the paper's: no code, a blank state 0
+            z0 = jnp.zeros((*xc.shape[:-1], self.num_atoms), dt)
+            recon0 = jnp.zeros_like(xc)
+        elif self.initial_code == "dual":
             # Z_0 = X (D Dᵀ)⁻¹ D: the minimum-norm code with Z_0 D_0ᵀ = X. D Dᵀ ⪰ I at init.
             gram = jnp.einsum("pk,qk->pq", d0, d0)
             if exact:
@@ -168,8 +185,9 @@ class DUST(nn.Module):
                 enc = linalg.spd_solve(gram, d0, jax.lax.stop_gradient(mu0))
         else:
             enc = d0 / mu0
-        z0 = jnp.einsum("...tp,pk->...tk", xc, enc.astype(dt))  # [..., T, K]
-        recon0 = jnp.einsum("...tk,pk->...tp", z0, d0.astype(dt))
+        if self.initial_code != "zero":
+            z0 = jnp.einsum("...tp,pk->...tk", xc, enc.astype(dt))  # [..., T, K]
+            recon0 = jnp.einsum("...tk,pk->...tp", z0, d0.astype(dt))
 
         def layer(
             z: jax.Array, recon: jax.Array, d: jax.Array, mu_l: jax.Array

@@ -28,11 +28,29 @@ from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups
 from cudt.runner.hparams import SWEEPABLE
 from cudt.runner.mesh import initialize_distributed, make_shardings
 from cudt.runner.output import TENSORBOARD, checkpoint_record, open_output_once
-from cudt.runner.report import curves_of, select_best, summarise, summary_table
+from cudt.runner.report import curves_of, seed_intervals, select_best, summarise, summary_table
 from cudt.runner.sweep import parse_sweeps
 from cudt.runner.task import Task
 
-__all__ = ["run"]
+__all__ = ["inert_warnings", "run"]
+
+
+def inert_warnings(task: Task, cfg, groups) -> list[str]:
+    """One line per (group, γ_train) whose constrained runs would train a descent constraint
+    after a state whose loss is ~0 by construction (:meth:`Task.inert_states`): ℓ_l ≤ (1 − ε)·0
+    is infeasible; the runner reports it as not applicable (``n/a``), and says so before
+    training."""
+    lines = []
+    for group in groups:
+        for g in sorted({float(s.hp["gamma_train"]) for s in group.specs if s.constrained}):
+            for state, why in sorted(task.inert_states(cfg, group.model, g).items()):
+                lines.append(
+                    f"warning: {group.model_name}-{group.model.num_layers} constrained at "
+                    f"γ_train = {g:g}: {why}, so layer {state + 1}'s descent constraint "
+                    f"ℓ_{state + 1} ≤ (1 − ε)·ℓ_{state} is infeasible by construction; it is "
+                    "trained as asked and reported n/a"
+                )
+    return lines
 
 
 def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
@@ -70,6 +88,8 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             else f" (if interrupted, rerun with --out {out.path} to resume)"
         )
     )
+    for line in inert_warnings(task, cfg, groups):
+        print(line)
     programs = [GroupProgram(task, cfg, data, g) for g in groups]
     if out.resuming:  # a corrupt or foreign checkpoint is refused before any training
         for group, program in zip(groups, programs, strict=True):
@@ -140,6 +160,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         ratios += group_ratios
     score, higher = task.selection_for(cfg)
     select_best(runs, score, higher_is_better=higher)
+    intervals = seed_intervals(runs) if cfg.seeds >= 2 else []
     config = (
         dataclasses.asdict(cfg)
         | task.config_extras(cfg, data)
@@ -157,6 +178,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         "processes": jax.process_count(),
         **task.results_extras(cfg, data),
         "runs": runs,
+        **({"intervals": intervals} if intervals else {}),
         "train_seconds": train_seconds,
         "eval_seconds": eval_seconds,
     }
@@ -169,7 +191,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         )
         results["wall_seconds"] = time.perf_counter() - t0
         write_json_atomic(out.path / "results.json", results)
-        print(summary_table(task, runs, swept))
+        print(summary_table(task, runs, swept, intervals))
         names = ", ".join(str(p) for p in [out.path / "results.json", *figures])
         print(f"training curves: tensorboard --logdir {out.path / TENSORBOARD}")
         print(f"wrote {names} in {results['wall_seconds']:.0f}s")

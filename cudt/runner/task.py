@@ -187,6 +187,13 @@ class Task:
         AUC) adds them. Default: the γ_train values only."""
         return list(gamma_trains)
 
+    def inert_states(self, cfg, model: GroupModel, gamma_train: float) -> dict[int, str]:
+        """States of ``model`` whose loss is ~0 by construction at ``gamma_train`` (e.g. the
+        clean input itself at γ = 0), each with why: the descent constraint after such a state
+        asks ℓ_l ≤ (1 − ε)·0 and is infeasible by construction. The runner says so in one line
+        before training a constrained run there. Default: none."""
+        return {}
+
     def selection_for(self, cfg) -> tuple[str, bool]:
         """The best-run score of this configuration: (run key, higher is better)."""
         return self.selection

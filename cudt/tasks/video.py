@@ -176,8 +176,7 @@ class VideoConfig(RunConfig):
         )
         need(
             self.dust_initial_code in ("dual", "adjoint", "zero"),
-            "--dust-initial-code must be dual, adjoint or zero, got "
-            f"{self.dust_initial_code!r}",
+            f"--dust-initial-code must be dual, adjoint or zero, got {self.dust_initial_code!r}",
         )
         need(
             self.ut_attention in ("dot", "distance"),

@@ -89,9 +89,9 @@ def best_rows(results: dict[tuple, dict]) -> list[dict]:
             "val_auc": float(b["val_auc"]),
             "val_accuracy": float(b["val_accuracy"]),
             "loss_decreases": bool(b["loss_decreases"]),
-            "descent_rate": float(b["descent_rate"]),
-            "mean_ratio": float(b["mean_ratio"]),
-            "median_ratio": float(b["median_ratio"]),
+            "descent_rate": table_rows.num(b["descent_rate"]),
+            "mean_ratio": table_rows.num(b["mean_ratio"]),  # None: every ratio excluded
+            "median_ratio": table_rows.num(b["median_ratio"]),
             "accuracy": accuracy,  # for Figure 4 (not in the CSV)
         }
 
