@@ -310,6 +310,12 @@ CONFIG_CASES = [
         "pass --dust-atoms 16 or more",
     ),
     (
+        "unknown DUST initial code",
+        ["--dust-initial-code", "blank"],
+        "--dust-initial-code must be dual, adjoint or zero",
+        "got 'blank'",
+    ),
+    (
         "unknown model",
         ["--models", "ut,transformer"],
         "unknown model 'transformer'",

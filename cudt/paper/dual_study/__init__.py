@@ -3,12 +3,16 @@ the descent constraints feasible, and the losses monotone, over a 100x range of 
 
 For each setting (the video default: DUST-5; the constrained UT-5 on the same video; the text
 default: MiniLM-6), each combination of ``--formulations``, ``--dual-optimizers`` and
-``--updates`` is ONE runner call: its dual step size swept over ``--dual-lr-factors`` × the
-setting's base rate for that optimiser, × ``--seeds``, trained as one vmapped program
-(``--kinds constrained``). The setting's ERM runs (the reference of the ID change) are one more
-call. Every call has its own folder under ``--out`` (``<setting>/<combination>``); rerunning the
-same command reuses finished calls and resumes interrupted ones. The report (``study.md``,
-``study.csv``, three PNGs) is :mod:`cudt.paper.dual_study.report`.
+``--updates`` has its dual step size swept over ``--dual-lr-factors`` × the setting's base rate
+for that optimiser, × ``--seeds`` (``--kinds constrained``). Combinations that share a compiled
+program are ONE runner call, as sweep points of it (:class:`~cudt.paper.dual_study.settings.Call`):
+the Lagrangian is the augmented Lagrangian at ρ = 0 and projected SGD is nuPI at K_P = 0, so per
+update one call trains {Lagrangian, augmented} × {SGD, nuPI}, one {Lagrangian, augmented} × Adam,
+and the quadratic penalty one more (8 calls per setting instead of 20). The setting's ERM runs
+(the reference of the ID change) are one more call. Every call has its own folder under
+``--out`` (``<setting>/<combinations>``); rerunning the same command reuses finished calls and
+resumes interrupted ones. The report (``study.md``, ``study.csv``, three PNGs) is
+:mod:`cudt.paper.dual_study.report`; every verdict and choice in it reads validation data only.
 
 The base rates (:data:`SETTINGS`) put every optimiser's multipliers on the scale the setting's
 default reaches: projected SGD and nuPI integrate ``η·g``, so their rate is ``λ*/|g|``-sized
@@ -30,13 +34,24 @@ from typing import Any
 from cudt.constrained_step import UPDATES
 from cudt.errors import UsageError
 from cudt.paper.dual_study import figures, report
-from cudt.paper.dual_study.settings import DUAL_OPTIMIZERS, SETTINGS, Combo, Setting
+from cudt.paper.dual_study.settings import DUAL_OPTIMIZERS, SETTINGS, Call, Combo, Setting, calls
 from cudt.paper.job import SubRun, check_known, need, open_job, train_subruns
 from cudt.paper.rows import fmt, unique
 from cudt.runner.cli import config_from_args, configure_process, run_cli
 from cudt.runner.config import FORMULATIONS, flag
 
-__all__ = ["SETTINGS", "Combo", "Setting", "StudyConfig", "combos", "main", "plan", "run_study"]
+__all__ = [
+    "SETTINGS",
+    "Call",
+    "Combo",
+    "Setting",
+    "StudyConfig",
+    "calls",
+    "combos",
+    "main",
+    "plan",
+    "run_study",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +137,30 @@ def _sweep_values(setting: Setting, combo: Combo, factors) -> tuple[str, tuple[f
     return combo.swept, tuple(float(f"{base * f:.6g}") for f in unique(factors))
 
 
+def _call_fields(setting: Setting, call: Call, opts: StudyConfig) -> dict[str, Any]:
+    """The runner fields of one call: its formulation, update, dual optimiser and sweeps."""
+    swept, values = _sweep_values(setting, call.combos[0], opts.dual_lr_factors)
+    sweep = [f"{swept}={fmt(values)}"]
+    fields: dict[str, Any] = dict(
+        kinds="constrained", formulation=call.formulation, update=call.update
+    )
+    if call.formulation == "augmented":
+        if call.merged_formulations:  # ρ = 0: the Lagrangian's lanes
+            sweep.append(f"penalty={fmt((0.0, setting.augmented_penalty))}")
+        else:
+            fields["penalty"] = setting.augmented_penalty
+    if call.dual_optimizer != "-":
+        fields["dual_optimizer"] = call.dual_optimizer
+        fields["dual_lr"] = setting.dual_lr[call.dual_optimizer]
+    if call.dual_optimizer == "nupi":
+        fields["nupi_ema"] = opts.nupi_ema
+        if call.merged_duals:  # K_P = 0: projected SGD's lanes
+            sweep.append(f"nupi_kp={fmt((0.0, opts.nupi_kp))}")
+        else:
+            fields["nupi_kp"] = opts.nupi_kp
+    return fields | {"sweep": tuple(sweep)}
+
+
 def _config(setting: Setting, opts: StudyConfig, out: Path, **fields) -> Any:
     cls = setting.config_cls()
     kw = dict(setting.fields)
@@ -162,25 +201,11 @@ def plan(opts: StudyConfig, out: Path) -> list[SubRun]:
         folder = out / name / "erm"
         cfg = _config(setting, opts, folder, kinds="erm", **plain)
         subs.append(SubRun(f"{name} ERM", (name, None), cfg, folder, setting.resolved(cfg)))
-        for combo in combos(opts):
-            swept, values = _sweep_values(setting, combo, opts.dual_lr_factors)
-            fields: dict[str, Any] = plain | dict(
-                kinds="constrained",
-                formulation=combo.formulation,
-                update=combo.update,
-                sweep=(f"{swept}={fmt(values)}",),
-            )
-            if combo.formulation == "augmented":
-                fields["penalty"] = setting.augmented_penalty
-            if combo.dual_optimizer != "-":
-                fields["dual_optimizer"] = combo.dual_optimizer
-                fields["dual_lr"] = setting.dual_lr[combo.dual_optimizer]
-            if combo.dual_optimizer == "nupi":
-                fields |= dict(nupi_kp=opts.nupi_kp, nupi_ema=opts.nupi_ema)
-            folder = out / name / combo.slug
-            cfg = _config(setting, opts, folder, **fields)
+        for call in calls(setting, combos(opts), opts.nupi_kp):
+            folder = out / name / call.slug
+            cfg = _config(setting, opts, folder, **(plain | _call_fields(setting, call, opts)))
             subs.append(
-                SubRun(f"{name} {combo.label}", (name, combo), cfg, folder, setting.resolved(cfg))
+                SubRun(f"{name} {call.label}", (name, call), cfg, folder, setting.resolved(cfg))
             )
     return subs
 

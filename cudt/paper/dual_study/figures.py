@@ -97,7 +97,7 @@ def write_figures(opts, rows: list[dict], summaries: list[dict], out: Path) -> d
         return [s for s in summaries if s["setting"] == setting]
 
     def multipliers(ax, setting: str, title: str) -> None:
-        b = best(mine(setting), SETTINGS[setting].id_metric == "accuracy")
+        b = best(mine(setting))
         shown = [s["combo"] for s in mine(setting) if s["baseline"]]
         if b is not None and b["combo"] not in shown:
             shown.append(b["combo"])

@@ -2,10 +2,14 @@
 Markdown (``study.md``), the CSV (``study.csv``) and three figures.
 
 A run **succeeds** when it did not diverge, is feasible on validation data (the runner's
-verdict, within the task's tolerance) and its mean test loss decreases at every layer. The ID
-change is the run's in-distribution metric against the setting's ERM run of the same seed (RMSE
-at γ_train for video, accuracy at γ_train for text), in percent, positive = worse; the OOD
-metric is the mean of that metric over the test levels above γ_train.
+verdict, within the task's tolerance) and its mean validation loss at γ_train decreases at every
+layer (the runner's ``loss_decreases_val``; a step from a state at the loss floor is not
+judged). The combination with the most successes is the best; ties go to the lower mean
+validation loss at γ_train (``val_objective``). The test split only reports: the ID change is
+the run's in-distribution test metric against the setting's ERM run of the same seed (RMSE at
+γ_train for video, accuracy at γ_train for text), in percent, positive = worse; the OOD metric
+is the mean of that metric over the test levels above γ_train. No test number reaches a
+success, a verdict or a choice (tests/test_validation_only.py).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ CSV_COLUMNS = (
     "feasible",
     "monotone",
     "diverged",
+    "val_objective",
     "descent_rate",
     "mean_ratio",
     "median_ratio",
@@ -93,7 +98,7 @@ def run_rows(setting, combo, results: dict, erm: dict) -> list[dict]:
         erm_id, erm_ood = _metric(ref, metric) if ref else (math.nan, math.nan)
         diverged = bool(run.get("diverged"))
         feasible = bool(run.get("feasible")) and not diverged
-        monotone = bool(run.get("loss_decreases")) and not diverged
+        monotone = bool(run.get("loss_decreases_val")) and not diverged  # validation only
         rows.append(
             {
                 "setting": setting.name,
@@ -109,6 +114,7 @@ def run_rows(setting, combo, results: dict, erm: dict) -> list[dict]:
                 "feasible": feasible,
                 "monotone": monotone,
                 "diverged": diverged,
+                "val_objective": _num_or_nan(run.get("val_objective")),
                 "descent_rate": run["descent_rate"],
                 "mean_ratio": run["mean_ratio"],
                 "median_ratio": run["median_ratio"],
@@ -124,6 +130,10 @@ def run_rows(setting, combo, results: dict, erm: dict) -> list[dict]:
             }
         )
     return rows
+
+
+def _num_or_nan(value) -> float:
+    return math.nan if value is None else float(value)
 
 
 def _mean(values) -> float:
@@ -153,6 +163,7 @@ def summarise(rows: list[dict]) -> list[dict]:
                 "mean_ratio": _mean(r["mean_ratio"] for r in rs if not r["diverged"]),
                 "id_change_pct": _mean(r["id_change_pct"] for r in rs if not r["diverged"]),
                 "ood": _mean(r["ood"] for r in rs if not r["diverged"]),
+                "val_objective": _mean(r["val_objective"] for r in rs if not r["diverged"]),
                 "peak_lambda": statistics.median([r["peak_lambda"] for r in rs]),
                 "baseline": (combo.formulation, combo.dual_optimizer, combo.update)
                 == baseline(setting),
@@ -161,18 +172,17 @@ def summarise(rows: list[dict]) -> list[dict]:
     return out
 
 
-def best(summaries: Sequence[dict], higher_is_better: bool) -> dict | None:
-    """The combination with the most successful runs; ties: the better mean OOD metric."""
+def best(summaries: Sequence[dict]) -> dict | None:
+    """The combination with the most successful runs; ties: the lower mean validation loss at
+    γ_train (validation only: no test number decides)."""
     if not summaries:
         return None
-    sign = 1 if higher_is_better else -1
-    return max(
-        summaries,
-        key=lambda s: (
-            s["ok"] / s["runs"],
-            sign * (s["ood"] if math.isfinite(s["ood"]) else -sign * math.inf),
-        ),
-    )
+
+    def val(s):
+        v = s.get("val_objective", math.nan)
+        return v if math.isfinite(v) else math.inf
+
+    return min(summaries, key=lambda s: (-s["ok"] / s["runs"], val(s)))
 
 
 def _pct(x: float) -> str:
@@ -218,7 +228,7 @@ def _setting_markdown(setting, summaries: list[dict], erm_rows: list[dict], fact
             _num(s["peak_lambda"]),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    b = best(summaries, higher)
+    b = best(summaries)
     base = next((s for s in summaries if s["baseline"]), None)
     lines.append("")
     if b is not None and b["ok"] == 0:
@@ -245,9 +255,8 @@ def _setting_markdown(setting, summaries: list[dict], erm_rows: list[dict], fact
 def headline(opts, summaries: list[dict]) -> str:
     out = []
     for name in opts.settings:
-        setting = SETTINGS[name]
         mine = [s for s in summaries if s["setting"] == name]
-        b = best(mine, setting.id_metric == "accuracy")
+        b = best(mine)
         base = next((s for s in mine if s["baseline"]), None)
         if b is None:
             continue
@@ -270,7 +279,7 @@ def collect(subs, results: dict) -> tuple[list[dict], list[dict], dict[str, list
     for sub in subs:
         name, combo = sub.key
         setting = SETTINGS[name]
-        if combo is None:
+        if sub.key[1] is None:
             erm[name] = [
                 dict(zip(("id", "ood"), _metric(r, setting.id_metric), strict=True))
                 | {"descent_rate": r["descent_rate"]}
@@ -278,7 +287,10 @@ def collect(subs, results: dict) -> tuple[list[dict], list[dict], dict[str, list
                 if not r["constrained"]
             ]
             continue
-        rows += run_rows(setting, combo, results[sub.key], results[(name, None)])
+        call = combo
+        for c in call.combos:  # a call trains its combinations as sweep points
+            mine = [r for r in results[sub.key]["runs"] if call.combo_of(r["hparams"]) == c]
+            rows += run_rows(setting, c, {"runs": mine}, results[(name, None)])
     return rows, summarise(rows), erm
 
 
@@ -289,11 +301,14 @@ def write_report(
     factors = sorted({r["factor"] for r in rows})
     first = subs[0].cfg
     note = (
-        f"{len(subs)} runner calls, {len(rows)} constrained runs: dual step sizes "
+        f"{len(subs)} runner calls (combinations that share a program are one call), "
+        f"{len(rows)} constrained runs: dual step sizes "
         f"×{fmt(opts.dual_lr_factors)} of each setting's base rate (a {max(opts.dual_lr_factors) / min(opts.dual_lr_factors):g}x range), "
         f"{opts.seeds} seeds, primal schedule {opts.lr_schedule}, nuPI K_P = {opts.nupi_kp:g}, "
         f"ν = {opts.nupi_ema:g}, --scale {opts.scale} ({first.steps} steps in the first setting). "
-        "Succeeded = not diverged, feasible on validation data and monotone mean test loss."
+        "Succeeded = not diverged, feasible on validation data and monotone mean validation "
+        "loss; ties between combinations go to the lower mean validation loss. Test numbers "
+        "(ID change, OOD) are reported only."
     )
     bases = "; ".join(
         f"{n}: dual lr sgd/nupi {SETTINGS[n].dual_lr['sgd']:g}, adam {SETTINGS[n].dual_lr['adam']:g}, "

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DUAL_OPTIMIZERS", "SETTINGS", "Combo", "Setting"]
+__all__ = ["DUAL_OPTIMIZERS", "SETTINGS", "Call", "Combo", "Setting"]
 
 DUAL_OPTIMIZERS = ("sgd", "adam", "nupi")
 
@@ -74,7 +74,10 @@ _VIDEO_TINY = dict(
     seq_len=4,
     batch_size=16,
     dust_atoms=16,
-    eval_batch_size=128,
+    # one evaluation batch (200 sequences per split) at three test levels (ID 0.5, OOD 1): the
+    # evaluation was half of a tiny call's time (eight passes of two padded batches)
+    eval_batch_size=200,
+    test_gammas=(0.0, 0.5, 1.0),
     steps=30,
     chunk_steps=30,
     warmup_steps=5,
@@ -152,3 +155,80 @@ class Combo:
     @property
     def swept(self) -> str:
         return "penalty" if self.formulation == "penalty" else "dual_lr"
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One runner call: the combinations that share a compiled program, as sweep points of it.
+
+    The augmented Lagrangian at ρ = 0 is the Lagrangian (the same step, bit for bit: its
+    quadratic term and that term's gradient are exact zeros), and nuPI at K_P = 0 is projected
+    SGD (its update is η·(1·g + 0·…)); ρ and K_P are per-run arrays. So one call trains
+    ``augmented`` with ``--sweep penalty=0,ρ`` for both formulations and ``nupi`` with
+    ``--sweep nupi_kp=0,K_P`` for both dual optimisers (same base rate), each × the dual step
+    sizes × seeds. ``combo_of`` maps a run's hyperparameters back to its combination."""
+
+    combos: tuple[Combo, ...]
+    formulation: str  # the runner's --formulation
+    dual_optimizer: str  # the runner's --dual-optimizer ("-": the penalty's)
+    update: str
+    merged_formulations: bool = False  # penalty 0 = lagrangian, the other = augmented
+    merged_duals: bool = False  # nupi_kp 0 = sgd, the other = nupi
+
+    @property
+    def slug(self) -> str:
+        if len(self.combos) == 1:
+            return self.combos[0].slug
+        forms = "+".join(dict.fromkeys(c.formulation for c in self.combos))
+        duals = "+".join(dict.fromkeys(c.dual_optimizer for c in self.combos))
+        return f"{forms}-{duals}-{self.update}"
+
+    @property
+    def label(self) -> str:
+        return " & ".join(c.label for c in self.combos)
+
+    @property
+    def swept(self) -> str:
+        return self.combos[0].swept
+
+    def combo_of(self, hparams: dict) -> Combo:
+        form = self.formulation
+        if self.merged_formulations:
+            form = "lagrangian" if not hparams.get("penalty") else "augmented"
+        dual = self.dual_optimizer
+        if self.merged_duals:
+            dual = "sgd" if not hparams.get("nupi_kp") else "nupi"
+        return Combo(form, dual, self.update)
+
+
+def calls(setting: Setting, combos: list[Combo], nupi_kp: float) -> list[Call]:
+    """``combos`` grouped into runner calls that share one compiled program (see :class:`Call`),
+    in the order of their first combination."""
+    families: dict[tuple, list[Combo]] = {}
+    for c in combos:
+        if c.formulation == "penalty":
+            family = ("penalty", c.dual_optimizer)
+        elif (
+            c.dual_optimizer in ("sgd", "nupi")
+            and nupi_kp > 0
+            and (setting.dual_lr["sgd"] == setting.dual_lr["nupi"])
+        ):
+            family = ("multipliers", "sgd+nupi")
+        else:
+            family = ("multipliers", c.dual_optimizer)
+        families.setdefault((*family, c.update), []).append(c)
+    out = []
+    for group in families.values():
+        forms = {c.formulation for c in group}
+        duals = {c.dual_optimizer for c in group}
+        out.append(
+            Call(
+                combos=tuple(group),
+                formulation="augmented" if "augmented" in forms else group[0].formulation,
+                dual_optimizer="nupi" if "nupi" in duals else group[0].dual_optimizer,
+                update=group[0].update,
+                merged_formulations=len(forms) > 1,
+                merged_duals=len(duals) > 1,
+            )
+        )
+    return out
