@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from cudt.data.alpaca import build_word_tokenizer, generated_instructions, write_alpaca
-from cudt.metrics import exact_match, rouge_l
+from cudt.data.instructions import exact_answer
+from cudt.metrics import rouge_l
 from cudt.models.llama import DecoderConfig, write_decoder_folder
 from experiments import llm_sft
 
@@ -63,7 +64,7 @@ def test_every_run_has_per_layer_losses_accuracy_and_completions(tiny_run):
         # each completion is scored against its reference; the run's means are of those scores
         for c in r["completions"]:
             assert c["rouge_l"] == pytest.approx(rouge_l(c["completion"], c["reference"]))
-            assert c["exact"] == exact_match(c["completion"], c["reference"])
+            assert c["exact"] == exact_answer(c["completion"], c["reference"])  # case counts
         for s in r["completion_scores"]:
             at = [c for c in r["completions"] if c["gamma"] == s["gamma"]]
             assert s["rouge_l"] == pytest.approx(np.mean([c["rouge_l"] for c in at]))

@@ -9,15 +9,24 @@ figures are the per-state loss, accuracy vs γ and the per-sample ratio histogra
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 
+from cudt import stats
 from cudt.metrics import trapezoid_auc
 from cudt.runner import plots
 from cudt.runner.report import Column
 
-__all__ = ["TEST_GAMMAS", "AccuracyReports", "test_gamma_grid"]
+__all__ = [
+    "TEST_GAMMAS",
+    "AccuracyReports",
+    "feasibility_lines",
+    "paired_difference",
+    "paired_with_erm",
+    "test_gamma_grid",
+]
 
 # A fixed grid, so the accuracy AUC is comparable across γ_train (the paper's Table 4 AUCs, at
 # most about 2, suggest a [0, 2] range).
@@ -107,3 +116,80 @@ class AccuracyReports:
             title=f"per-sample ratios ℓ_l / ℓ_(l-1) on the test set at γ_train = {cfg.gamma_train}",
         )
         return paths
+
+
+def _setting(run: dict) -> tuple:
+    """A run's setting: model, depth, γ_train and its swept values, without the seed."""
+    hp = tuple(sorted((k, repr(v)) for k, v in run.get("hparams", {}).items()))
+    return (run["model"], run["layers"], run["gamma_train"], hp)
+
+
+def paired_with_erm(runs: list[dict]) -> list[tuple[str, list[dict], list[dict]]]:
+    """Each constrained setting with its seeds and their ERM twins: ``(name, constrained,
+    erm)``, the two lists aligned seed by seed. A constrained run's twin is the ERM run of the
+    same model, depth, γ_train, learning rate and seed (the same data order and start); seeds
+    without a twin, and diverged runs, are left out. ``name`` is the setting's swept values
+    (empty for a single setting)."""
+    alive = [r for r in runs if not r.get("diverged")]
+
+    def twin_key(r):
+        return (r["model"], r["layers"], r["gamma_train"], r["hparams"].get("lr"), r["seed"])
+
+    erm = {twin_key(r): r for r in alive if not r["constrained"]}
+    settings: dict[tuple, list[dict]] = {}
+    for r in alive:
+        if r["constrained"] and twin_key(r) in erm:
+            settings.setdefault(_setting(r), []).append(r)
+    out = []
+    for group in settings.values():
+        group = sorted(group, key=lambda r: r["seed"])
+        name = re.sub(r"^.* seed \d+ ?", "", group[0]["label"])  # the swept values, if any
+        out.append((name, group, [erm[twin_key(r)] for r in group]))
+    return out
+
+
+def paired_difference(a, b, *, seed: int = 0) -> stats.Interval:
+    """The 95 % percentile-bootstrap interval of ``mean(a) − mean(b)``, ``a`` and ``b``
+    ``[seeds, items]`` aligned (run ``s`` of ``a`` with its twin ``s`` of ``b``, item ``i`` the
+    same prompt and noise): seeds are resampled, then items within each (two levels), with the
+    same indices for both (:func:`cudt.stats.paired_bootstrap_interval`)."""
+    return stats.paired_bootstrap_interval(
+        np.asarray(a, np.float64), np.asarray(b, np.float64), seed=seed
+    )
+
+
+def _max_violation(run: dict) -> float:
+    """The largest relative violation ``g_l / scale_l`` of a run's constraints on validation
+    data (the constraints judged applicable only)."""
+    rel = np.asarray(run["relative_violation_val"], np.float64)
+    ok = np.asarray(run.get("constraint_applicable_val") or [True] * rel.size, bool)
+    return float(np.max(rel[ok])) if ok.any() else float("-inf")
+
+
+def feasibility_lines(runs: list[dict]) -> list[str]:
+    """Each run's feasibility on validation data at 0 % tolerance and at the runner's: the
+    largest relative violation, then a count of feasible seeds per setting and kind. ERM runs
+    are judged against the constraints of their lane (they were not trained on them)."""
+    lines = [
+        "feasibility on validation data (largest relative violation g_l / scale_l; "
+        "at 0 % tolerance | at the runner's tolerance):"
+    ]
+    counts: dict[str, list[int]] = {}
+    for r in runs:
+        worst = _max_violation(r)
+        at_zero = bool(worst <= 0.0) and not r.get("diverged")
+        at_tol = bool(r.get("feasible"))
+        lines.append(
+            f"{r['label']}: {100 * worst:+.2f}%  0%: {'yes' if at_zero else 'NO'} | "
+            f"tol: {'yes' if at_tol else 'NO'}"
+        )
+        name = re.sub(r" seed \d+", "", r["label"])
+        c = counts.setdefault(name, [0, 0, 0])
+        c[0] += at_zero
+        c[1] += at_tol
+        c[2] += 1
+    lines += [
+        f"{k}: feasible at 0 % {a} of {n} seeds, at tolerance {t} of {n}"
+        for k, (a, t, n) in counts.items()
+    ]
+    return lines

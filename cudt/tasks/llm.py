@@ -45,11 +45,11 @@ from cudt.data.alpaca import (
     prompt_batches,
     tokenize_alpaca,
 )
-from cudt.data.instructions import FAMILIES, task_splits
+from cudt.data.instructions import FAMILIES, exact_answer, task_splits
 from cudt.errors import UsageError
 from cudt.io import atomic_write
 from cudt.lm_loss import default_chunk_tokens, layer_token_losses, response_span
-from cudt.metrics import exact_match, rouge_l
+from cudt.metrics import rouge_l
 from cudt.models.llama import (
     Decoder,
     DecoderConfig,
@@ -67,7 +67,13 @@ from cudt.runner.config import (
     shared,
 )
 from cudt.runner.task import GroupModel, RunBatch, Task, cut_in_batches
-from cudt.tasks.accuracy import AccuracyReports, test_gamma_grid
+from cudt.tasks.accuracy import (
+    AccuracyReports,
+    feasibility_lines,
+    paired_difference,
+    paired_with_erm,
+    test_gamma_grid,
+)
 
 __all__ = ["GENERATED_DATA", "LLMConfig", "LLMData", "LLMTask", "llm_splits"]
 
@@ -160,6 +166,20 @@ class LLMConfig(RunConfig):
         "noise level of the perturbed completions, on every token (default: the largest test "
         "gamma)",
         check=non_negative,
+    )
+    reference_state: str = flag(
+        "auto",
+        "the state the reference bound E l <= C (--reference) applies to, which also starts the "
+        "descent chain: embeddings (state 0, the paper's), block1 (the first block's readout; "
+        "state 0 leaves the problem), or auto: block1 when the embeddings' readout cannot move "
+        "(a checkpoint's tied LM head with frozen input embeddings, as SmolLM2's), else "
+        "embeddings",
+        check=one_of("auto", "embeddings", "block1"),
+    )
+    untie_head: bool = flag(
+        False,
+        "a checkpoint with a tied LM head gets its own trainable head, a copy of the embeddings "
+        "(the embeddings' readout then moves with training; the input embeddings stay frozen)",
     )
     # shared fields with this experiment's defaults
     seeds: int = shared("seeds", 1)
@@ -322,6 +342,61 @@ def _tiny_decoder(cfg: LLMConfig, tok: InstructionTokenizer) -> Decoder:
     )
 
 
+def untied(decoder: Decoder) -> Decoder:
+    """``decoder`` with its own LM head, ``lm_head = embed.T`` (the same outputs), when it is tied."""
+    if not decoder.config.tie_word_embeddings:
+        return decoder
+    params = {**decoder.params, "lm_head": jnp.array(decoder.params["embed"].T)}
+    config = dataclasses.replace(decoder.config, tie_word_embeddings=False)
+    return dataclasses.replace(decoder, config=config, params=params)
+
+
+def reference_state(cfg: LLMConfig, decoder: Decoder) -> int:
+    """The first state of the problem (``--reference-state``): 0, the embeddings (the paper's
+    ``E ℓ_0 ≤ C``), or 1, the first block's readout (``E ℓ_1 ≤ C``). ``auto`` is 1 exactly when
+    ℓ_0 cannot move: a checkpoint whose tied head reads out its own frozen input embeddings. That
+    readout predicts the current token, not the next (SmolLM2: ℓ_0 ≈ 75 nats against
+    ln V = 10.8), so a bound on it could never hold and the descent step ℓ_1 ≤ (1 − ε) ℓ_0 would
+    hold by itself (docs/results/llm.md has the measurement)."""
+    if cfg.reference_state == "auto":
+        fixed = cfg.checkpoint is not None and not cfg.train_embeddings
+        return int(fixed and decoder.config.tie_word_embeddings)
+    return int(cfg.reference_state == "block1")
+
+
+def from_state(model: GroupModel, first: int) -> GroupModel:
+    """``model`` with the states before ``first`` left out of the problem: its per-sample losses
+    and evaluation outputs start at state ``first`` (the reference bound's), and the descent
+    constraints run over the ``L − first`` steps after it."""
+    if first == 0:
+        return model
+
+    def layer_losses(params, batch, key):
+        return model.layer_losses(params, batch, key)[:, first:]
+
+    def eval_outputs(*args):
+        return {k: v[:, first:] for k, v in model.eval_outputs(*args).items()}
+
+    return dataclasses.replace(
+        model,
+        num_layers=model.num_layers - first,
+        layer_losses=layer_losses,
+        eval_outputs=eval_outputs,
+        record={**model.record, "first_state": first},
+    )
+
+
+def _with_reference_state(build):
+    """``LLMTask.build`` whose model starts at :func:`reference_state` (:func:`from_state`)."""
+
+    @functools.wraps(build)
+    def wrapped(self, cfg, data, name, structure):
+        model = build(self, cfg, data, name, structure)
+        return from_state(model, reference_state(cfg, data.decoder))
+
+    return wrapped
+
+
 def _masked_fraction(tokens: TokenizedAlpaca) -> float:
     return float(np.mean(tokens.truncated))
 
@@ -344,6 +419,8 @@ class LLMTask(AccuracyReports, Task):
                 ),
                 remat=cfg.remat,
             )
+            if cfg.untie_head:
+                decoder = untied(decoder)
         splits = llm_splits(cfg)
         records = {"train": splits.train, "val": splits.val, "test": splits.test}
         if cfg.checkpoint is not None:
@@ -433,6 +510,7 @@ class LLMTask(AccuracyReports, Task):
             "data_source": data.source,
             "decoder": data.decoder.config.to_dict(),
             "reference_bound": self.resolve_reference(cfg.reference, data),
+            "reference_state": reference_state(cfg, data.decoder),
             "prompt_format": data.prompt_format,
         }
 
@@ -475,6 +553,7 @@ class LLMTask(AccuracyReports, Task):
         runs = 1 if alone else len(self.run_specs(cfg))
         return default_chunk_tokens(data.decoder.config.vocab_size, runs=runs)
 
+    @_with_reference_state
     def build(self, cfg, data: LLMData, name: str, structure) -> GroupModel:
         dec = data.decoder
         unit = data.noise_unit
@@ -536,14 +615,23 @@ class LLMTask(AccuracyReports, Task):
         )
 
     def trained_outputs(self, cfg, data: LLMData, model, params, labels) -> list[dict]:
+        """Greedy completions of the first ``--completions`` test prompts by every run, at
+        γ = 0 and at the completion γ, in batches of ``--eval-batch-size``. Batch ``j`` draws its
+        noise from ``(seed, j)`` alone, so every run of the job sees the same noise on the same
+        prompt (the ERM - constrained differences are paired). Each completion is scored by
+        exact match, case-sensitive (:func:`cudt.data.instructions.exact_answer`), and ROUGE-L."""
         k = min(cfg.completions, len(data.records["test"]))
         if k == 0:
             return [{} for _ in labels]
         dec, tok = data.decoder, data.tokenizer
         records = data.records["test"][:k]
-        batch = next(
+        batches = list(
             prompt_batches(
-                records, tok, batch_size=k, max_prompt_length=cfg.max_length, prompt=data.prompt
+                records,
+                tok,
+                batch_size=min(k, cfg.eval_batch_size),
+                max_prompt_length=cfg.max_length,
+                prompt=data.prompt,
             )
         )
         gammas = [0.0, self._completion_gamma(cfg)]
@@ -555,30 +643,23 @@ class LLMTask(AccuracyReports, Task):
                 run_params = {**run_params, "embed": model.frozen}
             texts = []
             for g in gammas:
-                ids = dec.generate(
-                    run_params,
-                    batch.input_ids,
-                    batch.attention_mask,
-                    cfg.max_new_tokens,
-                    noise_std=g * data.noise_unit,
-                    key=key,
-                    eos_id=tok.eos_id,
-                    pad_id=tok.pad_id,
-                )
-                for i, row in enumerate(np.asarray(ids)):
-                    text = _until_eos(tok, row).strip()
-                    texts.append(
-                        {
-                            "prompt_index": i,
-                            "instruction": records[i].instruction,
-                            "input": records[i].input,
-                            "reference": records[i].output,
-                            "gamma": g,
-                            "completion": text,
-                            "exact": exact_match(text, records[i].output),
-                            "rouge_l": rouge_l(text, records[i].output),
-                        }
+                for j, batch in enumerate(batches):
+                    ids = dec.generate(
+                        run_params,
+                        batch.input_ids,
+                        batch.attention_mask,
+                        cfg.max_new_tokens,
+                        noise_std=g * data.noise_unit,
+                        key=jax.random.fold_in(key, j),
+                        eos_id=tok.eos_id,
+                        pad_id=tok.pad_id,
                     )
+                    for row, i, real in zip(
+                        np.asarray(ids), batch.indices, batch.valid, strict=True
+                    ):
+                        if real:
+                            text = _until_eos(tok, row).strip()
+                            texts.append(_completion_record(records[i], int(i), g, text))
             out.append({"completions": texts, "completion_scores": _completion_scores(texts)})
         return out
 
@@ -588,6 +669,13 @@ class LLMTask(AccuracyReports, Task):
         return max(test_gamma_grid(cfg.gamma_train, cfg.test_gammas))
 
     # -- evaluation and reports --------------------------------------------------------------
+    def run_metrics(self, cfg, test, val, gammas, gamma_train):
+        """The accuracy metrics, and each test prompt's token accuracy (the last state) at every
+        test γ, ``prompt_accuracy [G][N]``: the paired intervals of :meth:`table_footer`."""
+        out = super().run_metrics(cfg, test, val, gammas, gamma_train)
+        out["prompt_accuracy"] = np.round(test["correct"][:, :, -1], 6).tolist()
+        return out
+
     def table_footer(self, runs) -> str:
         lines = ["mean test token accuracy per gamma (final layer):"]
         for r in runs:
@@ -596,15 +684,26 @@ class LLMTask(AccuracyReports, Task):
             )
             lines.append(f"{r['label']}: {acc}")
         lines += self.layer_loss_lines(runs, "cross-entropy")
+        first = runs[0].get("first_state", 0) if runs else 0
+        if first:
+            lines.append(
+                f"(states from {first}: the reference bound is on state {first}'s readout, "
+                "--reference-state)"
+            )
+        lines += feasibility_lines(runs)
         scored = [r for r in runs if r.get("completion_scores")]
         if scored:
-            lines.append("greedy completions vs the reference (exact match, ROUGE-L), per gamma:")
+            lines.append(
+                "greedy completions vs the reference (exact match, case-sensitive / ROUGE-L), "
+                "per gamma:"
+            )
             for r in scored:
                 cells = " ".join(
-                    f"{s['gamma']:g}:{s['exact']:.2f}/{s['rouge_l']:.2f}"
+                    f"{s['gamma']:g}:{s['exact']:.3f}/{s['rouge_l']:.3f}"
                     for s in r["completion_scores"]
                 )
                 lines.append(f"{r['label']}: {cells}")
+        lines += paired_lines(runs)
         return "\n".join(lines + _completion_lines(runs, first_only=True))
 
     def figures(self, runs, ratios, out: Path, gammas, cfg):
@@ -626,6 +725,19 @@ def _until_eos(tok: InstructionTokenizer, row: np.ndarray) -> str:
     return tok.decode(ids)
 
 
+def _completion_record(record: AlpacaRecord, index: int, gamma: float, text: str) -> dict:
+    return {
+        "prompt_index": index,
+        "instruction": record.instruction,
+        "input": record.input,
+        "reference": record.output,
+        "gamma": gamma,
+        "completion": text,
+        "exact": exact_answer(text, record.output),
+        "rouge_l": rouge_l(text, record.output),
+    }
+
+
 def _completion_scores(texts: list[dict]) -> list[dict]:
     """Mean exact match and ROUGE-L of a run's completions at each noise level."""
     out = []
@@ -642,8 +754,58 @@ def _completion_scores(texts: list[dict]) -> list[dict]:
     return out
 
 
+def _completion_table(run: dict, what: str) -> dict[float, np.ndarray]:
+    """``{γ: [prompts]}`` of one run's completion scores ``what`` (exact, rouge_l), in prompt
+    order."""
+    out: dict[float, list] = {}
+    for c in sorted(run.get("completions") or [], key=lambda c: c["prompt_index"]):
+        out.setdefault(c["gamma"], []).append(float(c[what]))
+    return {g: np.asarray(v) for g, v in out.items()}
+
+
+def paired_lines(runs: list[dict]) -> list[str]:
+    """Constrained − ERM for every reported score, paired by seed (twin runs,
+    :func:`cudt.tasks.accuracy.paired_with_erm`) and by prompt (the same prompt under the same
+    noise): token accuracy at each test γ, and exact match and ROUGE-L at each completion γ;
+    each with its 95 % two-level bootstrap interval over seeds and prompts."""
+    lines = []
+    for name, cons, erm in paired_with_erm(runs):
+        if not all("prompt_accuracy" in r for r in cons + erm):
+            continue
+        seeds = ", ".join(str(r["seed"]) for r in cons)
+        lines.append(
+            f"constrained − ERM{' (' + name + ')' if name else ''}, paired by seed ({seeds}) and "
+            "prompt, 95 % bootstrap interval over seeds and prompts:"
+        )
+        for gi, g in enumerate(cons[0]["test_gamma"]):
+            a = [r["prompt_accuracy"][gi] for r in cons]
+            b = [r["prompt_accuracy"][gi] for r in erm]
+            lines.append(_paired_line(f"token accuracy γ={g:g}", a, b))
+        for what, title in (("exact", "exact match"), ("rouge_l", "ROUGE-L")):
+            tables = (
+                [_completion_table(r, what) for r in cons],
+                [_completion_table(r, what) for r in erm],
+            )
+            for g in sorted(tables[0][0]) if tables[0][0] else []:
+                a = [t[g] for t in tables[0]]
+                b = [t[g] for t in tables[1]]
+                lines.append(_paired_line(f"{title} γ={g:g}", a, b))
+    return lines
+
+
+def _paired_line(what: str, a, b) -> str:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    iv = paired_difference(a, b)
+    return (
+        f"  {what}: {iv.mean:+.4f} [{iv.low:+.4f}, {iv.high:+.4f}]  "
+        f"(constrained {a.mean():.4f}, ERM {b.mean():.4f}; {a.shape[1]} prompts x "
+        f"{a.shape[0]} seeds)"
+    )
+
+
 def _completion_lines(runs: list[dict], first_only: bool = False) -> list[str]:
-    """Side-by-side completions (ERM, constrained) of each prompt at each noise level."""
+    """Side-by-side completions of each prompt at each noise level: every run (ERM and
+    constrained, every seed) under the reference, with its exact match and ROUGE-L."""
     runs = [r for r in runs if r.get("completions")]
     if not runs:
         return []

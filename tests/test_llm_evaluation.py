@@ -1,0 +1,162 @@
+"""The LLM task's Section 6 evaluation: the reference state (--reference-state, --untie-head),
+feasibility at 0 % and at the tolerance, paired constrained − ERM intervals, and completions
+scored case-sensitively in batches that give every run the same noise."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cudt import stats
+from cudt.models.llama import Decoder, DecoderConfig
+from cudt.runner.task import RunBatch
+from cudt.tasks.accuracy import feasibility_lines, paired_with_erm
+from cudt.tasks.llm import (
+    LLMConfig,
+    LLMTask,
+    _completion_record,
+    paired_lines,
+    reference_state,
+    untied,
+)
+
+TINY = dict(
+    num_train=24, num_val=4, num_test=6, max_length=48, layers=3, hidden=16, heads=2,
+    kv_heads=1, intermediate=32, chunk_tokens=64, max_new_tokens=3, eval_batch_size=4,
+)  # fmt: skip
+
+
+def tiny_decoder(tied: bool) -> Decoder:
+    c = DecoderConfig(
+        vocab_size=40, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
+        num_kv_heads=1, tie_word_embeddings=tied,
+    )  # fmt: skip
+    return Decoder(config=c, params=c.init_params(jax.random.key(0)))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    task = LLMTask()
+    cfg = LLMConfig(**TINY)
+    return task, cfg, task.load(cfg)
+
+
+@pytest.mark.slow
+def test_block1_leaves_state_0_out_and_keeps_every_other_state(tiny):
+    task, cfg, data = tiny
+    full = task.build(dataclasses.replace(cfg, reference_state="embeddings"), data, "llm", None)
+    b1 = task.build(dataclasses.replace(cfg, reference_state="block1"), data, "llm", None)
+    assert (full.num_layers, b1.num_layers) == (3, 2)
+    assert b1.record["first_state"] == 1 and "first_state" not in full.record
+    params = full.init(jax.random.key(0))
+    ex = jax.tree.map(lambda a: jnp.asarray(a[:4]), task.split_examples(data, "train"))
+    batch = RunBatch(examples=ex, gamma=jnp.float32(0.5), frozen=full.frozen)
+    a = np.asarray(full.layer_losses(params, batch, jax.random.key(1)))
+    b = np.asarray(b1.layer_losses(params, batch, jax.random.key(1)))
+    assert a.shape == (4, 4) and b.shape == (4, 3)
+    np.testing.assert_array_equal(b, a[:, 1:])
+    args = (params, full.frozen, ex, jnp.arange(4), jnp.float32(1.0), jax.random.key(2))
+    ea, eb = full.eval_outputs(*args), b1.eval_outputs(*args)
+    for k in ("losses", "correct"):
+        np.testing.assert_array_equal(np.asarray(eb[k]), np.asarray(ea[k])[:, 1:])
+
+
+def test_auto_reference_state_is_block1_only_when_the_embeddings_readout_is_fixed():
+    tied, free = tiny_decoder(True), tiny_decoder(False)
+    ckpt = LLMConfig(checkpoint="model.gguf")
+    assert reference_state(ckpt, tied) == 1  # a checkpoint's tied head, frozen embeddings
+    assert reference_state(ckpt, free) == 0  # its own head: ℓ_0 can move
+    assert reference_state(dataclasses.replace(ckpt, train_embeddings=True), tied) == 0
+    assert reference_state(LLMConfig(), tied) == 0  # trained from scratch
+    assert reference_state(dataclasses.replace(ckpt, reference_state="embeddings"), tied) == 0
+    assert reference_state(LLMConfig(reference_state="block1"), free) == 1
+
+
+def test_untied_head_reads_out_the_same_and_is_its_own_parameter():
+    dec = tiny_decoder(True)
+    u = untied(dec)
+    assert not u.config.tie_word_embeddings and "lm_head" in u.params
+    ids = jnp.array([[1, 2, 3, 4, 5]])
+    np.testing.assert_array_equal(
+        np.asarray(u.readout_apply(u.params, u(ids))),
+        np.asarray(dec.readout_apply(dec.params, dec(ids))),
+    )
+    moved = {**u.params, "lm_head": u.params["lm_head"] * 2.0}  # the head alone moves ℓ_0
+    assert not np.allclose(
+        np.asarray(u.readout_apply(moved, u(ids))[0]),
+        np.asarray(u.readout_apply(u.params, u(ids))[0]),
+    )
+    assert untied(u) is u
+
+
+def test_completions_are_scored_case_sensitively():
+    from cudt.data.alpaca import AlpacaRecord
+
+    rec = AlpacaRecord("Uppercase the word.", "apple", "APPLE")
+    assert _completion_record(rec, 0, 0.0, "APPLE")["exact"]
+    assert not _completion_record(rec, 0, 0.0, "apple")["exact"]
+    assert _completion_record(rec, 0, 0.0, "apple")["rouge_l"] == pytest.approx(1.0)
+
+
+def fake_run(kind: bool, seed: int, acc: np.ndarray, rel: list[float], feasible: bool) -> dict:
+    label = f"llm-2 {'constrained' if kind else 'ERM'} seed {seed}"
+    return {
+        "model": "llm", "layers": 2, "gamma_train": 0.5, "seed": seed, "constrained": kind,
+        "hparams": {"lr": 1e-4, "epsilon": 0.0 if kind else None}, "label": label,
+        "test_gamma": [0.0, 1.0], "prompt_accuracy": acc.tolist(),
+        "relative_violation_val": rel, "feasible": feasible, "diverged": False,
+        "completions": [
+            {"prompt_index": i, "gamma": g, "exact": bool((i + seed + kind) % 2), "rouge_l": 0.5}
+            for g in (0.0, 1.0) for i in range(4)
+        ],
+    }  # fmt: skip
+
+
+def test_paired_intervals_pair_each_constrained_seed_with_its_erm_twin():
+    rng = np.random.default_rng(0)
+    erm_acc = rng.uniform(0, 1, (3, 2, 4))
+    runs = [fake_run(False, s, erm_acc[s], [0.0, 0.1, -0.2], False) for s in range(3)]
+    runs += [fake_run(True, s, erm_acc[s] + 0.1, [0.0, -0.01, 0.02], True) for s in range(3)]
+    runs.append(fake_run(True, 7, erm_acc[0], [0.0, 0.0, 0.0], True))  # no ERM twin: left out
+    ((name, cons, erm),) = paired_with_erm(runs)
+    assert name == "" and [r["seed"] for r in cons] == [0, 1, 2] == [r["seed"] for r in erm]
+    lines = paired_lines(runs)
+    acc0 = next(ln for ln in lines if "token accuracy γ=0:" in ln)
+    assert acc0.split()[3] == "+0.1000"  # every prompt gains exactly 0.1: the interval is a point
+    assert "[+0.1000, +0.1000]" in acc0 and "4 prompts x 3 seeds" in acc0
+    exact = next(ln for ln in lines if "exact match γ=1:" in ln)
+    a = np.array([[(i + s + 1) % 2 for i in range(4)] for s in range(3)], float)
+    b = np.array([[(i + s) % 2 for i in range(4)] for s in range(3)], float)
+    iv = stats.paired_bootstrap_interval(a, b)
+    assert f"{iv.mean:+.4f} [{iv.low:+.4f}, {iv.high:+.4f}]" in exact
+
+
+def test_feasibility_is_reported_at_zero_and_at_the_tolerance():
+    erm = fake_run(False, 0, np.zeros((2, 4)), [0.0, 0.1, -0.2], False)
+    within = fake_run(True, 0, np.zeros((2, 4)), [0.0, -0.01, 0.02], True)  # +2 %: tol only
+    strict = fake_run(True, 1, np.zeros((2, 4)), [-0.5, -0.01, 0.0], True)  # 0 % holds
+    lines = feasibility_lines([erm, within, strict])
+    assert "llm-2 ERM seed 0: +10.00%  0%: NO | tol: NO" in lines
+    assert "llm-2 constrained seed 0: +2.00%  0%: NO | tol: yes" in lines
+    assert "llm-2 constrained seed 1: +0.00%  0%: yes | tol: yes" in lines
+    assert "llm-2 constrained: feasible at 0 % 1 of 2 seeds, at tolerance 2 of 2" in lines
+
+
+@pytest.mark.slow
+def test_completions_come_in_batches_with_the_same_noise_for_every_run(tiny):
+    task, cfg, data = tiny
+    cfg = dataclasses.replace(cfg, completions=5, eval_batch_size=2, test_gammas=(0.0, 2.0))
+    model = task.build(cfg, data, "llm", None)
+    one = model.init(jax.random.key(0))
+    params = jax.tree.map(lambda x: jnp.stack([x, x]), one)  # two runs, the same weights
+    out = task.trained_outputs(cfg, data, model, params, ["a", "b"])
+    a, b = out[0]["completions"], out[1]["completions"]
+    assert [(c["gamma"], c["prompt_index"]) for c in a] == [
+        (g, i) for g in (0.0, 2.0) for i in range(5)
+    ]  # 5 prompts in batches of 2 (the last one padded), each once per gamma
+    assert [c["completion"] for c in a] == [c["completion"] for c in b]  # same noise: paired
+    assert [c["reference"] for c in a[:5]] == [r.output for r in data.records["test"][:5]]
