@@ -131,3 +131,25 @@ def test_two_seeds_give_intervals_in_the_summary_and_results(tmp_path):
     # one seed: no interval lines, no key
     one = toy([*TINY, "--gamma-train", "0.3", "--seeds", "1"], tmp_path / "s1")
     assert "intervals" not in one
+
+
+def test_a_tables_cell_says_which_constraints_were_not_applicable():
+    from cudt.paper.rows import csv_text, setting_rows, table_lines
+
+    def run(constrained, na):
+        return {
+            "model": "ut", "layers": 3, "constrained": constrained, "seed": 0, "label": "x",
+            "gamma_train": 0.0, "test_gamma": [0.0, 0.1], "hparams": {}, "best": True,
+            "feasible": True, "diverged": False, "val_objective": 0.1, "mean_rmse": 2.0,
+            "max_multipliers": [0.0, 1.0], "not_applicable": na, "layer_loss": [[0.0, 1.0]] * 2,
+        }  # fmt: skip
+
+    res = {"runs": [run(True, [1]), run(False, [])]}
+    rows = setting_rows(
+        res, "d", "sub", score="val_objective", higher=False,
+        fields=lambda b, i: {"mean_rmse": b["mean_rmse"]},
+    )  # fmt: skip
+    assert [r["not_applicable"] for r in rows] == ["1", ""]
+    (line,) = table_lines(rows, {"d": "D"}, ["d"], [("ut-3", "ut", 3)], [0.0], metric="mean_rmse", higher=False, label_gamma=False)[2:]  # fmt: skip
+    assert "2.000 n/a:1" in line and line.count("n/a") == 1
+    assert "not_applicable" in csv_text(rows, ["model", "kind", "not_applicable"]).splitlines()[0]

@@ -24,7 +24,22 @@ HPARAMS = tuple(n for n in SWEEPABLE if n != "gamma_train")  # what --sweep may 
 SETTING_COLUMNS = ("dataset", "model", "layers", "kind", "gamma_train", "status")
 
 
-RUN_COLUMNS = (*HPARAMS, "runs", "diverged_runs", "infeasible_runs", "label", "sub_run")
+RUN_COLUMNS = (
+    *HPARAMS,
+    "runs",
+    "diverged_runs",
+    "infeasible_runs",
+    "not_applicable",
+    "label",
+    "sub_run",
+)
+
+# A cell whose shown run has descent constraints that are not applicable (the previous state's
+# validation loss at the floor: ℓ_l ≤ (1 − ε)·~0 cannot hold) carries this mark.
+NOT_APPLICABLE_LEGEND = (
+    "`n/a:l`: layer l's descent constraint is not applicable (its previous state's validation "
+    "loss is at the floor, e.g. UT's input state at γ_train = 0): not judged"
+)
 
 
 def finite(values) -> bool:
@@ -104,6 +119,7 @@ def setting_rows(
             i = test_gamma.index(gamma)
             row |= fields(b, i) | {
                 "feasible": bool(b["feasible"]),
+                "not_applicable": ",".join(str(i) for i in b.get("not_applicable") or []),
                 "peak_lambda": peak(b["max_multipliers"]),
                 "seed": int(b["seed"]),
                 "label": b["label"],
@@ -177,10 +193,11 @@ def index_rows(rows: Iterable[dict]) -> dict[tuple, dict]:
 def _cell(row: dict | None, metric: str) -> str:
     if row is None:
         return "—"
+    na = f" n/a:{row['not_applicable']}" if row.get("not_applicable") else ""
     if row["status"] == "ok":
-        return f"{row[metric]:.3f}"
+        return f"{row[metric]:.3f}{na}"
     if metric in row:  # infeasible: the best of the infeasible runs, not eligible
-        return f"{row['status']} ({row[metric]:.3f})"
+        return f"{row['status']} ({row[metric]:.3f}){na}"
     return row["status"]
 
 

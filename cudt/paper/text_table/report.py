@@ -159,7 +159,9 @@ def headline_markdown(rows, datasets, gamma, test_gammas) -> str:
         "constrained; **bold**: the higher of constrained and ERM; `infeasible`: no constrained "
         "run met its constraints on validation data (the best infeasible one's AUC in "
         "brackets); `diverged`: every run diverged. L of an encoder: its constrained states "
-        "(one per sub-layer: DistilBERT 12, RoBERTa 24, MiniLM 12).",
+        "(one per sub-layer: DistilBERT 12, RoBERTa 24, MiniLM 12); "
+        + table_rows.NOT_APPLICABLE_LEGEND
+        + ".",
     ]
     wins = both = 0
     for model, L in row_models(rows):

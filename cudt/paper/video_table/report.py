@@ -108,7 +108,7 @@ def headline_markdown(rows, datasets, models, layers, gamma, test_gammas) -> str
         "constrained; **bold**: the lower of constrained and ERM; `infeasible`: no constrained "
         "run met its constraints on validation data; `diverged`: every run diverged; "
         f"{CONTROL}: ERM DUST with one dictionary per layer (the constrained model's "
-        "architecture), the control.",
+        "architecture), the control; " + table_rows.NOT_APPLICABLE_LEGEND + ".",
     ]
     wins = _wins(rows, datasets, models, layers, gamma)
     total_w, total_b = sum(w for w, _ in wins.values()), sum(b for _, b in wins.values())
