@@ -160,3 +160,18 @@ def test_completions_come_in_batches_with_the_same_noise_for_every_run(tiny):
     ]  # 5 prompts in batches of 2 (the last one padded), each once per gamma
     assert [c["completion"] for c in a] == [c["completion"] for c in b]  # same noise: paired
     assert [c["reference"] for c in a[:5]] == [r.output for r in data.records["test"][:5]]
+
+
+def test_the_section6_command_is_the_issues_comparison_and_later_flags_win():
+    from cudt.runner.cli import config_from_args
+    from experiments.llm_section6 import SECTION6
+
+    cfg, _ = config_from_args(LLMConfig, list(SECTION6), "", "x")
+    assert (cfg.checkpoint, cfg.data, cfg.seeds, cfg.kinds) == ("smollm2", "tasks", 3, "both")
+    assert cfg.num_train >= 2000 and cfg.num_test >= 500 and cfg.completions >= 200
+    assert (cfg.reference_state, cfg.reference, cfg.epsilon) == ("block1", "27", 0.0)
+    assert cfg.completions <= cfg.num_test  # the completed prompts are test prompts
+    cfg, _ = config_from_args(
+        LLMConfig, [*SECTION6, "--steps", "300", "--epsilon", "0.05"], "", "x"
+    )
+    assert (cfg.steps, cfg.epsilon) == (300, 0.05)
