@@ -23,6 +23,10 @@ and padding). Conventions shared by both functions here:
 small models. :func:`layer_token_losses` gives the same values and gradients while holding one
 chunk of logits at a time, forward and backward: at Llama-3 sizes (L = 32, V = 128256) the full
 logits of one 4 x 512-token batch are 33 x 2048 x 128256 float32 = 35 GB.
+:func:`response_token_losses` (the LLM task's) gives them too, reading out exactly the response
+tokens (a packed gather, rows processed in buckets: padding costs less than one bucket) through
+a fused cross-entropy whose backward reuses the forward's logits and skips every bucket whose
+rows get no gradient (an ERM run's intermediate readouts, a constraint whose multipliers are 0).
 """
 
 from __future__ import annotations
@@ -36,14 +40,18 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 from cudt.errors import UsageError
 
 __all__ = [
+    "default_bucket_tokens",
     "default_chunk_tokens",
     "layer_token_losses",
     "naive_layer_token_losses",
+    "response_capacities",
     "response_span",
+    "response_token_losses",
 ]
 
 NormFn = Callable[[jax.Array], jax.Array]
@@ -201,6 +209,238 @@ def layer_token_losses(
     ce = ce.reshape(-1)[:num_rows].reshape(shape)
     correct = correct.reshape(-1)[:num_rows].reshape(shape)
     return _per_sample(ce, correct, labels, loss_mask, vocab)
+
+
+def response_token_losses(
+    states: jax.Array,
+    norm_fn: NormFn,
+    head: jax.Array,
+    labels: jax.Array,
+    loss_mask: jax.Array,
+    *,
+    capacity: int | None = None,
+    bucket_tokens: int | None = None,
+    chunk_tokens: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`naive_layer_token_losses`, reading out exactly the response tokens.
+
+    **The gather.** The batch's ``N = Σ_{b,t} [m[b, t] != 0]`` response tokens are packed in
+    row-major order (``jnp.nonzero`` with the static size ``capacity``), and every state is read
+    out at them only: ``(L+1)·N`` rows, layer-major, contiguous. The rows are processed in
+    buckets of ``bucket_tokens`` by a loop whose trip count is ``ceil((L+1)·N / bucket_tokens)``,
+    a traced number: every shape is static (one compiled program for every batch), and the
+    padding costs less than one bucket, whatever ``N`` is. ``capacity`` bounds ``N`` (memory
+    only; default ``B·T``): a batch with more response tokens than ``capacity`` gets a NaN loss
+    at every sample whose tokens did not fit, loudly, rather than a silently smaller mean.
+
+    **The readout.** Each bucket's rows go through ``norm_fn`` and the head once: logits,
+    log-sum-exp, label logit, argmax. The backward of the cross-entropy is ``dL/dz = g·(softmax
+    − onehot)``, then ``dL/dh = dL/dz · headᵀ`` and, only when the head is trained (it is
+    perturbed, ``jax.custom_vjp``'s symbolic zeros), ``dL/dhead = hᵀ · dL/dz``: two head products
+    per row for a frozen head, three for a trained one. When all ``(L+1)·capacity`` rows fit in
+    ``chunk_tokens`` the forward keeps its float32 logits (rounded up to whole buckets) for the
+    backward; otherwise the backward recomputes each bucket's logits (one more head product).
+    The backward skips (``lax.cond``) every bucket whose rows all have a zero cotangent: an ERM
+    run's intermediate readouts, which its metrics need and its gradient does not, and any
+    layer whose multipliers are 0. A row with a zero cotangent contributes exactly zero, also
+    where its logits are not finite.
+
+    Values and gradients (w.r.t. the states, the head and anything ``norm_fn`` closes over)
+    equal the naive version's up to float32 summation order, with the conventions of the module
+    docstring. ``norm_fn`` is applied to ``[L+1, capacity, D]`` gathered rows (so it must act
+    row by row); padding rows repeat a real token (no artificial zeros) and get zero gradient.
+
+    Args:
+      states, norm_fn, head, labels, loss_mask: as in :func:`naive_layer_token_losses`.
+      capacity: the most response tokens a batch may hold (clipped to ``B·T``; None: ``B·T``);
+        :func:`response_capacities` gives the bound of a data set.
+      bucket_tokens: readout rows per bucket (None: :func:`default_bucket_tokens`).
+      chunk_tokens: the most logits rows held from the forward to the backward (None:
+        :func:`default_chunk_tokens`).
+
+    Returns:
+      ``(ce [B, L+1], acc [B, L+1])`` float32.
+    """
+    vocab = _check(states, head, labels, loss_mask)
+    for name, value in (
+        ("capacity", capacity),
+        ("bucket_tokens", bucket_tokens),
+        ("chunk_tokens", chunk_tokens),
+    ):
+        if value is not None and not _positive_int(value):
+            raise UsageError(f"{name} must be a positive int or None, got {value!r}")
+    num_states, batch, seq, dim = states.shape
+    cap = batch * seq if capacity is None else min(int(capacity), batch * seq)
+    bucket = default_bucket_tokens() if bucket_tokens is None else int(bucket_tokens)
+    bucket = min(bucket, num_states * cap)
+    held = default_chunk_tokens(vocab) if chunk_tokens is None else int(chunk_tokens)
+    keep_logits = math.ceil(num_states * cap / bucket) * bucket <= held
+
+    on = (loss_mask != 0).reshape(-1)  # [B·T]
+    total = jnp.sum(on, dtype=jnp.int32)
+    count = jnp.minimum(total, cap)  # the packed rows per state
+    (idx,) = jnp.nonzero(on, size=cap, fill_value=0)  # [cap]: flat token ids, row-major
+    packed = jnp.arange(cap) < count  # [cap]
+    rows = states.reshape(num_states, batch * seq, dim)[:, idx]  # [L+1, cap, D]
+    safe = _safe_labels(labels, loss_mask, vocab).reshape(-1)[idx]  # [cap]
+    readout = _fused_readout(bucket, keep_logits)
+    ce, correct = readout(norm_fn(rows), head, safe, count)  # [L+1, cap] each
+
+    sample = jnp.where(packed, idx // seq, batch)  # [cap]; batch: dropped by the sums
+    weight = loss_mask.reshape(-1)[idx].astype(jnp.float32)  # [cap]
+    ce_sum = jax.ops.segment_sum((ce * weight).T, sample, num_segments=batch)  # [B, L+1]
+    hits = jax.ops.segment_sum((correct.astype(jnp.float32) * weight).T, sample, num_segments=batch)
+    weight_in = jax.ops.segment_sum(jnp.where(packed, 1, 0), sample, num_segments=batch)
+    weights = loss_mask.astype(jnp.float32)
+    denom = jnp.sum(weights, axis=-1)  # [B]
+    invalid = (loss_mask != 0) & ((labels < 0) | (labels >= vocab))
+    lost = weight_in != jnp.sum(loss_mask != 0, axis=-1)  # tokens past the capacity
+    poisoned = (lost | jnp.any(invalid, axis=-1))[:, None]  # [B, 1]
+    some = (denom != 0)[:, None]
+    safe_denom = jnp.where(some, denom[:, None], 1.0)
+    loss = jnp.where(poisoned, jnp.nan, jnp.where(some, ce_sum / safe_denom, 0.0))
+    acc = jnp.where(some & ~poisoned, hits / safe_denom, 0.0)
+    return loss, acc
+
+
+def default_bucket_tokens() -> int:
+    """Readout rows per bucket of :func:`response_token_losses`: 128 on a CPU (a ``[128, D] x
+    [D, V]`` product already occupies the cores, and the padding stays small), 1024 on an
+    accelerator (fewer, larger products)."""
+    return 128 if jax.default_backend() == "cpu" else 1024
+
+
+def response_capacities(masks) -> tuple[int, ...]:
+    """``c[k - 1]``: the most response tokens (positions with mask != 0) any ``k`` examples of
+    ``masks`` (``[N, T]`` arrays, e.g. every split) hold together, the sum of the ``k`` largest
+    per-example counts (at least 1), for ``k`` up to every example: a ``capacity`` for
+    :func:`response_token_losses` that no batch of ``k`` of them exceeds. Host-side (numpy)."""
+    counts = np.concatenate([np.sum(np.asarray(m) != 0, axis=1).reshape(-1) for m in masks])
+    return tuple(int(c) for c in np.maximum(np.cumsum(np.sort(counts)[::-1]), 1))
+
+
+def _head_logits(x: jax.Array, head: jax.Array) -> jax.Array:
+    """``x [C, D] @ head [D, V]``: float32 logits (the forward's, and the backward's when it
+    recomputes them)."""
+    return jnp.dot(x, head, preferred_element_type=jnp.float32)
+
+
+@functools.cache
+def _fused_readout(bucket: int, keep_logits: bool) -> Callable:
+    """``(normed [S, C, D], head [D, V], labels [C], count []) -> (ce, correct) [S, C]``: the
+    readout cross-entropy of the first ``count`` packed rows of every state (rows ``r <
+    S·count`` of the layer-major order, ``r -> (r // count, r % count)``), in buckets of
+    ``bucket`` rows; the rest are 0 / False. A ``jax.custom_vjp``: the backward is written out
+    (see :func:`response_token_losses`)."""
+
+    def places(k, num_states, count):
+        """Bucket ``k``'s rows as ``(layer, pos, valid)`` ``[bucket]`` each; the padding rows
+        past ``S·count`` get layer ``S`` (out of range: scatters drop them)."""
+        r = k * bucket + jnp.arange(bucket)
+        per = jnp.maximum(count, 1)
+        valid = r < num_states * count
+        return jnp.where(valid, r // per, num_states), r % per, valid
+
+    def num_buckets(num_states, count):
+        return (num_states * count + bucket - 1) // bucket
+
+    def forward(normed, head, labels, count, keep):
+        num_states, cap, _ = normed.shape
+        vocab = head.shape[1]
+        held = math.ceil(num_states * cap / bucket) * bucket if keep else 0
+
+        def body(k, carry):
+            ce, hit, saved, saved_lse = carry
+            layer, pos, _ = places(k, num_states, count)
+            x = normed[jnp.minimum(layer, num_states - 1), pos]  # [bucket, D]
+            lab = labels[pos]
+            logits = _head_logits(x, head)
+            lse = jax.nn.logsumexp(logits, axis=-1)
+            label_logit = jnp.take_along_axis(logits, lab[:, None], axis=-1)[:, 0]
+            ce = ce.at[layer, pos].set(lse - label_logit, mode="drop")
+            hit = hit.at[layer, pos].set(jnp.argmax(logits, axis=-1) == lab, mode="drop")
+            if keep:
+                saved = jax.lax.dynamic_update_slice(saved, logits, (k * bucket, 0))
+                saved_lse = jax.lax.dynamic_update_slice(saved_lse, lse, (k * bucket,))
+            return ce, hit, saved, saved_lse
+
+        init = (
+            jnp.zeros((num_states, cap), jnp.float32),
+            jnp.zeros((num_states, cap), bool),
+            jnp.zeros((held, vocab if keep else 0), jnp.float32),
+            jnp.zeros((held,), jnp.float32),
+        )
+        return jax.lax.fori_loop(0, num_buckets(num_states, count), body, init)
+
+    @jax.custom_vjp
+    def readout(normed, head, labels, count):
+        ce, hit, _, _ = forward(normed, head, labels, count, keep=False)
+        return ce, hit
+
+    def readout_fwd(normed, head, labels, count):
+        trained = head.perturbed
+        normed, head, labels, count = (a.value for a in (normed, head, labels, count))
+        ce, hit, saved, saved_lse = forward(normed, head, labels, count, keep_logits)
+        # the head's gradient is taken only where the head is trained: the residuals' last
+        # entry is an empty array then, None (no leaf) for a frozen head
+        flag = jnp.zeros((0,)) if trained else None
+        return (ce, hit), (normed, head, labels, count, saved, saved_lse, flag)
+
+    def readout_bwd(res, cts):
+        normed, head, labels, count, saved, saved_lse, flag = res
+        g_ce = cts[0]
+        trained = flag is not None
+        if isinstance(g_ce, SymbolicZero):
+            return (jnp.zeros_like(normed), jnp.zeros_like(head) if trained else None, None, None)
+        num_states, _, _ = normed.shape
+        vocab = head.shape[1]
+        ids = jnp.arange(vocab, dtype=labels.dtype)
+        head_t = jnp.transpose(head)  # [V, D], once for every bucket
+
+        def body(k, carry):
+            layer, pos, valid = places(k, num_states, count)
+            g = jnp.where(valid, g_ce[jnp.minimum(layer, num_states - 1), pos], 0.0)
+
+            def grads(carry):
+                d_normed, d_head = carry
+                x = normed[jnp.minimum(layer, num_states - 1), pos]  # [bucket, D]
+                if keep_logits:
+                    logits = jax.lax.dynamic_slice(saved, (k * bucket, 0), (bucket, vocab))
+                    lse = jax.lax.dynamic_slice(saved_lse, (k * bucket,), (bucket,))
+                else:
+                    logits = _head_logits(x, head)
+                    lse = jax.nn.logsumexp(logits, axis=-1)
+                lab = labels[pos]
+                # where, not a product: a row without gradient adds exactly 0 (also a NaN row)
+                dz = jnp.where(
+                    (g != 0)[:, None],
+                    g[:, None] * (jnp.exp(logits - lse[:, None]) - (ids == lab[:, None])),
+                    0.0,
+                )  # [bucket, V] float32
+                dx = jnp.dot(dz.astype(head.dtype), head_t, preferred_element_type=jnp.float32)
+                d_normed = d_normed.at[layer, pos].add(dx, mode="drop")
+                if trained:
+                    d_head = d_head + jnp.dot(
+                        x.T, dz.astype(x.dtype), preferred_element_type=jnp.float32
+                    )
+                return d_normed, d_head
+
+            return jax.lax.cond(jnp.any(g != 0), grads, lambda c: c, carry)
+
+        init = (
+            jnp.zeros(normed.shape, jnp.float32),
+            jnp.zeros(head.shape, jnp.float32) if trained else None,
+        )
+        d_normed, d_head = jax.lax.fori_loop(0, num_buckets(num_states, count), body, init)
+        return (
+            d_normed.astype(normed.dtype),
+            d_head.astype(head.dtype) if trained else None,
+            None,
+            None,
+        )
+
+    readout.defvjp(readout_fwd, readout_bwd, symbolic_zeros=True)
+    return readout
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,255 @@
+"""The packed readout: exactly the response tokens, a fused cross-entropy, no backward where no
+gradient goes (cudt.lm_loss.response_token_losses)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import cudt
+import cudt.lm_loss as lm_loss
+from cudt.errors import UsageError
+from cudt.lm_loss import naive_layer_token_losses, response_capacities, response_token_losses
+
+L1, B, T, D, V = 3, 3, 6, 8, 50
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def rms_norm(x, scale):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+
+
+def problem(seed=0, batch=B, seq=T, dtype=jnp.float32):
+    """States that read out better with depth, sample 1 without response tokens, HF-style -100
+    labels off the response."""
+    ks = jax.random.split(jax.random.key(seed), 5)
+    head = jax.random.normal(ks[0], (D, V))
+    labels = jax.random.randint(ks[1], (batch, seq), 0, V)
+    mask = jax.random.uniform(ks[2], (batch, seq)) > 0.4
+    mask = mask.at[1].set(False).at[0, 0].set(True).at[2, -1].set(True)
+    depth = jnp.linspace(0.0, 1.5, L1)[:, None, None, None]
+    states = jax.random.normal(ks[3], (L1, batch, seq, D)) + depth * head.T[labels][None]
+    scale = 1.0 + 0.1 * jax.random.normal(ks[4], (D,))
+    labels = jnp.where(mask, labels, -100)
+    return states.astype(dtype), head.astype(dtype), scale.astype(dtype), labels, mask
+
+
+def objective(fn, states, head, scale, labels, mask):
+    ce, acc = fn(states, lambda x: rms_norm(x, scale), head, labels, mask)
+    weights = jnp.linspace(0.1, 1.0, ce.size).reshape(ce.shape)
+    return jnp.sum(weights * ce) + jnp.sum(acc), (ce, acc)
+
+
+value_and_grads = jax.jit(
+    jax.value_and_grad(objective, argnums=(1, 2, 3), has_aux=True), static_argnums=0
+)
+
+
+@functools.partial(jax.jit, static_argnums=5)
+def losses(states, head, scale, labels, mask, capacity=None):
+    return response_token_losses(
+        states, lambda x: rms_norm(x, scale), head, labels, mask, capacity=capacity
+    )
+
+
+def assert_equal_to_naive(fn, args):
+    (_, (ce, acc)), grads = value_and_grads(naive_layer_token_losses, *args)
+    (_, (ce_p, acc_p)), grads_p = value_and_grads(fn, *args)
+    np.testing.assert_allclose(ce_p, ce, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(acc_p, acc, atol=1e-6)
+    for name, g, g_p in zip(("states", "head", "scale"), grads, grads_p, strict=True):
+        assert np.abs(g).max() > 1e-3, name
+        np.testing.assert_allclose(g_p, g, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def count(mask) -> int:
+    return int(np.sum(np.asarray(mask) != 0))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},  # defaults: capacity B·T, one bucket of every row, logits kept
+        {"bucket_tokens": 4},  # buckets straddle the states, the last one padded
+        {"bucket_tokens": 1},
+        {"bucket_tokens": 4, "chunk_tokens": 1},  # logits recomputed in the backward
+        {"capacity": "exact", "bucket_tokens": 5},  # the capacity is the batch's own count
+    ],
+)
+def test_values_and_gradients_equal_the_naive_loss(kwargs):
+    args = problem()
+    if kwargs.get("capacity") == "exact":
+        kwargs = {**kwargs, "capacity": count(args[4])}
+    assert_equal_to_naive(functools.partial(response_token_losses, **kwargs), args)
+
+
+def test_a_frozen_head_costs_two_head_products_per_row_and_a_trained_one_three():
+    """The jaxprs' matrix products: the forward's logits, dL/dh, and dL/dhead only when the head
+    is differentiated; a fourth (the logits again) only when they are not kept."""
+    states, head, scale, labels, mask = problem()
+
+    def products(argnums, **kwargs):
+        fn = functools.partial(response_token_losses, **kwargs)
+        loss = lambda s, h: jnp.sum(fn(s, lambda x: rms_norm(x, scale), h, labels, mask)[0])  # noqa: E731
+        return str(jax.make_jaxpr(jax.grad(loss, argnums))(states, head)).count("dot_general")
+
+    assert products(0) == 2
+    assert products((0, 1)) == 3
+    assert products(0, chunk_tokens=1) == 3
+    assert products((0, 1), chunk_tokens=1) == 4
+
+
+def test_the_readouts_are_exactly_the_response_tokens(monkeypatch):
+    """Every head product sees the normed states at exactly the response tokens (layer-major,
+    then row-major), each once, plus less than one bucket of padding; a label or a state off the
+    response changes nothing, and every response token gets a gradient."""
+    states, head, scale, labels, mask = problem(seed=3, batch=4, seq=9)
+    n, bucket = count(mask), 4
+    seen = []
+    logits_of = lm_loss._head_logits
+
+    def recording(x, h):
+        jax.debug.callback(lambda rows: seen.append(np.asarray(rows)), x)
+        return logits_of(x, h)
+
+    monkeypatch.setattr(lm_loss, "_head_logits", recording)
+    norm = lambda x: rms_norm(x, scale)  # noqa: E731
+    fn = functools.partial(response_token_losses, bucket_tokens=bucket)
+    ce, _ = jax.jit(lambda *a: fn(a[0], norm, *a[1:]))(states, head, labels, mask)
+    jax.effects_barrier()
+    rows = np.concatenate(seen)
+    assert len(rows) == -(-L1 * n // bucket) * bucket  # ceil: padding < one bucket
+    b_idx, t_idx = np.nonzero(np.asarray(mask))
+    want = np.asarray(norm(states[:, b_idx, t_idx])).reshape(L1 * n, D)
+    np.testing.assert_allclose(rows[: L1 * n], want, rtol=1e-6, atol=1e-6)
+
+    monkeypatch.setattr(lm_loss, "_head_logits", logits_of)
+    off = ~np.asarray(mask)
+    other_labels = jnp.where(off, (jnp.abs(labels) + 7) % V, labels)
+    other_states = jnp.where(off[None, :, :, None], 5.0 * states + 1.0, states)
+    (_, (ce_a, acc_a)), (g_a, *_) = value_and_grads(fn, states, head, scale, labels, mask)
+    (_, (ce_b, acc_b)), (g_b, *_) = value_and_grads(
+        fn, other_states, head, scale, other_labels, mask
+    )
+    np.testing.assert_array_equal(ce_a, ce_b)
+    np.testing.assert_array_equal(acc_a, acc_b)
+    np.testing.assert_allclose(ce_a, ce, rtol=1e-6)
+    g_a = np.asarray(g_a)
+    assert np.all(g_a[:, off] == 0)
+    assert np.all(np.abs(g_a[:, ~off]).max(axis=-1) > 0)  # every response token, every state
+
+
+def test_a_batch_over_the_capacity_poisons_the_samples_that_did_not_fit():
+    states, head, scale, labels, mask = problem()
+    per_sample = np.sum(np.asarray(mask), axis=1)  # sample 1 has none
+    ce_full, _ = losses(states, head, scale, labels, mask)
+    ce, acc = (
+        np.asarray(a) for a in losses(states, head, scale, labels, mask, int(per_sample[0]) + 1)
+    )
+    assert np.all(np.isnan(ce[2])) and np.all(acc[2] == 0)
+    np.testing.assert_allclose(ce[[0, 1]], np.asarray(ce_full)[[0, 1]], rtol=1e-6)
+    assert response_capacities([mask, mask[:1]]) == tuple(
+        np.cumsum(sorted([*per_sample, per_sample[0]], reverse=True)).clip(min=1)
+    )
+
+
+def test_an_out_of_range_label_on_a_response_token_poisons_its_sample():
+    states, head, scale, labels, mask = problem()
+    labels = labels.at[2, -1].set(V)
+    ce, acc = (np.asarray(a) for a in losses(states, head, scale, labels, mask))
+    assert np.all(np.isnan(ce[2])) and np.all(np.isfinite(ce[[0, 1]]))
+    assert np.all(np.isfinite(acc))
+
+
+def test_runs_vmapped_with_different_response_counts_equal_each_run_alone():
+    a, b = problem(seed=1), problem(seed=2)
+    b = (*b[:4], b[4].at[1].set(True))  # sample 1 of run b has a response: T more tokens
+    assert count(b[4]) > count(a[4])
+    fn = functools.partial(response_token_losses, bucket_tokens=4)
+
+    def grads(*args):
+        return jax.value_and_grad(objective, argnums=(1, 2, 3), has_aux=True)(fn, *args)
+
+    both = jax.jit(jax.vmap(grads))(*(jnp.stack([x, y]) for x, y in zip(a, b, strict=True)))
+    for run, args in enumerate((a, b)):
+        alone = jax.jit(grads)(*args)
+        for x, y in zip(jax.tree.leaves(alone), jax.tree.leaves(both), strict=True):
+            np.testing.assert_allclose(y[run], x, rtol=RTOL, atol=ATOL)
+
+
+def test_bad_arguments_raise_one_line_usage_errors():
+    states, head, _, labels, mask = problem()
+    for name in ("capacity", "bucket_tokens", "chunk_tokens"):
+        with pytest.raises(UsageError, match=f"{name} must be a positive int") as info:
+            response_token_losses(states, lambda x: x, head, labels, mask, **{name: 0})
+        assert "\n" not in str(info.value)
+
+
+def test_bfloat16_states_and_head_give_float32_losses_and_bfloat16_gradients():
+    args = problem(dtype=jnp.bfloat16)
+    (_, (ce, _)), _ = value_and_grads(naive_layer_token_losses, *args)
+    (_, (ce_p, _)), grads_p = value_and_grads(
+        functools.partial(response_token_losses, bucket_tokens=4), *args
+    )
+    assert ce_p.dtype == jnp.float32 and all(g.dtype == jnp.bfloat16 for g in grads_p)
+    np.testing.assert_allclose(ce_p, ce, rtol=1e-5, atol=1e-5)
+    wide = tuple(a.astype(jnp.float32) for a in args[:3]) + args[3:]
+    _, grads_32 = value_and_grads(naive_layer_token_losses, *wide)
+    for name, g_p, g_32 in zip(("states", "head", "scale"), grads_p, grads_32, strict=True):
+        g_p, g_32 = np.asarray(g_p, np.float32), np.asarray(g_32)
+        assert np.abs(g_p - g_32).max() < 0.02 * np.abs(g_32).max(), name
+
+
+# --------------------------------------------------------------------------------------------------
+# ERM lanes through the one engine
+# --------------------------------------------------------------------------------------------------
+
+
+def erm_problem(poison: bool):
+    """A two-matrix model whose states feed the packed readout; ``poison`` puts an infinite
+    value into state 0 at a response token (the last state does not depend on it)."""
+    states, head, _, labels, mask = problem()
+    x = states[0]  # [B, T, D]
+    params = {
+        "w": [jnp.eye(D) + 0.1 * jax.random.normal(jax.random.key(i), (D, D)) for i in (1, 2)]
+    }
+
+    def model_states(p):
+        s1 = jnp.tanh(x @ p["w"][0])
+        s2 = jnp.tanh(s1 @ p["w"][1])
+        s0 = x + (jnp.zeros_like(x).at[0, 0, 0].set(jnp.inf) if poison else 0.0)
+        return jnp.stack([s0, s1, s2])
+
+    def layer_losses(p, batch, key):
+        ce, _ = response_token_losses(
+            model_states(p), lambda s: s, head, labels, mask, bucket_tokens=count(mask)
+        )
+        return ce  # [B, L+1]
+
+    def last_layer_loss(p):
+        return jnp.mean(layer_losses(p, None, None)[:, -1])
+
+    return params, layer_losses, last_layer_loss
+
+
+@pytest.mark.parametrize("poison", [False, True])
+def test_erm_lanes_take_the_plain_last_layer_gradient_without_the_intermediate_readouts(poison):
+    """An ERM run (constrained=False) of the one step: its update is SGD on the plain last-layer
+    loss. With an infinite intermediate state its metrics show it, but its gradient stays the
+    same finite one: the readouts no gradient goes to are never back-propagated."""
+    params, layer_losses, last_layer_loss = erm_problem(poison)
+    lr = 0.5
+    cfg = cudt.DescentConfig(num_layers=2, epsilon=0.1, reference=None)
+    init, step = cudt.make_train_step(layer_losses, optax.sgd(lr), cudt.dual_ascent(0.1), cfg)
+    state, metrics = step(init(params, constrained=False), None, jax.random.key(0))
+    grads = jax.grad(last_layer_loss)(params)
+    for new, old, g in zip(
+        jax.tree.leaves(state.params), jax.tree.leaves(params), jax.tree.leaves(grads), strict=True
+    ):
+        assert np.abs(g).max() > 1e-3 and np.all(np.isfinite(np.asarray(new)))
+        np.testing.assert_allclose(new, old - lr * g, rtol=RTOL, atol=ATOL)
+    layer_loss = np.asarray(metrics["layer_loss"])
+    assert np.isnan(layer_loss[0]) == poison and np.all(np.isfinite(layer_loss[1:]))
