@@ -306,9 +306,10 @@ def test_reference_chance_plus_x_is_ln_vocab_plus_x():
 
 
 @pytest.mark.slow
-def test_readouts_at_the_response_window_equal_readouts_everywhere():
-    """The task's default reads every state out at each example's response window only: the
-    same per-layer losses and gradients as at every position, with fewer readouts."""
+def test_readouts_at_exactly_the_response_tokens_equal_readouts_everywhere():
+    """The task's default reads every state out at exactly the response tokens
+    (cudt.lm_loss.response_token_losses): the same per-layer losses and gradients as at every
+    position (layer_token_losses), with fewer readouts."""
     import dataclasses
 
     import jax.numpy as jnp
@@ -322,8 +323,9 @@ def test_readouts_at_the_response_window_equal_readouts_everywhere():
         kv_heads=1, intermediate=32, chunk_tokens=100,
     )  # fmt: skip
     data = task.load(cfg)
-    assert 0 < data.response_tokens < cfg.max_length / 2  # prompts dominate the sequence
-    everywhere = dataclasses.replace(data, response_tokens=None)
+    # a batch of 8 holds at most capacity[7] response tokens: prompts dominate the sequence
+    assert 0 < data.response_capacity[7] < 8 * cfg.max_length / 2
+    everywhere = dataclasses.replace(data, response_capacity=None)
     ex = {k: jnp.asarray(v[:8]) for k, v in task.split_examples(data, "train").items()}
     key = jax.random.key(0)
     results = []

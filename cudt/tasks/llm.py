@@ -4,10 +4,11 @@ A Llama-family decoder (:mod:`cudt.models.llama`) is trained on instruction data
 Alpaca format (:mod:`cudt.data.alpaca`), the loss on the response tokens only. The state of
 layer ``l`` is the residual stream after block ``l`` (``l = 0``: the input embeddings), read
 out with the model's own final norm and LM head; its loss is the mean token cross-entropy of
-that readout over the response (METHOD.md, "Language modelling"), computed in chunks with
-rematerialisation (:func:`cudt.lm_loss.layer_token_losses`), never as ``[L+1, B, T, V]``
-logits. Robustness is the paper's: Gaussian noise ``γ·σ_E·n`` on every input embedding
-(``σ_E``: the std of the input embedding table at the start), evaluated as the mean token
+that readout over the response (METHOD.md, "Language modelling"), read out at exactly the
+response tokens in buckets, never as ``[L+1, B, T, V]`` logits
+(:func:`cudt.lm_loss.response_token_losses`). Robustness is the paper's: Gaussian noise
+``γ·σ_E·n`` on every input embedding (``σ_E``: the std of the input embedding table at the
+start), evaluated as the mean token
 accuracy of held-out responses vs ``γ``; and greedy completions of held-out prompts by the ERM
 and the constrained model with that noise on every token, generated ones included (a KV-cache
 decoder, :meth:`cudt.models.llama.Decoder.generate`).
@@ -48,7 +49,12 @@ from cudt.data.alpaca import (
 from cudt.data.instructions import FAMILIES, exact_answer, task_splits
 from cudt.errors import UsageError
 from cudt.io import atomic_write
-from cudt.lm_loss import default_chunk_tokens, layer_token_losses, response_span
+from cudt.lm_loss import (
+    default_chunk_tokens,
+    layer_token_losses,
+    response_capacities,
+    response_token_losses,
+)
 from cudt.metrics import rouge_l
 from cudt.models.llama import (
     Decoder,
@@ -130,20 +136,29 @@ class LLMConfig(RunConfig):
     )
     chunk_tokens: int | None = flag(
         None,
-        "per-layer loss: (layer, token) rows of logits held at a time (rematerialised in the "
-        "backward pass when there is more than one chunk); default: as many as fit in 1/8 of "
+        "per-layer loss: (layer, token) rows of logits held from the forward to the backward "
+        "pass (more: recomputed in the backward pass); default: as many as fit in 1/8 of "
         "the device's memory (a CPU's: the RAM), at least 2048 (cudt.lm_loss.default_chunk_tokens)",
         check=at_least(1),
     )
     vocab_chunk: int | None = flag(
-        None, "per-layer loss: also chunk the vocabulary (online log-sum-exp)", check=at_least(1)
+        None,
+        "per-layer loss: also chunk the vocabulary (online log-sum-exp; reads out at every "
+        "position, as --readout-tokens all)",
+        check=at_least(1),
     )
     readout_tokens: str = flag(
         "response",
-        "per-layer loss: read every state out at each example's response window only "
-        "(response: the same losses, fewer readouts over the vocabulary) or at every position "
-        "(all)",
+        "per-layer loss: read every state out at exactly the response tokens, packed in "
+        "buckets (response: the same losses, the fewest readouts over the vocabulary) or at "
+        "every position, in chunks (all)",
         check=one_of("response", "all"),
+    )
+    bucket_tokens: int | None = flag(
+        None,
+        "per-layer loss (--readout-tokens response): readout rows per bucket, so padding costs "
+        "less than one bucket; default: 128 on a CPU, 1024 on an accelerator",
+        check=at_least(1),
     )
     train_embeddings: bool = flag(
         False,
@@ -241,7 +256,9 @@ class LLMData:
     noise_unit: float
     from_scratch: bool
     prompt_format: str = "alpaca"  # "alpaca" | "chat"
-    response_tokens: int | None = None  # readout window per example; None: every position
+    # the most response tokens any k examples hold, k = 1, 2, ... (the packed readout's
+    # capacity for a batch of k); None: read out at every position
+    response_capacity: tuple[int, ...] | None = None
 
     def prompt(self, record: AlpacaRecord) -> str:
         """The prompt text of ``record`` in this run's format."""
@@ -464,9 +481,9 @@ class LLMTask(AccuracyReports, Task):
             noise_unit=unit,
             from_scratch=cfg.checkpoint is None,
             prompt_format=fmt,
-            response_tokens=(
-                max(response_span(t.loss_mask) for t in tokens.values())
-                if cfg.readout_tokens == "response"
+            response_capacity=(
+                response_capacities([t.loss_mask for t in tokens.values()])
+                if cfg.readout_tokens == "response" and cfg.vocab_chunk is None
                 else None
             ),
         )
@@ -480,11 +497,18 @@ class LLMTask(AccuracyReports, Task):
             else f"from {cfg.checkpoint}"
         )
         resp = float(data.tokens["train"].loss_mask.sum(1).mean())
-        window = data.response_tokens or cfg.max_length
+        if data.response_capacity is None:
+            readout = f"every state read out at all {cfg.max_length} positions"
+        else:
+            b = min(cfg.batch_size, len(data.response_capacity))
+            readout = (
+                "every state read out at exactly the response tokens (at most "
+                f"{data.response_capacity[b - 1]} in a batch of {b})"
+            )
         return [
             f"data: {data.source}; {cfg.max_length} tokens, {resp:.1f} response tokens per "
             f"example, {100 * _masked_fraction(data.tokens['train']):.0f}% of train examples "
-            f"truncated; every state read out at {window} positions per example",
+            f"truncated; {readout}",
             f"model: {c.model_type} {origin}: L = {c.num_layers} blocks, D = {c.hidden_size}, "
             f"{c.num_heads} heads ({c.num_kv_heads} kv), V = {c.vocab_size}, "
             f"{n_params / 1e6:.2f}M parameters, compute {cfg.compute_dtype}, "
@@ -568,16 +592,25 @@ class LLMTask(AccuracyReports, Task):
 
         def per_sample(params, ex, noise):
             states = dec.apply(params, ex["input_ids"], ex["attention_mask"], embed_noise=noise)
-            return layer_token_losses(
+            args = (
                 states,
                 lambda x: dec.final_norm(params, x),
                 dec.head_matrix(params),
                 ex["labels"],
                 ex["loss_mask"],
+            )
+            if data.response_capacity is None:  # every position, in chunks
+                return layer_token_losses(
+                    *args, chunk_tokens=chunk_tokens, vocab_chunk=cfg.vocab_chunk
+                )  # ce, acc: [B, L+1]
+            # exactly the response tokens: a batch of b examples holds at most capacity[b - 1]
+            b = min(states.shape[1], len(data.response_capacity))
+            return response_token_losses(
+                *args,
+                capacity=data.response_capacity[b - 1],
+                bucket_tokens=cfg.bucket_tokens,
                 chunk_tokens=chunk_tokens,
-                vocab_chunk=cfg.vocab_chunk,
-                response_tokens=data.response_tokens,
-            )  # ce, acc: [B, L+1]
+            )
 
         def on_tokens(noise, ex):  # padding gets no noise (it is masked out anyway)
             return (noise * ex["attention_mask"][..., None]).astype(dec.dtype)
