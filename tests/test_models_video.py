@@ -457,3 +457,109 @@ def test_ut_reinject_is_a_data_fidelity_step():
     assert not np.allclose(states[2], (1 - beta) * jax.nn.relu(y1) + beta * y1, atol=1e-3)
     with pytest.raises(ValueError, match="reinject must lie in"):
         UT(num_layers=1, dim=8, reinject=1.0).init(jax.random.key(0), x)
+
+
+def _np_layer(y, attn_t, ffn_t, bias, a, b, skip):
+    w = attn_t.T @ attn_t
+    w_f = -0.5 * b * (ffn_t + ffn_t.T) + (1 - b + float(skip)) * np.eye(P)
+    s = y @ w @ y.T
+    att = np.exp(s - s.max(axis=-1, keepdims=True))
+    att /= att.sum(axis=-1, keepdims=True)
+    z = (1 - a) * y + a * att @ y
+    return np.maximum(z @ w_f + bias, 0.0)
+
+
+@pytest.mark.parametrize("tying", ["all", "attention", "none"])
+@pytest.mark.parametrize("skip", [False, True])
+def test_ut_tying_and_skip_match_a_numpy_transcription(tying: str, skip: bool) -> None:
+    """Per-layer weights are used by their own layer, shared ones by every layer; the skip adds
+    Z inside the ReLU (the paper's eq. 48)."""
+    L, a, b = 3, 0.6, 0.8
+    x = _inputs()
+    model = UT(num_layers=L, dim=P, a=a, b=b, init_scheme="xavier", tying=tying, skip=skip)
+    params = model.init(jax.random.key(4), x)["params"]
+    shapes = {k: v.shape for k, v in params.items()}
+    per_attn, per_ffn = tying == "none", tying != "all"
+    assert shapes["attn"] == ((L,) if per_attn else ()) + (P, P)
+    assert shapes["ffn"] == ((L,) if per_ffn else ()) + (P, P)
+    assert shapes["bias"] == ((L,) if per_ffn else ()) + (P,)
+    pr = jax.tree.map(lambda t: np.asarray(t, np.float64), params)
+    pr["bias"] = np.linspace(-0.1, 0.1, pr["bias"].size).reshape(pr["bias"].shape)
+    if per_ffn:  # the layers' maps must differ, or a wrong index would go unseen
+        assert not np.allclose(pr["ffn"][0], pr["ffn"][1])
+    pick = lambda w, per, l: w[l] if per else w  # noqa: E731
+    ys = np.asarray(x, np.float64)
+    states = [ys]
+    for l in range(L):
+        ys = np.stack(
+            [
+                _np_layer(
+                    y,
+                    pick(pr["attn"], per_attn, l),
+                    pick(pr["ffn"], per_ffn, l),
+                    pick(pr["bias"], per_ffn, l),
+                    a,
+                    b,
+                    skip,
+                )
+                for y in ys
+            ]
+        )
+        states.append(ys)
+    _, got = model.apply({"params": jax.tree.map(jnp.asarray, pr)}, x)
+    np.testing.assert_allclose(got, np.stack(states), atol=1e-5)
+
+
+@pytest.mark.parametrize("tying", ["all", "none"])
+def test_ut_variants_are_one_function_at_the_dct_init(tying: str) -> None:
+    """With or without the skip, shared or per-layer weights: the same states at init
+    (W_f = 0.9 I), so the ablation's variants start from the same model."""
+    x = _inputs()
+    ref = UT(num_layers=3, dim=P, a=0.25)
+    _, expected = ref.apply(ref.init(jax.random.key(0), x), x)
+    for skip in (False, True):
+        model = UT(num_layers=3, dim=P, a=0.25, tying=tying, skip=skip)
+        _, states = model.apply(model.init(jax.random.key(0), x), x)
+        assert_same_program_result(states, expected)
+
+
+def test_ut_identity_init_with_skip_is_attention_alone() -> None:
+    x = _inputs()
+    model = UT(num_layers=2, dim=P, a=0.3, skip=True, ffn_init=1.0)
+    params = model.init(jax.random.key(0), x)
+    assert float(jnp.abs(params["params"]["ffn"]).max()) == 0.0
+    no_ffn = UT(num_layers=2, dim=P, a=0.3, b=0.0)  # W_f = I, no skip
+    _, expected = no_ffn.apply(params, x)
+    _, states = model.apply(params, x)
+    assert_same_program_result(states, expected)
+
+
+def test_ut_project_clips_per_layer_maps_independently() -> None:
+    model = UT(num_layers=3, dim=P, init_scheme="xavier", tying="none")
+    params = model.init(jax.random.key(1), _inputs())
+    params["params"]["ffn"] = params["params"]["ffn"] * jnp.asarray([1.0, 30.0, 0.1])[:, None, None]
+    out = ut_project(params, clip=0.95, method="eigh")["params"]["ffn"]
+    for l in range(3):
+        sym = 0.5 * (params["params"]["ffn"][l] + params["params"]["ffn"][l].T)
+        ev = np.linalg.eigvalsh(np.asarray(out[l], np.float64))
+        assert np.all(np.abs(ev) <= 0.95 + 1e-5)
+        if np.abs(np.linalg.eigvalsh(np.asarray(sym, np.float64))).max() <= 0.95:
+            np.testing.assert_array_equal(out[l], sym)
+
+
+@pytest.mark.parametrize("method", ["matmul", "eigh"])
+def test_ut_project_lower_bound_keeps_the_energy_step_non_expansive(method: str) -> None:
+    """``lower=0``: sym(W̃_f)'s eigenvalues land in [0, clip], so W_f = I − sym(W̃_f) (the skip
+    at b = 1) has eigenvalues in [1 − clip, 1]; a matrix already inside is left as it is."""
+    w = jax.random.normal(jax.random.key(5), (P, P))
+    w = w + w.T  # eigenvalues of both signs, several beyond the clip
+    out = ut_project({"attn": w, "ffn": w, "bias": w[0]}, clip=0.95, method=method, lower=0.0)
+    ev = np.linalg.eigvalsh(np.asarray(out["ffn"], np.float64))
+    assert ev.min() >= -1e-4 and ev.max() <= 0.95 + 1e-4
+    ev_in = np.linalg.eigvalsh(np.asarray(w, np.float64))
+    assert ev_in.min() < -1 and ev_in.max() > 1  # the test would pass vacuously otherwise
+    inside = 0.3 * jnp.eye(P) + 0.01 * (w / jnp.abs(w).max())
+    kept = ut_project({"attn": w, "ffn": inside, "bias": w[0]}, clip=0.95, method=method, lower=0.0)
+    assert_same_program_result(kept["ffn"], inside)
+    with pytest.raises(ValueError, match="lower must be below clip"):
+        ut_project({"attn": w, "ffn": w, "bias": w[0]}, clip=0.5, lower=0.5)

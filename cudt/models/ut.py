@@ -65,11 +65,12 @@ def _dct_attn_init(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.floa
     return jnp.asarray(dct_matrix(dim) * dim**-0.25, dtype=dtype)
 
 
-def _dct_ffn_init(b: float, skip: bool):
-    """W̃_f = c·I with c chosen so that the layer's whole linear map is 0.9·I: ``−b·c + (1 − b)``
-    without the skip (c = −0.9 at b = 1), ``1 − b·c + (1 − b)`` with it (c = 0.1 at b = 1)."""
+def _dct_ffn_init(b: float, skip: bool, target: float = _FFN_INIT_GAIN):
+    """W̃_f = c·I with c chosen so that the layer's whole linear map is ``target·I`` (0.9·I by
+    default): ``−b·c + (1 − b)`` without the skip (c = −0.9 at b = 1), ``1 − b·c + (1 − b)``
+    with it (c = 0.1 at b = 1; ``target = 1``: c = 0, the layer starts as attention alone)."""
     base = (1.0 - b) + (1.0 if skip else 0.0)
-    gain = (base - _FFN_INIT_GAIN) / b if b else 0.0
+    gain = (base - target) / b if b else 0.0
 
     def init(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
         del key
@@ -115,6 +116,9 @@ class UT(nn.Module):
             without it nothing of the noisy input reaches the layers after the first.
         tying: ``"all"`` (default), ``"attention"`` or ``"none"``: see the module doc.
         skip: the residual connection inside the ReLU, ``ReLU(Z + Z W_f + B)`` (eq. 48).
+        ffn_init: the layer's linear map at the ``"dct"`` init, ``ffn_init·I`` (0.9: a mild
+            contraction; 1.0 with ``skip``: the identity, each layer then starts as the
+            attention step alone).
     """
 
     num_layers: int
@@ -128,6 +132,7 @@ class UT(nn.Module):
     reinject: float = 0.0
     tying: str = "all"
     skip: bool = False
+    ffn_init: float = _FFN_INIT_GAIN
 
     @nn.compact
     def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
@@ -154,7 +159,7 @@ class UT(nn.Module):
         if self.tying not in TYINGS:
             raise ValueError(f"tying must be one of {', '.join(TYINGS)}, got {self.tying!r}")
         if self.init_scheme == "dct":
-            attn_init, ffn_init = _dct_attn_init, _dct_ffn_init(self.b, self.skip)
+            attn_init, ffn_init = _dct_attn_init, _dct_ffn_init(self.b, self.skip, self.ffn_init)
         elif self.init_scheme == "xavier":
             attn_init = ffn_init = nn.initializers.xavier_uniform()
         else:
@@ -246,13 +251,24 @@ def _is_ut_params(node: Any) -> bool:
     return isinstance(node, Mapping) and UT_PARAM_KEYS <= set(node.keys())
 
 
-def _project_ut_dict(params: Mapping[str, Any], clip: float, method: str) -> dict[str, Any]:
+def _project_ut_dict(
+    params: Mapping[str, Any], clip: float, method: str, lower: float | None = None
+) -> dict[str, Any]:
     out = dict(params)
-    out["ffn"] = _project_symmetric(params["ffn"], clip, method)
+    w = params["ffn"]
+    if lower is None:
+        out["ffn"] = _project_symmetric(w, clip, method)
+        return out
+    # eigenvalues in [lower, clip] <=> those of (w - centre I) in [-half, half]
+    centre, half = 0.5 * (clip + lower), 0.5 * (clip - lower)
+    eye = jnp.eye(w.shape[-1], dtype=w.dtype)
+    out["ffn"] = _project_symmetric(w - centre * eye, half, method) + centre * eye
     return out
 
 
-def ut_project_tree(tree: Any, clip: float = 0.95, method: str = "matmul") -> Any:
+def ut_project_tree(
+    tree: Any, clip: float = 0.95, method: str = "matmul", lower: float | None = None
+) -> Any:
     """Project every UT param dict found anywhere in a nested-dict pytree (see ``ut_project``).
 
     A UT param dict is any ``Mapping`` whose keys include ``{"attn", "ffn", "bias"}`` (the names
@@ -260,13 +276,15 @@ def ut_project_tree(tree: Any, clip: float = 0.95, method: str = "matmul") -> An
     non-mapping leaves are returned as is. Trees without a UT dict come back unchanged.
     """
     if _is_ut_params(tree):
-        return _project_ut_dict(tree, clip, method)
+        return _project_ut_dict(tree, clip, method, lower)
     if isinstance(tree, Mapping):
-        return {k: ut_project_tree(v, clip, method) for k, v in tree.items()}
+        return {k: ut_project_tree(v, clip, method, lower) for k, v in tree.items()}
     return tree
 
 
-def ut_project(params: Any, clip: float = 0.95, method: str = "matmul") -> Any:
+def ut_project(
+    params: Any, clip: float = 0.95, method: str = "matmul", *, lower: float | None = None
+) -> Any:
     """Projection applied after every optimizer step (the published UT code's stabiliser).
 
     ``W̃_f`` is replaced by its symmetric part with eigenvalues clipped to ``[−clip, clip]``;
@@ -304,6 +322,13 @@ def ut_project(params: Any, clip: float = 0.95, method: str = "matmul") -> Any:
     is projected (its ``"ffn"`` leaf only), everything else is returned untouched. Extra
     leading axes on ``ffn`` (runs stacked by ``vmap``) are projected independently.
 
+    ``lower``: clip the eigenvalues to ``[lower, clip]`` instead of ``[−clip, clip]``. With the
+    skip at ``b = 1`` (``W_f = I − sym(W̃_f)``), ``lower = 0`` keeps ``sym(W̃_f)`` positive
+    semi-definite: the layer is then the gradient step of Yang et al.'s convex energy
+    ``½‖W̃ y‖²``, whose map ``I − W`` is non-expansive (eigenvalues in ``[1 − clip, 1]``) with the
+    identity reachable. (Projecting ``W̃_f − c·I`` onto ``[−h, h]``, ``c`` the interval's centre,
+    ``h`` its half-width: every method above serves.)
+
     Raises:
         KeyError: if ``params`` contains no UT param dict (almost surely a wiring mistake).
     """
@@ -312,4 +337,6 @@ def ut_project(params: Any, clip: float = 0.95, method: str = "matmul") -> Any:
     )
     if not found:
         raise KeyError(f"no UT param dict (keys {sorted(UT_PARAM_KEYS)}) found in params")
-    return ut_project_tree(params, clip, method)
+    if lower is not None and not lower < clip:
+        raise ValueError(f"lower must be below clip, got lower={lower}, clip={clip}")
+    return ut_project_tree(params, clip, method, lower)

@@ -107,10 +107,17 @@ class VideoConfig(RunConfig):
         "UT residual connection inside the ReLU, Y <- ReLU(Z + Z W_f + B): the gradient step "
         "of Yang et al.'s energy (the paper's eq. 48); the identity map is then reachable",
     )
+    ut_ffn_init: float = flag(
+        0.9,
+        "the UT layer's linear map at init, c*I (0.9: a mild contraction; 1 with --ut-skip: "
+        "the identity, each layer starts as its attention step alone)",
+    )
     ut_clip: float = flag(
         0.95,
         "after every optimizer step, clip the eigenvalues of the UT's symmetric feed-forward "
-        "matrix to [-clip, clip] (the published code's 0.95); 0: no projection",
+        "matrix sym(W~_f) to [-clip, clip] (the published code's 0.95), or with --ut-skip (b = "
+        "1) to [0, clip], so W_f = I - sym(W~_f) lies in [1 - clip, 1]: the gradient step of a "
+        "convex energy; 0: no projection",
         check=non_negative,
     )
     ut_reinject: float = flag(
@@ -213,8 +220,14 @@ def build_model(name: str, cfg, *, per_layer_dictionary: bool, patch_dim: int):
             reinject=cfg.ut_reinject,
             tying=cfg.ut_tying,
             skip=cfg.ut_skip,
+            ffn_init=cfg.ut_ffn_init,
         )
-        return model, (functools.partial(ut_project, clip=cfg.ut_clip) if cfg.ut_clip else None)
+        if not cfg.ut_clip:
+            return model, None
+        # with the skip, W_f = I − sym(W̃_f) with sym(W̃_f) kept PSD: the gradient step of a
+        # convex energy (non-expansive, the identity reachable); without it, the published clip
+        lower = 0.0 if cfg.ut_skip and cfg.ut_b == 1.0 else None
+        return model, functools.partial(ut_project, clip=cfg.ut_clip, lower=lower)
     if name == "dust":
         model = DUST(
             num_layers=cfg.layers,

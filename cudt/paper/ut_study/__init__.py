@@ -1,0 +1,239 @@
+"""The UT ablation (issue 30): which unrolled transformer can meet the descent constraints, and
+does meeting them pay out of distribution?
+
+Every variant crosses the UT's weight tying (``--tyings``: shared by all layers, or one set per
+layer), the eigenvalue clip of its feed-forward matrix (``--clips``: the published 0.95, or 0
+for none) and the residual connection inside the ReLU (``--residuals``: none, or the skip of
+the paper's eq. 48). Each variant is ONE runner call on the video default (the data, the
+steps, the dual dynamics of ``python -m experiments.video_denoise``): its ERM runs and its
+constrained runs, hard and resilient (``--resilience``, the dual decay α, as a sweep), × the
+seeds, as one vmapped program. Then its phase I (:mod:`cudt.paper.ut_study.phase1`): the
+constraints' total violation minimised from the DCT start and from the ERM solution, which
+says whether the variant has a feasible point at all.
+
+The report (``study.md``, ``study.csv``, :mod:`cudt.paper.ut_study.report`) gives per variant
+and resilience: feasibility (validation, at 0 % and at the runner's tolerance), monotone
+validation loss, ID and OOD RMSE against the ERM of the same variant and seed (test data:
+reported only), the share of each primal update the projection takes back, the multipliers'
+end and peak values, and phase I's violation. Every verdict and the choice of the UT read
+validation data only (:func:`cudt.paper.ut_study.report.choose`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from cudt.errors import UsageError
+from cudt.io import write_json_atomic
+from cudt.paper.job import SubRun, check_known, need, open_job, train_subruns
+from cudt.paper.rows import fmt, unique
+from cudt.paper.ut_study import report
+from cudt.paper.ut_study.phase1 import phase_one
+from cudt.runner.cli import config_from_args, configure_process, run_cli
+from cudt.runner.config import flag
+
+__all__ = ["RESIDUALS", "StudyConfig", "Variant", "main", "plan", "run_study"]
+
+RESIDUALS = ("none", "skip")
+TYINGS = ("all", "attention", "none")
+# --scale tiny: seconds per run (the tests)
+TINY = dict(
+    layers=3,
+    num_videos=3,
+    num_frames=8,
+    seq_len=4,
+    batch_size=16,
+    eval_batch_size=128,
+    steps=30,
+    chunk_steps=30,
+    warmup_steps=5,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One UT architecture of the study."""
+
+    tying: str
+    clip: float
+    residual: str
+
+    @property
+    def slug(self) -> str:
+        return f"tying-{self.tying}_clip-{self.clip:g}_res-{self.residual}"
+
+    @property
+    def label(self) -> str:
+        clip = f"clip {self.clip:g}" if self.clip else "no clip"
+        return f"tying {self.tying}, {clip}, {'skip' if self.residual == 'skip' else 'no skip'}"
+
+    def fields(self) -> dict[str, Any]:
+        return dict(ut_tying=self.tying, ut_clip=self.clip, ut_skip=self.residual == "skip")
+
+
+#: The UT the paper describes (Section 4, Appendix C.2, B.2): one layer's weights shared by
+#: every layer ("a symmetric transformer with shared weights", eq. 47-48), the residual
+#: connection of eq. 48, the published code's eigenvalue clip, resilient constraints.
+FAITHFUL = Variant("all", 0.95, "skip")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyConfig:
+    """Flags of ``python -m experiments.ut_study``."""
+
+    tyings: tuple[str, ...] = flag(
+        ("all", "none"),
+        "UT weight tying: all (one layer applied L times), attention (the attention matrix "
+        "shared, one feed-forward map per layer) or none (one set per layer)",
+    )
+    clips: tuple[float, ...] = flag((0.95, 0.0), "eigenvalue clips of W_f (0: no projection)")
+    residuals: tuple[str, ...] = flag(
+        RESIDUALS, "residual connection inside the ReLU: none, or skip (the paper's eq. 48)"
+    )
+    resilience: float | None = flag(
+        1e6,
+        "the resilient runs' dual decay alpha (relaxation u = lambda / alpha, in loss units: "
+        "1e6 relaxes a constraint by 1e-4 at lambda = 100); none: hard constraints only",
+    )
+    seeds: int = flag(3, "seeds per run")
+    steps: int | None = flag(None, "training steps per run (default: the video default's)")
+    phase1_steps: int | None = flag(
+        None, "phase-I steps from each start (default: the training steps)"
+    )
+    scale: str = flag("default", "default (the video default) or tiny (seconds: tests)")
+    devices: int | None = flag(None, "use at most this many devices (default: every visible one)")
+    out: str | None = flag(
+        None,
+        "output folder (default: a fresh runs/ut_study-<time>); rerun with the same --out to "
+        "reuse finished runs and resume interrupted ones",
+    )
+    overwrite: bool = flag(False, "retrain every run, discarding results already in --out")
+
+
+def check(opts: StudyConfig) -> None:
+    check_known("tyings", "tying", opts.tyings, TYINGS)
+    check_known("residuals", "residual", opts.residuals, RESIDUALS)
+    check_known("scale", "scale", (opts.scale,), ("default", "tiny"))
+    need(
+        all(math.isfinite(c) and c >= 0 for c in opts.clips),
+        "--clips must be finite numbers >= 0 (0: no clip), got " + fmt(opts.clips),
+    )
+    need(
+        opts.resilience is None or (math.isfinite(opts.resilience) and opts.resilience > 0),
+        f"--resilience must be a finite number > 0 or none, got {opts.resilience}",
+    )
+    need(opts.seeds >= 1, f"--seeds must be >= 1, got {opts.seeds}")
+    for name in ("steps", "phase1_steps"):
+        value = getattr(opts, name)
+        need(value is None or value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+def variants(opts: StudyConfig) -> list[Variant]:
+    """The grid, less the skip without a clip: at b = 1 the skip only shifts W̃_f by I
+    (W_f = I − sym(W̃_f) against −sym(W̃_f)), which Adam's steps do not see, so without a
+    projection it is the same model as no skip (the clip is what tells them apart: [−c, c]
+    around 0, or [0, c] under the identity)."""
+    return [
+        Variant(t, float(c), r)
+        for t in unique(opts.tyings)
+        for c in unique(opts.clips)
+        for r in unique(opts.residuals)
+        if c or r == "none" or "none" not in opts.residuals
+    ]
+
+
+def _config(opts: StudyConfig, variant: Variant, out: Path):
+    from cudt.tasks.video import VideoConfig
+
+    kw: dict[str, Any] = dict(models=("ut",), dust_control=False)
+    if opts.scale == "tiny":
+        kw |= TINY
+    if opts.steps is not None:
+        kw["steps"] = opts.steps
+        kw["chunk_steps"] = min(kw.get("chunk_steps", opts.steps), opts.steps)
+    kw |= variant.fields()
+    if opts.resilience is not None:
+        kw["sweep"] = (f"resilience=none,{opts.resilience:g}",)
+    kw |= dict(seeds=opts.seeds, devices=opts.devices, out=str(out), overwrite=opts.overwrite)
+    try:
+        return VideoConfig(**kw)
+    except ValueError as e:
+        raise UsageError(f"{variant.label}: {e}") from None
+
+
+def plan(opts: StudyConfig, out: Path) -> list[SubRun]:
+    """One runner call per variant (ERM, hard and resilient constrained runs × seeds)."""
+    return [
+        SubRun(v.label, (v,), _config(opts, v, out / v.slug), out / v.slug) for v in variants(opts)
+    ]
+
+
+def _phase_one(sub: SubRun, opts: StudyConfig) -> dict[str, Any]:
+    """The variant's phase I, reused from ``phase1.json`` when it was run with the same spec."""
+    from cudt.tasks.video import VideoTask
+
+    cfg = sub.cfg
+    steps = opts.phase1_steps or cfg.steps
+    spec = {"config": cfg.fingerprint(), "steps": steps, "seeds": opts.seeds}
+    spec = json.loads(json.dumps(spec, default=str))
+    path = sub.out / "phase1.json"
+    if path.exists() and not opts.overwrite:
+        saved = json.loads(path.read_text())
+        if saved.get("spec") == spec:
+            return saved["result"]
+    task = VideoTask()
+    data = task.load(cfg)
+    model = task.build(cfg, data, "ut", None)
+    t0 = time.perf_counter()
+    result = phase_one(
+        model,
+        data.train,
+        data.val,
+        gamma=cfg.gamma_train,
+        epsilon=cfg.epsilon,
+        steps=steps,
+        seeds=opts.seeds,
+        lr=task.default_lr(cfg, "ut") if cfg.lr is None else cfg.lr,
+        batch_size=cfg.batch_size,
+    )
+    result["seconds"] = time.perf_counter() - t0
+    write_json_atomic(path, {"spec": spec, "result": result})
+    return result
+
+
+def run_study(opts: StudyConfig) -> dict[str, Any]:
+    """Trains (or reuses) every variant and its phase I, then writes the report."""
+    t0 = time.perf_counter()
+    check(opts)
+    out, subs, _ = open_job("ut study", opts, plan, what="runner calls")
+    results = train_subruns(subs, lambda sub: _video_task())
+    phase1 = {}
+    for k, sub in enumerate(subs, start=1):
+        print(f"[{k}/{len(subs)}] {sub.name}: phase I")
+        phase1[sub.key] = _phase_one(sub, opts)
+    written = report.write_report(opts, subs, results, phase1, out, time.perf_counter() - t0)
+    print()
+    print(written["markdown"])
+    print(f"wrote {', '.join(str(p) for p in written['paths'].values())}")
+    return written
+
+
+def _video_task():
+    from cudt.tasks.video import VideoTask
+
+    return VideoTask()
+
+
+def main(argv=None, doc: str = __doc__, prog: str = "experiments.ut_study") -> int:
+    """The entry point: flags → the study; a bad flag or input is one line, status 2."""
+    configure_process()
+    try:
+        opts, _ = config_from_args(StudyConfig, argv, doc.split("\n\n")[0], prog)
+    except SystemExit as e:
+        return 0 if e.code is None else int(e.code)
+    return run_cli(lambda: run_study(opts))

@@ -1,0 +1,267 @@
+"""The UT study's report: one row per variant × resilience, the phase-I table, and the choice.
+
+Verdicts read the validation split only (the runner's ``relative_violation_val`` and validation
+losses): ``feasible 0 %`` is every applicable constraint met exactly, ``feasible tol`` within
+the runner's tolerance, ``monotone`` every validation mean loss below the one before. Test RMSE
+(at γ_train: ID; the mean over the test grid: OOD) is reported beside the ERM run of the same
+variant and seed, and chooses nothing.
+
+:func:`choose` picks the UT: :data:`cudt.paper.ut_study.FAITHFUL` with resilience when it is
+feasible (within tolerance) and monotone on validation at every seed; otherwise the variant
+closest to it (fewest fields changed) that is, ties broken by the lower mean validation
+objective. No test number enters it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cudt.paper.rows import csv_text, write_text
+
+__all__ = ["CSV_COLUMNS", "choose", "rows_of", "write_report"]
+
+CSV_COLUMNS = (
+    "variant",
+    "tying",
+    "clip",
+    "residual",
+    "resilience",
+    "seed",
+    "kind",
+    "feasible_exact",
+    "feasible_tol",
+    "monotone_val",
+    "max_rel_violation_val",
+    "val_objective",
+    "id_rmse",
+    "ood_rmse",
+    "id_vs_erm_pct",
+    "ood_vs_erm",
+    "projection_removed",
+    "lambda_end",
+    "lambda_peak",
+    "diverged",
+)
+
+
+def _applicable_rel(run: dict) -> np.ndarray:
+    rel = np.asarray(run["relative_violation_val"], np.float64)[1:]
+    applicable = run.get("applicable_val")
+    if applicable is not None:
+        rel = rel[np.asarray(applicable, bool)[1:]]
+    return rel
+
+
+def _monotone_val(run: dict) -> bool:
+    if "loss_decreases_val" in run:
+        return bool(run["loss_decreases_val"])
+    # ℓ_l < ℓ_{l−1} ⟺ (ℓ_l − (1 − ε) ℓ_{l−1}) / ℓ_{l−1} < ε
+    eps = run["hparams"].get("epsilon") or 0.0
+    return bool(np.all(_applicable_rel(run) < eps))
+
+
+def _id_rmse(run: dict) -> float:
+    return float(run["rmse"][run["test_gamma"].index(run["gamma_train"])])
+
+
+def _run_row(variant, run: dict, erm: dict | None) -> dict[str, Any]:
+    rel = _applicable_rel(run)
+    finite = bool(np.all(np.isfinite(rel))) and not run["diverged"]
+    proj = run["curves"].get("projection")
+    alpha = run["hparams"].get("resilience")
+    row = {
+        "variant": variant.slug,
+        "label": variant.label,
+        "tying": variant.tying,
+        "clip": variant.clip,
+        "residual": variant.residual,
+        "resilience": "-" if not run["constrained"] else ("off" if alpha is None else f"{alpha:g}"),
+        "seed": run["seed"],
+        "kind": "constrained" if run["constrained"] else "ERM",
+        "feasible_exact": finite and bool(np.all(rel <= 0.0)),
+        "feasible_tol": finite and bool(run["feasible"]),
+        "monotone_val": finite and _monotone_val(run),
+        "max_rel_violation_val": float(np.max(rel)) if rel.size else math.nan,
+        "val_objective": float(run["val_objective"]),
+        "id_rmse": _id_rmse(run),
+        "ood_rmse": float(run["mean_rmse"]),
+        "projection_removed": float(np.mean(proj)) if proj else math.nan,
+        "lambda_end": float(np.max(run["multipliers"])),
+        "lambda_peak": float(np.max(run["max_multipliers"])),
+        "diverged": bool(run["diverged"]),
+    }
+    if erm is not None:
+        row["id_vs_erm_pct"] = 100.0 * (row["id_rmse"] / _id_rmse(erm) - 1.0)
+        row["ood_vs_erm"] = row["ood_rmse"] - float(erm["mean_rmse"])
+    else:
+        row["id_vs_erm_pct"] = row["ood_vs_erm"] = math.nan
+    return row
+
+
+def rows_of(subs, results: dict) -> list[dict]:
+    """A row per run of every variant (constrained runs beside their seed's ERM run)."""
+    rows = []
+    for sub in subs:
+        (variant,) = sub.key
+        runs = results[sub.key]["runs"]
+        erm = {r["seed"]: r for r in runs if not r["constrained"]}
+        for run in runs:
+            rows.append(_run_row(variant, run, None if not run["constrained"] else erm.get(run["seed"])))
+    return rows
+
+
+def _cells(rows: list[dict]) -> dict[tuple, list[dict]]:
+    cells: dict[tuple, list[dict]] = {}
+    for r in rows:
+        cells.setdefault((r["variant"], r["kind"], r["resilience"]), []).append(r)
+    return cells
+
+
+def _distance(row: dict, faithful) -> int:
+    return (
+        int(row["tying"] != faithful.tying)
+        + int(row["clip"] != faithful.clip)
+        + int(row["residual"] != faithful.residual)
+    )
+
+
+def choose(rows: list[dict], faithful, resilient: str | None) -> dict[str, Any] | None:
+    """The chosen constrained cell (module doc): validation verdicts and objectives only.
+
+    ``resilient``: the resilience label of the faithful cell (``"off"`` without resilience).
+    Returns ``{"variant", "resilience", "label", "why"}`` or None when no cell is feasible and
+    monotone at every seed."""
+    good = []
+    for (variant, kind, res), cell in _cells(rows).items():
+        if kind != "constrained":
+            continue
+        if all(r["feasible_tol"] and r["monotone_val"] for r in cell):
+            first = cell[0]
+            dist = _distance(first, faithful) + int(res != resilient)
+            good.append((dist, float(np.mean([r["val_objective"] for r in cell])), variant, res, first))
+    if not good:
+        return None
+    dist, val_obj, variant, res, first = min(good, key=lambda g: (g[0], g[1]))
+    why = (
+        "the faithful UT"
+        if dist == 0
+        else f"the faithful UT is not feasible and monotone at every seed; this is the closest "
+        f"that is ({dist} change{'s' if dist > 1 else ''}; mean validation objective {val_obj:.4g})"
+    )
+    return {"variant": variant, "resilience": res, "label": first["label"], "why": why}
+
+
+def _mean(cell, key) -> float:
+    vals = [r[key] for r in cell if np.isfinite(r[key])]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def _count(cell, key) -> str:
+    return f"{sum(bool(r[key]) for r in cell)}/{len(cell)}"
+
+
+def _table(rows: list[dict]) -> list[str]:
+    head = (
+        "| variant | resilience | feasible 0 % | feasible tol | monotone | max rel. viol. | "
+        "ID RMSE | ID vs ERM | OOD RMSE | OOD vs ERM | proj. removed | λ end | λ peak |"
+    )
+    out = [head, "|" + "---|" * 13]
+    for (_, kind, res), cell in _cells(rows).items():
+        first = cell[0]
+        name = first["label"] + ("" if kind == "constrained" else " (ERM)")
+        vs = lambda key, fmt: (  # noqa: E731
+            "" if kind != "constrained" else fmt.format(_mean(cell, key))
+        )
+        out.append(
+            f"| {name} | {res} | {_count(cell, 'feasible_exact')} | {_count(cell, 'feasible_tol')} | "
+            f"{_count(cell, 'monotone_val')} | {_mean(cell, 'max_rel_violation_val'):+.3f} | "
+            f"{_mean(cell, 'id_rmse'):.3f} | {vs('id_vs_erm_pct', '{:+.1f} %')} | "
+            f"{_mean(cell, 'ood_rmse'):.3f} | {vs('ood_vs_erm', '{:+.3f}')} | "
+            f"{_mean(cell, 'projection_removed'):.2f} | {_mean(cell, 'lambda_end'):.3g} | "
+            f"{_mean(cell, 'lambda_peak'):.3g} |"
+        )
+    return out
+
+
+def _per_seed(rows: list[dict]) -> list[str]:
+    out = ["| variant | resilience | seed | feasible tol | monotone | ID vs ERM | OOD vs ERM |"]
+    out.append("|" + "---|" * 7)
+    for r in rows:
+        if r["kind"] != "constrained":
+            continue
+        out.append(
+            f"| {r['label']} | {r['resilience']} | {r['seed']} | {'yes' if r['feasible_tol'] else 'NO'} | "
+            f"{'yes' if r['monotone_val'] else 'NO'} | {r['id_vs_erm_pct']:+.1f} % | {r['ood_vs_erm']:+.3f} |"
+        )
+    return out
+
+
+def _phase1_table(subs, phase1: dict) -> list[str]:
+    out = [
+        "| variant | from the DCT start: violation (max rel.) | from the ERM solution | "
+        "feasible point found |",
+        "|---|---|---|---|",
+    ]
+    for sub in subs:
+        (variant,) = sub.key
+        p = phase1[sub.key]
+        cells = []
+        for start in ("init", "erm"):
+            v, m = p[start]["violation"], p[start]["max_relative_violation"]
+            cells.append(", ".join(f"{a:.3f} ({b:+.3f})" for a, b in zip(v, m, strict=True)))
+        found = sum(any(p[s]["feasible"][i] for s in ("init", "erm")) for i in range(len(p["init"]["feasible"])))
+        out.append(f"| {variant.label} | {cells[0]} | {cells[1]} | {found}/{len(p['init']['feasible'])} seeds |")
+    return out
+
+
+def write_report(opts, subs, results: dict, phase1: dict, out: Path, wall: float) -> dict[str, Any]:
+    """study.md and study.csv under ``out``; returns ``{"rows", "choice", "markdown", "paths"}``."""
+    from cudt.paper.ut_study import FAITHFUL
+
+    rows = rows_of(subs, results)
+    resilient = "off" if opts.resilience is None else f"{opts.resilience:g}"
+    choice = choose(rows, FAITHFUL, resilient)
+    first = subs[0].cfg
+    parts = [
+        "# UT study: which unrolled transformer meets the descent constraints",
+        "",
+        f"{len(subs)} runner calls (one per variant: ERM, hard and resilient constrained runs × "
+        f"{opts.seeds} seeds as one program), --scale {opts.scale}: L = {first.layers}, "
+        f"{first.steps} steps, γ_train = {first.gamma_train}, ε = {first.epsilon}, dual "
+        f"{first.dual_optimizer} at {first.dual_lr:g} ({first.update}), resilience α = "
+        f"{resilient}. Verdicts on validation data; RMSE on test data (reported only); "
+        "'vs ERM': against the ERM run of the same variant and seed (means over seeds).",
+        "",
+        *_table(rows),
+        "",
+        "Per seed:",
+        "",
+        *_per_seed(rows),
+        "",
+        "## Phase I: does a feasible point exist?",
+        "",
+        "The constraints' total normalised violation Σ_l max(0, ℓ_l/ℓ_{l−1} − (1 − ε)) minimised "
+        "alone (validation, per seed; max rel. ≤ 0: every constraint met):",
+        "",
+        *_phase1_table(subs, phase1),
+        "",
+        "## The choice (validation only)",
+        "",
+        (
+            f"**{choice['label']}, resilience {choice['resilience']}**: {choice['why']}."
+            if choice
+            else "No variant is feasible and monotone on validation at every seed."
+        ),
+        "",
+        f"Wall time of the job that wrote this: {wall:.0f} s.",
+    ]
+    markdown = "\n".join(parts) + "\n"
+    paths = {"md": out / "study.md", "csv": out / "study.csv"}
+    csv_rows = [{k: (int(v) if isinstance(v, bool) else v) for k, v in r.items() if k in CSV_COLUMNS} for r in rows]
+    write_text(paths["csv"], csv_text(csv_rows, CSV_COLUMNS))
+    write_text(paths["md"], markdown)
+    return {"rows": rows, "choice": choice, "markdown": markdown, "paths": paths}

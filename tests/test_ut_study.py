@@ -1,0 +1,107 @@
+"""The UT study (issue 30): its grid, phase I, the report, and a choice made on validation only."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from cudt.paper.ut_study import FAITHFUL, StudyConfig, Variant, run_study, variants
+from cudt.paper.ut_study.report import choose
+
+
+def _row(variant: Variant, resilience: str, seed: int, *, feasible: bool, val: float, test: float):
+    return {
+        "variant": variant.slug,
+        "label": variant.label,
+        "tying": variant.tying,
+        "clip": variant.clip,
+        "residual": variant.residual,
+        "resilience": resilience,
+        "seed": seed,
+        "kind": "constrained",
+        "feasible_exact": feasible,
+        "feasible_tol": feasible,
+        "monotone_val": feasible,
+        "val_objective": val,
+        "id_rmse": test,
+        "ood_rmse": test,
+    }
+
+
+def _grid_rows(feasible_cells, rng):
+    rows = []
+    for v in (FAITHFUL, Variant("none", 0.95, "skip"), Variant("all", 0.0, "none")):
+        for res in ("off", "1e+06"):
+            for seed in range(3):
+                ok = (v.slug, res) in feasible_cells
+                rows.append(
+                    _row(v, res, seed, feasible=ok, val=float(rng.uniform(1, 2)), test=float(rng.uniform(5, 50)))
+                )
+    return rows
+
+
+def test_the_choice_reads_validation_only_and_prefers_the_faithful_ut() -> None:
+    rng = np.random.default_rng(0)
+    other, far = Variant("none", 0.95, "skip"), Variant("all", 0.0, "none")
+    rows = _grid_rows({(FAITHFUL.slug, "1e+06"), (other.slug, "1e+06"), (far.slug, "off")}, rng)
+    picked = choose(rows, FAITHFUL, "1e+06")
+    assert (picked["variant"], picked["resilience"]) == (FAITHFUL.slug, "1e+06")
+    assert picked["why"] == "the faithful UT"
+    # test numbers cannot move it, however they change
+    for _ in range(5):
+        shaken = copy.deepcopy(rows)
+        for r in shaken:
+            r["id_rmse"], r["ood_rmse"] = float(rng.uniform(0, 100)), float(rng.uniform(0, 100))
+        assert choose(shaken, FAITHFUL, "1e+06") == picked
+    # a validation verdict does: one infeasible seed of the faithful cell -> the closest other
+    broken = copy.deepcopy(rows)
+    next(r for r in broken if r["variant"] == FAITHFUL.slug and r["resilience"] == "1e+06")[
+        "feasible_tol"
+    ] = False
+    second = choose(broken, FAITHFUL, "1e+06")
+    assert (second["variant"], second["resilience"]) == (other.slug, "1e+06")
+    assert "1 change" in second["why"]
+    # and between equally close cells, the validation objective breaks the tie
+    tie = _grid_rows({(other.slug, "1e+06"), (FAITHFUL.slug, "off")}, rng)
+    means = {
+        key: np.mean([r["val_objective"] for r in tie if (r["variant"], r["resilience"]) == key])
+        for key in ((other.slug, "1e+06"), (FAITHFUL.slug, "off"))
+    }
+    best = min(means, key=means.get)
+    assert (lambda c: (c["variant"], c["resilience"]))(choose(tie, FAITHFUL, "1e+06")) == best
+    assert choose(_grid_rows(set(), rng), FAITHFUL, "1e+06") is None
+
+
+def test_the_grid_drops_the_skip_without_a_clip() -> None:
+    """At b = 1 the skip shifts W̃_f by I, invisible to Adam: without a clip it is no skip."""
+    grid = variants(StudyConfig(tyings=("all", "none"), clips=(0.95, 0.0)))
+    assert len(grid) == 6
+    assert Variant("all", 0.0, "skip") not in grid and Variant("all", 0.95, "skip") in grid
+
+
+@pytest.mark.slow
+def test_ut_study_tiny_end_to_end(tmp_path) -> None:
+    """Two variants at --scale tiny: runner calls, phase I, the report; a rerun reuses all."""
+    opts = StudyConfig(
+        tyings=("all",),
+        clips=(0.95,),
+        residuals=("none", "skip"),
+        seeds=1,
+        scale="tiny",
+        phase1_steps=10,
+        out=str(tmp_path / "study"),
+    )
+    first = run_study(opts)
+    md = (tmp_path / "study" / "study.md").read_text()
+    assert "## Phase I" in md and "tying all, clip 0.95, skip" in md
+    kinds = sorted({(r["variant"], r["kind"], r["resilience"]) for r in first["rows"]})
+    assert len(kinds) == 2 * 3  # per variant: ERM, hard, resilient
+    p1 = json.loads((tmp_path / "study" / FAITHFUL.slug / "phase1.json").read_text())["result"]
+    for start in ("init", "erm"):
+        assert len(p1[start]["violation"]) == 1 and np.isfinite(p1[start]["violation"][0])
+        assert len(p1[start]["layer_loss"][0]) == 4  # L = 3 at tiny scale
+    again = run_study(opts)
+    assert [r["val_objective"] for r in again["rows"]] == [r["val_objective"] for r in first["rows"]]
