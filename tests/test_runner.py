@@ -168,7 +168,11 @@ def test_outputs_curves_and_table(sweep_run):
         assert float(row[12]) == pytest.approx(max(r["max_multipliers"]), rel=1e-2, abs=1e-6)
     assert sum(row[2] == "ERM" for row in rows) == 4
     assert sum(row[10].endswith("*") for row in rows) >= 1  # the best ERM run at least
-    assert len(lines) > top + 2 + len(runs) and not lines[top + 2 + len(runs)].startswith("toy")
+    assert len(lines) > top + 2 + len(runs) and lines[top + 2 + len(runs)].split()[0] != "toy"
+    # 2 seeds: one interval line per model x kind x sweep point (ERM: 2 lr, constrained: 2 x 2)
+    intervals = [line for line in lines if "Student-t interval] over 2 seeds" in line]
+    assert len(intervals) == 6 == len(results["intervals"])
+    assert sum(line.startswith("toy-2 constrained epsilon=") for line in intervals) == 4
 
 
 def test_sweep_flag_errors(tmp_path, capsys):
