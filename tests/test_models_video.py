@@ -487,17 +487,17 @@ def test_ut_tying_and_skip_match_a_numpy_transcription(tying: str, skip: bool) -
     pr["bias"] = np.linspace(-0.1, 0.1, pr["bias"].size).reshape(pr["bias"].shape)
     if per_ffn:  # the layers' maps must differ, or a wrong index would go unseen
         assert not np.allclose(pr["ffn"][0], pr["ffn"][1])
-    pick = lambda w, per, l: w[l] if per else w  # noqa: E731
+    pick = lambda w, per, k: w[k] if per else w  # noqa: E731
     ys = np.asarray(x, np.float64)
     states = [ys]
-    for l in range(L):
+    for k in range(L):
         ys = np.stack(
             [
                 _np_layer(
                     y,
-                    pick(pr["attn"], per_attn, l),
-                    pick(pr["ffn"], per_ffn, l),
-                    pick(pr["bias"], per_ffn, l),
+                    pick(pr["attn"], per_attn, k),
+                    pick(pr["ffn"], per_ffn, k),
+                    pick(pr["bias"], per_ffn, k),
                     a,
                     b,
                     skip,
@@ -539,12 +539,12 @@ def test_ut_project_clips_per_layer_maps_independently() -> None:
     params = model.init(jax.random.key(1), _inputs())
     params["params"]["ffn"] = params["params"]["ffn"] * jnp.asarray([1.0, 30.0, 0.1])[:, None, None]
     out = ut_project(params, clip=0.95, method="eigh")["params"]["ffn"]
-    for l in range(3):
-        sym = 0.5 * (params["params"]["ffn"][l] + params["params"]["ffn"][l].T)
-        ev = np.linalg.eigvalsh(np.asarray(out[l], np.float64))
+    for k in range(3):
+        sym = 0.5 * (params["params"]["ffn"][k] + params["params"]["ffn"][k].T)
+        ev = np.linalg.eigvalsh(np.asarray(out[k], np.float64))
         assert np.all(np.abs(ev) <= 0.95 + 1e-5)
         if np.abs(np.linalg.eigvalsh(np.asarray(sym, np.float64))).max() <= 0.95:
-            np.testing.assert_array_equal(out[l], sym)
+            np.testing.assert_array_equal(out[k], sym)
 
 
 @pytest.mark.parametrize("method", ["matmul", "eigh"])

@@ -35,6 +35,7 @@ task of the shared runner.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -194,8 +195,14 @@ class TextClassifier:
         return self.head(params, self.pool(states, batch["mask"]))
 
     def project(self):
-        """The parameter projection after each optimizer step (the UT's), or None."""
-        return ut_project if self.ut is not None else None
+        """The parameter projection after each optimizer step (the UT's), or None. With the
+        UT's skip at b = 1 its feed-forward matrix is kept PSD (``ut_project(lower=0)``: the
+        energy step ``I − W``, non-expansive); otherwise the published ±0.95 clip."""
+        if self.ut is None:
+            return None
+        if self.ut.skip and self.ut.b == 1.0:
+            return functools.partial(ut_project, lower=0.0)
+        return ut_project
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -235,6 +242,8 @@ def build_text_model(
     ut_a: float = 1.0,
     ut_b: float = 1.0,
     head_norm: bool = False,
+    ut_tying: str = "all",
+    ut_skip: bool = False,
 ) -> TextClassifier:
     """Loads the pretrained encoder of ``name`` and wraps it (or a UT over its embeddings).
 
@@ -277,6 +286,8 @@ def build_text_model(
             b=ut_b,
             init_scheme="xavier",
             sublayer=granularity == "sublayer",
+            tying=ut_tying,
+            skip=ut_skip,
         )
     elif layers is not None and layers != encoder.num_layers:
         raise UsageError(

@@ -175,7 +175,9 @@ class UT(nn.Module):
         w_ffn_t = self.param(
             "ffn", _stacked(ffn_init, ffn_layers), lead(ffn_layers) + (D, D), jnp.float32
         )
-        bias = self.param("bias", nn.initializers.zeros_init(), lead(ffn_layers) + (D,), jnp.float32)
+        bias = self.param(
+            "bias", nn.initializers.zeros_init(), lead(ffn_layers) + (D,), jnp.float32
+        )
 
         # The layer only ever sees W and W_f, so build them once, outside the scan.
         w_attn = jnp.einsum("...kd,...ke->...de", w_attn_t, w_attn_t).astype(self.dtype)

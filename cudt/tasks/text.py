@@ -30,6 +30,7 @@ from cudt.models.classifier import (
     cross_entropy,
     make_layer_losses,
 )
+from cudt.models.ut import TYINGS
 from cudt.runner.config import RunConfig, at_least, flag, one_of, positive, shared
 from cudt.runner.task import EvalBatch, GroupModel, Task
 from cudt.tasks.accuracy import AccuracyReports
@@ -132,6 +133,16 @@ class TextConfig(RunConfig):
         "W_f has eigenvalues of both signs and every other state reads backwards through the "
         "shared head; at 0.5 (the default) W_f is positive definite",
     )
+    ut_tying: str = flag(
+        "all",
+        "which UT weights the layers share: all, attention (one feed-forward map per layer) "
+        "or none",
+    )
+    ut_skip: bool = flag(
+        False,
+        "UT residual connection inside the ReLU (the paper's eq. 48); at --ut-b 1 the "
+        "feed-forward matrix is then kept PSD, W_f = I - W in [0.05, 1]",
+    )
     head_norm: bool = flag(
         False,
         "divide the pooled state by its RMS before the shared head (a scale-free readout; "
@@ -160,6 +171,10 @@ class TextConfig(RunConfig):
 
     def validate(self) -> None:
         need = self.require
+        need(
+            self.ut_tying in TYINGS,
+            f"--ut-tying must be one of {', '.join(TYINGS)}, got {self.ut_tying!r}",
+        )
         need(
             self.model in MODELS,
             f"--model {self.model!r} is unknown: choose from {', '.join(MODELS)}",
@@ -242,6 +257,8 @@ class TextTask(AccuracyReports, Task):
             ut_a=cfg.ut_a,
             ut_b=cfg.ut_b,
             head_norm=cfg.head_norm,
+            ut_tying=cfg.ut_tying,
+            ut_skip=cfg.ut_skip,
         )
         max_length = max_length_of(cfg)
         if max_length > model.encoder.config.max_length:

@@ -87,7 +87,7 @@ class StudyConfig:
     """Flags of ``python -m experiments.ut_study``."""
 
     tyings: tuple[str, ...] = flag(
-        ("all", "none"),
+        ("all", "attention"),
         "UT weight tying: all (one layer applied L times), attention (the attention matrix "
         "shared, one feed-forward map per layer) or none (one set per layer)",
     )
@@ -105,6 +105,7 @@ class StudyConfig:
     phase1_steps: int | None = flag(
         None, "phase-I steps from each start (default: the training steps)"
     )
+    phase1_seeds: int = flag(1, "seeds of each variant's phase I")
     scale: str = flag("default", "default (the video default) or tiny (seconds: tests)")
     devices: int | None = flag(None, "use at most this many devices (default: every visible one)")
     out: str | None = flag(
@@ -128,6 +129,7 @@ def check(opts: StudyConfig) -> None:
         f"--resilience must be a finite number > 0 or none, got {opts.resilience}",
     )
     need(opts.seeds >= 1, f"--seeds must be >= 1, got {opts.seeds}")
+    need(opts.phase1_seeds >= 1, f"--phase1-seeds must be >= 1, got {opts.phase1_seeds}")
     for name in ("steps", "phase1_steps"):
         value = getattr(opts, name)
         need(value is None or value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -179,7 +181,7 @@ def _phase_one(sub: SubRun, opts: StudyConfig) -> dict[str, Any]:
 
     cfg = sub.cfg
     steps = opts.phase1_steps or cfg.steps
-    spec = {"config": cfg.fingerprint(), "steps": steps, "seeds": opts.seeds}
+    spec = {"config": cfg.fingerprint(), "steps": steps, "seeds": opts.phase1_seeds}
     spec = json.loads(json.dumps(spec, default=str))
     path = sub.out / "phase1.json"
     if path.exists() and not opts.overwrite:
@@ -197,7 +199,7 @@ def _phase_one(sub: SubRun, opts: StudyConfig) -> dict[str, Any]:
         gamma=cfg.gamma_train,
         epsilon=cfg.epsilon,
         steps=steps,
-        seeds=opts.seeds,
+        seeds=opts.phase1_seeds,
         lr=task.default_lr(cfg, "ut") if cfg.lr is None else cfg.lr,
         batch_size=cfg.batch_size,
     )

@@ -106,7 +106,7 @@ def phase_one(model, train, val, *, gamma, epsilon, steps, seeds, lr, batch_size
     report = {}
     for start, params, obj in (("init", p_init, o_init), ("erm", p_erm, o_erm)):
         means = np.stack(
-            [np.asarray(val_means(jax.tree.map(lambda a: a[s], params))) for s in range(seeds)]
+            [np.asarray(val_means(jax.tree.map(lambda a, s=s: a[s], params))) for s in range(seeds)]
         )
         viol = np.asarray(descent.violation(jnp.asarray(means), epsilon), np.float64)
         rel = np.stack([relative_violation(m, epsilon) for m in means])

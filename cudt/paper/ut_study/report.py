@@ -110,7 +110,9 @@ def rows_of(subs, results: dict) -> list[dict]:
         runs = results[sub.key]["runs"]
         erm = {r["seed"]: r for r in runs if not r["constrained"]}
         for run in runs:
-            rows.append(_run_row(variant, run, None if not run["constrained"] else erm.get(run["seed"])))
+            rows.append(
+                _run_row(variant, run, None if not run["constrained"] else erm.get(run["seed"]))
+            )
     return rows
 
 
@@ -142,7 +144,9 @@ def choose(rows: list[dict], faithful, resilient: str | None) -> dict[str, Any] 
         if all(r["feasible_tol"] and r["monotone_val"] for r in cell):
             first = cell[0]
             dist = _distance(first, faithful) + int(res != resilient)
-            good.append((dist, float(np.mean([r["val_objective"] for r in cell])), variant, res, first))
+            good.append(
+                (dist, float(np.mean([r["val_objective"] for r in cell])), variant, res, first)
+            )
     if not good:
         return None
     dist, val_obj, variant, res, first = min(good, key=lambda g: (g[0], g[1]))
@@ -173,9 +177,10 @@ def _table(rows: list[dict]) -> list[str]:
     for (_, kind, res), cell in _cells(rows).items():
         first = cell[0]
         name = first["label"] + ("" if kind == "constrained" else " (ERM)")
-        vs = lambda key, fmt: (  # noqa: E731
-            "" if kind != "constrained" else fmt.format(_mean(cell, key))
-        )
+
+        def vs(key: str, fmt: str, cell=cell, kind=kind) -> str:
+            return "" if kind != "constrained" else fmt.format(_mean(cell, key))
+
         out.append(
             f"| {name} | {res} | {_count(cell, 'feasible_exact')} | {_count(cell, 'feasible_tol')} | "
             f"{_count(cell, 'monotone_val')} | {_mean(cell, 'max_rel_violation_val'):+.3f} | "
@@ -213,8 +218,13 @@ def _phase1_table(subs, phase1: dict) -> list[str]:
         for start in ("init", "erm"):
             v, m = p[start]["violation"], p[start]["max_relative_violation"]
             cells.append(", ".join(f"{a:.3f} ({b:+.3f})" for a, b in zip(v, m, strict=True)))
-        found = sum(any(p[s]["feasible"][i] for s in ("init", "erm")) for i in range(len(p["init"]["feasible"])))
-        out.append(f"| {variant.label} | {cells[0]} | {cells[1]} | {found}/{len(p['init']['feasible'])} seeds |")
+        found = sum(
+            any(p[s]["feasible"][i] for s in ("init", "erm"))
+            for i in range(len(p["init"]["feasible"]))
+        )
+        out.append(
+            f"| {variant.label} | {cells[0]} | {cells[1]} | {found}/{len(p['init']['feasible'])} seeds |"
+        )
     return out
 
 
@@ -261,7 +271,10 @@ def write_report(opts, subs, results: dict, phase1: dict, out: Path, wall: float
     ]
     markdown = "\n".join(parts) + "\n"
     paths = {"md": out / "study.md", "csv": out / "study.csv"}
-    csv_rows = [{k: (int(v) if isinstance(v, bool) else v) for k, v in r.items() if k in CSV_COLUMNS} for r in rows]
+    csv_rows = [
+        {k: (int(v) if isinstance(v, bool) else v) for k, v in r.items() if k in CSV_COLUMNS}
+        for r in rows
+    ]
     write_text(paths["csv"], csv_text(csv_rows, CSV_COLUMNS))
     write_text(paths["md"], markdown)
     return {"rows": rows, "choice": choice, "markdown": markdown, "paths": paths}
