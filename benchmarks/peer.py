@@ -74,36 +74,54 @@ def torch_threads(num_threads: int) -> Iterator[None]:
 
 
 class TorchUT(torch.nn.Module):
-    """:class:`cudt.models.UT` (dot attention, no re-injection) in PyTorch; ``forward`` returns
-    the states ``[L+1, B, T, D]``; ``project`` is ``ut_project`` by ``torch.linalg.eigh``."""
+    """:class:`cudt.models.UT` (dot attention, no re-injection, any ``tying`` and ``skip``) in
+    PyTorch; ``forward`` returns the states ``[L+1, B, T, D]``; ``project`` is ``ut_project``
+    (``lower`` as the video task passes it) by ``torch.linalg.eigh``, per layer's matrix."""
 
-    def __init__(self, params: dict, num_layers: int, a: float, b: float, clip: float = 0.95):
+    def __init__(
+        self,
+        params: dict,
+        num_layers: int,
+        a: float,
+        b: float,
+        clip: float = 0.95,
+        *,
+        skip: bool = False,
+        lower: float | None = None,
+    ):
         super().__init__()
         p = params["params"]
-        self.attn = torch.nn.Parameter(torch.tensor(np.asarray(p["attn"])))  # W̃
-        self.ffn = torch.nn.Parameter(torch.tensor(np.asarray(p["ffn"])))  # W̃_f
-        self.bias = torch.nn.Parameter(torch.tensor(np.asarray(p["bias"])))  # B
+        self.attn = torch.nn.Parameter(torch.tensor(np.asarray(p["attn"])))  # W̃ ([L,] D, D)
+        self.ffn = torch.nn.Parameter(torch.tensor(np.asarray(p["ffn"])))  # W̃_f ([L,] D, D)
+        self.bias = torch.nn.Parameter(torch.tensor(np.asarray(p["bias"])))  # B ([L,] D)
         self.num_layers, self.a, self.b, self.clip = num_layers, a, b, clip
+        self.skip, self.lower = skip, (-clip if lower is None else lower)
+
+    @staticmethod
+    def _at(w: torch.Tensor, layer: int, ndim: int) -> torch.Tensor:
+        return w[layer] if w.ndim > ndim else w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w_attn = self.attn.T @ self.attn  # W = W̃ᵀW̃
-        eye = torch.eye(self.ffn.shape[0], dtype=x.dtype, device=x.device)
-        w_ffn = -0.5 * self.b * (self.ffn + self.ffn.T) + (1.0 - self.b) * eye
+        w_attn = self.attn.transpose(-1, -2) @ self.attn  # W = W̃ᵀW̃
+        eye = torch.eye(self.ffn.shape[-1], dtype=x.dtype, device=x.device)
+        sym = 0.5 * (self.ffn + self.ffn.transpose(-1, -2))
+        w_ffn = -self.b * sym + (1.0 - self.b + float(self.skip)) * eye
         y, states = x, [x]
-        for _ in range(self.num_layers):
-            attn = torch.softmax(y @ w_attn @ y.transpose(-1, -2), dim=-1)  # [B, T, T]
+        for layer in range(self.num_layers):
+            wa = self._at(w_attn, layer, 2)
+            attn = torch.softmax(y @ wa @ y.transpose(-1, -2), dim=-1)  # [B, T, T]
             z = (1.0 - self.a) * y + self.a * (attn @ y)
-            y = torch.relu(z @ w_ffn + self.bias)
+            y = torch.relu(z @ self._at(w_ffn, layer, 2) + self._at(self.bias, layer, 1))
             states.append(y)
         return torch.stack(states)
 
     @torch.no_grad()
     def project(self) -> None:
-        """Symmetrise W̃_f and clip its eigenvalues to [−clip, clip] (``ut_project``)."""
-        sym = 0.5 * (self.ffn + self.ffn.T)
+        """Symmetrise each W̃_f and clip its eigenvalues to [lower, clip] (``ut_project``)."""
+        sym = 0.5 * (self.ffn + self.ffn.transpose(-1, -2))
         evals, evecs = torch.linalg.eigh(sym)
-        proj = (evecs * evals.clamp(-self.clip, self.clip)) @ evecs.T
-        feasible = (evals.abs() <= self.clip).all()
+        proj = (evecs * evals.clamp(self.lower, self.clip).unsqueeze(-2)) @ evecs.transpose(-1, -2)
+        feasible = ((evals >= self.lower) & (evals <= self.clip)).all(-1)[..., None, None]
         self.ffn.copy_(torch.where(feasible, sym, proj))
 
 
@@ -161,7 +179,13 @@ def torch_video_model(setup, params) -> torch.nn.Module:
     if setup.model_name == "ut":
         if m.attention != "dot" or m.reinject != 0.0 or m.sublayer:
             raise ValueError("the PyTorch UT mirrors dot attention without re-injection only")
-        return TorchUT(params, m.num_layers, a=m.a, b=m.b)
+        # the video task's projection, functools.partial(ut_project, clip=..., lower=...) or None
+        keywords = getattr(setup.model.project, "keywords", None)
+        if setup.model.project is not None and keywords is None:
+            raise ValueError("the PyTorch UT mirrors the video task's ut_project partial only")
+        lower = (keywords or {}).get("lower")
+        clip = (keywords or {}).get("clip", 0.95) if keywords is not None else float("inf")
+        return TorchUT(params, m.num_layers, a=m.a, b=m.b, clip=clip, skip=m.skip, lower=lower)
     if setup.model_name == "dust":
         if m.initial_code != "dual":
             raise ValueError("the PyTorch DUST mirrors initial_code='dual' only")
