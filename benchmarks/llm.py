@@ -70,7 +70,7 @@ from benchmarks.peer import (
     relative_diff,
     torch_threads,
 )
-from cudt.lm_loss import default_bucket_tokens
+from cudt.lm_loss import default_bucket_tokens, keeps_logits
 from cudt.models.llama import smollm2_gguf_path, write_decoder_folder
 from cudt.models.llama import write_tiny_gguf as tiny_gguf
 from cudt.runner.groups import make_group_step
@@ -430,7 +430,7 @@ def readout_rows(cudt_side: CudtSide) -> str:
     cap = data.response_capacity[min(batch, len(data.response_capacity)) - 1]
     bucket = min(cudt_side.cfg.bucket_tokens or default_bucket_tokens(), states * cap)
     buckets = math.ceil(rows / bucket)
-    kept = math.ceil(states * cap / bucket) * bucket <= held
+    kept = keeps_logits(math.ceil(states * cap / bucket) * bucket, held)
     how = "logits kept for the backward" if kept else "logits recomputed in the backward"
     return (
         f"exactly the response tokens: {rows} readout rows in {buckets} "

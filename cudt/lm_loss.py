@@ -25,8 +25,8 @@ chunk of logits at a time, forward and backward: at Llama-3 sizes (L = 32, V = 1
 logits of one 4 x 512-token batch are 33 x 2048 x 128256 float32 = 35 GB.
 :func:`response_token_losses` (the LLM task's) gives them too, reading out exactly the response
 tokens (a packed gather, rows processed in buckets: padding costs less than one bucket) through
-a fused cross-entropy whose backward reuses the forward's logits and skips every bucket whose
-rows get no gradient (an ERM run's intermediate readouts, a constraint whose multipliers are 0).
+a fused cross-entropy whose backward reuses the forward's logits (on an accelerator; a CPU
+recomputes them, measured faster there) and skips every bucket whose rows get no gradient (an ERM run's intermediate readouts, a constraint whose multipliers are 0).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from cudt.errors import UsageError
 __all__ = [
     "default_bucket_tokens",
     "default_chunk_tokens",
+    "keeps_logits",
     "layer_token_losses",
     "naive_layer_token_losses",
     "response_capacities",
@@ -221,6 +222,7 @@ def response_token_losses(
     capacity: int | None = None,
     bucket_tokens: int | None = None,
     chunk_tokens: int | None = None,
+    keep_logits: bool | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`naive_layer_token_losses`, reading out exactly the response tokens.
 
@@ -237,9 +239,12 @@ def response_token_losses(
     log-sum-exp, label logit, argmax. The backward of the cross-entropy is ``dL/dz = g·(softmax
     − onehot)``, then ``dL/dh = dL/dz · headᵀ`` and, only when the head is trained (it is
     perturbed, ``jax.custom_vjp``'s symbolic zeros), ``dL/dhead = hᵀ · dL/dz``: two head products
-    per row for a frozen head, three for a trained one. When all ``(L+1)·capacity`` rows fit in
-    ``chunk_tokens`` the forward keeps its float32 logits (rounded up to whole buckets) for the
-    backward; otherwise the backward recomputes each bucket's logits (one more head product).
+    per row for a frozen head, three for a trained one, when the forward keeps its float32
+    logits (``(L+1)·capacity`` rows, rounded up to whole buckets) for the backward; otherwise
+    the backward recomputes each bucket's logits (one more head product).
+    :func:`keeps_logits` decides by default: keep them where they fit in ``chunk_tokens`` on an
+    accelerator; recompute them on a CPU, where writing and re-reading the float32 logits
+    measured slower than the extra product (docs/speed.md).
     The backward skips (``lax.cond``) every bucket whose rows all have a zero cotangent: an ERM
     run's intermediate readouts, which its metrics need and its gradient does not, and any
     layer whose multipliers are 0. A row with a zero cotangent contributes exactly zero, also
@@ -257,6 +262,8 @@ def response_token_losses(
       bucket_tokens: readout rows per bucket (None: :func:`default_bucket_tokens`).
       chunk_tokens: the most logits rows held from the forward to the backward (None:
         :func:`default_chunk_tokens`).
+      keep_logits: keep the forward's logits for the backward (True; they must fit in
+        ``chunk_tokens``) or recompute them (False); None: :func:`keeps_logits`.
 
     Returns:
       ``(ce [B, L+1], acc [B, L+1])`` float32.
@@ -274,7 +281,14 @@ def response_token_losses(
     bucket = default_bucket_tokens() if bucket_tokens is None else int(bucket_tokens)
     bucket = min(bucket, num_states * cap)
     held = default_chunk_tokens(vocab) if chunk_tokens is None else int(chunk_tokens)
-    keep_logits = math.ceil(num_states * cap / bucket) * bucket <= held
+    rows = math.ceil(num_states * cap / bucket) * bucket
+    if keep_logits is None:
+        keep_logits = keeps_logits(rows, held)
+    elif keep_logits and rows > held:
+        raise UsageError(
+            f"keep_logits=True holds {rows} rows of logits, more than chunk_tokens={held}: "
+            "raise chunk_tokens or pass keep_logits=None"
+        )
 
     on = (loss_mask != 0).reshape(-1)  # [B·T]
     total = jnp.sum(on, dtype=jnp.int32)
@@ -283,7 +297,7 @@ def response_token_losses(
     packed = jnp.arange(cap) < count  # [cap]
     rows = states.reshape(num_states, batch * seq, dim)[:, idx]  # [L+1, cap, D]
     safe = _safe_labels(labels, loss_mask, vocab).reshape(-1)[idx]  # [cap]
-    readout = _fused_readout(bucket, keep_logits)
+    readout = _fused_readout(bucket, bool(keep_logits))
     ce, correct = readout(norm_fn(rows), head, safe, count)  # [L+1, cap] each
 
     sample = jnp.where(packed, idx // seq, batch)  # [cap]; batch: dropped by the sums
@@ -301,6 +315,15 @@ def response_token_losses(
     loss = jnp.where(poisoned, jnp.nan, jnp.where(some, ce_sum / safe_denom, 0.0))
     acc = jnp.where(some & ~poisoned, hits / safe_denom, 0.0)
     return loss, acc
+
+
+def keeps_logits(rows: int, chunk_tokens: int) -> bool:
+    """Whether :func:`response_token_losses` keeps ``rows`` rows of float32 logits from the
+    forward to the backward by default: where they fit in ``chunk_tokens``, on an accelerator.
+    Not on a CPU: there the loop that writes and re-reads them measured slower than
+    recomputing them (SmolLM2's readout, 1333 rows: 3.9 s kept against 2.9 s recomputed,
+    interleaved, docs/speed.md)."""
+    return rows <= chunk_tokens and jax.default_backend() != "cpu"
 
 
 def default_bucket_tokens() -> int:
@@ -401,12 +424,18 @@ def _fused_readout(bucket: int, keep_logits: bool) -> Callable:
             layer, pos, valid = places(k, num_states, count)
             g = jnp.where(valid, g_ce[jnp.minimum(layer, num_states - 1), pos], 0.0)
 
-            def grads(carry):
+            kept = ()
+            if keep_logits:  # sliced here: the branch gets this bucket's rows, not the buffer
+                kept = (
+                    jax.lax.dynamic_slice(saved, (k * bucket, 0), (bucket, vocab)),
+                    jax.lax.dynamic_slice(saved_lse, (k * bucket,), (bucket,)),
+                )
+
+            def grads(carry, kept):
                 d_normed, d_head = carry
                 x = normed[jnp.minimum(layer, num_states - 1), pos]  # [bucket, D]
                 if keep_logits:
-                    logits = jax.lax.dynamic_slice(saved, (k * bucket, 0), (bucket, vocab))
-                    lse = jax.lax.dynamic_slice(saved_lse, (k * bucket,), (bucket,))
+                    logits, lse = kept
                 else:
                     logits = _head_logits(x, head)
                     lse = jax.nn.logsumexp(logits, axis=-1)
@@ -425,7 +454,7 @@ def _fused_readout(bucket: int, keep_logits: bool) -> Callable:
                     )
                 return d_normed, d_head
 
-            return jax.lax.cond(jnp.any(g != 0), grads, lambda c: c, carry)
+            return jax.lax.cond(jnp.any(g != 0), grads, lambda c, _: c, carry, kept)
 
         init = (
             jnp.zeros(normed.shape, jnp.float32),

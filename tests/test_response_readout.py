@@ -72,10 +72,10 @@ def count(mask) -> int:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {},  # defaults: capacity B·T, one bucket of every row, logits kept
-        {"bucket_tokens": 4},  # buckets straddle the states, the last one padded
-        {"bucket_tokens": 1},
-        {"bucket_tokens": 4, "chunk_tokens": 1},  # logits recomputed in the backward
+        {},  # defaults: capacity B·T, one bucket of every row (on a CPU: logits recomputed)
+        {"bucket_tokens": 4, "keep_logits": True},  # buckets straddle the states, one padded
+        {"bucket_tokens": 1, "keep_logits": True},
+        {"bucket_tokens": 4, "keep_logits": False},  # logits recomputed in the backward
         {"capacity": "exact", "bucket_tokens": 5},  # the capacity is the batch's own count
     ],
 )
@@ -96,10 +96,12 @@ def test_a_frozen_head_costs_two_head_products_per_row_and_a_trained_one_three()
         loss = lambda s, h: jnp.sum(fn(s, lambda x: rms_norm(x, scale), h, labels, mask)[0])  # noqa: E731
         return str(jax.make_jaxpr(jax.grad(loss, argnums))(states, head)).count("dot_general")
 
-    assert products(0) == 2
-    assert products((0, 1)) == 3
-    assert products(0, chunk_tokens=1) == 3
-    assert products((0, 1), chunk_tokens=1) == 4
+    assert products(0, keep_logits=True) == 2
+    assert products((0, 1), keep_logits=True) == 3
+    assert products(0, keep_logits=False) == 3
+    assert products((0, 1), keep_logits=False) == 4
+    with pytest.raises(UsageError, match="keep_logits=True holds"):
+        products(0, keep_logits=True, chunk_tokens=1)
 
 
 def test_the_readouts_are_exactly_the_response_tokens(monkeypatch):
@@ -117,7 +119,7 @@ def test_the_readouts_are_exactly_the_response_tokens(monkeypatch):
 
     monkeypatch.setattr(lm_loss, "_head_logits", recording)
     norm = lambda x: rms_norm(x, scale)  # noqa: E731
-    fn = functools.partial(response_token_losses, bucket_tokens=bucket)
+    fn = functools.partial(response_token_losses, bucket_tokens=bucket, keep_logits=True)
     ce, _ = jax.jit(lambda *a: fn(a[0], norm, *a[1:]))(states, head, labels, mask)
     jax.effects_barrier()
     rows = np.concatenate(seen)
