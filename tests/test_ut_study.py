@@ -53,33 +53,43 @@ def _grid_rows(feasible_cells, rng):
 def test_the_choice_reads_validation_only_and_prefers_the_faithful_ut() -> None:
     rng = np.random.default_rng(0)
     other, far = Variant("none", 0.95, "skip"), Variant("all", 0.0, "none")
-    rows = _grid_rows({(FAITHFUL.slug, "1e+06"), (other.slug, "1e+06"), (far.slug, "off")}, rng)
-    picked = choose(rows, FAITHFUL, "1e+06")
-    assert (picked["variant"], picked["resilience"]) == (FAITHFUL.slug, "1e+06")
+    feasible = {(FAITHFUL.slug, "off"), (other.slug, "off"), (far.slug, "off")}
+    rows = _grid_rows(feasible | {(other.slug, "1e+06")}, rng)
+    picked = choose(rows, FAITHFUL)
+    assert (picked["variant"], picked["resilience"]) == (FAITHFUL.slug, "off")
     assert picked["why"] == "the faithful UT"
     # test numbers cannot move it, however they change
     for _ in range(5):
         shaken = copy.deepcopy(rows)
         for r in shaken:
             r["id_rmse"], r["ood_rmse"] = float(rng.uniform(0, 100)), float(rng.uniform(0, 100))
-        assert choose(shaken, FAITHFUL, "1e+06") == picked
+        assert choose(shaken, FAITHFUL) == picked
     # a validation verdict does: one infeasible seed of the faithful cell -> the closest other
     broken = copy.deepcopy(rows)
-    next(r for r in broken if r["variant"] == FAITHFUL.slug and r["resilience"] == "1e+06")[
+    next(r for r in broken if r["variant"] == FAITHFUL.slug and r["resilience"] == "off")[
         "feasible_tol"
     ] = False
-    second = choose(broken, FAITHFUL, "1e+06")
-    assert (second["variant"], second["resilience"]) == (other.slug, "1e+06")
+    second = choose(broken, FAITHFUL)
+    assert (second["variant"], second["resilience"]) == (other.slug, "off")
     assert "1 change" in second["why"]
-    # and between equally close cells, the validation objective breaks the tie
-    tie = _grid_rows({(other.slug, "1e+06"), (FAITHFUL.slug, "off")}, rng)
+    # the cells of other dynamics (resilient) do not enter a choice made under hard constraints
+    only_resilient = _grid_rows({(FAITHFUL.slug, "1e+06")}, rng)
+    assert choose(only_resilient, FAITHFUL) is None
+    assert choose(only_resilient, FAITHFUL, "1e+06")["variant"] == FAITHFUL.slug
+    # between equally close cells, the validation objective breaks the tie
+    twin = Variant("all", 0.0, "skip")  # one change from the faithful UT, as `other` is
+    tie = _grid_rows({(other.slug, "off")}, rng) + [
+        _row(twin, "off", s, feasible=True, val=float(rng.uniform(1, 2)), test=1.0)
+        for s in range(3)
+    ]
     means = {
-        key: np.mean([r["val_objective"] for r in tie if (r["variant"], r["resilience"]) == key])
-        for key in ((other.slug, "1e+06"), (FAITHFUL.slug, "off"))
+        slug: np.mean(
+            [r["val_objective"] for r in tie if r["variant"] == slug and r["resilience"] == "off"]
+        )
+        for slug in (other.slug, twin.slug)
     }
-    best = min(means, key=means.get)
-    assert (lambda c: (c["variant"], c["resilience"]))(choose(tie, FAITHFUL, "1e+06")) == best
-    assert choose(_grid_rows(set(), rng), FAITHFUL, "1e+06") is None
+    assert choose(tie, FAITHFUL)["variant"] == min(means, key=means.get)
+    assert choose(_grid_rows(set(), rng), FAITHFUL) is None
 
 
 def test_the_grid_drops_the_skip_without_a_clip() -> None:

@@ -76,9 +76,10 @@ class Variant:
         return dict(ut_tying=self.tying, ut_clip=self.clip, ut_skip=self.residual == "skip")
 
 
-#: The UT the paper describes (Section 4, Appendix C.2, B.2): one layer's weights shared by
-#: every layer ("a symmetric transformer with shared weights", eq. 47-48), the residual
-#: connection of eq. 48, the published code's eigenvalue clip, resilient constraints.
+#: The UT the paper describes (Section 4, Appendix C.2): one layer's weights shared by every
+#: layer ("a symmetric transformer with shared weights", eq. 47-48), the residual connection of
+#: eq. 48, the published code's eigenvalue clip. (The paper trains it with resilient
+#: constraints, B.2: the study runs both; the choice is made under the task's hard ones.)
 FAITHFUL = Variant("all", 0.95, "skip")
 
 
