@@ -96,14 +96,17 @@ class VideoConfig(RunConfig):
         "and no later layer can lower the loss on this data)",
     )
     ut_b: float = flag(1.0, "UT feed-forward step b: W_f = -b/2 (W + W^T) + (1-b) I")
+    # The UT of the study (python -m experiments.ut_study, docs/results/video.md): the shared
+    # attention of the paper's Section 4 and the residual energy step of eq. 48; the published
+    # UT (--ut-tying all --no-ut-skip) cannot meet the descent constraints here.
     ut_tying: str = flag(
-        "all",
+        "attention",
         "which UT weights the layers share: all (one layer applied L times, the published "
         "code), attention (the attention matrix only, one feed-forward map and bias per "
         "layer: the paper's Section 4) or none",
     )
     ut_skip: bool = flag(
-        False,
+        True,
         "UT residual connection inside the ReLU, Y <- ReLU(Z + Z W_f + B): the gradient step "
         "of Yang et al.'s energy (the paper's eq. 48); the identity map is then reachable",
     )
