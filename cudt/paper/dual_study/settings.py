@@ -104,7 +104,11 @@ SETTINGS: dict[str, Setting] = {
                 "video default (constrained DUST, one dictionary per layer)",
                 dict(models=("dust",), dust_control=False),
             ),
-            ("ut", "constrained UT (video default data)", dict(models=("ut",))),
+            (  # the published UT, which the study found no dynamics for (docs/results/video.md)
+                "ut",
+                "constrained published UT (shared weights, no skip; video default data)",
+                dict(models=("ut",), ut_tying="all", ut_skip=False),
+            ),
         )
     },
     "text": Setting(
