@@ -30,7 +30,16 @@ from typing import Any
 
 from cudt.errors import UsageError
 from cudt.io import write_json_atomic
-from cudt.paper.job import SubRun, check_known, need, open_job, train_subruns
+from cudt.paper.job import (
+    SubRun,
+    check_known,
+    devices_flag,
+    need,
+    open_job,
+    out_flag,
+    overwrite_flag,
+    train_subruns,
+)
 from cudt.paper.rows import fmt, unique
 from cudt.paper.ut_study import report
 from cudt.paper.ut_study.phase1 import phase_one
@@ -108,13 +117,9 @@ class StudyConfig:
     )
     phase1_seeds: int = flag(1, "seeds of each variant's phase I")
     scale: str = flag("default", "default (the video default) or tiny (seconds: tests)")
-    devices: int | None = flag(None, "use at most this many devices (default: every visible one)")
-    out: str | None = flag(
-        None,
-        "output folder (default: a fresh runs/ut_study-<time>); rerun with the same --out to "
-        "reuse finished runs and resume interrupted ones",
-    )
-    overwrite: bool = flag(False, "retrain every run, discarding results already in --out")
+    devices: int | None = devices_flag()
+    out: str | None = out_flag("ut_study")
+    overwrite: bool = overwrite_flag()
 
 
 def check(opts: StudyConfig) -> None:
