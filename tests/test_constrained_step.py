@@ -130,3 +130,44 @@ def test_dual_radius_and_nupi_in_the_step():
         s, _ = step(s, None, jax.random.key(0))
     np.testing.assert_allclose(s.multipliers["lo"], [0.25, 0.25])  # clipped at the radius
     assert float(s.multipliers["eq"]) == -0.25  # free sign, clipped at −R
+
+
+def test_the_projection_metric_is_the_share_of_the_update_taken_back():
+    """metrics["projection"] = ‖P(θ′) − θ′‖ / ‖θ′ − θ‖: 0 while the update stays inside the set,
+    the clipped share once it leaves; absent without a projection."""
+
+    def problem(params, batch, key):
+        del batch, key
+        return -jnp.sum(params["w"]), {"c": cudt.Constraint(jnp.zeros(()), kind="ineq")}
+
+    clip = lambda p: {"w": jnp.clip(p["w"], -1.0, 1.0)}  # noqa: E731
+    init, step = cudt.make_constrained_step(
+        problem, primal=optax.sgd(0.4), dual=cudt.dual_ascent(0.1), project_params=clip
+    )
+    state = init({"w": jnp.asarray([0.0, 0.9])}, None)
+    state, metrics = step(state, None, jax.random.key(0))
+    # θ′ = [0.4, 1.3] -> P = [0.4, 1.0]: 0.3 of an update of norm 0.4·√2
+    np.testing.assert_allclose(metrics["projection"], 0.3 / (0.4 * np.sqrt(2)), rtol=1e-5)
+    state = init({"w": jnp.asarray([0.0, -0.9])}, None)
+    _, inside = step(state, None, jax.random.key(0))
+    assert float(inside["projection"]) == 0.0
+    plain_init, plain_step = cudt.make_constrained_step(
+        problem, optax.sgd(0.4), cudt.dual_ascent(0.1)
+    )
+    _, m = plain_step(plain_init({"w": jnp.zeros(2)}, None), None, jax.random.key(0))
+    assert "projection" not in m
+
+
+def test_the_phase_one_objective_is_the_normalised_violation():
+    losses = jnp.asarray([10.0, 8.0, 7.8, 8.0])  # ratios 0.8, 0.975, 1.026 against 0.9
+    got = cudt.descent.violation(losses, 0.1)
+    np.testing.assert_allclose(got, (0.975 - 0.9) + (8.0 / 7.8 - 0.9), rtol=1e-6)
+    assert float(cudt.descent.violation(jnp.asarray([10.0, 8.0, 6.0]), 0.1)) == 0.0
+    cfg = cudt.DescentConfig(num_layers=3, epsilon=0.1)
+    per_sample = lambda params, batch, key: jnp.broadcast_to(params, (4, 4))  # noqa: E731
+    problem = cudt.descent.problem(per_sample, cfg, objective="violation")
+    f, _, aux = problem(losses, None, None, cudt.descent.hparams(cfg))
+    np.testing.assert_allclose(f, got, rtol=1e-6)
+    np.testing.assert_allclose(aux["layer_loss"], losses)
+    with pytest.raises(ValueError, match="objective must be one of"):
+        cudt.descent.problem(per_sample, cfg, objective="loss_and_more")
