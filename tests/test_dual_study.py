@@ -242,6 +242,9 @@ def test_combinations_that_share_a_program_are_one_call(tmp_path):
     assert call.combo_of({"penalty": 1e3, "nupi_kp": 5.0}) == Combo(
         "augmented", "nupi", "simultaneous"
     )
+    # text's lanes are large (a pretrained encoder each): one call per combination, as before
+    text = plan(StudyConfig(settings=("text",), scale="tiny", out=str(tmp_path)), tmp_path)
+    assert len(text) == 20 and all(len(s.key[1].combos) == 1 for s in text[1:])
     # K_P = 0 asked for: nuPI is SGD, nothing to merge (two calls, as before)
     opts0 = StudyConfig(settings=("video",), dual_optimizers=("sgd", "nupi"), updates=("alternating",), formulations=("lagrangian",), nupi_kp=0.0, scale="tiny", out=str(tmp_path))  # fmt: skip
     assert [s.key[1].slug for s in plan(opts0, tmp_path)[1:]] == [

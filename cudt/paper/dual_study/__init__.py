@@ -8,7 +8,8 @@ for that optimiser, × ``--seeds`` (``--kinds constrained``). Combinations that 
 program are ONE runner call, as sweep points of it (:class:`~cudt.paper.dual_study.settings.Call`):
 the Lagrangian is the augmented Lagrangian at ρ = 0 and projected SGD is nuPI at K_P = 0, so per
 update one call trains {Lagrangian, augmented} × {SGD, nuPI}, one {Lagrangian, augmented} × Adam,
-and the quadratic penalty one more (8 calls per setting instead of 20). The setting's ERM runs
+and the quadratic penalty one more (8 calls per setting instead of 20; not for text, whose lanes
+are pretrained encoders too large to hold 60 at once: ``Setting.merge_calls``). The setting's ERM runs
 (the reference of the ID change) are one more call. Every call has its own folder under
 ``--out`` (``<setting>/<combinations>``); rerunning the same command reuses finished calls and
 resumes interrupted ones. The report (``study.md``, ``study.csv``, three PNGs) is

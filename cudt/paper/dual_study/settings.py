@@ -30,6 +30,10 @@ class Setting:
     # config fields whose default the task resolves into results.json, as resolved for ``cfg``
     # (what a finished call's saved config is compared with; see cudt.paper.job.SubRun)
     resolved: Callable[[Any], dict[str, Any]] = lambda cfg: {}
+    # merge the combinations that share a program into one call (more lanes held at once): off
+    # where a lane is large (text: a pretrained MiniLM with its Adam state, ~0.2 GB; the merged
+    # 60-lane call reached 12.3 GB resident and was killed for memory on a 23 GB machine)
+    merge_calls: bool = True
 
     def base_rate(self, combo: Combo) -> float:
         """What ×1 means for ``combo``: the base dual rate of its optimiser, or the penalty's ρ."""
@@ -135,6 +139,7 @@ SETTINGS: dict[str, Setting] = {
         penalty=1e3,
         id_metric="accuracy",
         resolved=_text_resolved,
+        merge_calls=False,
     ),
 }
 
@@ -210,7 +215,9 @@ def calls(setting: Setting, combos: list[Combo], nupi_kp: float) -> list[Call]:
     in the order of their first combination."""
     families: dict[tuple, list[Combo]] = {}
     for c in combos:
-        if c.formulation == "penalty":
+        if not setting.merge_calls:
+            family = (c.formulation, c.dual_optimizer)
+        elif c.formulation == "penalty":
             family = ("penalty", c.dual_optimizer)
         elif (
             c.dual_optimizer in ("sgd", "nupi")
