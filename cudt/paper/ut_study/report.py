@@ -51,7 +51,7 @@ CSV_COLUMNS = (
 
 def _applicable_rel(run: dict) -> np.ndarray:
     rel = np.asarray(run["relative_violation_val"], np.float64)[1:]
-    applicable = run.get("applicable_val")
+    applicable = run.get("constraint_applicable_val")  # [L+1], index 0 the reference
     if applicable is not None:
         rel = rel[np.asarray(applicable, bool)[1:]]
     return rel
