@@ -29,7 +29,7 @@ from cudt.models.llama import (
     write_decoder_folder,
     write_gguf,
 )
-from cudt.models.ut import UT, UT_PARAM_KEYS, ut_project, ut_project_tree
+from cudt.models.ut import UT, UT_PARAM_KEYS, ut_project, ut_project_tree, ut_projection
 from cudt.models.vit import ViT, ViTConfig, ViTPreprocessor, load_vit
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "spectral_norm_sq",
     "ut_project",
     "ut_project_tree",
+    "ut_projection",
     "write_decoder_folder",
     "write_gguf",
 ]

@@ -35,7 +35,6 @@ task of the shared runner.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cudt.errors import UsageError
-from cudt.models import UT, ut_project
+from cudt.models import UT, ut_projection
 from cudt.models.encoders import Encoder, load_encoder, minilm_path
 
 __all__ = [
@@ -195,14 +194,9 @@ class TextClassifier:
         return self.head(params, self.pool(states, batch["mask"]))
 
     def project(self):
-        """The parameter projection after each optimizer step (the UT's), or None. With the
-        UT's skip at b = 1 its feed-forward matrix is kept PSD (``ut_project(lower=0)``: the
-        energy step ``I − W``, non-expansive); otherwise the published ±0.95 clip."""
-        if self.ut is None:
-            return None
-        if self.ut.skip and self.ut.b == 1.0:
-            return functools.partial(ut_project, lower=0.0)
-        return ut_project
+        """The parameter projection after each optimizer step (the UT's,
+        :func:`cudt.models.ut_projection`), or None."""
+        return None if self.ut is None else ut_projection(self.ut)
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:

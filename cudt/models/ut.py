@@ -34,6 +34,7 @@ After every optimizer step the published code projects ``W̃_f`` (``ut_project``
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,7 +46,7 @@ import numpy as np
 from cudt import linalg
 from cudt.models.dct import dct_matrix
 
-__all__ = ["TYINGS", "UT", "UT_PARAM_KEYS", "ut_project", "ut_project_tree"]
+__all__ = ["TYINGS", "UT", "UT_PARAM_KEYS", "ut_project", "ut_project_tree", "ut_projection"]
 
 #: What the layers share: every weight, the attention matrix only, or nothing.
 TYINGS = ("all", "attention", "none")
@@ -342,3 +343,15 @@ def ut_project(
     if lower is not None and not lower < clip:
         raise ValueError(f"lower must be below clip, got lower={lower}, clip={clip}")
     return ut_project_tree(params, clip, method, lower)
+
+
+def ut_projection(model: UT, clip: float = 0.95):
+    """The projection to apply after every optimizer step of ``model``: ``ut_project`` with
+    ``clip`` (0: None, no projection), and ``lower=0`` when the model has the skip at ``b = 1``,
+    so its ``W_f = I − sym(W̃_f)`` stays the non-expansive energy step (eigenvalues in
+    ``[1 − clip, 1]``); otherwise the published ``[−clip, clip]``. A ``functools.partial``, so
+    its ``clip`` and ``lower`` can be read back (the PyTorch mirror of the benchmarks does)."""
+    if not clip:
+        return None
+    lower = 0.0 if model.skip and model.b == 1.0 else None
+    return functools.partial(ut_project, clip=clip, lower=lower)

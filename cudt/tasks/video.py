@@ -10,7 +10,6 @@ and writes ``results.json``, plots and a summary table.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -20,7 +19,7 @@ import numpy as np
 from cudt.data.video import DATASETS, VideoSplits, load_video_data, perturb
 from cudt.errors import UsageError
 from cudt.metrics import rmse_255
-from cudt.models import DUST, UT, load_vit, ut_project
+from cudt.models import DUST, UT, load_vit, ut_projection
 from cudt.models.ut import TYINGS
 from cudt.runner import plots
 from cudt.runner.config import RunConfig, at_least, flag, in_range, non_negative, shared
@@ -225,12 +224,7 @@ def build_model(name: str, cfg, *, per_layer_dictionary: bool, patch_dim: int):
             skip=cfg.ut_skip,
             ffn_init=cfg.ut_ffn_init,
         )
-        if not cfg.ut_clip:
-            return model, None
-        # with the skip, W_f = I − sym(W̃_f) with sym(W̃_f) kept PSD: the gradient step of a
-        # convex energy (non-expansive, the identity reachable); without it, the published clip
-        lower = 0.0 if cfg.ut_skip and cfg.ut_b == 1.0 else None
-        return model, functools.partial(ut_project, clip=cfg.ut_clip, lower=lower)
+        return model, ut_projection(model, cfg.ut_clip)
     if name == "dust":
         model = DUST(
             num_layers=cfg.layers,

@@ -36,9 +36,8 @@ from cudt.constrained_step import UPDATES
 from cudt.errors import UsageError
 from cudt.paper.dual_study import figures, report
 from cudt.paper.dual_study.settings import DUAL_OPTIMIZERS, SETTINGS, Call, Combo, Setting, calls
-from cudt.paper.job import SubRun, check_known, need, open_job, train_subruns
+from cudt.paper.job import SubRun, check_known, need, open_job, table_main, train_subruns
 from cudt.paper.rows import fmt, unique
-from cudt.runner.cli import config_from_args, configure_process, run_cli
 from cudt.runner.config import FORMULATIONS, flag
 
 __all__ = [
@@ -236,9 +235,4 @@ def run_study(opts: StudyConfig) -> dict[str, Any]:
 
 def main(argv=None, doc: str = __doc__, prog: str = "experiments.dual_study") -> int:
     """The entry point: flags → the study; a bad flag or input is one line, status 2."""
-    configure_process()
-    try:
-        opts, _ = config_from_args(StudyConfig, argv, doc.split("\n\n")[0], prog)
-    except SystemExit as e:
-        return 0 if e.code is None else int(e.code)
-    return run_cli(lambda: run_study(opts))
+    return table_main(StudyConfig, run_study, argv, doc, prog)

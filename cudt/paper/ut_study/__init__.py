@@ -38,12 +38,12 @@ from cudt.paper.job import (
     open_job,
     out_flag,
     overwrite_flag,
+    table_main,
     train_subruns,
 )
 from cudt.paper.rows import fmt, unique
 from cudt.paper.ut_study import report
 from cudt.paper.ut_study.phase1 import phase_one
-from cudt.runner.cli import config_from_args, configure_process, run_cli
 from cudt.runner.config import flag
 
 __all__ = ["RESIDUALS", "StudyConfig", "Variant", "main", "plan", "run_study"]
@@ -239,9 +239,4 @@ def _video_task():
 
 def main(argv=None, doc: str = __doc__, prog: str = "experiments.ut_study") -> int:
     """The entry point: flags → the study; a bad flag or input is one line, status 2."""
-    configure_process()
-    try:
-        opts, _ = config_from_args(StudyConfig, argv, doc.split("\n\n")[0], prog)
-    except SystemExit as e:
-        return 0 if e.code is None else int(e.code)
-    return run_cli(lambda: run_study(opts))
+    return table_main(StudyConfig, run_study, argv, doc, prog)
