@@ -300,3 +300,33 @@ def test_evaluation_does_not_depend_on_the_eval_batch_size(ut_runs):
         assert np.all(np.isfinite(a["rmse"]))
         for key in ("rmse", "layer_loss", "val_objective", "descent_rate", "mean_ratio"):
             np.testing.assert_allclose(b[key], a[key], rtol=2e-5, atol=1e-7, err_msg=key)
+
+
+@pytest.mark.slow
+def test_select_val_mean_rmse_scores_validation_over_the_test_grid(tmp_path):
+    """--select val-mean-rmse: validation videos are scored at every test γ (the OOD γ too),
+    each run's score is the mean of those RMSEs, and the best mark is its minimum among the
+    eligible runs; without the flag, validation is scored at γ_train only."""
+    argv = TINY[:-2] + ["--models", "ut", "--steps", "4", "--chunk-steps", "4", "--seeds", "2",
+                        "--warmup-steps", "0", "--eval-batch-size", "128",
+                        "--test-gammas", "0,0.5,1", "--kinds", "erm"]  # fmt: skip
+    out = tmp_path / "mean"
+    assert video_denoise.main([*argv, "--select", "val-mean-rmse", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["val_gamma"] == results["config"]["test_gamma"] == [0.0, 0.5, 1.0]
+    runs = results["runs"]
+    for run in runs:
+        by_gamma = np.asarray(run["val_rmse_by_gamma"])
+        assert by_gamma.shape == (3,) and np.all(np.diff(by_gamma) > 0)  # more noise, more error
+        assert run["val_mean_rmse"] == pytest.approx(by_gamma.mean())
+        # validation at γ_train is the same data the objective reads: RMSE = 255·sqrt(loss)
+        assert by_gamma[1] == pytest.approx(255 * np.sqrt(run["val_objective"]), rel=1e-4)
+    best = [r for r in runs if r["best"]]
+    assert len(best) == 1 and best[0]["val_mean_rmse"] == min(r["val_mean_rmse"] for r in runs)
+
+    out = tmp_path / "objective"
+    assert video_denoise.main([*argv, "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["select"] == "val-objective"
+    assert results["config"]["val_gamma"] == [0.5]
+    assert all("val_mean_rmse" not in r for r in results["runs"])
