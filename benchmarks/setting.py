@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from benchmarks.common import choice_list
 from cudt.runner.config import RunConfig
 from cudt.runner.groups import Group, GroupProgram, name_group
+from cudt.runner.sweep import model_defaults
 from cudt.runner.task import GroupModel, RunBatch
 from cudt.tasks.video import VideoConfig, VideoTask, build_model
 
@@ -177,6 +178,8 @@ def video_setup(cfg: VideoConfig, model_name: str) -> VideoSetup:
 
 
 def _build(cfg: VideoConfig, model_name: str) -> VideoSetup:
+    # the model's own values (--model-hparams) written into the config the peer reads too
+    cfg = dataclasses.replace(cfg, **model_defaults(cfg, model_name), model_hparams=())
     task = VideoTask()
     data = load_video(cfg)
     structure = task.structure(cfg, model_name, True)

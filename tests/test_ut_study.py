@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cudt.paper.ut_study import FAITHFUL, StudyConfig, Variant, run_study, variants
-from cudt.paper.ut_study.report import choose
+from cudt.paper.ut_study.report import choose, choose_setting
 
 
 def _row(variant: Variant, resilience: str, seed: int, *, feasible: bool, val: float, test: float):
@@ -92,6 +92,62 @@ def test_the_choice_reads_validation_only_and_prefers_the_faithful_ut() -> None:
     assert choose(_grid_rows(set(), rng), FAITHFUL) is None
 
 
+def _setting_runs(rng, bad=()):
+    """The settings stage's runs: ERM, then (ε, rate) points × 3 seeds with random validation
+    and test numbers; the points in ``bad`` miss a constraint at seed 1."""
+    runs = []
+    for seed in range(3):
+        runs.append({"constrained": False, "seed": seed, "val_mean_rmse": 12.0, "mean_rmse": 12.0})
+        for eps in (0.02, 0.05, 0.1):
+            for rate in (100.0, 1000.0):
+                runs.append(
+                    {
+                        "constrained": True,
+                        "seed": seed,
+                        "hparams": {"epsilon": eps, "dual_lr": rate},
+                        "feasible": not ((eps, rate) in bad and seed == 1),
+                        "loss_decreases_val": True,
+                        "diverged": False,
+                        "val_mean_rmse": float(rng.uniform(11, 13)),
+                        "mean_rmse": float(rng.uniform(5, 50)),
+                    }
+                )
+    return runs
+
+
+def test_the_setting_is_chosen_on_validation_among_points_feasible_at_every_seed() -> None:
+    rng = np.random.default_rng(1)
+    runs = _setting_runs(rng)
+    means = {}
+    for r in runs:
+        if r["constrained"]:
+            key = (r["hparams"]["epsilon"], r["hparams"]["dual_lr"])
+            means.setdefault(key, []).append(r["val_mean_rmse"])
+    best = min(means, key=lambda k: np.mean(means[k]))
+    picked = choose_setting(runs)
+    assert (picked["epsilon"], picked["dual_lr"]) == best
+    for _ in range(5):  # test numbers never move it
+        shaken = copy.deepcopy(runs)
+        for r in shaken:
+            r["mean_rmse"] = float(rng.uniform(0, 100))
+        assert choose_setting(shaken) == picked
+    # one infeasible seed rules a point out, however good its validation RMSE
+    broken = copy.deepcopy(runs)
+    for r in broken:
+        if r["constrained"] and (r["hparams"]["epsilon"], r["hparams"]["dual_lr"]) == best:
+            r["val_mean_rmse"] = 0.0
+    assert (choose_setting(broken)["epsilon"], choose_setting(broken)["dual_lr"]) == best
+    bad_runs = copy.deepcopy(broken)
+    for r in bad_runs:
+        key = r.get("hparams", {})
+        if r["constrained"] and (key["epsilon"], key["dual_lr"]) == best and r["seed"] == 1:
+            r["feasible"] = False
+    second = choose_setting(bad_runs)
+    assert (second["epsilon"], second["dual_lr"]) != best
+    every = [(e, d) for e in (0.02, 0.05, 0.1) for d in (100.0, 1000.0)]
+    assert choose_setting(_setting_runs(rng, bad=every)) is None
+
+
 def test_the_grid_drops_the_skip_without_a_clip() -> None:
     """At b = 1 the skip shifts W̃_f by I, invisible to Adam: without a clip it is no skip."""
     grid = variants(StudyConfig(tyings=("all", "attention"), clips=(0.95, 0.0)))
@@ -109,11 +165,19 @@ def test_ut_study_tiny_end_to_end(tmp_path) -> None:
         seeds=1,
         scale="tiny",
         phase1_steps=10,
+        epsilons=(0.05, 0.1),
+        dual_lrs=(100.0,),
         out=str(tmp_path / "study"),
     )
     first = run_study(opts)
     md = (tmp_path / "study" / "study.md").read_text()
     assert "## Phase I" in md and "tying all, clip 0.95, skip" in md
+    if first["choice"] is not None:  # the settings stage: the chosen UT over ε, one program
+        assert "## The chosen UT's constraint settings" in md
+        runs = json.loads((tmp_path / "study" / "settings" / "results.json").read_text())["runs"]
+        assert sorted({r["hparams"]["epsilon"] for r in runs if r["constrained"]}) == [0.05, 0.1]
+        assert all("val_mean_rmse" in r for r in runs)
+        assert first["setting"] is None or first["setting"]["epsilon"] in (0.05, 0.1)
     kinds = sorted({(r["variant"], r["kind"], r["resilience"]) for r in first["rows"]})
     assert len(kinds) == 2 * 3  # per variant: ERM, hard, resilient
     p1 = json.loads((tmp_path / "study" / FAITHFUL.slug / "phase1.json").read_text())["result"]

@@ -113,7 +113,8 @@ def build_parser(config_cls: type, description: str, prog: str | None = None):
                 action="append",
                 type=str,
                 default=None,
-                help=f"{help_text} (repeatable)",
+                help=f"{help_text} (repeatable"
+                + (f"; default: {' '.join(default)})" if default else ")"),
                 metavar=f.name.upper(),
             )
             continue

@@ -19,7 +19,7 @@ from typing import Any
 
 from cudt.constrained_step import UPDATES
 from cudt.runner.hparams import REFERENCE_SPELLINGS, SWEEPABLE, is_reference
-from cudt.runner.sweep import parse_sweeps
+from cudt.runner.sweep import parse_model_hparams, parse_sweeps
 
 __all__ = [
     "CONSTRAINT_KINDS",
@@ -108,6 +108,13 @@ class RunConfig:
         "NAME=V1,V2,...: train every value of NAME (one of " + ", ".join(SWEEPABLE) + "); "
         "repeat for a Cartesian product; all points x seeds train as one program per model "
         "structure",
+        repeat=True,
+    )
+    model_hparams: tuple[str, ...] = flag(
+        (),
+        "MODEL:NAME=V[,NAME=V...]: a model's own values of per-run hyperparameters (the names "
+        "of --sweep), e.g. ut:epsilon=0.05,dual_lr=100; they replace the flags' defaults for "
+        "that model's runs, while a flag set to another value or a --sweep wins",
         repeat=True,
     )
     kinds: str = flag(
@@ -310,6 +317,7 @@ class RunConfig:
             )
         # Sweep syntax is checked here so a typo fails before any data is read.
         sweeps = parse_sweeps(self)
+        parse_model_hparams(self)
         self._validate_dual_dynamics(sweeps)
 
     def _validate_dual_dynamics(self, sweeps) -> None:

@@ -26,7 +26,7 @@ from cudt.formulation import AugmentedLagrangian, Lagrangian, QuadraticPenalty
 from cudt.loop import Divergence, LoopResult, sample_indices, train_group
 from cudt.optim import dual_optimizer, primal_optimizer
 from cudt.runner.report import KINDS
-from cudt.runner.sweep import RunSpec, swept_suffix
+from cudt.runner.sweep import RunSpec, model_defaults, swept_suffix
 from cudt.runner.task import GroupModel, RunBatch, Task
 from cudt.train import make_train_step
 
@@ -165,8 +165,10 @@ class GroupProgram:
         def col(values, fill):
             return jnp.asarray([fill if v is None else v for v in values], jnp.float32)
 
+        # what an ERM run (no constraint hyperparameters) is judged by: the model's own values
+        own = model_defaults(cfg, group.model_name)
         self.per_run = {
-            "epsilon": col([hp["epsilon"] for hp in hps], cfg.epsilon),
+            "epsilon": col([hp["epsilon"] for hp in hps], own.get("epsilon", cfg.epsilon)),
             "reference": col(resolved_ref, np.nan),
             # ERM runs have no α: inf (no decay) in decay mode; in slack mode the group's α,
             # since (α/2)·‖u‖² with u ≡ 0 must stay 0, not inf·0

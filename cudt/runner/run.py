@@ -29,7 +29,7 @@ from cudt.runner.hparams import SWEEPABLE
 from cudt.runner.mesh import initialize_distributed, make_shardings
 from cudt.runner.output import TENSORBOARD, checkpoint_record, open_output_once
 from cudt.runner.report import curves_of, seed_intervals, select_best, summarise, summary_table
-from cudt.runner.sweep import parse_sweeps
+from cudt.runner.sweep import model_defaults, parse_sweeps
 from cudt.runner.task import Task
 
 __all__ = ["inert_warnings", "run"]
@@ -65,6 +65,16 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     for line in task.describe(cfg, data):
         print(line)
     specs = task.run_specs(cfg)
+    for name in dict.fromkeys(s.model for s in specs):
+        own = model_defaults(cfg, name, sweeps)
+        if own:
+            print(
+                f"{name}: its own "
+                + ", ".join(
+                    f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in own.items()
+                )
+                + " (--model-hparams; a flag set to another value or a --sweep wins)"
+            )
     if not specs:
         raise UsageError(
             f"--kinds {cfg.kinds}: none of the models ({', '.join(task.model_names(cfg))}) "

@@ -15,9 +15,19 @@ import itertools
 import math
 from typing import Any
 
+from cudt.errors import UsageError
 from cudt.runner.hparams import CONSTRAINT_ONLY, SWEEPABLE, is_reference, normalize_reference
 
-__all__ = ["RunSpec", "expand_runs", "parse_sweeps", "selected_kinds", "swept_suffix"]
+__all__ = [
+    "RunSpec",
+    "expand_runs",
+    "is_given",
+    "model_defaults",
+    "parse_model_hparams",
+    "parse_sweeps",
+    "selected_kinds",
+    "swept_suffix",
+]
 
 SHORT = {
     "epsilon": "eps",
@@ -33,32 +43,32 @@ SHORT = {
 }
 
 
-def _parse_value(cfg, name: str, text: str):
-    """One swept value, checked like the flag itself."""
+def _parse_value(cfg, name: str, text: str, flag: str = "--sweep"):
+    """One swept value, checked like the flag itself (``flag``: where it came from)."""
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     if name == "reference":
         if not is_reference(text):
             raise ValueError(
-                f"--sweep reference: {text!r} is not chance, chance+X, none or a finite number"
+                f"{flag} reference: {text!r} is not chance, chance+X, none or a finite number"
             )
         return normalize_reference(text)
     if name == "resilience" and text.lower() == "none":
         if cfg.resilience_mode == "slack":
             raise ValueError(
-                "--sweep resilience: none is not allowed with --resilience-mode slack (explicit "
+                f"{flag} resilience: none is not allowed with --resilience-mode slack (explicit "
                 "slacks need an alpha): drop none or use --resilience-mode decay"
             )
         return None
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"--sweep {name}: {text!r} is not a number") from None
+        raise ValueError(f"{flag} {name}: {text!r} is not a number") from None
     if not math.isfinite(value):
-        raise ValueError(f"--sweep {name}: values must be finite numbers, got {text}")
+        raise ValueError(f"{flag} {name}: values must be finite numbers, got {text}")
     check = fields[name].metadata["check"]
     if not check.ok(value):
         raise ValueError(
-            "--sweep " + check.message(name, value, is_float=True, many=True).replace("_", "-")
+            f"{flag} " + check.message(name, value, is_float=True, many=True).replace("_", "-")
         )
     return value
 
@@ -83,6 +93,57 @@ def parse_sweeps(cfg) -> dict[str, tuple]:
         unique = list(dict.fromkeys(parsed))
         sweeps[name] = tuple(unique)
     return sweeps
+
+
+def parse_model_hparams(cfg) -> dict[str, dict[str, Any]]:
+    """``{model: {name: value}}`` from ``cfg.model_hparams``
+    (``("ut:epsilon=0.05,dual_lr=100",)``): a model's own values of sweepable hyperparameters,
+    the paper's per-model settings (its Table 1). A ValueError names a malformed item, an
+    unknown name or a bad value."""
+    table: dict[str, dict[str, Any]] = {}
+    for item in cfg.model_hparams:
+        model, sep, rest = item.partition(":")
+        model = model.strip()
+        if not sep or not model:
+            raise ValueError(
+                f"--model-hparams {item!r} must be MODEL:NAME=V[,NAME=V...] "
+                "(e.g. ut:epsilon=0.05,dual_lr=100)"
+            )
+        if model in table:
+            raise ValueError(
+                f"--model-hparams {model} is given twice: list all its values in one item"
+            )
+        values: dict[str, Any] = {}
+        for pair in (p.strip() for p in rest.split(",")):
+            if not pair:
+                continue
+            name, eq, text = pair.partition("=")
+            name = name.strip().replace("-", "_")
+            if not eq or not name or not text.strip():
+                raise ValueError(f"--model-hparams {model}: {pair!r} must be NAME=VALUE")
+            if name not in SWEEPABLE:
+                raise ValueError(
+                    f"--model-hparams {model}: {name} is not a per-run hyperparameter: choose "
+                    f"from {', '.join(SWEEPABLE)}"
+                )
+            values[name] = _parse_value(cfg, name, text.strip(), flag=f"--model-hparams {model}:")
+        table[model] = values
+    return table
+
+
+def is_given(cfg, name: str, sweeps: dict[str, tuple]) -> bool:
+    """Whether the user chose ``name``: swept, or set to a value other than the task's
+    default. A value the user chose wins over a model's own (:func:`model_defaults`)."""
+    default = {f.name: f.default for f in dataclasses.fields(cfg)}[name]
+    return name in sweeps or getattr(cfg, name) != default
+
+
+def model_defaults(cfg, model: str, sweeps: dict[str, tuple] | None = None) -> dict[str, Any]:
+    """The values ``--model-hparams`` gives ``model``, less those the user chose
+    (:func:`is_given`): what its runs train with instead of the flags' defaults."""
+    sweeps = parse_sweeps(cfg) if sweeps is None else sweeps
+    own = parse_model_hparams(cfg).get(model, {})
+    return {n: v for n, v in own.items() if not is_given(cfg, n, sweeps)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,15 +184,32 @@ def base_hparams(cfg, lr: float) -> dict[str, Any]:
 def expand_runs(cfg, models, default_lr, kinds=None) -> list[RunSpec]:
     """Every run of ``cfg``: for each model, ERM then constrained (``kinds(model)``: which of
     them, default both), each sweep point, each seed. ``default_lr(model)`` gives the learning
-    rate when ``cfg.lr`` is None."""
+    rate when ``cfg.lr`` is None. A model's own values (``--model-hparams``,
+    :func:`model_defaults`) replace the flags' defaults; a sweep or a flag the user set wins."""
     sweeps = parse_sweeps(cfg)
+    default = {f.name: f.default for f in dataclasses.fields(cfg)}["model_hparams"]
+    if cfg.model_hparams != default:  # the user's own table must name models this run trains
+        unknown = [m for m in parse_model_hparams(cfg) if m not in models]
+        if unknown:
+            raise UsageError(
+                f"--model-hparams names {unknown[0]}, which this run does not train (models: "
+                f"{', '.join(models)}): drop it or add the model"
+            )
     specs = []
     for model in models:
-        lr = cfg.lr if cfg.lr is not None else default_lr(model)
+        own = model_defaults(cfg, model, sweeps)
+        model_lr = own.pop("lr", None)
+        lr = (
+            cfg.lr
+            if cfg.lr is not None
+            else model_lr
+            if model_lr is not None
+            else default_lr(model)
+        )
         for constrained in (False, True) if kinds is None else kinds(model):
             names = [n for n in sweeps if constrained or n not in CONSTRAINT_ONLY]
             for point, combo in enumerate(itertools.product(*(sweeps[n] for n in names))):
-                hp = base_hparams(cfg, lr) | dict(zip(names, combo, strict=True))
+                hp = base_hparams(cfg, lr) | own | dict(zip(names, combo, strict=True))
                 if not constrained:
                     hp |= {n: None for n in CONSTRAINT_ONLY}
                 items = tuple((n, hp[n]) for n in SWEEPABLE)

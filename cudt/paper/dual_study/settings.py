@@ -111,7 +111,8 @@ SETTINGS: dict[str, Setting] = {
             (  # the published UT, which the study found no dynamics for (docs/results/video.md)
                 "ut",
                 "constrained published UT (shared weights, no skip; video default data)",
-                dict(models=("ut",), ut_tying="all", ut_skip=False),
+                # at the task's shared ε (the UT's own --model-hparams came after the study)
+                dict(models=("ut",), ut_tying="all", ut_skip=False, model_hparams=("ut:",)),
             ),
         )
     },

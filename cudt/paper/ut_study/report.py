@@ -11,6 +11,10 @@ model with: :data:`cudt.paper.ut_study.FAITHFUL` when its constrained runs are f
 tolerance) and monotone on validation at every seed; otherwise the variant closest to it
 (fewest of tying, clip and residual changed) whose runs are, ties broken by the lower mean
 validation objective. The resilient cells are reported beside it. No test number enters it.
+
+:func:`choose_setting` then picks the chosen UT's constraint settings (ε, dual rate) from the
+settings stage: feasible and monotone on validation at every seed, the lowest mean validation
+mean RMSE over the test γ grid. No test number enters it either.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 
 from cudt.paper.rows import csv_text, write_text
 
-__all__ = ["CSV_COLUMNS", "choose", "rows_of", "write_report"]
+__all__ = ["CSV_COLUMNS", "choose", "choose_setting", "rows_of", "write_report"]
 
 CSV_COLUMNS = (
     "variant",
@@ -151,6 +155,86 @@ def choose(rows: list[dict], faithful, resilience: str = "off") -> dict[str, Any
     return {"variant": variant, "resilience": res, "label": first["label"], "why": why}
 
 
+def _setting_cells(runs: list[dict]) -> dict[tuple[float, float], list[dict]]:
+    """The settings stage's constrained runs by (ε, dual rate), each list ordered by seed."""
+    cells: dict[tuple[float, float], list[dict]] = {}
+    for r in sorted(runs, key=lambda r: r["seed"]):
+        if r["constrained"]:
+            cells.setdefault((r["hparams"]["epsilon"], r["hparams"]["dual_lr"]), []).append(r)
+    return cells
+
+
+def choose_setting(runs: list[dict]) -> dict[str, Any] | None:
+    """The chosen UT's constraint settings from the settings stage's runs (validation only):
+    among the (ε, dual rate) points whose constrained runs are feasible (within tolerance) and
+    monotone on validation at every seed, the lowest mean ``val_mean_rmse`` (validation mean
+    RMSE over the test γ grid); ties by the smaller ε, then the smaller rate. Returns
+    ``{"epsilon", "dual_lr", "val_mean_rmse"}`` or None when no point qualifies."""
+    good = [
+        (float(np.mean([r["val_mean_rmse"] for r in cell])), eps, rate)
+        for (eps, rate), cell in _setting_cells(runs).items()
+        if all(r["feasible"] and r["loss_decreases_val"] and not r["diverged"] for r in cell)
+    ]
+    if not good:
+        return None
+    score, eps, rate = min(good)
+    return {"epsilon": eps, "dual_lr": rate, "val_mean_rmse": score}
+
+
+def _settings_section(sub, runs: list[dict]) -> list[str]:
+    cfg = sub.cfg
+    erm = {r["seed"]: r for r in runs if not r["constrained"]}
+    lines = [
+        "## The chosen UT's constraint settings (validation only)",
+        "",
+        f"`{sub.name}`: ERM and hard constrained runs over ε × dual rate × {cfg.seeds} seeds as "
+        f"one program ({cfg.steps} steps, dual {cfg.dual_optimizer}, {cfg.update}); validation "
+        "videos scored over the test γ grid (`--select val-mean-rmse`). Chosen: feasible and "
+        "monotone on validation at every seed, then the lowest mean validation mean RMSE. Test "
+        "RMSE is reported beside the ERM run of the same seed (means over seeds) and chooses "
+        "nothing.",
+        "",
+        "| ε | dual rate | feasible tol | monotone | val mean RMSE | val vs ERM | ID vs ERM | "
+        "OOD RMSE | OOD vs ERM | λ peak |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (eps, rate), cell in sorted(_setting_cells(runs).items()):
+        pairs = [(r, erm[r["seed"]]) for r in cell if r["seed"] in erm]
+        val_vs = np.mean([r["val_mean_rmse"] - e["val_mean_rmse"] for r, e in pairs])
+        id_vs = np.mean([100 * (_id_rmse(r) / _id_rmse(e) - 1) for r, e in pairs])
+        ood_vs = np.mean([r["mean_rmse"] - e["mean_rmse"] for r, e in pairs])
+        lines.append(
+            f"| {eps:g} | {rate:g} | {sum(r['feasible'] for r in cell)}/{len(cell)} | "
+            f"{sum(r['loss_decreases_val'] for r in cell)}/{len(cell)} | "
+            f"{np.mean([r['val_mean_rmse'] for r in cell]):.3f} | {val_vs:+.3f} | "
+            f"{id_vs:+.1f} % | {np.mean([r['mean_rmse'] for r in cell]):.3f} | {ood_vs:+.3f} | "
+            f"{max(max(r['max_multipliers']) for r in cell):.3g} |"
+        )
+    pick = choose_setting(runs)
+    if pick is None:
+        return [*lines, "", "No setting is feasible and monotone on validation at every seed."]
+    lines += [
+        "",
+        f"**Chosen: ε = {pick['epsilon']:g}, dual rate {pick['dual_lr']:g}** (mean validation "
+        f"mean RMSE {pick['val_mean_rmse']:.3f}; ERM's "
+        f"{np.mean([e['val_mean_rmse'] for e in erm.values()]):.3f}). Its runs against ERM, per "
+        "seed (test data, reported only):",
+        "",
+        "| seed | ID RMSE | ERM | ID vs ERM | OOD RMSE | ERM | OOD vs ERM |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in _setting_cells(runs)[pick["epsilon"], pick["dual_lr"]]:
+        e = erm.get(r["seed"])
+        if e is None:
+            continue
+        lines.append(
+            f"| {r['seed']} | {_id_rmse(r):.3f} | {_id_rmse(e):.3f} | "
+            f"{100 * (_id_rmse(r) / _id_rmse(e) - 1):+.1f} % | {r['mean_rmse']:.3f} | "
+            f"{e['mean_rmse']:.3f} | {r['mean_rmse'] - e['mean_rmse']:+.3f} |"
+        )
+    return lines
+
+
 def _mean(cell, key) -> float:
     vals = [r[key] for r in cell if np.isfinite(r[key])]
     return float(np.mean(vals)) if vals else math.nan
@@ -220,14 +304,19 @@ def _phase1_table(subs, phase1: dict) -> list[str]:
     return out
 
 
-def write_report(opts, subs, results: dict, phase1: dict, out: Path, wall: float) -> dict[str, Any]:
-    """study.md and study.csv under ``out``; returns ``{"rows", "choice", "markdown", "paths"}``."""
+def write_report(
+    opts, subs, results: dict, phase1: dict, out: Path, wall: float, settings=None
+) -> dict[str, Any]:
+    """study.md and study.csv under ``out``; returns ``{"rows", "choice", "setting",
+    "markdown", "paths"}``. ``settings``: ``(sub, its results.json)`` of the settings stage."""
     from cudt.paper.ut_study import FAITHFUL
 
     rows = rows_of(subs, results)
     trained = sum(float(results[s.key].get("wall_seconds", 0.0)) for s in subs) + sum(
         float(p.get("seconds", 0.0)) for p in phase1.values()
     )
+    if settings:
+        trained += float(settings[1].get("wall_seconds", 0.0))
     resilient = "off" if opts.resilience is None else f"{opts.resilience:g}"
     choice = choose(rows, FAITHFUL, "off")
     first = subs[0].cfg
@@ -262,6 +351,7 @@ def write_report(opts, subs, results: dict, phase1: dict, out: Path, wall: float
             else "No variant is feasible and monotone on validation at every seed."
         ),
         "",
+        *(_settings_section(settings[0], settings[1]["runs"]) + [""] if settings else []),
         f"Wall time of the job that wrote this: {wall:.0f} s; of the runs it reports (runner "
         f"calls and phase I, whenever they were trained): {trained:.0f} s.",
     ]
@@ -273,4 +363,11 @@ def write_report(opts, subs, results: dict, phase1: dict, out: Path, wall: float
     ]
     write_text(paths["csv"], csv_text(csv_rows, CSV_COLUMNS))
     write_text(paths["md"], markdown)
-    return {"rows": rows, "choice": choice, "markdown": markdown, "paths": paths}
+    setting = choose_setting(settings[1]["runs"]) if settings else None
+    return {
+        "rows": rows,
+        "choice": choice,
+        "setting": setting,
+        "markdown": markdown,
+        "paths": paths,
+    }
