@@ -157,11 +157,12 @@ def test_the_grid_drops_the_skip_without_a_clip() -> None:
 
 @pytest.mark.slow
 def test_ut_study_tiny_end_to_end(tmp_path) -> None:
-    """Two variants at --scale tiny: runner calls, phase I, the report; a rerun reuses all."""
+    """Two variants at --scale tiny: runner calls, phase I, the choice, the settings stage on
+    the chosen UT, the report; a rerun reuses all."""
     opts = StudyConfig(
-        tyings=("all",),
+        tyings=("all", "attention"),
         clips=(0.95,),
-        residuals=("none", "skip"),
+        residuals=("skip",),
         seeds=1,
         scale="tiny",
         phase1_steps=10,
@@ -172,12 +173,14 @@ def test_ut_study_tiny_end_to_end(tmp_path) -> None:
     first = run_study(opts)
     md = (tmp_path / "study" / "study.md").read_text()
     assert "## Phase I" in md and "tying all, clip 0.95, skip" in md
-    if first["choice"] is not None:  # the settings stage: the chosen UT over ε, one program
-        assert "## The chosen UT's constraint settings" in md
-        runs = json.loads((tmp_path / "study" / "settings" / "results.json").read_text())["runs"]
-        assert sorted({r["hparams"]["epsilon"] for r in runs if r["constrained"]}) == [0.05, 0.1]
-        assert all("val_mean_rmse" in r for r in runs)
-        assert first["setting"] is None or first["setting"]["epsilon"] in (0.05, 0.1)
+    # the shared-attention UT is feasible and monotone here (the default's test below): chosen
+    assert first["choice"]["variant"] == Variant("attention", 0.95, "skip").slug
+    # the settings stage: the chosen UT over ε, one program
+    assert "## The chosen UT's constraint settings" in md
+    runs = json.loads((tmp_path / "study" / "settings" / "results.json").read_text())["runs"]
+    assert sorted({r["hparams"]["epsilon"] for r in runs if r["constrained"]}) == [0.05, 0.1]
+    assert all("val_mean_rmse" in r for r in runs)
+    assert first["setting"] is None or first["setting"]["epsilon"] in (0.05, 0.1)
     kinds = sorted({(r["variant"], r["kind"], r["resilience"]) for r in first["rows"]})
     assert len(kinds) == 2 * 3  # per variant: ERM, hard, resilient
     p1 = json.loads((tmp_path / "study" / FAITHFUL.slug / "phase1.json").read_text())["result"]

@@ -265,7 +265,8 @@ def run_study(opts: StudyConfig) -> dict[str, Any]:
     choice = report.choose(report.rows_of(subs, results), FAITHFUL, "off")
     settings = None
     if opts.settings and choice is not None:
-        sub = settings_subrun(opts, choice["variant"], out)
+        chosen = next(s.key[0] for s in subs if s.key[0].slug == choice["variant"])
+        sub = settings_subrun(opts, chosen, out)
         check_subrun(sub, opts.overwrite)
         print(f"[settings] {sub.name}: ε {fmt(opts.epsilons)} × dual rate {fmt(opts.dual_lrs)}")
         settings = (sub, train_subruns([sub], lambda sub: _video_task())[sub.key])
