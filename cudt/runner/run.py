@@ -28,6 +28,7 @@ from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups
 from cudt.runner.hparams import SWEEPABLE
 from cudt.runner.mesh import initialize_distributed, make_shardings
 from cudt.runner.output import TENSORBOARD, checkpoint_record, open_output_once
+from cudt.runner.provenance import provenance
 from cudt.runner.report import curves_of, seed_intervals, select_best, summarise, summary_table
 from cudt.runner.sweep import model_defaults, parse_sweeps
 from cudt.runner.task import Task
@@ -58,6 +59,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     if cfg.distributed:
         initialize_distributed()
+    origin = provenance()  # the code and command that ran (after the backend starts)
     main_process = jax.process_index() == 0
     sweeps = parse_sweeps(cfg)
     swept = [n for n in SWEEPABLE if n in sweeps]
@@ -191,6 +193,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         **({"intervals": intervals} if intervals else {}),
         "train_seconds": train_seconds,
         "eval_seconds": eval_seconds,
+        "provenance": origin,
     }
     if main_process:
         figures = task.figures(runs, ratios, out.path, gammas, cfg)

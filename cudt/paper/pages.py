@@ -1,0 +1,365 @@
+"""Results pages written from the results.json of named commands.
+
+A page under ``docs/results`` may hold generated blocks::
+
+    <!-- generated:video-default (python -m experiments.pages write) -->
+    ... (rewritten by ``write``) ...
+    <!-- end:video-default -->
+
+Everything outside the blocks is kept byte for byte. :data:`BLOCKS` names each block's command
+(a module and its flags), the folder it reads under a runs root (``RUNS/<block>/results.json``)
+and its renderer. ``run`` makes the missing results (``python -m MODULE FLAGS --out
+RUNS/<block>``); ``write`` rewrites every block whose results exist, its header read from the
+run's ``provenance`` record (commit, machine, date) and its table from
+:func:`cudt.runner.report.summary_table`, the runner's own summary; ``write --check`` writes
+nothing and exits 1 when a page differs from what ``write`` would make.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from cudt.io import atomic_write
+
+__all__ = [
+    "BLOCKS",
+    "Block",
+    "MarkerError",
+    "main",
+    "parse_page",
+    "render_page",
+    "render_run",
+    "run_blocks",
+    "write_pages",
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = ROOT / "docs" / "results"
+
+_OPEN = re.compile(r"<!-- generated:(?P<name>[A-Za-z0-9_.-]+)(?: \([^()]*\))? -->")
+_END = re.compile(r"<!-- end:(?P<name>[A-Za-z0-9_.-]+) -->")
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One generated block: ``python -m {module} {argv}`` writes ``RUNS/{folder}/results.json``
+    (``folder`` defaults to the block's name), ``task()`` is the experiment's task (its summary
+    columns), ``render(block, results)`` the block's text."""
+
+    name: str
+    module: str
+    argv: tuple[str, ...]
+    task: Callable[[], object]
+    render: Callable[[Block, dict], str] | None = None
+    folder: str | None = None
+
+    @property
+    def command(self) -> str:
+        return shlex.join(["python", "-m", self.module, *self.argv])
+
+    def results_path(self, runs: Path) -> Path:
+        return Path(runs) / (self.folder or self.name) / "results.json"
+
+
+def _video_task():
+    from cudt.tasks.video import VideoTask
+
+    return VideoTask()
+
+
+def _text_task():
+    from cudt.tasks.text import TextTask
+
+    return TextTask()
+
+
+BLOCKS: dict[str, Block] = {
+    b.name: b
+    for b in (
+        # docs/results/video.md: the default run
+        Block("video-default", "experiments.video_denoise", (), _video_task),
+        # docs/results/text.md: the MiniLM default run
+        Block("text-default", "experiments.text_classify", (), _text_task),
+    )
+}
+
+
+class MarkerError(ValueError):
+    """A malformed marker: ``str(e)`` names the page and line."""
+
+
+# -- rendering --------------------------------------------------------------------------------
+
+
+def _flags_of(argv: Sequence[str]) -> list[str]:
+    """A recorded command line's flags without ``--out DIR`` (where it wrote changes nothing)."""
+    out, skip = [], False
+    for a in list(argv)[1:]:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith("--out="):
+            out.append(a)
+    return out
+
+
+def _started(text: str | None) -> str:
+    if not text:
+        return "date not recorded"
+    t = datetime.datetime.fromisoformat(text).astimezone(datetime.UTC)
+    return "started " + t.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def header_line(block: Block, results: dict) -> str:
+    """The command, commit, machine, date and wall time of a run, read from its results.json;
+    ``provenance not recorded`` where it has none (nothing is guessed)."""
+    wall = results.get("wall_seconds")
+    wall_text = f"{wall:.0f} s wall" if isinstance(wall, int | float) else "wall time not recorded"
+    head = f"`{block.command}`"
+    p = results.get("provenance")
+    if not p:
+        return f"{head}; provenance not recorded (commit, machine and date unknown); {wall_text}:"
+    commit = p.get("commit")
+    if commit is None:
+        code = "commit unknown (not a git checkout)"
+    else:
+        code = f"commit {commit[:7]}" + (" + uncommitted changes" if p.get("dirty") else "")
+    cpu = p.get("cpu") or "CPU unknown"
+    cores = p.get("cores")
+    machine = cpu + (f", {cores} cores" if cores else "")
+    backend = p.get("backend")
+    if backend == "cpu":
+        machine += ", CPU backend"
+    elif backend:
+        kinds = ", ".join(p.get("device_kinds") or [])
+        count = p.get("device_count")
+        machine += f", {backend} backend ({kinds}" + (f" × {count})" if count else ")")
+    return f"{head} at {code}; {machine}; {_started(p.get('started_utc'))}; {wall_text}:"
+
+
+def render_run(block: Block, results: dict) -> str:
+    """The header line, then the runner's summary (table, notes, interval lines, footer) in a
+    code block: the text :func:`cudt.runner.run.run` prints, re-rendered from results.json."""
+    from cudt.runner.hparams import SWEEPABLE
+    from cudt.runner.report import summary_table
+
+    sweeps = results.get("config", {}).get("sweeps") or {}
+    swept = [n for n in SWEEPABLE if n in sweeps]
+    table = summary_table(block.task(), results["runs"], swept, results.get("intervals", []))
+    return f"{header_line(block, results)}\n\n```\n{table}\n```\n"
+
+
+def _mismatch(block: Block, results: dict) -> str | None:
+    """Why ``results`` are not the block command's output, or None."""
+    task = block.task()
+    if results.get("experiment") != getattr(task, "name", None):
+        return f"holds experiment {results.get('experiment')!r}, not {task.name!r}"
+    argv = (results.get("provenance") or {}).get("argv")
+    script = block.module.rsplit(".", 1)[-1] + ".py"
+    if argv and Path(argv[0]).name != script:
+        return f"was made by {argv[0]}, not by python -m {block.module}"
+    if argv and _flags_of(argv) != list(block.argv):
+        return f"was made with flags {shlex.join(_flags_of(argv)) or '(none)'}, not the block's"
+    return None
+
+
+# -- pages ------------------------------------------------------------------------------------
+
+
+def _lines(text: str) -> list[str]:
+    """The lines of ``text``, each with its own ending ("\\n" splits; "\\r" stays in its line)."""
+    lines = [line + "\n" for line in text.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
+
+
+def parse_page(text: str, page: str, known: Sequence[str]) -> list:
+    """The page as a list of pieces: ``str`` (kept as is) and ``(name, open line, body, end
+    line)`` for each block. Raises :class:`MarkerError` naming ``page`` and the line."""
+    pieces: list = []
+    current = None  # [name, open line, body lines, line number]
+    for n, line in enumerate(_lines(text), 1):
+        stripped = line.strip()
+        is_open, is_end = stripped.startswith("<!-- generated"), stripped.startswith("<!-- end:")
+        if not (is_open or is_end):
+            if current is None:
+                pieces.append(line)
+            else:
+                current[2].append(line)
+            continue
+        where = f"{page}:{n}"
+        m = (_OPEN if is_open else _END).fullmatch(stripped)
+        if m is None:
+            raise MarkerError(
+                f"{where}: malformed marker {stripped!r}: write <!-- generated:NAME "
+                "(python -m experiments.pages write) --> ... <!-- end:NAME -->"
+            )
+        name = m.group("name")
+        if is_open:
+            if current is not None:
+                raise MarkerError(f"{where}: block {name!r} opens inside block {current[0]!r}")
+            if name not in known:
+                raise MarkerError(
+                    f"{where}: unknown block {name!r} (known: {', '.join(known) or 'none'})"
+                )
+            current = [name, line, [], n]
+        else:
+            if current is None or current[0] != name:
+                raise MarkerError(
+                    f"{where}: <!-- end:{name} --> without its <!-- generated:{name} -->"
+                )
+            pieces.append((current[0], current[1], "".join(current[2]), line))
+            current = None
+    if current is not None:
+        raise MarkerError(
+            f"{page}:{current[3]}: block {current[0]!r} has no <!-- end:{current[0]} -->"
+        )
+    return pieces
+
+
+def render_page(pieces: list, bodies: dict[str, str]) -> str:
+    """The page text with each block's body replaced by ``bodies[name]`` where given."""
+    out = []
+    for p in pieces:
+        if isinstance(p, str):
+            out.append(p)
+        else:
+            name, open_line, body, end_line = p
+            out += [open_line, bodies.get(name, body), end_line]
+    return "".join(out)
+
+
+def _load_results(block: Block, runs: Path, say) -> dict | None:
+    path = block.results_path(runs)
+    if not path.is_file():
+        say(
+            f"{block.name}: no {path}: block left unchanged (make it: python -m "
+            f"experiments.pages run --runs {runs} --blocks {block.name})"
+        )
+        return None
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        say(f"{block.name}: cannot read {path} ({e}): block left unchanged")
+        return None
+    why = _mismatch(block, results)
+    if why:
+        say(f"{block.name}: {path} {why}: block left unchanged")
+        return None
+    return results
+
+
+def write_pages(
+    pages: Path = PAGES,
+    runs: Path = Path("runs/pages"),
+    *,
+    blocks: Sequence[str] | None = None,
+    check: bool = False,
+    registry: dict[str, Block] | None = None,
+    say=print,
+) -> int:
+    """Rewrites the blocks (all, or those named in ``blocks``) of every ``pages/*.md`` whose
+    results exist; ``check``: writes nothing, returns 1 when a page would change. Returns 0, 1
+    (check: stale), or 2 (a malformed marker: nothing written)."""
+    registry = BLOCKS if registry is None else registry
+    parsed = {}
+    for path in sorted(Path(pages).glob("*.md")):
+        text = path.read_bytes().decode("utf-8")  # newlines as they are
+        try:
+            parsed[path] = (text, parse_page(text, str(path), list(registry)))
+        except MarkerError as e:
+            print(f"error: {e}: nothing written", file=sys.stderr)
+            return 2
+    wanted = list(registry) if blocks is None else list(blocks)
+    bodies: dict[str, str] = {}
+    found = {p[0] for _, pieces in parsed.values() for p in pieces if not isinstance(p, str)}
+    for name in wanted:
+        block = registry[name]
+        if name not in found:
+            say(f"{name}: in no page under {pages}: nothing to write")
+            continue
+        results = _load_results(block, Path(runs), say)
+        if results is not None:
+            bodies[name] = (block.render or render_run)(block, results)
+    stale = []
+    for path, (text, pieces) in parsed.items():
+        new = render_page(pieces, bodies)
+        if new == text:
+            continue
+        if check:
+            stale.append(path)
+            say(f"stale: {path} is not what `python -m experiments.pages write` writes")
+        else:
+            data = new.encode("utf-8")
+            atomic_write(path, lambda f, data=data: f.write(data))
+            say(f"wrote {path}")
+    return 1 if stale else 0
+
+
+def run_blocks(
+    runs: Path,
+    *,
+    blocks: Sequence[str] | None = None,
+    registry: dict[str, Block] | None = None,
+    say=print,
+) -> int:
+    """Runs the command of every block (all, or ``blocks``) whose results.json is missing, as
+    ``python -m MODULE FLAGS --out RUNS/<folder>``; returns 0, or 1 if a command failed."""
+    registry = BLOCKS if registry is None else registry
+    failed = 0
+    for name in list(registry) if blocks is None else blocks:
+        block = registry[name]
+        path = block.results_path(Path(runs)).resolve()
+        if path.is_file():
+            say(f"{name}: {path} exists: not rerun (delete it to rerun)")
+            continue
+        cmd = [sys.executable, "-m", block.module, *block.argv, "--out", str(path.parent)]
+        say(f"{name}: {block.command} --out {path.parent}")
+        if subprocess.run(cmd, cwd=ROOT, check=False).returncode != 0:
+            say(f"{name}: the command failed: no results")
+            failed = 1
+    return failed
+
+
+def main(argv: Sequence[str] | None = None, registry: dict[str, Block] | None = None) -> int:
+    registry = BLOCKS if registry is None else registry
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.pages",
+        description="Results pages from the results.json of their commands: `run` makes the "
+        "missing results, `write` rewrites the generated blocks of docs/results/*.md.",
+    )
+    parser.add_argument("action", choices=("run", "write"))
+    parser.add_argument(
+        "--runs", type=Path, required=True, help="the runs root: RUNS/<block>/results.json"
+    )
+    parser.add_argument(
+        "--blocks", help=f"comma-separated block names (default: all of {', '.join(registry)})"
+    )
+    parser.add_argument("--pages", type=Path, default=PAGES, help="the pages folder")
+    parser.add_argument(
+        "--check", action="store_true", help="write: write nothing, exit 1 if a page is stale"
+    )
+    ns = parser.parse_args(argv)
+    blocks = None
+    if ns.blocks:
+        blocks = [b.strip() for b in ns.blocks.split(",") if b.strip()]
+        unknown = [b for b in blocks if b not in registry]
+        if unknown:
+            parser.exit(
+                2, f"error: unknown block {', '.join(unknown)} (known: {', '.join(registry)})\n"
+            )
+    if ns.action == "run":
+        if ns.check:
+            parser.exit(2, "error: --check goes with write\n")
+        return run_blocks(ns.runs, blocks=blocks, registry=registry)
+    return write_pages(ns.pages, ns.runs, blocks=blocks, check=ns.check, registry=registry)
