@@ -162,6 +162,10 @@ class TextConfig(RunConfig):
     lr_schedule: str = shared("lr_schedule", "cosine")
     reference: str = shared("reference", "chance+0.3")
     epsilon: float = shared("epsilon", 0.05)
+    # The UT's own ε: on IMDb reviews (the paper's setting) ε = 0.05 was infeasible at 3 of 3
+    # seeds and 0.02 feasible and monotone at 3 of 3, level with ERM in distribution; chosen on
+    # validation data (docs/results/text.md, "The text UT over three seeds").
+    model_hparams: tuple[str, ...] = shared("model_hparams", ("ut:epsilon=0.02",))
     resilience: float | None = shared("resilience", 1000.0)
     dual_lr: float = shared("dual_lr", 0.1)
     tolerance: float = shared("tolerance", 0.01)
