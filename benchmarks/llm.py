@@ -37,7 +37,11 @@ Before timing, two steps of each from the same start must agree (per-layer losse
 values and multipliers, relative tolerance ``--tolerance``); otherwise the command stops with
 exit status 1. Then ``--rounds`` interleaved rounds (cudt step, torch step, ...) give the median
 seconds per step, tokens/s, the model FLOP rate (MFU on a GPU it knows) and the speed-up, as a
-Markdown table. ``--torch-epsilon`` and ``--torch-weight-noise`` give the torch side a different
+Markdown table. In the same rounds, on the same cores, a product floor (:func:`floor_products`,
+timed as :class:`benchmarks.step.ProductFloor`): the matrix products the step cannot avoid, at the
+step's own shapes, as one jitted program and by torch's matrix library, the faster median the
+floor; ``torch s / floor s`` bounds the ``torch / cudt`` any implementation of this arithmetic
+could reach. ``--torch-epsilon`` and ``--torch-weight-noise`` give the torch side a different
 ε or perturbed weights: the check must then fail (its own test). ``--dtype bfloat16`` runs both
 sides in mixed precision (cudt's ``--compute-dtype bfloat16``: bf16 products, float32 weights,
 norms, softmax and losses; torch's ``autocast`` to bfloat16), checked at a bf16 tolerance, with
@@ -61,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from benchmarks.common import cpu_cores, header, interleave, median
+from benchmarks.common import cpu_cores, header, interleave, median, print_table
 from benchmarks.peer import (
     TORCH_DEFAULT_THREADS,
     CooperStep,
@@ -70,6 +74,7 @@ from benchmarks.peer import (
     relative_diff,
     torch_threads,
 )
+from benchmarks.step import ProductFloor
 from cudt.lm_loss import default_bucket_tokens, keeps_logits
 from cudt.models.llama import smollm2_gguf_path, write_decoder_folder
 from cudt.models.llama import write_tiny_gguf as tiny_gguf
@@ -84,6 +89,9 @@ BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
 # the default relative tolerance of the agreement check per --dtype: float32 is the issue's
 # 1e-4; bf16 products round to 8 bits of mantissa on each side, in different orders
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}
+# the block weights that read a block's (normed) input: in the first block that input is the
+# frozen embeddings plus noise, whose gradient no step needs
+BLOCK_INPUT = ("q", "k", "v")
 
 
 class PeerMismatch(SystemExit):
@@ -463,6 +471,55 @@ def step_flops(cudt_side: CudtSide) -> float:
     return 6.0 * blocks * tokens + per_readout * (c.num_layers + 1 - cudt_side.first) * responses
 
 
+def floor_products(
+    config, params, tokens: int, responses: int, first: int
+) -> list[tuple[int, int, int, int]]:
+    """The matrix products a constrained step of this decoder cannot avoid, as ``(count, m, k,
+    n)`` (``count`` products ``[m, k] @ [k, n]``), at the step's shapes: for every weight matrix
+    ``W [in, out]`` of the blocks (``params["blocks"]``, stacked ``[L, in, out]``), over the
+    ``tokens`` = B·T positions, the forward ``x @ W``, the input's gradient ``dy @ Wᵀ`` (but not
+    into the first block's input, the frozen embeddings: :data:`BLOCK_INPUT`) and the weight's
+    gradient ``xᵀ @ dy``; for the ``responses`` response tokens read out at each of the states
+    from ``first`` on, the head's logits ``[rows, D] @ [D, V]`` and the state's gradient
+    ``[rows, V] @ [V, D]`` (none at state 0, the frozen embeddings), plus the head's own gradient
+    when it is untied (trained). Left out, so the floor only gets lower: the attention scores
+    (3.4 GFLOP of 309 at SmolLM2's B 4 × T 64), every elementwise operation, the norms and the
+    optimisers."""
+    products = []
+    for path, w in jax.tree_util.tree_flatten_with_path(params["blocks"])[0]:
+        if len(w.shape) != 3:  # a norm's weights (or a bias): no product
+            continue
+        layers, fan_in, fan_out = w.shape
+        skip_input = path[0].key in BLOCK_INPUT
+        products += [
+            (layers, tokens, fan_in, fan_out),  # forward
+            (layers - skip_input, tokens, fan_out, fan_in),  # the input's gradient
+            (layers, fan_in, tokens, fan_out),  # the weight's gradient
+        ]
+    dim, vocab = config.hidden_size, config.vocab_size
+    rows = (config.num_layers + 1 - first) * responses
+    products += [
+        (1, rows, dim, vocab),  # logits
+        (1, rows - (first == 0) * responses, vocab, dim),  # the states' gradients
+    ]
+    if not config.tie_word_embeddings:
+        products.append((1, dim, rows, vocab))  # a trained head's gradient
+    return products
+
+
+def product_floor(cudt_side: CudtSide) -> ProductFloor:
+    """:func:`floor_products` of this side's decoder and batch, compiled in its compute dtype."""
+    dec, ex = cudt_side.data.decoder, cudt_side.batch.examples
+    products = floor_products(
+        dec.config,
+        dec.params,
+        int(np.prod(ex["input_ids"].shape)),
+        int(np.sum(np.asarray(ex["loss_mask"]) != 0)),
+        cudt_side.first,
+    )
+    return ProductFloor(products, jnp.dtype(cudt_side.cfg.compute_dtype))
+
+
 def fp32_peak(device_name: str, dtype: str = "float32") -> float | None:
     """The float32 (``dtype="bfloat16"``: dense bf16) peak FLOP/s of a GPU this script knows
     by name (None for others, CPUs)."""
@@ -525,13 +582,23 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     _, compile_s = check_agreement(cudt_side, torch_side, tolerance)
     print(f"cudt's first step (tracing + XLA compilation + the step): {compile_s:.1f}s", flush=True)
 
+    floor = product_floor(cudt_side)
+    floor.block(1), floor.torch_block(1)  # untimed: the first calls
     alternatives = {}
     for threads in args.torch_threads:
         alternatives[("cudt", threads)] = timed(cudt_side, threads)
         alternatives[("torch + Cooper", threads)] = timed(torch_side, threads)
+        alternatives[("product floor", threads)] = timed(lambda: floor.block(1), threads)
+        alternatives[("product floor, torch", threads)] = timed(
+            lambda: floor.torch_block(1), threads
+        )
     before = load_average()
     results = interleave(alternatives, args.rounds)
     after = load_average()
+    floor_results = {
+        t: (results.pop(("product floor", t)), results.pop(("product floor, torch", t)))
+        for t in args.torch_threads
+    }
 
     flops = step_flops(cudt_side)
     jax_device = jax.devices()[0]
@@ -576,7 +643,45 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     for threads, speedup in ratios.items():
         label = f"{threads}" if threads > 0 else "default"
         print(f"ratio [threads {label}]: torch + Cooper / cudt s/step = {speedup:.3g}")
-    return {"seconds": seconds, "speedup": ratios, "table": table}
+    bounds = floor_bounds(floor_results, seconds)
+    model_name = "tiny Llama" if args.tiny else checkpoint.name.split(".")[0]
+    print(
+        f"\nthe bound: the step's unavoidable matrix products alone ({args.dtype}; the product "
+        f"floor: {floor.flops / 1e9:.4g} GFLOP in {sum(p[0] for p in floor.products)} products "
+        f"of {len(floor.products)} shapes, against the step's {flops / 1e9:.4g} GFLOP model "
+        "FLOPs), timed in the same rounds on the same cores, once as one jitted XLA program and "
+        "once by torch's matrix library; the floor is the faster median; torch / floor is the "
+        "largest torch / cudt any implementation of this arithmetic could reach"
+    )
+    print_table(
+        ["model", "threads", "floor s", "torch + Cooper s", "bound", "torch / cudt"],
+        [[model_name, *row] for row in bounds],
+    )
+    for threads, timings in floor_results.items():
+        label = f"{threads}" if threads > 0 else "default"
+        xla_s, torch_s = (", ".join(f"{t:.3g}" for t in ts) for ts in timings)
+        print(f"product floor [threads {label}], every round (s): XLA {xla_s}; torch {torch_s}")
+    for label, _, _, bound, measured in bounds:
+        print(
+            f"ratio [threads {label}]: bound torch / floor = {bound:.3g}, "
+            f"measured torch / cudt = {measured:.3g}"
+        )
+    return {"seconds": seconds, "speedup": ratios, "table": table, "bounds": bounds}
+
+
+def floor_bounds(floor_results: dict, seconds: dict) -> list[list]:
+    """Rows ``threads, floor s, torch s, torch / floor, torch / cudt`` (medians; the floor: the
+    faster of its timings) per thread count of ``floor_results`` (threads -> the floor's seconds
+    in every round, one list per way of timing it)."""
+    rows = []
+    for threads, timings in floor_results.items():
+        floor_s = min(median(ts) for ts in timings)
+        torch_s = seconds[("torch + Cooper", threads)]
+        label = f"{threads}" if threads > 0 else "default"
+        rows.append(
+            [label, floor_s, torch_s, torch_s / floor_s, torch_s / seconds[("cudt", threads)]]
+        )
+    return rows
 
 
 def measure(args: argparse.Namespace) -> dict:

@@ -42,7 +42,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -222,25 +222,58 @@ class Matmul:
 
 
 class ProductFloor:
-    """The step's FLOPs as float32 products alone: ``[256, 256] @ [256, width]`` products
-    (the shape of the video steps' products: a batch of 32 sequences of 8 tokens against a 256-
-    wide layer or a ``width``-atom dictionary) adding up to ``gflop``, in one jitted program. No
-    implementation of the step's arithmetic on these cores can take less time than its products,
-    so ``torch ms / floor ms`` bounds the ratio any of them could reach against the peer."""
+    """A step's FLOPs as float32 (``dtype``) products alone, in one jitted program: ``products``
+    lists ``(count, m, k, n)``, ``count`` products ``[m, k] @ [k, n]`` each (one batched product
+    per distinct shape, its own operands for every one of the ``count``). No implementation of the
+    step's arithmetic on these cores can take less time than its products, so ``torch s / floor
+    s`` bounds the ratio any of them could reach against the peer. :meth:`square` is the video
+    steps'; ``benchmarks/llm.py`` gives SmolLM2's products at their own shapes."""
 
-    def __init__(self, gflop: float, width: int):
+    def __init__(self, products: Sequence[tuple[int, int, int, int]], dtype=jnp.float32):
+        groups: dict[tuple[int, int, int], int] = {}
+        for count, m, k, n in products:
+            if count > 0:
+                groups[(m, k, n)] = groups.get((m, k, n), 0) + count
+        self.products = [(count, *shape) for shape, count in groups.items()]
+        self.flops = sum(2.0 * count * m * k * n for count, m, k, n in self.products)
+        rng = np.random.default_rng(2)  # numpy's: no compilation per shape
+
+        def normal(shape):
+            return jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
+
+        self.operands = [
+            (normal((count, m, k)), normal((count, k, n))) for count, m, k, n in self.products
+        ]
+
+        def program(operands):
+            return [jnp.einsum("kij,kjn->kin", a, b) for a, b in operands]
+
+        self.compiled = jax.jit(program).lower(self.operands).compile()
+
+    @classmethod
+    def square(cls, gflop: float, width: int) -> ProductFloor:
+        """``[256, 256] @ [256, width]`` products (the shape of the video steps' products: a
+        batch of 32 sequences of 8 tokens against a 256-wide layer or a ``width``-atom
+        dictionary) adding up to ``gflop``."""
         per = 2.0 * 256 * 256 * width
-        self.count = max(1, round(gflop * 1e9 / per))
-        self.flops = self.count * per
-        ka, kb = jax.random.split(jax.random.key(2))
-        self.a = jax.random.normal(ka, (self.count, 256, 256), jnp.float32)
-        self.b = jax.random.normal(kb, (self.count, 256, width), jnp.float32)
-        product = functools.partial(jnp.einsum, "kij,kjn->kin")
-        self.compiled = jax.jit(product).lower(self.a, self.b).compile()
+        return cls([(max(1, round(gflop * 1e9 / per)), 256, 256, width)])
 
     def block(self, calls: int) -> float:
         t0 = time.perf_counter()
-        jax.block_until_ready([self.compiled(self.a, self.b) for _ in range(calls)])
+        jax.block_until_ready([self.compiled(self.operands) for _ in range(calls)])
+        return (time.perf_counter() - t0) / calls
+
+    def torch_block(self, calls: int) -> float:
+        """The same products by torch's matrix library (``torch.bmm`` on the same buffers, shared
+        through DLPack; torch's threads), s/call: the floor of an implementation built on it."""
+        operands = [(torch.from_dlpack(a), torch.from_dlpack(b)) for a, b in self.operands]
+        cuda = operands[0][0].is_cuda
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            outputs = [torch.bmm(a, b) for a, b in operands]
+            if cuda:
+                torch.cuda.synchronize()
+            del outputs
         return (time.perf_counter() - t0) / calls
 
 
@@ -317,7 +350,7 @@ def measure(args: argparse.Namespace, *, on_setup: Callable[[VideoSetup], None] 
             if matmul is not None and flag == "default":
                 flop_counts[setup.name] = step_flops(setup, state, batch, key)
                 width = setup.cfg.dust_atoms**2 if model_name == "dust" else 256
-                floor = ProductFloor(flop_counts[setup.name][1] / 1e9, width)
+                floor = ProductFloor.square(flop_counts[setup.name][1] / 1e9, width)
             for threads in args.torch_threads:
                 label = thread_label(threads)
                 if matmul is not None and flag == "default":
