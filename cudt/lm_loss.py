@@ -242,9 +242,8 @@ def response_token_losses(
     per row for a frozen head, three for a trained one, when the forward keeps its float32
     logits (``(L+1)·capacity`` rows, rounded up to whole buckets) for the backward; otherwise
     the backward recomputes each bucket's logits (one more head product).
-    :func:`keeps_logits` decides by default: keep them where they fit in ``chunk_tokens`` on an
-    accelerator; recompute them on a CPU, where writing and re-reading the float32 logits
-    measured slower than the extra product (docs/speed.md).
+    :func:`keeps_logits` decides by default: keep them wherever they fit in ``chunk_tokens``
+    (on a quiet CPU too, where the extra product measured slower, docs/speed.md).
     The backward skips (``lax.cond``) every bucket whose rows all have a zero cotangent: an ERM
     run's intermediate readouts, which its metrics need and its gradient does not, and any
     layer whose multipliers are 0. A row with a zero cotangent contributes exactly zero, also
@@ -319,11 +318,12 @@ def response_token_losses(
 
 def keeps_logits(rows: int, chunk_tokens: int) -> bool:
     """Whether :func:`response_token_losses` keeps ``rows`` rows of float32 logits from the
-    forward to the backward by default: where they fit in ``chunk_tokens``, on an accelerator.
-    Not on a CPU: there the loop that writes and re-reads them measured slower than
-    recomputing them (SmolLM2's readout, 1333 rows: 3.9 s kept against 2.9 s recomputed,
-    interleaved, docs/speed.md)."""
-    return rows <= chunk_tokens and jax.default_backend() != "cpu"
+    forward to the backward by default: wherever they fit in ``chunk_tokens``, a CPU included.
+    On a quiet 2-core CPU, SmolLM2's readout (30 states × 43 response tokens, forward and
+    backward, interleaved medians of 5) took 1.40 s kept against 1.84 s recomputed (the extra
+    head product); an earlier measurement under a load of 9-11 had it the other way round
+    (docs/speed.md)."""
+    return rows <= chunk_tokens
 
 
 def default_bucket_tokens() -> int:
