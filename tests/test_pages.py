@@ -251,7 +251,7 @@ def test_the_results_pages_parse(capsys):
     for path in sorted(pages.PAGES.glob("*.md")):
         pieces = parse_page(path.read_text(encoding="utf-8"), str(path), list(BLOCKS))
         found |= {p[0] for p in pieces if not isinstance(p, str)}
-    assert {"video-default", "text-default"} <= found
+    assert set(BLOCKS) <= found  # every registered block is in a page
     with pytest.raises(SystemExit) as e:
         pages.main(["write", "--runs", "x", "--blocks", "nosuch"])
     assert e.value.code == 2
@@ -267,3 +267,80 @@ def test_entry_point_help():
         check=True,
     ).stdout
     assert "write" in out and "--check" in out and "--runs" in out
+
+
+JOB_ARGV = ("--settings", "video", "--seeds", "3")
+JOB = {"job": Block("job", "experiments.dual_study", JOB_ARGV, lambda: None, report="study.md")}
+REPORT = """# Dual-dynamics study
+
+3 runner calls, 6 constrained runs: 0.617 and 10.55.
+
+## Video default
+
+| combination | succeeded |
+|---|---|
+| lagrangian · nupi · alternating | 3/3 |
+
+### Detail
+
+## Figures
+
+![success](success.png)
+![multipliers](multipliers.png)
+
+Wall time of the job that wrote this: 812 s.
+"""
+
+
+def _job_runs(tmp_path: Path, argv=JOB_ARGV, commits=("a" * 40, "b" * 40)) -> Path:
+    """A job's folder in the layout the dual study writes: its report, and one results.json per
+    runner call in sub-folders (the calls' provenance: the job's command line)."""
+    runs = tmp_path / "runs"
+    folder = runs / "job"
+    for k, (commit, sub) in enumerate(zip(commits, ("video/erm", "video/nupi"), strict=True)):
+        (folder / sub).mkdir(parents=True)
+        record = {
+            "commit": commit,
+            "dirty": False,
+            "argv": ["/x/experiments/dual_study.py", *argv, "--out", str(folder)],
+            "started_utc": f"2026-11-27T0{k + 6}:30:00+00:00",
+            "cpu": "Test CPU",
+            "cores": 2,
+            "backend": "cpu",
+        }
+        (folder / sub / "results.json").write_text(json.dumps({"provenance": record}))
+    (folder / "study.md").write_text(REPORT)
+    return runs
+
+
+def test_a_jobs_block_is_its_report_under_its_calls_provenance(tmp_path, capsys):
+    runs = _job_runs(tmp_path)
+    page = tmp_path / "pages" / "p.md"
+    page.parent.mkdir()
+    page.write_text("## Section\n<!-- generated:job -->\nold 1.0\n<!-- end:job -->\nafter\n")
+    assert write_pages(page.parent, runs, registry=JOB) == 0
+    text = page.read_text()
+    head = text.splitlines()[2]
+    assert head.startswith(f"`python -m experiments.dual_study {' '.join(JOB_ARGV)}`: 2 runner")
+    assert "commit aaaaaaa and commit bbbbbbb" in head and "Test CPU, 2 cores" in head
+    assert "started 2026-11-27 06:30 UTC" in head and "07:30 UTC" in head and "812 s wall" in head
+    assert "# Dual-dynamics study" not in text  # the title: the page has its own
+    assert "\n### Video default\n" in text and "\n#### Detail\n" in text  # one level down
+    assert "Figures" not in text and "![" not in text and "Wall time of the job" not in text
+    assert "`success.png`, `multipliers.png` beside the report" in text
+    assert "| lagrangian · nupi · alternating | 3/3 |" in text and "0.617 and 10.55" in text
+    assert text.endswith("<!-- end:job -->\nafter\n") and "old 1.0" not in text
+    assert write_pages(page.parent, runs, registry=JOB, check=True) == 0
+    # a number of the report edited on the page: --check tells it
+    page.write_text(text.replace("10.55", "10.56"))
+    assert write_pages(page.parent, runs, registry=JOB, check=True) == 1
+    # a runner call made with other flags: the block is left alone
+    capsys.readouterr()
+    other = _job_runs(tmp_path / "other", argv=("--settings", "ut", "--seeds", "3"))
+    assert write_pages(page.parent, other, registry=JOB) == 0
+    assert "holds a runner call that was made with flags --settings ut" in capsys.readouterr().out
+    assert "10.56" in page.read_text()
+    # no report yet: `run` would make it; `write` leaves the block
+    (runs / "job" / "study.md").unlink()
+    assert write_pages(page.parent, runs, registry=JOB) == 0
+    assert f"no {runs / 'job' / 'study.md'}" in capsys.readouterr().out

@@ -8,7 +8,10 @@ A page under ``docs/results`` may hold generated blocks::
 
 Everything outside the blocks is kept byte for byte. :data:`BLOCKS` names each block's command
 (a module and its flags), the folder it reads under a runs root (``RUNS/<block>/results.json``)
-and its renderer. ``run`` makes the missing results (``python -m MODULE FLAGS --out
+and its renderer. A block of a *job* (a paper table, the dual study: ``Block.report`` names the
+report file the job writes from its sub-runs' results.json, ``table3.md``, ``study.md``) reads
+that report and every sub-run's results.json under ``RUNS/<block>``: its header gives their
+commits, machines and dates, and the report follows with its headings moved one level down. ``run`` makes the missing results (``python -m MODULE FLAGS --out
 RUNS/<block>``); ``write`` rewrites every block whose results exist, its header read from the
 run's ``provenance`` record (commit, machine, date) and its table from
 :func:`cudt.runner.report.summary_table`, the runner's own summary; ``write --check`` writes
@@ -37,6 +40,7 @@ __all__ = [
     "main",
     "parse_page",
     "render_page",
+    "render_job",
     "render_run",
     "run_blocks",
     "write_pages",
@@ -61,13 +65,15 @@ class Block:
     task: Callable[[], object]
     render: Callable[[Block, dict], str] | None = None
     folder: str | None = None
+    report: str | None = None  # a job's report file (its sub-runs' results.json beside it)
 
     @property
     def command(self) -> str:
         return shlex.join(["python", "-m", self.module, *self.argv])
 
     def results_path(self, runs: Path) -> Path:
-        return Path(runs) / (self.folder or self.name) / "results.json"
+        """The file whose presence means the command has run: results.json, or a job's report."""
+        return Path(runs) / (self.folder or self.name) / (self.report or "results.json")
 
 
 def _video_task():
@@ -82,6 +88,16 @@ def _text_task():
     return TextTask()
 
 
+_DUAL_GRID = (
+    "--formulations", "lagrangian,augmented", "--dual-optimizers", "sgd,nupi",
+    "--updates", "simultaneous,alternating", "--dual-lr-factors", "0.1,1,10", "--seeds", "3",
+)  # fmt: skip
+
+
+def _job(name: str, module: str, argv: tuple[str, ...], report: str) -> Block:
+    return Block(name, module, argv, lambda: None, report=report)  # rendered by render_job
+
+
 BLOCKS: dict[str, Block] = {
     b.name: b
     for b in (
@@ -89,6 +105,34 @@ BLOCKS: dict[str, Block] = {
         Block("video-default", "experiments.video_denoise", (), _video_task),
         # docs/results/text.md: the MiniLM default run
         Block("text-default", "experiments.text_classify", (), _text_task),
+        # docs/results/tables.md: the paper's tables at --scale tiny
+        _job("table3-tiny", "experiments.video_table", ("--scale", "tiny"), "table3.md"),
+        _job("table4-tiny", "experiments.text_table", ("--scale", "tiny"), "table4.md"),
+        # docs/results/dual_study.md: the video default's and the published UT's settings
+        _job(
+            "dual-video", "experiments.dual_study", ("--settings", "video", *_DUAL_GRID), "study.md"
+        ),
+        _job("dual-ut", "experiments.dual_study", ("--settings", "ut", *_DUAL_GRID), "study.md"),
+        # the video default's winning dynamics on the text default (one seed: text calls are long)
+        _job(
+            "dual-text",
+            "experiments.dual_study",
+            (
+                "--settings",
+                "text",
+                "--formulations",
+                "lagrangian",
+                "--dual-optimizers",
+                "nupi",
+                "--updates",
+                "alternating",
+                "--dual-lr-factors",
+                "0.1,1,10",
+                "--seeds",
+                "1",
+            ),
+            "study.md",
+        ),  # fmt: skip
     )
 }
 
@@ -129,11 +173,17 @@ def header_line(block: Block, results: dict) -> str:
     p = results.get("provenance")
     if not p:
         return f"{head}; provenance not recorded (commit, machine and date unknown); {wall_text}:"
+    return f"{head} at {_code(p)}; {_machine(p)}; {_started(p.get('started_utc'))}; {wall_text}:"
+
+
+def _code(p: dict) -> str:
     commit = p.get("commit")
     if commit is None:
-        code = "commit unknown (not a git checkout)"
-    else:
-        code = f"commit {commit[:7]}" + (" + uncommitted changes" if p.get("dirty") else "")
+        return "commit unknown (not a git checkout)"
+    return f"commit {commit[:7]}" + (" + uncommitted changes" if p.get("dirty") else "")
+
+
+def _machine(p: dict) -> str:
     cpu = p.get("cpu") or "CPU unknown"
     cores = p.get("cores")
     machine = cpu + (f", {cores} cores" if cores else "")
@@ -144,7 +194,60 @@ def header_line(block: Block, results: dict) -> str:
         kinds = ", ".join(p.get("device_kinds") or [])
         count = p.get("device_count")
         machine += f", {backend} backend ({kinds}" + (f" × {count})" if count else ")")
-    return f"{head} at {code}; {machine}; {_started(p.get('started_utc'))}; {wall_text}:"
+    return machine
+
+
+_WALL = re.compile(r"^Wall time of the job that wrote this: (?P<s>[0-9.]+) s\b.*$")
+_FIGURE = re.compile(r"^!\[[^\]]*\]\((?P<file>[^()]+)\)$")
+
+
+def _joined(values: Sequence[str]) -> str:
+    return " and ".join(dict.fromkeys(values))  # in order, each once
+
+
+def render_job(block: Block, results: dict) -> str:
+    """A job's block: one header line (the command; the commits, machines and start dates of
+    its sub-runs, read from their results.json; the job's wall time, from its report), then the
+    report as the job wrote it, its title dropped, its headings one level down, its figures
+    named (they are written beside the report, not kept in the repository)."""
+    records = [r.get("provenance") for r in results["subruns"]]
+    head = f"`{block.command}`"
+    n = len(records)
+    if not all(records):
+        missing = sum(1 for r in records if not r)
+        where = f"provenance not recorded for {missing} of its {n} runner calls"
+    else:
+        starts = sorted(r.get("started_utc") or "" for r in records)
+        dates = _started(starts[0]) + (f" (last call {_started(starts[-1])[8:]})" if n > 1 else "")
+        where = (
+            f"{n} runner calls at {_joined([_code(r) for r in records])}; "
+            f"{_joined([_machine(r) for r in records])}; {dates}"
+        )
+    body, figures, wall = [], [], None
+    lines = results["markdown"].splitlines()
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    for line in lines:
+        if m := _WALL.match(line):
+            wall = float(m.group("s"))
+        elif m := _FIGURE.match(line.strip()):
+            figures.append(m.group("file"))
+        elif line.startswith("#"):
+            body.append("#" + line)
+        else:
+            body.append(line)
+    while body and body[-1].strip() in ("", "### Figures"):  # the figures' heading, now empty
+        body.pop()
+    while body and not body[0].strip():
+        body.pop(0)
+    wall_text = f"{wall:.0f} s wall" if wall is not None else "wall time not recorded"
+    text = f"{head}: {where}; {wall_text}. Its report, verbatim:\n\n" + "\n".join(body) + "\n"
+    if figures:
+        text += (
+            f"\nThe command also writes {', '.join(f'`{f}`' for f in figures)} beside the "
+            "report (generated files, not kept in the repository).\n"
+        )
+    return text
 
 
 def render_run(block: Block, results: dict) -> str:
@@ -159,18 +262,29 @@ def render_run(block: Block, results: dict) -> str:
     return f"{header_line(block, results)}\n\n```\n{table}\n```\n"
 
 
-def _mismatch(block: Block, results: dict) -> str | None:
-    """Why ``results`` are not the block command's output, or None."""
-    task = block.task()
-    if results.get("experiment") != getattr(task, "name", None):
-        return f"holds experiment {results.get('experiment')!r}, not {task.name!r}"
-    argv = (results.get("provenance") or {}).get("argv")
+def _argv_mismatch(block: Block, argv) -> str | None:
     script = block.module.rsplit(".", 1)[-1] + ".py"
     if argv and Path(argv[0]).name != script:
         return f"was made by {argv[0]}, not by python -m {block.module}"
     if argv and _flags_of(argv) != list(block.argv):
         return f"was made with flags {shlex.join(_flags_of(argv)) or '(none)'}, not the block's"
     return None
+
+
+def _mismatch(block: Block, results: dict) -> str | None:
+    """Why ``results`` are not the block command's output, or None."""
+    if block.report is not None:
+        if not results["subruns"]:
+            return "has no runner call's results.json beside it"
+        for r in results["subruns"]:
+            why = _argv_mismatch(block, (r.get("provenance") or {}).get("argv"))
+            if why:
+                return f"holds a runner call that {why}"
+        return None
+    task = block.task()
+    if results.get("experiment") != getattr(task, "name", None):
+        return f"holds experiment {results.get('experiment')!r}, not {task.name!r}"
+    return _argv_mismatch(block, (results.get("provenance") or {}).get("argv"))
 
 
 # -- pages ------------------------------------------------------------------------------------
@@ -248,7 +362,14 @@ def _load_results(block: Block, runs: Path, say) -> dict | None:
         )
         return None
     try:
-        results = json.loads(path.read_text())
+        if block.report is None:
+            results = json.loads(path.read_text())
+        else:  # a job: its report, and every sub-run's results.json under its folder
+            subruns = sorted(path.parent.rglob("results.json"))
+            results = {
+                "markdown": path.read_text(encoding="utf-8"),
+                "subruns": [json.loads(p.read_text()) for p in subruns],
+            }
     except (OSError, ValueError) as e:
         say(f"{block.name}: cannot read {path} ({e}): block left unchanged")
         return None
@@ -290,7 +411,8 @@ def write_pages(
             continue
         results = _load_results(block, Path(runs), say)
         if results is not None:
-            bodies[name] = (block.render or render_run)(block, results)
+            default = render_job if block.report is not None else render_run
+            bodies[name] = (block.render or default)(block, results)
     stale = []
     for path, (text, pieces) in parsed.items():
         new = render_page(pieces, bodies)
@@ -313,7 +435,8 @@ def run_blocks(
     registry: dict[str, Block] | None = None,
     say=print,
 ) -> int:
-    """Runs the command of every block (all, or ``blocks``) whose results.json is missing, as
+    """Runs the command of every block (all, or ``blocks``) whose results.json (a job: report)
+    is missing, as
     ``python -m MODULE FLAGS --out RUNS/<folder>``; returns 0, or 1 if a command failed."""
     registry = BLOCKS if registry is None else registry
     failed = 0
