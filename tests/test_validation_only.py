@@ -184,3 +184,15 @@ def test_the_runners_verdicts_do_not_move_with_the_test_split(tmp_path):
         assert {k: ra[k] for k in verdicts} == {k: rb[k] for k in verdicts}
         assert ra["layer_loss_val"] == rb["layer_loss_val"]
         assert ra["layer_loss"] != rb["layer_loss"]  # the test numbers did change
+
+
+def test_the_text_summarys_monotone_column_is_the_validation_verdict():
+    """The accuracy tasks' summary shows the monotone verdict of validation data: flipping the
+    test split's check changes nothing, flipping the validation verdict changes the column."""
+    from cudt.tasks.accuracy import AccuracyReports
+
+    (column,) = AccuracyReports.after_columns(None)
+    run = _run(0, val_down=True)
+    shown = column.cell(run)
+    assert shown == column.cell(run | {"loss_decreases": not run["loss_decreases"]})
+    assert column.cell(run | {"loss_decreases_val": False}) != shown
