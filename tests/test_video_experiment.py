@@ -109,6 +109,17 @@ def test_results_json_has_every_run_and_key(diverging_run):
     healthy = next(r for r in runs if r["model"] == "dust" and not r["constrained"])
     assert healthy["rmse"][0] < healthy["rmse"][-1]
     assert results["config"]["steps"] == 20
+    # the summary's footer prints every run's RMSE per test γ and its per-state losses (×1e-4)
+    from cudt.tasks.video import VideoTask
+
+    footer = VideoTask().table_footer(runs).splitlines()
+    assert footer[0] == "test RMSE at gamma = " + " ".join(f"{g:g}" for g in runs[0]["test_gamma"])
+    assert footer[1] == f"{runs[0]['label']}: " + " ".join(f"{v:.3f}" for v in runs[0]["rmse"])
+    at_train = healthy["layer_loss"][healthy["test_gamma"].index(healthy["gamma_train"])]
+    line = next(x for x in footer[len(runs) + 2 :] if x.startswith(healthy["label"] + ":"))
+    assert [float(v) for v in line.split(": ")[1].split()] == pytest.approx(
+        [1e4 * v for v in at_train], abs=0.051
+    )
 
 
 @pytest.mark.slow

@@ -440,6 +440,21 @@ class VideoTask(Task):
             Column("meanRMSE", 9, lambda r: f"{r['mean_rmse']:.3f}"),
         ]
 
+    def table_footer(self, runs: list[dict]) -> str:
+        """Each run's test RMSE at every test γ and its mean test loss per state at γ_train
+        (×1e-4): the numbers behind ``rmse_vs_gamma.png`` and ``layer_loss.png``, printed so a
+        page quoting them quotes the command's output."""
+        if not runs:
+            return ""
+        gammas = " ".join(f"{g:g}" for g in runs[0]["test_gamma"])
+        lines = [f"test RMSE at gamma = {gammas}:"]
+        lines += [f"{r['label']}: " + " ".join(f"{v:.3f}" for v in r["rmse"]) for r in runs]
+        lines.append("mean test loss per state at gamma_train (x1e-4):")
+        for r in runs:
+            losses = r["layer_loss"][r["test_gamma"].index(r["gamma_train"])]
+            lines.append(f"{r['label']}: " + " ".join(f"{1e4 * v:.1f}" for v in losses))
+        return "\n".join(lines)
+
     def figures(self, runs, ratios, out, gammas, cfg):
         paths = [out / "layer_loss.png", out / "rmse_vs_gamma.png"]
         plots.plot_layer_losses(
