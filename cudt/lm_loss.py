@@ -318,11 +318,9 @@ def response_token_losses(
 
 def keeps_logits(rows: int, chunk_tokens: int) -> bool:
     """Whether :func:`response_token_losses` keeps ``rows`` rows of float32 logits from the
-    forward to the backward by default: wherever they fit in ``chunk_tokens``, a CPU included.
-    On a quiet 2-core CPU, SmolLM2's readout (30 states × 43 response tokens, forward and
-    backward, interleaved medians of 5) took 1.40 s kept against 1.84 s recomputed (the extra
-    head product); an earlier measurement under a load of 9-11 had it the other way round
-    (docs/speed.md)."""
+    forward to the backward by default: wherever they fit in ``chunk_tokens``, a CPU included
+    (recomputing them costs one more head product per row; ``python -m benchmarks llm`` times
+    the step that takes this default, docs/speed.md)."""
     return rows <= chunk_tokens
 
 

@@ -306,17 +306,16 @@ def ut_project(
     eigenvalue past the clip that Lanczos missed), and a second Lanczos run from another
     start vector finds the result's ``‖·‖₂ ≤ (1 + 1e-5)·clip``. Otherwise (more than 16
     eigenvalues past the clip, a spread spectrum near it, a random init) it falls back to
-    ``method="newton_schulz"``. Bounds and costs in that function's docstring. In the video
-    experiment's default training the clip is active at every step with a few eigenvalues past
-    it, the case the deflation is built for (the counts: ``git show 6c69b13``, ``2d6bc42``).
+    ``method="newton_schulz"``. Bounds and costs in that function's docstring. The case the
+    deflation is built for: a clip active at every step with a few eigenvalues past it, as in
+    the published UT's video training (``tests/test_linalg.py`` checks a spectrum of that shape).
     ``method="lanczos"`` or ``"newton_schulz"`` pins one of the two whatever the device.
     ``method="newton_schulz"`` (the default before): a skip test of the same kind (Lanczos on
     ``W̃_f²``), then Newton–Schulz sign and inverse square root, 26 matmuls (error below the
     distance ``δ`` of an eigenvalue to the clip, zero to float32 for ``δ ≥ 0.0033``).
     ``method="eigh"``: LAPACK's symmetric eigensolver (``cudt.linalg.eigh``), exact; on a CPU it
     wants one OpenBLAS thread (``cudt.runner.cli.configure_process``): with OpenBLAS's default
-    threads next to XLA's it is slow and erratic on a shared machine. On a CPU the default is
-    the cheapest of the three, ``eigh`` next, Newton–Schulz last (docs/speed.md).
+    threads next to XLA's it is slow and erratic on a shared machine.
     Use another method as ``functools.partial(ut_project, method="eigh")``.
 
     Contract: ``params`` is either one UT's own dict ``{"attn", "ffn", "bias"}`` or any nested
