@@ -113,7 +113,8 @@ def test_results_json_has_every_run_and_key(diverging_run):
     from cudt.tasks.video import VideoTask
 
     footer = VideoTask().table_footer(runs).splitlines()
-    assert footer[0] == "test RMSE at gamma = " + " ".join(f"{g:g}" for g in runs[0]["test_gamma"])
+    gammas = " ".join(f"{g:g}" for g in runs[0]["test_gamma"])
+    assert footer[0] == f"test RMSE at gamma = {gammas}:"
     assert footer[1] == f"{runs[0]['label']}: " + " ".join(f"{v:.3f}" for v in runs[0]["rmse"])
     at_train = healthy["layer_loss"][healthy["test_gamma"].index(healthy["gamma_train"])]
     line = next(x for x in footer[len(runs) + 2 :] if x.startswith(healthy["label"] + ":"))
