@@ -32,7 +32,8 @@ def _success(ax, summaries: list[dict], title: str) -> None:
     ax.set_xlim(0, 1)
     ax.set_xlabel("share of runs (all step sizes and seeds)")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_ylim(-1.6, len(ordered) - 0.5)  # an empty band at the bottom holds the legend
+    ax.legend(fontsize=7, loc="lower right", ncol=2)
 
 
 def _by_factor(ax, summaries: list[dict], title: str) -> None:
