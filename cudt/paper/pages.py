@@ -8,14 +8,16 @@ A page under ``docs/results`` may hold generated blocks::
 
 Everything outside the blocks is kept byte for byte. :data:`BLOCKS` names each block's command
 (a module and its flags), the folder it reads under a runs root (``RUNS/<block>/results.json``)
-and its renderer. A block of a *job* (a paper table, the dual study: ``Block.report`` names the
-report file the job writes from its sub-runs' results.json, ``table3.md``, ``study.md``) reads
-that report and every sub-run's results.json under ``RUNS/<block>``: its header gives their
-commits, machines and dates, and the report follows with its headings moved one level down. ``run`` makes the missing results (``python -m MODULE FLAGS --out
+and its renderer. ``run`` makes the missing results (``python -m MODULE FLAGS --out
 RUNS/<block>``); ``write`` rewrites every block whose results exist, its header read from the
 run's ``provenance`` record (commit, machine, date) and its table from
 :func:`cudt.runner.report.summary_table`, the runner's own summary; ``write --check`` writes
 nothing and exits 1 when a page differs from what ``write`` would make.
+
+A block of a *job* (a paper table, the dual study) names in ``Block.report`` the report the job
+writes from its runner calls' results.json (``table3.md``, ``study.md``); it reads that report
+and every call's results.json under ``RUNS/<block>``: its header gives their commits, machines
+and dates, the report follows with its headings one level down (:func:`render_job`).
 """
 
 from __future__ import annotations
@@ -92,6 +94,11 @@ _DUAL_GRID = (
     "--formulations", "lagrangian,augmented", "--dual-optimizers", "sgd,nupi",
     "--updates", "simultaneous,alternating", "--dual-lr-factors", "0.1,1,10", "--seeds", "3",
 )  # fmt: skip
+# the video default's winning dynamics on the text default (one seed: text calls are long)
+_DUAL_TEXT = (
+    "--settings", "text", "--formulations", "lagrangian", "--dual-optimizers", "nupi",
+    "--updates", "alternating", "--dual-lr-factors", "0.1,1,10", "--seeds", "1",
+)  # fmt: skip
 
 
 def _job(name: str, module: str, argv: tuple[str, ...], report: str) -> Block:
@@ -113,26 +120,7 @@ BLOCKS: dict[str, Block] = {
             "dual-video", "experiments.dual_study", ("--settings", "video", *_DUAL_GRID), "study.md"
         ),
         _job("dual-ut", "experiments.dual_study", ("--settings", "ut", *_DUAL_GRID), "study.md"),
-        # the video default's winning dynamics on the text default (one seed: text calls are long)
-        _job(
-            "dual-text",
-            "experiments.dual_study",
-            (
-                "--settings",
-                "text",
-                "--formulations",
-                "lagrangian",
-                "--dual-optimizers",
-                "nupi",
-                "--updates",
-                "alternating",
-                "--dual-lr-factors",
-                "0.1,1,10",
-                "--seeds",
-                "1",
-            ),
-            "study.md",
-        ),  # fmt: skip
+        _job("dual-text", "experiments.dual_study", _DUAL_TEXT, "study.md"),
     )
 }
 
@@ -157,11 +145,13 @@ def _flags_of(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _started(text: str | None) -> str:
-    if not text:
-        return "date not recorded"
+def _utc(text: str) -> str:
     t = datetime.datetime.fromisoformat(text).astimezone(datetime.UTC)
-    return "started " + t.strftime("%Y-%m-%d %H:%M UTC")
+    return t.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _started(text: str | None) -> str:
+    return "started " + _utc(text) if text else "date not recorded"
 
 
 def header_line(block: Block, results: dict) -> str:
@@ -218,7 +208,9 @@ def render_job(block: Block, results: dict) -> str:
         where = f"provenance not recorded for {missing} of its {n} runner calls"
     else:
         starts = sorted(r.get("started_utc") or "" for r in records)
-        dates = _started(starts[0]) + (f" (last call {_started(starts[-1])[8:]})" if n > 1 else "")
+        dates = _started(starts[0])
+        if n > 1 and starts[-1]:
+            dates += f" (last call {_utc(starts[-1])})"
         where = (
             f"{n} runner calls at {_joined([_code(r) for r in records])}; "
             f"{_joined([_machine(r) for r in records])}; {dates}"
@@ -435,9 +427,9 @@ def run_blocks(
     registry: dict[str, Block] | None = None,
     say=print,
 ) -> int:
-    """Runs the command of every block (all, or ``blocks``) whose results.json (a job: report)
-    is missing, as
-    ``python -m MODULE FLAGS --out RUNS/<folder>``; returns 0, or 1 if a command failed."""
+    """Runs the command of every block (all, or ``blocks``) whose results.json (a job's: its
+    report) is missing, as ``python -m MODULE FLAGS --out RUNS/<folder>``; returns 0, or 1 if a
+    command failed."""
     registry = BLOCKS if registry is None else registry
     failed = 0
     for name in list(registry) if blocks is None else blocks:
