@@ -90,6 +90,12 @@ def _text_task():
     return TextTask()
 
 
+def _llm_task():
+    from cudt.tasks.llm import LLMTask
+
+    return LLMTask()
+
+
 _DUAL_GRID = (
     "--formulations", "lagrangian,augmented", "--dual-optimizers", "sgd,nupi",
     "--updates", "simultaneous,alternating", "--dual-lr-factors", "0.1,1,10", "--seeds", "3",
@@ -112,6 +118,8 @@ BLOCKS: dict[str, Block] = {
         Block("video-default", "experiments.video_denoise", (), _video_task),
         # docs/results/text.md: the MiniLM default run
         Block("text-default", "experiments.text_classify", (), _text_task),
+        # docs/results/llm.md: the default run (a tiny decoder from scratch)
+        Block("llm-default", "experiments.llm_sft", (), _llm_task),
         # docs/results/tables.md: the paper's tables at --scale tiny
         _job("table3-tiny", "experiments.video_table", ("--scale", "tiny"), "table3.md"),
         _job("table4-tiny", "experiments.text_table", ("--scale", "tiny"), "table4.md"),
