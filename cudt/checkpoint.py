@@ -15,6 +15,14 @@ Saves are atomic (orbax writes a temporary folder and renames it when complete),
 in the middle of a save leaves the previous checkpoint as the latest one. ``pin(step)`` keeps a
 checkpoint beyond the last-k window: the last good checkpoint before a run diverged is pinned so
 it is never deleted by later saves.
+
+An asynchronous save writes while training goes on, so it holds the saved arrays until it is
+committed; the next step, which donates its input state, then cannot reuse their buffers and
+allocates a second state. On a GPU that second state is in device memory and the saved one in
+host memory; on the CPU both are in host memory, so an asynchronous save of a large CPU state
+costs a whole extra state of RAM (six SmolLM2 lanes with Adam: 9.7 GB). The default therefore
+saves a CPU state larger than a quarter of the available memory synchronously (it returns once
+the checkpoint is committed); smaller states and accelerator states are saved asynchronously.
 """
 
 from __future__ import annotations
@@ -39,7 +47,42 @@ import orbax.checkpoint as ocp
 
 from cudt.errors import CheckpointError
 
-__all__ = ["GroupCheckpointer", "PinnedOrLatest"]
+__all__ = ["GroupCheckpointer", "PinnedOrLatest", "available_memory", "host_bytes", "save_blocks"]
+
+
+def host_bytes(states: Any) -> int:
+    """Bytes of ``states``' arrays that live in host memory (numpy arrays, CPU jax arrays)."""
+    total = 0
+    for leaf in jax.tree.leaves(states):
+        if isinstance(leaf, jax.Array):
+            if all(d.platform == "cpu" for d in leaf.devices()):
+                total += leaf.nbytes
+        elif isinstance(leaf, np.ndarray):
+            total += leaf.nbytes
+    return total
+
+
+def available_memory() -> int | None:
+    """The host memory available to new allocations, in bytes (Linux's MemAvailable), or None
+    where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def save_blocks(states: Any, available: int | None = None) -> bool:
+    """Whether the default saves ``states`` synchronously: their host-memory part is larger than
+    a quarter of ``available`` (default: :func:`available_memory` now)."""
+    available = available_memory() if available is None else available
+    return available is not None and host_bytes(states) > available // 4
 
 
 @dataclasses.dataclass
@@ -61,21 +104,27 @@ class GroupCheckpointer:
     Args:
       directory: the group's checkpoint folder (created on the first save).
       keep: how many of the latest checkpoints to keep (pinned ones are kept too).
-      asynchronous: write in a background thread while training goes on; ``wait()`` blocks
-        until every save has been committed.
+      asynchronous: True: write in a background thread while training goes on (``wait()``
+        blocks until every save has been committed); False: every ``save`` returns once its
+        checkpoint is committed; None (default): asynchronous, except for a state in host memory
+        (CPU arrays) larger than a quarter of the memory available at the save
+        (:func:`save_blocks`), whose asynchronous save would cost a second copy of it.
     """
 
-    def __init__(self, directory: str | os.PathLike, *, keep: int = 2, asynchronous: bool = True):
+    def __init__(
+        self, directory: str | os.PathLike, *, keep: int = 2, asynchronous: bool | None = None
+    ):
         if keep < 1:
             raise CheckpointError(f"keep must be >= 1 checkpoint, got {keep}: pass keep >= 1")
         self.directory = Path(directory).absolute()
         self._policy = PinnedOrLatest(keep)
         self._failed = False
         self._closed = False
+        self._asynchronous = asynchronous
         options = ocp.CheckpointManagerOptions(
             preservation_policy=self._policy,
             create=True,
-            enable_async_checkpointing=asynchronous,
+            enable_async_checkpointing=asynchronous is not False,
         )
         try:
             self._manager = ocp.CheckpointManager(self.directory, options=options)
@@ -132,6 +181,8 @@ class GroupCheckpointer:
             )
         except Exception as e:  # a failed background save surfaces here, or in wait()
             self._write_failed(e)
+        if self._asynchronous is None and save_blocks(states):
+            self.wait()  # release the arrays before the next step donates them
 
     def restore(self, abstract_states: Any, step: int | None = None) -> tuple[Any, dict]:
         """``(states, loop)`` of ``step`` (default: the latest) into the structure of

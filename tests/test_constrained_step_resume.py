@@ -99,3 +99,42 @@ def test_four_devices_equal_one():
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "OK" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "asynchronous, available, blocks",
+    [
+        (False, None, True),
+        (None, 1 << 20, True),  # the default: a CPU state above a quarter of free memory ...
+        (None, 1 << 40, False),  # ... is saved synchronously, a small one asynchronously
+        (True, 1 << 20, False),
+    ],
+)
+def test_a_large_cpu_state_is_saved_without_a_second_copy(
+    tmp_path, monkeypatch, asynchronous, available, blocks
+):
+    """An asynchronous save holds the saved arrays until it is committed, so the next step,
+    which donates them, allocates a second state: on the CPU a whole extra state of RAM (six
+    SmolLM2 lanes: +9.7 GB, which killed a 24 GB run). A blocking save lets go of them first,
+    and the step reuses their buffers."""
+    import cudt.checkpoint as checkpoint
+
+    monkeypatch.setattr(checkpoint, "available_memory", lambda: available)
+    state = {"w": jnp.ones((512, 1024), jnp.float32), "step": jnp.zeros((), jnp.int32)}
+    assert checkpoint.host_bytes(state) == 512 * 1024 * 4 + 4
+    assert checkpoint.host_bytes({"w": np.ones(3, np.float64)}) == 24
+    assert checkpoint.save_blocks(state, available=16 * checkpoint.host_bytes(state)) is False
+    assert checkpoint.save_blocks(state, available=2 * checkpoint.host_bytes(state)) is True
+    pointer = state["w"].unsafe_buffer_pointer()
+    with GroupCheckpointer(tmp_path / "ck", asynchronous=asynchronous) as ck:
+        waits = []
+        monkeypatch.setattr(ck, "wait", lambda: waits.append(ck._manager.wait_until_finished()))
+        ck.save(1, state, {})
+        assert (len(waits) == 1 or asynchronous is False) is blocks
+        if blocks:
+            assert not ck._manager.is_saving_in_progress()
+            step = jax.jit(lambda s: {"w": s["w"] * 2, "step": s["step"] + 1}, donate_argnums=0)
+            assert step(state)["w"].unsafe_buffer_pointer() == pointer  # no second state
+        ck._manager.wait_until_finished()
+        restored, _ = ck.restore(None)
+    np.testing.assert_array_equal(restored["w"], np.ones((512, 1024), np.float32))
