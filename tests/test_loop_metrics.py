@@ -109,6 +109,32 @@ def test_a_group_on_cpu_equals_its_runs_trained_alone_bit_for_bit():
                 np.testing.assert_array_equal(h_group[name][r], h_alone[name][0])
 
 
+def test_a_resume_frees_the_fresh_states_before_restoring_and_continues_bitwise(tmp_path):
+    """A resumed group restores into the structure of the states it is handed and deletes their
+    arrays first (they are consumed, like the first chunk's donated input): a resume holds one
+    state, not two. It then ends where the uninterrupted run ends, to the bit."""
+    from cudt.checkpoint import GroupCheckpointer
+
+    data = toy_data()
+
+    def make_batch(key, s):
+        return data[sample_indices(key, s, data.shape[0], 8)]
+
+    ws = [[1.0, 0.9], [0.8, 0.7]]
+    step, states, keys = make_group(ws)
+    straight = train_group(step, states, keys, make_batch, 6, chunk_steps=2)
+    with GroupCheckpointer(tmp_path / "ck") as ck:
+        step, states, keys = make_group(ws)
+        train_group(step, states, keys, make_batch, 4, chunk_steps=2, checkpointer=ck)
+    with GroupCheckpointer(tmp_path / "ck") as ck:
+        step, fresh, keys = make_group(ws)
+        resumed = train_group(step, fresh, keys, make_batch, 6, chunk_steps=2, checkpointer=ck)
+    assert resumed.resumed_from == 4
+    assert all(leaf.is_deleted() for leaf in jax.tree.leaves(fresh))
+    for a, b in zip(jax.tree.leaves(straight.states), jax.tree.leaves(resumed.states), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_map_runs_modes_agree_and_one_run_calls_the_function_itself():
     def fn(w, x):
         return {"y": jnp.tanh(w @ x), "s": jnp.sum(w)}
