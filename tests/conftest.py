@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import tempfile
@@ -31,12 +32,75 @@ def _share_compiled_programs() -> None:
         "jax_persistent_cache_min_compile_time_secs": 0,
         "jax_persistent_cache_min_entry_size_bytes": 0,
     }
+    # Compiling is most of the suite's time (a profile: 511 s of XLA backend compilation in one
+    # worker against 49 s of tracing), and the suite's programs are tiny: XLA's optimisation
+    # passes cost more than they save on them (the few tests that train for minutes turn them
+    # back on: the ``optimized`` marker). The programs compute the same functions; the tests
+    # compare floats with tolerances, and bitwise claims (resume) compare two runs of the same
+    # build. A user's own setting is kept.
+    if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ:
+        settings["jax_disable_most_optimizations"] = True
     for name, value in settings.items():
         os.environ[name.upper()] = str(value)
         jax.config.update(name, value)
 
 
+def _one_thread_per_worker() -> None:
+    """With at least as many xdist workers as cores, each worker's XLA runs its matrix products
+    on one thread: Eigen's thread pool would otherwise put every core's threads in every
+    worker, which only adds contention (two files side by side on this 2-core machine: 8–13 %
+    less time). Set before jax starts its backend, in the environment so the processes
+    the tests start inherit it. A run without xdist (``-n 0``) keeps every core."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < (os.cpu_count() or 1):
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "multi_thread_eigen" in flags:
+        return  # the user's own threading
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
+
+
 _share_compiled_programs()
+_one_thread_per_worker()
+
+
+@contextlib.contextmanager
+def _optimizations_on():
+    """XLA's optimisation passes for a test that trains for minutes (the ``optimized``
+    marker), for this process's compilations and the processes it starts."""
+    before = jax.config.read("jax_disable_most_optimizations")
+    env = os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS")
+    jax.config.update("jax_disable_most_optimizations", False)
+    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "false"
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
+        if env is None:
+            os.environ.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
+        else:
+            os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = env
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _optimized_module(request):
+    """A module marked ``optimized`` (``pytestmark``): on for its module-scoped fixtures too
+    (autouse fixtures set up before the others of their scope)."""
+    marks = getattr(request.module, "pytestmark", [])
+    if any(m.name == "optimized" for m in (marks if isinstance(marks, list) else [marks])):
+        with _optimizations_on():
+            yield
+    else:
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _optimized_test(request):
+    if request.node.get_closest_marker("optimized") is not None:
+        with _optimizations_on():
+            yield
+    else:
+        yield
 
 
 @pytest.fixture(scope="session")

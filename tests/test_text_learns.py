@@ -35,6 +35,9 @@ from experiments import text_classify
 
 NUM_TRAIN, NUM_TEST, MAX_LENGTH = 600, 300, 96
 
+# trains for minutes: XLA's optimisation passes pay for themselves here
+pytestmark = pytest.mark.optimized
+
 
 def bag_of_words(tokens: TokenizedSplit, vocab: np.ndarray) -> np.ndarray:
     """Binary presence ``[N, len(vocab)]`` of each vocabulary token among a text's tokens."""

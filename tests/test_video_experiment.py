@@ -216,6 +216,7 @@ def _final_arrays(out: Path) -> dict[str, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.optimized  # three runs of 120 steps, in subprocesses
 def test_sigkill_then_resume_is_bitwise_the_uninterrupted_run(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     straight, killed = tmp_path / "straight", tmp_path / "killed"

@@ -25,6 +25,9 @@ SMALL = [
     "--seeds", "1",
 ]  # fmt: skip
 
+# trains for minutes: XLA's optimisation passes pay for themselves here
+pytestmark = pytest.mark.optimized
+
 
 @pytest.fixture(scope="module")
 def headline(tmp_path_factory):
