@@ -455,15 +455,18 @@ def start_sharded(args: argparse.Namespace, items: list[dict[str, Any]]) -> subp
     ).strip()
     env["JAX_PLATFORMS"] = "cpu"
     job = json.dumps({"args": _job_args(args), "items": items})
-    return subprocess.Popen(
+    errors = tempfile.TemporaryFile(mode="w+")  # XLA's warnings may outgrow a pipe
+    proc = subprocess.Popen(
         [sys.executable, "-c", "from benchmarks.memory_llm import worker; worker()", job],
         cwd=ROOT,
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=tempfile.TemporaryFile(mode="w+"),  # XLA's warnings may outgrow a pipe
+        stderr=errors,
         text=True,
     )
+    proc.errors = errors  # Popen keeps no handle on a file it was given (proc.stderr is None)
+    return proc
 
 
 def finish_sharded(proc: subprocess.Popen | None) -> dict[tuple, int]:
@@ -471,10 +474,11 @@ def finish_sharded(proc: subprocess.Popen | None) -> dict[tuple, int]:
     if proc is None:
         return {}
     out = proc.stdout.read()
-    if proc.wait() != 0:
-        proc.stderr.seek(0)
-        tail = "\n".join(proc.stderr.read().strip().splitlines()[-15:])
-        raise RuntimeError(f"the sharded-compile subprocess failed:\n{tail}")
+    with proc.errors as errors:
+        if proc.wait() != 0:
+            errors.seek(0)
+            tail = "\n".join(errors.read().strip().splitlines()[-15:])
+            raise RuntimeError(f"the sharded-compile subprocess failed:\n{tail}")
     results = {}
     for line in out.splitlines():
         item = json.loads(line)
