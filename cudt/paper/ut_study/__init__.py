@@ -116,7 +116,7 @@ class StudyConfig:
         "the settings stage: descent factors eps tried on the chosen UT (hard constraints)",
     )
     dual_lrs: tuple[float, ...] = flag(
-        (100.0, 1000.0), "the settings stage: dual rates tried on the chosen UT"
+        (10.0, 30.0, 100.0, 1000.0), "the settings stage: dual rates tried on the chosen UT"
     )
     settings: bool = flag(
         True,
