@@ -27,6 +27,7 @@ the checkpoint is committed); smaller states and accelerator states are saved as
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import gc
 import inspect
@@ -35,6 +36,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import traceback
 import types
 from collections.abc import Sequence
@@ -283,9 +285,28 @@ class GroupCheckpointer:
                 self._remove_partial_saves()
 
     def _remove_partial_saves(self) -> None:
-        """Deletes orbax's temporary folders of failed saves (complete saves are renamed)."""
-        for tmp in self.directory.glob("*.orbax-checkpoint-tmp*"):
-            shutil.rmtree(tmp, ignore_errors=True)
+        """Deletes orbax's temporary folders of failed saves (complete saves are renamed).
+
+        orbax reports a failed save while tensorstore may still be finishing its other writes,
+        and such a write can create its folder again inside the one just deleted (seen once in
+        a full test run on a loaded machine). So this deletes until none has come back for
+        ``_SETTLE_S`` (at most ``_SETTLE_MAX_S``), and once more when the process exits."""
+        deadline = time.monotonic() + _SETTLE_MAX_S
+        last_seen = time.monotonic()
+        while True:
+            found = list(self.directory.glob("*.orbax-checkpoint-tmp*"))
+            for tmp in found:
+                shutil.rmtree(tmp, ignore_errors=True)
+            now = time.monotonic()
+            if found:
+                last_seen = now
+            if now - last_seen >= _SETTLE_S or now >= deadline:
+                break
+            time.sleep(0.02)
+        if self.directory not in _SWEEP_AT_EXIT:
+            if not _SWEEP_AT_EXIT:
+                atexit.register(_sweep_partial_saves)
+            _SWEEP_AT_EXIT.add(self.directory)
 
     def _write_failed(self, error: Exception) -> None:
         """Removes the half-written checkpoint (orbax's temporary folder) and raises a
@@ -368,6 +389,17 @@ def install_log_filters() -> None:
 
 
 _READ_COROUTINE = re.compile(r"read|deserial|restore|load")
+
+
+_SETTLE_S = 0.2  # a failed save's folders are gone once none came back for this long
+_SETTLE_MAX_S = 5.0
+_SWEEP_AT_EXIT: set[Path] = set()  # folders of failed saves, swept again when the process exits
+
+
+def _sweep_partial_saves() -> None:
+    for directory in _SWEEP_AT_EXIT:
+        for tmp in directory.glob("*.orbax-checkpoint-tmp*"):
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _close_orbax_stragglers() -> int:

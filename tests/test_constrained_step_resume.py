@@ -138,3 +138,26 @@ def test_a_large_cpu_state_is_saved_without_a_second_copy(
         ck._manager.wait_until_finished()
         restored, _ = ck.restore(None)
     np.testing.assert_array_equal(restored["w"], np.ones((512, 1024), np.float32))
+
+
+def test_a_failed_saves_folder_that_a_late_write_recreates_is_removed_too(tmp_path):
+    """tensorstore may finish a write of a failed save after orbax reported the failure,
+    creating the save's temporary folder again: the cleanup waits until none comes back."""
+    import threading
+    import time
+
+    with GroupCheckpointer(tmp_path / "ckpt") as checkpointer:
+        tmp = checkpointer.directory / "2.orbax-checkpoint-tmp-123"
+        (tmp / "state").mkdir(parents=True)
+
+        def late_write():  # after the first removal, as a straggling writer would
+            while tmp.exists():
+                time.sleep(0.001)
+            time.sleep(0.05)
+            (tmp / "state" / "d").mkdir(parents=True)
+
+        writer = threading.Thread(target=late_write)
+        writer.start()
+        checkpointer._remove_partial_saves()
+        writer.join()
+        assert not tmp.exists()
