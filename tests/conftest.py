@@ -32,17 +32,21 @@ def _share_compiled_programs() -> None:
         "jax_persistent_cache_min_compile_time_secs": 0,
         "jax_persistent_cache_min_entry_size_bytes": 0,
     }
-    # Compiling is most of the suite's time (a profile: 511 s of XLA backend compilation in one
-    # worker against 49 s of tracing), and the suite's programs are tiny: XLA's optimisation
-    # passes cost more than they save on them (the few tests that train for minutes turn them
-    # back on: the ``optimized`` marker). The programs compute the same functions; the tests
-    # compare floats with tolerances, and bitwise claims (resume) compare two runs of the same
-    # build. A user's own setting is kept.
-    if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ:
-        settings["jax_disable_most_optimizations"] = True
     for name, value in settings.items():
         os.environ[name.upper()] = str(value)
         jax.config.update(name, value)
+
+
+def _skip_optimisation_passes() -> None:
+    """Compiling is most of the suite's time (a profile: 511 s of XLA backend compilation in
+    one worker against 49 s of tracing), and the suite's programs are tiny: XLA's optimisation
+    passes cost more than they save on them (the few tests that train for minutes turn them
+    back on: the ``optimized`` marker). The programs compute the same functions; the tests
+    compare floats with tolerances, and bitwise claims (resume) compare two runs of the same
+    build. A user's own setting is kept."""
+    if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ:
+        os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "True"
+        jax.config.update("jax_disable_most_optimizations", True)
 
 
 def _one_thread_per_worker() -> None:
@@ -61,6 +65,7 @@ def _one_thread_per_worker() -> None:
 
 
 _share_compiled_programs()
+_skip_optimisation_passes()
 _one_thread_per_worker()
 
 
