@@ -294,9 +294,7 @@ class GroupCheckpointer:
         deadline = time.monotonic() + _SETTLE_MAX_S
         last_seen = time.monotonic()
         while True:
-            found = list(self.directory.glob("*.orbax-checkpoint-tmp*"))
-            for tmp in found:
-                shutil.rmtree(tmp, ignore_errors=True)
+            found = _remove_tmp_folders(self.directory)
             now = time.monotonic()
             if found:
                 last_seen = now
@@ -396,10 +394,17 @@ _SETTLE_MAX_S = 5.0
 _SWEEP_AT_EXIT: set[Path] = set()  # folders of failed saves, swept again when the process exits
 
 
+def _remove_tmp_folders(directory: Path) -> list[Path]:
+    """Deletes orbax's temporary folders in ``directory``; returns those it found."""
+    found = list(directory.glob("*.orbax-checkpoint-tmp*"))
+    for tmp in found:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return found
+
+
 def _sweep_partial_saves() -> None:
     for directory in _SWEEP_AT_EXIT:
-        for tmp in directory.glob("*.orbax-checkpoint-tmp*"):
-            shutil.rmtree(tmp, ignore_errors=True)
+        _remove_tmp_folders(directory)
 
 
 def _close_orbax_stragglers() -> int:

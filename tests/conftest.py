@@ -91,8 +91,7 @@ def _optimizations_on():
 def _optimized_module(request):
     """A module marked ``optimized`` (``pytestmark``): on for its module-scoped fixtures too
     (autouse fixtures set up before the others of their scope)."""
-    marks = getattr(request.module, "pytestmark", [])
-    if any(m.name == "optimized" for m in (marks if isinstance(marks, list) else [marks])):
+    if request.node.get_closest_marker("optimized") is not None:  # the Module's own marks
         with _optimizations_on():
             yield
     else:
