@@ -25,8 +25,9 @@ chunk of logits at a time, forward and backward: at Llama-3 sizes (L = 32, V = 1
 logits of one 4 x 512-token batch are 33 x 2048 x 128256 float32 = 35 GB.
 :func:`response_token_losses` (the LLM task's) gives them too, reading out exactly the response
 tokens (a packed gather, rows processed in buckets: padding costs less than one bucket) through
-a fused cross-entropy whose backward reuses the forward's logits (on an accelerator; a CPU
-recomputes them, measured faster there) and skips every bucket whose rows get no gradient (an ERM run's intermediate readouts, a constraint whose multipliers are 0).
+a fused cross-entropy whose backward reuses the forward's logits wherever they fit in memory
+and skips every bucket whose rows get no gradient (an ERM run's intermediate readouts, a
+constraint whose multipliers are 0).
 """
 
 from __future__ import annotations
@@ -244,9 +245,9 @@ def response_token_losses(
     the backward recomputes each bucket's logits (one more head product).
     :func:`keeps_logits` decides by default: keep them wherever they fit in ``chunk_tokens``
     (on a quiet CPU too, where the extra product measured slower, docs/speed.md).
-    The backward skips (``lax.cond``) every bucket whose rows all have a zero cotangent: an ERM
-    run's intermediate readouts, which its metrics need and its gradient does not, and any
-    layer whose multipliers are 0. A row with a zero cotangent contributes exactly zero, also
+    The backward loops over only the buckets with a nonzero cotangent, listed first (no branch
+    inside the loop): it skips an ERM run's intermediate readouts, which its metrics need and
+    its gradient does not, and any layer whose multipliers are 0. A row with a zero cotangent contributes exactly zero, also
     where its logits are not finite.
 
     Values and gradients (w.r.t. the states, the head and anything ``norm_fn`` closes over)
@@ -340,10 +341,13 @@ def response_capacities(masks) -> tuple[int, ...]:
     return tuple(int(c) for c in np.maximum(np.cumsum(np.sort(counts)[::-1]), 1))
 
 
-def _head_logits(x: jax.Array, head: jax.Array) -> jax.Array:
-    """``x [C, D] @ head [D, V]``: float32 logits (the forward's, and the backward's when it
-    recomputes them)."""
-    return jnp.dot(x, head, preferred_element_type=jnp.float32)
+def _head_logits(x: jax.Array, head_t: jax.Array) -> jax.Array:
+    """``x [C, D] @ head_tᵀ`` with ``head_t [V, D]``: float32 logits (the forward's, and the
+    backward's when it recomputes them). The loops take the head as ``[V, D]``: a tied head is
+    the embedding table transposed, and XLA folds ``transpose(transpose(table))`` outside the
+    loop, where a ``[D, V]`` operand inside it cost a copy of the table every step
+    (``python -m benchmarks llm``'s profile, docs/speed.md)."""
+    return jnp.einsum("cd,vd->cv", x, head_t, preferred_element_type=jnp.float32)
 
 
 @functools.cache
@@ -369,17 +373,17 @@ def _fused_readout(bucket: int, keep_logits: bool) -> Callable:
         num_states, cap, _ = normed.shape
         vocab = head.shape[1]
         held = math.ceil(num_states * cap / bucket) * bucket if keep else 0
+        head_t = jnp.transpose(head)  # [V, D], see _head_logits
 
         def body(k, carry):
             ce, hit, saved, saved_lse = carry
             layer, pos, _ = places(k, num_states, count)
             x = normed[jnp.minimum(layer, num_states - 1), pos]  # [bucket, D]
             lab = labels[pos]
-            logits = _head_logits(x, head)
-            lse = jax.nn.logsumexp(logits, axis=-1)
-            label_logit = jnp.take_along_axis(logits, lab[:, None], axis=-1)[:, 0]
+            logits = _head_logits(x, head_t)
+            lse, label_logit, is_top = _row_stats(logits, lab)
             ce = ce.at[layer, pos].set(lse - label_logit, mode="drop")
-            hit = hit.at[layer, pos].set(jnp.argmax(logits, axis=-1) == lab, mode="drop")
+            hit = hit.at[layer, pos].set(is_top, mode="drop")
             if keep:
                 saved = jax.lax.dynamic_update_slice(saved, logits, (k * bucket, 0))
                 saved_lse = jax.lax.dynamic_update_slice(saved_lse, lse, (k * bucket,))
@@ -413,52 +417,56 @@ def _fused_readout(bucket: int, keep_logits: bool) -> Callable:
         trained = flag is not None
         if isinstance(g_ce, SymbolicZero):
             return (jnp.zeros_like(normed), jnp.zeros_like(head) if trained else None, None, None)
-        num_states, _, _ = normed.shape
+        num_states, cap, _ = normed.shape
         vocab = head.shape[1]
         ids = jnp.arange(vocab, dtype=labels.dtype)
         head_t = jnp.transpose(head)  # [V, D], once for every bucket
 
-        def body(k, carry):
+        def row_grads(k):  # bucket k's rows and their cotangents (0 on the padding)
             layer, pos, valid = places(k, num_states, count)
-            g = jnp.where(valid, g_ce[jnp.minimum(layer, num_states - 1), pos], 0.0)
+            return layer, pos, jnp.where(valid, g_ce[jnp.minimum(layer, num_states - 1), pos], 0.0)
 
-            kept = ()
-            if keep_logits:  # sliced here: the branch gets this bucket's rows, not the buffer
-                kept = (
-                    jax.lax.dynamic_slice(saved, (k * bucket, 0), (bucket, vocab)),
-                    jax.lax.dynamic_slice(saved_lse, (k * bucket,), (bucket,)),
+        # only the buckets with a nonzero cotangent, listed first and looped over: no branch
+        # inside the loop (XLA:CPU copied a conditional's operands, the head among them, into
+        # the branch at every bucket: python -m benchmarks llm's profile, docs/speed.md)
+        most = math.ceil(num_states * cap / bucket)
+        ks = jnp.arange(most)
+        wanted = jnp.any(jax.vmap(row_grads)(ks)[2] != 0, axis=1) & (
+            ks < num_buckets(num_states, count)
+        )
+        (order,) = jnp.nonzero(wanted, size=most, fill_value=0)
+
+        def body(i, carry):
+            d_normed, d_head = carry
+            k = order[i]
+            layer, pos, g = row_grads(k)
+            x = normed[jnp.minimum(layer, num_states - 1), pos]  # [bucket, D]
+            if keep_logits:
+                logits = jax.lax.dynamic_slice(saved, (k * bucket, 0), (bucket, vocab))
+                lse = jax.lax.dynamic_slice(saved_lse, (k * bucket,), (bucket,))
+            else:
+                logits = _head_logits(x, head_t)
+                lse = jax.nn.logsumexp(logits, axis=-1)
+            lab = labels[pos]
+            # where, not a product: a row without gradient adds exactly 0 (also a NaN row)
+            dz = jnp.where(
+                (g != 0)[:, None],
+                g[:, None] * (jnp.exp(logits - lse[:, None]) - (ids == lab[:, None])),
+                0.0,
+            )  # [bucket, V] float32
+            dx = jnp.dot(dz.astype(head.dtype), head_t, preferred_element_type=jnp.float32)
+            d_normed = d_normed.at[layer, pos].add(dx, mode="drop")
+            if trained:
+                d_head = d_head + jnp.dot(
+                    x.T, dz.astype(x.dtype), preferred_element_type=jnp.float32
                 )
-
-            def grads(carry, kept):
-                d_normed, d_head = carry
-                x = normed[jnp.minimum(layer, num_states - 1), pos]  # [bucket, D]
-                if keep_logits:
-                    logits, lse = kept
-                else:
-                    logits = _head_logits(x, head)
-                    lse = jax.nn.logsumexp(logits, axis=-1)
-                lab = labels[pos]
-                # where, not a product: a row without gradient adds exactly 0 (also a NaN row)
-                dz = jnp.where(
-                    (g != 0)[:, None],
-                    g[:, None] * (jnp.exp(logits - lse[:, None]) - (ids == lab[:, None])),
-                    0.0,
-                )  # [bucket, V] float32
-                dx = jnp.dot(dz.astype(head.dtype), head_t, preferred_element_type=jnp.float32)
-                d_normed = d_normed.at[layer, pos].add(dx, mode="drop")
-                if trained:
-                    d_head = d_head + jnp.dot(
-                        x.T, dz.astype(x.dtype), preferred_element_type=jnp.float32
-                    )
-                return d_normed, d_head
-
-            return jax.lax.cond(jnp.any(g != 0), grads, lambda c, _: c, carry, kept)
+            return d_normed, d_head
 
         init = (
             jnp.zeros(normed.shape, jnp.float32),
             jnp.zeros(head.shape, jnp.float32) if trained else None,
         )
-        d_normed, d_head = jax.lax.fori_loop(0, num_buckets(num_states, count), body, init)
+        d_normed, d_head = jax.lax.fori_loop(0, jnp.sum(wanted), body, init)
         return (
             d_normed.astype(normed.dtype),
             d_head.astype(head.dtype) if trained else None,
@@ -610,9 +618,25 @@ def _rows_full_vocab(
 ) -> tuple[jax.Array, jax.Array]:
     """``normed [C, D]`` -> per-row ``(ce [C], correct [C])`` over the whole vocabulary."""
     logits = jnp.dot(normed, head, preferred_element_type=jnp.float32)  # [C, V]
+    lse, label_logit, is_top = _row_stats(logits, labels)
+    return lse - label_logit, is_top
+
+
+def _row_stats(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``logits [C, V]``, ``labels [C]`` -> ``(lse, label_logit, correct) [C]``: the
+    log-sum-exp, the label's logit and ``argmax(logits) == label`` (ties to the lowest id).
+
+    The argmax is not computed: the label is the argmax exactly when its logit is the row's
+    maximum and no lower id reaches it. XLA:CPU's variadic (value, index) reduce is several
+    times slower than a plain maximum, and the maximum is the log-sum-exp's anyway
+    (``python -m benchmarks llm`` times the step, docs/speed.md)."""
+    top = jnp.max(logits, axis=-1)  # [C]
+    shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))
+    lse = shift + jnp.log(jnp.sum(jnp.exp(logits - shift[:, None]), axis=-1))
     label_logit = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
-    ce = jax.nn.logsumexp(logits, axis=-1) - label_logit
-    return ce, jnp.argmax(logits, axis=-1) == labels
+    ids = jnp.arange(logits.shape[-1], dtype=labels.dtype)
+    earlier_tie = jnp.any((logits == top[:, None]) & (ids < labels[:, None]), axis=-1)
+    return lse, label_logit, (label_logit == top) & ~earlier_tie
 
 
 def _rows_vocab_chunked(

@@ -255,3 +255,25 @@ def test_erm_lanes_take_the_plain_last_layer_gradient_without_the_intermediate_r
         np.testing.assert_allclose(new, old - lr * g, rtol=RTOL, atol=ATOL)
     layer_loss = np.asarray(metrics["layer_loss"])
     assert np.isnan(layer_loss[0]) == poison and np.all(np.isfinite(layer_loss[1:]))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        functools.partial(response_token_losses, bucket_tokens=4, keep_logits=True),
+        functools.partial(lm_loss.layer_token_losses, chunk_tokens=5),
+    ],
+    ids=["packed", "chunked"],
+)
+def test_accuracy_breaks_ties_to_the_lowest_id_as_argmax_does(fn):
+    """The accuracy reads the row maximum, not an argmax: a label tied with a lower id at the top
+    is a miss, a label tied only with higher ids a hit (jnp.argmax's rule)."""
+    d = 4
+    head = jnp.zeros((d, V)).at[0, 7].set(1.0).at[0, 3].set(1.0).at[0, 9].set(1.0)
+    states = jnp.zeros((2, 1, 4, d)).at[:, :, :, 0].set(2.0)  # logits: 2 at ids 3, 7, 9; else 0
+    labels = jnp.array([[3, 7, 9, 0]])
+    mask = jnp.ones((1, 4), bool)
+    _, acc = fn(states, lambda x: x, head, labels, mask)
+    _, acc_naive = naive_layer_token_losses(states, lambda x: x, head, labels, mask)
+    np.testing.assert_array_equal(acc, acc_naive)
+    np.testing.assert_allclose(acc, [[0.25, 0.25]])  # only label 3 (the lowest tied id) hits
