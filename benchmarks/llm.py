@@ -74,6 +74,7 @@ from benchmarks.peer import (
     relative_diff,
     torch_threads,
 )
+from benchmarks.profile import print_profile, trace_thunks
 from benchmarks.step import ProductFloor
 from cudt.lm_loss import default_bucket_tokens, keeps_logits
 from cudt.models.llama import smollm2_gguf_path, write_decoder_folder
@@ -159,7 +160,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=0.0,
         help="add this relative Gaussian noise to the torch side's weights: the check must fail",
     )
-    return p.parse_args(argv)
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="after the timed rounds, trace two cudt steps with jax's profiler (written under "
+        "DIR) and print where the step spends its time: per part, matrix products vs the rest, "
+        "and the slowest thunks that are not products (XLA:CPU only; benchmarks/profile.py)",
+    )
+    args = p.parse_args(argv)
+    if args.profile is not None and jax.default_backend() != "cpu":
+        p.error("--profile reads XLA:CPU's thunk events: run it on a CPU (JAX_PLATFORMS=cpu)")
+    return args
 
 
 # --------------------------------------------------------------------------------------------------
@@ -666,6 +678,13 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             f"ratio [threads {label}]: bound torch / floor = {bound:.3g}, "
             f"measured torch / cudt = {measured:.3g}"
         )
+    if args.profile is not None:
+        hlo = cudt_side.step.lower(cudt_side.state, cudt_side.batch, cudt_side.key).compile()
+        thunks = trace_thunks(cudt_side, hlo.as_text(), steps=2, out=Path(args.profile))
+        print(
+            f"\nwhere cudt's step spends its time: two steps traced (jax.profiler, {args.profile})"
+        )
+        print_profile(thunks)
     return {"seconds": seconds, "speedup": ratios, "table": table, "bounds": bounds}
 
 

@@ -298,7 +298,8 @@ def response_token_losses(
     rows = states.reshape(num_states, batch * seq, dim)[:, idx]  # [L+1, cap, D]
     safe = _safe_labels(labels, loss_mask, vocab).reshape(-1)[idx]  # [cap]
     readout = _fused_readout(bucket, bool(keep_logits))
-    ce, correct = readout(norm_fn(rows), head, safe, count)  # [L+1, cap] each
+    with jax.named_scope("readout"):  # profiles name the readout's operations by this scope
+        ce, correct = readout(norm_fn(rows), head, safe, count)  # [L+1, cap] each
 
     sample = jnp.where(packed, idx // seq, batch)  # [cap]; batch: dropped by the sums
     weight = loss_mask.reshape(-1)[idx].astype(jnp.float32)  # [cap]

@@ -273,8 +273,8 @@ def _fresh(tiny_llm):
 
 
 @pytest.mark.slow
-def test_llm_tiny_agrees_with_transformers_and_cooper_and_prints_its_table(capsys):
-    argv = "--tiny --batch 2 --seq 32 --rounds 1"
+def test_llm_tiny_agrees_with_transformers_and_cooper_and_prints_its_table(capsys, tmp_path):
+    argv = f"--tiny --batch 2 --seq 32 --rounds 1 --profile {tmp_path / 'trace'}"
     assert llm.main(argv.split()) == 0
     out = capsys.readouterr().out
     _check_header(out, "llm", argv)
@@ -293,6 +293,16 @@ def test_llm_tiny_agrees_with_transformers_and_cooper_and_prints_its_table(capsy
     assert all(r[7] == "n/a" for r in rows)  # no GPU: no MFU
     speedup = float(re.search(r"ratio \[threads default\]: .* = ([\d.e+]+)", out).group(1))
     assert math.isclose(speedup, float(rows[1][3]) / float(rows[0][3]), rel_tol=0.02)
+    # --profile: every part of the step found by its scope, its products among its thunks
+    assert list((tmp_path / "trace").glob("**/perfetto_trace.json.gz"))
+    parts = dict(
+        re.findall(r"^\| ((?:blocks|readout) (?:forward|backward)) \| (\d+) \|", out, re.M)
+    )
+    assert sorted(parts) == sorted(
+        f"{s} {d}" for s in ("blocks", "readout") for d in ("forward", "backward")
+    )
+    assert all(int(n) > 0 for n in parts.values()), parts
+    assert re.search(r"^\| the rest \(optimisers, losses, noise\) \| [1-9]", out, re.M)
 
 
 @pytest.mark.slow

@@ -146,7 +146,8 @@ def run_blocks(
     body = (
         jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable) if remat else block
     )
-    _, (states, keys, values) = jax.lax.scan(body, x, blocks)
+    with jax.named_scope("blocks"):  # profiles name the blocks' operations by this scope
+        _, (states, keys, values) = jax.lax.scan(body, x, blocks)
     return states, keys, values
 
 
