@@ -7,7 +7,8 @@ are not products. XLA:CPU runs a compiled program as a sequence of thunks, one p
 operation, each a trace event named after its HLO instruction; the instruction's ``op_name``
 metadata says which part of the step it belongs to, by the library's named scopes
 (``blocks`` in :func:`cudt.models.llama.layers.run_blocks`, ``readout`` in
-:func:`cudt.lm_loss.response_token_losses`) and ``transpose(...)`` for the backward pass.
+:func:`cudt.lm_loss.response_token_losses`; the decoder's jitted forward, ``_forward``, counts
+as its blocks) and ``transpose(...)`` for the backward pass.
 Thunks on different cores may overlap, so the parts can add up to more than the step's time.
 """
 
@@ -46,8 +47,13 @@ class Thunk:
     @property
     def part(self) -> str:
         backward = "transpose(" in self.op_name
-        for scope in ("blocks", "readout"):
-            if re.search(rf"(^|[/(]){scope}([/)]|$)", self.op_name):
+        for scope, pattern in (
+            # the decoder's jitted forward holds the blocks' scan; the backward's zeroed
+            # gradient accumulators are named after it, not after the scope
+            ("blocks", r"(^|[/(])(blocks|jit\(_forward)([/)]|$)"),
+            ("readout", r"(^|[/(])readout([/)]|$)"),
+        ):
+            if re.search(pattern, self.op_name):
                 return f"{scope} {'backward' if backward else 'forward'}"
         return PARTS[-1]
 
