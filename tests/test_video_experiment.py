@@ -174,6 +174,9 @@ def test_help_lists_every_config_field(capsys):
         assert "--" + f.name.replace("_", "-") in text
 
 
+STEPS = 40  # a checkpoint every 5: the kill lands after the first, the resume saves 7 more
+
+
 def _cli(out: Path, *extra: str) -> list[str]:
     return [
         sys.executable,
@@ -185,9 +188,11 @@ def _cli(out: Path, *extra: str) -> list[str]:
         "--seeds",
         "2",
         "--steps",
-        "120",
+        str(STEPS),
         "--chunk-steps",
         "5",
+        "--warmup-steps",
+        "0",  # the constraints act from the first step: live slacks within STEPS
         # explicit slacks, so the resumed state's slacks are compared while they are non-zero
         # (they exist on make_train_step's path: projected SGD ascent, simultaneous updates)
         "--resilience",
@@ -208,7 +213,7 @@ def _final_arrays(out: Path) -> dict[str, dict]:
     arrays = {}
     for group in ("ut-3",):
         ckpt = GroupCheckpointer(out / "checkpoints" / group)
-        assert ckpt.latest_step() == 120
+        assert ckpt.latest_step() == STEPS
         states, _ = ckpt.restore(None)
         ckpt.close()
         arrays[group] = states
@@ -216,7 +221,7 @@ def _final_arrays(out: Path) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.optimized  # three runs of 120 steps, in subprocesses
+@pytest.mark.optimized  # three runs of STEPS steps, in subprocesses
 def test_sigkill_then_resume_is_bitwise_the_uninterrupted_run(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     straight, killed = tmp_path / "straight", tmp_path / "killed"
@@ -235,7 +240,7 @@ def test_sigkill_then_resume_is_bitwise_the_uninterrupted_run(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     saved = sorted(int(p.name) for p in group.iterdir() if p.name.isdigit())
-    assert saved and max(saved) < 120 and not (killed / "results.json").exists()
+    assert saved and max(saved) < STEPS and not (killed / "results.json").exists()
 
     resumed = subprocess.run(_cli(killed), cwd=ROOT, env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
