@@ -247,8 +247,8 @@ def response_token_losses(
     (on a quiet CPU too, where the extra product measured slower, docs/speed.md).
     The backward loops over only the buckets with a nonzero cotangent, listed first (no branch
     inside the loop): it skips an ERM run's intermediate readouts, which its metrics need and
-    its gradient does not, and any layer whose multipliers are 0. A row with a zero cotangent contributes exactly zero, also
-    where its logits are not finite.
+    its gradient does not, and any layer whose multipliers are 0. A row with a zero cotangent
+    contributes exactly zero, also where its logits are not finite.
 
     Values and gradients (w.r.t. the states, the head and anything ``norm_fn`` closes over)
     equal the naive version's up to float32 summation order, with the conventions of the module
