@@ -447,11 +447,19 @@ def readout_rows(cudt_side: CudtSide) -> str:
         how = "logits rematerialised in the backward" if chunks > 1 else "no rematerialisation"
         return f"every position: {rows} readout rows in {chunks} chunk{'s' * (chunks > 1)}, {how}"
     rows = states * int(np.sum(np.asarray(ex["loss_mask"]) != 0))
-    cap = data.response_capacity[min(batch, len(data.response_capacity)) - 1]
+    b = min(batch, len(data.response_capacity))
+    cap = data.response_capacity[b - 1]
+    typical = data.response_keep or ()
+    keep = min(cap, typical[b - 1]) if b <= len(typical) else cap
     bucket = min(cudt_side.cfg.bucket_tokens or default_bucket_tokens(), states * cap)
     buckets = math.ceil(rows / bucket)
-    kept = keeps_logits(math.ceil(states * cap / bucket) * bucket, held)
-    how = "logits kept for the backward" if kept else "logits recomputed in the backward"
+    kept_buckets = math.ceil(states * keep / bucket)
+    if not keeps_logits(kept_buckets * bucket, held):
+        how = "logits recomputed in the backward"
+    elif buckets <= kept_buckets:
+        how = f"logits kept for the backward (up to {kept_buckets} buckets)"
+    else:
+        how = f"logits kept for {kept_buckets} buckets, recomputed for {buckets - kept_buckets}"
     return (
         f"exactly the response tokens: {rows} readout rows in {buckets} "
         f"bucket{'s' * (buckets > 1)} of {bucket} "

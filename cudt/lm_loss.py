@@ -52,6 +52,7 @@ __all__ = [
     "layer_token_losses",
     "naive_layer_token_losses",
     "response_capacities",
+    "response_keep_tokens",
     "response_span",
     "response_token_losses",
 ]
@@ -224,6 +225,7 @@ def response_token_losses(
     bucket_tokens: int | None = None,
     chunk_tokens: int | None = None,
     keep_logits: bool | None = None,
+    keep_tokens: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`naive_layer_token_losses`, reading out exactly the response tokens.
 
@@ -245,6 +247,12 @@ def response_token_losses(
     the backward recomputes each bucket's logits (one more head product).
     :func:`keeps_logits` decides by default: keep them wherever they fit in ``chunk_tokens``
     (on a quiet CPU too, where the extra product measured slower, docs/speed.md).
+    ``keep_tokens`` sizes the kept logits by a typical batch rather than the largest: the
+    buckets of the first ``(L+1)·keep_tokens`` rows are kept, and a batch with more response
+    tokens recomputes the logits of the buckets past them in the backward (one more head product
+    for those rows only). The kept buffer is written in place by the forward's loop, so it is
+    zeroed every step: sized by ``capacity``, it cost more than the readout's arithmetic when a
+    typical batch fills a quarter of it (:func:`response_keep_tokens`, docs/speed.md).
     The backward loops over only the buckets with a nonzero cotangent, listed first (no branch
     inside the loop): it skips an ERM run's intermediate readouts, which its metrics need and
     its gradient does not, and any layer whose multipliers are 0. A row with a zero cotangent
@@ -264,6 +272,8 @@ def response_token_losses(
         :func:`default_chunk_tokens`).
       keep_logits: keep the forward's logits for the backward (True; they must fit in
         ``chunk_tokens``) or recompute them (False); None: :func:`keeps_logits`.
+      keep_tokens: the packed response tokens per state whose logits are kept (clipped to
+        ``capacity``; None: ``capacity``); :func:`response_keep_tokens` gives a typical batch's.
 
     Returns:
       ``(ce [B, L+1], acc [B, L+1])`` float32.
@@ -273,6 +283,7 @@ def response_token_losses(
         ("capacity", capacity),
         ("bucket_tokens", bucket_tokens),
         ("chunk_tokens", chunk_tokens),
+        ("keep_tokens", keep_tokens),
     ):
         if value is not None and not _positive_int(value):
             raise UsageError(f"{name} must be a positive int or None, got {value!r}")
@@ -281,12 +292,13 @@ def response_token_losses(
     bucket = default_bucket_tokens() if bucket_tokens is None else int(bucket_tokens)
     bucket = min(bucket, num_states * cap)
     held = default_chunk_tokens(vocab) if chunk_tokens is None else int(chunk_tokens)
-    rows = math.ceil(num_states * cap / bucket) * bucket
+    keep = cap if keep_tokens is None else min(int(keep_tokens), cap)
+    kept = math.ceil(num_states * keep / bucket) * bucket  # the kept rows, in whole buckets
     if keep_logits is None:
-        keep_logits = keeps_logits(rows, held)
-    elif keep_logits and rows > held:
+        keep_logits = keeps_logits(kept, held)
+    elif keep_logits and kept > held:
         raise UsageError(
-            f"keep_logits=True holds {rows} rows of logits, more than chunk_tokens={held}: "
+            f"keep_logits=True holds {kept} rows of logits, more than chunk_tokens={held}: "
             "raise chunk_tokens or pass keep_logits=None"
         )
 
@@ -297,7 +309,7 @@ def response_token_losses(
     packed = jnp.arange(cap) < count  # [cap]
     rows = states.reshape(num_states, batch * seq, dim)[:, idx]  # [L+1, cap, D]
     safe = _safe_labels(labels, loss_mask, vocab).reshape(-1)[idx]  # [cap]
-    readout = _fused_readout(bucket, bool(keep_logits))
+    readout = _fused_readout(bucket, kept // bucket if keep_logits else 0)
     with jax.named_scope("readout"):  # profiles name the readout's operations by this scope
         ce, correct = readout(norm_fn(rows), head, safe, count)  # [L+1, cap] each
 
@@ -342,6 +354,28 @@ def response_capacities(masks) -> tuple[int, ...]:
     return tuple(int(c) for c in np.maximum(np.cumsum(np.sort(counts)[::-1]), 1))
 
 
+def response_keep_tokens(masks, batch: int, quantile: float = 0.99) -> tuple[int, ...]:
+    """``k[b - 1]``, for ``b`` up to ``batch``: the fewest response tokens ``n`` such that ``b``
+    examples of ``masks`` (``[N, T]`` arrays) drawn at random hold more than ``n`` with
+    probability at most ``1 − quantile``, the ``keep_tokens`` of :func:`response_token_losses`
+    for a typical batch. Exact for independent draws (the histogram of per-example counts
+    convolved ``b`` times), and never above :func:`response_capacities`. Host-side (numpy)."""
+    if not 0.0 < quantile <= 1.0:
+        raise UsageError(f"quantile must be in (0, 1], got {quantile!r}")
+    counts = np.concatenate([np.sum(np.asarray(m) != 0, axis=1).reshape(-1) for m in masks])
+    if not _positive_int(batch) or counts.size == 0:
+        raise UsageError(f"batch must be a positive int and masks non-empty, got {batch!r}")
+    single = np.bincount(counts) / counts.size  # P(one example holds n tokens)
+    caps = response_capacities(masks)
+    dist, keep = np.ones(1), []
+    for b in range(1, batch + 1):
+        dist = np.convolve(dist, single)  # P(b examples hold n tokens)
+        above = 1.0 - np.cumsum(dist)  # P(more than n)
+        n = int(np.argmax(above <= 1.0 - quantile + 1e-12))
+        keep.append(max(1, min(n, caps[min(b, len(caps)) - 1])))
+    return tuple(keep)
+
+
 def _head_logits(x: jax.Array, head_t: jax.Array) -> jax.Array:
     """``x [C, D] @ head_tᵀ`` with ``head_t [V, D]``: float32 logits (the forward's, and the
     backward's when it recomputes them). The loops take the head as ``[V, D]``: a tied head is
@@ -352,12 +386,13 @@ def _head_logits(x: jax.Array, head_t: jax.Array) -> jax.Array:
 
 
 @functools.cache
-def _fused_readout(bucket: int, keep_logits: bool) -> Callable:
+def _fused_readout(bucket: int, kept: int) -> Callable:
     """``(normed [S, C, D], head [D, V], labels [C], count []) -> (ce, correct) [S, C]``: the
     readout cross-entropy of the first ``count`` packed rows of every state (rows ``r <
     S·count`` of the layer-major order, ``r -> (r // count, r % count)``), in buckets of
     ``bucket`` rows; the rest are 0 / False. A ``jax.custom_vjp``: the backward is written out
-    (see :func:`response_token_losses`)."""
+    (see :func:`response_token_losses`). The forward keeps the logits of buckets ``k < kept``
+    for the backward, which recomputes the others'."""
 
     def places(k, num_states, count):
         """Bucket ``k``'s rows as ``(layer, pos, valid)`` ``[bucket]`` each; the padding rows
@@ -371,13 +406,17 @@ def _fused_readout(bucket: int, keep_logits: bool) -> Callable:
         return (num_states * count + bucket - 1) // bucket
 
     def forward(normed, head, labels, count, keep):
+        """Two loops, each over a traced number of buckets: the first ``keep`` buckets, whose
+        logits are written into the kept buffer, then the rest (none when ``keep`` covers the
+        capacity: the second loop is not built)."""
         num_states, cap, _ = normed.shape
         vocab = head.shape[1]
-        held = math.ceil(num_states * cap / bucket) * bucket if keep else 0
+        most = math.ceil(num_states * cap / bucket)
+        keep = min(keep, most)
         head_t = jnp.transpose(head)  # [V, D], see _head_logits
 
         def body(k, carry):
-            ce, hit, saved, saved_lse = carry
+            ce, hit, *held = carry
             layer, pos, _ = places(k, num_states, count)
             x = normed[jnp.minimum(layer, num_states - 1), pos]  # [bucket, D]
             lab = labels[pos]
@@ -385,28 +424,35 @@ def _fused_readout(bucket: int, keep_logits: bool) -> Callable:
             lse, label_logit, is_top = _row_stats(logits, lab)
             ce = ce.at[layer, pos].set(lse - label_logit, mode="drop")
             hit = hit.at[layer, pos].set(is_top, mode="drop")
-            if keep:
+            if held:
+                saved, saved_lse = held
                 saved = jax.lax.dynamic_update_slice(saved, logits, (k * bucket, 0))
                 saved_lse = jax.lax.dynamic_update_slice(saved_lse, lse, (k * bucket,))
-            return ce, hit, saved, saved_lse
+                return ce, hit, saved, saved_lse
+            return ce, hit
 
-        init = (
-            jnp.zeros((num_states, cap), jnp.float32),
-            jnp.zeros((num_states, cap), bool),
-            jnp.zeros((held, vocab if keep else 0), jnp.float32),
-            jnp.zeros((held,), jnp.float32),
-        )
-        return jax.lax.fori_loop(0, num_buckets(num_states, count), body, init)
+        nb = num_buckets(num_states, count)
+        ce = jnp.zeros((num_states, cap), jnp.float32)
+        hit = jnp.zeros((num_states, cap), bool)
+        saved = jnp.zeros((keep * bucket, vocab if keep else 0), jnp.float32)
+        saved_lse = jnp.zeros((keep * bucket,), jnp.float32)
+        if keep:
+            ce, hit, saved, saved_lse = jax.lax.fori_loop(
+                0, jnp.minimum(nb, keep), body, (ce, hit, saved, saved_lse)
+            )
+        if keep < most:
+            ce, hit = jax.lax.fori_loop(jnp.minimum(nb, keep), nb, body, (ce, hit))
+        return ce, hit, saved, saved_lse
 
     @jax.custom_vjp
     def readout(normed, head, labels, count):
-        ce, hit, _, _ = forward(normed, head, labels, count, keep=False)
+        ce, hit, _, _ = forward(normed, head, labels, count, keep=0)
         return ce, hit
 
     def readout_fwd(normed, head, labels, count):
         trained = head.perturbed
         normed, head, labels, count = (a.value for a in (normed, head, labels, count))
-        ce, hit, saved, saved_lse = forward(normed, head, labels, count, keep_logits)
+        ce, hit, saved, saved_lse = forward(normed, head, labels, count, kept)
         # the head's gradient is taken only where the head is trained: the residuals' last
         # entry is an empty array then, None (no leaf) for a frozen head
         flag = jnp.zeros((0,)) if trained else None
@@ -422,6 +468,8 @@ def _fused_readout(bucket: int, keep_logits: bool) -> Callable:
         vocab = head.shape[1]
         ids = jnp.arange(vocab, dtype=labels.dtype)
         head_t = jnp.transpose(head)  # [V, D], once for every bucket
+        most = math.ceil(num_states * cap / bucket)
+        keep = min(kept, most)
 
         def row_grads(k):  # bucket k's rows and their cotangents (0 on the padding)
             layer, pos, valid = places(k, num_states, count)
@@ -429,45 +477,54 @@ def _fused_readout(bucket: int, keep_logits: bool) -> Callable:
 
         # only the buckets with a nonzero cotangent, listed first and looped over: no branch
         # inside the loop (XLA:CPU copied a conditional's operands, the head among them, into
-        # the branch at every bucket: python -m benchmarks llm's profile, docs/speed.md)
-        most = math.ceil(num_states * cap / bucket)
+        # the branch at every bucket: python -m benchmarks llm's profile, docs/speed.md); one
+        # loop over the kept buckets, one over the others, whose logits are recomputed
         ks = jnp.arange(most)
         wanted = jnp.any(jax.vmap(row_grads)(ks)[2] != 0, axis=1) & (
             ks < num_buckets(num_states, count)
         )
-        (order,) = jnp.nonzero(wanted, size=most, fill_value=0)
 
-        def body(i, carry):
-            d_normed, d_head = carry
-            k = order[i]
-            layer, pos, g = row_grads(k)
-            x = normed[jnp.minimum(layer, num_states - 1), pos]  # [bucket, D]
-            if keep_logits:
-                logits = jax.lax.dynamic_slice(saved, (k * bucket, 0), (bucket, vocab))
-                lse = jax.lax.dynamic_slice(saved_lse, (k * bucket,), (bucket,))
-            else:
-                logits = _head_logits(x, head_t)
-                lse = jax.nn.logsumexp(logits, axis=-1)
-            lab = labels[pos]
-            # where, not a product: a row without gradient adds exactly 0 (also a NaN row)
-            dz = jnp.where(
-                (g != 0)[:, None],
-                g[:, None] * (jnp.exp(logits - lse[:, None]) - (ids == lab[:, None])),
-                0.0,
-            )  # [bucket, V] float32
-            dx = jnp.dot(dz.astype(head.dtype), head_t, preferred_element_type=jnp.float32)
-            d_normed = d_normed.at[layer, pos].add(dx, mode="drop")
-            if trained:
-                d_head = d_head + jnp.dot(
-                    x.T, dz.astype(x.dtype), preferred_element_type=jnp.float32
-                )
-            return d_normed, d_head
+        def loop(carry, from_saved):
+            part = wanted & ((ks < keep) if from_saved else (ks >= keep))
+            (order,) = jnp.nonzero(part, size=keep if from_saved else most - keep, fill_value=0)
 
-        init = (
+            def body(i, carry):
+                d_normed, d_head = carry
+                k = order[i]
+                layer, pos, g = row_grads(k)
+                x = normed[jnp.minimum(layer, num_states - 1), pos]  # [bucket, D]
+                if from_saved:
+                    logits = jax.lax.dynamic_slice(saved, (k * bucket, 0), (bucket, vocab))
+                    lse = jax.lax.dynamic_slice(saved_lse, (k * bucket,), (bucket,))
+                else:
+                    logits = _head_logits(x, head_t)
+                    lse = jax.nn.logsumexp(logits, axis=-1)
+                lab = labels[pos]
+                # where, not a product: a row without gradient adds exactly 0 (also a NaN row)
+                dz = jnp.where(
+                    (g != 0)[:, None],
+                    g[:, None] * (jnp.exp(logits - lse[:, None]) - (ids == lab[:, None])),
+                    0.0,
+                )  # [bucket, V] float32
+                dx = jnp.dot(dz.astype(head.dtype), head_t, preferred_element_type=jnp.float32)
+                d_normed = d_normed.at[layer, pos].add(dx, mode="drop")
+                if trained:
+                    d_head = d_head + jnp.dot(
+                        x.T, dz.astype(x.dtype), preferred_element_type=jnp.float32
+                    )
+                return d_normed, d_head
+
+            return jax.lax.fori_loop(0, jnp.sum(part), body, carry)
+
+        carry = (
             jnp.zeros(normed.shape, jnp.float32),
             jnp.zeros(head.shape, jnp.float32) if trained else None,
         )
-        d_normed, d_head = jax.lax.fori_loop(0, jnp.sum(wanted), body, init)
+        if keep:
+            carry = loop(carry, from_saved=True)
+        if keep < most:
+            carry = loop(carry, from_saved=False)
+        d_normed, d_head = carry
         return (
             d_normed.astype(normed.dtype),
             d_head.astype(head.dtype) if trained else None,

@@ -12,7 +12,12 @@ import pytest
 import cudt
 import cudt.lm_loss as lm_loss
 from cudt.errors import UsageError
-from cudt.lm_loss import naive_layer_token_losses, response_capacities, response_token_losses
+from cudt.lm_loss import (
+    naive_layer_token_losses,
+    response_capacities,
+    response_keep_tokens,
+    response_token_losses,
+)
 
 L1, B, T, D, V = 3, 3, 6, 8, 50
 RTOL, ATOL = 1e-5, 1e-6
@@ -77,6 +82,8 @@ def count(mask) -> int:
         {"bucket_tokens": 1, "keep_logits": True},
         {"bucket_tokens": 4, "keep_logits": False},  # logits recomputed in the backward
         {"capacity": "exact", "bucket_tokens": 5},  # the capacity is the batch's own count
+        {"bucket_tokens": 4, "keep_logits": True, "keep_tokens": 2},  # most buckets recomputed
+        {"bucket_tokens": 3, "keep_tokens": 5},  # kept by default: they fit
     ],
 )
 def test_values_and_gradients_equal_the_naive_loss(kwargs):
@@ -144,6 +151,62 @@ def test_the_readouts_are_exactly_the_response_tokens(monkeypatch):
     assert np.all(np.abs(g_a[:, ~off]).max(axis=-1) > 0)  # every response token, every state
 
 
+@pytest.mark.parametrize("trained", [False, True])
+def test_only_the_buckets_past_keep_tokens_recompute_their_logits(monkeypatch, trained):
+    """The forward reads out every bucket once; the backward recomputes the logits of exactly
+    the buckets past the first ``(L+1)·keep_tokens`` rows, and none when the batch fits."""
+    states, head, scale, labels, mask = problem(seed=3, batch=4, seq=9)
+    n, bucket = count(mask), 4
+    buckets = -(-L1 * n // bucket)
+    calls = []
+    logits_of = lm_loss._head_logits
+
+    def recording(x, h):
+        jax.debug.callback(lambda rows: calls.append(len(rows)), x)
+        return logits_of(x, h)
+
+    monkeypatch.setattr(lm_loss, "_head_logits", recording)
+
+    def head_rows(keep_tokens):
+        calls.clear()
+        fn = functools.partial(
+            response_token_losses, bucket_tokens=bucket, keep_logits=True, keep_tokens=keep_tokens
+        )
+        argnums = (1, 2, 3) if trained else (1, 3)
+        grads = jax.jit(
+            jax.value_and_grad(objective, argnums=argnums, has_aux=True), static_argnums=0
+        )
+        jax.block_until_ready(grads(fn, states, head, scale, labels, mask))
+        jax.effects_barrier()
+        return sum(calls) // bucket
+
+    for keep_tokens, kept in (
+        (n, buckets),
+        (n + 5, buckets),
+        (n // 2, -(-L1 * (n // 2) // bucket)),
+        (1, 1),
+    ):
+        assert kept <= buckets
+        assert head_rows(keep_tokens) == buckets + (buckets - kept), keep_tokens
+
+
+def test_response_keep_tokens_is_the_quantile_of_a_random_batch():
+    rng = np.random.default_rng(0)
+    counts = rng.choice([1, 2, 3, 12], size=400, p=[0.4, 0.3, 0.25, 0.05])
+    mask = np.arange(16)[None, :] < counts[:, None]
+    keep = response_keep_tokens([mask], 3, quantile=0.9)
+    caps = response_capacities([mask])
+    draws = rng.choice(counts, size=(200_000, 3)).cumsum(axis=1)  # b = 1, 2, 3 at random
+    for b in (1, 2, 3):
+        over = np.mean(draws[:, b - 1] > keep[b - 1])
+        assert over <= 0.1 + 0.005, (b, over)
+        assert np.mean(draws[:, b - 1] > keep[b - 1] - 1) > 0.1 - 0.005, b  # the fewest
+        assert 1 <= keep[b - 1] <= caps[b - 1]
+    assert response_keep_tokens([mask], 2, quantile=1.0) == (12, 24)
+    with pytest.raises(UsageError, match="quantile"):
+        response_keep_tokens([mask], 2, quantile=0.0)
+
+
 def test_a_batch_over_the_capacity_poisons_the_samples_that_did_not_fit():
     states, head, scale, labels, mask = problem()
     per_sample = np.sum(np.asarray(mask), axis=1)  # sample 1 has none
@@ -166,11 +229,14 @@ def test_an_out_of_range_label_on_a_response_token_poisons_its_sample():
     assert np.all(np.isfinite(acc))
 
 
-def test_runs_vmapped_with_different_response_counts_equal_each_run_alone():
+@pytest.mark.parametrize("keep_tokens", [None, "between"])
+def test_runs_vmapped_with_different_response_counts_equal_each_run_alone(keep_tokens):
     a, b = problem(seed=1), problem(seed=2)
     b = (*b[:4], b[4].at[1].set(True))  # sample 1 of run b has a response: T more tokens
     assert count(b[4]) > count(a[4])
-    fn = functools.partial(response_token_losses, bucket_tokens=4)
+    if keep_tokens == "between":  # run a's logits all kept, some of run b's recomputed
+        keep_tokens = count(a[4])
+    fn = functools.partial(response_token_losses, bucket_tokens=4, keep_tokens=keep_tokens)
 
     def grads(*args):
         return jax.value_and_grad(objective, argnums=(1, 2, 3), has_aux=True)(fn, *args)
@@ -184,7 +250,7 @@ def test_runs_vmapped_with_different_response_counts_equal_each_run_alone():
 
 def test_bad_arguments_raise_one_line_usage_errors():
     states, head, _, labels, mask = problem()
-    for name in ("capacity", "bucket_tokens", "chunk_tokens"):
+    for name in ("capacity", "bucket_tokens", "chunk_tokens", "keep_tokens"):
         with pytest.raises(UsageError, match=f"{name} must be a positive int") as info:
             response_token_losses(states, lambda x: x, head, labels, mask, **{name: 0})
         assert "\n" not in str(info.value)

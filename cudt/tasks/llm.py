@@ -53,6 +53,7 @@ from cudt.lm_loss import (
     default_chunk_tokens,
     layer_token_losses,
     response_capacities,
+    response_keep_tokens,
     response_token_losses,
 )
 from cudt.metrics import rouge_l
@@ -259,6 +260,10 @@ class LLMData:
     # the most response tokens any k examples hold, k = 1, 2, ... (the packed readout's
     # capacity for a batch of k); None: read out at every position
     response_capacity: tuple[int, ...] | None = None
+    # the response tokens that 99 % of random training batches of k hold at most, k up to the
+    # batch size: the readout keeps the logits of those for the backward and recomputes the
+    # rest (cudt.lm_loss.response_keep_tokens); None: keep them for the whole capacity
+    response_keep: tuple[int, ...] | None = None
 
     def prompt(self, record: AlpacaRecord) -> str:
         """The prompt text of ``record`` in this run's format."""
@@ -472,6 +477,7 @@ class LLMTask(AccuracyReports, Task):
                 )
         embed = np.asarray(decoder.params["embed"], np.float64)
         unit = float(embed.std()) if cfg.noise_scale is None else float(cfg.noise_scale)
+        packed = cfg.readout_tokens == "response" and cfg.vocab_chunk is None
         return LLMData(
             decoder=decoder,
             tokenizer=tok,
@@ -482,8 +488,11 @@ class LLMTask(AccuracyReports, Task):
             from_scratch=cfg.checkpoint is None,
             prompt_format=fmt,
             response_capacity=(
-                response_capacities([t.loss_mask for t in tokens.values()])
-                if cfg.readout_tokens == "response" and cfg.vocab_chunk is None
+                response_capacities([t.loss_mask for t in tokens.values()]) if packed else None
+            ),
+            response_keep=(
+                response_keep_tokens([tokens["train"].loss_mask], cfg.batch_size)
+                if packed
                 else None
             ),
         )
@@ -501,9 +510,16 @@ class LLMTask(AccuracyReports, Task):
             readout = f"every state read out at all {cfg.max_length} positions"
         else:
             b = min(cfg.batch_size, len(data.response_capacity))
+            typical = data.response_keep or ()
+            kept = (
+                f"; the backward keeps the logits of {typical[b - 1]}, as many as 99 % of "
+                "batches hold"
+                if b <= len(typical)
+                else ""
+            )
             readout = (
                 "every state read out at exactly the response tokens (at most "
-                f"{data.response_capacity[b - 1]} in a batch of {b})"
+                f"{data.response_capacity[b - 1]} in a batch of {b}{kept})"
             )
         return [
             f"data: {data.source}; {cfg.max_length} tokens, {resp:.1f} response tokens per "
@@ -605,11 +621,13 @@ class LLMTask(AccuracyReports, Task):
                 )  # ce, acc: [B, L+1]
             # exactly the response tokens: a batch of b examples holds at most capacity[b - 1]
             b = min(states.shape[1], len(data.response_capacity))
+            typical = data.response_keep or ()
             return response_token_losses(
                 *args,
                 capacity=data.response_capacity[b - 1],
                 bucket_tokens=cfg.bucket_tokens,
                 chunk_tokens=chunk_tokens,
+                keep_tokens=typical[b - 1] if b <= len(typical) else None,
             )
 
         def on_tokens(noise, ex):  # padding gets no noise (it is masked out anyway)
