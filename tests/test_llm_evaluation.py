@@ -14,7 +14,7 @@ import pytest
 from cudt import stats
 from cudt.models.llama import Decoder, DecoderConfig
 from cudt.runner.task import RunBatch
-from cudt.tasks.accuracy import feasibility_lines, paired_with_erm
+from cudt.tasks.accuracy import feasibility_lines, largest_epsilon_met, paired_with_erm
 from cudt.tasks.llm import (
     LLMConfig,
     LLMTask,
@@ -144,6 +144,19 @@ def test_feasibility_is_reported_at_zero_and_at_the_tolerance():
     assert "llm-2 constrained seed 0: +2.00%  0%: NO | tol: yes" in lines
     assert "llm-2 constrained seed 1: +0.00%  0%: yes | tol: yes" in lines
     assert "llm-2 constrained: feasible at 0 % 1 of 2 seeds, at tolerance 2 of 2" in lines
+
+
+def test_the_largest_epsilon_met_reads_the_worst_step_of_the_validation_losses():
+    run = fake_run(True, 0, np.zeros((2, 4)), [-0.1, 0.0, 0.0, 0.0], True)
+    run["layer_loss_val"] = [10.0, 9.0, 9.9, 4.0]  # steps: -10 %, +10 %, -59.6 %
+    assert largest_epsilon_met(run) == pytest.approx(-0.1)
+    run["constraint_applicable_val"] = [True, True, False, True]  # the rise not judged
+    assert largest_epsilon_met(run) == pytest.approx(0.1)
+    (line, _) = feasibility_lines([run])[1:]
+    assert line.endswith("| descent met up to ε = +0.1000")
+    run["relative_violation_val"] = [0.2, 0.0, 0.0, 0.0]
+    assert feasibility_lines([run])[1].endswith("(the reference bound is not)")
+    assert largest_epsilon_met(fake_run(True, 0, np.zeros((2, 4)), [0.0], True)) is None
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ __all__ = [
     "TEST_GAMMAS",
     "AccuracyReports",
     "feasibility_lines",
+    "largest_epsilon_met",
     "paired_difference",
     "paired_with_erm",
     "test_gamma_grid",
@@ -167,9 +168,25 @@ def _max_violation(run: dict) -> float:
     return float(np.max(rel[ok])) if ok.any() else float("-inf")
 
 
+def largest_epsilon_met(run: dict) -> float | None:
+    """The largest ε whose descent constraints ``ℓ_l ≤ (1 − ε)·ℓ_{l−1}`` a run meets on
+    validation data, ``min_l (1 − ℓ_l / ℓ_{l−1})`` over the applicable constraints of its mean
+    validation losses (``layer_loss_val``): negative when some state's readout rises, by that
+    share. It reads one run at every ε at once (feasibility at 0 % tolerance is ``ε ≤`` it, with
+    the reference bound met); None without the validation losses."""
+    if run.get("layer_loss_val") is None:
+        return None
+    m = np.asarray(run["layer_loss_val"], np.float64)
+    ok = np.asarray(run.get("constraint_applicable_val") or [True] * m.size, bool)[1:]
+    if m.size < 2 or not ok.any():
+        return None
+    return float(np.min((1.0 - m[1:] / m[:-1])[ok]))
+
+
 def feasibility_lines(runs: list[dict]) -> list[str]:
     """Each run's feasibility on validation data at 0 % tolerance and at the runner's: the
-    largest relative violation, then a count of feasible seeds per setting and kind. ERM runs
+    largest relative violation (and, with the validation losses, the largest ε the run meets:
+    :func:`largest_epsilon_met`), then a count of feasible seeds per setting and kind. ERM runs
     are judged against the constraints of their lane (they were not trained on them)."""
     lines = [
         "feasibility on validation data (largest relative violation g_l / scale_l; "
@@ -180,10 +197,17 @@ def feasibility_lines(runs: list[dict]) -> list[str]:
         worst = _max_violation(r)
         at_zero = bool(worst <= 0.0) and not r.get("diverged")
         at_tol = bool(r.get("feasible"))
-        lines.append(
+        line = (
             f"{r['label']}: {100 * worst:+.2f}%  0%: {'yes' if at_zero else 'NO'} | "
             f"tol: {'yes' if at_tol else 'NO'}"
         )
+        met = largest_epsilon_met(r)
+        if met is not None:
+            reference_met = float(np.asarray(r["relative_violation_val"])[0]) <= 0.0
+            line += f" | descent met up to ε = {met:+.4f}" + (
+                "" if reference_met else " (the reference bound is not)"
+            )
+        lines.append(line)
         name = re.sub(r" seed \d+", "", r["label"])
         c = counts.setdefault(name, [0, 0, 0])
         c[0] += at_zero
