@@ -159,7 +159,14 @@ _DATA: dict[tuple, Any] = {}
 
 def load_video(cfg: VideoConfig):
     """``VideoTask().load(cfg)``, read once per data setting in this process."""
-    key = (cfg.dataset, cfg.data_dir, cfg.seq_len, cfg.num_videos, cfg.num_frames, cfg.seed)
+    key = (
+        cfg.dataset,
+        cfg.data_dir,
+        cfg.seq_len,
+        cfg.num_videos,
+        cfg.num_frames,
+        cfg.data_rng_seed,
+    )
     if key not in _DATA:
         _DATA[key] = VideoTask().load(cfg)
     return _DATA[key]

@@ -243,7 +243,7 @@ def response_token_losses(
     − onehot)``, then ``dL/dh = dL/dz · headᵀ`` and, only when the head is trained (it is
     perturbed, ``jax.custom_vjp``'s symbolic zeros), ``dL/dhead = hᵀ · dL/dz``: two head products
     per row for a frozen head, three for a trained one, when the forward keeps its float32
-    logits (``(L+1)·capacity`` rows, rounded up to whole buckets) for the backward; otherwise
+    logits (``(L+1)·keep_tokens`` rows, rounded up to whole buckets) for the backward; otherwise
     the backward recomputes each bucket's logits (one more head product).
     :func:`keeps_logits` decides by default: keep them wherever they fit in ``chunk_tokens``
     (on a quiet CPU too, where the extra product measured slower, docs/speed.md).
@@ -251,8 +251,9 @@ def response_token_losses(
     buckets of the first ``(L+1)·keep_tokens`` rows are kept, and a batch with more response
     tokens recomputes the logits of the buckets past them in the backward (one more head product
     for those rows only). The kept buffer is written in place by the forward's loop, so it is
-    zeroed every step: sized by ``capacity``, it cost more than the readout's arithmetic when a
-    typical batch fills a quarter of it (:func:`response_keep_tokens`, docs/speed.md).
+    zeroed every step: sized by ``capacity`` it was 21 buckets (528 MB) per run at the LLM
+    task's Section 6 setting, where a batch averages 18 response tokens, 5 buckets
+    (:func:`response_keep_tokens`; the measured step, docs/speed.md).
     The backward loops over only the buckets with a nonzero cotangent, listed first (no branch
     inside the loop): it skips an ERM run's intermediate readouts, which its metrics need and
     its gradient does not, and any layer whose multipliers are 0. A row with a zero cotangent

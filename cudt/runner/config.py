@@ -102,7 +102,14 @@ class RunConfig:
 
     # -- runs --------------------------------------------------------------------------------
     seeds: int = flag(2, "seeds per setting, trained together (vmap)", check=at_least(1))
-    seed: int = flag(0, "first seed; also seeds the data", check=non_negative)
+    seed: int = flag(0, "first seed; also seeds the data unless --data-seed", check=non_negative)
+    data_seed: int | None = flag(
+        None,
+        "seeds the data (splits, generated sets, the shared start) and the evaluation noise; "
+        "default --seed. It splits one job's seeds over several commands on the same data: "
+        "--seed 1 --seeds 2 --data-seed 0 trains seeds 1 and 2 of --seed 0 --seeds 3",
+        check=non_negative,
+    )
     sweep: tuple[str, ...] = flag(
         (),
         "NAME=V1,V2,...: train every value of NAME (one of " + ", ".join(SWEEPABLE) + "); "
@@ -346,6 +353,11 @@ class RunConfig:
 
     def validate(self) -> None:
         """Cross-field checks of a task's config: raise ValueError with the flag and the fix."""
+
+    @property
+    def data_rng_seed(self) -> int:
+        """The seed of the data and the evaluation noise: ``--data-seed``, else ``--seed``."""
+        return self.seed if self.data_seed is None else self.data_seed
 
     @property
     def seed_list(self) -> list[int]:

@@ -307,13 +307,13 @@ def llm_splits(cfg: LLMConfig):
     ``--data`` or ``toy``, :func:`cudt.data.alpaca.generated_instructions`; else the file."""
     if cfg.data == TASKS:
         num_train = 2000 if cfg.num_train is None else cfg.num_train
-        return task_splits(num_train, cfg.num_val, cfg.num_test, seed=cfg.seed).alpaca()
+        return task_splits(num_train, cfg.num_val, cfg.num_test, seed=cfg.data_rng_seed).alpaca()
     return alpaca_splits(
         None if cfg.data == TOY else cfg.data,
         num_train=cfg.num_train,
         num_val=cfg.num_val,
         num_test=cfg.num_test,
-        seed=cfg.seed,
+        seed=cfg.data_rng_seed,
     )
 
 
@@ -354,7 +354,7 @@ def _tiny_decoder(cfg: LLMConfig, tok: InstructionTokenizer) -> Decoder:
         eos_token_id=(tok.eos_id,),
         pad_token_id=tok.pad_id,
     )
-    params = config.init_params(jax.random.key(cfg.seed))
+    params = config.init_params(jax.random.key(cfg.data_rng_seed))
     return Decoder(
         config=config,
         params=params,
@@ -686,7 +686,7 @@ class LLMTask(AccuracyReports, Task):
             )
         )
         gammas = [0.0, self._completion_gamma(cfg)]
-        key = jax.random.key(cfg.seed + 7)  # the same noise for every run
+        key = jax.random.key(cfg.data_rng_seed + 7)  # the same noise for every run
         out = []
         for r in range(len(labels)):
             run_params = jax.tree.map(lambda x, r=r: x[r], params)

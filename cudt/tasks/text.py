@@ -247,7 +247,7 @@ class TextTask(AccuracyReports, Task):
             num_train=cfg.num_train,
             num_test=cfg.num_test,
             val_fraction=cfg.val_fraction,
-            seed=cfg.seed,
+            seed=cfg.data_rng_seed,
         )
         model = build_text_model(
             cfg.model,

@@ -307,7 +307,7 @@ class VideoTask(Task):
             seq_len=cfg.seq_len,
             num_videos=cfg.num_videos,
             num_frames=cfg.num_frames,
-            seed=cfg.seed,
+            seed=cfg.data_rng_seed,
             max_videos=cfg.max_videos,
             keep_frames="vit" in cfg.models,
         )
