@@ -1,0 +1,117 @@
+"""One report from the runs of several output folders: a job's seeds trained as separate commands.
+
+    python -m experiments.combine runs/seed0 runs/seeds12
+
+A job's seeds (or sweep points) need not train in one program: ``--seed 1 --seeds 2
+--data-seed 0`` trains seeds 1 and 2 of ``--seed 0 --seeds 3`` on the same data, on another
+machine or later. :func:`combine` reads each folder's ``results.json``, checks that they are the
+same experiment on the same data with the same settings (everything but the runs' seeds, the
+sweep points, a hyperparameter either folder sweeps, and where and how the runs were
+executed), and prints the experiment's summary
+table and footer over all their runs: the best run of each setting chosen again (on validation
+data, as every run does), the intervals over seeds, the paired constrained − ERM intervals.
+It writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+from cudt.errors import UsageError
+from cudt.runner.report import seed_intervals, select_best, summary_table
+from cudt.runner.sweep import SWEEPABLE
+
+__all__ = ["CONFIG_FREE", "combine", "load_results"]
+
+#: Config entries that may differ between the folders of one job: the runs' seeds and sweep
+#: points (each run records its own), and how and where they were executed.
+CONFIG_FREE = frozenset(
+    {
+        "seed",
+        "seeds",
+        "data_seed",
+        "sweep",
+        "sweeps",
+        "model_hparams",
+        "out",
+        "overwrite",
+        "resume",
+        "eval_batch_size",
+        "chunk_steps",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "devices",
+        "distributed",
+        "fsdp",
+    }
+)
+
+
+def load_results(folder: str | Path) -> dict:
+    """A run folder's ``results.json``, or a one-line :class:`UsageError` naming the folder."""
+    path = Path(folder) / "results.json"
+    if not path.is_file():
+        raise UsageError(f"{folder}: no results.json (a finished run's --out folder is needed)")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not readable as JSON ({exc})") from exc
+
+
+def _data_seed(config: dict) -> int:
+    value = config.get("data_seed")
+    return int(config["seed"] if value is None else value)
+
+
+def combine(task, folders: list[str | Path]) -> str:
+    """The summary table and footer of ``task`` over the runs of ``folders`` (see the module
+    docstring); a :class:`UsageError` when the folders are not one job's."""
+    if len(folders) < 2:
+        raise UsageError("combine needs at least two run folders")
+    results = [load_results(f) for f in folders]
+    first, name = results[0], task.name
+    for folder, res in zip(folders, results, strict=True):
+        if res.get("experiment") != name:
+            raise UsageError(
+                f"{folder}: a {res.get('experiment')!r} run, not {name!r}: combine one "
+                "experiment's folders"
+            )
+    base = first["config"]
+    for folder, res in zip(folders[1:], results[1:], strict=True):
+        config = res["config"]
+        if _data_seed(config) != _data_seed(base):
+            raise UsageError(
+                f"{folder}: data seed {_data_seed(config)}, not {_data_seed(base)} as in "
+                f"{folders[0]}: train the other seeds with --data-seed {_data_seed(base)}"
+            )
+        swept = set(config.get("sweeps", {})) | set(base.get("sweeps", {}))  # per-run values
+        differ = sorted(
+            k
+            for k in set(config) | set(base)
+            if k not in CONFIG_FREE | swept and config.get(k) != base.get(k)
+        )
+        if differ:
+            shown = ", ".join(f"{k} ({base.get(k)!r} vs {config.get(k)!r})" for k in differ[:3])
+            raise UsageError(
+                f"{folder} and {folders[0]} differ in {shown}: they are not one job's runs"
+            )
+    runs, seen = [], {}
+    for folder, res in zip(folders, results, strict=True):
+        for r in res["runs"]:
+            if r["label"] in seen:
+                raise UsageError(f"{r['label']} is in both {seen[r['label']]} and {folder}")
+            seen[r["label"]] = folder
+            runs.append(r)
+    # the recorded config, read as attributes (selection_for reads flags such as --select)
+    score, higher = task.selection_for(types.SimpleNamespace(**base))
+    select_best(runs, score, higher_is_better=higher)
+    sweeps = {k for res in results for k in res["config"].get("sweeps", {})}
+    swept = [n for n in SWEEPABLE if n in sweeps]
+    lines = [f"{len(runs)} runs of {name} from {len(folders)} folders:"]
+    for folder, res in zip(folders, results, strict=True):
+        seeds = sorted({int(r["seed"]) for r in res["runs"]})
+        commit = (res.get("provenance") or {}).get("commit", "?")
+        lines.append(f"  {folder}: seeds {seeds}, commit {str(commit)[:12]}")
+    return "\n".join([*lines, summary_table(task, runs, swept, seed_intervals(runs))])

@@ -1,0 +1,45 @@
+"""One report from the runs of several output folders of one experiment (a job's seeds trained
+as separate commands on the same data, ``--data-seed``).
+
+    python -m experiments.llm_section6 --seeds 1 --out runs/s0
+    python -m experiments.llm_section6 --seed 1 --seeds 2 --data-seed 0 --out runs/s12
+    python -m experiments.combine runs/s0 runs/s12
+
+Prints the experiment's summary table and footer over every run of the folders (intervals over
+seeds, paired constrained − ERM intervals, the best run chosen on validation data); it refuses
+folders of another experiment, other data or other settings. :mod:`cudt.runner.combine`.
+"""
+
+import argparse
+import sys
+
+from cudt.errors import CudtError
+from cudt.runner.combine import combine, load_results
+from cudt.tasks.llm import LLMTask
+from cudt.tasks.text import TextTask
+from cudt.tasks.video import VideoTask
+
+__all__ = ["main"]
+
+TASKS = {t.name: t for t in (VideoTask, TextTask, LLMTask)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.combine", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("folders", nargs="+", help="finished runs' --out folders")
+    args = parser.parse_args(argv)
+    try:
+        name = load_results(args.folders[0]).get("experiment")
+        if name not in TASKS:
+            raise CudtError(f"{args.folders[0]}: unknown experiment {name!r}")
+        print(combine(TASKS[name](), args.folders))
+    except CudtError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""A job's seeds trained as separate commands on the same data (``--data-seed``) and reported
+as one (``python -m experiments.combine``): real tiny runs of the LLM task, their results.json."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from cudt.tasks.llm import LLMConfig, LLMTask
+from experiments import combine, llm_sft
+
+TINY = [
+    "--num-train", "24", "--num-val", "4", "--num-test", "4", "--max-length", "48",
+    "--layers", "2", "--hidden", "16", "--heads", "2", "--kv-heads", "1",
+    "--intermediate", "32", "--steps", "2", "--batch-size", "4", "--completions", "0",
+    "--eval-batch-size", "4", "--test-gammas", "0,2", "--chunk-tokens", "100",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("combine")
+    first, rest = root / "seed0", root / "seed1"
+    assert llm_sft.main([*TINY, "--seeds", "1", "--out", str(first)]) == 0
+    argv = [*TINY, "--seed", "1", "--seeds", "1", "--data-seed", "0", "--out", str(rest)]
+    assert llm_sft.main(argv) == 0
+    return first, rest
+
+
+def test_data_seed_gives_the_data_of_that_seed_whatever_the_runs_seed():
+    task = LLMTask()
+    kw = dict(num_train=24, num_val=4, num_test=4, max_length=48, layers=2, hidden=16)
+    base = task.load(LLMConfig(seed=0, **kw))
+    same = task.load(LLMConfig(seed=1, data_seed=0, **kw))
+    other = task.load(LLMConfig(seed=1, **kw))
+    for split in ("train", "val", "test"):
+        np.testing.assert_array_equal(same.tokens[split].input_ids, base.tokens[split].input_ids)
+    assert any(
+        other.tokens[s].input_ids.shape != base.tokens[s].input_ids.shape
+        or np.any(other.tokens[s].input_ids != base.tokens[s].input_ids)
+        for s in ("train", "val", "test")
+    )
+
+
+def test_two_folders_report_as_one_job_with_intervals_over_their_seeds(folders, capsys):
+    assert combine.main([str(f) for f in folders]) == 0
+    out = capsys.readouterr().out
+    assert "4 runs of llm_sft from 2 folders:" in out
+    assert "paired by seed (0, 1) and prompt" in out
+    for kind in ("ERM", "constrained"):
+        for seed in (0, 1):
+            assert f"llm-2 {kind} seed {seed}:" in out
+    assert "llm-2 constrained: feasible at 0 %" in out and "of 2 seeds" in out
+
+
+def test_folders_of_another_job_are_refused_with_one_line(folders, tmp_path, capsys):
+    first, rest = folders
+    assert combine.main([str(first), str(first)]) == 2
+    assert "is in both" in capsys.readouterr().err
+    other = tmp_path / "other"
+    shutil.copytree(rest, other)
+    results = json.loads((other / "results.json").read_text())
+    for key, value, says in (
+        ("data_seed", 1, "train the other seeds with --data-seed 0"),
+        ("steps", 3, "differ in steps (2 vs 3)"),
+    ):
+        changed = {**results, "config": {**results["config"], key: value}}
+        (other / "results.json").write_text(json.dumps(changed))
+        assert combine.main([str(first), str(other)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
+    assert combine.main([str(first), str(tmp_path / "missing")]) == 2
+    assert "no results.json" in capsys.readouterr().err
