@@ -162,3 +162,22 @@ def test_ragged_or_malformed_input_raises(tmp_path):
     with pytest.raises(ValueError, match="at least one run"):
         plot_training_curves([], tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
+
+
+def test_the_layer_loss_plot_starts_at_the_runs_first_state(tmp_path, monkeypatch):
+    """A run whose problem starts at state 1 (the LLM's --reference-state block1) is drawn
+    from layer 1, so its x axis is the model's; a run without ``first_state`` from layer 0."""
+    from cudt.runner import plots
+
+    figs = []
+    monkeypatch.setattr(plots.plt, "close", figs.append)  # keep the figure to read it back
+    base = dict(model="llm", layers=3, seed=0, test_gamma=[0.5], gamma_train=0.5)
+    runs = [
+        dict(base, constrained=False, layer_loss=[[4.0, 3.0, 2.0]], first_state=1),
+        dict(base, constrained=True, model="ut", layer_loss=[[4.0, 3.0, 2.0, 1.0]]),
+    ]
+    plots.plot_layer_losses(runs, tmp_path / "layer_loss.png")
+    assert (tmp_path / "layer_loss.png").read_bytes()[:4] == b"\x89PNG"
+    llm, ut = figs[0].axes
+    assert list(llm.lines[0].get_xdata()) == [1, 2, 3]
+    assert list(ut.lines[0].get_xdata()) == [0, 1, 2, 3]

@@ -65,6 +65,58 @@ def test_block1_leaves_state_0_out_and_keeps_every_other_state(tiny):
         np.testing.assert_array_equal(np.asarray(eb[k]), np.asarray(ea[k])[:, 1:])
 
 
+def test_the_last_state_evaluation_equals_the_whole_ones_last_state(tiny):
+    """eval_last (the runner's evaluator at a γ that is no run's γ_train) reads out the last
+    state alone, with the same noise: its values are the whole evaluation's last column, with
+    the reference state's model (block1) as without it. --states-at-every-gamma turns it off."""
+    task, cfg, data = tiny
+    ex = jax.tree.map(lambda a: jnp.asarray(a[:4]), task.split_examples(data, "test"))
+    for ref in ("embeddings", "block1"):
+        model = task.build(dataclasses.replace(cfg, reference_state=ref), data, "llm", None)
+        params = model.init(jax.random.key(0))
+        args = (params, model.frozen, ex, jnp.arange(4), jnp.float32(1.5), jax.random.key(2))
+        whole, last = model.eval_outputs(*args), model.eval_last(*args)
+        for k in ("losses", "correct"):
+            assert last[k].shape == (4, 1) and whole[k].shape == (4, model.num_layers + 1)
+            np.testing.assert_allclose(last[k], np.asarray(whole[k])[:, -1:], rtol=1e-5, atol=1e-6)
+    every = dataclasses.replace(cfg, states_at_every_gamma=True)
+    assert task.build(every, data, "llm", None).eval_last is None
+
+
+def test_the_runner_reads_out_every_state_only_at_gamma_train():
+    """evaluate_group with eval_last: the γ in ``per_state`` get every state, the others the
+    last state only (NaN before it), each γ with its own key, as the whole evaluator's."""
+    from cudt.runner.report import evaluate_group
+
+    calls = []
+
+    def whole(params, frozen, ex, index, gamma, key):  # [R=1, B, S=3]
+        calls.append("whole")
+        v = ex[None, :, None] * jnp.arange(1.0, 4.0) + gamma + jax.random.uniform(key)
+        return {"losses": v}
+
+    def last(params, frozen, ex, index, gamma, key):
+        calls.append("last")
+        return {"losses": whole(params, frozen, ex, index, gamma, key)["losses"][..., -1:]}
+
+    batches = [
+        dataclasses.make_dataclass("B", ["examples", "index", "count"])(
+            jnp.asarray([1.0, 2.0]), np.asarray([2 * i, 2 * i + 1]), 2
+        )
+        for i in range(2)
+    ]
+    key = jax.random.key(0)
+    ref = evaluate_group(whole, None, None, batches, 4, [0.0, 0.5, 1.0], key)["losses"]
+    calls.clear()
+    out = evaluate_group(whole, None, None, batches, 4, [0.0, 0.5, 1.0], key, last, {0.5})
+    out = out["losses"]
+    assert out.shape == ref.shape == (3, 1, 4, 3)
+    np.testing.assert_array_equal(out[1], ref[1])  # γ_train: every state
+    np.testing.assert_array_equal(out[[0, 2], ..., -1], ref[[0, 2], ..., -1])
+    assert np.isnan(out[[0, 2], ..., :-1]).all()
+    assert calls.count("last") == 4  # 2 γ x 2 batches; "whole" also traced once for the widths
+
+
 def test_auto_reference_state_is_block1_only_when_the_embeddings_readout_is_fixed():
     tied, free = tiny_decoder(True), tiny_decoder(False)
     ckpt = LLMConfig(checkpoint="model.gguf")

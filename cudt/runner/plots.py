@@ -51,7 +51,8 @@ def plot_layer_losses(
     runs, path: str | Path, *, gamma_index: int | None = None, title: str = ""
 ) -> None:
     """Mean test loss at every layer (the paper's Figures 1 and 7), log scale, at test γ index
-    ``gamma_index`` (None: each run's own γ_train)."""
+    ``gamma_index`` (None: each run's own γ_train). A run whose record has ``first_state``
+    (its problem starts at that state) is drawn from there, so the axis is the model's own."""
     groups = _by_model(runs)
     fig, axes = _axes(len(groups))
     for ax, (name, group) in zip(axes, groups.items(), strict=True):
@@ -71,8 +72,9 @@ def plot_layer_losses(
             losses = np.asarray(run["layer_loss"][gi], float)
             label = _kind(run) if _kind(run) not in seen else None
             seen.add(_kind(run))
+            first = run.get("first_state", 0)  # a problem that starts past state 0 (the LLM's)
             ax.plot(
-                np.arange(losses.size),
+                first + np.arange(losses.size),
                 losses,
                 _style(run),
                 marker="o",

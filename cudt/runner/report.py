@@ -34,21 +34,33 @@ __all__ = [
 KINDS = {False: "ERM", True: "constrained"}
 
 
-def evaluate_group(evaluator, params, frozen, batches, num_examples, gammas, key) -> dict:
-    """``{name: [G, R, N, S]}`` of every run at every γ, with the group's compiled evaluator."""
+def evaluate_group(
+    evaluator, params, frozen, batches, num_examples, gammas, key, last=None, per_state=None
+) -> dict:
+    """``{name: [G, R, N, S]}`` of every run at every γ, with the group's compiled evaluator.
+
+    ``last`` (the compiled ``eval_last``, or None) evaluates the last state only at every γ
+    not in ``per_state`` (default: all of them per state); the other states are NaN there. The
+    key of γ index ``gi`` is ``fold_in(key, gi)`` either way, so the noise does not change.
+    """
     out: dict[str, np.ndarray] = {}
     batches = list(batches)
     for gi, gamma in enumerate(gammas):
         k = jax.random.fold_in(key, gi)
+        whole = last is None or per_state is None or gamma in per_state
+        fn, cols = (evaluator, slice(None)) if whole else (last, slice(-1, None))
         for b in batches:
-            res = evaluator(params, frozen, b.examples, jnp.asarray(b.index), jnp.float32(gamma), k)
-            res = jax.device_get(res)
-            for name, value in res.items():  # [R, B, S]
-                if name not in out:
-                    r, _, s = value.shape
-                    out[name] = np.zeros((len(gammas), r, num_examples, s), value.dtype)
-                idx = b.index[: b.count]
-                out[name][gi, :, idx] = np.asarray(value)[:, : b.count].transpose(1, 0, 2)
+            args = (params, frozen, b.examples, jnp.asarray(b.index), jnp.float32(gamma), k)
+            res = jax.device_get(fn(*args))
+            if not out:  # [G, R, N, S]: the widths are the whole evaluator's
+                for name, v in jax.eval_shape(evaluator, *args).items():
+                    fill = np.nan if np.issubdtype(v.dtype, np.floating) else 0
+                    out[name] = np.full(
+                        (len(gammas), v.shape[0], num_examples, v.shape[2]), fill, v.dtype
+                    )
+            idx = b.index[: b.count]
+            for name, value in res.items():  # [R, B, S], S = 1 for the last state only
+                out[name][gi, :, idx, cols] = np.asarray(value)[:, : b.count].transpose(1, 0, 2)
     return out
 
 
@@ -72,9 +84,10 @@ def curves_of(result: LoopResult, r: int) -> dict[str, list]:
 
 def summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval_key):
     model = group.model
-    evaluator = jax.jit(
-        jax.vmap(model.eval_outputs, in_axes=(0, None, None, None, None, None))
-    )  # compiled once per group (and per batch shape)
+    axes = (0, None, None, None, None, None)
+    evaluator = jax.jit(jax.vmap(model.eval_outputs, in_axes=axes))  # once per batch shape
+    last = None if model.eval_last is None else jax.jit(jax.vmap(model.eval_last, in_axes=axes))
+    per_state = {float(spec.hp["gamma_train"]) for spec in group.specs}
 
     def evaluate(split: str, split_gammas, key):
         batches = task.eval_batches(data, split, model, cfg.eval_batch_size)
@@ -86,6 +99,8 @@ def summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval_
             task.split_size(data, split, model),
             split_gammas,
             key,
+            last,
+            per_state,
         )
 
     test = evaluate("test", gammas, eval_key)

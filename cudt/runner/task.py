@@ -52,6 +52,10 @@ class GroupModel:
       eval_outputs: ``(params, frozen, examples, index [B], gamma, key) -> {name: [B, S]}``
         for one run; ``"losses"`` (per-sample layer losses) is required, anything else
         (``"correct"``) is handed to :meth:`Task.run_metrics`.
+      eval_last: ``eval_outputs`` of the last state only (``{name: [B, 1]}``), or None. The
+        runner calls it at every γ that is no run's γ_train (where only the last state's
+        metrics are reported); the per-state values there are then NaN but the last. For a
+        model whose per-state outputs dominate the evaluation (the LLM's vocabulary readouts).
       frozen: arrays every run reads and none trains (a word-embedding table).
       project: applied to the params after every optimizer step (or None).
       record: extra fields of every run record of this group (``blocks``, ``granularity``).
@@ -62,6 +66,7 @@ class GroupModel:
     init: Callable[[jax.Array], Any]
     layer_losses: Callable[[Any, RunBatch, jax.Array], jax.Array]
     eval_outputs: Callable[..., dict[str, jax.Array]]
+    eval_last: Callable[..., dict[str, jax.Array]] | None = None
     frozen: Any = None
     project: Callable[[Any], Any] | None = None
     record: dict[str, Any] = dataclasses.field(default_factory=dict)

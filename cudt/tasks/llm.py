@@ -197,6 +197,13 @@ class LLMConfig(RunConfig):
         "a checkpoint with a tied LM head gets its own trainable head, a copy of the embeddings "
         "(the embeddings' readout then moves with training; the input embeddings stay frozen)",
     )
+    states_at_every_gamma: bool = flag(
+        False,
+        "read out every state at every test and validation gamma (default: every state at "
+        "gamma_train, where descent and feasibility are judged, and the last state alone at the "
+        "other gammas, whose accuracy is reported: the readouts over the vocabulary are most "
+        "of an evaluation)",
+    )
     # shared fields with this experiment's defaults
     seeds: int = shared("seeds", 1)
     steps: int = shared("steps", 800)
@@ -606,8 +613,10 @@ class LLMTask(AccuracyReports, Task):
         def whole(params, frozen):  # the decoder's params, the frozen table put back
             return params if frozen_table is None else {**params, "embed": frozen}
 
-        def per_sample(params, ex, noise):
+        def per_sample(params, ex, noise, last_only=False):
             states = dec.apply(params, ex["input_ids"], ex["attention_mask"], embed_noise=noise)
+            if last_only:  # [1, B, T, D]: the last state's readout alone
+                states = states[-1:]
             args = (
                 states,
                 lambda x: dec.final_norm(params, x),
@@ -638,12 +647,12 @@ class LLMTask(AccuracyReports, Task):
             noise = jax.random.normal(key, (*ex["input_ids"].shape, dim)) * (batch.gamma * unit)
             return per_sample(whole(params, batch.frozen), ex, on_tokens(noise, ex))[0]
 
-        def eval_outputs(params, frozen, ex, index, gamma, key):
+        def eval_outputs(params, frozen, ex, index, gamma, key, last_only=False):
             def example_noise(i):  # the noise of example i depends on (key, i) only
                 return jax.random.normal(jax.random.fold_in(key, i), (length, dim))
 
             noise = jax.vmap(example_noise)(index) * (gamma * unit)
-            ce, acc = per_sample(whole(params, frozen), ex, on_tokens(noise, ex))
+            ce, acc = per_sample(whole(params, frozen), ex, on_tokens(noise, ex), last_only)
             return {"losses": ce, "correct": acc}
 
         def init(key):
@@ -661,6 +670,11 @@ class LLMTask(AccuracyReports, Task):
             init=init,
             layer_losses=layer_losses,
             eval_outputs=eval_outputs,
+            eval_last=(
+                None
+                if cfg.states_at_every_gamma
+                else functools.partial(eval_outputs, last_only=True)
+            ),
             frozen=frozen_table,
             record={"blocks": dec.num_layers},
         )
