@@ -74,3 +74,24 @@ def test_folders_of_another_job_are_refused_with_one_line(folders, tmp_path, cap
         assert says in err and err.count("\n") == 1, err
     assert combine.main([str(first), str(tmp_path / "missing")]) == 2
     assert "no results.json" in capsys.readouterr().err
+
+
+def test_a_folder_of_one_kind_joins_the_job(folders, tmp_path, capsys):
+    """More settings of a job trained later, --kinds constrained (no second ERM twin), at a
+    commit with another evaluation flag: the kinds and the per-state readout at other γ are
+    not the job's settings, so the folders combine."""
+    first, rest = folders
+    later = tmp_path / "later"
+    shutil.copytree(rest, later)
+    results = json.loads((later / "results.json").read_text())
+    config = {k: v for k, v in results["config"].items() if k != "states_at_every_gamma"}
+    changed = {
+        **results,
+        "config": {**config, "kinds": "constrained"},
+        "runs": [r for r in results["runs"] if r["constrained"]],
+    }
+    (later / "results.json").write_text(json.dumps(changed))
+    assert combine.main([str(first), str(later)]) == 0
+    out = capsys.readouterr().out
+    assert "3 runs of llm_sft from 2 folders:" in out
+    assert "llm-2 constrained seed 1:" in out and "llm-2 ERM seed 1:" not in out

@@ -25,8 +25,9 @@ from cudt.runner.sweep import SWEEPABLE
 
 __all__ = ["CONFIG_FREE", "combine", "load_results"]
 
-#: Config entries that may differ between the folders of one job: the runs' seeds and sweep
-#: points (each run records its own), and how and where they were executed.
+#: Config entries that may differ between the folders of one job: the runs' seeds, sweep
+#: points and kinds (each run records its own), how and where they were executed, and which
+#: states were read out at a γ other than γ_train (no reported number depends on it).
 CONFIG_FREE = frozenset(
     {
         "seed",
@@ -34,6 +35,8 @@ CONFIG_FREE = frozenset(
         "data_seed",
         "sweep",
         "sweeps",
+        "kinds",
+        "states_at_every_gamma",
         "model_hparams",
         "out",
         "overwrite",
