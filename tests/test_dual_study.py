@@ -204,7 +204,7 @@ def test_a_finished_text_call_is_reused_though_its_task_resolved_lr_and_length(t
     for sub in plan(opts, tmp_path):
         cfg = sub.cfg
         assert cfg.lr is None and sub.resolved["max_length"] == max_length_of(cfg)
-        written = cfg.fingerprint() | {
+        written = cfg.fingerprint(evaluation=True) | {
             "lr": TextTask().default_lr(cfg, cfg.model),
             "max_length": max_length_of(cfg),
         }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -112,6 +113,37 @@ def test_a_finished_run_is_refused_and_kept(tiny_run, capsys):
     assert llm_sft.main([*TINY, "--out", str(out)]) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert (out / "results.json").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_a_finished_runs_checkpoints_are_evaluated_again_with_other_evaluation_flags(
+    tiny_run, tmp_path, capsys
+):
+    """The evaluation-only flags (completions, test γ, tolerance, ...) are not in the
+    checkpoints' fingerprint: a finished run's folder without its results.json resumes at its
+    last step, trains nothing, and is evaluated with the new values. A training flag is still
+    refused."""
+    from cudt.tasks.llm import LLMConfig
+
+    cfg = LLMConfig(completions=5, tolerance=0.2)
+    assert "completions" not in cfg.fingerprint() and "tolerance" not in cfg.fingerprint()
+    assert cfg.fingerprint(evaluation=True)["completions"] == 5  # a finished job's results do
+    out, first = tiny_run
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    (again / "results.json").unlink()
+    argv = [*TINY, "--completions", "3", "--tolerance", "0.2", "--test-gammas", "0,0.5,2"]
+    results = run(argv, again)
+    assert "(resuming)" in capsys.readouterr().out
+    assert results["config"]["completions"] == 3 and results["config"]["tolerance"] == 0.2
+    for a, b in zip(first["runs"], results["runs"], strict=True):
+        assert b["train_objective"] == a["train_objective"]  # restored, not trained again
+        assert b["multipliers"] == a["multipliers"]
+        assert b["test_gamma"] == [0.0, 0.5, 1.0, 2.0]
+        assert [c["gamma"] for c in b["completions"]] == [0.0] * 3 + [2.0] * 3
+    (again / "results.json").unlink()
+    assert llm_sft.main([*argv, "--lr", "1e-3", "--out", str(again)]) == 2
+    assert "different config (lr" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

@@ -221,7 +221,7 @@ def check_subrun(sub: SubRun, overwrite: bool) -> None:
             raise UsageError(
                 f"{results} is unreadable ({e}): delete {sub.out}, or pass --overwrite"
             ) from e
-        diff = _differences(saved, sub.cfg.fingerprint() | sub.resolved)
+        diff = _differences(saved, sub.cfg.fingerprint(evaluation=True) | sub.resolved)
         if diff:
             raise _refuse(sub, "results", diff)
         sub.finished = True

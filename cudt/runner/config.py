@@ -251,6 +251,7 @@ class RunConfig:
 
     # Fields that do not change what a run computes: a checkpoint stays valid when only these
     # differ (a class attribute, not a field).
+    # Where and how the runs execute: in no fingerprint.
     RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
         "out",
         "overwrite",
@@ -260,6 +261,9 @@ class RunConfig:
         "distributed",
         "fsdp",
     )
+    # What only the evaluation after training reads: not in a checkpoint's fingerprint, so a
+    # finished run's checkpoints can be evaluated again with other values (docs/runner.md).
+    EVALUATION_ONLY: typing.ClassVar[tuple[str, ...]] = ("test_gammas", "tolerance")
 
     def __post_init__(self):
         hints = typing.get_type_hints(type(self))
@@ -363,9 +367,11 @@ class RunConfig:
     def seed_list(self) -> list[int]:
         return [self.seed + i for i in range(self.seeds)]
 
-    def fingerprint(self) -> dict[str, Any]:
-        """The fields a checkpoint depends on (the config minus output-only fields)."""
-        ignore = set(self.RESUME_IGNORES)
+    def fingerprint(self, *, evaluation: bool = False) -> dict[str, Any]:
+        """The fields a checkpoint depends on: the config minus where and how the runs execute
+        (``RESUME_IGNORES``) and what only the evaluation reads (``EVALUATION_ONLY``);
+        ``evaluation=True``: the fields a run's results depend on (the latter included)."""
+        ignore = set(self.RESUME_IGNORES) | (set() if evaluation else set(self.EVALUATION_ONLY))
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in ignore}
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,8 @@ def checkpoint_record(cfg) -> dict[str, Any]:
     return cfg.fingerprint() | {"state_layout": STATE_LAYOUT}
 
 
-def _differences(old: dict, new: dict) -> list[str]:
-    keys = sorted(set(old) | set(new))
+def _differences(old: dict, new: dict, ignore: Collection[str] = ()) -> list[str]:
+    keys = sorted((set(old) | set(new)) - set(ignore))
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
@@ -98,6 +99,7 @@ def open_output(
     *,
     overwrite: bool = False,
     resume: bool = False,
+    ignore: Collection[str] = (),
 ) -> OutputDir:
     """Checks and prepares the output folder of a run of ``config`` (a JSON-able dict).
 
@@ -106,6 +108,9 @@ def open_output(
     * holds checkpoints of another config, or checkpoints without the config they belong to:
       refused (the differing fields are named) unless ``overwrite``;
     * ``resume=True`` and nothing to resume: refused.
+
+    ``ignore``: fields a saved config may hold with another value (the evaluation-only flags,
+    which an earlier version recorded).
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -136,7 +141,7 @@ def open_output(
                 f"layout ({layout}; this version writes {config['state_layout']}), which cannot "
                 "be resumed: pass another --out, or --overwrite to discard them"
             )
-        diff = _differences(old, config)
+        diff = _differences(old, config, ignore)
         if diff:
             raise UsageError(
                 f"--out {out} holds checkpoints of a different config ({'; '.join(diff[:4])}"
@@ -181,13 +186,25 @@ def open_output_once(path, fingerprint, cfg, main_process: bool):
     """:func:`open_output` by process 0 of a multi-host job; the others wait for it and take
     its verdict (resuming or not), so no two processes race on the folder."""
     if jax.process_count() == 1:
-        return open_output(path, fingerprint, overwrite=cfg.overwrite, resume=cfg.resume)
+        return open_output(
+            path,
+            fingerprint,
+            overwrite=cfg.overwrite,
+            resume=cfg.resume,
+            ignore=cfg.EVALUATION_ONLY,
+        )
     from jax.experimental import multihost_utils
 
     out, failed, resuming = None, 0, 0
     if main_process:
         try:
-            out = open_output(path, fingerprint, overwrite=cfg.overwrite, resume=cfg.resume)
+            out = open_output(
+                path,
+                fingerprint,
+                overwrite=cfg.overwrite,
+                resume=cfg.resume,
+                ignore=cfg.EVALUATION_ONLY,
+            )
             resuming = int(out.resuming)
         except Exception:
             failed = 1

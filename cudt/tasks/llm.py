@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,12 @@ class LLMConfig(RunConfig):
         "gamma_train, where descent and feasibility are judged, and the last state alone at the "
         "other gammas, whose accuracy is reported: the readouts over the vocabulary are most "
         "of an evaluation)",
+    )
+    EVALUATION_ONLY: typing.ClassVar[tuple[str, ...]] = (
+        *RunConfig.EVALUATION_ONLY,
+        "completions",
+        "completion_gamma",
+        "states_at_every_gamma",
     )
     # shared fields with this experiment's defaults
     seeds: int = shared("seeds", 1)

@@ -225,7 +225,7 @@ def _phase_one(sub: SubRun, opts: StudyConfig) -> dict[str, Any]:
 
     cfg = sub.cfg
     steps = opts.phase1_steps or cfg.steps
-    spec = {"config": cfg.fingerprint(), "steps": steps, "seeds": opts.phase1_seeds}
+    spec = {"config": cfg.fingerprint(evaluation=True), "steps": steps, "seeds": opts.phase1_seeds}
     spec = json.loads(json.dumps(spec, default=str))
     path = sub.out / "phase1.json"
     if path.exists() and not opts.overwrite:
