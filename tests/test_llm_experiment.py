@@ -188,6 +188,39 @@ def test_fine_tunes_a_hugging_face_folder_on_an_alpaca_file(checkpoint_folder, t
         assert r["layer_loss"][clean][-1] < np.log(vocab) - 0.08, (r["label"], r["layer_loss"])
 
 
+@pytest.mark.slow
+def test_more_test_prompts_are_an_evaluation_flag_only_while_the_training_tokens_stay(
+    checkpoint_folder, tmp_path, capsys
+):
+    """--num-test and --num-val are evaluation flags where the training tokens do not change
+    with them (the generated task families and a checkpoint's tokenizer): a finished run is
+    evaluated again on more prompts. From a file, whose test records are dealt first, the
+    training tokens change, and the checkpoints' train_digest refuses them."""
+    folder, data = checkpoint_folder
+    common = [
+        "--checkpoint", str(folder), "--num-train", "24", "--max-length", "48", "--steps", "2",
+        "--batch-size", "4", "--completions", "0", "--test-gammas", "0,1", "--lr", "1e-2",
+    ]  # fmt: skip
+    for source, accepted in (("tasks", True), (str(data), False)):
+        argv = [*common, "--data", source, "--num-val", "4", "--num-test", "4"]
+        first = run(argv, tmp_path / "first")
+        again = tmp_path / "again"
+        shutil.copytree(tmp_path / "first", again)
+        (again / "results.json").unlink()
+        more = [*common, "--data", source, "--num-val", "6", "--num-test", "8"]
+        if accepted:
+            results = run(more, again)
+            for a, b in zip(first["runs"], results["runs"], strict=True):
+                assert b["train_objective"] == a["train_objective"]
+                assert len(a["prompt_accuracy"][0]) == 4 and len(b["prompt_accuracy"][0]) == 8
+        else:
+            capsys.readouterr()
+            assert llm_sft.main([*more, "--out", str(again)]) == 2
+            assert "different config (train_digest" in capsys.readouterr().err
+        shutil.rmtree(tmp_path / "first")
+        shutil.rmtree(again)
+
+
 @pytest.fixture(scope="module")
 def gguf_checkpoint(tmp_path_factory):
     """A GGUF file as llama.cpp writes one: a tiny Llama, a byte-level BPE tokenizer with ChatML

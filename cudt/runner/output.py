@@ -69,7 +69,10 @@ def checkpoint_record(cfg) -> dict[str, Any]:
 
 
 def _differences(old: dict, new: dict, ignore: Collection[str] = ()) -> list[str]:
+    """The fields that differ, but ``ignore`` and a ``*_digest`` one side does not record (a
+    digest is an extra check a later version adds: checkpoints written before it resume)."""
     keys = sorted((set(old) | set(new)) - set(ignore))
+    keys = [k for k in keys if not k.endswith("_digest") or (k in old and k in new)]
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 

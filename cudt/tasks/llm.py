@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
 import typing
 from collections.abc import Callable
@@ -205,8 +206,13 @@ class LLMConfig(RunConfig):
         "other gammas, whose accuracy is reported: the readouts over the vocabulary are most "
         "of an evaluation)",
     )
+    # --num-val, --num-test and the data's description with their counts ("source"): the
+    # checkpoints' train_digest holds them to the training tokens (LLMTask.fingerprint)
     EVALUATION_ONLY: typing.ClassVar[tuple[str, ...]] = (
         *RunConfig.EVALUATION_ONLY,
+        "num_val",
+        "num_test",
+        "source",
         "completions",
         "completion_gamma",
         "states_at_every_gamma",
@@ -313,6 +319,15 @@ def chat_prompt(record: AlpacaRecord, decoder: Decoder, tok: InstructionTokenize
 # the toy set of cudt.data.alpaca.generated_instructions (what no --data gives)
 TASKS, TOY = "tasks", "toy"
 GENERATED_DATA = (TASKS, TOY)
+
+
+def train_digest(tokens: TokenizedAlpaca) -> str:
+    """A digest of the training examples (ids, labels, masks): what a checkpoint was trained on,
+    whatever flags produced it."""
+    h = hashlib.sha256()
+    for a in (tokens.input_ids, tokens.attention_mask, tokens.labels, tokens.loss_mask):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
 
 
 def llm_splits(cfg: LLMConfig):
@@ -553,6 +568,10 @@ class LLMTask(AccuracyReports, Task):
             "checkpoint": cfg.checkpoint,
             "vocab_size": data.decoder.config.vocab_size,
             "train_shape": list(data.tokens["train"].input_ids.shape),
+            # the training tokens themselves: --num-val and --num-test are evaluation flags
+            # only where they leave them unchanged (the generated task families; not a file,
+            # whose val and test records are dealt before the training records)
+            "train_digest": train_digest(data.tokens["train"]),
             "noise_unit": data.noise_unit,
             "prompt_format": data.prompt_format,
         }
