@@ -234,7 +234,8 @@ def test_the_section6_command_is_the_issues_comparison_and_later_flags_win():
     cfg, _ = config_from_args(LLMConfig, list(SECTION6), "", "x")
     assert (cfg.checkpoint, cfg.data, cfg.seeds, cfg.kinds) == ("smollm2", "tasks", 3, "both")
     assert cfg.num_train >= 2000 and cfg.num_test >= 500 and cfg.completions >= 200
-    assert (cfg.reference_state, cfg.reference, cfg.epsilon) == ("block1", "27", 0.0)
+    assert (cfg.reference_state, cfg.reference, cfg.epsilon) == ("block1", "27", 0.02)
+    assert (cfg.dual_optimizer, cfg.update, cfg.steps) == ("nupi", "alternating", 400)
     assert cfg.completions <= cfg.num_test  # the completed prompts are test prompts
     cfg, _ = config_from_args(
         LLMConfig, [*SECTION6, "--steps", "300", "--epsilon", "0.05"], "", "x"

@@ -120,8 +120,6 @@ BLOCKS: dict[str, Block] = {
         Block("text-default", "experiments.text_classify", (), _text_task),
         # docs/results/llm.md: the default run (a tiny decoder from scratch)
         Block("llm-default", "experiments.llm_sft", (), _llm_task),
-        # docs/results/llm.md: Section 6 on SmolLM2 (3 seeds, 500 test and 200 generation prompts)
-        Block("llm-section6", "experiments.llm_section6", (), _llm_task),
         # docs/results/tables.md: the paper's tables at --scale tiny
         _job("table3-tiny", "experiments.video_table", ("--scale", "tiny"), "table3.md"),
         _job("table4-tiny", "experiments.text_table", ("--scale", "tiny"), "table4.md"),
