@@ -11,7 +11,7 @@ program, and the problem and its dynamics chosen on validation data: the bound o
 block's readout, ``ℓ_1 ≤ 27`` (SmolLM2's own validation ℓ_1 at γ_train before fine-tuning);
 ε = 0.02, the largest ε of the sweep 0.01, 0.02, 0.03, 0.05 feasible at 0 % tolerance on
 validation; nuPI duals with alternating updates (the video task's dual-study choice), 400
-steps. About 2.6 hours on a 2-core CPU (1.6 of training); ``--chunk-steps 100`` checkpoints
+steps. About 2.2 hours on a 2-core CPU (1.6 of training); ``--chunk-steps 100`` checkpoints
 every 100 steps (the same training up to float32 rounding). docs/results/llm.md has the sweep,
 the costs, the output and what this scales down from the paper.
 """
