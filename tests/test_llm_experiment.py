@@ -115,37 +115,6 @@ def test_a_finished_run_is_refused_and_kept(tiny_run, capsys):
     assert (out / "results.json").read_bytes() == before
 
 
-@pytest.mark.slow
-def test_a_finished_runs_checkpoints_are_evaluated_again_with_other_evaluation_flags(
-    tiny_run, tmp_path, capsys
-):
-    """The evaluation-only flags (completions, test γ, tolerance, ...) are not in the
-    checkpoints' fingerprint: a finished run's folder without its results.json resumes at its
-    last step, trains nothing, and is evaluated with the new values. A training flag is still
-    refused."""
-    from cudt.tasks.llm import LLMConfig
-
-    cfg = LLMConfig(completions=5, tolerance=0.2)
-    assert "completions" not in cfg.fingerprint() and "tolerance" not in cfg.fingerprint()
-    assert cfg.fingerprint(evaluation=True)["completions"] == 5  # a finished job's results do
-    out, first = tiny_run
-    again = tmp_path / "again"
-    shutil.copytree(out, again)
-    (again / "results.json").unlink()
-    argv = [*TINY, "--completions", "3", "--tolerance", "0.2", "--test-gammas", "0,0.5,2"]
-    results = run(argv, again)
-    assert "(resuming)" in capsys.readouterr().out
-    assert results["config"]["completions"] == 3 and results["config"]["tolerance"] == 0.2
-    for a, b in zip(first["runs"], results["runs"], strict=True):
-        assert b["train_objective"] == a["train_objective"]  # restored, not trained again
-        assert b["multipliers"] == a["multipliers"]
-        assert b["test_gamma"] == [0.0, 0.5, 1.0, 2.0]
-        assert [c["gamma"] for c in b["completions"]] == [0.0] * 3 + [2.0] * 3
-    (again / "results.json").unlink()
-    assert llm_sft.main([*argv, "--lr", "1e-3", "--out", str(again)]) == 2
-    assert "different config (lr" in capsys.readouterr().err
-
-
 @pytest.fixture(scope="module")
 def checkpoint_folder(tmp_path_factory):
     """A Hugging Face Llama folder (config.json, model.safetensors, tokenizer.json)."""
@@ -189,36 +158,63 @@ def test_fine_tunes_a_hugging_face_folder_on_an_alpaca_file(checkpoint_folder, t
 
 
 @pytest.mark.slow
-def test_more_test_prompts_are_an_evaluation_flag_only_while_the_training_tokens_stay(
+def test_a_finished_runs_checkpoints_are_evaluated_again_with_other_evaluation_flags(
     checkpoint_folder, tmp_path, capsys
 ):
-    """--num-test and --num-val are evaluation flags where the training tokens do not change
-    with them (the generated task families and a checkpoint's tokenizer): a finished run is
-    evaluated again on more prompts. From a file, whose test records are dealt first, the
-    training tokens change, and the checkpoints' train_digest refuses them."""
-    folder, data = checkpoint_folder
+    """What only the evaluation reads (completions, test γ, tolerance; --num-val and --num-test
+    where the training tokens stay: the task families with a checkpoint's tokenizer) is not in
+    the checkpoints' fingerprint: a finished run's folder without its results.json resumes at
+    its last step, trains nothing, and is evaluated with the new values. A training flag is
+    still refused."""
+    folder, _ = checkpoint_folder
     common = [
-        "--checkpoint", str(folder), "--num-train", "24", "--max-length", "48", "--steps", "2",
-        "--batch-size", "4", "--completions", "0", "--test-gammas", "0,1", "--lr", "1e-2",
+        "--checkpoint", str(folder), "--data", "tasks", "--num-train", "24", "--max-length",
+        "48", "--steps", "2", "--batch-size", "4", "--lr", "1e-2", "--max-new-tokens", "2",
     ]  # fmt: skip
-    for source, accepted in (("tasks", True), (str(data), False)):
-        argv = [*common, "--data", source, "--num-val", "4", "--num-test", "4"]
-        first = run(argv, tmp_path / "first")
-        again = tmp_path / "again"
-        shutil.copytree(tmp_path / "first", again)
-        (again / "results.json").unlink()
-        more = [*common, "--data", source, "--num-val", "6", "--num-test", "8"]
-        if accepted:
-            results = run(more, again)
-            for a, b in zip(first["runs"], results["runs"], strict=True):
-                assert b["train_objective"] == a["train_objective"]
-                assert len(a["prompt_accuracy"][0]) == 4 and len(b["prompt_accuracy"][0]) == 8
-        else:
-            capsys.readouterr()
-            assert llm_sft.main([*more, "--out", str(again)]) == 2
-            assert "different config (train_digest" in capsys.readouterr().err
-        shutil.rmtree(tmp_path / "first")
-        shutil.rmtree(again)
+    first = run(
+        [*common, "--num-val", "4", "--num-test", "4", "--completions", "0"], tmp_path / "a"
+    )
+    again = tmp_path / "again"
+    shutil.copytree(tmp_path / "a", again)
+    (again / "results.json").unlink()
+    more = [
+        *common, "--num-val", "6", "--num-test", "8", "--completions", "2", "--tolerance",
+        "0.2", "--test-gammas", "0,0.5,2",
+    ]  # fmt: skip
+    results = run(more, again)
+    assert "(resuming)" in capsys.readouterr().out
+    assert results["config"]["tolerance"] == 0.2
+    for a, b in zip(first["runs"], results["runs"], strict=True):
+        assert b["train_objective"] == a["train_objective"]  # restored, not trained again
+        assert b["multipliers"] == a["multipliers"]
+        assert len(a["prompt_accuracy"][0]) == 4 and len(b["prompt_accuracy"][0]) == 8
+        assert b["test_gamma"] == [0.0, 0.5, 1.0, 2.0]
+        assert [c["gamma"] for c in b["completions"]] == [0.0] * 2 + [2.0] * 2
+    (again / "results.json").unlink()
+    assert llm_sft.main([*more, "--lr", "1e-3", "--out", str(again)]) == 2
+    assert "different config (lr" in capsys.readouterr().err
+
+
+def test_the_train_digest_holds_the_test_split_to_the_training_tokens(checkpoint_folder):
+    """The checkpoints' train_digest: the same for more test or validation prompts of the task
+    families (their training items do not move), another for a file, whose val and test
+    records are dealt before the training ones."""
+    from cudt.tasks.llm import LLMConfig, LLMTask
+
+    folder, data = checkpoint_folder
+    task = LLMTask()
+    for source, same in (("tasks", True), (str(data), False)):
+        digests = [
+            task.fingerprint(cfg, task.load(cfg))["train_digest"]
+            for cfg in (
+                LLMConfig(checkpoint=str(folder), data=source, num_train=24, num_val=v, num_test=t)
+                for v, t in ((4, 4), (6, 8))
+            )
+        ]
+        assert (digests[0] == digests[1]) is same, source
+    cfg = LLMConfig(num_test=8, completions=5, tolerance=0.2)
+    for name in ("num_test", "completions", "tolerance"):
+        assert name not in cfg.fingerprint() and name in cfg.fingerprint(evaluation=True)
 
 
 @pytest.fixture(scope="module")

@@ -211,6 +211,21 @@ def test_atomic_json_and_output_folder(tmp_path):
     assert open_output(out, {"lr": 1}, overwrite=True).path == out
 
 
+def test_resume_compares_a_digest_both_configs_record_and_skips_the_ignored_fields(tmp_path):
+    """Checkpoints written before a ``*_digest`` field existed resume; two digests that differ
+    are refused; a field in ``ignore`` (the evaluation-only flags) may differ."""
+    out = tmp_path / "run"
+    open_output(out, {"lr": 1, "completions": 0})  # checkpoints/config.json without a digest
+    (out / "checkpoints" / "g" / "4").mkdir(parents=True)
+    new = {"lr": 1, "completions": 2, "train_digest": "ab"}
+    assert open_output(out, new, ignore=("completions",)).resuming
+    with pytest.raises(UsageError, match="different config \\(completions 0 -> 2\\)"):
+        open_output(out, new)
+    write_json_atomic(out / "checkpoints" / "config.json", {"lr": 1, "train_digest": "cd"})
+    with pytest.raises(UsageError, match="train_digest 'cd' -> 'ab'"):
+        open_output(out, new, ignore=("completions",))
+
+
 def test_checkpoints_of_an_earlier_state_layout_are_refused_in_one_line(tmp_path):
     """A folder of checkpoints written before the one engine (its saved config has no
     state_layout: layout 1) is named as such, not restored into the wrong pytree; nothing in it
