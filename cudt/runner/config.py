@@ -249,9 +249,8 @@ class RunConfig:
         "ut,constrained,0,30) makes the batch of that run (every sweep point of it) NaN at STEP",
     )
 
-    # Fields that do not change what a run computes: a checkpoint stays valid when only these
-    # differ (a class attribute, not a field).
-    # Where and how the runs execute: in no fingerprint.
+    # Where and how the runs execute, which does not change what a run computes: in no
+    # fingerprint, so a checkpoint stays valid when only these differ (class attributes).
     RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
         "out",
         "overwrite",
