@@ -188,26 +188,15 @@ def open_output(
 def open_output_once(path, fingerprint, cfg, main_process: bool):
     """:func:`open_output` by process 0 of a multi-host job; the others wait for it and take
     its verdict (resuming or not), so no two processes race on the folder."""
+    flags = dict(overwrite=cfg.overwrite, resume=cfg.resume, ignore=cfg.EVALUATION_ONLY)
     if jax.process_count() == 1:
-        return open_output(
-            path,
-            fingerprint,
-            overwrite=cfg.overwrite,
-            resume=cfg.resume,
-            ignore=cfg.EVALUATION_ONLY,
-        )
+        return open_output(path, fingerprint, **flags)
     from jax.experimental import multihost_utils
 
     out, failed, resuming = None, 0, 0
     if main_process:
         try:
-            out = open_output(
-                path,
-                fingerprint,
-                overwrite=cfg.overwrite,
-                resume=cfg.resume,
-                ignore=cfg.EVALUATION_ONLY,
-            )
+            out = open_output(path, fingerprint, **flags)
             resuming = int(out.resuming)
         except Exception:
             failed = 1
