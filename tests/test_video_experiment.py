@@ -193,16 +193,12 @@ def _cli(out: Path, *extra: str) -> list[str]:
         "5",
         "--warmup-steps",
         "0",  # the constraints act from the first step: live slacks within STEPS
-        # explicit slacks, so the resumed state's slacks are compared while they are non-zero
-        # (they exist on make_train_step's path: projected SGD ascent, simultaneous updates)
+        # explicit slacks, so the resumed state's slacks are compared while they are non-zero,
+        # with the default dual dynamics (nuPI, alternating updates): one engine takes both
         "--resilience",
         "2.0",
         "--resilience-mode",
         "slack",
-        "--dual-optimizer",
-        "sgd",
-        "--update",
-        "simultaneous",
         "--out",
         str(out),
         *extra,
