@@ -68,29 +68,6 @@ _share_compiled_programs()
 _skip_optimisation_passes()
 _one_thread_per_worker()
 
-# The test files that take longest, longest first: seconds of one worker, summed over each file's
-# tests and fixtures (`pytest --durations=0`, 2 workers on this 2-core machine, 2026-11-28).
-LONGEST_FILES = (
-    "test_ut_study.py",
-    "test_llm_experiment.py",
-    "test_video_experiment.py",
-    "test_text_learns.py",
-    "test_benchmarks.py",
-    "test_runner.py",
-    "test_video_headline.py",
-    "test_video_table.py",
-)
-
-
-def pytest_collection_modifyitems(items) -> None:
-    """The longest files first. xdist's ``--dist loadfile`` hands a worker the next file when it
-    finishes one, in collection order (pyproject's ``--no-loadscope-reorder``; xdist's own
-    order, most tests first, left the few long end-to-end files for last, one worker running
-    them while the other idled). Longest first, the files handed out last are short and the
-    workers end together. The rest keep their order; each file's tests keep theirs."""
-    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
 
 @contextlib.contextmanager
 def _optimizations_on():

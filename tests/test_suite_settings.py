@@ -36,15 +36,3 @@ def test_with_a_worker_per_core_each_worker_runs_its_products_on_one_thread():
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     flags = os.environ.get("XLA_FLAGS", "")
     assert ("--xla_cpu_multi_thread_eigen=false" in flags) is (workers >= (os.cpu_count() or 1))
-
-
-def test_the_files_conftest_runs_first_are_test_files_of_the_suite():
-    """``LONGEST_FILES`` orders the suite (tests/conftest.py): a renamed or removed file would
-    silently drop out of it."""
-    from pathlib import Path
-
-    from conftest import LONGEST_FILES
-
-    here = Path(__file__).parent
-    assert len(set(LONGEST_FILES)) == len(LONGEST_FILES)
-    assert all((here / name).is_file() for name in LONGEST_FILES), LONGEST_FILES
