@@ -150,11 +150,15 @@ def test_tail_constraint_is_the_cvar_of_the_ratios(beta):
 def test_tail_lowers_the_worst_ratios_that_mean_leaves():
     """A residual tanh denoiser (3 layers) on one batch of 32, 200 steps, ε = 0.3. What the tail
     constraint (β = 0.25) guarantees: every layer's CVaR of the per-sample ratios ℓ_l/ℓ_{l−1}
-    ends near its bound 1 − ε (within a margin for 200 steps of dynamics that differ from CPU
-    to CPU). What the mean constraint does not: its worst layer leaves a tail (here a layer
-    makes some samples 20× worse while its mean descends), far above the tail run's worst.
-    Layer by layer the two runs can be close (the mean run's easy layers), so only the worst
-    layer is compared."""
+    stays near its bound 1 − ε. What the mean constraint does not: its worst layer leaves a tail
+    (here a layer makes some samples 20× worse while its mean descends), far above the tail
+    run's worst. Layer by layer the two runs can be close (the mean run's easy layers), so only
+    the worst layer is compared.
+
+    Both are read as averages over the last 50 steps, the iterates primal-dual methods make
+    promises about: at dual rate 1 the tail run's CVaR oscillates around the bound, 0.68–0.93
+    at single steps from 150 to 600, so one step's value depends on the code generator's
+    rounding; the average was 0.77–0.80 on every layer under three XLA:CPU settings."""
     layers, dim, size = 3, 6, 32
     rng = np.random.default_rng(0)
     clean = jnp.asarray(rng.normal(size=(size, 2)) @ rng.normal(size=(2, dim)), jnp.float32)
@@ -176,12 +180,15 @@ def test_tail_lowers_the_worst_ratios_that_mean_leaves():
             cudt.DescentConfig(num_layers=layers, epsilon=0.3, tail_beta=0.25),
             constraint=constraint,
         )
-        state = init(params)
+        state, worst, cvar = init(params), [], []
         for t in range(200):
             state, _ = step(state, (clean, noisy), jax.random.key(t))
-        losses = np.asarray(losses_of(state.params, (clean, noisy), None))
-        ratios = losses[:, 1:] / losses[:, :-1]
-        return ratios.max(0), np.sort(ratios, 0)[::-1][:8].mean(0)
+            if t >= 150:
+                losses = np.asarray(losses_of(state.params, (clean, noisy), None))
+                ratios = losses[:, 1:] / losses[:, :-1]
+                worst.append(ratios.max(0))
+                cvar.append(np.sort(ratios, 0)[::-1][:8].mean(0))
+        return np.mean(worst, 0), np.mean(cvar, 0)
 
     (worst_mean, cvar_mean), (worst_tail, cvar_tail) = run("mean"), run("tail")
     assert np.all(cvar_tail < 0.7 + 0.15), cvar_tail  # near the bound 1 − ε on every layer

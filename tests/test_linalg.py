@@ -356,18 +356,23 @@ def test_ut_project_default_tracks_eigh_through_training():
 
 
 @pytest.mark.slow
-def test_ut_project_default_inactive_clip_is_bit_exact_through_training():
+def test_ut_project_default_inactive_clip_is_the_identity_through_training():
     """At a learning rate (1e-4) that keeps W̃_f's eigenvalues inside the clip (‖S‖₂ ≈ 0.9), the
-    default skips the clipping: the training is bit-exact the one with eigh (which returns a
-    feasible matrix bit-exact)."""
+    default skips the clipping: it returns the trained parameters bit-exact, and the training
+    is eigh's (which returns a feasible matrix bit-exact) up to float32 rounding. Not bit for
+    bit: the two steps are two compiled programs, whose code generators may round the same
+    gradients in another order (1 ulp here with XLA:CPU's legacy emitters, 0 with its new)."""
     exact = functools.partial(ut_project, method="eigh")
     trace_eigh, params_eigh = _ut_training(1e-4, exact)
     trace, params = _ut_training(1e-4, ut_project)
     ffn = np.asarray(params["params"]["ffn"], np.float64)
     assert np.abs(np.linalg.eigvalsh(ffn)).max() < 0.94  # inactive all along
-    np.testing.assert_array_equal(trace, trace_eigh)
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params_eigh), strict=True):
+    projected = jax.jit(ut_project)(params)
+    for a, b in zip(jax.tree.leaves(projected), jax.tree.leaves(params), strict=True):
         np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(trace, trace_eigh, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params_eigh), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.slow
