@@ -36,3 +36,13 @@ def test_with_a_worker_per_core_each_worker_runs_its_products_on_one_thread():
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     flags = os.environ.get("XLA_FLAGS", "")
     assert ("--xla_cpu_multi_thread_eigen=false" in flags) is (workers >= (os.cpu_count() or 1))
+
+
+def test_the_suite_compiles_with_its_quick_codegen_here_and_in_its_subprocesses():
+    from conftest import QUICK_CODEGEN
+
+    read = "import os; print(os.environ.get('XLA_FLAGS', ''))"
+    out = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, check=True)
+    for flags in (os.environ["XLA_FLAGS"], out.stdout):
+        for flag in QUICK_CODEGEN:
+            assert flag.split("=")[0] in flags, (flag, flags)
