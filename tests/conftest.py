@@ -6,6 +6,8 @@ import atexit
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -78,12 +80,22 @@ QUICK_CODEGEN = (
 
 def _quick_codegen() -> None:
     """:data:`QUICK_CODEGEN` for this process and the processes its tests start (set before jax
-    starts its backend, like the thread setting below); a flag the user set is kept."""
+    starts its backend, like the thread setting below); a flag the user set is kept. XLA aborts
+    a process whose ``XLA_FLAGS`` name a flag it does not know, so the flags are tried once in a
+    subprocess first, and left out (the suite only slower) by a jaxlib without them; xdist's
+    workers inherit the result and try nothing."""
     flags = os.environ.get("XLA_FLAGS", "")
-    for flag in QUICK_CODEGEN:
-        if flag.split("=")[0] not in flags:
-            flags = f"{flags} {flag}".strip()
-    os.environ["XLA_FLAGS"] = flags
+    missing = [flag for flag in QUICK_CODEGEN if flag.split("=")[0] not in flags]
+    if not missing:
+        return
+    candidate = " ".join([flags, *missing]).strip()
+    probe = subprocess.run(
+        [sys.executable, "-c", "import jax; jax.devices('cpu')"],
+        env=dict(os.environ, XLA_FLAGS=candidate, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+    )
+    if probe.returncode == 0:
+        os.environ["XLA_FLAGS"] = candidate
 
 
 _share_compiled_programs()

@@ -45,4 +45,5 @@ def test_the_suite_compiles_with_its_quick_codegen_here_and_in_its_subprocesses(
     out = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, check=True)
     for flags in (os.environ["XLA_FLAGS"], out.stdout):
         for flag in QUICK_CODEGEN:
+            # absent: this jaxlib refused it (conftest's probe); drop it from QUICK_CODEGEN
             assert flag.split("=")[0] in flags, (flag, flags)
