@@ -136,6 +136,37 @@ def test_plot_training_curves_draws_a_png(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name != "curves.png"]  # no temp left behind
 
 
+def test_a_sweep_with_more_runs_than_linestyles_gets_a_row_per_point(tmp_path):
+    """27 runs of one group (ERM and 8 sweep points x 3 seeds) once shared one row: the legend
+    squeezed the panels to nothing and runs repeated each other's linestyles. Each point now has
+    its own row, ERM in point 0's, and each row is at least as tall as before."""
+    from cudt.runner.curves import _LINESTYLES, _rows
+
+    runs = [make_run(f"ut-5 ERM seed {s}", constrained=False, seed=s) for s in range(3)]
+    for p, (eps, dlr) in enumerate((e, d) for e in (0.02, 0.05, 0.1, 0.2) for d in (10, 100)):
+        for s in range(3):
+            runs.append(make_run(f"ut-5 constrained seed {s} eps={eps} dlr={dlr}", seed=s))
+            runs[-1]["sweep_point"] = p
+    for run in runs:
+        run["group"] = "ut-5"
+    rows = _rows({"ut-5": [(run, None) for run in runs]})
+    assert list(rows) == [
+        f"ut-5 eps={e} dlr={d}" for e in (0.02, 0.05, 0.1, 0.2) for d in (10, 100)
+    ]
+    assert all(len(group) <= len(_LINESTYLES) for group in rows.values())
+    assert [run["label"] for run, _ in rows["ut-5 eps=0.02 dlr=10"]][:3] == [
+        f"ut-5 ERM seed {s}" for s in range(3)
+    ]
+    assert sum(len(group) for group in rows.values()) == len(runs)
+    # a group that fits the linestyles keeps its one row, whatever its sweep points
+    assert list(_rows({"ut-5": [(run, None) for run in runs[:6]]})) == ["ut-5"]
+
+    path = tmp_path / "sweep.png"
+    plot_training_curves(runs, path)
+    w, h = Image.open(path).size
+    assert h > 8 * 300  # eight rows, none collapsed
+
+
 def test_ragged_or_malformed_input_raises(tmp_path):
     run = make_run("r", k=4)
     run["curves"]["constraint"][2] = [0.0, 0.1]

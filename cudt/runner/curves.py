@@ -266,8 +266,36 @@ def _row(fig, ax_lam, ax_g, name: str, group: list) -> None:
     )
 
 
+def _point_name(group: list) -> str:
+    """What a sweep point's runs share in their labels after ``seed N`` (``eps=0.02 dlr=10``)."""
+    for run, _ in group:
+        head, sep, tail = str(run["label"]).partition(" seed ")
+        rest = tail.split(maxsplit=1)
+        if sep and run["constrained"] and len(rest) == 2:
+            return rest[1]
+    return f"sweep point {group[0][0].get('sweep_point', 0)}"
+
+
+def _rows(groups: dict[str, list]) -> dict[str, list]:
+    """The figure's rows: one per run group, or, for a group with more runs than linestyles
+    (a sweep), one per sweep point, so no two runs of a row share a linestyle. ERM runs belong
+    to sweep point 0 and stay in its row."""
+    rows = {}
+    for name, group in groups.items():
+        if len(group) <= len(_LINESTYLES):
+            rows[name] = group
+            continue
+        points = defaultdict(list)
+        for run, curves in group:
+            points[int(run.get("sweep_point", 0))].append((run, curves))
+        for point in sorted(points):
+            rows[f"{name} {_point_name(points[point])}"] = points[point]
+    return rows
+
+
 def plot_training_curves(runs: list[dict], path: str | os.PathLike, *, title: str = "") -> None:
-    """One PNG: a row per run group, multipliers λ_l (left) and constraints g_l (right) by step.
+    """One PNG: a row per run group (per sweep point when a group has more runs than the six
+    linestyles), multipliers λ_l (left) and constraints g_l (right) by step.
 
     One line per constraint l, coloured by l (the colour bar); the runs of a group share the
     axes and are told apart by linestyle, named in the row's legend by their label (with the
@@ -284,10 +312,18 @@ def plot_training_curves(runs: list[dict], path: str | os.PathLike, *, title: st
     groups = defaultdict(list)
     for run, curves in zip(runs, checked, strict=True):
         groups[str(run["group"])].append((run, curves))
-    groups = dict(sorted(groups.items()))
+    groups = _rows(dict(sorted(groups.items())))
+    # A row is as tall as its legend needs (a line of 8-pt text is about 0.17 in), so a long
+    # legend never squeezes the panels to nothing.
+    heights = [max(3.6, 0.17 * (len(group) + 3)) for group in groups.values()]
 
     fig, axes = plt.subplots(
-        len(groups), 2, figsize=(13.0, 3.6 * len(groups)), squeeze=False, layout="constrained"
+        len(groups),
+        2,
+        figsize=(13.0, sum(heights)),
+        squeeze=False,
+        layout="constrained",
+        gridspec_kw={"height_ratios": heights},
     )
     try:
         for (name, group), (ax_lam, ax_g) in zip(groups.items(), axes, strict=True):
