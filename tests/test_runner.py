@@ -128,6 +128,31 @@ def test_best_run_per_setting_is_feasible(sweep_run):
             assert best[0]["val_objective"] == min(r["val_objective"] for r in eligible)
 
 
+def test_the_sweep_point_is_chosen_over_every_seed_and_printed(sweep_run):
+    """results.json's chosen_points and the printed line agree with the runs: the chosen point
+    is the best mean validation objective among points feasible and monotone at both seeds."""
+    out, results = sweep_run
+    cells: dict = {}
+    for r in results["runs"]:
+        if r["constrained"]:
+            cells.setdefault((r["hparams"]["epsilon"], r["hparams"]["lr"]), []).append(r)
+    ok = {
+        k: np.mean([r["val_objective"] for r in rs])
+        for k, rs in cells.items()
+        if all(r["feasible"] and r["loss_decreases_val"] for r in rs)
+    }
+    (pick,) = results["chosen_points"]
+    assert pick["points"] == 4 and pick["eligible"] == len(ok)
+    printed = (out.parent / "printed.txt").read_text()
+    if not ok:
+        assert pick["hparams"] is None and "no sweep point chosen" in printed
+        return
+    best = min(ok, key=ok.get)
+    assert (pick["hparams"]["epsilon"], pick["hparams"]["lr"]) == best
+    assert pick["mean"] == pytest.approx(ok[best]) and pick["seeds"] == [0, 1]
+    assert f"toy-2 constrained: chosen on validation: epsilon={best[0]:g} lr={best[1]:g}" in printed
+
+
 def test_outputs_curves_and_table(sweep_run):
     out, results = sweep_run
     run0 = results["runs"][0]

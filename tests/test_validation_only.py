@@ -17,7 +17,7 @@ from helpers import ToyTask, toy
 from cudt.paper.dual_study import SETTINGS, Combo
 from cudt.paper.dual_study.report import best, run_rows, summarise
 from cudt.paper.rows import setting_rows
-from cudt.runner.report import select_best
+from cudt.runner.report import choose_points, chosen_lines, select_best
 
 # Every key of a run record computed from the test split (cudt.runner.report.summarise and the
 # tasks' run_metrics): what a selection must never read.
@@ -103,6 +103,47 @@ def test_the_runners_best_run_reads_no_test_number():
     moved[-2]["val_objective"] = 1e-6  # a feasible constrained run's validation loss
     assert moved[-2]["feasible"]
     assert _best_labels(moved) != before
+
+
+def _points(vals=(0.30, 0.10, 0.20), infeasible=()):
+    """ERM, then three dual rates x 3 seeds; point i's validation objective vals[i] + seed/1000;
+    (rate index, seed) in ``infeasible`` misses its constraints."""
+    runs = [_run(s, constrained=False, val=0.5) for s in range(3)]
+    for i, lr in enumerate((1.0, 10.0, 100.0)):
+        runs += [
+            _run(s, val=vals[i] + s / 1000, feasible=(i, s) not in infeasible, dual_lr=lr)
+            for s in range(3)
+        ]
+    return runs
+
+
+def _chosen(runs, higher=False):
+    (pick,) = choose_points(runs, "val_objective", higher_is_better=higher)
+    return pick["hparams"] and pick["hparams"]["dual_lr"], pick
+
+
+def test_the_runners_chosen_sweep_point_needs_every_seed_and_reads_no_test_number():
+    rate, pick = _chosen(_points())
+    assert rate == 10.0 and pick["seeds"] == [0, 1, 2] and pick["eligible"] == 3
+    assert pick["mean"] == pytest.approx(0.101)
+    for seed in range(5):
+        assert _chosen(_perturb_test(_points(), seed))[0] == 10.0
+    # one seed that misses its constraints rules the point out, however good the others
+    assert _chosen(_points(infeasible={(1, 2)}))[0] == 100.0
+    # so does one seed whose validation losses do not descend
+    runs = _points()
+    runs[3 + 3 + 1]["loss_decreases_val"] = False
+    assert _chosen(runs)[0] == 100.0
+    assert _chosen(_points(), higher=True)[0] == 1.0
+    # none eligible: no point, and the summary line says why
+    rate, pick = _chosen(_points(infeasible={(0, 0), (1, 1), (2, 2)}))
+    assert rate is None and pick["eligible"] == 0 and pick["points"] == 3
+    (line,) = chosen_lines([pick], ["dual_lr"])
+    assert "no sweep point chosen: none of 3 is eligible" in line
+    (line,) = chosen_lines([_chosen(_points())[1]], ["dual_lr"])
+    assert "chosen on validation: dual_lr=10 (val_objective 0.101 over seeds 0,1,2" in line
+    # one point: nothing to choose
+    assert choose_points(_points()[:6], "val_objective", higher_is_better=False) == []
 
 
 def _shown(runs):

@@ -20,7 +20,7 @@ import types
 from pathlib import Path
 
 from cudt.errors import UsageError
-from cudt.runner.report import seed_intervals, select_best, summary_table
+from cudt.runner.report import choose_points, seed_intervals, select_best, summary_table
 from cudt.runner.sweep import SWEEPABLE
 
 __all__ = ["CONFIG_FREE", "combine", "load_results"]
@@ -117,4 +117,5 @@ def combine(task, folders: list[str | Path]) -> str:
         seeds = sorted({int(r["seed"]) for r in res["runs"]})
         commit = (res.get("provenance") or {}).get("commit", "?")
         lines.append(f"  {folder}: seeds {seeds}, commit {str(commit)[:12]}")
-    return "\n".join([*lines, summary_table(task, runs, swept, seed_intervals(runs))])
+    chosen = choose_points(runs, score, higher_is_better=higher)
+    return "\n".join([*lines, summary_table(task, runs, swept, seed_intervals(runs), chosen)])

@@ -21,6 +21,8 @@ from cudt.runner.hparams import CONSTRAINT_ONLY
 
 __all__ = [
     "KINDS",
+    "choose_points",
+    "chosen_lines",
     "Column",
     "format_table",
     "interval_lines",
@@ -332,6 +334,88 @@ def select_best(runs: list[dict], score: str, *, higher_is_better: bool) -> None
             pick["best"] = True
 
 
+def choose_points(runs: list[dict], score: str, *, higher_is_better: bool) -> list[dict]:
+    """The sweep point chosen on validation, for each model × L × γ_train whose constrained runs
+    span two or more points: among the points whose every seed is eligible (not diverged,
+    feasible and monotone on validation), the best mean ``score`` (the task's selection metric,
+    a validation number) over the seeds; ties by sweep order.
+
+    Unlike ``best`` (one run), this chooses a setting, as a study would: a point that misses
+    its constraints at one seed is out, however good its other seeds. Returns one entry per
+    model × L × γ_train: ``{"model", "layers", "gamma_train", "score", "higher_is_better",
+    "points", "eligible", "hparams", "mean", "seeds"}``; ``hparams`` (the chosen point's, the ERM-only ones
+    included), ``mean`` and ``seeds`` are None when no point is eligible.
+    """
+    groups: dict[tuple, dict[tuple, list[dict]]] = {}
+    for r in runs:
+        if r["constrained"]:
+            key = (r.get("model"), r.get("layers"), r.get("gamma_train"))
+            point = tuple(sorted(r["hparams"].items(), key=lambda kv: kv[0]))
+            groups.setdefault(key, {}).setdefault(point, []).append(r)
+    out = []
+    sign = -1.0 if higher_is_better else 1.0
+    for (model, layers, gamma_train), points in groups.items():
+        if len(points) < 2:
+            continue
+        good = []
+        for order, (point, rs) in enumerate(points.items()):
+            values = np.array([_metric(r, score) for r in rs], np.float64)
+            ok = all(
+                not r.get("diverged") and r.get("feasible") and r.get("loss_decreases_val")
+                for r in rs
+            )
+            if ok and np.all(np.isfinite(values)):
+                good.append((sign * float(values.mean()), order, point, rs))
+        entry = {
+            "model": model,
+            "layers": layers,
+            "gamma_train": gamma_train,
+            "score": score,
+            "higher_is_better": higher_is_better,
+            "points": len(points),
+            "eligible": len(good),
+            "hparams": None,
+            "mean": None,
+            "seeds": None,
+        }
+        if good:
+            signed, _, point, rs = min(good, key=lambda g: (g[0], g[1]))
+            entry |= {
+                "hparams": dict(point),
+                "mean": sign * signed,
+                "seeds": sorted(int(r["seed"]) for r in rs),
+            }
+        out.append(entry)
+    return out
+
+
+def chosen_lines(chosen: list[dict], swept: Sequence[str] = ()) -> list[str]:
+    """The summary's lines for :func:`choose_points`: the chosen point, or why there is none."""
+    lines = []
+    for c in chosen:
+        head = f"{c['model']}-{c['layers']} constrained"
+        if len(chosen) > 1 and c["gamma_train"] is not None:
+            head += f" at gamma_train={c['gamma_train']:g}"
+        rule = "every seed feasible and monotone on validation, then the "
+        rule += f"{'highest' if c['higher_is_better'] else 'lowest'} mean {c['score']}"
+        if c["hparams"] is None:
+            lines.append(
+                f"{head}: no sweep point chosen: none of {c['points']} is eligible ({rule})"
+            )
+            continue
+        point = " ".join(
+            f"{n}={c['hparams'][n]:g}"
+            for n in swept
+            if isinstance(c["hparams"].get(n), int | float)
+        )
+        lines.append(
+            f"{head}: chosen on validation: {point or 'the only varied point'} "
+            f"({c['score']} {c['mean']:.4g} over seeds {','.join(map(str, c['seeds']))}; "
+            f"{c['eligible']} of {c['points']} points eligible: {rule})"
+        )
+    return lines
+
+
 @dataclasses.dataclass(frozen=True)
 class Column:
     header: str
@@ -361,7 +445,7 @@ def _ratio(x, pct: bool = False) -> str:
     return f"{100 * x:.1f}%" if pct else f"{x:.3f}"
 
 
-def summary_table(task, runs: list[dict], swept: list[str], intervals=None) -> str:
+def summary_table(task, runs: list[dict], swept: list[str], intervals=None, chosen=None) -> str:
     width = max([5] + [len(r["model"]) for r in runs])
     columns = [
         Column("model", width, lambda r: r["model"]),
@@ -419,5 +503,6 @@ def summary_table(task, runs: list[dict], swept: list[str], intervals=None) -> s
                 "descent and mean/median r are over the rest"
             )
     notes += interval_lines(intervals or [], swept)
+    notes += chosen_lines(chosen or [], swept)
     footer = task.table_footer(runs)
     return "\n".join([table, *notes] + ([footer] if footer else []))

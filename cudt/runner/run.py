@@ -29,7 +29,14 @@ from cudt.runner.hparams import SWEEPABLE
 from cudt.runner.mesh import initialize_distributed, make_shardings
 from cudt.runner.output import TENSORBOARD, checkpoint_record, open_output_once
 from cudt.runner.provenance import provenance
-from cudt.runner.report import curves_of, seed_intervals, select_best, summarise, summary_table
+from cudt.runner.report import (
+    choose_points,
+    curves_of,
+    seed_intervals,
+    select_best,
+    summarise,
+    summary_table,
+)
 from cudt.runner.sweep import model_defaults, parse_sweeps
 from cudt.runner.task import Task
 
@@ -173,6 +180,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     score, higher = task.selection_for(cfg)
     select_best(runs, score, higher_is_better=higher)
     intervals = seed_intervals(runs) if cfg.seeds >= 2 else []
+    chosen = choose_points(runs, score, higher_is_better=higher)
     config = (
         dataclasses.asdict(cfg)
         | task.config_extras(cfg, data)
@@ -191,6 +199,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         **task.results_extras(cfg, data),
         "runs": runs,
         **({"intervals": intervals} if intervals else {}),
+        **({"chosen_points": chosen} if chosen else {}),
         "train_seconds": train_seconds,
         "eval_seconds": eval_seconds,
         "provenance": origin,
@@ -204,7 +213,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         )
         results["wall_seconds"] = time.perf_counter() - t0
         write_json_atomic(out.path / "results.json", results)
-        print(summary_table(task, runs, swept, intervals))
+        print(summary_table(task, runs, swept, intervals, chosen))
         names = ", ".join(str(p) for p in [out.path / "results.json", *figures])
         print(f"training curves: tensorboard --logdir {out.path / TENSORBOARD}")
         print(f"wrote {names} in {results['wall_seconds']:.0f}s")

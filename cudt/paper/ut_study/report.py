@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from cudt.paper.rows import csv_text, write_text
+from cudt.runner.report import choose_points
 
 __all__ = ["CSV_COLUMNS", "choose", "choose_setting", "rows_of", "write_report"]
 
@@ -166,19 +167,20 @@ def _setting_cells(runs: list[dict]) -> dict[tuple[float, float], list[dict]]:
 
 def choose_setting(runs: list[dict]) -> dict[str, Any] | None:
     """The chosen UT's constraint settings from the settings stage's runs (validation only):
-    among the (ε, dual rate) points whose constrained runs are feasible (within tolerance) and
-    monotone on validation at every seed, the lowest mean ``val_mean_rmse`` (validation mean
-    RMSE over the test γ grid); ties by the smaller ε, then the smaller rate. Returns
+    the runner's :func:`cudt.runner.report.choose_points` with the stage's score, the
+    validation mean RMSE over the test γ grid: among the (ε, dual rate) points whose
+    constrained runs are feasible (within tolerance) and monotone on validation at every seed,
+    the lowest mean ``val_mean_rmse``; ties by sweep order (ε, then rate, as given). Returns
     ``{"epsilon", "dual_lr", "val_mean_rmse"}`` or None when no point qualifies."""
-    good = [
-        (float(np.mean([r["val_mean_rmse"] for r in cell])), eps, rate)
-        for (eps, rate), cell in _setting_cells(runs).items()
-        if all(r["feasible"] and r["loss_decreases_val"] and not r["diverged"] for r in cell)
-    ]
-    if not good:
+    picks = choose_points(runs, "val_mean_rmse", higher_is_better=False)
+    if len(picks) != 1 or picks[0]["hparams"] is None:
         return None
-    score, eps, rate = min(good)
-    return {"epsilon": eps, "dual_lr": rate, "val_mean_rmse": score}
+    pick = picks[0]
+    return {
+        "epsilon": pick["hparams"]["epsilon"],
+        "dual_lr": pick["hparams"]["dual_lr"],
+        "val_mean_rmse": pick["mean"],
+    }
 
 
 def _settings_section(sub, runs: list[dict]) -> list[str]:
