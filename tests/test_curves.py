@@ -158,8 +158,11 @@ def test_a_sweep_with_more_runs_than_linestyles_gets_a_row_per_point(tmp_path):
         f"ut-5 ERM seed {s}" for s in range(3)
     ]
     assert sum(len(group) for group in rows.values()) == len(runs)
-    # a group that fits the linestyles keeps its one row, whatever its sweep points
+    # a group that fits the linestyles keeps its one row, whatever its sweep points, and so
+    # does a group of many seeds of one point (ten seeds of ERM and constrained)
     assert list(_rows({"ut-5": [(run, None) for run in runs[:6]]})) == ["ut-5"]
+    seeds = [dict(run, sweep_point=0) for run in runs[:9]]
+    assert list(_rows({"ut-5": [(run, None) for run in seeds]})) == ["ut-5"]
 
     path = tmp_path / "sweep.png"
     plot_training_curves(runs, path)

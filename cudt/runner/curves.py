@@ -278,8 +278,8 @@ def _point_name(group: list) -> str:
 
 def _rows(groups: dict[str, list]) -> dict[str, list]:
     """The figure's rows: one per run group, or, for a group with more runs than linestyles
-    (a sweep), one per sweep point, so no two runs of a row share a linestyle. ERM runs belong
-    to sweep point 0 and stay in its row."""
+    over two or more sweep points, one per point, so a legend names one point's runs. ERM runs
+    belong to sweep point 0 and stay in its row."""
     rows = {}
     for name, group in groups.items():
         if len(group) <= len(_LINESTYLES):
@@ -288,6 +288,9 @@ def _rows(groups: dict[str, list]) -> dict[str, list]:
         points = defaultdict(list)
         for run, curves in group:
             points[int(run.get("sweep_point", 0))].append((run, curves))
+        if len(points) == 1:  # many seeds of one point: nothing to split by
+            rows[name] = group
+            continue
         for point in sorted(points):
             rows[f"{name} {_point_name(points[point])}"] = points[point]
     return rows
