@@ -6,8 +6,9 @@ as separate commands on the same data, ``--data-seed``).
     python -m experiments.combine runs/s0 runs/s12
 
 Prints the experiment's summary table and footer over every run of the folders (intervals over
-seeds, paired constrained − ERM intervals, the best run chosen on validation data); it refuses
-folders of another experiment, other data or other settings. :mod:`cudt.runner.combine`.
+seeds, paired constrained − ERM intervals, the best run and the sweep point chosen on
+validation data); it refuses folders of another experiment, other data or other settings. One
+folder: its report again, as this version writes it. :mod:`cudt.runner.combine`.
 """
 
 import argparse

@@ -9,6 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
+from cudt.errors import UsageError
+from cudt.runner.combine import combine as combine_folders
 from cudt.tasks.llm import LLMConfig, LLMTask
 from experiments import combine, llm_sft
 
@@ -74,6 +76,22 @@ def test_folders_of_another_job_are_refused_with_one_line(folders, tmp_path, cap
         assert says in err and err.count("\n") == 1, err
     assert combine.main([str(first), str(tmp_path / "missing")]) == 2
     assert "no results.json" in capsys.readouterr().err
+
+
+def test_one_folder_is_reported_again_unchanged(folders, capsys):
+    """One folder: its own runs re-reported (the same rows and intervals as the run printed),
+    the folder left as it was."""
+    first, _ = folders
+    before = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
+    assert combine.main([str(first)]) == 0
+    out = capsys.readouterr().out
+    results = json.loads((first / "results.json").read_text())
+    assert f"{len(results['runs'])} runs of llm_sft from 1 folder:" in out
+    for r in results["runs"]:  # every run's per-seed line
+        assert f"{r['label']}: " in out
+    assert {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()} == before
+    with pytest.raises(UsageError, match="at least one run folder"):
+        combine_folders(LLMTask(), [])
 
 
 def test_a_folder_of_one_kind_joins_the_job(folders, tmp_path, capsys):

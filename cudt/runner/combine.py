@@ -9,8 +9,10 @@ same experiment on the same data with the same settings (everything but the runs
 sweep points, a hyperparameter either folder sweeps, and where and how the runs were
 executed), and prints the experiment's summary
 table and footer over all their runs: the best run of each setting chosen again (on validation
-data, as every run does), the intervals over seeds, the paired constrained − ERM intervals.
-It writes nothing.
+data, as every run does), the sweep point chosen over every seed, the intervals over seeds,
+the paired constrained − ERM intervals. It writes nothing. One folder gives that folder's
+report as this version writes it (a run finished before the runner printed its chosen sweep
+point, say), without retraining or touching the folder.
 """
 
 from __future__ import annotations
@@ -71,8 +73,8 @@ def _data_seed(config: dict) -> int:
 def combine(task, folders: list[str | Path]) -> str:
     """The summary table and footer of ``task`` over the runs of ``folders`` (see the module
     docstring); a :class:`UsageError` when the folders are not one job's."""
-    if len(folders) < 2:
-        raise UsageError("combine needs at least two run folders")
+    if not folders:
+        raise UsageError("combine needs at least one run folder")
     results = [load_results(f) for f in folders]
     first, name = results[0], task.name
     for folder, res in zip(folders, results, strict=True):
@@ -112,7 +114,8 @@ def combine(task, folders: list[str | Path]) -> str:
     select_best(runs, score, higher_is_better=higher)
     sweeps = {k for res in results for k in res["config"].get("sweeps", {})}
     swept = [n for n in SWEEPABLE if n in sweeps]
-    lines = [f"{len(runs)} runs of {name} from {len(folders)} folders:"]
+    plural = "s" if len(folders) > 1 else ""
+    lines = [f"{len(runs)} runs of {name} from {len(folders)} folder{plural}:"]
     for folder, res in zip(folders, results, strict=True):
         seeds = sorted({int(r["seed"]) for r in res["runs"]})
         commit = (res.get("provenance") or {}).get("commit", "?")
