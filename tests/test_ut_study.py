@@ -146,6 +146,15 @@ def test_the_setting_is_chosen_on_validation_among_points_feasible_at_every_seed
     assert (second["epsilon"], second["dual_lr"]) != best
     every = [(e, d) for e in (0.02, 0.05, 0.1) for d in (100.0, 1000.0)]
     assert choose_setting(_setting_runs(rng, bad=every)) is None
+    # a stage of one point (--epsilons 0.05 --dual-lrs 100) takes it when it qualifies
+    one = [
+        r
+        for r in runs
+        if not r["constrained"] or r["hparams"] == {"epsilon": 0.05, "dual_lr": 100.0}
+    ]
+    assert (choose_setting(one)["epsilon"], choose_setting(one)["dual_lr"]) == (0.05, 100.0)
+    one[-1]["feasible"] = False
+    assert choose_setting(one) is None
 
 
 def test_the_grid_drops_the_skip_without_a_clip() -> None:

@@ -334,17 +334,20 @@ def select_best(runs: list[dict], score: str, *, higher_is_better: bool) -> None
             pick["best"] = True
 
 
-def choose_points(runs: list[dict], score: str, *, higher_is_better: bool) -> list[dict]:
+def choose_points(
+    runs: list[dict], score: str, *, higher_is_better: bool, min_points: int = 2
+) -> list[dict]:
     """The sweep point chosen on validation, for each model × L × γ_train whose constrained runs
-    span two or more points: among the points whose every seed is eligible (not diverged,
-    feasible and monotone on validation), the best mean ``score`` (the task's selection metric,
-    a validation number) over the seeds; ties by sweep order.
+    span ``min_points`` or more points (the runner's report: two, a choice to make): among the
+    points whose every seed is eligible (not diverged, feasible and monotone on validation),
+    the best mean ``score`` (the task's selection metric, a validation number) over the seeds;
+    ties by sweep order.
 
     Unlike ``best`` (one run), this chooses a setting, as a study would: a point that misses
     its constraints at one seed is out, however good its other seeds. Returns one entry per
     model × L × γ_train: ``{"model", "layers", "gamma_train", "score", "higher_is_better",
-    "points", "eligible", "hparams", "mean", "seeds"}``; ``hparams`` (the chosen point's, the ERM-only ones
-    included), ``mean`` and ``seeds`` are None when no point is eligible.
+    "points", "eligible", "hparams", "mean", "seeds"}``; ``hparams`` (every hyperparameter of
+    the chosen point), ``mean`` and ``seeds`` are None when no point is eligible.
     """
     groups: dict[tuple, dict[tuple, list[dict]]] = {}
     for r in runs:
@@ -355,7 +358,7 @@ def choose_points(runs: list[dict], score: str, *, higher_is_better: bool) -> li
     out = []
     sign = -1.0 if higher_is_better else 1.0
     for (model, layers, gamma_train), points in groups.items():
-        if len(points) < 2:
+        if len(points) < min_points:
             continue
         good = []
         for order, (point, rs) in enumerate(points.items()):

@@ -172,7 +172,7 @@ def choose_setting(runs: list[dict]) -> dict[str, Any] | None:
     constrained runs are feasible (within tolerance) and monotone on validation at every seed,
     the lowest mean ``val_mean_rmse``; ties by sweep order (ε, then rate, as given). Returns
     ``{"epsilon", "dual_lr", "val_mean_rmse"}`` or None when no point qualifies."""
-    picks = choose_points(runs, "val_mean_rmse", higher_is_better=False)
+    picks = choose_points(runs, "val_mean_rmse", higher_is_better=False, min_points=1)
     if len(picks) != 1 or picks[0]["hparams"] is None:
         return None
     pick = picks[0]
