@@ -142,6 +142,10 @@ def test_the_runners_chosen_sweep_point_needs_every_seed_and_reads_no_test_numbe
     assert "no sweep point chosen: none of 3 is eligible" in line
     (line,) = chosen_lines([_chosen(_points())[1]], ["dual_lr"])
     assert "chosen on validation: dual_lr=10 (val_objective 0.101 over seeds 0,1,2" in line
+    # a swept value of None (e.g. resilience off) is named, not dropped
+    hard = dict(_chosen(_points())[1], hparams={"dual_lr": 10.0, "resilience": None})
+    (line,) = chosen_lines([hard], ["resilience", "dual_lr"])
+    assert "chosen on validation: resilience=none dual_lr=10 (" in line
     # one point: nothing to choose
     assert choose_points(_points()[:6], "val_objective", higher_is_better=False) == []
 

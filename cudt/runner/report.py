@@ -392,6 +392,13 @@ def choose_points(
     return out
 
 
+def _hparam_text(value) -> str:
+    """A sweep value as the summary prints it: ``none`` (e.g. resilience off), or ``:g``."""
+    if value is None:
+        return "none"
+    return f"{value:g}" if isinstance(value, int | float) else str(value)
+
+
 def chosen_lines(chosen: list[dict], swept: Sequence[str] = ()) -> list[str]:
     """The summary's lines for :func:`choose_points`: the chosen point, or why there is none."""
     lines = []
@@ -406,11 +413,7 @@ def chosen_lines(chosen: list[dict], swept: Sequence[str] = ()) -> list[str]:
                 f"{head}: no sweep point chosen: none of {c['points']} is eligible ({rule})"
             )
             continue
-        point = " ".join(
-            f"{n}={c['hparams'][n]:g}"
-            for n in swept
-            if isinstance(c["hparams"].get(n), int | float)
-        )
+        point = " ".join(f"{n}={_hparam_text(c['hparams'][n])}" for n in swept if n in c["hparams"])
         lines.append(
             f"{head}: chosen on validation: {point or 'the only varied point'} "
             f"({c['score']} {c['mean']:.4g} over seeds {','.join(map(str, c['seeds']))}; "
