@@ -74,8 +74,8 @@ def torch_threads(num_threads: int) -> Iterator[None]:
 
 
 class TorchUT(torch.nn.Module):
-    """:class:`cudt.models.UT` (dot attention, no re-injection, any ``tying`` and ``skip``) in
-    PyTorch; ``forward`` returns the states ``[L+1, B, T, D]``; ``project`` is ``ut_project``
+    """:class:`cudt.models.UT` (dot or distance attention, no re-injection, any ``tying`` and
+    ``skip``) in PyTorch; ``forward`` returns the states ``[L+1, B, T, D]``; ``project`` is ``ut_project``
     (``lower`` as the video task passes it) by ``torch.linalg.eigh``, per layer's matrix."""
 
     def __init__(
@@ -88,6 +88,7 @@ class TorchUT(torch.nn.Module):
         *,
         skip: bool = False,
         lower: float | None = None,
+        attention: str = "dot",
     ):
         super().__init__()
         p = params["params"]
@@ -96,6 +97,9 @@ class TorchUT(torch.nn.Module):
         self.bias = torch.nn.Parameter(torch.tensor(np.asarray(p["bias"])))  # B ([L,] D)
         self.num_layers, self.a, self.b, self.clip = num_layers, a, b, clip
         self.skip, self.lower = skip, (-clip if lower is None else lower)
+        if attention not in ("dot", "distance"):
+            raise ValueError(f"attention must be 'dot' or 'distance', got {attention!r}")
+        self.attention = attention
 
     @staticmethod
     def _at(w: torch.Tensor, layer: int, ndim: int) -> torch.Tensor:
@@ -109,7 +113,10 @@ class TorchUT(torch.nn.Module):
         y, states = x, [x]
         for layer in range(self.num_layers):
             wa = self._at(w_attn, layer, 2)
-            attn = torch.softmax(y @ wa @ y.transpose(-1, -2), dim=-1)  # [B, T, T]
+            scores = y @ wa @ y.transpose(-1, -2)  # [B, T, T]
+            if self.attention == "distance":  # −½‖y_t − y_s‖²_W up to the row's own term
+                scores = scores - 0.5 * torch.diagonal(scores, dim1=-2, dim2=-1).unsqueeze(-2)
+            attn = torch.softmax(scores, dim=-1)
             z = (1.0 - self.a) * y + self.a * (attn @ y)
             y = torch.relu(z @ self._at(w_ffn, layer, 2) + self._at(self.bias, layer, 1))
             states.append(y)
@@ -177,15 +184,24 @@ def torch_video_model(setup, params) -> torch.nn.Module:
     cudt's ``params``; the model's hyperparameters are read from its flax module."""
     m, cfg = setup.module, setup.cfg
     if setup.model_name == "ut":
-        if m.attention != "dot" or m.reinject != 0.0 or m.sublayer:
-            raise ValueError("the PyTorch UT mirrors dot attention without re-injection only")
+        if m.reinject != 0.0 or m.sublayer:
+            raise ValueError("the PyTorch UT mirrors the UT without re-injection only")
         # the video task's projection, functools.partial(ut_project, clip=..., lower=...) or None
         keywords = getattr(setup.model.project, "keywords", None)
         if setup.model.project is not None and keywords is None:
             raise ValueError("the PyTorch UT mirrors the video task's ut_project partial only")
         lower = (keywords or {}).get("lower")
         clip = (keywords or {}).get("clip", 0.95) if keywords is not None else float("inf")
-        return TorchUT(params, m.num_layers, a=m.a, b=m.b, clip=clip, skip=m.skip, lower=lower)
+        return TorchUT(
+            params,
+            m.num_layers,
+            a=m.a,
+            b=m.b,
+            clip=clip,
+            skip=m.skip,
+            lower=lower,
+            attention=m.attention,
+        )
     if setup.model_name == "dust":
         if m.initial_code != "dual":
             raise ValueError("the PyTorch DUST mirrors initial_code='dual' only")

@@ -142,6 +142,26 @@ def test_the_check_fails_when_the_peer_takes_another_update_order(ut_default, mo
     assert not bad["ok"] and [r[-1] for r in bad["rows"]] == ["yes", "yes", "NO"]
 
 
+@pytest.mark.parametrize("attention", ["dot", "distance"])
+def test_the_pytorch_ut_computes_the_same_states_for_either_attention(attention):
+    import torch
+
+    from cudt.models import UT
+
+    model = UT(num_layers=3, dim=8, a=0.5, b=1.0, tying="attention", skip=True, attention=attention)
+    x = jax.random.uniform(jax.random.PRNGKey(0), (2, 5, 8))
+    params = model.init(jax.random.PRNGKey(1), x)
+    # a random attention matrix, so the key-norm term of the distance kernel is not negligible
+    params["params"]["attn"] = jax.random.normal(jax.random.PRNGKey(2), (8, 8))
+    _, states = model.apply(params, x)
+    mirror = peer.TorchUT(params, 3, a=0.5, b=1.0, skip=True, attention=attention)
+    with torch.no_grad():
+        theirs = mirror(torch.tensor(np.asarray(x))).numpy()
+    np.testing.assert_allclose(theirs, np.asarray(states), rtol=1e-4, atol=1e-5)
+    other = model.clone(attention="dot" if attention == "distance" else "distance")
+    assert not np.allclose(np.asarray(other.apply(params, x)[1]), theirs, atol=1e-3)
+
+
 @pytest.mark.slow
 def test_dust_takes_the_same_step_as_its_pytorch_mirror():
     setup = video_setup(video_config(quick=True, batch_size=4), "dust")
