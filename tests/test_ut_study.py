@@ -167,8 +167,12 @@ def test_the_grid_drops_the_skip_without_a_clip() -> None:
 @pytest.mark.slow
 def test_ut_study_tiny_end_to_end(tmp_path) -> None:
     """Two variants at --scale tiny: runner calls, phase I, the choice, the settings stage on
-    the chosen UT, the report; a rerun reuses all."""
+    the chosen UT, the report; a rerun reuses all. At the recorded study's noise and attention
+    (γ_train = 0.5, dot: ``--gamma-train 0.5 --ut-attention dot``), where the tiny runs part
+    the two variants."""
     opts = StudyConfig(
+        gamma_train=0.5,
+        ut_attention="dot",
         tyings=("all", "attention"),
         clips=(0.95,),
         residuals=("skip",),
@@ -182,6 +186,7 @@ def test_ut_study_tiny_end_to_end(tmp_path) -> None:
     first = run_study(opts)
     md = (tmp_path / "study" / "study.md").read_text()
     assert "## Phase I" in md and "tying all, clip 0.95, skip" in md
+    assert "γ_train = 0.5, dot attention" in md  # the flags reached every runner call
     # the shared-attention UT is feasible and monotone here (the default's test below): chosen
     assert first["choice"]["variant"] == Variant("attention", 0.95, "skip").slug
     # the settings stage: the chosen UT over ε, one program
@@ -223,13 +228,18 @@ _TINY_L5 = dict(
 def test_the_default_ut_meets_the_constraints_where_the_published_one_cannot(tmp_path) -> None:
     """The video task's default UT architecture (the study's choice, docs/results/video.md) ends
     feasible and monotone on validation; the published UT (shared weights, no skip) at the same
-    setting does not, so the setting can tell them apart. Both at ε = 0.05 and dual rate 100,
-    which act within these 150 steps (the default's gentler ε = 0.02 at rate 10 leaves the last
-    constraint 6 % short here; the held-out test below runs the default's own settings)."""
+    setting does not, so the setting can tell them apart. Both where the study made the choice
+    (γ_train = 0.5, dot attention), at ε = 0.05 and dual rate 100, which act within these 150
+    steps."""
     from cudt.runner.run import run
     from cudt.tasks.video import VideoConfig, VideoTask
 
-    setting = dict(_TINY_L5, model_hparams=("ut:epsilon=0.05,dual_lr=100",))
+    setting = dict(
+        _TINY_L5,
+        gamma_train=0.5,
+        ut_attention="dot",
+        model_hparams=("ut:epsilon=0.05,dual_lr=100",),
+    )
     (default,) = run(VideoTask(), VideoConfig(**setting), tmp_path / "default")["runs"]
     assert not default["diverged"]
     assert default["feasible"] and default["loss_decreases_val"], default["relative_violation_val"]
@@ -242,16 +252,35 @@ def test_the_default_ut_meets_the_constraints_where_the_published_one_cannot(tmp
 def test_the_default_ut_is_feasible_and_monotone_on_held_out_ucsd_format_frames(tmp_path) -> None:
     """The issue's held-out real-layout check: clips written as UCSD .tif frame folders, read by
     the real reader, L = 3; the default UT's constrained run ends feasible and monotone on the
-    validation videos (held out of training)."""
+    validation videos (held out of training). 300 steps: at 150 the last constraint of the
+    paper-noise default is still 4 % short, within the runner's tolerance only."""
     from cudt.data.video import archives, synthetic_videos
     from experiments import video_denoise
 
     videos = synthetic_videos(8, 16, seed=3)
     top = archives.write_ucsd(tmp_path, {"train": list(videos[:6]), "test": list(videos[6:])})
     argv = ["--dataset", "ucsd", "--data-dir", str(top), "--models", "ut", "--layers", "3"]
-    argv += ["--steps", "150", "--chunk-steps", "150", "--seeds", "1", "--out", str(tmp_path / "r")]
+    argv += ["--steps", "300", "--chunk-steps", "300", "--seeds", "1", "--out", str(tmp_path / "r")]
     assert video_denoise.main(argv) == 0
     runs = json.loads((tmp_path / "r" / "results.json").read_text())["runs"]
     (constrained,) = [r for r in runs if r["constrained"]]
     assert constrained["feasible"] and constrained["loss_decreases_val"]
     assert max(constrained["relative_violation_val"][1:]) <= 0.0  # met exactly, not by tolerance
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--ut-attention", "cosine"], "--ut-attention: unknown attention 'cosine'"),
+        (["--gamma-train", "-1"], "--gamma-train must be a finite number >= 0"),
+        (["--epsilon", "1.5"], "--epsilon must be a number in [0, 1)"),
+        (["--dual-lr", "0"], "--dual-lr must be a finite number > 0"),
+    ],
+)
+def test_bad_study_flags_fail_with_one_line_and_write_nothing(argv, words, capsys, tmp_path):
+    from experiments import ut_study
+
+    assert ut_study.main([*argv, "--out", str(tmp_path / "study")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and words in err, err
+    assert not (tmp_path / "study").exists()

@@ -327,7 +327,8 @@ def write_report(
         "",
         f"{len(subs)} runner calls (one per variant: ERM, hard and resilient constrained runs × "
         f"{opts.seeds} seeds as one program), --scale {opts.scale}: L = {first.layers}, "
-        f"{first.steps} steps, γ_train = {first.gamma_train}, ε = {first.epsilon}, dual "
+        f"{first.steps} steps, γ_train = {first.gamma_train}, {first.ut_attention} attention, "
+        f"ε = {first.epsilon}, dual "
         f"{first.dual_optimizer} at {first.dual_lr:g} ({first.update}), resilience α = "
         f"{resilient}. Verdicts on validation data; RMSE on test data (reported only); "
         "'vs ERM': against the ERM run of the same variant and seed (means over seeds).",
