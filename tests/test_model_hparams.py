@@ -14,10 +14,10 @@ def _specs(argv):
     return {(s.model, s.constrained, s.point): s.hp for s in VideoTask().run_specs(cfg)}
 
 
-def test_the_video_default_gives_the_ut_its_own_constraint_settings():
+def test_the_video_default_gives_each_model_its_own_constraint_settings():
     specs = _specs([])
-    assert (specs["ut", True, 0]["epsilon"], specs["ut", True, 0]["dual_lr"]) == (0.02, 10.0)
-    assert (specs["dust", True, 0]["epsilon"], specs["dust", True, 0]["dual_lr"]) == (0.1, 1000.0)
+    assert (specs["ut", True, 0]["epsilon"], specs["ut", True, 0]["dual_lr"]) == (0.1, 3.0)
+    assert (specs["dust", True, 0]["epsilon"], specs["dust", True, 0]["dual_lr"]) == (0.05, 100.0)
     # ERM runs have no constraint hyperparameters; their lr is the model's default either way
     assert specs["ut", False, 0]["epsilon"] is None
     assert specs["ut", False, 0]["lr"] == specs["ut", True, 0]["lr"]
@@ -26,13 +26,14 @@ def test_the_video_default_gives_the_ut_its_own_constraint_settings():
 def test_a_flag_the_user_sets_or_sweeps_wins_over_the_models_own_value():
     specs = _specs(["--epsilon", "0.2"])
     assert specs["ut", True, 0]["epsilon"] == specs["dust", True, 0]["epsilon"] == 0.2
-    assert specs["ut", True, 0]["dual_lr"] == 10.0  # not given: still the UT's own
+    assert specs["ut", True, 0]["dual_lr"] == 3.0  # not given: still the UT's own
     specs = _specs(["--sweep", "dual_lr=20,40"])
     for model in ("ut", "dust"):
         assert [specs[model, True, p]["dual_lr"] for p in (0, 1)] == [20.0, 40.0]
-    assert specs["ut", True, 0]["epsilon"] == 0.02
+    assert specs["ut", True, 0]["epsilon"] == 0.1 and specs["dust", True, 0]["epsilon"] == 0.05
     specs = _specs(["--model-hparams", "ut:"])  # an empty entry: the flags' defaults
     assert (specs["ut", True, 0]["epsilon"], specs["ut", True, 0]["dual_lr"]) == (0.1, 1000.0)
+    assert specs["dust", True, 0]["epsilon"] == 0.1  # the table replaced: DUST's entry is gone
     specs = _specs(["--model-hparams", "dust:epsilon=0.3,lr=0.01"])  # replaces the default table
     assert specs["dust", True, 0]["epsilon"] == 0.3 and specs["dust", False, 0]["lr"] == 0.01
     assert specs["ut", True, 0]["epsilon"] == 0.1
@@ -40,8 +41,8 @@ def test_a_flag_the_user_sets_or_sweeps_wins_over_the_models_own_value():
 
 def test_erm_runs_are_judged_by_their_models_epsilon():
     cfg, _ = config_from_args(VideoConfig, [], "video")
-    assert model_defaults(cfg, "ut") == {"epsilon": 0.02, "dual_lr": 10.0}
-    assert model_defaults(cfg, "dust") == {}
+    assert model_defaults(cfg, "ut") == {"epsilon": 0.1, "dual_lr": 3.0}
+    assert model_defaults(cfg, "dust") == {"epsilon": 0.05, "dual_lr": 100.0}
 
 
 @pytest.mark.parametrize(
