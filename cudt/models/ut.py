@@ -205,8 +205,8 @@ class UT(nn.Module):
             scores = jnp.einsum("...td,de,...se->...ts", y, w_attn_l, y)  # [..., T, T]
             scores = scores.astype(jnp.float32)
             if self.attention == "distance":  # −½‖y_t − y_s‖²_W up to the row's own term
-                key_norms = jnp.einsum("...sd,de,...se->...s", y, w_attn_l, y)
-                scores = scores - 0.5 * key_norms.astype(jnp.float32)[..., None, :]
+                key_norms = jnp.diagonal(scores, axis1=-2, axis2=-1)  # y_s W y_s
+                scores = scores - 0.5 * key_norms[..., None, :]
             if key_mask is not None:
                 scores = jnp.where(key_mask, scores, jnp.finfo(jnp.float32).min)
             attn = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
