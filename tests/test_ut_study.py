@@ -169,10 +169,12 @@ def test_ut_study_tiny_end_to_end(tmp_path) -> None:
     """Two variants at --scale tiny: runner calls, phase I, the choice, the settings stage on
     the chosen UT, the report; a rerun reuses all. At the recorded study's noise and attention
     (γ_train = 0.5, dot: ``--gamma-train 0.5 --ut-attention dot``), where the tiny runs part
-    the two variants."""
+    the two variants (and its constraint settings: the shared ε = 0.1, dual rate 1000)."""
     opts = StudyConfig(
         gamma_train=0.5,
         ut_attention="dot",
+        epsilon=0.1,
+        dual_lr=1000.0,
         tyings=("all", "attention"),
         clips=(0.95,),
         residuals=("skip",),

@@ -323,7 +323,8 @@ def test_select_val_mean_rmse_scores_validation_over_the_test_grid(tmp_path):
     eligible runs; without the flag, validation is scored at γ_train only."""
     argv = TINY[:-2] + ["--models", "ut", "--steps", "4", "--chunk-steps", "4", "--seeds", "2",
                         "--warmup-steps", "0", "--eval-batch-size", "128",
-                        "--test-gammas", "0,0.5,1", "--kinds", "erm"]  # fmt: skip
+                        "--test-gammas", "0,0.5,1", "--gamma-train", "0.5",
+                        "--kinds", "erm"]  # fmt: skip
     out = tmp_path / "mean"
     assert video_denoise.main([*argv, "--select", "val-mean-rmse", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
