@@ -215,13 +215,14 @@ def _config(opts: StudyConfig, variant: Variant, out: Path):
     # The architectures are compared at one constraint setting, spelled out in the config
     # (so the report and phase I read it): --epsilon / --dual-lr, else the video default's own
     # for the UT (its --model-hparams, chosen on validation data: docs/results/video.md).
-    own = model_defaults(VideoConfig(), "ut")
+    task = VideoConfig()
+    own = model_defaults(task, "ut")
     kw: dict[str, Any] = dict(
         models=("ut",),
         dust_control=False,
         model_hparams=("ut:",),
-        epsilon=opts.epsilon if opts.epsilon is not None else own.get("epsilon", 0.1),
-        dual_lr=opts.dual_lr if opts.dual_lr is not None else own.get("dual_lr", 1000.0),
+        epsilon=opts.epsilon if opts.epsilon is not None else own.get("epsilon", task.epsilon),
+        dual_lr=opts.dual_lr if opts.dual_lr is not None else own.get("dual_lr", task.dual_lr),
     )
     if opts.scale == "tiny":
         kw |= TINY
