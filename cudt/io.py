@@ -15,10 +15,12 @@ from cudt.errors import UsageError
 
 __all__ = [
     "UsageError",
+    "check_not_a_file",
     "check_writable",
     "fresh_run_dir",
     "savefig_atomic",
     "to_jsonable",
+    "topmost_missing",
     "write_json_atomic",
 ]
 
@@ -98,6 +100,22 @@ def fresh_run_dir(experiment: str, root: str | os.PathLike = "runs") -> Path:
     while path.exists():
         path, i = Path(f"{base}-{i}"), i + 1
     return path
+
+
+def check_not_a_file(out: str | os.PathLike) -> None:
+    """The one-line error for an ``--out`` that is a file."""
+    if Path(out).exists() and not Path(out).is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder: pass a folder path")
+
+
+def topmost_missing(path: str | os.PathLike) -> Path | None:
+    """The outermost folder that creating ``path`` would create (None when it exists)."""
+    missing = None
+    for p in (Path(path), *Path(path).parents):
+        if p.exists():
+            break
+        missing = p
+    return missing
 
 
 def check_writable(out: str | os.PathLike) -> Path:

@@ -9,8 +9,12 @@ import builtins
 import dataclasses
 import io
 import json
+import os
 import pickle
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -232,3 +236,79 @@ def watch_opens_forbid_unpickling(monkeypatch) -> list[str]:
     monkeypatch.setattr(pickle, "load", no_unpickling)
     monkeypatch.setattr(pickle, "loads", no_unpickling)
     return opened
+
+
+# --------------------------------------------------------------------------------------------
+# Another job holding output folders' locks (cudt.runner.lock)
+# --------------------------------------------------------------------------------------------
+
+_HOLDER = """
+import os, signal, sys
+from cudt.runner.lock import lock_output
+held = {}
+for line in sys.stdin:
+    command, _, path = line.rstrip("\\n").partition(" ")
+    if command == "hold":
+        held[path] = lock_output(path)
+    elif command == "release":
+        held.pop(path).release()
+    elif command == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    print("ok", flush=True)
+"""
+
+
+class LockHolder:
+    """A second process that takes and releases the lock of output folders with the runner's
+    own :func:`cudt.runner.lock.lock_output`, as another job would (started on first use):
+    ``hold(folder)``, ``release(folder)``, ``die()`` (SIGKILL: the lock files it leaves are
+    stale, as a killed job's are)."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def _send(self, line: str) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _HOLDER],
+                cwd=ROOT,
+                env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline()
+        assert reply == "ok\n", reply
+
+    def hold(self, folder: Path) -> None:
+        self._send(f"hold {folder}")
+
+    def release(self, folder: Path) -> None:
+        self._send(f"release {folder}")
+
+    def die(self) -> None:
+        assert self.proc is not None and self.proc.poll() is None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+def snapshot(folder: Path) -> dict[str, tuple]:
+    """Every path under ``folder`` (itself included) with its kind, size and modification time
+    in nanoseconds: a file created and removed again still changes its folder's time."""
+    paths = [folder, *sorted(folder.rglob("*"))]
+    return {
+        str(p.relative_to(folder)): (p.is_dir(), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in paths
+    }

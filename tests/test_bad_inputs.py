@@ -33,12 +33,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import LockHolder
 from PIL import Image
 from safetensors.numpy import save_file
 
 import cudt
 from cudt.runner.cli import run_cli
-from experiments import video_denoise
+from experiments import combine, video_denoise
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -211,10 +212,15 @@ def _temp_base(tmp_path_factory):
 
 
 def _as_in_docs(line: str) -> str:
-    """A message with each test's temporary folder written as /tmp/, as docs/errors.md has it."""
+    """A message with each test's temporary folder written as /tmp/, as docs/errors.md has it,
+    and the holder of a lock (its PID, host and start) as one example holder."""
     for base in _TEMP_BASE:
         line = re.sub(re.escape(base) + r"/[^/]+/", "/tmp/", line)
-    return line
+    return re.sub(
+        r"PID \d+ on host [^,]+, started [^)]+",
+        "PID 12345 on host node1, started 2026-01-01 12:00:00 UTC",
+        line,
+    )
 
 
 def tree(path: Path) -> dict[str, str] | None:
@@ -1091,6 +1097,49 @@ def test_output_in_a_read_only_folder(tmp_path, capsys):
     # the OS reason differs between the two mechanisms: not a docs/errors.md row
     check(None, status, err, f"cannot write to --out {out} {reason}", "pass a writable folder")
     assert not out.exists() and sorted(p.name for p in locked.iterdir()) == before
+
+
+@pytest.fixture(scope="module")
+def other_job():
+    """Another job's process, holding output folders' locks."""
+    other = LockHolder()
+    yield other
+    other.close()
+
+
+def test_output_in_use_by_another_job(other_job, tmp_path, capsys):
+    out = tmp_path / "run"
+    other_job.hold(out)
+    before = tree(out)
+    status, err = cli([*TINY, "--out", out], capsys)
+    check(
+        "--out in use by another job",
+        status,
+        err,
+        f"--out {out} is in use by another job (PID {other_job.pid} on host ",
+        "wait for it to finish (or stop it), or pass another --out",
+    )
+    assert tree(out) == before
+    other_job.release(out)
+
+
+def test_output_being_written_is_not_combined(other_job, tmp_path, capsys):
+    run = previous_run(tmp_path / "run")  # a job running again on it (say with --overwrite)
+    before = tree(run)
+    other_job.hold(run)
+    capsys.readouterr()
+    try:
+        status = combine.main([str(run)])
+    finally:
+        other_job.release(run)
+    check(
+        "experiments.combine on a folder a job is writing",
+        status,
+        capsys.readouterr().err,
+        f"{run} is being written by a job still running (PID {other_job.pid} on host ",
+        "wait for it to finish",
+    )
+    assert tree(run) == before
 
 
 def test_disk_full_at_start(tmp_path):

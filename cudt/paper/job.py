@@ -11,20 +11,22 @@ metric, the paper's table, figures).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from cudt.errors import UsageError
-from cudt.io import fresh_run_dir, to_jsonable
+from cudt.io import check_not_a_file, fresh_run_dir, to_jsonable
 from cudt.paper.rows import HPARAMS, csv_text, finite, fmt, unique, write_text
 from cudt.runner.cli import config_from_args, configure_process, run_cli
 from cudt.runner.config import flag
+from cudt.runner.lock import check_free, lock_output
 from cudt.runner.output import CHECKPOINTS, CONFIG_FILE, checkpoint_record
 from cudt.runner.run import run
 
@@ -253,24 +255,28 @@ def train_subruns(subs: list[SubRun], make_task: Callable[[SubRun], Any]) -> dic
     return results
 
 
+@contextlib.contextmanager
 def open_job(
     name: str, opts, plan: Callable[[Any, Path], list[SubRun]], what: str = "sub-runs"
-) -> tuple[Path, list[SubRun], list[SubRun]]:
+) -> Iterator[tuple[Path, list[SubRun], list[SubRun]]]:
     """A job's ``--out`` (default: a fresh ``runs/<name>-<time>``), its sub-runs
     ``plan(opts, out)`` each checked for reuse or refusal before anything is written, and the
-    ones left to train; prints how many there are and how to resume."""
+    ones left to train; prints how many there are and how to resume. The job holds the lock on
+    its ``--out`` (:mod:`cudt.runner.lock`) until the ``with`` block ends, as each sub-run holds
+    its own folder's while it runs."""
     out = Path(opts.out) if opts.out else fresh_run_dir(name.replace(" ", "_"))
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a folder: pass a folder path")
+    check_not_a_file(out)
+    check_free(out)  # another job there: refused before its folders are read
     subs = plan(opts, out)
     for sub in subs:
         check_subrun(sub, opts.overwrite)
     todo = [s for s in subs if not s.finished]
-    print(
-        f"{name}: {len(subs)} {what} under {out} ({len(subs) - len(todo)} finished, "
-        f"reused; {len(todo)} to train); rerun this command with --out {out} to resume"
-    )
-    return out, subs, todo
+    with lock_output(out):
+        print(
+            f"{name}: {len(subs)} {what} under {out} ({len(subs) - len(todo)} finished, "
+            f"reused; {len(todo)} to train); rerun this command with --out {out} to resume"
+        )
+        yield out, subs, todo
 
 
 class TableJob:
@@ -333,52 +339,52 @@ def run_job(job: TableJob, opts) -> dict[str, Any]:
     Every input check and sub-run refusal comes before anything is written or trained."""
     t0 = time.perf_counter()
     job.check(opts)
-    out, subs, todo = open_job(job.name, opts, job.plan)
-    if opts.scale == "tiny":
-        job.prepare_tiny(opts, out)
-    results = train_subruns(subs, lambda sub: job.make_task())
-    rows = job.best_rows(results)
-    test_gammas = results[subs[0].key]["config"]["test_gamma"]
-    wall = time.perf_counter() - t0
-    trained, reused = len(todo), len(subs) - len(todo)
-    counted = f"{len(subs)} sub-runs ({trained} trained, {reused} reused)"
-    cfg = subs[0].cfg
-    note = (
-        f"{counted}, {job.settings(opts, cfg)}, γ_train ∈ {{{fmt(opts.gamma_trains)}}}"
-        + (f", sweeps {'; '.join(opts.sweep)}" if opts.sweep else "")
-        + f"; {job.details(opts, cfg)}."
-    )
-    trained_seconds = sum(float(r.get("wall_seconds") or 0) for r in results.values())
-    headline, direction = job.headline(rows, opts, test_gammas), job.direction(rows, opts)
-    parts = [
-        f"# {job.title}, --scale {opts.scale}",
-        "",
-        note,
-        "",
-        headline,
-        "",
-        direction,
-        "",
-        "### Every γ_train",
-        "",
-        *job.every_gamma(rows, opts),
-        "",
-        f"Wall time of the job that wrote this: {wall:.0f} s (sub-runs' own wall times, "
-        f"summed: {trained_seconds:.0f} s).",
-    ]
-    markdown = "\n".join(parts) + "\n"
-    paths = {"csv": out / f"{job.table}.csv", "md": out / f"{job.table}.md"}
-    write_text(paths["csv"], csv_text(rows, job.csv_columns))
-    write_text(paths["md"], markdown)
-    paths |= job.figures(rows, opts, out)
-    wall = time.perf_counter() - t0
-    print()
-    print(headline)
-    print()
-    print(direction)
-    print()
-    print(f"wrote {', '.join(str(p) for p in paths.values())}")
-    print(f"{job.name}: {counted} in {wall:.0f}s wall")
+    with open_job(job.name, opts, job.plan) as (out, subs, todo):
+        if opts.scale == "tiny":
+            job.prepare_tiny(opts, out)
+        results = train_subruns(subs, lambda sub: job.make_task())
+        rows = job.best_rows(results)
+        test_gammas = results[subs[0].key]["config"]["test_gamma"]
+        wall = time.perf_counter() - t0
+        trained, reused = len(todo), len(subs) - len(todo)
+        counted = f"{len(subs)} sub-runs ({trained} trained, {reused} reused)"
+        cfg = subs[0].cfg
+        note = (
+            f"{counted}, {job.settings(opts, cfg)}, γ_train ∈ {{{fmt(opts.gamma_trains)}}}"
+            + (f", sweeps {'; '.join(opts.sweep)}" if opts.sweep else "")
+            + f"; {job.details(opts, cfg)}."
+        )
+        trained_seconds = sum(float(r.get("wall_seconds") or 0) for r in results.values())
+        headline, direction = job.headline(rows, opts, test_gammas), job.direction(rows, opts)
+        parts = [
+            f"# {job.title}, --scale {opts.scale}",
+            "",
+            note,
+            "",
+            headline,
+            "",
+            direction,
+            "",
+            "### Every γ_train",
+            "",
+            *job.every_gamma(rows, opts),
+            "",
+            f"Wall time of the job that wrote this: {wall:.0f} s (sub-runs' own wall times, "
+            f"summed: {trained_seconds:.0f} s).",
+        ]
+        markdown = "\n".join(parts) + "\n"
+        paths = {"csv": out / f"{job.table}.csv", "md": out / f"{job.table}.md"}
+        write_text(paths["csv"], csv_text(rows, job.csv_columns))
+        write_text(paths["md"], markdown)
+        paths |= job.figures(rows, opts, out)
+        wall = time.perf_counter() - t0
+        print()
+        print(headline)
+        print()
+        print(direction)
+        print()
+        print(f"wrote {', '.join(str(p) for p in paths.values())}")
+        print(f"{job.name}: {counted} in {wall:.0f}s wall")
     return {
         "rows": rows,
         "markdown": markdown,

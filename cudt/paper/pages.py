@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cudt.io import atomic_write
+from cudt.runner.lock import OutputInUse, check_free
 
 __all__ = [
     "BLOCKS",
@@ -391,7 +392,8 @@ def write_pages(
 ) -> int:
     """Rewrites the blocks (all, or those named in ``blocks``) of every ``pages/*.md`` whose
     results exist; ``check``: writes nothing, returns 1 when a page would change. Returns 0, 1
-    (check: stale), or 2 (a malformed marker: nothing written)."""
+    (check: stale), or 2 (a malformed marker, or a block's folder locked by a job still
+    running: nothing written)."""
     registry = BLOCKS if registry is None else registry
     parsed = {}
     for path in sorted(Path(pages).glob("*.md")):
@@ -399,11 +401,18 @@ def write_pages(
         try:
             parsed[path] = (text, parse_page(text, str(path), list(registry)))
         except MarkerError as e:
-            print(f"error: {e}: nothing written", file=sys.stderr)
+            print(f"error: {e}; nothing written", file=sys.stderr)
             return 2
     wanted = list(registry) if blocks is None else list(blocks)
     bodies: dict[str, str] = {}
     found = {p[0] for _, pieces in parsed.values() for p in pieces if not isinstance(p, str)}
+    for name in wanted:
+        if name in found:  # a run in progress writes there: its results are not final
+            try:
+                check_free(Path(runs) / (registry[name].folder or name), reader=True)
+            except OutputInUse as e:
+                print(f"error: {e}; nothing written", file=sys.stderr)
+                return 2
     for name in wanted:
         block = registry[name]
         if name not in found:

@@ -10,7 +10,8 @@ sweep points, a hyperparameter either folder sweeps, and where and how the runs 
 executed), and prints the experiment's summary
 table and footer over all their runs: the best run of each setting chosen again (on validation
 data, as every run does), the sweep point chosen over every seed, the intervals over seeds,
-the paired constrained − ERM intervals. It writes nothing. One folder gives that folder's
+the paired constrained − ERM intervals. It writes nothing, and refuses a folder a job is still
+writing (its lock is held). One folder gives that folder's
 report as this version writes it (a run finished before the runner printed its chosen sweep
 point, say), without retraining or touching the folder.
 """
@@ -22,6 +23,7 @@ import types
 from pathlib import Path
 
 from cudt.errors import UsageError
+from cudt.runner.lock import check_free
 from cudt.runner.report import choose_points, seed_intervals, select_best, summary_table
 from cudt.runner.sweep import SWEEPABLE
 
@@ -55,7 +57,9 @@ CONFIG_FREE = frozenset(
 
 
 def load_results(folder: str | Path) -> dict:
-    """A run folder's ``results.json``, or a one-line :class:`UsageError` naming the folder."""
+    """A run folder's ``results.json``, or a one-line :class:`UsageError` naming the folder (a
+    folder a job holds, a run in progress, is refused: :func:`cudt.runner.lock.check_free`)."""
+    check_free(folder, reader=True)
     path = Path(folder) / "results.json"
     if not path.is_file():
         raise UsageError(f"{folder}: no results.json (a finished run's --out folder is needed)")

@@ -5,7 +5,9 @@
     <out>/tensorboard/<run>/             training curves (TensorBoard event files)
     <out>/*.png                          plots (atomic)
     <out>/results.json                   written last (atomic): its presence means "complete"
+    <out>/cudt.lock                      while a job runs: its lock (cudt.runner.lock)
 
+One job at a time: the folder is locked before anything is written, and a second job is refused.
 A folder holding ``results.json`` is never overwritten without ``--overwrite``; a folder holding
 checkpoints of the *same* config is resumed; one holding checkpoints of a different config is
 refused with the differences named.
@@ -24,7 +26,15 @@ import jax
 import numpy as np
 
 from cudt.errors import CudtError, UsageError
-from cudt.io import RESULT_FILES, check_writable, to_jsonable, write_json_atomic
+from cudt.io import (
+    RESULT_FILES,
+    check_not_a_file,
+    check_writable,
+    to_jsonable,
+    topmost_missing,
+    write_json_atomic,
+)
+from cudt.runner.lock import OutputLock, check_job_token, lock_output
 
 __all__ = [
     "CHECKPOINTS",
@@ -44,8 +54,19 @@ TENSORBOARD = "tensorboard"  # <out>/tensorboard/<run label>/events.out.tfevents
 
 @dataclasses.dataclass(frozen=True)
 class OutputDir:
+    """An opened output folder; as a context manager it releases the folder's lock (held by
+    process 0 of the job, :mod:`cudt.runner.lock`) on leaving."""
+
     path: Path
     resuming: bool  # the folder holds checkpoints of this same config
+    lock: OutputLock | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def __enter__(self) -> OutputDir:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
     @property
     def checkpoints(self) -> Path:
@@ -74,16 +95,6 @@ def _differences(old: dict, new: dict, ignore: Collection[str] = ()) -> list[str
     keys = sorted((set(old) | set(new)) - set(ignore))
     keys = [k for k in keys if not k.endswith("_digest") or (k in old and k in new)]
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
-
-
-def _topmost_missing(path: Path) -> Path | None:
-    """The outermost folder that creating ``path`` would create (None when it exists)."""
-    missing = None
-    for p in (path, *path.parents):
-        if p.exists():
-            break
-        missing = p
-    return missing
 
 
 def _holds_checkpoints(folder: Path) -> bool:
@@ -116,8 +127,7 @@ def open_output(
     which an earlier version recorded).
     """
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a folder: pass a folder path")
+    check_not_a_file(out)
     config = to_jsonable(config)
     saved_config = out / CHECKPOINTS / CONFIG_FILE
     finished = [name for name in RESULT_FILES if (out / name).exists()]
@@ -162,7 +172,7 @@ def open_output(
         raise UsageError(
             f"--resume: {out} holds no checkpoint to resume from: drop --resume to start a new run"
         )
-    created = _topmost_missing(out)
+    created = topmost_missing(out)
     try:
         check_writable(out)
         if overwrite:
@@ -185,27 +195,54 @@ def open_output(
     return OutputDir(out, resuming)
 
 
-def open_output_once(path, fingerprint, cfg, main_process: bool):
-    """:func:`open_output` by process 0 of a multi-host job; the others wait for it and take
-    its verdict (resuming or not), so no two processes race on the folder."""
+def open_output_once(path, fingerprint, cfg, main_process: bool) -> OutputDir:
+    """:func:`open_output` under the folder's lock, by process 0 of a multi-host job; the
+    others wait for it, take its verdict (resuming or not) and check that the lock they see is
+    their job's, so no two jobs, and no two processes of one, race on the folder. The lock is
+    taken before anything is written (a job refused for it writes nothing) and held until the
+    returned :class:`OutputDir` is left (``with``); a refusal while opening releases it and
+    removes a folder the lock created."""
     flags = dict(overwrite=cfg.overwrite, resume=cfg.resume, ignore=cfg.EVALUATION_ONLY)
     if jax.process_count() == 1:
-        return open_output(path, fingerprint, **flags)
+        lock = lock_output(path)
+        try:
+            return dataclasses.replace(open_output(path, fingerprint, **flags), lock=lock)
+        except BaseException:
+            lock.release(discard=True)
+            raise
     from jax.experimental import multihost_utils
 
-    out, failed, resuming = None, 0, 0
+    lock, out, failed, resuming, token = None, None, 0, 0, 0
     if main_process:
         try:
+            lock = lock_output(path)
+            token = lock.token
             out = open_output(path, fingerprint, **flags)
             resuming = int(out.resuming)
-        except Exception:
+        except BaseException:
             failed = 1
+            if lock is not None:
+                lock.release(discard=True)
             raise
         finally:
-            verdict = multihost_utils.broadcast_one_to_all(np.asarray([failed, resuming]))
+            verdict = multihost_utils.broadcast_one_to_all(
+                np.asarray([failed, resuming, token], np.int32)
+            )
+        problem = None
     else:
-        verdict = multihost_utils.broadcast_one_to_all(np.asarray([failed, resuming]))
+        verdict = multihost_utils.broadcast_one_to_all(np.asarray([0, 0, 0], np.int32))
         if verdict[0]:
             raise UsageError(f"process 0 could not open --out {path}: see its error")
         out = OutputDir(Path(path), bool(verdict[1]))
-    return out
+        problem = check_job_token(path, int(verdict[2]))
+    seen = multihost_utils.process_allgather(np.asarray([problem is None], np.int32))
+    blind = [i for i, ok in enumerate(np.asarray(seen).reshape(-1)) if not ok]
+    if blind:
+        if lock is not None:
+            lock.release()
+        raise UsageError(
+            f"--out {path} is not one folder for every process of this job (process {blind[0]} "
+            f"does not see the lock process 0 holds there{': it sees ' + problem if problem else ''}"
+            "): put --out on a file system every process shares"
+        )
+    return dataclasses.replace(out, lock=lock)

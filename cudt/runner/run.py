@@ -26,6 +26,7 @@ from cudt.io import fresh_run_dir, write_json_atomic
 from cudt.runner.curves import plot_training_curves, write_tensorboard
 from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups, run_group
 from cudt.runner.hparams import SWEEPABLE
+from cudt.runner.lock import check_free
 from cudt.runner.mesh import initialize_distributed, make_shardings
 from cudt.runner.output import TENSORBOARD, checkpoint_record, open_output_once
 from cudt.runner.provenance import provenance
@@ -68,6 +69,9 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         initialize_distributed()
     origin = provenance()  # the code and command that ran (after the backend starts)
     main_process = jax.process_index() == 0
+    path = Path(out_dir or cfg.out or fresh_run_dir(task.name))
+    if jax.process_count() == 1:
+        check_free(path)  # a job holds --out: refused now, before its data is read
     sweeps = parse_sweeps(cfg)
     swept = [n for n in SWEEPABLE if n in sweeps]
     data = task.load(cfg)
@@ -96,125 +100,125 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         for spec in group.specs:  # every reference resolves before anything is written
             task.resolve_reference(spec.hp["reference"], data)
     fingerprint = checkpoint_record(cfg) | task.fingerprint(cfg, data)
-    out = open_output_once(
-        out_dir or cfg.out or fresh_run_dir(task.name), fingerprint, cfg, main_process
-    )
-    print(
-        f"output: {out.path}"
-        + (
-            " (resuming)"
-            if out.resuming
-            else f" (if interrupted, rerun with --out {out.path} to resume)"
+    with open_output_once(path, fingerprint, cfg, main_process) as out:
+        print(
+            f"output: {out.path}"
+            + (
+                " (resuming)"
+                if out.resuming
+                else f" (if interrupted, rerun with --out {out.path} to resume)"
+            )
         )
-    )
-    for line in inert_warnings(task, cfg, groups):
-        print(line)
-    programs = [GroupProgram(task, cfg, data, g) for g in groups]
-    if out.resuming:  # a corrupt or foreign checkpoint is refused before any training
+        for line in inert_warnings(task, cfg, groups):
+            print(line)
+        programs = [GroupProgram(task, cfg, data, g) for g in groups]
+        if out.resuming:  # a corrupt or foreign checkpoint is refused before any training
+            for group, program in zip(groups, programs, strict=True):
+                folder = out.group_dir(group.slug)
+                if folder.is_dir():
+                    with GroupCheckpointer(folder, keep=cfg.keep_checkpoints) as checkpointer:
+                        if checkpointer.latest_step() is not None:
+                            checkpointer.restore(program.abstract_states())
+        gamma_trains = sorted({float(s.hp["gamma_train"]) for s in specs})
+        gammas = task.test_gammas(cfg, gamma_trains)
+        val_gammas = sorted(set(task.val_gammas(cfg, gamma_trains, gammas)) | set(gamma_trains))
+        eval_key = jax.random.key(10_000 + cfg.data_rng_seed)
+        on_device: dict[int, Any] = {}  # groups reading the same examples share one device copy
+        runs: list[dict] = []
+        ratios: list = []
+        train_seconds, eval_seconds = {}, {}
+        devices_used = 1
         for group, program in zip(groups, programs, strict=True):
-            folder = out.group_dir(group.slug)
-            if folder.is_dir():
-                with GroupCheckpointer(folder, keep=cfg.keep_checkpoints) as checkpointer:
-                    if checkpointer.latest_step() is not None:
-                        checkpointer.restore(program.abstract_states())
-    gamma_trains = sorted({float(s.hp["gamma_train"]) for s in specs})
-    gammas = task.test_gammas(cfg, gamma_trains)
-    val_gammas = sorted(set(task.val_gammas(cfg, gamma_trains, gammas)) | set(gamma_trains))
-    eval_key = jax.random.key(10_000 + cfg.data_rng_seed)
-    on_device: dict[int, Any] = {}  # groups reading the same examples share one device copy
-    runs: list[dict] = []
-    ratios: list = []
-    train_seconds, eval_seconds = {}, {}
-    devices_used = 1
-    for group, program in zip(groups, programs, strict=True):
-        t = time.perf_counter()
-        shardings = make_shardings(len(group.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp)
-        if shardings is not None:
-            devices_used = max(devices_used, shardings.devices)
-        if id(program.train_examples) not in on_device:
-            on_device[id(program.train_examples)] = jax.tree.map(
-                jnp.asarray, program.train_examples
+            t = time.perf_counter()
+            shardings = make_shardings(len(group.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp)
+            if shardings is not None:
+                devices_used = max(devices_used, shardings.devices)
+            if id(program.train_examples) not in on_device:
+                on_device[id(program.train_examples)] = jax.tree.map(
+                    jnp.asarray, program.train_examples
+                )
+            examples = on_device[id(program.train_examples)]
+            result = run_group(
+                program.step,
+                program.initial_states(),
+                program.keys,
+                program.make_batch,
+                name=group.name,
+                labels=group.labels,
+                num_steps=cfg.steps,
+                chunk_steps=cfg.chunk_steps,
+                checkpoint_dir=out.group_dir(group.slug),
+                checkpoint_every=cfg.checkpoint_every,
+                keep_checkpoints=cfg.keep_checkpoints,
+                fault=fault_runs(cfg, group),
+                data={"examples": examples, "frozen": group.model.frozen},
+                extras=program.extras,
+                shardings=shardings,
             )
-        examples = on_device[id(program.train_examples)]
-        result = run_group(
-            program.step,
-            program.initial_states(),
-            program.keys,
-            program.make_batch,
-            name=group.name,
-            labels=group.labels,
-            num_steps=cfg.steps,
-            chunk_steps=cfg.chunk_steps,
-            checkpoint_dir=out.group_dir(group.slug),
-            checkpoint_every=cfg.checkpoint_every,
-            keep_checkpoints=cfg.keep_checkpoints,
-            fault=fault_runs(cfg, group),
-            data={"examples": examples, "frozen": group.model.frozen},
-            extras=program.extras,
-            shardings=shardings,
-        )
-        train_seconds[group.name] = time.perf_counter() - t
-        if shardings is not None and jax.process_count() > 1:  # every process reads every run
-            result = dataclasses.replace(result, states=shardings.to_host(result.states))
-        if main_process:  # training logs, as soon as the group has trained (rewritten whole)
-            write_tensorboard(
-                [
-                    {
-                        "label": label,
-                        "group": group.name,
-                        "constrained": spec.constrained,
-                        "curves": curves_of(result, r),
-                    }
-                    for r, (label, spec) in enumerate(zip(group.labels, group.specs, strict=True))
-                    if result.curves
-                ],
-                out.path / TENSORBOARD,
+            train_seconds[group.name] = time.perf_counter() - t
+            if shardings is not None and jax.process_count() > 1:  # every process reads every run
+                result = dataclasses.replace(result, states=shardings.to_host(result.states))
+            if main_process:  # training logs, as soon as the group has trained (rewritten whole)
+                write_tensorboard(
+                    [
+                        {
+                            "label": label,
+                            "group": group.name,
+                            "constrained": spec.constrained,
+                            "curves": curves_of(result, r),
+                        }
+                        for r, (label, spec) in enumerate(
+                            zip(group.labels, group.specs, strict=True)
+                        )
+                        if result.curves
+                    ],
+                    out.path / TENSORBOARD,
+                )
+            t = time.perf_counter()
+            group_runs, group_ratios = summarise(
+                task, cfg, data, group, program, result, gammas, val_gammas, eval_key
             )
-        t = time.perf_counter()
-        group_runs, group_ratios = summarise(
-            task, cfg, data, group, program, result, gammas, val_gammas, eval_key
+            eval_seconds[group.name] = time.perf_counter() - t
+            runs += group_runs
+            ratios += group_ratios
+        score, higher = task.selection_for(cfg)
+        select_best(runs, score, higher_is_better=higher)
+        intervals = seed_intervals(runs) if cfg.seeds >= 2 else []
+        chosen = choose_points(runs, score, higher_is_better=higher)
+        config = (
+            dataclasses.asdict(cfg)
+            | task.config_extras(cfg, data)
+            | {
+                "test_gamma": gammas,
+                "val_gamma": val_gammas,
+                "out": str(out.path),
+                "sweeps": {k: list(v) for k, v in sweeps.items()},
+            }
         )
-        eval_seconds[group.name] = time.perf_counter() - t
-        runs += group_runs
-        ratios += group_ratios
-    score, higher = task.selection_for(cfg)
-    select_best(runs, score, higher_is_better=higher)
-    intervals = seed_intervals(runs) if cfg.seeds >= 2 else []
-    chosen = choose_points(runs, score, higher_is_better=higher)
-    config = (
-        dataclasses.asdict(cfg)
-        | task.config_extras(cfg, data)
-        | {
-            "test_gamma": gammas,
-            "val_gamma": val_gammas,
-            "out": str(out.path),
-            "sweeps": {k: list(v) for k, v in sweeps.items()},
+        results = {
+            "experiment": task.name,
+            "config": config,
+            "devices": devices_used,
+            "processes": jax.process_count(),
+            **task.results_extras(cfg, data),
+            "runs": runs,
+            **({"intervals": intervals} if intervals else {}),
+            **({"chosen_points": chosen} if chosen else {}),
+            "train_seconds": train_seconds,
+            "eval_seconds": eval_seconds,
+            "provenance": origin,
         }
-    )
-    results = {
-        "experiment": task.name,
-        "config": config,
-        "devices": devices_used,
-        "processes": jax.process_count(),
-        **task.results_extras(cfg, data),
-        "runs": runs,
-        **({"intervals": intervals} if intervals else {}),
-        **({"chosen_points": chosen} if chosen else {}),
-        "train_seconds": train_seconds,
-        "eval_seconds": eval_seconds,
-        "provenance": origin,
-    }
-    if main_process:
-        figures = task.figures(runs, ratios, out.path, gammas, cfg)
-        curve_runs = [r for r in runs if r["curves"]["step"]]
-        figures.append(out.path / "training_curves.png")
-        plot_training_curves(
-            curve_runs, figures[-1], title="multipliers and constraint values during training"
-        )
-        results["wall_seconds"] = time.perf_counter() - t0
-        write_json_atomic(out.path / "results.json", results)
-        print(summary_table(task, runs, swept, intervals, chosen))
-        names = ", ".join(str(p) for p in [out.path / "results.json", *figures])
-        print(f"training curves: tensorboard --logdir {out.path / TENSORBOARD}")
-        print(f"wrote {names} in {results['wall_seconds']:.0f}s")
-    return results
+        if main_process:
+            figures = task.figures(runs, ratios, out.path, gammas, cfg)
+            curve_runs = [r for r in runs if r["curves"]["step"]]
+            figures.append(out.path / "training_curves.png")
+            plot_training_curves(
+                curve_runs, figures[-1], title="multipliers and constraint values during training"
+            )
+            results["wall_seconds"] = time.perf_counter() - t0
+            write_json_atomic(out.path / "results.json", results)
+            print(summary_table(task, runs, swept, intervals, chosen))
+            names = ", ".join(str(p) for p in [out.path / "results.json", *figures])
+            print(f"training curves: tensorboard --logdir {out.path / TENSORBOARD}")
+            print(f"wrote {names} in {results['wall_seconds']:.0f}s")
+        return results

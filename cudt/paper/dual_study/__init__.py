@@ -215,22 +215,22 @@ def run_study(opts: StudyConfig) -> dict[str, Any]:
     "markdown", "paths", "trained", "reused", "wall_seconds"}``."""
     t0 = time.perf_counter()
     check(opts)
-    out, subs, todo = open_job("dual study", opts, plan, what="runner calls")
-    results = train_subruns(subs, lambda sub: SETTINGS[sub.key[0]].make_task())
-    rows, summaries, erm = report.collect(subs, results)
-    figure_paths = figures.write_figures(opts, rows, summaries, out)
-    written = report.write_report(
-        opts, subs, rows, summaries, erm, figure_paths, out, time.perf_counter() - t0
-    )
-    print()
-    print(written["headline"])
-    print()
-    print(f"wrote {', '.join(str(p) for p in written['paths'].values())}")
-    return written | {
-        "trained": len(todo),
-        "reused": len(subs) - len(todo),
-        "wall_seconds": time.perf_counter() - t0,
-    }
+    with open_job("dual study", opts, plan, what="runner calls") as (out, subs, todo):
+        results = train_subruns(subs, lambda sub: SETTINGS[sub.key[0]].make_task())
+        rows, summaries, erm = report.collect(subs, results)
+        figure_paths = figures.write_figures(opts, rows, summaries, out)
+        written = report.write_report(
+            opts, subs, rows, summaries, erm, figure_paths, out, time.perf_counter() - t0
+        )
+        print()
+        print(written["headline"])
+        print()
+        print(f"wrote {', '.join(str(p) for p in written['paths'].values())}")
+        return written | {
+            "trained": len(todo),
+            "reused": len(subs) - len(todo),
+            "wall_seconds": time.perf_counter() - t0,
+        }
 
 
 def main(argv=None, doc: str = __doc__, prog: str = "experiments.dual_study") -> int:

@@ -301,27 +301,27 @@ def run_study(opts: StudyConfig) -> dict[str, Any]:
     """Trains (or reuses) every variant and its phase I, then writes the report."""
     t0 = time.perf_counter()
     check(opts)
-    out, subs, _ = open_job("ut study", opts, plan, what="runner calls")
-    results = train_subruns(subs, lambda sub: _video_task())
-    phase1 = {}
-    for k, sub in enumerate(subs, start=1):
-        print(f"[{k}/{len(subs)}] {sub.name}: phase I")
-        phase1[sub.key] = _phase_one(sub, opts)
-    choice = report.choose(report.rows_of(subs, results), FAITHFUL, "off")
-    settings = None
-    if opts.settings and choice is not None:
-        chosen = next(s.key[0] for s in subs if s.key[0].slug == choice["variant"])
-        sub = settings_subrun(opts, chosen, out)
-        check_subrun(sub, opts.overwrite)
-        print(f"[settings] {sub.name}: ε {fmt(opts.epsilons)} × dual rate {fmt(opts.dual_lrs)}")
-        settings = (sub, train_subruns([sub], lambda sub: _video_task())[sub.key])
-    written = report.write_report(
-        opts, subs, results, phase1, out, time.perf_counter() - t0, settings=settings
-    )
-    print()
-    print(written["markdown"])
-    print(f"wrote {', '.join(str(p) for p in written['paths'].values())}")
-    return written
+    with open_job("ut study", opts, plan, what="runner calls") as (out, subs, _):
+        results = train_subruns(subs, lambda sub: _video_task())
+        phase1 = {}
+        for k, sub in enumerate(subs, start=1):
+            print(f"[{k}/{len(subs)}] {sub.name}: phase I")
+            phase1[sub.key] = _phase_one(sub, opts)
+        choice = report.choose(report.rows_of(subs, results), FAITHFUL, "off")
+        settings = None
+        if opts.settings and choice is not None:
+            chosen = next(s.key[0] for s in subs if s.key[0].slug == choice["variant"])
+            sub = settings_subrun(opts, chosen, out)
+            check_subrun(sub, opts.overwrite)
+            print(f"[settings] {sub.name}: ε {fmt(opts.epsilons)} × dual rate {fmt(opts.dual_lrs)}")
+            settings = (sub, train_subruns([sub], lambda sub: _video_task())[sub.key])
+        written = report.write_report(
+            opts, subs, results, phase1, out, time.perf_counter() - t0, settings=settings
+        )
+        print()
+        print(written["markdown"])
+        print(f"wrote {', '.join(str(p) for p in written['paths'].values())}")
+        return written
 
 
 def _video_task():
