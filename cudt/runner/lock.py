@@ -286,7 +286,17 @@ def lock_output(out: str | os.PathLike, *, say=None) -> OutputLock:
         if not _same_file(fd, out / LOCK_FILE):
             os.close(fd)  # its job ended while we watched it, removing the file: start again
             continue
-        lock = OutputLock(out, fd, created, secrets.randbits(31))
+        try:
+            lock = OutputLock(out, fd, created, secrets.randbits(31))
+        except OSError as e:  # no room even for the record: leave nothing behind
+            (out / LOCK_FILE).unlink(missing_ok=True)
+            os.close(fd)
+            if created is not None:
+                shutil.rmtree(created, ignore_errors=True)
+            raise UsageError(
+                f"cannot write to --out {out} ({e.strerror or e}): free disk space or pass a "
+                "writable --out"
+            ) from e
         if how:
             old = Holder.parse(text)
             say(f"warning: --out {out}: took over the lock of {old.describe()}, {how}")
