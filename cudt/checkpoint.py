@@ -12,9 +12,12 @@ Layout, one orbax ``CheckpointManager`` per group of runs::
     <dir>/<step>/loop    JSON: frozen runs, divergence records, history, pinned steps
 
 Saves are atomic (orbax writes a temporary folder and renames it when complete), so a run killed
-in the middle of a save leaves the previous checkpoint as the latest one. ``pin(step)`` keeps a
-checkpoint beyond the last-k window: the last good checkpoint before a run diverged is pinned so
-it is never deleted by later saves.
+in the middle of a save leaves the previous checkpoint as the latest one; the resumed run removes
+the partial folder (:meth:`GroupCheckpointer.discard_interrupted_saves`) and says so. A
+checkpoint restores onto any device mesh or process count: every leaf of the restore target
+names its sharding (the default device where it names none), and orbax reshards on load.
+``pin(step)`` keeps a checkpoint beyond the last-k window: the last good checkpoint before a run
+diverged is pinned so it is never deleted by later saves.
 
 An asynchronous save writes while training goes on, so it holds the saved arrays until it is
 committed; the next step, which donates its input state, then cannot reuse their buffers and
@@ -160,6 +163,24 @@ class GroupCheckpointer:
     def step_dir(self, step: int) -> Path:
         return self.directory / str(step)
 
+    def interrupted_saves(self) -> list[int]:
+        """The steps whose save was killed before orbax committed it: their temporary folders
+        (``<step>.orbax-checkpoint-tmp``) are still here, and the step is not a checkpoint."""
+        return sorted(
+            int(tmp.name.split(".", 1)[0])
+            for tmp in self.directory.glob("*.orbax-checkpoint-tmp*")
+            if tmp.name.split(".", 1)[0].isdigit()
+        )
+
+    def discard_interrupted_saves(self) -> list[int]:
+        """Removes the folders of :meth:`interrupted_saves` (process 0 of a multi-host job;
+        before this job saves anything) and returns their steps. orbax would remove such a
+        folder itself when it saves that step again, with a warning on stderr for each."""
+        steps = self.interrupted_saves()
+        if steps and jax.process_index() == 0:
+            _remove_tmp_folders(self.directory)
+        return steps
+
     @property
     def pinned(self) -> set[int]:
         return set(self._policy.pinned)
@@ -195,11 +216,7 @@ class GroupCheckpointer:
             raise CheckpointError(
                 f"no checkpoint in {self.directory}: nothing to resume from; start without --resume"
             )
-        target = (
-            None
-            if abstract_states is None
-            else jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_states)
-        )
+        target = None if abstract_states is None else jax.tree.map(_restore_target, abstract_states)
         where = self.step_dir(step)
         if target is not None:
             # Compare the saved array shapes with this model's before reading any array, so a
@@ -326,6 +343,20 @@ class GroupCheckpointer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _restore_target(leaf: Any) -> Any:
+    """A leaf of a restore target: its shape, dtype and sharding (one without a sharding, such
+    as ``jax.eval_shape``'s, lands on the default device, where a new array would). Every leaf
+    names where it goes, so orbax reads a checkpoint saved on any other device count or mesh
+    into it (resharding on load) instead of asking for the saved topology."""
+    target = ocp.utils.to_shape_dtype_struct(leaf)
+    if isinstance(target, jax.ShapeDtypeStruct) and target.sharding is None:
+        device = jax.local_devices()[0]
+        target = jax.ShapeDtypeStruct(
+            target.shape, target.dtype, sharding=jax.sharding.SingleDeviceSharding(device)
+        )
+    return target
 
 
 def _os_reason(error: BaseException) -> str:

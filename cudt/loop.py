@@ -37,7 +37,9 @@ __all__ = [
     "Divergence",
     "LoopResult",
     "chunk_boundaries",
+    "describe_placement",
     "map_runs",
+    "placement",
     "sample_indices",
     "train_group",
 ]
@@ -116,6 +118,10 @@ class LoopResult:
     resumed_from: int | None = None  # the checkpoint step training resumed from, if any
     curves: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)  # per step
     max_multipliers: np.ndarray | None = None  # [R, L+1]: the max of λ over every step
+    # where the resumed checkpoint was saved, when that is not where training goes on (its
+    # state was resharded on load): the :func:`placement` records of both
+    resharded: tuple[dict, dict] | None = None
+    interrupted_saves: list[int] = dataclasses.field(default_factory=list)  # discarded steps
 
     @property
     def diverged_at(self) -> list[dict | None]:
@@ -144,6 +150,34 @@ def _history_from_json(history):
         {k: np.asarray(v, np.float64 if k != "step" else np.int64) for k, v in h.items()}
         for h in history
     ]
+
+
+def placement(shardings: Any) -> dict[str, Any]:
+    """Where a group's states live, as its checkpoints record it: the device and process
+    counts, the mesh (``{"run": r, "data": d}``) and whether the states are FSDP-split. A
+    resumed run compares it with the checkpoint's (a checkpoint restores into any placement:
+    its arrays are resharded on load)."""
+    if shardings is None:
+        return {"devices": 1, "processes": jax.process_count(), "mesh": None, "fsdp": False}
+    return {
+        "devices": int(shardings.devices),
+        "processes": jax.process_count(),
+        "mesh": {k: int(v) for k, v in shardings.shape.items()},
+        "fsdp": bool(shardings.fsdp),
+    }
+
+
+def describe_placement(where: dict[str, Any]) -> str:
+    """A placement record in words: ``4 devices (mesh run 2 × data 2)``, ``1 device``."""
+    n, p = where.get("devices"), where.get("processes", 1)
+    text = f"{n} device{'s' if n != 1 else ''}"
+    if p != 1:
+        text += f" in {p} processes"
+    mesh = where.get("mesh")
+    if mesh:
+        text += " (mesh " + " × ".join(f"{k} {v}" for k, v in mesh.items())
+        text += ", FSDP)" if where.get("fsdp") else ")"
+    return text
 
 
 def _abstract(leaf):
@@ -217,6 +251,11 @@ def train_group(
     curves: list[dict[str, np.ndarray]] = []
     max_multipliers = None
     resumed_from = None
+    resharded = None
+    here = placement(shardings)
+    # a save killed before it was committed leaves orbax's temporary folder: the latest
+    # complete checkpoint is the one to resume from, and the partial one goes
+    interrupted = checkpointer.discard_interrupted_saves() if checkpointer is not None else []
     if shardings is not None:
         # on the mesh first, so a checkpoint is restored straight into sharded arrays (on a
         # multi-host job each process then reads only its own shards)
@@ -235,6 +274,9 @@ def train_group(
         curves = _history_from_json(loop.get("curves", []))
         if loop.get("max_multipliers") is not None:
             max_multipliers = np.asarray(loop["max_multipliers"], np.float64)
+        saved_on = loop.get("placement")  # absent in checkpoints of an earlier cudt
+        if saved_on is not None and saved_on != here:
+            resharded = (saved_on, here)
     fault_runs, fault_step = fault if fault is not None else ((), -1)
     fault_mask = np.zeros((num_runs,), bool)
     fault_mask[np.asarray(fault_runs, int).reshape(-1)] = True
@@ -362,6 +404,7 @@ def train_group(
                     "max_multipliers": (
                         None if max_multipliers is None else max_multipliers.tolist()
                     ),
+                    "placement": here,
                 },
             )
             last_saved = done
@@ -382,4 +425,6 @@ def train_group(
         resumed_from,
         curves,
         max_multipliers,
+        resharded,
+        interrupted,
     )

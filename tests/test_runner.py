@@ -15,6 +15,7 @@ import dataclasses
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -356,13 +357,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_processes(out: Path) -> list[subprocess.CompletedProcess]:
+def _two_processes(out: Path, out1: Path | None = None) -> list[subprocess.CompletedProcess]:
     """One job of two processes with 2 CPU devices each, launched as a cluster scheduler
-    would: the same command, told the coordinator, the process count and its own id."""
+    would: the same command, told the coordinator, the process count and its own id
+    (``out1``: process 1's --out, when it is not ``out``)."""
     code = TWO_PROCESSES.format(tests=str(ROOT / "tests"))
     port = _free_port()
     procs = []
     for pid in (0, 1):
+        folder = out if pid == 0 or out1 is None else out1
         env = dict(
             os.environ,
             XLA_FLAGS="--xla_force_host_platform_device_count=2",
@@ -373,7 +376,7 @@ def _two_processes(out: Path) -> list[subprocess.CompletedProcess]:
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-c", code, str(out)],
+                [sys.executable, "-c", code, str(folder)],
                 cwd=ROOT,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -389,7 +392,7 @@ def _two_processes(out: Path) -> list[subprocess.CompletedProcess]:
 
 
 @pytest.mark.slow
-def test_a_two_process_job_gives_the_one_process_results_and_resumes(tmp_path):
+def test_a_two_process_job_gives_the_one_process_results_and_resumes(tmp_path, capsys):
     first = _two_processes(tmp_path / "job")
     for p in first:
         assert p.returncode == 0, p.stderr[-3000:]
@@ -401,6 +404,26 @@ def test_a_two_process_job_gives_the_one_process_results_and_resumes(tmp_path):
         assert a["label"] == b["label"]
         np.testing.assert_allclose(a["final_loss"], b["final_loss"], rtol=1e-4)
         np.testing.assert_allclose(a["multipliers"], b["multipliers"], rtol=1e-4, atol=1e-5)
+    # the job's checkpoints, cut back to step 8, resume in ONE process on one device: the state
+    # is resharded on load, and the results are the job's to float rounding
+    alone = tmp_path / "alone"
+    shutil.copytree(tmp_path / "job", alone)
+    (alone / "results.json").unlink()
+    shutil.rmtree(alone / "checkpoints" / "toy-2" / "12")
+    capsys.readouterr()
+    resumed_alone = toy(["--seeds", "2", "--sweep", "epsilon=0.2,0.4"], alone)
+    assert resumed_alone["processes"] == 1 and resumed_alone["devices"] == 1
+    assert (
+        "toy-2: resumed from the checkpoint at step 8; saved on 4 devices in 2 processes (mesh "
+        "run 2 × data 2), resharded onto 1 device: results agree with an uninterrupted run to "
+        "float rounding (docs/runner.md)"
+    ) in capsys.readouterr().err
+    for a, b in zip(job["runs"], resumed_alone["runs"], strict=True):
+        assert a["label"] == b["label"]
+        for key in ("final_loss", "multipliers", "max_multipliers"):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6, err_msg=key)
+        for name, curve in a["curves"].items():
+            np.testing.assert_allclose(b["curves"][name], curve, rtol=1e-4, atol=1e-6)
     # the job's orbax checkpoints resume in a new job: results gone, training done
     (tmp_path / "job" / "results.json").unlink()
     again = _two_processes(tmp_path / "job")
@@ -409,6 +432,21 @@ def test_a_two_process_job_gives_the_one_process_results_and_resumes(tmp_path):
     assert "resumed from the checkpoint at step 12" in again[0].stderr
     resumed = json.loads((tmp_path / "job" / "results.json").read_text())
     assert [r["final_loss"] for r in resumed["runs"]] == [r["final_loss"] for r in job["runs"]]
+
+
+@pytest.mark.slow
+def test_a_two_process_job_whose_processes_see_two_folders_stops(tmp_path):
+    """--out not shared by the job's processes (here: each is given its own folder): process 1
+    does not find the lock process 0 took, and both stop before training, in one line."""
+    done = _two_processes(tmp_path / "zero", tmp_path / "one")
+    for p in done:
+        assert p.returncode == 2, p.stderr[-3000:]
+        lines = [s for s in p.stderr.splitlines() if s.startswith("error: ")]
+        assert len(lines) == 1 and "is not one folder for every process of this job" in lines[0]
+        assert lines[0].endswith("put --out on a file system every process shares")
+    assert f"it sees no lock file in {tmp_path / 'one'}" in done[1].stderr
+    assert not (tmp_path / "zero" / "cudt.lock").exists()  # released by process 0
+    assert not (tmp_path / "one").exists()  # process 1 writes nothing
 
 
 @pytest.mark.slow

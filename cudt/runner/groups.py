@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from cudt.checkpoint import GroupCheckpointer
 from cudt.constrained import DescentConfig
 from cudt.formulation import AugmentedLagrangian, Lagrangian, QuadraticPenalty
-from cudt.loop import Divergence, LoopResult, sample_indices, train_group
+from cudt.loop import Divergence, LoopResult, describe_placement, sample_indices, train_group
 from cudt.optim import dual_optimizer, primal_optimizer
 from cudt.runner.report import KINDS
 from cudt.runner.sweep import RunSpec, model_defaults, swept_suffix
@@ -284,6 +284,35 @@ def run_group(
     finally:
         if checkpointer is not None:
             checkpointer.close()
-    if result.resumed_from is not None:
-        log(f"{name}: resumed from the checkpoint at step {result.resumed_from}")
+    line = resume_line(name, result)
+    if line:
+        log(line)
     return result
+
+
+def resume_line(name: str, result: LoopResult) -> str | None:
+    """The one line a group says when it resumed, or found a save it must discard: from which
+    step, which interrupted saves were dropped, and where the state was saved when it is
+    resharded onto other devices or processes (docs/runner.md states the tolerance)."""
+    dropped = ", ".join(map(str, result.interrupted_saves))
+    plural = "s" if len(result.interrupted_saves) > 1 else ""
+    if result.resumed_from is None:
+        if not dropped:
+            return None
+        return (
+            f"{name}: the save of step{plural} {dropped} was interrupted before any checkpoint "
+            "was complete: its partial folder is removed and training starts from step 0"
+        )
+    line = f"{name}: resumed from the checkpoint at step {result.resumed_from}"
+    if dropped:
+        line += (
+            f", the last complete one (the save of step{plural} {dropped} was interrupted: "
+            "its partial folder is removed)"
+        )
+    if result.resharded is not None:
+        saved, here = result.resharded
+        line += (
+            f"; saved on {describe_placement(saved)}, resharded onto {describe_placement(here)}"
+            ": results agree with an uninterrupted run to float rounding (docs/runner.md)"
+        )
+    return line

@@ -133,6 +133,13 @@ class Shardings:
         one = (lambda x, s: jax.device_put(x, s)) if jax.process_count() == 1 else _put_global
         return jax.tree.map(lambda x: one(x, self.state_sharding(x)), tree)
 
+    def abstract_states(self, tree: Any) -> Any:
+        """Shapes and dtypes of stacked run states (``jax.eval_shape``'s), each with the sharding
+        :meth:`put_states` gives it: a restore target that reads a checkpoint onto this mesh."""
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.state_sharding(x)), tree
+        )
+
     def put_replicated(self, tree: Any) -> Any:
         return _put(tree, self.replicated())
 

@@ -112,13 +112,20 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         for line in inert_warnings(task, cfg, groups):
             print(line)
         programs = [GroupProgram(task, cfg, data, g) for g in groups]
+        meshes = [
+            make_shardings(len(g.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp) for g in groups
+        ]
         if out.resuming:  # a corrupt or foreign checkpoint is refused before any training
-            for group, program in zip(groups, programs, strict=True):
+            for group, program, shardings in zip(groups, programs, meshes, strict=True):
                 folder = out.group_dir(group.slug)
                 if folder.is_dir():
                     with GroupCheckpointer(folder, keep=cfg.keep_checkpoints) as checkpointer:
                         if checkpointer.latest_step() is not None:
-                            checkpointer.restore(program.abstract_states())
+                            # onto the devices training will use (from any it was saved on)
+                            abstract = program.abstract_states()
+                            if shardings is not None:
+                                abstract = shardings.abstract_states(abstract)
+                            checkpointer.restore(abstract)
         gamma_trains = sorted({float(s.hp["gamma_train"]) for s in specs})
         gammas = task.test_gammas(cfg, gamma_trains)
         val_gammas = sorted(set(task.val_gammas(cfg, gamma_trains, gammas)) | set(gamma_trains))
@@ -128,9 +135,8 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         ratios: list = []
         train_seconds, eval_seconds = {}, {}
         devices_used = 1
-        for group, program in zip(groups, programs, strict=True):
+        for group, program, shardings in zip(groups, programs, meshes, strict=True):
             t = time.perf_counter()
-            shardings = make_shardings(len(group.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp)
             if shardings is not None:
                 devices_used = max(devices_used, shardings.devices)
             if id(program.train_examples) not in on_device:
