@@ -27,7 +27,7 @@ from cudt.paper import pages as pages_module
 from cudt.paper.pages import Block, write_pages
 from cudt.runner.cli import task_main
 from cudt.runner.lock import LOCK_FILE, OutputInUse, check_free, check_job_token, lock_output
-from experiments import combine
+from experiments import combine, dual_study
 
 HOST = socket.gethostname()
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"  # a holder's start, as a message shows it
@@ -76,6 +76,21 @@ TOY_JOB = textwrap.dedent(
     sys.exit(task_main(ToyTask(), {argv!r} + ["--out", sys.argv[1]], "toy", "toy"))
     """
 )
+
+
+def test_a_study_job_on_a_held_folder_is_refused(holder, tmp_path, capsys):
+    """The table and study jobs write outside the runner (their data, reports, figures), so
+    they lock their own --out too (cudt.paper.job.open_job)."""
+    out = tmp_path / "study"
+    holder.hold(out)
+    before = snapshot(out)
+    argv = ["--scale", "tiny", "--settings", "video", "--seeds", "1", "--steps", "2",
+            "--formulations", "lagrangian", "--dual-optimizers", "sgd", "--updates",
+            "simultaneous", "--dual-lr-factors", "1", "--out", str(out)]  # fmt: skip
+    assert dual_study.main(argv) == 2
+    assert f"--out {out} is in use by another job (PID {holder.pid}" in one_line_error(capsys)
+    assert snapshot(out) == before
+    holder.release(out)
 
 
 def test_two_jobs_on_one_folder_the_first_is_unaffected(lone, tmp_path, capsys):
