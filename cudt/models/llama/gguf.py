@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cudt.models.hf import ModelFolderError
-from cudt.models.llama.config import DecoderConfig, Params
+from cudt.models.llama.config import DecoderConfig, Params, Place, leaf_at, params_from_places
 from cudt.models.llama.gguf_tokenizer import tokenizer_from_gguf, tokenizer_to_gguf
 from cudt.models.llama.layers import inv_freq
 from cudt.models.llama.model import Decoder
@@ -212,47 +212,51 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _params(tensors: Mapping[str, Any], c: DecoderConfig, path: pathlib.Path) -> Params:
-    shapes = c.param_shapes()
+def gguf_layout(c: DecoderConfig) -> list[tuple[str, Place, bool, int | None]]:
+    """Every tensor of a GGUF file of ``c``, once: what :func:`load_gguf` reads and
+    :func:`write_gguf` writes. Each is ``(llama.cpp's name, place in our params, transposed,
+    heads)``: GGUF matrices are ``[out, in]`` in numpy order (torch's layout; our kernels are
+    ``[in, out]``), and ``heads`` is set where llama.cpp's converter permutes the rows of a
+    Llama (or Mistral) query/key projection (:func:`_permute`); Qwen2's are stored as is."""
+    blocks = c.param_shapes()["blocks"]
+    out: list[tuple[str, Place, bool, int | None]] = [
+        ("token_embd.weight", ("embed",), False, None),
+        ("output_norm.weight", ("final_norm",), False, None),
+    ]
+    if not c.tie_word_embeddings:
+        out.append(("output.weight", ("lm_head",), True, None))
     permuted = c.model_type in ("llama", "mistral")  # convert_hf_to_gguf's LlamaModel permutes
+    heads = {"q": c.num_heads, "k": c.num_kv_heads}
+    for i in range(c.num_layers):
+        for gname, ours in _NORM.items():
+            out.append((f"blk.{i}.{gname}.weight", ("blocks", ours, i), False, None))
+        for gname, ours in _LINEAR.items():
+            n = heads.get(ours) if permuted else None
+            out.append((f"blk.{i}.{gname}.weight", ("blocks", ours, "kernel", i), True, n))
+            if "bias" in blocks[ours]:
+                out.append((f"blk.{i}.{gname}.bias", ("blocks", ours, "bias", i), False, n))
+    return out
 
-    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+
+def _params(tensors: Mapping[str, Any], c: DecoderConfig, path: pathlib.Path) -> Params:
+    found = {}
+    for name, place, transposed, heads in gguf_layout(c):
+        shape = c.tensor_shape(place)
+        want = shape[::-1] if transposed else shape
         if name not in tensors:
             raise ModelFolderError(
                 f"tensor {name!r} is missing from {path.name}: the file is not a complete "
                 f"{c.model_type} model; re-convert it with llama.cpp's convert_hf_to_gguf.py"
             )
         arr = _dequantize(tensors[name])
-        if arr.shape != tuple(shape):
+        if arr.shape != tuple(want):
             raise ModelFolderError(
-                f"tensor {name!r} has shape {list(arr.shape)}, expected {list(shape)} from the "
+                f"tensor {name!r} has shape {list(arr.shape)}, expected {list(want)} from the "
                 f"file's {c.model_type}.* metadata: the file is inconsistent; re-convert it"
             )
-        return arr
-
-    layers = []
-    for i in range(c.num_layers):
-        layer: Params = {}
-        for gname, ours in _NORM.items():
-            layer[ours] = get(f"blk.{i}.{gname}.weight", shapes["blocks"][ours][1:])
-        for gname, ours in _LINEAR.items():
-            _, n_in, n_out = shapes["blocks"][ours]["kernel"]
-            w = get(f"blk.{i}.{gname}.weight", (n_out, n_in))  # [out, in] as torch stores it
-            b = get(f"blk.{i}.{gname}.bias", (n_out,)) if "bias" in shapes["blocks"][ours] else None
-            if permuted and ours in ("q", "k"):
-                heads = c.num_heads if ours == "q" else c.num_kv_heads
-                w = _unpermute(w, heads)
-                b = None if b is None else _unpermute(b, heads)
-            layer[ours] = {"kernel": w.T} if b is None else {"kernel": w.T, "bias": b}
-        layers.append(layer)
-    params: Params = {
-        "embed": get("token_embd.weight", shapes["embed"]),
-        "blocks": jax.tree.map(lambda *xs: np.stack(xs), *layers),
-        "final_norm": get("output_norm.weight", shapes["final_norm"]),
-    }
-    if not c.tie_word_embeddings:
-        params["lm_head"] = get("output.weight", (c.vocab_size, c.hidden_size)).T
-    return params
+        arr = arr if heads is None else _unpermute(arr, heads)
+        found[place] = arr.T if transposed else arr
+    return params_from_places(c, found)
 
 
 def load_gguf(
@@ -343,29 +347,14 @@ def write_gguf(
     path = pathlib.Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     host = jax.tree.map(lambda a: np.asarray(a, np.float32), params)
-    tensors: dict[str, np.ndarray] = {
-        "token_embd.weight": host["embed"],
-        "output_norm.weight": host["final_norm"],
-    }
-    if not config.tie_word_embeddings:
-        tensors["output.weight"] = host["lm_head"].T
+    tensors: dict[str, np.ndarray] = {}
+    for name, place, transposed, heads in gguf_layout(config):  # the loader's, inverted
+        arr = leaf_at(host, place)
+        arr = arr.T if transposed else arr
+        tensors[name] = arr if heads is None else _permute(arr, heads)
     if config.rope_type == "llama3":
         plain = inv_freq(_default_rope(config))
         tensors["rope_freqs.weight"] = (plain / inv_freq(config)).astype(np.float32)
-    blocks = host["blocks"]
-    for i in range(config.num_layers):
-        for gname, ours in _NORM.items():
-            tensors[f"blk.{i}.{gname}.weight"] = blocks[ours][i]
-        for gname, ours in _LINEAR.items():
-            w, b = blocks[ours]["kernel"][i].T, blocks[ours].get("bias")
-            b = None if b is None else b[i]
-            if arch == "llama" and ours in ("q", "k"):
-                heads = config.num_heads if ours == "q" else config.num_kv_heads
-                w = _permute(w, heads)
-                b = None if b is None else _permute(b, heads)
-            tensors[f"blk.{i}.{gname}.weight"] = w
-            if b is not None:
-                tensors[f"blk.{i}.{gname}.bias"] = b
 
     writer = gguf.GGUFWriter(str(path), arch)
     c = config
