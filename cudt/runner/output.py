@@ -24,7 +24,13 @@ import jax
 import numpy as np
 
 from cudt.errors import CudtError, UsageError
-from cudt.io import RESULT_FILES, check_writable, to_jsonable, write_json_atomic
+from cudt.io import (
+    RESULT_FILES,
+    check_writable,
+    to_jsonable,
+    topmost_missing,
+    write_json_atomic,
+)
 
 __all__ = [
     "CHECKPOINTS",
@@ -74,16 +80,6 @@ def _differences(old: dict, new: dict, ignore: Collection[str] = ()) -> list[str
     keys = sorted((set(old) | set(new)) - set(ignore))
     keys = [k for k in keys if not k.endswith("_digest") or (k in old and k in new)]
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
-
-
-def _topmost_missing(path: Path) -> Path | None:
-    """The outermost folder that creating ``path`` would create (None when it exists)."""
-    missing = None
-    for p in (path, *path.parents):
-        if p.exists():
-            break
-        missing = p
-    return missing
 
 
 def _holds_checkpoints(folder: Path) -> bool:
@@ -162,7 +158,7 @@ def open_output(
         raise UsageError(
             f"--resume: {out} holds no checkpoint to resume from: drop --resume to start a new run"
         )
-    created = _topmost_missing(out)
+    created = topmost_missing(out)
     try:
         check_writable(out)
         if overwrite:

@@ -263,7 +263,9 @@ class DecoderConfig:
         return cls.from_dict(read_json(path))
 
     def to_dict(self) -> dict[str, Any]:
-        """The Hugging Face ``config.json`` dict (transformers 5.x layout) of this config."""
+        """The Hugging Face ``config.json`` dict of this config: transformers 5.x's
+        ``rope_parameters``, and the same rope as 4.x reads it (``rope_theta``, and
+        ``rope_scaling`` when scaled), so neither falls back to its default silently."""
         rope: dict[str, Any] = {"rope_type": self.rope_type, "rope_theta": self.rope_theta}
         if self.rope_type == "llama3":
             rope.update(
@@ -286,6 +288,12 @@ class DecoderConfig:
             "hidden_act": "silu",
             "rms_norm_eps": self.rms_norm_eps,
             "rope_parameters": rope,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": (
+                None
+                if self.rope_type == "default"
+                else {k: v for k, v in rope.items() if k != "rope_theta"}
+            ),
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
             "initializer_range": self.initializer_range,

@@ -38,7 +38,12 @@ import numpy as np
 
 from cudt.models.hf import ModelFolderError
 from cudt.models.llama.config import DecoderConfig, Params, Place, leaf_at, params_from_places
-from cudt.models.llama.gguf_tokenizer import tokenizer_from_gguf, tokenizer_to_gguf
+from cudt.models.llama.gguf_tokenizer import (
+    adds_bos,
+    gguf_pre_tokenizer,
+    tokenizer_from_gguf,
+    tokenizer_to_gguf,
+)
 from cudt.models.llama.layers import inv_freq
 from cudt.models.llama.model import Decoder
 
@@ -327,15 +332,17 @@ def write_gguf(
     *,
     tokenizer: Any = None,
     chat_template: str | None = None,
-    pre_tokenizer: str = "gpt2",
+    pre_tokenizer: str | None = None,
     qtype: str = "F32",
 ) -> pathlib.Path:
     """Write ``params`` as a GGUF file that llama.cpp and :func:`load_gguf` read: the
     ``{arch}.*`` metadata, llama.cpp's tensor names and query/key row permutation (Llama), 1-D
     tensors in F32 and matrices in ``qtype`` (one of :data:`WRITE_TYPES`, quantised by
-    ``gguf.quants.quantize``), and, given a byte-level BPE ``tokenizer``, its vocabulary,
-    merges and added tokens (``pre_tokenizer`` names its ``tokenizer.ggml.pre``). Returns the
-    path."""
+    ``gguf.quants.quantize``), the BOS / EOS / PAD ids of ``config``, the ``chat_template``,
+    and, given a byte-level BPE ``tokenizer``, its vocabulary, merges, token types, whether it
+    prepends BOS, and ``tokenizer.ggml.pre``: ``pre_tokenizer``, by default the one whose
+    splitting it has (:func:`~cudt.models.llama.gguf_tokenizer.gguf_pre_tokenizer`). Every
+    check runs before the file is created. Returns the path."""
     gguf = _gguf()
     config.check_params(params)
     if qtype not in WRITE_TYPES:
@@ -344,6 +351,9 @@ def write_gguf(
         raise ModelFolderError("GGUF llama models have no sliding window: set sliding_window=None")
     arch = "qwen2" if config.model_type == "qwen2" else "llama"
     kind = gguf.GGMLQuantizationType[qtype]
+    if tokenizer is not None:
+        tokens, merges, types = tokenizer_to_gguf(tokenizer, config.vocab_size)
+        pre = pre_tokenizer or gguf_pre_tokenizer(tokenizer)
     path = pathlib.Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     host = jax.tree.map(lambda a: np.asarray(a, np.float32), params)
@@ -375,12 +385,12 @@ def write_gguf(
             f"{arch}.rope.scaling.original_context_length", c.rope_original_max_positions
         )
     if tokenizer is not None:
-        tokens, merges, types = tokenizer_to_gguf(tokenizer)
         writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre(pre_tokenizer)
+        writer.add_tokenizer_pre(pre)
         writer.add_token_list(tokens)
         writer.add_token_types(types)
         writer.add_token_merges(merges)
+        writer.add_add_bos_token(adds_bos(tokenizer))
     for key, value in (
         ("bos", c.bos_token_id),
         ("eos", c.eos_token_id[0] if c.eos_token_id else None),
