@@ -123,8 +123,12 @@ def atomic_output(
         stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
         target = stage / path.name
         write(target)
+        # the usual permissions: writers that go through mkstemp (safetensors does) and mkdtemp
+        # make their files 0600 and folders 0700
+        for item in (target, *(target.rglob("*") if target.is_dir() else ())):
+            if not item.is_symlink():
+                item.chmod((0o777 if item.is_dir() else 0o666) & ~_umask())
         if target.is_dir():
-            target.chmod(0o777 & ~_umask())  # mkdtemp's 0700 is the stage's, not the output's
             if path.exists():  # empty, or replaced (overwrite): set aside, then removed
                 aside = stage / ".replaced"
                 path.rename(aside)
@@ -138,7 +142,7 @@ def atomic_output(
         else:
             os.replace(target, path)
     except BaseException as e:
-        if stage is not None:
+        if stage is not None:  # before its parents go
             shutil.rmtree(stage, ignore_errors=True)
         if created is not None:  # leave no empty folders behind
             shutil.rmtree(created, ignore_errors=True)

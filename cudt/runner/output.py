@@ -39,6 +39,7 @@ __all__ = [
     "TENSORBOARD",
     "OutputDir",
     "checkpoint_record",
+    "config_differences",
     "open_output",
     "open_output_once",
 ]
@@ -74,7 +75,7 @@ def checkpoint_record(cfg) -> dict[str, Any]:
     return cfg.fingerprint() | {"state_layout": STATE_LAYOUT}
 
 
-def _differences(old: dict, new: dict, ignore: Collection[str] = ()) -> list[str]:
+def config_differences(old: dict, new: dict, ignore: Collection[str] = ()) -> list[str]:
     """The fields that differ, but ``ignore`` and a ``*_digest`` one side does not record (a
     digest is an extra check a later version adds: checkpoints written before it resume)."""
     keys = sorted((set(old) | set(new)) - set(ignore))
@@ -140,7 +141,7 @@ def open_output(
                 f"layout ({layout}; this version writes {config['state_layout']}), which cannot "
                 "be resumed: pass another --out, or --overwrite to discard them"
             )
-        diff = _differences(old, config, ignore)
+        diff = config_differences(old, config, ignore)
         if diff:
             raise UsageError(
                 f"--out {out} holds checkpoints of a different config ({'; '.join(diff[:4])}"

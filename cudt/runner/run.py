@@ -4,7 +4,7 @@ read the data → expand runs (sweep points × seeds, ERM and constrained) → g
 structure → open the output folder → pre-check every group's checkpoint → for each group: init
 the stacked states, train them as one program over the device mesh, evaluate them with one
 compiled evaluator → pick the best run of each setting → results.json, table, plots, training
-curves (TensorBoard + PNG).
+curves (TensorBoard + PNG) → what the task writes from the finished run (:meth:`Task.finish`).
 
 Order matters for safety: every input error is raised before the output folder is touched, and
 results.json is written last, so its presence means a complete run.
@@ -24,7 +24,7 @@ from cudt.checkpoint import GroupCheckpointer
 from cudt.errors import UsageError
 from cudt.io import fresh_run_dir, write_json_atomic
 from cudt.runner.curves import plot_training_curves, write_tensorboard
-from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups, run_group
+from cudt.runner.groups import GroupProgram, build_groups, fault_runs, run_group
 from cudt.runner.hparams import SWEEPABLE
 from cudt.runner.mesh import initialize_distributed, make_shardings
 from cudt.runner.output import TENSORBOARD, checkpoint_record, open_output_once
@@ -89,10 +89,8 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             f"--kinds {cfg.kinds}: none of the models ({', '.join(task.model_names(cfg))}) "
             "has such runs: pass --kinds both"
         )
-    groups = plan_groups(task, cfg, specs)
+    groups = build_groups(task, cfg, data, specs, swept)
     for group in groups:
-        group.model = task.build(cfg, data, group.model_name, group.structure)
-        name_group(group, swept)
         for spec in group.specs:  # every reference resolves before anything is written
             task.resolve_reference(spec.hp["reference"], data)
     fingerprint = checkpoint_record(cfg) | task.fingerprint(cfg, data)
@@ -217,4 +215,5 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         names = ", ".join(str(p) for p in [out.path / "results.json", *figures])
         print(f"training curves: tensorboard --logdir {out.path / TENSORBOARD}")
         print(f"wrote {names} in {results['wall_seconds']:.0f}s")
+        task.finish(cfg, data, results, out.path)
     return results

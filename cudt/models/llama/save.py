@@ -30,10 +30,11 @@ from cudt.io import atomic_output
 from cudt.models.hf import ModelFolderError
 from cudt.models.llama.config import DecoderConfig, Params
 from cudt.models.llama.gguf import write_gguf
+from cudt.models.llama.gguf_tokenizer import gguf_pre_tokenizer, tokenizer_to_gguf
 from cudt.models.llama.hf import write_decoder_folder
 from cudt.models.llama.model import Decoder
 
-__all__ = ["SAVE_DTYPES", "save_decoder"]
+__all__ = ["SAVE_DTYPES", "check_gguf", "save_decoder"]
 
 # dtype name -> GGUF type of the matrices (1-D tensors stay F32)
 SAVE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
@@ -63,8 +64,7 @@ def save_decoder(
     template = decoder.chat_template if chat_template is None else chat_template
     path = pathlib.Path(path).expanduser()
     if path.suffix.lower() == ".gguf":
-        if path.is_dir():
-            raise ModelFolderError(f"{path} is a folder: pass the path of a .gguf file to write")
+        check_gguf(decoder, path)
 
         def write(target: pathlib.Path) -> None:
             write_gguf(
@@ -88,6 +88,16 @@ def save_decoder(
                 _write_json(target / "tokenizer_config.json", raw)
 
     return atomic_output(path, write, overwrite=overwrite, flag="save_decoder:")
+
+
+def check_gguf(decoder: Decoder, path: pathlib.Path) -> None:
+    """Refuse (one line) what :func:`write_gguf` cannot write: a folder as the file, or a
+    tokenizer that is not byte-level BPE; before any weights are read or written."""
+    if path.is_dir():
+        raise ModelFolderError(f"{path} is a folder: pass the path of a .gguf file to write")
+    if decoder.tokenizer is not None:
+        tokenizer_to_gguf(decoder.tokenizer)
+        gguf_pre_tokenizer(decoder.tokenizer)
 
 
 def _dtype_name(dtype: Any) -> str | None:
