@@ -17,9 +17,12 @@ Without ``--checkpoint`` the model is a tiny decoder trained from scratch with a
 tokenizer of the generated instruction set (no download; small enough for a CPU). With ``--checkpoint`` a Hugging Face Llama / Mistral / Qwen2 folder or a GGUF file
 is fine-tuned whole, with its own tokenizer; ``--data`` reads ``alpaca_data.json``, and
 ``--data tasks`` selects the generated task families of :mod:`cudt.data.instructions` (exact
-answers, train and test disjoint by item) instead of the toy set. An
+answers, train and test disjoint by item) instead of the toy set; ``--train-data``,
+``--val-data``, ``--test-data`` give a split as a file of your own (records it shares with
+the training split are counted and warned about). An
 instruction becomes a prompt through the model's chat template when it has one (the instruction
-as the user turn; ``--prompt-format``), else the Stanford Alpaca template.
+as the user turn; ``--prompt-format``), else the Stanford Alpaca template. ``--export DIR``
+writes the chosen runs' models after training (:mod:`cudt.tasks.llm_export`).
 """
 
 from __future__ import annotations
