@@ -969,6 +969,18 @@ def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
         "pass the --out folder of a finished experiments.llm_sft run",
     )
     assert not (tmp_path / "models").exists() and tree(tmp_path / "run") == {}
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "notes.txt").write_text("mine")
+    before = tree(tmp_path / "models")
+    status, err = llm_cli(export_decoder.main, argv, capsys)
+    check(
+        "export_decoder into a folder that is not empty",
+        status,
+        _as_in_docs(err),
+        "DEST /tmp/models already exists and is not empty",
+        "pass another path, or --overwrite to replace it",
+    )
+    assert tree(tmp_path / "models") == before
 
 
 def test_safe_model_folder_loads(tmp_path):

@@ -250,6 +250,28 @@ def test_fine_tunes_a_gguf_file_in_its_chat_template(gguf_checkpoint, tmp_path):
     assert alpaca["config"]["prompt_format"] == "alpaca"
     # other prompts, other token counts: the two formats really tokenize differently
     assert alpaca["runs"][0]["train_objective"][0] != results["runs"][0]["train_objective"][0]
+    # a run exported again from the finished --out: a folder, and GGUF files as llama.cpp
+    # reads them, float32 bit for bit the folder's weights, with the file's own tokenizer and
+    # chat template (the prompts it was trained on)
+    import jax.numpy as jnp
+
+    from cudt.models.llama import load_decoder
+    from experiments import export_decoder
+
+    label = results["runs"][0]["label"]
+    for name, more in (("m", []), ("m.gguf", []), ("h.gguf", ["--dtype", "float16"])):
+        argv = [str(tmp_path / "chat"), str(tmp_path / name), "--run", label, *more]
+        assert export_decoder.main(argv) == 0
+    folder, f32, f16 = (load_decoder(tmp_path / n) for n in ("m", "m.gguf", "h.gguf"))
+    start = load_decoder(file)
+    jax.tree.map(np.testing.assert_array_equal, f32.params, folder.params)
+    assert np.abs(folder.params["embed"] - start.params["embed"]).max() > 1e-4  # trained
+    q = folder.params["blocks"]["q"]["kernel"].astype(jnp.float16).astype(jnp.float32)
+    np.testing.assert_array_equal(f16.params["blocks"]["q"]["kernel"], q)
+    assert f32.config == folder.config and f32.config.eos_token_id == (2,)
+    assert f32.chat_template == folder.chat_template == start.chat_template
+    text = "<|im_start|>user\nReverse the following words.<|im_end|>\n"
+    assert f32.tokenizer.encode(text).ids == start.tokenizer.encode(text).ids
 
 
 def test_checkpoint_smollm2_names_the_wheels_file_or_says_how_to_install_it(tmp_path, capsys):
