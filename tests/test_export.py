@@ -391,3 +391,41 @@ def test_smollm2_round_trips_through_gguf_bit_for_bit(smollm2, tmp_path):
     # the same rows as the file's: its Q4_1 query weights dequantised, in llama.cpp's order
     q = gguf.quants.dequantize(source["blk.0.attn_q.weight"][2], gguf.GGMLQuantizationType.Q4_1)
     np.testing.assert_array_equal(tensors["blk.0.attn_q.weight"][2], q.reshape(576, 576))
+
+
+def test_a_write_that_fails_halfway_leaves_the_old_output_and_no_temporary(tmp_path):
+    """cudt.io.atomic_output, under every export: the new folder is complete or absent; what
+    it replaces stays until then; created parent folders go with a failure."""
+    from cudt.io import atomic_output
+
+    old = tmp_path / "models"
+    old.mkdir()
+    (old / "kept.txt").write_text("old")
+
+    def half(target: Path) -> None:
+        target.mkdir()
+        (target / "config.json").write_text("{}")
+        raise cudt.UsageError("the disk is full")
+
+    with pytest.raises(cudt.UsageError, match="the disk is full"):
+        atomic_output(old, half, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"]
+    assert [p.name for p in old.iterdir()] == ["kept.txt"]
+    with pytest.raises(cudt.UsageError):
+        atomic_output(tmp_path / "new" / "deep" / "models", half)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"]
+    with pytest.raises(cudt.UsageError, match="is a file, not a folder"):
+        atomic_output(old / "kept.txt" / "x", half)
+
+    def full(target: Path) -> None:
+        target.mkdir()
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(cudt.UsageError, match=r"cannot write .*models \(No space left on device\)"):
+        atomic_output(old, full, overwrite=True)
+    assert [p.name for p in old.iterdir()] == ["kept.txt"]
+    done = atomic_output(
+        old, lambda t: (t.mkdir(), (t / "new.txt").write_text("new")), overwrite=True
+    )
+    assert [p.name for p in done.iterdir()] == ["new.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"]

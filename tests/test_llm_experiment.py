@@ -474,6 +474,20 @@ def test_split_files_replace_their_splits_and_shared_records_are_reported(tmp_pa
     assert "test_data" not in cfg.fingerprint() and "train_data" in cfg.fingerprint()
 
 
+def test_export_flags_are_checked_when_the_config_is_made(tmp_path):
+    """Before any data is read: a multi-host job cannot read its checkpoints back in one
+    process, and where the models go is in no checkpoint's fingerprint."""
+    from cudt.tasks.llm import LLMConfig
+
+    with pytest.raises(ValueError, match="after the job run python -m experiments.export_decoder"):
+        LLMConfig(export=str(tmp_path / "models"), distributed=True)
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        (tmp_path / "notes.txt").write_text("x")
+        LLMConfig(export=str(tmp_path / "notes.txt" / "models"))
+    cfg = LLMConfig(export=str(tmp_path / "models"), overwrite_export=True)
+    assert not {"export", "overwrite_export"} & set(cfg.fingerprint(evaluation=True))
+
+
 # --------------------------------------------------------------------------------------------
 # --export and experiments.export_decoder
 # --------------------------------------------------------------------------------------------

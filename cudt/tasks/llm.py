@@ -312,6 +312,12 @@ class LLMConfig(RunConfig):
         )
         if self.export is not None:
             need(
+                not self.distributed,
+                "--export reads the checkpoints back in one process, not in a multi-host job: "
+                "drop --export, and after the job run python -m experiments.export_decoder OUT "
+                "DIR on one host",
+            )
+            need(
                 self.out is None
                 or self.overwrite
                 or not (Path(self.out).expanduser() / "results.json").exists(),
