@@ -22,7 +22,6 @@ __all__ = [
     "check_writable",
     "fresh_run_dir",
     "savefig_atomic",
-    "topmost_missing",
     "to_jsonable",
     "write_json_atomic",
 ]
@@ -117,7 +116,8 @@ def atomic_output(
     replaced (a folder after the new one is complete). An ``OSError`` becomes a
     :class:`UsageError` naming ``path``."""
     path = check_fresh_output(path, overwrite=overwrite, flag=flag, replace=replace)
-    stage, created = None, topmost_missing(path.parent)
+    missing = [p for p in path.parents if not p.exists()]  # created here, removed on failure
+    stage, created = None, (missing[-1] if missing else None)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
@@ -155,16 +155,6 @@ def atomic_output(
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)
     return path
-
-
-def topmost_missing(path: str | os.PathLike) -> Path | None:
-    """The outermost folder that creating ``path`` would create (None when it exists)."""
-    missing = None
-    for p in (Path(path), *Path(path).parents):
-        if p.exists():
-            break
-        missing = p
-    return missing
 
 
 def _umask() -> int:

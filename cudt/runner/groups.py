@@ -25,21 +25,12 @@ from cudt.constrained import DescentConfig
 from cudt.formulation import AugmentedLagrangian, Lagrangian, QuadraticPenalty
 from cudt.loop import Divergence, LoopResult, sample_indices, train_group
 from cudt.optim import dual_optimizer, primal_optimizer
-from cudt.runner.hparams import SWEEPABLE
 from cudt.runner.report import KINDS
-from cudt.runner.sweep import RunSpec, model_defaults, parse_sweeps, swept_suffix
+from cudt.runner.sweep import RunSpec, model_defaults, swept_suffix
 from cudt.runner.task import GroupModel, RunBatch, Task
 from cudt.train import make_train_step
 
-__all__ = [
-    "Group",
-    "GroupProgram",
-    "build_groups",
-    "make_group_step",
-    "plan_groups",
-    "run_group",
-    "trained_params",
-]
+__all__ = ["Group", "GroupProgram", "make_group_step", "plan_groups", "run_group"]
 
 
 @dataclasses.dataclass
@@ -67,58 +58,6 @@ def plan_groups(task: Task, cfg, specs: list[RunSpec]) -> list[Group]:
             groups[key] = Group(spec.model, structure, [])
         groups[key].specs.append(spec)
     return list(groups.values())
-
-
-def build_groups(task: Task, cfg, data, specs: list[RunSpec], swept: list[str]) -> list[Group]:
-    """The groups of ``specs`` (:func:`plan_groups`), each with its model built by the task and
-    its runs named (:func:`name_group`): what :func:`cudt.runner.run` trains, and what
-    :func:`trained_params` reads back."""
-    groups = plan_groups(task, cfg, specs)
-    for group in groups:
-        group.model = task.build(cfg, data, group.model_name, group.structure)
-        name_group(group, swept)
-    return groups
-
-
-def trained_params(
-    task: Task, cfg, data, out: Path, labels: Sequence[str]
-) -> dict[str, tuple[GroupModel, Any]]:
-    """``{label: (model, params)}`` of the named runs of the finished run ``cfg`` in ``out``:
-    each run's parameters as its group's last checkpoint holds them (read through
-    :class:`cudt.checkpoint.GroupCheckpointer` into the group's own state structure), with
-    the :class:`GroupModel` they belong to (its ``frozen`` arrays are not in them). A label
-    no run has, or a checkpoint short of ``cfg.steps``, is one error line."""
-    from cudt.errors import CheckpointError, UsageError
-    from cudt.runner.output import CHECKPOINTS
-
-    sweeps = parse_sweeps(cfg)
-    swept = [n for n in SWEEPABLE if n in sweeps]  # in run()'s order: the labels' suffixes
-    groups = build_groups(task, cfg, data, task.run_specs(cfg), swept)
-    known = [label for group in groups for label in group.labels]
-    unknown = [label for label in labels if label not in known]
-    if unknown:
-        raise UsageError(
-            f"{out} has no run {unknown[0]!r}: pass one of {', '.join(map(repr, known))}"
-        )
-    found: dict[str, tuple[GroupModel, Any]] = {}
-    for group in groups:
-        rows = [r for r, label in enumerate(group.labels) if label in labels]
-        if not rows:
-            continue
-        program = GroupProgram(task, cfg, data, group)
-        folder = out / CHECKPOINTS / group.slug
-        with GroupCheckpointer(folder, keep=cfg.keep_checkpoints) as checkpointer:
-            step = checkpointer.latest_step()
-            if step != cfg.steps:
-                raise CheckpointError(
-                    f"{folder} holds {'no checkpoint' if step is None else f'step {step}'}, "
-                    f"not the last step {cfg.steps}: finish the run first (rerun its command "
-                    "with this --out)"
-                )
-            states, _ = checkpointer.restore(program.abstract_states())
-        for r in rows:
-            found[group.labels[r]] = (group.model, jax.tree.map(lambda x, r=r: x[r], states.params))
-    return found
 
 
 def name_group(group: Group, swept: list[str]) -> None:

@@ -24,13 +24,7 @@ import jax
 import numpy as np
 
 from cudt.errors import CudtError, UsageError
-from cudt.io import (
-    RESULT_FILES,
-    check_writable,
-    to_jsonable,
-    topmost_missing,
-    write_json_atomic,
-)
+from cudt.io import RESULT_FILES, check_writable, to_jsonable, write_json_atomic
 
 __all__ = [
     "CHECKPOINTS",
@@ -39,7 +33,6 @@ __all__ = [
     "TENSORBOARD",
     "OutputDir",
     "checkpoint_record",
-    "config_differences",
     "open_output",
     "open_output_once",
 ]
@@ -75,12 +68,22 @@ def checkpoint_record(cfg) -> dict[str, Any]:
     return cfg.fingerprint() | {"state_layout": STATE_LAYOUT}
 
 
-def config_differences(old: dict, new: dict, ignore: Collection[str] = ()) -> list[str]:
+def _differences(old: dict, new: dict, ignore: Collection[str] = ()) -> list[str]:
     """The fields that differ, but ``ignore`` and a ``*_digest`` one side does not record (a
     digest is an extra check a later version adds: checkpoints written before it resume)."""
     keys = sorted((set(old) | set(new)) - set(ignore))
     keys = [k for k in keys if not k.endswith("_digest") or (k in old and k in new)]
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+def _topmost_missing(path: Path) -> Path | None:
+    """The outermost folder that creating ``path`` would create (None when it exists)."""
+    missing = None
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing = p
+    return missing
 
 
 def _holds_checkpoints(folder: Path) -> bool:
@@ -141,7 +144,7 @@ def open_output(
                 f"layout ({layout}; this version writes {config['state_layout']}), which cannot "
                 "be resumed: pass another --out, or --overwrite to discard them"
             )
-        diff = config_differences(old, config, ignore)
+        diff = _differences(old, config, ignore)
         if diff:
             raise UsageError(
                 f"--out {out} holds checkpoints of a different config ({'; '.join(diff[:4])}"
@@ -159,7 +162,7 @@ def open_output(
         raise UsageError(
             f"--resume: {out} holds no checkpoint to resume from: drop --resume to start a new run"
         )
-    created = topmost_missing(out)
+    created = _topmost_missing(out)
     try:
         check_writable(out)
         if overwrite:

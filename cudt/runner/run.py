@@ -24,7 +24,7 @@ from cudt.checkpoint import GroupCheckpointer
 from cudt.errors import UsageError
 from cudt.io import fresh_run_dir, write_json_atomic
 from cudt.runner.curves import plot_training_curves, write_tensorboard
-from cudt.runner.groups import GroupProgram, build_groups, fault_runs, run_group
+from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups, run_group
 from cudt.runner.hparams import SWEEPABLE
 from cudt.runner.mesh import initialize_distributed, make_shardings
 from cudt.runner.output import TENSORBOARD, checkpoint_record, open_output_once
@@ -89,8 +89,10 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             f"--kinds {cfg.kinds}: none of the models ({', '.join(task.model_names(cfg))}) "
             "has such runs: pass --kinds both"
         )
-    groups = build_groups(task, cfg, data, specs, swept)
+    groups = plan_groups(task, cfg, specs)
     for group in groups:
+        group.model = task.build(cfg, data, group.model_name, group.structure)
+        name_group(group, swept)
         for spec in group.specs:  # every reference resolves before anything is written
             task.resolve_reference(spec.hp["reference"], data)
     fingerprint = checkpoint_record(cfg) | task.fingerprint(cfg, data)

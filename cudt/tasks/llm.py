@@ -866,7 +866,9 @@ class LLMTask(AccuracyReports, Task):
         key = jax.random.key(cfg.data_rng_seed + 7)  # the same noise for every run
         out = []
         for r in range(len(labels)):
-            run_params = decoder_params(model, jax.tree.map(lambda x, r=r: x[r], params))
+            run_params = jax.tree.map(lambda x, r=r: x[r], params)
+            if model.frozen is not None:
+                run_params = decoder_params(run_params, model.frozen)
             texts = []
             for g in gammas:
                 for j, batch in enumerate(batches):

@@ -8,8 +8,8 @@ file when it ends in ``.gguf``).
 Which runs: the chosen ones, the best run of each setting on validation, constrained and ERM
 (``best`` in ``results.json``: :func:`cudt.runner.report.select_best` by the validation
 accuracy; a diverged or infeasible run is never chosen, and test data never decides). Their
-parameters are read from the run's orbax checkpoints (:func:`cudt.runner.groups.trained_params`),
-the frozen input embeddings put back, and each model is written by :func:`cudt.save_decoder`
+parameters are read from the run's orbax checkpoints (:func:`trained_params`, through
+:class:`cudt.checkpoint.GroupCheckpointer`), the frozen input embeddings put back, and each model is written by :func:`cudt.save_decoder`
 with the special tokens it was trained with and a chat template that writes its training
 prompts: the model's own template (``chat`` prompts), or the Alpaca one
 (:func:`cudt.data.alpaca.alpaca_chat_template`). ``DIR`` holds one Hugging Face folder per
@@ -26,14 +26,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
+
+from cudt.checkpoint import GroupCheckpointer
 from cudt.data.alpaca import alpaca_chat_template
-from cudt.errors import UsageError
+from cudt.errors import CheckpointError, UsageError
 from cudt.io import atomic_output, check_fresh_output, to_jsonable
 from cudt.models.llama import Decoder, save_decoder
 from cudt.models.llama.save import SAVE_DTYPES, check_gguf
 from cudt.runner.cli import OneLineParser
-from cudt.runner.groups import trained_params
-from cudt.runner.output import CHECKPOINTS, CONFIG_FILE, checkpoint_record, config_differences
+from cudt.runner.groups import Group
+from cudt.runner.output import CHECKPOINTS, CONFIG_FILE
 
 __all__ = [
     "EXPORT_MANIFEST",
@@ -48,10 +51,43 @@ __all__ = [
 EXPORT_MANIFEST = "export.json"
 
 
-def decoder_params(model: Any, params: Any) -> Any:
-    """One run's trained parameters as the decoder's whole tree: the frozen input embeddings
-    (``model.frozen``, not trained, so not in a run's state) put back."""
-    return params if model.frozen is None else {**params, "embed": model.frozen}
+def decoder_params(params: Any, embed: Any) -> Any:
+    """One run's trained parameters as the decoder's whole tree: ``embed``, the frozen input
+    embeddings (not trained, so not in a run's state), put back where the run has none."""
+    return params if "embed" in params else {**params, "embed": embed}
+
+
+def trained_params(out: Path, results: dict, labels: Sequence[str], steps: int) -> dict[str, Any]:
+    """``{label: params}`` of the named runs of the finished run in ``out``: each run's
+    parameters as its group's last checkpoint holds them (:class:`GroupCheckpointer`; the
+    group's folder and the run's row from its record in ``results``). A checkpoint short of
+    ``steps`` is one error line."""
+    rows: dict[str, list[str]] = {}
+    for r in results["runs"]:  # a group's records are its runs in order: row r of its states
+        rows.setdefault(r["group"], []).append(r["label"])
+    found = {}
+    for name, group_labels in rows.items():
+        wanted = [label for label in group_labels if label in labels]
+        if not wanted:
+            continue
+        folder = out / CHECKPOINTS / Group("", None, [], name=name).slug
+        if not folder.is_dir():  # (opening one would create it)
+            raise CheckpointError(
+                f"{folder} is missing: the run's checkpoints are lost; train it again"
+            )
+        with GroupCheckpointer(folder) as checkpointer:
+            step = checkpointer.latest_step()
+            if step != steps:
+                raise CheckpointError(
+                    f"{folder} holds {'no checkpoint' if step is None else f'step {step}'}, "
+                    f"not the last step {steps}: finish the run first (rerun its command with "
+                    "this --out)"
+                )
+            states, _ = checkpointer.restore(None)  # as saved: the run's own arrays
+        for label in wanted:
+            row = group_labels.index(label)
+            found[label] = jax.tree.map(lambda x, row=row: x[row], states["params"])
+    return found
 
 
 def chosen_runs(results: dict) -> list[dict]:
@@ -122,12 +158,12 @@ def export_runs(
         )
     if single and dest.suffix.lower() == ".gguf":
         check_gguf(data.decoder, dest)  # before the checkpoints are read
-    trained = trained_params(task, cfg, data, out, [r["label"] for r in runs])
+    trained = trained_params(Path(out), results, [r["label"] for r in runs], cfg.steps)
     score, higher = task.selection_for(cfg)
-    decoders = {}
-    for r in runs:
-        model, params = trained[r["label"]]
-        decoders[r["label"]] = trained_decoder(data, decoder_params(model, params))
+    embed = data.decoder.params["embed"]
+    decoders = {
+        r["label"]: trained_decoder(data, decoder_params(trained[r["label"]], embed)) for r in runs
+    }
 
     def write(target: Path) -> None:
         if single:
@@ -218,8 +254,14 @@ def finished_run(out: str | Path, task: Any) -> tuple[Any, Any, dict]:
     except ValueError as err:
         raise UsageError(f"{file}'s config is not one this cudt runs ({err})") from err
     data = task.load(cfg)
-    now = to_jsonable(checkpoint_record(cfg) | task.fingerprint(cfg, data))
-    diff = config_differences(trained, now, cfg.EVALUATION_ONLY)
+    # what the data and weights gave when the checkpoints were written (the training tokens,
+    # the vocabulary, the noise scale), but what only the evaluation reads
+    now = to_jsonable(task.fingerprint(cfg, data))
+    diff = [
+        f"{k} {trained.get(k)!r} -> {v!r}"
+        for k, v in now.items()
+        if k in trained and k not in cfg.EVALUATION_ONLY and trained[k] != v
+    ]
     if diff:
         raise UsageError(
             f"{out}'s checkpoints were trained on other data or weights than its config gives "
