@@ -717,7 +717,15 @@ class LLMTask(AccuracyReports, Task):
         if cfg.export is None:
             return
         try:
-            export_runs(self, cfg, data, results, out, cfg.export, overwrite=cfg.overwrite_export)
+            export_runs(
+                self,
+                cfg,
+                lambda record: data,  # one draw of the data for every run
+                results,
+                out,
+                cfg.export,
+                overwrite=cfg.overwrite_export,
+            )
         except CudtError as err:
             raise UsageError(
                 f"{err} (the run itself is complete in {out}; export it again with python -m "

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +121,7 @@ def _folder_name(label: str) -> str:
 def export_runs(
     task: Any,
     cfg: Any,
-    data: Any,
+    data_of: Callable[[dict], Any],
     results: dict,
     out: Path,
     dest: str | Path,
@@ -135,7 +135,9 @@ def export_runs(
     """Write the models of the runs ``labels`` (default: :func:`chosen_runs`) of the finished
     run ``cfg`` in ``out`` (its ``results``) under ``dest``, one folder per run and
     ``export.json``; with one label and ``labels`` given, ``dest`` is that model itself (a
-    folder, or a ``.gguf`` file). Prints what it wrote; returns ``dest``."""
+    folder, or a ``.gguf`` file). ``data_of(record)``: the :class:`~cudt.tasks.llm.LLMData`
+    a run was trained on (its decoder, tokenizer, prompt format). Prints what it wrote;
+    returns ``dest``."""
     dest = check_fresh_output(dest, overwrite=overwrite, flag=flag, replace=replace)
     single = labels is not None and len(labels) == 1
     by_label = {r["label"]: r for r in results["runs"]}
@@ -157,13 +159,14 @@ def export_runs(
             "--run LABEL"
         )
     if single and dest.suffix.lower() == ".gguf":
-        check_gguf(data.decoder, dest)  # before the checkpoints are read
+        check_gguf(data_of(runs[0]).decoder, dest)  # before the checkpoints are read
     trained = trained_params(Path(out), results, [r["label"] for r in runs], cfg.steps)
     score, higher = task.selection_for(cfg)
-    embed = data.decoder.params["embed"]
-    decoders = {
-        r["label"]: trained_decoder(data, decoder_params(trained[r["label"]], embed)) for r in runs
-    }
+    decoders = {}
+    for r in runs:
+        data = data_of(r)
+        params = decoder_params(trained[r["label"]], data.decoder.params["embed"])
+        decoders[r["label"]] = trained_decoder(data, params)
 
     def write(target: Path) -> None:
         if single:
@@ -191,7 +194,7 @@ def export_runs(
                     "hparams": r["hparams"],
                     score: r.get(score),
                     "steps": cfg.steps,
-                    "prompt_format": data.prompt_format,
+                    "prompt_format": data_of(r).prompt_format,
                 }
                 for r in runs
             ],
@@ -305,7 +308,7 @@ def export_cli(task: Any, argv: Sequence[str] | None = None) -> None:
     export_runs(
         task,
         cfg,
-        data,
+        lambda record: data,  # one draw of the data for every run
         results,
         Path(args.run_dir).expanduser(),
         args.dest,
