@@ -20,7 +20,7 @@ from cudt.errors import CheckpointError, CudtError, DataError, UsageError
 from cudt.formulation import AugmentedLagrangian, Lagrangian, QuadraticPenalty
 from cudt.models.encoders import Encoder, EncoderError, load_encoder
 from cudt.models.hf import ModelFolderError
-from cudt.models.llama import Decoder, DecoderConfig, load_decoder
+from cudt.models.llama import Decoder, DecoderConfig, load_decoder, save_decoder
 from cudt.models.vit import ViT, load_vit
 from cudt.train import make_train_step, set_learning_rate
 
@@ -55,6 +55,7 @@ __all__ = [
     "make_train_step",
     "project_nonnegative",
     "resilience_decay",
+    "save_decoder",
     "set_learning_rate",
     "descent",
 ]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,8 @@ from cudt.errors import UsageError
 __all__ = [
     "UsageError",
     "check_not_a_file",
+    "atomic_output",
+    "check_fresh_output",
     "check_writable",
     "fresh_run_dir",
     "savefig_atomic",
@@ -50,9 +54,7 @@ def _file_mode(path: Path) -> int:
     try:
         return path.stat().st_mode & 0o7777
     except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+        return 0o666 & ~_umask()
 
 
 def atomic_write(path: Path, write) -> None:
@@ -79,6 +81,88 @@ def atomic_write(path: Path, write) -> None:
                 f"cannot write {path} ({e.strerror or e}): free disk space or pass a writable --out"
             ) from e
         raise
+
+
+def check_fresh_output(
+    path: str | os.PathLike, *, overwrite: bool = False, flag: str, replace: str = ""
+) -> Path:
+    """``path`` as an output to create: refused (one line naming ``flag``) when it holds
+    something already (a file, or a folder that is not empty) unless ``overwrite`` (the fix
+    names ``replace``, the way to ask for that), or when its folder is a file."""
+    path = Path(path).expanduser()
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent} is a file, not a folder: pass another path")
+    taken = path.is_file() or (path.is_dir() and any(path.iterdir()))
+    if taken and not overwrite:
+        raise UsageError(
+            f"{flag} {path} already exists and is not empty: pass another path"
+            + (f", or {replace} to replace it" if replace else ", or delete it first")
+        )
+    return path
+
+
+def atomic_output(
+    path: str | os.PathLike,
+    write: Callable[[Path], object],
+    *,
+    overwrite: bool = False,
+    flag: str = "the output",
+    replace: str = "",
+) -> Path:
+    """Creates the file or folder ``path`` through ``write(tmp)`` at a temporary name beside
+    it, then renames it into place, so a failure (a full disk, a kill, a bad input found
+    late) leaves the old ``path`` as it was, or nothing, never half of it.
+
+    ``path`` must be free (:func:`check_fresh_output`): with ``overwrite``, what it holds is
+    replaced (a folder after the new one is complete). An ``OSError`` becomes a
+    :class:`UsageError` naming ``path``."""
+    path = check_fresh_output(path, overwrite=overwrite, flag=flag, replace=replace)
+    missing = [p for p in path.parents if not p.exists()]  # created here, removed on failure
+    stage, created = None, (missing[-1] if missing else None)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        target = stage / path.name
+        write(target)
+        # the usual permissions: writers that go through mkstemp (safetensors does) and mkdtemp
+        # make their files 0600 and folders 0700
+        for item in (target, *(target.rglob("*") if target.is_dir() else ())):
+            if not item.is_symlink():
+                item.chmod((0o777 if item.is_dir() else 0o666) & ~_umask())
+        if target.is_dir():
+            if path.exists():  # empty, or replaced (overwrite): set aside, then removed
+                aside = stage / ".replaced"
+                path.rename(aside)
+                try:
+                    target.rename(path)
+                except BaseException:
+                    aside.rename(path)
+                    raise
+            else:
+                target.rename(path)
+        else:
+            os.replace(target, path)
+    except BaseException as e:
+        if stage is not None:  # before its parents go
+            shutil.rmtree(stage, ignore_errors=True)
+        if created is not None:  # leave no empty folders behind
+            shutil.rmtree(created, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise UsageError(
+                f"cannot write {path} ({e.strerror or e}): free disk space or pass a writable path"
+            ) from e
+        raise
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+    return path
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:

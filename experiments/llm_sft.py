@@ -20,6 +20,13 @@ sharded over the devices (FSDP), bf16 compute with float32 master weights:
     python -m experiments.llm_sft --checkpoint /models/Llama-3.2-1B --data alpaca_data.json \\
         --fsdp --compute-dtype bfloat16 --max-length 512 --batch-size 4
 
+Your own splits, and the chosen runs' models (the best constrained and ERM run on validation)
+as Hugging Face folders after training (later, from the finished folder:
+``python -m experiments.export_decoder RUN DIR``)::
+
+    python -m experiments.llm_sft --checkpoint smollm2 --train-data train.jsonl \
+        --val-data val.json --test-data test.json --export models/
+
 Writes ``results.json``, ``layer_loss.png``, ``accuracy_vs_gamma.png``, ``ratio_hist.png``,
 ``training_curves.png``, ``completions.md`` (greedy completions of held-out prompts by the ERM
 and the constrained model, clean and with noise on every token) and TensorBoard logs under

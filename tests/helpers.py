@@ -312,3 +312,16 @@ def snapshot(folder: Path) -> dict[str, tuple]:
         str(p.relative_to(folder)): (p.is_dir(), p.stat().st_size, p.stat().st_mtime_ns)
         for p in paths
     }
+# llama.cpp's converter
+# --------------------------------------------------------------------------------------------
+
+
+def llama_cpp_permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
+    """``LlamaModel.permute`` of llama.cpp's convert_hf_to_gguf.py, verbatim."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )

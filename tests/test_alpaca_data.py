@@ -342,6 +342,8 @@ def test_splits_are_seeded_disjoint_and_stable(generated, tmp_path):
     assert split_alpaca(generated, num_train=100, num_val=20, num_test=30, seed=5) == s
     rest = split_alpaca(generated, num_train=None, num_val=20, num_test=30, seed=5)
     assert rest.test == s.test and rest.val == s.val and len(rest.train) == 110
+    none = split_alpaca(generated, num_train=0, num_val=20, num_test=30, seed=5)
+    assert none.train == () and none.test == s.test and none.val == s.val
     assert split_alpaca(generated, num_train=100, num_val=20, num_test=30, seed=6).test != s.test
     default = alpaca_splits(num_train=60, num_val=10, num_test=10, seed=0)
     assert len(default.train) == 60 and set(default.test) <= set(generated_instructions(80, 0))

@@ -191,6 +191,8 @@ SECTIONS = {
     "test_model_flag": "Pretrained weights (`cudt.load_encoder`, `--checkpoint FOLDER`)",
     "test_output": "Output folder, full disk",
     "test_disk_full": "Output folder, full disk",
+    "test_llm_": "Instruction data and model exports (`experiments.llm_sft`, "
+    "`experiments.export_decoder`)",
     "test_": "Checkpoints in `--out`",
 }
 
@@ -832,6 +834,159 @@ def test_model_flag_and_weights_disagree(tmp_path, capsys):
     )
     assert tree(folder) == before
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------------------------
+# The LLM task's own data files and its model exports
+# --------------------------------------------------------------------------------------------
+
+LLM_TINY = ["--num-train", "8", "--num-val", "2", "--num-test", "2", "--steps", "1",
+            "--layers", "1", "--hidden", "8", "--heads", "1", "--kv-heads", "1"]  # fmt: skip
+
+
+def _alpaca_file(folder: Path, name: str, records: list) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps(records))
+    return folder / name
+
+
+def _record(i: int) -> dict:
+    return {"instruction": f"Say {i}.", "input": "", "output": f"{i}"}
+
+
+def _no_output(tmp: Path) -> list:
+    rows = [_record(0), {"instruction": "Say hi.", "input": ""}]
+    return ["--train-data", _alpaca_file(tmp / "data", "train.json", rows)]
+
+
+def _empty_file(tmp: Path) -> list:
+    (tmp / "data").mkdir(parents=True)
+    (tmp / "data" / "test.jsonl").write_text("")
+    return ["--test-data", tmp / "data" / "test.jsonl"]
+
+
+def _no_instruction(tmp: Path) -> list:
+    path = tmp / "data" / "val.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(_record(0)) + "\n" + json.dumps({"output": "hi"}) + "\n")
+    return ["--val-data", path]
+
+
+def _three_files_and_data(tmp: Path) -> list:
+    files = [_alpaca_file(tmp / "data", f"{s}.json", [_record(0)]) for s in ("a", "b", "c")]
+    return ["--train-data", files[0], "--val-data", files[1], "--test-data", files[2],
+            "--data", "tasks"]  # fmt: skip
+
+
+def _export_not_empty(tmp: Path) -> list:
+    (tmp / "models").mkdir()
+    (tmp / "models" / "notes.txt").write_text("mine")
+    return ["--export", tmp / "models"]
+
+
+def _export_of_a_finished_run(tmp: Path) -> list:
+    out = tmp / "out"
+    out.mkdir()
+    (out / "results.json").write_text('{"experiment": "llm_sft", "runs": []}')
+    return ["--export", tmp / "models"]
+
+
+LLM_CASES = [
+    # (case, build(tmp) -> flags, problem, fix)
+    (
+        "--train-data record without output",
+        _no_output,
+        "--train-data: '/tmp/data/train.json' record 1 has no \"output\" key",
+        "fix or remove it",
+    ),
+    (
+        "--val-data record without instruction",
+        _no_instruction,
+        "--val-data: '/tmp/data/val.jsonl' record 1 (line 2) has no \"instruction\" key",
+        "fix or remove it",
+    ),
+    (
+        "--test-data file empty",
+        _empty_file,
+        "--test-data: '/tmp/data/test.jsonl' is empty",
+        "it must hold a JSON list of records",
+    ),
+    (
+        "--data with all three split files",
+        _three_files_and_data,
+        "--data has no split left to deal",
+        "drop --data or one of them",
+    ),
+    (
+        "--export folder not empty",
+        _export_not_empty,
+        "--export /tmp/models already exists and is not empty",
+        "pass another path, or --overwrite-export to replace it",
+    ),
+    (
+        "--overwrite-export without --export",
+        lambda tmp: ["--overwrite-export"],
+        "--overwrite-export replaces what --export holds",
+        "pass --export DIR or drop it",
+    ),
+    (
+        "--export with a finished --out",
+        _export_of_a_finished_run,
+        "--out /tmp/out holds a finished run",
+        "python -m experiments.export_decoder /tmp/out /tmp/models",
+    ),
+]
+
+
+def llm_cli(main, argv, capsys) -> tuple[int, str]:
+    """Runs an LLM entry point in-process: ``(exit status, stderr)``."""
+    capsys.readouterr()
+    try:
+        status = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse and config validation exit directly
+        status = e.code
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case, build, problem, fix", LLM_CASES, ids=[c[0] for c in LLM_CASES])
+def test_llm_files_and_exports(case, build, problem, fix, tmp_path, capsys):
+    """Each refused before anything is written: --out stays as it was (absent, or the finished
+    run), --export too."""
+    from experiments import llm_sft
+
+    flags = build(tmp_path)
+    before = {name: tree(tmp_path / name) for name in ("out", "models", "data")}
+    status, err = llm_cli(llm_sft.main, [*LLM_TINY, *flags, "--out", tmp_path / "out"], capsys)
+    check(case, status, _as_in_docs(err), problem, fix)
+    assert {name: tree(tmp_path / name) for name in before} == before
+
+
+def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
+    from experiments import export_decoder
+
+    (tmp_path / "run").mkdir()
+    argv = [tmp_path / "run", tmp_path / "models"]
+    status, err = llm_cli(export_decoder.main, argv, capsys)
+    check(
+        "export_decoder of a folder without results.json",
+        status,
+        _as_in_docs(err),
+        "/tmp/run holds no results.json",
+        "pass the --out folder of a finished experiments.llm_sft run",
+    )
+    assert not (tmp_path / "models").exists() and tree(tmp_path / "run") == {}
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "notes.txt").write_text("mine")
+    before = tree(tmp_path / "models")
+    status, err = llm_cli(export_decoder.main, argv, capsys)
+    check(
+        "export_decoder into a folder that is not empty",
+        status,
+        _as_in_docs(err),
+        "DEST /tmp/models already exists and is not empty",
+        "pass another path, or --overwrite to replace it",
+    )
+    assert tree(tmp_path / "models") == before
 
 
 def test_safe_model_folder_loads(tmp_path):

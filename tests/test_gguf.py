@@ -15,6 +15,8 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
+from helpers import llama_cpp_permute  # noqa: E402
+
 import cudt  # noqa: E402
 from cudt.models.hf import ModelFolderError  # noqa: E402
 from cudt.models.llama import (  # noqa: E402
@@ -44,17 +46,6 @@ K_QUANTS = {
 }
 
 
-def _llama_cpp_permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
-    """``LlamaModel.permute`` of llama.cpp's convert_hf_to_gguf.py, verbatim."""
-    if n_head_kv is not None and n_head != n_head_kv:
-        n_head = n_head_kv
-    return (
-        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weights.shape)
-    )
-
-
 def _quantised(w: np.ndarray, qtype, rng) -> np.ndarray:
     """``w`` quantised by gguf, or (K-quants, which gguf only dequantises) random valid blocks."""
     if qtype not in K_QUANTS:
@@ -81,14 +72,14 @@ def _write_pair(tmp_path, config: DecoderConfig, qtype, seed: int = 0, tokenizer
         q = _quantised(w, qtype, rng)
         hf[hf_name] = gguf.quants.dequantize(q, qtype).reshape(shape).astype(np.float32)
         if heads is not None and arch == "llama":
-            q = _llama_cpp_permute(q, c.num_heads, heads)
+            q = llama_cpp_permute(q, c.num_heads, heads)
         gg[gg_name] = (np.ascontiguousarray(q), qtype)
 
     def vector(hf_name: str, gg_name: str, n: int, heads=None):
         v = (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
         hf[hf_name] = v
         if heads is not None and arch == "llama":
-            v = _llama_cpp_permute(v, c.num_heads, heads)
+            v = llama_cpp_permute(v, c.num_heads, heads)
         gg[gg_name] = (np.ascontiguousarray(v), None)
 
     matrix("model.embed_tokens.weight", "token_embd.weight", (c.vocab_size, c.hidden_size))

@@ -239,8 +239,11 @@ def test_sizes_reach_2000_train_and_500_test():
     assert (len(s.train), len(s.val), len(s.test)) == (2000, 200, 500)
     big = task_splits(4000, 200, 1000, seed=2)
     assert (len(big.train), len(big.test)) == (4000, 1000)
-    with pytest.raises(AlpacaDataError, match="num_train >= 1"):
-        task_splits(0, 10, 10)
+    # no training items (a train split given as a file, --train-data): the same val and test
+    none = task_splits(0, 10, 10)
+    assert none.train == () and none.test == task_splits(5, 10, 10).test
+    with pytest.raises(AlpacaDataError, match="num_train >= 0"):
+        task_splits(-1, 10, 10)
 
 
 def test_exact_answer_is_case_sensitive_and_strips_only_the_ends():

@@ -250,6 +250,28 @@ def test_fine_tunes_a_gguf_file_in_its_chat_template(gguf_checkpoint, tmp_path):
     assert alpaca["config"]["prompt_format"] == "alpaca"
     # other prompts, other token counts: the two formats really tokenize differently
     assert alpaca["runs"][0]["train_objective"][0] != results["runs"][0]["train_objective"][0]
+    # a run exported again from the finished --out: a folder, and GGUF files as llama.cpp
+    # reads them, float32 bit for bit the folder's weights, with the file's own tokenizer and
+    # chat template (the prompts it was trained on)
+    import jax.numpy as jnp
+
+    from cudt.models.llama import load_decoder
+    from experiments import export_decoder
+
+    label = results["runs"][0]["label"]
+    for name, more in (("m", []), ("m.gguf", []), ("h.gguf", ["--dtype", "float16"])):
+        argv = [str(tmp_path / "chat"), str(tmp_path / name), "--run", label, *more]
+        assert export_decoder.main(argv) == 0
+    folder, f32, f16 = (load_decoder(tmp_path / n) for n in ("m", "m.gguf", "h.gguf"))
+    start = load_decoder(file)
+    jax.tree.map(np.testing.assert_array_equal, f32.params, folder.params)
+    assert np.abs(folder.params["embed"] - start.params["embed"]).max() > 1e-4  # trained
+    q = folder.params["blocks"]["q"]["kernel"].astype(jnp.float16).astype(jnp.float32)
+    np.testing.assert_array_equal(f16.params["blocks"]["q"]["kernel"], q)
+    assert f32.config == folder.config and f32.config.eos_token_id == (2,)
+    assert f32.chat_template == folder.chat_template == start.chat_template
+    text = "<|im_start|>user\nReverse the following words.<|im_end|>\n"
+    assert f32.tokenizer.encode(text).ids == start.tokenizer.encode(text).ids
 
 
 def test_checkpoint_smollm2_names_the_wheels_file_or_says_how_to_install_it(tmp_path, capsys):
@@ -411,3 +433,149 @@ def test_readouts_at_exactly_the_response_tokens_equal_readouts_everywhere():
     np.testing.assert_allclose(window, full, rtol=1e-5, atol=1e-6)
     for a, b in zip(jax.tree.leaves(g_window), jax.tree.leaves(g_full), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------
+# The user's own split files (--train-data, --val-data, --test-data)
+# --------------------------------------------------------------------------------------------
+
+
+def test_split_files_replace_their_splits_and_shared_records_are_reported(tmp_path):
+    """A split given as a file is every record of it (JSON list or JSON lines); the others are
+    dealt from --data with nothing dealt to the given ones; test records that are training
+    records too are counted, warned about and recorded, not silently kept."""
+    from cudt.tasks.llm import LLMConfig, LLMTask
+
+    records = generated_instructions(60, seed=7)
+    train = write_alpaca(records[:30], tmp_path / "train.json")
+    test = write_alpaca(records[25:40], tmp_path / "test.jsonl")  # 5 shared with train
+    pool = write_alpaca(records[40:], tmp_path / "pool.json")
+    task = LLMTask()
+    small = dict(layers=1, hidden=16, heads=2, kv_heads=1, intermediate=16, max_length=48)
+    cfg = LLMConfig(train_data=str(train), test_data=str(test), data=str(pool), num_val=6, **small)
+    data = task.load(cfg)
+    assert data.records["train"] == records[:30] and data.records["test"] == records[25:40]
+    assert len(data.records["val"]) == 6 and set(data.records["val"]) <= set(records[40:])
+    assert data.overlap == {"train_val": 0, "train_test": 5}
+    lines = task.describe(cfg, data)
+    assert "warning: 5 of 15 test records are training records too" in lines[-1]
+    assert "train from --train-data" in lines[0] and "val from Alpaca file" in lines[0]
+    assert task.config_extras(cfg, data)["data_overlap"] == {"train_val": 0, "train_test": 5}
+    # all three from files: nothing is dealt, nothing shared
+    val = write_alpaca(records[40:46], tmp_path / "val.json")
+    files = dict(train_data=str(train), val_data=str(val), test_data=str(pool))
+    data = task.load(LLMConfig(**files, **small))
+    assert data.records["val"] == records[40:46] and data.overlap == {
+        "train_val": 0,
+        "train_test": 0,
+    }
+    assert not any(line.startswith("warning") for line in task.describe(cfg, data))
+    # the held-out files are evaluation flags (the training tokens stay, train_digest says so)
+    assert "test_data" not in cfg.fingerprint() and "train_data" in cfg.fingerprint()
+
+
+def test_export_flags_are_checked_when_the_config_is_made(tmp_path):
+    """Before any data is read: a multi-host job cannot read its checkpoints back in one
+    process, and where the models go is in no checkpoint's fingerprint."""
+    from cudt.tasks.llm import LLMConfig
+
+    with pytest.raises(ValueError, match="after the job run python -m experiments.export_decoder"):
+        LLMConfig(export=str(tmp_path / "models"), distributed=True)
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        (tmp_path / "notes.txt").write_text("x")
+        LLMConfig(export=str(tmp_path / "notes.txt" / "models"))
+    cfg = LLMConfig(export=str(tmp_path / "models"), overwrite_export=True)
+    assert not {"export", "overwrite_export"} & set(cfg.fingerprint(evaluation=True))
+
+
+# --------------------------------------------------------------------------------------------
+# --export and experiments.export_decoder
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_export_writes_the_chosen_runs_that_transformers_runs_as_trained(tmp_path, capsys):
+    """--export after training: the best constrained and the best ERM run on validation, each a
+    folder transformers loads as the trained model (logits within 1e-4, the same greedy
+    tokens), whose tokenizer and chat template give the prompts it was trained on; read again
+    as --checkpoint, its prompts are the same tokens. export_decoder writes the same model
+    from the finished --out."""
+    import safetensors.numpy
+    import torch
+    import transformers
+
+    from cudt.models.llama import load_decoder
+    from cudt.tasks.llm import LLMConfig, LLMTask
+    from experiments import export_decoder
+
+    out, dest = tmp_path / "run", tmp_path / "models"
+    # a loose tolerance: the 8-step constrained run counts as feasible, so both kinds are chosen
+    results = run([*TINY, "--tolerance", "10", "--export", str(dest)], out)
+    chosen = [r for r in results["runs"] if r["best"]]
+    assert sorted(r["constrained"] for r in chosen) == [False, True]
+    manifest = json.loads((dest / "export.json").read_text())
+    assert [m["label"] for m in manifest["models"]] == [r["label"] for r in chosen]
+    assert "val_accuracy on validation" in manifest["selection"]
+    constrained = next(r for r in chosen if r["constrained"])
+    folder = dest / constrained["label"].replace(" ", "-")
+
+    task = LLMTask()
+    data = task.load(
+        LLMConfig(
+            num_train=48, num_val=8, num_test=8, max_length=64, layers=2, hidden=16, heads=2,
+            kv_heads=1, intermediate=32,
+        )
+    )  # fmt: skip
+    dec = load_decoder(folder)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    t = data.tokens["test"]
+    with torch.no_grad():
+        ref = model(
+            input_ids=torch.tensor(t.input_ids, dtype=torch.long),
+            attention_mask=torch.tensor(t.attention_mask, dtype=torch.long),
+        ).logits.numpy()
+    ours = np.asarray(dec.readout(dec(t.input_ids, t.attention_mask))[-1])
+    real = t.attention_mask == 1
+    np.testing.assert_allclose(ours[real], ref[real], rtol=1e-4, atol=1e-4)
+    # the trained blocks, and the frozen input embeddings put back
+    start = data.decoder.params
+    assert np.abs(dec.params["blocks"]["q"]["kernel"] - start["blocks"]["q"]["kernel"]).max() > 1e-3
+    np.testing.assert_array_equal(dec.params["embed"], start["embed"])
+    hf = transformers.AutoTokenizer.from_pretrained(folder)
+    i = next(i for i, r in enumerate(data.records["test"]) if not r.input)
+    record = data.records["test"][i]
+    turn = [{"role": "user", "content": record.instruction}]
+    prompt = hf.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+    ids = hf(prompt, add_special_tokens=False)["input_ids"]
+    assert ids == t.input_ids[i, : t.prompt_length[i]].tolist()  # the training prompt
+    with torch.no_grad():
+        theirs = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=6)[0, len(ids) :]
+    c = dec.config
+    got = np.asarray(dec.generate(dec.params, np.asarray([ids]), None, 6, eos_id=c.eos_token_id[0], pad_id=c.pad_token_id))[0]  # fmt: skip
+    np.testing.assert_array_equal(got[: len(theirs)], theirs.numpy())
+    # read again as a checkpoint: its chat template writes the Alpaca prompts it learnt
+    again = task.load(
+        LLMConfig(checkpoint=str(folder), num_train=48, num_val=8, num_test=8, max_length=64)
+    )
+    assert again.prompt_format == "chat"
+    plain = [j for j, r in enumerate(data.records["test"]) if not r.input]
+    np.testing.assert_array_equal(again.tokens["test"].input_ids[plain], t.input_ids[plain])
+    # from the finished --out: the same bytes
+    single = tmp_path / "one"
+    assert export_decoder.main([str(out), str(single), "--run", constrained["label"]]) == 0
+    a = safetensors.numpy.load_file(str(single / "model.safetensors"))
+    b = safetensors.numpy.load_file(str(folder / "model.safetensors"))
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (single / name).read_text() == (folder / name).read_text()
+    # one line, nothing written: a label the run lacks; GGUF with the word tokenizer
+    for argv, words in (
+        (["--run", "llm-2 constrained seed 5"], "has no run 'llm-2 constrained seed 5'"),
+        (["--run", constrained["label"]], "byte-level BPE"),
+    ):
+        target = tmp_path / ("x.gguf" if "BPE" in words else "x")
+        capsys.readouterr()
+        assert export_decoder.main([str(out), str(target), *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err, err
+        assert not target.exists()

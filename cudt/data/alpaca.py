@@ -47,6 +47,7 @@ __all__ = [
     "InstructionTokenizer",
     "PromptBatch",
     "TokenizedAlpaca",
+    "alpaca_chat_template",
     "alpaca_prompt",
     "alpaca_splits",
     "build_word_tokenizer",
@@ -54,6 +55,7 @@ __all__ = [
     "load_alpaca",
     "load_tokenizer",
     "prompt_batches",
+    "shared_records",
     "split_alpaca",
     "tokenize_alpaca",
     "write_alpaca",
@@ -106,6 +108,30 @@ def alpaca_prompt(record: AlpacaRecord) -> str:
     if record.input:
         return ALPACA_PROMPT.format(instruction=record.instruction, input=record.input)
     return ALPACA_PROMPT_NO_INPUT.format(instruction=record.instruction)
+
+
+def alpaca_chat_template(bos: bool) -> str:
+    """A Jinja chat template that writes each user turn as :data:`ALPACA_PROMPT_NO_INPUT` (the
+    turn's text as the instruction) and each assistant turn as its text and the EOS token,
+    after a ``bos_token`` when ``bos``: what a model trained on Alpaca prompts
+    (:func:`tokenize_alpaca`) reads, for tools that format prompts by the chat template
+    (transformers' ``apply_chat_template``). Other roles are refused."""
+    user = ALPACA_PROMPT_NO_INPUT.format(instruction="{{ message['content'] }}")
+    return (
+        ("{{ bos_token }}" if bos else "")
+        + "{% for message in messages %}{% if message['role'] == 'user' %}"
+        + user
+        + "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+        + "{% else %}{{ raise_exception('the Alpaca template has user and assistant turns "
+        + "only') }}{% endif %}{% endfor %}"
+    )
+
+
+def shared_records(ours: Sequence[AlpacaRecord], others: Sequence[AlpacaRecord]) -> int:
+    """How many records of ``others`` are also in ``ours`` (the same instruction, input and
+    output): a test record that is a training record too is not held out."""
+    seen = set(ours)
+    return sum(record in seen for record in others)
 
 
 def _record(obj: Any, where: str) -> AlpacaRecord:
@@ -249,16 +275,17 @@ def split_alpaca(
 
     A seeded permutation deals ``num_test`` records to test, the next ``num_val`` to val and the
     next ``num_train`` to train (``None``: all the rest), so test and val do not change with
-    ``num_train``.
+    ``num_train``. ``num_train=0`` deals no training records (a split given otherwise, as
+    ``--train-data``).
     """
     for name, value in (("num_val", num_val), ("num_test", num_test)):
         if value < 0:
             raise AlpacaDataError(f"{name} must be >= 0, got {value}: pass a count")
-    if num_train is not None and num_train < 1:
-        raise AlpacaDataError(f"num_train must be >= 1 or None, got {num_train}: pass a count")
+    if num_train is not None and num_train < 0:
+        raise AlpacaDataError(f"num_train must be >= 0 or None, got {num_train}: pass a count")
     n = len(records)
     n_train = n - num_val - num_test if num_train is None else num_train
-    if n_train < 1 or n_train + num_val + num_test > n:
+    if (n_train < 1 and num_train != 0) or n_train + num_val + num_test > n:
         raise AlpacaDataError(
             f"cannot split {n} records into train {num_train}, val {num_val} and test "
             f"{num_test}: pass smaller sizes or more records"
@@ -291,9 +318,9 @@ def alpaca_splits(
     """
     if path is None:
         n_train = 2000 if num_train is None else num_train
-        if n_train < 1 or num_val < 0 or num_test < 0:
+        if n_train < 0 or num_val < 0 or num_test < 0:
             raise AlpacaDataError(
-                f"split sizes must be num_train >= 1, num_val >= 0, num_test >= 0, got "
+                f"split sizes must be num_train >= 0, num_val >= 0, num_test >= 0, got "
                 f"{n_train}, {num_val}, {num_test}: pass non-negative counts"
             )
         records = generated_instructions(n_train + num_val + num_test, seed=seed)

@@ -1076,9 +1076,9 @@ def task_splits(
     short. Each split is in draw order.
     """
     sizes = {"train": num_train, "val": num_val, "test": num_test}
-    if num_train < 1 or num_val < 0 or num_test < 0 or seed < 0:
+    if num_train < 0 or num_val < 0 or num_test < 0 or seed < 0:
         raise AlpacaDataError(
-            f"task_splits needs num_train >= 1, num_val >= 0, num_test >= 0 and seed >= 0, got "
+            f"task_splits needs num_train >= 0, num_val >= 0, num_test >= 0 and seed >= 0, got "
             f"{num_train}, {num_val}, {num_test} and {seed}: pass non-negative counts"
         )
     out: dict[str, list[TaskItem]] = {k: [] for k in sizes}

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from cudt.errors import CudtError
 from cudt.runner.run import run
 
-__all__ = ["config_from_args", "run_cli"]
+__all__ = ["OneLineParser", "config_from_args", "run_cli"]
 
 C = TypeVar("C")
 
@@ -27,7 +27,7 @@ C = TypeVar("C")
 _KINDS = {int: ("an integer", "a whole number"), float: ("a number", "a number such as 0.01")}
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a bad command line as one line, ``error: <message>``, status 2."""
 
     def error(self, message: str):
@@ -86,7 +86,7 @@ def _parser_for(tp, name: str) -> Callable[[str], Any]:
 
 
 def build_parser(config_cls: type, description: str, prog: str | None = None):
-    parser = _Parser(
+    parser = OneLineParser(
         prog=prog,
         description=description,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -4,7 +4,7 @@ read the data → expand runs (sweep points × seeds, ERM and constrained) → g
 structure → open the output folder → pre-check every group's checkpoint → for each group: init
 the stacked states, train them as one program over the device mesh, evaluate them with one
 compiled evaluator → pick the best run of each setting → results.json, table, plots, training
-curves (TensorBoard + PNG).
+curves (TensorBoard + PNG) → what the task writes from the finished run (:meth:`Task.finish`).
 
 Order matters for safety: every input error is raised before the output folder is touched, and
 results.json is written last, so its presence means a complete run.
@@ -227,4 +227,5 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             names = ", ".join(str(p) for p in [out.path / "results.json", *figures])
             print(f"training curves: tensorboard --logdir {out.path / TENSORBOARD}")
             print(f"wrote {names} in {results['wall_seconds']:.0f}s")
+            task.finish(cfg, data, results, out.path)
         return results

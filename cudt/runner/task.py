@@ -238,6 +238,10 @@ class Task:
         order of ``labels``. Called once per group after evaluation."""
         return [{} for _ in labels]
 
+    def finish(self, cfg, data, results: dict, out: Path) -> None:
+        """What the task writes from the finished run, after ``results.json`` (e.g. the LLM
+        task's ``--export``: the chosen runs' models, read back from their checkpoints)."""
+
 
 def cut_in_batches(examples: Any, n: int, batch_size: int) -> Iterator[EvalBatch]:
     """Consecutive batches of ``batch_size`` rows; the last one padded with its first row, so

@@ -17,9 +17,12 @@ Without ``--checkpoint`` the model is a tiny decoder trained from scratch with a
 tokenizer of the generated instruction set (no download; small enough for a CPU). With ``--checkpoint`` a Hugging Face Llama / Mistral / Qwen2 folder or a GGUF file
 is fine-tuned whole, with its own tokenizer; ``--data`` reads ``alpaca_data.json``, and
 ``--data tasks`` selects the generated task families of :mod:`cudt.data.instructions` (exact
-answers, train and test disjoint by item) instead of the toy set. An
+answers, train and test disjoint by item) instead of the toy set; ``--train-data``,
+``--val-data``, ``--test-data`` give a split as a file of your own (records it shares with
+the training split are counted and warned about). An
 instruction becomes a prompt through the model's chat template when it has one (the instruction
-as the user turn; ``--prompt-format``), else the Stanford Alpaca template.
+as the user turn; ``--prompt-format``), else the Stanford Alpaca template. ``--export DIR``
+writes the chosen runs' models after training (:mod:`cudt.tasks.llm_export`).
 """
 
 from __future__ import annotations
@@ -38,19 +41,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from cudt.data.alpaca import (
+    AlpacaDataError,
     AlpacaRecord,
+    AlpacaSplits,
     InstructionTokenizer,
     TokenizedAlpaca,
     alpaca_prompt,
     alpaca_splits,
     build_word_tokenizer,
+    load_alpaca,
     load_tokenizer,
     prompt_batches,
+    shared_records,
     tokenize_alpaca,
 )
 from cudt.data.instructions import FAMILIES, exact_answer, task_splits
-from cudt.errors import UsageError
-from cudt.io import atomic_write
+from cudt.errors import CudtError, UsageError
+from cudt.io import atomic_write, check_fresh_output
 from cudt.lm_loss import (
     default_chunk_tokens,
     layer_token_losses,
@@ -83,6 +90,7 @@ from cudt.tasks.accuracy import (
     paired_with_erm,
     test_gamma_grid,
 )
+from cudt.tasks.llm_export import decoder_params, export_runs
 
 __all__ = ["GENERATED_DATA", "LLMConfig", "LLMData", "LLMTask", "llm_splits"]
 
@@ -111,7 +119,20 @@ class LLMConfig(RunConfig):
         None,
         "Alpaca data: a JSON list (alpaca_data.json) or JSON lines of {instruction, input, "
         f"output}}; or a generated set (no download): tasks ({len(FAMILIES)} task families with "
-        "exact answers, split by item), toy (the 8 small templates); default: toy",
+        "exact answers, split by item), toy (the 8 small templates); default: toy. It deals "
+        "the splits that --train-data, --val-data, --test-data do not give",
+    )
+    train_data: str | None = flag(
+        None,
+        "the training split from a file of your own (Alpaca JSON list or JSON lines, every "
+        "record; --num-train then unused); the splits without a file of their own are dealt "
+        "from --data as before",
+    )
+    val_data: str | None = flag(
+        None, "the validation split from a file (as --train-data; --num-val then unused)"
+    )
+    test_data: str | None = flag(
+        None, "the test split from a file (as --train-data; --num-test then unused)"
     )
     num_train: int | None = flag(
         2000, "training records; none: every record not in val or test", check=at_least(1)
@@ -206,12 +227,29 @@ class LLMConfig(RunConfig):
         "other gammas, whose accuracy is reported: the readouts over the vocabulary are most "
         "of an evaluation)",
     )
-    # --num-val, --num-test and the data's description with their counts ("source"): the
-    # checkpoints' train_digest holds them to the training tokens (LLMTask.fingerprint)
+    export: str | None = flag(
+        None,
+        "after training, write the chosen runs' models (the best constrained and the best ERM "
+        "run on validation) to this folder, a Hugging Face folder per run and export.json "
+        "naming them; it must not exist or be empty (--overwrite-export); from a finished "
+        "--out: python -m experiments.export_decoder OUT DIR",
+    )
+    overwrite_export: bool = flag(False, "replace what the --export folder holds")
+    # where the models go after training: neither training nor evaluation reads them
+    RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
+        *RunConfig.RESUME_IGNORES,
+        "export",
+        "overwrite_export",
+    )
+    # --num-val, --num-test, --val-data, --test-data and the data's description with their
+    # counts ("source"): the checkpoints' train_digest holds them to the training tokens
+    # (LLMTask.fingerprint)
     EVALUATION_ONLY: typing.ClassVar[tuple[str, ...]] = (
         *RunConfig.EVALUATION_ONLY,
         "num_val",
         "num_test",
+        "val_data",
+        "test_data",
         "source",
         "completions",
         "completion_gamma",
@@ -263,6 +301,39 @@ class LLMConfig(RunConfig):
             f"--data {self.data!r} is neither a generated set nor a data file: pass "
             f"{' or '.join(GENERATED_DATA)}, or the path of a file such as alpaca_data.json",
         )
+        need(
+            len(split_files(self)) < 3 or self.data is None,
+            "--data has no split left to deal: --train-data, --val-data and --test-data give "
+            "all three; drop --data or one of them",
+        )
+        need(
+            self.export is not None or not self.overwrite_export,
+            "--overwrite-export replaces what --export holds: pass --export DIR or drop it",
+        )
+        if self.export is not None:
+            need(
+                not self.distributed,
+                "--export reads the checkpoints back in one process, not in a multi-host job: "
+                "drop --export, and after the job run python -m experiments.export_decoder OUT "
+                "DIR on one host",
+            )
+            need(
+                self.out is None
+                or self.overwrite
+                or not (Path(self.out).expanduser() / "results.json").exists(),
+                f"--out {self.out} holds a finished run: export its models with python -m "
+                f"experiments.export_decoder {self.out} {self.export}, or pass --overwrite to "
+                "train again",
+            )
+            try:
+                check_fresh_output(
+                    self.export,
+                    overwrite=self.overwrite_export,
+                    flag="--export",
+                    replace="--overwrite-export",
+                )
+            except UsageError as err:
+                raise ValueError(str(err)) from None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -284,6 +355,8 @@ class LLMData:
     # batch size: the readout keeps the logits of those for the backward and recomputes the
     # rest (cudt.lm_loss.response_keep_tokens); None: keep them for the whole capacity
     response_keep: tuple[int, ...] | None = None
+    # records of val / test that are training records too: {"train_val": n, "train_test": n}
+    overlap: dict = dataclasses.field(default_factory=dict)
 
     def prompt(self, record: AlpacaRecord) -> str:
         """The prompt text of ``record`` in this run's format."""
@@ -330,18 +403,52 @@ def train_digest(tokens: TokenizedAlpaca) -> str:
     return h.hexdigest()[:16]
 
 
-def llm_splits(cfg: LLMConfig):
-    """The train / val / test records ``--data`` names: ``tasks``, the task families split by
-    item (:func:`cudt.data.instructions.task_splits`; ``--num-train none`` means 2000); no
+SPLITS = ("train", "val", "test")
+
+
+def split_files(cfg: LLMConfig) -> dict[str, str]:
+    """The splits given as files of their own: ``{split: path}`` of ``--train-data``,
+    ``--val-data``, ``--test-data``."""
+    return {s: path for s in SPLITS if (path := getattr(cfg, f"{s}_data")) is not None}
+
+
+def _split_file(split: str, path: str) -> tuple[AlpacaRecord, ...]:
+    try:
+        return load_alpaca(path)
+    except AlpacaDataError as err:
+        raise AlpacaDataError(f"--{split}-data: {err}") from None
+
+
+def llm_splits(cfg: LLMConfig) -> AlpacaSplits:
+    """The train / val / test records: a split given as a file (``--train-data``,
+    ``--val-data``, ``--test-data``) is every record of it; the others are dealt from what
+    ``--data`` names: ``tasks``, the task families split by item
+    (:func:`cudt.data.instructions.task_splits`; ``--num-train none`` means 2000); no
     ``--data`` or ``toy``, :func:`cudt.data.alpaca.generated_instructions`; else the file."""
+    files = split_files(cfg)
+    splits = {s: _split_file(s, path) for s, path in files.items()}
+    sources = [
+        f"{s} from --{s}-data {path} ({len(splits[s])} records)" for s, path in files.items()
+    ]
+    if len(files) < len(SPLITS):
+        sizes = {"train": cfg.num_train, "val": cfg.num_val, "test": cfg.num_test}
+        sizes |= {s: 0 for s in files}  # nothing dealt to a split given as a file
+        dealt = _dealt_splits(cfg, sizes)
+        rest = [s for s in SPLITS if s not in files]
+        sources.append((f"{', '.join(rest)} from " if files else "") + dealt.source)
+        splits |= {s: getattr(dealt, s) for s in rest}
+    return AlpacaSplits(**splits, source="; ".join(sources))
+
+
+def _dealt_splits(cfg: LLMConfig, sizes: dict[str, int | None]) -> AlpacaSplits:
     if cfg.data == TASKS:
-        num_train = 2000 if cfg.num_train is None else cfg.num_train
-        return task_splits(num_train, cfg.num_val, cfg.num_test, seed=cfg.data_rng_seed).alpaca()
+        num_train = 2000 if sizes["train"] is None else sizes["train"]
+        return task_splits(num_train, sizes["val"], sizes["test"], seed=cfg.data_rng_seed).alpaca()
     return alpaca_splits(
         None if cfg.data == TOY else cfg.data,
-        num_train=cfg.num_train,
-        num_val=cfg.num_val,
-        num_test=cfg.num_test,
+        num_train=sizes["train"],
+        num_val=sizes["val"],
+        num_test=sizes["test"],
         seed=cfg.data_rng_seed,
     )
 
@@ -448,6 +555,21 @@ def _with_reference_state(build):
     return wrapped
 
 
+def overlap_lines(data: LLMData) -> list[str]:
+    """A warning per held-out split that shares records with the training split (counted by
+    :func:`cudt.data.alpaca.shared_records`): they are kept, and said so."""
+    lines = []
+    for key, n in data.overlap.items():
+        split = key.removeprefix("train_")
+        if n:
+            lines.append(
+                f"warning: {n} of {len(data.records[split])} {split} records are training "
+                f"records too (the same instruction, input and output): their {split} scores "
+                "are not held out; remove them from one of the two"
+            )
+    return lines
+
+
 def _masked_fraction(tokens: TokenizedAlpaca) -> float:
     return float(np.mean(tokens.truncated))
 
@@ -474,6 +596,7 @@ class LLMTask(AccuracyReports, Task):
                 decoder = untied(decoder)
         splits = llm_splits(cfg)
         records = {"train": splits.train, "val": splits.val, "test": splits.test}
+        overlap = {f"train_{s}": shared_records(splits.train, records[s]) for s in ("val", "test")}
         if cfg.checkpoint is not None:
             tok = _checkpoint_tokenizer(cfg, decoder)
             if tok.vocab_size > decoder.config.vocab_size:
@@ -516,6 +639,7 @@ class LLMTask(AccuracyReports, Task):
             noise_unit=unit,
             from_scratch=cfg.checkpoint is None,
             prompt_format=fmt,
+            overlap=overlap,
             response_capacity=(
                 response_capacities([t.loss_mask for t in tokens.values()]) if packed else None
             ),
@@ -560,7 +684,7 @@ class LLMTask(AccuracyReports, Task):
             f"{data.prompt_format} prompts; noise std = gamma x "
             f"{data.noise_unit:.4g}"
             + (" (std of the input embeddings)" if cfg.noise_scale is None else ""),
-        ]
+        ] + overlap_lines(data)
 
     def fingerprint(self, cfg, data: LLMData) -> dict[str, Any]:
         return {
@@ -585,7 +709,28 @@ class LLMTask(AccuracyReports, Task):
             "reference_bound": self.resolve_reference(cfg.reference, data),
             "reference_state": reference_state(cfg, data.decoder),
             "prompt_format": data.prompt_format,
+            "data_overlap": data.overlap,
         }
+
+    def finish(self, cfg, data: LLMData, results: dict, out: Path) -> None:
+        """``--export``: the chosen runs' models (:mod:`cudt.tasks.llm_export`)."""
+        if cfg.export is None:
+            return
+        try:
+            export_runs(
+                self,
+                cfg,
+                lambda record: data,  # one draw of the data for every run
+                results,
+                out,
+                cfg.export,
+                overwrite=cfg.overwrite_export,
+            )
+        except CudtError as err:
+            raise UsageError(
+                f"{err} (the run itself is complete in {out}; export it again with python -m "
+                f"experiments.export_decoder {out} {cfg.export})"
+            ) from err
 
     def chance_level(self, data: LLMData) -> float:
         """ln V: the cross-entropy of a uniform guess over the vocabulary."""
@@ -731,7 +876,7 @@ class LLMTask(AccuracyReports, Task):
         for r in range(len(labels)):
             run_params = jax.tree.map(lambda x, r=r: x[r], params)
             if model.frozen is not None:
-                run_params = {**run_params, "embed": model.frozen}
+                run_params = decoder_params(run_params, model.frozen)
             texts = []
             for g in gammas:
                 for j, batch in enumerate(batches):

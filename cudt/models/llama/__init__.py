@@ -11,6 +11,8 @@
   :func:`smollm2_gguf_path`, :func:`write_tiny_gguf`).
 * :mod:`~cudt.models.llama.gguf_tokenizer`: GGUF BPE tokenizers <-> ``tokenizers``.
 * :mod:`~cudt.models.llama.chat`: :func:`apply_chat_template`.
+* :mod:`~cudt.models.llama.save`: :func:`save_decoder` (a Hugging Face folder or a ``.gguf``
+  file, written atomically).
 """
 
 from cudt.models.llama.chat import apply_chat_template
@@ -18,6 +20,7 @@ from cudt.models.llama.config import SUPPORTED_DECODER_TYPES, DecoderConfig
 from cudt.models.llama.gguf import load_gguf, smollm2_gguf_path, write_gguf, write_tiny_gguf
 from cudt.models.llama.hf import load_decoder, write_decoder_folder
 from cudt.models.llama.model import Decoder
+from cudt.models.llama.save import save_decoder
 from cudt.models.llama.sharding import ShardingMode, decoder_partition_specs
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "decoder_partition_specs",
     "load_decoder",
     "load_gguf",
+    "save_decoder",
     "smollm2_gguf_path",
     "write_decoder_folder",
     "write_gguf",

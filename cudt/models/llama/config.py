@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import pathlib
 from collections.abc import Mapping
 from typing import Any
@@ -21,10 +22,22 @@ import numpy as np
 
 from cudt.models.hf import ModelFolderError, read_json
 
-__all__ = ["ARCHITECTURES", "SUPPORTED_DECODER_TYPES", "DecoderConfig", "Params"]
+__all__ = [
+    "ARCHITECTURES",
+    "SUPPORTED_DECODER_TYPES",
+    "DecoderConfig",
+    "Params",
+    "Place",
+    "leaf_at",
+    "params_from_places",
+]
 
 SUPPORTED_DECODER_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2")
 Params = dict[str, Any]
+# Where a tensor sits in the params tree: dict keys, then, for a block leaf, its layer index
+# (``("blocks", "q", "kernel", 3)``): the checkpoint layouts of hf.py and gguf.py name each
+# tensor of a file by its place.
+Place = tuple[Any, ...]
 
 ROPE_TYPES = ("default", "llama3")
 ARCHITECTURES = {
@@ -250,7 +263,9 @@ class DecoderConfig:
         return cls.from_dict(read_json(path))
 
     def to_dict(self) -> dict[str, Any]:
-        """The Hugging Face ``config.json`` dict (transformers 5.x layout) of this config."""
+        """The Hugging Face ``config.json`` dict of this config: transformers 5.x's
+        ``rope_parameters``, and the same rope as 4.x reads it (``rope_theta``, and
+        ``rope_scaling`` when scaled), so neither falls back to its default silently."""
         rope: dict[str, Any] = {"rope_type": self.rope_type, "rope_theta": self.rope_theta}
         if self.rope_type == "llama3":
             rope.update(
@@ -273,6 +288,12 @@ class DecoderConfig:
             "hidden_act": "silu",
             "rms_norm_eps": self.rms_norm_eps,
             "rope_parameters": rope,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": (
+                None
+                if self.rope_type == "default"
+                else {k: v for k, v in rope.items() if k != "rope_theta"}
+            ),
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
             "initializer_range": self.initializer_range,
@@ -317,6 +338,13 @@ class DecoderConfig:
         if not c.tie_word_embeddings:
             shapes["lm_head"] = (d, c.vocab_size)
         return shapes
+
+    def tensor_shape(self, place: Place) -> tuple[int, ...]:
+        """The shape of the tensor at ``place``: a block leaf's place names one layer, so its
+        shape lacks the leading ``[L]``."""
+        if place[0] == "blocks":
+            return leaf_at(self.param_shapes(), place[:-1])[1:]
+        return leaf_at(self.param_shapes(), place)
 
     def init_params(self, key: jax.Array, dtype: Any = jnp.float32) -> Params:
         """Random params as transformers initialises them: matrices ~ N(0, initializer_range),
@@ -364,3 +392,30 @@ class DecoderConfig:
                     f"params{name} has shape {list(got_map[name])}, expected {list(shape)} "
                     "from the config"
                 )
+
+
+def leaf_at(tree: Any, place: Place) -> Any:
+    """The value at ``place`` (dict keys, then a layer index for a block leaf)."""
+    return functools.reduce(operator.getitem, place, tree)
+
+
+def params_from_places(c: DecoderConfig, found: Mapping[Place, np.ndarray]) -> Params:
+    """Our params tree from ``{place: array}`` (every place of a layout): block leaves stacked
+    to ``[L, ...]`` by their layer index."""
+    params: Params = {}
+    stacks: dict[Place, dict[int, np.ndarray]] = {}
+    for place, arr in found.items():
+        if place[0] == "blocks":
+            stacks.setdefault(place[:-1], {})[place[-1]] = arr
+        else:
+            leaf_parent(params, place)[place[-1]] = arr
+    for keys, layers in stacks.items():
+        leaf_parent(params, keys)[keys[-1]] = np.stack([layers[i] for i in range(c.num_layers)])
+    return params
+
+
+def leaf_parent(tree: dict, place: Place) -> dict:
+    """The dict that holds ``place``'s last key, created on the way."""
+    for key in place[:-1]:
+        tree = tree.setdefault(key, {})
+    return tree

@@ -37,8 +37,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from cudt.models.hf import ModelFolderError
-from cudt.models.llama.config import DecoderConfig, Params
-from cudt.models.llama.gguf_tokenizer import tokenizer_from_gguf, tokenizer_to_gguf
+from cudt.models.llama.config import DecoderConfig, Params, Place, leaf_at, params_from_places
+from cudt.models.llama.gguf_tokenizer import (
+    adds_bos,
+    gguf_pre_tokenizer,
+    tokenizer_from_gguf,
+    tokenizer_to_gguf,
+)
 from cudt.models.llama.layers import inv_freq
 from cudt.models.llama.model import Decoder
 
@@ -212,47 +217,51 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _params(tensors: Mapping[str, Any], c: DecoderConfig, path: pathlib.Path) -> Params:
-    shapes = c.param_shapes()
+def gguf_layout(c: DecoderConfig) -> list[tuple[str, Place, bool, int | None]]:
+    """Every tensor of a GGUF file of ``c``, once: what :func:`load_gguf` reads and
+    :func:`write_gguf` writes. Each is ``(llama.cpp's name, place in our params, transposed,
+    heads)``: GGUF matrices are ``[out, in]`` in numpy order (torch's layout; our kernels are
+    ``[in, out]``), and ``heads`` is set where llama.cpp's converter permutes the rows of a
+    Llama (or Mistral) query/key projection (:func:`_permute`); Qwen2's are stored as is."""
+    blocks = c.param_shapes()["blocks"]
+    out: list[tuple[str, Place, bool, int | None]] = [
+        ("token_embd.weight", ("embed",), False, None),
+        ("output_norm.weight", ("final_norm",), False, None),
+    ]
+    if not c.tie_word_embeddings:
+        out.append(("output.weight", ("lm_head",), True, None))
     permuted = c.model_type in ("llama", "mistral")  # convert_hf_to_gguf's LlamaModel permutes
+    heads = {"q": c.num_heads, "k": c.num_kv_heads}
+    for i in range(c.num_layers):
+        for gname, ours in _NORM.items():
+            out.append((f"blk.{i}.{gname}.weight", ("blocks", ours, i), False, None))
+        for gname, ours in _LINEAR.items():
+            n = heads.get(ours) if permuted else None
+            out.append((f"blk.{i}.{gname}.weight", ("blocks", ours, "kernel", i), True, n))
+            if "bias" in blocks[ours]:
+                out.append((f"blk.{i}.{gname}.bias", ("blocks", ours, "bias", i), False, n))
+    return out
 
-    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+
+def _params(tensors: Mapping[str, Any], c: DecoderConfig, path: pathlib.Path) -> Params:
+    found = {}
+    for name, place, transposed, heads in gguf_layout(c):
+        shape = c.tensor_shape(place)
+        want = shape[::-1] if transposed else shape
         if name not in tensors:
             raise ModelFolderError(
                 f"tensor {name!r} is missing from {path.name}: the file is not a complete "
                 f"{c.model_type} model; re-convert it with llama.cpp's convert_hf_to_gguf.py"
             )
         arr = _dequantize(tensors[name])
-        if arr.shape != tuple(shape):
+        if arr.shape != tuple(want):
             raise ModelFolderError(
-                f"tensor {name!r} has shape {list(arr.shape)}, expected {list(shape)} from the "
+                f"tensor {name!r} has shape {list(arr.shape)}, expected {list(want)} from the "
                 f"file's {c.model_type}.* metadata: the file is inconsistent; re-convert it"
             )
-        return arr
-
-    layers = []
-    for i in range(c.num_layers):
-        layer: Params = {}
-        for gname, ours in _NORM.items():
-            layer[ours] = get(f"blk.{i}.{gname}.weight", shapes["blocks"][ours][1:])
-        for gname, ours in _LINEAR.items():
-            _, n_in, n_out = shapes["blocks"][ours]["kernel"]
-            w = get(f"blk.{i}.{gname}.weight", (n_out, n_in))  # [out, in] as torch stores it
-            b = get(f"blk.{i}.{gname}.bias", (n_out,)) if "bias" in shapes["blocks"][ours] else None
-            if permuted and ours in ("q", "k"):
-                heads = c.num_heads if ours == "q" else c.num_kv_heads
-                w = _unpermute(w, heads)
-                b = None if b is None else _unpermute(b, heads)
-            layer[ours] = {"kernel": w.T} if b is None else {"kernel": w.T, "bias": b}
-        layers.append(layer)
-    params: Params = {
-        "embed": get("token_embd.weight", shapes["embed"]),
-        "blocks": jax.tree.map(lambda *xs: np.stack(xs), *layers),
-        "final_norm": get("output_norm.weight", shapes["final_norm"]),
-    }
-    if not c.tie_word_embeddings:
-        params["lm_head"] = get("output.weight", (c.vocab_size, c.hidden_size)).T
-    return params
+        arr = arr if heads is None else _unpermute(arr, heads)
+        found[place] = arr.T if transposed else arr
+    return params_from_places(c, found)
 
 
 def load_gguf(
@@ -323,15 +332,17 @@ def write_gguf(
     *,
     tokenizer: Any = None,
     chat_template: str | None = None,
-    pre_tokenizer: str = "gpt2",
+    pre_tokenizer: str | None = None,
     qtype: str = "F32",
 ) -> pathlib.Path:
     """Write ``params`` as a GGUF file that llama.cpp and :func:`load_gguf` read: the
     ``{arch}.*`` metadata, llama.cpp's tensor names and query/key row permutation (Llama), 1-D
     tensors in F32 and matrices in ``qtype`` (one of :data:`WRITE_TYPES`, quantised by
-    ``gguf.quants.quantize``), and, given a byte-level BPE ``tokenizer``, its vocabulary,
-    merges and added tokens (``pre_tokenizer`` names its ``tokenizer.ggml.pre``). Returns the
-    path."""
+    ``gguf.quants.quantize``), the BOS / EOS / PAD ids of ``config``, the ``chat_template``,
+    and, given a byte-level BPE ``tokenizer``, its vocabulary, merges, token types, whether it
+    prepends BOS, and ``tokenizer.ggml.pre``: ``pre_tokenizer``, by default the one whose
+    splitting it has (:func:`~cudt.models.llama.gguf_tokenizer.gguf_pre_tokenizer`). Every
+    check runs before the file is created. Returns the path."""
     gguf = _gguf()
     config.check_params(params)
     if qtype not in WRITE_TYPES:
@@ -340,32 +351,20 @@ def write_gguf(
         raise ModelFolderError("GGUF llama models have no sliding window: set sliding_window=None")
     arch = "qwen2" if config.model_type == "qwen2" else "llama"
     kind = gguf.GGMLQuantizationType[qtype]
+    if tokenizer is not None:
+        tokens, merges, types = tokenizer_to_gguf(tokenizer, config.vocab_size)
+        pre = pre_tokenizer or gguf_pre_tokenizer(tokenizer)
     path = pathlib.Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     host = jax.tree.map(lambda a: np.asarray(a, np.float32), params)
-    tensors: dict[str, np.ndarray] = {
-        "token_embd.weight": host["embed"],
-        "output_norm.weight": host["final_norm"],
-    }
-    if not config.tie_word_embeddings:
-        tensors["output.weight"] = host["lm_head"].T
+    tensors: dict[str, np.ndarray] = {}
+    for name, place, transposed, heads in gguf_layout(config):  # the loader's, inverted
+        arr = leaf_at(host, place)
+        arr = arr.T if transposed else arr
+        tensors[name] = arr if heads is None else _permute(arr, heads)
     if config.rope_type == "llama3":
         plain = inv_freq(_default_rope(config))
         tensors["rope_freqs.weight"] = (plain / inv_freq(config)).astype(np.float32)
-    blocks = host["blocks"]
-    for i in range(config.num_layers):
-        for gname, ours in _NORM.items():
-            tensors[f"blk.{i}.{gname}.weight"] = blocks[ours][i]
-        for gname, ours in _LINEAR.items():
-            w, b = blocks[ours]["kernel"][i].T, blocks[ours].get("bias")
-            b = None if b is None else b[i]
-            if arch == "llama" and ours in ("q", "k"):
-                heads = config.num_heads if ours == "q" else config.num_kv_heads
-                w = _permute(w, heads)
-                b = None if b is None else _permute(b, heads)
-            tensors[f"blk.{i}.{gname}.weight"] = w
-            if b is not None:
-                tensors[f"blk.{i}.{gname}.bias"] = b
 
     writer = gguf.GGUFWriter(str(path), arch)
     c = config
@@ -386,12 +385,12 @@ def write_gguf(
             f"{arch}.rope.scaling.original_context_length", c.rope_original_max_positions
         )
     if tokenizer is not None:
-        tokens, merges, types = tokenizer_to_gguf(tokenizer)
         writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre(pre_tokenizer)
+        writer.add_tokenizer_pre(pre)
         writer.add_token_list(tokens)
         writer.add_token_types(types)
         writer.add_token_merges(merges)
+        writer.add_add_bos_token(adds_bos(tokenizer))
     for key, value in (
         ("bos", c.bos_token_id),
         ("eos", c.eos_token_id[0] if c.eos_token_id else None),

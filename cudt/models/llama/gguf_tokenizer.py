@@ -5,7 +5,8 @@
 stored, control tokens (type 3) as special added tokens and user-defined ones (type 4) as added
 tokens, each matched whole in text; the pre-tokenizer regex of ``tokenizer.ggml.pre`` (GPT-2,
 SmolLM's digit split, Llama 3, Qwen2), and a BOS post-processor when ``add_bos_token`` is set.
-:func:`tokenizer_to_gguf` gives those fields of a byte-level BPE tokenizer for writing.
+:func:`tokenizer_to_gguf` gives those fields of a byte-level BPE tokenizer for writing, and
+:func:`gguf_pre_tokenizer` the ``pre`` name of its splitting (the inverse of the table below).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from cudt.models.hf import ModelFolderError
 __all__ = [
     "TOKEN_CONTROL",
     "TOKEN_USER_DEFINED",
+    "adds_bos",
+    "gguf_pre_tokenizer",
     "tokenizer_from_gguf",
     "tokenizer_to_gguf",
 ]
@@ -39,8 +42,8 @@ _PRE_TOKENIZERS = {
     "llama3": (_LLAMA3, False),
     "qwen2": (_QWEN2, False),
 }
-# tokenizer.ggml.token_type values of added tokens
-TOKEN_CONTROL, TOKEN_USER_DEFINED = 3, 4
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
+TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = 1, 3, 4, 5
 
 
 def tokenizer_from_gguf(meta: Any, path: pathlib.Path | None = None) -> Any:
@@ -102,25 +105,74 @@ def tokenizer_from_gguf(meta: Any, path: pathlib.Path | None = None) -> Any:
     return tokenizer
 
 
-def tokenizer_to_gguf(tokenizer: Any) -> tuple[list[str], list[str], list[int]]:
-    """``(tokens, merges, token_types)`` of a byte-level BPE ``tokenizers.Tokenizer``."""
+def gguf_pre_tokenizer(tokenizer: Any) -> str:
+    """The ``tokenizer.ggml.pre`` name of a byte-level BPE ``tokenizers.Tokenizer``: the entry
+    of llama.cpp's table whose regex (a ``Split`` step, or GPT-2's for a ``ByteLevel`` step that
+    splits itself) and digit splitting it has, so llama.cpp cuts text where it does. One line
+    when it is none of them, or not byte-level."""
+    raw = json.loads(tokenizer.to_str())
+    steps, todo = [], [raw.get("pre_tokenizer") or {}]
+    while todo:
+        step = todo.pop(0)
+        if step.get("type") == "Sequence":
+            todo = list(step.get("pretokenizers") or []) + todo
+        else:
+            steps.append(step)
+    kinds = [s.get("type") for s in steps]
+    if "ByteLevel" not in kinds or (raw.get("decoder") or {}).get("type") != "ByteLevel":
+        raise ModelFolderError(
+            f"a GGUF file holds byte-level BPE tokenizers (llama.cpp's gpt2 model); this one "
+            f"pre-tokenizes with {', '.join(map(str, kinds)) or 'nothing'}: save a Hugging "
+            "Face folder instead"
+        )
+    digits = any(s.get("type") == "Digits" and s.get("individual_digits") for s in steps)
+    regexes = [(s.get("pattern") or {}).get("Regex") for s in steps if s.get("type") == "Split"] + [
+        _GPT2 for s in steps if s.get("type") == "ByteLevel" and s.get("use_regex", True)
+    ]
+    for name in ("gpt2", "smollm", "llama-bpe", "qwen2"):
+        if [_PRE_TOKENIZERS[name][0]] == regexes and _PRE_TOKENIZERS[name][1] == digits:
+            return name
+    raise ModelFolderError(
+        "the tokenizer splits text in a way none of llama.cpp's pre-tokenizers gpt2, smollm, "
+        "llama-bpe, qwen2 does (tokenizer.ggml.pre): save a Hugging Face folder instead"
+    )
+
+
+def adds_bos(tokenizer: Any) -> bool:
+    """Whether the tokenizer's post-processor puts one token in front of a text (GGUF
+    ``tokenizer.ggml.add_bos_token``)."""
+    bare = tokenizer.encode("a", add_special_tokens=False).ids
+    full = tokenizer.encode("a", add_special_tokens=True).ids
+    return len(full) == len(bare) + 1 and full[1:] == bare
+
+
+def tokenizer_to_gguf(
+    tokenizer: Any, vocab_size: int | None = None
+) -> tuple[list[str], list[str], list[int]]:
+    """``(tokens, merges, token_types)`` of a byte-level BPE ``tokenizers.Tokenizer``; ids it
+    lacks, up to ``vocab_size`` (a model may have more embedding rows than tokens), are
+    ``[PAD{id}]`` tokens of type unused, as llama.cpp's converter writes them."""
     raw = json.loads(tokenizer.to_str())
     model = raw.get("model") or {}
     if model.get("type") != "BPE":
         raise ModelFolderError(
-            f"write_gguf writes byte-level BPE tokenizers, not {model.get('type')!r}: pass "
-            "tokenizer=None"
+            f"a GGUF file holds byte-level BPE tokenizers (llama.cpp's gpt2 model), not "
+            f"{model.get('type')!r} ones: save a Hugging Face folder instead, or write the "
+            "GGUF file without a tokenizer"
         )
     vocab = dict(model["vocab"])
     added = {t["content"]: t for t in raw.get("added_tokens") or []}
     for tok, info in added.items():
         vocab.setdefault(tok, info["id"])
-    tokens = [""] * (max(vocab.values()) + 1)
+    size = max(max(vocab.values()) + 1, vocab_size or 0)
+    tokens = [f"[PAD{i}]" for i in range(size)]
+    types = [TOKEN_UNUSED] * size
     for tok, i in vocab.items():
         tokens[i] = tok
-    types = [
-        (TOKEN_CONTROL if added[t]["special"] else TOKEN_USER_DEFINED) if t in added else 1
-        for t in tokens
-    ]
+        types[i] = (
+            (TOKEN_CONTROL if added[tok]["special"] else TOKEN_USER_DEFINED)
+            if tok in added
+            else TOKEN_NORMAL
+        )
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
     return tokens, merges, types

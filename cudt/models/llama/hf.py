@@ -28,7 +28,7 @@ from cudt.models.hf import (
     read_json,
     read_tokenizer,
 )
-from cudt.models.llama.config import DecoderConfig, Params
+from cudt.models.llama.config import DecoderConfig, Params, Place, leaf_at, params_from_places
 from cudt.models.llama.gguf import load_gguf
 from cudt.models.llama.model import Decoder
 
@@ -46,6 +46,26 @@ _HF_LINEAR = {
 }
 _HF_NORM = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
 _EMBED_KEY = "embed_tokens.weight"
+_HEAD_KEY = "lm_head.weight"  # outside the model prefix
+
+
+def hf_layout(c: DecoderConfig) -> list[tuple[str, Place, bool]]:
+    """Every tensor of a ``*ForCausalLM`` checkpoint of ``c`` but the LM head, once: what
+    :func:`load_decoder` reads and :func:`write_decoder_folder` writes. torch's ``Linear``
+    stores ``weight`` as ``[out, in]``; our kernels are ``[in, out]`` (transposed)."""
+    blocks = c.param_shapes()["blocks"]
+    out: list[tuple[str, Place, bool]] = [
+        (_EMBED_KEY, ("embed",), False),
+        ("norm.weight", ("final_norm",), False),
+    ]
+    for i in range(c.num_layers):
+        for ours, hf in _HF_NORM.items():
+            out.append((f"layers.{i}.{hf}.weight", ("blocks", ours, i), False))
+        for ours, hf in _HF_LINEAR.items():
+            out.append((f"layers.{i}.{hf}.weight", ("blocks", ours, "kernel", i), True))
+            if "bias" in blocks[ours]:
+                out.append((f"layers.{i}.{hf}.bias", ("blocks", ours, "bias", i), False))
+    return out
 
 
 def _find_prefix(tensors: Mapping[str, np.ndarray]) -> str:
@@ -61,41 +81,27 @@ def _find_prefix(tensors: Mapping[str, np.ndarray]) -> str:
 
 def _convert(tensors: Mapping[str, np.ndarray], source: pathlib.Path, c: DecoderConfig) -> Params:
     """HF tensors -> our params tree (numpy), block leaves stacked to ``[L, ...]``."""
-    prefix = _find_prefix(tensors)
-    w = Weights(tensors, prefix, source)
-    shapes = c.param_shapes()
-    layers = []
-    for i in range(c.num_layers):
-        layer: Params = {}
-        for name, hf in _HF_NORM.items():
-            layer[name] = w.get(f"layers.{i}.{hf}.weight", shapes["blocks"][name][1:])
-        for name, hf in _HF_LINEAR.items():
-            _, n_in, n_out = shapes["blocks"][name]["kernel"]
-            # torch Linear stores weight as [out, in]; our kernels are [in, out].
-            layer[name] = {"kernel": w.get(f"layers.{i}.{hf}.weight", (n_out, n_in)).T}
-            if "bias" in shapes["blocks"][name]:
-                layer[name]["bias"] = w.get(f"layers.{i}.{hf}.bias", (n_out,))
-        layers.append(layer)
-    params: Params = {
-        "embed": w.get(_EMBED_KEY, shapes["embed"]),
-        "blocks": jax.tree.map(lambda *xs: np.stack(xs), *layers),
-        "final_norm": w.get("norm.weight", shapes["final_norm"]),
-    }
+    w = Weights(tensors, _find_prefix(tensors), source)
+    found = {}
+    for name, place, transposed in hf_layout(c):
+        shape = c.tensor_shape(place)
+        arr = w.get(name, shape[::-1] if transposed else shape)
+        found[place] = arr.T if transposed else arr
+    params = params_from_places(c, found)
     if not c.tie_word_embeddings:
-        head = "lm_head.weight"
-        if head not in tensors:
+        if _HEAD_KEY not in tensors:
             raise ModelFolderError(
-                f"tensor {head!r} is missing from {source.name} and tie_word_embeddings is "
+                f"tensor {_HEAD_KEY!r} is missing from {source.name} and tie_word_embeddings is "
                 "false: a base model without its LM head cannot be read out; pass a "
                 "ForCausalLM folder"
             )
-        found = tensors[head]
-        if tuple(found.shape) != (c.vocab_size, c.hidden_size):
+        found_head = tensors[_HEAD_KEY]
+        if tuple(found_head.shape) != (c.vocab_size, c.hidden_size):
             raise ModelFolderError(
-                f"tensor {head!r} has shape {list(found.shape)}, expected "
+                f"tensor {_HEAD_KEY!r} has shape {list(found_head.shape)}, expected "
                 f"{[c.vocab_size, c.hidden_size]} from config.json"
             )
-        params["lm_head"] = found.T
+        params["lm_head"] = found_head.T
     return params
 
 
@@ -157,20 +163,12 @@ def write_decoder_folder(
     folder = pathlib.Path(folder).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     host = jax.tree.map(np.asarray, params)
-    tensors: dict[str, np.ndarray] = {
-        "model.embed_tokens.weight": host["embed"],
-        "model.norm.weight": host["final_norm"],
-    }
+    tensors: dict[str, np.ndarray] = {}
+    for name, place, transposed in hf_layout(config):  # the loader's layout, inverted
+        arr = leaf_at(host, place)
+        tensors["model." + name] = arr.T if transposed else arr
     if not config.tie_word_embeddings:
-        tensors["lm_head.weight"] = host["lm_head"].T
-    blocks = host["blocks"]
-    for i in range(config.num_layers):
-        for name, hf in _HF_NORM.items():
-            tensors[f"model.layers.{i}.{hf}.weight"] = blocks[name][i]
-        for name, hf in _HF_LINEAR.items():
-            tensors[f"model.layers.{i}.{hf}.weight"] = blocks[name]["kernel"][i].T
-            if "bias" in blocks[name]:
-                tensors[f"model.layers.{i}.{hf}.bias"] = blocks[name]["bias"][i]
+        tensors[_HEAD_KEY] = host["lm_head"].T
     tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     safetensors.numpy.save_file(tensors, str(folder / SAFETENSORS_FILE), metadata={"format": "pt"})
     dtypes = {str(v.dtype) for v in tensors.values()}

@@ -1,0 +1,320 @@
+"""The fine-tuned decoders of an LLM run, written where other tools load them.
+
+``python -m experiments.llm_sft ... --export DIR`` writes them after training;
+``python -m experiments.export_decoder RUN DIR`` writes them from a finished ``--out`` folder
+``RUN``, and ``--run LABEL`` picks one run (then ``DIR`` is that model: a folder, or a GGUF
+file when it ends in ``.gguf``).
+
+Which runs: the chosen ones, the best run of each setting on validation, constrained and ERM
+(``best`` in ``results.json``: :func:`cudt.runner.report.select_best` by the validation
+accuracy; a diverged or infeasible run is never chosen, and test data never decides). Their
+parameters are read from the run's orbax checkpoints (:func:`trained_params`, through
+:class:`cudt.checkpoint.GroupCheckpointer`), the frozen input embeddings put back, and each model is written by :func:`cudt.save_decoder`
+with the special tokens it was trained with and a chat template that writes its training
+prompts: the model's own template (``chat`` prompts), or the Alpaca one
+(:func:`cudt.data.alpaca.alpaca_chat_template`). ``DIR`` holds one Hugging Face folder per
+chosen run, named by its label (``llm-4-constrained-seed-0``), and ``export.json`` saying which
+run each is and how it was chosen; it is written to a temporary folder and renamed when
+complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from cudt.checkpoint import GroupCheckpointer
+from cudt.data.alpaca import alpaca_chat_template
+from cudt.errors import CheckpointError, UsageError
+from cudt.io import atomic_output, check_fresh_output, to_jsonable
+from cudt.models.llama import Decoder, save_decoder
+from cudt.models.llama.save import SAVE_DTYPES, check_gguf
+from cudt.runner.cli import OneLineParser
+from cudt.runner.groups import Group
+from cudt.runner.output import CHECKPOINTS, CONFIG_FILE
+
+__all__ = [
+    "EXPORT_MANIFEST",
+    "chosen_runs",
+    "decoder_params",
+    "export_cli",
+    "export_runs",
+    "finished_run",
+    "trained_decoder",
+]
+
+EXPORT_MANIFEST = "export.json"
+
+
+def decoder_params(params: Any, embed: Any) -> Any:
+    """One run's trained parameters as the decoder's whole tree: ``embed``, the frozen input
+    embeddings (not trained, so not in a run's state), put back where the run has none."""
+    return params if "embed" in params else {**params, "embed": embed}
+
+
+def trained_params(out: Path, results: dict, labels: Sequence[str], steps: int) -> dict[str, Any]:
+    """``{label: params}`` of the named runs of the finished run in ``out``: each run's
+    parameters as its group's last checkpoint holds them (:class:`GroupCheckpointer`; the
+    group's folder and the run's row from its record in ``results``). A checkpoint short of
+    ``steps`` is one error line."""
+    rows: dict[str, list[str]] = {}
+    for r in results["runs"]:  # a group's records are its runs in order: row r of its states
+        rows.setdefault(r["group"], []).append(r["label"])
+    found = {}
+    for name, group_labels in rows.items():
+        wanted = [label for label in group_labels if label in labels]
+        if not wanted:
+            continue
+        folder = out / CHECKPOINTS / Group("", None, [], name=name).slug
+        if not folder.is_dir():  # (opening one would create it)
+            raise CheckpointError(
+                f"{folder} is missing: the run's checkpoints are lost; train it again"
+            )
+        with GroupCheckpointer(folder) as checkpointer:
+            step = checkpointer.latest_step()
+            if step != steps:
+                raise CheckpointError(
+                    f"{folder} holds {'no checkpoint' if step is None else f'step {step}'}, "
+                    f"not the last step {steps}: finish the run first (rerun its command with "
+                    "this --out)"
+                )
+            states, _ = checkpointer.restore(None)  # as saved: the run's own arrays
+        for label in wanted:
+            row = group_labels.index(label)
+            found[label] = jax.tree.map(lambda x, row=row: x[row], states["params"])
+    return found
+
+
+def chosen_runs(results: dict) -> list[dict]:
+    """The runs marked ``best`` (one per setting, ERM and constrained), in results order."""
+    return [r for r in results["runs"] if r.get("best")]
+
+
+def trained_decoder(data: Any, params: Any) -> Decoder:
+    """``data.decoder`` (an :class:`~cudt.tasks.llm.LLMData`'s) with a run's whole ``params``,
+    the special tokens it was trained with (the EOS that ends its responses first, the BOS its
+    Alpaca prompts start with, the PAD) and the chat template of its training prompts."""
+    dec, tok = data.decoder, data.tokenizer
+    c = dec.config
+    alpaca = data.prompt_format == "alpaca"
+    config = dataclasses.replace(
+        c,
+        eos_token_id=(tok.eos_id, *[e for e in c.eos_token_id if e != tok.eos_id]),
+        bos_token_id=tok.bos_id if alpaca and tok.bos_id is not None else c.bos_token_id,
+        pad_token_id=tok.pad_id,
+    )
+    template = alpaca_chat_template(bos=tok.bos_id is not None) if alpaca else dec.chat_template
+    return dataclasses.replace(
+        dec, config=config, params=params, chat_template=template, remat=False
+    )
+
+
+def _folder_name(label: str) -> str:
+    return label.replace(" ", "-")
+
+
+def export_runs(
+    task: Any,
+    cfg: Any,
+    data_of: Callable[[dict], Any],
+    results: dict,
+    out: Path,
+    dest: str | Path,
+    *,
+    labels: Sequence[str] | None = None,
+    dtype: Any = None,
+    overwrite: bool = False,
+    flag: str = "--export",
+    replace: str = "--overwrite-export",
+) -> Path:
+    """Write the models of the runs ``labels`` (default: :func:`chosen_runs`) of the finished
+    run ``cfg`` in ``out`` (its ``results``) under ``dest``, one folder per run and
+    ``export.json``; with one label and ``labels`` given, ``dest`` is that model itself (a
+    folder, or a ``.gguf`` file). ``data_of(record)``: the :class:`~cudt.tasks.llm.LLMData`
+    a run was trained on (its decoder, tokenizer, prompt format). Prints what it wrote;
+    returns ``dest``."""
+    dest = check_fresh_output(dest, overwrite=overwrite, flag=flag, replace=replace)
+    single = labels is not None and len(labels) == 1
+    by_label = {r["label"]: r for r in results["runs"]}
+    runs = chosen_runs(results) if labels is None else [by_label.get(label) for label in labels]
+    if any(r is None for r in runs):
+        missing = next(label for label, r in zip(labels, runs, strict=True) if r is None)
+        raise UsageError(
+            f"{out} has no run {missing!r}: pass one of {', '.join(map(repr, by_label))}"
+        )
+    if not runs:
+        raise UsageError(
+            f"{out} has no chosen run (every run diverged or missed its constraints on "
+            "validation): pick one with python -m experiments.export_decoder "
+            f"{out} DIR --run LABEL"
+        )
+    if not single and dest.suffix.lower() == ".gguf":
+        raise UsageError(
+            f"{flag} {dest}: several models go to a folder; a .gguf file holds one run: pass "
+            "--run LABEL"
+        )
+    if single and dest.suffix.lower() == ".gguf":
+        check_gguf(data_of(runs[0]).decoder, dest)  # before the checkpoints are read
+    trained = trained_params(Path(out), results, [r["label"] for r in runs], cfg.steps)
+    score, higher = task.selection_for(cfg)
+    decoders = {}
+    for r in runs:
+        data = data_of(r)
+        params = decoder_params(trained[r["label"]], data.decoder.params["embed"])
+        decoders[r["label"]] = trained_decoder(data, params)
+
+    def write(target: Path) -> None:
+        if single:
+            save_decoder(decoders[runs[0]["label"]], None, target, dtype=dtype)
+            return
+        target.mkdir()
+        for r in runs:
+            save_decoder(decoders[r["label"]], None, target / _folder_name(r["label"]), dtype=dtype)
+        manifest = {
+            "source": str(Path(out).resolve()),
+            "selection": (
+                f"the best run of each setting by {score} on validation "
+                f"({'highest' if higher else 'lowest'}; diverged and infeasible runs are never "
+                "chosen; test data never decides)"
+                if labels is None
+                else "named with --run"
+            ),
+            "models": [
+                {
+                    "folder": _folder_name(r["label"]),
+                    "label": r["label"],
+                    "constrained": r["constrained"],
+                    "seed": r["seed"],
+                    "gamma_train": r["gamma_train"],
+                    "hparams": r["hparams"],
+                    score: r.get(score),
+                    "steps": cfg.steps,
+                    "prompt_format": data_of(r).prompt_format,
+                }
+                for r in runs
+            ],
+        }
+        text = json.dumps(to_jsonable(manifest), indent=2, ensure_ascii=False) + "\n"
+        (target / EXPORT_MANIFEST).write_text(text, encoding="utf-8")
+
+    atomic_output(dest, write, overwrite=overwrite, flag=flag, replace=replace)
+    for r in runs:
+        where = dest if single else dest / _folder_name(r["label"])
+        value = r.get(score)
+        shown = f"{value:.4g}" if isinstance(value, int | float) else "n/a"
+        print(f"exported {r['label']} ({score} {shown}) to {where}")
+    if labels is None and any(r["constrained"] for r in results["runs"]):
+        if not any(r["constrained"] for r in runs):
+            print(
+                "no constrained run is chosen (none is feasible on validation), so none is "
+                f"exported: python -m experiments.export_decoder {out} DIR --run LABEL writes one"
+            )
+    return dest
+
+
+def finished_run(out: str | Path, task: Any) -> tuple[Any, Any, dict]:
+    """``(cfg, data, results)`` of the finished run of ``task`` (the LLM task) in ``out``: its
+    config from ``results.json``, its data and decoder loaded again, refused (one line) unless
+    they give the fingerprint its checkpoints were written with (the same training tokens,
+    model and noise scale)."""
+    out = Path(out).expanduser()
+    file = out / "results.json"
+    if not file.is_file():
+        raise UsageError(
+            f"{out} holds no results.json: pass the --out folder of a finished "
+            "experiments.llm_sft run (rerun its command with that --out to finish it)"
+        )
+    try:
+        results = json.loads(file.read_text(encoding="utf-8"))
+        saved = results["config"]
+        experiment = results.get("experiment")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UsageError(f"{file} is unreadable ({err}): pass the --out of a finished run") from err
+    if experiment != task.name:
+        raise UsageError(
+            f"{out} holds a {experiment} run: export_decoder reads experiments.{task.name} runs"
+        )
+    record = out / CHECKPOINTS / CONFIG_FILE
+    try:
+        trained = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{record} is unreadable ({err}): the run's checkpoints are lost") from err
+    # the flags as given: the checkpoints' record (results.json holds some resolved: the
+    # learning rate, the reference state), and the evaluation's from results.json
+    fields = {f.name for f in dataclasses.fields(task.config_cls)}
+    kw = {k: v for k, v in saved.items() if k in fields} | {
+        k: v for k, v in trained.items() if k in fields
+    }
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()}
+    kw |= dict(out=str(out), export=None, overwrite_export=False, overwrite=False, resume=False)
+    try:
+        cfg = task.config_cls(**kw)
+    except ValueError as err:
+        raise UsageError(f"{file}'s config is not one this cudt runs ({err})") from err
+    data = task.load(cfg)
+    # what the data and weights gave when the checkpoints were written (the training tokens,
+    # the vocabulary, the noise scale), but what only the evaluation reads
+    now = to_jsonable(task.fingerprint(cfg, data))
+    diff = [
+        f"{k} {trained.get(k)!r} -> {v!r}"
+        for k, v in now.items()
+        if k in trained and k not in cfg.EVALUATION_ONLY and trained[k] != v
+    ]
+    if diff:
+        raise UsageError(
+            f"{out}'s checkpoints were trained on other data or weights than its config gives "
+            f"now ({'; '.join(diff[:3])}): restore the files it was trained on"
+        )
+    return cfg, data, results
+
+
+def export_cli(task: Any, argv: Sequence[str] | None = None) -> None:
+    """``python -m experiments.export_decoder RUN DEST [--run LABEL] [--dtype ...]
+    [--overwrite]`` (see the module docstring)."""
+    parser = OneLineParser(
+        prog="python -m experiments.export_decoder",
+        description="Write the fine-tuned decoders of a finished experiments.llm_sft run as "
+        "Hugging Face folders (or one GGUF file).",
+    )
+    parser.add_argument("run_dir", metavar="RUN", help="the --out folder of a finished run")
+    parser.add_argument(
+        "dest",
+        metavar="DEST",
+        help="a new folder: one model folder per chosen run and export.json; with --run, the "
+        "model itself (a folder, or a .gguf file)",
+    )
+    parser.add_argument(
+        "--run",
+        action="append",
+        metavar="LABEL",
+        help="a run's label in results.json (e.g. 'llm-4 constrained seed 0'); repeat for "
+        "several; default: the chosen runs (the best constrained and ERM on validation)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=tuple(SAVE_DTYPES),
+        default=None,
+        help="the weights' dtype (default: float32, as trained)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace what DEST holds")
+    args = parser.parse_args(argv)
+    check_fresh_output(args.dest, overwrite=args.overwrite, flag="DEST", replace="--overwrite")
+    cfg, data, results = finished_run(args.run_dir, task)
+    export_runs(
+        task,
+        cfg,
+        lambda record: data,  # one draw of the data for every run
+        results,
+        Path(args.run_dir).expanduser(),
+        args.dest,
+        labels=args.run,
+        dtype=args.dtype,
+        overwrite=args.overwrite,
+        flag="DEST",
+        replace="--overwrite",
+    )
