@@ -312,6 +312,8 @@ def snapshot(folder: Path) -> dict[str, tuple]:
         str(p.relative_to(folder)): (p.is_dir(), p.stat().st_size, p.stat().st_mtime_ns)
         for p in paths
     }
+
+
 # llama.cpp's converter
 # --------------------------------------------------------------------------------------------
 
