@@ -20,7 +20,9 @@ from typing import Literal
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["DescentConfig", "constraint_values", "lagrangian_terms"]
+__all__ = ["DUAL_SCALES", "DescentConfig", "constraint_values", "lagrangian_terms"]
+
+DUAL_SCALES = ("absolute", "relative")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +44,13 @@ class DescentConfig:
       constrained: False gives the ERM baseline through the same step: λ ≡ 0, no dual update.
       tail_beta: β of the tail constraint (:mod:`cudt.descent`, ``constraint="tail"``): the
         worst β-fraction of a batch's per-sample ratios must descend on average.
+      dual_scale: ``"absolute"`` — the dual optimiser ascends the constraint values in the
+        loss's units (the paper's; a dual rate then depends on the loss's scale); or
+        ``"relative"`` — each in units of the loss it bounds (a stop-gradient of the batch's
+        mean ℓ_{l−1}, of C for the reference): the dual step ascends the relative violation
+        ``mean ℓ_l / mean ℓ_{l−1} − (1 − ε_l)``, so multipliers, dual rates, ρ and α are
+        dimensionless and one dual rate means the same on pixel MSE and cross-entropy
+        (:class:`cudt.Constraint`'s ``scale``). The Lagrangian, and so ERM, is the same in both.
     """
 
     num_layers: int
@@ -54,6 +63,7 @@ class DescentConfig:
     warmup_steps: int = 0
     constrained: bool = True
     tail_beta: float = 0.1
+    dual_scale: Literal["absolute", "relative"] = "absolute"
 
     def __post_init__(self):
         L = self.num_layers
@@ -89,6 +99,10 @@ class DescentConfig:
             )
         if not 0.0 < float(self.tail_beta) <= 1.0:
             raise ValueError(f"tail_beta must lie in (0, 1], got {self.tail_beta}")
+        if self.dual_scale not in DUAL_SCALES:
+            raise ValueError(
+                f"dual_scale must be one of {', '.join(DUAL_SCALES)}, got {self.dual_scale!r}"
+            )
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
 

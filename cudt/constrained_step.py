@@ -159,6 +159,13 @@ def _update_rows(table, opt_state, index, fn):
     return table.at[index].set(values), _put_rows(opt_state, new_state, index, n)
 
 
+def _per_scale(x, c: Constraint):
+    """``x / s`` in the constraint's scale (:class:`cudt.Constraint`'s ``scale``; none: ``x``)."""
+    if c.scale is None:
+        return x
+    return x / jax.lax.stop_gradient(jnp.asarray(c.scale, jnp.float32))
+
+
 def _where(pred, new, old):
     return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
 
@@ -219,7 +226,7 @@ def make_constrained_step(
     constraint. Each may be an array under ``vmap`` (a sweep).
 
     ``metrics``: ``objective``, ``lagrangian``, ``constraints`` (name -> mean value),
-    ``violation`` (name -> ‖h‖), ``grad_norm`` (of the primal gradient), all measured at the
+    ``violation`` (name -> ‖h‖, in the constraint's scale), ``grad_norm`` (of the primal gradient), all measured at the
     point the gradient was taken (before the step; the extrapolated point for ``"optimistic"``),
     ``projection`` with ``project_params`` (the share of the primal update it took back,
     ``‖P(θ') − θ'‖ / ‖θ' − θ‖``: 0 when the update stayed feasible) and ``aux`` when
@@ -338,14 +345,15 @@ def make_constrained_step(
         return f, values, vjp_fn, cons, (aux[0] if aux else None)
 
     def dual_gradient(values, lam, u, cons):
-        """``∇_λ`` of the (resilient) Lagrangian at the batch's rows: ``g``, ``g − u`` (explicit
-        slacks) or ``g − λ/α`` (the decay form)."""
+        """``∇_λ`` of the (resilient) Lagrangian at the batch's rows, in the constraint's
+        ``scale``: ``g/s``, ``(g − u)/s`` (explicit slacks) or ``g/s − λ/α`` (the decay form)."""
         out = {}
         for n, c in cons.items():
             d = values[n]
             if c.has_slack:
                 d = d - u[n]
-            elif c.resilience is not None:
+            d = _per_scale(d, c)
+            if not c.has_slack and c.resilience is not None:
                 d = d - lam[n] / c.resilience
             out[n] = d
         return out
@@ -391,9 +399,9 @@ def make_constrained_step(
         total = f
         for n, c in cons.items():
             g = values[n] - u[n] if c.has_slack else values[n]
-            total = total + formulation.term(g, lam[n], c.kind, rho[n])
+            total = total + formulation.term(g, lam[n], c.kind, _per_scale(rho[n], c))
             if c.has_slack:
-                total = total + 0.5 * c.resilience * jnp.sum(u[n] ** 2)
+                total = total + 0.5 * c.resilience * jnp.sum(_per_scale(u[n] ** 2, c))
         return total
 
     def descend(state, at, ev, active):
@@ -459,7 +467,9 @@ def make_constrained_step(
         f, values, _, cons, aux = shown
         lam_now = rows_of(shown_at[1], cons)
         violation = {
-            n: jnp.sqrt(jnp.mean(formulation.violation(values[n], lam_now[n], c.kind) ** 2))
+            n: jnp.sqrt(
+                jnp.mean(formulation.violation(_per_scale(values[n], c), lam_now[n], c.kind) ** 2)
+            )
             for n, c in cons.items()
         }
         penalty = {

@@ -6,6 +6,7 @@
             "balance": cudt.Constraint(h, kind="eq"),                     # h == 0, free-sign λ
             "per_sample": cudt.Constraint(g_i, kind="ineq", index=ids),   # [B] values, ids [B]
             "soft": cudt.Constraint(g, resilience=alpha),                 # g <= u, cost (α/2)‖u‖²
+            "relative": cudt.Constraint(g, scale=jax.lax.stop_gradient(s)),  # dual step g / s
         }
 
 ``index`` (int [B]) names the rows of a multiplier table of ``N`` rows (``num_indexed`` in
@@ -22,6 +23,16 @@ runs in one program) keeps it hard. ``resilience_mode`` says how the slack is ca
   ``(α/2)‖u‖² + term(g − u)``; the dual ascends ``g − u``. α must be finite.
 
 Either works with every formulation, update scheme and dual optimiser of the step.
+
+``scale`` s (positive, broadcastable to ``value``; None: 1) says in which units the constraint is
+measured, without changing it (``g ≤ 0`` and ``g/s ≤ 0`` are the same constraint) or its
+Lagrangian term ``λ·g``: the dual optimiser ascends ``g/s`` (with resilience, ``g/s − λ/α``;
+with explicit slacks, ``(g − u)/s``), and a penalty ``(ρ/2)·h²`` and a slack's cost
+``(α/2)·u²`` are divided by ``s``. So with ``s`` in the units of ``g`` (say, a stop-gradient of
+the loss that ``g`` bounds), the multipliers, the dual learning rate, ρ and α are
+dimensionless: a dual rate chosen on one loss scale means the same on another (a diagonal,
+positive preconditioner of the dual ascent; its fixed points are the unscaled problem's). The
+scale is read each step, so it may follow the batch.
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ class Constraint:
     index: Any = None
     resilience: Any = None
     resilience_mode: str = flax.struct.field(pytree_node=False, default="decay")
+    scale: Any = None
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -28,6 +28,12 @@ constraints instead, ``Σ_l max(0, mean ℓ_l / mean ℓ_{l−1} − (1 − ε_l
 phase-I problem, whose minimum is 0 exactly when the model can meet every constraint on the
 batch. Trained as ERM (``constrained=False``) it answers "does a feasible point exist?".
 
+With ``DescentConfig(dual_scale="relative")`` every constraint carries its :func:`scales` (the
+loss it bounds, stop-gradient): the dual step ascends ``mean ℓ_l / mean ℓ_{l−1} − (1 − ε_l)``
+(``"indexed"``: each example's violation over the batch's mean ``ℓ_{l−1}``; ``"tail"``: its
+CVaR ratio, entering the Lagrangian times ``mean ℓ_{l−1}``), so λ and the dual rate are
+dimensionless. The objective and the Lagrangian are unchanged.
+
 Both constraints carry the run's resilience α (inf: hard) in ``cfg.resilience_mode``: the dual
 decay or explicit slacks. The run's own values (ε, C, α, β) are :func:`hparams`, arrays in the
 train state, so runs that differ only in them share one compiled step.
@@ -48,11 +54,13 @@ __all__ = [
     "CONSTRAINTS",
     "OBJECTIVES",
     "RATIO_FLOOR",
+    "SCALE_FLOOR",
     "constraints",
     "hparams",
     "metrics",
     "multipliers",
     "problem",
+    "scales",
     "slacks",
     "tail_values",
     "violation",
@@ -61,6 +69,7 @@ __all__ = [
 CONSTRAINTS = ("mean", "indexed", "tail")
 OBJECTIVES = ("loss", "violation")
 RATIO_FLOOR = 1e-12
+SCALE_FLOOR = 1e-3
 
 
 def _check_kind(constraint: str) -> None:
@@ -115,8 +124,25 @@ def violation(mean_losses, epsilon):
     return jnp.sum(jax.nn.relu(mean_losses[..., 1:] / prev - (1.0 - epsilon)), axis=-1)
 
 
-def _resilient(value, config: DescentConfig, alpha, index=None) -> Constraint:
-    return Constraint(value, index=index, resilience=alpha, resilience_mode=config.resilience_mode)
+def _resilient(value, config: DescentConfig, alpha, index=None, scale=None) -> Constraint:
+    return Constraint(
+        value,
+        index=index,
+        resilience=alpha,
+        resilience_mode=config.resilience_mode,
+        scale=scale,
+    )
+
+
+def scales(mean_losses, reference, has_reference):
+    """The units of ``dual_scale="relative"`` (stop-gradient): ``[L+1]``, the bound C of the
+    reference (1 without one), then each layer's ``mean ℓ_{l−1}``, floored at ``SCALE_FLOOR``
+    times the largest mean loss (a state at ~0 loss by construction must not blow the dual
+    step up)."""
+    mean = jax.lax.stop_gradient(mean_losses)
+    floor = jnp.maximum(SCALE_FLOOR * jnp.max(mean), RATIO_FLOOR)
+    ref = jnp.where(has_reference & (jnp.abs(reference) > 0), jnp.abs(reference), 1.0)
+    return jnp.concatenate([ref[None], jnp.maximum(mean[:-1], floor)])
 
 
 def problem(
@@ -138,6 +164,7 @@ def problem(
     if constraint == "indexed" and example_ids is None:
         raise ValueError("constraint='indexed' needs example_ids=batch -> [B] (each example's row)")
     L = config.num_layers
+    relative = config.dual_scale == "relative"
 
     def descent_problem(params, batch, key, hp):
         losses = layer_losses(params, batch, key)
@@ -152,6 +179,7 @@ def problem(
         eps = hp["epsilon"]
         g = constraint_values(mean, eps, hp["reference"], hp["has_reference"])
         index, shown = None, g[1:]
+        s = scales(mean, hp["reference"], hp["has_reference"]) if relative else None
         if constraint == "mean":
             descent = g[1:]
         elif constraint == "indexed":
@@ -159,10 +187,12 @@ def problem(
             index = example_ids(batch)
         else:
             descent = shown = tail_values(losses, eps, hp["tail_beta"])
+            if relative:  # a ratio: in the loss's units in the Lagrangian, so λ is dimensionless
+                descent = s[1:] * descent
         alpha = hp["resilience"]
         cons = {
-            "reference": _resilient(g[0], config, alpha),
-            "descent": _resilient(descent, config, alpha, index),
+            "reference": _resilient(g[0], config, alpha, scale=None if s is None else s[0]),
+            "descent": _resilient(descent, config, alpha, index, None if s is None else s[1:]),
         }
         aux = {"layer_loss": mean, "constraint": jnp.concatenate([g[:1], shown])}
         f = mean[-1] if objective == "loss" else violation(mean, eps)

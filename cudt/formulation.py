@@ -1,7 +1,8 @@
 """How constraints enter the primal objective: Lagrangian, augmented Lagrangian, quadratic penalty.
 
 Each formulation is a pure function of the objective ``f``, the constraint values ``g`` of one
-constraint, its multipliers ``λ`` and its penalty coefficient ``ρ`` (per constraint, a scalar):
+constraint, its multipliers ``λ`` and its penalty coefficient ``ρ`` (per constraint, a scalar; the
+step divides it by the constraint's ``scale`` where one is given, so it may be an array):
 
 - :class:`Lagrangian`:          ``f + Σ λ·g``.
 - :class:`AugmentedLagrangian`: ``f + Σ λ·g + (ρ/2) Σ h²`` with ``h = g`` for equalities and, for
@@ -85,7 +86,7 @@ class AugmentedLagrangian(_Penalised):
 
     def term(self, g, lam, kind, rho):
         h = _violation(g, lam, kind, True)
-        return jnp.sum(lam * g) + 0.5 * rho * jnp.sum(h * h)
+        return jnp.sum(lam * g) + 0.5 * jnp.sum(rho * h * h)
 
     def violation(self, g, lam, kind):
         return _violation(g, lam, kind, True)
@@ -100,7 +101,7 @@ class QuadraticPenalty(_Penalised):
     def term(self, g, lam, kind, rho):
         del lam
         h = _violation(g, None, kind, False)
-        return 0.5 * rho * jnp.sum(h * h)
+        return 0.5 * jnp.sum(rho * h * h)
 
     def violation(self, g, lam, kind):
         return _violation(g, lam, kind, False)

@@ -245,3 +245,78 @@ def test_every_constraint_kind_takes_resilience_with_nupi_and_every_update(
         hard = cudt.descent.multipliers(train(None, "decay", steps=2))
         soft = cudt.descent.multipliers(train(alpha, "decay", steps=2))
         assert float(jnp.sum(soft[1:])) < float(jnp.sum(hard[1:]))  # the decay took λ/α off
+
+
+def _scaled(c):
+    return lambda params, batch, key: c * _layer_losses(params, batch, key)
+
+
+def test_relative_dual_step_ascends_the_relative_violation():
+    """With dual_scale="relative", one dual SGD step from λ = 0 is lr·max(0, ℓ_l/ℓ_{l−1} −
+    (1 − ε)) of the batch's mean losses (and lr·max(0, ℓ_0/C − 1) for the reference)."""
+    eps, lr, C = 0.1, 0.5, 0.05
+    cfg = cudt.DescentConfig(num_layers=L, epsilon=eps, reference=C, dual_scale="relative")
+    init, step = cudt.make_train_step(
+        _layer_losses, primal_optimizer(1e-2), cudt.dual_ascent(lr), cfg
+    )
+    state = init(PARAMS)
+    batch, key = _batch(0), jax.random.key(0)
+    state, m = step(state, batch, key)
+    mean = np.asarray(m["layer_loss"], np.float64)
+    want = lr * np.maximum(0.0, np.r_[mean[0] / C - 1.0, mean[1:] / mean[:-1] - (1 - eps)])
+    assert np.any(want > 0)
+    np.testing.assert_allclose(np.asarray(m["multipliers"]), want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["mean", "indexed", "tail"])
+def test_relative_dual_scale_makes_multipliers_independent_of_the_loss_units(kind):
+    """The same problem in other units (every loss times 1e-4, as pixel MSE against
+    cross-entropy) trains the same multipliers with dual_scale="relative" (a scale-free primal,
+    Adam, sees the same directions), while "absolute" multipliers shrink with the units."""
+
+    def run(c, scale):
+        cfg = cudt.DescentConfig(num_layers=L, epsilon=0.3, dual_scale=scale)
+        init, step = cudt.make_train_step(
+            _scaled(c),
+            optax_adam(),
+            cudt.nupi(2.0, kp=1.0),
+            cfg,
+            constraint=kind,
+            num_examples=N,
+            example_ids=lambda b: b["index"],
+        )
+        state = init(PARAMS)
+        for t in range(6):
+            state, m = step(state, _batch(t), jax.random.key(t))
+        return np.asarray(m["multipliers"]), np.asarray(state.params["w"])
+
+    lam1, w1 = run(1.0, "relative")
+    lam2, w2 = run(1e-4, "relative")
+    assert np.max(lam1) > 0.1  # the constraints are active
+    np.testing.assert_allclose(lam2, lam1, rtol=2e-3, atol=1e-5)
+    np.testing.assert_allclose(w2, w1, rtol=2e-3, atol=1e-5)
+    if kind != "tail":  # "absolute": λ shrinks with the units (tail's value is a ratio)
+        abs1, _ = run(1.0, "absolute")
+        abs2, _ = run(1e-4, "absolute")
+        assert np.max(abs2) < 1e-2 * np.max(abs1)
+
+
+def test_erm_is_the_same_with_either_dual_scale():
+    """The dual scale changes only the dual step: an ERM run's parameters are bit-identical."""
+    out = []
+    for scale in ("absolute", "relative"):
+        cfg = cudt.DescentConfig(num_layers=L, epsilon=0.1, dual_scale=scale)
+        init, step = cudt.make_train_step(
+            _layer_losses, primal_optimizer(1e-2), cudt.dual_ascent(1.0), cfg
+        )
+        state = init(PARAMS, constrained=False)
+        for t in range(3):
+            state, _ = step(state, _batch(t), jax.random.key(t))
+        out.append(np.asarray(state.params["w"]))
+    np.testing.assert_array_equal(out[0], out[1])
+
+
+def optax_adam():
+    import optax
+
+    return optax.adam(1e-2, eps=1e-20)  # scale-free: the update ignores the loss's units
