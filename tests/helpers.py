@@ -158,7 +158,7 @@ class ToyTask(Task):
     eval_traces = 0
 
     def load(self, cfg):
-        rng = np.random.default_rng(cfg.seed)
+        rng = np.random.default_rng(cfg.data_rng_seed)
         basis = rng.normal(size=(2, DIM)).astype(np.float32)
         return {
             split: (rng.normal(size=(cfg.num_examples, 2)).astype(np.float32) @ basis)

@@ -1,5 +1,5 @@
-"""A job's seeds trained as separate commands on the same data (``--data-seed``) and reported
-as one (``python -m experiments.combine``): real tiny runs of the LLM task, their results.json."""
+"""A job's seeds trained as separate commands, each on its own data or on one draw
+(``--data-seed``), and reported as one (``python -m experiments.combine``): real tiny runs of the LLM task, their results.json."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_folders_of_another_job_are_refused_with_one_line(folders, tmp_path, cap
     shutil.copytree(rest, other)
     results = json.loads((other / "results.json").read_text())
     for key, value, says in (
-        ("data_seed", 1, "train the other seeds with --data-seed 0"),
+        ("data_seed", 2, "trained on one draw of the data (--data-seed) and another"),
         ("steps", 3, "differ in steps (2 vs 3)"),
     ):
         changed = {**results, "config": {**results["config"], key: value}}
@@ -113,3 +113,24 @@ def test_a_folder_of_one_kind_joins_the_job(folders, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "3 runs of llm_sft from 2 folders:" in out
     assert "llm-2 constrained seed 1:" in out and "llm-2 ERM seed 1:" not in out
+
+
+def test_each_seed_draws_its_own_data_and_equals_its_own_command(folders, tmp_path, capsys):
+    """Without --data-seed every seed reads its own draw of the data: seed 1 of ``--seeds 2``
+    is exactly ``--seed 1 --seeds 1``, which combines with seed 0's own command."""
+    both, alone = tmp_path / "both", tmp_path / "alone"
+    assert llm_sft.main([*TINY, "--seeds", "2", "--out", str(both)]) == 0
+    assert llm_sft.main([*TINY, "--seed", "1", "--seeds", "1", "--out", str(alone)]) == 0
+    capsys.readouterr()
+    two = json.loads((both / "results.json").read_text())
+    one = json.loads((alone / "results.json").read_text())
+    assert two["config"]["data_per_seed"] and one["config"]["data_per_seed"]
+    for run in one["runs"]:
+        twin = next(
+            r for r in two["runs"] if r["seed"] == 1 and r["constrained"] == run["constrained"]
+        )
+        for key in ("val_objective", "accuracy", "layer_loss_val", "multipliers"):
+            assert twin[key] == run[key], key
+    first, _ = folders  # seed 0 on its own data
+    assert combine.main([str(first), str(alone)]) == 0
+    assert "4 runs of llm_sft from 2 folders:" in capsys.readouterr().out

@@ -14,35 +14,42 @@ def _specs(argv):
     return {(s.model, s.constrained, s.point): s.hp for s in VideoTask().run_specs(cfg)}
 
 
-def test_the_video_default_gives_each_model_its_own_constraint_settings():
+def test_the_video_default_tunes_epsilon_and_erms_learning_rate_as_lanes():
+    """No per-model table: one relative dual rate for both models, ε trained as lanes of the
+    constrained runs and the learning rate as as many lanes of ERM's."""
     specs = _specs([])
+    for model in ("ut", "dust"):
+        con = [specs[model, True, p] for p in (0, 1)]
+        erm = [specs[model, False, p] for p in (0, 1)]
+        assert [h["epsilon"] for h in con] == [0.05, 0.1] and {h["dual_lr"] for h in con} == {0.03}
+        assert [h["lr"] for h in erm] == [1e-3, 2e-3] and {h["lr"] for h in con} == {1e-3}
+        assert (model, True, 2) not in specs and (model, False, 2) not in specs
+
+
+TABLE = ["--model-hparams", "ut:epsilon=0.1,dual_lr=3", "--model-hparams", "dust:epsilon=0.05"]
+
+
+def test_a_models_own_value_wins_over_the_default_and_a_flag_the_user_sets_wins_over_it():
+    specs = _specs(TABLE)  # the table's values are not tuned; the rest still is
     assert (specs["ut", True, 0]["epsilon"], specs["ut", True, 0]["dual_lr"]) == (0.1, 3.0)
-    assert (specs["dust", True, 0]["epsilon"], specs["dust", True, 0]["dual_lr"]) == (0.05, 100.0)
-    # ERM runs have no constraint hyperparameters; their lr is the model's default either way
-    assert specs["ut", False, 0]["epsilon"] is None
-    assert specs["ut", False, 0]["lr"] == specs["ut", True, 0]["lr"]
-
-
-def test_a_flag_the_user_sets_or_sweeps_wins_over_the_models_own_value():
-    specs = _specs(["--epsilon", "0.2"])
+    assert (specs["dust", True, 0]["epsilon"], specs["dust", True, 0]["dual_lr"]) == (0.05, 0.03)
+    assert ("ut", True, 1) not in specs and specs["ut", False, 1]["lr"] == 2e-3
+    specs = _specs([*TABLE, "--epsilon", "0.2"])
     assert specs["ut", True, 0]["epsilon"] == specs["dust", True, 0]["epsilon"] == 0.2
     assert specs["ut", True, 0]["dual_lr"] == 3.0  # not given: still the UT's own
-    specs = _specs(["--sweep", "dual_lr=20,40"])
+    specs = _specs([*TABLE, "--sweep", "dual_lr=20,40"])
     for model in ("ut", "dust"):
         assert [specs[model, True, p]["dual_lr"] for p in (0, 1)] == [20.0, 40.0]
     assert specs["ut", True, 0]["epsilon"] == 0.1 and specs["dust", True, 0]["epsilon"] == 0.05
-    specs = _specs(["--model-hparams", "ut:"])  # an empty entry: the flags' defaults
-    assert (specs["ut", True, 0]["epsilon"], specs["ut", True, 0]["dual_lr"]) == (0.1, 1000.0)
-    assert specs["dust", True, 0]["epsilon"] == 0.1  # the table replaced: DUST's entry is gone
-    specs = _specs(["--model-hparams", "dust:epsilon=0.3,lr=0.01"])  # replaces the default table
+    specs = _specs(["--model-hparams", "dust:epsilon=0.3,lr=0.01"])
     assert specs["dust", True, 0]["epsilon"] == 0.3 and specs["dust", False, 0]["lr"] == 0.01
-    assert specs["ut", True, 0]["epsilon"] == 0.1
+    assert [specs["ut", True, p]["epsilon"] for p in (0, 1)] == [0.05, 0.1]
 
 
 def test_erm_runs_are_judged_by_their_models_epsilon():
-    cfg, _ = config_from_args(VideoConfig, [], "video")
+    cfg, _ = config_from_args(VideoConfig, TABLE, "video")
     assert model_defaults(cfg, "ut") == {"epsilon": 0.1, "dual_lr": 3.0}
-    assert model_defaults(cfg, "dust") == {"epsilon": 0.05, "dual_lr": 100.0}
+    assert model_defaults(cfg, "dust") == {"epsilon": 0.05}
 
 
 @pytest.mark.parametrize(

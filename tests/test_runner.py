@@ -52,6 +52,21 @@ def final_params(out: Path, group: str) -> dict:
     return states
 
 
+def run_states(out: Path, results: dict) -> dict[str, tuple]:
+    """``{label: (w, multipliers)}`` of every run, from its group's last checkpoint (a group's
+    runs are its lanes, in results.json's order)."""
+    lanes: dict[str, list[dict]] = {}
+    for r in results["runs"]:
+        lanes.setdefault(r["group"], []).append(r)
+    found = {}
+    for group, rs in lanes.items():
+        states = final_params(out, group.replace(" ", "-"))
+        for k, r in enumerate(rs):
+            mult = {n: states["multipliers"][n][k] for n in ("reference", "descent")}
+            found[r["label"]] = (states["params"]["w"][k], mult)
+    return found
+
+
 @pytest.fixture(scope="module")
 def sweep_run(tmp_path_factory):
     """The sweep's output folder and results.json; what it printed is in ``printed.txt``."""
@@ -72,7 +87,8 @@ def test_sweep_runs_every_point_and_seed_in_one_program(sweep_run, capsys):
     assert sum(not r["constrained"] for r in runs) == 4
     assert sum(r["constrained"] for r in runs) == 8
     groups = sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir())
-    assert groups == ["toy-2"]  # ERM and constrained runs: one program, one checkpoint folder
+    # ERM and constrained runs: one program, one checkpoint folder per seed's draw of the data
+    assert groups == ["toy-2-data-0", "toy-2-data-1"]
     for r in runs:
         assert set(r["hparams"]) == set(SWEEPABLE)
         if r["constrained"]:
@@ -100,23 +116,20 @@ def test_constrained_lanes_are_not_erm(sweep_run):
 def test_a_sweep_member_trains_like_that_member_alone(sweep_run, tmp_path):
     out, results = sweep_run
     alone = toy(["--epsilon", "0.4", "--lr", "0.01", "--gamma-train", "0.3"], tmp_path / "a")
-    swept = final_params(out, "toy-2")
-    single = final_params(tmp_path / "a", "toy-2")
-    # alone: [ERM s0, ERM s1, constrained s0, constrained s1]; the sweep lists the same runs
+    swept, single = run_states(out, results), run_states(tmp_path / "a", alone)
+    # alone: ERM and constrained of seeds 0 and 1; the sweep holds the same runs
     index = {
-        (r["constrained"], r["seed"], r["hparams"]["epsilon"], r["hparams"]["lr"]): i
-        for i, r in enumerate(results["runs"])
+        (r["constrained"], r["seed"], r["hparams"]["epsilon"], r["hparams"]["lr"]): r
+        for r in results["runs"]
     }
-    for j, r in enumerate(alone["runs"]):
-        i = index[(r["constrained"], r["seed"], r["hparams"]["epsilon"], r["hparams"]["lr"])]
-        w_sweep, w_alone = swept["params"]["w"][i], single["params"]["w"][j]
+    for r in alone["runs"]:
+        twin = index[(r["constrained"], r["seed"], r["hparams"]["epsilon"], r["hparams"]["lr"])]
+        (w_sweep, m_sweep), (w_alone, m_alone) = swept[twin["label"]], single[r["label"]]
         assert np.max(np.abs(w_alone)) > 0.06  # it trained
         np.testing.assert_allclose(w_sweep, w_alone, rtol=1e-4, atol=1e-5)
         for name in ("reference", "descent"):  # the restored state's multiplier dict
-            np.testing.assert_allclose(
-                swept["multipliers"][name][i], single["multipliers"][name][j], rtol=1e-4, atol=1e-5
-            )
-        assert results["runs"][i]["feasible"] == r["feasible"]
+            np.testing.assert_allclose(m_sweep[name], m_alone[name], rtol=1e-4, atol=1e-5)
+        assert twin["feasible"] == r["feasible"]
 
 
 def test_best_run_per_setting_is_feasible(sweep_run):
@@ -143,7 +156,7 @@ def test_the_sweep_point_is_chosen_over_every_seed_and_printed(sweep_run):
         for k, rs in cells.items()
         if all(r["feasible"] and r["loss_decreases_val"] for r in rs)
     }
-    (pick,) = results["chosen_points"]
+    (pick,) = [c for c in results["chosen_points"] if c["kind"] == "constrained"]
     assert pick["points"] == 4 and pick["eligible"] == len(ok)
     printed = (out.parent / "printed.txt").read_text()
     if not ok:  # the toy's 12 steps may meet no constraint: the line must say so
@@ -494,3 +507,60 @@ def test_every_sweepable_field_is_a_per_run_value(tmp_path):
         )
 
     assert peak(0.5) < peak(None)
+
+
+@pytest.fixture(scope="module")
+def tuned_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("toy") / "tuned"
+    argv = ["--tune-epsilon", "0.05,0.1", "--tune-lr", "1,2", "--gamma-train", "0.3"]
+    argv += ["--steps", "24"]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        results = toy(argv, out)
+    return results, printed.getvalue()
+
+
+def test_tuned_lanes_choose_each_kind_on_validation_and_compare_the_choices(tuned_run):
+    """--tune-epsilon gives the constrained runs lanes over ε, --tune-lr ERM as many over its
+    learning rate; each kind's point is chosen on validation over both seeds, and the headline
+    is chosen constrained − chosen ERM, a paired t interval over the seeds (each on its own
+    draw of the data), recomputed here from the runs."""
+    results, printed = tuned_run
+    runs = results["runs"]
+    con = {(r["hparams"]["epsilon"], r["hparams"]["lr"]) for r in runs if r["constrained"]}
+    erm = {(r["hparams"]["epsilon"], r["hparams"]["lr"]) for r in runs if not r["constrained"]}
+    assert con == {(0.05, 3e-2), (0.1, 3e-2)} and erm == {(None, 3e-2), (None, 6e-2)}
+    picks = {c["kind"]: c for c in results["chosen_points"]}
+    for kind, constrained in (("ERM", False), ("constrained", True)):
+        (want,) = choose_points(
+            runs, "val_objective", higher_is_better=False, constrained=constrained
+        )
+        assert picks[kind]["hparams"] == want["hparams"]
+    (comparison,) = results["chosen_comparison"]
+    assert comparison["seeds"] == [0, 1]
+
+    def chosen(kind, constrained):
+        hp = picks[kind]["hparams"]
+        return sorted(
+            (r for r in runs if r["constrained"] == constrained and r["hparams"] == hp),
+            key=lambda r: r["seed"],
+        )
+
+    a, b = chosen("constrained", True), chosen("ERM", False)
+    diff = np.array([x["val_objective"] - y["val_objective"] for x, y in zip(a, b, strict=True)])
+    half = 12.706 * diff.std(ddof=1) / np.sqrt(2)  # t_{1, 0.975}
+    iv = comparison["constrained_minus_erm"]["val_objective"]
+    np.testing.assert_allclose(
+        [iv["mean"], iv["low"], iv["high"]],
+        [diff.mean(), diff.mean() - half, diff.mean() + half],
+        rtol=1e-3,
+    )
+    assert comparison["feasible"] == sum(r["feasible"] for r in a)
+    assert "chosen constrained (epsilon=" in printed and "− chosen ERM (lr=" in printed
+    assert f"constrained feasible at {comparison['feasible']} of 2" in printed
+
+
+def test_a_value_the_user_sets_is_not_tuned(tmp_path):
+    results = toy(["--tune-epsilon", "0.2,0.4", "--epsilon", "0.25", "--seeds", "1"], tmp_path)
+    assert {r["hparams"]["epsilon"] for r in results["runs"] if r["constrained"]} == {0.25}
+    assert "chosen_comparison" not in results

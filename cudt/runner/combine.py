@@ -2,9 +2,10 @@
 
     python -m experiments.combine runs/seed0 runs/seeds12
 
-A job's seeds (or sweep points) need not train in one program: ``--seed 1 --seeds 2
---data-seed 0`` trains seeds 1 and 2 of ``--seed 0 --seeds 3`` on the same data, on another
-machine or later. :func:`combine` reads each folder's ``results.json``, checks that they are the
+A job's seeds (or sweep points) need not train in one program: ``--seed 1 --seeds 2`` trains
+seeds 1 and 2 of ``--seed 0 --seeds 3`` (each seed on its own draw of the data), on another
+machine or later; with ``--data-seed 0`` on every command, all on seed 0's draw.
+:func:`combine` reads each folder's ``results.json``, checks that they are the
 same experiment on the same data with the same settings (everything but the runs' seeds, the
 sweep points, a hyperparameter either folder sweeps, and where and how the runs were
 executed), and prints the experiment's summary
@@ -24,7 +25,13 @@ from pathlib import Path
 
 from cudt.errors import UsageError
 from cudt.runner.lock import check_free
-from cudt.runner.report import choose_points, seed_intervals, select_best, summary_table
+from cudt.runner.report import (
+    choose_points,
+    compare_chosen,
+    seed_intervals,
+    select_best,
+    summary_table,
+)
 from cudt.runner.sweep import SWEEPABLE
 
 __all__ = ["CONFIG_FREE", "combine", "load_results"]
@@ -37,6 +44,8 @@ CONFIG_FREE = frozenset(
         "seed",
         "seeds",
         "data_seed",
+        "data_per_seed",
+        "data_derived",
         "sweep",
         "sweeps",
         "kinds",
@@ -74,6 +83,12 @@ def _data_seed(config: dict) -> int:
     return int(config["seed"] if value is None else value)
 
 
+def _run_data_seed(config: dict, seed: int) -> int:
+    """The draw of the data a run of ``seed`` read: its own seed's (``data_per_seed``), or the
+    folder's one draw."""
+    return seed if config.get("data_per_seed") else _data_seed(config)
+
+
 def combine(task, folders: list[str | Path]) -> str:
     """The summary table and footer of ``task`` over the runs of ``folders`` (see the module
     docstring); a :class:`UsageError` when the folders are not one job's."""
@@ -90,12 +105,17 @@ def combine(task, folders: list[str | Path]) -> str:
     base = first["config"]
     for folder, res in zip(folders[1:], results[1:], strict=True):
         config = res["config"]
-        if _data_seed(config) != _data_seed(base):
+        # a folder whose seeds drew their own data is checked over the runs below (one draw
+        # for all, or each seed its own)
+        fresh = config.get("data_per_seed") or base.get("data_per_seed")
+        if not fresh and _data_seed(config) != _data_seed(base):
             raise UsageError(
                 f"{folder}: data seed {_data_seed(config)}, not {_data_seed(base)} as in "
                 f"{folders[0]}: train the other seeds with --data-seed {_data_seed(base)}"
             )
         swept = set(config.get("sweeps", {})) | set(base.get("sweeps", {}))  # per-run values
+        if fresh:  # what each draw's data gives (σ_x, a vocabulary) differs between seeds
+            swept |= set(config.get("data_derived", [])) | set(base.get("data_derived", []))
         differ = sorted(
             k
             for k in set(config) | set(base)
@@ -106,17 +126,29 @@ def combine(task, folders: list[str | Path]) -> str:
             raise UsageError(
                 f"{folder} and {folders[0]} differ in {shown}: they are not one job's runs"
             )
-    runs, seen = [], {}
+    runs, seen, draws = [], {}, {}
     for folder, res in zip(folders, results, strict=True):
         for r in res["runs"]:
             if r["label"] in seen:
                 raise UsageError(f"{r['label']} is in both {seen[r['label']]} and {folder}")
             seen[r["label"]] = folder
             runs.append(r)
+            draws[int(r["seed"])] = (_run_data_seed(res["config"], int(r["seed"])), folder)
+    if len({d for d, _ in draws.values()}) > 1 and any(d != s for s, (d, _) in draws.items()):
+        shared = next(f for s, (d, f) in draws.items() if d != s)
+        raise UsageError(
+            f"{shared} trained on one draw of the data (--data-seed) and another folder on "
+            "another: train every folder on each seed's own data (no --data-seed) or all with "
+            f"--data-seed {_data_seed(base)}"
+        )
     # the recorded config, read as attributes (selection_for reads flags such as --select)
     score, higher = task.selection_for(types.SimpleNamespace(**base))
     select_best(runs, score, higher_is_better=higher)
-    sweeps = {k for res in results for k in res["config"].get("sweeps", {})}
+    sweeps = {
+        k
+        for res in results
+        for k in [*res["config"].get("sweeps", {}), *res["config"].get("swept", [])]
+    }
     swept = [n for n in SWEEPABLE if n in sweeps]
     plural = "s" if len(folders) > 1 else ""
     lines = [f"{len(runs)} runs of {name} from {len(folders)} folder{plural}:"]
@@ -125,4 +157,7 @@ def combine(task, folders: list[str | Path]) -> str:
         commit = (res.get("provenance") or {}).get("commit", "?")
         lines.append(f"  {folder}: seeds {seeds}, commit {str(commit)[:12]}")
     chosen = choose_points(runs, score, higher_is_better=higher)
-    return "\n".join([*lines, summary_table(task, runs, swept, seed_intervals(runs), chosen)])
+    chosen += choose_points(runs, score, higher_is_better=higher, constrained=False)
+    comparisons = compare_chosen(runs, chosen)
+    table = summary_table(task, runs, swept, seed_intervals(runs), chosen, comparisons)
+    return "\n".join([*lines, table])

@@ -17,6 +17,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cudt.constrained import DUAL_SCALES
 from cudt.constrained_step import UPDATES
 from cudt.runner.hparams import REFERENCE_SPELLINGS, SWEEPABLE, is_reference
 from cudt.runner.sweep import parse_model_hparams, parse_sweeps
@@ -102,12 +103,16 @@ class RunConfig:
 
     # -- runs --------------------------------------------------------------------------------
     seeds: int = flag(2, "seeds per setting, trained together (vmap)", check=at_least(1))
-    seed: int = flag(0, "first seed; also seeds the data unless --data-seed", check=non_negative)
+    seed: int = flag(
+        0, "first seed; each seed also seeds its data unless --data-seed", check=non_negative
+    )
     data_seed: int | None = flag(
         None,
-        "seeds the data (splits, generated sets, the shared start) and the evaluation noise; "
-        "default --seed. It splits one job's seeds over several commands on the same data: "
-        "--seed 1 --seeds 2 --data-seed 0 trains seeds 1 and 2 of --seed 0 --seeds 3",
+        "one draw of the data (splits, generated sets, the shared start, the evaluation noise) "
+        "for every seed; default: each seed draws its own from its seed, so seeds are "
+        "independent replicates (--seed 1 --seeds 2 then trains seeds 1 and 2 of --seed 0 "
+        "--seeds 3). --data-seed D: all seeds on D's draw (they then vary only the "
+        "initialisation and the batch order)",
         check=non_negative,
     )
     sweep: tuple[str, ...] = flag(
@@ -123,6 +128,21 @@ class RunConfig:
         "of --sweep), e.g. ut:epsilon=0.05,dual_lr=100; they replace the flags' defaults for "
         "that model's runs, while a flag set to another value or a --sweep wins",
         repeat=True,
+    )
+    tune_epsilon: tuple[float, ...] = flag(
+        (),
+        "epsilon values the constrained runs train as lanes of one program when --epsilon is "
+        "not set: the runner chooses one on validation (every seed feasible and monotone, "
+        "then the task's score) and reports it against ERM's choice of --tune-lr; one value: "
+        "that epsilon alone; empty (the shared default): --epsilon",
+        check=in_range(0.0, 1.0),
+    )
+    tune_lr: tuple[float, ...] = flag(
+        (),
+        "factors of the learning rate the ERM runs train as lanes when --lr is not set (as "
+        "many tuned lanes as the constrained runs' --tune-epsilon), one chosen on validation; "
+        "--tune-lr 1: the learning rate alone",
+        check=positive,
     )
     kinds: str = flag(
         "both",
@@ -195,6 +215,14 @@ class RunConfig:
     nupi_kp: float = flag(0.0, "proportional gain K_P of --dual-optimizer nupi", check=non_negative)
     nupi_ema: float = flag(
         0.0, "EMA factor nu of the error in --dual-optimizer nupi", check=in_range(0.0, 1.0)
+    )
+    dual_scale: str = flag(
+        "relative",
+        "units of the dual step: relative (each constraint over the loss it bounds, a "
+        "stop-gradient of the batch's mean l_{l-1}: the dual step ascends the relative "
+        "violation, so --dual-lr, --penalty and --resilience are dimensionless and mean the "
+        "same on any data) or absolute (the loss's own units, the paper's)",
+        check=one_of(*DUAL_SCALES),
     )
     dual_lr: float = flag(5e-2, "dual learning rate", check=positive)
     dual_lr_schedule: str = flag(

@@ -43,6 +43,7 @@ class Group:
     model: GroupModel | None = None
     name: str = ""
     labels: list[str] = dataclasses.field(default_factory=list)
+    data_seed: int | None = None  # the draw of the data its runs read
 
     @property
     def slug(self) -> str:
@@ -60,11 +61,15 @@ def plan_groups(task: Task, cfg, specs: list[RunSpec]) -> list[Group]:
     return list(groups.values())
 
 
-def name_group(group: Group, swept: list[str]) -> None:
+def name_group(group: Group, swept: list[str], data_seed: int | None = None) -> None:
+    """The group's name (its checkpoint folder) and its runs' labels; ``data_seed``: the
+    draw of the data when each seed reads its own (a group per draw)."""
     L = group.model.num_layers
     kinds = {s.constrained for s in group.specs}
-    group.name = f"{group.model_name}-{L}" + (
-        f" {KINDS[next(iter(kinds))]}" if len(kinds) == 1 else ""
+    group.name = (
+        f"{group.model_name}-{L}"
+        + (f" {KINDS[next(iter(kinds))]}" if len(kinds) == 1 else "")
+        + (f" data {data_seed}" if data_seed is not None else "")
     )
     group.labels = []
     for s in group.specs:
@@ -114,6 +119,7 @@ def make_group_step(
         warmup_steps=warmup,
         constrained=True,
         tail_beta=cfg.tail_beta,
+        dual_scale=cfg.dual_scale,
     )
     primal = primal_optimizer(lr, cfg.lr_schedule, cfg.steps)
     dual = dual_optimizer(

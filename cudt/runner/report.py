@@ -23,6 +23,8 @@ __all__ = [
     "KINDS",
     "choose_points",
     "chosen_lines",
+    "compare_chosen",
+    "comparison_lines",
     "Column",
     "format_table",
     "interval_lines",
@@ -335,7 +337,12 @@ def select_best(runs: list[dict], score: str, *, higher_is_better: bool) -> None
 
 
 def choose_points(
-    runs: list[dict], score: str, *, higher_is_better: bool, min_points: int = 2
+    runs: list[dict],
+    score: str,
+    *,
+    higher_is_better: bool,
+    min_points: int = 2,
+    constrained: bool = True,
 ) -> list[dict]:
     """The sweep point chosen on validation, for each model × L × γ_train whose constrained runs
     span ``min_points`` or more points (the runner's report: two, a choice to make): among the
@@ -344,14 +351,16 @@ def choose_points(
     ties by sweep order.
 
     Unlike ``best`` (one run), this chooses a setting, as a study would: a point that misses
-    its constraints at one seed is out, however good its other seeds. Returns one entry per
+    its constraints at one seed is out, however good its other seeds. ``constrained=False``
+    chooses among the ERM runs' points (their learning rates, say) by the same rule, where
+    eligible means not diverged (ERM has no constraints to meet). Returns one entry per
     model × L × γ_train: ``{"model", "layers", "gamma_train", "score", "higher_is_better",
     "points", "eligible", "hparams", "mean", "seeds"}``; ``hparams`` (every hyperparameter of
     the chosen point), ``mean`` and ``seeds`` are None when no point is eligible.
     """
     groups: dict[tuple, dict[tuple, list[dict]]] = {}
     for r in runs:
-        if r["constrained"]:
+        if r["constrained"] == constrained:
             key = (r.get("model"), r.get("layers"), r.get("gamma_train"))
             point = tuple(sorted(r["hparams"].items(), key=lambda kv: kv[0]))
             groups.setdefault(key, {}).setdefault(point, []).append(r)
@@ -364,7 +373,8 @@ def choose_points(
         for order, (point, rs) in enumerate(points.items()):
             values = np.array([_metric(r, score) for r in rs], np.float64)
             ok = all(
-                not r.get("diverged") and r.get("feasible") and r.get("loss_decreases_val")
+                not r.get("diverged")
+                and (not constrained or (r.get("feasible") and r.get("loss_decreases_val")))
                 for r in rs
             )
             if ok and np.all(np.isfinite(values)):
@@ -372,6 +382,7 @@ def choose_points(
         entry = {
             "model": model,
             "layers": layers,
+            "kind": KINDS[constrained],
             "gamma_train": gamma_train,
             "score": score,
             "higher_is_better": higher_is_better,
@@ -392,6 +403,93 @@ def choose_points(
     return out
 
 
+def compare_chosen(runs: list[dict], chosen: list[dict], level: float = 0.95) -> list[dict]:
+    """Chosen constrained − chosen ERM, paired by seed: for each model × L × γ_train where both
+    kinds chose a point on validation (:func:`choose_points` with ``constrained`` True and
+    False), the paired Student-t interval over the seeds the two share of every reported
+    metric, and the counts a claim needs (seeds, the constrained point's feasibility on
+    validation, each kind's monotone test losses). Seeds that drew their own data make these
+    independent replicates; the intervals are the headline, never a bootstrap over items."""
+    picks: dict[tuple, dict[str, dict]] = {}
+    for c in chosen:
+        if c["hparams"] is not None:
+            key = (c["model"], c["layers"], c["gamma_train"])
+            picks.setdefault(key, {})[c.get("kind", "constrained")] = c
+
+    def runs_of(c, constrained):
+        point = tuple(sorted(c["hparams"].items(), key=lambda kv: kv[0]))
+        return {
+            int(r["seed"]): r
+            for r in runs
+            if r["constrained"] == constrained
+            and (r.get("model"), r.get("layers"), r.get("gamma_train"))
+            == (c["model"], c["layers"], c["gamma_train"])
+            and tuple(sorted(r["hparams"].items(), key=lambda kv: kv[0])) == point
+        }
+
+    out = []
+    for (model, layers, gamma_train), kinds in picks.items():
+        if set(kinds) != {"constrained", "ERM"}:
+            continue
+        con, erm = runs_of(kinds["constrained"], True), runs_of(kinds["ERM"], False)
+        seeds = sorted(set(con) & set(erm))
+        if not seeds:
+            continue
+        a, b = [con[s] for s in seeds], [erm[s] for s in seeds]
+        names = list(dict.fromkeys(a[0].get("interval_metrics", []) + list(RUNNER_METRICS)))
+        metrics = {}
+        for name in names:
+            va = np.array([_metric(r, name) for r in a], np.float64)
+            vb = np.array([_metric(r, name) for r in b], np.float64)
+            if len(seeds) >= 2 and np.all(np.isfinite(va)) and np.all(np.isfinite(vb)):
+                metrics[name] = stats.paired_t_interval(va, vb, level).as_dict() | {
+                    "erm_mean": float(vb.mean())
+                }
+        out.append(
+            {
+                "model": model,
+                "layers": layers,
+                "gamma_train": gamma_train,
+                "constrained_hparams": kinds["constrained"]["hparams"],
+                "erm_hparams": kinds["ERM"]["hparams"],
+                "seeds": seeds,
+                "feasible": sum(bool(r.get("feasible")) for r in a),
+                "monotone": sum(bool(r.get("loss_decreases")) for r in a),
+                "erm_monotone": sum(bool(r.get("loss_decreases")) for r in b),
+                "constrained_minus_erm": metrics,
+            }
+        )
+    return out
+
+
+def comparison_lines(comparisons: list[dict], swept: Sequence[str] = ()) -> list[str]:
+    """The summary's lines for :func:`compare_chosen`: each metric's paired interval, "level"
+    where it spans 0, and the counts."""
+
+    def point(hp):
+        shown = [f"{n}={_hparam_text(hp[n])}" for n in swept if hp.get(n) is not None]
+        return " ".join(shown) or "its one point"
+
+    lines = []
+    for c in comparisons:
+        n = len(c["seeds"])
+        cells = []
+        for name, iv in c["constrained_minus_erm"].items():
+            text = f"{name} {iv['mean']:+.4g} [{iv['low']:+.4g}, {iv['high']:+.4g}]"
+            if iv["low"] <= 0 <= iv["high"]:
+                text += " level"
+            cells.append(text)
+        lines.append(
+            f"{c['model']}-{c['layers']}: chosen constrained ({point(c['constrained_hparams'])}) "
+            f"− chosen ERM ({point(c['erm_hparams'])}), paired t over {n} seed"
+            f"{'s' if n != 1 else ''}: "
+            + ("; ".join(cells) if cells else "no interval with one seed")
+            + f" | constrained feasible at {c['feasible']} of {n}, monotone (test) at "
+            f"{c['monotone']} of {n}; ERM monotone at {c['erm_monotone']} of {n}"
+        )
+    return lines
+
+
 def _hparam_text(value) -> str:
     """A sweep value as the summary prints it: ``none`` (e.g. resilience off), or ``:g``."""
     if value is None:
@@ -403,17 +501,26 @@ def chosen_lines(chosen: list[dict], swept: Sequence[str] = ()) -> list[str]:
     """The summary's lines for :func:`choose_points`: the chosen point, or why there is none."""
     lines = []
     for c in chosen:
-        head = f"{c['model']}-{c['layers']} constrained"
-        if len(chosen) > 1 and c["gamma_train"] is not None:
+        kind = c.get("kind", "constrained")
+        head = f"{c['model']}-{c['layers']} {kind}"
+        if len({x["gamma_train"] for x in chosen}) > 1 and c["gamma_train"] is not None:
             head += f" at gamma_train={c['gamma_train']:g}"
-        rule = "every seed feasible and monotone on validation, then the "
+        rule = (
+            "every seed feasible and monotone on validation, then the "
+            if kind == "constrained"
+            else "no seed diverged, then the "
+        )
         rule += f"{'highest' if c['higher_is_better'] else 'lowest'} mean {c['score']}"
         if c["hparams"] is None:
             lines.append(
                 f"{head}: no sweep point chosen: none of {c['points']} is eligible ({rule})"
             )
             continue
-        point = " ".join(f"{n}={_hparam_text(c['hparams'][n])}" for n in swept if n in c["hparams"])
+        point = " ".join(
+            f"{n}={_hparam_text(c['hparams'][n])}"
+            for n in swept
+            if n in c["hparams"] and (kind == "constrained" or c["hparams"][n] is not None)
+        )
         lines.append(
             f"{head}: chosen on validation: {point or 'the only varied point'} "
             f"({c['score']} {c['mean']:.4g} over seeds {','.join(map(str, c['seeds']))}; "
@@ -451,7 +558,9 @@ def _ratio(x, pct: bool = False) -> str:
     return f"{100 * x:.1f}%" if pct else f"{x:.3f}"
 
 
-def summary_table(task, runs: list[dict], swept: list[str], intervals=None, chosen=None) -> str:
+def summary_table(
+    task, runs: list[dict], swept: list[str], intervals=None, chosen=None, comparisons=None
+) -> str:
     width = max([5] + [len(r["model"]) for r in runs])
     columns = [
         Column("model", width, lambda r: r["model"]),
@@ -510,5 +619,6 @@ def summary_table(task, runs: list[dict], swept: list[str], intervals=None, chos
             )
     notes += interval_lines(intervals or [], swept)
     notes += chosen_lines(chosen or [], swept)
+    notes += comparison_lines(comparisons or [], swept)
     footer = task.table_footer(runs)
     return "\n".join([table, *notes] + ([footer] if footer else []))

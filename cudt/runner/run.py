@@ -25,23 +25,34 @@ from cudt.errors import UsageError
 from cudt.io import fresh_run_dir, write_json_atomic
 from cudt.runner.curves import plot_training_curves, write_tensorboard
 from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups, run_group
-from cudt.runner.hparams import SWEEPABLE
 from cudt.runner.lock import check_free
 from cudt.runner.mesh import initialize_distributed, make_shardings
 from cudt.runner.output import TENSORBOARD, checkpoint_record, open_output_once
 from cudt.runner.provenance import provenance
 from cudt.runner.report import (
     choose_points,
+    compare_chosen,
     curves_of,
     seed_intervals,
     select_best,
     summarise,
     summary_table,
 )
-from cudt.runner.sweep import model_defaults, parse_sweeps
+from cudt.runner.sweep import model_defaults, parse_sweeps, tuned_names
 from cudt.runner.task import Task
 
-__all__ = ["inert_warnings", "run"]
+__all__ = ["data_draws", "inert_warnings", "run"]
+
+
+def data_draws(cfg) -> dict[int, Any]:
+    """``{data seed: config}``: the draws of the data a run reads. Each seed draws its own
+    (generated sets, the train/val/test split, the evaluation noise: ``--data-seed`` of its
+    config is the seed), so seeds are independent replicates and intervals over them hold;
+    ``--data-seed D`` makes every seed share one draw (seeds of one job split over commands on
+    the same data)."""
+    if cfg.data_seed is not None:
+        return {cfg.data_seed: cfg}
+    return {s: dataclasses.replace(cfg, data_seed=s) for s in cfg.seed_list}
 
 
 def inert_warnings(task: Task, cfg, groups) -> list[str]:
@@ -73,10 +84,16 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     if jax.process_count() == 1:
         check_free(path)  # a job holds --out: refused now, before its data is read
     sweeps = parse_sweeps(cfg)
-    swept = [n for n in SWEEPABLE if n in sweeps]
-    data = task.load(cfg)
-    for line in task.describe(cfg, data):
-        print(line)
+    swept = tuned_names(cfg, sweeps)
+    draws = data_draws(cfg)
+    datas = {}
+    for data_seed, draw_cfg in draws.items():
+        datas[data_seed] = task.load(draw_cfg)
+        if len(draws) > 1:
+            print(f"seed {data_seed}'s data (fresh per seed; --data-seed D shares one draw):")
+        for line in task.describe(draw_cfg, datas[data_seed]):
+            print(line)
+    data = next(iter(datas.values()))  # what is the same in every draw (config extras)
     specs = task.run_specs(cfg)
     for name in dict.fromkeys(s.model for s in specs):
         own = model_defaults(cfg, name, sweeps)
@@ -93,13 +110,24 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             f"--kinds {cfg.kinds}: none of the models ({', '.join(task.model_names(cfg))}) "
             "has such runs: pass --kinds both"
         )
-    groups = plan_groups(task, cfg, specs)
-    for group in groups:
-        group.model = task.build(cfg, data, group.model_name, group.structure)
-        name_group(group, swept)
-        for spec in group.specs:  # every reference resolves before anything is written
-            task.resolve_reference(spec.hp["reference"], data)
-    fingerprint = checkpoint_record(cfg) | task.fingerprint(cfg, data)
+    groups = []
+    for data_seed in draws:  # one set of groups per draw of the data
+        mine = [s for s in specs if len(draws) == 1 or s.seed == data_seed]
+        for group in plan_groups(task, cfg, mine):
+            group.data_seed = data_seed
+            group.model = task.build(
+                draws[data_seed], datas[data_seed], group.model_name, group.structure
+            )
+            name_group(group, swept, data_seed if len(draws) > 1 else None)
+            for spec in group.specs:  # every reference resolves before anything is written
+                task.resolve_reference(spec.hp["reference"], datas[data_seed])
+            groups.append(group)
+    if len(draws) == 1:
+        fingerprint = checkpoint_record(cfg) | task.fingerprint(cfg, data)
+    else:
+        fingerprint = checkpoint_record(cfg) | {
+            "data_per_seed": {str(k): task.fingerprint(draws[k], d) for k, d in datas.items()}
+        }
     with open_output_once(path, fingerprint, cfg, main_process) as out:
         print(
             f"output: {out.path}"
@@ -111,7 +139,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         )
         for line in inert_warnings(task, cfg, groups):
             print(line)
-        programs = [GroupProgram(task, cfg, data, g) for g in groups]
+        programs = [GroupProgram(task, draws[g.data_seed], datas[g.data_seed], g) for g in groups]
         meshes = [
             make_shardings(len(g.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp) for g in groups
         ]
@@ -129,13 +157,14 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         gamma_trains = sorted({float(s.hp["gamma_train"]) for s in specs})
         gammas = task.test_gammas(cfg, gamma_trains)
         val_gammas = sorted(set(task.val_gammas(cfg, gamma_trains, gammas)) | set(gamma_trains))
-        eval_key = jax.random.key(10_000 + cfg.data_rng_seed)
         on_device: dict[int, Any] = {}  # groups reading the same examples share one device copy
         runs: list[dict] = []
         ratios: list = []
         train_seconds, eval_seconds = {}, {}
         devices_used = 1
         for group, program, shardings in zip(groups, programs, meshes, strict=True):
+            group_cfg, group_data = draws[group.data_seed], datas[group.data_seed]
+            eval_key = jax.random.key(10_000 + group_cfg.data_rng_seed)
             t = time.perf_counter()
             if shardings is not None:
                 devices_used = max(devices_used, shardings.devices)
@@ -182,7 +211,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
                 )
             t = time.perf_counter()
             group_runs, group_ratios = summarise(
-                task, cfg, data, group, program, result, gammas, val_gammas, eval_key
+                task, group_cfg, group_data, group, program, result, gammas, val_gammas, eval_key
             )
             eval_seconds[group.name] = time.perf_counter() - t
             runs += group_runs
@@ -191,14 +220,21 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         select_best(runs, score, higher_is_better=higher)
         intervals = seed_intervals(runs) if cfg.seeds >= 2 else []
         chosen = choose_points(runs, score, higher_is_better=higher)
+        chosen += choose_points(runs, score, higher_is_better=higher, constrained=False)
+        comparisons = compare_chosen(runs, chosen)
+        extras = task.config_extras(draws[next(iter(draws))], data)
         config = (
             dataclasses.asdict(cfg)
-            | task.config_extras(cfg, data)
+            | extras
             | {
+                # what the task derived from the data: the first draw's (per seed in the runs)
+                "data_derived": sorted(extras),
                 "test_gamma": gammas,
                 "val_gamma": val_gammas,
                 "out": str(out.path),
                 "sweeps": {k: list(v) for k, v in sweeps.items()},
+                "swept": swept,
+                "data_per_seed": cfg.data_seed is None,
             }
         )
         results = {
@@ -210,6 +246,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             "runs": runs,
             **({"intervals": intervals} if intervals else {}),
             **({"chosen_points": chosen} if chosen else {}),
+            **({"chosen_comparison": comparisons} if comparisons else {}),
             "train_seconds": train_seconds,
             "eval_seconds": eval_seconds,
             "provenance": origin,
@@ -223,7 +260,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             )
             results["wall_seconds"] = time.perf_counter() - t0
             write_json_atomic(out.path / "results.json", results)
-            print(summary_table(task, runs, swept, intervals, chosen))
+            print(summary_table(task, runs, swept, intervals, chosen, comparisons))
             names = ", ".join(str(p) for p in [out.path / "results.json", *figures])
             print(f"training curves: tensorboard --logdir {out.path / TENSORBOARD}")
             print(f"wrote {names} in {results['wall_seconds']:.0f}s")

@@ -27,6 +27,8 @@ __all__ = [
     "parse_sweeps",
     "selected_kinds",
     "swept_suffix",
+    "tuned_grid",
+    "tuned_names",
 ]
 
 SHORT = {
@@ -207,8 +209,13 @@ def expand_runs(cfg, models, default_lr, kinds=None) -> list[RunSpec]:
             else default_lr(model)
         )
         for constrained in (False, True) if kinds is None else kinds(model):
-            names = [n for n in sweeps if constrained or n not in CONSTRAINT_ONLY]
-            for point, combo in enumerate(itertools.product(*(sweeps[n] for n in names))):
+            grid = {n: v for n, v in sweeps.items() if constrained or n not in CONSTRAINT_ONLY}
+            # a model's own value (--model-hparams) is not tuned either
+            grid |= {
+                n: v for n, v in tuned_grid(cfg, sweeps, constrained, lr).items() if n not in own
+            }
+            names = list(grid)
+            for point, combo in enumerate(itertools.product(*(grid[n] for n in names))):
                 hp = base_hparams(cfg, lr) | own | dict(zip(names, combo, strict=True))
                 if not constrained:
                     hp |= {n: None for n in CONSTRAINT_ONLY}
@@ -216,6 +223,24 @@ def expand_runs(cfg, models, default_lr, kinds=None) -> list[RunSpec]:
                 for seed in cfg.seed_list:
                     specs.append(RunSpec(model, constrained, seed, items, point))
     return specs
+
+
+def tuned_grid(cfg, sweeps: dict[str, tuple], constrained: bool, lr: float) -> dict[str, tuple]:
+    """The values a kind's runs train as lanes for the runner to choose from on validation
+    (``--tune-epsilon`` for the constrained runs, ``--tune-lr`` factors of ``lr`` for ERM's),
+    unless the user set or swept that hyperparameter: ``{name: values}``, or ``{}``."""
+    if constrained and cfg.tune_epsilon and not is_given(cfg, "epsilon", sweeps):
+        return {"epsilon": tuple(dict.fromkeys(float(e) for e in cfg.tune_epsilon))}
+    if not constrained and cfg.tune_lr and not is_given(cfg, "lr", sweeps):
+        return {"lr": tuple(dict.fromkeys(float(lr * f) for f in cfg.tune_lr))}
+    return {}
+
+
+def tuned_names(cfg, sweeps: dict[str, tuple]) -> list[str]:
+    """The hyperparameters this run varies over lanes: the swept ones and the tuned ones (in
+    ``SWEEPABLE`` order), which name its runs and columns."""
+    tuned = set(tuned_grid(cfg, sweeps, True, 1.0)) | set(tuned_grid(cfg, sweeps, False, 1.0))
+    return [n for n in SWEEPABLE if n in sweeps or n in tuned]
 
 
 def selected_kinds(cfg, kinds: tuple[bool, ...]) -> tuple[bool, ...]:

@@ -574,6 +574,16 @@ def _masked_fraction(tokens: TokenizedAlpaca) -> float:
     return float(np.mean(tokens.truncated))
 
 
+@functools.lru_cache(maxsize=1)
+def _pretrained(path, compute_dtype: str, remat: bool, untie_head: bool):
+    """The pretrained decoder, read once per process: every seed's draw of the data (the
+    runner loads one per seed) trains from the same weights (``init`` copies them)."""
+    decoder = dataclasses.replace(
+        load_decoder(path, dtype=DTYPES[compute_dtype], param_dtype=jnp.float32), remat=remat
+    )
+    return untied(decoder) if untie_head else decoder
+
+
 class LLMTask(AccuracyReports, Task):
     name = "llm_sft"
     config_cls = LLMConfig
@@ -584,16 +594,9 @@ class LLMTask(AccuracyReports, Task):
     # -- data ------------------------------------------------------------------------------
     def load(self, cfg) -> LLMData:
         if cfg.checkpoint is not None:  # the weights first: a bad folder fails before the data
-            decoder = dataclasses.replace(
-                load_decoder(
-                    checkpoint_path(cfg.checkpoint),
-                    dtype=DTYPES[cfg.compute_dtype],
-                    param_dtype=jnp.float32,
-                ),
-                remat=cfg.remat,
+            decoder = _pretrained(
+                checkpoint_path(cfg.checkpoint), cfg.compute_dtype, cfg.remat, cfg.untie_head
             )
-            if cfg.untie_head:
-                decoder = untied(decoder)
         splits = llm_splits(cfg)
         records = {"train": splits.train, "val": splits.val, "test": splits.test}
         overlap = {f"train_{s}": shared_records(splits.train, records[s]) for s in ("val", "test")}
