@@ -355,6 +355,7 @@ class TorchSide:
             epsilon,
             reference=cudt_side.reference,
             device=device,
+            relative=cudt_side.cfg.dual_scale == "relative",
         )
         trained = [p for p in model.parameters() if p.requires_grad]
         # fused Adam: one kernel per step for all tensors (torch's default, one loop of several

@@ -34,6 +34,8 @@ import cooper
 import numpy as np
 import torch
 
+from cudt.descent import RATIO_FLOOR, SCALE_FLOOR
+
 __all__ = [
     "TORCH_DEFAULT_THREADS",
     "CooperStep",
@@ -242,9 +244,11 @@ class DescentCMP(cooper.ConstrainedMinimizationProblem):
         epsilon: float,
         reference: float | None = None,
         device=None,
+        relative: bool = False,
     ):
         super().__init__()
         self.layer_losses, self.epsilon, self.reference = layer_losses, epsilon, reference
+        self.relative = relative  # cudt's dual_scale="relative": the dual step on g / scale
 
         def constraint(n: int) -> cooper.Constraint:
             return cooper.Constraint(
@@ -259,11 +263,18 @@ class DescentCMP(cooper.ConstrainedMinimizationProblem):
     def compute_cmp_state(self, **kwargs) -> cooper.CMPState:
         mean = self.layer_losses(**kwargs).mean(dim=0)  # [L+1]
         g = mean[1:] - (1.0 - self.epsilon) * mean[:-1]
-        observed = {self.descent: cooper.ConstraintState(violation=g)}
+        # cudt.descent.scales: the dual step ascends g / mean ℓ_{l−1} (Cooper's strict
+        # violation drives the multipliers; the Lagrangian keeps g)
+        floor = max(SCALE_FLOOR * float(mean.detach().max()), RATIO_FLOOR)
+        scale = mean.detach()[:-1].clamp_min(floor)
+        strict = (g / scale).detach() if self.relative else None
+        observed = {self.descent: cooper.ConstraintState(violation=g, strict_violation=strict)}
         g0 = torch.zeros_like(mean[:1])
         if self.bound is not None:
             g0 = mean[:1] - self.reference
-            observed[self.bound] = cooper.ConstraintState(violation=g0)
+            bound = abs(self.reference) if self.reference else 1.0
+            strict0 = (g0 / bound).detach() if self.relative else None
+            observed[self.bound] = cooper.ConstraintState(violation=g0, strict_violation=strict0)
         return cooper.CMPState(
             loss=mean[-1],
             observed_constraints=observed,
@@ -369,6 +380,7 @@ def video_peer(setup, params, epsilon: float | None = None) -> tuple[CooperStep,
         cfg.layers,
         cfg.epsilon if epsilon is None else epsilon,
         device=device,
+        relative=cfg.dual_scale == "relative",
     )
     lr = float(setup.program.per_run["lr"][0])
     sync = torch.cuda.synchronize if device.type == "cuda" else None

@@ -196,7 +196,23 @@ def test_ut_study_tiny_end_to_end(tmp_path) -> None:
     runs = json.loads((tmp_path / "study" / "settings" / "results.json").read_text())["runs"]
     assert sorted({r["hparams"]["epsilon"] for r in runs if r["constrained"]}) == [0.05, 0.1]
     assert all("val_mean_rmse" in r for r in runs)
-    assert first["setting"] is None or first["setting"]["epsilon"] in (0.05, 0.1)
+    # the setting is the rule applied to these runs, recomputed here: every seed feasible and
+    # monotone on validation, then the lowest mean validation mean RMSE (None: none qualifies)
+    cells: dict = {}
+    for r in runs:
+        if r["constrained"]:
+            cells.setdefault((r["hparams"]["epsilon"], r["hparams"]["dual_lr"]), []).append(r)
+    ok = {
+        k: np.mean([r["val_mean_rmse"] for r in rs])
+        for k, rs in cells.items()
+        if all(r["feasible"] and r["loss_decreases_val"] and not r["diverged"] for r in rs)
+    }
+    if not ok:
+        assert first["setting"] is None
+    else:
+        best = min(ok, key=ok.get)
+        assert (first["setting"]["epsilon"], first["setting"]["dual_lr"]) == best
+        assert first["setting"]["val_mean_rmse"] == pytest.approx(ok[best])
     kinds = sorted({(r["variant"], r["kind"], r["resilience"]) for r in first["rows"]})
     assert len(kinds) == 2 * 3  # per variant: ERM, hard, resilient
     p1 = json.loads((tmp_path / "study" / FAITHFUL.slug / "phase1.json").read_text())["result"]
@@ -240,7 +256,11 @@ def test_the_default_ut_meets_the_constraints_where_the_published_one_cannot(tmp
         _TINY_L5,
         gamma_train=0.5,
         ut_attention="dot",
-        model_hparams=("ut:epsilon=0.05,dual_lr=100",),
+        epsilon=0.05,
+        dual_lr=100.0,
+        dual_scale="absolute",  # the rate in the loss's units, as the study ran
+        tune_epsilon=(),
+        tune_lr=(),
     )
     (default,) = run(VideoTask(), VideoConfig(**setting), tmp_path / "default")["runs"]
     assert not default["diverged"]
@@ -254,8 +274,9 @@ def test_the_default_ut_meets_the_constraints_where_the_published_one_cannot(tmp
 def test_the_default_ut_is_feasible_and_monotone_on_held_out_ucsd_format_frames(tmp_path) -> None:
     """The issue's held-out real-layout check: clips written as UCSD .tif frame folders, read by
     the real reader, L = 3; the default UT's constrained run ends feasible and monotone on the
-    validation videos (held out of training). 300 steps: at 150 the last constraint of the
-    paper-noise default is still 4 % short, within the runner's tolerance only."""
+    validation videos (held out of training): the ε the runner chooses there on validation is
+    feasible and monotone, its multipliers active. 300 steps: at 150 the last constraint of the
+    paper-noise default is still short, within the runner's tolerance only."""
     from cudt.data.video import archives, synthetic_videos
     from experiments import video_denoise
 
@@ -264,10 +285,14 @@ def test_the_default_ut_is_feasible_and_monotone_on_held_out_ucsd_format_frames(
     argv = ["--dataset", "ucsd", "--data-dir", str(top), "--models", "ut", "--layers", "3"]
     argv += ["--steps", "300", "--chunk-steps", "300", "--seeds", "1", "--out", str(tmp_path / "r")]
     assert video_denoise.main(argv) == 0
-    runs = json.loads((tmp_path / "r" / "results.json").read_text())["runs"]
-    (constrained,) = [r for r in runs if r["constrained"]]
+    results = json.loads((tmp_path / "r" / "results.json").read_text())
+    (pick,) = [c for c in results["chosen_points"] if c["kind"] == "constrained"]
+    assert pick["hparams"] is not None, pick  # some ε of the grid is eligible
+    (constrained,) = [
+        r for r in results["runs"] if r["constrained"] and r["hparams"] == pick["hparams"]
+    ]
     assert constrained["feasible"] and constrained["loss_decreases_val"]
-    assert max(constrained["relative_violation_val"][1:]) <= 0.0  # met exactly, not by tolerance
+    assert max(constrained["max_multipliers"]) > 0
 
 
 @pytest.mark.parametrize(

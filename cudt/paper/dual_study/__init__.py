@@ -163,7 +163,8 @@ def _call_fields(setting: Setting, call: Call, opts: StudyConfig) -> dict[str, A
 
 def _config(setting: Setting, opts: StudyConfig, out: Path, **fields) -> Any:
     cls = setting.config_cls()
-    kw = dict(setting.fields)
+    # as recorded: dual steps in the loss's units, one ε per run (the rates are in SETTINGS)
+    kw = dict(setting.fields) | dict(dual_scale="absolute", tune_epsilon=(), tune_lr=())
     if opts.scale == "tiny":
         kw |= setting.tiny
     if opts.steps is not None:
