@@ -257,9 +257,17 @@ def render_run(block: Block, results: dict) -> str:
     from cudt.runner.hparams import SWEEPABLE
     from cudt.runner.report import summary_table
 
-    sweeps = results.get("config", {}).get("sweeps") or {}
-    swept = [n for n in SWEEPABLE if n in sweeps]
-    table = summary_table(block.task(), results["runs"], swept, results.get("intervals", []))
+    config = results.get("config", {})
+    varied = set(config.get("sweeps") or {}) | set(config.get("swept") or [])
+    swept = [n for n in SWEEPABLE if n in varied]
+    table = summary_table(
+        block.task(),
+        results["runs"],
+        swept,
+        results.get("intervals", []),
+        results.get("chosen_points", []),
+        results.get("chosen_comparison", []),
+    )
     return f"{header_line(block, results)}\n\n```\n{table}\n```\n"
 
 

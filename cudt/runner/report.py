@@ -512,8 +512,15 @@ def chosen_lines(chosen: list[dict], swept: Sequence[str] = ()) -> list[str]:
         )
         rule += f"{'highest' if c['higher_is_better'] else 'lowest'} mean {c['score']}"
         if c["hparams"] is None:
+            fix = (
+                ": try smaller epsilons (--tune-epsilon 0.01,0.02), another --dual-lr, or "
+                "resilient constraints (--resilience ALPHA; reported as such)"
+                if kind == "constrained"
+                else ": every point diverged; try a smaller learning rate (--tune-lr 0.25,0.5)"
+            )
             lines.append(
                 f"{head}: no sweep point chosen: none of {c['points']} is eligible ({rule})"
+                + fix
             )
             continue
         point = " ".join(
