@@ -519,8 +519,7 @@ def chosen_lines(chosen: list[dict], swept: Sequence[str] = ()) -> list[str]:
                 else ": every point diverged; try a smaller learning rate (--tune-lr 0.25,0.5)"
             )
             lines.append(
-                f"{head}: no sweep point chosen: none of {c['points']} is eligible ({rule})"
-                + fix
+                f"{head}: no sweep point chosen: none of {c['points']} is eligible ({rule})" + fix
             )
             continue
         point = " ".join(
