@@ -30,7 +30,6 @@ from benchmarks.setting import (  # noqa: E402
     video_config,
     video_setup,
 )
-from cudt.runner.sweep import model_defaults  # noqa: E402
 from cudt.tasks.video import VideoConfig  # noqa: E402
 
 
@@ -202,8 +201,8 @@ def test_step_quick_prints_checks_ratios_and_the_flop_rate(capsys):
     assert bound[3] == speed[0][4]  # the same torch timing as the speed table's
     assert math.isclose(float(bound[4]), float(bound[3]) / float(bound[2]), rel_tol=2e-3)
     assert f"ratio UT-2 [threads {bound[1]}]: bound torch / floor = " in out
-    # the UT's own dual rate (the video task's --model-hparams), as the runner trains it
-    rate = model_defaults(VideoConfig(), "ut")["dual_lr"]
+    # the video default's dual rate, as the runner trains it
+    rate = VideoConfig().dual_lr
     assert f"nupi duals (lr {rate:g}, K_P 5, K_I 1, EMA 0), alternating updates" in out
     assert "adam duals (lr 0.05), simultaneous updates" in out
 

@@ -157,8 +157,9 @@ def test_check_detects_an_edited_number(tiny_run, tmp_path, capsys):
     page = _page(tmp_path)
     write_pages(page.parent, runs, registry=REGISTRY)
     good = page.read_text()
+    header = next(line for line in good.splitlines() if "RMSE@γtr" in line).split()
     row = next(line for line in good.splitlines() if line.strip().startswith("dust  3"))
-    cell = row.split()[4]  # the RMSE at γ_train, e.g. 27.123
+    cell = row.split()[header.index("RMSE@γtr")]  # the RMSE at γ_train, e.g. 27.123
     edited = good.replace(row, row.replace(cell, f"{float(cell) + 0.001:.3f}", 1), 1)
     assert edited != good
     page.write_text(edited)

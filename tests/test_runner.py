@@ -356,7 +356,8 @@ TWO_PROCESSES = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from helpers import ToyTask
     from cudt.runner.cli import task_main
-    argv = ["--seeds", "2", "--sweep", "epsilon=0.2,0.4", "--distributed", "--out", sys.argv[1]]
+    argv = ["--seeds", "2", "--data-seed", "0", "--sweep", "epsilon=0.2,0.4", "--distributed",
+            "--out", sys.argv[1]]
     sys.exit(task_main(ToyTask(), argv, "toy", "toy"))
     """
 )
@@ -412,7 +413,7 @@ def test_a_two_process_job_gives_the_one_process_results_and_resumes(tmp_path, c
     job = json.loads((tmp_path / "job" / "results.json").read_text())
     assert job["processes"] == 2 and job["devices"] == 4
     assert "wrote" in first[0].stdout and "wrote" not in first[1].stdout  # process 0 writes
-    single = toy(["--seeds", "2", "--sweep", "epsilon=0.2,0.4"], tmp_path / "single")
+    single = toy(["--seeds", "2", "--data-seed", "0", "--sweep", "epsilon=0.2,0.4"], tmp_path / "single")
     for a, b in zip(single["runs"], job["runs"], strict=True):
         assert a["label"] == b["label"]
         np.testing.assert_allclose(a["final_loss"], b["final_loss"], rtol=1e-4)
@@ -424,7 +425,7 @@ def test_a_two_process_job_gives_the_one_process_results_and_resumes(tmp_path, c
     (alone / "results.json").unlink()
     shutil.rmtree(alone / "checkpoints" / "toy-2" / "12")
     capsys.readouterr()
-    resumed_alone = toy(["--seeds", "2", "--sweep", "epsilon=0.2,0.4"], alone)
+    resumed_alone = toy(["--seeds", "2", "--data-seed", "0", "--sweep", "epsilon=0.2,0.4"], alone)
     assert resumed_alone["processes"] == 1 and resumed_alone["devices"] == 1
     assert (
         "toy-2: resumed from the checkpoint at step 8; saved on 4 devices in 2 processes (mesh "
