@@ -413,7 +413,9 @@ def test_a_two_process_job_gives_the_one_process_results_and_resumes(tmp_path, c
     job = json.loads((tmp_path / "job" / "results.json").read_text())
     assert job["processes"] == 2 and job["devices"] == 4
     assert "wrote" in first[0].stdout and "wrote" not in first[1].stdout  # process 0 writes
-    single = toy(["--seeds", "2", "--data-seed", "0", "--sweep", "epsilon=0.2,0.4"], tmp_path / "single")
+    single = toy(
+        ["--seeds", "2", "--data-seed", "0", "--sweep", "epsilon=0.2,0.4"], tmp_path / "single"
+    )
     for a, b in zip(single["runs"], job["runs"], strict=True):
         assert a["label"] == b["label"]
         np.testing.assert_allclose(a["final_loss"], b["final_loss"], rtol=1e-4)
