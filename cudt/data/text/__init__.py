@@ -29,6 +29,8 @@ small TFRecord reader (:mod:`cudt.data.text.tfds`); the serialized examples are 
 
 Modules: :mod:`~cudt.data.text.tokenized` (splits, tokens, length batches),
 :mod:`~cudt.data.text.generated` (generated reviews and their word lists),
+:mod:`~cudt.data.text.forum` (forum-style product reviews: a second generator for held-out
+checks, never used to choose anything, written in the aclImdb layout),
 :mod:`~cudt.data.text.aclimdb` (the aclImdb folder), :mod:`~cudt.data.text.tfds` (TFDS without
 TensorFlow), :mod:`~cudt.data.text.nli` (generated NLI pairs, tiny prepared-TFDS datasets).
 :func:`load_text_data` is here.
@@ -41,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from cudt.data.text.aclimdb import _ACLIMDB_HINT, read_aclimdb, write_aclimdb
+from cudt.data.text.forum import forum_reviews, write_forum
 from cudt.data.text.generated import (
     _unique_synthetic,
     imdb_like_review,
@@ -64,6 +67,7 @@ __all__ = [
     "TextSplit",
     "TextSplits",
     "TokenizedSplit",
+    "forum_reviews",
     "imdb_like_review",
     "imdb_like_reviews",
     "length_batches",
@@ -75,6 +79,7 @@ __all__ = [
     "tokenize_split",
     "tokenize_splits",
     "write_aclimdb",
+    "write_forum",
 ]
 
 TEXT_DATASETS: tuple[str, ...] = ("synthetic", "imdb", "mnli", "aclimdb")

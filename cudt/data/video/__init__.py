@@ -30,7 +30,9 @@ least ``seq_len``) are *val* instead. The test videos hold the anomalies and sta
 Modules: :mod:`~cudt.data.video.synthetic` (the generator), :mod:`~cudt.data.video.frames` (the
 real datasets' readers), :mod:`~cudt.data.video.avi` (PyAV), :mod:`~cudt.data.video.splits`
 (splits, sequences, :func:`load_video_data`, :func:`perturb`), :mod:`~cudt.data.video.archives`
-(tiny copies written in each archive's layout).
+(tiny copies written in each archive's layout), :mod:`~cudt.data.video.plaza` (a second
+generator for held-out checks, never used to choose anything: :func:`plaza_videos`, written in
+the Avenue or ShanghaiTech layout by :func:`write_plaza` and read through those datasets).
 """
 
 from cudt.data.video.frames import (
@@ -40,6 +42,7 @@ from cudt.data.video.frames import (
     load_frame_folders,
     load_videos,
 )
+from cudt.data.video.plaza import plaza_videos, write_plaza
 from cudt.data.video.splits import (
     VAL_FRACTION,
     VideoSplits,
@@ -67,8 +70,10 @@ __all__ = [
     "make_sequences",
     "patchify",
     "perturb",
+    "plaza_videos",
     "split_train_val",
     "split_videos",
     "synthetic_videos",
     "unpatchify",
+    "write_plaza",
 ]

@@ -162,14 +162,16 @@ def write_ucsd(
     return top
 
 
-def write_avenue(root: str | Path, videos: Mapping[str, Sequence], *, litter=True) -> Path:
-    """``root/Avenue Dataset/{training_videos,testing_videos}/01.avi`` and the ground-truth
-    folders beside them; returns the ``Avenue Dataset`` folder."""
+def write_avenue(
+    root: str | Path, videos: Mapping[str, Sequence], *, litter=True, rate: int = 25
+) -> Path:
+    """``root/Avenue Dataset/{training_videos,testing_videos}/01.avi`` (``rate`` frames per
+    second) and the ground-truth folders beside them; returns the ``Avenue Dataset`` folder."""
     top = Path(root) / AVENUE
     train, test = _videos(videos, "train"), _videos(videos, "test")
     for split, split_videos in (("training_videos", train), ("testing_videos", test)):
         for i, video in enumerate(split_videos, start=1):
-            write_avi(top / split / f"{i:02d}.avi", video)
+            write_avi(top / split / f"{i:02d}.avi", video, rate=rate)
     # Ground truth as the archive ships it (MATLAB files the readers must skip).
     for folder, files in (
         ("training_vol", [f"vol{i:02d}.mat" for i in range(1, len(train) + 1)]),
@@ -188,16 +190,20 @@ def write_avenue(root: str | Path, videos: Mapping[str, Sequence], *, litter=Tru
     return top
 
 
-def write_shanghaitech(root: str | Path, videos: Mapping[str, Sequence], *, litter=True) -> Path:
-    """``root/shanghaitech/training/videos/01_001.avi`` and ``testing/frames/01_0014/000.jpg``
-    with the frame and pixel masks beside them; returns the ``shanghaitech`` folder.
+def write_shanghaitech(
+    root: str | Path, videos: Mapping[str, Sequence], *, litter=True, rate: int = 25
+) -> Path:
+    """``root/shanghaitech/training/videos/01_001.avi`` (``rate`` frames per second) and
+    ``testing/frames/01_0014/000.jpg`` with the frame and pixel masks beside them; returns the
+    ``shanghaitech`` folder.
 
     Training videos are named ``<scene>_<clip>`` with scenes 01, 02, ... taking two clips each;
     test clips ``01_0014, 01_0015, ...`` (the scene-01 test clips of the real dataset)."""
     top = Path(root) / SHANGHAITECH
     train, test = _videos(videos, "train"), _videos(videos, "test")
     for i, video in enumerate(train):
-        write_avi(top / "training" / "videos" / f"{i // 2 + 1:02d}_{i % 2 + 1:03d}.avi", video)
+        name = f"{i // 2 + 1:02d}_{i % 2 + 1:03d}.avi"
+        write_avi(top / "training" / "videos" / name, video, rate=rate)
     for i, video in enumerate(test):
         name = f"01_{14 + i:04d}"
         write_frames(top / "testing" / "frames" / name, video, suffix=".jpg")
