@@ -1,17 +1,142 @@
-"""The held-out data sets (issue 47), written to a folder; never used to choose anything.
+"""The held-out data sets on disk: ``python -m experiments.held_out_data plaza|forum DIR``.
+
+Two generators written for held-out checks and never used to choose anything (issue 47): the
+plaza videos (:mod:`cudt.data.video.plaza`) in the CUHK Avenue or ShanghaiTech layout, and the
+forum reviews (:mod:`cudt.data.text.forum`) in the aclImdb layout. The command writes one of
+them under ``DIR`` and prints the flags that read it back::
 
     python -m experiments.held_out_data plaza DIR --layout avenue --train-videos 9 --test-videos 3
     python -m experiments.held_out_data forum DIR --train 2000 --test 400
 
-then ``python -m experiments.video_denoise --dataset avenue --data-dir 'DIR/Avenue Dataset'`` or
-``python -m experiments.text_classify --dataset aclimdb --data-dir DIR/aclImdb``. The writers
-are ``cudt.data.video.plaza`` and ``cudt.data.text.forum``; the command is
-``cudt.data.held_out.main``.
+Bad input is one line ``error: <problem>: <fix>`` and exit status 2, with nothing written; the
+data set is written into a temporary folder inside ``DIR`` and renamed into place when complete,
+so an existing data set is never overwritten and an interrupted write leaves none behind.
 """
 
-import sys
+from __future__ import annotations
 
-from cudt.data.held_out import main
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from cudt.data.text.forum import write_forum
+from cudt.data.video.archives import AVENUE, SHANGHAITECH
+from cudt.data.video.plaza import LAYOUTS, write_plaza
+from cudt.errors import UsageError
+from cudt.runner.cli import OneLineParser, run_cli
+
+__all__ = ["main"]
+
+_FOLDERS = {"avenue": AVENUE, "shanghaitech": SHANGHAITECH, "forum": "aclImdb"}
+
+
+def _parser() -> OneLineParser:
+    parser = OneLineParser(
+        prog="python -m experiments.held_out_data",
+        description="Write a held-out data set (never used to choose anything) under DIR: the "
+        "plaza videos in the CUHK Avenue or ShanghaiTech layout, or the forum reviews in the "
+        "aclImdb layout.",
+    )
+    sets = parser.add_subparsers(dest="kind", required=True, metavar="{plaza,forum}")
+    plaza = sets.add_parser("plaza", help="videos of a camera over a plaza (.avi, JPEG frames)")
+    plaza.add_argument("dir", type=Path, help="the folder to write the data set in")
+    plaza.add_argument("--layout", choices=LAYOUTS, default="avenue", help="archive layout")
+    plaza.add_argument("--train-videos", type=int, default=9, help="training videos")
+    plaza.add_argument("--test-videos", type=int, default=3, help="test videos")
+    plaza.add_argument("--frames", type=int, default=48, help="frames per video")
+    plaza.add_argument("--width", type=int, default=320, help="frame width (even)")
+    plaza.add_argument("--height", type=int, default=180, help="frame height (even)")
+    plaza.add_argument("--fps", type=int, default=15, help="frames per second")
+    plaza.add_argument("--seed", type=int, default=0, help="the data seed")
+    forum = sets.add_parser("forum", help="short informal product reviews (aclImdb layout)")
+    forum.add_argument("dir", type=Path, help="the folder to write the data set in")
+    forum.add_argument("--train", type=int, default=2000, help="training reviews")
+    forum.add_argument("--test", type=int, default=400, help="test reviews")
+    forum.add_argument("--seed", type=int, default=0, help="the data seed")
+    return parser
+
+
+def _check(ns) -> None:
+    """Every refusal before anything is written."""
+    if ns.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {ns.seed}")
+    if ns.kind == "plaza":
+        for flag, value, least in (
+            ("--train-videos", ns.train_videos, 1),
+            ("--test-videos", ns.test_videos, 1),
+            ("--frames", ns.frames, 1),
+            ("--fps", ns.fps, 1),
+        ):
+            if value < least:
+                raise UsageError(f"{flag} must be >= {least}, got {value}")
+        if ns.width < 32 or ns.height < 32 or ns.width % 2 or ns.height % 2:
+            raise UsageError(
+                f"--width and --height must be even and at least 32 (the .avi encoder's yuv420p "
+                f"halves them), got {ns.width}x{ns.height}: pass e.g. --width 320 --height 180"
+            )
+        if ns.fps > 120:
+            raise UsageError(f"--fps must be <= 120, got {ns.fps}")
+    elif ns.train < 2 or ns.test < 2:
+        raise UsageError(
+            f"--train and --test must be >= 2 (a review of each label), got {ns.train} and "
+            f"{ns.test}"
+        )
+    root = ns.dir.expanduser()
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"'{root}' is a file, not a folder: pass a folder to write the data in")
+    target = root / _FOLDERS[ns.layout if ns.kind == "plaza" else "forum"]
+    if target.exists() or target.is_symlink():
+        raise UsageError(
+            f"'{target}' already exists: pass another folder or remove it (a data set is never "
+            "overwritten)"
+        )
+
+
+def _write(ns) -> None:
+    _check(ns)
+    root = ns.dir.expanduser()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".held-out-", suffix=".tmp", dir=root))
+    except OSError as e:
+        raise UsageError(
+            f"cannot write to '{root}' ({e.strerror or e}): pass a writable folder"
+        ) from e
+    try:
+        if ns.kind == "plaza":
+            made = write_plaza(
+                staging,
+                layout=ns.layout,
+                train_videos=ns.train_videos,
+                test_videos=ns.test_videos,
+                num_frames=ns.frames,
+                seed=ns.seed,
+                height=ns.height,
+                width=ns.width,
+                fps=ns.fps,
+            )
+            what = (
+                f"{ns.train_videos} training and {ns.test_videos} test videos of {ns.frames} "
+                f"frames ({ns.width}x{ns.height}, {ns.fps} fps) in the {ns.layout} layout"
+            )
+            flags = f"--dataset {ns.layout}"
+        else:
+            made = write_forum(staging, train=ns.train, test=ns.test, seed=ns.seed)
+            what = f"{ns.train} training and {ns.test} test forum reviews in the aclImdb layout"
+            flags = "--dataset aclimdb"
+        target = root / made.name
+        made.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"wrote {what} to {target}; read it with {flags} --data-dir '{target}'")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    return run_cli(lambda: _write(ns))
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1414,7 +1414,7 @@ HELD_OUT_CASES = [
     "case, build, problem, fix", HELD_OUT_CASES, ids=[c[0] for c in HELD_OUT_CASES]
 )
 def test_held_out_data(case, build, problem, fix, tmp_path, capsys):
-    from cudt.data.held_out import main
+    from experiments.held_out_data import main
 
     root = tmp_path / "data"
     root.mkdir()

@@ -1,4 +1,4 @@
-"""``python -m experiments.held_out_data plaza|forum DIR`` (cudt/data/held_out.py): each data
+"""``python -m experiments.held_out_data plaza|forum DIR`` (experiments/held_out_data.py): each data
 set is written whole under DIR, readable with the flags the command prints, with no staging
 folder left behind. Its refusals are in tests/test_bad_inputs.py (docs/errors.md)."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import shlex
 
-from cudt.data.held_out import main
 from cudt.data.text import load_text_data
 from cudt.data.video import load_videos
+from experiments.held_out_data import main
 
 
 def _printed_flags(out: str) -> tuple[str, str]:

@@ -31,15 +31,22 @@ pytestmark = pytest.mark.optimized
 @pytest.mark.slow
 def test_the_video_default_ut_is_feasible_and_descends_on_plaza_videos(tmp_path) -> None:
     """Eight plaza clips of 16 frames (6 training, of which the runner holds 1 out for
-    validation, and 2 test), the video default's UT (L = 5, its γ_train, ε and dual rate),
-    300 steps as in the suite's held-out UCSD check."""
+    validation, and 2 test), the video default's UT as a user runs it (L = 5, its γ_train,
+    tuned ε lanes, dual rate and 400 steps); the ε the runner chose on validation is the one
+    checked. At 300 steps no ε is eligible yet (docs/results/video.md)."""
     top = write_plaza(tmp_path, layout="avenue", train_videos=6, test_videos=2, num_frames=16)
     out = tmp_path / "run"
     argv = ["--dataset", "avenue", "--data-dir", str(top), "--models", "ut"]
-    argv += ["--steps", "300", "--chunk-steps", "300", "--seeds", "1", "--out", str(out)]
+    argv += ["--chunk-steps", "400", "--seeds", "1", "--out", str(out)]  # the default's 400 steps
     assert video_denoise.main(argv) == 0
-    runs = json.loads((out / "results.json").read_text())["runs"]
-    (constrained,) = [r for r in runs if r["constrained"]]
+    results = json.loads((out / "results.json").read_text())
+    # the default's own choice among its tuned ε lanes, on validation (feasible and monotone
+    # there, then the lowest validation objective): a point must be eligible
+    (chosen,) = [c for c in results["chosen_points"] if c["kind"] == "constrained"]
+    assert chosen["hparams"] is not None, chosen
+    (constrained,) = [
+        r for r in results["runs"] if r["constrained"] and r["hparams"] == chosen["hparams"]
+    ]
     val = np.asarray(constrained["layer_loss_val"])
     test = np.asarray(
         constrained["layer_loss"][constrained["test_gamma"].index(constrained["gamma_train"])]
