@@ -271,6 +271,7 @@ def test_the_default_ut_meets_the_constraints_where_the_published_one_cannot(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.optimized  # 300 steps of 4 lanes: XLA's optimisation passes pay for themselves
 def test_the_default_ut_is_feasible_and_monotone_on_held_out_ucsd_format_frames(tmp_path) -> None:
     """The issue's held-out real-layout check: clips written as UCSD .tif frame folders, read by
     the real reader, L = 3; the default UT's constrained run ends feasible and monotone on the
