@@ -215,3 +215,27 @@ def test_the_layer_loss_plot_starts_at_the_runs_first_state(tmp_path, monkeypatc
     llm, ut = figs[0].axes
     assert list(llm.lines[0].get_xdata()) == [1, 2, 3]
     assert list(ut.lines[0].get_xdata()) == [0, 1, 2, 3]
+
+
+def test_lanes_not_chosen_are_drawn_faint_under_their_own_legend_entry(tmp_path, monkeypatch):
+    """Tuned lanes: the chosen lane of each kind at full strength, the others thin and faint
+    under "<kind>, lanes not chosen"; a run with no choice made (no ``chosen`` key) as before."""
+    from cudt.runner import plots
+
+    figs = []
+    monkeypatch.setattr(plots.plt, "close", figs.append)
+    base = dict(model="ut", layers=2, seed=0, test_gamma=[0.0, 0.5], gamma_train=0.5)
+    runs = [
+        dict(base, constrained=False, chosen=True, layer_loss=[[3, 2, 1]] * 2, rmse=[1, 2]),
+        dict(base, constrained=False, chosen=False, layer_loss=[[3, 4, 5]] * 2, rmse=[1, 3]),
+        dict(base, constrained=True, layer_loss=[[3, 2, 1.5]] * 2, rmse=[1, 2]),
+    ]
+    plots.plot_layer_losses(runs, tmp_path / "layer_loss.png")
+    plots.plot_metric_vs_gamma(runs, tmp_path / "rmse.png", key="rmse", ylabel="RMSE")
+    for fig in figs:
+        (ax,) = fig.axes
+        chosen, faint, plain = ax.lines[:3]
+        assert chosen.get_alpha() == plain.get_alpha() > faint.get_alpha()
+        assert chosen.get_linewidth() > faint.get_linewidth()
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert labels[:3] == ["ERM", "ERM, lanes not chosen", "constrained"]

@@ -559,6 +559,11 @@ def test_tuned_lanes_choose_each_kind_on_validation_and_compare_the_choices(tune
         rtol=1e-3,
     )
     assert comparison["feasible"] == sum(r["feasible"] for r in a)
+    # each run says whether its lane is the chosen one (figures draw the others faint)
+    for kind, constrained in (("ERM", False), ("constrained", True)):
+        for r in runs:
+            if r["constrained"] == constrained:
+                assert r["chosen"] == (r["hparams"] == picks[kind]["hparams"]), r["label"]
     assert "chosen constrained (epsilon=" in printed and "− chosen ERM (lr=" in printed
     assert f"constrained feasible at {comparison['feasible']} of 2" in printed
 

@@ -2,7 +2,9 @@
 
 All take the experiment's ``runs`` list (the dicts written to results.json), group them by model
 and show ERM and constrained side by side. Infeasible runs are dashed, diverged runs are left out
-of the curves and named in the legend, so a broken run is never mistaken for a good one.
+of the curves and named in the legend, so a broken run is never mistaken for a good one. The
+lanes the runner did not choose on validation (``chosen: False``, :func:`cudt.runner.report.
+mark_chosen`) are drawn thin and faint, so the chosen setting stands out among tuned lanes.
 """
 
 from __future__ import annotations
@@ -42,6 +44,23 @@ def _style(run):
     return "--" if run.get("feasible") is False and run.get("constrained") else "-"
 
 
+def _line(run, seen: set) -> dict:
+    """Line keywords of a run: its kind's colour, full strength and a legend entry once per
+    kind; a lane not chosen on validation thin and faint, under "<kind>, lanes not chosen"."""
+    faint = run.get("chosen") is False
+    kind = f"{_kind(run)}, lanes not chosen" if faint else _kind(run)
+    label = kind if kind not in seen else None
+    seen.add(kind)
+    return dict(
+        marker="o",
+        ms=2 if faint else 3,
+        lw=0.8 if faint else 1.5,
+        color=_color(run),
+        alpha=0.3 if faint else 0.85,
+        label=label,
+    )
+
+
 def _axes(n):
     fig, axes = plt.subplots(1, n, figsize=(5.0 * n, 3.8), squeeze=False)
     return fig, axes[0]
@@ -70,19 +89,8 @@ def plot_layer_losses(
             if gi is None:
                 gi = run["test_gamma"].index(run["gamma_train"])
             losses = np.asarray(run["layer_loss"][gi], float)
-            label = _kind(run) if _kind(run) not in seen else None
-            seen.add(_kind(run))
             first = run.get("first_state", 0)  # a problem that starts past state 0 (the LLM's)
-            ax.plot(
-                first + np.arange(losses.size),
-                losses,
-                _style(run),
-                marker="o",
-                ms=3,
-                color=_color(run),
-                alpha=0.85,
-                label=label,
-            )
+            ax.plot(first + np.arange(losses.size), losses, _style(run), **_line(run, seen))
         ax.set_yscale("log")
         ax.set_xlabel("layer l")
         ax.set_ylabel("mean test loss ℓ_l")
@@ -118,18 +126,7 @@ def plot_metric_vs_gamma(
                     label=f"{_kind(run)} seed {run['seed']}: diverged",
                 )
                 continue
-            label = _kind(run) if _kind(run) not in seen else None
-            seen.add(_kind(run))
-            ax.plot(
-                run["test_gamma"],
-                run[key],
-                _style(run),
-                marker="o",
-                ms=3,
-                color=_color(run),
-                alpha=0.85,
-                label=label,
-            )
+            ax.plot(run["test_gamma"], run[key], _style(run), **_line(run, seen))
         if gamma_train is not None:
             ax.axvline(gamma_train, color="k", lw=0.8, ls=":", label="γ_train")
         ax.set_xlabel("test γ")

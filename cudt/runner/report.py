@@ -28,6 +28,7 @@ __all__ = [
     "Column",
     "format_table",
     "interval_lines",
+    "mark_chosen",
     "seed_intervals",
     "select_best",
     "status_cell",
@@ -334,6 +335,23 @@ def select_best(runs: list[dict], score: str, *, higher_is_better: bool) -> None
         if eligible:
             pick = (max if higher_is_better else min)(eligible, key=lambda r: r[score])
             pick["best"] = True
+
+
+def mark_chosen(runs: list[dict], chosen: list[dict]) -> None:
+    """``chosen`` on each run of a setting the runner chose among lanes (:func:`choose_points`):
+    True on the chosen point's runs, False on the other lanes'. Runs of a setting with no
+    choice made (one point, or none eligible) get no mark. Figures draw the unchosen faint."""
+    for c in chosen:
+        if c["hparams"] is None:
+            continue
+        for r in runs:
+            same = (r.get("model"), r.get("layers"), r.get("gamma_train")) == (
+                c["model"],
+                c["layers"],
+                c["gamma_train"],
+            )
+            if same and KINDS[r["constrained"]] == c["kind"]:
+                r["chosen"] = r["hparams"] == c["hparams"]
 
 
 def choose_points(

@@ -33,6 +33,7 @@ from cudt.runner.report import (
     choose_points,
     compare_chosen,
     curves_of,
+    mark_chosen,
     seed_intervals,
     select_best,
     summarise,
@@ -222,6 +223,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         chosen = choose_points(runs, score, higher_is_better=higher)
         chosen += choose_points(runs, score, higher_is_better=higher, constrained=False)
         comparisons = compare_chosen(runs, chosen)
+        mark_chosen(runs, chosen)  # before the figures: they draw the unchosen lanes faint
         extras = task.config_extras(draws[next(iter(draws))], data)
         config = (
             dataclasses.asdict(cfg)
