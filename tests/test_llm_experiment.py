@@ -579,3 +579,36 @@ def test_export_writes_the_chosen_runs_that_transformers_runs_as_trained(tmp_pat
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and words in err, err
         assert not target.exists()
+
+
+@pytest.mark.slow
+def test_export_of_a_seed_gives_the_model_that_seed_trained_on_its_own_data(tmp_path):
+    """Each seed draws its own data (and the tiny decoder's frozen embeddings from it): the
+    export of seed 1's run, after training and from the finished --out, carries seed 1's
+    embeddings and parameters, not seed 0's."""
+    import safetensors.numpy
+
+    from cudt.tasks.llm import LLMConfig, LLMTask
+    from experiments import export_decoder
+
+    out = tmp_path / "run"
+    results = run([*TINY, "--seeds", "2", "--kinds", "erm", "--export", str(tmp_path / "m")], out)
+    shape = dict(
+        num_train=48, num_val=8, num_test=8, max_length=64, layers=2, hidden=16, heads=2,
+        kv_heads=1, intermediate=32,
+    )  # fmt: skip
+    draws = {s: LLMTask().load(LLMConfig(**shape, data_seed=s)) for s in (0, 1)}
+    embed = {s: np.asarray(d.decoder.params["embed"]) for s, d in draws.items()}
+    # the draws differ (their vocabularies, here): the check below can fail
+    assert embed[0].shape != embed[1].shape or not np.allclose(embed[0], embed[1])
+    for seed in (0, 1):
+        dest = tmp_path / f"seed{seed}"
+        label = f"llm-2 ERM seed {seed}"
+        assert export_decoder.main([str(out), str(dest), "--run", label]) == 0
+        tensors = safetensors.numpy.load_file(dest / "model.safetensors")
+        np.testing.assert_array_equal(tensors["model.embed_tokens.weight"], embed[seed])
+    # --export after training: the chosen run (of either seed) with its own seed's draw
+    (best,) = [r for r in results["runs"] if r["best"]]
+    folder = tmp_path / "m" / best["label"].replace(" ", "-")
+    tensors = safetensors.numpy.load_file(folder / "model.safetensors")
+    np.testing.assert_array_equal(tensors["model.embed_tokens.weight"], embed[best["seed"]])

@@ -90,7 +90,7 @@ from cudt.tasks.accuracy import (
     paired_with_erm,
     test_gamma_grid,
 )
-from cudt.tasks.llm_export import decoder_params, export_runs
+from cudt.tasks.llm_export import decoder_params, export_runs, run_data
 
 __all__ = ["GENERATED_DATA", "LLMConfig", "LLMData", "LLMTask", "llm_splits"]
 
@@ -723,7 +723,7 @@ class LLMTask(AccuracyReports, Task):
             export_runs(
                 self,
                 cfg,
-                lambda record: data,  # one draw of the data for every run
+                run_data(self, cfg, data),  # each run's own draw of the data
                 results,
                 out,
                 cfg.export,

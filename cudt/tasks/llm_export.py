@@ -45,6 +45,7 @@ __all__ = [
     "export_cli",
     "export_runs",
     "finished_run",
+    "run_data",
     "trained_decoder",
 ]
 
@@ -257,20 +258,51 @@ def finished_run(out: str | Path, task: Any) -> tuple[Any, Any, dict]:
     except ValueError as err:
         raise UsageError(f"{file}'s config is not one this cudt runs ({err})") from err
     data = task.load(cfg)
-    # what the data and weights gave when the checkpoints were written (the training tokens,
-    # the vocabulary, the noise scale), but what only the evaluation reads
+    _check_trained_on(task, cfg, data, trained, out)
+    return cfg, data, results
+
+
+def _check_trained_on(task: Any, cfg: Any, data: Any, trained: dict, out: Path) -> None:
+    """A one-line :class:`UsageError` unless ``data`` (the draw of ``cfg.data_rng_seed``)
+    gives what the data and weights gave when the checkpoints were written (``trained``, the
+    checkpoints' record: the training tokens, the vocabulary, the noise scale; per seed when
+    each seed drew its own data), evaluation-only values aside."""
+    per_seed = trained.get("data_per_seed")
+    expected = per_seed.get(str(cfg.data_rng_seed), {}) if per_seed else trained
     now = to_jsonable(task.fingerprint(cfg, data))
     diff = [
-        f"{k} {trained.get(k)!r} -> {v!r}"
+        f"{k} {expected.get(k)!r} -> {v!r}"
         for k, v in now.items()
-        if k in trained and k not in cfg.EVALUATION_ONLY and trained[k] != v
+        if k in expected and k not in cfg.EVALUATION_ONLY and expected[k] != v
     ]
     if diff:
         raise UsageError(
             f"{out}'s checkpoints were trained on other data or weights than its config gives "
             f"now ({'; '.join(diff[:3])}): restore the files it was trained on"
         )
-    return cfg, data, results
+
+
+def run_data(task: Any, cfg: Any, data: Any, out: Path | None = None) -> Callable[[dict], Any]:
+    """``data_of(record)`` for :func:`export_runs`: the data a run of ``cfg`` was trained on.
+    With ``--data-seed`` every run read ``data``; without it each seed drew its own
+    (:func:`cudt.runner.run.data_draws`: its decoder init, tokens and frozen embeddings), so a
+    run of another seed than ``data``'s has its draw loaded again, checked against the
+    checkpoints' record in ``out`` when given."""
+    if cfg.data_seed is not None:
+        return lambda record: data
+    draws = {cfg.data_rng_seed: data}
+
+    def data_of(record: dict) -> Any:
+        seed = int(record["seed"])
+        if seed not in draws:
+            draw = dataclasses.replace(cfg, data_seed=seed)
+            draws[seed] = task.load(draw)
+            if out is not None:
+                trained = json.loads((out / CHECKPOINTS / CONFIG_FILE).read_text("utf-8"))
+                _check_trained_on(task, draw, draws[seed], trained, out)
+        return draws[seed]
+
+    return data_of
 
 
 def export_cli(task: Any, argv: Sequence[str] | None = None) -> None:
@@ -308,7 +340,7 @@ def export_cli(task: Any, argv: Sequence[str] | None = None) -> None:
     export_runs(
         task,
         cfg,
-        lambda record: data,  # one draw of the data for every run
+        run_data(task, cfg, data, Path(args.run_dir).expanduser()),
         results,
         Path(args.run_dir).expanduser(),
         args.dest,
