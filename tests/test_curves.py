@@ -105,6 +105,26 @@ def test_tensorboard_scalars_read_back_exactly(tmp_path):
     assert not [p for p in (tmp_path / "tb").iterdir() if p.name.startswith(".")]
 
 
+def test_the_event_writer_does_not_load_pytorch(tmp_path):
+    """tensorboardX's writer imports torch, seconds of every run's start, for tensors cudt
+    never passes: in a fresh process (torch is installed with the test extras) the events are
+    written, torch stays unloaded, and it still imports afterwards."""
+    import subprocess
+    import sys
+
+    run = make_run("a")
+    code = (
+        "import sys; from cudt.runner.curves import write_tensorboard; "
+        f"write_tensorboard([{run!r}], {str(tmp_path / 'tb')!r}); "
+        "assert 'torch' not in sys.modules, 'torch loaded'; import torch; print(torch.ones(2).sum())"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tensor(2.)" in done.stdout
+    assert read_scalars(tmp_path / "tb" / "a")["train/objective"]
+
+
 def test_unsafe_and_clashing_labels_get_distinct_single_folders(tmp_path):
     labels = ["a/b c", "a b/c", "a_b_c", "A/B C", "../..", "", "a/b c"]
     dirs = write_tensorboard([make_run(label, k=2) for label in labels], tmp_path)
