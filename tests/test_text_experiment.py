@@ -248,6 +248,36 @@ def test_embedding_noise_scale_is_gamma_times_table_std(tiny_bert):
 
 
 @pytest.mark.parametrize("name", ["bert", "ut"])
+def test_trained_word_rows_are_held_to_their_pretrained_norms(tiny_bert, name):
+    """With train_embeddings the table is a parameter; after a step the projection scales any
+    row that grew back to its pretrained norm (the noise's scale is fixed from that table),
+    leaves the others bit-exact, and keeps the UT's own projection."""
+    model = build_text_model(name, num_classes=2, checkpoint=tiny_bert, train_embeddings=True)
+    params = jax.jit(model.init)(jax.random.key(0))
+    table = np.asarray(model.table)
+    np.testing.assert_array_equal(np.asarray(model.word_table(params)), table)
+    grown = table.copy()
+    grown[:5] *= 3.0  # five rows grow, the rest shrink or stay
+    grown[5:10] *= 0.5
+    project = model.project()
+    out = jax.jit(project)(model.with_word_table(params, jnp.asarray(grown)))
+    got = np.asarray(model.word_table(out))
+    norms = np.linalg.norm(table, axis=1)
+    np.testing.assert_allclose(np.linalg.norm(got[:5], axis=1), norms[:5], rtol=1e-5)
+    np.testing.assert_allclose(got[:5] / norms[:5, None], table[:5] / norms[:5, None], atol=1e-6)
+    np.testing.assert_array_equal(got[5:], grown[5:])
+    assert jax.tree.structure(out) == jax.tree.structure(params)
+    if name == "ut":  # the UT's eigenvalue clip still runs on its feed-forward matrix
+        ffn = dict(params["body"]["ut"], ffn=10.0 * params["body"]["ut"]["ffn"])
+        wide = dict(params, body=dict(params["body"], ut=ffn))
+        clipped = np.asarray(jax.jit(project)(wide)["body"]["ut"]["ffn"])
+        sym = 0.5 * (clipped + clipped.T)
+        assert np.abs(np.linalg.eigvalsh(sym)).max() <= 0.95 * (1 + 1e-4)
+    frozen = build_text_model(name, num_classes=2, checkpoint=tiny_bert)
+    assert (frozen.project() is None) == (name == "bert")
+
+
+@pytest.mark.parametrize("name", ["bert", "ut"])
 def test_one_head_is_shared_by_every_state(tiny_bert, name):
     model = build_text_model(name, num_classes=3, checkpoint=tiny_bert)
     params = jax.jit(model.init)(jax.random.key(0))

@@ -16,8 +16,9 @@ Bodies:
 
 * a pretrained BERT / DistilBERT / RoBERTa (:func:`cudt.load_encoder`), fine-tuned whole (blocks,
   position / type embeddings, embedding LayerNorm) except its word-embedding table, which stays
-  frozen unless ``train_embeddings``: a trained table could grow its rows and so shrink the
-  perturbation, whose scale is fixed from the pretrained table;
+  frozen unless ``train_embeddings``, whose rows are then held to their pretrained norms after
+  every step (:meth:`TextClassifier.project`): a row that grew would shrink the perturbation,
+  whose scale is fixed from the pretrained table;
 * a UT (:class:`cudt.models.UT`, Xavier init, projected after each step) over the same frozen
   word embeddings as the pretrained model (as the paper does), without position embeddings.
   ``head_norm=True`` (an option, off by default: the paper's readout is plain linear) divides
@@ -193,10 +194,38 @@ class TextClassifier:
         states = self.states(params, batch, noise, table)
         return self.head(params, self.pool(states, batch["mask"]))
 
+    def with_word_table(self, params, table: jax.Array):
+        """``params`` with the trained word table replaced by ``table`` (``train_embeddings``)."""
+        body = dict(params["body"])
+        if self.ut is not None:
+            body["word_embeddings"] = table
+        else:
+            embeddings = dict(body["embeddings"], word_embeddings={"embedding": table})
+            body["embeddings"] = embeddings
+        return dict(params, body=body)
+
     def project(self):
-        """The parameter projection after each optimizer step (the UT's,
-        :func:`cudt.models.ut_projection`), or None."""
-        return None if self.ut is None else ut_projection(self.ut)
+        """The parameter projection after each optimizer step, or None: the UT's
+        (:func:`cudt.models.ut_projection`) and, with ``train_embeddings``, every row of the
+        trained word table scaled back to at most its pretrained norm. The noise's scale is
+        fixed from the pretrained table, so a row that grew would shrink its token's
+        perturbation, a robustness the model bought by rescaling instead of learning; a row
+        within its norm (to a relative 1e-5) is left bit-exact."""
+        ut = None if self.ut is None else ut_projection(self.ut)
+        if not self.train_embeddings:
+            return ut
+        limit = jnp.asarray(np.linalg.norm(np.asarray(self.table), axis=-1, keepdims=True))
+
+        def project(params):
+            if ut is not None:
+                params = ut(params)
+            table = self.word_table(params)
+            norms = jnp.sqrt(jnp.sum(jnp.square(table), axis=-1, keepdims=True))
+            # a row at its own norm, recomputed in another rounding order, is left alone
+            scale = jnp.where(norms > limit * (1 + 1e-5), limit / jnp.maximum(norms, 1e-30), 1.0)
+            return self.with_word_table(params, table * scale)
+
+        return project
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:

@@ -97,7 +97,7 @@ def build_parser(config_cls: type, description: str, prog: str | None = None):
         tp = hints[f.name]
         help_text = f.metadata.get("help", "")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        if tp is bool:
+        if tp is bool or tp == (bool | None):  # None: a default that depends on other flags
             parser.add_argument(
                 flag,
                 dest=f.name,

@@ -55,6 +55,12 @@ def max_length_of(cfg) -> int:
     return cfg.max_length if cfg.max_length is not None else DEFAULT_MAX_LENGTH[cfg.dataset]
 
 
+def train_embeddings_of(cfg) -> bool:
+    """``--train-embeddings``, else the model's default: trained for the UT, frozen for the
+    pretrained encoders."""
+    return cfg.model == "ut" if cfg.train_embeddings is None else cfg.train_embeddings
+
+
 # Appendix B.5 / Figure 12: constrained RoBERTa on IMDb, per-sample ratios on the test set.
 PAPER_DESCENT = {"descent_rate": 0.708, "mean_ratio": 0.87, "median_ratio": 0.82}
 PAPER_DESCENT_SOURCE = "paper, constrained RoBERTa on IMDb (Fig. 12)"
@@ -122,9 +128,11 @@ class TextConfig(RunConfig):
         "noise std at gamma = 1 (default: the std of the word-embedding table)",
         check=positive,
     )
-    train_embeddings: bool = flag(
-        False,
-        "also train the word-embedding table (frozen by default: the noise scale is fixed from it)",
+    train_embeddings: bool | None = flag(
+        None,
+        "also train the word-embedding table, each row held to its pretrained norm (the noise "
+        "scale is fixed from that table); default: on for ut (over frozen embeddings a UT reads "
+        "little more than their mean, docs/results/text.md), off for pretrained encoders",
     )
     ut_a: float = flag(1.0, "UT attention step a")
     ut_b: float = flag(
@@ -255,7 +263,7 @@ class TextTask(AccuracyReports, Task):
             checkpoint=cfg.checkpoint,
             granularity=cfg.granularity,
             layers=cfg.layers,
-            train_embeddings=cfg.train_embeddings,
+            train_embeddings=train_embeddings_of(cfg),
             noise_scale=cfg.noise_scale,
             pooling=cfg.pooling,
             ut_a=cfg.ut_a,
@@ -284,7 +292,12 @@ class TextTask(AccuracyReports, Task):
             f"{'UT layers' if model.ut is not None else 'blocks'}, {model.granularity} "
             f"granularity -> {model.num_layers + 1} states; noise std = gamma x "
             f"{model.noise_unit:.4g}"
-            + (" (std of the word-embedding table)" if cfg.noise_scale is None else ""),
+            + (" (std of the word-embedding table)" if cfg.noise_scale is None else "")
+            + (
+                "; word embeddings trained, rows held to their norms"
+                if model.train_embeddings
+                else "; word embeddings frozen"
+            ),
         ]
 
     def fingerprint(self, cfg, data: TextData) -> dict[str, Any]:
@@ -301,6 +314,7 @@ class TextTask(AccuracyReports, Task):
             "lr": cfg.lr if cfg.lr is not None else self.default_lr(cfg, cfg.model),
             "max_length": max_length_of(cfg),
             "head_norm": model.head_norm,
+            "word_embeddings": "trained" if model.train_embeddings else "frozen",
             "reference_bound": self.resolve_reference(cfg.reference, data),
             "noise_unit": model.noise_unit,
             "encoder_folder": str(model.encoder.path),
