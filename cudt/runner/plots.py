@@ -62,7 +62,9 @@ def _line(run, seen: set) -> dict:
 
 
 def _axes(n):
-    fig, axes = plt.subplots(1, n, figsize=(5.0 * n, 3.8), squeeze=False)
+    # constrained layout: laid out while the figure is drawn for saving, where tight_layout()
+    # draws it once more beforehand (half of a figure's time)
+    fig, axes = plt.subplots(1, n, figsize=(5.0 * n, 3.8), squeeze=False, layout="constrained")
     return fig, axes[0]
 
 
@@ -98,7 +100,6 @@ def plot_layer_losses(
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
     savefig_atomic(fig, path, dpi=110)
     plt.close(fig)
 
@@ -135,7 +136,6 @@ def plot_metric_vs_gamma(
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
     savefig_atomic(fig, path, dpi=110)
     plt.close(fig)
 
@@ -172,6 +172,5 @@ def plot_ratio_histograms(
         ax.set_title(model)
         ax.legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
     savefig_atomic(fig, path, dpi=110)
     plt.close(fig)
