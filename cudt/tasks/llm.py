@@ -70,9 +70,11 @@ from cudt.models.llama import (
     Decoder,
     DecoderConfig,
     apply_chat_template,
+    init_adapters,
     load_decoder,
     smollm2_gguf_path,
 )
+from cudt.models.llama.lora import TARGETS as LORA_TARGETS
 from cudt.runner.config import (
     RunConfig,
     at_least,
@@ -90,7 +92,7 @@ from cudt.tasks.accuracy import (
     paired_with_erm,
     test_gamma_grid,
 )
-from cudt.tasks.llm_export import decoder_params, export_runs, run_data
+from cudt.tasks.llm_export import decoder_params, export_runs, lora_spec, run_data
 
 __all__ = ["GENERATED_DATA", "LLMConfig", "LLMData", "LLMTask", "llm_splits"]
 
@@ -227,6 +229,27 @@ class LLMConfig(RunConfig):
         "other gammas, whose accuracy is reported: the readouts over the vocabulary are most "
         "of an evaluation)",
     )
+    lora_rank: int | None = flag(
+        None,
+        "train LoRA adapters of this rank on the --checkpoint's projections instead of the "
+        "whole model: the base stays frozen, the descent constraints act on the adapted "
+        "model's states, checkpoints hold the adapters and their optimiser states only, and "
+        "--export writes the merged model and the adapters in PEFT's layout (default: full "
+        "fine-tuning)",
+        check=at_least(1),
+    )
+    lora_alpha: float | None = flag(
+        None,
+        "LoRA's alpha: the adapters' update is scaled by alpha / rank (default: 2 x rank, a "
+        "scale of 2 at every rank, as PEFT's common alpha 16 at rank 8)",
+        check=positive,
+    )
+    lora_targets: tuple[str, ...] = flag(
+        LORA_TARGETS,
+        "the projections LoRA adapts, comma-separated, of q,k,v,o,gate,up,down (default: all "
+        "of them, every linear map of every block)",
+        check=one_of(*LORA_TARGETS),
+    )
     export: str | None = flag(
         None,
         "after training, write the chosen runs' models (the best constrained and the best ERM "
@@ -306,6 +329,28 @@ class LLMConfig(RunConfig):
             "--data has no split left to deal: --train-data, --val-data and --test-data give "
             "all three; drop --data or one of them",
         )
+        if self.lora_rank is None:
+            need(
+                self.lora_alpha is None and self.lora_targets == LORA_TARGETS,
+                "--lora-alpha and --lora-targets shape LoRA adapters: pass --lora-rank R too, "
+                "or drop them",
+            )
+        else:
+            need(
+                self.checkpoint is not None,
+                "--lora-rank adapts a pretrained model: pass --checkpoint FOLDER, model.gguf "
+                "or smollm2",
+            )
+            need(
+                not self.train_embeddings and not self.untie_head,
+                "--lora-rank trains adapters only, the base frozen: drop "
+                + ("--train-embeddings" if self.train_embeddings else "--untie-head"),
+            )
+            need(
+                len(set(self.lora_targets)) == len(self.lora_targets),
+                f"--lora-targets {','.join(self.lora_targets)} names a projection twice: name "
+                "each once",
+            )
         need(
             self.export is not None or not self.overwrite_export,
             "--overwrite-export replaces what --export holds: pass --export DIR or drop it",
@@ -357,6 +402,8 @@ class LLMData:
     response_keep: tuple[int, ...] | None = None
     # records of val / test that are training records too: {"train_val": n, "train_test": n}
     overlap: dict = dataclasses.field(default_factory=dict)
+    # --lora-rank: a digest of the frozen base weights (the checkpoints hold the adapters only)
+    base_digest: str | None = None
 
     def prompt(self, record: AlpacaRecord) -> str:
         """The prompt text of ``record`` in this run's format."""
@@ -570,6 +617,23 @@ def overlap_lines(data: LLMData) -> list[str]:
     return lines
 
 
+def lora_lines(cfg: LLMConfig, data: LLMData, n_params: int) -> list[str]:
+    """What ``--lora-rank`` trains: the adapters' shape and size against the frozen base."""
+    spec = lora_spec(cfg)
+    if spec is None:
+        return []
+    shapes = data.decoder.config.param_shapes()["blocks"]
+    size = sum(
+        shapes[t]["kernel"][0] * spec.rank * (shapes[t]["kernel"][1] + shapes[t]["kernel"][2])
+        for t in spec.targets
+    )
+    return [
+        f"LoRA: rank {spec.rank}, alpha {spec.alpha:g} (scale {spec.scale:g}) on "
+        f"{','.join(spec.targets)} of every block: {size / 1e6:.3f}M trainable parameters "
+        f"({100 * size / n_params:.2f}% of the frozen base, digest {data.base_digest})"
+    ]
+
+
 def _masked_fraction(tokens: TokenizedAlpaca) -> float:
     return float(np.mean(tokens.truncated))
 
@@ -584,6 +648,16 @@ def _pretrained(path, compute_dtype: str, remat: bool, untie_head: bool):
     return untied(decoder) if untie_head else decoder
 
 
+@functools.lru_cache(maxsize=1)
+def _base_digest(path, compute_dtype: str, remat: bool, untie_head: bool) -> str:
+    """A digest of the pretrained weights (every leaf's bytes, in tree order): what the
+    checkpoints of LoRA adapters were trained over, whatever path names them."""
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(_pretrained(path, compute_dtype, remat, untie_head).params):
+        h.update(np.ascontiguousarray(leaf).tobytes())
+    return h.hexdigest()[:16]
+
+
 class LLMTask(AccuracyReports, Task):
     name = "llm_sft"
     config_cls = LLMConfig
@@ -594,9 +668,13 @@ class LLMTask(AccuracyReports, Task):
     # -- data ------------------------------------------------------------------------------
     def load(self, cfg) -> LLMData:
         if cfg.checkpoint is not None:  # the weights first: a bad folder fails before the data
-            decoder = _pretrained(
-                checkpoint_path(cfg.checkpoint), cfg.compute_dtype, cfg.remat, cfg.untie_head
+            weights = (
+                checkpoint_path(cfg.checkpoint),
+                cfg.compute_dtype,
+                cfg.remat,
+                cfg.untie_head,
             )
+            decoder = _pretrained(*weights)
         splits = llm_splits(cfg)
         records = {"train": splits.train, "val": splits.val, "test": splits.test}
         overlap = {f"train_{s}": shared_records(splits.train, records[s]) for s in ("val", "test")}
@@ -643,6 +721,7 @@ class LLMTask(AccuracyReports, Task):
             from_scratch=cfg.checkpoint is None,
             prompt_format=fmt,
             overlap=overlap,
+            base_digest=_base_digest(*weights) if cfg.lora_rank is not None else None,
             response_capacity=(
                 response_capacities([t.loss_mask for t in tokens.values()]) if packed else None
             ),
@@ -687,6 +766,7 @@ class LLMTask(AccuracyReports, Task):
             f"{data.prompt_format} prompts; noise std = gamma x "
             f"{data.noise_unit:.4g}"
             + (" (std of the input embeddings)" if cfg.noise_scale is None else ""),
+            *lora_lines(cfg, data, n_params),
         ] + overlap_lines(data)
 
     def fingerprint(self, cfg, data: LLMData) -> dict[str, Any]:
@@ -701,7 +781,7 @@ class LLMTask(AccuracyReports, Task):
             "train_digest": train_digest(data.tokens["train"]),
             "noise_unit": data.noise_unit,
             "prompt_format": data.prompt_format,
-        }
+        } | ({"base_digest": data.base_digest} if data.base_digest is not None else {})
 
     def config_extras(self, cfg, data: LLMData) -> dict[str, Any]:
         return {
@@ -760,7 +840,10 @@ class LLMTask(AccuracyReports, Task):
         return ["llm"]
 
     def default_lr(self, cfg, name: str) -> float:
-        """3e-3 for a tiny decoder trained from scratch, 1e-5 to fine-tune a checkpoint."""
+        """3e-3 for a tiny decoder trained from scratch, 1e-5 to fine-tune a checkpoint, 2e-4
+        to train LoRA adapters (the LoRA and QLoRA papers' rate)."""
+        if cfg.lora_rank is not None:
+            return 2e-4
         return 3e-3 if cfg.checkpoint is None else 1e-5
 
     def chunk_tokens(self, cfg, data: LLMData) -> int:
@@ -781,11 +864,15 @@ class LLMTask(AccuracyReports, Task):
         dim = dec.config.hidden_size
         length = cfg.max_length
         pretrained = None if data.from_scratch else dec.params
-        frozen_table = None if cfg.train_embeddings else dec.params["embed"]
+        lora = lora_spec(cfg)
+        if lora is not None:  # the whole base is frozen: only the adapters train
+            frozen_table = dec.params
+        else:
+            frozen_table = None if cfg.train_embeddings else dec.params["embed"]
         chunk_tokens = self.chunk_tokens(cfg, data)
 
-        def whole(params, frozen):  # the decoder's params, the frozen table put back
-            return params if frozen_table is None else {**params, "embed": frozen}
+        def whole(params, frozen):  # the decoder's params: the frozen table or base put back
+            return decoder_params(params, frozen, lora)
 
         def per_sample(params, ex, noise, last_only=False):
             states = dec.apply(params, ex["input_ids"], ex["attention_mask"], embed_noise=noise)
@@ -830,6 +917,8 @@ class LLMTask(AccuracyReports, Task):
             return {"losses": ce, "correct": acc}
 
         def init(key):
+            if lora is not None:  # B = 0: every run starts as the checkpoint
+                return {"lora": init_adapters(dec.config, lora, key)}
             if pretrained is not None:  # every run starts from the checkpoint
                 params = jax.tree.map(jnp.array, pretrained)
             else:
@@ -879,7 +968,7 @@ class LLMTask(AccuracyReports, Task):
         for r in range(len(labels)):
             run_params = jax.tree.map(lambda x, r=r: x[r], params)
             if model.frozen is not None:
-                run_params = decoder_params(run_params, model.frozen)
+                run_params = decoder_params(run_params, model.frozen, lora_spec(cfg))
             texts = []
             for g in gammas:
                 for j, batch in enumerate(batches):

@@ -32,30 +32,49 @@ from cudt.checkpoint import GroupCheckpointer
 from cudt.data.alpaca import alpaca_chat_template
 from cudt.errors import CheckpointError, UsageError
 from cudt.io import atomic_output, check_fresh_output, to_jsonable
-from cudt.models.llama import Decoder, save_decoder
+from cudt.models.llama import Decoder, LoraSpec, adapted, merged, save_adapters, save_decoder
 from cudt.models.llama.save import SAVE_DTYPES, check_gguf
 from cudt.runner.cli import OneLineParser
 from cudt.runner.groups import Group
 from cudt.runner.output import CHECKPOINTS, CONFIG_FILE
 
 __all__ = [
+    "ADAPTER_FOLDER",
     "EXPORT_MANIFEST",
     "chosen_runs",
     "decoder_params",
     "export_cli",
     "export_runs",
     "finished_run",
+    "lora_spec",
     "run_data",
     "trained_decoder",
 ]
 
 EXPORT_MANIFEST = "export.json"
+ADAPTER_FOLDER = "adapter"  # a LoRA run's adapters in PEFT's layout, inside its model folder
 
 
-def decoder_params(params: Any, embed: Any) -> Any:
-    """One run's trained parameters as the decoder's whole tree: ``embed``, the frozen input
-    embeddings (not trained, so not in a run's state), put back where the run has none."""
-    return params if "embed" in params else {**params, "embed": embed}
+def lora_spec(cfg: Any) -> LoraSpec | None:
+    """The LoRA adapters ``cfg`` trains (``--lora-rank``, ``--lora-alpha``, ``--lora-targets``;
+    alpha defaults to 2 x rank), or None: full fine-tuning."""
+    if getattr(cfg, "lora_rank", None) is None:
+        return None
+    alpha = 2.0 * cfg.lora_rank if cfg.lora_alpha is None else float(cfg.lora_alpha)
+    return LoraSpec(cfg.lora_rank, alpha, tuple(cfg.lora_targets))
+
+
+def decoder_params(
+    params: Any, frozen: Any, lora: LoraSpec | None = None, *, merge: bool = False
+) -> Any:
+    """One run's trained parameters as the decoder's whole tree. ``frozen``: the frozen input
+    embeddings (not trained, so not in a run's state), put back where the run has none; or,
+    for a run of LoRA adapters (``{"lora": ...}``, ``lora`` their spec), the frozen base's
+    whole params, adapted (:func:`cudt.models.llama.adapted`: what the forward reads) or, with
+    ``merge``, merged (``W + (alpha/r)·A B``: a plain decoder's params)."""
+    if "lora" in params:
+        return (merged if merge else adapted)(frozen, params["lora"], lora.scale)
+    return params if "embed" in params else {**params, "embed": frozen}
 
 
 def trained_params(out: Path, results: dict, labels: Sequence[str], steps: int) -> dict[str, Any]:
@@ -163,19 +182,27 @@ def export_runs(
         check_gguf(data_of(runs[0]).decoder, dest)  # before the checkpoints are read
     trained = trained_params(Path(out), results, [r["label"] for r in runs], cfg.steps)
     score, higher = task.selection_for(cfg)
+    lora = lora_spec(cfg)
     decoders = {}
     for r in runs:
         data = data_of(r)
-        params = decoder_params(trained[r["label"]], data.decoder.params["embed"])
+        base = data.decoder.params if lora is not None else data.decoder.params["embed"]
+        params = decoder_params(trained[r["label"]], base, lora, merge=True)
         decoders[r["label"]] = trained_decoder(data, params)
+
+    def save(label: str, target: Path) -> None:
+        save_decoder(decoders[label], None, target, dtype=dtype)
+        if lora is not None and target.suffix.lower() != ".gguf":  # the adapters, PEFT's way
+            base = data_of(by_label[label]).decoder.path or cfg.checkpoint
+            save_adapters(target / ADAPTER_FOLDER, trained[label]["lora"], lora, base=str(base))
 
     def write(target: Path) -> None:
         if single:
-            save_decoder(decoders[runs[0]["label"]], None, target, dtype=dtype)
+            save(runs[0]["label"], target)
             return
         target.mkdir()
         for r in runs:
-            save_decoder(decoders[r["label"]], None, target / _folder_name(r["label"]), dtype=dtype)
+            save(r["label"], target / _folder_name(r["label"]))
         manifest = {
             "source": str(Path(out).resolve()),
             "selection": (

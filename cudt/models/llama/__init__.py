@@ -13,12 +13,16 @@
 * :mod:`~cudt.models.llama.chat`: :func:`apply_chat_template`.
 * :mod:`~cudt.models.llama.save`: :func:`save_decoder` (a Hugging Face folder or a ``.gguf``
   file, written atomically).
+* :mod:`~cudt.models.llama.lora`: LoRA adapters (:class:`LoraSpec`, :func:`init_adapters`,
+  :func:`adapted` for the forward, :func:`merged` for export, :func:`save_adapters` in PEFT's
+  layout).
 """
 
 from cudt.models.llama.chat import apply_chat_template
 from cudt.models.llama.config import SUPPORTED_DECODER_TYPES, DecoderConfig
 from cudt.models.llama.gguf import load_gguf, smollm2_gguf_path, write_gguf, write_tiny_gguf
 from cudt.models.llama.hf import load_decoder, write_decoder_folder
+from cudt.models.llama.lora import LoraSpec, adapted, init_adapters, merged, save_adapters
 from cudt.models.llama.model import Decoder
 from cudt.models.llama.save import save_decoder
 from cudt.models.llama.sharding import ShardingMode, decoder_partition_specs
@@ -27,11 +31,16 @@ __all__ = [
     "SUPPORTED_DECODER_TYPES",
     "Decoder",
     "DecoderConfig",
+    "LoraSpec",
     "ShardingMode",
+    "adapted",
     "apply_chat_template",
     "decoder_partition_specs",
+    "init_adapters",
     "load_decoder",
     "load_gguf",
+    "merged",
+    "save_adapters",
     "save_decoder",
     "smollm2_gguf_path",
     "write_decoder_folder",

@@ -35,7 +35,7 @@ from cudt.models.llama.model import Decoder
 __all__ = ["load_decoder", "write_decoder_folder"]
 
 # Projections and their HF sub-module names (relative to ``model.layers.{i}.``).
-_HF_LINEAR = {
+HF_LINEAR = {
     "q": "self_attn.q_proj",
     "k": "self_attn.k_proj",
     "v": "self_attn.v_proj",
@@ -61,7 +61,7 @@ def hf_layout(c: DecoderConfig) -> list[tuple[str, Place, bool]]:
     for i in range(c.num_layers):
         for ours, hf in _HF_NORM.items():
             out.append((f"layers.{i}.{hf}.weight", ("blocks", ours, i), False))
-        for ours, hf in _HF_LINEAR.items():
+        for ours, hf in HF_LINEAR.items():
             out.append((f"layers.{i}.{hf}.weight", ("blocks", ours, "kernel", i), True))
             if "bias" in blocks[ours]:
                 out.append((f"layers.{i}.{hf}.bias", ("blocks", ours, "bias", i), False))

@@ -65,6 +65,8 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 
 def linear(x: jax.Array, p: Mapping[str, jax.Array]) -> jax.Array:
     y = x @ p["kernel"]
+    if "lora_a" in p:  # a LoRA adapter, its scale in lora_b (cudt.models.llama.lora.adapted)
+        y = y + (x @ p["lora_a"]) @ p["lora_b"]
     return y + p["bias"] if "bias" in p else y
 
 
