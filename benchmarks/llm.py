@@ -4,6 +4,7 @@
     .venv/bin/python -m benchmarks llm                       # B = 4, T = 64, 3 rounds
     .venv/bin/python -m benchmarks llm --torch-threads 0,1   # also every thread on one core
     .venv/bin/python -m benchmarks llm --tiny                # a tiny random Llama GGUF, seconds
+    .venv/bin/python -m benchmarks llm --lora-ranks 8,32     # cudt's full step vs LoRA steps
 
 Both sides start from the same weights (the GGUF file, dequantised to float32 by
 ``cudt.load_decoder``, written as a Hugging Face folder by ``write_decoder_folder`` and loaded by
@@ -46,6 +47,13 @@ could reach. ``--torch-epsilon`` and ``--torch-weight-noise`` give the torch sid
 sides in mixed precision (cudt's ``--compute-dtype bfloat16``: bf16 products, float32 weights,
 norms, softmax and losses; torch's ``autocast`` to bfloat16), checked at a bf16 tolerance, with
 the MFU against the GPU's dense bf16 peak.
+
+``--lora-ranks 8,32`` times cudt's own steps instead, no torch side: full fine-tuning against
+LoRA adapters of each rank on every projection (the task's ``--lora-rank``, alpha 2r), the same
+batch and problem, in interleaved rounds; with each step's compiled memory
+(``memory_analysis()``: arguments, XLA's scratch, outputs not aliased to the donated state) and
+the bytes of one run's state, which is what a checkpoint holds (parameters or adapters,
+optimiser moments, multipliers).
 """
 
 from __future__ import annotations
@@ -161,6 +169,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="add this relative Gaussian noise to the torch side's weights: the check must fail",
     )
     p.add_argument(
+        "--lora-ranks",
+        default=None,
+        type=lambda s: [int(r) for r in s.split(",")],
+        help="comma-separated LoRA ranks: time cudt's full fine-tuning step against LoRA steps "
+        "of these ranks (no torch side), with compiled memory and state bytes",
+    )
+    p.add_argument(
         "--profile",
         default=None,
         metavar="DIR",
@@ -242,6 +257,7 @@ def build_cudt(
     seq: int,
     chunk_tokens: int | None = None,
     dtype: str = "float32",
+    lora_rank: int | None = None,
 ) -> CudtSide:
     task = LLMTask()
     cfg = LLMConfig(
@@ -252,6 +268,7 @@ def build_cudt(
         num_train=max(16, batch),
         num_val=4,
         num_test=4,
+        lora_rank=lora_rank,
         **({} if chunk_tokens is None else {"chunk_tokens": chunk_tokens}),
     )
     data = task.load(cfg)
@@ -712,9 +729,69 @@ def floor_bounds(floor_results: dict, seconds: dict) -> list[list]:
     return rows
 
 
+def compiled_memory(side: CudtSide) -> dict[str, int]:
+    """The jitted step's compiled memory on one device (XLA's ``memory_analysis``) and the
+    bytes of the run's state (what its checkpoint holds)."""
+    m = side.step.lower(side.state, side.batch, side.key).compile().memory_analysis()
+    out = {
+        "arguments": int(m.argument_size_in_bytes),
+        "temp": int(m.temp_size_in_bytes),
+        "outputs": int(m.output_size_in_bytes - m.alias_size_in_bytes),
+    }
+    out["state"] = sum(int(x.nbytes) for x in jax.tree.leaves(side.state))
+    return out
+
+
+def run_lora(args: argparse.Namespace, checkpoint: Path) -> dict:
+    """``--lora-ranks``: cudt's full fine-tuning step against LoRA steps, the same batch."""
+    sides = {"full": build_cudt(checkpoint, args.batch, args.seq, args.chunk_tokens, args.dtype)}
+    for r in args.lora_ranks:
+        sides[f"LoRA r={r}"] = build_cudt(
+            checkpoint, args.batch, args.seq, args.chunk_tokens, args.dtype, lora_rank=r
+        )
+    for name, side in sides.items():
+        t0 = time.perf_counter()
+        side()
+        print(f"{name}: first step (tracing + compilation) {time.perf_counter() - t0:.1f}s")
+    memory = {name: compiled_memory(side) for name, side in sides.items()}
+    before = load_average()
+    results = interleave({name: timed(side, 0) for name, side in sides.items()}, args.rounds)
+    seconds = {name: median(ts) for name, ts in results.items()}
+    print(
+        f"\nmedian of {args.rounds} interleaved rounds, one step each (B = {args.batch}, "
+        f"T = {args.seq}, compute {args.dtype}); {before} before, {load_average()} after; "
+        "memory: the compiled step's (memory_analysis, MiB), state: one run's checkpoint"
+    )
+    table = [
+        "| step | s/step | every round (s) | speed-up (full s / s) | arguments MiB | temp MiB "
+        "| outputs MiB | state MiB | state / full |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    mib = 2.0**20
+    for name in sides:
+        m = memory[name]
+        table.append(
+            f"| {name} | {seconds[name]:.3g} | {', '.join(f'{t:.3g}' for t in results[name])} | "
+            f"{seconds['full'] / seconds[name]:.2f}x | {m['arguments'] / mib:.1f} | "
+            f"{m['temp'] / mib:.1f} | {m['outputs'] / mib:.1f} | {m['state'] / mib:.2f} | "
+            f"{m['state'] / memory['full']['state']:.4f} |"
+        )
+    print("\n".join(table))
+    return {"seconds": seconds, "memory": memory, "table": table}
+
+
 def measure(args: argparse.Namespace) -> dict:
     """:func:`run` in a temporary folder (the HF copy of the weights, the tiny GGUF)."""
     with tempfile.TemporaryDirectory(prefix="benchmarks_llm_") as tmp:
+        if args.lora_ranks:
+            checkpoint = (
+                write_tiny_gguf(Path(tmp))
+                if args.tiny
+                else Path(args.checkpoint)
+                if args.checkpoint
+                else smollm2_gguf_path()
+            )
+            return run_lora(args, checkpoint)
         return run(args, Path(tmp))
 
 
