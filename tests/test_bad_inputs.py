@@ -936,7 +936,86 @@ LLM_CASES = [
         "--out /tmp/out holds a finished run",
         "python -m experiments.export_decoder /tmp/out /tmp/models",
     ),
+    (
+        "--lora-rank 0",
+        lambda tmp: ["--lora-rank", "0", "--checkpoint", "smollm2"],
+        "--lora-rank must be >= 1",
+        "got 0",
+    ),
+    (
+        "--lora-targets with an unknown projection",
+        lambda tmp: ["--lora-rank", "8", "--checkpoint", "smollm2", "--lora-targets", "q,attn"],
+        "--lora-targets must all be one of q, k, v, o, gate, up, down",
+        "attn",
+    ),
+    (
+        "--lora-rank without --checkpoint",
+        lambda tmp: ["--lora-rank", "8"],
+        "--lora-rank adapts a pretrained model",
+        "pass --checkpoint FOLDER, model.gguf or smollm2",
+    ),
+    (
+        "--lora-rank with --train-embeddings",
+        lambda tmp: ["--lora-rank", "8", "--checkpoint", "smollm2", "--train-embeddings"],
+        "--lora-rank trains adapters only, the base frozen",
+        "drop --train-embeddings",
+    ),
+    (
+        "--lora-alpha without --lora-rank",
+        lambda tmp: ["--lora-alpha", "16"],
+        "--lora-alpha and --lora-targets shape LoRA adapters",
+        "pass --lora-rank R too, or drop them",
+    ),
 ]
+
+
+def test_llm_lora_resume_over_another_base(tmp_path, capsys):
+    """LoRA checkpoints hold the adapters alone: an --out whose adapters were trained over
+    other base weights than --checkpoint holds now (the same path and flags) is refused before
+    anything is trained or written. The checkpoints' record is the one a run of these flags
+    writes (the runner's fingerprint of the config and the task's, the base's digest in it)."""
+    import jax
+
+    from cudt.data.alpaca import AlpacaRecord, build_word_tokenizer
+    from cudt.models.llama import DecoderConfig, write_decoder_folder
+    from cudt.runner.cli import config_from_args
+    from cudt.runner.output import checkpoint_record
+    from cudt.tasks import llm
+    from experiments import llm_sft
+
+    base = tmp_path / "base"
+    config = DecoderConfig(
+        vocab_size=64, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=1,
+        num_kv_heads=1, tie_word_embeddings=True,
+    )  # fmt: skip
+    records = [_record(i) for i in range(12)]
+    words = build_word_tokenizer([AlpacaRecord(**r) for r in records])
+    write_decoder_folder(base, config, config.init_params(jax.random.key(0)), words)
+    data = _alpaca_file(tmp_path / "data", "train.json", records)
+    argv = [
+        "--checkpoint", base, "--data", data, "--num-train", "8", "--num-val", "2",
+        "--num-test", "2", "--steps", "1", "--lora-rank", "2", "--out", tmp_path / "out",
+    ]  # fmt: skip
+    argv = [str(a) for a in argv]
+    cfg, _ = config_from_args(llm.LLMConfig, argv, "")
+    task = llm.LLMTask()
+    record = checkpoint_record(cfg) | task.fingerprint(cfg, task.load(cfg))
+    (tmp_path / "out" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "out" / "checkpoints" / "config.json").write_text(json.dumps(record))
+    # the same folder, other weights (this process read the first ones: read them again)
+    write_decoder_folder(base, config, config.init_params(jax.random.key(1)), words)
+    llm._pretrained.cache_clear()
+    llm._base_digest.cache_clear()
+    before = tree(tmp_path / "out")
+    status, err = llm_cli(llm_sft.main, argv, capsys)
+    check(
+        "--lora-rank resumed over other base weights",
+        status,
+        _as_in_docs(err),
+        "holds checkpoints trained on other files than its flags name now (base_digest",
+        "restore the files they were trained on, pass another --out, or --overwrite",
+    )
+    assert tree(tmp_path / "out") == before
 
 
 def llm_cli(main, argv, capsys) -> tuple[int, str]:

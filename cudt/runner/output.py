@@ -155,6 +155,13 @@ def open_output(
                 "be resumed: pass another --out, or --overwrite to discard them"
             )
         diff = _differences(old, config, ignore)
+        changed = [d for d in diff if d.split(" ", 1)[0].endswith("_digest")]
+        if changed:  # the files behind the flags changed: the training data or a frozen base
+            raise UsageError(
+                f"--out {out} holds checkpoints trained on other files than its flags name now "
+                f"({'; '.join(changed)}): restore the files they were trained on, pass another "
+                "--out, or --overwrite to discard them"
+            )
         if diff:
             raise UsageError(
                 f"--out {out} holds checkpoints of a different config ({'; '.join(diff[:4])}"
