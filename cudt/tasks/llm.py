@@ -23,6 +23,16 @@ the training split are counted and warned about). An
 instruction becomes a prompt through the model's chat template when it has one (the instruction
 as the user turn; ``--prompt-format``), else the Stanford Alpaca template. ``--export DIR``
 writes the chosen runs' models after training (:mod:`cudt.tasks.llm_export`).
+
+``--lora-rank r`` trains LoRA adapters (:mod:`cudt.models.llama.lora`) instead of the whole
+checkpoint: a run's parameters are ``{"lora": ...}``, the whole base is the group's frozen
+argument (as the frozen embedding table is otherwise), and the forward is the decoder's own
+with ``x A (s B)`` added on the adapted projections, so the descent constraints act on the
+adapted model's states and a checkpoint holds the adapters and their optimiser states alone
+(the base's digest is in its fingerprint). Defaults, as PEFT users would set them: alpha
+``2r`` (a scale of 2 at every rank, alpha 16 at rank 8), every projection of every block
+(q, k, v, o, gate, up, down: the MLP writes most of each block's update to the residual stream
+the constraints read), learning rate 2e-4.
 """
 
 from __future__ import annotations

@@ -15,7 +15,11 @@ prompts: the model's own template (``chat`` prompts), or the Alpaca one
 (:func:`cudt.data.alpaca.alpaca_chat_template`). ``DIR`` holds one Hugging Face folder per
 chosen run, named by its label (``llm-4-constrained-seed-0``), and ``export.json`` saying which
 run each is and how it was chosen; it is written to a temporary folder and renamed when
-complete.
+complete. A LoRA run (``--lora-rank``) is written merged (``W + (alpha/r)·A B`` over the base
+its checkpoints were trained on, a plain folder transformers loads) with its adapters beside
+it in PEFT's layout, ``<folder>/adapter/`` (``adapter_config.json``,
+``adapter_model.safetensors``: ``peft.PeftModel.from_pretrained(base, folder / "adapter")``);
+a ``.gguf`` export is the merged model alone.
 """
 
 from __future__ import annotations
