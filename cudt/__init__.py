@@ -5,7 +5,7 @@ enforced by a primal-dual method in one jitted step. See README.md.
 """
 
 from cudt import descent
-from cudt.constrained import DescentConfig, constraint_values, lagrangian_terms
+from cudt.constrained import DescentConfig, constraint_values
 from cudt.constrained_step import ConstrainedState, make_constrained_step
 from cudt.constraint import Constraint, FreeSign
 from cudt.dual import (
@@ -48,7 +48,6 @@ __all__ = [
     "constraint_values",
     "dual_adam",
     "dual_ascent",
-    "lagrangian_terms",
     "load_decoder",
     "load_encoder",
     "load_vit",

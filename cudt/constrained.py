@@ -20,7 +20,7 @@ from typing import Literal
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["DUAL_SCALES", "DescentConfig", "constraint_values", "lagrangian_terms"]
+__all__ = ["DUAL_SCALES", "DescentConfig", "constraint_values"]
 
 DUAL_SCALES = ("absolute", "relative")
 
@@ -133,25 +133,3 @@ def constraint_values(mean_losses, epsilon, reference=None, reference_active=Non
             # where, not a product: no gradient reaches ℓ_0 through an inactive constraint
             g0 = jnp.where(reference_active, g0, jnp.zeros_like(g0))
     return jnp.concatenate([g0[None], descent])
-
-
-def lagrangian_terms(
-    per_sample_losses,
-    multipliers,
-    slacks,
-    epsilon,
-    reference=None,
-    alpha=None,
-    reference_active=None,
-):
-    """The Lagrangian and its parts from per-sample losses [B, L+1].
-
-    𝓛 = mean ℓ_L + Σ_l λ_l (g_l − u_l) [+ (α/2)‖u‖² with explicit slacks].
-    Returns ``(lagrangian, mean_losses [L+1], g [L+1])``. The derivative of 𝓛 in λ is ``g − u``.
-    """
-    mean_losses = jnp.mean(per_sample_losses, axis=0)  # [L+1]
-    g = constraint_values(mean_losses, epsilon, reference, reference_active)
-    lagrangian = mean_losses[-1] + jnp.sum(multipliers * (g - slacks))
-    if alpha is not None:
-        lagrangian = lagrangian + 0.5 * alpha * jnp.sum(slacks**2)
-    return lagrangian, mean_losses, g

@@ -19,6 +19,8 @@ from typing import Any
 
 from cudt.constrained import DUAL_SCALES
 from cudt.constrained_step import UPDATES
+from cudt.descent import CONSTRAINTS
+from cudt.optim import SCHEDULES
 from cudt.runner.hparams import REFERENCE_SPELLINGS, SWEEPABLE, is_reference
 from cudt.runner.sweep import parse_model_hparams, parse_sweeps
 
@@ -35,7 +37,7 @@ __all__ = [
 ]
 
 
-CONSTRAINT_KINDS = ("mean", "indexed", "tail")
+CONSTRAINT_KINDS = CONSTRAINTS  # the descent problem's constraint kinds
 FORMULATIONS = ("lagrangian", "augmented", "penalty")
 
 
@@ -157,7 +159,7 @@ class RunConfig:
     lr_schedule: str = flag(
         "constant",
         "primal learning-rate schedule over --steps: constant, cosine or linear (decay to 0)",
-        check=one_of("constant", "cosine", "linear"),
+        check=one_of(*SCHEDULES),
     )
     gamma_train: float = flag(0.5, "training perturbation level gamma", check=non_negative)
     test_gammas: tuple[float, ...] | None = flag(
@@ -229,7 +231,7 @@ class RunConfig:
         "constant",
         "dual learning-rate schedule over the steps after the warm-up: constant, cosine or "
         "linear (decay to 0: the multipliers settle before the end)",
-        check=one_of("constant", "cosine", "linear"),
+        check=one_of(*SCHEDULES),
     )
     warmup_steps: int | None = flag(
         None, "primal warm-up steps with duals frozen (default: one epoch)", check=non_negative

@@ -32,6 +32,7 @@ from typing import Any
 
 from cudt.errors import UsageError
 from cudt.io import write_json_atomic
+from cudt.models.ut import TYINGS
 from cudt.paper.job import (
     SubRun,
     check_known,
@@ -52,7 +53,6 @@ from cudt.runner.config import flag
 __all__ = ["RESIDUALS", "StudyConfig", "Variant", "main", "plan", "run_study"]
 
 RESIDUALS = ("none", "skip")
-TYINGS = ("all", "attention", "none")
 # --scale tiny: seconds per run (the tests)
 TINY = dict(
     layers=3,
