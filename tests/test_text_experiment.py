@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from helpers import FFN, HEADS, LAYERS, MAX_POS, D
 from PIL import Image
@@ -245,6 +246,50 @@ def test_embedding_noise_scale_is_gamma_times_table_std(tiny_bert):
     assert np.asarray(fixed.noise(jax.random.key(3), batch, 2.0))[real].std() == pytest.approx(
         0.5, rel=0.02
     )
+
+
+@pytest.mark.parametrize("name", ["bert", "ut"])
+def test_training_the_vocabulary_rows_only_is_training_the_whole_table(tiny_bert, name):
+    """``trained_ids`` (the task passes the training split's ids) trains those rows only: a row
+    no batch reads gets a zero gradient, so Adam leaves it alone (and the norm projection then
+    too), and the model with every row trained takes the same steps."""
+    whole = build_text_model(name, num_classes=2, checkpoint=tiny_bert, train_embeddings=True)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 400, size=(4, 6)).astype(np.int32)
+    batch = {"ids": jnp.asarray(ids), "mask": jnp.ones((4, 6)), "labels": jnp.array([0, 1, 1, 0])}
+    seen = np.unique(ids)
+    part = dataclasses.replace(whole, trained_ids=seen)
+    noise = whole.noise(jax.random.key(1), batch, 0.5)
+
+    def steps(model):
+        opt = optax.adam(1e-2)
+        loss = lambda p: cross_entropy(model.logits(p, batch, noise), batch["labels"]).mean()
+
+        @jax.jit
+        def step(params, state):
+            grads = jax.grad(loss)(params)
+            updates, state = opt.update(grads, state)
+            return optax.apply_updates(params, updates), state, grads
+
+        params = model.init(jax.random.key(0))
+        state = opt.init(params)
+        for _ in range(3):
+            params, state, grads = step(params, state)
+        return params, grads, jax.jit(loss)(params)
+
+    (pw, gw, lw), (pp, _, lp) = steps(whole), steps(part)
+    table = np.asarray(whole.table)
+    unseen = np.setdiff1d(np.arange(table.shape[0]), seen)
+    assert np.all(np.asarray(whole.word_table(gw))[unseen] == 0)
+    np.testing.assert_array_equal(np.asarray(whole.word_table(pw))[unseen], table[unseen])
+    assert part.word_table(pp).shape == (seen.size, table.shape[1])
+    assert not np.allclose(np.asarray(part.word_table(pp)), table[seen])  # the rows did train
+    np.testing.assert_allclose(
+        np.asarray(part.word_table(pp)), np.asarray(whole.word_table(pw))[seen], atol=1e-6
+    )
+    whole_table = np.asarray(whole.word_table(pw))
+    np.testing.assert_allclose(np.asarray(part.full_table(pp)), whole_table, atol=1e-6)
+    np.testing.assert_allclose(float(lp), float(lw), rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["bert", "ut"])

@@ -3,8 +3,9 @@
 The model (:mod:`cudt.models.classifier`) and its data (:mod:`cudt.data.text`): a pretrained
 BERT-family encoder, or a UT over its word embeddings, with ONE linear head shared by every
 state; the loss of state l is the cross-entropy of that prediction for embeddings perturbed by
-``γ·σ_E·n``. The word-embedding table stays frozen (it fixes the noise scale) and reaches the
-compiled programs as an argument. The task's policy is here too: the test γ grid, the reference
+``γ·σ_E·n``. The word-embedding table fixes the noise scale. The pretrained encoders keep it
+frozen; the UT trains the rows of its training split's vocabulary, each held to its pretrained
+norm. The frozen table reaches the compiled programs as an argument. The task's policy is here too: the test γ grid, the reference
 bound C, the paper's descent figures.
 """
 
@@ -279,7 +280,10 @@ class TextTask(AccuracyReports, Task):
                 f"--max-length {max_length} exceeds the {model.encoder.config.max_length} "
                 f"positions of {model.encoder.path}: pass a smaller --max-length"
             )
-        return TextData(data, model, tokenize_splits(model, data, max_length))
+        tokens = tokenize_splits(model, data, max_length)
+        if model.train_embeddings:  # only rows a training batch can read (classifier.py)
+            model = dataclasses.replace(model, trained_ids=np.unique(tokens["train"].ids))
+        return TextData(data, model, tokens)
 
     def describe(self, cfg, data: TextData) -> list[str]:
         src, model = data.source, data.model
@@ -295,7 +299,8 @@ class TextTask(AccuracyReports, Task):
             f"{model.noise_unit:.4g}"
             + (" (std of the word-embedding table)" if cfg.noise_scale is None else "")
             + (
-                "; word embeddings trained, rows held to their norms"
+                f"; word embeddings trained ({len(model.trained_ids)} rows, the training "
+                "split's vocabulary), rows held to their norms"
                 if model.train_embeddings
                 else "; word embeddings frozen"
             ),
@@ -307,7 +312,9 @@ class TextTask(AccuracyReports, Task):
             "data_source": data.source.source,
             "train_shape": list(data.tokens["train"].ids.shape),
             "noise_unit": data.model.noise_unit,
-        }
+        } | (
+            {} if data.model.trained_ids is None else {"trained_rows": len(data.model.trained_ids)}
+        )
 
     def config_extras(self, cfg, data: TextData) -> dict[str, Any]:
         model, src = data.model, data.source
