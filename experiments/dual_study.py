@@ -18,8 +18,8 @@ and prints one headline line per setting.
 
 import sys
 
-from cudt.paper.dual_study import StudyConfig as Config
-from cudt.paper.dual_study import main as study_main
+from experiments.paper.dual_study import StudyConfig as Config
+from experiments.paper.dual_study import main as study_main
 
 __all__ = ["Config", "main"]
 

@@ -4,12 +4,12 @@
     python -m experiments.pages write --runs DIR   # rewrite every block whose results exist
     python -m experiments.pages write --runs DIR --check   # exit 1 if a page is stale
 
-The registry of blocks and their commands is ``cudt.paper.pages.BLOCKS``.
+The registry of blocks and their commands is ``experiments.paper.pages.BLOCKS``.
 """
 
 import sys
 
-from cudt.paper.pages import main
+from experiments.paper.pages import main
 
 if __name__ == "__main__":
     sys.exit(main())

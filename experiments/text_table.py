@@ -24,8 +24,8 @@ the headline table.
 
 import sys
 
-from cudt.paper.job import table_main
-from cudt.paper.text_table import Table4Config, run_table
+from experiments.paper.job import table_main
+from experiments.paper.text_table import Table4Config, run_table
 
 __all__ = ["Table4Config", "main"]
 

@@ -23,8 +23,8 @@ Writes study.md and study.csv under --out and prints the report.
 
 import sys
 
-from cudt.paper.ut_study import StudyConfig as Config
-from cudt.paper.ut_study import main as study_main
+from experiments.paper.ut_study import StudyConfig as Config
+from experiments.paper.ut_study import main as study_main
 
 __all__ = ["Config", "main"]
 

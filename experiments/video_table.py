@@ -19,8 +19,8 @@ fig7_layer_loss.png under --out and prints the headline table.
 
 import sys
 
-from cudt.paper.job import table_main
-from cudt.paper.video_table import Table3Config, run_table
+from experiments.paper.job import table_main
+from experiments.paper.video_table import Table3Config, run_table
 
 __all__ = ["Table3Config", "main"]
 

@@ -9,9 +9,9 @@ import math
 import pytest
 from PIL import Image
 
-from cudt.paper.dual_study import SETTINGS, Combo, StudyConfig, combos
-from cudt.paper.dual_study.report import best, run_rows, summarise
 from experiments import dual_study
+from experiments.paper.dual_study import SETTINGS, Combo, StudyConfig, combos
+from experiments.paper.dual_study.report import best, run_rows, summarise
 
 TINY = [
     "--scale",
@@ -196,9 +196,9 @@ def test_success_needs_feasible_monotone_and_finite_and_the_best_has_most():
 def test_a_finished_text_call_is_reused_though_its_task_resolved_lr_and_length(tmp_path):
     # The text task writes the learning rate and token length it resolved (its defaults are
     # None) into results.json's config; the study compares against those, not against None.
-    from cudt.paper.dual_study import plan
-    from cudt.paper.job import check_subrun
     from cudt.tasks.text import TextTask, max_length_of
+    from experiments.paper.dual_study import plan
+    from experiments.paper.job import check_subrun
 
     opts = StudyConfig(settings=("text",), formulations=("lagrangian",), dual_optimizers=("nupi",), updates=("alternating",), scale="tiny", out=str(tmp_path))  # fmt: skip
     for sub in plan(opts, tmp_path):
@@ -215,7 +215,7 @@ def test_a_finished_text_call_is_reused_though_its_task_resolved_lr_and_length(t
 
 
 def test_combinations_that_share_a_program_are_one_call(tmp_path):
-    from cudt.paper.dual_study import plan
+    from experiments.paper.dual_study import plan
 
     opts = StudyConfig(settings=("video",), scale="tiny", out=str(tmp_path))
     subs = plan(opts, tmp_path)

@@ -134,7 +134,7 @@ def test_two_seeds_give_intervals_in_the_summary_and_results(tmp_path):
 
 
 def test_a_tables_cell_says_which_constraints_were_not_applicable():
-    from cudt.paper.rows import csv_text, setting_rows, table_lines
+    from experiments.paper.rows import csv_text, setting_rows, table_lines
 
     def run(constrained, na):
         return {

@@ -1,14 +1,18 @@
-"""The package's import graph has no circles, function-level imports included."""
+"""The import graph of the library and its applications has no circles, function-level imports
+included, and the library (cudt/) imports none of its applications (experiments/, benchmarks/)."""
 
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+LIBRARY = "cudt"
+APPLICATIONS = ("experiments", "benchmarks")
+PACKAGES = (LIBRARY, *APPLICATIONS)
 
 
 def _modules(root: pathlib.Path) -> dict[str, pathlib.Path]:
     mods = {}
-    for path in (root / "cudt").rglob("*.py"):
+    for path in (p for package in PACKAGES for p in (root / package).rglob("*.py")):
         rel = path.relative_to(root).with_suffix("")
         parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
         mods[".".join(parts)] = path
@@ -16,8 +20,8 @@ def _modules(root: pathlib.Path) -> dict[str, pathlib.Path]:
 
 
 def import_graph(root: pathlib.Path = ROOT) -> dict[str, set[str]]:
-    """Module → the cudt modules it imports anywhere in its body (edges to its own parent
-    packages left out: a package's __init__ re-exporting its modules is not a circle)."""
+    """Module → the modules of ``PACKAGES`` it imports anywhere in its body (edges to its own
+    parent packages left out: a package's __init__ re-exporting its modules is not a circle)."""
     mods = _modules(root)
 
     def resolve(name: str) -> str | None:
@@ -42,7 +46,7 @@ def import_graph(root: pathlib.Path = ROOT) -> dict[str, set[str]]:
             else:
                 continue
             for target in targets:
-                found = resolve(target) if target.startswith("cudt") else None
+                found = resolve(target) if target.split(".")[0] in PACKAGES else None
                 if found and found != mod and found not in parents:
                     edges.add(found)
         graph[mod] = edges
@@ -94,6 +98,40 @@ def test_cudt_has_no_import_circles():
     graph = import_graph()
     assert len(graph) > 40 and sum(map(len, graph.values())) > 100
     assert cycles(graph) == []
+
+
+def applications_imported(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Library module → the application modules it imports (none, in a sound tree)."""
+    found = {}
+    for mod, targets in graph.items():
+        up = sorted(t for t in targets if t.split(".")[0] in APPLICATIONS)
+        if mod.split(".")[0] == LIBRARY and up:
+            found[mod] = up
+    return found
+
+
+def test_the_checker_sees_the_library_import_an_application(tmp_path):
+    for folder in ("cudt/runner", "experiments/paper"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "cudt" / "__init__.py").write_text("")
+    (tmp_path / "experiments" / "__init__.py").write_text("")
+    (tmp_path / "experiments" / "paper" / "job.py").write_text("from cudt.runner import run\n")
+    (tmp_path / "cudt" / "runner" / "run.py").write_text(
+        "def f():\n    from experiments.paper.job import g\n"
+    )
+    assert applications_imported(import_graph(tmp_path)) == {
+        "cudt.runner.run": ["experiments.paper.job"]
+    }
+
+
+def test_the_library_imports_no_application():
+    """cudt/ is the library; experiments/ (the entry points and the paper's jobs) and
+    benchmarks/ are applications of it: they import cudt, never the other way round."""
+    graph = import_graph()
+    assert {m.split(".")[0] for m in graph} == set(PACKAGES)
+    assert any(t.startswith("experiments.paper") for t in graph["experiments.video_table"])
+    assert applications_imported(graph) == {}
 
 
 def test_no_test_module_starts_jax_at_import():

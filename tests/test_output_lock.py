@@ -23,11 +23,11 @@ import pytest
 from helpers import ROOT, LockHolder, ToyTask, one_line_error, snapshot, toy
 
 import cudt.runner.lock as lock_module
-from cudt.paper import pages as pages_module
-from cudt.paper.pages import Block, write_pages
 from cudt.runner.cli import task_main
 from cudt.runner.lock import LOCK_FILE, OutputInUse, check_free, check_job_token, lock_output
 from experiments import combine, dual_study
+from experiments.paper import pages as pages_module
+from experiments.paper.pages import Block, write_pages
 
 HOST = socket.gethostname()
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"  # a holder's start, as a message shows it
@@ -80,7 +80,7 @@ TOY_JOB = textwrap.dedent(
 
 def test_a_study_job_on_a_held_folder_is_refused(holder, tmp_path, capsys):
     """The table and study jobs write outside the runner (their data, reports, figures), so
-    they lock their own --out too (cudt.paper.job.open_job)."""
+    they lock their own --out too (experiments.paper.job.open_job)."""
     out = tmp_path / "study"
     holder.hold(out)
     before = snapshot(out)

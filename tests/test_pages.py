@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from cudt.paper import pages
-from cudt.paper.pages import BLOCKS, Block, parse_page, run_blocks, write_pages
 from cudt.runner.provenance import cpu_model, git_state, provenance
+from experiments.paper import pages
+from experiments.paper.pages import BLOCKS, Block, parse_page, run_blocks, write_pages
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = (

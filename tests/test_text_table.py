@@ -19,8 +19,8 @@ from helpers import assert_figures, cell_number, headline_cells, one_line_error,
 
 from cudt.data.text import load_text_data, synthetic_sentiment
 from cudt.data.text.nli import NLI_LABELS, generated_nli
-from cudt.paper import text_table as table4
 from experiments import text_table
+from experiments.paper import text_table as table4
 
 
 def test_generated_nli_is_balanced_deterministic_and_labelled_by_construction():

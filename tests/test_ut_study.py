@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from cudt.paper.ut_study import FAITHFUL, StudyConfig, Variant, run_study, variants
-from cudt.paper.ut_study.report import choose, choose_setting
+from experiments.paper.ut_study import FAITHFUL, StudyConfig, Variant, run_study, variants
+from experiments.paper.ut_study.report import choose, choose_setting
 
 
 def _row(variant: Variant, resilience: str, seed: int, *, feasible: bool, val: float, test: float):

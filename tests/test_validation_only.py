@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from helpers import ToyTask, toy
 
-from cudt.paper.dual_study import SETTINGS, Combo
-from cudt.paper.dual_study.report import best, run_rows, summarise
-from cudt.paper.rows import setting_rows
 from cudt.runner.report import choose_points, chosen_lines, select_best
+from experiments.paper.dual_study import SETTINGS, Combo
+from experiments.paper.dual_study.report import best, run_rows, summarise
+from experiments.paper.rows import setting_rows
 
 # Every key of a run record computed from the test split (cudt.runner.report.summarise and the
 # tasks' run_metrics): what a selection must never read.

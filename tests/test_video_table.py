@@ -13,9 +13,9 @@ from helpers import assert_figures, cell_number, headline_cells, one_line_error,
 
 from cudt.data import load_video_data, load_videos, synthetic_videos
 from cudt.data.video import archives
-from cudt.paper import video_table as table3
 from cudt.tasks.video import VideoConfig
 from experiments import video_table
+from experiments.paper import video_table as table3
 
 WRITERS = {
     "ucsd": archives.write_ucsd,

@@ -8,11 +8,16 @@ from pathlib import Path
 
 import numpy as np
 
-from cudt.paper import figures as figs
-from cudt.paper import rows as table_rows
-from cudt.paper.figures import grid_axes, save_figure
-from cudt.paper.text_table.config import NAMES, Table4Config
-from cudt.paper.text_table.report import RATIO_EDGES, model_label, read_ratio_histograms, row_models
+from experiments.paper import figures as figs
+from experiments.paper import rows as table_rows
+from experiments.paper.figures import grid_axes, save_figure
+from experiments.paper.text_table.config import NAMES, Table4Config
+from experiments.paper.text_table.report import (
+    RATIO_EDGES,
+    model_label,
+    read_ratio_histograms,
+    row_models,
+)
 
 STYLE = figs.STYLE
 

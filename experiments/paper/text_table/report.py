@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 
 from cudt.io import atomic_write
-from cudt.paper import rows as table_rows
-from cudt.paper.rows import fmt
-from cudt.paper.text_table.config import (
+from cudt.tasks.text import TextTask
+from experiments.paper import rows as table_rows
+from experiments.paper.rows import fmt
+from experiments.paper.text_table.config import (
     DATASETS,
     MODEL_NAMES,
     NAMES,
@@ -22,7 +23,6 @@ from cudt.paper.text_table.config import (
     STAND_IN,
     TABLE_MODELS,
 )
-from cudt.tasks.text import TextTask
 
 RATIOS_FILE = "ratio_histograms.npz"
 
@@ -183,8 +183,8 @@ def headline_markdown(rows, datasets, gamma, test_gammas) -> str:
 
 def paper_direction_markdown(rows, datasets, gamma) -> str:
     """Per cell: which of constrained (C) / ERM (E) has the higher AUC here and in the paper's
-    table, with constrained minus ERM (:func:`cudt.paper.job.direction_markdown`); MiniLM against
-    the paper's DistilBERT-12, the encoder it stands in for. A cell without a feasible
+    table, with constrained minus ERM (:func:`experiments.paper.job.direction_markdown`); MiniLM
+    against the paper's DistilBERT-12, the encoder it stands in for. A cell without a feasible
     constrained run reads ``infeasible: C``."""
     return table_rows.direction_markdown(
         rows,

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cudt.paper.dual_study.report import best
-from cudt.paper.dual_study.settings import SETTINGS
-from cudt.paper.figures import figure_note, grid_axes, save_figure
+from experiments.paper.dual_study.report import best
+from experiments.paper.dual_study.settings import SETTINGS
+from experiments.paper.figures import figure_note, grid_axes, save_figure
 
 __all__ = ["write_figures"]
 

@@ -2,18 +2,19 @@
 the descent constraints feasible, and the losses monotone, over a 100x range of dual step sizes.
 
 For each setting (the video default: DUST-5; the constrained UT-5 on the same video; the text
-default: MiniLM-6), each combination of ``--formulations``, ``--dual-optimizers`` and
-``--updates`` has its dual step size swept over ``--dual-lr-factors`` × the setting's base rate
-for that optimiser, × ``--seeds`` (``--kinds constrained``). Combinations that share a compiled
-program are ONE runner call, as sweep points of it (:class:`~cudt.paper.dual_study.settings.Call`):
-the Lagrangian is the augmented Lagrangian at ρ = 0 and projected SGD is nuPI at K_P = 0, so per
-update one call trains {Lagrangian, augmented} × {SGD, nuPI}, one {Lagrangian, augmented} × Adam,
-and the quadratic penalty one more (8 calls per setting instead of 20; not for text, whose lanes
-are pretrained encoders too large to hold 60 at once: ``Setting.merge_calls``). The setting's ERM runs
-(the reference of the ID change) are one more call. Every call has its own folder under
-``--out`` (``<setting>/<combinations>``); rerunning the same command reuses finished calls and
-resumes interrupted ones. The report (``study.md``, ``study.csv``, three PNGs) is
-:mod:`cudt.paper.dual_study.report`; every verdict and choice in it reads validation data only.
+default: MiniLM-6), each combination of ``--formulations``, ``--dual-optimizers`` and ``--updates``
+has its dual step size swept over ``--dual-lr-factors`` × the setting's base rate for that
+optimiser, × ``--seeds`` (``--kinds constrained``). Combinations that share a compiled program are
+ONE runner call, as sweep points of it (:class:`~experiments.paper.dual_study.settings.Call`): the
+Lagrangian is the augmented Lagrangian at ρ = 0 and projected SGD is nuPI at K_P = 0, so per update
+one call trains {Lagrangian, augmented} × {SGD, nuPI}, one {Lagrangian, augmented} × Adam, and the
+quadratic penalty one more (8 calls per setting instead of 20; not for text, whose lanes are
+pretrained encoders too large to hold 60 at once: ``Setting.merge_calls``). The setting's ERM runs
+(the reference of the ID change) are one more call. Every call has its own folder under ``--out``
+(``<setting>/<combinations>``); rerunning the same command reuses finished calls and resumes
+interrupted ones. The report (``study.md``, ``study.csv``, three PNGs) is
+:mod:`experiments.paper.dual_study.report`; every verdict and choice in it reads validation data
+only.
 
 The base rates (:data:`SETTINGS`) put every optimiser's multipliers on the scale the setting's
 default reaches: projected SGD and nuPI integrate ``η·g``, so their rate is ``λ*/|g|``-sized
@@ -34,11 +35,18 @@ from typing import Any
 
 from cudt.constrained_step import UPDATES
 from cudt.errors import UsageError
-from cudt.paper.dual_study import figures, report
-from cudt.paper.dual_study.settings import DUAL_OPTIMIZERS, SETTINGS, Call, Combo, Setting, calls
-from cudt.paper.job import SubRun, check_known, need, open_job, table_main, train_subruns
-from cudt.paper.rows import fmt, unique
 from cudt.runner.config import FORMULATIONS, flag
+from experiments.paper.dual_study import figures, report
+from experiments.paper.dual_study.settings import (
+    DUAL_OPTIMIZERS,
+    SETTINGS,
+    Call,
+    Combo,
+    Setting,
+    calls,
+)
+from experiments.paper.job import SubRun, check_known, need, open_job, table_main, train_subruns
+from experiments.paper.rows import fmt, unique
 
 __all__ = [
     "SETTINGS",

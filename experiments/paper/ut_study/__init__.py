@@ -9,16 +9,16 @@ noise, the attention kernel, the steps, the dual dynamics of ``python -m
 experiments.video_denoise``; ``--gamma-train`` and ``--ut-attention`` move the first two, as
 the recorded study at γ_train = 0.5 did, docs/results/video.md): its ERM runs and its
 constrained runs, hard and resilient (``--resilience``, the dual decay α, as a sweep), × the
-seeds, as one vmapped program. Then its phase I (:mod:`cudt.paper.ut_study.phase1`): the
+seeds, as one vmapped program. Then its phase I (:mod:`experiments.paper.ut_study.phase1`): the
 constraints' total violation minimised from the DCT start and from the ERM solution, which
 says whether the variant has a feasible point at all.
 
-The report (``study.md``, ``study.csv``, :mod:`cudt.paper.ut_study.report`) gives per variant
+The report (``study.md``, ``study.csv``, :mod:`experiments.paper.ut_study.report`) gives per variant
 and resilience: feasibility (validation, at 0 % and at the runner's tolerance), monotone
 validation loss, ID and OOD RMSE against the ERM of the same variant and seed (test data:
 reported only), the share of each primal update the projection takes back, the multipliers'
 end and peak values, and phase I's violation. Every verdict and the choice of the UT read
-validation data only (:func:`cudt.paper.ut_study.report.choose`).
+validation data only (:func:`experiments.paper.ut_study.report.choose`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from typing import Any
 from cudt.errors import UsageError
 from cudt.io import write_json_atomic
 from cudt.models.ut import TYINGS
-from cudt.paper.job import (
+from cudt.runner.config import flag
+from experiments.paper.job import (
     SubRun,
     check_known,
     check_subrun,
@@ -45,10 +46,9 @@ from cudt.paper.job import (
     table_main,
     train_subruns,
 )
-from cudt.paper.rows import fmt, unique
-from cudt.paper.ut_study import report
-from cudt.paper.ut_study.phase1 import phase_one
-from cudt.runner.config import flag
+from experiments.paper.rows import fmt, unique
+from experiments.paper.ut_study import report
+from experiments.paper.ut_study.phase1 import phase_one
 
 __all__ = ["RESIDUALS", "StudyConfig", "Variant", "main", "plan", "run_study"]
 

@@ -28,7 +28,7 @@ class Setting:
     penalty: float  # base ρ of the quadratic penalty (× the factors)
     id_metric: str  # "rmse" (lower is better) or "accuracy" (higher)
     # config fields whose default the task resolves into results.json, as resolved for ``cfg``
-    # (what a finished call's saved config is compared with; see cudt.paper.job.SubRun)
+    # (what a finished call's saved config is compared with; see experiments.paper.job.SubRun)
     resolved: Callable[[Any], dict[str, Any]] = lambda cfg: {}
     # merge the combinations that share a program into one call (more lanes held at once): off
     # where a lane is large (text: a pretrained MiniLM with its Adam state, ~0.2 GB; the merged

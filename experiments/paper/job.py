@@ -4,9 +4,9 @@ A table job is a grid of sub-runs, each ONE :func:`cudt.runner.run` call (γ_tra
 × seed as one vmapped program), in its own folder under ``--out``. Shared here: the checks of
 the grid flags, a sub-run's config and the reuse/refusal rule of its folder, the training loop
 over sub-runs, and the job itself (:class:`TableJob`, :func:`run_job`) with its entry point
-(:func:`table_main`). The rows, CSV and Markdown tables are :mod:`cudt.paper.rows`, the figure
-helpers :mod:`cudt.paper.figures`; a table module says only what is its own (grid, datasets,
-metric, the paper's table, figures).
+(:func:`table_main`). The rows, CSV and Markdown tables are :mod:`experiments.paper.rows`, the
+figure helpers :mod:`experiments.paper.figures`; a table module says only what is its own (grid,
+datasets, metric, the paper's table, figures).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from typing import Any
 
 from cudt.errors import UsageError
 from cudt.io import check_not_a_file, fresh_run_dir, to_jsonable
-from cudt.paper.rows import HPARAMS, csv_text, finite, fmt, unique, write_text
 from cudt.runner.cli import config_from_args, configure_process, run_cli
 from cudt.runner.config import flag
 from cudt.runner.lock import check_free, lock_output
 from cudt.runner.output import CHECKPOINTS, CONFIG_FILE, checkpoint_record
 from cudt.runner.run import run
+from experiments.paper.rows import HPARAMS, csv_text, finite, fmt, unique, write_text
 
 
 def out_flag(job: str):

@@ -7,8 +7,8 @@ the runner's tolerance, ``monotone`` every validation mean loss below the one be
 variant and seed, and chooses nothing.
 
 :func:`choose` picks the UT architecture under the hard constraints the video task trains every
-model with: :data:`cudt.paper.ut_study.FAITHFUL` when its constrained runs are feasible (within
-tolerance) and monotone on validation at every seed; otherwise the variant closest to it
+model with: :data:`experiments.paper.ut_study.FAITHFUL` when its constrained runs are feasible
+(within tolerance) and monotone on validation at every seed; otherwise the variant closest to it
 (fewest of tying, clip and residual changed) whose runs are, ties broken by the lower mean
 validation objective. The resilient cells are reported beside it. No test number enters it.
 
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from cudt.paper.rows import csv_text, write_text
 from cudt.runner.report import choose_points
+from experiments.paper.rows import csv_text, write_text
 
 __all__ = ["CSV_COLUMNS", "choose", "choose_setting", "rows_of", "write_report"]
 
@@ -311,7 +311,7 @@ def write_report(
 ) -> dict[str, Any]:
     """study.md and study.csv under ``out``; returns ``{"rows", "choice", "setting",
     "markdown", "paths"}``. ``settings``: ``(sub, its results.json)`` of the settings stage."""
-    from cudt.paper.ut_study import FAITHFUL
+    from experiments.paper.ut_study import FAITHFUL
 
     rows = rows_of(subs, results)
     trained = sum(float(results[s.key].get("wall_seconds", 0.0)) for s in subs) + sum(

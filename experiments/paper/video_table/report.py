@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from cudt.paper import rows as table_rows
-from cudt.paper.rows import fmt
-from cudt.paper.video_table.config import DATASETS, NAMES, PAPER_TABLE3, PAPER_VIT_LAYERS
 from cudt.tasks.video import CONTROL
+from experiments.paper import rows as table_rows
+from experiments.paper.rows import fmt
+from experiments.paper.video_table.config import DATASETS, NAMES, PAPER_TABLE3, PAPER_VIT_LAYERS
 
 
 def best_rows(results: dict[tuple[str, int], dict]) -> list[dict]:
@@ -122,8 +122,8 @@ def headline_markdown(rows, datasets, models, layers, gamma, test_gammas) -> str
 
 def paper_direction_markdown(rows, datasets, models, layers, gamma) -> str:
     """Per cell: which of constrained (C) / ERM (E) is lower here and in the paper's table
-    (:func:`cudt.paper.job.direction_markdown`); a cell without a feasible constrained run reads
-    ``infeasible (C)``."""
+    (:func:`experiments.paper.job.direction_markdown`); a cell without a feasible constrained run
+    reads ``infeasible (C)``."""
     lines = [line for line in _table_rows(rows, models, layers) if line[1] != CONTROL]
     return table_rows.direction_markdown(
         rows,

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from cudt.paper.dual_study.settings import SETTINGS
-from cudt.paper.rows import csv_text, fmt, write_text
+from experiments.paper.dual_study.settings import SETTINGS
+from experiments.paper.rows import csv_text, fmt, write_text
 
 __all__ = ["baseline", "best", "collect", "run_rows", "summarise", "write_report"]
 

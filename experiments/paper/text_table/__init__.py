@@ -41,8 +41,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cudt.paper import job as grid
-from cudt.paper.text_table.config import (
+from experiments.paper import job as grid
+from experiments.paper.text_table.config import (
     DATASETS,
     GAMMA_TRAINS,
     NAMES,
@@ -58,8 +58,8 @@ from cudt.paper.text_table.config import (
     prepare_tiny,
     settings_note,
 )
-from cudt.paper.text_table.figures import figures
-from cudt.paper.text_table.report import (
+from experiments.paper.text_table.figures import figures
+from experiments.paper.text_table.report import (
     CSV_COLUMNS,
     RATIO_EDGES,
     RATIOS_FILE,
@@ -138,6 +138,6 @@ class TextTableJob(grid.TableJob):
 
 def run_table(opts: Table4Config) -> dict[str, Any]:
     """Trains (or reuses) every sub-run, then writes the table, CSV and figures
-    (:func:`cudt.paper.job.run_job`); returns ``{"rows", "markdown", "paths", "trained", "reused",
-    "wall_seconds"}``."""
+    (:func:`experiments.paper.job.run_job`); returns ``{"rows", "markdown", "paths", "trained",
+    "reused", "wall_seconds"}``."""
     return grid.run_job(TextTableJob(), opts)

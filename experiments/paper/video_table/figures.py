@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from cudt.paper import figures as figs
-from cudt.paper import rows as table_rows
-from cudt.paper.figures import grid_axes, save_figure
-from cudt.paper.video_table.config import NAMES, UNROLLED, Table3Config
-from cudt.paper.video_table.report import depths_of
 from cudt.tasks.video import CONTROL
+from experiments.paper import figures as figs
+from experiments.paper import rows as table_rows
+from experiments.paper.figures import grid_axes, save_figure
+from experiments.paper.video_table.config import NAMES, UNROLLED, Table3Config
+from experiments.paper.video_table.report import depths_of
 
 STYLE = figs.STYLE | {
     CONTROL: {"color": "tab:green", "marker": "^", "label": "control: ERM, per-layer dict."},
@@ -32,7 +32,7 @@ def _series(idx, d, m, L, g):
 
 
 def _draw(ax, key, row, x, y, ms=4) -> None:
-    """One best run as a line (:func:`cudt.paper.job.draw_line`)."""
+    """One best run as a line (:func:`experiments.paper.job.draw_line`)."""
     figs.draw_line(ax, STYLE[key], row, x, y, has_value="mean_rmse" in row, ms=ms)
 
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cudt.paper import job as grid
-from cudt.paper.video_table.config import (
+from cudt.tasks.video import VideoTask
+from experiments.paper import job as grid
+from experiments.paper.video_table.config import (
     DATASETS,
     FOLDERS,
     GAMMA_TRAINS,
@@ -36,15 +37,14 @@ from cudt.paper.video_table.config import (
     plan,
     prepare_tiny,
 )
-from cudt.paper.video_table.figures import figures
-from cudt.paper.video_table.report import (
+from experiments.paper.video_table.figures import figures
+from experiments.paper.video_table.report import (
     CSV_COLUMNS,
     best_rows,
     gamma_table_lines,
     headline_markdown,
     paper_direction_markdown,
 )
-from cudt.tasks.video import VideoTask
 
 __all__ = [
     "CSV_COLUMNS",
@@ -115,6 +115,6 @@ class VideoTableJob(grid.TableJob):
 
 def run_table(opts: Table3Config) -> dict[str, Any]:
     """Trains (or reuses) every sub-run, then writes the table, CSV and figures
-    (:func:`cudt.paper.job.run_job`); returns ``{"rows", "markdown", "paths", "trained", "reused",
-    "wall_seconds"}``."""
+    (:func:`experiments.paper.job.run_job`); returns ``{"rows", "markdown", "paths", "trained",
+    "reused", "wall_seconds"}``."""
     return grid.run_job(VideoTableJob(), opts)

@@ -12,11 +12,11 @@ from typing import Any
 
 from cudt.data.text.nli import tfds_builder, tiny_splits
 from cudt.errors import DataError
-from cudt.paper import job as grid
-from cudt.paper import rows as table_rows
-from cudt.paper.job import SubRun
 from cudt.runner.config import flag
 from cudt.tasks.text import TextConfig, TextTask
+from experiments.paper import job as grid
+from experiments.paper import rows as table_rows
+from experiments.paper.job import SubRun
 
 DATASETS = ("imdb", "mnli")
 

@@ -14,11 +14,11 @@ from typing import Any
 from cudt.data.video import archives
 from cudt.errors import DataError, UsageError
 from cudt.models.vit import write_vit_folder
-from cudt.paper import job as grid
-from cudt.paper import rows as table_rows
-from cudt.paper.job import SubRun
 from cudt.runner.config import flag
 from cudt.tasks.video import CONTROL, VideoConfig, test_gamma_grid
+from experiments.paper import job as grid
+from experiments.paper import rows as table_rows
+from experiments.paper.job import SubRun
 
 DATASETS = ("ucsd", "avenue", "shanghaitech")
 
@@ -290,7 +290,7 @@ def plan(opts: Table3Config, out: Path) -> list[SubRun]:
 
 
 def _config(opts: Table3Config, out: Path, dataset, data_dir, test_gammas, **fields):
-    """The video task's config of one sub-run (:func:`cudt.paper.job.subrun_config`)."""
+    """The video task's config of one sub-run (:func:`experiments.paper.job.subrun_config`)."""
     scale = SCALES[opts.scale]
     return grid.subrun_config(
         VideoConfig,
