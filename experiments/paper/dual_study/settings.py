@@ -111,7 +111,7 @@ SETTINGS: dict[str, Setting] = {
                 "video default (constrained DUST, one dictionary per layer)",
                 dict(models=("dust",), dust_control=False, gamma_train=0.5, model_hparams=()),
             ),
-            (  # the published UT, which the study found no dynamics for (docs/results/video.md)
+            (  # the published UT, which the study found no dynamics for (docs/results/dual_study.md)
                 "ut",
                 "constrained published UT (shared weights, no skip; video default data)",
                 dict(
