@@ -175,8 +175,8 @@ def _restore(folder: Path, step: int | None = None):
 
 def test_checkpoints_hold_the_adapters_only_and_resume_bitwise(lora_run, tmp_path):
     """A checkpoint is the adapters, their optimiser states and the duals: under 1/4 of the
-    base's floats here (2.3 % of full fine-tuning's for SmolLM2 at rank 8, docs/results/llm.md); resumed from
-    step 2, the run ends at step 4 with the same bits."""
+    base's floats here (2.3 % of full fine-tuning's for SmolLM2 at rank 8,
+    docs/results/llm.md); resumed from step 2, the run ends at step 4 with the same bits."""
     argv, out, _, results = lora_run
     (group,) = [p for p in (out / "checkpoints").iterdir() if p.is_dir()]
     states = _restore(group)
