@@ -33,7 +33,8 @@ from cudt.models.llama import (
 from cudt.models.llama.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, TARGETS
 from cudt.runner.groups import make_group_step
 from cudt.runner.task import RunBatch
-from cudt.tasks.llm import LLMConfig, LLMTask
+from cudt.tasks.llm import LLMTask
+from cudt.tasks.llm_config import LLMConfig
 from cudt.tasks.llm_export import ADAPTER_FOLDER
 from experiments import llm_sft
 

@@ -120,7 +120,7 @@ def chosen_runs(results: dict) -> list[dict]:
 
 
 def trained_decoder(data: Any, params: Any) -> Decoder:
-    """``data.decoder`` (an :class:`~cudt.tasks.llm.LLMData`'s) with a run's whole ``params``,
+    """``data.decoder`` (an :class:`~cudt.tasks.llm_data.LLMData`'s) with a run's whole ``params``,
     the special tokens it was trained with (the EOS that ends its responses first, the BOS its
     Alpaca prompts start with, the PAD) and the chat template of its training prompts."""
     dec, tok = data.decoder, data.tokenizer
@@ -159,7 +159,7 @@ def export_runs(
     """Write the models of the runs ``labels`` (default: :func:`chosen_runs`) of the finished
     run ``cfg`` in ``out`` (its ``results``) under ``dest``, one folder per run and
     ``export.json``; with one label and ``labels`` given, ``dest`` is that model itself (a
-    folder, or a ``.gguf`` file). ``data_of(record)``: the :class:`~cudt.tasks.llm.LLMData`
+    folder, or a ``.gguf`` file). ``data_of(record)``: the :class:`~cudt.tasks.llm_data.LLMData`
     a run was trained on (its decoder, tokenizer, prompt format). Prints what it wrote;
     returns ``dest``."""
     dest = check_fresh_output(dest, overwrite=overwrite, flag=flag, replace=replace)
