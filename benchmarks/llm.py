@@ -200,7 +200,7 @@ def write_tiny_gguf(folder: Path, seed: int = 0) -> Path:
     tokenizer trained on the generated instructions, N(0, 0.5²) weights (not transformers'
     0.02: readouts far from uniform, so that a different ε or different weights show in the
     losses) and norm weights away from 1."""
-    from cudt.data.alpaca import generated_instructions
+    from cudt.data.instructions import generated_instructions
 
     texts = [f"{r.instruction} {r.input} {r.output}" for r in generated_instructions(80, seed=seed)]
     return tiny_gguf(

@@ -22,8 +22,8 @@ import jax
 import numpy as np
 import pytest
 
-from cudt.data.alpaca import build_word_tokenizer, generated_instructions, write_alpaca
-from cudt.data.instructions import exact_answer
+from cudt.data.alpaca import build_word_tokenizer, write_alpaca
+from cudt.data.instructions import exact_answer, generated_instructions
 from cudt.metrics import rouge_l
 from cudt.models.llama import DecoderConfig, write_decoder_folder
 from experiments import llm_sft

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from cudt.checkpoint import GroupCheckpointer
-from cudt.data.alpaca import build_word_tokenizer, generated_instructions, write_alpaca
+from cudt.data.alpaca import build_word_tokenizer, write_alpaca
+from cudt.data.instructions import generated_instructions
 from cudt.models.llama import (
     Decoder,
     DecoderConfig,

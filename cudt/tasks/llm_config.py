@@ -20,7 +20,7 @@ __all__ = ["DTYPES", "GENERATED_DATA", "LLMConfig", "SPLITS", "TASKS", "TOY", "s
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 # --data names of the generated sets (no file): the task families of cudt.data.instructions, and
-# the toy set of cudt.data.alpaca.generated_instructions (what no --data gives)
+# the toy set of cudt.data.instructions.toy_splits (what no --data gives)
 TASKS, TOY = "tasks", "toy"
 GENERATED_DATA = (TASKS, TOY)
 SPLITS = ("train", "val", "test")

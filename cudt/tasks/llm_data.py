@@ -28,7 +28,7 @@ from cudt.data.alpaca import (
     shared_records,
     tokenize_alpaca,
 )
-from cudt.data.instructions import task_splits
+from cudt.data.instructions import task_splits, toy_splits
 from cudt.errors import UsageError
 from cudt.lm_loss import response_capacities, response_keep_tokens
 from cudt.models.llama import (
@@ -126,7 +126,7 @@ def llm_splits(cfg: LLMConfig) -> AlpacaSplits:
     ``--val-data``, ``--test-data``) is every record of it; the others are dealt from what
     ``--data`` names: ``tasks``, the task families split by item
     (:func:`cudt.data.instructions.task_splits`; ``--num-train none`` means 2000); no
-    ``--data`` or ``toy``, :func:`cudt.data.alpaca.generated_instructions`; else the file."""
+    ``--data`` or ``toy``, :func:`cudt.data.instructions.toy_splits`; else the file."""
     files = split_files(cfg)
     splits = {s: _split_file(s, path) for s, path in files.items()}
     sources = [
@@ -146,8 +146,10 @@ def _dealt_splits(cfg: LLMConfig, sizes: dict[str, int | None]) -> AlpacaSplits:
     if cfg.data == TASKS:
         num_train = 2000 if sizes["train"] is None else sizes["train"]
         return task_splits(num_train, sizes["val"], sizes["test"], seed=cfg.data_rng_seed).alpaca()
+    if cfg.data in (None, TOY):
+        return toy_splits(sizes["train"], sizes["val"], sizes["test"], seed=cfg.data_rng_seed)
     return alpaca_splits(
-        None if cfg.data == TOY else cfg.data,
+        cfg.data,
         num_train=sizes["train"],
         num_val=sizes["val"],
         num_test=sizes["test"],
