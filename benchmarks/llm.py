@@ -9,7 +9,7 @@
 Both sides start from the same weights (the GGUF file, dequantised to float32 by
 ``cudt.load_decoder``, written as a Hugging Face folder by ``write_decoder_folder`` and loaded by
 transformers' ``LlamaForCausalLM``) and take the same step on the same batch. The setting is the
-LLM task's own, :class:`cudt.tasks.llm.LLMConfig` (ε, the reference bound ``ℓ_0 ≤ ln V``, γ, the
+LLM task's own, :class:`cudt.tasks.llm_config.LLMConfig` (ε, the reference bound ``ℓ_0 ≤ ln V``, γ, the
 dual optimiser and its rate, the update order, Adam's rate, the frozen embeddings), only the
 batch's size given here:
 
@@ -89,7 +89,8 @@ from cudt.models.llama import smollm2_gguf_path, write_decoder_folder
 from cudt.models.llama import write_tiny_gguf as tiny_gguf
 from cudt.runner.groups import make_group_step
 from cudt.runner.task import RunBatch
-from cudt.tasks.llm import LLMConfig, LLMTask
+from cudt.tasks.llm import LLMTask
+from cudt.tasks.llm_config import LLMConfig
 
 # float32 peak FLOP/s (no tensor cores) of the GPUs whose MFU the table can give.
 FP32_PEAK = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12, "L4": 30.3e12}
@@ -199,7 +200,7 @@ def write_tiny_gguf(folder: Path, seed: int = 0) -> Path:
     tokenizer trained on the generated instructions, N(0, 0.5²) weights (not transformers'
     0.02: readouts far from uniform, so that a different ε or different weights show in the
     losses) and norm weights away from 1."""
-    from cudt.data.alpaca import generated_instructions
+    from cudt.data.instructions import generated_instructions
 
     texts = [f"{r.instruction} {r.input} {r.output}" for r in generated_instructions(80, seed=seed)]
     return tiny_gguf(

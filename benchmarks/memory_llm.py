@@ -68,7 +68,9 @@ from cudt.models.llama import Decoder, DecoderConfig
 from cudt.runner.groups import make_group_step
 from cudt.runner.mesh import fsdp_spec, mesh_shape
 from cudt.runner.task import GroupModel, RunBatch
-from cudt.tasks.llm import LLMConfig, LLMData, LLMTask
+from cudt.tasks.llm import LLMTask
+from cudt.tasks.llm_config import LLMConfig
+from cudt.tasks.llm_data import LLMData
 
 ROOT = Path(__file__).resolve().parents[1]
 GB = 1e9

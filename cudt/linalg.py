@@ -370,69 +370,13 @@ def clip_eigenvalues_matmul(
     ``vmap`` the branches become selects that all run. ``python -m benchmarks gpu`` times
     every method on the device (docs/speed.md).
 
-    ``method="lanczos"`` (``c = clip``, ``S = sym``, ``tol`` 1e-5):
-
-    1. Lanczos on ``S`` from a fixed start vector: ``k = 64`` steps with full
-       re-orthogonalisation (``Q [k, n]``, orthonormal rows), ``T = Q S Qᵀ`` and its Ritz
-       values ``θ_i`` (Sturm bisection on its tridiagonal part,
-       ``jax.scipy.linalg.eigh_tridiagonal``, plain jax operations).
-    2. Skip: ``ρ = max|θ_i|`` is a lower bound of ``‖S‖₂``; when ``ρ ≤ (1 − margin)·c``
-       (``margin`` 1e-3) ``sym`` is returned bit-exact. The skip is wrong only if Lanczos
-       underestimates ``‖S‖₂`` by more than the margin: bounded by Kaniel–Paige (see
-       :func:`gram_top_eigenvalue`), unbounded for a matrix whose top eigenvector is (nearly)
-       orthogonal to the start vector. Without the margin a matrix just past the clip whose
-       estimate falls just short of it would be returned unclipped (tests/test_linalg.py).
-    3. Deflation: ``S' = S − Σ (θ_i − c·sign θ_i) u_i u_iᵀ`` over the Ritz pairs with
-       ``|θ_i| > e = (1 + tol/2)·c``, ``u_i = Qᵀ y_i`` the Ritz vectors, computed as
-       ``S − Qᵀ g(T) Q`` with ``g(T) = (T − cI)·step(T − eI) + (T + cI)·step(−T − eI)``, the
-       steps by Newton–Schulz signs of ``(T ∓ eI)/(1.01ρ + e)`` (10 quintic and 4 cubic steps
-       on ``k x k`` matrices: exact to float32 for Ritz values at least ~3e-6 from ``±e``,
-       partial closer to it). Eigenvalues less than ``tol·c/2`` past the clip are left where
-       they are: a Krylov space holds one direction of a cluster, and eigenvalues sit in a
-       cluster at the clip after every projection. More than ``k/4`` Ritz pairs to deflate:
-       Newton–Schulz instead (the Krylov space cannot hold so many eigenvectors accurately).
-    4. Certificate, else Newton–Schulz on ``S`` (``method="newton_schulz"`` below, its skip
-       estimate replaced by ``ρ``): ``S'`` is returned only if (a) the residual of the
-       deflated Ritz pairs, ``r = ‖(S Qᵀ − Qᵀ T) Π‖_F`` (``Π = step(|T| − eI)``; computed
-       explicitly, so it includes the rounding of the Lanczos recurrence), satisfies
-       ``2√2·r ≤ tol·c``, and (b) a second Lanczos run (32 steps) on ``S'`` from another start
-       vector estimates ``‖S'‖₂ ≤ (1 + tol)·c``. (b) is what catches eigenvectors that the
-       first Krylov space missed (tests/test_linalg.py).
-
-    Error bound of a deflated result. Let ``U`` hold the deflated Ritz vectors, ``B`` the
-    compression of ``S`` onto their orthogonal complement and ``Ŝ`` the matrix ``S`` without
-    the coupling ``(I − UUᵀ) S U`` between them (``‖S − Ŝ‖_F = √2·r``). ``span U`` is invariant
-    under ``Ŝ``, so ``clip(Ŝ) = S' − (S − Ŝ) − g(B)`` (``g(B) = B − clip(B)`` on the
-    complement), and the clipping, the Frobenius projection onto ``{‖X‖₂ ≤ c}``, is
-    1-Lipschitz in the Frobenius norm: ``‖S' − clip(S)‖_F ≤ 2√2·r + ‖g(B)‖_F ≤ tol·c +
-    ‖g(B)‖_F``, with no assumption on eigenvalue gaps. ``g(B)`` holds the eigenvalues past
-    the clip that were not deflated; each is at most ``‖S'‖₂ − c``, which (b) bounds by
-    ``tol·c`` if the second Lanczos estimate is accurate to ``tol``: a lower bound, so this part
-    is an estimate of the same kind as the skip test's, not a proof (the deflation's own part
-    is). Newton–Schulz's resolution adds ≤ 3e-6 per Ritz value within it of ``±e``. Against
-    ``eigh`` (tests/test_linalg.py): ≤ 4.2e-7 max abs on 160 matrices of the video training,
-    ≤ 1e-6 on synthetic spectra it deflates. A fallback result has
-    Newton–Schulz's bound (below).
-
-    Cost: a 64-step and a 32-step Lanczos run (one matrix-vector product a step), ``n x k``
-    products, about 90 ``k x k`` products and a bisection, against Newton–Schulz's 26 ``n x n``
-    products: for ``n = 256`` on a CPU it takes less time than either Newton–Schulz or ``eigh``
-    (docs/speed.md); a fallback pays the deflation attempt and Newton–Schulz.
-
-    ``method="newton_schulz"``: the skip test with :func:`gram_top_eigenvalue` of ``S`` (``S Sᵀ =
-    S²``, same margin), then, with ``M = S²`` and the projector ``Π = step(M − c²)`` onto the
-    eigenvectors of ``|λ| > c``, the clipped matrix is ``S·(I + Π(c·M^(−1/2) − I))``: every
-    factor a polynomial in ``S``. ``Π = (I + sign(A))/2`` with ``A = (M − c²I)/ν``
-    (``ν = max(1.02ρ² − c², c²)``), the sign by 4 quintic and 3 cubic Newton–Schulz steps;
-    ``c·M^(−1/2)`` by Newton's inverse square root from ``I`` (2 steps after a free first one;
-    it stays below ``c/|λ|``, so clipped eigenvalues never overshoot ``c``). Error bound, per
-    eigenvalue ``λ`` at distance ``δ = ||λ| − c|`` from the boundary: the projector is exact
-    to float32 once ``2cδ/ν ≥ 3.44⁻⁴ ≈ 0.007``, i.e. ``δ ≥ 0.0033`` while ``‖S‖₂ ≤ 1.37c``
-    (``ν = c²``); closer to the boundary the result lies between ``λ`` and ``c·sign(λ)``, so
-    the error is below ``δ``. The inverse square root is exact to ~1e-6 for ``‖S‖₂ ≤ 1.4c``
-    (the regime after an optimiser step from a feasible point); a matrix far past the clip is
-    first clipped to ``‖S‖₂/1.3`` until it is in that regime. Cost: 26 ``n x n`` matmuls when
-    the clip is active, one Lanczos run (about one matmul) when it is skipped.
+    ``method="lanczos"``: Lanczos deflation of the eigenvalues past the clip, returned when a
+    certificate bounds its error by ``tol·clip`` (Frobenius), else Newton–Schulz; its steps,
+    error bound and cost are :func:`_clip_lanczos`'s. ``method="newton_schulz"``: the clipped
+    matrix as a product of polynomials in ``sym`` (sign and inverse square root by
+    Newton–Schulz), exact to float32 away from the clip; :func:`_clip_one` has its steps and
+    error bound. Both skip the clipping, returning ``sym`` bit-exact, when a Lanczos estimate
+    of ``‖sym‖₂`` is at most ``(1 − margin)·clip``.
     """
     s = jnp.asarray(sym, jnp.float32)
     if s.ndim < 2 or s.shape[-1] != s.shape[-2]:
@@ -456,6 +400,22 @@ def clip_eigenvalues_matmul(
 def _clip_one(
     s: jax.Array, clip: float, margin: float, steps: tuple[int, int, int]
 ) -> tuple[jax.Array, jax.Array]:
+    """``(clipped s, path)`` by ``method="newton_schulz"`` of :func:`clip_eigenvalues_matmul`
+    (``S = s``, ``c = clip``): the skip test with :func:`gram_top_eigenvalue` of ``S``
+    (``S Sᵀ = S²``, same margin), then, with ``M = S²`` and the projector ``Π = step(M − c²)`` onto the
+    eigenvectors of ``|λ| > c``, the clipped matrix is ``S·(I + Π(c·M^(−1/2) − I))``: every
+    factor a polynomial in ``S``. ``Π = (I + sign(A))/2`` with ``A = (M − c²I)/ν``
+    (``ν = max(1.02ρ² − c², c²)``), the sign by 4 quintic and 3 cubic Newton–Schulz steps;
+    ``c·M^(−1/2)`` by Newton's inverse square root from ``I`` (2 steps after a free first one;
+    it stays below ``c/|λ|``, so clipped eigenvalues never overshoot ``c``). Error bound, per
+    eigenvalue ``λ`` at distance ``δ = ||λ| − c|`` from the boundary: the projector is exact
+    to float32 once ``2cδ/ν ≥ 3.44⁻⁴ ≈ 0.007``, i.e. ``δ ≥ 0.0033`` while ``‖S‖₂ ≤ 1.37c``
+    (``ν = c²``); closer to the boundary the result lies between ``λ`` and ``c·sign(λ)``, so
+    the error is below ``δ``. The inverse square root is exact to ~1e-6 for ``‖S‖₂ ≤ 1.4c``
+    (the regime after an optimiser step from a feasible point); a matrix far past the clip is
+    first clipped to ``‖S‖₂/1.3`` until it is in that regime. Cost: 26 ``n x n`` matmuls when
+    the clip is active, one Lanczos run (about one matmul) when it is skipped.
+    """
     c2 = jnp.float32(clip) ** 2
     rho2 = gram_top_eigenvalue(s)  # max λ² (S Sᵀ = S²), a lower bound
     skip = rho2 <= jnp.float32((1.0 - margin) * clip) ** 2
@@ -505,6 +465,57 @@ def _lanczos_ritz(
 def _clip_lanczos(
     s: jax.Array, clip: float, margin: float, tol: float, steps: tuple[int, int, int]
 ) -> tuple[jax.Array, jax.Array]:
+    """``(clipped s, path)`` by ``method="lanczos"`` of :func:`clip_eigenvalues_matmul`
+    (``c = clip``, ``S = sym``, ``tol`` 1e-5):
+
+    1. Lanczos on ``S`` from a fixed start vector: ``k = 64`` steps with full
+       re-orthogonalisation (``Q [k, n]``, orthonormal rows), ``T = Q S Qᵀ`` and its Ritz
+       values ``θ_i`` (Sturm bisection on its tridiagonal part,
+       ``jax.scipy.linalg.eigh_tridiagonal``, plain jax operations).
+    2. Skip: ``ρ = max|θ_i|`` is a lower bound of ``‖S‖₂``; when ``ρ ≤ (1 − margin)·c``
+       (``margin`` 1e-3) ``sym`` is returned bit-exact. The skip is wrong only if Lanczos
+       underestimates ``‖S‖₂`` by more than the margin: bounded by Kaniel–Paige (see
+       :func:`gram_top_eigenvalue`), unbounded for a matrix whose top eigenvector is (nearly)
+       orthogonal to the start vector. Without the margin a matrix just past the clip whose
+       estimate falls just short of it would be returned unclipped (tests/test_linalg.py).
+    3. Deflation: ``S' = S − Σ (θ_i − c·sign θ_i) u_i u_iᵀ`` over the Ritz pairs with
+       ``|θ_i| > e = (1 + tol/2)·c``, ``u_i = Qᵀ y_i`` the Ritz vectors, computed as
+       ``S − Qᵀ g(T) Q`` with ``g(T) = (T − cI)·step(T − eI) + (T + cI)·step(−T − eI)``, the
+       steps by Newton–Schulz signs of ``(T ∓ eI)/(1.01ρ + e)`` (10 quintic and 4 cubic steps
+       on ``k x k`` matrices: exact to float32 for Ritz values at least ~3e-6 from ``±e``,
+       partial closer to it). Eigenvalues less than ``tol·c/2`` past the clip are left where
+       they are: a Krylov space holds one direction of a cluster, and eigenvalues sit in a
+       cluster at the clip after every projection. More than ``k/4`` Ritz pairs to deflate:
+       Newton–Schulz instead (the Krylov space cannot hold so many eigenvectors accurately).
+    4. Certificate, else Newton–Schulz on ``S`` (:func:`_clip_one`'s, its skip estimate
+       replaced by ``ρ``): ``S'`` is returned only if (a) the residual of the
+       deflated Ritz pairs, ``r = ‖(S Qᵀ − Qᵀ T) Π‖_F`` (``Π = step(|T| − eI)``; computed
+       explicitly, so it includes the rounding of the Lanczos recurrence), satisfies
+       ``2√2·r ≤ tol·c``, and (b) a second Lanczos run (32 steps) on ``S'`` from another start
+       vector estimates ``‖S'‖₂ ≤ (1 + tol)·c``. (b) is what catches eigenvectors that the
+       first Krylov space missed (tests/test_linalg.py).
+
+    Error bound of a deflated result. Let ``U`` hold the deflated Ritz vectors, ``B`` the
+    compression of ``S`` onto their orthogonal complement and ``Ŝ`` the matrix ``S`` without
+    the coupling ``(I − UUᵀ) S U`` between them (``‖S − Ŝ‖_F = √2·r``). ``span U`` is invariant
+    under ``Ŝ``, so ``clip(Ŝ) = S' − (S − Ŝ) − g(B)`` (``g(B) = B − clip(B)`` on the
+    complement), and the clipping, the Frobenius projection onto ``{‖X‖₂ ≤ c}``, is
+    1-Lipschitz in the Frobenius norm: ``‖S' − clip(S)‖_F ≤ 2√2·r + ‖g(B)‖_F ≤ tol·c +
+    ‖g(B)‖_F``, with no assumption on eigenvalue gaps. ``g(B)`` holds the eigenvalues past
+    the clip that were not deflated; each is at most ``‖S'‖₂ − c``, which (b) bounds by
+    ``tol·c`` if the second Lanczos estimate is accurate to ``tol``: a lower bound, so this part
+    is an estimate of the same kind as the skip test's, not a proof (the deflation's own part
+    is). Newton–Schulz's resolution adds ≤ 3e-6 per Ritz value within it of ``±e``. Against
+    ``eigh`` (tests/test_linalg.py): ≤ 4.2e-7 max abs on 160 matrices of the video training,
+    ≤ 1e-6 on synthetic spectra it deflates. A fallback result has
+    Newton–Schulz's bound (:func:`_clip_one`).
+
+    Cost: a 64-step and a 32-step Lanczos run (one matrix-vector product a step), ``n x k``
+    products, about 90 ``k x k`` products and a bisection, against Newton–Schulz's 26 ``n x n``
+    products: for ``n = 256`` on a CPU it takes less time than either Newton–Schulz or ``eigh``
+    (docs/speed.md); a fallback pays the deflation attempt and Newton–Schulz.
+
+    """
     n = s.shape[-1]
     k = min(CLIP_LANCZOS_STEPS, n)
     c = jnp.float32(clip)
@@ -535,7 +546,7 @@ def _deflate(
     c: jax.Array,
     tol: float,
 ) -> tuple[jax.Array, jax.Array]:
-    """``(S − Qᵀ g(T) Q, certified)``: see :func:`clip_eigenvalues_matmul`, steps 3 and 4."""
+    """``(S − Qᵀ g(T) Q, certified)``: see :func:`_clip_lanczos`, steps 3 and 4."""
     k, n = basis.shape
     eye = jnp.eye(k, dtype=t.dtype)
     edge = (1.0 + 0.5 * tol) * c  # deflate the Ritz pairs with |θ| > edge

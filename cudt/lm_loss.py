@@ -41,9 +41,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.custom_derivatives import SymbolicZero
 
 from cudt.errors import UsageError
+from cudt.lm_readout import fused_readout, row_stats
 
 __all__ = [
     "default_bucket_tokens",
@@ -162,11 +162,30 @@ def layer_token_losses(
                 f"response_tokens must be a positive int or None, got {response_tokens!r}"
             )
         states, labels, loss_mask = _response_window(states, labels, loss_mask, response_tokens)
+    shape = states.shape[:3]  # (L+1, B, T)
+    num_rows = math.prod(shape)
+    rows, row_labels = _row_chunks(states, labels, loss_mask, vocab, int(chunk_tokens))
+    if vocab_chunk is None or vocab_chunk >= vocab:
+        readout = _rows_full_vocab
+    else:
+        readout = functools.partial(_rows_vocab_chunked, vocab_chunk=int(vocab_chunk))
+    ce, correct = _chunked_readout(readout, norm_fn, head, rows, row_labels)
+    ce = ce.reshape(-1)[:num_rows].reshape(shape)
+    correct = correct.reshape(-1)[:num_rows].reshape(shape)
+    return _per_sample(ce, correct, labels, loss_mask, vocab)
+
+
+def _row_chunks(
+    states: jax.Array, labels: jax.Array, loss_mask: jax.Array, vocab: int, chunk_tokens: int
+) -> tuple[jax.Array, jax.Array]:
+    """The ``(L+1)·B·T`` rows of ``states`` and their safe labels in ``n`` equal chunks,
+    ``[n, C, D]`` and ``[n, C]``, padded by repeating the last row (see
+    :func:`layer_token_losses`)."""
     num_states, batch, seq, dim = states.shape
     num_rows = num_states * batch * seq
     # as few chunks as chunk_tokens allows, of equal size: fewer padded rows than chunks (a
     # fixed size of chunk_tokens could pad almost a whole chunk of readouts over V)
-    num_chunks = math.ceil(num_rows / min(int(chunk_tokens), num_rows))
+    num_chunks = math.ceil(num_rows / min(chunk_tokens, num_rows))
     chunk = math.ceil(num_rows / num_chunks)
     pad = num_chunks * chunk - num_rows
 
@@ -176,14 +195,14 @@ def layer_token_losses(
     if pad:
         rows = jnp.pad(rows, ((0, pad), (0, 0)), mode="edge")
         row_labels = jnp.pad(row_labels, (0, pad), mode="edge")
-    rows = rows.reshape(num_chunks, chunk, dim)
-    row_labels = row_labels.reshape(num_chunks, chunk)
+    return rows.reshape(num_chunks, chunk, dim), row_labels.reshape(num_chunks, chunk)
 
-    if vocab_chunk is None or vocab_chunk >= vocab:
-        readout = _rows_full_vocab
-    else:
-        readout = functools.partial(_rows_vocab_chunked, vocab_chunk=int(vocab_chunk))
 
+def _chunked_readout(
+    readout: Callable, norm_fn: NormFn, head: jax.Array, rows: jax.Array, row_labels: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Per-row ``(ce, correct) [n, C]`` of ``readout(norm_fn(rows), head, labels)``, one chunk
+    of rows at a time (a rematerialised scan; no scan for a single chunk)."""
     # The scan sums the gradients of the head and of what norm_fn closes over (its scale)
     # chunk by chunk. It gets them in float32, cast back inside the body (exact), so that a
     # bfloat16 parameter's gradient is summed in float32 and rounded once, not once per chunk.
@@ -197,21 +216,17 @@ def layer_token_losses(
         head_, consts = jax.tree.map(lambda a, dtype: a.astype(dtype), wide, dtypes)
         return carry, readout(norm_converted(x, *consts), head_, lab)
 
-    if num_chunks == 1:
+    if rows.shape[0] == 1:
         # One chunk holds every row's logits anyway: no scan and no rematerialisation, so the
         # backward reuses the forward's logits (two head matmuls per row instead of three).
         _, (ce, correct) = body(None, (rows[0], row_labels[0]))
-        ce, correct = ce[None], correct[None]
-    else:
-        # prevent_cse=False: inside a scan the rematerialised body cannot be merged with the
-        # forward anyway (jax.checkpoint's documented advice for scan bodies).
-        _, (ce, correct) = jax.lax.scan(
-            jax.checkpoint(body, prevent_cse=False), None, (rows, row_labels)
-        )  # [num_chunks, C] each
-    shape = (num_states, batch, seq)
-    ce = ce.reshape(-1)[:num_rows].reshape(shape)
-    correct = correct.reshape(-1)[:num_rows].reshape(shape)
-    return _per_sample(ce, correct, labels, loss_mask, vocab)
+        return ce[None], correct[None]
+    # prevent_cse=False: inside a scan the rematerialised body cannot be merged with the
+    # forward anyway (jax.checkpoint's documented advice for scan bodies).
+    _, (ce, correct) = jax.lax.scan(
+        jax.checkpoint(body, prevent_cse=False), None, (rows, row_labels)
+    )  # [num_chunks, C] each
+    return ce, correct
 
 
 def response_token_losses(
@@ -290,6 +305,34 @@ def response_token_losses(
             raise UsageError(f"{name} must be a positive int or None, got {value!r}")
     num_states, batch, seq, dim = states.shape
     cap = batch * seq if capacity is None else min(int(capacity), batch * seq)
+    bucket, kept = _bucket_plan(
+        num_states, cap, vocab, bucket_tokens, chunk_tokens, keep_logits, keep_tokens
+    )
+
+    on = (loss_mask != 0).reshape(-1)  # [B·T]
+    total = jnp.sum(on, dtype=jnp.int32)
+    count = jnp.minimum(total, cap)  # the packed rows per state
+    (idx,) = jnp.nonzero(on, size=cap, fill_value=0)  # [cap]: flat token ids, row-major
+    packed = jnp.arange(cap) < count  # [cap]
+    rows = states.reshape(num_states, batch * seq, dim)[:, idx]  # [L+1, cap, D]
+    safe = _safe_labels(labels, loss_mask, vocab).reshape(-1)[idx]  # [cap]
+    readout = fused_readout(bucket, kept // bucket)
+    with jax.named_scope("readout"):  # profiles name the readout's operations by this scope
+        ce, correct = readout(norm_fn(rows), head, safe, count)  # [L+1, cap] each
+    return _packed_means(ce, correct, idx, packed, labels, loss_mask, vocab)
+
+
+def _bucket_plan(
+    num_states: int,
+    cap: int,
+    vocab: int,
+    bucket_tokens: int | None,
+    chunk_tokens: int | None,
+    keep_logits: bool | None,
+    keep_tokens: int | None,
+) -> tuple[int, int]:
+    """``(bucket, kept)`` of :func:`response_token_losses`: the rows per bucket and the rows
+    whose logits the forward keeps for the backward (whole buckets; 0: none)."""
     bucket = default_bucket_tokens() if bucket_tokens is None else int(bucket_tokens)
     bucket = min(bucket, num_states * cap)
     held = default_chunk_tokens(vocab) if chunk_tokens is None else int(chunk_tokens)
@@ -302,18 +345,22 @@ def response_token_losses(
             f"keep_logits=True holds {kept} rows of logits, more than chunk_tokens={held}: "
             "raise chunk_tokens or pass keep_logits=None"
         )
+    return bucket, kept if keep_logits else 0
 
-    on = (loss_mask != 0).reshape(-1)  # [B·T]
-    total = jnp.sum(on, dtype=jnp.int32)
-    count = jnp.minimum(total, cap)  # the packed rows per state
-    (idx,) = jnp.nonzero(on, size=cap, fill_value=0)  # [cap]: flat token ids, row-major
-    packed = jnp.arange(cap) < count  # [cap]
-    rows = states.reshape(num_states, batch * seq, dim)[:, idx]  # [L+1, cap, D]
-    safe = _safe_labels(labels, loss_mask, vocab).reshape(-1)[idx]  # [cap]
-    readout = _fused_readout(bucket, kept // bucket if keep_logits else 0)
-    with jax.named_scope("readout"):  # profiles name the readout's operations by this scope
-        ce, correct = readout(norm_fn(rows), head, safe, count)  # [L+1, cap] each
 
+def _packed_means(
+    ce: jax.Array,
+    correct: jax.Array,
+    idx: jax.Array,
+    packed: jax.Array,
+    labels: jax.Array,
+    loss_mask: jax.Array,
+    vocab: int,
+) -> tuple[jax.Array, jax.Array]:
+    """Per-row ``ce, correct [L+1, cap]`` of the packed tokens ``idx [cap]`` (real where
+    ``packed``) -> the masked means ``[B, L+1]``, NaN for a sample with a token past the
+    capacity or an invalid label (the module docstring's conventions)."""
+    batch, seq = loss_mask.shape
     sample = jnp.where(packed, idx // seq, batch)  # [cap]; batch: dropped by the sums
     weight = loss_mask.reshape(-1)[idx].astype(jnp.float32)  # [cap]
     ce_sum = jax.ops.segment_sum((ce * weight).T, sample, num_segments=batch)  # [B, L+1]
@@ -375,166 +422,6 @@ def response_keep_tokens(masks, batch: int, quantile: float = 0.99) -> tuple[int
         n = int(np.argmax(above <= 1.0 - quantile + 1e-12))
         keep.append(max(1, min(n, caps[min(b, len(caps)) - 1])))
     return tuple(keep)
-
-
-def _head_logits(x: jax.Array, head_t: jax.Array) -> jax.Array:
-    """``x [C, D] @ head_tᵀ`` with ``head_t [V, D]``: float32 logits (the forward's, and the
-    backward's when it recomputes them). The loops take the head as ``[V, D]``: a tied head is
-    the embedding table transposed, and XLA folds ``transpose(transpose(table))`` outside the
-    loop, where a ``[D, V]`` operand inside it cost a copy of the table every step
-    (``python -m benchmarks llm``'s profile, docs/speed.md)."""
-    return jnp.einsum("cd,vd->cv", x, head_t, preferred_element_type=jnp.float32)
-
-
-@functools.cache
-def _fused_readout(bucket: int, kept: int) -> Callable:
-    """``(normed [S, C, D], head [D, V], labels [C], count []) -> (ce, correct) [S, C]``: the
-    readout cross-entropy of the first ``count`` packed rows of every state (rows ``r <
-    S·count`` of the layer-major order, ``r -> (r // count, r % count)``), in buckets of
-    ``bucket`` rows; the rest are 0 / False. A ``jax.custom_vjp``: the backward is written out
-    (see :func:`response_token_losses`). The forward keeps the logits of buckets ``k < kept``
-    for the backward, which recomputes the others'."""
-
-    def places(k, num_states, count):
-        """Bucket ``k``'s rows as ``(layer, pos, valid)`` ``[bucket]`` each; the padding rows
-        past ``S·count`` get layer ``S`` (out of range: scatters drop them)."""
-        r = k * bucket + jnp.arange(bucket)
-        per = jnp.maximum(count, 1)
-        valid = r < num_states * count
-        return jnp.where(valid, r // per, num_states), r % per, valid
-
-    def num_buckets(num_states, count):
-        return (num_states * count + bucket - 1) // bucket
-
-    def forward(normed, head, labels, count, keep):
-        """Two loops, each over a traced number of buckets: the first ``keep`` buckets, whose
-        logits are written into the kept buffer, then the rest (none when ``keep`` covers the
-        capacity: the second loop is not built)."""
-        num_states, cap, _ = normed.shape
-        vocab = head.shape[1]
-        most = math.ceil(num_states * cap / bucket)
-        keep = min(keep, most)
-        head_t = jnp.transpose(head)  # [V, D], see _head_logits
-
-        def body(k, carry):
-            ce, hit, *held = carry
-            layer, pos, _ = places(k, num_states, count)
-            x = normed[jnp.minimum(layer, num_states - 1), pos]  # [bucket, D]
-            lab = labels[pos]
-            logits = _head_logits(x, head_t)
-            lse, label_logit, is_top = _row_stats(logits, lab)
-            ce = ce.at[layer, pos].set(lse - label_logit, mode="drop")
-            hit = hit.at[layer, pos].set(is_top, mode="drop")
-            if held:
-                saved, saved_lse = held
-                saved = jax.lax.dynamic_update_slice(saved, logits, (k * bucket, 0))
-                saved_lse = jax.lax.dynamic_update_slice(saved_lse, lse, (k * bucket,))
-                return ce, hit, saved, saved_lse
-            return ce, hit
-
-        nb = num_buckets(num_states, count)
-        ce = jnp.zeros((num_states, cap), jnp.float32)
-        hit = jnp.zeros((num_states, cap), bool)
-        saved = jnp.zeros((keep * bucket, vocab if keep else 0), jnp.float32)
-        saved_lse = jnp.zeros((keep * bucket,), jnp.float32)
-        if keep:
-            ce, hit, saved, saved_lse = jax.lax.fori_loop(
-                0, jnp.minimum(nb, keep), body, (ce, hit, saved, saved_lse)
-            )
-        if keep < most:
-            ce, hit = jax.lax.fori_loop(jnp.minimum(nb, keep), nb, body, (ce, hit))
-        return ce, hit, saved, saved_lse
-
-    @jax.custom_vjp
-    def readout(normed, head, labels, count):
-        ce, hit, _, _ = forward(normed, head, labels, count, keep=0)
-        return ce, hit
-
-    def readout_fwd(normed, head, labels, count):
-        trained = head.perturbed
-        normed, head, labels, count = (a.value for a in (normed, head, labels, count))
-        ce, hit, saved, saved_lse = forward(normed, head, labels, count, kept)
-        # the head's gradient is taken only where the head is trained: the residuals' last
-        # entry is an empty array then, None (no leaf) for a frozen head
-        flag = jnp.zeros((0,)) if trained else None
-        return (ce, hit), (normed, head, labels, count, saved, saved_lse, flag)
-
-    def readout_bwd(res, cts):
-        normed, head, labels, count, saved, saved_lse, flag = res
-        g_ce = cts[0]
-        trained = flag is not None
-        if isinstance(g_ce, SymbolicZero):
-            return (jnp.zeros_like(normed), jnp.zeros_like(head) if trained else None, None, None)
-        num_states, cap, _ = normed.shape
-        vocab = head.shape[1]
-        ids = jnp.arange(vocab, dtype=labels.dtype)
-        head_t = jnp.transpose(head)  # [V, D], once for every bucket
-        most = math.ceil(num_states * cap / bucket)
-        keep = min(kept, most)
-
-        def row_grads(k):  # bucket k's rows and their cotangents (0 on the padding)
-            layer, pos, valid = places(k, num_states, count)
-            return layer, pos, jnp.where(valid, g_ce[jnp.minimum(layer, num_states - 1), pos], 0.0)
-
-        # only the buckets with a nonzero cotangent, listed first and looped over: no branch
-        # inside the loop (XLA:CPU copied a conditional's operands, the head among them, into
-        # the branch at every bucket: python -m benchmarks llm's profile, docs/speed.md); one
-        # loop over the kept buckets, one over the others, whose logits are recomputed
-        ks = jnp.arange(most)
-        wanted = jnp.any(jax.vmap(row_grads)(ks)[2] != 0, axis=1) & (
-            ks < num_buckets(num_states, count)
-        )
-
-        def loop(carry, from_saved):
-            part = wanted & ((ks < keep) if from_saved else (ks >= keep))
-            (order,) = jnp.nonzero(part, size=keep if from_saved else most - keep, fill_value=0)
-
-            def body(i, carry):
-                d_normed, d_head = carry
-                k = order[i]
-                layer, pos, g = row_grads(k)
-                x = normed[jnp.minimum(layer, num_states - 1), pos]  # [bucket, D]
-                if from_saved:
-                    logits = jax.lax.dynamic_slice(saved, (k * bucket, 0), (bucket, vocab))
-                    lse = jax.lax.dynamic_slice(saved_lse, (k * bucket,), (bucket,))
-                else:
-                    logits = _head_logits(x, head_t)
-                    lse = jax.nn.logsumexp(logits, axis=-1)
-                lab = labels[pos]
-                # where, not a product: a row without gradient adds exactly 0 (also a NaN row)
-                dz = jnp.where(
-                    (g != 0)[:, None],
-                    g[:, None] * (jnp.exp(logits - lse[:, None]) - (ids == lab[:, None])),
-                    0.0,
-                )  # [bucket, V] float32
-                dx = jnp.dot(dz.astype(head.dtype), head_t, preferred_element_type=jnp.float32)
-                d_normed = d_normed.at[layer, pos].add(dx, mode="drop")
-                if trained:
-                    d_head = d_head + jnp.dot(
-                        x.T, dz.astype(x.dtype), preferred_element_type=jnp.float32
-                    )
-                return d_normed, d_head
-
-            return jax.lax.fori_loop(0, jnp.sum(part), body, carry)
-
-        carry = (
-            jnp.zeros(normed.shape, jnp.float32),
-            jnp.zeros(head.shape, jnp.float32) if trained else None,
-        )
-        if keep:
-            carry = loop(carry, from_saved=True)
-        if keep < most:
-            carry = loop(carry, from_saved=False)
-        d_normed, d_head = carry
-        return (
-            d_normed.astype(normed.dtype),
-            d_head.astype(head.dtype) if trained else None,
-            None,
-            None,
-        )
-
-    readout.defvjp(readout_fwd, readout_bwd, symbolic_zeros=True)
-    return readout
 
 
 # --------------------------------------------------------------------------------------------------
@@ -677,25 +564,8 @@ def _rows_full_vocab(
 ) -> tuple[jax.Array, jax.Array]:
     """``normed [C, D]`` -> per-row ``(ce [C], correct [C])`` over the whole vocabulary."""
     logits = jnp.dot(normed, head, preferred_element_type=jnp.float32)  # [C, V]
-    lse, label_logit, is_top = _row_stats(logits, labels)
+    lse, label_logit, is_top = row_stats(logits, labels)
     return lse - label_logit, is_top
-
-
-def _row_stats(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``logits [C, V]``, ``labels [C]`` -> ``(lse, label_logit, correct) [C]``: the
-    log-sum-exp, the label's logit and ``argmax(logits) == label`` (ties to the lowest id).
-
-    The argmax is not computed: the label is the argmax exactly when its logit is the row's
-    maximum and no lower id reaches it. XLA:CPU's variadic (value, index) reduce is several
-    times slower than a plain maximum, and the maximum is the log-sum-exp's anyway
-    (``python -m benchmarks llm`` times the step, docs/speed.md)."""
-    top = jnp.max(logits, axis=-1)  # [C]
-    shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))
-    lse = shift + jnp.log(jnp.sum(jnp.exp(logits - shift[:, None]), axis=-1))
-    label_logit = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
-    ids = jnp.arange(logits.shape[-1], dtype=labels.dtype)
-    earlier_tie = jnp.any((logits == top[:, None]) & (ids < labels[:, None]), axis=-1)
-    return lse, label_logit, (label_logit == top) & ~earlier_tie
 
 
 def _rows_vocab_chunked(

@@ -36,8 +36,8 @@ and the constrained model, clean and with noise on every token) and TensorBoard 
 import sys
 
 from cudt.runner.cli import task_main
-from cudt.tasks.llm import LLMConfig as Config
 from cudt.tasks.llm import LLMTask
+from cudt.tasks.llm_config import LLMConfig as Config
 
 __all__ = ["Config", "main"]
 

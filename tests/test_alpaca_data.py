@@ -16,13 +16,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from cudt.data.alpaca import (
     ALPACA_PROMPT,
     ALPACA_PROMPT_NO_INPUT,
-    INSTRUCTION_KINDS,
     AlpacaDataError,
     AlpacaRecord,
     alpaca_prompt,
     alpaca_splits,
     build_word_tokenizer,
-    generated_instructions,
     load_alpaca,
     load_tokenizer,
     prompt_batches,
@@ -30,6 +28,7 @@ from cudt.data.alpaca import (
     tokenize_alpaca,
     write_alpaca,
 )
+from cudt.data.instructions import INSTRUCTION_KINDS, generated_instructions, toy_splits
 from cudt.errors import DataError, UsageError
 
 RECORDS = [
@@ -345,7 +344,7 @@ def test_splits_are_seeded_disjoint_and_stable(generated, tmp_path):
     none = split_alpaca(generated, num_train=0, num_val=20, num_test=30, seed=5)
     assert none.train == () and none.test == s.test and none.val == s.val
     assert split_alpaca(generated, num_train=100, num_val=20, num_test=30, seed=6).test != s.test
-    default = alpaca_splits(num_train=60, num_val=10, num_test=10, seed=0)
+    default = toy_splits(num_train=60, num_val=10, num_test=10, seed=0)
     assert len(default.train) == 60 and set(default.test) <= set(generated_instructions(80, 0))
     path = write_alpaca(generated, tmp_path / "alpaca_data.json")
     from_file = alpaca_splits(path, num_train=None, num_val=20, num_test=30, seed=5)

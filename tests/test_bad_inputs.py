@@ -980,7 +980,7 @@ def test_llm_lora_resume_over_another_base(tmp_path, capsys):
     from cudt.models.llama import DecoderConfig, write_decoder_folder
     from cudt.runner.cli import config_from_args
     from cudt.runner.output import checkpoint_record
-    from cudt.tasks import llm
+    from cudt.tasks import llm, llm_config, llm_data
     from experiments import llm_sft
 
     base = tmp_path / "base"
@@ -997,15 +997,15 @@ def test_llm_lora_resume_over_another_base(tmp_path, capsys):
         "--num-test", "2", "--steps", "1", "--lora-rank", "2", "--out", tmp_path / "out",
     ]  # fmt: skip
     argv = [str(a) for a in argv]
-    cfg, _ = config_from_args(llm.LLMConfig, argv, "")
+    cfg, _ = config_from_args(llm_config.LLMConfig, argv, "")
     task = llm.LLMTask()
     record = checkpoint_record(cfg) | task.fingerprint(cfg, task.load(cfg))
     (tmp_path / "out" / "checkpoints").mkdir(parents=True)
     (tmp_path / "out" / "checkpoints" / "config.json").write_text(json.dumps(record))
     # the same folder, other weights (this process read the first ones: read them again)
     write_decoder_folder(base, config, config.init_params(jax.random.key(1)), words)
-    llm._pretrained.cache_clear()
-    llm._base_digest.cache_clear()
+    llm_data._pretrained.cache_clear()
+    llm_data._base_digest.cache_clear()
     before = tree(tmp_path / "out")
     status, err = llm_cli(llm_sft.main, argv, capsys)
     check(

@@ -11,7 +11,8 @@ import pytest
 
 from cudt.errors import UsageError
 from cudt.runner.combine import combine as combine_folders
-from cudt.tasks.llm import LLMConfig, LLMTask
+from cudt.tasks.llm import LLMTask
+from cudt.tasks.llm_config import LLMConfig
 from experiments import combine, llm_sft
 
 TINY = [

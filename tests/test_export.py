@@ -32,9 +32,9 @@ from cudt.data.alpaca import (  # noqa: E402
     alpaca_chat_template,
     alpaca_prompt,
     build_word_tokenizer,
-    generated_instructions,
     load_tokenizer,
 )
+from cudt.data.instructions import generated_instructions  # noqa: E402
 from cudt.models.hf import ModelFolderError  # noqa: E402
 from cudt.models.llama import (  # noqa: E402
     Decoder,

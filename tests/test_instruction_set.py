@@ -15,7 +15,6 @@ import pytest
 from cudt.data.alpaca import (
     AlpacaDataError,
     alpaca_prompt,
-    alpaca_splits,
     build_word_tokenizer,
     load_tokenizer,
     tokenize_alpaca,
@@ -28,6 +27,7 @@ from cudt.data.instructions import (
     make_item,
     split_of,
     task_splits,
+    toy_splits,
 )
 
 SIZES = {"num_train": 2000, "num_val": 200, "num_test": 500}
@@ -258,12 +258,13 @@ def test_exact_answer_is_case_sensitive_and_strips_only_the_ends():
 
 
 def test_llm_config_selects_the_task_families_and_defaults_to_the_toy_set(tmp_path):
-    from cudt.tasks.llm import LLMConfig, llm_splits
+    from cudt.tasks.llm_config import LLMConfig
+    from cudt.tasks.llm_data import llm_splits
 
     sizes = {"num_train": 40, "num_val": 8, "num_test": 12}
     default = LLMConfig(**sizes)
     assert LLMConfig().data is None  # the default is unchanged: the toy set
-    toy = alpaca_splits(None, **sizes, seed=0)
+    toy = toy_splits(**sizes, seed=0)
     assert llm_splits(default) == toy
     assert llm_splits(LLMConfig(data="toy", **sizes)) == toy
     tasks = llm_splits(LLMConfig(data="tasks", seed=3, **sizes))
@@ -292,7 +293,8 @@ def test_records_go_through_the_word_tokenizer_pipeline():
 
 
 def test_the_llm_task_loads_the_task_families_with_data_tasks():
-    from cudt.tasks.llm import LLMConfig, LLMTask
+    from cudt.tasks.llm import LLMTask
+    from cudt.tasks.llm_config import LLMConfig
 
     cfg = LLMConfig(
         data="tasks", num_train=24, num_val=4, num_test=8, layers=1, hidden=16, heads=2,

@@ -15,14 +15,10 @@ from cudt import stats
 from cudt.models.llama import Decoder, DecoderConfig
 from cudt.runner.task import RunBatch
 from cudt.tasks.accuracy import feasibility_lines, largest_epsilon_met, paired_with_erm
-from cudt.tasks.llm import (
-    LLMConfig,
-    LLMTask,
-    _completion_record,
-    paired_lines,
-    reference_state,
-    untied,
-)
+from cudt.tasks.llm import LLMTask, reference_state
+from cudt.tasks.llm_completions import completion_record, paired_lines
+from cudt.tasks.llm_config import LLMConfig
+from cudt.tasks.llm_data import untied
 
 TINY = dict(
     num_train=24, num_val=4, num_test=6, max_length=48, layers=3, hidden=16, heads=2,
@@ -149,9 +145,9 @@ def test_completions_are_scored_case_sensitively():
     from cudt.data.alpaca import AlpacaRecord
 
     rec = AlpacaRecord("Uppercase the word.", "apple", "APPLE")
-    assert _completion_record(rec, 0, 0.0, "APPLE")["exact"]
-    assert not _completion_record(rec, 0, 0.0, "apple")["exact"]
-    assert _completion_record(rec, 0, 0.0, "apple")["rouge_l"] == pytest.approx(1.0)
+    assert completion_record(rec, 0, 0.0, "APPLE")["exact"]
+    assert not completion_record(rec, 0, 0.0, "apple")["exact"]
+    assert completion_record(rec, 0, 0.0, "apple")["rouge_l"] == pytest.approx(1.0)
 
 
 def fake_run(kind: bool, seed: int, acc: np.ndarray, rel: list[float], feasible: bool) -> dict:

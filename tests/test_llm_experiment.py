@@ -22,8 +22,8 @@ import jax
 import numpy as np
 import pytest
 
-from cudt.data.alpaca import build_word_tokenizer, generated_instructions, write_alpaca
-from cudt.data.instructions import exact_answer
+from cudt.data.alpaca import build_word_tokenizer, write_alpaca
+from cudt.data.instructions import exact_answer, generated_instructions
 from cudt.metrics import rouge_l
 from cudt.models.llama import DecoderConfig, write_decoder_folder
 from experiments import llm_sft
@@ -199,7 +199,8 @@ def test_the_train_digest_holds_the_test_split_to_the_training_tokens(checkpoint
     """The checkpoints' train_digest: the same for more test or validation prompts of the task
     families (their training items do not move), another for a file, whose val and test
     records are dealt before the training ones."""
-    from cudt.tasks.llm import LLMConfig, LLMTask
+    from cudt.tasks.llm import LLMTask
+    from cudt.tasks.llm_config import LLMConfig
 
     folder, data = checkpoint_folder
     task = LLMTask()
@@ -277,7 +278,7 @@ def test_fine_tunes_a_gguf_file_in_its_chat_template(gguf_checkpoint, tmp_path):
 def test_checkpoint_smollm2_names_the_wheels_file_or_says_how_to_install_it(tmp_path, capsys):
     from cudt.models.hf import ModelFolderError
     from cudt.models.llama import smollm2_gguf_path
-    from cudt.tasks.llm import checkpoint_path
+    from cudt.tasks.llm_data import checkpoint_path
 
     assert checkpoint_path("some/folder") == Path("some/folder")
     try:
@@ -409,7 +410,8 @@ def test_readouts_at_exactly_the_response_tokens_equal_readouts_everywhere():
     import jax.numpy as jnp
 
     from cudt.runner.task import RunBatch
-    from cudt.tasks.llm import LLMConfig, LLMTask
+    from cudt.tasks.llm import LLMTask
+    from cudt.tasks.llm_config import LLMConfig
 
     task = LLMTask()
     cfg = LLMConfig(
@@ -444,7 +446,8 @@ def test_split_files_replace_their_splits_and_shared_records_are_reported(tmp_pa
     """A split given as a file is every record of it (JSON list or JSON lines); the others are
     dealt from --data with nothing dealt to the given ones; test records that are training
     records too are counted, warned about and recorded, not silently kept."""
-    from cudt.tasks.llm import LLMConfig, LLMTask
+    from cudt.tasks.llm import LLMTask
+    from cudt.tasks.llm_config import LLMConfig
 
     records = generated_instructions(60, seed=7)
     train = write_alpaca(records[:30], tmp_path / "train.json")
@@ -477,7 +480,7 @@ def test_split_files_replace_their_splits_and_shared_records_are_reported(tmp_pa
 def test_export_flags_are_checked_when_the_config_is_made(tmp_path):
     """Before any data is read: a multi-host job cannot read its checkpoints back in one
     process, and where the models go is in no checkpoint's fingerprint."""
-    from cudt.tasks.llm import LLMConfig
+    from cudt.tasks.llm_config import LLMConfig
 
     with pytest.raises(ValueError, match="after the job run python -m experiments.export_decoder"):
         LLMConfig(export=str(tmp_path / "models"), distributed=True)
@@ -505,7 +508,8 @@ def test_export_writes_the_chosen_runs_that_transformers_runs_as_trained(tmp_pat
     import transformers
 
     from cudt.models.llama import load_decoder
-    from cudt.tasks.llm import LLMConfig, LLMTask
+    from cudt.tasks.llm import LLMTask
+    from cudt.tasks.llm_config import LLMConfig
     from experiments import export_decoder
 
     out, dest = tmp_path / "run", tmp_path / "models"
@@ -588,7 +592,8 @@ def test_export_of_a_seed_gives_the_model_that_seed_trained_on_its_own_data(tmp_
     embeddings and parameters, not seed 0's."""
     import safetensors.numpy
 
-    from cudt.tasks.llm import LLMConfig, LLMTask
+    from cudt.tasks.llm import LLMTask
+    from cudt.tasks.llm_config import LLMConfig
     from experiments import export_decoder
 
     out = tmp_path / "run"

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from cudt.checkpoint import GroupCheckpointer
-from cudt.data.alpaca import build_word_tokenizer, generated_instructions, write_alpaca
+from cudt.data.alpaca import build_word_tokenizer, write_alpaca
+from cudt.data.instructions import generated_instructions
 from cudt.models.llama import (
     Decoder,
     DecoderConfig,
@@ -33,7 +34,8 @@ from cudt.models.llama import (
 from cudt.models.llama.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, TARGETS
 from cudt.runner.groups import make_group_step
 from cudt.runner.task import RunBatch
-from cudt.tasks.llm import LLMConfig, LLMTask
+from cudt.tasks.llm import LLMTask
+from cudt.tasks.llm_config import LLMConfig
 from cudt.tasks.llm_export import ADAPTER_FOLDER
 from experiments import llm_sft
 

@@ -11,6 +11,7 @@ import pytest
 
 import cudt
 import cudt.lm_loss as lm_loss
+import cudt.lm_readout as lm_readout
 from cudt.errors import UsageError
 from cudt.lm_loss import (
     naive_layer_token_losses,
@@ -118,13 +119,13 @@ def test_the_readouts_are_exactly_the_response_tokens(monkeypatch):
     states, head, scale, labels, mask = problem(seed=3, batch=4, seq=9)
     n, bucket = count(mask), 4
     seen = []
-    logits_of = lm_loss._head_logits
+    logits_of = lm_readout.head_logits
 
     def recording(x, h):
         jax.debug.callback(lambda rows: seen.append(np.asarray(rows)), x)
         return logits_of(x, h)
 
-    monkeypatch.setattr(lm_loss, "_head_logits", recording)
+    monkeypatch.setattr(lm_readout, "head_logits", recording)
     norm = lambda x: rms_norm(x, scale)  # noqa: E731
     fn = functools.partial(response_token_losses, bucket_tokens=bucket, keep_logits=True)
     ce, _ = jax.jit(lambda *a: fn(a[0], norm, *a[1:]))(states, head, labels, mask)
@@ -135,7 +136,7 @@ def test_the_readouts_are_exactly_the_response_tokens(monkeypatch):
     want = np.asarray(norm(states[:, b_idx, t_idx])).reshape(L1 * n, D)
     np.testing.assert_allclose(rows[: L1 * n], want, rtol=1e-6, atol=1e-6)
 
-    monkeypatch.setattr(lm_loss, "_head_logits", logits_of)
+    monkeypatch.setattr(lm_readout, "head_logits", logits_of)
     off = ~np.asarray(mask)
     other_labels = jnp.where(off, (jnp.abs(labels) + 7) % V, labels)
     other_states = jnp.where(off[None, :, :, None], 5.0 * states + 1.0, states)
@@ -159,13 +160,13 @@ def test_only_the_buckets_past_keep_tokens_recompute_their_logits(monkeypatch, t
     n, bucket = count(mask), 4
     buckets = -(-L1 * n // bucket)
     calls = []
-    logits_of = lm_loss._head_logits
+    logits_of = lm_readout.head_logits
 
     def recording(x, h):
         jax.debug.callback(lambda rows: calls.append(len(rows)), x)
         return logits_of(x, h)
 
-    monkeypatch.setattr(lm_loss, "_head_logits", recording)
+    monkeypatch.setattr(lm_readout, "head_logits", recording)
 
     def head_rows(keep_tokens):
         calls.clear()

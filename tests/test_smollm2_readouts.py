@@ -111,7 +111,7 @@ def readout_cross_entropies(path, question: str, answer: str) -> tuple[np.ndarra
 
 
 def test_tiny_gguf_readouts_match_an_independent_numpy_forward(tmp_path):
-    from cudt.data.alpaca import generated_instructions
+    from cudt.data.instructions import generated_instructions
 
     texts = [f"{r.instruction} {r.input} {r.output}" for r in generated_instructions(80, seed=0)]
     # N(0, 0.5²) weights and norm weights away from 1: readouts far from uniform, so a wrong

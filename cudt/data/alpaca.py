@@ -3,7 +3,7 @@
 Pipeline::
 
     alpaca_data.json / .jsonl --load_alpaca--> records --split_alpaca(seed)--> train / val / test
-    (no file: generated_instructions(n, seed), a learnable synthetic set in the same format)
+    (generated sets in the same format, no file: cudt.data.instructions)
     records + tokenizer.json --tokenize_alpaca(max_length)--> input_ids, attention_mask, labels,
                                                               loss_mask [N, T], prompt_length [N]
     records + tokenizer.json --prompt_batches(batch_size, max_prompt_length)--> left-padded prompts
@@ -43,7 +43,6 @@ __all__ = [
     "AlpacaDataError",
     "AlpacaRecord",
     "AlpacaSplits",
-    "INSTRUCTION_KINDS",
     "InstructionTokenizer",
     "PromptBatch",
     "TokenizedAlpaca",
@@ -51,7 +50,7 @@ __all__ = [
     "alpaca_prompt",
     "alpaca_splits",
     "build_word_tokenizer",
-    "generated_instructions",
+    "deal_splits",
     "load_alpaca",
     "load_tokenizer",
     "prompt_batches",
@@ -302,34 +301,40 @@ def split_alpaca(
 
 
 def alpaca_splits(
-    path: str | Path | None = None,
+    path: str | Path,
     *,
     num_train: int | None = 2000,
     num_val: int = 200,
     num_test: int = 200,
     seed: int = 0,
 ) -> AlpacaSplits:
-    """Train / val / test records from an Alpaca file, or (``path=None``) generated ones.
-
-    With a file, :func:`load_alpaca` then :func:`split_alpaca` (``num_train=None``: every record
-    not in val or test). Without, :func:`generated_instructions` makes exactly
-    ``num_train + num_val + num_test`` distinct records from ``seed`` (``num_train=None`` means
-    2000), then splits them.
+    """Train / val / test records from an Alpaca file: :func:`load_alpaca` then
+    :func:`deal_splits` (``num_train=None``: every record not in val or test). The generated
+    sets: :func:`cudt.data.instructions.toy_splits`, :func:`cudt.data.instructions.task_splits`.
     """
-    if path is None:
-        n_train = 2000 if num_train is None else num_train
-        if n_train < 0 or num_val < 0 or num_test < 0:
-            raise AlpacaDataError(
-                f"split sizes must be num_train >= 0, num_val >= 0, num_test >= 0, got "
-                f"{n_train}, {num_val}, {num_test}: pass non-negative counts"
-            )
-        records = generated_instructions(n_train + num_val + num_test, seed=seed)
-        source = f"generated instructions (seed={seed})"
-    else:
-        records = load_alpaca(path)
-        n_train = num_train
-        source = f"Alpaca file {path}"
-    out = split_alpaca(records, num_train=n_train, num_val=num_val, num_test=num_test, seed=seed)
+    records = load_alpaca(path)
+    return deal_splits(
+        records,
+        f"Alpaca file {path}",
+        num_train=num_train,
+        num_val=num_val,
+        num_test=num_test,
+        seed=seed,
+    )
+
+
+def deal_splits(
+    records: Sequence[AlpacaRecord],
+    source: str,
+    *,
+    num_train: int | None,
+    num_val: int,
+    num_test: int,
+    seed: int = 0,
+) -> AlpacaSplits:
+    """:func:`split_alpaca` of ``records``, described as ``source`` with the split sizes and
+    seed (what the runs print and their checkpoints' fingerprint holds)."""
+    out = split_alpaca(records, num_train=num_train, num_val=num_val, num_test=num_test, seed=seed)
     return dataclasses.replace(
         out,
         source=f"{source}: train {len(out.train)}, val {len(out.val)}, test {len(out.test)} "
@@ -755,121 +760,3 @@ def prompt_batches(
             indices=np.asarray(idx, dtype=np.int32),
             valid=valid,
         )
-
-
-# --------------------------------------------------------------------------------------------------
-# Generated instructions (no download)
-# --------------------------------------------------------------------------------------------------
-
-_WORDS = (
-    "apple", "river", "cloud", "stone", "tiger", "lemon", "chair", "piano", "candle", "garden",
-    "rocket", "pencil", "window", "forest", "button", "rabbit", "orange", "mirror", "castle",
-    "bridge",
-)  # fmt: skip
-_OPPOSITES = (
-    ("hot", "cold"), ("big", "small"), ("fast", "slow"), ("happy", "sad"), ("light", "dark"),
-    ("up", "down"), ("early", "late"), ("open", "closed"), ("full", "empty"), ("hard", "soft"),
-    ("old", "new"), ("strong", "weak"), ("rich", "poor"), ("wet", "dry"), ("loud", "quiet"),
-    ("high", "low"), ("long", "short"), ("clean", "dirty"), ("push", "pull"), ("win", "lose"),
-)  # fmt: skip
-_OPPOSITE = {**dict(_OPPOSITES), **{b: a for a, b in _OPPOSITES}}
-_MAX_NUMBER = 30  # every number in the set is in [0, _MAX_NUMBER]
-
-INSTRUCTION_KINDS: tuple[str, ...] = (
-    "reverse", "sort", "repeat", "uppercase", "add", "opposite", "count", "next",
-)  # fmt: skip
-
-
-def _words(rng: np.random.Generator, low: int, high: int) -> list[str]:
-    k = int(rng.integers(low, high + 1))
-    return [_WORDS[i] for i in rng.choice(len(_WORDS), size=k, replace=False)]
-
-
-def _instruction(rng: np.random.Generator, kind: str) -> tuple[str, str, str, str]:
-    """``(instruction with input, input, instruction without input, output)`` of one task."""
-    if kind == "reverse":
-        words = _words(rng, 3, 5)
-        task, data, out = "Reverse the following words", " ".join(words), " ".join(words[::-1])
-        return task + ".", data, f"{task}: {data}", out
-    if kind == "sort":
-        k = int(rng.integers(3, 6))
-        nums = [int(x) for x in rng.choice(_MAX_NUMBER + 1, size=k, replace=False)]
-        task = "Sort these numbers in ascending order"
-        data = ", ".join(map(str, nums))
-        return task + ".", data, f"{task}: {data}", ", ".join(map(str, sorted(nums)))
-    if kind == "repeat":
-        word, k = _WORDS[int(rng.integers(len(_WORDS)))], int(rng.integers(2, 6))
-        out = " ".join([word] * k)
-        return f"Repeat the word {k} times.", word, f"Repeat the word {word} {k} times.", out
-    if kind == "uppercase":
-        words = _words(rng, 1, 3)
-        data = " ".join(words)
-        return "Convert to uppercase.", data, f"Convert to uppercase: {data}", data.upper()
-    if kind == "add":
-        a, b = (int(x) for x in rng.integers(0, _MAX_NUMBER // 2 + 1, size=2))
-        out = f"{a} plus {b} is {a + b}."
-        return "Add the two numbers.", f"{a} and {b}", f"What is {a} plus {b}?", out
-    if kind == "opposite":
-        word = sorted(_OPPOSITE)[int(rng.integers(len(_OPPOSITE)))]
-        out = f"The opposite of {word} is {_OPPOSITE[word]}."
-        return "Give the opposite of the word.", word, f"Give the opposite of: {word}", out
-    if kind == "count":
-        words = _words(rng, 2, 6)
-        data = " ".join(words)
-        return (
-            "Count the words.",
-            data,
-            f"Count the words: {data}",
-            f"There are {len(words)} words.",
-        )
-    # "next"
-    x = int(rng.integers(0, _MAX_NUMBER))
-    out = f"The number after {x} is {x + 1}."
-    return (
-        "Give the number that comes after this one.",
-        str(x),
-        f"What number comes after {x}?",
-        out,
-    )
-
-
-def generated_instructions(num_records: int, seed: int = 0) -> tuple[AlpacaRecord, ...]:
-    """``num_records`` distinct Alpaca records of eight small tasks with learnable structure.
-
-    Tasks (:data:`INSTRUCTION_KINDS`): reverse 3-5 words, sort 3-5 numbers, repeat a word 2-5
-    times, convert 1-3 words to uppercase, add two numbers in 0-15, give the opposite of one of
-    40 words, count 2-6 words, give the number after one in 0-29. Words come from a list of 20
-    nouns. Each task is drawn uniformly and phrased half the time with an input
-    (``"Reverse the following words."`` + input ``"river tiger lemon"``) and half the time without
-    (``"Reverse the following words: river tiger lemon"``).
-
-    Candidate ``j`` depends only on ``(seed, j)``; repeats are skipped, so the records are the
-    first ``num_records`` distinct candidates and a longer set extends a shorter one.
-    """
-    if num_records < 0 or seed < 0:
-        raise AlpacaDataError(
-            f"generated_instructions needs num_records >= 0 and seed >= 0, got {num_records} "
-            f"and {seed}: pass non-negative values"
-        )
-    records: list[AlpacaRecord] = []
-    seen: set[AlpacaRecord] = set()
-    max_candidates = 20 * num_records + 1000
-    j = 0
-    while len(records) < num_records:
-        if j >= max_candidates:
-            raise AlpacaDataError(
-                f"generated_instructions found only {len(records)} distinct records in {j} "
-                f"draws: ask for fewer than {num_records}"
-            )
-        rng = np.random.default_rng([seed, j])
-        j += 1
-        kind = INSTRUCTION_KINDS[int(rng.integers(len(INSTRUCTION_KINDS)))]
-        with_input, data, without_input, output = _instruction(rng, kind)
-        if rng.random() < 0.5:
-            record = AlpacaRecord(instruction=with_input, input=data, output=output)
-        else:
-            record = AlpacaRecord(instruction=without_input, input="", output=output)
-        if record not in seen:
-            seen.add(record)
-            records.append(record)
-    return tuple(records)

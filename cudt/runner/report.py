@@ -88,6 +88,27 @@ def curves_of(result: LoopResult, r: int) -> dict[str, list]:
 
 
 def summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval_key):
+    """Evaluates a trained group on test and validation (one compiled evaluator) and turns each
+    run into its ``results.json`` record: ``(records, kept descent ratios)`` (None for a
+    diverged run)."""
+    model = group.model
+    test, val = _evaluate_splits(task, cfg, data, group, result, gammas, val_gammas, eval_key)
+    eps = np.asarray(program.per_run["epsilon"])
+    runs, ratios = [], []
+    for r, spec in enumerate(group.specs):
+        record, kept = _run_record(
+            task, cfg, group, program, result, r, spec, test, val, gammas, val_gammas, eps[r]
+        )
+        runs.append(record)
+        ratios.append(kept)
+    extra = task.trained_outputs(cfg, data, model, result.states.params, group.labels)
+    for record, fields in zip(runs, extra, strict=True):
+        record.update(fields)
+    return runs, ratios
+
+
+def _evaluate_splits(task, cfg, data, group, result, gammas, val_gammas, eval_key):
+    """``(test, val)``: :func:`evaluate_group` of the group's runs on each split at its γs."""
     model = group.model
     axes = (0, None, None, None, None, None)
     evaluator = jax.jit(jax.vmap(model.eval_outputs, in_axes=axes))  # once per batch shape
@@ -110,87 +131,93 @@ def summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval_
 
     test = evaluate("test", gammas, eval_key)
     val = evaluate("val", val_gammas, jax.random.fold_in(eval_key, 99))
-    eps = np.asarray(program.per_run["epsilon"])
-    runs, ratios = [], []
-    for r, spec in enumerate(group.specs):
-        hp = spec.hp
-        gamma_train = float(hp["gamma_train"])
-        gi = gammas.index(gamma_train)
-        vi = val_gammas.index(gamma_train)
-        diverged = bool(result.diverged[r])
-        per_gamma = test["losses"][:, r]  # [G, N, S]
-        stats = descent_stats(per_gamma[gi])
-        val_mean = val["losses"][vi, r].mean(0)
-        verdict = feasibility(
-            val_mean, np.full(model.num_layers, eps[r]), program.references[r], cfg.tolerance
-        )
-        applicable = verdict.applicable[1:]  # [L]: steps l-1 -> l judged (not at the floor)
-        task_metrics = task.run_metrics(
-            cfg,
-            {k: v[:, r] for k, v in test.items()},
-            {k: v[vi, r] for k, v in val.items()},
-            gammas,
-            gamma_train,
-        ) | task.val_metrics(cfg, {k: v[:, r] for k, v in val.items()}, val_gammas, gamma_train)
-        layer_loss = [pg.mean(0).tolist() for pg in per_gamma]
-        record = {
-            "model": model.name,
-            "layers": model.num_layers,
-            **model.record,
-            "constrained": spec.constrained,
-            "seed": int(spec.seed),
-            "label": group.labels[r],
-            "group": group.name,
-            "hparams": dict(hp, reference=program.references[r] if spec.constrained else None),
-            "sweep_point": spec.point,
-            "gamma_train": gamma_train,
-            "test_gamma": list(gammas),
-            **task_metrics,
-            "layer_loss": layer_loss,
-            # reported only: the test split never decides anything (loss_decreases_val does)
-            "loss_decreases": decreases(layer_loss[gi]),
-            "layer_loss_val": val_mean.tolist(),
-            "loss_decreases_val": decreases(val_mean, applicable),
-            "descent_rate": stats.descent_rate,
-            "mean_ratio": stats.mean_ratio,
-            "median_ratio": stats.median_ratio,
-            "ratio_floor": stats.floor,
-            "ratios_excluded": stats.excluded,
-            "ratios_total": stats.total,
-            "feasible": verdict.feasible and not diverged,
-            "constraint_val": verdict.constraint,
-            "relative_violation_val": verdict.relative_violation,
-            "constraint_applicable_val": verdict.applicable,
-            "not_applicable": verdict.not_applicable,
-            "val_objective": float(val_mean[-1]),
-            "multipliers": np.asarray(descent.multipliers(result.states)[r]).tolist(),
-            **(
-                {
-                    "multipliers_table_max": np.asarray(
-                        descent.multipliers(result.states, jnp.max)[r]
-                    ).tolist()
-                }
-                if cfg.constraint == "indexed"
-                else {}
-            ),
-            "max_multipliers": (
-                np.zeros(model.num_layers + 1).tolist()
-                if result.max_multipliers is None
-                else np.nan_to_num(result.max_multipliers[r], nan=np.inf).tolist()
-            ),
-            "diverged": diverged,
-            "diverged_at": result.diverged_at[r],
-            "train_objective": [float(h["objective"][r]) for h in result.history],
-            "train_steps": [int(h["step"]) for h in result.history],
-            "curves": curves_of(result, r),
-        }
-        record["interval_metrics"] = metric_names(task_metrics, len(gammas))
-        runs.append(record)
-        ratios.append(None if diverged else stats.kept)
-    extra = task.trained_outputs(cfg, data, model, result.states.params, group.labels)
-    for record, fields in zip(runs, extra, strict=True):
-        record.update(fields)
-    return runs, ratios
+    return test, val
+
+
+def _run_record(task, cfg, group, program, result, r, spec, test, val, gammas, val_gammas, eps):
+    """Run ``r``'s ``results.json`` record and its kept descent ratios (None if it diverged)."""
+    model = group.model
+    hp = spec.hp
+    gamma_train = float(hp["gamma_train"])
+    gi = gammas.index(gamma_train)
+    vi = val_gammas.index(gamma_train)
+    diverged = bool(result.diverged[r])
+    per_gamma = test["losses"][:, r]  # [G, N, S]
+    ratio_stats = descent_stats(per_gamma[gi])
+    val_mean = val["losses"][vi, r].mean(0)
+    verdict = feasibility(
+        val_mean, np.full(model.num_layers, eps), program.references[r], cfg.tolerance
+    )
+    applicable = verdict.applicable[1:]  # [L]: steps l-1 -> l judged (not at the floor)
+    task_metrics = task.run_metrics(
+        cfg,
+        {k: v[:, r] for k, v in test.items()},
+        {k: v[vi, r] for k, v in val.items()},
+        gammas,
+        gamma_train,
+    ) | task.val_metrics(cfg, {k: v[:, r] for k, v in val.items()}, val_gammas, gamma_train)
+    layer_loss = [pg.mean(0).tolist() for pg in per_gamma]
+    record = {
+        "model": model.name,
+        "layers": model.num_layers,
+        **model.record,
+        "constrained": spec.constrained,
+        "seed": int(spec.seed),
+        "label": group.labels[r],
+        "group": group.name,
+        "hparams": dict(hp, reference=program.references[r] if spec.constrained else None),
+        "sweep_point": spec.point,
+        "gamma_train": gamma_train,
+        "test_gamma": list(gammas),
+        **task_metrics,
+        "layer_loss": layer_loss,
+        # reported only: the test split never decides anything (loss_decreases_val does)
+        "loss_decreases": decreases(layer_loss[gi]),
+        "layer_loss_val": val_mean.tolist(),
+        "loss_decreases_val": decreases(val_mean, applicable),
+        "descent_rate": ratio_stats.descent_rate,
+        "mean_ratio": ratio_stats.mean_ratio,
+        "median_ratio": ratio_stats.median_ratio,
+        "ratio_floor": ratio_stats.floor,
+        "ratios_excluded": ratio_stats.excluded,
+        "ratios_total": ratio_stats.total,
+        "feasible": verdict.feasible and not diverged,
+        "constraint_val": verdict.constraint,
+        "relative_violation_val": verdict.relative_violation,
+        "constraint_applicable_val": verdict.applicable,
+        "not_applicable": verdict.not_applicable,
+        "val_objective": float(val_mean[-1]),
+        **_multiplier_fields(cfg, model, result, r),
+        "diverged": diverged,
+        "diverged_at": result.diverged_at[r],
+        "train_objective": [float(h["objective"][r]) for h in result.history],
+        "train_steps": [int(h["step"]) for h in result.history],
+        "curves": curves_of(result, r),
+    }
+    record["interval_metrics"] = metric_names(task_metrics, len(gammas))
+    return record, None if diverged else ratio_stats.kept
+
+
+def _multiplier_fields(cfg, model, result, r) -> dict:
+    """Run ``r``'s final multipliers (and, for indexed constraints, each table's maximum) and
+    the largest each reached during training."""
+    return {
+        "multipliers": np.asarray(descent.multipliers(result.states)[r]).tolist(),
+        **(
+            {
+                "multipliers_table_max": np.asarray(
+                    descent.multipliers(result.states, jnp.max)[r]
+                ).tolist()
+            }
+            if cfg.constraint == "indexed"
+            else {}
+        ),
+        "max_multipliers": (
+            np.zeros(model.num_layers + 1).tolist()
+            if result.max_multipliers is None
+            else np.nan_to_num(result.max_multipliers[r], nan=np.inf).tolist()
+        ),
+    }
 
 
 # What the summary's interval lines cover besides the task's own metrics.

@@ -87,42 +87,16 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     sweeps = parse_sweeps(cfg)
     swept = tuned_names(cfg, sweeps)
     draws = data_draws(cfg)
-    datas = {}
-    for data_seed, draw_cfg in draws.items():
-        datas[data_seed] = task.load(draw_cfg)
-        if len(draws) > 1:
-            print(f"seed {data_seed}'s data (fresh per seed; --data-seed D shares one draw):")
-        for line in task.describe(draw_cfg, datas[data_seed]):
-            print(line)
+    datas = _load_draws(task, draws)
     data = next(iter(datas.values()))  # what is the same in every draw (config extras)
     specs = task.run_specs(cfg)
-    for name in dict.fromkeys(s.model for s in specs):
-        own = model_defaults(cfg, name, sweeps)
-        if own:
-            print(
-                f"{name}: its own "
-                + ", ".join(
-                    f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in own.items()
-                )
-                + " (--model-hparams; a flag set to another value or a --sweep wins)"
-            )
+    _print_model_defaults(cfg, specs, sweeps)
     if not specs:
         raise UsageError(
             f"--kinds {cfg.kinds}: none of the models ({', '.join(task.model_names(cfg))}) "
             "has such runs: pass --kinds both"
         )
-    groups = []
-    for data_seed in draws:  # one set of groups per draw of the data
-        mine = [s for s in specs if len(draws) == 1 or s.seed == data_seed]
-        for group in plan_groups(task, cfg, mine):
-            group.data_seed = data_seed
-            group.model = task.build(
-                draws[data_seed], datas[data_seed], group.model_name, group.structure
-            )
-            name_group(group, swept, data_seed if len(draws) > 1 else None)
-            for spec in group.specs:  # every reference resolves before anything is written
-                task.resolve_reference(spec.hp["reference"], datas[data_seed])
-            groups.append(group)
+    groups = _plan_all_groups(task, cfg, specs, draws, datas, swept)
     if len(draws) == 1:
         fingerprint = checkpoint_record(cfg) | task.fingerprint(cfg, data)
     else:
@@ -145,126 +119,214 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             make_shardings(len(g.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp) for g in groups
         ]
         if out.resuming:  # a corrupt or foreign checkpoint is refused before any training
-            for group, program, shardings in zip(groups, programs, meshes, strict=True):
-                folder = out.group_dir(group.slug)
-                if folder.is_dir():
-                    with GroupCheckpointer(folder, keep=cfg.keep_checkpoints) as checkpointer:
-                        if checkpointer.latest_step() is not None:
-                            # onto the devices training will use (from any it was saved on)
-                            abstract = program.abstract_states()
-                            if shardings is not None:
-                                abstract = shardings.abstract_states(abstract)
-                            checkpointer.restore(abstract)
+            _check_checkpoints(out, cfg, groups, programs, meshes)
         gamma_trains = sorted({float(s.hp["gamma_train"]) for s in specs})
         gammas = task.test_gammas(cfg, gamma_trains)
         val_gammas = sorted(set(task.val_gammas(cfg, gamma_trains, gammas)) | set(gamma_trains))
-        on_device: dict[int, Any] = {}  # groups reading the same examples share one device copy
-        runs: list[dict] = []
-        ratios: list = []
-        train_seconds, eval_seconds = {}, {}
-        devices_used = 1
-        for group, program, shardings in zip(groups, programs, meshes, strict=True):
-            group_cfg, group_data = draws[group.data_seed], datas[group.data_seed]
-            eval_key = jax.random.key(10_000 + group_cfg.data_rng_seed)
-            t = time.perf_counter()
-            if shardings is not None:
-                devices_used = max(devices_used, shardings.devices)
-            if id(program.train_examples) not in on_device:
-                on_device[id(program.train_examples)] = jax.tree.map(
-                    jnp.asarray, program.train_examples
-                )
-            examples = on_device[id(program.train_examples)]
-            result = run_group(
-                program.step,
-                program.initial_states(),
-                program.keys,
-                program.make_batch,
-                name=group.name,
-                labels=group.labels,
-                num_steps=cfg.steps,
-                chunk_steps=cfg.chunk_steps,
-                checkpoint_dir=out.group_dir(group.slug),
-                checkpoint_every=cfg.checkpoint_every,
-                keep_checkpoints=cfg.keep_checkpoints,
-                fault=fault_runs(cfg, group),
-                data={"examples": examples, "frozen": group.model.frozen},
-                extras=program.extras,
-                shardings=shardings,
-            )
-            train_seconds[group.name] = time.perf_counter() - t
-            if shardings is not None and jax.process_count() > 1:  # every process reads every run
-                result = dataclasses.replace(result, states=shardings.to_host(result.states))
-            if main_process:  # training logs, as soon as the group has trained (rewritten whole)
-                write_tensorboard(
-                    [
-                        {
-                            "label": label,
-                            "group": group.name,
-                            "constrained": spec.constrained,
-                            "curves": curves_of(result, r),
-                        }
-                        for r, (label, spec) in enumerate(
-                            zip(group.labels, group.specs, strict=True)
-                        )
-                        if result.curves
-                    ],
-                    out.path / TENSORBOARD,
-                )
-            t = time.perf_counter()
-            group_runs, group_ratios = summarise(
-                task, group_cfg, group_data, group, program, result, gammas, val_gammas, eval_key
-            )
-            eval_seconds[group.name] = time.perf_counter() - t
-            runs += group_runs
-            ratios += group_ratios
-        score, higher = task.selection_for(cfg)
-        select_best(runs, score, higher_is_better=higher)
-        intervals = seed_intervals(runs) if cfg.seeds >= 2 else []
-        chosen = choose_points(runs, score, higher_is_better=higher)
-        chosen += choose_points(runs, score, higher_is_better=higher, constrained=False)
-        comparisons = compare_chosen(runs, chosen)
-        mark_chosen(runs, chosen)  # before the figures: they draw the unchosen lanes faint
-        extras = task.config_extras(draws[next(iter(draws))], data)
-        config = (
-            dataclasses.asdict(cfg)
-            | extras
-            | {
-                # what the task derived from the data: the first draw's (per seed in the runs)
-                "data_derived": sorted(extras),
-                "test_gamma": gammas,
-                "val_gamma": val_gammas,
-                "out": str(out.path),
-                "sweeps": {k: list(v) for k, v in sweeps.items()},
-                "swept": swept,
-                "data_per_seed": cfg.data_seed is None,
-            }
+        trained = _train_and_evaluate(
+            task, cfg, out, draws, datas, groups, programs, meshes, gammas, val_gammas
         )
-        results = {
-            "experiment": task.name,
-            "config": config,
-            "devices": devices_used,
-            "processes": jax.process_count(),
-            **task.results_extras(cfg, data),
-            "runs": runs,
-            **({"intervals": intervals} if intervals else {}),
-            **({"chosen_points": chosen} if chosen else {}),
-            **({"chosen_comparison": comparisons} if comparisons else {}),
-            "train_seconds": train_seconds,
-            "eval_seconds": eval_seconds,
-            "provenance": origin,
-        }
+        results = _results(task, cfg, out, draws, data, sweeps, swept, gammas, val_gammas, trained)
+        results["provenance"] = origin
         if main_process:
-            figures = task.figures(runs, ratios, out.path, gammas, cfg)
-            curve_runs = [r for r in runs if r["curves"]["step"]]
-            figures.append(out.path / "training_curves.png")
-            plot_training_curves(
-                curve_runs, figures[-1], title="multipliers and constraint values during training"
-            )
-            results["wall_seconds"] = time.perf_counter() - t0
-            write_json_atomic(out.path / "results.json", results)
-            print(summary_table(task, runs, swept, intervals, chosen, comparisons))
-            names = ", ".join(str(p) for p in [out.path / "results.json", *figures])
-            print(f"training curves: tensorboard --logdir {out.path / TENSORBOARD}")
-            print(f"wrote {names} in {results['wall_seconds']:.0f}s")
-            task.finish(cfg, data, results, out.path)
+            _write_results(task, cfg, data, out, results, trained["ratios"], gammas, swept, t0)
         return results
+
+
+def _load_draws(task: Task, draws: dict[int, Any]) -> dict[int, Any]:
+    """``{data seed: data}``: each draw's data, described as it is read."""
+    datas = {}
+    for data_seed, draw_cfg in draws.items():
+        datas[data_seed] = task.load(draw_cfg)
+        if len(draws) > 1:
+            print(f"seed {data_seed}'s data (fresh per seed; --data-seed D shares one draw):")
+        for line in task.describe(draw_cfg, datas[data_seed]):
+            print(line)
+    return datas
+
+
+def _print_model_defaults(cfg, specs, sweeps) -> None:
+    """One line per model with hyperparameters of its own (``--model-hparams``)."""
+    for name in dict.fromkeys(s.model for s in specs):
+        own = model_defaults(cfg, name, sweeps)
+        if own:
+            print(
+                f"{name}: its own "
+                + ", ".join(
+                    f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in own.items()
+                )
+                + " (--model-hparams; a flag set to another value or a --sweep wins)"
+            )
+
+
+def _plan_all_groups(task: Task, cfg, specs, draws, datas, swept) -> list:
+    """The training groups of every draw of the data, built and named; every run's reference
+    resolves before anything is written."""
+    groups = []
+    for data_seed in draws:  # one set of groups per draw of the data
+        mine = [s for s in specs if len(draws) == 1 or s.seed == data_seed]
+        for group in plan_groups(task, cfg, mine):
+            group.data_seed = data_seed
+            group.model = task.build(
+                draws[data_seed], datas[data_seed], group.model_name, group.structure
+            )
+            name_group(group, swept, data_seed if len(draws) > 1 else None)
+            for spec in group.specs:  # every reference resolves before anything is written
+                task.resolve_reference(spec.hp["reference"], datas[data_seed])
+            groups.append(group)
+    return groups
+
+
+def _check_checkpoints(out, cfg, groups, programs, meshes) -> None:
+    """Restores every group's latest checkpoint, if any, onto the devices training will use
+    (from any it was saved on): a corrupt or foreign one is refused before any training."""
+    for group, program, shardings in zip(groups, programs, meshes, strict=True):
+        folder = out.group_dir(group.slug)
+        if folder.is_dir():
+            with GroupCheckpointer(folder, keep=cfg.keep_checkpoints) as checkpointer:
+                if checkpointer.latest_step() is not None:
+                    abstract = program.abstract_states()
+                    if shardings is not None:
+                        abstract = shardings.abstract_states(abstract)
+                    checkpointer.restore(abstract)
+
+
+def _train_and_evaluate(
+    task: Task, cfg, out, draws, datas, groups, programs, meshes, gammas, val_gammas
+) -> dict[str, Any]:
+    """Trains each group, writes its training logs, evaluates it: ``{"runs", "ratios",
+    "train_seconds", "eval_seconds", "devices"}`` over every group."""
+    on_device: dict[int, Any] = {}  # groups reading the same examples share one device copy
+    runs: list[dict] = []
+    ratios: list = []
+    train_seconds, eval_seconds = {}, {}
+    devices_used = 1
+    for group, program, shardings in zip(groups, programs, meshes, strict=True):
+        group_cfg, group_data = draws[group.data_seed], datas[group.data_seed]
+        eval_key = jax.random.key(10_000 + group_cfg.data_rng_seed)
+        t = time.perf_counter()
+        if shardings is not None:
+            devices_used = max(devices_used, shardings.devices)
+        if id(program.train_examples) not in on_device:
+            on_device[id(program.train_examples)] = jax.tree.map(
+                jnp.asarray, program.train_examples
+            )
+        examples = on_device[id(program.train_examples)]
+        result = run_group(
+            program.step,
+            program.initial_states(),
+            program.keys,
+            program.make_batch,
+            name=group.name,
+            labels=group.labels,
+            num_steps=cfg.steps,
+            chunk_steps=cfg.chunk_steps,
+            checkpoint_dir=out.group_dir(group.slug),
+            checkpoint_every=cfg.checkpoint_every,
+            keep_checkpoints=cfg.keep_checkpoints,
+            fault=fault_runs(cfg, group),
+            data={"examples": examples, "frozen": group.model.frozen},
+            extras=program.extras,
+            shardings=shardings,
+        )
+        train_seconds[group.name] = time.perf_counter() - t
+        if shardings is not None and jax.process_count() > 1:  # every process reads every run
+            result = dataclasses.replace(result, states=shardings.to_host(result.states))
+        if jax.process_index() == 0:  # training logs, as soon as the group has trained
+            _write_group_logs(out, group, result)
+        t = time.perf_counter()
+        group_runs, group_ratios = summarise(
+            task, group_cfg, group_data, group, program, result, gammas, val_gammas, eval_key
+        )
+        eval_seconds[group.name] = time.perf_counter() - t
+        runs += group_runs
+        ratios += group_ratios
+    return {
+        "runs": runs,
+        "ratios": ratios,
+        "train_seconds": train_seconds,
+        "eval_seconds": eval_seconds,
+        "devices": devices_used,
+    }
+
+
+def _write_group_logs(out, group, result) -> None:
+    """The group's training curves as TensorBoard logs (rewritten whole)."""
+    write_tensorboard(
+        [
+            {
+                "label": label,
+                "group": group.name,
+                "constrained": spec.constrained,
+                "curves": curves_of(result, r),
+            }
+            for r, (label, spec) in enumerate(zip(group.labels, group.specs, strict=True))
+            if result.curves
+        ],
+        out.path / TENSORBOARD,
+    )
+
+
+def _results(
+    task: Task, cfg, out, draws, data, sweeps, swept, gammas, val_gammas, trained
+) -> dict[str, Any]:
+    """results.json's content (without its provenance and wall time): the runs with the best
+    of each setting marked, the intervals over seeds, the chosen points, the config."""
+    runs = trained["runs"]
+    score, higher = task.selection_for(cfg)
+    select_best(runs, score, higher_is_better=higher)
+    intervals = seed_intervals(runs) if cfg.seeds >= 2 else []
+    chosen = choose_points(runs, score, higher_is_better=higher)
+    chosen += choose_points(runs, score, higher_is_better=higher, constrained=False)
+    comparisons = compare_chosen(runs, chosen)
+    mark_chosen(runs, chosen)  # before the figures: they draw the unchosen lanes faint
+    extras = task.config_extras(draws[next(iter(draws))], data)
+    config = (
+        dataclasses.asdict(cfg)
+        | extras
+        | {
+            # what the task derived from the data: the first draw's (per seed in the runs)
+            "data_derived": sorted(extras),
+            "test_gamma": gammas,
+            "val_gamma": val_gammas,
+            "out": str(out.path),
+            "sweeps": {k: list(v) for k, v in sweeps.items()},
+            "swept": swept,
+            "data_per_seed": cfg.data_seed is None,
+        }
+    )
+    return {
+        "experiment": task.name,
+        "config": config,
+        "devices": trained["devices"],
+        "processes": jax.process_count(),
+        **task.results_extras(cfg, data),
+        "runs": runs,
+        **({"intervals": intervals} if intervals else {}),
+        **({"chosen_points": chosen} if chosen else {}),
+        **({"chosen_comparison": comparisons} if comparisons else {}),
+        "train_seconds": trained["train_seconds"],
+        "eval_seconds": trained["eval_seconds"],
+    }
+
+
+def _write_results(task: Task, cfg, data, out, results, ratios, gammas, swept, t0) -> None:
+    """The figures, the training curves, results.json (last: a complete run), the summary
+    table, and what the task writes from the finished run."""
+    runs = results["runs"]
+    figures = task.figures(runs, ratios, out.path, gammas, cfg)
+    curve_runs = [r for r in runs if r["curves"]["step"]]
+    figures.append(out.path / "training_curves.png")
+    plot_training_curves(
+        curve_runs, figures[-1], title="multipliers and constraint values during training"
+    )
+    results["wall_seconds"] = time.perf_counter() - t0
+    write_json_atomic(out.path / "results.json", results)
+    intervals = results.get("intervals", [])
+    chosen = results.get("chosen_points", [])
+    comparisons = results.get("chosen_comparison", [])
+    print(summary_table(task, runs, swept, intervals, chosen, comparisons))
+    names = ", ".join(str(p) for p in [out.path / "results.json", *figures])
+    print(f"training curves: tensorboard --logdir {out.path / TENSORBOARD}")
+    print(f"wrote {names} in {results['wall_seconds']:.0f}s")
+    task.finish(cfg, data, results, out.path)

@@ -120,7 +120,7 @@ def chosen_runs(results: dict) -> list[dict]:
 
 
 def trained_decoder(data: Any, params: Any) -> Decoder:
-    """``data.decoder`` (an :class:`~cudt.tasks.llm.LLMData`'s) with a run's whole ``params``,
+    """``data.decoder`` (an :class:`~cudt.tasks.llm_data.LLMData`'s) with a run's whole ``params``,
     the special tokens it was trained with (the EOS that ends its responses first, the BOS its
     Alpaca prompts start with, the PAD) and the chat template of its training prompts."""
     dec, tok = data.decoder, data.tokenizer
@@ -159,29 +159,13 @@ def export_runs(
     """Write the models of the runs ``labels`` (default: :func:`chosen_runs`) of the finished
     run ``cfg`` in ``out`` (its ``results``) under ``dest``, one folder per run and
     ``export.json``; with one label and ``labels`` given, ``dest`` is that model itself (a
-    folder, or a ``.gguf`` file). ``data_of(record)``: the :class:`~cudt.tasks.llm.LLMData`
+    folder, or a ``.gguf`` file). ``data_of(record)``: the :class:`~cudt.tasks.llm_data.LLMData`
     a run was trained on (its decoder, tokenizer, prompt format). Prints what it wrote;
     returns ``dest``."""
     dest = check_fresh_output(dest, overwrite=overwrite, flag=flag, replace=replace)
     single = labels is not None and len(labels) == 1
     by_label = {r["label"]: r for r in results["runs"]}
-    runs = chosen_runs(results) if labels is None else [by_label.get(label) for label in labels]
-    if any(r is None for r in runs):
-        missing = next(label for label, r in zip(labels, runs, strict=True) if r is None)
-        raise UsageError(
-            f"{out} has no run {missing!r}: pass one of {', '.join(map(repr, by_label))}"
-        )
-    if not runs:
-        raise UsageError(
-            f"{out} has no chosen run (every run diverged or missed its constraints on "
-            "validation): pick one with python -m experiments.export_decoder "
-            f"{out} DIR --run LABEL"
-        )
-    if not single and dest.suffix.lower() == ".gguf":
-        raise UsageError(
-            f"{flag} {dest}: several models go to a folder; a .gguf file holds one run: pass "
-            "--run LABEL"
-        )
+    runs = _runs_to_export(results, labels, out, dest, flag, single)
     if single and dest.suffix.lower() == ".gguf":
         check_gguf(data_of(runs[0]).decoder, dest)  # before the checkpoints are read
     trained = trained_params(Path(out), results, [r["label"] for r in runs], cfg.steps)
@@ -207,30 +191,7 @@ def export_runs(
         target.mkdir()
         for r in runs:
             save(r["label"], target / _folder_name(r["label"]))
-        manifest = {
-            "source": str(Path(out).resolve()),
-            "selection": (
-                f"the best run of each setting by {score} on validation "
-                f"({'highest' if higher else 'lowest'}; diverged and infeasible runs are never "
-                "chosen; test data never decides)"
-                if labels is None
-                else "named with --run"
-            ),
-            "models": [
-                {
-                    "folder": _folder_name(r["label"]),
-                    "label": r["label"],
-                    "constrained": r["constrained"],
-                    "seed": r["seed"],
-                    "gamma_train": r["gamma_train"],
-                    "hparams": r["hparams"],
-                    score: r.get(score),
-                    "steps": cfg.steps,
-                    "prompt_format": data_of(r).prompt_format,
-                }
-                for r in runs
-            ],
-        }
+        manifest = _manifest(out, runs, cfg, data_of, score, higher, named=labels is not None)
         text = json.dumps(to_jsonable(manifest), indent=2, ensure_ascii=False) + "\n"
         (target / EXPORT_MANIFEST).write_text(text, encoding="utf-8")
 
@@ -247,6 +208,62 @@ def export_runs(
                 f"exported: python -m experiments.export_decoder {out} DIR --run LABEL writes one"
             )
     return dest
+
+
+def _runs_to_export(
+    results: dict, labels: Sequence[str] | None, out: Path, dest: Path, flag: str, single: bool
+) -> list[dict]:
+    """The records of the runs ``labels`` (default: :func:`chosen_runs`), refused (one line)
+    when one is missing, none is chosen, or several would go to one ``.gguf`` file."""
+    by_label = {r["label"]: r for r in results["runs"]}
+    runs = chosen_runs(results) if labels is None else [by_label.get(label) for label in labels]
+    if any(r is None for r in runs):
+        missing = next(label for label, r in zip(labels, runs, strict=True) if r is None)
+        raise UsageError(
+            f"{out} has no run {missing!r}: pass one of {', '.join(map(repr, by_label))}"
+        )
+    if not runs:
+        raise UsageError(
+            f"{out} has no chosen run (every run diverged or missed its constraints on "
+            "validation): pick one with python -m experiments.export_decoder "
+            f"{out} DIR --run LABEL"
+        )
+    if not single and dest.suffix.lower() == ".gguf":
+        raise UsageError(
+            f"{flag} {dest}: several models go to a folder; a .gguf file holds one run: pass "
+            "--run LABEL"
+        )
+    return runs
+
+
+def _manifest(
+    out: Path, runs: list[dict], cfg: Any, data_of: Callable, score: str, higher: bool, named: bool
+) -> dict:
+    """export.json: where the models come from, how they were chosen, and one entry a model."""
+    return {
+        "source": str(Path(out).resolve()),
+        "selection": (
+            "named with --run"
+            if named
+            else f"the best run of each setting by {score} on validation "
+            f"({'highest' if higher else 'lowest'}; diverged and infeasible runs are never "
+            "chosen; test data never decides)"
+        ),
+        "models": [
+            {
+                "folder": _folder_name(r["label"]),
+                "label": r["label"],
+                "constrained": r["constrained"],
+                "seed": r["seed"],
+                "gamma_train": r["gamma_train"],
+                "hparams": r["hparams"],
+                score: r.get(score),
+                "steps": cfg.steps,
+                "prompt_format": data_of(r).prompt_format,
+            }
+            for r in runs
+        ],
+    }
 
 
 def finished_run(out: str | Path, task: Any) -> tuple[Any, Any, dict]:

