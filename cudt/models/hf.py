@@ -13,8 +13,8 @@ The pieces: the folder check (:func:`model_folder`), JSON configs (:func:`read_j
 :func:`check_heads`, :func:`parse_activation`), safetensors reading, sharded index included
 (:func:`load_tensors`, :func:`read_safetensors`), :func:`find_prefix`, :func:`stack_layers`, the
 tokenizer (:func:`read_tokenizer`), the input checks (:func:`check_range`, :func:`check_shape`)
-and the torch-parity layer conventions (:data:`ACTIVATIONS`, :func:`activation`,
-:func:`layer_norm`). Every problem raises :class:`ModelFolderError` with a one-line fix.
+and the torch-parity layers (:data:`ACTIVATIONS`, :func:`activation`, :func:`layer_norm`,
+:func:`self_attention`). Every problem raises :class:`ModelFolderError` with a one-line fix.
 
 Only safetensors checkpoints are read: pickle checkpoints (``pytorch_model.bin``, ``*.pt``, ...)
 can execute arbitrary code when loaded, so they are refused, never opened.
@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import pathlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -63,6 +64,7 @@ __all__ = [
     "read_json",
     "read_safetensors",
     "read_tokenizer",
+    "self_attention",
     "stack_layers",
 ]
 
@@ -448,3 +450,28 @@ def layer_norm(eps: float, dtype: Any, name: str) -> nn.LayerNorm:
     return nn.LayerNorm(
         epsilon=eps, dtype=dtype, param_dtype=dtype, use_fast_variance=False, name=name
     )
+
+
+def self_attention(
+    h: jax.Array, num_heads: int, dtype: Any, mask_bias: jax.Array | None = None
+) -> jax.Array:
+    """Multi-head self-attention of ``h [B, T, D]`` as the BERT family and ViT compute it, up to
+    the output projection (``[B, T, D]``). Call it inside a compact flax module: its ``Dense``
+    sub-modules ``query``, ``key``, ``value`` and ``attn_out`` become that module's.
+    ``mask_bias`` (``[B, 1, 1, T]`` float32, added to the scores) masks keys."""
+    dense = functools.partial(nn.Dense, dtype=dtype, param_dtype=dtype)
+    batch, length, d = h.shape
+    head_dim = d // num_heads
+    split = (batch, length, num_heads, head_dim)
+    q = dense(d, name="query")(h).reshape(split)  # [B, T, H, Dh]
+    k = dense(d, name="key")(h).reshape(split)
+    v = dense(d, name="value")(h).reshape(split)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(head_dim))
+    # Mask and softmax in float32 even for half-precision params (as HF does): exp/normalise is
+    # where low precision hurts most, and a float32 finfo.min bias cannot overflow to -inf.
+    scores = scores.astype(jnp.float32)  # [B, H, T, T]
+    if mask_bias is not None:
+        scores = scores + mask_bias
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, d)
+    return dense(d, name="attn_out")(ctx)

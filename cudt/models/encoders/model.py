@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import pathlib
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -16,7 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from cudt.models.encoders.config import EncoderConfig, EncoderError
-from cudt.models.hf import Params, activation, check_range, check_shape, layer_norm
+from cudt.models.hf import (
+    Params,
+    activation,
+    check_range,
+    check_shape,
+    layer_norm,
+    self_attention,
+)
 
 __all__ = ["Encoder", "Granularity"]
 
@@ -100,19 +106,7 @@ class _Block(nn.Module):
     ) -> tuple[jax.Array, Any]:
         c, dt = self.config, self.dtype
         dense = functools.partial(nn.Dense, dtype=dt, param_dtype=dt)
-        batch, length, _ = h.shape
-        split = (batch, length, c.num_heads, c.head_dim)
-
-        q = dense(c.hidden_size, name="query")(h).reshape(split)  # [B, T, H, Dh]
-        k = dense(c.hidden_size, name="key")(h).reshape(split)
-        v = dense(c.hidden_size, name="value")(h).reshape(split)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(c.head_dim))
-        # Mask and softmax in float32 even for half-precision params: exp/normalise is where
-        # low precision hurts most, and a float32 finfo.min bias cannot overflow to -inf.
-        scores = scores.astype(jnp.float32) + mask_bias  # [B, H, T, T]
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, c.hidden_size)
-        attn = dense(c.hidden_size, name="attn_out")(ctx)
+        attn = self_attention(h, c.num_heads, dt, mask_bias)  # [B, T, D]
         h_attn = layer_norm(c.layer_norm_eps, dt, "attn_norm")(attn + h)  # [B, T, D]
 
         m = dense(c.intermediate_size, name="mlp_in")(h_attn)  # [B, T, F]

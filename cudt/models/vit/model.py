@@ -29,7 +29,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cudt.models.hf import ModelFolderError, Params, activation, layer_norm
+from cudt.models.hf import ModelFolderError, Params, activation, layer_norm, self_attention
 from cudt.models.vit.config import ViTConfig, ViTPreprocessor
 
 __all__ = ["ViT"]
@@ -104,18 +104,8 @@ class _Block(nn.Module):
     def __call__(self, h: jax.Array, _: Any = None) -> tuple[jax.Array, jax.Array]:
         c, dt = self.config, self.dtype
         dense = functools.partial(nn.Dense, dtype=dt, param_dtype=dt)
-        batch, length, _d = h.shape
-        split = (batch, length, c.num_heads, c.head_dim)
-
         y = layer_norm(c.layer_norm_eps, dt, "layernorm_before")(h)
-        q = dense(c.hidden_size, name="query")(y).reshape(split)  # [B, T, H, Dh]
-        k = dense(c.hidden_size, name="key")(y).reshape(split)
-        v = dense(c.hidden_size, name="value")(y).reshape(split)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(c.head_dim))
-        # Softmax in float32 even for half-precision params (as HF does).
-        probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
-        ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, c.hidden_size)
-        h = h + dense(c.hidden_size, name="attn_out")(ctx)
+        h = h + self_attention(y, c.num_heads, dt)
 
         y = layer_norm(c.layer_norm_eps, dt, "layernorm_after")(h)
         m = activation(c.activation)(dense(c.intermediate_size, name="mlp_in")(y))
