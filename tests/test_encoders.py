@@ -28,10 +28,10 @@ from cudt.models.encoders import (
     Encoder,
     EncoderConfig,
     EncoderError,
-    _EncoderModule,
     load_encoder,
     minilm_path,
 )
+from cudt.models.encoders.model import _EncoderModule
 
 # Local folders only: never let transformers reach for the hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -22,7 +22,8 @@ from helpers import watch_opens_forbid_unpickling
 from safetensors.numpy import load_file, save_file
 
 from cudt.models.encoders import EncoderError
-from cudt.models.vit import ViT, ViTConfig, ViTPreprocessor, _ViTModule, load_vit
+from cudt.models.vit import ViT, ViTConfig, ViTPreprocessor, load_vit
+from cudt.models.vit.model import _ViTModule
 
 # Local folders only: never let transformers reach for the hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

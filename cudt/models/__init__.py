@@ -12,8 +12,9 @@
   GGUF file, greedy KV-cache generation with embedding noise, ``write_decoder_folder``,
   ``write_gguf``, ``apply_chat_template``, ``smollm2_gguf_path`` and
   ``decoder_partition_specs`` (FSDP / tensor-parallel specs).
-* :mod:`cudt.models.hf`: the Hugging Face folder helpers every pretrained model shares, and
-  ``ModelFolderError``.
+* :mod:`cudt.models.hf`: the one Hugging Face folder loader every pretrained family shares
+  (``load_folder``), its helpers, and ``ModelFolderError``. Each family (``encoders/``,
+  ``vit/``, ``llama/``) is a package of config, model and weights.
 """
 
 from cudt.models.dct import dct1_dictionary, dct2_dictionary, dct_matrix

@@ -1,11 +1,20 @@
 """Hugging Face model folders, shared by every pretrained model (encoders, ViT, decoders).
 
-Public helpers: the folder check (:func:`model_folder`), JSON configs (:func:`read_json`),
-safetensors reading, sharded index included (:func:`load_tensors`, :func:`read_safetensors`),
-:class:`Weights` (named, shape-checked tensors under a model prefix, :func:`find_prefix`), the
+Every family (``encoders/``, ``vit/``, ``llama/``) is split the same way: ``config.py`` (a typed
+config parsed from ``config.json``), ``model.py`` (the forward), ``weights.py`` / ``hf.py`` (its
+tensor names, and the loader). The loader is :func:`load_folder`, written once here: it checks
+the folder, parses ``config.json`` with the family's parser, reads the safetensors, finds the
+model prefix from the family's :class:`Anchor` tensor, converts the tensors into params with
+the family's function (through :class:`Weights`: named, shape-checked tensors) and casts them,
+and reads the tokenizer.
+
+The pieces: the folder check (:func:`model_folder`), JSON configs (:func:`read_json`, and
+:class:`FolderConfig` with the config checks :func:`malformed_fields`, :func:`check_sizes`,
+:func:`check_heads`, :func:`parse_activation`), safetensors reading, sharded index included
+(:func:`load_tensors`, :func:`read_safetensors`), :func:`find_prefix`, :func:`stack_layers`, the
 tokenizer (:func:`read_tokenizer`), the input checks (:func:`check_range`, :func:`check_shape`)
-and the torch-parity layer conventions (:data:`ACTIVATIONS`, :func:`activation`,
-:func:`layer_norm`). Every problem raises :class:`ModelFolderError` with a one-line fix.
+and the torch-parity layers (:data:`ACTIVATIONS`, :func:`activation`, :func:`layer_norm`,
+:func:`self_attention`). Every problem raises :class:`ModelFolderError` with a one-line fix.
 
 Only safetensors checkpoints are read: pickle checkpoints (``pytorch_model.bin``, ``*.pt``, ...)
 can execute arbitrary code when loaded, so they are refused, never opened.
@@ -13,14 +22,18 @@ can execute arbitrary code when loaded, so they are refused, never opened.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import json
+import math
 import pathlib
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from cudt.errors import CudtError
@@ -30,19 +43,33 @@ __all__ = [
     "PICKLE_PATTERNS",
     "SAFETENSORS_FILE",
     "SAFETENSORS_INDEX",
+    "Anchor",
+    "FolderConfig",
+    "Loaded",
     "ModelFolderError",
+    "Params",
     "Weights",
     "activation",
+    "check_heads",
     "check_range",
     "check_shape",
+    "check_sizes",
     "find_prefix",
     "layer_norm",
+    "load_folder",
     "load_tensors",
+    "malformed_fields",
     "model_folder",
+    "parse_activation",
     "read_json",
     "read_safetensors",
     "read_tokenizer",
+    "self_attention",
+    "stack_layers",
 ]
+
+Params = dict[str, Any]
+C = TypeVar("C")
 
 # Files that hold a pickled state dict. Unpickling runs arbitrary code, so we only detect them
 # (to give a useful error) and never open them.
@@ -79,6 +106,56 @@ def read_json(path: str | pathlib.Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ModelFolderError(f"{path} must hold a JSON object; re-export the model")
     return raw
+
+
+# --------------------------------------------------------------------------------------------
+# Configs
+# --------------------------------------------------------------------------------------------
+
+
+class FolderConfig:
+    """Base of the families' typed configs (frozen dataclasses with a ``from_dict`` parser of
+    the ``config.json`` dict): :meth:`from_file` reads the file."""
+
+    @classmethod
+    def from_file(cls, path: str | pathlib.Path) -> Any:
+        """Parse a ``config.json`` file."""
+        return cls.from_dict(read_json(path))  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def malformed_fields(file: str = "config.json") -> Iterator[None]:
+    """Turn a field that will not convert (``int("x")``, a missing key) into one error line."""
+    try:
+        yield
+    except ModelFolderError:
+        raise
+    except (TypeError, ValueError, KeyError) as err:
+        raise ModelFolderError(f"{file} has a malformed field: {err}") from err
+
+
+def check_sizes(config: Any, names: Sequence[str], source: str = "config.json") -> None:
+    """Raise unless every field ``names`` of ``config`` is >= 1."""
+    for name in names:
+        if int(getattr(config, name)) < 1:
+            raise ModelFolderError(f"{source} gives {name}={getattr(config, name)}: must be >= 1")
+
+
+def check_heads(hidden_size: int, num_heads: int, fix: str = "") -> None:
+    """Raise unless ``num_heads`` divides ``hidden_size``; ``fix`` ends the line."""
+    if hidden_size % num_heads:
+        raise ModelFolderError(
+            f"hidden size {hidden_size} is not divisible by {num_heads} heads{fix}"
+        )
+
+
+def parse_activation(name: Any) -> str:
+    """The canonical name of a ``config.json`` activation (``hidden_act``), or one error line."""
+    if not isinstance(name, str) or name not in ACTIVATIONS:
+        raise ModelFolderError(
+            f"unsupported activation {name!r}: supported are {', '.join(ACTIVATIONS)}"
+        )
+    return ACTIVATIONS[name]
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,18 +292,43 @@ class Weights:
             )
         return arr
 
-    def dense(self, name: str, n_in: int, n_out: int) -> dict[str, np.ndarray]:
+    def dense(self, name: str, n_in: int, n_out: int, bias: bool = True) -> dict[str, np.ndarray]:
+        """A torch ``Linear`` as flax ``Dense`` params; with ``bias=False`` (a checkpoint without
+        one, e.g. ViT's ``qkv_bias=false``) a zero bias, which computes the same function."""
         # torch Linear stores weight as [out, in]; flax Dense kernels are [in, out].
-        return {
-            "kernel": self.get(f"{name}.weight", (n_out, n_in)).T,
-            "bias": self.get(f"{name}.bias", (n_out,)),
-        }
+        kernel = self.get(f"{name}.weight", (n_out, n_in)).T
+        if not bias:
+            return {"kernel": kernel, "bias": np.zeros((n_out,), kernel.dtype)}
+        return {"kernel": kernel, "bias": self.get(f"{name}.bias", (n_out,))}
 
     def norm(self, name: str, dim: int) -> dict[str, np.ndarray]:
         return {
             "scale": self.get(f"{name}.weight", (dim,)),
             "bias": self.get(f"{name}.bias", (dim,)),
         }
+
+    def layers(
+        self,
+        count: int,
+        layer_fmt: str,
+        names: Mapping[str, str],
+        dims: Mapping[str, tuple[int, ...]],
+        no_bias: frozenset[str] = frozenset(),
+    ) -> Params:
+        """``count`` layers as one tree of ``[L, ...]`` leaves (:func:`stack_layers`). Layer
+        ``i``'s sub-module ``ours`` is the HF ``layer_fmt.format(i) + names[ours]``: a
+        LayerNorm when ``dims[ours]`` is ``(dim,)``, a Linear when it is ``(n_in, n_out)``
+        (without a stored bias when ``ours`` is in ``no_bias``)."""
+
+        def layer(prefix: str) -> Params:
+            return {
+                ours: self.norm(prefix + theirs, *dims[ours])
+                if len(dims[ours]) == 1
+                else self.dense(prefix + theirs, *dims[ours], bias=ours not in no_bias)
+                for ours, theirs in names.items()
+            }
+
+        return stack_layers([layer(layer_fmt.format(i)) for i in range(count)])
 
 
 def find_prefix(
@@ -247,6 +349,64 @@ def find_prefix(
     if not found:
         raise ModelFolderError(missing)
     raise ModelFolderError(f"several models in the checkpoint (prefixes {found}); keep only one")
+
+
+def stack_layers(layers: Sequence[Params]) -> Params:
+    """Per-layer params trees -> one tree whose leaves have a leading ``[L]`` axis, so a layer
+    scan slices one block's params per step."""
+    return jax.tree.map(lambda *xs: np.stack(xs), *layers)
+
+
+# --------------------------------------------------------------------------------------------
+# The loader
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Anchor:
+    """The tensor that marks a family's checkpoint and gives its name prefix: ``key`` (without
+    prefix), the ``preferred`` prefixes in order (``""`` for a base model, ``"bert."`` for
+    ``BertForX``, ...), and the error line when no tensor name ends with ``key``."""
+
+    key: str
+    preferred: tuple[str, ...]
+    missing: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded(Generic[C]):
+    """What :func:`load_folder` read: the folder, its typed config, the params (cast) and the
+    tokenizer (a ``tokenizers.Tokenizer``, or None)."""
+
+    folder: pathlib.Path
+    config: C
+    params: Params
+    tokenizer: Any
+
+
+def load_folder(
+    path: str | pathlib.Path,
+    parse: Callable[[Mapping[str, Any]], C],
+    anchor: Callable[[C], Anchor],
+    convert: Callable[[Weights, C], Params],
+    dtype: Any,
+    *,
+    tokenizer: bool = True,
+) -> Loaded[C]:
+    """Load a Hugging Face model folder, the steps every family shares, in this order (so the
+    first problem found is the one reported): check the folder; parse ``config.json`` with
+    ``parse``; read ``model.safetensors`` (or its shards); find the model prefix from the
+    family's ``anchor(config)``; turn the tensors into a params tree with ``convert(weights,
+    config)`` (through :meth:`Weights.get`, which checks each name and shape); cast every leaf to
+    ``dtype``; read ``tokenizer.json`` when ``tokenizer``. Every problem raises
+    :class:`ModelFolderError` with a one-line fix."""
+    folder, config_file = model_folder(path)
+    config = parse(read_json(config_file))
+    tensors, source = load_tensors(folder)
+    mark = anchor(config)
+    weights = Weights(tensors, find_prefix(tensors, mark.key, mark.preferred, mark.missing), source)
+    params = jax.tree.map(lambda a: jnp.asarray(a, dtype=dtype), convert(weights, config))
+    return Loaded(folder, config, params, read_tokenizer(folder) if tokenizer else None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -290,3 +450,28 @@ def layer_norm(eps: float, dtype: Any, name: str) -> nn.LayerNorm:
     return nn.LayerNorm(
         epsilon=eps, dtype=dtype, param_dtype=dtype, use_fast_variance=False, name=name
     )
+
+
+def self_attention(
+    h: jax.Array, num_heads: int, dtype: Any, mask_bias: jax.Array | None = None
+) -> jax.Array:
+    """Multi-head self-attention of ``h [B, T, D]`` as the BERT family and ViT compute it, up to
+    the output projection (``[B, T, D]``). Call it inside a compact flax module: its ``Dense``
+    sub-modules ``query``, ``key``, ``value`` and ``attn_out`` become that module's.
+    ``mask_bias`` (``[B, 1, 1, T]`` float32, added to the scores) masks keys."""
+    dense = functools.partial(nn.Dense, dtype=dtype, param_dtype=dtype)
+    batch, length, d = h.shape
+    head_dim = d // num_heads
+    split = (batch, length, num_heads, head_dim)
+    q = dense(d, name="query")(h).reshape(split)  # [B, T, H, Dh]
+    k = dense(d, name="key")(h).reshape(split)
+    v = dense(d, name="value")(h).reshape(split)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(head_dim))
+    # Mask and softmax in float32 even for half-precision params (as HF does): exp/normalise is
+    # where low precision hurts most, and a float32 finfo.min bias cannot overflow to -inf.
+    scores = scores.astype(jnp.float32)  # [B, H, T, T]
+    if mask_bias is not None:
+        scores = scores + mask_bias
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, d)
+    return dense(d, name="attn_out")(ctx)

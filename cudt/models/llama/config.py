@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
-import pathlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +19,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cudt.models.hf import ModelFolderError, read_json
+from cudt.models.hf import (
+    FolderConfig,
+    ModelFolderError,
+    check_heads,
+    check_sizes,
+    malformed_fields,
+)
 
 __all__ = [
     "ARCHITECTURES",
@@ -48,7 +53,7 @@ ARCHITECTURES = {
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderConfig:
+class DecoderConfig(FolderConfig):
     """Architecture hyper-parameters of a Llama-family decoder; hashable (a static jit argument).
 
     ``num_kv_heads`` (K) defaults to ``num_heads`` (H, no grouping), ``head_dim`` (Dh) to
@@ -92,17 +97,11 @@ class DecoderConfig:
                 f"{', '.join(SUPPORTED_DECODER_TYPES)} (config.json model_type)"
             )
         sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads")
-        for name in sizes:
-            if int(getattr(self, name)) < 1:
-                raise ModelFolderError(f"config gives {name}={getattr(self, name)}: must be >= 1")
+        check_sizes(self, sizes, "config")
         if self.num_kv_heads is None:
             set_("num_kv_heads", self.num_heads)
         if self.head_dim is None:
-            if self.hidden_size % self.num_heads:
-                raise ModelFolderError(
-                    f"hidden size {self.hidden_size} is not divisible by {self.num_heads} heads: "
-                    "give head_dim explicitly"
-                )
+            check_heads(self.hidden_size, self.num_heads, ": give head_dim explicitly")
             set_("head_dim", self.hidden_size // self.num_heads)
         if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
             raise ModelFolderError(
@@ -220,7 +219,7 @@ class DecoderConfig:
             value = raw.get(key, default)
             return None if value is None else int(value)
 
-        try:
+        with malformed_fields():
             max_pos = int(raw.get("max_position_embeddings") or 2048)
             return cls(
                 model_type=model_type,
@@ -252,15 +251,6 @@ class DecoderConfig:
                 eos_token_id=tuple(int(e) for e in eos),
                 pad_token_id=opt_int("pad_token_id"),
             )
-        except (TypeError, ValueError, KeyError) as err:
-            if isinstance(err, ModelFolderError):
-                raise
-            raise ModelFolderError(f"config.json has a malformed field: {err}") from err
-
-    @classmethod
-    def from_file(cls, path: str | pathlib.Path) -> DecoderConfig:
-        """Parse a ``config.json`` file."""
-        return cls.from_dict(read_json(path))
 
     def to_dict(self) -> dict[str, Any]:
         """The Hugging Face ``config.json`` dict of this config: transformers 5.x's

