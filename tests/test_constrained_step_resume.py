@@ -1,5 +1,6 @@
 """Constrained step: exact resume through cudt.checkpoint (indexed tables), and 4 devices = 1."""
 
+import logging
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import optax
 import pytest
 
 import cudt
+from cudt import checkpoint
 from cudt.checkpoint import GroupCheckpointer
 
 
@@ -161,3 +163,24 @@ def test_a_failed_saves_folder_that_a_late_write_recreates_is_removed_too(tmp_pa
         checkpointer._remove_partial_saves()
         writer.join()
         assert not tmp.exists()
+
+
+def test_asyncio_reports_of_orbax_reads_are_dropped_while_a_restore_runs(monkeypatch):
+    """A corrupt checkpoint's reads fail as asyncio tasks; the garbage collector may report one
+    ("Task exception was never retrieved") inside orbax's restore, before the failure is known.
+    While a restore runs such records are dropped; other asyncio errors still print."""
+    quiet = checkpoint._QUIET
+    monkeypatch.setattr(quiet, "failed", False)  # sticky once any checkpoint in this process failed
+    monkeypatch.setattr(quiet, "restoring", 0)
+
+    def record(text):
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, text, None, None)
+
+    orbax = record("Task exception was never retrieved\nfuture: <Task coro=<async_deserialize() "
+                   "defined at .../orbax/checkpoint/_src/serialization/serialization.py:394>")  # fmt: skip
+    other = record("Task exception was never retrieved\nfuture: <Task coro=<my_job()>")
+    assert quiet.filter(orbax) and quiet.filter(other)
+    quiet.restoring = 1
+    assert not quiet.filter(orbax) and quiet.filter(other)
+    quiet.restoring = 0
+    assert quiet.filter(orbax)
