@@ -38,6 +38,16 @@ ROOT = Path(__file__).resolve().parents[1]
 D, LAYERS, HEADS, FFN, MAX_POS = 32, 2, 4, 37, 64
 
 
+def forced_devices_env(count: int, **extra: str) -> dict[str, str]:
+    """The environment for a subprocess that sees ``count`` CPU devices: this process's
+    ``XLA_FLAGS`` (the suite's code generation and threading flags, tests/conftest.py) plus
+    the device count, and ``extra`` variables."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
+    flags.append(f"--xla_force_host_platform_device_count={count}")
+    return dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu", **extra)
+
+
 def write_tiny_bert(folder: Path, seed: int = 0) -> Path:
     """A random BERT folder (config.json, model.safetensors) with MiniLM's tokenizer.json."""
     tok = minilm_path()

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import forced_devices_env
 
 import cudt
 from cudt import checkpoint
@@ -88,9 +89,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_four_devices_equal_one():
-    env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu"
-    )
+    env = forced_devices_env(4)
     r = subprocess.run(
         [sys.executable, "-c", SCRIPT],
         capture_output=True,

@@ -24,6 +24,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from helpers import forced_devices_env
 
 import cudt  # noqa: E402
 from cudt.models.hf import ModelFolderError  # noqa: E402
@@ -372,8 +373,7 @@ print(json.dumps(out, default=list))
 
 @pytest.mark.slow
 def test_sharded_forward_equals_one_device(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    env["JAX_PLATFORMS"] = "cpu"
+    env = forced_devices_env(4)
     proc = subprocess.run(
         [sys.executable, "-c", SHARDED], cwd=ROOT, env=env, capture_output=True, text=True
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from helpers import forced_devices_env
 
 from cudt.data.alpaca import build_word_tokenizer, write_alpaca
 from cudt.data.instructions import exact_answer, generated_instructions
@@ -349,8 +349,7 @@ FSDP = textwrap.dedent(
 
 @pytest.mark.slow
 def test_fsdp_on_four_devices_gives_the_one_device_results(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    env["JAX_PLATFORMS"] = "cpu"
+    env = forced_devices_env(4)
     argv = [*TINY, "--completions", "0", "--hidden", "32", "--intermediate", "64"]
     code = FSDP.format(argv=argv, out=str(tmp_path))
     proc = subprocess.run(

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, toy
+from helpers import ROOT, forced_devices_env, toy
 
 from cudt.runner.lock import LOCK_FILE
 
@@ -83,8 +83,7 @@ def runs(tmp_path_factory) -> dict:
     one = root / "one"
     toy(ARGS, one)
     one_on_four = _cut(one, root / "one-on-four")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    env["JAX_PLATFORMS"] = "cpu"
+    env = forced_devices_env(4)
     code = FOUR_DEVICES.format(tests=str(ROOT / "tests"), args=ARGS)
     proc = subprocess.run(
         [sys.executable, "-c", code, str(root / "four"), str(one_on_four)],

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import ToyTask, toy
+from helpers import ToyTask, forced_devices_env, toy
 
 import cudt
 from cudt.checkpoint import GroupCheckpointer
@@ -241,7 +240,7 @@ FOUR_DEVICES = textwrap.dedent(
     import json, sys
     sys.path.insert(0, {tests!r})
     import jax
-    from helpers import ToyTask, toy
+    from helpers import ToyTask, forced_devices_env, toy
     assert jax.device_count() == 4, jax.devices()
     one = toy(["--devices", "1", "--seeds", "2", "--sweep", "epsilon=0.2,0.4"], {out!r} + "/one")
     four = toy(["--seeds", "2", "--sweep", "epsilon=0.2,0.4"], {out!r} + "/four")
@@ -262,8 +261,7 @@ FOUR_DEVICES = textwrap.dedent(
 
 @pytest.mark.slow
 def test_four_cpu_devices_give_the_one_device_results(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    env["JAX_PLATFORMS"] = "cpu"
+    env = forced_devices_env(4)
     code = FOUR_DEVICES.format(tests=str(ROOT / "tests"), out=str(tmp_path))
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
@@ -380,10 +378,8 @@ def _two_processes(out: Path, out1: Path | None = None) -> list[subprocess.Compl
     procs = []
     for pid in (0, 1):
         folder = out if pid == 0 or out1 is None else out1
-        env = dict(
-            os.environ,
-            XLA_FLAGS="--xla_force_host_platform_device_count=2",
-            JAX_PLATFORMS="cpu",
+        env = forced_devices_env(
+            2,
             JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
             JAX_NUM_PROCESSES="2",
             JAX_PROCESS_ID=str(pid),
