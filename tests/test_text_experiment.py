@@ -403,11 +403,11 @@ def test_help_lists_every_flag(capsys):
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["--model", "gpt2"], "--model 'gpt2' is unknown"),
+        (["--model", "gpt2"], "--model must be one of minilm, bert, distilbert, roberta, ut"),
         (["--model", "bert"], "--model bert needs --checkpoint"),
         (["--model", "roberta"], "--model roberta needs --checkpoint"),
-        (["--dataset", "sst2"], "--dataset 'sst2' is unknown"),
-        (["--granularity", "layer"], "--granularity must be block or sublayer"),
+        (["--dataset", "sst2"], "--dataset must be one of synthetic, imdb, mnli, aclimdb"),
+        (["--granularity", "layer"], "--granularity must be one of block, sublayer"),
         (["--layers", "3"], "--layers applies to --model ut only"),
         (["--model", "ut", "--layers", "0"], "--layers must be >= 1"),
         (["--gamma-train", "-1"], "--gamma-train must be a finite number >= 0"),
@@ -426,7 +426,7 @@ def test_help_lists_every_flag(capsys):
             ["--sweep", "reference=chance+x"],
             "--sweep reference: 'chance+x' is not chance, chance+X",
         ),
-        (["--pooling", "max"], "--pooling must be first or mean"),
+        (["--pooling", "max"], "--pooling must be one of first, mean, got 'max'"),
         (["--select", "test-auc"], "--select must be one of val-auc, val-accuracy"),
         (["--test-gammas", "0.5"], "--select val-auc needs at least two test gammas"),
     ],

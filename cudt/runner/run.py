@@ -77,6 +77,7 @@ def inert_warnings(task: Task, cfg, groups) -> list[str]:
 def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Runs the whole experiment of ``cfg`` (a ``task.config_cls``); returns the results."""
     t0 = time.perf_counter()
+    _check_inject_nan(task, cfg)
     if cfg.distributed:
         initialize_distributed()
     origin = provenance()  # the code and command that ran (after the backend starts)
@@ -121,7 +122,9 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         if out.resuming:  # a corrupt or foreign checkpoint is refused before any training
             _check_checkpoints(out, cfg, groups, programs, meshes)
         gamma_trains = sorted({float(s.hp["gamma_train"]) for s in specs})
-        gammas = task.test_gammas(cfg, gamma_trains)
+        # one test grid for every run: the union of their grids, so runs swept over γ_train
+        # are evaluated (and compiled) alike
+        gammas = sorted({g for gt in gamma_trains for g in task.test_gamma_grid(cfg, gt)})
         val_gammas = sorted(set(task.val_gammas(cfg, gamma_trains, gammas)) | set(gamma_trains))
         trained = _train_and_evaluate(
             task, cfg, out, draws, datas, groups, programs, meshes, gammas, val_gammas
@@ -131,6 +134,17 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         if main_process:
             _write_results(task, cfg, data, out, results, trained["ratios"], gammas, swept, t0)
         return results
+
+
+def _check_inject_nan(task: Task, cfg) -> None:
+    """``--inject-nan MODEL,...`` names a model this run trains (the rest of its syntax is
+    checked with the config)."""
+    names = task.model_names(cfg)
+    if cfg.inject_nan and cfg.inject_nan[0] not in names:
+        raise UsageError(
+            f"--inject-nan model {cfg.inject_nan[0]!r} is not trained by this run: name one "
+            f"of {', '.join(names)}"
+        )
 
 
 def _load_draws(task: Task, draws: dict[int, Any]) -> dict[int, Any]:
@@ -314,7 +328,7 @@ def _write_results(task: Task, cfg, data, out, results, ratios, gammas, swept, t
     """The figures, the training curves, results.json (last: a complete run), the summary
     table, and what the task writes from the finished run."""
     runs = results["runs"]
-    figures = task.figures(runs, ratios, out.path, gammas, cfg)
+    figures = task.figures(cfg, runs, ratios, out.path, gammas)
     curve_runs = [r for r in runs if r["curves"]["step"]]
     figures.append(out.path / "training_curves.png")
     plot_training_curves(

@@ -10,6 +10,7 @@ training, evaluation, best-run selection, results, tables, plots and TensorBoard
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
@@ -72,34 +73,61 @@ class GroupModel:
     record: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-class Task:
-    """Base class of the tasks: override what your task needs (see ``cudt/tasks/video.py``)."""
+class Task(abc.ABC):
+    """Base class of the tasks (``cudt/tasks/video.py``; the smallest: docs/design.md).
+
+    A task is stateless: every hook takes the run's config ``cfg`` first (where it reads it)
+    and whatever :meth:`load` returned as ``data``; a hook that needs something read earlier
+    (a pretrained model) finds it in ``data``, never on ``self``. The hooks come in three
+    groups; the five abstract ones are required, the rest have a default that is right for
+    most tasks:
+
+    * data: :meth:`load`, :meth:`fingerprint` (required: what checkpoints depend on beyond
+      the config), :meth:`describe`, :meth:`split_examples`, and for a task whose examples are
+      not one array per split :meth:`split_size`, :meth:`train_examples`,
+      :meth:`eval_batches`; :meth:`chance_level`.
+    * model: :meth:`model_names`, :meth:`build` (required), :meth:`kinds`, :meth:`default_lr`,
+      :meth:`structure`, :meth:`warmup_steps`, :meth:`inert_states`.
+    * report: :meth:`test_gamma_grid` (required), :meth:`val_gammas`, :meth:`selection_for`,
+      :meth:`val_metrics`, :meth:`run_metrics`, :meth:`trained_outputs`,
+      :meth:`config_extras`, :meth:`results_extras`, :meth:`metric_columns`,
+      :meth:`after_columns`, :meth:`table_footer`, :meth:`figures`, :meth:`finish`.
+
+    Flags and their checks live in ``config_cls`` (choice checks in ``flag(check=one_of(…))``);
+    the runner checks what every task shares (``--inject-nan``'s model among
+    :meth:`model_names`).
+    """
 
     name: str = "task"  # runs/<name>-<time>, results.json "experiment"
     config_cls: type = None  # the task's RunConfig subclass
-    selection: tuple[str, bool] = ("val_objective", False)  # run key, higher is better
-    figures_written: tuple[str, ...] = ()
+    # The default primal warm-up is one epoch, capped at this fraction of --steps (None: no cap).
+    warmup_cap: float | None = None
 
     # -- data ------------------------------------------------------------------------------
+    @abc.abstractmethod
     def load(self, cfg) -> Any:
-        """Reads the data (every data error raised here, before anything is written)."""
-        raise NotImplementedError
+        """Reads the data, and anything the models are built from (pretrained weights), into
+        one object every later hook receives as ``data``. Every data error is raised here,
+        before anything is written."""
+
+    @abc.abstractmethod
+    def fingerprint(self, cfg, data) -> dict[str, Any]:
+        """What checkpoints depend on besides the config (the data's source and shape,
+        pretrained folders): a resumed run whose fingerprint differs is refused. ``{}`` only
+        when the config alone determines the data."""
 
     def describe(self, cfg, data) -> list[str]:
         """Lines printed once the data (and models) are read."""
         return []
 
-    def fingerprint(self, cfg, data) -> dict[str, Any]:
-        """What checkpoints depend on besides the config (the data, pretrained folders)."""
-        return {}
+    def split_examples(self, data, split: str, model: GroupModel) -> Any:
+        """The examples of ``split`` (``"train"``, ``"val"``, ``"test"``) as ``model`` reads
+        them (patch sequences, whole frames, token ids, ...). Required unless the task
+        overrides :meth:`train_examples`, :meth:`eval_batches` and :meth:`split_size`."""
+        raise NotImplementedError(f"{type(self).__name__} defines no split_examples")
 
-    def config_extras(self, cfg, data) -> dict[str, Any]:
-        """Derived values written into results.json's config."""
-        return {}
-
-    def results_extras(self, cfg, data) -> dict[str, Any]:
-        """Top-level entries of results.json besides the runner's (reference figures)."""
-        return {}
+    def split_size(self, data, split: str, model: GroupModel) -> int:
+        return jax.tree.leaves(self.split_examples(data, split, model))[0].shape[0]
 
     def train_examples(self, data, model: GroupModel) -> Any:
         """The training examples of ``model``'s group, a pytree of ``[N, ...]`` arrays (moved
@@ -113,46 +141,50 @@ class Task:
         n = self.split_size(data, split, model)
         return cut_in_batches(examples, n, min(batch_size, n))
 
-    def split_examples(self, data, split: str, model: GroupModel) -> Any:
-        """The examples of ``split`` (``"train"``, ``"val"``, ``"test"``) as ``model`` reads
-        them (patch sequences, whole frames, token ids, ...)."""
-        raise NotImplementedError
+    def chance_level(self, data) -> float | None:
+        """The loss of a uniform guess (ln K for K classes), which ``--reference chance+X``
+        adds X to; None (the default) for a task without one (regression)."""
+        return None
 
-    def split_size(self, data, split: str, model: GroupModel) -> int:
-        return jax.tree.leaves(self.split_examples(data, split, model))[0].shape[0]
+    def resolve_reference(self, value: str | None, data) -> float | None:
+        """The bound C of ``E ℓ_0 <= C`` named by ``--reference`` (see
+        :func:`cudt.runner.hparams.resolve_reference`); not a hook: override
+        :meth:`chance_level`."""
+        return resolve_reference(value, self.chance_level(data), self.name)
 
-    # -- models ----------------------------------------------------------------------------
+    # -- model -----------------------------------------------------------------------------
+    @abc.abstractmethod
     def model_names(self, cfg) -> list[str]:
-        raise NotImplementedError
+        """The models ``cfg`` asks for (``--models``), one group of runs (or two) each."""
+
+    @abc.abstractmethod
+    def build(self, cfg, data, name: str, structure: Hashable) -> GroupModel:
+        """Model ``name`` of :meth:`structure` ``structure``: its init, per-sample layer
+        losses and evaluation outputs as pure functions (:class:`GroupModel`)."""
 
     def kinds(self, cfg, name: str) -> tuple[bool, ...]:
         """Which of ERM (False) and constrained (True) runs model ``name`` trains (a control
         model may be ERM only)."""
         return (False, True)
 
-    def run_specs(self, cfg) -> list[RunSpec]:
-        """Every run ``cfg`` asks of this task: each model's kinds (``--kinds``), sweep points
-        and seeds (:func:`cudt.runner.sweep.expand_runs`); the runner groups these."""
-        return expand_runs(
-            cfg,
-            self.model_names(cfg),
-            lambda m: self.default_lr(cfg, m),
-            lambda m: selected_kinds(cfg, self.kinds(cfg, m)),
-        )
+    def default_lr(self, cfg, name: str) -> float:
+        return 1e-3
 
     def structure(self, cfg, name: str, constrained: bool) -> Hashable:
         """What makes ERM and constrained models of ``name`` different programs (None: they
         share one, ERM being a per-run flag)."""
         return None
 
-    def build(self, cfg, data, name: str, structure: Hashable) -> GroupModel:
-        raise NotImplementedError
-
-    def default_lr(self, cfg, name: str) -> float:
-        return 1e-3
-
-    # The default primal warm-up is one epoch, capped at this fraction of --steps (None: no cap).
-    warmup_cap: float | None = None
+    def run_specs(self, cfg) -> list[RunSpec]:
+        """Every run ``cfg`` asks of this task: each model's kinds (``--kinds``), sweep points
+        and seeds (:func:`cudt.runner.sweep.expand_runs`); the runner groups these. Not a
+        hook: it reads :meth:`model_names`, :meth:`default_lr` and :meth:`kinds`."""
+        return expand_runs(
+            cfg,
+            self.model_names(cfg),
+            lambda m: self.default_lr(cfg, m),
+            lambda m: selected_kinds(cfg, self.kinds(cfg, m)),
+        )
 
     def warmup_steps(self, cfg, steps_per_epoch: int) -> int:
         """Primal warm-up: ``cfg.warmup_steps``, else one epoch (at most ``warmup_cap`` of the
@@ -163,35 +195,6 @@ class Task:
             return steps_per_epoch
         return min(steps_per_epoch, int(cfg.steps * self.warmup_cap))
 
-    def chance_level(self, data) -> float | None:
-        """The loss of a uniform guess (ln K for K classes), which ``--reference chance+X``
-        adds X to; None (the default) for a task without one (regression)."""
-        return None
-
-    def resolve_reference(self, value: str | None, data) -> float | None:
-        """The bound C of ``E ℓ_0 <= C`` named by ``--reference`` (see
-        :func:`cudt.runner.hparams.resolve_reference`)."""
-        return resolve_reference(value, self.chance_level(data), self.name)
-
-    # -- evaluation and reports ------------------------------------------------------------
-    def test_gamma_grid(self, cfg, gamma_train: float) -> list[float]:
-        """The test γ grid of a run trained at ``gamma_train`` (it must contain it)."""
-        raise NotImplementedError
-
-    def test_gammas(self, cfg, gamma_trains: list[float]) -> list[float]:
-        """One grid for every run of the experiment: the union of their grids, so runs swept
-        over γ_train are evaluated (and compiled) alike."""
-        grid: set[float] = set()
-        for g in gamma_trains:
-            grid |= set(self.test_gamma_grid(cfg, g))
-        return sorted(grid)
-
-    def val_gammas(self, cfg, gamma_trains: list[float], test_gammas: list[float]) -> list[float]:
-        """The γ at which validation data is scored. Every run's γ_train is always among them
-        (feasibility is judged there); a task whose best-run score needs more (a validation
-        AUC) adds them. Default: the γ_train values only."""
-        return list(gamma_trains)
-
     def inert_states(self, cfg, model: GroupModel, gamma_train: float) -> dict[int, str]:
         """States of ``model`` whose loss is ~0 by construction at ``gamma_train`` (e.g. the
         clean input itself at γ = 0), each with why: the descent constraint after such a state
@@ -199,9 +202,22 @@ class Task:
         before training a constrained run there. Default: none."""
         return {}
 
+    # -- report ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def test_gamma_grid(self, cfg, gamma_train: float) -> list[float]:
+        """The test γ grid of a run trained at ``gamma_train`` (it must contain it); the runner
+        evaluates every run on the union of the grids."""
+
+    def val_gammas(self, cfg, gamma_trains: list[float], test_gammas: list[float]) -> list[float]:
+        """The γ at which validation data is scored. Every run's γ_train is always among them
+        (feasibility is judged there); a task whose best-run score needs more (a validation
+        AUC) adds them. Default: the γ_train values only."""
+        return list(gamma_trains)
+
     def selection_for(self, cfg) -> tuple[str, bool]:
-        """The best-run score of this configuration: (run key, higher is better)."""
-        return self.selection
+        """The best-run score of this configuration: (run key, higher is better). Default:
+        the validation objective, lower is better."""
+        return ("val_objective", False)
 
     def val_metrics(
         self, cfg, val: dict[str, np.ndarray], val_gammas: list[float], gamma_train: float
@@ -217,6 +233,20 @@ class Task:
         ``[G, N, S]`` over the test γ grid, ``val[name]`` ``[N, S]`` at its γ_train."""
         return {}
 
+    def trained_outputs(self, cfg, data, model: GroupModel, params, labels) -> list[dict]:
+        """Extra fields of each run's record computed from its trained parameters (e.g.
+        generated text); ``params`` are the group's stacked ``[R, ...]`` parameters, in the
+        order of ``labels``. Called once per group after evaluation."""
+        return [{} for _ in labels]
+
+    def config_extras(self, cfg, data) -> dict[str, Any]:
+        """Derived values written into results.json's config."""
+        return {}
+
+    def results_extras(self, cfg, data) -> dict[str, Any]:
+        """Top-level entries of results.json besides the runner's (reference figures)."""
+        return {}
+
     def metric_columns(self) -> list[Column]:
         """Table columns after the run's identity (model, L, kind, seed, swept values)."""
         return []
@@ -226,21 +256,17 @@ class Task:
         return []
 
     def table_footer(self, runs: list[dict]) -> str:
+        """Lines printed under the summary table (the figures behind the plots)."""
         return ""
 
-    def figures(self, runs, ratios, out: Path, gammas, cfg) -> list[Path]:
+    def figures(self, cfg, runs, ratios, out: Path, gammas) -> list[Path]:
         """Writes the task's figures into ``out``; returns their paths."""
         return []
-
-    def trained_outputs(self, cfg, data, model: GroupModel, params, labels) -> list[dict]:
-        """Extra fields of each run's record computed from its trained parameters (e.g.
-        generated text); ``params`` are the group's stacked ``[R, ...]`` parameters, in the
-        order of ``labels``. Called once per group after evaluation."""
-        return [{} for _ in labels]
 
     def finish(self, cfg, data, results: dict, out: Path) -> None:
         """What the task writes from the finished run, after ``results.json`` (e.g. the LLM
         task's ``--export``: the chosen runs' models, read back from their checkpoints)."""
+        return None
 
 
 def cut_in_batches(examples: Any, n: int, batch_size: int) -> Iterator[EvalBatch]:

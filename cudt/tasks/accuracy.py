@@ -43,9 +43,11 @@ def test_gamma_grid(gamma_train: float, explicit=None) -> list[float]:
 class AccuracyReports:
     """Mixin of a :class:`cudt.runner.Task` whose ``eval_outputs`` give ``"correct"``."""
 
-    selection = ("val_accuracy", True)
     loss_name = "cross-entropy"  # in the per-state loss plot's title and the footer
     accuracy_name = "accuracy"  # in the accuracy plot's axis label
+
+    def selection_for(self, cfg) -> tuple[str, bool]:
+        return ("val_accuracy", True)
 
     def test_gamma_grid(self, cfg, gamma_train: float) -> list[float]:
         return test_gamma_grid(gamma_train, cfg.test_gammas)
@@ -90,7 +92,7 @@ class AccuracyReports:
             lines.append(f"{r['label']}: " + " ".join(f"{v:.3f}" for v in losses))
         return lines
 
-    def accuracy_figures(self, runs, ratios, out: Path, cfg, *, noise: str) -> list[Path]:
+    def accuracy_figures(self, cfg, runs, ratios, out: Path, *, noise: str) -> list[Path]:
         """``layer_loss.png``, ``accuracy_vs_gamma.png`` and ``ratio_hist.png``; ``noise``
         names the perturbation in the accuracy plot's title."""
         paths = [out / "layer_loss.png", out / "accuracy_vs_gamma.png", out / "ratio_hist.png"]

@@ -412,8 +412,8 @@ class LLMTask(AccuracyReports, Task):
         lines += paired_lines(runs)
         return "\n".join(lines + completion_lines(runs, first_only=True))
 
-    def figures(self, runs, ratios, out: Path, gammas, cfg):
-        paths = self.accuracy_figures(runs, ratios, out, cfg, noise="embedding noise")
+    def figures(self, cfg, runs, ratios, out: Path, gammas):
+        paths = self.accuracy_figures(cfg, runs, ratios, out, noise="embedding noise")
         if any(r.get("completions") for r in runs):
             text = "\n".join(
                 ["# Greedy completions of held-out prompts", ""] + completion_lines(runs)

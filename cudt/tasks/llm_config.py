@@ -245,10 +245,6 @@ class LLMConfig(RunConfig):
             "embeddings): change --hidden or --heads",
         )
         need(
-            not self.inject_nan or self.inject_nan[0] == "llm",
-            "--inject-nan model must be llm",
-        )
-        need(
             self.data is None
             or self.data in GENERATED_DATA
             or bool(Path(self.data).suffix)

@@ -75,6 +75,7 @@ class TextConfig(RunConfig):
         "minilm",
         "minilm (all-MiniLM-L6-v2, pip package), bert, distilbert, roberta (need --checkpoint) "
         "or ut (a UT over the encoder's word embeddings)",
+        check=one_of(*MODELS),
     )
     checkpoint: str | None = flag(
         None,
@@ -86,6 +87,7 @@ class TextConfig(RunConfig):
         "synthetic",
         "synthetic (generated reviews), imdb or mnli (prepared TFDS folders), aclimdb (the "
         "Stanford aclImdb folder)",
+        check=one_of(*DATASETS),
     )
     data_dir: str | None = flag(
         None, "TFDS data folder (imdb, mnli; default $TFDS_DATA_DIR) or aclImdb folder"
@@ -117,12 +119,14 @@ class TextConfig(RunConfig):
         "block",
         "block (a constraint per block: L+1 states) or sublayer (attention and MLP outputs "
         "each a state: 2L+1)",
+        check=one_of(*GRANULARITIES),
     )
     pooling: str | None = flag(
         None,
         "the shared head's input: first (token: [CLS] / <s>) or mean (of the tokens); default: "
         "first for bert, distilbert, roberta and mean for ut (the paper's), mean for minilm "
         "(the pooling it was trained with)",
+        check=one_of(*POOLINGS),
     )
     noise_scale: float | None = flag(
         None,
@@ -146,6 +150,7 @@ class TextConfig(RunConfig):
         "all",
         "which UT weights the layers share: all, attention (one feed-forward map per layer) "
         "or none",
+        check=one_of(*TYINGS),
     )
     ut_skip: bool = flag(
         False,
@@ -186,21 +191,9 @@ class TextConfig(RunConfig):
     def validate(self) -> None:
         need = self.require
         need(
-            self.ut_tying in TYINGS,
-            f"--ut-tying must be one of {', '.join(TYINGS)}, got {self.ut_tying!r}",
-        )
-        need(
-            self.model in MODELS,
-            f"--model {self.model!r} is unknown: choose from {', '.join(MODELS)}",
-        )
-        need(
             self.model in ("minilm", "ut") or self.checkpoint,
             f"--model {self.model} needs --checkpoint FOLDER (a Hugging Face {self.model} "
             "folder with config.json, model.safetensors and tokenizer.json)",
-        )
-        need(
-            self.dataset in DATASETS,
-            f"--dataset {self.dataset!r} is unknown: choose from {', '.join(DATASETS)}",
         )
         need(
             self.dataset != "aclimdb" or self.data_dir,
@@ -209,14 +202,6 @@ class TextConfig(RunConfig):
         need(
             self.layers is None or self.model == "ut",
             f"--layers applies to --model ut only ({self.model} uses all its blocks): drop it",
-        )
-        need(
-            self.granularity in GRANULARITIES,
-            f"--granularity must be block or sublayer, got {self.granularity!r}",
-        )
-        need(
-            self.pooling is None or self.pooling in POOLINGS,
-            f"--pooling must be {' or '.join(POOLINGS)}, got {self.pooling!r}",
         )
         need(
             0 < self.val_fraction < 1,
@@ -228,10 +213,6 @@ class TextConfig(RunConfig):
             or len({*self.test_gammas, self.gamma_train}) >= 2,
             "--select val-auc needs at least two test gammas (an area under a curve): add "
             "--test-gammas values or use --select val-accuracy",
-        )
-        need(
-            not self.inject_nan or self.inject_nan[0] == self.model,
-            f"--inject-nan model must be --model ({self.model})",
         )
 
 
@@ -417,5 +398,5 @@ class TextTask(AccuracyReports, Task):
         lines = [paper, *self.layer_loss_lines(runs)]
         return "\n".join(lines)
 
-    def figures(self, runs, ratios, out, gammas, cfg):
-        return self.accuracy_figures(runs, ratios, out, cfg, noise="embedding perturbation")
+    def figures(self, cfg, runs, ratios, out, gammas):
+        return self.accuracy_figures(cfg, runs, ratios, out, noise="embedding perturbation")

@@ -19,7 +19,7 @@ import numpy as np
 from cudt.data.video import DATASETS, VideoSplits, load_video_data, perturb
 from cudt.errors import UsageError
 from cudt.metrics import rmse_255
-from cudt.models import DUST, UT, load_vit, ut_projection
+from cudt.models import DUST, UT, ViT, load_vit, ut_projection
 from cudt.models.ut import TYINGS
 from cudt.runner import plots
 from cudt.runner.config import RunConfig, at_least, flag, in_range, non_negative, one_of, shared
@@ -32,6 +32,7 @@ __all__ = [
     "DATASETS",
     "MODELS",
     "VideoConfig",
+    "VideoData",
     "VideoTask",
     "build_model",
     "test_gamma_grid",
@@ -52,12 +53,14 @@ class VideoConfig(RunConfig):
         "root/{train,test}/<video>/<frame> folders), avenue (CUHK Avenue: training_videos/"
         "*.avi, testing_videos/*.avi) or shanghaitech (training/videos/*.avi, "
         "testing/frames/<clip>/*.jpg); validation videos come from the training ones",
+        check=one_of(*DATASETS),
     )
     data_dir: str | None = flag(None, "folder of the dataset (frames or videos)")
     models: tuple[str, ...] = flag(
         ("dust", "ut"),
         "comma-separated models: dust, ut, vit (a pretrained ViT from --vit-checkpoint, fine-tuned "
         "whole, its states read back as frames)",
+        check=one_of(*MODELS),
     )
     vit_checkpoint: str | None = flag(
         None,
@@ -74,13 +77,16 @@ class VideoConfig(RunConfig):
         20, "DUST overcomplete DCT atoms per dimension (K = atoms^2)", check=at_least(1)
     )
     dust_dictionary: str = flag(
-        "paper", "paper (shared for ERM, one per layer when constrained), shared, or per-layer"
+        "paper",
+        "paper (shared for ERM, one per layer when constrained), shared, or per-layer",
+        check=one_of("paper", "shared", "per-layer"),
     )
     dust_threshold: float = flag(0.01, "DUST soft threshold tau", check=non_negative)
     dust_initial_code: str = flag(
         "dual",
         "DUST state 0: dual (the input reconstructed exactly), adjoint, or zero (the paper's, "
         "Appendix C.3: a blank state 0, so a gamma_train = 0 constraint is not vacuous)",
+        check=one_of("dual", "adjoint", "zero"),
     )
     dust_control: bool = flag(
         True,
@@ -102,6 +108,7 @@ class VideoConfig(RunConfig):
         "which UT weights the layers share: all (one layer applied L times, the published "
         "code), attention (the attention matrix only, one feed-forward map and bias per "
         "layer: the paper's Section 4) or none",
+        check=one_of(*TYINGS),
     )
     ut_skip: bool = flag(
         True,
@@ -135,6 +142,7 @@ class VideoConfig(RunConfig):
         "UT attention scores: distance (softmax(-|y_t - y_s|^2_W / 2), the kernel of the "
         "energy of Yang et al. that the paper's UT unrolls, Appendix C.2) or dot "
         "(softmax(Y W Y^T), the published code)",
+        check=one_of("distance", "dot"),
     )
     num_videos: int = flag(20, "synthetic: number of videos")
     num_frames: int = flag(32, "synthetic: frames per video")
@@ -171,10 +179,6 @@ class VideoConfig(RunConfig):
     def validate(self) -> None:
         need = self.require
         need(
-            self.dataset in DATASETS,
-            f"--dataset {self.dataset!r} is unknown: choose from {', '.join(DATASETS)}",
-        )
-        need(
             self.dataset == "synthetic" or self.data_dir,
             f"--dataset {self.dataset} needs --data-dir pointing at the frame folders",
         )
@@ -184,31 +188,10 @@ class VideoConfig(RunConfig):
             f"DCT dictionary needs at least {PATCH} atoms per dimension; pass --dust-atoms "
             f"{PATCH} or more",
         )
-        bad = [m for m in self.models if m not in MODELS]
-        need(
-            not bad,
-            f"--models: unknown model {bad[0] if bad else ''!r}: choose from {', '.join(MODELS)}",
-        )
         need(
             "vit" not in self.models or self.vit_checkpoint,
             "--models vit needs --vit-checkpoint FOLDER (a Hugging Face ViT folder with "
             "config.json and model.safetensors)",
-        )
-        need(
-            self.dust_dictionary in ("paper", "shared", "per-layer"),
-            f"--dust-dictionary must be paper, shared or per-layer, got {self.dust_dictionary!r}",
-        )
-        need(
-            self.dust_initial_code in ("dual", "adjoint", "zero"),
-            f"--dust-initial-code must be dual, adjoint or zero, got {self.dust_initial_code!r}",
-        )
-        need(
-            self.ut_attention in ("dot", "distance"),
-            f"--ut-attention must be dot or distance, got {self.ut_attention!r}",
-        )
-        need(
-            self.ut_tying in TYINGS,
-            f"--ut-tying must be one of {', '.join(TYINGS)}, got {self.ut_tying!r}",
         )
         need(
             self.num_videos >= 3,
@@ -217,10 +200,6 @@ class VideoConfig(RunConfig):
         need(
             self.num_frames >= self.seq_len,
             f"--num-frames ({self.num_frames}) must be >= --seq-len ({self.seq_len})",
-        )
-        need(
-            not self.inject_nan or self.inject_nan[0] in MODELS,
-            f"--inject-nan model must be one of {', '.join(MODELS)}",
         )
 
 
@@ -295,15 +274,21 @@ def vit_denoiser(vit, sigma: float) -> GroupModel:
     )
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class VideoData(VideoSplits):
+    """The video task's data: the splits and, with ``--models vit``, the pretrained ViT."""
+
+    vit: ViT | None = None
+
+
 class VideoTask(Task):
     name = "video_denoise"
     config_cls = VideoConfig
-    selection = ("val_objective", False)
 
-    def load(self, cfg) -> VideoSplits:
-        if "vit" in cfg.models:  # read the weights before the data: a bad folder fails fast
-            self._vit = load_vit(cfg.vit_checkpoint)
-        return load_video_data(
+    def load(self, cfg) -> VideoData:
+        # read the weights before the data: a bad folder fails fast
+        vit = load_vit(cfg.vit_checkpoint) if "vit" in cfg.models else None
+        splits = load_video_data(
             cfg.dataset,
             cfg.data_dir,
             seq_len=cfg.seq_len,
@@ -312,6 +297,9 @@ class VideoTask(Task):
             seed=cfg.data_rng_seed,
             max_videos=cfg.max_videos,
             keep_frames="vit" in cfg.models,
+        )
+        return VideoData(
+            **{f.name: getattr(splits, f.name) for f in dataclasses.fields(splits)}, vit=vit
         )
 
     def default_lr(self, cfg, name: str) -> float:
@@ -372,7 +360,7 @@ class VideoTask(Task):
 
     def build(self, cfg, data, name: str, structure) -> GroupModel:
         if name == "vit":
-            return vit_denoiser(self._vit, data.sigma)
+            return vit_denoiser(data.vit, data.sigma)
         per_layer = {"paper": structure == "per-layer", "shared": False, "per-layer": True}[
             cfg.dust_dictionary
         ]
@@ -420,7 +408,9 @@ class VideoTask(Task):
         return list(gamma_trains)
 
     def selection_for(self, cfg):
-        return ("val_mean_rmse", False) if cfg.select == "val-mean-rmse" else self.selection
+        if cfg.select == "val-mean-rmse":
+            return ("val_mean_rmse", False)
+        return ("val_objective", False)
 
     def val_metrics(self, cfg, val, val_gammas, gamma_train):
         """Where validation was scored over the test grid: its RMSE at each γ and their
@@ -458,7 +448,7 @@ class VideoTask(Task):
             lines.append(f"{r['label']}: " + " ".join(f"{1e4 * v:.1f}" for v in losses))
         return "\n".join(lines)
 
-    def figures(self, runs, ratios, out, gammas, cfg):
+    def figures(self, cfg, runs, ratios, out, gammas):
         paths = [out / "layer_loss.png", out / "rmse_vs_gamma.png"]
         plots.plot_layer_losses(
             runs, paths[0], title=f"mean test loss per layer at γ_train = {cfg.gamma_train}"

@@ -52,8 +52,8 @@ class RatioRecordingTextTask(TextTask):
     """The text task, also writing every run's per-sample ratio histograms (:func:`ratio_
     histograms`) to ``ratio_histograms.npz`` beside its figures, before ``results.json``."""
 
-    def figures(self, runs, ratios, out, gammas, cfg):
-        paths = super().figures(runs, ratios, out, gammas, cfg)
+    def figures(self, cfg, runs, ratios, out, gammas):
+        paths = super().figures(cfg, runs, ratios, out, gammas)
         counts, labels = ratio_histograms(runs, ratios)
 
         def write(f):
