@@ -54,12 +54,20 @@ mesh's data axis, means over the batch are global means, so multi-device runs eq
 
 The key handed to ``problem`` is ``fold_in(key, state.step)``: a fixed key still gives each step
 its own randomness, and a resumed run draws what the uninterrupted one would have.
+
+In the code, each update scheme is one small function (``_simultaneous``, ``_alternating``,
+``_extragradient``, ``_optimistic``) over shared pieces: ``_evaluate`` (one forward and its VJP),
+``_descend`` (one primal-dual update from an evaluation: ``_ascend`` for the multipliers, then
+the parameters' and slacks' descent) and ``_advance`` (the state after the step: slack restarts,
+violation, penalty).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -241,280 +249,439 @@ def make_constrained_step(
         raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
     if slack_restart_steps is not None and not slack_restart_steps >= 1:
         raise ValueError(f"slack_restart_steps must be >= 1 or None, got {slack_restart_steps}")
-    rho0 = float(getattr(formulation, "penalty", 0.0))
-    slack_tx = optax.chain(
-        optax.sgd(1e-2) if slack_optimizer is None else slack_optimizer, project_nonnegative()
+    spec = _Spec(
+        problem=problem,
+        primal=primal,
+        dual=dual,
+        formulation=formulation,
+        update=update,
+        dual_radius=dual_radius,
+        has_aux=has_aux,
+        project_params=project_params,
+        warmup_steps=warmup_steps,
+        slack_tx=optax.chain(
+            optax.sgd(1e-2) if slack_optimizer is None else slack_optimizer,
+            project_nonnegative(),
+        ),
+        slack_restart_steps=slack_restart_steps,
+        penalty=float(getattr(formulation, "penalty", 0.0)),
     )
-
-    def call(params, batch, key, hparams):
-        out = (
-            problem(params, batch, key) if hparams is None else problem(params, batch, key, hparams)
-        )
-        if not isinstance(out, tuple) or len(out) != (3 if has_aux else 2):
-            raise TypeError(
-                f"problem must return (objective, {{name: cudt.Constraint}}"
-                f"{', aux' if has_aux else ''}), got {type(out).__name__}"
-                + (f" of {len(out)} items" if isinstance(out, tuple) else "")
-                + ("" if has_aux else ": pass has_aux=True if it returns a third output")
-            )
-        _check_constraints(out[1])
-        return out
-
-    def init(
-        params,
-        batch=None,
-        num_indexed=None,
-        key=None,
-        *,
-        constraints=None,
-        hparams=None,
-        constrained=True,
-        lr=None,
-        dual_hparams=None,
-        penalty=None,
-    ) -> ConstrainedState:
-        num_indexed = dict(num_indexed or {})
-        if constraints is None:
-            key = jax.random.key(0) if key is None else key
-            constraints = jax.eval_shape(call, params, batch, key, hparams)[1]
-        _check_constraints(constraints)
-        unknown = set(num_indexed) - set(constraints)
-        if unknown:
-            raise ValueError(f"num_indexed names unknown constraints {sorted(unknown)}")
-        mult = {}
-        for name, c in constraints.items():
-            if c.index is not None:
-                if name not in num_indexed:
-                    raise ValueError(
-                        f"constraint {name!r} is indexed: pass num_indexed={{{name!r}: N}} to init"
-                    )
-                shape = (int(num_indexed[name]),) + tuple(c.value.shape[1:])
-            else:
-                shape = tuple(c.value.shape)
-            mult[name] = jnp.zeros(shape, c.value.dtype)
-        dual_state = {
-            n: dual.init(FreeSign(m) if constraints[n].kind == "eq" else m) for n, m in mult.items()
-        }
-        for name, value in dict(dual_hparams or {}).items():
-            if value is not None:
-                dual_state = set_learning_rate(dual_state, value, name)
-        # fresh buffers per field: a shared one could not be donated twice
-        slacks = {n: jnp.zeros_like(m) for n, m in mult.items() if constraints[n].has_slack}
-        params = _copy(params)
-        opt_state = primal.init(params)
-        if lr is not None:
-            opt_state = set_learning_rate(opt_state, lr)
-        rho = rho0 if penalty is None else penalty
-        prev = ()
-        if update == "optimistic":
-            prev = tuple(jax.tree.map(jnp.zeros_like, t) for t in (params, mult, slacks))
-        return ConstrainedState(
-            step=jnp.zeros((), jnp.int32),
-            params=params,
-            opt_state=opt_state,
-            multipliers=mult,
-            dual_state=dual_state,
-            slacks=slacks,
-            slack_state={n: slack_tx.init(u) for n, u in slacks.items()},
-            penalty={n: jnp.asarray(rho, jnp.float32) for n in mult},
-            violation={n: jnp.asarray(jnp.inf, jnp.float32) for n in mult},
-            prev_update=prev,
-            hparams=_copy(hparams),
-            constrained=jnp.asarray(constrained, bool),
-        )
-
-    def rows_of(tables, cons):
-        """The batch's rows of every (indexed) table: ``{name: rows}``."""
-        return {n: (t if cons[n].index is None else t[cons[n].index]) for n, t in tables.items()}
-
-    def evaluate(params, state, batch, key):
-        def outputs(p):
-            f, cons, *aux = call(p, batch, key, state.hparams)
-            return (f, {n: c.value for n, c in cons.items()}), (cons, aux)
-
-        (f, values), vjp_fn, (cons, aux) = jax.vjp(outputs, params, has_aux=True)
-        if set(cons) != set(state.multipliers) or {
-            n for n, c in cons.items() if c.has_slack
-        } != set(state.slacks):
-            raise ValueError(
-                f"problem returned constraints {sorted(cons)} (explicit slacks on "
-                f"{sorted(n for n, c in cons.items() if c.has_slack)}) but the state was built "
-                f"for {sorted(state.multipliers)} (slacks on {sorted(state.slacks)}): build the "
-                "state with init from the same problem"
-            )
-        return f, values, vjp_fn, cons, (aux[0] if aux else None)
-
-    def dual_gradient(values, lam, u, cons):
-        """``∇_λ`` of the (resilient) Lagrangian at the batch's rows, in the constraint's
-        ``scale``: ``g/s``, ``(g − u)/s`` (explicit slacks) or ``g/s − λ/α`` (the decay form)."""
-        out = {}
-        for n, c in cons.items():
-            d = values[n]
-            if c.has_slack:
-                d = d - u[n]
-            d = _per_scale(d, c)
-            if not c.has_slack and c.resilience is not None:
-                d = d - lam[n] / c.resilience
-            out[n] = d
-        return out
-
-    def dual_apply(state, grad, cons, active):
-        """New multipliers and dual states: the dual optimiser's update from ``grad`` applied at
-        ``state``'s multipliers (masked rows and runs keep theirs)."""
-        if not formulation.uses_multipliers:
-            return state.multipliers, state.dual_state
-        new_mult, new_dual = {}, {}
-        for n, c in cons.items():
-            wrap = FreeSign if c.kind == "eq" else (lambda x: x)
-            unwrap = (lambda x: x.value) if c.kind == "eq" else (lambda x: x)
-
-            def ascend(lam, ds, d=grad[n], wrap=wrap, unwrap=unwrap, eq=c.kind == "eq"):
-                u, ds_new = dual.update(wrap(d), ds, wrap(lam))
-                lam_new = lam + unwrap(u)
-                if dual_radius is not None:
-                    lam_new = jnp.clip(lam_new, -dual_radius if eq else 0.0, dual_radius)
-                return _where(active, (lam_new, ds_new), (lam, ds))
-
-            new_mult[n], new_dual[n] = _update_rows(
-                state.multipliers[n], state.dual_state[n], c.index, ascend
-            )
-        return new_mult, new_dual
-
-    def slack_apply(state, grad, cons, active):
-        """New explicit slacks and slack states: projected descent on ``grad`` (masked rows and
-        runs keep theirs)."""
-        new_u, new_s = {}, {}
-        for n in state.slacks:
-
-            def descend_slack(u, ss, d=grad[n]):
-                upd, ss_new = slack_tx.update(d, ss, u)
-                return _where(active, (u + upd, ss_new), (u, ss))
-
-            new_u[n], new_s[n] = _update_rows(
-                state.slacks[n], state.slack_state[n], cons[n].index, descend_slack
-            )
-        return new_u, new_s
-
-    def lagrangian(f, values, u, lam, rho, cons):
-        total = f
-        for n, c in cons.items():
-            g = values[n] - u[n] if c.has_slack else values[n]
-            total = total + formulation.term(g, lam[n], c.kind, _per_scale(rho[n], c))
-            if c.has_slack:
-                total = total + 0.5 * c.resilience * jnp.sum(_per_scale(u[n] ** 2, c))
-        return total
-
-    def descend(state, at, ev, active):
-        """The step's new variables and optimiser states from the gradients of ``ev``, the
-        evaluation at the point ``at = (params, multipliers, slacks)``, applied at ``state``'s
-        variables with ``state``'s optimiser states."""
-        f, values, vjp_fn, cons, _ = ev
-        lam_at = rows_of(at[1], cons)
-        u_at = rows_of(at[2], cons)
-        new_mult, new_dual = dual_apply(
-            state, dual_gradient(values, lam_at, u_at, cons), cons, active
-        )
-        lam = rows_of(new_mult, cons) if update == "alternating" else lam_at
-        L, ((cot_f, cot_v), grad_u) = jax.value_and_grad(
-            lambda fv, uu: lagrangian(fv[0], fv[1], uu, lam, state.penalty, cons), argnums=(0, 1)
-        )((f, values), u_at)
-        # ERM and the warm-up: the constraints do not reach the parameters
-        cot_v = jax.tree.map(lambda v: jnp.where(active, v, jnp.zeros_like(v)), cot_v)
-        (grads,) = vjp_fn((cot_f, cot_v))
-        p_updates, opt_state = primal.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, p_updates)
-        removed = None
-        if project_params is not None:
-            raw, params = params, project_params(params)
-            # the share of the primal update the projection takes back: ‖P(θ') − θ'‖ / ‖θ' − θ‖
-            moved = jax.tree.map(lambda a, b: a - b, params, raw)
-            removed = optax.tree.norm(moved) / jnp.maximum(optax.tree.norm(p_updates), 1e-30)
-        new_u, new_slack_state = slack_apply(state, grad_u, cons, active)
-        return (
-            (params, new_mult, new_u),
-            (opt_state, new_dual, new_slack_state),
-            p_updates,
-            L,
-            grads,
-            removed,
-        )
+    scheme = _SCHEMES[update]
 
     def step(state: ConstrainedState, batch, key):
-        key = jax.random.fold_in(key, state.step)
-        active = state.constrained
-        if warmup_steps > 0:
-            active = active & (state.step >= warmup_steps)
-        here = (state.params, state.multipliers, state.slacks)
-        if update == "optimistic":
-            at = (optax.apply_updates(state.params, state.prev_update[0]),) + tuple(
-                _add(x, d) for x, d in zip(here[1:], state.prev_update[1:], strict=True)
-            )
-        else:
-            at = here
-        ev = evaluate(at[0], state, batch, key)
-        shown, shown_at = ev, at
-        if update == "extragradient":
-            at, *_ = descend(state, here, ev, active)
-            ev = evaluate(at[0], state, batch, key)
-        new, (opt_state, dual_state, slack_state), p_updates, L, grads, removed = descend(
-            state, at, ev, active
-        )
-        params, multipliers, slacks = new
-        if slack_restart_steps is not None:
-            restart = (state.step + 1) % slack_restart_steps == 0
-            slacks = jax.tree.map(lambda u: jnp.where(restart, jnp.zeros_like(u), u), slacks)
-
-        f, values, _, cons, aux = shown
-        lam_now = rows_of(shown_at[1], cons)
-        violation = {
-            n: jnp.sqrt(
-                jnp.mean(formulation.violation(_per_scale(values[n], c), lam_now[n], c.kind) ** 2)
-            )
-            for n, c in cons.items()
-        }
-        penalty = {
-            n: jnp.where(
-                active,
-                formulation.next_penalty(state.penalty[n], state.violation[n], violation[n]),
-                state.penalty[n],
-            )
-            for n in values
-        }
-        violation = _where(active, violation, state.violation)
-        prev = ()
-        if update == "optimistic":
-            prev = (
-                p_updates,
-                jax.tree.map(lambda a, b: a - b, multipliers, state.multipliers),
-                jax.tree.map(lambda a, b: a - b, slacks, state.slacks),
-            )
-        new_state = state.replace(
-            step=state.step + 1,
-            params=params,
-            opt_state=opt_state,
-            multipliers=multipliers,
-            dual_state=dual_state,
-            slacks=slacks,
-            slack_state=slack_state,
-            penalty=penalty,
-            violation=violation,
-            prev_update=prev,
-        )
-        if update == "extragradient":  # the metrics are those of the point x_t, as elsewhere
-            L = lagrangian(f, values, rows_of(state.slacks, cons), lam_now, state.penalty, cons)
-        metrics = {
-            "objective": f,
-            "lagrangian": L,
-            "constraints": {n: jnp.mean(v) for n, v in values.items()},
-            "violation": violation,
-            "grad_norm": optax.tree.norm(grads),
-        }
-        if removed is not None:
-            metrics["projection"] = removed
-        if has_aux:
-            metrics["aux"] = aux
-        return new_state, metrics
+        return _step(spec, scheme, state, batch, key)
 
     if jit:
         step = jax.jit(step, donate_argnums=(0,) if donate else ())
-    return init, step
+    return functools.partial(_init, spec), step
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """What :func:`make_constrained_step` was given, checked: the static part of every step."""
+
+    problem: Callable
+    primal: optax.GradientTransformation
+    dual: optax.GradientTransformation
+    formulation: Any
+    update: str
+    dual_radius: float | None
+    has_aux: bool
+    project_params: Callable[[Any], Any] | None
+    warmup_steps: int
+    slack_tx: optax.GradientTransformation  # the slack optimiser, projected onto u >= 0
+    slack_restart_steps: int | None
+    penalty: float  # ρ of a new run: the formulation's (0 without one)
+
+
+class _Evaluation(NamedTuple):
+    """The problem at one point: its outputs and the VJP that turns cotangents into gradients."""
+
+    f: jax.Array  # the objective
+    values: dict  # name -> the constraint's values
+    vjp_fn: Callable  # (cot_f, {name: cot}) -> (∇_θ,)
+    cons: dict  # name -> Constraint, as the problem returned it
+    aux: Any
+
+
+class _Descent(NamedTuple):
+    """One primal-dual update from an evaluation: where it goes and what it measured."""
+
+    variables: tuple  # (params, multipliers, slacks)
+    opt_states: tuple  # (opt_state, dual_state, slack_state)
+    p_updates: Any  # the primal update (before any projection)
+    lagrangian: jax.Array
+    grads: Any  # the primal gradient
+    projection: jax.Array | None  # the share of the update project_params took back
+
+
+# -- the problem and a new state ------------------------------------------------------------------
+
+
+def _call(spec: _Spec, params, batch, key, hparams):
+    """``problem``'s outputs, checked."""
+    problem = spec.problem
+    out = problem(params, batch, key) if hparams is None else problem(params, batch, key, hparams)
+    if not isinstance(out, tuple) or len(out) != (3 if spec.has_aux else 2):
+        raise TypeError(
+            f"problem must return (objective, {{name: cudt.Constraint}}"
+            f"{', aux' if spec.has_aux else ''}), got {type(out).__name__}"
+            + (f" of {len(out)} items" if isinstance(out, tuple) else "")
+            + ("" if spec.has_aux else ": pass has_aux=True if it returns a third output")
+        )
+    _check_constraints(out[1])
+    return out
+
+
+def _zero_multipliers(constraints, num_indexed: dict) -> dict:
+    """``{name: 0}`` shaped like each constraint's values (indexed: a table of ``N`` rows)."""
+    unknown = set(num_indexed) - set(constraints)
+    if unknown:
+        raise ValueError(f"num_indexed names unknown constraints {sorted(unknown)}")
+    mult = {}
+    for name, c in constraints.items():
+        if c.index is not None:
+            if name not in num_indexed:
+                raise ValueError(
+                    f"constraint {name!r} is indexed: pass num_indexed={{{name!r}: N}} to init"
+                )
+            shape = (int(num_indexed[name]),) + tuple(c.value.shape[1:])
+        else:
+            shape = tuple(c.value.shape)
+        mult[name] = jnp.zeros(shape, c.value.dtype)
+    return mult
+
+
+def _init(
+    spec: _Spec,
+    params,
+    batch=None,
+    num_indexed=None,
+    key=None,
+    *,
+    constraints=None,
+    hparams=None,
+    constrained=True,
+    lr=None,
+    dual_hparams=None,
+    penalty=None,
+) -> ConstrainedState:
+    """``init`` of :func:`make_constrained_step` (its docstring says what each argument does)."""
+    num_indexed = dict(num_indexed or {})
+    if constraints is None:
+        key = jax.random.key(0) if key is None else key
+        constraints = jax.eval_shape(functools.partial(_call, spec), params, batch, key, hparams)[1]
+    _check_constraints(constraints)
+    mult = _zero_multipliers(constraints, num_indexed)
+    dual_state = {
+        n: spec.dual.init(FreeSign(m) if constraints[n].kind == "eq" else m)
+        for n, m in mult.items()
+    }
+    for name, value in dict(dual_hparams or {}).items():
+        if value is not None:
+            dual_state = set_learning_rate(dual_state, value, name)
+    # fresh buffers per field: a shared one could not be donated twice
+    slacks = {n: jnp.zeros_like(m) for n, m in mult.items() if constraints[n].has_slack}
+    params = _copy(params)
+    opt_state = spec.primal.init(params)
+    if lr is not None:
+        opt_state = set_learning_rate(opt_state, lr)
+    rho = spec.penalty if penalty is None else penalty
+    prev = ()
+    if spec.update == "optimistic":
+        prev = tuple(jax.tree.map(jnp.zeros_like, t) for t in (params, mult, slacks))
+    return ConstrainedState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=opt_state,
+        multipliers=mult,
+        dual_state=dual_state,
+        slacks=slacks,
+        slack_state={n: spec.slack_tx.init(u) for n, u in slacks.items()},
+        penalty={n: jnp.asarray(rho, jnp.float32) for n in mult},
+        violation={n: jnp.asarray(jnp.inf, jnp.float32) for n in mult},
+        prev_update=prev,
+        hparams=_copy(hparams),
+        constrained=jnp.asarray(constrained, bool),
+    )
+
+
+# -- the shared pieces of a step ------------------------------------------------------------------
+
+
+def _rows_of(tables, cons):
+    """The batch's rows of every (indexed) table: ``{name: rows}``."""
+    return {n: (t if cons[n].index is None else t[cons[n].index]) for n, t in tables.items()}
+
+
+def _point(state: ConstrainedState) -> tuple:
+    """``x_t = (θ_t, λ_t, u_t)``: the state's variables."""
+    return state.params, state.multipliers, state.slacks
+
+
+def _evaluate(spec: _Spec, params, state: ConstrainedState, batch, key) -> _Evaluation:
+    """One forward of the problem at ``params``, with its VJP (the gradients come later, from
+    cotangents the formulation builds)."""
+
+    def outputs(p):
+        f, cons, *aux = _call(spec, p, batch, key, state.hparams)
+        return (f, {n: c.value for n, c in cons.items()}), (cons, aux)
+
+    (f, values), vjp_fn, (cons, aux) = jax.vjp(outputs, params, has_aux=True)
+    if set(cons) != set(state.multipliers) or {n for n, c in cons.items() if c.has_slack} != set(
+        state.slacks
+    ):
+        raise ValueError(
+            f"problem returned constraints {sorted(cons)} (explicit slacks on "
+            f"{sorted(n for n, c in cons.items() if c.has_slack)}) but the state was built "
+            f"for {sorted(state.multipliers)} (slacks on {sorted(state.slacks)}): build the "
+            "state with init from the same problem"
+        )
+    return _Evaluation(f, values, vjp_fn, cons, aux[0] if aux else None)
+
+
+def _dual_gradient(values, lam, u, cons):
+    """``∇_λ`` of the (resilient) Lagrangian at the batch's rows, in the constraint's
+    ``scale``: ``g/s``, ``(g − u)/s`` (explicit slacks) or ``g/s − λ/α`` (the decay form)."""
+    out = {}
+    for n, c in cons.items():
+        d = values[n]
+        if c.has_slack:
+            d = d - u[n]
+        d = _per_scale(d, c)
+        if not c.has_slack and c.resilience is not None:
+            d = d - lam[n] / c.resilience
+        out[n] = d
+    return out
+
+
+def _lagrangian(formulation, f, values, u, lam, rho, cons):
+    """The objective plus every constraint's term (and explicit slacks' costs)."""
+    total = f
+    for n, c in cons.items():
+        g = values[n] - u[n] if c.has_slack else values[n]
+        total = total + formulation.term(g, lam[n], c.kind, _per_scale(rho[n], c))
+        if c.has_slack:
+            total = total + 0.5 * c.resilience * jnp.sum(_per_scale(u[n] ** 2, c))
+    return total
+
+
+def _ascend_one(spec: _Spec, c: Constraint, d, active, lam, ds):
+    """One constraint's multipliers (or the batch's rows of them) and dual state after the dual
+    optimiser's step on ``d``, clipped to ``dual_radius``; unchanged where not ``active``."""
+    eq = c.kind == "eq"
+    wrap = FreeSign if eq else (lambda x: x)
+    u, ds_new = spec.dual.update(wrap(d), ds, wrap(lam))
+    lam_new = lam + (u.value if eq else u)
+    if spec.dual_radius is not None:
+        lam_new = jnp.clip(lam_new, -spec.dual_radius if eq else 0.0, spec.dual_radius)
+    return _where(active, (lam_new, ds_new), (lam, ds))
+
+
+def _ascend(spec: _Spec, state: ConstrainedState, grad, cons, active):
+    """New multipliers and dual states: the dual optimiser's update from ``grad`` applied at
+    ``state``'s multipliers (masked rows and runs keep theirs)."""
+    if not spec.formulation.uses_multipliers:
+        return state.multipliers, state.dual_state
+    new_mult, new_dual = {}, {}
+    for n, c in cons.items():
+        new_mult[n], new_dual[n] = _update_rows(
+            state.multipliers[n],
+            state.dual_state[n],
+            c.index,
+            functools.partial(_ascend_one, spec, c, grad[n], active),
+        )
+    return new_mult, new_dual
+
+
+def _descend_slack(spec: _Spec, d, active, u, ss):
+    upd, ss_new = spec.slack_tx.update(d, ss, u)
+    return _where(active, (u + upd, ss_new), (u, ss))
+
+
+def _descend_slacks(spec: _Spec, state: ConstrainedState, grad, cons, active):
+    """New explicit slacks and slack states: projected descent on ``grad`` (masked rows and
+    runs keep theirs)."""
+    new_u, new_s = {}, {}
+    for n in state.slacks:
+        new_u[n], new_s[n] = _update_rows(
+            state.slacks[n],
+            state.slack_state[n],
+            cons[n].index,
+            functools.partial(_descend_slack, spec, grad[n], active),
+        )
+    return new_u, new_s
+
+
+def _descend_params(spec: _Spec, state: ConstrainedState, grads):
+    """The primal optimiser's step from ``state``'s parameters, then ``project_params``:
+    ``(params, opt_state, updates, the share of the updates the projection took back)``."""
+    p_updates, opt_state = spec.primal.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, p_updates)
+    removed = None
+    if spec.project_params is not None:
+        raw, params = params, spec.project_params(params)
+        # the share of the primal update the projection takes back: ‖P(θ') − θ'‖ / ‖θ' − θ‖
+        moved = jax.tree.map(lambda a, b: a - b, params, raw)
+        removed = optax.tree.norm(moved) / jnp.maximum(optax.tree.norm(p_updates), 1e-30)
+    return params, opt_state, p_updates, removed
+
+
+def _descend(
+    spec: _Spec, state: ConstrainedState, at, ev: _Evaluation, active, *, dual_first=False
+) -> _Descent:
+    """The step's new variables and optimiser states from the gradients of ``ev``, the
+    evaluation at the point ``at = (params, multipliers, slacks)``, applied at ``state``'s
+    variables with ``state``'s optimiser states. ``dual_first``: the primal gradient uses the
+    multipliers after the dual step (alternating), else those at ``at``."""
+    cons = ev.cons
+    lam_at = _rows_of(at[1], cons)
+    u_at = _rows_of(at[2], cons)
+    new_mult, new_dual = _ascend(
+        spec, state, _dual_gradient(ev.values, lam_at, u_at, cons), cons, active
+    )
+    lam = _rows_of(new_mult, cons) if dual_first else lam_at
+    L, ((cot_f, cot_v), grad_u) = jax.value_and_grad(
+        lambda fv, uu: _lagrangian(spec.formulation, fv[0], fv[1], uu, lam, state.penalty, cons),
+        argnums=(0, 1),
+    )((ev.f, ev.values), u_at)
+    # ERM and the warm-up: the constraints do not reach the parameters
+    cot_v = jax.tree.map(lambda v: jnp.where(active, v, jnp.zeros_like(v)), cot_v)
+    (grads,) = ev.vjp_fn((cot_f, cot_v))
+    params, opt_state, p_updates, removed = _descend_params(spec, state, grads)
+    new_u, new_slack_state = _descend_slacks(spec, state, grad_u, cons, active)
+    return _Descent(
+        (params, new_mult, new_u),
+        (opt_state, new_dual, new_slack_state),
+        p_updates,
+        L,
+        grads,
+        removed,
+    )
+
+
+def _advance(spec: _Spec, state, active, shown: _Evaluation, shown_at, d: _Descent):
+    """The state after the step ``d``: slack restarts, and the violation and penalty measured by
+    ``shown``, the evaluation at ``shown_at``. Also returns ``shown_at``'s multipliers' rows."""
+    params, multipliers, slacks = d.variables
+    opt_state, dual_state, slack_state = d.opt_states
+    if spec.slack_restart_steps is not None:
+        restart = (state.step + 1) % spec.slack_restart_steps == 0
+        slacks = jax.tree.map(lambda u: jnp.where(restart, jnp.zeros_like(u), u), slacks)
+    form, cons, values = spec.formulation, shown.cons, shown.values
+    lam = _rows_of(shown_at[1], cons)
+    violation = {
+        n: jnp.sqrt(jnp.mean(form.violation(_per_scale(values[n], c), lam[n], c.kind) ** 2))
+        for n, c in cons.items()
+    }
+    penalty = {
+        n: jnp.where(
+            active,
+            form.next_penalty(state.penalty[n], state.violation[n], violation[n]),
+            state.penalty[n],
+        )
+        for n in values
+    }
+    violation = _where(active, violation, state.violation)
+    new_state = state.replace(
+        step=state.step + 1,
+        params=params,
+        opt_state=opt_state,
+        multipliers=multipliers,
+        dual_state=dual_state,
+        slacks=slacks,
+        slack_state=slack_state,
+        penalty=penalty,
+        violation=violation,
+        prev_update=(),
+    )
+    return new_state, lam
+
+
+def _metrics(spec: _Spec, shown: _Evaluation, lagrangian, violation, d: _Descent) -> dict:
+    metrics = {
+        "objective": shown.f,
+        "lagrangian": lagrangian,
+        "constraints": {n: jnp.mean(v) for n, v in shown.values.items()},
+        "violation": violation,
+        "grad_norm": optax.tree.norm(d.grads),
+    }
+    if d.projection is not None:
+        metrics["projection"] = d.projection
+    if spec.has_aux:
+        metrics["aux"] = shown.aux
+    return metrics
+
+
+# -- the update schemes ---------------------------------------------------------------------------
+
+
+def _simultaneous(spec: _Spec, state, batch, key, active, *, dual_first=False):
+    """Both gradients at ``x_t = (θ_t, λ_t, u_t)``, from one forward."""
+    here = _point(state)
+    ev = _evaluate(spec, here[0], state, batch, key)
+    d = _descend(spec, state, here, ev, active, dual_first=dual_first)
+    new_state, _ = _advance(spec, state, active, ev, here, d)
+    return new_state, _metrics(spec, ev, d.lagrangian, new_state.violation, d)
+
+
+def _alternating(spec: _Spec, state, batch, key, active):
+    """Dual, then primal: ``λ_{t+1}`` from the constraints at ``θ_t``, then ``θ_{t+1}`` from the
+    Lagrangian at ``(θ_t, λ_{t+1})``. One forward: both use the constraint values at ``θ_t``,
+    so this is the simultaneous step with the dual update first."""
+    return _simultaneous(spec, state, batch, key, active, dual_first=True)
+
+
+def _extragradient(spec: _Spec, state, batch, key, active):
+    """Korpelevich (Cooper's ``ExtraSGD``): two gradients per step. The first, at ``x_t``, gives
+    the extrapolated point ``x̃ = x_t + Δ(x_t)``; the second, at ``x̃``, gives the update applied
+    at ``x_t``. The optimisers' states advance once, by the second update (the extrapolation's
+    are discarded); the metrics are those of ``x_t``, as in the other schemes."""
+    here = _point(state)
+    shown = _evaluate(spec, here[0], state, batch, key)
+    at = _descend(spec, state, here, shown, active).variables
+    ev = _evaluate(spec, at[0], state, batch, key)
+    d = _descend(spec, state, at, ev, active)
+    new_state, lam = _advance(spec, state, active, shown, here, d)
+    u = _rows_of(state.slacks, shown.cons)
+    L = _lagrangian(spec.formulation, shown.f, shown.values, u, lam, state.penalty, shown.cons)
+    return new_state, _metrics(spec, shown, L, new_state.violation, d)
+
+
+def _optimistic(spec: _Spec, state, batch, key, active):
+    """Popov (extrapolation from the past): one gradient per step, at ``x_t + Δ_{t−1}`` (the
+    previous step's update, kept in ``state.prev_update``), applied at ``x_t``; the metrics are
+    those of that extrapolated point."""
+    here = _point(state)
+    at = (optax.apply_updates(state.params, state.prev_update[0]),) + tuple(
+        _add(x, d) for x, d in zip(here[1:], state.prev_update[1:], strict=True)
+    )
+    ev = _evaluate(spec, at[0], state, batch, key)
+    d = _descend(spec, state, at, ev, active)
+    new_state, _ = _advance(spec, state, active, ev, at, d)
+    new_state = new_state.replace(
+        prev_update=(
+            d.p_updates,
+            jax.tree.map(lambda a, b: a - b, new_state.multipliers, state.multipliers),
+            jax.tree.map(lambda a, b: a - b, new_state.slacks, state.slacks),
+        )
+    )
+    return new_state, _metrics(spec, ev, d.lagrangian, new_state.violation, d)
+
+
+_SCHEMES = {
+    "simultaneous": _simultaneous,
+    "alternating": _alternating,
+    "extragradient": _extragradient,
+    "optimistic": _optimistic,
+}
+
+
+def _step(spec: _Spec, scheme: Callable, state: ConstrainedState, batch, key):
+    """One step of ``scheme``: the key of this step, and the mask of the constraints (off for
+    ERM runs and during the warm-up)."""
+    key = jax.random.fold_in(key, state.step)
+    active = state.constrained
+    if spec.warmup_steps > 0:
+        active = active & (state.step >= spec.warmup_steps)
+    return scheme(spec, state, batch, key, active)

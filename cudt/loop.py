@@ -245,129 +245,136 @@ def train_group(
     num_runs = keys.shape[0]
     every = checkpoint_every or chunk_steps
     curve_every = curve_every or max(1, -(-chunk_steps // 10))
-    frozen = jnp.zeros((num_runs,), bool)
-    divergences: list[Divergence | None] = [None] * num_runs
-    history: list[dict[str, np.ndarray]] = []
-    curves: list[dict[str, np.ndarray]] = []
-    max_multipliers = None
-    resumed_from = None
-    resharded = None
     here = placement(shardings)
-    # a save killed before it was committed leaves orbax's temporary folder: the latest
-    # complete checkpoint is the one to resume from, and the partial one goes
-    interrupted = checkpointer.discard_interrupted_saves() if checkpointer is not None else []
-    if shardings is not None:
-        # on the mesh first, so a checkpoint is restored straight into sharded arrays (on a
-        # multi-host job each process then reads only its own shards)
-        states = shardings.put_states(states)
-    if checkpointer is not None and checkpointer.latest_step() is not None:
-        target = jax.tree.map(_abstract, states)
-        for leaf in jax.tree.leaves(states):
-            if isinstance(leaf, jax.Array) and not leaf.is_deleted():
-                leaf.delete()
-        del states
-        states, loop = checkpointer.restore(target)
-        resumed_from = checkpointer.latest_step()
-        frozen = jnp.asarray(loop["frozen"], bool)
-        divergences = [None if d is None else Divergence(**d) for d in loop["divergences"]]
-        history = _history_from_json(loop["history"])
-        curves = _history_from_json(loop.get("curves", []))
-        if loop.get("max_multipliers") is not None:
-            max_multipliers = np.asarray(loop["max_multipliers"], np.float64)
-        saved_on = loop.get("placement")  # absent in checkpoints of an earlier cudt
-        if saved_on is not None and saved_on != here:
-            resharded = (saved_on, here)
-    fault_runs, fault_step = fault if fault is not None else ((), -1)
-    fault_mask = np.zeros((num_runs,), bool)
-    fault_mask[np.asarray(fault_runs, int).reshape(-1)] = True
-    with_data = data is not None or extras is not None
+    states, record = _start(checkpointer, states, shardings, num_runs, here)
+    program = _ChunkProgram(
+        step_fn,
+        make_batch,
+        num_runs=num_runs,
+        watch=watch,
+        fault=fault,
+        with_data=data is not None or extras is not None,
+        shardings=shardings,
+        run_axis=run_axis,
+    )
     if extras is None:
         extras = jnp.zeros((num_runs,), jnp.float32)  # a placeholder to vmap over
     if shardings is not None:
         states = shardings.put_states(states)
-        keys, frozen, extras = shardings.put_runs((keys, frozen, extras))
+        keys, record.frozen, extras = shardings.put_runs((keys, record.frozen, extras))
         data = shardings.put_replicated(data)
-
-    def run_chunk(state, frozen, key, run, extra, data, n):
-        """``n`` steps of ONE run (a ``lax.scan``); a run whose watched metrics turn non-finite
-        is frozen: its state stays that of its last finite step."""
-
-        def body(carry, _):
-            state, frozen = carry
-            if with_data:
-                batch = make_batch(key, state.step, data, extra)
-            else:
-                batch = make_batch(key, state.step)
-            if shardings is not None:
-                batch = shardings.constrain_batch(batch)
-            if fault is not None:
-                poison = jnp.asarray(fault_mask)[run] & (state.step + 1 == fault_step)
-                batch = jax.tree.map(
-                    lambda b: (
-                        jnp.where(poison, jnp.nan, b)
-                        if jnp.issubdtype(b.dtype, jnp.floating)
-                        else b
-                    ),
-                    batch,
-                )
-            new_state, metrics = step_fn(state, batch, key)
-            finite = jnp.ones((), bool)
-            for name in watch:
-                if name in metrics:
-                    finite &= jnp.all(jnp.isfinite(metrics[name]))
-            frozen = frozen | ~finite
-            new_state = jax.tree.map(lambda new, old: jnp.where(frozen, old, new), new_state, state)
-            return (new_state, frozen), metrics
-
-        return jax.lax.scan(body, (state, frozen), None, length=n)
-
-    compiled: dict[int, Callable] = {}
-
-    def chunk_fn(n: int):
-        if n not in compiled:
-
-            def f(states, frozen, data, keys, extras):
-                # The runs map OUTSIDE the scan over steps: on CPU (``lax.map``) each run takes
-                # its n steps in turn with its own arrays hot in cache, as separate runs would
-                # (docs/speed.md); vmapped, it is the same program as a scan of vmapped steps.
-                return map_runs(
-                    functools.partial(run_chunk, data=data, n=n),
-                    states,
-                    frozen,
-                    keys,
-                    jnp.arange(num_runs),
-                    extras,
-                    how=run_axis,
-                    spmd_axis_name=None if shardings is None else shardings.run_axis,
-                )
-
-            compiled[n] = jax.jit(f, donate_argnums=(0,))
-        return compiled[n]
-
     fetch = jax.device_get if shardings is None else shardings.to_host
     done = int(np.asarray(fetch(states.step)).reshape(-1)[0])
     if progress is not None and done:
         progress.update(done)
-    last_saved = resumed_from
+    last_saved = record.resumed_from
     for end in chunk_boundaries(done, num_steps, chunk_steps, every):
         n = end - done
-        (states, frozen), metrics = chunk_fn(n)(states, frozen, data, keys, extras)
+        (states, record.frozen), metrics = program(n)(states, record.frozen, data, keys, extras)
         metrics = {k: np.swapaxes(v, 0, 1) for k, v in fetch(metrics).items()}  # [n, R, ...]
+        record.add_curves(metrics, done, n, curve_every)
+        record.add_divergences(metrics, done, watch, last_saved, checkpointer, on_divergence)
+        entry = record.add_history(metrics, end)
+        done = end
+        if checkpointer is not None and (done % every == 0 or done == num_steps):
+            checkpointer.save(done, states, record.to_json(fetch, here))
+            last_saved = done
+        if progress is not None:
+            _show_progress(progress, n, entry)
+    if checkpointer is not None:
+        checkpointer.wait()
+    return record.result(states, fetch)
+
+
+@dataclasses.dataclass
+class _Record:
+    """What the loop keeps of its runs beside their states: a :class:`LoopResult` but the
+    states. Checkpoints save it with them (:meth:`to_json`), the start aside."""
+
+    frozen: Any  # [R] bool, on the device: runs kept at their last finite state
+    divergences: list[Divergence | None]  # per run
+    history: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+    curves: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+    max_multipliers: np.ndarray | None = None  # [R, L+1]
+    # the start: as LoopResult's
+    resumed_from: int | None = None
+    resharded: tuple[dict, dict] | None = None
+    interrupted: list[int] = dataclasses.field(default_factory=list)
+
+    def result(self, states: Any, fetch: Callable) -> LoopResult:
+        return LoopResult(
+            states,
+            self.history,
+            np.asarray(fetch(self.frozen)),
+            self.divergences,
+            self.resumed_from,
+            self.curves,
+            self.max_multipliers,
+            self.resharded,
+            self.interrupted,
+        )
+
+    @classmethod
+    def from_json(cls, loop: dict) -> _Record:
+        """The record a checkpoint saved (``loop``: :meth:`to_json`'s, or an earlier cudt's)."""
+        max_multipliers = None
+        if loop.get("max_multipliers") is not None:
+            max_multipliers = np.asarray(loop["max_multipliers"], np.float64)
+        return cls(
+            jnp.asarray(loop["frozen"], bool),
+            [None if d is None else Divergence(**d) for d in loop["divergences"]],
+            _history_from_json(loop["history"]),
+            _history_from_json(loop.get("curves", [])),
+            max_multipliers,
+        )
+
+    def to_json(self, fetch: Callable, here: dict) -> dict:
+        """The record as a checkpoint saves it, with ``here``, the states' placement."""
+        return {
+            "frozen": np.asarray(fetch(self.frozen)).tolist(),
+            "divergences": [None if d is None else d.to_json() for d in self.divergences],
+            "history": _history_to_json(self.history),
+            "curves": _history_to_json(self.curves),
+            "max_multipliers": (
+                None if self.max_multipliers is None else self.max_multipliers.tolist()
+            ),
+            "placement": here,
+        }
+
+    def add_curves(self, metrics: dict, done: int, n: int, curve_every: int) -> None:
+        """A chunk's metrics ``[n, R, ...]`` from step ``done``: the running max of the
+        multipliers, and every ``curve_every``-th step's curve metrics (and the chunk's last)."""
         if "multipliers" in metrics:
             with warnings.catch_warnings():  # a diverged run's NaN multipliers are expected
                 warnings.simplefilter("ignore", RuntimeWarning)
                 chunk_max = np.nanmax(np.asarray(metrics["multipliers"], np.float64), axis=0)
-            max_multipliers = (
-                chunk_max if max_multipliers is None else np.fmax(max_multipliers, chunk_max)
+            self.max_multipliers = (
+                chunk_max
+                if self.max_multipliers is None
+                else np.fmax(self.max_multipliers, chunk_max)
             )
         for i in range(n):
             if (done + i + 1) % curve_every == 0 or i == n - 1:
-                curves.append(
+                self.curves.append(
                     {"step": np.asarray(done + i + 1)}
                     | {k: np.asarray(v[i]) for k, v in metrics.items() if k in CURVE_METRICS}
                 )
-        for r in range(num_runs):
-            if divergences[r] is not None:
+
+    def add_divergences(self, metrics, done, watch, last_saved, checkpointer, on_divergence):
+        """Records the runs not yet diverged whose watched metrics turned non-finite in this
+        chunk (from step ``done``), each at its first such step, after pinning their last good
+        checkpoint (``last_saved``); then tells ``on_divergence``."""
+        for divergence in self._new_divergences(metrics, done, watch, last_saved):
+            if last_saved is not None and checkpointer is not None:
+                checkpointer.pin(last_saved)
+            self.divergences[divergence.run] = divergence
+            if on_divergence is not None:
+                on_divergence(divergence)
+
+    def _new_divergences(self, metrics, done, watch, last_saved) -> list[Divergence]:
+        found = []
+        for r, known in enumerate(self.divergences):
+            if known is not None:
                 continue
             bad = next(
                 (
@@ -379,52 +386,147 @@ def train_group(
             )
             if bad is None:
                 continue
-            row = next(i for i in range(n) if not np.all(np.isfinite(metrics[bad][i, r])))
-            if last_saved is not None and checkpointer is not None:
-                checkpointer.pin(last_saved)
-            divergences[r] = Divergence(r, done + row + 1, bad, last_saved)
-            if on_divergence is not None:
-                on_divergence(divergences[r])
+            row = next(
+                i for i in range(len(metrics[bad])) if not np.all(np.isfinite(metrics[bad][i, r]))
+            )
+            found.append(Divergence(r, done + row + 1, bad, last_saved))
+        return found
+
+    def add_history(self, metrics: dict, end: int) -> dict[str, np.ndarray]:
+        """The chunk's history entry (at step ``end``: each metric's mean over the chunk's
+        steps, NaN steps left out), appended and returned."""
         entry = {"step": np.asarray(end)}
         for name, value in metrics.items():
             with warnings.catch_warnings():  # an all-NaN column (a diverged run) is expected
                 warnings.simplefilter("ignore", RuntimeWarning)
                 entry[name] = np.nanmean(value, axis=0) if value.ndim >= 2 else value
-        history.append(entry)
-        done = end
-        if checkpointer is not None and (done % every == 0 or done == num_steps):
-            checkpointer.save(
-                done,
-                states,
-                {
-                    "frozen": np.asarray(fetch(frozen)).tolist(),
-                    "divergences": [None if d is None else d.to_json() for d in divergences],
-                    "history": _history_to_json(history),
-                    "curves": _history_to_json(curves),
-                    "max_multipliers": (
-                        None if max_multipliers is None else max_multipliers.tolist()
-                    ),
-                    "placement": here,
-                },
-            )
-            last_saved = done
-        if progress is not None:
-            progress.update(n)
-            obj = entry.get("objective")
-            if obj is not None:
-                progress.set_postfix_str(
-                    "loss " + " ".join(f"{v:.3g}" for v in np.atleast_1d(obj)), refresh=False
+        self.history.append(entry)
+        return entry
+
+
+def _start(checkpointer: GroupCheckpointer | None, states: Any, shardings, num_runs: int, here):
+    """``(states, record)`` to train from: ``states`` (placed by ``shardings``) with a fresh
+    record, or ``checkpointer``'s latest checkpoint (:func:`_restore`)."""
+    # a save killed before it was committed leaves orbax's temporary folder: the latest
+    # complete checkpoint is the one to resume from, and the partial one goes
+    interrupted = checkpointer.discard_interrupted_saves() if checkpointer is not None else []
+    if shardings is not None:
+        # on the mesh first, so a checkpoint is restored straight into sharded arrays (on a
+        # multi-host job each process then reads only its own shards)
+        states = shardings.put_states(states)
+    if checkpointer is None or checkpointer.latest_step() is None:
+        record = _Record(jnp.zeros((num_runs,), bool), [None] * num_runs)
+    else:
+        states, record = _restore(checkpointer, states, here)
+    record.interrupted = interrupted
+    return states, record
+
+
+def _restore(checkpointer: GroupCheckpointer, states: Any, here: dict):
+    """``(states, record)`` from ``checkpointer``'s latest checkpoint, restored into the
+    structure and placement of ``states``, whose arrays are deleted first (a resume never holds
+    two states)."""
+    target = jax.tree.map(_abstract, states)
+    for leaf in jax.tree.leaves(states):
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+            leaf.delete()
+    del states
+    states, loop = checkpointer.restore(target)
+    record = _Record.from_json(loop)
+    record.resumed_from = checkpointer.latest_step()
+    saved_on = loop.get("placement")  # absent in checkpoints of an earlier cudt
+    if saved_on is not None and saved_on != here:
+        record.resharded = (saved_on, here)
+    return states, record
+
+
+def _show_progress(progress: Any, n: int, entry: dict) -> None:
+    progress.update(n)
+    obj = entry.get("objective")
+    if obj is not None:
+        progress.set_postfix_str(
+            "loss " + " ".join(f"{v:.3g}" for v in np.atleast_1d(obj)), refresh=False
+        )
+
+
+@dataclasses.dataclass
+class _ChunkProgram:
+    """A group's compiled chunks: ``program(n)`` is the jitted ``(states, frozen, data, keys,
+    extras) -> ((states, frozen), metrics [R, n, ...])`` of ``n`` steps of every run, compiled
+    once per ``n``. Arguments as :func:`train_group`'s."""
+
+    step_fn: Callable
+    make_batch: Callable
+    num_runs: int
+    watch: tuple[str, ...]
+    fault: tuple[Any, int] | None
+    with_data: bool  # make_batch takes (key, step, data, extra)
+    shardings: Any
+    run_axis: str
+    compiled: dict[int, Callable] = dataclasses.field(default_factory=dict)
+    fault_mask: np.ndarray = dataclasses.field(init=False)  # [R] bool: the runs fault poisons
+    fault_step: int = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        fault_runs, self.fault_step = self.fault if self.fault is not None else ((), -1)
+        self.fault_mask = np.zeros((self.num_runs,), bool)
+        self.fault_mask[np.asarray(fault_runs, int).reshape(-1)] = True
+
+    def __call__(self, n: int) -> Callable:
+        if n not in self.compiled:
+            shardings = self.shardings
+
+            def f(states, frozen, data, keys, extras):
+                # The runs map OUTSIDE the scan over steps: on CPU (``lax.map``) each run takes
+                # its n steps in turn with its own arrays hot in cache, as separate runs would
+                # (docs/speed.md); vmapped, it is the same program as a scan of vmapped steps.
+                return map_runs(
+                    functools.partial(self.run_chunk, data=data, n=n),
+                    states,
+                    frozen,
+                    keys,
+                    jnp.arange(self.num_runs),
+                    extras,
+                    how=self.run_axis,
+                    spmd_axis_name=None if shardings is None else shardings.run_axis,
                 )
-    if checkpointer is not None:
-        checkpointer.wait()
-    return LoopResult(
-        states,
-        history,
-        np.asarray(fetch(frozen)),
-        divergences,
-        resumed_from,
-        curves,
-        max_multipliers,
-        resharded,
-        interrupted,
-    )
+
+            self.compiled[n] = jax.jit(f, donate_argnums=(0,))
+        return self.compiled[n]
+
+    def run_chunk(self, state, frozen, key, run, extra, data, n):
+        """``n`` steps of ONE run (a ``lax.scan``); a run whose watched metrics turn non-finite
+        is frozen: its state stays that of its last finite step."""
+
+        def body(carry, _):
+            state, frozen = carry
+            batch = self.batch(key, state.step, run, data, extra)
+            new_state, metrics = self.step_fn(state, batch, key)
+            finite = jnp.ones((), bool)
+            for name in self.watch:
+                if name in metrics:
+                    finite &= jnp.all(jnp.isfinite(metrics[name]))
+            frozen = frozen | ~finite
+            new_state = jax.tree.map(lambda new, old: jnp.where(frozen, old, new), new_state, state)
+            return (new_state, frozen), metrics
+
+        return jax.lax.scan(body, (state, frozen), None, length=n)
+
+    def batch(self, key, step, run, data, extra):
+        """Run ``run``'s batch at ``step``, placed on the mesh's data axis; NaN where
+        ``fault`` poisons it."""
+        if self.with_data:
+            batch = self.make_batch(key, step, data, extra)
+        else:
+            batch = self.make_batch(key, step)
+        if self.shardings is not None:
+            batch = self.shardings.constrain_batch(batch)
+        if self.fault is not None:
+            poison = jnp.asarray(self.fault_mask)[run] & (step + 1 == self.fault_step)
+            batch = jax.tree.map(
+                lambda b: (
+                    jnp.where(poison, jnp.nan, b) if jnp.issubdtype(b.dtype, jnp.floating) else b
+                ),
+                batch,
+            )
+        return batch

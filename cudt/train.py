@@ -104,6 +104,20 @@ def make_train_step(
         slack_restart_steps=cfg.slack_restart_steps if cfg.uses_slacks else None,
         jit=False,
     )
+    init = _descent_init(c_init, cfg, shapes, {"descent": num_examples} if indexed else None)
+
+    def step(state: ConstrainedState, batch, key: jax.Array):
+        state, m = c_step(state, batch, key)
+        return state, descent.metrics(state, m, constraint)
+
+    if jit:
+        step = jax.jit(step, donate_argnums=(0,) if donate else ())
+    return init, step
+
+
+def _descent_init(c_init: Callable, cfg: DescentConfig, shapes, num_indexed) -> Callable:
+    """:func:`make_train_step`'s ``init``: the config's per-run values, overridden by its
+    arguments, handed to the constrained step's ``c_init`` with the constraints' ``shapes``."""
 
     def init(
         params,
@@ -124,7 +138,7 @@ def make_train_step(
         return c_init(
             params,
             constraints=shapes,
-            num_indexed={"descent": num_examples} if indexed else None,
+            num_indexed=num_indexed,
             hparams=hp,
             constrained=cfg.constrained if constrained is None else constrained,
             lr=lr,
@@ -132,10 +146,4 @@ def make_train_step(
             penalty=penalty,
         )
 
-    def step(state: ConstrainedState, batch, key: jax.Array):
-        state, m = c_step(state, batch, key)
-        return state, descent.metrics(state, m, constraint)
-
-    if jit:
-        step = jax.jit(step, donate_argnums=(0,) if donate else ())
-    return init, step
+    return init
