@@ -66,7 +66,7 @@ SCRIPT = textwrap.dedent(
     """
     import jax, jax.numpy as jnp, numpy as np, optax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    import sys; sys.path.insert(0, ".")
+    import sys; sys.path[:0] = [".", "tests"]  # the test module imports tests/helpers.py
     import cudt
     from tests.test_constrained_step_resume import _problem, _batches
     assert jax.device_count() == 4, jax.device_count()
