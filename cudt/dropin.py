@@ -218,4 +218,3 @@ def lagrangian(
     return ConstrainedLoss(
         loss, optax.GradientTransformationExtraArgs(dual_init, dual_update), init
     )
-
