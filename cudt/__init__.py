@@ -8,6 +8,7 @@ from cudt import descent
 from cudt.constrained import DescentConfig, constraint_values
 from cudt.constrained_step import ConstrainedState, make_constrained_step
 from cudt.constraint import Constraint, FreeSign
+from cudt.dropin import ConstrainedLoss, init_multipliers, lagrangian
 from cudt.dual import (
     as_dual,
     dual_adam,
@@ -26,11 +27,14 @@ from cudt.train import make_train_step, set_learning_rate
 
 __all__ = [
     "AugmentedLagrangian",
+    "ConstrainedLoss",
     "ConstrainedState",
     "Constraint",
     "FreeSign",
     "Lagrangian",
     "QuadraticPenalty",
+    "init_multipliers",
+    "lagrangian",
     "make_constrained_step",
     "nupi",
     "CheckpointError",
