@@ -97,3 +97,22 @@ def test_init_puts_each_value_where_its_row_says():
     assert all(float(p) == 3.0 for p in state.penalty.values())
     with pytest.raises(TypeError, match="'gamma_train'.*the per-run values are epsilon"):
         init(params, gamma_train=0.1)  # the data's knob goes to the batch, not the state
+
+
+def test_a_checkpoint_of_the_old_names_is_refused_as_such(tmp_path):
+    """A checkpoint written before nuPI's gains took the knobs' names (``kp`` / ``ema_nu``)
+    cannot resume; restoring it names the renamed array, not a corrupt file."""
+    from cudt.checkpoint import CheckpointError, GroupCheckpointer
+
+    old = {"hyperparams": {"kp": jnp.ones(2), "ema_nu": jnp.zeros(2)}}
+    saver = GroupCheckpointer(tmp_path / "ck")
+    saver.save(1, old, {})
+    saver.close()
+    now = {"hyperparams": {"nupi_kp": jnp.ones(2), "nupi_ema": jnp.zeros(2)}}
+    reader = GroupCheckpointer(tmp_path / "ck")
+    try:
+        with pytest.raises(CheckpointError, match="written by another version of cudt") as err:
+            reader.restore(jax.eval_shape(lambda: now))
+    finally:
+        reader.close()
+    assert "names hyperparams/ema_nu where this version has hyperparams/nupi_ema" in str(err.value)
