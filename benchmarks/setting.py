@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.common import choice_list
+from cudt.knobs import knob_names
 from cudt.runner.config import RunConfig
 from cudt.runner.groups import Group, GroupProgram, name_group
 from cudt.runner.sweep import model_defaults
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 # The dual fields a dynamics sets; "paper" takes RunConfig's own defaults of them.
-_DUAL_FIELDS = ("dual_optimizer", "update", "dual_lr", "nupi_kp", "nupi_ema")
+_DUAL_FIELDS = ("dual_optimizer", "update", *knob_names("dual"))
 _SHARED = {f.name: f.default for f in dataclasses.fields(RunConfig)}
 DYNAMICS = {
     "video default": {},

@@ -218,6 +218,7 @@ class GroupCheckpointer:
             )
         target = None if abstract_states is None else jax.tree.map(_restore_target, abstract_states)
         where = self.step_dir(step)
+        saved = None
         if target is not None:
             # Compare the saved array shapes with this model's before reading any array, so a
             # checkpoint of another model is named as such, not as a corrupt file.
@@ -239,6 +240,12 @@ class GroupCheckpointer:
         except Exception as e:  # orbax raises many types for unreadable or mismatched files
             _QUIET.failed = True
             _close_orbax_stragglers()
+            renamed = None if saved is None else _first_renamed(saved, _leaf_specs(target))
+            if renamed is not None:  # the same arrays under other names: an older layout
+                raise CheckpointError(
+                    f"checkpoint {where} was written by another version of cudt ({renamed}): "
+                    "pass another --out, or --overwrite to discard it"
+                ) from e
             raise CheckpointError(
                 f"checkpoint {where} is corrupt (its arrays cannot be read): delete that folder "
                 "to resume from an earlier step, or pass --overwrite to start again"
@@ -512,6 +519,16 @@ def _leaf_specs(tree: Any) -> dict[tuple[str, ...], tuple]:
         for path, leaf in leaves
         if hasattr(leaf, "shape")
     }
+
+
+def _first_renamed(saved: dict, expected: dict) -> str | None:
+    """The first array ``saved`` names otherwise than ``expected``, in words (None when the two
+    name the same arrays): e.g. nuPI's gains, ``kp`` / ``ema_nu`` before they took the knobs'
+    names ``nupi_kp`` / ``nupi_ema`` (:mod:`cudt.knobs`)."""
+    old, new = sorted(set(saved) - set(expected)), sorted(set(expected) - set(saved))
+    if not old or not new:
+        return None
+    return f"it names {'/'.join(old[0])} where this version has {'/'.join(new[0])}"
 
 
 def _first_mismatch(saved: dict, expected: dict) -> str | None:

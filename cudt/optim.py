@@ -46,8 +46,9 @@ def primal_optimizer(
     return _scheduled(optax.inject_hyperparams(optax.adam)(learning_rate=lr), schedule, steps)
 
 
-def _nupi_raw(learning_rate, kp, ema_nu):
-    return nupi(learning_rate, kp=kp, ema_nu=ema_nu, project=False)
+def _nupi_raw(learning_rate, nupi_kp, nupi_ema):
+    # the injected names are the knobs' (cudt.knobs): flag, sweep, results and state say nupi_*
+    return nupi(learning_rate, kp=nupi_kp, ema_nu=nupi_ema, project=False)
 
 
 def dual_optimizer(
@@ -56,15 +57,18 @@ def dual_optimizer(
     schedule: str = "constant",
     steps: int = 1,
     *,
-    kp: float = 0.0,
-    ema_nu: float = 0.0,
+    nupi_kp: float = 0.0,
+    nupi_ema: float = 0.0,
 ) -> optax.GradientTransformation:
-    """Projected ascent with Adam (the paper), SGD or nuPI (:func:`cudt.nupi` with ``kp`` and
-    ``ema_nu``, K_I = 1), the learning rate (and nuPI's ``kp``, ``ema_nu``) in its state, times
+    """Projected ascent with Adam (the paper), SGD or nuPI (:func:`cudt.nupi` with
+    ``kp=nupi_kp`` and ``ema_nu=nupi_ema``, K_I = 1), the learning rate (and nuPI's ``nupi_kp``,
+    ``nupi_ema``: the knobs' names, :mod:`cudt.knobs`) in its state, times
     the factor of ``schedule`` over ``steps`` dual updates (the dual state, and so the
     schedule's count, stands still during the primal warm-up)."""
     if name == "nupi":
-        raw = optax.inject_hyperparams(_nupi_raw)(learning_rate=lr, kp=kp, ema_nu=ema_nu)
+        raw = optax.inject_hyperparams(_nupi_raw)(
+            learning_rate=lr, nupi_kp=nupi_kp, nupi_ema=nupi_ema
+        )
         return optax.chain(_scheduled(raw, schedule, steps), project_nonnegative())
     inner = optax.adam if name == "adam" else optax.sgd
     return as_dual(_scheduled(optax.inject_hyperparams(inner)(learning_rate=lr), schedule, steps))

@@ -25,10 +25,13 @@ import optax
 from cudt import descent
 from cudt.constrained import DescentConfig
 from cudt.constrained_step import ConstrainedState, make_constrained_step, set_learning_rate
+from cudt.knobs import KNOBS, knobs
 
 __all__ = ["make_train_step", "set_learning_rate"]
 
 LayerLosses = Callable[[Any, Any, jax.Array], jax.Array]
+# init's keywords: every knob that goes into the state (gamma_train goes to the batch)
+INIT_KNOBS = tuple(k.name for k in KNOBS if k.goes != "data")
 
 
 def make_train_step(
@@ -69,12 +72,14 @@ def make_train_step(
       jit, donate: as :func:`cudt.make_constrained_step`'s (``jit=False``: the pure step, to
         ``vmap`` over runs and ``scan`` over steps).
 
-    ``init(params, *, epsilon=None, reference=None, resilience=None, constrained=None, lr=None,
-    dual_lr=None, penalty=None, tail_beta=None, dual_hparams=None)`` overrides the config's
-    values for one run (arrays under ``vmap``: a sweep). ``reference`` NaN means no reference
-    constraint; ``resilience`` inf means hard constraints. ``lr`` / ``dual_lr`` /
-    ``dual_hparams`` (e.g. nuPI's ``{"kp": 2.0}``) need optimisers built with
-    ``optax.inject_hyperparams``. It returns a :class:`cudt.ConstrainedState`; its
+    ``init(params, *, constrained=None, dual_hparams=None, **values)`` overrides the config's
+    values for one run (arrays under ``vmap``: a sweep); ``values`` are the knobs of
+    :mod:`cudt.knobs` by name (``epsilon``, ``reference``, ``lr``, ``dual_lr``, ``resilience``,
+    ``penalty``, ``tail_beta``, ``nupi_kp``, ``nupi_ema``), each put where its row says.
+    ``reference`` NaN means no reference constraint; ``resilience`` inf means hard constraints.
+    ``lr`` / ``dual_lr`` / ``nupi_*`` / ``dual_hparams`` (any other injected name: ``{name:
+    value}``) need optimisers built with ``optax.inject_hyperparams``
+    (:func:`cudt.optim.dual_optimizer` injects ``nupi_kp`` and ``nupi_ema``). It returns a :class:`cudt.ConstrainedState`; its
     multipliers are ``{"reference": [], "descent": [L]}`` (``cudt.descent.multipliers(state)``:
     the ``[L+1]`` vector, index 0 the reference).
 
@@ -119,31 +124,23 @@ def _descent_init(c_init: Callable, cfg: DescentConfig, shapes, num_indexed) -> 
     """:func:`make_train_step`'s ``init``: the config's per-run values, overridden by its
     arguments, handed to the constrained step's ``c_init`` with the constraints' ``shapes``."""
 
-    def init(
-        params,
-        *,
-        epsilon=None,
-        reference=None,
-        resilience=None,
-        constrained=None,
-        lr=None,
-        dual_lr=None,
-        penalty=None,
-        tail_beta=None,
-        dual_hparams=None,
-    ) -> ConstrainedState:
-        hp = descent.hparams(
-            cfg, epsilon=epsilon, reference=reference, resilience=resilience, tail_beta=tail_beta
-        )
+    def init(params, *, constrained=None, dual_hparams=None, **values) -> ConstrainedState:
+        unknown = [n for n in values if n not in INIT_KNOBS]
+        if unknown:
+            raise TypeError(
+                f"init() got an unexpected keyword argument {unknown[0]!r}: the per-run values "
+                f"are {', '.join(INIT_KNOBS)} (cudt.knobs)"
+            )
         return c_init(
             params,
             constraints=shapes,
             num_indexed=num_indexed,
-            hparams=hp,
+            hparams=descent.hparams(cfg, **{k.name: values.get(k.name) for k in knobs("problem")}),
             constrained=cfg.constrained if constrained is None else constrained,
-            lr=lr,
-            dual_hparams={"learning_rate": dual_lr, **dict(dual_hparams or {})},
-            penalty=penalty,
+            lr=values.get("lr"),
+            dual_hparams={k.state_key or k.name: values.get(k.name) for k in knobs("dual")}
+            | dict(dual_hparams or {}),
+            penalty=values.get("penalty"),
         )
 
     return init

@@ -1140,6 +1140,45 @@ def test_corrupt_checkpoint(interrupted_run, capsys):
 
 
 @pytest.mark.slow
+def test_checkpoint_of_an_older_state_layout(interrupted_run, capsys):
+    """ut-1's latest checkpoint rewritten as cudt wrote it before nuPI's gains took the knobs'
+    names (``kp`` / ``ema_nu`` in the dual state, now ``nupi_kp`` / ``nupi_ema``): the same
+    arrays under other names, named as such, not as a corrupt file."""
+    from jax.tree_util import keystr, tree_flatten_with_path
+
+    from cudt.checkpoint import GroupCheckpointer
+
+    def old_names(tree):
+        if isinstance(tree, (list, tuple)):
+            return type(tree)(old_names(v) for v in tree)
+        if not isinstance(tree, dict):
+            return tree
+        rename = {"nupi_kp": "kp", "nupi_ema": "ema_nu"}
+        return {rename.get(k, k): old_names(v) for k, v in tree.items()}
+
+    group = interrupted_run / "checkpoints" / "ut-1"
+    checkpointer = GroupCheckpointer(group)
+    states, loop = checkpointer.restore(None, 4)
+    checkpointer.close()
+    paths = [keystr(p) for p, _ in tree_flatten_with_path(states)[0]]
+    assert any(p.endswith("['nupi_kp']") for p in paths)  # the video task's default is nuPI
+    shutil.rmtree(group / "4")
+    checkpointer = GroupCheckpointer(group)
+    checkpointer.save(4, old_names(states), {k: v for k, v in loop.items() if k != "pinned"})
+    checkpointer.close()
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--out", interrupted_run], capsys)
+    check(
+        "checkpoint of an older state layout",
+        status,
+        err,
+        "ut-1/4 was written by another version of cudt (it names dual_state/",
+        "pass another --out, or --overwrite to discard it",
+    )
+    assert tree(interrupted_run) == before
+
+
+@pytest.mark.slow
 def test_checkpoint_with_truncated_index(interrupted_run, capsys):
     state = interrupted_run / "checkpoints" / "ut-1" / "4" / "state"
     for manifest in state.rglob("manifest.ocdbt"):

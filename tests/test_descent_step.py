@@ -42,7 +42,7 @@ def test_lanes_of_one_program_equal_each_run_alone(dual):
     init, step = cudt.make_train_step(
         _layer_losses,
         primal_optimizer(1e-2),
-        dual_optimizer(dual, 0.5, kp=0.5),
+        dual_optimizer(dual, 0.5, nupi_kp=0.5),
         cfg,
         update="alternating",
         jit=False,
@@ -219,7 +219,7 @@ def test_every_constraint_kind_takes_resilience_with_nupi_and_every_update(
         init, step = cudt.make_train_step(
             _layer_losses,
             primal_optimizer(1e-2),
-            dual_optimizer("nupi", 0.5, kp=1.0),
+            dual_optimizer("nupi", 0.5, nupi_kp=1.0),
             cudt.DescentConfig(resilience=resilience, resilience_mode=resilience_mode, **cfg),
             constraint=constraint,
             update=update,

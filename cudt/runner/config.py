@@ -21,7 +21,7 @@ from cudt.constrained import DUAL_SCALES
 from cudt.constrained_step import UPDATES
 from cudt.descent import CONSTRAINTS
 from cudt.optim import SCHEDULES
-from cudt.runner.hparams import REFERENCE_SPELLINGS, SWEEPABLE, is_reference
+from cudt.runner.hparams import CONDITIONAL, REFERENCE_SPELLINGS, SWEEPABLE, is_reference
 from cudt.runner.sweep import parse_model_hparams, parse_sweeps
 
 __all__ = [
@@ -369,20 +369,8 @@ class RunConfig:
             # shared one (a task whose default is nupi may still be run with sgd and K_P = 0)
             return name in sweeps or getattr(self, name) not in (defaults[name], base[name])
 
-        need(
-            self.constraint == "tail" or not given("tail_beta"),
-            "--tail-beta is the beta of --constraint tail: pass --constraint tail or drop it",
-        )
-        need(
-            self.formulation != "lagrangian" or not given("penalty"),
-            "--penalty is rho of --formulation augmented or penalty: pass one of them or drop it",
-        )
-        for name in ("nupi_kp", "nupi_ema"):
-            need(
-                self.dual_optimizer == "nupi" or not given(name),
-                f"--{name.replace('_', '-')} is a gain of --dual-optimizer nupi: pass "
-                "--dual-optimizer nupi or drop it",
-            )
+        for knob in CONDITIONAL:  # a knob set where it does not act (cudt.knobs: its needs)
+            need(knob.active(self) or not given(knob.name), knob.off_message())
 
     def validate(self) -> None:
         """Cross-field checks of a task's config: raise ValueError with the flag and the fix."""

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from cudt.checkpoint import GroupCheckpointer
 from cudt.constrained import DescentConfig
 from cudt.formulation import AugmentedLagrangian, Lagrangian, QuadraticPenalty
+from cudt.knobs import KNOBS
 from cudt.loop import Divergence, LoopResult, describe_placement, sample_indices, train_group
 from cudt.optim import dual_optimizer, primal_optimizer
 from cudt.runner.report import KINDS
@@ -127,8 +128,8 @@ def make_group_step(
         cfg.dual_lr,
         cfg.dual_lr_schedule,
         cfg.steps - warmup,
-        kp=cfg.nupi_kp,
-        ema_nu=cfg.nupi_ema,
+        nupi_kp=cfg.nupi_kp,
+        nupi_ema=cfg.nupi_ema,
     )
     return make_train_step(
         model.layer_losses,
@@ -171,27 +172,30 @@ class GroupProgram:
         def col(values, fill):
             return jnp.asarray([fill if v is None else v for v in values], jnp.float32)
 
-        # what an ERM run (no constraint hyperparameters) is judged by: the model's own values
-        own = model_defaults(cfg, group.model_name)
-        self.per_run = {
-            "epsilon": col([hp["epsilon"] for hp in hps], own.get("epsilon", cfg.epsilon)),
-            "reference": col(resolved_ref, np.nan),
+        # every knob's column (cudt.knobs), named as the flag names it: the run's values, and
+        # for a run without one (None: ERM, or a knob whose setting is off) this fill. A knob
+        # whose setting is off keeps the flag's value where the state has a place for it (the
+        # problem's β, the formulation's ρ); a dual optimiser other than nuPI has no K_P.
+        fill = {
+            # what an ERM run (no constraint hyperparameters) is judged by: the model's own ε
+            "epsilon": model_defaults(cfg, group.model_name).get("epsilon", cfg.epsilon),
+            "reference": np.nan,
             # ERM runs have no α: inf (no decay) in decay mode; in slack mode the group's α,
             # since (α/2)·‖u‖² with u ≡ 0 must stay 0, not inf·0
-            "resilience": col(alphas, cfg.resilience if cfg.resilience_mode == "slack" else np.inf),
-            "constrained": jnp.asarray([s.constrained for s in group.specs]),
-            "lr": col([hp["lr"] for hp in hps], 0.0),
-            "dual_lr": col([hp["dual_lr"] for hp in hps], cfg.dual_lr),
-            "penalty": col([hp["penalty"] for hp in hps], cfg.penalty),
-            "tail_beta": col([hp["tail_beta"] for hp in hps], cfg.tail_beta),
+            "resilience": cfg.resilience if cfg.resilience_mode == "slack" else np.inf,
         }
-        if cfg.dual_optimizer == "nupi":  # nuPI's gains are injected hyperparameters
-            self.per_run["dual_hparams"] = {
-                "kp": col([hp["nupi_kp"] for hp in hps], cfg.nupi_kp),
-                "ema_nu": col([hp["nupi_ema"] for hp in hps], cfg.nupi_ema),
-            }
+        values = {"reference": resolved_ref}
+        self.per_run = {
+            k.name: col(
+                values.get(k.name, [hp[k.name] for hp in hps]),
+                fill.get(k.name, getattr(cfg, k.name)),
+            )
+            for k in KNOBS
+            if k.goes != "data" and (k.goes != "dual" or k.active(cfg))
+        }
+        self.per_run["constrained"] = jnp.asarray([s.constrained for s in group.specs])
         self.references = resolved_ref
-        self.extras = col([hp["gamma_train"] for hp in hps], 0.0)
+        self.extras = col([hp["gamma_train"] for hp in hps], 0.0)  # the one "data" knob
         self.keys = jnp.stack([jax.random.key(s.seed) for s in group.specs])
         self.init_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(self.keys)
 

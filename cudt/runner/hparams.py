@@ -13,8 +13,10 @@ from __future__ import annotations
 import math
 
 from cudt.errors import UsageError
+from cudt.knobs import KNOBS, knob_names
 
 __all__ = [
+    "CONDITIONAL",
     "CONSTRAINT_ONLY",
     "SWEEPABLE",
     "chance_offset",
@@ -23,31 +25,13 @@ __all__ = [
     "resolve_reference",
 ]
 
-# Hyperparameters that may take several values in one program (``--sweep NAME=V1,V2``): each is
-# an array in the train state (or handed to the batch), so a sweep is a vmap over runs.
-SWEEPABLE = (
-    "epsilon",
-    "reference",
-    "lr",
-    "dual_lr",
-    "resilience",
-    "gamma_train",
-    "penalty",
-    "tail_beta",
-    "nupi_kp",
-    "nupi_ema",
-)
+# Hyperparameters that may take several values in one program (``--sweep NAME=V1,V2``): every
+# row of the one table, cudt.knobs.KNOBS (which also says where each goes and when it acts).
+SWEEPABLE = knob_names()
 # Those that only matter to constrained runs: ERM runs are not swept over them.
-CONSTRAINT_ONLY = (
-    "epsilon",
-    "reference",
-    "dual_lr",
-    "resilience",
-    "penalty",
-    "tail_beta",
-    "nupi_kp",
-    "nupi_ema",
-)
+CONSTRAINT_ONLY = tuple(k.name for k in KNOBS if k.constrained_only)
+# Those that act only with some settings (a run of other settings carries None for them).
+CONDITIONAL = tuple(k for k in KNOBS if k.needs is not None)
 
 REFERENCE_SPELLINGS = "chance, chance+X (X >= 0), none or a finite number"
 

@@ -16,7 +16,14 @@ import math
 from typing import Any
 
 from cudt.errors import UsageError
-from cudt.runner.hparams import CONSTRAINT_ONLY, SWEEPABLE, is_reference, normalize_reference
+from cudt.knobs import KNOBS
+from cudt.runner.hparams import (
+    CONDITIONAL,
+    CONSTRAINT_ONLY,
+    SWEEPABLE,
+    is_reference,
+    normalize_reference,
+)
 
 __all__ = [
     "RunSpec",
@@ -31,18 +38,7 @@ __all__ = [
     "tuned_names",
 ]
 
-SHORT = {
-    "epsilon": "eps",
-    "reference": "C",
-    "lr": "lr",
-    "dual_lr": "dlr",
-    "resilience": "alpha",
-    "gamma_train": "gamma",
-    "penalty": "rho",
-    "tail_beta": "beta",
-    "nupi_kp": "kp",
-    "nupi_ema": "nu",
-}
+SHORT = {k.name: k.short for k in KNOBS}  # the label of each in run names: eps=0.05
 
 
 def _parse_value(cfg, name: str, text: str, flag: str = "--sweep"):
@@ -171,13 +167,7 @@ def base_hparams(cfg, lr: float) -> dict[str, Any]:
     hp = {name: getattr(cfg, name) for name in SWEEPABLE}
     hp["lr"] = lr
     # the settings of a formulation, constraint kind or dual optimiser that is not used: none
-    unused = {
-        "penalty": cfg.formulation == "lagrangian",
-        "tail_beta": cfg.constraint != "tail",
-        "nupi_kp": cfg.dual_optimizer != "nupi",
-        "nupi_ema": cfg.dual_optimizer != "nupi",
-    }
-    hp |= {name: None for name, off in unused.items() if off}
+    hp |= {k.name: None for k in CONDITIONAL if not k.active(cfg)}
     if hp["reference"] is not None:
         hp["reference"] = normalize_reference(hp["reference"])
     return hp

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from cudt.io import atomic_write
-from cudt.runner.hparams import SWEEPABLE
+from cudt.knobs import KNOBS
 from cudt.runner.report import KINDS
 
-HPARAMS = tuple(n for n in SWEEPABLE if n != "gamma_train")  # what --sweep may name
+# the knobs a run's row names (gamma_train, the data's, is a setting column)
+HPARAMS = tuple(k.name for k in KNOBS if k.goes != "data")
 
 
 # The CSV's first columns (the setting) and its last (the run shown and how it was chosen);

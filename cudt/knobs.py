@@ -1,0 +1,82 @@
+"""The per-run hyperparameters ("knobs"): one row each, read by every place that needs them.
+
+A knob is a value that may differ between runs that share one compiled step: an array in the
+train state (or, for ``gamma_train``, in the batch), so a sweep is a vmap over runs. Each row of
+:data:`KNOBS` says
+
+- ``name``: the one spelling of the flag (``--nupi-ema``, dashes for underscores), of
+  ``--sweep`` and ``--model-hparams``, of a run's ``hparams`` in results.json, of the keyword
+  of :func:`cudt.make_train_step`'s ``init`` and of its place in the state;
+- ``short``: the label in run names and plots (``eps=0.05``);
+- ``constrained_only``: ERM runs neither sweep it nor carry it (None in their ``hparams``);
+- ``needs``: ``(field, values)`` when the knob only acts with some settings (the config's
+  ``field`` one of ``values``): otherwise a run carries None for it and setting it is an error;
+  ``role`` and ``where`` word that error;
+- ``goes``: where ``init`` puts it: ``problem`` (:func:`cudt.descent.hparams`, handed to the
+  problem), ``primal`` / ``dual`` (an injected hyperparameter of that optimiser, under
+  ``state_key`` where optax names it otherwise), ``penalty`` (the formulation's ρ) or ``data``
+  (handed to the batch, not the state). ``slack`` names the explicit slacks' optimiser: no knob
+  goes there yet.
+
+A new knob is one row here plus its use where it ``goes``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+__all__ = ["GOES", "KNOBS", "Knob", "knob_names", "knobs"]
+
+GOES = ("problem", "primal", "dual", "penalty", "slack", "data")
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """One per-run hyperparameter (see the module's docstring for each field)."""
+
+    name: str
+    short: str
+    goes: str
+    constrained_only: bool = True
+    needs: tuple[str, tuple[str, ...]] | None = None
+    role: str = ""  # what it is to the setting it needs: "the beta", "rho", "a gain"
+    state_key: str | None = None  # its name in the optimiser's state, where optax fixes one
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def active(self, cfg: Any) -> bool:
+        """Whether the knob acts in a run of ``cfg`` (any object with the ``needs`` field)."""
+        return self.needs is None or getattr(cfg, self.needs[0]) in self.needs[1]
+
+    def off_message(self) -> str:
+        """The error for setting the knob where it does not act (``needs`` is not met)."""
+        field, values = self.needs
+        where = f"--{field.replace('_', '-')} {' or '.join(values)}"
+        fix = where if len(values) == 1 else "one of them"
+        return f"{self.flag} is {self.role} of {where}: pass {fix} or drop it"
+
+
+KNOBS = (
+    Knob("epsilon", "eps", "problem"),
+    Knob("reference", "C", "problem"),
+    Knob("lr", "lr", "primal", constrained_only=False, state_key="learning_rate"),
+    Knob("dual_lr", "dlr", "dual", state_key="learning_rate"),
+    Knob("resilience", "alpha", "problem"),
+    Knob("gamma_train", "gamma", "data", constrained_only=False),
+    Knob("penalty", "rho", "penalty", needs=("formulation", ("augmented", "penalty")), role="rho"),
+    Knob("tail_beta", "beta", "problem", needs=("constraint", ("tail",)), role="the beta"),
+    Knob("nupi_kp", "kp", "dual", needs=("dual_optimizer", ("nupi",)), role="a gain"),
+    Knob("nupi_ema", "nu", "dual", needs=("dual_optimizer", ("nupi",)), role="a gain"),
+)
+
+
+def knobs(goes: str | None = None) -> tuple[Knob, ...]:
+    """The rows of :data:`KNOBS` (those that go to ``goes``), in the table's order."""
+    return tuple(k for k in KNOBS if goes is None or k.goes == goes)
+
+
+def knob_names(goes: str | None = None) -> tuple[str, ...]:
+    return tuple(k.name for k in knobs(goes))

@@ -1,0 +1,118 @@
+"""The one table of per-run hyperparameters (cudt.knobs): every row is a flag of RunConfig, the
+places that once restated it read it, init puts each value where its row says, under the row's
+name in the state (nuPI's gains included), and the off-setting errors are the documented ones."""
+
+import dataclasses
+import inspect
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cudt
+from cudt import descent
+from cudt.constrained_step import _is_injected
+from cudt.knobs import GOES, KNOBS, knob_names
+from cudt.optim import dual_optimizer, primal_optimizer
+from cudt.runner.config import RunConfig
+from cudt.runner.hparams import CONSTRAINT_ONLY, SWEEPABLE
+from cudt.runner.sweep import SHORT
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_row_is_a_flag_and_goes_somewhere_known():
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    assert len(set(knob_names())) == len(KNOBS)
+    for k in KNOBS:
+        assert k.name in fields, k.name
+        assert k.goes in GOES, k
+        assert k.needs is None or k.needs[0] in fields, k
+    # the problem's knobs are exactly the keywords of descent.hparams (their one use)
+    params = inspect.signature(descent.hparams).parameters
+    assert set(knob_names("problem")) == {n for n in params if n != "config"}
+
+
+def test_the_runner_reads_the_table():
+    assert SWEEPABLE == knob_names()
+    assert set(CONSTRAINT_ONLY) == {k.name for k in KNOBS if k.constrained_only}
+    assert SHORT == {k.name: k.short for k in KNOBS}
+
+
+def test_off_messages_are_the_documented_errors():
+    errors = (ROOT / "docs" / "errors.md").read_text()
+    documented = [k for k in KNOBS if k.needs and f"`error: {k.flag} " in errors]
+    assert {k.name for k in documented} >= {"penalty", "tail_beta", "nupi_kp"}
+    for k in documented:
+        assert f"`error: {k.off_message()}`" in errors, k.name
+
+
+def _injected(tree) -> dict:
+    found = {}
+
+    def visit(node):
+        if _is_injected(node):
+            found.update(node.hyperparams)
+        return node
+
+    jax.tree.map(visit, tree, is_leaf=_is_injected)
+    return found
+
+
+def test_init_puts_each_value_where_its_row_says():
+    def layer_losses(params, batch, key):
+        return jnp.abs(batch[:, None] * params["w"][None, :])
+
+    cfg = cudt.DescentConfig(num_layers=2, epsilon=0.1)
+    init, _ = cudt.make_train_step(
+        layer_losses,
+        primal_optimizer(1e-3),
+        dual_optimizer("nupi", 0.5),
+        cfg,
+        formulation=cudt.AugmentedLagrangian(penalty=1.0),
+        constraint="tail",
+    )
+    params = {"w": jnp.ones(3)}
+    values = dict(
+        epsilon=0.3, reference=0.2, lr=0.01, dual_lr=0.7, resilience=4.0, penalty=3.0,
+        tail_beta=0.25, nupi_kp=2.0, nupi_ema=0.5,
+    )  # fmt: skip
+    assert set(values) == {k.name for k in KNOBS if k.goes != "data"}
+    state = init(params, **values)
+    np.testing.assert_allclose(state.hparams["epsilon"], [0.3, 0.3])
+    assert float(state.hparams["reference"]) == pytest.approx(0.2)
+    assert float(state.hparams["resilience"]) == 4.0
+    assert float(state.hparams["tail_beta"]) == 0.25
+    assert float(_injected(state.opt_state)["learning_rate"]) == pytest.approx(0.01)
+    dual = _injected(state.dual_state)
+    # the state spells nuPI's gains as the flag, the sweep and the results do
+    assert {"learning_rate", "nupi_kp", "nupi_ema"} <= set(dual)
+    assert (float(dual["learning_rate"]), float(dual["nupi_kp"]), float(dual["nupi_ema"])) == (
+        pytest.approx(0.7),
+        2.0,
+        0.5,
+    )
+    assert all(float(p) == 3.0 for p in state.penalty.values())
+    with pytest.raises(TypeError, match="'gamma_train'.*the per-run values are epsilon"):
+        init(params, gamma_train=0.1)  # the data's knob goes to the batch, not the state
+
+
+def test_a_checkpoint_of_the_old_names_is_refused_as_such(tmp_path):
+    """A checkpoint written before nuPI's gains took the knobs' names (``kp`` / ``ema_nu``)
+    cannot resume; restoring it names the renamed array, not a corrupt file."""
+    from cudt.checkpoint import CheckpointError, GroupCheckpointer
+
+    old = {"hyperparams": {"kp": jnp.ones(2), "ema_nu": jnp.zeros(2)}}
+    saver = GroupCheckpointer(tmp_path / "ck")
+    saver.save(1, old, {})
+    saver.close()
+    now = {"hyperparams": {"nupi_kp": jnp.ones(2), "nupi_ema": jnp.zeros(2)}}
+    reader = GroupCheckpointer(tmp_path / "ck")
+    try:
+        with pytest.raises(CheckpointError, match="written by another version of cudt") as err:
+            reader.restore(jax.eval_shape(lambda: now))
+    finally:
+        reader.close()
+    assert "names hyperparams/ema_nu where this version has hyperparams/nupi_ema" in str(err.value)
