@@ -21,15 +21,14 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from cudt.checkpoint import GroupCheckpointer
-from cudt.constrained import DescentConfig
-from cudt.formulation import AugmentedLagrangian, Lagrangian, QuadraticPenalty
+from cudt.constrained import AugmentedLagrangian, Lagrangian, QuadraticPenalty
+from cudt.descent import DescentConfig, make_train_step
 from cudt.knobs import KNOBS
 from cudt.loop import Divergence, LoopResult, describe_placement, sample_indices, train_group
 from cudt.optim import dual_optimizer, primal_optimizer
 from cudt.runner.report import KINDS
 from cudt.runner.sweep import RunSpec, model_defaults, swept_suffix
 from cudt.runner.task import GroupModel, RunBatch, Task
-from cudt.train import make_train_step
 
 __all__ = ["Group", "GroupProgram", "make_group_step", "plan_groups", "run_group"]
 

@@ -47,14 +47,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from cudt.constrained import DescentConfig, constraint_values
-from cudt.constraint import Constraint
+from cudt.constrained import Constraint
+from cudt.descent._config import DescentConfig
 
 __all__ = [
     "CONSTRAINTS",
     "OBJECTIVES",
     "RATIO_FLOOR",
     "SCALE_FLOOR",
+    "constraint_values",
     "constraints",
     "hparams",
     "metrics",
@@ -101,6 +102,24 @@ def hparams(
         "resilience": alpha,
         "tail_beta": jnp.asarray(beta, jnp.float32),
     }
+
+
+def constraint_values(mean_losses, epsilon, reference=None, reference_active=None):
+    """g [L+1] from the mean per-layer losses [L+1].
+
+    g_0 = mean ℓ_0 − C (0 when ``reference`` is None, or where ``reference_active`` is False:
+    a traced per-run switch, so runs with and without the reference constraint share a program);
+    g_l = mean ℓ_l − (1 − ε_l)·mean ℓ_{l−1}, with ``epsilon[l-1]`` the factor of layer l.
+    """
+    descent = mean_losses[1:] - (1.0 - epsilon) * mean_losses[:-1]  # [L]
+    if reference is None:
+        g0 = jnp.zeros((), mean_losses.dtype)
+    else:
+        g0 = mean_losses[0] - reference
+        if reference_active is not None:
+            # where, not a product: no gradient reaches ℓ_0 through an inactive constraint
+            g0 = jnp.where(reference_active, g0, jnp.zeros_like(g0))
+    return jnp.concatenate([g0[None], descent])
 
 
 def tail_values(losses, epsilon, beta):
