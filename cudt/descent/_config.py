@@ -27,6 +27,13 @@ DUAL_SCALES = ("absolute", "relative")
 class DescentConfig:
     """What the constrained step enforces. Hashable, so it can be a static argument.
 
+    The static structure, fixed for every run of one compiled step: ``num_layers``,
+    ``resilience_mode`` (with explicit slacks, ``resilience`` too), ``slack_lr``,
+    ``slack_restart_steps``, ``warmup_steps`` and ``dual_scale``. ``epsilon``, ``reference``,
+    ``resilience``, ``tail_beta`` and ``constrained`` are per-run values (the knobs of
+    :mod:`cudt.knobs`, arrays in the state): here only the defaults ``init`` uses where a run
+    gives none (the runner gives every run its own).
+
     Attributes:
       num_layers: L, the number of layers (per-layer losses have L+1 columns).
       epsilon: the descent factor ε_l ∈ [0, 1): a scalar, or L values (layer 1..L).
