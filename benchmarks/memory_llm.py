@@ -16,7 +16,7 @@ bfloat16``).
   (:meth:`cudt.tasks.llm.LLMTask.build`: ``Decoder.apply`` + :func:`cudt.lm_loss.
   layer_token_losses` with the task's ``chunk_tokens``; the input embedding table frozen, as the
   task's default), the runner's own step (:func:`cudt.runner.groups.make_group_step`: Adam, the dual
-  optimiser and :func:`cudt.train.make_train_step`, wired as for every group), over a
+  optimiser and :func:`cudt.make_train_step`, wired as for every group), over a
   :class:`~cudt.models.llama.DecoderConfig` with Llama 3.1 8B's architecture.
 * **State bytes, exactly from shapes**: ``jax.eval_shape`` of the step's ``init`` (parameters,
   Adam's ``mu`` and ``nu``, the ``[L+1]`` multipliers, the dual state) and of the

@@ -4,30 +4,57 @@ Train transformers whose every layer must lower the loss by a factor, with the c
 enforced by a primal-dual method in one jitted step. See README.md.
 """
 
-from cudt import descent
-from cudt.constrained import DescentConfig, constraint_values
-from cudt.constrained_step import ConstrainedState, make_constrained_step
-from cudt.constraint import Constraint, FreeSign
-from cudt.dropin import ConstrainedLoss, init_multipliers, lagrangian
-from cudt.dual import (
+from cudt import (
+    constrained,
+    descent,
+)
+from cudt.constrained import (
+    AugmentedLagrangian,
+    ConstrainedState,
+    Constraint,
+    FreeSign,
+    Lagrangian,
+    QuadraticPenalty,
     as_dual,
     dual_adam,
     dual_ascent,
+    init_multipliers,
+    lagrangian,
+    make_constrained_step,
     nupi,
     project_nonnegative,
     resilience_decay,
 )
-from cudt.errors import CheckpointError, CudtError, DataError, UsageError
-from cudt.formulation import AugmentedLagrangian, Lagrangian, QuadraticPenalty
-from cudt.models.encoders import Encoder, EncoderError, load_encoder
+from cudt.descent import (
+    DescentConfig,
+    constraint_values,
+    make_train_step,
+)
+from cudt.errors import (
+    CheckpointError,
+    CudtError,
+    DataError,
+    UsageError,
+)
+from cudt.models.encoders import (
+    Encoder,
+    EncoderError,
+    load_encoder,
+)
 from cudt.models.hf import ModelFolderError
-from cudt.models.llama import Decoder, DecoderConfig, load_decoder, save_decoder
-from cudt.models.vit import ViT, load_vit
-from cudt.train import make_train_step, set_learning_rate
+from cudt.models.llama import (
+    Decoder,
+    DecoderConfig,
+    load_decoder,
+    save_decoder,
+)
+from cudt.models.vit import (
+    ViT,
+    load_vit,
+)
 
 __all__ = [
     "AugmentedLagrangian",
-    "ConstrainedLoss",
     "ConstrainedState",
     "Constraint",
     "FreeSign",
@@ -59,7 +86,7 @@ __all__ = [
     "project_nonnegative",
     "resilience_decay",
     "save_decoder",
-    "set_learning_rate",
+    "constrained",
     "descent",
 ]
 

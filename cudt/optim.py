@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import optax
 
-from cudt.dual import as_dual, nupi, project_nonnegative
+from cudt.constrained import as_dual, nupi, project_nonnegative
 
 __all__ = ["SCHEDULES", "dual_optimizer", "lr_factor", "primal_optimizer"]
 

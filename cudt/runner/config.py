@@ -17,9 +17,8 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cudt.constrained import DUAL_SCALES
-from cudt.constrained_step import UPDATES
-from cudt.descent import CONSTRAINTS
+from cudt.constrained import UPDATES
+from cudt.descent import CONSTRAINTS, DUAL_SCALES
 from cudt.optim import SCHEDULES
 from cudt.runner.hparams import CONDITIONAL, REFERENCE_SPELLINGS, SWEEPABLE, is_reference
 from cudt.runner.sweep import parse_model_hparams, parse_sweeps

@@ -9,6 +9,7 @@ progress bar, checkpoints and divergence messages).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 from collections.abc import Callable, Hashable, Sequence
@@ -21,15 +22,14 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from cudt.checkpoint import GroupCheckpointer
-from cudt.constrained import DescentConfig
-from cudt.formulation import AugmentedLagrangian, Lagrangian, QuadraticPenalty
+from cudt.constrained import AugmentedLagrangian, Lagrangian, QuadraticPenalty
+from cudt.descent import DescentConfig, make_train_step
 from cudt.knobs import KNOBS
 from cudt.loop import Divergence, LoopResult, describe_placement, sample_indices, train_group
 from cudt.optim import dual_optimizer, primal_optimizer
 from cudt.runner.report import KINDS
 from cudt.runner.sweep import RunSpec, model_defaults, swept_suffix
 from cudt.runner.task import GroupModel, RunBatch, Task
-from cudt.train import make_train_step
 
 __all__ = ["Group", "GroupProgram", "make_group_step", "plan_groups", "run_group"]
 
@@ -103,23 +103,21 @@ def make_group_step(
     the model's per-sample layer losses and projection, Adam on the parameters
     (:func:`cudt.optim.primal_optimizer`, ``cfg.lr_schedule`` over ``cfg.steps``), the dual
     optimiser of ``cfg`` over the steps after the ``warmup``, ``cfg``'s constraint kind,
-    formulation and update scheme, and the constraint defaults of ``cfg`` (each run's own ε,
-    reference, α, β, ρ, ERM/constrained, learning rates and nuPI gains go to ``init``).
-    ``slack_alpha``: the α of explicit slacks (``--resilience-mode slack``), restarted every
-    epoch. ``num_examples``: the training set's size (the rows of ``--constraint indexed``'s
-    table; the batch's ``index`` names its examples' rows)."""
+    formulation and update scheme, and the problem's static structure (``DescentConfig``).
+    Each run's own ε, reference, α, β, ρ, ERM/constrained, learning rates and nuPI gains go to
+    ``init`` (:class:`GroupProgram` hands it every knob); a caller that gives none of ε and β
+    (a benchmark, a test) gets ``cfg``'s. ``slack_alpha``: the α of explicit slacks
+    (``--resilience-mode slack``), restarted every epoch. ``num_examples``: the training set's
+    size (the rows of ``--constraint indexed``'s table; the batch's ``index`` names its
+    examples' rows)."""
     slack = cfg.resilience_mode == "slack"
-    descent = DescentConfig(
+    structure = DescentConfig(
         num_layers=model.num_layers,
-        epsilon=cfg.epsilon,
-        reference=None,
         resilience=slack_alpha if slack else None,
         resilience_mode=cfg.resilience_mode,
         slack_lr=cfg.slack_lr,
         slack_restart_steps=steps_per_epoch if slack else None,
         warmup_steps=warmup,
-        constrained=True,
-        tail_beta=cfg.tail_beta,
         dual_scale=cfg.dual_scale,
     )
     primal = primal_optimizer(lr, cfg.lr_schedule, cfg.steps)
@@ -131,11 +129,11 @@ def make_group_step(
         nupi_kp=cfg.nupi_kp,
         nupi_ema=cfg.nupi_ema,
     )
-    return make_train_step(
+    init, step = make_train_step(
         model.layer_losses,
         primal,
         dual,
-        descent,
+        structure,
         constraint=cfg.constraint,
         formulation=FORMULATIONS[cfg.formulation](cfg.penalty),
         update=cfg.update,
@@ -144,6 +142,7 @@ def make_group_step(
         project_params=model.project,
         jit=jit,
     )
+    return functools.partial(init, epsilon=cfg.epsilon, tail_beta=cfg.tail_beta), step
 
 
 class GroupProgram:

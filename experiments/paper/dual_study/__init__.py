@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cudt.constrained_step import UPDATES
+from cudt.constrained import UPDATES
 from cudt.errors import UsageError
 from cudt.runner.config import FORMULATIONS, flag
 from experiments.paper.dual_study import figures, report

@@ -26,12 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from cudt import descent
-from cudt.constrained import DescentConfig
-from cudt.dual import dual_ascent
+from cudt.constrained import dual_ascent
+from cudt.descent import DescentConfig, make_train_step
 from cudt.loop import sample_indices
 from cudt.optim import primal_optimizer
 from cudt.runner.task import RunBatch
-from cudt.train import make_train_step
 
 __all__ = ["STARTS", "phase_one", "relative_violation"]
 

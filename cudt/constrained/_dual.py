@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cudt.constraint import FreeSign
+from cudt.constrained._constraint import FreeSign
 
 __all__ = [
     "as_dual",

@@ -22,12 +22,12 @@ from typing import Any
 import jax
 import optax
 
-from cudt import descent
-from cudt.constrained import DescentConfig
-from cudt.constrained_step import ConstrainedState, make_constrained_step, set_learning_rate
+from cudt.constrained import ConstrainedState, make_constrained_step
+from cudt.descent import _problem as descent
+from cudt.descent._config import DescentConfig
 from cudt.knobs import KNOBS, knobs
 
-__all__ = ["make_train_step", "set_learning_rate"]
+__all__ = ["make_train_step"]
 
 LayerLosses = Callable[[Any, Any, jax.Array], jax.Array]
 # init's keywords: every knob that goes into the state (gamma_train goes to the batch)
@@ -56,7 +56,7 @@ def make_train_step(
     Args:
       layer_losses: ``(params, batch, key) -> [B, L+1]`` per-sample losses of layers 0..L.
       optimizer: the primal optax optimiser (minimises the Lagrangian in the parameters).
-      dual_optimizer: a dual transformation from :mod:`cudt.dual` (``cudt.dual_ascent(lr)``,
+      dual_optimizer: a dual transformation of :mod:`cudt.constrained` (``cudt.dual_ascent(lr)``,
         ``cudt.dual_adam(lr)``, ``cudt.nupi(lr, kp=...)`` or ``cudt.as_dual(any_optax)``).
       config: the constraints; its ε, reference, resilience, β and constrained are the
         *defaults* of the per-run values that ``init`` puts in the state; the rest (layers,

@@ -1,4 +1,4 @@
-"""The layerwise-descent constrained problem: configuration, constraint values, Lagrangian.
+"""The layerwise-descent problem's configuration: its static structure, and defaults for ``init``.
 
     minimise_θ   E ℓ_L
     subject to   E ℓ_l ≤ (1 − ε_l) · E ℓ_{l−1}      l = 1..L      (descent constraints)
@@ -6,8 +6,7 @@
 
 Multipliers and constraint values are vectors of length ``L+1``: index 0 is the reference
 constraint (identically 0 when ``reference=None``), index ``l ≥ 1`` the descent constraint of
-layer ``l``. Everything here is a pure function of arrays; ERM is the same function with the
-multipliers at zero.
+layer ``l`` (:func:`cudt.descent.constraint_values`).
 """
 
 from __future__ import annotations
@@ -17,10 +16,9 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["DUAL_SCALES", "DescentConfig", "constraint_values"]
+__all__ = ["DUAL_SCALES", "DescentConfig"]
 
 DUAL_SCALES = ("absolute", "relative")
 
@@ -28,6 +26,13 @@ DUAL_SCALES = ("absolute", "relative")
 @dataclasses.dataclass(frozen=True)
 class DescentConfig:
     """What the constrained step enforces. Hashable, so it can be a static argument.
+
+    The static structure, fixed for every run of one compiled step: ``num_layers``,
+    ``resilience_mode`` (with explicit slacks, ``resilience`` too), ``slack_lr``,
+    ``slack_restart_steps``, ``warmup_steps`` and ``dual_scale``. ``epsilon``, ``reference``,
+    ``resilience``, ``tail_beta`` and ``constrained`` are per-run values (the knobs of
+    :mod:`cudt.knobs`, arrays in the state): here only the defaults ``init`` uses where a run
+    gives none (the runner gives every run its own).
 
     Attributes:
       num_layers: L, the number of layers (per-layer losses have L+1 columns).
@@ -115,21 +120,3 @@ class DescentConfig:
     def uses_slacks(self) -> bool:
         # Static: an ERM run in a slack-mode group keeps u = 0 (its duals are frozen).
         return self.resilience is not None and self.resilience_mode == "slack"
-
-
-def constraint_values(mean_losses, epsilon, reference=None, reference_active=None):
-    """g [L+1] from the mean per-layer losses [L+1].
-
-    g_0 = mean ℓ_0 − C (0 when ``reference`` is None, or where ``reference_active`` is False:
-    a traced per-run switch, so runs with and without the reference constraint share a program);
-    g_l = mean ℓ_l − (1 − ε_l)·mean ℓ_{l−1}, with ``epsilon[l-1]`` the factor of layer l.
-    """
-    descent = mean_losses[1:] - (1.0 - epsilon) * mean_losses[:-1]  # [L]
-    if reference is None:
-        g0 = jnp.zeros((), mean_losses.dtype)
-    else:
-        g0 = mean_losses[0] - reference
-        if reference_active is not None:
-            # where, not a product: no gradient reaches ℓ_0 through an inactive constraint
-            g0 = jnp.where(reference_active, g0, jnp.zeros_like(g0))
-    return jnp.concatenate([g0[None], descent])

@@ -74,11 +74,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cudt.constraint import Constraint, FreeSign
-from cudt.dual import project_nonnegative
-from cudt.formulation import Lagrangian
+from cudt.constrained._constraint import Constraint, FreeSign
+from cudt.constrained._dual import project_nonnegative
+from cudt.constrained._formulation import Lagrangian
 
-__all__ = ["UPDATES", "ConstrainedState", "make_constrained_step", "set_learning_rate"]
+__all__ = ["UPDATES", "ConstrainedState", "make_constrained_step"]
 
 UPDATES = ("simultaneous", "alternating", "extragradient", "optimistic")
 
@@ -203,7 +203,7 @@ def make_constrained_step(
     Args:
       problem: ``(params, batch, key[, hparams]) -> (objective, {name: Constraint}[, aux])``.
       primal: the optax optimiser of the parameters (minimises the Lagrangian).
-      dual: a dual transformation following :mod:`cudt.dual`'s convention (additive, projected
+      dual: a dual transformation following the dual updates' convention (additive, projected
         updates from the dual gradient ``g``): :func:`cudt.dual_ascent`, :func:`cudt.dual_adam`,
         :func:`cudt.nupi`, :func:`cudt.as_dual` of any optax optimiser. Equality multipliers are
         passed as :class:`cudt.FreeSign` so they are not projected.

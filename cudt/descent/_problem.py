@@ -47,14 +47,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from cudt.constrained import DescentConfig, constraint_values
-from cudt.constraint import Constraint
+from cudt.constrained import Constraint
+from cudt.descent._config import DescentConfig
 
 __all__ = [
     "CONSTRAINTS",
     "OBJECTIVES",
     "RATIO_FLOOR",
     "SCALE_FLOOR",
+    "constraint_values",
     "constraints",
     "hparams",
     "metrics",
@@ -86,8 +87,8 @@ def hparams(
     (``reference`` None or NaN: off), ``resilience`` α (None or inf: hard; with explicit slacks
     the config's α), ``tail_beta`` β of ``"tail"``."""
     L = config.num_layers
-    eps = config.epsilon_array if epsilon is None else epsilon
-    eps = jnp.broadcast_to(jnp.asarray(eps, jnp.float32), (L,))
+    epsilon = config.epsilon_array if epsilon is None else epsilon
+    epsilon = jnp.broadcast_to(jnp.asarray(epsilon, jnp.float32), (L,))
     ref = config.reference if reference is None else reference
     ref = jnp.asarray(jnp.nan if ref is None else ref, jnp.float32)
     has_ref = jnp.isfinite(ref)
@@ -95,12 +96,30 @@ def hparams(
     alpha = jnp.asarray(jnp.inf if alpha is None else alpha, jnp.float32)
     beta = config.tail_beta if tail_beta is None else tail_beta
     return {
-        "epsilon": eps,
+        "epsilon": epsilon,
         "reference": jnp.where(has_ref, ref, 0.0),
         "has_reference": has_ref,
         "resilience": alpha,
         "tail_beta": jnp.asarray(beta, jnp.float32),
     }
+
+
+def constraint_values(mean_losses, epsilon, reference=None, reference_active=None):
+    """g [L+1] from the mean per-layer losses [L+1].
+
+    g_0 = mean ℓ_0 − C (0 when ``reference`` is None, or where ``reference_active`` is False:
+    a traced per-run switch, so runs with and without the reference constraint share a program);
+    g_l = mean ℓ_l − (1 − ε_l)·mean ℓ_{l−1}, with ``epsilon[l-1]`` the factor of layer l.
+    """
+    descent = mean_losses[1:] - (1.0 - epsilon) * mean_losses[:-1]  # [L]
+    if reference is None:
+        g0 = jnp.zeros((), mean_losses.dtype)
+    else:
+        g0 = mean_losses[0] - reference
+        if reference_active is not None:
+            # where, not a product: no gradient reaches ℓ_0 through an inactive constraint
+            g0 = jnp.where(reference_active, g0, jnp.zeros_like(g0))
+    return jnp.concatenate([g0[None], descent])
 
 
 def tail_values(losses, epsilon, beta):
@@ -176,17 +195,17 @@ def problem(
             )
         losses = losses.astype(jnp.float32)
         mean = jnp.mean(losses, axis=0)
-        eps = hp["epsilon"]
-        g = constraint_values(mean, eps, hp["reference"], hp["has_reference"])
+        epsilon = hp["epsilon"]
+        g = constraint_values(mean, epsilon, hp["reference"], hp["has_reference"])
         index, shown = None, g[1:]
         s = scales(mean, hp["reference"], hp["has_reference"]) if relative else None
         if constraint == "mean":
             descent = g[1:]
         elif constraint == "indexed":
-            descent = losses[:, 1:] - (1.0 - eps) * losses[:, :-1]  # [B, L]
+            descent = losses[:, 1:] - (1.0 - epsilon) * losses[:, :-1]  # [B, L]
             index = example_ids(batch)
         else:
-            descent = shown = tail_values(losses, eps, hp["tail_beta"])
+            descent = shown = tail_values(losses, epsilon, hp["tail_beta"])
             if relative:  # a ratio: in the loss's units in the Lagrangian, so λ is dimensionless
                 descent = s[1:] * descent
         alpha = hp["resilience"]
@@ -195,7 +214,7 @@ def problem(
             "descent": _resilient(descent, config, alpha, index, None if s is None else s[1:]),
         }
         aux = {"layer_loss": mean, "constraint": jnp.concatenate([g[:1], shown])}
-        f = mean[-1] if objective == "loss" else violation(mean, eps)
+        f = mean[-1] if objective == "loss" else violation(mean, epsilon)
         return f, cons, aux
 
     return descent_problem

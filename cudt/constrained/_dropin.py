@@ -17,7 +17,7 @@ module under ``nnx.grad`` too). ``lag.loss`` is the formulation's Lagrangian: it
 ``params`` is the primal direction, and its gradient in ``multipliers`` is the dual gradient the
 step ascends (``g/s``, ``g/s − λ/α`` with resilience), whatever the formulation's own derivative
 in λ. ``lag.dual`` is the caller's dual transformation applied per constraint, with
-``dual_radius``: the step's own ascent (``cudt.constrained_step._ascend_one``), so a loop with
+``dual_radius``: the step's own ascent (``cudt.constrained._step._ascend_one``), so a loop with
 this pair and simultaneous updates equals ``make_constrained_step(update="simultaneous")``.
 Indexed constraints (``num_indexed={name: N}``) need the batch's ids in the dual update,
 ``lag.dual.update(g, state, multipliers, index=ids)``: only those rows of the table and of its
@@ -38,7 +38,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cudt.constrained_step import (
+from cudt.constrained._constraint import Constraint, FreeSign
+from cudt.constrained._formulation import AugmentedLagrangian, Lagrangian, QuadraticPenalty
+from cudt.constrained._step import (
     _ascend_one,
     _check_constraints,
     _dual_gradient,
@@ -46,8 +48,6 @@ from cudt.constrained_step import (
     _update_rows,
     _zero_multipliers,
 )
-from cudt.constraint import Constraint, FreeSign
-from cudt.formulation import AugmentedLagrangian, Lagrangian, QuadraticPenalty
 
 __all__ = ["ConstrainedLoss", "init_multipliers", "lagrangian"]
 
@@ -92,7 +92,7 @@ def lagrangian(
 
     Args:
       problem: ``(params, batch, key) -> (objective, {name: Constraint}[, aux])``.
-      dual: a :mod:`cudt.dual` transformation (``dual_ascent``, ``dual_adam``, ``nupi``,
+      dual: a :mod:`cudt.constrained` dual transformation (``dual_ascent``, ``dual_adam``, ``nupi``,
         ``as_dual(any optax)``).
       formulation: ``cudt.Lagrangian()`` (default), ``AugmentedLagrangian(penalty=ρ)`` or
         ``QuadraticPenalty(penalty=ρ)``, with a constant ρ (``growth=1``).

@@ -1,0 +1,54 @@
+"""Constrained learning for any JAX problem: named constraints, formulations, dual updates, the
+one primal-dual step and the drop-in Lagrangian for a loop of one's own (docs/constrained.md).
+
+Each idea is a module of this package (``_constraint``, ``_formulation``, ``_dual``, ``_step``,
+``_dropin``); import the names from here (or from :mod:`cudt`), not from the modules.
+"""
+
+from cudt.constrained._constraint import (
+    Constraint,
+    FreeSign,
+)
+from cudt.constrained._dropin import (
+    ConstrainedLoss,
+    init_multipliers,
+    lagrangian,
+)
+from cudt.constrained._dual import (
+    as_dual,
+    dual_adam,
+    dual_ascent,
+    nupi,
+    project_nonnegative,
+    resilience_decay,
+)
+from cudt.constrained._formulation import (
+    AugmentedLagrangian,
+    Lagrangian,
+    QuadraticPenalty,
+)
+from cudt.constrained._step import (
+    UPDATES,
+    ConstrainedState,
+    make_constrained_step,
+)
+
+__all__ = [
+    "UPDATES",
+    "AugmentedLagrangian",
+    "ConstrainedLoss",
+    "ConstrainedState",
+    "Constraint",
+    "FreeSign",
+    "Lagrangian",
+    "QuadraticPenalty",
+    "as_dual",
+    "dual_adam",
+    "dual_ascent",
+    "init_multipliers",
+    "lagrangian",
+    "make_constrained_step",
+    "nupi",
+    "project_nonnegative",
+    "resilience_decay",
+]
