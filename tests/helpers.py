@@ -20,6 +20,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from PIL import Image
 from safetensors.numpy import save_file
 
@@ -48,6 +49,42 @@ def forced_devices_env(count: int, **extra: str) -> dict[str, str]:
     return dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu", **extra)
 
 
+# A BERT block's Hugging Face names below ``encoder.layer.{i}.``: its six linear layers (query,
+# key, value, attention output, MLP up, MLP down) and its two layer norms
+BERT_BLOCK = (
+    "encoder.layer.{}.",
+    (
+        "attention.self.query",
+        "attention.self.key",
+        "attention.self.value",
+        "attention.output.dense",
+        "intermediate.dense",
+        "output.dense",
+    ),
+    ("attention.output.LayerNorm", "output.LayerNorm"),
+)
+
+
+def random_blocks(rand, layers: int, block, d: int, f: int, norm_offset: float = 1.0) -> dict:
+    """Random tensors of ``layers`` transformer blocks in Hugging Face names. ``block`` is
+    (the layer's prefix with ``{}`` for its index, the six linear layers: four d × d of
+    attention, MLP up f × d and down d × f, the layer norms); each linear layer has a weight and
+    a bias, each norm a scale (``norm_offset`` + noise) and a bias. Drawn with ``rand(*shape)``
+    block by block, in that order."""
+    layer_fmt, linears, norms = block
+    shapes = ((d, d),) * 4 + ((f, d), (d, f))
+    t = {}
+    for i in range(layers):
+        base = layer_fmt.format(i)
+        for name, shape in zip(linears, shapes, strict=True):
+            t[f"{base}{name}.weight"] = rand(*shape)
+            t[f"{base}{name}.bias"] = rand(shape[0])
+        for name in norms:
+            t[f"{base}{name}.weight"] = norm_offset + rand(d)
+            t[f"{base}{name}.bias"] = rand(d)
+    return t
+
+
 def write_tiny_bert(folder: Path, seed: int = 0) -> Path:
     """A random BERT folder (config.json, model.safetensors) with MiniLM's tokenizer.json."""
     tok = minilm_path()
@@ -64,21 +101,7 @@ def write_tiny_bert(folder: Path, seed: int = 0) -> Path:
         "embeddings.LayerNorm.weight": 1 + rand(D),
         "embeddings.LayerNorm.bias": rand(D),
     }
-    linears = {
-        "attention.self.query": (D, D),
-        "attention.self.key": (D, D),
-        "attention.self.value": (D, D),
-        "attention.output.dense": (D, D),
-        "intermediate.dense": (FFN, D),
-        "output.dense": (D, FFN),
-    }
-    for i in range(LAYERS):
-        for name, shape in linears.items():
-            t[f"encoder.layer.{i}.{name}.weight"] = rand(*shape)
-            t[f"encoder.layer.{i}.{name}.bias"] = rand(shape[0])
-        for name in ("attention.output.LayerNorm", "output.LayerNorm"):
-            t[f"encoder.layer.{i}.{name}.weight"] = 1 + rand(D)
-            t[f"encoder.layer.{i}.{name}.bias"] = rand(D)
+    t.update(random_blocks(rand, LAYERS, BERT_BLOCK, D, FFN))
     config = dict(
         model_type="bert",
         hidden_size=D,
@@ -249,6 +272,29 @@ def watch_opens_forbid_unpickling(monkeypatch) -> list[str]:
     monkeypatch.setattr(pickle, "load", no_unpickling)
     monkeypatch.setattr(pickle, "loads", no_unpickling)
     return opened
+
+
+def assert_folder_refusals(load, write, folder: Path, monkeypatch, error) -> None:
+    """What a loader of Hugging Face model folders refuses, each with ``error``: a missing
+    folder, one with no config.json, one whose weights are a pickle only (pickle checkpoints are
+    unsafe: never opened) and one with no weights at all. ``write(folder)`` writes one that loads."""
+    with pytest.raises(error, match="does not exist"):
+        load(folder / "nope")
+    with pytest.raises(error, match="no config.json"):
+        load(folder)
+    write(folder)
+    (folder / "model.safetensors").unlink()
+    # Garbage that would blow up (not ``error``) if anything tried to unpickle it.
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x05garbage-not-a-pickle" * 8)
+    opened = watch_opens_forbid_unpickling(monkeypatch)
+    with pytest.raises(
+        error, match=r"pickle checkpoints are not loaded \(unsafe\); convert to safetensors"
+    ):
+        load(folder)
+    assert not [f for f in opened if f.endswith("pytorch_model.bin")], opened
+    (folder / "pytorch_model.bin").unlink()
+    with pytest.raises(error, match="has no model.safetensors"):
+        load(folder)
 
 
 # --------------------------------------------------------------------------------------------
