@@ -344,15 +344,11 @@ def forum_reviews(
     (balanced) and rating 1 or 2 (label 0) or 4 or 5 (label 1); it depends only on
     ``(seed, stream, i)``.
     """
-    return rated_reviews(
-        "forum_reviews",
-        num_examples,
-        seed=seed,
-        stream=stream,
-        tag=_TAG,
-        rate=lambda rng, positive: int(_pick(rng, (4, 5) if positive else (1, 2))),
-        write=forum_review,
-    )
+
+    def rate(rng, positive):
+        return int(_pick(rng, (4, 5) if positive else (1, 2)))
+
+    return rated_reviews("forum_reviews", num_examples, seed, stream, _TAG, rate, forum_review)
 
 
 def write_forum(root: str | Path, *, train: int = 2000, test: int = 400, seed: int = 0) -> Path:

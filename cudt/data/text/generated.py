@@ -605,21 +605,19 @@ def imdb_like_reviews(
     ones (``tests/test_text_learns.py`` computes one); example ``i`` depends only on
     ``(seed, stream, i)``.
     """
-    return rated_reviews(
-        "imdb_like_reviews",
-        num_examples,
-        seed=seed,
-        stream=stream,
-        tag=7,
-        rate=lambda rng, positive: int(rng.integers(7, 11) if positive else rng.integers(1, 5)),
-        write=lambda rng, rating: imdb_like_review(rng, rating, short=short),
-    )
+
+    def rate(rng, positive):
+        return int(rng.integers(7, 11) if positive else rng.integers(1, 5))
+
+    def write(rng, rating):
+        return imdb_like_review(rng, rating, short=short)
+
+    return rated_reviews("imdb_like_reviews", num_examples, seed, stream, 7, rate, write)
 
 
 def rated_reviews(
     name: str,
     num_examples: int,
-    *,
     seed: int,
     stream: int,
     tag: int,
