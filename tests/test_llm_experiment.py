@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import TINY_DECODER, forced_devices_env
+from helpers import TINY_DECODER, forced_devices_env, job_results
 
 from cudt.data.alpaca import build_word_tokenizer, write_alpaca
 from cudt.data.instructions import exact_answer, generated_instructions
@@ -45,8 +45,7 @@ def layer_loss(r: dict) -> np.ndarray:
 
 
 def run(argv, out: Path) -> dict:
-    assert llm_sft.main([*argv, "--out", str(out)]) == 0
-    return json.loads((out / "results.json").read_text())
+    return job_results(llm_sft.main, argv, out)
 
 
 @pytest.fixture(scope="module")
