@@ -210,6 +210,19 @@ def max_abs_diff(a: Any, b: Any) -> float:
 # --------------------------------------------------------------------------------------------------
 
 
+def parse_quick(
+    p: argparse.ArgumentParser, argv: Sequence[str] | None, quick: dict[str, Any], help: str
+) -> argparse.Namespace:
+    """``argv`` parsed by ``p`` with one more flag, ``--quick`` (``help``): tiny sizes for the
+    tests, the values of ``quick`` in place of the parsed ones."""
+    p.add_argument("--quick", action="store_true", help=help)
+    args = p.parse_args(argv)
+    if args.quick:
+        for name, value in quick.items():
+            setattr(args, name, value)
+    return args
+
+
 def int_list(text: str) -> list[int]:
     """``"1,2,4"`` -> ``[1, 2, 4]`` (an argparse ``type``)."""
     try:

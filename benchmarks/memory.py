@@ -38,10 +38,32 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import header, int_list, max_abs_diff, print_table, time_alternatives
+from benchmarks.common import (
+    header,
+    int_list,
+    max_abs_diff,
+    parse_quick,
+    print_table,
+    time_alternatives,
+)
 from cudt.lm_loss import layer_token_losses, naive_layer_token_losses
 
 MIB = 2**20
+
+
+# --quick: tiny sizes for the tests
+QUICK = dict(
+    vocab=[1024],
+    depths=[3],
+    batch=1,
+    seq=16,
+    dim=16,
+    chunk_tokens=8,
+    vocab_chunk=128,
+    time_vocab=1024,
+    time_depth=3,
+    repeats=1,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -65,24 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--time-vocab", type=int, default=32768, help="V of the timed size")
     p.add_argument("--time-depth", type=int, default=17, help="L+1 of the timed size")
     p.add_argument("--repeats", type=int, default=5, help="interleaved repetitions (default 5)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes for the tests (V 1024, L+1 3)")
-    args = p.parse_args(argv)
-    if args.quick:
-        quick = dict(
-            vocab=[1024],
-            depths=[3],
-            batch=1,
-            seq=16,
-            dim=16,
-            chunk_tokens=8,
-            vocab_chunk=128,
-            time_vocab=1024,
-            time_depth=3,
-            repeats=1,
-        )
-        for name, value in quick.items():
-            setattr(args, name, value)
-    return args
+    return parse_quick(p, argv, QUICK, "tiny sizes for the tests (V 1024, L+1 3)")
 
 
 def rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:

@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import print_saved_residuals
 
-from benchmarks.common import choice_list, print_table
+from benchmarks.common import choice_list, parse_quick, print_table
 from cudt.errors import UsageError
 from cudt.models.llama import Decoder, DecoderConfig
 from cudt.runner.groups import make_group_step
@@ -162,14 +162,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpus", type=int, default=8, help="GPUs of the FSDP machine (default 8)")
     p.add_argument("--gpu-gb", type=float, default=80.0, help="their memory, GB (default 80)")
     p.add_argument("--h200-gb", type=float, default=141.0, help="one H200's memory, GB (141)")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="a tiny decoder (L 6, D 32, V 512, T 16) on 4 GPUs; fewer compiles",
+    args = parse_quick(
+        p,
+        argv,
+        dict(layers=6, seq=16, chunk_tokens=32, gpus=4),
+        "a tiny decoder (L 6, D 32, V 512, T 16) on 4 GPUs; fewer compiles",
     )
-    args = p.parse_args(argv)
-    if args.quick:
-        args.layers, args.seq, args.chunk_tokens, args.gpus = 6, 16, 32, 4
     for name in ("layers", "batch", "seq", "chunk_tokens", "gpus"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -56,6 +56,7 @@ from benchmarks.common import (
     cpu_cores,
     header,
     int_list,
+    parse_quick,
     print_table,
     time_alternatives,
 )
@@ -100,16 +101,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--no-flops", dest="flops", action="store_false", help="skip the FLOP rate")
     p.add_argument("--matmul-size", type=int, default=2048, help="n of the n x n matmul")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny sizes for the tests (L = 2, 3 short videos, batch 4, 1 repeat of 2 steps, "
+    args = parse_quick(
+        p,
+        argv,
+        QUICK,
+        "tiny sizes for the tests (L = 2, 3 short videos, batch 4, 1 repeat of 2 steps, "
         "torch's default threads, a 256² matmul)",
     )
-    args = p.parse_args(argv)
-    if args.quick:
-        for name, value in QUICK.items():
-            setattr(args, name, value)
     return args
 
 

@@ -36,6 +36,7 @@ from benchmarks.common import (
     interleave,
     max_abs_diff,
     median,
+    parse_quick,
     print_table,
 )
 from benchmarks.setting import VideoSetup, video_config, video_parser, video_setup
@@ -57,16 +58,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=defaults.steps,
         help=f"steps of the end-to-end ratio (default: VideoConfig's, {defaults.steps})",
     )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny sizes for the tests (L = 2, 3 short videos, batch 4, R = 1,2, one call of "
+    args = parse_quick(
+        p,
+        argv,
+        QUICK,
+        "tiny sizes for the tests (L = 2, 3 short videos, batch 4, R = 1,2, one call of "
         "two chunks of 2 steps)",
     )
-    args = p.parse_args(argv)
-    if args.quick:
-        for name, value in QUICK.items():
-            setattr(args, name, value)
     if 1 not in args.runs:
         args.runs = [1, *args.runs]  # the reference of every ratio
     return args

@@ -20,6 +20,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from PIL import Image
 from safetensors.numpy import save_file
 
@@ -48,6 +49,42 @@ def forced_devices_env(count: int, **extra: str) -> dict[str, str]:
     return dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu", **extra)
 
 
+# A BERT block's Hugging Face names below ``encoder.layer.{i}.``: its six linear layers (query,
+# key, value, attention output, MLP up, MLP down) and its two layer norms
+BERT_BLOCK = (
+    "encoder.layer.{}.",
+    (
+        "attention.self.query",
+        "attention.self.key",
+        "attention.self.value",
+        "attention.output.dense",
+        "intermediate.dense",
+        "output.dense",
+    ),
+    ("attention.output.LayerNorm", "output.LayerNorm"),
+)
+
+
+def random_blocks(rand, layers: int, block, d: int, f: int, norm_offset: float = 1.0) -> dict:
+    """Random tensors of ``layers`` transformer blocks in Hugging Face names. ``block`` is
+    (the layer's prefix with ``{}`` for its index, the six linear layers: four d × d of
+    attention, MLP up f × d and down d × f, the layer norms); each linear layer has a weight and
+    a bias, each norm a scale (``norm_offset`` + noise) and a bias. Drawn with ``rand(*shape)``
+    block by block, in that order."""
+    layer_fmt, linears, norms = block
+    shapes = ((d, d),) * 4 + ((f, d), (d, f))
+    t = {}
+    for i in range(layers):
+        base = layer_fmt.format(i)
+        for name, shape in zip(linears, shapes, strict=True):
+            t[f"{base}{name}.weight"] = rand(*shape)
+            t[f"{base}{name}.bias"] = rand(shape[0])
+        for name in norms:
+            t[f"{base}{name}.weight"] = norm_offset + rand(d)
+            t[f"{base}{name}.bias"] = rand(d)
+    return t
+
+
 def write_tiny_bert(folder: Path, seed: int = 0) -> Path:
     """A random BERT folder (config.json, model.safetensors) with MiniLM's tokenizer.json."""
     tok = minilm_path()
@@ -64,21 +101,7 @@ def write_tiny_bert(folder: Path, seed: int = 0) -> Path:
         "embeddings.LayerNorm.weight": 1 + rand(D),
         "embeddings.LayerNorm.bias": rand(D),
     }
-    linears = {
-        "attention.self.query": (D, D),
-        "attention.self.key": (D, D),
-        "attention.self.value": (D, D),
-        "attention.output.dense": (D, D),
-        "intermediate.dense": (FFN, D),
-        "output.dense": (D, FFN),
-    }
-    for i in range(LAYERS):
-        for name, shape in linears.items():
-            t[f"encoder.layer.{i}.{name}.weight"] = rand(*shape)
-            t[f"encoder.layer.{i}.{name}.bias"] = rand(shape[0])
-        for name in ("attention.output.LayerNorm", "output.LayerNorm"):
-            t[f"encoder.layer.{i}.{name}.weight"] = 1 + rand(D)
-            t[f"encoder.layer.{i}.{name}.bias"] = rand(D)
+    t.update(random_blocks(rand, LAYERS, BERT_BLOCK, D, FFN))
     config = dict(
         model_type="bert",
         hidden_size=D,
@@ -138,6 +161,24 @@ def assert_figures(out, names, min_height: int) -> None:
             assert im.format == "PNG"
             assert im.size[0] >= 600 and im.size[1] >= min_height, (name, im.size)
             assert len(im.convert("RGB").getcolors(maxcolors=1 << 20)) > 50, name
+
+
+# The keys of a run record (results.json) that the shared runner writes for every task
+RUNNER_KEYS = {
+    "model",
+    "layers",
+    "constrained",
+    "seed",
+    "gamma_train",
+    "test_gamma",
+    "layer_loss",
+    "descent_rate",
+    "mean_ratio",
+    "median_ratio",
+    "feasible",
+    "multipliers",
+    "diverged",
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,10 +264,27 @@ class ToyTask(Task):
         return [Column("final", 8, lambda r: f"{r['final_loss'][0]:.4f}")]
 
 
+def job_results(main, argv, out) -> dict:
+    """A job's ``main`` run on ``argv`` and ``--out out``, which must succeed: its results.json."""
+    assert main([*argv, "--out", str(out)]) == 0
+    return json.loads((Path(out) / "results.json").read_text())
+
+
+def help_text(main, config_cls, capsys) -> str:
+    """``main(["--help"])``'s text, which must exit 0 and name every field of ``config_cls`` as
+    a flag."""
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for f in dataclasses.fields(config_cls):
+        assert "--" + f.name.replace("_", "-") in text
+    return text
+
+
 def toy(argv, out, task=None) -> dict:
     task = task or ToyTask()
-    assert task_main(task, [*argv, "--out", str(out)], "toy", "toy") == 0
-    return json.loads((Path(out) / "results.json").read_text())
+    return job_results(lambda a: task_main(task, a, "toy", "toy"), argv, out)
 
 
 def watch_opens_forbid_unpickling(monkeypatch) -> list[str]:
@@ -249,6 +307,29 @@ def watch_opens_forbid_unpickling(monkeypatch) -> list[str]:
     monkeypatch.setattr(pickle, "load", no_unpickling)
     monkeypatch.setattr(pickle, "loads", no_unpickling)
     return opened
+
+
+def assert_folder_refusals(load, write, folder: Path, monkeypatch, error) -> None:
+    """What a loader of Hugging Face model folders refuses, each with ``error``: a missing
+    folder, one with no config.json, one whose weights are a pickle only (pickle checkpoints are
+    unsafe: never opened) and one with no weights at all. ``write(folder)`` writes one that loads."""
+    with pytest.raises(error, match="does not exist"):
+        load(folder / "nope")
+    with pytest.raises(error, match="no config.json"):
+        load(folder)
+    write(folder)
+    (folder / "model.safetensors").unlink()
+    # Garbage that would blow up (not ``error``) if anything tried to unpickle it.
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x05garbage-not-a-pickle" * 8)
+    opened = watch_opens_forbid_unpickling(monkeypatch)
+    with pytest.raises(
+        error, match=r"pickle checkpoints are not loaded \(unsafe\); convert to safetensors"
+    ):
+        load(folder)
+    assert not [f for f in opened if f.endswith("pytorch_model.bin")], opened
+    (folder / "pytorch_model.bin").unlink()
+    with pytest.raises(error, match="has no model.safetensors"):
+        load(folder)
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,6 +398,25 @@ class LockHolder:
             self.proc.wait(timeout=60)
 
 
+def start_script(code: str, *args) -> subprocess.Popen:
+    """Another job: ``code`` run by another Python process on the CPU, with ``args`` as its
+    ``sys.argv[1:]`` (it can import ``helpers``); its stdout dropped, its stderr piped (text)."""
+    tests = str(ROOT / "tests")
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import sys\nsys.path.insert(0, {tests!r})\n{code}",
+            *map(str, args),
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def snapshot(folder: Path) -> dict[str, tuple]:
     """Every path under ``folder`` (itself included) with its kind, size and modification time
     in nanoseconds: a file created and removed again still changes its folder's time."""
@@ -327,6 +427,49 @@ def snapshot(folder: Path) -> dict[str, tuple]:
     }
 
 
+# --------------------------------------------------------------------------------------------
+# The tiny Llama of the LLM tests: a DecoderConfig's sizes (a vocabulary is each test's own)
+# --------------------------------------------------------------------------------------------
+
+TINY_DECODER = dict(hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2, num_kv_heads=1)
+
+
+# --------------------------------------------------------------------------------------------
+# A per-layer LM readout problem (tests/test_lm_loss.py, tests/test_response_readout.py)
+# --------------------------------------------------------------------------------------------
+
+
+def rms_norm(x, scale):
+    """Llama's final norm, ``[..., D] -> [..., D]``, with a (traced) scale."""
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+
+
+def readout_problem(layers, batch, seq, d, vocab, *, seed, masked, kept, dtype):
+    """``(states [layers, batch, seq, d], head [d, vocab], scale [d], labels, mask)``: states that
+    read out better with depth (accuracy neither 0 nor 1); each token masked with probability
+    ``masked``, but sample 1 all masked and token 0 of sample 0 and the token ``kept`` (sample,
+    position) unmasked; HF-style ``-100`` labels at every masked position."""
+    ks = jax.random.split(jax.random.key(seed), 5)
+    head = jax.random.normal(ks[0], (d, vocab))
+    labels = jax.random.randint(ks[1], (batch, seq), 0, vocab)
+    mask = jax.random.uniform(ks[2], (batch, seq)) > masked
+    mask = mask.at[1].set(False).at[0, 0].set(True).at[kept].set(True)
+    depth = jnp.linspace(0.0, 1.5, layers)[:, None, None, None]
+    states = jax.random.normal(ks[3], (layers, batch, seq, d)) + depth * head.T[labels][None]
+    scale = 1.0 + 0.1 * jax.random.normal(ks[4], (d,))
+    labels = jnp.where(mask, labels, -100)
+    return states.astype(dtype), head.astype(dtype), scale.astype(dtype), labels, mask
+
+
+def readout_objective(fn, states, head, scale, labels, mask):
+    """A weighted sum of both outputs of a readout ``fn`` (the weights differ per sample and
+    layer): ``(objective, (ce, acc))``."""
+    ce, acc = fn(states, lambda x: rms_norm(x, scale), head, labels, mask)
+    weights = jnp.linspace(0.1, 1.0, ce.size).reshape(ce.shape)
+    return jnp.sum(weights * ce) + jnp.sum(acc), (ce, acc)
+
+
+# --------------------------------------------------------------------------------------------
 # llama.cpp's converter
 # --------------------------------------------------------------------------------------------
 

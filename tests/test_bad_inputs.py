@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import LockHolder
+from helpers import BERT_BLOCK, LockHolder, random_blocks
 from PIL import Image
 from safetensors.numpy import save_file
 
@@ -636,20 +636,7 @@ def bert_folder(folder: Path, *, config=None, tensors=None) -> Path:
         "embeddings.LayerNorm.weight": rand(D),
         "embeddings.LayerNorm.bias": rand(D),
     }
-    linears = {
-        "attention.self.query": (D, D),
-        "attention.self.key": (D, D),
-        "attention.self.value": (D, D),
-        "attention.output.dense": (D, D),
-        "intermediate.dense": (F, D),
-        "output.dense": (D, F),
-    }
-    for name, shape in linears.items():
-        t[f"encoder.layer.0.{name}.weight"] = rand(*shape)
-        t[f"encoder.layer.0.{name}.bias"] = rand(shape[0])
-    for name in ("attention.output.LayerNorm", "output.LayerNorm"):
-        t[f"encoder.layer.0.{name}.weight"] = rand(D)
-        t[f"encoder.layer.0.{name}.bias"] = rand(D)
+    t.update(random_blocks(rand, 1, BERT_BLOCK, D, F, norm_offset=0.0))
     cfg = dict(
         model_type="bert",
         hidden_size=D,

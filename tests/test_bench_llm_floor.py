@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # benchmarks/ is a folder of the repository, not installed
     sys.path.insert(0, str(ROOT))
 
+from helpers import TINY_DECODER  # noqa: E402
+
 from benchmarks import llm, step  # noqa: E402
 from cudt.models.llama.config import DecoderConfig  # noqa: E402
 
@@ -90,11 +92,7 @@ def test_compiled_floor_does_the_flops_it_claims():
     """XLA's count of the compiled floor program equals the products' 2·m·k·n (a tiny Llama)."""
     config = DecoderConfig(
         vocab_size=400,
-        hidden_size=16,
-        intermediate_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
+        **TINY_DECODER,
         tie_word_embeddings=True,
     )
     params = jax.eval_shape(config.init_params, jax.random.key(0))

@@ -9,7 +9,6 @@ itself never imports them.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -18,24 +17,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: never reach for the hub
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-import torch  # noqa: E402
-import transformers  # noqa: E402
 from helpers import forced_devices_env
+from hf_stack import torch, transformers  # local folders only: never the hub
 
-import cudt  # noqa: E402
-from cudt.models.hf import ModelFolderError  # noqa: E402
-from cudt.models.llama import (  # noqa: E402
+import cudt
+from cudt.models.hf import ModelFolderError
+from cudt.models.llama import (
     Decoder,
     DecoderConfig,
     decoder_partition_specs,
     load_decoder,
     write_decoder_folder,
 )
-from cudt.models.llama.layers import inv_freq  # noqa: E402
+from cudt.models.llama.layers import inv_freq
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOL = dict(rtol=1e-4, atol=1e-4)  # float32 on CPU against transformers

@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import watch_opens_forbid_unpickling
+from helpers import BERT_BLOCK, assert_folder_refusals, random_blocks
+from hf_stack import INSTALL_HINT, requires_hf, torch, transformers
 from safetensors.numpy import load_file, save_file
 
 from cudt.models.encoders import (
@@ -33,23 +34,6 @@ from cudt.models.encoders import (
 )
 from cudt.models.encoders.model import _EncoderModule
 
-# Local folders only: never let transformers reach for the hub.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-try:
-    import torch
-    import transformers
-except ImportError:  # developer machine without the test-only reference stack
-    torch = None
-    transformers = None
-
-INSTALL_HINT = 'pip install -e ".[test]"'
-requires_hf = pytest.mark.skipif(
-    torch is None or transformers is None,
-    reason=f"torch/transformers not installed ({INSTALL_HINT})",
-)
-
 TOL = 1e-4  # max abs difference allowed against HF, float32 on CPU
 # Padded query positions of the real MiniLM are ill-conditioned (observed up to 6e-5 against HF
 # on one CPU, where real tokens differ by < 4e-6): compared relative to the state's scale.
@@ -59,6 +43,19 @@ PAD_REL_TOL = 1e-4
 # vectorisation make CPU-dependent: compared relative to the states' scale (|states| ~ 4).
 REL_TOL = 1e-5
 TINY = dict(hidden=32, heads=4, intermediate=37, vocab=100, max_pos=64)
+# A DistilBERT block's Hugging Face names (as helpers.BERT_BLOCK's)
+DISTILBERT_BLOCK = (
+    "transformer.layer.{}.",
+    (
+        "attention.q_lin",
+        "attention.k_lin",
+        "attention.v_lin",
+        "attention.out_lin",
+        "ffn.lin1",
+        "ffn.lin2",
+    ),
+    ("sa_layer_norm", "output_layer_norm"),
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -163,16 +160,7 @@ def write_tiny_folder(
             activation="gelu",
             sinusoidal_pos_embds=False,
         )
-        linears = {
-            "attention.q_lin": (d, d),
-            "attention.k_lin": (d, d),
-            "attention.v_lin": (d, d),
-            "attention.out_lin": (d, d),
-            "ffn.lin1": (f, d),
-            "ffn.lin2": (d, f),
-        }
-        norms = ("sa_layer_norm", "output_layer_norm")
-        layer_fmt = "transformer.layer.{}."
+        block = DISTILBERT_BLOCK
     else:
         config = dict(
             model_type=model_type,
@@ -188,24 +176,8 @@ def write_tiny_folder(
             pad_token_id=1 if model_type == "roberta" else 0,
         )
         t["embeddings.token_type_embeddings.weight"] = rand(2, d)
-        linears = {
-            "attention.self.query": (d, d),
-            "attention.self.key": (d, d),
-            "attention.self.value": (d, d),
-            "attention.output.dense": (d, d),
-            "intermediate.dense": (f, d),
-            "output.dense": (d, f),
-        }
-        norms = ("attention.output.LayerNorm", "output.LayerNorm")
-        layer_fmt = "encoder.layer.{}."
-    for i in range(layers):
-        base = layer_fmt.format(i)
-        for name, shape in linears.items():
-            t[f"{base}{name}.weight"] = rand(*shape)
-            t[f"{base}{name}.bias"] = rand(shape[0])
-        for name in norms:
-            t[f"{base}{name}.weight"] = 1 + rand(d)
-            t[f"{base}{name}.bias"] = rand(d)
+        block = BERT_BLOCK
+    t.update(random_blocks(rand, layers, block, d, f))
     config.update(config_overrides or {})
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
@@ -551,32 +523,10 @@ def test_error_unsupported_architecture(tmp_path: pathlib.Path) -> None:
         EncoderConfig.from_dict({"model_type": "bert", "num_attention_heads": 0})
 
 
-def test_error_missing_folder_and_config(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(EncoderError, match="does not exist"):
-        load_encoder(tmp_path / "nope")
-    with pytest.raises(EncoderError, match="no config.json"):
-        load_encoder(tmp_path)
-
-
-def test_error_pickle_checkpoint_is_refused_never_opened(
+def test_error_missing_folder_config_or_weights_and_pickles_are_never_opened(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write_tiny_folder(tmp_path)
-    (tmp_path / "model.safetensors").unlink()
-    # Garbage that would blow up (not EncoderError) if anything tried to unpickle it.
-    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x05garbage-not-a-pickle" * 8)
-    opened = watch_opens_forbid_unpickling(monkeypatch)
-    with pytest.raises(
-        EncoderError,
-        match=r"pickle checkpoints are not loaded \(unsafe\); "
-        r"convert to safetensors",
-    ):
-        load_encoder(tmp_path)
-    assert not [f for f in opened if f.endswith("pytorch_model.bin")], opened
-
-    (tmp_path / "pytorch_model.bin").unlink()
-    with pytest.raises(EncoderError, match="has no model.safetensors"):
-        load_encoder(tmp_path)
+    assert_folder_refusals(load_encoder, write_tiny_folder, tmp_path, monkeypatch, EncoderError)
 
 
 def test_error_shape_mismatch_names_tensor_and_shapes(tmp_path: pathlib.Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import jax
@@ -19,24 +18,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import safetensors.numpy
+from helpers import llama_cpp_permute
+from hf_stack import torch, transformers  # local folders only: never the hub
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: never reach for the hub
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from helpers import llama_cpp_permute  # noqa: E402
-
-import cudt  # noqa: E402
-from cudt.data.alpaca import (  # noqa: E402
+import cudt
+from cudt.data.alpaca import (
     alpaca_chat_template,
     alpaca_prompt,
     build_word_tokenizer,
     load_tokenizer,
 )
-from cudt.data.instructions import generated_instructions  # noqa: E402
-from cudt.models.hf import ModelFolderError  # noqa: E402
-from cudt.models.llama import (  # noqa: E402
+from cudt.data.instructions import generated_instructions
+from cudt.models.hf import ModelFolderError
+from cudt.models.llama import (
     Decoder,
     DecoderConfig,
     apply_chat_template,

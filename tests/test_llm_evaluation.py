@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import TINY_DECODER
 
 from cudt import stats
 from cudt.models.llama import Decoder, DecoderConfig
@@ -27,10 +28,7 @@ TINY = dict(
 
 
 def tiny_decoder(tied: bool) -> Decoder:
-    c = DecoderConfig(
-        vocab_size=40, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
-        num_kv_heads=1, tie_word_embeddings=tied,
-    )  # fmt: skip
+    c = DecoderConfig(vocab_size=40, **TINY_DECODER, tie_word_embeddings=tied)
     return Decoder(config=c, params=c.init_params(jax.random.key(0)))
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import forced_devices_env
+from helpers import TINY_DECODER, forced_devices_env, job_results
 
 from cudt.data.alpaca import build_word_tokenizer, write_alpaca
 from cudt.data.instructions import exact_answer, generated_instructions
@@ -45,8 +45,7 @@ def layer_loss(r: dict) -> np.ndarray:
 
 
 def run(argv, out: Path) -> dict:
-    assert llm_sft.main([*argv, "--out", str(out)]) == 0
-    return json.loads((out / "results.json").read_text())
+    return job_results(llm_sft.main, argv, out)
 
 
 @pytest.fixture(scope="module")
@@ -123,11 +122,7 @@ def checkpoint_folder(tmp_path_factory):
     tokenizer = build_word_tokenizer(records)
     config = DecoderConfig(
         vocab_size=tokenizer.get_vocab_size() + 3,  # a model may have more rows than tokens
-        hidden_size=16,
-        intermediate_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
+        **TINY_DECODER,
         tie_word_embeddings=True,
     )
     write_decoder_folder(folder, config, config.init_params(jax.random.key(3)), tokenizer)
@@ -135,15 +130,21 @@ def checkpoint_folder(tmp_path_factory):
     return folder, data
 
 
+def fine_tune_argv(checkpoint, data, *, max_length, steps, chunk_steps, lr) -> list[str]:
+    """A short fine-tuning of ``checkpoint`` on the Alpaca file ``data``: 48 / 8 / 8 records,
+    batches of 8, one completion of 3 tokens, the embeddings trained, test γ 0 and 1."""
+    return [
+        "--checkpoint", str(checkpoint), "--data", str(data), "--num-train", "48", "--num-val",
+        "8", "--num-test", "8", "--max-length", str(max_length), "--steps", str(steps),
+        "--chunk-steps", str(chunk_steps), "--batch-size", "8", "--completions", "1",
+        "--max-new-tokens", "3", "--lr", lr, "--train-embeddings", "--test-gammas", "0,1",
+    ]  # fmt: skip
+
+
 @pytest.mark.slow
 def test_fine_tunes_a_hugging_face_folder_on_an_alpaca_file(checkpoint_folder, tmp_path):
     folder, data = checkpoint_folder
-    argv = [
-        "--checkpoint", str(folder), "--data", str(data), "--num-train", "48", "--num-val",
-        "8", "--num-test", "8", "--max-length", "64", "--steps", "8", "--chunk-steps", "4",
-        "--batch-size", "8", "--completions", "1", "--max-new-tokens", "3", "--lr", "3e-2",
-        "--train-embeddings", "--test-gammas", "0,1",
-    ]  # fmt: skip
+    argv = fine_tune_argv(folder, data, max_length=64, steps=8, chunk_steps=4, lr="3e-2")
     results = run(argv, tmp_path / "ft")
     saved = json.loads((folder / "config.json").read_text())
     assert results["config"]["decoder"]["vocab_size"] == saved["vocab_size"]
@@ -235,12 +236,7 @@ def gguf_checkpoint(tmp_path_factory):
 @pytest.mark.slow
 def test_fine_tunes_a_gguf_file_in_its_chat_template(gguf_checkpoint, tmp_path):
     file, data = gguf_checkpoint
-    argv = [
-        "--checkpoint", str(file), "--data", str(data), "--num-train", "48", "--num-val",
-        "8", "--num-test", "8", "--max-length", "80", "--steps", "6", "--chunk-steps", "3",
-        "--batch-size", "8", "--completions", "1", "--max-new-tokens", "3", "--lr", "3e-3",
-        "--train-embeddings", "--test-gammas", "0,1",
-    ]  # fmt: skip
+    argv = fine_tune_argv(file, data, max_length=80, steps=6, chunk_steps=3, lr="3e-3")
     results = run(argv, tmp_path / "chat")
     assert results["config"]["prompt_format"] == "chat"  # auto: the file has a template
     assert results["config"]["decoder"]["eos_token_id"] == 2  # <|im_end|>

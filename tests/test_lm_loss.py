@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import readout_objective, readout_problem, rms_norm
 
 from cudt.errors import UsageError
 from cudt.lm_loss import layer_token_losses, naive_layer_token_losses
@@ -15,31 +16,12 @@ L1, B, T, D, V = 3, 3, 5, 8, 50  # 45 rows of the flattened (layer, sample, toke
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
-def rms_norm(x, scale):
-    """Llama's final norm, ``[..., D] -> [..., D]``, with a (traced) scale."""
-    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
-
-
 def problem(dtype=jnp.float32, batch=B, seq=T):
-    """States that read out better with depth (accuracy neither 0 nor 1), sample 1 all masked,
-    and HF-style ``-100`` labels at every masked position."""
-    ks = jax.random.split(jax.random.key(0), 5)
-    head = jax.random.normal(ks[0], (D, V))
-    labels = jax.random.randint(ks[1], (batch, seq), 0, V)
-    mask = jax.random.uniform(ks[2], (batch, seq)) > 0.3
-    mask = mask.at[1].set(False).at[0, 0].set(True).at[2, 0].set(True)
-    depth = jnp.linspace(0.0, 1.5, L1)[:, None, None, None]
-    states = jax.random.normal(ks[3], (L1, batch, seq, D)) + depth * head.T[labels][None]
-    scale = 1.0 + 0.1 * jax.random.normal(ks[4], (D,))
-    labels = jnp.where(mask, labels, -100)
-    return states.astype(dtype), head.astype(dtype), scale.astype(dtype), labels, mask
+    """States that read out better with depth, sample 1 all masked (helpers.readout_problem)."""
+    return readout_problem(L1, batch, seq, D, V, seed=0, masked=0.3, kept=(2, 0), dtype=dtype)
 
 
-def objective(fn, states, head, scale, labels, mask):
-    """A weighted sum of both outputs (the weights differ per sample and layer)."""
-    ce, acc = fn(states, lambda x: rms_norm(x, scale), head, labels, mask)
-    weights = jnp.linspace(0.1, 1.0, ce.size).reshape(ce.shape)
-    return jnp.sum(weights * ce) + jnp.sum(acc), (ce, acc)
+objective = readout_objective
 
 
 def eager_value_and_grads(fn, states, head, scale, labels, mask):

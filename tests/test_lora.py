@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import TINY_DECODER
 
 from cudt.checkpoint import GroupCheckpointer
 from cudt.data.alpaca import build_word_tokenizer, write_alpaca
@@ -46,11 +47,7 @@ WORDS = build_word_tokenizer(RECORDS)
 def tiny_config(**kw) -> DecoderConfig:
     return DecoderConfig(
         vocab_size=WORDS.get_vocab_size(),
-        hidden_size=16,
-        intermediate_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
+        **TINY_DECODER,
         initializer_range=0.2,
         **kw,
     )

@@ -12,15 +12,13 @@ import json
 import os
 import re
 import socket
-import subprocess
-import sys
 import textwrap
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, LockHolder, ToyTask, one_line_error, snapshot, toy
+from helpers import LockHolder, ToyTask, one_line_error, snapshot, start_script, toy
 
 import cudt.runner.lock as lock_module
 from cudt.runner.cli import task_main
@@ -70,7 +68,6 @@ def test_a_second_job_is_refused_in_one_line_and_writes_nothing(holder, tmp_path
 TOY_JOB = textwrap.dedent(
     """
     import sys
-    sys.path.insert(0, {tests!r})
     from helpers import ToyTask
     from cudt.runner.cli import task_main
     sys.exit(task_main(ToyTask(), {argv!r} + ["--out", sys.argv[1]], "toy", "toy"))
@@ -98,15 +95,7 @@ def test_two_jobs_on_one_folder_the_first_is_unaffected(lone, tmp_path, capsys):
     run in a subprocess) trains on; the second, started while the first holds the folder,
     is refused in one line; the first's results.json equals a lone run's."""
     out = tmp_path / "run"
-    code = TOY_JOB.format(tests=str(ROOT / "tests"), argv=TOY)
-    first = subprocess.Popen(
-        [sys.executable, "-c", code, str(out)],
-        cwd=ROOT,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = start_script(TOY_JOB.format(argv=TOY), out)
     deadline = time.monotonic() + 300
     while not (out / LOCK_FILE).exists() and first.poll() is None:
         assert time.monotonic() < deadline

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import readout_objective, readout_problem, rms_norm
 
 import cudt
 import cudt.lm_loss as lm_loss
@@ -24,29 +25,13 @@ L1, B, T, D, V = 3, 3, 6, 8, 50
 RTOL, ATOL = 1e-5, 1e-6
 
 
-def rms_norm(x, scale):
-    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
-
-
 def problem(seed=0, batch=B, seq=T, dtype=jnp.float32):
-    """States that read out better with depth, sample 1 without response tokens, HF-style -100
-    labels off the response."""
-    ks = jax.random.split(jax.random.key(seed), 5)
-    head = jax.random.normal(ks[0], (D, V))
-    labels = jax.random.randint(ks[1], (batch, seq), 0, V)
-    mask = jax.random.uniform(ks[2], (batch, seq)) > 0.4
-    mask = mask.at[1].set(False).at[0, 0].set(True).at[2, -1].set(True)
-    depth = jnp.linspace(0.0, 1.5, L1)[:, None, None, None]
-    states = jax.random.normal(ks[3], (L1, batch, seq, D)) + depth * head.T[labels][None]
-    scale = 1.0 + 0.1 * jax.random.normal(ks[4], (D,))
-    labels = jnp.where(mask, labels, -100)
-    return states.astype(dtype), head.astype(dtype), scale.astype(dtype), labels, mask
+    """States that read out better with depth, sample 1 without response tokens
+    (helpers.readout_problem)."""
+    return readout_problem(L1, batch, seq, D, V, seed=seed, masked=0.4, kept=(2, -1), dtype=dtype)
 
 
-def objective(fn, states, head, scale, labels, mask):
-    ce, acc = fn(states, lambda x: rms_norm(x, scale), head, labels, mask)
-    weights = jnp.linspace(0.1, 1.0, ce.size).reshape(ce.shape)
-    return jnp.sum(weights * ce) + jnp.sum(acc), (ce, acc)
+objective = readout_objective
 
 
 value_and_grads = jax.jit(

@@ -15,7 +15,6 @@ killed after that save leaves (its results.json and later checkpoints gone)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, forced_devices_env, toy
+from helpers import ROOT, forced_devices_env, start_script, toy
 
 from cudt.runner.lock import LOCK_FILE
 
@@ -142,7 +141,6 @@ def test_one_device_resumes_on_four(runs):
 KILLED_IN_SAVE = textwrap.dedent(
     """
     import os, signal, sys
-    sys.path.insert(0, {tests!r})
     from orbax.checkpoint._src.path import atomicity
     from helpers import toy
 
@@ -166,15 +164,7 @@ def test_a_kill_inside_a_save_resumes_from_the_previous_checkpoint(runs, capsys)
     over the dead job's lock in one more), and gives the uninterrupted run bit for bit."""
     root = runs["root"]
     out = root / "killed"
-    code = KILLED_IN_SAVE.format(tests=str(ROOT / "tests"), args=ARGS)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(out)],
-        cwd=ROOT,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_script(KILLED_IN_SAVE.format(args=ARGS), out)
     _, killed_err = proc.communicate(timeout=600)
     assert proc.returncode == -signal.SIGKILL, killed_err[-3000:]  # killed, inside the save
     group = out / "checkpoints" / GROUP

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import FFN, HEADS, LAYERS, MAX_POS, D
+from helpers import FFN, HEADS, LAYERS, MAX_POS, RUNNER_KEYS, D, help_text, job_results
 from PIL import Image
 
 from cudt.data.text import length_batches
@@ -46,23 +46,7 @@ TINY = [
     "--eval-batch-size",
     "32",
 ]
-RUN_KEYS = {
-    "model",
-    "layers",
-    "constrained",
-    "seed",
-    "gamma_train",
-    "test_gamma",
-    "layer_loss",
-    "descent_rate",
-    "mean_ratio",
-    "median_ratio",
-    "feasible",
-    "multipliers",
-    "diverged",
-    "accuracy",
-    "auc",
-}
+RUN_KEYS = RUNNER_KEYS | {"accuracy", "auc"}  # and the task's metrics
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +68,8 @@ def bert_run(tiny_bert, tmp_path_factory):
         "4",
         "--seeds",
         "2",
-        "--out",
-        str(out),
     ]
-    assert text_classify.main(argv) == 0
-    return out, json.loads((out / "results.json").read_text())
+    return out, job_results(text_classify.main, argv, out)
 
 
 def _batch(model: TextClassifier, texts, max_length=12) -> dict:
@@ -389,12 +370,7 @@ def test_build_text_model_refusals(tiny_bert):
 
 
 def test_help_lists_every_flag(capsys):
-    with pytest.raises(SystemExit) as e:
-        text_classify.main(["--help"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
-    for f in dataclasses.fields(text_classify.Config):
-        assert "--" + f.name.replace("_", "-") in out
+    out = help_text(text_classify.main, text_classify.Config, capsys)
     for flag in ("--model", "--checkpoint", "--dataset", "--data-dir", "--layers", "--granularity",
                  "--gamma-train", "--seeds", "--steps", "--out"):  # fmt: skip
         assert flag in out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -14,6 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from helpers import RUNNER_KEYS, help_text, job_results
 from PIL import Image
 
 from cudt.checkpoint import GroupCheckpointer
@@ -39,21 +39,7 @@ TINY = [
     "--eval-batch-size",
     "128",  # last: TINY[:-2] drops it
 ]
-RUN_KEYS = {
-    "model",
-    "layers",
-    "constrained",
-    "seed",
-    "gamma_train",
-    "test_gamma",
-    "rmse",
-    "layer_loss",
-    "descent_rate",
-    "mean_ratio",
-    "median_ratio",
-    "feasible",
-    "multipliers",
-}
+RUN_KEYS = RUNNER_KEYS | {"rmse"}  # and the task's metrics
 
 
 def _params(states: dict):
@@ -78,11 +64,8 @@ def diverging_run(tmp_path_factory):
         "1",
         "--inject-nan",
         "ut,constrained,1,12",
-        "--out",
-        str(out),
     ]
-    assert video_denoise.main(argv) == 0
-    return out, json.loads((out / "results.json").read_text())
+    return out, job_results(video_denoise.main, argv, out)
 
 
 @pytest.mark.slow
@@ -169,12 +152,7 @@ def test_finished_output_is_never_overwritten(diverging_run, capsys):
 
 
 def test_help_lists_every_config_field(capsys):
-    with pytest.raises(SystemExit) as e:
-        video_denoise.main(["--help"])
-    assert e.value.code == 0
-    text = capsys.readouterr().out
-    for f in dataclasses.fields(video_denoise.Config):
-        assert "--" + f.name.replace("_", "-") in text
+    help_text(video_denoise.main, video_denoise.Config, capsys)
 
 
 STEPS = 40  # a checkpoint every 5: the kill lands after the first, the resume saves 7 more

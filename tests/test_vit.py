@@ -18,32 +18,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import watch_opens_forbid_unpickling
+from helpers import assert_folder_refusals, random_blocks
+from hf_stack import INSTALL_HINT, requires_hf, torch, transformers
 from safetensors.numpy import load_file, save_file
 
 from cudt.models.encoders import EncoderError
 from cudt.models.vit import ViT, ViTConfig, ViTPreprocessor, load_vit
 from cudt.models.vit.model import _ViTModule
 
-# Local folders only: never let transformers reach for the hub.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-try:
-    import torch
-    import transformers
-except ImportError:  # developer machine without the test-only reference stack
-    torch = None
-    transformers = None
-
-INSTALL_HINT = 'pip install -e ".[test]"'
-requires_hf = pytest.mark.skipif(
-    torch is None or transformers is None,
-    reason=f"torch/transformers not installed ({INSTALL_HINT})",
-)
-
 TOL = 1e-4  # max abs difference allowed against HF, float32 on CPU
 TINY = dict(image=32, patch=8, hidden=32, layers=2, heads=4, intermediate=64)
+# A ViT block's Hugging Face names (as helpers.BERT_BLOCK's)
+VIT_BLOCK = (
+    "encoder.layer.{}.",
+    (
+        "attention.attention.query",
+        "attention.attention.key",
+        "attention.attention.value",
+        "attention.output.dense",
+        "intermediate.dense",
+        "output.dense",
+    ),
+    ("layernorm_before", "layernorm_after"),
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -80,22 +77,7 @@ def write_tiny_vit(
         "layernorm.weight": 1 + rand(d),
         "layernorm.bias": rand(d),
     }
-    linears = {
-        "attention.attention.query": (d, d),
-        "attention.attention.key": (d, d),
-        "attention.attention.value": (d, d),
-        "attention.output.dense": (d, d),
-        "intermediate.dense": (f, d),
-        "output.dense": (d, f),
-    }
-    for i in range(TINY["layers"]):
-        base = f"encoder.layer.{i}."
-        for name, shape in linears.items():
-            t[f"{base}{name}.weight"] = rand(*shape)
-            t[f"{base}{name}.bias"] = rand(shape[0])
-        for name in ("layernorm_before", "layernorm_after"):
-            t[f"{base}{name}.weight"] = 1 + rand(d)
-            t[f"{base}{name}.bias"] = rand(d)
+    t.update(random_blocks(rand, TINY["layers"], VIT_BLOCK, d, f))
     config = dict(
         model_type="vit",
         image_size=s,
@@ -390,26 +372,10 @@ def test_error_config(tmp_path: pathlib.Path) -> None:
         ViTPreprocessor.from_dict({"image_std": 0}, 3)
 
 
-def test_error_missing_folder_and_config(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(EncoderError, match="does not exist"):
-        load_vit(tmp_path / "nope")
-    with pytest.raises(EncoderError, match="no config.json"):
-        load_vit(tmp_path)
-
-
-def test_error_pickle_only_folder_is_refused_never_opened(
+def test_error_missing_folder_config_or_weights_and_pickles_are_never_opened(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write_tiny_vit(tmp_path)
-    (tmp_path / "model.safetensors").unlink()
-    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x05garbage-not-a-pickle" * 8)
-    opened = watch_opens_forbid_unpickling(monkeypatch)
-    with pytest.raises(EncoderError, match=r"pickle checkpoints are not loaded \(unsafe\)"):
-        load_vit(tmp_path)
-    assert not [f for f in opened if f.endswith("pytorch_model.bin")], opened
-    (tmp_path / "pytorch_model.bin").unlink()
-    with pytest.raises(EncoderError, match="has no model.safetensors"):
-        load_vit(tmp_path)
+    assert_folder_refusals(load_vit, write_tiny_vit, tmp_path, monkeypatch, EncoderError)
 
 
 def test_error_missing_tensor_and_shape_mismatch(tmp_path: pathlib.Path) -> None:

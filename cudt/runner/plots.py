@@ -68,40 +68,49 @@ def _axes(n):
     return fig, axes[0]
 
 
-def plot_layer_losses(
-    runs, path: str | Path, *, gamma_index: int | None = None, title: str = ""
-) -> None:
-    """Mean test loss at every layer (the paper's Figures 1 and 7), log scale, at test γ index
-    ``gamma_index`` (None: each run's own γ_train). A run whose record has ``first_state``
-    (its problem starts at that state) is drawn from there, so the axis is the model's own."""
+def _per_model(runs, path: str | Path, title: str, draw, finish) -> None:
+    """One panel per model: ``draw(ax, run, seen)`` each run's curve, in order, but a diverged
+    run's, which is named in the legend (gray, no curve); then ``finish(ax)`` (axes, labels,
+    grid), the model's name as the title and the legend; the figure saved to ``path``."""
     groups = _by_model(runs)
     fig, axes = _axes(len(groups))
     for ax, (name, group) in zip(axes, groups.items(), strict=True):
         seen = set()
         for run in group:
             if run.get("diverged"):
-                ax.plot(
-                    [],
-                    [],
-                    color="gray",
-                    label=f"{_kind(run)} seed {run['seed']}: diverged",
-                )
-                continue
-            gi = gamma_index
-            if gi is None:
-                gi = run["test_gamma"].index(run["gamma_train"])
-            losses = np.asarray(run["layer_loss"][gi], float)
-            first = run.get("first_state", 0)  # a problem that starts past state 0 (the LLM's)
-            ax.plot(first + np.arange(losses.size), losses, _style(run), **_line(run, seen))
-        ax.set_yscale("log")
-        ax.set_xlabel("layer l")
-        ax.set_ylabel("mean test loss ℓ_l")
+                ax.plot([], [], color="gray", label=f"{_kind(run)} seed {run['seed']}: diverged")
+            else:
+                draw(ax, run, seen)
+        finish(ax)
         ax.set_title(name)
-        ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
     savefig_atomic(fig, path, dpi=110)
     plt.close(fig)
+
+
+def plot_layer_losses(
+    runs, path: str | Path, *, gamma_index: int | None = None, title: str = ""
+) -> None:
+    """Mean test loss at every layer (the paper's Figures 1 and 7), log scale, at test γ index
+    ``gamma_index`` (None: each run's own γ_train). A run whose record has ``first_state``
+    (its problem starts at that state) is drawn from there, so the axis is the model's own."""
+
+    def draw(ax, run, seen):
+        gi = gamma_index
+        if gi is None:
+            gi = run["test_gamma"].index(run["gamma_train"])
+        losses = np.asarray(run["layer_loss"][gi], float)
+        first = run.get("first_state", 0)  # a problem that starts past state 0 (the LLM's)
+        ax.plot(first + np.arange(losses.size), losses, _style(run), **_line(run, seen))
+
+    def finish(ax):
+        ax.set_yscale("log")
+        ax.set_xlabel("layer l")
+        ax.set_ylabel("mean test loss ℓ_l")
+        ax.grid(True, which="both", alpha=0.3)
+
+    _per_model(runs, path, title, draw, finish)
 
 
 def plot_metric_vs_gamma(
@@ -114,30 +123,18 @@ def plot_metric_vs_gamma(
     title: str = "",
 ) -> None:
     """``key`` (a list over test γ) against test γ; γ > γ_train is out of distribution."""
-    groups = _by_model(runs)
-    fig, axes = _axes(len(groups))
-    for ax, (name, group) in zip(axes, groups.items(), strict=True):
-        seen = set()
-        for run in group:
-            if run.get("diverged"):
-                ax.plot(
-                    [],
-                    [],
-                    color="gray",
-                    label=f"{_kind(run)} seed {run['seed']}: diverged",
-                )
-                continue
-            ax.plot(run["test_gamma"], run[key], _style(run), **_line(run, seen))
+
+    def draw(ax, run, seen):
+        ax.plot(run["test_gamma"], run[key], _style(run), **_line(run, seen))
+
+    def finish(ax):
         if gamma_train is not None:
             ax.axvline(gamma_train, color="k", lw=0.8, ls=":", label="γ_train")
         ax.set_xlabel("test γ")
         ax.set_ylabel(ylabel)
-        ax.set_title(name)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title)
-    savefig_atomic(fig, path, dpi=110)
-    plt.close(fig)
+
+    _per_model(runs, path, title, draw, finish)
 
 
 def plot_ratio_histograms(

@@ -30,6 +30,30 @@ from cudt.runner.output import CHECKPOINTS, CONFIG_FILE, checkpoint_record
 from cudt.runner.run import run
 from experiments.paper.rows import HPARAMS, csv_text, finite, fmt, unique, write_text
 
+# --scale tiny of a study's runs of the video task: seconds per run (the tests)
+TINY_VIDEO = dict(
+    layers=3,
+    num_videos=3,
+    num_frames=8,
+    seq_len=4,
+    batch_size=16,
+    steps=30,
+    chunk_steps=30,
+    warmup_steps=5,
+)
+
+
+def scaled(fields: dict[str, Any], opts, tiny: dict[str, Any]) -> dict[str, Any]:
+    """A study run's config ``fields`` at the study's ``--scale`` and ``--steps``: ``tiny``
+    over them at --scale tiny; --steps N replaces the steps, and caps the chunk at N."""
+    fields = dict(fields)
+    if opts.scale == "tiny":
+        fields |= tiny
+    if opts.steps is not None:
+        fields["steps"] = opts.steps
+        fields["chunk_steps"] = min(fields.get("chunk_steps", opts.steps), opts.steps)
+    return fields
+
 
 def out_flag(job: str):
     """``--out`` of a table job (default: a fresh ``runs/<job>-<time>``)."""

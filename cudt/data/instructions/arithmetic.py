@@ -14,6 +14,12 @@ from cudt.data.instructions.registry import (
 # ---- arithmetic ------------------------------------------------------------------------------
 
 
+def _two_numbers(rng):
+    """Two distinct numbers in 0-999."""
+    a, b = (int(x) for x in rng.choice(1000, size=2, replace=False))
+    return (a, b)
+
+
 def _ab(args):
     return {"a": str(args[0]), "b": str(args[1]), "data": f"{args[0]} and {args[1]}"}
 
@@ -120,8 +126,7 @@ def _remainder(rng):
     split_key=_sorted_key("larger"),
 )
 def _larger(rng):
-    a, b = (int(x) for x in rng.choice(1000, size=2, replace=False))
-    return (a, b)
+    return _two_numbers(rng)
 
 
 @_family(
@@ -137,8 +142,7 @@ def _larger(rng):
     answer=lambda a: _yes(a[0] < a[1]),
 )
 def _is_less(rng):
-    a, b = (int(x) for x in rng.choice(1000, size=2, replace=False))
-    return (a, b)
+    return _two_numbers(rng)
 
 
 @_family(

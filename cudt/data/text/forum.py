@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from cudt.data.text.aclimdb import write_aclimdb
+from cudt.data.text.generated import rated_reviews
 from cudt.data.text.tokenized import TextSplit
 from cudt.errors import DataError
 
@@ -343,19 +344,11 @@ def forum_reviews(
     (balanced) and rating 1 or 2 (label 0) or 4 or 5 (label 1); it depends only on
     ``(seed, stream, i)``.
     """
-    if num_examples < 0 or seed < 0 or stream < 0:
-        raise DataError(
-            f"forum_reviews needs num_examples, seed and stream >= 0, got {num_examples}, "
-            f"{seed} and {stream}: pass non-negative values"
-        )
-    labels = np.arange(num_examples, dtype=np.int32) % 2
-    texts, ratings = [], []
-    for i in range(num_examples):
-        rng = np.random.default_rng([seed, stream, i, _TAG])
-        rating = int(_pick(rng, (4, 5) if labels[i] else (1, 2)))
-        texts.append(forum_review(rng, rating))
-        ratings.append(rating)
-    return TextSplit(texts=tuple(texts), pairs=None, labels=labels), np.asarray(ratings)
+
+    def rate(rng, positive):
+        return int(_pick(rng, (4, 5) if positive else (1, 2)))
+
+    return rated_reviews("forum_reviews", num_examples, seed, stream, _TAG, rate, forum_review)
 
 
 def write_forum(root: str | Path, *, train: int = 2000, test: int = 400, seed: int = 0) -> Path:

@@ -13,7 +13,7 @@ The word lists of both generators live here.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -605,16 +605,38 @@ def imdb_like_reviews(
     ones (``tests/test_text_learns.py`` computes one); example ``i`` depends only on
     ``(seed, stream, i)``.
     """
+
+    def rate(rng, positive):
+        return int(rng.integers(7, 11) if positive else rng.integers(1, 5))
+
+    def write(rng, rating):
+        return imdb_like_review(rng, rating, short=short)
+
+    return rated_reviews("imdb_like_reviews", num_examples, seed, stream, 7, rate, write)
+
+
+def rated_reviews(
+    name: str,
+    num_examples: int,
+    seed: int,
+    stream: int,
+    tag: int,
+    rate: Callable[[np.random.Generator, bool], int],
+    write: Callable[[np.random.Generator, int], str],
+) -> tuple[TextSplit, np.ndarray]:
+    """The reviews of a rated-review generator ``name`` and their ratings ``[N]``: example ``i``
+    has label ``i % 2`` (balanced), and from ``np.random.default_rng([seed, stream, i, tag])``
+    a rating ``rate(rng, label == 1)``, then its text ``write(rng, rating)``."""
     if num_examples < 0 or seed < 0 or stream < 0:
         raise DataError(
-            f"imdb_like_reviews needs num_examples, seed and stream >= 0, got {num_examples}, "
+            f"{name} needs num_examples, seed and stream >= 0, got {num_examples}, "
             f"{seed} and {stream}: pass non-negative values"
         )
     labels = np.arange(num_examples, dtype=np.int32) % 2
     texts, ratings = [], []
     for i in range(num_examples):
-        rng = np.random.default_rng([seed, stream, i, 7])
-        rating = int(rng.integers(7, 11)) if labels[i] else int(rng.integers(1, 5))
-        texts.append(imdb_like_review(rng, rating, short=short))
+        rng = np.random.default_rng([seed, stream, i, tag])
+        rating = rate(rng, bool(labels[i]))
+        texts.append(write(rng, rating))
         ratings.append(rating)
     return TextSplit(texts=tuple(texts), pairs=None, labels=labels), np.asarray(ratings)

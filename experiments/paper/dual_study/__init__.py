@@ -45,7 +45,15 @@ from experiments.paper.dual_study.settings import (
     Setting,
     calls,
 )
-from experiments.paper.job import SubRun, check_known, need, open_job, table_main, train_subruns
+from experiments.paper.job import (
+    SubRun,
+    check_known,
+    need,
+    open_job,
+    scaled,
+    table_main,
+    train_subruns,
+)
 from experiments.paper.rows import fmt, unique
 
 __all__ = [
@@ -173,11 +181,7 @@ def _config(setting: Setting, opts: StudyConfig, out: Path, **fields) -> Any:
     cls = setting.config_cls()
     # as recorded: dual steps in the loss's units, one ε per run (the rates are in SETTINGS)
     kw = dict(setting.fields) | dict(dual_scale="absolute", tune_epsilon=(), tune_lr=())
-    if opts.scale == "tiny":
-        kw |= setting.tiny
-    if opts.steps is not None:
-        kw["steps"] = opts.steps
-        kw["chunk_steps"] = min(kw.get("chunk_steps", opts.steps), opts.steps)
+    kw = scaled(kw, opts, setting.tiny)
     kw |= dict(
         seeds=opts.seeds,
         lr_schedule=opts.lr_schedule,

@@ -7,6 +7,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from experiments.paper.job import TINY_VIDEO
+
 __all__ = ["DUAL_OPTIMIZERS", "SETTINGS", "Call", "Combo", "Setting"]
 
 DUAL_OPTIMIZERS = ("sgd", "adam", "nupi")
@@ -71,20 +73,12 @@ def _text_config():
     return TextConfig
 
 
-_VIDEO_TINY = dict(
-    layers=3,
-    num_videos=3,
-    num_frames=8,
-    seq_len=4,
-    batch_size=16,
+_VIDEO_TINY = TINY_VIDEO | dict(
     dust_atoms=16,
     # one evaluation batch (200 sequences per split) at three test levels (ID 0.5, OOD 1): the
     # evaluation was half of a tiny call's time (eight passes of two padded batches)
     eval_batch_size=200,
     test_gammas=(0.0, 0.5, 1.0),
-    steps=30,
-    chunk_steps=30,
-    warmup_steps=5,
 )
 
 SETTINGS: dict[str, Setting] = {

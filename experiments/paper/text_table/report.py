@@ -134,14 +134,17 @@ def model_label(model: str, layers: int) -> str:
     return f"{MODEL_NAMES.get(model, model)}-{layers}"
 
 
+def _table(rows, datasets) -> tuple:
+    """What :mod:`table_rows` draws a table from: the rows, the dataset names, the datasets and
+    the row models (label, model, L)."""
+    return rows, NAMES, datasets, [(model_label(m, L), m, L) for m, L in row_models(rows)]
+
+
 def gamma_table_lines(rows, datasets, gammas, *, label_gamma: bool) -> list[str]:
     """Accuracy AUC of constrained and ERM per dataset, the higher bold (both when equal to 3
     decimals)."""
     return table_rows.table_lines(
-        rows,
-        NAMES,
-        datasets,
-        [(model_label(model, L), model, L) for model, L in row_models(rows)],
+        *_table(rows, datasets),
         gammas,
         metric="auc",
         higher=True,
@@ -187,10 +190,7 @@ def paper_direction_markdown(rows, datasets, gamma) -> str:
     against the paper's DistilBERT-12, the encoder it stands in for. A cell without a feasible
     constrained run reads ``infeasible: C``."""
     return table_rows.direction_markdown(
-        rows,
-        NAMES,
-        datasets,
-        [(model_label(model, L), model, L) for model, L in row_models(rows)],
+        *_table(rows, datasets),
         gamma,
         _paper_pair,
         metric="auc",

@@ -35,6 +35,7 @@ from cudt.io import write_json_atomic
 from cudt.models.ut import TYINGS
 from cudt.runner.config import flag
 from experiments.paper.job import (
+    TINY_VIDEO,
     SubRun,
     check_known,
     check_subrun,
@@ -43,6 +44,7 @@ from experiments.paper.job import (
     open_job,
     out_flag,
     overwrite_flag,
+    scaled,
     table_main,
     train_subruns,
 )
@@ -53,18 +55,7 @@ from experiments.paper.ut_study.phase1 import phase_one
 __all__ = ["RESIDUALS", "StudyConfig", "Variant", "main", "plan", "run_study"]
 
 RESIDUALS = ("none", "skip")
-# --scale tiny: seconds per run (the tests)
-TINY = dict(
-    layers=3,
-    num_videos=3,
-    num_frames=8,
-    seq_len=4,
-    batch_size=16,
-    eval_batch_size=128,
-    steps=30,
-    chunk_steps=30,
-    warmup_steps=5,
-)
+TINY = TINY_VIDEO | dict(eval_batch_size=128)  # --scale tiny
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,11 +221,7 @@ def _config(opts: StudyConfig, variant: Variant, out: Path):
         epsilon=opts.epsilon if opts.epsilon is not None else RECORDED["epsilon"],
         dual_lr=opts.dual_lr if opts.dual_lr is not None else RECORDED["dual_lr"],
     )
-    if opts.scale == "tiny":
-        kw |= TINY
-    if opts.steps is not None:
-        kw["steps"] = opts.steps
-        kw["chunk_steps"] = min(kw.get("chunk_steps", opts.steps), opts.steps)
+    kw = scaled(kw, opts, TINY)
     kw |= variant.fields()
     if opts.gamma_train is not None:
         kw["gamma_train"] = opts.gamma_train
