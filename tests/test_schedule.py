@@ -36,7 +36,10 @@ def _batch(t):
 def test_linear_and_cosine_are_optax_schedules():
     """At every count (before, during and after the transition) the values are optax's."""
     pairs = [
-        (cudt.schedule("linear", 0.3, 0.1, 200, begin=20), optax.linear_schedule(0.3, 0.1, 200, 20)),
+        (
+            cudt.schedule("linear", 0.3, 0.1, 200, begin=20),
+            optax.linear_schedule(0.3, 0.1, 200, 20),
+        ),
         (cudt.schedule("linear", 0.0, 0.1, 200), optax.linear_schedule(0.0, 0.1, 200)),
         (cudt.schedule("cosine", 0.4, 0.1, 150), optax.cosine_decay_schedule(0.4, 150, alpha=0.25)),
         (
