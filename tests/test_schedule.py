@@ -10,8 +10,8 @@ import pytest
 
 import cudt
 from cudt.checkpoint import GroupCheckpointer
-from cudt.optim import dual_optimizer, primal_optimizer
 from cudt.constrained import constant_schedule, describe_schedule, values_at
+from cudt.optim import dual_optimizer, primal_optimizer
 
 L, B, D, N = 3, 8, 4, 40
 COUNTS = np.arange(0, 260)

@@ -110,7 +110,9 @@ def values_at(tree: Any, count) -> Any:
 def broadcast_schedule(x, shape) -> Any:
     """``x`` (a value or a :class:`Schedule`) as float32 of ``shape`` (a schedule's ends)."""
     if is_schedule(x):
-        return dataclasses.replace(x, start=broadcast_schedule(x.start, shape), end=broadcast_schedule(x.end, shape))
+        return dataclasses.replace(
+            x, start=broadcast_schedule(x.start, shape), end=broadcast_schedule(x.end, shape)
+        )
     return jnp.broadcast_to(jnp.asarray(x, jnp.float32), shape)
 
 
