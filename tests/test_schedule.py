@@ -2,16 +2,20 @@
 value at each step, lanes with other schedules share one program and equal each run alone, and a
 checkpoint round-trips it."""
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import ToyTask, toy
 
 import cudt
 from cudt.checkpoint import GroupCheckpointer
 from cudt.constrained import constant_schedule, describe_schedule, values_at
 from cudt.optim import dual_optimizer, primal_optimizer
+from cudt.runner.cli import task_main
 
 L, B, D, N = 3, 8, 4, 40
 COUNTS = np.arange(0, 260)
@@ -167,3 +171,56 @@ def test_a_checkpoint_holds_the_schedule(tmp_path):
     np.testing.assert_array_equal(
         values_at(back.hparams, back.step)["epsilon"], values_at(state.hparams, 3)["epsilon"]
     )
+
+
+# -- the runner: --epsilon-schedule and --sweep epsilon_schedule=... ---------------------------
+
+
+def _lanes(out: Path) -> dict:
+    with GroupCheckpointer(out / "checkpoints" / "toy-2") as ck:
+        states, _ = ck.restore(None)
+    return states
+
+
+def test_the_runner_sweeps_schedules_as_lanes_and_a_constant_lane_is_the_plain_run(tmp_path):
+    """``--sweep epsilon_schedule=constant,linear:0@8``: one group, the schedule in results.json,
+    the constant lane trained exactly like a command without schedules, and the warm-up lane's ε
+    at each logged step the schedule's (its constraint curve is ℓ_l − (1 − ε_t) ℓ_{l−1})."""
+    argv = ["--seeds", "1", "--kinds", "constrained", "--epsilon", "0.3"]
+    swept = toy([*argv, "--sweep", "epsilon_schedule=constant,linear:0@8"], tmp_path / "s")
+    plain = toy(argv, tmp_path / "p")
+    runs = {r["hparams"]["epsilon_schedule"]: r for r in swept["runs"]}
+    assert set(runs) == {"constant", "linear:0@8"}
+    assert len({r["group"] for r in swept["runs"]}) == 1  # one program
+    (alone,) = plain["runs"]
+    assert alone["hparams"]["epsilon_schedule"] == "constant"
+    for key in ("layer_loss_val", "max_multipliers", "val_objective"):
+        np.testing.assert_allclose(runs["constant"][key], alone[key], rtol=1e-6, atol=1e-8)
+    warm = runs["linear:0@8"]["curves"]
+    steps = np.asarray(warm["step"])
+    ell, g = np.asarray(warm["layer_loss"]), np.asarray(warm["constraint"])
+    eps_t = np.minimum((steps - 1) / 8.0, 1.0) * 0.3  # the step's ε (a logged step is after it)
+    for t in (0, len(steps) // 3, -1):
+        want = ell[t, 1:] - (1.0 - eps_t[t]) * ell[t, :-1]
+        np.testing.assert_allclose(g[t, 1:], want, rtol=1e-3, atol=1e-6)
+    assert not np.allclose(
+        runs["constant"]["max_multipliers"], runs["linear:0@8"]["max_multipliers"]
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--epsilon-schedule", "exp:0@10"], "--epsilon-schedule must be constant or SHAPE:START"),
+        (["--epsilon-schedule", "linear:1.5@10"], "START must lie in [0, 1)"),
+        (["--epsilon-schedule", "linear:0@10000"], "after the run's"),
+        (["--sweep", "epsilon_schedule=constant,cosine:0@0"], "needs STEPS >= 1"),
+    ],
+)
+def test_bad_schedules_give_one_line_and_write_nothing(argv, words, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        task_main(ToyTask(), [*argv, "--out", str(tmp_path / "o")], "toy", "toy")
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err, err
+    assert not (tmp_path / "o").exists()

@@ -41,6 +41,7 @@ train state, so runs that differ only in them share one compiled step.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -79,7 +80,13 @@ def _check_kind(constraint: str) -> None:
 
 
 def hparams(
-    config: DescentConfig, *, epsilon=None, reference=None, resilience=None, tail_beta=None
+    config: DescentConfig,
+    *,
+    epsilon=None,
+    epsilon_schedule=None,
+    reference=None,
+    resilience=None,
+    tail_beta=None,
 ) -> dict[str, Any]:
     """The run's values of the problem, as arrays (each defaults to ``config``'s):
 
@@ -88,10 +95,17 @@ def hparams(
     the config's α), ``tail_beta`` β of ``"tail"``. ``epsilon``, ``reference`` and
     ``resilience`` may be a :class:`cudt.Schedule` (:func:`cudt.schedule`): the step hands the
     problem its value at each step (a reference schedule's ends must both be finite: a bound that
-    is on)."""
+    is on). ``epsilon_schedule``: ε's path to ``epsilon`` (the runner's ``--epsilon-schedule``),
+    a schedule whose ``end`` is replaced by ``epsilon``; None: ``epsilon`` from the start."""
     L = config.num_layers
     epsilon = config.epsilon_array if epsilon is None else epsilon
     epsilon = broadcast_schedule(epsilon, (L,))
+    if epsilon_schedule is not None:
+        if is_schedule(epsilon):
+            raise ValueError(
+                "epsilon_schedule ends at epsilon: pass epsilon as a value, not a Schedule"
+            )
+        epsilon = dataclasses.replace(broadcast_schedule(epsilon_schedule, (L,)), end=epsilon)
     ref = config.reference if reference is None else reference
     if is_schedule(ref):
         ref, has_ref = broadcast_schedule(ref, ()), jnp.asarray(True)
