@@ -15,6 +15,7 @@ from cudt.constrained import (
     FreeSign,
     Lagrangian,
     QuadraticPenalty,
+    Schedule,
     as_dual,
     dual_adam,
     dual_ascent,
@@ -24,6 +25,7 @@ from cudt.constrained import (
     nupi,
     project_nonnegative,
     resilience_decay,
+    schedule,
 )
 from cudt.descent import (
     DescentConfig,
@@ -87,6 +89,8 @@ __all__ = [
     "resilience_decay",
     "save_decoder",
     "constrained",
+    "Schedule",
+    "schedule",
     "descent",
 ]
 

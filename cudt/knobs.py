@@ -61,6 +61,7 @@ class Knob:
 
 KNOBS = (
     Knob("epsilon", "eps", "problem"),
+    Knob("epsilon_schedule", "sched", "problem"),
     Knob("reference", "C", "problem"),
     Knob("lr", "lr", "primal", constrained_only=False, state_key="learning_rate"),
     Knob("dual_lr", "dlr", "dual", state_key="learning_rate"),

@@ -376,7 +376,7 @@ CONFIG_CASES = [
         "--sweep of a field that cannot be swept",
         ["--sweep", "layers=3,5"],
         "--sweep layers is not sweepable",
-        "choose from epsilon, reference, lr, dual_lr, resilience, gamma_train",
+        "choose from epsilon, epsilon_schedule, reference, lr, dual_lr, resilience, gamma_train",
     ),
     (
         "--sweep value out of range",
@@ -389,6 +389,18 @@ CONFIG_CASES = [
         ["--sweep", "resilience=none,2", "--resilience", "2", "--resilience-mode", "slack"],
         "none is not allowed with --resilience-mode slack",
         "drop none or use --resilience-mode decay",
+    ),
+    (
+        "malformed --epsilon-schedule",
+        ["--epsilon-schedule", "exp:0@10"],
+        "--epsilon-schedule must be constant or SHAPE:START@STEPS[+BEGIN]",
+        "got 'exp:0@10'",
+    ),
+    (
+        "--epsilon-schedule longer than the run",
+        ["--epsilon-schedule", "linear:0@500"],
+        "reaches epsilon at step 500, after the run's 4 steps",
+        "shorten it or pass more --steps",
     ),
     (
         "--distributed outside a cluster job",

@@ -280,3 +280,34 @@ def test_a_merged_calls_lanes_train_like_the_combinations_alone(tmp_path):
         np.testing.assert_allclose(np.array(lane[key]), np.array(ref[key]), rtol=1e-5, atol=1e-7)
     others = [r for r in merged["runs"] if r is not lane]
     assert all(r["multipliers"] != ref["multipliers"] for r in others)
+
+
+def test_epsilon_schedules_are_lanes_of_each_call_and_the_report_says_how_soon(tmp_path):
+    """``--epsilon-schedules constant,linear:0@6``: each combination twice, in the one call of
+    its program (a sweep of the runner), each run's row named by its schedule, and the report's
+    columns of how soon the training batches meet the final ε."""
+    out = tmp_path / "s"
+    argv = [*TINY, "--dual-lr-factors", "1", "--epsilon-schedules", "constant,linear:0@6"]
+    assert dual_study.main([*argv, "--out", str(out)]) == 0
+    combo = json.loads((out / "video" / "lagrangian-nupi-alternating" / "results.json").read_text())
+    assert "epsilon_schedule=constant,linear:0@6" in combo["config"]["sweep"]
+    assert sorted(r["hparams"]["epsilon_schedule"] for r in combo["runs"]) == [
+        "constant",
+        "linear:0@6",
+    ]
+    rows = list(csv.DictReader((out / "study.csv").open()))
+    assert sorted(r["schedule"] for r in rows) == ["constant", "linear:0@6"]
+    md = (out / "study.md").read_text()
+    assert "lagrangian · nupi · alternating · ε linear:0@6" in md
+    assert "feasible (train) from step, median" in md
+
+
+def test_feasible_from_is_the_first_step_of_the_last_feasible_stretch():
+    from experiments.paper.dual_study.report import feasible_from
+
+    ok, bad = [1.0, 0.8, 0.6], [1.0, 1.0, 1.0]  # ε = 0.1: 0.8 ≤ 0.9·1, 0.6 ≤ 0.9·0.8
+    run = {"hparams": {"epsilon": 0.1}, "curves": {"step": [10, 20, 30, 40], "layer_loss": [ok, bad, ok, ok]}}  # fmt: skip
+    assert feasible_from(run, 0.01) == 30.0
+    run["curves"]["layer_loss"][-1] = bad
+    assert math.isnan(feasible_from(run, 0.01))
+    assert feasible_from(run, 0.2) == 10.0  # within 20 %: every step

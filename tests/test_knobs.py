@@ -76,12 +76,15 @@ def test_init_puts_each_value_where_its_row_says():
     )
     params = {"w": jnp.ones(3)}
     values = dict(
-        epsilon=0.3, reference=0.2, lr=0.01, dual_lr=0.7, resilience=4.0, penalty=3.0,
+        epsilon=0.3, epsilon_schedule=cudt.schedule("linear", 0.0, 0.0, 10), reference=0.2, lr=0.01, dual_lr=0.7, resilience=4.0, penalty=3.0,
         tail_beta=0.25, nupi_kp=2.0, nupi_ema=0.5,
     )  # fmt: skip
     assert set(values) == {k.name for k in KNOBS if k.goes != "data"}
     state = init(params, **values)
-    np.testing.assert_allclose(state.hparams["epsilon"], [0.3, 0.3])
+    # ε's path ends at the run's ε: a schedule from 0 to 0.3 over 10 steps
+    np.testing.assert_allclose(state.hparams["epsilon"].end, [0.3, 0.3])
+    np.testing.assert_allclose(state.hparams["epsilon"].start, [0.0, 0.0])
+    assert float(state.hparams["epsilon"].steps) == 10
     assert float(state.hparams["reference"]) == pytest.approx(0.2)
     assert float(state.hparams["resilience"]) == 4.0
     assert float(state.hparams["tail_beta"]) == 0.25

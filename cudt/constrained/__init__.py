@@ -2,7 +2,7 @@
 one primal-dual step and the drop-in Lagrangian for a loop of one's own (docs/constrained.md).
 
 Each idea is a module of this package (``_constraint``, ``_formulation``, ``_dual``, ``_step``,
-``_dropin``); import the names from here (or from :mod:`cudt`), not from the modules.
+``_dropin``, ``_schedule``); import the names from here (or from :mod:`cudt`), not from the modules.
 """
 
 from cudt.constrained._constraint import (
@@ -27,6 +27,16 @@ from cudt.constrained._formulation import (
     Lagrangian,
     QuadraticPenalty,
 )
+from cudt.constrained._schedule import (
+    SHAPES,
+    Schedule,
+    broadcast_schedule,
+    constant_schedule,
+    describe_schedule,
+    is_schedule,
+    schedule,
+    values_at,
+)
 from cudt.constrained._step import (
     UPDATES,
     ConstrainedState,
@@ -42,13 +52,21 @@ __all__ = [
     "FreeSign",
     "Lagrangian",
     "QuadraticPenalty",
+    "SHAPES",
+    "Schedule",
     "as_dual",
+    "broadcast_schedule",
+    "constant_schedule",
+    "describe_schedule",
     "dual_adam",
     "dual_ascent",
     "init_multipliers",
+    "is_schedule",
     "lagrangian",
     "make_constrained_step",
     "nupi",
     "project_nonnegative",
     "resilience_decay",
+    "schedule",
+    "values_at",
 ]

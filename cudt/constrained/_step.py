@@ -30,7 +30,9 @@ dual-then-primal) without a second forward. The update schemes:
 
 **Per-run values in the state.** ``init(..., hparams=tree)`` stores any pytree of arrays in the
 state and the step then calls ``problem(params, batch, key, hparams)``: runs that differ only in
-such values (ε, a bound, α, ...) share one compiled program (``vmap`` over states). The
+such values (ε, a bound, α, ...) share one compiled program (``vmap`` over states). A leaf may
+be a :class:`cudt.Schedule`: the problem gets its value at ``state.step`` (ε warm-started, a
+bound that follows a curriculum), and runs with other schedules still share the program. The
 learning rates (``lr``, ``dual_hparams``: optimisers built with ``optax.inject_hyperparams``) and
 the penalty ρ are per-run state too.
 
@@ -77,6 +79,7 @@ import optax
 from cudt.constrained._constraint import Constraint, FreeSign
 from cudt.constrained._dual import project_nonnegative
 from cudt.constrained._formulation import Lagrangian
+from cudt.constrained._schedule import values_at
 
 __all__ = ["UPDATES", "ConstrainedState", "make_constrained_step"]
 
@@ -318,9 +321,9 @@ class _Descent(NamedTuple):
 # -- the problem and a new state ------------------------------------------------------------------
 
 
-def _call(spec: _Spec, params, batch, key, hparams):
-    """``problem``'s outputs, checked."""
-    problem = spec.problem
+def _call(spec: _Spec, params, batch, key, hparams, step=0):
+    """``problem``'s outputs at ``step`` (the value of every schedule in ``hparams``), checked."""
+    problem, hparams = spec.problem, values_at(hparams, step)
     out = problem(params, batch, key) if hparams is None else problem(params, batch, key, hparams)
     if not isinstance(out, tuple) or len(out) != (3 if spec.has_aux else 2):
         raise TypeError(
@@ -424,7 +427,7 @@ def _evaluate(spec: _Spec, params, state: ConstrainedState, batch, key) -> _Eval
     cotangents the formulation builds)."""
 
     def outputs(p):
-        f, cons, *aux = _call(spec, p, batch, key, state.hparams)
+        f, cons, *aux = _call(spec, p, batch, key, state.hparams, state.step)
         return (f, {n: c.value for n, c in cons.items()}), (cons, aux)
 
     (f, values), vjp_fn, (cons, aux) = jax.vjp(outputs, params, has_aux=True)

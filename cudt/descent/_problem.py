@@ -41,13 +41,14 @@ train state, so runs that differ only in them share one compiled step.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from cudt.constrained import Constraint
+from cudt.constrained import Constraint, broadcast_schedule, is_schedule
 from cudt.descent._config import DescentConfig
 
 __all__ = [
@@ -79,25 +80,45 @@ def _check_kind(constraint: str) -> None:
 
 
 def hparams(
-    config: DescentConfig, *, epsilon=None, reference=None, resilience=None, tail_beta=None
-) -> dict[str, jax.Array]:
+    config: DescentConfig,
+    *,
+    epsilon=None,
+    epsilon_schedule=None,
+    reference=None,
+    resilience=None,
+    tail_beta=None,
+) -> dict[str, Any]:
     """The run's values of the problem, as arrays (each defaults to ``config``'s):
 
     ``epsilon [L]``, ``reference []`` (C; 0 when ``has_reference`` is False), ``has_reference``
     (``reference`` None or NaN: off), ``resilience`` α (None or inf: hard; with explicit slacks
-    the config's α), ``tail_beta`` β of ``"tail"``."""
+    the config's α), ``tail_beta`` β of ``"tail"``. ``epsilon``, ``reference`` and
+    ``resilience`` may be a :class:`cudt.Schedule` (:func:`cudt.schedule`): the step hands the
+    problem its value at each step (a reference schedule's ends must both be finite: a bound that
+    is on). ``epsilon_schedule``: ε's path to ``epsilon`` (the runner's ``--epsilon-schedule``),
+    a schedule whose ``end`` is replaced by ``epsilon``; None: ``epsilon`` from the start."""
     L = config.num_layers
     epsilon = config.epsilon_array if epsilon is None else epsilon
-    epsilon = jnp.broadcast_to(jnp.asarray(epsilon, jnp.float32), (L,))
+    epsilon = broadcast_schedule(epsilon, (L,))
+    if epsilon_schedule is not None:
+        if is_schedule(epsilon):
+            raise ValueError(
+                "epsilon_schedule ends at epsilon: pass epsilon as a value, not a Schedule"
+            )
+        epsilon = dataclasses.replace(broadcast_schedule(epsilon_schedule, (L,)), end=epsilon)
     ref = config.reference if reference is None else reference
-    ref = jnp.asarray(jnp.nan if ref is None else ref, jnp.float32)
-    has_ref = jnp.isfinite(ref)
+    if is_schedule(ref):
+        ref, has_ref = broadcast_schedule(ref, ()), jnp.asarray(True)
+    else:
+        ref = jnp.asarray(jnp.nan if ref is None else ref, jnp.float32)
+        has_ref = jnp.isfinite(ref)
+        ref = jnp.where(has_ref, ref, 0.0)
     alpha = config.resilience if resilience is None else resilience
-    alpha = jnp.asarray(jnp.inf if alpha is None else alpha, jnp.float32)
+    alpha = broadcast_schedule(jnp.inf if alpha is None else alpha, ())
     beta = config.tail_beta if tail_beta is None else tail_beta
     return {
         "epsilon": epsilon,
-        "reference": jnp.where(has_ref, ref, 0.0),
+        "reference": ref,
         "has_reference": has_ref,
         "resilience": alpha,
         "tail_beta": jnp.asarray(beta, jnp.float32),

@@ -20,7 +20,13 @@ from typing import Any
 from cudt.constrained import UPDATES
 from cudt.descent import CONSTRAINTS, DUAL_SCALES
 from cudt.optim import SCHEDULES
-from cudt.runner.hparams import CONDITIONAL, REFERENCE_SPELLINGS, SWEEPABLE, is_reference
+from cudt.runner.hparams import (
+    CONDITIONAL,
+    REFERENCE_SPELLINGS,
+    SWEEPABLE,
+    is_reference,
+    parse_epsilon_schedule,
+)
 from cudt.runner.sweep import parse_model_hparams, parse_sweeps
 
 __all__ = [
@@ -166,6 +172,12 @@ class RunConfig:
     )
     # -- constraints -------------------------------------------------------------------------
     epsilon: float = flag(0.1, "descent factor: l_l <= (1-eps) l_{l-1}", check=in_range(0.0, 1.0))
+    epsilon_schedule: str = flag(
+        "constant",
+        "how each constrained run's epsilon reaches its value: constant, or SHAPE:START@STEPS"
+        "[+BEGIN] (linear, cosine or step), from START to the run's own epsilon over STEPS steps "
+        "after BEGIN, e.g. linear:0@200 (sweepable: --sweep epsilon_schedule=constant,linear:0@200)",
+    )
     reference: str = flag(
         "none",
         "bound C of the reference constraint E l_0 <= C: a number, none, or (classification) "
@@ -335,6 +347,10 @@ class RunConfig:
             is_reference(self.reference),
             f"--reference must be {REFERENCE_SPELLINGS}, got {self.reference!r}",
         )
+        try:
+            parse_epsilon_schedule(self.epsilon_schedule, self.steps)
+        except ValueError as e:
+            need(False, f"--epsilon-schedule {e}")
         if self.inject_nan is not None:
             parts = self.inject_nan
             ok = (

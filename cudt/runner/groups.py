@@ -27,6 +27,7 @@ from cudt.descent import DescentConfig, make_train_step
 from cudt.knobs import KNOBS
 from cudt.loop import Divergence, LoopResult, describe_placement, sample_indices, train_group
 from cudt.optim import dual_optimizer, primal_optimizer
+from cudt.runner.hparams import epsilon_schedule, parse_epsilon_schedule
 from cudt.runner.report import KINDS
 from cudt.runner.sweep import RunSpec, model_defaults, swept_suffix
 from cudt.runner.task import GroupModel, RunBatch, Task
@@ -190,8 +191,21 @@ class GroupProgram:
                 fill.get(k.name, getattr(cfg, k.name)),
             )
             for k in KNOBS
-            if k.goes != "data" and (k.goes != "dual" or k.active(cfg))
+            if k.goes != "data"
+            and (k.goes != "dual" or k.active(cfg))
+            and k.name != "epsilon_schedule"
         }
+        # ε's path to its value: a schedule per run (constant lanes too) only where some run has
+        # one, so a group without schedules keeps the program it always had
+        schedules = [hp["epsilon_schedule"] for hp in hps]
+        if any(parse_epsilon_schedule(s or "constant") for s in schedules):
+            self.per_run["epsilon_schedule"] = jax.tree.map(
+                lambda *x: jnp.stack(x),
+                *[
+                    epsilon_schedule(s, float(e))
+                    for s, e in zip(schedules, self.per_run["epsilon"], strict=True)
+                ],
+            )
         self.per_run["constrained"] = jnp.asarray([s.constrained for s in group.specs])
         self.references = resolved_ref
         self.extras = col([hp["gamma_train"] for hp in hps], 0.0)  # the one "data" knob

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import math
 
+from cudt.constrained import SHAPES, Schedule, constant_schedule, schedule
 from cudt.errors import UsageError
 from cudt.knobs import KNOBS, knob_names
 
 __all__ = [
     "CONDITIONAL",
+    "EPSILON_SCHEDULE_SPELLING",
     "CONSTRAINT_ONLY",
     "SWEEPABLE",
     "chance_offset",
+    "epsilon_schedule",
+    "parse_epsilon_schedule",
     "is_reference",
     "normalize_reference",
     "resolve_reference",
@@ -34,6 +38,61 @@ CONSTRAINT_ONLY = tuple(k.name for k in KNOBS if k.constrained_only)
 CONDITIONAL = tuple(k for k in KNOBS if k.needs is not None)
 
 REFERENCE_SPELLINGS = "chance, chance+X (X >= 0), none or a finite number"
+EPSILON_SCHEDULE_SPELLING = (
+    "constant or SHAPE:START@STEPS[+BEGIN] (SHAPE one of linear, cosine, step; START in [0, 1); "
+    "e.g. linear:0@200)"
+)
+
+
+def parse_epsilon_schedule(
+    text, total_steps: int | None = None
+) -> tuple[str, float, int, int] | None:
+    """``--epsilon-schedule``: None for ``constant``, else ``(shape, start, steps, begin)``: ε
+    moves from ``start`` to the run's own ε over ``steps`` steps after ``begin``
+    (:func:`cudt.schedule`). A ValueError names what is wrong with any other spelling, or with
+    a schedule that ends after ``total_steps`` (a run judged at an ε it never trained at)."""
+    t = str(text).strip().lower()
+    if t == "constant":
+        return None
+    shape, colon, rest = t.partition(":")
+    start, at, length = rest.partition("@")
+    steps, plus, begin = length.partition("+")
+    try:
+        if not (colon and at) or shape not in SHAPES:
+            raise ValueError
+        start_, steps_, begin_ = float(start), int(steps), int(begin) if plus else 0
+    except ValueError:
+        raise ValueError(f"must be {EPSILON_SCHEDULE_SPELLING}, got {text!r}") from None
+    if not 0.0 <= start_ < 1.0:
+        raise ValueError(f"its START must lie in [0, 1) like epsilon, got {start_:g} in {text!r}")
+    if steps_ < 1 or begin_ < 0:
+        raise ValueError(f"needs STEPS >= 1 and BEGIN >= 0, got {text!r}")
+    if total_steps is not None and begin_ + steps_ > total_steps:
+        raise ValueError(
+            f"{text!r} reaches epsilon at step {begin_ + steps_}, after the run's {total_steps} "
+            "steps: shorten it or pass more --steps"
+        )
+    return shape, start_, steps_, begin_
+
+
+def normalize_epsilon_schedule(text) -> str:
+    """The canonical spelling of a valid ``--epsilon-schedule`` (so values compare and print
+    alike): ``constant`` or ``linear:0@200`` (``+BEGIN`` when it waits)."""
+    parsed = parse_epsilon_schedule(text)
+    if parsed is None:
+        return "constant"
+    shape, start, steps, begin = parsed
+    return f"{shape}:{start:g}@{steps}" + (f"+{begin}" if begin else "")
+
+
+def epsilon_schedule(text, epsilon: float) -> Schedule:
+    """The run's ε as a :class:`cudt.Schedule` ending at ``epsilon`` (``constant``: ``epsilon``
+    at every step), for a group where some run's ε follows a schedule."""
+    parsed = parse_epsilon_schedule("constant" if text is None else text)
+    if parsed is None:
+        return constant_schedule(epsilon)
+    shape, start, steps, begin = parsed
+    return schedule(shape, start, epsilon, steps, begin=begin)
 
 
 def chance_offset(text) -> float | None:

@@ -22,7 +22,9 @@ from cudt.runner.hparams import (
     CONSTRAINT_ONLY,
     SWEEPABLE,
     is_reference,
+    normalize_epsilon_schedule,
     normalize_reference,
+    parse_epsilon_schedule,
 )
 
 __all__ = [
@@ -50,6 +52,12 @@ def _parse_value(cfg, name: str, text: str, flag: str = "--sweep"):
                 f"{flag} reference: {text!r} is not chance, chance+X, none or a finite number"
             )
         return normalize_reference(text)
+    if name == "epsilon_schedule":
+        try:
+            parse_epsilon_schedule(text, cfg.steps)
+            return normalize_epsilon_schedule(text)
+        except ValueError as e:
+            raise ValueError(f"{flag} epsilon_schedule: {e}") from None
     if name == "resilience" and text.lower() == "none":
         if cfg.resilience_mode == "slack":
             raise ValueError(
@@ -170,6 +178,7 @@ def base_hparams(cfg, lr: float) -> dict[str, Any]:
     hp |= {k.name: None for k in CONDITIONAL if not k.active(cfg)}
     if hp["reference"] is not None:
         hp["reference"] = normalize_reference(hp["reference"])
+    hp["epsilon_schedule"] = normalize_epsilon_schedule(hp["epsilon_schedule"])
     return hp
 
 

@@ -36,6 +36,7 @@ from typing import Any
 from cudt.constrained import UPDATES
 from cudt.errors import UsageError
 from cudt.runner.config import FORMULATIONS, flag
+from cudt.runner.hparams import normalize_epsilon_schedule, parse_epsilon_schedule
 from experiments.paper.dual_study import figures, report
 from experiments.paper.dual_study.settings import (
     DUAL_OPTIMIZERS,
@@ -92,6 +93,11 @@ class StudyConfig:
         "quadratic penalty: of its base rho)",
     )
     seeds: int = flag(3, "seeds per point")
+    epsilon_schedules: tuple[str, ...] = flag(
+        ("constant",),
+        "how each run's epsilon reaches its value (the runner's --epsilon-schedule), e.g. "
+        "constant,linear:0@200: every combination trains each, as lanes of its one program",
+    )
     lr_schedule: str = flag(
         "constant", "primal learning-rate schedule of every run (constant: the study's question)"
     )
@@ -125,6 +131,11 @@ def check(opts: StudyConfig) -> None:
         "--dual-lr-factors must all be finite numbers > 0, got " + fmt(factors),
     )
     need(opts.seeds >= 1, f"--seeds must be >= 1, got {opts.seeds}")
+    for text in opts.epsilon_schedules:
+        try:
+            parse_epsilon_schedule(text)
+        except ValueError as e:
+            raise UsageError(f"--epsilon-schedules {e}") from None
     need(opts.steps is None or opts.steps >= 1, f"--steps must be >= 1, got {opts.steps}")
     need(opts.devices is None or opts.devices >= 1, f"--devices must be >= 1, got {opts.devices}")
     need(
@@ -138,13 +149,15 @@ def combos(opts: StudyConfig) -> list[Combo]:
     """The combinations of the flags, in their order; the quadratic penalty once (no dual
     optimiser; the first of ``--updates``)."""
     out = []
+    schedules = unique(normalize_epsilon_schedule(t) for t in opts.epsilon_schedules)
     for form in unique(opts.formulations):
-        if form == "penalty":
-            out.append(Combo(form, "-", unique(opts.updates)[0]))
-            continue
-        for dual in unique(opts.dual_optimizers):
-            for update in unique(opts.updates):
-                out.append(Combo(form, dual, update))
+        for schedule in schedules:
+            if form == "penalty":
+                out.append(Combo(form, "-", unique(opts.updates)[0], schedule))
+                continue
+            for dual in unique(opts.dual_optimizers):
+                for update in unique(opts.updates):
+                    out.append(Combo(form, dual, update, schedule))
     return out
 
 
@@ -174,6 +187,8 @@ def _call_fields(setting: Setting, call: Call, opts: StudyConfig) -> dict[str, A
             sweep.append(f"nupi_kp={fmt((0.0, opts.nupi_kp))}")
         else:
             fields["nupi_kp"] = opts.nupi_kp
+    if call.schedules != ("constant",):
+        sweep.append(f"epsilon_schedule={','.join(call.schedules)}")
     return fields | {"sweep": tuple(sweep)}
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from cudt.metrics import feasibility
 from experiments.paper.dual_study.settings import SETTINGS
 from experiments.paper.rows import csv_text, fmt, write_text
 
@@ -39,6 +40,7 @@ CSV_COLUMNS = (
     "formulation",
     "dual_optimizer",
     "update",
+    "schedule",
     "swept",
     "factor",
     "value",
@@ -59,6 +61,7 @@ CSV_COLUMNS = (
     "erm_ood",
     "peak_lambda",
     "final_lambda",
+    "feasible_from",
 )
 
 
@@ -82,11 +85,35 @@ def _lambda(values) -> float:
     return max(vals) if vals else 0.0
 
 
+def feasible_from(run: dict, tolerance: float | None) -> float:
+    """The first logged training step from which the run's training batches meet its descent
+    constraints at its own (final) ε within ``tolerance``, at every later logged step too
+    (:func:`cudt.metrics.feasibility` of each logged step's mean layer losses); NaN if the last
+    one does not (or without a ``tolerance``). Training batches, not validation: how soon, not
+    whether (the verdict)."""
+    if tolerance is None:
+        return math.nan
+    curves = run.get("curves") or {}
+    steps, losses = curves.get("step") or [], curves.get("layer_loss") or []
+    epsilon = run["hparams"]["epsilon"]
+    ok = [
+        feasibility(np.asarray(ell, np.float64), epsilon, None, tolerance).feasible
+        for ell in losses
+    ]
+    first = math.nan
+    for step, good in zip(reversed(steps), reversed(ok), strict=True):
+        if not good:
+            break
+        first = float(step)
+    return first
+
+
 def run_rows(setting, combo, results: dict, erm: dict) -> list[dict]:
     """One row per constrained run of a combination's results, with its ERM reference."""
     metric = setting.id_metric
     higher = metric == "accuracy"
     erm_by_seed = {r["seed"]: r for r in erm["runs"] if not r["constrained"]}
+    tolerance = results.get("config", {}).get("tolerance")
     rows = []
     for run in results["runs"]:
         if not run["constrained"]:
@@ -106,6 +133,7 @@ def run_rows(setting, combo, results: dict, erm: dict) -> list[dict]:
                 "formulation": combo.formulation,
                 "dual_optimizer": combo.dual_optimizer,
                 "update": combo.update,
+                "schedule": combo.schedule,
                 "swept": combo.swept,
                 "factor": float(f"{value / base:.4g}"),
                 "value": value,
@@ -126,6 +154,7 @@ def run_rows(setting, combo, results: dict, erm: dict) -> list[dict]:
                 "erm_ood": erm_ood,
                 "peak_lambda": _lambda(run.get("max_multipliers") or []),
                 "final_lambda": _lambda(run.get("multipliers") or []),
+                "feasible_from": feasible_from(run, tolerance),
                 "curves": run.get("curves"),
             }
         )
@@ -134,6 +163,11 @@ def run_rows(setting, combo, results: dict, erm: dict) -> list[dict]:
 
 def _num_or_nan(value) -> float:
     return math.nan if value is None else float(value)
+
+
+def _median(values) -> float:
+    vals = [v for v in values if math.isfinite(v)]
+    return float(statistics.median(vals)) if vals else math.nan
 
 
 def _mean(values) -> float:
@@ -165,6 +199,8 @@ def summarise(rows: list[dict]) -> list[dict]:
                 "ood": _mean(r["ood"] for r in rs if not r["diverged"]),
                 "val_objective": _mean(r["val_objective"] for r in rs if not r["diverged"]),
                 "peak_lambda": statistics.median([r["peak_lambda"] for r in rs]),
+                "feasible_from": _median(r["feasible_from"] for r in rs if not r["diverged"]),
+                "feasible_by_end": sum(math.isfinite(r["feasible_from"]) for r in rs),
                 "baseline": (combo.formulation, combo.dual_optimizer, combo.update)
                 == baseline(setting),
             }
@@ -209,6 +245,9 @@ def _setting_markdown(setting, summaries: list[dict], erm_rows: list[dict], fact
         + " | ".join(f"×{f:g}" for f in factors)
         + f" | descent | mean r | ID change | OOD {metric} | median peak λ |"
     )
+    scheduled = any(s["combo"].schedule != "constant" for s in summaries)
+    if scheduled:  # how soon the training batches meet the final ε (issue 51: ε schedules)
+        head += " feasible (train) from step, median | feasible (train) at the end |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     ordered = sorted(summaries, key=lambda s: -s["ok"] / s["runs"])
     for s in ordered:
@@ -227,6 +266,8 @@ def _setting_markdown(setting, summaries: list[dict], erm_rows: list[dict], fact
             _num(s["ood"], 4),
             _num(s["peak_lambda"]),
         ]
+        if scheduled:
+            cells += [_num(s["feasible_from"], 4), f"{s['feasible_by_end']}/{s['runs']}"]
         lines.append("| " + " | ".join(cells) + " |")
     b = best(summaries)
     base = next((s for s in summaries if s["baseline"]), None)
@@ -290,7 +331,12 @@ def collect(subs, results: dict) -> tuple[list[dict], list[dict], dict[str, list
         call = combo
         for c in call.combos:  # a call trains its combinations as sweep points
             mine = [r for r in results[sub.key]["runs"] if call.combo_of(r["hparams"]) == c]
-            rows += run_rows(setting, c, {"runs": mine}, results[(name, None)])
+            rows += run_rows(
+                setting,
+                c,
+                {"runs": mine, "config": results[sub.key]["config"]},
+                results[(name, None)],
+            )
     return rows, summarise(rows), erm
 
 

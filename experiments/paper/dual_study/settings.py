@@ -156,6 +156,7 @@ class Combo:
     formulation: str
     dual_optimizer: str
     update: str
+    schedule: str = "constant"  # ε's path to its value (--epsilon-schedule)
 
     @property
     def slug(self) -> str:
@@ -163,7 +164,8 @@ class Combo:
 
     @property
     def label(self) -> str:
-        return f"{self.formulation} · {self.dual_optimizer} · {self.update}"
+        label = f"{self.formulation} · {self.dual_optimizer} · {self.update}"
+        return label if self.schedule == "constant" else f"{label} · ε {self.schedule}"
 
     @property
     def swept(self) -> str:
@@ -211,14 +213,19 @@ class Call:
         dual = self.dual_optimizer
         if self.merged_duals:
             dual = "sgd" if not hparams.get("nupi_kp") else "nupi"
-        return Combo(form, dual, self.update)
+        return Combo(form, dual, self.update, hparams.get("epsilon_schedule") or "constant")
+
+    @property
+    def schedules(self) -> tuple[str, ...]:
+        """The ε schedules of this call's combinations: lanes of its one program."""
+        return tuple(dict.fromkeys(c.schedule for c in self.combos))
 
 
 def calls(setting: Setting, combos: list[Combo], nupi_kp: float) -> list[Call]:
     """``combos`` grouped into runner calls that share one compiled program (see :class:`Call`),
     in the order of their first combination."""
     families: dict[tuple, list[Combo]] = {}
-    for c in combos:
+    for c in combos:  # ε schedules are lanes: a combination's schedules share its call
         if not setting.merge_calls:
             family = (c.formulation, c.dual_optimizer)
         elif c.formulation == "penalty":
