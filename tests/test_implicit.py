@@ -23,11 +23,11 @@ from cudt.checkpoint import GroupCheckpointer
 # min_θ Σ_i ½(θ_i − x_i)²  s.t.  θ_i ≤ C  for every example i (feature x_i):
 # θ*_i = min(x_i, C), λ*(x) = max(x − C, 0), exactly a relu of a linear map of the feature.
 N, C = 64, 1.0
-X = jnp.linspace(0.0, 2.0, N)
+X = np.linspace(0.0, 2.0, N, dtype=np.float32)  # numpy: importing starts no JAX backend
 
 
 def _kkt_problem(theta, ids, key):
-    t, x = theta[ids], X[ids]
+    t, x = theta[ids], jnp.asarray(X)[ids]
     cons = {"cap": cudt.Constraint(t - C, index=ids, features=x[:, None])}
     return 0.5 * jnp.sum((t - x) ** 2), cons
 
@@ -36,7 +36,7 @@ def _linear(phi, f):
     return phi["w"] * f[:, 0] + phi["b"]
 
 
-LINEAR = cudt.implicit(_linear, {"w": jnp.zeros(()), "b": jnp.zeros(())})
+LINEAR = cudt.implicit(_linear, {"w": np.float32(0), "b": np.float32(0)})
 
 
 def _train_kkt(implicit, steps=400):
@@ -93,8 +93,11 @@ def _per_example(params, batch, key, hp=None):
     return f, cons
 
 
-ONE_HOT = cudt.implicit(lambda phi, f: f @ phi, jnp.zeros((M, L)))
-PARAMS = {"w": 0.3 * jnp.ones((3, L)), "e": jnp.linspace(-1, 1, M * L).reshape(M, L)}
+ONE_HOT = cudt.implicit(lambda phi, f: f @ phi, np.zeros((M, L), np.float32))
+PARAMS = {
+    "w": np.full((3, L), 0.3, np.float32),
+    "e": np.linspace(-1, 1, M * L, dtype=np.float32).reshape(M, L),
+}
 FORMULATIONS = {"lagrangian": cudt.Lagrangian(), "augmented": cudt.AugmentedLagrangian(0.5)}
 
 
