@@ -450,6 +450,31 @@ CONFIG_CASES = [
         "--nupi-kp is a gain of --dual-optimizer nupi",
         "pass --dual-optimizer nupi or drop it",
     ),
+    (
+        "--multipliers not a kind",
+        ["--multipliers", "model"],
+        "--multipliers must be one of table, implicit",
+        "got 'model'",
+    ),
+    (
+        "--multipliers implicit without --constraint indexed",
+        ["--multipliers", "implicit"],
+        "--multipliers implicit needs per-example constraints",
+        "pass --constraint indexed or drop --multipliers",
+    ),
+    (
+        "--multipliers implicit with the penalty formulation",
+        ["--constraint", "indexed", "--multipliers", "implicit", "--formulation", "penalty"],
+        "--multipliers implicit has no multipliers to learn under --formulation penalty",
+        "pass --formulation lagrangian or augmented, or drop --multipliers",
+    ),
+    (
+        "--multipliers implicit with explicit slacks",
+        ["--constraint", "indexed", "--multipliers", "implicit"]
+        + ["--resilience-mode", "slack", "--resilience", "1"],
+        "--multipliers implicit cannot keep explicit slacks (a table of one per example)",
+        "pass --resilience-mode decay or --multipliers table",
+    ),
 ]
 
 

@@ -1,8 +1,10 @@
-"""Constrained learning for any JAX problem: named constraints, formulations, dual updates, the
-one primal-dual step and the drop-in Lagrangian for a loop of one's own (docs/constrained.md).
+"""Constrained learning for any JAX problem: named constraints, formulations, dual updates,
+implicit multipliers, the one primal-dual step and the drop-in Lagrangian for a loop of one's own
+(docs/constrained.md).
 
-Each idea is a module of this package (``_constraint``, ``_formulation``, ``_dual``, ``_step``,
-``_dropin``, ``_schedule``); import the names from here (or from :mod:`cudt`), not from the modules.
+Each idea is a module of this package (``_constraint``, ``_formulation``, ``_dual``,
+``_implicit``, ``_schedule``, ``_step``, ``_dropin``); import the names from here (or from
+:mod:`cudt`), not from the modules.
 """
 
 from cudt.constrained._constraint import (
@@ -27,6 +29,11 @@ from cudt.constrained._formulation import (
     Lagrangian,
     QuadraticPenalty,
 )
+from cudt.constrained._implicit import (
+    Implicit,
+    implicit,
+    implicit_mlp,
+)
 from cudt.constrained._schedule import (
     SHAPES,
     Schedule,
@@ -50,6 +57,7 @@ __all__ = [
     "ConstrainedState",
     "Constraint",
     "FreeSign",
+    "Implicit",
     "Lagrangian",
     "QuadraticPenalty",
     "SHAPES",
@@ -60,6 +68,8 @@ __all__ = [
     "describe_schedule",
     "dual_adam",
     "dual_ascent",
+    "implicit",
+    "implicit_mlp",
     "init_multipliers",
     "is_schedule",
     "lagrangian",

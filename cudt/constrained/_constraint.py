@@ -5,12 +5,17 @@
             "budget": cudt.Constraint(g, kind="ineq"),                    # g <= 0, any shape
             "balance": cudt.Constraint(h, kind="eq"),                     # h == 0, free-sign λ
             "per_sample": cudt.Constraint(g_i, kind="ineq", index=ids),   # [B] values, ids [B]
+            "learned": cudt.Constraint(g_i, features=f),                 # implicit λ(f_i)
             "soft": cudt.Constraint(g, resilience=alpha),                 # g <= u, cost (α/2)‖u‖²
             "relative": cudt.Constraint(g, scale=jax.lax.stop_gradient(s)),  # dual step g / s
         }
 
 ``index`` (int [B]) names the rows of a multiplier table of ``N`` rows (``num_indexed`` in
 :func:`cudt.make_constrained_step`'s ``init``) that the batch's values ``value[b]`` belong to.
+
+``features`` ([B, ...], any pytree; stop-gradient) are the batch's inputs of implicit multipliers
+(:func:`cudt.implicit`, ``make_constrained_step(..., implicit={name: model})``): each row's
+multiplier is the model at its features, not a table's row; other constraints ignore them.
 
 ``resilience`` α relaxes an inequality to ``g ≤ u`` with a slack ``u ≥ 0`` that costs
 ``(α/2)‖u‖²`` (Hounie et al. 2023); ``None`` (or α = inf, so a sweep can mix hard and resilient
@@ -57,6 +62,7 @@ class Constraint:
     resilience: Any = None
     resilience_mode: str = flax.struct.field(pytree_node=False, default="decay")
     scale: Any = None
+    features: Any = None
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -47,6 +47,14 @@ updated with the primal variables by ``slack_optimizer`` (projected onto ``u ≥
 0 every ``slack_restart_steps`` steps if given. Both compose with every formulation, update
 scheme and dual optimiser.
 
+**Implicit multipliers** (``implicit={name: cudt.implicit(apply, φ)}``, :mod:`cudt.constrained`'s
+``_implicit``): the constraint's multipliers are a model of the batch's features
+(``Constraint(..., features=f)``) and ``state.multipliers[name]`` holds its parameters φ, trained
+by the dual optimiser on the pull-back of the rows' dual gradients; every update scheme applies to
+φ as to a table (alternating: ``λ_{t+1} = λ(φ_{t+1})``; optimistic: ``prev_update`` holds φ's
+update). Not with explicit slacks (an ``N``-row table of their own) nor without multipliers
+(:class:`cudt.QuadraticPenalty`).
+
 Indexed constraints (``Constraint(..., index=ids)``) have a multiplier table of ``N`` rows; only
 the batch's rows (and the rows of every dual- or slack-state leaf shaped like the table, e.g. Adam
 moments) are read and written, the rest stay bit-identical (scalar state such as Adam's step count
@@ -79,6 +87,8 @@ import optax
 from cudt.constrained._constraint import Constraint, FreeSign
 from cudt.constrained._dual import project_nonnegative
 from cudt.constrained._formulation import Lagrangian
+from cudt.constrained._implicit import Implicit, ascent_gradient
+from cudt.constrained._implicit import rows as implicit_rows
 from cudt.constrained._schedule import values_at
 
 __all__ = ["UPDATES", "ConstrainedState", "make_constrained_step"]
@@ -93,7 +103,7 @@ class ConstrainedState:
     step: jax.Array  # [] int32
     params: Any
     opt_state: Any
-    multipliers: dict  # name -> array (indexed: table [N, ...])
+    multipliers: dict  # name -> array (indexed: table [N, ...]; implicit: the model's φ)
     dual_state: dict  # name -> the dual optimiser's state of that constraint
     slacks: dict  # name -> u (same shape as its multipliers), explicit-slack constraints only
     slack_state: dict  # name -> the slack optimiser's state
@@ -200,6 +210,7 @@ def make_constrained_step(
     slack_restart_steps: int | None = None,
     jit: bool = True,
     donate: bool = True,
+    implicit: dict[str, Implicit] | None = None,
 ):
     """``(init, step)`` for ``problem``; see the module docstring.
 
@@ -226,9 +237,13 @@ def make_constrained_step(
         and jitted by the caller.
       donate: the jitted step donates the input state's buffers (saves a copy of the state per
         step); ``init`` copies what it is given, so the caller's arrays are never donated.
+      implicit: ``{name: cudt.implicit(apply, φ)}``: these constraints' multipliers are a model
+        of the batch's features (module docstring); ``init``'s ``multipliers={name: φ}``
+        overrides the model's own φ.
 
     ``init(params, batch=None, num_indexed=None, key=None, *, constraints=None, hparams=None,
-    constrained=True, lr=None, dual_hparams=None, penalty=None)``: the constraints' structure
+    constrained=True, lr=None, dual_hparams=None, penalty=None, multipliers=None)``: the
+    constraints' structure
     comes from ``jax.eval_shape`` of ``problem`` on ``batch``, or from ``constraints`` (``{name:
     Constraint}`` whose values may be ``jax.ShapeDtypeStruct``) when known without a batch.
     ``hparams``: the per-run values handed to ``problem``; ``constrained=False``: an ERM run;
@@ -236,14 +251,25 @@ def make_constrained_step(
     injected hyperparameters of the primal and dual optimisers; ``penalty``: ρ of every
     constraint. Each may be an array under ``vmap`` (a sweep).
 
+    ``multipliers``: ``{name: φ}``, the starting parameters of implicit multipliers.
+
     ``metrics``: ``objective``, ``lagrangian``, ``constraints`` (name -> mean value),
     ``violation`` (name -> ‖h‖, in the constraint's scale), ``grad_norm`` (of the primal gradient), all measured at the
     point the gradient was taken (before the step; the extrapolated point for ``"optimistic"``),
     ``projection`` with ``project_params`` (the share of the primal update it took back,
     ``‖P(θ') − θ'‖ / ‖θ' − θ‖``: 0 when the update stayed feasible) and ``aux`` when
-    ``has_aux``.
+    ``has_aux``; ``implicit`` (name -> ``{"mean", "max"}`` over the batch's rows of the implicit
+    multipliers after the step, at the batch's features).
     """
     formulation = Lagrangian() if formulation is None else formulation
+    implicit = dict(implicit or {})
+    if not all(isinstance(m, Implicit) for m in implicit.values()):
+        raise TypeError("implicit must map constraint names to cudt.implicit(apply, params)")
+    if implicit and not formulation.uses_multipliers:
+        raise ValueError(
+            f"{type(formulation).__name__} has no multipliers, so none can be implicit: drop "
+            "implicit= or use the Lagrangian or the augmented Lagrangian"
+        )
     if update not in UPDATES:
         raise ValueError(f"update must be one of {UPDATES}, got {update!r}")
     if dual_radius is not None and not float(dual_radius) > 0:
@@ -268,6 +294,7 @@ def make_constrained_step(
         ),
         slack_restart_steps=slack_restart_steps,
         penalty=float(getattr(formulation, "penalty", 0.0)),
+        implicit=implicit,
     )
     scheme = _SCHEMES[update]
 
@@ -295,6 +322,7 @@ class _Spec:
     slack_tx: optax.GradientTransformation  # the slack optimiser, projected onto u >= 0
     slack_restart_steps: int | None
     penalty: float  # ρ of a new run: the formulation's (0 without one)
+    implicit: dict  # name -> Implicit: the constraints whose multipliers are a model
 
 
 class _Evaluation(NamedTuple):
@@ -368,6 +396,7 @@ def _init(
     lr=None,
     dual_hparams=None,
     penalty=None,
+    multipliers=None,
 ) -> ConstrainedState:
     """``init`` of :func:`make_constrained_step` (its docstring says what each argument does)."""
     num_indexed = dict(num_indexed or {})
@@ -375,9 +404,12 @@ def _init(
         key = jax.random.key(0) if key is None else key
         constraints = jax.eval_shape(functools.partial(_call, spec), params, batch, key, hparams)[1]
     _check_constraints(constraints)
-    mult = _zero_multipliers(constraints, num_indexed)
+    phis = _implicit_params(spec, constraints, dict(multipliers or {}))
+    tables = {n: c for n, c in constraints.items() if n not in phis}
+    mult = _zero_multipliers(tables, {n: v for n, v in num_indexed.items() if n not in phis})
+    mult = {n: phis[n] if n in phis else mult[n] for n in constraints}
     dual_state = {
-        n: spec.dual.init(FreeSign(m) if constraints[n].kind == "eq" else m)
+        n: spec.dual.init(FreeSign(m) if constraints[n].kind == "eq" or n in phis else m)
         for n, m in mult.items()
     }
     for name, value in dict(dual_hparams or {}).items():
@@ -409,12 +441,61 @@ def _init(
     )
 
 
+def _implicit_params(spec: _Spec, constraints, given: dict) -> dict:
+    """``{name: φ}`` of a new state's implicit multipliers (fresh buffers): ``given``'s, else
+    the model's own, checked against the constraints."""
+    unknown = (set(spec.implicit) | set(given)) - set(constraints)
+    if unknown:
+        raise ValueError(f"implicit multipliers name unknown constraints {sorted(unknown)}")
+    extra = set(given) - set(spec.implicit)
+    if extra:
+        raise ValueError(
+            f"init got multipliers for {sorted(extra)}, which are not implicit: name their "
+            "models in make_constrained_step(..., implicit={name: cudt.implicit(apply)})"
+        )
+    phis = {}
+    for name, model in spec.implicit.items():
+        if constraints[name].has_slack:
+            raise ValueError(
+                f"constraint {name!r} has explicit slacks (resilience_mode='slack'), a table of "
+                "one slack per example, which implicit multipliers are meant to avoid: use "
+                "resilience_mode='decay' or table multipliers"
+            )
+        phi = given.get(name, model.params)
+        if phi is None:
+            raise ValueError(
+                f"implicit multipliers of {name!r} have no parameters: pass "
+                f"cudt.implicit(apply, params) or init(..., multipliers={{{name!r}: params}})"
+            )
+        phis[name] = _copy(phi)
+    return phis
+
+
 # -- the shared pieces of a step ------------------------------------------------------------------
 
 
 def _rows_of(tables, cons):
     """The batch's rows of every (indexed) table: ``{name: rows}``."""
     return {n: (t if cons[n].index is None else t[cons[n].index]) for n, t in tables.items()}
+
+
+def _features(cons, name):
+    if cons[name].features is None:
+        raise ValueError(
+            f"constraint {name!r} has implicit multipliers but no features: return "
+            f"cudt.Constraint(value, features=f) with the batch's features f [B, ...]"
+        )
+    return cons[name].features
+
+
+def _multiplier_rows(spec: _Spec, multipliers, cons):
+    """The batch's multipliers of every constraint: a table's rows, or an implicit model at the
+    batch's features."""
+    out = _rows_of({n: m for n, m in multipliers.items() if n not in spec.implicit}, cons)
+    for n, model in spec.implicit.items():
+        c = cons[n]
+        out[n] = implicit_rows(model, multipliers[n], _features(cons, n), c.kind, spec.dual_radius)
+    return {n: out[n] for n in multipliers}
 
 
 def _point(state: ConstrainedState) -> tuple:
@@ -481,13 +562,38 @@ def _ascend_one(spec: _Spec, c: Constraint, d, active, lam, ds):
     return _where(active, (lam_new, ds_new), (lam, ds))
 
 
-def _ascend(spec: _Spec, state: ConstrainedState, grad, cons, active):
+def _ascend_implicit(spec: _Spec, cons, name, phi_at, d, active, phi, ds):
+    """An implicit constraint's φ and dual state after the dual optimiser's ascent on the
+    pull-back of the rows' ``d`` taken at ``phi_at`` (the evaluation's point), applied at ``phi``
+    (as :func:`_ascend_one` applies a table's); unchanged where not ``active``."""
+    model, kind = spec.implicit[name], cons[name].kind
+    grad = ascent_gradient(model, phi_at, _features(cons, name), d, kind, spec.dual_radius)
+    u, ds_new = spec.dual.update(FreeSign(grad), ds, FreeSign(phi))
+    phi_new = jax.tree.map(lambda p, x: p + x, phi, u.value)
+    return _where(active, (phi_new, ds_new), (phi, ds))
+
+
+def _ascend(spec: _Spec, state: ConstrainedState, grad, cons, active, phi_at=None):
     """New multipliers and dual states: the dual optimiser's update from ``grad`` applied at
-    ``state``'s multipliers (masked rows and runs keep theirs)."""
+    ``state``'s multipliers (masked rows and runs keep theirs); implicit multipliers' gradient
+    is taken at ``phi_at``'s parameters (the evaluation's point; default the state's)."""
     if not spec.formulation.uses_multipliers:
         return state.multipliers, state.dual_state
+    phi_at = state.multipliers if phi_at is None else phi_at
     new_mult, new_dual = {}, {}
     for n, c in cons.items():
+        if n in spec.implicit:
+            new_mult[n], new_dual[n] = _ascend_implicit(
+                spec,
+                cons,
+                n,
+                phi_at[n],
+                grad[n],
+                active,
+                state.multipliers[n],
+                state.dual_state[n],
+            )
+            continue
         new_mult[n], new_dual[n] = _update_rows(
             state.multipliers[n],
             state.dual_state[n],
@@ -538,12 +644,12 @@ def _descend(
     variables with ``state``'s optimiser states. ``dual_first``: the primal gradient uses the
     multipliers after the dual step (alternating), else those at ``at``."""
     cons = ev.cons
-    lam_at = _rows_of(at[1], cons)
+    lam_at = _multiplier_rows(spec, at[1], cons)
     u_at = _rows_of(at[2], cons)
     new_mult, new_dual = _ascend(
-        spec, state, _dual_gradient(ev.values, lam_at, u_at, cons), cons, active
+        spec, state, _dual_gradient(ev.values, lam_at, u_at, cons), cons, active, at[1]
     )
-    lam = _rows_of(new_mult, cons) if dual_first else lam_at
+    lam = _multiplier_rows(spec, new_mult, cons) if dual_first else lam_at
     L, ((cot_f, cot_v), grad_u) = jax.value_and_grad(
         lambda fv, uu: _lagrangian(spec.formulation, fv[0], fv[1], uu, lam, state.penalty, cons),
         argnums=(0, 1),
@@ -572,7 +678,7 @@ def _advance(spec: _Spec, state, active, shown: _Evaluation, shown_at, d: _Desce
         restart = (state.step + 1) % spec.slack_restart_steps == 0
         slacks = jax.tree.map(lambda u: jnp.where(restart, jnp.zeros_like(u), u), slacks)
     form, cons, values = spec.formulation, shown.cons, shown.values
-    lam = _rows_of(shown_at[1], cons)
+    lam = _multiplier_rows(spec, shown_at[1], cons)
     violation = {
         n: jnp.sqrt(jnp.mean(form.violation(_per_scale(values[n], c), lam[n], c.kind) ** 2))
         for n, c in cons.items()
@@ -613,6 +719,12 @@ def _metrics(spec: _Spec, shown: _Evaluation, lagrangian, violation, d: _Descent
         metrics["projection"] = d.projection
     if spec.has_aux:
         metrics["aux"] = shown.aux
+    if spec.implicit:
+        lam = _multiplier_rows(spec, d.variables[1], shown.cons)
+        metrics["implicit"] = {
+            n: {"mean": jnp.mean(lam[n], axis=0), "max": jnp.max(lam[n], axis=0)}
+            for n in spec.implicit
+        }
     return metrics
 
 

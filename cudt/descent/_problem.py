@@ -17,7 +17,10 @@ input state, column L the output), the objective is ``mean ℓ_L`` and the const
   - ``"mean"``: ``mean ℓ_l − (1 − ε_l) mean ℓ_{l−1}``, ``[L]`` (the paper's);
   - ``"indexed"``: ``ℓ_l(x_i) − (1 − ε_l) ℓ_{l−1}(x_i)`` for every example ``i`` of the batch,
     ``[B, L]``, with a multiplier table of ``num_examples × L`` entries indexed by
-    ``example_ids(batch)`` (each example's row in the training set); only the batch's rows move;
+    ``example_ids(batch)`` (each example's row in the training set); only the batch's rows move.
+    With ``example_features`` the constraint carries each example's features instead (implicit
+    multipliers, a model of them: :func:`cudt.implicit`); :func:`loss_features`, the example's
+    own log-ratios ``log ℓ_l(x_i)/ℓ_{l−1}(x_i)``, serve any task and any unseen example;
   - ``"tail"``: ``CVaR_β(r_l) − (1 − ε_l)``, ``[L]``, with ``r_l = ℓ_l(x)/ℓ_{l−1}(x)`` the
     per-sample ratio and ``CVaR_β`` over the batch the mean of its ``⌈βB⌉`` largest ratios: the
     worst β-fraction of the examples must descend by the factor on average (β = 1 is the mean
@@ -59,6 +62,7 @@ __all__ = [
     "constraint_values",
     "constraints",
     "hparams",
+    "loss_features",
     "metrics",
     "multipliers",
     "problem",
@@ -164,13 +168,28 @@ def violation(mean_losses, epsilon):
     return jnp.sum(jax.nn.relu(mean_losses[..., 1:] / prev - (1.0 - epsilon)), axis=-1)
 
 
-def _resilient(value, config: DescentConfig, alpha, index=None, scale=None) -> Constraint:
+def loss_features(batch, losses) -> jax.Array:
+    """``[B, L]``: each example's ``log ℓ_l(x_i) − log ℓ_{l−1}(x_i)`` (stop-gradient; losses
+    floored at ``RATIO_FLOOR``), the features of implicit multipliers that any task has, for any
+    example, seen or not: the margin of the example's own descent constraints
+    (``ℓ_l ≤ (1 − ε_l) ℓ_{l−1}`` is ``log-ratio ≤ log(1 − ε_l)``), unchanged when the loss is
+    multiplied by a constant (as ``dual_scale="relative"``), and of order 1 whatever the task.
+    ``batch`` is unused (the signature of ``example_features``)."""
+    del batch
+    logs = jnp.log(jnp.maximum(jax.lax.stop_gradient(losses), RATIO_FLOOR))
+    return logs[:, 1:] - logs[:, :-1]
+
+
+def _resilient(
+    value, config: DescentConfig, alpha, index=None, scale=None, features=None
+) -> Constraint:
     return Constraint(
         value,
         index=index,
         resilience=alpha,
         resilience_mode=config.resilience_mode,
         scale=scale,
+        features=features,
     )
 
 
@@ -191,18 +210,27 @@ def problem(
     constraint: str = "mean",
     *,
     example_ids: Callable[[Any], jax.Array] | None = None,
+    example_features: Callable[[Any, jax.Array], Any] | None = None,
     objective: str = "loss",
 ):
     """``problem(params, batch, key, hparams) -> (mean ℓ_L, constraints, aux)`` (module
     docstring); ``aux``: ``layer_loss [L+1]`` (the batch means) and ``constraint [L+1]`` (index 0
     the reference, then the descent constraint's value per layer: its batch mean for
-    ``"indexed"``). ``example_ids(batch) -> [B]`` names the rows of ``"indexed"``'s table.
+    ``"indexed"``). ``example_ids(batch) -> [B]`` names the rows of ``"indexed"``'s table;
+    ``example_features(batch, losses [B, L+1]) -> [B, ...]`` (e.g. :func:`loss_features`) gives
+    its constraint the examples' features, for implicit multipliers.
     ``objective="violation"``: the phase-I objective :func:`violation` instead of mean ℓ_L."""
     _check_kind(constraint)
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     if constraint == "indexed" and example_ids is None:
         raise ValueError("constraint='indexed' needs example_ids=batch -> [B] (each example's row)")
+    if example_features is not None and constraint != "indexed":
+        raise ValueError(
+            f"example_features are the per-example constraints' features: constraint "
+            f"{constraint!r} has one constraint per layer, not per example; use "
+            "constraint='indexed'"
+        )
     L = config.num_layers
     relative = config.dual_scale == "relative"
 
@@ -218,13 +246,15 @@ def problem(
         mean = jnp.mean(losses, axis=0)
         epsilon = hp["epsilon"]
         g = constraint_values(mean, epsilon, hp["reference"], hp["has_reference"])
-        index, shown = None, g[1:]
+        index, features, shown = None, None, g[1:]
         s = scales(mean, hp["reference"], hp["has_reference"]) if relative else None
         if constraint == "mean":
             descent = g[1:]
         elif constraint == "indexed":
             descent = losses[:, 1:] - (1.0 - epsilon) * losses[:, :-1]  # [B, L]
             index = example_ids(batch)
+            if example_features is not None:
+                features = jax.lax.stop_gradient(example_features(batch, losses))
         else:
             descent = shown = tail_values(losses, epsilon, hp["tail_beta"])
             if relative:  # a ratio: in the loss's units in the Lagrangian, so λ is dimensionless
@@ -232,7 +262,9 @@ def problem(
         alpha = hp["resilience"]
         cons = {
             "reference": _resilient(g[0], config, alpha, scale=None if s is None else s[0]),
-            "descent": _resilient(descent, config, alpha, index, None if s is None else s[1:]),
+            "descent": _resilient(
+                descent, config, alpha, index, None if s is None else s[1:], features
+            ),
         }
         aux = {"layer_loss": mean, "constraint": jnp.concatenate([g[:1], shown])}
         f = mean[-1] if objective == "loss" else violation(mean, epsilon)
@@ -268,7 +300,14 @@ def _summary(tables: dict, reduce) -> jax.Array:
 
 def multipliers(state, reduce=jnp.mean) -> jax.Array:
     """``[..., L+1]``: λ of the reference, then each layer's λ (``"indexed"``: ``reduce`` of the
-    table's rows, e.g. ``jnp.max``); any leading run axes are kept."""
+    table's rows, e.g. ``jnp.max``); any leading run axes are kept. Implicit multipliers have no
+    table: their summary is the step's (:func:`metrics`, the batch's rows)."""
+    if not hasattr(state.multipliers["descent"], "ndim"):
+        raise TypeError(
+            "the descent constraint's multipliers are implicit (a model, not a table): read "
+            "the step's metrics['multipliers'] (its batch's rows) or evaluate the model at the "
+            "examples' features"
+        )
     return _summary(state.multipliers, reduce)
 
 
@@ -282,14 +321,22 @@ def metrics(state, step_metrics: dict, constraint: str = "mean") -> dict[str, ja
     ``layer_loss [L+1]``, ``constraint [L+1]``, ``grad_norm``, ``multipliers [L+1]`` (after the
     step), ``projection`` (the share of the primal update the parameter projection took back)
     with ``project_params``, ``slacks [L+1]`` with explicit slacks, ``multipliers_max [L+1]`` for
-    ``"indexed"``."""
+    ``"indexed"`` (implicit multipliers: the mean and max over the batch's rows, the model after
+    the step at the batch's features)."""
     aux = step_metrics["aux"]
+    implicit = step_metrics.get("implicit", {}).get("descent")
+    if implicit is None:
+        lam = multipliers(state)
+    else:
+        ref = state.multipliers["reference"][..., None]
+        lam = jnp.concatenate([ref, implicit["mean"]], axis=-1)
+        lam_max = jnp.concatenate([ref, implicit["max"]], axis=-1)
     out = {
         "objective": step_metrics["objective"],
         "lagrangian": step_metrics["lagrangian"],
         "layer_loss": aux["layer_loss"],
         "constraint": aux["constraint"],
-        "multipliers": multipliers(state),
+        "multipliers": lam,
         "grad_norm": step_metrics["grad_norm"],
     }
     if "projection" in step_metrics:
@@ -297,5 +344,5 @@ def metrics(state, step_metrics: dict, constraint: str = "mean") -> dict[str, ja
     if state.slacks:
         out["slacks"] = slacks(state)
     if constraint == "indexed":
-        out["multipliers_max"] = multipliers(state, jnp.max)
+        out["multipliers_max"] = multipliers(state, jnp.max) if implicit is None else lam_max
     return out

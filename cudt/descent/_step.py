@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import optax
 
-from cudt.constrained import ConstrainedState, make_constrained_step
+from cudt.constrained import ConstrainedState, Implicit, implicit_mlp, make_constrained_step
 from cudt.descent import _problem as descent
 from cudt.descent._config import DescentConfig
 from cudt.knobs import KNOBS, knobs
@@ -45,6 +45,8 @@ def make_train_step(
     update: str = "simultaneous",
     num_examples: int | None = None,
     example_ids: Callable[[Any], jax.Array] | None = None,
+    multipliers: str | Implicit = "table",
+    example_features: Callable[[Any, jax.Array], Any] | None = None,
     project_params: Callable[[Any], Any] | None = None,
     objective: str = "loss",
     jit: bool = True,
@@ -64,6 +66,12 @@ def make_train_step(
       constraint: ``"mean"`` (the paper's), ``"indexed"`` (per example: needs ``num_examples``
         and ``example_ids``) or ``"tail"`` (CVaR of the per-sample ratios).
       formulation, update: as :func:`cudt.make_constrained_step`'s.
+      multipliers: ``"indexed"``'s multipliers: ``"table"`` (one per example and layer, the
+        table of ``num_examples`` rows), ``"implicit"`` (a model of the examples' features,
+        :func:`cudt.implicit_mlp` from ``example_features`` to the ``L`` layers' λ, the same
+        size whatever the data set) or a :func:`cudt.implicit` model of one's own.
+      example_features: ``(batch, losses [B, L+1]) -> [B, F]``, the features of implicit
+        multipliers; default :func:`cudt.descent.loss_features` (``F = L``).
       project_params: applied to the parameters after every primal update (e.g. the UT's
         eigenvalue clipping, :func:`cudt.models.ut_project`).
       objective: ``"loss"`` (mean ℓ_L, the paper's) or ``"violation"`` (the constraints' total
@@ -90,10 +98,18 @@ def make_train_step(
     """
     cfg = config
     indexed = constraint == "indexed"
-    if indexed and num_examples is None:
+    model = _implicit_model(multipliers, constraint, cfg.num_layers, example_features)
+    if model is not None and example_features is None:
+        example_features = descent.loss_features
+    if indexed and model is None and num_examples is None:
         raise ValueError("constraint='indexed' needs num_examples=N (the multiplier table's rows)")
     problem = descent.problem(
-        layer_losses, cfg, constraint, example_ids=example_ids, objective=objective
+        layer_losses,
+        cfg,
+        constraint,
+        example_ids=example_ids,
+        example_features=example_features if model is not None else None,
+        objective=objective,
     )
     shapes = descent.constraints(cfg, constraint)
     c_init, c_step = make_constrained_step(
@@ -108,8 +124,10 @@ def make_train_step(
         slack_optimizer=optax.sgd(cfg.slack_lr),
         slack_restart_steps=cfg.slack_restart_steps if cfg.uses_slacks else None,
         jit=False,
+        implicit=None if model is None else {"descent": model},
     )
-    init = _descent_init(c_init, cfg, shapes, {"descent": num_examples} if indexed else None)
+    table = indexed and model is None
+    init = _descent_init(c_init, cfg, shapes, {"descent": num_examples} if table else None)
 
     def step(state: ConstrainedState, batch, key: jax.Array):
         state, m = c_step(state, batch, key)
@@ -118,6 +136,31 @@ def make_train_step(
     if jit:
         step = jax.jit(step, donate_argnums=(0,) if donate else ())
     return init, step
+
+
+def _implicit_model(multipliers, constraint: str, num_layers: int, example_features):
+    """The descent constraint's implicit model (None: a table, or no per-example constraint)."""
+    if isinstance(multipliers, Implicit):
+        model = multipliers
+    elif multipliers == "implicit":
+        if example_features is not None:
+            raise ValueError(
+                "multipliers='implicit' builds its model for loss_features (L features): with "
+                "example_features of your own, pass multipliers=cudt.implicit(apply, params)"
+            )
+        model = implicit_mlp(num_layers, (num_layers,))
+    elif multipliers == "table":
+        return None
+    else:
+        raise ValueError(
+            f"multipliers must be 'table', 'implicit' or a cudt.implicit model, got {multipliers!r}"
+        )
+    if constraint != "indexed":
+        raise ValueError(
+            f"implicit multipliers are per example: constraint {constraint!r} has one multiplier "
+            "per layer; use constraint='indexed'"
+        )
+    return model
 
 
 def _descent_init(c_init: Callable, cfg: DescentConfig, shapes, num_indexed) -> Callable:

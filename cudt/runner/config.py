@@ -199,6 +199,14 @@ class RunConfig:
         "(CVaR_beta of the per-sample ratio l_l/l_{l-1} <= 1-eps); the reference stays a mean",
         check=one_of(*CONSTRAINT_KINDS),
     )
+    multipliers: str = flag(
+        "table",
+        "multipliers of --constraint indexed: table (one per training example and layer, a "
+        "table that grows with the data) or implicit (a small model from each example's "
+        "per-layer log-loss ratios to its multipliers, trained by dual ascent: its size does "
+        "not depend on the data)",
+        check=one_of("table", "implicit"),
+    )
     tail_beta: float = flag(
         0.1,
         "beta of --constraint tail: the mean of the largest ceil(beta*B) ratios of a batch",
@@ -342,6 +350,21 @@ class RunConfig:
         need(
             self.resilience_mode == "decay" or self.resilience is not None,
             "--resilience-mode slack needs --resilience ALPHA",
+        )
+        need(
+            self.multipliers == "table" or self.constraint == "indexed",
+            "--multipliers implicit needs per-example constraints: pass --constraint indexed "
+            "or drop --multipliers",
+        )
+        need(
+            self.multipliers == "table" or self.formulation != "penalty",
+            "--multipliers implicit has no multipliers to learn under --formulation penalty: "
+            "pass --formulation lagrangian or augmented, or drop --multipliers",
+        )
+        need(
+            self.multipliers == "table" or self.resilience_mode == "decay",
+            "--multipliers implicit cannot keep explicit slacks (a table of one per example): "
+            "pass --resilience-mode decay or --multipliers table",
         )
         need(
             is_reference(self.reference),

@@ -110,7 +110,8 @@ def make_group_step(
     (a benchmark, a test) gets ``cfg``'s. ``slack_alpha``: the α of explicit slacks
     (``--resilience-mode slack``), restarted every epoch. ``num_examples``: the training set's
     size (the rows of ``--constraint indexed``'s table; the batch's ``index`` names its
-    examples' rows)."""
+    examples' rows); ``--multipliers implicit``: no table, a model of the examples' loss ratios
+    (:func:`cudt.descent.loss_features`)."""
     slack = cfg.resilience_mode == "slack"
     structure = DescentConfig(
         num_layers=model.num_layers,
@@ -140,6 +141,7 @@ def make_group_step(
         update=cfg.update,
         num_examples=num_examples,
         example_ids=lambda batch: batch.index,
+        multipliers=cfg.multipliers,
         project_params=model.project,
         jit=jit,
     )

@@ -200,10 +200,14 @@ def _run_record(task, cfg, group, program, result, r, spec, test, val, gammas, v
 
 def _multiplier_fields(cfg, model, result, r) -> dict:
     """Run ``r``'s final multipliers (and, for indexed constraints, each table's maximum) and
-    the largest each reached during training."""
-    return {
-        "multipliers": np.asarray(descent.multipliers(result.states)[r]).tolist(),
-        **(
+    the largest each reached during training. Implicit multipliers have no table: their final
+    multipliers are the last step's (its batch's rows' mean)."""
+    if cfg.constraint == "indexed" and cfg.multipliers == "implicit":
+        last = np.asarray(result.curves[-1]["multipliers"][r]).tolist()
+        table = {}
+    else:
+        last = np.asarray(descent.multipliers(result.states)[r]).tolist()
+        table = (
             {
                 "multipliers_table_max": np.asarray(
                     descent.multipliers(result.states, jnp.max)[r]
@@ -211,7 +215,10 @@ def _multiplier_fields(cfg, model, result, r) -> dict:
             }
             if cfg.constraint == "indexed"
             else {}
-        ),
+        )
+    return {
+        "multipliers": last,
+        **table,
         "max_multipliers": (
             np.zeros(model.num_layers + 1).tolist()
             if result.max_multipliers is None
