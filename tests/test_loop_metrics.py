@@ -226,6 +226,29 @@ def test_resume_compares_a_digest_both_configs_record_and_skips_the_ignored_fiel
         open_output(out, new, ignore=("completions",))
 
 
+def test_checkpoints_from_before_an_added_field_resume_while_the_run_keeps_its_old_behaviour(
+    tmp_path,
+):
+    """A field a later version added (``RunConfig.ADDED``: ``--epsilon-schedule``,
+    ``--multipliers``) is no difference against a saved config without it while the run keeps
+    the earlier behaviour; another value is refused, naming the field."""
+    from cudt.runner.config import RunConfig
+
+    out = tmp_path / "run"
+    open_output(out, {"lr": 1})  # written before the fields existed
+    (out / "checkpoints" / "g" / "4").mkdir(parents=True)
+    added = RunConfig.ADDED
+    assert added == {"epsilon_schedule": "constant", "multipliers": "table"}
+    same = {"lr": 1, "epsilon_schedule": "constant", "multipliers": "table"}
+    assert open_output(out, same, added=added).resuming
+    with pytest.raises(
+        UsageError, match="different config \\(epsilon_schedule None -> 'linear:0@5'\\)"
+    ):
+        open_output(out, same | {"epsilon_schedule": "linear:0@5"}, added=added)
+    with pytest.raises(UsageError, match="different config \\(epsilon_schedule None"):
+        open_output(out, same)  # without the table, a new field is a difference
+
+
 def test_checkpoints_of_an_earlier_state_layout_are_refused_in_one_line(tmp_path):
     """A folder of checkpoints written before the one engine (its saved config has no
     state_layout: layout 1) is named as such, not restored into the wrong pytree; nothing in it

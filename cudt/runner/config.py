@@ -312,6 +312,12 @@ class RunConfig:
     # What only the evaluation after training reads: not in a checkpoint's fingerprint, so a
     # finished run's checkpoints can be evaluated again with other values (docs/runner.md).
     EVALUATION_ONLY: typing.ClassVar[tuple[str, ...]] = ("test_gammas", "tolerance")
+    # Fields a later version added, each with the value that is what earlier versions did: a
+    # checkpoint written before the field existed resumes when the run keeps that value.
+    ADDED: typing.ClassVar[dict[str, typing.Any]] = {
+        "epsilon_schedule": "constant",
+        "multipliers": "table",
+    }
 
     def __post_init__(self):
         hints = typing.get_type_hints(type(self))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -89,11 +89,17 @@ def checkpoint_record(cfg) -> dict[str, Any]:
     return cfg.fingerprint() | {"state_layout": STATE_LAYOUT}
 
 
-def _differences(old: dict, new: dict, ignore: Collection[str] = ()) -> list[str]:
-    """The fields that differ, but ``ignore`` and a ``*_digest`` one side does not record (a
-    digest is an extra check a later version adds: checkpoints written before it resume)."""
+def _differences(
+    old: dict, new: dict, ignore: Collection[str] = (), added: Mapping[str, Any] | None = None
+) -> list[str]:
+    """The fields that differ, but ``ignore``, a ``*_digest`` one side does not record (a
+    digest is an extra check a later version adds: checkpoints written before it resume), and
+    a field of ``added`` (``{name: the earlier versions' behaviour}``) the old config lacks
+    while the new one keeps that value."""
+    added = dict(added or {})
     keys = sorted((set(old) | set(new)) - set(ignore))
     keys = [k for k in keys if not k.endswith("_digest") or (k in old and k in new)]
+    keys = [k for k in keys if not (k in added and k not in old and new.get(k) == added[k])]
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
@@ -114,6 +120,7 @@ def open_output(
     overwrite: bool = False,
     resume: bool = False,
     ignore: Collection[str] = (),
+    added: Mapping[str, Any] | None = None,
 ) -> OutputDir:
     """Checks and prepares the output folder of a run of ``config`` (a JSON-able dict).
 
@@ -124,7 +131,8 @@ def open_output(
     * ``resume=True`` and nothing to resume: refused.
 
     ``ignore``: fields a saved config may hold with another value (the evaluation-only flags,
-    which an earlier version recorded).
+    which an earlier version recorded); ``added``: fields a later version added, with the value
+    that is the earlier behaviour (``RunConfig.ADDED``): a saved config without one resumes.
     """
     out = Path(out)
     check_not_a_file(out)
@@ -154,7 +162,7 @@ def open_output(
                 f"layout ({layout}; this version writes {config['state_layout']}), which cannot "
                 "be resumed: pass another --out, or --overwrite to discard them"
             )
-        diff = _differences(old, config, ignore)
+        diff = _differences(old, config, ignore, added)
         changed = [d for d in diff if d.split(" ", 1)[0].endswith("_digest")]
         if changed:  # the files behind the flags changed: the training data or a frozen base
             raise UsageError(
@@ -209,7 +217,12 @@ def open_output_once(path, fingerprint, cfg, main_process: bool) -> OutputDir:
     taken before anything is written (a job refused for it writes nothing) and held until the
     returned :class:`OutputDir` is left (``with``); a refusal while opening releases it and
     removes a folder the lock created."""
-    flags = dict(overwrite=cfg.overwrite, resume=cfg.resume, ignore=cfg.EVALUATION_ONLY)
+    flags = dict(
+        overwrite=cfg.overwrite,
+        resume=cfg.resume,
+        ignore=cfg.EVALUATION_ONLY,
+        added=getattr(cfg, "ADDED", None),
+    )
     if jax.process_count() == 1:
         lock = lock_output(path)
         try:
