@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import BERT_BLOCK, LockHolder, random_blocks
+from helpers import BERT_BLOCK, LockHolder, exit_status, random_blocks
 from PIL import Image
 from safetensors.numpy import save_file
 
@@ -106,10 +106,7 @@ def cli(argv, capsys) -> tuple[int, str]:
             warnings.simplefilter("default")
             for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning):
                 warnings.filterwarnings("ignore", category=category)
-            try:
-                status = video_denoise.main([str(a) for a in argv])
-            except SystemExit as e:  # argparse and config validation exit directly
-                status = e.code
+            status = exit_status(video_denoise.main, argv)
             gc.collect()
     finally:
         logging.getLogger().removeHandler(handler)
@@ -824,12 +821,7 @@ def text_cli(argv, capsys) -> tuple[int, str]:
     """Runs ``python -m experiments.text_classify`` in-process: ``(exit status, stderr)``."""
     from experiments import text_classify
 
-    capsys.readouterr()
-    try:
-        status = text_classify.main([str(a) for a in argv])
-    except SystemExit as e:
-        status = e.code
-    return status, capsys.readouterr().err
+    return llm_cli(text_classify.main, argv, capsys)
 
 
 @pytest.mark.parametrize(
@@ -1049,12 +1041,9 @@ def test_llm_lora_resume_over_another_base(tmp_path, capsys):
 
 
 def llm_cli(main, argv, capsys) -> tuple[int, str]:
-    """Runs an LLM entry point in-process: ``(exit status, stderr)``."""
+    """Runs an LLM (or any) entry point in-process: ``(exit status, stderr)``."""
     capsys.readouterr()
-    try:
-        status = main([str(a) for a in argv])
-    except SystemExit as e:  # argparse and config validation exit directly
-        status = e.code
+    status = exit_status(main, argv)
     return status, capsys.readouterr().err
 
 
@@ -1569,10 +1558,7 @@ def test_held_out_data(case, build, problem, fix, tmp_path, capsys):
     argv = build(root)
     before = tree(root)
     capsys.readouterr()
-    try:
-        status = main([str(a) for a in argv])
-    except SystemExit as e:  # argparse exits directly
-        status = e.code
+    status = exit_status(main, argv)
     captured = capsys.readouterr()
     check(case, status, captured.err, problem, fix)
     assert captured.out == "" and tree(root) == before  # nothing written, nothing created

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_figures, cell_number, headline_cells, one_line_error, stamps
+from helpers import (
+    assert_figures,
+    assert_one_line_error,
+    cell_number,
+    headline_cells,
+    one_line_error,
+    stamps,
+)
 
 from cudt.data.text import load_text_data, synthetic_sentiment
 from cudt.data.text.nli import NLI_LABELS, generated_nli
@@ -285,7 +292,5 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, messag
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     if argv[0] == "{paper}":
         argv = paper + argv[1:]
-    assert text_table.main(argv + ["--out", str(out)]) == 2
-    err = one_line_error(capsys)
-    assert message.replace("{tmp}", str(tmp_path)) in err, err
-    assert not out.exists()
+    message = message.replace("{tmp}", str(tmp_path))
+    assert_one_line_error(text_table.main, [*argv, "--out", out], capsys, message, out=out)

@@ -9,7 +9,14 @@ import re
 
 import numpy as np
 import pytest
-from helpers import assert_figures, cell_number, headline_cells, one_line_error, stamps
+from helpers import (
+    assert_figures,
+    assert_one_line_error,
+    cell_number,
+    headline_cells,
+    one_line_error,
+    stamps,
+)
 
 from cudt.data import load_video_data, load_videos, synthetic_videos
 from cudt.data.video import archives
@@ -200,10 +207,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, messag
     (tmp_path / archives.UCSD / "UCSDped2" / "Train").mkdir(parents=True)  # Avenue missing
     out = tmp_path / "out"
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    assert video_table.main(argv + ["--out", str(out)]) == 2
-    err = one_line_error(capsys)
-    assert message in err, err
-    assert not out.exists()
+    assert_one_line_error(video_table.main, [*argv, "--out", out], capsys, message, out=out)
 
 
 @pytest.mark.slow
