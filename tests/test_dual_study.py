@@ -96,9 +96,8 @@ def test_rerun_reuses_every_call_and_rewrites_the_same_report(study, capsys):
 
 @pytest.mark.slow
 def test_other_flags_on_the_same_folder_are_refused_before_training(study, capsys):
-    assert dual_study.main([*TINY, "--nupi-kp", "1", "--out", str(study)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "nupi_kp" in err[0] and "--overwrite" in err[0]
+    argv = [*TINY, "--nupi-kp", "1", "--out", study]
+    assert_one_line_error(dual_study.main, argv, capsys, "nupi_kp", "--overwrite")
 
 
 @pytest.mark.parametrize(

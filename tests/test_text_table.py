@@ -20,7 +20,6 @@ from helpers import (
     assert_one_line_error,
     cell_number,
     headline_cells,
-    one_line_error,
     stamps,
 )
 
@@ -246,8 +245,8 @@ def test_rerun_reuses_finished_subruns_and_refuses_other_flags(micro_grid, capsy
     # Other flags: refused before anything is trained or written, naming the difference.
     other = list(argv)
     other[other.index("--steps") + 1] = "5"
-    assert text_table.main(other) == 2
-    assert "holds results of another config (steps: 4 there, 5 now" in one_line_error(capsys)
+    words = "holds results of another config (steps: 4 there, 5 now"
+    assert_one_line_error(text_table.main, other, capsys, words)
     assert results.stat().st_mtime_ns == before
 
 

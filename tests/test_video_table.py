@@ -14,7 +14,6 @@ from helpers import (
     assert_one_line_error,
     cell_number,
     headline_cells,
-    one_line_error,
     stamps,
 )
 
@@ -182,8 +181,9 @@ def test_rerun_reuses_finished_subruns(tiny_grid, capsys):
     assert re.search(r"1 sub-runs \(0 trained, 1 reused\)", printed)
     assert "| dust-3 |" in printed  # the headline table is printed
     # Other flags: refused before anything is trained or written, naming the difference.
-    assert video_table.main([*TINY[:-6], "--steps", "11", *TINY[-4:], "--out", str(out)]) == 2
-    assert "holds results of another config (steps: 10 there, 11 now" in one_line_error(capsys)
+    other = [*TINY[:-6], "--steps", "11", *TINY[-4:], "--out", out]
+    words = "holds results of another config (steps: 10 there, 11 now"
+    assert_one_line_error(video_table.main, other, capsys, words)
     assert results.stat().st_mtime_ns == before
 
 
