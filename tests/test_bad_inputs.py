@@ -117,6 +117,13 @@ def cli(argv, capsys) -> tuple[int, str]:
     return status, shown + logged.getvalue() + "".join(unraisable) + capsys.readouterr().err
 
 
+def entry_cli(main, argv, capsys) -> tuple[int, str]:
+    """Runs an entry point's ``main`` in-process: ``(exit status, stderr)``."""
+    capsys.readouterr()
+    status = exit_status(main, argv)
+    return status, capsys.readouterr().err
+
+
 # Starts the CLI with a file size limit: SIGXFSZ ignored, so a write past the limit fails with
 # EFBIG ("File too large"), as a write to a full disk fails with ENOSPC; it works as root.
 _LIMITED = (
@@ -821,7 +828,7 @@ def text_cli(argv, capsys) -> tuple[int, str]:
     """Runs ``python -m experiments.text_classify`` in-process: ``(exit status, stderr)``."""
     from experiments import text_classify
 
-    return llm_cli(text_classify.main, argv, capsys)
+    return entry_cli(text_classify.main, argv, capsys)
 
 
 @pytest.mark.parametrize(
@@ -1029,7 +1036,7 @@ def test_llm_lora_resume_over_another_base(tmp_path, capsys):
     llm_data._pretrained.cache_clear()
     llm_data._base_digest.cache_clear()
     before = tree(tmp_path / "out")
-    status, err = llm_cli(llm_sft.main, argv, capsys)
+    status, err = entry_cli(llm_sft.main, argv, capsys)
     check(
         "--lora-rank resumed over other base weights",
         status,
@@ -1040,13 +1047,6 @@ def test_llm_lora_resume_over_another_base(tmp_path, capsys):
     assert tree(tmp_path / "out") == before
 
 
-def llm_cli(main, argv, capsys) -> tuple[int, str]:
-    """Runs an LLM (or any) entry point in-process: ``(exit status, stderr)``."""
-    capsys.readouterr()
-    status = exit_status(main, argv)
-    return status, capsys.readouterr().err
-
-
 @pytest.mark.parametrize("case, build, problem, fix", LLM_CASES, ids=[c[0] for c in LLM_CASES])
 def test_llm_files_and_exports(case, build, problem, fix, tmp_path, capsys):
     """Each refused before anything is written: --out stays as it was (absent, or the finished
@@ -1055,7 +1055,7 @@ def test_llm_files_and_exports(case, build, problem, fix, tmp_path, capsys):
 
     flags = build(tmp_path)
     before = {name: tree(tmp_path / name) for name in ("out", "models", "data")}
-    status, err = llm_cli(llm_sft.main, [*LLM_TINY, *flags, "--out", tmp_path / "out"], capsys)
+    status, err = entry_cli(llm_sft.main, [*LLM_TINY, *flags, "--out", tmp_path / "out"], capsys)
     check(case, status, _as_in_docs(err), problem, fix)
     assert {name: tree(tmp_path / name) for name in before} == before
 
@@ -1065,7 +1065,7 @@ def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
 
     (tmp_path / "run").mkdir()
     argv = [tmp_path / "run", tmp_path / "models"]
-    status, err = llm_cli(export_decoder.main, argv, capsys)
+    status, err = entry_cli(export_decoder.main, argv, capsys)
     check(
         "export_decoder of a folder without results.json",
         status,
@@ -1077,7 +1077,7 @@ def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "notes.txt").write_text("mine")
     before = tree(tmp_path / "models")
-    status, err = llm_cli(export_decoder.main, argv, capsys)
+    status, err = entry_cli(export_decoder.main, argv, capsys)
     check(
         "export_decoder into a folder that is not empty",
         status,
