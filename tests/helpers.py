@@ -147,6 +147,27 @@ def one_line_error(capsys) -> str:
     return err
 
 
+def exit_status(main, argv) -> int:
+    """``main(argv)``'s exit status, as the command line would give it: the value it returns,
+    or ``SystemExit.code`` where the flag parser or the config's checks exit directly."""
+    try:
+        return main([str(a) for a in argv])
+    except SystemExit as e:
+        return e.code
+
+
+def assert_one_line_error(main, argv, capsys, *words: str, out: Path | None = None) -> str:
+    """Bad input, as docs/errors.md promises: ``main(argv)`` exits 2 (:func:`exit_status`)
+    with one line ``error: ...`` on stderr that holds each of ``words``, and ``out`` (where
+    given) is not created. What was on stderr before the call is dropped. The line."""
+    capsys.readouterr()
+    assert exit_status(main, argv) == 2
+    err = one_line_error(capsys)
+    assert all(w in err for w in words), (words, err)
+    assert out is None or not Path(out).exists(), out
+    return err
+
+
 def stamps(folder: Path) -> dict[str, int]:
     """Every file below ``folder`` and its modification time (ns): what a rerun rewrote."""
     return {
@@ -282,9 +303,13 @@ def help_text(main, config_cls, capsys) -> str:
     return text
 
 
+def toy_main(argv, task=None) -> int:
+    """The toy job's command line (a fresh :class:`ToyTask` unless ``task`` is given)."""
+    return task_main(task or ToyTask(), argv, "toy", "toy")
+
+
 def toy(argv, out, task=None) -> dict:
-    task = task or ToyTask()
-    return job_results(lambda a: task_main(task, a, "toy", "toy"), argv, out)
+    return job_results(lambda a: toy_main(a, task), argv, out)
 
 
 def watch_opens_forbid_unpickling(monkeypatch) -> list[str]:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import BERT_BLOCK, LockHolder, random_blocks
+from helpers import BERT_BLOCK, LockHolder, exit_status, random_blocks
 from PIL import Image
 from safetensors.numpy import save_file
 
@@ -106,10 +106,7 @@ def cli(argv, capsys) -> tuple[int, str]:
             warnings.simplefilter("default")
             for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning):
                 warnings.filterwarnings("ignore", category=category)
-            try:
-                status = video_denoise.main([str(a) for a in argv])
-            except SystemExit as e:  # argparse and config validation exit directly
-                status = e.code
+            status = exit_status(video_denoise.main, argv)
             gc.collect()
     finally:
         logging.getLogger().removeHandler(handler)
@@ -118,6 +115,13 @@ def cli(argv, capsys) -> tuple[int, str]:
         warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught
     )
     return status, shown + logged.getvalue() + "".join(unraisable) + capsys.readouterr().err
+
+
+def entry_cli(main, argv, capsys) -> tuple[int, str]:
+    """Runs an entry point's ``main`` in-process: ``(exit status, stderr)``."""
+    capsys.readouterr()
+    status = exit_status(main, argv)
+    return status, capsys.readouterr().err
 
 
 # Starts the CLI with a file size limit: SIGXFSZ ignored, so a write past the limit fails with
@@ -824,12 +828,7 @@ def text_cli(argv, capsys) -> tuple[int, str]:
     """Runs ``python -m experiments.text_classify`` in-process: ``(exit status, stderr)``."""
     from experiments import text_classify
 
-    capsys.readouterr()
-    try:
-        status = text_classify.main([str(a) for a in argv])
-    except SystemExit as e:
-        status = e.code
-    return status, capsys.readouterr().err
+    return entry_cli(text_classify.main, argv, capsys)
 
 
 @pytest.mark.parametrize(
@@ -1037,7 +1036,7 @@ def test_llm_lora_resume_over_another_base(tmp_path, capsys):
     llm_data._pretrained.cache_clear()
     llm_data._base_digest.cache_clear()
     before = tree(tmp_path / "out")
-    status, err = llm_cli(llm_sft.main, argv, capsys)
+    status, err = entry_cli(llm_sft.main, argv, capsys)
     check(
         "--lora-rank resumed over other base weights",
         status,
@@ -1048,16 +1047,6 @@ def test_llm_lora_resume_over_another_base(tmp_path, capsys):
     assert tree(tmp_path / "out") == before
 
 
-def llm_cli(main, argv, capsys) -> tuple[int, str]:
-    """Runs an LLM entry point in-process: ``(exit status, stderr)``."""
-    capsys.readouterr()
-    try:
-        status = main([str(a) for a in argv])
-    except SystemExit as e:  # argparse and config validation exit directly
-        status = e.code
-    return status, capsys.readouterr().err
-
-
 @pytest.mark.parametrize("case, build, problem, fix", LLM_CASES, ids=[c[0] for c in LLM_CASES])
 def test_llm_files_and_exports(case, build, problem, fix, tmp_path, capsys):
     """Each refused before anything is written: --out stays as it was (absent, or the finished
@@ -1066,7 +1055,7 @@ def test_llm_files_and_exports(case, build, problem, fix, tmp_path, capsys):
 
     flags = build(tmp_path)
     before = {name: tree(tmp_path / name) for name in ("out", "models", "data")}
-    status, err = llm_cli(llm_sft.main, [*LLM_TINY, *flags, "--out", tmp_path / "out"], capsys)
+    status, err = entry_cli(llm_sft.main, [*LLM_TINY, *flags, "--out", tmp_path / "out"], capsys)
     check(case, status, _as_in_docs(err), problem, fix)
     assert {name: tree(tmp_path / name) for name in before} == before
 
@@ -1076,7 +1065,7 @@ def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
 
     (tmp_path / "run").mkdir()
     argv = [tmp_path / "run", tmp_path / "models"]
-    status, err = llm_cli(export_decoder.main, argv, capsys)
+    status, err = entry_cli(export_decoder.main, argv, capsys)
     check(
         "export_decoder of a folder without results.json",
         status,
@@ -1088,7 +1077,7 @@ def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "notes.txt").write_text("mine")
     before = tree(tmp_path / "models")
-    status, err = llm_cli(export_decoder.main, argv, capsys)
+    status, err = entry_cli(export_decoder.main, argv, capsys)
     check(
         "export_decoder into a folder that is not empty",
         status,
@@ -1569,10 +1558,7 @@ def test_held_out_data(case, build, problem, fix, tmp_path, capsys):
     argv = build(root)
     before = tree(root)
     capsys.readouterr()
-    try:
-        status = main([str(a) for a in argv])
-    except SystemExit as e:  # argparse exits directly
-        status = e.code
+    status = exit_status(main, argv)
     captured = capsys.readouterr()
     check(case, status, captured.err, problem, fix)
     assert captured.out == "" and tree(root) == before  # nothing written, nothing created

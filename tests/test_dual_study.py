@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+from helpers import assert_one_line_error
 from PIL import Image
 
 from experiments import dual_study
@@ -95,9 +96,8 @@ def test_rerun_reuses_every_call_and_rewrites_the_same_report(study, capsys):
 
 @pytest.mark.slow
 def test_other_flags_on_the_same_folder_are_refused_before_training(study, capsys):
-    assert dual_study.main([*TINY, "--nupi-kp", "1", "--out", str(study)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "nupi_kp" in err[0] and "--overwrite" in err[0]
+    argv = [*TINY, "--nupi-kp", "1", "--out", study]
+    assert_one_line_error(dual_study.main, argv, capsys, "nupi_kp", "--overwrite")
 
 
 @pytest.mark.parametrize(
@@ -111,10 +111,7 @@ def test_other_flags_on_the_same_folder_are_refused_before_training(study, capsy
 )
 def test_bad_flags_are_one_line_and_write_nothing(tmp_path, capsys, argv, words):
     out = tmp_path / "s"
-    assert dual_study.main([*TINY, *argv, "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and all(w in err[0] for w in words), err
-    assert not out.exists()
+    assert_one_line_error(dual_study.main, [*TINY, *argv, "--out", out], capsys, *words, out=out)
 
 
 def test_the_penalty_formulation_is_one_combination_sweeping_rho():

@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import TINY_DECODER, forced_devices_env, job_results
+from helpers import TINY_DECODER, assert_one_line_error, forced_devices_env, job_results
 
 from cudt.data.alpaca import build_word_tokenizer, write_alpaca
 from cudt.data.instructions import exact_answer, generated_instructions
@@ -303,12 +303,8 @@ def test_checkpoint_smollm2_names_the_wheels_file_or_says_how_to_install_it(tmp_
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(argv, words, tmp_path, capsys):
     out = tmp_path / "out"
-    try:  # flag errors exit from the parser, data and model errors return 2
-        code = llm_sft.main([*TINY, *argv, "--out", str(out)])
-    except SystemExit as e:
-        code = e.code
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1 and words in err, err
+    # flag errors exit from the parser, data and model errors return 2
+    assert_one_line_error(llm_sft.main, [*TINY, *argv, "--out", out], capsys, words)
     assert not (out / "results.json").exists()
     assert not (out / "checkpoints").exists()
 
@@ -375,9 +371,7 @@ def test_bad_files_exit_2_with_one_line_before_training(checkpoint_folder, tmp_p
     ]
     for argv, words in cases:
         out = tmp_path / "out"
-        code = llm_sft.main([*TINY, *argv, "--out", str(out)])
-        err = capsys.readouterr().err.strip()
-        assert code == 2 and len(err.splitlines()) == 1 and words in err, err
+        assert_one_line_error(llm_sft.main, [*TINY, *argv, "--out", out], capsys, words)
         assert not out.exists() or not any(out.iterdir())
 
 
@@ -573,11 +567,7 @@ def test_export_writes_the_chosen_runs_that_transformers_runs_as_trained(tmp_pat
         (["--run", constrained["label"]], "byte-level BPE"),
     ):
         target = tmp_path / ("x.gguf" if "BPE" in words else "x")
-        capsys.readouterr()
-        assert export_decoder.main([str(out), str(target), *argv]) == 2
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and words in err, err
-        assert not target.exists()
+        assert_one_line_error(export_decoder.main, [out, target, *argv], capsys, words, out=target)
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import assert_one_line_error
 
 from cudt.runner.cli import config_from_args
 from cudt.runner.sweep import model_defaults
@@ -63,11 +64,7 @@ def test_erm_runs_are_judged_by_their_models_epsilon():
     ],
 )
 def test_bad_model_hparams_fail_with_one_line(argv, words, capsys):
-    with pytest.raises(SystemExit) as e:
-        config_from_args(VideoConfig, argv, "video")
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and words in err, err
+    assert_one_line_error(lambda a: config_from_args(VideoConfig, a, "video"), argv, capsys, words)
 
 
 def test_a_model_the_run_does_not_train_is_refused():

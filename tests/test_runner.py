@@ -25,11 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import ToyTask, forced_devices_env, toy
+from helpers import ToyTask, assert_one_line_error, forced_devices_env, toy, toy_main
 
 import cudt
 from cudt.checkpoint import GroupCheckpointer
-from cudt.runner.cli import task_main
 from cudt.runner.config import SWEEPABLE
 from cudt.runner.report import choose_points
 
@@ -227,11 +226,7 @@ def test_sweep_flag_errors(tmp_path, capsys):
         (["--sweep", "lr=0.1,-1"], "--sweep lr must all be finite numbers > 0, got -1.0"),
         (["--sweep", "gamma_train=inf"], "values must be finite numbers"),
     ]:
-        with pytest.raises(SystemExit) as e:
-            task_main(ToyTask(), [*argv, "--out", str(tmp_path / "o")], "toy", "toy")
-        assert e.value.code == 2
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and words in err, err
+        assert_one_line_error(toy_main, [*argv, "--out", tmp_path / "o"], capsys, words)
     assert not (tmp_path / "o").exists()
 
 

@@ -15,7 +15,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import FFN, HEADS, LAYERS, MAX_POS, RUNNER_KEYS, D, help_text, job_results
+from helpers import (
+    FFN,
+    HEADS,
+    LAYERS,
+    MAX_POS,
+    RUNNER_KEYS,
+    D,
+    assert_one_line_error,
+    help_text,
+    job_results,
+)
 from PIL import Image
 
 from cudt.data.text import length_batches
@@ -409,12 +419,7 @@ def test_help_lists_every_flag(capsys):
 )
 def test_bad_flags_exit_2_with_one_line(argv, words, capsys, tmp_path):
     out = tmp_path / "out"
-    with pytest.raises(SystemExit) as e:
-        text_classify.main([*argv, "--out", str(out)])
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "error: " in err and words in err
-    assert not out.exists()
+    assert_one_line_error(text_classify.main, [*argv, "--out", out], capsys, words, out=out)
 
 
 def test_bad_checkpoints_and_data_fail_before_touching_out(tiny_bert, tmp_path, capsys):
@@ -426,10 +431,9 @@ def test_bad_checkpoints_and_data_fail_before_touching_out(tiny_bert, tmp_path, 
         (["--model", "bert", "--checkpoint", str(tiny_bert), "--max-length", "100"], "positions"),
     ]
     for argv, words in cases:
-        assert text_classify.main([*TINY, *argv, "--out", str(out)]) == 2
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and err.startswith("error: ") and words in err, err
-        assert not out.exists()
+        assert_one_line_error(
+            text_classify.main, [*TINY, *argv, "--out", out], capsys, words, out=out
+        )
 
 
 def test_length_batches_cover_every_example_once():

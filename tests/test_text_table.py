@@ -15,7 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_figures, cell_number, headline_cells, one_line_error, stamps
+from helpers import (
+    assert_figures,
+    assert_one_line_error,
+    cell_number,
+    headline_cells,
+    stamps,
+)
 
 from cudt.data.text import load_text_data, synthetic_sentiment
 from cudt.data.text.nli import NLI_LABELS, generated_nli
@@ -239,8 +245,8 @@ def test_rerun_reuses_finished_subruns_and_refuses_other_flags(micro_grid, capsy
     # Other flags: refused before anything is trained or written, naming the difference.
     other = list(argv)
     other[other.index("--steps") + 1] = "5"
-    assert text_table.main(other) == 2
-    assert "holds results of another config (steps: 4 there, 5 now" in one_line_error(capsys)
+    words = "holds results of another config (steps: 4 there, 5 now"
+    assert_one_line_error(text_table.main, other, capsys, words)
     assert results.stat().st_mtime_ns == before
 
 
@@ -285,7 +291,5 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, messag
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     if argv[0] == "{paper}":
         argv = paper + argv[1:]
-    assert text_table.main(argv + ["--out", str(out)]) == 2
-    err = one_line_error(capsys)
-    assert message.replace("{tmp}", str(tmp_path)) in err, err
-    assert not out.exists()
+    message = message.replace("{tmp}", str(tmp_path))
+    assert_one_line_error(text_table.main, [*argv, "--out", out], capsys, message, out=out)

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import assert_one_line_error
 
 from experiments.paper.ut_study import FAITHFUL, StudyConfig, Variant, run_study, variants
 from experiments.paper.ut_study.report import choose, choose_setting
@@ -309,7 +310,5 @@ def test_the_default_ut_is_feasible_and_monotone_on_held_out_ucsd_format_frames(
 def test_bad_study_flags_fail_with_one_line_and_write_nothing(argv, words, capsys, tmp_path):
     from experiments import ut_study
 
-    assert ut_study.main([*argv, "--out", str(tmp_path / "study")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("error: ") and words in err, err
-    assert not (tmp_path / "study").exists()
+    out = tmp_path / "study"
+    assert_one_line_error(ut_study.main, [*argv, "--out", out], capsys, words, out=out)

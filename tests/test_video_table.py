@@ -9,7 +9,13 @@ import re
 
 import numpy as np
 import pytest
-from helpers import assert_figures, cell_number, headline_cells, one_line_error, stamps
+from helpers import (
+    assert_figures,
+    assert_one_line_error,
+    cell_number,
+    headline_cells,
+    stamps,
+)
 
 from cudt.data import load_video_data, load_videos, synthetic_videos
 from cudt.data.video import archives
@@ -175,8 +181,9 @@ def test_rerun_reuses_finished_subruns(tiny_grid, capsys):
     assert re.search(r"1 sub-runs \(0 trained, 1 reused\)", printed)
     assert "| dust-3 |" in printed  # the headline table is printed
     # Other flags: refused before anything is trained or written, naming the difference.
-    assert video_table.main([*TINY[:-6], "--steps", "11", *TINY[-4:], "--out", str(out)]) == 2
-    assert "holds results of another config (steps: 10 there, 11 now" in one_line_error(capsys)
+    other = [*TINY[:-6], "--steps", "11", *TINY[-4:], "--out", out]
+    words = "holds results of another config (steps: 10 there, 11 now"
+    assert_one_line_error(video_table.main, other, capsys, words)
     assert results.stat().st_mtime_ns == before
 
 
@@ -200,10 +207,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, messag
     (tmp_path / archives.UCSD / "UCSDped2" / "Train").mkdir(parents=True)  # Avenue missing
     out = tmp_path / "out"
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    assert video_table.main(argv + ["--out", str(out)]) == 2
-    err = one_line_error(capsys)
-    assert message in err, err
-    assert not out.exists()
+    assert_one_line_error(video_table.main, [*argv, "--out", out], capsys, message, out=out)
 
 
 @pytest.mark.slow

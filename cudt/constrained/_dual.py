@@ -47,6 +47,22 @@ def _check_lr(name: str, value) -> None:
         raise ValueError(f"{name} must be > 0, got {v}: pass a positive learning rate")
 
 
+def _stateless_on_multipliers(name: str, state_cls, fn) -> optax.GradientTransformation:
+    """A stateless transformation (its state an empty ``state_cls``) whose update is
+    ``fn(updates, params)`` and needs ``params``, the current multipliers."""
+
+    def init_fn(params):
+        del params
+        return state_cls()
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError(f"{name} needs the current multipliers as `params`")
+        return fn(updates, params), state
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
 class ProjectNonnegativeState(NamedTuple):
     """Stateless; a NamedTuple so it checkpoints and vmaps like every optax state."""
 
@@ -57,23 +73,18 @@ def project_nonnegative() -> optax.GradientTransformation:
     Needs ``params`` (the current multipliers) in ``update``.
     """
 
-    def init_fn(params):
-        del params
-        return ProjectNonnegativeState()
+    def proj(u, p):
+        if isinstance(p, FreeSign):  # equality multipliers: free sign, no projection
+            return u
+        return jnp.maximum(p + u, 0.0) - p
 
-    def update_fn(updates, state, params=None):
-        if params is None:
-            raise ValueError("project_nonnegative needs the current multipliers as `params`")
-
-        def proj(u, p):
-            if isinstance(p, FreeSign):  # equality multipliers: free sign, no projection
-                return u
-            return jnp.maximum(p + u, 0.0) - p
-
-        updates = jax.tree.map(proj, updates, params, is_leaf=lambda x: isinstance(x, FreeSign))
-        return updates, state
-
-    return optax.GradientTransformation(init_fn, update_fn)
+    return _stateless_on_multipliers(
+        "project_nonnegative",
+        ProjectNonnegativeState,
+        lambda updates, params: jax.tree.map(
+            proj, updates, params, is_leaf=lambda x: isinstance(x, FreeSign)
+        ),
+    )
 
 
 class ResilienceDecayState(NamedTuple):
@@ -89,17 +100,11 @@ def resilience_decay(alpha) -> optax.GradientTransformation:
     """
     _check_lr("resilience alpha", alpha)
 
-    def init_fn(params):
-        del params
-        return ResilienceDecayState()
-
-    def update_fn(updates, state, params=None):
-        if params is None:
-            raise ValueError("resilience_decay needs the current multipliers as `params`")
-        updates = jax.tree.map(lambda g, lam: g - lam / alpha, updates, params)
-        return updates, state
-
-    return optax.GradientTransformation(init_fn, update_fn)
+    return _stateless_on_multipliers(
+        "resilience_decay",
+        ResilienceDecayState,
+        lambda updates, params: jax.tree.map(lambda g, lam: g - lam / alpha, updates, params),
+    )
 
 
 def as_dual(optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
