@@ -1,10 +1,62 @@
-"""Data: synthetic and real surveillance video, split by video, as patch-token sequences
-(:mod:`cudt.data.video`), and text classification data: synthetic sentiment, IMDb, MNLI, aclImdb
-(:mod:`cudt.data.text`). Their public names (each one's ``__all__``) are this package's too:
-``from cudt.data import load_video_data, load_text_data``."""
+"""Data: synthetic and real surveillance video, split by video, as patch-token sequences."""
 
-from cudt.data import text, video
+from cudt.data.video import (
+    DATASETS,
+    IMAGE_SUFFIXES,
+    VIDEO_SUFFIX,
+    DataError,
+    VideoSplits,
+    load_frame_folders,
+    load_video_data,
+    load_videos,
+    make_sequences,
+    patchify,
+    perturb,
+    split_train_val,
+    split_videos,
+    synthetic_videos,
+    unpatchify,
+)
 
-__all__ = sorted({*video.__all__, *text.__all__})
+__all__ = [
+    "DATASETS",
+    "IMAGE_SUFFIXES",
+    "VIDEO_SUFFIX",
+    "DataError",
+    "VideoSplits",
+    "load_frame_folders",
+    "load_video_data",
+    "load_videos",
+    "make_sequences",
+    "patchify",
+    "perturb",
+    "split_train_val",
+    "split_videos",
+    "synthetic_videos",
+    "unpatchify",
+]
 
-globals().update({name: getattr(text if name in text.__all__ else video, name) for name in __all__})
+# Text classification data (synthetic sentiment, IMDb, MNLI, aclImdb).
+from cudt.data.text import (  # noqa: E402
+    TEXT_DATASETS,
+    TextSplit,
+    TextSplits,
+    load_text_data,
+    load_tfds_text,
+    read_aclimdb,
+    synthetic_sentiment,
+    synthetic_sentiment_score,
+    tokenize_split,
+)
+
+__all__ += [
+    "TEXT_DATASETS",
+    "TextSplit",
+    "TextSplits",
+    "load_text_data",
+    "load_tfds_text",
+    "read_aclimdb",
+    "synthetic_sentiment",
+    "synthetic_sentiment_score",
+    "tokenize_split",
+]
