@@ -107,6 +107,13 @@ _DUAL_TEXT = (
     "--updates", "alternating", "--dual-lr-factors", "0.1,1,10", "--seeds", "1",
 )  # fmt: skip
 
+# a warm-started ε against the constant one (issue 51), on the video default's part of the grid
+_DUAL_SCHEDULE = (
+    "--settings", "video", "--formulations", "lagrangian", "--dual-optimizers", "sgd,nupi",
+    "--updates", "alternating", "--dual-lr-factors", "0.1,1,10", "--seeds", "3",
+    "--epsilon-schedules", "constant,linear:0@200",
+)  # fmt: skip
+
 
 def _job(name: str, module: str, argv: tuple[str, ...], report: str) -> Block:
     return Block(name, module, argv, lambda: None, report=report)  # rendered by render_job
@@ -130,6 +137,7 @@ BLOCKS: dict[str, Block] = {
         ),
         _job("dual-ut", "experiments.dual_study", ("--settings", "ut", *_DUAL_GRID), "study.md"),
         _job("dual-text", "experiments.dual_study", _DUAL_TEXT, "study.md"),
+        _job("dual-schedule", "experiments.dual_study", _DUAL_SCHEDULE, "study.md"),
     )
 }
 
