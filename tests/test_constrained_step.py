@@ -95,6 +95,27 @@ def test_formulations_finite_at_zero_penalty():
         cudt.Constraint(g, kind="leq")
 
 
+def test_the_penalty_grows_while_the_violation_does_not_shrink_and_stops_at_its_cap():
+    """ρ ← min(ρ·growth, penalty_max) when the violation's RMS did not shrink below tolerance ×
+    the last one; kept where it did (a constraint that is met at once), per constraint."""
+
+    def problem(params, batch, key):
+        stuck = cudt.Constraint(1.0 + 0.0 * params["x"])  # violated by 1 whatever x is
+        met = cudt.Constraint(-1.0 + 0.0 * params["x"])  # never violated
+        return params["x"] ** 2, {"stuck": stuck, "met": met}
+
+    form = cudt.AugmentedLagrangian(penalty=1.0, growth=2.0, tolerance=0.5, penalty_max=8.0)
+    init, step = cudt.make_constrained_step(problem, optax.sgd(0.1), cudt.dual_ascent(1e-3), form)
+    state = init({"x": jnp.asarray(1.0)}, None)
+    seen = []
+    for _ in range(6):
+        state, _ = step(state, None, jax.random.key(0))
+        seen.append((float(state.penalty["stuck"]), float(state.penalty["met"])))
+    # step 1 has no earlier violation to compare; then 2, 4, 8, and the cap holds
+    assert [s for s, _ in seen] == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    assert all(m == 1.0 for _, m in seen)
+
+
 @pytest.mark.parametrize("update", ["simultaneous", "alternating", "extragradient"])
 def test_vmap_over_states(update):
     init, step = cudt.make_constrained_step(
