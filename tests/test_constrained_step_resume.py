@@ -27,6 +27,13 @@ def _problem(p, b, k):
     }
 
 
+def _implicit_problem(p, b, k):
+    """``_problem`` with the per-sample multipliers a model of each example's features."""
+    x, _ = b
+    f, cons = _problem(p, b, k)
+    return f, cons | {"per_sample": cons["per_sample"].replace(index=None, features=x)}
+
+
 def _batches(n):
     rng = np.random.default_rng(0)
     for _ in range(n):
@@ -84,6 +91,21 @@ SCRIPT = textwrap.dedent(
     for a, c in zip(jax.tree.leaves(s1), jax.tree.leaves(s4)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-6)
     print("OK", float(jnp.max(s4.multipliers["per_sample"])))
+    # implicit multipliers: φ is replicated, the batch sharded; the same as one device
+    from tests.test_constrained_step_resume import _implicit_problem
+    model = {"per_sample": cudt.implicit_mlp(3, hidden=4, key=jax.random.key(1))}
+    init, step = cudt.make_constrained_step(
+        _implicit_problem, primal=optax.adam(1e-2), dual=cudt.dual_adam(1e-1), implicit=model)
+    s1 = init({"w": jnp.ones(3)}, bs[0])
+    s4 = jax.tree.map(jnp.copy, s1)
+    for b in bs:
+        s1, _ = step(s1, b, key)
+        s4, _ = step(s4, jax.device_put(b, shard), key)
+    moved = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.any(a != b), s1.multipliers, init({"w": jnp.ones(3)}, bs[0]).multipliers))
+    assert any(bool(m) for m in moved)  # φ trained
+    for a, c in zip(jax.tree.leaves(s1), jax.tree.leaves(s4)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-6)
+    print("OK implicit")
     """
 )
 
@@ -99,7 +121,7 @@ def test_four_devices_equal_one():
         timeout=300,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "OK" in r.stdout
+    assert "OK" in r.stdout and "OK implicit" in r.stdout
 
 
 @pytest.mark.parametrize(
