@@ -1,0 +1,142 @@
+"""Where descent holds on validation and not on test: every layer of every run, read from
+finished run folders' results.json (nothing is trained or chosen).
+
+    python -m experiments.descent_gap runs/video-default runs/video-s234 --models dust,ut
+
+The folders are pooled (the seeds of one job, as ``experiments.combine`` joins them). Per
+layer l of each run: the ratio r_l = ℓ_l / ℓ_(l−1) on the training batches (the mean of the
+last ``--last`` logged losses, ``curves``), on validation (``layer_loss_val``) and on test at
+γ_train (``layer_loss``); its multiplier (the same mean of ``curves``' multipliers); whether the
+test loss rises there. Then, per folder × model × class (ERM; constrained with the multiplier
+above ``--active``, "active"; constrained below it, "inactive"), the layers, the test rises, the shifts val → test and train → test of r (mean ± sd), and the slack r − (1 − ε) on training batches
+and on validation (0: the constraint holds with equality; constrained runs only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from cudt.errors import CudtError
+from cudt.runner.combine import load_results
+
+__all__ = ["layer_rows", "main", "summarise"]
+
+
+def layer_rows(results: dict, models: set[str] | None = None, last: int = 10) -> list[dict]:
+    """One dict per layer of each run of ``results`` (a results.json) whose model is in ``models``
+    (every model when None): see the module docstring."""
+    rows = []
+    for run in results["runs"]:
+        if (models and run["model"] not in models) or run.get("diverged"):
+            continue
+        at = run["test_gamma"].index(run["gamma_train"])
+        test = np.asarray(run["layer_loss"][at], dtype=float)
+        val = np.asarray(run["layer_loss_val"], dtype=float)
+        train = np.asarray(run["curves"]["layer_loss"], dtype=float)[-last:].mean(0)
+        eps = run["hparams"]["epsilon"] if run["constrained"] else None
+        lam = (
+            np.asarray(run["curves"]["multipliers"], dtype=float)[-last:].mean(0)
+            if run["constrained"]
+            else np.zeros_like(test)
+        )
+        for layer in range(1, len(test)):
+            ratio = {
+                k: float(v[layer] / v[layer - 1])
+                for k, v in (("train", train), ("val", val), ("test", test))
+            }
+            rows.append(
+                {
+                    "label": run["label"],
+                    "model": run["model"],
+                    "seed": run["seed"],
+                    "epsilon": eps,
+                    "layer": layer,
+                    "multiplier": float(lam[layer]),
+                    "ratio": ratio,
+                    "test_rises": bool(test[layer] >= test[layer - 1]),
+                }
+            )
+    return rows
+
+
+def summarise(rows: list[dict], active: float = 0.01) -> dict[tuple[str, str], dict]:
+    """``(model, class) -> {layers, rises, val_to_test, train_to_test, train_slack, val_slack}``,
+    each shift and slack a ``(mean, sd)`` pair (slack None for ERM)."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        kind = (
+            "ERM"
+            if row["epsilon"] is None
+            else ("active" if row["multiplier"] > active else "inactive")
+        )
+        groups.setdefault((row["model"], kind), []).append(row)
+    out = {}
+    for key, group in groups.items():
+        r = {k: np.array([g["ratio"][k] for g in group]) for k in ("train", "val", "test")}
+
+        def stat(x):
+            return float(np.mean(x)), float(np.std(x))
+
+        slack = None if key[1] == "ERM" else np.array([1 - g["epsilon"] for g in group])
+        out[key] = {
+            "layers": len(group),
+            "rises": sum(g["test_rises"] for g in group),
+            "val_to_test": stat(r["test"] - r["val"]),
+            "train_to_test": stat(r["test"] - r["train"]),
+            "train_slack": None if slack is None else stat(r["train"] - slack),
+            "val_slack": None if slack is None else stat(r["val"] - slack),
+        }
+    return out
+
+
+def _pm(pair) -> str:
+    return "-" if pair is None else f"{pair[0]:+.3f} ± {pair[1]:.3f}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.descent_gap", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("folders", nargs="+", help="finished runs' --out folders")
+    parser.add_argument("--models", default="", help="comma-separated models (default: all)")
+    parser.add_argument(
+        "--active",
+        type=float,
+        default=0.01,
+        help="multiplier above which a constraint counts as active",
+    )
+    parser.add_argument("--last", type=int, default=10, help="logged training points averaged")
+    parser.add_argument("--layers", action="store_true", help="also print every layer of every run")
+    args = parser.parse_args(argv)
+    models = {m for m in args.models.split(",") if m} or None
+    try:
+        rows = [row for f in args.folders for row in layer_rows(load_results(f), models, args.last)]
+        if args.layers:
+            for row in rows:
+                r = row["ratio"]
+                print(
+                    f"{row['label']} layer {row['layer']}: λ {row['multiplier']:.3f}, r train "
+                    f"{r['train']:.3f} val {r['val']:.3f} test {r['test']:.3f}"
+                    + ("  test rises" if row["test_rises"] else "")
+                )
+        print(
+            f"{'model':7s} {'class':8s} {'layers':>6s} {'rises':>5s} {'r val→test':>15s} "
+            f"{'r train→test':>15s} {'train slack':>15s} {'val slack':>15s}"
+        )
+        for (model, kind), s in sorted(summarise(rows, args.active).items()):
+            print(
+                f"{model:7s} {kind:8s} {s['layers']:6d} {s['rises']:5d} "
+                f"{_pm(s['val_to_test']):>15s} {_pm(s['train_to_test']):>15s} "
+                f"{_pm(s['train_slack']):>15s} {_pm(s['val_slack']):>15s}"
+            )
+    except CudtError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

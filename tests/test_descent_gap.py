@@ -1,0 +1,64 @@
+"""``python -m experiments.descent_gap``: per-layer ratios on training batches, validation and
+test, read from a real tiny video run's results.json (DUST, ERM and constrained)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments import descent_gap, video_denoise
+
+TINY = [
+    *("--models", "dust", "--layers", "3", "--num-videos", "3", "--num-frames", "8"),
+    *("--seq-len", "4", "--batch-size", "16", "--dust-atoms", "16", "--steps", "20"),
+    *("--chunk-steps", "20", "--warmup-steps", "5", "--eval-batch-size", "128"),
+    *("--tune-epsilon", "0.1", "--tune-lr", "1", "--seeds", "1", "--no-dust-control"),
+]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gap") / "run"
+    assert video_denoise.main([*TINY, "--out", str(out)]) == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_ratios_are_the_runs_layer_losses_and_classes_follow_the_multipliers(run):
+    _, results = run
+    rows = descent_gap.layer_rows(results, {"dust"}, last=3)
+    assert len(rows) == 2 * 3  # ERM and constrained, 3 layers each
+    for r in results["runs"]:
+        mine = [row for row in rows if row["label"] == r["label"]]
+        test = np.asarray(r["layer_loss"][r["test_gamma"].index(r["gamma_train"])])
+        val = np.asarray(r["layer_loss_val"])
+        train = np.asarray(r["curves"]["layer_loss"])[-3:].mean(0)
+        for row in mine:
+            k = row["layer"]
+            assert row["ratio"]["test"] == pytest.approx(test[k] / test[k - 1])
+            assert row["ratio"]["val"] == pytest.approx(val[k] / val[k - 1])
+            assert row["ratio"]["train"] == pytest.approx(train[k] / train[k - 1])
+            assert row["test_rises"] == bool(test[k] >= test[k - 1])
+        assert [row["epsilon"] for row in mine] == [0.1 if r["constrained"] else None] * 3
+    summary = descent_gap.summarise(rows, active=0.0)
+    erm = summary["dust", "ERM"]
+    assert erm["layers"] == 3 and erm["train_slack"] is None
+    constrained = {k: v for k, v in summary.items() if k[1] != "ERM"}
+    assert sum(v["layers"] for v in constrained.values()) == 3
+    lam = [row["multiplier"] for row in rows if row["epsilon"] is not None]
+    assert constrained.get(("dust", "active"), {"layers": 0})["layers"] == sum(m > 0 for m in lam)
+    everything = descent_gap.summarise(rows, active=float("inf"))
+    assert everything["dust", "inactive"]["layers"] == 3
+    slack = [row["ratio"]["train"] - 0.9 for row in rows if row["epsilon"] is not None]
+    assert everything["dust", "inactive"]["train_slack"][0] == pytest.approx(np.mean(slack))
+
+
+def test_cli_prints_each_class_and_refuses_a_folder_without_results(run, tmp_path, capsys):
+    out, _ = run
+    assert descent_gap.main([str(out), "--layers"]) == 0
+    text = capsys.readouterr().out
+    assert "dust-3 constrained seed 0" in text and "layer 3:" in text
+    assert "dust    ERM" in text
+    assert descent_gap.main([str(tmp_path)]) == 2
+    assert "no results.json" in capsys.readouterr().err
