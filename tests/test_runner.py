@@ -563,3 +563,20 @@ def test_a_value_the_user_sets_is_not_tuned(tmp_path):
     results = toy(["--tune-epsilon", "0.2,0.4", "--epsilon", "0.25", "--seeds", "1"], tmp_path)
     assert {r["hparams"]["epsilon"] for r in results["runs"] if r["constrained"]} == {0.25}
     assert "chosen_comparison" not in results
+
+
+def test_dual_rates_are_tuned_as_lanes_crossed_with_epsilon_unless_set(tmp_path):
+    """--tune-dual-lr crosses the constrained lanes with dual rates (the ERM lanes are
+    untouched: no dual), the chosen point names both, and a --dual-lr the user sets wins."""
+    argv = ["--tune-epsilon", "0.2,0.4", "--tune-dual-lr", "0.1,0.4", "--tune-lr", "1,2"]
+    results = toy([*argv, "--seeds", "2", "--steps", "16"], tmp_path / "t")
+    runs = results["runs"]
+    con = {(r["hparams"]["epsilon"], r["hparams"]["dual_lr"]) for r in runs if r["constrained"]}
+    assert con == {(0.2, 0.1), (0.2, 0.4), (0.4, 0.1), (0.4, 0.4)}
+    assert {r["hparams"]["dual_lr"] for r in runs if not r["constrained"]} == {None}
+    assert len([r for r in runs if not r["constrained"]]) == 4  # 2 lr lanes x 2 seeds
+    picks = {c["kind"]: c["hparams"] for c in results["chosen_points"]}
+    (want,) = choose_points(runs, "val_objective", higher_is_better=False, constrained=True)
+    assert picks["constrained"] == want["hparams"]
+    alone = toy([*argv, "--dual-lr", "0.3", "--seeds", "1", "--steps", "16"], tmp_path / "u")
+    assert {r["hparams"]["dual_lr"] for r in alone["runs"] if r["constrained"]} == {0.3}

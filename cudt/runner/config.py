@@ -144,6 +144,13 @@ class RunConfig:
         "that epsilon alone; empty (the shared default): --epsilon",
         check=in_range(0.0, 1.0),
     )
+    tune_dual_lr: tuple[float, ...] = flag(
+        (),
+        "dual learning rates the constrained runs also train as lanes (crossed with "
+        "--tune-epsilon) when --dual-lr is not set, one point chosen on validation by the same "
+        "rule; give ERM as many lanes with --tune-lr; empty (the shared default): --dual-lr",
+        check=positive,
+    )
     tune_lr: tuple[float, ...] = flag(
         (),
         "factors of the learning rate the ERM runs train as lanes when --lr is not set (as "

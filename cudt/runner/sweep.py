@@ -226,10 +226,16 @@ def expand_runs(cfg, models, default_lr, kinds=None) -> list[RunSpec]:
 
 def tuned_grid(cfg, sweeps: dict[str, tuple], constrained: bool, lr: float) -> dict[str, tuple]:
     """The values a kind's runs train as lanes for the runner to choose from on validation
-    (``--tune-epsilon`` for the constrained runs, ``--tune-lr`` factors of ``lr`` for ERM's),
-    unless the user set or swept that hyperparameter: ``{name: values}``, or ``{}``."""
-    if constrained and cfg.tune_epsilon and not is_given(cfg, "epsilon", sweeps):
-        return {"epsilon": tuple(dict.fromkeys(float(e) for e in cfg.tune_epsilon))}
+    (``--tune-epsilon`` × ``--tune-dual-lr`` for the constrained runs, ``--tune-lr`` factors of
+    ``lr`` for ERM's), unless the user set or swept that hyperparameter: ``{name: values}``, or
+    ``{}``."""
+    if constrained:
+        grid = {}
+        if cfg.tune_epsilon and not is_given(cfg, "epsilon", sweeps):
+            grid["epsilon"] = tuple(dict.fromkeys(float(e) for e in cfg.tune_epsilon))
+        if cfg.tune_dual_lr and not is_given(cfg, "dual_lr", sweeps):
+            grid["dual_lr"] = tuple(dict.fromkeys(float(r) for r in cfg.tune_dual_lr))
+        return grid
     if not constrained and cfg.tune_lr and not is_given(cfg, "lr", sweeps):
         return {"lr": tuple(dict.fromkeys(float(lr * f) for f in cfg.tune_lr))}
     return {}
