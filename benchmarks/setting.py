@@ -60,10 +60,12 @@ QUICK_VIDEO = dict(layers=2, num_videos=3, num_frames=8, seq_len=4)
 
 
 def video_config(quick: bool = False, **overrides: Any) -> VideoConfig:
-    """The main job's config (``VideoConfig()``), one constrained run (ε not tuned: the step's
-    cost does not depend on it), the duals on from step 1;
+    """The main job's config (``VideoConfig()``), one constrained run (ε and the dual rate not
+    tuned: the step's cost does not depend on them), the duals on from step 1;
     ``quick``: :data:`QUICK_VIDEO` sizes; ``overrides`` replace fields (``layers=3``)."""
-    fields = dict(kinds="constrained", seeds=1, warmup_steps=0, tune_epsilon=(), tune_lr=())
+    fields = dict(
+        kinds="constrained", seeds=1, warmup_steps=0, tune_epsilon=(), tune_dual_lr=(), tune_lr=()
+    )
     if quick:
         fields |= QUICK_VIDEO
     return VideoConfig(**(fields | overrides))

@@ -99,7 +99,7 @@ def test_the_setting_is_the_main_jobs_config_and_the_paper_dynamics_the_shared_d
         f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(main_job, f.name)
     }
     # one constrained run, duals on from step 1, one ε (the step's cost does not depend on it)
-    assert changed <= {"kinds", "seeds", "warmup_steps", "tune_epsilon", "tune_lr"}
+    assert changed <= {"kinds", "seeds", "warmup_steps", "tune_epsilon", "tune_dual_lr", "tune_lr"}
     assert (cfg.dual_optimizer, cfg.update) == (main_job.dual_optimizer, main_job.update)
     assert cfg.dual_scale == main_job.dual_scale == "relative"
     paper = dynamics_config(cfg, "paper")

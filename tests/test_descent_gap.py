@@ -14,7 +14,8 @@ TINY = [
     *("--models", "dust", "--layers", "3", "--num-videos", "3", "--num-frames", "8"),
     *("--seq-len", "4", "--batch-size", "16", "--dust-atoms", "16", "--steps", "20"),
     *("--chunk-steps", "20", "--warmup-steps", "5", "--eval-batch-size", "128"),
-    *("--tune-epsilon", "0.1", "--tune-lr", "1", "--seeds", "1", "--no-dust-control"),
+    *("--tune-epsilon", "0.1", "--tune-dual-lr", "0.03", "--tune-lr", "1", "--seeds", "1"),
+    "--no-dust-control",
 ]
 
 

@@ -15,14 +15,14 @@ def _specs(argv):
     return {(s.model, s.constrained, s.point): s.hp for s in VideoTask().run_specs(cfg)}
 
 
-def test_the_video_default_tunes_epsilon_and_erms_learning_rate_as_lanes():
-    """No per-model table: one relative dual rate for both models, ε trained as lanes of the
-    constrained runs and the learning rate as as many lanes of ERM's."""
+def test_the_video_default_tunes_the_dual_rate_and_erms_learning_rate_as_lanes():
+    """No per-model table: the same relative dual rates for both models, trained as lanes of the
+    constrained runs at ε 0.05, and the learning rate as as many lanes of ERM's."""
     specs = _specs([])
     for model in ("ut", "dust"):
         con = [specs[model, True, p] for p in (0, 1)]
         erm = [specs[model, False, p] for p in (0, 1)]
-        assert [h["epsilon"] for h in con] == [0.05, 0.1] and {h["dual_lr"] for h in con} == {0.03}
+        assert [h["dual_lr"] for h in con] == [0.03, 0.1] and {h["epsilon"] for h in con} == {0.05}
         assert [h["lr"] for h in erm] == [1e-3, 2e-3] and {h["lr"] for h in con} == {1e-3}
         assert (model, True, 2) not in specs and (model, False, 2) not in specs
 
@@ -35,6 +35,7 @@ def test_a_models_own_value_wins_over_the_default_and_a_flag_the_user_sets_wins_
     assert (specs["ut", True, 0]["epsilon"], specs["ut", True, 0]["dual_lr"]) == (0.1, 3.0)
     assert (specs["dust", True, 0]["epsilon"], specs["dust", True, 0]["dual_lr"]) == (0.05, 0.03)
     assert ("ut", True, 1) not in specs and specs["ut", False, 1]["lr"] == 2e-3
+    assert [specs["dust", True, p]["dual_lr"] for p in (0, 1)] == [0.03, 0.1]  # still tuned
     specs = _specs([*TABLE, "--epsilon", "0.2"])
     assert specs["ut", True, 0]["epsilon"] == specs["dust", True, 0]["epsilon"] == 0.2
     assert specs["ut", True, 0]["dual_lr"] == 3.0  # not given: still the UT's own
@@ -44,7 +45,7 @@ def test_a_models_own_value_wins_over_the_default_and_a_flag_the_user_sets_wins_
     assert specs["ut", True, 0]["epsilon"] == 0.1 and specs["dust", True, 0]["epsilon"] == 0.05
     specs = _specs(["--model-hparams", "dust:epsilon=0.3,lr=0.01"])
     assert specs["dust", True, 0]["epsilon"] == 0.3 and specs["dust", False, 0]["lr"] == 0.01
-    assert [specs["ut", True, p]["epsilon"] for p in (0, 1)] == [0.05, 0.1]
+    assert [specs["ut", True, p]["dual_lr"] for p in (0, 1)] == [0.03, 0.1]
 
 
 def test_erm_runs_are_judged_by_their_models_epsilon():

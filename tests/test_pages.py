@@ -24,7 +24,8 @@ TINY = (
     "--models", "dust", "--layers", "3", "--num-videos", "3", "--num-frames", "8",
     "--seq-len", "4", "--batch-size", "16", "--dust-atoms", "16", "--eval-batch-size", "128",
     "--steps", "10", "--chunk-steps", "5", "--seeds", "2",
-    "--tune-epsilon", "0.1", "--tune-lr", "1",  # one lane per kind: the page, not the choice
+    # one lane per kind: the page, not the choice
+    "--tune-epsilon", "0.1", "--tune-dual-lr", "0.03", "--tune-lr", "1",
 )  # fmt: skip
 TINY_BLOCK = Block("tiny", "experiments.video_denoise", TINY, pages._video_task)
 REGISTRY = {"tiny": TINY_BLOCK}

@@ -35,7 +35,7 @@ TINY = [
     "16",
     # one setting per kind and one draw of the data for all seeds: the tests below read the
     # groups and checkpoint folders of that plan (tuned lanes and per-seed draws: test_runner)
-    *("--tune-epsilon", "0.1", "--tune-lr", "1", "--data-seed", "0"),
+    *("--tune-epsilon", "0.1", "--tune-dual-lr", "0.03", "--tune-lr", "1", "--data-seed", "0"),
     "--eval-batch-size",
     "128",  # last: TINY[:-2] drops it
 ]
