@@ -139,7 +139,7 @@ def run_blocks(
     the elementwise work between them (norms, rotary, SiLU, softmax, casts) and the small
     attention products in the backward: each kept intermediate is an ``[L, ...]`` stack that
     the forward zero-fills and writes and the backward reads, which cost more than recomputing
-    it (``python -m benchmarks llm``: SmolLM2's step, 24 % less temporary memory, docs/speed.md)."""
+    it (SmolLM2's constrained step: 24 % less temporary memory, less CPU time; docs/speed.md)."""
     cos, sin = rotary(positions, c, dtype)
     allowed = attention_allowed(key_valid, jnp.arange(x.shape[1]), c)
 
