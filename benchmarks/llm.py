@@ -454,11 +454,12 @@ def check_agreement(cudt_side: CudtSide, torch_side: TorchSide, tolerance: float
 
 def readout_rows(cudt_side: CudtSide) -> str:
     """How cudt's per-layer loss reads out this batch: exactly its response tokens at every
-    state, in buckets (``cudt.lm_loss.response_token_losses``), or every position in chunks."""
+    state of the problem (from ``first``), in buckets (``cudt.lm_loss.response_token_losses``),
+    or every position in chunks."""
     data, ex = cudt_side.data, cudt_side.batch.examples
     c = data.decoder.config
     batch, seq = ex["input_ids"].shape
-    states = c.num_layers + 1
+    states = c.num_layers + 1 - cudt_side.first
     held = LLMTask().chunk_tokens(cudt_side.cfg, data)
     if data.response_capacity is None:
         rows = states * batch * seq

@@ -42,7 +42,6 @@ The task is four modules beside this one: its flags (:mod:`cudt.tasks.llm_config
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from pathlib import Path
@@ -64,7 +63,7 @@ from cudt.tasks.llm_config import LLMConfig
 from cudt.tasks.llm_data import LLMData, load_data, train_digest
 from cudt.tasks.llm_export import decoder_params, export_runs, lora_spec, run_data
 
-__all__ = ["LLMTask", "from_state", "reference_state"]
+__all__ = ["LLMTask", "reference_state"]
 
 
 def reference_state(cfg: LLMConfig, decoder: Decoder) -> int:
@@ -78,39 +77,6 @@ def reference_state(cfg: LLMConfig, decoder: Decoder) -> int:
         fixed = cfg.checkpoint is not None and not cfg.train_embeddings
         return int(fixed and decoder.config.tie_word_embeddings)
     return int(cfg.reference_state == "block1")
-
-
-def from_state(model: GroupModel, first: int) -> GroupModel:
-    """``model`` with the states before ``first`` left out of the problem: its per-sample losses
-    and evaluation outputs start at state ``first`` (the reference bound's), and the descent
-    constraints run over the ``L − first`` steps after it."""
-    if first == 0:
-        return model
-
-    def layer_losses(params, batch, key):
-        return model.layer_losses(params, batch, key)[:, first:]
-
-    def eval_outputs(*args):
-        return {k: v[:, first:] for k, v in model.eval_outputs(*args).items()}
-
-    return dataclasses.replace(
-        model,
-        num_layers=model.num_layers - first,
-        layer_losses=layer_losses,
-        eval_outputs=eval_outputs,
-        record={**model.record, "first_state": first},
-    )
-
-
-def _with_reference_state(build):
-    """``LLMTask.build`` whose model starts at :func:`reference_state` (:func:`from_state`)."""
-
-    @functools.wraps(build)
-    def wrapped(self, cfg, data, name, structure):
-        model = build(self, cfg, data, name, structure)
-        return from_state(model, reference_state(cfg, data.decoder))
-
-    return wrapped
 
 
 def overlap_lines(data: LLMData) -> list[str]:
@@ -285,9 +251,12 @@ class LLMTask(AccuracyReports, Task):
         runs = 1 if alone else len(self.run_specs(cfg))
         return default_chunk_tokens(data.decoder.config.vocab_size, runs=runs)
 
-    @_with_reference_state
     def build(self, cfg, data: LLMData, name: str, structure) -> GroupModel:
+        """The model of the problem from :func:`reference_state` on: its per-sample losses and
+        evaluation outputs start at that state (the states before it are never read out), and
+        the descent constraints run over the ``L − first`` steps after it."""
         dec = data.decoder
+        first = reference_state(cfg, dec)
         unit = data.noise_unit
         dim = dec.config.hidden_size
         length = cfg.max_length
@@ -304,8 +273,8 @@ class LLMTask(AccuracyReports, Task):
 
         def per_sample(params, ex, noise, last_only=False):
             states = dec.apply(params, ex["input_ids"], ex["attention_mask"], embed_noise=noise)
-            if last_only:  # [1, B, T, D]: the last state's readout alone
-                states = states[-1:]
+            # [1, B, T, D]: the last state's readout alone; else the problem's states only
+            states = states[-1:] if last_only else states[first:]
             args = (
                 states,
                 lambda x: dec.final_norm(params, x),
@@ -357,7 +326,7 @@ class LLMTask(AccuracyReports, Task):
 
         return GroupModel(
             name="llm",
-            num_layers=dec.num_layers,
+            num_layers=dec.num_layers - first,
             init=init,
             layer_losses=layer_losses,
             eval_outputs=eval_outputs,
@@ -367,7 +336,7 @@ class LLMTask(AccuracyReports, Task):
                 else functools.partial(eval_outputs, last_only=True)
             ),
             frozen=frozen_table,
-            record={"blocks": dec.num_layers},
+            record={"blocks": dec.num_layers, **({"first_state": first} if first else {})},
         )
 
     def trained_outputs(self, cfg, data: LLMData, model, params, labels) -> list[dict]:
