@@ -67,7 +67,7 @@ def _one_thread_per_worker() -> None:
 
 
 # The suite's XLA:CPU code generation: the legacy elementwise emitters and the plain thunk
-# scheduler. Measured on this 2-core machine (tests/test_ut_study.py's end-to-end study, one core,
+# scheduler. Measured on this 2-core machine (tests/experiments/test_ut_study.py's end-to-end study, one core,
 # cold cache, 2-3 runs each): 59-71 s with XLA's defaults, 44-47 s with these two; a test that trains
 # for minutes (test_text_learns.py) 92.3 s vs 92.6 s: compile time goes, run time stays. The whole
 # suite, back to back on that machine: 772 s without them, 485 s with them. The same functions in

@@ -203,7 +203,7 @@ RUNNER_KEYS = {
 
 
 # --------------------------------------------------------------------------------------------
-# ToyTask: a task of a few lines through the shared runner (tests/test_runner.py)
+# ToyTask: a task of a few lines through the shared runner (tests/runner/test_runner.py)
 # --------------------------------------------------------------------------------------------
 
 DIM = 8

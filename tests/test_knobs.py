@@ -13,7 +13,7 @@ import pytest
 
 import cudt
 from cudt import descent
-from cudt.constrained._step import _is_injected
+from cudt.constrained._state import _is_injected
 from cudt.knobs import GOES, KNOBS, knob_names
 from cudt.optim import dual_optimizer, primal_optimizer
 from cudt.runner.config import RunConfig

@@ -44,9 +44,11 @@ from cudt.constrained._schedule import (
     schedule,
     values_at,
 )
-from cudt.constrained._step import (
+from cudt.constrained._state import (
     UPDATES,
     ConstrainedState,
+)
+from cudt.constrained._step import (
     make_constrained_step,
 )
 

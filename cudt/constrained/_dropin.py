@@ -30,6 +30,7 @@ per-run ``hparams`` and ERM lanes, warm-up, ``project_params``, vmapped sweeps o
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Callable
 from typing import NamedTuple
@@ -40,14 +41,8 @@ import optax
 
 from cudt.constrained._constraint import Constraint, FreeSign
 from cudt.constrained._formulation import AugmentedLagrangian, Lagrangian, QuadraticPenalty
-from cudt.constrained._step import (
-    _ascend_one,
-    _check_constraints,
-    _dual_gradient,
-    _lagrangian,
-    _update_rows,
-    _zero_multipliers,
-)
+from cudt.constrained._state import _check_constraints, _zero_multipliers
+from cudt.constrained._step import _ascend_one, _dual_gradient, _lagrangian, _update_rows
 
 __all__ = ["ConstrainedLoss", "init_multipliers", "lagrangian"]
 
@@ -103,55 +98,10 @@ def lagrangian(
     ``loss(params, multipliers, batch, key=None) -> (value, aux)``: ``aux`` holds
     ``objective``, ``constraints`` (name -> mean value) and ``aux`` when ``has_aux``.
     """
-    formulation = Lagrangian() if formulation is None else formulation
-    if not isinstance(formulation, _FORMULATIONS):
-        raise ValueError(
-            f"unknown formulation {formulation!r}: pass cudt.Lagrangian(), "
-            "cudt.AugmentedLagrangian(penalty=rho) or cudt.QuadraticPenalty(penalty=rho)"
-        )
-    if getattr(formulation, "growth", 1.0) != 1.0:
-        raise ValueError(
-            f"penalty growth {formulation.growth} needs the penalty in a train state: pass "
-            "growth=1 to the drop-in lagrangian, or use cudt.make_constrained_step"
-        )
-    if not isinstance(dual, optax.GradientTransformation):
-        raise ValueError(
-            f"dual must be an optax GradientTransformation, got {type(dual).__name__}: pass "
-            "cudt.dual_ascent(lr), cudt.dual_adam(lr), cudt.nupi(lr) or cudt.as_dual(optax...)"
-        )
-    if dual_radius is not None and not float(dual_radius) > 0:
-        raise ValueError(f"dual_radius must be > 0 or None, got {dual_radius}: pass R > 0")
+    formulation = _checked(formulation, dual, dual_radius)
     num_indexed = dict(num_indexed or {})
     rho = jnp.asarray(getattr(formulation, "penalty", 0.0), jnp.float32)
-    ascent = types.SimpleNamespace(dual=dual, dual_radius=dual_radius)  # what _ascend_one reads
-
-    def call(params, batch, key):
-        out = problem(params, batch, key)
-        n = 3 if has_aux else 2
-        if not isinstance(out, tuple) or len(out) != n:
-            raise ValueError(
-                f"problem must return {n} outputs (objective, {{name: Constraint}}"
-                f"{', aux' if has_aux else ''}): got {type(out).__name__}"
-                + ("" if has_aux else "; pass has_aux=True if it returns a third output")
-            )
-        _check_constraints(out[1])
-        cons = out[1]
-        for name, c in cons.items():
-            if c.has_slack:
-                raise ValueError(
-                    f"constraint {name!r} has resilience_mode='slack', whose slacks live in "
-                    "make_constrained_step's state: use resilience_mode='decay' here"
-                )
-            if (c.index is not None) != (name in num_indexed):
-                raise ValueError(
-                    f"constraint {name!r} is {'' if c.index is not None else 'not '}indexed: "
-                    + (
-                        f"pass num_indexed={{{name!r}: N}} to cudt.lagrangian"
-                        if c.index is not None
-                        else f"drop {name!r} from num_indexed"
-                    )
-                )
-        return out
+    call = functools.partial(_call, problem, has_aux, num_indexed)
 
     def loss(params, multipliers, batch, key=None):
         f, cons, *aux = call(params, batch, key)
@@ -182,6 +132,71 @@ def lagrangian(
         key = jax.random.key(0) if key is None else key
         cons = jax.eval_shape(call, params, batch, key)[1]
         return init_multipliers(cons, num_indexed)
+
+    return ConstrainedLoss(
+        loss, _dual_transformation(dual, dual_radius, formulation, num_indexed), init
+    )
+
+
+def _checked(formulation, dual, dual_radius):
+    """The formulation (default :class:`cudt.Lagrangian`), after one clear error for any argument
+    the drop-in Lagrangian cannot take."""
+    formulation = Lagrangian() if formulation is None else formulation
+    if not isinstance(formulation, _FORMULATIONS):
+        raise ValueError(
+            f"unknown formulation {formulation!r}: pass cudt.Lagrangian(), "
+            "cudt.AugmentedLagrangian(penalty=rho) or cudt.QuadraticPenalty(penalty=rho)"
+        )
+    if getattr(formulation, "growth", 1.0) != 1.0:
+        raise ValueError(
+            f"penalty growth {formulation.growth} needs the penalty in a train state: pass "
+            "growth=1 to the drop-in lagrangian, or use cudt.make_constrained_step"
+        )
+    if not isinstance(dual, optax.GradientTransformation):
+        raise ValueError(
+            f"dual must be an optax GradientTransformation, got {type(dual).__name__}: pass "
+            "cudt.dual_ascent(lr), cudt.dual_adam(lr), cudt.nupi(lr) or cudt.as_dual(optax...)"
+        )
+    if dual_radius is not None and not float(dual_radius) > 0:
+        raise ValueError(f"dual_radius must be > 0 or None, got {dual_radius}: pass R > 0")
+    return formulation
+
+
+def _call(problem, has_aux, num_indexed, params, batch, key):
+    """``problem``'s outputs, checked: their number, their constraints, and that what is indexed
+    matches ``num_indexed``."""
+    out = problem(params, batch, key)
+    n = 3 if has_aux else 2
+    if not isinstance(out, tuple) or len(out) != n:
+        raise ValueError(
+            f"problem must return {n} outputs (objective, {{name: Constraint}}"
+            f"{', aux' if has_aux else ''}): got {type(out).__name__}"
+            + ("" if has_aux else "; pass has_aux=True if it returns a third output")
+        )
+    _check_constraints(out[1])
+    cons = out[1]
+    for name, c in cons.items():
+        if c.has_slack:
+            raise ValueError(
+                f"constraint {name!r} has resilience_mode='slack', whose slacks live in "
+                "make_constrained_step's state: use resilience_mode='decay' here"
+            )
+        if (c.index is not None) != (name in num_indexed):
+            raise ValueError(
+                f"constraint {name!r} is {'' if c.index is not None else 'not '}indexed: "
+                + (
+                    f"pass num_indexed={{{name!r}: N}} to cudt.lagrangian"
+                    if c.index is not None
+                    else f"drop {name!r} from num_indexed"
+                )
+            )
+    return out
+
+
+def _dual_transformation(dual, dual_radius, formulation, num_indexed):
+    """``lag.dual``: the caller's ``dual`` applied per constraint with the step's own ascent
+    (``_ascend_one``), reading and writing only the batch's rows of an indexed table."""
+    ascent = types.SimpleNamespace(dual=dual, dual_radius=dual_radius)  # what _ascend_one reads
 
     def dual_init(multipliers):
         return {n: dual.init(m) for n, m in multipliers.items()}
@@ -215,6 +230,4 @@ def lagrangian(
             updates[n] = FreeSign(new - lam) if eq else new - lam
         return updates, new_state
 
-    return ConstrainedLoss(
-        loss, optax.GradientTransformationExtraArgs(dual_init, dual_update), init
-    )
+    return optax.GradientTransformationExtraArgs(dual_init, dual_update)

@@ -97,18 +97,16 @@ def make_train_step(
     ``"indexed"``. All are measured at the parameters before the step.
     """
     cfg = config
-    indexed = constraint == "indexed"
-    model = _implicit_model(multipliers, constraint, cfg.num_layers, example_features)
-    if model is not None and example_features is None:
-        example_features = descent.loss_features
-    if indexed and model is None and num_examples is None:
+    model, features = _implicit_model(multipliers, constraint, cfg.num_layers, example_features)
+    table = constraint == "indexed" and model is None
+    if table and num_examples is None:
         raise ValueError("constraint='indexed' needs num_examples=N (the multiplier table's rows)")
     problem = descent.problem(
         layer_losses,
         cfg,
         constraint,
         example_ids=example_ids,
-        example_features=example_features if model is not None else None,
+        example_features=features,
         objective=objective,
     )
     shapes = descent.constraints(cfg, constraint)
@@ -126,7 +124,6 @@ def make_train_step(
         jit=False,
         implicit=None if model is None else {"descent": model},
     )
-    table = indexed and model is None
     init = _descent_init(c_init, cfg, shapes, {"descent": num_examples} if table else None)
 
     def step(state: ConstrainedState, batch, key: jax.Array):
@@ -139,7 +136,9 @@ def make_train_step(
 
 
 def _implicit_model(multipliers, constraint: str, num_layers: int, example_features):
-    """The descent constraint's implicit model (None: a table, or no per-example constraint)."""
+    """``(model, features)`` of the descent constraint's implicit multipliers: ``(None, None)``
+    for a table or no per-example constraint; the features default to
+    :func:`cudt.descent.loss_features`."""
     if isinstance(multipliers, Implicit):
         model = multipliers
     elif multipliers == "implicit":
@@ -150,7 +149,7 @@ def _implicit_model(multipliers, constraint: str, num_layers: int, example_featu
             )
         model = implicit_mlp(num_layers, (num_layers,))
     elif multipliers == "table":
-        return None
+        return None, None
     else:
         raise ValueError(
             f"multipliers must be 'table', 'implicit' or a cudt.implicit model, got {multipliers!r}"
@@ -160,7 +159,7 @@ def _implicit_model(multipliers, constraint: str, num_layers: int, example_featu
             f"implicit multipliers are per example: constraint {constraint!r} has one multiplier "
             "per layer; use constraint='indexed'"
         )
-    return model
+    return model, descent.loss_features if example_features is None else example_features
 
 
 def _descent_init(c_init: Callable, cfg: DescentConfig, shapes, num_indexed) -> Callable:

@@ -602,7 +602,7 @@ def imdb_like_reviews(
       some are genuinely ambiguous (no model reaches 100 %).
 
     A bag-of-words logistic regression trained on 1,800 of them scores about 0.75 on held-out
-    ones (``tests/test_text_learns.py`` computes one); example ``i`` depends only on
+    ones (``tests/tasks/test_text_learns.py`` computes one); example ``i`` depends only on
     ``(seed, stream, i)``.
     """
 

@@ -9,7 +9,7 @@ validation loss at γ_train (``val_objective``). The test split only reports: th
 the run's in-distribution test metric against the setting's ERM run of the same seed (RMSE at
 γ_train for video, accuracy at γ_train for text), in percent, positive = worse; the OOD metric
 is the mean of that metric over the test levels above γ_train. No test number reaches a
-success, a verdict or a choice (tests/test_validation_only.py).
+success, a verdict or a choice (tests/runner/test_validation_only.py).
 """
 
 from __future__ import annotations

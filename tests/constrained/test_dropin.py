@@ -15,7 +15,7 @@ from flax import nnx
 import cudt
 
 STEPS = 100  # enough for the norm bound to become active (λ > 0); the gap needs 300
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def load(name):

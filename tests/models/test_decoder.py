@@ -31,7 +31,7 @@ from cudt.models.llama import (
 )
 from cudt.models.llama.layers import inv_freq
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOL = dict(rtol=1e-4, atol=1e-4)  # float32 on CPU against transformers
 TINY = dict(
     vocab_size=128,

@@ -19,7 +19,7 @@ from cudt.runner.provenance import cpu_model, git_state, provenance
 from experiments.paper import pages
 from experiments.paper.pages import BLOCKS, Block, parse_page, run_blocks, write_pages
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = (
     "--models", "dust", "--layers", "3", "--num-videos", "3", "--num-frames", "8",
     "--seq-len", "4", "--batch-size", "16", "--dust-atoms", "16", "--eval-batch-size", "128",

@@ -6,7 +6,7 @@ uninterrupted run's to the tolerance of a change of reduction order (the batch s
 mesh's data axis, the runs vmapped instead of mapped): docs/runner.md. A process killed inside an
 orbax save (its arrays written, nothing committed) leaves the previous checkpoint usable: the
 rerun resumes from it, says so in one line, and ends bit for bit where the uninterrupted run
-does. (2 processes -> 1: tests/test_runner.py, with the two-process job.)
+does. (2 processes -> 1: tests/runner/test_runner.py, with the two-process job.)
 
 The toy task (tests/helpers.py): 12 steps in chunks of 4, a checkpoint at every chunk, all kept.
 An "interrupted" run is a finished run's folder cut back to its step-4 checkpoint: what a job

@@ -17,7 +17,7 @@ import pytest
 from cudt.runner import Task
 from cudt.runner.cli import task_main
 
-DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
+DESIGN = Path(__file__).resolve().parents[2] / "docs" / "design.md"
 SECTION = "## A task, from scratch"
 
 

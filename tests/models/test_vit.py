@@ -3,7 +3,7 @@
 The parity tests need torch and transformers (the ``test`` extra: ``pip install -e ".[test]"``).
 Without them they are skipped, but ``test_reference_stack_installed_in_ci`` then FAILS, so no
 run can go green without really checking parity; ``CUDT_SKIP_HF_PARITY=1`` opts out explicitly
-outside CI only (as in tests/test_encoders.py). Everything else builds its model folders with
+outside CI only (as in tests/models/test_encoders.py). Everything else builds its model folders with
 numpy + safetensors and runs without torch.
 """
 

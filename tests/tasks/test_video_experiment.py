@@ -19,7 +19,7 @@ from PIL import Image
 from cudt.checkpoint import GroupCheckpointer
 from experiments import video_denoise
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = [
     "--layers",
     "3",

@@ -75,7 +75,7 @@ SCRIPT = textwrap.dedent(
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import sys; sys.path[:0] = [".", "tests"]  # the test module imports tests/helpers.py
     import cudt
-    from tests.test_constrained_step_resume import _problem, _batches
+    from tests.constrained.test_constrained_step_resume import _problem, _batches
     assert jax.device_count() == 4, jax.device_count()
     init, step = cudt.make_constrained_step(
         _problem, primal=optax.adam(1e-2), dual=cudt.dual_adam(1e-1))
@@ -92,7 +92,7 @@ SCRIPT = textwrap.dedent(
         np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-6)
     print("OK", float(jnp.max(s4.multipliers["per_sample"])))
     # implicit multipliers: φ is replicated, the batch sharded; the same as one device
-    from tests.test_constrained_step_resume import _implicit_problem
+    from tests.constrained.test_constrained_step_resume import _implicit_problem
     model = {"per_sample": cudt.implicit_mlp(3, hidden=4, key=jax.random.key(1))}
     init, step = cudt.make_constrained_step(
         _implicit_problem, primal=optax.adam(1e-2), dual=cudt.dual_adam(1e-1), implicit=model)
@@ -117,7 +117,7 @@ def test_four_devices_equal_one():
         capture_output=True,
         text=True,
         env=env,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
         timeout=300,
     )
     assert r.returncode == 0, r.stderr[-3000:]

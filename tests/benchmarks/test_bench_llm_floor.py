@@ -14,7 +14,7 @@ from pathlib import Path
 import jax
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # benchmarks/ is a folder of the repository, not installed
     sys.path.insert(0, str(ROOT))
 

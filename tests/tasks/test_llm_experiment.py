@@ -4,7 +4,7 @@ Real code paths: generated Alpaca-format records and their word tokenizer saved 
 as ``tokenizer.json``, the Llama-architecture decoder, the chunked per-layer token loss, the
 KV-cache generation, orbax checkpoints, results.json and PNGs. A Hugging Face folder written by
 :func:`cudt.models.llama.write_decoder_folder` stands in for a pretrained checkpoint (its
-parity with transformers is tested in ``tests/test_decoder.py``).
+parity with transformers is tested in ``tests/models/test_decoder.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from cudt.metrics import rouge_l
 from cudt.models.llama import DecoderConfig, write_decoder_folder
 from experiments import llm_sft
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = [
     "--num-train", "48", "--num-val", "8", "--num-test", "8", "--max-length", "64",
     "--layers", "2", "--hidden", "16", "--heads", "2", "--kv-heads", "1",

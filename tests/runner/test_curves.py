@@ -118,7 +118,7 @@ def test_the_event_writer_does_not_load_pytorch(tmp_path):
         f"write_tensorboard([{run!r}], {str(tmp_path / 'tb')!r}); "
         "assert 'torch' not in sys.modules, 'torch loaded'; import torch; print(torch.ones(2).sum())"
     )
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "tensor(2.)" in done.stdout

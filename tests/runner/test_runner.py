@@ -32,7 +32,7 @@ from cudt.checkpoint import GroupCheckpointer
 from cudt.runner.config import SWEEPABLE
 from cudt.runner.report import choose_points
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

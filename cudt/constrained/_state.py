@@ -1,0 +1,287 @@
+"""The constrained step's state and its ``init``: what :func:`cudt.make_constrained_step` was
+given (checked, as ``_Spec``), the ``ConstrainedState`` pytree and a new run's state.
+
+:mod:`cudt.constrained._step` holds the step itself (its module docstring describes both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from cudt.constrained._constraint import Constraint, FreeSign
+from cudt.constrained._dual import project_nonnegative
+from cudt.constrained._formulation import Lagrangian
+from cudt.constrained._implicit import Implicit
+from cudt.constrained._schedule import values_at
+
+__all__ = ["UPDATES", "ConstrainedState", "set_learning_rate"]
+
+UPDATES = ("simultaneous", "alternating", "extragradient", "optimistic")
+
+
+@flax.struct.dataclass
+class ConstrainedState:
+    """Everything a run's future depends on, as one pytree (vmappable, checkpointable)."""
+
+    step: jax.Array  # [] int32
+    params: Any
+    opt_state: Any
+    multipliers: dict  # name -> array (indexed: table [N, ...]; implicit: the model's φ)
+    dual_state: dict  # name -> the dual optimiser's state of that constraint
+    slacks: dict  # name -> u (same shape as its multipliers), explicit-slack constraints only
+    slack_state: dict  # name -> the slack optimiser's state
+    penalty: dict  # name -> [] ρ
+    violation: dict  # name -> [] last violation norm (for the penalty rule)
+    prev_update: Any  # "optimistic": (params, multipliers, slacks) updates of the last step
+    hparams: Any  # per-run values handed to the problem (None: problem(params, batch, key))
+    constrained: jax.Array  # [] bool: False runs the objective alone (ERM), duals frozen
+
+
+def _is_injected(node) -> bool:
+    return isinstance(node, optax.InjectStatefulHyperparamsState)
+
+
+def set_learning_rate(opt_state, value, name: str = "learning_rate"):
+    """``opt_state`` with the injected hyperparameter ``name`` set to ``value`` (float32).
+
+    The optimiser must be built with ``optax.inject_hyperparams`` (for example
+    ``optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)``), which keeps its learning
+    rate in its state, so runs stacked on a leading axis each train with their own. Raises a
+    ``ValueError`` naming the fix when no such hyperparameter is in the state.
+    """
+    found = []
+
+    def put(node):
+        if _is_injected(node) and name in node.hyperparams:
+            found.append(node)
+            hyper = dict(node.hyperparams)
+            hyper[name] = jnp.asarray(value, jnp.float32).reshape(jnp.shape(hyper[name]))
+            return node._replace(hyperparams=hyper)
+        return node
+
+    new_state = jax.tree.map(put, opt_state, is_leaf=_is_injected)
+    if not found:
+        raise ValueError(
+            f"cannot set {name}: the optimizer keeps no injected {name!r} in its state; build it "
+            f"with optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)({name}=1e-3)"
+        )
+    return new_state
+
+
+def _copy(tree):
+    """Fresh buffers for every array leaf: a donating step may delete what the state holds,
+    and the caller's arrays must stay the caller's."""
+    return jax.tree.map(lambda x: jnp.array(x, copy=True) if hasattr(x, "shape") else x, tree)
+
+
+def _check_constraints(cons):
+    if not isinstance(cons, dict) or not all(isinstance(c, Constraint) for c in cons.values()):
+        raise TypeError(
+            "problem must return (objective, {name: cudt.Constraint(...)}): wrap each "
+            "constraint's values in cudt.Constraint"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """What :func:`make_constrained_step` was given, checked: the static part of every step."""
+
+    problem: Callable
+    primal: optax.GradientTransformation
+    dual: optax.GradientTransformation
+    formulation: Any
+    update: str
+    dual_radius: float | None
+    has_aux: bool
+    project_params: Callable[[Any], Any] | None
+    warmup_steps: int
+    slack_tx: optax.GradientTransformation  # the slack optimiser, projected onto u >= 0
+    slack_restart_steps: int | None
+    penalty: float  # ρ of a new run: the formulation's (0 without one)
+    implicit: dict  # name -> Implicit: the constraints whose multipliers are a model
+
+
+def _make_spec(
+    problem,
+    primal,
+    dual,
+    formulation,
+    update,
+    dual_radius,
+    has_aux,
+    project_params,
+    warmup_steps,
+    slack_optimizer,
+    slack_restart_steps,
+    implicit,
+) -> _Spec:
+    """:func:`make_constrained_step`'s arguments, checked (one ``ValueError`` or ``TypeError``
+    naming the fix), as the static part of every step."""
+    formulation = Lagrangian() if formulation is None else formulation
+    implicit = dict(implicit or {})
+    if not all(isinstance(m, Implicit) for m in implicit.values()):
+        raise TypeError("implicit must map constraint names to cudt.implicit(apply, params)")
+    if implicit and not formulation.uses_multipliers:
+        raise ValueError(
+            f"{type(formulation).__name__} has no multipliers, so none can be implicit: drop "
+            "implicit= or use the Lagrangian or the augmented Lagrangian"
+        )
+    if update not in UPDATES:
+        raise ValueError(f"update must be one of {UPDATES}, got {update!r}")
+    if dual_radius is not None and not float(dual_radius) > 0:
+        raise ValueError(f"dual_radius must be > 0 or None, got {dual_radius}")
+    if isinstance(warmup_steps, bool) or int(warmup_steps) != warmup_steps or warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+    if slack_restart_steps is not None and not slack_restart_steps >= 1:
+        raise ValueError(f"slack_restart_steps must be >= 1 or None, got {slack_restart_steps}")
+    return _Spec(
+        problem=problem,
+        primal=primal,
+        dual=dual,
+        formulation=formulation,
+        update=update,
+        dual_radius=dual_radius,
+        has_aux=has_aux,
+        project_params=project_params,
+        warmup_steps=warmup_steps,
+        slack_tx=optax.chain(
+            optax.sgd(1e-2) if slack_optimizer is None else slack_optimizer,
+            project_nonnegative(),
+        ),
+        slack_restart_steps=slack_restart_steps,
+        penalty=float(getattr(formulation, "penalty", 0.0)),
+        implicit=implicit,
+    )
+
+
+# -- the problem and a new state ------------------------------------------------------------------
+
+
+def _call(spec: _Spec, params, batch, key, hparams, step=0):
+    """``problem``'s outputs at ``step`` (the value of every schedule in ``hparams``), checked."""
+    problem, hparams = spec.problem, values_at(hparams, step)
+    out = problem(params, batch, key) if hparams is None else problem(params, batch, key, hparams)
+    if not isinstance(out, tuple) or len(out) != (3 if spec.has_aux else 2):
+        raise TypeError(
+            f"problem must return (objective, {{name: cudt.Constraint}}"
+            f"{', aux' if spec.has_aux else ''}), got {type(out).__name__}"
+            + (f" of {len(out)} items" if isinstance(out, tuple) else "")
+            + ("" if spec.has_aux else ": pass has_aux=True if it returns a third output")
+        )
+    _check_constraints(out[1])
+    return out
+
+
+def _zero_multipliers(constraints, num_indexed: dict) -> dict:
+    """``{name: 0}`` shaped like each constraint's values (indexed: a table of ``N`` rows)."""
+    unknown = set(num_indexed) - set(constraints)
+    if unknown:
+        raise ValueError(f"num_indexed names unknown constraints {sorted(unknown)}")
+    mult = {}
+    for name, c in constraints.items():
+        if c.index is not None:
+            if name not in num_indexed:
+                raise ValueError(
+                    f"constraint {name!r} is indexed: pass num_indexed={{{name!r}: N}} to init"
+                )
+            shape = (int(num_indexed[name]),) + tuple(c.value.shape[1:])
+        else:
+            shape = tuple(c.value.shape)
+        mult[name] = jnp.zeros(shape, c.value.dtype)
+    return mult
+
+
+def _init(
+    spec: _Spec,
+    params,
+    batch=None,
+    num_indexed=None,
+    key=None,
+    *,
+    constraints=None,
+    hparams=None,
+    constrained=True,
+    lr=None,
+    dual_hparams=None,
+    penalty=None,
+    multipliers=None,
+) -> ConstrainedState:
+    """``init`` of :func:`make_constrained_step` (its docstring says what each argument does)."""
+    num_indexed = dict(num_indexed or {})
+    if constraints is None:
+        key = jax.random.key(0) if key is None else key
+        constraints = jax.eval_shape(functools.partial(_call, spec), params, batch, key, hparams)[1]
+    _check_constraints(constraints)
+    phis = _implicit_params(spec, constraints, dict(multipliers or {}))
+    tables = {n: c for n, c in constraints.items() if n not in phis}
+    mult = _zero_multipliers(tables, {n: v for n, v in num_indexed.items() if n not in phis})
+    mult = {n: phis[n] if n in phis else mult[n] for n in constraints}
+    dual_state = {
+        n: spec.dual.init(FreeSign(m) if constraints[n].kind == "eq" or n in phis else m)
+        for n, m in mult.items()
+    }
+    for name, value in dict(dual_hparams or {}).items():
+        if value is not None:
+            dual_state = set_learning_rate(dual_state, value, name)
+    # fresh buffers per field: a shared one could not be donated twice
+    slacks = {n: jnp.zeros_like(m) for n, m in mult.items() if constraints[n].has_slack}
+    params = _copy(params)
+    opt_state = spec.primal.init(params)
+    if lr is not None:
+        opt_state = set_learning_rate(opt_state, lr)
+    rho = spec.penalty if penalty is None else penalty
+    prev = ()
+    if spec.update == "optimistic":
+        prev = tuple(jax.tree.map(jnp.zeros_like, t) for t in (params, mult, slacks))
+    return ConstrainedState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=opt_state,
+        multipliers=mult,
+        dual_state=dual_state,
+        slacks=slacks,
+        slack_state={n: spec.slack_tx.init(u) for n, u in slacks.items()},
+        penalty={n: jnp.asarray(rho, jnp.float32) for n in mult},
+        violation={n: jnp.asarray(jnp.inf, jnp.float32) for n in mult},
+        prev_update=prev,
+        hparams=_copy(hparams),
+        constrained=jnp.asarray(constrained, bool),
+    )
+
+
+def _implicit_params(spec: _Spec, constraints, given: dict) -> dict:
+    """``{name: φ}`` of a new state's implicit multipliers (fresh buffers): ``given``'s, else
+    the model's own, checked against the constraints."""
+    unknown = (set(spec.implicit) | set(given)) - set(constraints)
+    if unknown:
+        raise ValueError(f"implicit multipliers name unknown constraints {sorted(unknown)}")
+    extra = set(given) - set(spec.implicit)
+    if extra:
+        raise ValueError(
+            f"init got multipliers for {sorted(extra)}, which are not implicit: name their "
+            "models in make_constrained_step(..., implicit={name: cudt.implicit(apply)})"
+        )
+    phis = {}
+    for name, model in spec.implicit.items():
+        if constraints[name].has_slack:
+            raise ValueError(
+                f"constraint {name!r} has explicit slacks (resilience_mode='slack'), a table of "
+                "one slack per example, which implicit multipliers are meant to avoid: use "
+                "resilience_mode='decay' or table multipliers"
+            )
+        phi = given.get(name, model.params)
+        if phi is None:
+            raise ValueError(
+                f"implicit multipliers of {name!r} have no parameters: pass "
+                f"cudt.implicit(apply, params) or init(..., multipliers={{{name!r}: params}})"
+            )
+        phis[name] = _copy(phi)
+    return phis
