@@ -17,8 +17,6 @@ import jax.numpy as jnp
 import optax
 
 from cudt.constrained._constraint import Constraint, FreeSign
-from cudt.constrained._dual import project_nonnegative
-from cudt.constrained._formulation import Lagrangian
 from cudt.constrained._implicit import Implicit
 from cudt.constrained._schedule import values_at
 
@@ -108,58 +106,25 @@ class _Spec:
     penalty: float  # ρ of a new run: the formulation's (0 without one)
     implicit: dict  # name -> Implicit: the constraints whose multipliers are a model
 
-
-def _make_spec(
-    problem,
-    primal,
-    dual,
-    formulation,
-    update,
-    dual_radius,
-    has_aux,
-    project_params,
-    warmup_steps,
-    slack_optimizer,
-    slack_restart_steps,
-    implicit,
-) -> _Spec:
-    """:func:`make_constrained_step`'s arguments, checked (one ``ValueError`` or ``TypeError``
-    naming the fix), as the static part of every step."""
-    formulation = Lagrangian() if formulation is None else formulation
-    implicit = dict(implicit or {})
-    if not all(isinstance(m, Implicit) for m in implicit.values()):
-        raise TypeError("implicit must map constraint names to cudt.implicit(apply, params)")
-    if implicit and not formulation.uses_multipliers:
-        raise ValueError(
-            f"{type(formulation).__name__} has no multipliers, so none can be implicit: drop "
-            "implicit= or use the Lagrangian or the augmented Lagrangian"
-        )
-    if update not in UPDATES:
-        raise ValueError(f"update must be one of {UPDATES}, got {update!r}")
-    if dual_radius is not None and not float(dual_radius) > 0:
-        raise ValueError(f"dual_radius must be > 0 or None, got {dual_radius}")
-    if isinstance(warmup_steps, bool) or int(warmup_steps) != warmup_steps or warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
-    if slack_restart_steps is not None and not slack_restart_steps >= 1:
-        raise ValueError(f"slack_restart_steps must be >= 1 or None, got {slack_restart_steps}")
-    return _Spec(
-        problem=problem,
-        primal=primal,
-        dual=dual,
-        formulation=formulation,
-        update=update,
-        dual_radius=dual_radius,
-        has_aux=has_aux,
-        project_params=project_params,
-        warmup_steps=warmup_steps,
-        slack_tx=optax.chain(
-            optax.sgd(1e-2) if slack_optimizer is None else slack_optimizer,
-            project_nonnegative(),
-        ),
-        slack_restart_steps=slack_restart_steps,
-        penalty=float(getattr(formulation, "penalty", 0.0)),
-        implicit=implicit,
-    )
+    def __post_init__(self):
+        """One ``ValueError`` or ``TypeError`` naming the fix for a bad argument."""
+        implicit, formulation = self.implicit, self.formulation
+        if not all(isinstance(m, Implicit) for m in implicit.values()):
+            raise TypeError("implicit must map constraint names to cudt.implicit(apply, params)")
+        if implicit and not formulation.uses_multipliers:
+            raise ValueError(
+                f"{type(formulation).__name__} has no multipliers, so none can be implicit: drop "
+                "implicit= or use the Lagrangian or the augmented Lagrangian"
+            )
+        if self.update not in UPDATES:
+            raise ValueError(f"update must be one of {UPDATES}, got {self.update!r}")
+        radius, warmup, restart = self.dual_radius, self.warmup_steps, self.slack_restart_steps
+        if radius is not None and not float(radius) > 0:
+            raise ValueError(f"dual_radius must be > 0 or None, got {radius}")
+        if isinstance(warmup, bool) or int(warmup) != warmup or warmup < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup!r}")
+        if restart is not None and not restart >= 1:
+            raise ValueError(f"slack_restart_steps must be >= 1 or None, got {restart}")
 
 
 # -- the problem and a new state ------------------------------------------------------------------

@@ -83,13 +83,14 @@ import jax.numpy as jnp
 import optax
 
 from cudt.constrained._constraint import Constraint, FreeSign
+from cudt.constrained._dual import project_nonnegative
+from cudt.constrained._formulation import Lagrangian
 from cudt.constrained._implicit import Implicit, ascent_gradient
 from cudt.constrained._implicit import rows as implicit_rows
 from cudt.constrained._state import (
     ConstrainedState,
     _call,
     _init,
-    _make_spec,
     _Spec,
 )
 
@@ -198,19 +199,24 @@ def make_constrained_step(
     ``has_aux``; ``implicit`` (name -> ``{"mean", "max"}`` over the batch's rows of the implicit
     multipliers after the step, at the batch's features).
     """
-    spec = _make_spec(
-        problem,
-        primal,
-        dual,
-        formulation,
-        update,
-        dual_radius,
-        has_aux,
-        project_params,
-        warmup_steps,
-        slack_optimizer,
-        slack_restart_steps,
-        implicit,
+    formulation = Lagrangian() if formulation is None else formulation
+    spec = _Spec(
+        problem=problem,
+        primal=primal,
+        dual=dual,
+        formulation=formulation,
+        update=update,
+        dual_radius=dual_radius,
+        has_aux=has_aux,
+        project_params=project_params,
+        warmup_steps=warmup_steps,
+        slack_tx=optax.chain(
+            optax.sgd(1e-2) if slack_optimizer is None else slack_optimizer,
+            project_nonnegative(),
+        ),
+        slack_restart_steps=slack_restart_steps,
+        penalty=float(getattr(formulation, "penalty", 0.0)),
+        implicit=dict(implicit or {}),
     )
     scheme = _SCHEMES[update]
 
