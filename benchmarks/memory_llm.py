@@ -454,7 +454,8 @@ def saved_residuals(program: Program) -> dict[str, int]:
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         print_saved_residuals(program.objective, program.params, program.batch, program.key)
-    block_shapes = {tuple(x.shape) for x in jax.tree.leaves(program.params["blocks"])}
+    params = program.params if "blocks" in program.params else program.batch.frozen  # LoRA: base
+    block_shapes = {tuple(x.shape) for x in jax.tree.leaves(params["blocks"])}
     total = copies = 0
     for line in buffer.getvalue().splitlines():
         found = re.match(r"(\w+)\[([\d,]*)\] (.*)", line)
@@ -667,6 +668,13 @@ def run(args: argparse.Namespace) -> None:
         r_low = saved_residuals(build_program(args, low, PRECISIONS[precision]))
         r_high = saved_residuals(build_program(args, low + 1, PRECISIONS[precision]))
         residuals[precision] = {k: r_high[k] - r_low[k] for k in r_low}
+    lora_residuals = {}  # (rank, precision): the float32 base's LoRA program, per layer
+    for rank in args.lora_rank:
+        for precision in args.precisions:
+            dtype = PRECISIONS[precision]
+            r_low = saved_residuals(build_program(args, low, dtype, lora_rank=rank))
+            r_high = saved_residuals(build_program(args, low + 1, dtype, lora_rank=rank))
+            lora_residuals[rank, precision] = {k: r_high[k] - r_low[k] for k in r_low}
     for key, value in finish_sharded(proc).items():
         temps[key] = value
     print(f"  {len(there)} compiles in the subprocess done ({time.perf_counter() - t0:.0f}s)")
@@ -735,8 +743,18 @@ def run(args: argparse.Namespace) -> None:
         [
             [p, gb(residuals[p]["total"]), gb(residuals[p]["weight copies"]), gb(slopes[p])]
             for p in args.precisions
+        ]
+        + [
+            [f"{p}, LoRA r {rank}", gb(r["total"]), gb(r["weight copies"]), "-"]
+            for (rank, p), r in lora_residuals.items()
         ],
     )
+    if lora_residuals:
+        print(
+            "(LoRA: the blocks' policy, dots_with_no_batch_dims_saveable, saves every dot's "
+            "output: each adapted projection's x W and also its adapter's (x A)(s B), "
+            "[B, T, out] too)"
+        )
 
     table_total = states[1].total + temps[base, 1, depth, False]
     print(
@@ -885,4 +903,23 @@ def run(args: argparse.Namespace) -> None:
             f"{gb(mixed['weight copies']):.3g} GB are the bfloat16 copies of the layer's weights "
             "cast inside the scan. On a GPU the † figures are likely upper bounds."
         )
+    bf16_bases = [(r, p) for r in args.lora_rank for p, b in lora_variants(args) if b == "bfloat16"]
+    if on_cpu and bf16_bases:
+        copy = states[1].params  # float32 bytes of what the base's dots read: blocks, norms, head
+        for rank, p in bf16_bases:
+            extra = (
+                temps[p, 1, depth, False, rank, "bfloat16"]
+                - temps[p, 1, depth, False, rank, "float32"]
+            )
+            total = (
+                lora_states[rank, "bfloat16"].total + temps[p, 1, depth, False, rank, "bfloat16"]
+            )
+            print(
+                f"bf16 base on the CPU, LoRA r {rank}: its activations exceed the float32 base's "
+                f"by {gb(extra):.4g} GB, {extra / copy:.4g} x the float32 bytes of the base's "
+                f"weights but the embedding table ({gb(copy):.4g} GB): XLA:CPU, without "
+                "bfloat16 dots, converts each stacked bfloat16 kernel to float32 once, outside "
+                f"the scan; less that copy the total is {gb(total - extra):.4g} GB (arithmetic, "
+                "not compiled)."
+            )
     print(f"total wall {time.perf_counter() - t0:.0f}s")
