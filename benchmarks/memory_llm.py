@@ -4,6 +4,7 @@ The ``llm`` section of ``python -m benchmarks memory``:
 
     .venv/bin/python -m benchmarks memory llm            # the 8B table; ~2 min on 2 CPU cores
     .venv/bin/python -m benchmarks memory llm --quick    # a tiny decoder: the code paths only
+    .venv/bin/python -m benchmarks memory llm --lora-rank 8,32   # and LoRA rows on one H200
 
 Nothing is allocated or run: every number comes from shapes or from XLA's compiler. Setups:
 ``--gpus`` x ``--gpu-gb`` with the run's state split over every GPU (FSDP); the same machine as
@@ -38,6 +39,16 @@ bfloat16``).
 * **Block rematerialisation**: the same programs compiled at ``--layers`` with the decoder's
   ``remat=True`` (the LLM task's ``--remat``: ``jax.checkpoint`` with ``nothing_saveable``
   around each block of the scan), one device and sharded alike: measured, not estimated.
+* **LoRA** (``--lora-rank r``, repeatable or ``8,32``): rows on one H200 for the task's
+  ``--lora-rank r`` (alpha 2r, every projection: :func:`cudt.tasks.llm_export.lora_spec`),
+  built by the same ``LLMTask.build``: the run's parameters are the float32 adapters, the
+  whole base the group's frozen argument. The state, from the same shapes (``eval_shape``), is the
+  adapters, their gradients and Adam moments, the multipliers, and the frozen base; the
+  activations are the compiled ``value_and_grad`` w.r.t. the adapters, with and without
+  remat; the real step is compiled for the first rank as the cross-check. The base is
+  stored in float32 in each precision (what the task loads), and in mixed precision also in
+  bfloat16 (``--base-dtype bfloat16``): its bytes halve, and the compiled program changes
+  only by the casts it no longer needs.
 """
 
 from __future__ import annotations
@@ -62,7 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import print_saved_residuals
 
-from benchmarks.common import choice_list, parse_quick, print_table
+from benchmarks.common import choice_list, int_list, parse_quick, print_table
 from cudt.errors import UsageError
 from cudt.models.llama import Decoder, DecoderConfig
 from cudt.runner.groups import make_group_step
@@ -162,6 +173,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpus", type=int, default=8, help="GPUs of the FSDP machine (default 8)")
     p.add_argument("--gpu-gb", type=float, default=80.0, help="their memory, GB (default 80)")
     p.add_argument("--h200-gb", type=float, default=141.0, help="one H200's memory, GB (141)")
+    p.add_argument(
+        "--lora-rank",
+        type=int_list,
+        action="extend",
+        default=[],
+        help="add rows on one H200 for LoRA adapters of this rank (the task's --lora-rank; "
+        "repeatable, or comma-separated: 8,32)",
+    )
     args = parse_quick(
         p,
         argv,
@@ -174,11 +193,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("gpu_gb", "h200_gb"):
         if not getattr(args, name) > 0:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    for rank in args.lora_rank:
+        if rank < 1:
+            raise UsageError(f"--lora-rank must be >= 1, got {rank}")
     if args.layers < 4:
         raise UsageError(
             f"--layers must be >= 4 (the slope is measured below it), got {args.layers}"
         )
     return args
+
+
+def lora_variants(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """``(precision, base dtype)`` of the LoRA rows: the base in float32 in each precision (what
+    the task loads), and in bfloat16 in mixed precision (``--base-dtype bfloat16``)."""
+    out = [(p, "float32") for p in args.precisions]
+    return out + ([("mixed", "bfloat16")] if "mixed" in args.precisions else [])
 
 
 def decoder_config(args: argparse.Namespace, num_layers: int) -> DecoderConfig:
@@ -242,12 +271,19 @@ class Program:
 
 
 def build_program(
-    args: argparse.Namespace, num_layers: int, compute_dtype: str, remat: bool = False
+    args: argparse.Namespace,
+    num_layers: int,
+    compute_dtype: str,
+    remat: bool = False,
+    lora_rank: int | None = None,
+    base_dtype: str = "float32",
 ) -> Program:
     """The LLM task's ``layer_losses`` (``LLMTask.build``) over a decoder made of shapes;
-    ``remat`` rematerialises every block in the backward pass (the task's ``--remat``)."""
+    ``remat`` rematerialises every block in the backward pass (the task's ``--remat``);
+    ``lora_rank``: the task's ``--lora-rank`` over a frozen base stored in ``base_dtype``."""
     config = decoder_config(args, num_layers)
     shapes = jax.eval_shape(config.init_params, jax.random.key(0))
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(base_dtype)), shapes)
     decoder = Decoder(config=config, params=shapes, dtype=jnp.dtype(compute_dtype), remat=remat)
     task_cfg = LLMConfig(
         max_length=args.seq,
@@ -255,8 +291,9 @@ def build_program(
         compute_dtype=compute_dtype,
         chunk_tokens=args.chunk_tokens,
         vocab_chunk=args.vocab_chunk,
-        train_embeddings=args.train_embeddings,
+        train_embeddings=args.train_embeddings and lora_rank is None,
         remat=remat,
+        **({} if lora_rank is None else {"lora_rank": lora_rank, "checkpoint": "(shapes)"}),
     )
     data = LLMData(
         decoder=decoder,
@@ -317,7 +354,8 @@ class StateBytes:
     """Bytes on one device of everything that outlives a step (and of the gradients)."""
 
     params: int  # trainable parameters
-    frozen: int  # the frozen input embedding table (replicated; 0 with --train-embeddings)
+    frozen: int  # the frozen input embedding table (replicated; 0 with --train-embeddings),
+    # or under LoRA the whole frozen base
     grads: int
     adam: int  # the primal optimiser's state: mu, nu, the count and the injected learning rate
     duals: int  # multipliers [L+1], dual state, slacks, per-run hyperparameters, step
@@ -345,7 +383,7 @@ def state_bytes(program: Program, shapes: tuple[Any, Any], shards: int) -> State
     rest = state.replace(params=None, opt_state=None)
     return StateBytes(
         params=device_bytes(state.params, shards),
-        frozen=0 if program.batch.frozen is None else _nbytes(program.batch.frozen),
+        frozen=sum(_nbytes(leaf) for leaf in jax.tree.leaves(program.batch.frozen)),
         grads=device_bytes(grads, shards),
         adam=device_bytes(state.opt_state, shards),
         duals=sum(_nbytes(leaf) for leaf in jax.tree.leaves(rest)),
@@ -416,7 +454,8 @@ def saved_residuals(program: Program) -> dict[str, int]:
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         print_saved_residuals(program.objective, program.params, program.batch, program.key)
-    block_shapes = {tuple(x.shape) for x in jax.tree.leaves(program.params["blocks"])}
+    params = program.params if "blocks" in program.params else program.batch.frozen  # LoRA: base
+    block_shapes = {tuple(x.shape) for x in jax.tree.leaves(params["blocks"])}
     total = copies = 0
     for line in buffer.getvalue().splitlines():
         found = re.match(r"(\w+)\[([\d,]*)\] (.*)", line)
@@ -436,6 +475,13 @@ def saved_residuals(program: Program) -> dict[str, int]:
 # --------------------------------------------------------------------------------------------------
 # The sharded compiles run in a subprocess with forced CPU devices
 # --------------------------------------------------------------------------------------------------
+
+
+def item_key(item: dict[str, Any]) -> tuple:
+    """A compile item's key in the table's dictionaries: ``(precision, shards, depth, remat)``,
+    and ``(lora rank, base dtype)`` after them for a LoRA item."""
+    key = (item["precision"], item["shards"], item["depth"], item["remat"])
+    return key + ((item["lora"], item["base"]) if item.get("lora") else ())
 
 
 def _job_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -470,7 +516,7 @@ def start_sharded(args: argparse.Namespace, items: list[dict[str, Any]]) -> subp
 
 
 def finish_sharded(proc: subprocess.Popen | None) -> dict[tuple, int]:
-    """``{(precision, shards, depth, remat): temp bytes}`` from the subprocess's JSON lines."""
+    """``{item_key: temp bytes}`` from the subprocess's JSON lines."""
     if proc is None:
         return {}
     out = proc.stdout.read()
@@ -482,13 +528,21 @@ def finish_sharded(proc: subprocess.Popen | None) -> dict[tuple, int]:
     results = {}
     for line in out.splitlines():
         item = json.loads(line)
-        results[item["precision"], item["shards"], item["depth"], item["remat"]] = item["temp"]
+        results[item_key(item)] = item["temp"]
     return results
 
 
 def temp_of(args: argparse.Namespace, item: dict[str, Any]) -> int:
-    """Scratch bytes of one compile item ``{precision, shards, depth, remat}``."""
-    program = build_program(args, item["depth"], PRECISIONS[item["precision"]], item["remat"])
+    """Scratch bytes of one compile item ``{precision, shards, depth, remat}`` (and ``lora``,
+    ``base``: a LoRA program)."""
+    program = build_program(
+        args,
+        item["depth"],
+        PRECISIONS[item["precision"]],
+        item["remat"],
+        item.get("lora"),
+        item.get("base", "float32"),
+    )
     if item["shards"] == 1:
         return compiled_temp(program)
     return sharded_temp(program, item["shards"])
@@ -524,6 +578,12 @@ def run(args: argparse.Namespace) -> None:
         {"precision": p, "shards": 1, "depth": d, "remat": r}
         for p in args.precisions
         for d, r in (*((d, False) for d in measured), (depth, False), (depth, True))
+    ]
+    here += [  # LoRA: one device, the full depth, without and with remat
+        {"precision": p, "shards": 1, "depth": depth, "remat": r, "lora": rank, "base": b}
+        for rank in args.lora_rank
+        for p, b in lora_variants(args)
+        for r in (False, True)
     ]
     there = [
         {"precision": p, "shards": s.shards, "depth": d, "remat": r}
@@ -572,18 +632,49 @@ def run(args: argparse.Namespace) -> None:
             for k, st in states.items()
         ],
     )
+    lora_states: dict[tuple[int, str], StateBytes] = {}  # (rank, base dtype): one device
+    lora_programs: dict[tuple[int, str, str], Program] = {}  # (rank, precision, base dtype)
+    for rank in args.lora_rank:
+        for p, b in lora_variants(args):
+            program = build_program(args, depth, PRECISIONS[p], lora_rank=rank, base_dtype=b)
+            lora_programs[rank, p, b] = program
+            if (rank, b) not in lora_states:  # the state is the same in either precision
+                lora_states[rank, b] = state_bytes(program, state_shapes(program), 1)
+    if lora_states:
+        print(
+            "LoRA state bytes on one device (the same eval_shapes; trained: the float32 "
+            "adapters; frozen: the whole base, in its dtype):"
+        )
+        print_table(
+            ["rank", "base", "adapters B", "frozen base B", "grads B", "Adam B", "duals B"],
+            [
+                [rank, b, st.params, st.frozen, st.grads, st.adam, st.duals]
+                for (rank, b), st in lora_states.items()
+            ],
+        )
 
     # ---- compiles here, the real step, residuals; then the subprocess's ---------------------
-    temps: dict[tuple[str, int, int, bool], int] = {}  # (precision, shards, depth, remat)
+    temps: dict[tuple, int] = {}  # item_key: (precision, shards, depth, remat[, rank, base])
     for item in here:
-        temps[item["precision"], 1, item["depth"], item["remat"]] = temp_of(args, item)
+        temps[item_key(item)] = temp_of(args, item)
     print(f"  {len(here)} compiles here done ({time.perf_counter() - t0:.0f}s)", flush=True)
     check = step_peak(full[base])
+    lora_check = None
+    if args.lora_rank:  # the real LoRA step: the first rank, the last variant
+        lora_check_key = (args.lora_rank[0], *lora_variants(args)[-1])
+        lora_check = step_peak(lora_programs[lora_check_key])
     residuals = {}
     for precision in args.precisions:
         r_low = saved_residuals(build_program(args, low, PRECISIONS[precision]))
         r_high = saved_residuals(build_program(args, low + 1, PRECISIONS[precision]))
         residuals[precision] = {k: r_high[k] - r_low[k] for k in r_low}
+    lora_residuals = {}  # (rank, precision): the float32 base's LoRA program, per layer
+    for rank in args.lora_rank:
+        for precision in args.precisions:
+            dtype = PRECISIONS[precision]
+            r_low = saved_residuals(build_program(args, low, dtype, lora_rank=rank))
+            r_high = saved_residuals(build_program(args, low + 1, dtype, lora_rank=rank))
+            lora_residuals[rank, precision] = {k: r_high[k] - r_low[k] for k in r_low}
     for key, value in finish_sharded(proc).items():
         temps[key] = value
     print(f"  {len(there)} compiles in the subprocess done ({time.perf_counter() - t0:.0f}s)")
@@ -652,8 +743,18 @@ def run(args: argparse.Namespace) -> None:
         [
             [p, gb(residuals[p]["total"]), gb(residuals[p]["weight copies"]), gb(slopes[p])]
             for p in args.precisions
+        ]
+        + [
+            [f"{p}, LoRA r {rank}", gb(r["total"]), gb(r["weight copies"]), "-"]
+            for (rank, p), r in lora_residuals.items()
         ],
     )
+    if lora_residuals:
+        print(
+            "(LoRA: the blocks' policy, dots_with_no_batch_dims_saveable, saves every dot's "
+            "output: each adapted projection's x W and also its adapter's (x A)(s B), "
+            "[B, T, out] too)"
+        )
 
     table_total = states[1].total + temps[base, 1, depth, False]
     print(
@@ -664,6 +765,17 @@ def run(args: argparse.Namespace) -> None:
         f"ratio step peak / table total (params + frozen + grads + Adam + duals + activations) = "
         f"{check['peak'] / table_total:.6g}"
     )
+    if lora_check is not None:
+        rank, p, b = lora_check_key
+        lora_total = lora_states[rank, b].total + temps[p, 1, depth, False, rank, b]
+        print(
+            f"check: the jitted LoRA step (rank {rank}, {p}, base {b}, one device, L={depth}) "
+            "compiled: " + ", ".join(f"{k} {gb(v):.4g} GB" for k, v in lora_check.items())
+        )
+        print(
+            f"ratio LoRA step peak / table total (adapters + frozen base + grads + Adam + duals "
+            f"+ activations) = {lora_check['peak'] / lora_total:.6g}"
+        )
 
     sharded = [s for s in machines if s.shards > 1]
     if sharded:
@@ -717,30 +829,48 @@ def run(args: argparse.Namespace) -> None:
     ]
     print("| " + " | ".join(cols) + " |")
     print("|" + "|".join("---" for _ in cols) + "|")
+
+    def row(label: str, precision: str, st: StateBytes, key: tuple, capacity_gb: float) -> None:
+        """One row: ``temps[key]`` the activations without remat, ``key`` with remat True
+        the ones with it (``key``: an :func:`item_key` with ``remat`` False)."""
+        cap = capacity_gb * GB
+        activations = temps[key]
+        activations_rm = temps[(*key[:3], True, *key[4:])]
+        total = st.total + activations
+        total_rm = st.total + activations_rm
+        mark = "†" if precision.startswith("mixed") and on_cpu else ""
+        cells = [
+            label,
+            precision,
+            f"{gb(st.params + st.frozen):.4g}",
+            f"{gb(st.grads):.4g}",
+            f"{gb(st.adam):.4g}",
+            f"{st.multipliers} B (+{st.duals - st.multipliers} B duals)",
+            f"{gb(activations):.4g}{mark}",
+            f"{gb(total):.4g}",
+            f"{'yes' if total <= cap else 'no'} ({100 * total / cap:.0f}%)",
+            f"{gb(activations_rm):.4g}{mark}",
+            f"{gb(total_rm):.4g}",
+            f"{'yes' if total_rm <= cap else 'no'} ({100 * total_rm / cap:.0f}%)",
+        ]
+        print("| " + " | ".join(cells) + " |")
+
     for setup in machines:
-        st = states[setup.shards]
-        cap = setup.capacity_gb * GB
         for precision in args.precisions:
-            activations = temps[precision, setup.shards, depth, False]
-            activations_rm = temps[precision, setup.shards, depth, True]
-            total = st.total + activations
-            total_rm = st.total + activations_rm
-            mark = "†" if precision == "mixed" and on_cpu else ""
-            cells = [
-                setup.label,
+            key = (precision, setup.shards, depth, False)
+            row(setup.label, precision, states[setup.shards], key, setup.capacity_gb)
+    h200 = machines[-1]
+    for rank in args.lora_rank:
+        for p, b in lora_variants(args):
+            label = f"{h200.label}, LoRA r {rank}"
+            precision = p if b == "float32" else f"{p}, bf16 base"
+            row(
+                label,
                 precision,
-                f"{gb(st.params + st.frozen):.4g}",
-                f"{gb(st.grads):.4g}",
-                f"{gb(st.adam):.4g}",
-                f"{st.multipliers} B (+{st.duals - st.multipliers} B duals)",
-                f"{gb(activations):.4g}{mark}",
-                f"{gb(total):.4g}",
-                f"{'yes' if total <= cap else 'no'} ({100 * total / cap:.0f}%)",
-                f"{gb(activations_rm):.4g}{mark}",
-                f"{gb(total_rm):.4g}",
-                f"{'yes' if total_rm <= cap else 'no'} ({100 * total_rm / cap:.0f}%)",
-            ]
-            print("| " + " | ".join(cells) + " |")
+                lora_states[rank, b],
+                (p, 1, depth, False, rank, b),
+                h200.capacity_gb,
+            )
     print(
         "\nGB = 1e9 bytes; capacities are the nominal ones, of which JAX preallocates 75% unless "
         "XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise. params: the trained parameters, split "
@@ -753,6 +883,13 @@ def run(args: argparse.Namespace) -> None:
         "decoder block rematerialised in the backward pass (Decoder(remat=True), the task's "
         "--remat: jax.checkpoint with nothing_saveable around each block of the scan)."
     )
+    if args.lora_rank:
+        print(
+            "LoRA r: the task's --lora-rank r (alpha 2r, q, k, v, o, gate, up, down of every "
+            "block): params are the float32 adapters plus the whole frozen base, in float32 "
+            "unless 'bf16 base' (--base-dtype bfloat16); grads and Adam are the adapters'. "
+            "activations: the value_and_grad w.r.t. the adapters, the base an argument."
+        )
     if "mixed" in args.precisions and on_cpu:
         mixed = residuals["mixed"]
         has_f32 = "float32" in args.precisions
@@ -766,4 +903,23 @@ def run(args: argparse.Namespace) -> None:
             f"{gb(mixed['weight copies']):.3g} GB are the bfloat16 copies of the layer's weights "
             "cast inside the scan. On a GPU the † figures are likely upper bounds."
         )
+    bf16_bases = [(r, p) for r in args.lora_rank for p, b in lora_variants(args) if b == "bfloat16"]
+    if on_cpu and bf16_bases:
+        copy = states[1].params  # float32 bytes of what the base's dots read: blocks, norms, head
+        for rank, p in bf16_bases:
+            extra = (
+                temps[p, 1, depth, False, rank, "bfloat16"]
+                - temps[p, 1, depth, False, rank, "float32"]
+            )
+            total = (
+                lora_states[rank, "bfloat16"].total + temps[p, 1, depth, False, rank, "bfloat16"]
+            )
+            print(
+                f"bf16 base on the CPU, LoRA r {rank}: its activations exceed the float32 base's "
+                f"by {gb(extra):.4g} GB, {extra / copy:.4g} x the float32 bytes of the base's "
+                f"weights but the embedding table ({gb(copy):.4g} GB): XLA:CPU, without "
+                "bfloat16 dots, converts each stacked bfloat16 kernel to float32 once, outside "
+                f"the scan; less that copy the total is {gb(total - extra):.4g} GB (arithmetic, "
+                "not compiled)."
+            )
     print(f"total wall {time.perf_counter() - t0:.0f}s")

@@ -995,6 +995,12 @@ LLM_CASES = [
         "--lora-alpha and --lora-targets shape LoRA adapters",
         "pass --lora-rank R too, or drop them",
     ),
+    (
+        "--base-dtype bfloat16 without --lora-rank",
+        lambda tmp: ["--base-dtype", "bfloat16"],
+        "--base-dtype stores the frozen base of LoRA adapters",
+        "pass --lora-rank R too, or drop it",
+    ),
 ]
 
 

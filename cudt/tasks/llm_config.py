@@ -177,6 +177,14 @@ class LLMConfig(RunConfig):
         "scale of 2 at every rank, as PEFT's common alpha 16 at rank 8)",
         check=positive,
     )
+    base_dtype: str = flag(
+        "float32",
+        "--lora-rank: the dtype the frozen base is held in, float32 or bfloat16 (half the "
+        "memory: Llama 3.1 8B's base takes 16 GB, not 32; with --compute-dtype bfloat16 the "
+        "forward casts the weights to bfloat16 anyway, so the step is the same to rounding; "
+        "the noise scale is then the std of the bfloat16 embedding table)",
+        check=one_of(*DTYPES),
+    )
     lora_targets: tuple[str, ...] = flag(
         LORA_TARGETS,
         "the projections LoRA adapts, comma-separated, of q,k,v,o,gate,up,down (default: all "
@@ -263,6 +271,11 @@ class LLMConfig(RunConfig):
                 self.lora_alpha is None and self.lora_targets == LORA_TARGETS,
                 "--lora-alpha and --lora-targets shape LoRA adapters: pass --lora-rank R too, "
                 "or drop them",
+            )
+            need(
+                self.base_dtype == "float32",
+                "--base-dtype stores the frozen base of LoRA adapters (full fine-tuning trains "
+                "float32 weights): pass --lora-rank R too, or drop it",
             )
         else:
             need(

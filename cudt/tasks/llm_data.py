@@ -214,21 +214,25 @@ def untied(decoder: Decoder) -> Decoder:
 
 
 @functools.lru_cache(maxsize=1)
-def _pretrained(path, compute_dtype: str, remat: bool, untie_head: bool):
+def _pretrained(path, compute_dtype: str, remat: bool, untie_head: bool, base_dtype: str):
     """The pretrained decoder, read once per process: every seed's draw of the data (the
-    runner loads one per seed) trains from the same weights (``init`` copies them)."""
+    runner loads one per seed) trains from the same weights (``init`` copies them); its
+    weights in ``base_dtype`` (``--base-dtype``: bfloat16 only for a frozen LoRA base)."""
     decoder = dataclasses.replace(
-        load_decoder(path, dtype=DTYPES[compute_dtype], param_dtype=jnp.float32), remat=remat
+        load_decoder(path, dtype=DTYPES[compute_dtype], param_dtype=DTYPES[base_dtype]),
+        remat=remat,
     )
     return untied(decoder) if untie_head else decoder
 
 
 @functools.lru_cache(maxsize=1)
-def _base_digest(path, compute_dtype: str, remat: bool, untie_head: bool) -> str:
-    """A digest of the pretrained weights (every leaf's bytes, in tree order): what the
-    checkpoints of LoRA adapters were trained over, whatever path names them."""
+def _base_digest(path, compute_dtype: str, remat: bool, untie_head: bool, base_dtype: str) -> str:
+    """A digest of the pretrained weights (every leaf's bytes, in tree order, in their
+    ``--base-dtype``): what the checkpoints of LoRA adapters were trained over, whatever path
+    names them."""
     h = hashlib.sha256()
-    for leaf in jax.tree.leaves(_pretrained(path, compute_dtype, remat, untie_head).params):
+    weights = _pretrained(path, compute_dtype, remat, untie_head, base_dtype)
+    for leaf in jax.tree.leaves(weights.params):
         h.update(np.ascontiguousarray(leaf).tobytes())
     return h.hexdigest()[:16]
 
@@ -242,6 +246,7 @@ def load_data(cfg: LLMConfig) -> LLMData:
             cfg.compute_dtype,
             cfg.remat,
             cfg.untie_head,
+            cfg.base_dtype,
         )
         decoder = _pretrained(*weights)
     splits = llm_splits(cfg)

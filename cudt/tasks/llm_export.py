@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from cudt.checkpoint import GroupCheckpointer
 from cudt.data.alpaca import alpaca_chat_template
@@ -175,6 +176,8 @@ def export_runs(
     for r in runs:
         data = data_of(r)
         base = data.decoder.params if lora is not None else data.decoder.params["embed"]
+        if lora is not None:  # merged in float32: W + s·A B rounded to a bfloat16 base loses it
+            base = jax.tree.map(lambda x: x.astype(jnp.float32), base)
         params = decoder_params(trained[r["label"]], base, lora, merge=True)
         decoders[r["label"]] = trained_decoder(data, params)
 

@@ -8,7 +8,9 @@ a compilation (a setup, the LLM's cudt side, a sweep's result) are built once pe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import math
 import re
 import sys
@@ -23,13 +25,14 @@ if str(ROOT) not in sys.path:  # benchmarks/ is a folder of the repository, not 
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import __main__ as cli  # noqa: E402
-from benchmarks import gpu, llm, memory, peer, step, sweep  # noqa: E402
+from benchmarks import gpu, llm, memory, memory_llm, peer, step, sweep  # noqa: E402
 from benchmarks.setting import (  # noqa: E402
     DYNAMICS,
     dynamics_config,
     video_config,
     video_setup,
 )
+from cudt.models.llama.lora import TARGETS  # noqa: E402
 from cudt.tasks.video import VideoConfig  # noqa: E402
 
 
@@ -265,17 +268,73 @@ def test_memory_lm_loss_quick_prints_ratios_and_equal_work(capsys):
     assert "ratio V=1024 L+1=3: naive / chunked temp memory = " in out
 
 
+@pytest.fixture(scope="module")
+def memory_llm_quick():
+    """``memory llm --quick`` in mixed precision with LoRA rank 2 rows, run once: its output."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        argv = ["llm", "--quick", "--precisions", "mixed", "--lora-rank", "2"]
+        assert memory.main(argv) == 0
+    return buffer.getvalue()
+
+
+def _memory_rows(out: str, setup: str) -> list[list[str]]:
+    """The markdown table's rows of this setup, split into cells."""
+    return [line.split(" | ") for line in out.splitlines() if line.startswith(f"| {setup} | ")]
+
+
+def _adds_up(row: list[str]) -> float:
+    """A row's total, checked to be params + grads + Adam + activations (the table's GB)."""
+    params, grads, adam, activations, total = (float(row[i].rstrip("†")) for i in (2, 3, 4, 6, 7))
+    assert math.isclose(params + grads + adam + activations, total, rel_tol=1e-2)
+    return total
+
+
 @pytest.mark.slow
-def test_memory_llm_quick_table_adds_up_and_matches_the_compiled_step(capsys):
-    assert memory.main(["llm", "--quick", "--precisions", "float32"]) == 0
-    out = capsys.readouterr().out
+def test_memory_llm_quick_table_adds_up_and_matches_the_compiled_step(memory_llm_quick):
+    out = memory_llm_quick
     # the real jitted step's arguments + scratch + outputs against the table's total
     ratio = float(re.search(r"ratio step peak / table total .* = ([\d.]+)", out).group(1))
     assert 0.9 < ratio < 1.1
-    table = [line.split(" | ") for line in out.splitlines() if line.startswith("| 1 x H200")]
+    table = _memory_rows(out, "1 x H200 141 GB")
     assert len(table) == 1  # one precision
-    params, grads, adam, activations, total = (float(table[0][i]) for i in (2, 3, 4, 6, 7))
-    assert math.isclose(params + grads + adam + activations, total, rel_tol=1e-2)
+    _adds_up(table[0])
+
+
+@pytest.mark.slow
+def test_memory_llm_quick_lora_state_is_the_adapters_and_their_moments(memory_llm_quick):
+    out = memory_llm_quick
+    config = memory_llm.tiny_config(6)  # --quick's decoder
+    blocks = config.param_shapes()["blocks"]
+    # A [L, in, 2] and B [L, 2, out] float32 on every projection, from the shapes alone
+    adapters = sum(
+        4 * layers * 2 * (n_in + n_out)
+        for layers, n_in, n_out in (blocks[t]["kernel"] for t in TARGETS)
+    )
+    base = sum(math.prod(s) for s in jax.tree.leaves(config.param_shapes(), is_leaf=_is_shape))
+    rows = _table(out, "rank base adapters B frozen base B grads B Adam B duals B")
+    assert [r[:2] for r in rows] == [["2", "float32"], ["2", "bfloat16"]]
+    for r, itemsize in zip(rows, (4, 2), strict=True):
+        assert int(r[2]) == adapters and int(r[4]) == adapters  # the adapters and their grads
+        assert int(r[3]) == itemsize * base  # the whole frozen base in its dtype
+        # Adam: mu and nu of the adapters, plus a few scalars (its count, injected hyperparameters)
+        assert 0 < int(r[5]) - 2 * adapters <= 64
+    ratio = float(re.search(r"ratio LoRA step peak / table total .* = ([\d.]+)", out).group(1))
+    assert 0.9 < ratio < 1.1
+    full = _memory_rows(out, "1 x H200 141 GB")[0]
+    lora = _memory_rows(out, "1 x H200 141 GB, LoRA r 2")
+    assert [r[1] for r in lora] == ["mixed", "mixed, bf16 base"]
+    full_state = sum(float(full[i]) for i in (2, 3, 4))
+    for r in lora:
+        _adds_up(r)
+        assert sum(float(r[i]) for i in (2, 3, 4)) < 0.5 * full_state
+    # the base in bfloat16: its bytes halve, the adapters' state stays
+    assert math.isclose(float(lora[1][2]), (adapters + 2 * base) / 1e9, rel_tol=1e-3)
+    assert math.isclose(float(lora[0][2]), (adapters + 4 * base) / 1e9, rel_tol=1e-3)
+
+
+def _is_shape(x) -> bool:
+    return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
 
 
 # --------------------------------------------------------------------------------------------------
