@@ -177,6 +177,12 @@ class VideoConfig(RunConfig):
     tune_epsilon: tuple[float, ...] = shared("tune_epsilon", (0.05,))
     tune_dual_lr: tuple[float, ...] = shared("tune_dual_lr", (0.03, 0.1))
     tune_lr: tuple[float, ...] = shared("tune_lr", (1.0, 2.0))
+    # Feasible on held-out data means g_l <= tolerance · ℓ_{l-1}, i.e. r <= 1 − ε + tolerance:
+    # the shared 0.05 at ε = 0.05 certified only r <= 1, no descent by ε. Half the default ε
+    # certifies at least half the descent asked for; over 5 fresh seeds the UT's choice is the
+    # same at every tolerance from 0 to 0.05, DUST's lanes are feasible at 2 of 5
+    # (docs/results/video.md, "Why feasible means within 2.5 %").
+    tolerance: float = shared("tolerance", 0.025)
 
     def validate(self) -> None:
         need = self.require
