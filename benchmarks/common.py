@@ -210,6 +210,14 @@ def max_abs_diff(a: Any, b: Any) -> float:
 # --------------------------------------------------------------------------------------------------
 
 
+def subcommand_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """A subcommand's parser: ``prog`` and its module docstring ``doc`` as the description,
+    printed as written (its tables and lists keep their lines)."""
+    return argparse.ArgumentParser(
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
 def parse_quick(
     p: argparse.ArgumentParser, argv: Sequence[str] | None, quick: dict[str, Any], help: str
 ) -> argparse.Namespace:

@@ -25,17 +25,13 @@ import time
 import traceback
 from pathlib import Path
 
-from benchmarks.common import choice_list, environment, header, int_list
+from benchmarks.common import choice_list, environment, header, int_list, subcommand_parser
 
 SECTIONS = ("step", "sweep", "llm")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks gpu",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = subcommand_parser("python -m benchmarks gpu", __doc__)
     p.add_argument("--out", default="gpu.md", help="Markdown file to write (default gpu.md)")
     p.add_argument(
         "--sections",

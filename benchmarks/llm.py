@@ -73,7 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from benchmarks.common import cpu_cores, header, interleave, median, print_table
+from benchmarks.common import cpu_cores, header, interleave, median, print_table, subcommand_parser
 from benchmarks.peer import (
     TORCH_DEFAULT_THREADS,
     CooperStep,
@@ -110,11 +110,7 @@ class PeerMismatch(SystemExit):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks llm",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = subcommand_parser("python -m benchmarks llm", __doc__)
     p.add_argument("--batch", type=int, default=4, help="samples per batch B (default 4)")
     p.add_argument("--seq", type=int, default=64, help="tokens per sample T (default 64)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds (default 3)")

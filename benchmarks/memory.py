@@ -44,6 +44,7 @@ from benchmarks.common import (
     max_abs_diff,
     parse_quick,
     print_table,
+    subcommand_parser,
     time_alternatives,
 )
 from cudt.lm_loss import layer_token_losses, naive_layer_token_losses
@@ -67,11 +68,7 @@ QUICK = dict(
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks memory lm-loss",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = subcommand_parser("python -m benchmarks memory lm-loss", __doc__)
     p.add_argument(
         "--vocab", type=int_list, default=[8192, 32768, 131072], help="default 8192,32768,131072"
     )

@@ -73,7 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import print_saved_residuals
 
-from benchmarks.common import choice_list, int_list, parse_quick, print_table
+from benchmarks.common import choice_list, int_list, parse_quick, print_table, subcommand_parser
 from cudt.errors import UsageError
 from cudt.models.llama import Decoder, DecoderConfig
 from cudt.runner.groups import make_group_step
@@ -140,11 +140,7 @@ precision_list = choice_list(PRECISIONS, "precision")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks memory llm",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = subcommand_parser("python -m benchmarks memory llm", __doc__)
     p.add_argument("--layers", type=int, default=32, help="blocks L of the table (default 32)")
     p.add_argument(
         "--batch", type=int, default=4, help="sequences per step (default 4, the paper's)"

@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import choice_list
+from benchmarks.common import choice_list, subcommand_parser
 from cudt.knobs import knob_names
 from cudt.runner.config import RunConfig
 from cudt.runner.groups import Group, GroupProgram, name_group
@@ -78,9 +78,7 @@ def video_parser(prog: str, doc: str) -> argparse.ArgumentParser:
     """The parser every video subcommand starts from: ``--models``, ``--layers`` and
     ``--batch-size``, each defaulting to :class:`VideoConfig`'s."""
     defaults = video_config()
-    p = argparse.ArgumentParser(
-        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = subcommand_parser(prog, doc)
     models = [m for m in defaults.models if m in VIDEO_MODELS]
     p.add_argument(
         "--models",

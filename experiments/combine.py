@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from cudt.errors import CudtError
+from cudt.runner.cli import run_cli
 from cudt.runner.combine import combine, load_results
 from cudt.tasks.llm import LLMTask
 from cudt.tasks.text import TextTask
@@ -31,15 +32,14 @@ def main(argv=None) -> int:
     )
     parser.add_argument("folders", nargs="+", help="finished runs' --out folders")
     args = parser.parse_args(argv)
-    try:
-        name = load_results(args.folders[0]).get("experiment")
-        if name not in TASKS:
-            raise CudtError(f"{args.folders[0]}: unknown experiment {name!r}")
-        print(combine(TASKS[name](), args.folders))
-    except CudtError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_cli(lambda: _report(args.folders))
+
+
+def _report(folders) -> None:
+    name = load_results(folders[0]).get("experiment")
+    if name not in TASKS:
+        raise CudtError(f"{folders[0]}: unknown experiment {name!r}")
+    print(combine(TASKS[name](), folders))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from cudt.errors import CudtError
+from cudt.runner.cli import run_cli
 from cudt.runner.combine import load_results
 
 __all__ = ["layer_rows", "main", "summarise"]
@@ -111,31 +111,30 @@ def main(argv=None) -> int:
     parser.add_argument("--last", type=int, default=10, help="logged training points averaged")
     parser.add_argument("--layers", action="store_true", help="also print every layer of every run")
     args = parser.parse_args(argv)
+    return run_cli(lambda: _print_gap(args))
+
+
+def _print_gap(args) -> None:
     models = {m for m in args.models.split(",") if m} or None
-    try:
-        rows = [row for f in args.folders for row in layer_rows(load_results(f), models, args.last)]
-        if args.layers:
-            for row in rows:
-                r = row["ratio"]
-                print(
-                    f"{row['label']} layer {row['layer']}: λ {row['multiplier']:.3f}, r train "
-                    f"{r['train']:.3f} val {r['val']:.3f} test {r['test']:.3f}"
-                    + ("  test rises" if row["test_rises"] else "")
-                )
-        print(
-            f"{'model':7s} {'class':8s} {'layers':>6s} {'rises':>5s} {'r val→test':>15s} "
-            f"{'r train→test':>15s} {'train slack':>15s} {'val slack':>15s}"
-        )
-        for (model, kind), s in sorted(summarise(rows, args.active).items()):
+    rows = [row for f in args.folders for row in layer_rows(load_results(f), models, args.last)]
+    if args.layers:
+        for row in rows:
+            r = row["ratio"]
             print(
-                f"{model:7s} {kind:8s} {s['layers']:6d} {s['rises']:5d} "
-                f"{_pm(s['val_to_test']):>15s} {_pm(s['train_to_test']):>15s} "
-                f"{_pm(s['train_slack']):>15s} {_pm(s['val_slack']):>15s}"
+                f"{row['label']} layer {row['layer']}: λ {row['multiplier']:.3f}, r train "
+                f"{r['train']:.3f} val {r['val']:.3f} test {r['test']:.3f}"
+                + ("  test rises" if row["test_rises"] else "")
             )
-    except CudtError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    print(
+        f"{'model':7s} {'class':8s} {'layers':>6s} {'rises':>5s} {'r val→test':>15s} "
+        f"{'r train→test':>15s} {'train slack':>15s} {'val slack':>15s}"
+    )
+    for (model, kind), s in sorted(summarise(rows, args.active).items()):
+        print(
+            f"{model:7s} {kind:8s} {s['layers']:6d} {s['rises']:5d} "
+            f"{_pm(s['val_to_test']):>15s} {_pm(s['train_to_test']):>15s} "
+            f"{_pm(s['train_slack']):>15s} {_pm(s['val_slack']):>15s}"
+        )
 
 
 if __name__ == "__main__":

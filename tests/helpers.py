@@ -25,6 +25,7 @@ from PIL import Image
 from safetensors.numpy import save_file
 
 from cudt.models.encoders import minilm_path
+from cudt.models.llama.gguf import TINY_SIZES
 from cudt.runner import GroupModel, RunConfig, Task
 from cudt.runner.cli import task_main
 from cudt.runner.config import at_least, flag, shared
@@ -456,7 +457,7 @@ def snapshot(folder: Path) -> dict[str, tuple]:
 # The tiny Llama of the LLM tests: a DecoderConfig's sizes (a vocabulary is each test's own)
 # --------------------------------------------------------------------------------------------
 
-TINY_DECODER = dict(hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2, num_kv_heads=1)
+TINY_DECODER = TINY_SIZES  # write_tiny_gguf's
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,62 +1,11 @@
-"""Data: synthetic and real surveillance video, split by video, as patch-token sequences."""
+"""Data: synthetic and real surveillance video, split by video, as patch-token sequences, and
+text classification data (synthetic sentiment, IMDb, MNLI, aclImdb).
 
-from cudt.data.video import (
-    DATASETS,
-    IMAGE_SUFFIXES,
-    VIDEO_SUFFIX,
-    DataError,
-    VideoSplits,
-    load_frame_folders,
-    load_video_data,
-    load_videos,
-    make_sequences,
-    patchify,
-    perturb,
-    split_train_val,
-    split_videos,
-    synthetic_videos,
-    unpatchify,
-)
+The names of both subpackages' ``__all__``, each declared once there (:mod:`cudt.data.video`,
+:mod:`cudt.data.text`)."""
 
-__all__ = [
-    "DATASETS",
-    "IMAGE_SUFFIXES",
-    "VIDEO_SUFFIX",
-    "DataError",
-    "VideoSplits",
-    "load_frame_folders",
-    "load_video_data",
-    "load_videos",
-    "make_sequences",
-    "patchify",
-    "perturb",
-    "split_train_val",
-    "split_videos",
-    "synthetic_videos",
-    "unpatchify",
-]
+from cudt.data import text, video
+from cudt.data.text import *  # noqa: F403  (the names of its __all__)
+from cudt.data.video import *  # noqa: F403  (the names of its __all__)
 
-# Text classification data (synthetic sentiment, IMDb, MNLI, aclImdb).
-from cudt.data.text import (  # noqa: E402
-    TEXT_DATASETS,
-    TextSplit,
-    TextSplits,
-    load_text_data,
-    load_tfds_text,
-    read_aclimdb,
-    synthetic_sentiment,
-    synthetic_sentiment_score,
-    tokenize_split,
-)
-
-__all__ += [
-    "TEXT_DATASETS",
-    "TextSplit",
-    "TextSplits",
-    "load_text_data",
-    "load_tfds_text",
-    "read_aclimdb",
-    "synthetic_sentiment",
-    "synthetic_sentiment_score",
-    "tokenize_split",
-]
+__all__ = list(dict.fromkeys([*video.__all__, *text.__all__]))

@@ -10,46 +10,9 @@ Each idea is a module of this package (``_config``, ``_problem``, ``_step``); im
 from here (or :func:`cudt.make_train_step` and :class:`cudt.DescentConfig` from :mod:`cudt`).
 """
 
-from cudt.descent._config import (
-    DUAL_SCALES,
-    DescentConfig,
-)
-from cudt.descent._problem import (
-    CONSTRAINTS,
-    OBJECTIVES,
-    RATIO_FLOOR,
-    SCALE_FLOOR,
-    constraint_values,
-    constraints,
-    hparams,
-    loss_features,
-    metrics,
-    multipliers,
-    problem,
-    scales,
-    slacks,
-    tail_values,
-    violation,
-)
+from cudt.descent import _problem
+from cudt.descent._config import DUAL_SCALES, DescentConfig
+from cudt.descent._problem import *  # noqa: F403  (the names of its __all__)
 from cudt.descent._step import make_train_step
 
-__all__ = [
-    "CONSTRAINTS",
-    "DUAL_SCALES",
-    "OBJECTIVES",
-    "RATIO_FLOOR",
-    "SCALE_FLOOR",
-    "DescentConfig",
-    "constraint_values",
-    "constraints",
-    "hparams",
-    "loss_features",
-    "make_train_step",
-    "metrics",
-    "multipliers",
-    "problem",
-    "scales",
-    "slacks",
-    "tail_values",
-    "violation",
-]
+__all__ = ["DUAL_SCALES", "DescentConfig", "make_train_step", *_problem.__all__]

@@ -82,6 +82,20 @@ def sweep_flag(example: str):
     )
 
 
+def seeds_flag():
+    return flag(None, "seeds per setting (default: tiny 1, paper 5)")
+
+
+def test_gammas_flag(default: str):
+    """``--test-gammas`` of a table job (``default``: the levels used without it)."""
+    return flag(None, f"test perturbation levels, joined with every γ_train (default: {default})")
+
+
+def tolerance_flag(default: str):
+    """``--tolerance`` of a table job (``default``: the one used without it)."""
+    return flag(None, f"feasibility tolerance on validation data (default: {default})")
+
+
 def devices_flag():
     return flag(None, "use at most this many devices (default: every visible one)")
 

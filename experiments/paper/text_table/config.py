@@ -178,7 +178,7 @@ class Table4Config:
     )
     headline_gamma: float = grid.headline_flag(1.0)
     sweep: tuple[str, ...] = grid.sweep_flag("dual_lr=0.05")
-    seeds: int | None = flag(None, "seeds per setting (default: tiny 1, paper 5)")
+    seeds: int | None = grid.seeds_flag()
     steps: int | None = flag(None, "training steps per run (default: tiny 40, paper 2000)")
     batch_size: int | None = flag(None, "examples per batch (default: tiny 8, paper 32)")
     num_train: int | None = flag(
@@ -186,14 +186,10 @@ class Table4Config:
     )
     num_test: int | None = flag(None, "test examples per dataset (default: tiny 100, paper all)")
     max_length: int | None = flag(None, "tokens per text (default: tiny 48, paper 256)")
-    test_gammas: tuple[float, ...] | None = flag(
-        None,
-        "test perturbation levels, joined with every γ_train (default: the text task's 0, 0.5, "
-        "1, 1.5, 2)",
+    test_gammas: tuple[float, ...] | None = grid.test_gammas_flag(
+        "the text task's 0, 0.5, 1, 1.5, 2"
     )
-    tolerance: float | None = flag(
-        None, "feasibility tolerance on validation data (default: the text task's, 0.01)"
-    )
+    tolerance: float | None = grid.tolerance_flag("the text task's, 0.01")
     devices: int | None = grid.devices_flag()
     overwrite: bool = grid.overwrite_flag()
 

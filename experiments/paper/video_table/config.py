@@ -165,17 +165,14 @@ class Table3Config:
     gamma_trains: tuple[float, ...] = flag(GAMMA_TRAINS, "training perturbation levels γ_train")
     headline_gamma: float = grid.headline_flag(0.15)
     sweep: tuple[str, ...] = grid.sweep_flag("epsilon=0.05")
-    seeds: int | None = flag(None, "seeds per setting (default: tiny 1, paper 5)")
+    seeds: int | None = grid.seeds_flag()
     steps: int | None = flag(None, "training steps per run (default: tiny 60, paper 800)")
     batch_size: int | None = flag(None, "examples per batch (default 32)")
-    test_gammas: tuple[float, ...] | None = flag(
-        None,
-        "test perturbation levels, joined with every γ_train (default: paper 0 to 4x the "
-        "headline γ_train, 0, 0.5, 1, 1.5, 2, 3, 4 times it; tiny 0, 0.15, 0.3, 0.45, 0.6)",
+    test_gammas: tuple[float, ...] | None = grid.test_gammas_flag(
+        "paper 0 to 4x the headline γ_train, 0, 0.5, 1, 1.5, 2, 3, 4 times it; tiny 0, 0.15, "
+        "0.3, 0.45, 0.6"
     )
-    tolerance: float | None = flag(
-        None, "feasibility tolerance on validation data (default: the runner's, 0.05)"
-    )
+    tolerance: float | None = grid.tolerance_flag("the runner's, 0.05")
     max_videos: int | None = flag(None, "read at most this many videos per split")
     devices: int | None = grid.devices_flag()
     overwrite: bool = grid.overwrite_flag()
