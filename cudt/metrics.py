@@ -118,6 +118,7 @@ def feasibility(
     reference: float | None = None,
     tolerance: float = 0.01,
     floor: float | None = None,
+    relaxation=None,
 ) -> FeasibilityVerdict:
     """End-of-training verdict from held-out mean losses [L+1].
 
@@ -125,6 +126,9 @@ def feasibility(
     verdict does not depend on the loss scale); the reference one when g_0 ≤ tolerance · C.
     A descent constraint whose mean ℓ_{l−1} is at or below ``floor`` (default
     :func:`loss_floor` of ``mean_losses``) is not applicable: reported, not judged.
+    ``relaxation [L+1]`` (None: 0, the hard problem): a resilient run's own slacks in the same
+    relative units (``u_l`` of ``mean ℓ_{l−1}``, ``u_0`` of C): constraint l then holds when
+    g_l ≤ (u_l + tolerance) · mean ℓ_{l−1}, the relaxed problem the run solved.
     """
     m = np.asarray(mean_losses, np.float64)
     num_layers = m.shape[0] - 1
@@ -141,7 +145,9 @@ def feasibility(
     rel = g / scale
     applicable = np.ones(num_layers + 1, bool)
     applicable[1:] = ~(m[:-1] <= floor)  # NaN stays applicable (and fails below)
-    ok = bool(np.all(np.isfinite(m)) and np.all(rel[applicable] <= tolerance))
+    bound = tolerance + (0.0 if relaxation is None else np.asarray(relaxation, np.float64))
+    bound = np.broadcast_to(bound, rel.shape)
+    ok = bool(np.all(np.isfinite(m)) and np.all(rel[applicable] <= bound[applicable]))
     return FeasibilityVerdict(ok, g.tolist(), rel.tolist(), tolerance, applicable.tolist())
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "format_table",
     "interval_lines",
     "mark_chosen",
+    "relaxation",
     "seed_intervals",
     "select_best",
     "status_cell",
@@ -157,6 +158,10 @@ def _run_record(task, cfg, group, program, result, r, spec, test, val, gammas, v
         gamma_train,
     ) | task.val_metrics(cfg, {k: v[:, r] for k, v in val.items()}, val_gammas, gamma_train)
     layer_loss = [pg.mean(0).tolist() for pg in per_gamma]
+    multipliers = _multiplier_fields(cfg, model, result, r)
+    relaxed = _relaxed_fields(
+        cfg, spec, multipliers["multipliers"], val_mean, program.references[r], eps, diverged
+    )
     record = {
         "model": model.name,
         "layers": model.num_layers,
@@ -186,8 +191,9 @@ def _run_record(task, cfg, group, program, result, r, spec, test, val, gammas, v
         "relative_violation_val": verdict.relative_violation,
         "constraint_applicable_val": verdict.applicable,
         "not_applicable": verdict.not_applicable,
+        **relaxed,
         "val_objective": float(val_mean[-1]),
-        **_multiplier_fields(cfg, model, result, r),
+        **multipliers,
         "diverged": diverged,
         "diverged_at": result.diverged_at[r],
         "train_objective": [float(h["objective"][r]) for h in result.history],
@@ -196,6 +202,44 @@ def _run_record(task, cfg, group, program, result, r, spec, test, val, gammas, v
     }
     record["interval_metrics"] = metric_names(task_metrics, len(gammas))
     return record, None if diverged else ratio_stats.kept
+
+
+def relaxation(cfg, alpha: float, multipliers, val_mean, reference=None) -> np.ndarray:
+    """``[L+1]``: a resilient run's relaxation of each constraint at the end of training, in
+    the verdict's relative units (``u_l`` of ``mean ℓ_{l−1}``, ``u_0`` of C: what
+    :func:`cudt.metrics.feasibility` adds to the tolerance).
+
+    The slack that costs ``(α/2)‖u‖²`` (in the constraint's scale) is at its optimum
+    ``u = λ/α`` for the final multipliers ``λ`` (``multipliers [L+1]``; an indexed table's mean,
+    implicit multipliers' last batch mean): exactly the slack the decay form carries, and the
+    point explicit slacks (``--resilience-mode slack``) descend to between their restarts, which
+    may leave them at 0 at the last step. With ``--dual-scale relative`` the constraints' scale is
+    ``mean ℓ_{l−1}`` (C for the reference), so ``λ/α`` is already relative; with ``absolute``
+    the slack is in the loss's units and is divided by the validation ``mean ℓ_{l−1}`` (and
+    |C|), as the verdict divides ``g_l`` (a ``--constraint tail`` slack is a ratio already)."""
+    u = np.asarray(multipliers, np.float64) / float(alpha)
+    if cfg.dual_scale == "relative":
+        return u
+    m = np.asarray(val_mean, np.float64)
+    scale = np.ones_like(u)
+    if cfg.constraint != "tail":
+        scale[1:] = np.maximum(np.abs(m[:-1]), 1e-12)
+    if reference is not None:
+        scale[0] = max(abs(float(reference)), 1e-12)
+    return u / scale
+
+
+def _relaxed_fields(cfg, spec, multipliers, val_mean, reference, eps, diverged) -> dict:
+    """``relaxation`` (:func:`relaxation`) and ``feasible_relaxed`` (the constraints on
+    validation against ε relaxed by it: the resilient problem the run solved) of a resilient
+    run; None for a hard or ERM run (``feasible`` is always the hard problem's verdict)."""
+    alpha = spec.hp.get("resilience")
+    if not spec.constrained or alpha is None:
+        return {"relaxation": None, "feasible_relaxed": None}
+    u = relaxation(cfg, alpha, multipliers, val_mean, reference)
+    eps = np.full(len(val_mean) - 1, eps)
+    verdict = feasibility(val_mean, eps, reference, cfg.tolerance, relaxation=u)
+    return {"relaxation": u.tolist(), "feasible_relaxed": verdict.feasible and not diverged}
 
 
 def _multiplier_fields(cfg, model, result, r) -> dict:
@@ -388,6 +432,29 @@ def mark_chosen(runs: list[dict], chosen: list[dict]) -> None:
                 r["chosen"] = r["hparams"] == c["hparams"]
 
 
+def _eligible(r: dict, constrained: bool, relaxed: bool = False) -> bool:
+    """A run a chosen point may hold: not diverged and, constrained, feasible (``relaxed``: on
+    the relaxed problem its resilience solved, ``feasible_relaxed``) and monotone on
+    validation. ERM has no constraints to meet."""
+    if r.get("diverged"):
+        return False
+    if not constrained:
+        return True
+    feasible = r.get("feasible_relaxed") if relaxed else r.get("feasible")
+    return bool(feasible) and bool(r.get("loss_decreases_val"))
+
+
+def _best_point(points: dict, score: str, sign: float, ok) -> tuple[int, tuple | None]:
+    """``(eligible count, (signed mean, order, point, runs) of the best or None)`` among the
+    points whose every run passes ``ok`` with a finite ``score``; ties by sweep order."""
+    good = []
+    for order, (point, rs) in enumerate(points.items()):
+        values = np.array([_metric(r, score) for r in rs], np.float64)
+        if all(ok(r) for r in rs) and np.all(np.isfinite(values)):
+            good.append((sign * float(values.mean()), order, point, rs))
+    return len(good), (min(good, key=lambda g: (g[0], g[1])) if good else None)
+
+
 def choose_points(
     runs: list[dict],
     score: str,
@@ -402,13 +469,23 @@ def choose_points(
     the best mean ``score`` (the task's selection metric, a validation number) over the seeds;
     ties by sweep order.
 
+    Only where no point is eligible on the hard problem, the resilient fallback: among the
+    points trained with resilience (``hparams["resilience"]`` not None) whose every seed is
+    feasible on the relaxed problem its slacks solved (``feasible_relaxed``: ε relaxed by the
+    run's own final relaxation, :func:`relaxation`) and monotone on validation, the best mean
+    ``score``; the entry then says ``"resilient": True`` and gives ``relaxation``, each
+    constraint's largest relaxation over the seeds ``[L+1]``. A resilient point that meets the
+    hard constraints is a hard point like any other.
+
     Unlike ``best`` (one run), this chooses a setting, as a study would: a point that misses
     its constraints at one seed is out, however good its other seeds. ``constrained=False``
     chooses among the ERM runs' points (their learning rates, say) by the same rule, where
     eligible means not diverged (ERM has no constraints to meet). Returns one entry per
     model × L × γ_train: ``{"model", "layers", "gamma_train", "score", "higher_is_better",
-    "points", "eligible", "hparams", "mean", "seeds"}``; ``hparams`` (every hyperparameter of
-    the chosen point), ``mean`` and ``seeds`` are None when no point is eligible.
+    "points", "eligible", "resilient_points", "resilient_eligible", "resilient", "hparams",
+    "mean", "seeds", "relaxation"}``; ``hparams`` (every hyperparameter of the chosen point),
+    ``mean`` and ``seeds`` are None when no point is eligible, ``relaxation`` unless the choice
+    is resilient.
     """
     groups: dict[tuple, dict[tuple, list[dict]]] = {}
     for r in runs:
@@ -421,16 +498,15 @@ def choose_points(
     for (model, layers, gamma_train), points in groups.items():
         if len(points) < min_points:
             continue
-        good = []
-        for order, (point, rs) in enumerate(points.items()):
-            values = np.array([_metric(r, score) for r in rs], np.float64)
-            ok = all(
-                not r.get("diverged")
-                and (not constrained or (r.get("feasible") and r.get("loss_decreases_val")))
-                for r in rs
-            )
-            if ok and np.all(np.isfinite(values)):
-                good.append((sign * float(values.mean()), order, point, rs))
+        eligible, best = _best_point(points, score, sign, lambda r: _eligible(r, constrained))
+        resilient = {
+            p: rs
+            for p, rs in points.items()
+            if constrained and all(r["hparams"].get("resilience") is not None for r in rs)
+        }
+        res_eligible, res_best = _best_point(
+            resilient, score, sign, lambda r: _eligible(r, True, relaxed=True)
+        )
         entry = {
             "model": model,
             "layers": layers,
@@ -439,18 +515,25 @@ def choose_points(
             "score": score,
             "higher_is_better": higher_is_better,
             "points": len(points),
-            "eligible": len(good),
+            "eligible": eligible,
+            "resilient_points": len(resilient),
+            "resilient_eligible": res_eligible,
+            "resilient": best is None and res_best is not None,
             "hparams": None,
             "mean": None,
             "seeds": None,
+            "relaxation": None,
         }
-        if good:
-            signed, _, point, rs = min(good, key=lambda g: (g[0], g[1]))
+        pick = best if best is not None else res_best
+        if pick is not None:
+            signed, _, point, rs = pick
             entry |= {
                 "hparams": dict(point),
                 "mean": sign * signed,
                 "seeds": sorted(int(r["seed"]) for r in rs),
             }
+        if entry["resilient"]:
+            entry["relaxation"] = np.max([r["relaxation"] for r in rs], axis=0).tolist()
         out.append(entry)
     return out
 
@@ -506,6 +589,9 @@ def compare_chosen(runs: list[dict], chosen: list[dict], level: float = 0.95) ->
                 "erm_hparams": kinds["ERM"]["hparams"],
                 "seeds": seeds,
                 "feasible": sum(bool(r.get("feasible")) for r in a),
+                # the fallback's point: judged on the relaxed problem (choose_points)
+                "resilient": bool(kinds["constrained"].get("resilient")),
+                "feasible_relaxed": sum(bool(r.get("feasible_relaxed")) for r in a),
                 "monotone": sum(bool(r.get("loss_decreases")) for r in a),
                 "erm_monotone": sum(bool(r.get("loss_decreases")) for r in b),
                 "constrained_minus_erm": metrics,
@@ -531,12 +617,17 @@ def comparison_lines(comparisons: list[dict], swept: Sequence[str] = ()) -> list
             if iv["low"] <= 0 <= iv["high"]:
                 text += " level"
             cells.append(text)
+        resilient = c.get("resilient", False)  # results.json before the fallback: hard
+        kind = "constrained, resilient" if resilient else "constrained"
+        feasible = f"constrained feasible at {c['feasible']} of {n}"
+        if resilient:
+            feasible += f" (relaxed: {c['feasible_relaxed']} of {n})"
         lines.append(
-            f"{c['model']}-{c['layers']}: chosen constrained ({point(c['constrained_hparams'])}) "
+            f"{c['model']}-{c['layers']}: chosen {kind} ({point(c['constrained_hparams'])}) "
             f"− chosen ERM ({point(c['erm_hparams'])}), paired t over {n} seed"
             f"{'s' if n != 1 else ''}: "
             + ("; ".join(cells) if cells else "no interval with one seed")
-            + f" | constrained feasible at {c['feasible']} of {n}, monotone (test) at "
+            + f" | {feasible}, monotone (test) at "
             f"{c['monotone']} of {n}; ERM monotone at {c['erm_monotone']} of {n}"
         )
     return lines
@@ -549,8 +640,44 @@ def _hparam_text(value) -> str:
     return f"{value:g}" if isinstance(value, int | float) else str(value)
 
 
+def relaxation_text(u, epsilon=None) -> str:
+    """``0.012, 0.03, 0.0041`` (layers 1..L), with ``; reference 0.02`` where that is relaxed,
+    and the layers whose relaxation reaches ``epsilon`` (their relaxed constraint asks for no
+    descent)."""
+    text = ", ".join(f"{x:.3g}" for x in u[1:])
+    text += f"; reference {u[0]:.3g}" if u[0] else ""
+    if isinstance(epsilon, int | float):
+        whole = [str(layer) for layer, x in enumerate(u[1:], 1) if x >= epsilon]
+        if whole:
+            text += (
+                f"; at layer {','.join(whole)} it reaches ε = {epsilon:g}: no descent asked "
+                "there beyond monotone"
+            )
+    return text
+
+
+def _no_point_line(c: dict, head: str, rule: str) -> str:
+    """Why a setting has no chosen point, and what to pass."""
+    if c.get("kind", "constrained") != "constrained":
+        fix = ": every point diverged; try a smaller learning rate (--tune-lr 0.25,0.5)"
+    elif c.get("resilient_points"):
+        fix = (
+            f", nor any of its {c['resilient_points']} resilient points on its relaxed "
+            "constraints (ε relaxed by the run's own λ/α): try smaller epsilons (--tune-epsilon "
+            "0.01,0.02), another --dual-lr, or a smaller resilience α (more relaxation)"
+        )
+    else:
+        fix = (
+            ": try smaller epsilons (--tune-epsilon 0.01,0.02), another --dual-lr, or "
+            "resilient constraints (--sweep resilience=none,ALPHA: chosen only where no hard "
+            "point is eligible, and reported as such)"
+        )
+    return f"{head}: no sweep point chosen: none of {c['points']} is eligible ({rule})" + fix
+
+
 def chosen_lines(chosen: list[dict], swept: Sequence[str] = ()) -> list[str]:
-    """The summary's lines for :func:`choose_points`: the chosen point, or why there is none."""
+    """The summary's lines for :func:`choose_points`: the chosen point, or why there is none;
+    a resilient choice (the fallback) says so, with its relaxation per layer."""
     lines = []
     for c in chosen:
         kind = c.get("kind", "constrained")
@@ -562,27 +689,30 @@ def chosen_lines(chosen: list[dict], swept: Sequence[str] = ()) -> list[str]:
             if kind == "constrained"
             else "no seed diverged, then the "
         )
-        rule += f"{'highest' if c['higher_is_better'] else 'lowest'} mean {c['score']}"
+        best = f"{'highest' if c['higher_is_better'] else 'lowest'} mean {c['score']}"
+        rule += best
         if c["hparams"] is None:
-            fix = (
-                ": try smaller epsilons (--tune-epsilon 0.01,0.02), another --dual-lr, or "
-                "resilient constraints (--resilience ALPHA; reported as such)"
-                if kind == "constrained"
-                else ": every point diverged; try a smaller learning rate (--tune-lr 0.25,0.5)"
-            )
-            lines.append(
-                f"{head}: no sweep point chosen: none of {c['points']} is eligible ({rule})" + fix
-            )
+            lines.append(_no_point_line(c, head, rule))
             continue
         point = " ".join(
             f"{n}={_hparam_text(c['hparams'][n])}"
             for n in swept
             if n in c["hparams"] and (kind == "constrained" or c["hparams"][n] is not None)
         )
+        seeds = f"{c['score']} {c['mean']:.4g} over seeds {','.join(map(str, c['seeds']))}"
+        if c.get("resilient"):
+            lines.append(
+                f"{head}: no hard point eligible (0 of {c['points']}: {rule}); chosen "
+                f"resilient point on validation: {point or 'the only varied point'} "
+                f"(relaxation per layer λ/α of ℓ_(l−1), largest over seeds: "
+                f"{relaxation_text(c['relaxation'], c['hparams'].get('epsilon'))}; {seeds}; {c['resilient_eligible']} of "
+                f"{c['resilient_points']} resilient points eligible: every seed feasible with ε "
+                f"relaxed by its own λ/α and monotone on validation, then the {best})"
+            )
+            continue
         lines.append(
             f"{head}: chosen on validation: {point or 'the only varied point'} "
-            f"({c['score']} {c['mean']:.4g} over seeds {','.join(map(str, c['seeds']))}; "
-            f"{c['eligible']} of {c['points']} points eligible: {rule})"
+            f"({seeds}; {c['eligible']} of {c['points']} points eligible: {rule})"
         )
     return lines
 
@@ -604,10 +734,13 @@ def format_table(runs: Iterable[dict], columns: Sequence[Column]) -> str:
 
 
 def status_cell(run: dict) -> str:
-    """``DIVERGED`` / ``yes`` / ``NO`` (feasibility), ``*`` for the best run of its group."""
+    """``DIVERGED`` / ``yes`` / ``NO`` (feasibility), ``relaxed`` for a resilient run that
+    misses the hard constraints but meets its relaxed ones, ``*`` for the best run of its
+    group."""
     if run.get("diverged"):
         return "DIVERGED"
-    return ("yes" if run.get("feasible") else "NO") + ("*" if run.get("best") else " ")
+    verdict = "yes" if run.get("feasible") else "relaxed" if run.get("feasible_relaxed") else "NO"
+    return verdict + ("*" if run.get("best") else " ")
 
 
 def _ratio(x, pct: bool = False) -> str:
@@ -655,6 +788,15 @@ def summary_table(
                 lambda r: ",".join(map(str, r.get("not_applicable") or [])) or "-",
             )
         )
+    resilient = any(r.get("relaxation") is not None for r in runs)
+    if resilient:
+        columns.append(
+            Column(
+                "relax u",
+                8,
+                lambda r: "-" if r.get("relaxation") is None else f"{max(r['relaxation']):.3g}",
+            )
+        )
     columns += [
         Column("feasible", 9, status_cell),
         Column("max λ", 8, lambda r: f"{max(r['multipliers']):.3g}"),
@@ -667,6 +809,13 @@ def summary_table(
             "n/a at l: the descent constraint of layer l asks ℓ_l ≤ (1 − ε)·ℓ_{l−1} with the "
             "mean validation ℓ_{l−1} at the floor (infeasible by construction): not applicable, "
             "left out of the feasibility and monotone verdicts"
+        )
+    if resilient:
+        notes.append(
+            "relax u: a resilient run's largest relaxation λ/α at the end of training, in units "
+            "of ℓ_(l−1) (-: hard); feasible 'relaxed': it misses the hard constraints on "
+            "validation but meets them with ε relaxed by its own λ/α (the resilient problem), "
+            "within the same tolerance"
         )
     for r in runs:
         if r.get("ratios_excluded"):
