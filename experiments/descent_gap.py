@@ -21,6 +21,7 @@ import numpy as np
 
 from cudt.runner.cli import run_cli
 from cudt.runner.combine import load_results
+from cudt.runner.report import at_gamma_train
 
 __all__ = ["layer_rows", "main", "summarise"]
 
@@ -32,8 +33,7 @@ def layer_rows(results: dict, models: set[str] | None = None, last: int = 10) ->
     for run in results["runs"]:
         if (models and run["model"] not in models) or run.get("diverged"):
             continue
-        at = run["test_gamma"].index(run["gamma_train"])
-        test = np.asarray(run["layer_loss"][at], dtype=float)
+        test = np.asarray(at_gamma_train(run, "layer_loss"), dtype=float)
         val = np.asarray(run["layer_loss_val"], dtype=float)
         train = np.asarray(run["curves"]["layer_loss"], dtype=float)[-last:].mean(0)
         eps = run["hparams"]["epsilon"] if run["constrained"] else None

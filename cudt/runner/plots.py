@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from cudt.io import savefig_atomic
-from cudt.runner.report import KINDS
+from cudt.runner.report import KINDS, at_gamma_train
 
 __all__ = ["plot_layer_losses", "plot_metric_vs_gamma", "plot_ratio_histograms"]
 
@@ -97,10 +97,10 @@ def plot_layer_losses(
     (its problem starts at that state) is drawn from there, so the axis is the model's own."""
 
     def draw(ax, run, seen):
-        gi = gamma_index
-        if gi is None:
-            gi = run["test_gamma"].index(run["gamma_train"])
-        losses = np.asarray(run["layer_loss"][gi], float)
+        if gamma_index is None:
+            losses = np.asarray(at_gamma_train(run, "layer_loss"), float)
+        else:
+            losses = np.asarray(run["layer_loss"][gamma_index], float)
         first = run.get("first_state", 0)  # a problem that starts past state 0 (the LLM's)
         ax.plot(first + np.arange(losses.size), losses, _style(run), **_line(run, seen))
 

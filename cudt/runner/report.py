@@ -21,6 +21,7 @@ from cudt.runner.hparams import CONSTRAINT_ONLY
 
 __all__ = [
     "KINDS",
+    "at_gamma_train",
     "choose_points",
     "chosen_lines",
     "compare_chosen",
@@ -290,10 +291,14 @@ def metric_names(task_metrics: dict, num_gammas: int) -> list[str]:
     return out
 
 
+def at_gamma_train(run: dict, key: str):
+    """A run's per-test-γ ``run[key]`` (one entry per ``run["test_gamma"]``) at its γ_train."""
+    return run[key][list(run["test_gamma"]).index(run["gamma_train"])]
+
+
 def _metric(run: dict, name: str) -> float:
     if name.endswith("@γtr"):
-        values = run[name[: -len("@γtr")]]
-        return float(values[list(run["test_gamma"]).index(run["gamma_train"])])
+        return float(at_gamma_train(run, name[: -len("@γtr")]))
     v = run.get(name)
     return float("nan") if v is None else float(v)
 

@@ -17,7 +17,7 @@ import numpy as np
 from cudt import stats
 from cudt.metrics import trapezoid_auc
 from cudt.runner import plots
-from cudt.runner.report import Column
+from cudt.runner.report import Column, at_gamma_train
 
 __all__ = [
     "TEST_GAMMAS",
@@ -70,11 +70,8 @@ class AccuracyReports:
         return {"val_accuracy_by_gamma": accuracy, "val_auc": trapezoid_auc(val_gammas, accuracy)}
 
     def metric_columns(self):
-        def at_train(r):
-            return r["accuracy"][r["test_gamma"].index(r["gamma_train"])]
-
         return [
-            Column("acc@γtr", 8, lambda r: f"{at_train(r):.3f}"),
+            Column("acc@γtr", 8, lambda r: f"{at_gamma_train(r, 'accuracy'):.3f}"),
             Column("acc@γmax", 8, lambda r: f"{r['accuracy'][-1]:.3f}"),
             Column("AUC", 6, lambda r: f"{r['auc']:.3f}"),
         ]
@@ -88,7 +85,7 @@ class AccuracyReports:
         """The mean test loss of every state at each run's γ_train, one line a run."""
         lines = [f"mean test {what} per state at gamma_train:"]
         for r in runs:
-            losses = r["layer_loss"][r["test_gamma"].index(r["gamma_train"])]
+            losses = at_gamma_train(r, "layer_loss")
             lines.append(f"{r['label']}: " + " ".join(f"{v:.3f}" for v in losses))
         return lines
 

@@ -23,7 +23,7 @@ from cudt.models import DUST, UT, ViT, load_vit, ut_projection
 from cudt.models.ut import TYINGS
 from cudt.runner import plots
 from cudt.runner.config import RunConfig, at_least, flag, in_range, non_negative, one_of, shared
-from cudt.runner.report import Column
+from cudt.runner.report import Column, at_gamma_train
 from cudt.runner.task import GroupModel, Task
 
 PATCH = 16  # side of a video patch (P = 256 pixels: cudt.data.video.patchify's default)
@@ -433,11 +433,8 @@ class VideoTask(Task):
         return {"rmse": rmse, "mean_rmse": float(np.mean(rmse))}
 
     def metric_columns(self):
-        def at_train(r):
-            return r["rmse"][r["test_gamma"].index(r["gamma_train"])]
-
         return [
-            Column("RMSE@γtr", 9, lambda r: f"{at_train(r):.3f}"),
+            Column("RMSE@γtr", 9, lambda r: f"{at_gamma_train(r, 'rmse'):.3f}"),
             Column("meanRMSE", 9, lambda r: f"{r['mean_rmse']:.3f}"),
         ]
 
@@ -452,7 +449,7 @@ class VideoTask(Task):
         lines += [f"{r['label']}: " + " ".join(f"{v:.3f}" for v in r["rmse"]) for r in runs]
         lines.append("mean test loss per state at gamma_train (x1e-4):")
         for r in runs:
-            losses = r["layer_loss"][r["test_gamma"].index(r["gamma_train"])]
+            losses = at_gamma_train(r, "layer_loss")
             lines.append(f"{r['label']}: " + " ".join(f"{1e4 * v:.1f}" for v in losses))
         return "\n".join(lines)
 

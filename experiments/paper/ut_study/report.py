@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from cudt.runner.report import choose_points
+from cudt.runner.report import at_gamma_train, choose_points
 from experiments.paper.rows import csv_text, write_text
 
 __all__ = ["CSV_COLUMNS", "choose", "choose_setting", "rows_of", "write_report"]
@@ -62,7 +62,7 @@ def _applicable_rel(run: dict) -> np.ndarray:
 
 
 def _id_rmse(run: dict) -> float:
-    return float(run["rmse"][run["test_gamma"].index(run["gamma_train"])])
+    return float(at_gamma_train(run, "rmse"))
 
 
 def _run_row(variant, run: dict, erm: dict | None) -> dict[str, Any]:
