@@ -48,9 +48,9 @@ from experiments.paper.job import (
     table_main,
     train_subruns,
 )
+from experiments.paper.phase1 import phase_one
 from experiments.paper.rows import fmt, unique
 from experiments.paper.ut_study import report
-from experiments.paper.phase1 import phase_one
 
 __all__ = ["RESIDUALS", "StudyConfig", "Variant", "main", "plan", "run_study"]
 
