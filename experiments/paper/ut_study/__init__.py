@@ -9,7 +9,7 @@ noise, the attention kernel, the steps, the dual dynamics of ``python -m
 experiments.video_denoise``; ``--gamma-train`` and ``--ut-attention`` move the first two, as
 the recorded study at γ_train = 0.5 did, docs/results/video.md): its ERM runs and its
 constrained runs, hard and resilient (``--resilience``, the dual decay α, as a sweep), × the
-seeds, as one vmapped program. Then its phase I (:mod:`experiments.paper.ut_study.phase1`): the
+seeds, as one vmapped program. Then its phase I (:mod:`experiments.paper.phase1`): the
 constraints' total violation minimised from the DCT start and from the ERM solution, which
 says whether the variant has a feasible point at all.
 
@@ -48,9 +48,9 @@ from experiments.paper.job import (
     table_main,
     train_subruns,
 )
+from experiments.paper.phase1 import phase_one
 from experiments.paper.rows import fmt, unique
 from experiments.paper.ut_study import report
-from experiments.paper.ut_study.phase1 import phase_one
 
 __all__ = ["RESIDUALS", "StudyConfig", "Variant", "main", "plan", "run_study"]
 

@@ -1,0 +1,284 @@
+"""Phase I of the video task's models: is there a point that meets every descent constraint on
+training and validation data, and does it descend on test?
+
+    python -m experiments.phase_one --models dust --seeds 5 --out runs/phase1-dust
+
+The flags are the video task's own (``python -m experiments.video_denoise --help``): the data
+(``--dataset``, ``--data-dir``, ...), the models and their architecture (``--layers``,
+``--dust-dictionary``, ...), the seeds, the steps, the constraints (``--epsilon``,
+``--tune-epsilon``, ``--model-hparams``, ``--tolerance``). Each seed draws its own data as the
+runner does (``--data-seed D``: one draw for every seed), and each model is built as its
+constrained runs are (DUST with one dictionary per layer under ``--dust-dictionary paper``).
+For every ε × learning rate × γ_train its constrained runs would train (the dual-rate lanes
+change nothing here), phase I (:mod:`experiments.paper.phase1`) minimises the constraints'
+total violation for ``--steps`` steps from the model's initialisation and from its ERM point
+(``--steps`` ERM steps first).
+
+Each point is judged on VALIDATION as the runner judges a run (:func:`cudt.metrics.feasibility`
+at ``--tolerance``, monotone mean losses), with the runner's evaluation noise; the same on TEST
+is reported only, never deciding: whether a point feasible on the data it was found on exists,
+and whether it generalises. Writes ``phase1.json`` (every point's per-layer losses and ratios
+r_l = ℓ_l / ℓ_(l−1) on both splits) and ``phase1.md`` under ``--out``; the same command with
+the same ``--out`` reuses a finished result; a result of other flags there is refused (one line,
+status 2) unless ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from cudt import descent
+from cudt.errors import UsageError
+from cudt.io import check_not_a_file, fresh_run_dir, to_jsonable, write_json_atomic
+from cudt.metrics import feasibility
+from cudt.runner.cli import config_from_args, configure_process, run_cli
+from cudt.runner.lock import check_free, lock_output
+from cudt.runner.provenance import provenance
+from cudt.runner.report import decreases
+from cudt.runner.run import data_draws
+from cudt.tasks.video import VideoConfig, VideoTask
+from experiments.paper.phase1 import ERM_POINT, STARTS, split_means, train_phase_one
+from experiments.paper.rows import write_text
+
+__all__ = ["judge", "main", "markdown", "run_phase_one", "settings"]
+
+RESULT, TABLE = "phase1.json", "phase1.md"
+
+
+def settings(task, cfg) -> list[dict[str, Any]]:
+    """``[{model, epsilon, lr, gamma_train}]``: each model's distinct constrained settings, read
+    from the runs the runner would train (:meth:`cudt.runner.Task.run_specs`)."""
+    seen: dict[tuple, dict] = {}
+    for spec in task.run_specs(cfg):
+        if spec.constrained:
+            hp = spec.hp
+            key = (spec.model, float(hp["epsilon"]), float(hp["lr"]), float(hp["gamma_train"]))
+            seen.setdefault(
+                key, dict(zip(("model", "epsilon", "lr", "gamma_train"), key, strict=True))
+            )
+    if not seen:
+        raise UsageError(
+            f"--models {','.join(cfg.models)} --kinds {cfg.kinds}: no constrained runs, so no "
+            "constraints to meet: pass --kinds both or constrained"
+        )
+    return list(seen.values())
+
+
+def judge(means, epsilon: float, tolerance: float) -> dict[str, Any]:
+    """One split's verdict on mean losses ``[L+1]``, as the runner's: ``violation`` (the phase-I
+    objective), ``max_relative_violation`` over the judged constraints, ``feasible`` within
+    ``tolerance`` (:func:`cudt.metrics.feasibility`), ``monotone``, ``layer_loss``, ``ratio``."""
+    m = np.asarray(means, np.float64)
+    verdict = feasibility(m, np.full(m.size - 1, epsilon), None, tolerance)
+    rel = np.asarray(verdict.relative_violation[1:])[np.asarray(verdict.applicable[1:])]
+    return {
+        "violation": float(descent.violation(m, epsilon)),
+        "max_relative_violation": float(rel.max()) if rel.size else None,
+        "feasible": verdict.feasible,
+        "monotone": decreases(m, verdict.applicable[1:]),
+        "layer_loss": m.tolist(),
+        "ratio": (m[1:] / np.maximum(m[:-1], descent.RATIO_FLOOR)).tolist(),
+    }
+
+
+def _eval_keys(task, cfg, draw_cfg, gamma_train: float) -> dict[str, jax.Array]:
+    """The keys of the runner's evaluation noise at ``gamma_train`` (cudt.runner.run and
+    report: test at the γ's index in the test grid, validation at its index in the validation
+    grid, under ``fold_in(key, 99)``), so the phase-I points see the noisy inputs its runs see."""
+    trains = sorted({float(s["gamma_train"]) for s in settings(task, cfg)})
+    gammas = sorted({g for gt in trains for g in task.test_gamma_grid(cfg, gt)})
+    val_gammas = sorted(set(task.val_gammas(cfg, trains, gammas)) | set(trains))
+    key = jax.random.key(10_000 + draw_cfg.data_rng_seed)
+    return {
+        "test": jax.random.fold_in(key, gammas.index(gamma_train)),
+        "val": jax.random.fold_in(jax.random.fold_in(key, 99), val_gammas.index(gamma_train)),
+    }
+
+
+def _spec(cfg) -> dict[str, Any]:
+    return {"job": "phase_one", "config": to_jsonable(cfg.fingerprint(evaluation=True))}
+
+
+def _finished(out: Path, cfg) -> dict | None:
+    """The result in ``out`` of the same flags (reused), None when there is none; a result of
+    other flags is refused unless ``--overwrite``."""
+    path = out / RESULT
+    if not path.exists() or cfg.overwrite:
+        return None
+    try:
+        saved = json.loads(path.read_text())
+        same = saved["spec"] == _spec(cfg)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{path} is unreadable ({e}): delete it, or pass --overwrite") from e
+    if not same:
+        old, new = saved["spec"]["config"], _spec(cfg)["config"]
+        diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in new.items() if old.get(k) != v]
+        raise UsageError(
+            f"{path} holds phase I of other flags ({'; '.join(diff[:3]) or 'another job'}): "
+            "rerun with the flags that made it, pass another --out, or --overwrite"
+        )
+    return saved
+
+
+def _rows(task, cfg, draw_cfg, data, setting: dict, seeds: list[int]) -> list[dict]:
+    """Phase I of one model and setting on one draw of the data, as vmapped seeds: a row per
+    seed × start, each judged on validation and test (the ``erm`` row also holds its start,
+    the ERM point, under :data:`ERM_POINT`)."""
+    name, gamma, eps = setting["model"], setting["gamma_train"], setting["epsilon"]
+    model = task.build(draw_cfg, data, name, task.structure(cfg, name, True))
+    t = time.perf_counter()
+    trained = train_phase_one(
+        model,
+        task.train_examples(data, model),
+        gamma=gamma,
+        epsilon=eps,
+        steps=cfg.steps,
+        seeds=seeds,
+        lr=setting["lr"],
+        batch_size=cfg.batch_size,
+    )
+    keys = _eval_keys(task, cfg, draw_cfg, gamma)
+    examples = {k: task.split_examples(data, k, model) for k in ("val", "test")}
+    evaluate = split_means(model, min(cfg.eval_batch_size, max(map(len, examples.values()))))
+    points = {
+        start: {"train_objective": np.asarray(obj, np.float64)}
+        | {k: evaluate(params, examples[k], gamma, keys[k]) for k in examples}
+        for start, (params, obj) in trained.items()
+    }
+    seconds = time.perf_counter() - t
+
+    def point(start: str, i: int) -> dict:
+        p = points[start]
+        return {"train_objective": float(p["train_objective"][i])} | {
+            k: judge(p[k][i], eps, cfg.tolerance) for k in examples
+        }
+
+    rows = []
+    for i, seed in enumerate(seeds):
+        for start in STARTS:
+            row = setting | {"seed": seed, "data_seed": draw_cfg.data_rng_seed, "start": start}
+            row |= point(start, i) | {"seconds": seconds / len(seeds)}
+            if start == "erm":  # where it began: the ERM solution
+                row[ERM_POINT] = point(ERM_POINT, i)
+            rows.append(row)
+    return rows
+
+
+def run_phase_one(cfg: VideoConfig) -> dict[str, Any]:
+    """Phase I of every model, setting and seed of ``cfg``; writes and returns the result."""
+    t0 = time.perf_counter()
+    task = VideoTask()
+    out = Path(cfg.out) if cfg.out else fresh_run_dir("phase_one")
+    check_not_a_file(out)
+    check_free(out)
+    saved = _finished(out, cfg)
+    if saved is not None:
+        print(f"reusing {out / RESULT} (the same flags)\n")
+        print(saved["markdown"])
+        return saved
+    plan = settings(task, cfg)
+    origin = provenance()
+    draws = data_draws(cfg)
+    datas = {d: task.load(c) for d, c in draws.items()}  # bad data: refused before writing
+    with lock_output(out):
+        rows = []
+        for data_seed, draw_cfg in draws.items():
+            seeds = cfg.seed_list if cfg.data_seed is not None else [data_seed]
+            for setting in plan:
+                t = time.perf_counter()
+                rows += _rows(task, cfg, draw_cfg, datas[data_seed], setting, seeds)
+                print(
+                    f"data seed {data_seed}: {setting['model']}-{cfg.layers} ε "
+                    f"{setting['epsilon']:g}: phase I of seeds {','.join(map(str, seeds))} in "
+                    f"{time.perf_counter() - t:.0f} s"
+                )
+        wall = time.perf_counter() - t0
+        result = {
+            "spec": _spec(cfg),
+            "provenance": origin,
+            "tolerance": cfg.tolerance,
+            "steps": cfg.steps,
+            "wall_seconds": wall,
+            "rows": rows,
+        }
+        result["markdown"] = markdown(result, cfg)
+        write_json_atomic(out / RESULT, result)
+        write_text(out / TABLE, result["markdown"])
+    print()
+    print(result["markdown"])
+    print(f"wrote {out / RESULT}, {out / TABLE} ({wall:.0f} s wall)")
+    return result
+
+
+def _num(x) -> str:
+    return "n/a" if x is None else f"{x:+.4f}"
+
+
+_COUNTED = (("val", "feasible"), ("test", "feasible"), ("test", "monotone"))
+
+
+def markdown(result: dict, cfg) -> str:
+    """The result as a Markdown table: per model × seed × start, validation (deciding) then
+    test (reported only), and each split's ratios r_l."""
+    origin = result["provenance"]
+    commit = (origin.get("commit") or "?")[:7] + ("+dirty" if origin.get("dirty") else "")
+    lines = [
+        f"# Phase I, {cfg.dataset}, L = {cfg.layers}",
+        "",
+        f"`{' '.join(origin.get('argv') or [])}` at commit {commit}, {result['steps']} steps "
+        f"from each start, {result['wall_seconds']:.0f} s wall. Feasible: every constraint "
+        f"within {result['tolerance']:g} of ℓ_(l−1) (the runner's rule); viol.: the phase-I "
+        "objective left (at start: the ERM point's, before phase I); rel.: the largest relative violation; mono.: losses fall at every "
+        "layer. Validation decides; test is reported only.",
+        "",
+        "| model | ε | seed | start | viol. at start (val) | viol. (val) | rel. (val) | "
+        "feasible (val) | mono. (val) | rel. (test) | feasible (test) | mono. (test) | r_l val "
+        "| r_l test |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    yes = lambda b: "yes" if b else "NO"  # noqa: E731
+    for r in result["rows"]:
+        v, t = r["val"], r["test"]
+        lines.append(
+            f"| {r['model']} | {r['epsilon']:g} | {r['seed']} | {r['start']} | "
+            + (f"{r[ERM_POINT]['val']['violation']:.4f}" if ERM_POINT in r else "-")
+            + f" | {v['violation']:.4f} | {_num(v['max_relative_violation'])} | {yes(v['feasible'])} "
+            f"| {yes(v['monotone'])} | {_num(t['max_relative_violation'])} | "
+            f"{yes(t['feasible'])} | {yes(t['monotone'])} | "
+            f"{' '.join(f'{x:.3f}' for x in v['ratio'])} | "
+            f"{' '.join(f'{x:.3f}' for x in t['ratio'])} |"
+        )
+    lines += ["", "| model | ε | start | feasible (val) | feasible (test) | monotone (test) |"]
+    lines.append("|---|---|---|---|---|---|")
+    groups: dict[tuple, list] = {}
+    for r in result["rows"]:
+        groups.setdefault((r["model"], r["epsilon"], r["start"]), []).append(r)
+    for (model, eps, start), rs in groups.items():
+        n = [sum(bool(r[k][what]) for r in rs) for k, what in _COUNTED]
+        lines.append(
+            f"| {model} | {eps:g} | {start} | " + " | ".join(f"{c} of {len(rs)}" for c in n) + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    """The entry point: the video task's flags → phase I; bad input is one line, status 2."""
+    configure_process()
+    try:
+        cfg, _ = config_from_args(
+            VideoConfig, argv, __doc__.split("\n\n")[0], "experiments.phase_one"
+        )
+    except SystemExit as e:  # --help, or a bad flag (already reported in one line)
+        return 0 if e.code is None else int(e.code)
+    return run_cli(lambda: run_phase_one(cfg))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

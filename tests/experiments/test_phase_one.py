@@ -1,0 +1,95 @@
+"""``python -m experiments.phase_one``: phase I of the video task's models, judged on
+validation by the runner's rule, test reported; reuse, refusal and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cudt.metrics import feasibility
+from experiments import phase_one
+
+# seconds: DUST, L = 3, the smallest synthetic draw the task accepts, at a rate where its ERM
+# point (one dictionary per layer, as constrained) misses the descent constraints by far
+TINY = [
+    "--models", "dust", "--layers", "3", "--num-videos", "3", "--num-frames", "8",
+    "--seq-len", "4", "--batch-size", "16", "--dust-atoms", "16", "--steps", "40",
+    "--seeds", "1", "--seed", "3", "--lr", "0.01",
+]  # fmt: skip
+
+
+def test_judge_is_the_runners_rule():
+    # ε 0.05, tolerance 0.025: layer 1 misses by 1 % of ℓ_0 (within), layer 2 by
+    # (0.95 − 0.95 · 0.96) / 0.96 = 3.96 % of ℓ_1 (beyond); the losses still fall
+    verdict = phase_one.judge([1.0, 0.96, 0.95], 0.05, 0.025)
+    assert verdict["max_relative_violation"] == pytest.approx(0.038 / 0.96)
+    assert not verdict["feasible"] and verdict["monotone"]
+    assert verdict["ratio"] == pytest.approx([0.96, 0.95 / 0.96])
+    assert verdict["violation"] == pytest.approx(0.01 + 0.95 / 0.96 - 0.95, rel=1e-5)
+    assert phase_one.judge([1.0, 0.96, 0.95], 0.05, 0.05)["feasible"]  # within 5 %
+    rising = phase_one.judge([1.0, 0.9, 0.91], 0.0, 0.025)  # r = 1.011: within, not monotone
+    assert rising["feasible"] and not rising["monotone"]
+
+
+def test_phase_one_lowers_the_erm_points_violation(tmp_path, capsys):
+    out = tmp_path / "p1"
+    assert phase_one.main([*TINY, "--out", str(out)]) == 0
+    result = json.loads((out / "phase1.json").read_text())
+    md = (out / "phase1.md").read_text()
+    rows = {r["start"]: r for r in result["rows"]}
+    assert [(r["model"], r["seed"], r["start"]) for r in result["rows"]] == [
+        ("dust", 3, "init"),
+        ("dust", 3, "erm"),
+    ]
+    # the constrained runs' setting: ε of --tune-epsilon, the learning rate, γ_train
+    assert (rows["erm"]["epsilon"], rows["erm"]["lr"], rows["erm"]["gamma_train"]) == (
+        0.05,
+        0.01,
+        0.15,
+    )
+    erm, start = rows["erm"], rows["erm"][phase_one.ERM_POINT]
+    # the ERM point misses its constraints here; phase I from it lowers the violation left on
+    # validation (and on test) by far
+    assert start["val"]["violation"] > 1 and not start["val"]["feasible"]
+    assert erm["val"]["violation"] < 0.5 * start["val"]["violation"]
+    assert erm["test"]["violation"] < 0.5 * start["test"]["violation"]
+    for row in (rows["init"], erm, start):
+        for split in ("val", "test"):
+            v = row[split]
+            assert len(v["layer_loss"]) == 4 and len(v["ratio"]) == 3
+            assert np.all(np.isfinite(v["layer_loss"]))
+            # the verdict is the runner's at the video task's tolerance
+            want = feasibility(np.asarray(v["layer_loss"]), 0.05, None, 0.025)
+            assert v["feasible"] == want.feasible and result["tolerance"] == 0.025
+    assert md.count("| dust | 0.05 | 3 |") == 2
+    assert f"{erm['val']['violation']:.4f}" in md and f"{start['val']['violation']:.4f}" in md
+    # the same command again: the result is reused, nothing recomputed or rewritten
+    before = (out / "phase1.json").read_bytes()
+    capsys.readouterr()
+    assert phase_one.main([*TINY, "--out", str(out)]) == 0
+    assert "reusing" in capsys.readouterr().out
+    assert (out / "phase1.json").read_bytes() == before
+    # other flags into the same folder: refused in one line, nothing overwritten
+    assert phase_one.main([*TINY, "--epsilon", "0.2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "--overwrite" in err
+    assert (out / "phase1.json").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--layers", "0"], "--layers"),
+        (["--kinds", "erm"], "no constrained runs"),
+        (["--dataset", "ucsd", "--data-dir", "{tmp}/absent"], "absent"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, flags, says):
+    out = tmp_path / "out"
+    flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
+    assert phase_one.main([*TINY, *flags, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and says in err
+    assert not out.exists()
