@@ -142,6 +142,26 @@ def _optimized_test(request):
         yield
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """The files that take longest run first. With ``--dist loadfile`` a worker takes a whole
+    file, in collection order (addopts: ``--no-loadscope-reorder``); the files that train for
+    minutes (a test marked ``optimized``), handed out last, kept one worker busy long after
+    the other ran out of files. So: files with an ``optimized`` test, then files with a
+    ``slow`` test, then the rest, each group as xdist would order it (most tests first). The
+    tests of a file keep their order."""
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def rank(tests: list[pytest.Item]) -> tuple[int, int]:
+        for group, marker in enumerate(("optimized", "slow")):
+            if any(t.get_closest_marker(marker) is not None for t in tests):
+                return group, -len(tests)
+        return 2, -len(tests)
+
+    items[:] = [item for tests in sorted(files.values(), key=rank) for item in tests]
+
+
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
     """A random 2-block BERT folder (hidden size 32) with MiniLM's ``tokenizer.json``."""

@@ -47,3 +47,20 @@ def test_the_suite_compiles_with_its_quick_codegen_here_and_in_its_subprocesses(
         for flag in QUICK_CODEGEN:
             # absent: this jaxlib refused it (conftest's probe); drop it from QUICK_CODEGEN
             assert flag.split("=")[0] in flags, (flag, flags)
+
+
+def test_the_files_that_train_for_minutes_are_handed_out_first(request):
+    """tests/conftest.py orders the session's files: those with an ``optimized`` test, then
+    those with a ``slow`` test, then the rest; xdist hands them out in that order."""
+    files: dict[str, int] = {}
+    for item in request.session.items:
+        group = next(
+            (g for g, m in enumerate(("optimized", "slow")) if item.get_closest_marker(m)), 2
+        )
+        name = item.nodeid.split("::")[0]
+        files[name] = min(files.get(name, 2), group)
+    assert files[request.node.nodeid.split("::")[0]] == 0  # this file has an optimized test
+    assert list(files.values()) == sorted(files.values()), files
+    # a file's tests stay together: each file appears in one run of items
+    names = [item.nodeid.split("::")[0] for item in request.session.items]
+    assert len([n for i, n in enumerate(names) if i == 0 or names[i - 1] != n]) == len(files)
