@@ -12,8 +12,8 @@ The pieces: the folder check (:func:`model_folder`), JSON configs (:func:`read_j
 :class:`FolderConfig` with the config checks :func:`malformed_fields`, :func:`check_sizes`,
 :func:`check_heads`, :func:`parse_activation`), safetensors reading, sharded index included
 (:func:`load_tensors`, :func:`read_safetensors`), :func:`find_prefix`, :func:`stack_layers`, the
-tokenizer (:func:`read_tokenizer`), the input checks (:func:`check_range`, :func:`check_shape`)
-and the torch-parity layers (:data:`ACTIVATIONS`, :func:`activation`, :func:`layer_norm`,
+tokenizer (:func:`read_tokenizer`), the loaded models' base (:class:`FolderModel`), the input
+checks (:func:`check_range`, :func:`check_shape`) and the torch-parity layers (:data:`ACTIVATIONS`, :func:`activation`, :func:`layer_norm`,
 :func:`self_attention`). Every problem raises :class:`ModelFolderError` with a one-line fix.
 
 Only safetensors checkpoints are read: pickle checkpoints (``pytorch_model.bin``, ``*.pt``, ...)
@@ -382,6 +382,22 @@ class Loaded(Generic[C]):
     config: C
     params: Params
     tokenizer: Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FolderModel(Generic[C]):
+    """Base of the families' loaded models: a typed config and a params pytree (each family adds
+    its tokenizer or preprocessor, compute dtype, folder). Not itself a pytree: pass
+    ``model.params`` (or a trained copy) to ``model.apply``. ``eq=False`` keeps hashing by
+    identity, so bound methods such as ``model.apply`` can be jitted."""
+
+    config: C
+    params: Params
+
+    @property
+    def num_layers(self) -> int:
+        """L, the number of transformer blocks."""
+        return self.config.num_layers  # type: ignore[attr-defined]
 
 
 def load_folder(
