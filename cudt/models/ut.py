@@ -58,10 +58,12 @@ __all__ = [
 
 #: What the layers share: every weight, the attention matrix only, or nothing.
 TYINGS = ("all", "attention", "none")
-ATTENTIONS = ("distance", "dot")
 
 #: Keys that identify a UT parameter dict inside a larger pytree (see ``ut_project_tree``).
 UT_PARAM_KEYS: frozenset[str] = frozenset({"attn", "ffn", "bias"})
+
+#: The attention scores: the energy's scaled distances (the paper's UT) or the published dots.
+ATTENTIONS = ("distance", "dot")
 
 # W_f = 0.9·I at init: a contraction close to the identity, so the untrained stack is a mild
 # smoother whose per-layer loss neither explodes nor collapses to zero in a few layers.
