@@ -14,9 +14,10 @@ import optax
 
 from cudt.constrained import as_dual, nupi, project_nonnegative
 
-__all__ = ["SCHEDULES", "dual_optimizer", "lr_factor", "primal_optimizer"]
+__all__ = ["DUAL_OPTIMIZERS", "SCHEDULES", "dual_optimizer", "lr_factor", "primal_optimizer"]
 
 SCHEDULES = ("constant", "cosine", "linear")
+DUAL_OPTIMIZERS = ("adam", "sgd", "nupi")  # the names dual_optimizer takes
 
 
 def lr_factor(schedule: str, steps: int):

@@ -169,6 +169,19 @@ def assert_one_line_error(main, argv, capsys, *words: str, out: Path | None = No
     return err
 
 
+def bad_flags_test(main, cases: list[tuple[list[str], str]]):
+    """A test over ``cases``, each ``(argv, words)``: ``main([*argv, "--out", OUT])`` fails as
+    :func:`assert_one_line_error` says (exit 2, one line holding ``words``) and creates no
+    ``OUT``. Bind it to a ``test_...`` name in the test module."""
+
+    @pytest.mark.parametrize("argv, words", cases)
+    def test(argv, words, capsys, tmp_path):
+        out = tmp_path / "out"
+        assert_one_line_error(main, [*argv, "--out", out], capsys, words, out=out)
+
+    return test
+
+
 def stamps(folder: Path) -> dict[str, int]:
     """Every file below ``folder`` and its modification time (ns): what a rerun rewrote."""
     return {

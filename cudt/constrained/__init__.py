@@ -8,6 +8,7 @@ Each idea is a module of this package (``_constraint``, ``_formulation``, ``_dua
 """
 
 from cudt.constrained._constraint import (
+    RESILIENCE_MODES,
     Constraint,
     FreeSign,
 )
@@ -53,6 +54,7 @@ from cudt.constrained._step import (
 )
 
 __all__ = [
+    "RESILIENCE_MODES",
     "UPDATES",
     "AugmentedLagrangian",
     "ConstrainedLoss",

@@ -46,7 +46,7 @@ from typing import Any
 
 import flax.struct
 
-__all__ = ["Constraint", "FreeSign"]
+__all__ = ["RESILIENCE_MODES", "Constraint", "FreeSign"]
 
 KINDS = ("ineq", "eq")
 RESILIENCE_MODES = ("decay", "slack")

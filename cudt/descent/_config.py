@@ -18,6 +18,8 @@ from typing import Literal
 
 import numpy as np
 
+from cudt.constrained import RESILIENCE_MODES
+
 __all__ = ["DUAL_SCALES", "DescentConfig"]
 
 DUAL_SCALES = ("absolute", "relative")
@@ -90,7 +92,7 @@ class DescentConfig:
             raise ValueError(f"reference must be a finite number or None, got {self.reference}")
         if self.resilience is not None and not float(self.resilience) > 0:
             raise ValueError(f"resilience (alpha) must be > 0 or None, got {self.resilience}")
-        if self.resilience_mode not in ("decay", "slack"):
+        if self.resilience_mode not in RESILIENCE_MODES:
             raise ValueError(
                 f"resilience_mode must be 'decay' or 'slack', got {self.resilience_mode!r}"
             )

@@ -10,11 +10,13 @@ and reads the tokenizer.
 
 The pieces: the folder check (:func:`model_folder`), JSON configs (:func:`read_json`, and
 :class:`FolderConfig` with the config checks :func:`malformed_fields`, :func:`check_sizes`,
-:func:`check_heads`, :func:`parse_activation`), safetensors reading, sharded index included
+:func:`check_heads`, :func:`parse_activation`; :class:`EncoderStackConfig` and :func:`bert_sizes`,
+the sizes the BERT-style encoders and the ViT share), safetensors reading, sharded index included
 (:func:`load_tensors`, :func:`read_safetensors`), :func:`find_prefix`, :func:`stack_layers`, the
-tokenizer (:func:`read_tokenizer`), the input checks (:func:`check_range`, :func:`check_shape`)
-and the torch-parity layers (:data:`ACTIVATIONS`, :func:`activation`, :func:`layer_norm`,
-:func:`self_attention`). Every problem raises :class:`ModelFolderError` with a one-line fix.
+tokenizer (:func:`read_tokenizer`), the loaded models' base (:class:`FolderModel`), the input
+checks (:func:`check_range`, :func:`check_shape`) and the torch-parity layers (:data:`ACTIVATIONS`,
+:func:`activation`, :func:`layer_norm`, :func:`self_attention`). Every problem raises
+:class:`ModelFolderError` with a one-line fix.
 
 Only safetensors checkpoints are read: pickle checkpoints (``pytorch_model.bin``, ``*.pt``, ...)
 can execute arbitrary code when loaded, so they are refused, never opened.
@@ -121,6 +123,36 @@ class FolderConfig:
     def from_file(cls, path: str | pathlib.Path) -> Any:
         """Parse a ``config.json`` file."""
         return cls.from_dict(read_json(path))  # type: ignore[attr-defined]
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderStackConfig(FolderConfig):
+    """The sizes every BERT-style encoder stack's config has (BERT, DistilBERT, RoBERTa, ViT):
+    the base of their typed configs, which add their own fields after these."""
+
+    hidden_size: int  # D
+    num_layers: int  # L
+    num_heads: int  # H
+    intermediate_size: int  # F, MLP width
+    activation: str  # "gelu" (exact erf) | "gelu_tanh" | "relu" | "silu"
+    layer_norm_eps: float
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head width ``D // H``."""
+        return self.hidden_size // self.num_heads
+
+
+def bert_sizes(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """:class:`EncoderStackConfig`'s sizes but the activation, read from a ``config.json`` by
+    ``BertConfig``'s keys and defaults (RoBERTa's and ViT's are the same), in field order."""
+    return dict(
+        hidden_size=int(raw.get("hidden_size", 768)),
+        num_layers=int(raw.get("num_hidden_layers", 12)),
+        num_heads=int(raw.get("num_attention_heads", 12)),
+        intermediate_size=int(raw.get("intermediate_size", 3072)),
+        layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
+    )
 
 
 @contextlib.contextmanager
@@ -382,6 +414,22 @@ class Loaded(Generic[C]):
     config: C
     params: Params
     tokenizer: Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FolderModel(Generic[C]):
+    """Base of the families' loaded models: a typed config and a params pytree (each family adds
+    its tokenizer or preprocessor, compute dtype, folder). Not itself a pytree: pass
+    ``model.params`` (or a trained copy) to ``model.apply``. ``eq=False`` keeps hashing by
+    identity, so bound methods such as ``model.apply`` can be jitted."""
+
+    config: C
+    params: Params
+
+    @property
+    def num_layers(self) -> int:
+        """L, the number of transformer blocks."""
+        return self.config.num_layers  # type: ignore[attr-defined]
 
 
 def load_folder(

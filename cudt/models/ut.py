@@ -46,13 +46,24 @@ import numpy as np
 from cudt import linalg
 from cudt.models.dct import dct_matrix
 
-__all__ = ["TYINGS", "UT", "UT_PARAM_KEYS", "ut_project", "ut_project_tree", "ut_projection"]
+__all__ = [
+    "ATTENTIONS",
+    "TYINGS",
+    "UT",
+    "UT_PARAM_KEYS",
+    "ut_project",
+    "ut_project_tree",
+    "ut_projection",
+]
 
 #: What the layers share: every weight, the attention matrix only, or nothing.
 TYINGS = ("all", "attention", "none")
 
 #: Keys that identify a UT parameter dict inside a larger pytree (see ``ut_project_tree``).
 UT_PARAM_KEYS: frozenset[str] = frozenset({"attn", "ffn", "bias"})
+
+#: The attention scores: the energy's scaled distances (the paper's UT) or the published dots.
+ATTENTIONS = ("distance", "dot")
 
 # W_f = 0.9·I at init: a contraction close to the identity, so the untrained stack is a mild
 # smoother whose per-layer loss neither explodes nor collapses to zero in a few layers.
@@ -155,7 +166,7 @@ class UT(nn.Module):
             raise ValueError(f"expected x of shape [..., T, {self.dim}], got {x.shape}")
         if not 0.0 <= self.reinject < 1.0:
             raise ValueError(f"reinject must lie in [0, 1), got {self.reinject}")
-        if self.attention not in ("dot", "distance"):
+        if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be 'dot' or 'distance', got {self.attention!r}")
         if self.tying not in TYINGS:
             raise ValueError(f"tying must be one of {', '.join(TYINGS)}, got {self.tying!r}")

@@ -17,9 +17,9 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cudt.constrained import UPDATES
+from cudt.constrained import RESILIENCE_MODES, UPDATES
 from cudt.descent import CONSTRAINTS, DUAL_SCALES
-from cudt.optim import SCHEDULES
+from cudt.optim import DUAL_OPTIMIZERS, SCHEDULES
 from cudt.runner.hparams import (
     CONDITIONAL,
     REFERENCE_SPELLINGS,
@@ -196,7 +196,7 @@ class RunConfig:
     resilience_mode: str = flag(
         "decay",
         "decay (dual weight decay 1/alpha) or slack (explicit slacks, restarted every epoch)",
-        check=one_of("decay", "slack"),
+        check=one_of(*RESILIENCE_MODES),
     )
     slack_lr: float = flag(1e-2, "learning rate of explicit slacks", check=positive)
     constraint: str = flag(
@@ -238,7 +238,7 @@ class RunConfig:
     dual_optimizer: str = flag(
         "adam",
         "adam (the paper), sgd or nupi (PI control: --nupi-kp, --nupi-ema)",
-        check=one_of("adam", "sgd", "nupi"),
+        check=one_of(*DUAL_OPTIMIZERS),
     )
     nupi_kp: float = flag(0.0, "proportional gain K_P of --dual-optimizer nupi", check=non_negative)
     nupi_ema: float = flag(

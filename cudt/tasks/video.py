@@ -20,7 +20,8 @@ from cudt.data.video import DATASETS, VideoSplits, load_video_data, perturb
 from cudt.errors import UsageError
 from cudt.metrics import rmse_255
 from cudt.models import DUST, UT, ViT, load_vit, ut_projection
-from cudt.models.ut import TYINGS
+from cudt.models.dust import INITIAL_CODES
+from cudt.models.ut import ATTENTIONS, TYINGS
 from cudt.runner import plots
 from cudt.runner.config import RunConfig, at_least, flag, in_range, non_negative, one_of, shared
 from cudt.runner.report import Column, at_gamma_train
@@ -86,7 +87,7 @@ class VideoConfig(RunConfig):
         "dual",
         "DUST state 0: dual (the input reconstructed exactly), adjoint, or zero (the paper's, "
         "Appendix C.3: a blank state 0, so a gamma_train = 0 constraint is not vacuous)",
-        check=one_of("dual", "adjoint", "zero"),
+        check=one_of(*INITIAL_CODES),
     )
     dust_control: bool = flag(
         True,
@@ -142,7 +143,7 @@ class VideoConfig(RunConfig):
         "UT attention scores: distance (softmax(-|y_t - y_s|^2_W / 2), the kernel of the "
         "energy of Yang et al. that the paper's UT unrolls, Appendix C.2) or dot "
         "(softmax(Y W Y^T), the published code)",
-        check=one_of("distance", "dot"),
+        check=one_of(*ATTENTIONS),
     )
     num_videos: int = flag(20, "synthetic: number of videos")
     num_frames: int = flag(32, "synthetic: frames per video")

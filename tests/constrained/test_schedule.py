@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import assert_one_line_error, toy, toy_main
+from helpers import bad_flags_test, toy, toy_main
 
 import cudt
 from cudt.checkpoint import GroupCheckpointer
@@ -207,8 +207,8 @@ def test_the_runner_sweeps_schedules_as_lanes_and_a_constant_lane_is_the_plain_r
     )
 
 
-@pytest.mark.parametrize(
-    "argv, words",
+test_bad_schedules_give_one_line_and_write_nothing = bad_flags_test(
+    toy_main,
     [
         (["--epsilon-schedule", "exp:0@10"], "--epsilon-schedule must be constant or SHAPE:START"),
         (["--epsilon-schedule", "linear:1.5@10"], "START must lie in [0, 1)"),
@@ -216,6 +216,3 @@ def test_the_runner_sweeps_schedules_as_lanes_and_a_constant_lane_is_the_plain_r
         (["--sweep", "epsilon_schedule=constant,cosine:0@0"], "needs STEPS >= 1"),
     ],
 )
-def test_bad_schedules_give_one_line_and_write_nothing(argv, words, tmp_path, capsys):
-    out = tmp_path / "o"
-    assert_one_line_error(toy_main, [*argv, "--out", out], capsys, words, out=out)

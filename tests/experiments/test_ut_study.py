@@ -7,8 +7,9 @@ import json
 
 import numpy as np
 import pytest
-from helpers import assert_one_line_error
+from helpers import bad_flags_test
 
+from experiments import ut_study
 from experiments.paper.ut_study import FAITHFUL, StudyConfig, Variant, run_study, variants
 from experiments.paper.ut_study.report import choose, choose_setting
 
@@ -298,8 +299,8 @@ def test_the_default_ut_is_feasible_and_monotone_on_held_out_ucsd_format_frames(
     assert max(constrained["max_multipliers"]) > 0
 
 
-@pytest.mark.parametrize(
-    "argv, words",
+test_bad_study_flags_fail_with_one_line_and_write_nothing = bad_flags_test(
+    ut_study.main,
     [
         (["--ut-attention", "cosine"], "--ut-attention: unknown attention 'cosine'"),
         (["--gamma-train", "-1"], "--gamma-train must be a finite number >= 0"),
@@ -307,8 +308,3 @@ def test_the_default_ut_is_feasible_and_monotone_on_held_out_ucsd_format_frames(
         (["--dual-lr", "0"], "--dual-lr must be a finite number > 0"),
     ],
 )
-def test_bad_study_flags_fail_with_one_line_and_write_nothing(argv, words, capsys, tmp_path):
-    from experiments import ut_study
-
-    out = tmp_path / "study"
-    assert_one_line_error(ut_study.main, [*argv, "--out", out], capsys, words, out=out)

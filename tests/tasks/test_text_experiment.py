@@ -23,6 +23,7 @@ from helpers import (
     RUNNER_KEYS,
     D,
     assert_one_line_error,
+    bad_flags_test,
     help_text,
     job_results,
 )
@@ -386,8 +387,8 @@ def test_help_lists_every_flag(capsys):
         assert flag in out
 
 
-@pytest.mark.parametrize(
-    "argv, words",
+test_bad_flags_exit_2_with_one_line = bad_flags_test(
+    text_classify.main,
     [
         (["--model", "gpt2"], "--model must be one of minilm, bert, distilbert, roberta, ut"),
         (["--model", "bert"], "--model bert needs --checkpoint"),
@@ -417,9 +418,6 @@ def test_help_lists_every_flag(capsys):
         (["--test-gammas", "0.5"], "--select val-auc needs at least two test gammas"),
     ],
 )
-def test_bad_flags_exit_2_with_one_line(argv, words, capsys, tmp_path):
-    out = tmp_path / "out"
-    assert_one_line_error(text_classify.main, [*argv, "--out", out], capsys, words, out=out)
 
 
 def test_bad_checkpoints_and_data_fail_before_touching_out(tiny_bert, tmp_path, capsys):

@@ -11,46 +11,36 @@ from collections.abc import Mapping
 from typing import Any
 
 from cudt.models.hf import (
-    FolderConfig,
-    ModelFolderError,
+    EncoderStackConfig,
+    bert_sizes,
     check_heads,
     check_sizes,
     malformed_fields,
     parse_activation,
 )
 
+# The error every loading problem raises, by its older name, kept for existing callers.
+from cudt.models.hf import ModelFolderError as EncoderError
+
 __all__ = ["SUPPORTED_MODEL_TYPES", "EncoderConfig", "EncoderError"]
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("bert", "distilbert", "roberta")
 
-# The error every loading problem raises; its older name, kept for existing callers.
-EncoderError = ModelFolderError
-
 
 @dataclasses.dataclass(frozen=True)
-class EncoderConfig(FolderConfig):
-    """Architecture hyper-parameters parsed from a Hugging Face ``config.json``.
+class EncoderConfig(EncoderStackConfig):
+    """Architecture hyper-parameters parsed from a Hugging Face ``config.json``: the sizes of
+    :class:`~cudt.models.hf.EncoderStackConfig`, then these.
 
     Hashable, so it can be a static argument of ``jax.jit``. ``type_vocab_size`` is 0 for
     DistilBERT, which has no token type embeddings.
     """
 
     model_type: str  # "bert" | "distilbert" | "roberta"
-    hidden_size: int  # D
-    num_layers: int  # L
-    num_heads: int  # H
-    intermediate_size: int  # F, MLP width
-    activation: str  # "gelu" (exact erf) | "gelu_tanh" | "relu" | "silu"
-    layer_norm_eps: float
     max_position_embeddings: int
     vocab_size: int
     type_vocab_size: int
     pad_token_id: int
-
-    @property
-    def head_dim(self) -> int:
-        """Per-head width ``D // H``."""
-        return self.hidden_size // self.num_heads
 
     @property
     def max_length(self) -> int:
@@ -103,11 +93,7 @@ class EncoderConfig(FolderConfig):
                 act_name = raw.get("hidden_act", "gelu")
                 default_pad = 1 if model_type == "roberta" else 0
                 fields = dict(
-                    hidden_size=int(raw.get("hidden_size", 768)),
-                    num_layers=int(raw.get("num_hidden_layers", 12)),
-                    num_heads=int(raw.get("num_attention_heads", 12)),
-                    intermediate_size=int(raw.get("intermediate_size", 3072)),
-                    layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
+                    bert_sizes(raw),
                     max_position_embeddings=int(raw.get("max_position_embeddings", 512)),
                     vocab_size=int(raw.get("vocab_size", 30522)),
                     type_vocab_size=int(raw.get("type_vocab_size", 2)),

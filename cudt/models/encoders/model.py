@@ -16,6 +16,7 @@ import numpy as np
 
 from cudt.models.encoders.config import EncoderConfig, EncoderError
 from cudt.models.hf import (
+    FolderModel,
     Params,
     activation,
     check_range,
@@ -187,23 +188,14 @@ def _embed(params: Params, input_ids: jax.Array, *, config: EncoderConfig, dtype
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Encoder:
-    """A loaded encoder: config, params pytree, tokenizer and pure apply functions.
-
-    Not itself a pytree: pass ``enc.params`` (or a trained copy) to ``enc.apply``. ``eq=False``
-    keeps hashing by identity, so bound methods such as ``enc.apply`` can be jitted.
+class Encoder(FolderModel[EncoderConfig]):
+    """A loaded encoder: config, params pytree (``{"embeddings": {...}, "blocks": {... leaves
+    [L, ...]}}``), tokenizer and pure apply functions (see :class:`~cudt.models.hf.FolderModel`).
     """
 
-    config: EncoderConfig
-    params: Params  # {"embeddings": {...}, "blocks": {... leaves [L, ...]}}
     tokenizer: Any = None  # tokenizers.Tokenizer | None
     dtype: Any = jnp.float32
     path: pathlib.Path | None = None
-
-    @property
-    def num_layers(self) -> int:
-        """L, the number of transformer blocks."""
-        return self.config.num_layers
 
     def apply(
         self,

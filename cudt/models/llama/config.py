@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -29,6 +29,8 @@ from cudt.models.hf import (
 
 __all__ = [
     "ARCHITECTURES",
+    "BLOCK_LINEARS",
+    "BLOCK_NORMS",
     "SUPPORTED_DECODER_TYPES",
     "DecoderConfig",
     "Params",
@@ -45,6 +47,21 @@ Params = dict[str, Any]
 Place = tuple[Any, ...]
 
 ROPE_TYPES = ("default", "llama3")
+# A block's tensors: our leaf -> (its Hugging Face sub-module after ``model.layers.{i}.``, its
+# llama.cpp GGUF name after ``blk.{i}.``).
+BLOCK_NORMS = {
+    "attn_norm": ("input_layernorm", "attn_norm"),
+    "mlp_norm": ("post_attention_layernorm", "ffn_norm"),
+}
+BLOCK_LINEARS = {
+    "q": ("self_attn.q_proj", "attn_q"),
+    "k": ("self_attn.k_proj", "attn_k"),
+    "v": ("self_attn.v_proj", "attn_v"),
+    "o": ("self_attn.o_proj", "attn_output"),
+    "gate": ("mlp.gate_proj", "ffn_gate"),
+    "up": ("mlp.up_proj", "ffn_up"),
+    "down": ("mlp.down_proj", "ffn_down"),
+}
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -335,6 +352,21 @@ class DecoderConfig(FolderConfig):
         if place[0] == "blocks":
             return leaf_at(self.param_shapes(), place[:-1])[1:]
         return leaf_at(self.param_shapes(), place)
+
+    def block_tensors(self, fmt: int) -> Iterator[tuple[int, str, str, Place, bool]]:
+        """Every block tensor, as both checkpoint formats list them: per layer the norms, then
+        each projection's weight and, where this config has one, its bias. Each is ``(layer,
+        name after the layer's prefix in format fmt (0: Hugging Face, 1: GGUF), our leaf, place,
+        transposed)``: both store a matrix as torch's ``[out, in]``, our kernels are
+        ``[in, out]``."""
+        blocks = self.param_shapes()["blocks"]
+        for i in range(self.num_layers):
+            for ours, names in BLOCK_NORMS.items():
+                yield i, f"{names[fmt]}.weight", ours, ("blocks", ours, i), False
+            for ours, names in BLOCK_LINEARS.items():
+                yield i, f"{names[fmt]}.weight", ours, ("blocks", ours, "kernel", i), True
+                if "bias" in blocks[ours]:
+                    yield i, f"{names[fmt]}.bias", ours, ("blocks", ours, "bias", i), False
 
     def init_params(self, key: jax.Array, dtype: Any = jnp.float32) -> Params:
         """Random params as transformers initialises them: matrices ~ N(0, initializer_range),

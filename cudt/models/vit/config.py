@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from cudt.models.hf import (
-    FolderConfig,
+    EncoderStackConfig,
     ModelFolderError,
+    bert_sizes,
     check_heads,
     check_sizes,
     malformed_fields,
@@ -33,27 +34,17 @@ def _pair(value: Any, name: str) -> tuple[int, int]:
 
 
 @dataclasses.dataclass(frozen=True)
-class ViTConfig(FolderConfig):
-    """Architecture hyper-parameters parsed from a Hugging Face ViT ``config.json``.
+class ViTConfig(EncoderStackConfig):
+    """Architecture hyper-parameters parsed from a Hugging Face ViT ``config.json``: the sizes of
+    :class:`~cudt.models.hf.EncoderStackConfig`, then these.
 
     Hashable, so it can be a static argument of ``jax.jit``.
     """
 
-    hidden_size: int  # D
-    num_layers: int  # L
-    num_heads: int  # H
-    intermediate_size: int  # F, MLP width
-    activation: str  # "gelu" (exact erf) | "gelu_tanh" | "relu" | "silu"
-    layer_norm_eps: float
     image_size: tuple[int, int]  # (H, W) the position embeddings were trained for
     patch_size: tuple[int, int]  # (ph, pw)
     num_channels: int  # C
     qkv_bias: bool
-
-    @property
-    def head_dim(self) -> int:
-        """Per-head width ``D // H``."""
-        return self.hidden_size // self.num_heads
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -85,12 +76,8 @@ class ViTConfig(FolderConfig):
         act = parse_activation(raw.get("hidden_act", "gelu"))
         with malformed_fields():
             cfg = cls(
-                hidden_size=int(raw.get("hidden_size", 768)),
-                num_layers=int(raw.get("num_hidden_layers", 12)),
-                num_heads=int(raw.get("num_attention_heads", 12)),
-                intermediate_size=int(raw.get("intermediate_size", 3072)),
+                **bert_sizes(raw),
                 activation=act,
-                layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
                 image_size=_pair(raw.get("image_size", 224), "image_size"),
                 patch_size=_pair(raw.get("patch_size", 16), "patch_size"),
                 num_channels=int(raw.get("num_channels", 3)),

@@ -29,7 +29,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cudt.models.hf import ModelFolderError, Params, activation, layer_norm, self_attention
+from cudt.models.hf import (
+    FolderModel,
+    ModelFolderError,
+    Params,
+    activation,
+    layer_norm,
+    self_attention,
+)
 from cudt.models.vit.config import ViTConfig, ViTPreprocessor
 
 __all__ = ["ViT"]
@@ -143,23 +150,13 @@ def _forward(params: Params, pixel_values: jax.Array, *, config: ViTConfig, dtyp
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class ViT:
-    """A loaded ViT: config, params pytree, preprocessor and pure functions.
+class ViT(FolderModel[ViTConfig]):
+    """A loaded ViT: config, params pytree (``{"embeddings": {...}, "blocks": {... leaves [L,
+    ...]}}``), preprocessor and pure functions (see :class:`~cudt.models.hf.FolderModel`)."""
 
-    Not itself a pytree: pass ``vit.params`` (or a trained copy) to ``vit.apply``. ``eq=False``
-    keeps hashing by identity, so bound methods such as ``vit.apply`` can be jitted.
-    """
-
-    config: ViTConfig
-    params: Params  # {"embeddings": {...}, "blocks": {... leaves [L, ...]}}
     preprocessor: ViTPreprocessor = ViTPreprocessor()
     dtype: Any = jnp.float32
     path: pathlib.Path | None = None
-
-    @property
-    def num_layers(self) -> int:
-        """L, the number of transformer blocks."""
-        return self.config.num_layers
 
     # ---- forward ----------------------------------------------------------------------------
 

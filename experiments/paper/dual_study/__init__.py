@@ -35,6 +35,7 @@ from typing import Any
 
 from cudt.constrained import UPDATES
 from cudt.errors import UsageError
+from cudt.optim import SCHEDULES
 from cudt.runner.config import FORMULATIONS, flag
 from cudt.runner.hparams import normalize_epsilon_schedule, parse_epsilon_schedule
 from experiments.paper.dual_study import figures, report
@@ -125,7 +126,7 @@ def check(opts: StudyConfig) -> None:
     check_known("dual-optimizers", "dual optimiser", opts.dual_optimizers, DUAL_OPTIMIZERS)
     check_known("updates", "update", opts.updates, UPDATES)
     check_known("scale", "scale", (opts.scale,), ("default", "tiny"))
-    check_known("lr-schedule", "schedule", (opts.lr_schedule,), ("constant", "cosine", "linear"))
+    check_known("lr-schedule", "schedule", (opts.lr_schedule,), SCHEDULES)
     factors = opts.dual_lr_factors
     need(
         all(math.isfinite(f) and f > 0 for f in factors),

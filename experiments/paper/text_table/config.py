@@ -12,6 +12,7 @@ from typing import Any
 
 from cudt.data.text.nli import tfds_builder, tiny_splits
 from cudt.errors import DataError
+from cudt.models.classifier import GRANULARITIES
 from cudt.runner.config import flag
 from cudt.tasks.text import TextConfig, TextTask
 from experiments.paper import job as grid
@@ -207,7 +208,7 @@ class Table4Config:
             f"--layers must all be >= 1, got {','.join(map(str, self.layers))}",
         )
         need(
-            self.encoder_granularity in ("block", "sublayer"),
+            self.encoder_granularity in GRANULARITIES,
             f"--encoder-granularity must be block or sublayer, got {self.encoder_granularity!r}",
         )
         grid.check_grid_flags(self, need, ("seeds", "steps", "batch_size", "num_test", "devices"))

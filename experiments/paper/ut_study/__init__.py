@@ -32,7 +32,7 @@ from typing import Any
 
 from cudt.errors import UsageError
 from cudt.io import write_json_atomic
-from cudt.models.ut import TYINGS
+from cudt.models.ut import ATTENTIONS, TYINGS
 from cudt.runner.config import flag
 from experiments.paper.job import (
     TINY_VIDEO,
@@ -150,7 +150,7 @@ def check(opts: StudyConfig) -> None:
     check_known("residuals", "residual", opts.residuals, RESIDUALS)
     check_known("scale", "scale", (opts.scale,), ("default", "tiny"))
     if opts.ut_attention is not None:
-        check_known("ut-attention", "attention", (opts.ut_attention,), ("distance", "dot"))
+        check_known("ut-attention", "attention", (opts.ut_attention,), ATTENTIONS)
     need(
         opts.gamma_train is None or (math.isfinite(opts.gamma_train) and opts.gamma_train >= 0),
         f"--gamma-train must be a finite number >= 0, got {opts.gamma_train}",
