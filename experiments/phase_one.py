@@ -41,8 +41,8 @@ from cudt.metrics import feasibility
 from cudt.runner.cli import config_from_args, configure_process, run_cli
 from cudt.runner.lock import check_free, lock_output
 from cudt.runner.provenance import provenance
-from cudt.runner.report import decreases
-from cudt.runner.run import data_draws
+from cudt.runner.report import decreases, evaluation_keys
+from cudt.runner.run import data_draws, evaluation_grids
 from cudt.tasks.video import VideoConfig, VideoTask
 from experiments.paper.phase1 import ERM_POINT, STARTS, split_means, train_phase_one
 from experiments.paper.rows import write_text
@@ -89,16 +89,15 @@ def judge(means, epsilon: float, tolerance: float) -> dict[str, Any]:
 
 
 def _eval_keys(task, cfg, draw_cfg, gamma_train: float) -> dict[str, jax.Array]:
-    """The keys of the runner's evaluation noise at ``gamma_train`` (cudt.runner.run and
-    report: test at the γ's index in the test grid, validation at its index in the validation
-    grid, under ``fold_in(key, 99)``), so the phase-I points see the noisy inputs its runs see."""
-    trains = sorted({float(s["gamma_train"]) for s in settings(task, cfg)})
-    gammas = sorted({g for gt in trains for g in task.test_gamma_grid(cfg, gt)})
-    val_gammas = sorted(set(task.val_gammas(cfg, trains, gammas)) | set(trains))
-    key = jax.random.key(10_000 + draw_cfg.data_rng_seed)
+    """The keys of the runner's evaluation noise at ``gamma_train`` (its
+    :func:`cudt.runner.report.evaluation_keys`, folded with the γ's index in its test and
+    validation grids, :func:`cudt.runner.run.evaluation_grids`), so the phase-I points see the
+    noisy inputs its runs see."""
+    gammas, val_gammas = evaluation_grids(task, cfg, task.run_specs(cfg))
+    test_key, val_key = evaluation_keys(draw_cfg.data_rng_seed)
     return {
-        "test": jax.random.fold_in(key, gammas.index(gamma_train)),
-        "val": jax.random.fold_in(jax.random.fold_in(key, 99), val_gammas.index(gamma_train)),
+        "test": jax.random.fold_in(test_key, gammas.index(gamma_train)),
+        "val": jax.random.fold_in(val_key, val_gammas.index(gamma_train)),
     }
 
 

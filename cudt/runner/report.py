@@ -24,6 +24,7 @@ __all__ = [
     "at_gamma_train",
     "choose_points",
     "chosen_lines",
+    "evaluation_keys",
     "compare_chosen",
     "comparison_lines",
     "Column",
@@ -89,12 +90,20 @@ def curves_of(result: LoopResult, r: int) -> dict[str, list]:
     return out
 
 
-def summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval_key):
+def evaluation_keys(data_rng_seed: int) -> tuple[jax.Array, jax.Array]:
+    """``(test, validation)``: the base keys of the evaluation noise of every run on the data
+    draw ``data_rng_seed`` (:func:`evaluate_group` folds in each γ's index in its split's grid),
+    for the runner and for a job that evaluates points as its runs are (experiments.phase_one)."""
+    key = jax.random.key(10_000 + data_rng_seed)
+    return key, jax.random.fold_in(key, 99)
+
+
+def summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval_keys):
     """Evaluates a trained group on test and validation (one compiled evaluator) and turns each
     run into its ``results.json`` record: ``(records, kept descent ratios)`` (None for a
     diverged run)."""
     model = group.model
-    test, val = _evaluate_splits(task, cfg, data, group, result, gammas, val_gammas, eval_key)
+    test, val = _evaluate_splits(task, cfg, data, group, result, gammas, val_gammas, eval_keys)
     eps = np.asarray(program.per_run["epsilon"])
     runs, ratios = [], []
     for r, spec in enumerate(group.specs):
@@ -109,7 +118,7 @@ def summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval_
     return runs, ratios
 
 
-def _evaluate_splits(task, cfg, data, group, result, gammas, val_gammas, eval_key):
+def _evaluate_splits(task, cfg, data, group, result, gammas, val_gammas, eval_keys):
     """``(test, val)``: :func:`evaluate_group` of the group's runs on each split at its γs."""
     model = group.model
     axes = (0, None, None, None, None, None)
@@ -131,8 +140,9 @@ def _evaluate_splits(task, cfg, data, group, result, gammas, val_gammas, eval_ke
             per_state,
         )
 
-    test = evaluate("test", gammas, eval_key)
-    val = evaluate("val", val_gammas, jax.random.fold_in(eval_key, 99))
+    test_key, val_key = eval_keys
+    test = evaluate("test", gammas, test_key)
+    val = evaluate("val", val_gammas, val_key)
     return test, val
 
 

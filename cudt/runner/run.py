@@ -33,6 +33,7 @@ from cudt.runner.report import (
     choose_points,
     compare_chosen,
     curves_of,
+    evaluation_keys,
     mark_chosen,
     seed_intervals,
     select_best,
@@ -42,7 +43,7 @@ from cudt.runner.report import (
 from cudt.runner.sweep import model_defaults, parse_sweeps, tuned_names
 from cudt.runner.task import Task
 
-__all__ = ["data_draws", "inert_warnings", "run"]
+__all__ = ["data_draws", "evaluation_grids", "inert_warnings", "run"]
 
 
 def data_draws(cfg) -> dict[int, Any]:
@@ -121,11 +122,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         ]
         if out.resuming:  # a corrupt or foreign checkpoint is refused before any training
             _check_checkpoints(out, cfg, groups, programs, meshes)
-        gamma_trains = sorted({float(s.hp["gamma_train"]) for s in specs})
-        # one test grid for every run: the union of their grids, so runs swept over γ_train
-        # are evaluated (and compiled) alike
-        gammas = sorted({g for gt in gamma_trains for g in task.test_gamma_grid(cfg, gt)})
-        val_gammas = sorted(set(task.val_gammas(cfg, gamma_trains, gammas)) | set(gamma_trains))
+        gammas, val_gammas = evaluation_grids(task, cfg, specs)
         trained = _train_and_evaluate(
             task, cfg, out, draws, datas, groups, programs, meshes, gammas, val_gammas
         )
@@ -205,6 +202,16 @@ def _check_checkpoints(out, cfg, groups, programs, meshes) -> None:
                     checkpointer.restore(abstract)
 
 
+def evaluation_grids(task: Task, cfg, specs) -> tuple[list[float], list[float]]:
+    """``(test γs, validation γs)`` every run of ``specs`` is evaluated at: one test grid for
+    every run, the union of their grids, so runs swept over γ_train are evaluated (and
+    compiled) alike; the task's validation γs and every γ_train."""
+    gamma_trains = sorted({float(s.hp["gamma_train"]) for s in specs})
+    gammas = sorted({g for gt in gamma_trains for g in task.test_gamma_grid(cfg, gt)})
+    val_gammas = sorted(set(task.val_gammas(cfg, gamma_trains, gammas)) | set(gamma_trains))
+    return gammas, val_gammas
+
+
 def _train_and_evaluate(
     task: Task, cfg, out, draws, datas, groups, programs, meshes, gammas, val_gammas
 ) -> dict[str, Any]:
@@ -217,7 +224,7 @@ def _train_and_evaluate(
     devices_used = 1
     for group, program, shardings in zip(groups, programs, meshes, strict=True):
         group_cfg, group_data = draws[group.data_seed], datas[group.data_seed]
-        eval_key = jax.random.key(10_000 + group_cfg.data_rng_seed)
+        eval_keys = evaluation_keys(group_cfg.data_rng_seed)
         t = time.perf_counter()
         if shardings is not None:
             devices_used = max(devices_used, shardings.devices)
@@ -250,7 +257,7 @@ def _train_and_evaluate(
             _write_group_logs(out, group, result)
         t = time.perf_counter()
         group_runs, group_ratios = summarise(
-            task, group_cfg, group_data, group, program, result, gammas, val_gammas, eval_key
+            task, group_cfg, group_data, group, program, result, gammas, val_gammas, eval_keys
         )
         eval_seconds[group.name] = time.perf_counter() - t
         runs += group_runs
