@@ -242,6 +242,30 @@ def stamps(folder: Path) -> dict[str, int]:
     }
 
 
+def assert_rerun_reuses(main, argv, out: Path, subs: list[str], headline: str, capsys) -> None:
+    """A paper-table job run again with its flags ``argv`` trains and rewrites nothing: every
+    sub-run in ``subs`` reused, the headline table (its row ``headline``) printed; with one more
+    ``--steps`` it refuses in one line, naming the difference, before anything is written."""
+    results = out / subs[0] / "results.json"
+    before = results.stat().st_mtime_ns
+    files = stamps(results.parent)
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert stamps(results.parent) == files  # no training: no checkpoint or result rewritten
+    assert results.stat().st_mtime_ns == before
+    printed = capsys.readouterr().out
+    assert all(f"{sub}: reusing" in printed for sub in subs), printed
+    assert f"{len(subs)} sub-runs (0 trained, {len(subs)} reused)" in printed
+    assert f"| {headline} |" in printed  # the headline table is printed
+    # Other flags: refused before anything is trained or written, naming the difference.
+    other = list(argv)
+    steps = int(other[other.index("--steps") + 1])
+    other[other.index("--steps") + 1] = str(steps + 1)
+    words = f"holds results of another config (steps: {steps} there, {steps + 1} now"
+    assert_one_line_error(main, other, capsys, words)
+    assert results.stat().st_mtime_ns == before
+
+
 def assert_figures(out, names, min_height: int) -> None:
     """Each figure a real PNG: at least 600 × ``min_height`` pixels, more than 50 colours."""
     for name in names:
