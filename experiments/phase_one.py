@@ -90,7 +90,7 @@ def judge(means, epsilon: float, tolerance: float) -> dict[str, Any]:
 
 def _eval_keys(task, cfg, draw_cfg, gamma_train: float) -> dict[str, jax.Array]:
     """The keys of the runner's evaluation noise at ``gamma_train`` (its
-    :func:`cudt.runner.report.evaluation_keys`, folded with the γ's index in its test and
+    :func:`cudt.runner.record.evaluation_keys`, folded with the γ's index in its test and
     validation grids, :func:`cudt.runner.run.evaluation_grids`), so the phase-I points see the
     noisy inputs its runs see."""
     gammas, val_gammas = evaluation_grids(task, cfg, task.run_specs(cfg))

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +35,7 @@ from cudt.runner.report import Column
 ROOT = Path(__file__).resolve().parents[1]
 
 # --------------------------------------------------------------------------------------------
-# A random 2-block BERT (hidden size 32) in the Hugging Face layout, MiniLM's tokenizer
+# Random BERT, RoBERTa and DistilBERT folders (hidden size 32) in the Hugging Face layout
 # --------------------------------------------------------------------------------------------
 
 D, LAYERS, HEADS, FFN, MAX_POS = 32, 2, 4, 37, 64
@@ -86,10 +87,52 @@ def random_blocks(rand, layers: int, block, d: int, f: int, norm_offset: float =
     return t
 
 
-def write_tiny_bert(folder: Path, seed: int = 0) -> Path:
-    """A random BERT folder (config.json, model.safetensors) with MiniLM's tokenizer.json."""
-    tok = minilm_path()
-    vocab = json.loads((tok / "config.json").read_text())["vocab_size"]
+# A DistilBERT block's Hugging Face names (as BERT_BLOCK's)
+DISTILBERT_BLOCK = (
+    "transformer.layer.{}.",
+    (
+        "attention.q_lin",
+        "attention.k_lin",
+        "attention.v_lin",
+        "attention.out_lin",
+        "ffn.lin1",
+        "ffn.lin2",
+    ),
+    ("sa_layer_norm", "output_layer_norm"),
+)
+# The tiny encoder's fixed sizes under BERT's config.json names; DistilBERT's names of them
+TINY_ENCODER = dict(
+    hidden_size=D, num_attention_heads=HEADS, intermediate_size=FFN, max_position_embeddings=MAX_POS
+)
+DISTILBERT_KEYS = {
+    "hidden_size": "dim",
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "intermediate_size": "hidden_dim",
+}
+
+
+def tiny_sizes(model_type: str = "bert", *, layers: int = LAYERS, vocab: int = 100) -> dict:
+    """The tiny encoder's sizes (hidden size 32) under ``model_type``'s config.json names."""
+    sizes = dict(TINY_ENCODER, num_hidden_layers=layers, vocab_size=vocab)
+    if model_type == "distilbert":
+        return {DISTILBERT_KEYS.get(k, k): v for k, v in sizes.items()}
+    return sizes
+
+
+def write_tiny_folder(
+    folder: Path,
+    model_type: str = "bert",
+    *,
+    layers: int = LAYERS,
+    vocab: int = 100,
+    prefix: str = "",
+    drop: tuple[str, ...] = (),
+    config_overrides: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> Path:
+    """A random BERT, RoBERTa or DistilBERT folder (config.json, model.safetensors in Hugging
+    Face tensor names, each behind ``prefix``, those in ``drop`` left out), hidden size 32."""
     rng = np.random.default_rng(seed)
 
     def rand(*shape):
@@ -98,26 +141,36 @@ def write_tiny_bert(folder: Path, seed: int = 0) -> Path:
     t = {
         "embeddings.word_embeddings.weight": rand(vocab, D),
         "embeddings.position_embeddings.weight": rand(MAX_POS, D),
-        "embeddings.token_type_embeddings.weight": rand(2, D),
-        "embeddings.LayerNorm.weight": 1 + rand(D),
-        "embeddings.LayerNorm.bias": rand(D),
     }
-    t.update(random_blocks(rand, LAYERS, BERT_BLOCK, D, FFN))
-    config = dict(
-        model_type="bert",
-        hidden_size=D,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        intermediate_size=FFN,
-        vocab_size=vocab,
-        max_position_embeddings=MAX_POS,
-        type_vocab_size=2,
-        hidden_act="gelu",
-        pad_token_id=0,
-    )
+    if model_type != "distilbert":
+        t["embeddings.token_type_embeddings.weight"] = rand(2, D)
+    t["embeddings.LayerNorm.weight"] = 1 + rand(D)
+    t["embeddings.LayerNorm.bias"] = rand(D)
+    sizes = tiny_sizes(model_type, layers=layers, vocab=vocab)
+    if model_type == "distilbert":
+        config = sizes | dict(model_type=model_type, activation="gelu", sinusoidal_pos_embds=False)
+        config["pad_token_id"] = 0
+        block = DISTILBERT_BLOCK
+    else:
+        config = dict(sizes, model_type=model_type, type_vocab_size=2, hidden_act="gelu")
+        config |= dict(layer_norm_eps=1e-12, pad_token_id=1 if model_type == "roberta" else 0)
+        block = BERT_BLOCK
+    t.update(random_blocks(rand, layers, block, D, FFN))
+    config.update(config_overrides or {})
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
-    save_file(t, str(folder / "model.safetensors"))
+    save_file(
+        {prefix + k: a for k, a in t.items() if k not in drop}, str(folder / "model.safetensors")
+    )
+    return folder
+
+
+def write_tiny_bert(folder: Path, seed: int = 0) -> Path:
+    """A random BERT folder (:func:`write_tiny_folder`) with MiniLM's vocabulary and
+    tokenizer.json."""
+    tok = minilm_path()
+    vocab = json.loads((tok / "config.json").read_text())["vocab_size"]
+    write_tiny_folder(folder, vocab=vocab, seed=seed)
     shutil.copy(tok / "tokenizer.json", folder / "tokenizer.json")
     return folder
 
@@ -187,6 +240,30 @@ def stamps(folder: Path) -> dict[str, int]:
     return {
         str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()
     }
+
+
+def assert_rerun_reuses(main, argv, out: Path, subs: list[str], headline: str, capsys) -> None:
+    """A paper-table job run again with its flags ``argv`` trains and rewrites nothing: every
+    sub-run in ``subs`` reused, the headline table (its row ``headline``) printed; with one more
+    ``--steps`` it refuses in one line, naming the difference, before anything is written."""
+    results = out / subs[0] / "results.json"
+    before = results.stat().st_mtime_ns
+    files = stamps(results.parent)
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert stamps(results.parent) == files  # no training: no checkpoint or result rewritten
+    assert results.stat().st_mtime_ns == before
+    printed = capsys.readouterr().out
+    assert all(f"{sub}: reusing" in printed for sub in subs), printed
+    assert f"{len(subs)} sub-runs (0 trained, {len(subs)} reused)" in printed
+    assert f"| {headline} |" in printed  # the headline table is printed
+    # Other flags: refused before anything is trained or written, naming the difference.
+    other = list(argv)
+    steps = int(other[other.index("--steps") + 1])
+    other[other.index("--steps") + 1] = str(steps + 1)
+    words = f"holds results of another config (steps: {steps} there, {steps + 1} now"
+    assert_one_line_error(main, other, capsys, words)
+    assert results.stat().st_mtime_ns == before
 
 
 def assert_figures(out, names, min_height: int) -> None:

@@ -3,7 +3,7 @@
 All take the experiment's ``runs`` list (the dicts written to results.json), group them by model
 and show ERM and constrained side by side. Infeasible runs are dashed, diverged runs are left out
 of the curves and named in the legend, so a broken run is never mistaken for a good one. The
-lanes the runner did not choose on validation (``chosen: False``, :func:`cudt.runner.report.
+lanes the runner did not choose on validation (``chosen: False``, :func:`cudt.runner.choice.
 mark_chosen`) are drawn thin and faint, so the chosen setting stands out among tuned lanes.
 """
 

@@ -6,7 +6,7 @@
 file when it ends in ``.gguf``).
 
 Which runs: the chosen ones, the best run of each setting on validation, constrained and ERM
-(``best`` in ``results.json``: :func:`cudt.runner.report.select_best` by the validation
+(``best`` in ``results.json``: :func:`cudt.runner.choice.select_best` by the validation
 accuracy; a diverged or infeasible run is never chosen, and test data never decides). Their
 parameters are read from the run's orbax checkpoints (:func:`trained_params`, through
 :class:`cudt.checkpoint.GroupCheckpointer`), the frozen input embeddings put back, and each model is written by :func:`cudt.save_decoder`

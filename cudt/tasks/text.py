@@ -31,10 +31,10 @@ from cudt.models.classifier import (
     cross_entropy,
     make_layer_losses,
 )
-from cudt.models.ut import TYINGS
 from cudt.runner.config import RunConfig, at_least, flag, one_of, positive, shared
 from cudt.runner.task import EvalBatch, GroupModel, Task
 from cudt.tasks.accuracy import AccuracyReports
+from cudt.tasks.ut_flags import ut_flag
 
 __all__ = [
     "DATASETS",
@@ -139,23 +139,18 @@ class TextConfig(RunConfig):
         "scale is fixed from that table); default: on for ut (over frozen embeddings a UT reads "
         "little more than their mean, docs/results/text.md), off for pretrained encoders",
     )
-    ut_a: float = flag(1.0, "UT attention step a")
-    ut_b: float = flag(
+    ut_a: float = ut_flag("ut_a", 1.0)
+    ut_b: float = ut_flag(
+        "ut_b",
         0.5,
-        "UT feed-forward step b: W_f = -b/2 (W + W^T) + (1-b) I. At b = 1 (the published code) "
-        "W_f has eigenvalues of both signs and every other state reads backwards through the "
-        "shared head; at 0.5 (the default) W_f is positive definite",
+        "at b = 1 (the published code) W_f has eigenvalues of both signs and every other state "
+        "reads backwards through the shared head; at 0.5 (the default) W_f is positive definite",
     )
-    ut_tying: str = flag(
-        "all",
-        "which UT weights the layers share: all, attention (one feed-forward map per layer) "
-        "or none",
-        check=one_of(*TYINGS),
-    )
-    ut_skip: bool = flag(
+    ut_tying: str = ut_flag("ut_tying", "all")
+    ut_skip: bool = ut_flag(
+        "ut_skip",
         False,
-        "UT residual connection inside the ReLU (the paper's eq. 48); at --ut-b 1 the "
-        "feed-forward matrix is then kept PSD, W_f = I - W in [0.05, 1]",
+        "at --ut-b 1 the feed-forward matrix is then kept PSD, W_f = I - W in [0.05, 1]",
     )
     head_norm: bool = flag(
         False,

@@ -21,11 +21,12 @@ from cudt.errors import UsageError
 from cudt.metrics import rmse_255
 from cudt.models import DUST, UT, ViT, load_vit, ut_projection
 from cudt.models.dust import INITIAL_CODES
-from cudt.models.ut import ATTENTIONS, TYINGS
+from cudt.models.ut import ATTENTIONS
 from cudt.runner import plots
 from cudt.runner.config import RunConfig, at_least, flag, in_range, non_negative, one_of, shared
 from cudt.runner.report import Column, at_gamma_train
 from cudt.runner.task import GroupModel, Task
+from cudt.tasks.ut_flags import ut_flag
 
 PATCH = 16  # side of a video patch (P = 256 pixels: cudt.data.video.patchify's default)
 
@@ -95,27 +96,18 @@ class VideoConfig(RunConfig):
         "(rows dust-pl): the control that separates the constraints' effect from the "
         "architecture's",
     )
-    ut_a: float = flag(
+    ut_a: float = ut_flag(
+        "ut_a",
         0.25,
-        "UT attention step a (the published code uses 1: then layer 1 averages all T frames "
-        "and no later layer can lower the loss on this data)",
+        "the published code uses 1: then layer 1 averages all T frames and no later layer can "
+        "lower the loss on this data",
     )
-    ut_b: float = flag(1.0, "UT feed-forward step b: W_f = -b/2 (W + W^T) + (1-b) I")
+    ut_b: float = ut_flag("ut_b", 1.0)
     # The UT of the study (python -m experiments.ut_study, docs/results/video.md): the shared
     # attention of the paper's Section 4 and the residual energy step of eq. 48; the published
     # UT (--ut-tying all --no-ut-skip) cannot meet the descent constraints here.
-    ut_tying: str = flag(
-        "attention",
-        "which UT weights the layers share: all (one layer applied L times, the published "
-        "code), attention (the attention matrix only, one feed-forward map and bias per "
-        "layer: the paper's Section 4) or none",
-        check=one_of(*TYINGS),
-    )
-    ut_skip: bool = flag(
-        True,
-        "UT residual connection inside the ReLU, Y <- ReLU(Z + Z W_f + B): the gradient step "
-        "of Yang et al.'s energy (the paper's eq. 48); the identity map is then reachable",
-    )
+    ut_tying: str = ut_flag("ut_tying", "attention")
+    ut_skip: bool = ut_flag("ut_skip", True)
     ut_ffn_init: float = flag(
         0.9,
         "the UT layer's linear map at init, c*I (0.9: a mild contraction; 1 with --ut-skip: "

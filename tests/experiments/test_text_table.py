@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +17,9 @@ import pytest
 from helpers import (
     assert_figures,
     assert_one_line_error,
+    assert_rerun_reuses,
     cell_number,
     headline_cells,
-    stamps,
 )
 
 from cudt.data.text import load_text_data, synthetic_sentiment
@@ -231,23 +230,8 @@ def test_micro_grid_writes_table_csv_figures_and_ratio_histograms(micro_grid):
 @pytest.mark.slow
 def test_rerun_reuses_finished_subruns_and_refuses_other_flags(micro_grid, capsys):
     out, argv = micro_grid
-    results = out / "imdb-minilm" / "results.json"
-    before = results.stat().st_mtime_ns
-    capsys.readouterr()
-    files = stamps(results.parent)
-    assert text_table.main(argv) == 0
-    assert stamps(results.parent) == files  # no training: no checkpoint or result rewritten
-    assert results.stat().st_mtime_ns == before
-    printed = capsys.readouterr().out
-    assert "imdb-minilm: reusing" in printed and "mnli-minilm: reusing" in printed
-    assert re.search(r"2 sub-runs \(0 trained, 2 reused\)", printed)
-    assert "| MiniLM-4 |" in printed  # the headline table is printed
-    # Other flags: refused before anything is trained or written, naming the difference.
-    other = list(argv)
-    other[other.index("--steps") + 1] = "5"
-    words = "holds results of another config (steps: 4 there, 5 now"
-    assert_one_line_error(text_table.main, other, capsys, words)
-    assert results.stat().st_mtime_ns == before
+    subs = ["imdb-minilm", "mnli-minilm"]
+    assert_rerun_reuses(text_table.main, argv, out, subs, "MiniLM-4", capsys)
 
 
 @pytest.mark.parametrize(

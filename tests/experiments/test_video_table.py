@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 
 import numpy as np
 import pytest
 from helpers import (
     assert_figures,
     assert_one_line_error,
+    assert_rerun_reuses,
     cell_number,
     headline_cells,
-    stamps,
 )
 
 from cudt.data import load_video_data, load_videos, synthetic_videos
@@ -169,22 +168,8 @@ def test_tiny_grid_writes_table_csv_and_figures(tiny_grid):
 
 @pytest.mark.slow
 def test_rerun_reuses_finished_subruns(tiny_grid, capsys):
-    out = tiny_grid
-    results = out / "avenue-L3" / "results.json"
-    before = results.stat().st_mtime_ns
-    files = stamps(results.parent)
-    assert video_table.main(TINY + ["--out", str(out)]) == 0
-    assert stamps(results.parent) == files  # no training: no checkpoint or result rewritten
-    assert results.stat().st_mtime_ns == before
-    printed = capsys.readouterr().out
-    assert "avenue-L3: reusing" in printed
-    assert re.search(r"1 sub-runs \(0 trained, 1 reused\)", printed)
-    assert "| dust-3 |" in printed  # the headline table is printed
-    # Other flags: refused before anything is trained or written, naming the difference.
-    other = [*TINY[:-6], "--steps", "11", *TINY[-4:], "--out", out]
-    words = "holds results of another config (steps: 10 there, 11 now"
-    assert_one_line_error(video_table.main, other, capsys, words)
-    assert results.stat().st_mtime_ns == before
+    argv = TINY + ["--out", str(tiny_grid)]
+    assert_rerun_reuses(video_table.main, argv, tiny_grid, ["avenue-L3"], "dust-3", capsys)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.resources
 import importlib.util
-import json
 import os
 import pathlib
 from typing import Any
@@ -21,9 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import BERT_BLOCK, assert_folder_refusals, random_blocks
+from helpers import FFN, HEADS, MAX_POS, D, assert_folder_refusals, tiny_sizes, write_tiny_folder
 from hf_stack import INSTALL_HINT, requires_hf, torch, transformers
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from cudt.models.encoders import (
     Encoder,
@@ -42,20 +41,8 @@ PAD_REL_TOL = 1e-4
 # extra add) computing the same states agree up to float32 rounding, which XLA's fusion and
 # vectorisation make CPU-dependent: compared relative to the states' scale (|states| ~ 4).
 REL_TOL = 1e-5
-TINY = dict(hidden=32, heads=4, intermediate=37, vocab=100, max_pos=64)
-# A DistilBERT block's Hugging Face names (as helpers.BERT_BLOCK's)
-DISTILBERT_BLOCK = (
-    "transformer.layer.{}.",
-    (
-        "attention.q_lin",
-        "attention.k_lin",
-        "attention.v_lin",
-        "attention.out_lin",
-        "ffn.lin1",
-        "ffn.lin2",
-    ),
-    ("sa_layer_norm", "output_layer_norm"),
-)
+# write_tiny_folder's sizes
+TINY = dict(hidden=D, heads=HEADS, intermediate=FFN, vocab=100, max_pos=MAX_POS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -124,69 +111,6 @@ def randomize_(model: Any, seed: int, skip: tuple[str, ...] = ()) -> None:
             p.copy_(1.0 + noise if is_norm_scale else noise)
 
 
-def write_tiny_folder(
-    folder: pathlib.Path,
-    model_type: str = "bert",
-    *,
-    layers: int = 2,
-    prefix: str = "",
-    drop: tuple[str, ...] = (),
-    config_overrides: dict[str, Any] | None = None,
-    seed: int = 0,
-) -> pathlib.Path:
-    """A HF-style folder (config.json + model.safetensors in HF tensor names) built with numpy."""
-    d, f, v, p = TINY["hidden"], TINY["intermediate"], TINY["vocab"], TINY["max_pos"]
-    rng = np.random.default_rng(seed)
-
-    def rand(*shape: int) -> np.ndarray:
-        return (0.2 * rng.standard_normal(shape)).astype(np.float32)
-
-    t: dict[str, np.ndarray] = {
-        "embeddings.word_embeddings.weight": rand(v, d),
-        "embeddings.position_embeddings.weight": rand(p, d),
-        "embeddings.LayerNorm.weight": 1 + rand(d),
-        "embeddings.LayerNorm.bias": rand(d),
-    }
-    if model_type == "distilbert":
-        config = dict(
-            model_type="distilbert",
-            dim=d,
-            n_layers=layers,
-            n_heads=TINY["heads"],
-            hidden_dim=f,
-            vocab_size=v,
-            max_position_embeddings=p,
-            pad_token_id=0,
-            activation="gelu",
-            sinusoidal_pos_embds=False,
-        )
-        block = DISTILBERT_BLOCK
-    else:
-        config = dict(
-            model_type=model_type,
-            hidden_size=d,
-            num_hidden_layers=layers,
-            num_attention_heads=TINY["heads"],
-            intermediate_size=f,
-            vocab_size=v,
-            max_position_embeddings=p,
-            type_vocab_size=2,
-            hidden_act="gelu",
-            layer_norm_eps=1e-12,
-            pad_token_id=1 if model_type == "roberta" else 0,
-        )
-        t["embeddings.token_type_embeddings.weight"] = rand(2, d)
-        block = BERT_BLOCK
-    t.update(random_blocks(rand, layers, block, d, f))
-    config.update(config_overrides or {})
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    save_file(
-        {prefix + k: a for k, a in t.items() if k not in drop}, str(folder / "model.safetensors")
-    )
-    return folder
-
-
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
     return load_encoder(write_tiny_folder(tmp_path_factory.mktemp("tiny_bert"), layers=3))
@@ -215,37 +139,25 @@ def test_reference_stack_installed_in_ci() -> None:
 def _hf_case(case: str) -> tuple[Any, Any]:
     """(model to save, module whose hidden_states to compare) for a tiny random config."""
     tr = transformers
-    d, h, f, v, p = (TINY[k] for k in ("hidden", "heads", "intermediate", "vocab", "max_pos"))
-    bert_kw = dict(
-        vocab_size=v,
-        hidden_size=d,
-        num_attention_heads=h,
-        intermediate_size=f,
-        max_position_embeddings=p,
-    )
-    distil_kw = dict(vocab_size=v, dim=d, n_heads=h, hidden_dim=f, max_position_embeddings=p)
     if case == "bert":
-        model = tr.BertModel(tr.BertConfig(num_hidden_layers=3, **bert_kw))
+        model = tr.BertModel(tr.BertConfig(**tiny_sizes(layers=3)))
         return model, model
     if case == "bert-mlm-prefixed":  # tensors saved as "bert.…", plus an MLM head to ignore
-        model = tr.BertForMaskedLM(tr.BertConfig(num_hidden_layers=2, **bert_kw))
+        model = tr.BertForMaskedLM(tr.BertConfig(**tiny_sizes()))
         return model, model.bert
     if case == "distilbert":
-        model = tr.DistilBertModel(tr.DistilBertConfig(n_layers=3, **distil_kw))
+        model = tr.DistilBertModel(tr.DistilBertConfig(**tiny_sizes("distilbert", layers=3)))
         return model, model
     if case == "distilbert-mlm-sinusoidal":
-        cfg = tr.DistilBertConfig(
-            n_layers=2, sinusoidal_pos_embds=True, activation="relu", **distil_kw
-        )
+        sizes = tiny_sizes("distilbert")
+        cfg = tr.DistilBertConfig(sinusoidal_pos_embds=True, activation="relu", **sizes)
         model = tr.DistilBertForMaskedLM(cfg)
         return model, model.distilbert
     if case == "roberta-gelu-new":
-        model = tr.RobertaModel(
-            tr.RobertaConfig(num_hidden_layers=3, hidden_act="gelu_new", **bert_kw)
-        )
+        model = tr.RobertaModel(tr.RobertaConfig(hidden_act="gelu_new", **tiny_sizes(layers=3)))
         return model, model
     if case == "roberta-mlm-prefixed":
-        model = tr.RobertaForMaskedLM(tr.RobertaConfig(num_hidden_layers=2, **bert_kw))
+        model = tr.RobertaForMaskedLM(tr.RobertaConfig(**tiny_sizes()))
         return model, model.roberta
     raise AssertionError(case)
 

@@ -19,7 +19,7 @@ from experiments.paper.dual_study import SETTINGS, Combo
 from experiments.paper.dual_study.report import best, run_rows, summarise
 from experiments.paper.rows import setting_rows
 
-# Every key of a run record computed from the test split (cudt.runner.report.summarise and the
+# Every key of a run record computed from the test split (cudt.runner.record.summarise and the
 # tasks' run_metrics): what a selection must never read.
 TEST_KEYS = (
     "rmse",

@@ -167,7 +167,7 @@ def _setting_cells(runs: list[dict]) -> dict[tuple[float, float], list[dict]]:
 
 def choose_setting(runs: list[dict]) -> dict[str, Any] | None:
     """The chosen UT's constraint settings from the settings stage's runs (validation only):
-    the runner's :func:`cudt.runner.report.choose_points` with the stage's score, the
+    the runner's :func:`cudt.runner.choice.choose_points` with the stage's score, the
     validation mean RMSE over the test γ grid: among the (ε, dual rate) points whose
     constrained runs are feasible (within tolerance) and monotone on validation at every seed,
     the lowest mean ``val_mean_rmse``; ties by sweep order (ε, then rate, as given). Returns

@@ -1,0 +1,343 @@
+"""Which runs and sweep points the report picks, and the lines that say so.
+
+:func:`select_best` marks the best run of each setting; :func:`choose_points` chooses a sweep
+point on validation (with the resilient fallback) and :func:`mark_chosen` marks its runs;
+:func:`compare_chosen` pairs the chosen constrained point with the chosen ERM point by seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from cudt import stats
+from cudt.runner.record import KINDS, RUNNER_METRICS, run_metric
+
+
+def select_best(runs: list[dict], score: str, *, higher_is_better: bool) -> None:
+    """Marks ``best: True`` on the best run of each setting: (model, layers, constrained,
+    gamma_train), across sweep points and seeds.
+
+    A diverged run is never eligible, nor is an infeasible constrained run: a broken run is never
+    silently picked as "best". (ERM runs have no constraints to satisfy: their feasibility verdict
+    is reported, not required.) A group with no eligible run has no best.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        run["best"] = False
+        setting = (run["model"], run["layers"], run["constrained"], run.get("gamma_train"))
+        groups.setdefault(setting, []).append(run)
+    for group in groups.values():
+        eligible = [
+            r
+            for r in group
+            if not r.get("diverged")
+            and (r.get("feasible") or not r["constrained"])
+            and np.isfinite(r.get(score, np.nan))
+        ]
+        if eligible:
+            pick = (max if higher_is_better else min)(eligible, key=lambda r: r[score])
+            pick["best"] = True
+
+
+def mark_chosen(runs: list[dict], chosen: list[dict]) -> None:
+    """``chosen`` on each run of a setting the runner chose among lanes (:func:`choose_points`):
+    True on the chosen point's runs, False on the other lanes'. Runs of a setting with no
+    choice made (one point, or none eligible) get no mark. Figures draw the unchosen faint."""
+    for c in chosen:
+        if c["hparams"] is None:
+            continue
+        for r in runs:
+            same = (r.get("model"), r.get("layers"), r.get("gamma_train")) == (
+                c["model"],
+                c["layers"],
+                c["gamma_train"],
+            )
+            if same and KINDS[r["constrained"]] == c["kind"]:
+                r["chosen"] = r["hparams"] == c["hparams"]
+
+
+def _eligible(r: dict, constrained: bool, relaxed: bool = False) -> bool:
+    """A run a chosen point may hold: not diverged and, constrained, feasible (``relaxed``: on
+    the relaxed problem its resilience solved, ``feasible_relaxed``) and monotone on
+    validation. ERM has no constraints to meet."""
+    if r.get("diverged"):
+        return False
+    if not constrained:
+        return True
+    feasible = r.get("feasible_relaxed") if relaxed else r.get("feasible")
+    return bool(feasible) and bool(r.get("loss_decreases_val"))
+
+
+def _best_point(points: dict, score: str, sign: float, ok) -> tuple[int, tuple | None]:
+    """``(eligible count, (signed mean, order, point, runs) of the best or None)`` among the
+    points whose every run passes ``ok`` with a finite ``score``; ties by sweep order."""
+    good = []
+    for order, (point, rs) in enumerate(points.items()):
+        values = np.array([run_metric(r, score) for r in rs], np.float64)
+        if all(ok(r) for r in rs) and np.all(np.isfinite(values)):
+            good.append((sign * float(values.mean()), order, point, rs))
+    return len(good), (min(good, key=lambda g: (g[0], g[1])) if good else None)
+
+
+def choose_points(
+    runs: list[dict],
+    score: str,
+    *,
+    higher_is_better: bool,
+    min_points: int = 2,
+    constrained: bool = True,
+) -> list[dict]:
+    """The sweep point chosen on validation, for each model × L × γ_train whose constrained runs
+    span ``min_points`` or more points (the runner's report: two, a choice to make): among the
+    points whose every seed is eligible (not diverged, feasible and monotone on validation),
+    the best mean ``score`` (the task's selection metric, a validation number) over the seeds;
+    ties by sweep order.
+
+    Only where no point is eligible on the hard problem, the resilient fallback: among the
+    points trained with resilience (``hparams["resilience"]`` not None) whose every seed is
+    feasible on the relaxed problem its slacks solved (``feasible_relaxed``: ε relaxed by the
+    run's own final relaxation, :func:`relaxation`) and monotone on validation, the best mean
+    ``score``; the entry then says ``"resilient": True`` and gives ``relaxation``, each
+    constraint's largest relaxation over the seeds ``[L+1]``. A resilient point that meets the
+    hard constraints is a hard point like any other.
+
+    Unlike ``best`` (one run), this chooses a setting, as a study would: a point that misses
+    its constraints at one seed is out, however good its other seeds. ``constrained=False``
+    chooses among the ERM runs' points (their learning rates, say) by the same rule, where
+    eligible means not diverged (ERM has no constraints to meet). Returns one entry per
+    model × L × γ_train: ``{"model", "layers", "gamma_train", "score", "higher_is_better",
+    "points", "eligible", "resilient_points", "resilient_eligible", "resilient", "hparams",
+    "mean", "seeds", "relaxation"}``; ``hparams`` (every hyperparameter of the chosen point),
+    ``mean`` and ``seeds`` are None when no point is eligible, ``relaxation`` unless the choice
+    is resilient.
+    """
+    groups: dict[tuple, dict[tuple, list[dict]]] = {}
+    for r in runs:
+        if r["constrained"] == constrained:
+            key = (r.get("model"), r.get("layers"), r.get("gamma_train"))
+            point = tuple(sorted(r["hparams"].items(), key=lambda kv: kv[0]))
+            groups.setdefault(key, {}).setdefault(point, []).append(r)
+    out = []
+    sign = -1.0 if higher_is_better else 1.0
+    for (model, layers, gamma_train), points in groups.items():
+        if len(points) < min_points:
+            continue
+        eligible, best = _best_point(points, score, sign, lambda r: _eligible(r, constrained))
+        resilient = {
+            p: rs
+            for p, rs in points.items()
+            if constrained and all(r["hparams"].get("resilience") is not None for r in rs)
+        }
+        res_eligible, res_best = _best_point(
+            resilient, score, sign, lambda r: _eligible(r, True, relaxed=True)
+        )
+        entry = {
+            "model": model,
+            "layers": layers,
+            "kind": KINDS[constrained],
+            "gamma_train": gamma_train,
+            "score": score,
+            "higher_is_better": higher_is_better,
+            "points": len(points),
+            "eligible": eligible,
+            "resilient_points": len(resilient),
+            "resilient_eligible": res_eligible,
+            "resilient": best is None and res_best is not None,
+            "hparams": None,
+            "mean": None,
+            "seeds": None,
+            "relaxation": None,
+        }
+        pick = best if best is not None else res_best
+        if pick is not None:
+            signed, _, point, rs = pick
+            entry |= {
+                "hparams": dict(point),
+                "mean": sign * signed,
+                "seeds": sorted(int(r["seed"]) for r in rs),
+            }
+        if entry["resilient"]:
+            entry["relaxation"] = np.max([r["relaxation"] for r in rs], axis=0).tolist()
+        out.append(entry)
+    return out
+
+
+def compare_chosen(runs: list[dict], chosen: list[dict], level: float = 0.95) -> list[dict]:
+    """Chosen constrained − chosen ERM, paired by seed: for each model × L × γ_train where both
+    kinds chose a point on validation (:func:`choose_points` with ``constrained`` True and
+    False), the paired Student-t interval over the seeds the two share of every reported
+    metric, and the counts a claim needs (seeds, the constrained point's feasibility on
+    validation, each kind's monotone test losses). Seeds that drew their own data make these
+    independent replicates; the intervals are the headline, never a bootstrap over items."""
+    picks: dict[tuple, dict[str, dict]] = {}
+    for c in chosen:
+        if c["hparams"] is not None:
+            key = (c["model"], c["layers"], c["gamma_train"])
+            picks.setdefault(key, {})[c.get("kind", "constrained")] = c
+
+    def runs_of(c, constrained):
+        point = tuple(sorted(c["hparams"].items(), key=lambda kv: kv[0]))
+        return {
+            int(r["seed"]): r
+            for r in runs
+            if r["constrained"] == constrained
+            and (r.get("model"), r.get("layers"), r.get("gamma_train"))
+            == (c["model"], c["layers"], c["gamma_train"])
+            and tuple(sorted(r["hparams"].items(), key=lambda kv: kv[0])) == point
+        }
+
+    out = []
+    for (model, layers, gamma_train), kinds in picks.items():
+        if set(kinds) != {"constrained", "ERM"}:
+            continue
+        con, erm = runs_of(kinds["constrained"], True), runs_of(kinds["ERM"], False)
+        seeds = sorted(set(con) & set(erm))
+        if not seeds:
+            continue
+        a, b = [con[s] for s in seeds], [erm[s] for s in seeds]
+        names = list(dict.fromkeys(a[0].get("interval_metrics", []) + list(RUNNER_METRICS)))
+        metrics = {}
+        for name in names:
+            va = np.array([run_metric(r, name) for r in a], np.float64)
+            vb = np.array([run_metric(r, name) for r in b], np.float64)
+            if len(seeds) >= 2 and np.all(np.isfinite(va)) and np.all(np.isfinite(vb)):
+                metrics[name] = stats.paired_t_interval(va, vb, level).as_dict() | {
+                    "erm_mean": float(vb.mean())
+                }
+        out.append(
+            {
+                "model": model,
+                "layers": layers,
+                "gamma_train": gamma_train,
+                "constrained_hparams": kinds["constrained"]["hparams"],
+                "erm_hparams": kinds["ERM"]["hparams"],
+                "seeds": seeds,
+                "feasible": sum(bool(r.get("feasible")) for r in a),
+                # the fallback's point: judged on the relaxed problem (choose_points)
+                "resilient": bool(kinds["constrained"].get("resilient")),
+                "feasible_relaxed": sum(bool(r.get("feasible_relaxed")) for r in a),
+                "monotone": sum(bool(r.get("loss_decreases")) for r in a),
+                "erm_monotone": sum(bool(r.get("loss_decreases")) for r in b),
+                "constrained_minus_erm": metrics,
+            }
+        )
+    return out
+
+
+def comparison_lines(comparisons: list[dict], swept: Sequence[str] = ()) -> list[str]:
+    """The summary's lines for :func:`compare_chosen`: each metric's paired interval, "level"
+    where it spans 0, and the counts."""
+
+    def point(hp):
+        shown = [f"{n}={_hparam_text(hp[n])}" for n in swept if hp.get(n) is not None]
+        return " ".join(shown) or "its one point"
+
+    lines = []
+    for c in comparisons:
+        n = len(c["seeds"])
+        cells = []
+        for name, iv in c["constrained_minus_erm"].items():
+            text = f"{name} {iv['mean']:+.4g} [{iv['low']:+.4g}, {iv['high']:+.4g}]"
+            if iv["low"] <= 0 <= iv["high"]:
+                text += " level"
+            cells.append(text)
+        resilient = c.get("resilient", False)  # results.json before the fallback: hard
+        kind = "constrained, resilient" if resilient else "constrained"
+        feasible = f"constrained feasible at {c['feasible']} of {n}"
+        if resilient:
+            feasible += f" (relaxed: {c['feasible_relaxed']} of {n})"
+        lines.append(
+            f"{c['model']}-{c['layers']}: chosen {kind} ({point(c['constrained_hparams'])}) "
+            f"− chosen ERM ({point(c['erm_hparams'])}), paired t over {n} seed"
+            f"{'s' if n != 1 else ''}: "
+            + ("; ".join(cells) if cells else "no interval with one seed")
+            + f" | {feasible}, monotone (test) at "
+            f"{c['monotone']} of {n}; ERM monotone at {c['erm_monotone']} of {n}"
+        )
+    return lines
+
+
+def _hparam_text(value) -> str:
+    """A sweep value as the summary prints it: ``none`` (e.g. resilience off), or ``:g``."""
+    if value is None:
+        return "none"
+    return f"{value:g}" if isinstance(value, int | float) else str(value)
+
+
+def relaxation_text(u, epsilon=None) -> str:
+    """``0.012, 0.03, 0.0041`` (layers 1..L), with ``; reference 0.02`` where that is relaxed,
+    and the layers whose relaxation reaches ``epsilon`` (their relaxed constraint asks for no
+    descent)."""
+    text = ", ".join(f"{x:.3g}" for x in u[1:])
+    text += f"; reference {u[0]:.3g}" if u[0] else ""
+    if isinstance(epsilon, int | float):
+        whole = [str(layer) for layer, x in enumerate(u[1:], 1) if x >= epsilon]
+        if whole:
+            text += (
+                f"; at layer {','.join(whole)} it reaches ε = {epsilon:g}: no descent asked "
+                "there beyond monotone"
+            )
+    return text
+
+
+def _no_point_line(c: dict, head: str, rule: str) -> str:
+    """Why a setting has no chosen point, and what to pass."""
+    if c.get("kind", "constrained") != "constrained":
+        fix = ": every point diverged; try a smaller learning rate (--tune-lr 0.25,0.5)"
+    elif c.get("resilient_points"):
+        fix = (
+            f", nor any of its {c['resilient_points']} resilient points on its relaxed "
+            "constraints (ε relaxed by the run's own λ/α): try smaller epsilons (--tune-epsilon "
+            "0.01,0.02), another --dual-lr, or a smaller resilience α (more relaxation)"
+        )
+    else:
+        fix = (
+            ": try smaller epsilons (--tune-epsilon 0.01,0.02), another --dual-lr, or "
+            "resilient constraints (--sweep resilience=none,ALPHA: chosen only where no hard "
+            "point is eligible, and reported as such)"
+        )
+    return f"{head}: no sweep point chosen: none of {c['points']} is eligible ({rule})" + fix
+
+
+def chosen_lines(chosen: list[dict], swept: Sequence[str] = ()) -> list[str]:
+    """The summary's lines for :func:`choose_points`: the chosen point, or why there is none;
+    a resilient choice (the fallback) says so, with its relaxation per layer."""
+    lines = []
+    for c in chosen:
+        kind = c.get("kind", "constrained")
+        head = f"{c['model']}-{c['layers']} {kind}"
+        if len({x["gamma_train"] for x in chosen}) > 1 and c["gamma_train"] is not None:
+            head += f" at gamma_train={c['gamma_train']:g}"
+        rule = (
+            "every seed feasible and monotone on validation, then the "
+            if kind == "constrained"
+            else "no seed diverged, then the "
+        )
+        best = f"{'highest' if c['higher_is_better'] else 'lowest'} mean {c['score']}"
+        rule += best
+        if c["hparams"] is None:
+            lines.append(_no_point_line(c, head, rule))
+            continue
+        point = " ".join(
+            f"{n}={_hparam_text(c['hparams'][n])}"
+            for n in swept
+            if n in c["hparams"] and (kind == "constrained" or c["hparams"][n] is not None)
+        )
+        seeds = f"{c['score']} {c['mean']:.4g} over seeds {','.join(map(str, c['seeds']))}"
+        if c.get("resilient"):
+            lines.append(
+                f"{head}: no hard point eligible (0 of {c['points']}: {rule}); chosen "
+                f"resilient point on validation: {point or 'the only varied point'} "
+                f"(relaxation per layer λ/α of ℓ_(l−1), largest over seeds: "
+                f"{relaxation_text(c['relaxation'], c['hparams'].get('epsilon'))}; {seeds}; {c['resilient_eligible']} of "
+                f"{c['resilient_points']} resilient points eligible: every seed feasible with ε "
+                f"relaxed by its own λ/α and monotone on validation, then the {best})"
+            )
+            continue
+        lines.append(
+            f"{head}: chosen on validation: {point or 'the only varied point'} "
+            f"({seeds}; {c['eligible']} of {c['points']} points eligible: {rule})"
+        )
+    return lines
