@@ -24,7 +24,8 @@ from cudt.models.dust import INITIAL_CODES
 from cudt.models.ut import ATTENTIONS
 from cudt.runner import plots
 from cudt.runner.config import RunConfig, at_least, flag, in_range, non_negative, one_of, shared
-from cudt.runner.report import Column, at_gamma_train
+from cudt.runner.record import at_gamma_train
+from cudt.runner.report import Column
 from cudt.runner.task import GroupModel, Task
 from cudt.tasks.ut_flags import ut_flag
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from cudt.io import atomic_write
 from cudt.knobs import KNOBS
-from cudt.runner.report import KINDS
+from cudt.runner.record import KINDS
 
 # the knobs a run's row names (gamma_train, the data's, is a setting column)
 HPARAMS = tuple(k.name for k in KNOBS if k.goes != "data")
