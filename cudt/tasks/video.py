@@ -38,6 +38,7 @@ __all__ = [
     "VideoData",
     "VideoTask",
     "build_model",
+    "dust_per_layer",
     "test_gamma_grid",
     "vit_denoiser",
 ]
@@ -205,6 +206,14 @@ class VideoConfig(RunConfig):
         )
 
 
+def dust_per_layer(cfg, structure) -> bool:
+    """Whether DUST keeps one dictionary per layer in a group of this ``structure``
+    (:meth:`VideoTask.structure`) under ``--dust-dictionary``."""
+    return {"paper": structure == "per-layer", "shared": False, "per-layer": True}[
+        cfg.dust_dictionary
+    ]
+
+
 def build_model(name: str, cfg, *, per_layer_dictionary: bool, patch_dim: int):
     """The module and the parameter projection applied after each optimizer step (or None)."""
     if name == "ut":
@@ -363,14 +372,11 @@ class VideoTask(Task):
     def build(self, cfg, data, name: str, structure) -> GroupModel:
         if name == "vit":
             return vit_denoiser(data.vit, data.sigma)
-        per_layer = {"paper": structure == "per-layer", "shared": False, "per-layer": True}[
-            cfg.dust_dictionary
-        ]
         patch_dim = data.train.shape[-1]
         module, project = build_model(
             "dust" if name == CONTROL else name,
             cfg,
-            per_layer_dictionary=per_layer,
+            per_layer_dictionary=dust_per_layer(cfg, structure),
             patch_dim=patch_dim,
         )
         sigma = data.sigma
