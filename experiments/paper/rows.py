@@ -61,7 +61,8 @@ def num(value) -> float:
 
 
 def peak(values) -> float:
-    """The largest multiplier over training (None, a non-finite one in JSON, reads inf)."""
+    """The largest of a run's multipliers (None, a non-finite one in JSON, reads inf; 0 for
+    none)."""
     vals = [math.inf if v is None else float(v) for v in values]
     return max(vals) if vals else 0.0
 
