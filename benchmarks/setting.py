@@ -35,7 +35,7 @@ from cudt.runner.config import RunConfig
 from cudt.runner.groups import Group, GroupProgram, name_group
 from cudt.runner.sweep import model_defaults
 from cudt.runner.task import GroupModel, RunBatch
-from cudt.tasks.video import VideoConfig, VideoTask, build_model
+from cudt.tasks.video import VideoConfig, VideoTask, build_model, dust_per_layer
 
 __all__ = [
     "DYNAMICS",
@@ -199,11 +199,11 @@ def _build(cfg: VideoConfig, model_name: str) -> VideoSetup:
     group.model = task.build(cfg, data, model_name, structure)
     name_group(group, [])
     program = GroupProgram(task, cfg, data, group)
-    per_layer = {"paper": structure == "per-layer", "shared": False, "per-layer": True}[
-        cfg.dust_dictionary
-    ]
     module, _ = build_model(
-        model_name, cfg, per_layer_dictionary=per_layer, patch_dim=data.train.shape[-1]
+        model_name,
+        cfg,
+        per_layer_dictionary=dust_per_layer(cfg, structure),
+        patch_dim=data.train.shape[-1],
     )
     name = f"{model_name.upper()}-{cfg.layers}"
     return VideoSetup(name, model_name, cfg, data, group.model, module, program)

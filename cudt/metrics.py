@@ -15,6 +15,7 @@ __all__ = [
     "RELATIVE_FLOOR",
     "DescentStats",
     "FeasibilityVerdict",
+    "constraint_scales",
     "descent_stats",
     "exact_match",
     "feasibility",
@@ -112,6 +113,17 @@ class FeasibilityVerdict:
         return [i for i, a in enumerate(self.applicable) if not a]
 
 
+def constraint_scales(mean_losses: np.ndarray, reference: float | None = None) -> np.ndarray:
+    """What each constraint's violation is measured against, ``[L+1]``: ``|mean ℓ_{l−1}|`` for
+    descent constraint l and ``|C|`` for the reference (1 without one), each at least 1e-12."""
+    m = np.asarray(mean_losses, np.float64)
+    scale = np.ones(m.shape[0])
+    scale[1:] = np.maximum(np.abs(m[:-1]), 1e-12)
+    if reference is not None:
+        scale[0] = max(abs(float(reference)), 1e-12)
+    return scale
+
+
 def feasibility(
     mean_losses: np.ndarray,
     epsilon: np.ndarray | float,
@@ -136,13 +148,10 @@ def feasibility(
     if floor is None:
         floor = loss_floor(m)
     g = np.zeros(num_layers + 1)
-    scale = np.ones(num_layers + 1)
     g[1:] = m[1:] - (1.0 - eps) * m[:-1]
-    scale[1:] = np.maximum(np.abs(m[:-1]), 1e-12)
     if reference is not None:
         g[0] = m[0] - reference
-        scale[0] = max(abs(reference), 1e-12)
-    rel = g / scale
+    rel = g / constraint_scales(m, reference)
     applicable = np.ones(num_layers + 1, bool)
     applicable[1:] = ~(m[:-1] <= floor)  # NaN stays applicable (and fails below)
     bound = tolerance + (0.0 if relaxation is None else np.asarray(relaxation, np.float64))

@@ -21,7 +21,7 @@ import numpy as np
 
 from cudt.runner.cli import run_cli
 from cudt.runner.combine import load_results
-from cudt.runner.report import at_gamma_train
+from cudt.runner.record import at_gamma_train
 
 __all__ = ["layer_rows", "main", "summarise"]
 

@@ -41,7 +41,7 @@ from cudt.metrics import feasibility
 from cudt.runner.cli import config_from_args, configure_process, run_cli
 from cudt.runner.lock import check_free, lock_output
 from cudt.runner.provenance import provenance
-from cudt.runner.report import decreases, evaluation_keys
+from cudt.runner.record import decreases, evaluation_keys
 from cudt.runner.run import data_draws, evaluation_grids
 from cudt.tasks.video import VideoConfig, VideoTask
 from experiments.paper.phase1 import ERM_POINT, STARTS, split_means, train_phase_one

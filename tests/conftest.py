@@ -142,13 +142,15 @@ def _optimized_test(request):
         yield
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items) -> None:
     """The files that take longest run first. With ``--dist loadfile`` a worker takes a whole
     file, in collection order (addopts: ``--no-loadscope-reorder``); the files that train for
     minutes (a test marked ``optimized``), handed out last, kept one worker busy long after
     the other ran out of files. So: files with an ``optimized`` test, then files with a
     ``slow`` test, then the rest, each group as xdist would order it (most tests first). The
-    tests of a file keep their order."""
+    tests of a file keep their order. Last of the hooks: ranked by the tests that will run,
+    after ``-m`` has deselected (``-m "not slow"`` leaves a file's other tests in the rest)."""
     files: dict[str, list[pytest.Item]] = {}
     for item in items:
         files.setdefault(item.nodeid.split("::")[0], []).append(item)

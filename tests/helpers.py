@@ -376,10 +376,22 @@ class ToyTask(Task):
         return [Column("final", 8, lambda r: f"{r['final_loss'][0]:.4f}")]
 
 
+# A tiny text-classification run's data and batch sizes (the text task and the text table)
+TINY_TEXT = [
+    "--num-train", "40", "--num-test", "20", "--max-length", "16", "--batch-size", "8",
+    "--test-gammas", "0,2",
+]  # fmt: skip
+
+
+def finished_job(main, argv, out) -> Path:
+    """A job's ``main`` run on ``argv`` and ``--out out``, which must succeed: ``out``."""
+    assert main([*argv, "--out", str(out)]) == 0
+    return Path(out)
+
+
 def job_results(main, argv, out) -> dict:
     """A job's ``main`` run on ``argv`` and ``--out out``, which must succeed: its results.json."""
-    assert main([*argv, "--out", str(out)]) == 0
-    return json.loads((Path(out) / "results.json").read_text())
+    return json.loads((finished_job(main, argv, out) / "results.json").read_text())
 
 
 def help_text(main, config_cls, capsys) -> str:

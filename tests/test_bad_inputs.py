@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import BERT_BLOCK, LockHolder, exit_status, random_blocks
+from helpers import BERT_BLOCK, LockHolder, exit_status, finished_job, random_blocks
 from PIL import Image
 from safetensors.numpy import save_file
 
@@ -1112,8 +1112,7 @@ def test_safe_model_folder_loads(tmp_path):
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
     """A real finished tiny run: results, plots, checkpoints at steps 2 and 4 of both groups."""
-    out = tmp_path_factory.mktemp("finished") / "run"
-    assert video_denoise.main([*TINY, "--out", str(out)]) == 0
+    out = finished_job(video_denoise.main, TINY, tmp_path_factory.mktemp("finished") / "run")
     assert (out / "results.json").is_file()
     for group in ("dust-1-ERM", "dust-1-constrained", "dust-pl-1-ERM", "ut-1"):
         assert sorted(p.name for p in (out / "checkpoints" / group).iterdir()) == ["2", "4"]

@@ -21,8 +21,8 @@ from cudt.metrics import (
     text_tokens,
     trapezoid_auc,
 )
+from cudt.runner.choice import select_best
 from cudt.runner.output import open_output
-from cudt.runner.report import select_best
 
 L = 2
 

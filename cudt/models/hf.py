@@ -68,6 +68,7 @@ __all__ = [
     "read_tokenizer",
     "self_attention",
     "stack_layers",
+    "token_ids",
 ]
 
 Params = dict[str, Any]
@@ -460,6 +461,17 @@ def load_folder(
 # --------------------------------------------------------------------------------------------
 # Inputs and layers
 # --------------------------------------------------------------------------------------------
+
+
+def token_ids(input_ids: Any) -> jax.Array:
+    """``input_ids`` as an array, or :class:`ModelFolderError` unless it is integer ``[B, T]``."""
+    input_ids = jnp.asarray(input_ids)
+    if input_ids.ndim != 2 or not jnp.issubdtype(input_ids.dtype, jnp.integer):
+        raise ModelFolderError(
+            f"input_ids must be an integer array [B, T], got {input_ids.dtype}"
+            f"{list(input_ids.shape)}"
+        )
+    return input_ids
 
 
 def check_range(name: str, ids: jax.Array, size: int) -> None:

@@ -24,14 +24,9 @@ import types
 from pathlib import Path
 
 from cudt.errors import UsageError
+from cudt.runner.choice import choose_points, compare_chosen, select_best
 from cudt.runner.lock import check_free
-from cudt.runner.report import (
-    choose_points,
-    compare_chosen,
-    seed_intervals,
-    select_best,
-    summary_table,
-)
+from cudt.runner.report import seed_intervals, summary_table
 from cudt.runner.sweep import SWEEPABLE
 
 __all__ = ["CONFIG_FREE", "combine", "load_results"]

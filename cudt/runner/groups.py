@@ -28,7 +28,7 @@ from cudt.knobs import KNOBS
 from cudt.loop import Divergence, LoopResult, describe_placement, sample_indices, train_group
 from cudt.optim import dual_optimizer, primal_optimizer
 from cudt.runner.hparams import epsilon_schedule, parse_epsilon_schedule
-from cudt.runner.report import KINDS
+from cudt.runner.record import KINDS
 from cudt.runner.sweep import RunSpec, model_defaults, swept_suffix
 from cudt.runner.task import GroupModel, RunBatch, Task
 

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from cudt.io import savefig_atomic
-from cudt.runner.report import KINDS, at_gamma_train
+from cudt.runner.record import KINDS, at_gamma_train
 
 __all__ = ["plot_layer_losses", "plot_metric_vs_gamma", "plot_ratio_histograms"]
 

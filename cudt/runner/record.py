@@ -13,7 +13,7 @@ import numpy as np
 
 from cudt import descent
 from cudt.loop import CURVE_METRICS, LoopResult
-from cudt.metrics import descent_stats, feasibility
+from cudt.metrics import constraint_scales, descent_stats, feasibility
 
 KINDS = {False: "ERM", True: "constrained"}
 
@@ -207,12 +207,9 @@ def relaxation(cfg, alpha: float, multipliers, val_mean, reference=None) -> np.n
     u = np.asarray(multipliers, np.float64) / float(alpha)
     if cfg.dual_scale == "relative":
         return u
-    m = np.asarray(val_mean, np.float64)
-    scale = np.ones_like(u)
-    if cfg.constraint != "tail":
-        scale[1:] = np.maximum(np.abs(m[:-1]), 1e-12)
-    if reference is not None:
-        scale[0] = max(abs(float(reference)), 1e-12)
+    scale = constraint_scales(val_mean, reference)
+    if cfg.constraint == "tail":
+        scale[1:] = 1.0
     return u / scale
 
 

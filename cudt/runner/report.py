@@ -1,5 +1,4 @@
-"""What a run reports: the summary table and the intervals over seeds, and (re-exported here,
-where the runner, the tasks and the experiments import them) the record and the choice.
+"""What a run reports: the summary table and the intervals over seeds.
 
 :func:`cudt.runner.record.summarise` evaluates a trained group and turns each run into its
 ``results.json`` record; :func:`seed_intervals` gives each setting's Student-t intervals over
@@ -15,48 +14,16 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from cudt import stats
-from cudt.runner.choice import (
-    choose_points,
-    chosen_lines,
-    compare_chosen,
-    comparison_lines,
-    mark_chosen,
-    select_best,
-)
+from cudt.runner.choice import chosen_lines, comparison_lines
 from cudt.runner.hparams import CONSTRAINT_ONLY
-from cudt.runner.record import (
-    KINDS,
-    RUNNER_METRICS,
-    at_gamma_train,
-    curves_of,
-    decreases,
-    evaluate_group,
-    evaluation_keys,
-    relaxation,
-    run_metric,
-    summarise,
-)
+from cudt.runner.record import KINDS, RUNNER_METRICS, run_metric
 
 __all__ = [
-    "KINDS",
-    "at_gamma_train",
-    "choose_points",
-    "chosen_lines",
-    "curves_of",
-    "decreases",
-    "evaluate_group",
-    "evaluation_keys",
-    "compare_chosen",
-    "comparison_lines",
     "Column",
     "format_table",
     "interval_lines",
-    "mark_chosen",
-    "relaxation",
     "seed_intervals",
-    "select_best",
     "status_cell",
-    "summarise",
     "summary_table",
 ]
 

@@ -23,23 +23,15 @@ import jax.numpy as jnp
 from cudt.checkpoint import GroupCheckpointer
 from cudt.errors import UsageError
 from cudt.io import fresh_run_dir, write_json_atomic
+from cudt.runner.choice import choose_points, compare_chosen, mark_chosen, select_best
 from cudt.runner.curves import plot_training_curves, write_tensorboard
 from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups, run_group
 from cudt.runner.lock import check_free
 from cudt.runner.mesh import initialize_distributed, make_shardings
 from cudt.runner.output import TENSORBOARD, checkpoint_record, open_output_once
 from cudt.runner.provenance import provenance
-from cudt.runner.report import (
-    choose_points,
-    compare_chosen,
-    curves_of,
-    evaluation_keys,
-    mark_chosen,
-    seed_intervals,
-    select_best,
-    summarise,
-    summary_table,
-)
+from cudt.runner.record import curves_of, evaluation_keys, summarise
+from cudt.runner.report import seed_intervals, summary_table
 from cudt.runner.sweep import model_defaults, parse_sweeps, tuned_names
 from cudt.runner.task import Task
 

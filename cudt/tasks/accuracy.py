@@ -17,7 +17,8 @@ import numpy as np
 from cudt import stats
 from cudt.metrics import trapezoid_auc
 from cudt.runner import plots
-from cudt.runner.report import Column, at_gamma_train
+from cudt.runner.record import at_gamma_train
+from cudt.runner.report import Column
 
 __all__ = [
     "TEST_GAMMAS",

@@ -24,7 +24,8 @@ from cudt.models.dust import INITIAL_CODES
 from cudt.models.ut import ATTENTIONS
 from cudt.runner import plots
 from cudt.runner.config import RunConfig, at_least, flag, in_range, non_negative, one_of, shared
-from cudt.runner.report import Column, at_gamma_train
+from cudt.runner.record import at_gamma_train
+from cudt.runner.report import Column
 from cudt.runner.task import GroupModel, Task
 from cudt.tasks.ut_flags import ut_flag
 
@@ -37,6 +38,7 @@ __all__ = [
     "VideoData",
     "VideoTask",
     "build_model",
+    "dust_per_layer",
     "test_gamma_grid",
     "vit_denoiser",
 ]
@@ -204,6 +206,14 @@ class VideoConfig(RunConfig):
         )
 
 
+def dust_per_layer(cfg, structure) -> bool:
+    """Whether DUST keeps one dictionary per layer in a group of this ``structure``
+    (:meth:`VideoTask.structure`) under ``--dust-dictionary``."""
+    return {"paper": structure == "per-layer", "shared": False, "per-layer": True}[
+        cfg.dust_dictionary
+    ]
+
+
 def build_model(name: str, cfg, *, per_layer_dictionary: bool, patch_dim: int):
     """The module and the parameter projection applied after each optimizer step (or None)."""
     if name == "ut":
@@ -362,14 +372,11 @@ class VideoTask(Task):
     def build(self, cfg, data, name: str, structure) -> GroupModel:
         if name == "vit":
             return vit_denoiser(data.vit, data.sigma)
-        per_layer = {"paper": structure == "per-layer", "shared": False, "per-layer": True}[
-            cfg.dust_dictionary
-        ]
         patch_dim = data.train.shape[-1]
         module, project = build_model(
             "dust" if name == CONTROL else name,
             cfg,
-            per_layer_dictionary=per_layer,
+            per_layer_dictionary=dust_per_layer(cfg, structure),
             patch_dim=patch_dim,
         )
         sigma = data.sigma

@@ -14,7 +14,7 @@ from typing import Any
 
 from cudt.io import atomic_write
 from cudt.knobs import KNOBS
-from cudt.runner.report import KINDS
+from cudt.runner.record import KINDS
 
 # the knobs a run's row names (gamma_train, the data's, is a setting column)
 HPARAMS = tuple(k.name for k in KNOBS if k.goes != "data")
@@ -61,7 +61,8 @@ def num(value) -> float:
 
 
 def peak(values) -> float:
-    """The largest multiplier over training (None, a non-finite one in JSON, reads inf)."""
+    """The largest of a run's multipliers (None, a non-finite one in JSON, reads inf; 0 for
+    none)."""
     vals = [math.inf if v is None else float(v) for v in values]
     return max(vals) if vals else 0.0
 
@@ -191,6 +192,12 @@ def index_rows(rows: Iterable[dict]) -> dict[tuple, dict]:
     return {(r["dataset"], r["model"], r["layers"], r["kind"], r["gamma_train"]): r for r in rows}
 
 
+def both_ok(c: dict | None, e: dict | None) -> bool:
+    """Whether a constrained and an ERM row both exist with their numbers (status ok): the
+    cells a comparison of the two counts."""
+    return bool(c and e and c["status"] == "ok" and e["status"] == "ok")
+
+
 def _cell(row: dict | None, metric: str) -> str:
     if row is None:
         return "—"
@@ -205,7 +212,7 @@ def _cell(row: dict | None, metric: str) -> str:
 def _pair_cells(c: dict | None, e: dict | None, metric: str, higher: bool) -> tuple[str, str]:
     """Constrained and ERM cells, the better ``metric`` bold (both when equal to 3 decimals)."""
     cc, ec = _cell(c, metric), _cell(e, metric)
-    if c and e and c["status"] == "ok" and e["status"] == "ok":
+    if both_ok(c, e):
         cv, ev = round(c[metric], 3), round(e[metric], 3)
         if (cv >= ev) if higher else (cv <= ev):
             cc = f"**{cc}**"

@@ -3,10 +3,9 @@ test, read from a real tiny video run's results.json (DUST, ERM and constrained)
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
+from helpers import job_results
 
 from experiments import descent_gap, video_denoise
 
@@ -22,8 +21,7 @@ TINY = [
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gap") / "run"
-    assert video_denoise.main([*TINY, "--out", str(out)]) == 0
-    return out, json.loads((out / "results.json").read_text())
+    return out, job_results(video_denoise.main, TINY, out)
 
 
 def test_ratios_are_the_runs_layer_losses_and_classes_follow_the_multipliers(run):

@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from helpers import assert_one_line_error
+from helpers import assert_one_line_error, finished_job
 from PIL import Image
 
 from experiments import dual_study
@@ -36,9 +36,7 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    out = tmp_path_factory.mktemp("study") / "s"
-    assert dual_study.main([*TINY, "--out", str(out)]) == 0
-    return out
+    return finished_job(dual_study.main, TINY, tmp_path_factory.mktemp("study") / "s")
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import (
+    TINY_TEXT,
     assert_figures,
     assert_one_line_error,
     assert_rerun_reuses,
@@ -130,16 +131,7 @@ TINY = [
     "0,1",
     "--steps",
     "4",
-    "--batch-size",
-    "8",
-    "--num-train",
-    "40",
-    "--num-test",
-    "20",
-    "--max-length",
-    "16",
-    "--test-gammas",
-    "0,2",
+    *TINY_TEXT,
     # every constrained run counts as feasible, so each cell has both numbers to compare
     "--tolerance",
     "100",

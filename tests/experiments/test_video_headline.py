@@ -18,6 +18,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import job_results
 
 from experiments import video_denoise
 
@@ -40,9 +41,7 @@ pytestmark = pytest.mark.optimized
 
 @pytest.fixture(scope="module")
 def headline(tmp_path_factory):
-    out = tmp_path_factory.mktemp("headline") / "run"
-    assert video_denoise.main([*SMALL, "--out", str(out)]) == 0
-    results = json.loads((out / "results.json").read_text())
+    results = job_results(video_denoise.main, SMALL, tmp_path_factory.mktemp("headline") / "run")
     return {(r["model"], r["constrained"]): r for r in results["runs"]}
 
 

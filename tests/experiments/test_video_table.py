@@ -13,6 +13,7 @@ from helpers import (
     assert_one_line_error,
     assert_rerun_reuses,
     cell_number,
+    finished_job,
     headline_cells,
 )
 
@@ -103,9 +104,7 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def tiny_grid(tmp_path_factory):
-    out = tmp_path_factory.mktemp("table3") / "out"
-    assert video_table.main(TINY + ["--out", str(out)]) == 0
-    return out
+    return finished_job(video_table.main, TINY, tmp_path_factory.mktemp("table3") / "out")
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+from helpers import finished_job
 
 from cudt.errors import UsageError
 from cudt.runner.combine import combine as combine_folders
@@ -27,9 +28,8 @@ TINY = [
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("combine")
     first, rest = root / "seed0", root / "seed1"
-    assert llm_sft.main([*TINY, "--seeds", "1", "--out", str(first)]) == 0
-    argv = [*TINY, "--seed", "1", "--seeds", "1", "--data-seed", "0", "--out", str(rest)]
-    assert llm_sft.main(argv) == 0
+    finished_job(llm_sft.main, [*TINY, "--seeds", "1"], first)
+    finished_job(llm_sft.main, [*TINY, "--seed", "1", "--seeds", "1", "--data-seed", "0"], rest)
     return first, rest
 
 

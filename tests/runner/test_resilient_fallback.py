@@ -16,14 +16,9 @@ import numpy as np
 import pytest
 from helpers import ToyTask, toy
 
+from cudt.runner.choice import choose_points, chosen_lines, compare_chosen, comparison_lines
 from cudt.runner.combine import combine
-from cudt.runner.report import (
-    choose_points,
-    chosen_lines,
-    compare_chosen,
-    comparison_lines,
-    relaxation,
-)
+from cudt.runner.record import relaxation
 
 ALPHA = 0.5
 NEW_KEYS = ("relaxation", "feasible_relaxed")

@@ -29,8 +29,8 @@ from helpers import ToyTask, assert_one_line_error, forced_devices_env, toy, toy
 
 import cudt
 from cudt.checkpoint import GroupCheckpointer
+from cudt.runner.choice import choose_points
 from cudt.runner.config import SWEEPABLE
-from cudt.runner.report import choose_points
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from helpers import ToyTask, toy
 
-from cudt.runner.report import choose_points, chosen_lines, select_best
+from cudt.runner.choice import choose_points, chosen_lines, select_best
 from experiments.paper.dual_study import SETTINGS, Combo
 from experiments.paper.dual_study.report import best, run_rows, summarise
 from experiments.paper.rows import setting_rows

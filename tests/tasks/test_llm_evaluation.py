@@ -80,7 +80,7 @@ def test_the_last_state_evaluation_equals_the_whole_ones_last_state(tiny):
 def test_the_runner_reads_out_every_state_only_at_gamma_train():
     """evaluate_group with eval_last: the γ in ``per_state`` get every state, the others the
     last state only (NaN before it), each γ with its own key, as the whole evaluator's."""
-    from cudt.runner.report import evaluate_group
+    from cudt.runner.record import evaluate_group
 
     calls = []
 

@@ -21,6 +21,7 @@ from helpers import (
     LAYERS,
     MAX_POS,
     RUNNER_KEYS,
+    TINY_TEXT,
     D,
     assert_one_line_error,
     bad_flags_test,
@@ -41,22 +42,7 @@ from cudt.models.classifier import (
 from cudt.runner.hparams import resolve_reference
 from experiments import text_classify
 
-TINY = [
-    "--num-train",
-    "40",
-    "--num-test",
-    "20",
-    "--max-length",
-    "16",
-    "--batch-size",
-    "8",
-    "--test-gammas",
-    "0,2",
-    "--gamma-train",
-    "1",
-    "--eval-batch-size",
-    "32",
-]
+TINY = [*TINY_TEXT, "--gamma-train", "1", "--eval-batch-size", "32"]
 RUN_KEYS = RUNNER_KEYS | {"accuracy", "auc"}  # and the task's metrics
 
 

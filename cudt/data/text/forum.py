@@ -28,13 +28,12 @@ command line.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from cudt.data.text.aclimdb import write_aclimdb
-from cudt.data.text.generated import rated_reviews
+from cudt.data.text.generated import _pick, rated_reviews
 from cudt.data.text.tokenized import TextSplit
 from cudt.errors import DataError
 
@@ -172,10 +171,6 @@ def opinion_words() -> tuple[frozenset[str], frozenset[str]]:
     pos = set(_GENERAL_POS).union(*(d["pos"] for d in _DOMAINS.values()))
     neg = set(_GENERAL_NEG).union(*(d["neg"] for d in _DOMAINS.values()))
     return frozenset(pos), frozenset(neg)
-
-
-def _pick(rng: np.random.Generator, options: Sequence):
-    return options[int(rng.integers(len(options)))]
 
 
 def _stars(rating: int, rng: np.random.Generator) -> str:

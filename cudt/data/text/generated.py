@@ -193,6 +193,7 @@ def synthetic_sentiment_score(text: str) -> float:
 
 
 def _pick(rng: np.random.Generator, options: Sequence[Any]) -> Any:
+    """One of ``options``, drawn uniformly (every text generator's one-choice draw)."""
     return options[int(rng.integers(len(options)))]
 
 

@@ -10,9 +10,11 @@ the real ones.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from cudt.data.text.generated import synthetic_sentiment
+from cudt.data.text.generated import _pick, synthetic_sentiment
 from cudt.data.text.tokenized import TextSplit
 from cudt.errors import DataError
 
@@ -99,9 +101,7 @@ def _nli_pair(rng: np.random.Generator, label: int) -> tuple[str, str]:
     """One premise and a hypothesis that it entails (0), leaves open (1) or contradicts (2),
     by construction."""
 
-    def pick(options):
-        return options[int(rng.integers(len(options)))]
-
+    pick = functools.partial(_pick, rng)
     person, head, hyper = pick(_NLI_PEOPLE)
     activity, general = pick(_NLI_ACTIVITIES)
     place, indoors = pick(_NLI_PLACES)

@@ -23,6 +23,7 @@ from cudt.models.hf import (
     check_shape,
     layer_norm,
     self_attention,
+    token_ids,
 )
 
 __all__ = ["Encoder", "Granularity"]
@@ -225,12 +226,7 @@ class Encoder(FolderModel[EncoderConfig]):
         """
         if granularity not in ("block", "sublayer"):
             raise EncoderError(f"granularity must be 'block' or 'sublayer', got {granularity!r}")
-        input_ids = jnp.asarray(input_ids)
-        if input_ids.ndim != 2 or not jnp.issubdtype(input_ids.dtype, jnp.integer):
-            raise EncoderError(
-                f"input_ids must be an integer array [B, T], got {input_ids.dtype}"
-                f"{list(input_ids.shape)}"
-            )
+        input_ids = token_ids(input_ids)
         batch, length = input_ids.shape
         if length > self.config.max_length:
             raise EncoderError(

@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cudt.models.hf import FolderModel, ModelFolderError, check_range, check_shape
+from cudt.models.hf import FolderModel, ModelFolderError, check_range, check_shape, token_ids
 from cudt.models.llama import layers
 from cudt.models.llama.config import DecoderConfig, Params
 from cudt.models.llama.generate import greedy_generate
@@ -151,12 +151,7 @@ class Decoder(FolderModel[DecoderConfig]):
         """Pure forward: the token embeddings (plus ``embed_noise``), then every block's
         output, all before the final norm. Differentiable and jittable. Ids outside the
         vocabulary raise :class:`ModelFolderError` when called eagerly."""
-        input_ids = jnp.asarray(input_ids)
-        if input_ids.ndim != 2 or not jnp.issubdtype(input_ids.dtype, jnp.integer):
-            raise ModelFolderError(
-                f"input_ids must be an integer array [B, T], got {input_ids.dtype}"
-                f"{list(input_ids.shape)}"
-            )
+        input_ids = token_ids(input_ids)
         mask, position_ids = self._mask_and_positions(input_ids.shape, attention_mask, position_ids)
         check_range("input_ids", input_ids, self.config.vocab_size)
         if embed_noise is not None:
@@ -258,12 +253,7 @@ class Decoder(FolderModel[DecoderConfig]):
         ``eos_id`` its later tokens are ``pad_id`` (default ``eos_id``); with ``eos_id=None``
         every row runs ``max_new_tokens`` steps. ``noise_std`` may be an array (no recompile).
         """
-        input_ids = jnp.asarray(input_ids)
-        if input_ids.ndim != 2 or not jnp.issubdtype(input_ids.dtype, jnp.integer):
-            raise ModelFolderError(
-                f"input_ids must be an integer array [B, T], got {input_ids.dtype}"
-                f"{list(input_ids.shape)}"
-            )
+        input_ids = token_ids(input_ids)
         if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 0:
             raise ModelFolderError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         mask, _ = self._mask_and_positions(input_ids.shape, attention_mask, None)

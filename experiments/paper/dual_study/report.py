@@ -24,7 +24,7 @@ import numpy as np
 
 from cudt.metrics import feasibility
 from experiments.paper.dual_study.settings import SETTINGS
-from experiments.paper.rows import csv_text, fmt, write_text
+from experiments.paper.rows import csv_text, fmt, num, peak, write_text
 
 __all__ = ["baseline", "best", "collect", "run_rows", "summarise", "write_report"]
 
@@ -78,11 +78,6 @@ def _change_pct(value: float, erm: float, higher_is_better: bool) -> float:
     if not (math.isfinite(value) and math.isfinite(erm)) or erm == 0:
         return math.nan
     return 100 * ((1 - value / erm) if higher_is_better else (value / erm - 1))
-
-
-def _lambda(values) -> float:
-    vals = [math.inf if v is None else float(v) for v in values]
-    return max(vals) if vals else 0.0
 
 
 def feasible_from(run: dict, tolerance: float | None) -> float:
@@ -142,7 +137,7 @@ def run_rows(setting, combo, results: dict, erm: dict) -> list[dict]:
                 "feasible": feasible,
                 "monotone": monotone,
                 "diverged": diverged,
-                "val_objective": _num_or_nan(run.get("val_objective")),
+                "val_objective": num(run.get("val_objective")),
                 "descent_rate": run["descent_rate"],
                 "mean_ratio": run["mean_ratio"],
                 "median_ratio": run["median_ratio"],
@@ -152,17 +147,13 @@ def run_rows(setting, combo, results: dict, erm: dict) -> list[dict]:
                 "id_change_pct": _change_pct(id_, erm_id, higher),
                 "ood": ood,
                 "erm_ood": erm_ood,
-                "peak_lambda": _lambda(run.get("max_multipliers") or []),
-                "final_lambda": _lambda(run.get("multipliers") or []),
+                "peak_lambda": peak(run.get("max_multipliers") or []),
+                "final_lambda": peak(run.get("multipliers") or []),
                 "feasible_from": feasible_from(run, tolerance),
                 "curves": run.get("curves"),
             }
         )
     return rows
-
-
-def _num_or_nan(value) -> float:
-    return math.nan if value is None else float(value)
 
 
 def _median(values) -> float:

@@ -175,7 +175,7 @@ def headline_markdown(rows, datasets, gamma, test_gammas) -> str:
                 idx.get((d, model, L, "constrained", gamma)),
                 idx.get((d, model, L, "ERM", gamma)),
             )
-            if c and e and c["status"] == "ok" and e["status"] == "ok":
+            if table_rows.both_ok(c, e):
                 both += 1
                 wins += round(c["auc"], 3) > round(e["auc"], 3)
     lines.append(

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from cudt.runner.report import at_gamma_train, choose_points
+from cudt.runner.choice import choose_points
+from cudt.runner.record import at_gamma_train
 from experiments.paper.rows import csv_text, write_text
 
 __all__ = ["CSV_COLUMNS", "choose", "choose_setting", "rows_of", "write_report"]

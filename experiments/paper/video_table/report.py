@@ -89,7 +89,7 @@ def _wins(rows, datasets, models, layers, gamma):
                 continue
             for d in datasets:
                 c, e = idx.get((d, m, L, "constrained", gamma)), idx.get((d, m, L, "ERM", gamma))
-                if c and e and c["status"] == "ok" and e["status"] == "ok":
+                if table_rows.both_ok(c, e):
                     both += 1
                     wins += c["mean_rmse"] < e["mean_rmse"]
         out[L] = (wins, both)
