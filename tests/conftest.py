@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from helpers import write_tiny_bert
+from helpers import QUICK_CODEGEN, write_tiny_bert
 
 
 def _share_compiled_programs() -> None:
@@ -64,18 +64,6 @@ def _one_thread_per_worker() -> None:
     if "multi_thread_eigen" in flags:
         return  # the user's own threading
     os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
-
-
-# The suite's XLA:CPU code generation: the legacy elementwise emitters and the plain thunk
-# scheduler. Measured on this 2-core machine (tests/experiments/test_ut_study.py's end-to-end study, one core,
-# cold cache, 2-3 runs each): 59-71 s with XLA's defaults, 44-47 s with these two; a test that trains
-# for minutes (test_text_learns.py) 92.3 s vs 92.6 s: compile time goes, run time stays. The whole
-# suite, back to back on that machine: 772 s without them, 485 s with them. The same functions in
-# float32, rounded in another order (the suite compares floats with tolerances).
-QUICK_CODEGEN = (
-    "--xla_cpu_use_fusion_emitters=false",
-    "--xla_cpu_enable_concurrency_optimized_scheduler=false",
-)
 
 
 def _quick_codegen() -> None:

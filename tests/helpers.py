@@ -34,6 +34,19 @@ from cudt.runner.report import Column
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The suite's XLA:CPU code generation, which tests/conftest.py sets (here: a test imports it, and
+# tests/bad_inputs/ has a conftest.py too): the legacy elementwise emitters and the plain thunk
+# scheduler. Measured on this 2-core machine (tests/experiments/test_ut_study.py's end-to-end study, one core,
+# cold cache, 2-3 runs each): 59-71 s with XLA's defaults, 44-47 s with these two; a test that trains
+# for minutes (test_text_learns.py) 92.3 s vs 92.6 s: compile time goes, run time stays. The whole
+# suite, back to back on that machine: 772 s without them, 485 s with them. The same functions in
+# float32, rounded in another order (the suite compares floats with tolerances).
+QUICK_CODEGEN = (
+    "--xla_cpu_use_fusion_emitters=false",
+    "--xla_cpu_enable_concurrency_optimized_scheduler=false",
+)
+
+
 # --------------------------------------------------------------------------------------------
 # Random BERT, RoBERTa and DistilBERT folders (hidden size 32) in the Hugging Face layout
 # --------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def test_with_a_worker_per_core_each_worker_runs_its_products_on_one_thread():
 
 
 def test_the_suite_compiles_with_its_quick_codegen_here_and_in_its_subprocesses():
-    from conftest import QUICK_CODEGEN
+    from helpers import QUICK_CODEGEN
 
     read = "import os; print(os.environ.get('XLA_FLAGS', ''))"
     out = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, check=True)

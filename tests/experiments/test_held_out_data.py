@@ -1,6 +1,7 @@
 """``python -m experiments.held_out_data plaza|forum DIR`` (experiments/held_out_data.py): each data
 set is written whole under DIR, readable with the flags the command prints, with no staging
-folder left behind. Its refusals are in tests/test_bad_inputs.py (docs/errors.md)."""
+folder left behind. Its refusals are in tests/bad_inputs/test_held_out_writer.py
+(docs/errors.md)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,234 @@
+"""The LLM task's own data files and its model exports (``experiments.llm_sft``,
+``experiments.export_decoder``): refused with one line before anything is written
+(docs/errors.md: "Instruction data and model exports"). The helpers are in refusals.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from refusals import as_in_docs, check, entry_cli, tree
+
+LLM_TINY = ["--num-train", "8", "--num-val", "2", "--num-test", "2", "--steps", "1",
+            "--layers", "1", "--hidden", "8", "--heads", "1", "--kv-heads", "1"]  # fmt: skip
+
+
+def _alpaca_file(folder: Path, name: str, records: list) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps(records))
+    return folder / name
+
+
+def _record(i: int) -> dict:
+    return {"instruction": f"Say {i}.", "input": "", "output": f"{i}"}
+
+
+def _no_output(tmp: Path) -> list:
+    rows = [_record(0), {"instruction": "Say hi.", "input": ""}]
+    return ["--train-data", _alpaca_file(tmp / "data", "train.json", rows)]
+
+
+def _empty_file(tmp: Path) -> list:
+    (tmp / "data").mkdir(parents=True)
+    (tmp / "data" / "test.jsonl").write_text("")
+    return ["--test-data", tmp / "data" / "test.jsonl"]
+
+
+def _no_instruction(tmp: Path) -> list:
+    path = tmp / "data" / "val.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(_record(0)) + "\n" + json.dumps({"output": "hi"}) + "\n")
+    return ["--val-data", path]
+
+
+def _three_files_and_data(tmp: Path) -> list:
+    files = [_alpaca_file(tmp / "data", f"{s}.json", [_record(0)]) for s in ("a", "b", "c")]
+    return ["--train-data", files[0], "--val-data", files[1], "--test-data", files[2],
+            "--data", "tasks"]  # fmt: skip
+
+
+def _export_not_empty(tmp: Path) -> list:
+    (tmp / "models").mkdir()
+    (tmp / "models" / "notes.txt").write_text("mine")
+    return ["--export", tmp / "models"]
+
+
+def _export_of_a_finished_run(tmp: Path) -> list:
+    out = tmp / "out"
+    out.mkdir()
+    (out / "results.json").write_text('{"experiment": "llm_sft", "runs": []}')
+    return ["--export", tmp / "models"]
+
+
+LLM_CASES = [
+    # (case, build(tmp) -> flags, problem, fix)
+    (
+        "--train-data record without output",
+        _no_output,
+        "--train-data: '/tmp/data/train.json' record 1 has no \"output\" key",
+        "fix or remove it",
+    ),
+    (
+        "--val-data record without instruction",
+        _no_instruction,
+        "--val-data: '/tmp/data/val.jsonl' record 1 (line 2) has no \"instruction\" key",
+        "fix or remove it",
+    ),
+    (
+        "--test-data file empty",
+        _empty_file,
+        "--test-data: '/tmp/data/test.jsonl' is empty",
+        "it must hold a JSON list of records",
+    ),
+    (
+        "--data with all three split files",
+        _three_files_and_data,
+        "--data has no split left to deal",
+        "drop --data or one of them",
+    ),
+    (
+        "--export folder not empty",
+        _export_not_empty,
+        "--export /tmp/models already exists and is not empty",
+        "pass another path, or --overwrite-export to replace it",
+    ),
+    (
+        "--overwrite-export without --export",
+        lambda tmp: ["--overwrite-export"],
+        "--overwrite-export replaces what --export holds",
+        "pass --export DIR or drop it",
+    ),
+    (
+        "--export with a finished --out",
+        _export_of_a_finished_run,
+        "--out /tmp/out holds a finished run",
+        "python -m experiments.export_decoder /tmp/out /tmp/models",
+    ),
+    (
+        "--lora-rank 0",
+        lambda tmp: ["--lora-rank", "0", "--checkpoint", "smollm2"],
+        "--lora-rank must be >= 1",
+        "got 0",
+    ),
+    (
+        "--lora-targets with an unknown projection",
+        lambda tmp: ["--lora-rank", "8", "--checkpoint", "smollm2", "--lora-targets", "q,attn"],
+        "--lora-targets must all be one of q, k, v, o, gate, up, down",
+        "attn",
+    ),
+    (
+        "--lora-rank without --checkpoint",
+        lambda tmp: ["--lora-rank", "8"],
+        "--lora-rank adapts a pretrained model",
+        "pass --checkpoint FOLDER, model.gguf or smollm2",
+    ),
+    (
+        "--lora-rank with --train-embeddings",
+        lambda tmp: ["--lora-rank", "8", "--checkpoint", "smollm2", "--train-embeddings"],
+        "--lora-rank trains adapters only, the base frozen",
+        "drop --train-embeddings",
+    ),
+    (
+        "--lora-alpha without --lora-rank",
+        lambda tmp: ["--lora-alpha", "16"],
+        "--lora-alpha and --lora-targets shape LoRA adapters",
+        "pass --lora-rank R too, or drop them",
+    ),
+    (
+        "--base-dtype bfloat16 without --lora-rank",
+        lambda tmp: ["--base-dtype", "bfloat16"],
+        "--base-dtype stores the frozen base of LoRA adapters",
+        "pass --lora-rank R too, or drop it",
+    ),
+]
+
+
+def test_llm_lora_resume_over_another_base(tmp_path, capsys):
+    """LoRA checkpoints hold the adapters alone: an --out whose adapters were trained over
+    other base weights than --checkpoint holds now (the same path and flags) is refused before
+    anything is trained or written. The checkpoints' record is the one a run of these flags
+    writes (the runner's fingerprint of the config and the task's, the base's digest in it)."""
+    import jax
+
+    from cudt.data.alpaca import AlpacaRecord, build_word_tokenizer
+    from cudt.models.llama import DecoderConfig, write_decoder_folder
+    from cudt.runner.cli import config_from_args
+    from cudt.runner.output import checkpoint_record
+    from cudt.tasks import llm, llm_config, llm_data
+    from experiments import llm_sft
+
+    base = tmp_path / "base"
+    config = DecoderConfig(
+        vocab_size=64, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=1,
+        num_kv_heads=1, tie_word_embeddings=True,
+    )  # fmt: skip
+    records = [_record(i) for i in range(12)]
+    words = build_word_tokenizer([AlpacaRecord(**r) for r in records])
+    write_decoder_folder(base, config, config.init_params(jax.random.key(0)), words)
+    data = _alpaca_file(tmp_path / "data", "train.json", records)
+    argv = [
+        "--checkpoint", base, "--data", data, "--num-train", "8", "--num-val", "2",
+        "--num-test", "2", "--steps", "1", "--lora-rank", "2", "--out", tmp_path / "out",
+    ]  # fmt: skip
+    argv = [str(a) for a in argv]
+    cfg, _ = config_from_args(llm_config.LLMConfig, argv, "")
+    task = llm.LLMTask()
+    record = checkpoint_record(cfg) | task.fingerprint(cfg, task.load(cfg))
+    (tmp_path / "out" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "out" / "checkpoints" / "config.json").write_text(json.dumps(record))
+    # the same folder, other weights (this process read the first ones: read them again)
+    write_decoder_folder(base, config, config.init_params(jax.random.key(1)), words)
+    llm_data._pretrained.cache_clear()
+    llm_data._base_digest.cache_clear()
+    before = tree(tmp_path / "out")
+    status, err = entry_cli(llm_sft.main, argv, capsys)
+    check(
+        "--lora-rank resumed over other base weights",
+        status,
+        as_in_docs(err),
+        "holds checkpoints trained on other files than its flags name now (base_digest",
+        "restore the files they were trained on, pass another --out, or --overwrite",
+    )
+    assert tree(tmp_path / "out") == before
+
+
+@pytest.mark.parametrize("case, build, problem, fix", LLM_CASES, ids=[c[0] for c in LLM_CASES])
+def test_llm_files_and_exports(case, build, problem, fix, tmp_path, capsys):
+    """Each refused before anything is written: --out stays as it was (absent, or the finished
+    run), --export too."""
+    from experiments import llm_sft
+
+    flags = build(tmp_path)
+    before = {name: tree(tmp_path / name) for name in ("out", "models", "data")}
+    status, err = entry_cli(llm_sft.main, [*LLM_TINY, *flags, "--out", tmp_path / "out"], capsys)
+    check(case, status, as_in_docs(err), problem, fix)
+    assert {name: tree(tmp_path / name) for name in before} == before
+
+
+def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
+    from experiments import export_decoder
+
+    (tmp_path / "run").mkdir()
+    argv = [tmp_path / "run", tmp_path / "models"]
+    status, err = entry_cli(export_decoder.main, argv, capsys)
+    check(
+        "export_decoder of a folder without results.json",
+        status,
+        as_in_docs(err),
+        "/tmp/run holds no results.json",
+        "pass the --out folder of a finished experiments.llm_sft run",
+    )
+    assert not (tmp_path / "models").exists() and tree(tmp_path / "run") == {}
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "notes.txt").write_text("mine")
+    before = tree(tmp_path / "models")
+    status, err = entry_cli(export_decoder.main, argv, capsys)
+    check(
+        "export_decoder into a folder that is not empty",
+        status,
+        as_in_docs(err),
+        "DEST /tmp/models already exists and is not empty",
+        "pass another path, or --overwrite to replace it",
+    )
+    assert tree(tmp_path / "models") == before

@@ -1,0 +1,229 @@
+"""Pretrained weights (``cudt.load_encoder``, ``experiments.text_classify --checkpoint FOLDER``):
+a broken or unsafe model folder is refused with one line, and pickles are never unpickled
+(docs/errors.md: "Pretrained weights"). The helpers are in refusals.py."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import BERT_BLOCK, random_blocks
+from refusals import check, entry_cli, tree
+from safetensors.numpy import save_file
+
+import cudt
+from cudt.runner.cli import run_cli
+
+D, F, V, P = 8, 12, 20, 16  # hidden, MLP, vocabulary, positions of a tiny BERT
+
+
+def bert_folder(folder: Path, *, config=None, tensors=None) -> Path:
+    """A Hugging Face BERT folder (config.json + model.safetensors) with random weights."""
+    rng = np.random.default_rng(0)
+
+    def rand(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    t = {
+        "embeddings.word_embeddings.weight": rand(V, D),
+        "embeddings.position_embeddings.weight": rand(P, D),
+        "embeddings.token_type_embeddings.weight": rand(2, D),
+        "embeddings.LayerNorm.weight": rand(D),
+        "embeddings.LayerNorm.bias": rand(D),
+    }
+    t.update(random_blocks(rand, 1, BERT_BLOCK, D, F, norm_offset=0.0))
+    cfg = dict(
+        model_type="bert",
+        hidden_size=D,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=F,
+        vocab_size=V,
+        max_position_embeddings=P,
+        type_vocab_size=2,
+        hidden_act="gelu",
+    )
+    cfg.update(config or {})
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file(t if tensors is None else tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+class _Trap:
+    """Unpickling this creates the file ``marker``: proof that a loader unpickled it."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _pickle_only(folder: Path, marker: Path) -> Path:
+    bert_folder(folder)
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(_Trap(marker)))
+    return folder
+
+
+def _pickle_named_safetensors(folder: Path, marker: Path) -> Path:
+    bert_folder(folder)
+    (folder / "model.safetensors").write_bytes(pickle.dumps(_Trap(marker)))
+    return folder
+
+
+def _truncated_safetensors(folder: Path, marker: Path) -> Path:
+    bert_folder(folder)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    return folder
+
+
+def _no_safetensors(folder: Path, marker: Path) -> Path:
+    bert_folder(folder)
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+def _no_config(folder: Path, marker: Path) -> Path:
+    bert_folder(folder)
+    (folder / "config.json").unlink()
+    return folder
+
+
+def _broken_config(folder: Path, marker: Path) -> Path:
+    bert_folder(folder)
+    (folder / "config.json").write_text('{"model_type": "bert",')
+    return folder
+
+
+WEIGHT_CASES = [
+    # (case, build the model folder, problem, fix)
+    ("model folder missing", lambda f, m: f, "does not exist", "pass a folder holding config.json"),
+    (
+        "weights file missing",
+        _no_safetensors,
+        "has no model.safetensors",
+        "save_pretrained(dir, safe_serialization=True)",
+    ),
+    ("config.json missing", _no_config, "has no config.json", "pass a Hugging Face model folder"),
+    ("config.json not JSON", _broken_config, "is not valid JSON", "re-export the model"),
+    (
+        "unsupported architecture",
+        lambda f, m: bert_folder(f, config={"model_type": "gpt2"}),
+        "unsupported architecture 'gpt2'",
+        "pass a folder of one of those",
+    ),
+    (
+        "weights of another architecture",
+        lambda f, m: bert_folder(
+            f, tensors={"wte.weight": np.zeros((V, D), np.float32), "wpe.weight": np.zeros((P, D))}
+        ),
+        "it is not a bert model",
+        "pass the folder of a bert model, or the config.json that came with these weights",
+    ),
+    (
+        "weights shape mismatch",
+        lambda f, m: bert_folder(f, config={"intermediate_size": 16}),
+        "'encoder.layer.0.intermediate.dense.weight' has shape [12, 8], expected [16, 8]",
+        "pass the config.json exported with these weights",
+    ),
+    (
+        "weights missing a layer",
+        lambda f, m: bert_folder(f, config={"num_hidden_layers": 2}),
+        "'encoder.layer.1.attention.self.query.weight' is missing",
+        "pass the config.json exported with these weights",
+    ),
+    (
+        "pickle checkpoint instead of safetensors",
+        _pickle_only,
+        "only pytorch_model.bin: pickle checkpoints are not loaded (unsafe)",
+        "convert to safetensors",
+    ),
+    (
+        "pickle saved as model.safetensors",
+        _pickle_named_safetensors,
+        "model.safetensors is a pickle (torch.save) file, not safetensors",
+        "convert to safetensors",
+    ),
+    (
+        "truncated safetensors",
+        _truncated_safetensors,
+        "it is corrupt or truncated",
+        "re-export the safetensors file",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case, build, problem, fix", WEIGHT_CASES, ids=[c[0] for c in WEIGHT_CASES]
+)
+def test_bad_weights(case, build, problem, fix, tmp_path, capsys):
+    marker = tmp_path / "UNPICKLED"
+    folder = build(tmp_path / "model", marker)
+    if "pickle" in case:  # the trap works: unpickling it really would create the marker
+        data = next(folder.glob("*.bin"), folder / "model.safetensors").read_bytes()
+        pickle.loads(data).close()
+        assert marker.exists()
+        marker.unlink()
+    before = tree(tmp_path / "model")
+    capsys.readouterr()
+    status = run_cli(lambda: cudt.load_encoder(folder))
+    check(case, status, capsys.readouterr().err, problem, fix)
+    assert not marker.exists(), "the loader unpickled the checkpoint"
+    assert tree(tmp_path / "model") == before
+
+
+TEXT_TINY = ["--num-train", "8", "--num-test", "4"]  # a few generated reviews
+
+
+def text_cli(argv, capsys) -> tuple[int, str]:
+    """Runs ``python -m experiments.text_classify`` in-process: ``(exit status, stderr)``."""
+    from experiments import text_classify
+
+    return entry_cli(text_classify.main, argv, capsys)
+
+
+@pytest.mark.parametrize(
+    "case, build, problem, fix", WEIGHT_CASES, ids=[c[0] for c in WEIGHT_CASES]
+)
+def test_bad_weights_through_the_text_cli(case, build, problem, fix, tmp_path, capsys):
+    """The same folders given to ``experiments.text_classify --checkpoint``: the same line,
+    before --out is created."""
+    marker = tmp_path / "UNPICKLED"
+    folder = build(tmp_path / "model", marker)
+    before = tree(tmp_path / "model")
+    out = tmp_path / "out"
+    argv = ["--model", "bert", "--checkpoint", folder, *TEXT_TINY, "--out", out]
+    status, err = text_cli(argv, capsys)
+    check(None, status, err, problem, fix)
+    assert not marker.exists(), "the loader unpickled the checkpoint"
+    assert tree(tmp_path / "model") == before
+    assert not out.exists()
+
+
+def test_model_flag_and_weights_disagree(tmp_path, capsys):
+    folder = bert_folder(tmp_path / "model")
+    before = tree(folder)
+    out = tmp_path / "out"
+    argv = ["--model", "roberta", "--checkpoint", folder, *TEXT_TINY, "--out", out]
+    status, err = text_cli(argv, capsys)
+    check(
+        "--model and --checkpoint disagree (text CLI)",
+        status,
+        err,
+        "--model roberta but",
+        "holds a bert model: pass --model bert or a roberta folder",
+    )
+    assert tree(folder) == before
+    assert not out.exists()
+
+
+def test_safe_model_folder_loads(tmp_path):
+    """The folders above are broken copies of one that loads."""
+    enc = cudt.load_encoder(bert_folder(tmp_path / "model"))
+    assert enc.num_layers == 1 and enc.config.hidden_size == D

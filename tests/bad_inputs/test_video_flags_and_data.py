@@ -1,0 +1,408 @@
+"""The video CLI (``experiments.video_denoise``) given invalid flags or config values, or a broken
+data folder: refused with one line before --out is touched (docs/errors.md: "Flags and config
+values", "Data folders"). The helpers are in refusals.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from refusals import TINY, check, cli, cli_subprocess, previous_run, tree
+
+# --------------------------------------------------------------------------------------------
+# Invalid flags and config values: refused before anything is read or written
+# --------------------------------------------------------------------------------------------
+
+
+CONFIG_CASES = [
+    # (case, flags, problem, fix)
+    ("epsilon = 1", ["--epsilon", "1"], "got 1.0", "--epsilon must lie in [0, 1)"),
+    ("epsilon < 0", ["--epsilon=-0.1"], "got -0.1", "--epsilon must lie in [0, 1)"),
+    ("learning rate 0", ["--lr", "0"], "got 0.0", "--lr must be a finite number > 0"),
+    ("negative learning rate", ["--lr=-1e-3"], "got -0.001", "--lr must be a finite number > 0"),
+    ("infinite learning rate", ["--lr", "inf"], "got inf", "--lr must be a finite number > 0"),
+    (
+        "negative dual learning rate",
+        ["--dual-lr", "-0.01"],
+        "got -0.01",
+        "--dual-lr must be a finite number > 0",
+    ),
+    (
+        "negative value written as a separate word",
+        ["--lr", "-1e-3"],
+        "argument --lr: expected one argument",
+        "a negative one as --lr=-1e-3",
+    ),
+    ("layers 0", ["--layers", "0"], "got 0", "--layers must be >= 1"),
+    (
+        "layers not a number",
+        ["--layers", "three"],
+        "'three' is not an integer",
+        "pass a whole number",
+    ),
+    (
+        "negative gamma",
+        ["--gamma-train", "-0.5"],
+        "got -0.5",
+        "--gamma-train must be a finite number >= 0",
+    ),
+    (
+        "negative test gamma",
+        ["--test-gammas", "0.5,-1"],
+        "got -1.0",
+        "--test-gammas must all be finite numbers >= 0",
+    ),
+    (
+        "DUST atoms below the patch side",
+        ["--dust-atoms", "12"],
+        "--dust-atoms 12 is below the patch side 16",
+        "pass --dust-atoms 16 or more",
+    ),
+    (
+        "unknown DUST initial code",
+        ["--dust-initial-code", "blank"],
+        "--dust-initial-code must be one of dual, adjoint, zero",
+        "got 'blank'",
+    ),
+    (
+        "unknown model",
+        ["--models", "ut,transformer"],
+        "--models must all be one of dust, ut, vit",
+        "got 'transformer'",
+    ),
+    (
+        "unknown dataset",
+        ["--dataset", "kitti"],
+        "--dataset must be one of synthetic, ucsd, frames, avenue, shanghaitech",
+        "got 'kitti'",
+    ),
+    (
+        "--inject-nan of a model the run does not train",
+        ["--inject-nan", "vit,ERM,0,3"],
+        "--inject-nan model 'vit' is not trained by this run",
+        "name one of dust, dust-pl, ut",
+    ),
+    ("seeds 0", ["--seeds", "0"], "got 0", "--seeds must be >= 1"),
+    ("negative seed", ["--seed", "-1"], "got -1", "--seed must be >= 0"),
+    ("steps 0", ["--steps", "0"], "got 0", "--steps must be >= 1"),
+    ("batch size 0", ["--batch-size", "0"], "got 0", "--batch-size must be >= 1"),
+    (
+        "fewer synthetic frames than --seq-len",
+        ["--num-frames", "4", "--seq-len", "8"],
+        "--num-frames (4)",
+        "must be >= --seq-len (8)",
+    ),
+    ("max videos 0", ["--max-videos", "0"], "got 0", "--max-videos must be >= 1"),
+    (
+        "frame dataset without --data-dir",
+        ["--dataset", "ucsd"],
+        "--dataset ucsd needs --data-dir",
+        "pointing at the frame folders",
+    ),
+    (
+        "misspelt flag",
+        ["--learning-rate", "0.1"],
+        "unrecognized arguments: --learning-rate 0.1",
+        "see --help",
+    ),
+    ("learning rate nan", ["--lr", "nan"], "got nan", "--lr must be a finite number > 0"),
+    (
+        "malformed --sweep",
+        ["--sweep", "epsilon"],
+        "--sweep 'epsilon' must be NAME=V1,V2,...",
+        "(e.g. epsilon=0.05,0.1)",
+    ),
+    (
+        "--sweep of a field that cannot be swept",
+        ["--sweep", "layers=3,5"],
+        "--sweep layers is not sweepable",
+        "choose from epsilon, epsilon_schedule, reference, lr, dual_lr, resilience, gamma_train",
+    ),
+    (
+        "--sweep value out of range",
+        ["--sweep", "epsilon=0.1,1"],
+        "got 1.0",
+        "--sweep epsilon must all lie in [0, 1)",
+    ),
+    (
+        "--sweep resilience none with explicit slacks",
+        ["--sweep", "resilience=none,2", "--resilience", "2", "--resilience-mode", "slack"],
+        "none is not allowed with --resilience-mode slack",
+        "drop none or use --resilience-mode decay",
+    ),
+    (
+        "malformed --epsilon-schedule",
+        ["--epsilon-schedule", "exp:0@10"],
+        "--epsilon-schedule must be constant or SHAPE:START@STEPS[+BEGIN]",
+        "got 'exp:0@10'",
+    ),
+    (
+        "--epsilon-schedule longer than the run",
+        ["--epsilon-schedule", "linear:0@500"],
+        "reaches epsilon at step 500, after the run's 4 steps",
+        "shorten it or pass more --steps",
+    ),
+    (
+        "--distributed outside a cluster job",
+        ["--distributed"],
+        "--distributed: cannot join the job",
+        "set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID",
+    ),
+    (
+        "--reference chance on a denoising task",
+        ["--reference", "chance"],
+        "--reference chance needs a classification task",
+        "pass a number or none",
+    ),
+    (
+        "--resume with --overwrite",
+        ["--resume", "--overwrite"],
+        "--resume and --overwrite contradict each other",
+        "pass one of them",
+    ),
+    (
+        "--constraint not a kind",
+        ["--constraint", "median"],
+        "--constraint must be one of mean, indexed, tail",
+        "got 'median'",
+    ),
+    (
+        "--tail-beta without --constraint tail",
+        ["--tail-beta", "0.5"],
+        "--tail-beta is the beta of --constraint tail",
+        "pass --constraint tail or drop it",
+    ),
+    (
+        "--tail-beta outside (0, 1]",
+        ["--constraint", "tail", "--tail-beta", "0"],
+        "--tail-beta must lie in (0, 1]",
+        "got 0.0",
+    ),
+    (
+        "--sweep penalty with the Lagrangian",
+        ["--sweep", "penalty=1,2"],
+        "--penalty is rho of --formulation augmented or penalty",
+        "pass one of them or drop it",
+    ),
+    (
+        "--nupi-kp without --dual-optimizer nupi",
+        ["--dual-optimizer", "sgd", "--nupi-kp", "1"],  # the video default is nupi
+        "--nupi-kp is a gain of --dual-optimizer nupi",
+        "pass --dual-optimizer nupi or drop it",
+    ),
+    (
+        "--multipliers not a kind",
+        ["--multipliers", "model"],
+        "--multipliers must be one of table, implicit",
+        "got 'model'",
+    ),
+    (
+        "--multipliers implicit without --constraint indexed",
+        ["--multipliers", "implicit"],
+        "--multipliers implicit needs per-example constraints",
+        "pass --constraint indexed or drop --multipliers",
+    ),
+    (
+        "--multipliers implicit with the penalty formulation",
+        ["--constraint", "indexed", "--multipliers", "implicit", "--formulation", "penalty"],
+        "--multipliers implicit has no multipliers to learn under --formulation penalty",
+        "pass --formulation lagrangian or augmented, or drop --multipliers",
+    ),
+    (
+        "--multipliers implicit with explicit slacks",
+        ["--constraint", "indexed", "--multipliers", "implicit"]
+        + ["--resilience-mode", "slack", "--resilience", "1"],
+        "--multipliers implicit cannot keep explicit slacks (a table of one per example)",
+        "pass --resilience-mode decay or --multipliers table",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case, flags, problem, fix", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES]
+)
+def test_invalid_config(case, flags, problem, fix, tmp_path, capsys):
+    out = previous_run(tmp_path / "out")
+    before = tree(out)
+    if "--distributed" in flags:
+        # what jax.distributed.initialize says depends on whether this process has started
+        # JAX's backend (which earlier tests do): a fresh process, as the user's, says the same
+        # whatever ran before
+        status, err = cli_subprocess([*TINY, *flags, "--out", out])
+    else:
+        status, err = cli([*TINY, *flags, "--out", out], capsys)
+    check(case, status, err, problem, fix)
+    assert tree(out) == before
+
+
+# --------------------------------------------------------------------------------------------
+# Data folders: refused before --out is touched
+# --------------------------------------------------------------------------------------------
+
+
+def write_video(folder: Path, frames: int = 4, size=(32, 32), suffix=".tif") -> None:
+    folder.mkdir(parents=True)
+    for i in range(frames):
+        Image.new("L", size, 20 * i + 10).save(folder / f"{i + 1:03d}{suffix}")
+
+
+def ucsd(root: Path, frames: int = 4) -> Path:
+    """A UCSD Anomaly layout: ``root/UCSDped2/{Train,Test}/<video>/001.tif ...``."""
+    ped2 = root / "UCSDped2"
+    for video in ("Train/Train001", "Train/Train002", "Test/Test001", "Test/Test002"):
+        write_video(ped2 / video, frames)
+    return ped2
+
+
+def _missing(root: Path) -> Path:
+    return root / "UCSD_Anomaly_Dataset.v1p2"
+
+
+def _empty(root: Path) -> Path:
+    (root / "empty").mkdir()
+    return root / "empty"
+
+
+def _a_file(root: Path) -> Path:
+    (root / "UCSDped2.tar.gz").write_bytes(b"\x1f\x8b archive, not extracted")
+    return root / "UCSDped2.tar.gz"
+
+
+def _text_dataset(root: Path) -> Path:
+    # aclImdb, the text-classification data set: train/test folders, but of .txt reviews.
+    for split in ("train", "test"):
+        for label in ("neg", "pos"):
+            (root / "aclImdb" / split / label).mkdir(parents=True)
+            (root / "aclImdb" / split / label / "0_9.txt").write_text("a fine film")
+    return root / "aclImdb"
+
+
+def _image_dataset(root: Path) -> Path:
+    # An image-classification folder (one folder of pictures per class): no video layout.
+    write_video(root / "pictures" / "cat", 2, suffix=".png")
+    write_video(root / "pictures" / "dog", 2, suffix=".png")
+    return root / "pictures"
+
+
+def _corrupt_frame(root: Path) -> Path:
+    ped2 = ucsd(root)
+    (ped2 / "Train" / "Train001" / "002.tif").write_bytes(b"II*\x00 not really a tiff")
+    return root
+
+
+def _truncated_frame(root: Path) -> Path:
+    ped2 = ucsd(root)
+    frame = ped2 / "Train" / "Train002" / "003.tif"
+    noise = np.random.default_rng(0).integers(0, 255, (64, 64), np.uint8)
+    Image.fromarray(noise).save(frame)
+    frame.write_bytes(frame.read_bytes()[:600])  # a copy interrupted half-way
+    return root
+
+
+def _mixed_sizes(root: Path) -> Path:
+    ped2 = ucsd(root)
+    Image.new("L", (40, 32), 0).save(ped2 / "Test" / "Test002" / "005.tif")
+    return root
+
+
+def _non_image_files(root: Path) -> Path:
+    ped2 = ucsd(root)
+    video = ped2 / "Test" / "Test001"
+    (video / "README.txt").write_text("notes")  # skipped: not a frame suffix
+    (video / "Thumbs.db").write_bytes(b"\x00\x01")  # skipped
+    (video / "005.jpg").write_text("<html>404 Not Found</html>")  # a failed download
+    return root
+
+
+def _too_few_frames(root: Path) -> Path:
+    ucsd(root, frames=3)  # --seq-len 4
+    return root
+
+
+def _no_test_videos(root: Path) -> Path:
+    write_video(root / "UCSDped2" / "Train" / "Train001")
+    return root
+
+
+DATA_CASES = [
+    # (case, build the --data-dir, problem, fix)
+    ("data folder missing", _missing, "does not exist", "pass data_dir pointing at the extracted"),
+    ("data folder empty", _empty, "no video folders found", "extract the dataset in that layout"),
+    (
+        "data folder is a file",
+        _a_file,
+        "is not a folder",
+        "pass data_dir pointing at the extracted",
+    ),
+    (
+        "wrong dataset: a text dataset",
+        _text_dataset,
+        "has no image frames (.bmp, .jpeg, .jpg, .png, .tif, .tiff), only .txt files",
+        "point data_dir at a video dataset of frame folders",
+    ),
+    (
+        "wrong dataset: an image dataset",
+        _image_dataset,
+        "no video folders found under",
+        "expected root/UCSDped2/Train/Train001/001.tif",
+    ),
+    (
+        "corrupt frame",
+        _corrupt_frame,
+        "Train001/002.tif' (not an image file PIL can read)",
+        "re-extract that frame or delete the file",
+    ),
+    (
+        "truncated frame",
+        _truncated_frame,
+        "Train002/003.tif' (image file is truncated",
+        "re-extract that frame or delete the file",
+    ),
+    (
+        "frames of mixed sizes",
+        _mixed_sizes,
+        "differ in size: 001.tif is 32x32 but 005.tif is 40x32",
+        "re-extract the video so all its frames have one size",
+    ),
+    (
+        "non-image file among the frames",
+        _non_image_files,
+        "Test001/005.jpg' (not an image file PIL can read)",
+        "re-extract that frame or delete the file",
+    ),
+    (
+        "too few frames for one sequence",
+        _too_few_frames,
+        "Train001' has 3 frames, too few frames for one sequence of seq_len=4",
+        "pass a smaller --seq-len or remove that folder",
+    ),
+    (
+        "no test videos",
+        _no_test_videos,
+        "need at least 1 test video",
+        "add test videos",
+    ),
+]
+
+
+@pytest.mark.parametrize("case, build, problem, fix", DATA_CASES, ids=[c[0] for c in DATA_CASES])
+def test_bad_data_folder(case, build, problem, fix, tmp_path, capsys):
+    root = tmp_path / "data"
+    root.mkdir()
+    data_dir = build(root)
+    before = tree(root)
+    out = tmp_path / "out"
+    status, err = cli([*TINY, "--dataset", "ucsd", "--data-dir", data_dir, "--out", out], capsys)
+    check(case, status, err, problem, fix)
+    assert not out.exists()  # the data is read before --out is created
+    assert tree(root) == before  # and the data is only read
+
+
+def test_the_data_folders_are_broken_copies_of_one_that_loads(tmp_path):
+    from cudt.data.video import load_video_data
+
+    data = load_video_data("ucsd", ucsd(tmp_path), seq_len=4, size=32)
+    # validation comes from the training videos (Train002), testing from both test videos
+    assert data.train.shape == data.val.shape == (4, 4, 256) and data.test.shape == (8, 4, 256)

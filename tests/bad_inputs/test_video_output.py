@@ -1,0 +1,420 @@
+"""The video CLI's --out: checkpoints that are not this run's, an output folder it must not
+touch (finished results, a file, another job's), and a full disk (docs/errors.md: "Checkpoints
+in `--out`", "Output folder, full disk"). One real tiny run, copied per case. The helpers are
+in refusals.py."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+from helpers import LockHolder, finished_job
+from refusals import TINY, check, cli, cli_subprocess, previous_run, tree
+
+from experiments import combine, video_denoise
+
+RESULTS = ("results.json", "layer_loss.png", "rmse_vs_gamma.png", "training_curves.png")
+
+
+def temp_files(path: Path) -> list[str]:
+    """Half-written leftovers: our atomic-write temporaries and orbax's temporary folders."""
+    return [
+        str(p)
+        for p in path.rglob("*")
+        if p.name.endswith(".tmp") or "orbax-checkpoint-tmp" in p.name
+    ]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A real finished tiny run: results, plots, checkpoints at steps 2 and 4 of both groups."""
+    out = finished_job(video_denoise.main, TINY, tmp_path_factory.mktemp("finished") / "run")
+    assert (out / "results.json").is_file()
+    for group in ("dust-1-ERM", "dust-1-constrained", "dust-pl-1-ERM", "ut-1"):
+        assert sorted(p.name for p in (out / "checkpoints" / group).iterdir()) == ["2", "4"]
+    return out
+
+
+@pytest.fixture
+def interrupted_run(finished_run, tmp_path) -> Path:
+    """The same run as if killed before it wrote its results: only checkpoints."""
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    for name in RESULTS:
+        (out / name).unlink()
+    return out
+
+
+@pytest.mark.slow
+def test_output_holding_results_is_never_overwritten(finished_run, capsys):
+    before = tree(finished_run)
+    status, err = cli([*TINY, "--out", finished_run], capsys)
+    check(
+        "--out holds results of a finished run",
+        status,
+        err,
+        "already holds results.json of a finished run",
+        "pass another --out, or --overwrite to replace it",
+    )
+    assert tree(finished_run) == before
+
+
+@pytest.mark.slow
+def test_corrupt_checkpoint(interrupted_run, capsys):
+    # The last group's latest checkpoint: found before the first group trains or writes.
+    step = interrupted_run / "checkpoints" / "ut-1" / "4"
+    for chunk in (step / "state" / "ocdbt.process_0" / "d").iterdir():
+        chunk.write_bytes(b"\0" * 64)
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--out", interrupted_run], capsys)
+    check(
+        "corrupt checkpoint",
+        status,
+        err,
+        "ut-1/4 is corrupt (its arrays cannot be read",
+        "delete that folder to resume from an earlier step, or pass --overwrite",
+    )
+    assert tree(interrupted_run) == before
+
+
+@pytest.mark.slow
+def test_checkpoint_of_an_older_state_layout(interrupted_run, capsys):
+    """ut-1's latest checkpoint rewritten as cudt wrote it before nuPI's gains took the knobs'
+    names (``kp`` / ``ema_nu`` in the dual state, now ``nupi_kp`` / ``nupi_ema``): the same
+    arrays under other names, named as such, not as a corrupt file."""
+    from jax.tree_util import keystr, tree_flatten_with_path
+
+    from cudt.checkpoint import GroupCheckpointer
+
+    def old_names(tree):
+        if isinstance(tree, (list, tuple)):
+            return type(tree)(old_names(v) for v in tree)
+        if not isinstance(tree, dict):
+            return tree
+        rename = {"nupi_kp": "kp", "nupi_ema": "ema_nu"}
+        return {rename.get(k, k): old_names(v) for k, v in tree.items()}
+
+    group = interrupted_run / "checkpoints" / "ut-1"
+    checkpointer = GroupCheckpointer(group)
+    states, loop = checkpointer.restore(None, 4)
+    checkpointer.close()
+    paths = [keystr(p) for p, _ in tree_flatten_with_path(states)[0]]
+    assert any(p.endswith("['nupi_kp']") for p in paths)  # the video task's default is nuPI
+    shutil.rmtree(group / "4")
+    checkpointer = GroupCheckpointer(group)
+    checkpointer.save(4, old_names(states), {k: v for k, v in loop.items() if k != "pinned"})
+    checkpointer.close()
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--out", interrupted_run], capsys)
+    check(
+        "checkpoint of an older state layout",
+        status,
+        err,
+        "ut-1/4 was written by another version of cudt (it names dual_state/",
+        "pass another --out, or --overwrite to discard it",
+    )
+    assert tree(interrupted_run) == before
+
+
+@pytest.mark.slow
+def test_checkpoint_with_truncated_index(interrupted_run, capsys):
+    state = interrupted_run / "checkpoints" / "ut-1" / "4" / "state"
+    for manifest in state.rglob("manifest.ocdbt"):
+        manifest.write_bytes(manifest.read_bytes()[:10])
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--out", interrupted_run], capsys)
+    check(
+        "checkpoint with a truncated array index",
+        status,
+        err,
+        "ut-1/4 is corrupt (its arrays cannot be read",
+        "delete that folder to resume from an earlier step, or pass --overwrite",
+    )
+    assert tree(interrupted_run) == before
+
+
+def _orbax_read_coroutine():
+    """An unstarted coroutine shaped like orbax's per-array read (its name and file)."""
+    namespace: dict = {}
+    code = compile(
+        "async def _read_array_index_and_device_put():\n    pass\n",
+        "/site-packages/orbax/checkpoint/_src/serialization/serialization.py",
+        "exec",
+    )
+    exec(code, namespace)
+    return namespace["_read_array_index_and_device_put"]()
+
+
+def test_failed_restore_closes_orbax_reads_it_left_unstarted():
+    """What the restore above leaves when orbax's loop closes under queued reads: each such
+    coroutine warns "never awaited" when collected, unless the restore closes it (it did print,
+    intermittently, after the error line above)."""
+    from cudt.checkpoint import _close_orbax_stragglers
+
+    def warnings_on_collect(close: bool) -> list[str]:
+        coro = _orbax_read_coroutine()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if close:
+                assert _close_orbax_stragglers() >= 1
+            del coro
+            gc.collect()
+        return [str(w.message) for w in caught]
+
+    assert any("never awaited" in m for m in warnings_on_collect(close=False))
+    assert warnings_on_collect(close=True) == []
+
+
+@pytest.mark.slow
+def test_checkpoint_with_corrupt_loop_record(interrupted_run, capsys):
+    (interrupted_run / "checkpoints" / "ut-1" / "4" / "loop" / "metadata").write_text("{")
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--out", interrupted_run], capsys)
+    check(
+        "checkpoint with a corrupt loop record",
+        status,
+        err,
+        "ut-1/4 is corrupt (its loop record cannot be read",
+        "delete that folder to resume from an earlier step, or pass --overwrite",
+    )
+    assert tree(interrupted_run) == before
+
+
+@pytest.mark.slow
+def test_checkpoint_of_a_different_config(interrupted_run, capsys):
+    assert video_denoise.Config().lr is None  # the run was trained with each model's default
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--lr", 5e-4, "--out", interrupted_run], capsys)
+    check(
+        "checkpoints of a different config",
+        status,
+        err,
+        "holds checkpoints of a different config (lr None -> 0.0005)",
+        "pass another --out, rerun with the same flags to resume, or --overwrite",
+    )
+    assert tree(interrupted_run) == before
+
+
+@pytest.mark.slow
+def test_checkpoint_of_a_different_model_flag(interrupted_run, capsys):
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--models", "ut", "--out", interrupted_run], capsys)
+    check(
+        "checkpoints of a different model (--models)",
+        status,
+        err,
+        "holds checkpoints of a different config (models ['dust', 'ut'] -> ['ut'])",
+        "pass another --out, rerun with the same flags to resume, or --overwrite",
+    )
+    assert tree(interrupted_run) == before
+
+
+@pytest.mark.slow
+def test_checkpoint_written_by_a_different_model(interrupted_run, capsys):
+    """A DUST checkpoint under the UT group's name (a folder copied from another group): its
+    arrays are compared with this model's before anything is trained."""
+    checkpoints = interrupted_run / "checkpoints"
+    shutil.rmtree(checkpoints / "ut-1")
+    shutil.copytree(checkpoints / "dust-1-ERM", checkpoints / "ut-1")
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--out", interrupted_run], capsys)
+    check(
+        "checkpoint written by a different model",
+        status,
+        err,
+        "ut-1/4 was written by a different model (",
+        "pass another --out, or --overwrite to discard it",
+    )
+    assert tree(interrupted_run) == before
+
+
+@pytest.mark.slow
+def test_checkpoints_without_their_config(interrupted_run, capsys):
+    (interrupted_run / "checkpoints" / "config.json").unlink()
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--out", interrupted_run], capsys)
+    check(
+        "checkpoints without their config.json",
+        status,
+        err,
+        "holds checkpoints but no checkpoints/config.json saying which config they belong to",
+        "pass another --out, or --overwrite to discard them",
+    )
+    assert tree(interrupted_run) == before
+
+
+@pytest.mark.slow
+def test_checkpoint_config_unreadable(interrupted_run, capsys):
+    (interrupted_run / "checkpoints" / "config.json").write_text('{"lr": 0.0')
+    before = tree(interrupted_run)
+    status, err = cli([*TINY, "--out", interrupted_run], capsys)
+    check(
+        "checkpoint config.json unreadable",
+        status,
+        err,
+        "checkpoints/config.json is unreadable",
+        "pass another --out, or --overwrite to start again",
+    )
+    assert tree(interrupted_run) == before
+
+
+def test_resume_with_nothing_to_resume(tmp_path, capsys):
+    out = tmp_path / "new"
+    status, err = cli([*TINY, "--resume", "--out", out], capsys)
+    check(
+        "--resume with no checkpoint",
+        status,
+        err,
+        "holds no checkpoint to resume from",
+        "drop --resume to start a new run",
+    )
+    assert not out.exists()
+
+
+def test_output_is_a_file(tmp_path, capsys):
+    out = tmp_path / "results.txt"
+    out.write_text("my notes")
+    status, err = cli([*TINY, "--out", out], capsys)
+    check("--out is a file", status, err, "is a file, not a folder", "pass a folder path")
+    assert out.read_text() == "my notes"
+
+
+def test_output_under_a_file(tmp_path, capsys):
+    """An unwritable --out that stays unwritable as root: its parent is a regular file."""
+    parent = tmp_path / "notes.txt"
+    parent.write_text("my notes")
+    status, err = cli([*TINY, "--out", parent / "run"], capsys)
+    check(
+        "--out cannot be created",
+        status,
+        err,
+        "cannot write to --out",
+        "(Not a directory): pass a writable folder",
+    )
+    assert parent.read_text() == "my notes"
+
+
+def test_output_in_a_read_only_folder(tmp_path, capsys):
+    """--out inside a folder nobody may write to. As a normal user: a chmod 0o555 folder. Root
+    writes through file permissions, so as root the folder is one the kernel refuses to
+    anyone: /sys (sysfs; mkdir there fails with EPERM for root too). Never skipped."""
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        out, reason = locked / "run", "(Permission denied)"
+    else:
+        locked, out, reason = Path("/sys"), Path("/sys/cudt-test-run"), "(Operation not permitted)"
+    assert not out.exists()
+    before = sorted(p.name for p in locked.iterdir())
+    try:
+        status, err = cli([*TINY, "--out", out], capsys)
+    finally:
+        if locked != Path("/sys"):
+            locked.chmod(0o755)
+    # the OS reason differs between the two mechanisms: not a docs/errors.md row
+    check(None, status, err, f"cannot write to --out {out} {reason}", "pass a writable folder")
+    assert not out.exists() and sorted(p.name for p in locked.iterdir()) == before
+
+
+@pytest.fixture(scope="module")
+def other_job():
+    """Another job's process, holding output folders' locks."""
+    other = LockHolder()
+    yield other
+    other.close()
+
+
+def test_output_in_use_by_another_job(other_job, tmp_path, capsys):
+    out = tmp_path / "run"
+    other_job.hold(out)
+    before = tree(out)
+    status, err = cli([*TINY, "--out", out], capsys)
+    check(
+        "--out in use by another job",
+        status,
+        err,
+        f"--out {out} is in use by another job (PID {other_job.pid} on host ",
+        "wait for it to finish (or stop it), or pass another --out",
+    )
+    assert tree(out) == before
+    other_job.release(out)
+
+
+def test_output_being_written_is_not_combined(other_job, tmp_path, capsys):
+    run = previous_run(tmp_path / "run")  # a job running again on it (say with --overwrite)
+    before = tree(run)
+    other_job.hold(run)
+    capsys.readouterr()
+    try:
+        status = combine.main([str(run)])
+    finally:
+        other_job.release(run)
+    check(
+        "experiments.combine on a folder a job is writing",
+        status,
+        capsys.readouterr().err,
+        f"{run} is being written by a job still running (PID {other_job.pid} on host ",
+        "wait for it to finish",
+    )
+    assert tree(run) == before
+
+
+def test_disk_full_at_start(tmp_path):
+    """No room even for the run's config: refused, and the new --out is removed again."""
+    out = tmp_path / "run"
+    status, err = cli_subprocess([*TINY, "--out", out], max_file_bytes=200)
+    check(
+        "disk full when the run starts",
+        status,
+        err,
+        "checkpoints/config.json (File too large)",
+        "free disk space or pass a writable --out",
+    )
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_disk_full_while_checkpointing(tmp_path):
+    """The disk fills up during training: the checkpoint being written is removed, no
+    half-written checkpoint or result is left, and the message names the cause."""
+    out = tmp_path / "run"
+    status, err = cli_subprocess([*TINY, "--out", out], max_file_bytes=100_000)
+    check(
+        "disk full while writing a checkpoint",
+        status,
+        err,
+        "cannot write checkpoints in",
+        "(File too large): free disk space or pass a writable --out",
+        progress=True,
+    )
+    assert temp_files(out) == []
+    assert not any((out / name).exists() for name in RESULTS)
+    steps = [p for p in (out / "checkpoints").rglob("*") if p.is_dir() and p.name.isdigit()]
+    assert steps == []  # no checkpoint that looks complete but is not
+    assert json.loads((out / "checkpoints" / "config.json").read_text())["steps"] == 4
+
+
+@pytest.mark.slow
+def test_disk_full_while_writing_results(interrupted_run):
+    """Resuming a run whose training is done, with no room for its figures: no half-written
+    figure or results.json (atomic writes), and its checkpoints are untouched."""
+    before = tree(interrupted_run / "checkpoints")
+    status, err = cli_subprocess([*TINY, "--out", interrupted_run], max_file_bytes=8_000)
+    check(
+        "disk full while writing results",
+        status,
+        err,
+        "cannot write " + str(interrupted_run / "layer_loss.png") + " (File too large)",
+        "free disk space or pass a writable --out",
+        progress=True,
+    )
+    assert temp_files(interrupted_run) == []
+    # what training wrote (checkpoints, the training curves' logs) stays; no result file
+    assert sorted(p.name for p in interrupted_run.iterdir()) == ["checkpoints", "tensorboard"]
+    assert tree(interrupted_run / "checkpoints") == before
