@@ -11,8 +11,8 @@ from here (or :func:`cudt.make_train_step` and :class:`cudt.DescentConfig` from 
 """
 
 from cudt.descent import _problem
-from cudt.descent._config import DUAL_SCALES, DescentConfig
+from cudt.descent._config import DUAL_SCALES, PREVIOUS_LOSSES, DescentConfig
 from cudt.descent._problem import *  # noqa: F403  (the names of its __all__)
 from cudt.descent._step import make_train_step
 
-__all__ = ["DUAL_SCALES", "DescentConfig", "make_train_step", *_problem.__all__]
+__all__ = ["DUAL_SCALES", "PREVIOUS_LOSSES", "DescentConfig", "make_train_step", *_problem.__all__]

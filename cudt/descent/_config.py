@@ -20,9 +20,11 @@ import numpy as np
 
 from cudt.constrained import RESILIENCE_MODES
 
-__all__ = ["DUAL_SCALES", "DescentConfig"]
+__all__ = ["DUAL_SCALES", "PREVIOUS_LOSSES", "DescentConfig"]
 
 DUAL_SCALES = ("absolute", "relative")
+#: How a descent constraint reads the loss it must improve on (``DescentConfig.previous_loss``).
+PREVIOUS_LOSSES = ("differentiable", "stop_gradient")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +60,12 @@ class DescentConfig:
         ``mean ℓ_l / mean ℓ_{l−1} − (1 − ε_l)``, so multipliers, dual rates, ρ and α are
         dimensionless and one dual rate means the same on pixel MSE and cross-entropy
         (:class:`cudt.Constraint`'s ``scale``). The Lagrangian, and so ERM, is the same in both.
+      previous_loss: ``"differentiable"`` — ``ℓ_{l−1}`` enters ``ℓ_l − (1 − ε_l) ℓ_{l−1}`` as it
+        is, so the constraint's gradient also raises the earlier state's loss with weight
+        ``−(1 − ε_l) λ_l`` (the paper's); or ``"stop_gradient"`` — ``ℓ_{l−1}`` is a target
+        (stop-gradient): the same constraint values, but no multiplier rewards a state for
+        being worse than the next one, so the Lagrangian's gradient only lowers losses. ERM is
+        the same in both (λ ≡ 0).
     """
 
     num_layers: int
@@ -71,6 +79,7 @@ class DescentConfig:
     constrained: bool = True
     tail_beta: float = 0.1
     dual_scale: Literal["absolute", "relative"] = "absolute"
+    previous_loss: Literal["differentiable", "stop_gradient"] = "differentiable"
 
     def __post_init__(self):
         L = self.num_layers
@@ -109,6 +118,11 @@ class DescentConfig:
         if self.dual_scale not in DUAL_SCALES:
             raise ValueError(
                 f"dual_scale must be one of {', '.join(DUAL_SCALES)}, got {self.dual_scale!r}"
+            )
+        if self.previous_loss not in PREVIOUS_LOSSES:
+            raise ValueError(
+                f"previous_loss must be one of {', '.join(PREVIOUS_LOSSES)}, "
+                f"got {self.previous_loss!r}"
             )
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")

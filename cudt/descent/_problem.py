@@ -37,6 +37,12 @@ loss it bounds, stop-gradient): the dual step ascends ``mean ℓ_l / mean ℓ_{l
 CVaR ratio, entering the Lagrangian times ``mean ℓ_{l−1}``), so λ and the dual rate are
 dimensionless. The objective and the Lagrangian are unchanged.
 
+With ``DescentConfig(previous_loss="stop_gradient")`` the loss each descent constraint must
+improve on, ``ℓ_{l−1}``, is a stop-gradient target: the values are the same, but the
+Lagrangian's gradient no longer raises ``ℓ_{l−1}`` with weight ``−(1 − ε_l) λ_l`` (with λ of a
+few units, the paper's form pushes the input state's loss up harder than the objective pulls
+the output's down). The phase-I objective (``"violation"``) keeps the differentiable form.
+
 Both constraints carry the run's resilience α (inf: hard) in ``cfg.resilience_mode``: the dual
 decay or explicit slacks. The run's own values (ε, C, α, β) are :func:`hparams`, arrays in the
 train state, so runs that differ only in them share one compiled step.
@@ -129,14 +135,16 @@ def hparams(
     }
 
 
-def constraint_values(mean_losses, epsilon, reference=None, reference_active=None):
+def constraint_values(mean_losses, epsilon, reference=None, reference_active=None, previous=None):
     """g [L+1] from the mean per-layer losses [L+1].
 
     g_0 = mean ℓ_0 − C (0 when ``reference`` is None, or where ``reference_active`` is False:
     a traced per-run switch, so runs with and without the reference constraint share a program);
     g_l = mean ℓ_l − (1 − ε_l)·mean ℓ_{l−1}, with ``epsilon[l-1]`` the factor of layer l.
+    ``previous`` [L]: the ``mean ℓ_{l−1}`` to use instead (e.g. their stop-gradient).
     """
-    descent = mean_losses[1:] - (1.0 - epsilon) * mean_losses[:-1]  # [L]
+    prev = mean_losses[:-1] if previous is None else previous
+    descent = mean_losses[1:] - (1.0 - epsilon) * prev  # [L]
     if reference is None:
         g0 = jnp.zeros((), mean_losses.dtype)
     else:
@@ -147,11 +155,12 @@ def constraint_values(mean_losses, epsilon, reference=None, reference_active=Non
     return jnp.concatenate([g0[None], descent])
 
 
-def tail_values(losses, epsilon, beta):
+def tail_values(losses, epsilon, beta, previous=None):
     """``[L]``: ``CVaR_β(ℓ_l/ℓ_{l−1}) − (1 − ε_l)`` from per-sample losses ``[B, L+1]``; the CVaR
     of the batch is the mean of its ``k = ⌈βB⌉`` (at least 1) largest ratios. ``beta`` may be a
-    traced array (a sweep)."""
-    ratios = losses[:, 1:] / jnp.maximum(losses[:, :-1], RATIO_FLOOR)  # [B, L]
+    traced array (a sweep). ``previous`` [B, L]: the ``ℓ_{l−1}`` to use instead."""
+    prev = losses[:, :-1] if previous is None else previous
+    ratios = losses[:, 1:] / jnp.maximum(prev, RATIO_FLOOR)  # [B, L]
     size = ratios.shape[0]
     k = jnp.clip(jnp.ceil(beta * size), 1, size)
     ranked = -jnp.sort(-ratios, axis=0)  # largest first
@@ -233,6 +242,7 @@ def problem(
         )
     L = config.num_layers
     relative = config.dual_scale == "relative"
+    stopped = config.previous_loss == "stop_gradient"
 
     def descent_problem(params, batch, key, hp):
         losses = layer_losses(params, batch, key)
@@ -244,19 +254,27 @@ def problem(
             )
         losses = losses.astype(jnp.float32)
         mean = jnp.mean(losses, axis=0)
+        # the loss each layer must improve on: as it is, or a target (stop-gradient)
+        prev = jax.lax.stop_gradient(losses[:, :-1]) if stopped else losses[:, :-1]  # [B, L]
         epsilon = hp["epsilon"]
-        g = constraint_values(mean, epsilon, hp["reference"], hp["has_reference"])
+        g = constraint_values(
+            mean,
+            epsilon,
+            hp["reference"],
+            hp["has_reference"],
+            jax.lax.stop_gradient(mean[:-1]) if stopped else None,
+        )
         index, features, shown = None, None, g[1:]
         s = scales(mean, hp["reference"], hp["has_reference"]) if relative else None
         if constraint == "mean":
             descent = g[1:]
         elif constraint == "indexed":
-            descent = losses[:, 1:] - (1.0 - epsilon) * losses[:, :-1]  # [B, L]
+            descent = losses[:, 1:] - (1.0 - epsilon) * prev  # [B, L]
             index = example_ids(batch)
             if example_features is not None:
                 features = jax.lax.stop_gradient(example_features(batch, losses))
         else:
-            descent = shown = tail_values(losses, epsilon, hp["tail_beta"])
+            descent = shown = tail_values(losses, epsilon, hp["tail_beta"], prev)
             if relative:  # a ratio: in the loss's units in the Lagrangian, so λ is dimensionless
                 descent = s[1:] * descent
         alpha = hp["resilience"]

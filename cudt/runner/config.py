@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cudt.constrained import RESILIENCE_MODES, UPDATES
-from cudt.descent import CONSTRAINTS, DUAL_SCALES
+from cudt.descent import CONSTRAINTS, DUAL_SCALES, PREVIOUS_LOSSES
 from cudt.optim import DUAL_OPTIMIZERS, SCHEDULES
 from cudt.runner.hparams import (
     CONDITIONAL,
@@ -252,6 +252,13 @@ class RunConfig:
         "same on any data) or absolute (the loss's own units, the paper's)",
         check=one_of(*DUAL_SCALES),
     )
+    previous_loss: str = flag(
+        "differentiable",
+        "how a descent constraint l_l <= (1-eps) l_{l-1} reads l_{l-1}: differentiable (the "
+        "paper's: its gradient also raises the earlier state's loss, weight -(1-eps) lambda_l) "
+        "or stop_gradient (a target: the Lagrangian's gradient only lowers losses)",
+        check=one_of(*PREVIOUS_LOSSES),
+    )
     dual_lr: float = flag(5e-2, "dual learning rate", check=positive)
     dual_lr_schedule: str = flag(
         "constant",
@@ -324,6 +331,7 @@ class RunConfig:
     ADDED: typing.ClassVar[dict[str, typing.Any]] = {
         "epsilon_schedule": "constant",
         "multipliers": "table",
+        "previous_loss": "differentiable",
     }
 
     def __post_init__(self):

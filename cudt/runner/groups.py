@@ -121,6 +121,7 @@ def make_group_step(
         slack_restart_steps=steps_per_epoch if slack else None,
         warmup_steps=warmup,
         dual_scale=cfg.dual_scale,
+        previous_loss=cfg.previous_loss,
     )
     primal = primal_optimizer(lr, cfg.lr_schedule, cfg.steps)
     dual = dual_optimizer(

@@ -320,3 +320,36 @@ def optax_adam():
     import optax
 
     return optax.adam(1e-2, eps=1e-20)  # scale-free: the update ignores the loss's units
+
+
+@pytest.mark.parametrize("kind", ["mean", "indexed", "tail"])
+def test_stopped_previous_loss_keeps_the_values_and_cuts_the_gradient_to_the_earlier_state(kind):
+    """previous_loss="stop_gradient": the same constraint values, but ℓ_{l−1} is a target:
+    the row of ``w`` that feeds only ℓ_0 gets no gradient from the descent constraints, and each
+    other row gets only its own loss's; "differentiable" (the paper's) pushes ℓ_0 up."""
+    batch, key = _batch(0), jax.random.key(0)
+
+    def descent(previous):
+        cfg = cudt.DescentConfig(num_layers=L, epsilon=0.1, previous_loss=previous)
+        problem = cudt.descent.problem(_layer_losses, cfg, kind, example_ids=lambda b: b["index"])
+        hp = cudt.descent.hparams(cfg)
+
+        def total(params):
+            return jnp.sum(problem(params, batch, key, hp)[1]["descent"].value)
+
+        return total(PARAMS), jax.grad(total)({"w": jnp.asarray(PARAMS["w"])})["w"]
+
+    value_d, grad_d = descent("differentiable")
+    value_s, grad_s = descent("stop_gradient")
+    np.testing.assert_allclose(value_s, value_d, rtol=1e-6)
+    assert np.max(np.abs(grad_d[0])) > 1e-3  # the paper's form moves the input state's loss
+    np.testing.assert_array_equal(grad_s[0], 0.0)
+    if kind != "tail":  # a sum of ℓ_l − (1 − ε) ℓ_{l−1}: row l (1..L) gets exactly ℓ_l's gradient
+        own = jax.grad(
+            lambda w: jnp.sum(jnp.mean(_layer_losses({"w": w}, batch, key), axis=0)[1:])
+        )(jnp.asarray(PARAMS["w"]))
+        if kind == "indexed":  # the batch's rows, summed: B times the mean's gradient
+            own = own * B
+        np.testing.assert_allclose(grad_s[1:], own[1:], rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="previous_loss must be one of"):
+        cudt.DescentConfig(num_layers=L, previous_loss="detached")
