@@ -230,21 +230,34 @@ def test_checkpoints_from_before_an_added_field_resume_while_the_run_keeps_its_o
     tmp_path,
 ):
     """A field a later version added (``RunConfig.ADDED``: ``--epsilon-schedule``,
-    ``--multipliers``) is no difference against a saved config without it while the run keeps
-    the earlier behaviour; another value is refused, naming the field."""
+    ``--multipliers``, ``--previous-loss``) is no difference against a saved config without it
+    while the run keeps the earlier behaviour (the field's default); another value is refused,
+    naming the field."""
+    import dataclasses
+
     from cudt.runner.config import RunConfig
 
     out = tmp_path / "run"
     open_output(out, {"lr": 1})  # written before the fields existed
     (out / "checkpoints" / "g" / "4").mkdir(parents=True)
     added = RunConfig.ADDED
-    assert added == {"epsilon_schedule": "constant", "multipliers": "table"}
-    same = {"lr": 1, "epsilon_schedule": "constant", "multipliers": "table"}
+    assert added == {
+        "epsilon_schedule": "constant",
+        "multipliers": "table",
+        "previous_loss": "differentiable",
+    }
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    assert all(defaults[name] == value for name, value in added.items())
+    same = {"lr": 1} | added
     assert open_output(out, same, added=added).resuming
     with pytest.raises(
         UsageError, match="different config \\(epsilon_schedule None -> 'linear:0@5'\\)"
     ):
         open_output(out, same | {"epsilon_schedule": "linear:0@5"}, added=added)
+    with pytest.raises(
+        UsageError, match="different config \\(previous_loss None -> 'stop_gradient'\\)"
+    ):
+        open_output(out, same | {"previous_loss": "stop_gradient"}, added=added)
     with pytest.raises(UsageError, match="different config \\(epsilon_schedule None"):
         open_output(out, same)  # without the table, a new field is a difference
 
