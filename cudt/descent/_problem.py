@@ -143,8 +143,9 @@ def constraint_values(mean_losses, epsilon, reference=None, reference_active=Non
     g_l = mean ℓ_l − (1 − ε_l)·mean ℓ_{l−1}, with ``epsilon[l-1]`` the factor of layer l.
     ``previous`` [L]: the ``mean ℓ_{l−1}`` to use instead (e.g. their stop-gradient).
     """
-    prev = mean_losses[:-1] if previous is None else previous
-    descent = mean_losses[1:] - (1.0 - epsilon) * prev  # [L]
+    # ℓ_l sliced before ℓ_{l−1}, as always: the gradient's sums keep their order (bit-equal runs)
+    current = mean_losses[1:]
+    descent = current - (1.0 - epsilon) * (mean_losses[:-1] if previous is None else previous)
     if reference is None:
         g0 = jnp.zeros((), mean_losses.dtype)
     else:
@@ -159,8 +160,9 @@ def tail_values(losses, epsilon, beta, previous=None):
     """``[L]``: ``CVaR_β(ℓ_l/ℓ_{l−1}) − (1 − ε_l)`` from per-sample losses ``[B, L+1]``; the CVaR
     of the batch is the mean of its ``k = ⌈βB⌉`` (at least 1) largest ratios. ``beta`` may be a
     traced array (a sweep). ``previous`` [B, L]: the ``ℓ_{l−1}`` to use instead."""
+    current = losses[:, 1:]  # sliced first, as always (see constraint_values)
     prev = losses[:, :-1] if previous is None else previous
-    ratios = losses[:, 1:] / jnp.maximum(prev, RATIO_FLOOR)  # [B, L]
+    ratios = current / jnp.maximum(prev, RATIO_FLOOR)  # [B, L]
     size = ratios.shape[0]
     k = jnp.clip(jnp.ceil(beta * size), 1, size)
     ranked = -jnp.sort(-ratios, axis=0)  # largest first
@@ -254,26 +256,30 @@ def problem(
             )
         losses = losses.astype(jnp.float32)
         mean = jnp.mean(losses, axis=0)
-        # the loss each layer must improve on: as it is, or a target (stop-gradient)
-        prev = jax.lax.stop_gradient(losses[:, :-1]) if stopped else losses[:, :-1]  # [B, L]
         epsilon = hp["epsilon"]
+        # the loss each layer must improve on: as it is (None), or a target (stop-gradient);
+        # built only where used, so the paper's form compiles to the program it always did
+        target = jax.lax.stop_gradient if stopped else None
         g = constraint_values(
             mean,
             epsilon,
             hp["reference"],
             hp["has_reference"],
-            jax.lax.stop_gradient(mean[:-1]) if stopped else None,
+            None if target is None else target(mean[:-1]),
         )
         index, features, shown = None, None, g[1:]
         s = scales(mean, hp["reference"], hp["has_reference"]) if relative else None
         if constraint == "mean":
             descent = g[1:]
         elif constraint == "indexed":
-            descent = losses[:, 1:] - (1.0 - epsilon) * prev  # [B, L]
+            current = losses[:, 1:]  # sliced first, as always (see constraint_values)
+            prev = losses[:, :-1] if target is None else target(losses[:, :-1])
+            descent = current - (1.0 - epsilon) * prev  # [B, L]
             index = example_ids(batch)
             if example_features is not None:
                 features = jax.lax.stop_gradient(example_features(batch, losses))
         else:
+            prev = None if target is None else target(losses[:, :-1])
             descent = shown = tail_values(losses, epsilon, hp["tail_beta"], prev)
             if relative:  # a ratio: in the loss's units in the Lagrangian, so λ is dimensionless
                 descent = s[1:] * descent
