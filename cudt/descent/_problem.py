@@ -40,8 +40,8 @@ dimensionless. The objective and the Lagrangian are unchanged.
 With ``DescentConfig(previous_loss="stop_gradient")`` the loss each descent constraint must
 improve on, ``ℓ_{l−1}``, is a stop-gradient target: the values are the same, but the
 Lagrangian's gradient no longer raises ``ℓ_{l−1}`` with weight ``−(1 − ε_l) λ_l`` (with λ of a
-few units, the paper's form pushes the input state's loss up harder than the objective pulls
-the output's down). The phase-I objective (``"violation"``) keeps the differentiable form.
+few units that push can outweigh the objective's pull: docs/results/text.md). The phase-I
+objective (``"violation"``) keeps the differentiable form.
 
 Both constraints carry the run's resilience α (inf: hard) in ``cfg.resilience_mode``: the dual
 decay or explicit slacks. The run's own values (ε, C, α, β) are :func:`hparams`, arrays in the
