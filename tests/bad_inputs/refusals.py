@@ -31,6 +31,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
 from helpers import exit_status
 
 from experiments import video_denoise
@@ -151,6 +152,13 @@ def cli_subprocess(argv, *, max_file_bytes: int | None = None) -> tuple[int, str
         timeout=300,
     )
     return proc.returncode, proc.stderr
+
+
+def over_cases(cases: list[tuple], argnames: str = "case, build, problem, fix"):
+    """``pytest.mark.parametrize`` over a table of cases (tuples, the case first), each test
+    named by its case; test_errors_page.py reads the table this decorator names for the cases
+    docs/errors.md lists."""
+    return pytest.mark.parametrize(argnames, cases, ids=[c[0] for c in cases])
 
 
 def check(case, status: int, err: str, problem: str, fix: str, *, progress=False) -> str:
