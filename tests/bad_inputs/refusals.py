@@ -32,12 +32,9 @@ import warnings
 from pathlib import Path
 
 import pytest
-from helpers import exit_status
+from helpers import ROOT, exit_status
 
 from experiments import video_denoise
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 # A tiny run: one layer of DUST and UT, 4 steps in chunks of 2 (checkpoints at steps 2 and 4),
 # one seed. Four groups: DUST ERM and constrained (one dictionary per layer: another model), the
