@@ -31,12 +31,10 @@ import sys
 import warnings
 from pathlib import Path
 
-from helpers import exit_status
+import pytest
+from helpers import ROOT, exit_status
 
 from experiments import video_denoise
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 # A tiny run: one layer of DUST and UT, 4 steps in chunks of 2 (checkpoints at steps 2 and 4),
 # one seed. Four groups: DUST ERM and constrained (one dictionary per layer: another model), the
@@ -151,6 +149,13 @@ def cli_subprocess(argv, *, max_file_bytes: int | None = None) -> tuple[int, str
         timeout=300,
     )
     return proc.returncode, proc.stderr
+
+
+def over_cases(cases: list[tuple], argnames: str = "case, build, problem, fix"):
+    """``pytest.mark.parametrize`` over a table of cases (tuples, the case first), each test
+    named by its case; test_errors_page.py reads the table this decorator names for the cases
+    docs/errors.md lists."""
+    return pytest.mark.parametrize(argnames, cases, ids=[c[0] for c in cases])
 
 
 def check(case, status: int, err: str, problem: str, fix: str, *, progress=False) -> str:

@@ -13,7 +13,7 @@ from refusals import docs_rows, section_of
 def _cases_in_these_modules() -> dict[str, str]:
     """case -> docs/errors.md section, for every case a test of this folder records, read from
     its module's source: ``check("case", ...)`` in a test, or ``check(case, ...)`` in a test
-    parametrized over a table of cases (a list of tuples, the case first, assigned in its
+    decorated ``@over_cases(TABLE)`` (a list of tuples, the case first, assigned in its
     module)."""
     cases = {}
     for path in sorted(Path(__file__).parent.glob("test_*.py")):
@@ -29,12 +29,11 @@ def _cases_in_these_modules() -> dict[str, str]:
             if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
                 continue
             tables = [
-                [ast.literal_eval(row.elts[0]) for row in assigned[d.args[1].id].elts]
+                [ast.literal_eval(row.elts[0]) for row in assigned[d.args[0].id].elts]
                 for d in node.decorator_list
                 if isinstance(d, ast.Call)
-                and getattr(d.func, "attr", None) == "parametrize"
-                and len(d.args) > 1
-                and isinstance(d.args[1], ast.Name)
+                and getattr(d.func, "id", None) == "over_cases"
+                and isinstance(d.args[0], ast.Name)
             ]
             for call in ast.walk(node):
                 if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "check"):

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from helpers import exit_status
-from refusals import check, tree
+from refusals import check, over_cases, tree
 
 
 def _existing_avenue(root: Path) -> list:
@@ -63,9 +62,7 @@ HELD_OUT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "case, build, problem, fix", HELD_OUT_CASES, ids=[c[0] for c in HELD_OUT_CASES]
-)
+@over_cases(HELD_OUT_CASES)
 def test_held_out_data(case, build, problem, fix, tmp_path, capsys):
     from experiments.held_out_data import main
 

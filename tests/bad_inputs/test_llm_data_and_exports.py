@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-from refusals import as_in_docs, check, entry_cli, tree
+from refusals import as_in_docs, check, entry_cli, over_cases, tree
 
 LLM_TINY = ["--num-train", "8", "--num-val", "2", "--num-test", "2", "--steps", "1",
             "--layers", "1", "--hidden", "8", "--heads", "1", "--kv-heads", "1"]  # fmt: skip
@@ -193,7 +192,7 @@ def test_llm_lora_resume_over_another_base(tmp_path, capsys):
     assert tree(tmp_path / "out") == before
 
 
-@pytest.mark.parametrize("case, build, problem, fix", LLM_CASES, ids=[c[0] for c in LLM_CASES])
+@over_cases(LLM_CASES)
 def test_llm_files_and_exports(case, build, problem, fix, tmp_path, capsys):
     """Each refused before anything is written: --out stays as it was (absent, or the finished
     run), --export too."""

@@ -9,9 +9,8 @@ import pickle
 from pathlib import Path
 
 import numpy as np
-import pytest
 from helpers import BERT_BLOCK, random_blocks
-from refusals import check, entry_cli, tree
+from refusals import check, entry_cli, over_cases, tree
 from safetensors.numpy import save_file
 
 import cudt
@@ -159,9 +158,7 @@ WEIGHT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "case, build, problem, fix", WEIGHT_CASES, ids=[c[0] for c in WEIGHT_CASES]
-)
+@over_cases(WEIGHT_CASES)
 def test_bad_weights(case, build, problem, fix, tmp_path, capsys):
     marker = tmp_path / "UNPICKLED"
     folder = build(tmp_path / "model", marker)
@@ -188,9 +185,7 @@ def text_cli(argv, capsys) -> tuple[int, str]:
     return entry_cli(text_classify.main, argv, capsys)
 
 
-@pytest.mark.parametrize(
-    "case, build, problem, fix", WEIGHT_CASES, ids=[c[0] for c in WEIGHT_CASES]
-)
+@over_cases(WEIGHT_CASES)
 def test_bad_weights_through_the_text_cli(case, build, problem, fix, tmp_path, capsys):
     """The same folders given to ``experiments.text_classify --checkpoint``: the same line,
     before --out is created."""

@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 from PIL import Image
-from refusals import TINY, check, cli, cli_subprocess, previous_run, tree
+from refusals import TINY, check, cli, cli_subprocess, over_cases, previous_run, tree
 
 # --------------------------------------------------------------------------------------------
 # Invalid flags and config values: refused before anything is read or written
@@ -227,9 +226,7 @@ CONFIG_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "case, flags, problem, fix", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES]
-)
+@over_cases(CONFIG_CASES, "case, flags, problem, fix")
 def test_invalid_config(case, flags, problem, fix, tmp_path, capsys):
     out = previous_run(tmp_path / "out")
     before = tree(out)
@@ -394,7 +391,7 @@ DATA_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case, build, problem, fix", DATA_CASES, ids=[c[0] for c in DATA_CASES])
+@over_cases(DATA_CASES)
 def test_bad_data_folder(case, build, problem, fix, tmp_path, capsys):
     root = tmp_path / "data"
     root.mkdir()

@@ -8,20 +8,12 @@ against XLA's own count of the compiled floor program.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import jax
 import pytest
+from helpers import TINY_DECODER
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # benchmarks/ is a folder of the repository, not installed
-    sys.path.insert(0, str(ROOT))
-
-from helpers import TINY_DECODER  # noqa: E402
-
-from benchmarks import llm, step  # noqa: E402
-from cudt.models.llama.config import DecoderConfig  # noqa: E402
+from benchmarks import llm, step
+from cudt.models.llama.config import DecoderConfig
 
 # SmolLM2-135M: D 576, MLP 1536, 9 heads (3 kv) of 64, 30 blocks, V 49152, tied head
 SMOLLM2 = dict(

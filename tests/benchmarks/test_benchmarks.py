@@ -13,27 +13,21 @@ import dataclasses
 import io
 import math
 import re
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # benchmarks/ is a folder of the repository, not installed
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks import __main__ as cli  # noqa: E402
-from benchmarks import gpu, llm, memory, memory_llm, peer, step, sweep  # noqa: E402
-from benchmarks.setting import (  # noqa: E402
+from benchmarks import __main__ as cli
+from benchmarks import gpu, llm, memory, memory_llm, peer, step, sweep
+from benchmarks.setting import (
     DYNAMICS,
     dynamics_config,
     video_config,
     video_setup,
 )
-from cudt.models.llama.lora import TARGETS  # noqa: E402
-from cudt.tasks.video import VideoConfig  # noqa: E402
+from cudt.models.llama.lora import TARGETS
+from cudt.tasks.video import VideoConfig
 
 
 def _table(out: str, header: str) -> list[list[str]]:

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import forced_devices_env
+from helpers import ROOT, forced_devices_env
 from hf_stack import torch, transformers  # local folders only: never the hub
 
 import cudt
@@ -31,7 +31,6 @@ from cudt.models.llama import (
 )
 from cudt.models.llama.layers import inv_freq
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOL = dict(rtol=1e-4, atol=1e-4)  # float32 on CPU against transformers
 TINY = dict(
     vocab_size=128,

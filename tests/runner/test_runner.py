@@ -25,14 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import ToyTask, assert_one_line_error, forced_devices_env, toy, toy_main
+from helpers import ROOT, ToyTask, assert_one_line_error, forced_devices_env, toy, toy_main
 
 import cudt
 from cudt.checkpoint import GroupCheckpointer
 from cudt.runner.choice import choose_points
 from cudt.runner.config import SWEEPABLE
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import TINY_DECODER, assert_one_line_error, forced_devices_env, job_results
+from helpers import ROOT, TINY_DECODER, assert_one_line_error, forced_devices_env, job_results
 
 from cudt.data.alpaca import build_word_tokenizer, write_alpaca
 from cudt.data.instructions import exact_answer, generated_instructions
@@ -28,7 +28,6 @@ from cudt.metrics import rouge_l
 from cudt.models.llama import DecoderConfig, write_decoder_folder
 from experiments import llm_sft
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = [
     "--num-train", "48", "--num-val", "8", "--num-test", "8", "--max-length", "64",
     "--layers", "2", "--hidden", "16", "--heads", "2", "--kv-heads", "1",

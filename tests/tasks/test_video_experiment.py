@@ -13,13 +13,12 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import RUNNER_KEYS, help_text, job_results
+from helpers import ROOT, RUNNER_KEYS, help_text, job_results
 from PIL import Image
 
 from cudt.checkpoint import GroupCheckpointer
 from experiments import video_denoise
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = [
     "--layers",
     "3",
