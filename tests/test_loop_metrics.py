@@ -262,6 +262,22 @@ def test_checkpoints_from_before_an_added_field_resume_while_the_run_keeps_its_o
         open_output(out, same)  # without the table, a new field is a difference
 
 
+def test_video_checkpoints_from_before_dust_spread_resume_with_free_dictionaries(tmp_path):
+    """The video task adds ``--dust-spread`` to the runner's table: a folder saved before it
+    resumes with the flag unset (free per-layer dictionaries, as then), not with a spread."""
+    from cudt.runner.config import RunConfig
+    from cudt.tasks.video import VideoConfig
+
+    out = tmp_path / "run"
+    open_output(out, {"lr": 1} | RunConfig.ADDED)
+    (out / "checkpoints" / "g" / "4").mkdir(parents=True)
+    added = VideoConfig.ADDED
+    assert added == RunConfig.ADDED | {"dust_spread": None}
+    assert open_output(out, {"lr": 1} | added, added=added).resuming
+    with pytest.raises(UsageError, match="different config \\(dust_spread None -> 0.1\\)"):
+        open_output(out, {"lr": 1} | added | {"dust_spread": 0.1}, added=added)
+
+
 def test_checkpoints_of_an_earlier_state_layout_are_refused_in_one_line(tmp_path):
     """A folder of checkpoints written before the one engine (its saved config has no
     state_layout: layout 1) is named as such, not restored into the wrong pytree; nothing in it

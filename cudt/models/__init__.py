@@ -18,7 +18,7 @@
 """
 
 from cudt.models.dct import dct1_dictionary, dct2_dictionary, dct_matrix
-from cudt.models.dust import DUST, soft_threshold, spectral_norm_sq
+from cudt.models.dust import DUST, hold_dictionaries_near, soft_threshold, spectral_norm_sq
 from cudt.models.hf import ModelFolderError
 from cudt.models.llama import (
     Decoder,
@@ -51,6 +51,7 @@ __all__ = [
     "load_decoder",
     "load_vit",
     "smollm2_gguf_path",
+    "hold_dictionaries_near",
     "soft_threshold",
     "spectral_norm_sq",
     "ut_project",

@@ -44,6 +44,7 @@ Params (``model.init(key, x)``)::
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -53,7 +54,7 @@ import jax.numpy as jnp
 from cudt import linalg
 from cudt.models.dct import dct2_dictionary
 
-__all__ = ["DUST", "INITIAL_CODES", "soft_threshold", "spectral_norm_sq"]
+__all__ = ["DUST", "INITIAL_CODES", "hold_dictionaries_near", "soft_threshold", "spectral_norm_sq"]
 
 INITIAL_CODES = ("dual", "adjoint", "zero")
 
@@ -79,6 +80,44 @@ def spectral_norm_sq(d: jax.Array, method: str = "power") -> jax.Array:
     d = jax.lax.stop_gradient(d).astype(jnp.float32)
     gram = jnp.einsum("...pk,...qk->...pq", d, d)
     return linalg.eigvalsh(gram)[..., -1]
+
+
+def hold_dictionaries_near(params: Any, spread: float) -> Any:
+    """Hold one-per-layer dictionaries near their mean: the projection applied after every
+    optimizer step of a per-layer DUST under ``--dust-spread``.
+
+    With ``D̄`` the layers' mean and ``Δ_l = D_l − D̄``, every ``Δ_l`` is shrunk by one common
+    factor ``s = min(1, spread·‖D̄‖_F / max_l ‖Δ_l‖_F)``, so afterwards ``‖D_l − D̄‖_F ≤
+    spread·‖D̄‖_F`` at every layer and the mean is unchanged (``Σ_l Δ_l = 0``). ``spread = 0``
+    ties the layers (every ``D_l = D̄``); a large one leaves them free. Dictionaries already
+    inside come back bit-exact. Pure and jittable; other leaves (a tied ``[P, K]``
+    dictionary) pass through.
+
+    Why (docs/results/video.md, "Per-layer dictionaries held near their mean"): a tied
+    dictionary descends on every set of videos but its constraints do nothing; free per-layer
+    ones meet the constraints on training batches only at the edge, where a layer's ratio
+    ``ℓ_l / ℓ_{l−1}`` moves 2.5-4x more between data sets than a tied one's.
+    """
+    if spread < 0:
+        raise ValueError(f"spread must be >= 0, got {spread}")
+
+    def hold(d: jax.Array) -> jax.Array:
+        mean = jnp.mean(d, axis=0)
+        delta = d - mean
+        far = jnp.sqrt(jnp.max(jnp.sum(delta**2, axis=(1, 2))))
+        limit = spread * jnp.sqrt(jnp.sum(mean**2))
+        shrink = jnp.where(far > limit, limit / jnp.maximum(far, jnp.finfo(d.dtype).tiny), 1.0)
+        return jnp.where(far > limit, mean + shrink * delta, d)
+
+    def walk(tree: Any) -> Any:
+        if isinstance(tree, Mapping):
+            return {
+                k: hold(v) if k == "dictionary" and getattr(v, "ndim", 0) == 3 else walk(v)
+                for k, v in tree.items()
+            }
+        return tree
+
+    return walk(params)
 
 
 class DUST(nn.Module):

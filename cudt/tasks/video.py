@@ -10,7 +10,8 @@ and writes ``results.json``, plots and a summary table.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import functools
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ import numpy as np
 from cudt.data.video import DATASETS, VideoSplits, load_video_data, perturb
 from cudt.errors import UsageError
 from cudt.metrics import rmse_255
-from cudt.models import DUST, UT, ViT, load_vit, ut_projection
+from cudt.models import DUST, UT, ViT, hold_dictionaries_near, load_vit, ut_projection
 from cudt.models.dust import INITIAL_CODES
 from cudt.models.ut import ATTENTIONS
 from cudt.runner import plots
@@ -84,6 +85,13 @@ class VideoConfig(RunConfig):
         "paper",
         "paper (shared for ERM, one per layer when constrained), shared, or per-layer",
         check=one_of("paper", "shared", "per-layer"),
+    )
+    dust_spread: float | None = flag(
+        None,
+        "with one dictionary per layer, hold each within this fraction of the layers' mean "
+        "dictionary (Frobenius norms) after every optimizer step: 0 ties them, none leaves "
+        "them free (the paper's)",
+        check=non_negative,
     )
     dust_threshold: float = flag(0.01, "DUST soft threshold tau", check=non_negative)
     dust_initial_code: str = flag(
@@ -179,8 +187,16 @@ class VideoConfig(RunConfig):
     # (docs/results/video.md, "Why feasible means within 2.5 %").
     tolerance: float = shared("tolerance", 0.025)
 
+    # --dust-spread came later; a checkpoint from before it held per-layer dictionaries free.
+    ADDED: ClassVar[dict[str, Any]] = {**RunConfig.ADDED, "dust_spread": None}
+
     def validate(self) -> None:
         need = self.require
+        need(
+            self.dust_spread is None or self.dust_dictionary != "shared",
+            "--dust-spread holds one-per-layer dictionaries near their mean, and --dust-dictionary "
+            "shared has one: drop --dust-spread, or pass --dust-dictionary paper or per-layer",
+        )
         need(
             self.dataset == "synthetic" or self.data_dir,
             f"--dataset {self.dataset} needs --data-dir pointing at the frame folders",
@@ -239,6 +255,8 @@ def build_model(name: str, cfg, *, per_layer_dictionary: bool, patch_dim: int):
             threshold=cfg.dust_threshold,
             initial_code=cfg.dust_initial_code,
         )
+        if per_layer_dictionary and cfg.dust_spread is not None:
+            return model, functools.partial(hold_dictionaries_near, spread=cfg.dust_spread)
         return model, None
     raise UsageError(f"unknown model {name!r}: choose from {', '.join(MODELS)}")
 

@@ -60,6 +60,13 @@ CONFIG_CASES = [
         "pass --dust-atoms 16 or more",
     ),
     (
+        "DUST spread with one shared dictionary",
+        ["--dust-dictionary", "shared", "--dust-spread", "0.1"],
+        "--dust-dictionary shared has one",
+        "drop --dust-spread, or pass --dust-dictionary paper or per-layer",
+    ),
+    ("negative DUST spread", ["--dust-spread=-0.1"], "got -0.1", "--dust-spread must be"),
+    (
         "unknown DUST initial code",
         ["--dust-initial-code", "blank"],
         "--dust-initial-code must be one of dual, adjoint, zero",

@@ -20,6 +20,7 @@ from cudt.models import (
     UT,
     dct2_dictionary,
     dct_matrix,
+    hold_dictionaries_near,
     spectral_norm_sq,
     ut_project,
     ut_project_tree,
@@ -391,6 +392,46 @@ def test_dust_grads_finite_and_jit(per_layer: bool) -> None:
         _, states_jit = jax.jit(model.apply)(variables, x)
         _, states = model.apply(variables, x)
         assert_same_program_result(states_jit, states)
+
+
+@pytest.mark.parametrize("spread", [0.0, 0.01, 0.05])
+def test_hold_dictionaries_near_bounds_each_layer_and_keeps_the_mean(spread: float) -> None:
+    base = jnp.asarray(dct2_dictionary(PATCH, ATOMS))
+    layers = base + 0.05 * jax.random.normal(jax.random.key(1), (4, P, ATOMS**2))
+    tree = {"params": {"dictionary": layers}, "other": {"dictionary": base}}
+    held = hold_dictionaries_near(tree, spread)
+    d = held["params"]["dictionary"]
+    mean = np.asarray(layers).mean(0)
+    # the mean is where it was; every layer within spread·‖mean‖_F of it (to rounding)
+    np.testing.assert_allclose(np.asarray(d).mean(0), mean, atol=1e-6)
+    far = np.sqrt(((np.asarray(d) - mean) ** 2).sum(axis=(1, 2)))
+    assert far.max() <= spread * np.sqrt((mean**2).sum()) * (1 + 1e-5) + 1e-6
+    # one common factor: the deviations keep their relative sizes (at 0 they are all gone)
+    before = np.sqrt(((np.asarray(layers) - mean) ** 2).sum(axis=(1, 2)))
+    if spread:
+        np.testing.assert_allclose(far / far.max(), before / before.max(), rtol=1e-4)
+    else:
+        assert far.max() < 1e-6
+    # a tied [P, K] dictionary is left alone, and dictionaries inside come back bit-exact
+    assert held["other"]["dictionary"] is base
+    again = hold_dictionaries_near(held, spread * 2 + 1.0)
+    np.testing.assert_array_equal(again["params"]["dictionary"], d)
+
+
+def test_dust_spread_zero_is_the_tied_dictionary() -> None:
+    x = _inputs()
+    per = DUST(num_layers=3, patch_dim=P, atoms_per_dim=ATOMS, per_layer_dictionary=True)
+    variables = per.init(jax.random.key(0), x)
+    moved = variables["params"]["dictionary"] + 0.02 * jax.random.normal(
+        jax.random.key(2), variables["params"]["dictionary"].shape
+    )
+    tied = hold_dictionaries_near({"params": {"dictionary": moved}}, 0.0)
+    _, s_per = per.apply(tied, x)
+    shared = DUST(num_layers=3, patch_dim=P, atoms_per_dim=ATOMS)
+    _, s_shared = shared.apply({"params": {"dictionary": moved.mean(0)}}, x)
+    assert_same_program_result(s_per, s_shared)
+    with pytest.raises(ValueError, match="spread must be >= 0"):
+        hold_dictionaries_near(variables, -0.1)
 
 
 def test_spectral_norm_sq_value_and_no_gradient() -> None:
