@@ -349,9 +349,9 @@ def test_ut_reads_word_order_only_with_positions(tiny_bert, tying):
         assert np.asarray(batch["mask"])[:, :6].all()  # the permuted slots hold real tokens
         shuffled = dict(batch, ids=batch["ids"][:, perm], mask=batch["mask"][:, perm])
         noise = jnp.zeros(batch["ids"].shape + (D,))
-        run = jax.jit(lambda p, b: model.logits(p, b, noise))
-        outputs[positions] = (np.asarray(run(params, batch)), np.asarray(run(params, shuffled)))
-        states = jax.jit(lambda p, b: model.states(p, b, noise))(params, batch)
+        run = jax.jit(model.logits)
+        outputs[positions] = tuple(np.asarray(run(params, b, noise)) for b in (batch, shuffled))
+        states = jax.jit(model.states)(params, batch, noise)
         words = model.embed(params, batch["ids"])
         expected = words + (model.encoder.position_embeddings(batch["ids"]) if positions else 0)
         np.testing.assert_allclose(states[0], expected, atol=1e-6)  # state 0: the input
