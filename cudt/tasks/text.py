@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -70,6 +70,9 @@ PAPER_DESCENT_SOURCE = "paper, constrained RoBERTa on IMDb (Fig. 12)"
 @dataclasses.dataclass(frozen=True)
 class TextConfig(RunConfig):
     """Flags of ``python -m experiments.text_classify`` (shared ones: :class:`RunConfig`)."""
+
+    # A checkpoint written before --ut-positions existed resumes while the flag stays off.
+    ADDED: ClassVar[dict[str, Any]] = {**RunConfig.ADDED, "ut_positions": False}
 
     model: str = flag(
         "minilm",

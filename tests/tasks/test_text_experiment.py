@@ -366,6 +366,20 @@ def test_ut_reads_word_order_only_with_positions(tiny_bert, tying):
         build_text_model("bert", num_classes=2, checkpoint=tiny_bert, positions=True)
 
 
+def test_checkpoints_from_before_ut_positions_resume_with_it_off(tmp_path):
+    from cudt.runner.output import open_output
+    from cudt.tasks.text import TextConfig
+
+    out = tmp_path / "run"
+    open_output(out, {"lr": 1})  # written before the flag existed
+    (out / "checkpoints" / "g" / "4").mkdir(parents=True)
+    added = TextConfig.ADDED
+    assert added["ut_positions"] is False and TextConfig().ut_positions is False
+    assert open_output(out, {"lr": 1} | added, added=added).resuming
+    with pytest.raises(UsageError, match="ut_positions None -> True"):
+        open_output(out, {"lr": 1} | added | {"ut_positions": True}, added=added)
+
+
 def test_pooling_and_reference_defaults(tiny_bert):
     # the paper's: [CLS] for pretrained encoders, token mean for the UT; MiniLM: its own (mean)
     assert build_text_model("bert", num_classes=2, checkpoint=tiny_bert).pooling == "first"
