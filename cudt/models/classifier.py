@@ -20,7 +20,16 @@ Bodies:
   every step (:meth:`TextClassifier.project`): a row that grew would shrink the perturbation,
   whose scale is fixed from the pretrained table;
 * a UT (:class:`cudt.models.UT`, Xavier init, projected after each step) over the same frozen
-  word embeddings as the pretrained model (as the paper does), without position embeddings.
+  word embeddings as the pretrained model (as the paper does), without position embeddings:
+  attention and the mean are order-free, so it reads a bag of tokens ("not bad … great" and
+  "bad … not great" are one input). ``positions=True`` (an option, off by default) adds the
+  encoder's pretrained position embeddings, frozen, to the perturbed word embeddings, as the
+  encoder's own embedding layer does (``x̃ = E[ids] + γ·σ_E·n + P[t]``: the noise perturbs the
+  token embeddings, not the positions; the UT has no embedding LayerNorm, so the order of the
+  sum is only rounding). Frozen because the trained word rows hardly move from their
+  pretrained directions in a run (docs/results/text.md), and the pretrained rows already
+  encode nearness (MiniLM's: cosine 0.85 between neighbours, 0.26 at 8 apart, 0.01 at 128),
+  which attention can read as nearness.
   ``head_norm=True`` (an option, off by default: the paper's readout is plain linear) divides
   the pooled state by its RMS before the head. Why: MiniLM's embeddings have std 0.056, so the
   class difference of the UT's mean-pooled state is about 0.002 per coordinate and Adam at
@@ -96,6 +105,7 @@ class TextClassifier:
     noise_unit: float = 1.0  # noise std at γ = 1 (σ_E by default)
     pooling: str = "first"  # the head's input: "first" token ([CLS] / <s>) or "mean" of tokens
     head_norm: bool = False  # the head reads pooled / rms(pooled): a scale-free readout
+    positions: bool = False  # UT: add the encoder's pretrained position embeddings (frozen)
 
     @property
     def table(self) -> jax.Array:
@@ -194,6 +204,8 @@ class TextClassifier:
         """Every state ``[S, B, T, D]`` (S = L+1, or 2L+1 with sub-layers) for noisy inputs."""
         if self.ut is not None:
             x = self.embed(params, batch["ids"], table) + noise  # [B, T, D]
+            if self.positions:  # after the noise, as the encoder's embedding layer adds them
+                x = x + self.encoder.position_embeddings(batch["ids"])
             _, states = self.ut.apply({"params": params["body"]["ut"]}, x, batch["mask"])
             return states
         body = params["body"]
@@ -304,6 +316,7 @@ def build_text_model(
     head_norm: bool = False,
     ut_tying: str = "all",
     ut_skip: bool = False,
+    positions: bool = False,
 ) -> TextClassifier:
     """Loads the pretrained encoder of ``name`` and wraps it (or a UT over its embeddings).
 
@@ -311,6 +324,7 @@ def build_text_model(
     and ``roberta`` need ``checkpoint``, a Hugging Face folder of that architecture.
     ``pooling`` defaults to the paper's, first token for pretrained encoders and mean for the
     UT, except for ``minilm``: mean, the pooling all-MiniLM-L6-v2 was trained with.
+    ``positions`` (``ut`` only): the UT reads the encoder's pretrained position embeddings too.
     """
     if name not in MODELS:
         raise UsageError(f"unknown model {name!r}: choose from {', '.join(MODELS)}")
@@ -349,6 +363,11 @@ def build_text_model(
             tying=ut_tying,
             skip=ut_skip,
         )
+    elif positions:
+        raise UsageError(
+            f"positions apply to --model ut only: {name} adds its own position embeddings; "
+            "drop --ut-positions"
+        )
     elif layers is not None and layers != encoder.num_layers:
         raise UsageError(
             f"--layers {layers} applies to --model ut only: {name} has {encoder.num_layers} "
@@ -366,4 +385,5 @@ def build_text_model(
         noise_unit=unit,
         pooling=pooling,
         head_norm=head_norm,
+        positions=positions,
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -70,6 +70,9 @@ PAPER_DESCENT_SOURCE = "paper, constrained RoBERTa on IMDb (Fig. 12)"
 @dataclasses.dataclass(frozen=True)
 class TextConfig(RunConfig):
     """Flags of ``python -m experiments.text_classify`` (shared ones: :class:`RunConfig`)."""
+
+    # A checkpoint written before --ut-positions existed resumes while the flag stays off.
+    ADDED: ClassVar[dict[str, Any]] = {**RunConfig.ADDED, "ut_positions": False}
 
     model: str = flag(
         "minilm",
@@ -152,6 +155,12 @@ class TextConfig(RunConfig):
         False,
         "at --ut-b 1 the feed-forward matrix is then kept PSD, W_f = I - W in [0.05, 1]",
     )
+    ut_positions: bool = flag(
+        False,
+        "ut: add the encoder's pretrained position embeddings (frozen) to the perturbed word "
+        "embeddings, so the UT reads word order; off, attention and the mean pooling make it a "
+        "bag-of-tokens reader (docs/results/text.md)",
+    )
     head_norm: bool = flag(
         False,
         "divide the pooled state by its RMS before the shared head (a scale-free readout; "
@@ -197,6 +206,11 @@ class TextConfig(RunConfig):
         need(
             self.layers is None or self.model == "ut",
             f"--layers applies to --model ut only ({self.model} uses all its blocks): drop it",
+        )
+        need(
+            not self.ut_positions or self.model == "ut",
+            f"--ut-positions applies to --model ut only ({self.model} adds its own position "
+            "embeddings): drop it",
         )
         need(
             0 < self.val_fraction < 1,
@@ -249,6 +263,7 @@ class TextTask(AccuracyReports, Task):
             head_norm=cfg.head_norm,
             ut_tying=cfg.ut_tying,
             ut_skip=cfg.ut_skip,
+            positions=cfg.ut_positions,
         )
         max_length = max_length_of(cfg)
         if max_length > model.encoder.config.max_length:

@@ -332,6 +332,54 @@ def test_one_head_is_shared_by_every_state(tiny_bert, name):
     assert np.all(np.abs(np.asarray(jac["kernel"])).max(axis=(1, 2)) > 0)
 
 
+@pytest.mark.parametrize("tying", ["all", "none"])
+def test_ut_reads_word_order_only_with_positions(tiny_bert, tying):
+    # Without positions the UT is a bag-of-tokens reader: attention is equivariant and the mean
+    # is invariant under a permutation of the tokens. --ut-positions must break that.
+    texts = ["this was not bad at all, great", "a terrible waste of time"]
+    perm = np.array([0, 5, 3, 1, 4, 2, 6, 7, 8, 9, 10, 11])  # moves real tokens of both texts
+    outputs = {}
+    for positions in (False, True):
+        model = build_text_model(
+            "ut", num_classes=2, checkpoint=tiny_bert, ut_tying=tying, positions=positions
+        )
+        assert model.positions == positions
+        params = jax.jit(model.init)(jax.random.key(0))
+        batch = _batch(model, texts)
+        assert np.asarray(batch["mask"])[:, :6].all()  # the permuted slots hold real tokens
+        shuffled = dict(batch, ids=batch["ids"][:, perm], mask=batch["mask"][:, perm])
+        noise = jnp.zeros(batch["ids"].shape + (D,))
+        run = jax.jit(model.logits)
+        outputs[positions] = tuple(np.asarray(run(params, b, noise)) for b in (batch, shuffled))
+        states = jax.jit(model.states)(params, batch, noise)
+        words = model.embed(params, batch["ids"])
+        expected = words + (model.encoder.position_embeddings(batch["ids"]) if positions else 0)
+        np.testing.assert_allclose(states[0], expected, atol=1e-6)  # state 0: the input
+    plain, shuffled = outputs[False]
+    np.testing.assert_allclose(plain, shuffled, rtol=1e-4, atol=1e-6)
+    ordered, reordered = outputs[True]
+    # every state after the input reads the order; state 0's mean does not change
+    for state in range(1, ordered.shape[0]):
+        assert np.abs(ordered[state] - reordered[state]).max() > 1e-4
+    assert np.abs(ordered - plain).max() > 1e-4  # positions change the input itself
+    with pytest.raises(UsageError, match="positions apply to --model ut only"):
+        build_text_model("bert", num_classes=2, checkpoint=tiny_bert, positions=True)
+
+
+def test_checkpoints_from_before_ut_positions_resume_with_it_off(tmp_path):
+    from cudt.runner.output import open_output
+    from cudt.tasks.text import TextConfig
+
+    out = tmp_path / "run"
+    open_output(out, {"lr": 1})  # written before the flag existed
+    (out / "checkpoints" / "g" / "4").mkdir(parents=True)
+    added = TextConfig.ADDED
+    assert added["ut_positions"] is False and TextConfig().ut_positions is False
+    assert open_output(out, {"lr": 1} | added, added=added).resuming
+    with pytest.raises(UsageError, match="ut_positions None -> True"):
+        open_output(out, {"lr": 1} | added | {"ut_positions": True}, added=added)
+
+
 def test_pooling_and_reference_defaults(tiny_bert):
     # the paper's: [CLS] for pretrained encoders, token mean for the UT; MiniLM: its own (mean)
     assert build_text_model("bert", num_classes=2, checkpoint=tiny_bert).pooling == "first"
@@ -382,6 +430,7 @@ test_bad_flags_exit_2_with_one_line = bad_flags_test(
         (["--dataset", "sst2"], "--dataset must be one of synthetic, imdb, mnli, aclimdb"),
         (["--granularity", "layer"], "--granularity must be one of block, sublayer"),
         (["--layers", "3"], "--layers applies to --model ut only"),
+        (["--ut-positions"], "--ut-positions applies to --model ut only"),
         (["--model", "ut", "--layers", "0"], "--layers must be >= 1"),
         (["--gamma-train", "-1"], "--gamma-train must be a finite number >= 0"),
         # every float flag is checked by the shared config: inf and nan are refused

@@ -270,6 +270,13 @@ class Encoder(FolderModel[EncoderConfig]):
             params, jnp.asarray(input_ids), config=self.config, dtype=jnp.dtype(self.dtype)
         )
 
+    def position_embeddings(self, input_ids: Any) -> jax.Array:
+        """The pretrained position embeddings ``[B, T, D]`` of ``input_ids`` ``[B, T]``, with
+        the position ids this architecture's embedding layer gives them (RoBERTa's count from
+        ``pad_token_id + 1``); jittable, read from the loaded params (a constant)."""
+        table = jnp.asarray(self.params["embeddings"]["position_embeddings"]["embedding"])
+        return table[_position_ids(self.config, jnp.asarray(input_ids))]
+
     def __call__(self, input_ids: Any, attention_mask: Any) -> jax.Array:
         """``apply`` with the loaded params: ``[B, T] -> [L+1, B, T, D]``."""
         return self.apply(self.params, input_ids, attention_mask)
