@@ -39,9 +39,12 @@ def _table(out: str, header: str) -> list[list[str]]:
     assert lines[start + 1] == "-" * width
     rows = []
     for line in lines[start + 2 :]:
-        if len(line) != width:  # every row is padded to the header's width
+        cells = re.split(r"\s{2,}", line.strip())
+        # every row is padded to the header's width and has columns; a sentence printed after
+        # the table can happen to be as long (a ratio printed as "1": "ratio DUST-2 R=2: ...")
+        if len(line) != width or len(cells) < 2:
             break
-        rows.append(re.split(r"\s{2,}", line.strip()))
+        rows.append(cells)
     assert rows, f"empty table {header!r}"
     return rows
 
