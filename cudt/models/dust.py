@@ -44,7 +44,6 @@ Params (``model.init(key, x)``)::
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -93,7 +92,7 @@ def hold_dictionaries_near(params: Any, spread: float) -> Any:
     inside come back bit-exact. Pure and jittable; other leaves (a tied ``[P, K]``
     dictionary) pass through.
 
-    Why (docs/results/video.md, "Per-layer dictionaries held near their mean"): a tied
+    Why (docs/results/video.md, "Dictionaries held near their mean"): a tied
     dictionary descends on every set of videos but its constraints do nothing; free per-layer
     ones meet the constraints on training batches only at the edge, where a layer's ratio
     ``ℓ_l / ℓ_{l−1}`` moves 2.5-4x more between data sets than a tied one's.
@@ -101,23 +100,17 @@ def hold_dictionaries_near(params: Any, spread: float) -> Any:
     if spread < 0:
         raise ValueError(f"spread must be >= 0, got {spread}")
 
-    def hold(d: jax.Array) -> jax.Array:
+    def hold(path: tuple, d: Any) -> Any:
+        if getattr(path[-1], "key", None) != "dictionary" or getattr(d, "ndim", 0) != 3:
+            return d  # a tied [P, K] dictionary, or another leaf
         mean = jnp.mean(d, axis=0)
         delta = d - mean
         far = jnp.sqrt(jnp.max(jnp.sum(delta**2, axis=(1, 2))))
         limit = spread * jnp.sqrt(jnp.sum(mean**2))
-        shrink = jnp.where(far > limit, limit / jnp.maximum(far, jnp.finfo(d.dtype).tiny), 1.0)
+        shrink = limit / jnp.maximum(far, jnp.finfo(d.dtype).tiny)
         return jnp.where(far > limit, mean + shrink * delta, d)
 
-    def walk(tree: Any) -> Any:
-        if isinstance(tree, Mapping):
-            return {
-                k: hold(v) if k == "dictionary" and getattr(v, "ndim", 0) == 3 else walk(v)
-                for k, v in tree.items()
-            }
-        return tree
-
-    return walk(params)
+    return jax.tree_util.tree_map_with_path(hold, params)
 
 
 class DUST(nn.Module):
