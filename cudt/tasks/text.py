@@ -71,8 +71,16 @@ PAPER_DESCENT_SOURCE = "paper, constrained RoBERTa on IMDb (Fig. 12)"
 class TextConfig(RunConfig):
     """Flags of ``python -m experiments.text_classify`` (shared ones: :class:`RunConfig`)."""
 
-    # A checkpoint written before --ut-positions existed resumes while the flag stays off.
-    ADDED: ClassVar[dict[str, Any]] = {**RunConfig.ADDED, "ut_positions": False}
+    # A checkpoint written before one of these flags existed resumes while the flag keeps the
+    # value that was the behaviour then: no head norm (6e6e9d9), the UT tied throughout and
+    # without the skip (65005d4), no positions.
+    ADDED: ClassVar[dict[str, Any]] = {
+        **RunConfig.ADDED,
+        "head_norm": False,
+        "ut_tying": "all",
+        "ut_skip": False,
+        "ut_positions": False,
+    }
 
     model: str = flag(
         "minilm",

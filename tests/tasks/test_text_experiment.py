@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -366,7 +367,11 @@ def test_ut_reads_word_order_only_with_positions(tiny_bert, tying):
         build_text_model("bert", num_classes=2, checkpoint=tiny_bert, positions=True)
 
 
-def test_checkpoints_from_before_ut_positions_resume_with_it_off(tmp_path):
+@pytest.mark.parametrize(
+    "field, other",
+    [("ut_positions", True), ("head_norm", True), ("ut_tying", "attention"), ("ut_skip", True)],
+)
+def test_checkpoints_from_before_a_text_flag_resume_at_its_old_behaviour(tmp_path, field, other):
     from cudt.runner.output import open_output
     from cudt.tasks.text import TextConfig
 
@@ -374,10 +379,11 @@ def test_checkpoints_from_before_ut_positions_resume_with_it_off(tmp_path):
     open_output(out, {"lr": 1})  # written before the flag existed
     (out / "checkpoints" / "g" / "4").mkdir(parents=True)
     added = TextConfig.ADDED
-    assert added["ut_positions"] is False and TextConfig().ut_positions is False
+    # the recorded old behaviour is the flag's default, so a default run resumes
+    assert added[field] == getattr(TextConfig(), field)
     assert open_output(out, {"lr": 1} | added, added=added).resuming
-    with pytest.raises(UsageError, match="ut_positions None -> True"):
-        open_output(out, {"lr": 1} | added | {"ut_positions": True}, added=added)
+    with pytest.raises(UsageError, match=re.escape(f"{field} None -> {other!r}")):
+        open_output(out, {"lr": 1} | added | {field: other}, added=added)
 
 
 def test_pooling_and_reference_defaults(tiny_bert):
