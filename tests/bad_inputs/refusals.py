@@ -188,6 +188,17 @@ def check(case, status: int, err: str, problem: str, fix: str, *, progress=False
     return line
 
 
+def refused(case, argv, capsys, problem: str, fix: str, *, keeps: Path, via=None, **kw) -> str:
+    """:func:`check` of ``via(argv, capsys)`` (default :func:`cli`), and ``keeps`` (a file or
+    folder the user already had) is byte for byte as it was: nothing overwritten, nothing
+    half-written. ``kw`` goes to :func:`check`."""
+    before = tree(keeps)
+    status, err = (cli if via is None else via)(argv, capsys)
+    line = check(case, status, err, problem, fix, **kw)
+    assert tree(keeps) == before, f"{keeps} changed"
+    return line
+
+
 # Sections of docs/errors.md, by the test that records a case.
 SECTIONS = {
     "test_invalid_config": "Flags and config values",

@@ -12,9 +12,9 @@ from refusals import docs_rows, section_of
 
 def _cases_in_these_modules() -> dict[str, str]:
     """case -> docs/errors.md section, for every case a test of this folder records, read from
-    its module's source: ``check("case", ...)`` in a test, or ``check(case, ...)`` in a test
-    decorated ``@over_cases(TABLE)`` (a list of tuples, the case first, assigned in its
-    module)."""
+    its module's source: ``check("case", ...)`` (or ``refused``) in a test, or
+    ``check(case, ...)`` in a test decorated ``@over_cases(TABLE)`` (a list of tuples, the case
+    first, assigned in its module)."""
     cases = {}
     for path in sorted(Path(__file__).parent.glob("test_*.py")):
         body = ast.parse(path.read_text(encoding="utf-8")).body
@@ -36,7 +36,10 @@ def _cases_in_these_modules() -> dict[str, str]:
                 and isinstance(d.args[0], ast.Name)
             ]
             for call in ast.walk(node):
-                if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "check"):
+                if not (
+                    isinstance(call, ast.Call)
+                    and getattr(call.func, "id", None) in ("check", "refused")
+                ):
                     continue
                 first = call.args[0]
                 if isinstance(first, ast.Constant) and isinstance(first.value, str):

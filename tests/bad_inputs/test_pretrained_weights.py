@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 from helpers import BERT_BLOCK, random_blocks
-from refusals import check, entry_cli, over_cases, tree
+from refusals import check, entry_cli, over_cases, refused, tree
 from safetensors.numpy import save_file
 
 import cudt
@@ -191,30 +191,26 @@ def test_bad_weights_through_the_text_cli(case, build, problem, fix, tmp_path, c
     before --out is created."""
     marker = tmp_path / "UNPICKLED"
     folder = build(tmp_path / "model", marker)
-    before = tree(tmp_path / "model")
     out = tmp_path / "out"
     argv = ["--model", "bert", "--checkpoint", folder, *TEXT_TINY, "--out", out]
-    status, err = text_cli(argv, capsys)
-    check(None, status, err, problem, fix)
+    refused(None, argv, capsys, problem, fix, keeps=tmp_path / "model", via=text_cli)
     assert not marker.exists(), "the loader unpickled the checkpoint"
-    assert tree(tmp_path / "model") == before
     assert not out.exists()
 
 
 def test_model_flag_and_weights_disagree(tmp_path, capsys):
     folder = bert_folder(tmp_path / "model")
-    before = tree(folder)
     out = tmp_path / "out"
     argv = ["--model", "roberta", "--checkpoint", folder, *TEXT_TINY, "--out", out]
-    status, err = text_cli(argv, capsys)
-    check(
+    refused(
         "--model and --checkpoint disagree (text CLI)",
-        status,
-        err,
+        argv,
+        capsys,
         "--model roberta but",
         "holds a bert model: pass --model bert or a roberta folder",
+        keeps=folder,
+        via=text_cli,
     )
-    assert tree(folder) == before
     assert not out.exists()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import LockHolder, finished_job
-from refusals import TINY, check, cli, cli_subprocess, previous_run, tree
+from refusals import TINY, check, cli, cli_subprocess, previous_run, refused, tree
 
 from experiments import combine, video_denoise
 
@@ -52,16 +52,14 @@ def interrupted_run(finished_run, tmp_path) -> Path:
 
 @pytest.mark.slow
 def test_output_holding_results_is_never_overwritten(finished_run, capsys):
-    before = tree(finished_run)
-    status, err = cli([*TINY, "--out", finished_run], capsys)
-    check(
+    refused(
         "--out holds results of a finished run",
-        status,
-        err,
+        [*TINY, "--out", finished_run],
+        capsys,
         "already holds results.json of a finished run",
         "pass another --out, or --overwrite to replace it",
+        keeps=finished_run,
     )
-    assert tree(finished_run) == before
 
 
 @pytest.mark.slow
@@ -70,16 +68,14 @@ def test_corrupt_checkpoint(interrupted_run, capsys):
     step = interrupted_run / "checkpoints" / "ut-1" / "4"
     for chunk in (step / "state" / "ocdbt.process_0" / "d").iterdir():
         chunk.write_bytes(b"\0" * 64)
-    before = tree(interrupted_run)
-    status, err = cli([*TINY, "--out", interrupted_run], capsys)
-    check(
+    refused(
         "corrupt checkpoint",
-        status,
-        err,
+        [*TINY, "--out", interrupted_run],
+        capsys,
         "ut-1/4 is corrupt (its arrays cannot be read",
         "delete that folder to resume from an earlier step, or pass --overwrite",
+        keeps=interrupted_run,
     )
-    assert tree(interrupted_run) == before
 
 
 @pytest.mark.slow
@@ -109,16 +105,14 @@ def test_checkpoint_of_an_older_state_layout(interrupted_run, capsys):
     checkpointer = GroupCheckpointer(group)
     checkpointer.save(4, old_names(states), {k: v for k, v in loop.items() if k != "pinned"})
     checkpointer.close()
-    before = tree(interrupted_run)
-    status, err = cli([*TINY, "--out", interrupted_run], capsys)
-    check(
+    refused(
         "checkpoint of an older state layout",
-        status,
-        err,
+        [*TINY, "--out", interrupted_run],
+        capsys,
         "ut-1/4 was written by another version of cudt (it names dual_state/",
         "pass another --out, or --overwrite to discard it",
+        keeps=interrupted_run,
     )
-    assert tree(interrupted_run) == before
 
 
 @pytest.mark.slow
@@ -126,16 +120,14 @@ def test_checkpoint_with_truncated_index(interrupted_run, capsys):
     state = interrupted_run / "checkpoints" / "ut-1" / "4" / "state"
     for manifest in state.rglob("manifest.ocdbt"):
         manifest.write_bytes(manifest.read_bytes()[:10])
-    before = tree(interrupted_run)
-    status, err = cli([*TINY, "--out", interrupted_run], capsys)
-    check(
+    refused(
         "checkpoint with a truncated array index",
-        status,
-        err,
+        [*TINY, "--out", interrupted_run],
+        capsys,
         "ut-1/4 is corrupt (its arrays cannot be read",
         "delete that folder to resume from an earlier step, or pass --overwrite",
+        keeps=interrupted_run,
     )
-    assert tree(interrupted_run) == before
 
 
 def _orbax_read_coroutine():
@@ -173,45 +165,39 @@ def test_failed_restore_closes_orbax_reads_it_left_unstarted():
 @pytest.mark.slow
 def test_checkpoint_with_corrupt_loop_record(interrupted_run, capsys):
     (interrupted_run / "checkpoints" / "ut-1" / "4" / "loop" / "metadata").write_text("{")
-    before = tree(interrupted_run)
-    status, err = cli([*TINY, "--out", interrupted_run], capsys)
-    check(
+    refused(
         "checkpoint with a corrupt loop record",
-        status,
-        err,
+        [*TINY, "--out", interrupted_run],
+        capsys,
         "ut-1/4 is corrupt (its loop record cannot be read",
         "delete that folder to resume from an earlier step, or pass --overwrite",
+        keeps=interrupted_run,
     )
-    assert tree(interrupted_run) == before
 
 
 @pytest.mark.slow
 def test_checkpoint_of_a_different_config(interrupted_run, capsys):
     assert video_denoise.Config().lr is None  # the run was trained with each model's default
-    before = tree(interrupted_run)
-    status, err = cli([*TINY, "--lr", 5e-4, "--out", interrupted_run], capsys)
-    check(
+    refused(
         "checkpoints of a different config",
-        status,
-        err,
+        [*TINY, "--lr", 5e-4, "--out", interrupted_run],
+        capsys,
         "holds checkpoints of a different config (lr None -> 0.0005)",
         "pass another --out, rerun with the same flags to resume, or --overwrite",
+        keeps=interrupted_run,
     )
-    assert tree(interrupted_run) == before
 
 
 @pytest.mark.slow
 def test_checkpoint_of_a_different_model_flag(interrupted_run, capsys):
-    before = tree(interrupted_run)
-    status, err = cli([*TINY, "--models", "ut", "--out", interrupted_run], capsys)
-    check(
+    refused(
         "checkpoints of a different model (--models)",
-        status,
-        err,
+        [*TINY, "--models", "ut", "--out", interrupted_run],
+        capsys,
         "holds checkpoints of a different config (models ['dust', 'ut'] -> ['ut'])",
         "pass another --out, rerun with the same flags to resume, or --overwrite",
+        keeps=interrupted_run,
     )
-    assert tree(interrupted_run) == before
 
 
 @pytest.mark.slow
@@ -221,46 +207,40 @@ def test_checkpoint_written_by_a_different_model(interrupted_run, capsys):
     checkpoints = interrupted_run / "checkpoints"
     shutil.rmtree(checkpoints / "ut-1")
     shutil.copytree(checkpoints / "dust-1-ERM", checkpoints / "ut-1")
-    before = tree(interrupted_run)
-    status, err = cli([*TINY, "--out", interrupted_run], capsys)
-    check(
+    refused(
         "checkpoint written by a different model",
-        status,
-        err,
+        [*TINY, "--out", interrupted_run],
+        capsys,
         "ut-1/4 was written by a different model (",
         "pass another --out, or --overwrite to discard it",
+        keeps=interrupted_run,
     )
-    assert tree(interrupted_run) == before
 
 
 @pytest.mark.slow
 def test_checkpoints_without_their_config(interrupted_run, capsys):
     (interrupted_run / "checkpoints" / "config.json").unlink()
-    before = tree(interrupted_run)
-    status, err = cli([*TINY, "--out", interrupted_run], capsys)
-    check(
+    refused(
         "checkpoints without their config.json",
-        status,
-        err,
+        [*TINY, "--out", interrupted_run],
+        capsys,
         "holds checkpoints but no checkpoints/config.json saying which config they belong to",
         "pass another --out, or --overwrite to discard them",
+        keeps=interrupted_run,
     )
-    assert tree(interrupted_run) == before
 
 
 @pytest.mark.slow
 def test_checkpoint_config_unreadable(interrupted_run, capsys):
     (interrupted_run / "checkpoints" / "config.json").write_text('{"lr": 0.0')
-    before = tree(interrupted_run)
-    status, err = cli([*TINY, "--out", interrupted_run], capsys)
-    check(
+    refused(
         "checkpoint config.json unreadable",
-        status,
-        err,
+        [*TINY, "--out", interrupted_run],
+        capsys,
         "checkpoints/config.json is unreadable",
         "pass another --out, or --overwrite to start again",
+        keeps=interrupted_run,
     )
-    assert tree(interrupted_run) == before
 
 
 def test_resume_with_nothing_to_resume(tmp_path, capsys):
@@ -333,16 +313,14 @@ def other_job():
 def test_output_in_use_by_another_job(other_job, tmp_path, capsys):
     out = tmp_path / "run"
     other_job.hold(out)
-    before = tree(out)
-    status, err = cli([*TINY, "--out", out], capsys)
-    check(
+    refused(
         "--out in use by another job",
-        status,
-        err,
+        [*TINY, "--out", out],
+        capsys,
         f"--out {out} is in use by another job (PID {other_job.pid} on host ",
         "wait for it to finish (or stop it), or pass another --out",
+        keeps=out,
     )
-    assert tree(out) == before
     other_job.release(out)
 
 
