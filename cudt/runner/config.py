@@ -185,6 +185,13 @@ class RunConfig:
         "[+BEGIN] (linear, cosine or step), from START to the run's own epsilon over STEPS steps "
         "after BEGIN, e.g. linear:0@200 (sweepable: --sweep epsilon_schedule=constant,linear:0@200)",
     )
+    epsilon_margin: float = flag(
+        0.0,
+        "train each constrained run's descent constraints at epsilon + this margin and judge "
+        "them at epsilon on validation (feasibility, the choice of a point): room for how much "
+        "a constraint held at its edge on the training batches moves on held-out data",
+        check=in_range(0.0, 1.0),
+    )
     reference: str = flag(
         "none",
         "bound C of the reference constraint E l_0 <= C: a number, none, or (classification) "
@@ -329,6 +336,7 @@ class RunConfig:
     # Fields a later version added, each with the value that is what earlier versions did: a
     # checkpoint written before the field existed resumes when the run keeps that value.
     ADDED: typing.ClassVar[dict[str, typing.Any]] = {
+        "epsilon_margin": 0.0,
         "epsilon_schedule": "constant",
         "multipliers": "table",
         "previous_loss": "differentiable",
@@ -416,6 +424,14 @@ class RunConfig:
             )
         # Sweep syntax is checked here so a typo fails before any data is read.
         sweeps = parse_sweeps(self)
+        if self.epsilon_margin:
+            trained = {self.epsilon, *self.tune_epsilon, *sweeps.get("epsilon", ())}
+            need(
+                max(trained) + self.epsilon_margin < 1.0,
+                f"--epsilon-margin {self.epsilon_margin:g} trains epsilon {max(trained):g} at "
+                f"{max(trained) + self.epsilon_margin:g} (at least 1: a loss below 0): pass a "
+                "smaller margin",
+            )
         parse_model_hparams(self)
         self._validate_dual_dynamics(sweeps)
 

@@ -187,7 +187,28 @@ class GroupProgram:
             # since (α/2)·‖u‖² with u ≡ 0 must stay 0, not inf·0
             "resilience": cfg.resilience if cfg.resilience_mode == "slack" else np.inf,
         }
-        values = {"reference": resolved_ref}
+        # ε: each run is judged by its own (validation feasibility, the choice of a point); a
+        # constrained run trains at ε + --epsilon-margin, summed in float64 as the flag would be
+        # (--epsilon 0.02 --epsilon-margin 0.02 trains the bits of --epsilon 0.04)
+        judged = [fill["epsilon"] if hp["epsilon"] is None else hp["epsilon"] for hp in hps]
+        margin = cfg.epsilon_margin
+        self.trained_epsilon = [
+            e + margin if s.constrained and margin else None
+            for s, e in zip(group.specs, judged, strict=True)
+        ]
+        for e in self.trained_epsilon:
+            if e is not None and not e < 1.0:
+                raise ValueError(
+                    f"--epsilon-margin {margin:g} trains a run at epsilon {e:g} (at least 1: a "
+                    "loss below 0): pass a smaller margin"
+                )
+        self.judged_epsilon = col(judged, np.nan)
+        values = {
+            "reference": resolved_ref,
+            "epsilon": [
+                e if t is None else t for e, t in zip(judged, self.trained_epsilon, strict=True)
+            ],
+        }
         self.per_run = {
             k.name: col(
                 values.get(k.name, [hp[k.name] for hp in hps]),

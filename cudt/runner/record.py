@@ -80,7 +80,7 @@ def summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval_
     diverged run)."""
     model = group.model
     test, val = _evaluate_splits(task, cfg, data, group, result, gammas, val_gammas, eval_keys)
-    eps = np.asarray(program.per_run["epsilon"])
+    eps = np.asarray(program.judged_epsilon)  # not the trained ε + --epsilon-margin
     runs, ratios = [], []
     for r, spec in enumerate(group.specs):
         record, kept = _run_record(
@@ -158,6 +158,8 @@ def _run_record(task, cfg, group, program, result, r, spec, test, val, gammas, v
         "label": group.labels[r],
         "group": group.name,
         "hparams": dict(hp, reference=program.references[r] if spec.constrained else None),
+        # the ε it trained at, where --epsilon-margin moved it (None: hparams' epsilon)
+        "trained_epsilon": program.trained_epsilon[r],
         "sweep_point": spec.point,
         "gamma_train": gamma_train,
         "test_gamma": list(gammas),

@@ -212,6 +212,18 @@ def summary_table(
             "mean validation ℓ_{l−1} at the floor (infeasible by construction): not applicable, "
             "left out of the feasibility and monotone verdicts"
         )
+    margins = sorted(
+        {
+            r["trained_epsilon"] - r["hparams"]["epsilon"]
+            for r in runs
+            if r.get("trained_epsilon") is not None
+        }
+    )
+    if margins:
+        notes.append(
+            f"--epsilon-margin {', '.join(f'{m:.3g}' for m in margins)}: the constrained runs "
+            "trained at epsilon + margin; epsilon, feasible and the choices are at epsilon"
+        )
     if resilient:
         notes.append(
             "relax u: a resilient run's largest relaxation λ/α at the end of training, in units "

@@ -151,6 +151,12 @@ CONFIG_CASES = [
         "shorten it or pass more --steps",
     ),
     (
+        "--epsilon-margin past epsilon 1",
+        ["--tune-epsilon", "0.05,0.5", "--epsilon-margin", "0.5"],
+        "--epsilon-margin 0.5 trains epsilon 0.5 at 1 (at least 1: a loss below 0)",
+        "pass a smaller margin",
+    ),
+    (
         "--distributed outside a cluster job",
         ["--distributed"],
         "--distributed: cannot join the job",
