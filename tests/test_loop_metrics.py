@@ -230,9 +230,9 @@ def test_checkpoints_from_before_an_added_field_resume_while_the_run_keeps_its_o
     tmp_path,
 ):
     """A field a later version added (``RunConfig.ADDED``: ``--epsilon-schedule``,
-    ``--multipliers``, ``--previous-loss``) is no difference against a saved config without it
-    while the run keeps the earlier behaviour (the field's default); another value is refused,
-    naming the field."""
+    ``--multipliers``, ``--previous-loss``, ``--epsilon-margin``) is no difference against a
+    saved config without it while the run keeps the earlier behaviour (the field's default);
+    another value is refused, naming the field."""
     import dataclasses
 
     from cudt.runner.config import RunConfig
@@ -245,6 +245,7 @@ def test_checkpoints_from_before_an_added_field_resume_while_the_run_keeps_its_o
         "epsilon_schedule": "constant",
         "multipliers": "table",
         "previous_loss": "differentiable",
+        "epsilon_margin": 0.0,
     }
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
     assert all(defaults[name] == value for name, value in added.items())
@@ -258,7 +259,7 @@ def test_checkpoints_from_before_an_added_field_resume_while_the_run_keeps_its_o
         UsageError, match="different config \\(previous_loss None -> 'stop_gradient'\\)"
     ):
         open_output(out, same | {"previous_loss": "stop_gradient"}, added=added)
-    with pytest.raises(UsageError, match="different config \\(epsilon_schedule None"):
+    with pytest.raises(UsageError, match="different config \\(epsilon_margin None"):
         open_output(out, same)  # without the table, a new field is a difference
 
 

@@ -336,10 +336,10 @@ class RunConfig:
     # Fields a later version added, each with the value that is what earlier versions did: a
     # checkpoint written before the field existed resumes when the run keeps that value.
     ADDED: typing.ClassVar[dict[str, typing.Any]] = {
-        "epsilon_margin": 0.0,
         "epsilon_schedule": "constant",
         "multipliers": "table",
         "previous_loss": "differentiable",
+        "epsilon_margin": 0.0,
     }
 
     def __post_init__(self):
