@@ -424,15 +424,16 @@ class RunConfig:
             )
         # Sweep syntax is checked here so a typo fails before any data is read.
         sweeps = parse_sweeps(self)
+        own = parse_model_hparams(self)
         if self.epsilon_margin:
             trained = {self.epsilon, *self.tune_epsilon, *sweeps.get("epsilon", ())}
+            trained |= {hp["epsilon"] for hp in own.values() if "epsilon" in hp}
             need(
                 max(trained) + self.epsilon_margin < 1.0,
                 f"--epsilon-margin {self.epsilon_margin:g} trains epsilon {max(trained):g} at "
                 f"{max(trained) + self.epsilon_margin:g} (at least 1: a loss below 0): pass a "
                 "smaller margin",
             )
-        parse_model_hparams(self)
         self._validate_dual_dynamics(sweeps)
 
     def _validate_dual_dynamics(self, sweeps) -> None:

@@ -157,6 +157,12 @@ CONFIG_CASES = [
         "pass a smaller margin",
     ),
     (
+        "--epsilon-margin past epsilon 1 on a model's own epsilon",
+        ["--model-hparams", "ut:epsilon=0.6", "--epsilon-margin", "0.45"],
+        "--epsilon-margin 0.45 trains epsilon 0.6 at 1.05 (at least 1: a loss below 0)",
+        "pass a smaller margin",
+    ),
+    (
         "--distributed outside a cluster job",
         ["--distributed"],
         "--distributed: cannot join the job",
