@@ -118,6 +118,17 @@ def entry_cli(main, argv, capsys) -> tuple[int, str]:
     return status, capsys.readouterr().err
 
 
+def entry(main):
+    """``via`` of :func:`refused` for another entry point's ``main``: :func:`entry_cli`, its
+    stderr with the temporary folders written as docs/errors.md writes them (/tmp/...)."""
+
+    def via(argv, capsys) -> tuple[int, str]:
+        status, err = entry_cli(main, argv, capsys)
+        return status, as_in_docs(err)
+
+    return via
+
+
 # Starts the CLI with a file size limit: SIGXFSZ ignored, so a write past the limit fails with
 # EFBIG ("File too large"), as a write to a full disk fails with ENOSPC; it works as root.
 _LIMITED = (

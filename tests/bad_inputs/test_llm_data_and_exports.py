@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from refusals import as_in_docs, check, entry_cli, over_cases, tree
+from refusals import entry, over_cases, refused
 
 LLM_TINY = ["--num-train", "8", "--num-val", "2", "--num-test", "2", "--steps", "1",
             "--layers", "1", "--hidden", "8", "--heads", "1", "--kv-heads", "1"]  # fmt: skip
@@ -180,16 +180,15 @@ def test_llm_lora_resume_over_another_base(tmp_path, capsys):
     write_decoder_folder(base, config, config.init_params(jax.random.key(1)), words)
     llm_data._pretrained.cache_clear()
     llm_data._base_digest.cache_clear()
-    before = tree(tmp_path / "out")
-    status, err = entry_cli(llm_sft.main, argv, capsys)
-    check(
+    refused(
         "--lora-rank resumed over other base weights",
-        status,
-        as_in_docs(err),
+        argv,
+        capsys,
         "holds checkpoints trained on other files than its flags name now (base_digest",
         "restore the files they were trained on, pass another --out, or --overwrite",
+        keeps=tmp_path / "out",
+        via=entry(llm_sft.main),
     )
-    assert tree(tmp_path / "out") == before
 
 
 @over_cases(LLM_CASES)
@@ -198,11 +197,8 @@ def test_llm_files_and_exports(case, build, problem, fix, tmp_path, capsys):
     run), --export too."""
     from experiments import llm_sft
 
-    flags = build(tmp_path)
-    before = {name: tree(tmp_path / name) for name in ("out", "models", "data")}
-    status, err = entry_cli(llm_sft.main, [*LLM_TINY, *flags, "--out", tmp_path / "out"], capsys)
-    check(case, status, as_in_docs(err), problem, fix)
-    assert {name: tree(tmp_path / name) for name in before} == before
+    argv = [*LLM_TINY, *build(tmp_path), "--out", tmp_path / "out"]
+    refused(case, argv, capsys, problem, fix, keeps=tmp_path, via=entry(llm_sft.main))
 
 
 def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
@@ -210,24 +206,24 @@ def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
 
     (tmp_path / "run").mkdir()
     argv = [tmp_path / "run", tmp_path / "models"]
-    status, err = entry_cli(export_decoder.main, argv, capsys)
-    check(
+    via = entry(export_decoder.main)
+    refused(
         "export_decoder of a folder without results.json",
-        status,
-        as_in_docs(err),
+        argv,
+        capsys,
         "/tmp/run holds no results.json",
         "pass the --out folder of a finished experiments.llm_sft run",
+        keeps=tmp_path,  # models/ not made, run/ untouched
+        via=via,
     )
-    assert not (tmp_path / "models").exists() and tree(tmp_path / "run") == {}
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "notes.txt").write_text("mine")
-    before = tree(tmp_path / "models")
-    status, err = entry_cli(export_decoder.main, argv, capsys)
-    check(
+    refused(
         "export_decoder into a folder that is not empty",
-        status,
-        as_in_docs(err),
+        argv,
+        capsys,
         "DEST /tmp/models already exists and is not empty",
         "pass another path, or --overwrite to replace it",
+        keeps=tmp_path,
+        via=via,
     )
-    assert tree(tmp_path / "models") == before
