@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from cudt import stats
 from cudt.data.alpaca import AlpacaRecord, InstructionTokenizer, prompt_batches
 from cudt.data.instructions import exact_answer
 from cudt.metrics import rouge_l
@@ -127,8 +128,11 @@ def _completion_table(run: dict, what: str) -> dict[float, np.ndarray]:
 def paired_lines(runs: list[dict]) -> list[str]:
     """Constrained − ERM for every reported score, paired by seed (twin runs,
     :func:`cudt.tasks.accuracy.paired_with_erm`) and by prompt (the same prompt under the same
-    noise): token accuracy at each test γ, and exact match and ROUGE-L at each completion γ;
-    each with its 95 % two-level bootstrap interval over seeds and prompts."""
+    noise): token accuracy at each test γ, and exact match and ROUGE-L at each completion γ.
+    Each line's interval is the 95 % paired t interval over the seeds' means (the seeds draw
+    their own data: the replicates), "level" when it spans 0; the two-level bootstrap over
+    seeds and prompts stands beside it, never instead of it (with one seed it is the only
+    interval: over prompts)."""
     lines = []
     for name, cons, erm in paired_with_erm(runs):
         if not all("prompt_accuracy" in r for r in cons + erm):
@@ -136,7 +140,8 @@ def paired_lines(runs: list[dict]) -> list[str]:
         seeds = ", ".join(str(r["seed"]) for r in cons)
         lines.append(
             f"constrained − ERM{' (' + name + ')' if name else ''}, paired by seed ({seeds}) and "
-            "prompt, 95 % bootstrap interval over seeds and prompts:"
+            "prompt: 95 % paired t interval over seeds; beside it, the bootstrap over seeds and "
+            "prompts:"
         )
         for gi, g in enumerate(cons[0]["test_gamma"]):
             a = [r["prompt_accuracy"][gi] for r in cons]
@@ -155,10 +160,18 @@ def paired_lines(runs: list[dict]) -> list[str]:
 
 
 def _paired_line(what: str, a, b) -> str:
+    """``a``, ``b`` ``[seeds, prompts]``: the mean difference, its paired t interval over the
+    seeds' means, then the two-level bootstrap's."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    iv = paired_difference(a, b)
+    boot = paired_difference(a, b)
+    t = stats.paired_t_interval(a.mean(axis=1), b.mean(axis=1))
+    if a.shape[0] < 2:
+        head = f"{boot.mean:+.4f}, one seed: no t interval; bootstrap over prompts"
+    else:
+        level = ", level" if t.low <= 0.0 <= t.high else ""
+        head = f"{boot.mean:+.4f} [{t.low:+.4f}, {t.high:+.4f}] paired t{level}; bootstrap"
     return (
-        f"  {what}: {iv.mean:+.4f} [{iv.low:+.4f}, {iv.high:+.4f}]  "
+        f"  {what}: {head} [{boot.low:+.4f}, {boot.high:+.4f}]  "
         f"(constrained {a.mean():.4f}, ERM {b.mean():.4f}; {a.shape[1]} prompts x "
         f"{a.shape[0]} seeds)"
     )

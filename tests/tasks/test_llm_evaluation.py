@@ -178,7 +178,25 @@ def test_paired_intervals_pair_each_constrained_seed_with_its_erm_twin():
     a = np.array([[(i + s + 1) % 2 for i in range(4)] for s in range(3)], float)
     b = np.array([[(i + s) % 2 for i in range(4)] for s in range(3)], float)
     iv = stats.paired_bootstrap_interval(a, b)
-    assert f"{iv.mean:+.4f} [{iv.low:+.4f}, {iv.high:+.4f}]" in exact
+    t = stats.paired_t_interval(a.mean(axis=1), b.mean(axis=1))  # over the 3 seeds' means
+    level = ", level" if t.low <= 0 <= t.high else ""
+    assert f"{iv.mean:+.4f} [{t.low:+.4f}, {t.high:+.4f}] paired t{level}; bootstrap" in exact
+    assert f"bootstrap [{iv.low:+.4f}, {iv.high:+.4f}]" in exact  # beside it, not instead
+
+
+def test_the_headline_interval_is_the_paired_t_over_seeds_and_says_level_across_zero():
+    """Seeds that disagree in sign: the t interval over their means spans 0 and says so, while
+    the bootstrap over 400 prompts a seed is narrower; one seed gets no t interval at all."""
+    gains = np.array([0.3, -0.2, 0.15])  # per seed, the same for every prompt
+    erm = np.full((3, 2, 400), 0.4)
+    runs = [fake_run(False, s, erm[s], [0.0], False) for s in range(3)]
+    runs += [fake_run(True, s, erm[s] + gains[s], [0.0], True) for s in range(3)]
+    line = next(ln for ln in paired_lines(runs) if "token accuracy γ=1:" in ln)
+    t = stats.paired_t_interval(0.4 + gains, np.full(3, 0.4))
+    assert t.low < 0 < t.high
+    assert f"+{gains.mean():.4f} [{t.low:+.4f}, {t.high:+.4f}] paired t, level; bootstrap" in line
+    one = next(ln for ln in paired_lines(runs[:1] + runs[3:4]) if "token accuracy γ=1:" in ln)
+    assert "+0.3000, one seed: no t interval; bootstrap over prompts [+0.3000, +0.3000]" in one
 
 
 def test_feasibility_is_reported_at_zero_and_at_the_tolerance():
