@@ -8,7 +8,8 @@ machine or later; with ``--data-seed 0`` on every command, all on seed 0's draw.
 :func:`combine` reads each folder's ``results.json``, checks that they are the
 same experiment on the same data with the same settings (everything but the runs' seeds, the
 sweep points, a hyperparameter either folder sweeps, and where and how the runs were
-executed), and prints the experiment's summary
+executed; a setting a later version added counts as its earlier behaviour in a folder written
+before it, ``RunConfig.ADDED``), and prints the experiment's summary
 table and footer over all their runs: the best run of each setting chosen again (on validation
 data, as every run does), the sweep point chosen over every seed, the intervals over seeds,
 the paired constrained − ERM intervals. It writes nothing, and refuses a folder a job is still
@@ -97,9 +98,11 @@ def combine(task, folders: list[str | Path]) -> str:
                 f"{folder}: a {res.get('experiment')!r} run, not {name!r}: combine one "
                 "experiment's folders"
             )
-    base = first["config"]
+    # a field a later version added is, where a folder predates it, what that version did
+    added = getattr(task.config_cls, "ADDED", {})
+    base = {**added, **first["config"]}
     for folder, res in zip(folders[1:], results[1:], strict=True):
-        config = res["config"]
+        config = {**added, **res["config"]}
         # a folder whose seeds drew their own data is checked over the runs below (one draw
         # for all, or each seed its own)
         fresh = config.get("data_per_seed") or base.get("data_per_seed")

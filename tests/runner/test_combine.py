@@ -116,6 +116,30 @@ def test_a_folder_of_one_kind_joins_the_job(folders, tmp_path, capsys):
     assert "llm-2 constrained seed 1:" in out and "llm-2 ERM seed 1:" not in out
 
 
+def test_a_folder_written_before_a_setting_existed_joins_at_its_earlier_behaviour(
+    folders, tmp_path, capsys
+):
+    """Seeds trained before a version added a setting (``RunConfig.ADDED``, here
+    --epsilon-margin): its absence is the earlier behaviour, so they join later seeds trained
+    at that value, and not seeds trained at another."""
+    first, rest = folders
+    older = tmp_path / "older"
+    shutil.copytree(first, older)
+    results = json.loads((older / "results.json").read_text())
+    assert results["config"]["epsilon_margin"] == LLMConfig.ADDED["epsilon_margin"] == 0.0
+    del results["config"]["epsilon_margin"]
+    (older / "results.json").write_text(json.dumps(results))
+    assert combine.main([str(older), str(rest)]) == 0
+    assert "4 runs of llm_sft from 2 folders:" in capsys.readouterr().out
+    later = tmp_path / "later"
+    shutil.copytree(rest, later)
+    results = json.loads((later / "results.json").read_text())
+    results["config"]["epsilon_margin"] = 0.01
+    (later / "results.json").write_text(json.dumps(results))
+    assert combine.main([str(older), str(later)]) == 2
+    assert "differ in epsilon_margin (0.0 vs 0.01)" in capsys.readouterr().err
+
+
 def test_each_seed_draws_its_own_data_and_equals_its_own_command(folders, tmp_path, capsys):
     """Without --data-seed every seed reads its own draw of the data: seed 1 of ``--seeds 2``
     is exactly ``--seed 1 --seeds 1``, which combines with seed 0's own command."""
