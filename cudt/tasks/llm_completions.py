@@ -129,8 +129,8 @@ def paired_lines(runs: list[dict]) -> list[str]:
     """Constrained − ERM for every reported score, paired by seed (twin runs,
     :func:`cudt.tasks.accuracy.paired_with_erm`) and by prompt (the same prompt under the same
     noise): token accuracy at each test γ, and exact match and ROUGE-L at each completion γ.
-    Each line's interval is the 95 % paired t interval over the seeds' means (the seeds draw
-    their own data: the replicates), "level" when it spans 0; the two-level bootstrap over
+    Each line's interval is the 95 % paired t interval over the seeds' means (the seeds are
+    the replicates), "level" when it spans 0; the two-level bootstrap over
     seeds and prompts stands beside it, never instead of it (with one seed it is the only
     interval: over prompts)."""
     lines = []
