@@ -256,6 +256,23 @@ def test_clip_eigenvalues_matmul_matches_eigh(eigenvalues, tol):
     np.testing.assert_allclose(out[1], ours, atol=1e-5)
 
 
+def test_clip_newton_schulz_clips_exactly_after_an_optimiser_step():
+    """The GPU's method on the spectrum one Adam step leaves (measured on the UT of
+    ``python -m benchmarks step`` on an H200): one eigenvalue pushed to 1.33x the clip, a
+    cluster inside. Two inverse-square-root steps (the default until 2026-11-30) left it at
+    0.997x the clip, a spectral error of 3e-3, and the UT's layer losses 1.2 % from exact
+    clipping after one step."""
+    n, c = 128, 0.95
+    s = _spectrum_matrix(
+        np.r_[-1.33 * c, np.full(40, 0.75 * c), np.linspace(-0.9, 0.9, n - 41) * c]
+    )
+    ours, path = linalg.clip_eigenvalues_matmul(s, c, method="newton_schulz", return_path=True)
+    assert linalg.CLIP_PATHS[int(path)] == "newton_schulz"
+    w, v = np.linalg.eigh(np.asarray(s, np.float64))
+    exact = (v * np.clip(w, -c, c)) @ v.T
+    assert np.linalg.norm(np.asarray(ours, np.float64) - exact, 2) < 2e-5
+
+
 @pytest.mark.slow
 def test_clip_eigenvalues_matmul_leaves_feasible_unchanged():
     s = _spectrum_matrix(np.linspace(-0.9, 0.9, 64))

@@ -322,7 +322,7 @@ def ut_project(
     the published UT's video training (``tests/test_linalg.py`` checks a spectrum of that shape).
     ``method="lanczos"`` or ``"newton_schulz"`` pins one of the two whatever the device.
     ``method="newton_schulz"`` (the default before): a skip test of the same kind (Lanczos on
-    ``W̃_f²``), then Newton–Schulz sign and inverse square root, 26 matmuls (error below the
+    ``W̃_f²``), then Newton–Schulz sign and inverse square root, 34 matmuls (error below the
     distance ``δ`` of an eigenvalue to the clip, zero to float32 for ``δ ≥ 0.0033``).
     ``method="eigh"``: LAPACK's symmetric eigensolver (``cudt.linalg.eigh``), exact; on a CPU it
     wants one OpenBLAS thread (``cudt.runner.cli.configure_process``): with OpenBLAS's default
