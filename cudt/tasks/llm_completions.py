@@ -179,22 +179,31 @@ def _paired_line(what: str, a, b) -> str:
 
 def completion_lines(runs: list[dict], first_only: bool = False) -> list[str]:
     """Side-by-side completions of each prompt at each noise level: every run (ERM and
-    constrained, every seed) under the reference, with its exact match and ROUGE-L."""
+    constrained, every seed) under the reference, with its exact match and ROUGE-L. Runs whose
+    prompt ``i`` differs (seeds that draw their own data) are shown under their own prompt."""
     runs = [r for r in runs if r.get("completions")]
     if not runs:
         return []
     lines = []
     first = runs[0]["completions"]
     prompts = sorted({c["prompt_index"] for c in first})
+    gammas = sorted({c["gamma"] for c in first})
     for i in prompts[:1] if first_only else prompts:
-        c0 = next(c for c in first if c["prompt_index"] == i)
-        ask = c0["instruction"] + (f" | input: {c0['input']}" if c0["input"] else "")
-        lines += ["", f"prompt {i}: {ask}", f"  reference: {c0['reference']}"]
-        for gamma in sorted({c["gamma"] for c in first}):
-            for r in runs:
-                c = next(
-                    c for c in r["completions"] if c["prompt_index"] == i and c["gamma"] == gamma
-                )
-                score = f"[exact {int(c['exact'])}, ROUGE-L {c['rouge_l']:.2f}]"
-                lines.append(f"  γ={gamma:g} {r['label']} {score}: {c['completion']}")
+        groups: dict[tuple, list[dict]] = {}  # (instruction, input, reference) -> its runs
+        for r in runs:
+            c = next((c for c in r["completions"] if c["prompt_index"] == i), None)
+            if c is not None:
+                groups.setdefault((c["instruction"], c["input"], c["reference"]), []).append(r)
+        for (instruction, given, reference), members in groups.items():
+            ask = instruction + (f" | input: {given}" if given else "")
+            lines += ["", f"prompt {i}: {ask}", f"  reference: {reference}"]
+            for gamma in gammas:
+                for r in members:
+                    c = next(
+                        c
+                        for c in r["completions"]
+                        if c["prompt_index"] == i and c["gamma"] == gamma
+                    )
+                    score = f"[exact {int(c['exact'])}, ROUGE-L {c['rouge_l']:.2f}]"
+                    lines.append(f"  γ={gamma:g} {r['label']} {score}: {c['completion']}")
     return lines

@@ -17,7 +17,7 @@ from cudt.models.llama import Decoder, DecoderConfig
 from cudt.runner.task import RunBatch
 from cudt.tasks.accuracy import feasibility_lines, largest_epsilon_met, paired_with_erm
 from cudt.tasks.llm import LLMTask, reference_state
-from cudt.tasks.llm_completions import completion_record, paired_lines
+from cudt.tasks.llm_completions import completion_lines, completion_record, paired_lines
 from cudt.tasks.llm_config import LLMConfig
 from cudt.tasks.llm_data import untied
 
@@ -146,6 +146,28 @@ def test_completions_are_scored_case_sensitively():
     assert completion_record(rec, 0, 0.0, "APPLE")["exact"]
     assert not completion_record(rec, 0, 0.0, "apple")["exact"]
     assert completion_record(rec, 0, 0.0, "apple")["rouge_l"] == pytest.approx(1.0)
+
+
+def test_runs_on_their_own_draws_show_their_completions_under_their_own_prompt():
+    from cudt.data.alpaca import AlpacaRecord
+
+    def run(label: str, word: str) -> dict:
+        rec = AlpacaRecord("Uppercase the word.", word, word.upper())
+        return {"label": label, "completions": [completion_record(rec, 0, 0.0, word.upper())]}
+
+    runs = [run("ERM seed 0", "apple"), run("constrained seed 0", "apple")]
+    runs += [run("ERM seed 1", "pear"), run("constrained seed 1", "pear")]
+    lines = [line for line in completion_lines(runs) if line]
+    assert lines == [
+        "prompt 0: Uppercase the word. | input: apple",
+        "  reference: APPLE",
+        "  γ=0 ERM seed 0 [exact 1, ROUGE-L 1.00]: APPLE",
+        "  γ=0 constrained seed 0 [exact 1, ROUGE-L 1.00]: APPLE",
+        "prompt 0: Uppercase the word. | input: pear",
+        "  reference: PEAR",
+        "  γ=0 ERM seed 1 [exact 1, ROUGE-L 1.00]: PEAR",
+        "  γ=0 constrained seed 1 [exact 1, ROUGE-L 1.00]: PEAR",
+    ]
 
 
 def fake_run(kind: bool, seed: int, acc: np.ndarray, rel: list[float], feasible: bool) -> dict:
