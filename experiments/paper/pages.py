@@ -128,6 +128,13 @@ BLOCKS: dict[str, Block] = {
         Block("text-default", "experiments.text_classify", (), _text_task),
         # docs/results/llm.md: the default run (a tiny decoder from scratch)
         Block("llm-default", "experiments.llm_sft", (), _llm_task),
+        # docs/results/llm.md: Section 6 at 2 epochs, a draw per seed (on a GPU: 158 s on an H200)
+        Block(
+            "llm-section6-2epochs",
+            "experiments.llm_section6",
+            ("--steps", "1000", "--chunk-steps", "500"),
+            _llm_task,
+        ),
         # docs/results/tables.md: the paper's tables at --scale tiny
         _job("table3-tiny", "experiments.video_table", ("--scale", "tiny"), "table3.md"),
         _job("table4-tiny", "experiments.text_table", ("--scale", "tiny"), "table4.md"),
