@@ -9,6 +9,7 @@ mark_chosen`) are drawn thin and faint, so the chosen setting stands out among t
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,6 +22,13 @@ from cudt.runner.record import KINDS, at_gamma_train
 __all__ = ["plot_layer_losses", "plot_metric_vs_gamma", "plot_ratio_histograms"]
 
 COLORS = {False: "tab:blue", True: "tab:red"}
+
+
+def _suptitle(fig, title: str) -> None:
+    """The figure's title, wrapped to its width (a one-panel figure is 5 inches: a long title
+    on one line ran off both edges)."""
+    chars = max(20, int(fig.get_figwidth() * 10))  # about 10 characters an inch at 12 pt
+    fig.suptitle(textwrap.fill(title, chars))
 
 
 def _by_model(runs):
@@ -84,7 +92,7 @@ def _per_model(runs, path: str | Path, title: str, draw, finish) -> None:
         finish(ax)
         ax.set_title(name)
         ax.legend(fontsize=8)
-    fig.suptitle(title)
+    _suptitle(fig, title)
     savefig_atomic(fig, path, dpi=110)
     plt.close(fig)
 
@@ -168,6 +176,6 @@ def plot_ratio_histograms(
         ax.set_ylabel("density")
         ax.set_title(model)
         ax.legend(fontsize=8)
-    fig.suptitle(title)
+    _suptitle(fig, title)
     savefig_atomic(fig, path, dpi=110)
     plt.close(fig)

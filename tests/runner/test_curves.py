@@ -259,3 +259,26 @@ def test_lanes_not_chosen_are_drawn_faint_under_their_own_legend_entry(tmp_path,
         assert chosen.get_linewidth() > faint.get_linewidth()
         labels = [t.get_text() for t in ax.get_legend().get_texts()]
         assert labels[:3] == ["ERM", "ERM, lanes not chosen", "constrained"]
+
+
+def test_a_long_title_is_wrapped_to_a_one_panel_figure(tmp_path, monkeypatch):
+    """The LLM's accuracy plot title (58 characters) ran off both edges of its 5-inch figure."""
+    from cudt.runner import plots
+
+    figs = []
+    monkeypatch.setattr(plots.plt, "close", figs.append)
+    title = "mean token accuracy vs embedding noise (γ > γ_train: OOD)"
+    runs = [
+        dict(model="llm", layers=2, seed=0, constrained=k, gamma_train=0.5,
+             test_gamma=[0.0, 1.0], accuracy=[0.7, 0.4])
+        for k in (False, True)
+    ]  # fmt: skip
+    plots.plot_metric_vs_gamma(
+        runs, tmp_path / "a.png", key="accuracy", ylabel="acc", gamma_train=0.5, title=title
+    )
+    fig = figs[0]
+    lines = fig._suptitle.get_text().split("\n")
+    assert len(lines) == 2 and " ".join(lines) == title
+    fig.canvas.draw()
+    box = fig._suptitle.get_window_extent()
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width
