@@ -428,3 +428,14 @@ def test_gpu_writes_the_sections_it_measured_and_isolates_a_failing_one(
     rows = [line for line in text.splitlines() if line.startswith("| DUST-2 | ")]
     assert len(rows) == 4  # the sweep's table and its equal-work table, R = 1 and 2
     assert "section(s) llm failed" in capsys.readouterr().out
+
+
+def test_gpu_hands_its_sweep_flags_to_the_sweep(sweep_result, monkeypatch, tmp_path):
+    """`--runs` and `--sweep-repeats` reach `benchmarks sweep` (a lease of minutes could not
+    wait for three compiling calls at R = 64)."""
+    _, result = sweep_result
+    seen = []
+    monkeypatch.setattr(sweep, "measure", lambda args: seen.append(args) or result)
+    argv = ["--sections", "sweep", "--runs", "1,4", "--sweep-repeats", "1"]
+    assert gpu.main([*argv, "--out", str(tmp_path / "gpu.md")]) == 0
+    assert seen[0].runs == [1, 4] and seen[0].repeats == 1
