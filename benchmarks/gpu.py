@@ -47,13 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=[1, 2, 4, 8, 16, 32, 64],
         help="sweep: R values (default 1,2,4,...,64)",
     )
-    p.add_argument(
-        "--sweep-repeats",
-        type=int,
-        default=3,
-        help="sweep: interleaved calls, each compiling its programs (default 3; on an H200 "
-        "three calls of R = 1 and 64 did not finish in 100 s)",
-    )
+    p.add_argument("--sweep-repeats", type=int, default=3, help="sweep: timed calls (default 3)")
     p.add_argument("--llm-batch", type=int, default=16, help="llm: samples (default 16)")
     p.add_argument("--llm-seq", type=int, default=256, help="llm: tokens each (default 256)")
     p.add_argument("--llm-rounds", type=int, default=5, help="llm: timed rounds (default 5)")
