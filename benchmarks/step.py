@@ -139,13 +139,17 @@ def check_equal_work(setup: VideoSetup, dynamics: str, num_steps: int, epsilon: 
     """``num_steps`` steps of cudt and of torch + Cooper from the same start, batch and noise.
 
     Returns ``{"rows": table rows, "ok": verdict, "first_call": cudt's first step in seconds
-    (tracing and compilation included)}``.
+    (tracing and compilation included), "setup": seconds to build both sides, "torch_first":
+    torch + Cooper's first step}`` (the H200's first call once stalled in this check for 80 s,
+    where a later one took 2.4 s: the three times say which side).
     """
+    t0 = time.perf_counter()
     state = states_at(setup, epsilon)
     tstep, kwargs = video_peer(setup, setup.params(0), epsilon=epsilon)
     batch = setup.batch()
     key = jax.random.key(0)
-    rows, ok, first_call = [], True, None
+    rows, ok, first_call, torch_first = [], True, None, None
+    setup_s = time.perf_counter() - t0
     for i in range(num_steps):
         # the noise cudt's step draws at step i: its layer losses perturb the batch with the
         # step key fold_in(key, i); perturb(0, γ=1, σ=1, k) is that noise itself
@@ -153,14 +157,22 @@ def check_equal_work(setup: VideoSetup, dynamics: str, num_steps: int, epsilon: 
         t0 = time.perf_counter()
         state, jm = jax.block_until_ready(setup.jitted(state, batch, key))
         first_call = first_call or time.perf_counter() - t0
+        t0 = time.perf_counter()
         tm = tstep(**kwargs(batch.examples, noise))
+        torch_first = torch_first or time.perf_counter() - t0
         loss = relative_diff(jm["layer_loss"], tm["layer_loss"].cpu().numpy(), normwise=False)
         lam = relative_diff(jm["multipliers"], tm["multipliers"].cpu().numpy(), normwise=True)
         good = loss < 1e-4 and lam < 1e-4 if i == 0 else lam < 1e-2
         ok = ok and good
         largest = float(np.max(np.abs(np.asarray(jm["multipliers"]))))
         rows.append([setup.name, dynamics, i + 1, loss, lam, largest, "yes" if good else "NO"])
-    return {"rows": rows, "ok": ok, "first_call": first_call}
+    return {
+        "rows": rows,
+        "ok": ok,
+        "first_call": first_call,
+        "setup": setup_s,
+        "torch_first": torch_first,
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -342,7 +354,10 @@ def measure(args: argparse.Namespace, *, on_setup: Callable[[VideoSetup], None] 
             check = check_equal_work(setup, dynamics, args.check_steps, args.check_epsilon)
             checks += check["rows"]
             ok = ok and check["ok"]
-            print(f"  cudt's first step (tracing + compilation): {check['first_call']:.2f}s")
+            print(
+                f"  set up {check['setup']:.2f}s; cudt's first step (tracing + compilation): "
+                f"{check['first_call']:.2f}s; torch + Cooper's: {check['torch_first']:.2f}s"
+            )
             batch, key = setup.batch(), jax.random.key(0)
             state = setup.state(0)
             if matmul is not None and flag == "default":
