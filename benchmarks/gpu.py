@@ -150,8 +150,8 @@ def step_section(args: argparse.Namespace) -> str:
 def sweep_section(args: argparse.Namespace) -> str:
     from benchmarks import sweep
 
-    argv = ["--runs", ",".join(map(str, args.runs)), "--repeats", str(args.sweep_repeats)]
-    argv = ["--quick"] if args.small else argv
+    runs = ",".join(map(str, args.runs))
+    argv = ["--quick"] if args.small else ["--runs", runs, "--repeats", str(args.sweep_repeats)]
     result = sweep.measure(sweep.parse_args(argv))
     return "\n".join(
         [

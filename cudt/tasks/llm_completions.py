@@ -184,26 +184,24 @@ def completion_lines(runs: list[dict], first_only: bool = False) -> list[str]:
     runs = [r for r in runs if r.get("completions")]
     if not runs:
         return []
-    lines = []
+    # each run's completions by (prompt, γ), read once
+    by_key = [{(c["prompt_index"], c["gamma"]): c for c in r["completions"]} for r in runs]
     first = runs[0]["completions"]
     prompts = sorted({c["prompt_index"] for c in first})
     gammas = sorted({c["gamma"] for c in first})
+    lines = []
     for i in prompts[:1] if first_only else prompts:
-        groups: dict[tuple, list[dict]] = {}  # (instruction, input, reference) -> its runs
-        for r in runs:
-            c = next((c for c in r["completions"] if c["prompt_index"] == i), None)
+        groups: dict[tuple, list[int]] = {}  # (instruction, input, reference) -> its runs
+        for k, table in enumerate(by_key):
+            c = table.get((i, gammas[0]))
             if c is not None:
-                groups.setdefault((c["instruction"], c["input"], c["reference"]), []).append(r)
+                groups.setdefault((c["instruction"], c["input"], c["reference"]), []).append(k)
         for (instruction, given, reference), members in groups.items():
             ask = instruction + (f" | input: {given}" if given else "")
             lines += ["", f"prompt {i}: {ask}", f"  reference: {reference}"]
             for gamma in gammas:
-                for r in members:
-                    c = next(
-                        c
-                        for c in r["completions"]
-                        if c["prompt_index"] == i and c["gamma"] == gamma
-                    )
+                for k in members:
+                    c = by_key[k][(i, gamma)]
                     score = f"[exact {int(c['exact'])}, ROUGE-L {c['rouge_l']:.2f}]"
-                    lines.append(f"  γ={gamma:g} {r['label']} {score}: {c['completion']}")
+                    lines.append(f"  γ={gamma:g} {runs[k]['label']} {score}: {c['completion']}")
     return lines
