@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 _LISTED_IN_FULL = ("cudt", "experiments", "benchmarks", "docs")
 _CONTINUATION_INDENT = 6  # a description continued on the next line
 README_MAX_LINES = 250
+# The pages state the present (issue 48): a results page at most 300 lines, speed.md 250.
+PAGE_MAX_LINES = {"docs/results/*.md": 300, "docs/speed.md": 250}
 
 
 def _readme() -> str:
@@ -106,6 +108,18 @@ def test_ci_runs_exactly_the_readme_test_command():
 def test_readme_is_short():
     lines = len(_readme().splitlines())
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES})"
+
+
+def test_results_pages_are_short():
+    long = {}
+    for pattern, most in PAGE_MAX_LINES.items():
+        pages = sorted(ROOT.glob(pattern))
+        assert pages, f"no page matches {pattern}"
+        for page in pages:
+            lines = len(page.read_text(encoding="utf-8").splitlines())
+            if lines > most:
+                long[str(page.relative_to(ROOT))] = f"{lines} lines (at most {most})"
+    assert not long, f"pages over their length (history lives in git): {long}"
 
 
 def test_readme_layout_names_existing_paths():
