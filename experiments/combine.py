@@ -9,6 +9,13 @@ Prints the experiment's summary table and footer over every run of the folders (
 seeds, paired constrained − ERM intervals, the best run and the sweep point chosen on
 validation data); it refuses folders of another experiment, other data or other settings. One
 folder: its report again, as this version writes it. :mod:`cudt.runner.combine`.
+
+``--per-folder``: folders on different data sets (a held-out data set per seed, each command
+with its own ``--data-dir``): each folder's point is chosen on its own validation data, and the
+chosen constrained − chosen ERM paired t runs over the seeds of the folders where both kinds
+chose, with how many did::
+
+    python -m experiments.combine --per-folder runs/plaza0 runs/plaza1 runs/plaza2
 """
 
 import argparse
@@ -16,7 +23,7 @@ import sys
 
 from cudt.errors import CudtError
 from cudt.runner.cli import run_cli
-from cudt.runner.combine import combine, load_results
+from cudt.runner.combine import combine, combine_per_folder, load_results
 from cudt.tasks.llm import LLMTask
 from cudt.tasks.text import TextTask
 from cudt.tasks.video import VideoTask
@@ -31,15 +38,21 @@ def main(argv=None) -> int:
         prog="python -m experiments.combine", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("folders", nargs="+", help="finished runs' --out folders")
+    parser.add_argument(
+        "--per-folder",
+        action="store_true",
+        help="each folder on its own data set: each chooses its own point on its own "
+        "validation data; the paired t runs over the folders where both kinds chose",
+    )
     args = parser.parse_args(argv)
-    return run_cli(lambda: _report(args.folders))
+    return run_cli(lambda: _report(args.folders, args.per_folder))
 
 
-def _report(folders) -> None:
+def _report(folders, per_folder: bool = False) -> None:
     name = load_results(folders[0]).get("experiment")
     if name not in TASKS:
         raise CudtError(f"{folders[0]}: unknown experiment {name!r}")
-    print(combine(TASKS[name](), folders))
+    print((combine_per_folder if per_folder else combine)(TASKS[name](), folders))
 
 
 if __name__ == "__main__":

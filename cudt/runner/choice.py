@@ -226,13 +226,16 @@ def compare_chosen(runs: list[dict], chosen: list[dict], level: float = 0.95) ->
     return out
 
 
-def comparison_lines(comparisons: list[dict], swept: Sequence[str] = ()) -> list[str]:
+def comparison_lines(
+    comparisons: list[dict], swept: Sequence[str] = (), point: str | None = None
+) -> list[str]:
     """The summary's lines for :func:`compare_chosen`: each metric's paired interval, "level"
-    where it spans 0, and the counts."""
+    where it spans 0, and the counts; ``point`` names both kinds' points instead of their
+    values of ``swept``."""
 
-    def point(hp):
+    def point_text(hp):
         shown = [f"{n}={_hparam_text(hp[n])}" for n in swept if hp.get(n) is not None]
-        return " ".join(shown) or "its one point"
+        return point or " ".join(shown) or "its one point"
 
     lines = []
     for c in comparisons:
@@ -249,8 +252,8 @@ def comparison_lines(comparisons: list[dict], swept: Sequence[str] = ()) -> list
         if resilient:
             feasible += f" (relaxed: {c['feasible_relaxed']} of {n})"
         lines.append(
-            f"{c['model']}-{c['layers']}: chosen {kind} ({point(c['constrained_hparams'])}) "
-            f"− chosen ERM ({point(c['erm_hparams'])}), paired t over {n} seed"
+            f"{c['model']}-{c['layers']}: chosen {kind} ({point_text(c['constrained_hparams'])}) "
+            f"− chosen ERM ({point_text(c['erm_hparams'])}), paired t over {n} seed"
             f"{'s' if n != 1 else ''}: "
             + ("; ".join(cells) if cells else "no interval with one seed")
             + f" | {feasible}, monotone (test) at "

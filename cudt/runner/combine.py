@@ -25,12 +25,18 @@ import types
 from pathlib import Path
 
 from cudt.errors import UsageError
-from cudt.runner.choice import choose_points, compare_chosen, select_best
+from cudt.runner.choice import (
+    choose_points,
+    chosen_lines,
+    compare_chosen,
+    comparison_lines,
+    select_best,
+)
 from cudt.runner.lock import check_free
 from cudt.runner.report import seed_intervals, summary_table
 from cudt.runner.sweep import SWEEPABLE
 
-__all__ = ["CONFIG_FREE", "combine", "load_results"]
+__all__ = ["CONFIG_FREE", "DATA_FLAGS", "combine", "combine_per_folder", "load_results"]
 
 #: Config entries that may differ between the folders of one job: the runs' seeds, sweep
 #: points and kinds (each run records its own), how and where they were executed, and which
@@ -85,9 +91,18 @@ def _run_data_seed(config: dict, seed: int) -> int:
     return seed if config.get("data_per_seed") else _data_seed(config)
 
 
-def combine(task, folders: list[str | Path]) -> str:
-    """The summary table and footer of ``task`` over the runs of ``folders`` (see the module
-    docstring); a :class:`UsageError` when the folders are not one job's."""
+#: What may differ, besides :data:`CONFIG_FREE`, between the folders of :func:`combine_per_folder`:
+#: which data set each read (a folder per data set), and so what each derived from its data.
+DATA_FLAGS = frozenset({"data_dir", "data", "train_data", "val_data", "test_data"})
+
+
+def _load_job(task, folders: list[str | Path], own_data: bool = False) -> list[dict]:
+    """The folders' results, checked to be one experiment with the same settings: all but
+    :data:`CONFIG_FREE`, the sweeps, and (where seeds drew their own data) what each draw
+    derived from its data; ``own_data``: each folder on its own data set, so the data flags
+    (:data:`DATA_FLAGS`) and data seeds may differ too. A :class:`UsageError` names the first
+    difference."""
+    free = CONFIG_FREE | DATA_FLAGS if own_data else CONFIG_FREE
     if not folders:
         raise UsageError("combine needs at least one run folder")
     results = [load_results(f) for f in folders]
@@ -106,56 +121,136 @@ def combine(task, folders: list[str | Path]) -> str:
         # a folder whose seeds drew their own data is checked over the runs below (one draw
         # for all, or each seed its own)
         fresh = config.get("data_per_seed") or base.get("data_per_seed")
-        if not fresh and _data_seed(config) != _data_seed(base):
+        if not (fresh or own_data) and _data_seed(config) != _data_seed(base):
             raise UsageError(
                 f"{folder}: data seed {_data_seed(config)}, not {_data_seed(base)} as in "
                 f"{folders[0]}: train the other seeds with --data-seed {_data_seed(base)}"
             )
         swept = set(config.get("sweeps", {})) | set(base.get("sweeps", {}))  # per-run values
-        if fresh:  # what each draw's data gives (σ_x, a vocabulary) differs between seeds
+        if fresh or own_data:  # what each draw's data gives (σ_x, a vocabulary)
             swept |= set(config.get("data_derived", [])) | set(base.get("data_derived", []))
         differ = sorted(
             k
             for k in set(config) | set(base)
-            if k not in CONFIG_FREE | swept and config.get(k) != base.get(k)
+            if k not in free | swept and config.get(k) != base.get(k)
         )
         if differ:
             shown = ", ".join(f"{k} ({base.get(k)!r} vs {config.get(k)!r})" for k in differ[:3])
             raise UsageError(
                 f"{folder} and {folders[0]} differ in {shown}: they are not one job's runs"
             )
-    runs, seen, draws = [], {}, {}
+    return results
+
+
+def _runs(folders, results) -> list[dict]:
+    """Every run of the folders; a run (label) in two folders is refused."""
+    runs, seen = [], {}
     for folder, res in zip(folders, results, strict=True):
         for r in res["runs"]:
             if r["label"] in seen:
                 raise UsageError(f"{r['label']} is in both {seen[r['label']]} and {folder}")
             seen[r["label"]] = folder
             runs.append(r)
-            draws[int(r["seed"])] = (_run_data_seed(res["config"], int(r["seed"])), folder)
-    if len({d for d, _ in draws.values()}) > 1 and any(d != s for s, (d, _) in draws.items()):
-        shared = next(f for s, (d, f) in draws.items() if d != s)
-        raise UsageError(
-            f"{shared} trained on one draw of the data (--data-seed) and another folder on "
-            "another: train every folder on each seed's own data (no --data-seed) or all with "
-            f"--data-seed {_data_seed(base)}"
-        )
-    # the recorded config, read as attributes (selection_for reads flags such as --select)
-    score, higher = task.selection_for(types.SimpleNamespace(**base))
-    select_best(runs, score, higher_is_better=higher)
+    return runs
+
+
+def _folder_lines(folders, results) -> list[str]:
+    lines = []
+    for folder, res in zip(folders, results, strict=True):
+        seeds = sorted({int(r["seed"]) for r in res["runs"]})
+        commit = (res.get("provenance") or {}).get("commit", "?")
+        lines.append(f"  {folder}: seeds {seeds}, commit {str(commit)[:12]}")
+    return lines
+
+
+def _swept(results) -> list[str]:
     sweeps = {
         k
         for res in results
         for k in [*res["config"].get("sweeps", {}), *res["config"].get("swept", [])]
     }
-    swept = [n for n in SWEEPABLE if n in sweeps]
+    return [n for n in SWEEPABLE if n in sweeps]
+
+
+def combine(task, folders: list[str | Path]) -> str:
+    """The summary table and footer of ``task`` over the runs of ``folders`` (see the module
+    docstring); a :class:`UsageError` when the folders are not one job's."""
+    results = _load_job(task, folders)
+    runs = _runs(folders, results)
+    draws = {
+        int(r["seed"]): (_run_data_seed(res["config"], int(r["seed"])), folder)
+        for folder, res in zip(folders, results, strict=True)
+        for r in res["runs"]
+    }
+    if len({d for d, _ in draws.values()}) > 1 and any(d != s for s, (d, _) in draws.items()):
+        shared = next(f for s, (d, f) in draws.items() if d != s)
+        raise UsageError(
+            f"{shared} trained on one draw of the data (--data-seed) and another folder on "
+            "another: train every folder on each seed's own data (no --data-seed) or all with "
+            f"--data-seed {_data_seed(results[0]['config'])}"
+        )
+    # the recorded config, read as attributes (selection_for reads flags such as --select)
+    score, higher = task.selection_for(types.SimpleNamespace(**results[0]["config"]))
+    select_best(runs, score, higher_is_better=higher)
     plural = "s" if len(folders) > 1 else ""
-    lines = [f"{len(runs)} runs of {name} from {len(folders)} folder{plural}:"]
-    for folder, res in zip(folders, results, strict=True):
-        seeds = sorted({int(r["seed"]) for r in res["runs"]})
-        commit = (res.get("provenance") or {}).get("commit", "?")
-        lines.append(f"  {folder}: seeds {seeds}, commit {str(commit)[:12]}")
+    lines = [f"{len(runs)} runs of {task.name} from {len(folders)} folder{plural}:"]
+    lines += _folder_lines(folders, results)
     chosen = choose_points(runs, score, higher_is_better=higher)
     chosen += choose_points(runs, score, higher_is_better=higher, constrained=False)
     comparisons = compare_chosen(runs, chosen)
-    table = summary_table(task, runs, swept, seed_intervals(runs), chosen, comparisons)
+    table = summary_table(task, runs, _swept(results), seed_intervals(runs), chosen, comparisons)
     return "\n".join([*lines, table])
+
+
+def combine_per_folder(task, folders: list[str | Path]) -> str:
+    """Folders of one experiment on different data sets (a held-out data set per seed, one
+    command each with its own ``--data-dir``): each folder's sweep point chosen on its own
+    validation data, as its run chose (:func:`choose_points`; a folder with one point: that
+    point, if eligible), then chosen constrained − chosen ERM paired by seed over the folders
+    where both kinds chose (:func:`compare_chosen`), with how many folders chose. The settings
+    must be the same but for the data flags (:data:`DATA_FLAGS`) and what each data set
+    derives; a seed in two folders is refused."""
+    results = _load_job(task, folders, own_data=True)
+    _runs(folders, results)  # no run twice
+    score, higher = task.selection_for(types.SimpleNamespace(**results[0]["config"]))
+    picked, chose, seen = [], {}, {}
+    lines = [
+        f"{len(folders)} folders of {task.name}, each on its own data, each choosing its "
+        "own point on its own validation data:"
+    ]
+    lines += _folder_lines(folders, results)
+    for folder, res in zip(folders, results, strict=True):
+        runs = res["runs"]
+        for constrained in (True, False):
+            for c in choose_points(
+                runs, score, higher_is_better=higher, min_points=1, constrained=constrained
+            ):
+                group = (c["model"], c["layers"], c["gamma_train"], c["kind"])
+                chose.setdefault(group, [0, 0])[1] += 1
+                lines += [f"  {folder}: {x}" for x in chosen_lines([c], _swept([res]))]
+                if c["hparams"] is None:
+                    continue
+                chose[group][0] += 1
+                for r in runs:
+                    same = (r.get("model"), r.get("layers"), r.get("gamma_train")) == group[:3]
+                    if same and r["constrained"] == constrained and r["hparams"] == c["hparams"]:
+                        key = (*group, int(r["seed"]))
+                        if key in seen:
+                            raise UsageError(
+                                f"seed {r['seed']} of {r['label']} is in both {seen[key]} and "
+                                f"{folder}: give each data set its own --seed"
+                            )
+                        seen[key] = folder
+                        picked.append({**r, "hparams": {}})
+    for (model, layers, _, kind), (n, of) in chose.items():
+        lines.append(f"{model}-{layers} {kind}: a point chosen in {n} of {of} folders")
+    common = [
+        {"model": m, "layers": L, "gamma_train": g, "kind": k, "hparams": {}}
+        for (m, L, g, k), (n, _) in chose.items()
+        if n
+    ]
+    comparisons = compare_chosen(picked, common)
+    lines += comparison_lines(comparisons, point="each folder's chosen point")
+    if not comparisons:
+        lines.append("no seed has a chosen point of both kinds: no comparison")
+    return "\n".join(lines)

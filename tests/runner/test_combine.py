@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from helpers import finished_job
 
+from cudt.data.alpaca import write_alpaca
+from cudt.data.instructions import generated_instructions
 from cudt.errors import UsageError
 from cudt.runner.combine import combine as combine_folders
 from cudt.tasks.llm import LLMTask
@@ -159,3 +161,55 @@ def test_each_seed_draws_its_own_data_and_equals_its_own_command(folders, tmp_pa
     first, _ = folders  # seed 0 on its own data
     assert combine.main([str(first), str(alone)]) == 0
     assert "4 runs of llm_sft from 2 folders:" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def own_data(tmp_path_factory):
+    """Two commands, each on its own Alpaca file (a held-out data set per seed), at ε = 0 with
+    no reference bound, so that each folder's constrained run is eligible on validation."""
+    root = tmp_path_factory.mktemp("own-data")
+    out = []
+    for seed in (0, 1):
+        data = write_alpaca(generated_instructions(40, seed=10 + seed), root / f"data{seed}.json")
+        argv = [*TINY, "--data", str(data), "--epsilon", "0", "--reference", "none"]
+        out.append(finished_job(llm_sft.main, [*argv, "--seed", str(seed)], root / f"seed{seed}"))
+    return out
+
+
+def test_per_folder_pairs_each_data_sets_own_choice(own_data, tmp_path, capsys):
+    """``--per-folder``: folders on different data sets, refused as one job's, report each
+    folder's own choice and the chosen constrained − chosen ERM paired t over their seeds (its
+    mean is the mean of the per-seed differences in the folders' results.json)."""
+    first, second = own_data
+    assert combine.main([str(first), str(second)]) == 2
+    assert "differ in data (" in capsys.readouterr().err
+    assert combine.main(["--per-folder", str(first), str(second)]) == 0
+    out = capsys.readouterr().out
+    assert "2 folders of llm_sft, each on its own data" in out
+    runs = [r for f in own_data for r in json.loads((f / "results.json").read_text())["runs"]]
+    assert all(r["feasible"] and r["loss_decreases_val"] for r in runs if r["constrained"])
+    assert "llm-2 constrained: a point chosen in 2 of 2 folders" in out
+    assert "llm-2 ERM: a point chosen in 2 of 2 folders" in out
+    diffs = [
+        next(r for r in runs if r["seed"] == s and r["constrained"])["val_objective"]
+        - next(r for r in runs if r["seed"] == s and not r["constrained"])["val_objective"]
+        for s in (0, 1)
+    ]
+    assert (
+        "llm-2: chosen constrained (each folder's chosen point) − chosen ERM (each folder's "
+        "chosen point), paired t over 2 seeds:" in out
+    )
+    assert f"val_objective {np.mean(diffs):+.4g} [" in out
+    assert "constrained feasible at 2 of 2" in out
+    # a run in two folders, and another setting, are refused with one line
+    assert combine.main(["--per-folder", str(first), str(first)]) == 2
+    assert "is in both" in capsys.readouterr().err
+    other = tmp_path / "other"
+    shutil.copytree(second, other)
+    results = json.loads((other / "results.json").read_text())
+    (other / "results.json").write_text(
+        json.dumps({**results, "config": {**results["config"], "steps": 3}})
+    )
+    assert combine.main(["--per-folder", str(first), str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "differ in steps (2 vs 3)" in err and err.count("\n") == 1, err
