@@ -207,19 +207,22 @@ def combine_per_folder(task, folders: list[str | Path]) -> str:
     command each with its own ``--data-dir``): each folder's sweep point chosen on its own
     validation data, as its run chose (:func:`choose_points`; a folder with one point: that
     point, if eligible), then chosen constrained − chosen ERM paired by seed over the folders
-    where both kinds chose (:func:`compare_chosen`), with how many folders chose. The settings
-    must be the same but for the data flags (:data:`DATA_FLAGS`) and what each data set
-    derives; a seed in two folders is refused."""
+    where both kinds chose (:func:`compare_chosen`, pairing each folder's runs by their seed:
+    folders may share seeds), with how many folders chose. The settings must be the same but for
+    the data flags (:data:`DATA_FLAGS`) and what each data set derives."""
+    paths = [Path(f).resolve() for f in folders]
+    twice = next((f for i, f in enumerate(folders) if paths[i] in paths[:i]), None)
+    if twice is not None:
+        raise UsageError(f"{twice} is given twice: name each data set's folder once")
     results = _load_job(task, folders, own_data=True)
-    _runs(folders, results)  # no run twice
     score, higher = task.selection_for(types.SimpleNamespace(**results[0]["config"]))
-    picked, chose, seen = [], {}, {}
+    picked, chose, pairs = [], {}, {}
     lines = [
         f"{len(folders)} folders of {task.name}, each on its own data, each choosing its "
         "own point on its own validation data:"
     ]
     lines += _folder_lines(folders, results)
-    for folder, res in zip(folders, results, strict=True):
+    for i, (folder, res) in enumerate(zip(folders, results, strict=True)):
         runs = res["runs"]
         for constrained in (True, False):
             for c in choose_points(
@@ -234,14 +237,9 @@ def combine_per_folder(task, folders: list[str | Path]) -> str:
                 for r in runs:
                     same = (r.get("model"), r.get("layers"), r.get("gamma_train")) == group[:3]
                     if same and r["constrained"] == constrained and r["hparams"] == c["hparams"]:
-                        key = (*group, int(r["seed"]))
-                        if key in seen:
-                            raise UsageError(
-                                f"seed {r['seed']} of {r['label']} is in both {seen[key]} and "
-                                f"{folder}: give each data set its own --seed"
-                            )
-                        seen[key] = folder
-                        picked.append({**r, "hparams": {}})
+                        # a pair is a folder's seed: its number among all the folders' seeds
+                        pair = pairs.setdefault((i, int(r["seed"])), len(pairs))
+                        picked.append({**r, "hparams": {}, "seed": pair})
     for (model, layers, _, kind), (n, of) in chose.items():
         lines.append(f"{model}-{layers} {kind}: a point chosen in {n} of {of} folders")
     common = [
