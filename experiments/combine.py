@@ -18,11 +18,10 @@ chose, with how many did::
     python -m experiments.combine --per-folder runs/plaza0 runs/plaza1 runs/plaza2
 """
 
-import argparse
 import sys
 
 from cudt.errors import CudtError
-from cudt.runner.cli import run_cli
+from cudt.runner.cli import OneLineParser, run_cli
 from cudt.runner.combine import combine, combine_per_folder, load_results
 from cudt.tasks.llm import LLMTask
 from cudt.tasks.text import TextTask
@@ -34,7 +33,7 @@ TASKS = {t.name: t for t in (VideoTask, TextTask, LLMTask)}
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m experiments.combine", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("folders", nargs="+", help="finished runs' --out folders")
