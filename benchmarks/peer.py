@@ -45,11 +45,11 @@ __all__ = [
     "TorchUT",
     "cooper_optimizer",
     "relative_diff",
-    "video_peer",
     "torch_device",
     "torch_threads",
     "torch_video_model",
     "video_layer_losses",
+    "video_peer",
 ]
 
 # torch's own choice of intra-op threads, read before anything here changes it.

@@ -17,9 +17,9 @@ from cudt.errors import UsageError
 
 __all__ = [
     "UsageError",
-    "check_not_a_file",
     "atomic_output",
     "check_fresh_output",
+    "check_not_a_file",
     "check_writable",
     "fresh_run_dir",
     "savefig_atomic",

@@ -55,6 +55,7 @@ from cudt.constrained._step import (
 
 __all__ = [
     "RESILIENCE_MODES",
+    "SHAPES",
     "UPDATES",
     "AugmentedLagrangian",
     "ConstrainedLoss",
@@ -64,7 +65,6 @@ __all__ = [
     "Implicit",
     "Lagrangian",
     "QuadraticPenalty",
-    "SHAPES",
     "Schedule",
     "as_dual",
     "broadcast_schedule",

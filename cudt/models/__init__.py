@@ -35,11 +35,11 @@ from cudt.models.vit import ViT, ViTConfig, ViTPreprocessor, load_vit
 
 __all__ = [
     "DUST",
+    "UT",
+    "UT_PARAM_KEYS",
     "Decoder",
     "DecoderConfig",
     "ModelFolderError",
-    "UT",
-    "UT_PARAM_KEYS",
     "ViT",
     "ViTConfig",
     "ViTPreprocessor",

@@ -18,14 +18,14 @@ from cudt.knobs import KNOBS, knob_names
 
 __all__ = [
     "CONDITIONAL",
-    "EPSILON_SCHEDULE_SPELLING",
     "CONSTRAINT_ONLY",
+    "EPSILON_SCHEDULE_SPELLING",
     "SWEEPABLE",
     "chance_offset",
     "epsilon_schedule",
-    "parse_epsilon_schedule",
     "is_reference",
     "normalize_reference",
+    "parse_epsilon_schedule",
     "resolve_reference",
 ]
 

@@ -15,7 +15,7 @@ from cudt.io import check_fresh_output
 from cudt.models.llama.lora import TARGETS as LORA_TARGETS
 from cudt.runner.config import RunConfig, at_least, flag, non_negative, one_of, positive, shared
 
-__all__ = ["DTYPES", "GENERATED_DATA", "LLMConfig", "SPLITS", "TASKS", "TOY", "split_files"]
+__all__ = ["DTYPES", "GENERATED_DATA", "SPLITS", "TASKS", "TOY", "LLMConfig", "split_files"]
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 

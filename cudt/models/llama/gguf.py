@@ -48,11 +48,11 @@ from cudt.models.llama.layers import inv_freq
 from cudt.models.llama.model import Decoder
 
 __all__ = [
+    "CHATML",
     "GGUF_ARCHITECTURES",
     "TINY_SIZES",
     "WRITE_TYPES",
     "load_gguf",
-    "CHATML",
     "smollm2_gguf_path",
     "write_gguf",
     "write_tiny_gguf",
