@@ -16,8 +16,12 @@ chosen constrained − chosen ERM paired t runs over the seeds of the folders wh
 chose, with how many did::
 
     python -m experiments.combine --per-folder runs/plaza0 runs/plaza1 runs/plaza2
+
+``--point dual_lr=0.1`` (with ``--per-folder``): the constrained runs at that point in every
+folder, against each folder's chosen ERM: a lane reported at every seed, not a choice.
 """
 
+import argparse
 import sys
 
 from cudt.errors import CudtError
@@ -43,15 +47,45 @@ def main(argv=None) -> int:
         help="each folder on its own data set: each chooses its own point on its own "
         "validation data; the paired t runs over the folders where both kinds chose",
     )
+    parser.add_argument(
+        "--point",
+        type=_point,
+        default=None,
+        metavar="NAME=V[,NAME=V]",
+        help="with --per-folder: the constrained runs at this point in every folder (e.g. "
+        "dual_lr=0.1) against each folder's chosen ERM, instead of each folder's choice: a "
+        "lane reported at every seed, not chosen",
+    )
     args = parser.parse_args(argv)
-    return run_cli(lambda: _report(args.folders, args.per_folder))
+    if args.point and not args.per_folder:
+        parser.error("--point goes with --per-folder: pass both")
+    return run_cli(lambda: _report(args.folders, args.per_folder, args.point))
 
 
-def _report(folders, per_folder: bool = False) -> None:
+def _point(text: str) -> dict[str, str]:
+    """``dual_lr=0.1,epsilon=0.05`` -> ``{"dual_lr": "0.1", "epsilon": "0.05"}``."""
+    point = {}
+    for item in text.split(","):
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip() or not value.strip():
+            raise argparse.ArgumentTypeError(f"{item!r} is not NAME=VALUE (e.g. dual_lr=0.1)")
+        value = value.strip()
+        try:
+            value = f"{float(value):g}"  # as the summary prints it: 0.10 -> 0.1
+        except ValueError:
+            pass
+        point[name.strip()] = value
+    return point
+
+
+def _report(folders, per_folder: bool = False, point=None) -> None:
     name = load_results(folders[0]).get("experiment")
     if name not in TASKS:
         raise CudtError(f"{folders[0]}: unknown experiment {name!r}")
-    print((combine_per_folder if per_folder else combine)(TASKS[name](), folders))
+    if per_folder:
+        print(combine_per_folder(TASKS[name](), folders, point))
+    else:
+        print(combine(TASKS[name](), folders))
 
 
 if __name__ == "__main__":

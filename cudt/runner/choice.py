@@ -227,11 +227,14 @@ def compare_chosen(runs: list[dict], chosen: list[dict], level: float = 0.95) ->
 
 
 def comparison_lines(
-    comparisons: list[dict], swept: Sequence[str] = (), point: str | None = None
+    comparisons: list[dict],
+    swept: Sequence[str] = (),
+    point: str | None = None,
+    fixed: str | None = None,
 ) -> list[str]:
     """The summary's lines for :func:`compare_chosen`: each metric's paired interval, "level"
     where it spans 0, and the counts; ``point`` names both kinds' points instead of their
-    values of ``swept``."""
+    values of ``swept``; ``fixed`` names a constrained point given, not chosen."""
 
     def point_text(hp):
         shown = [f"{n}={_hparam_text(hp[n])}" for n in swept if hp.get(n) is not None]
@@ -251,8 +254,13 @@ def comparison_lines(
         feasible = f"constrained feasible at {c['feasible']} of {n}"
         if resilient:
             feasible += f" (relaxed: {c['feasible_relaxed']} of {n})"
+        head = (
+            f"{kind} at {fixed} (given, not chosen)"
+            if fixed
+            else f"chosen {kind} ({point_text(c['constrained_hparams'])})"
+        )
         lines.append(
-            f"{c['model']}-{c['layers']}: chosen {kind} ({point_text(c['constrained_hparams'])}) "
+            f"{c['model']}-{c['layers']}: {head} "
             f"− chosen ERM ({point_text(c['erm_hparams'])}), paired t over {n} seed"
             f"{'s' if n != 1 else ''}: "
             + ("; ".join(cells) if cells else "no interval with one seed")

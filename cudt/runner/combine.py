@@ -26,6 +26,7 @@ from pathlib import Path
 
 from cudt.errors import UsageError
 from cudt.runner.choice import (
+    _hparam_text,
     choose_points,
     chosen_lines,
     compare_chosen,
@@ -202,35 +203,91 @@ def combine(task, folders: list[str | Path]) -> str:
     return "\n".join([*lines, table])
 
 
-def combine_per_folder(task, folders: list[str | Path]) -> str:
+def _given_points(runs, point: dict[str, str], point_text: str, folder) -> list[dict]:
+    """The constrained point ``point`` names in one folder's runs, per model × L × γ_train, in
+    :func:`choose_points`' form; a folder without it, or where it names several, is refused."""
+    given = []
+    groups = {
+        (r.get("model"), r.get("layers"), r.get("gamma_train")) for r in runs if r["constrained"]
+    }
+    for model, layers, gamma_train in sorted(groups, key=str):
+        points = []
+        for r in runs:
+            same = (r.get("model"), r.get("layers"), r.get("gamma_train")) == (
+                model,
+                layers,
+                gamma_train,
+            )
+            at = all(_hparam_text(r["hparams"].get(k)) == v for k, v in point.items())
+            if same and r["constrained"] and at and r["hparams"] not in points:
+                points.append(r["hparams"])
+        if len(points) != 1:
+            found = "no constrained run" if not points else f"{len(points)} points"
+            fix = (
+                "pass a point every folder trained"
+                if not points
+                else "name the other swept values too"
+            )
+            raise UsageError(f"{folder}: {found} of {model}-{layers} at {point_text}: {fix}")
+        given.append(
+            {"model": model, "layers": layers, "gamma_train": gamma_train,
+             "kind": "constrained", "hparams": points[0], "given": True}
+        )  # fmt: skip
+    return given
+
+
+def combine_per_folder(task, folders: list[str | Path], point: dict[str, str] | None = None) -> str:
     """Folders of one experiment on different data sets (a held-out data set per seed, one
     command each with its own ``--data-dir``): each folder's sweep point chosen on its own
     validation data, as its run chose (:func:`choose_points`; a folder with one point: that
     point, if eligible), then chosen constrained − chosen ERM paired by seed over the folders
     where both kinds chose (:func:`compare_chosen`, pairing each folder's runs by their seed:
     folders may share seeds), with how many folders chose. The settings must be the same but for
-    the data flags (:data:`DATA_FLAGS`) and what each data set derives."""
+    the data flags (:data:`DATA_FLAGS`) and what each data set derives.
+
+    ``point`` (``{"dual_lr": "0.1"}``, values as the summary prints them): the constrained runs
+    at that point in every folder instead of each folder's choice, against the chosen ERM: a
+    lane reported at every seed, read on test data only, never a choice."""
     paths = [Path(f).resolve() for f in folders]
     twice = next((f for i, f in enumerate(folders) if paths[i] in paths[:i]), None)
     if twice is not None:
         raise UsageError(f"{twice} is given twice: name each data set's folder once")
     results = _load_job(task, folders, own_data=True)
     score, higher = task.selection_for(types.SimpleNamespace(**results[0]["config"]))
+    point_text = " ".join(f"{k}={v}" for k, v in (point or {}).items())
+    unknown = [k for k in point or {} if k not in SWEEPABLE]
+    if unknown:
+        raise UsageError(
+            f"--point {unknown[0]}: not a per-run hyperparameter: name one of "
+            + ", ".join(SWEEPABLE)
+        )
     picked, chose, pairs = [], {}, {}
-    lines = [
-        f"{len(folders)} folders of {task.name}, each on its own data, each choosing its "
-        "own point on its own validation data:"
-    ]
+    chooses = (
+        f"its ERM choosing its own point on its own validation data, its constrained runs at "
+        f"{point_text}"
+        if point
+        else "each choosing its own point on its own validation data"
+    )
+    lines = [f"{len(folders)} folders of {task.name}, each on its own data, {chooses}:"]
     lines += _folder_lines(folders, results)
     for i, (folder, res) in enumerate(zip(folders, results, strict=True)):
         runs = res["runs"]
         for constrained in (True, False):
-            for c in choose_points(
-                runs, score, higher_is_better=higher, min_points=1, constrained=constrained
-            ):
+            if constrained and point:
+                picks = _given_points(runs, point, point_text, folder)
+            else:
+                picks = choose_points(
+                    runs, score, higher_is_better=higher, min_points=1, constrained=constrained
+                )
+            for c in picks:
                 group = (c["model"], c["layers"], c["gamma_train"], c["kind"])
                 chose.setdefault(group, [0, 0])[1] += 1
-                lines += [f"  {folder}: {x}" for x in chosen_lines([c], _swept([res]))]
+                if c.get("given"):
+                    lines.append(
+                        f"  {folder}: {c['model']}-{c['layers']} constrained at {point_text}"
+                    )
+                else:
+                    lines += [f"  {folder}: {x}" for x in chosen_lines([c], _swept([res]))]
                 if c["hparams"] is None:
                     continue
                 chose[group][0] += 1
@@ -241,14 +298,19 @@ def combine_per_folder(task, folders: list[str | Path]) -> str:
                         pair = pairs.setdefault((i, int(r["seed"])), len(pairs))
                         picked.append({**r, "hparams": {}, "seed": pair})
     for (model, layers, _, kind), (n, of) in chose.items():
-        lines.append(f"{model}-{layers} {kind}: a point chosen in {n} of {of} folders")
+        if kind == "constrained" and point:
+            lines.append(f"{model}-{layers} constrained: at {point_text} in {n} of {of} folders")
+        else:
+            lines.append(f"{model}-{layers} {kind}: a point chosen in {n} of {of} folders")
     common = [
         {"model": m, "layers": L, "gamma_train": g, "kind": k, "hparams": {}}
         for (m, L, g, k), (n, _) in chose.items()
         if n
     ]
     comparisons = compare_chosen(picked, common)
-    lines += comparison_lines(comparisons, point="each folder's chosen point")
+    lines += comparison_lines(
+        comparisons, point="each folder's chosen point", fixed=point_text or None
+    )
     if not comparisons:
         lines.append("no seed has a chosen point of both kinds: no comparison")
     return "\n".join(lines)

@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import finished_job
+from helpers import exit_status, finished_job
 
 from cudt.data.alpaca import write_alpaca
 from cudt.data.instructions import generated_instructions
@@ -217,3 +217,35 @@ def test_per_folder_pairs_each_data_sets_own_choice(own_data, tmp_path, capsys):
     assert combine.main(["--per-folder", str(first), str(other)]) == 2
     err = capsys.readouterr().err
     assert "differ in steps (2 vs 3)" in err and err.count("\n") == 1, err
+
+
+def test_per_folder_point_reports_a_given_lane_at_every_folder(own_data, capsys):
+    """``--per-folder --point NAME=V``: every folder's constrained runs at that point (not
+    chosen) against each folder's chosen ERM; here the one point each folder trained, so the
+    paired t equals the chosen one's. A point some folder lacks, a name that is not a per-run
+    hyperparameter, or --point alone are refused with one line."""
+    first, second = own_data
+    runs = [json.loads((f / "results.json").read_text())["runs"] for f in own_data]
+    diffs = [
+        next(r for r in rs if r["constrained"])["val_objective"]
+        - next(r for r in rs if not r["constrained"])["val_objective"]
+        for rs in runs
+    ]
+    assert combine.main(["--per-folder", "--point", "epsilon=0.050", str(first), str(second)]) == 0
+    out = capsys.readouterr().out
+    assert "its constrained runs at epsilon=0.05:" in out
+    assert "llm-2 constrained: at epsilon=0.05 in 2 of 2 folders" in out
+    assert (
+        "llm-2: constrained at epsilon=0.05 (given, not chosen) − chosen ERM (each folder's "
+        "chosen point), paired t over 2 seeds:" in out
+    )
+    assert f"val_objective {np.mean(diffs):+.4g} [" in out
+    for argv, problem in [
+        (["--per-folder", "--point", "epsilon=0.1"], "no constrained run of llm-2 at epsilon=0.1"),
+        (["--per-folder", "--point", "steps=3"], "--point steps: not a per-run hyperparameter"),
+        (["--point", "epsilon=0.05"], "--point goes with --per-folder"),
+        (["--per-folder", "--point", "epsilon"], "'epsilon' is not NAME=VALUE"),
+    ]:
+        assert exit_status(combine.main, [*argv, str(first), str(second)]) == 2
+        err = capsys.readouterr().err
+        assert problem in err and err.count("\n") == 1, err
