@@ -455,6 +455,19 @@ def test_read_aclimdb_errors(tmp_path):
     (base / "train" / "neg" / "9_1.txt").write_bytes(b"caf\xe9 latin-1 review")
     with pytest.raises(DataError, match=r"9_1\.txt' is not UTF-8"):
         read_aclimdb(tmp_path, "train")
+    # an entry that is no readable file, and an empty review: named, not a traceback
+    (base / "train" / "neg" / "9_1.txt").unlink()
+    (base / "train" / "neg" / "9_1.txt").symlink_to(tmp_path / "gone.txt")
+    with pytest.raises(DataError, match=r"review '.*9_1\.txt' cannot be read \(No such file"):
+        read_aclimdb(tmp_path, "train")
+    (base / "train" / "neg" / "9_1.txt").unlink()
+    (base / "train" / "neg" / "9_1.txt").mkdir()
+    with pytest.raises(DataError, match=r"9_1\.txt' cannot be read \(Is a directory"):
+        read_aclimdb(tmp_path, "train")
+    (base / "train" / "neg" / "9_1.txt").rmdir()
+    (base / "train" / "neg" / "9_1.txt").write_text(" \n")
+    with pytest.raises(DataError, match=r"9_1\.txt' is empty"):
+        read_aclimdb(tmp_path, "train")
 
 
 # --------------------------------------------------------------------------------------------------

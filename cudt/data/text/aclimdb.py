@@ -120,5 +120,14 @@ def read_aclimdb(
                 f"'{files[i]}' is not UTF-8 ({err.reason} at byte {err.start}): re-extract "
                 "aclImdb_v1.tar.gz or re-save the file as UTF-8"
             ) from err
+        except OSError as err:  # a broken link, a folder named *.txt, no permission
+            raise DataError(
+                f"review '{files[i]}' cannot be read ({err.strerror or err}): re-extract "
+                "aclImdb_v1.tar.gz or remove that entry"
+            ) from err
+        if not raw.strip():
+            raise DataError(
+                f"review '{files[i]}' is empty: re-extract aclImdb_v1.tar.gz or remove the file"
+            )
         texts.append(_clean_review(raw))
     return TextSplit(texts=tuple(texts), pairs=None, labels=np.asarray(labels)[keep])
