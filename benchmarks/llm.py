@@ -463,8 +463,8 @@ def readout_rows(cudt_side: CudtSide) -> str:
         how = "logits rematerialised in the backward" if chunks > 1 else "no rematerialisation"
         return f"every position: {rows} readout rows in {chunks} chunk{'s' * (chunks > 1)}, {how}"
     rows = states * int(np.sum(np.asarray(ex["loss_mask"]) != 0))
-    b = min(batch, len(data.response_capacity))
-    cap = data.response_capacity[b - 1]
+    b = min(batch, len(data.train_capacity))
+    cap = data.train_capacity[b - 1]
     typical = data.response_keep or ()
     keep = min(cap, typical[b - 1]) if b <= len(typical) else cap
     bucket = min(cudt_side.cfg.bucket_tokens or default_bucket_tokens(), states * cap)

@@ -393,12 +393,23 @@ def default_bucket_tokens() -> int:
     return 128 if jax.default_backend() == "cpu" else 1024
 
 
-def response_capacities(masks) -> tuple[int, ...]:
-    """``c[k - 1]``: the most response tokens (positions with mask != 0) any ``k`` examples of
-    ``masks`` (``[N, T]`` arrays, e.g. every split) hold together, the sum of the ``k`` largest
-    per-example counts (at least 1), for ``k`` up to every example: a ``capacity`` for
-    :func:`response_token_losses` that no batch of ``k`` of them exceeds. Host-side (numpy)."""
+def response_capacities(masks, *, draws: int | None = None) -> tuple[int, ...]:
+    """``c[k - 1]``: the most response tokens (positions with mask != 0) ``k`` examples of
+    ``masks`` (``[N, T]`` arrays, e.g. every split) can hold together (at least 1): a
+    ``capacity`` for :func:`response_token_losses` that no batch of ``k`` of them exceeds.
+    Host-side (numpy).
+
+    Without ``draws``: batches of distinct examples (evaluation's), the sum of the ``k`` largest
+    per-example counts, for ``k`` up to every example. With ``draws``: batches of up to
+    ``draws`` examples drawn with replacement (training's, :func:`cudt.loop.sample_indices`),
+    where one example may fill the whole batch: ``k`` times the largest count, for ``k`` up to
+    ``draws`` (the sum of distinct examples' counts is no bound there, and a batch larger than
+    the data set exceeds it at every step)."""
     counts = np.concatenate([np.sum(np.asarray(m) != 0, axis=1).reshape(-1) for m in masks])
+    if draws is not None:
+        if not _positive_int(draws) or counts.size == 0:
+            raise UsageError(f"draws must be a positive int and masks non-empty, got {draws!r}")
+        return tuple(max(k * int(counts.max()), 1) for k in range(1, draws + 1))
     return tuple(int(c) for c in np.maximum(np.cumsum(np.sort(counts)[::-1]), 1))
 
 

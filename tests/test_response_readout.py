@@ -205,6 +205,13 @@ def test_a_batch_over_the_capacity_poisons_the_samples_that_did_not_fit():
     assert response_capacities([mask, mask[:1]]) == tuple(
         np.cumsum(sorted([*per_sample, per_sample[0]], reverse=True)).clip(min=1)
     )
+    # training draws with replacement: one example may fill the batch, which the sum of the
+    # largest distinct counts does not bound (a batch of 3 copies of sample 0 overflows it)
+    most = int(per_sample.max())
+    assert response_capacities([mask], draws=4) == (most, 2 * most, 3 * most, 4 * most)
+    assert 3 * most > response_capacities([mask])[2]
+    with pytest.raises(UsageError, match="draws"):
+        response_capacities([mask], draws=0)
 
 
 def test_an_out_of_range_label_on_a_response_token_poisons_its_sample():

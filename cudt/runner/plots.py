@@ -150,11 +150,15 @@ def plot_ratio_histograms(
 ) -> None:
     """Histograms of per-sample ratios ℓ_l/ℓ_{l−1} (the paper's Figure 12), ERM vs constrained.
 
-    ``ratios_by_run`` maps (model name, constrained) to a flat array of ratios.
+    ``ratios_by_run`` maps (model name, constrained) to a flat array of ratios; empty (every
+    run diverged): one panel that says so.
     """
     models = sorted({m for m, _ in ratios_by_run})
-    fig, axes = _axes(len(models))
-    for ax, model in zip(axes, models, strict=True):
+    fig, axes = _axes(max(len(models), 1))
+    if not models:  # every run diverged: the figure says so rather than failing the job
+        axes[0].text(0.5, 0.5, "no run kept its ratios (every run diverged)", ha="center")
+        axes[0].set_axis_off()
+    for ax, model in zip(axes, models, strict=False):
         for constrained in (False, True):
             r = ratios_by_run.get((model, constrained))
             if r is None or r.size == 0:

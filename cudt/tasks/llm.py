@@ -138,7 +138,7 @@ class LLMTask(AccuracyReports, Task):
         if data.response_capacity is None:
             readout = f"every state read out at all {cfg.max_length} positions"
         else:
-            b = min(cfg.batch_size, len(data.response_capacity))
+            b = cfg.batch_size
             typical = data.response_keep or ()
             kept = (
                 f"; the backward keeps the logits of {typical[b - 1]}, as many as 99 % of "
@@ -148,7 +148,7 @@ class LLMTask(AccuracyReports, Task):
             )
             readout = (
                 "every state read out at exactly the response tokens (at most "
-                f"{data.response_capacity[b - 1]} in a batch of {b}{kept})"
+                f"{data.train_capacity[b - 1]} in a training batch of {b}{kept})"
             )
         return [
             f"data: {data.source}; {cfg.max_length} tokens, {resp:.1f} response tokens per "
@@ -271,7 +271,7 @@ class LLMTask(AccuracyReports, Task):
         def whole(params, frozen):  # the decoder's params: the frozen table or base put back
             return decoder_params(params, frozen, lora)
 
-        def per_sample(params, ex, noise, last_only=False):
+        def per_sample(params, ex, noise, last_only=False, train=False):
             states = dec.apply(params, ex["input_ids"], ex["attention_mask"], embed_noise=noise)
             # [1, B, T, D]: the last state's readout alone; else the problem's states only
             states = states[-1:] if last_only else states[first:]
@@ -287,11 +287,13 @@ class LLMTask(AccuracyReports, Task):
                     *args, chunk_tokens=chunk_tokens, vocab_chunk=cfg.vocab_chunk
                 )  # ce, acc: [B, L+1]
             # exactly the response tokens: a batch of b examples holds at most capacity[b - 1]
-            b = min(states.shape[1], len(data.response_capacity))
+            # (training's drawn with replacement, evaluation's distinct)
+            capacity = data.train_capacity if train else data.response_capacity
+            b = min(states.shape[1], len(capacity))
             typical = data.response_keep or ()
             return response_token_losses(
                 *args,
-                capacity=data.response_capacity[b - 1],
+                capacity=capacity[b - 1],
                 bucket_tokens=cfg.bucket_tokens,
                 chunk_tokens=chunk_tokens,
                 keep_tokens=typical[b - 1] if b <= len(typical) else None,
@@ -303,7 +305,7 @@ class LLMTask(AccuracyReports, Task):
         def layer_losses(params, batch: RunBatch, key):
             ex = batch.examples
             noise = jax.random.normal(key, (*ex["input_ids"].shape, dim)) * (batch.gamma * unit)
-            return per_sample(whole(params, batch.frozen), ex, on_tokens(noise, ex))[0]
+            return per_sample(whole(params, batch.frozen), ex, on_tokens(noise, ex), train=True)[0]
 
         def eval_outputs(params, frozen, ex, index, gamma, key, last_only=False):
             def example_noise(i):  # the noise of example i depends on (key, i) only

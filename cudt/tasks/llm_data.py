@@ -63,9 +63,12 @@ class LLMData:
     noise_unit: float
     from_scratch: bool
     prompt_format: str = "alpaca"  # "alpaca" | "chat"
-    # the most response tokens any k examples hold, k = 1, 2, ... (the packed readout's
-    # capacity for a batch of k); None: read out at every position
+    # the most response tokens any k distinct examples hold, k = 1, 2, ... (the packed
+    # readout's capacity for an evaluation batch of k); None: read out at every position
     response_capacity: tuple[int, ...] | None = None
+    # the same for a training batch of k drawn with replacement, k up to the batch size (k
+    # times the largest training example's; cudt.lm_loss.response_capacities(draws=))
+    train_capacity: tuple[int, ...] | None = None
     # the response tokens that 99 % of random training batches of k hold at most, k up to the
     # batch size: the readout keeps the logits of those for the backward and recomputes the
     # rest (cudt.lm_loss.response_keep_tokens); None: keep them for the whole capacity
@@ -296,6 +299,11 @@ def load_data(cfg: LLMConfig) -> LLMData:
         base_digest=_base_digest(*weights) if cfg.lora_rank is not None else None,
         response_capacity=(
             response_capacities([t.loss_mask for t in tokens.values()]) if packed else None
+        ),
+        train_capacity=(
+            response_capacities([tokens["train"].loss_mask], draws=cfg.batch_size)
+            if packed
+            else None
         ),
         response_keep=(
             response_keep_tokens([tokens["train"].loss_mask], cfg.batch_size) if packed else None

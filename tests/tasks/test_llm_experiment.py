@@ -389,6 +389,39 @@ def test_reference_chance_plus_x_is_ln_vocab_plus_x():
 
 
 @pytest.mark.slow
+def test_a_training_batch_of_one_example_repeated_fits_the_readout():
+    """Training batches are drawn with replacement (cudt.loop.sample_indices), so a batch may
+    hold the longest response many times, or more examples than the training set (batch 16
+    of 8): the packed readout's training capacity holds them all (no NaN from an overflow),
+    and the losses equal the readout at every position."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from cudt.runner.task import RunBatch
+    from cudt.tasks.llm import LLMTask
+    from cudt.tasks.llm_config import LLMConfig
+
+    task = LLMTask()
+    cfg = LLMConfig(num_train=8, num_val=2, num_test=2, layers=1, hidden=8, heads=1, kv_heads=1)
+    data = task.load(cfg)
+    examples = task.split_examples(data, "train")
+    longest = int(np.argmax(np.sum(np.asarray(examples["loss_mask"]) != 0, axis=1)))
+    assert cfg.batch_size > len(examples["loss_mask"])  # 16 draws of 8 examples
+    ex = {k: jnp.asarray(np.repeat(v[longest : longest + 1], cfg.batch_size, 0))
+          for k, v in examples.items()}  # fmt: skip
+    assert int(np.sum(np.asarray(ex["loss_mask"]) != 0)) > data.response_capacity[-1]
+    losses = []
+    for d in (data, dataclasses.replace(data, response_capacity=None)):
+        model = task.build(cfg, d, "llm", None)
+        params = model.init(jax.random.key(1))
+        batch = RunBatch(ex, jnp.float32(1.0), model.frozen)
+        losses.append(np.asarray(model.layer_losses(params, batch, jax.random.key(0))))
+    assert np.all(np.isfinite(losses[0]))
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
 def test_readouts_at_exactly_the_response_tokens_equal_readouts_everywhere():
     """The task's default reads every state out at exactly the response tokens
     (cudt.lm_loss.response_token_losses): the same per-layer losses and gradients as at every
