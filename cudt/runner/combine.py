@@ -20,6 +20,7 @@ point, say), without retraining or touching the folder.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 from pathlib import Path
@@ -78,7 +79,10 @@ def load_results(folder: str | Path) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: not readable as JSON ({exc})") from exc
+        raise UsageError(
+            f"{path}: not readable as JSON ({exc}): rerun that folder's command to write it "
+            "again (its checkpoints resume), or leave the folder out"
+        ) from exc
 
 
 def _data_seed(config: dict) -> int:
@@ -104,6 +108,7 @@ def _load_job(task, folders: list[str | Path], own_data: bool = False) -> list[d
     (:data:`DATA_FLAGS`) and data seeds may differ too. A :class:`UsageError` names the first
     difference."""
     free = CONFIG_FREE | DATA_FLAGS if own_data else CONFIG_FREE
+    flags = {f.name for f in dataclasses.fields(task.config_cls)}
     if not folders:
         raise UsageError("combine needs at least one run folder")
     results = [load_results(f) for f in folders]
@@ -128,8 +133,10 @@ def _load_job(task, folders: list[str | Path], own_data: bool = False) -> list[d
                 f"{folders[0]}: train the other seeds with --data-seed {_data_seed(base)}"
             )
         swept = set(config.get("sweeps", {})) | set(base.get("sweeps", {}))  # per-run values
-        if fresh or own_data:  # what each draw's data gives (σ_x, a vocabulary)
-            swept |= set(config.get("data_derived", [])) | set(base.get("data_derived", []))
+        if fresh or own_data:  # what each draw's data gives (σ_x, a vocabulary), but not a
+            # flag the task resolved (lr's default): that is a setting like any other
+            derived = set(config.get("data_derived", [])) | set(base.get("data_derived", []))
+            swept |= derived - flags
         differ = sorted(
             k
             for k in set(config) | set(base)
@@ -149,7 +156,10 @@ def _runs(folders, results) -> list[dict]:
     for folder, res in zip(folders, results, strict=True):
         for r in res["runs"]:
             if r["label"] in seen:
-                raise UsageError(f"{r['label']} is in both {seen[r['label']]} and {folder}")
+                raise UsageError(
+                    f"{r['label']} is in both {seen[r['label']]} and {folder}: pass each folder "
+                    "once, and folders of other seeds (--seed)"
+                )
             seen[r["label"]] = folder
             runs.append(r)
     return runs

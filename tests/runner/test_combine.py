@@ -161,6 +161,15 @@ def test_each_seed_draws_its_own_data_and_equals_its_own_command(folders, tmp_pa
     first, _ = folders  # seed 0 on its own data
     assert combine.main([str(first), str(alone)]) == 0
     assert "4 runs of llm_sft from 2 folders:" in capsys.readouterr().out
+    # what each draw derives from its data may differ; a flag the task resolved may not
+    other = tmp_path / "other-lr"
+    shutil.copytree(alone, other)
+    results = json.loads((other / "results.json").read_text())
+    assert "lr" in results["config"]["data_derived"]
+    changed = {**results, "config": {**results["config"], "lr": 10 * results["config"]["lr"]}}
+    (other / "results.json").write_text(json.dumps(changed))
+    assert combine.main([str(first), str(other)]) == 2
+    assert "differ in lr" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
