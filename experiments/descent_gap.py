@@ -19,6 +19,7 @@ import sys
 
 import numpy as np
 
+from cudt.errors import UsageError
 from cudt.runner.cli import run_cli
 from cudt.runner.combine import load_results
 from cudt.runner.record import at_gamma_train
@@ -116,7 +117,15 @@ def main(argv=None) -> int:
 
 def _print_gap(args) -> None:
     models = {m for m in args.models.split(",") if m} or None
-    rows = [row for f in args.folders for row in layer_rows(load_results(f), models, args.last)]
+    results = [load_results(f) for f in args.folders]
+    present = {r["model"] for res in results for r in res["runs"]}
+    missing = sorted((models or set()) - present)
+    if missing:
+        raise UsageError(
+            f"no run of model {', '.join(missing)} in {', '.join(map(str, args.folders))}: "
+            f"pass --models from {', '.join(sorted(present))}"
+        )
+    rows = [row for res in results for row in layer_rows(res, models, args.last)]
     if args.layers:
         for row in rows:
             r = row["ratio"]

@@ -517,4 +517,7 @@ def main(argv: Sequence[str] | None = None, registry: dict[str, Block] | None = 
         if ns.check:
             parser.exit(2, "error: --check goes with write\n")
         return run_blocks(ns.runs, blocks=blocks, registry=registry)
+    if not ns.pages.is_dir():  # (a missing --runs is each block's "no results.json")
+        what = "is not a folder" if ns.pages.exists() else "does not exist"
+        parser.exit(2, f"error: --pages {ns.pages} {what}: pass the folder of the pages\n")
     return write_pages(ns.pages, ns.runs, blocks=blocks, check=ns.check, registry=registry)

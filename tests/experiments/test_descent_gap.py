@@ -61,3 +61,5 @@ def test_cli_prints_each_class_and_refuses_a_folder_without_results(run, tmp_pat
     assert "dust    ERM" in text
     assert descent_gap.main([str(tmp_path)]) == 2
     assert "no results.json" in capsys.readouterr().err
+    assert descent_gap.main([str(out), "--models", "dust,vit"]) == 2
+    assert "no run of model vit in" in capsys.readouterr().err

@@ -259,6 +259,14 @@ def test_the_results_pages_parse(capsys):
         pages.main(["write", "--runs", "x", "--blocks", "nosuch"])
     assert e.value.code == 2
     assert "unknown block nosuch" in capsys.readouterr().err
+    # write to pages that are not there: refused, not "in no page: nothing to write", exit 0
+    for argv, says in (
+        (["--pages", "no/such/pages"], "--pages no/such/pages does not exist"),
+        (["--pages", "README.md"], "--pages README.md is not a folder"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            pages.main(["write", "--check", "--runs", ".", *argv])
+        assert e.value.code == 2 and says in capsys.readouterr().err
 
 
 def test_entry_point_help():
