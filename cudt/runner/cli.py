@@ -119,7 +119,7 @@ def build_parser(config_cls: type, description: str, prog: str | None = None):
             )
             continue
         if isinstance(default, tuple):
-            shown = ",".join(map(str, default))
+            shown = ",".join(map(str, default)) or "none"
         else:
             shown = default
         parser.add_argument(
@@ -127,7 +127,9 @@ def build_parser(config_cls: type, description: str, prog: str | None = None):
             dest=f.name,
             type=_parser_for(tp, f.name.replace("_", "-")),
             default=default,
-            help=help_text if "default" in help_text else f"{help_text} (default: {shown})",
+            help=help_text
+            if _states_default(help_text, default)
+            else f"{help_text} (default: {shown})",
             metavar=f.name.upper(),
         )
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -161,6 +163,15 @@ def run_cli(main: Callable[[], Any]) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _states_default(help_text: str, default) -> bool:
+    """Whether a flag's help already says its default: as "default: ..." or "(default ...)", or
+    in its words where the value (None, an empty tuple) would say less (e.g. "empty (the shared
+    default): --epsilon"); a value such as a task's (0.05,) is shown whatever the words."""
+    if "default:" in help_text or "(default" in help_text:
+        return True
+    return "default" in help_text and (default is None or default == ())
 
 
 def configure_process() -> None:
