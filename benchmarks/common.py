@@ -3,7 +3,9 @@
 Timing rules (the house rule for speed): alternatives are measured side by side in one process,
 interleaved over several repetitions (the order rotates every repetition), and reported as
 medians and ratios of medians, never as absolute claims. Work is synchronised with
-``jax.block_until_ready`` (or by the host fetching metrics) before a clock is read.
+``jax.block_until_ready`` (or by the host fetching metrics) before a clock is read. Fewer
+threads than the machine's cores: that process is a child started on as many cores
+(:func:`on_cores`), where XLA sizes its thread pool for them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -34,6 +37,7 @@ __all__ = [
     "interleave",
     "max_abs_diff",
     "median",
+    "on_cores",
     "print_table",
     "time_alternatives",
 ]
@@ -193,6 +197,29 @@ def cpu_cores(num_cores: int) -> Iterator[None]:
         yield
     finally:
         pin(allowed)
+
+
+def on_cores(num_cores: int, argv: Sequence[str]) -> subprocess.CompletedProcess:
+    """``python argv`` in a child process confined to this process's first ``num_cores``
+    allowed cores from its start (its output captured): the way to run jax on ``n`` threads.
+
+    XLA sizes its CPU thread pool once, for the cores the process may use when it starts;
+    :func:`cpu_cores` confines a running process's threads but not that pool, whose tasks then
+    queue on fewer cores: the video UT-5 step took 17.1-18.2 ms so (a pool of 2 threads on one
+    core) against 14.8-15.9 ms in a process started on one core (4 alternating runs each,
+    2026-11-30, 2-core AMD EPYC), where torch, told ``torch.set_num_threads(1)``, is unaffected.
+    """
+    allowed = sorted(os.sched_getaffinity(0))
+    if not 0 < num_cores <= len(allowed):
+        raise ValueError(f"num_cores must be in 1..{len(allowed)}, got {num_cores}")
+    cores = set(allowed[:num_cores])
+    return subprocess.run(
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        preexec_fn=lambda: os.sched_setaffinity(0, cores),
+    )
 
 
 def copy_tree(tree: Any) -> Any:

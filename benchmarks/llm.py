@@ -120,7 +120,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=lambda s: [int(t) for t in s.split(",")],
         help="comma-separated thread counts; 0: both libraries' defaults (torch: "
         f"{TORCH_DEFAULT_THREADS} here, XLA: one per core); n > 0: torch on n threads and every "
-        "thread of the process (XLA's too) on n cores (default 0)",
+        "thread of the process (XLA's too) on n cores, where XLA's pool keeps its size, which "
+        "slows cudt (benchmarks.common.on_cores; `step` measures fewer threads in a child "
+        "process) (default 0)",
     )
     p.add_argument(
         "--chunk-tokens",

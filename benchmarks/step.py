@@ -24,10 +24,12 @@ RunConfig defaults). The peer is the same models in PyTorch with the problem in 
    steps' multipliers within 1e-2 (after one Adam step, an element whose gradient is at
    rounding level may move the other way, so later steps agree less than the first).
 2. **Speed**: cudt (jitted, state donated) and torch + Cooper, each with 1 thread and with
-   torch's default thread count (``--torch-threads``; for n threads every thread of the
-   process, XLA's too, runs on n cores), all interleaved over ``--repeats`` repetitions of
-   ``--steps`` steps after ``--burn-in`` untimed steps and an untimed block each; median
-   ms/step and torch / cudt.
+   torch's default thread count (``--torch-threads``), all interleaved over ``--repeats``
+   repetitions of ``--steps`` steps after ``--burn-in`` untimed steps and an untimed block
+   each; median ms/step and torch / cudt. n threads, fewer than the machine's cores: measured
+   in a child process started on n cores (``benchmarks.common.on_cores``: XLA sizes its thread
+   pool at start; until 2026-11-30 the threads of this process were confined instead, which
+   left cudt a pool of 2 threads on one core, 15 % slower), torch told n threads.
 3. **FLOP rate** (``--no-flops`` skips it): XLA's FLOP count of the default-dynamics step with
    every ``lax.scan`` unrolled (a while loop's body is counted once otherwise; the UT counted
    with ``eigh`` clipping, whose LAPACK call counts 0, since XLA counts both branches of the
@@ -41,8 +43,13 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import json
+import os
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +63,7 @@ from benchmarks.common import (
     cpu_cores,
     header,
     int_list,
+    on_cores,
     parse_quick,
     print_table,
     time_alternatives,
@@ -101,6 +109,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--no-flops", dest="flops", action="store_false", help="skip the FLOP rate")
     p.add_argument("--matmul-size", type=int, default=2048, help="n of the n x n matmul")
+    p.add_argument(
+        "--json",
+        type=Path,
+        help="also write the speed medians (ms/step per model, dynamics, side, threads) to this "
+        "JSON file (how the child processes of fewer threads report)",
+    )
     args = parse_quick(
         p,
         argv,
@@ -393,10 +407,19 @@ def measure(args: argparse.Namespace, *, on_setup: Callable[[VideoSetup], None] 
              1e3 * seconds[matmul_key], peak / 1e9, 1.0]
         )  # fmt: skip
         for name, (as_compiled, used) in flop_counts.items():
-            s = seconds[(name, "video default", "cudt", thread_label(0))]
+            s = seconds.get((name, "video default", "cudt", thread_label(0)))
+            if s is None:  # the default threads not measured here (a child of fewer)
+                continue
             flops.append(
                 [name, as_compiled / 1e9, used / 1e9, 1e3 * s, used / s / 1e9, used / s / peak]
             )
+    peak_gflops = None if peak is None else peak / 1e9
+    return StepResult(checks, ok, ms, flops, peak_gflops, settings, floor_bounds(ms))
+
+
+def floor_bounds(ms: dict) -> list[list]:
+    """Rows ``model, threads, floor ms, torch ms, torch / floor, torch / cudt`` of ``ms``'s
+    product-floor timings."""
     bounds = []
     for (name, dynamics, impl, threads), floor_ms in ms.items():
         if impl == "product floor":
@@ -405,7 +428,37 @@ def measure(args: argparse.Namespace, *, on_setup: Callable[[VideoSetup], None] 
             bounds.append(
                 [name, threads, floor_ms, torch_ms, torch_ms / floor_ms, torch_ms / cudt_ms]
             )
-    return StepResult(checks, ok, ms, flops, None if peak is None else peak / 1e9, settings, bounds)
+    return bounds
+
+
+def narrow_thread_counts(counts: Sequence[int]) -> list[int]:
+    """The thread counts of ``counts`` below this process's cores: each measured in a child
+    process started on as many cores (:func:`benchmarks.common.on_cores`)."""
+    return [n for n in counts if 0 < n < len(os.sched_getaffinity(0))]
+
+
+def measure_on_cores(argv: Sequence[str], threads: int, folder: Path) -> dict:
+    """``python -m benchmarks step argv --torch-threads threads`` in a child process on
+    ``threads`` cores: its speed medians, keyed as :func:`measure`'s."""
+    path = folder / f"threads-{threads}.json"
+    argv = [*argv, "--torch-threads", str(threads), "--json", str(path)]
+    child = on_cores(threads, ["-m", "benchmarks", "step", *argv])
+    if child.returncode != 0 or not path.is_file():
+        tail = "\n".join((child.stdout + child.stderr).splitlines()[-15:])
+        raise RuntimeError(f"the child measuring {threads} thread(s) failed:\n{tail}")
+    return {tuple(key): value for *key, value in json.loads(path.read_text())}
+
+
+def merge_threads(parts: dict[int, dict], order: Sequence[int]) -> dict:
+    """The speed medians of every thread count in one dict, each (model, dynamics, side)'s
+    thread counts in ``order``."""
+    sides = list(dict.fromkeys(k[:3] for n in order for k in parts[n]))
+    return {
+        (*side, thread_label(n)): parts[n][(*side, thread_label(n))]
+        for side in sides
+        for n in order
+        if (*side, thread_label(n)) in parts[n]
+    }
 
 
 def ratios(ms: dict) -> list[list]:
@@ -438,7 +491,23 @@ def main(argv=None) -> int:
         flush=True,
     )
     t0 = time.perf_counter()
+    narrow = narrow_thread_counts(args.torch_threads)
+    order, args.torch_threads = (
+        args.torch_threads,
+        [n for n in args.torch_threads if n not in narrow],
+    )
     result = measure(args)
+    if args.json is not None:
+        rows = [[*key, value] for key, value in result.ms.items()]
+        args.json.write_text(json.dumps(rows))
+    if narrow:
+        parts = {n: {k: v for k, v in result.ms.items() if k[3] == thread_label(n)} for n in order}
+        with tempfile.TemporaryDirectory(prefix="cudt_bench_") as tmp:
+            for n in narrow:
+                print(f"\n{n} thread(s): a child process started on {n} core(s) ...", flush=True)
+                parts[n] = measure_on_cores(sys.argv[1:] if argv is None else argv, n, Path(tmp))
+        result.ms = merge_threads(parts, order)
+        result.bounds = floor_bounds(result.ms)
     print("\n" + "\n".join(result.settings))
     print(
         "\nequal work: cudt vs torch + Cooper from the same parameters, λ = 0, "

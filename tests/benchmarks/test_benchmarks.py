@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import io
 import math
+import os
 import re
 
 import jax
@@ -78,6 +79,29 @@ def test_every_subcommand_has_help(name, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert f"python -m benchmarks {name}" in out
+
+
+def test_fewer_threads_than_cores_run_in_a_child_started_on_that_many(tmp_path):
+    """XLA sizes its thread pool for the cores a process starts with, so n threads are a child
+    process started on n cores (benchmarks.common.on_cores), whose medians the parent merges."""
+    from benchmarks.common import on_cores
+
+    child = on_cores(1, ["-c", "import os; print(len(os.sched_getaffinity(0)), os.cpu_count())"])
+    assert child.returncode == 0 and child.stdout.split()[0] == "1", child.stderr
+    with pytest.raises(ValueError, match="num_cores"):
+        on_cores(0, ["-c", "pass"])
+    cores = len(os.sched_getaffinity(0))
+    assert step.narrow_thread_counts([1, 0, cores]) == ([1] if cores > 1 else [])
+    # the child's speed medians come back keyed as the parent's (here the quick sizes, whose
+    # --quick asks for the child's default threads: one)
+    ms = step.measure_on_cores(["--quick", "--no-flops"], 1, tmp_path)
+    assert {k[2] for k in ms} == {"cudt", "torch + Cooper"}
+    assert {k[3] for k in ms} == {step.thread_label(0) if cores == 1 else "1 (default)"}
+    assert all(v > 0 for v in ms.values())
+    one = ("UT-2", "video default", "cudt", step.thread_label(1))
+    two = ("UT-2", "video default", "cudt", step.thread_label(0))
+    merged = step.merge_threads({1: {one: 2.0}, 0: {two: 1.0}}, [1, 0])
+    assert list(merged) == [one, two]
 
 
 def test_memory_refuses_flags_without_a_section(capsys):
