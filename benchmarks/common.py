@@ -200,26 +200,33 @@ def cpu_cores(num_cores: int) -> Iterator[None]:
 
 
 def on_cores(num_cores: int, argv: Sequence[str]) -> subprocess.CompletedProcess:
-    """``python argv`` in a child process confined to this process's first ``num_cores``
-    allowed cores from its start (its output captured): the way to run jax on ``n`` threads.
+    """``python -m MODULE ARGS...`` or ``python -c CODE`` (``argv``) in a child process confined
+    to this process's first ``num_cores`` allowed cores before it imports anything (its output
+    captured): the way to run jax on ``n`` threads.
 
     XLA sizes its CPU thread pool once, for the cores the process may use when it starts;
     :func:`cpu_cores` confines a running process's threads but not that pool, whose tasks then
     queue on fewer cores: the video UT-5 step took 17.1-18.2 ms so (a pool of 2 threads on one
     core) against 14.8-15.9 ms in a process started on one core (4 alternating runs each,
     2026-11-30, 2-core AMD EPYC), where torch, told ``torch.set_num_threads(1)``, is unaffected.
+    The child sets its own affinity (no ``preexec_fn``: a fork of this multithreaded process).
     """
     allowed = sorted(os.sched_getaffinity(0))
     if not 0 < num_cores <= len(allowed):
         raise ValueError(f"num_cores must be in 1..{len(allowed)}, got {num_cores}")
-    cores = set(allowed[:num_cores])
-    return subprocess.run(
-        [sys.executable, *argv],
-        capture_output=True,
-        text=True,
-        check=False,
-        preexec_fn=lambda: os.sched_setaffinity(0, cores),
+    if len(argv) < 2 or argv[0] not in ("-m", "-c"):
+        raise ValueError(f"argv must be ['-m', MODULE, ...] or ['-c', CODE, ...], got {argv!r}")
+    boot = (
+        "import os, runpy, sys\n"
+        f"os.sched_setaffinity(0, {set(allowed[:num_cores])!r})\n"
+        f"kind, target, *rest = {list(argv)!r}\n"
+        "sys.argv = [target, *rest]\n"
+        "if kind == '-c':\n"
+        "    exec(compile(target, '<string>', 'exec'), {'__name__': '__main__'})\n"
+        "else:\n"
+        "    runpy.run_module(target, run_name='__main__', alter_sys=True)\n"
     )
+    return subprocess.run([sys.executable, "-c", boot], capture_output=True, text=True, check=False)
 
 
 def copy_tree(tree: Any) -> Any:
