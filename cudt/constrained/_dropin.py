@@ -40,13 +40,12 @@ import jax.numpy as jnp
 import optax
 
 from cudt.constrained._constraint import Constraint, FreeSign
-from cudt.constrained._formulation import AugmentedLagrangian, Lagrangian, QuadraticPenalty
+from cudt.constrained._dual import check_dual
+from cudt.constrained._formulation import Lagrangian, check_formulation
 from cudt.constrained._state import _check_constraints, _zero_multipliers
 from cudt.constrained._step import _ascend_one, _dual_gradient, _lagrangian, _update_rows
 
 __all__ = ["ConstrainedLoss", "init_multipliers", "lagrangian"]
-
-_FORMULATIONS = (Lagrangian, AugmentedLagrangian, QuadraticPenalty)
 
 
 class ConstrainedLoss(NamedTuple):
@@ -142,21 +141,13 @@ def _checked(formulation, dual, dual_radius):
     """The formulation (default :class:`cudt.Lagrangian`), after one clear error for any argument
     the drop-in Lagrangian cannot take."""
     formulation = Lagrangian() if formulation is None else formulation
-    if not isinstance(formulation, _FORMULATIONS):
-        raise ValueError(
-            f"unknown formulation {formulation!r}: pass cudt.Lagrangian(), "
-            "cudt.AugmentedLagrangian(penalty=rho) or cudt.QuadraticPenalty(penalty=rho)"
-        )
+    check_formulation(formulation)
     if getattr(formulation, "growth", 1.0) != 1.0:
         raise ValueError(
             f"penalty growth {formulation.growth} needs the penalty in a train state: pass "
             "growth=1 to the drop-in lagrangian, or use cudt.make_constrained_step"
         )
-    if not isinstance(dual, optax.GradientTransformation):
-        raise ValueError(
-            f"dual must be an optax GradientTransformation, got {type(dual).__name__}: pass "
-            "cudt.dual_ascent(lr), cudt.dual_adam(lr), cudt.nupi(lr) or cudt.as_dual(optax...)"
-        )
+    check_dual(dual)
     if dual_radius is not None and not float(dual_radius) > 0:
         raise ValueError(f"dual_radius must be > 0 or None, got {dual_radius}: pass R > 0")
     return formulation

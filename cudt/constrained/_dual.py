@@ -29,6 +29,7 @@ from cudt.constrained._constraint import FreeSign
 
 __all__ = [
     "as_dual",
+    "check_dual",
     "dual_adam",
     "dual_ascent",
     "nupi",
@@ -105,6 +106,26 @@ def resilience_decay(alpha) -> optax.GradientTransformation:
         ResilienceDecayState,
         lambda updates, params: jax.tree.map(lambda g, lam: g - lam / alpha, updates, params),
     )
+
+
+def check_dual(dual) -> None:
+    """One ``ValueError`` unless ``dual`` is a dual transformation of this module's kind: an
+    optax transformation whose chain ends in :func:`project_nonnegative` (every one here does;
+    :func:`as_dual` makes one of any optax minimiser). A plain optax optimiser minimises: given
+    the constraint values it would *lower* the multipliers of violated constraints, silently."""
+    if not isinstance(dual, optax.GradientTransformation):
+        raise ValueError(
+            f"dual must be an optax GradientTransformation, got {type(dual).__name__}: pass "
+            "cudt.dual_ascent(lr), cudt.dual_adam(lr), cudt.nupi(lr) or cudt.as_dual(optax...)"
+        )
+    is_proj = lambda x: isinstance(x, ProjectNonnegativeState)  # noqa: E731
+    state = jax.eval_shape(dual.init, jnp.zeros((), jnp.float32))
+    if not any(is_proj(x) for x in jax.tree.leaves(state, is_leaf=is_proj)):
+        raise ValueError(
+            "dual is a plain optax optimiser: it minimises, so it would lower the multipliers "
+            "of violated constraints: wrap it, cudt.as_dual(optimizer) (ascent, λ >= 0), or "
+            "pass cudt.dual_ascent(lr), cudt.dual_adam(lr) or cudt.nupi(lr)"
+        )
 
 
 def as_dual(optimizer: optax.GradientTransformation) -> optax.GradientTransformation:

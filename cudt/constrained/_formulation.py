@@ -28,7 +28,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-__all__ = ["AugmentedLagrangian", "Lagrangian", "QuadraticPenalty"]
+__all__ = ["AugmentedLagrangian", "Lagrangian", "QuadraticPenalty", "check_formulation"]
 
 
 def _violation(g, lam, kind, active_by_multiplier):
@@ -105,3 +105,12 @@ class QuadraticPenalty(_Penalised):
 
     def violation(self, g, lam, kind):
         return _violation(g, lam, kind, False)
+
+
+def check_formulation(formulation) -> None:
+    """One ``ValueError`` unless ``formulation`` is one of this module's formulations."""
+    if not isinstance(formulation, (Lagrangian, AugmentedLagrangian, QuadraticPenalty)):
+        raise ValueError(
+            f"unknown formulation {formulation!r}: pass cudt.Lagrangian(), "
+            "cudt.AugmentedLagrangian(penalty=rho) or cudt.QuadraticPenalty(penalty=rho)"
+        )

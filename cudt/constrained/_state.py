@@ -6,6 +6,7 @@ given (checked, as ``_Spec``), the ``ConstrainedState`` pytree and a new run's s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -14,9 +15,12 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from cudt.constrained._constraint import Constraint, FreeSign
+from cudt.constrained._dual import check_dual
+from cudt.constrained._formulation import check_formulation
 from cudt.constrained._implicit import Implicit
 from cudt.constrained._schedule import values_at
 
@@ -47,13 +51,14 @@ def _is_injected(node) -> bool:
     return isinstance(node, optax.InjectStatefulHyperparamsState)
 
 
-def set_learning_rate(opt_state, value, name: str = "learning_rate"):
+def set_learning_rate(opt_state, value, name: str = "learning_rate", what: str = "lr"):
     """``opt_state`` with the injected hyperparameter ``name`` set to ``value`` (float32).
 
     The optimiser must be built with ``optax.inject_hyperparams`` (for example
     ``optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)``), which keeps its learning
     rate in its state, so runs stacked on a leading axis each train with their own. Raises a
-    ``ValueError`` naming the fix when no such hyperparameter is in the state.
+    ``ValueError`` naming the fix (and ``what`` asked) when no such hyperparameter is in the
+    state, or when a concrete learning rate is not > 0.
     """
     found = []
 
@@ -65,11 +70,17 @@ def set_learning_rate(opt_state, value, name: str = "learning_rate"):
             return node._replace(hyperparams=hyper)
         return node
 
+    if name == "learning_rate":
+        with contextlib.suppress(jax.errors.ConcretizationTypeError, TypeError):
+            if not np.all(np.asarray(value, np.float64) > 0):  # a concrete value (not a sweep's)
+                raise ValueError(f"{what} must be > 0, got {np.asarray(value).tolist()}")
     new_state = jax.tree.map(put, opt_state, is_leaf=_is_injected)
     if not found:
         raise ValueError(
-            f"cannot set {name}: the optimizer keeps no injected {name!r} in its state; build it "
-            f"with optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)({name}=1e-3)"
+            f"cannot set {what}: the optimiser keeps no injected {name!r} in its state; build it "
+            "with optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)"
+            "(learning_rate=1e-3), or optax.inject_hyperparams(cudt.nupi)(learning_rate=0.1, "
+            "kp=1.0) for a dual"
         )
     return new_state
 
@@ -78,6 +89,19 @@ def _copy(tree):
     """Fresh buffers for every array leaf: a donating step may delete what the state holds,
     and the caller's arrays must stay the caller's."""
     return jax.tree.map(lambda x: jnp.array(x, copy=True) if hasattr(x, "shape") else x, tree)
+
+
+def _check_params(params) -> None:
+    """Every array of ``params`` is trained, so floating-point: an integer one (a count, an
+    index) has no gradient to descend and fails inside the optimiser."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is not None and not jnp.issubdtype(dtype, jnp.inexact):
+            raise TypeError(
+                f"params{jax.tree_util.keystr(path)} is {dtype}, not floating-point: every "
+                "array in params is trained; keep integer arrays out of params (in the batch "
+                "or the problem's closure), or cast them"
+            )
 
 
 def _check_constraints(cons):
@@ -109,6 +133,13 @@ class _Spec:
     def __post_init__(self):
         """One ``ValueError`` or ``TypeError`` naming the fix for a bad argument."""
         implicit, formulation = self.implicit, self.formulation
+        check_formulation(formulation)
+        check_dual(self.dual)
+        if not isinstance(self.primal, optax.GradientTransformation):
+            raise ValueError(
+                f"primal must be an optax GradientTransformation, got "
+                f"{type(self.primal).__name__}: pass e.g. optax.adam(1e-3)"
+            )
         if not all(isinstance(m, Implicit) for m in implicit.values()):
             raise TypeError("implicit must map constraint names to cudt.implicit(apply, params)")
         if implicit and not formulation.uses_multipliers:
@@ -195,9 +226,10 @@ def _init(
     }
     for name, value in dict(dual_hparams or {}).items():
         if value is not None:
-            dual_state = set_learning_rate(dual_state, value, name)
+            dual_state = set_learning_rate(dual_state, value, name, f"the dual's {name}")
     # fresh buffers per field: a shared one could not be donated twice
     slacks = {n: jnp.zeros_like(m) for n, m in mult.items() if constraints[n].has_slack}
+    _check_params(params)
     params = _copy(params)
     opt_state = spec.primal.init(params)
     if lr is not None:

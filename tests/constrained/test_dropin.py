@@ -145,6 +145,20 @@ def test_bad_input_is_one_clear_value_error():
         cudt.lagrangian(_toy, cudt.dual_ascent(0.1), cudt.AugmentedLagrangian(growth=2.0))
     with pytest.raises(ValueError, match="optax GradientTransformation"):
         cudt.lagrangian(_toy, optax.sgd)
+    # a plain optax optimiser minimises: it would lower the multipliers of violated constraints
+    with pytest.raises(ValueError, match=r"plain optax optimiser.*cudt\.as_dual"):
+        cudt.lagrangian(_toy, optax.sgd(0.1))
+    # the step takes the same checks, and names the argument
+    for kwargs, says in (
+        (dict(dual=optax.adam(0.1)), "plain optax optimiser"),
+        (dict(dual="ascent"), "dual must be an optax GradientTransformation, got str"),
+        (dict(primal="adam"), "primal must be an optax GradientTransformation, got str"),
+        (dict(formulation="lagrangian"), "unknown formulation 'lagrangian'"),
+    ):
+        args = dict(primal=optax.sgd(0.1), dual=cudt.dual_ascent(0.1)) | kwargs
+        with pytest.raises(ValueError, match=says):
+            cudt.make_constrained_step(_toy, **args)
+    cudt.make_constrained_step(_toy, optax.sgd(0.1), cudt.as_dual(optax.adam(0.1)))  # wrapped
     with pytest.raises(ValueError, match=r"pass num_indexed=\{'row': N\}"):
         cudt.lagrangian(_toy, cudt.dual_ascent(0.1)).init(params, batch)
     lag = cudt.lagrangian(_toy, cudt.dual_ascent(0.1), num_indexed={"row": 4})
