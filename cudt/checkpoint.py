@@ -34,6 +34,7 @@ import atexit
 import dataclasses
 import gc
 import inspect
+import json
 import logging
 import os
 import re
@@ -50,7 +51,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from cudt.errors import CheckpointError
+from cudt.errors import CheckpointError, UsageError
 
 __all__ = ["GroupCheckpointer", "PinnedOrLatest", "available_memory", "host_bytes", "save_blocks"]
 
@@ -195,6 +196,13 @@ class GroupCheckpointer:
         """Atomically saves ``states`` (a pytree of arrays) and ``loop`` (JSON) at ``step``."""
         loop = dict(loop, pinned=sorted(self._policy.pinned))
         try:
+            json.dumps(loop)
+        except (TypeError, ValueError) as e:  # before orbax starts writing anything
+            raise UsageError(
+                f"the loop record of a checkpoint must be JSON ({e}): pass numbers, strings, "
+                "lists and dicts, e.g. float(x) or x.tolist() for an array"
+            ) from e
+        try:
             self._manager.save(
                 int(step),
                 args=ocp.args.Composite(
@@ -215,6 +223,11 @@ class GroupCheckpointer:
         if step is None:
             raise CheckpointError(
                 f"no checkpoint in {self.directory}: nothing to resume from; start without --resume"
+            )
+        if step not in self.all_steps():
+            raise CheckpointError(
+                f"no checkpoint of step {step} in {self.directory} (its steps: "
+                f"{self.all_steps() or 'none'}): pass one of them, or None for the latest"
             )
         target = None if abstract_states is None else jax.tree.map(_restore_target, abstract_states)
         where = self.step_dir(step)

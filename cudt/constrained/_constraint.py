@@ -45,11 +45,24 @@ from __future__ import annotations
 from typing import Any
 
 import flax.struct
+import jax
+import numpy as np
 
 __all__ = ["RESILIENCE_MODES", "Constraint", "FreeSign"]
 
 KINDS = ("ineq", "eq")
 RESILIENCE_MODES = ("decay", "slack")
+
+
+def _concrete(x) -> np.ndarray | None:
+    """``x`` as a float64 array when it is a concrete number or array (not a tracer under jit or
+    vmap, nor any other leaf a pytree transformation may put there), else None."""
+    if not isinstance(x, (int, float, np.ndarray, np.generic, jax.Array)) or isinstance(x, bool):
+        return None
+    try:
+        return np.asarray(x, np.float64)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError, TypeError):
+        return None
 
 
 @flax.struct.dataclass
@@ -84,6 +97,12 @@ class Constraint:
             raise ValueError(
                 "resilience_mode='slack' needs the slack's cost: pass resilience=alpha (> 0, "
                 "finite)"
+            )
+        scale = _concrete(self.scale)
+        if scale is not None and not np.all(scale > 0):
+            raise ValueError(
+                f"Constraint scale must be > 0 (the units a violation is measured in), got "
+                f"{scale.tolist()}: pass a positive scale, or none"
             )
 
     @property

@@ -432,8 +432,10 @@ def _descend(
         lambda fv, uu: _lagrangian(spec.formulation, fv[0], fv[1], uu, lam, state.penalty, cons),
         argnums=(0, 1),
     )((ev.f, ev.values), u_at)
-    # ERM and the warm-up: the constraints do not reach the parameters
+    # ERM and the warm-up: the constraints do not reach the parameters, nor the reported
+    # Lagrangian (a penalty formulation's terms are not zero at λ = 0)
     cot_v = jax.tree.map(lambda v: jnp.where(active, v, jnp.zeros_like(v)), cot_v)
+    L = jnp.where(active, L, ev.f)
     (grads,) = ev.vjp_fn((cot_f, cot_v))
     params, opt_state, p_updates, removed = _descend_params(spec, state, grads)
     new_u, new_slack_state = _descend_slacks(spec, state, grad_u, cons, active)
@@ -538,6 +540,7 @@ def _extragradient(spec: _Spec, state, batch, key, active):
     new_state, lam = _advance(spec, state, active, shown, here, d)
     u = _rows_of(state.slacks, shown.cons)
     L = _lagrangian(spec.formulation, shown.f, shown.values, u, lam, state.penalty, shown.cons)
+    L = jnp.where(active, L, shown.f)  # as _descend reports it
     return new_state, _metrics(spec, shown, L, new_state.violation, d)
 
 

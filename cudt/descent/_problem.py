@@ -56,6 +56,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from cudt.constrained import Constraint, broadcast_schedule, is_schedule
 from cudt.descent._config import DescentConfig
@@ -109,7 +110,12 @@ def hparams(
     a schedule whose ``end`` is replaced by ``epsilon``; None: ``epsilon`` from the start."""
     L = config.num_layers
     epsilon = config.epsilon_array if epsilon is None else epsilon
-    epsilon = broadcast_schedule(epsilon, (L,))
+    try:
+        epsilon = broadcast_schedule(epsilon, (L,))
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            f"epsilon must be a scalar or {L} values (one per layer 1..{L}): {err}"
+        ) from err
     if epsilon_schedule is not None:
         if is_schedule(epsilon):
             raise ValueError(
@@ -126,13 +132,37 @@ def hparams(
     alpha = config.resilience if resilience is None else resilience
     alpha = broadcast_schedule(jnp.inf if alpha is None else alpha, ())
     beta = config.tail_beta if tail_beta is None else tail_beta
-    return {
+    values = {
         "epsilon": epsilon,
         "reference": ref,
         "has_reference": has_ref,
         "resilience": alpha,
         "tail_beta": jnp.asarray(beta, jnp.float32),
     }
+    _check_values(values)
+    return values
+
+
+# the per-run values a run may hold, as DescentConfig checks its own (a concrete value only:
+# under vmap, a sweep, each run's is a tracer)
+_RANGES = {
+    "epsilon": (lambda v: (v >= 0) & (v < 1), "lie in [0, 1)"),
+    "resilience": (lambda v: v > 0, "be > 0 (inf: a hard constraint)"),
+    "tail_beta": (lambda v: (v > 0) & (v <= 1), "lie in (0, 1]"),
+}
+
+
+def _check_values(values: dict) -> None:
+    for name, (ok, says) in _RANGES.items():
+        value = values[name]
+        ends = (value.start, value.end) if is_schedule(value) else (value,)
+        for end in ends:
+            try:
+                v = np.asarray(end, np.float64)
+            except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+                continue
+            if not np.all(ok(v)):
+                raise ValueError(f"{name} must {says}, got {v.tolist()}")
 
 
 def constraint_values(mean_losses, epsilon, reference=None, reference_active=None, previous=None):

@@ -192,3 +192,53 @@ def test_the_phase_one_objective_is_the_normalised_violation():
     np.testing.assert_allclose(aux["layer_loss"], losses)
     with pytest.raises(ValueError, match="objective must be one of"):
         cudt.descent.problem(per_sample, cfg, objective="loss_and_more")
+
+
+def test_erm_reports_its_objective_as_its_lagrangian_under_every_formulation():
+    """An ERM run descends the objective alone; its reported Lagrangian says so, also where a
+    penalty formulation's terms are not zero (w0 = 3 violates w0 <= 1)."""
+
+    def problem(p, b, k):
+        return jnp.sum((p["w"] - 2) ** 2), {"c": cudt.Constraint(p["w"][0] - 1.0)}
+
+    params = {"w": jnp.full(2, 3.0)}
+    for formulation in (cudt.AugmentedLagrangian(penalty=5.0), cudt.QuadraticPenalty(penalty=5.0)):
+        for update in ("simultaneous", "extragradient"):
+            init, step = cudt.make_constrained_step(
+                problem, optax.sgd(0.05), cudt.dual_ascent(0.1), formulation, update=update
+            )
+            _, erm = step(init(params, None, constrained=False), None, jax.random.key(0))
+            _, con = step(init(params, None), None, jax.random.key(0))
+            assert float(erm["lagrangian"]) == float(erm["objective"]) == 2.0
+            assert float(con["lagrangian"]) == 12.0  # 2 + ρ/2 · 2²
+
+
+def test_a_runs_values_are_checked_as_the_config_checks_them():
+    """init's per-run overrides and a constraint's scale: a value the config would refuse is one
+    ValueError naming it (a sweep's values, traced under vmap, are the runner's to check)."""
+    L = 3
+
+    def layer_losses(p, b, k):
+        return jnp.stack([jnp.mean((b - p["w"]) ** 2, -1)] * (L + 1), 1)
+
+    cfg = cudt.DescentConfig(num_layers=L, epsilon=0.1)
+    primal = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
+    init, _ = cudt.make_train_step(layer_losses, primal, cudt.dual_ascent(0.1), cfg)
+    params = {"w": jnp.zeros(4)}
+    for kwargs, says in (
+        (dict(epsilon=1.5), r"epsilon must lie in \[0, 1\)"),
+        (dict(epsilon=-0.5), r"epsilon must lie in \[0, 1\)"),
+        (dict(epsilon=jnp.array([0.1, 0.2])), "epsilon must be a scalar or 3 values"),
+        (dict(resilience=-1.0), "resilience must be > 0"),
+        (dict(tail_beta=2.0), r"tail_beta must lie in \(0, 1\]"),
+        (dict(lr=-1.0), "lr must be > 0"),
+        (dict(dual_lr=0.1), "cannot set the dual's learning_rate"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            init(params, **kwargs)
+    runs = jax.vmap(lambda e: init(params, epsilon=e))(jnp.array([0.1, 0.2]))  # a sweep
+    assert runs.hparams["epsilon"].shape == (2, L)
+    with pytest.raises(ValueError, match="scale must be > 0"):
+        cudt.Constraint(jnp.ones(2), scale=-1.0)
+    with pytest.raises(TypeError, match=r"params\['w'\] is int32, not floating-point"):
+        init({"w": jnp.zeros(4, jnp.int32)})
