@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +90,19 @@ def _copy(tree):
     """Fresh buffers for every array leaf: a donating step may delete what the state holds,
     and the caller's arrays must stay the caller's."""
     return jax.tree.map(lambda x: jnp.array(x, copy=True) if hasattr(x, "shape") else x, tree)
+
+
+def _check_takes_hparams(problem) -> None:
+    """``problem`` must take a fourth argument when a run holds ``hparams``."""
+    try:
+        inspect.signature(problem).bind(None, None, None, None)
+    except TypeError:
+        raise TypeError(
+            "init(..., hparams=...) hands the problem a fourth argument, but it takes "
+            f"{inspect.signature(problem)}: define problem(params, batch, key, hparams)"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): the call will say
+        return
 
 
 def _check_params(params) -> None:
@@ -211,6 +225,8 @@ def _init(
     multipliers=None,
 ) -> ConstrainedState:
     """``init`` of :func:`make_constrained_step` (its docstring says what each argument does)."""
+    if hparams is not None:
+        _check_takes_hparams(spec.problem)
     num_indexed = dict(num_indexed or {})
     if constraints is None:
         key = jax.random.key(0) if key is None else key

@@ -242,3 +242,10 @@ def test_a_runs_values_are_checked_as_the_config_checks_them():
         cudt.Constraint(jnp.ones(2), scale=-1.0)
     with pytest.raises(TypeError, match=r"params\['w'\] is int32, not floating-point"):
         init({"w": jnp.zeros(4, jnp.int32)})
+
+    def three(p, b, k):  # no hparams argument
+        return jnp.sum(p["w"] ** 2), {"c": cudt.Constraint(p["w"][0] - 1.0)}
+
+    init3, _ = cudt.make_constrained_step(three, optax.sgd(0.1), cudt.dual_ascent(0.1))
+    with pytest.raises(TypeError, match=r"define problem\(params, batch, key, hparams\)"):
+        init3(params, None, hparams={"a": 1.0})
