@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import platform
 import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -36,7 +39,9 @@ __all__ = [
     "int_list",
     "interleave",
     "max_abs_diff",
+    "measure_on_cores",
     "median",
+    "narrow_thread_counts",
     "on_cores",
     "print_table",
     "time_alternatives",
@@ -227,6 +232,33 @@ def on_cores(num_cores: int, argv: Sequence[str]) -> subprocess.CompletedProcess
         "    runpy.run_module(target, run_name='__main__', alter_sys=True)\n"
     )
     return subprocess.run([sys.executable, "-c", boot], capture_output=True, text=True, check=False)
+
+
+def narrow_thread_counts(counts: Sequence[int]) -> list[int]:
+    """The thread counts of ``counts`` below this process's cores: each is measured in a child
+    process started on as many cores (:func:`measure_on_cores`)."""
+    return [n for n in counts if 0 < n < len(os.sched_getaffinity(0))]
+
+
+def measure_on_cores(subcommand: str, argv: Sequence[str], threads: int) -> Any:
+    """``python -m benchmarks SUBCOMMAND argv --torch-threads threads --json FILE`` in a child
+    process started on ``threads`` cores (:func:`on_cores`): what the child wrote to FILE.
+
+    A subcommand that times fewer threads than the machine's cores calls this for them and
+    merges what comes back with its own figures; the child, on exactly that many cores, measures
+    them itself. Raises ``RuntimeError`` with the end of the child's output when it fails.
+    """
+    with tempfile.TemporaryDirectory(prefix="cudt_bench_") as tmp:
+        path = Path(tmp) / f"threads-{threads}.json"
+        full = [*argv, "--torch-threads", str(threads), "--json", str(path)]
+        print(
+            f"\n{threads} thread(s): a child process started on {threads} core(s) ...", flush=True
+        )
+        child = on_cores(threads, ["-m", "benchmarks", subcommand, *full])
+        if child.returncode != 0 or not path.is_file():
+            tail = "\n".join((child.stdout + child.stderr).splitlines()[-15:])
+            raise RuntimeError(f"the child measuring {threads} thread(s) failed:\n{tail}")
+        return json.loads(path.read_text())
 
 
 def copy_tree(tree: Any) -> Any:

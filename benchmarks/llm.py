@@ -60,8 +60,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -73,7 +75,16 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from benchmarks.common import cpu_cores, header, interleave, median, print_table, subcommand_parser
+from benchmarks.common import (
+    cpu_cores,
+    header,
+    interleave,
+    measure_on_cores,
+    median,
+    narrow_thread_counts,
+    print_table,
+    subcommand_parser,
+)
 from benchmarks.peer import (
     TORCH_DEFAULT_THREADS,
     CooperStep,
@@ -119,10 +130,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=[0],
         type=lambda s: [int(t) for t in s.split(",")],
         help="comma-separated thread counts; 0: both libraries' defaults (torch: "
-        f"{TORCH_DEFAULT_THREADS} here, XLA: one per core); n > 0: torch on n threads and every "
-        "thread of the process (XLA's too) on n cores, where XLA's pool keeps its size, which "
-        "slows cudt (benchmarks.common.on_cores; `step` measures fewer threads in a child "
-        "process) (default 0)",
+        f"{TORCH_DEFAULT_THREADS} here, XLA: one per core); n > 0: torch on n threads, and n "
+        "fewer than the cores: both sides timed in a child process started on n cores, where "
+        "XLA sizes its pool for them (benchmarks.common.measure_on_cores) (default 0)",
+    )
+    p.add_argument(
+        "--json",
+        type=Path,
+        help="also write every timed round (seconds per side and thread count) to this JSON "
+        "file (how the child processes of fewer threads report)",
     )
     p.add_argument(
         "--chunk-tokens",
@@ -185,6 +201,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.profile is not None and jax.default_backend() != "cpu":
         p.error("--profile reads XLA:CPU's thunk events: run it on a CPU (JAX_PLATFORMS=cpu)")
+    if args.lora_ranks and args.torch_threads != [0]:
+        p.error("--lora-ranks times cudt alone at the default threads: drop --torch-threads")
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what a child of fewer threads gets
     return args
 
 
@@ -565,6 +584,23 @@ def fp32_peak(device_name: str, dtype: str = "float32") -> float | None:
     return next((v for k, v in peaks.items() if k in device_name), None)
 
 
+# what run() times per thread count, in its table's order
+SIDES = ("cudt", "torch + Cooper", "product floor", "product floor, torch")
+
+
+def child_argv(argv: list[str]) -> list[str]:
+    """``argv`` for a child that times fewer threads: without ``--profile`` (traced here)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--profile":
+            skip = True
+        elif not a.startswith("--profile="):
+            out.append(a)
+    return out
+
+
 def timed(fn: Callable, threads: int) -> Callable[[], float]:
     """One call of ``fn`` with ``threads`` threads (0: the defaults), in seconds."""
 
@@ -622,8 +658,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
 
     floor = product_floor(cudt_side)
     floor.block(1), floor.torch_block(1)  # untimed: the first calls
+    narrow = narrow_thread_counts(args.torch_threads)
     alternatives = {}
-    for threads in args.torch_threads:
+    for threads in (t for t in args.torch_threads if t not in narrow):
         alternatives[("cudt", threads)] = timed(cudt_side, threads)
         alternatives[("torch + Cooper", threads)] = timed(torch_side, threads)
         alternatives[("product floor", threads)] = timed(lambda: floor.block(1), threads)
@@ -633,6 +670,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     before = load_average()
     results = interleave(alternatives, args.rounds)
     after = load_average()
+    if args.json is not None:
+        args.json.write_text(json.dumps([[*key, times] for key, times in results.items()]))
+    for threads in narrow:
+        rows = measure_on_cores("llm", child_argv(args.argv), threads)
+        results.update({(side, t): times for side, t, times in rows})
+    results = {(side, t): results[(side, t)] for t in args.torch_threads for side in SIDES}
     floor_results = {
         t: (results.pop(("product floor", t)), results.pop(("product floor, torch", t)))
         for t in args.torch_threads
@@ -671,7 +714,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             f"{flops / s / 1e9:.4g} | {mfu} | " + (f"{speedup:.2f}x |" if side == "cudt" else "1 |")
         )
     print("\n".join(table))
-    timed_steps = cudt_side.zero_readouts[2:]  # after the two checked steps
+    timed_steps = cudt_side.zero_readouts[2:]  # after the two checked steps (in this process)
     print(
         f"readouts with an exactly zero cotangent (every multiplier they enter is 0; cudt's "
         f"backward skips their buckets, torch back-propagates through them): "

@@ -27,7 +27,7 @@ RunConfig defaults). The peer is the same models in PyTorch with the problem in 
    torch's default thread count (``--torch-threads``), all interleaved over ``--repeats``
    repetitions of ``--steps`` steps after ``--burn-in`` untimed steps and an untimed block
    each; median ms/step and torch / cudt. n threads, fewer than the machine's cores: measured
-   in a child process started on n cores (``benchmarks.common.on_cores``: XLA sizes its thread
+   in a child process started on n cores (``benchmarks.common.measure_on_cores``: XLA sizes its thread
    pool at start; until 2026-11-30 the threads of this process were confined instead, which
    left cudt a pool of 2 threads on one core, 15 % slower), torch told n threads.
 3. **FLOP rate** (``--no-flops`` skips it): XLA's FLOP count of the default-dynamics step with
@@ -44,9 +44,7 @@ import contextlib
 import dataclasses
 import functools
 import json
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -63,7 +61,8 @@ from benchmarks.common import (
     cpu_cores,
     header,
     int_list,
-    on_cores,
+    measure_on_cores,
+    narrow_thread_counts,
     parse_quick,
     print_table,
     time_alternatives,
@@ -431,22 +430,12 @@ def floor_bounds(ms: dict) -> list[list]:
     return bounds
 
 
-def narrow_thread_counts(counts: Sequence[int]) -> list[int]:
-    """The thread counts of ``counts`` below this process's cores: each measured in a child
-    process started on as many cores (:func:`benchmarks.common.on_cores`)."""
-    return [n for n in counts if 0 < n < len(os.sched_getaffinity(0))]
-
-
-def measure_on_cores(argv: Sequence[str], threads: int, folder: Path) -> dict:
-    """``python -m benchmarks step argv --torch-threads threads`` in a child process on
-    ``threads`` cores: its speed medians, keyed as :func:`measure`'s."""
-    path = folder / f"threads-{threads}.json"
-    argv = [*argv, "--torch-threads", str(threads), "--json", str(path)]
-    child = on_cores(threads, ["-m", "benchmarks", "step", *argv])
-    if child.returncode != 0 or not path.is_file():
-        tail = "\n".join((child.stdout + child.stderr).splitlines()[-15:])
-        raise RuntimeError(f"the child measuring {threads} thread(s) failed:\n{tail}")
-    return {tuple(key): value for *key, value in json.loads(path.read_text())}
+def speed_on_cores(argv: Sequence[str], threads: int) -> dict:
+    """``python -m benchmarks step argv`` at ``threads`` threads in a child process on as many
+    cores (:func:`benchmarks.common.measure_on_cores`): its speed medians, keyed as
+    :func:`measure`'s."""
+    rows = measure_on_cores("step", argv, threads)
+    return {tuple(key): value for *key, value in rows}
 
 
 def merge_threads(parts: dict[int, dict], order: Sequence[int]) -> dict:
@@ -502,10 +491,8 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps(rows))
     if narrow:
         parts = {n: {k: v for k, v in result.ms.items() if k[3] == thread_label(n)} for n in order}
-        with tempfile.TemporaryDirectory(prefix="cudt_bench_") as tmp:
-            for n in narrow:
-                print(f"\n{n} thread(s): a child process started on {n} core(s) ...", flush=True)
-                parts[n] = measure_on_cores(sys.argv[1:] if argv is None else argv, n, Path(tmp))
+        for n in narrow:
+            parts[n] = speed_on_cores(sys.argv[1:] if argv is None else argv, n)
         result.ms = merge_threads(parts, order)
         result.bounds = floor_bounds(result.ms)
     print("\n" + "\n".join(result.settings))

@@ -81,20 +81,20 @@ def test_every_subcommand_has_help(name, capsys):
     assert f"python -m benchmarks {name}" in out
 
 
-def test_fewer_threads_than_cores_run_in_a_child_started_on_that_many(tmp_path):
+def test_fewer_threads_than_cores_run_in_a_child_started_on_that_many():
     """XLA sizes its thread pool for the cores a process starts with, so n threads are a child
     process started on n cores (benchmarks.common.on_cores), whose medians the parent merges."""
-    from benchmarks.common import on_cores
+    from benchmarks.common import narrow_thread_counts, on_cores
 
     child = on_cores(1, ["-c", "import os; print(len(os.sched_getaffinity(0)), os.cpu_count())"])
     assert child.returncode == 0 and child.stdout.split()[0] == "1", child.stderr
     with pytest.raises(ValueError, match="num_cores"):
         on_cores(0, ["-c", "pass"])
     cores = len(os.sched_getaffinity(0))
-    assert step.narrow_thread_counts([1, 0, cores]) == ([1] if cores > 1 else [])
+    assert narrow_thread_counts([1, 0, cores]) == ([1] if cores > 1 else [])
     # the child's speed medians come back keyed as the parent's (here the quick sizes, whose
     # --quick asks for the child's default threads: one)
-    ms = step.measure_on_cores(["--quick", "--no-flops"], 1, tmp_path)
+    ms = step.speed_on_cores(["--quick", "--no-flops"], 1)
     assert {k[2] for k in ms} == {"cudt", "torch + Cooper"}
     assert {k[3] for k in ms} == {step.thread_label(0) if cores == 1 else "1 (default)"}
     assert all(v > 0 for v in ms.values())
@@ -379,9 +379,16 @@ def _fresh(tiny_llm):
 
 @pytest.mark.slow
 def test_llm_tiny_agrees_with_transformers_and_cooper_and_prints_its_table(capsys, tmp_path):
-    argv = f"--tiny --batch 2 --seq 32 --rounds 1 --profile {tmp_path / 'trace'}"
+    """Also one thread, which on a machine of more cores is timed in a child process started on
+    one core (benchmarks.common.measure_on_cores), without tracing it again."""
+    argv = (
+        f"--tiny --batch 2 --seq 32 --rounds 1 --torch-threads 0,1 --profile {tmp_path / 'trace'}"
+    )
     assert llm.main(argv.split()) == 0
     out = capsys.readouterr().out
+    narrow = len(os.sched_getaffinity(0)) > 1
+    assert ("1 thread(s): a child process started on 1 core(s)" in out) == narrow
+    assert llm.child_argv(argv.split())[-2:] == ["--torch-threads", "0,1"]
     _check_header(out, "llm", argv)
     assert "sgd duals lr 0.1, simultaneous updates" in out  # LLMConfig's dynamics
     # exactly the response tokens, in buckets
@@ -394,10 +401,12 @@ def test_llm_tiny_agrees_with_transformers_and_cooper_and_prints_its_table(capsy
     assert len(checks) == 6 and all(line.endswith("| yes |") for line in checks)
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| cudt | ")]
     rows += [line.split(" | ") for line in out.splitlines() if line.startswith("| torch + ")]
-    assert [r[1:3] for r in rows] == [["cpu", "default"], ["cpu", "default"]]
+    assert [r[1:3] for r in rows] == [["cpu", t] for _ in range(2) for t in ("default", "1")]
     assert all(r[7] == "n/a" for r in rows)  # no GPU: no MFU
-    speedup = float(re.search(r"ratio \[threads default\]: .* = ([\d.e+]+)", out).group(1))
-    assert math.isclose(speedup, float(rows[1][3]) / float(rows[0][3]), rel_tol=0.02)
+    for i, label in enumerate(("default", "1")):
+        ratio = re.search(rf"ratio \[threads {label}\]: .* s/step = ([\d.e+]+)", out).group(1)
+        assert math.isclose(float(ratio), float(rows[2 + i][3]) / float(rows[i][3]), rel_tol=0.02)
+        assert re.search(rf"^tiny Llama +{label} +[\d.]+ +[\d.]+", out, re.M)  # its bound
     # --profile: every part of the step found by its scope, its products among its thunks
     assert list((tmp_path / "trace").glob("**/perfetto_trace.json.gz"))
     parts = dict(
