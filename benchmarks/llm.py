@@ -2,7 +2,7 @@
 + Cooper.
 
     .venv/bin/python -m benchmarks llm                       # B = 4, T = 64, 3 rounds
-    .venv/bin/python -m benchmarks llm --torch-threads 0,1   # also every thread on one core
+    .venv/bin/python -m benchmarks llm --torch-threads 0,1   # also 1 thread (a child on 1 core)
     .venv/bin/python -m benchmarks llm --tiny                # a tiny random Llama GGUF, seconds
     .venv/bin/python -m benchmarks llm --lora-ranks 8,32     # cudt's full step vs LoRA steps
 
