@@ -98,6 +98,7 @@ from benchmarks.step import ProductFloor
 from cudt.lm_loss import default_bucket_tokens, keeps_logits
 from cudt.models.llama import smollm2_gguf_path, write_decoder_folder
 from cudt.models.llama import write_tiny_gguf as tiny_gguf
+from cudt.runner.cli import without_flag
 from cudt.runner.groups import make_group_step
 from cudt.runner.task import RunBatch
 from cudt.tasks.llm import LLMTask
@@ -588,19 +589,6 @@ def fp32_peak(device_name: str, dtype: str = "float32") -> float | None:
 SIDES = ("cudt", "torch + Cooper", "product floor", "product floor, torch")
 
 
-def child_argv(argv: list[str]) -> list[str]:
-    """``argv`` for a child that times fewer threads: without ``--profile`` (traced here)."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--profile":
-            skip = True
-        elif not a.startswith("--profile="):
-            out.append(a)
-    return out
-
-
 def timed(fn: Callable, threads: int) -> Callable[[], float]:
     """One call of ``fn`` with ``threads`` threads (0: the defaults), in seconds."""
 
@@ -673,7 +661,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     if args.json is not None:
         args.json.write_text(json.dumps([[*key, times] for key, times in results.items()]))
     for threads in narrow:
-        rows = measure_on_cores("llm", child_argv(args.argv), threads)
+        rows = measure_on_cores("llm", without_flag(args.argv, "--profile"), threads)  # traced here
         results.update({(side, t): times for side, t, times in rows})
     results = {(side, t): results[(side, t)] for t in args.torch_threads for side in SIDES}
     floor_results = {

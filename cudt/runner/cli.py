@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from cudt.errors import CudtError
 from cudt.runner.run import run
 
-__all__ = ["OneLineParser", "config_from_args", "run_cli"]
+__all__ = ["OneLineParser", "config_from_args", "run_cli", "without_flag"]
 
 C = TypeVar("C")
 
@@ -163,6 +163,19 @@ def run_cli(main: Callable[[], Any]) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def without_flag(argv: Sequence[str], flag: str) -> list[str]:
+    """``argv`` without ``flag`` and its value (``--flag VALUE`` or ``--flag=VALUE``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == flag:
+            skip = True
+        elif not a.startswith(f"{flag}="):
+            out.append(a)
+    return out
 
 
 def _states_default(help_text: str, default) -> bool:

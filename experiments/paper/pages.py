@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cudt.io import atomic_write
+from cudt.runner.cli import without_flag
 from cudt.runner.lock import OutputInUse, check_free
 
 __all__ = [
@@ -158,15 +159,7 @@ class MarkerError(ValueError):
 
 def _flags_of(argv: Sequence[str]) -> list[str]:
     """A recorded command line's flags without ``--out DIR`` (where it wrote changes nothing)."""
-    out, skip = [], False
-    for a in list(argv)[1:]:
-        if skip:
-            skip = False
-        elif a == "--out":
-            skip = True
-        elif not a.startswith("--out="):
-            out.append(a)
-    return out
+    return without_flag(list(argv)[1:], "--out")
 
 
 def _utc(text: str) -> str:
