@@ -104,6 +104,32 @@ class PinnedOrLatest:
         return [c.step in latest or c.step in self.pinned for c in checkpoints]
 
 
+# A checkpoint problem's fix in the library's words, and in the command line's (the runner's
+# --out, --overwrite, --resume): CheckpointError.cli, which run_cli prints.
+_FIXES = {
+    "writable": ("use a writable folder", "pass a writable --out"),
+    "fresh": ("start without resuming", "start without --resume"),
+    "elsewhere": (
+        "use another folder, or delete this one to start again",
+        "pass another --out, or --overwrite to discard it",
+    ),
+    "earlier": (
+        "delete that folder to resume from an earlier step, or the whole checkpoint folder to "
+        "start again",
+        "delete that folder to resume from an earlier step, or pass --overwrite to start again",
+    ),
+    "disk": (
+        "free disk space or use a writable folder",
+        "free disk space or pass a writable --out",
+    ),
+}
+
+
+def _error(problem: str, fix: str) -> CheckpointError:
+    library, cli = _FIXES[fix]
+    return CheckpointError(f"{problem}: {library}", cli=f"{problem}: {cli}")
+
+
 class GroupCheckpointer:
     """Saves and restores the stacked states of one group of runs (e.g. the seeds of a model).
 
@@ -135,9 +161,8 @@ class GroupCheckpointer:
         try:
             self._manager = ocp.CheckpointManager(self.directory, options=options)
         except (OSError, ValueError) as e:
-            raise CheckpointError(
-                f"cannot open checkpoint folder {self.directory} ({_os_reason(e)}): pass a "
-                "writable --out"
+            raise _error(
+                f"cannot open checkpoint folder {self.directory} ({_os_reason(e)})", "writable"
             ) from e
         _QUIET.open_checkpointers += 1
         _quiet_unraisable_hook()
@@ -221,9 +246,7 @@ class GroupCheckpointer:
         raw nested dict of arrays, for inspection)."""
         step = self.latest_step() if step is None else step
         if step is None:
-            raise CheckpointError(
-                f"no checkpoint in {self.directory}: nothing to resume from; start without --resume"
-            )
+            raise _error(f"no checkpoint in {self.directory}: nothing to resume from", "fresh")
         if step not in self.all_steps():
             raise CheckpointError(
                 f"no checkpoint of step {step} in {self.directory} (its steps: "
@@ -238,9 +261,8 @@ class GroupCheckpointer:
             saved = self._saved_arrays(step)
             mismatch = None if saved is None else _first_mismatch(saved, _leaf_specs(target))
             if mismatch is not None:
-                raise CheckpointError(
-                    f"checkpoint {where} was written by a different model ({mismatch}): pass "
-                    "another --out, or --overwrite to discard it"
+                raise _error(
+                    f"checkpoint {where} was written by a different model ({mismatch})", "elsewhere"
                 )
         _QUIET.restoring += 1  # a failed read's tasks may be collected before the except
         try:
@@ -255,13 +277,12 @@ class GroupCheckpointer:
             _close_orbax_stragglers()
             renamed = None if saved is None else _first_renamed(saved, _leaf_specs(target))
             if renamed is not None:  # the same arrays under other names: an older layout
-                raise CheckpointError(
-                    f"checkpoint {where} was written by another version of cudt ({renamed}): "
-                    "pass another --out, or --overwrite to discard it"
+                raise _error(
+                    f"checkpoint {where} was written by another version of cudt ({renamed})",
+                    "elsewhere",
                 ) from e
-            raise CheckpointError(
-                f"checkpoint {where} is corrupt (its arrays cannot be read): delete that folder "
-                "to resume from an earlier step, or pass --overwrite to start again"
+            raise _error(
+                f"checkpoint {where} is corrupt (its arrays cannot be read)", "earlier"
             ) from e
         finally:
             _QUIET.restoring -= 1
@@ -269,9 +290,8 @@ class GroupCheckpointer:
         if target is not None:
             mismatch = _first_mismatch(_leaf_specs(states), _leaf_specs(target))
             if mismatch is not None:
-                raise CheckpointError(
-                    f"checkpoint {where} was written by a different model ({mismatch}): pass "
-                    "another --out, or --overwrite to discard it"
+                raise _error(
+                    f"checkpoint {where} was written by a different model ({mismatch})", "elsewhere"
                 )
         return states, dict(restored.loop)
 
@@ -297,10 +317,9 @@ class GroupCheckpointer:
             return dict(restored.loop)
         except Exception as e:
             _QUIET.failed = True
-            raise CheckpointError(
-                f"checkpoint {self.step_dir(step)} is corrupt (its loop record cannot be read): "
-                "delete that folder to resume from an earlier step, or pass --overwrite to start "
-                "again"
+            raise _error(
+                f"checkpoint {self.step_dir(step)} is corrupt (its loop record cannot be read)",
+                "earlier",
             ) from e
 
     def wait(self) -> None:
@@ -356,9 +375,8 @@ class GroupCheckpointer:
         except Exception:
             pass  # the same failure, reported below
         self._remove_partial_saves()
-        raise CheckpointError(
-            f"cannot write checkpoints in {self.directory} ({_os_reason(error)}): free disk space "
-            "or pass a writable --out"
+        raise _error(
+            f"cannot write checkpoints in {self.directory} ({_os_reason(error)})", "disk"
         ) from error
 
     def __enter__(self) -> GroupCheckpointer:

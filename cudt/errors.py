@@ -23,4 +23,13 @@ class DataError(CudtError):
 
 
 class CheckpointError(CudtError):
-    """A checkpoint that cannot be used: corrupt, or from a different config or model."""
+    """A checkpoint that cannot be used: corrupt, or from a different config or model.
+
+    Its message names the fix in the library's words (a folder to use or delete); ``cli``, when
+    set, is the same message with the command line's flags (``--out``, ``--overwrite``), which
+    :func:`cudt.runner.cli.run_cli` prints instead.
+    """
+
+    def __init__(self, message: str, cli: str | None = None):
+        super().__init__(message)
+        self.cli = cli

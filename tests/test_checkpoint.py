@@ -22,3 +22,26 @@ def test_a_bad_loop_record_or_a_missing_step_is_one_clear_error(tmp_path):
             ck.restore(states, step=99)
         restored, loop = ck.restore(states)
     assert restored["w"].tolist() == [0.0, 1.0, 2.0] and loop["a"] == [1.0, 1.0]
+
+
+def test_a_library_user_is_told_what_to_do_with_folders_the_command_line_with_its_flags(
+    tmp_path, capsys
+):
+    from cudt.runner.cli import run_cli
+
+    with GroupCheckpointer(tmp_path / "ck") as ck:
+        ck.save(1, {"w": jnp.arange(3.0)}, {})
+        ck.wait()
+        with pytest.raises(CheckpointError) as err:
+            ck.restore({"w": jnp.zeros(4)})  # another model's shapes
+    message = str(err.value)
+    assert "written by a different model" in message
+    assert message.endswith("use another folder, or delete this one to start again")
+    assert "--" not in message  # no command-line flag in the library's words
+    assert err.value.cli.endswith("pass another --out, or --overwrite to discard it")
+
+    def main():
+        raise err.value
+
+    assert run_cli(main) == 2  # the entry points print the command line's words
+    assert capsys.readouterr().err.strip() == f"error: {err.value.cli}"

@@ -205,8 +205,8 @@ class LLMTask(AccuracyReports, Task):
             )
         except CudtError as err:
             raise UsageError(
-                f"{err} (the run itself is complete in {out}; export it again with python -m "
-                f"experiments.export_decoder {out} {cfg.export})"
+                f"{getattr(err, 'cli', None) or err} (the run itself is complete in {out}; export "
+                f"it again with python -m experiments.export_decoder {out} {cfg.export})"
             ) from err
 
     def chance_level(self, data: LLMData) -> float:
