@@ -249,3 +249,32 @@ def test_a_runs_values_are_checked_as_the_config_checks_them():
     init3, _ = cudt.make_constrained_step(three, optax.sgd(0.1), cudt.dual_ascent(0.1))
     with pytest.raises(TypeError, match=r"define problem\(params, batch, key, hparams\)"):
         init3(params, None, hparams={"a": 1.0})
+
+
+@pytest.mark.parametrize("update", ["simultaneous", "alternating", "extragradient", "optimistic"])
+def test_optax_apply_if_finite_skips_a_non_finite_step_of_both_players(update):
+    """A NaN loss would write NaN into the parameters and the multipliers; with both optimisers
+    wrapped in optax.apply_if_finite the step leaves them as they were (the metrics still show
+    the NaN) and the next finite step goes on."""
+
+    def problem(params, batch, key):
+        del key
+        x = params["x"] * batch  # batch: a scale, NaN for a broken batch
+        return jnp.sum(x**2), {"budget": cudt.Constraint(1.0 - jnp.sum(x), kind="ineq")}
+
+    guard = lambda opt: optax.apply_if_finite(opt, max_consecutive_errors=3)  # noqa: E731
+    init, step = cudt.make_constrained_step(
+        problem, guard(optax.sgd(0.05)), guard(cudt.dual_ascent(0.5)), update=update
+    )
+    state = init({"x": jnp.zeros(2)}, jnp.float32(1.0))
+    for _ in range(3):
+        state, _ = step(state, jnp.float32(1.0), jax.random.key(0))
+    before = jax.tree.map(np.asarray, (state.params, state.multipliers))
+    assert float(before[1]["budget"]) > 0  # the dual moved: a skipped step would show
+    state, metrics = step(state, jnp.float32(jnp.nan), jax.random.key(0))
+    assert np.isnan(float(metrics["lagrangian"]))
+    after = jax.tree.map(np.asarray, (state.params, state.multipliers))
+    jax.tree.map(np.testing.assert_array_equal, after, before)
+    state, metrics = step(state, jnp.float32(1.0), jax.random.key(0))
+    assert np.isfinite(float(metrics["lagrangian"]))
+    assert not np.array_equal(np.asarray(state.params["x"]), before[0]["x"])
