@@ -64,17 +64,10 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 
 
 def linear(x: jax.Array, p: Mapping[str, jax.Array]) -> jax.Array:
-    """``x [..., K] @ kernel [K, N]`` (plus a LoRA adapter and a bias), as one ``[M, K]``
-    product: the weight's gradient then contracts one axis of tokens, not ``B`` and ``T``, which
-    XLA:CPU served by first transposing the input into a copy (SmolLM2's step on a Xeon: 272 ms
-    of such copies a step, the SwiGLU's ``[1536, 256]`` among them; bit-identical results)."""
-    lead = x.shape[:-1]
-    x = x.reshape(-1, x.shape[-1])
     y = x @ p["kernel"]
     if "lora_a" in p:  # a LoRA adapter, its scale in lora_b (cudt.models.llama.lora.adapted)
         y = y + (x @ p["lora_a"]) @ p["lora_b"]
-    y = y + p["bias"] if "bias" in p else y
-    return y.reshape(*lead, y.shape[-1])
+    return y + p["bias"] if "bias" in p else y
 
 
 def cast(tree: Any, dtype: Any) -> Any:
