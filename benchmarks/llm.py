@@ -656,7 +656,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             lambda: floor.torch_block(1), threads
         )
     before = load_average()
-    results = interleave(alternatives, args.rounds)
+    results = interleave(alternatives, args.rounds) if alternatives else {}  # all in children
     after = load_average()
     if args.json is not None:
         args.json.write_text(json.dumps([[*key, times] for key, times in results.items()]))

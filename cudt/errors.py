@@ -11,7 +11,10 @@ __all__ = ["CheckpointError", "CudtError", "DataError", "UsageError"]
 
 
 class CudtError(ValueError):
-    """Base class of every user-fixable error raised by cudt."""
+    """Base class of every user-fixable error raised by cudt. ``cli``: the message in the
+    command line's words, where they differ (a flag as the fix); the entry points print it."""
+
+    cli: str | None = None
 
 
 class UsageError(CudtError):
@@ -25,9 +28,8 @@ class DataError(CudtError):
 class CheckpointError(CudtError):
     """A checkpoint that cannot be used: corrupt, or from a different config or model.
 
-    Its message names the fix in the library's words (a folder to use or delete); ``cli``, when
-    set, is the same message with the command line's flags (``--out``, ``--overwrite``), which
-    :func:`cudt.runner.cli.run_cli` prints instead.
+    Its message names the fix in the library's words (a folder to use or delete); ``cli`` is the
+    same message with the command line's flags (``--out``, ``--overwrite``).
     """
 
     def __init__(self, message: str, cli: str | None = None):

@@ -157,7 +157,7 @@ def run_cli(main: Callable[[], Any]) -> int:
     try:
         main()
     except CudtError as e:
-        print(f"error: {getattr(e, 'cli', None) or e}", file=sys.stderr)  # a flag as the fix
+        print(f"error: {e.cli or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -205,7 +205,7 @@ class LLMTask(AccuracyReports, Task):
             )
         except CudtError as err:
             raise UsageError(
-                f"{getattr(err, 'cli', None) or err} (the run itself is complete in {out}; export "
+                f"{err.cli or err} (the run itself is complete in {out}; export "
                 f"it again with python -m experiments.export_decoder {out} {cfg.export})"
             ) from err
 
