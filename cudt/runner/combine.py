@@ -188,13 +188,15 @@ def combine(task, folders: list[str | Path]) -> str:
     docstring); a :class:`UsageError` when the folders are not one job's."""
     results = _load_job(task, folders)
     runs = _runs(folders, results)
-    draws = {
-        int(r["seed"]): (_run_data_seed(res["config"], int(r["seed"])), folder)
+    # every run's (seed, draw): one draw for all, or each seed its own; a list, not a dict by
+    # seed, so that two folders' runs of one seed on two draws cannot hide one another
+    draws = [
+        (int(r["seed"]), _run_data_seed(res["config"], int(r["seed"])), folder)
         for folder, res in zip(folders, results, strict=True)
         for r in res["runs"]
-    }
-    if len({d for d, _ in draws.values()}) > 1 and any(d != s for s, (d, _) in draws.items()):
-        shared = next(f for s, (d, f) in draws.items() if d != s)
+    ]
+    if len({d for _, d, _ in draws}) > 1 and any(d != s for s, d, _ in draws):
+        shared = next(f for s, d, f in draws if d != s)
         raise UsageError(
             f"{shared} trained on one draw of the data (--data-seed) and another folder on "
             "another: train every folder on each seed's own data (no --data-seed) or all with "

@@ -81,6 +81,27 @@ def test_folders_of_another_job_are_refused_with_one_line(folders, tmp_path, cap
     assert "no results.json" in capsys.readouterr().err
 
 
+def test_one_seed_on_two_draws_is_refused_in_either_order(folders, tmp_path, capsys):
+    """Seed 1 trained on its own draw in one folder (no --data-seed) and on seed 0's draw in
+    another (``--data-seed 0``, at another sweep point: other labels): the two would be paired
+    as if on one draw of the data, whichever folder comes first."""
+    first, rest = folders
+    results = json.loads((rest / "results.json").read_text())
+    own = tmp_path / "own_draw"
+    shutil.copytree(rest, own)
+    config = {**results["config"], "data_seed": None, "data_per_seed": True}
+    (own / "results.json").write_text(json.dumps({**results, "config": config}))
+    other = tmp_path / "seed0_draw"
+    shutil.copytree(rest, other)
+    relabelled = [{**r, "label": r["label"] + " dual_lr=0.5"} for r in results["runs"]]
+    (other / "results.json").write_text(json.dumps({**results, "runs": relabelled}))
+    for order in ([first, own, other], [first, other, own]):
+        assert combine.main([str(f) for f in order]) == 2
+        err = capsys.readouterr().err
+        assert f"{other} trained on one draw of the data (--data-seed)" in err, err
+        assert err.count("\n") == 1, err
+
+
 def test_one_folder_is_reported_again_unchanged(folders, capsys):
     """One folder: its own runs re-reported (the same rows and intervals as the run printed),
     the folder left as it was."""
