@@ -202,10 +202,14 @@ def compare_chosen(runs: list[dict], chosen: list[dict], level: float = 0.95) ->
         for name in names:
             va = np.array([run_metric(r, name) for r in a], np.float64)
             vb = np.array([run_metric(r, name) for r in b], np.float64)
-            if len(seeds) >= 2 and np.all(np.isfinite(va)) and np.all(np.isfinite(vb)):
-                metrics[name] = stats.paired_t_interval(va, vb, level).as_dict() | {
-                    "erm_mean": float(vb.mean())
+            # over the seeds where both are finite (a diverged run's NaN), which it then names
+            ok = np.isfinite(va) & np.isfinite(vb)
+            if ok.sum() >= 2:
+                metrics[name] = stats.paired_t_interval(va[ok], vb[ok], level).as_dict() | {
+                    "erm_mean": float(vb[ok].mean())
                 }
+                if not ok.all():
+                    metrics[name]["seeds"] = [s for s, k in zip(seeds, ok, strict=True) if k]
         out.append(
             {
                 "model": model,
@@ -248,6 +252,8 @@ def comparison_lines(
             text = f"{name} {iv['mean']:+.4g} [{iv['low']:+.4g}, {iv['high']:+.4g}]"
             if iv["low"] <= 0 <= iv["high"]:
                 text += " level"
+            if "seeds" in iv:  # not finite at the others
+                text += f" (over seeds {', '.join(map(str, iv['seeds']))})"
             cells.append(text)
         resilient = c.get("resilient", False)  # results.json before the fallback: hard
         kind = "constrained, resilient" if resilient else "constrained"
@@ -263,7 +269,13 @@ def comparison_lines(
             f"{c['model']}-{c['layers']}: {head} "
             f"− chosen ERM ({point_text(c['erm_hparams'])}), paired t over {n} seed"
             f"{'s' if n != 1 else ''}: "
-            + ("; ".join(cells) if cells else "no interval with one seed")
+            + (
+                "; ".join(cells)
+                if cells
+                else "no interval with one seed"
+                if n == 1
+                else "no interval: no metric is finite at two of its seeds"
+            )
             + f" | {feasible}, monotone (test) at "
             f"{c['monotone']} of {n}; ERM monotone at {c['erm_monotone']} of {n}"
         )

@@ -66,10 +66,12 @@ def seed_intervals(runs: list[dict], level: float = 0.95) -> list[dict]:
                 metrics[name] = stats.t_interval(vals, level).as_dict()
         minus_erm = {}
         partners = erm_by.get(_setting_key(rs[0], lambda k: k not in CONSTRAINT_ONLY), {})
-        if constrained and all(int(r["seed"]) in partners for r in rs):
-            erm = [partners[int(r["seed"])] for r in rs]
+        # paired over the seeds both kinds trained without diverging; the others are named
+        paired = [r for r in rs if int(r["seed"]) in partners]
+        if constrained and len(paired) >= 2:
+            erm = [partners[int(r["seed"])] for r in paired]
             for name in names:
-                a, b = finite_values(rs, name), finite_values(erm, name)
+                a, b = finite_values(paired, name), finite_values(erm, name)
                 if a is not None and b is not None:
                     minus_erm[name] = stats.paired_t_interval(a, b, level).as_dict()
         out.append(
@@ -85,6 +87,12 @@ def seed_intervals(runs: list[dict], level: float = 0.95) -> list[dict]:
                 "level": level,
                 "metrics": metrics,
                 "constrained_minus_erm": minus_erm,
+                # the seeds the difference is over, where ERM has fewer
+                **(
+                    {"paired_seeds": [int(r["seed"]) for r in paired]}
+                    if minus_erm and paired != rs
+                    else {}
+                ),
             }
         )
     return out
@@ -112,8 +120,17 @@ def interval_lines(intervals: list[dict], swept: Sequence[str] = ()) -> list[str
             + "; ".join(cell(n, iv) for n, iv in e["metrics"].items())
         )
         if e["constrained_minus_erm"]:
-            line += " | constrained − ERM, paired by seed: " + "; ".join(
-                cell(n, iv) for n, iv in e["constrained_minus_erm"].items()
+            over = e.get("paired_seeds")
+            line += (
+                " | constrained − ERM, paired by seed"
+                + (
+                    f" (seeds {', '.join(map(str, over))}: no ERM run at the others, diverged "
+                    "or not trained)"
+                    if over
+                    else ""
+                )
+                + ": "
+                + "; ".join(cell(n, iv) for n, iv in e["constrained_minus_erm"].items())
             )
         lines.append(line)
     return lines

@@ -1,0 +1,89 @@
+"""Constrained − ERM intervals where a seed is missing or not finite on one side: paired over the
+seeds both sides have, and the line says which (``cudt.runner.choice.compare_chosen`` and
+``cudt.runner.report.seed_intervals``, over run records in results.json's form)."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+from cudt.runner.choice import compare_chosen, comparison_lines
+from cudt.runner.report import interval_lines, seed_intervals
+
+SEEDS = (0, 1, 2, 3)
+RNG = np.random.default_rng(1)
+CON, ERM = RNG.normal(size=4), RNG.normal(size=4)
+
+
+def _run(constrained: bool, seed: int, acc: float) -> dict:
+    hparams = {"lr": 1e-3, "epsilon": 0.1 if constrained else None}
+    return {
+        "label": f"m-2 {'constrained' if constrained else 'ERM'} seed {seed}",
+        "model": "m",
+        "layers": 2,
+        "gamma_train": 0.0,
+        "constrained": constrained,
+        "seed": seed,
+        "hparams": hparams,
+        "interval_metrics": ["acc"],
+        "acc": acc,
+        "diverged": False,
+        "feasible": True,
+        "loss_decreases": True,
+    }
+
+
+def _runs() -> list[dict]:
+    return [_run(True, s, CON[s]) for s in SEEDS] + [_run(False, s, ERM[s]) for s in SEEDS]
+
+
+def _chosen(runs) -> list[dict]:
+    where = {"model": "m", "layers": 2, "gamma_train": 0.0}
+    con = next(r for r in runs if r["constrained"])["hparams"]
+    erm = next(r for r in runs if not r["constrained"])["hparams"]
+    return [
+        {**where, "kind": "constrained", "hparams": con},
+        {**where, "kind": "ERM", "hparams": erm},
+    ]
+
+
+def _t(diff: np.ndarray) -> tuple[float, float]:
+    return stats.t.interval(0.95, len(diff) - 1, loc=diff.mean(), scale=stats.sem(diff))
+
+
+def test_a_constrained_seed_that_is_not_finite_leaves_the_others_paired_and_named():
+    runs = _runs()
+    next(r for r in runs if r["constrained"] and r["seed"] == 3)["acc"] = float("nan")
+    (c,) = compare_chosen(runs, _chosen(runs))
+    iv = c["constrained_minus_erm"]["acc"]
+    assert iv["seeds"] == [0, 1, 2]
+    assert np.allclose([iv["low"], iv["high"]], _t(CON[:3] - ERM[:3]))
+    (line,) = comparison_lines([c])
+    assert "paired t over 4 seeds: acc" in line and "(over seeds 0, 1, 2)" in line, line
+    # before: every metric dropped, and the line said "no interval with one seed"
+    assert "one seed" not in line
+
+
+def test_one_finite_seed_of_several_says_so_not_one_seed():
+    runs = _runs()
+    for r in runs:
+        if r["constrained"] and r["seed"] > 0:
+            r["acc"] = float("nan")
+    (line,) = comparison_lines(compare_chosen(runs, _chosen(runs)))
+    assert "no interval: no metric is finite at two of its seeds" in line, line
+
+
+def test_an_erm_seed_that_diverged_leaves_the_difference_over_the_others_named():
+    runs = _runs()
+    next(r for r in runs if not r["constrained"] and r["seed"] == 3)["diverged"] = True
+    (con,) = [e for e in seed_intervals(runs) if e["constrained"]]
+    assert con["paired_seeds"] == [0, 1, 2] and con["seeds"] == list(SEEDS)
+    low, high = _t(CON[:3] - ERM[:3])
+    iv = con["constrained_minus_erm"]["acc"]
+    assert np.isclose(iv["low"], low) and np.isclose(iv["high"], high)
+    line = next(x for x in interval_lines([con]))
+    assert "paired by seed (seeds 0, 1, 2: no ERM run at the others" in line, line
+    # every seed on both sides: the line as before, no seeds named
+    (whole,) = [e for e in seed_intervals(_runs()) if e["constrained"]]
+    assert "paired_seeds" not in whole
+    assert "constrained − ERM, paired by seed: acc" in interval_lines([whole])[0]
