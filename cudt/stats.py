@@ -51,7 +51,7 @@ class Interval:
     level: float = 0.95
 
     def __str__(self) -> str:
-        tag = self.method if self.level == 0.95 else f"{self.method} {self.level:.0%}"
+        tag = self.method if self.level == 0.95 else f"{self.method} {100 * self.level:g}%"
         if math.isnan(self.low) or math.isnan(self.high):
             return f"{_fmt(self.mean)} [no interval: n={self.n}] ({tag}, n={self.n})"
         return f"{_fmt(self.mean)} [{_fmt(self.low)}, {_fmt(self.high)}] ({tag}, n={self.n})"

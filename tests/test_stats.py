@@ -24,6 +24,7 @@ def test_t_interval_values():
     assert (iv.low, iv.high) == pytest.approx((v.mean() - half, v.mean() + half))
     assert iv.n == 3 and iv.method == "t"
     assert str(iv) == f"{v.mean():.4g} [{iv.low:.4g}, {iv.high:.4g}] (t, n=3)"
+    assert str(stats.t_interval(v, 0.975)).endswith("(t 97.5%, n=3)")  # not rounded to 98%
     assert json.loads(json.dumps(iv.as_dict()))["high"] == pytest.approx(iv.high)
 
 
