@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -22,6 +23,7 @@ __all__ = [
     "check_not_a_file",
     "check_writable",
     "fresh_run_dir",
+    "remove_created",
     "savefig_atomic",
     "to_jsonable",
     "topmost_missing",
@@ -146,8 +148,7 @@ def atomic_output(
     except BaseException as e:
         if stage is not None:  # before its parents go
             shutil.rmtree(stage, ignore_errors=True)
-        if created is not None:  # leave no empty folders behind
-            shutil.rmtree(created, ignore_errors=True)
+        remove_created(path.parent, created)  # leave no empty folders behind
         if isinstance(e, OSError):
             raise UsageError(
                 f"cannot write {path} ({e.strerror or e}): free disk space or pass a writable path"
@@ -200,6 +201,31 @@ def topmost_missing(path: str | os.PathLike) -> Path | None:
             break
         missing = p
     return missing
+
+
+def remove_created(folder: str | os.PathLike, created: str | os.PathLike | None) -> None:
+    """Undoes creating ``folder`` (whose outermost new folder was ``created``, from
+    :func:`topmost_missing`) without touching what anyone else put there since: the empty
+    folders under ``folder``, then ``folder`` and its parents up to ``created``, each only while
+    it is empty. (A ``shutil.rmtree(created)`` would remove a sibling that another job made in
+    the meantime, say ``runs/new/a`` beside this job's ``runs/new/b``.)"""
+    if created is None:
+        return
+    folder, created = Path(folder), Path(created)
+    if folder != created and created not in folder.parents:
+        return
+    for root, _, _ in os.walk(folder, topdown=False):
+        with contextlib.suppress(OSError):
+            os.rmdir(root)
+    for p in (folder, *folder.parents):
+        try:
+            p.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return  # not empty: someone's, or left for them
+        if p == created:
+            return
 
 
 def check_writable(out: str | os.PathLike) -> Path:

@@ -30,7 +30,6 @@ import fcntl
 import json
 import os
 import secrets
-import shutil
 import socket
 import sys
 import threading
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from cudt.errors import UsageError
-from cudt.io import check_not_a_file, check_writable, topmost_missing
+from cudt.io import check_not_a_file, check_writable, remove_created, topmost_missing
 
 __all__ = [
     "HEARTBEAT_S",
@@ -232,8 +231,8 @@ class OutputLock:
             pass
         os.close(self._fd)
         self._fd = -1
-        if discard and self._created is not None:
-            shutil.rmtree(self._created, ignore_errors=True)
+        if discard:  # what it created and nobody has used since
+            remove_created(self.out, self._created)
 
     def __enter__(self) -> OutputLock:
         return self
@@ -291,8 +290,7 @@ def lock_output(out: str | os.PathLike, *, say=None) -> OutputLock:
         except OSError as e:  # no room even for the record: leave nothing behind
             (out / LOCK_FILE).unlink(missing_ok=True)
             os.close(fd)
-            if created is not None:
-                shutil.rmtree(created, ignore_errors=True)
+            remove_created(out, created)
             raise UsageError(
                 f"cannot write to --out {out} ({e.strerror or e}): free disk space or pass a "
                 "writable --out"

@@ -30,6 +30,7 @@ from cudt.io import (
     RESULT_FILES,
     check_not_a_file,
     check_writable,
+    remove_created,
     to_jsonable,
     topmost_missing,
     write_json_atomic,
@@ -199,8 +200,7 @@ def open_output(
             (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
             write_json_atomic(saved_config, config)
     except (CudtError, OSError) as e:
-        if created is not None:  # a full disk, say: leave no empty folders behind
-            shutil.rmtree(created, ignore_errors=True)
+        remove_created(out, created)  # a full disk, say: leave no empty folders behind
         if isinstance(e, OSError):
             raise UsageError(
                 f"cannot write to --out {out} ({e.strerror or e}): free disk space or pass a "

@@ -145,6 +145,15 @@ def test_a_lock_that_refuses_removes_only_what_it_created(tmp_path):
     there.mkdir()
     lock_output(there).release(discard=True)
     assert there.is_dir() and list(there.iterdir()) == []
+    # a job refused after another made its own folder beside it in the parent this one created
+    # (array jobs on runs/new/$ID): the other job's folder and files stay
+    refused = lock_output(tmp_path / "runs" / "new" / "b")
+    other = lock_output(tmp_path / "runs" / "new" / "a")
+    (other.out / "config.json").write_text("{}")
+    refused.release(discard=True)
+    assert not (tmp_path / "runs" / "new" / "b").exists()
+    assert (other.out / "config.json").is_file() and (other.out / LOCK_FILE).is_file()
+    other.release()
 
 
 def _elsewhere(out: Path, beat: int = 0) -> None:
