@@ -187,6 +187,12 @@ def run_phase_one(cfg: VideoConfig) -> dict[str, Any]:
     draws = data_draws(cfg)
     datas = {d: task.load(c) for d, c in draws.items()}  # bad data: refused before writing
     with lock_output(out):
+        # again under the lock: a job on this folder may have finished since the check above
+        saved = _finished(out, cfg)
+        if saved is not None:
+            print(f"reusing {out / RESULT} (the same flags, written meanwhile)\n")
+            print(saved["markdown"])
+            return saved
         rows = []
         for data_seed, draw_cfg in draws.items():
             seeds = cfg.seed_list if cfg.data_seed is not None else [data_seed]

@@ -33,7 +33,7 @@ def test_judge_is_the_runners_rule():
     assert rising["feasible"] and not rising["monotone"]
 
 
-def test_phase_one_lowers_the_erm_points_violation(tmp_path, capsys):
+def test_phase_one_lowers_the_erm_points_violation(tmp_path, capsys, monkeypatch):
     out = tmp_path / "p1"
     assert phase_one.main([*TINY, "--out", str(out)]) == 0
     result = json.loads((out / "phase1.json").read_text())
@@ -76,6 +76,20 @@ def test_phase_one_lowers_the_erm_points_violation(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "--overwrite" in err
     assert (out / "phase1.json").read_bytes() == before
+    # the same, where the other job finished between this one's check and its lock (while it
+    # read its data): checked again under the lock, refused, the other's result kept
+    late = tmp_path / "late"
+    take = phase_one.lock_output
+
+    def finished_meanwhile(folder):
+        late.mkdir(exist_ok=True)
+        (late / "phase1.json").write_bytes(before)
+        return take(folder)
+
+    monkeypatch.setattr(phase_one, "lock_output", finished_meanwhile)
+    assert phase_one.main([*TINY, "--epsilon", "0.2", "--out", str(late)]) == 2
+    assert "holds phase I of other flags" in capsys.readouterr().err
+    assert (late / "phase1.json").read_bytes() == before
 
 
 @pytest.mark.parametrize(
