@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ __all__ = [
     "check_fresh_output",
     "check_not_a_file",
     "check_writable",
+    "digest",
     "fresh_run_dir",
     "remove_created",
     "savefig_atomic",
@@ -31,6 +33,16 @@ __all__ = [
 ]
 
 RESULT_FILES = ("results.json",)
+
+
+def digest(arrays) -> str:
+    """A short digest of arrays' bytes, in order: what a checkpoint was trained on or over
+    (training examples, frozen pretrained weights), whatever flags or paths produced it; a
+    resume over other contents is refused by it (``*_digest`` in a task's fingerprint)."""
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
 
 
 def to_jsonable(obj: Any) -> Any:

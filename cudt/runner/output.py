@@ -99,9 +99,25 @@ def _differences(
     while the new one keeps that value."""
     added = dict(added or {})
     keys = sorted((set(old) | set(new)) - set(ignore))
-    keys = [k for k in keys if not k.endswith("_digest") or (k in old and k in new)]
     keys = [k for k in keys if not (k in added and k not in old and new.get(k) == added[k])]
+    # nested records (a fingerprint per data draw: ``data_per_seed``) compared field by field,
+    # so that their digests follow the same rule and a difference is named where it is
+    old = _flat({k: old[k] for k in keys if k in old})
+    new = _flat({k: new[k] for k in keys if k in new})
+    keys = sorted(set(old) | set(new))
+    keys = [k for k in keys if not k.endswith("_digest") or (k in old and k in new)]
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+def _flat(record: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``."""
+    out = {}
+    for k, v in record.items():
+        if isinstance(v, dict) and v:
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def _holds_checkpoints(folder: Path) -> bool:

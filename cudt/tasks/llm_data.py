@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from cudt.data.alpaca import (
 )
 from cudt.data.instructions import task_splits, toy_splits
 from cudt.errors import UsageError
+from cudt.io import digest
 from cudt.lm_loss import response_capacities, response_keep_tokens
 from cudt.models.llama import (
     Decoder,
@@ -111,10 +111,7 @@ def chat_prompt(record: AlpacaRecord, decoder: Decoder, tok: InstructionTokenize
 def train_digest(tokens: TokenizedAlpaca) -> str:
     """A digest of the training examples (ids, labels, masks): what a checkpoint was trained on,
     whatever flags produced it."""
-    h = hashlib.sha256()
-    for a in (tokens.input_ids, tokens.attention_mask, tokens.labels, tokens.loss_mask):
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()[:16]
+    return digest((tokens.input_ids, tokens.attention_mask, tokens.labels, tokens.loss_mask))
 
 
 def _split_file(split: str, path: str) -> tuple[AlpacaRecord, ...]:
@@ -233,11 +230,8 @@ def _base_digest(path, compute_dtype: str, remat: bool, untie_head: bool, base_d
     """A digest of the pretrained weights (every leaf's bytes, in tree order, in their
     ``--base-dtype``): what the checkpoints of LoRA adapters were trained over, whatever path
     names them."""
-    h = hashlib.sha256()
     weights = _pretrained(path, compute_dtype, remat, untie_head, base_dtype)
-    for leaf in jax.tree.leaves(weights.params):
-        h.update(np.ascontiguousarray(leaf).tobytes())
-    return h.hexdigest()[:16]
+    return digest(jax.tree.leaves(weights.params))
 
 
 def load_data(cfg: LLMConfig) -> LLMData:

@@ -22,6 +22,7 @@ import numpy as np
 from cudt.data.text import TEXT_DATASETS as DATASETS
 from cudt.data.text import TextSplits, length_batches, load_text_data, tokenize_splits
 from cudt.errors import UsageError
+from cudt.io import digest
 from cudt.models.classifier import (
     GRANULARITIES,
     MODELS,
@@ -306,11 +307,16 @@ class TextTask(AccuracyReports, Task):
         ]
 
     def fingerprint(self, cfg, data: TextData) -> dict[str, Any]:
+        train = data.tokens["train"]
         return {
             "encoder_folder": str(data.model.encoder.path),
             "data_source": data.source.source,
-            "train_shape": list(data.tokens["train"].ids.shape),
+            "train_shape": list(train.ids.shape),
             "noise_unit": data.model.noise_unit,
+            # the contents behind the paths: the pretrained weights (the frozen parts are read
+            # from them again on resume) and the training examples
+            "encoder_digest": digest(jax.tree.leaves(data.model.encoder.params)),
+            "train_digest": digest((train.ids, train.mask, train.labels)),
         } | (
             {} if data.model.trained_ids is None else {"trained_rows": len(data.model.trained_ids)}
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 from pathlib import Path
 
 import jax
@@ -28,6 +29,7 @@ from helpers import (
     bad_flags_test,
     help_text,
     job_results,
+    write_tiny_bert,
 )
 from PIL import Image
 
@@ -171,6 +173,37 @@ def test_finished_output_is_refused_and_kept(bert_run, tiny_bert, capsys):
     assert text_classify.main(argv) == 2
     assert "already holds results.json" in capsys.readouterr().err
     assert (out / "results.json").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_resuming_over_other_pretrained_weights_at_the_same_path_is_refused(
+    bert_run, tmp_path, capsys
+):
+    """The frozen parts are read from the encoder folder again on resume: its weights replaced
+    at the same path (another random BERT), the checkpoints are refused, not resumed over them.
+    (The noise unit, γ times the table's std, would tell them apart too: it is set aside.)"""
+    finished, _ = bert_run
+    out, bert = tmp_path / "run", tmp_path / "bert"
+    shutil.copytree(finished, out)
+    (out / "results.json").unlink()  # as if killed after its last checkpoint
+    write_tiny_bert(bert, seed=1)
+    saved = out / "checkpoints" / "config.json"
+    config = json.loads(saved.read_text())
+    unit = build_text_model("bert", num_classes=2, checkpoint=str(bert)).noise_unit
+    for record in config["data_per_seed"].values():  # the same path and noise unit
+        record |= {"encoder_folder": str(bert), "noise_unit": unit}
+    config["checkpoint"] = str(bert)
+    saved.write_text(json.dumps(config))
+    argv = [
+        *TINY, "--model", "bert", "--checkpoint", str(bert), "--granularity", "sublayer",
+        "--steps", "4", "--chunk-steps", "2", "--checkpoint-every", "4", "--seeds", "2",
+    ]  # fmt: skip
+    assert text_classify.main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "trained on other files than its flags name now (data_per_seed.0.encoder_digest" in err
+    ), err
+    assert not (out / "results.json").exists()
 
 
 @pytest.mark.slow
