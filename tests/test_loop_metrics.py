@@ -226,6 +226,38 @@ def test_resume_compares_a_digest_both_configs_record_and_skips_the_ignored_fiel
         open_output(out, new, ignore=("completions",))
 
 
+def test_nested_digests_follow_the_same_rule_and_are_named_where_they_differ(tmp_path):
+    """A fingerprint per data draw (``data_per_seed``) is compared field by field: a digest only
+    one side records is no difference, two that differ are named by their path."""
+    out = tmp_path / "run"
+    open_output(out, {"lr": 1, "data_per_seed": {"0": {"rows": 3}, "1": {"rows": 3}}})
+    (out / "checkpoints" / "g" / "4").mkdir(parents=True)
+    new = {"lr": 1, "data_per_seed": {s: {"rows": 3, "train_digest": s} for s in ("0", "1")}}
+    assert open_output(out, new).resuming  # checkpoints from before the digest
+    write_json_atomic(out / "checkpoints" / "config.json", {**new, "data_per_seed": {
+        "0": {"rows": 3, "train_digest": "0"}, "1": {"rows": 4, "train_digest": "x"}}})  # fmt: skip
+    with pytest.raises(
+        UsageError, match=r"other files .*data_per_seed\.1\.train_digest 'x' -> '1'"
+    ):
+        open_output(out, new)
+
+
+def test_a_config_without_a_saved_step_is_replaced_not_refused(tmp_path):
+    """A job stopped before its first checkpoint left only checkpoints/config.json: the next
+    job, with other flags, starts afresh there (nothing to resume or protect); --resume says
+    there is nothing to resume."""
+    out = tmp_path / "run"
+    open_output(out, {"layers": 3})
+    with pytest.raises(UsageError, match="holds no checkpoint to resume from"):
+        open_output(out, {"layers": 2}, resume=True)
+    fresh = open_output(out, {"layers": 2})
+    assert not fresh.resuming
+    assert json.loads((out / "checkpoints" / "config.json").read_text()) == {"layers": 2}
+    (out / "checkpoints" / "g" / "4").mkdir(parents=True)  # a saved step: now it is protected
+    with pytest.raises(UsageError, match="different config \\(layers 2 -> 3\\)"):
+        open_output(out, {"layers": 3})
+
+
 def test_checkpoints_from_before_an_added_field_resume_while_the_run_keeps_its_old_behaviour(
     tmp_path,
 ):

@@ -144,7 +144,8 @@ def open_output(
     * holds ``results.json``: refused unless ``overwrite`` (then its outputs are removed);
     * holds checkpoints of the same config: resumed (``resuming=True``);
     * holds checkpoints of another config, or checkpoints without the config they belong to:
-      refused (the differing fields are named) unless ``overwrite``;
+      refused (the differing fields are named) unless ``overwrite``; a config alone (a job
+      stopped before its first checkpoint) is replaced;
     * ``resume=True`` and nothing to resume: refused.
 
     ``ignore``: fields a saved config may hold with another value (the evaluation-only flags,
@@ -162,7 +163,12 @@ def open_output(
             "--overwrite to replace it"
         )
     resuming = False
-    if saved_config.exists() and not overwrite:
+    # a config alone (a job stopped before its first checkpoint) holds nothing to resume or
+    # protect: the folder starts afresh under the new config
+    alone = saved_config.exists() and all(
+        p.name == CONFIG_FILE for p in (out / CHECKPOINTS).iterdir()
+    )
+    if saved_config.exists() and not overwrite and not alone:
         try:
             old = json.loads(saved_config.read_text())
             if not isinstance(old, dict):
