@@ -27,6 +27,7 @@ import dataclasses
 import datetime
 import errno
 import fcntl
+import functools
 import json
 import os
 import secrets
@@ -67,12 +68,19 @@ class Holder:
     host: str | None
     started: str | None  # ISO UTC
     job: int | None = None  # the job's token (multi-host: process 0's, checked by the others)
+    boot: str | None = None  # the holder's kernel boot id (None: a record from before it)
 
     @classmethod
     def parse(cls, text: str) -> Holder | None:
         try:
             raw = json.loads(text)
-            return cls(int(raw["pid"]), str(raw["host"]), raw.get("started"), raw.get("job"))
+            return cls(
+                int(raw["pid"]),
+                str(raw["host"]),
+                raw.get("started"),
+                raw.get("job"),
+                raw.get("boot"),
+            )
         except (ValueError, TypeError, KeyError):
             return None
 
@@ -87,7 +95,12 @@ class Holder:
 
     @property
     def local(self) -> bool:
-        return self.host == socket.gethostname()
+        """This machine's: its host name and, where both record one, its kernel's boot id
+        (containers given one fixed host name on several machines are told apart by it)."""
+        boot = _boot_id()
+        return self.host == socket.gethostname() and (
+            self.boot is None or boot is None or self.boot == boot
+        )
 
     def alive(self) -> bool:
         """Whether this host runs a process with this PID (meaningful only when ``local``)."""
@@ -106,12 +119,22 @@ class OutputInUse(UsageError):
     """``--out`` is locked by another job (its holder named)."""
 
 
+@functools.cache
+def _boot_id() -> str | None:
+    """This kernel's boot id (Linux), shared by the containers on one machine, not by two."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def _record(token: int, beat: int, started: str) -> bytes:
     return (
         json.dumps(
             {
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
+                "boot": _boot_id(),
                 "started": started,
                 "job": token,
                 "beat": beat,

@@ -199,6 +199,42 @@ def test_another_hosts_lock_is_judged_by_its_heartbeat(tmp_path, monkeypatch):
     ]
 
 
+def test_a_record_of_this_host_name_from_another_machine_is_judged_by_its_heartbeat(
+    tmp_path, monkeypatch
+):
+    """Containers given one host name on two machines: a record naming this host but another
+    kernel (boot id) is another machine's, whose flock may not reach here; while its record is
+    refreshed it is refused, not taken over as "no longer running". A record without a boot id
+    (from before it) is judged by its host name, as before."""
+    monkeypatch.setattr(lock_module, "STALE_AFTER_S", 0.6)
+    out = tmp_path / "run"
+    out.mkdir()
+    other_machine = {"pid": os.getpid() + 1, "host": HOST, "boot": "another-kernel"}
+    stop = threading.Event()
+
+    def beat():
+        n = 0
+        while not stop.wait(0.1):
+            n += 1
+            (out / LOCK_FILE).write_text(json.dumps(other_machine | {"beat": n}) + "\n")
+
+    (out / LOCK_FILE).write_text(json.dumps(other_machine | {"beat": 0}) + "\n")
+    thread = threading.Thread(target=beat)
+    thread.start()
+    try:
+        with pytest.raises(OutputInUse, match=f"PID {os.getpid() + 1} on host {HOST}"):
+            lock_output(out)
+    finally:
+        stop.set()
+        thread.join()
+    older = {"pid": os.getpid() + 1, "host": HOST}  # no boot id, no such process alive here
+    (out / LOCK_FILE).write_text(json.dumps(older) + "\n")
+    said: list[str] = []
+    with lock_output(out, say=said.append):
+        pass
+    assert len(said) == 1 and "which is no longer running" in said[0], said
+
+
 def test_a_held_lock_is_refreshed_and_read_without_writing(holder, tmp_path, monkeypatch):
     monkeypatch.setattr(lock_module, "HEARTBEAT_S", 0.05)
     out = tmp_path / "run"
