@@ -174,7 +174,7 @@ def test_llm_lora_resume_over_another_base(tmp_path, capsys):
     cfg, _ = config_from_args(llm_config.LLMConfig, argv, "")
     task = llm.LLMTask()
     record = checkpoint_record(cfg) | task.fingerprint(cfg, task.load(cfg))
-    (tmp_path / "out" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "out" / "checkpoints" / "llm-1" / "1").mkdir(parents=True)  # a saved step
     (tmp_path / "out" / "checkpoints" / "config.json").write_text(json.dumps(record))
     # the same folder, other weights (this process read the first ones: read them again)
     write_decoder_folder(base, config, config.init_params(jax.random.key(1)), words)
