@@ -211,6 +211,29 @@ def test_atomic_json_and_output_folder(tmp_path):
     assert open_output(out, {"lr": 1}, overwrite=True).path == out
 
 
+def test_overwrite_removes_the_files_the_finished_run_names_and_nothing_else(tmp_path):
+    """--overwrite over a finished run removes the plots and tables its results.json names
+    (``"files"``), so a rerun that writes fewer (``--completions 0``) leaves none of the old
+    run's beside its own; files it does not name, or that lie outside the folder, are kept."""
+    out = open_output(tmp_path / "run", {"lr": 1}).path
+    for name in ("a.png", "completions.md", "notes.txt", "sub/b.png"):
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text("old")
+    for name in ("outside.png", "x.png"):
+        (tmp_path / name).write_text("kept")
+    names = ["a.png", "completions.md", "sub/b.png", "../outside.png", str(tmp_path / "x.png")]
+    write_json_atomic(out / "results.json", {"runs": [], "files": names})
+    open_output(out, {"lr": 2}, overwrite=True)
+    left = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert left == ["checkpoints/config.json", "notes.txt"]
+    assert all((tmp_path / n).read_text() == "kept" for n in ("outside.png", "x.png"))
+    # a results.json from before the list (or unreadable): the plots stay, as before
+    (out / "a.png").write_text("old")
+    (out / "results.json").write_text("{not json")
+    open_output(out, {"lr": 3}, overwrite=True)
+    assert (out / "a.png").exists() and not (out / "results.json").exists()
+
+
 def test_resume_compares_a_digest_both_configs_record_and_skips_the_ignored_fields(tmp_path):
     """Checkpoints written before a ``*_digest`` field existed resume; two digests that differ
     are refused; a field in ``ignore`` (the evaluation-only flags) may differ."""

@@ -120,6 +120,21 @@ def _flat(record: dict, prefix: str = "") -> dict:
     return out
 
 
+def _files_of_finished_run(out: Path) -> list[Path]:
+    """The files the finished run in ``out`` wrote beside its ``results.json`` (its ``"files"``:
+    plots, completions), those inside ``out`` that are files; none where the record is
+    unreadable or predates the list."""
+    try:
+        names = json.loads((out / "results.json").read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if not isinstance(names, list):
+        return []
+    paths = [Path(n) for n in names if isinstance(n, str) and n]
+    paths = [out / p for p in paths if not p.is_absolute() and ".." not in p.parts]
+    return [p for p in paths if p.is_file() and not p.is_symlink()]
+
+
 def _holds_checkpoints(folder: Path) -> bool:
     """Whether ``folder`` holds a group folder with a saved step (``<group>/<step>/``)."""
     if not folder.is_dir():
@@ -141,7 +156,9 @@ def open_output(
 ) -> OutputDir:
     """Checks and prepares the output folder of a run of ``config`` (a JSON-able dict).
 
-    * holds ``results.json``: refused unless ``overwrite`` (then its outputs are removed);
+    * holds ``results.json``: refused unless ``overwrite`` (then its outputs are removed: the
+      results, checkpoints, training curves and the files its record names, ``"files"``, so
+      no plot or table of the old run is left beside the new one's);
     * holds checkpoints of the same config: resumed (``resuming=True``);
     * holds checkpoints of another config, or checkpoints without the config they belong to:
       refused (the differing fields are named) unless ``overwrite``; a config alone (a job
@@ -214,6 +231,8 @@ def open_output(
     try:
         check_writable(out)
         if overwrite:
+            for path in _files_of_finished_run(out):
+                path.unlink(missing_ok=True)
             for name in RESULT_FILES:
                 (out / name).unlink(missing_ok=True)
             shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)

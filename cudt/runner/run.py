@@ -333,6 +333,10 @@ def _write_results(task: Task, cfg, data, out, results, ratios, gammas, swept, t
     plot_training_curves(
         curve_runs, figures[-1], title="multipliers and constraint values during training"
     )
+    # what --overwrite removes with the results (cudt.runner.output.open_output)
+    results["files"] = [
+        p.relative_to(out.path).as_posix() for p in figures if p.is_relative_to(out.path)
+    ]
     results["wall_seconds"] = time.perf_counter() - t0
     write_json_atomic(out.path / "results.json", results)
     intervals = results.get("intervals", [])

@@ -88,6 +88,9 @@ def test_every_run_has_per_layer_losses_accuracy_and_completions(tiny_run):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = (out / "completions.md").read_text()
     assert "ERM" in text and "constrained" in text and "γ=2" in text and "ROUGE-L" in text
+    # what --overwrite removes with the results: every file the run wrote beside results.json
+    written = ["layer_loss.png", "accuracy_vs_gamma.png", "ratio_hist.png", "completions.md"]
+    assert sorted(results["files"]) == sorted([*written, "training_curves.png"])
 
 
 @pytest.mark.slow
