@@ -202,6 +202,11 @@ class VideoConfig(RunConfig):
             f"--dataset {self.dataset} needs --data-dir pointing at the frame folders",
         )
         need(
+            self.dataset != "synthetic" or self.data_dir is None,
+            f"--data-dir {self.data_dir} is read only by a real dataset, and --dataset is "
+            "synthetic: pass --dataset ucsd|frames|avenue|shanghaitech, or drop --data-dir",
+        )
+        need(
             self.dust_atoms >= PATCH,
             f"--dust-atoms {self.dust_atoms} is below the patch side {PATCH}: the overcomplete "
             f"DCT dictionary needs at least {PATCH} atoms per dimension; pass --dust-atoms "
@@ -212,12 +217,13 @@ class VideoConfig(RunConfig):
             "--models vit needs --vit-checkpoint FOLDER (a Hugging Face ViT folder with "
             "config.json and model.safetensors)",
         )
+        # the synthetic clips' sizes (a real dataset's own videos are checked when read)
         need(
-            self.num_videos >= 3,
+            self.dataset != "synthetic" or self.num_videos >= 3,
             f"--num-videos must be >= 3 (train/val/test split by video), got {self.num_videos}",
         )
         need(
-            self.num_frames >= self.seq_len,
+            self.dataset != "synthetic" or self.num_frames >= self.seq_len,
             f"--num-frames ({self.num_frames}) must be >= --seq-len ({self.seq_len})",
         )
 

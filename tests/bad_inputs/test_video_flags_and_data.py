@@ -4,9 +4,11 @@ values", "Data folders"). The helpers are in refusals.py."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 from refusals import TINY, check, cli, cli_subprocess, over_cases, previous_run, refused, tree
 
@@ -101,6 +103,12 @@ CONFIG_CASES = [
         "must be >= --seq-len (8)",
     ),
     ("max videos 0", ["--max-videos", "0"], "got 0", "--max-videos must be >= 1"),
+    (
+        "--data-dir without a real --dataset",
+        ["--data-dir", "/tmp/data/UCSD_Anomaly_Dataset.v1p2"],
+        "--data-dir /tmp/data/UCSD_Anomaly_Dataset.v1p2 is read only by a real dataset",
+        "pass --dataset ucsd|frames|avenue|shanghaitech, or drop --data-dir",
+    ),
     (
         "frame dataset without --data-dir",
         ["--dataset", "ucsd"],
@@ -253,6 +261,17 @@ def test_invalid_config(case, flags, problem, fix, tmp_path, capsys):
     assert tree(out) == before
 
 
+def test_the_synthetic_clips_sizes_do_not_hold_back_a_real_dataset():
+    """--num-videos and --num-frames size the synthetic clips: a real dataset's longer
+    sequences (UCSD's videos have 120-200 frames) or its own video count are not refused by
+    their defaults (the reader checks each video's length)."""
+    from cudt.tasks.video import VideoConfig
+
+    assert VideoConfig(dataset="ucsd", data_dir="d", seq_len=40, num_videos=2).seq_len == 40
+    with pytest.raises(ValueError, match=r"--num-frames \(32\) must be >= --seq-len \(40\)"):
+        VideoConfig(seq_len=40)
+
+
 # --------------------------------------------------------------------------------------------
 # Data folders: refused before --out is touched
 # --------------------------------------------------------------------------------------------
@@ -342,21 +361,50 @@ def _no_test_videos(root: Path) -> Path:
     return root
 
 
+def _one_level_down(root: Path) -> Path:
+    return ucsd(root) / "Train"  # the split folder, not the dataset
+
+
+def _empty_train_folder(root: Path) -> Path:
+    ped2 = ucsd(root)
+    for video in (ped2 / "Train").iterdir():
+        shutil.rmtree(video)
+    return root
+
+
+def _dangling_link(root: Path) -> Path:
+    ped2 = ucsd(root)
+    (ped2 / "Train" / "Train003").symlink_to(root / "unmounted" / "Train003")
+    return root
+
+
+def _float_frames_past_one(root: Path) -> Path:
+    ped2 = ucsd(root)
+    frame = np.full((32, 32), 200.0, np.float32)  # float pixels on 0-255, not 0-1
+    Image.fromarray(frame).save(ped2 / "Test" / "Test001" / "002.tif")
+    return root
+
+
 DATA_CASES = [
     # (case, build the --data-dir, problem, fix)
-    ("data folder missing", _missing, "does not exist", "pass data_dir pointing at the extracted"),
+    (
+        "data folder missing",
+        _missing,
+        "does not exist",
+        "pass --data-dir pointing at the extracted",
+    ),
     ("data folder empty", _empty, "no video folders found", "extract the dataset in that layout"),
     (
         "data folder is a file",
         _a_file,
         "is not a folder",
-        "pass data_dir pointing at the extracted",
+        "pass --data-dir pointing at the extracted",
     ),
     (
         "wrong dataset: a text dataset",
         _text_dataset,
         "has no image frames (.bmp, .jpeg, .jpg, .png, .tif, .tiff), only .txt files",
-        "point data_dir at a video dataset of frame folders",
+        "point --data-dir at a video dataset of frame folders",
     ),
     (
         "wrong dataset: an image dataset",
@@ -399,6 +447,30 @@ DATA_CASES = [
         _no_test_videos,
         "need at least 1 test video",
         "add test videos",
+    ),
+    (
+        "data folder one level too deep",
+        _one_level_down,
+        "/Train' ('",
+        "holds it: pass --data-dir '",
+    ),
+    (
+        "train folder without video folders",
+        _empty_train_folder,
+        "no training videos under",
+        "must hold one folder of frames per video (frames directly in it are not read)",
+    ),
+    (
+        "a link to a missing video folder",
+        _dangling_link,
+        "Train003' is a link to '",
+        "which does not exist: mount or restore its target, or delete the link",
+    ),
+    (
+        "float frames outside [0, 1]",
+        _float_frames_past_one,
+        "002.tif' (F) holds values outside [0, 1] (200 to 200)",
+        "convert the frames to 8-bit grayscale",
     ),
 ]
 

@@ -196,6 +196,45 @@ def test_reads_generic_frame_layout(tmp_path):
     np.testing.assert_allclose(data["train"][0], expected_video([5, 6], 16), atol=2 / 255)
 
 
+def test_frames_of_more_than_8_bits_are_scaled_not_clipped(tmp_path):
+    """16-bit TIFF and PNG frames are scaled by 1/65535 and float TIFF frames read as they
+    are: converted to 8 bits they were clipped to 0-255 (a 12-bit frame came out nearly white,
+    a float one black)."""
+    video = tmp_path / "UCSDped2" / "Train" / "Train001"
+    video.mkdir(parents=True)
+    ramp = np.arange(32 * 32, dtype=np.float64).reshape(32, 32) / (32 * 32 - 1)
+    twelve, sixteen = (ramp * 4095).astype(np.uint16), (ramp * 65535).astype(np.uint16)
+    Image.fromarray(twelve).save(video / "001.tif")  # 12 bits in a 16-bit TIFF
+    Image.fromarray(sixteen).save(video / "002.png")
+    Image.fromarray(ramp.astype(np.float32)).save(video / "003.tif")
+    write_video(tmp_path / "UCSDped2" / "Test" / "Test001", [10])
+    (got,) = load_frame_folders(tmp_path, size=32)["train"]
+    np.testing.assert_allclose(got[0], twelve / 65535, atol=1e-6)
+    np.testing.assert_allclose(got[1], sixteen / 65535, atol=1e-6)
+    np.testing.assert_allclose(got[2], ramp, atol=1e-6)
+    # resized as the 8-bit frames are (bilinear), on the same scale
+    half = load_frame_folders(tmp_path, size=16)["train"][0]
+    assert 0.45 < half[1].mean() < 0.55 and abs(half[1].mean() - half[2].mean()) < 1e-4
+
+
+def test_frame_order_does_not_depend_on_the_listing(tmp_path, monkeypatch):
+    """Names that compare equal as numbers (``1.tif`` and ``001.tif``, ``Train001`` and
+    ``train001``) are ordered by the name itself, whatever order the file system lists them in."""
+    ped2 = tmp_path / "UCSDped2"
+    write_video(ped2 / "Train" / "Train001", [10, 20])
+    write_video(ped2 / "Train" / "train001", [30, 40])
+    write_video(ped2 / "Train" / "Train002", [50, 60], names=["001", "1"])
+    write_video(ped2 / "Test" / "Test001", [70])
+    listing = Path.iterdir
+    reads = []
+    for order in (lambda xs: xs, lambda xs: xs[::-1]):
+        monkeypatch.setattr(Path, "iterdir", lambda self, o=order: iter(o(sorted(listing(self)))))
+        reads.append(load_frame_folders(tmp_path, size=8)["train"])
+    for a, b in zip(*reads, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert [float(v[0, 0, 0]) * 255 for v in reads[0]] == pytest.approx([10, 30, 50])
+
+
 def test_load_video_data_from_folders(tmp_path):
     ucsd_tree(tmp_path)
     data = load_video_data("ucsd", tmp_path, seq_len=2, size=32)
@@ -266,7 +305,7 @@ def one_line(excinfo) -> str:
 def test_missing_folder(tmp_path):
     with pytest.raises(DataError) as e:
         load_frame_folders(tmp_path / "nope")
-    assert "does not exist" in one_line(e) and "data_dir" in one_line(e)
+    assert "does not exist" in one_line(e) and "--data-dir" in one_line(e)
 
 
 def test_empty_folder(tmp_path):

@@ -221,7 +221,7 @@ def test_a_single_training_video_is_split_in_time(datasets, tmp_path):
 def test_missing_folder(tmp_path, name):
     with pytest.raises(DataError) as e:
         load_video_data(name, tmp_path / "nope")
-    assert "does not exist" in one_line(e) and "pass data_dir pointing at" in one_line(e)
+    assert "does not exist" in one_line(e) and "pass --data-dir pointing at" in one_line(e)
     assert ("training_videos" if name == "avenue" else "training/videos") in one_line(e)
 
 
@@ -238,7 +238,7 @@ def test_no_training_folder(datasets, tmp_path):
     # The other dataset's folder: a wrong dataset name, said so.
     with pytest.raises(DataError) as e:
         load_videos(datasets["shanghaitech"].parent, dataset="avenue")
-    assert "looks like the shanghaitech layout: pass dataset 'shanghaitech'" in one_line(e)
+    assert "looks like the shanghaitech layout: pass --dataset shanghaitech" in one_line(e)
     with pytest.raises(DataError) as e:
         load_videos(datasets["avenue"], dataset="shanghaitech")
     assert "looks like the avenue layout" in one_line(e)

@@ -52,16 +52,29 @@ _EXPECTED_LAYOUT = {
 
 
 def _natural_key(path: Path) -> tuple:
-    """Sort ``2.tif`` before ``10.tif``: digit runs compare as numbers."""
+    """Sort ``2.tif`` before ``10.tif``: digit runs compare as numbers; names equal that way
+    (``1.tif``, ``001.tif``; ``Train001``, ``train001``) by the name itself, so the order never
+    depends on the file system's listing."""
     parts = re.split(r"(\d+)", path.name.lower())
-    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
+    return (tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), path.name)
+
+
+def _entries(folder: Path) -> list[Path]:
+    """The visible entries of ``folder`` (hidden ones, ``.*`` and AppleDouble ``._*``, skipped);
+    a link whose target is missing is an error naming it, not an entry silently dropped (a
+    video or frame gone from the data without a word)."""
+    entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
+    for p in entries:
+        if p.is_symlink() and not p.exists():
+            raise DataError(
+                f"'{p}' is a link to '{p.readlink()}', which does not exist: mount or restore "
+                "its target, or delete the link"
+            )
+    return entries
 
 
 def _visible_dirs(folder: Path) -> list[Path]:
-    return sorted(
-        (p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")),
-        key=_natural_key,
-    )
+    return sorted((p for p in _entries(folder) if p.is_dir()), key=_natural_key)
 
 
 def _split_dirs(folder: Path) -> dict[str, list[Path]]:
@@ -84,22 +97,17 @@ def _video_dirs(split_dir: Path) -> list[Path]:
 
 def _read_video(folder: Path, size: int, max_frames: int | None, min_frames: int = 1) -> np.ndarray:
     """``[F, size, size]`` float32 in ``[0, 1]`` from one folder of frames."""
+    entries = _entries(folder)
     files = sorted(
-        (
-            p
-            for p in folder.iterdir()
-            if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_SUFFIXES
-        ),
+        (p for p in entries if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES),
         key=_natural_key,
     )
     if not files:
-        others = sorted(
-            {p.suffix.lower() or p.name for p in folder.iterdir() if not p.name.startswith(".")}
-        )
+        others = sorted({p.suffix.lower() or p.name for p in entries})
         found = f", only {', '.join(others[:3])} files" if others else ""
         raise DataError(
             f"video folder '{folder}' has no image frames "
-            f"({', '.join(sorted(IMAGE_SUFFIXES))}){found}: point data_dir at a video dataset "
+            f"({', '.join(sorted(IMAGE_SUFFIXES))}){found}: point --data-dir at a video dataset "
             "of frame folders, or extract this video's frames there"
         )
     if max_frames is not None:
@@ -118,7 +126,9 @@ def _read_video(folder: Path, size: int, max_frames: int | None, min_frames: int
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 with Image.open(path) as im:
-                    gray = im.convert("L")  # forces the decode, so truncated files fail here
+                    gray = _grayscale(im, path)  # decodes, so truncated files fail here
+        except DataError:
+            raise  # decoded, and refused (_grayscale): its own line
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
             if isinstance(exc, UnidentifiedImageError):
                 reason = "not an image file PIL can read"
@@ -137,8 +147,35 @@ def _read_video(folder: Path, size: int, max_frames: int | None, min_frames: int
                 "re-extract the video so all its frames have one size"
             )
         gray = gray.resize((size, size), Image.Resampling.BILINEAR)
-        frames[i] = np.asarray(gray, dtype=np.float32) / np.float32(255.0)
+        scale = np.float32(1.0 if gray.mode == "F" else 255.0)
+        frames[i] = np.asarray(gray, dtype=np.float32) / scale
     return frames
+
+
+# Frames of more than 8 bits a channel (PIL's modes) and the value of full intensity: 16-bit
+# TIFF and PNG (``I;16*``, or ``I`` as PIL opens some 16-bit PNGs), float TIFF in [0, 1] (``F``).
+# ``convert("L")`` would clip them to 0-255 instead of scaling them: a 12-bit frame came out
+# nearly white, a float one black, and training went on without a word.
+_DEEP_MODES = {"I;16": 65535.0, "I;16B": 65535.0, "I;16L": 65535.0, "I;16N": 65535.0}
+_DEEP_MODES |= {"I": 65535.0, "F": 1.0}
+
+
+def _grayscale(im: Image.Image, path: Path) -> Image.Image:
+    """The decoded frame in one channel: ``L`` (8 bits, scaled by 1/255 later) or, for a frame
+    of more bits, ``F`` already scaled to ``[0, 1]`` by its full intensity (65535 for 16 bits,
+    1 for floats); values outside that range are refused, naming the frame."""
+    full = _DEEP_MODES.get(im.mode)
+    if full is None:
+        return im.convert("L")
+    values = np.asarray(im, dtype=np.float32)
+    if values.size and not (
+        np.isfinite(values).all() and values.min() >= 0 and values.max() <= full
+    ):
+        raise DataError(
+            f"frame '{path}' ({im.mode}) holds values outside [0, {full:g}] "
+            f"({values.min():g} to {values.max():g}): convert the frames to 8-bit grayscale"
+        )
+    return Image.fromarray(values / np.float32(full))  # float32: mode F
 
 
 def _existing_root(root, dataset: str) -> Path:
@@ -147,7 +184,7 @@ def _existing_root(root, dataset: str) -> Path:
     if not root.is_dir():
         what = "is not a folder" if root.exists() else "does not exist"
         raise DataError(
-            f"data folder '{root}' {what}: pass data_dir pointing at the extracted dataset "
+            f"data folder '{root}' {what}: pass --data-dir pointing at the extracted dataset "
             f"(expected {_EXPECTED_LAYOUT[dataset]})"
         )
     return root
@@ -175,7 +212,7 @@ def load_frame_folders(
       is one dataset folder in between (``root/avenue/training/...``).
 
     Each frame is converted to grayscale ``L``, resized to ``size x size`` (bilinear) and scaled by
-    1/255. ``max_videos`` caps the videos per split, ``max_frames`` the frames per video (the first
+    1/255; a 16-bit frame by 1/65535 and a float frame as it is (values in [0, 1]). ``max_videos`` caps the videos per split, ``max_frames`` the frames per video (the first
     ones); a video with fewer than ``min_frames`` frames is refused (naming its folder).
 
     Returns:
@@ -197,7 +234,7 @@ def load_frame_folders(
         elif len(nested) > 1:
             names = ", ".join(d.name for d in nested)
             raise DataError(
-                f"several datasets under '{root}' ({names}): point data_dir at one of them"
+                f"several datasets under '{root}' ({names}): point --data-dir at one of them"
             )
         for d in nested:
             for split, dirs in _split_dirs(d).items():
@@ -210,11 +247,28 @@ def load_frame_folders(
             videos = videos[:max_videos]
         out[split] = [_read_video(v, size, max_frames, min_frames) for v in videos]
     if not out["train"] and not out["test"]:
+        near = _layout_nearby(root)
+        hint = f" ('{near}' holds it: pass --data-dir '{near}')" if near else ""
         raise DataError(
-            f"no video folders found under '{root}': expected {_EXPECTED_LAYOUT[dataset]}; "
-            "extract the dataset in that layout or point data_dir at the right folder"
+            f"no video folders found under '{root}'{hint}: expected {_EXPECTED_LAYOUT[dataset]}; "
+            "extract the dataset in that layout or point --data-dir at the right folder"
         )
     return out
+
+
+def _layout_nearby(root: Path) -> Path | None:
+    """A folder near ``root`` holding train/test folders, when ``root`` is one level off: a
+    split folder (``…/UCSDped2/Train``), a video folder (``…/Train/Train001``), or the folder
+    an archive was extracted into, two levels above the split folders."""
+    if root.name.lower() in _SPLIT_NAMES:
+        return root.parent
+    if root.parent.name.lower() in _SPLIT_NAMES:
+        return root.parent.parent
+    for child in _visible_dirs(root):
+        for grandchild in _visible_dirs(child):
+            if any(_split_dirs(grandchild).values()):
+                return child
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -240,7 +294,7 @@ def _dataset_root(root: Path, dataset: str, marker: tuple[str, ...]) -> Path | N
     if len(found) > 1:
         names = ", ".join(d.name for d in found)
         raise DataError(
-            f"several {dataset} datasets under '{root}' ({names}): point data_dir at one of them"
+            f"several {dataset} datasets under '{root}' ({names}): point --data-dir at one of them"
         )
     return found[0] if found else None
 
@@ -248,14 +302,14 @@ def _dataset_root(root: Path, dataset: str, marker: tuple[str, ...]) -> Path | N
 def _video_files(folder: Path) -> list[Path]:
     """The ``.avi`` files of ``folder`` in natural order; hidden (``.*``, ``._*``) and other
     files are skipped; none is an error naming what was there."""
-    visible = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
+    visible = [p for p in _entries(folder) if p.is_file()]
     files = sorted((p for p in visible if p.suffix.lower() == VIDEO_SUFFIX), key=_natural_key)
     if not files:
         others = sorted({p.suffix.lower() or p.name for p in visible})
         found = f", only {', '.join(others[:3])} files" if others else ""
         raise DataError(
             f"no {VIDEO_SUFFIX} videos in '{folder}' (hidden files skipped){found}: put the "
-            "dataset's videos there or point data_dir at the extracted dataset"
+            "dataset's videos there or point --data-dir at the extracted dataset"
         )
     return files
 
@@ -266,10 +320,10 @@ def _layout_error(root: Path, dataset: str) -> DataError:
     for other, marker in _VIDEO_MARKERS.items():
         candidates = [root, *_visible_dirs(root)]
         if other != dataset and any(_child_dir(d, *marker) for d in candidates):
-            hint = f" (this looks like the {other} layout: pass dataset {other!r})"
+            hint = f" (this looks like the {other} layout: pass --dataset {other})"
     return DataError(
         f"no {'/'.join(_VIDEO_MARKERS[dataset])}/ folder under '{root}' or its subfolders{hint}: "
-        f"expected the {dataset} layout {_EXPECTED_LAYOUT[dataset]}; point data_dir at the "
+        f"expected the {dataset} layout {_EXPECTED_LAYOUT[dataset]}; point --data-dir at the "
         "extracted dataset"
     )
 

@@ -258,14 +258,15 @@ def load_video_data(
             )
         except OSError as e:  # e.g. a folder or frame the user may not read
             raise DataError(
-                f"cannot read '{e.filename or data_dir}' ({e.strerror or e}): check that data_dir "
+                f"cannot read '{e.filename or data_dir}' ({e.strerror or e}): check that --data-dir "
                 "and its files are readable"
             ) from e
         train_v, test_v = folders["train"], folders["test"]
         if not train_v:
             raise DataError(
-                f"no training videos under '{data_dir}': add a Train/ (or train/) folder of "
-                "video folders"
+                f"no training videos under '{data_dir}': its Train/ (or train/, training/) "
+                "folder must hold one folder of frames per video (frames directly in it are "
+                "not read)"
             )
         if not test_v:
             raise DataError(
