@@ -190,6 +190,20 @@ def _existing_root(root, dataset: str) -> Path:
     return root
 
 
+def ucsd_subsets(root: str | Path) -> list[Path]:
+    """The UCSD cameras' folders (``UCSDped1``, ``UCSDped2``) under ``root``, each holding
+    ``Train``/``Test``, when ``root`` holds more than one; else ``[root]``."""
+    root = _existing_root(root, "ucsd")
+    if any(_split_dirs(root).values()):
+        return [root]
+    found = [
+        d
+        for d in _visible_dirs(root)
+        if d.name.lower().startswith("ucsdped") and any(_split_dirs(d).values())
+    ]
+    return found if len(found) > 1 else [root]
+
+
 def load_frame_folders(
     root: str | Path,
     *,
@@ -205,7 +219,8 @@ def load_frame_folders(
     non-image files are skipped; frames sorted in natural order, ``2.tif`` before ``10.tif``):
 
     * ``dataset="ucsd"``: ``root/UCSDped1|UCSDped2/Train/Train001/001.tif`` (every ``UCSDped*``
-      folder found is read, in name order: point ``root`` at ``UCSDped2`` to read only Ped2), or
+      folder found is read, in name order: point ``root`` at ``UCSDped2`` to read only Ped2;
+      ``load_video_data`` splits each camera's training videos apart, :func:`ucsd_subsets`), or
       ``root`` itself holding ``Train``/``Test``.
     * ``dataset="frames"``: ``root/{train,test}/<video>/<frame>.{tif,png,jpg,...}``; ``training``/
       ``testing`` and an extra ``frames/`` level (``training/frames/01/0000.jpg``) are accepted, as

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cudt.data.video.frames import _EXPECTED_LAYOUT, DATASETS, load_videos
+from cudt.data.video.frames import _EXPECTED_LAYOUT, DATASETS, load_videos, ucsd_subsets
 from cudt.data.video.synthetic import synthetic_videos
 from cudt.errors import DataError
 
@@ -205,6 +205,37 @@ class VideoSplits:
     frames: dict[str, np.ndarray] | None = None  # split -> [F, H, W] whole frames, if kept
 
 
+def _real_splits(dataset, data_dir, size, max_videos, max_frames, seq_len) -> tuple:
+    """``(train, val, test)`` videos of one real dataset folder (see :func:`load_video_data`)."""
+    try:
+        folders = load_videos(
+            data_dir,
+            dataset=dataset,
+            size=size,
+            max_videos=max_videos,
+            max_frames=max_frames,
+            min_frames=seq_len,
+        )
+    except OSError as e:  # e.g. a folder or frame the user may not read
+        raise DataError(
+            f"cannot read '{e.filename or data_dir}' ({e.strerror or e}): check that --data-dir "
+            "and its files are readable"
+        ) from e
+    train_v, test_v = folders["train"], folders["test"]
+    if not train_v:
+        raise DataError(
+            f"no training videos under '{data_dir}': its Train/ (or train/, training/) "
+            "folder must hold one folder of frames per video (frames directly in it are "
+            "not read)"
+        )
+    if not test_v:
+        raise DataError(
+            f"need at least 1 test video under '{data_dir}', found 0: add test videos "
+            f"(expected {_EXPECTED_LAYOUT[dataset]})"
+        )
+    return (*split_train_val(train_v, seq_len), test_v)
+
+
 def load_video_data(
     dataset: str = "synthetic",
     data_dir: str | Path | None = None,
@@ -233,7 +264,9 @@ def load_video_data(
       one left for *train*), or, when there is a single training video, its last ~15% of frames
       (at least ``seq_len``; split in time). ``max_videos`` caps the videos read per split (before
       the val split) and ``max_frames`` the frames per video; ``seed`` and
-      ``num_videos``/``num_frames`` are not used.
+      ``num_videos``/``num_frames`` are not used. A UCSD folder holding both cameras
+      (``UCSDped1``, ``UCSDped2``) is split camera by camera (each its own validation videos,
+      ``max_videos`` each), then joined.
     """
     if dataset not in DATASETS:
         raise DataError(f"unknown dataset {dataset!r}: valid names are {', '.join(DATASETS)}")
@@ -247,34 +280,16 @@ def load_video_data(
                 f"dataset {dataset!r} needs data_dir: pass the folder holding the videos "
                 f"(expected {_EXPECTED_LAYOUT[dataset]})"
             )
-        try:
-            folders = load_videos(
-                data_dir,
-                dataset=dataset,
-                size=size,
-                max_videos=max_videos,
-                max_frames=max_frames,
-                min_frames=seq_len,
-            )
-        except OSError as e:  # e.g. a folder or frame the user may not read
-            raise DataError(
-                f"cannot read '{e.filename or data_dir}' ({e.strerror or e}): check that --data-dir "
-                "and its files are readable"
-            ) from e
-        train_v, test_v = folders["train"], folders["test"]
-        if not train_v:
-            raise DataError(
-                f"no training videos under '{data_dir}': its Train/ (or train/, training/) "
-                "folder must hold one folder of frames per video (frames directly in it are "
-                "not read)"
-            )
-        if not test_v:
-            raise DataError(
-                f"need at least 1 test video under '{data_dir}', found 0: add test videos "
-                f"(expected {_EXPECTED_LAYOUT[dataset]})"
-            )
-        train_v, val_v = split_train_val(train_v, seq_len)
+        # UCSD's two cameras (Ped1, Ped2) each give their own validation videos: read as one
+        # list, the last ~15 % of it (the validation videos) were Ped2's alone
+        train_v, val_v, test_v = [], [], []
+        roots = ucsd_subsets(data_dir) if dataset == "ucsd" else [data_dir]
+        for root in roots:
+            train, val, test = _real_splits(dataset, root, size, max_videos, max_frames, seq_len)
+            train_v, val_v, test_v = train_v + train, val_v + val, test_v + test
         source = f"{dataset}:{data_dir}"
+        if len(roots) > 1:  # the cameras read, each split apart
+            source += f" ({', '.join(Path(r).name for r in roots)}, split apart)"
     train = make_sequences(train_v, seq_len, stride=stride, patch=patch)
     val = make_sequences(val_v, seq_len, stride=stride, patch=patch)
     test = make_sequences(test_v, seq_len, stride=stride, patch=patch)
