@@ -192,6 +192,12 @@ def test_reads_generic_frame_layout(tmp_path):
     data = load_frame_folders(tmp_path, dataset="frames", size=16)
     assert [v.shape for v in data["train"]] == [(2, 16, 16)]
     np.testing.assert_array_equal(data["test"][0], expected_video([7, 8, 9], 16))
+    # ShanghaiTech's extracted frames keep their masks beside frames/: not videos
+    masks = tmp_path / "avenue" / "testing" / "test_frame_mask"
+    masks.mkdir()
+    (masks / "01_0014.npy").write_bytes(b"\x93NUMPY")
+    write_video(tmp_path / "avenue" / "testing" / "test_pixel_mask" / "01_0014", [1], suffix=".png")
+    assert len(load_frame_folders(tmp_path, dataset="frames", size=16)["test"]) == 1
     # JPEG of a constant frame decodes to (almost) the constant.
     np.testing.assert_allclose(data["train"][0], expected_video([5, 6], 16), atol=2 / 255)
 

@@ -89,9 +89,11 @@ def _split_dirs(folder: Path) -> dict[str, list[Path]]:
 def _video_dirs(split_dir: Path) -> list[Path]:
     """Video folders of one split; UCSD ``*_gt`` mask folders are not videos."""
     dirs = [p for p in _visible_dirs(split_dir) if not p.name.lower().endswith("_gt")]
-    # The common extracted layout has one more level: training/frames/<video>/.
-    if len(dirs) == 1 and dirs[0].name.lower() == "frames":
-        return _video_dirs(dirs[0])
+    # The common extracted layout has one more level: training/frames/<video>/, beside which
+    # ShanghaiTech keeps its masks (testing/test_frame_mask/, test_pixel_mask/)
+    frames = [d for d in dirs if d.name.lower() == "frames"]
+    if frames:
+        return _video_dirs(frames[0])
     return dirs
 
 
