@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import hashlib
 import json
 import os
@@ -20,12 +21,15 @@ from cudt.errors import UsageError
 __all__ = [
     "UsageError",
     "atomic_output",
+    "check_creatable",
     "check_fresh_output",
     "check_not_a_file",
     "check_writable",
+    "contains",
     "digest",
     "fresh_run_dir",
     "remove_created",
+    "save_safetensors",
     "savefig_atomic",
     "to_jsonable",
     "topmost_missing",
@@ -113,7 +117,52 @@ def check_fresh_output(
             f"{flag} {path} already exists and is not empty: pass another path"
             + (f", or {replace} to replace it" if replace else ", or delete it first")
         )
+    if taken and path.is_dir():
+        _check_replaceable(path, flag)
     return path
+
+
+def check_creatable(path: str | os.PathLike, flag: str) -> None:
+    """That ``path`` can be created: a folder made and removed again in its nearest existing
+    folder (nothing is left), so a read-only or full target is refused before any work."""
+    parent = next((p for p in Path(path).expanduser().absolute().parents if p.exists()), None)
+    if parent is None or not parent.is_dir():
+        return  # check_fresh_output names a parent that is a file
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test.", dir=parent))
+    except OSError as e:
+        raise UsageError(
+            f"cannot write {flag} {path} in {parent} ({e.strerror or e}): pass a writable path"
+        ) from e
+
+
+def contains(folder: str | os.PathLike, path: str | os.PathLike) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it (both resolved: links, ``..``, ``~``)."""
+    folder, path = Path(folder).expanduser().resolve(), Path(path).expanduser().resolve()
+    return folder == path or folder in path.parents
+
+
+# What replacing a folder must never delete: an experiment's run (its results, its lock), found
+# this many levels down at most (an export folder is shallow; a run inside one is a mistake).
+_RUN_FILES, _RUN_DEPTH = ("results.json", "cudt.lock"), 3
+
+
+def _check_replaceable(path: Path, flag: str) -> None:
+    """A folder to replace is refused when it holds the working folder or an experiment's run
+    (e.g. ``--export`` pointed at the run's own ``--out`` or a folder above it)."""
+    if contains(path, Path.cwd()):
+        raise UsageError(
+            f"{flag} {path} holds the working folder {Path.cwd()}: replacing it would delete "
+            "that; pass another path"
+        )
+    for depth in range(_RUN_DEPTH):
+        for name in _RUN_FILES:
+            found = next(path.glob("/".join(["*"] * depth + [name])), None)
+            if found is not None:
+                raise UsageError(
+                    f"{flag} {path} holds an experiment's run ({found}): replacing it would "
+                    "delete the run; pass another path"
+                )
 
 
 def atomic_output(
@@ -176,6 +225,20 @@ def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return umask
+
+
+def save_safetensors(tensors: dict, path: str | os.PathLike, metadata=None) -> None:
+    """``safetensors.numpy.save_file``, its I/O failures (a full disk: a ``SafetensorError``,
+    not an ``OSError``) raised as the ``OSError`` they are, which :func:`atomic_output` and
+    the experiments turn into one line naming the path."""
+    import safetensors.numpy
+
+    try:
+        safetensors.numpy.save_file(tensors, str(path), metadata=metadata)
+    except Exception as e:
+        if type(e).__name__ != "SafetensorError":
+            raise
+        raise OSError(errno.EIO, str(e), str(path)) from e
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:

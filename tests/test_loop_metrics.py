@@ -258,11 +258,23 @@ def test_nested_digests_follow_the_same_rule_and_are_named_where_they_differ(tmp
     new = {"lr": 1, "data_per_seed": {s: {"rows": 3, "train_digest": s} for s in ("0", "1")}}
     assert open_output(out, new).resuming  # checkpoints from before the digest
     write_json_atomic(out / "checkpoints" / "config.json", {**new, "data_per_seed": {
-        "0": {"rows": 3, "train_digest": "0"}, "1": {"rows": 4, "train_digest": "x"}}})  # fmt: skip
+        "0": {"rows": 3, "train_digest": "0"}, "1": {"rows": 3, "train_digest": "x"}}})  # fmt: skip
     with pytest.raises(
         UsageError, match=r"other files .*data_per_seed\.1\.train_digest 'x' -> '1'"
     ):
         open_output(out, new)
+    # a flag that changed changes the digest too: the flag is named, not the files blamed
+    write_json_atomic(out / "checkpoints" / "config.json", {**new, "lr": 2, "data_per_seed": {
+        "0": {"rows": 3, "train_digest": "0"}, "1": {"rows": 3, "train_digest": "x"}}})  # fmt: skip
+    with pytest.raises(
+        UsageError, match=r"different config \(lr 2 -> 1; data_per_seed\.1\.train_digest"
+    ):
+        open_output(out, new, flags=["lr"])
+    # what the task derives from the files (not a flag) changes with them: the files named
+    write_json_atomic(out / "checkpoints" / "config.json", {**new, "data_per_seed": {
+        "0": {"rows": 3, "train_digest": "0"}, "1": {"rows": 4, "train_digest": "x"}}})  # fmt: skip
+    with pytest.raises(UsageError, match=r"other files .*data_per_seed\.1\.rows 4 -> 3"):
+        open_output(out, new, flags=["lr"])
 
 
 def test_a_config_without_a_saved_step_is_replaced_not_refused(tmp_path):

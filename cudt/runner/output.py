@@ -153,6 +153,7 @@ def open_output(
     resume: bool = False,
     ignore: Collection[str] = (),
     added: Mapping[str, Any] | None = None,
+    flags: Collection[str] = (),
 ) -> OutputDir:
     """Checks and prepares the output folder of a run of ``config`` (a JSON-able dict).
 
@@ -167,7 +168,10 @@ def open_output(
 
     ``ignore``: fields a saved config may hold with another value (the evaluation-only flags,
     which an earlier version recorded); ``added``: fields a later version added, with the value
-    that is the earlier behaviour (``RunConfig.ADDED``): a saved config without one resumes.
+    that is the earlier behaviour (``RunConfig.ADDED``): a saved config without one resumes;
+    ``flags``: the fields the user sets (the config's): when one of them differs, the refusal
+    names the config's differences, not files that changed behind the same flags (a flag such
+    as ``--max-length`` changes a digest too).
     """
     out = Path(out)
     check_not_a_file(out)
@@ -204,12 +208,17 @@ def open_output(
             )
         diff = _differences(old, config, ignore, added)
         changed = [d for d in diff if d.split(" ", 1)[0].endswith("_digest")]
-        if changed:  # the files behind the flags changed: the training data or a frozen base
+        flag_changed = [d for d in diff if d.split(" ", 1)[0].split(".", 1)[0] in flags]
+        # the files behind the same flags changed (the training data, a frozen base, and what
+        # the task derives from them); a flag that changed changes a digest too: named below
+        if changed and not flag_changed:
+            derived = [d for d in diff if d not in changed][:3]
             raise UsageError(
                 f"--out {out} holds checkpoints trained on other files than its flags name now "
-                f"({'; '.join(changed)}): restore the files they were trained on, pass another "
-                "--out, or --overwrite to discard them"
+                f"({'; '.join(changed + derived)}): restore the files they were trained on, "
+                "pass another --out, or --overwrite to discard them"
             )
+        diff = flag_changed + [d for d in diff if d not in flag_changed]  # the flags first
         if diff:
             raise UsageError(
                 f"--out {out} holds checkpoints of a different config ({'; '.join(diff[:4])}"
@@ -263,6 +272,7 @@ def open_output_once(path, fingerprint, cfg, main_process: bool) -> OutputDir:
         resume=cfg.resume,
         ignore=cfg.EVALUATION_ONLY,
         added=getattr(cfg, "ADDED", None),
+        flags=[f.name for f in dataclasses.fields(cfg)],
     )
     if jax.process_count() == 1:
         lock = lock_output(path)

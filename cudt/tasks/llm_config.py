@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from cudt.data.instructions import FAMILIES
 from cudt.errors import UsageError
-from cudt.io import check_fresh_output
+from cudt.io import check_creatable, check_fresh_output, contains
 from cudt.models.llama.lora import TARGETS as LORA_TARGETS
 from cudt.runner.config import RunConfig, at_least, flag, non_negative, one_of, positive, shared
 
@@ -30,6 +30,10 @@ def split_files(cfg: LLMConfig) -> dict[str, str]:
     """The splits given as files of their own: ``{split: path}`` of ``--train-data``,
     ``--val-data``, ``--test-data``."""
     return {s: path for s in SPLITS if (path := getattr(cfg, f"{s}_data")) is not None}
+
+
+# the flags naming data files (besides the data set names --data also takes)
+_DATA_FLAGS = ("data", "train_data", "val_data", "test_data")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,6 +316,11 @@ class LLMConfig(RunConfig):
                 f"experiments.export_decoder {self.out} {self.export}, or pass --overwrite to "
                 "train again",
             )
+            need(
+                str(self.export).strip() != "",
+                "--export needs a path: pass --export DIR (a folder) or FILE.gguf",
+            )
+            self._check_export_apart()
             try:
                 check_fresh_output(
                     self.export,
@@ -319,5 +328,21 @@ class LLMConfig(RunConfig):
                     flag="--export",
                     replace="--overwrite-export",
                 )
+                check_creatable(self.export, "--export")
             except UsageError as err:
                 raise ValueError(str(err)) from None
+
+    def _check_export_apart(self) -> None:
+        """--export must not hold the run (--out, or the default runs/ folder), the base model
+        or a data file: written after training (replacing it with --overwrite-export), it
+        would delete them."""
+        out = Path(self.out) if self.out is not None else Path("runs") / "llm_sft-<time>"
+        named = {"--out": out, "--checkpoint": self.checkpoint}
+        named |= {f"--{k.replace('_', '-')}": getattr(self, k) for k in _DATA_FLAGS}
+        for name, value in named.items():
+            if value is not None and (name == "--out" or Path(value).expanduser().exists()):
+                self.require(
+                    not contains(self.export, value),
+                    f"--export {self.export} holds {name} {value}: writing the models there "
+                    "would replace it; pass an --export path outside it",
+                )

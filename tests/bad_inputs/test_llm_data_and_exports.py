@@ -60,6 +60,12 @@ def _export_of_a_finished_run(tmp: Path) -> list:
     return ["--export", tmp / "models"]
 
 
+def _export_holding_a_run(tmp: Path) -> list:
+    (tmp / "models" / "old-run").mkdir(parents=True)
+    (tmp / "models" / "old-run" / "results.json").write_text('{"runs": []}')
+    return ["--export", tmp / "models", "--overwrite-export"]
+
+
 LLM_CASES = [
     # (case, build(tmp) -> flags, problem, fix)
     (
@@ -103,6 +109,29 @@ LLM_CASES = [
         _export_of_a_finished_run,
         "--out /tmp/out holds a finished run",
         "python -m experiments.export_decoder /tmp/out /tmp/models",
+    ),
+    (
+        "--export is --out",
+        lambda tmp: ["--export", tmp / "out", "--overwrite-export"],
+        "--export /tmp/out holds --out /tmp/out",
+        "writing the models there would replace it; pass an --export path outside it",
+    ),
+    (
+        "--export holding the --checkpoint folder",
+        lambda tmp: [
+            "--checkpoint",
+            _alpaca_file(tmp / "base", "x.json", []).parent,
+            "--export",
+            tmp / "base",
+        ],  # fmt: skip
+        "--export /tmp/base holds --checkpoint /tmp/base",
+        "pass an --export path outside it",
+    ),
+    (
+        "--overwrite-export of a folder holding a run",
+        _export_holding_a_run,
+        "--export /tmp/models holds an experiment's run (/tmp/models/old-run/results.json)",
+        "replacing it would delete the run; pass another path",
     ),
     (
         "--lora-rank 0",
@@ -227,3 +256,16 @@ def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
         keeps=tmp_path,
         via=via,
     )
+
+
+def test_export_with_the_default_out_refuses_a_folder_holding_runs(tmp_path, monkeypatch, capsys):
+    """Without --out the run goes to runs/llm_sft-<time>: --export runs (or the working
+    folder) would replace it, and every earlier run there, when the models are written."""
+    from experiments import llm_sft
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "llm_sft-earlier").mkdir(parents=True)
+    for export in ("runs", "."):
+        status, err = entry(llm_sft.main)([*LLM_TINY, "--export", export], capsys)
+        assert status == 2 and f"--export {export} holds --out runs/llm_sft-<time>" in err, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["llm_sft-earlier", "runs"]

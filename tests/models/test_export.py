@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -423,3 +425,58 @@ def test_a_write_that_fails_halfway_leaves_the_old_output_and_no_temporary(tmp_p
     )
     assert [p.name for p in done.iterdir()] == ["new.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["models"]
+
+
+def test_a_replacement_never_deletes_a_run_or_the_working_folder(tmp_path, monkeypatch):
+    """``overwrite`` replaces an earlier export, never a folder holding an experiment's run
+    (an export pointed at the run's own --out, or above it) or the working folder."""
+    from cudt.io import atomic_output
+
+    def write(target: Path) -> None:
+        target.mkdir()
+        (target / "model.safetensors").write_text("new")
+
+    run = tmp_path / "runs" / "a" / "run"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text("{}")
+    for folder in (run, tmp_path / "runs"):
+        with pytest.raises(cudt.UsageError, match=r"holds an experiment's run \(.*results.json\)"):
+            atomic_output(folder, write, overwrite=True)
+    assert (run / "results.json").read_text() == "{}"
+    monkeypatch.chdir(run)
+    (tmp_path / "runs" / "a" / "notes.txt").write_text("mine")
+    with pytest.raises(cudt.UsageError, match="holds the working folder"):
+        atomic_output(tmp_path / "runs" / "a", write, overwrite=True)
+    assert (tmp_path / "runs" / "a" / "notes.txt").exists()
+
+
+def test_a_full_disk_while_writing_safetensors_is_an_os_error(tmp_path):
+    """safetensors reports a failed write (a full disk) as its own error, not an OSError, so
+    an export on a full disk ended in a traceback; it is the OSError that atomic_output turns
+    into one line naming the path. A file size limit (SIGXFSZ ignored) fails the write with
+    EFBIG as a full disk does with ENOSPC, in a process of its own."""
+    from cudt.io import check_creatable
+
+    script = """
+import resource, signal, sys
+import numpy as np
+from cudt.io import atomic_output, save_safetensors
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+def write(target):
+    target.mkdir()
+    save_safetensors({"w": np.zeros(1 << 16, np.float32)}, target / "model.safetensors")
+try:
+    atomic_output(sys.argv[1], write)
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "models")],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert done.stdout.startswith("UsageError cannot write "), (done.stdout, done.stderr)
+    assert "File too large" in done.stdout and "models" in done.stdout
+    assert list(tmp_path.iterdir()) == []  # no temporary, no half-written folder
+    check_creatable(tmp_path / "a" / "b", "--export")  # proves a write, leaves nothing
+    assert list(tmp_path.iterdir()) == []

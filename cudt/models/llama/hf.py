@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cudt.io import save_safetensors
 from cudt.models.hf import (
     SAFETENSORS_FILE,
     Anchor,
@@ -140,8 +141,6 @@ def write_decoder_folder(
     """Write ``config.json`` + ``model.safetensors`` (HF ``*ForCausalLM`` tensor names, the
     params' dtype) and, given a ``tokenizers.Tokenizer``, ``tokenizer.json``: a folder that
     :func:`load_decoder` and transformers' ``from_pretrained`` read back. Returns the folder."""
-    import safetensors.numpy
-
     config.check_params(params)
     folder = pathlib.Path(folder).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
@@ -153,7 +152,7 @@ def write_decoder_folder(
     if not config.tie_word_embeddings:
         tensors[_HEAD_KEY] = host["lm_head"].T
     tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-    safetensors.numpy.save_file(tensors, str(folder / SAFETENSORS_FILE), metadata={"format": "pt"})
+    save_safetensors(tensors, folder / SAFETENSORS_FILE, metadata={"format": "pt"})
     dtypes = {str(v.dtype) for v in tensors.values()}
     raw = config.to_dict()
     if len(dtypes) == 1:

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cudt.io import atomic_output
+from cudt.io import atomic_output, save_safetensors
 from cudt.models.llama.config import DecoderConfig, Params
 from cudt.models.llama.hf import HF_LINEAR
 
@@ -152,16 +152,12 @@ def save_adapters(
     """Write ``adapter_config.json`` + ``adapter_model.safetensors`` to the folder ``path``
     (atomically): what ``peft.PeftModel.from_pretrained(model, path)`` applies to the base
     model (``base``: its name or path, recorded in the config). Returns the folder."""
-    import safetensors.numpy
-
     tensors = peft_tensors(adapters)
     raw = json.dumps(adapter_config(spec, base), indent=2) + "\n"
 
     def write(target: pathlib.Path) -> None:
         target.mkdir()
-        safetensors.numpy.save_file(
-            tensors, str(target / ADAPTER_WEIGHTS), metadata={"format": "pt"}
-        )
+        save_safetensors(tensors, target / ADAPTER_WEIGHTS, metadata={"format": "pt"})
         (target / ADAPTER_CONFIG).write_text(raw, encoding="utf-8")
 
     return atomic_output(path, write, overwrite=overwrite, flag="save_adapters:")

@@ -16,6 +16,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from cudt.io import save_safetensors
 from cudt.models.hf import SAFETENSORS_FILE, Anchor, Params, Weights, load_folder, read_json
 from cudt.models.vit.config import ViTConfig, ViTPreprocessor
 from cudt.models.vit.model import ViT
@@ -134,8 +135,6 @@ def write_vit_folder(
     ~ N(0, std), biases 0, LayerNorm weights 1), with no torch. It stands in for a pretrained
     ViT where none can be downloaded (the tiny Table 3 job) and reads back with
     :func:`load_vit`. Returns the folder."""
-    import safetensors.numpy
-
     folder = pathlib.Path(folder).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -163,7 +162,7 @@ def write_vit_folder(
         for name, (n_out, n_in) in shapes.items():
             tensors[p + _LEGACY_BLOCK[name] + ".weight"] = normal(n_out, n_in)
             tensors[p + _LEGACY_BLOCK[name] + ".bias"] = np.zeros(n_out, np.float32)
-    safetensors.numpy.save_file(tensors, str(folder / SAFETENSORS_FILE), metadata={"format": "pt"})
+    save_safetensors(tensors, folder / SAFETENSORS_FILE, metadata={"format": "pt"})
     config = {
         "model_type": "vit",
         "architectures": ["ViTModel"],
