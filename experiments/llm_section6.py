@@ -23,7 +23,7 @@ import sys
 
 from experiments import llm_sft
 
-__all__ = ["SECTION6", "main"]
+__all__ = ["SECTION6", "main", "section6_for"]
 
 SECTION6 = (
     "--checkpoint", "smollm2", "--data", "tasks",
@@ -40,7 +40,19 @@ SECTION6 = (
 
 
 def main(argv=None) -> int:
-    return llm_sft.main([*SECTION6, *(sys.argv[1:] if argv is None else argv)])
+    argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+    return llm_sft.main([*section6_for(argv), *argv])
+
+
+def section6_for(argv: list[str]) -> tuple[str, ...]:
+    """:data:`SECTION6` for these flags: without its ``--data tasks`` when they give every
+    split a file of its own (``--train-data``, ``--val-data``, ``--test-data``) and no
+    ``--data``, which would then have no split left to deal."""
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    if {"--train-data", "--val-data", "--test-data"} <= given and "--data" not in given:
+        i = SECTION6.index("--data")
+        return SECTION6[:i] + SECTION6[i + 2 :]
+    return SECTION6
 
 
 if __name__ == "__main__":

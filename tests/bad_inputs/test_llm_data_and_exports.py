@@ -117,6 +117,12 @@ LLM_CASES = [
         "writing the models there would replace it; pass an --export path outside it",
     ),
     (
+        "--export empty",
+        lambda tmp: ["--export="],
+        "--export needs a path",
+        "pass --export DIR (a folder) or FILE.gguf",
+    ),
+    (
         "--export holding the --checkpoint folder",
         lambda tmp: [
             "--checkpoint",

@@ -279,3 +279,20 @@ def test_the_section6_command_is_the_issues_comparison_and_later_flags_win():
         "x",
     )
     assert (cfg.steps, cfg.epsilon, cfg.dual_scale) == (300, 0.05, "relative")
+
+
+def test_the_section6_command_with_a_file_for_every_split_deals_no_generated_set(tmp_path):
+    """llm_section6 with --train-data, --val-data and --test-data: its --data tasks would have
+    no split left to deal, and the user, who never passed --data, was told to drop it."""
+    from cudt.runner.cli import config_from_args
+    from experiments.llm_section6 import SECTION6, section6_for
+
+    files = []
+    for split in ("train", "val", "test"):
+        files += [f"--{split}-data", str(tmp_path / f"{split}.json")]
+        (tmp_path / f"{split}.json").write_text('[{"instruction": "Say 1.", "output": "1"}]')
+    cfg, _ = config_from_args(LLMConfig, [*section6_for(files), *files], "", "x")
+    assert cfg.data is None and cfg.test_data == str(tmp_path / "test.json")
+    assert cfg.epsilon == 0.02 and cfg.checkpoint == "smollm2"  # the rest of the command kept
+    assert section6_for(files[:4]) == SECTION6  # --data deals the split without a file
+    assert section6_for([*files, "--data=alpaca.json"]) == SECTION6  # the user's own --data
