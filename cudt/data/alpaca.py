@@ -170,8 +170,17 @@ def _parse_json_lines(text: str, path: Path) -> list[tuple[Any, str]]:
         try:
             out.append((json.loads(line), where))
         except json.JSONDecodeError as err:
+            try:  # a JSON list pretty-printed into a .jsonl file
+                whole = isinstance(json.loads(text), list)
+            except json.JSONDecodeError:
+                whole = False
+            if whole:
+                raise AlpacaDataError(
+                    f"'{path}' holds one JSON list, not one JSON object per line: name it "
+                    f"{Path(path).with_suffix('.json').name} (a .json file is read as a list)"
+                ) from err
             raise AlpacaDataError(
-                f"'{path}' line {lineno} is not valid JSON ({err.msg} at column {err.colno}): "
+                f"'{path}' line {lineno} is not valid JSON ({err.msg}, column {err.colno}): "
                 "fix the line; a .jsonl file holds one JSON object per line"
             ) from err
     return out

@@ -164,6 +164,7 @@ def export_runs(
     a run was trained on (its decoder, tokenizer, prompt format). Prints what it wrote;
     returns ``dest``."""
     dest = check_fresh_output(dest, overwrite=overwrite, flag=flag, replace=replace)
+    labels = None if labels is None else list(dict.fromkeys(labels))  # a label twice: once
     single = labels is not None and len(labels) == 1
     by_label = {r["label"]: r for r in results["runs"]}
     runs = _runs_to_export(results, labels, out, dest, flag, single)

@@ -157,6 +157,11 @@ def test_prompt_is_the_stanford_alpaca_template():
             r"'{path}' record 1 \(line 2\) is a JSON list",
         ),
         ("bad.jsonl", json.dumps(RECORDS[0]) + "\n{oops\n", r"'{path}' line 2 is not valid JSON"),
+        (
+            "pretty.jsonl",
+            json.dumps(list(RECORDS[:2]), indent=2),
+            r"'{path}' holds one JSON list, not one JSON object per line: name it pretty.json",
+        ),
     ],
 )
 def test_bad_files_give_one_line_naming_the_file_and_the_fix(tmp_path, name, content, message):
