@@ -83,7 +83,7 @@ def _backend() -> dict[str, Any]:
 
 
 def provenance(started: datetime.datetime | None = None) -> dict[str, Any]:
-    """The record: ``commit``, ``dirty``, ``argv``, ``started_utc``, ``python``, ``jax``,
+    """The record: ``commit``, ``dirty``, ``argv``, ``cwd``, ``started_utc``, ``python``, ``jax``,
     ``jaxlib``, ``platform``, ``cpu``, ``cores``, ``backend``, ``device_kinds``,
     ``device_count``. ``started`` defaults to now."""
     started = started or datetime.datetime.now(datetime.UTC)
@@ -91,9 +91,14 @@ def provenance(started: datetime.datetime | None = None) -> dict[str, Any]:
         plat = platform.platform()
     except Exception:  # noqa: BLE001
         plat = None
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the working folder was removed
+        cwd = None
     return {
         **git_state(),
         "argv": list(sys.argv),
+        "cwd": cwd,  # what the command's relative paths are relative to
         "started_utc": started.astimezone(datetime.UTC).isoformat(timespec="seconds"),
         **_versions(),
         "platform": plat,

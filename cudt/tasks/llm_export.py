@@ -24,6 +24,7 @@ a ``.gguf`` export is the merged model alone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
@@ -275,7 +276,7 @@ def finished_run(out: str | Path, task: Any) -> tuple[Any, Any, dict]:
     config from ``results.json``, its data and decoder loaded again, refused (one line) unless
     they give the fingerprint its checkpoints were written with (the same training tokens,
     model and noise scale)."""
-    out = Path(out).expanduser()
+    out = Path(out).expanduser().absolute()
     file = out / "results.json"
     if not file.is_file():
         raise UsageError(
@@ -305,12 +306,16 @@ def finished_run(out: str | Path, task: Any) -> tuple[Any, Any, dict]:
     }
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()}
     kw |= dict(out=str(out), export=None, overwrite_export=False, overwrite=False, resume=False)
-    try:
-        cfg = task.config_cls(**kw)
-    except ValueError as err:
-        raise UsageError(f"{file}'s config is not one this cudt runs ({err})") from err
-    data = task.load(cfg)
-    _check_trained_on(task, cfg, data, trained, out)
+    # the run's relative paths (--data, --checkpoint) are relative to the folder it ran in
+    ran_in = (results.get("provenance") or {}).get("cwd")
+    ran_in = ran_in if isinstance(ran_in, str) and Path(ran_in).is_dir() else None
+    with contextlib.chdir(ran_in) if ran_in else contextlib.nullcontext():
+        try:
+            cfg = task.config_cls(**kw)
+        except ValueError as err:
+            raise UsageError(f"{file}'s config is not one this cudt runs ({err})") from err
+        data = task.load(cfg)
+        _check_trained_on(task, cfg, data, trained, out)
     return cfg, data, results
 
 

@@ -144,10 +144,23 @@ def fine_tune_argv(checkpoint, data, *, max_length, steps, chunk_steps, lr) -> l
 
 
 @pytest.mark.slow
-def test_fine_tunes_a_hugging_face_folder_on_an_alpaca_file(checkpoint_folder, tmp_path):
+def test_fine_tunes_a_hugging_face_folder_on_an_alpaca_file(
+    checkpoint_folder, tmp_path, monkeypatch
+):
+    """Its paths relative to the folder it ran in, as a user types them: the finished run is
+    exported from another folder (export_decoder reads them against the run's own cwd)."""
+    from experiments import export_decoder
+
     folder, data = checkpoint_folder
-    argv = fine_tune_argv(folder, data, max_length=64, steps=8, chunk_steps=4, lr="3e-2")
+    monkeypatch.chdir(folder.parent)
+    relative = (Path(folder.name), Path(folder.name) / data.name)
+    argv = fine_tune_argv(*relative, max_length=64, steps=8, chunk_steps=4, lr="3e-2")
     results = run(argv, tmp_path / "ft")
+    monkeypatch.chdir(tmp_path)
+    label = results["runs"][0]["label"]
+    assert export_decoder.main(["ft", "models", "--run", label]) == 0
+    assert (tmp_path / "models" / "model.safetensors").is_file()
+    assert results["provenance"]["cwd"] == str(folder.parent)
     saved = json.loads((folder / "config.json").read_text())
     assert results["config"]["decoder"]["vocab_size"] == saved["vocab_size"]
     assert results["config"]["decoder"]["tie_word_embeddings"] is True
