@@ -200,8 +200,9 @@ def model_folder(path: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     """``(folder, folder/config.json)`` of a Hugging Face model folder, or one error line."""
     folder = pathlib.Path(path).expanduser()
     if not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
         raise ModelFolderError(
-            f"model folder {folder} does not exist: pass a folder holding config.json and "
+            f"model folder {folder} {what}: pass a folder holding config.json and "
             f"{SAFETENSORS_FILE}"
         )
     config_file = folder / "config.json"

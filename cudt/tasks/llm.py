@@ -61,7 +61,7 @@ from cudt.tasks.accuracy import AccuracyReports, feasibility_lines
 from cudt.tasks.llm_completions import completion_lines, greedy_completions, paired_lines
 from cudt.tasks.llm_config import LLMConfig
 from cudt.tasks.llm_data import LLMData, load_data, train_digest
-from cudt.tasks.llm_export import decoder_params, export_runs, lora_spec, run_data
+from cudt.tasks.llm_export import NoChosenRun, decoder_params, export_runs, lora_spec, run_data
 
 __all__ = ["LLMTask", "reference_state"]
 
@@ -204,9 +204,12 @@ class LLMTask(AccuracyReports, Task):
                 overwrite=cfg.overwrite_export,
             )
         except CudtError as err:
+            again = f"python -m experiments.export_decoder {out} {cfg.export}"
+            if isinstance(err, NoChosenRun):  # its own line says how: naming a run
+                again += " --run LABEL"
             raise UsageError(
-                f"{err.cli or err} (the run itself is complete in {out}; export "
-                f"it again with python -m experiments.export_decoder {out} {cfg.export})"
+                f"{err.cli or err} (the run itself is complete in {out}; export it again "
+                f"with {again})"
             ) from err
 
     def chance_level(self, data: LLMData) -> float:

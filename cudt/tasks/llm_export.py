@@ -215,6 +215,10 @@ def export_runs(
     return dest
 
 
+class NoChosenRun(UsageError):
+    """No run of a finished experiment was chosen on validation: the user names one."""
+
+
 def _runs_to_export(
     results: dict, labels: Sequence[str] | None, out: Path, dest: Path, flag: str, single: bool
 ) -> list[dict]:
@@ -228,7 +232,7 @@ def _runs_to_export(
             f"{out} has no run {missing!r}: pass one of {', '.join(map(repr, by_label))}"
         )
     if not runs:
-        raise UsageError(
+        raise NoChosenRun(
             f"{out} has no chosen run (every run diverged or missed its constraints on "
             "validation): pick one with python -m experiments.export_decoder "
             f"{out} DIR --run LABEL"

@@ -104,6 +104,12 @@ WEIGHT_CASES = [
     # (case, build the model folder, problem, fix)
     ("model folder missing", lambda f, m: f, "does not exist", "pass a folder holding config.json"),
     (
+        "model folder is a file",
+        lambda f, m: (f.write_text("{}"), f)[1],
+        "is a file, not a folder",
+        "pass a folder holding config.json",
+    ),
+    (
         "weights file missing",
         _no_safetensors,
         "has no model.safetensors",

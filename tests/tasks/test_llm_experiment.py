@@ -651,3 +651,19 @@ def test_export_of_a_seed_gives_the_model_that_seed_trained_on_its_own_data(tmp_
     folder = tmp_path / "m" / best["label"].replace(" ", "-")
     tensors = safetensors.numpy.load_file(folder / "model.safetensors")
     np.testing.assert_array_equal(tensors["model.embed_tokens.weight"], embed[best["seed"]])
+
+
+def test_export_after_a_run_with_no_chosen_run_says_to_name_one(tmp_path):
+    """Every run missed its constraints (none chosen on validation): the line's retry command
+    names a run, as its own advice does (the bare command failed the same way)."""
+    from cudt.errors import UsageError
+    from cudt.tasks.llm import LLMTask
+    from cudt.tasks.llm_config import LLMConfig
+
+    cfg = LLMConfig(export=str(tmp_path / "models"), data_seed=0)
+    results = {"runs": [{"label": "llm-4 constrained seed 0", "best": False, "seed": 0}]}
+    with pytest.raises(UsageError) as err:
+        LLMTask().finish(cfg, None, results, tmp_path / "run")
+    line = str(err.value)
+    assert "has no chosen run" in line and line.endswith(f"{tmp_path / 'models'} --run LABEL)")
+    assert not (tmp_path / "models").exists()
