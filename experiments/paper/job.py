@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cudt.errors import UsageError
-from cudt.io import check_not_a_file, fresh_run_dir, to_jsonable
+from cudt.io import check_not_a_file, fresh_run_dir, to_jsonable, write_json_atomic
 from cudt.runner.cli import config_from_args, configure_process, run_cli
 from cudt.runner.config import flag
 from cudt.runner.lock import check_free, lock_output
@@ -222,7 +222,11 @@ def keep_or_build(root: Path, name: str, top: Path, spec: dict, build, *, overwr
             pass
     tmp = root / f".tmp-{name}"
     shutil.rmtree(tmp, ignore_errors=True)
-    written = build(tmp)
+    try:
+        written = build(tmp)
+    except BaseException:  # interrupted (Ctrl-C) or failed: no half-built data set left
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     marker.unlink(missing_ok=True)
     shutil.rmtree(top, ignore_errors=True)
     written.rename(top)
@@ -293,6 +297,28 @@ def train_subruns(subs: list[SubRun], make_task: Callable[[SubRun], Any]) -> dic
     return results
 
 
+# A job's --out says which job it holds (written when the job starts): another job's folder,
+# or one sub-run's, is refused instead of being written into.
+JOB_FILE = "job.json"
+
+
+def _check_job_folder(out: Path, name: str) -> None:
+    """``out`` may hold this job (or nothing): not a run of an experiment (one sub-run's own
+    folder, as its resume hint names it) nor another job."""
+    ran = [n for n in ("results.json", CHECKPOINTS) if (out / n).exists()]
+    if ran:
+        raise UsageError(
+            f"--out {out} holds a run of an experiment ({ran[0]}), not a {name}: pass the "
+            f"{name}'s own --out (the folder its sub-runs are in) or another folder"
+        )
+    try:
+        other = json.loads((out / JOB_FILE).read_text(encoding="utf-8")).get("job")
+    except (OSError, ValueError, AttributeError):
+        return  # none yet (a new folder, or one from before the record)
+    if other != name:
+        raise UsageError(f"--out {out} holds a {other}, not a {name}: pass another --out")
+
+
 @contextlib.contextmanager
 def open_job(
     name: str, opts, plan: Callable[[Any, Path], list[SubRun]], what: str = "sub-runs"
@@ -305,11 +331,13 @@ def open_job(
     out = Path(opts.out) if opts.out else fresh_run_dir(name.replace(" ", "_"))
     check_not_a_file(out)
     check_free(out)  # another job there: refused before its folders are read
+    _check_job_folder(out, name)
     subs = plan(opts, out)
     for sub in subs:
         check_subrun(sub, opts.overwrite)
     todo = [s for s in subs if not s.finished]
     with lock_output(out):
+        write_json_atomic(out / JOB_FILE, {"job": name})
         print(
             f"{name}: {len(subs)} {what} under {out} ({len(subs) - len(todo)} finished, "
             f"reused; {len(todo)} to train); rerun this command with --out {out} to resume"

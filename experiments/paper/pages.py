@@ -33,6 +33,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from cudt.errors import UsageError
 from cudt.io import atomic_write
 from cudt.runner.cli import without_flag
 from cudt.runner.lock import OutputInUse, check_free
@@ -391,9 +392,11 @@ def _load_results(block: Block, runs: Path, say) -> dict | None:
         say(f"{block.name}: cannot read {path} ({e}): block left unchanged")
         return None
     why = _mismatch(block, results)
-    if why:
-        say(f"{block.name}: {path} {why}: block left unchanged")
-        return None
+    if why:  # the wrong folder (another command's results): not a block to leave quietly
+        raise UsageError(
+            f"{block.name}: {path} {why}: remake it with python -m experiments.pages run "
+            f"--runs {runs} --blocks {block.name} (after moving it away), or pass the right --runs"
+        )
     return results
 
 
@@ -408,8 +411,8 @@ def write_pages(
 ) -> int:
     """Rewrites the blocks (all, or those named in ``blocks``) of every ``pages/*.md`` whose
     results exist; ``check``: writes nothing, returns 1 when a page would change. Returns 0, 1
-    (check: stale), or 2 (a malformed marker, or a block's folder locked by a job still
-    running: nothing written)."""
+    (check: stale), or 2 (a malformed marker, a block's folder locked by a job still running,
+    or holding another command's results: nothing written)."""
     registry = BLOCKS if registry is None else registry
     parsed = {}
     for path in sorted(Path(pages).glob("*.md")):
@@ -434,7 +437,11 @@ def write_pages(
         if name not in found:
             say(f"{name}: in no page under {pages}: nothing to write")
             continue
-        results = _load_results(block, Path(runs), say)
+        try:
+            results = _load_results(block, Path(runs), say)
+        except UsageError as e:
+            print(f"error: {e}; nothing written", file=sys.stderr)
+            return 2
         if results is not None:
             default = render_job if block.report is not None else render_run
             bodies[name] = (block.render or default)(block, results)
@@ -510,7 +517,11 @@ def main(argv: Sequence[str] | None = None, registry: dict[str, Block] | None = 
         if ns.check:
             parser.exit(2, "error: --check goes with write\n")
         return run_blocks(ns.runs, blocks=blocks, registry=registry)
-    if not ns.pages.is_dir():  # (a missing --runs is each block's "no results.json")
-        what = "is not a folder" if ns.pages.exists() else "does not exist"
-        parser.exit(2, f"error: --pages {ns.pages} {what}: pass the folder of the pages\n")
+    for flag, folder, fix in (
+        ("--pages", ns.pages, "pass the folder of the pages"),
+        ("--runs", ns.runs, "pass the runs root that pages run made"),
+    ):
+        if not folder.is_dir():  # a mistyped root: not every block's "no results.json"
+            what = "is not a folder" if folder.exists() else "does not exist"
+            parser.exit(2, f"error: {flag} {folder} {what}: {fix}\n")
     return write_pages(ns.pages, ns.runs, blocks=blocks, check=ns.check, registry=registry)

@@ -189,16 +189,19 @@ def test_results_without_provenance_or_of_another_command(tiny_run, tmp_path, ca
     other = {"tiny": Block("tiny", "experiments.video_denoise", (), pages._video_task)}
     before = page.read_bytes()
     capsys.readouterr()
-    assert write_pages(page.parent, runs, registry=other) == 0
-    assert "was made with flags" in capsys.readouterr().out
+    assert write_pages(page.parent, runs, registry=other) == 2  # one line, nothing written
+    assert "was made with flags" in capsys.readouterr().err
     assert page.read_bytes() == before
     # results of another program (here: run in-process by pytest): refused, left alone
     results["provenance"] = {"argv": ["/usr/bin/pytest", *TINY]}
     (bare / "tiny" / "results.json").write_text(json.dumps(results))
-    assert write_pages(page.parent, bare, registry=REGISTRY) == 0
-    assert "was made by /usr/bin/pytest, not by python -m experiments.video_denoise" in (
-        capsys.readouterr().out
-    )
+    capsys.readouterr()
+    assert write_pages(page.parent, bare, registry=REGISTRY) == 2  # and with --check
+    assert write_pages(page.parent, bare, registry=REGISTRY, check=True) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and err[0] == err[1] and err[0].startswith("error: tiny: "), err
+    assert "was made by /usr/bin/pytest, not by python -m experiments.video_denoise" in err[0]
+    assert err[0].endswith("or pass the right --runs; nothing written")
     assert page.read_bytes() == before
 
 
@@ -213,6 +216,12 @@ def test_missing_results_is_reported_and_the_block_left_alone(tmp_path, capsys):
     page.write_bytes(content)
     runs = tmp_path / "runs"
     argv = ["write", "--runs", str(runs), "--pages", str(folder), "--blocks", "video-default"]
+    with pytest.raises(SystemExit) as e:  # a mistyped runs root: one line, not a quiet pass
+        pages.main(argv)
+    assert e.value.code == 2
+    line = f"error: --runs {runs} does not exist: pass the runs root that pages run made\n"
+    assert capsys.readouterr().err == line
+    runs.mkdir()
     assert pages.main(argv) == 0
     out = capsys.readouterr().out
     assert f"video-default: no {runs / 'video-default' / 'results.json'}" in out
@@ -348,8 +357,8 @@ def test_a_jobs_block_is_its_report_under_its_calls_provenance(tmp_path, capsys)
     # a runner call made with other flags: the block is left alone
     capsys.readouterr()
     other = _job_runs(tmp_path / "other", argv=("--settings", "ut", "--seeds", "3"))
-    assert write_pages(page.parent, other, registry=JOB) == 0
-    assert "holds a runner call that was made with flags --settings ut" in capsys.readouterr().out
+    assert write_pages(page.parent, other, registry=JOB) == 2
+    assert "holds a runner call that was made with flags --settings ut" in capsys.readouterr().err
     assert "10.56" in page.read_text()
     # no report yet: `run` would make it; `write` leaves the block
     (runs / "job" / "study.md").unlink()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -216,3 +217,32 @@ def test_the_vit_row_fine_tunes_a_hugging_face_folder_per_dataset(tmp_path, caps
     assert "| vit-2 |" in direction and "/ C" in direction  # the paper's ViT-12: C lower
     assert (out / "fig2_rmse_vs_gamma.png").read_bytes()[:4] == b"\x89PNG"
     assert not (out / "fig3_depth.png").exists()  # no depth study of a fixed-depth ViT
+
+
+def test_an_out_holding_a_run_or_another_job_is_refused(tmp_path, capsys):
+    """A job's --out that holds one experiment's run (a sub-run's own folder, as its resume
+    hint names it) or another job is refused, nothing written into it; the job's own folder
+    says which job it holds (job.json)."""
+    from experiments.paper.job import JOB_FILE, keep_or_build
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "results.json").write_text("{}")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / JOB_FILE).write_text('{"job": "text table"}')
+    for out, message in (
+        (run, "holds a run of an experiment (results.json), not a video table"),
+        (other, "holds a text table, not a video table: pass another --out"),
+    ):
+        before = sorted(p.name for p in out.rglob("*"))
+        assert_one_line_error(video_table.main, [*TINY, "--out", out], capsys, message)
+        assert sorted(p.name for p in out.rglob("*")) == before
+
+    def interrupted(tmp: Path) -> Path:
+        (tmp / "half").mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        keep_or_build(tmp_path, "set", tmp_path / "set", {}, interrupted, overwrite=False)
+    assert not (tmp_path / ".tmp-set").exists()  # no half-built data set left behind
