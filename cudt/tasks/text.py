@@ -213,6 +213,16 @@ class TextConfig(RunConfig):
             "--dataset aclimdb needs --data-dir pointing at the aclImdb folder",
         )
         need(
+            self.dataset != "synthetic" or self.data_dir is None,
+            f"--data-dir {self.data_dir} is read only by a real dataset, and --dataset is "
+            "synthetic: pass --dataset imdb|mnli|aclimdb, or drop --data-dir",
+        )
+        need(
+            not self.download or self.dataset in ("imdb", "mnli"),
+            f"--download prepares the TFDS data sets imdb and mnli, not --dataset "
+            f"{self.dataset}: drop --download",
+        )
+        need(
             self.layers is None or self.model == "ut",
             f"--layers applies to --model ut only ({self.model} uses all its blocks): drop it",
         )

@@ -468,6 +468,18 @@ def test_read_aclimdb_errors(tmp_path):
     (base / "train" / "neg" / "9_1.txt").write_text(" \n")
     with pytest.raises(DataError, match=r"9_1\.txt' is empty"):
         read_aclimdb(tmp_path, "train")
+    (base / "train" / "neg" / "9_1.txt").write_text("<br /><br />  \n")  # tags alone: empty
+    with pytest.raises(DataError, match=r"9_1\.txt' is empty"):
+        read_aclimdb(tmp_path, "train")
+
+
+def test_a_byte_order_mark_is_no_text(tmp_path):
+    """A review saved with a UTF-8 BOM reads as the same text (byte-level BPE, RoBERTa's,
+    would make a token of it)."""
+    base = _write_aclimdb(tmp_path, n=1)
+    review = base / "train" / "pos" / "0_7.txt"
+    review.write_bytes(b"\xef\xbb\xbf" + review.read_bytes())
+    assert read_aclimdb(base, "train").texts[1] == "train pos review 0. It is café-good."
 
 
 # --------------------------------------------------------------------------------------------------

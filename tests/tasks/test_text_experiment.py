@@ -481,6 +481,11 @@ test_bad_flags_exit_2_with_one_line = bad_flags_test(
         (["--sweep", "depth=3,5"], "--sweep depth is not sweepable"),
         (["--epsilon", "1.5"], "--epsilon must lie in [0, 1)"),
         (["--dataset", "aclimdb"], "--dataset aclimdb needs --data-dir"),
+        (["--data-dir", "/data/aclImdb"], "--data-dir /data/aclImdb is read only by a real"),
+        (
+            ["--dataset", "aclimdb", "--data-dir", "/d", "--download"],
+            "--download prepares the TFDS data sets imdb and mnli, not --dataset aclimdb",
+        ),
         (["--reference", "low"], "--reference must be chance, chance+X (X >= 0), none or a"),
         (["--reference", "chance+-1"], "--reference must be chance, chance+X (X >= 0), none or"),
         (

@@ -114,7 +114,7 @@ def read_aclimdb(
     texts = []
     for i in keep:
         try:
-            raw = files[i].read_bytes().decode("utf-8")
+            raw = files[i].read_bytes().decode("utf-8-sig")  # a BOM is no text
         except UnicodeDecodeError as err:
             raise DataError(
                 f"'{files[i]}' is not UTF-8 ({err.reason} at byte {err.start}): re-extract "
@@ -125,9 +125,10 @@ def read_aclimdb(
                 f"review '{files[i]}' cannot be read ({err.strerror or err}): re-extract "
                 "aclImdb_v1.tar.gz or remove that entry"
             ) from err
-        if not raw.strip():
+        text = _clean_review(raw)
+        if not text:  # nothing, or only <br /> tags and spaces
             raise DataError(
                 f"review '{files[i]}' is empty: re-extract aclImdb_v1.tar.gz or remove the file"
             )
-        texts.append(_clean_review(raw))
+        texts.append(text)
     return TextSplit(texts=tuple(texts), pairs=None, labels=np.asarray(labels)[keep])
