@@ -369,6 +369,12 @@ def test_tfds_missing_data_fails_fast_and_names_the_fix(tmp_path):
     with pytest.raises(DataError, match=r"no prepared glue/mnli.*tfds build glue/mnli"):
         load_text_data("mnli", tmp_path / "nowhere")
     assert not (tmp_path / "nowhere").exists() and not list(tmp_path.iterdir())
+    # an interrupted build's leftovers are no prepared data set
+    left = tmp_path / "imdb_reviews" / "plain_text" / "incomplete.AB12CD_1.0.0"
+    left.mkdir(parents=True)
+    (left / "dataset_info.json").write_text("{}")
+    with pytest.raises(DataError, match="no prepared imdb_reviews/plain_text"):
+        load_tfds_text("imdb", tmp_path, "train")
 
 
 def test_tfds_bad_split_format_and_dataset_name(tfds_dirs, tmp_path):
@@ -445,6 +451,9 @@ def test_read_aclimdb_errors(tmp_path):
     with pytest.raises(DataError, match="no train/ folder"):
         read_aclimdb(tmp_path, "train")
     base = _write_aclimdb(tmp_path)
+    for deep in (base / "train", base / "train" / "pos"):  # the folder to pass is named
+        with pytest.raises(DataError, match=f"'{base}' holds it: pass --data-dir '{base}'"):
+            read_aclimdb(deep, "train")
     shutil.rmtree(base / "test" / "pos")
     with pytest.raises(DataError, match="no pos/ folder"):
         read_aclimdb(tmp_path, "test")
@@ -471,6 +480,19 @@ def test_read_aclimdb_errors(tmp_path):
     (base / "train" / "neg" / "9_1.txt").write_text("<br /><br />  \n")  # tags alone: empty
     with pytest.raises(DataError, match=r"9_1\.txt' is empty"):
         read_aclimdb(tmp_path, "train")
+
+
+def test_a_review_in_both_source_splits_is_held_out_not_trained_on(tmp_path):
+    """A review that the source's train and test splits both hold (IMDb has some) is left out
+    of train and val, and the data line says how many; without one the draw is unchanged."""
+    base = _write_aclimdb(tmp_path, n=4)
+    plain = load_text_data("aclimdb", base, num_train=None, num_test=None, val_fraction=0.25)
+    assert "also in the test split" not in plain.source
+    shutil.copy(base / "test" / "pos" / "1_7.txt", base / "train" / "pos" / "9_7.txt")
+    sp = load_text_data("aclimdb", base, num_train=None, num_test=None, val_fraction=0.25)
+    assert sp.source.endswith("; 1 training examples also in the test split left out")
+    assert not set(sp.test.texts) & (set(sp.train.texts) | set(sp.val.texts))
+    assert len(sp.train) + len(sp.val) == len(plain.train) + len(plain.val)
 
 
 def test_a_byte_order_mark_is_no_text(tmp_path):

@@ -112,6 +112,19 @@ def _split_val(pool: TextSplit, val_fraction: float, seed: int) -> tuple[TextSpl
     return pool.take(np.sort(perm[n_val:])), pool.take(np.sort(perm[:n_val]))
 
 
+def _without_test_examples(pool: TextSplit, test: TextSplit) -> tuple[TextSplit, int]:
+    """``pool`` without the examples whose text (and pair) is also a test example, and how many
+    it drops: a source's train and test splits can hold the same review (IMDb does), which
+    would be trained on or chosen on (validation) and then scored as held out."""
+    pairs = test.pairs if test.pairs is not None else (None,) * len(test)
+    seen = set(zip(test.texts, pairs, strict=True))
+    mine = pool.pairs if pool.pairs is not None else (None,) * len(pool)
+    keep = [i for i, key in enumerate(zip(pool.texts, mine, strict=True)) if key not in seen]
+    if len(keep) == len(pool):
+        return pool, 0
+    return pool.take(np.asarray(keep, dtype=np.int64)), len(pool) - len(keep)
+
+
 def load_text_data(
     dataset: str = "synthetic",
     data_dir: str | Path | None = None,
@@ -173,6 +186,10 @@ def load_text_data(
             f"TFDS {where}: {spec.train} {len(pool)} of {n_pool} -> train/val, {spec.test} "
             f"{len(test)} of {n_test} -> test (seed={seed})"
         )
+    if dataset != "synthetic":  # (the generated pool and test share no text by construction)
+        pool, shared = _without_test_examples(pool, test)
+        if shared:
+            source += f"; {shared} training examples also in the test split left out"
     train, val = _split_val(pool, val_fraction, seed)
     return TextSplits(
         train=train,

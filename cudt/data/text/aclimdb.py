@@ -54,7 +54,7 @@ def write_aclimdb(
 
 _ACLIMDB_HINT = (
     "download aclImdb_v1.tar.gz from https://ai.stanford.edu/~amaas/data/sentiment/ and extract "
-    "it, then pass the aclImdb folder (or its parent) as data_dir"
+    "it, then pass the aclImdb folder (or its parent) as --data-dir"
 )
 
 
@@ -92,9 +92,13 @@ def read_aclimdb(
         root = root / "aclImdb"
     split_dir = root / split
     if not split_dir.is_dir():
+        # one or two levels too deep: the split folder (aclImdb/train) or a class folder
+        deep = root.parent if root.name in ("train", "test") else None
+        if root.name in ("neg", "pos", "unsup") and root.parent.name in ("train", "test"):
+            deep = root.parent.parent
+        hint = f"'{deep}' holds it: pass --data-dir '{deep}'" if deep else _ACLIMDB_HINT
         raise DataError(
-            f"no {split}/ folder in '{root}' (expected aclImdb/{split}/{{neg,pos}}): "
-            f"{_ACLIMDB_HINT}"
+            f"no {split}/ folder in '{root}' (expected aclImdb/{split}/{{neg,pos}}): {hint}"
         )
     files: list[Path] = []
     labels: list[int] = []

@@ -94,7 +94,12 @@ def _find_variant(spec: _TfdsSpec, root: Path) -> Path | None:
         return None
     if (config_dir / spec.version / "dataset_info.json").is_file():
         return config_dir / spec.version
-    versions = [d for d in config_dir.iterdir() if (d / "dataset_info.json").is_file()]
+    # a version folder (1.0.0), not the leftovers of an interrupted build (incomplete.XYZ_1.0.0)
+    versions = [
+        d
+        for d in config_dir.iterdir()
+        if _version_key(d.name) != (-1,) and (d / "dataset_info.json").is_file()
+    ]
     if not versions:
         return None
     return max(versions, key=lambda d: _version_key(d.name))
