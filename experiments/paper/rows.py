@@ -1,5 +1,7 @@
-"""The rows of a table job: the best run of each setting, sorted, as CSV, and as Markdown tables
-(constrained vs ERM at one γ_train, and the direction of each cell against the paper's table).
+"""The rows of a table job: what each setting shows (one seed: its best run on validation;
+several: the sweep point best on validation over the seeds, its mean, with every seed's numbers
+for the paired intervals), sorted, as CSV, and as Markdown tables (constrained vs ERM at one
+γ_train, and the direction of each cell against the paper's table).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from cudt.io import atomic_write
 from cudt.knobs import KNOBS
 from cudt.runner.record import KINDS
+from cudt.stats import paired_t_interval
 
 # the knobs a run's row names (gamma_train, the data's, is a setting column)
 HPARAMS = tuple(k.name for k in KNOBS if k.goes != "data")
@@ -106,7 +109,10 @@ def setting_rows(
         settings[key].append(r)
     rows = []
     for (model, layers, constrained, gamma), runs in settings.items():
-        b, status = best_of_setting(runs, constrained, score=score, higher=higher)
+        if len({int(r["seed"]) for r in runs}) > 1:
+            b, status = _chosen_point(runs, constrained, score=score, higher=higher)
+        else:  # one seed: the runner's best run (the best point is that run)
+            b, status = best_of_setting(runs, constrained, score=score, higher=higher)
         row = {
             "dataset": dataset,
             "model": model,
@@ -116,7 +122,9 @@ def setting_rows(
             **status,
             "sub_run": sub_run,
         }
-        if b is not None:
+        if isinstance(b, list):  # several seeds: the chosen point's mean over them
+            row |= _mean_row(b, gamma, fields)
+        elif b is not None:
             test_gamma = [float(g) for g in b["test_gamma"]]
             i = test_gamma.index(gamma)
             row |= fields(b, i) | {
@@ -132,6 +140,139 @@ def setting_rows(
             }
         rows.append(row)
     return rows
+
+
+def _point(run: dict) -> tuple:
+    """A run's sweep point: its hyperparameters (the seed aside)."""
+    return tuple(sorted((k, repr(v)) for k, v in (run.get("hparams") or {}).items()))
+
+
+def _chosen_point(
+    runs: list[dict], constrained: bool, *, score: str, higher: bool
+) -> tuple[list[dict] | None, dict[str, Any]]:
+    """The runs (one a seed) of the sweep point shown for one setting over several seeds, and
+    its status: the point with the best mean validation ``score`` among those eligible at every
+    seed (no run diverged; for constrained, every run feasible on validation), ties in sweep
+    order; where no constrained point is, the best of the infeasible ones, flagged. The same
+    rule as the runner's ``chosen_points``, so a cell is never one lucky seed."""
+    points: dict[tuple, list[dict]] = defaultdict(list)
+    for r in runs:
+        points[_point(r)].append(r)
+
+    def alive(rs: list[dict]) -> bool:
+        return all(not r.get("diverged") and math.isfinite(num(r.get(score))) for r in rs)
+
+    def mean_score(rs: list[dict]) -> float:
+        return sum(num(r[score]) for r in rs) / len(rs)
+
+    live = [rs for rs in points.values() if alive(rs)]
+    ok = [rs for rs in live if not constrained or all(r.get("feasible") for r in rs)]
+    shown = sorted(ok or (live if constrained else []), key=mean_score, reverse=higher)[:1]
+    infeasible = sum(
+        (not r.get("diverged")) and constrained and not r.get("feasible") for r in runs
+    )
+    status = {
+        "status": "ok" if ok else ("infeasible" if constrained and live else "diverged"),
+        "runs": len(runs),
+        "diverged_runs": sum(bool(r.get("diverged")) for r in runs),
+        "infeasible_runs": infeasible,
+    }
+    return (shown[0] if shown else None), status
+
+
+def _mean_row(runs: list[dict], gamma: float, fields) -> dict[str, Any]:
+    """The row of a sweep point over its seeds: each number of ``fields`` (and each list,
+    element by element) averaged over the seeds, ``per_seed`` keeping every seed's numbers for
+    the paired intervals between constrained and ERM."""
+    runs = sorted(runs, key=lambda r: int(r["seed"]))
+    first = runs[0]
+    test_gamma = [float(g) for g in first["test_gamma"]]
+    i = test_gamma.index(gamma)
+    each = [fields(r, i) for r in runs]
+
+    def mean(values: list) -> Any:
+        if all(isinstance(v, bool) for v in values):
+            return all(values)
+        if all(isinstance(v, (int, float)) for v in values):
+            return sum(float(v) for v in values) / len(values)
+        if all(isinstance(v, list) for v in values):
+            return [mean([num(x) for x in col]) for col in zip(*values, strict=True)]
+        return values[0]
+
+    seeds = [int(r["seed"]) for r in runs]
+    return {k: mean([f[k] for f in each]) for k in each[0]} | {
+        "feasible": all(bool(r["feasible"]) for r in runs),
+        "not_applicable": ",".join(str(j) for j in first.get("not_applicable") or []),
+        "peak_lambda": max(peak(r["max_multipliers"]) for r in runs),
+        "seed": None,
+        "seeds": seeds,
+        "label": f"{first['label'].rsplit(' seed ', 1)[0]} (mean of seeds {fmt(seeds)})",
+        "labels": [r["label"] for r in runs],  # each seed's run (its files: histograms)
+        **{n: first["hparams"].get(n) for n in HPARAMS},
+        "test_gamma": test_gamma,
+        "layer_loss": mean([[num(x) for x in r["layer_loss"][i]] for r in runs]),
+        "per_seed": {s: f for s, f in zip(seeds, each, strict=True)},
+    }
+
+
+def paired(c: dict | None, e: dict | None, metric: str):
+    """The paired t interval over seeds of constrained minus ERM ``metric`` (rows of several
+    seeds, over the seeds both have), or None (one seed, or fewer than two shared)."""
+    if not both_ok(c, e) or "per_seed" not in c or "per_seed" not in e:
+        return None
+    shared = sorted(set(c["per_seed"]) & set(e["per_seed"]))
+    if len(shared) < 2:
+        return None
+    return paired_t_interval(
+        [c["per_seed"][s][metric] for s in shared], [e["per_seed"][s][metric] for s in shared]
+    )
+
+
+def better(c: dict | None, e: dict | None, metric: str, higher: bool) -> str | None:
+    """Which of constrained ("C") and ERM ("E") has the better ``metric``, or "=" (level): over
+    several seeds, only where the paired t interval excludes 0; one seed, to 3 decimals (the
+    single runs, no interval). None where the two are not both there."""
+    if not both_ok(c, e):
+        return None
+    iv = paired(c, e, metric)
+    if iv is not None:
+        if iv.low > 0 or iv.high < 0:
+            return "C" if (iv.mean > 0) == higher else "E"
+        return "="
+    cv, ev = round(c[metric], 3), round(e[metric], 3)
+    return "=" if cv == ev else ("C" if (cv > ev) == higher else "E")
+
+
+def several_seeds(rows: Iterable[dict]) -> bool:
+    """Whether the rows are means over seeds (bold and counts then need a paired interval)."""
+    return any("per_seed" in r for r in rows)
+
+
+def selection_legend(score: str, rows: Iterable[dict], word: str) -> str:
+    """How a cell's run was chosen and what bold means (one seed, or means over seeds)."""
+    if not several_seeds(rows):
+        return (
+            f"Best run per cell by {score} among non-diverged runs, feasible ones for "
+            f"constrained; **bold**: the {word} of constrained and ERM"
+        )
+    return (
+        f"Per cell: the sweep point with the best mean {score} over its seeds among those where "
+        "no run diverged (and, constrained, every run met its constraints on validation), its "
+        f"mean over the seeds; **bold**: the {word} of constrained and ERM where the paired t "
+        "interval over seeds (95 %) excludes 0, neither where it spans 0 (level)"
+    )
+
+
+def shown_runs(rows: Iterable[dict], score: str) -> str:
+    """What a figure's line of a setting is, for its note (one seed, or means over seeds)."""
+    if several_seeds(rows):
+        return f"seeds' mean at the point best on {score}"
+    return f"best run per setting by {score}"
+
+
+def count_rule(rows: Iterable[dict]) -> str:
+    """What a counted cell needs, said after "Constrained lower than ERM" (several seeds)."""
+    return " (paired t interval over seeds excluding 0)" if several_seeds(rows) else ""
 
 
 def sort_rows(rows: list[dict], datasets: Sequence[str], models: Sequence[str]) -> list[dict]:
@@ -210,14 +351,15 @@ def _cell(row: dict | None, metric: str) -> str:
 
 
 def _pair_cells(c: dict | None, e: dict | None, metric: str, higher: bool) -> tuple[str, str]:
-    """Constrained and ERM cells, the better ``metric`` bold (both when equal to 3 decimals)."""
+    """Constrained and ERM cells, the better ``metric`` bold: one seed, to 3 decimals (both
+    when equal); several, only where the paired t interval over seeds excludes 0."""
     cc, ec = _cell(c, metric), _cell(e, metric)
-    if both_ok(c, e):
-        cv, ev = round(c[metric], 3), round(e[metric], 3)
-        if (cv >= ev) if higher else (cv <= ev):
-            cc = f"**{cc}**"
-        if (ev >= cv) if higher else (ev <= cv):
-            ec = f"**{ec}**"
+    won = better(c, e, metric, higher)
+    several = paired(c, e, metric) is not None
+    if won == "C" or (won == "=" and not several):
+        cc = f"**{cc}**"
+    if won == "E" or (won == "=" and not several):
+        ec = f"**{ec}**"
     return cc, ec
 
 
@@ -282,14 +424,19 @@ def direction_markdown(
     Cells whose constrained runs are all infeasible are counted apart, by the number of the best
     infeasible run: they are not eligible for the table's comparison."""
     idx = index_rows(rows)
-    better = "higher" if higher else "lower"
+    word = "higher" if higher else "lower"
     flagged = "`infeasible: C`" if signed else "`infeasible (C)`"
     head = ["model"] + [names[d] for d in datasets]
     lines = [
         f"### Direction against the paper's table (appendix B.4), γ_train = {gamma:g}",
         "",
-        f"Cell: the {better} of constrained (C) and ERM (E) here / in the paper (=: equal to 3 "
-        "decimals, not counted)"
+        f"Cell: the {word} of constrained (C) and ERM (E) here / in the paper (=: "
+        + (
+            "level here, the paired t interval over seeds spanning 0, or equal in the paper to 3 "
+            "decimals; not counted)"
+            if several_seeds(rows)
+            else "equal to 3 decimals, not counted)"
+        )
         + (", with constrained minus ERM here and there" if signed else "")
         + f"; ✓ same direction; {flagged}: no feasible constrained run, the best infeasible "
         "one's direction." + legend,
@@ -313,6 +460,8 @@ def direction_markdown(
             if c and e and e["status"] == "ok" and metric in c:
                 diff = round(c[metric], 3) - round(e[metric], 3)
                 o = _direction(diff, higher)
+                if paired(c, e, metric) is not None:  # several seeds: level unless it excludes 0
+                    o = better(c, e, metric, higher)
                 od = f" ({diff:+.3f})" if signed else ""
                 group = "eligible" if c["status"] == "ok" else "infeasible"
             lost = [r["status"] for r in (c, e) if r and r["status"] != "ok"]
@@ -334,13 +483,13 @@ def direction_markdown(
         lines.append("| " + " | ".join(cells) + " |")
     agree, n, ours, paper_c = counts["eligible"]
     lines.append(
-        f"\nEligible cells: same direction in {agree} of {n}; constrained {better} in {ours} of "
+        f"\nEligible cells: same direction in {agree} of {n}; constrained {word} in {ours} of "
         f"them here, {paper_c} in the paper."
     )
     agree, n, ours, paper_c = counts["infeasible"]
     if n:
         lines.append(
             f"Cells without a feasible constrained run (best infeasible run): same direction in "
-            f"{agree} of {n}; constrained {better} in {ours} here, {paper_c} in the paper."
+            f"{agree} of {n}; constrained {word} in {ours} here, {paper_c} in the paper."
         )
     return "\n".join(lines)

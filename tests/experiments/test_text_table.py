@@ -269,3 +269,34 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, messag
         argv = paper + argv[1:]
     message = message.replace("{tmp}", str(tmp_path))
     assert_one_line_error(text_table.main, [*argv, "--out", out], capsys, message, out=out)
+
+
+def test_cells_over_seeds_are_means_and_the_count_needs_a_paired_interval():
+    """Table 4 over several seeds: a cell is the best point's mean AUC over the seeds (on
+    validation AUC), the higher bold and counted only where the paired t interval excludes 0."""
+
+    def runs(kind: str, aucs: list[float]) -> list[dict]:
+        return [
+            {
+                "model": "ut", "layers": 3, "constrained": kind == "constrained",
+                "gamma_train": 0.5, "seed": s, "hparams": {"lr": 1e-3},
+                "label": f"ut-3 {kind} seed {s}", "diverged": False, "feasible": True,
+                "best": s == 0, "auc": a, "val_auc": a, "val_accuracy": a,
+                "accuracy": [a, a - 0.1], "test_gamma": [0.5, 1.0],
+                "loss_decreases_val": True, "loss_decreases": True, "descent_rate": 0.9,
+                "mean_ratio": 0.8, "median_ratio": 0.8, "layer_loss": [[0.7, 0.6], [0.7, 0.6]],
+                "max_multipliers": [1.0], "not_applicable": [],
+            }
+            for s, a in enumerate(aucs)
+        ]  # fmt: skip
+
+    res = {"config": {"out": "/x/imdb-ut3"}}
+    for con, higher in (([1.82, 1.84, 1.83], True), ([1.95, 1.70, 1.78], False)):
+        res["runs"] = runs("ERM", [1.80, 1.81, 1.79]) + runs("constrained", con)
+        rows = table4.best_rows({("imdb", "ut", 3): res})
+        assert {r["kind"]: round(r["auc"], 4) for r in rows} == {
+            "ERM": 1.8, "constrained": round(sum(con) / 3, 4)}  # fmt: skip
+        text = table4.headline_markdown(rows, ["imdb"], 0.5, [0.5, 1.0])
+        shown = f"{sum(con) / 3:.3f}"
+        assert headline_cells(text)["UT-3"] == [f"**{shown}**" if higher else shown, "1.800"]
+        assert f"(paired t interval over seeds excluding 0) in {int(higher)} of 1" in text

@@ -82,6 +82,52 @@ def test_headline_markdown_bolds_the_lower_number():
     assert cells["ut-3"] == ["diverged", "10.000"]
 
 
+def _runs_over_seeds(rmse_by_point: dict, constrained: bool, feasible=lambda p, s: True):
+    """A sub-run's records: one run per sweep point (lr) and seed, its mean RMSE given, its
+    validation objective the RMSE / 1000 (so the best point on validation is the lowest)."""
+    runs = []
+    for lr, values in rmse_by_point.items():
+        for seed, v in enumerate(values):
+            kind = "constrained" if constrained else "ERM"
+            runs.append({
+                "model": "dust", "layers": 3, "constrained": constrained, "gamma_train": 0.15,
+                "seed": seed, "hparams": {"lr": lr}, "label": f"dust-3 {kind} seed {seed}",
+                "diverged": False, "feasible": feasible(lr, seed), "best": False,
+                "val_objective": v / 1000, "mean_rmse": v, "rmse": [v - 1, v + 1],
+                "test_gamma": [0.15, 0.3], "layer_loss": [[3.0, 2.0, 1.0, v]] * 2,
+                "max_multipliers": [0.5 * seed], "not_applicable": [],
+            })  # fmt: skip
+    return runs
+
+
+def test_cells_over_seeds_are_the_chosen_points_mean_and_bold_needs_a_paired_interval():
+    """Several seeds: a cell is the sweep point with the best mean validation score (eligible at
+    every seed), its mean over the seeds, never the one lucky seed; bold and the count need the
+    paired t interval over seeds to exclude 0, and the legend says so."""
+    erm = _runs_over_seeds({1e-3: [10.0, 10.2, 10.1], 2e-3: [6.0, 14.0, 14.0]}, False)
+    con = _runs_over_seeds({1e-3: [9.0, 9.3, 9.1], 2e-3: [5.0, 9.0, 9.0]}, True,
+                           feasible=lambda lr, seed: lr == 1e-3)  # fmt: skip
+    rows = table3.best_rows({("ucsd", 3): {"runs": erm + con}})
+    by_kind = {r["kind"]: r for r in rows}
+    # ERM: lr 1e-3 (mean 10.1) beats 2e-3 (11.33) though 2e-3's seed 0 (6.0) is the best run
+    assert by_kind["ERM"]["mean_rmse"] == pytest.approx(10.1) and by_kind["ERM"]["lr"] == 1e-3
+    # constrained: 2e-3 is infeasible at two seeds, so 1e-3, whatever its seed 0's 5.0
+    assert by_kind["constrained"]["mean_rmse"] == pytest.approx(9.1333, abs=1e-4)
+    assert by_kind["constrained"]["rmse"] == pytest.approx([8.1333, 10.1333], abs=1e-4)
+    assert by_kind["constrained"]["seeds"] == [0, 1, 2] and by_kind["constrained"]["seed"] is None
+    assert by_kind["constrained"]["peak_lambda"] == 1.0
+    text = table3.headline_markdown(rows, ["ucsd"], ["dust"], [3], 0.15, [0.15, 0.3])
+    assert headline_cells(text)["dust-3"] == ["**9.133**", "10.100"]  # −0.97 [−1.09, −0.84]
+    assert "Constrained lower than ERM (paired t interval over seeds excluding 0) in 1 of 1" in text
+    assert "its mean over the seeds; **bold**: the lower of constrained and ERM where" in text
+    # a difference the seeds do not resolve: level, neither bold, not counted
+    con = _runs_over_seeds({1e-3: [9.0, 11.5, 9.5]}, True)
+    rows = table3.best_rows({("ucsd", 3): {"runs": erm + con}})
+    text = table3.headline_markdown(rows, ["ucsd"], ["dust"], [3], 0.15, [0.15, 0.3])
+    assert headline_cells(text)["dust-3"] == ["10.000", "10.100"]
+    assert "in 0 of 1" in text
+
+
 TINY = [
     "--scale",
     "tiny",

@@ -22,10 +22,11 @@ from experiments.paper.text_table.report import (
 STYLE = figs.STYLE
 
 
-_NOTE = (
-    "best run per setting by validation AUC; dashed: no feasible constrained run (the best "
-    "infeasible one shown)"
-)
+def _note(rows) -> str:
+    return (
+        f"{table_rows.shown_runs(rows, 'validation AUC')}; dashed: no feasible constrained run "
+        "(the best infeasible one shown)"
+    )
 
 
 def _panels(rows, opts):
@@ -69,7 +70,7 @@ def plot_fig1(rows, opts, path: Path) -> None:
             _finish_panel(ax, d, model, L, j, xlabel, ylabel, fontsize=7)
     g = opts.headline_gamma
     fig.suptitle(f"Fig. 1: mean test loss per layer, γ_train = test γ = {g:g}", fontsize=11)
-    figs.figure_note(fig, _NOTE)
+    figs.figure_note(fig, _note(rows))
     save_figure(fig, path)
 
 
@@ -95,7 +96,7 @@ def plot_fig4(rows, opts, path: Path) -> None:
         f"Fig. 4: test accuracy vs embedding perturbation, γ_train = {g:g} (dotted; shaded: OOD)",
         fontsize=11,
     )
-    figs.figure_note(fig, _NOTE)
+    figs.figure_note(fig, _note(rows))
     save_figure(fig, path)
 
 
@@ -116,7 +117,10 @@ def plot_fig12(rows, opts, out: Path, path: Path) -> None:
                     continue
                 if row["sub_run"] not in hists:
                     hists[row["sub_run"]] = read_ratio_histograms(out / row["sub_run"])
-                counts = hists[row["sub_run"]].get(row["label"])
+                # a mean over seeds: the ratios of every seed's run, pooled
+                found = [hists[row["sub_run"]].get(k) for k in row.get("labels", [row["label"]])]
+                found = [c for c in found if c is not None]
+                counts = sum(found) if found else None
                 if counts is None or counts.sum() == 0:
                     continue
                 total = counts.sum(axis=0)  # [B+1] over every layer
@@ -159,8 +163,9 @@ def plot_fig12(rows, opts, out: Path, path: Path) -> None:
     )
     figs.figure_note(
         fig,
-        "every layer and test sample of the best run per setting; paper, constrained RoBERTa on "
-        "IMDb: mean 0.87, median 0.82, 70.8% < 1",
+        "every layer and test sample of the "
+        + ("seeds' runs pooled" if table_rows.several_seeds(rows) else "best run per setting")
+        + "; paper, constrained RoBERTa on IMDb: mean 0.87, median 0.82, 70.8% < 1",
     )
     save_figure(fig, path)
 

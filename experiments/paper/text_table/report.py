@@ -160,10 +160,10 @@ def headline_markdown(rows, datasets, gamma, test_gammas) -> str:
         "",
         *gamma_table_lines(rows, datasets, [gamma], label_gamma=False),
         "",
-        "Best run per cell by validation accuracy AUC among non-diverged runs, feasible ones for "
-        "constrained; **bold**: the higher of constrained and ERM; `infeasible`: no constrained "
-        "run met its constraints on validation data (the best infeasible one's AUC in "
-        "brackets); `diverged`: every run diverged. L of an encoder: its constrained states "
+        table_rows.selection_legend("validation accuracy AUC", rows, "higher")
+        + "; `infeasible`: no constrained run met its constraints on validation data (the best "
+        "infeasible one's AUC in brackets); `diverged`: every run diverged. L of an encoder: its "
+        "constrained states "
         "(one per sub-layer: DistilBERT 12, RoBERTa 24, MiniLM 12); "
         + table_rows.NOT_APPLICABLE_LEGEND
         + ".",
@@ -177,9 +177,10 @@ def headline_markdown(rows, datasets, gamma, test_gammas) -> str:
             )
             if table_rows.both_ok(c, e):
                 both += 1
-                wins += round(c["auc"], 3) > round(e["auc"], 3)
+                wins += table_rows.better(c, e, "auc", higher=True) == "C"
     lines.append(
-        f"\nConstrained higher than ERM in {wins} of {both} model×dataset cells with both numbers."
+        f"\nConstrained higher than ERM{table_rows.count_rule(rows)} in {wins} of {both} "
+        "model×dataset cells with both numbers."
     )
     return "\n".join(lines)
 

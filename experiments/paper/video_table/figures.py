@@ -36,11 +36,11 @@ def _draw(ax, key, row, x, y, ms=4) -> None:
     figs.draw_line(ax, STYLE[key], row, x, y, has_value="mean_rmse" in row, ms=ms)
 
 
-def _legend_note(fig) -> None:
+def _legend_note(fig, rows) -> None:
     figs.figure_note(
         fig,
-        "best run per setting by validation RMSE; dashed: no feasible constrained run (the best "
-        "infeasible one shown)",
+        f"{table_rows.shown_runs(rows, 'validation RMSE')}; dashed: no feasible constrained run "
+        "(the best infeasible one shown)",
     )
 
 
@@ -65,7 +65,7 @@ def plot_fig2(rows, opts, path: Path) -> None:
     fig.suptitle(
         f"Fig. 2: test RMSE vs test γ, γ_train = {g:g} (dotted line; shaded: OOD)", fontsize=11
     )
-    _legend_note(fig)
+    _legend_note(fig, rows)
     save_figure(fig, path)
 
 
@@ -120,8 +120,8 @@ def plot_fig3(rows, opts, path: Path) -> None:
     fig.suptitle(f"Fig. 3: mean test RMSE vs depth, γ_train = {g:g}", fontsize=11)
     figs.figure_note(
         fig,
-        "best run per setting by validation RMSE; hollow: no feasible constrained run (the best "
-        "infeasible one shown)",
+        f"{table_rows.shown_runs(rows, 'validation RMSE')}; hollow: no feasible constrained run "
+        "(the best infeasible one shown)",
     )
     save_figure(fig, path)
 
@@ -150,7 +150,7 @@ def plot_fig7(rows, opts, path: Path) -> None:
                 ax.set_xlabel("layer l (0: the noisy input)")
             ax.legend(fontsize=6)
     fig.suptitle(f"Fig. 7: mean test loss per layer at γ_train = {g:g}, log scale", fontsize=11)
-    _legend_note(fig)
+    _legend_note(fig, rows)
     save_figure(fig, path)
 
 

@@ -91,7 +91,7 @@ def _wins(rows, datasets, models, layers, gamma):
                 c, e = idx.get((d, m, L, "constrained", gamma)), idx.get((d, m, L, "ERM", gamma))
                 if table_rows.both_ok(c, e):
                     both += 1
-                    wins += c["mean_rmse"] < e["mean_rmse"]
+                    wins += table_rows.better(c, e, "mean_rmse", higher=False) == "C"
         out[L] = (wins, both)
     return out
 
@@ -104,9 +104,9 @@ def headline_markdown(rows, datasets, models, layers, gamma, test_gammas) -> str
         "",
         *gamma_table_lines(rows, datasets, models, layers, [gamma], label_gamma=False),
         "",
-        "Best run per cell by validation RMSE among non-diverged runs, feasible ones for "
-        "constrained; **bold**: the lower of constrained and ERM; `infeasible`: no constrained "
-        "run met its constraints on validation data; `diverged`: every run diverged; "
+        table_rows.selection_legend("validation RMSE", rows, "lower")
+        + "; `infeasible`: no constrained run met its constraints on validation data; "
+        "`diverged`: every run diverged; "
         f"{CONTROL}: ERM DUST with one dictionary per layer (the constrained model's "
         "architecture), the control; " + table_rows.NOT_APPLICABLE_LEGEND + ".",
     ]
@@ -114,8 +114,8 @@ def headline_markdown(rows, datasets, models, layers, gamma, test_gammas) -> str
     total_w, total_b = sum(w for w, _ in wins.values()), sum(b for _, b in wins.values())
     per_l = ", ".join(f"L={L}: {w}/{b}" for L, (w, b) in wins.items())
     lines.append(
-        f"\nConstrained lower than ERM in {total_w} of {total_b} model×dataset cells with both "
-        f"numbers ({per_l})."
+        f"\nConstrained lower than ERM{table_rows.count_rule(rows)} in {total_w} of {total_b} "
+        f"model×dataset cells with both numbers ({per_l})."
     )
     return "\n".join(lines)
 
