@@ -153,8 +153,9 @@ def _chosen_point(
     """The runs (one a seed) of the sweep point shown for one setting over several seeds, and
     its status: the point with the best mean validation ``score`` among those eligible at every
     seed (no run diverged; for constrained, every run feasible on validation), ties in sweep
-    order; where no constrained point is, the best of the infeasible ones, flagged. The same
-    rule as the runner's ``chosen_points``, so a cell is never one lucky seed."""
+    order; where no constrained point is, the best of the infeasible ones, flagged. The
+    one-seed table's eligibility at every seed (the runner's ``chosen_points`` also asks for
+    monotone descent on validation), so a cell is never one lucky seed."""
     points: dict[tuple, list[dict]] = defaultdict(list)
     for r in runs:
         points[_point(r)].append(r)
