@@ -282,5 +282,5 @@ def test_combine_and_the_pages_writer_refuse_a_folder_a_job_holds(holder, tmp_pa
     # released: both read the folder again (a toy run is no experiment combine knows)
     assert combine.main([str(folder)]) == 2
     assert "unknown experiment 'toy'" in one_line_error(capsys)
-    assert write_pages(pages, runs, registry=registry) == 0
-    assert "left unchanged" in capsys.readouterr().out
+    assert write_pages(pages, runs, registry=registry) == 2  # another experiment's results
+    assert "holds experiment 'toy', not 'video_denoise'" in one_line_error(capsys)
