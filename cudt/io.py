@@ -144,7 +144,7 @@ def contains(folder: str | os.PathLike, path: str | os.PathLike) -> bool:
 
 # What replacing a folder must never delete: an experiment's run (its results, its lock), found
 # this many levels down at most (an export folder is shallow; a run inside one is a mistake).
-_RUN_FILES, _RUN_DEPTH = ("results.json", "cudt.lock"), 3
+_RUN_FILES, _RUN_DEPTH = (*RESULT_FILES, "cudt.lock"), 3
 
 
 def _check_replaceable(path: Path, flag: str) -> None:
@@ -232,12 +232,11 @@ def save_safetensors(tensors: dict, path: str | os.PathLike, metadata=None) -> N
     not an ``OSError``) raised as the ``OSError`` they are, which :func:`atomic_output` and
     the experiments turn into one line naming the path."""
     import safetensors.numpy
+    from safetensors import SafetensorError
 
     try:
         safetensors.numpy.save_file(tensors, str(path), metadata=metadata)
-    except Exception as e:
-        if type(e).__name__ != "SafetensorError":
-            raise
+    except SafetensorError as e:
         raise OSError(errno.EIO, str(e), str(path)) from e
 
 

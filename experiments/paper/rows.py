@@ -83,16 +83,22 @@ def best_of_setting(
     if not best and constrained:  # infeasible: still show its best number, flagged
         alive = [r for r in runs if not r.get("diverged") and math.isfinite(num(r.get(score)))]
         shown = sorted(alive, key=lambda r: r[score], reverse=higher)[:1]
+    status = _status(runs, constrained, "ok" if best else None)
+    return (shown[0] if shown else None), status
+
+
+def _status(runs: list[dict], constrained: bool, word: str | None) -> dict[str, Any]:
+    """A setting's status fields: ``word`` where given, else ``infeasible`` (a constrained run
+    that did not diverge missed its constraints) or ``diverged``; how many runs of each."""
     infeasible = sum(
         (not r.get("diverged")) and constrained and not r.get("feasible") for r in runs
     )
-    status = {
-        "status": "ok" if best else ("infeasible" if infeasible else "diverged"),
+    return {
+        "status": word or ("infeasible" if infeasible else "diverged"),
         "runs": len(runs),
         "diverged_runs": sum(bool(r.get("diverged")) for r in runs),
         "infeasible_runs": infeasible,
     }
-    return (shown[0] if shown else None), status
 
 
 def setting_rows(
@@ -169,16 +175,8 @@ def _chosen_point(
     live = [rs for rs in points.values() if alive(rs)]
     ok = [rs for rs in live if not constrained or all(r.get("feasible") for r in rs)]
     shown = sorted(ok or (live if constrained else []), key=mean_score, reverse=higher)[:1]
-    infeasible = sum(
-        (not r.get("diverged")) and constrained and not r.get("feasible") for r in runs
-    )
-    status = {
-        "status": "ok" if ok else ("infeasible" if constrained and live else "diverged"),
-        "runs": len(runs),
-        "diverged_runs": sum(bool(r.get("diverged")) for r in runs),
-        "infeasible_runs": infeasible,
-    }
-    return (shown[0] if shown else None), status
+    word = "ok" if ok else ("infeasible" if constrained and live else "diverged")
+    return (shown[0] if shown else None), _status(runs, constrained, word)
 
 
 def _mean_row(runs: list[dict], gamma: float, fields) -> dict[str, Any]:
