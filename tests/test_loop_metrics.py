@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -232,6 +233,38 @@ def test_overwrite_removes_the_files_the_finished_run_names_and_nothing_else(tmp
     (out / "results.json").write_text("{not json")
     open_output(out, {"lr": 3}, overwrite=True)
     assert (out / "a.png").exists() and not (out / "results.json").exists()
+
+
+def test_resume_takes_a_path_spelt_another_way_and_a_list_in_another_order(tmp_path, monkeypatch):
+    """A resume that names the same folder another way (relative, absolute, a trailing slash,
+    a link) or an unordered list in another order is the same config, in the flag and in the
+    records derived from it; another folder, a longer name holding the old one, or fields not
+    marked as paths are still differences."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "data")
+    shutil.copytree(tmp_path / "data", tmp_path / "copy")
+    marks = {"paths": ("data_dir",), "unordered": ("targets",)}
+
+    def record(path, targets=("q", "v")):
+        return {"data_dir": path, "source": f"ucsd:{path} (2 videos)", "targets": list(targets)}
+
+    out = tmp_path / "run"
+    open_output(out, record("data"))
+    (out / "checkpoints" / "g" / "4").mkdir(parents=True)
+    for path in ("./data/", str(tmp_path / "data"), "alias", "data/../data"):
+        assert open_output(out, record(path, ("v", "q")), **marks).resuming, path
+    with pytest.raises(UsageError, match="data_dir 'data' -> 'copy'; source"):
+        open_output(out, record("copy"), **marks)
+    with pytest.raises(UsageError, match="targets \\['q', 'v'\\] -> \\['q'\\]"):
+        open_output(out, record("data", ("q",)), **marks)
+    with pytest.raises(UsageError, match="data_dir 'data' -> './data/'"):
+        open_output(out, record("./data/"))  # not marked as a path: compared as spelt
+    # the old spelling is replaced where it stands whole, not inside a longer name
+    write_json_atomic(out / "checkpoints" / "config.json", record("data") | {"x": "data2"})
+    with pytest.raises(UsageError, match="x 'data2' -> './data2'\\)"):
+        open_output(out, record("./data") | {"x": "./data2"}, **marks)
+    assert open_output(out, record("./data") | {"x": "data2"}, **marks).resuming
 
 
 def test_resume_compares_a_digest_both_configs_record_and_skips_the_ignored_fields(tmp_path):

@@ -78,10 +78,22 @@ def one_of(*choices) -> Check:
     return Check(lambda v: v in choices, f"be one of {', '.join(map(str, choices))}")
 
 
-def flag(default, help: str, *, check: Check | None = None, repeat: bool = False, **kw):
+def flag(
+    default,
+    help: str,
+    *,
+    check: Check | None = None,
+    repeat: bool = False,
+    path: bool = False,
+    unordered: bool = False,
+    **kw,
+):
     """A config field: its default, help text and check (applied to each element of a tuple,
-    skipped for None). ``repeat``: a flag given several times (``--sweep A --sweep B``)."""
+    skipped for None). ``repeat``: a flag given several times (``--sweep A --sweep B``);
+    ``path``: it names a file or folder; ``unordered``: a list whose order means nothing (a
+    resume spelling either another way resumes: ``cudt.runner.output``)."""
     metadata = {"help": help, "check": check, "repeat": repeat}
+    metadata |= {"path": path, "unordered": unordered}
     if isinstance(default, list | dict | set):
         raise TypeError("use a tuple default for a config field")
     return dataclasses.field(default=default, metadata=metadata, **kw)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 import shutil
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -109,6 +111,47 @@ def _differences(
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
+def _as_now(old: dict, new: dict, paths: Collection[str], unordered: Collection[str]) -> dict:
+    """The saved config ``old`` with what names the same thing as ``new`` written as ``new``
+    writes it, so that only real differences are named: a path flag (``paths``) spelt another
+    way for the same file or folder (relative or absolute, a trailing slash, a link), in the
+    flag and in the records derived from it (a data source ``ucsd:<path>``); a flag whose order
+    means nothing (``unordered``) holding the same values in another order."""
+    old = dict(old)
+    for key in unordered:
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, list) and isinstance(b, list) and a != b and sorted(a) == sorted(b):
+            old[key] = b
+    spellings = {}
+    for key in paths:
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, str) and isinstance(b, str) and a != b and _same_file(a, b):
+            spellings[a] = b
+    if not spellings:
+        return old
+    # the old spelling where it stands whole: not inside a longer name or path
+    pattern = re.compile("|".join(rf"(?<![\w./~-]){re.escape(a)}(?![\w./-])" for a in spellings))
+
+    def respell(value):
+        if isinstance(value, dict):
+            return {k: respell(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [respell(v) for v in value]
+        if isinstance(value, str):
+            return pattern.sub(lambda m: spellings[m.group(0)], value)
+        return value
+
+    return respell(old)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths, relative to the working folder, name one existing file or folder."""
+    try:
+        return os.path.samefile(os.path.expanduser(a), os.path.expanduser(b))
+    except (OSError, ValueError):
+        return False
+
+
 def _flat(record: dict, prefix: str = "") -> dict:
     """``{"a": {"b": 1}}`` as ``{"a.b": 1}``."""
     out = {}
@@ -154,6 +197,8 @@ def open_output(
     ignore: Collection[str] = (),
     added: Mapping[str, Any] | None = None,
     flags: Collection[str] = (),
+    paths: Collection[str] = (),
+    unordered: Collection[str] = (),
 ) -> OutputDir:
     """Checks and prepares the output folder of a run of ``config`` (a JSON-able dict).
 
@@ -171,7 +216,9 @@ def open_output(
     that is the earlier behaviour (``RunConfig.ADDED``): a saved config without one resumes;
     ``flags``: the fields the user sets (the config's): when one of them differs, the refusal
     names the config's differences, not files that changed behind the same flags (a flag such
-    as ``--max-length`` changes a digest too).
+    as ``--max-length`` changes a digest too); ``paths``: the fields naming a file or folder,
+    ``unordered``: the lists whose order means nothing (a resume spelling the same folder or
+    the same set another way resumes: :func:`_as_now`).
     """
     out = Path(out)
     check_not_a_file(out)
@@ -206,7 +253,7 @@ def open_output(
                 f"layout ({layout}; this version writes {config['state_layout']}), which cannot "
                 "be resumed: pass another --out, or --overwrite to discard them"
             )
-        diff = _differences(old, config, ignore, added)
+        diff = _differences(_as_now(old, config, paths, unordered), config, ignore, added)
         changed = [d for d in diff if d.split(" ", 1)[0].endswith("_digest")]
         flag_changed = [d for d in diff if d.split(" ", 1)[0].split(".", 1)[0] in flags]
         # the files behind the same flags changed (the training data, a frozen base, and what
@@ -273,6 +320,8 @@ def open_output_once(path, fingerprint, cfg, main_process: bool) -> OutputDir:
         ignore=cfg.EVALUATION_ONLY,
         added=getattr(cfg, "ADDED", None),
         flags=[f.name for f in dataclasses.fields(cfg)],
+        paths=[f.name for f in dataclasses.fields(cfg) if f.metadata.get("path")],
+        unordered=[f.name for f in dataclasses.fields(cfg) if f.metadata.get("unordered")],
     )
     if jax.process_count() == 1:
         lock = lock_output(path)

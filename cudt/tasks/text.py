@@ -94,6 +94,7 @@ class TextConfig(RunConfig):
         "Hugging Face model folder (config.json, model.safetensors, tokenizer.json); for ut, "
         "the encoder whose tokenizer and word embeddings it uses (default for minilm and ut: "
         "the pip all-MiniLM-L6-v2)",
+        path=True,
     )
     dataset: str = flag(
         "synthetic",
@@ -102,7 +103,7 @@ class TextConfig(RunConfig):
         check=one_of(*DATASETS),
     )
     data_dir: str | None = flag(
-        None, "TFDS data folder (imdb, mnli; default $TFDS_DATA_DIR) or aclImdb folder"
+        None, "TFDS data folder (imdb, mnli; default $TFDS_DATA_DIR) or aclImdb folder", path=True
     )
     download: bool = flag(False, "imdb/mnli: download and prepare missing TFDS data")
     num_train: int | None = flag(

@@ -60,7 +60,7 @@ class VideoConfig(RunConfig):
         "testing/frames/<clip>/*.jpg); validation videos come from the training ones",
         check=one_of(*DATASETS),
     )
-    data_dir: str | None = flag(None, "folder of the dataset (frames or videos)")
+    data_dir: str | None = flag(None, "folder of the dataset (frames or videos)", path=True)
     models: tuple[str, ...] = flag(
         ("dust", "ut"),
         "comma-separated models: dust, ut, vit (a pretrained ViT from --vit-checkpoint, fine-tuned "
@@ -71,6 +71,7 @@ class VideoConfig(RunConfig):
         None,
         "Hugging Face ViT folder (config.json, model.safetensors, preprocessor_config.json) for "
         "--models vit; its depth is the model's own (--layers is for dust and ut)",
+        path=True,
     )
     layers: int = flag(
         5,
