@@ -490,9 +490,36 @@ def test_a_review_in_both_source_splits_is_held_out_not_trained_on(tmp_path):
     assert "also in the test split" not in plain.source
     shutil.copy(base / "test" / "pos" / "1_7.txt", base / "train" / "pos" / "9_7.txt")
     sp = load_text_data("aclimdb", base, num_train=None, num_test=None, val_fraction=0.25)
-    assert sp.source.endswith("; 1 training examples also in the test split left out")
+    assert "; 1 training examples also in the test split left out" in sp.source
     assert not set(sp.test.texts) & (set(sp.train.texts) | set(sp.val.texts))
     assert len(sp.train) + len(sp.val) == len(plain.train) + len(plain.val)
+
+
+def test_fewer_reviews_than_asked_and_one_class_splits_are_said(tmp_path):
+    """A folder holding fewer reviews than asked gives all it holds and the data line says so;
+    a validation or test split of one class is said there too (a constant scores it); a
+    training split of one class is refused (nothing to learn)."""
+    base = _write_aclimdb(tmp_path)  # 8 training reviews (4 neg, 4 pos), 8 test
+    sp = load_text_data("aclimdb", base, num_train=20, num_test=5, val_fraction=0.25)
+    assert len(sp.train) + len(sp.val) == 8 and len(sp.test) == 5
+    assert (
+        "; the training split holds 8 examples, fewer than the 20 asked (--num-train): all used"
+        in sp.source
+    )
+    assert sp.source.count("fewer than") == 1  # the test split gave the 5 asked
+    assert "fewer than" not in load_text_data("aclimdb", base, num_train=8, num_test=8).source
+    one_class = []
+    for seed in range(12):  # 2 validation reviews of 8: some draws give both one class
+        sp = load_text_data(
+            "aclimdb", base, num_train=None, num_test=None, val_fraction=0.25, seed=seed
+        )
+        said = "the validation split holds class" in sp.source
+        assert said == (len(set(sp.val.labels.tolist())) == 1), (seed, sp.source)
+        one_class.append(said)
+    assert any(one_class) and not all(one_class)
+    assert "test split holds class" not in sp.source
+    with pytest.raises(DataError, match="the training split holds 1 examples, all of class"):
+        load_text_data("aclimdb", base, num_train=1, num_test=None, val_fraction=0.0)
 
 
 def test_a_byte_order_mark_is_no_text(tmp_path):

@@ -38,6 +38,7 @@ TensorFlow), :mod:`~cudt.data.text.nli` (generated NLI pairs, tiny prepared-TFDS
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +111,35 @@ def _split_val(pool: TextSplit, val_fraction: float, seed: int) -> tuple[TextSpl
         )
     perm = np.random.default_rng([seed, 1]).permutation(n)
     return pool.take(np.sort(perm[n_val:])), pool.take(np.sort(perm[:n_val]))
+
+
+def _fewer_than_asked(n_pool: int, num_train: int | None, n_test: int, num_test: int | None) -> str:
+    """The data line's note where the source holds fewer examples than asked: all of them are
+    used, and the line says so (the requested counts are what ``results.json``'s config
+    records)."""
+    short = [
+        f"{split} split holds {n} examples, fewer than the {asked} asked ({flag}): all used"
+        for split, n, asked, flag in (
+            ("the training", n_pool, num_train, "--num-train"),
+            ("the test", n_test, num_test, "--num-test"),
+        )
+        if asked is not None and n < asked
+    ]
+    return "".join(f"; {line}" for line in short)
+
+
+def _check_classes(train: TextSplit, label_names: Sequence[str]) -> None:
+    """A :class:`DataError` where the training split holds one class alone (a tiny draw, or a
+    folder missing a class): nothing can be learnt from it. A validation or test split of one
+    class is said in the data line instead (a smoke test's few examples may be)."""
+    present = np.unique(train.labels)
+    if len(train) == 0 or len(present) > 1 or len(label_names) < 2:
+        return
+    raise DataError(
+        f"the training split holds {len(train)} examples, all of class "
+        f"{label_names[int(present[0])]!r}: there is nothing to learn; draw more (--num-train) "
+        "or give the data folder every class"
+    )
 
 
 def _without_test_examples(pool: TextSplit, test: TextSplit) -> tuple[TextSplit, int]:
@@ -187,10 +217,19 @@ def load_text_data(
             f"{len(test)} of {n_test} -> test (seed={seed})"
         )
     if dataset != "synthetic":  # (the generated pool and test share no text by construction)
+        source += _fewer_than_asked(len(pool), num_train, len(test), num_test)
         pool, shared = _without_test_examples(pool, test)
         if shared:
             source += f"; {shared} training examples also in the test split left out"
     train, val = _split_val(pool, val_fraction, seed)
+    _check_classes(train, label_names)
+    for name, split in (("validation", val), ("test", test)):
+        if len(split) and len(label_names) > 1 and len(np.unique(split.labels)) == 1:
+            only = label_names[int(split.labels[0])]
+            source += (
+                f"; the {name} split holds class {only!r} alone ({len(split)} examples): a "
+                "constant prediction scores its accuracy"
+            )
     return TextSplits(
         train=train,
         val=val,
