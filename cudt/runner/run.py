@@ -13,6 +13,7 @@ results.json is written last, so its presence means a complete run.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,12 @@ def data_draws(cfg) -> dict[int, Any]:
     if cfg.data_seed is not None:
         return {cfg.data_seed: cfg}
     return {s: dataclasses.replace(cfg, data_seed=s) for s in cfg.seed_list}
+
+
+def say(line: str) -> None:
+    """A line of the run's report: on stdout, a warning (``warning: ...``) on stderr, where it
+    is seen when stdout goes to a log."""
+    print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout)
 
 
 def inert_warnings(task: Task, cfg, groups) -> list[str]:
@@ -107,7 +114,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             )
         )
         for line in inert_warnings(task, cfg, groups):
-            print(line)
+            say(line)
         programs = [GroupProgram(task, draws[g.data_seed], datas[g.data_seed], g) for g in groups]
         meshes = [
             make_shardings(len(g.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp) for g in groups
@@ -144,7 +151,7 @@ def _load_draws(task: Task, draws: dict[int, Any]) -> dict[int, Any]:
         if len(draws) > 1:
             print(f"seed {data_seed}'s data (fresh per seed; --data-seed D shares one draw):")
         for line in task.describe(draw_cfg, datas[data_seed]):
-            print(line)
+            say(line)
     return datas
 
 

@@ -269,6 +269,15 @@ class LLMConfig(RunConfig):
             f"--data {self.data!r} is neither a generated set nor a data file: pass "
             f"{' or '.join(GENERATED_DATA)}, or the path of a file such as alpaca_data.json",
         )
+        held_out = [
+            f"--{k.replace('_', '-')}" for k in ("val_data", "test_data") if getattr(self, k)
+        ]
+        need(
+            not held_out or self.train_data is not None or self.data is not None,
+            f"{' and '.join(held_out)} without --train-data or --data would train on the 8 "
+            "small toy templates (the default --data): pass --train-data FILE or --data FILE "
+            "(or --data toy / tasks to train on a generated set)",
+        )
         need(
             len(split_files(self)) < 3 or self.data is None,
             "--data has no split left to deal: --train-data, --val-data and --test-data give "

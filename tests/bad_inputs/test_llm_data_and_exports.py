@@ -31,14 +31,14 @@ def _no_output(tmp: Path) -> list:
 def _empty_file(tmp: Path) -> list:
     (tmp / "data").mkdir(parents=True)
     (tmp / "data" / "test.jsonl").write_text("")
-    return ["--test-data", tmp / "data" / "test.jsonl"]
+    return ["--test-data", tmp / "data" / "test.jsonl", "--data", "toy"]
 
 
 def _no_instruction(tmp: Path) -> list:
     path = tmp / "data" / "val.jsonl"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(_record(0)) + "\n" + json.dumps({"output": "hi"}) + "\n")
-    return ["--val-data", path]
+    return ["--val-data", path, "--data", "toy"]
 
 
 def _three_files_and_data(tmp: Path) -> list:
@@ -85,6 +85,12 @@ LLM_CASES = [
         _empty_file,
         "--test-data: '/tmp/data/test.jsonl' is empty",
         "it must hold a JSON list of records",
+    ),
+    (
+        "--test-data without --train-data or --data",
+        lambda tmp: ["--test-data", _alpaca_file(tmp / "data", "test.json", [_record(0)])],
+        "--test-data without --train-data or --data would train on the 8 small toy templates",
+        "pass --train-data FILE or --data FILE (or --data toy / tasks to train on a generated",
     ),
     (
         "--data with all three split files",
