@@ -99,12 +99,15 @@ def seed_intervals(runs: list[dict], level: float = 0.95) -> list[dict]:
 
 
 def interval_lines(intervals: list[dict], swept: Sequence[str] = ()) -> list[str]:
-    """The summary's lines: one per model × kind (× sweep point), ``name mean [low, high]``."""
+    """The summary's lines: one per model × kind (× sweep point), ``name mean [low, high]``; a
+    constrained − ERM difference whose interval spans 0 is marked ``level``, as the chosen
+    runs' comparison lines mark theirs (:func:`cudt.runner.choice.comparison_lines`)."""
 
-    def cell(name, iv):
+    def cell(name, iv, difference=False):
         if iv["low"] is None:
             return f"{name} {iv['mean']:.4g}"
-        return f"{name} {iv['mean']:.4g} [{iv['low']:.4g}, {iv['high']:.4g}]"
+        text = f"{name} {iv['mean']:.4g} [{iv['low']:.4g}, {iv['high']:.4g}]"
+        return text + (" level" if difference and iv["low"] <= 0 <= iv["high"] else "")
 
     lines = []
     for e in intervals:
@@ -130,7 +133,7 @@ def interval_lines(intervals: list[dict], swept: Sequence[str] = ()) -> list[str
                     else ""
                 )
                 + ": "
-                + "; ".join(cell(n, iv) for n, iv in e["constrained_minus_erm"].items())
+                + "; ".join(cell(n, iv, True) for n, iv in e["constrained_minus_erm"].items())
             )
         lines.append(line)
     return lines

@@ -87,3 +87,33 @@ def test_an_erm_seed_that_diverged_leaves_the_difference_over_the_others_named()
     (whole,) = [e for e in seed_intervals(_runs()) if e["constrained"]]
     assert "paired_seeds" not in whole
     assert "constrained − ERM, paired by seed: acc" in interval_lines([whole])[0]
+
+
+def test_a_difference_whose_interval_spans_zero_is_marked_level():
+    """The per-point interval lines mark a constrained − ERM interval that spans 0 ``level``,
+    as the chosen runs' comparison lines do; one that excludes 0 is not marked."""
+    runs = _runs()
+    (con,) = [e for e in seed_intervals(runs) if e["constrained"]]
+    iv = con["constrained_minus_erm"]["acc"]
+    spans = iv["low"] <= 0 <= iv["high"]
+    paired = interval_lines([con])[0].split("paired by seed: ")[1]
+    assert paired.endswith(" level") == spans, paired
+    for r in runs:  # constrained ahead by 5 at every seed, give or take a little
+        if r["constrained"]:
+            r["acc"] = (
+                5.0
+                + 0.01 * r["seed"]
+                + next(
+                    x["acc"]
+                    for x in _runs()
+                    if x["label"] == r["label"].replace("constrained", "ERM")
+                )
+            )
+    (con,) = [e for e in seed_intervals(runs) if e["constrained"]]
+    paired = interval_lines([con])[0].split("paired by seed: ")[1]
+    assert paired.startswith("acc 5.0") and not paired.endswith("level"), paired
+    for r in runs:  # and level where the sign flips from seed to seed
+        if r["constrained"]:
+            r["acc"] += -10.0 if r["seed"] % 2 else 0.0
+    (con,) = [e for e in seed_intervals(runs) if e["constrained"]]
+    assert interval_lines([con])[0].endswith(" level")
