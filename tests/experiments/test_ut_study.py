@@ -308,3 +308,29 @@ test_bad_study_flags_fail_with_one_line_and_write_nothing = bad_flags_test(
         (["--dual-lr", "0"], "--dual-lr must be a finite number > 0"),
     ],
 )
+
+
+def test_the_vs_erm_columns_carry_a_paired_interval_over_seeds() -> None:
+    """The study's "vs ERM" cells: the mean over seeds of each constrained run against its
+    seed's ERM run, with the 95 % paired t interval over seeds, ``level`` where it spans 0 (a
+    mean alone had hidden the seeds' spread)."""
+    from cudt.stats import t_interval
+    from experiments.paper.ut_study.report import _table
+
+    def row(seed, ood_vs, id_vs):
+        return {
+            "variant": "v", "label": "UT", "kind": "constrained", "resilience": "off",
+            "seed": seed, "feasible_exact": True, "feasible_tol": True, "monotone_val": True,
+            "max_rel_violation_val": -0.1, "id_rmse": 4.0, "ood_rmse": 5.0,
+            "id_vs_erm_pct": id_vs, "ood_vs_erm": ood_vs, "projection_removed": 0.0,
+            "lambda_end": 0.1, "lambda_peak": 0.2,
+        }  # fmt: skip
+
+    ood, ids = [-0.30, -0.25, -0.35], [1.0, -3.0, 4.0]
+    line = _table([row(s, o, i) for s, (o, i) in enumerate(zip(ood, ids, strict=True))])[2]
+    iv = t_interval(ood)
+    assert f"| {iv.mean:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}] |" in line, line  # excludes 0
+    iv = t_interval(ids)
+    assert f"| {iv.mean:+.1f} % [{iv.low:+.1f} %, {iv.high:+.1f} %] level |" in line, line
+    one = _table([row(0, -0.3, 1.0)])[2]  # one seed: the mean alone
+    assert "| -0.300 |" in one and "| +1.0 % |" in one, one

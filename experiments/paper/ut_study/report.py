@@ -27,6 +27,7 @@ import numpy as np
 
 from cudt.runner.choice import choose_points
 from cudt.runner.record import at_gamma_train
+from cudt.stats import t_interval
 from experiments.paper.rows import csv_text, write_text
 
 __all__ = ["CSV_COLUMNS", "choose", "choose_setting", "rows_of", "write_report"]
@@ -194,8 +195,8 @@ def _settings_section(sub, runs: list[dict]) -> list[str]:
         f"one program ({cfg.steps} steps, dual {cfg.dual_optimizer}, {cfg.update}); validation "
         "videos scored over the test γ grid (`--select val-mean-rmse`). Chosen: feasible and "
         "monotone on validation at every seed, then the lowest mean validation mean RMSE. Test "
-        "RMSE is reported beside the ERM run of the same seed (means over seeds) and chooses "
-        "nothing.",
+        "RMSE is reported beside the ERM run of the same seed (mean over seeds, 95 % paired t "
+        "interval, 'level' where it spans 0) and chooses nothing.",
         "",
         "| ε | dual rate | feasible tol | monotone | val mean RMSE | val vs ERM | ID vs ERM | "
         "OOD RMSE | OOD vs ERM | λ peak |",
@@ -203,14 +204,14 @@ def _settings_section(sub, runs: list[dict]) -> list[str]:
     ]
     for (eps, rate), cell in sorted(_setting_cells(runs).items()):
         pairs = [(r, erm[r["seed"]]) for r in cell if r["seed"] in erm]
-        val_vs = np.mean([r["val_mean_rmse"] - e["val_mean_rmse"] for r, e in pairs])
-        id_vs = np.mean([100 * (_id_rmse(r) / _id_rmse(e) - 1) for r, e in pairs])
-        ood_vs = np.mean([r["mean_rmse"] - e["mean_rmse"] for r, e in pairs])
+        val_vs = _versus([r["val_mean_rmse"] - e["val_mean_rmse"] for r, e in pairs], 3)
+        id_vs = _versus([100 * (_id_rmse(r) / _id_rmse(e) - 1) for r, e in pairs], 1, " %")
+        ood_vs = _versus([r["mean_rmse"] - e["mean_rmse"] for r, e in pairs], 3)
         lines.append(
             f"| {eps:g} | {rate:g} | {sum(r['feasible'] for r in cell)}/{len(cell)} | "
             f"{sum(r['loss_decreases_val'] for r in cell)}/{len(cell)} | "
-            f"{np.mean([r['val_mean_rmse'] for r in cell]):.3f} | {val_vs:+.3f} | "
-            f"{id_vs:+.1f} % | {np.mean([r['mean_rmse'] for r in cell]):.3f} | {ood_vs:+.3f} | "
+            f"{np.mean([r['val_mean_rmse'] for r in cell]):.3f} | {val_vs} | "
+            f"{id_vs} | {np.mean([r['mean_rmse'] for r in cell]):.3f} | {ood_vs} | "
             f"{max(max(r['max_multipliers']) for r in cell):.3g} |"
         )
     pick = choose_setting(runs)
@@ -238,6 +239,25 @@ def _settings_section(sub, runs: list[dict]) -> list[str]:
     return lines
 
 
+def _versus(differences, digits: int, unit: str = "") -> str:
+    """A "vs ERM" cell: the mean over seeds of the per-seed differences (each constrained run
+    against the ERM run of its seed) with their 95 % paired t interval, ``level`` where it spans
+    0; the mean alone from one finite seed; ``nan`` from none."""
+    vals = [float(v) for v in differences if np.isfinite(v)]
+    if not vals:
+        return "nan"
+
+    def num(x):
+        return f"{x:+.{digits}f}{unit}"
+
+    if len(vals) < 2:
+        return num(float(np.mean(vals)))
+    iv = t_interval(vals)
+    return f"{num(iv.mean)} [{num(iv.low)}, {num(iv.high)}]" + (
+        " level" if iv.low <= 0 <= iv.high else ""
+    )
+
+
 def _mean(cell, key) -> float:
     vals = [r[key] for r in cell if np.isfinite(r[key])]
     return float(np.mean(vals)) if vals else math.nan
@@ -257,14 +277,14 @@ def _table(rows: list[dict]) -> list[str]:
         first = cell[0]
         name = first["label"] + ("" if kind == "constrained" else " (ERM)")
 
-        def vs(key: str, fmt: str, cell=cell, kind=kind) -> str:
-            return "" if kind != "constrained" else fmt.format(_mean(cell, key))
+        def vs(key: str, digits: int, unit: str = "", cell=cell, kind=kind) -> str:
+            return "" if kind != "constrained" else _versus([r[key] for r in cell], digits, unit)
 
         out.append(
             f"| {name} | {res} | {_count(cell, 'feasible_exact')} | {_count(cell, 'feasible_tol')} | "
             f"{_count(cell, 'monotone_val')} | {_mean(cell, 'max_rel_violation_val'):+.3f} | "
-            f"{_mean(cell, 'id_rmse'):.3f} | {vs('id_vs_erm_pct', '{:+.1f} %')} | "
-            f"{_mean(cell, 'ood_rmse'):.3f} | {vs('ood_vs_erm', '{:+.3f}')} | "
+            f"{_mean(cell, 'id_rmse'):.3f} | {vs('id_vs_erm_pct', 1, ' %')} | "
+            f"{_mean(cell, 'ood_rmse'):.3f} | {vs('ood_vs_erm', 3)} | "
             f"{_mean(cell, 'projection_removed'):.2f} | {_mean(cell, 'lambda_end'):.3g} | "
             f"{_mean(cell, 'lambda_peak'):.3g} |"
         )
@@ -332,7 +352,8 @@ def write_report(
         f"ε = {first.epsilon}, dual "
         f"{first.dual_optimizer} at {first.dual_lr:g} ({first.update}), resilience α = "
         f"{resilient}. Verdicts on validation data; RMSE on test data (reported only); "
-        "'vs ERM': against the ERM run of the same variant and seed (means over seeds).",
+        "'vs ERM': against the ERM run of the same variant and seed: the mean over seeds and "
+        "its 95 % paired t interval over them, 'level' where it spans 0.",
         "",
         *_table(rows),
         "",
