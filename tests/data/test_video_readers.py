@@ -181,6 +181,52 @@ def test_caps_on_videos_and_frames(datasets):
         np.testing.assert_array_equal(data["test"][1], full["test"][1][:4])
 
 
+@pytest.mark.parametrize("name", ["avenue", "shanghaitech", "ucsd"])
+def test_videos_that_would_not_fit_in_memory_are_refused_before_decoding(
+    datasets, tmp_path, monkeypatch, name
+):
+    """The frames are counted before any is decoded (the .avi headers, the frame folders'
+    files); videos that would not fit in the memory available now, as frames and their
+    sequences, are refused in one line naming the sizes and the --max-videos that fits, and
+    that --max-videos then reads. (Full ShanghaiTech at 160x160 would need about 60 GiB.)"""
+    from cudt.data.video import frames
+    from cudt.data.video.avi import listed_frames
+
+    if name == "ucsd":
+        videos = [np.full((n, 8, 8), 0.5, np.float32) for n in (6, 5, 7, 6, 8)]
+        top = archives.write_ucsd(tmp_path, {"train": videos[:3], "test": videos[3:]})
+    else:
+        top = datasets[name]
+    full = load_videos(top, dataset=name, size=32)
+    lengths = [len(v) for split in full.values() for v in split]
+    if name == "avenue":
+        files = sorted((top / "training_videos").glob("[0-9]*.avi"))
+        files += sorted((top / "testing_videos").glob("[0-9]*.avi"))
+        assert [listed_frames(p) for p in files] == lengths  # the headers count what decodes
+    need = sum(lengths) * 32 * 32 * 8  # float32 frames and their sequences
+    monkeypatch.setattr(frames, "_available_memory", lambda: need - 1)
+    decoded = []
+    monkeypatch.setattr(frames, "_read_video", lambda *a: decoded.append(a))
+    monkeypatch.setattr("cudt.data.video.avi.read_avi", lambda *a, **k: decoded.append(a))
+    with pytest.raises(DataError) as excinfo:
+        load_videos(top, dataset=name, size=32)
+    message = one_line(excinfo)
+    assert f"{len(lengths)} videos of {sum(lengths)} frames need about {need / 1024:.0f} KiB" in (
+        message
+    ), message
+    assert message.endswith("(videos per split) or run where more memory is free")
+    assert not decoded  # refused before a frame was read
+    fit = int(re.search(r"--max-videos (\d+)", message).group(1))
+    monkeypatch.undo()
+    monkeypatch.setattr(frames, "_available_memory", lambda: need - 1)
+    capped = load_videos(top, dataset=name, size=32, max_videos=fit)
+    assert 0 < sum(len(v) for split in capped.values() for v in split) < sum(lengths)
+    monkeypatch.setattr(frames, "_available_memory", lambda: None)  # unknown: not checked
+    assert [len(v) for v in load_videos(top, dataset=name, size=32)["train"]] == [
+        len(v) for v in full["train"]
+    ]
+
+
 @pytest.mark.parametrize("name", ["avenue", "shanghaitech"])
 def test_val_comes_from_the_training_videos(datasets, name):
     videos = load_videos(datasets[name], dataset=name, size=32)

@@ -16,7 +16,7 @@ from PIL import Image
 
 from cudt.errors import DataError
 
-__all__ = ["read_avi"]
+__all__ = ["listed_frames", "read_avi"]
 
 # A stream that decodes to fewer than this fraction of the frames its header lists is refused as
 # truncated or corrupt. Not 1.0: some real files count dropped (empty) frames in their header.
@@ -30,6 +30,24 @@ _FIX = "re-download or re-extract that video, or delete the file"
 
 def _cannot_decode(path: Path, reason: str) -> DataError:
     return DataError(f"cannot decode video '{path}' ({reason}): {_FIX}")
+
+
+def listed_frames(path: str | Path) -> int | None:
+    """The frame count a video's header lists (its duration times its rate where it lists
+    none), read without decoding; None where the file cannot be opened or says neither (the
+    decoder then names the problem)."""
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                return None
+            stream = container.streams.video[0]
+            if stream.frames:
+                return int(stream.frames)
+            if stream.duration and stream.time_base and stream.average_rate:
+                return int(stream.duration * stream.time_base * stream.average_rate)
+    except (av.FFmpegError, OSError):
+        return None
+    return None
 
 
 def read_avi(

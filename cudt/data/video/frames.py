@@ -7,6 +7,7 @@ only when such a dataset is read. Both give grayscale ``[F, size, size]`` float3
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from pathlib import Path
@@ -95,6 +96,61 @@ def _video_dirs(split_dir: Path) -> list[Path]:
     if frames:
         return _video_dirs(frames[0])
     return dirs
+
+
+# Bytes a frame takes per pixel while the data is prepared: the decoded float32 frames and the
+# float32 patch sequences made from them (cudt.data.video.splits.load_video_data) are held at once.
+_BYTES_PER_PIXEL = 2 * 4
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory the system can give now (``MemAvailable``), or None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_fits(
+    frame_counts: list[int | None], *, size: int, max_frames: int | None, what: str
+) -> None:
+    """Before decoding: a :class:`DataError` where the videos (their frame counts, listed
+    without decoding; None: unknown, left out) would not fit in the memory available now as
+    ``size x size`` frames and their sequences, naming the sizes and the ``--max-videos`` that
+    fits. Full ShanghaiTech at 160x160 holds about 317,000 frames: 60 GiB so prepared."""
+    counts = [min(n, max_frames) if max_frames is not None else n for n in frame_counts if n]
+    available = _available_memory()
+    if not counts or available is None:
+        return
+    per_frame = size * size * _BYTES_PER_PIXEL
+    need = sum(counts) * per_frame
+    if need <= available:
+        return
+    per_video = need / len(counts)
+    fit = max(1, int(available // per_video) // 2)  # --max-videos caps each of train and test
+    raise DataError(
+        f"{what}: {len(counts)} videos of {sum(counts):,} frames need about {_size(need)} of "
+        f"memory at {size}x{size} (the frames and their sequences), and {_size(available)} is "
+        f"available: pass --max-videos {fit} (videos per split) or run where more memory is free"
+    )
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 2**10:.0f} KiB"
+
+
+def _frame_count(folder: Path) -> int:
+    """The image frames in one video folder, counted without decoding them."""
+    return sum(1 for p in _entries(folder) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
 
 
 def _read_video(folder: Path, size: int, max_frames: int | None, min_frames: int = 1) -> np.ndarray:
@@ -257,12 +313,19 @@ def load_frame_folders(
             for split, dirs in _split_dirs(d).items():
                 splits[split].extend(dirs)
 
-    out: dict[str, list[np.ndarray]] = {"train": [], "test": []}
-    for split, dirs in splits.items():
-        videos = [v for d in dirs for v in _video_dirs(d)]
-        if max_videos is not None:
-            videos = videos[:max_videos]
-        out[split] = [_read_video(v, size, max_frames, min_frames) for v in videos]
+    videos = {split: [v for d in dirs for v in _video_dirs(d)] for split, dirs in splits.items()}
+    if max_videos is not None:
+        videos = {split: found[:max_videos] for split, found in videos.items()}
+    check_fits(
+        [n for found in videos.values() for n in map(_frame_count, found)],
+        size=size,
+        max_frames=max_frames,
+        what=f"--dataset {dataset} '{root}'",
+    )
+    out = {
+        split: [_read_video(v, size, max_frames, min_frames) for v in found]
+        for split, found in videos.items()
+    }
     if not out["train"] and not out["test"]:
         near = _layout_nearby(root)
         hint = f" ('{near}' holds it: pass --data-dir '{near}')" if near else ""
@@ -391,7 +454,8 @@ def load_videos(
             max_frames=max_frames,
             min_frames=min_frames,
         )
-    from cudt.data.video.avi import read_avi  # PyAV loads only for the datasets stored as videos
+    # PyAV loads only for the datasets stored as videos
+    from cudt.data.video.avi import listed_frames, read_avi
 
     def cap(items: list[Path]) -> list[Path]:
         return items if max_videos is None else items[:max_videos]
@@ -411,6 +475,8 @@ def load_videos(
             )
         train_files = cap(_video_files(_child_dir(base, "training_videos")))
         test_files = cap(_video_files(test_dir))
+        counts = [listed_frames(p) for p in train_files + test_files]
+        check_fits(counts, size=size, max_frames=max_frames, what=f"--dataset avenue '{base}'")
         return {"train": [avi(p) for p in train_files], "test": [avi(p) for p in test_files]}
 
     base = _dataset_root(root, dataset, _VIDEO_MARKERS[dataset])
@@ -429,6 +495,8 @@ def load_videos(
             "folder per clip (testing/frames/01_0014/000.jpg)"
         )
     train_files = cap(_video_files(_child_dir(base, "training", "videos")))
+    counts = [listed_frames(p) for p in train_files] + [_frame_count(d) for d in clips]
+    check_fits(counts, size=size, max_frames=max_frames, what=f"--dataset shanghaitech '{base}'")
     return {
         "train": [avi(p) for p in train_files],
         "test": [_read_video(d, size, max_frames, min_frames) for d in clips],
