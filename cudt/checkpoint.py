@@ -53,6 +53,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from cudt.errors import CheckpointError, UsageError
+from cudt.io import available_memory
 
 __all__ = ["GroupCheckpointer", "PinnedOrLatest", "available_memory", "host_bytes", "save_blocks"]
 
@@ -67,22 +68,6 @@ def host_bytes(states: Any) -> int:
         elif isinstance(leaf, np.ndarray):
             total += leaf.nbytes
     return total
-
-
-def available_memory() -> int | None:
-    """The host memory available to new allocations, in bytes (Linux's MemAvailable), or None
-    where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def save_blocks(states: Any, available: int | None = None) -> bool:

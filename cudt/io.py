@@ -21,6 +21,7 @@ from cudt.errors import UsageError
 __all__ = [
     "UsageError",
     "atomic_output",
+    "available_memory",
     "check_creatable",
     "check_fresh_output",
     "check_not_a_file",
@@ -315,3 +316,19 @@ def check_writable(out: str | os.PathLike) -> Path:
             f"cannot write to --out {out} ({e.strerror or e}): pass a writable folder"
         ) from e
     return out
+
+
+def available_memory() -> int | None:
+    """The host memory available to new allocations, in bytes (Linux's MemAvailable), or None
+    where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

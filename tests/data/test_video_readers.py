@@ -204,7 +204,7 @@ def test_videos_that_would_not_fit_in_memory_are_refused_before_decoding(
         files += sorted((top / "testing_videos").glob("[0-9]*.avi"))
         assert [listed_frames(p) for p in files] == lengths  # the headers count what decodes
     need = sum(lengths) * 32 * 32 * 8  # float32 frames and their sequences
-    monkeypatch.setattr(frames, "_available_memory", lambda: need - 1)
+    monkeypatch.setattr(frames, "available_memory", lambda: need - 1)
     decoded = []
     monkeypatch.setattr(frames, "_read_video", lambda *a: decoded.append(a))
     monkeypatch.setattr("cudt.data.video.avi.read_avi", lambda *a, **k: decoded.append(a))
@@ -218,10 +218,10 @@ def test_videos_that_would_not_fit_in_memory_are_refused_before_decoding(
     assert not decoded  # refused before a frame was read
     fit = int(re.search(r"--max-videos (\d+)", message).group(1))
     monkeypatch.undo()
-    monkeypatch.setattr(frames, "_available_memory", lambda: need - 1)
+    monkeypatch.setattr(frames, "available_memory", lambda: need - 1)
     capped = load_videos(top, dataset=name, size=32, max_videos=fit)
     assert 0 < sum(len(v) for split in capped.values() for v in split) < sum(lengths)
-    monkeypatch.setattr(frames, "_available_memory", lambda: None)  # unknown: not checked
+    monkeypatch.setattr(frames, "available_memory", lambda: None)  # unknown: not checked
     assert [len(v) for v in load_videos(top, dataset=name, size=32)["train"]] == [
         len(v) for v in full["train"]
     ]

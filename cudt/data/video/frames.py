@@ -7,7 +7,6 @@ only when such a dataset is read. Both give grayscale ``[F, size, size]`` float3
 
 from __future__ import annotations
 
-import os
 import re
 import warnings
 from pathlib import Path
@@ -16,6 +15,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from cudt.errors import DataError
+from cudt.io import available_memory
 
 __all__ = [
     "DATASETS",
@@ -103,20 +103,6 @@ def _video_dirs(split_dir: Path) -> list[Path]:
 _BYTES_PER_PIXEL = 2 * 4
 
 
-def _available_memory() -> int | None:
-    """Bytes of memory the system can give now (``MemAvailable``), or None where unknown."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def check_fits(
     frame_counts: list[int | None], *, size: int, max_frames: int | None, what: str
 ) -> None:
@@ -125,7 +111,7 @@ def check_fits(
     ``size x size`` frames and their sequences, naming the sizes and the ``--max-videos`` that
     fits. Full ShanghaiTech at 160x160 holds about 317,000 frames: 60 GiB so prepared."""
     counts = [min(n, max_frames) if max_frames is not None else n for n in frame_counts if n]
-    available = _available_memory()
+    available = available_memory()
     if not counts or available is None:
         return
     per_frame = size * size * _BYTES_PER_PIXEL
