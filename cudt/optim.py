@@ -13,6 +13,7 @@ from __future__ import annotations
 import optax
 
 from cudt.constrained import as_dual, nupi, project_nonnegative
+from cudt.constrained._dual import _check_lr
 
 __all__ = ["DUAL_OPTIMIZERS", "SCHEDULES", "dual_optimizer", "lr_factor", "primal_optimizer"]
 
@@ -66,6 +67,11 @@ def dual_optimizer(
     ``nupi_ema``: the knobs' names, :mod:`cudt.knobs`) in its state, times
     the factor of ``schedule`` over ``steps`` dual updates (the dual state, and so the
     schedule's count, stands still during the primal warm-up)."""
+    if name not in DUAL_OPTIMIZERS:
+        raise ValueError(
+            f"unknown dual optimiser {name!r}: choose from {', '.join(DUAL_OPTIMIZERS)}"
+        )
+    _check_lr("dual learning rate", lr)
     if name == "nupi":
         raw = optax.inject_hyperparams(_nupi_raw)(
             learning_rate=lr, nupi_kp=nupi_kp, nupi_ema=nupi_ema

@@ -104,6 +104,31 @@ class Constraint:
                 f"Constraint scale must be > 0 (the units a violation is measured in), got "
                 f"{scale.tolist()}: pass a positive scale, or none"
             )
+        self._check_index()
+        alpha = _concrete(self.resilience) if self.resilience is not None else None
+        if alpha is not None and not np.all(alpha > 0):  # inf (hard) is allowed; NaN is not
+            raise ValueError(
+                f"Constraint resilience must be > 0 (the slack's cost α; inf or None: hard), "
+                f"got {alpha.tolist()}: pass a positive alpha"
+            )
+
+    def _check_index(self) -> None:
+        """``index``: integer ids, one per value (``[B]`` against values ``[B, ...]``); checked
+        on whatever has a dtype and shape (arrays, tracers, shape structs)."""
+        ids, value = self.index, self.value
+        if not (hasattr(ids, "dtype") and hasattr(ids, "shape")):
+            return
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(
+                f"Constraint index must hold integer row ids, got dtype {ids.dtype}: pass "
+                "index=ids.astype(jnp.int32)"
+            )
+        if hasattr(value, "shape") and (len(ids.shape) != 1 or ids.shape != value.shape[:1]):
+            raise ValueError(
+                f"Constraint index must hold one row id per value: ids of shape "
+                f"{tuple(ids.shape)} against values of shape {tuple(value.shape)}; pass "
+                "index of shape [B] for values [B, ...]"
+            )
 
     @property
     def has_slack(self) -> bool:

@@ -12,9 +12,11 @@ projection onto the non-negative orthant live in this module and nowhere else.
 ``as_dual(opt)`` turns any optax *minimiser* into projected gradient *ascent*: maximising 𝓛 in λ is
 minimising −𝓛, so it feeds ``−g`` to ``opt`` and projects afterwards. ``dual_ascent(lr)`` (plain
 projected SGD ascent, the literature's recommended default) and ``dual_adam(lr)`` (the paper's
-choice) are the two ready-made ones. ``resilience_decay(alpha)`` is chained in front by
-:func:`cudt.make_train_step` when ``DescentConfig.resilience`` is set: it turns ``g`` into
-``g − λ/α``, the gradient of the resilient dual (Hounie et al. 2023).
+choice) are the two ready-made ones. ``resilience_decay(alpha)`` turns ``g`` into ``g − λ/α``,
+the gradient of the resilient dual (Hounie et al. 2023), for a dual chained by hand; the step of
+:func:`cudt.make_constrained_step` applies the same decay itself to a constraint carrying
+``resilience`` (``Constraint(..., resilience=α)``, ``DescentConfig.resilience``), so chaining it
+in front of such a constraint's dual decays twice.
 """
 
 from __future__ import annotations
@@ -96,8 +98,9 @@ def resilience_decay(alpha) -> optax.GradientTransformation:
     """``g ↦ g − λ/α``: the dual gradient of the resilient relaxation with cost (α/2)‖u‖².
 
     The optimal slack is ``u = λ/α``, so the resilient dual step is ordinary ascent on ``g − λ/α``
-    (weight decay ``1/α`` on the multipliers). Place it *before* the dual optimiser.
-    ``alpha`` may be a traced array so resilience can be swept under ``vmap``.
+    (weight decay ``1/α`` on the multipliers). Place it *before* the dual optimiser, for a
+    constraint without ``resilience`` of its own (the step decays those itself: both would decay
+    twice). ``alpha`` may be a traced array so resilience can be swept under ``vmap``.
     """
     _check_lr("resilience alpha", alpha)
 
@@ -179,6 +182,13 @@ def nupi(learning_rate, kp=0.0, ki=1.0, ema_nu=0.0, init="sgd", project=True):
         nu = 0.0
     if not 0.0 <= nu < 1.0:
         raise ValueError(f"ema_nu must lie in [0, 1), got {ema_nu}")
+    for gain, value in (("kp", kp), ("ki", ki)):
+        try:
+            v = float(value)
+        except (TypeError, jax.errors.ConcretizationTypeError):
+            continue
+        if not v >= 0:  # a negative gain turns ascent on a violated constraint into descent
+            raise ValueError(f"nupi's {gain} must be >= 0, got {v}: pass a non-negative gain")
 
     def init_fn(params):
         xi = jax.tree.map(jnp.zeros_like, params)

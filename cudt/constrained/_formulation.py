@@ -34,7 +34,7 @@ __all__ = ["AugmentedLagrangian", "Lagrangian", "QuadraticPenalty", "check_formu
 def _violation(g, lam, kind, active_by_multiplier):
     if kind == "eq":
         return g
-    active = g > 0
+    active = (g > 0) | jnp.isnan(g)  # a NaN constraint shows as a NaN violation, not as met
     if active_by_multiplier:
         active = active | (lam > 0)
     return jnp.where(active, g, jnp.zeros_like(g))

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cudt.constrained._constraint import Constraint, FreeSign
+from cudt.constrained._constraint import Constraint, FreeSign, _concrete
 from cudt.constrained._dual import check_dual
 from cudt.constrained._formulation import check_formulation
 from cudt.constrained._implicit import Implicit
@@ -77,11 +77,26 @@ def set_learning_rate(opt_state, value, name: str = "learning_rate", what: str =
                 raise ValueError(f"{what} must be > 0, got {np.asarray(value).tolist()}")
     new_state = jax.tree.map(put, opt_state, is_leaf=_is_injected)
     if not found:
+        kept = sorted(
+            {
+                k
+                for node in jax.tree.leaves(opt_state, is_leaf=_is_injected)
+                if _is_injected(node)
+                for k in node.hyperparams
+            }
+        )
+        if kept:  # injected, under other names (an optimiser of one's own: its own names)
+            like = next((k for k in kept if name.endswith("_" + k)), "NAME")  # nupi_kp: kp
+            raise ValueError(
+                f"cannot set {what}: the optimiser injects {', '.join(map(repr, kept))}, not "
+                f"{name!r}; pass the value under its name (dual_hparams={{{like!r}: value}} "
+                "for a dual), or build the dual with cudt.optim.dual_optimizer, which injects "
+                "learning_rate, nupi_kp and nupi_ema"
+            )
         raise ValueError(
             f"cannot set {what}: the optimiser keeps no injected {name!r} in its state; build it "
             "with optax.inject_hyperparams, e.g. optax.inject_hyperparams(optax.adam)"
-            "(learning_rate=1e-3), or optax.inject_hyperparams(cudt.nupi)(learning_rate=0.1, "
-            "kp=1.0) for a dual"
+            "(learning_rate=1e-3), or cudt.optim.dual_optimizer('nupi', 0.1) for a dual"
         )
     return new_state
 
@@ -251,6 +266,12 @@ def _init(
     if lr is not None:
         opt_state = set_learning_rate(opt_state, lr)
     rho = spec.penalty if penalty is None else penalty
+    concrete = _concrete(penalty) if penalty is not None else None  # a sweep's lanes: traced
+    if concrete is not None and not np.all(concrete >= 0):
+        raise ValueError(
+            f"init's penalty must be >= 0 (the formulation's rho), got {concrete.tolist()}: pass "
+            "penalty=rho >= 0"
+        )
     prev = ()
     if spec.update == "optimistic":
         prev = tuple(jax.tree.map(jnp.zeros_like, t) for t in (params, mult, slacks))

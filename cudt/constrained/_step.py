@@ -82,7 +82,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cudt.constrained._constraint import Constraint, FreeSign
+from cudt.constrained._constraint import Constraint, FreeSign, _concrete
 from cudt.constrained._dual import project_nonnegative
 from cudt.constrained._formulation import Lagrangian
 from cudt.constrained._implicit import Implicit, ascent_gradient
@@ -192,7 +192,7 @@ def make_constrained_step(
     ``multipliers``: ``{name: φ}``, the starting parameters of implicit multipliers.
 
     ``metrics``: ``objective``, ``lagrangian``, ``constraints`` (name -> mean value),
-    ``violation`` (name -> ‖h‖, in the constraint's scale), ``grad_norm`` (of the primal gradient), all measured at the
+    ``violation`` (name -> the RMS of h, sqrt(mean h²), in the constraint's scale), ``grad_norm`` (of the primal gradient), all measured at the
     point the gradient was taken (before the step; the extrapolated point for ``"optimistic"``),
     ``projection`` with ``project_params`` (the share of the primal update it took back,
     ``‖P(θ') − θ'‖ / ‖θ' − θ‖``: 0 when the update stayed feasible) and ``aux`` when
@@ -253,8 +253,25 @@ class _Descent(NamedTuple):
 
 
 def _rows_of(tables, cons):
-    """The batch's rows of every (indexed) table: ``{name: rows}``."""
-    return {n: (t if cons[n].index is None else t[cons[n].index]) for n, t in tables.items()}
+    """The batch's rows of every (indexed) table: ``{name: rows}``. An id outside ``[0, N)`` is
+    an error where the ids are concrete, and reads NaN under ``jit`` (the Lagrangian NaN, not
+    a row silently clamped or dropped)."""
+    return {
+        n: (t if cons[n].index is None else _take_rows(t, cons[n].index, n))
+        for n, t in tables.items()
+    }
+
+
+def _take_rows(table, ids, name):
+    concrete = _concrete(ids)
+    n = table.shape[0]
+    if concrete is not None and concrete.size and not (0 <= concrete.min() and concrete.max() < n):
+        raise ValueError(
+            f"constraint {name!r}: index ids must lie in [0, {n}) (its num_indexed), got "
+            f"{int(concrete.min())} to {int(concrete.max())}: pass num_indexed={{{name!r}: N}} "
+            "with N above every id"
+        )
+    return table.at[ids].get(mode="fill", fill_value=jnp.nan)
 
 
 def _features(cons, name):

@@ -82,8 +82,9 @@ def make_train_step(
 
     ``init(params, *, constrained=None, dual_hparams=None, **values)`` overrides the config's
     values for one run (arrays under ``vmap``: a sweep); ``values`` are the knobs of
-    :mod:`cudt.knobs` by name (``epsilon``, ``reference``, ``lr``, ``dual_lr``, ``resilience``,
-    ``penalty``, ``tail_beta``, ``nupi_kp``, ``nupi_ema``), each put where its row says.
+    :mod:`cudt.knobs` by name (``INIT_KNOBS``: ``epsilon``, ``epsilon_schedule``,
+    ``reference``, ``lr``, ``dual_lr``, ``resilience``, ``penalty``, ``tail_beta``, ``nupi_kp``,
+    ``nupi_ema``), each put where its row says.
     ``reference`` NaN means no reference constraint; ``resilience`` inf means hard constraints.
     ``lr`` / ``dual_lr`` / ``nupi_*`` / ``dual_hparams`` (any other injected name: ``{name:
     value}``) need optimisers built with ``optax.inject_hyperparams``
@@ -96,6 +97,12 @@ def make_train_step(
     ``grad_norm``; ``slacks [L+1]`` with explicit slacks, ``multipliers_max [L+1]`` for
     ``"indexed"``. All are measured at the parameters before the step.
     """
+    if not isinstance(config, DescentConfig):
+        raise TypeError(
+            f"make_train_step's config must be a cudt.DescentConfig, got "
+            f"{type(config).__name__}: call make_train_step(layer_losses, optimizer, "
+            "dual_optimizer, cudt.DescentConfig(num_layers=L, ...))"
+        )
     cfg = config
     model, features = _implicit_model(multipliers, constraint, cfg.num_layers, example_features)
     table = constraint == "indexed" and model is None

@@ -1,0 +1,113 @@
+"""What a user of the library gets wrong, named in one line (or shown as NaN) instead of trained
+silently: a dual optimiser's name or rate, negative gains, a non-positive resilience or penalty,
+indexed ids that are not row ids of the table, a NaN constraint's violation, the arguments of
+``make_train_step`` in another order, an injected hyperparameter under another name."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import cudt
+from cudt.optim import dual_optimizer
+
+N = 10
+
+
+def indexed_problem(params, batch, key):
+    x, ids = batch
+    g = (x * params["w"]) ** 2 - 1.0  # violated wherever |x·w| > 1
+    return jnp.mean(params["w"] ** 2), {"rows": cudt.Constraint(g, index=ids)}
+
+
+def indexed_step(jit):
+    return cudt.make_constrained_step(
+        indexed_problem, optax.sgd(1e-2), cudt.dual_ascent(0.5), jit=jit, donate=False
+    )
+
+
+def test_the_dual_optimiser_factory_checks_its_name_and_rate():
+    with pytest.raises(ValueError, match="unknown dual optimiser 'adamw': choose from adam, sgd"):
+        dual_optimizer("adamw", 0.5)
+    with pytest.raises(ValueError, match="dual learning rate must be > 0, got -0.5"):
+        dual_optimizer("sgd", -0.5)
+    dual_optimizer("nupi", 0.5)  # the three names build
+
+
+def test_negative_gains_resilience_and_penalty_are_refused():
+    with pytest.raises(ValueError, match="nupi's ki must be >= 0, got -1.0"):
+        cudt.nupi(0.5, ki=-1.0)
+    with pytest.raises(ValueError, match="nupi's kp must be >= 0, got -0.5"):
+        cudt.nupi(0.5, kp=-0.5)
+    with pytest.raises(ValueError, match="Constraint resilience must be > 0"):
+        cudt.Constraint(jnp.ones(()), resilience=-0.5)
+    cudt.Constraint(jnp.ones(()), resilience=jnp.inf)  # inf: a hard constraint
+    init, _ = cudt.make_constrained_step(
+        lambda p, b, k: (jnp.sum(p["w"] ** 2), {"c": cudt.Constraint(p["w"][0] - 1.0)}),
+        optax.sgd(0.1),
+        cudt.dual_ascent(0.1),
+        cudt.AugmentedLagrangian(penalty=1.0),
+    )
+    with pytest.raises(ValueError, match="init's penalty must be >= 0"):
+        init({"w": jnp.ones(2)}, None, penalty=-1.0)
+    assert float(init({"w": jnp.ones(2)}, None, penalty=2.0).penalty["c"]) == 2.0
+
+
+def test_indexed_ids_outside_the_table_are_refused_or_nan_never_dropped():
+    params = {"w": jnp.ones(())}
+    x = jnp.full((16,), 3.0)  # every row violated
+    ids = jnp.arange(16)  # rows 10..15 are not in a table of 10
+    init, step = indexed_step(jit=False)
+    state = init(params, (x, ids % N), num_indexed={"rows": N})
+    with pytest.raises(ValueError, match=r"index ids must lie in \[0, 10\).*got 0 to 15"):
+        step(state, (x, ids), jax.random.key(0))
+    _, jitted = indexed_step(jit=True)
+    _, m = jitted(state, (x, ids), jax.random.key(0))
+    assert np.isnan(float(m["lagrangian"]))  # shown, not a violated row silently ignored
+    new, m = jitted(state, (x, ids % N), jax.random.key(0))  # in range: the rows rise
+    assert np.isfinite(float(m["lagrangian"])) and np.all(np.asarray(new.multipliers["rows"]) > 0)
+    with pytest.raises(ValueError, match="index must hold integer row ids, got dtype float32"):
+        step(state, (x, ids.astype(jnp.float32)), jax.random.key(0))
+    with pytest.raises(ValueError, match=r"ids of shape \(8,\) against values of shape \(16,\)"):
+        step(state, (x, ids[:8]), jax.random.key(0))
+
+
+def test_a_nan_constraint_shows_a_nan_violation():
+    for formulation in (cudt.Lagrangian(), cudt.AugmentedLagrangian(), cudt.QuadraticPenalty()):
+        init, step = cudt.make_constrained_step(
+            lambda p, b, k: (jnp.sum(p["w"]), {"c": cudt.Constraint(jnp.sqrt(p["w"][0] - 100))}),
+            optax.sgd(0.1),
+            cudt.dual_ascent(0.1),
+            formulation,
+        )
+        _, m = step(init({"w": jnp.ones(2)}, None), None, jax.random.key(0))
+        assert np.isnan(float(m["violation"]["c"])), formulation  # was 0.0: "met"
+
+
+def test_make_train_step_names_its_config_when_the_arguments_are_swapped():
+    cfg = cudt.DescentConfig(num_layers=2, epsilon=0.1)
+    with pytest.raises(TypeError, match="config must be a cudt.DescentConfig, got"):
+        cudt.make_train_step(lambda p, b, k: b, cfg, optax.adam(1e-2), cudt.dual_ascent(0.1))
+
+
+def test_an_injected_hyperparameter_under_another_name_is_named():
+    cfg = cudt.DescentConfig(num_layers=2, epsilon=0.1)
+    own = optax.inject_hyperparams(cudt.nupi)(learning_rate=0.1, kp=1.0)
+    init, _ = cudt.make_train_step(
+        lambda p, b, k: jnp.stack([b, b * p["w"], b * p["w"] ** 2], axis=1),
+        optax.adam(1e-2),
+        own,
+        cfg,
+    )
+    with pytest.raises(ValueError, match=r"injects .*'kp'.*not 'nupi_kp'.*\{'kp': value\}"):
+        init({"w": jnp.ones(())}, nupi_kp=2.0)
+    state = init({"w": jnp.ones(())}, dual_hparams={"kp": 2.0})  # under its own name
+    hyper = [
+        n.hyperparams["kp"]
+        for n in jax.tree.leaves(state.dual_state, is_leaf=lambda n: hasattr(n, "hyperparams"))
+        if hasattr(n, "hyperparams")
+    ]
+    assert hyper and all(float(h) == 2.0 for h in hyper)
