@@ -53,7 +53,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from cudt.errors import CheckpointError, UsageError
-from cudt.io import available_memory
+from cudt.io import available_memory, remove_created, topmost_missing
 
 __all__ = ["GroupCheckpointer", "PinnedOrLatest", "available_memory", "host_bytes", "save_blocks"]
 
@@ -135,6 +135,7 @@ class GroupCheckpointer:
         if keep < 1:
             raise CheckpointError(f"keep must be >= 1 checkpoint, got {keep}: pass keep >= 1")
         self.directory = Path(directory).absolute()
+        self._created = topmost_missing(self.directory)  # undone if it is only restored from
         self._policy = PinnedOrLatest(keep)
         self._failed = False
         self._closed = False
@@ -232,6 +233,7 @@ class GroupCheckpointer:
         raw nested dict of arrays, for inspection)."""
         step = self.latest_step() if step is None else step
         if step is None:
+            remove_created(self.directory, self._created)  # a mistyped folder: not left behind
             raise _error(f"no checkpoint in {self.directory}: nothing to resume from", "fresh")
         if step not in self.all_steps():
             raise CheckpointError(
@@ -248,7 +250,8 @@ class GroupCheckpointer:
             mismatch = None if saved is None else _first_mismatch(saved, _leaf_specs(target))
             if mismatch is not None:
                 raise _error(
-                    f"checkpoint {where} was written by a different model ({mismatch})", "elsewhere"
+                    f"checkpoint {where} was written by a different model or optimiser ({mismatch})",
+                    "elsewhere",
                 )
         _QUIET.restoring += 1  # a failed read's tasks may be collected before the except
         try:
@@ -277,7 +280,8 @@ class GroupCheckpointer:
             mismatch = _first_mismatch(_leaf_specs(states), _leaf_specs(target))
             if mismatch is not None:
                 raise _error(
-                    f"checkpoint {where} was written by a different model ({mismatch})", "elsewhere"
+                    f"checkpoint {where} was written by a different model or optimiser ({mismatch})",
+                    "elsewhere",
                 )
         return states, dict(restored.loop)
 

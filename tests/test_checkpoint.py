@@ -72,3 +72,17 @@ def test_after_a_failed_save_its_unstarted_writes_are_not_reported_other_warning
     said = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
     # the names end in the function's own: the test's name (…failed_save…) does not count
     assert len(said) == 1 and said[0].endswith("<locals>.compute' was never awaited"), said
+
+
+def test_restoring_from_a_folder_that_does_not_exist_leaves_none_behind(tmp_path):
+    """A mistyped folder: the one line says there is nothing to resume from, and the folders the
+    checkpointer made to open it are gone again (an existing empty folder stays)."""
+    with pytest.raises(CheckpointError, match="nothing to resume from"):
+        with GroupCheckpointer(tmp_path / "typo" / "dir") as ck:
+            ck.restore(None)
+    assert not (tmp_path / "typo").exists()
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(CheckpointError, match="nothing to resume from"):
+        with GroupCheckpointer(tmp_path / "mine") as ck:
+            ck.restore(None)
+    assert (tmp_path / "mine").is_dir()

@@ -173,7 +173,13 @@ def _descent_init(c_init: Callable, cfg: DescentConfig, shapes, num_indexed) -> 
     """:func:`make_train_step`'s ``init``: the config's per-run values, overridden by its
     arguments, handed to the constrained step's ``c_init`` with the constraints' ``shapes``."""
 
-    def init(params, *, constrained=None, dual_hparams=None, **values) -> ConstrainedState:
+    def init(params, *extra, constrained=None, dual_hparams=None, **values) -> ConstrainedState:
+        if extra:
+            raise TypeError(
+                "make_train_step's init takes the params alone (the constraints' shapes come "
+                "from its config), then per-run values by name: init(params, epsilon=...); "
+                "make_constrained_step's init is the one that takes a batch"
+            )
         unknown = [n for n in values if n not in INIT_KNOBS]
         if unknown:
             raise TypeError(

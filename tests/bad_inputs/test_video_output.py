@@ -211,7 +211,7 @@ def test_checkpoint_written_by_a_different_model(interrupted_run, capsys):
         "checkpoint written by a different model",
         [*TINY, "--out", interrupted_run],
         capsys,
-        "ut-1/4 was written by a different model (",
+        "ut-1/4 was written by a different model or optimiser (",
         "pass another --out, or --overwrite to discard it",
         keeps=interrupted_run,
     )

@@ -91,6 +91,9 @@ def test_make_train_step_names_its_config_when_the_arguments_are_swapped():
     cfg = cudt.DescentConfig(num_layers=2, epsilon=0.1)
     with pytest.raises(TypeError, match="config must be a cudt.DescentConfig, got"):
         cudt.make_train_step(lambda p, b, k: b, cfg, optax.adam(1e-2), cudt.dual_ascent(0.1))
+    init, _ = cudt.make_train_step(lambda p, b, k: b, optax.adam(1e-2), cudt.dual_ascent(0.1), cfg)
+    with pytest.raises(TypeError, match="make_train_step's init takes the params alone"):
+        init({"w": jnp.ones(())}, jnp.ones((4, 3)))  # make_constrained_step's habit: a batch
 
 
 def test_an_injected_hyperparameter_under_another_name_is_named():
