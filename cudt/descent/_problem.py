@@ -284,6 +284,11 @@ def problem(
                 f"(layers 0..{L}), got {losses.shape}: check num_layers in DescentConfig matches "
                 "the model"
             )
+        if not jnp.issubdtype(losses.dtype, jnp.floating):
+            raise TypeError(
+                f"layer_losses must return floating-point losses, got {losses.dtype}: integers "
+                "carry no gradient; compute the losses in float"
+            )
         losses = losses.astype(jnp.float32)
         mean = jnp.mean(losses, axis=0)
         epsilon = hp["epsilon"]
