@@ -126,7 +126,13 @@ def hparams(
     if is_schedule(ref):
         ref, has_ref = broadcast_schedule(ref, ()), jnp.asarray(True)
     else:
-        ref = jnp.asarray(jnp.nan if ref is None else ref, jnp.float32)
+        try:
+            ref = jnp.asarray(jnp.nan if ref is None else ref, jnp.float32)
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"reference must be a number (the bound C of E l_0 <= C; None or NaN: off) or a "
+                f"cudt.Schedule, got {ref!r}"
+            ) from err
         has_ref = jnp.isfinite(ref)
         ref = jnp.where(has_ref, ref, 0.0)
     alpha = config.resilience if resilience is None else resilience

@@ -145,7 +145,7 @@ def _load_job(task, folders: list[str | Path], own_data: bool = False) -> list[d
         if differ:
             shown = ", ".join(f"{k} ({base.get(k)!r} vs {config.get(k)!r})" for k in differ[:3])
             raise UsageError(
-                f"{folder} and {folders[0]} differ in {shown}: they are not one job's runs"
+                f"{folders[0]} and {folder} differ in {shown}: they are not one job's runs"
             )
     return results
 

@@ -94,6 +94,8 @@ def test_make_train_step_names_its_config_when_the_arguments_are_swapped():
     init, _ = cudt.make_train_step(lambda p, b, k: b, optax.adam(1e-2), cudt.dual_ascent(0.1), cfg)
     with pytest.raises(TypeError, match="make_train_step's init takes the params alone"):
         init({"w": jnp.ones(())}, jnp.ones((4, 3)))  # make_constrained_step's habit: a batch
+    with pytest.raises(ValueError, match="reference must be a number .* got 'a'"):
+        init({"w": jnp.ones(())}, reference="a")
     init, step = cudt.make_train_step(
         lambda p, b, k: jnp.round(b * p["w"]).astype(jnp.int32),  # no gradient: said, not 0
         optax.adam(1e-2),

@@ -70,7 +70,7 @@ def test_folders_of_another_job_are_refused_with_one_line(folders, tmp_path, cap
     results = json.loads((other / "results.json").read_text())
     for key, value, says in (
         ("data_seed", 2, "trained on one draw of the data (--data-seed) and another"),
-        ("steps", 3, "differ in steps (2 vs 3)"),
+        ("steps", 3, f"{first} and {other} differ in steps (2 vs 3)"),  # in that order
     ):
         changed = {**results, "config": {**results["config"], key: value}}
         (other / "results.json").write_text(json.dumps(changed))
