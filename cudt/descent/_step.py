@@ -97,13 +97,7 @@ def make_train_step(
     ``grad_norm``; ``slacks [L+1]`` with explicit slacks, ``multipliers_max [L+1]`` for
     ``"indexed"``. All are measured at the parameters before the step.
     """
-    if not isinstance(config, DescentConfig):
-        raise TypeError(
-            f"make_train_step's config must be a cudt.DescentConfig, got "
-            f"{type(config).__name__}: call make_train_step(layer_losses, optimizer, "
-            "dual_optimizer, cudt.DescentConfig(num_layers=L, ...))"
-        )
-    cfg = config
+    cfg = _checked(config)
     model, features = _implicit_model(multipliers, constraint, cfg.num_layers, example_features)
     table = constraint == "indexed" and model is None
     if table and num_examples is None:
@@ -140,6 +134,18 @@ def make_train_step(
     if jit:
         step = jax.jit(step, donate_argnums=(0,) if donate else ())
     return init, step
+
+
+def _checked(config) -> DescentConfig:
+    """``config``, refused in one line where it is not a :class:`DescentConfig` (the arguments
+    given in another order, say)."""
+    if not isinstance(config, DescentConfig):
+        raise TypeError(
+            f"make_train_step's config must be a cudt.DescentConfig, got "
+            f"{type(config).__name__}: call make_train_step(layer_losses, optimizer, "
+            "dual_optimizer, cudt.DescentConfig(num_layers=L, ...))"
+        )
+    return config
 
 
 def _implicit_model(multipliers, constraint: str, num_layers: int, example_features):

@@ -188,6 +188,56 @@ def _holds_checkpoints(folder: Path) -> bool:
     )
 
 
+def _check_same_config(
+    out: Path,
+    saved_config: Path,
+    config: dict,
+    ignore: Collection[str],
+    added: Mapping[str, Any] | None,
+    flags: Collection[str],
+    paths: Collection[str],
+    unordered: Collection[str],
+) -> None:
+    """Refuses checkpoints in ``out`` that ``config`` cannot resume (:func:`open_output`'s
+    arguments): an unreadable saved config, an earlier state layout, other files behind the
+    same flags, or another config (the flags' differences first)."""
+    try:
+        old = json.loads(saved_config.read_text())
+        if not isinstance(old, dict):
+            raise ValueError(f"a JSON {type(old).__name__}, not an object")
+    except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+        raise UsageError(
+            f"{saved_config} is unreadable ({e}): pass another --out, or --overwrite to start again"
+        ) from e
+    layout = old.get("state_layout", 1)
+    if layout != config.get("state_layout", layout):
+        raise UsageError(
+            f"--out {out} holds checkpoints of an earlier cudt whose train state has another "
+            f"layout ({layout}; this version writes {config['state_layout']}), which cannot "
+            "be resumed: pass another --out, or --overwrite to discard them"
+        )
+    diff = _differences(_as_now(old, config, paths, unordered), config, ignore, added)
+    changed = [d for d in diff if d.split(" ", 1)[0].endswith("_digest")]
+    flag_changed = [d for d in diff if d.split(" ", 1)[0].split(".", 1)[0] in flags]
+    # the files behind the same flags changed (the training data, a frozen base, and what
+    # the task derives from them); a flag that changed changes a digest too: named below
+    if changed and not flag_changed:
+        derived = [d for d in diff if d not in changed][:3]
+        raise UsageError(
+            f"--out {out} holds checkpoints trained on other files than its flags name now "
+            f"({'; '.join(changed + derived)}): restore the files they were trained on, "
+            "pass another --out, or --overwrite to discard them"
+        )
+    diff = flag_changed + [d for d in diff if d not in flag_changed]  # the flags first
+    if diff:
+        raise UsageError(
+            f"--out {out} holds checkpoints of a different config ({'; '.join(diff[:4])}"
+            f"{f'; and {len(diff) - 4} more' if len(diff) > 4 else ''}): "
+            "pass another --out, rerun with the same flags to resume, or --overwrite to "
+            "discard them"
+        )
+
+
 def open_output(
     out: str | Path,
     config: dict[str, Any],
@@ -237,42 +287,7 @@ def open_output(
         p.name == CONFIG_FILE for p in (out / CHECKPOINTS).iterdir()
     )
     if saved_config.exists() and not overwrite and not alone:
-        try:
-            old = json.loads(saved_config.read_text())
-            if not isinstance(old, dict):
-                raise ValueError(f"a JSON {type(old).__name__}, not an object")
-        except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
-            raise UsageError(
-                f"{saved_config} is unreadable ({e}): pass another --out, or --overwrite to start "
-                "again"
-            ) from e
-        layout = old.get("state_layout", 1)
-        if layout != config.get("state_layout", layout):
-            raise UsageError(
-                f"--out {out} holds checkpoints of an earlier cudt whose train state has another "
-                f"layout ({layout}; this version writes {config['state_layout']}), which cannot "
-                "be resumed: pass another --out, or --overwrite to discard them"
-            )
-        diff = _differences(_as_now(old, config, paths, unordered), config, ignore, added)
-        changed = [d for d in diff if d.split(" ", 1)[0].endswith("_digest")]
-        flag_changed = [d for d in diff if d.split(" ", 1)[0].split(".", 1)[0] in flags]
-        # the files behind the same flags changed (the training data, a frozen base, and what
-        # the task derives from them); a flag that changed changes a digest too: named below
-        if changed and not flag_changed:
-            derived = [d for d in diff if d not in changed][:3]
-            raise UsageError(
-                f"--out {out} holds checkpoints trained on other files than its flags name now "
-                f"({'; '.join(changed + derived)}): restore the files they were trained on, "
-                "pass another --out, or --overwrite to discard them"
-            )
-        diff = flag_changed + [d for d in diff if d not in flag_changed]  # the flags first
-        if diff:
-            raise UsageError(
-                f"--out {out} holds checkpoints of a different config ({'; '.join(diff[:4])}"
-                f"{f'; and {len(diff) - 4} more' if len(diff) > 4 else ''}): "
-                "pass another --out, rerun with the same flags to resume, or --overwrite to "
-                "discard them"
-            )
+        _check_same_config(out, saved_config, config, ignore, added, flags, paths, unordered)
         resuming = True
     elif not overwrite and _holds_checkpoints(out / CHECKPOINTS):
         raise UsageError(

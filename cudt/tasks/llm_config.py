@@ -244,6 +244,13 @@ class LLMConfig(RunConfig):
     keep_checkpoints: int = shared("keep_checkpoints", 1)
 
     def validate(self) -> None:
+        self._check_sizes()
+        self._check_data_files()
+        self._check_lora()
+        self._check_export()
+
+    def _check_sizes(self) -> None:
+        """The tiny decoder's sizes (a pretrained one brings its own)."""
         need = self.require
         need(
             self.checkpoint is not None or self.hidden % self.heads == 0,
@@ -260,6 +267,10 @@ class LLMConfig(RunConfig):
             f"--hidden / --heads = {self.hidden // max(self.heads, 1)} must be even (rotary "
             "embeddings): change --hidden or --heads",
         )
+
+    def _check_data_files(self) -> None:
+        """--data and the split files: what they name and what is left to deal."""
+        need = self.require
         need(
             self.data is None
             or self.data in GENERATED_DATA
@@ -283,6 +294,10 @@ class LLMConfig(RunConfig):
             "--data has no split left to deal: --train-data, --val-data and --test-data give "
             "all three; drop --data or one of them",
         )
+
+    def _check_lora(self) -> None:
+        """The LoRA flags: each with --lora-rank, and --lora-rank with a pretrained model."""
+        need = self.require
         if self.lora_rank is None:
             need(
                 self.lora_alpha is None and self.lora_targets == LORA_TARGETS,
@@ -310,6 +325,10 @@ class LLMConfig(RunConfig):
                 f"--lora-targets {','.join(self.lora_targets)} names a projection twice: name "
                 "each once",
             )
+
+    def _check_export(self) -> None:
+        """--export: a path apart from the run, the base and the data, written after training."""
+        need = self.require
         need(
             self.export is not None or not self.overwrite_export,
             "--overwrite-export replaces what --export holds: pass --export DIR or drop it",
