@@ -199,8 +199,7 @@ def configure_process() -> None:
       (docs/speed.md);
     * matplotlib's non-interactive Agg backend (plots are written to files);
     * the filters that keep orbax's own reports of a failed checkpoint write off stderr (the
-      failure is reported once, as one line, by :class:`cudt.checkpoint.GroupCheckpointer`);
-    * :func:`share_compiled_programs`.
+      failure is reported once, as one line, by :class:`cudt.checkpoint.GroupCheckpointer`).
     """
     import os
 
@@ -211,29 +210,6 @@ def configure_process() -> None:
     from cudt.checkpoint import install_log_filters
 
     install_log_filters()
-    share_compiled_programs()
-
-
-def share_compiled_programs() -> None:
-    """A compilation cache for this process, in a temporary folder removed at exit, so that a
-    program compiled once is loaded, not compiled again, wherever the run builds it anew: the
-    groups of each seed's data draw are the same programs (the data's noise scale is an
-    argument, not a constant), and a job's studies build the same steps over again. A loaded
-    program is the compiled one, so results are unchanged, bit for bit. A cache the user set
-    (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) is used as it is. Programs that compile in
-    under a second are left to jax's own in-memory cache (jax's threshold)."""
-    import atexit
-    import os
-    import shutil
-    import tempfile
-
-    import jax
-
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
-        return
-    path = tempfile.mkdtemp(prefix="cudt-xla-cache-")
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    jax.config.update("jax_compilation_cache_dir", path)
 
 
 def task_main(task, argv: Sequence[str] | None, description: str, prog: str) -> int:
