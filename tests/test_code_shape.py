@@ -16,7 +16,7 @@ def long_functions(root: pathlib.Path = ROOT, most: int = MOST_LINES) -> dict[st
     for path in sorted((root / "cudt").rglob("*.py")):
         rel = path.relative_to(root)
         model = rel.parts[:2] == ("cudt", "models")
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(ast.parse(path.read_bytes())):
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             lines = node.end_lineno - node.lineno + 1
