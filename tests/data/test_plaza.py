@@ -105,7 +105,11 @@ def test_write_plaza_is_read_back_by_the_real_reader(layout, tmp_path):
                 for f in video
             ]
         )
-        assert np.abs(decoded - resized).mean() < 0.02  # MPEG-4 / JPEG loss only
+        err = np.abs(decoded[:, None] - resized[None]).mean(axis=(2, 3))  # [F_got, F_written]
+        assert err.diagonal().max() < 0.012, err.diagonal()  # MPEG-4 / JPEG loss only
+        # frame order: only a few % of the pixels change between frames, so a frame dropped or
+        # repeated stays within the loss above; each decoded frame must be nearest its own
+        np.testing.assert_array_equal(err.argmin(axis=1), np.arange(len(resized)))
     first = min(p for p in top.rglob("*.avi") if not p.name.startswith("."))  # no AppleDouble
     with av.open(str(first)) as container:
         stream = container.streams.video[0]
