@@ -277,7 +277,7 @@ def comparison_lines(
                 else "no interval: no metric is finite at two of its seeds"
             )
             + f" | {feasible}, monotone (test) at "
-            f"{c['monotone']} of {n}; ERM monotone at {c['erm_monotone']} of {n}"
+            f"{c['monotone']} of {n}; ERM monotone (test) at {c['erm_monotone']} of {n}"
         )
     return lines
 

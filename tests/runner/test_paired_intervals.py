@@ -60,6 +60,8 @@ def test_a_constrained_seed_that_is_not_finite_leaves_the_others_paired_and_name
     assert np.allclose([iv["low"], iv["high"]], _t(CON[:3] - ERM[:3]))
     (line,) = comparison_lines([c])
     assert "paired t over 4 seeds: acc" in line and "(over seeds 0, 1, 2)" in line, line
+    # the monotone counts read test losses (loss_decreases), and say so, ERM's as well
+    assert "monotone (test) at 4 of 4; ERM monotone (test) at 4 of 4" in line, line
     # before: every metric dropped, and the line said "no interval with one seed"
     assert "one seed" not in line
 
