@@ -39,13 +39,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(f"error: unknown subcommand {name!r}\n\n{usage()}", file=sys.stderr)
+        print(
+            f"error: unknown subcommand {name!r}: choose from {', '.join(SUBCOMMANDS)} "
+            "(python -m benchmarks --help)",
+            file=sys.stderr,
+        )
         return 2
+    from cudt.errors import CudtError
     from cudt.runner.cli import configure_process
 
     configure_process()
     module = importlib.import_module(f"benchmarks.{name}")
-    return module.main(rest) or 0
+    try:
+        return module.main(rest) or 0
+    except CudtError as e:  # a file or flag the user gave, e.g. --checkpoint: one line
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

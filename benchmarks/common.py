@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import shlex
@@ -278,10 +279,69 @@ def max_abs_diff(a: Any, b: Any) -> float:
 
 def subcommand_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     """A subcommand's parser: ``prog`` and its module docstring ``doc`` as the description,
-    printed as written (its tables and lists keep their lines)."""
-    return argparse.ArgumentParser(
+    printed as written (its tables and lists keep their lines). A bad command line is one
+    line, ``error: …``, and status 2, as the experiments' (:class:`cudt.runner.cli.OneLineParser`)."""
+    from cudt.runner.cli import OneLineParser
+
+    return OneLineParser(
         prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: a whole number >= 1 (sizes, steps, repetitions), checked before
+    anything is measured."""
+    return _at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse ``type``: a whole number >= 0."""
+    return _at_least(text, 0)
+
+
+def _at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < low:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= {low}, got {text!r}")
+    return value
+
+
+def positive_int_list(text: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]``, each >= 1 (an argparse ``type``)."""
+    values = int_list(text)
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers >= 1, got {text!r}"
+        )
+    return values
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def output_file(text: str) -> Path:
+    """An argparse ``type``: a file to write at the end, checked before anything is measured
+    (its folder must exist; it must not be a folder), so a typo cannot lose a measurement."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder: pass a file path")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"the folder {path.parent} does not exist: create it, or pass a path in a folder "
+            "that does"
+        )
+    return path
 
 
 def parse_quick(
@@ -298,13 +358,17 @@ def parse_quick(
 
 
 def int_list(text: str) -> list[int]:
-    """``"1,2,4"`` -> ``[1, 2, 4]`` (an argparse ``type``)."""
+    """``"1,2,4"`` -> ``[1, 2, 4]``, each >= 0 (an argparse ``type``; thread counts: 0 is a
+    library's default)."""
     try:
-        return [int(t) for t in text.split(",") if t.strip()]
+        values = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
+        values = []
+    if not values or min(values) < 0:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
+            f"expected comma-separated whole numbers >= 0, got {text!r}"
+        )
+    return values
 
 
 def choice_list(choices: Sequence[str], what: str) -> Callable[[str], list[str]]:

@@ -25,32 +25,50 @@ import time
 import traceback
 from pathlib import Path
 
-from benchmarks.common import choice_list, environment, header, int_list, subcommand_parser
+from benchmarks.common import (
+    choice_list,
+    environment,
+    header,
+    output_file,
+    positive_int,
+    positive_int_list,
+    subcommand_parser,
+)
 
 SECTIONS = ("step", "sweep", "llm")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = subcommand_parser("python -m benchmarks gpu", __doc__)
-    p.add_argument("--out", default="gpu.md", help="Markdown file to write (default gpu.md)")
+    p.add_argument(
+        "--out", type=output_file, default="gpu.md", help="Markdown file to write (default gpu.md)"
+    )
     p.add_argument(
         "--sections",
         type=choice_list(SECTIONS, "section(s)"),
         default=list(SECTIONS),
         help=f"comma-separated, measured in this order (default {','.join(SECTIONS)})",
     )
-    p.add_argument("--steps", type=int, default=20, help="step: steps per block (default 20)")
-    p.add_argument("--repeats", type=int, default=5, help="step: repetitions (default 5)")
+    p.add_argument(
+        "--steps", type=positive_int, default=20, help="step: steps per block (default 20)"
+    )
+    p.add_argument("--repeats", type=positive_int, default=5, help="step: repetitions (default 5)")
     p.add_argument(
         "--runs",
-        type=int_list,
+        type=positive_int_list,
         default=[1, 2, 4, 8, 16, 32, 64],
         help="sweep: R values (default 1,2,4,...,64)",
     )
-    p.add_argument("--sweep-repeats", type=int, default=3, help="sweep: timed calls (default 3)")
-    p.add_argument("--llm-batch", type=int, default=16, help="llm: samples (default 16)")
-    p.add_argument("--llm-seq", type=int, default=256, help="llm: tokens each (default 256)")
-    p.add_argument("--llm-rounds", type=int, default=5, help="llm: timed rounds (default 5)")
+    p.add_argument(
+        "--sweep-repeats", type=positive_int, default=3, help="sweep: timed calls (default 3)"
+    )
+    p.add_argument("--llm-batch", type=positive_int, default=16, help="llm: samples (default 16)")
+    p.add_argument(
+        "--llm-seq", type=positive_int, default=256, help="llm: tokens each (default 256)"
+    )
+    p.add_argument(
+        "--llm-rounds", type=positive_int, default=5, help="llm: timed rounds (default 5)"
+    )
     p.add_argument(
         "--llm-checkpoint",
         default=None,

@@ -78,10 +78,15 @@ import torch
 from benchmarks.common import (
     cpu_cores,
     header,
+    int_list,
     interleave,
     measure_on_cores,
     median,
     narrow_thread_counts,
+    output_file,
+    positive_float,
+    positive_int,
+    positive_int_list,
     print_table,
     subcommand_parser,
 )
@@ -123,13 +128,15 @@ class PeerMismatch(SystemExit):
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = subcommand_parser("python -m benchmarks llm", __doc__)
-    p.add_argument("--batch", type=int, default=4, help="samples per batch B (default 4)")
-    p.add_argument("--seq", type=int, default=64, help="tokens per sample T (default 64)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds (default 3)")
+    p.add_argument("--batch", type=positive_int, default=4, help="samples per batch B (default 4)")
+    p.add_argument("--seq", type=positive_int, default=64, help="tokens per sample T (default 64)")
+    p.add_argument(
+        "--rounds", type=positive_int, default=3, help="interleaved timed rounds (default 3)"
+    )
     p.add_argument(
         "--torch-threads",
         default=[0],
-        type=lambda s: [int(t) for t in s.split(",")],
+        type=int_list,
         help="comma-separated thread counts; 0: both libraries' defaults (torch: "
         f"{TORCH_DEFAULT_THREADS} here, XLA: one per core); n > 0: torch on n threads, and n "
         "fewer than the cores: both sides timed in a child process started on n cores, where "
@@ -137,13 +144,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--json",
-        type=Path,
+        type=output_file,
         help="also write every timed round (seconds per side and thread count) to this JSON "
         "file (how the child processes of fewer threads report)",
     )
     p.add_argument(
         "--chunk-tokens",
-        type=int,
+        type=positive_int,
         default=None,
         help="cudt's per-layer loss: readout rows per chunk (default: the LLM task's, "
         "cudt.lm_loss.default_chunk_tokens: 1/8 of the device's memory); at least (L+1)·B·window rows is "
@@ -157,7 +164,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--tolerance",
-        type=float,
+        type=positive_float,
         default=None,
         help="relative (default 1e-4 in float32, 5e-2 in bfloat16)",
     )
@@ -187,7 +194,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--lora-ranks",
         default=None,
-        type=lambda s: [int(r) for r in s.split(",")],
+        type=positive_int_list,
         help="comma-separated LoRA ranks: time cudt's full fine-tuning step against LoRA steps "
         "of these ranks (no torch side), with compiled memory and state bytes",
     )

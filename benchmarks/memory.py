@@ -40,9 +40,10 @@ import numpy as np
 
 from benchmarks.common import (
     header,
-    int_list,
     max_abs_diff,
     parse_quick,
+    positive_int,
+    positive_int_list,
     print_table,
     subcommand_parser,
     time_alternatives,
@@ -70,20 +71,31 @@ QUICK = dict(
 def parse_args(argv=None) -> argparse.Namespace:
     p = subcommand_parser("python -m benchmarks memory lm-loss", __doc__)
     p.add_argument(
-        "--vocab", type=int_list, default=[8192, 32768, 131072], help="default 8192,32768,131072"
+        "--vocab",
+        type=positive_int_list,
+        default=[8192, 32768, 131072],
+        help="default 8192,32768,131072",
     )
-    p.add_argument("--depths", type=int_list, default=[5, 17, 33], help="L+1; default 5,17,33")
-    p.add_argument("--batch", type=int, default=2, help="sequences B (default 2)")
-    p.add_argument("--seq", type=int, default=64, help="tokens per sequence T (default 64)")
-    p.add_argument("--dim", type=int, default=128, help="model width D (default 128)")
+    p.add_argument(
+        "--depths", type=positive_int_list, default=[5, 17, 33], help="L+1; default 5,17,33"
+    )
+    p.add_argument("--batch", type=positive_int, default=2, help="sequences B (default 2)")
+    p.add_argument(
+        "--seq", type=positive_int, default=64, help="tokens per sequence T (default 64)"
+    )
+    p.add_argument("--dim", type=positive_int, default=128, help="model width D (default 128)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument(
         "--chunk-tokens", type=int, default=512, help="rows per chunk (default 512, the library's)"
     )
-    p.add_argument("--vocab-chunk", type=int, default=8192, help="vocabulary block (default 8192)")
-    p.add_argument("--time-vocab", type=int, default=32768, help="V of the timed size")
-    p.add_argument("--time-depth", type=int, default=17, help="L+1 of the timed size")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved repetitions (default 5)")
+    p.add_argument(
+        "--vocab-chunk", type=positive_int, default=8192, help="vocabulary block (default 8192)"
+    )
+    p.add_argument("--time-vocab", type=positive_int, default=32768, help="V of the timed size")
+    p.add_argument("--time-depth", type=positive_int, default=17, help="L+1 of the timed size")
+    p.add_argument(
+        "--repeats", type=positive_int, default=5, help="interleaved repetitions (default 5)"
+    )
     return parse_quick(p, argv, QUICK, "tiny sizes for the tests (V 1024, L+1 3)")
 
 
@@ -263,13 +275,13 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
-    header("memory", argv)
-    for section in sections:
-        print(f"\n=== memory {section} ===", flush=True)
-        if section == "lm-loss":
-            run(parse_args(rest))
-        else:
-            from benchmarks import memory_llm
+    from benchmarks import memory_llm
 
-            memory_llm.run(memory_llm.parse_args(rest))
+    # every section's flags checked before anything is printed or measured
+    runs = {"lm-loss": (run, parse_args), "llm": (memory_llm.run, memory_llm.parse_args)}
+    parsed = [(section, runs[section][1](rest)) for section in sections]
+    header("memory", argv)
+    for section, args in parsed:
+        print(f"\n=== memory {section} ===", flush=True)
+        runs[section][0](args)
     return 0

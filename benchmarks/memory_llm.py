@@ -68,7 +68,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from benchmarks.common import choice_list, int_list, parse_quick, print_table, subcommand_parser
+from benchmarks.common import (
+    choice_list,
+    parse_quick,
+    positive_float,
+    positive_int,
+    positive_int_list,
+    print_table,
+    subcommand_parser,
+)
 from benchmarks.memory_llm_shapes import (
     Program,
     StateBytes,
@@ -142,19 +150,26 @@ precision_list = choice_list(PRECISIONS, "precision")
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = subcommand_parser("python -m benchmarks memory llm", __doc__)
-    p.add_argument("--layers", type=int, default=32, help="blocks L of the table (default 32)")
     p.add_argument(
-        "--batch", type=int, default=4, help="sequences per step (default 4, the paper's)"
+        "--layers", type=positive_int, default=32, help="blocks L of the table (default 32)"
     )
-    p.add_argument("--seq", type=int, default=512, help="tokens per sequence T (default 512)")
+    p.add_argument(
+        "--batch", type=positive_int, default=4, help="sequences per step (default 4, the paper's)"
+    )
+    p.add_argument(
+        "--seq", type=positive_int, default=512, help="tokens per sequence T (default 512)"
+    )
     p.add_argument(
         "--chunk-tokens",
-        type=int,
+        type=positive_int,
         default=2048,
         help="layer_token_losses rows (default 2048, the task's)",
     )
     p.add_argument(
-        "--vocab-chunk", type=int, default=None, help="layer_token_losses vocabulary block (none)"
+        "--vocab-chunk",
+        type=positive_int,
+        default=None,
+        help="layer_token_losses vocabulary block (none)",
     )
     p.add_argument(
         "--train-embeddings",
@@ -167,12 +182,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=list(PRECISIONS),
         help="float32 and/or mixed (bf16 compute, float32 state); default float32,mixed",
     )
-    p.add_argument("--gpus", type=int, default=8, help="GPUs of the FSDP machine (default 8)")
-    p.add_argument("--gpu-gb", type=float, default=80.0, help="their memory, GB (default 80)")
-    p.add_argument("--h200-gb", type=float, default=141.0, help="one H200's memory, GB (141)")
+    p.add_argument(
+        "--gpus", type=positive_int, default=8, help="GPUs of the FSDP machine (default 8)"
+    )
+    p.add_argument(
+        "--gpu-gb", type=positive_float, default=80.0, help="their memory, GB (default 80)"
+    )
+    p.add_argument(
+        "--h200-gb", type=positive_float, default=141.0, help="one H200's memory, GB (141)"
+    )
     p.add_argument(
         "--lora-rank",
-        type=int_list,
+        type=positive_int_list,
         action="extend",
         default=[],
         help="add rows on one H200 for LoRA adapters of this rank (the task's --lora-rank; "

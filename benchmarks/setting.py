@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import choice_list, subcommand_parser
+from benchmarks.common import choice_list, positive_int, subcommand_parser
 from cudt.knobs import knob_names
 from cudt.runner.config import RunConfig
 from cudt.runner.groups import Group, GroupProgram, name_group
@@ -86,8 +86,10 @@ def video_parser(prog: str, doc: str) -> argparse.ArgumentParser:
         default=models,
         help=f"comma-separated models (default: VideoConfig's, {','.join(models)})",
     )
-    p.add_argument("--layers", type=int, default=None, help="L (default: VideoConfig's)")
-    p.add_argument("--batch-size", type=int, default=None, help="B (default: VideoConfig's)")
+    p.add_argument("--layers", type=positive_int, default=None, help="L (default: VideoConfig's)")
+    p.add_argument(
+        "--batch-size", type=positive_int, default=None, help="B (default: VideoConfig's)"
+    )
     return p
 
 

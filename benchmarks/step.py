@@ -47,7 +47,6 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -63,7 +62,10 @@ from benchmarks.common import (
     int_list,
     measure_on_cores,
     narrow_thread_counts,
+    non_negative_int,
+    output_file,
     parse_quick,
+    positive_int,
     print_table,
     time_alternatives,
 )
@@ -86,8 +88,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="default (nuPI, alternating: the video task's) and/or paper (Adam duals, "
         "simultaneous) (default default,paper)",
     )
-    p.add_argument("--steps", type=int, default=10, help="steps per timed block (default 10)")
-    p.add_argument("--repeats", type=int, default=7, help="interleaved repetitions (default 7)")
+    p.add_argument(
+        "--steps", type=positive_int, default=10, help="steps per timed block (default 10)"
+    )
+    p.add_argument(
+        "--repeats", type=positive_int, default=7, help="interleaved repetitions (default 7)"
+    )
     p.add_argument(
         "--torch-threads",
         type=int_list,
@@ -97,20 +103,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--burn-in",
-        type=int,
+        type=non_negative_int,
         default=20,
         help="untimed steps of each side before timing (default 20): the UT's clipping is "
         "inactive at its initial weights (W̃_f = −0.9·I) and active from the first few steps on",
     )
-    p.add_argument("--check-steps", type=int, default=3, help="equal-work steps (default 3)")
+    p.add_argument(
+        "--check-steps", type=positive_int, default=3, help="equal-work steps (default 3)"
+    )
     p.add_argument(
         "--check-epsilon", type=float, default=0.5, help="ε of the equal-work check (default 0.5)"
     )
     p.add_argument("--no-flops", dest="flops", action="store_false", help="skip the FLOP rate")
-    p.add_argument("--matmul-size", type=int, default=2048, help="n of the n x n matmul")
+    p.add_argument("--matmul-size", type=positive_int, default=2048, help="n of the n x n matmul")
     p.add_argument(
         "--json",
-        type=Path,
+        type=output_file,
         help="also write the speed medians (ms/step per model, dynamics, side, threads) to this "
         "JSON file (how the child processes of fewer threads report)",
     )

@@ -32,11 +32,12 @@ import jax.numpy as jnp
 from benchmarks.common import (
     ChunkClock,
     header,
-    int_list,
     interleave,
     max_abs_diff,
     median,
     parse_quick,
+    positive_int,
+    positive_int_list,
     print_table,
 )
 from benchmarks.setting import VideoSetup, video_config, video_parser, video_setup
@@ -48,10 +49,16 @@ QUICK = dict(runs=[1, 2], chunk_steps=2, chunks=1, repeats=1, batch_size=4)
 def parse_args(argv=None) -> argparse.Namespace:
     defaults = video_config()
     p = video_parser("python -m benchmarks sweep", __doc__)
-    p.add_argument("--runs", type=int_list, default=[1, 2, 4, 8], help="R values (default 1,2,4,8)")
-    p.add_argument("--chunk-steps", type=int, default=10, help="steps per chunk (default 10)")
-    p.add_argument("--chunks", type=int, default=3, help="timed chunks per call (default 3)")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved calls (default 3)")
+    p.add_argument(
+        "--runs", type=positive_int_list, default=[1, 2, 4, 8], help="R values (default 1,2,4,8)"
+    )
+    p.add_argument(
+        "--chunk-steps", type=positive_int, default=10, help="steps per chunk (default 10)"
+    )
+    p.add_argument(
+        "--chunks", type=positive_int, default=3, help="timed chunks per call (default 3)"
+    )
+    p.add_argument("--repeats", type=positive_int, default=3, help="interleaved calls (default 3)")
     p.add_argument(
         "--job-steps",
         type=int,

@@ -14,13 +14,13 @@ and on validation (0: the constraint holds with equality; constrained runs only)
 
 from __future__ import annotations
 
-import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 
 from cudt.errors import UsageError
-from cudt.runner.cli import run_cli
+from cudt.runner.cli import OneLineParser, run_cli
 from cudt.runner.combine import load_results
 from cudt.runner.record import at_gamma_train
 
@@ -98,7 +98,7 @@ def _pm(pair) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m experiments.descent_gap", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("folders", nargs="+", help="finished runs' --out folders")
@@ -115,9 +115,33 @@ def main(argv=None) -> int:
     return run_cli(lambda: _print_gap(args))
 
 
+def _check(args) -> None:
+    """The flags' values and the folders, before any is read: one line each."""
+    if args.last < 1:
+        raise UsageError(f"--last must be a whole number >= 1, got {args.last}")
+    if not (np.isfinite(args.active) and args.active >= 0):
+        raise UsageError(f"--active must be a finite number >= 0, got {args.active}")
+    seen: dict[str, str] = {}
+    for folder in args.folders:
+        key = str(Path(folder).resolve())
+        if key in seen:
+            raise UsageError(
+                f"{folder} is named twice (as {seen[key]}): its runs would count twice; "
+                "pass each folder once"
+            )
+        seen[key] = folder
+
+
 def _print_gap(args) -> None:
+    _check(args)
     models = {m for m in args.models.split(",") if m} or None
     results = [load_results(f) for f in args.folders]
+    kinds = {res.get("experiment") for res in results}
+    if len(kinds) > 1:
+        raise UsageError(
+            f"the folders hold runs of different experiments ({', '.join(sorted(map(str, kinds)))}"
+            "): their ratios are not comparable; pass folders of one experiment"
+        )
     present = {r["model"] for res in results for r in res["runs"]}
     missing = sorted((models or set()) - present)
     if missing:

@@ -22,7 +22,6 @@ and dates, the report follows with its headings one level down (:func:`render_jo
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import json
@@ -35,7 +34,7 @@ from pathlib import Path
 
 from cudt.errors import UsageError
 from cudt.io import atomic_write
-from cudt.runner.cli import without_flag
+from cudt.runner.cli import OneLineParser, without_flag
 from cudt.runner.lock import OutputInUse, check_free
 
 __all__ = [
@@ -488,7 +487,7 @@ def run_blocks(
 
 def main(argv: Sequence[str] | None = None, registry: dict[str, Block] | None = None) -> int:
     registry = BLOCKS if registry is None else registry
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m experiments.pages",
         description="Results pages from the results.json of their commands: `run` makes the "
         "missing results, `write` rewrites the generated blocks of docs/results/*.md.",
@@ -509,6 +508,8 @@ def main(argv: Sequence[str] | None = None, registry: dict[str, Block] | None = 
     if ns.blocks:
         blocks = [b.strip() for b in ns.blocks.split(",") if b.strip()]
         unknown = [b for b in blocks if b not in registry]
+        if not blocks:
+            parser.exit(2, f"error: --blocks names no block: pass some of {', '.join(registry)}\n")
         if unknown:
             parser.exit(
                 2, f"error: unknown block {', '.join(unknown)} (known: {', '.join(registry)})\n"
@@ -516,6 +517,8 @@ def main(argv: Sequence[str] | None = None, registry: dict[str, Block] | None = 
     if ns.action == "run":
         if ns.check:
             parser.exit(2, "error: --check goes with write\n")
+        if ns.runs.exists() and not ns.runs.is_dir():
+            parser.exit(2, f"error: --runs {ns.runs} is a file: pass a folder for the runs\n")
         return run_blocks(ns.runs, blocks=blocks, registry=registry)
     for flag, folder, fix in (
         ("--pages", ns.pages, "pass the folder of the pages"),

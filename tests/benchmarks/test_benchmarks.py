@@ -18,6 +18,7 @@ import re
 import jax
 import numpy as np
 import pytest
+from helpers import assert_one_line_error
 
 from benchmarks import __main__ as cli
 from benchmarks import gpu, llm, memory, memory_llm, peer, step, sweep
@@ -102,6 +103,33 @@ def test_fewer_threads_than_cores_run_in_a_child_started_on_that_many():
     two = ("UT-2", "video default", "cudt", step.thread_label(0))
     merged = step.merge_threads({1: {one: 2.0}, 0: {two: 1.0}}, [1, 0])
     assert list(merged) == [one, two]
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["stepp"], "unknown subcommand 'stepp': choose from step, sweep, memory, llm, gpu"),
+        (["step", "--steps", "0"], "argument --steps: must be a whole number >= 1, got '0'"),
+        (["step", "--repeats", "0"], "argument --repeats: must be a whole number >= 1"),
+        (["step", "--batch-size", "0"], "argument --batch-size: must be a whole number >= 1"),
+        (["step", "--torch-threads", "1,-1"], "comma-separated whole numbers >= 0, got '1,-1'"),
+        (["step", "--quick", "--json", "NOWHERE/x.json"], "the folder NOWHERE does not exist"),
+        (["sweep", "--runs", "0"], "argument --runs: expected comma-separated whole numbers >= 1"),
+        (["sweep", "--chunk-steps", "0"], "argument --chunk-steps: must be a whole number >= 1"),
+        (["memory", "lm-loss", "--vocab", "0"], "argument --vocab: expected comma-separated"),
+        (["memory", "llm", "--gpu-gb", "nan"], "argument --gpu-gb: must be a finite number > 0"),
+        (["llm", "--lora-ranks", "8,0"], "argument --lora-ranks: expected comma-separated"),
+        (["llm", "--checkpoint", "NOWHERE/m.gguf"], "GGUF file NOWHERE/m.gguf does not exist"),
+        (["gpu", "--out", "NOWHERE/gpu.md"], "argument --out: the folder NOWHERE does not exist"),
+        (["gpu", "--out", "."], "argument --out: . is a folder: pass a file path"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_2_before_anything_is_measured(argv, words, capsys):
+    """A size of 0 or a negative thread count was a traceback (some after 20 s of measuring),
+    an output file in a missing folder lost the whole measurement at the end, a missing
+    checkpoint ended in a traceback: each is now one line, exit 2, and nothing printed on
+    stdout but the environment a subcommand reports before it loads a file."""
+    assert_one_line_error(cli.main, argv, capsys, words)
 
 
 def test_memory_refuses_flags_without_a_section(capsys):

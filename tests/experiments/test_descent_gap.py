@@ -3,9 +3,11 @@ test, read from a real tiny video run's results.json (DUST, ERM and constrained)
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
-from helpers import job_results
+from helpers import assert_one_line_error, job_results
 
 from experiments import descent_gap, video_denoise
 
@@ -63,3 +65,22 @@ def test_cli_prints_each_class_and_refuses_a_folder_without_results(run, tmp_pat
     assert "no results.json" in capsys.readouterr().err
     assert descent_gap.main([str(out), "--models", "dust,vit"]) == 2
     assert "no run of model vit in" in capsys.readouterr().err
+
+
+def test_bad_flags_and_folders_are_one_line_before_anything_is_read(run, tmp_path, capsys):
+    """Each refused in one line, exit 2: a count of points below 1 (it averaged every point),
+    a threshold that is not a number >= 0, a folder named twice (its runs counted twice), runs
+    of two experiments pooled, a missing folder argument (argparse's usage block before)."""
+    out, results = run
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "results.json").write_text(json.dumps(dict(results, experiment="llm_sft")))
+    for argv, words in (
+        ([str(out), "--last", "0"], "--last must be a whole number >= 1, got 0"),
+        ([str(out), "--active", "nan"], "--active must be a finite number >= 0, got nan"),
+        ([str(out), "--active", "abc"], "argument --active: invalid float value: 'abc'"),
+        ([str(out), str(out)], f"{out} is named twice"),
+        ([str(out), str(other)], "runs of different experiments (llm_sft, video_denoise)"),
+        ([], "the following arguments are required: folders"),
+    ):
+        assert_one_line_error(descent_gap.main, argv, capsys, words)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import assert_one_line_error
 
 from cudt.runner.provenance import cpu_model, git_state, provenance
 from experiments.paper import pages
@@ -276,6 +277,20 @@ def test_the_results_pages_parse(capsys):
         with pytest.raises(SystemExit) as e:
             pages.main(["write", "--check", "--runs", ".", *argv])
         assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_bad_command_lines_are_one_line(tmp_path, capsys):
+    """argparse's usage block was printed over the error; a --blocks naming nothing and a
+    runs root that is a file reached the commands (an empty write, a failed run)."""
+    a_file = tmp_path / "results.txt"
+    a_file.write_text("x")
+    for argv, words in (
+        ([], "the following arguments are required: action, --runs"),
+        (["write"], "the following arguments are required: --runs"),
+        (["write", "--runs", str(tmp_path), "--blocks", ","], "--blocks names no block"),
+        (["run", "--runs", str(a_file)], f"--runs {a_file} is a file: pass a folder"),
+    ):
+        assert_one_line_error(pages.main, argv, capsys, words)
 
 
 def test_entry_point_help():
