@@ -77,12 +77,24 @@ def load_results(folder: str | Path) -> dict:
     if not path.is_file():
         raise UsageError(f"{folder}: no results.json (a finished run's --out folder is needed)")
     try:
-        return json.loads(path.read_text())
+        results = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise UsageError(
             f"{path}: not readable as JSON ({exc}): rerun that folder's command to write it "
             "again (its checkpoints resume), or leave the folder out"
         ) from exc
+    shape = {"experiment": str, "config": dict, "runs": list}
+    wrong = (
+        list(shape)
+        if not isinstance(results, dict)
+        else [k for k, kind in shape.items() if not isinstance(results.get(k), kind)]
+    )
+    if wrong:  # another program's JSON, or one edited by hand: not a traceback further on
+        raise UsageError(
+            f"{path}: not a cudt run's results (no {', '.join(wrong)}): pass the --out folder "
+            "of a finished run, or rerun that folder's command to write it again"
+        )
+    return results
 
 
 def _data_seed(config: dict) -> int:

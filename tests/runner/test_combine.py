@@ -79,6 +79,17 @@ def test_folders_of_another_job_are_refused_with_one_line(folders, tmp_path, cap
         assert says in err and err.count("\n") == 1, err
     assert combine.main([str(first), str(tmp_path / "missing")]) == 2
     assert "no results.json" in capsys.readouterr().err
+    # JSON that is not a run's results (another program's, or edited by hand) was a traceback
+    without_config = {k: v for k, v in results.items() if k != "config"}
+    cases = [("[1, 2]", "(no experiment, config, runs)")]
+    cases.append((json.dumps(without_config), "(no config)"))
+    for text, says in cases:
+        (other / "results.json").write_text(text)
+        for argv in ([str(first), str(other)], [str(other), str(first)]):
+            assert combine.main(argv) == 2
+            err = capsys.readouterr().err
+            assert f"{other / 'results.json'}: not a cudt run's results {says}" in err, err
+            assert err.count("\n") == 1, err
 
 
 def test_one_seed_on_two_draws_is_refused_in_either_order(folders, tmp_path, capsys):
