@@ -385,6 +385,11 @@ class RunConfig:
     def _validate_shared(self) -> None:
         need = self.require
         need(
+            self.out is None or bool(self.out.strip()),
+            "--out needs a path: pass --out DIR, or leave it out for a fresh "
+            "runs/<experiment>-<time>",
+        )
+        need(
             not (self.resume and self.overwrite),
             "--resume and --overwrite contradict each other: pass one of them",
         )

@@ -264,6 +264,14 @@ def test_output_is_a_file(tmp_path, capsys):
     assert out.read_text() == "my notes"
 
 
+def test_output_empty(tmp_path, capsys, monkeypatch):
+    """``--out ""`` (an unset shell variable) trained into a fresh runs/... folder and exited 0."""
+    monkeypatch.chdir(tmp_path)
+    status, err = cli([*TINY, "--out", ""], capsys)
+    check("--out empty", status, err, "--out needs a path", "pass --out DIR, or leave it out")
+    assert not any(tmp_path.iterdir())  # no runs/ folder
+
+
 def test_output_under_a_file(tmp_path, capsys):
     """An unwritable --out that stays unwritable as root: its parent is a regular file."""
     parent = tmp_path / "notes.txt"
