@@ -218,6 +218,10 @@ class VideoConfig(RunConfig):
             "--models vit needs --vit-checkpoint FOLDER (a Hugging Face ViT folder with "
             "config.json and model.safetensors)",
         )
+        need(
+            self.vit_checkpoint is None or "vit" in self.models,
+            "--vit-checkpoint is read with --models ...,vit only: add vit to --models or drop it",
+        )
         # the synthetic clips' sizes (a real dataset's own videos are checked when read)
         need(
             self.dataset != "synthetic" or self.num_videos >= 3,

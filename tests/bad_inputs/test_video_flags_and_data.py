@@ -183,6 +183,12 @@ CONFIG_CASES = [
         "pass a number or none",
     ),
     (
+        "--vit-checkpoint without --models vit",
+        ["--vit-checkpoint", "vit-folder"],
+        "--vit-checkpoint is read with --models ...,vit only",
+        "add vit to --models or drop it",
+    ),
+    (
         "--resume with --overwrite",
         ["--resume", "--overwrite"],
         "--resume and --overwrite contradict each other",
