@@ -44,6 +44,7 @@ from cudt.runner.provenance import provenance
 from cudt.runner.record import decreases, evaluation_keys
 from cudt.runner.run import data_draws, evaluation_grids
 from cudt.tasks.video import VideoConfig, VideoTask
+from experiments.paper.job import check_job_folder
 from experiments.paper.phase1 import ERM_POINT, STARTS, split_means, train_phase_one
 from experiments.paper.rows import write_text
 
@@ -177,6 +178,7 @@ def run_phase_one(cfg: VideoConfig) -> dict[str, Any]:
     out = Path(cfg.out) if cfg.out else fresh_run_dir("phase_one")
     check_not_a_file(out)
     check_free(out)
+    check_job_folder(out, "phase_one")  # not into a run's folder, nor another job's
     saved = _finished(out, cfg)
     if saved is not None:
         print(f"reusing {out / RESULT} (the same flags)\n")

@@ -302,14 +302,15 @@ def train_subruns(subs: list[SubRun], make_task: Callable[[SubRun], Any]) -> dic
 JOB_FILE = "job.json"
 
 
-def _check_job_folder(out: Path, name: str) -> None:
+def check_job_folder(out: Path, name: str) -> None:
     """``out`` may hold this job (or nothing): not a run of an experiment (one sub-run's own
-    folder, as its resume hint names it) nor another job."""
+    folder, as its resume hint names it) nor another job. Also for ``experiments.phase_one``,
+    whose folder holds its own result files only."""
     ran = [n for n in ("results.json", CHECKPOINTS) if (out / n).exists()]
     if ran:
         raise UsageError(
             f"--out {out} holds a run of an experiment ({ran[0]}), not a {name}: pass the "
-            f"{name}'s own --out (the folder its sub-runs are in) or another folder"
+            f"{name}'s own --out or another folder"
         )
     try:
         other = json.loads((out / JOB_FILE).read_text(encoding="utf-8")).get("job")
@@ -331,7 +332,7 @@ def open_job(
     out = Path(opts.out) if opts.out else fresh_run_dir(name.replace(" ", "_"))
     check_not_a_file(out)
     check_free(out)  # another job there: refused before its folders are read
-    _check_job_folder(out, name)
+    check_job_folder(out, name)
     subs = plan(opts, out)
     for sub in subs:
         check_subrun(sub, opts.overwrite)

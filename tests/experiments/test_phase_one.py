@@ -76,6 +76,14 @@ def test_phase_one_lowers_the_erm_points_violation(tmp_path, capsys, monkeypatch
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "--overwrite" in err
     assert (out / "phase1.json").read_bytes() == before
+    # an experiment's run folder (its results.json): refused, not written into
+    run_folder = tmp_path / "a-run"
+    run_folder.mkdir()
+    (run_folder / "results.json").write_text("{}")
+    assert phase_one.main([*TINY, "--out", str(run_folder)]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run of an experiment (results.json), not a phase_one" in err, err
+    assert sorted(p.name for p in run_folder.iterdir()) == ["results.json"]
     # the same, where the other job finished between this one's check and its lock (while it
     # read its data): checked again under the lock, refused, the other's result kept
     late = tmp_path / "late"
