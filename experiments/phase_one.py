@@ -180,6 +180,11 @@ def run_phase_one(cfg: VideoConfig) -> dict[str, Any]:
     check_free(out)
     check_job_folder(out, "phase_one")  # not into a run's folder, nor another job's
     saved = _finished(out, cfg)
+    if saved is None and cfg.resume:
+        raise UsageError(
+            f"--resume: --out {out} holds no phase I result of these flags to reuse: drop "
+            "--resume to compute it"
+        )
     if saved is not None:
         print(f"reusing {out / RESULT} (the same flags)\n")
         print(saved["markdown"])

@@ -76,6 +76,12 @@ def test_phase_one_lowers_the_erm_points_violation(tmp_path, capsys, monkeypatch
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "--overwrite" in err
     assert (out / "phase1.json").read_bytes() == before
+    # --resume where nothing is saved: refused (it computed phase I anyway)
+    assert phase_one.main([*TINY, "--resume", "--out", str(tmp_path / "none")]) == 2
+    assert "holds no phase I result of these flags to reuse" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
+    assert phase_one.main([*TINY, "--resume", "--out", str(out)]) == 0  # the saved one: reused
+    assert "reusing" in capsys.readouterr().out
     # an experiment's run folder (its results.json): refused, not written into
     run_folder = tmp_path / "a-run"
     run_folder.mkdir()
