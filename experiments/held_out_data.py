@@ -25,6 +25,7 @@ from cudt.data.text.forum import write_forum
 from cudt.data.video.archives import AVENUE, SHANGHAITECH
 from cudt.data.video.plaza import LAYOUTS, write_plaza
 from cudt.errors import UsageError
+from cudt.io import topmost_missing
 from cudt.runner.cli import OneLineParser, run_cli
 
 __all__ = ["main"]
@@ -76,6 +77,11 @@ def _check(ns) -> None:
                 f"--width and --height must be even and at least 32 (the .avi encoder's yuv420p "
                 f"halves them), got {ns.width}x{ns.height}: pass e.g. --width 320 --height 180"
             )
+        if max(ns.width, ns.height) > 4096:  # every frame is held in memory while it is made
+            raise UsageError(
+                f"--width and --height must be at most 4096, got {ns.width}x{ns.height}: pass "
+                "e.g. --width 320 --height 180"
+            )
         if ns.fps > 120:
             raise UsageError(f"--fps must be <= 120, got {ns.fps}")
     elif ns.train < 2 or ns.test < 2:
@@ -97,6 +103,7 @@ def _check(ns) -> None:
 def _write(ns) -> None:
     _check(ns)
     root = ns.dir.expanduser()
+    created = topmost_missing(root)  # removed again if the writing fails: nothing left behind
     try:
         root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".held-out-", suffix=".tmp", dir=root))
@@ -128,6 +135,10 @@ def _write(ns) -> None:
             flags = "--dataset aclimdb"
         target = root / made.name
         made.rename(target)
+    except BaseException:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(f"wrote {what} to {target}; read it with {flags} --data-dir '{target}'")

@@ -42,6 +42,12 @@ HELD_OUT_CASES = [
         "pass e.g. --width 320 --height 180",
     ),
     (
+        "held-out videos too large to hold",
+        lambda root: ["plaza", root / "new", "--width", "100000", "--height", "100000"],
+        "must be at most 4096, got 100000x100000",
+        "pass e.g. --width 320 --height 180",
+    ),
+    (
         "held-out videos with no test video",
         lambda root: ["plaza", root / "new", "--test-videos", "0"],
         "--test-videos must be >= 1",
@@ -75,3 +81,24 @@ def test_held_out_data(case, build, problem, fix, tmp_path, capsys):
     captured = capsys.readouterr()
     check(case, status, captured.err, problem, fix)
     assert captured.out == "" and tree(root) == before  # nothing written, nothing created
+
+
+def test_a_write_that_fails_leaves_no_folder_it_made(tmp_path, monkeypatch):
+    """The folders the call created are removed when writing fails (it left an empty one
+    behind, found by an audit: frames too large to hold in memory, before the size bound)."""
+    import pytest
+
+    from experiments import held_out_data
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(held_out_data, "write_plaza", out_of_memory)
+    existing = tmp_path / "mine"
+    existing.mkdir()
+    with pytest.raises(MemoryError):
+        held_out_data.main(["plaza", str(existing / "new" / "data")])
+    assert list(existing.iterdir()) == []  # "new" and "new/data" are gone; "mine" is kept
+    with pytest.raises(MemoryError):
+        held_out_data.main(["plaza", str(existing)])
+    assert existing.is_dir() and list(existing.iterdir()) == []  # the user's own folder stays
