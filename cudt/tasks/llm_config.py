@@ -36,6 +36,10 @@ def split_files(cfg: LLMConfig) -> dict[str, str]:
 _DATA_FLAGS = ("data", "train_data", "val_data", "test_data")
 
 
+# the tiny decoder's sizes (no --checkpoint)
+_TINY_SIZES = ("layers", "hidden", "heads", "kv_heads", "intermediate")
+
+
 @dataclasses.dataclass(frozen=True)
 class LLMConfig(RunConfig):
     """Flags of ``python -m experiments.llm_sft`` (shared ones: :class:`RunConfig`)."""
@@ -250,8 +254,19 @@ class LLMConfig(RunConfig):
         self._check_export()
 
     def _check_sizes(self) -> None:
-        """The tiny decoder's sizes (a pretrained one brings its own)."""
+        """The tiny decoder's sizes (a pretrained one brings its own: a size flag beside
+        ``--checkpoint`` would be ignored, so it is refused)."""
         need = self.require
+        if self.checkpoint is not None:
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            given = [n for n in _TINY_SIZES if getattr(self, n) != defaults[n]]
+            need(
+                not given,
+                f"--{given[0].replace('_', '-')} sizes the tiny decoder, which --checkpoint "
+                f"{self.checkpoint} replaces with its own sizes: drop it"
+                if given
+                else "",
+            )
         need(
             self.checkpoint is not None or self.hidden % self.heads == 0,
             f"--hidden {self.hidden} is not divisible by --heads {self.heads}: pick sizes that "

@@ -158,6 +158,12 @@ LLM_CASES = [
         "attn",
     ),
     (
+        "a tiny decoder's size beside --checkpoint",
+        lambda tmp: ["--checkpoint", "smollm2", "--hidden", "32"],
+        "--hidden sizes the tiny decoder, which --checkpoint smollm2 replaces with its own sizes",
+        "drop it",
+    ),
+    (
         "--lora-rank without --checkpoint",
         lambda tmp: ["--lora-rank", "8"],
         "--lora-rank adapts a pretrained model",
@@ -238,7 +244,10 @@ def test_llm_files_and_exports(case, build, problem, fix, tmp_path, capsys):
     run), --export too."""
     from experiments import llm_sft
 
-    argv = [*LLM_TINY, *build(tmp_path), "--out", tmp_path / "out"]
+    flags = build(tmp_path)
+    # a --checkpoint brings its own sizes (the tiny decoder's are refused beside it)
+    tiny = LLM_TINY if "--checkpoint" not in flags else LLM_TINY[: LLM_TINY.index("--layers")]
+    argv = [*tiny, *flags, "--out", tmp_path / "out"]
     refused(case, argv, capsys, problem, fix, keeps=tmp_path, via=entry(llm_sft.main))
 
 

@@ -37,6 +37,18 @@ TINY = [
 ]  # fmt: skip
 
 
+SIZES = ("--layers", "--hidden", "--heads", "--kv-heads", "--intermediate")
+
+
+def tiny_with(argv: list[str]) -> list[str]:
+    """``TINY`` then ``argv``; beside a ``--checkpoint`` without the tiny decoder's sizes (a
+    checkpoint brings its own, and the sizes are refused with it)."""
+    if "--checkpoint" not in argv:
+        return [*TINY, *argv]
+    pairs = zip(TINY[::2], TINY[1::2], strict=True)
+    return [*(x for f, v in pairs if f not in SIZES for x in (f, v)), *argv]
+
+
 def layer_loss(r: dict) -> np.ndarray:
     """A record's ``layer_loss [G, L+1]`` as floats: NaN where it is null (the states before
     the last at a γ other than γ_train, which the evaluation does not read out)."""
@@ -307,6 +319,7 @@ def test_checkpoint_smollm2_names_the_wheels_file_or_says_how_to_install_it(tmp_
     ("argv", "words"),
     [
         (["--checkpoint", "/nonexistent/llama"], "does not exist"),
+        (["--checkpoint", "/nonexistent/llama", "--hidden", "32"], "--hidden sizes the tiny"),
         (["--prompt-format", "chat"], "has no chat template"),
         (["--prompt-format", "json"], "--prompt-format"),
         (["--data", "/nonexistent/alpaca_data.json"], "alpaca_data.json"),
@@ -319,7 +332,7 @@ def test_checkpoint_smollm2_names_the_wheels_file_or_says_how_to_install_it(tmp_
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(argv, words, tmp_path, capsys):
     out = tmp_path / "out"
     # flag errors exit from the parser, data and model errors return 2
-    assert_one_line_error(llm_sft.main, [*TINY, *argv, "--out", out], capsys, words)
+    assert_one_line_error(llm_sft.main, [*tiny_with(argv), "--out", out], capsys, words)
     assert not (out / "results.json").exists()
     assert not (out / "checkpoints").exists()
 
@@ -386,7 +399,7 @@ def test_bad_files_exit_2_with_one_line_before_training(checkpoint_folder, tmp_p
     ]
     for argv, words in cases:
         out = tmp_path / "out"
-        assert_one_line_error(llm_sft.main, [*TINY, *argv, "--out", out], capsys, words)
+        assert_one_line_error(llm_sft.main, [*tiny_with(argv), "--out", out], capsys, words)
         assert not out.exists() or not any(out.iterdir())
 
 
