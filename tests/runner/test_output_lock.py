@@ -251,7 +251,7 @@ def test_combine_and_the_pages_writer_refuse_a_folder_a_job_holds(holder, tmp_pa
     runs = tmp_path / "runs"
     folder = runs / "tiny"
     folder.mkdir(parents=True)
-    (folder / "results.json").write_text('{"experiment": "toy", "runs": []}')
+    (folder / "results.json").write_text('{"experiment": "toy", "config": {}, "runs": []}')
     pages = tmp_path / "pages"
     pages.mkdir()
     page = pages / "a.md"
