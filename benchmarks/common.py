@@ -311,12 +311,7 @@ def _at_least(text: str, low: int) -> int:
 
 def positive_int_list(text: str) -> list[int]:
     """``"1,2,4"`` -> ``[1, 2, 4]``, each >= 1 (an argparse ``type``)."""
-    values = int_list(text)
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated whole numbers >= 1, got {text!r}"
-        )
-    return values
+    return _ints_at_least(text, 1)
 
 
 def positive_float(text: str) -> float:
@@ -360,13 +355,17 @@ def parse_quick(
 def int_list(text: str) -> list[int]:
     """``"1,2,4"`` -> ``[1, 2, 4]``, each >= 0 (an argparse ``type``; thread counts: 0 is a
     library's default)."""
+    return _ints_at_least(text, 0)
+
+
+def _ints_at_least(text: str, low: int) -> list[int]:
     try:
         values = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
         values = []
-    if not values or min(values) < 0:
+    if not values or min(values) < low:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated whole numbers >= 0, got {text!r}"
+            f"expected comma-separated whole numbers >= {low}, got {text!r}"
         )
     return values
 
