@@ -1,8 +1,9 @@
 """Figures written as PNG (atomically): per-layer loss, metric vs test γ, per-sample ratios.
 
 All take the experiment's ``runs`` list (the dicts written to results.json), group them by model
-and show ERM and constrained side by side. Infeasible runs are dashed, diverged runs are left out
-of the curves and named in the legend, so a broken run is never mistaken for a good one. The
+and show ERM and constrained side by side. Infeasible constrained runs are dashed, under their own
+legend entry ("constrained, infeasible"), diverged runs are left out of the curves and named in
+the legend, so a broken run is never mistaken for a good one. The
 lanes the runner did not choose on validation (``chosen: False``, :func:`cudt.runner.choice.
 mark_chosen`) are drawn thin and faint, so the chosen setting stands out among tuned lanes.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib import ticker
 
 from cudt.io import savefig_atomic
 from cudt.runner.record import KINDS, at_gamma_train
@@ -44,19 +46,26 @@ def _kind(run) -> str:
     return run.get("variant") or KINDS[run["constrained"]]
 
 
+def _infeasible(run) -> bool:
+    """A constrained run that missed its constraints on validation: drawn dashed."""
+    return run.get("feasible") is False and bool(run.get("constrained"))
+
+
 def _color(run) -> str:
     return "tab:green" if run.get("variant") else COLORS[run["constrained"]]
 
 
 def _style(run):
-    return "--" if run.get("feasible") is False and run.get("constrained") else "-"
+    return "--" if _infeasible(run) else "-"
 
 
 def _line(run, seen: set) -> dict:
     """Line keywords of a run: its kind's colour, full strength and a legend entry once per
-    kind; a lane not chosen on validation thin and faint, under "<kind>, lanes not chosen"."""
+    kind; an infeasible constrained run under "<kind>, infeasible" (its dashes explained); a
+    lane not chosen on validation thin and faint, under "<kind>, lanes not chosen"."""
     faint = run.get("chosen") is False
-    kind = f"{_kind(run)}, lanes not chosen" if faint else _kind(run)
+    kind = f"{_kind(run)}, infeasible" if _infeasible(run) else _kind(run)
+    kind = f"{kind}, lanes not chosen" if faint else kind
     label = kind if kind not in seen else None
     seen.add(kind)
     return dict(
@@ -114,11 +123,33 @@ def plot_layer_losses(
 
     def finish(ax):
         ax.set_yscale("log")
+        # plain numbers where matplotlib labels a tick (0.0003, 0.682: not 6.82×10⁻¹)
+        ax.yaxis.set_major_formatter(_PlainLogFormatter())
+        ax.yaxis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False))
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))  # layers are whole
         ax.set_xlabel("layer l")
         ax.set_ylabel("mean test loss ℓ_l")
         ax.grid(True, which="both", alpha=0.3)
 
     _per_model(runs, path, title, draw, finish)
+
+
+class _PlainLogFormatter(ticker.LogFormatter):
+    """A log axis's labels as plain numbers (3 significant digits), on the ticks matplotlib's
+    own log formatter labels: a loss axis spanning less than a decade read ``6.82×10⁻¹``."""
+
+    def __call__(self, x, pos=None):
+        return f"{x:.3g}" if super().__call__(x, pos) else ""
+
+
+def _ratio_bins(ratios: list[np.ndarray]) -> np.ndarray:
+    """60 bins over the panel's ratios (their 0.5-99.5 % range, always holding 1, 5 % margin):
+    ratios within a few percent of 1 (a classifier's) were one bar on a fixed [0, 2] axis."""
+    pooled = np.concatenate(ratios) if ratios else np.ones(1)
+    lo, hi = np.quantile(pooled, [0.005, 0.995]) if pooled.size else (1.0, 1.0)
+    lo, hi = min(float(lo), 1.0), max(float(hi), 1.0)
+    pad = 0.05 * (hi - lo) or 0.05
+    return np.linspace(max(lo - pad, 0.0), hi + pad, 60)
 
 
 def plot_metric_vs_gamma(
@@ -159,15 +190,15 @@ def plot_ratio_histograms(
         axes[0].text(0.5, 0.5, "no run kept its ratios (every run diverged)", ha="center")
         axes[0].set_axis_off()
     for ax, model in zip(axes, models, strict=False):
+        kept = {}
         for constrained in (False, True):
             r = ratios_by_run.get((model, constrained))
-            if r is None or r.size == 0:
-                continue
-            r = r[np.isfinite(r)]
-            hi = np.quantile(r, 0.99) if r.size else 2.0
-            bins = np.linspace(0.0, max(2.0, hi), 60)
+            if r is not None and np.isfinite(r).any():
+                kept[constrained] = r[np.isfinite(r)]
+        bins = _ratio_bins(list(kept.values()))
+        for constrained, r in kept.items():
             ax.hist(
-                np.clip(r, 0, bins[-1]),
+                np.clip(r, bins[0], bins[-1]),
                 bins=bins,
                 alpha=0.55,
                 density=True,

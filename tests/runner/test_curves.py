@@ -282,3 +282,59 @@ def test_a_long_title_is_wrapped_to_a_one_panel_figure(tmp_path, monkeypatch):
     fig.canvas.draw()
     box = fig._suptitle.get_window_extent()
     assert box.x0 >= 0 and box.x1 <= fig.bbox.width
+
+
+def test_infeasible_runs_are_named_layers_are_whole_and_log_labels_plain(tmp_path, monkeypatch):
+    """The dashes of an infeasible constrained run are explained by its legend entry; the
+    layer axis has whole-number ticks only; a loss axis spanning less than a decade is labelled
+    in plain numbers (0.682), not 6.82×10⁻¹."""
+    from cudt.runner import plots
+
+    figs = []
+    monkeypatch.setattr(plots.plt, "close", figs.append)
+    base = dict(model="ut", layers=3, seed=0, test_gamma=[0.5], gamma_train=0.5)
+    runs = [
+        dict(base, constrained=False, layer_loss=[[0.693, 0.680, 0.681, 0.683]]),
+        dict(base, constrained=True, feasible=False, layer_loss=[[0.693, 0.685, 0.684, 0.686]]),
+        dict(base, constrained=True, feasible=True, seed=1, layer_loss=[[0.69, 0.688, 0.687, 0.686]]),
+    ]  # fmt: skip
+    plots.plot_layer_losses(runs, tmp_path / "layer_loss.png")
+    (ax,) = figs[0].axes
+    erm, infeasible, feasible = ax.lines[:3]
+    assert infeasible.get_linestyle() == "--" and feasible.get_linestyle() == "-"
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["ERM", "constrained, infeasible", "constrained"]
+    figs[0].canvas.draw()
+    ticks = [t for t in ax.get_xticks() if 0 <= t <= 3]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    low, high = ax.get_ylim()
+    shown = {
+        label.get_position()[1]: label.get_text()
+        for label in ax.get_yticklabels(minor=True) + ax.get_yticklabels()
+        if label.get_text() and low <= label.get_position()[1] <= high
+    }
+    assert len(shown) >= 2, shown
+    assert all(float(text) == pytest.approx(y, rel=1e-3) for y, text in shown.items()), shown
+
+
+def test_ratio_histogram_bins_span_the_ratios(tmp_path, monkeypatch):
+    """Ratios within a few percent of 1 (a classifier's) spread over the bins instead of one
+    bar of a fixed [0, 2] axis; wide ratios (up to 3) are not cut at 2."""
+    from cudt.runner import plots
+
+    figs = []
+    monkeypatch.setattr(plots.plt, "close", figs.append)
+    rng = np.random.default_rng(0)
+    narrow = 1.0 + 0.02 * rng.standard_normal(500)
+    wide = rng.uniform(0.2, 3.0, 500)
+    plots.plot_ratio_histograms(
+        {("ut", False): narrow, ("ut", True): narrow - 0.01, ("dust", False): wide},
+        tmp_path / "ratio_hist.png",
+    )
+    assert (tmp_path / "ratio_hist.png").read_bytes()[:4] == b"\x89PNG"
+    dust, ut = figs[0].axes
+    heights = [p.get_height() for p in ut.patches]
+    assert sum(h > 0 for h in heights) > 20  # spread over many of the 60 bars
+    left, right = ut.patches[0].get_x(), ut.patches[-1].get_x() + ut.patches[-1].get_width()
+    assert 0.8 < left < 1.0 < right < 1.2
+    assert dust.patches[-1].get_x() + dust.patches[-1].get_width() > 2.9
