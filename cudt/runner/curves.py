@@ -17,6 +17,7 @@ import re
 import shutil
 import sys
 import tempfile
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -226,11 +227,18 @@ def _draw(ax, steps, values, ls, color, stop) -> None:
             ax.plot(steps[j], values[j], "x", color=color, ms=7, mew=1.8)
 
 
+def _has_reference(run) -> bool:
+    """Whether the run's constraint 0 is a reference bound (``ℓ_0 ≤ C``); without one (ERM,
+    ``--reference none``) column 0 is recorded as 0 and is no constraint: not drawn."""
+    return bool(run["constrained"]) and run.get("hparams", {}).get("reference") is not None
+
+
 def _row(fig, ax_lam, ax_g, name: str, group: list) -> None:
     """One run group: λ_l (left) and g_l (right), colour by l, linestyle by run."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import BoundaryNorm
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
 
     width = max(1, max(curves["constraint"].shape[1] for _, curves in group))
     cmap = plt.get_cmap("viridis", width) if width > 2 else None
@@ -248,7 +256,7 @@ def _row(fig, ax_lam, ax_g, name: str, group: list) -> None:
     for r, (run, curves) in enumerate(group):
         stop = _diverged_at(curves)
         steps = curves["step"]
-        for li in range(curves["constraint"].shape[1]):
+        for li in range(0 if _has_reference(run) else 1, curves["constraint"].shape[1]):
             color = cmap(norm(li))
             _draw(ax_g, steps, curves["constraint"][:, li], styles[r], color, stop)
             if run["constrained"]:
@@ -263,15 +271,18 @@ def _row(fig, ax_lam, ax_g, name: str, group: list) -> None:
     ax_g.axhline(0.0, color="black", lw=0.9, ls="--", zorder=0)
     for ax, ylabel, what in ((ax_lam, "λ_l", "multipliers"), (ax_g, "g_l", "constraints")):
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{name}: {what} {ylabel}", fontsize=10)
+        # a sweep point's long name on two lines, not into the next panel's title
+        ax.set_title(textwrap.fill(f"{name}: {what} {ylabel}", 48), fontsize=10)
         ax.grid(True, alpha=0.3)
     if not any(run["constrained"] for run, _ in group):
         ax_lam.text(
             0.5, 0.5, "ERM only: λ ≡ 0", ha="center", va="center", transform=ax_lam.transAxes
         )
     bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax_g, pad=0.01, aspect=15)
-    bar.set_label("constraint l (0 = reference)")
+    reference = any(_has_reference(run) for run, _ in group)
+    bar.set_label("constraint l (0 = reference)" if reference else "constraint l (no reference)")
     bar.set_ticks(range(width) if width <= 13 else np.linspace(0, width - 1, 7).round())
     # The runs' legend goes right of the colour bar, outside the data.
     bar.ax.legend(
@@ -287,19 +298,22 @@ def _row(fig, ax_lam, ax_g, name: str, group: list) -> None:
 
 
 def _point_name(group: list) -> str:
-    """What a sweep point's runs share in their labels after ``seed N`` (``eps=0.02 dlr=10``)."""
-    for run, _ in group:
-        head, sep, tail = str(run["label"]).partition(" seed ")
-        rest = tail.split(maxsplit=1)
-        if sep and run["constrained"] and len(rest) == 2:
-            return rest[1]
-    return f"sweep point {group[0][0].get('sweep_point', 0)}"
+    """What a sweep point's runs share in their labels after ``seed N`` (``eps=0.02 dlr=10``),
+    after their kind (every run of a row is of one kind: :func:`_rows`)."""
+    run = group[0][0]
+    kind = "constrained" if run["constrained"] else "ERM"
+    head, sep, tail = str(run["label"]).partition(" seed ")
+    rest = tail.split(maxsplit=1)
+    if sep and len(rest) == 2:
+        return f"{kind} {rest[1]}"
+    return kind  # one setting of its kind (ERM untuned beside a constrained sweep)
 
 
 def _rows(groups: dict[str, list]) -> dict[str, list]:
     """The figure's rows: one per run group, or, for a group with more runs than linestyles
-    over two or more sweep points, one per point, so a legend names one point's runs. ERM runs
-    belong to sweep point 0 and stay in its row."""
+    over two or more sweep points, one per point and kind, so a legend names one setting's
+    runs (ERM's tuned lanes number their points as the constrained lanes do: the same
+    ``sweep_point`` is another setting there)."""
     rows = {}
     for name, group in groups.items():
         if len(group) <= len(_LINESTYLES):
@@ -307,12 +321,13 @@ def _rows(groups: dict[str, list]) -> dict[str, list]:
             continue
         points = defaultdict(list)
         for run, curves in group:
-            points[int(run.get("sweep_point", 0))].append((run, curves))
-        if len(points) == 1:  # many seeds of one point: nothing to split by
+            key = (not run["constrained"], int(run.get("sweep_point", 0)))  # constrained first
+            points[key].append((run, curves))
+        if len({point for _, point in points}) == 1:  # many seeds of one point: one row
             rows[name] = group
             continue
-        for point in sorted(points):
-            rows[f"{name} {_point_name(points[point])}"] = points[point]
+        for key in sorted(points):
+            rows[f"{name} {_point_name(points[key])}"] = points[key]
     return rows
 
 

@@ -10,6 +10,7 @@ mark_chosen`) are drawn thin and faint, so the chosen setting stands out among t
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections import defaultdict
 from pathlib import Path
@@ -21,23 +22,57 @@ from matplotlib import ticker
 from cudt.io import savefig_atomic
 from cudt.runner.record import KINDS, at_gamma_train
 
-__all__ = ["plot_layer_losses", "plot_metric_vs_gamma", "plot_ratio_histograms"]
+__all__ = [
+    "gamma_train_text",
+    "log_y_axis",
+    "panel_name",
+    "plot_layer_losses",
+    "plot_metric_vs_gamma",
+    "plot_ratio_histograms",
+]
 
 COLORS = {False: "tab:blue", True: "tab:red"}
 
 
 def _suptitle(fig, title: str) -> None:
     """The figure's title, wrapped to its width (a one-panel figure is 5 inches: a long title
-    on one line ran off both edges)."""
+    on one line ran off both edges), never inside ``a = b`` or ``a > b``."""
     chars = max(20, int(fig.get_figwidth() * 10))  # about 10 characters an inch at 12 pt
+    # textwrap breaks at ASCII white space only: none inside a parenthesis or around = > <
+    title = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\u00a0"), title)
+    for op in ("=", ">", "<"):
+        title = title.replace(f" {op} ", f"\u00a0{op}\u00a0")
     fig.suptitle(textwrap.fill(title, chars))
 
 
+def _gamma_trains(runs) -> list[float]:
+    return sorted({float(r["gamma_train"]) for r in runs if r.get("gamma_train") is not None})
+
+
+def panel_name(run, runs) -> str:
+    """A run's panel: its model and depth (a control run, ``run["panel"]``, joins its model's),
+    and its γ_train where ``runs`` train at several (a sweep of ``gamma_train``): runs at two
+    noise levels in one panel, under one γ_train in the title, read as one setting."""
+    name = f"{run.get('panel', run['model'])}-{run['layers']}"
+    if len(_gamma_trains(runs)) > 1:
+        name += f", γ_train {float(run['gamma_train']):g}"
+    return name
+
+
+def gamma_train_text(runs, default: float) -> str:
+    """``γ_train = x`` for a figure's title: the runs' one γ_train, or, where they train at
+    several, that each panel names its own."""
+    values = _gamma_trains(runs)
+    if len(values) > 1:
+        return "each panel's γ_train"
+    return f"γ_train = {values[0] if values else default:g}"
+
+
 def _by_model(runs):
-    """Panels by model and depth; a control run (``run["panel"]``) joins its model's panel."""
+    """Panels by :func:`panel_name`, in order."""
     groups = defaultdict(list)
     for run in runs:
-        groups[f"{run.get('panel', run['model'])}-{run['layers']}"].append(run)
+        groups[panel_name(run, runs)].append(run)
     return dict(sorted(groups.items()))
 
 
@@ -69,12 +104,14 @@ def _line(run, seen: set) -> dict:
     label = kind if kind not in seen else None
     seen.add(kind)
     return dict(
-        marker="o",
+        marker="s" if run.get("variant") else "o",  # a control, told apart where it overlaps
         ms=2 if faint else 3,
         lw=0.8 if faint else 1.5,
         color=_color(run),
         alpha=0.3 if faint else 0.85,
         label=label,
+        # constrained on top: where it equals a control (multipliers at 0) it stays visible
+        zorder=2.5 if run.get("constrained") else 2,
     )
 
 
@@ -85,10 +122,17 @@ def _axes(n):
     return fig, axes[0]
 
 
+def _legend_below(ax) -> None:
+    """The panel's legend under its axes, where it can hide no data (inside, matplotlib's
+    best place still covered curves and histogram peaks: figures audit)."""
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2, frameon=False)
+
+
 def _per_model(runs, path: str | Path, title: str, draw, finish) -> None:
-    """One panel per model: ``draw(ax, run, seen)`` each run's curve, in order, but a diverged
-    run's, which is named in the legend (gray, no curve); then ``finish(ax)`` (axes, labels,
-    grid), the model's name as the title and the legend; the figure saved to ``path``."""
+    """One panel per model (:func:`panel_name`): ``draw(ax, run, seen)`` each run's curve, in
+    order, but a diverged run's, which is named in the legend (gray, no curve); then
+    ``finish(ax, group)`` (axes, labels, grid), the panel's name as the title and the legend;
+    the figure saved to ``path``."""
     groups = _by_model(runs)
     fig, axes = _axes(len(groups))
     for ax, (name, group) in zip(axes, groups.items(), strict=True):
@@ -98,11 +142,11 @@ def _per_model(runs, path: str | Path, title: str, draw, finish) -> None:
                 ax.plot([], [], color="gray", label=f"{_kind(run)} seed {run['seed']}: diverged")
             else:
                 draw(ax, run, seen)
-        finish(ax)
+        finish(ax, group)
         ax.set_title(name)
-        ax.legend(fontsize=8)
+        _legend_below(ax)
     _suptitle(fig, title)
-    savefig_atomic(fig, path, dpi=110)
+    savefig_atomic(fig, path, dpi=110, bbox_inches="tight")  # the legends below, the labels
     plt.close(fig)
 
 
@@ -121,11 +165,8 @@ def plot_layer_losses(
         first = run.get("first_state", 0)  # a problem that starts past state 0 (the LLM's)
         ax.plot(first + np.arange(losses.size), losses, _style(run), **_line(run, seen))
 
-    def finish(ax):
-        ax.set_yscale("log")
-        # plain numbers where matplotlib labels a tick (0.0003, 0.682: not 6.82×10⁻¹)
-        ax.yaxis.set_major_formatter(_PlainLogFormatter())
-        ax.yaxis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False))
+    def finish(ax, group):
+        log_y_axis(ax)
         ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))  # layers are whole
         ax.set_xlabel("layer l")
         ax.set_ylabel("mean test loss ℓ_l")
@@ -139,17 +180,37 @@ class _PlainLogFormatter(ticker.LogFormatter):
     own log formatter labels: a loss axis spanning less than a decade read ``6.82×10⁻¹``."""
 
     def __call__(self, x, pos=None):
-        return f"{x:.3g}" if super().__call__(x, pos) else ""
+        if not super().__call__(x, pos):
+            return ""
+        if 1e-6 <= abs(x) < 1e6:  # positional: 0.00009 beside 0.0001, not 9e-05
+            return np.format_float_positional(x, precision=3, fractional=False, trim="-")
+        return f"{x:.3g}"
+
+
+def log_y_axis(ax) -> None:
+    """A log y axis labelled in plain numbers (0.0003, 0.682: not 6.82×10⁻¹), every tick
+    labelled where it spans under a decade (matplotlib's own labels skip 0.0005 there)."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(_PlainLogFormatter())
+    ax.yaxis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(2, 1)))
 
 
 def _ratio_bins(ratios: list[np.ndarray]) -> np.ndarray:
-    """60 bins over the panel's ratios (their 0.5-99.5 % range, always holding 1, 5 % margin):
-    ratios within a few percent of 1 (a classifier's) were one bar on a fixed [0, 2] axis."""
+    """Bins over the panel's ratios (their 0.5-99.5 % range, always holding 1, 5 % margin):
+    ratios within a few percent of 1 (a classifier's) were one bar on a fixed [0, 2] axis.
+    About 2√n of them, 10 to 60: 60 bins over 32 ratios drew spikes."""
     pooled = np.concatenate(ratios) if ratios else np.ones(1)
     lo, hi = np.quantile(pooled, [0.005, 0.995]) if pooled.size else (1.0, 1.0)
     lo, hi = min(float(lo), 1.0), max(float(hi), 1.0)
     pad = 0.05 * (hi - lo) or 0.05
-    return np.linspace(max(lo - pad, 0.0), hi + pad, 60)
+    count = int(np.clip(2 * np.sqrt(max(r.size for r in ratios) if ratios else 1), 10, 60))
+    return np.linspace(max(lo - pad, 0.0), hi + pad, count + 1)
+
+
+def _outside(r: np.ndarray, bins: np.ndarray) -> str:
+    """The share of ratios past the bins, drawn in the edge bins, for the legend."""
+    share = np.mean((r < bins[0]) | (r > bins[-1]))
+    return f", {100 * share:.1f}% in the edge bins" if share > 0 else ""
 
 
 def plot_metric_vs_gamma(
@@ -166,9 +227,11 @@ def plot_metric_vs_gamma(
     def draw(ax, run, seen):
         ax.plot(run["test_gamma"], run[key], _style(run), **_line(run, seen))
 
-    def finish(ax):
-        if gamma_train is not None:
-            ax.axvline(gamma_train, color="k", lw=0.8, ls=":", label="γ_train")
+    def finish(ax, group):
+        # the panel's own γ_train (several where a sweep trains at several), else the given one
+        lines = _gamma_trains(group) or ([] if gamma_train is None else [gamma_train])
+        for i, g in enumerate(lines):
+            ax.axvline(g, color="k", lw=0.8, ls=":", label=None if i else "γ_train")
         ax.set_xlabel("test γ")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
@@ -203,14 +266,14 @@ def plot_ratio_histograms(
                 alpha=0.55,
                 density=True,
                 color=COLORS[constrained],
-                label=f"{KINDS[constrained]} (median {np.median(r):.2f}, "
-                f"{100 * np.mean(r < 1):.1f}% < 1)",
+                label=f"{KINDS[constrained]} (median {np.median(r):.3f}, "
+                f"{100 * np.mean(r < 1):.1f}% < 1{_outside(r, bins)})",
             )
         ax.axvline(1.0, color="k", lw=0.8, ls=":")
-        ax.set_xlabel("ℓ_l / ℓ_{l-1}")
+        ax.set_xlabel("ℓ_l / ℓ_(l−1)")
         ax.set_ylabel("density")
         ax.set_title(model)
-        ax.legend(fontsize=8)
+        _legend_below(ax)
     _suptitle(fig, title)
-    savefig_atomic(fig, path, dpi=110)
+    savefig_atomic(fig, path, dpi=110, bbox_inches="tight")  # the legends below, the labels
     plt.close(fig)

@@ -94,10 +94,9 @@ class AccuracyReports:
         """``layer_loss.png``, ``accuracy_vs_gamma.png`` and ``ratio_hist.png``; ``noise``
         names the perturbation in the accuracy plot's title."""
         paths = [out / "layer_loss.png", out / "accuracy_vs_gamma.png", out / "ratio_hist.png"]
+        at = plots.gamma_train_text(runs, cfg.gamma_train)
         plots.plot_layer_losses(
-            runs,
-            paths[0],
-            title=f"mean test {self.loss_name} per state at γ_train = {cfg.gamma_train}",
+            runs, paths[0], title=f"mean test {self.loss_name} per state at {at}"
         )
         plots.plot_metric_vs_gamma(
             runs,
@@ -109,13 +108,13 @@ class AccuracyReports:
         )
         by_model: dict[tuple[str, bool], list] = {}
         for run, r in zip(runs, ratios, strict=True):
-            if r is not None:
-                key = (f"{run['model']}-{run['layers']}", run["constrained"])
+            if r is not None:  # pooled over seeds and lanes, never over γ_train (a panel each)
+                key = (plots.panel_name(run, runs), run["constrained"])
                 by_model.setdefault(key, []).append(r)
         plots.plot_ratio_histograms(
             {k: np.concatenate(v) for k, v in by_model.items()},
             paths[2],
-            title=f"per-sample ratios ℓ_l / ℓ_(l-1) on the test set at γ_train = {cfg.gamma_train}",
+            title=f"per-sample ratios ℓ_l / ℓ_(l−1) on the test set at {at}",
         )
         return paths
 

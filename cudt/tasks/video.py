@@ -484,9 +484,8 @@ class VideoTask(Task):
 
     def figures(self, cfg, runs, ratios, out, gammas):
         paths = [out / "layer_loss.png", out / "rmse_vs_gamma.png"]
-        plots.plot_layer_losses(
-            runs, paths[0], title=f"mean test loss per layer at γ_train = {cfg.gamma_train}"
-        )
+        at = plots.gamma_train_text(runs, cfg.gamma_train)
+        plots.plot_layer_losses(runs, paths[0], title=f"mean test loss per layer at {at}")
         plots.plot_metric_vs_gamma(
             runs,
             paths[1],

@@ -159,7 +159,9 @@ def test_plot_training_curves_draws_a_png(tmp_path):
 def test_a_sweep_with_more_runs_than_linestyles_gets_a_row_per_point(tmp_path):
     """27 runs of one group (ERM and 8 sweep points x 3 seeds) once shared one row: the legend
     squeezed the panels to nothing and runs repeated each other's linestyles. Each point now has
-    its own row, ERM in point 0's, and each row is at least as tall as before."""
+    its own row, ERM its own (not point 0's: tuned ERM lanes number their points as the
+    constrained ones do, and sat in rows named after another setting), and each row is at
+    least as tall as before."""
     from cudt.runner.curves import _LINESTYLES, _rows
 
     runs = [make_run(f"ut-5 ERM seed {s}", constrained=False, seed=s) for s in range(3)]
@@ -171,12 +173,15 @@ def test_a_sweep_with_more_runs_than_linestyles_gets_a_row_per_point(tmp_path):
         run["group"] = "ut-5"
     rows = _rows({"ut-5": [(run, None) for run in runs]})
     assert list(rows) == [
-        f"ut-5 eps={e} dlr={d}" for e in (0.02, 0.05, 0.1, 0.2) for d in (10, 100)
-    ]
+        f"ut-5 constrained eps={e} dlr={d}" for e in (0.02, 0.05, 0.1, 0.2) for d in (10, 100)
+    ] + ["ut-5 ERM"]
     assert all(len(group) <= len(_LINESTYLES) for group in rows.values())
-    assert [run["label"] for run, _ in rows["ut-5 eps=0.02 dlr=10"]][:3] == [
-        f"ut-5 ERM seed {s}" for s in range(3)
-    ]
+    assert [run["label"] for run, _ in rows["ut-5 ERM"]] == [f"ut-5 ERM seed {s}" for s in range(3)]
+    # tuned ERM lanes at the constrained lanes' point numbers: a row of their own, named by them
+    tuned = [dict(run, sweep_point=1, label=f"{run['label']} lr=0.002") for run in runs[:3]]
+    rows = _rows({"ut-5": [(run, None) for run in tuned + runs[3:]]})
+    assert [run["label"] for run, _ in rows["ut-5 ERM lr=0.002"]] == [r["label"] for r in tuned]
+    assert all(r["constrained"] for r, _ in rows["ut-5 constrained eps=0.02 dlr=100"])
     assert sum(len(group) for group in rows.values()) == len(runs)
     # a group that fits the linestyles keeps its one row, whatever its sweep points, and so
     # does a group of many seeds of one point (ten seeds of ERM and constrained)
@@ -187,7 +192,7 @@ def test_a_sweep_with_more_runs_than_linestyles_gets_a_row_per_point(tmp_path):
     path = tmp_path / "sweep.png"
     plot_training_curves(runs, path)
     w, h = Image.open(path).size
-    assert h > 8 * 300  # eight rows, none collapsed
+    assert h > 9 * 300  # nine rows, none collapsed
 
 
 def test_ragged_or_malformed_input_raises(tmp_path):
@@ -277,8 +282,9 @@ def test_a_long_title_is_wrapped_to_a_one_panel_figure(tmp_path, monkeypatch):
         runs, tmp_path / "a.png", key="accuracy", ylabel="acc", gamma_train=0.5, title=title
     )
     fig = figs[0]
-    lines = fig._suptitle.get_text().split("\n")
+    lines = fig._suptitle.get_text().replace("\xa0", " ").split("\n")
     assert len(lines) == 2 and " ".join(lines) == title
+    assert lines[1] == "(γ > γ_train: OOD)"  # not broken inside "γ > γ_train'
     fig.canvas.draw()
     box = fig._suptitle.get_window_extent()
     assert box.x0 >= 0 and box.x1 <= fig.bbox.width
@@ -338,3 +344,78 @@ def test_ratio_histogram_bins_span_the_ratios(tmp_path, monkeypatch):
     left, right = ut.patches[0].get_x(), ut.patches[-1].get_x() + ut.patches[-1].get_width()
     assert 0.8 < left < 1.0 < right < 1.2
     assert dust.patches[-1].get_x() + dust.patches[-1].get_width() > 2.9
+
+
+def test_runs_at_several_gamma_trains_get_a_panel_each(tmp_path, monkeypatch):
+    """A sweep of γ_train drew both noise levels' runs in one panel, the title naming the
+    config's one γ_train, and pooled their ratios into one histogram: each γ_train is a panel
+    of its own now, with its own γ_train line, and the title says so."""
+    from cudt.runner import plots
+
+    figs = []
+    monkeypatch.setattr(plots.plt, "close", figs.append)
+    runs = [
+        dict(model="ut", layers=2, seed=0, constrained=c, gamma_train=g, test_gamma=[0.0, 0.5],
+             layer_loss=[[3, 2, 1]] * 2, rmse=[1, 2 + g])
+        for g in (0.09, 0.15) for c in (False, True)
+    ]  # fmt: skip
+    assert plots.gamma_train_text(runs, 0.15) == "each panel's γ_train"
+    assert plots.gamma_train_text(runs[:2], 0.5) == "γ_train = 0.09"
+    plots.plot_metric_vs_gamma(
+        runs, tmp_path / "rmse.png", key="rmse", ylabel="RMSE", gamma_train=0.15
+    )
+    axes = figs[0].axes
+    assert [ax.get_title() for ax in axes] == ["ut-2, γ_train 0.09", "ut-2, γ_train 0.15"]
+    for ax, g in zip(axes, (0.09, 0.15), strict=True):
+        data = [line for line in ax.lines if line.get_marker() == "o"]
+        assert len(data) == 2 and all(line.get_ydata()[1] == 2 + g for line in data)
+        (vline,) = [line for line in ax.lines if line.get_linestyle() == ":"]
+        assert list(vline.get_xdata()) == [g, g]
+    one = [dict(r, gamma_train=0.15) for r in runs]
+    assert plots.panel_name(one[0], one) == "ut-2"  # one γ_train: the panel is the model's
+
+
+def test_the_constrained_curve_is_drawn_over_a_control_it_equals(tmp_path, monkeypatch):
+    """Constrained DUST with its multipliers at 0 trains as the control dust-pl: drawn after
+    it at the same zorder, its line vanished; it is on top now, and the control has squares."""
+    from cudt.runner import plots
+
+    figs = []
+    monkeypatch.setattr(plots.plt, "close", figs.append)
+    base = dict(model="dust", layers=2, seed=0, test_gamma=[0.5], gamma_train=0.5)
+    runs = [
+        dict(base, constrained=True, layer_loss=[[3, 2, 1]]),
+        dict(base, constrained=False, variant="ERM, per-layer dict. (control)", panel="dust",
+             model="dust-pl", layer_loss=[[3, 2, 1]]),
+    ]  # fmt: skip
+    plots.plot_layer_losses(runs, tmp_path / "layer_loss.png")
+    constrained, control = figs[0].axes[0].lines[:2]
+    assert constrained.get_zorder() > control.get_zorder()
+    assert constrained.get_marker() == "o" and control.get_marker() == "s"
+
+
+def test_constraint_zero_is_drawn_only_where_a_run_has_a_reference(tmp_path, monkeypatch):
+    """Without a reference bound (ERM, --reference none) column 0 is recorded as 0, no
+    constraint: it was drawn as a flat g_0 = 0 under "0 = reference"; steps tick whole."""
+    import matplotlib.pyplot as plt
+
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)
+    with_ref = make_run("ut-2 constrained seed 0", seed=1)
+    with_ref["hparams"] = {"reference": 0.7}
+    without = make_run("ut-2 ERM seed 0", constrained=False)
+    without["hparams"] = {"reference": None}
+    plot_training_curves([with_ref, without], tmp_path / "a.png")
+    ax_lam, ax_g, bar = closed[0].axes[:3]
+    # constrained: L+1 g-lines and L+1 λ-lines; ERM: L g-lines (columns 1..L)
+    assert len(ax_lam.lines) == L + 1
+    assert len(ax_g.lines) == (L + 1) + L + 1  # + the g = 0 line
+    assert bar.get_ylabel() == "constraint l (0 = reference)"
+    closed.clear()
+    with_ref["hparams"] = {"reference": None}
+    plot_training_curves([with_ref], tmp_path / "b.png")
+    ax_lam, ax_g, bar = closed[0].axes[:3]
+    assert len(ax_g.lines) == L + 1 and len(ax_lam.lines) == L
+    assert bar.get_ylabel() == "constraint l (no reference)"
+    closed[0].canvas.draw()
+    assert all(float(t).is_integer() for t in ax_g.get_xticks())
