@@ -11,7 +11,9 @@ from cudt.io import savefig_atomic
 
 STYLE = {
     "ERM": {"color": "tab:blue", "marker": "o", "label": "ERM"},
-    "constrained": {"color": "tab:red", "marker": "s", "label": "constrained"},
+    # on top: where it equals the control (its multipliers at 0) the constrained line showed
+    # in the legend only
+    "constrained": {"color": "tab:red", "marker": "s", "label": "constrained", "zorder": 2.5},
 }
 
 
@@ -31,6 +33,7 @@ def draw_line(ax, style: dict, row: dict, x, y, *, has_value: bool, ms: float = 
         ms=ms,
         alpha=1.0 if ok else 0.8,
         label=style["label"] + ("" if ok else f" ({row['status']})"),
+        zorder=style.get("zorder", 2),
     )
 
 
@@ -54,7 +57,11 @@ def save_figure(fig, path: Path) -> None:
 
 
 def figure_note(fig, text: str) -> None:
-    """A grey line under the panels (how the runs shown were chosen)."""
+    """A grey line under the panels (how the runs shown were chosen), wrapped to the figure's
+    width (about 16 characters an inch at 8 pt; two lines fit the room save_figure leaves)."""
+    import textwrap
+
+    text = textwrap.fill(text, max(40, int(fig.get_figwidth() * 16)))
     fig.text(0.5, 0.005, text, ha="center", va="bottom", fontsize=8, color="0.35")
 
 

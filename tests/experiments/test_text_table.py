@@ -208,10 +208,13 @@ def test_micro_grid_writes_table_csv_figures_and_ratio_histograms(micro_grid):
 
     # Every run's ratio histogram counts each test sample once per layer, and its share below
     # 1 is the run's descent rate.
-    hists = table4.read_ratio_histograms(out / "mnli-minilm")
+    edges, hists = table4.read_ratio_histograms(out / "mnli-minilm")
+    assert np.array_equal(edges, table4.RATIO_EDGES)
+    assert np.allclose(np.diff(edges)[np.searchsorted(edges, 0.9)], 0.0025)  # fine near 1
     runs = results["mnli"]["runs"]
     assert set(hists) == {r["label"] for r in runs}
     below_one = int(np.searchsorted(table4.RATIO_EDGES, 1.0))
+    assert table4.RATIO_EDGES[below_one] == 1.0
     for run in runs:
         counts = hists[run["label"]]  # [L, B+1]
         assert counts.shape == (4, len(table4.RATIO_EDGES))

@@ -149,6 +149,24 @@ TINY = [
 ]
 
 
+def test_a_constrained_line_equal_to_the_control_is_drawn_on_top():
+    """Constrained DUST with its multipliers at 0 is the control: drawn under the control's
+    line, it showed in the legend only (figures audit); it is drawn on top now."""
+    import matplotlib.pyplot as plt
+
+    from cudt.tasks.video import CONTROL
+    from experiments.paper import figures as figs
+    from experiments.paper.video_table.figures import STYLE
+
+    fig, ax = plt.subplots()
+    row = {"status": "ok"}
+    for key in ("constrained", CONTROL):
+        figs.draw_line(ax, STYLE[key], row, [0, 1], [2.0, 1.0], has_value=True)
+    constrained, control = ax.lines
+    plt.close(fig)
+    assert constrained.get_zorder() > control.get_zorder()
+
+
 @pytest.fixture(scope="module")
 def tiny_grid(tmp_path_factory):
     return finished_job(video_table.main, TINY, tmp_path_factory.mktemp("table3") / "out")

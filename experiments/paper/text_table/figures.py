@@ -74,6 +74,12 @@ def plot_fig1(rows, opts, path: Path) -> None:
     save_figure(fig, path)
 
 
+def _gamma_grid(rows) -> tuple[float, float] | None:
+    """The ends of the runs' test γ grid (its width is the AUC of accuracy 1), or None."""
+    grids = [r["test_gamma"] for r in rows if r.get("test_gamma")]
+    return (min(map(min, grids)), max(map(max, grids))) if grids else None
+
+
 def plot_fig4(rows, opts, path: Path) -> None:
     """Test accuracy vs test γ at the headline γ_train (the paper's Figure 4)."""
     cols, series = _panels(rows, opts)
@@ -96,8 +102,19 @@ def plot_fig4(rows, opts, path: Path) -> None:
         f"Fig. 4: test accuracy vs embedding perturbation, γ_train = {g:g} (dotted; shaded: OOD)",
         fontsize=11,
     )
-    figs.figure_note(fig, _note(rows))
+    # the paper's AUC is the plain area over the γ grid: chance is not 0.5 (figures audit)
+    grid = _gamma_grid(rows)
+    area = "" if grid is None else f"; AUC: area over γ ∈ [{grid[0]:g}, {grid[1]:g}]"
+    figs.figure_note(fig, _note(rows) + area)
     save_figure(fig, path)
+
+
+def _occupied(edges: np.ndarray, counts: np.ndarray) -> list[float]:
+    """The left edge of the bin holding the 0.5 % quantile, the right of the 99.5 %'s."""
+    cum = np.cumsum(counts) / max(counts.sum(), 1)
+    first = int(np.searchsorted(cum, 0.005))
+    last = min(int(np.searchsorted(cum, 0.995)), counts.size - 1)
+    return [float(edges[first]), float(edges[last + 1])]
 
 
 def plot_fig12(rows, opts, out: Path, path: Path) -> None:
@@ -105,20 +122,20 @@ def plot_fig12(rows, opts, out: Path, path: Path) -> None:
     the headline γ_train, best ERM vs best constrained run (the paper's Figure 12)."""
     cols, series = _panels(rows, opts)
     g = opts.headline_gamma
-    width = RATIO_EDGES[1] - RATIO_EDGES[0]
-    hists: dict[str, dict[str, np.ndarray]] = {}
+    hists: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
     fig, axes = grid_axes(len(opts.datasets), len(cols), w=3.8, h=2.8)
     for i, d in enumerate(opts.datasets):
         for j, (model, L) in enumerate(cols):
             ax = axes[i, j]
-            drawn = 0
+            drawn, spans = 0, [1.0]
             for key, row in series(d, model, L):
                 if "label" not in row:
                     continue
                 if row["sub_run"] not in hists:
                     hists[row["sub_run"]] = read_ratio_histograms(out / row["sub_run"])
                 # a mean over seeds: the ratios of every seed's run, pooled
-                found = [hists[row["sub_run"]].get(k) for k in row.get("labels", [row["label"]])]
+                edges, by_label = hists[row["sub_run"]]
+                found = [by_label.get(k) for k in row.get("labels", [row["label"]])]
                 found = [c for c in found if c is not None]
                 counts = sum(found) if found else None
                 if counts is None or counts.sum() == 0:
@@ -129,17 +146,19 @@ def plot_fig12(rows, opts, out: Path, path: Path) -> None:
                 s = STYLE[key]
                 flagged = "" if row["status"] == "ok" else f" ({row['status']})"
                 ax.stairs(
-                    total[:-1] / (n * width),
-                    RATIO_EDGES,
+                    total[:-1] / (n * np.diff(edges)),
+                    edges,
                     fill=True,
                     color=s["color"],
                     alpha=0.45,
-                    label=f"{s['label']}{flagged}: mean {row['mean_ratio']:.2f}, median "
-                    f"{row['median_ratio']:.2f}, {100 * row['descent_rate']:.0f}% < 1"
-                    + (f", {100 * over:.0f}% > {RATIO_EDGES[-1]:g}" if over >= 0.005 else ""),
+                    label=f"{s['label']}{flagged}: mean {row['mean_ratio']:.3f}, median "
+                    f"{row['median_ratio']:.3f}, {100 * row['descent_rate']:.0f}% < 1"
+                    + (f", {100 * over:.0f}% > {edges[-1]:g}" if over >= 0.005 else ""),
                 )
+                spans += _occupied(edges, total[:-1])
                 if key == "constrained" and row.get("epsilon") is not None:
                     ax.axvline(1 - row["epsilon"], color=s["color"], lw=0.9, ls="--")
+                    spans.append(1 - row["epsilon"])
                 drawn += 1
             ax.axvline(1.0, color="k", lw=0.8, ls=":")
             if not drawn:
@@ -152,7 +171,10 @@ def plot_fig12(rows, opts, out: Path, path: Path) -> None:
                     fontsize=8,
                     color="0.4",
                 )
-            ax.set_xlim(RATIO_EDGES[0], RATIO_EDGES[-1])
+            # the occupied bins (0.5-99.5 % of each histogram), 1 and 1 − ε, with a margin
+            lo, hi = min(spans), max(spans)
+            pad = max(0.05 * (hi - lo), 0.01)
+            ax.set_xlim(max(RATIO_EDGES[0], lo - pad), min(RATIO_EDGES[-1], hi + pad))
             _finish_panel(
                 ax, d, model, L, j, "ℓ_l / ℓ_(l-1)", "density", fontsize=6, loc="upper right"
             )

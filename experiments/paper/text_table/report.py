@@ -27,7 +27,16 @@ from experiments.paper.text_table.config import (
 RATIOS_FILE = "ratio_histograms.npz"
 
 
-RATIO_EDGES = np.linspace(0.0, 2.5, 101)  # 0.025-wide bins; one more count: r > 2.5
+#: Bins 0.025 wide, 0.0025 within [0.8, 1.2] (a classifier's ratios sit within a few percent
+#: of 1: on 0.025 bins each UT-3 panel of Fig. 12 was one bar); one more count: r > 2.5.
+RATIO_EDGES = np.unique(
+    np.round(
+        np.concatenate(
+            [np.linspace(0.0, 0.8, 33), np.linspace(0.8, 1.2, 161), np.linspace(1.2, 2.5, 53)]
+        ),
+        6,
+    )
+)
 
 
 def ratio_histograms(runs: list[dict], ratios: list) -> tuple[np.ndarray, list[str]]:
@@ -63,16 +72,16 @@ class RatioRecordingTextTask(TextTask):
         return paths
 
 
-def read_ratio_histograms(folder: Path) -> dict[str, np.ndarray]:
-    """``{run label: counts [L, B+1]}`` of a sub-run (empty if it has no histograms: trained
-    by ``experiments.text_classify``, say)."""
+def read_ratio_histograms(folder: Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """``(edges [B+1], {run label: counts [L, B+1]})`` of a sub-run: the bins it was counted
+    in (a sub-run from before the finer bins keeps its own), and no labels if it has no
+    histograms (trained by ``experiments.text_classify``, say)."""
     path = Path(folder) / RATIOS_FILE
     if not path.is_file():
-        return {}
+        return RATIO_EDGES, {}
     with np.load(path, allow_pickle=False) as z:
-        if not np.array_equal(z["edges"], RATIO_EDGES):
-            return {}
-        return {str(label): c for label, c in zip(z["labels"], z["counts"], strict=True)}
+        counts = {str(label): c for label, c in zip(z["labels"], z["counts"], strict=True)}
+        return np.asarray(z["edges"], np.float64), counts
 
 
 def best_rows(results: dict[tuple, dict]) -> list[dict]:

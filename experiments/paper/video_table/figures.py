@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cudt.runner.plots import log_y_axis
 from cudt.tasks.video import CONTROL
 from experiments.paper import figures as figs
 from experiments.paper import rows as table_rows
@@ -140,7 +141,7 @@ def plot_fig7(rows, opts, path: Path) -> None:
                 loss = row.get("layer_loss")
                 x = None if loss is None else np.arange(len(loss))
                 _draw(ax, key, row, x, loss, ms=3)
-            ax.set_yscale("log")
+            log_y_axis(ax)
             ax.set_xticks(range(L + 1))
             ax.set_title(f"{NAMES[d]} · {m.upper()}-{L}", fontsize=9)
             ax.grid(True, which="both", alpha=0.3)
