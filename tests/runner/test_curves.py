@@ -344,6 +344,15 @@ def test_ratio_histogram_bins_span_the_ratios(tmp_path, monkeypatch):
     left, right = ut.patches[0].get_x(), ut.patches[-1].get_x() + ut.patches[-1].get_width()
     assert 0.8 < left < 1.0 < right < 1.2
     assert dust.patches[-1].get_x() + dust.patches[-1].get_width() > 2.9
+    # the legend under the axes, where it hides no bar; what the edge bins hold is said
+    figs[0].canvas.draw()
+    assert ut.get_legend().get_window_extent().y1 < ut.get_window_extent().y0
+    labels = [t.get_text() for t in ut.get_legend().get_texts()]
+    assert all("in the edge bins" in label for label in labels), labels  # 0.5 % each side
+    # few ratios, few bins: 32 ratios (an LLM's) in 2 sqrt(32) = 11 bars, not 60 spikes
+    figs.clear()
+    plots.plot_ratio_histograms({("llm", True): narrow[:32]}, tmp_path / "few.png")
+    assert len(figs[0].axes[0].patches) == 11
 
 
 def test_runs_at_several_gamma_trains_get_a_panel_each(tmp_path, monkeypatch):
