@@ -124,8 +124,14 @@ def _axes(n):
 
 def _legend_below(ax) -> None:
     """The panel's legend under its axes, where it can hide no data (inside, matplotlib's
-    best place still covered curves and histogram peaks: figures audit)."""
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2, frameon=False)
+    best place still covered curves and histogram peaks: figures audit); two columns where
+    the labels are short enough for two to fit a 5-inch panel's width (two of the ratio
+    histogram's side by side were wider than its figure, which collapsed its axes)."""
+    labels = ax.get_legend_handles_labels()[1]
+    ncols = 2 if max(map(len, labels), default=0) <= 36 else 1
+    ax.legend(
+        fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=ncols, frameon=False
+    )
 
 
 def _per_model(runs, path: str | Path, title: str, draw, finish) -> None:
