@@ -327,10 +327,16 @@ def positive_float(text: str) -> float:
 
 def output_file(text: str) -> Path:
     """An argparse ``type``: a file to write at the end, checked before anything is measured
-    (its folder must exist; it must not be a folder), so a typo cannot lose a measurement."""
+    (its folder must exist; it must not be a folder), so a typo cannot lose a measurement; nor
+    may it exist: a second run on the same path would replace the first one's figures (an hour
+    of a lent GPU, for ``gpu``) without a word."""
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder: pass a file path")
+    if path.exists():
+        raise argparse.ArgumentTypeError(
+            f"{text} exists (an earlier measurement): pass another path, or move that file away"
+        )
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(
             f"the folder {path.parent} does not exist: create it, or pass a path in a folder "

@@ -132,6 +132,17 @@ def test_bad_flags_are_one_line_and_exit_2_before_anything_is_measured(argv, wor
     assert_one_line_error(cli.main, argv, capsys, words)
 
 
+@pytest.mark.parametrize("parse, flag", [(gpu.parse_args, "--out"), (step.parse_args, "--json")])
+def test_an_output_file_that_exists_is_refused_and_kept(parse, flag, tmp_path, capsys):
+    """A second ``gpu`` run on the default gpu.md replaced the first one's figures at its end
+    (the flags alone are parsed here: without the check, the subcommand would measure)."""
+    earlier = tmp_path / "gpu.md"
+    earlier.write_text("an earlier measurement\n")
+    words = f"{earlier} exists (an earlier measurement): pass another path, or move that file"
+    assert_one_line_error(parse, [flag, str(earlier)], capsys, f"argument {flag}: ", words)
+    assert earlier.read_text() == "an earlier measurement\n"
+
+
 def test_memory_refuses_flags_without_a_section(capsys):
     assert memory.main(["--vocab", "8"]) == 2
     assert "takes a section (lm-loss or llm)" in capsys.readouterr().err
