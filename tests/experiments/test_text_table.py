@@ -253,6 +253,16 @@ def test_rerun_reuses_finished_subruns_and_refuses_other_flags(micro_grid, capsy
         ),
         (["--checkpoint-minilm", "{tmp}/nope"], "--checkpoint-minilm '{tmp}/nope' does not exist"),
         (
+            ["--checkpoint-distilbert", "{tmp}/distilbert"],
+            "--checkpoint-distilbert would be read by no sub-run (--models minilm,ut at --scale "
+            "tiny; the UT reads minilm's word embeddings): add the model to --models, or drop",
+        ),
+        (
+            ["{paper}", "--models", "ut", "--checkpoint-minilm", "{tmp}/x", "--data-dir", "{tmp}"],
+            "--checkpoint-roberta, --checkpoint-minilm would be read by no sub-run (--models ut "
+            "at --scale paper; the UT reads distilbert's",
+        ),
+        (
             ["--checkpoint-minilm", "{tmp}/empty"],
             "empty' has no config.json, tokenizer.json, model",
         ),

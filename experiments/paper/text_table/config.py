@@ -249,6 +249,16 @@ class Table4Config:
                 "--data-dir is read by --scale paper only (--scale tiny writes its own data "
                 "under <out>/data): drop --data-dir or pass --scale paper",
             )
+        read = {_checkpoint_source(self, model) for model in self.models}
+        ignored = [m for m in (*_CHECKPOINT_FLAGS, "minilm") if m not in read]
+        ignored = [f"--checkpoint-{m}" for m in ignored if getattr(self, f"checkpoint_{m}")]
+        need(
+            not ignored,
+            f"{', '.join(ignored)} would be read by no sub-run (--models {','.join(self.models)} "
+            f"at --scale {self.scale}; the UT reads "
+            f"{_checkpoint_source(self, 'ut')}'s word embeddings): add the model to --models, "
+            "or drop the flag",
+        )
         grid.keep_unique(self)
 
     def setting(self, name: str):
