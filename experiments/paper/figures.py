@@ -49,9 +49,10 @@ def grid_axes(nrows: int, ncols: int, w: float, h: float, min_width: float = 7.5
 def save_figure(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    # room for the title above the panels and the note under them
+    # room for the note under the panels (tight_layout makes the title's own: a rect under
+    # it too left a blank band between the title and the panels)
     h = fig.get_figheight()
-    fig.tight_layout(rect=(0, 0.3 / h, 1, 1 - 0.3 / h))
+    fig.tight_layout(rect=(0, 0.3 / h, 1, 1))
     savefig_atomic(fig, path, dpi=100)
     plt.close(fig)
 

@@ -9,6 +9,7 @@ micro grid compiles and trains in seconds.
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 from pathlib import Path
 
@@ -205,6 +206,9 @@ def test_micro_grid_writes_table_csv_figures_and_ratio_histograms(micro_grid):
 
     figures = ("fig1_layer_loss.png", "fig4_accuracy_vs_gamma.png", "fig12_ratio_hist.png")
     assert_figures(out, figures, min_height=400)
+    for d, res in results.items():  # the figures' chance level: K as the sub-run recorded it
+        best = table4.best_rows({(d, "minilm", 4): res})
+        assert {r["num_classes"] for r in best} == {len(res["config"]["label_names"])}
 
     # Every run's ratio histogram counts each test sample once per layer, and its share below
     # 1 is the run's descent rate.
@@ -313,3 +317,24 @@ def test_cells_over_seeds_are_means_and_the_count_needs_a_paired_interval():
         shown = f"{sum(con) / 3:.3f}"
         assert headline_cells(text)["UT-3"] == [f"**{shown}**" if higher else shown, "1.800"]
         assert f"(paired t interval over seeds excluding 0) in {int(higher)} of 1" in text
+
+
+def test_figures_draw_chance_where_the_sub_runs_recorded_their_classes():
+    """Fig. 1 and 4 draw chance (ln K, 1/K) from the K the sub-runs recorded, so a UT at chance
+    reads as chance, not as a 5e-4 descent; none where K is unknown or differs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = importlib.import_module("experiments.paper.text_table.figures")
+    rows = [{"dataset": "mnli", "num_classes": 3}, {"dataset": "imdb", "num_classes": None}]
+    _, ax = plt.subplots()
+    figures._chance_line(ax, rows, "mnli", np.log, "chance, ln {k}")
+    figures._chance_line(ax, rows, "imdb", np.log, "chance, ln {k}")  # unknown: nothing
+    rows.append({"dataset": "mnli", "num_classes": 2})
+    figures._chance_line(ax, rows, "mnli", np.log, "chance, ln {k}")  # two K: nothing
+    [line] = ax.lines
+    assert line.get_label() == "chance, ln 3"
+    assert np.allclose(line.get_ydata(), np.log(3))
+    plt.close("all")

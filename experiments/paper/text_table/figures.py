@@ -41,6 +41,16 @@ def _panels(rows, opts):
     return cols, series
 
 
+def _chance_line(ax, rows, d: str, level, text: str) -> None:
+    """A grey dotted line at chance, ``level(K)`` for the dataset's K classes (as its sub-runs
+    recorded them; none for rows from before they did): a UT at chance drew differences of
+    5e-4 nats across the whole panel, read as descent or its lack."""
+    classes = {r.get("num_classes") for r in rows if r["dataset"] == d} - {None}
+    if len(classes) == 1:
+        k = classes.pop()
+        ax.axhline(level(k), color="0.45", ls=":", lw=1.0, zorder=1, label=text.format(k=k))
+
+
 def _finish_panel(ax, d: str, model: str, L: int, j: int, xlabel: str, ylabel: str, **legend):
     """A panel's title (dataset · model), axis labels (y on the first column only), grid and
     legend (``legend``: its keywords)."""
@@ -65,6 +75,7 @@ def plot_fig1(rows, opts, path: Path) -> None:
                 loss = row.get("layer_loss")
                 x = None if loss is None else np.arange(len(loss))
                 figs.draw_line(ax, STYLE[key], row, x, loss, has_value="auc" in row, ms=3)
+            _chance_line(ax, rows, d, np.log, "chance, ln {k}")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             xlabel, ylabel = "state l (0: the perturbed embeddings)", "mean test cross-entropy ℓ_l"
             _finish_panel(ax, d, model, L, j, xlabel, ylabel, fontsize=7)
@@ -94,9 +105,10 @@ def plot_fig4(rows, opts, path: Path) -> None:
                     style = style | {"label": f"{style['label']} (AUC {row['auc']:.3f})"}
                 x, y = row.get("test_gamma"), row.get("accuracy")
                 figs.draw_line(ax, style, row, x, y, has_value="auc" in row)
+            _chance_line(ax, rows, d, lambda k: 1 / k, "chance, 1/{k}")
             figs.mark_train_gamma(ax, g, label_y=0.9)
             _finish_panel(
-                ax, d, model, L, j, "test γ", "test accuracy", fontsize=7, loc="lower left"
+                ax, d, model, L, j, "test γ", "test accuracy", fontsize=7, loc="best"
             )
     fig.suptitle(
         f"Fig. 4: test accuracy vs embedding perturbation, γ_train = {g:g} (dotted; shaded: OOD)",

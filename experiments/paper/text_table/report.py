@@ -108,9 +108,12 @@ def best_rows(results: dict[tuple, dict]) -> list[dict]:
     rows = []
     for (dataset, _, _), res in results.items():
         sub_run = Path(res["config"]["out"]).name
-        rows += table_rows.setting_rows(
+        found = table_rows.setting_rows(
             res, dataset, sub_run, score="val_auc", higher=True, fields=fields
         )
+        for row in found:  # the figures' chance levels (not in the CSV)
+            row["num_classes"] = res["config"].get("num_classes")
+        rows += found
     return table_rows.sort_rows(rows, DATASETS, TABLE_MODELS)
 
 

@@ -115,7 +115,7 @@ def plot_fig3(rows, opts, path: Path) -> None:
             ax.set_xticks(layers)
             ax.set_title(f"{NAMES[d]} · {m.upper()}", fontsize=10)
             ax.set_xlabel("layers L")
-            ax.set_ylabel("mean RMSE over test γ")
+            ax.set_ylabel("mean RMSE over test γ (0-255)")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
     fig.suptitle(f"Fig. 3: mean test RMSE vs depth, γ_train = {g:g}", fontsize=11)
