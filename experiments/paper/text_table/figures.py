@@ -107,9 +107,7 @@ def plot_fig4(rows, opts, path: Path) -> None:
                 figs.draw_line(ax, style, row, x, y, has_value="auc" in row)
             _chance_line(ax, rows, d, lambda k: 1 / k, "chance, 1/{k}")
             figs.mark_train_gamma(ax, g, label_y=0.9)
-            _finish_panel(
-                ax, d, model, L, j, "test γ", "test accuracy", fontsize=7, loc="best"
-            )
+            _finish_panel(ax, d, model, L, j, "test γ", "test accuracy", fontsize=7, loc="best")
     fig.suptitle(
         f"Fig. 4: test accuracy vs embedding perturbation, γ_train = {g:g} (dotted; shaded: OOD)",
         fontsize=11,
