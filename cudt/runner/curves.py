@@ -17,7 +17,6 @@ import re
 import shutil
 import sys
 import tempfile
-import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -240,6 +239,8 @@ def _row(fig, ax_lam, ax_g, name: str, group: list) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
+    from cudt.runner.plots import wrap_text
+
     width = max(1, max(curves["constraint"].shape[1] for _, curves in group))
     cmap = plt.get_cmap("viridis", width) if width > 2 else None
     norm = BoundaryNorm(np.arange(width + 1) - 0.5, max(width, 2))
@@ -274,7 +275,7 @@ def _row(fig, ax_lam, ax_g, name: str, group: list) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
         ax.set_ylabel(ylabel)
         # a sweep point's long name on two lines, not into the next panel's title
-        ax.set_title(textwrap.fill(f"{name}: {what} {ylabel}", 48), fontsize=10)
+        ax.set_title(wrap_text(f"{name}: {what} {ylabel}", 48), fontsize=10)
         ax.grid(True, alpha=0.3)
     if not any(run["constrained"] for run, _ in group):
         ax_lam.text(
@@ -302,7 +303,7 @@ def _point_name(group: list) -> str:
     after their kind (every run of a row is of one kind: :func:`_rows`)."""
     run = group[0][0]
     kind = "constrained" if run["constrained"] else "ERM"
-    head, sep, tail = str(run["label"]).partition(" seed ")
+    _, sep, tail = str(run["label"]).partition(" seed ")
     rest = tail.split(maxsplit=1)
     if sep and len(rest) == 2:
         return f"{kind} {rest[1]}"

@@ -25,38 +25,53 @@ from cudt.runner.record import KINDS, at_gamma_train
 __all__ = [
     "gamma_train_text",
     "log_y_axis",
-    "panel_name",
+    "panel_names",
     "plot_layer_losses",
     "plot_metric_vs_gamma",
     "plot_ratio_histograms",
+    "wrap_text",
 ]
 
 COLORS = {False: "tab:blue", True: "tab:red"}
 
 
+def wrap_text(text: str, chars: int) -> str:
+    """``text`` in lines of at most ``chars`` characters, for a figure's title or note: never
+    broken inside ``a = b``, ``a > b``, ``a < b``, nor inside a parenthesis of at most half a
+    line (a longer one breaks as prose). The figures' one rule (the runner's titles, the
+    training curves' panel titles, the paper figures' notes)."""
+    # textwrap breaks at ASCII white space only: join what must stay together with NBSP
+    text = re.sub(
+        r"\([^()]*\)",
+        lambda m: m.group(0) if len(m.group(0)) > chars // 2 else m.group(0).replace(" ", "\u00a0"),
+        text,
+    )
+    for op in ("=", ">", "<"):
+        text = text.replace(f" {op} ", f"\u00a0{op}\u00a0")
+    return textwrap.fill(text, chars)
+
+
 def _suptitle(fig, title: str) -> None:
     """The figure's title, wrapped to its width (a one-panel figure is 5 inches: a long title
-    on one line ran off both edges), never inside ``a = b`` or ``a > b``."""
-    chars = max(20, int(fig.get_figwidth() * 10))  # about 10 characters an inch at 12 pt
-    # textwrap breaks at ASCII white space only: none inside a parenthesis or around = > <
-    title = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\u00a0"), title)
-    for op in ("=", ">", "<"):
-        title = title.replace(f" {op} ", f"\u00a0{op}\u00a0")
-    fig.suptitle(textwrap.fill(title, chars))
+    on one line ran off both edges): :func:`wrap_text`."""
+    fig.suptitle(wrap_text(title, max(20, int(fig.get_figwidth() * 10))))  # ~10 chars/in at 12 pt
 
 
 def _gamma_trains(runs) -> list[float]:
     return sorted({float(r["gamma_train"]) for r in runs if r.get("gamma_train") is not None})
 
 
-def panel_name(run, runs) -> str:
-    """A run's panel: its model and depth (a control run, ``run["panel"]``, joins its model's),
-    and its γ_train where ``runs`` train at several (a sweep of ``gamma_train``): runs at two
-    noise levels in one panel, under one γ_train in the title, read as one setting."""
-    name = f"{run.get('panel', run['model'])}-{run['layers']}"
-    if len(_gamma_trains(runs)) > 1:
-        name += f", γ_train {float(run['gamma_train']):g}"
-    return name
+def panel_names(runs) -> list[str]:
+    """Each run's panel: its model and depth (a control run, ``run["panel"]``, joins its
+    model's), and its γ_train where ``runs`` train at several (a sweep of ``gamma_train``):
+    runs at two noise levels in one panel, under one γ_train in the title, read as one
+    setting."""
+    several = len(_gamma_trains(runs)) > 1
+    return [
+        f"{run.get('panel', run['model'])}-{run['layers']}"
+        + (f", γ_train {float(run['gamma_train']):g}" if several else "")
+        for run in runs
+    ]
 
 
 def gamma_train_text(runs, default: float) -> str:
@@ -69,10 +84,10 @@ def gamma_train_text(runs, default: float) -> str:
 
 
 def _by_model(runs):
-    """Panels by :func:`panel_name`, in order."""
+    """Panels by :func:`panel_names`, in order."""
     groups = defaultdict(list)
-    for run in runs:
-        groups[panel_name(run, runs)].append(run)
+    for name, run in zip(panel_names(runs), runs, strict=True):
+        groups[name].append(run)
     return dict(sorted(groups.items()))
 
 
@@ -135,7 +150,7 @@ def _legend_below(ax) -> None:
 
 
 def _per_model(runs, path: str | Path, title: str, draw, finish) -> None:
-    """One panel per model (:func:`panel_name`): ``draw(ax, run, seen)`` each run's curve, in
+    """One panel per model (:func:`panel_names`): ``draw(ax, run, seen)`` each run's curve, in
     order, but a diverged run's, which is named in the legend (gray, no curve); then
     ``finish(ax, group)`` (axes, labels, grid), the panel's name as the title and the legend;
     the figure saved to ``path``."""

@@ -107,10 +107,9 @@ class AccuracyReports:
             title=f"{self.accuracy_name} vs {noise} (γ > γ_train: OOD)",
         )
         by_model: dict[tuple[str, bool], list] = {}
-        for run, r in zip(runs, ratios, strict=True):
+        for name, run, r in zip(plots.panel_names(runs), runs, ratios, strict=True):
             if r is not None:  # pooled over seeds and lanes, never over γ_train (a panel each)
-                key = (plots.panel_name(run, runs), run["constrained"])
-                by_model.setdefault(key, []).append(r)
+                by_model.setdefault((name, run["constrained"]), []).append(r)
         plots.plot_ratio_histograms(
             {k: np.concatenate(v) for k, v in by_model.items()},
             paths[2],

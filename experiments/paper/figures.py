@@ -60,9 +60,9 @@ def save_figure(fig, path: Path) -> None:
 def figure_note(fig, text: str) -> None:
     """A grey line under the panels (how the runs shown were chosen), wrapped to the figure's
     width (about 16 characters an inch at 8 pt; two lines fit the room save_figure leaves)."""
-    import textwrap
+    from cudt.runner.plots import wrap_text
 
-    text = textwrap.fill(text, max(40, int(fig.get_figwidth() * 16)))
+    text = wrap_text(text, max(40, int(fig.get_figwidth() * 16)))
     fig.text(0.5, 0.005, text, ha="center", va="bottom", fontsize=8, color="0.35")
 
 

@@ -291,6 +291,23 @@ def test_a_long_title_is_wrapped_to_a_one_panel_figure(tmp_path, monkeypatch):
     assert box.x0 >= 0 and box.x1 <= fig.bbox.width
 
 
+def test_figure_text_breaks_at_spaces_but_never_inside_a_relation_or_a_short_parenthesis():
+    """The one wrapping rule of the runner's titles, the curves' panel titles and the paper's
+    notes; a parenthesis longer than half a line breaks as prose (else it would be cut
+    mid-word, as textwrap cuts a word longer than a line)."""
+    from cudt.runner.plots import wrap_text
+
+    def plain(text):
+        return text.replace("\xa0", " ").split("\n")
+
+    lines = plain(wrap_text("ut-3 constrained (eps = 0.05) at γ_train = 0.5", 24))
+    assert lines == ["ut-3 constrained", "(eps = 0.05) at", "γ_train = 0.5"]
+    long = "a note (" + "word " * 12 + "end) closes"
+    lines = plain(wrap_text(long, 24))
+    assert all(len(line) <= 24 for line in lines) and " ".join(lines) == long
+    assert all(w in long.split() for line in lines for w in line.split())  # no word cut
+
+
 def test_infeasible_runs_are_named_layers_are_whole_and_log_labels_plain(tmp_path, monkeypatch):
     """The dashes of an infeasible constrained run are explained by its legend entry; the
     layer axis has whole-number ticks only; a loss axis spanning less than a decade is labelled
@@ -394,7 +411,7 @@ def test_runs_at_several_gamma_trains_get_a_panel_each(tmp_path, monkeypatch):
         (vline,) = [line for line in ax.lines if line.get_linestyle() == ":"]
         assert list(vline.get_xdata()) == [g, g]
     one = [dict(r, gamma_train=0.15) for r in runs]
-    assert plots.panel_name(one[0], one) == "ut-2"  # one γ_train: the panel is the model's
+    assert plots.panel_names(one) == ["ut-2"] * len(one)  # one γ_train: the model's panel
 
 
 def test_the_constrained_curve_is_drawn_over_a_control_it_equals(tmp_path, monkeypatch):
