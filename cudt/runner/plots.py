@@ -172,11 +172,17 @@ def _per_model(runs, path: str | Path, title: str, draw, finish) -> None:
 
 
 def plot_layer_losses(
-    runs, path: str | Path, *, gamma_index: int | None = None, title: str = ""
+    runs,
+    path: str | Path,
+    *,
+    gamma_index: int | None = None,
+    title: str = "",
+    xlabel: str = "layer l",
 ) -> None:
     """Mean test loss at every layer (the paper's Figures 1 and 7), log scale, at test γ index
     ``gamma_index`` (None: each run's own γ_train). A run whose record has ``first_state``
-    (its problem starts at that state) is drawn from there, so the axis is the model's own."""
+    (its problem starts at that state) is drawn from there, so the axis is the model's own.
+    ``xlabel`` names the axis as the task does (what state 0 is)."""
 
     def draw(ax, run, seen):
         if gamma_index is None:
@@ -189,7 +195,7 @@ def plot_layer_losses(
     def finish(ax, group):
         log_y_axis(ax)
         ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))  # layers are whole
-        ax.set_xlabel("layer l")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("mean test loss ℓ_l")
         ax.grid(True, which="both", alpha=0.3)
 

@@ -96,7 +96,10 @@ class AccuracyReports:
         paths = [out / "layer_loss.png", out / "accuracy_vs_gamma.png", out / "ratio_hist.png"]
         at = plots.gamma_train_text(runs, cfg.gamma_train)
         plots.plot_layer_losses(
-            runs, paths[0], title=f"mean test {self.loss_name} per state at {at}"
+            runs,
+            paths[0],
+            title=f"mean test {self.loss_name} per state at {at}",
+            xlabel="state l (0: the perturbed embeddings)",
         )
         plots.plot_metric_vs_gamma(
             runs,

@@ -485,7 +485,12 @@ class VideoTask(Task):
     def figures(self, cfg, runs, ratios, out, gammas):
         paths = [out / "layer_loss.png", out / "rmse_vs_gamma.png"]
         at = plots.gamma_train_text(runs, cfg.gamma_train)
-        plots.plot_layer_losses(runs, paths[0], title=f"mean test loss per layer at {at}")
+        plots.plot_layer_losses(
+            runs,
+            paths[0],
+            title=f"mean test loss per layer at {at}",
+            xlabel="layer l (0: the noisy input)",
+        )
         plots.plot_metric_vs_gamma(
             runs,
             paths[1],

@@ -322,8 +322,9 @@ def test_infeasible_runs_are_named_layers_are_whole_and_log_labels_plain(tmp_pat
         dict(base, constrained=True, feasible=False, layer_loss=[[0.693, 0.685, 0.684, 0.686]]),
         dict(base, constrained=True, feasible=True, seed=1, layer_loss=[[0.69, 0.688, 0.687, 0.686]]),
     ]  # fmt: skip
-    plots.plot_layer_losses(runs, tmp_path / "layer_loss.png")
+    plots.plot_layer_losses(runs, tmp_path / "layer_loss.png", xlabel="state l (0: the input)")
     (ax,) = figs[0].axes
+    assert ax.get_xlabel() == "state l (0: the input)"  # the task's name for its states
     erm, infeasible, feasible = ax.lines[:3]
     assert infeasible.get_linestyle() == "--" and feasible.get_linestyle() == "-"
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
