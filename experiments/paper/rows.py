@@ -252,7 +252,8 @@ def selection_legend(score: str, rows: Iterable[dict], word: str) -> str:
     if not several_seeds(rows):
         return (
             f"Best run per cell by {score} among non-diverged runs, feasible ones for "
-            f"constrained; **bold**: the {word} of constrained and ERM"
+            f"constrained; **bold**: the {word} of constrained and ERM on test data (one seed: "
+            "no interval, so no verdict)"
         )
     return (
         f"Per cell: the sweep point with the best mean {score} over its seeds among those where "
@@ -270,8 +271,11 @@ def shown_runs(rows: Iterable[dict], score: str) -> str:
 
 
 def count_rule(rows: Iterable[dict]) -> str:
-    """What a counted cell needs, said after "Constrained lower than ERM" (several seeds)."""
-    return " (paired t interval over seeds excluding 0)" if several_seeds(rows) else ""
+    """What a counted cell needs, said after "Constrained lower than ERM": an interval over
+    seeds, or (one seed) that the count reads test numbers without one."""
+    if several_seeds(rows):
+        return " on test data (paired t interval over seeds excluding 0)"
+    return " on test data (one seed: no interval, a count of signs, not of wins)"
 
 
 def sort_rows(rows: list[dict], datasets: Sequence[str], models: Sequence[str]) -> list[dict]:

@@ -74,7 +74,10 @@ def test_headline_markdown_bolds_the_lower_number():
     assert cells["dust-3"] == ["**11.500**", "12.000"]
     assert cells["ut-3"] == ["10.250", "**10.000**"]
     assert cells["dust-pl-3"] == ["—", "11.900"]  # the control: ERM only, nothing to bold
-    assert "Constrained lower than ERM in 1 of 2" in text
+    # one seed: the count reads test numbers without an interval, and says so
+    assert "Constrained lower than ERM on test data (one seed: no interval, a count of" in text
+    assert "of signs, not of wins) in 1 of 2" in text
+    assert "the lower of constrained and ERM on test data (one seed: no interval" in text
     rows[1] = row("dust", "constrained", 11.0, status="infeasible")
     rows[3] = row("ut", "constrained", None, status="diverged")
     cells = headline_cells(table3.headline_markdown(rows, ["ucsd"], ["dust", "ut"], [3], 0.15, [0]))
@@ -118,7 +121,7 @@ def test_cells_over_seeds_are_the_chosen_points_mean_and_bold_needs_a_paired_int
     assert by_kind["constrained"]["peak_lambda"] == 1.0
     text = table3.headline_markdown(rows, ["ucsd"], ["dust"], [3], 0.15, [0.15, 0.3])
     assert headline_cells(text)["dust-3"] == ["**9.133**", "10.100"]  # −0.97 [−1.09, −0.84]
-    assert "Constrained lower than ERM (paired t interval over seeds excluding 0) in 1 of 1" in text
+    assert "on test data (paired t interval over seeds excluding 0) in 1 of 1" in text
     assert "its mean over the seeds; **bold**: the lower of constrained and ERM where" in text
     # a difference the seeds do not resolve: level, neither bold, not counted
     con = _runs_over_seeds({1e-3: [9.0, 11.5, 9.5]}, True)
