@@ -1,6 +1,6 @@
 """The UT text classifier learns: through the real runner, on reviews in the aclImdb layout, its
-lift above chance must reach half that of a bag-of-words logistic regression fitted here on the
-same tokens.
+lift above chance must reach half that of a bag-of-words logistic regression on the same
+tokens (:mod:`experiments.text_ceiling`'s "word pieces present" reader).
 
 The reviews are :func:`cudt.data.text.imdb_like_reviews` (generated, ``short``: about 65 words,
 mostly neutral, negation, mixed opinions; not real IMDb), written to ``tmp_path`` as
@@ -21,52 +21,20 @@ import json
 
 import numpy as np
 import pytest
-from scipy.optimize import minimize
 
 from cudt.data.text import (
-    TokenizedSplit,
     imdb_like_reviews,
     load_text_data,
     tokenize_splits,
     write_aclimdb,
 )
 from cudt.models.classifier import build_text_model
-from experiments import text_classify
+from experiments import text_ceiling, text_classify
 
 NUM_TRAIN, NUM_TEST, MAX_LENGTH = 600, 300, 96
 
 # trains for minutes: XLA's optimisation passes pay for themselves here
 pytestmark = pytest.mark.optimized
-
-
-def bag_of_words(tokens: TokenizedSplit, vocab: np.ndarray) -> np.ndarray:
-    """Binary presence ``[N, len(vocab)]`` of each vocabulary token among a text's tokens."""
-    index = {int(t): i for i, t in enumerate(vocab)}
-    out = np.zeros((len(tokens), vocab.size))
-    for row, (ids, mask) in enumerate(zip(tokens.ids, tokens.mask, strict=True)):
-        cols = [index[t] for t in ids[mask > 0].tolist() if t in index]
-        out[row, cols] = 1.0
-    return out
-
-
-def logistic_regression(x: np.ndarray, y: np.ndarray, l2: float) -> np.ndarray:
-    """Weights ``[V + 1]`` (bias last) of an L2-regularised logistic regression (L-BFGS)."""
-    xb = np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)
-    sign = 2.0 * y - 1.0
-
-    def loss_and_grad(w):
-        margin = sign * (xb @ w)
-        loss = np.logaddexp(0.0, -margin).mean() + 0.5 * l2 * np.sum(w[:-1] ** 2)
-        grad = xb.T @ (-sign * np.exp(-np.logaddexp(0.0, margin))) / x.shape[0]
-        grad[:-1] += l2 * w[:-1]
-        return loss, grad
-
-    w0 = np.zeros(xb.shape[1])
-    return minimize(loss_and_grad, w0, jac=True, method="L-BFGS-B", options={"maxiter": 500}).x
-
-
-def accuracy(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
-    return float(np.mean(((x @ w[:-1] + w[-1]) > 0) == (y > 0)))
 
 
 @pytest.fixture(scope="module")
@@ -106,13 +74,9 @@ def test_ut_learns_against_bag_of_words_on_the_same_tokens(reviews, tmp_path):
     data = load_text_data("aclimdb", reviews, num_train=NUM_TRAIN, num_test=NUM_TEST)
     model = build_text_model("ut", num_classes=2)
     tokens = tokenize_splits(model, data, MAX_LENGTH)
-    special = set(model.encoder.tokenize([""], 4)[0][0].tolist())
-    vocab = np.setdiff1d(np.unique(tokens["train"].ids[tokens["train"].mask > 0]), list(special))
-    x = {k: bag_of_words(v, vocab) for k, v in tokens.items()}
-    y = {k: v.labels for k, v in tokens.items()}
-    fits = [logistic_regression(x["train"], y["train"], l2) for l2 in (1e-3, 1e-2, 1e-1)]
-    best = max(fits, key=lambda w: accuracy(w, x["val"], y["val"]))
-    bow = accuracy(best, x["test"], y["test"])
+    x = text_ceiling.features("word pieces present", tokens, np.asarray(model.table))
+    labels = {k: v.labels for k, v in tokens.items()}
+    bow = text_ceiling.choose(x, labels, 2)["test_accuracy"]  # C chosen on validation
 
     assert bow > 0.6  # the words carry the label: there is something to learn
     for run in results["runs"]:
