@@ -213,7 +213,11 @@ def markdown(result: dict) -> str:
         "",
         "| reader (logistic regression, γ = 0) | order | "
         + " | ".join(f"seed {s}" for s in seeds)
-        + " | mean [95 % t over seeds] |",
+        + (
+            " | mean [95 % t over seeds] |"
+            if len(seeds) > 1
+            else " | mean (one seed: no interval) |"
+        ),
         "|---|---|" + "---|" * (len(seeds) + 1),
     ]
     for reader in READERS:

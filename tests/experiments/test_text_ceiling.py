@@ -148,6 +148,9 @@ def test_the_command_reads_each_seeds_draw_and_prints_the_table(tiny_bert, tmp_p
     draws = {s: [r["val_by_C"] for r in result["rows"] if r["seed"] == s] for s in (0, 1)}
     assert draws[0] != draws[1]  # each seed drew its own split
     assert out.split("\n\n")[1].startswith("`python -m experiments.text_ceiling --model ut ")
+    one = dict(result, rows=[r for r in result["rows"] if r["seed"] == 0])
+    table = text_ceiling.markdown(one).split("\n\n")[1]
+    assert "mean (one seed: no interval)" in table and "[" not in table  # one seed: no interval
     assert text_ceiling.main(argv) == 0  # the command line, as a user runs it: the same table
     again = capsys.readouterr().out
     assert [r for r in again.splitlines() if r.startswith("| ")] == [
