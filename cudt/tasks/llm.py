@@ -56,12 +56,13 @@ from cudt.errors import CudtError, UsageError
 from cudt.io import atomic_write
 from cudt.lm_loss import default_chunk_tokens, layer_token_losses, response_token_losses
 from cudt.models.llama import Decoder, init_adapters
+from cudt.runner.finished import run_data
 from cudt.runner.task import GroupModel, RunBatch, Task, cut_in_batches
 from cudt.tasks.accuracy import AccuracyReports, feasibility_lines
 from cudt.tasks.llm_completions import completion_lines, greedy_completions, paired_lines
 from cudt.tasks.llm_config import LLMConfig
 from cudt.tasks.llm_data import LLMData, load_data, train_digest
-from cudt.tasks.llm_export import NoChosenRun, decoder_params, export_runs, lora_spec, run_data
+from cudt.tasks.llm_export import NoChosenRun, decoder_params, export_runs, lora_spec
 
 __all__ = ["LLMTask", "reference_state"]
 

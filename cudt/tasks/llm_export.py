@@ -24,7 +24,6 @@ a ``.gguf`` export is the merged model alone.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
@@ -34,16 +33,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from cudt.checkpoint import GroupCheckpointer
 from cudt.data.alpaca import alpaca_chat_template
-from cudt.errors import CheckpointError, UsageError
+from cudt.errors import UsageError
 from cudt.io import atomic_output, check_fresh_output, to_jsonable
 from cudt.models.llama import Decoder, LoraSpec, adapted, merged, save_adapters, save_decoder
 from cudt.models.llama.lora import TARGETS as LORA_TARGETS
 from cudt.models.llama.save import SAVE_DTYPES, check_gguf
 from cudt.runner.cli import OneLineParser
-from cudt.runner.groups import Group
-from cudt.runner.output import CHECKPOINTS, CONFIG_FILE
+from cudt.runner.finished import finished_run, run_data, trained_params
 
 __all__ = [
     "ADAPTER_FOLDER",
@@ -52,9 +49,7 @@ __all__ = [
     "decoder_params",
     "export_cli",
     "export_runs",
-    "finished_run",
     "lora_spec",
-    "run_data",
     "trained_decoder",
 ]
 
@@ -85,39 +80,6 @@ def decoder_params(
     if "lora" in params:
         return (merged if merge else adapted)(frozen, params["lora"], lora.scale)
     return params if "embed" in params else {**params, "embed": frozen}
-
-
-def trained_params(out: Path, results: dict, labels: Sequence[str], steps: int) -> dict[str, Any]:
-    """``{label: params}`` of the named runs of the finished run in ``out``: each run's
-    parameters as its group's last checkpoint holds them (:class:`GroupCheckpointer`; the
-    group's folder and the run's row from its record in ``results``). A checkpoint short of
-    ``steps`` is one error line."""
-    rows: dict[str, list[str]] = {}
-    for r in results["runs"]:  # a group's records are its runs in order: row r of its states
-        rows.setdefault(r["group"], []).append(r["label"])
-    found = {}
-    for name, group_labels in rows.items():
-        wanted = [label for label in group_labels if label in labels]
-        if not wanted:
-            continue
-        folder = out / CHECKPOINTS / Group("", None, [], name=name).slug
-        if not folder.is_dir():  # (opening one would create it)
-            raise CheckpointError(
-                f"{folder} is missing: the run's checkpoints are lost; train it again"
-            )
-        with GroupCheckpointer(folder) as checkpointer:
-            step = checkpointer.latest_step()
-            if step != steps:
-                raise CheckpointError(
-                    f"{folder} holds {'no checkpoint' if step is None else f'step {step}'}, "
-                    f"not the last step {steps}: finish the run first (rerun its command with "
-                    "this --out)"
-                )
-            states, _ = checkpointer.restore(None)  # as saved: the run's own arrays
-        for label in wanted:
-            row = group_labels.index(label)
-            found[label] = jax.tree.map(lambda x, row=row: x[row], states["params"])
-    return found
 
 
 def chosen_runs(results: dict) -> list[dict]:
@@ -279,97 +241,6 @@ def _manifest(
     }
 
 
-def finished_run(out: str | Path, task: Any) -> tuple[Any, Any, dict]:
-    """``(cfg, data, results)`` of the finished run of ``task`` (the LLM task) in ``out``: its
-    config from ``results.json``, its data and decoder loaded again, refused (one line) unless
-    they give the fingerprint its checkpoints were written with (the same training tokens,
-    model and noise scale)."""
-    out = Path(out).expanduser().absolute()
-    file = out / "results.json"
-    if not file.is_file():
-        raise UsageError(
-            f"{out} holds no results.json: pass the --out folder of a finished "
-            "experiments.llm_sft run (rerun its command with that --out to finish it)"
-        )
-    try:
-        results = json.loads(file.read_text(encoding="utf-8"))
-        saved = results["config"]
-        experiment = results.get("experiment")
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UsageError(f"{file} is unreadable ({err}): pass the --out of a finished run") from err
-    if experiment != task.name:
-        raise UsageError(
-            f"{out} holds a {experiment} run: export_decoder reads experiments.{task.name} runs"
-        )
-    record = out / CHECKPOINTS / CONFIG_FILE
-    try:
-        trained = json.loads(record.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise UsageError(f"{record} is unreadable ({err}): the run's checkpoints are lost") from err
-    # the flags as given: the checkpoints' record (results.json holds some resolved: the
-    # learning rate, the reference state), and the evaluation's from results.json
-    fields = {f.name for f in dataclasses.fields(task.config_cls)}
-    kw = {k: v for k, v in saved.items() if k in fields} | {
-        k: v for k, v in trained.items() if k in fields
-    }
-    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()}
-    kw |= dict(out=str(out), export=None, overwrite_export=False, overwrite=False, resume=False)
-    # the run's relative paths (--data, --checkpoint) are relative to the folder it ran in
-    ran_in = (results.get("provenance") or {}).get("cwd")
-    ran_in = ran_in if isinstance(ran_in, str) and Path(ran_in).is_dir() else None
-    with contextlib.chdir(ran_in) if ran_in else contextlib.nullcontext():
-        try:
-            cfg = task.config_cls(**kw)
-        except ValueError as err:
-            raise UsageError(f"{file}'s config is not one this cudt runs ({err})") from err
-        data = task.load(cfg)
-        _check_trained_on(task, cfg, data, trained, out)
-    return cfg, data, results
-
-
-def _check_trained_on(task: Any, cfg: Any, data: Any, trained: dict, out: Path) -> None:
-    """A one-line :class:`UsageError` unless ``data`` (the draw of ``cfg.data_rng_seed``)
-    gives what the data and weights gave when the checkpoints were written (``trained``, the
-    checkpoints' record: the training tokens, the vocabulary, the noise scale; per seed when
-    each seed drew its own data), evaluation-only values aside."""
-    per_seed = trained.get("data_per_seed")
-    expected = per_seed.get(str(cfg.data_rng_seed), {}) if per_seed else trained
-    now = to_jsonable(task.fingerprint(cfg, data))
-    diff = [
-        f"{k} {expected.get(k)!r} -> {v!r}"
-        for k, v in now.items()
-        if k in expected and k not in cfg.EVALUATION_ONLY and expected[k] != v
-    ]
-    if diff:
-        raise UsageError(
-            f"{out}'s checkpoints were trained on other data or weights than its config gives "
-            f"now ({'; '.join(diff[:3])}): restore the files it was trained on"
-        )
-
-
-def run_data(task: Any, cfg: Any, data: Any, out: Path | None = None) -> Callable[[dict], Any]:
-    """``data_of(record)`` for :func:`export_runs`: the data a run of ``cfg`` was trained on.
-    With ``--data-seed`` every run read ``data``; without it each seed drew its own
-    (:func:`cudt.runner.run.data_draws`: its decoder init, tokens and frozen embeddings), so a
-    run of another seed than ``data``'s has its draw loaded again, checked against the
-    checkpoints' record in ``out`` when given."""
-    if cfg.data_seed is not None:
-        return lambda record: data
-    draws = {cfg.data_rng_seed: data}
-
-    def data_of(record: dict) -> Any:
-        seed = int(record["seed"])
-        if seed not in draws:
-            draw = dataclasses.replace(cfg, data_seed=seed)
-            draws[seed] = task.load(draw)
-            if out is not None:
-                trained = json.loads((out / CHECKPOINTS / CONFIG_FILE).read_text("utf-8"))
-                _check_trained_on(task, draw, draws[seed], trained, out)
-        return draws[seed]
-
-    return data_of
-
-
 def export_cli(task: Any, argv: Sequence[str] | None = None) -> None:
     """``python -m experiments.export_decoder RUN DEST [--run LABEL] [--dtype ...]
     [--overwrite]`` (see the module docstring)."""
@@ -401,7 +272,9 @@ def export_cli(task: Any, argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace what DEST holds")
     args = parser.parse_args(argv)
     check_fresh_output(args.dest, overwrite=args.overwrite, flag="DEST", replace="--overwrite")
-    cfg, data, results = finished_run(args.run_dir, task)
+    cfg, data, results = finished_run(
+        args.run_dir, task, "export_decoder", export=None, overwrite_export=False
+    )
     export_runs(
         task,
         cfg,

@@ -1,0 +1,155 @@
+"""A finished run read back: its config, its data and each run's trained parameters.
+
+For commands that work on a run after training (``experiments.export_decoder``,
+``experiments.layer_gradients``): :func:`finished_run` rebuilds the config from the run's
+``results.json`` and its checkpoints' record and loads the data again, refused (one line) unless
+it gives what the checkpoints were trained on (:meth:`cudt.runner.Task.fingerprint`);
+:func:`trained_params` reads each named run's parameters from its group's last orbax checkpoint;
+:func:`run_data` gives each run the draw of its own seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from cudt.checkpoint import GroupCheckpointer
+from cudt.errors import CheckpointError, UsageError
+from cudt.io import to_jsonable
+from cudt.runner.groups import Group
+from cudt.runner.output import CHECKPOINTS, CONFIG_FILE
+
+__all__ = ["finished_run", "run_data", "trained_params"]
+
+
+def trained_params(out: Path, results: dict, labels: Sequence[str], steps: int) -> dict[str, Any]:
+    """``{label: params}`` of the named runs of the finished run in ``out``: each run's
+    parameters as its group's last checkpoint holds them (:class:`GroupCheckpointer`; the
+    group's folder and the run's row from its record in ``results``). A checkpoint short of
+    ``steps`` is one error line."""
+    rows: dict[str, list[str]] = {}
+    for r in results["runs"]:  # a group's records are its runs in order: row r of its states
+        rows.setdefault(r["group"], []).append(r["label"])
+    found = {}
+    for name, group_labels in rows.items():
+        wanted = [label for label in group_labels if label in labels]
+        if not wanted:
+            continue
+        folder = out / CHECKPOINTS / Group("", None, [], name=name).slug
+        if not folder.is_dir():  # (opening one would create it)
+            raise CheckpointError(
+                f"{folder} is missing: the run's checkpoints are lost; train it again"
+            )
+        with GroupCheckpointer(folder) as checkpointer:
+            step = checkpointer.latest_step()
+            if step != steps:
+                raise CheckpointError(
+                    f"{folder} holds {'no checkpoint' if step is None else f'step {step}'}, "
+                    f"not the last step {steps}: finish the run first (rerun its command with "
+                    "this --out)"
+                )
+            states, _ = checkpointer.restore(None)  # as saved: the run's own arrays
+        for label in wanted:
+            row = group_labels.index(label)
+            found[label] = jax.tree.map(lambda x, row=row: x[row], states["params"])
+    return found
+
+
+def finished_run(
+    out: str | Path, task: Any, reader: str, **overrides: Any
+) -> tuple[Any, Any, dict]:
+    """``(cfg, data, results)`` of the finished run of ``task`` in ``out``: its config from
+    ``results.json`` (and ``overrides``, the flags that would act again: the LLM's ``export``), its
+    data and model loaded again, refused (one line, naming the command ``reader``) unless they
+    give the fingerprint its checkpoints were written with (the same training data, model and
+    noise scale)."""
+    out = Path(out).expanduser().absolute()
+    file = out / "results.json"
+    if not file.is_file():
+        raise UsageError(
+            f"{out} holds no results.json: pass the --out folder of a finished "
+            f"experiments.{task.name} run (rerun its command with that --out to finish it)"
+        )
+    try:
+        results = json.loads(file.read_text(encoding="utf-8"))
+        saved = results["config"]
+        experiment = results.get("experiment")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UsageError(f"{file} is unreadable ({err}): pass the --out of a finished run") from err
+    if experiment != task.name:
+        raise UsageError(
+            f"{out} holds a {experiment} run: {reader} reads experiments.{task.name} runs"
+        )
+    record = out / CHECKPOINTS / CONFIG_FILE
+    try:
+        trained = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{record} is unreadable ({err}): the run's checkpoints are lost") from err
+    # the flags as given: the checkpoints' record (results.json holds some resolved: the
+    # learning rate, the reference state), and the evaluation's from results.json
+    fields = {f.name for f in dataclasses.fields(task.config_cls)}
+    kw = {k: v for k, v in saved.items() if k in fields} | {
+        k: v for k, v in trained.items() if k in fields
+    }
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()}
+    kw |= dict(out=str(out), overwrite=False, resume=False) | overrides
+    # the run's relative paths (--data, --checkpoint) are relative to the folder it ran in
+    ran_in = (results.get("provenance") or {}).get("cwd")
+    ran_in = ran_in if isinstance(ran_in, str) and Path(ran_in).is_dir() else None
+    with contextlib.chdir(ran_in) if ran_in else contextlib.nullcontext():
+        try:
+            cfg = task.config_cls(**kw)
+        except ValueError as err:
+            raise UsageError(f"{file}'s config is not one this cudt runs ({err})") from err
+        data = task.load(cfg)
+        _check_trained_on(task, cfg, data, trained, out)
+    return cfg, data, results
+
+
+def _check_trained_on(task: Any, cfg: Any, data: Any, trained: dict, out: Path) -> None:
+    """A one-line :class:`UsageError` unless ``data`` (the draw of ``cfg.data_rng_seed``)
+    gives what the data and weights gave when the checkpoints were written (``trained``, the
+    checkpoints' record: the training tokens, the vocabulary, the noise scale; per seed when
+    each seed drew its own data), evaluation-only values aside."""
+    per_seed = trained.get("data_per_seed")
+    expected = per_seed.get(str(cfg.data_rng_seed), {}) if per_seed else trained
+    now = to_jsonable(task.fingerprint(cfg, data))
+    diff = [
+        f"{k} {expected.get(k)!r} -> {v!r}"
+        for k, v in now.items()
+        if k in expected and k not in cfg.EVALUATION_ONLY and expected[k] != v
+    ]
+    if diff:
+        raise UsageError(
+            f"{out}'s checkpoints were trained on other data or weights than its config gives "
+            f"now ({'; '.join(diff[:3])}): restore the files it was trained on"
+        )
+
+
+def run_data(task: Any, cfg: Any, data: Any, out: Path | None = None) -> Callable[[dict], Any]:
+    """``data_of(record)``: the data a run of ``cfg`` was trained on. With ``--data-seed`` every
+    run read ``data``; without it each seed drew its own (:func:`cudt.runner.run.data_draws`:
+    its data, and what the task draws with it: the LLM's decoder init), so a
+    run of another seed than ``data``'s has its draw loaded again, checked against the
+    checkpoints' record in ``out`` when given."""
+    if cfg.data_seed is not None:
+        return lambda record: data
+    draws = {cfg.data_rng_seed: data}
+
+    def data_of(record: dict) -> Any:
+        seed = int(record["seed"])
+        if seed not in draws:
+            draw = dataclasses.replace(cfg, data_seed=seed)
+            draws[seed] = task.load(draw)
+            if out is not None:
+                trained = json.loads((out / CHECKPOINTS / CONFIG_FILE).read_text("utf-8"))
+                _check_trained_on(task, draw, draws[seed], trained, out)
+        return draws[seed]
+
+    return data_of
