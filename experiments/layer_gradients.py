@@ -97,6 +97,8 @@ def layer_gradients(run_dir: Path, labels: Sequence[str] | None, examples: int) 
     cfg, data, results = finished_run(run_dir, task, "layer_gradients", **_quiet(task))
     runs = {r["label"]: r for r in results["runs"]}
     wanted = list(labels) if labels else [k for k, r in runs.items() if not r.get("diverged")]
+    if not wanted:
+        raise UsageError(f"{run_dir}: every run diverged: name one with --run LABEL to read it")
     unknown = [k for k in wanted if k not in runs]
     if unknown:
         raise UsageError(
@@ -128,7 +130,7 @@ def layer_gradients(run_dir: Path, labels: Sequence[str] | None, examples: int) 
                     "loss_before": float(losses[layer - 1]),
                     "grad_norm": float(np.sqrt(b)),
                     "cos": float(ab / np.sqrt(a * b)) if a > 0 and b > 0 else float("nan"),
-                    "rho": float(ab / b) if b > 0 and a > 0 else float("nan"),
+                    "rho": float(ab / b) if b > 0 else float("nan"),
                     "examples": int(batch.count),
                     "gamma": gamma,
                 }
@@ -147,8 +149,8 @@ def _signed(x: float) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    """The rows as a Markdown table (n/a: a state whose loss no parameter moves, the video's
-    noisy input)."""
+    """The rows as a Markdown table (cos n/a: a state whose loss no parameter moves, the video's
+    noisy input, where ρ is 0)."""
     lines = [
         "| run | layer l | ℓ_(l−1) → ℓ_l (val) | ‖g_l‖ | cos(g_(l−1), g_l) | ρ = ⟨g_(l−1), g_l⟩ / ‖g_l‖² |",
         "|---|---|---|---|---|---|",

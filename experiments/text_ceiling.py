@@ -6,7 +6,8 @@ ceiling an order-free model (the UT without positions: attention and a mean) is 
 The flags are the text task's own (``python -m experiments.text_classify --help``); read are the
 data (``--dataset``, ``--data-dir``, ``--num-train``, ``--num-test``, ``--val-fraction``), the
 seeds (each draws its own data as the runner does; ``--data-seed D``: one draw), and the
-tokenizer and word embeddings (``--model``, ``--checkpoint``, ``--max-length``). Nothing is
+tokenizer and word embeddings (``--model``, ``--checkpoint``, ``--max-length``); any other flag
+would not act, and is refused. Nothing is
 trained but the readers: on exactly the tokens a run of these flags reads, at γ = 0, each
 :data:`READERS` is an L2-regularised logistic regression (binomial for two classes,
 multinomial above), fitted on the training split by L-BFGS to convergence at every C of
@@ -29,15 +30,32 @@ import numpy as np
 import scipy.optimize
 import scipy.sparse as sp
 
+from cudt.errors import UsageError
 from cudt.runner.cli import config_from_args, configure_process, run_cli
 from cudt.runner.provenance import provenance
 from cudt.runner.run import data_draws
 from cudt.stats import t_interval
 from cudt.tasks.text import TextConfig, TextTask
 
-__all__ = ["C_GRID", "READERS", "choose", "features", "fit", "main", "run_ceiling"]
+__all__ = [
+    "C_GRID",
+    "READ",
+    "READERS",
+    "choose",
+    "features",
+    "fit",
+    "fit_checked",
+    "main",
+    "markdown",
+    "run_ceiling",
+]
 
 _PROG = "python -m experiments.text_ceiling"
+# the text task's flags this command reads; any other (a training flag) would not act: refused
+READ = (
+    "dataset", "data_dir", "download", "num_train", "num_test", "val_fraction", "seed", "seeds",
+    "data_seed", "model", "checkpoint", "max_length",
+)  # fmt: skip
 C_GRID = tuple(10.0**e for e in range(-1, 5))  # on features scaled to unit mean row norm
 
 
@@ -126,10 +144,20 @@ def _logits(x, w: np.ndarray, b: np.ndarray, num_classes: int) -> np.ndarray:
 def fit(
     x, labels: np.ndarray, num_classes: int, c: float, start: tuple | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fit_checked`'s parameters alone."""
+    return fit_checked(x, labels, num_classes, c, start)[0]
+
+
+def fit_checked(
+    x, labels: np.ndarray, num_classes: int, c: float, start: tuple | None = None
+) -> tuple[tuple[np.ndarray, np.ndarray], bool]:
     """The minimiser ``(W [F, K'], b [K'])`` of mean cross-entropy + ‖W‖² / (2 C N), K' = 1 for
     two classes (binomial: class 1's logit against class 0's zero) and K otherwise; L-BFGS from
-    ``start`` (zero when None) until the gradient's largest entry is below 1e-8. The problem is
-    strictly convex: the start changes the time, not the answer."""
+    ``start`` (zero when None) until the gradient's largest entry is below 1e-8; and whether it
+    got within 1e-6 of that (False: L-BFGS stopped at its iteration cap or in a failed line
+    search first). The problem is convex, strictly for two classes (above two the biases are
+    set up to one shared constant, which no prediction reads): the start changes the time, not
+    the answer."""
     n, f = x.shape
     k = _columns(num_classes)
     onehot = np.eye(num_classes)[labels]
@@ -145,14 +173,16 @@ def fit(
         gw = np.asarray(x.T @ dz) + w / (c * n)
         return loss, np.concatenate([gw.ravel(), dz.sum(0)])
 
-    theta = scipy.optimize.minimize(
+    found = scipy.optimize.minimize(
         loss_and_grad,
         np.zeros(f * k + k) if start is None else np.concatenate([p.ravel() for p in start]),
         jac=True,
         method="L-BFGS-B",
         options={"maxiter": 15_000, "gtol": 1e-8, "ftol": 0.0},
-    ).x
-    return theta[: f * k].reshape(f, k), theta[f * k :]
+    )
+    theta = found.x
+    converged = bool(found.success) or float(np.abs(found.jac).max()) < 1e-6
+    return (theta[: f * k].reshape(f, k), theta[f * k :]), converged
 
 
 def accuracy(x, labels: np.ndarray, params, num_classes: int) -> float:
@@ -163,9 +193,10 @@ def choose(x: dict, labels: dict, num_classes: int, grid: Sequence[float] = C_GR
     """Fits at every C of ``grid`` on ``train`` (in increasing order, each from the last one's
     solution); the C of the best validation accuracy (ties: the smaller), and its validation and
     test accuracies (test read after the choice only)."""
-    scored, params = [], None
+    scored, params, short = [], None, 0
     for c in sorted(grid):
-        params = fit(x["train"], labels["train"], num_classes, c, params)
+        params, converged = fit_checked(x["train"], labels["train"], num_classes, c, params)
+        short += not converged
         scored.append((accuracy(x["val"], labels["val"], params, num_classes), -c, params))
     val, neg_c, params = max(scored, key=lambda s: s[:2])
     return {
@@ -173,6 +204,7 @@ def choose(x: dict, labels: dict, num_classes: int, grid: Sequence[float] = C_GR
         "val_accuracy": val,
         "test_accuracy": accuracy(x["test"], labels["test"], params, num_classes),
         "val_by_C": [s[0] for s in scored],
+        "unconverged": short,
     }
 
 
@@ -235,6 +267,13 @@ def markdown(result: dict) -> str:
         )
         order = "reads order" if mine[seeds[0]]["ordered"] else "order-free"
         lines.append(f"| {reader} | {order} | " + " | ".join(cells) + f" | {mean} |")
+    short = sum(r.get("unconverged", 0) for r in rows)
+    if short:
+        lines += [
+            "",
+            f"Of the {len(rows) * len(result['grid'])} fits, {short} stopped short of the "
+            "optimum (L-BFGS's iteration cap or a failed line search): those readers may read more.",
+        ]
     edge = [r for r in rows if r["C"] in (result["grid"][0], result["grid"][-1])]
     if edge:
         lines += [
@@ -274,7 +313,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = list(sys.argv[1:] if argv is None else argv)
     except SystemExit as e:  # --help, or a bad flag (already reported in one line)
         return 0 if e.code is None else int(e.code)
-    return run_cli(lambda: run_ceiling(cfg, argv))
+    return run_cli(lambda: run_ceiling(cfg, _read_only(argv)))
+
+
+def _read_only(argv: list[str]) -> list[str]:
+    """``argv``, unless it gives a flag that would not act here (one line naming it)."""
+    for token in argv:
+        if token.startswith("--"):
+            name = token[2:].split("=")[0].replace("-", "_")
+            name = name[3:] if name.startswith("no_") and name[3:] in READ else name
+            if name not in READ:
+                flags = ", ".join("--" + n.replace("_", "-") for n in READ)
+                raise UsageError(
+                    f"{token.split('=')[0]} does not act here: text_ceiling trains no model and "
+                    f"reads only {flags}: drop it"
+                )
+    return argv
 
 
 if __name__ == "__main__":

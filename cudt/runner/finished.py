@@ -80,6 +80,8 @@ def finished_run(
         results = json.loads(file.read_text(encoding="utf-8"))
         saved = results["config"]
         experiment = results.get("experiment")
+        for run in results["runs"]:  # what trained_params and run_data read of each run
+            run["label"], run["group"], run["seed"]  # noqa: B018
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise UsageError(f"{file} is unreadable ({err}): pass the --out of a finished run") from err
     if experiment != task.name:
@@ -99,10 +101,7 @@ def finished_run(
     }
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()}
     kw |= dict(out=str(out), overwrite=False, resume=False) | overrides
-    # the run's relative paths (--data, --checkpoint) are relative to the folder it ran in
-    ran_in = (results.get("provenance") or {}).get("cwd")
-    ran_in = ran_in if isinstance(ran_in, str) and Path(ran_in).is_dir() else None
-    with contextlib.chdir(ran_in) if ran_in else contextlib.nullcontext():
+    with _where_it_ran(results):
         try:
             cfg = task.config_cls(**kw)
         except ValueError as err:
@@ -132,12 +131,21 @@ def _check_trained_on(task: Any, cfg: Any, data: Any, trained: dict, out: Path) 
         )
 
 
+def _where_it_ran(results: dict):
+    """In the folder the run's command ran in (its relative paths, ``--data-dir``,
+    ``--checkpoint``, are relative to it), where that folder still exists."""
+    ran_in = (results.get("provenance") or {}).get("cwd")
+    ran_in = ran_in if isinstance(ran_in, str) and Path(ran_in).is_dir() else None
+    return contextlib.chdir(ran_in) if ran_in else contextlib.nullcontext()
+
+
 def run_data(task: Any, cfg: Any, data: Any, out: Path | None = None) -> Callable[[dict], Any]:
     """``data_of(record)``: the data a run of ``cfg`` was trained on. With ``--data-seed`` every
     run read ``data``; without it each seed drew its own (:func:`cudt.runner.run.data_draws`:
     its data, and what the task draws with it: the LLM's decoder init), so a
     run of another seed than ``data``'s has its draw loaded again, checked against the
-    checkpoints' record in ``out`` when given."""
+    checkpoints' record in ``out`` when given (and read in the folder its command ran in, as
+    :func:`finished_run` reads the first)."""
     if cfg.data_seed is not None:
         return lambda record: data
     draws = {cfg.data_rng_seed: data}
@@ -146,10 +154,14 @@ def run_data(task: Any, cfg: Any, data: Any, out: Path | None = None) -> Callabl
         seed = int(record["seed"])
         if seed not in draws:
             draw = dataclasses.replace(cfg, data_seed=seed)
-            draws[seed] = task.load(draw)
-            if out is not None:
-                trained = json.loads((out / CHECKPOINTS / CONFIG_FILE).read_text("utf-8"))
-                _check_trained_on(task, draw, draws[seed], trained, out)
+            if out is None:  # a run that just trained: its paths are relative to here
+                draws[seed] = task.load(draw)
+                return draws[seed]
+            results = json.loads((out / "results.json").read_text("utf-8"))
+            with _where_it_ran(results):
+                draws[seed] = task.load(draw)
+            trained = json.loads((out / CHECKPOINTS / CONFIG_FILE).read_text("utf-8"))
+            _check_trained_on(task, draw, draws[seed], trained, out)
         return draws[seed]
 
     return data_of

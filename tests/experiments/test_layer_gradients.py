@@ -4,6 +4,7 @@ finished run, read from its checkpoints, and what ρ = ⟨g_(l−1), g_l⟩ / �
 from __future__ import annotations
 
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +34,7 @@ def test_every_run_and_layer_is_printed(run, capsys):
     assert [(r[0][2:], int(r[1])) for r in rows] == [(k, n) for k in labels for n in (1, 2)]
     for r in rows:
         if r[1] == "1":  # state 0 is the noisy input: no parameter moves its loss
-            assert r[4] == "n/a" and r[5] == "n/a |"
+            assert r[4] == "n/a" and r[5] == "+0.000 |"  # and it gives nothing back
         else:
             assert -1 <= float(r[4]) <= 1 and float(r[3]) > 0
     assert "On 16 validation examples" in out
@@ -56,6 +57,13 @@ def test_rho_is_what_a_step_on_one_states_loss_does_to_the_state_before(run):
         )
         return out["losses"][: batch.count].mean(0)
 
+    # the runner's inputs: on the whole validation split, its recorded layer_loss_val
+    whole = layer_gradients.layer_gradients(run, [row["label"]], 10_000)
+    np.testing.assert_allclose(
+        [row["loss_before"] for row in whole[:1]] + [r["loss"] for r in whole],
+        record["layer_loss_val"],
+        rtol=1e-5,
+    )
     g2 = jax.grad(lambda p: means(p)[2])(params)
     norm2 = sum(float(jnp.vdot(x, x)) for x in jax.tree.leaves(g2))
     assert np.sqrt(norm2) == pytest.approx(row["grad_norm"], rel=1e-3)
@@ -77,5 +85,14 @@ def test_bad_input_is_one_line(run, tmp_path, capsys):
     assert layer_gradients.main([str(run), "--run", "ut-9 ERM seed 0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has no run 'ut-9 ERM seed 0': pass one of 'ut-2 ERM" in err[0]
+    diverged = tmp_path / "diverged"
+    shutil.copytree(run, diverged)
+    results = json.loads((diverged / "results.json").read_text())
+    for record in results["runs"]:
+        record["diverged"] = True
+    (diverged / "results.json").write_text(json.dumps(results))
+    assert layer_gradients.main([str(diverged)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "every run diverged: name one with --run LABEL" in err[0]
     assert layer_gradients.main([str(run), "--examples", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: --examples must be >= 1, got 0"

@@ -151,12 +151,18 @@ def test_the_command_reads_each_seeds_draw_and_prints_the_table(tiny_bert, tmp_p
     one = dict(result, rows=[r for r in result["rows"] if r["seed"] == 0])
     table = text_ceiling.markdown(one).split("\n\n")[1]
     assert "mean (one seed: no interval)" in table and "[" not in table  # one seed: no interval
+    assert "stopped short" not in out  # every fit converged on these
+    short = dict(result, rows=[dict(r, unconverged=1) for r in result["rows"]])
+    assert f"{len(result['rows'])} stopped short of the optimum" in text_ceiling.markdown(short)
     assert text_ceiling.main(argv) == 0  # the command line, as a user runs it: the same table
     again = capsys.readouterr().out
     assert [r for r in again.splitlines() if r.startswith("| ")] == [
         r for r in out.splitlines() if r.startswith("| ")
     ]
     capsys.readouterr()
+    assert text_ceiling.main([*argv, "--gamma-train", "0.3"]) == 2  # a flag that would not act
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --gamma-train does not act here")
     assert text_ceiling.main([*common, "--data-dir", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert (
