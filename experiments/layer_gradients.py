@@ -24,7 +24,6 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -94,7 +93,7 @@ def layer_gradients(run_dir: Path, labels: Sequence[str] | None, examples: int) 
     if experiment not in TASKS:
         raise UsageError(f"{run_dir}: unknown experiment {experiment!r}: pass a cudt run's --out")
     task = TASKS[experiment]()
-    cfg, data, results = finished_run(run_dir, task, "layer_gradients", **_quiet(task))
+    cfg, data, results = finished_run(run_dir, task, "layer_gradients")
     runs = {r["label"]: r for r in results["runs"]}
     wanted = list(labels) if labels else [k for k, r in runs.items() if not r.get("diverged")]
     if not wanted:
@@ -136,12 +135,6 @@ def layer_gradients(run_dir: Path, labels: Sequence[str] | None, examples: int) 
                 }
             )
     return rows
-
-
-def _quiet(task) -> dict[str, Any]:
-    """The flags of a finished run that would act again when its config is rebuilt (the LLM's
-    export after training), turned off."""
-    return {"export": None, "overwrite_export": False} if task.name == "llm_sft" else {}
 
 
 def _signed(x: float) -> str:

@@ -44,7 +44,6 @@ __all__ = [
     "choose",
     "features",
     "fit",
-    "fit_checked",
     "main",
     "markdown",
     "run_ceiling",
@@ -120,8 +119,10 @@ def features(reader: str, splits: dict, table: np.ndarray) -> dict[str, Any]:
     then serves them all."""
     make, _ = READERS[reader]
     width = table.shape[0]
-    known = np.unique(_pairs(splits["train"].ids, splits["train"].mask, width))
-    known = known[known >= 0]
+    known = None
+    if READERS[reader][1]:  # the pairs the training split holds
+        known = np.unique(_pairs(splits["train"].ids, splits["train"].mask, width))
+        known = known[known >= 0]
     x = {k: make(s, width, table, known) for k, s in splits.items()}
     if sp.issparse(x["train"]):  # the columns the training split holds: no other has a weight
         used = np.unique(x["train"].indices)
@@ -142,13 +143,6 @@ def _logits(x, w: np.ndarray, b: np.ndarray, num_classes: int) -> np.ndarray:
 
 
 def fit(
-    x, labels: np.ndarray, num_classes: int, c: float, start: tuple | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`fit_checked`'s parameters alone."""
-    return fit_checked(x, labels, num_classes, c, start)[0]
-
-
-def fit_checked(
     x, labels: np.ndarray, num_classes: int, c: float, start: tuple | None = None
 ) -> tuple[tuple[np.ndarray, np.ndarray], bool]:
     """The minimiser ``(W [F, K'], b [K'])`` of mean cross-entropy + ‖W‖² / (2 C N), K' = 1 for
@@ -195,7 +189,7 @@ def choose(x: dict, labels: dict, num_classes: int, grid: Sequence[float] = C_GR
     test accuracies (test read after the choice only)."""
     scored, params, short = [], None, 0
     for c in sorted(grid):
-        params, converged = fit_checked(x["train"], labels["train"], num_classes, c, params)
+        params, converged = fit(x["train"], labels["train"], num_classes, c, params)
         short += not converged
         scored.append((accuracy(x["val"], labels["val"], params, num_classes), -c, params))
     val, neg_c, params = max(scored, key=lambda s: s[:2])

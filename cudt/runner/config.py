@@ -342,6 +342,9 @@ class RunConfig:
         "distributed",
         "fsdp",
     )
+    # What a run does once it has trained and evaluated (write its models elsewhere): a finished
+    # run read back (cudt.runner.finished) takes their defaults, so nothing is done again.
+    AFTER_TRAINING: typing.ClassVar[tuple[str, ...]] = ()
     # What only the evaluation after training reads: not in a checkpoint's fingerprint, so a
     # finished run's checkpoints can be evaluated again with other values (docs/runner.md).
     EVALUATION_ONLY: typing.ClassVar[tuple[str, ...]] = ("test_gammas", "tolerance")

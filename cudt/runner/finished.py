@@ -61,14 +61,12 @@ def trained_params(out: Path, results: dict, labels: Sequence[str], steps: int) 
     return found
 
 
-def finished_run(
-    out: str | Path, task: Any, reader: str, **overrides: Any
-) -> tuple[Any, Any, dict]:
+def finished_run(out: str | Path, task: Any, reader: str) -> tuple[Any, Any, dict]:
     """``(cfg, data, results)`` of the finished run of ``task`` in ``out``: its config from
-    ``results.json`` (and ``overrides``, the flags that would act again: the LLM's ``export``), its
-    data and model loaded again, refused (one line, naming the command ``reader``) unless they
-    give the fingerprint its checkpoints were written with (the same training data, model and
-    noise scale)."""
+    ``results.json``, at their defaults the flags that would act again after training (its
+    config's ``AFTER_TRAINING``: the LLM's ``--export``), its data and model loaded again,
+    refused (one line, naming the command ``reader``) unless they give the fingerprint its
+    checkpoints were written with (the same training data, model and noise scale)."""
     out = Path(out).expanduser().absolute()
     file = out / "results.json"
     if not file.is_file():
@@ -95,12 +93,13 @@ def finished_run(
         raise UsageError(f"{record} is unreadable ({err}): the run's checkpoints are lost") from err
     # the flags as given: the checkpoints' record (results.json holds some resolved: the
     # learning rate, the reference state), and the evaluation's from results.json
-    fields = {f.name for f in dataclasses.fields(task.config_cls)}
+    fields = {f.name: f for f in dataclasses.fields(task.config_cls)}
     kw = {k: v for k, v in saved.items() if k in fields} | {
         k: v for k, v in trained.items() if k in fields
     }
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()}
-    kw |= dict(out=str(out), overwrite=False, resume=False) | overrides
+    kw |= {k: fields[k].default for k in task.config_cls.AFTER_TRAINING}
+    kw |= dict(out=str(out), overwrite=False, resume=False)
     with _where_it_ran(results):
         try:
             cfg = task.config_cls(**kw)
@@ -149,6 +148,9 @@ def run_data(task: Any, cfg: Any, data: Any, out: Path | None = None) -> Callabl
     if cfg.data_seed is not None:
         return lambda record: data
     draws = {cfg.data_rng_seed: data}
+    if out is not None:  # a finished run: its results and its checkpoints' record
+        results = json.loads((out / "results.json").read_text("utf-8"))
+        trained = json.loads((out / CHECKPOINTS / CONFIG_FILE).read_text("utf-8"))
 
     def data_of(record: dict) -> Any:
         seed = int(record["seed"])
@@ -157,10 +159,8 @@ def run_data(task: Any, cfg: Any, data: Any, out: Path | None = None) -> Callabl
             if out is None:  # a run that just trained: its paths are relative to here
                 draws[seed] = task.load(draw)
                 return draws[seed]
-            results = json.loads((out / "results.json").read_text("utf-8"))
             with _where_it_ran(results):
                 draws[seed] = task.load(draw)
-            trained = json.loads((out / CHECKPOINTS / CONFIG_FILE).read_text("utf-8"))
             _check_trained_on(task, draw, draws[seed], trained, out)
         return draws[seed]
 

@@ -217,6 +217,7 @@ class LLMConfig(RunConfig):
         "export",
         "overwrite_export",
     )
+    AFTER_TRAINING: typing.ClassVar[tuple[str, ...]] = ("export", "overwrite_export")
     # --num-val, --num-test, --val-data, --test-data and the data's description with their
     # counts ("source"): the checkpoints' train_digest holds them to the training tokens
     # (LLMTask.fingerprint)

@@ -272,9 +272,7 @@ def export_cli(task: Any, argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace what DEST holds")
     args = parser.parse_args(argv)
     check_fresh_output(args.dest, overwrite=args.overwrite, flag="DEST", replace="--overwrite")
-    cfg, data, results = finished_run(
-        args.run_dir, task, "export_decoder", export=None, overwrite_export=False
-    )
+    cfg, data, results = finished_run(args.run_dir, task, "export_decoder")
     export_runs(
         task,
         cfg,

@@ -39,12 +39,13 @@ def test_fit_is_the_regularised_optimum(k):
         int
     )
     for c in (0.1, 10.0):
-        params = text_ceiling.fit(x, labels, k, c)
+        params, converged = text_ceiling.fit(x, labels, k, c)
+        assert converged
         assert params[0].shape == (7, 1 if k == 2 else k)
         assert np.abs(_gradient(x, labels, k, c, params)).max() < 1e-6
     # a smaller C holds the weights nearer 0
-    assert np.linalg.norm(text_ceiling.fit(x, labels, k, 0.1)[0]) < np.linalg.norm(
-        text_ceiling.fit(x, labels, k, 10.0)[0]
+    assert np.linalg.norm(text_ceiling.fit(x, labels, k, 0.1)[0][0]) < np.linalg.norm(
+        text_ceiling.fit(x, labels, k, 10.0)[0][0]
     )
 
 
