@@ -94,8 +94,12 @@ def test_fewer_threads_than_cores_run_in_a_child_started_on_that_many():
     cores = len(os.sched_getaffinity(0))
     assert narrow_thread_counts([1, 0, cores]) == ([1] if cores > 1 else [])
     # the child's speed medians come back keyed as the parent's (here the quick sizes, whose
-    # --quick asks for the child's default threads: one)
-    ms = step.speed_on_cores(["--quick", "--no-flops"], 1)
+    # --quick asks for the child's default threads: one), for one model and one dynamics (the
+    # child's step command is the one test_step_quick_prints_checks_ratios_and_the_flop_rate
+    # runs in this process, there on the UT and both dynamics)
+    ms = step.speed_on_cores(
+        ["--quick", "--no-flops", "--models", "dust", "--dynamics", "default"], 1
+    )
     assert {k[2] for k in ms} == {"cudt", "torch + Cooper"}
     assert {k[3] for k in ms} == {step.thread_label(0) if cores == 1 else "1 (default)"}
     assert all(v > 0 for v in ms.values())
