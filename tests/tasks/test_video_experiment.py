@@ -300,10 +300,11 @@ def test_evaluation_does_not_depend_on_the_eval_batch_size(ut_runs):
 
 
 @pytest.mark.slow
-def test_select_val_mean_rmse_scores_validation_over_the_test_grid(tmp_path):
+def test_select_val_mean_rmse_scores_validation_over_the_test_grid(tmp_path, ut_runs):
     """--select val-mean-rmse: validation videos are scored at every test γ (the OOD γ too),
     each run's score is the mean of those RMSEs, and the best mark is its minimum among the
-    eligible runs; without the flag, validation is scored at γ_train only."""
+    eligible runs; without the flag (``ut_runs``, tested at γ = 0, γ_train and 0.5), validation is
+    scored at γ_train only."""
     argv = TINY[:-2] + ["--models", "ut", "--steps", "4", "--chunk-steps", "4", "--seeds", "2",
                         "--warmup-steps", "0", "--eval-batch-size", "128",
                         "--test-gammas", "0,0.5,1", "--gamma-train", "0.5",
@@ -322,9 +323,10 @@ def test_select_val_mean_rmse_scores_validation_over_the_test_grid(tmp_path):
     best = [r for r in runs if r["best"]]
     assert len(best) == 1 and best[0]["val_mean_rmse"] == min(r["val_mean_rmse"] for r in runs)
 
-    out = tmp_path / "objective"
-    assert video_denoise.main([*argv, "--out", str(out)]) == 0
-    results = json.loads((out / "results.json").read_text())
+    _, without = ut_runs
+    results = without[128]
     assert results["config"]["select"] == "val-objective"
-    assert results["config"]["val_gamma"] == [0.5]
+    gamma_train = results["config"]["gamma_train"]
+    assert results["config"]["test_gamma"] == [0.0, gamma_train, 0.5]  # γ_train joins the grid
+    assert results["config"]["val_gamma"] == [gamma_train]
     assert all("val_mean_rmse" not in r for r in results["runs"])
