@@ -6,7 +6,7 @@ For each named run of the finished run in the ``--out`` folder ``RUN`` (any task
 run that did not diverge), its parameters as its last checkpoint holds them, on the first ``N``
 validation examples (the task's first validation batch of that size) at its γ_train with the
 runner's evaluation noise (the inputs its ``layer_loss_val`` was computed on): the gradient g_l = ∇_θ ℓ_l of each state's mean loss
-with respect to every trained parameter (``jax.jacrev``), and per layer l ≥ 1
+with respect to every trained parameter (one state's at a time), and per layer l ≥ 1
 
 * ``cos``: cos(g_(l−1), g_l);
 * ``ρ``: ⟨g_(l−1), g_l⟩ / ‖g_l‖². A small step on ℓ_l alone, −η g_l, lowers ℓ_l by η‖g_l‖² and
@@ -68,9 +68,16 @@ def _val_batch(task, cfg, data, model, gamma: float, count: int):
     return batch, jax.random.fold_in(val_key, val_gammas.index(gamma))
 
 
-def _gradients(model, params, batch, gamma: float, key) -> tuple[np.ndarray, np.ndarray]:
-    """``(losses [L+1], gram [L+1, L+1])``: the mean validation losses of the batch's real rows
-    and the Gram matrix ⟨g_i, g_j⟩ of their gradients over every parameter."""
+def _gradients(
+    model, params, batch, gamma: float, key
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(losses [L+1], ‖g_l‖² [L+1], ⟨g_(l−1), g_l⟩ [L])``: the mean validation losses of the
+    batch's real rows, and the squared norms and consecutive inner products (in float64) of
+    their gradients over every parameter.
+
+    One state's gradient at a time (one compiled program, the state's index an argument), and
+    only the previous one kept: two gradients' memory, where the whole Jacobian would hold
+    L+1 (for SmolLM2's 31 states, 31 copies of its 135M parameters)."""
     keep = (np.arange(batch.index.shape[0]) < batch.count).astype(np.float32)
 
     def means(p):
@@ -79,10 +86,17 @@ def _gradients(model, params, batch, gamma: float, key) -> tuple[np.ndarray, np.
         )
         return (out["losses"] * keep[:, None]).sum(0) / keep.sum()
 
-    losses, jac = jax.jit(lambda p: (means(p), jax.jacrev(means)(p)))(params)
-    rows = [leaf.reshape(leaf.shape[0], -1) for leaf in jax.tree.leaves(jac)]
-    grads = np.concatenate([np.asarray(r, np.float64) for r in rows], axis=1)
-    return np.asarray(losses, np.float64), grads @ grads.T
+    losses = np.asarray(jax.jit(means)(params), np.float64)
+    grad_of = jax.jit(lambda p, state: jax.grad(lambda q: means(q)[state])(p))
+    squares, products, before = np.zeros(losses.size), np.zeros(losses.size - 1), None
+    for state in range(losses.size):
+        leaves = jax.tree.leaves(grad_of(params, jnp.int32(state)))
+        g = np.concatenate([np.asarray(x, np.float64).ravel() for x in leaves])
+        squares[state] = g @ g
+        if before is not None:
+            products[state - 1] = before @ g
+        before = g
+    return losses, squares, products
 
 
 def layer_gradients(run_dir: Path, labels: Sequence[str] | None, examples: int) -> list[dict]:
@@ -118,9 +132,9 @@ def layer_gradients(run_dir: Path, labels: Sequence[str] | None, examples: int) 
         model = task.build(draw_cfg, draw, name, task.structure(cfg, name, record["constrained"]))
         gamma = float(record["hparams"]["gamma_train"])
         batch, key = _val_batch(task, draw_cfg, draw, model, gamma, examples)
-        losses, gram = _gradients(model, params[label], batch, gamma, key)
+        losses, squares, products = _gradients(model, params[label], batch, gamma, key)
         for layer in range(1, losses.size):
-            a, b, ab = gram[layer - 1, layer - 1], gram[layer, layer], gram[layer - 1, layer]
+            a, b, ab = squares[layer - 1], squares[layer], products[layer - 1]
             rows.append(
                 {
                     "label": label,
