@@ -75,28 +75,30 @@ def _gradients(
     batch's real rows, and the squared norms and consecutive inner products (in float64) of
     their gradients over every parameter.
 
-    One state's gradient at a time (one compiled program, the state's index an argument), and
-    only the previous one kept: two gradients' memory, where the whole Jacobian would hold
-    L+1 (for SmolLM2's 31 states, 31 copies of its 135M parameters)."""
+    One state's gradient at a time (one compiled program, the state's index an argument, the
+    losses its auxiliary output: L+1 passes in all), and only the previous gradient kept: two
+    gradients' memory, where the whole Jacobian would hold L+1 (for SmolLM2's 31 states, 31
+    copies of its 135M parameters)."""
     keep = (np.arange(batch.index.shape[0]) < batch.count).astype(np.float32)
 
-    def means(p):
+    def state_loss(p, state):
         out = model.eval_outputs(
             p, model.frozen, batch.examples, jnp.asarray(batch.index), jnp.float32(gamma), key
         )
-        return (out["losses"] * keep[:, None]).sum(0) / keep.sum()
+        means = (out["losses"] * keep[:, None]).sum(0) / keep.sum()
+        return means[state], means
 
-    losses = np.asarray(jax.jit(means)(params), np.float64)
-    grad_of = jax.jit(lambda p, state: jax.grad(lambda q: means(q)[state])(p))
-    squares, products, before = np.zeros(losses.size), np.zeros(losses.size - 1), None
-    for state in range(losses.size):
-        leaves = jax.tree.leaves(grad_of(params, jnp.int32(state)))
-        g = np.concatenate([np.asarray(x, np.float64).ravel() for x in leaves])
-        squares[state] = g @ g
+    grad_of = jax.jit(jax.grad(state_loss, has_aux=True))
+    losses, squares, products, before = None, [], [], None
+    while losses is None or len(squares) < losses.size:
+        grads, means = grad_of(params, jnp.int32(len(squares)))
+        losses = np.asarray(means, np.float64) if losses is None else losses
+        g = np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(grads)])
+        squares.append(g @ g)
         if before is not None:
-            products[state - 1] = before @ g
+            products.append(before @ g)
         before = g
-    return losses, squares, products
+    return losses, np.asarray(squares), np.asarray(products)
 
 
 def layer_gradients(run_dir: Path, labels: Sequence[str] | None, examples: int) -> list[dict]:
