@@ -349,13 +349,24 @@ def gb(nbytes: float) -> float:
     return nbytes / GB
 
 
-def run(args: argparse.Namespace) -> None:
-    t0 = time.perf_counter()
+@dataclasses.dataclass
+class Plan:
+    """What :func:`run` compiles: ``here`` in this process (one device), ``there`` in the
+    subprocess (the sharded items, and one-device ones to share the work)."""
+
+    depth: int  # --layers: the table's depth
+    low: int  # the slope's first depth (:func:`first_depth`)
+    measured: list[int]  # the depths of the activation table's line
+    machines: list[Setup]
+    here: list[dict[str, Any]]
+    there: list[dict[str, Any]]
+
+
+def plan(args: argparse.Namespace, on_cpu: bool) -> Plan:
     depth, low = args.layers, first_depth(args)
     if low + 1 >= depth:
         raise UsageError(f"--layers {depth} must exceed {low + 1}, the depths of the slope")
     machines = setups(args)
-    on_cpu = jax.devices()[0].platform == "cpu"
     measured = ([] if args.quick else [1]) + [low, low + 1]  # --quick: fewer compiles
     # (depth, remat): the line's depths, then the full depth without and with block remat
     here = [
@@ -380,8 +391,24 @@ def run(args: argparse.Namespace) -> None:
     # ones until both have about as many (this process also compiles the step).
     while on_cpu and len(there) < len(here) + 1:
         there.append(here.pop(0))
-    proc = start_sharded(args, there)
+    return Plan(depth, low, measured, machines, here, there)
 
+
+@dataclasses.dataclass
+class Measured:
+    """Everything the report prints from: state bytes from shapes, compiled scratch, the real
+    steps' peaks and the per-layer saved residuals."""
+
+    states: dict[int, StateBytes]  # shards: the full fine-tuning state per device
+    lora_states: dict[tuple[int, str], StateBytes]  # (rank, base dtype): one device
+    temps: dict[tuple, int]  # item_key: scratch bytes
+    check: dict[str, int]  # the real step's compiled memory (the first precision)
+    lora_check: tuple[tuple[int, str, str], dict[str, int]] | None  # (rank, precision, base)
+    residuals: dict[str, dict[str, int]]  # precision: per layer (the slope's two depths)
+    lora_residuals: dict[tuple[int, str], dict[str, int]]  # (rank, precision): per layer
+
+
+def _print_decoder(args: argparse.Namespace, depth: int) -> None:
     config = decoder_config(args, depth)
     print(
         f"decoder: V {config.vocab_size}, D {config.hidden_size}, F {config.intermediate_size}, "
@@ -395,15 +422,15 @@ def run(args: argparse.Namespace) -> None:
         "forced CPU devices)"
     )
 
-    # ---- state bytes, exactly from shapes --------------------------------------------------
-    full = {
-        p: build_program(args, decoder_config(args, depth), PRECISIONS[p]) for p in args.precisions
-    }
-    base = args.precisions[0]  # the state is float32 in either precision
-    shapes = state_shapes(full[base])
-    states = {s.shards: state_bytes(full[base], shapes, s.shards) for s in machines}
-    n_train = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(full[base].params))
-    frozen = full[base].batch.frozen
+
+def _full_states(args: argparse.Namespace, p: Plan) -> tuple[Program, dict[int, StateBytes]]:
+    """The full fine-tuning program at the table's depth (the first precision: the state is
+    float32 in either) and its state bytes per device of each machine; printed."""
+    program = build_program(args, decoder_config(args, p.depth), PRECISIONS[args.precisions[0]])
+    shapes = state_shapes(program)
+    states = {s.shards: state_bytes(program, shapes, s.shards) for s in p.machines}
+    n_train = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(program.params))
+    frozen = program.batch.frozen
     n_frozen = 0 if frozen is None else int(np.prod(frozen.shape))
     print(
         f"\nparameters: {n_train + n_frozen:,} ({n_train:,} trained, {n_frozen:,} in the frozen "
@@ -418,17 +445,25 @@ def run(args: argparse.Namespace) -> None:
             for k, st in states.items()
         ],
     )
-    lora_states: dict[tuple[int, str], StateBytes] = {}  # (rank, base dtype): one device
-    lora_programs: dict[tuple[int, str, str], Program] = {}  # (rank, precision, base dtype)
+    return program, states
+
+
+def _lora_states(
+    args: argparse.Namespace, depth: int
+) -> tuple[dict[tuple[int, str, str], Program], dict[tuple[int, str], StateBytes]]:
+    """The LoRA programs at the table's depth, ``(rank, precision, base dtype)``, and their
+    state bytes on one device, ``(rank, base dtype)``; printed."""
+    programs: dict[tuple[int, str, str], Program] = {}
+    states: dict[tuple[int, str], StateBytes] = {}
     for rank in args.lora_rank:
         for p, b in lora_variants(args):
             program = build_program(
                 args, decoder_config(args, depth), PRECISIONS[p], lora_rank=rank, base_dtype=b
             )
-            lora_programs[rank, p, b] = program
-            if (rank, b) not in lora_states:  # the state is the same in either precision
-                lora_states[rank, b] = state_bytes(program, state_shapes(program), 1)
-    if lora_states:
+            programs[rank, p, b] = program
+            if (rank, b) not in states:  # the state is the same in either precision
+                states[rank, b] = state_bytes(program, state_shapes(program), 1)
+    if states:
         print(
             "LoRA state bytes on one device (the same eval_shapes; trained: the float32 "
             "adapters; frozen: the whole base, in its dtype):"
@@ -437,67 +472,75 @@ def run(args: argparse.Namespace) -> None:
             ["rank", "base", "adapters B", "frozen base B", "grads B", "Adam B", "duals B"],
             [
                 [rank, b, st.params, st.frozen, st.grads, st.adam, st.duals]
-                for (rank, b), st in lora_states.items()
+                for (rank, b), st in states.items()
             ],
         )
+    return programs, states
 
-    # ---- compiles here, the real step, residuals; then the subprocess's ---------------------
-    temps: dict[tuple, int] = {}  # item_key: (precision, shards, depth, remat[, rank, base])
-    for item in here:
-        temps[item_key(item)] = temp_of(args, item)
-    print(f"  {len(here)} compiles here done ({time.perf_counter() - t0:.0f}s)", flush=True)
-    check = step_peak(full[base])
+
+def _residuals_per_layer(
+    args: argparse.Namespace, low: int, precision: str, lora_rank: int | None = None
+) -> dict[str, int]:
+    """Saved residuals at ``low + 1`` blocks less those at ``low``: one block's."""
+    at = [
+        saved_residuals(
+            build_program(args, decoder_config(args, d), PRECISIONS[precision], lora_rank=lora_rank)
+        )
+        for d in (low, low + 1)
+    ]
+    return {k: at[1][k] - at[0][k] for k in at[0]}
+
+
+def measure(args: argparse.Namespace, p: Plan, t0: float) -> Measured:
+    """Compiles ``p.here`` while the subprocess compiles ``p.there``; the real steps' peaks and
+    the saved residuals meanwhile. Prints the state tables and the progress."""
+    proc = start_sharded(args, p.there)
+    _print_decoder(args, p.depth)
+    full, states = _full_states(args, p)
+    lora_programs, lora_states = _lora_states(args, p.depth)
+    temps = {item_key(item): temp_of(args, item) for item in p.here}
+    print(f"  {len(p.here)} compiles here done ({time.perf_counter() - t0:.0f}s)", flush=True)
+    check = step_peak(full)
     lora_check = None
     if args.lora_rank:  # the real LoRA step: the first rank, the last variant
-        lora_check_key = (args.lora_rank[0], *lora_variants(args)[-1])
-        lora_check = step_peak(lora_programs[lora_check_key])
-    residuals = {}
-    for precision in args.precisions:
-        r_low = saved_residuals(
-            build_program(args, decoder_config(args, low), PRECISIONS[precision])
-        )
-        r_high = saved_residuals(
-            build_program(args, decoder_config(args, low + 1), PRECISIONS[precision])
-        )
-        residuals[precision] = {k: r_high[k] - r_low[k] for k in r_low}
-    lora_residuals = {}  # (rank, precision): the float32 base's LoRA program, per layer
-    for rank in args.lora_rank:
-        for precision in args.precisions:
-            dtype = PRECISIONS[precision]
-            r_low = saved_residuals(
-                build_program(args, decoder_config(args, low), dtype, lora_rank=rank)
-            )
-            r_high = saved_residuals(
-                build_program(args, decoder_config(args, low + 1), dtype, lora_rank=rank)
-            )
-            lora_residuals[rank, precision] = {k: r_high[k] - r_low[k] for k in r_low}
-    for key, value in finish_sharded(proc).items():
-        temps[key] = value
-    print(f"  {len(there)} compiles in the subprocess done ({time.perf_counter() - t0:.0f}s)")
+        key = (args.lora_rank[0], *lora_variants(args)[-1])
+        lora_check = key, step_peak(lora_programs[key])
+    residuals = {q: _residuals_per_layer(args, p.low, q) for q in args.precisions}
+    lora_residuals = {  # the float32 base's LoRA program, per layer
+        (rank, q): _residuals_per_layer(args, p.low, q, rank)
+        for rank in args.lora_rank
+        for q in args.precisions
+    }
+    temps.update(finish_sharded(proc))
+    print(f"  {len(p.there)} compiles in the subprocess done ({time.perf_counter() - t0:.0f}s)")
+    return Measured(states, lora_states, temps, check, lora_check, residuals, lora_residuals)
 
-    # ---- activations on one device: measured depths, extrapolation, direct ----------------
+
+def _print_activations(args: argparse.Namespace, p: Plan, temps: dict) -> dict[str, int]:
+    """The one-device activation table: the measured depths, their line and the direct
+    compile; returns the slope per layer of each precision."""
+    depth, low = p.depth, p.low
     print(
         f"\nactivations on one device: XLA temp of the compiled value_and_grad, batch {args.batch}"
     )
     slopes, rows = {}, []
-    for p in args.precisions:
-        slopes[p] = temps[p, 1, low + 1, False] - temps[p, 1, low, False]
-        line = temps[p, 1, low, False] + (depth - low) * slopes[p]
-        measured_gb = [gb(temps[p, 1, d, False]) for d in measured]
+    for q in args.precisions:
+        slopes[q] = temps[q, 1, low + 1, False] - temps[q, 1, low, False]
+        line = temps[q, 1, low, False] + (depth - low) * slopes[q]
         rows.append(
             [
-                p,
-                *measured_gb,
-                gb(slopes[p]),
+                q,
+                *(gb(temps[q, 1, d, False]) for d in p.measured),
+                gb(slopes[q]),
                 gb(line),
-                gb(temps[p, 1, depth, False]),
-                gb(temps[p, 1, depth, True]),
+                gb(temps[q, 1, depth, False]),
+                gb(temps[q, 1, depth, True]),
             ]
         )
     print_table(
         [
             "precision",
-            *(f"L={d} GB" for d in measured),
+            *(f"L={d} GB" for d in p.measured),
             f"slope L={low}-{low + 1} GB/layer",
             f"line at L={depth} GB",
             f"compiled L={depth} GB",
@@ -505,31 +548,34 @@ def run(args: argparse.Namespace) -> None:
         ],
         rows,
     )
-    for p in args.precisions:
-        line = temps[p, 1, low, False] + (depth - low) * slopes[p]
+    for q in args.precisions:
+        line = temps[q, 1, low, False] + (depth - low) * slopes[q]
         print(
-            f"ratio {p}: extrapolated from L={low},{low + 1} / compiled at L={depth} = "
-            f"{line / temps[p, 1, depth, False]:.4g}"
+            f"ratio {q}: extrapolated from L={low},{low + 1} / compiled at L={depth} = "
+            f"{line / temps[q, 1, depth, False]:.4g}"
         )
-        if 1 in measured and low == 2:
-            line_12 = temps[p, 1, 1, False] + (depth - 1) * (
-                temps[p, 1, 2, False] - temps[p, 1, 1, False]
+        if 1 in p.measured and low == 2:
+            line_12 = temps[q, 1, 1, False] + (depth - 1) * (
+                temps[q, 1, 2, False] - temps[q, 1, 1, False]
             )
             print(
-                f"ratio {p}: extrapolated from L=1,2 / compiled at L={depth} = "
-                f"{line_12 / temps[p, 1, depth, False]:.4g}"
+                f"ratio {q}: extrapolated from L=1,2 / compiled at L={depth} = "
+                f"{line_12 / temps[q, 1, depth, False]:.4g}"
             )
     print(
         "(the table uses the direct compile: the blocks are one lax.scan, so compiling at "
         f"L={depth} costs what L=2 does."
         + (
             " L = 1 lies off the line: XLA removes a while loop that runs once."
-            if 1 in measured
+            if 1 in p.measured
             else ""
         )
         + f" Below L = {low} the loss's logits block [chunk_tokens, V] still grows with L.)"
     )
+    return slopes
 
+
+def _print_residuals(args: argparse.Namespace, m: Measured, slopes: dict[str, int]) -> None:
     print(
         f"\nper layer, batch {args.batch}: saved residuals (jax.ad_checkpoint."
         "print_saved_residuals, besides the arguments; platform-independent) vs the compiled slope"
@@ -537,35 +583,39 @@ def run(args: argparse.Namespace) -> None:
     print_table(
         ["precision", "residuals GB/layer", "of which weight copies GB", "compiled slope GB/layer"],
         [
-            [p, gb(residuals[p]["total"]), gb(residuals[p]["weight copies"]), gb(slopes[p])]
-            for p in args.precisions
+            [q, gb(m.residuals[q]["total"]), gb(m.residuals[q]["weight copies"]), gb(slopes[q])]
+            for q in args.precisions
         ]
         + [
-            [f"{p}, LoRA r {rank}", gb(r["total"]), gb(r["weight copies"]), "-"]
-            for (rank, p), r in lora_residuals.items()
+            [f"{q}, LoRA r {rank}", gb(r["total"]), gb(r["weight copies"]), "-"]
+            for (rank, q), r in m.lora_residuals.items()
         ],
     )
-    if lora_residuals:
+    if m.lora_residuals:
         print(
             "(LoRA: the blocks' policy, dots_with_no_batch_dims_saveable, saves every dot's "
             "output: each adapted projection's x W and also its adapter's (x A)(s B), "
             "[B, T, out] too)"
         )
 
-    table_total = states[1].total + temps[base, 1, depth, False]
+
+def _print_checks(args: argparse.Namespace, p: Plan, m: Measured) -> None:
+    """The real jitted steps' compiled peaks against the table's totals."""
+    base = args.precisions[0]
+    table_total = m.states[1].total + m.temps[base, 1, p.depth, False]
     print(
-        f"\ncheck: the jitted constrained step ({base}, one device, L={depth}, state donated) "
-        "compiled: " + ", ".join(f"{k} {gb(v):.4g} GB" for k, v in check.items())
+        f"\ncheck: the jitted constrained step ({base}, one device, L={p.depth}, state donated) "
+        "compiled: " + ", ".join(f"{k} {gb(v):.4g} GB" for k, v in m.check.items())
     )
     print(
         f"ratio step peak / table total (params + frozen + grads + Adam + duals + activations) = "
-        f"{check['peak'] / table_total:.6g}"
+        f"{m.check['peak'] / table_total:.6g}"
     )
-    if lora_check is not None:
-        rank, p, b = lora_check_key
-        lora_total = lora_states[rank, b].total + temps[p, 1, depth, False, rank, b]
+    if m.lora_check is not None:
+        (rank, q, b), lora_check = m.lora_check
+        lora_total = m.lora_states[rank, b].total + m.temps[q, 1, p.depth, False, rank, b]
         print(
-            f"check: the jitted LoRA step (rank {rank}, {p}, base {b}, one device, L={depth}) "
+            f"check: the jitted LoRA step (rank {rank}, {q}, base {b}, one device, L={p.depth}) "
             "compiled: " + ", ".join(f"{k} {gb(v):.4g} GB" for k, v in lora_check.items())
         )
         print(
@@ -573,100 +623,113 @@ def run(args: argparse.Namespace) -> None:
             f"+ activations) = {lora_check['peak'] / lora_total:.6g}"
         )
 
-    sharded = [s for s in machines if s.shards > 1]
-    if sharded:
-        print(
-            "\nactivations per device under FSDP: XLA temp of the value_and_grad compiled over "
-            "forced CPU devices"
-        )
-        print_table(
-            [
-                "setup",
-                "batch split",
-                "state split",
-                "precision",
-                f"L={low} GB",
-                f"L={depth} GB",
-                f"L={depth}, remat GB",
-            ],
-            [
-                [
-                    s.label,
-                    batch_layout(s.shards, args.batch)[0],
-                    s.shards,
-                    p,
-                    gb(temps[p, s.shards, low, False]),
-                    gb(temps[p, s.shards, depth, False]),
-                    gb(temps[p, s.shards, depth, True]),
-                ]
-                for s in sharded
-                for p in args.precisions
-            ],
-        )
 
-    # ---- the table ----------------------------------------------------------------------------
+def _print_sharded(args: argparse.Namespace, p: Plan, temps: dict) -> None:
+    sharded = [s for s in p.machines if s.shards > 1]
+    if not sharded:
+        return
+    print(
+        "\nactivations per device under FSDP: XLA temp of the value_and_grad compiled over "
+        "forced CPU devices"
+    )
+    print_table(
+        [
+            "setup",
+            "batch split",
+            "state split",
+            "precision",
+            f"L={p.low} GB",
+            f"L={p.depth} GB",
+            f"L={p.depth}, remat GB",
+        ],
+        [
+            [
+                s.label,
+                batch_layout(s.shards, args.batch)[0],
+                s.shards,
+                q,
+                gb(temps[q, s.shards, p.low, False]),
+                gb(temps[q, s.shards, p.depth, False]),
+                gb(temps[q, s.shards, p.depth, True]),
+            ]
+            for s in sharded
+            for q in args.precisions
+        ],
+    )
+
+
+_TABLE_COLUMNS = [
+    "setup",
+    "precision",
+    "params GB",
+    "grads GB",
+    "Adam μ,ν GB",
+    "multipliers",
+    "activations GB",
+    "total GB",
+    "fits",
+    "activations, remat GB",
+    "total, remat GB",
+    "fits, remat",
+]
+
+
+def _table_row(
+    label: str, precision: str, st: StateBytes, temps: dict, key: tuple, capacity_gb: float
+) -> str:
+    """One row of the Markdown table: ``temps[key]`` the activations without remat, ``key``
+    with remat True the ones with it (``key``: an :func:`item_key` with ``remat`` False)."""
+    cap = capacity_gb * GB
+    activations = temps[key]
+    activations_rm = temps[(*key[:3], True, *key[4:])]
+    total = st.total + activations
+    total_rm = st.total + activations_rm
+    mark = "†" if precision.startswith("mixed") and jax.devices()[0].platform == "cpu" else ""
+    cells = [
+        label,
+        precision,
+        f"{gb(st.params + st.frozen):.4g}",
+        f"{gb(st.grads):.4g}",
+        f"{gb(st.adam):.4g}",
+        f"{st.multipliers} B (+{st.duals - st.multipliers} B duals)",
+        f"{gb(activations):.4g}{mark}",
+        f"{gb(total):.4g}",
+        f"{'yes' if total <= cap else 'no'} ({100 * total / cap:.0f}%)",
+        f"{gb(activations_rm):.4g}{mark}",
+        f"{gb(total_rm):.4g}",
+        f"{'yes' if total_rm <= cap else 'no'} ({100 * total_rm / cap:.0f}%)",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _print_table(args: argparse.Namespace, p: Plan, m: Measured) -> None:
+    """The Markdown table: every machine and precision, then the LoRA rows on one H200."""
     print(
         f"\n## Memory per device: {'a tiny decoder' if args.quick else 'Llama 3.1 8B'}, cudt "
         f"constrained step, batch {args.batch} x {args.seq} tokens\n"
     )
-    cols = [
-        "setup",
-        "precision",
-        "params GB",
-        "grads GB",
-        "Adam μ,ν GB",
-        "multipliers",
-        "activations GB",
-        "total GB",
-        "fits",
-        "activations, remat GB",
-        "total, remat GB",
-        "fits, remat",
-    ]
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "|".join("---" for _ in cols) + "|")
-
-    def row(label: str, precision: str, st: StateBytes, key: tuple, capacity_gb: float) -> None:
-        """One row: ``temps[key]`` the activations without remat, ``key`` with remat True
-        the ones with it (``key``: an :func:`item_key` with ``remat`` False)."""
-        cap = capacity_gb * GB
-        activations = temps[key]
-        activations_rm = temps[(*key[:3], True, *key[4:])]
-        total = st.total + activations
-        total_rm = st.total + activations_rm
-        mark = "†" if precision.startswith("mixed") and on_cpu else ""
-        cells = [
-            label,
-            precision,
-            f"{gb(st.params + st.frozen):.4g}",
-            f"{gb(st.grads):.4g}",
-            f"{gb(st.adam):.4g}",
-            f"{st.multipliers} B (+{st.duals - st.multipliers} B duals)",
-            f"{gb(activations):.4g}{mark}",
-            f"{gb(total):.4g}",
-            f"{'yes' if total <= cap else 'no'} ({100 * total / cap:.0f}%)",
-            f"{gb(activations_rm):.4g}{mark}",
-            f"{gb(total_rm):.4g}",
-            f"{'yes' if total_rm <= cap else 'no'} ({100 * total_rm / cap:.0f}%)",
-        ]
-        print("| " + " | ".join(cells) + " |")
-
-    for setup in machines:
-        for precision in args.precisions:
-            key = (precision, setup.shards, depth, False)
-            row(setup.label, precision, states[setup.shards], key, setup.capacity_gb)
-    h200 = machines[-1]
-    for rank in args.lora_rank:
-        for p, b in lora_variants(args):
-            label = f"{h200.label}, LoRA r {rank}"
-            precision = p if b == "float32" else f"{p}, bf16 base"
-            row(
-                label,
-                precision,
-                lora_states[rank, b],
-                (p, 1, depth, False, rank, b),
-                h200.capacity_gb,
+    print("| " + " | ".join(_TABLE_COLUMNS) + " |")
+    print("|" + "|".join("---" for _ in _TABLE_COLUMNS) + "|")
+    for setup in p.machines:
+        for q in args.precisions:
+            key = (q, setup.shards, p.depth, False)
+            print(
+                _table_row(setup.label, q, m.states[setup.shards], m.temps, key, setup.capacity_gb)
             )
+    h200 = p.machines[-1]
+    for rank in args.lora_rank:
+        for q, b in lora_variants(args):
+            label = f"{h200.label}, LoRA r {rank}"
+            precision = q if b == "float32" else f"{q}, bf16 base"
+            key = (q, 1, p.depth, False, rank, b)
+            print(
+                _table_row(label, precision, m.lora_states[rank, b], m.temps, key, h200.capacity_gb)
+            )
+
+
+def _print_notes(args: argparse.Namespace, p: Plan, m: Measured, slopes: dict[str, int]) -> None:
+    """The table's legend, and what the CPU's compiles say about mixed precision."""
+    on_cpu = jax.devices()[0].platform == "cpu"
     print(
         "\nGB = 1e9 bytes; capacities are the nominal ones, of which JAX preallocates 75% unless "
         "XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise. params: the trained parameters, split "
@@ -687,10 +750,10 @@ def run(args: argparse.Namespace) -> None:
             "activations: the value_and_grad w.r.t. the adapters, the base an argument."
         )
     if "mixed" in args.precisions and on_cpu:
-        mixed = residuals["mixed"]
+        mixed = m.residuals["mixed"]
         has_f32 = "float32" in args.precisions
         f32_slope = f" (float32: {gb(slopes['float32']):.3g})" if has_f32 else ""
-        f32_saved = f" (float32: {gb(residuals['float32']['total']):.3g} GB)" if has_f32 else ""
+        f32_saved = f" (float32: {gb(m.residuals['float32']['total']):.3g} GB)" if has_f32 else ""
         print(
             "† compiled for the CPU: XLA:CPU computes bfloat16 matmuls in float32 and holds many "
             "bfloat16 values in float32-sized buffers. Its mixed-precision slope is "
@@ -699,17 +762,13 @@ def run(args: argparse.Namespace) -> None:
             f"{gb(mixed['weight copies']):.3g} GB are the bfloat16 copies of the layer's weights "
             "cast inside the scan. On a GPU the † figures are likely upper bounds."
         )
-    bf16_bases = [(r, p) for r in args.lora_rank for p, b in lora_variants(args) if b == "bfloat16"]
+    bf16_bases = [(r, q) for r in args.lora_rank for q, b in lora_variants(args) if b == "bfloat16"]
     if on_cpu and bf16_bases:
-        copy = states[1].params  # float32 bytes of what the base's dots read: blocks, norms, head
-        for rank, p in bf16_bases:
-            extra = (
-                temps[p, 1, depth, False, rank, "bfloat16"]
-                - temps[p, 1, depth, False, rank, "float32"]
-            )
-            total = (
-                lora_states[rank, "bfloat16"].total + temps[p, 1, depth, False, rank, "bfloat16"]
-            )
+        copy = m.states[1].params  # float32 bytes of what the base's dots read: blocks, norms, head
+        for rank, q in bf16_bases:
+            with_bf16 = m.temps[q, 1, p.depth, False, rank, "bfloat16"]
+            extra = with_bf16 - m.temps[q, 1, p.depth, False, rank, "float32"]
+            total = m.lora_states[rank, "bfloat16"].total + with_bf16
             print(
                 f"bf16 base on the CPU, LoRA r {rank}: its activations exceed the float32 base's "
                 f"by {gb(extra):.4g} GB, {extra / copy:.4g} x the float32 bytes of the base's "
@@ -718,4 +777,17 @@ def run(args: argparse.Namespace) -> None:
                 f"the scan; less that copy the total is {gb(total - extra):.4g} GB (arithmetic, "
                 "not compiled)."
             )
+
+
+def run(args: argparse.Namespace) -> None:
+    """Measures (:func:`measure`), then prints the tables, the checks and the Markdown table."""
+    t0 = time.perf_counter()
+    p = plan(args, on_cpu=jax.devices()[0].platform == "cpu")
+    m = measure(args, p, t0)
+    slopes = _print_activations(args, p, m.temps)
+    _print_residuals(args, m, slopes)
+    _print_checks(args, p, m)
+    _print_sharded(args, p, m.temps)
+    _print_table(args, p, m)
+    _print_notes(args, p, m, slopes)
     print(f"total wall {time.perf_counter() - t0:.0f}s")
