@@ -38,7 +38,7 @@ Before timing, two steps of each from the same start must agree (per-layer losse
 values and multipliers, relative tolerance ``--tolerance``); otherwise the command stops with
 exit status 1. Then ``--rounds`` interleaved rounds (cudt step, torch step, ...) give the median
 seconds per step, tokens/s, the model FLOP rate (MFU on a GPU it knows) and the speed-up, as a
-Markdown table. In the same rounds, on the same cores, a product floor (:func:`floor_products`,
+Markdown table. In the same rounds, on the same cores, a product floor (:func:`benchmarks.llm_floor.floor_products`,
 timed as :class:`benchmarks.step.ProductFloor`): the matrix products the step cannot avoid, at the
 step's own shapes, as one jitted program and by torch's matrix library, the faster median the
 floor; ``torch s / floor s`` bounds the ``torch / cudt`` any implementation of this arithmetic
@@ -90,6 +90,7 @@ from benchmarks.common import (
     print_table,
     subcommand_parser,
 )
+from benchmarks.llm_floor import floor_bounds, fp32_peak, product_floor, step_flops
 from benchmarks.peer import (
     TORCH_DEFAULT_THREADS,
     CooperStep,
@@ -109,16 +110,9 @@ from cudt.runner.task import RunBatch
 from cudt.tasks.llm import LLMTask
 from cudt.tasks.llm_config import LLMConfig
 
-# float32 peak FLOP/s (no tensor cores) of the GPUs whose MFU the table can give.
-FP32_PEAK = {"H100": 67e12, "H200": 67e12, "A100": 19.5e12, "L4": 30.3e12}
-# dense bf16 tensor-core peak FLOP/s (SXM parts; no sparsity) of the same GPUs.
-BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
 # the default relative tolerance of the agreement check per --dtype: float32 is the issue's
 # 1e-4; bf16 products round to 8 bits of mantissa on each side, in different orders
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}
-# the block weights that read a block's (normed) input: in the first block that input is the
-# frozen embeddings plus noise, whose gradient no step needs
-BLOCK_INPUT = ("q", "k", "v")
 
 
 class PeerMismatch(SystemExit):
@@ -520,78 +514,6 @@ def zero_cotangent_states(multipliers: np.ndarray, num_layers: int) -> int:
     return sum(1 for layer in range(num_layers) if lam[layer] == 0 and lam[layer + 1] == 0)
 
 
-def step_flops(cudt_side: CudtSide) -> float:
-    """Model FLOPs of one step: ``6·N·B·T`` for the blocks' ``N`` weights (forward and
-    backward) plus, per readout of a response token at each of the L+1 states, ``4·D·V``
-    (forward, and backward to the state: a tied head is frozen with the embeddings) or
-    ``6·D·V`` (an untied head, trained). Attention scores and cudt's rematerialised readouts
-    are not counted."""
-    dec = cudt_side.data.decoder
-    c = dec.config
-    blocks = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(dec.params["blocks"]))
-    ex = cudt_side.batch.examples
-    tokens = int(np.prod(ex["input_ids"].shape))
-    responses = int(np.sum(np.asarray(ex["loss_mask"]) != 0))
-    per_readout = (4.0 if c.tie_word_embeddings else 6.0) * c.hidden_size * c.vocab_size
-    return 6.0 * blocks * tokens + per_readout * (c.num_layers + 1 - cudt_side.first) * responses
-
-
-def floor_products(
-    config, params, tokens: int, responses: int, first: int
-) -> list[tuple[int, int, int, int]]:
-    """The matrix products a constrained step of this decoder cannot avoid, as ``(count, m, k,
-    n)`` (``count`` products ``[m, k] @ [k, n]``), at the step's shapes: for every weight matrix
-    ``W [in, out]`` of the blocks (``params["blocks"]``, stacked ``[L, in, out]``), over the
-    ``tokens`` = B·T positions, the forward ``x @ W``, the input's gradient ``dy @ Wᵀ`` (but not
-    into the first block's input, the frozen embeddings: :data:`BLOCK_INPUT`) and the weight's
-    gradient ``xᵀ @ dy``; for the ``responses`` response tokens read out at each of the states
-    from ``first`` on, the head's logits ``[rows, D] @ [D, V]`` and the state's gradient
-    ``[rows, V] @ [V, D]`` (none at state 0, the frozen embeddings), plus the head's own gradient
-    when it is untied (trained). Left out, so the floor only gets lower: the attention scores
-    (3.4 GFLOP of 309 at SmolLM2's B 4 × T 64), every elementwise operation, the norms and the
-    optimisers."""
-    products = []
-    for path, w in jax.tree_util.tree_flatten_with_path(params["blocks"])[0]:
-        if len(w.shape) != 3:  # a norm's weights (or a bias): no product
-            continue
-        layers, fan_in, fan_out = w.shape
-        skip_input = path[0].key in BLOCK_INPUT
-        products += [
-            (layers, tokens, fan_in, fan_out),  # forward
-            (layers - skip_input, tokens, fan_out, fan_in),  # the input's gradient
-            (layers, fan_in, tokens, fan_out),  # the weight's gradient
-        ]
-    dim, vocab = config.hidden_size, config.vocab_size
-    rows = (config.num_layers + 1 - first) * responses
-    products += [
-        (1, rows, dim, vocab),  # logits
-        (1, rows - (first == 0) * responses, vocab, dim),  # the states' gradients
-    ]
-    if not config.tie_word_embeddings:
-        products.append((1, dim, rows, vocab))  # a trained head's gradient
-    return products
-
-
-def product_floor(cudt_side: CudtSide) -> ProductFloor:
-    """:func:`floor_products` of this side's decoder and batch, compiled in its compute dtype."""
-    dec, ex = cudt_side.data.decoder, cudt_side.batch.examples
-    products = floor_products(
-        dec.config,
-        dec.params,
-        int(np.prod(ex["input_ids"].shape)),
-        int(np.sum(np.asarray(ex["loss_mask"]) != 0)),
-        cudt_side.first,
-    )
-    return ProductFloor(products, jnp.dtype(cudt_side.cfg.compute_dtype))
-
-
-def fp32_peak(device_name: str, dtype: str = "float32") -> float | None:
-    """The float32 (``dtype="bfloat16"``: dense bf16) peak FLOP/s of a GPU this script knows
-    by name (None for others, CPUs)."""
-    peaks = BF16_PEAK if dtype == "bfloat16" else FP32_PEAK
-    return next((v for k, v in peaks.items() if k in device_name), None)
-
-
 # what run() times per thread count, in its table's order
 SIDES = ("cudt", "torch + Cooper", "product floor", "product floor, torch")
 
@@ -613,10 +535,11 @@ def load_average() -> str:
     return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} ({os.cpu_count()} cores)"
 
 
-def run(args: argparse.Namespace, workdir: Path) -> dict:
-    gpu = jax.devices()[0].platform == "gpu"
+def _sides(args: argparse.Namespace, workdir: Path) -> tuple[CudtSide, TorchSide, Path]:
+    """Both sides from the same weights, the setting printed, their first two steps checked
+    equal (:func:`check_agreement`); returns them and the checkpoint read."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if gpu:  # the same float32 arithmetic on both sides: no TF32
+    if jax.devices()[0].platform == "gpu":  # the same float32 arithmetic on both sides: no TF32
         jax.config.update("jax_default_matmul_precision", "highest")
         torch.set_float32_matmul_precision("highest")
     print(
@@ -650,8 +573,16 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     )
     _, compile_s = check_agreement(cudt_side, torch_side, tolerance)
     print(f"cudt's first step (tracing + XLA compilation + the step): {compile_s:.1f}s", flush=True)
+    return cudt_side, torch_side, checkpoint
 
-    floor = product_floor(cudt_side)
+
+def _interleaved(
+    args: argparse.Namespace, cudt_side: CudtSide, torch_side: TorchSide, floor: ProductFloor
+) -> tuple[dict, dict, tuple[str, str]]:
+    """Every side and the floor in ``--rounds`` interleaved rounds per thread count (a narrower
+    count than the machine's in a child process on that many cores): ``(results, floor_results,
+    (load before, load after))``, results ``{(side, threads): seconds per round}``, the floor's
+    ``{threads: (XLA's seconds, torch's)}``."""
     floor.block(1), floor.torch_block(1)  # untimed: the first calls
     narrow = narrow_thread_counts(args.torch_threads)
     alternatives = {}
@@ -675,22 +606,36 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         t: (results.pop(("product floor", t)), results.pop(("product floor, torch", t)))
         for t in args.torch_threads
     }
+    return results, floor_results, (before, after)
 
+
+def _print_speed(
+    args: argparse.Namespace,
+    cudt_side: CudtSide,
+    torch_side: TorchSide,
+    results: dict,
+    loads: tuple[str, str],
+) -> tuple[list[str], dict[int, float]]:
+    """The Markdown table of both sides (s/step, tokens/s, FLOP rate, MFU, speed-up), the
+    readouts cudt skipped, the ratio lines; returns the table and ``{threads: torch / cudt}``."""
     flops = step_flops(cudt_side)
-    jax_device = jax.devices()[0]
+    jax_device, device = jax.devices()[0], torch_side.device
     devices = {"cudt": jax_device.platform, "torch + Cooper": device.type}
     peaks = {
-        "cudt": fp32_peak(jax_device.device_kind, args.dtype) if gpu else None,
+        "cudt": fp32_peak(jax_device.device_kind, args.dtype)
+        if jax_device.platform == "gpu"
+        else None,
         "torch + Cooper": fp32_peak(torch.cuda.get_device_name(device), args.dtype)
         if device.type == "cuda"
         else None,
     }
-    tokens = int(np.prod(ex["input_ids"].shape))
+    tokens = int(np.prod(cudt_side.batch.examples["input_ids"].shape))
     seconds = {name: median(ts) for name, ts in results.items()}
     print(
         f"\nmedian of {args.rounds} interleaved rounds, one step each; {flops / 1e9:.4g} GFLOP "
         "per step (model FLOPs: 6·N·B·T + 4·D·V per response-token readout); "
-        f"compute {args.dtype} (MFU against the {args.dtype} peak); {before} before, {after} after"
+        f"compute {args.dtype} (MFU against the {args.dtype} peak); {loads[0]} before, "
+        f"{loads[1]} after"
     )
     table = [
         "| side | device | threads | s/step | every round (s) | tokens/s | GFLOP/s | MFU | "
@@ -709,6 +654,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             f"{flops / s / 1e9:.4g} | {mfu} | " + (f"{speedup:.2f}x |" if side == "cudt" else "1 |")
         )
     print("\n".join(table))
+    c = cudt_side.data.decoder.config
     timed_steps = cudt_side.zero_readouts[2:]  # after the two checked steps (in this process)
     print(
         f"readouts with an exactly zero cotangent (every multiplier they enter is 0; cudt's "
@@ -719,8 +665,20 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     for threads, speedup in ratios.items():
         label = f"{threads}" if threads > 0 else "default"
         print(f"ratio [threads {label}]: torch + Cooper / cudt s/step = {speedup:.3g}")
+    return table, ratios
+
+
+def _print_bound(
+    args: argparse.Namespace,
+    model_name: str,
+    floor: ProductFloor,
+    flops: float,
+    floor_results: dict,
+    seconds: dict,
+) -> list[list]:
+    """The bound's table (:func:`benchmarks.llm_floor.floor_bounds`), the floor's rounds and
+    the ratio lines; returns the table's rows."""
     bounds = floor_bounds(floor_results, seconds)
-    model_name = "tiny Llama" if args.tiny else checkpoint.name.split(".")[0]
     print(
         f"\nthe bound: the step's unavoidable matrix products alone ({args.dtype}; the product "
         f"floor: {floor.flops / 1e9:.4g} GFLOP in {sum(p[0] for p in floor.products)} products "
@@ -742,6 +700,20 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             f"ratio [threads {label}]: bound torch / floor = {bound:.3g}, "
             f"measured torch / cudt = {measured:.3g}"
         )
+    return bounds
+
+
+def run(args: argparse.Namespace, workdir: Path) -> dict:
+    """Both sides checked equal, then timed beside the product floor; the tables printed (and
+    with ``--profile``, where cudt's step spends its time)."""
+    cudt_side, torch_side, checkpoint = _sides(args, workdir)
+    floor = product_floor(cudt_side)
+    results, floor_results, loads = _interleaved(args, cudt_side, torch_side, floor)
+    table, ratios = _print_speed(args, cudt_side, torch_side, results, loads)
+    seconds = {name: median(ts) for name, ts in results.items()}
+    model_name = "tiny Llama" if args.tiny else checkpoint.name.split(".")[0]
+    flops = step_flops(cudt_side)
+    bounds = _print_bound(args, model_name, floor, flops, floor_results, seconds)
     if args.profile is not None:
         hlo = cudt_side.step.lower(cudt_side.state, cudt_side.batch, cudt_side.key).compile()
         thunks = trace_thunks(cudt_side, hlo.as_text(), steps=2, out=Path(args.profile))
@@ -750,21 +722,6 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         )
         print_profile(thunks)
     return {"seconds": seconds, "speedup": ratios, "table": table, "bounds": bounds}
-
-
-def floor_bounds(floor_results: dict, seconds: dict) -> list[list]:
-    """Rows ``threads, floor s, torch s, torch / floor, torch / cudt`` (medians; the floor: the
-    faster of its timings) per thread count of ``floor_results`` (threads -> the floor's seconds
-    in every round, one list per way of timing it)."""
-    rows = []
-    for threads, timings in floor_results.items():
-        floor_s = min(median(ts) for ts in timings)
-        torch_s = seconds[("torch + Cooper", threads)]
-        label = f"{threads}" if threads > 0 else "default"
-        rows.append(
-            [label, floor_s, torch_s, torch_s / floor_s, torch_s / seconds[("cudt", threads)]]
-        )
-    return rows
 
 
 def compiled_memory(side: CudtSide) -> dict[str, int]:

@@ -1,9 +1,9 @@
 """``python -m benchmarks llm``'s product floor counts exactly the products it says it times.
 
-The floor (``benchmarks.llm.floor_products``, timed as ``benchmarks.step.ProductFloor``) bounds
-the speed-up any implementation of SmolLM2's step could reach, so its FLOPs must be the step's
-unavoidable products: checked here against a count written out from the model's dimensions, and
-against XLA's own count of the compiled floor program.
+The floor (``benchmarks.llm_floor.floor_products``, timed as ``benchmarks.step.ProductFloor``)
+bounds the speed-up any implementation of SmolLM2's step could reach, so its FLOPs must be the
+step's unavoidable products: checked here against a count written out from the model's
+dimensions, and against XLA's own count of the compiled floor program.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import jax
 import pytest
 from helpers import TINY_DECODER
 
-from benchmarks import llm, step
+from benchmarks import llm_floor, step
 from cudt.models.llama.config import DecoderConfig
 
 # SmolLM2-135M: D 576, MLP 1536, 9 heads (3 kv) of 64, 30 blocks, V 49152, tied head
@@ -29,7 +29,7 @@ SMOLLM2 = dict(
 
 def _floor_flops(config: DecoderConfig, tokens: int, responses: int, first: int) -> float:
     params = jax.eval_shape(config.init_params, jax.random.key(0))
-    products = llm.floor_products(config, params, tokens, responses, first)
+    products = llm_floor.floor_products(config, params, tokens, responses, first)
     return sum(2.0 * c * m * k * n for c, m, k, n in products)
 
 
@@ -88,7 +88,7 @@ def test_compiled_floor_does_the_flops_it_claims():
         tie_word_embeddings=True,
     )
     params = jax.eval_shape(config.init_params, jax.random.key(0))
-    floor = step.ProductFloor(llm.floor_products(config, params, 2 * 32, 17, 1))
+    floor = step.ProductFloor(llm_floor.floor_products(config, params, 2 * 32, 17, 1))
     assert floor.flops == _by_hand(config, 64, 17, 1)
     assert step.xla_flops(floor.compiled) == pytest.approx(floor.flops, rel=1e-6)
     assert floor.block(1) > 0
@@ -99,6 +99,6 @@ def test_the_bound_takes_the_faster_floor_and_the_medians():
     torch / floor must not use the slower one, which would overstate the room left."""
     seconds = {("cudt", 0): 4.0, ("torch + Cooper", 0): 6.0}
     timings = {0: ([3.0, 9.0, 2.0], [2.5, 2.4, 8.0])}  # medians 3.0 (XLA) and 2.5 (torch)
-    ((label, floor_s, torch_s, bound, measured),) = llm.floor_bounds(timings, seconds)
+    ((label, floor_s, torch_s, bound, measured),) = llm_floor.floor_bounds(timings, seconds)
     assert (label, floor_s, torch_s) == ("default", 2.5, 6.0)
     assert bound == pytest.approx(6.0 / 2.5) and measured == pytest.approx(1.5)
