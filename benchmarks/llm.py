@@ -615,10 +615,10 @@ def _print_speed(
     torch_side: TorchSide,
     results: dict,
     loads: tuple[str, str],
+    flops: float,
 ) -> tuple[list[str], dict[int, float]]:
     """The Markdown table of both sides (s/step, tokens/s, FLOP rate, MFU, speed-up), the
     readouts cudt skipped, the ratio lines; returns the table and ``{threads: torch / cudt}``."""
-    flops = step_flops(cudt_side)
     jax_device, device = jax.devices()[0], torch_side.device
     devices = {"cudt": jax_device.platform, "torch + Cooper": device.type}
     peaks = {
@@ -709,10 +709,10 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     cudt_side, torch_side, checkpoint = _sides(args, workdir)
     floor = product_floor(cudt_side)
     results, floor_results, loads = _interleaved(args, cudt_side, torch_side, floor)
-    table, ratios = _print_speed(args, cudt_side, torch_side, results, loads)
+    flops = step_flops(cudt_side)
+    table, ratios = _print_speed(args, cudt_side, torch_side, results, loads, flops)
     seconds = {name: median(ts) for name, ts in results.items()}
     model_name = "tiny Llama" if args.tiny else checkpoint.name.split(".")[0]
-    flops = step_flops(cudt_side)
     bounds = _print_bound(args, model_name, floor, flops, floor_results, seconds)
     if args.profile is not None:
         hlo = cudt_side.step.lower(cudt_side.state, cudt_side.batch, cudt_side.key).compile()
