@@ -33,6 +33,7 @@ import functools
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -150,15 +151,12 @@ def inputs(args: argparse.Namespace, depth: int, vocab: int) -> tuple:
     return states, head, jnp.ones((args.dim,), dtype), labels, mask.astype(jnp.float32)
 
 
-def run(args: argparse.Namespace) -> None:
-    t_total = time.perf_counter()
+def _compiled_grid(
+    args: argparse.Namespace, programs: dict[str, Any], t_total: float
+) -> tuple[dict[str, Any], list[str]]:
+    """Every way compiled at every ``(V, L+1)`` of the grid, its scratch printed as a table;
+    returns the timed size's executables (none when the grid lacks it) and the ratio lines."""
     tokens = args.batch * args.seq
-    print(
-        f"per-layer token cross-entropy [B, L+1] and its gradient w.r.t. states, head, norm "
-        f"scale; B x T = {args.batch} x {args.seq}, D = {args.dim}, {args.dtype}; chunked: "
-        f"chunk_tokens {args.chunk_tokens}, chunked+vocab: also vocab_chunk {args.vocab_chunk}"
-    )
-    programs = ways(args)
     timed_size = (args.time_vocab, args.time_depth)
     compiled = {}  # the timed size's programs, when the grid has it
     rows, ratios = [], []
@@ -206,11 +204,11 @@ def run(args: argparse.Namespace) -> None:
         ],
         rows,
     )
+    return compiled, ratios
 
-    vocab, depth = timed_size
-    data = inputs(args, depth, vocab)
-    if not compiled:
-        compiled = {name: p.lower(*data).compile() for name, p in programs.items()}
+
+def _print_equal_work(compiled: dict[str, Any], data, vocab: int, depth: int) -> None:
+    """Every way's losses, accuracies and gradients against the naive way's."""
     results = {name: jax.block_until_ready(c(*data)) for name, c in compiled.items()}
     (_, (ce, acc)), grads = results["naive"]
     print(f"\nequal work at V = {vocab}, L+1 = {depth} (max abs difference to naive):")
@@ -229,6 +227,13 @@ def run(args: argparse.Namespace) -> None:
         )
     print_table(["way", "ce", "acc", "d states", "d head", "d scale"], checks)
     print(f"(mean ce over samples and layers: {float(jnp.mean(ce)):.4g})")
+
+
+def _print_timing(
+    args: argparse.Namespace, compiled: dict[str, Any], data, ratios: list[str]
+) -> None:
+    """The ways' calls timed in interleaved repetitions; the ratio lines."""
+    vocab, depth = args.time_vocab, args.time_depth
 
     def timed(c: Callable) -> Callable[[], float]:
         def measure() -> float:
@@ -252,6 +257,23 @@ def run(args: argparse.Namespace) -> None:
             f"ratio V={vocab} L+1={depth}: {name} / naive time = "
             f"{seconds[name] / seconds['naive']:.3g}"
         )
+
+
+def run(args: argparse.Namespace) -> None:
+    t_total = time.perf_counter()
+    print(
+        f"per-layer token cross-entropy [B, L+1] and its gradient w.r.t. states, head, norm "
+        f"scale; B x T = {args.batch} x {args.seq}, D = {args.dim}, {args.dtype}; chunked: "
+        f"chunk_tokens {args.chunk_tokens}, chunked+vocab: also vocab_chunk {args.vocab_chunk}"
+    )
+    programs = ways(args)
+    compiled, ratios = _compiled_grid(args, programs, t_total)
+    vocab, depth = args.time_vocab, args.time_depth
+    data = inputs(args, depth, vocab)
+    if not compiled:
+        compiled = {name: p.lower(*data).compile() for name, p in programs.items()}
+    _print_equal_work(compiled, data, vocab, depth)
+    _print_timing(args, compiled, data, ratios)
     print(f"total wall {time.perf_counter() - t_total:.0f}s")
 
 
