@@ -157,7 +157,8 @@ def dual_adam(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e
 
 class NuPIState(NamedTuple):
     xi: object  # ξ_{t−1}, the EMA of the constraint values
-    started: jax.Array  # [] bool: whether ξ_{−1} has been set
+    started: object  # like ξ, bool: whether each entry's ξ_{−1} has been set (an indexed
+    # table's row is set when a batch first holds it)
 
 
 def nupi(learning_rate, kp=0.0, ki=1.0, ema_nu=0.0, init="sgd", project=True):
@@ -192,17 +193,17 @@ def nupi(learning_rate, kp=0.0, ki=1.0, ema_nu=0.0, init="sgd", project=True):
 
     def init_fn(params):
         xi = jax.tree.map(jnp.zeros_like, params)
-        return NuPIState(xi=xi, started=jnp.zeros((), bool))
+        return NuPIState(xi=xi, started=jax.tree.map(lambda x: jnp.zeros(x.shape, bool), xi))
 
     def update_fn(updates, state, params=None):
         e = updates
         if init == "sgd":
-            prev = jax.tree.map(lambda x, ei: jnp.where(state.started, x, ei), state.xi, e)
+            prev = jax.tree.map(lambda x, ei, s: jnp.where(s, x, ei), state.xi, e, state.started)
         else:
             prev = state.xi
         xi = jax.tree.map(lambda p, ei: ema_nu * p + (1.0 - ema_nu) * ei, prev, e)
         raw = jax.tree.map(lambda ei, x, p: learning_rate * (ki * ei + kp * (x - p)), e, xi, prev)
-        return raw, NuPIState(xi=xi, started=jnp.ones((), bool))
+        return raw, NuPIState(xi=xi, started=jax.tree.map(jnp.ones_like, state.started))
 
     core = optax.GradientTransformation(init_fn, update_fn)
     return optax.chain(core, project_nonnegative()) if project else core

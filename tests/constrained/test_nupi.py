@@ -1,5 +1,6 @@
 """cudt.nupi against Cooper's nuPI on the same sequence of constraint values."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -62,3 +63,16 @@ def test_sgd_init_first_step_matches_cooper_then_follows_the_recurrence():
 
 def test_kp_zero_is_dual_ascent():
     np.testing.assert_allclose(_ours("sgd", 0.0, 1.0, 0.0, 0.1), _ours("zeros", 0.0, 1.0, 0.3, 0.1))
+
+
+def test_sgd_init_starts_each_row_of_an_indexed_table_when_a_batch_first_holds_it():
+    # every row violated by 1; rows 2, 3 first seen in the second batch start as rows 0, 1 did
+    def problem(w, ids, key):
+        del key
+        return jnp.sum(w**2), {"c": cudt.Constraint(jnp.ones(ids.shape[0]), index=ids)}
+
+    init, step = cudt.make_constrained_step(problem, optax.sgd(0.1), cudt.nupi(1.0, kp=1.0))
+    state = init(jnp.zeros(2), jnp.arange(2), num_indexed={"c": 4})
+    state, _ = step(state, jnp.array([0, 1]), jax.random.key(0))
+    state, _ = step(state, jnp.array([2, 3]), jax.random.key(1))
+    np.testing.assert_array_equal(state.multipliers["c"], [1.0, 1.0, 1.0, 1.0])
