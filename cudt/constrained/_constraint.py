@@ -111,6 +111,12 @@ class Constraint:
                 f"Constraint resilience must be > 0 (the slack's cost α; inf or None: hard), "
                 f"got {alpha.tolist()}: pass a positive alpha"
             )
+        if alpha is not None and self.has_slack and not np.all(np.isfinite(alpha)):
+            raise ValueError(
+                f"Constraint resilience must be finite with explicit slacks (its cost "
+                f"(α/2)·u² at u = 0 is NaN at α = inf), got {alpha.tolist()}: pass a finite "
+                "alpha, or resilience_mode='decay', whose α = inf is a hard constraint"
+            )
 
     def _check_index(self) -> None:
         """``index``: integer ids, one per value (``[B]`` against values ``[B, ...]``); checked

@@ -105,8 +105,13 @@ class DescentConfig:
             raise ValueError(
                 f"resilience_mode must be 'decay' or 'slack', got {self.resilience_mode!r}"
             )
-        if self.resilience_mode == "slack" and self.resilience is None:
-            raise ValueError("resilience_mode='slack' needs resilience=alpha > 0")
+        if self.resilience_mode == "slack" and (
+            self.resilience is None or not math.isfinite(float(self.resilience))
+        ):
+            raise ValueError(
+                f"resilience_mode='slack' needs resilience=alpha > 0 and finite, got "
+                f"{self.resilience}: pass a finite alpha, or resilience_mode='decay'"
+            )
         if not self.slack_lr > 0:
             raise ValueError(f"slack_lr must be > 0, got {self.slack_lr}")
         if self.slack_restart_steps is not None and self.slack_restart_steps < 1:

@@ -103,7 +103,7 @@ def hparams(
 
     ``epsilon [L]``, ``reference []`` (C; 0 when ``has_reference`` is False), ``has_reference``
     (``reference`` None or NaN: off), ``resilience`` α (None or inf: hard; with explicit slacks
-    the config's α), ``tail_beta`` β of ``"tail"``. ``epsilon``, ``reference`` and
+    finite, None: the config's α), ``tail_beta`` β of ``"tail"``. ``epsilon``, ``reference`` and
     ``resilience`` may be a :class:`cudt.Schedule` (:func:`cudt.schedule`): the step hands the
     problem its value at each step (a reference schedule's ends must both be finite: a bound that
     is on). ``epsilon_schedule``: ε's path to ``epsilon`` (the runner's ``--epsilon-schedule``),
@@ -146,7 +146,24 @@ def hparams(
         "tail_beta": jnp.asarray(beta, jnp.float32),
     }
     _check_values(values)
+    if config.resilience_mode == "slack":
+        _check_finite_slack_cost(alpha)
     return values
+
+
+def _check_finite_slack_cost(alpha) -> None:
+    """Explicit slacks cost ``(α/2)·u²``: NaN at α = inf (a concrete value only)."""
+    ends = (alpha.start, alpha.end) if is_schedule(alpha) else (alpha,)
+    for end in ends:
+        try:
+            v = np.asarray(end, np.float64)
+        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+            continue
+        if not np.all(np.isfinite(v)):
+            raise ValueError(
+                f"resilience must be finite with explicit slacks (resilience_mode='slack'), "
+                f"got {v.tolist()}: pass a finite alpha"
+            )
 
 
 # the per-run values a run may hold, as DescentConfig checks its own (a concrete value only:

@@ -45,6 +45,22 @@ def test_negative_gains_resilience_and_penalty_are_refused():
     with pytest.raises(ValueError, match="Constraint resilience must be > 0"):
         cudt.Constraint(jnp.ones(()), resilience=-0.5)
     cudt.Constraint(jnp.ones(()), resilience=jnp.inf)  # inf: a hard constraint
+    # but explicit slacks cost (α/2)·u², NaN at α = inf: refused wherever α is concrete
+    with pytest.raises(ValueError, match="finite with explicit slacks"):
+        cudt.Constraint(jnp.ones(()), resilience=jnp.inf, resilience_mode="slack")
+    with pytest.raises(ValueError, match="needs resilience=alpha > 0 and finite, got inf"):
+        cudt.DescentConfig(num_layers=2, resilience=float("inf"), resilience_mode="slack")
+    cfg = cudt.DescentConfig(num_layers=2, resilience=1.0, resilience_mode="slack")
+    init_run, _ = cudt.make_train_step(
+        lambda p, b, k: jnp.stack(
+            [jnp.ones(4), p[0] ** 2 * jnp.ones(4), p[1] ** 2 * jnp.ones(4)], 1
+        ),
+        optax.sgd(0.1),
+        cudt.dual_ascent(0.1),
+        cfg,
+    )
+    with pytest.raises(ValueError, match="finite with explicit slacks"):
+        init_run(jnp.ones(2), resilience=float("inf"))
     init, _ = cudt.make_constrained_step(
         lambda p, b, k: (jnp.sum(p["w"] ** 2), {"c": cudt.Constraint(p["w"][0] - 1.0)}),
         optax.sgd(0.1),
