@@ -122,7 +122,8 @@ def _per_scale(x, c: Constraint):
     """``x / s`` in the constraint's scale (:class:`cudt.Constraint`'s ``scale``; none: ``x``)."""
     if c.scale is None:
         return x
-    return x / jax.lax.stop_gradient(jnp.asarray(c.scale, jnp.float32))
+    x = jnp.asarray(x)  # the value's own dtype back: a bf16 constraint keeps bf16 multipliers
+    return (x / jax.lax.stop_gradient(jnp.asarray(c.scale, jnp.float32))).astype(x.dtype)
 
 
 def _where(pred, new, old):
@@ -334,12 +335,35 @@ def _dual_gradient(values, lam, u, cons):
     return out
 
 
+def _decay_relaxed(formulation, g, lam, rho, c: Constraint):
+    """``(g, ρ)`` of a penalised constraint under resilience in the decay form (no slack in the
+    state), the relaxation ``u`` of ``g ≤ u`` (cost ``(α/2)u²``, both in the scale ``s``) put in:
+
+    - augmented Lagrangian: the constraint at ``g − s·λ/α``, the slack the dual's fixed point
+      ``u = s·λ/α`` sets (a constant of the primal step), so its fixed points are the resilient
+      problem's, as the Lagrangian's are (without it the penalty keeps pulling ``g`` to 0:
+      the cost of a relaxation would be ``α + ρ``);
+    - quadratic penalty (no λ): the slack minimised out, ``min_u (α/2)u² + (ρ/2)max(g − u, 0)²
+      = (ρ_α/2)·max(g, 0)²`` with ``ρ_α = ρ/(1 + ρ/α)``: the explicit slacks' fixed point, and
+      as ρ grows the resilient problem itself (``ρ_α → α``).
+
+    α = inf (a hard run of a sweep) leaves both unchanged. Anything else: as given."""
+    if c.has_slack or c.resilience is None or not formulation.uses_penalty:
+        return g, rho
+    alpha = c.resilience
+    if formulation.uses_multipliers:
+        shift = lam / alpha if c.scale is None else lam * c.scale / alpha
+        return g - jax.lax.stop_gradient(shift).astype(g.dtype), rho
+    return g, rho / (1.0 + rho / alpha)
+
+
 def _lagrangian(formulation, f, values, u, lam, rho, cons):
     """The objective plus every constraint's term (and explicit slacks' costs)."""
     total = f
     for n, c in cons.items():
         g = values[n] - u[n] if c.has_slack else values[n]
-        total = total + formulation.term(g, lam[n], c.kind, _per_scale(rho[n], c))
+        g, rho_n = _decay_relaxed(formulation, g, lam[n], rho[n], c)
+        total = total + formulation.term(g, lam[n], c.kind, _per_scale(rho_n, c))
         if c.has_slack:
             total = total + 0.5 * c.resilience * jnp.sum(_per_scale(u[n] ** 2, c))
     return total
@@ -476,8 +500,17 @@ def _advance(spec: _Spec, state, active, shown: _Evaluation, shown_at, d: _Desce
         slacks = jax.tree.map(lambda u: jnp.where(restart, jnp.zeros_like(u), u), slacks)
     form, cons, values = spec.formulation, shown.cons, shown.values
     lam = _multiplier_rows(spec, shown_at[1], cons)
-    violation = {
-        n: jnp.sqrt(jnp.mean(form.violation(_per_scale(values[n], c), lam[n], c.kind) ** 2))
+    violation = {  # of the relaxed constraint where resilience decays the multipliers
+        n: jnp.sqrt(
+            jnp.mean(
+                form.violation(
+                    _per_scale(_decay_relaxed(form, values[n], lam[n], 0.0, c)[0], c),
+                    lam[n],
+                    c.kind,
+                )
+                ** 2
+            )
+        )
         for n, c in cons.items()
     }
     penalty = {
@@ -561,15 +594,34 @@ def _extragradient(spec: _Spec, state, batch, key, active):
     return new_state, _metrics(spec, shown, L, new_state.violation, d)
 
 
+def _feasible_duals(spec: _Spec, multipliers, slacks, cons):
+    """Multiplier tables in their feasible set (``λ ≥ 0`` for inequalities, ``|λ| ≤`` the dual
+    radius), slacks ``u ≥ 0``: where the update projects them. Implicit multipliers' φ are a
+    model's parameters, unconstrained (its outputs are projected)."""
+    lam = {}
+    for n, m in multipliers.items():
+        if n in spec.implicit:
+            lam[n] = m
+            continue
+        eq, radius = cons[n].kind == "eq", spec.dual_radius
+        lo = (-radius if radius is not None else None) if eq else 0.0
+        lam[n] = jnp.clip(m, lo, radius) if lo is not None or radius is not None else m
+    return lam, jax.tree.map(lambda u: jnp.maximum(u, 0.0), slacks)
+
+
 def _optimistic(spec: _Spec, state, batch, key, active):
     """Popov (extrapolation from the past): one gradient per step, at ``x_t + Δ_{t−1}`` (the
-    previous step's update, kept in ``state.prev_update``), applied at ``x_t``; the metrics are
-    those of that extrapolated point."""
+    previous step's update, kept in ``state.prev_update``) put back in the feasible set
+    (``project_params``, ``λ ≥ 0``, ``u ≥ 0``: the extrapolation of a projected variable may
+    leave it, and a negative multiplier would reward a violation), applied at ``x_t``; the
+    metrics are those of that extrapolated point."""
     here = _point(state)
-    at = (optax.apply_updates(state.params, state.prev_update[0]),) + tuple(
-        _add(x, d) for x, d in zip(here[1:], state.prev_update[1:], strict=True)
-    )
-    ev = _evaluate(spec, at[0], state, batch, key)
+    params = optax.apply_updates(state.params, state.prev_update[0])
+    if spec.project_params is not None:
+        params = spec.project_params(params)
+    ev = _evaluate(spec, params, state, batch, key)
+    lam, u = (_add(x, d) for x, d in zip(here[1:], state.prev_update[1:], strict=True))
+    at = (params, *_feasible_duals(spec, lam, u, ev.cons))
     d = _descend(spec, state, at, ev, active)
     new_state, _ = _advance(spec, state, active, ev, at, d)
     new_state = new_state.replace(

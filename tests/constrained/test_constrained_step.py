@@ -278,3 +278,83 @@ def test_optax_apply_if_finite_skips_a_non_finite_step_of_both_players(update):
     state, metrics = step(state, jnp.float32(1.0), jax.random.key(0))
     assert np.isfinite(float(metrics["lagrangian"]))
     assert not np.array_equal(np.asarray(state.params["x"]), before[0]["x"])
+
+
+def _resilient_fit(formulation, mode, alpha, steps=3000):
+    """min (w − 3)² s.t. w − 1 ≤ u, cost (α/2)u²: the resilient optimum is w* = (6 + α)/(2 + α)
+    (and with the relaxation unrelaxed, a penalty ρ = 10 would pull w to (6 + α + ρ)/(2 + α + ρ))."""
+
+    def problem(w, batch, key):
+        del batch, key
+        c = cudt.Constraint(w[0] - 1.0, resilience=alpha, resilience_mode=mode)
+        return (w[0] - 3.0) ** 2, {"c": c}
+
+    init, step = cudt.make_constrained_step(
+        problem,
+        optax.sgd(0.02),
+        cudt.dual_ascent(0.05),
+        formulation=formulation,
+        slack_optimizer=optax.sgd(0.05),
+    )
+    state = init(jnp.zeros(1), None)
+    for _ in range(steps):
+        state, _ = step(state, None, jax.random.key(0))
+    return float(state.params[0])
+
+
+@pytest.mark.parametrize(
+    "formulation", [cudt.AugmentedLagrangian(penalty=10.0), cudt.QuadraticPenalty(penalty=10.0)]
+)
+def test_decay_resilience_under_a_penalty_solves_the_resilient_problem_as_slacks_do(formulation):
+    # the decay form puts the slack in: the augmented Lagrangian's penalty at g − λ/α (its
+    # fixed point is the resilient optimum, (6 + α)/(2 + α)); the quadratic penalty's ρ becomes
+    # ρ/(1 + ρ/α), the explicit slack minimised out (its optimum (6 + ρ_α)/(2 + ρ_α))
+    alpha, rho = 1.0, 10.0
+    decay = _resilient_fit(formulation, "decay", alpha)
+    slack = _resilient_fit(formulation, "slack", alpha)
+    rho_alpha = rho / (1 + rho / alpha)
+    want = (
+        (6 + alpha) / (2 + alpha)
+        if formulation.uses_multipliers
+        else (6 + rho_alpha) / (2 + rho_alpha)
+    )
+    np.testing.assert_allclose([decay, slack], [want, want], atol=3e-3)
+    hard = _resilient_fit(formulation, "decay", None)  # and the hard constraint is still hard
+    assert hard < decay - 0.5
+
+
+def test_a_scaled_bfloat16_constraint_keeps_its_multipliers_dtype_and_one_program():
+    def problem(w, batch, key):
+        del batch, key
+        return jnp.sum(w**2), {"c": cudt.Constraint((w[0] - 1.0).astype(jnp.bfloat16), scale=2.0)}
+
+    init, step = cudt.make_constrained_step(problem, optax.sgd(0.1), cudt.dual_ascent(0.1))
+    state = init(jnp.zeros(2), None)
+    for t in range(3):
+        state, _ = step(state, None, jax.random.key(t))
+        assert state.multipliers["c"].dtype == jnp.bfloat16
+    assert step._cache_size() == 1
+
+
+def test_the_optimistic_step_evaluates_a_projected_point():
+    # x ≤ 1 by projection; the previous update (+1 a step, from the objective's pull to 5)
+    # would extrapolate past it: the problem must only ever see x ≤ 1
+    seen = []
+
+    def problem(p, batch, key):
+        del batch, key
+        jax.debug.callback(lambda x: seen.append(float(x)), p["x"])
+        return (p["x"] - 5.0) ** 2, {"g": cudt.Constraint(-p["x"] - 10.0)}
+
+    init, step = cudt.make_constrained_step(
+        problem,
+        optax.sgd(0.25),
+        cudt.dual_ascent(0.1),
+        update="optimistic",
+        project_params=lambda p: {"x": jnp.minimum(p["x"], 1.0)},
+    )
+    state = init({"x": jnp.array(0.0)}, None)
+    for t in range(4):
+        state, _ = step(state, None, jax.random.key(t))
+    jax.effects_barrier()
+    assert len(seen) >= 4 and max(seen) <= 1.0

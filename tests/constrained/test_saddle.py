@@ -8,7 +8,8 @@ converge.
 And where the two extrapolation schemes part: min x² s.t. x ≥ 1 (KKT x = 1, λ = 2), primal SGD
 0.2, dual ascent 5.0. Linearised at the KKT point, classic extragradient (two gradients a step)
 contracts by 0.6 per step; optimistic (one gradient a step) has a root of modulus 1.83 and
-blows up. Each converges inside its own stability region.
+does not converge: the multiplier and its extrapolation held at λ ≥ 0 turn its spiral into a
+cycle (x repeats 2.5, 3.06, 6.39, far from 1). Each converges inside its own stability region.
 """
 
 import jax
@@ -93,7 +94,7 @@ def test_extragradient_takes_two_gradients_and_converges_where_optimistic_diverg
     x, lam = _run_bound("extragradient", 0.2, 5.0, steps=60)
     np.testing.assert_allclose([x[-1], lam], [1.0, 2.0], atol=1e-4)
     x, _ = _run_bound("optimistic", 0.2, 5.0, steps=300)
-    assert not np.all(np.isfinite(x)) or np.max(np.abs(x[-10:] - 1)) > 1e4  # it spirals out
+    assert not np.all(np.isfinite(x)) or np.max(np.abs(x[-10:] - 1)) > 1  # far from x* = 1
     # inside its own (smaller) stability region, optimistic converges too
     x, lam = _run_bound("optimistic", 0.1, 1.0, steps=300)
     np.testing.assert_allclose([x[-1], lam], [1.0, 2.0], atol=1e-3)
