@@ -264,7 +264,10 @@ def train_group(
         keys, record.frozen, extras = shardings.put_runs((keys, record.frozen, extras))
         data = shardings.put_replicated(data)
     fetch = jax.device_get if shardings is None else shardings.to_host
-    done = int(np.asarray(fetch(states.step)).reshape(-1)[0])
+    # where the group stands: the checkpoint's step, else the furthest run's (a diverged run is
+    # frozen at the step it diverged at, so no one run's step is the group's)
+    steps = np.asarray(fetch(states.step)).reshape(-1)
+    done = record.resumed_from if record.resumed_from is not None else int(steps.max())
     if progress is not None and done:
         progress.update(done)
     last_saved = record.resumed_from

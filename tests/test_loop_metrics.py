@@ -494,3 +494,31 @@ def test_exact_match_ignores_case_and_punctuation_only():
     assert text_tokens("The capital: Paris.") == ["the", "capital", "paris"]
     assert exact_match("The capital of France is Paris.", "the capital of france is paris")
     assert not exact_match("Paris is the capital", "The capital is Paris")
+
+
+def test_a_group_whose_first_run_diverged_resumes_at_the_checkpoints_step(tmp_path):
+    """A diverged run is frozen with its whole state, its step too: the group's step on resume
+    is the checkpoint's, not run 0's, so the healthy run ends where the uninterrupted one does
+    and no step is trained or saved twice."""
+    from cudt.checkpoint import GroupCheckpointer
+
+    data = toy_data()
+
+    def make_batch(key, s):
+        return data[sample_indices(key, s, data.shape[0], 8)]
+
+    ws = [[1e20, 1e20], [1.0, 0.9]]  # run 0 overflows at once
+    step, states, keys = make_group(ws)
+    straight = train_group(step, states, keys, make_batch, 6, chunk_steps=2)
+    with GroupCheckpointer(tmp_path / "ck") as ck:
+        step, states, keys = make_group(ws)
+        train_group(step, states, keys, make_batch, 4, chunk_steps=2, checkpointer=ck)
+    with GroupCheckpointer(tmp_path / "ck") as ck:
+        step, fresh, keys = make_group(ws)
+        resumed = train_group(step, fresh, keys, make_batch, 6, chunk_steps=2, checkpointer=ck)
+        assert ck.all_steps() == [4, 6]
+    assert resumed.resumed_from == 4 and resumed.diverged.tolist() == [True, False]
+    assert [int(h["step"]) for h in resumed.history] == [2, 4, 6]
+    assert np.asarray(resumed.states.step).tolist() == np.asarray(straight.states.step).tolist()
+    for a, b in zip(jax.tree.leaves(straight.states), jax.tree.leaves(resumed.states), strict=True):
+        np.testing.assert_array_equal(a, b)
