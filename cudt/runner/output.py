@@ -81,9 +81,10 @@ class OutputDir:
 
 # The layout of the train state a run's checkpoints hold, recorded in its saved config. It
 # changes when the state's pytree changes shape (e.g. the one-engine state, layout 2, after the
-# hand-fused TrainState and the DescentState wrapper of layout 1), so an older folder is named
-# as such instead of failing inside orbax.
-STATE_LAYOUT = 2
+# hand-fused TrainState and the DescentState wrapper of layout 1; layout 3: nuPI's ``started``
+# flag per multiplier, not one per table), so an older folder is named as such instead of
+# failing inside orbax.
+STATE_LAYOUT = 3
 
 
 def checkpoint_record(cfg) -> dict[str, Any]:
