@@ -180,12 +180,14 @@ def _files_of_finished_run(out: Path) -> list[Path]:
 
 
 def _holds_checkpoints(folder: Path) -> bool:
-    """Whether ``folder`` holds a group folder with a saved step (``<group>/<step>/``)."""
+    """Whether ``folder`` holds a saved step: a group folder's (``<group>/<step>/``), or one of
+    its own (``<step>/``, as an earlier cudt's single group saved them)."""
     if not folder.is_dir():
         return False
     return any(
-        group.is_dir() and any(step.name.isdigit() for step in group.iterdir())
-        for group in folder.iterdir()
+        entry.is_dir()
+        and (entry.name.isdigit() or any(step.name.isdigit() for step in entry.iterdir()))
+        for entry in folder.iterdir()
     )
 
 
@@ -282,11 +284,10 @@ def open_output(
             "--overwrite to replace it"
         )
     resuming = False
-    # a config alone (a job stopped before its first checkpoint) holds nothing to resume or
-    # protect: the folder starts afresh under the new config
-    alone = saved_config.exists() and all(
-        p.name == CONFIG_FILE for p in (out / CHECKPOINTS).iterdir()
-    )
+    # a config alone (a job stopped before its first checkpoint: at most empty group folders,
+    # which a checkpointer makes when it opens, or a save cut short) holds nothing to resume
+    # or protect: the folder starts afresh under the new config
+    alone = saved_config.exists() and not _holds_checkpoints(out / CHECKPOINTS)
     if saved_config.exists() and not overwrite and not alone:
         _check_same_config(out, saved_config, config, ignore, added, flags, paths, unordered)
         resuming = True
