@@ -416,6 +416,12 @@ class RunConfig:
             "pass --resilience-mode decay or --multipliers table",
         )
         need(
+            self.warmup_steps is None or self.warmup_steps < self.steps,
+            f"--warmup-steps {self.warmup_steps} freezes the multipliers for all {self.steps} "
+            "steps, so the constrained runs would train as ERM: pass --warmup-steps below "
+            "--steps",
+        )
+        need(
             is_reference(self.reference),
             f"--reference must be {REFERENCE_SPELLINGS}, got {self.reference!r}",
         )

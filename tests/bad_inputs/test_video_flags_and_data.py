@@ -195,6 +195,12 @@ CONFIG_CASES = [
         "pass one of them",
     ),
     (
+        "a warm-up as long as the run",
+        ["--steps", "12", "--warmup-steps", "12"],
+        "--warmup-steps 12 freezes the multipliers for all 12 steps",
+        "pass --warmup-steps below --steps",
+    ),
+    (
         "--constraint not a kind",
         ["--constraint", "median"],
         "--constraint must be one of mean, indexed, tail",
