@@ -252,14 +252,27 @@ def savefig_atomic(fig, path: str | os.PathLike, **kwargs) -> None:
     atomic_write(Path(path), lambda f: fig.savefig(f, format=fmt, **kwargs))
 
 
-def fresh_run_dir(experiment: str, root: str | os.PathLike = "runs") -> Path:
-    """``runs/<experiment>-<UTC time>``, unique even for two runs started in the same second."""
+def fresh_run_dir(
+    experiment: str, root: str | os.PathLike = "runs", *, claim: bool = False
+) -> Path:
+    """``runs/<experiment>-<UTC time>`` (``-1``, ``-2``, ... after it when taken). ``claim``:
+    the folder is created here, atomically, so two jobs choosing in the same second get two
+    folders; otherwise the name is only free when chosen (a job that creates it later may find
+    another job's there)."""
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
     base = Path(root) / f"{experiment}-{stamp}"
     path, i = base, 1
-    while path.exists():
+    while True:
+        if claim:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                path.mkdir()
+                return path
+            except FileExistsError:
+                pass
+        elif not path.exists():
+            return path
         path, i = Path(f"{base}-{i}"), i + 1
-    return path
 
 
 def check_not_a_file(out: str | os.PathLike) -> None:

@@ -316,8 +316,10 @@ def test_a_config_without_a_saved_step_is_replaced_not_refused(tmp_path):
     there is nothing to resume."""
     out = tmp_path / "run"
     open_output(out, {"layers": 3})
-    with pytest.raises(UsageError, match="holds no checkpoint to resume from"):
-        open_output(out, {"layers": 2}, resume=True)
+    (out / "checkpoints" / "g").mkdir()  # a group's checkpointer opened, nothing saved yet
+    for layers in (2, 3):
+        with pytest.raises(UsageError, match="holds no checkpoint to resume from"):
+            open_output(out, {"layers": layers}, resume=True)
     fresh = open_output(out, {"layers": 2})
     assert not fresh.resuming
     assert json.loads((out / "checkpoints" / "config.json").read_text()) == {"layers": 2}
@@ -522,3 +524,26 @@ def test_a_group_whose_first_run_diverged_resumes_at_the_checkpoints_step(tmp_pa
     assert np.asarray(resumed.states.step).tolist() == np.asarray(straight.states.step).tolist()
     for a, b in zip(jax.tree.leaves(straight.states), jax.tree.leaves(resumed.states), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_default_folders_claimed_in_the_same_second_are_two(tmp_path, monkeypatch):
+    """Two jobs without --out that choose their folder in the same second: each claims its own
+    (created atomically), where a name merely checked to be free would be shared."""
+    import datetime
+
+    from cudt import io
+
+    class Frozen(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=tz)
+
+    monkeypatch.setattr(io.datetime, "datetime", Frozen)
+    free = io.fresh_run_dir("toy", tmp_path)
+    assert io.fresh_run_dir("toy", tmp_path) == free and not free.exists()  # only checked
+    first = io.fresh_run_dir("toy", tmp_path, claim=True)
+    second = io.fresh_run_dir("toy", tmp_path, claim=True)
+    assert (
+        first == tmp_path / "toy-20260102-030405" and second == tmp_path / "toy-20260102-030405-1"
+    )
+    assert first.is_dir() and second.is_dir()

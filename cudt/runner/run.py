@@ -82,9 +82,9 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         initialize_distributed()
     origin = provenance()  # the code and command that ran (after the backend starts)
     main_process = jax.process_index() == 0
-    path = Path(out_dir or cfg.out or fresh_run_dir(task.name))
-    if jax.process_count() == 1:
-        check_free(path)  # a job holds --out: refused now, before its data is read
+    given = out_dir or cfg.out
+    if given and jax.process_count() == 1:
+        check_free(given)  # a job holds --out: refused now, before its data is read
     sweeps = parse_sweeps(cfg)
     swept = tuned_names(cfg, sweeps)
     draws = data_draws(cfg)
@@ -104,6 +104,9 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         fingerprint = checkpoint_record(cfg) | {
             "data_per_seed": {str(k): task.fingerprint(draws[k], d) for k, d in datas.items()}
         }
+    # the default folder is chosen when it is opened, and created then by a job alone on its
+    # host: two jobs started in the same second get two folders
+    path = Path(given) if given else fresh_run_dir(task.name, claim=jax.process_count() == 1)
     with open_output_once(path, fingerprint, cfg, main_process) as out:
         print(
             f"output: {out.path}"
