@@ -273,12 +273,16 @@ def build_model(name: str, cfg, *, per_layer_dictionary: bool, patch_dim: int):
 
 
 def test_gamma_grid(gamma_train: float, explicit=None) -> list[float]:
-    """The test γ grid: 0 to 4×γ_train (γ > γ_train is out of distribution)."""
+    """The test γ grid: 0 to 4×γ_train (γ > γ_train is out of distribution), multiples
+    rounded to 6 decimals and γ_train itself exactly (the runner finds its column by value)."""
     if explicit:
         return sorted({float(g) for g in explicit} | {float(gamma_train)})
     if gamma_train == 0:
         return [0.0, 0.05, 0.1, 0.15, 0.2, 0.3]
-    return [round(f * gamma_train, 6) for f in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)]
+    return [
+        float(gamma_train) if f == 1.0 else round(f * gamma_train, 6)
+        for f in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
+    ]
 
 
 def vit_denoiser(vit, sigma: float) -> GroupModel:

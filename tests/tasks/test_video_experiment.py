@@ -330,3 +330,13 @@ def test_select_val_mean_rmse_scores_validation_over_the_test_grid(tmp_path, ut_
     assert results["config"]["test_gamma"] == [0.0, gamma_train, 0.5]  # γ_train joins the grid
     assert results["config"]["val_gamma"] == [gamma_train]
     assert all("val_mean_rmse" not in r for r in results["runs"])
+
+
+def test_the_default_gamma_grid_holds_gamma_train_exactly():
+    """The runner finds γ_train's column by value: a γ_train with more than 6 decimals must not
+    be rounded away (it was, and the run failed after training with a bare ValueError)."""
+    from cudt.tasks.video import test_gamma_grid as grid
+
+    odd = grid(0.1234567)
+    assert odd.index(0.1234567) == 2 and odd[1] == 0.061728
+    assert grid(0.15) == [0.0, 0.075, 0.15, 0.225, 0.3, 0.45, 0.6]
