@@ -224,9 +224,11 @@ def _lanczos_top(d: jax.Array, steps: int) -> jax.Array:
     m = t
     for _ in range(_RITZ_SQUARINGS):
         m = m @ m
-        m = m / jnp.trace(m)
+        trace = jnp.trace(m)
+        m = m / jnp.where(trace > 0, trace, 1.0)  # T = 0 (D = 0, or underflow): stays 0
     v = m @ _start_vector(steps, d.dtype)
-    return (v @ t @ v) / jnp.sum(v * v)
+    norm2 = jnp.sum(v * v)
+    return jnp.where(norm2 > 0, (v @ t @ v) / jnp.where(norm2 > 0, norm2, 1.0), 0.0)
 
 
 #: Newton–Schulz stops when ``‖I − A X‖_F`` falls below this, then takes one more step.

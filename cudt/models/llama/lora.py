@@ -9,7 +9,7 @@ the kernels they adapt::
     adapters = init_adapters(dec.config, spec, key)      # {"q": {"a": [L, D, r], "b": [L, r, H*Dh]}, ...}
     states = dec.apply(adapted(dec.params, adapters, spec.scale), ids, mask)   # the same forward
     save_decoder(dec, merged(dec.params, adapters, spec.scale), "out/model")   # W + s·A B
-    save_adapters("out/adapter", dec.config, adapters, spec, base="out/base")  # PEFT's folder
+    save_adapters("out/adapter", adapters, spec, base="out/base")             # PEFT's folder
 
 :func:`adapted` only puts ``A`` and ``s·B`` beside each kernel (``lora_a``, ``lora_b``); the
 decoder's one forward (:func:`cudt.models.llama.layers.linear`) adds ``(x A)(s B)``, so a
