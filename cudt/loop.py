@@ -264,10 +264,7 @@ def train_group(
         keys, record.frozen, extras = shardings.put_runs((keys, record.frozen, extras))
         data = shardings.put_replicated(data)
     fetch = jax.device_get if shardings is None else shardings.to_host
-    # where the group stands: the checkpoint's step, else the furthest run's (a diverged run is
-    # frozen at the step it diverged at, so no one run's step is the group's)
-    steps = np.asarray(fetch(states.step)).reshape(-1)
-    done = record.resumed_from if record.resumed_from is not None else int(steps.max())
+    done = _group_step(record, fetch(states.step))
     if progress is not None and done:
         progress.update(done)
     last_saved = record.resumed_from
@@ -405,6 +402,14 @@ class _Record:
                 entry[name] = np.nanmean(value, axis=0) if value.ndim >= 2 else value
         self.history.append(entry)
         return entry
+
+
+def _group_step(record: _Record, steps) -> int:
+    """Where the group stands: the checkpoint's step, else the furthest run's (a diverged run is
+    frozen, its step too, at the step it diverged at: no one run's step is the group's)."""
+    if record.resumed_from is not None:
+        return record.resumed_from
+    return int(np.asarray(steps).max())
 
 
 def _start(checkpointer: GroupCheckpointer | None, states: Any, shardings, num_runs: int, here):
