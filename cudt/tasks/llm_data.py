@@ -257,7 +257,9 @@ def load_data(cfg: LLMConfig) -> LLMData:
                 f"only {decoder.config.vocab_size} embeddings: use the model's own tokenizer"
             )
     else:
-        tok = load_tokenizer(build_word_tokenizer(splits.train + splits.val + splits.test))
+        # the training records' words alone (a held-out word reads <unk>): the vocabulary, and
+        # with it the reference bound ln V, never depends on validation or test records
+        tok = load_tokenizer(build_word_tokenizer(splits.train))
         decoder = _tiny_decoder(cfg, tok)
     fmt = cfg.prompt_format
     if fmt == "auto":
