@@ -193,7 +193,9 @@ def gram_top_eigenvalue(d: jax.Array, steps: int = LANCZOS_STEPS) -> jax.Array:
     derivative (``stop_gradient``).
 
     Error bound: the result is a Rayleigh quotient, never above the exact value (a lower
-    bound). Lanczos (Kaniel–Paige): ``(λ₁ − θ₁)/(λ₁ − λ_n) ≤ (tan θ₀ / T_{k−1}(1 + 2γ))²``
+    bound). ``D = 0`` gives NaN (its power iteration divides 0 by 0; left so, as guarding it
+    moves the rounding of every DUST run: callers that can meet it test ``not ρ > x``).
+    Lanczos (Kaniel–Paige): ``(λ₁ − θ₁)/(λ₁ − λ_n) ≤ (tan θ₀ / T_{k−1}(1 + 2γ))²``
     with ``T_j`` the Chebyshev polynomial, ``γ = (λ₁ − λ₂)/(λ₂ − λ_n)`` and θ₀ the start's angle
     to the top eigenvector, i.e. exponential in ``k·√γ`` where power iteration is in ``k·γ``;
     the squarings add at most ``1/(2²¹·e) ≈ 1.8e-7`` relative (a Ritz pair closer than that
@@ -224,11 +226,9 @@ def _lanczos_top(d: jax.Array, steps: int) -> jax.Array:
     m = t
     for _ in range(_RITZ_SQUARINGS):
         m = m @ m
-        trace = jnp.trace(m)
-        m = m / jnp.where(trace > 0, trace, 1.0)  # T = 0 (D = 0, or underflow): stays 0
+        m = m / jnp.trace(m)
     v = m @ _start_vector(steps, d.dtype)
-    norm2 = jnp.sum(v * v)
-    return jnp.where(norm2 > 0, (v @ t @ v) / jnp.where(norm2 > 0, norm2, 1.0), 0.0)
+    return (v @ t @ v) / jnp.sum(v * v)
 
 
 #: Newton–Schulz stops when ``‖I − A X‖_F`` falls below this, then takes one more step.
@@ -436,7 +436,9 @@ def _clip_one(
     """
     c2 = jnp.float32(clip) ** 2
     rho2 = gram_top_eigenvalue(s)  # max λ² (S Sᵀ = S²), a lower bound
-    skip = rho2 <= jnp.float32((1.0 - margin) * clip) ** 2
+    # not past the margin: skipped. S = 0 (a UT at b = 0 holds W̃_f = 0) makes the estimate
+    # 0/0 = NaN, and is skipped too (a NaN S is returned as it is, NaN either way)
+    skip = ~(rho2 > jnp.float32((1.0 - margin) * clip) ** 2)
     return jax.lax.cond(
         skip,
         lambda m: (m, jnp.int32(0)),
