@@ -110,10 +110,9 @@ def test_a_group_on_cpu_equals_its_runs_trained_alone_bit_for_bit():
                 np.testing.assert_array_equal(h_group[name][r], h_alone[name][0])
 
 
-def test_a_resume_frees_the_fresh_states_before_restoring_and_continues_bitwise(tmp_path):
-    """A resumed group restores into the structure of the states it is handed and deletes their
-    arrays first (they are consumed, like the first chunk's donated input): a resume holds one
-    state, not two. It then ends where the uninterrupted run ends, to the bit."""
+def _straight_and_resumed(folder, ws):
+    """The group of ``ws`` trained 6 steps straight, and trained 4 steps with checkpoints then
+    resumed to 6: ``(straight, resumed, the resume's fresh states, the saved steps)``."""
     from cudt.checkpoint import GroupCheckpointer
 
     data = toy_data()
@@ -121,15 +120,23 @@ def test_a_resume_frees_the_fresh_states_before_restoring_and_continues_bitwise(
     def make_batch(key, s):
         return data[sample_indices(key, s, data.shape[0], 8)]
 
-    ws = [[1.0, 0.9], [0.8, 0.7]]
     step, states, keys = make_group(ws)
     straight = train_group(step, states, keys, make_batch, 6, chunk_steps=2)
-    with GroupCheckpointer(tmp_path / "ck") as ck:
+    with GroupCheckpointer(folder) as ck:
         step, states, keys = make_group(ws)
         train_group(step, states, keys, make_batch, 4, chunk_steps=2, checkpointer=ck)
-    with GroupCheckpointer(tmp_path / "ck") as ck:
+    with GroupCheckpointer(folder) as ck:
         step, fresh, keys = make_group(ws)
         resumed = train_group(step, fresh, keys, make_batch, 6, chunk_steps=2, checkpointer=ck)
+        saved = ck.all_steps()
+    return straight, resumed, fresh, saved
+
+
+def test_a_resume_frees_the_fresh_states_before_restoring_and_continues_bitwise(tmp_path):
+    """A resumed group restores into the structure of the states it is handed and deletes their
+    arrays first (they are consumed, like the first chunk's donated input): a resume holds one
+    state, not two. It then ends where the uninterrupted run ends, to the bit."""
+    straight, resumed, fresh, _ = _straight_and_resumed(tmp_path / "ck", [[1.0, 0.9], [0.8, 0.7]])
     assert resumed.resumed_from == 4
     assert all(leaf.is_deleted() for leaf in jax.tree.leaves(fresh))
     for a, b in zip(jax.tree.leaves(straight.states), jax.tree.leaves(resumed.states), strict=True):
@@ -502,23 +509,9 @@ def test_a_group_whose_first_run_diverged_resumes_at_the_checkpoints_step(tmp_pa
     """A diverged run is frozen with its whole state, its step too: the group's step on resume
     is the checkpoint's, not run 0's, so the healthy run ends where the uninterrupted one does
     and no step is trained or saved twice."""
-    from cudt.checkpoint import GroupCheckpointer
-
-    data = toy_data()
-
-    def make_batch(key, s):
-        return data[sample_indices(key, s, data.shape[0], 8)]
-
     ws = [[1e20, 1e20], [1.0, 0.9]]  # run 0 overflows at once
-    step, states, keys = make_group(ws)
-    straight = train_group(step, states, keys, make_batch, 6, chunk_steps=2)
-    with GroupCheckpointer(tmp_path / "ck") as ck:
-        step, states, keys = make_group(ws)
-        train_group(step, states, keys, make_batch, 4, chunk_steps=2, checkpointer=ck)
-    with GroupCheckpointer(tmp_path / "ck") as ck:
-        step, fresh, keys = make_group(ws)
-        resumed = train_group(step, fresh, keys, make_batch, 6, chunk_steps=2, checkpointer=ck)
-        assert ck.all_steps() == [4, 6]
+    straight, resumed, _, saved = _straight_and_resumed(tmp_path / "ck", ws)
+    assert saved == [4, 6]
     assert resumed.resumed_from == 4 and resumed.diverged.tolist() == [True, False]
     assert [int(h["step"]) for h in resumed.history] == [2, 4, 6]
     assert np.asarray(resumed.states.step).tolist() == np.asarray(straight.states.step).tolist()

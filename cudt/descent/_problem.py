@@ -153,12 +153,7 @@ def hparams(
 
 def _check_finite_slack_cost(alpha) -> None:
     """Explicit slacks cost ``(α/2)·u²``: NaN at α = inf (a concrete value only)."""
-    ends = (alpha.start, alpha.end) if is_schedule(alpha) else (alpha,)
-    for end in ends:
-        try:
-            v = np.asarray(end, np.float64)
-        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-            continue
+    for v in _concrete_ends(alpha):
         if not np.all(np.isfinite(v)):
             raise ValueError(
                 f"resilience must be finite with explicit slacks (resilience_mode='slack'), "
@@ -175,15 +170,19 @@ _RANGES = {
 }
 
 
+def _concrete_ends(value):
+    """The value (a schedule: its start and end) as float64 arrays, where concrete (a sweep's
+    value under vmap is a tracer: skipped)."""
+    for end in (value.start, value.end) if is_schedule(value) else (value,):
+        try:
+            yield np.asarray(end, np.float64)
+        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+            continue
+
+
 def _check_values(values: dict) -> None:
     for name, (ok, says) in _RANGES.items():
-        value = values[name]
-        ends = (value.start, value.end) if is_schedule(value) else (value,)
-        for end in ends:
-            try:
-                v = np.asarray(end, np.float64)
-            except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-                continue
+        for v in _concrete_ends(values[name]):
             if not np.all(ok(v)):
                 raise ValueError(f"{name} must {says}, got {v.tolist()}")
 
