@@ -160,7 +160,7 @@ class GroupProgram:
         hps = [s.hp for s in group.specs]
         resolved_ref = [task.resolve_reference(hp["reference"], data) for hp in hps]
         alphas = [hp["resilience"] for hp in hps]
-        warmup = task.warmup_steps(cfg, steps_per_epoch)
+        self.warmup = warmup = task.warmup_steps(cfg, steps_per_epoch)
         slack_alpha = next((a for a in alphas if a is not None), None)
         init, self.step = make_group_step(
             cfg,

@@ -74,6 +74,18 @@ def inert_warnings(task: Task, cfg, groups) -> list[str]:
     return lines
 
 
+def _warmup_warnings(cfg, groups, programs) -> list[str]:
+    """One line per group whose constrained runs would never leave the warm-up: the task's
+    default (one epoch; an explicit --warmup-steps that long is refused with the config)."""
+    return [
+        f"warning: {g.model_name}-{g.model.num_layers}: the warm-up, one epoch of {p.warmup} "
+        f"steps, covers all {cfg.steps} --steps, so the multipliers stay 0 and the constrained "
+        f"runs train as ERM: pass --warmup-steps below {cfg.steps}, or more --steps"
+        for g, p in zip(groups, programs, strict=True)
+        if p.warmup >= cfg.steps and any(s.constrained for s in g.specs)
+    ]
+
+
 def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Runs the whole experiment of ``cfg`` (a ``task.config_cls``); returns the results."""
     t0 = time.perf_counter()
@@ -119,6 +131,8 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         for line in inert_warnings(task, cfg, groups):
             say(line)
         programs = [GroupProgram(task, draws[g.data_seed], datas[g.data_seed], g) for g in groups]
+        for line in _warmup_warnings(cfg, groups, programs):
+            say(line)
         meshes = [
             make_shardings(len(g.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp) for g in groups
         ]

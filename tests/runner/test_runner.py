@@ -586,3 +586,25 @@ def test_dual_rates_are_tuned_as_lanes_crossed_with_epsilon_unless_set(tmp_path)
     assert picks["constrained"] == want["hparams"]
     alone = toy([*argv, "--dual-lr", "0.3", "--seeds", "1", "--steps", "16"], tmp_path / "u")
     assert {r["hparams"]["dual_lr"] for r in alone["runs"] if r["constrained"]} == {0.3}
+
+
+def test_a_default_warmup_as_long_as_the_run_is_said_before_training(tmp_path, capsys):
+    """The task's default warm-up is one epoch; where that covers every step the constrained
+    runs never see a multiplier, and the runner says so (an explicit --warmup-steps that long is
+    refused with the config)."""
+    import dataclasses
+
+    from helpers import ToyConfig
+
+    from cudt.runner.run import run
+
+    cfg = ToyConfig(num_examples=200, seeds=1, out=str(tmp_path / "o"))  # 25 steps an epoch
+    run(ToyTask(), dataclasses.replace(cfg, warmup_steps=None))
+    out = capsys.readouterr()
+    assert "the warm-up, one epoch of 25 steps, covers all 12 --steps" in out.out + out.err
+    run(
+        ToyTask(),
+        dataclasses.replace(cfg, warmup_steps=None, num_examples=80, out=str(tmp_path / "p")),
+    )
+    out = capsys.readouterr()
+    assert "covers all" not in out.out + out.err  # 10 steps an epoch
