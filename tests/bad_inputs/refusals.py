@@ -39,8 +39,11 @@ from experiments import video_denoise
 # A tiny run: one layer of DUST and UT, 4 steps in chunks of 2 (checkpoints at steps 2 and 4),
 # one seed. Four groups: DUST ERM and constrained (one dictionary per layer: another model), the
 # control (ERM DUST with per-layer dictionaries), and UT, whose ERM and constrained runs share
-# one program.
+# one program. A one-step warm-up (the default, one epoch, outlasts the 4 steps: the runner
+# would warn that the duals never move).
 TINY = [
+    "--warmup-steps",
+    "1",
     "--models",
     "dust,ut",
     "--dust-atoms",
