@@ -249,6 +249,11 @@ def measure_on_cores(subcommand: str, argv: Sequence[str], threads: int) -> Any:
     merges what comes back with its own figures; the child, on exactly that many cores, measures
     them itself. Raises ``RuntimeError`` with the end of the child's output when it fails.
     """
+    from cudt.runner.cli import without_flag
+
+    # the caller's own --json (its file, written by the caller: the child's type check refuses
+    # a path that exists) and --torch-threads give way to the child's
+    argv = without_flag(without_flag(argv, "--json"), "--torch-threads")
     with tempfile.TemporaryDirectory(prefix="cudt_bench_") as tmp:
         path = Path(tmp) / f"threads-{threads}.json"
         full = [*argv, "--torch-threads", str(threads), "--json", str(path)]

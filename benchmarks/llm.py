@@ -596,11 +596,11 @@ def _interleaved(
     before = load_average()
     results = interleave(alternatives, args.rounds) if alternatives else {}  # all in children
     after = load_average()
-    if args.json is not None:
-        args.json.write_text(json.dumps([[*key, times] for key, times in results.items()]))
     for threads in narrow:
         rows = measure_on_cores("llm", without_flag(args.argv, "--profile"), threads)  # traced here
         results.update({(side, t): times for side, t, times in rows})
+    if args.json is not None:  # every thread count's, the children's merged in
+        args.json.write_text(json.dumps([[*key, times] for key, times in results.items()]))
     results = {(side, t): results[(side, t)] for t in args.torch_threads for side in SIDES}
     floor_results = {
         t: (results.pop(("product floor", t)), results.pop(("product floor, torch", t)))

@@ -494,15 +494,15 @@ def main(argv=None) -> int:
         [n for n in args.torch_threads if n not in narrow],
     )
     result = measure(args)
-    if args.json is not None:
-        rows = [[*key, value] for key, value in result.ms.items()]
-        args.json.write_text(json.dumps(rows))
     if narrow:
         parts = {n: {k: v for k, v in result.ms.items() if k[3] == thread_label(n)} for n in order}
         for n in narrow:
             parts[n] = speed_on_cores(sys.argv[1:] if argv is None else argv, n)
         result.ms = merge_threads(parts, order)
         result.bounds = floor_bounds(result.ms)
+    if args.json is not None:  # every thread count's medians, the children's merged in
+        rows = [[*key, value] for key, value in result.ms.items()]
+        args.json.write_text(json.dumps(rows))
     print("\n" + "\n".join(result.settings))
     print(
         "\nequal work: cudt vs torch + Cooper from the same parameters, λ = 0, "

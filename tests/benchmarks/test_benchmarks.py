@@ -82,7 +82,7 @@ def test_every_subcommand_has_help(name, capsys):
     assert f"python -m benchmarks {name}" in out
 
 
-def test_fewer_threads_than_cores_run_in_a_child_started_on_that_many():
+def test_fewer_threads_than_cores_run_in_a_child_started_on_that_many(tmp_path):
     """XLA sizes its thread pool for the cores a process starts with, so n threads are a child
     process started on n cores (benchmarks.common.on_cores), whose medians the parent merges."""
     from benchmarks.common import narrow_thread_counts, on_cores
@@ -96,10 +96,13 @@ def test_fewer_threads_than_cores_run_in_a_child_started_on_that_many():
     # the child's speed medians come back keyed as the parent's (here the quick sizes, whose
     # --quick asks for the child's default threads: one), for one model and one dynamics (the
     # child's step command is the one test_step_quick_prints_checks_ratios_and_the_flop_rate
-    # runs in this process, there on the UT and both dynamics)
-    ms = step.speed_on_cores(
-        ["--quick", "--no-flops", "--models", "dust", "--dynamics", "default"], 1
-    )
+    # runs in this process, there on the UT and both dynamics). The parent's own --json is the
+    # parent's to write: the child does not get it (its check refuses a file that exists)
+    parents = tmp_path / "parent.json"
+    parents.write_text("[]")
+    argv = ["--quick", "--no-flops", "--models", "dust", "--dynamics", "default"]
+    ms = step.speed_on_cores([*argv, "--json", str(parents)], 1)
+    assert parents.read_text() == "[]"
     assert {k[2] for k in ms} == {"cudt", "torch + Cooper"}
     assert {k[3] for k in ms} == {step.thread_label(0) if cores == 1 else "1 (default)"}
     assert all(v > 0 for v in ms.values())
