@@ -228,19 +228,25 @@ def main(argv=None) -> int:
     from benchmarks.step import full_float32
 
     full_float32()
+    from benchmarks.llm import PeerMismatch
+    from cudt.io import atomic_write
+
     parts = [f"# python -m benchmarks gpu\n\n{environment()}"]
     failed = []
     for name in args.sections:
         t0 = time.perf_counter()
         try:
             part = SECTION_FUNCTIONS[name](args)
-        except Exception as e:  # noqa: BLE001 -- one broken section must not cost the others
+        # one broken section must not cost the others; a failed agreement check is a SystemExit
+        except (Exception, PeerMismatch) as e:  # noqa: BLE001
             traceback.print_exc()
             failed.append(name)
             part = f"## {name}: failed\n\n{type(e).__name__}: {e}"
         parts.append(part)
         print(f"\n{part}\n\n[section {name}: {time.perf_counter() - t0:.1f}s]", flush=True)
-    Path(args.out).write_text("\n\n".join(parts) + "\n")
+        # rewritten whole after every section: a lease that ends mid-run keeps what it measured
+        text = ("\n\n".join(parts) + "\n").encode()
+        atomic_write(Path(args.out), lambda f, text=text: f.write(text))
     print(f"wrote {args.out}")
     if failed:
         print(f"error: section(s) {', '.join(failed)} failed (tracebacks above)")

@@ -9,6 +9,8 @@ hand and against XLA's compiled programs.
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -93,9 +95,9 @@ def product_floor(cudt_side) -> ProductFloor:
 
 def fp32_peak(device_name: str, dtype: str = "float32") -> float | None:
     """The float32 (``dtype="bfloat16"``: dense bf16) peak FLOP/s of a GPU this script knows
-    by name (None for others, CPUs)."""
+    by name, as a whole word (an "L40S" is not an "L4"; None for others, CPUs)."""
     peaks = BF16_PEAK if dtype == "bfloat16" else FP32_PEAK
-    return next((v for k, v in peaks.items() if k in device_name), None)
+    return next((v for k, v in peaks.items() if re.search(rf"\b{k}\b", device_name)), None)
 
 
 def floor_bounds(floor_results: dict, seconds: dict) -> list[list]:

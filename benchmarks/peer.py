@@ -265,9 +265,10 @@ class DescentCMP(cooper.ConstrainedMinimizationProblem):
         g = mean[1:] - (1.0 - self.epsilon) * mean[:-1]
         # cudt.descent.scales: the dual step ascends g / mean ℓ_{l−1} (Cooper's strict
         # violation drives the multipliers; the Lagrangian keeps g)
-        floor = max(SCALE_FLOOR * float(mean.detach().max()), RATIO_FLOOR)
-        scale = mean.detach()[:-1].clamp_min(floor)
-        strict = (g / scale).detach() if self.relative else None
+        strict = None
+        if self.relative:  # on the device, as cudt's: no host sync in the middle of a step
+            floor = (SCALE_FLOOR * mean.detach().max()).clamp_min(RATIO_FLOOR)
+            strict = (g / torch.maximum(mean.detach()[:-1], floor)).detach()
         observed = {self.descent: cooper.ConstraintState(violation=g, strict_violation=strict)}
         g0 = torch.zeros_like(mean[:1])
         if self.bound is not None:

@@ -31,7 +31,8 @@ RunConfig defaults). The peer is the same models in PyTorch with the problem in 
    pool at start; until 2026-11-30 the threads of this process were confined instead, which
    left cudt a pool of 2 threads on one core, 15 % slower), torch told n threads.
 3. **FLOP rate** (``--no-flops`` skips it): XLA's FLOP count of the default-dynamics step with
-   every ``lax.scan`` unrolled (a while loop's body is counted once otherwise; the UT counted
+   every ``lax.scan``, ``fori_loop`` and ``map`` unrolled (a while loop's body is counted once
+   otherwise; before 2026-12-02 only ``scan``: DUST's Lanczos undercounted; the UT counted
    with ``eigh`` clipping, whose LAPACK call counts 0, since XLA counts both branches of the
    default clipping's ``lax.cond``), divided by its time, against a jitted float32
    ``--matmul-size`` square matmul timed in the same interleaving.
@@ -211,13 +212,21 @@ def xla_flops(compiled) -> float:
 
 @contextlib.contextmanager
 def scans_unrolled() -> Iterator[None]:
-    """Inside the block, ``jax.lax.scan`` fully unrolls (for XLA's FLOP count only)."""
-    original = jax.lax.scan
-    jax.lax.scan = functools.partial(original, unroll=True)
+    """Inside the block, ``jax.lax.scan``, ``fori_loop`` (static bounds) and ``map`` fully
+    unroll (for XLA's FLOP count only: a loop's body is counted once otherwise). ``fori_loop``
+    and ``map`` call jax's scan directly, past a patched ``jax.lax.scan``, so each is patched."""
+    scan, fori_loop, lax_map = jax.lax.scan, jax.lax.fori_loop, jax.lax.map
+
+    def mapped(f, xs, *, batch_size=None):
+        return scan(lambda carry, x: (carry, f(x)), None, xs, unroll=True)[1]
+
+    jax.lax.scan = functools.partial(scan, unroll=True)
+    jax.lax.fori_loop = functools.partial(fori_loop, unroll=True)
+    jax.lax.map = mapped
     try:
         yield
     finally:
-        jax.lax.scan = original
+        jax.lax.scan, jax.lax.fori_loop, jax.lax.map = scan, fori_loop, lax_map
 
 
 def step_flops(setup: VideoSetup, state, batch, key) -> tuple[float, float]:

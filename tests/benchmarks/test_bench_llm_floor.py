@@ -102,3 +102,13 @@ def test_the_bound_takes_the_faster_floor_and_the_medians():
     ((label, floor_s, torch_s, bound, measured),) = llm_floor.floor_bounds(timings, seconds)
     assert (label, floor_s, torch_s) == ("default", 2.5, 6.0)
     assert bound == pytest.approx(6.0 / 2.5) and measured == pytest.approx(1.5)
+
+
+def test_a_peak_is_known_by_its_gpus_whole_name():
+    """An MFU is against the GPU's own peak: an "NVIDIA L40S" is not an "L4" (a substring
+    match gave it the L4's, a third of its own, and an MFU three times too high)."""
+    assert llm_floor.fp32_peak("NVIDIA L4") == llm_floor.FP32_PEAK["L4"]
+    assert llm_floor.fp32_peak("NVIDIA L40S") is None
+    assert llm_floor.fp32_peak("NVIDIA A100-SXM4-80GB", "bfloat16") == llm_floor.BF16_PEAK["A100"]
+    assert llm_floor.fp32_peak("NVIDIA H200") == llm_floor.FP32_PEAK["H200"]
+    assert llm_floor.fp32_peak("cpu") is None

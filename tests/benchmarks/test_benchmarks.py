@@ -493,16 +493,18 @@ def test_gpu_writes_the_sections_it_measured_and_isolates_a_failing_one(
     _, result = sweep_result
     monkeypatch.setattr(sweep, "measure", lambda args: result)  # the real quick sweep, reused
 
-    def broken(args):
-        raise RuntimeError("no weights here")
+    out_file = tmp_path / "gpu.md"
+
+    def broken(args):  # the llm section's agreement check fails: a SystemExit, caught too
+        assert "## Sweep" in out_file.read_text()  # what was measured is on disk already
+        raise llm.PeerMismatch("the torch side does not take cudt's step")
 
     monkeypatch.setattr(llm, "measure", broken)
-    out_file = tmp_path / "gpu.md"
     code = gpu.main(["--small", "--sections", "llm,sweep", "--out", str(out_file)])
     assert code == 1
     text = out_file.read_text()
     assert text.index("## Sweep") < text.index("## llm: failed")  # the suite's order
-    assert "RuntimeError: no weights here" in text
+    assert "PeerMismatch: the torch side does not take cudt's step" in text
     rows = [line for line in text.splitlines() if line.startswith("| DUST-2 | ")]
     assert len(rows) == 4  # the sweep's table and its equal-work table, R = 1 and 2
     assert "section(s) llm failed" in capsys.readouterr().out
