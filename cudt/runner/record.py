@@ -76,18 +76,19 @@ def evaluation_keys(data_rng_seed: int) -> tuple[jax.Array, jax.Array]:
 
 def summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval_keys):
     """Evaluates a trained group on test and validation (one compiled evaluator) and turns each
-    run into its ``results.json`` record: ``(records, kept descent ratios)`` (None for a
-    diverged run)."""
+    run into its ``results.json`` record: ``(records, descent ratios)``, each run's ratios
+    ``ℓ_l / ℓ_(l−1)`` on the test set ``[N, L]``, NaN where excluded (None for a diverged
+    run)."""
     model = group.model
     test, val = _evaluate_splits(task, cfg, data, group, result, gammas, val_gammas, eval_keys)
     eps = np.asarray(program.judged_epsilon)  # not the trained ε + --epsilon-margin
     runs, ratios = [], []
     for r, spec in enumerate(group.specs):
-        record, kept = _run_record(
+        record, run_ratios = _run_record(
             task, cfg, group, program, result, r, spec, test, val, gammas, val_gammas, eps[r]
         )
         runs.append(record)
-        ratios.append(kept)
+        ratios.append(run_ratios)
     extra = task.trained_outputs(cfg, data, model, result.states.params, group.labels)
     for record, fields in zip(runs, extra, strict=True):
         record.update(fields)
@@ -123,7 +124,8 @@ def _evaluate_splits(task, cfg, data, group, result, gammas, val_gammas, eval_ke
 
 
 def _run_record(task, cfg, group, program, result, r, spec, test, val, gammas, val_gammas, eps):
-    """Run ``r``'s ``results.json`` record and its kept descent ratios (None if it diverged)."""
+    """Run ``r``'s ``results.json`` record and its descent ratios ``[N, L]``, NaN where
+    excluded (None if it diverged)."""
     model = group.model
     hp = spec.hp
     gamma_train = float(hp["gamma_train"])
@@ -190,7 +192,7 @@ def _run_record(task, cfg, group, program, result, r, spec, test, val, gammas, v
         "curves": curves_of(result, r),
     }
     record["interval_metrics"] = metric_names(task_metrics, len(gammas))
-    return record, None if diverged else ratio_stats.kept
+    return record, None if diverged else ratio_stats.ratios
 
 
 def relaxation(cfg, alpha: float, multipliers, val_mean, reference=None) -> np.ndarray:

@@ -260,7 +260,10 @@ class Task(abc.ABC):
         return ""
 
     def figures(self, cfg, runs, ratios, out: Path, gammas) -> list[Path]:
-        """Writes the task's figures into ``out``; returns their paths."""
+        """Writes the task's figures into ``out``; returns their paths. ``ratios``: per run (in
+        ``runs``' order), its test ratios ``ℓ_l / ℓ_(l−1)`` ``[N, L]``, NaN where a ratio is
+        excluded (its ``ℓ_(l−1)`` below the floor: :func:`cudt.metrics.descent_stats`), or None
+        for a diverged run."""
         return []
 
     def finish(self, cfg, data, results: dict, out: Path) -> None:

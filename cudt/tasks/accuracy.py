@@ -112,7 +112,8 @@ class AccuracyReports:
         by_model: dict[tuple[str, bool], list] = {}
         for name, run, r in zip(plots.panel_names(runs), runs, ratios, strict=True):
             if r is not None:  # pooled over seeds and lanes, never over γ_train (a panel each)
-                by_model.setdefault((name, run["constrained"]), []).append(r)
+                kept = np.asarray(r)[np.isfinite(r)]  # the excluded ratios are NaN
+                by_model.setdefault((name, run["constrained"]), []).append(kept)
         plots.plot_ratio_histograms(
             {k: np.concatenate(v) for k, v in by_model.items()},
             paths[2],

@@ -227,6 +227,25 @@ def test_micro_grid_writes_table_csv_figures_and_ratio_histograms(micro_grid):
 
 
 @pytest.mark.slow
+def test_ratio_histograms_count_each_layer_without_the_excluded_ratios():
+    """The runner hands a run's test ratios as ``[N, L]`` with NaN where a ratio is excluded
+    (its ℓ_(l−1) below the floor: a confident classifier's). A flat list of the kept ones,
+    which the histograms once reshaped to ``[-1, L]``, lost the layers, and failed (or
+    miscounted) whenever a ratio was excluded: after training, before ``results.json``."""
+    from cudt.metrics import descent_stats
+    from experiments.paper.text_table.report import ratio_histograms
+
+    losses = np.array([[0.7, 0.6, 0.5, 0.4]] * 2 + [[0.7, 1e-7, 0.5, 0.4], [0.7, 0.6, 0.5, 3.0]])
+    stats = descent_stats(losses)
+    assert stats.excluded == 1 and stats.ratios.shape == (4, 3)
+    runs = [{"layers": 3, "label": "a"}, {"layers": 3, "label": "diverged"}]
+    counts, labels = ratio_histograms(runs, [stats.ratios, None])
+    assert labels == ["a", "diverged"] and counts.shape == (2, 3, len(table4.RATIO_EDGES))
+    assert counts[0].sum(axis=1).tolist() == [4, 3, 4]  # layer 2: 0.5 / 1e-7 is excluded
+    assert counts[0, 2, -1] == 1  # 3.0 / 0.5 = 6 > 2.5: the last count
+    assert counts[1].sum() == 0
+
+
 def test_rerun_reuses_finished_subruns_and_refuses_other_flags(micro_grid, capsys):
     out, argv = micro_grid
     subs = ["imdb-minilm", "mnli-minilm"]

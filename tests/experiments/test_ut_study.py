@@ -166,6 +166,22 @@ def test_the_grid_drops_the_skip_without_a_clip() -> None:
     assert Variant("all", 0.0, "skip") not in grid and Variant("all", 0.95, "skip") in grid
 
 
+@pytest.mark.parametrize("dual_lr", [None, 0.03])
+def test_every_variant_trains_at_the_one_dual_rate_given(tmp_path, dual_lr) -> None:
+    """The variants are compared at one constraint setting. A --dual-lr equal to one of the
+    video task's tuned rates (0.03, its default) counted as not given, so the runner's tuned
+    rates came in as lanes beside it: 15 runs where 9 were asked, two rates pooled in a cell.
+    (None: the rate the study was recorded at, 3.)"""
+    from experiments.paper.ut_study import _config, _video_task
+
+    opts = StudyConfig(seeds=3, scale="tiny", dual_lr=dual_lr, out=str(tmp_path / "s"))
+    cfg = _config(opts, variants(opts)[0], tmp_path / "s" / "v")
+    specs = _video_task().run_specs(cfg)
+    assert len(specs) == 3 * 3  # ERM, constrained and resilient, each at 3 seeds
+    rates = {dict(s.hparams)["dual_lr"] for s in specs if s.constrained}
+    assert rates == {cfg.dual_lr}
+
+
 @pytest.mark.slow
 def test_ut_study_tiny_end_to_end(tmp_path) -> None:
     """Two variants at --scale tiny: runner calls, phase I, the choice, the settings stage on

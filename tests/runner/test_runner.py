@@ -42,6 +42,22 @@ def test_evaluation_compiles_once_per_group(tmp_path):
     assert task.eval_traces == 1
 
 
+def test_figures_get_each_runs_test_ratios_by_sample_and_layer(tmp_path):
+    """``Task.figures`` gets every run's test ratios as ``[N, L]`` (NaN where excluded): a
+    figure per layer needs the layer (the text table's histograms once reshaped a flat list of
+    the kept ratios, which an excluded ratio broke)."""
+    seen = []
+
+    class Recording(ToyTask):
+        def figures(self, cfg, runs, ratios, out, gammas):
+            seen.extend(ratios)
+            return []
+
+    toy(["--num-examples", "40", "--seeds", "1", "--layers", "3"], tmp_path / "o", Recording())
+    assert len(seen) == 2  # ERM and constrained
+    assert all(np.asarray(r).shape == (40, 3) for r in seen)
+
+
 def final_params(out: Path, group: str) -> dict:
     with GroupCheckpointer(out / "checkpoints" / group) as ckpt:
         states, _ = ckpt.restore(None)

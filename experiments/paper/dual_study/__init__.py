@@ -197,7 +197,9 @@ def _call_fields(setting: Setting, call: Call, opts: StudyConfig) -> dict[str, A
 def _config(setting: Setting, opts: StudyConfig, out: Path, **fields) -> Any:
     cls = setting.config_cls()
     # as recorded: dual steps in the loss's units, one ε per run (the rates are in SETTINGS)
-    kw = dict(setting.fields) | dict(dual_scale="absolute", tune_epsilon=(), tune_lr=())
+    kw = dict(setting.fields) | dict(
+        dual_scale="absolute", tune_epsilon=(), tune_lr=(), tune_dual_lr=()
+    )
     kw = scaled(kw, opts, setting.tiny)
     kw |= dict(
         seeds=opts.seeds,

@@ -42,16 +42,17 @@ RATIO_EDGES = np.unique(
 def ratio_histograms(runs: list[dict], ratios: list) -> tuple[np.ndarray, list[str]]:
     """``counts [R, L, B+1]``: per run and layer, how many test samples have their ratio
     ``ℓ_l / ℓ_{l-1}`` (at the run's γ_train) in each bin of :data:`RATIO_EDGES`, the last count
-    those ``> 2.5``; a diverged run (no ratios) counts nothing. And the runs' labels."""
+    those ``> 2.5``; a diverged run (no ratios) counts nothing, an excluded ratio (NaN in
+    ``ratios``' ``[N, L]``) neither. And the runs' labels."""
     width = max((int(r["layers"]) for r in runs), default=1)
     bins = len(RATIO_EDGES) - 1
     counts = np.zeros((len(runs), width, bins + 1), np.int64)
-    for i, (run, r) in enumerate(zip(runs, ratios, strict=True)):
+    for i, (_, r) in enumerate(zip(runs, ratios, strict=True)):
         if r is None:
             continue
-        per_layer = np.asarray(r, np.float64).reshape(-1, int(run["layers"]))  # [N, L]
+        per_layer = np.asarray(r, np.float64)  # [N, L]
         for layer in range(per_layer.shape[1]):
-            v = per_layer[:, layer]
+            v = per_layer[:, layer][np.isfinite(per_layer[:, layer])]
             counts[i, layer, :bins] = np.histogram(v, bins=RATIO_EDGES)[0]
             counts[i, layer, bins] = int(np.sum(v > RATIO_EDGES[-1]))
     return counts, [r["label"] for r in runs]

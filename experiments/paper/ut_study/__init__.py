@@ -216,8 +216,11 @@ def _config(opts: StudyConfig, variant: Variant, out: Path):
         dust_control=False,
         model_hparams=(),
         dual_scale="absolute",
+        # no tuned lanes: a value equal to a task default (say --dual-lr 0.03, the video's
+        # first tuned rate) counts as not given, and would bring the tuned rates in beside it
         tune_epsilon=(),
         tune_lr=(),
+        tune_dual_lr=(),
         epsilon=opts.epsilon if opts.epsilon is not None else RECORDED["epsilon"],
         dual_lr=opts.dual_lr if opts.dual_lr is not None else RECORDED["dual_lr"],
     )
