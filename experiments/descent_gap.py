@@ -7,7 +7,7 @@ The folders are pooled (the seeds of one job, as ``experiments.combine`` joins t
 layer l of each run: the ratio r_l = ℓ_l / ℓ_(l−1) on the training batches (the mean of the
 last ``--last`` logged losses, ``curves``), on validation (``layer_loss_val``) and on test at
 γ_train (``layer_loss``); its multiplier (the same mean of ``curves``' multipliers); whether the
-test loss rises there. Then, per folder × model × class (ERM; constrained with the multiplier
+test loss rises there. Then, over the pooled folders, per model × class (ERM; constrained with the multiplier
 above ``--active``, "active"; constrained below it, "inactive"), the layers, the test rises, the shifts val → test and train → test of r (mean ± sd), and the slack r − (1 − ε) on training batches
 and on validation (0: the constraint holds with equality; constrained runs only).
 """

@@ -207,8 +207,8 @@ def run_phase_one(cfg: VideoConfig) -> dict[str, Any]:
                 t = time.perf_counter()
                 rows += _rows(task, cfg, draw_cfg, datas[data_seed], setting, seeds)
                 print(
-                    f"data seed {data_seed}: {setting['model']}-{cfg.layers} ε "
-                    f"{setting['epsilon']:g}: phase I of seeds {','.join(map(str, seeds))} in "
+                    f"data seed {data_seed}: {setting['model']}-{cfg.layers} {_named(setting)}: "
+                    f"phase I of seeds {','.join(map(str, seeds))} in "
                     f"{time.perf_counter() - t:.0f} s"
                 )
         wall = time.perf_counter() - t0
@@ -233,6 +233,12 @@ def _num(x) -> str:
     return "n/a" if x is None else f"{x:+.4f}"
 
 
+def _named(setting: dict) -> str:
+    """A setting as its progress line names it: ε, learning rate and γ_train (a sweep over any
+    of them gives settings that differ in that alone)."""
+    return f"ε {setting['epsilon']:g}, lr {setting['lr']:g}, γ_train {setting['gamma_train']:g}"
+
+
 _COUNTED = (("val", "feasible"), ("test", "feasible"), ("test", "monotone"))
 
 
@@ -250,16 +256,17 @@ def markdown(result: dict, cfg) -> str:
         "objective left (at start: the ERM point's, before phase I); rel.: the largest relative violation; mono.: losses fall at every "
         "layer. Validation decides; test is reported only.",
         "",
-        "| model | ε | seed | start | viol. at start (val) | viol. (val) | rel. (val) | "
-        "feasible (val) | mono. (val) | rel. (test) | feasible (test) | mono. (test) | r_l val "
-        "| r_l test |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | ε | lr | γ_train | seed | start | viol. at start (val) | viol. (val) | "
+        "rel. (val) | feasible (val) | mono. (val) | rel. (test) | feasible (test) | "
+        "mono. (test) | r_l val | r_l test |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     yes = lambda b: "yes" if b else "NO"  # noqa: E731
     for r in result["rows"]:
         v, t = r["val"], r["test"]
         lines.append(
-            f"| {r['model']} | {r['epsilon']:g} | {r['seed']} | {r['start']} | "
+            f"| {r['model']} | {r['epsilon']:g} | {r['lr']:g} | {r['gamma_train']:g} | "
+            f"{r['seed']} | {r['start']} | "
             + (f"{r[ERM_POINT]['val']['violation']:.4f}" if ERM_POINT in r else "-")
             + f" | {v['violation']:.4f} | {_num(v['max_relative_violation'])} | {yes(v['feasible'])} "
             f"| {yes(v['monotone'])} | {_num(t['max_relative_violation'])} | "
@@ -267,15 +274,21 @@ def markdown(result: dict, cfg) -> str:
             f"{' '.join(f'{x:.3f}' for x in v['ratio'])} | "
             f"{' '.join(f'{x:.3f}' for x in t['ratio'])} |"
         )
-    lines += ["", "| model | ε | start | feasible (val) | feasible (test) | monotone (test) |"]
-    lines.append("|---|---|---|---|---|---|")
-    groups: dict[tuple, list] = {}
+    lines += [
+        "",
+        "| model | ε | lr | γ_train | start | feasible (val) | feasible (test) | monotone (test) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple, list] = {}  # one setting and start, over the seeds
     for r in result["rows"]:
-        groups.setdefault((r["model"], r["epsilon"], r["start"]), []).append(r)
-    for (model, eps, start), rs in groups.items():
+        key = (r["model"], r["epsilon"], r["lr"], r["gamma_train"], r["start"])
+        groups.setdefault(key, []).append(r)
+    for (model, eps, lr, gamma_train, start), rs in groups.items():
         n = [sum(bool(r[k][what]) for r in rs) for k, what in _COUNTED]
         lines.append(
-            f"| {model} | {eps:g} | {start} | " + " | ".join(f"{c} of {len(rs)}" for c in n) + " |"
+            f"| {model} | {eps:g} | {lr:g} | {gamma_train:g} | {start} | "
+            + " | ".join(f"{c} of {len(rs)}" for c in n)
+            + " |"
         )
     return "\n".join(lines) + "\n"
 

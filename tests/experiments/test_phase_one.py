@@ -63,7 +63,7 @@ def test_phase_one_lowers_the_erm_points_violation(tmp_path, capsys, monkeypatch
             # the verdict is the runner's at the video task's tolerance
             want = feasibility(np.asarray(v["layer_loss"]), 0.05, None, 0.025)
             assert v["feasible"] == want.feasible and result["tolerance"] == 0.025
-    assert md.count("| dust | 0.05 | 3 |") == 2
+    assert md.count("| dust | 0.05 | 0.01 | 0.15 | 3 |") == 2
     assert f"{erm['val']['violation']:.4f}" in md and f"{start['val']['violation']:.4f}" in md
     # the same command again: the result is reused, nothing recomputed or rewritten
     before = (out / "phase1.json").read_bytes()
@@ -104,6 +104,26 @@ def test_phase_one_lowers_the_erm_points_violation(tmp_path, capsys, monkeypatch
     assert phase_one.main([*TINY, "--epsilon", "0.2", "--out", str(late)]) == 2
     assert "holds phase I of other flags" in capsys.readouterr().err
     assert (late / "phase1.json").read_bytes() == before
+
+
+def test_the_tables_tell_settings_apart_that_differ_in_lr_or_gamma_train():
+    """A sweep over γ_train (or the learning rate) gives settings that differ in it alone: each
+    is a row of its own, and a summary row counts its own seeds (they were pooled: "1 of 2")."""
+    from types import SimpleNamespace
+
+    def row(gamma_train, feasible):
+        split = {"violation": 0.0, "max_relative_violation": 0.0, "feasible": feasible}
+        split |= {"monotone": True, "ratio": [0.5]}
+        setting = {"model": "dust", "epsilon": 0.05, "lr": 0.01, "gamma_train": gamma_train}
+        return setting | {"seed": 0, "start": "init", "val": split, "test": split}
+
+    result = {"provenance": {}, "steps": 10, "wall_seconds": 1.0, "tolerance": 0.025}
+    result["rows"] = [row(0.0, True), row(1.0, False)]
+    md = phase_one.markdown(result, SimpleNamespace(dataset="synthetic", layers=1))
+    assert "| dust | 0.05 | 0.01 | 0 | 0 | init |" in md
+    assert "| dust | 0.05 | 0.01 | 1 | 0 | init |" in md
+    assert "| dust | 0.05 | 0.01 | 0 | init | 1 of 1 | 1 of 1 | 1 of 1 |" in md
+    assert "| dust | 0.05 | 0.01 | 1 | init | 0 of 1 | 0 of 1 | 1 of 1 |" in md
 
 
 @pytest.mark.parametrize(

@@ -211,7 +211,8 @@ def test_ut_study_tiny_end_to_end(tmp_path) -> None:
     assert first["choice"]["variant"] == Variant("attention", 0.95, "skip").slug
     # the settings stage: the chosen UT over ε, one program
     assert "## The chosen UT's constraint settings" in md
-    runs = json.loads((tmp_path / "study" / "settings" / "results.json").read_text())["runs"]
+    settings = tmp_path / "study" / "settings" / Variant("attention", 0.95, "skip").slug
+    runs = json.loads((settings / "results.json").read_text())["runs"]
     assert sorted({r["hparams"]["epsilon"] for r in runs if r["constrained"]}) == [0.05, 0.1]
     assert all("val_mean_rmse" in r for r in runs)
     # the setting is the rule applied to these runs, recomputed here: every seed feasible and

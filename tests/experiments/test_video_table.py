@@ -85,6 +85,21 @@ def test_headline_markdown_bolds_the_lower_number():
     assert cells["ut-3"] == ["diverged", "10.000"]
 
 
+def test_the_headline_count_holds_the_vit_at_its_own_depth():
+    """The ViT's rows stand at its checkpoint's depth (12), not the unrolled models' L: its
+    cells are in the table and in the count (they were left out of it: "1 of 1")."""
+
+    def row(model, layers, kind, value):
+        r = {"dataset": "ucsd", "model": model, "layers": layers, "kind": kind}
+        return r | {"gamma_train": 0.15, "status": "ok", "mean_rmse": value}
+
+    rows = [row("dust", 3, "ERM", 12.0), row("dust", 3, "constrained", 11.5)]
+    rows += [row("vit", 12, "ERM", 9.0), row("vit", 12, "constrained", 8.5)]
+    text = table3.headline_markdown(rows, ["ucsd"], ["dust", "vit"], [3], 0.15, [0])
+    assert headline_cells(text)["vit-12"] == ["**8.500**", "9.000"]
+    assert "in 2 of 2 model×dataset cells with both numbers (L=3: 1/1, L=12: 1/1)" in text
+
+
 def _runs_over_seeds(rmse_by_point: dict, constrained: bool, feasible=lambda p, s: True):
     """A sub-run's records: one run per sweep point (lr) and seed, its mean RMSE given, its
     validation objective the RMSE / 1000 (so the best point on validation is the lowest)."""

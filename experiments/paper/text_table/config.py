@@ -190,7 +190,7 @@ class Table4Config:
     test_gammas: tuple[float, ...] | None = grid.test_gammas_flag(
         "the text task's 0, 0.5, 1, 1.5, 2"
     )
-    tolerance: float | None = grid.tolerance_flag("the text task's, 0.01")
+    tolerance: float | None = grid.tolerance_flag(f"the text task's, {TextConfig.tolerance:g}")
     devices: int | None = grid.devices_flag()
     overwrite: bool = grid.overwrite_flag()
 

@@ -241,8 +241,11 @@ def _config(opts: StudyConfig, variant: Variant, out: Path):
 
 def settings_subrun(opts: StudyConfig, variant: Variant, out: Path) -> SubRun:
     """The settings stage: the chosen UT's ERM and hard constrained runs over ε × dual rate ×
-    seeds, one program, validation scored over the test γ grid (``--select val-mean-rmse``)."""
-    cfg = _config(opts, variant, out / "settings")
+    seeds, one program, validation scored over the test γ grid (``--select val-mean-rmse``).
+    In ``settings/<variant>``: a rerun on the same ``--out`` whose choice moved (more variants)
+    trains the new one's settings beside the old's, not into them."""
+    folder = out / "settings" / variant.slug
+    cfg = _config(opts, variant, folder)
     eps = ",".join(f"{e:g}" for e in unique(opts.epsilons))
     rates = ",".join(f"{r:g}" for r in unique(opts.dual_lrs))
     sweep = (f"epsilon={eps}", f"dual_lr={rates}")
@@ -250,7 +253,7 @@ def settings_subrun(opts: StudyConfig, variant: Variant, out: Path) -> SubRun:
         cfg = dataclasses.replace(cfg, sweep=sweep, select="val-mean-rmse")
     except ValueError as e:
         raise UsageError(f"settings stage: {e}") from None
-    return SubRun(f"settings of {variant.label}", ("settings", variant), cfg, out / "settings")
+    return SubRun(f"settings of {variant.label}", ("settings", variant), cfg, folder)
 
 
 def plan(opts: StudyConfig, out: Path) -> list[SubRun]:

@@ -79,19 +79,19 @@ def gamma_table_lines(rows, datasets, models, layers, gammas, *, label_gamma: bo
 
 
 def _wins(rows, datasets, models, layers, gamma):
-    """(constrained lower, cells with both numbers) per L, over models × datasets."""
+    """(constrained lower, cells with both numbers) per L, over the table's cells (models ×
+    datasets; the ViT at its own depth), less the control's."""
     idx = table_rows.index_rows(rows)
     out = {}
-    for L in layers:
-        wins = both = 0
-        for m in models:
-            if m == CONTROL:
-                continue
-            for d in datasets:
-                c, e = idx.get((d, m, L, "constrained", gamma)), idx.get((d, m, L, "ERM", gamma))
-                if table_rows.both_ok(c, e):
-                    both += 1
-                    wins += table_rows.better(c, e, "mean_rmse", higher=False) == "C"
+    for _, m, L in _table_rows(rows, models, layers):
+        if m == CONTROL:
+            continue
+        wins, both = out.get(L, (0, 0))
+        for d in datasets:
+            c, e = idx.get((d, m, L, "constrained", gamma)), idx.get((d, m, L, "ERM", gamma))
+            if table_rows.both_ok(c, e):
+                both += 1
+                wins += table_rows.better(c, e, "mean_rmse", higher=False) == "C"
         out[L] = (wins, both)
     return out
 
