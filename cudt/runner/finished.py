@@ -155,7 +155,9 @@ def run_data(task: Any, cfg: Any, data: Any, out: Path | None = None) -> Callabl
     def data_of(record: dict) -> Any:
         seed = int(record["seed"])
         if seed not in draws:
-            draw = dataclasses.replace(cfg, data_seed=seed)
+            # a config to draw that seed's data with, not to run: without --out, whose checks
+            # (say --export's: "--out holds a finished run") refuse the folder it just wrote
+            draw = dataclasses.replace(cfg, data_seed=seed, out=None)
             if out is None:  # a run that just trained: its paths are relative to here
                 draws[seed] = task.load(draw)
                 return draws[seed]

@@ -351,6 +351,12 @@ def test_splits_are_seeded_disjoint_and_stable(generated, tmp_path):
     assert split_alpaca(generated, num_train=100, num_val=20, num_test=30, seed=6).test != s.test
     default = toy_splits(num_train=60, num_val=10, num_test=10, seed=0)
     assert len(default.train) == 60 and set(default.test) <= set(generated_instructions(80, 0))
+    # the toy set's held-out records do not change with its training size (an ablation over
+    # --num-train is scored on one test set), and the larger training set extends the smaller
+    more = toy_splits(num_train=120, num_val=10, num_test=10, seed=0)
+    assert more.test == default.test and more.val == default.val
+    assert more.train[:60] == default.train
+    assert not set(default.test) & set(default.train) and not set(default.val) & set(more.train)
     path = write_alpaca(generated, tmp_path / "alpaca_data.json")
     from_file = alpaca_splits(path, num_train=None, num_val=20, num_test=30, seed=5)
     assert from_file.test == s.test and str(path) in from_file.source

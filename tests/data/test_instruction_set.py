@@ -224,6 +224,28 @@ def test_splits_are_disjoint_by_item_paraphrase_and_inverse():
         if item.family in inverse:
             assert (inverse[item.family], str(item.args[0])) not in train_answers, item.key
 
+    # nor a word recased, a difference or a quotient by its inverse in train: each item as the
+    # fact it states (the word; the addends and their sum; the factors and their product)
+    def fact(item):
+        a = item.args
+        return {
+            "uppercase_word": lambda: ("case", a[0].lower()),
+            "lowercase_word": lambda: ("case", a[0].lower()),
+            "capitalize_word": lambda: ("case", a[0].lower()),
+            "add": lambda: ("sum", tuple(sorted(a)), a[0] + a[1]),
+            "subtract": lambda: ("sum", tuple(sorted((a[0] - a[1], a[1]))), a[0]),
+            "multiply": lambda: ("product", tuple(sorted(a)), a[0] * a[1]),
+            "divide": lambda: ("product", tuple(sorted((a[0] // a[1], a[1]))), a[0]),
+        }.get(item.family, lambda: None)()
+
+    train_facts = {fact(i) for i in s.train} - {None}
+    held_out = [fact(i) for i in s.val + s.test if fact(i) is not None]
+    assert len(held_out) > 20 and not train_facts & set(held_out)
+    for a, b in [("uppercase_word", "lowercase_word"), ("capitalize_word", "uppercase_word")]:
+        assert make_item(a, ("magnet",)).split_key == make_item(b, ("MAGNET",)).split_key
+    assert make_item("multiply", (86, 2)).split_key == make_item("divide", (172, 2)).split_key
+    assert make_item("add", (48, 275)).split_key == make_item("subtract", (323, 275)).split_key
+
 
 def test_splits_are_deterministic_by_seed_and_held_out_items_ignore_num_train():
     a, b = splits(0), task_splits(**SIZES, seed=0)

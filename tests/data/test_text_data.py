@@ -493,6 +493,13 @@ def test_a_review_in_both_source_splits_is_held_out_not_trained_on(tmp_path):
     assert "; 1 training examples also in the test split left out" in sp.source
     assert not set(sp.test.texts) & (set(sp.train.texts) | set(sp.val.texts))
     assert len(sp.train) + len(sp.val) == len(plain.train) + len(plain.val)
+    # a review the training split holds twice: once in train and val together, and said
+    for copy in ("10_8.txt", "11_8.txt"):
+        shutil.copy(base / "train" / "pos" / "0_7.txt", base / "train" / "pos" / copy)
+    twice = load_text_data("aclimdb", base, num_train=None, num_test=None, val_fraction=0.25)
+    assert "; 2 repeated training examples left out" in twice.source
+    kept = twice.train.texts + twice.val.texts
+    assert len(set(kept)) == len(kept) == len(sp.train) + len(sp.val)
 
 
 def test_fewer_reviews_than_asked_and_one_class_splits_are_said(tmp_path):

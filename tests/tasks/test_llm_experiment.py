@@ -664,6 +664,18 @@ def test_export_of_a_seed_gives_the_model_that_seed_trained_on_its_own_data(tmp_
     folder = tmp_path / "m" / best["label"].replace(" ", "-")
     tensors = safetensors.numpy.load_file(folder / "model.safetensors")
     np.testing.assert_array_equal(tensors["model.embed_tokens.weight"], embed[best["seed"]])
+    # --export after training, where the chosen run is not of the first draw's seed: its data
+    # are drawn again from the run's config, which (its --out now holding results.json) once
+    # failed --export's own check, "--out holds a finished run", after training
+    from cudt.runner.finished import run_data
+
+    fresh = tmp_path / "fresh"
+    cfg = LLMConfig(**shape, export=str(tmp_path / "m2"), out=str(fresh))
+    fresh.mkdir()
+    (fresh / "results.json").write_text("{}")  # what the run writes before it exports
+    data_of = run_data(LLMTask(), cfg, draws[0])
+    got = np.asarray(data_of({"seed": 1}).decoder.params["embed"])
+    np.testing.assert_array_equal(got, embed[1])
 
 
 def test_export_after_a_run_with_no_chosen_run_says_to_name_one(tmp_path):

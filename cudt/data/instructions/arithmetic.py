@@ -55,6 +55,8 @@ def _add(rng):
     ],
     fields=_ab,
     answer=lambda a: str(a[0] - a[1]),
+    # a - b = c is the inverse of c + b = a: one question, one split
+    split_key=lambda a: f"add:{tuple(sorted((a[0] - a[1], a[1])))}",
 )
 def _subtract(rng):
     a = _int(rng, 10, 999)
@@ -90,6 +92,8 @@ def _multiply(rng):
     ],
     fields=_ab,
     answer=lambda a: str(a[0] // a[1]),
+    # a / b = c (exact) is the inverse of c * b = a: one question, one split
+    split_key=lambda a: f"multiply:{tuple(sorted((a[0] // a[1], a[1])))}",
 )
 def _divide(rng):
     b = _int(rng, 2, 12)

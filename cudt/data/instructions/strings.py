@@ -22,6 +22,12 @@ def _w(args):
     return {"w": args[0], "data": args[0]}
 
 
+def _case_key(args) -> str:
+    """A word recased any way is one question (``MAGNET`` lowercased is ``magnet`` uppercased
+    the other way round): one split for all three case families."""
+    return f"case:{args[0].lower()}"
+
+
 @_family(
     "reverse_word",
     "string",
@@ -50,6 +56,7 @@ def _reverse_word(rng):
     ],
     fields=_w,
     answer=lambda a: a[0].upper(),
+    split_key=_case_key,
 )
 def _uppercase_word(rng):
     return (_word(rng),)
@@ -66,6 +73,7 @@ def _uppercase_word(rng):
     ],
     fields=_w,
     answer=lambda a: a[0].lower(),
+    split_key=_case_key,
 )
 def _lowercase_word(rng):
     word = _word(rng)
@@ -83,6 +91,7 @@ def _lowercase_word(rng):
     ],
     fields=_w,
     answer=lambda a: a[0][0].upper() + a[0][1:],
+    split_key=_case_key,
 )
 def _capitalize_word(rng):
     return (_word(rng),)

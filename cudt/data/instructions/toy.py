@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cudt.data.alpaca import AlpacaDataError, AlpacaRecord, AlpacaSplits, deal_splits
+from cudt.data.alpaca import AlpacaDataError, AlpacaRecord, AlpacaSplits
 from cudt.data.instructions.registry import WORDS, _int, _pick
 
 __all__ = ["INSTRUCTION_KINDS", "generated_instructions", "toy_splits"]
@@ -127,20 +127,22 @@ def toy_splits(
     num_train: int | None = 2000, num_val: int = 200, num_test: int = 200, *, seed: int = 0
 ) -> AlpacaSplits:
     """Train / val / test records of the toy set: :func:`generated_instructions` makes exactly
-    ``num_train + num_val + num_test`` distinct records from ``seed`` (``num_train=None`` means
-    2000), then :func:`cudt.data.alpaca.deal_splits` deals them."""
+    ``num_test + num_val + num_train`` distinct records from ``seed`` (``num_train=None`` means
+    2000), dealt in the order drawn: test first, then val, then train. A longer set extends a
+    shorter one, so test and val do not change with ``num_train`` (a permutation of all of them,
+    as :func:`cudt.data.alpaca.split_alpaca` deals a fixed file, shared 23 of 200 test records
+    between 1000 and 2000 training records)."""
     n_train = 2000 if num_train is None else num_train
     if n_train < 0 or num_val < 0 or num_test < 0:
         raise AlpacaDataError(
             f"split sizes must be num_train >= 0, num_val >= 0, num_test >= 0, got "
             f"{n_train}, {num_val}, {num_test}: pass non-negative counts"
         )
-    records = generated_instructions(n_train + num_val + num_test, seed=seed)
-    return deal_splits(
-        records,
-        f"generated instructions (seed={seed})",
-        num_train=n_train,
-        num_val=num_val,
-        num_test=num_test,
-        seed=seed,
+    records = generated_instructions(num_test + num_val + n_train, seed=seed)
+    return AlpacaSplits(
+        train=records[num_test + num_val :],
+        val=records[num_test : num_test + num_val],
+        test=records[:num_test],
+        source=f"generated instructions (seed={seed}): train {n_train}, val {num_val}, test "
+        f"{num_test} of {len(records)} (held out first, in the order drawn)",
     )

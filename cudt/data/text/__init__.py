@@ -155,6 +155,19 @@ def _without_test_examples(pool: TextSplit, test: TextSplit) -> tuple[TextSplit,
     return pool.take(np.asarray(keep, dtype=np.int64)), len(pool) - len(keep)
 
 
+def _without_repeats(pool):
+    """``pool`` with each repeated ``(text, pair)`` after its first left out (a real training
+    split holds some exact repeats: one could land in train and its copy in validation, which
+    chooses), and how many were."""
+    mine = pool.pairs if pool.pairs is not None else (None,) * len(pool)
+    first = {}
+    for i, key in enumerate(zip(pool.texts, mine, strict=True)):
+        first.setdefault(key, i)
+    if len(first) == len(pool):
+        return pool, 0
+    return pool.take(np.asarray(sorted(first.values()), dtype=np.int64)), len(pool) - len(first)
+
+
 def load_text_data(
     dataset: str = "synthetic",
     data_dir: str | Path | None = None,
@@ -221,6 +234,9 @@ def load_text_data(
         pool, shared = _without_test_examples(pool, test)
         if shared:
             source += f"; {shared} training examples also in the test split left out"
+        pool, repeated = _without_repeats(pool)
+        if repeated:
+            source += f"; {repeated} repeated training examples left out (train and val apart)"
     train, val = _split_val(pool, val_fraction, seed)
     _check_classes(train, label_names)
     for name, split in (("validation", val), ("test", test)):

@@ -502,7 +502,7 @@ def _zipf_pick(rng: np.random.Generator, words: Sequence[str], exponent: float =
 
 
 def _review_opinion(rng: np.random.Generator, polarity: int, template: str, fill: dict) -> str:
-    """An opinion of sign ``polarity``: an opinion word of that sign, or (30 %) a negated word
+    """An opinion of sign ``polarity``: an opinion word of that sign, or (25 %) a negated word
     of the other sign ("not bad" is mildly positive, "not great" mildly negative)."""
     negate = rng.random() < 0.25
     word_sign = -polarity if negate else polarity
@@ -594,11 +594,11 @@ def imdb_like_reviews(
 
     * most words are neutral: how it was watched, a plot summary with names, roles, places
       and events, and filler sentences;
-    * sentiment sits in 2-4 aspect opinions and (85 %) a closing verdict, each one opinion word
+    * sentiment sits in 3-6 aspect opinions and (85 %) a closing verdict, each one opinion word
       from a lexicon of 76 positive and 76 negative words drawn with Zipf weights, so most
       opinion words are rare;
-    * 30 % of opinions are negated ("not bad", "far from perfect");
-    * mixed reviews: an aspect opinion agrees with the label with probability 0.55 + 0.3·s,
+    * 25 % of opinions are negated ("not bad", "far from perfect");
+    * mixed reviews: an aspect opinion agrees with the label with probability 0.65 + 0.3·s,
       ``s`` = 1 for ratings 1 and 10 and 1/3 for 4 and 7, so mild reviews are often mixed and
       some are genuinely ambiguous (no model reaches 100 %).
 
