@@ -183,7 +183,8 @@ def _lanes(out: Path) -> dict:
 
 def test_the_runner_sweeps_schedules_as_lanes_and_a_constant_lane_is_the_plain_run(tmp_path):
     """``--sweep epsilon_schedule=constant,linear:0@8``: one group, the schedule in results.json,
-    the constant lane trained exactly like a command without schedules, and the warm-up lane's ε
+    the constant lane trained like a command without schedules (to float rounding: another
+    compiled program), and the warm-up lane's ε
     at each logged step the schedule's (its constraint curve is ℓ_l − (1 − ε_t) ℓ_{l−1})."""
     argv = ["--seeds", "1", "--kinds", "constrained", "--epsilon", "0.3"]
     swept = toy([*argv, "--sweep", "epsilon_schedule=constant,linear:0@8"], tmp_path / "s")

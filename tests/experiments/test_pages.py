@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -117,7 +118,10 @@ def test_provenance_never_fails(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nvendor_id\t: X\nmodel name\t: Test CPU 3000\n\n")
     assert cpu_model(info) == "Test CPU 3000"
-    assert cpu_model(tmp_path / "no-such-file") != "Test CPU 3000"  # falls back, never raises
+    # no file, or one without a model name: the platform's name (or None), never an error
+    assert cpu_model(tmp_path / "no-such-file") == (platform.processor() or None)
+    (tmp_path / "bare").write_text("processor\t: 0\n")
+    assert cpu_model(tmp_path / "bare") == (platform.processor() or None)
 
 
 @pytest.mark.slow

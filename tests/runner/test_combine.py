@@ -59,6 +59,16 @@ def test_two_folders_report_as_one_job_with_intervals_over_their_seeds(folders, 
         for seed in (0, 1):
             assert f"llm-2 {kind} seed {seed}:" in out
     assert "llm-2 constrained: feasible at 0 %" in out and "of 2 seeds" in out
+    # the intervals are over both folders' seeds: each kind's validation objective, recomputed
+    from cudt.stats import t_interval
+
+    runs = [r for f in folders for r in json.loads((f / "results.json").read_text())["runs"]]
+    for kind, constrained in (("ERM", False), ("constrained", True)):
+        values = [r["val_objective"] for r in runs if r["constrained"] == constrained]
+        iv = t_interval(values)
+        assert len(values) == 2
+        (line,) = [x for x in out.splitlines() if x.startswith(f"llm-2 {kind}: mean [95% ")]
+        assert f"val_objective {iv.mean:.4g} [{iv.low:.4g}, {iv.high:.4g}]" in line, line
 
 
 def test_folders_of_another_job_are_refused_with_one_line(folders, tmp_path, capsys):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from helpers import assert_one_line_error
+from helpers import assert_one_line_error, toy
 
 from cudt.runner.cli import config_from_args
 from cudt.runner.sweep import model_defaults
@@ -48,10 +49,17 @@ def test_a_models_own_value_wins_over_the_default_and_a_flag_the_user_sets_wins_
     assert [specs["ut", True, p]["dual_lr"] for p in (0, 1)] == [0.03, 0.1]
 
 
-def test_erm_runs_are_judged_by_their_models_epsilon():
+def test_erm_runs_are_judged_by_their_models_epsilon(tmp_path):
     cfg, _ = config_from_args(VideoConfig, TABLE, "video")
     assert model_defaults(cfg, "ut") == {"epsilon": 0.1, "dual_lr": 3.0}
     assert model_defaults(cfg, "dust") == {"epsilon": 0.05}
+    # and the verdicts use it: an ERM run's relative violations on validation are
+    # (ℓ_l − (1 − ε) ℓ_(l−1)) / ℓ_(l−1) at the model's ε, not the flag's (the toy's 0.3)
+    res = toy(["--seeds", "1", "--model-hparams", "toy:epsilon=0.05"], tmp_path / "o")
+    (erm,) = [r for r in res["runs"] if not r["constrained"]]
+    m = np.asarray(erm["layer_loss_val"], np.float64)
+    want = (m[1:] - 0.95 * m[:-1]) / m[:-1]
+    np.testing.assert_allclose(erm["relative_violation_val"][1:], want, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize(

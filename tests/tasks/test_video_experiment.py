@@ -259,8 +259,9 @@ def _leaves(tree):
 def ut_runs(tmp_path_factory):
     """UT, 3 steps at --lr 0.5, evaluated in batches of 128 (one batch) and of 7 (the last one
     padded): the same training, so every number must agree."""
-    argv = TINY[:-2] + ["--models", "ut", "--steps", "3", "--chunk-steps", "3", "--seeds", "1",
-                        "--lr", "0.5", "--warmup-steps", "0", "--test-gammas", "0,0.5"]  # fmt: skip
+    argv = TINY[:-2] + ["--models", "ut", "--steps", "3", "--chunk-steps", "1", "--seeds", "1",
+                        "--lr", "0.5", "--warmup-steps", "0", "--test-gammas", "0,0.5",
+                        "--keep-checkpoints", "3"]  # fmt: skip
     root = tmp_path_factory.mktemp("ut")
     results = {}
     for size in (128, 7):
@@ -278,13 +279,15 @@ def test_the_ut_projection_is_applied_after_every_step(ut_runs):
     bound fails here."""
     root, _ = ut_runs
     with GroupCheckpointer(root / "128" / "checkpoints" / "ut-3") as ckpt:
-        states, _ = ckpt.restore(None)
-    ffn = np.asarray(_params(states)["params"]["ffn"], np.float64)  # [runs, ..., D, D]
-    assert np.all(np.isfinite(ffn))
-    sym = (ffn + np.swapaxes(ffn, -1, -2)) / 2
-    eigenvalues = np.linalg.eigvalsh(sym)
-    assert eigenvalues.max() <= 0.95 + 1e-4, eigenvalues.max()
-    assert eigenvalues.min() >= -1e-4, eigenvalues.min()
+        assert ckpt.all_steps() == [1, 2, 3]  # a chunk of one step: every step's parameters
+        saved = [ckpt.restore(None, step)[0] for step in (1, 2, 3)]
+    for step, states in enumerate(saved, start=1):
+        ffn = np.asarray(_params(states)["params"]["ffn"], np.float64)  # [runs, ..., D, D]
+        assert np.all(np.isfinite(ffn))
+        sym = (ffn + np.swapaxes(ffn, -1, -2)) / 2
+        eigenvalues = np.linalg.eigvalsh(sym)
+        assert eigenvalues.max() <= 0.95 + 1e-4, (step, eigenvalues.max())
+        assert eigenvalues.min() >= -1e-4, (step, eigenvalues.min())
 
 
 @pytest.mark.slow
