@@ -70,13 +70,18 @@ __all__ = ["LLMTask", "reference_state"]
 def reference_state(cfg: LLMConfig, decoder: Decoder) -> int:
     """The first state of the problem (``--reference-state``): 0, the embeddings (the paper's
     ``E ℓ_0 ≤ C``), or 1, the first block's readout (``E ℓ_1 ≤ C``). ``auto`` is 1 exactly when
-    ℓ_0 cannot move: a checkpoint whose tied head reads out its own frozen input embeddings. That
-    readout predicts the current token, not the next (SmolLM2: ℓ_0 ≈ 75 nats against
-    ln V = 10.8), so a bound on it could never hold and the descent step ℓ_1 ≤ (1 − ε) ℓ_0 would
-    hold by itself (docs/results/llm.md has the measurement)."""
+    ℓ_0 cannot move: a checkpoint whose tied head reads out its own frozen input embeddings, or
+    LoRA adapters on any checkpoint (its embeddings, final norm and head all frozen, tied or
+    not). A tied head's readout predicts the current token, not the next (SmolLM2: ℓ_0 ≈ 75
+    nats against ln V = 10.8), so a bound on it could never hold and the descent step
+    ℓ_1 ≤ (1 − ε) ℓ_0 would hold by itself (docs/results/llm.md has the measurement); a fixed
+    ℓ_0 above the bound makes every constrained run infeasible."""
     if cfg.reference_state == "auto":
-        fixed = cfg.checkpoint is not None and not cfg.train_embeddings
-        return int(fixed and decoder.config.tie_word_embeddings)
+        if cfg.checkpoint is None:
+            return 0
+        if cfg.lora_rank is not None:
+            return 1
+        return int(not cfg.train_embeddings and decoder.config.tie_word_embeddings)
     return int(cfg.reference_state == "block1")
 
 

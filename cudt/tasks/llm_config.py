@@ -157,8 +157,8 @@ class LLMConfig(RunConfig):
         "the state the reference bound E l <= C (--reference) applies to, which also starts the "
         "descent chain: embeddings (state 0, the paper's), block1 (the first block's readout; "
         "state 0 leaves the problem), or auto: block1 when the embeddings' readout cannot move "
-        "(a checkpoint's tied LM head with frozen input embeddings, as SmolLM2's), else "
-        "embeddings",
+        "(a checkpoint's tied LM head with frozen input embeddings, as SmolLM2's, or LoRA "
+        "adapters on any checkpoint), else embeddings",
         check=one_of("auto", "embeddings", "block1"),
     )
     untie_head: bool = flag(
@@ -357,16 +357,22 @@ class LLMConfig(RunConfig):
                 "DIR on one host",
             )
             need(
+                str(self.export).strip() != "",
+                "--export needs a path: pass --export DIR (a folder)",
+            )
+            need(  # the chosen runs are several models: a .gguf file holds one
+                Path(self.export).suffix.lower() != ".gguf",
+                f"--export {self.export}: --export writes a folder, a model per chosen run; one "
+                "run's GGUF file comes after training: python -m experiments.export_decoder "
+                "OUT FILE.gguf --run LABEL",
+            )
+            need(
                 self.out is None
                 or self.overwrite
                 or not (Path(self.out).expanduser() / "results.json").exists(),
                 f"--out {self.out} holds a finished run: export its models with python -m "
                 f"experiments.export_decoder {self.out} {self.export}, or pass --overwrite to "
                 "train again",
-            )
-            need(
-                str(self.export).strip() != "",
-                "--export needs a path: pass --export DIR (a folder) or FILE.gguf",
             )
             self._check_export_apart()
             try:

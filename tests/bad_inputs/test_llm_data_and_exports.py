@@ -126,7 +126,13 @@ LLM_CASES = [
         "--export empty",
         lambda tmp: ["--export="],
         "--export needs a path",
-        "pass --export DIR (a folder) or FILE.gguf",
+        "pass --export DIR (a folder)",
+    ),
+    (
+        "--export FILE.gguf",
+        lambda tmp: ["--export", tmp / "model.gguf"],
+        "--export /tmp/model.gguf: --export writes a folder, a model per chosen run",
+        "python -m experiments.export_decoder OUT FILE.gguf --run LABEL",
     ),
     (
         "--export holding the --checkpoint folder",

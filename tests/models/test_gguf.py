@@ -7,6 +7,7 @@ when installed, answers the France question."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax.numpy as jnp
@@ -331,6 +332,28 @@ def test_bad_gguf_files_raise_one_line(tmp_path):
     writer.close()
     with pytest.raises(ModelFolderError, match=r"'general.architecture' = 'phi2' is not supported"):
         load_decoder(file)
+
+
+def test_what_a_gguf_file_cannot_hold_is_refused_before_it_is_written(tmp_path):
+    """Llama 3 rope scaling other than every Llama 3.x's frequency factors (the file holds
+    rope_freqs alone, read back as factors 1 / 4), and rows narrower than a quantised block:
+    one line each, and no file (both once wrote, then failed: on reading, or in gguf's
+    quantiser with its own error)."""
+    import jax
+
+    config = _tiny(rope_type="llama3", rope_factor=8.0, rope_low_freq_factor=2.0)
+    params = config.init_params(jax.random.key(0))
+    with pytest.raises(ModelFolderError, match="factors 1 / 4, not 2 / 4: save a Hugging Face"):
+        write_gguf(tmp_path / "rope.gguf", config, params)
+    narrow = DecoderConfig(vocab_size=50, **cudt.models.llama.gguf.TINY_SIZES)
+    with pytest.raises(ModelFolderError, match="blocks of 32 values; this model's rows are 16,"):
+        write_gguf(
+            tmp_path / "q8.gguf", narrow, narrow.init_params(jax.random.key(0)), qtype="Q8_0"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    good = dataclasses.replace(config, rope_low_freq_factor=1.0)  # every Llama 3.x's: round trip
+    file = write_gguf(tmp_path / "ok.gguf", good, params)
+    assert load_decoder(file).config.rope_factor == 8.0
 
 
 def test_real_smollm2_answers_the_france_question():

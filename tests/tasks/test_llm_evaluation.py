@@ -120,6 +120,9 @@ def test_auto_reference_state_is_block1_only_when_the_embeddings_readout_is_fixe
     assert reference_state(LLMConfig(), tied) == 0  # trained from scratch
     assert reference_state(dataclasses.replace(ckpt, reference_state="embeddings"), tied) == 0
     assert reference_state(LLMConfig(reference_state="block1"), free) == 1
+    # LoRA freezes the embeddings, the final norm and the head, tied or not: ℓ_0 cannot move
+    lora = dataclasses.replace(ckpt, lora_rank=8)
+    assert reference_state(lora, free) == reference_state(lora, tied) == 1
 
 
 def test_untied_head_reads_out_the_same_and_is_its_own_parameter():

@@ -336,8 +336,21 @@ def write_gguf(
         raise ModelFolderError(f"qtype {qtype!r} cannot be written: use one of {WRITE_TYPES}")
     if config.model_type == "mistral" and config.sliding_window is not None:
         raise ModelFolderError("GGUF llama models have no sliding window: set sliding_window=None")
+    low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+    if config.rope_type == "llama3" and (low, high) != (1.0, 4.0):
+        raise ModelFolderError(  # rope_freqs alone, read back as every Llama 3.x's factors
+            f"GGUF holds Llama 3 rope scaling as rope_freqs, read back with low / high frequency "
+            f"factors 1 / 4, not {low:g} / {high:g}: save a Hugging Face folder instead"
+        )
     arch = "qwen2" if config.model_type == "qwen2" else "llama"
     kind = gguf.GGMLQuantizationType[qtype]
+    block = gguf.constants.GGML_QUANT_SIZES[kind][0]  # values per quantised block (1: a float)
+    widths = {config.hidden_size, config.intermediate_size, config.head_dim * config.num_heads}
+    if any(w % block for w in widths):
+        raise ModelFolderError(
+            f"qtype {qtype} quantises rows in blocks of {block} values; this model's rows are "
+            f"{', '.join(map(str, sorted(widths)))} wide: pass qtype F32, F16 or BF16"
+        )
     if tokenizer is not None:
         tokens, merges, types = tokenizer_to_gguf(tokenizer, config.vocab_size)
         pre = pre_tokenizer or gguf_pre_tokenizer(tokenizer)
