@@ -110,16 +110,24 @@ def alpaca_prompt(record: AlpacaRecord) -> str:
 
 
 def alpaca_chat_template(bos: bool) -> str:
-    """A Jinja chat template that writes each user turn as :data:`ALPACA_PROMPT_NO_INPUT` (the
-    turn's text as the instruction) and each assistant turn as its text and the EOS token,
-    after a ``bos_token`` when ``bos``: what a model trained on Alpaca prompts
-    (:func:`tokenize_alpaca`) reads, for tools that format prompts by the chat template
-    (transformers' ``apply_chat_template``). Other roles are refused."""
-    user = ALPACA_PROMPT_NO_INPUT.format(instruction="{{ message['content'] }}")
+    """A Jinja chat template that writes each user turn as :func:`alpaca_prompt` does a record:
+    the turn's text as the instruction, and its ``input`` key, where the message has one that is
+    not empty, as the input (:data:`ALPACA_PROMPT`; else :data:`ALPACA_PROMPT_NO_INPUT`); each
+    assistant turn as its text and the EOS token; after a ``bos_token`` when ``bos``. What a
+    model trained on Alpaca prompts (:func:`tokenize_alpaca`) reads, for tools that format
+    prompts by the chat template (transformers' ``apply_chat_template``, which passes a
+    message's extra keys through). Other roles are refused."""
+    content, given = "{{ message['content'] }}", "{{ message['input'] }}"
+    with_input = ALPACA_PROMPT.format(instruction=content, input=given)
+    without = ALPACA_PROMPT_NO_INPUT.format(instruction=content)
     return (
         ("{{ bos_token }}" if bos else "")
         + "{% for message in messages %}{% if message['role'] == 'user' %}"
-        + user
+        + "{% if message['input'] %}"
+        + with_input
+        + "{% else %}"
+        + without
+        + "{% endif %}"
         + "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
         + "{% else %}{{ raise_exception('the Alpaca template has user and assistant turns "
         + "only') }}{% endif %}{% endfor %}"

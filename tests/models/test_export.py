@@ -175,6 +175,12 @@ def test_the_tokenizer_and_chat_template_are_transformers_and_the_tasks(tmp_path
     assert (
         hf(theirs, add_special_tokens=False)["input_ids"] == WORDS.encode(alpaca_prompt(record)).ids
     )
+    # a record with an input: the message's "input" key, as the task's training prompt reads
+    record = next(r for r in RECORDS if r.input)
+    turn = [{"role": "user", "content": record.instruction, "input": record.input}]
+    theirs = hf.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    ours = apply_chat_template(turn, dec.chat_template, add_generation_prompt=True, bos_token="<s>")
+    assert theirs == ours == "<s>" + alpaca_prompt(record)
     tok = load_tokenizer(folder)
     assert (tok.bos_id, tok.eos_id, tok.pad_id) == (1, 2, 0)
     generation = json.loads((folder / "generation_config.json").read_text())

@@ -309,6 +309,14 @@ def test_chat_template_renders_as_transformers_does():
             theirs = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
             assert ours == theirs
     assert ours.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")
+    # tojson as transformers' (Jinja's own escapes <, > and & for HTML: other prompt text)
+    as_json = "{% for message in messages %}{{ message['content'] | tojson }}{% endfor %}"
+    hf_json = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=reference, chat_template=as_json
+    )
+    turn = [{"role": "user", "content": "is 2 < 3 & 'x' > 1?"}]
+    ours = apply_chat_template(turn, as_json)
+    assert ours == hf_json.apply_chat_template(turn, tokenize=False) == "\"is 2 < 3 & 'x' > 1?\""
     with pytest.raises(ModelFolderError, match="no chat template"):
         apply_chat_template(conversations[0], None)
     with pytest.raises(ModelFolderError, match="role"):

@@ -12,12 +12,15 @@ transformers' ``apply_chat_template(..., tokenize=False)`` renders it::
 For SmolLM2-Instruct (ChatML) that is ``<|im_start|>system\\nYou are a helpful AI assistant
 named SmolLM, trained by Hugging Face<|im_end|>\\n<|im_start|>user\\nWhat is the capital of
 France?<|im_end|>\\n<|im_start|>assistant\\n``. The template runs in Jinja's sandbox with
-transformers' settings (``trim_blocks``, ``lstrip_blocks``, loop controls, ``raise_exception``).
+transformers' settings (``trim_blocks``, ``lstrip_blocks``, loop controls, ``raise_exception``,
+its ``tojson``). Not its ``strftime_now``: a template that asks for today's date (Llama 3.x's)
+gets its own fixed fallback, so a run's prompts do not change with the day it runs.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,10 +41,19 @@ def _compile(template: str) -> Any:
     def raise_exception(message: str) -> None:
         raise ModelFolderError(f"the chat template refused the messages: {message}")
 
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+        # transformers' filter: Jinja's own escapes <, >, & and ' for HTML, which a prompt is not
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
     )
     env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = tojson
+    # not transformers' strftime_now: a template that reads today's date (Llama 3.x's) would
+    # write other training tokens each day; it falls back to its own fixed date here
     try:
         return env.from_string(template)
     except jinja2.TemplateSyntaxError as err:
