@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ __all__ = [
     "check_fresh_output",
     "check_not_a_file",
     "check_writable",
+    "claimed_run_dir",
     "contains",
     "digest",
     "fresh_run_dir",
@@ -273,6 +274,24 @@ def fresh_run_dir(
         elif not path.exists():
             return path
         path, i = Path(f"{base}-{i}"), i + 1
+
+
+@contextlib.contextmanager
+def claimed_run_dir(given: str | os.PathLike | None, experiment: str) -> Iterator[Path]:
+    """A job's ``--out``: ``given``, or a fresh ``runs/<experiment>-<UTC time>`` created here
+    atomically (:func:`fresh_run_dir` with ``claim``), so two jobs started in the same second
+    get two folders. If the ``with`` block fails, the claimed folder is removed while it is
+    still empty (a refusal leaves nothing behind); ``given`` is never touched."""
+    if given:
+        yield Path(given)
+        return
+    created = topmost_missing("runs")  # "runs/" too, when this job made it
+    path = fresh_run_dir(experiment, claim=True)
+    try:
+        yield path
+    except BaseException:
+        remove_created(path, created or path)
+        raise
 
 
 def check_not_a_file(out: str | os.PathLike) -> None:

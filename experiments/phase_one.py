@@ -36,7 +36,7 @@ import numpy as np
 
 from cudt import descent
 from cudt.errors import UsageError
-from cudt.io import check_not_a_file, fresh_run_dir, to_jsonable, write_json_atomic
+from cudt.io import check_not_a_file, claimed_run_dir, to_jsonable, write_json_atomic
 from cudt.metrics import feasibility
 from cudt.runner.cli import config_from_args, configure_process, run_cli
 from cudt.runner.lock import check_free, lock_output
@@ -172,10 +172,15 @@ def _rows(task, cfg, draw_cfg, data, setting: dict, seeds: list[int]) -> list[di
 
 
 def run_phase_one(cfg: VideoConfig) -> dict[str, Any]:
-    """Phase I of every model, setting and seed of ``cfg``; writes and returns the result."""
+    """Phase I of every model, setting and seed of ``cfg``; writes and returns the result. The
+    default folder is claimed at the start (two jobs in one second get two), gone if refused."""
+    with claimed_run_dir(cfg.out, "phase_one") as out:
+        return _phase_one_in(cfg, out)
+
+
+def _phase_one_in(cfg: VideoConfig, out: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     task = VideoTask()
-    out = Path(cfg.out) if cfg.out else fresh_run_dir("phase_one")
     check_not_a_file(out)
     check_free(out)
     check_job_folder(out, "phase_one")  # not into a run's folder, nor another job's

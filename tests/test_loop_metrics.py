@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -540,3 +541,24 @@ def test_default_folders_claimed_in_the_same_second_are_two(tmp_path, monkeypatc
         first == tmp_path / "toy-20260102-030405" and second == tmp_path / "toy-20260102-030405-1"
     )
     assert first.is_dir() and second.is_dir()
+    # a job's --out (experiments' paper jobs, phase_one): the default claimed the same way, and
+    # removed, runs/ with it, when the job is refused before it writes; a given --out untouched
+    monkeypatch.chdir(tmp_path)
+    with io.claimed_run_dir(None, "job") as a, io.claimed_run_dir(None, "job") as b:
+        assert a != b and a.is_dir() and b.is_dir()
+        assert a.parent == b.parent == Path("runs")
+    with pytest.raises(ValueError), io.claimed_run_dir(None, "refused") as c:
+        raise ValueError("refused before writing")
+    assert not c.exists() and sorted(p.name for p in Path("runs").iterdir()) == [a.name, b.name]
+    for p in (a, b):
+        p.rmdir()
+    Path("runs").rmdir()
+    with pytest.raises(ValueError), io.claimed_run_dir(None, "refused"):
+        raise ValueError("refused before writing")
+    assert not Path("runs").exists()  # made for this job, and gone with it
+    given = tmp_path / "given"
+    given.mkdir()
+    with pytest.raises(ValueError), io.claimed_run_dir(given, "job") as out:
+        assert out == given
+        raise ValueError("refused")
+    assert given.is_dir()

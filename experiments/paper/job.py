@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cudt.errors import UsageError
-from cudt.io import check_not_a_file, fresh_run_dir, to_jsonable, write_json_atomic
+from cudt.io import check_not_a_file, claimed_run_dir, to_jsonable, write_json_atomic
 from cudt.runner.cli import config_from_args, configure_process, run_cli
 from cudt.runner.config import flag
 from cudt.runner.lock import check_free, lock_output
@@ -329,21 +329,22 @@ def open_job(
     ones left to train; prints how many there are and how to resume. The job holds the lock on
     its ``--out`` (:mod:`cudt.runner.lock`) until the ``with`` block ends, as each sub-run holds
     its own folder's while it runs."""
-    out = Path(opts.out) if opts.out else fresh_run_dir(name.replace(" ", "_"))
-    check_not_a_file(out)
-    check_free(out)  # another job there: refused before its folders are read
-    check_job_folder(out, name)
-    subs = plan(opts, out)
-    for sub in subs:
-        check_subrun(sub, opts.overwrite)
-    todo = [s for s in subs if not s.finished]
-    with lock_output(out):
-        write_json_atomic(out / JOB_FILE, {"job": name})
-        print(
-            f"{name}: {len(subs)} {what} under {out} ({len(subs) - len(todo)} finished, "
-            f"reused; {len(todo)} to train); rerun this command with --out {out} to resume"
-        )
-        yield out, subs, todo
+    # the default folder is claimed now (two jobs in one second get two), gone if refused
+    with claimed_run_dir(opts.out, name.replace(" ", "_")) as out:
+        check_not_a_file(out)
+        check_free(out)  # another job there: refused before its folders are read
+        check_job_folder(out, name)
+        subs = plan(opts, out)
+        for sub in subs:
+            check_subrun(sub, opts.overwrite)
+        todo = [s for s in subs if not s.finished]
+        with lock_output(out):
+            write_json_atomic(out / JOB_FILE, {"job": name})
+            print(
+                f"{name}: {len(subs)} {what} under {out} ({len(subs) - len(todo)} finished, "
+                f"reused; {len(todo)} to train); rerun this command with --out {out} to resume"
+            )
+            yield out, subs, todo
 
 
 class TableJob:
