@@ -156,9 +156,16 @@ def test_map_runs_modes_agree_and_one_run_calls_the_function_itself():
         for r in range(3):
             np.testing.assert_allclose(got["y"][r], want[r]["y"], rtol=1e-6, atol=1e-6)
             np.testing.assert_allclose(got["s"][r], want[r]["s"], rtol=1e-5, atol=1e-6)
-    # R = 1: no vmap, no loop; the leading axis comes back
-    jaxpr = str(jax.make_jaxpr(lambda w, x: map_runs(fn, w, x))(w[:1], x[:1]))
+    # R = 1: no vmap, no loop (fn sees plain tracers, not vmap's); the leading axis comes back
+    seen = []
+
+    def spy(w, x):
+        seen.append(type(w).__name__)
+        return fn(w, x)
+
+    jaxpr = str(jax.make_jaxpr(lambda w, x: map_runs(spy, w, x))(w[:1], x[:1]))
     assert "while" not in jaxpr and "scan" not in jaxpr
+    assert seen and "BatchTracer" not in seen, seen
     assert jax.eval_shape(lambda w, x: map_runs(fn, w, x), w[:1], x[:1])["s"].shape == (1,)
     with pytest.raises(ValueError, match="how must be one of"):
         map_runs(fn, w, x, how="pmap")

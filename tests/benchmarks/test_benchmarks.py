@@ -307,7 +307,7 @@ def test_sweep_quick_prints_ratios_and_runs_that_match_the_run_alone(sweep_resul
     # compiles (its recorded runs print 0, docs/speed.md); the suite turns XLA's optimisation
     # passes off (conftest), where the R = 2 and R = 1 programs may round apart (4.7e-7 here)
     assert [row[:2] for row in checks] == [["DUST-2", "1"], ["DUST-2", "2"]]
-    assert checks[0][2] == "0" and float(checks[1][2]) < 1e-5
+    assert checks[0][2] == "reference" and float(checks[1][2]) < 1e-5  # R = 1: the run alone
     rows = _table(
         out,
         "model R first chunk s ms/step (all R) ms/run-step per run-step end to end",

@@ -228,7 +228,9 @@ def _restore(folder: Path, step: int | None = None):
         return checkpointer.restore(None, step=step)[0]
 
 
-def test_checkpoints_hold_the_adapters_only_and_resume_bitwise(lora_run, tmp_path, monkeypatch):
+def test_checkpoints_hold_the_adapters_only_and_resume_bitwise(
+    lora_run, tmp_path, monkeypatch, capsys
+):
     """A checkpoint is the adapters, their optimiser states and the duals: under 1/4 of the
     base's floats here (2.3 % of full fine-tuning's for SmolLM2 at rank 8,
     docs/results/llm.md); resumed from step 2, the run ends at step 4 with the same bits. The
@@ -254,7 +256,14 @@ def test_checkpoints_hold_the_adapters_only_and_resume_bitwise(lora_run, tmp_pat
     respelt[argv.index("--data") + 1] = f"./{data.name}"
     respelt[argv.index("--checkpoint") + 1] += "/"
     respelt[argv.index("--lora-targets") + 1] = "down,q,v"
+    step2 = again / "checkpoints" / group.name / "2"
+    before = {p: p.stat().st_mtime_ns for p in step2.rglob("*") if p.is_file()}
+    capsys.readouterr()
     assert llm_sft.main([*respelt, "--out", str(again)]) == 0
+    # it resumed (a run that threw its checkpoints away and trained again from step 0 would end
+    # with the same bits): it says so, and step 2's files are the ones it restored, not rewritten
+    assert "resumed from the checkpoint at step 2" in capsys.readouterr().err
+    assert {p: p.stat().st_mtime_ns for p in step2.rglob("*") if p.is_file()} == before
     resumed = _restore(again / "checkpoints" / group.name, step=4)
     jax.tree.map(np.testing.assert_array_equal, resumed, _restore(group, step=4))
     runs = json.loads((again / "results.json").read_text())["runs"]
