@@ -10,7 +10,8 @@ import cudt
 
 def init_params(key, d=4, h=32):
     k1, k2 = jax.random.split(key)
-    return {"w1": jax.random.normal(k1, (d, h)) / h, "w2": jax.random.normal(k2, (h,)) / h**0.5}
+    w1, w2 = jax.random.normal(k1, (d, h)) / h, jax.random.normal(k2, (h,)) / h**0.5
+    return {"w1": w1, "b1": jnp.zeros(h), "w2": w2, "b2": jnp.zeros(())}
 
 
 def data(n=256, d=4):
@@ -20,7 +21,7 @@ def data(n=256, d=4):
 
 def problem(params, batch, key):
     x, y = batch
-    pred = jnp.tanh(x @ params["w1"]) @ params["w2"]
+    pred = jnp.tanh(x @ params["w1"] + params["b1"]) @ params["w2"] + params["b2"]
     norm = jnp.sum(params["w1"] ** 2) - 1.0  # ‖W1‖² ≤ 1
     return jnp.mean((pred - y) ** 2), {"norm": cudt.Constraint(norm)}
 

@@ -1,5 +1,5 @@
-"""A Flax NNX MLP whose positive rate may differ between two groups by ≤ 0.05, in NNX's own
-loop (nnx.Optimizer, nnx.jit); the lines marked `# +` add the constraint."""
+"""A Flax NNX MLP whose mean predicted probability (the positive rate, smoothed) may differ between
+two groups by ≤ 0.05, in NNX's own loop (nnx.Optimizer, nnx.jit); `# +` lines add the constraint."""
 
 import jax
 import jax.numpy as jnp
@@ -33,10 +33,10 @@ def problem(model, batch, key):
     return loss, {"fair": cudt.Constraint(jnp.abs(gap) - 0.05)}  # |gap| ≤ 0.05
 
 
-primal, dual = optax.adam(1e-2), cudt.dual_ascent(0.5)
+primal, dual = optax.adam(1e-2), cudt.dual_ascent(5.0)
 
 
-def main(steps=300):
+def main(steps=600):
     model, batch = MLP(nnx.Rngs(0)), data()
     optimizer = nnx.Optimizer(model, primal, wrt=nnx.Param)
     lag = cudt.lagrangian(problem, dual)  # +

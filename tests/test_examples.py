@@ -31,11 +31,13 @@ def test_example_runs_and_meets_its_constraints(script):
     assert out.returncode == 0, out.stderr[-2000:]
     figures = ast.literal_eval(out.stdout.strip().splitlines()[-1])
     if script.stem == "optax_per_example":
-        assert figures["max error"] <= 0.1 + 1e-3 and figures["active"] > 0
+        assert figures["max error"] <= 0.1 + 1e-3 and figures["λ > 0"] > 0
     else:
         name = {"nnx_fairness": "fair", "jax_norm_bound": "norm"}[script.stem]
-        assert figures[name] <= 5e-3  # feasible up to the dual's oscillation
+        assert figures[name] <= 1e-3  # feasible, to the dual's oscillation
         assert figures["λ"][name] > 0  # and the constraint was active
+    if script.stem == "jax_norm_bound":  # the fit is a fit: better than the mean of y
+        assert figures["mse"] < 1.0  # var(y) ≈ 2.5
 
 
 def test_the_documented_diff_is_the_example():
