@@ -102,8 +102,12 @@ def _rows(tree, ids, n):
 
 
 def _put_rows(tree, rows, ids, n):
+    # an id outside [0, n), negative ones too (not row n − 1), writes nothing
+    def put(x, r):
+        return x.at[ids].set(r, mode="drop", wrap_negative_indices=False)
+
     return jax.tree.map(
-        lambda x, r: x.at[ids].set(r) if x.ndim >= 1 and x.shape[0] == n else r, tree, rows
+        lambda x, r: put(x, r) if x.ndim >= 1 and x.shape[0] == n else r, tree, rows
     )
 
 
@@ -114,8 +118,10 @@ def _update_rows(table, opt_state, index, fn):
     if index is None:
         return fn(table, opt_state)
     n = table.shape[0]
-    values, new_state = fn(table[index], _rows(opt_state, index, n))
-    return table.at[index].set(values), _put_rows(opt_state, new_state, index, n)
+    rows = table.at[index].get(mode="fill", fill_value=jnp.nan, wrap_negative_indices=False)
+    values, new_state = fn(rows, _rows(opt_state, index, n))
+    written = table.at[index].set(values, mode="drop", wrap_negative_indices=False)
+    return written, _put_rows(opt_state, new_state, index, n)
 
 
 def _per_scale(x, c: Constraint):
@@ -272,7 +278,8 @@ def _take_rows(table, ids, name):
             f"{int(concrete.min())} to {int(concrete.max())}: pass num_indexed={{{name!r}: N}} "
             "with N above every id"
         )
-    return table.at[ids].get(mode="fill", fill_value=jnp.nan)
+    # under jit an id outside [0, n) reads NaN, a negative one too (not row n − 1)
+    return table.at[ids].get(mode="fill", fill_value=jnp.nan, wrap_negative_indices=False)
 
 
 def _features(cons, name):
@@ -329,8 +336,8 @@ def _dual_gradient(values, lam, u, cons):
         if c.has_slack:
             d = d - u[n]
         d = _per_scale(d, c)
-        if not c.has_slack and c.resilience is not None:
-            d = d - lam[n] / c.resilience
+        if not c.has_slack and c.resilience is not None:  # a per-run α (float32) keeps the dtype
+            d = d - (lam[n] / c.resilience).astype(jnp.result_type(d))
         out[n] = d
     return out
 
@@ -500,11 +507,13 @@ def _advance(spec: _Spec, state, active, shown: _Evaluation, shown_at, d: _Desce
         slacks = jax.tree.map(lambda u: jnp.where(restart, jnp.zeros_like(u), u), slacks)
     form, cons, values = spec.formulation, shown.cons, shown.values
     lam = _multiplier_rows(spec, shown_at[1], cons)
-    violation = {  # of the relaxed constraint where resilience decays the multipliers
+    u = _rows_of(shown_at[2], cons)
+    relaxed = {n: values[n] - u[n] if c.has_slack else values[n] for n, c in cons.items()}
+    violation = {  # of the relaxed constraint, g − u (explicit slacks) or decayed multipliers
         n: jnp.sqrt(
             jnp.mean(
                 form.violation(
-                    _per_scale(_decay_relaxed(form, values[n], lam[n], 0.0, c)[0], c),
+                    _per_scale(_decay_relaxed(form, relaxed[n], lam[n], 0.0, c)[0], c),
                     lam[n],
                     c.kind,
                 )

@@ -323,6 +323,34 @@ def test_decay_resilience_under_a_penalty_solves_the_resilient_problem_as_slacks
     assert hard < decay - 0.5
 
 
+def test_explicit_slacks_measure_the_violation_of_the_relaxed_constraint_as_decay_does():
+    """min x² s.t. 1 − x ≤ u, cost (α/2)u², α = 2: the optimum x = u = 0.5, λ = 1. There the
+    relaxed constraint holds with equality, in either form; the slack form measured g, not
+    g − u (0.5 at the optimum), so an augmented Lagrangian's growth rule raised ρ 70x."""
+    out = {}
+    for mode in ("decay", "slack"):
+
+        def problem(p, batch, key, mode=mode):
+            del batch, key
+            c = cudt.Constraint(1.0 - p["x"], resilience=2.0, resilience_mode=mode)
+            return p["x"] ** 2, {"c": c}
+
+        form = cudt.AugmentedLagrangian(penalty=0.1, growth=1.01, tolerance=1.0, penalty_max=1e6)
+        init, step = cudt.make_constrained_step(
+            problem, optax.sgd(0.01), cudt.dual_ascent(0.01), form, slack_optimizer=optax.sgd(0.05)
+        )
+        state = init({"x": jnp.array(0.0)}, None)
+        for _ in range(3000):
+            state, _ = step(state, None, jax.random.key(0))
+        out[mode] = state
+    for state in out.values():
+        np.testing.assert_allclose(float(state.params["x"]), 0.5, atol=1e-3)
+        np.testing.assert_allclose(float(state.multipliers["c"]), 1.0, atol=1e-2)
+        assert float(state.violation["c"]) < 1e-3
+    decay, slack = (float(out[m].penalty["c"]) for m in ("decay", "slack"))
+    assert slack < 1.1 * decay, (slack, decay)  # ρ grows where the relaxed constraint is missed
+
+
 def test_a_scaled_bfloat16_constraint_keeps_its_multipliers_dtype_and_one_program():
     def problem(w, batch, key):
         del batch, key
@@ -334,6 +362,47 @@ def test_a_scaled_bfloat16_constraint_keeps_its_multipliers_dtype_and_one_progra
         state, _ = step(state, None, jax.random.key(t))
         assert state.multipliers["c"].dtype == jnp.bfloat16
     assert step._cache_size() == 1
+
+
+def test_a_per_run_resilience_keeps_bfloat16_multipliers_through_a_scan():
+    """α as a per-run value (a float32 array, as sweeps carry it): λ/α was float32, so the
+    multipliers came back float32 after a step and a scan over steps refused its carry."""
+
+    def problem(p, batch, key, hp):
+        del batch, key
+        g = (1.0 - p["x"]).astype(jnp.bfloat16)
+        return jnp.sum(p["x"] ** 2), {"c": cudt.Constraint(g, resilience=hp["alpha"])}
+
+    init, step = cudt.make_constrained_step(problem, optax.sgd(0.05), cudt.dual_ascent(0.05))
+    state = init({"x": jnp.zeros(2)}, None, hparams={"alpha": jnp.float32(5.0)})
+
+    def body(s, key):
+        return step(s, None, key)[0], None
+
+    state, _ = jax.lax.scan(body, state, jax.random.split(jax.random.key(0), 3))
+    assert state.multipliers["c"].dtype == jnp.bfloat16
+    assert float(jnp.max(state.multipliers["c"])) > 0  # it moved
+
+
+def test_an_index_outside_the_table_reads_nan_and_writes_nothing_negative_ones_too():
+    """Under jit the ids are traced: an id outside [0, N) reads NaN (the step's Lagrangian is
+    NaN: a diverged run) and its row is dropped. A negative id wrapped to row N − 1, which was
+    read and updated without a word."""
+
+    def problem(p, ids, key):
+        del key
+        return 0.5 * p["w"] ** 2, {
+            "c": cudt.Constraint(1.0 - p["w"] * jnp.ones(ids.shape), index=ids)
+        }
+
+    init, step = cudt.make_constrained_step(
+        problem, optax.sgd(0.1), cudt.dual_ascent(0.5), donate=False
+    )
+    state = init({"w": jnp.array(0.0)}, jnp.array([0, 1]), num_indexed={"c": 4})
+    for ids in ([-1, 0], [4, 0]):
+        after, metrics = step(state, jnp.array(ids), jax.random.key(0))
+        assert np.isnan(float(metrics["lagrangian"])), ids
+        np.testing.assert_array_equal(after.multipliers["c"], [0.5, 0.0, 0.0, 0.0])
 
 
 def test_the_optimistic_step_evaluates_a_projected_point():
