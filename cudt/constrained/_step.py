@@ -118,10 +118,14 @@ def _update_rows(table, opt_state, index, fn):
     if index is None:
         return fn(table, opt_state)
     n = table.shape[0]
-    rows = table.at[index].get(mode="fill", fill_value=jnp.nan, wrap_negative_indices=False)
-    values, new_state = fn(rows, _rows(opt_state, index, n))
-    written = table.at[index].set(values, mode="drop", wrap_negative_indices=False)
-    return written, _put_rows(opt_state, new_state, index, n)
+    values, new_state = fn(_gather(table, index), _rows(opt_state, index, n))
+    return _put_rows(table, values, index, n), _put_rows(opt_state, new_state, index, n)
+
+
+def _gather(table, ids):
+    """``table``'s rows ``ids``; under jit an id outside ``[0, n)`` reads NaN, a negative one
+    too (not row n − 1)."""
+    return table.at[ids].get(mode="fill", fill_value=jnp.nan, wrap_negative_indices=False)
 
 
 def _per_scale(x, c: Constraint):
@@ -278,8 +282,7 @@ def _take_rows(table, ids, name):
             f"{int(concrete.min())} to {int(concrete.max())}: pass num_indexed={{{name!r}: N}} "
             "with N above every id"
         )
-    # under jit an id outside [0, n) reads NaN, a negative one too (not row n − 1)
-    return table.at[ids].get(mode="fill", fill_value=jnp.nan, wrap_negative_indices=False)
+    return _gather(table, ids)
 
 
 def _features(cons, name):
@@ -332,14 +335,17 @@ def _dual_gradient(values, lam, u, cons):
     ``scale``: ``g/s``, ``(g − u)/s`` (explicit slacks) or ``g/s − λ/α`` (the decay form)."""
     out = {}
     for n, c in cons.items():
-        d = values[n]
-        if c.has_slack:
-            d = d - u[n]
-        d = _per_scale(d, c)
+        d = _per_scale(_minus_slack(values, u, n, c), c)
         if not c.has_slack and c.resilience is not None:  # a per-run α (float32) keeps the dtype
             d = d - (lam[n] / c.resilience).astype(jnp.result_type(d))
         out[n] = d
     return out
+
+
+def _minus_slack(values, u, n, c: Constraint):
+    """Constraint ``n``'s value as the step relaxes it: ``g − u`` with explicit slacks, else
+    ``g`` (the decay form relaxes it by :func:`_decay_relaxed`)."""
+    return values[n] - u[n] if c.has_slack else values[n]
 
 
 def _decay_relaxed(formulation, g, lam, rho, c: Constraint):
@@ -368,8 +374,7 @@ def _lagrangian(formulation, f, values, u, lam, rho, cons):
     """The objective plus every constraint's term (and explicit slacks' costs)."""
     total = f
     for n, c in cons.items():
-        g = values[n] - u[n] if c.has_slack else values[n]
-        g, rho_n = _decay_relaxed(formulation, g, lam[n], rho[n], c)
+        g, rho_n = _decay_relaxed(formulation, _minus_slack(values, u, n, c), lam[n], rho[n], c)
         total = total + formulation.term(g, lam[n], c.kind, _per_scale(rho_n, c))
         if c.has_slack:
             total = total + 0.5 * c.resilience * jnp.sum(_per_scale(u[n] ** 2, c))
@@ -508,12 +513,13 @@ def _advance(spec: _Spec, state, active, shown: _Evaluation, shown_at, d: _Desce
     form, cons, values = spec.formulation, shown.cons, shown.values
     lam = _multiplier_rows(spec, shown_at[1], cons)
     u = _rows_of(shown_at[2], cons)
-    relaxed = {n: values[n] - u[n] if c.has_slack else values[n] for n, c in cons.items()}
     violation = {  # of the relaxed constraint, g − u (explicit slacks) or decayed multipliers
         n: jnp.sqrt(
             jnp.mean(
                 form.violation(
-                    _per_scale(_decay_relaxed(form, relaxed[n], lam[n], 0.0, c)[0], c),
+                    _per_scale(
+                        _decay_relaxed(form, _minus_slack(values, u, n, c), lam[n], 0.0, c)[0], c
+                    ),
                     lam[n],
                     c.kind,
                 )
