@@ -195,7 +195,7 @@ def train_group(
     *,
     chunk_steps: int = 100,
     progress: Any | None = None,
-    watch: tuple[str, ...] = ("objective", "lagrangian", "multipliers"),
+    watch: tuple[str, ...] = ("objective", "lagrangian", "multipliers", "grad_norm"),
     checkpointer: GroupCheckpointer | None = None,
     checkpoint_every: int | None = None,
     on_divergence: Callable[[Divergence], None] | None = None,
@@ -220,6 +220,8 @@ def train_group(
       chunk_steps: steps per compiled ``scan``: the host sees metrics only every chunk.
       progress: a tqdm-like object (``update(n)``, ``set_postfix_str``) or None.
       watch: metrics whose non-finite values mark a run as diverged (then frozen, see above).
+        The primal gradient's norm is among them: a finite loss with a non-finite gradient
+        would otherwise write non-finite parameters before any loss showed it.
       checkpointer: saves every ``checkpoint_every`` steps and at the end; resumes from its
         latest checkpoint.
       checkpoint_every: steps between checkpoints (default: every chunk).
@@ -372,24 +374,19 @@ class _Record:
                 on_divergence(divergence)
 
     def _new_divergences(self, metrics, done, watch, last_saved) -> list[Divergence]:
+        """Each run not yet diverged whose watched metrics hold a non-finite value in this chunk:
+        its earliest such step, and there the first watched metric in ``watch``'s order."""
         found = []
+        watched = [name for name in watch if name in metrics]
         for r, known in enumerate(self.divergences):
-            if known is not None:
+            if known is not None or not watched:
                 continue
-            bad = next(
-                (
-                    name
-                    for name in watch
-                    if name in metrics and not np.all(np.isfinite(metrics[name][:, r]))
-                ),
-                None,
-            )
-            if bad is None:
+            bad = np.stack([_nonfinite_rows(metrics[name][:, r]) for name in watched])  # [W, n]
+            if not bad.any():
                 continue
-            row = next(
-                i for i in range(len(metrics[bad])) if not np.all(np.isfinite(metrics[bad][i, r]))
-            )
-            found.append(Divergence(r, done + row + 1, bad, last_saved))
+            row = int(np.argmax(bad.any(axis=0)))
+            name = watched[int(np.argmax(bad[:, row]))]
+            found.append(Divergence(r, done + row + 1, name, last_saved))
         return found
 
     def add_history(self, metrics: dict, end: int) -> dict[str, np.ndarray]:
@@ -402,6 +399,12 @@ class _Record:
                 entry[name] = np.nanmean(value, axis=0) if value.ndim >= 2 else value
         self.history.append(entry)
         return entry
+
+
+def _nonfinite_rows(values: np.ndarray) -> np.ndarray:
+    """``[n, ...] -> [n]``: whether each step's value holds a non-finite entry."""
+    values = np.asarray(values)
+    return ~np.isfinite(values.reshape(values.shape[0], -1)).all(axis=1)
 
 
 def _group_step(record: _Record, steps) -> int:

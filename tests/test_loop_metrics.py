@@ -189,6 +189,37 @@ def test_a_diverging_run_is_frozen_and_reported_and_others_finish():
     assert int(result.states.step[0]) == 6
 
 
+def test_a_finite_loss_with_a_non_finite_gradient_freezes_the_run_before_its_update():
+    """Run 1's extra weight v < 0 adds 0 to every loss (jnp.where picks 0) but the unpicked
+    branch's sqrt(v) sends NaN into the gradient: the run must keep its initial, finite
+    parameters (it used to store the NaN update and freeze one step late)."""
+    data = toy_data()
+
+    def losses(params, batch, key):
+        v = params["v"]
+        nan_gradient = jnp.where(v < 0, 0.0, 0.0 * jnp.sqrt(v))
+        return layer_losses(params, batch, key) + nan_gradient
+
+    cfg = cudt.DescentConfig(num_layers=L, epsilon=0.2)
+    init, step = cudt.make_train_step(
+        losses, optax.sgd(0.05), cudt.dual_ascent(0.5), cfg, jit=False
+    )
+    ws = jnp.asarray([[1.0, 0.9], [1.0, 0.9]], jnp.float32)
+    vs = jnp.asarray([1.0, -1.0], jnp.float32)
+    states = jax.vmap(lambda w, v: init({"w": w, "v": v}))(ws, vs)
+    keys = jnp.stack([jax.random.key(i) for i in range(2)])
+
+    def make_batch(key, s):
+        return data[sample_indices(key, s, data.shape[0], 8)]
+
+    result = train_group(step, states, keys, make_batch, 4, chunk_steps=2)
+    assert result.diverged.tolist() == [False, True]
+    assert result.diverged_at[1]["quantity"] == "grad_norm"
+    assert result.diverged_at[1]["step"] == 1
+    np.testing.assert_array_equal(result.states.params["w"][1], ws[1])  # its start, exactly
+    assert int(result.states.step[1]) == 0 and int(result.states.step[0]) == 4
+
+
 def test_descent_stats_by_hand():
     losses = np.array([[4.0, 2.0, 3.0], [1.0, 0.5, 0.25]])
     s = descent_stats(losses)
