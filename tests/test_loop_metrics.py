@@ -487,6 +487,7 @@ def test_select_best_never_picks_an_infeasible_or_broken_run():
         _run("e-infeasible-best", False, 1.5, feasible=False),
         _run("e-feasible", False, 2.5),
         _run("e-missing-score", False, None),
+        {**_run("e-null-score", False, None), "rmse": None},  # NaN as results.json writes it
         # UT-3 constrained: only a diverged (feasible-looking) run and a NaN one: no best.
         _run("u-diverged", True, 0.1, diverged=True, model="ut"),
         _run("u-nan", True, nan, model="ut"),

@@ -34,10 +34,10 @@ def select_best(runs: list[dict], score: str, *, higher_is_better: bool) -> None
             for r in group
             if not r.get("diverged")
             and (r.get("feasible") or not r["constrained"])
-            and np.isfinite(r.get(score, np.nan))
+            and np.isfinite(run_metric(r, score))  # results.json writes NaN as null
         ]
         if eligible:
-            pick = (max if higher_is_better else min)(eligible, key=lambda r: r[score])
+            pick = (max if higher_is_better else min)(eligible, key=lambda r: run_metric(r, score))
             pick["best"] = True
 
 
@@ -221,6 +221,8 @@ def compare_chosen(runs: list[dict], chosen: list[dict], level: float = 0.95) ->
                 "feasible": sum(bool(r.get("feasible")) for r in a),
                 # the fallback's point: judged on the relaxed problem (choose_points)
                 "resilient": bool(kinds["constrained"].get("resilient")),
+                # per-folder choices: how many folders' choices were resilient, of how many
+                "resilient_in": kinds["constrained"].get("resilient_in"),
                 "feasible_relaxed": sum(bool(r.get("feasible_relaxed")) for r in a),
                 "monotone": sum(bool(r.get("loss_decreases")) for r in a),
                 "erm_monotone": sum(bool(r.get("loss_decreases")) for r in b),
@@ -257,6 +259,9 @@ def comparison_lines(
             cells.append(text)
         resilient = c.get("resilient", False)  # results.json before the fallback: hard
         kind = "constrained, resilient" if resilient else "constrained"
+        if resilient and c.get("resilient_in"):
+            k, of = c["resilient_in"]
+            kind += f" in {k} of {of} folders"
         feasible = f"constrained feasible at {c['feasible']} of {n}"
         if resilient:
             feasible += f" (relaxed: {c['feasible_relaxed']} of {n})"

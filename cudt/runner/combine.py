@@ -285,7 +285,7 @@ def combine_per_folder(task, folders: list[str | Path], point: dict[str, str] | 
             f"--point {unknown[0]}: not a per-run hyperparameter: name one of "
             + ", ".join(SWEEPABLE)
         )
-    picked, chose, pairs = [], {}, {}
+    picked, chose, pairs, labels, resilient = [], {}, {}, {}, {}
     chooses = (
         f"its ERM choosing its own point on its own validation data, its constrained runs at "
         f"{point_text}"
@@ -315,11 +315,13 @@ def combine_per_folder(task, folders: list[str | Path], point: dict[str, str] | 
                 if c["hparams"] is None:
                     continue
                 chose[group][0] += 1
+                resilient[group] = resilient.get(group, 0) + bool(c.get("resilient"))
                 for r in runs:
                     same = (r.get("model"), r.get("layers"), r.get("gamma_train")) == group[:3]
                     if same and r["constrained"] == constrained and r["hparams"] == c["hparams"]:
                         # a pair is a folder's seed: its number among all the folders' seeds
                         pair = pairs.setdefault((i, int(r["seed"])), len(pairs))
+                        labels[pair] = f"{Path(folder).name}:{int(r['seed'])}"
                         picked.append({**r, "hparams": {}, "seed": pair})
     for (model, layers, _, kind), (n, of) in chose.items():
         if kind == "constrained" and point:
@@ -327,11 +329,24 @@ def combine_per_folder(task, folders: list[str | Path], point: dict[str, str] | 
         else:
             lines.append(f"{model}-{layers} {kind}: a point chosen in {n} of {of} folders")
     common = [
-        {"model": m, "layers": L, "gamma_train": g, "kind": k, "hparams": {}}
+        {
+            "model": m,
+            "layers": L,
+            "gamma_train": g,
+            "kind": k,
+            "hparams": {},
+            # the folders may differ: some choose a hard point, some the resilient fallback
+            "resilient": bool(resilient.get((m, L, g, k))),
+            "resilient_in": (resilient.get((m, L, g, k), 0), n),
+        }
         for (m, L, g, k), (n, _) in chose.items()
         if n
     ]
     comparisons = compare_chosen(picked, common)
+    for c in comparisons:  # a pair is a folder's seed: name it so, not by its number
+        for iv in c["constrained_minus_erm"].values():
+            if "seeds" in iv:
+                iv["seeds"] = [labels[p] for p in iv["seeds"]]
     lines += comparison_lines(
         comparisons, point="each folder's chosen point", fixed=point_text or None
     )

@@ -199,3 +199,49 @@ def test_results_without_the_new_keys_still_load_and_report(fallback_run, tmp_pa
     # and a comparison recomputed from old runs with the stored choice still pairs by seed
     (again,) = compare_chosen(stored["runs"], chosen)
     assert not again["resilient"] and again["feasible_relaxed"] == 0 and again["seeds"] == [0, 1]
+
+
+def test_per_folder_choices_say_resilient_and_name_each_folders_seed(tmp_path):
+    """``combine --per-folder`` over folders whose hard lane misses and whose resilient lane
+    meets its relaxed constraints: the comparison says the constrained side is the resilient
+    fallback (in how many folders), as one job's summary does, and a metric missing in one
+    folder names the folders' seeds it was measured over, not internal pair numbers."""
+    from cudt.runner.combine import combine_per_folder
+
+    def record(constrained, hp, val, feasible=True, relaxed=None):
+        return {
+            "model": "m", "layers": 2, "gamma_train": 0.0, "constrained": constrained,
+            "seed": 5, "label": f"m {constrained} {hp}", "hparams": dict(hp, gamma_train=0.0),
+            "val_objective": val, "descent_rate": 0.5, "feasible": feasible,
+            "feasible_relaxed": relaxed, "relaxation": None if relaxed is None else [0, 0.1],
+            "loss_decreases_val": True, "loss_decreases": True, "diverged": False,
+        }  # fmt: skip
+
+    folders = []
+    for f in range(3):
+        runs = [
+            record(True, {"dual_lr": 0.1, "resilience": None}, 0.1, False),
+            record(True, {"dual_lr": 0.1, "resilience": 0.5}, 0.2 + 0.01 * f, False, True),
+            record(False, {"dual_lr": None, "resilience": None}, 0.3 + 0.03 * f),
+        ]
+        runs[2]["descent_rate"] = None if f == 1 else 0.5 + 0.1 * f  # not finite in folder 1
+        folder = tmp_path / f"data{f}"
+        folder.mkdir()
+        config = {"seed": 5, "sweeps": {"resilience": [None, 0.5]}}
+        record_ = {"experiment": "toy", "config": config, "runs": runs}
+        (folder / "results.json").write_text(json.dumps(record_))
+        folders.append(folder)
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Config:
+        seed: int = 0
+
+    task = types.SimpleNamespace(
+        name="toy", config_cls=Config, selection_for=lambda cfg: ("val_objective", False)
+    )
+    text = combine_per_folder(task, folders)
+    (line,) = [x for x in text.splitlines() if x.startswith("m-2: chosen")]
+    assert "chosen constrained, resilient in 3 of 3 folders" in line, line
+    assert "(relaxed: 3 of 3)" in line, line
+    assert "(over seeds data0:5, data2:5)" in line, line
