@@ -354,6 +354,12 @@ def test_nested_digests_follow_the_same_rule_and_are_named_where_they_differ(tmp
         "0": {"rows": 3, "train_digest": "0"}, "1": {"rows": 4, "train_digest": "x"}}})  # fmt: skip
     with pytest.raises(UsageError, match=r"other files .*data_per_seed\.1\.rows 4 -> 3"):
         open_output(out, new, flags=["lr"])
+    # an evaluation-only field (``ignore``) of a draw's record is ignored there as at the top:
+    # more test items, the same training tokens, resume (each seed drawing its own data)
+    draws = {s: {"train_digest": s, "source": f"test {n}"} for s, n in (("0", 8), ("1", 8))}
+    write_json_atomic(out / "checkpoints" / "config.json", {"lr": 1, "data_per_seed": draws})
+    more = {"lr": 1, "data_per_seed": {s: {**d, "source": "test 16"} for s, d in draws.items()}}
+    assert open_output(out, more, ignore=["source"], flags=["lr"]).resuming
 
 
 def test_a_config_without_a_saved_step_is_replaced_not_refused(tmp_path):

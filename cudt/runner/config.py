@@ -397,6 +397,11 @@ class RunConfig:
             "--resume and --overwrite contradict each other: pass one of them",
         )
         need(
+            not self.resume or self.out is not None,
+            "--resume needs --out DIR, the folder to resume: without it the run gets a fresh "
+            "runs/<experiment>-<time>, which holds nothing to resume from",
+        )
+        need(
             self.resilience_mode == "decay" or self.resilience is not None,
             "--resilience-mode slack needs --resilience ALPHA",
         )

@@ -107,7 +107,9 @@ def _differences(
     # so that their digests follow the same rule and a difference is named where it is
     old = _flat({k: old[k] for k in keys if k in old})
     new = _flat({k: new[k] for k in keys if k in new})
-    keys = sorted(set(old) | set(new))
+    # ``ignore`` inside them too: an evaluation-only field of a draw's record (its description
+    # with the test count) is no more a difference there than at the top
+    keys = sorted(k for k in set(old) | set(new) if k.rsplit(".", 1)[-1] not in ignore)
     keys = [k for k in keys if not k.endswith("_digest") or (k in old and k in new)]
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 

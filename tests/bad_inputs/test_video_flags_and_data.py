@@ -195,6 +195,12 @@ CONFIG_CASES = [
         "pass one of them",
     ),
     (
+        "--resume without --out",
+        ["--resume"],  # and no --out: run where a fresh runs/ would be made
+        "--resume needs --out DIR",
+        "holds nothing to resume from",
+    ),
+    (
         "a warm-up as long as the run",
         ["--steps", "12", "--warmup-steps", "12"],
         "--warmup-steps 12 freezes the multipliers for all 12 steps",
@@ -259,9 +265,15 @@ CONFIG_CASES = [
 
 
 @over_cases(CONFIG_CASES, "case, flags, problem, fix")
-def test_invalid_config(case, flags, problem, fix, tmp_path, capsys):
+def test_invalid_config(case, flags, problem, fix, tmp_path, capsys, monkeypatch):
     out = previous_run(tmp_path / "out")
     before = tree(out)
+    if case == "--resume without --out":
+        monkeypatch.chdir(tmp_path)
+        status, err = cli([*TINY, *flags], capsys)
+        check(case, status, err, problem, fix)
+        assert not (tmp_path / "runs").exists()  # no fresh folder made to be refused
+        return
     if "--distributed" in flags:
         # what jax.distributed.initialize says depends on whether this process has started
         # JAX's backend (which earlier tests do): a fresh process, as the user's, says the same
