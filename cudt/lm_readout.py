@@ -165,8 +165,11 @@ def _readout_backward(bucket: int, kept: int, res: tuple, cts: tuple) -> tuple:
             dx = jnp.dot(dz.astype(head.dtype), head_t, preferred_element_type=jnp.float32)
             d_normed = d_normed.at[layer, pos].add(dx, mode="drop")
             if trained:
+                # in the type the forward's product took (a bfloat16 state times a float32
+                # head: float32), not rounding dz to the state's bfloat16
+                ct = jnp.promote_types(x.dtype, head.dtype)
                 d_head = d_head + jnp.dot(
-                    x.T, dz.astype(x.dtype), preferred_element_type=jnp.float32
+                    x.T.astype(ct), dz.astype(ct), preferred_element_type=jnp.float32
                 )
             return d_normed, d_head
 

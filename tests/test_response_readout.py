@@ -336,3 +336,26 @@ def test_accuracy_breaks_ties_to_the_lowest_id_as_argmax_does(fn):
     _, acc_naive = naive_layer_token_losses(states, lambda x: x, head, labels, mask)
     np.testing.assert_array_equal(acc, acc_naive)
     np.testing.assert_allclose(acc, [[0.25, 0.25]])  # only label 3 (the lowest tied id) hits
+
+
+@pytest.mark.parametrize("keep_tokens", [1, None])  # logits recomputed / kept from the forward
+def test_bfloat16_states_with_a_float32_head_give_the_float32_head_gradient(keep_tokens):
+    """Mixed precision (bfloat16 states, a float32 master head): the forward's product is
+    float32, so must be the head's gradient. Rounding the logits' cotangent to the states'
+    bfloat16 first put it 8e-4 (relative) from the naive readout's. (The states as the norm
+    returns them: an identity here, so both readouts see the same bfloat16 rows.)"""
+    states, head, _, labels, mask = problem(batch=4, seq=16)
+    states = states.astype(jnp.bfloat16)
+    weights = jnp.linspace(0.1, 1.0, L1 * 4).reshape(4, L1)  # ce is [B, L+1]
+
+    def head_gradient(fn):
+        def loss(h):
+            return jnp.sum(weights * fn(states, lambda x: x, h, labels, mask)[0])
+
+        return jax.jit(jax.grad(loss))(head)
+
+    got = head_gradient(functools.partial(response_token_losses, keep_tokens=keep_tokens))
+    want = head_gradient(naive_layer_token_losses)
+    assert got.dtype == jnp.float32
+    err = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+    assert err < 1e-5, err

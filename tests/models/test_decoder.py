@@ -200,6 +200,15 @@ def test_bf16_compute_with_f32_params_is_close_to_f32(models):
     assert np.abs(np.asarray(logit - logit_ref))[real].max() < 0.03 * float(
         jnp.abs(logit_ref).max()
     )
+    # the readout generation takes is the per-layer losses' product: the bfloat16 normed
+    # state times the float32 head (cast to bfloat16, 0.1 nats apart at a trained head's scale)
+    from cudt.lm_readout import head_logits
+
+    states = mixed.apply(mixed.params, ids, mask)
+    normed = mixed.final_norm(mixed.params, states)
+    losses = head_logits(normed.reshape(-1, normed.shape[-1]), mixed.head_matrix(mixed.params).T)
+    got = np.asarray(mixed.readout_apply(mixed.params, states)).reshape(losses.shape)
+    np.testing.assert_allclose(got, losses, rtol=1e-5, atol=1e-5)  # float32 summation order
 
 
 # --------------------------------------------------------------------------------------------

@@ -174,6 +174,9 @@ def head_matrix(params: Params, config: DecoderConfig) -> jax.Array:
 def readout_logits(
     params: Params, states: jax.Array, config: DecoderConfig, dtype: Any
 ) -> jax.Array:
+    # the head as the params hold it, as the per-layer losses read it (cudt.lm_readout): with
+    # bfloat16 compute over float32 params the product is float32, so greedy generation picks
+    # the tokens whose scores the token accuracy counts
     x = rms_norm(states.astype(dtype), params["final_norm"], config.rms_norm_eps)
-    head = head_matrix(params, config).astype(dtype)
+    head = head_matrix(params, config)
     return jnp.einsum("...d,dv->...v", x, head, preferred_element_type=jnp.float32)
