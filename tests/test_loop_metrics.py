@@ -360,6 +360,16 @@ def test_nested_digests_follow_the_same_rule_and_are_named_where_they_differ(tmp
     write_json_atomic(out / "checkpoints" / "config.json", {"lr": 1, "data_per_seed": draws})
     more = {"lr": 1, "data_per_seed": {s: {**d, "source": "test 16"} for s, d in draws.items()}}
     assert open_output(out, more, ignore=["source"], flags=["lr"]).resuming
+    # where an evaluation-only flag moved the training examples (a split that deals its test
+    # items first), the flag is named, not files nobody changed
+    saved = {"lr": 1, "train_digest": "a", "evaluation_flags": {"num_test": 8}}
+    write_json_atomic(out / "checkpoints" / "config.json", saved)
+    now = {"lr": 1, "train_digest": "b", "evaluation_flags": {"num_test": 16}}
+    with pytest.raises(UsageError, match=r"trained on other examples .*--num-test 8 -> 16 chang"):
+        open_output(out, now, ignore=["num_test"], flags=["lr", "num_test"])
+    # the record itself is never a difference
+    write_json_atomic(out / "checkpoints" / "config.json", {**saved, "train_digest": "b"})
+    assert open_output(out, now, ignore=["num_test"], flags=["lr", "num_test"]).resuming
 
 
 def test_a_config_without_a_saved_step_is_replaced_not_refused(tmp_path):

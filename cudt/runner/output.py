@@ -90,7 +90,14 @@ STATE_LAYOUT = 3
 def checkpoint_record(cfg) -> dict[str, Any]:
     """What a run's ``checkpoints/config.json`` records: the config's fingerprint and the
     layout of the train state its checkpoints hold (:data:`STATE_LAYOUT`)."""
-    return cfg.fingerprint() | {"state_layout": STATE_LAYOUT}
+    evaluation = {k: getattr(cfg, k) for k in cfg.EVALUATION_ONLY if hasattr(cfg, k)}
+    # the evaluation-only flags: never compared (:data:`EVALUATION_FLAGS`), kept to name the
+    # one that moved where it changed the training data after all (a split dealt test first)
+    return cfg.fingerprint() | {"state_layout": STATE_LAYOUT, EVALUATION_FLAGS: evaluation}
+
+
+#: the key of ``checkpoints/config.json`` holding the evaluation-only flags' values
+EVALUATION_FLAGS = "evaluation_flags"
 
 
 def _differences(
@@ -101,7 +108,7 @@ def _differences(
     a field of ``added`` (``{name: the earlier versions' behaviour}``) the old config lacks
     while the new one keeps that value."""
     added = dict(added or {})
-    keys = sorted((set(old) | set(new)) - set(ignore))
+    keys = sorted((set(old) | set(new)) - set(ignore) - {EVALUATION_FLAGS})
     keys = [k for k in keys if not (k in added and k not in old and new.get(k) == added[k])]
     # nested records (a fingerprint per data draw: ``data_per_seed``) compared field by field,
     # so that their digests follow the same rule and a difference is named where it is
@@ -227,6 +234,14 @@ def _check_same_config(
     # the files behind the same flags changed (the training data, a frozen base, and what
     # the task derives from them); a flag that changed changes a digest too: named below
     if changed and not flag_changed:
+        moved = _evaluation_flags_moved(old, config)
+        if moved:  # no file changed: an evaluation-only flag moved the training examples
+            raise UsageError(
+                f"--out {out} holds checkpoints trained on other examples than this command "
+                f"gives: {', '.join(moved)} changes this data's training split "
+                f"({'; '.join(changed[:2])}): rerun with the values they were trained with "
+                "to resume, pass another --out, or --overwrite to discard them"
+            )
         derived = [d for d in diff if d not in changed][:3]
         raise UsageError(
             f"--out {out} holds checkpoints trained on other files than its flags name now "
@@ -241,6 +256,17 @@ def _check_same_config(
             "pass another --out, rerun with the same flags to resume, or --overwrite to "
             "discard them"
         )
+
+
+def _evaluation_flags_moved(old: dict, new: dict) -> list[str]:
+    """``--flag OLD -> NEW`` for each evaluation-only flag the saved config recorded with
+    another value (none for checkpoints written before the record)."""
+    before, now = old.get(EVALUATION_FLAGS) or {}, new.get(EVALUATION_FLAGS) or {}
+    return [
+        f"--{k.replace('_', '-')} {before[k]} -> {now[k]}"
+        for k in sorted(set(before) & set(now))
+        if before[k] != now[k]
+    ]
 
 
 def open_output(

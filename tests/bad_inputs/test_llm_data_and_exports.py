@@ -244,6 +244,33 @@ def test_llm_lora_resume_over_another_base(tmp_path, capsys):
     )
 
 
+def test_llm_resumed_with_an_evaluation_flag_that_moves_the_training_split(tmp_path, capsys):
+    """The toy set deals its test items first: another --num-test gives other training
+    examples, so the checkpoints cannot resume, and the refusal names that flag (an
+    evaluation-only one, not in the compared config), not files nobody changed."""
+    from cudt.runner.cli import config_from_args
+    from cudt.runner.output import checkpoint_record
+    from cudt.tasks import llm, llm_config
+    from experiments import llm_sft
+
+    argv = [str(a) for a in [*LLM_TINY, "--out", tmp_path / "out"]]
+    cfg, _ = config_from_args(llm_config.LLMConfig, argv, "")
+    task = llm.LLMTask()
+    record = checkpoint_record(cfg) | task.fingerprint(cfg, task.load(cfg))
+    (tmp_path / "out" / "checkpoints" / "llm-2" / "1").mkdir(parents=True)  # a saved step
+    (tmp_path / "out" / "checkpoints" / "config.json").write_text(json.dumps(record))
+    at = argv.index("--num-test")
+    refused(
+        "--num-test moving the training split of a resumed run",
+        [*argv[: at + 1], "4", *argv[at + 2 :]],
+        capsys,
+        "trained on other examples than this command gives: --num-test 2 -> 4 changes",
+        "rerun with the values they were trained with to resume, pass another --out",
+        keeps=tmp_path / "out",
+        via=entry(llm_sft.main),
+    )
+
+
 @over_cases(LLM_CASES)
 def test_llm_files_and_exports(case, build, problem, fix, tmp_path, capsys):
     """Each refused before anything is written: --out stays as it was (absent, or the finished
