@@ -85,7 +85,11 @@ def _parser_for(tp, name: str) -> Callable[[str], Any]:
     return parse_scalar
 
 
-def build_parser(config_cls: type, description: str, prog: str | None = None):
+def build_parser(
+    config_cls: type, description: str, prog: str | None = None, *, defaults: bool = True
+):
+    """The command line of ``config_cls``: a flag per field. ``defaults=False``: a flag left out
+    is left out of the namespace too (which flags the command line names)."""
     parser = OneLineParser(
         prog=prog,
         description=description,
@@ -102,7 +106,7 @@ def build_parser(config_cls: type, description: str, prog: str | None = None):
                 flag,
                 dest=f.name,
                 action=argparse.BooleanOptionalAction,
-                default=default,
+                default=default if defaults else argparse.SUPPRESS,
                 help=help_text,
             )
             continue
@@ -112,7 +116,7 @@ def build_parser(config_cls: type, description: str, prog: str | None = None):
                 dest=f.name,
                 action="append",
                 type=str,
-                default=None,
+                default=None if defaults else argparse.SUPPRESS,
                 help=f"{help_text} (repeatable"
                 + (f"; default: {' '.join(default)})" if default else ")"),
                 metavar=f.name.upper(),
@@ -126,7 +130,7 @@ def build_parser(config_cls: type, description: str, prog: str | None = None):
             flag,
             dest=f.name,
             type=_parser_for(tp, f.name.replace("_", "-")),
-            default=default,
+            default=default if defaults else argparse.SUPPRESS,
             help=help_text
             if _states_default(help_text, default)
             else f"{help_text} (default: {shown})",
@@ -147,9 +151,61 @@ def config_from_args(
             setattr(ns, f.name, tuple(given) if given else f.default)
     try:
         cfg = config_cls(**vars(ns))
+        cfg = _pin_given(cfg, _given_on_command_line(config_cls, argv))
     except (ValueError, TypeError) as e:
         parser.exit(2, f"error: {e}\n")
     return cfg, ns
+
+
+#: the per-run hyperparameters the runner tunes as lanes unless the user sets them, and the
+#: grid flag of each (``cudt.runner.sweep.tuned_grid``)
+_TUNED_BY = {"epsilon": "tune_epsilon", "dual_lr": "tune_dual_lr", "lr": "tune_lr"}
+
+
+def _given_on_command_line(config_cls, argv) -> set[str]:
+    """The fields the command line names, whatever their values."""
+    return set(vars(build_parser(config_cls, "", defaults=False).parse_args(argv)))
+
+
+def _pin_given(cfg, given: set[str]):
+    """A per-run hyperparameter the command line sets is the user's, even at the task's default
+    value (the runner sees values: ``--dual-lr 0.03`` equal to the video task's default would
+    otherwise be tuned over 0.03 and 0.1): its tuned grid is emptied and the models' own
+    values of it (``--model-hparams``) dropped, as for any other value. A ``--sweep`` of it
+    is left to the sweep's own check."""
+    from cudt.runner.config import RunConfig
+    from cudt.runner.sweep import parse_sweeps
+
+    if not isinstance(cfg, RunConfig):  # a job's own options (a study's), not a run's
+        return cfg
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    swept = parse_sweeps(cfg)
+    pinned = [
+        n
+        for n in _TUNED_BY
+        if n in given and n not in swept and n in defaults and getattr(cfg, n) == defaults[n]
+    ]
+    if not pinned:
+        return cfg
+    changes: dict[str, Any] = {_TUNED_BY[n]: () for n in pinned if getattr(cfg, _TUNED_BY[n], ())}
+    if getattr(cfg, "model_hparams", ()):
+        changes["model_hparams"] = tuple(
+            item
+            for item in (_drop_names(item, pinned) for item in cfg.model_hparams)
+            if item is not None
+        )
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def _drop_names(item: str, names: Sequence[str]) -> str | None:
+    """``"ut:epsilon=0.05,dual_lr=100"`` without the ``names`` (None when none is left)."""
+    model, _, rest = item.partition(":")
+    kept = [
+        p
+        for p in rest.split(",")
+        if p.strip() and p.split("=")[0].strip().replace("-", "_") not in names
+    ]
+    return f"{model}:{','.join(kept)}" if kept else None
 
 
 def run_cli(main: Callable[[], Any]) -> int:

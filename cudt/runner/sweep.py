@@ -139,7 +139,9 @@ def parse_model_hparams(cfg) -> dict[str, dict[str, Any]]:
 
 def is_given(cfg, name: str, sweeps: dict[str, tuple]) -> bool:
     """Whether the user chose ``name``: swept, or set to a value other than the task's
-    default. A value the user chose wins over a model's own (:func:`model_defaults`)."""
+    default (a flag the command line names at the default is pinned there already: its tuned
+    grid emptied, :func:`cudt.runner.cli.config_from_args`). A value the user chose wins over a
+    model's own (:func:`model_defaults`)."""
     default = {f.name: f.default for f in dataclasses.fields(cfg)}[name]
     return name in sweeps or getattr(cfg, name) != default
 
