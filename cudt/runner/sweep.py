@@ -202,11 +202,12 @@ def expand_runs(cfg, models, default_lr, kinds=None) -> list[RunSpec]:
     for model in models:
         own = model_defaults(cfg, model, sweeps)
         model_lr = own.pop("lr", None)
+        # a model's own lr is there only when the user did not set --lr (model_defaults)
         lr = (
-            cfg.lr
-            if cfg.lr is not None
-            else model_lr
+            model_lr
             if model_lr is not None
+            else cfg.lr
+            if cfg.lr is not None
             else default_lr(model)
         )
         for constrained in (False, True) if kinds is None else kinds(model):

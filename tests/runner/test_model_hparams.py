@@ -80,3 +80,17 @@ def test_a_model_the_run_does_not_train_is_refused():
     cfg, _ = config_from_args(VideoConfig, ["--models", "dust", "--model-hparams", "vit:lr=1"], "v")
     with pytest.raises(ValueError, match="names vit, which this run does not train"):
         VideoTask().run_specs(cfg)
+
+
+def test_a_models_own_learning_rate_wins_over_a_task_default_that_is_not_none():
+    """The toy task's learning rate defaults to 3e-2 (the video's to None): a model's own lr
+    replaces it, as it replaces any default, for both kinds; --lr set wins over it."""
+    from helpers import ToyConfig, ToyTask
+
+    def lrs(*argv):
+        cfg, _ = config_from_args(ToyConfig, ["--seeds", "1", "--tune-lr", "1", *argv], "toy")
+        return {s.constrained: s.hp["lr"] for s in ToyTask().run_specs(cfg)}
+
+    assert lrs() == {False: 3e-2, True: 3e-2}
+    assert lrs("--model-hparams", "toy:lr=0.001") == {False: 1e-3, True: 1e-3}
+    assert lrs("--model-hparams", "toy:lr=0.001", "--lr", "0.2") == {False: 0.2, True: 0.2}

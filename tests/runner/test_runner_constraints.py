@@ -176,6 +176,14 @@ def test_slacks_compose_with_nupi_alternating_and_every_constraint(constraint, t
     assert sum(run["multipliers"][1:]) < sum(_constrained(hard)["multipliers"][1:])
 
 
+def test_slacks_with_erm_runs_alone_train(tmp_path):
+    """A group of ERM runs alone (--kinds erm here; the video's ERM-only dust-pl control) under
+    --resilience-mode slack: its runs have no α of their own, so the step is built with the
+    flag's (it raised after --out was made)."""
+    res = toy([*ONE, "--kinds", "erm", "--resilience-mode", "slack", "--resilience", "2"], tmp_path)
+    assert [r["constrained"] for r in res["runs"]] == [False] and not res["runs"][0]["diverged"]
+
+
 def test_the_runner_has_one_path_to_the_step():
     """Every run is built by make_group_step through cudt.make_train_step, the one engine's
     convenience: no module of the runner builds a step otherwise, and no config switch picks
