@@ -465,9 +465,9 @@ class RunConfig:
                 f"{max(trained) + self.epsilon_margin:g} (at least 1: a loss below 0): pass a "
                 "smaller margin",
             )
-        self._validate_dual_dynamics(sweeps)
+        self._validate_dual_dynamics(sweeps, own)
 
-    def _validate_dual_dynamics(self, sweeps) -> None:
+    def _validate_dual_dynamics(self, sweeps, own) -> None:
         need = self.require
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         base = {f.name: f.default for f in dataclasses.fields(RunConfig)}
@@ -478,6 +478,19 @@ class RunConfig:
 
         for knob in CONDITIONAL:  # a knob set where it does not act (cudt.knobs: its needs)
             need(knob.active(self) or not given(knob.name), knob.off_message())
+            for model, values in own.items():  # a model's own value of it, the same
+                need(
+                    knob.active(self) or knob.name not in values,
+                    f"--model-hparams {model}: {knob.off_message()}",
+                )
+        if self.formulation == "penalty":  # no multipliers: lanes of dual steps are one run
+            for name in ("dual_lr", "nupi_kp", "nupi_ema"):
+                need(
+                    name not in sweeps and not any(name in values for values in own.values()),
+                    f"{name} varies the multipliers' steps and --formulation penalty has none "
+                    "(its lanes would train one problem): drop it from --sweep and "
+                    "--model-hparams, or pass --formulation lagrangian or augmented",
+                )
 
     def validate(self) -> None:
         """Cross-field checks of a task's config: raise ValueError with the flag and the fix."""

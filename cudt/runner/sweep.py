@@ -198,6 +198,9 @@ def expand_runs(cfg, models, default_lr, kinds=None) -> list[RunSpec]:
                 f"--model-hparams names {unknown[0]}, which this run does not train (models: "
                 f"{', '.join(models)}): drop it or add the model"
             )
+    twice = next((m for i, m in enumerate(models) if m in models[:i]), None)
+    if twice is not None:  # its runs would train twice under one label
+        raise UsageError(f"--models names {twice} twice: name each model once")
     specs = []
     for model in models:
         own = model_defaults(cfg, model, sweeps)
@@ -236,7 +239,9 @@ def tuned_grid(cfg, sweeps: dict[str, tuple], constrained: bool, lr: float) -> d
         grid = {}
         if cfg.tune_epsilon and not is_given(cfg, "epsilon", sweeps):
             grid["epsilon"] = tuple(dict.fromkeys(float(e) for e in cfg.tune_epsilon))
-        if cfg.tune_dual_lr and not is_given(cfg, "dual_lr", sweeps):
+        # the penalty formulation has no multipliers: its dual rates would be equal lanes
+        multipliers = getattr(cfg, "formulation", "lagrangian") != "penalty"
+        if cfg.tune_dual_lr and multipliers and not is_given(cfg, "dual_lr", sweeps):
             grid["dual_lr"] = tuple(dict.fromkeys(float(r) for r in cfg.tune_dual_lr))
         return grid
     if not constrained and cfg.tune_lr and not is_given(cfg, "lr", sweeps):

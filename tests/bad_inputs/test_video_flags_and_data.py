@@ -195,6 +195,24 @@ CONFIG_CASES = [
         "pass one of them",
     ),
     (
+        "--model-hparams with a knob whose setting is off",
+        ["--model-hparams", "ut:tail_beta=0.3"],
+        "--model-hparams ut: --tail-beta is the beta of --constraint tail",
+        "pass --constraint tail or drop it",
+    ),
+    (
+        "--sweep dual_lr with --formulation penalty",
+        ["--formulation", "penalty", "--sweep", "dual_lr=0.01,10"],
+        "dual_lr varies the multipliers' steps and --formulation penalty has none",
+        "pass --formulation lagrangian or augmented",
+    ),
+    (
+        "--models naming a model twice",
+        ["--models", "ut,ut"],
+        "--models names ut twice",
+        "name each model once",
+    ),
+    (
         "--resume without --out",
         ["--resume"],  # and no --out: run where a fresh runs/ would be made
         "--resume needs --out DIR",

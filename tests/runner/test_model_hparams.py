@@ -94,3 +94,12 @@ def test_a_models_own_learning_rate_wins_over_a_task_default_that_is_not_none():
     assert lrs() == {False: 3e-2, True: 3e-2}
     assert lrs("--model-hparams", "toy:lr=0.001") == {False: 1e-3, True: 1e-3}
     assert lrs("--model-hparams", "toy:lr=0.001", "--lr", "0.2") == {False: 0.2, True: 0.2}
+
+
+def test_the_penalty_formulation_tunes_no_dual_rate():
+    """The quadratic penalty has no multipliers: the video default's dual-rate lanes (0.03, 0.1)
+    would train one problem twice under two labels; ε is still the constrained runs' grid."""
+    specs = _specs(["--formulation", "penalty", "--penalty", "10"])
+    for model in ("ut", "dust"):
+        assert (model, True, 0) in specs and (model, True, 1) not in specs
+    assert [h["dual_lr"] for h in (specs["ut", True, 0],)] == [VideoConfig().dual_lr]
