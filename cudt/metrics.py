@@ -166,8 +166,11 @@ def rmse_255(mse: np.ndarray | float) -> np.ndarray | float:
 
 
 def trapezoid_auc(xs, ys) -> float:
-    """Area under ys(xs) by the trapezoid rule (the paper's accuracy AUC)."""
+    """Area under ys(xs) by the trapezoid rule (the paper's accuracy AUC); NaN over fewer than
+    two points, where there is no area (not 0, which reads as a measured one)."""
     xs, ys = np.asarray(xs, np.float64), np.asarray(ys, np.float64)
+    if xs.size < 2:
+        return float("nan")
     return float(np.sum(0.5 * (ys[1:] + ys[:-1]) * np.diff(xs)))
 
 

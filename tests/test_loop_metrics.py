@@ -220,6 +220,20 @@ def test_a_finite_loss_with_a_non_finite_gradient_freezes_the_run_before_its_upd
     assert int(result.states.step[1]) == 0 and int(result.states.step[0]) == 4
 
 
+def test_test_losses_are_judged_monotone_as_validation_is():
+    """A state at the loss floor (ℓ_0 = 0: the video at γ_train = 0) cannot be undercut: the
+    step from it is left out of the test verdict as of the validation one (the record's test
+    verdict counted it, so every such run read "not monotone" beside "n/a at l = 1")."""
+    from cudt.runner.record import _applicable, decreases
+
+    means = [0.0, 1.0e-4, 0.9e-4, 0.8e-4]
+    verdict = feasibility(means, 0.05, None, 0.01)
+    assert _applicable(means).tolist() == verdict.applicable[1:] == [False, True, True]
+    assert decreases(means, _applicable(means)) and not decreases(means)
+    assert not decreases([0.0, 1e-4, 1.1e-4], _applicable([0.0, 1e-4, 1.1e-4]))  # a real rise
+    assert not decreases([1.0, float("nan"), 0.5], _applicable([1.0, float("nan"), 0.5]))
+
+
 def test_descent_stats_by_hand():
     losses = np.array([[4.0, 2.0, 3.0], [1.0, 0.5, 0.25]])
     s = descent_stats(losses)

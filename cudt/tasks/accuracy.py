@@ -41,6 +41,11 @@ def test_gamma_grid(gamma_train: float, explicit=None) -> list[float]:
     return sorted({float(g) for g in base} | {float(gamma_train)})
 
 
+def _shown(value) -> str:
+    """A number of the table, "n/a" where there is none (an AUC over one γ: NaN, null)."""
+    return "n/a" if value is None or not np.isfinite(value) else f"{value:.3f}"
+
+
 class AccuracyReports:
     """Mixin of a :class:`cudt.runner.Task` whose ``eval_outputs`` give ``"correct"``."""
 
@@ -64,8 +69,9 @@ class AccuracyReports:
 
     def val_metrics(self, cfg, val, val_gammas, gamma_train):
         """Where validation data was scored at several γ: the validation accuracy at each and
-        its AUC (the paper's best-run score, appendix B.3)."""
-        if len(val_gammas) < 2:
+        its AUC (the paper's best-run score, appendix B.3). Only then: validation scored at a
+        swept γ_train's values alone is no test grid (its "AUC" would span those values)."""
+        if getattr(cfg, "select", None) != "val-auc" or len(val_gammas) < 2:
             return {}
         accuracy = [float(c[:, -1].mean()) for c in val["correct"]]
         return {"val_accuracy_by_gamma": accuracy, "val_auc": trapezoid_auc(val_gammas, accuracy)}
@@ -74,7 +80,7 @@ class AccuracyReports:
         return [
             Column("acc@γtr", 8, lambda r: f"{at_gamma_train(r, 'accuracy'):.3f}"),
             Column("acc@γmax", 8, lambda r: f"{r['accuracy'][-1]:.3f}"),
-            Column("AUC", 6, lambda r: f"{r['auc']:.3f}"),
+            Column("AUC", 6, lambda r: _shown(r.get("auc"))),
         ]
 
     def after_columns(self):

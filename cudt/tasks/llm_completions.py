@@ -11,6 +11,7 @@ from cudt import stats
 from cudt.data.alpaca import AlpacaRecord, InstructionTokenizer, prompt_batches
 from cudt.data.instructions import exact_answer
 from cudt.metrics import rouge_l
+from cudt.runner.sweep import parse_sweeps
 from cudt.tasks.accuracy import paired_difference, paired_with_erm, test_gamma_grid
 from cudt.tasks.llm_data import LLMData
 from cudt.tasks.llm_export import decoder_params, lora_spec
@@ -44,7 +45,7 @@ def greedy_completions(cfg, data: LLMData, model, params, labels) -> list[dict]:
             prompt=data.prompt,
         )
     )
-    gammas = [0.0, completion_gamma(cfg)]
+    gammas = completion_gammas(cfg)
     key = jax.random.key(cfg.data_rng_seed + 7)  # the same noise for every run
     out = []
     for r in range(len(labels)):
@@ -72,12 +73,20 @@ def greedy_completions(cfg, data: LLMData, model, params, labels) -> list[dict]:
     return out
 
 
+def completion_gammas(cfg) -> list[float]:
+    """The γ of the completions: 0 and :func:`completion_gamma`, each once (at
+    ``--completion-gamma 0`` every prompt was generated, scored and counted twice)."""
+    return list(dict.fromkeys([0.0, completion_gamma(cfg)]))
+
+
 def completion_gamma(cfg) -> float:
     """The noise level of the perturbed completions (``--completion-gamma``, else the largest
     test γ)."""
     if cfg.completion_gamma is not None:
         return float(cfg.completion_gamma)
-    return max(test_gamma_grid(cfg.gamma_train, cfg.test_gammas))
+    # the job's grid: every γ_train it trains (a sweep of them, else the flag's)
+    trains = parse_sweeps(cfg).get("gamma_train") or (cfg.gamma_train,)
+    return max(g for gt in trains for g in test_gamma_grid(gt, cfg.test_gammas))
 
 
 def _until_eos(tok: InstructionTokenizer, row: np.ndarray) -> str:

@@ -455,8 +455,9 @@ class VideoTask(Task):
 
     def val_metrics(self, cfg, val, val_gammas, gamma_train):
         """Where validation was scored over the test grid: its RMSE at each γ and their
-        mean, the validation twin of the table's meanRMSE."""
-        if len(val_gammas) < 2:
+        mean, the validation twin of the table's meanRMSE. Only then: validation scored at a
+        swept γ_train's values alone is no test grid."""
+        if cfg.select != "val-mean-rmse" or len(val_gammas) < 2:
             return {}
         rmse = [float(rmse_255(pg[:, -1].mean())) for pg in val["losses"]]
         return {"val_rmse_by_gamma": rmse, "val_mean_rmse": float(np.mean(rmse))}

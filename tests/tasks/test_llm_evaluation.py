@@ -299,3 +299,41 @@ def test_the_section6_command_with_a_file_for_every_split_deals_no_generated_set
     assert cfg.epsilon == 0.02 and cfg.checkpoint == "smollm2"  # the rest of the command kept
     assert section6_for(files[:4]) == SECTION6  # --data deals the split without a file
     assert section6_for([*files, "--data=alpaca.json"]) == SECTION6  # the user's own --data
+
+
+def test_completions_are_taken_once_per_gamma_at_the_largest_gamma_of_the_jobs_grid():
+    """Completions at γ = 0 and the largest test γ of the job: of every γ_train it trains (a
+    sweep of them, not the flag's alone), and each γ once (--completion-gamma 0 generated and
+    counted every prompt twice)."""
+    from cudt.tasks.llm_completions import completion_gammas
+    from cudt.tasks.llm_config import LLMConfig
+
+    assert completion_gammas(LLMConfig(test_gammas=(0.0, 1.0))) == [0.0, 1.0]
+    swept = LLMConfig(test_gammas=(0.0, 1.0), sweep=("gamma_train=0.5,3",))
+    assert completion_gammas(swept) == [0.0, 3.0]
+    assert completion_gammas(LLMConfig(completion_gamma=0.0)) == [0.0]
+
+
+def test_validation_over_the_test_grid_is_reported_only_where_the_selection_reads_it():
+    """val_auc / val_mean_rmse score validation over the test γ grid (--select val-auc,
+    val-mean-rmse); a γ_train sweep alone scores validation at its values, which are no grid:
+    no such field then (it was an "AUC" over the swept γ_trains, in the interval lines)."""
+    import types
+
+    from cudt.tasks.text import TextTask
+    from cudt.tasks.video import VideoTask
+
+    correct = {"correct": np.ones((2, 4, 3)), "losses": np.ones((2, 4, 3))}
+    for task, select, name in (
+        (TextTask(), "val-auc", "val_auc"),
+        (VideoTask(), "val-mean-rmse", "val_mean_rmse"),
+    ):
+        assert task.val_metrics(types.SimpleNamespace(select="x"), correct, [0.5, 1.0], 0.5) == {}
+        chosen = task.val_metrics(types.SimpleNamespace(select=select), correct, [0.0, 1.0], 0.0)
+        assert name in chosen, (task, chosen)
+
+
+def test_an_auc_over_one_gamma_is_not_a_number():
+    from cudt.metrics import trapezoid_auc
+
+    assert np.isnan(trapezoid_auc([1.0], [0.7])) and trapezoid_auc([0, 1], [1, 0]) == 0.5
