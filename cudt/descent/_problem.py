@@ -216,7 +216,9 @@ def tail_values(losses, epsilon, beta, previous=None):
     prev = losses[:, :-1] if previous is None else previous
     ratios = current / jnp.maximum(prev, RATIO_FLOOR)  # [B, L]
     size = ratios.shape[0]
-    k = jnp.clip(jnp.ceil(beta * size), 1, size)
+    # βB in float32 lands above a whole number it equals (0.3·50 = 15.0000006): a hair below
+    # it, so that ⌈βB⌉ is that number, not one more
+    k = jnp.clip(jnp.ceil(beta * size * (1.0 - 1e-6)), 1, size)
     ranked = -jnp.sort(-ratios, axis=0)  # largest first
     top = (jnp.arange(size) < k)[:, None]
     cvar = jnp.sum(jnp.where(top, ranked, 0.0), axis=0) / k

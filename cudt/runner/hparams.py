@@ -67,10 +67,11 @@ def parse_epsilon_schedule(
         raise ValueError(f"its START must lie in [0, 1) like epsilon, got {start_:g} in {text!r}")
     if steps_ < 1 or begin_ < 0:
         raise ValueError(f"needs STEPS >= 1 and BEGIN >= 0, got {text!r}")
-    if total_steps is not None and begin_ + steps_ > total_steps:
+    # steps run 0 .. total − 1: one that reaches ε at step total never trains at it
+    if total_steps is not None and begin_ + steps_ >= total_steps:
         raise ValueError(
-            f"{text!r} reaches epsilon at step {begin_ + steps_}, after the run's {total_steps} "
-            "steps: shorten it or pass more --steps"
+            f"{text!r} reaches epsilon at step {begin_ + steps_}, and the run's {total_steps} "
+            f"steps end at step {total_steps - 1}: shorten it or pass more --steps"
         )
     return shape, start_, steps_, begin_
 

@@ -155,7 +155,7 @@ CONFIG_CASES = [
     (
         "--epsilon-schedule longer than the run",
         ["--epsilon-schedule", "linear:0@500"],
-        "reaches epsilon at step 500, after the run's 4 steps",
+        "reaches epsilon at step 500, and the run's 4 steps end at step 3",
         "shorten it or pass more --steps",
     ),
     (

@@ -81,6 +81,16 @@ def test_bad_schedules_say_what_to_fix(args, match):
         cudt.schedule("linear", 0.0, 0.1, 10, begin=-1)
 
 
+def test_a_schedule_must_reach_epsilon_on_a_step_the_run_trains():
+    """A run of 4 steps trains steps 0..3: a schedule reaching ε at step 4 never trains at it
+    (step:0@4 trained at 0 throughout), so it is refused; at step 3, the last, it is kept."""
+    from cudt.runner.hparams import parse_epsilon_schedule
+
+    with pytest.raises(ValueError, match="steps end at step 3"):
+        parse_epsilon_schedule("step:0@4", 4)
+    assert parse_epsilon_schedule("step:0@3", 4) == ("step", 0.0, 3, 0)
+
+
 def _init_step(update="alternating"):
     cfg = cudt.DescentConfig(num_layers=L, epsilon=0.1, dual_scale="relative")
     return cudt.make_train_step(
@@ -213,7 +223,7 @@ test_bad_schedules_give_one_line_and_write_nothing = bad_flags_test(
     [
         (["--epsilon-schedule", "exp:0@10"], "--epsilon-schedule must be constant or SHAPE:START"),
         (["--epsilon-schedule", "linear:1.5@10"], "START must lie in [0, 1)"),
-        (["--epsilon-schedule", "linear:0@10000"], "after the run's"),
+        (["--epsilon-schedule", "linear:0@10000"], "steps end at step"),
         (["--sweep", "epsilon_schedule=constant,cosine:0@0"], "needs STEPS >= 1"),
     ],
 )

@@ -147,6 +147,18 @@ def test_tail_constraint_is_the_cvar_of_the_ratios(beta):
     )
 
 
+@pytest.mark.parametrize("beta, size", [(0.3, 50), (0.15, 100), (0.27, 100)])
+def test_the_tail_takes_beta_b_ratios_where_beta_b_is_whole(beta, size):
+    """βB = 15, 15, 27 exactly, which float32 puts a hair above (0.3·50 = 15.0000006): the
+    CVaR must average the βB largest ratios, not one more. The βB largest are 1, the rest 0:
+    the tail's ratio is 1 (it read 15/16 with one 0 averaged in)."""
+    n = round(beta * size)
+    ratios = np.where(np.arange(size) < n, 1.0, 0.0)
+    losses = np.stack([np.ones(size), ratios], axis=1).astype(np.float32)  # ℓ_0 = 1, ℓ_1 = r
+    got = float(tail_values(jnp.asarray(losses), 0.0, jnp.float32(beta))[0])
+    assert got == 0.0, got  # CVaR 1 − (1 − ε) with ε = 0
+
+
 def test_tail_lowers_the_worst_ratios_that_mean_leaves():
     """A residual tanh denoiser (3 layers) on one batch of 32, 200 steps, ε = 0.3. What the tail
     constraint (β = 0.25) guarantees: every layer's CVaR of the per-sample ratios ℓ_l/ℓ_{l−1}
