@@ -128,12 +128,14 @@ def _gather(table, ids):
     return table.at[ids].get(mode="fill", fill_value=jnp.nan, wrap_negative_indices=False)
 
 
-def _per_scale(x, c: Constraint):
-    """``x / s`` in the constraint's scale (:class:`cudt.Constraint`'s ``scale``; none: ``x``)."""
+def _per_scale(x, c: Constraint, inverse: bool = False):
+    """``x / s`` in the constraint's scale (:class:`cudt.Constraint`'s ``scale``; none: ``x``);
+    ``inverse``: ``x · s``, from the scale back to the constraint's units."""
     if c.scale is None:
         return x
     x = jnp.asarray(x)  # the value's own dtype back: a bf16 constraint keeps bf16 multipliers
-    return (x / jax.lax.stop_gradient(jnp.asarray(c.scale, jnp.float32))).astype(x.dtype)
+    s = jax.lax.stop_gradient(jnp.asarray(c.scale, jnp.float32))
+    return (x * s if inverse else x / s).astype(x.dtype)
 
 
 def _where(pred, new, old):
@@ -444,11 +446,14 @@ def _descend_slacks(spec: _Spec, state: ConstrainedState, grad, cons, active):
     runs keep theirs)."""
     new_u, new_s = {}, {}
     for n in state.slacks:
+        # u is in the constraint's units: its gradient (α u / s − λ) times s, so that a step
+        # moves u by (a fraction of) s·λ, as the problem in other units moves it (scale-free)
+        d = grad[n] if cons[n].scale is None else _per_scale(grad[n], cons[n], inverse=True)
         new_u[n], new_s[n] = _update_rows(
             state.slacks[n],
             state.slack_state[n],
             cons[n].index,
-            functools.partial(_descend_slack, spec, grad[n], active),
+            functools.partial(_descend_slack, spec, d, active),
         )
     return new_u, new_s
 

@@ -280,14 +280,19 @@ def test_relative_dual_step_ascends_the_relative_violation():
     np.testing.assert_allclose(np.asarray(m["multipliers"]), want, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("kind", ["mean", "indexed", "tail"])
-def test_relative_dual_scale_makes_multipliers_independent_of_the_loss_units(kind):
+@pytest.mark.parametrize(
+    "kind, slacks", [("mean", False), ("indexed", False), ("tail", False), ("mean", True)]
+)
+def test_relative_dual_scale_makes_multipliers_independent_of_the_loss_units(kind, slacks):
     """The same problem in other units (every loss times 1e-4, as pixel MSE against
     cross-entropy) trains the same multipliers with dual_scale="relative" (a scale-free primal,
-    Adam, sees the same directions), while "absolute" multipliers shrink with the units."""
+    Adam, sees the same directions), while "absolute" multipliers shrink with the units. With
+    explicit slacks too: they live in the losses' units and step by s·(their gradient) (they
+    stepped by λ in any units, at 1e-4 overshooting to a slack past the violation)."""
+    slack = dict(resilience=1.0, resilience_mode="slack", slack_lr=0.05) if slacks else {}
 
     def run(c, scale):
-        cfg = cudt.DescentConfig(num_layers=L, epsilon=0.3, dual_scale=scale)
+        cfg = cudt.DescentConfig(num_layers=L, epsilon=0.3, dual_scale=scale, **slack)
         init, step = cudt.make_train_step(
             _scaled(c),
             optax_adam(),
