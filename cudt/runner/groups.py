@@ -161,8 +161,7 @@ class GroupProgram:
         resolved_ref = [task.resolve_reference(hp["reference"], data) for hp in hps]
         alphas = [hp["resilience"] for hp in hps]
         self.warmup = warmup = task.warmup_steps(cfg, steps_per_epoch)
-        # a group of ERM runs alone (--kinds erm, an ERM-only control) has no α of its own:
-        # the flag's, as its runs' fill below (slack mode needs one to build the step)
+        # ERM runs alone (--kinds erm, an ERM-only control) have no α: the flag's, as below
         slack_alpha = next((a for a in alphas if a is not None), cfg.resilience)
         init, self.step = make_group_step(
             cfg,
