@@ -15,6 +15,7 @@ __all__ = [
     "RELATIVE_FLOOR",
     "DescentStats",
     "FeasibilityVerdict",
+    "applicable_steps",
     "constraint_scales",
     "descent_stats",
     "exact_match",
@@ -124,6 +125,14 @@ def constraint_scales(mean_losses: np.ndarray, reference: float | None = None) -
     return scale
 
 
+def applicable_steps(mean_losses, floor: float | None = None) -> np.ndarray:
+    """``[L]``: the descent steps ``l−1 -> l`` that are judged, those whose earlier state's
+    mean loss is above ``floor`` (default :func:`loss_floor` of ``mean_losses``): a state at
+    the floor cannot be undercut. NaN stays applicable (and fails the judgment)."""
+    m = np.asarray(mean_losses, np.float64)
+    return ~(m[:-1] <= (loss_floor(m) if floor is None else floor))
+
+
 def feasibility(
     mean_losses: np.ndarray,
     epsilon: np.ndarray | float,
@@ -153,7 +162,7 @@ def feasibility(
         g[0] = m[0] - reference
     rel = g / constraint_scales(m, reference)
     applicable = np.ones(num_layers + 1, bool)
-    applicable[1:] = ~(m[:-1] <= floor)  # NaN stays applicable (and fails below)
+    applicable[1:] = applicable_steps(m, floor)
     bound = tolerance + (0.0 if relaxation is None else np.asarray(relaxation, np.float64))
     bound = np.broadcast_to(bound, rel.shape)
     ok = bool(np.all(np.isfinite(m)) and np.all(rel[applicable] <= bound[applicable]))

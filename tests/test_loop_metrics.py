@@ -224,7 +224,8 @@ def test_test_losses_are_judged_monotone_as_validation_is():
     """A state at the loss floor (ℓ_0 = 0: the video at γ_train = 0) cannot be undercut: the
     step from it is left out of the test verdict as of the validation one (the record's test
     verdict counted it, so every such run read "not monotone" beside "n/a at l = 1")."""
-    from cudt.runner.record import _applicable, decreases
+    from cudt.metrics import applicable_steps as _applicable
+    from cudt.runner.record import decreases
 
     means = [0.0, 1.0e-4, 0.9e-4, 0.8e-4]
     verdict = feasibility(means, 0.05, None, 0.01)

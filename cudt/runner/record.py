@@ -13,7 +13,7 @@ import numpy as np
 
 from cudt import descent
 from cudt.loop import CURVE_METRICS, LoopResult
-from cudt.metrics import constraint_scales, descent_stats, feasibility, loss_floor
+from cudt.metrics import applicable_steps, constraint_scales, descent_stats, feasibility
 
 KINDS = {False: "ERM", True: "constrained"}
 
@@ -56,13 +56,6 @@ def decreases(losses, applicable=None) -> bool:
     if applicable is not None:
         steps = steps | ~np.asarray(applicable, bool)
     return bool(np.all(np.isfinite(losses)) and np.all(steps))
-
-
-def _applicable(mean_losses) -> np.ndarray:
-    """``[L]``: the steps ``l−1 -> l`` whose earlier state's mean loss is above the floor
-    (:func:`cudt.metrics.loss_floor`), as :func:`cudt.metrics.feasibility` judges them."""
-    m = np.asarray(mean_losses, np.float64)
-    return ~(m[:-1] <= loss_floor(m))
 
 
 def curves_of(result: LoopResult, r: int) -> dict[str, list]:
@@ -176,7 +169,7 @@ def _run_record(task, cfg, group, program, result, r, spec, test, val, gammas, v
         "layer_loss": layer_loss,
         # reported only: the test split never decides anything (loss_decreases_val does);
         # judged as validation is, a step from a state at the loss floor left out
-        "loss_decreases": decreases(layer_loss[gi], _applicable(layer_loss[gi])),
+        "loss_decreases": decreases(layer_loss[gi], applicable_steps(layer_loss[gi])),
         "layer_loss_val": val_mean.tolist(),
         "loss_decreases_val": decreases(val_mean, applicable),
         "descent_rate": ratio_stats.descent_rate,
