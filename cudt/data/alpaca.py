@@ -144,9 +144,7 @@ def shared_records(ours: Sequence[AlpacaRecord], others: Sequence[AlpacaRecord])
 def _record(obj: Any, where: str) -> AlpacaRecord:
     """Validate one decoded JSON object; ``where`` names the file and record for the error."""
     if not isinstance(obj, dict):
-        raise AlpacaDataError(
-            f"{where} is a JSON {type(obj).__name__}, not an object: {_FORMAT_HINT}"
-        )
+        raise AlpacaDataError(f"{where} is a JSON {_json_type(obj)}, not an object: {_FORMAT_HINT}")
     for key in ("instruction", "output"):
         if key not in obj:
             keys = ", ".join(sorted(map(str, obj))) or "none"
@@ -161,17 +159,31 @@ def _record(obj: Any, where: str) -> AlpacaRecord:
     for key, value in fields.items():
         if not isinstance(value, str):
             raise AlpacaDataError(
-                f'{where} has a {type(value).__name__} "{key}", not a string: {_FORMAT_HINT}'
+                f'{where} has a {_json_type(value)} "{key}", not a string: {_FORMAT_HINT}'
             )
     if not fields["instruction"].strip():
         raise AlpacaDataError(f'{where} has an empty "instruction": fill it in or remove it')
     return AlpacaRecord(**fields)
 
 
+def _lines(text: str) -> list[str]:
+    """``text``'s lines, split at ``\\n`` only (a trailing ``\\r`` dropped): ``str.splitlines``
+    also breaks at U+2028, U+2029 and U+0085, which JSON allows unescaped inside a string
+    (``json.dumps(ensure_ascii=False)`` writes them so)."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
+def _json_type(value: Any) -> str:
+    """``value``'s JSON type name, for an error (``null``, not ``NoneType``)."""
+    names = {type(None): "null", bool: "boolean", int: "number", float: "number"}
+    names |= {str: "string", list: "array", dict: "object"}
+    return names.get(type(value), type(value).__name__)
+
+
 def _parse_json_lines(text: str, path: Path) -> list[tuple[Any, str]]:
     """``(object, where)`` per non-blank line."""
     out = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(_lines(text), start=1):
         if not line.strip():
             continue
         where = f"'{path}' record {len(out)} (line {lineno})"
@@ -226,7 +238,7 @@ def load_alpaca(path: str | Path) -> tuple[AlpacaRecord, ...]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
-            first = text.strip().splitlines()[0]
+            first = _lines(text.strip())[0]
             try:
                 looks_like_lines = isinstance(json.loads(first), dict) and first != text.strip()
             except json.JSONDecodeError:
@@ -519,7 +531,7 @@ def load_tokenizer(
     config_file = file.parent / "tokenizer_config.json"
     if config_file.is_file():
         try:
-            loaded = json.loads(config_file.read_text(encoding="utf-8"))
+            loaded = json.loads(config_file.read_text(encoding="utf-8-sig"))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise AlpacaDataError(
                 f"'{config_file}' is not valid JSON ({err}): fix it or delete it"

@@ -78,7 +78,8 @@ def bpe_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bpe")
     tok.save(str(folder / "tokenizer.json"))
     config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>", "pad_token": None}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    # with a byte-order mark, as Windows editors save it: read as the same JSON
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8-sig")
     return folder
 
 
@@ -105,6 +106,14 @@ def test_alpaca_json_and_jsonl_round_trip(tmp_path):
     for name in ("out.json", "out.jsonl"):
         assert load_alpaca(write_alpaca(records, tmp_path / name)) == records
     assert isinstance(json.loads((tmp_path / "out.json").read_text()), list)
+    # U+2028, U+2029 and U+0085 are legal unescaped inside a JSON string (the writer keeps
+    # them so): a line of JSON lines ends at a newline only, CRLF included
+    odd = (AlpacaRecord("Say hi\u2028now", "a\u2029b", "c\x85d"),)
+    for name in ("odd.jsonl", "odd.json"):
+        assert load_alpaca(write_alpaca(odd, tmp_path / name)) == odd
+    crlf = tmp_path / "crlf.jsonl"
+    crlf.write_bytes((json.dumps(RECORDS[0], ensure_ascii=False) + "\r\n").encode() * 2)
+    assert load_alpaca(crlf) == (records[0], records[0])
 
 
 def test_prompt_is_the_stanford_alpaca_template():
@@ -144,7 +153,7 @@ def test_prompt_is_the_stanford_alpaca_template():
         (
             "int_input.json",
             json.dumps([{"instruction": "a", "input": 3, "output": "b"}]),
-            r"'{path}' record 0 has a int \"input\", not a string",
+            r"'{path}' record 0 has a number \"input\", not a string",
         ),
         (
             "empty_instruction.json",
@@ -154,7 +163,7 @@ def test_prompt_is_the_stanford_alpaca_template():
         (
             "list.jsonl",
             json.dumps(RECORDS[0]) + "\n[1]\n",
-            r"'{path}' record 1 \(line 2\) is a JSON list",
+            r"'{path}' record 1 \(line 2\) is a JSON array",
         ),
         ("bad.jsonl", json.dumps(RECORDS[0]) + "\n{oops\n", r"'{path}' line 2 is not valid JSON"),
         (
