@@ -398,7 +398,8 @@ def test_tfds_bad_split_format_and_dataset_name(tfds_dirs, tmp_path):
 def test_tfrecord_corruption_is_reported(tfds_dirs, tmp_path):
     shutil.copytree(tfds_dirs["tfrecord"] / "imdb_reviews", tmp_path / "imdb_reviews")
     shard = next((tmp_path / "imdb_reviews" / "plain_text" / "1.0.0").glob("*-train.tfrecord-*"))
-    data = bytearray(shard.read_bytes())
+    original = shard.read_bytes()
+    data = bytearray(original)
     data[3] ^= 0xFF  # the first record's length
     shard.write_bytes(bytes(data))
     with pytest.raises(DataError, match="corrupt"):
@@ -406,6 +407,34 @@ def test_tfrecord_corruption_is_reported(tfds_dirs, tmp_path):
     shard.write_bytes(bytes(data[: len(data) // 2]))
     with pytest.raises(DataError, match="corrupt|truncated"):
         load_tfds_text("imdb", tmp_path, "train")
+    # framing and checksums intact, the record itself garbage: one line, not protobuf's error
+    records, rest = [], original
+    while rest:
+        (n,) = struct.unpack("<Q", rest[:8])
+        records.append(rest[12 : 12 + n])
+        rest = rest[16 + n :]
+    records[0] = b"\xff" * len(records[0])
+    with open(shard, "wb") as f:
+        for rec in records:
+            header = struct.pack("<Q", len(rec))
+            f.write(header + struct.pack("<I", _masked(_crc32c_bitwise(header))))
+            f.write(rec + struct.pack("<I", _masked(_crc32c_bitwise(rec))))
+    with pytest.raises(DataError, match=r"cannot read the train split \(tfrecord\).*delete"):
+        load_tfds_text("imdb", tmp_path, "train")
+
+
+def test_damaged_array_record_shards_are_one_line(tfds_dirs, tmp_path):
+    """An interrupted copy (a shard cut short) and a missing shard: a :class:`DataError`
+    naming the split and the folder, not the reader's ``TypeError`` or ``RuntimeError``."""
+    shutil.copytree(tfds_dirs["array_record"] / "imdb_reviews", tmp_path / "imdb_reviews")
+    variant = tmp_path / "imdb_reviews" / "plain_text" / "1.0.0"
+    shard = next(variant.glob("*-train.array_record-*"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(DataError, match=rf"'{re.escape(str(variant))}'.*(damaged|re-prepare)"):
+        load_tfds_text("imdb", tmp_path, "train")
+    next(variant.glob("*-test.array_record-*")).unlink()
+    with pytest.raises(DataError, match=r"cannot read the test split \(array_record\)"):
+        load_tfds_text("imdb", tmp_path, "test")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -217,6 +217,32 @@ def _read_tfrecord_split(builder: Any, split: str, keep: np.ndarray) -> list[Any
     return out
 
 
+def _read_examples(builder: Any, split: str, keep: np.ndarray, fmt: Any, hint: str) -> list[Any]:
+    """The decoded examples ``keep`` of ``split``, from array_record/parquet (tfds' data source)
+    or TFRecord (read here, without TensorFlow). Damaged files (a shard cut short or missing, a
+    record that does not parse) are one :class:`DataError`, not the reader's traceback."""
+    import tensorflow_datasets as tfds
+
+    variant = Path(str(builder.data_dir))
+    try:
+        if fmt == tfds.core.FileFormat.TFRECORD:
+            return _read_tfrecord_split(builder, split, keep)
+        source = builder.as_data_source(split, file_format=fmt)
+        examples: list[Any] = []
+        for start in range(0, len(keep), 1024):
+            examples += source.__getitems__([int(i) for i in keep[start : start + 1024]])
+        return examples
+    except DataError:
+        raise
+    except Exception as err:
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        raise DataError(
+            f"cannot read the {split} split ({fmt.value}) in '{variant}' "
+            f"({type(err).__name__}: {first}): the files are damaged; delete the folder and "
+            f"{hint}"
+        ) from err
+
+
 def _decode_text(value: Any, where: str) -> str:
     if isinstance(value, bytes | np.bytes_):
         try:
@@ -283,15 +309,9 @@ def _load_tfds(
     readable = [
         f for f in (tfds.core.FileFormat.ARRAY_RECORD, tfds.core.FileFormat.PARQUET) if f in formats
     ]
-    if readable:
-        fmt = readable[0]
-        source = builder.as_data_source(split, file_format=fmt)
-        examples: list[Any] = []
-        for start in range(0, len(keep), 1024):
-            examples += source.__getitems__([int(i) for i in keep[start : start + 1024]])
-    elif tfds.core.FileFormat.TFRECORD in formats:
-        fmt = tfds.core.FileFormat.TFRECORD
-        examples = _read_tfrecord_split(builder, split, keep)
+    if readable or tfds.core.FileFormat.TFRECORD in formats:
+        fmt = readable[0] if readable else tfds.core.FileFormat.TFRECORD
+        examples = _read_examples(builder, split, keep, fmt, f"{_prepare_hint(spec, root)}")
     else:
         names = ", ".join(sorted(f.value for f in formats))
         raise DataError(
@@ -302,6 +322,11 @@ def _load_tfds(
 
     texts, pairs, labels = [], [], []
     for i, ex in zip(keep, examples, strict=True):
+        if ex.get("label") is None:  # a shard cut short reads back records without fields
+            raise DataError(
+                f"{split}[{i}] of '{variant}' has no label: the files are damaged; delete the "
+                f"folder and {_prepare_hint(spec, root)}"
+            )
         y = int(ex["label"])
         if not 0 <= y < len(spec.label_names):  # e.g. -1: unlabelled (GLUE test splits)
             continue
