@@ -86,16 +86,20 @@ def reference_state(cfg: LLMConfig, decoder: Decoder) -> int:
 
 
 def overlap_lines(data: LLMData) -> list[str]:
-    """A warning per held-out split that shares records with the training split (counted by
-    :func:`cudt.data.alpaca.shared_records`): they are kept, and said so."""
+    """A warning per pair of splits that share records (counted by
+    :func:`cudt.data.alpaca.shared_records`): a held-out split with the training split, and the
+    test split with validation, which chooses the runs the test split reports on. They are
+    kept, and said so."""
     lines = []
     for key, n in data.overlap.items():
-        split = key.removeprefix("train_")
+        first, split = key.split("_")
         if n:
+            what = "held out" if first == "train" else "held out from the choice on validation"
             lines.append(
-                f"warning: {n} of {len(data.records[split])} {split} records are training "
-                f"records too (the same instruction, input and output): their {split} scores "
-                "are not held out; remove them from one of the two"
+                f"warning: {n} of {len(data.records[split])} {split} records are "
+                f"{'training' if first == 'train' else 'validation'} records too (the same "
+                f"instruction, input and output): their {split} scores are not {what}; remove "
+                "them from one of the two"
             )
     return lines
 

@@ -305,6 +305,14 @@ class LLMConfig(RunConfig):
             "small toy templates (the default --data): pass --train-data FILE or --data FILE "
             "(or --data toy / tasks to train on a generated set)",
         )
+        dealt = [k for k in ("val", "test") if getattr(self, f"{k}_data") is None]
+        need(
+            self.train_data is None or self.data is not None or not dealt,
+            f"--train-data without --data leaves the {' and '.join(dealt)} split"
+            f"{'s' if len(dealt) > 1 else ''} to the 8 small toy templates (the default --data): "
+            f"pass {' and '.join(f'--{k}-data FILE' for k in dealt)}, or --data FILE to deal "
+            "from (or --data toy / tasks for a generated set)",
+        )
         need(
             len(split_files(self)) < 3 or self.data is None,
             "--data has no split left to deal: --train-data, --val-data and --test-data give "

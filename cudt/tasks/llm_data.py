@@ -248,7 +248,8 @@ def load_data(cfg: LLMConfig) -> LLMData:
         decoder = _pretrained(*weights)
     splits = llm_splits(cfg)
     records = {"train": splits.train, "val": splits.val, "test": splits.test}
-    overlap = {f"train_{s}": shared_records(splits.train, records[s]) for s in ("val", "test")}
+    pairs = (("train", "val"), ("train", "test"), ("val", "test"))
+    overlap = {f"{a}_{b}": shared_records(records[a], records[b]) for a, b in pairs}
     if cfg.checkpoint is not None:
         tok = _checkpoint_tokenizer(cfg, decoder)
         if tok.vocab_size > decoder.config.vocab_size:

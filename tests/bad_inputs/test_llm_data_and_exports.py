@@ -25,7 +25,7 @@ def _record(i: int) -> dict:
 
 def _no_output(tmp: Path) -> list:
     rows = [_record(0), {"instruction": "Say hi.", "input": ""}]
-    return ["--train-data", _alpaca_file(tmp / "data", "train.json", rows)]
+    return ["--train-data", _alpaca_file(tmp / "data", "train.json", rows), "--data", "toy"]
 
 
 def _empty_file(tmp: Path) -> list:
@@ -91,6 +91,12 @@ LLM_CASES = [
         lambda tmp: ["--test-data", _alpaca_file(tmp / "data", "test.json", [_record(0)])],
         "--test-data without --train-data or --data would train on the 8 small toy templates",
         "pass --train-data FILE or --data FILE (or --data toy / tasks to train on a generated",
+    ),
+    (
+        "--train-data without --data or held-out files",
+        lambda tmp: ["--train-data", _alpaca_file(tmp / "data", "train.json", [_record(0)])],
+        "--train-data without --data leaves the val and test splits to the 8 small toy templates",
+        "pass --val-data FILE and --test-data FILE, or --data FILE to deal from (or --data toy",
     ),
     (
         "--data with all three split files",

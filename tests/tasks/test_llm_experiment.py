@@ -509,20 +509,29 @@ def test_split_files_replace_their_splits_and_shared_records_are_reported(tmp_pa
     data = task.load(cfg)
     assert data.records["train"] == records[:30] and data.records["test"] == records[25:40]
     assert len(data.records["val"]) == 6 and set(data.records["val"]) <= set(records[40:])
-    assert data.overlap == {"train_val": 0, "train_test": 5}
+    assert data.overlap == {"train_val": 0, "train_test": 5, "val_test": 0}
     lines = task.describe(cfg, data)
     assert "warning: 5 of 15 test records are training records too" in lines[-1]
     assert "train from --train-data" in lines[0] and "val from Alpaca file" in lines[0]
-    assert task.config_extras(cfg, data)["data_overlap"] == {"train_val": 0, "train_test": 5}
+    assert task.config_extras(cfg, data)["data_overlap"] == data.overlap
     # all three from files: nothing is dealt, nothing shared
     val = write_alpaca(records[40:46], tmp_path / "val.json")
-    files = dict(train_data=str(train), val_data=str(val), test_data=str(pool))
+    rest = write_alpaca(records[46:], tmp_path / "rest.json")
+    files = dict(train_data=str(train), val_data=str(val), test_data=str(rest))
     data = task.load(LLMConfig(**files, **small))
     assert data.records["val"] == records[40:46] and data.overlap == {
         "train_val": 0,
         "train_test": 0,
+        "val_test": 0,
     }
     assert not any(line.startswith("warning") for line in task.describe(cfg, data))
+    # the test file holding validation records: the choice on validation saw them
+    files["test_data"] = str(write_alpaca(records[43:52], tmp_path / "test2.json"))
+    data = task.load(LLMConfig(**files, **small))
+    assert data.overlap == {"train_val": 0, "train_test": 0, "val_test": 3}
+    assert "warning: 3 of 9 test records are validation records too" in "\n".join(
+        task.describe(cfg, data)
+    )
     # the held-out files are evaluation flags (the training tokens stay, train_digest says so)
     assert "test_data" not in cfg.fingerprint() and "train_data" in cfg.fingerprint()
 
