@@ -46,6 +46,21 @@ NOT_APPLICABLE_LEGEND = (
 )
 
 
+# the status of a cell over several seeds where every setting lost a seed or more (the others
+# trained): no setting is shown, since a cell needs every seed (:func:`_chosen_point`)
+SEED_DIVERGED = "seed diverged"
+
+
+def status_legend(rows: list[dict]) -> str:
+    """The legend's words for :data:`SEED_DIVERGED`, where a row has it ("" elsewhere)."""
+    if not any(r.get("status") == SEED_DIVERGED for r in rows):
+        return ""
+    return (
+        f"; `{SEED_DIVERGED}`: at every setting one seed or more diverged (the others trained; "
+        "a setting is shown only where every seed trained)"
+    )
+
+
 def finite(values) -> bool:
     return all(isinstance(v, int) or math.isfinite(v) for v in values)
 
@@ -175,7 +190,10 @@ def _chosen_point(
     live = [rs for rs in points.values() if alive(rs)]
     ok = [rs for rs in live if not constrained or all(r.get("feasible") for r in rs)]
     shown = sorted(ok or (live if constrained else []), key=mean_score, reverse=higher)[:1]
-    word = "ok" if ok else ("infeasible" if constrained and live else "diverged")
+    if ok or (constrained and live):
+        word = "ok" if ok else "infeasible"
+    else:  # no point trained at every seed: "diverged" only where every run did
+        word = "diverged" if all(r.get("diverged") for r in runs) else SEED_DIVERGED
     return (shown[0] if shown else None), _status(runs, constrained, word)
 
 

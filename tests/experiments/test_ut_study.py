@@ -349,3 +349,23 @@ def test_the_vs_erm_columns_carry_a_paired_interval_over_seeds() -> None:
     assert f"| {iv.mean:+.1f} % [{iv.low:+.1f} %, {iv.high:+.1f} %] level |" in line, line
     one = _table([row(0, -0.3, 1.0)])[2]  # one seed: the mean alone
     assert "| -0.300 |" in one and "| +1.0 % |" in one, one
+
+
+def test_a_diverged_runs_row_reads_its_null_curve_entries_as_missing() -> None:
+    """results.json writes a diverged run's curves as null from the step it diverged: the
+    study's row is still made (the report once raised TypeError there), its projection the
+    mean of the finite steps."""
+    from experiments.paper.ut_study.report import _run_row
+
+    run = {
+        "constrained": True, "seed": 1, "hparams": {"resilience": None}, "diverged": True,
+        "feasible": False, "loss_decreases_val": False, "val_objective": None,
+        "relative_violation_val": [0.0, -0.1, None], "constraint_applicable_val": [1, 1, 1],
+        "test_gamma": [0.5], "gamma_train": 0.5, "rmse": [7.0], "mean_rmse": 8.0,
+        "multipliers": [0.0, 0.5, None], "max_multipliers": [0.0, 0.7, 0.9],
+        "curves": {"projection": [2.0, 4.0, None, None]},
+    }  # fmt: skip
+    row = _run_row(Variant("all", 0.95, "skip"), run, None)
+    assert row["projection_removed"] == 3.0 and row["diverged"]
+    assert not row["feasible_exact"] and not row["monotone_val"]
+    assert np.isnan(row["val_objective"]) and row["lambda_peak"] == 0.9

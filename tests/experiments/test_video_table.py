@@ -146,6 +146,26 @@ def test_cells_over_seeds_are_the_chosen_points_mean_and_bold_needs_a_paired_int
     assert "in 0 of 1" in text
 
 
+def test_a_cell_over_seeds_says_diverged_only_where_every_run_diverged():
+    """Over seeds, a setting is shown only where every seed trained: one seed diverged at every
+    setting is its own status, named in the legend, not "diverged" (every run)."""
+    erm = _runs_over_seeds({1e-3: [10.0, 10.2]}, False)
+    con = _runs_over_seeds({1e-3: [9.0, 9.3]}, True)
+    con[1]["diverged"] = True
+    rows = table3.best_rows({("ucsd", 3): {"runs": erm + con}})
+    cell = {r["kind"]: r for r in rows}["constrained"]
+    assert (cell["status"], cell["diverged_runs"], cell["runs"]) == ("seed diverged", 1, 2)
+    text = table3.headline_markdown(rows, ["ucsd"], ["dust"], [3], 0.15, [0.15, 0.3])
+    assert headline_cells(text)["dust-3"][0] == "seed diverged"
+    assert "`seed diverged`: at every setting one seed or more diverged" in text
+    for run in con:
+        run["diverged"] = True
+    rows = table3.best_rows({("ucsd", 3): {"runs": erm + con}})
+    assert {r["kind"]: r for r in rows}["constrained"]["status"] == "diverged"
+    text = table3.headline_markdown(rows, ["ucsd"], ["dust"], [3], 0.15, [0.15, 0.3])
+    assert "seed diverged" not in text  # the one-seed pages' legend is unchanged
+
+
 TINY = [
     "--scale",
     "tiny",

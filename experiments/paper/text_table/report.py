@@ -175,7 +175,9 @@ def headline_markdown(rows, datasets, gamma, test_gammas) -> str:
         "",
         table_rows.selection_legend("validation accuracy AUC", rows, "higher")
         + "; `infeasible`: no constrained run met its constraints on validation data (the best "
-        "infeasible one's AUC in brackets); `diverged`: every run diverged. L of an encoder: its "
+        "infeasible one's AUC in brackets); `diverged`: every run diverged"
+        + table_rows.status_legend(rows)
+        + ". L of an encoder: its "
         "constrained states "
         "(one per sub-layer: DistilBERT 12, RoBERTa 24, MiniLM 12); "
         + table_rows.NOT_APPLICABLE_LEGEND

@@ -28,7 +28,7 @@ import numpy as np
 from cudt.runner.choice import choose_points
 from cudt.runner.record import at_gamma_train
 from cudt.stats import t_interval
-from experiments.paper.rows import csv_text, write_text
+from experiments.paper.rows import csv_text, num, peak, write_text
 
 __all__ = ["CSV_COLUMNS", "choose", "choose_setting", "rows_of", "write_report"]
 
@@ -64,7 +64,14 @@ def _applicable_rel(run: dict) -> np.ndarray:
 
 
 def _id_rmse(run: dict) -> float:
-    return float(at_gamma_train(run, "rmse"))
+    return num(at_gamma_train(run, "rmse"))
+
+
+def _finite_mean(values) -> float:
+    """The mean of a curve's finite entries (``None`` is NaN); NaN for none."""
+    x = np.asarray([num(v) for v in values or ()], np.float64)
+    x = x[np.isfinite(x)]
+    return float(x.mean()) if x.size else math.nan
 
 
 def _run_row(variant, run: dict, erm: dict | None) -> dict[str, Any]:
@@ -85,17 +92,18 @@ def _run_row(variant, run: dict, erm: dict | None) -> dict[str, Any]:
         "feasible_tol": finite and bool(run["feasible"]),
         "monotone_val": finite and bool(run["loss_decreases_val"]),
         "max_rel_violation_val": float(np.max(rel)) if rel.size else math.nan,
-        "val_objective": float(run["val_objective"]),
+        "val_objective": num(run["val_objective"]),
         "id_rmse": _id_rmse(run),
-        "ood_rmse": float(run["mean_rmse"]),
-        "projection_removed": float(np.mean(proj)) if proj else math.nan,
-        "lambda_end": float(np.max(run["multipliers"])),
-        "lambda_peak": float(np.max(run["max_multipliers"])),
+        "ood_rmse": num(run["mean_rmse"]),
+        # a diverged run's curve holds null (NaN in results.json) from the step it diverged
+        "projection_removed": _finite_mean(proj),
+        "lambda_end": peak(run["multipliers"]),
+        "lambda_peak": peak(run["max_multipliers"]),
         "diverged": bool(run["diverged"]),
     }
     if erm is not None:
         row["id_vs_erm_pct"] = 100.0 * (row["id_rmse"] / _id_rmse(erm) - 1.0)
-        row["ood_vs_erm"] = row["ood_rmse"] - float(erm["mean_rmse"])
+        row["ood_vs_erm"] = row["ood_rmse"] - num(erm["mean_rmse"])
     else:
         row["id_vs_erm_pct"] = row["ood_vs_erm"] = math.nan
     return row

@@ -14,7 +14,7 @@ from experiments.paper.video_table.config import DATASETS, NAMES, PAPER_TABLE3, 
 
 def best_rows(results: dict[tuple[str, int], dict]) -> list[dict]:
     """One row per (dataset, model, L, kind, γ_train): its best run (the runner's ``best`` mark)
-    or, where no run is eligible, its status (``diverged``: every run diverged; ``infeasible``)."""
+    or, where no run is eligible, its status (``diverged``: every run diverged; ``seed diverged``: at every setting a seed did; ``infeasible``)."""
 
     def fields(b: dict, i: int) -> dict[str, Any]:
         rmse = [table_rows.num(v) for v in b["rmse"]]
@@ -106,8 +106,9 @@ def headline_markdown(rows, datasets, models, layers, gamma, test_gammas) -> str
         "",
         table_rows.selection_legend("validation RMSE", rows, "lower")
         + "; `infeasible`: no constrained run met its constraints on validation data; "
-        "`diverged`: every run diverged; "
-        f"{CONTROL}: ERM DUST with one dictionary per layer (the constrained model's "
+        "`diverged`: every run diverged"
+        + table_rows.status_legend(rows)
+        + f"; {CONTROL}: ERM DUST with one dictionary per layer (the constrained model's "
         "architecture), the control; " + table_rows.NOT_APPLICABLE_LEGEND + ".",
     ]
     wins = _wins(rows, datasets, models, layers, gamma)
