@@ -7,7 +7,8 @@ The folders are pooled (the seeds of one job, as ``experiments.combine`` joins t
 layer l of each run: the ratio r_l = ℓ_l / ℓ_(l−1) on the training batches (the mean of the
 last ``--last`` logged losses, ``curves``), on validation (``layer_loss_val``) and on test at
 γ_train (``layer_loss``); its multiplier (the same mean of ``curves``' multipliers); whether the
-test loss rises there. Then, over the pooled folders, per model × class (ERM; constrained with the multiplier
+test loss rises there. Layers whose constraint is not applicable (the previous state's
+validation loss at the floor, as the runner reports it) are listed but left out of the summary. Then, over the pooled folders, per model × class (ERM; constrained with the multiplier
 above ``--active``, "active"; constrained below it, "inactive"), the layers, the test rises, the shifts val → test and train → test of r (mean ± sd), and the slack r − (1 − ε) on training batches
 and on validation (0: the constraint holds with equality; constrained runs only).
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from cudt.errors import UsageError
+from cudt.metrics import applicable_steps
 from cudt.runner.cli import OneLineParser, run_cli
 from cudt.runner.combine import load_results
 from cudt.runner.record import at_gamma_train
@@ -43,11 +45,16 @@ def layer_rows(results: dict, models: set[str] | None = None, last: int = 10) ->
             if run["constrained"]
             else np.zeros_like(test)
         )
+        # the runner's verdict of which constraints are judged (validation: an earlier state at
+        # the loss floor, e.g. the UT's input at γ_train = 0, cannot be undercut), else its rule
+        judged = run.get("constraint_applicable_val")
+        judged = applicable_steps(val) if judged is None else np.asarray(judged, bool)[1:]
         for layer in range(1, len(test)):
-            ratio = {
-                k: float(v[layer] / v[layer - 1])
-                for k, v in (("train", train), ("val", val), ("test", test))
-            }
+            with np.errstate(divide="ignore", invalid="ignore"):  # a loss at 0: inf, said so
+                ratio = {
+                    k: float(v[layer] / v[layer - 1])
+                    for k, v in (("train", train), ("val", val), ("test", test))
+                }
             rows.append(
                 {
                     "label": run["label"],
@@ -58,6 +65,7 @@ def layer_rows(results: dict, models: set[str] | None = None, last: int = 10) ->
                     "multiplier": float(lam[layer]),
                     "ratio": ratio,
                     "test_rises": bool(test[layer] >= test[layer - 1]),
+                    "applicable": bool(judged[layer - 1]),
                 }
             )
     return rows
@@ -65,9 +73,12 @@ def layer_rows(results: dict, models: set[str] | None = None, last: int = 10) ->
 
 def summarise(rows: list[dict], active: float = 0.01) -> dict[tuple[str, str], dict]:
     """``(model, class) -> {layers, rises, val_to_test, train_to_test, train_slack, val_slack}``,
-    each shift and slack a ``(mean, sd)`` pair (slack None for ERM)."""
+    each shift and slack a ``(mean, sd)`` pair (slack None for ERM), over the layers whose
+    constraint is applicable (the others' ratios divide by a loss at the floor: left out)."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in rows:
+        if not row.get("applicable", True):
+            continue
         kind = (
             "ERM"
             if row["epsilon"] is None
@@ -157,6 +168,7 @@ def _print_gap(args) -> None:
                 f"{row['label']} layer {row['layer']}: λ {row['multiplier']:.3f}, r train "
                 f"{r['train']:.3f} val {r['val']:.3f} test {r['test']:.3f}"
                 + ("  test rises" if row["test_rises"] else "")
+                + ("" if row["applicable"] else "  (not applicable: left out below)")
             )
     print(
         f"{'model':7s} {'class':8s} {'layers':>6s} {'rises':>5s} {'r val→test':>15s} "
@@ -167,6 +179,12 @@ def _print_gap(args) -> None:
             f"{model:7s} {kind:8s} {s['layers']:6d} {s['rises']:5d} "
             f"{_pm(s['val_to_test']):>15s} {_pm(s['train_to_test']):>15s} "
             f"{_pm(s['train_slack']):>15s} {_pm(s['val_slack']):>15s}"
+        )
+    skipped = sum(not row["applicable"] for row in rows)
+    if skipped:
+        print(
+            f"left out: {skipped} layer(s) whose constraint is not applicable (the previous "
+            "state's validation loss at the floor: the ratio divides by it)"
         )
 
 

@@ -55,6 +55,22 @@ def test_ratios_are_the_runs_layer_losses_and_classes_follow_the_multipliers(run
     assert everything["dust", "inactive"]["train_slack"][0] == pytest.approx(np.mean(slack))
 
 
+def test_layers_whose_constraint_is_not_applicable_are_left_out_of_the_summary(run):
+    """A constraint the runner does not judge (its earlier state's validation loss at the
+    floor: ℓ_0 = 0 at γ_train = 0) divides by zero: listed, never in a class's mean."""
+    _, results = run
+    results = json.loads(json.dumps(results))  # the fixture's stays as it was
+    for r in results["runs"]:
+        r["layer_loss_val"][0] = 0.0
+        r["constraint_applicable_val"][1] = False
+    rows = descent_gap.layer_rows(results, {"dust"}, last=3)
+    assert [row["applicable"] for row in rows] == [False, True, True] * 2
+    summary = descent_gap.summarise(rows, active=0.0)
+    assert sum(v["layers"] for v in summary.values()) == 4
+    for s in summary.values():
+        assert all(np.isfinite(s["val_to_test"])), s
+
+
 def test_cli_prints_each_class_and_refuses_a_folder_without_results(run, tmp_path, capsys):
     out, _ = run
     assert descent_gap.main([str(out), "--layers"]) == 0
