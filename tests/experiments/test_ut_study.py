@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 from helpers import bad_flags_test
 
+from cudt.errors import UsageError
 from experiments import ut_study
 from experiments.paper.ut_study import FAITHFUL, StudyConfig, Variant, run_study, variants
 from experiments.paper.ut_study.report import choose, choose_setting
@@ -240,6 +242,12 @@ def test_ut_study_tiny_end_to_end(tmp_path) -> None:
     assert [r["val_objective"] for r in again["rows"]] == [
         r["val_objective"] for r in first["rows"]
     ]
+    # phase I of other flags is refused before anything is written, not overwritten
+    saved = tmp_path / "study" / FAITHFUL.slug / "phase1.json"
+    before = (saved.read_bytes(), saved.stat().st_mtime_ns)
+    with pytest.raises(UsageError, match=r"phase I of other flags \(phase I steps: 10 there, 3"):
+        run_study(dataclasses.replace(opts, phase1_steps=3))
+    assert (saved.read_bytes(), saved.stat().st_mtime_ns) == before
 
 
 # a setting of seconds where the published UT's constrained run is infeasible (layers 3-5 rise)

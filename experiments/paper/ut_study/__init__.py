@@ -257,25 +257,61 @@ def settings_subrun(opts: StudyConfig, variant: Variant, out: Path) -> SubRun:
 
 
 def plan(opts: StudyConfig, out: Path) -> list[SubRun]:
-    """One runner call per variant (ERM, hard and resilient constrained runs × seeds)."""
-    return [
+    """One runner call per variant (ERM, hard and resilient constrained runs × seeds); a
+    variant's ``phase1.json`` of other flags is refused here, before anything is written."""
+    subs = [
         SubRun(v.label, (v,), _config(opts, v, out / v.slug), out / v.slug) for v in variants(opts)
     ]
+    for sub in subs:
+        _saved_phase_one(sub, opts)
+    return subs
+
+
+def _phase_one_spec(sub: SubRun, opts: StudyConfig) -> dict[str, Any]:
+    cfg = sub.cfg
+    steps = opts.phase1_steps or cfg.steps
+    spec = {"config": cfg.fingerprint(evaluation=True), "steps": steps, "seeds": opts.phase1_seeds}
+    return json.loads(json.dumps(spec, default=str))
+
+
+def _saved_phase_one(sub: SubRun, opts: StudyConfig) -> dict[str, Any] | None:
+    """The variant's ``phase1.json`` result of these flags (reused), None where there is none
+    (or ``--overwrite``); one of other flags is refused, as ``experiments.phase_one`` does."""
+    path = sub.out / "phase1.json"
+    if not path.exists() or opts.overwrite:
+        return None
+    spec = _phase_one_spec(sub, opts)
+    try:
+        saved = json.loads(path.read_text())
+        old = saved["spec"]
+        result = saved["result"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{path} is unreadable ({e}): delete it, or pass --overwrite") from e
+    if old != spec:
+        names = {"steps": "phase I steps", "seeds": "phase I seeds", "config": "the runs' config"}
+        diff = [
+            f"{names[k]}: {old.get(k)!r} there, {v!r} now" if k != "config" else names[k]
+            for k, v in spec.items()
+            if old.get(k) != v
+        ]
+        raise UsageError(
+            f"{path} holds phase I of other flags ({'; '.join(diff)}): rerun with the flags "
+            "that made it, pass another --out, or --overwrite"
+        )
+    return result
 
 
 def _phase_one(sub: SubRun, opts: StudyConfig) -> dict[str, Any]:
     """The variant's phase I, reused from ``phase1.json`` when it was run with the same spec."""
     from cudt.tasks.video import VideoTask
 
+    saved = _saved_phase_one(sub, opts)
+    if saved is not None:
+        return saved
     cfg = sub.cfg
     steps = opts.phase1_steps or cfg.steps
-    spec = {"config": cfg.fingerprint(evaluation=True), "steps": steps, "seeds": opts.phase1_seeds}
-    spec = json.loads(json.dumps(spec, default=str))
+    spec = _phase_one_spec(sub, opts)
     path = sub.out / "phase1.json"
-    if path.exists() and not opts.overwrite:
-        saved = json.loads(path.read_text())
-        if saved.get("spec") == spec:
-            return saved["result"]
     task = VideoTask()
     data = task.load(cfg)
     model = task.build(cfg, data, "ut", None)
