@@ -75,7 +75,8 @@ class LLMData:
     response_keep: tuple[int, ...] | None = None
     # records of val / test that are training records too: {"train_val": n, "train_test": n}
     overlap: dict = dataclasses.field(default_factory=dict)
-    # --lora-rank: a digest of the frozen base weights (the checkpoints hold the adapters only)
+    # a digest of the pretrained weights (the checkpoints hold no frozen leaf: LoRA's base, the
+    # input embeddings of a full fine-tuning); None for the tiny decoder trained from scratch
     base_digest: str | None = None
 
     def prompt(self, record: AlpacaRecord) -> str:
@@ -228,8 +229,9 @@ def _pretrained(path, compute_dtype: str, remat: bool, untie_head: bool, base_dt
 @functools.lru_cache(maxsize=1)
 def _base_digest(path, compute_dtype: str, remat: bool, untie_head: bool, base_dtype: str) -> str:
     """A digest of the pretrained weights (every leaf's bytes, in tree order, in their
-    ``--base-dtype``): what the checkpoints of LoRA adapters were trained over, whatever path
-    names them."""
+    ``--base-dtype``): what the checkpoints were trained from, whatever path names them. They
+    hold no frozen leaf (LoRA's base; a full fine-tuning's input embeddings), which resuming and
+    exporting read again from ``--checkpoint``."""
     weights = _pretrained(path, compute_dtype, remat, untie_head, base_dtype)
     return digest(jax.tree.leaves(weights.params))
 
@@ -293,7 +295,7 @@ def load_data(cfg: LLMConfig) -> LLMData:
         from_scratch=cfg.checkpoint is None,
         prompt_format=fmt,
         overlap=overlap,
-        base_digest=_base_digest(*weights) if cfg.lora_rank is not None else None,
+        base_digest=_base_digest(*weights) if cfg.checkpoint is not None else None,
         response_capacity=(
             response_capacities([t.loss_mask for t in tokens.values()]) if packed else None
         ),

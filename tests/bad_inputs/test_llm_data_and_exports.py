@@ -202,11 +202,20 @@ LLM_CASES = [
 ]
 
 
-def test_llm_lora_resume_over_another_base(tmp_path, capsys):
-    """LoRA checkpoints hold the adapters alone: an --out whose adapters were trained over
-    other base weights than --checkpoint holds now (the same path and flags) is refused before
-    anything is trained or written. The checkpoints' record is the one a run of these flags
-    writes (the runner's fingerprint of the config and the task's, the base's digest in it)."""
+BASE_CASES = [
+    ("--lora-rank resumed over other base weights", ["--lora-rank", "2"]),
+    # a fixed noise scale: the embeddings' std (noise_unit) does not tell the bases apart
+    ("full fine-tuning resumed over other base weights", ["--noise-scale", "0.1"]),
+]
+
+
+@over_cases(BASE_CASES, "case, lora")
+def test_llm_resume_over_another_base(tmp_path, capsys, case, lora):
+    """LoRA checkpoints hold the adapters alone, and a full fine-tuning's hold no frozen leaf
+    (the input embeddings: read again from --checkpoint): an --out trained over other base
+    weights than --checkpoint holds now (the same path and flags) is refused before anything
+    is trained or written. The checkpoints' record is the one a run of these flags writes (the
+    runner's fingerprint of the config and the task's, the base's digest in it)."""
     import jax
 
     from cudt.data.alpaca import AlpacaRecord, build_word_tokenizer
@@ -218,7 +227,7 @@ def test_llm_lora_resume_over_another_base(tmp_path, capsys):
 
     base = tmp_path / "base"
     config = DecoderConfig(
-        vocab_size=64, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=1,
+        vocab_size=64, hidden_size=8, intermediate_size=16, num_layers=2, num_heads=1,
         num_kv_heads=1, tie_word_embeddings=True,
     )  # fmt: skip
     records = [_record(i) for i in range(12)]
@@ -227,7 +236,7 @@ def test_llm_lora_resume_over_another_base(tmp_path, capsys):
     data = _alpaca_file(tmp_path / "data", "train.json", records)
     argv = [
         "--checkpoint", base, "--data", data, "--num-train", "8", "--num-val", "2",
-        "--num-test", "2", "--steps", "1", "--lora-rank", "2", "--out", tmp_path / "out",
+        "--num-test", "2", "--steps", "1", *lora, "--out", tmp_path / "out",
     ]  # fmt: skip
     argv = [str(a) for a in argv]
     cfg, _ = config_from_args(llm_config.LLMConfig, argv, "")
@@ -240,7 +249,7 @@ def test_llm_lora_resume_over_another_base(tmp_path, capsys):
     llm_data._pretrained.cache_clear()
     llm_data._base_digest.cache_clear()
     refused(
-        "--lora-rank resumed over other base weights",
+        case,
         argv,
         capsys,
         "holds checkpoints trained on other files than its flags name now (base_digest",
