@@ -134,7 +134,22 @@ class LLMTask(AccuracyReports, Task):
 
     # -- data ------------------------------------------------------------------------------
     def load(self, cfg) -> LLMData:
-        return load_data(cfg)
+        data = load_data(cfg)
+        blocks, first = data.decoder.config.num_layers, reference_state(cfg, data.decoder)
+        if blocks - first < 1:  # a 1-block checkpoint whose problem starts at block 1
+            why = ""
+            if cfg.reference_state == "auto":
+                why = ": " + (
+                    "LoRA freezes the embeddings' readout"
+                    if cfg.lora_rank is not None
+                    else "its tied head reads the frozen input embeddings"
+                )
+            raise UsageError(
+                f"--checkpoint {cfg.checkpoint} has 1 block and the problem starts at its "
+                f"readout (--reference-state {cfg.reference_state}{why}): no descent step is "
+                "left; pass a model of 2 or more blocks, or --reference-state embeddings"
+            )
+        return data
 
     def describe(self, cfg, data: LLMData) -> list[str]:
         c = data.decoder.config

@@ -66,6 +66,21 @@ def _export_holding_a_run(tmp: Path) -> list:
     return ["--export", tmp / "models", "--overwrite-export"]
 
 
+def _one_block_tied_checkpoint(tmp: Path) -> list:
+    import jax
+
+    from cudt.data.alpaca import AlpacaRecord, build_word_tokenizer
+    from cudt.models.llama import DecoderConfig, write_decoder_folder
+
+    config = DecoderConfig(
+        vocab_size=64, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=1,
+        num_kv_heads=1, tie_word_embeddings=True,
+    )  # fmt: skip
+    words = build_word_tokenizer([AlpacaRecord(**_record(i)) for i in range(12)])
+    write_decoder_folder(tmp / "base", config, config.init_params(jax.random.key(0)), words)
+    return ["--checkpoint", tmp / "base", "--data", "toy"]
+
+
 LLM_CASES = [
     # (case, build(tmp) -> flags, problem, fix)
     (
@@ -97,6 +112,13 @@ LLM_CASES = [
         lambda tmp: ["--train-data", _alpaca_file(tmp / "data", "train.json", [_record(0)])],
         "--train-data without --data leaves the val and test splits to the 8 small toy templates",
         "pass --val-data FILE and --test-data FILE, or --data FILE to deal from (or --data toy",
+    ),
+    (
+        "--checkpoint of 1 block whose problem starts at its readout",
+        _one_block_tied_checkpoint,
+        "--checkpoint /tmp/base has 1 block and the problem starts at its readout "
+        "(--reference-state auto: its tied head reads the frozen input embeddings)",
+        "pass a model of 2 or more blocks, or --reference-state embeddings",
     ),
     (
         "--data with all three split files",
