@@ -321,6 +321,16 @@ def test_float16_gguf_and_qwen2_with_biases(tiny_gguf, tmp_path):
     )
     np.testing.assert_array_equal(back.params["embed"], rounded["embed"])
     np.testing.assert_array_equal(back.params["final_norm"], dec.params["final_norm"])
+    # a weight beyond float16's range would be written as inf: refused, nothing written
+    big = jax.tree.map(lambda a: a, dec.params)
+    big["blocks"]["up"]["kernel"] = big["blocks"]["up"]["kernel"].at[0, 0, 0].set(1e5)
+    for name in ("big.gguf", "big"):
+        with pytest.raises(ModelFolderError, match=r"weight \['blocks'\]\['up'\]\['kernel'\]"):
+            cudt.save_decoder(dec, big, tmp_path / name, dtype="float16")
+        assert not (tmp_path / name).exists()
+    big["final_norm"] = big["final_norm"].at[0].set(1e5)  # 1-D: float32 in GGUF, written
+    big["blocks"]["up"]["kernel"] = dec.params["blocks"]["up"]["kernel"]
+    cudt.save_decoder(dec, big, tmp_path / "norm.gguf", dtype="float16")
     config = dataclasses.replace(dec.config, model_type="qwen2", attention_bias=None,
                                  tie_word_embeddings=False)  # fmt: skip
     qwen = Decoder(config, config.init_params(jax.random.key(1)), tokenizer=dec.tokenizer)

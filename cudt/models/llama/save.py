@@ -63,6 +63,8 @@ def save_decoder(
     name = _dtype_name(dtype)
     template = decoder.chat_template if chat_template is None else chat_template
     path = pathlib.Path(path).expanduser()
+    if name == "float16":  # GGUF keeps 1-D tensors in float32
+        _check_fits_float16(params, matrices_only=path.suffix.lower() == ".gguf")
     if path.suffix.lower() == ".gguf":
         check_gguf(decoder, path)
 
@@ -98,6 +100,23 @@ def check_gguf(decoder: Decoder, path: pathlib.Path) -> None:
     if decoder.tokenizer is not None:
         tokenizer_to_gguf(decoder.tokenizer)
         gguf_pre_tokenizer(decoder.tokenizer)
+
+
+def _check_fits_float16(params: Params, *, matrices_only: bool) -> None:
+    """Refuse (one line) a finite weight beyond float16's range, which would be written as inf
+    (a broken model saved without a word); the first such leaf is named."""
+    limit = float(np.finfo(np.float16).max)
+    for keys, leaf in jax.tree_util.tree_leaves_with_path(params):
+        if matrices_only and np.ndim(leaf) < 2:
+            continue
+        a = np.abs(np.asarray(leaf, np.float32))
+        big = float(np.max(np.where(np.isfinite(a), a, 0.0), initial=0.0))
+        if big > limit:
+            raise ModelFolderError(
+                f"cannot save in float16: weight {jax.tree_util.keystr(keys)} holds "
+                f"{big:.4g}, beyond float16's largest {limit:g} (it would be written as inf): "
+                "pass dtype bfloat16 or float32"
+            )
 
 
 def _dtype_name(dtype: Any) -> str | None:
