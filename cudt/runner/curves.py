@@ -216,9 +216,20 @@ def _diverged_at(curves: dict):
     return int(curves["step"][idx[0]]) if idx.size else None
 
 
+def _isolated(finite: np.ndarray) -> np.ndarray:
+    """The finite points whose neighbours are not (a line through them draws nothing)."""
+    before = np.concatenate([[False], finite[:-1]])
+    after = np.concatenate([finite[1:], [False]])
+    return finite & ~before & ~after
+
+
 def _draw(ax, steps, values, ls, color, stop) -> None:
     """One curve; where the run diverged, an x on its last finite point."""
+    # a marker where a point has no finite neighbour (one logged step): a line alone drew nothing
+    lone = _isolated(np.isfinite(values))
     ax.plot(steps, values, ls=ls, color=color, lw=1.3, alpha=0.9)
+    if lone.any():
+        ax.plot(steps[lone], values[lone], ".", color=color, ms=6)
     if stop is not None:
         finite = np.flatnonzero(np.isfinite(values) & (steps < stop))
         if finite.size:
@@ -317,9 +328,10 @@ def _point_name(group: list) -> str:
 
 def _rows(groups: dict[str, list]) -> dict[str, list]:
     """The figure's rows: one per run group, or, for a group with more runs than linestyles
-    over two or more sweep points, one per point and kind, so a legend names one setting's
-    runs (ERM's tuned lanes number their points as the constrained lanes do: the same
-    ``sweep_point`` is another setting there)."""
+    over two or more sweep points or kinds, one per point and kind, so a legend names one
+    setting's runs and an ERM run never shares a linestyle with a constrained one (ERM's tuned
+    lanes number their points as the constrained lanes do: the same ``sweep_point`` is another
+    setting there)."""
     rows = {}
     for name, group in groups.items():
         if len(group) <= len(_LINESTYLES):
@@ -329,7 +341,7 @@ def _rows(groups: dict[str, list]) -> dict[str, list]:
         for run, curves in group:
             key = (not run["constrained"], int(run.get("sweep_point", 0)))  # constrained first
             points[key].append((run, curves))
-        if len({point for _, point in points}) == 1:  # many seeds of one point: one row
+        if len(points) == 1:  # many seeds of one point and kind: one row
             rows[name] = group
             continue
         for key in sorted(points):

@@ -306,3 +306,27 @@ def test_feasible_from_is_the_first_step_of_the_last_feasible_stretch():
     run["curves"]["layer_loss"][-1] = bad
     assert math.isnan(feasible_from(run, 0.01))
     assert feasible_from(run, 0.2) == 10.0  # within 20 %: every step
+
+
+def test_every_combination_of_the_default_grid_has_its_own_colour():
+    """The step-size figure: the default's combinations (19) each in a colour of their own
+    (matplotlib's 10-colour cycle repeated 8, so legend entries could not be told apart)."""
+    import types
+
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from experiments.paper.dual_study import StudyConfig, combos
+    from experiments.paper.dual_study.figures import _by_factor
+
+    grid = combos(StudyConfig())
+    summaries = [
+        {"by_factor": {1.0: (1, 2), 10.0: (2, 2)}, "baseline": i == 0,
+         "combo": types.SimpleNamespace(label=f"combo {i}")}
+        for i in range(len(grid))
+    ]  # fmt: skip
+    fig, ax = plt.subplots()
+    _by_factor(ax, summaries, "t")
+    colours = [to_hex(line.get_color()) for line in ax.lines]
+    plt.close(fig)
+    assert len(grid) > 10 and len(set(colours)) == len(grid), colours

@@ -185,10 +185,17 @@ def test_a_sweep_with_more_runs_than_linestyles_gets_a_row_per_point(tmp_path):
     assert all(r["constrained"] for r, _ in rows["ut-5 constrained eps=0.02 dlr=100"])
     assert sum(len(group) for group in rows.values()) == len(runs)
     # a group that fits the linestyles keeps its one row, whatever its sweep points, and so
-    # does a group of many seeds of one point (ten seeds of ERM and constrained)
+    # does a group of many seeds of one point and kind; many seeds of ERM and constrained at
+    # one point get a row per kind (in one row an ERM run took a constrained run's linestyle)
     assert list(_rows({"ut-5": [(run, None) for run in runs[:6]]})) == ["ut-5"]
     seeds = [dict(run, sweep_point=0) for run in runs[:9]]
-    assert list(_rows({"ut-5": [(run, None) for run in seeds]})) == ["ut-5"]
+    assert list(_rows({"ut-5": [(run, None) for run in seeds]})) == [
+        "ut-5 constrained eps=0.02 dlr=10",
+        "ut-5 ERM",
+    ]
+    many = [dict(run, sweep_point=0, label=f"ut-5 constrained seed {i}") for i, run in
+            enumerate(runs[3:12])]  # fmt: skip
+    assert list(_rows({"ut-5": [(run, None) for run in many]})) == ["ut-5"]
 
     path = tmp_path / "sweep.png"
     plot_training_curves(runs, path)
@@ -459,3 +466,25 @@ def test_constraint_zero_is_drawn_only_where_a_run_has_a_reference(tmp_path, mon
     assert bar.get_ylabel() == "constraint l (no reference)"
     closed[0].canvas.draw()
     assert all(float(t).is_integer() for t in ax_g.get_xticks())
+
+
+def test_a_run_with_one_logged_step_is_drawn_as_points(tmp_path, monkeypatch):
+    """One logged step (or a finite point between non-finite ones) is no line: it is marked,
+    so the legend never names a run the panels do not show."""
+    import matplotlib.pyplot as plt
+
+    from cudt.runner import curves
+
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)  # keep the figure to read it back
+    erm = make_run("ut-2 ERM seed 0", constrained=False, k=1, seed=1)
+    runs = [make_run("ut-2 constrained seed 0", k=1), erm]
+    plot_training_curves(runs, tmp_path / "one.png")
+    (fig,) = figs
+    lam, g = fig.axes[:2]
+    marked = [line for line in lam.lines + g.lines if line.get_marker() == "."]
+    # λ of the constrained run's constraints 1..L, g of both runs' (ERM's too)
+    assert len(marked) == 3 * L and all(len(line.get_xdata()) == 1 for line in marked)
+    assert curves._isolated(np.array([True, True, False, True, False])).tolist() == [
+        False, False, False, True, False,
+    ]  # fmt: skip

@@ -37,6 +37,8 @@ def _success(ax, summaries: list[dict], title: str) -> None:
 
 
 def _by_factor(ax, summaries: list[dict], title: str) -> None:
+    from matplotlib import colormaps
+
     for i, s in enumerate(summaries):
         fs = sorted(s["by_factor"])
         share = [s["by_factor"][f][0] / s["by_factor"][f][1] for f in fs]
@@ -49,7 +51,8 @@ def _by_factor(ax, summaries: list[dict], title: str) -> None:
             marker="o",
             ms=3,
             lw=2.2 if s["baseline"] else 1.0,
-            color="k" if s["baseline"] else None,
+            # 20 colours: the default's 19 combinations on the 10-colour cycle repeated 8 of them
+            color="k" if s["baseline"] else colormaps["tab20"](i % 20),
             label=s["combo"].label,
         )
     ax.set_xscale("log")

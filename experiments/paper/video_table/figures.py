@@ -93,14 +93,17 @@ def plot_fig3(rows, opts, path: Path) -> None:
                 label = s["label"] + (f" ({', '.join(lost)})" if lost else "")
                 if not ok and not lost:
                     label = None  # only infeasible points: named by their own entry
-                ax.plot(
-                    ok,
-                    [shown[L]["mean_rmse"] for L in ok],
-                    color=s["color"],
-                    marker=s["marker"],
-                    ms=6,
-                    label=label,
-                )
+                if ok:
+                    ax.plot(
+                        ok,
+                        [shown[L]["mean_rmse"] for L in ok],
+                        color=s["color"],
+                        marker=s["marker"],
+                        ms=6,
+                        label=label,
+                    )
+                elif label is not None:  # nothing to draw: named, gray, as Fig. 2 does
+                    ax.plot([], [], color="0.5", ls=":", label=label)
                 if bad:
                     ax.plot(
                         bad,
