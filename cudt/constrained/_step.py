@@ -509,7 +509,9 @@ def _descend(
 
 def _advance(spec: _Spec, state, active, shown: _Evaluation, shown_at, d: _Descent):
     """The state after the step ``d``: slack restarts, and the violation and penalty measured by
-    ``shown``, the evaluation at ``shown_at``. Also returns ``shown_at``'s multipliers' rows."""
+    ``shown``, the evaluation at ``shown_at``. Also returns ``shown_at``'s multipliers' rows and
+    the violation measured (the state keeps its last active value, the penalty's reference:
+    an ERM run and the warm-up steps report what they measure, not that value)."""
     params, multipliers, slacks = d.variables
     opt_state, dual_state, slack_state = d.opt_states
     if spec.slack_restart_steps is not None:
@@ -541,6 +543,7 @@ def _advance(spec: _Spec, state, active, shown: _Evaluation, shown_at, d: _Desce
         )
         for n in values
     }
+    measured = violation
     violation = _where(active, violation, state.violation)
     new_state = state.replace(
         step=state.step + 1,
@@ -554,7 +557,7 @@ def _advance(spec: _Spec, state, active, shown: _Evaluation, shown_at, d: _Desce
         violation=violation,
         prev_update=(),
     )
-    return new_state, lam
+    return new_state, lam, measured
 
 
 def _metrics(spec: _Spec, shown: _Evaluation, lagrangian, violation, d: _Descent) -> dict:
@@ -586,8 +589,8 @@ def _simultaneous(spec: _Spec, state, batch, key, active, *, dual_first=False):
     here = _point(state)
     ev = _evaluate(spec, here[0], state, batch, key)
     d = _descend(spec, state, here, ev, active, dual_first=dual_first)
-    new_state, _ = _advance(spec, state, active, ev, here, d)
-    return new_state, _metrics(spec, ev, d.lagrangian, new_state.violation, d)
+    new_state, _, measured = _advance(spec, state, active, ev, here, d)
+    return new_state, _metrics(spec, ev, d.lagrangian, measured, d)
 
 
 def _alternating(spec: _Spec, state, batch, key, active):
@@ -607,11 +610,11 @@ def _extragradient(spec: _Spec, state, batch, key, active):
     at = _descend(spec, state, here, shown, active).variables
     ev = _evaluate(spec, at[0], state, batch, key)
     d = _descend(spec, state, at, ev, active)
-    new_state, lam = _advance(spec, state, active, shown, here, d)
+    new_state, lam, measured = _advance(spec, state, active, shown, here, d)
     u = _rows_of(state.slacks, shown.cons)
     L = _lagrangian(spec.formulation, shown.f, shown.values, u, lam, state.penalty, shown.cons)
     L = jnp.where(active, L, shown.f)  # as _descend reports it
-    return new_state, _metrics(spec, shown, L, new_state.violation, d)
+    return new_state, _metrics(spec, shown, L, measured, d)
 
 
 def _feasible_duals(spec: _Spec, multipliers, slacks, cons):
@@ -643,7 +646,7 @@ def _optimistic(spec: _Spec, state, batch, key, active):
     lam, u = (_add(x, d) for x, d in zip(here[1:], state.prev_update[1:], strict=True))
     at = (params, *_feasible_duals(spec, lam, u, ev.cons))
     d = _descend(spec, state, at, ev, active)
-    new_state, _ = _advance(spec, state, active, ev, at, d)
+    new_state, _, measured = _advance(spec, state, active, ev, at, d)
     new_state = new_state.replace(
         prev_update=(
             d.p_updates,
@@ -651,7 +654,7 @@ def _optimistic(spec: _Spec, state, batch, key, active):
             jax.tree.map(lambda a, b: a - b, new_state.slacks, state.slacks),
         )
     )
-    return new_state, _metrics(spec, ev, d.lagrangian, new_state.violation, d)
+    return new_state, _metrics(spec, ev, d.lagrangian, measured, d)
 
 
 _SCHEMES = {

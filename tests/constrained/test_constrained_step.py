@@ -427,3 +427,21 @@ def test_the_optimistic_step_evaluates_a_projected_point():
         state, _ = step(state, None, jax.random.key(t))
     jax.effects_barrier()
     assert len(seen) >= 4 and max(seen) <= 1.0
+
+
+def test_the_violation_metric_is_what_the_step_measured_also_for_erm_and_in_warmup():
+    """metrics["violation"] is the RMS of h at the step's evaluation: an ERM run (x = 0 breaks
+    x >= 1 by 1) and a warm-up step report it; they once reported the state's last active
+    value, inf before any."""
+
+    def problem(p, batch, key):
+        return p**2, {"lo": cudt.Constraint(1 - p)}
+
+    init, step = cudt.make_constrained_step(problem, optax.sgd(0.0), cudt.dual_ascent(0.1))
+    state, metrics = step(init(jnp.array(0.0), None, constrained=False), None, jax.random.key(0))
+    assert float(metrics["violation"]["lo"]) == 1.0
+    init, step = cudt.make_constrained_step(
+        problem, optax.sgd(0.0), cudt.dual_ascent(0.1), warmup_steps=2
+    )
+    state, metrics = step(init(jnp.array(0.0), None), None, jax.random.key(0))
+    assert float(metrics["violation"]["lo"]) == 1.0 and float(state.multipliers["lo"]) == 0.0
