@@ -174,6 +174,12 @@ def nupi(learning_rate, kp=0.0, ki=1.0, ema_nu=0.0, init="sgd", project=True):
     before :func:`project_nonnegative`). ``kp`` and ``ema_nu`` may be traced arrays (a sweep,
     ``optax.inject_hyperparams``); they are checked only when concrete.
     """
+    if callable(learning_rate):  # it failed deep inside the first step
+        raise TypeError(
+            "nupi takes a number as its learning rate, not a schedule: pass a number, or "
+            "nupi(..., project=False) chained with optax.scale_by_schedule(...) and "
+            "cudt.project_nonnegative()"
+        )
     _check_lr("dual learning rate", learning_rate)
     if init not in ("sgd", "zeros"):
         raise ValueError(f"nupi init must be 'sgd' or 'zeros', got {init!r}")

@@ -70,6 +70,13 @@ class _Penalised:
             raise ValueError(f"penalty must be >= 0, got {self.penalty}: pass penalty=rho >= 0")
         if not float(self.growth) >= 1:
             raise ValueError(f"growth must be >= 1, got {self.growth}")
+        if not 0 < float(self.tolerance) < float("inf"):
+            raise ValueError(f"tolerance must be a finite number > 0, got {self.tolerance}")
+        if not float(self.penalty_max) >= float(self.penalty):
+            raise ValueError(
+                f"penalty_max must be >= penalty ({self.penalty}), got {self.penalty_max}: the "
+                "cap of the growing penalty"
+            )
 
     uses_penalty = True
 

@@ -35,6 +35,9 @@ def test_the_dual_optimiser_factory_checks_its_name_and_rate():
     with pytest.raises(ValueError, match="dual learning rate must be > 0, got -0.5"):
         dual_optimizer("sgd", -0.5)
     dual_optimizer("nupi", 0.5)  # the three names build
+    # a schedule (dual_ascent takes one) failed deep inside nupi's first step
+    with pytest.raises(TypeError, match="not a schedule: pass a number, or nupi"):
+        cudt.nupi(optax.linear_schedule(0.1, 0.01, 10))
 
 
 def test_negative_gains_resilience_and_penalty_are_refused():
@@ -67,6 +70,12 @@ def test_negative_gains_resilience_and_penalty_are_refused():
         cudt.dual_ascent(0.1),
         cudt.AugmentedLagrangian(penalty=1.0),
     )
+    # a cap under the penalty or a tolerance <= 0 drove the penalty negative, the run to NaN
+    with pytest.raises(ValueError, match=r"penalty_max must be >= penalty \(10\)"):
+        cudt.QuadraticPenalty(penalty=10, growth=2, penalty_max=-1)
+    for tolerance in (0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="tolerance must be a finite number > 0"):
+            cudt.AugmentedLagrangian(penalty=1.0, growth=2, tolerance=tolerance)
     with pytest.raises(ValueError, match="init's penalty must be >= 0"):
         init({"w": jnp.ones(2)}, None, penalty=-1.0)
     assert float(init({"w": jnp.ones(2)}, None, penalty=2.0).penalty["c"]) == 2.0
