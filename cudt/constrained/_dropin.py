@@ -43,7 +43,13 @@ from cudt.constrained._constraint import Constraint, FreeSign
 from cudt.constrained._dual import check_dual
 from cudt.constrained._formulation import Lagrangian, check_formulation
 from cudt.constrained._state import _check_constraints, _zero_multipliers
-from cudt.constrained._step import _ascend_one, _dual_gradient, _lagrangian, _update_rows
+from cudt.constrained._step import (
+    _ascend_one,
+    _dual_gradient,
+    _lagrangian,
+    _take_rows,
+    _update_rows,
+)
 
 __all__ = ["ConstrainedLoss", "init_multipliers", "lagrangian"]
 
@@ -112,7 +118,9 @@ def lagrangian(
             )
         values = {n: c.value for n, c in cons.items()}
         lam = {
-            n: _unwrap(m) if c.index is None else _unwrap(m)[c.index]
+            # out-of-table ids refused when concrete, NaN when traced, as the step reads them
+            # (numpy indexing wrapped -1 and clamped the others, which the dual update skips)
+            n: _unwrap(m) if c.index is None else _take_rows(_unwrap(m), c.index, n)
             for n, c, m in ((n, cons[n], multipliers[n]) for n in cons)
         }
         rho_of = dict.fromkeys(cons, rho)

@@ -165,6 +165,17 @@ def test_bad_input_is_one_clear_value_error():
     with pytest.raises(ValueError, match=r"multipliers are for \['row'\]"):
         lag.loss(params, {"row": jnp.zeros(4)}, batch)  # a constraint without multipliers
     mult = lag.init(params, batch)
+
+    # ids outside the table: refused when concrete, NaN under jit, as the step and the dual
+    # update read them (numpy indexing wrapped -1 into the loss, which the update then skipped)
+    def outside(p, b, k):
+        return p**2, {"fit": cudt.Constraint(1 - p * b, index=jnp.array([-1]))}
+
+    out = cudt.lagrangian(outside, cudt.dual_ascent(0.1), num_indexed={"fit": 3})
+    table = {"fit": jnp.array([0.0, 0.0, 5.0])}
+    with pytest.raises(ValueError, match=r"index ids must lie in \[0, 3\)"):
+        out.loss(jnp.array(0.0), table, jnp.ones(1))
+    assert jnp.isnan(jax.jit(out.loss)(jnp.array(0.0), table, jnp.ones(1))[0])
     with pytest.raises(ValueError, match="pass the batch's ids"):
         lag.dual.update(mult, lag.dual.init(mult), mult)
     slack = lambda p, b, k: (
