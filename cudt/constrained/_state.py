@@ -52,6 +52,15 @@ def _is_injected(node) -> bool:
     return isinstance(node, optax.InjectStatefulHyperparamsState)
 
 
+# the injected hyperparameters whose range is known: learning rates, nupi's gains and EMA
+# (as cudt.nupi names them, and as cudt.optim.dual_optimizer injects them)
+_RANGES = {
+    "learning_rate": (lambda v: v > 0, "> 0"),
+    **dict.fromkeys(("kp", "ki", "nupi_kp"), (lambda v: v >= 0, ">= 0")),
+    **dict.fromkeys(("ema_nu", "nupi_ema"), (lambda v: (v >= 0) & (v < 1), "in [0, 1)")),
+}
+
+
 def set_learning_rate(opt_state, value, name: str = "learning_rate", what: str = "lr"):
     """``opt_state`` with the injected hyperparameter ``name`` set to ``value`` (float32).
 
@@ -71,10 +80,11 @@ def set_learning_rate(opt_state, value, name: str = "learning_rate", what: str =
             return node._replace(hyperparams=hyper)
         return node
 
-    if name == "learning_rate":
+    if name in _RANGES:  # the checks the optimiser's own factory makes (cudt.nupi's)
+        ok, says = _RANGES[name]
         with contextlib.suppress(jax.errors.ConcretizationTypeError, TypeError):
-            if not np.all(np.asarray(value, np.float64) > 0):  # a concrete value (not a sweep's)
-                raise ValueError(f"{what} must be > 0, got {np.asarray(value).tolist()}")
+            if not np.all(ok(np.asarray(value, np.float64))):  # concrete (not a sweep's)
+                raise ValueError(f"{what} must be {says}, got {np.asarray(value).tolist()}")
     new_state = jax.tree.map(put, opt_state, is_leaf=_is_injected)
     if not found:
         kept = sorted(

@@ -143,6 +143,10 @@ def test_an_injected_hyperparameter_under_another_name_is_named():
     with pytest.raises(ValueError, match=r"injects .*'kp'.*not 'nupi_kp'.*\{'kp': value\}"):
         init({"w": jnp.ones(())}, nupi_kp=2.0)
     state = init({"w": jnp.ones(())}, dual_hparams={"kp": 2.0})  # under its own name
+    # checked as cudt.nupi checks them (a per-run EMA of 1.5 diverged without a word)
+    for hparams, says in (({"kp": -5.0}, "must be >= 0"), ({"ema_nu": 1.5}, r"in \[0, 1\)")):
+        with pytest.raises(ValueError, match=says):
+            init({"w": jnp.ones(())}, dual_hparams=hparams)
     hyper = [
         n.hyperparams["kp"]
         for n in jax.tree.leaves(state.dual_state, is_leaf=lambda n: hasattr(n, "hyperparams"))
