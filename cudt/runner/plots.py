@@ -144,8 +144,15 @@ def _legend_below(ax) -> None:
     histogram's side by side were wider than its figure, which collapsed its axes)."""
     labels = ax.get_legend_handles_labels()[1]
     ncols = 2 if max(map(len, labels), default=0) <= 36 else 1
+    # its gap to the axes in points (in units of its 8-pt font), under the tick labels and the
+    # x label: a fraction of the axes' height shrank with the axes a long legend squeezed
     ax.legend(
-        fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=ncols, frameon=False
+        fontsize=8,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        borderaxespad=4.8,
+        ncols=ncols,
+        frameon=False,
     )
 
 
