@@ -384,7 +384,7 @@ def plot_training_curves(runs: list[dict], path: str | os.PathLike, *, title: st
     lines = max(_panel_title(name, "multipliers", "λ_l").count("\n") + 1 for name in groups)
     gap = 0.75 + 0.2 * lines  # between rows: a row's x label and the next row's panel titles
     fig.subplots_adjust(
-        top=1 - ((0.75 if title else 0.3) + 0.2 * lines) / height,
+        top=1 - ((0.6 if title else 0.3) + 0.2 * lines) / height,
         bottom=0.5 / height,
         hspace=gap / (height / len(heights) - gap),
         wspace=0.3,
@@ -393,7 +393,7 @@ def plot_training_curves(runs: list[dict], path: str | os.PathLike, *, title: st
         for (name, group), (ax_lam, ax_g) in zip(groups.items(), axes, strict=True):
             _row(fig, ax_lam, ax_g, name, group)
         if title:
-            fig.suptitle(title)
+            fig.suptitle(title, y=1 - 0.2 / height)  # in inches from the top, as the margins
         savefig_atomic(fig, path, dpi=110, bbox_inches="tight")
     finally:
         plt.close(fig)
