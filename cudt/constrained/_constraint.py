@@ -67,7 +67,8 @@ def _concrete(x) -> np.ndarray | None:
 
 @flax.struct.dataclass
 class Constraint:
-    """``value ≤ 0`` (``kind="ineq"``) or ``value = 0`` (``kind="eq"``); a pytree."""
+    """``value ≤ 0`` (``kind="ineq"``) or ``value = 0`` (``kind="eq"``), ``value`` one array of
+    any shape; the Constraint itself is a pytree."""
 
     value: Any
     kind: str = flax.struct.field(pytree_node=False, default="ineq")
@@ -78,6 +79,12 @@ class Constraint:
     features: Any = None
 
     def __post_init__(self):
+        if isinstance(self.value, (dict, list, tuple)):
+            raise TypeError(
+                f"Constraint value must be one array (any shape), got a "
+                f"{type(self.value).__name__}: return one Constraint per array, e.g. "
+                "{'a': Constraint(a), 'b': Constraint(b)}, or stack them into one array"
+            )
         if self.kind not in KINDS:
             raise ValueError(
                 f"Constraint kind must be 'ineq' or 'eq', got {self.kind!r}: pass kind='ineq' "

@@ -240,6 +240,9 @@ def test_a_runs_values_are_checked_as_the_config_checks_them():
     assert runs.hparams["epsilon"].shape == (2, L)
     with pytest.raises(ValueError, match="scale must be > 0"):
         cudt.Constraint(jnp.ones(2), scale=-1.0)
+    for tree in ({"a": jnp.ones(2)}, [jnp.ones(2)], (jnp.ones(2), jnp.ones(3))):
+        with pytest.raises(TypeError, match="value must be one array .* one Constraint per"):
+            cudt.Constraint(tree)
     with pytest.raises(TypeError, match=r"params\['w'\] is int32, not floating-point"):
         init({"w": jnp.zeros(4, jnp.int32)})
 
