@@ -156,6 +156,14 @@ def _legend_below(ax) -> None:
     )
 
 
+def _diverged(run) -> str:
+    """A diverged run's legend entry: its kind, seed and, where its label has them, the swept
+    values after the seed (two ε lanes of one seed that both diverged read apart)."""
+    _, _, tail = str(run.get("label", "")).partition(" seed ")
+    lane = tail.split(maxsplit=1)[1:]
+    return f"{_kind(run)} seed {run['seed']}{''.join(' ' + v for v in lane)}: diverged"
+
+
 def _per_model(runs, path: str | Path, title: str, draw, finish) -> None:
     """One panel per model (:func:`panel_names`): ``draw(ax, run, seen)`` each run's curve, in
     order, but a diverged run's, which is named in the legend (gray, no curve); then
@@ -167,7 +175,7 @@ def _per_model(runs, path: str | Path, title: str, draw, finish) -> None:
         seen = set()
         for run in group:
             if run.get("diverged"):
-                ax.plot([], [], color="gray", label=f"{_kind(run)} seed {run['seed']}: diverged")
+                ax.plot([], [], color="gray", label=_diverged(run))
             else:
                 draw(ax, run, seen)
         finish(ax, group)

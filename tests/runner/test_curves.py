@@ -274,6 +274,32 @@ def test_lanes_not_chosen_are_drawn_faint_under_their_own_legend_entry(tmp_path,
         assert labels[:3] == ["ERM", "ERM, lanes not chosen", "constrained"]
 
 
+def test_each_diverged_lane_is_named_apart_in_the_legend(tmp_path, monkeypatch):
+    """Two ε lanes of one seed that both diverged: each named with its swept values (they read
+    "constrained seed 0: diverged" twice); a run without swept values by kind and seed."""
+    from cudt.runner import plots
+
+    figs = []
+    monkeypatch.setattr(plots.plt, "close", figs.append)
+    base = dict(model="ut", layers=2, seed=0, test_gamma=[0.5], gamma_train=0.5)
+    runs = [
+        dict(base, constrained=False, label="ut-2 ERM seed 0", layer_loss=[[3, 2, 1]]),
+        *(
+            dict(base, constrained=True, diverged=True, label=f"ut-2 constrained seed 0 {lane}")
+            for lane in ("eps=0.02", "eps=0.05 dlr=10")
+        ),
+        dict(base, constrained=True, seed=1, diverged=True, label="ut-2 constrained seed 1"),
+    ]
+    plots.plot_layer_losses(runs, tmp_path / "layer_loss.png")
+    (ax,) = figs[0].axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "ERM",
+        "constrained seed 0 eps=0.02: diverged",
+        "constrained seed 0 eps=0.05 dlr=10: diverged",
+        "constrained seed 1: diverged",
+    ]
+
+
 def test_a_long_title_is_wrapped_to_a_one_panel_figure(tmp_path, monkeypatch):
     """The LLM's accuracy plot title (58 characters) ran off both edges of its 5-inch figure."""
     from cudt.runner import plots
