@@ -32,3 +32,15 @@ def test_a_tuned_hyperparameter_the_command_line_sets_is_pinned_even_at_its_defa
     assert cfg.tune_epsilon == VideoConfig().tune_epsilon  # --epsilon not named: still tuned
     _, swept = dual_rates("--dual-lr", "0.03", "--sweep", "dual_lr=0.03,1")
     assert {r for m, r in swept if m == "ut"} == {0.03, 1.0}
+
+
+def test_a_flag_given_twice_takes_its_last_value_and_a_repeated_flag_adds_up():
+    """docs/runner.md: a script overrides a base command line by appending a flag; the flags
+    documented as repeatable (--sweep, --model-hparams) add their values instead."""
+    from cudt.runner.cli import config_from_args
+    from cudt.tasks.video import VideoConfig
+
+    cfg, _ = config_from_args(VideoConfig, ["--steps", "5", "--dual-lr", "1", "--steps", "6"], "")
+    assert (cfg.steps, cfg.dual_lr) == (6, 1.0)
+    cfg, _ = config_from_args(VideoConfig, ["--sweep", "epsilon=0.1", "--sweep", "lr=1e-3"], "")
+    assert cfg.sweep == ("epsilon=0.1", "lr=1e-3")
