@@ -79,12 +79,6 @@ class Constraint:
     features: Any = None
 
     def __post_init__(self):
-        if isinstance(self.value, (dict, list, tuple)):
-            raise TypeError(
-                f"Constraint value must be one array (any shape), got a "
-                f"{type(self.value).__name__}: return one Constraint per array, e.g. "
-                "{'a': Constraint(a), 'b': Constraint(b)}, or stack them into one array"
-            )
         if self.kind not in KINDS:
             raise ValueError(
                 f"Constraint kind must be 'ineq' or 'eq', got {self.kind!r}: pass kind='ineq' "

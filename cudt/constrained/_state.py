@@ -149,6 +149,15 @@ def _check_constraints(cons):
             "problem must return (objective, {name: cudt.Constraint(...)}): wrap each "
             "constraint's values in cudt.Constraint"
         )
+    # checked here, on the problem's output, not in Constraint itself: a tree map over
+    # constraints may hold any leaf in ``value`` (a tuple of arrays, a sentinel)
+    for name, c in cons.items():
+        if isinstance(c.value, (dict, list, tuple)):
+            raise TypeError(
+                f"constraint {name!r}: a Constraint's value must be one array (any shape), got "
+                f"a {type(c.value).__name__}: return one Constraint per array, e.g. "
+                "{'a': Constraint(a), 'b': Constraint(b)}, or stack them into one array"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

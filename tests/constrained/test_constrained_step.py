@@ -241,8 +241,16 @@ def test_a_runs_values_are_checked_as_the_config_checks_them():
     with pytest.raises(ValueError, match="scale must be > 0"):
         cudt.Constraint(jnp.ones(2), scale=-1.0)
     for tree in ({"a": jnp.ones(2)}, [jnp.ones(2)], (jnp.ones(2), jnp.ones(3))):
-        with pytest.raises(TypeError, match="value must be one array .* one Constraint per"):
-            cudt.Constraint(tree)
+
+        def of_a_tree(p, b, k, tree=tree):
+            return jnp.sum(p["w"] ** 2), {"c": cudt.Constraint(tree)}
+
+        init_tree, _ = cudt.make_constrained_step(of_a_tree, optax.sgd(0.1), cudt.dual_ascent(1))
+        with pytest.raises(TypeError, match="'c': a Constraint's value must be one array .* one"):
+            init_tree(params, None)
+    # a tree map over constraints may put any leaf in a Constraint (checked where it is used)
+    pairs = jax.tree.map(lambda v: (v, -v), cudt.Constraint(jnp.ones(2)))
+    assert pairs.value[1].tolist() == [-1.0, -1.0]
     with pytest.raises(TypeError, match=r"params\['w'\] is int32, not floating-point"):
         init({"w": jnp.zeros(4, jnp.int32)})
 
