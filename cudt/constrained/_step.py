@@ -365,11 +365,24 @@ def _decay_relaxed(formulation, g, lam, rho, c: Constraint):
     α = inf (a hard run of a sweep) leaves both unchanged. Anything else: as given."""
     if c.has_slack or c.resilience is None or not formulation.uses_penalty:
         return g, rho
-    alpha = c.resilience
     if formulation.uses_multipliers:
-        shift = lam / alpha if c.scale is None else lam * c.scale / alpha
-        return g - jax.lax.stop_gradient(shift).astype(g.dtype), rho
-    return g, rho / (1.0 + rho / alpha)
+        return _minus_decay_slack(g, lam, c), rho
+    return g, rho / (1.0 + rho / c.resilience)
+
+
+def _minus_decay_slack(g, lam, c: Constraint):
+    """``g − s·λ/α``: a constraint in the decay form (resilience without a slack in the state)
+    relaxed by the slack its dual's fixed point sets, a constant of the primal step."""
+    shift = lam / c.resilience if c.scale is None else lam * c.scale / c.resilience
+    return g - jax.lax.stop_gradient(shift).astype(g.dtype)
+
+
+def _relaxed(values, u, lam, n, c: Constraint):
+    """Constraint ``n`` as a resilient problem relaxes it, whatever the formulation: ``g − u``
+    with explicit slacks, ``g − s·λ/α`` in the decay form, else ``g`` (what a violation is
+    measured on: the same resilient problem reads the same under either form)."""
+    g = _minus_slack(values, u, n, c)
+    return g if c.has_slack or c.resilience is None else _minus_decay_slack(g, lam, c)
 
 
 def _lagrangian(formulation, f, values, u, lam, rho, cons):
@@ -524,9 +537,7 @@ def _advance(spec: _Spec, state, active, shown: _Evaluation, shown_at, d: _Desce
         n: jnp.sqrt(
             jnp.mean(
                 form.violation(
-                    _per_scale(
-                        _decay_relaxed(form, _minus_slack(values, u, n, c), lam[n], 0.0, c)[0], c
-                    ),
+                    _per_scale(_relaxed(values, u, lam[n], n, c), c),
                     lam[n],
                     c.kind,
                 )

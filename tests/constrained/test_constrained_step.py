@@ -337,28 +337,36 @@ def test_decay_resilience_under_a_penalty_solves_the_resilient_problem_as_slacks
 def test_explicit_slacks_measure_the_violation_of_the_relaxed_constraint_as_decay_does():
     """min x² s.t. 1 − x ≤ u, cost (α/2)u², α = 2: the optimum x = u = 0.5, λ = 1. There the
     relaxed constraint holds with equality, in either form; the slack form measured g, not
-    g − u (0.5 at the optimum), so an augmented Lagrangian's growth rule raised ρ 70x."""
+    g − u (0.5 at the optimum), so an augmented Lagrangian's growth rule raised ρ 70x; the plain
+    Lagrangian's decay form measured g too (0.5 where the augmented one measured 0)."""
     out = {}
-    for mode in ("decay", "slack"):
+    augmented = cudt.AugmentedLagrangian(penalty=0.1, growth=1.01, tolerance=1.0, penalty_max=1e6)
+    for form in (augmented, cudt.Lagrangian()):
+        for mode in ("decay", "slack"):
 
-        def problem(p, batch, key, mode=mode):
-            del batch, key
-            c = cudt.Constraint(1.0 - p["x"], resilience=2.0, resilience_mode=mode)
-            return p["x"] ** 2, {"c": c}
+            def problem(p, batch, key, mode=mode):
+                del batch, key
+                c = cudt.Constraint(1.0 - p["x"], resilience=2.0, resilience_mode=mode)
+                return p["x"] ** 2, {"c": c}
 
-        form = cudt.AugmentedLagrangian(penalty=0.1, growth=1.01, tolerance=1.0, penalty_max=1e6)
-        init, step = cudt.make_constrained_step(
-            problem, optax.sgd(0.01), cudt.dual_ascent(0.01), form, slack_optimizer=optax.sgd(0.05)
-        )
-        state = init({"x": jnp.array(0.0)}, None)
-        for _ in range(3000):
-            state, _ = step(state, None, jax.random.key(0))
-        out[mode] = state
-    for state in out.values():
-        np.testing.assert_allclose(float(state.params["x"]), 0.5, atol=1e-3)
-        np.testing.assert_allclose(float(state.multipliers["c"]), 1.0, atol=1e-2)
-        assert float(state.violation["c"]) < 1e-3
-    decay, slack = (float(out[m].penalty["c"]) for m in ("decay", "slack"))
+            init, step = cudt.make_constrained_step(
+                problem,
+                optax.sgd(0.01),
+                cudt.dual_ascent(0.01),
+                form,
+                slack_optimizer=optax.sgd(0.05),
+            )
+            state = init({"x": jnp.array(0.0)}, None)
+            for _ in range(3000):
+                state, metrics = step(state, None, jax.random.key(0))
+            out[type(form).__name__, mode] = state, metrics
+    for key, (state, metrics) in out.items():
+        np.testing.assert_allclose(float(state.params["x"]), 0.5, atol=1e-3, err_msg=str(key))
+        np.testing.assert_allclose(float(state.multipliers["c"]), 1.0, atol=1e-2, err_msg=str(key))
+        assert float(metrics["violation"]["c"]) < 1e-3, key
+    decay, slack = (
+        float(out["AugmentedLagrangian", m][0].penalty["c"]) for m in ("decay", "slack")
+    )
     assert slack < 1.1 * decay, (slack, decay)  # ρ grows where the relaxed constraint is missed
 
 
