@@ -11,8 +11,7 @@ from cudt import stats
 from cudt.data.alpaca import AlpacaRecord, InstructionTokenizer, prompt_batches
 from cudt.data.instructions import exact_answer
 from cudt.metrics import rouge_l
-from cudt.runner.sweep import parse_sweeps
-from cudt.tasks.accuracy import paired_difference, paired_with_erm, test_gamma_grid
+from cudt.tasks.accuracy import paired_difference, paired_with_erm
 from cudt.tasks.llm_data import LLMData
 from cudt.tasks.llm_export import decoder_params, lora_spec
 
@@ -81,12 +80,15 @@ def completion_gammas(cfg) -> list[float]:
 
 def completion_gamma(cfg) -> float:
     """The noise level of the perturbed completions (``--completion-gamma``, else the largest
-    test γ)."""
+    test γ of the job: the runner's own grid over every run it trains, so a γ_train swept or
+    set by ``--model-hparams`` counts as the flag's does)."""
     if cfg.completion_gamma is not None:
         return float(cfg.completion_gamma)
-    # the job's grid: every γ_train it trains (a sweep of them, else the flag's)
-    trains = parse_sweeps(cfg).get("gamma_train") or (cfg.gamma_train,)
-    return max(g for gt in trains for g in test_gamma_grid(gt, cfg.test_gammas))
+    from cudt.runner.run import evaluation_grids  # the runner imports the tasks' modules
+    from cudt.tasks.llm import LLMTask
+
+    task = LLMTask()
+    return max(evaluation_grids(task, cfg, task.run_specs(cfg))[0])
 
 
 def _until_eos(tok: InstructionTokenizer, row: np.ndarray) -> str:

@@ -312,6 +312,9 @@ def test_completions_are_taken_once_per_gamma_at_the_largest_gamma_of_the_jobs_g
     swept = LLMConfig(test_gammas=(0.0, 1.0), sweep=("gamma_train=0.5,3",))
     assert completion_gammas(swept) == [0.0, 3.0]
     assert completion_gammas(LLMConfig(completion_gamma=0.0)) == [0.0]
+    # a model's own γ_train (--model-hparams) is trained and evaluated: its grid counts too
+    own = LLMConfig(test_gammas=(0.0, 1.0), model_hparams=("llm:gamma_train=3",))
+    assert completion_gammas(own) == [0.0, 3.0]
 
 
 def test_validation_over_the_test_grid_is_reported_only_where_the_selection_reads_it():
