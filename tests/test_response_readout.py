@@ -359,3 +359,25 @@ def test_bfloat16_states_with_a_float32_head_give_the_float32_head_gradient(keep
     assert got.dtype == jnp.float32
     err = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
     assert err < 1e-5, err
+
+
+@pytest.mark.parametrize("keep_tokens", [1, None])
+def test_float32_states_with_a_frozen_bfloat16_head_give_the_float32_state_gradient(keep_tokens):
+    """A frozen bfloat16 base under float32 compute (``--lora-rank R --base-dtype bfloat16``):
+    the forward's product is float32, so must be the states' gradient. Rounding the logits'
+    cotangent to the head's bfloat16 put it 2.5e-3 (relative) from the naive readout's."""
+    states, head, _, labels, mask = problem(batch=4, seq=16)
+    head = head.astype(jnp.bfloat16)
+    weights = jnp.linspace(0.1, 1.0, L1 * 4).reshape(4, L1)
+
+    def state_gradient(fn):
+        def loss(s):
+            return jnp.sum(weights * fn(s, lambda x: x, head, labels, mask)[0])
+
+        return jax.jit(jax.grad(loss))(states)
+
+    got = state_gradient(functools.partial(response_token_losses, keep_tokens=keep_tokens))
+    want = state_gradient(naive_layer_token_losses)
+    assert got.dtype == jnp.float32
+    err = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+    assert err < 1e-5, err
