@@ -378,6 +378,21 @@ def _packed_means(
     return loss, acc
 
 
+def kept_logit_rows(
+    num_states: int,
+    capacity: int,
+    vocab: int,
+    *,
+    bucket_tokens: int | None = None,
+    chunk_tokens: int | None = None,
+    keep_tokens: int | None = None,
+) -> int:
+    """The rows of logits :func:`response_token_losses` keeps from the forward to the backward
+    with these arguments and ``keep_logits=None`` (0: it recomputes them all)."""
+    plan = _bucket_plan(num_states, capacity, vocab, bucket_tokens, chunk_tokens, None, keep_tokens)
+    return plan[1]
+
+
 def keeps_logits(rows: int, chunk_tokens: int) -> bool:
     """Whether :func:`response_token_losses` keeps ``rows`` rows of float32 logits from the
     forward to the backward by default: wherever they fit in ``chunk_tokens``, a CPU included

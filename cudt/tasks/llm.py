@@ -54,7 +54,12 @@ import numpy as np
 from cudt.data.alpaca import TokenizedAlpaca
 from cudt.errors import CudtError, UsageError
 from cudt.io import atomic_write
-from cudt.lm_loss import default_chunk_tokens, layer_token_losses, response_token_losses
+from cudt.lm_loss import (
+    default_chunk_tokens,
+    kept_logit_rows,
+    layer_token_losses,
+    response_token_losses,
+)
 from cudt.models.llama import Decoder, init_adapters
 from cudt.runner.finished import run_data
 from cudt.runner.task import GroupModel, RunBatch, Task, cut_in_batches
@@ -165,12 +170,21 @@ class LLMTask(AccuracyReports, Task):
         else:
             b = cfg.batch_size
             typical = data.response_keep or ()
-            kept = (
-                f"; the backward keeps the logits of {typical[b - 1]}, as many as 99 % of "
-                "batches hold"
-                if b <= len(typical)
-                else ""
+            keep = typical[b - 1] if b <= len(typical) else None
+            rows = kept_logit_rows(
+                c.num_layers + 1 - reference_state(cfg, data.decoder),
+                data.train_capacity[b - 1],
+                c.vocab_size,
+                bucket_tokens=cfg.bucket_tokens,
+                chunk_tokens=self.chunk_tokens(cfg, data),
+                keep_tokens=keep,
             )
+            if not rows:  # they would not fit in --chunk-tokens: recomputed
+                kept = "; the backward recomputes their logits"
+            elif keep is not None:
+                kept = f"; the backward keeps the logits of {keep}, as many as 99 % of batches hold"
+            else:
+                kept = ""
             readout = (
                 "every state read out at exactly the response tokens (at most "
                 f"{data.train_capacity[b - 1]} in a training batch of {b}{kept})"

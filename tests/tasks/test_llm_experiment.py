@@ -701,3 +701,17 @@ def test_export_after_a_run_with_no_chosen_run_says_to_name_one(tmp_path):
     line = str(err.value)
     assert "has no chosen run" in line and line.endswith(f"{tmp_path / 'models'} --run LABEL)")
     assert not (tmp_path / "models").exists()
+
+
+def test_the_description_says_whether_the_backward_keeps_the_logits():
+    """The logits kept from the forward to the backward, as the step plans them: the typical
+    batch's where they fit in --chunk-tokens, else none (it said "keeps" either way)."""
+    from cudt.tasks.llm import LLMTask
+    from cudt.tasks.llm_config import LLMConfig
+
+    task = LLMTask()
+    small = dict(num_train=32, num_val=8, num_test=8, batch_size=4, completions=0)
+    for chunk_tokens, says in ((None, "the backward keeps the logits of "), (8, "recomputes")):
+        cfg = LLMConfig(chunk_tokens=chunk_tokens, **small)
+        (line,) = [x for x in task.describe(cfg, task.load(cfg)) if x.startswith("data:")]
+        assert says in line, line
