@@ -104,7 +104,7 @@ def read_json(path: str | pathlib.Path) -> dict[str, Any]:
     path = pathlib.Path(path)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ModelFolderError(f"{path} is not valid JSON ({err}); re-export the model") from err
     if not isinstance(raw, dict):
         raise ModelFolderError(f"{path} must hold a JSON object; re-export the model")
@@ -222,12 +222,19 @@ def read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
     # first bytes; it is never unpickled.
     try:
         with open(file, "rb") as fh:
-            magic = fh.read(4)
+            magic = fh.read(9)
+        size = file.stat().st_size
     except OSError as err:
         raise ModelFolderError(
             f"cannot read {file} ({err.strerror or err}): check the file"
         ) from err
-    if (len(magic) >= 2 and magic[0] == 0x80 and 2 <= magic[1] <= 5) or magic == b"PK\x03\x04":
+    # safetensors: an 8-byte little-endian header length, then the JSON header ('{'); a header
+    # of 640, 896, 1152 or 1408 bytes starts with a pickle's protocol bytes (0x80, 2-5), so
+    # those are tested on what is not shaped like safetensors only
+    header = int.from_bytes(magic[:8], "little") if len(magic) == 9 else None
+    shaped = header is not None and magic[8:9] == b"{" and 8 + header <= size
+    pickled = len(magic) >= 2 and magic[0] == 0x80 and 2 <= magic[1] <= 5
+    if not shaped and (pickled or magic[:4] == b"PK\x03\x04"):
         raise ModelFolderError(
             f"{file} is a pickle (torch.save) file, not safetensors: pickle checkpoints are not "
             "loaded (unsafe); convert to safetensors (e.g. save_pretrained(dir, "
@@ -262,7 +269,15 @@ def load_tensors(folder: pathlib.Path) -> tuple[dict[str, np.ndarray], pathlib.P
             shards = sorted(
                 set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
             )
-        except (json.JSONDecodeError, KeyError, AttributeError) as err:
+            if not all(isinstance(name, str) for name in shards):
+                raise TypeError("its weight_map values must be file names")
+        except (
+            json.JSONDecodeError,
+            UnicodeDecodeError,
+            KeyError,
+            AttributeError,
+            TypeError,
+        ) as err:
             raise ModelFolderError(f"{index} is malformed ({err}); re-export the model") from err
         tensors: dict[str, np.ndarray] = {}
         for shard in shards:
