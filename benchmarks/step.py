@@ -21,8 +21,9 @@ RunConfig defaults). The peer is the same models in PyTorch with the problem in 
    ``--check-steps`` steps on the same batch, torch given the noise cudt draws. Per step: the
    layer losses (max relative difference) and the multipliers after the step (max difference
    relative to the largest). The verdict: step 1's losses and multipliers within 1e-4, later
-   steps' multipliers within 1e-2 (after one Adam step, an element whose gradient is at
-   rounding level may move the other way, so later steps agree less than the first).
+   steps' losses within 1e-3 and multipliers within 1e-2 (after one Adam step, an element
+   whose gradient is at rounding level may move the other way, so later steps agree less than
+   the first; the losses alone tell a different primal step: Adam duals hardly see it).
 2. **Speed**: cudt (jitted, state donated) and torch + Cooper, each with 1 thread and with
    torch's default thread count (``--torch-threads``), all interleaved over ``--repeats``
    repetitions of ``--steps`` steps after ``--burn-in`` untimed steps and an untimed block
@@ -35,7 +36,10 @@ RunConfig defaults). The peer is the same models in PyTorch with the problem in 
    otherwise; before 2026-12-02 only ``scan``: DUST's Lanczos undercounted; the UT counted
    with ``eigh`` clipping, whose LAPACK call counts 0, since XLA counts both branches of the
    default clipping's ``lax.cond``), divided by its time, against a jitted float32
-   ``--matmul-size`` square matmul timed in the same interleaving.
+   ``--matmul-size`` square matmul timed in the same interleaving. A ``while_loop``'s
+   data-dependent trips are not unrolled: DUST's Newton–Schulz solve (``cudt.linalg.spd_solve``,
+   3 trips at the initial dictionaries) is counted as one, 0.13 of its 3.31 GFLOP missed (4 %:
+   its GFLOP/s and its floor that much low, its bound that much high).
 """
 
 from __future__ import annotations
@@ -184,7 +188,9 @@ def check_equal_work(setup: VideoSetup, dynamics: str, num_steps: int, epsilon: 
         torch_first = torch_first or time.perf_counter() - t0
         loss = relative_diff(jm["layer_loss"], tm["layer_loss"].cpu().numpy(), normwise=False)
         lam = relative_diff(jm["multipliers"], tm["multipliers"].cpu().numpy(), normwise=True)
-        good = loss < 1e-4 and lam < 1e-4 if i == 0 else lam < 1e-2
+        # later steps: the losses too (the multipliers alone passed a torch side at twice
+        # cudt's primal learning rate under Adam duals, whose steps hardly depend on it)
+        good = loss < 1e-4 and lam < 1e-4 if i == 0 else loss < 1e-3 and lam < 1e-2
         ok = ok and good
         largest = float(np.max(np.abs(np.asarray(jm["multipliers"]))))
         rows.append([setup.name, dynamics, i + 1, loss, lam, largest, "yes" if good else "NO"])

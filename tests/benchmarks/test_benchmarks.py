@@ -213,6 +213,24 @@ def test_the_check_fails_when_the_peer_takes_another_update_order(ut_default, mo
     assert not bad["ok"] and [r[-1] for r in bad["rows"]] == ["yes", "yes", "NO"]
 
 
+def test_the_check_fails_when_the_peer_takes_another_primal_step_under_adam_duals(monkeypatch):
+    """The paper's dynamics (Adam duals): a dual step is about lr·sign(g), so the multipliers
+    hardly see the primal step; a peer at twice cudt's primal learning rate passed a check of
+    the multipliers alone after step 1. Its layer losses tell it."""
+    from benchmarks.setting import dynamics_config
+
+    setup = video_setup(dynamics_config(video_config(quick=True, batch_size=4), "paper"), "ut")
+    assert step.check_equal_work(setup, "paper", 3, 0.5)["ok"]
+    original = peer.cooper_optimizer
+    monkeypatch.setattr(
+        peer,
+        "cooper_optimizer",
+        lambda cfg, cmp, params, lr, **k: original(cfg, cmp, params, 2 * lr, **k),
+    )
+    bad = step.check_equal_work(setup, "paper", 2, 0.5)  # λ 0.5 % apart at step 2, losses 6 %
+    assert not bad["ok"] and [r[-1] for r in bad["rows"]] == ["yes", "NO"], bad["rows"]
+
+
 @pytest.mark.parametrize("attention", ["dot", "distance"])
 def test_the_pytorch_ut_computes_the_same_states_for_either_attention(attention):
     import torch
