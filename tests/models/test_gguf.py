@@ -385,3 +385,44 @@ def test_real_smollm2_answers_the_france_question():
     out = dec.generate(dec.params, jnp.asarray([ids]), None, 8, eos_id=2)
     answer = dec.tokenizer.decode(np.asarray(out[0]).tolist(), skip_special_tokens=True)
     assert "Paris" in answer, answer
+
+
+def test_llama3_pre_tokenizers_ignore_merges_and_add_bos_by_default_as_llama_cpp_does():
+    """llama.cpp's llama-bpe / llama3: a word that is one vocabulary entry is that token
+    whatever the merges, and BOS goes first unless the file's add_bos_token says otherwise;
+    other pre-tokenizers apply the merges and add BOS only when the key says so."""
+    from cudt.models.llama.gguf_tokenizer import gguf_pre_tokenizer, tokenizer_from_gguf
+
+    tokens = ["<s>", "a", "b", "c", "ab", "abc"]
+    base = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": ["a b"],
+        "tokenizer.ggml.token_type": [3, 1, 1, 1, 1, 1],
+        "tokenizer.ggml.bos_token_id": 0,
+    }
+
+    def encode(**meta):
+        return tokenizer_from_gguf({**base, **meta}).encode("abc").tokens
+
+    assert encode(**{"tokenizer.ggml.pre": "llama-bpe"}) == ["<s>", "abc"]
+    assert encode(**{"tokenizer.ggml.pre": "llama3", "tokenizer.ggml.add_bos_token": False}) == [
+        "abc"
+    ]
+    assert encode(**{"tokenizer.ggml.pre": "gpt2"}) == ["ab", "c"]
+    assert encode(**{"tokenizer.ggml.pre": "gpt2", "tokenizer.ggml.add_bos_token": True}) == [
+        "<s>",
+        "ab",
+        "c",
+    ]
+    # written back: llama-bpe only for a tokenizer that ignores merges as llama.cpp will
+    llama = tokenizer_from_gguf({**base, "tokenizer.ggml.pre": "llama-bpe"})
+    assert gguf_pre_tokenizer(llama) == "llama-bpe"
+    from tokenizers import Tokenizer
+
+    raw = json.loads(llama.to_str())
+    raw["model"]["ignore_merges"] = False
+    with pytest.raises(ModelFolderError, match="applies its merges to whole-vocabulary words"):
+        gguf_pre_tokenizer(Tokenizer.from_str(json.dumps(raw)))
+    with pytest.raises(ModelFolderError, match="'tokenizer.ggml.token_type' has 5 entries for 6"):
+        tokenizer_from_gguf({**base, "tokenizer.ggml.token_type": [1] * 5})

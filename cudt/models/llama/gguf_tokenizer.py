@@ -4,7 +4,8 @@
 :func:`tokenizer_from_gguf` rebuilds the tokenizer llama.cpp runs: the vocabulary and merges as
 stored, control tokens (type 3) as special added tokens and user-defined ones (type 4) as added
 tokens, each matched whole in text; the pre-tokenizer regex of ``tokenizer.ggml.pre`` (GPT-2,
-SmolLM's digit split, Llama 3, Qwen2), and a BOS post-processor when ``add_bos_token`` is set.
+SmolLM's digit split, Llama 3, Qwen2), and a BOS post-processor when ``add_bos_token`` is set
+(absent, llama.cpp's default: on for Llama 3's pre-tokenizers, whose BPE also ignores merges).
 :func:`tokenizer_to_gguf` gives those fields of a byte-level BPE tokenizer for writing, and
 :func:`gguf_pre_tokenizer` the ``pre`` name of its splitting (the inverse of the table below).
 """
@@ -42,6 +43,10 @@ _PRE_TOKENIZERS = {
     "llama3": (_LLAMA3, False),
     "qwen2": (_QWEN2, False),
 }
+# the pre-tokenizers llama.cpp runs as Llama 3's: a word that is one vocabulary entry is that
+# token, whatever the merges (BPE ``ignore_merges``), and BOS is prepended unless the file's
+# ``add_bos_token`` says otherwise (llama-vocab.cpp)
+_LLAMA3_FAMILY = ("llama-bpe", "llama3")
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = 1, 3, 4, 5
 
@@ -80,8 +85,16 @@ def tokenizer_from_gguf(meta: Any, path: pathlib.Path | None = None) -> Any:
         )
     merges = [tuple(m.split(" ", 1)) for m in (get("tokenizer.ggml.merges") or [])]
     types = list(get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    if len(types) != len(tokens):
+        raise ModelFolderError(
+            f"{name}: GGUF key 'tokenizer.ggml.token_type' has {len(types)} entries for "
+            f"{len(tokens)} tokens: the file is corrupt; convert the model again"
+        )
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    llama3 = pre in _LLAMA3_FAMILY
+    tokenizer = Tokenizer(
+        models.BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=llama3)
+    )
     regex, digits = _PRE_TOKENIZERS[pre]
     split = pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False)
     steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
@@ -97,7 +110,9 @@ def tokenizer_from_gguf(meta: Any, path: pathlib.Path | None = None) -> Any:
     tokenizer.add_special_tokens(specials)
     tokenizer.add_tokens([t for t in added if not t.special])
     bos = get("tokenizer.ggml.bos_token_id")
-    if get("tokenizer.ggml.add_bos_token") and bos is not None and 0 <= bos < len(tokens):
+    add_bos = get("tokenizer.ggml.add_bos_token")
+    add_bos = llama3 if add_bos is None else add_bos  # llama.cpp's default where the key is absent
+    if add_bos and bos is not None and 0 <= bos < len(tokens):
         # llama.cpp prepends BOS when this is set: encode(..., add_special_tokens=True) does too
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"{tokens[bos]} $A", special_tokens=[(tokens[bos], int(bos))]
@@ -131,6 +146,12 @@ def gguf_pre_tokenizer(tokenizer: Any) -> str:
     ]
     for name in ("gpt2", "smollm", "llama-bpe", "qwen2"):
         if [_PRE_TOKENIZERS[name][0]] == regexes and _PRE_TOKENIZERS[name][1] == digits:
+            if name in _LLAMA3_FAMILY and not (raw.get("model") or {}).get("ignore_merges"):
+                raise ModelFolderError(
+                    "the tokenizer splits text as llama.cpp's llama-bpe does, but applies its "
+                    "merges to whole-vocabulary words, which llama-bpe does not (Llama 3's "
+                    "tokenizer.json sets ignore_merges): save a Hugging Face folder instead"
+                )
             return name
     raise ModelFolderError(
         "the tokenizer splits text in a way none of llama.cpp's pre-tokenizers gpt2, smollm, "
