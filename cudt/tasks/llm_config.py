@@ -253,6 +253,17 @@ class LLMConfig(RunConfig):
         self._check_data_files()
         self._check_lora()
         self._check_export()
+        self.require(
+            self.bucket_tokens is None
+            or (self.readout_tokens == "response" and self.vocab_chunk is None),
+            "--bucket-tokens sizes the buckets of the response readout; "
+            + (
+                "--vocab-chunk reads out at every position, in chunks"
+                if self.vocab_chunk is not None
+                else "--readout-tokens all reads out at every position, in chunks"
+            )
+            + ": drop --bucket-tokens",
+        )
 
     def _check_sizes(self) -> None:
         """The tiny decoder's sizes (a pretrained one brings its own: a size flag beside

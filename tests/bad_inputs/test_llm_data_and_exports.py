@@ -216,6 +216,12 @@ LLM_CASES = [
         "pass --lora-rank R too, or drop them",
     ),
     (
+        "--bucket-tokens where every position is read out",
+        lambda tmp: ["--readout-tokens", "all", "--bucket-tokens", "64"],
+        "--bucket-tokens sizes the buckets of the response readout",
+        "drop --bucket-tokens",
+    ),
+    (
         "--base-dtype bfloat16 without --lora-rank",
         lambda tmp: ["--base-dtype", "bfloat16"],
         "--base-dtype stores the frozen base of LoRA adapters",
