@@ -15,7 +15,7 @@ and padding). Conventions shared by both functions here:
   gradient: it neither contributes nor produces a NaN.
 * Positions with mask 0 contribute nothing, and their labels are ignored (any value, e.g. the
   Hugging Face ``-100``). A label outside ``[0, V)`` at a position with mask != 0 makes that
-  sample's loss NaN: a loud signal, since traced labels cannot be checked.
+  sample's loss NaN (a loud signal, since traced labels cannot be checked) and its accuracy 0.
 * Logits, log-sum-exp and the losses are float32, also for bfloat16 states and head (the head
   matmul accumulates in float32). Ties in the argmax go to the lowest token id.
 
@@ -581,7 +581,8 @@ def _per_sample(
     count = jnp.sum(weight, axis=-1)  # [B]
     denom = jnp.where(count != 0, count, 1.0)
     loss = jnp.where(count != 0, jnp.sum(ce, axis=-1) / denom, 0.0)  # [L+1, B]
-    acc = jnp.where(count != 0, jnp.sum(hits, axis=-1) / denom, 0.0)
+    scored = (count != 0) & ~jnp.any(invalid, axis=-1)  # a poisoned sample scores 0
+    acc = jnp.where(scored, jnp.sum(hits, axis=-1) / denom, 0.0)
     return loss.T, acc.T
 
 

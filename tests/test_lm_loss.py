@@ -10,7 +10,7 @@ import pytest
 from helpers import readout_objective, readout_problem, rms_norm
 
 from cudt.errors import UsageError
-from cudt.lm_loss import layer_token_losses, naive_layer_token_losses
+from cudt.lm_loss import layer_token_losses, naive_layer_token_losses, response_token_losses
 
 L1, B, T, D, V = 3, 3, 5, 8, 50  # 45 rows of the flattened (layer, sample, token) axis
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -143,13 +143,19 @@ def test_bfloat16_states_and_head_give_float32_losses_and_sound_gradients(vocab_
         assert np.abs(g_c - g_32).max() < bound * np.abs(g_32).max(), name
 
 
-@pytest.mark.parametrize("fn", [naive_layer_token_losses, layer_token_losses])
+@pytest.mark.parametrize(
+    "fn", [naive_layer_token_losses, layer_token_losses, response_token_losses]
+)
 def test_an_out_of_range_label_on_a_response_token_poisons_its_sample(fn):
+    """Its loss NaN and its accuracy 0, in every implementation (the naive and chunked ones
+    counted its other tokens' hits, the packed one scored 0)."""
     states, head, scale, labels, mask = problem()
     labels = labels.at[2, 0].set(V)  # mask[2, 0] is on
     ce, acc = (np.asarray(a) for a in fn(states, lambda x: rms_norm(x, scale), head, labels, mask))
     assert np.all(np.isnan(ce[2])) and np.all(np.isfinite(ce[[0, 1]]))
-    assert np.all(np.isfinite(acc))
+    assert np.all(acc[2] == 0) and np.all(np.isfinite(acc))
+    want = naive_layer_token_losses(states, lambda x: rms_norm(x, scale), head, labels, mask)[1]
+    np.testing.assert_allclose(acc[[0, 1]], np.asarray(want)[[0, 1]], atol=1e-6)
 
 
 def test_bad_inputs_raise_one_line_usage_errors():
