@@ -198,12 +198,17 @@ def compare_chosen(runs: list[dict], chosen: list[dict], level: float = 0.95) ->
             continue
         a, b = [con[s] for s in seeds], [erm[s] for s in seeds]
         names = list(dict.fromkeys(a[0].get("interval_metrics", []) + list(RUNNER_METRICS)))
+        # a diverged run is evaluated at its last finite state: finite numbers of a run that
+        # failed, left out as NaN's are (a --point given to combine is not filtered before)
+        trained = np.array(
+            [not (r.get("diverged") or e.get("diverged")) for r, e in zip(a, b, strict=True)]
+        )
         metrics = {}
         for name in names:
             va = np.array([run_metric(r, name) for r in a], np.float64)
             vb = np.array([run_metric(r, name) for r in b], np.float64)
-            # over the seeds where both are finite (a diverged run's NaN), which it then names
-            ok = np.isfinite(va) & np.isfinite(vb)
+            # over the seeds where both trained and are finite, which it then names
+            ok = np.isfinite(va) & np.isfinite(vb) & trained
             if ok.sum() >= 2:
                 metrics[name] = stats.paired_t_interval(va[ok], vb[ok], level).as_dict() | {
                     "erm_mean": float(vb[ok].mean())

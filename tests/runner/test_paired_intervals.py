@@ -66,6 +66,20 @@ def test_a_constrained_seed_that_is_not_finite_leaves_the_others_paired_and_name
     assert "one seed" not in line
 
 
+def test_a_diverged_seed_with_finite_numbers_is_left_out_of_the_chosen_comparison():
+    """A diverged run is evaluated at its last finite state, so its numbers are finite; the
+    comparison of chosen points (combine --point: not filtered by eligibility) left it in."""
+    for constrained in (True, False):
+        runs = _runs()
+        next(r for r in runs if r["constrained"] is constrained and r["seed"] == 3)["diverged"] = (
+            True
+        )
+        (c,) = compare_chosen(runs, _chosen(runs))
+        iv = c["constrained_minus_erm"]["acc"]
+        assert iv["seeds"] == [0, 1, 2] and iv["n"] == 3
+        assert np.allclose([iv["low"], iv["high"]], _t(CON[:3] - ERM[:3]))
+
+
 def test_one_finite_seed_of_several_says_so_not_one_seed():
     runs = _runs()
     for r in runs:
