@@ -59,6 +59,7 @@ class DescentStats:
     floor: float = 0.0  # the denominator floor used
     excluded: int = 0  # (sample, layer) ratios whose denominator was below the floor
     total: int = 0  # N · L
+    non_finite: int = 0  # (sample, layer) steps with a NaN or infinite loss: excluded too
 
     @property
     def kept(self) -> np.ndarray:
@@ -67,9 +68,11 @@ class DescentStats:
 
     def excluded_text(self) -> str:
         """``excluded: 12 of 640 (denominator below 1.2e-05)``, or empty when none was."""
-        if not self.excluded:
+        parts = [f"denominator below {self.floor:.3g}"] if self.excluded else []
+        parts += [f"{self.non_finite} with a non-finite loss"] if self.non_finite else []
+        if not parts:
             return ""
-        return f"excluded: {self.excluded} of {self.total} (denominator below {self.floor:.3g})"
+        return f"excluded: {self.excluded + self.non_finite} of {self.total} ({'; '.join(parts)})"
 
 
 def descent_stats(per_sample_losses: np.ndarray, floor: float | None = None) -> DescentStats:
@@ -77,14 +80,16 @@ def descent_stats(per_sample_losses: np.ndarray, floor: float | None = None) -> 
 
     ``floor``: the smallest denominator ℓ_{l−1} a ratio may have (default :func:`loss_floor` of
     the per-state means, RELATIVE_FLOOR of the largest). Excluded ratios are NaN in ``ratios``,
-    counted in ``excluded`` and left out of every statistic."""
+    counted in ``excluded`` and left out of every statistic; so are the steps with a NaN or
+    infinite loss on either side (a sample poisoned by a bad label), counted in ``non_finite``."""
     losses = np.asarray(per_sample_losses, np.float64)
     if losses.ndim != 2 or losses.shape[1] < 2:
         raise ValueError(f"per-sample losses must be [N, L+1] with L >= 1, got {losses.shape}")
     if floor is None:
         floor = loss_floor(losses.mean(0))
     prev, curr = losses[:, :-1], losses[:, 1:]
-    keep = prev > floor
+    finite = np.isfinite(prev) & np.isfinite(curr)
+    keep = finite & (prev > floor)
     ratios = np.where(keep, curr / np.where(keep, prev, 1.0), np.nan)
     kept = ratios[keep]
     return DescentStats(
@@ -93,8 +98,9 @@ def descent_stats(per_sample_losses: np.ndarray, floor: float | None = None) -> 
         median_ratio=float(np.median(kept)) if kept.size else float("nan"),
         ratios=ratios,
         floor=float(floor),
-        excluded=int(keep.size - keep.sum()),
+        excluded=int(finite.sum() - keep.sum()),
         total=int(keep.size),
+        non_finite=int(finite.size - finite.sum()),
     )
 
 

@@ -176,7 +176,7 @@ def _run_record(task, cfg, group, program, result, r, spec, test, val, gammas, v
         "mean_ratio": ratio_stats.mean_ratio,
         "median_ratio": ratio_stats.median_ratio,
         "ratio_floor": ratio_stats.floor,
-        "ratios_excluded": ratio_stats.excluded,
+        "ratios_excluded": ratio_stats.excluded + ratio_stats.non_finite,
         "ratios_total": ratio_stats.total,
         "feasible": verdict.feasible and not diverged,
         "constraint_val": verdict.constraint,

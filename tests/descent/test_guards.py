@@ -36,6 +36,19 @@ def test_a_ratio_with_a_degenerate_denominator_is_excluded_and_counted():
     assert empty.excluded == 6 and math.isnan(empty.mean_ratio)
 
 
+def test_a_step_with_a_non_finite_loss_is_left_out_of_every_statistic_and_named():
+    """A NaN loss (a sample poisoned by a bad label) on either side of a step: out of the
+    descent rate, the ratios and the histogram alike, and not called "below the floor" (the
+    rate counted it as no descent while the mean and median ratios turned NaN)."""
+    losses = np.array([[1.0, 0.5, 0.5], [1.0, np.nan, 0.2], [2.0, 1.0, 0.5]])
+    s = descent_stats(losses)
+    assert (s.excluded, s.non_finite, s.total) == (0, 2, 6)
+    assert s.descent_rate == pytest.approx(3 / 4)
+    assert s.mean_ratio == pytest.approx((0.5 + 1.0 + 0.5 + 0.5) / 4)
+    assert s.median_ratio == pytest.approx(0.5) and s.kept.size == 4
+    assert s.excluded_text() == "excluded: 2 of 6 (2 with a non-finite loss)"
+
+
 def test_the_floor_follows_the_data_scale():
     losses = np.array([[1e-6, 2e-3, 1e-3], [1.5e-6, 2e-3, 1e-3]])
     # scaled up or down together, the same ratios are kept
