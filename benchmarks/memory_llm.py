@@ -15,9 +15,13 @@ bfloat16``).
 
 * **The model and the step are cudt's own**: the LLM task's per-sample layer losses
   (:meth:`cudt.tasks.llm.LLMTask.build`: ``Decoder.apply`` + :func:`cudt.lm_loss.
-  layer_token_losses` with the task's ``chunk_tokens``; the input embedding table frozen, as the
-  task's default), the runner's own step (:func:`cudt.runner.groups.make_group_step`: Adam, the dual
-  optimiser and :func:`cudt.make_train_step`, wired as for every group), over a
+  layer_token_losses` at ``--chunk-tokens``, every position read out: the task's
+  ``--readout-tokens all --chunk-tokens 2048``, not its defaults, which read the response
+  tokens only and hold up to 1/8 of the device's memory in logits
+  (:func:`cudt.lm_loss.default_chunk_tokens`: 8588 rows on an H200 at jax's default 75 %,
+  22.6 GB of activations where 2048 take 16.8); the input embedding table frozen, as the
+  task's default), the runner's own step (:func:`cudt.runner.groups.make_group_step`: Adam,
+  the dual optimiser and :func:`cudt.make_train_step`, wired as for every group), over a
   :class:`~cudt.models.llama.DecoderConfig` with Llama 3.1 8B's architecture.
 * **State bytes, exactly from shapes**: ``jax.eval_shape`` of the step's ``init`` (parameters,
   Adam's ``mu`` and ``nu``, the ``[L+1]`` multipliers, the dual state) and of the
@@ -163,7 +167,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--chunk-tokens",
         type=positive_int,
         default=2048,
-        help="layer_token_losses rows (default 2048, the task's)",
+        help="layer_token_losses rows (default 2048, the least the task's own default takes)",
     )
     p.add_argument(
         "--vocab-chunk",
