@@ -339,45 +339,35 @@ def test_accuracy_breaks_ties_to_the_lowest_id_as_argmax_does(fn):
 
 
 @pytest.mark.parametrize("keep_tokens", [1, None])  # logits recomputed / kept from the forward
-def test_bfloat16_states_with_a_float32_head_give_the_float32_head_gradient(keep_tokens):
-    """Mixed precision (bfloat16 states, a float32 master head): the forward's product is
-    float32, so must be the head's gradient. Rounding the logits' cotangent to the states'
-    bfloat16 first put it 8e-4 (relative) from the naive readout's. (The states as the norm
-    returns them: an identity here, so both readouts see the same bfloat16 rows.)"""
+@pytest.mark.parametrize("bfloat16", ["states", "head"])
+def test_a_product_of_mixed_types_gives_the_float32_gradient(keep_tokens, bfloat16):
+    """The forward's product of a bfloat16 and a float32 operand is float32, so must be the
+    float32 operand's gradient:
+
+    - mixed precision (bfloat16 states, a float32 master head): the head's. Rounding the
+      logits' cotangent to the states' bfloat16 first put it 8e-4 (relative) from the naive
+      readout's;
+    - a frozen bfloat16 base under float32 compute (``--lora-rank R --base-dtype bfloat16``):
+      the states'. Rounding the cotangent to the head's bfloat16 put it 2.5e-3 from it.
+
+    (The states as the norm returns them: an identity here, so both readouts see the same
+    rows.)"""
     states, head, _, labels, mask = problem(batch=4, seq=16)
-    states = states.astype(jnp.bfloat16)
+    if bfloat16 == "states":
+        states = states.astype(jnp.bfloat16)
+    else:
+        head = head.astype(jnp.bfloat16)
     weights = jnp.linspace(0.1, 1.0, L1 * 4).reshape(4, L1)  # ce is [B, L+1]
 
-    def head_gradient(fn):
-        def loss(h):
-            return jnp.sum(weights * fn(states, lambda x: x, h, labels, mask)[0])
+    def gradient(fn):  # of the float32 operand
+        def loss(x):
+            s, h = (states, x) if bfloat16 == "states" else (x, head)
+            return jnp.sum(weights * fn(s, lambda y: y, h, labels, mask)[0])
 
-        return jax.jit(jax.grad(loss))(head)
+        return jax.jit(jax.grad(loss))(head if bfloat16 == "states" else states)
 
-    got = head_gradient(functools.partial(response_token_losses, keep_tokens=keep_tokens))
-    want = head_gradient(naive_layer_token_losses)
-    assert got.dtype == jnp.float32
-    err = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
-    assert err < 1e-5, err
-
-
-@pytest.mark.parametrize("keep_tokens", [1, None])
-def test_float32_states_with_a_frozen_bfloat16_head_give_the_float32_state_gradient(keep_tokens):
-    """A frozen bfloat16 base under float32 compute (``--lora-rank R --base-dtype bfloat16``):
-    the forward's product is float32, so must be the states' gradient. Rounding the logits'
-    cotangent to the head's bfloat16 put it 2.5e-3 (relative) from the naive readout's."""
-    states, head, _, labels, mask = problem(batch=4, seq=16)
-    head = head.astype(jnp.bfloat16)
-    weights = jnp.linspace(0.1, 1.0, L1 * 4).reshape(4, L1)
-
-    def state_gradient(fn):
-        def loss(s):
-            return jnp.sum(weights * fn(s, lambda x: x, head, labels, mask)[0])
-
-        return jax.jit(jax.grad(loss))(states)
-
-    got = state_gradient(functools.partial(response_token_losses, keep_tokens=keep_tokens))
-    want = state_gradient(naive_layer_token_losses)
+    got = gradient(functools.partial(response_token_losses, keep_tokens=keep_tokens))
+    want = gradient(naive_layer_token_losses)
     assert got.dtype == jnp.float32
     err = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
     assert err < 1e-5, err
