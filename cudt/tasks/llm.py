@@ -62,6 +62,7 @@ from cudt.lm_loss import (
 )
 from cudt.models.llama import Decoder, init_adapters
 from cudt.runner.finished import run_data
+from cudt.runner.run import evaluation_grids
 from cudt.runner.task import GroupModel, RunBatch, Task, cut_in_batches
 from cudt.tasks.accuracy import AccuracyReports, feasibility_lines
 from cudt.tasks.llm_completions import completion_lines, greedy_completions, paired_lines
@@ -384,8 +385,10 @@ class LLMTask(AccuracyReports, Task):
         )
 
     def trained_outputs(self, cfg, data: LLMData, model, params, labels) -> list[dict]:
-        """:func:`cudt.tasks.llm_completions.greedy_completions` of every run."""
-        return greedy_completions(cfg, data, model, params, labels)
+        """:func:`cudt.tasks.llm_completions.greedy_completions` of every run, up to the
+        largest γ of the job's test grid, as the runner derives it."""
+        test_gammas = evaluation_grids(self, cfg, self.run_specs(cfg))[0]
+        return greedy_completions(cfg, data, model, params, labels, test_gammas)
 
     # -- evaluation and reports --------------------------------------------------------------
     def run_metrics(self, cfg, test, val, gammas, gamma_train):

@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 
-def greedy_completions(cfg, data: LLMData, model, params, labels) -> list[dict]:
+def greedy_completions(cfg, data: LLMData, model, params, labels, test_gammas) -> list[dict]:
     """Greedy completions of the first ``--completions`` test prompts by every run, at
     γ = 0 and at the completion γ, in batches of ``--eval-batch-size``. Batch ``j`` draws its
     noise from ``(seed, j)`` alone, so every run of the job sees the same noise on the same
@@ -44,7 +44,7 @@ def greedy_completions(cfg, data: LLMData, model, params, labels) -> list[dict]:
             prompt=data.prompt,
         )
     )
-    gammas = completion_gammas(cfg)
+    gammas = completion_gammas(cfg, test_gammas)
     key = jax.random.key(cfg.data_rng_seed + 7)  # the same noise for every run
     out = []
     for r in range(len(labels)):
@@ -72,23 +72,19 @@ def greedy_completions(cfg, data: LLMData, model, params, labels) -> list[dict]:
     return out
 
 
-def completion_gammas(cfg) -> list[float]:
+def completion_gammas(cfg, test_gammas) -> list[float]:
     """The γ of the completions: 0 and :func:`completion_gamma`, each once (at
     ``--completion-gamma 0`` every prompt was generated, scored and counted twice)."""
-    return list(dict.fromkeys([0.0, completion_gamma(cfg)]))
+    return list(dict.fromkeys([0.0, completion_gamma(cfg, test_gammas)]))
 
 
-def completion_gamma(cfg) -> float:
+def completion_gamma(cfg, test_gammas) -> float:
     """The noise level of the perturbed completions (``--completion-gamma``, else the largest
-    test γ of the job: the runner's own grid over every run it trains, so a γ_train swept or
-    set by ``--model-hparams`` counts as the flag's does)."""
+    of ``test_gammas``, the job's test grid: the runner's own over every run it trains, so a
+    γ_train swept or set by ``--model-hparams`` counts as the flag's does)."""
     if cfg.completion_gamma is not None:
         return float(cfg.completion_gamma)
-    from cudt.runner.run import evaluation_grids  # the runner imports the tasks' modules
-    from cudt.tasks.llm import LLMTask
-
-    task = LLMTask()
-    return max(evaluation_grids(task, cfg, task.run_specs(cfg))[0])
+    return max(test_gammas)
 
 
 def _until_eos(tok: InstructionTokenizer, row: np.ndarray) -> str:

@@ -305,16 +305,23 @@ def test_completions_are_taken_once_per_gamma_at_the_largest_gamma_of_the_jobs_g
     """Completions at γ = 0 and the largest test γ of the job: of every γ_train it trains (a
     sweep of them, not the flag's alone), and each γ once (--completion-gamma 0 generated and
     counted every prompt twice)."""
+    from cudt.runner.run import evaluation_grids
+    from cudt.tasks.llm import LLMTask
     from cudt.tasks.llm_completions import completion_gammas
     from cudt.tasks.llm_config import LLMConfig
 
-    assert completion_gammas(LLMConfig(test_gammas=(0.0, 1.0))) == [0.0, 1.0]
+    task = LLMTask()
+
+    def gammas(cfg):  # as the task takes them: the runner's test grid of the job
+        return completion_gammas(cfg, evaluation_grids(task, cfg, task.run_specs(cfg))[0])
+
+    assert gammas(LLMConfig(test_gammas=(0.0, 1.0))) == [0.0, 1.0]
     swept = LLMConfig(test_gammas=(0.0, 1.0), sweep=("gamma_train=0.5,3",))
-    assert completion_gammas(swept) == [0.0, 3.0]
-    assert completion_gammas(LLMConfig(completion_gamma=0.0)) == [0.0]
+    assert gammas(swept) == [0.0, 3.0]
+    assert gammas(LLMConfig(completion_gamma=0.0)) == [0.0]
     # a model's own γ_train (--model-hparams) is trained and evaluated: its grid counts too
     own = LLMConfig(test_gammas=(0.0, 1.0), model_hparams=("llm:gamma_train=3",))
-    assert completion_gammas(own) == [0.0, 3.0]
+    assert gammas(own) == [0.0, 3.0]
 
 
 def test_validation_over_the_test_grid_is_reported_only_where_the_selection_reads_it():
