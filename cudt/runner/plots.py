@@ -21,12 +21,14 @@ from matplotlib import ticker
 
 from cudt.io import savefig_atomic
 from cudt.runner.record import KINDS, at_gamma_train
+from cudt.runner.sweep import label_suffix
 
 __all__ = [
     "gamma_train_text",
     "log_y_axis",
     "panel_names",
     "plot_layer_losses",
+    "plot_losses_and_metric",
     "plot_metric_vs_gamma",
     "plot_ratio_histograms",
     "wrap_text",
@@ -159,9 +161,8 @@ def _legend_below(ax) -> None:
 def _diverged(run) -> str:
     """A diverged run's legend entry: its kind, seed and, where its label has them, the swept
     values after the seed (two ε lanes of one seed that both diverged read apart)."""
-    _, _, tail = str(run.get("label", "")).partition(" seed ")
-    lane = tail.split(maxsplit=1)[1:]
-    return f"{_kind(run)} seed {run['seed']}{''.join(' ' + v for v in lane)}: diverged"
+    lane = label_suffix(str(run.get("label", "")))
+    return f"{_kind(run)} seed {run['seed']}{' ' + lane if lane else ''}: diverged"
 
 
 def _per_model(runs, path: str | Path, title: str, draw, finish) -> None:
@@ -279,6 +280,29 @@ def plot_metric_vs_gamma(
         ax.grid(True, alpha=0.3)
 
     _per_model(runs, path, title, draw, finish)
+
+
+def plot_losses_and_metric(
+    runs,
+    out: Path,
+    gamma_train: float,
+    *,
+    loss: str,
+    xlabel: str,
+    key: str,
+    ylabel: str,
+    title: str,
+) -> list[Path]:
+    """Every task's first two figures, in ``out``: ``layer_loss.png`` (:func:`plot_layer_losses`
+    at each run's γ_train, titled "mean test ``loss`` at γ_train …") and ``{key}_vs_gamma.png``
+    (:func:`plot_metric_vs_gamma`, titled ``title``). Returns their paths."""
+    paths = [out / "layer_loss.png", out / f"{key}_vs_gamma.png"]
+    at = gamma_train_text(runs, gamma_train)
+    plot_layer_losses(runs, paths[0], title=f"mean test {loss} at {at}", xlabel=xlabel)
+    plot_metric_vs_gamma(
+        runs, paths[1], key=key, ylabel=ylabel, gamma_train=gamma_train, title=title
+    )
+    return paths
 
 
 def plot_ratio_histograms(

@@ -99,22 +99,18 @@ class AccuracyReports:
     def accuracy_figures(self, cfg, runs, ratios, out: Path, *, noise: str) -> list[Path]:
         """``layer_loss.png``, ``accuracy_vs_gamma.png`` and ``ratio_hist.png``; ``noise``
         names the perturbation in the accuracy plot's title."""
-        paths = [out / "layer_loss.png", out / "accuracy_vs_gamma.png", out / "ratio_hist.png"]
-        at = plots.gamma_train_text(runs, cfg.gamma_train)
-        plots.plot_layer_losses(
+        paths = plots.plot_losses_and_metric(
             runs,
-            paths[0],
-            title=f"mean test {self.loss_name} per state at {at}",
+            out,
+            cfg.gamma_train,
+            loss=f"{self.loss_name} per state",
             xlabel="state l (0: the perturbed embeddings)",
-        )
-        plots.plot_metric_vs_gamma(
-            runs,
-            paths[1],
             key="accuracy",
             ylabel=f"test {self.accuracy_name}",
-            gamma_train=cfg.gamma_train,
             title=f"{self.accuracy_name} vs {noise} (γ > γ_train: OOD)",
         )
+        paths.append(out / "ratio_hist.png")
+        at = plots.gamma_train_text(runs, cfg.gamma_train)
         by_model: dict[tuple[str, bool], list] = {}
         for name, run, r in zip(plots.panel_names(runs), runs, ratios, strict=True):
             if r is not None:  # pooled over seeds and lanes, never over γ_train (a panel each)

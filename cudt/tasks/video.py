@@ -488,20 +488,13 @@ class VideoTask(Task):
         return "\n".join(lines)
 
     def figures(self, cfg, runs, ratios, out, gammas):
-        paths = [out / "layer_loss.png", out / "rmse_vs_gamma.png"]
-        at = plots.gamma_train_text(runs, cfg.gamma_train)
-        plots.plot_layer_losses(
+        return plots.plot_losses_and_metric(
             runs,
-            paths[0],
-            title=f"mean test loss per layer at {at}",
+            out,
+            cfg.gamma_train,
+            loss="loss per layer",
             xlabel="layer l (0: the noisy input)",
-        )
-        plots.plot_metric_vs_gamma(
-            runs,
-            paths[1],
             key="rmse",
             ylabel="RMSE (0-255)",
-            gamma_train=cfg.gamma_train,
             title="test RMSE vs perturbation (γ > γ_train: OOD)",
         )
-        return paths
