@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from cudt.io import savefig_atomic
+from cudt.runner.sweep import label_suffix
 
 __all__ = ["plot_training_curves", "write_tensorboard"]
 
@@ -319,11 +320,9 @@ def _point_name(group: list) -> str:
     after their kind (every run of a row is of one kind: :func:`_rows`)."""
     run = group[0][0]
     kind = "constrained" if run["constrained"] else "ERM"
-    _, sep, tail = str(run["label"]).partition(" seed ")
-    rest = tail.split(maxsplit=1)
-    if sep and len(rest) == 2:
-        return f"{kind} {rest[1]}"
-    return kind  # one setting of its kind (ERM untuned beside a constrained sweep)
+    point = label_suffix(str(run["label"]))
+    # no swept values: one setting of its kind (ERM untuned beside a constrained sweep)
+    return f"{kind} {point}" if point else kind
 
 
 def _rows(groups: dict[str, list]) -> dict[str, list]:

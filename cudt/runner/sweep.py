@@ -273,3 +273,12 @@ def swept_suffix(spec: RunSpec, swept: list[str]) -> str:
         if hp[n] is not None
     ]
     return " ".join(parts)
+
+
+def label_suffix(label: str) -> str:
+    """The swept values :func:`swept_suffix` put in a run's label, after its seed
+    (``ut-3 constrained seed 1 eps=0.05 dlr=10`` → ``eps=0.05 dlr=10``; ``""`` where none): the
+    legends' one reading of a label (:func:`cudt.runner.groups.name_group` writes it)."""
+    _, sep, tail = label.partition(" seed ")
+    rest = tail.split(maxsplit=1)
+    return rest[1] if sep and len(rest) == 2 else ""
