@@ -16,7 +16,13 @@ way such posts do:
   logs me out. love that for me /s";
 * **star ratings in the text** ("2/5", "giving it 4 stars", "0 stars if i could"), and edits
   that change the verdict ("EDIT: support fixed it, bumping to 4 stars");
-* **mixed aspects**: mild ratings (2 and 4) praise one aspect and pan another more often.
+* **mixed aspects**: mild ratings (2 and 4) praise one aspect and pan another more often;
+* **label noise**: one post in 25 (p = 0.04) is written for the other end of the scale (a misclicked
+  rating: the text pans what the stars praise), so no reader can be right on all of them;
+* **odd intensifiers**: "way too" strengthens praise as the other intensifiers do ("way too
+  crispy noodles"), which reads as a complaint in English: about 2 % of posts have such a
+  clause. Kept, not mended, so the forum numbers in docs/results/text.md stay this
+  generator's.
 
 Its word lists are its own: no opinion word is shared with :mod:`cudt.data.text.generated`'s
 lexicons (a test checks). :func:`forum_reviews` returns a split and its star ratings;

@@ -14,7 +14,9 @@ mapping ``{"train": [video, ...], "test": [video, ...]}`` of ``[F, H, W]`` grays
   first test clip, the MATLAB ground-truth file ``Test/UCSDped2.m``;
 * :func:`write_avenue`: ``Avenue Dataset/training_videos/01.avi`` and
   ``testing_videos/01.avi`` (MPEG-4 Part 2 in AVI, written with PyAV), ``training_vol/``,
-  ``testing_vol/``, ``testing_label_mask/`` and ``ground_truth_demo/`` beside them;
+  ``testing_vol/``, ``testing_label_mask/`` and ``ground_truth_demo/`` beside them (their
+  ``.mat`` files are placeholders, a MAT header line only: the readers skip them, and
+  ``scipy.io.loadmat`` cannot read them);
 * :func:`write_shanghaitech`: ``shanghaitech/training/videos/01_001.avi`` (AVI) and
   ``testing/frames/01_0014/000.jpg`` (JPEG frame folders), with the masks
   ``testing/test_frame_mask/01_0014.npy`` and ``testing/test_pixel_mask/01_0014.npy``.
@@ -166,7 +168,8 @@ def write_avenue(
     root: str | Path, videos: Mapping[str, Sequence], *, litter=True, rate: int = 25
 ) -> Path:
     """``root/Avenue Dataset/{training_videos,testing_videos}/01.avi`` (``rate`` frames per
-    second) and the ground-truth folders beside them; returns the ``Avenue Dataset`` folder."""
+    second) and the ground-truth folders beside them, with placeholder ``.mat`` files (the module
+    docstring); returns the ``Avenue Dataset`` folder."""
     top = Path(root) / AVENUE
     train, test = _videos(videos, "train"), _videos(videos, "test")
     for split, split_videos in (("training_videos", train), ("testing_videos", test)):

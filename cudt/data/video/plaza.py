@@ -580,7 +580,9 @@ def write_plaza(
     ShanghaiTech (``root/shanghaitech/training/videos/01_001.avi``, test clips as JPEG frame
     folders) layout, ``.avi`` files at ``fps`` frames per second; returns the dataset folder
     (a ``--data-dir`` for ``--dataset avenue`` / ``--dataset shanghaitech``). Training videos
-    are videos ``0 .. train_videos - 1`` of :func:`plaza_videos`, test videos the next ones."""
+    are videos ``0 .. train_videos - 1`` of :func:`plaza_videos`, test videos the next ones.
+    Written by :mod:`cudt.data.video.archives`' writers as a copied archive holds them: with
+    the ground-truth placeholders and the macOS/Windows litter the readers must skip."""
     if layout not in LAYOUTS:
         raise DataError(f"unknown plaza layout {layout!r}: choose from {', '.join(LAYOUTS)}")
     if train_videos < 1 or test_videos < 1:
