@@ -98,6 +98,12 @@ def seed_intervals(runs: list[dict], level: float = 0.95) -> list[dict]:
     return out
 
 
+def _value(v) -> str:
+    """A swept value as the lines print it: a number in ``g`` form, anything else (an ε
+    schedule's ``linear:0@1``, a reference) as it is spelled."""
+    return f"{v:g}" if isinstance(v, int | float) and not isinstance(v, bool) else str(v)
+
+
 def interval_lines(intervals: list[dict], swept: Sequence[str] = ()) -> list[str]:
     """The summary's lines: one per model × kind (× sweep point), ``name mean [low, high]``; a
     constrained − ERM difference whose interval spans 0 is marked ``level``, as the chosen
@@ -112,9 +118,7 @@ def interval_lines(intervals: list[dict], swept: Sequence[str] = ()) -> list[str
     lines = []
     for e in intervals:
         point = " ".join(
-            f"{n}={e['hparams'][n]:g}"
-            for n in swept
-            if isinstance(e["hparams"].get(n), int | float)
+            f"{n}={_value(e['hparams'][n])}" for n in swept if e["hparams"].get(n) is not None
         )
         head = f"{e['model']}-{e['layers']} {e['kind']}" + (f" {point}" if point else "")
         pct = f"{100 * e['level']:g}%"

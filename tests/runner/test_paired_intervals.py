@@ -133,3 +133,20 @@ def test_a_difference_whose_interval_spans_zero_is_marked_level():
             r["acc"] += -10.0 if r["seed"] % 2 else 0.0
     (con,) = [e for e in seed_intervals(runs) if e["constrained"]]
     assert interval_lines([con])[0].endswith(" level")
+
+
+def test_interval_lines_name_every_swept_value_text_ones_too():
+    """Two ε schedules of one sweep: each line names its own (a text value was left out of the
+    line's name, so the two lines read the same, found by review)."""
+    runs = _runs()
+    lanes = []
+    for schedule in ("constant", "linear:0@1"):
+        for r in runs:
+            lane = {**r, "hparams": {**r["hparams"], "epsilon_schedule": schedule}}
+            lane["label"] += f" sched={schedule}"
+            lanes.append(lane)
+    lines = interval_lines(seed_intervals(lanes), ["epsilon", "epsilon_schedule"])
+    heads = [line.split(": mean")[0] for line in lines]
+    assert len(set(heads)) == len(heads) == 4, heads
+    assert "m-2 constrained epsilon=0.1 epsilon_schedule=linear:0@1" in heads, heads
+    assert "m-2 ERM epsilon_schedule=constant" in heads, heads
