@@ -102,12 +102,15 @@ def build_parser(
         help_text = f.metadata.get("help", "")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if tp is bool or tp == (bool | None):  # None: a default that depends on other flags
+            on = flag if default else "--no-" + flag[2:]  # the spelling the default is
             parser.add_argument(
                 flag,
                 dest=f.name,
                 action=argparse.BooleanOptionalAction,
                 default=default if defaults else argparse.SUPPRESS,
-                help=help_text,
+                help=help_text
+                if default is None or _states_default(help_text, default)
+                else f"{help_text} (default: {on})",
             )
             continue
         if f.metadata.get("repeat"):

@@ -155,6 +155,9 @@ def test_help_lists_every_config_field(capsys):
     # the task's own defaults, not the shared empty ones, whose words the help keeps
     assert "empty (the shared default): --dual-lr (default: 0.03,0.1)" in text
     assert "(default: alternating)" in text and "(default: ,)" not in text
+    # an on/off flag says which spelling is the default, the task's own where it sets one
+    assert "is then reachable (default: --ut-skip)" in text
+    assert "already in --out (default: --no-overwrite)" in text
 
 
 STEPS = 40  # a checkpoint every 5: the kill lands after the first, the resume saves 7 more
