@@ -533,7 +533,9 @@ def _advance(spec: _Spec, state, active, shown: _Evaluation, shown_at, d: _Desce
     form, cons, values = spec.formulation, shown.cons, shown.values
     lam = _multiplier_rows(spec, shown_at[1], cons)
     u = _rows_of(shown_at[2], cons)
-    violation = {  # of the relaxed constraint, g − u (explicit slacks) or decayed multipliers
+    # of the relaxed constraint, g − u (explicit slacks) or decayed multipliers; in the state's
+    # dtype (as the penalty below): float64 values under x64 kept a scan's carry from closing
+    violation = {
         n: jnp.sqrt(
             jnp.mean(
                 form.violation(
@@ -543,7 +545,7 @@ def _advance(spec: _Spec, state, active, shown: _Evaluation, shown_at, d: _Desce
                 )
                 ** 2
             )
-        )
+        ).astype(state.violation[n].dtype)
         for n, c in cons.items()
     }
     penalty = {
@@ -551,7 +553,7 @@ def _advance(spec: _Spec, state, active, shown: _Evaluation, shown_at, d: _Desce
             active,
             form.next_penalty(state.penalty[n], state.violation[n], violation[n]),
             state.penalty[n],
-        )
+        ).astype(state.penalty[n].dtype)
         for n in values
     }
     measured = violation

@@ -403,6 +403,32 @@ def test_a_per_run_resilience_keeps_bfloat16_multipliers_through_a_scan():
     assert float(jnp.max(state.multipliers["c"])) > 0  # it moved
 
 
+@pytest.mark.parametrize("formulation", ["lagrangian", "augmented"])
+def test_float64_constraints_keep_the_states_dtypes_through_a_scan(formulation):
+    """Under x64, float64 values made the measured violation (and the augmented penalty)
+    float64 where the state holds float32: a scan over steps refused its carry (found by
+    review)."""
+    form = {"lagrangian": cudt.Lagrangian(), "augmented": cudt.AugmentedLagrangian(penalty=1.0)}
+
+    def problem(x, batch, key):
+        del batch, key
+        return jnp.sum(x**2), {"c": cudt.Constraint(1.0 - x)}
+
+    with jax.enable_x64(True):
+        init, step = cudt.make_constrained_step(
+            problem, optax.sgd(0.05), cudt.dual_ascent(0.05), formulation=form[formulation]
+        )
+        state = init(jnp.zeros(1, jnp.float64), None)
+
+        def body(s, key):
+            return step(s, None, key)[0], None
+
+        out, _ = jax.lax.scan(body, state, jax.random.split(jax.random.key(0), 5))
+        assert out.params.dtype == jnp.float64
+        assert jax.tree.map(lambda a: a.dtype, out) == jax.tree.map(lambda a: a.dtype, state)
+        assert float(out.multipliers["c"][0]) > 0  # it moved
+
+
 def test_an_index_outside_the_table_reads_nan_and_writes_nothing_negative_ones_too():
     """Under jit the ids are traced: an id outside [0, N) reads NaN (the step's Lagrangian is
     NaN: a diverged run) and its row is dropped. A negative id wrapped to row N − 1, which was
