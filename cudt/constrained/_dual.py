@@ -122,12 +122,22 @@ def check_dual(dual) -> None:
             "cudt.dual_ascent(lr), cudt.dual_adam(lr), cudt.nupi(lr) or cudt.as_dual(optax...)"
         )
     is_proj = lambda x: isinstance(x, ProjectNonnegativeState)  # noqa: E731
+    # a stateless transformation's state (an empty NamedTuple) is a leaf too: one chained after
+    # the projection (optax.scale(2.0)) would move the projected multipliers below 0
+    stateless = lambda x: isinstance(x, tuple) and hasattr(x, "_fields") and not x  # noqa: E731
     state = jax.eval_shape(dual.init, jnp.zeros((), jnp.float32))
-    if not any(is_proj(x) for x in jax.tree.leaves(state, is_leaf=is_proj)):
+    leaves = jax.tree.leaves(state, is_leaf=lambda x: is_proj(x) or stateless(x))
+    if not any(is_proj(x) for x in leaves):
         raise ValueError(
             "dual is a plain optax optimiser: it minimises, so it would lower the multipliers "
             "of violated constraints: wrap it, cudt.as_dual(optimizer) (ascent, λ >= 0), or "
             "pass cudt.dual_ascent(lr), cudt.dual_adam(lr) or cudt.nupi(lr)"
+        )
+    if not is_proj(leaves[-1]):
+        raise ValueError(
+            "dual's chain goes on after cudt.project_nonnegative(), so it can move the "
+            "multipliers of inequalities below 0: end the chain in the projection "
+            "(optax.chain(..., cudt.project_nonnegative()))"
         )
 
 

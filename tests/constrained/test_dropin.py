@@ -148,9 +148,14 @@ def test_bad_input_is_one_clear_value_error():
     # a plain optax optimiser minimises: it would lower the multipliers of violated constraints
     with pytest.raises(ValueError, match=r"plain optax optimiser.*cudt\.as_dual"):
         cudt.lagrangian(_toy, optax.sgd(0.1))
+    # a transformation after the projection could push the multipliers below 0 (found by
+    # review: optax.scale(2.0) after it took λ = 0.3 to −0.3 on a satisfied constraint)
+    with pytest.raises(ValueError, match=r"goes on after cudt\.project_nonnegative\(\)"):
+        cudt.lagrangian(_toy, optax.chain(cudt.dual_ascent(0.5), optax.scale(2.0)))
     # the step takes the same checks, and names the argument
     for kwargs, says in (
         (dict(dual=optax.adam(0.1)), "plain optax optimiser"),
+        (dict(dual=optax.chain(cudt.dual_adam(0.1), optax.scale(2.0))), "goes on after"),
         (dict(dual="ascent"), "dual must be an optax GradientTransformation, got str"),
         (dict(primal="adam"), "primal must be an optax GradientTransformation, got str"),
         (dict(formulation="lagrangian"), "unknown formulation 'lagrangian'"),
