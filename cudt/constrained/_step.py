@@ -303,6 +303,13 @@ def _multiplier_rows(spec: _Spec, multipliers, cons):
     for n, model in spec.implicit.items():
         c = cons[n]
         out[n] = implicit_rows(model, multipliers[n], _features(cons, n), c.kind, spec.dual_radius)
+        if out[n].shape != c.value.shape:  # static: checked once, while the step is traced
+            raise ValueError(
+                f"implicit multipliers of {n!r}: the model's apply returns shape "
+                f"{tuple(out[n].shape)} at the batch's features, where the constraint's values "
+                f"have shape {tuple(c.value.shape)}: return one multiplier per value (reshape "
+                f"apply's output to {tuple(c.value.shape)})"
+            )
     return {n: out[n] for n in multipliers}
 
 

@@ -284,6 +284,14 @@ def test_refusals():
         step(init(PARAMS, _batch(0)), _batch(0), jax.random.key(0))
     with pytest.raises(ValueError, match="positive must be one of relu, softplus"):
         cudt.implicit(ONE_HOT.apply, positive="exp")
+    # a model whose output is not the values' shape broadcast λ·g to [B, B, L] and failed deep
+    # in the VJP (found by review): one line naming the constraint and both shapes
+    flat = cudt.implicit(lambda phi, f: (f @ phi).reshape(-1), np.zeros((M, L), np.float32))
+    init, step = cudt.make_constrained_step(
+        _per_example, optax.sgd(0.1), cudt.dual_ascent(0.1), implicit={"rows": flat}
+    )
+    with pytest.raises(ValueError, match=r"'rows': the model's apply returns shape \(\d+,\)"):
+        step(init(PARAMS, _batch(0)), _batch(0), jax.random.key(0))
 
 
 # -- the descent problem: memory flat in N --------------------------------------------------------
