@@ -40,14 +40,14 @@ __all__ = [
 ]
 
 
-def _check_lr(name: str, value) -> None:
+def _check_lr(name: str, value, what: str = "learning rate") -> None:
     # Arrays (for vmapped sweeps) are checked only when concrete.
     try:
         v = float(value)
     except (TypeError, jax.errors.ConcretizationTypeError):
         return
     if not v > 0:
-        raise ValueError(f"{name} must be > 0, got {v}: pass a positive learning rate")
+        raise ValueError(f"{name} must be > 0, got {v}: pass a positive {what}")
 
 
 def _stateless_on_multipliers(name: str, state_cls, fn) -> optax.GradientTransformation:
@@ -98,11 +98,14 @@ def resilience_decay(alpha) -> optax.GradientTransformation:
     """``g ↦ g − λ/α``: the dual gradient of the resilient relaxation with cost (α/2)‖u‖².
 
     The optimal slack is ``u = λ/α``, so the resilient dual step is ordinary ascent on ``g − λ/α``
-    (weight decay ``1/α`` on the multipliers). Place it *before* the dual optimiser, for a
-    constraint without ``resilience`` of its own (the step decays those itself: both would decay
-    twice). ``alpha`` may be a traced array so resilience can be swept under ``vmap``.
+    (weight decay ``1/α`` on the multipliers). Place it *before* the dual optimiser. The step
+    runs one dual transformation for every constraint, so a chain with it relaxes them all, and
+    decays equality multipliers and implicit multipliers' parameters φ too: to relax one
+    constraint, give it ``Constraint(..., resilience=α)`` instead (the step decays those itself;
+    both would decay twice). ``alpha`` may be a traced array so resilience can be swept under
+    ``vmap``.
     """
-    _check_lr("resilience alpha", alpha)
+    _check_lr("resilience alpha", alpha, "alpha (the relaxation's cost, (alpha/2)|u|^2)")
 
     return _stateless_on_multipliers(
         "resilience_decay",

@@ -69,21 +69,34 @@ class Schedule:
         return self.end + (self.start - self.end) * weight
 
 
+def _check_whole(name: str, value, least: int) -> None:
+    whole = isinstance(value, (int, np.integer)) or (
+        isinstance(value, (float, np.floating)) and float(value).is_integer()
+    )
+    if isinstance(value, bool) or not whole or value < least:
+        raise ValueError(f"a schedule's {name} must be an integer >= {least}, got {value!r}")
+
+
 def schedule(shape: str, start, end, steps, *, begin=0) -> Schedule:
     """A :class:`Schedule` from ``start`` to ``end`` over ``steps`` steps after ``begin``.
 
-    Raises ``ValueError`` naming the fix for an unknown shape, ``steps`` < 1, a negative
-    ``begin``, or a non-finite value."""
+    Raises ``ValueError`` naming the fix for an unknown shape, ``steps`` that is not an integer
+    >= 1, a ``begin`` that is not an integer >= 0, a non-finite value, or ends whose shapes do
+    not broadcast."""
     if shape not in SHAPES:
         raise ValueError(f"schedule shape must be one of {', '.join(SHAPES)}, got {shape!r}")
-    if not (isinstance(steps, (int, np.integer)) or float(steps).is_integer()) or steps < 1:
-        raise ValueError(f"a schedule's steps must be an integer >= 1, got {steps!r}")
-    if not (isinstance(begin, (int, np.integer)) or float(begin).is_integer()) or begin < 0:
-        raise ValueError(f"a schedule's begin must be an integer >= 0, got {begin!r}")
+    _check_whole("steps", steps, 1)
+    _check_whole("begin", begin, 0)
     start_, end_ = np.asarray(start, np.float32), np.asarray(end, np.float32)
     if not (np.all(np.isfinite(start_)) and np.all(np.isfinite(end_))):
         raise ValueError(f"a schedule's start and end must be finite, got {start!r} and {end!r}")
-    start_, end_ = np.broadcast_arrays(start_, end_)
+    try:
+        start_, end_ = np.broadcast_arrays(start_, end_)
+    except ValueError:
+        raise ValueError(
+            f"a schedule's start and end must broadcast to one shape, got {start_.shape} and "
+            f"{end_.shape}: pass one value per lane on both, or a scalar on one"
+        ) from None
     return Schedule(
         start=jnp.asarray(start_),
         end=jnp.asarray(end_),
@@ -117,7 +130,9 @@ def broadcast_schedule(x, shape) -> Any:
 
 
 def describe_schedule(s: Schedule) -> str:
-    """``linear:0→0.1@200`` (``+begin`` when it waits): the spelling the runner's flags parse."""
+    """``linear:0→0.1@200`` (``+begin`` when it waits): the runner's ``--epsilon-schedule``
+    spelling (``linear:0@200``, which goes to ``--epsilon``) with the end written in, ``→0.1``;
+    for reading, not for the flag."""
     start, end = (np.asarray(v).reshape(-1) for v in (s.start, s.end))
     one = len(set(start.tolist())) == 1 and len(set(end.tolist())) == 1
 

@@ -47,6 +47,9 @@ def test_negative_gains_resilience_and_penalty_are_refused():
         cudt.nupi(0.5, kp=-0.5)
     with pytest.raises(ValueError, match="Constraint resilience must be > 0"):
         cudt.Constraint(jnp.ones(()), resilience=-0.5)
+    # the fix names α, not a learning rate (found by review)
+    with pytest.raises(ValueError, match=r"alpha must be > 0, got 0\.0: pass a positive alpha"):
+        cudt.resilience_decay(0)
     cudt.Constraint(jnp.ones(()), resilience=jnp.inf)  # inf: a hard constraint
     # but explicit slacks cost (α/2)·u², NaN at α = inf: refused wherever α is concrete
     with pytest.raises(ValueError, match="finite with explicit slacks"):

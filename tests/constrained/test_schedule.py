@@ -72,6 +72,10 @@ def test_a_cosine_may_start_at_zero_and_ends_hold():
         (("linear", 0.0, 0.1, 0), "steps must be an integer >= 1"),
         (("linear", 0.0, 0.1, 2.5), "steps must be an integer >= 1"),
         (("linear", 0.0, np.inf, 10), "must be finite"),
+        # found by review: a TypeError from a comparison, True taken as 1, numpy's own words
+        (("linear", 0.0, 0.1, "10"), "steps must be an integer >= 1, got '10'"),
+        (("linear", 0.0, 0.1, True), "steps must be an integer >= 1, got True"),
+        (("linear", [0.0, 0.1], [0.1, 0.2, 0.3], 10), r"broadcast to one shape, got \(2,\)"),
     ],
 )
 def test_bad_schedules_say_what_to_fix(args, match):
