@@ -204,6 +204,12 @@ def _dual_transformation(dual, dual_radius, formulation, num_indexed):
         del extra
         if params is None:
             raise ValueError("the dual update needs the current multipliers as its third argument")
+        missing = sorted(set(params) - set(grads))
+        if missing:
+            raise ValueError(
+                f"the dual update got no gradient for constraints {missing}: pass the gradient "
+                "of lag.loss with respect to all the multipliers (one entry per constraint)"
+            )
         updates, new_state = {}, {}
         for n, m in params.items():
             lam, d, eq = _unwrap(m), _unwrap(grads[n]), _is_free(m)

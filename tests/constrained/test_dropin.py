@@ -183,6 +183,8 @@ def test_bad_input_is_one_clear_value_error():
     assert jnp.isnan(jax.jit(out.loss)(jnp.array(0.0), table, jnp.ones(1))[0])
     with pytest.raises(ValueError, match="pass the batch's ids"):
         lag.dual.update(mult, lag.dual.init(mult), mult)
+    with pytest.raises(ValueError, match=r"no gradient for constraints \['eq', 'row'\]"):
+        lag.dual.update({}, lag.dual.init(mult), mult, index=jnp.arange(4))  # was a KeyError
     slack = lambda p, b, k: (
         jnp.sum(p),
         {"s": cudt.Constraint(p, resilience=1.0, resilience_mode="slack")},
