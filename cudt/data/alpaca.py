@@ -161,6 +161,14 @@ def _record(obj: Any, where: str) -> AlpacaRecord:
             raise AlpacaDataError(
                 f'{where} has a {_json_type(value)} "{key}", not a string: {_FORMAT_HINT}'
             )
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:  # JSON's \ud83d alone: half of an emoji, cut
+            bad = value[err.start : err.end].encode("unicode_escape").decode()
+            raise AlpacaDataError(
+                f'{where} has an unpaired surrogate {bad} in "{key}" (half of a character '
+                "written as a UTF-16 pair, e.g. an emoji cut in two): fix or remove it"
+            ) from None
     if not fields["instruction"].strip():
         raise AlpacaDataError(f'{where} has an empty "instruction": fill it in or remove it')
     return AlpacaRecord(**fields)
@@ -316,7 +324,7 @@ def split_alpaca(
     if (n_train < 1 and num_train != 0) or n_train + num_val + num_test > n:
         raise AlpacaDataError(
             f"cannot split {n} records into train {num_train}, val {num_val} and test "
-            f"{num_test}: pass smaller sizes or more records"
+            f"{num_test}: pass smaller sizes (--num-train, --num-val, --num-test) or more records"
         )
     perm = np.random.default_rng([seed, 2]).permutation(n)
     parts = np.split(perm, [num_test, num_test + num_val, num_test + num_val + n_train])
@@ -363,7 +371,12 @@ def deal_splits(
 ) -> AlpacaSplits:
     """:func:`split_alpaca` of ``records``, described as ``source`` with the split sizes and
     seed (what the runs print and their checkpoints' fingerprint holds)."""
-    out = split_alpaca(records, num_train=num_train, num_val=num_val, num_test=num_test, seed=seed)
+    try:
+        out = split_alpaca(
+            records, num_train=num_train, num_val=num_val, num_test=num_test, seed=seed
+        )
+    except AlpacaDataError as err:  # which records could not be dealt
+        raise AlpacaDataError(f"{source}: {err}") from None
     return dataclasses.replace(
         out,
         source=f"{source}: train {len(out.train)}, val {len(out.val)}, test {len(out.test)} "

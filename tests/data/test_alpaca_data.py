@@ -166,6 +166,11 @@ def test_prompt_is_the_stanford_alpaca_template():
             r"'{path}' record 1 \(line 2\) is a JSON array",
         ),
         ("bad.jsonl", json.dumps(RECORDS[0]) + "\n{oops\n", r"'{path}' line 2 is not valid JSON"),
+        (  # valid JSON, then a UnicodeEncodeError in the tokenizer (found by review)
+            "surrogate.jsonl",
+            '{"instruction": "Say it.", "output": "ok \\ud83d"}\n',
+            r"'{path}' record 0 \(line 1\) has an unpaired surrogate \\ud83d in \"output\"",
+        ),
         (
             "pretty.jsonl",
             json.dumps(list(RECORDS[:2]), indent=2),
@@ -369,3 +374,6 @@ def test_splits_are_seeded_disjoint_and_stable(generated, tmp_path):
     path = write_alpaca(generated, tmp_path / "alpaca_data.json")
     from_file = alpaca_splits(path, num_train=None, num_val=20, num_test=30, seed=5)
     assert from_file.test == s.test and str(path) in from_file.source
+    # too few records: the line names the file and the flags that size the splits
+    with pytest.raises(UsageError, match=rf"Alpaca file {re.escape(str(path))}: cannot split 160 "):
+        alpaca_splits(path, num_train=200, num_val=20, num_test=30)
