@@ -415,8 +415,21 @@ class InstructionTokenizer:
         """Token ids of ``text`` alone: no BOS, no EOS (the post-processor is not applied)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [list(e.ids) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+    def encode_batch(self, texts: Sequence[str], *, specials: bool = True) -> list[list[int]]:
+        """Token ids of each text (no BOS, no EOS added). ``specials=False``: the texts' own
+        characters only, a special token's text (``</s>`` in an output: an HTML strike-through)
+        encoded as ordinary text, never as that token; a chat template's rendering needs its
+        special tokens parsed (``True``)."""
+        if specials:
+            return [
+                list(e.ids) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)
+            ]
+        self.tokenizer.encode_special_tokens = True
+        try:
+            out = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        finally:
+            self.tokenizer.encode_special_tokens = False
+        return [list(e.ids) for e in out]
 
     def decode(self, ids: Sequence[int] | np.ndarray, *, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(
@@ -663,6 +676,15 @@ def _fit(
     return prompt[len(prompt) - keep_prompt :], response[:keep_response]
 
 
+def _prompt_ids(tok: InstructionTokenizer, texts: list[str], specials: bool) -> list[list[int]]:
+    """The prompts' ids without a leading BOS when the tokenizer adds one (a chat template that
+    writes ``bos_token`` first: BOS once, and truncation keeps it)."""
+    ids = tok.encode_batch(texts, specials=specials)
+    if tok.bos_id is None:
+        return ids
+    return [p[1:] if p[:1] == [tok.bos_id] else p for p in ids]
+
+
 def tokenize_alpaca(
     records: Sequence[AlpacaRecord],
     tokenizer: Any,
@@ -670,6 +692,7 @@ def tokenize_alpaca(
     *,
     min_response_tokens: int | None = None,
     prompt: Callable[[AlpacaRecord], str] = alpaca_prompt,
+    prompt_specials: bool = False,
 ) -> TokenizedAlpaca:
     """Tokenize ``records`` for causal-LM training on the responses (see :class:`TokenizedAlpaca`).
 
@@ -684,7 +707,13 @@ def tokenize_alpaca(
     ``S - kept response`` tokens, where ``m = min_response_tokens`` (default ``S // 4``). So the
     prompt is cut from the left first (its template header goes before the instruction), and a
     long prompt never leaves the response fewer than ``m`` tokens; a response cut at the right
-    loses its EOS. BOS is always kept.
+    loses its EOS. BOS is always kept, and written once: a prompt whose tokens start with it (a
+    chat template that writes ``bos_token``) gives it up to the front.
+
+    The records' text is encoded as text: a special token's spelling in it (``</s>``) is not
+    that token. ``prompt_specials``: the prompt's special tokens are parsed (a chat template's
+    rendering, whose markers are special tokens; the record's words inside it are parsed too,
+    as transformers' ``apply_chat_template`` does).
     """
     tok = _as_tokenizer(tokenizer)
     if not records:
@@ -702,8 +731,8 @@ def tokenize_alpaca(
             f"min_response_tokens={min_response_tokens} must be in [1, {space - 1}] for "
             f"max_length={max_length}: pass a value in that range"
         )
-    prompts = tok.encode_batch([prompt(r) for r in records])
-    outputs = tok.encode_batch([r.output for r in records])
+    prompts = _prompt_ids(tok, [prompt(r) for r in records], prompt_specials)
+    outputs = tok.encode_batch([r.output for r in records], specials=False)
 
     n = len(records)
     input_ids = np.full((n, max_length), tok.pad_id, dtype=np.int32)
@@ -762,12 +791,14 @@ def prompt_batches(
     batch_size: int,
     max_prompt_length: int,
     prompt: Callable[[AlpacaRecord], str] = alpaca_prompt,
+    prompt_specials: bool = False,
 ) -> Iterator[PromptBatch]:
     """Yield the prompts of ``records`` in order, ``batch_size`` at a time, left-padded.
 
     Each row is ``[BOS] + prompt(record)`` (as in :func:`tokenize_alpaca`), the prompt cut from the left
     to fit ``max_prompt_length``. Every batch has the same shape ``[batch_size,
-    max_prompt_length]``, so a jitted generation step compiles once.
+    max_prompt_length]``, so a jitted generation step compiles once. ``prompt_specials``: as
+    :func:`tokenize_alpaca`'s.
     """
     tok = _as_tokenizer(tokenizer)
     if not records:
@@ -778,7 +809,7 @@ def prompt_batches(
             f"prompt_batches needs batch_size >= 1 and max_prompt_length >= {n_bos + 1}, got "
             f"{batch_size} and {max_prompt_length}: pass larger values"
         )
-    prompts = tok.encode_batch([prompt(r) for r in records])
+    prompts = _prompt_ids(tok, [prompt(r) for r in records], prompt_specials)
     space = max_prompt_length - n_bos
     for start in range(0, len(records), batch_size):
         idx = list(range(start, min(start + batch_size, len(records))))

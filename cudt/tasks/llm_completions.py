@@ -42,6 +42,7 @@ def greedy_completions(cfg, data: LLMData, model, params, labels, test_gammas) -
             batch_size=min(k, cfg.eval_batch_size),
             max_prompt_length=cfg.max_length,
             prompt=data.prompt,
+            prompt_specials=data.prompt_format == "chat",
         )
     )
     gammas = completion_gammas(cfg, test_gammas)

@@ -92,21 +92,38 @@ def _prompter(
     return functools.partial(chat_prompt, decoder=decoder, tok=tok)
 
 
-def chat_prompt(record: AlpacaRecord, decoder: Decoder, tok: InstructionTokenizer) -> str:
+def chat_prompt(
+    record: AlpacaRecord, decoder: Decoder, tok: InstructionTokenizer, bos_token: str | None = None
+) -> str:
     """``record`` as one user turn (the instruction, then its input after a blank line) in the
     model's chat template, with the opening of the assistant turn; the template writes any BOS
-    itself (``bos_token``), so the tokenizer adds none."""
+    itself (``bos_token``: the decoder's BOS, unless given), so the tokenizer adds none."""
     content = f"{record.instruction}\n\n{record.input}" if record.input else record.instruction
     name = tok.tokenizer.id_to_token
     return apply_chat_template(
         [{"role": "user", "content": content}],
         decoder.chat_template,
         add_generation_prompt=True,
-        bos_token=name(decoder.config.bos_token_id)
+        bos_token=bos_token
+        if bos_token is not None
+        else name(decoder.config.bos_token_id)
         if decoder.config.bos_token_id is not None
         else "",
         eos_token=name(tok.eos_id) or "",
     )
+
+
+def _template_bos(decoder: Decoder, tok: InstructionTokenizer) -> int | None:
+    """The BOS id where the chat template writes ``bos_token`` at the very start of a prompt,
+    else None (SmolLM2's starts with ``<|im_start|>`` as literal text, not as ``bos_token``)."""
+    bos = decoder.config.bos_token_id
+    if bos is None:
+        return None
+    probe = AlpacaRecord("x", "", "")
+    written = chat_prompt(probe, decoder, tok)
+    name = tok.tokenizer.id_to_token(bos) or ""
+    first = name and written.startswith(name)
+    return bos if first and written[len(name) :] == chat_prompt(probe, decoder, tok, "") else None
 
 
 def train_digest(tokens: TokenizedAlpaca) -> str:
@@ -276,9 +293,14 @@ def load_data(cfg: LLMConfig) -> LLMData:
                 f"--prompt-format chat: {cfg.checkpoint or 'the tiny decoder'} has no chat "
                 "template; pass --prompt-format alpaca"
             )
-        tok = dataclasses.replace(tok, bos_id=None)  # the template writes any BOS
+        # the template writes any BOS: as the tokenizer's BOS where it writes bos_token first
+        # (Llama 3's), kept when a long prompt is cut from the left, else none
+        tok = dataclasses.replace(tok, bos_id=_template_bos(decoder, tok))
     prompt = _prompter(fmt, decoder, tok)
-    tokens = {k: tokenize_alpaca(v, tok, cfg.max_length, prompt=prompt) for k, v in records.items()}
+    tokens = {
+        k: tokenize_alpaca(v, tok, cfg.max_length, prompt=prompt, prompt_specials=fmt == "chat")
+        for k, v in records.items()
+    }
     for split, t in tokens.items():
         if not np.any(t.loss_mask):
             raise UsageError(

@@ -291,6 +291,56 @@ def test_truncation_cuts_the_prompt_from_the_left_and_keeps_response_tokens(word
     assert cut.loss_mask.sum() == 6 and cut.input_ids[0, 0] == word_tok.bos_id
 
 
+def test_a_special_tokens_spelling_in_a_record_is_text_not_that_token(bpe_folder):
+    """An output quoting the special tokens (``<s>old</s>`` in HTML, here Llama 3's) was
+    trained with EOS in the middle: the record's text is encoded as text, its one EOS the one
+    added at the end (found by review)."""
+    tok = load_tokenizer(bpe_folder)
+    quoted = "<|begin_of_text|>old<|end_of_text|> new"
+    record = AlpacaRecord("Quote the special tokens.", "", quoted)
+    arrays = tokenize_alpaca([record], tok, 128)
+    scored = arrays.labels[0][arrays.loss_mask[0] == 1]
+    assert scored.tolist().count(tok.eos_id) == 1 and scored[-1] == tok.eos_id
+    assert tok.bos_id not in scored.tolist() and tok.decode(scored[:-1]) == record.output
+    # a chat rendering's markers are parsed: the same text, read as a template's
+    rendered = tok.encode_batch(["<|end_of_text|>"])[0]
+    assert rendered == [tok.eos_id]
+    assert tok.eos_id not in tok.encode_batch(["<|end_of_text|>"], specials=False)[0]
+
+
+def test_a_template_bos_is_written_once_and_survives_truncation(word_tok):
+    """A chat template that writes ``bos_token`` first (Llama 3's): the prompt is cut from the
+    left after it, not through it (found by review: a truncated row lost its BOS)."""
+    from types import SimpleNamespace
+
+    from cudt.tasks.llm_data import _template_bos, chat_prompt
+
+    template = (
+        "{{ bos_token }}{% for m in messages %}### Instruction:\n{{ m['content'] }}\n\n"
+        "{% endfor %}{% if add_generation_prompt %}### Response:\n{% endif %}"
+    )
+    config = SimpleNamespace(bos_token_id=word_tok.bos_id)
+    decoder = SimpleNamespace(chat_template=template, config=config)
+    assert _template_bos(decoder, word_tok) == word_tok.bos_id
+    written = SimpleNamespace(chat_template=template.removeprefix("{{ bos_token }}"), config=config)
+    assert _template_bos(written, word_tok) is None  # no bos_token: nothing to keep
+
+    def prompt(r):
+        return chat_prompt(r, decoder, word_tok)
+
+    record = AlpacaRecord("Repeat the words.", " ".join(["apple river cloud"] * 20), "cloud")
+    for length in (128, 24):
+        row = tokenize_alpaca([record], word_tok, length, prompt=prompt, prompt_specials=True)
+        ids = row.input_ids[0][row.attention_mask[0] == 1].tolist()
+        assert ids[0] == word_tok.bos_id and ids.count(word_tok.bos_id) == 1, (length, ids)
+    assert row.truncated[0]
+    (batch,) = prompt_batches(
+        [record], word_tok, batch_size=1, max_prompt_length=16, prompt=prompt, prompt_specials=True
+    )
+    ids = batch.input_ids[0][batch.attention_mask[0] == 1].tolist()
+    assert ids[0] == word_tok.bos_id and ids.count(word_tok.bos_id) == 1
+
+
 def test_prompt_batches_are_left_padded_training_prompts(generated, word_tok):
     records = generated[:7]
     arrays = tokenize_alpaca(records, word_tok, 96)
