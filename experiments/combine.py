@@ -1,8 +1,8 @@
 """One report from the runs of several output folders of one experiment (a job's seeds trained
-as separate commands on the same data, ``--data-seed``).
+as separate commands, each seed on its own draw of the data, or all on ``--data-seed``'s).
 
     python -m experiments.llm_section6 --seeds 1 --out runs/s0
-    python -m experiments.llm_section6 --seed 1 --seeds 2 --data-seed 0 --out runs/s12
+    python -m experiments.llm_section6 --seed 1 --seeds 2 --out runs/s12
     python -m experiments.combine runs/s0 runs/s12
 
 Prints the experiment's summary table and footer over every run of the folders (intervals over

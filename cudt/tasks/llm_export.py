@@ -7,7 +7,8 @@ file when it ends in ``.gguf``).
 
 Which runs: the chosen ones, the best run of each setting on validation, constrained and ERM
 (``best`` in ``results.json``: :func:`cudt.runner.choice.select_best` by the validation
-accuracy; a diverged or infeasible run is never chosen, and test data never decides). Their
+accuracy; a diverged run or an infeasible constrained one is never chosen, and test data never
+decides). Their
 parameters are read from the run's orbax checkpoints (:func:`trained_params`, through
 :class:`cudt.checkpoint.GroupCheckpointer`), the frozen input embeddings put back, and each model is written by :func:`cudt.save_decoder`
 with the special tokens it was trained with and a chat template that writes its training
@@ -236,8 +237,8 @@ def _manifest(
             "named with --run"
             if named
             else f"the best run of each setting by {score} on validation "
-            f"({'highest' if higher else 'lowest'}; diverged and infeasible runs are never "
-            "chosen; test data never decides)"
+            f"({'highest' if higher else 'lowest'}; diverged runs and infeasible constrained "
+            "runs are never chosen, ERM's feasibility is not required; test data never decides)"
         ),
         "models": [
             {
