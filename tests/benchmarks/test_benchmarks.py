@@ -460,8 +460,9 @@ def test_llm_tiny_agrees_with_transformers_and_cooper_and_prints_its_table(capsy
         r"rows\), logits (kept for|recomputed in) the backward",
         out,
     )
-    checks = [line for line in out.splitlines() if re.match(r"\| [12] \| ", line)]
-    assert len(checks) == 6 and all(line.endswith("| yes |") for line in checks)
+    checks = [line for line in out.splitlines() if re.match(r"\| [123] \| ", line)]
+    assert len(checks) == 11 and all(line.endswith("| yes |") for line in checks)
+    assert sum(" | update | " in line for line in checks) == 2  # steps 2 and 3
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| cudt | ")]
     rows += [line.split(" | ") for line in out.splitlines() if line.startswith("| torch + ")]
     assert [r[1:3] for r in rows] == [["cpu", t] for _ in range(2) for t in ("default", "1")]
@@ -482,8 +483,33 @@ def test_llm_tiny_agrees_with_transformers_and_cooper_and_prints_its_table(capsy
     assert re.search(r"^\| the rest \(optimisers, losses, noise\) \| [1-9]", out, re.M)
 
 
+def _without_multipliers_in_the_primal_step(torch_side) -> None:
+    """The torch side's constraints detached: its multipliers move as cudt's, its primal step
+    leaves them out (what the losses alone could not see: the updates must)."""
+    import cooper
+
+    real = torch_side.cmp.compute_cmp_state
+
+    def detached(**kwargs):
+        state = real(**kwargs)
+        observed = {
+            c: cooper.ConstraintState(
+                violation=v.violation.detach(),
+                strict_violation=None if v.strict_violation is None else v.strict_violation,
+            )
+            for c, v in state.observed_constraints.items()
+        }
+        return cooper.CMPState(loss=state.loss, observed_constraints=observed, misc=state.misc)
+
+    torch_side.cmp.compute_cmp_state = detached
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sabotage", [dict(epsilon=0.2), dict(weight_noise=1e-3)], ids=["eps", "w"])
+@pytest.mark.parametrize(
+    "sabotage",
+    [dict(epsilon=0.2), dict(weight_noise=1e-3), dict(primal_without_multipliers=True)],
+    ids=["eps", "w", "lambda"],
+)
 def test_llm_check_fails_when_torch_takes_another_step(tiny_llm, capsys, sabotage):
     side, folder = _fresh(tiny_llm)
     model = llm.load_hf_model(side, folder / "hf", sabotage.get("weight_noise", 0.0))
@@ -492,11 +518,15 @@ def test_llm_check_fails_when_torch_takes_another_step(tiny_llm, capsys, sabotag
     torch_side = llm.TorchSide(
         model, side, sabotage.get("epsilon", side.cfg.epsilon), torch.device("cpu")
     )
+    if sabotage.get("primal_without_multipliers"):
+        _without_multipliers_in_the_primal_step(torch_side)
     with pytest.raises(llm.PeerMismatch) as failed:
         llm.check_agreement(side, torch_side, 1e-4)
     assert isinstance(failed.value, SystemExit)  # exit status 1 from the command line
     assert "the torch side does not take cudt's step" in str(failed.value)
     assert "| NO |" in capsys.readouterr().out
+    if sabotage.get("primal_without_multipliers"):  # seen by the updates alone
+        assert "update" in str(failed.value) and "layer_loss" not in str(failed.value)
 
 
 # --------------------------------------------------------------------------------------------------
