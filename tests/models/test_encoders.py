@@ -393,6 +393,13 @@ def test_input_validation(tiny_bert: Encoder) -> None:
         tiny_bert(np.full_like(ids, TINY["vocab"]), mask)
     with pytest.raises(EncoderError, match=r"token_type_ids must lie in \[0, 2\)"):
         tiny_bert.apply(tiny_bert.params, ids, mask, token_type_ids=np.full_like(ids, 2))
+    # found by review: the lookup alone and the position table were not checked (the table's
+    # last row repeated past its length, an id past the vocabulary read NaN)
+    with pytest.raises(EncoderError, match=r"input_ids must lie in \[0, 100\)"):
+        tiny_bert.embed(tiny_bert.params, np.full_like(ids, TINY["vocab"]))
+    with pytest.raises(EncoderError, match="exceeds the model's"):
+        tiny_bert.position_embeddings(too_long)
+    assert tiny_bert.position_embeddings(ids).shape == (*ids.shape, tiny_bert.config.hidden_size)
 
 
 def test_prefixed_and_headed_checkpoints_load(tmp_path: pathlib.Path) -> None:
@@ -433,6 +440,9 @@ def test_error_unsupported_architecture(tmp_path: pathlib.Path) -> None:
         EncoderConfig.from_dict({"model_type": "bert", "hidden_act": "mish"})
     with pytest.raises(EncoderError, match="num_heads=0: must be >= 1"):
         EncoderConfig.from_dict({"model_type": "bert", "num_attention_heads": 0})
+    # a BERT whose config says 0 token types skipped its checkpoint's table (found by review)
+    with pytest.raises(EncoderError, match="type_vocab_size=0: a roberta checkpoint has a"):
+        EncoderConfig.from_dict({"model_type": "roberta", "type_vocab_size": 0})
 
 
 def test_error_missing_folder_config_or_weights_and_pickles_are_never_opened(

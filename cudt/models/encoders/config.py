@@ -102,6 +102,12 @@ class EncoderConfig(EncoderStackConfig):
         cfg = cls(model_type=model_type, activation=parse_activation(act_name), **fields)
         sizes = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size")
         check_sizes(cfg, (*sizes, "max_position_embeddings"))
+        if model_type != "distilbert" and cfg.type_vocab_size < 1:  # its weights would be skipped
+            raise EncoderError(
+                f"config.json gives type_vocab_size={cfg.type_vocab_size}: a {model_type} "
+                "checkpoint has a token type table (at least 1 row); restore the checkpoint's "
+                "value"
+            )
         if not 0 <= cfg.pad_token_id < cfg.vocab_size:
             raise EncoderError(
                 f"pad_token_id {cfg.pad_token_id} is outside the vocabulary [0, {cfg.vocab_size})"

@@ -222,7 +222,8 @@ class Encoder(FolderModel[EncoderConfig]):
 
         Differentiable and jittable (``jax.jit(enc.apply, static_argnames="granularity")``).
         Ids outside the vocabulary raise :class:`EncoderError` when called eagerly; under
-        tracing they cannot be checked and read as NaN.
+        tracing they cannot be checked: an id past the vocabulary reads as NaN, a negative one
+        counts from its end (numpy's indexing).
         """
         if granularity not in ("block", "sublayer"):
             raise EncoderError(f"granularity must be 'block' or 'sublayer', got {granularity!r}")
@@ -264,18 +265,26 @@ class Encoder(FolderModel[EncoderConfig]):
         """Word (token) embedding lookup only, ``[B, T] -> [B, T, D]``.
 
         Before position / token type embeddings and LayerNorm: the space ``embedding_noise``
-        lives in (e.g. scale noise by the norm of these vectors).
+        lives in (e.g. scale noise by the norm of these vectors). Ids are checked as
+        :meth:`apply` checks them.
         """
-        return _embed(
-            params, jnp.asarray(input_ids), config=self.config, dtype=jnp.dtype(self.dtype)
-        )
+        input_ids = token_ids(input_ids)
+        check_range("input_ids", input_ids, self.config.vocab_size)
+        return _embed(params, input_ids, config=self.config, dtype=jnp.dtype(self.dtype))
 
     def position_embeddings(self, input_ids: Any) -> jax.Array:
         """The pretrained position embeddings ``[B, T, D]`` of ``input_ids`` ``[B, T]``, with
         the position ids this architecture's embedding layer gives them (RoBERTa's count from
         ``pad_token_id + 1``); jittable, read from the loaded params (a constant)."""
+        input_ids = token_ids(input_ids)
+        length = input_ids.shape[-1]
+        if length > self.config.max_length:  # indexing would repeat the table's last row
+            raise EncoderError(
+                f"sequence length {length} exceeds the model's {self.config.max_length} "
+                "positions; tokenize with a smaller max_length"
+            )
         table = jnp.asarray(self.params["embeddings"]["position_embeddings"]["embedding"])
-        return table[_position_ids(self.config, jnp.asarray(input_ids))]
+        return table[_position_ids(self.config, input_ids)]
 
     def __call__(self, input_ids: Any, attention_mask: Any) -> jax.Array:
         """``apply`` with the loaded params: ``[B, T] -> [L+1, B, T, D]``."""
