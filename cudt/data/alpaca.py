@@ -242,6 +242,11 @@ def load_alpaca(path: str | Path) -> tuple[AlpacaRecord, ...]:
 
     if path.suffix.lower() in (".jsonl", ".ndjson"):
         items = _parse_json_lines(text, path)
+        if len(items) == 1 and isinstance(items[0][0], list):  # a JSON list on one line
+            raise AlpacaDataError(
+                f"'{path}' holds one JSON list, not one JSON object per line: name it "
+                f"{path.with_suffix('.json').name} (a .json file is read as a list)"
+            )
     else:
         try:
             data = json.loads(text)
@@ -261,8 +266,9 @@ def load_alpaca(path: str | Path) -> tuple[AlpacaRecord, ...]:
         else:
             if not isinstance(data, list):
                 raise AlpacaDataError(
-                    f"'{path}' holds a JSON {type(data).__name__}, not a list of records: "
-                    "write the records as a JSON list (the alpaca_data.json layout)"
+                    f"'{path}' holds a JSON {_json_type(data)}, not a list of records: "
+                    "write the records as a JSON list (the alpaca_data.json layout), or one "
+                    f"object per line in {path.with_suffix('.jsonl').name}"
                 )
             items = [(obj, f"'{path}' record {i}") for i, obj in enumerate(data)]
     if not items:

@@ -144,7 +144,16 @@ def test_prompt_is_the_stanford_alpaca_template():
         ),
         ("empty.json", "[]", r"'{path}' holds no records: add"),
         ("blank.json", "  \n", r"'{path}' is empty"),
-        ("dict.json", '{"instruction": "a"}', r"'{path}' holds a JSON dict, not a list"),
+        (
+            "dict.json",
+            '{"instruction": "a"}',
+            r"'{path}' holds a JSON object, not a list .* or one object per line in dict\.jsonl",
+        ),
+        (
+            "one_line.jsonl",
+            json.dumps(list(RECORDS[:2])),
+            r"'{path}' holds one JSON list, not one JSON object per line: name it one_line.json",
+        ),
         (
             "no_output.json",
             json.dumps([RECORDS[0], {"instruction": "Say hi.", "input": ""}]),
