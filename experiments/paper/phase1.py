@@ -33,12 +33,14 @@ from cudt import descent
 from cudt.constrained import dual_ascent
 from cudt.descent import DescentConfig, make_train_step
 from cudt.loop import sample_indices
+from cudt.metrics import applicable_steps
 from cudt.optim import primal_optimizer
 from cudt.runner.task import RunBatch
 
 __all__ = [
     "ERM_POINT",
     "STARTS",
+    "judged_violation",
     "phase_one",
     "relative_violation",
     "split_means",
@@ -53,6 +55,21 @@ def relative_violation(mean_losses, epsilon: float) -> np.ndarray:
     """``[L]``: ``(ℓ_l − (1 − ε) ℓ_{l−1}) / ℓ_{l−1}`` of the mean losses ``[L+1]`` (<= 0: met)."""
     m = np.asarray(mean_losses, np.float64)
     return (m[1:] - (1.0 - epsilon) * m[:-1]) / np.maximum(m[:-1], descent.RATIO_FLOOR)
+
+
+def judged_violation(means, epsilon: float) -> tuple[np.ndarray, list]:
+    """Per row of mean losses ``[S, L+1]``: the total violation ``Σ_l max(0, ℓ_l / ℓ_{l−1} −
+    (1 − ε))`` and the largest relative violation (None where none is judged), over the
+    constraints the runner judges: a state at the loss floor (the clean ℓ_0 = 0 at γ_train 0)
+    cannot be undercut (:func:`cudt.metrics.applicable_steps`), so its step is left out, as the
+    runner's verdicts leave it."""
+    means = np.asarray(means, np.float64)
+    judged = np.stack([applicable_steps(m) for m in means])
+    prev = np.maximum(means[:, :-1], descent.RATIO_FLOOR)
+    terms = np.maximum(means[:, 1:] / prev - (1.0 - epsilon), 0.0)
+    viol = np.where(judged, terms, 0.0).sum(axis=1)
+    rel = np.where(judged, np.stack([relative_violation(m, epsilon) for m in means]), -np.inf)
+    return viol, [float(r) if np.isfinite(r) else None for r in rel.max(axis=1)]
 
 
 def train_phase_one(
@@ -144,7 +161,8 @@ def phase_one(model, train, val, *, gamma, epsilon, steps, seeds, lr, batch_size
     ``train``, ``val``: the splits' clean examples ``[N, ...]``; ``gamma``: γ_train; ``epsilon``:
     the constraints' ε; ``steps``: phase-I steps (and ERM steps before the ``erm`` start);
     ``seeds``: how many seeds (0..seeds-1: the init and the batches). Returns, per start, the
-    per-seed ``violation`` (the phase-I objective on validation), ``max_relative_violation``,
+    per-seed ``violation`` (the phase-I objective on validation, over the constraints the runner
+    judges: :func:`cudt.metrics.applicable_steps`), ``max_relative_violation`` (None: none judged),
     ``layer_loss [seeds, L+1]`` (validation means), ``feasible`` (violation 0 to 1e-6) and the
     training objective's last value."""
     trained = train_phase_one(
@@ -163,11 +181,10 @@ def phase_one(model, train, val, *, gamma, epsilon, steps, seeds, lr, batch_size
     for start in STARTS:
         params, obj = trained[start]
         means = val_means(params, val, gamma, eval_key)
-        viol = np.asarray(descent.violation(jnp.asarray(means), epsilon), np.float64)
-        rel = np.stack([relative_violation(m, epsilon) for m in means])
+        viol, rel = judged_violation(means, epsilon)
         report[start] = {
             "violation": viol.tolist(),
-            "max_relative_violation": rel.max(axis=1).tolist(),
+            "max_relative_violation": rel,
             "layer_loss": means.tolist(),
             "feasible": [bool(v <= 1e-6) for v in viol],
             "train_objective": np.asarray(obj, np.float64).tolist(),

@@ -141,3 +141,19 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, flags, says)
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and says in err
     assert not out.exists()
+
+
+def test_the_ut_studys_phase_one_judges_the_constraints_the_runner_judges():
+    """At γ_train 0 the UT's state 0 is the clean input (ℓ_0 = 0): the runner leaves layer 1's
+    constraint out of its verdicts, and the study's phase-I table counted it, so no point was
+    ever feasible (found by review)."""
+    from experiments.paper.phase1 import judged_violation
+
+    means = np.array([[0.0, 0.5, 0.4], [1.0, 0.5, 0.6]])
+    viol, rel = judged_violation(means, 0.1)
+    np.testing.assert_allclose(viol, [0.0, 0.3])  # 0.4 / 0.5 = 0.8 met; 0.6 / 0.5 = 1.2 not
+    np.testing.assert_allclose(rel, [-0.1, 0.3])
+    for row in means:  # the runner's verdict on the same numbers
+        verdict = feasibility(row, np.full(2, 0.1), None, 0.0)
+        assert list(verdict.applicable[1:]) == [row[0] > 0, True]
+    assert judged_violation(np.array([[0.0, 0.0, 0.0]]), 0.1)[1] == [None]  # none judged

@@ -324,7 +324,12 @@ def _phase1_table(subs, phase1: dict) -> list[str]:
         cells = []
         for start in ("init", "erm"):
             v, m = p[start]["violation"], p[start]["max_relative_violation"]
-            cells.append(", ".join(f"{a:.3f} ({b:+.3f})" for a, b in zip(v, m, strict=True)))
+            cells.append(
+                ", ".join(
+                    f"{a:.3f} ({'none judged' if b is None else f'{b:+.3f}'})"
+                    for a, b in zip(v, m, strict=True)
+                )
+            )
         found = sum(
             any(p[s]["feasible"][i] for s in ("init", "erm"))
             for i in range(len(p["init"]["feasible"]))
