@@ -143,6 +143,24 @@ def _check(args) -> None:
         seen[key] = folder
 
 
+def _refuse_repeated_runs(folders, results) -> None:
+    """A run that two folders both hold (a copied folder, two jobs of overlapping seeds on the
+    same data) would count twice: refused, as ``experiments.combine`` refuses it. Folders of
+    other data sets (``--per-folder``'s held-out sets) may repeat labels: they are other runs."""
+    seen: dict[tuple, str] = {}
+    for folder, res in zip(folders, results, strict=True):
+        config = res.get("config", {})
+        data = tuple(str(config.get(k)) for k in ("dataset", "data_dir", "data_seed"))
+        for r in res["runs"]:
+            key = (r["label"], *data)
+            if key in seen:
+                raise UsageError(
+                    f"{r['label']} is in both {seen[key]} and {folder} (the same data): its "
+                    "layers would count twice; pass each run's folder once"
+                )
+            seen[key] = folder
+
+
 def _print_gap(args) -> None:
     _check(args)
     models = {m for m in args.models.split(",") if m} or None
@@ -153,6 +171,7 @@ def _print_gap(args) -> None:
             f"the folders hold runs of different experiments ({', '.join(sorted(map(str, kinds)))}"
             "): their ratios are not comparable; pass folders of one experiment"
         )
+    _refuse_repeated_runs(args.folders, results)
     present = {r["model"] for res in results for r in res["runs"]}
     missing = sorted((models or set()) - present)
     if missing:

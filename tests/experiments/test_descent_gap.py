@@ -91,12 +91,17 @@ def test_bad_flags_and_folders_are_one_line_before_anything_is_read(run, tmp_pat
     other = tmp_path / "other"
     other.mkdir()
     (other / "results.json").write_text(json.dumps(dict(results, experiment="llm_sft")))
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "results.json").write_text(json.dumps(results))
     for argv, words in (
         ([str(out), "--last", "0"], "--last must be a whole number >= 1, got 0"),
         ([str(out), "--active", "nan"], "--active must be a finite number >= 0, got nan"),
         ([str(out), "--active", "abc"], "argument --active: invalid float value: 'abc'"),
         ([str(out), str(out)], f"{out} is named twice"),
         ([str(out), str(other)], "runs of different experiments (llm_sft, video_denoise)"),
+        # a copy of the folder: the same runs on the same data (counted twice before review)
+        ([str(out), str(copy)], f"seed 0 lr=0.001 is in both {out} and {copy} (the same data)"),
         ([], "the following arguments are required: folders"),
     ):
         assert_one_line_error(descent_gap.main, argv, capsys, words)
