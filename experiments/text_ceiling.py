@@ -31,7 +31,7 @@ import scipy.optimize
 import scipy.sparse as sp
 
 from cudt.errors import UsageError
-from cudt.runner.cli import config_from_args, configure_process, run_cli
+from cudt.runner.cli import config_from_args, configure_process, given_on_command_line, run_cli
 from cudt.runner.provenance import provenance
 from cudt.runner.run import data_draws
 from cudt.stats import t_interval
@@ -311,17 +311,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _read_only(argv: list[str]) -> list[str]:
-    """``argv``, unless it gives a flag that would not act here (one line naming it)."""
-    for token in argv:
-        if token.startswith("--"):
-            name = token[2:].split("=")[0].replace("-", "_")
-            name = name[3:] if name.startswith("no_") and name[3:] in READ else name
-            if name not in READ:
-                flags = ", ".join("--" + n.replace("_", "-") for n in READ)
-                raise UsageError(
-                    f"{token.split('=')[0]} does not act here: text_ceiling trains no model and "
-                    f"reads only {flags}: drop it"
-                )
+    """``argv``, unless it gives a flag that would not act here (one line naming it); the
+    names as the parser read them (``--num-tr`` is ``--num-train``, which acts)."""
+    extra = sorted(given_on_command_line(TextConfig, argv) - set(READ))
+    if extra:
+        flags = ", ".join("--" + n.replace("_", "-") for n in READ)
+        raise UsageError(
+            f"--{extra[0].replace('_', '-')} does not act here: text_ceiling trains no model and "
+            f"reads only {flags}: drop it"
+        )
     return argv
 
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from cudt.errors import CudtError
 from cudt.runner.run import run
 
-__all__ = ["OneLineParser", "config_from_args", "run_cli", "without_flag"]
+__all__ = ["OneLineParser", "config_from_args", "given_on_command_line", "run_cli", "without_flag"]
 
 C = TypeVar("C")
 
@@ -154,7 +154,7 @@ def config_from_args(
             setattr(ns, f.name, tuple(given) if given else f.default)
     try:
         cfg = config_cls(**vars(ns))
-        cfg = _pin_given(cfg, _given_on_command_line(config_cls, argv))
+        cfg = _pin_given(cfg, given_on_command_line(config_cls, argv))
     except (ValueError, TypeError) as e:
         parser.exit(2, f"error: {e}\n")
     return cfg, ns
@@ -165,7 +165,7 @@ def config_from_args(
 _TUNED_BY = {"epsilon": "tune_epsilon", "dual_lr": "tune_dual_lr", "lr": "tune_lr"}
 
 
-def _given_on_command_line(config_cls, argv) -> set[str]:
+def given_on_command_line(config_cls, argv) -> set[str]:
     """The fields the command line names, whatever their values."""
     return set(vars(build_parser(config_cls, "", defaults=False).parse_args(argv)))
 

@@ -12,6 +12,7 @@ import scipy.sparse as sp
 from cudt.data.text import write_aclimdb
 from cudt.data.text.generated import imdb_like_reviews
 from cudt.data.text.tokenized import TokenizedSplit
+from cudt.errors import UsageError
 from cudt.runner.cli import config_from_args
 from cudt.tasks.text import TextConfig
 from experiments import text_ceiling
@@ -164,6 +165,11 @@ def test_the_command_reads_each_seeds_draw_and_prints_the_table(tiny_bert, tmp_p
     assert text_ceiling.main([*argv, "--gamma-train", "0.3"]) == 2  # a flag that would not act
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --gamma-train does not act here")
+    # flags as the parser reads them: an abbreviation of one that acts is that flag (it was
+    # refused as one that does not, found by review); of one that does not, named in full
+    assert text_ceiling._read_only(["--num-tr", "10"]) == ["--num-tr", "10"]
+    with pytest.raises(UsageError, match="^--gamma-train does not act here"):
+        text_ceiling._read_only(["--gamma-tr", "0.3"])
     assert text_ceiling.main([*common, "--data-dir", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert (
