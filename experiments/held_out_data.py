@@ -15,6 +15,7 @@ so an existing data set is never overwritten and an interrupted write leaves non
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import sys
 import tempfile
@@ -141,7 +142,7 @@ def _write(ns) -> None:
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    print(f"wrote {what} to {target}; read it with {flags} --data-dir '{target}'")
+    print(f"wrote {what} to {target}; read it with {flags} --data-dir {shlex.quote(str(target))}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,10 +27,14 @@ def test_both_data_sets_are_written_and_read_back_with_the_printed_flags(tmp_pat
     videos = load_videos(data_dir, dataset=dataset, size=32)
     assert [v.shape for v in videos["train"] + videos["test"]] == [(4, 32, 32)] * 3
 
-    assert main(["forum", str(tmp_path), "--train", "10", "--test", "6", "--seed", "2"]) == 0
+    # a folder whose name holds a quote: the printed command is still one shell line (it was
+    # wrapped in bare '...', found by review)
+    quoted = tmp_path / "it's data"
+    assert main(["forum", str(quoted), "--train", "10", "--test", "6", "--seed", "2"]) == 0
     dataset, data_dir = _printed_flags(capsys.readouterr().out)
-    assert dataset == "aclimdb" and data_dir == str(tmp_path / "aclImdb")
+    assert dataset == "aclimdb" and data_dir == str(quoted / "aclImdb")
     data = load_text_data(dataset, data_dir, num_train=None, num_test=None, val_fraction=0.2)
     assert (len(data.train), len(data.val), len(data.test)) == (8, 2, 6)
     # the two data sets side by side, nothing else (the staging folders are gone)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["aclImdb", "shanghaitech"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["it's data", "shanghaitech"]
+    assert [p.name for p in quoted.iterdir()] == ["aclImdb"]
