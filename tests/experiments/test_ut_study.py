@@ -377,3 +377,19 @@ def test_a_diverged_runs_row_reads_its_null_curve_entries_as_missing() -> None:
     assert row["projection_removed"] == 3.0 and row["diverged"]
     assert not row["feasible_exact"] and not row["monotone_val"]
     assert np.isnan(row["val_objective"]) and row["lambda_peak"] == 0.9
+
+
+def test_steps_cap_the_tiny_scales_warm_up():
+    """--scale tiny's warm-up (5 steps) under --steps 5 froze the duals for the whole run and
+    was refused, naming a --warmup-steps the studies do not have (found by review)."""
+    from types import SimpleNamespace
+
+    from experiments.paper.job import scaled
+
+    tiny = {"steps": 30, "chunk_steps": 30, "warmup_steps": 5}
+    opts = SimpleNamespace(scale="tiny", steps=5)
+    assert scaled({}, opts, tiny) == {"steps": 5, "chunk_steps": 5, "warmup_steps": 4}
+    opts = SimpleNamespace(scale="tiny", steps=None)
+    assert scaled({}, opts, tiny) == tiny  # the scale's own, untouched
+    opts = SimpleNamespace(scale="paper", steps=3)
+    assert scaled({"warmup_steps": None}, opts, tiny)["warmup_steps"] is None  # one epoch
