@@ -449,7 +449,14 @@ def test_bad_folders_and_configs(tmp_path):
         (dict(model_type="gpt2"), "unsupported architecture 'gpt2'"),
         (dict(hidden_act="gelu"), "unsupported hidden_act 'gelu'"),
         (dict(rope_parameters={"rope_type": "yarn", "factor": 2.0}), "unsupported rope_type"),
-        (dict(model_type="qwen2", use_sliding_window=True), "qwen2 with sliding-window"),
+        (
+            dict(model_type="qwen2", use_sliding_window=True, max_window_layers=0),
+            "qwen2 with sliding-window",
+        ),
+        (
+            dict(model_type="qwen2", layer_types=["sliding_attention"]),
+            "qwen2 with sliding-window",
+        ),
         (dict(num_key_value_heads=3), "not a multiple of num_key_value_heads"),
         (dict(hidden_size=None), "lacks hidden_size"),
     ]:
@@ -457,6 +464,20 @@ def test_bad_folders_and_configs(tmp_path):
         with pytest.raises(ModelFolderError) as err:
             load_decoder(folder)
         assert expected in one_line(err), (overrides, str(err.value))
+
+
+def test_a_qwen2_whose_window_starts_past_its_last_layer_is_full_attention():
+    """transformers slides only the layers from max_window_layers on: with it at or past the
+    last layer, use_sliding_window=true is plain attention, and was refused (found by review)."""
+    raw = DecoderConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=2,
+                        num_heads=2).to_dict()  # fmt: skip
+    raw |= dict(model_type="qwen2", use_sliding_window=True, sliding_window=4)
+    assert DecoderConfig.from_dict(raw | dict(max_window_layers=2)).num_layers == 2
+    assert DecoderConfig.from_dict(raw).num_layers == 2  # transformers' default, 28
+    layer_types = ["full_attention", "full_attention"]
+    DecoderConfig.from_dict(raw | dict(max_window_layers=0, layer_types=layer_types))
+    with pytest.raises(ModelFolderError, match="qwen2 with sliding-window"):
+        DecoderConfig.from_dict(raw | dict(max_window_layers=1))
 
 
 def test_bad_call_arguments(models):

@@ -69,6 +69,20 @@ ARCHITECTURES = {
 }
 
 
+def _qwen2_slides(raw: Mapping[str, Any]) -> bool:
+    """Whether a qwen2 config has sliding-window layers, as transformers decides: its
+    ``layer_types``, else the layers from ``max_window_layers`` (default 28) on, where
+    ``use_sliding_window`` and a window (default 4096) are set. A config that sets the window
+    on but starts it past the last layer is full attention throughout."""
+    types = raw.get("layer_types")
+    if types is not None:
+        return "sliding_attention" in types
+    if not raw.get("use_sliding_window") or raw.get("sliding_window", 4096) is None:
+        return False
+    layers = raw.get("num_hidden_layers", raw.get("num_layers", 0))
+    return int(raw.get("max_window_layers", 28)) < int(layers or 0)
+
+
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig(FolderConfig):
     """Architecture hyper-parameters of a Llama-family decoder; hashable (a static jit argument).
@@ -220,12 +234,10 @@ class DecoderConfig(FolderConfig):
             raise ModelFolderError(
                 f"partial_rotary_factor {partial} is not supported: only 1 (full)"
             )
-        if model_type == "qwen2" and (
-            raw.get("use_sliding_window") or "sliding_attention" in (raw.get("layer_types") or ())
-        ):
+        if model_type == "qwen2" and _qwen2_slides(raw):
             raise ModelFolderError(
-                "qwen2 with sliding-window layers (use_sliding_window=true) is not supported: "
-                "set use_sliding_window to false"
+                "qwen2 with sliding-window layers (use_sliding_window=true, layers from "
+                "max_window_layers on) is not supported: set use_sliding_window to false"
             )
         if model_type == "llama" and raw.get("sliding_window") is not None:
             raise ModelFolderError("llama has no sliding_window: remove it from config.json")
