@@ -85,6 +85,11 @@ def implicit_mlp(
         raise ValueError(
             f"implicit_mlp needs num_features and hidden >= 1, got {num_features}, {hidden}"
         )
+    if any(int(d) < 1 for d in out_shape):
+        raise ValueError(
+            f"implicit_mlp's out_shape must have dimensions >= 1, got {tuple(out_shape)}: pass "
+            "the shape of one example's constraint values (() for one value)"
+        )
     key = jax.random.key(0) if key is None else key
     out = int(jnp.prod(jnp.asarray(out_shape, jnp.int32))) if out_shape else 1
     params = {

@@ -284,6 +284,8 @@ def test_refusals():
         step(init(PARAMS, _batch(0)), _batch(0), jax.random.key(0))
     with pytest.raises(ValueError, match="positive must be one of relu, softplus"):
         cudt.implicit(ONE_HOT.apply, positive="exp")
+    with pytest.raises(ValueError, match=r"out_shape must have dimensions >= 1, got \(0,\)"):
+        cudt.implicit_mlp(2, out_shape=(0,))  # was accepted (found by review)
     # a model whose output is not the values' shape broadcast λ·g to [B, B, L] and failed deep
     # in the VJP (found by review): one line naming the constraint and both shapes
     flat = cudt.implicit(lambda phi, f: (f @ phi).reshape(-1), np.zeros((M, L), np.float32))
