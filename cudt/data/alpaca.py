@@ -430,11 +430,12 @@ class InstructionTokenizer:
             return [
                 list(e.ids) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)
             ]
+        before = self.tokenizer.encode_special_tokens  # the caller's own setting, put back
         self.tokenizer.encode_special_tokens = True
         try:
             out = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         finally:
-            self.tokenizer.encode_special_tokens = False
+            self.tokenizer.encode_special_tokens = before
         return [list(e.ids) for e in out]
 
     def decode(self, ids: Sequence[int] | np.ndarray, *, skip_special_tokens: bool = True) -> str:

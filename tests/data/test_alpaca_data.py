@@ -315,6 +315,9 @@ def test_a_special_tokens_spelling_in_a_record_is_text_not_that_token(bpe_folder
     rendered = tok.encode_batch(["<|end_of_text|>"])[0]
     assert rendered == [tok.eos_id]
     assert tok.eos_id not in tok.encode_batch(["<|end_of_text|>"], specials=False)[0]
+    tok.tokenizer.encode_special_tokens = True  # a caller's own setting is put back
+    tok.encode_batch(["x"], specials=False)
+    assert tok.tokenizer.encode_special_tokens is True
 
 
 def test_a_template_bos_is_written_once_and_survives_truncation(word_tok):
