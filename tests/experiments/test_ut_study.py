@@ -393,3 +393,12 @@ def test_steps_cap_the_tiny_scales_warm_up():
     assert scaled({}, opts, tiny) == tiny  # the scale's own, untouched
     opts = SimpleNamespace(scale="paper", steps=3)
     assert scaled({"warmup_steps": None}, opts, tiny)["warmup_steps"] is None  # one epoch
+
+
+def test_a_vs_erm_cell_says_over_how_many_seeds_when_one_is_not_finite():
+    """A diverged seed's difference was dropped silently (found by review): the cell says so."""
+    from experiments.paper.ut_study.report import _versus
+
+    assert _versus([0.1, float("nan"), 0.3], 3).endswith(" (2 of 3 seeds)")
+    assert _versus([0.1, float("nan")], 3) == "+0.100 (1 of 2 seeds)"
+    assert "seeds" not in _versus([0.1, 0.2, 0.3], 3)  # every seed: as before

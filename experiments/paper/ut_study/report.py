@@ -250,19 +250,23 @@ def _settings_section(sub, runs: list[dict]) -> list[str]:
 def _versus(differences, digits: int, unit: str = "") -> str:
     """A "vs ERM" cell: the mean over seeds of the per-seed differences (each constrained run
     against the ERM run of its seed) with their 95 % paired t interval, ``level`` where it spans
-    0; the mean alone from one finite seed; ``nan`` from none."""
+    0; the mean alone from one finite seed; ``nan`` from none. A seed whose difference is not
+    finite (a diverged run) is left out and the cell says over how many it is."""
     vals = [float(v) for v in differences if np.isfinite(v)]
     if not vals:
         return "nan"
+    over = f" ({len(vals)} of {len(differences)} seeds)" if len(vals) < len(differences) else ""
 
     def num(x):
         return f"{x:+.{digits}f}{unit}"
 
     if len(vals) < 2:
-        return num(float(np.mean(vals)))
+        return num(float(np.mean(vals))) + over
     iv = t_interval(vals)
-    return f"{num(iv.mean)} [{num(iv.low)}, {num(iv.high)}]" + (
-        " level" if iv.low <= 0 <= iv.high else ""
+    return (
+        f"{num(iv.mean)} [{num(iv.low)}, {num(iv.high)}]"
+        + (" level" if iv.low <= 0 <= iv.high else "")
+        + over
     )
 
 
