@@ -61,8 +61,25 @@ def test_sgd_init_first_step_matches_cooper_then_follows_the_recurrence():
     np.testing.assert_allclose(ours[1], want, rtol=1e-5, atol=1e-7)
 
 
-def test_kp_zero_is_dual_ascent():
-    np.testing.assert_allclose(_ours("sgd", 0.0, 1.0, 0.0, 0.1), _ours("zeros", 0.0, 1.0, 0.3, 0.1))
+@pytest.mark.parametrize("init,nu", [("sgd", 0.0), ("zeros", 0.3)])
+def test_kp_zero_is_dual_ascent_at_rate_lr_times_ki(init, nu):
+    """K_P = 0 leaves the integral term: projected dual ascent at rate η·K_I (the docstring),
+    against cudt.dual_ascent and the closed form λ_t = [λ_{t−1} + η·K_I·e_t]₊, whatever the
+    init and the EMA (they feed only the proportional term)."""
+    ascent = cudt.dual_ascent(0.1 * 2.5)
+    lam, state, want = jnp.zeros(3), None, []
+    state = ascent.init(lam)
+    for e in ERRORS:
+        u, state = ascent.update(jnp.asarray(e), state, lam)
+        lam = optax.apply_updates(lam, u)
+        want.append(np.asarray(lam))
+    by_hand, closed = np.zeros(3, np.float32), []
+    for e in ERRORS:
+        by_hand = np.maximum(by_hand + 0.25 * e, 0)
+        closed.append(by_hand)
+    ours = _ours(init, 0.0, 2.5, nu, 0.1)
+    np.testing.assert_allclose(ours, np.stack(want), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(ours, np.stack(closed), rtol=1e-6, atol=1e-7)
 
 
 def test_sgd_init_starts_each_row_of_an_indexed_table_when_a_batch_first_holds_it():
