@@ -20,7 +20,6 @@ from helpers import (
 
 from cudt.data import load_video_data, load_videos, synthetic_videos
 from cudt.data.video import archives
-from cudt.tasks.video import VideoConfig
 from experiments import video_table
 from experiments.paper import video_table as table3
 
@@ -272,10 +271,10 @@ def test_tiny_grid_writes_table_csv_and_figures(tiny_grid):
     for r in rows:
         run = best[(r["model"], r["kind"], float(r["gamma_train"]))]
         assert float(r["mean_rmse"]) == pytest.approx(run["mean_rmse"], rel=1e-5)
-        # the ε of the run chosen on validation among the default's tuned lanes
+        # the ε of the run reported (one ε lane here, so the choice among lanes is
+        # tests/runner's to check, not this table's)
         eps = run["hparams"]["epsilon"]
         assert r["epsilon"] == (f"{eps:g}" if r["kind"] == "constrained" else "")
-        assert r["kind"] == "ERM" or eps in VideoConfig().tune_epsilon
 
     md = (out / "table3.md").read_text()
     cells = headline_cells(md)
