@@ -27,6 +27,7 @@ from cudt.io import fresh_run_dir, write_json_atomic
 from cudt.runner.choice import choose_points, compare_chosen, mark_chosen, select_best
 from cudt.runner.curves import plot_training_curves, write_tensorboard
 from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups, run_group
+from cudt.runner.hparams import resolve_reference
 from cudt.runner.lock import check_free
 from cudt.runner.mesh import initialize_distributed, make_shardings
 from cudt.runner.output import TENSORBOARD, checkpoint_record, open_output_once
@@ -99,16 +100,12 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         check_free(given)  # a job holds --out: refused now, before its data is read
     sweeps = parse_sweeps(cfg)
     swept = tuned_names(cfg, sweeps)
+    specs = task.run_specs(cfg)
+    _check_specs(task, cfg, specs)
     draws = data_draws(cfg)
     datas = _load_draws(task, draws)
     data = next(iter(datas.values()))  # what is the same in every draw (config extras)
-    specs = task.run_specs(cfg)
     _print_model_defaults(cfg, specs, sweeps)
-    if not specs:
-        raise UsageError(
-            f"--kinds {cfg.kinds}: none of the models ({', '.join(task.model_names(cfg))}) "
-            "has such runs: pass --kinds both"
-        )
     groups = _plan_all_groups(task, cfg, specs, draws, datas, swept)
     if len(draws) == 1:
         fingerprint = checkpoint_record(cfg) | task.fingerprint(cfg, data)
@@ -158,6 +155,20 @@ def _check_inject_nan(task: Task, cfg) -> None:
             f"--inject-nan model {cfg.inject_nan[0]!r} is not trained by this run: name one "
             f"of {', '.join(names)}"
         )
+
+
+def _check_specs(task: Task, cfg, specs) -> None:
+    """Refusals the runs' settings decide, before the data is read: no runs of ``--kinds``,
+    and a chance spelling of ``--reference`` on a task without a chance level (one that does
+    not override :meth:`Task.chance_level`; the others resolve with their data)."""
+    if not specs:
+        raise UsageError(
+            f"--kinds {cfg.kinds}: none of the models ({', '.join(task.model_names(cfg))}) "
+            "has such runs: pass --kinds both"
+        )
+    if type(task).chance_level is Task.chance_level:
+        for spec in specs:
+            resolve_reference(spec.hp["reference"], None, task.name)
 
 
 def _load_draws(task: Task, draws: dict[int, Any]) -> dict[int, Any]:

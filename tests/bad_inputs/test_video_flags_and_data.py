@@ -303,6 +303,25 @@ def test_invalid_config(case, flags, problem, fix, tmp_path, capsys, monkeypatch
     assert tree(out) == before
 
 
+@pytest.mark.parametrize(
+    "flags", [["--reference", "chance"], ["--sweep", "reference=none,chance+0.1"]]
+)
+def test_a_chance_reference_is_refused_before_the_data_is_read(
+    flags, tmp_path, capsys, monkeypatch
+):
+    """The refusal depends on the task, not its data: a user waits for no frames to load
+    (nor for a real data set's folder to be checked) to learn it."""
+    from cudt.tasks.video import VideoTask
+
+    def no_reading(self, cfg):
+        raise AssertionError("the data was read before --reference was checked")
+
+    monkeypatch.setattr(VideoTask, "load", no_reading)
+    status, err = cli([*TINY, *flags, "--out", str(tmp_path / "out")], capsys)
+    check(None, status, err, "needs a classification task", "pass a number or none")
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_synthetic_clips_sizes_do_not_hold_back_a_real_dataset():
     """--num-videos and --num-frames size the synthetic clips: a real dataset's longer
     sequences (UCSD's videos have 120-200 frames) or its own video count are not refused by
