@@ -480,8 +480,17 @@ def load_folder(
 
 
 def token_ids(input_ids: Any) -> jax.Array:
-    """``input_ids`` as an array, or :class:`ModelFolderError` unless it is integer ``[B, T]``."""
-    input_ids = jnp.asarray(input_ids)
+    """``input_ids`` as an array, or :class:`ModelFolderError` unless it is integer ``[B, T]``
+    (ragged rows and text included: jax's own words for those name neither)."""
+    try:
+        input_ids = jnp.asarray(input_ids)
+    except (TypeError, ValueError) as e:
+        what = type(input_ids).__name__
+        raise ModelFolderError(
+            f"input_ids must be an integer array [B, T], got a {what} jax cannot read as "
+            "one (rows of different lengths, or text): tokenize and pad the rows to one "
+            "length first"
+        ) from e
     if input_ids.ndim != 2 or not jnp.issubdtype(input_ids.dtype, jnp.integer):
         raise ModelFolderError(
             f"input_ids must be an integer array [B, T], got {input_ids.dtype}"

@@ -400,6 +400,12 @@ def test_input_validation(tiny_bert: Encoder) -> None:
     with pytest.raises(EncoderError, match="exceeds the model's"):
         tiny_bert.position_embeddings(too_long)
     assert tiny_bert.position_embeddings(ids).shape == (*ids.shape, tiny_bert.config.hidden_size)
+    # ragged rows and text were jax's own ValueError / TypeError (found by review)
+    for bad in ([[1, 2, 3], [4, 5]], [["the", "film"]], "the film"):
+        with pytest.raises(EncoderError, match="pad the rows to one length"):
+            tiny_bert(bad, None)
+        with pytest.raises(EncoderError, match="input_ids must be an integer array"):
+            tiny_bert.embed(tiny_bert.params, bad)
 
 
 def test_prefixed_and_headed_checkpoints_load(tmp_path: pathlib.Path) -> None:
