@@ -435,29 +435,34 @@ class _NoProjection:
 # --------------------------------------------------------------------------------------------------
 
 
-def _trained_weights(cudt_side: CudtSide, torch_side: TorchSide) -> list[tuple]:
-    """``(cudt's, torch's)`` host copies of every trained weight, in torch's layout (a cudt
-    state is donated to its next step: copied, not viewed)."""
+def _trained_weights(cudt_side: CudtSide, torch_side: TorchSide):
+    """``(cudt's, torch's)`` host copies of each trained weight in turn, in torch's layout and
+    float32 (exact for float32 and bfloat16 weights; a cudt state is donated to its next step:
+    copied, not viewed). One weight at a time: an 8B model's weights in float64, both sides,
+    twice, would not fit a host's memory."""
     named = dict(torch_side.model.named_parameters())
-    pairs = []
     for name, place, transposed in hf_layout(cudt_side.data.decoder.config):
         if place[0] not in cudt_side.state.params:  # the embeddings: frozen
             continue
-        ours = np.array(leaf_at(cudt_side.state.params, place), np.float64)
-        theirs = named["model." + name].detach().cpu().double().numpy().copy()
-        pairs.append((ours.T if transposed else ours, theirs))
-    return pairs
+        ours = np.array(leaf_at(cudt_side.state.params, place), np.float32)
+        theirs = named["model." + name].detach().float().cpu().numpy().copy()
+        yield (ours.T if transposed else ours), theirs
 
 
-def _update_diff(before: list[tuple], after: list[tuple]) -> float:
-    """``‖Δθ_cudt − Δθ_torch‖₂ / ‖Δθ_cudt‖₂`` over every trained weight: the steps' updates."""
-    ours = np.concatenate(
-        [(a1 - a0).ravel() for (a0, _), (a1, _) in zip(before, after, strict=True)]
-    )
-    theirs = np.concatenate(
-        [(b1 - b0).ravel() for (_, b0), (_, b1) in zip(before, after, strict=True)]
-    )
-    return float(np.linalg.norm(ours - theirs) / max(np.linalg.norm(ours), 1e-30))
+def _update_diff(before: list[tuple], cudt_side: CudtSide, torch_side: TorchSide) -> float:
+    """``‖Δθ_cudt − Δθ_torch‖₂ / ‖Δθ_cudt‖₂`` over every trained weight, from the weights in
+    ``before`` (:func:`_trained_weights`' list) to the sides' current ones: the steps'
+    updates, summed in float64 one weight at a time. ``before`` is then the current weights,
+    the start of the next step's update."""
+    squares = np.zeros(2)  # ‖Δθ_cudt − Δθ_torch‖², ‖Δθ_cudt‖²
+    for k, (ours, theirs) in enumerate(_trained_weights(cudt_side, torch_side)):
+        ours0, theirs0 = before[k]
+        moved = ours.astype(np.float64) - ours0
+        gap = moved - (theirs.astype(np.float64) - theirs0)
+        squares += (np.vdot(gap, gap), np.vdot(moved, moved))
+        before[k] = (ours, theirs)
+    gap, moved = np.sqrt(squares)
+    return float(gap / max(moved, 1e-30))
 
 
 def check_agreement(cudt_side: CudtSide, torch_side: TorchSide, tolerance: float):
@@ -475,7 +480,8 @@ def check_agreement(cudt_side: CudtSide, torch_side: TorchSide, tolerance: float
     1e-4 and 2e-4 (SmolLM2, tiny), 1e-2 and more with λ left out of the primal step."""
     rows, failed, first_call = [], [], None
     for i in range(3):
-        before = _trained_weights(cudt_side, torch_side) if i else None
+        if i == 1:
+            before = list(_trained_weights(cudt_side, torch_side))
         t0 = time.perf_counter()
         jm = jax.tree.map(np.asarray, cudt_side())
         first_call = first_call or time.perf_counter() - t0
@@ -488,9 +494,9 @@ def check_agreement(cudt_side: CudtSide, torch_side: TorchSide, tolerance: float
                 ("multipliers", True),
             )
         ]
-        if before is not None:
-            after = _trained_weights(cudt_side, torch_side)
-            diffs.append(("update", _update_diff(before, after), UPDATE_FACTOR * tolerance))
+        if i:
+            update = _update_diff(before, cudt_side, torch_side)
+            diffs.append(("update", update, UPDATE_FACTOR * tolerance))
         for name, diff, bound in diffs:
             ok = diff <= bound
             rows.append((i + 1, name, diff, bound, ok))
