@@ -92,6 +92,7 @@ from cudt.constrained._state import (
     _call,
     _init,
     _Spec,
+    multiplier_dtype,
 )
 
 __all__ = ["make_constrained_step"]
@@ -133,7 +134,7 @@ def _per_scale(x, c: Constraint, inverse: bool = False):
     ``inverse``: ``x · s``, from the scale back to the constraint's units."""
     if c.scale is None:
         return x
-    x = jnp.asarray(x)  # the value's own dtype back: a bf16 constraint keeps bf16 multipliers
+    x = jnp.asarray(x)  # its own dtype back (a bf16 value or float32 multipliers)
     s = jax.lax.stop_gradient(jnp.asarray(c.scale, jnp.float32))
     return (x * s if inverse else x / s).astype(x.dtype)
 
@@ -345,8 +346,9 @@ def _dual_gradient(values, lam, u, cons):
     out = {}
     for n, c in cons.items():
         d = _per_scale(_minus_slack(values, u, n, c), c)
+        d = d.astype(multiplier_dtype(d.dtype))  # a bf16 constraint's step, in float32
         if not c.has_slack and c.resilience is not None:  # a per-run α (float32) keeps the dtype
-            d = d - (lam[n] / c.resilience).astype(jnp.result_type(d))
+            d = d - (lam[n] / c.resilience).astype(d.dtype)
         out[n] = d
     return out
 

@@ -370,7 +370,7 @@ def test_explicit_slacks_measure_the_violation_of_the_relaxed_constraint_as_deca
     assert slack < 1.1 * decay, (slack, decay)  # ρ grows where the relaxed constraint is missed
 
 
-def test_a_scaled_bfloat16_constraint_keeps_its_multipliers_dtype_and_one_program():
+def test_a_scaled_bfloat16_constraint_keeps_float32_multipliers_and_one_program():
     def problem(w, batch, key):
         del batch, key
         return jnp.sum(w**2), {"c": cudt.Constraint((w[0] - 1.0).astype(jnp.bfloat16), scale=2.0)}
@@ -379,13 +379,39 @@ def test_a_scaled_bfloat16_constraint_keeps_its_multipliers_dtype_and_one_progra
     state = init(jnp.zeros(2), None)
     for t in range(3):
         state, _ = step(state, None, jax.random.key(t))
-        assert state.multipliers["c"].dtype == jnp.bfloat16
+        assert state.multipliers["c"].dtype == jnp.float32
     assert step._cache_size() == 1
 
 
-def test_a_per_run_resilience_keeps_bfloat16_multipliers_through_a_scan():
-    """α as a per-run value (a float32 array, as sweeps carry it): λ/α was float32, so the
-    multipliers came back float32 after a step and a scan over steps refused its carry."""
+@pytest.mark.parametrize(
+    "dual", [cudt.dual_ascent(0.005), cudt.dual_adam(0.0025), cudt.nupi(0.005, kp=1.0)]
+)
+def test_bfloat16_constraints_multipliers_do_not_stall(dual):
+    """A bf16 constraint's multipliers were bf16: past 1 their spacing is 2^-7, so dual steps
+    of 0.0025 rounded away and λ stayed at 1.0 (found by review). They are float32 now, the
+    dual's step taken in float32, and λ grows as a float32 constraint's does."""
+
+    def run(dtype):
+        def problem(w, batch, key):
+            del batch, key
+            return jnp.sum(w**2), {"c": cudt.Constraint((0.5 - 0.0 * w[0]).astype(dtype))}
+
+        init, step = cudt.make_constrained_step(problem, optax.sgd(0.01), dual)
+        state = init(jnp.zeros(2), None)
+        state, _ = jax.lax.scan(lambda s, k: (step(s, None, k)[0], None), state,
+                                jax.random.split(jax.random.key(0), 1000))  # fmt: skip
+        return state.multipliers["c"]
+
+    lam16, lam32 = run(jnp.bfloat16), run(jnp.float32)
+    assert lam16.dtype == jnp.float32
+    assert float(lam32) > 2.4  # 1000 steps of about +0.0025
+    np.testing.assert_allclose(float(lam16), float(lam32), rtol=1e-5)
+
+
+def test_a_per_run_resilience_keeps_the_multipliers_dtype_through_a_scan():
+    """α as a per-run value (a float32 array, as sweeps carry it), on a bf16 constraint: the
+    multipliers keep their dtype through a scan over steps (when they were bf16, λ/α came
+    back float32 and the scan refused its carry)."""
 
     def problem(p, batch, key, hp):
         del batch, key
@@ -398,8 +424,9 @@ def test_a_per_run_resilience_keeps_bfloat16_multipliers_through_a_scan():
     def body(s, key):
         return step(s, None, key)[0], None
 
+    before = state.multipliers["c"].dtype
     state, _ = jax.lax.scan(body, state, jax.random.split(jax.random.key(0), 3))
-    assert state.multipliers["c"].dtype == jnp.bfloat16
+    assert state.multipliers["c"].dtype == before == jnp.float32
     assert float(jnp.max(state.multipliers["c"])) > 0  # it moved
 
 
