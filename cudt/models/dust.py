@@ -225,8 +225,9 @@ class DUST(nn.Module):
             z: jax.Array, recon: jax.Array, d: jax.Array, mu_l: jax.Array
         ) -> tuple[jax.Array, jax.Array]:
             """One layer from ``z`` and ``recon = z dᵀ``; returns the new ``(z, z dᵀ)``."""
-            scores = temperature * jnp.einsum("...tp,...sp->...ts", recon, recon)
-            attn = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(dt)
+            wide = jnp.promote_types(dt, jnp.float32)  # scores and softmax: float32 at least
+            scores = jnp.einsum("...tp,...sp->...ts", recon, recon, preferred_element_type=wide)
+            attn = jax.nn.softmax(temperature * scores, axis=-1).astype(dt)
             z = (1.0 - a) * z + a * jnp.einsum("...ts,...sk->...tk", attn, z)
             # ((1 − a)·Z + a·A Z) Dᵀ = (1 − a)·R + a·A R: a [T, T] x [T, P] product per
             # sequence instead of a [K] -> [P] product per token (and two fewer in the backward).

@@ -554,7 +554,7 @@ def self_attention(
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(head_dim))
     # Mask and softmax in float32 even for half-precision params (as HF does): exp/normalise is
     # where low precision hurts most, and a float32 finfo.min bias cannot overflow to -inf.
-    scores = scores.astype(jnp.float32)  # [B, H, T, T]
+    scores = scores.astype(jnp.promote_types(scores.dtype, jnp.float32))  # [B, H, T, T]
     if mask_bias is not None:
         scores = scores + mask_bias
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)

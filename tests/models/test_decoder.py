@@ -537,3 +537,39 @@ def test_block_remat_gives_the_same_gradients_with_less_saved_memory():
         for d in (dec, rem)
     ]
     assert temp[1] < temp[0], temp
+
+
+def test_float64_inputs_keep_float64_statistics_scores_and_logits():
+    """The float32 statistics, scores and logits widen bf16; they narrowed float64 (x64, a
+    float64 decoder for a gradient check) to float32 precision (found by review)."""
+    from cudt.models.llama import layers
+
+    with jax.enable_x64(True):
+        x = jnp.array([[1.0, 1.0 + 1e-12, 2.0, 3.0]], jnp.float64)
+        y = layers.rms_norm(x, jnp.ones(4, jnp.float64), 1e-6)
+        assert y.dtype == jnp.float64 and float(y[0, 1] - y[0, 0]) > 0  # 1e-12 apart, kept
+        config = DecoderConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=2,
+                               num_heads=2)  # fmt: skip
+        params = config.init_params(jax.random.key(0), jnp.float64)
+        dec = Decoder(config, params, dtype=jnp.float64)
+        ids = jnp.arange(12, dtype=jnp.int32).reshape(2, 6)
+        for f in (lambda p: dec.apply(p, ids, None), lambda p: dec.readout_apply(p, dec(ids))):
+            # no float64 value cast down or multiplied into float32 (the RoPE angles of the
+            # integer positions are float32 by design, as transformers computes them)
+            assert _narrowings(jax.make_jaxpr(f)(params).jaxpr) == []
+
+
+def _narrowings(jaxpr) -> list[str]:
+    """The equations of ``jaxpr`` (and the programs inside it) that take a float64 operand to
+    a float32 result."""
+    found = []
+    for eqn in jaxpr.eqns:
+        wide = any(getattr(v.aval, "dtype", None) == jnp.float64 for v in eqn.invars)
+        if wide and any(getattr(v.aval, "dtype", None) == jnp.float32 for v in eqn.outvars):
+            found.append(str(eqn))
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += _narrowings(inner)
+    return found

@@ -57,8 +57,9 @@ def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm with float32 statistics; the result in ``x.dtype`` times the weight."""
-    xf = x.astype(jnp.float32)
+    """RMSNorm with float32 statistics (float64 ones for float64 ``x``); the result in
+    ``x.dtype`` times the weight."""
+    xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     return weight.astype(x.dtype) * y.astype(x.dtype)
 
@@ -98,7 +99,8 @@ def attention(
     b, t = q.shape[:2]
     # Head h reads key/value head h // G (transformers' repeat_kv order).
     q = q.reshape(b, t, c.num_kv_heads, c.groups, c.head_dim)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    wide = jnp.promote_types(q.dtype, jnp.float32)  # float32 scores at least
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=wide)
     scores = scores * (c.head_dim**-0.5)
     scores = jnp.where(allowed[:, None, None], scores, NEG)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -179,4 +181,5 @@ def readout_logits(
     # the tokens whose scores the token accuracy counts
     x = rms_norm(states.astype(dtype), params["final_norm"], config.rms_norm_eps)
     head = head_matrix(params, config)
-    return jnp.einsum("...d,dv->...v", x, head, preferred_element_type=jnp.float32)
+    wide = jnp.promote_types(x.dtype, jnp.float32)  # float32 logits at least
+    return jnp.einsum("...d,dv->...v", x, head, preferred_element_type=wide)
