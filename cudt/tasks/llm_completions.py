@@ -12,7 +12,7 @@ from cudt.data.alpaca import AlpacaRecord, InstructionTokenizer, prompt_batches
 from cudt.data.instructions import exact_answer
 from cudt.metrics import rouge_l
 from cudt.tasks.accuracy import paired_difference, paired_with_erm
-from cudt.tasks.llm_data import LLMData
+from cudt.tasks.llm_data import LLMData, stop_ids
 from cudt.tasks.llm_export import decoder_params, lora_spec
 
 __all__ = [
@@ -47,6 +47,7 @@ def greedy_completions(cfg, data: LLMData, model, params, labels, test_gammas) -
     )
     gammas = completion_gammas(cfg, test_gammas)
     key = jax.random.key(cfg.data_rng_seed + 7)  # the same noise for every run
+    stops = stop_ids(tok, dec.config)
     out = []
     for r in range(len(labels)):
         run_params = jax.tree.map(lambda x, r=r: x[r], params)
@@ -62,12 +63,12 @@ def greedy_completions(cfg, data: LLMData, model, params, labels, test_gammas) -
                     cfg.max_new_tokens,
                     noise_std=g * data.noise_unit,
                     key=jax.random.fold_in(key, j),
-                    eos_id=tok.eos_id,
+                    eos_id=stops,
                     pad_id=tok.pad_id,
                 )
                 for row, i, real in zip(np.asarray(ids), batch.indices, batch.valid, strict=True):
                     if real:
-                        text = _until_eos(tok, row).strip()
+                        text = _until_stop(tok, row, stops).strip()
                         texts.append(completion_record(records[i], int(i), g, text))
         out.append({"completions": texts, "completion_scores": _completion_scores(texts)})
     return out
@@ -88,11 +89,11 @@ def completion_gamma(cfg, test_gammas) -> float:
     return max(test_gammas)
 
 
-def _until_eos(tok: InstructionTokenizer, row: np.ndarray) -> str:
+def _until_stop(tok: InstructionTokenizer, row: np.ndarray, stops: tuple[int, ...]) -> str:
+    """The text of ``row`` up to its first stop id (:func:`~cudt.tasks.llm_data.stop_ids`)."""
     ids = [int(i) for i in row]
-    if tok.eos_id in ids:
-        ids = ids[: ids.index(tok.eos_id)]
-    return tok.decode(ids)
+    end = next((k for k, i in enumerate(ids) if i in stops), len(ids))
+    return tok.decode(ids[:end])
 
 
 def completion_record(record: AlpacaRecord, index: int, gamma: float, text: str) -> dict:

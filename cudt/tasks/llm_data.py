@@ -200,6 +200,14 @@ def _checkpoint_tokenizer(cfg: LLMConfig, decoder: Decoder) -> InstructionTokeni
     return load_tokenizer(decoder.tokenizer, eos=name(c.eos_token_id[0]), pad=pad)
 
 
+def stop_ids(tok: InstructionTokenizer, config: DecoderConfig) -> tuple[int, ...]:
+    """The ids that end a response: the EOS the runs learn to end theirs with, then any other
+    the checkpoint lists (Llama 3.1 Instruct: ``<|eot_id|>``, ``<|eom_id|>``,
+    ``<|end_of_text|>``). Generation stops at each, as transformers' does from an exported
+    model's config (:func:`cudt.tasks.llm_export.trained_decoder` writes this list)."""
+    return (tok.eos_id, *[e for e in config.eos_token_id if e != tok.eos_id])
+
+
 def _tiny_decoder(cfg: LLMConfig, tok: InstructionTokenizer) -> Decoder:
     config = DecoderConfig(
         vocab_size=tok.vocab_size,

@@ -42,7 +42,7 @@ from cudt.models.llama.lora import TARGETS as LORA_TARGETS
 from cudt.models.llama.save import SAVE_DTYPES, check_gguf
 from cudt.runner.cli import OneLineParser
 from cudt.runner.finished import finished_run, run_data, trained_params
-from cudt.tasks.llm_data import SMOLLM2, SMOLLM2_HUB
+from cudt.tasks.llm_data import SMOLLM2, SMOLLM2_HUB, stop_ids
 
 __all__ = [
     "ADAPTER_FOLDER",
@@ -98,7 +98,7 @@ def trained_decoder(data: Any, params: Any) -> Decoder:
     alpaca = data.prompt_format == "alpaca"
     config = dataclasses.replace(
         c,
-        eos_token_id=(tok.eos_id, *[e for e in c.eos_token_id if e != tok.eos_id]),
+        eos_token_id=stop_ids(tok, c),
         bos_token_id=tok.bos_id if alpaca and tok.bos_id is not None else c.bos_token_id,
         pad_token_id=tok.pad_id,
     )

@@ -293,6 +293,25 @@ def test_generate_stops_rows_at_eos(models):
     assert (got[0, 2:] == 7).all()
 
 
+def test_generate_stops_each_row_at_the_first_of_several_end_ids(models):
+    """Llama 3.1 Instruct lists three end ids; generation stopped on one only and went on past
+    the others (found by review). Each row now stops at the first of any, padded with the
+    first id by default; an id outside the vocabulary is refused."""
+    dec = load_decoder(models["llama_tied"][1])
+    ids, mask = batch("left")
+    clean = np.asarray(dec.generate(dec.params, ids, mask, 6))
+    stops = (int(clean[1, 2]), int(clean[0, 1]))  # row 0 stops at its 2nd token, row 1 by its 3rd
+    got = np.asarray(dec.generate(dec.params, ids, mask, 6, eos_id=stops))
+    for row, ref in zip(got, clean, strict=True):
+        hit = np.flatnonzero(np.isin(ref, stops))
+        stop = hit[0] + 1 if hit.size else 6
+        np.testing.assert_array_equal(row[:stop], ref[:stop])
+        assert (row[stop:] == stops[0]).all()
+    assert (got[0, 2:] == stops[0]).all() and (got[1, 3:] == stops[0]).all()
+    with pytest.raises(ModelFolderError, match="eos_id 500 is outside the vocabulary"):
+        dec.generate(dec.params, ids, mask, 6, eos_id=(stops[0], 500))
+
+
 # --------------------------------------------------------------------------------------------
 # Random init and writing folders
 # --------------------------------------------------------------------------------------------

@@ -151,6 +151,32 @@ def test_completions_are_scored_case_sensitively():
     assert completion_record(rec, 0, 0.0, "apple")["rouge_l"] == pytest.approx(1.0)
 
 
+def test_completions_end_at_any_of_the_checkpoints_end_ids(tiny):
+    """A checkpoint listing several end ids (Llama 3.1 Instruct: three) ended a completion at
+    the tokenizer's EOS only and kept the text after another (found by review). The first
+    token of the model's completion of prompt 0 is made a second end id: the completion ends
+    before it."""
+    from cudt.tasks.llm_completions import greedy_completions
+    from cudt.tasks.llm_data import stop_ids
+
+    task, cfg, data = tiny
+    cfg = dataclasses.replace(cfg, completions=2, eval_batch_size=2, test_gammas=(0.0,))
+    model = task.build(cfg, data, "llm", None)
+    params = jax.tree.map(lambda x: x[None], model.init(jax.random.key(0)))  # one run
+    tok, dec = data.tokenizer, data.decoder
+    first = greedy_completions(cfg, data, model, params, ["a"], [0.0])
+    written = tok.encode_batch([first[0]["completions"][0]["completion"]], specials=False)[0]
+    other = int(written[-1])  # the last token of prompt 0's completion (a word, not <unk>)
+    assert other != tok.eos_id and tok.decode([other]).strip()
+    two = dataclasses.replace(dec.config, eos_token_id=(tok.eos_id, other))
+    assert stop_ids(tok, two) == (tok.eos_id, other)
+    data2 = dataclasses.replace(data, decoder=dataclasses.replace(dec, config=two))
+    completion = greedy_completions(cfg, data2, model, params, ["a"], [0.0])[0]["completions"]
+    before = first[0]["completions"][0]["completion"]
+    assert completion[0]["completion"] != before
+    assert before.startswith(completion[0]["completion"])
+
+
 def test_runs_on_their_own_draws_show_their_completions_under_their_own_prompt():
     from cudt.data.alpaca import AlpacaRecord
 

@@ -52,7 +52,7 @@ def greedy_generate(
     config: DecoderConfig,
     dtype: Any,
     max_new_tokens: int,
-    eos_id: int | None,
+    eos_id: tuple[int, ...],  # every id that ends a row (none: every row runs to the end)
     pad_id: int,
 ) -> jax.Array:  # [B, max_new_tokens]
     c = config
@@ -81,7 +81,12 @@ def greedy_generate(
     k_cache, v_cache = jnp.pad(keys, pad_slots), jnp.pad(values, pad_slots)  # [L, B, S, K, Dh]
     valid = jnp.pad(mask, ((0, 0), (0, max_new_tokens)))  # [B, S]
     first = next_token(states[-1, :, -1])
-    done = (first == eos_id) if eos_id is not None else jnp.zeros((batch,), bool)
+    stops = jnp.asarray(eos_id, input_ids.dtype)
+
+    def ends(token: jax.Array) -> jax.Array:  # [B] -> [B] bool
+        return jnp.any(token[:, None] == stops[None, :], axis=-1)
+
+    done = ends(first)
 
     def step(carry: tuple[jax.Array, ...], i: jax.Array) -> tuple[tuple[jax.Array, ...], jax.Array]:
         k_cache, v_cache, valid, token, done = carry
@@ -106,8 +111,7 @@ def greedy_generate(
         k_cache = jax.lax.dynamic_update_slice(k_cache, k_new, (0, 0, slot, 0, 0))
         v_cache = jax.lax.dynamic_update_slice(v_cache, v_new, (0, 0, slot, 0, 0))
         out = jnp.where(done, pad_id, next_token(h[:, -1]))
-        if eos_id is not None:
-            done = done | (out == eos_id)
+        done = done | ends(out)
         return (k_cache, v_cache, valid, out, done), out
 
     carry = (k_cache, v_cache, valid, first, done)

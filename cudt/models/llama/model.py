@@ -49,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pathlib
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -240,7 +241,7 @@ class Decoder(FolderModel[DecoderConfig]):
         *,
         noise_std: float | jax.Array = 0.0,
         key: jax.Array | None = None,
-        eos_id: int | None = None,
+        eos_id: int | Sequence[int] | None = None,
         pad_id: int | None = None,
     ) -> jax.Array:  # [B, max_new_tokens]
         """Greedy decoding with a fixed-size KV cache, one compiled program.
@@ -250,7 +251,9 @@ class Decoder(FolderModel[DecoderConfig]):
         ``key``, Gaussian noise ``noise_std * jax.random.normal(key, (B, T + max_new_tokens,
         D))`` is added to the input embedding of every token: slot ``s`` (after that roll) of
         row ``b`` gets ``noise[b, s]``, prompt and generated tokens alike. Once a row emits
-        ``eos_id`` its later tokens are ``pad_id`` (default ``eos_id``); with ``eos_id=None``
+        ``eos_id`` (or any of several: Llama 3.1 Instruct ends a turn with ``<|eot_id|>``,
+        ``<|eom_id|>`` or ``<|end_of_text|>``, as its ``generation_config.json`` lists them)
+        its later tokens are ``pad_id`` (default the first ``eos_id``); with ``eos_id=None``
         every row runs ``max_new_tokens`` steps. ``noise_std`` may be an array (no recompile).
         """
         input_ids = token_ids(input_ids)
@@ -267,15 +270,20 @@ class Decoder(FolderModel[DecoderConfig]):
         noise_std = jnp.asarray(noise_std, jnp.float32)
         if key is None and not _is_traced(noise_std) and float(noise_std) != 0.0:
             raise ModelFolderError(f"noise_std={float(noise_std)} needs a key: pass key=...")
-        for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
+        if eos_id is None:
+            eos = ()
+        elif isinstance(eos_id, int | np.integer):
+            eos = (int(eos_id),)
+        else:
+            eos = tuple(dict.fromkeys(int(e) for e in eos_id))
+        for name, value in [*(("eos_id", e) for e in eos), ("pad_id", pad_id)]:
             if value is not None and not 0 <= int(value) < self.config.vocab_size:
                 raise ModelFolderError(
                     f"{name} {value} is outside the vocabulary [0, {self.config.vocab_size})"
                 )
         if max_new_tokens == 0:
             return jnp.zeros((input_ids.shape[0], 0), input_ids.dtype)
-        eos = None if eos_id is None else int(eos_id)
-        pad = int(pad_id) if pad_id is not None else (eos if eos is not None else 0)
+        pad = int(pad_id) if pad_id is not None else (eos[0] if eos else 0)
         return greedy_generate(
             params,
             input_ids,
