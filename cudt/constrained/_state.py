@@ -288,6 +288,8 @@ def _init(
     slacks = {n: jnp.zeros_like(m) for n, m in mult.items() if constraints[n].has_slack}
     _check_params(params)
     params = _copy(params)
+    if spec.project_params is not None:  # every iterate in the set, the first one too
+        params = spec.project_params(params)
     opt_state = spec.primal.init(params)
     if lr is not None:
         opt_state = set_learning_rate(opt_state, lr)

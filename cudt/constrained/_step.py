@@ -178,8 +178,9 @@ def make_constrained_step(
       update: one of ``UPDATES`` (module docstring).
       dual_radius: bounds the multipliers to ``λ ≤ R`` (``|λ| ≤ R`` for equalities), as TFCO.
       has_aux: ``problem`` returns a third output, returned as ``metrics["aux"]``.
-      project_params: applied to the parameters after every primal update (and to the
-        extrapolated ones), e.g. the UT's eigenvalue clipping :func:`cudt.models.ut_project`.
+      project_params: applied to the parameters ``init`` is given, after every primal update
+        and to the extrapolated ones, e.g. the UT's eigenvalue clipping
+        :func:`cudt.models.ut_project`: the first step, too, is taken in the set.
       warmup_steps: the first steps minimise the objective alone (duals frozen at their start).
       slack_optimizer: the optax optimiser of explicit slacks (``resilience_mode="slack"``),
         projected onto ``u ≥ 0``; default ``optax.sgd(1e-2)``.

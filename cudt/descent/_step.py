@@ -72,8 +72,8 @@ def make_train_step(
         size whatever the data set) or a :func:`cudt.implicit` model of one's own.
       example_features: ``(batch, losses [B, L+1]) -> [B, F]``, the features of implicit
         multipliers; default :func:`cudt.descent.loss_features` (``F = L``).
-      project_params: applied to the parameters after every primal update (e.g. the UT's
-        eigenvalue clipping, :func:`cudt.models.ut_project`).
+      project_params: applied to the parameters ``init`` is given and after every primal
+        update (e.g. the UT's eigenvalue clipping, :func:`cudt.models.ut_project`).
       objective: ``"loss"`` (mean ℓ_L, the paper's) or ``"violation"`` (the constraints' total
         normalised violation, :func:`cudt.descent.violation`: a phase-I problem, trained as ERM
         to find out whether a feasible point exists).

@@ -19,7 +19,7 @@ Bodies:
   frozen unless ``train_embeddings``, whose rows are then held to their pretrained norms after
   every step (:meth:`TextClassifier.project`): a row that grew would shrink the perturbation,
   whose scale is fixed from the pretrained table;
-* a UT (:class:`cudt.models.UT`, Xavier init, projected after each step) over the same frozen
+* a UT (:class:`cudt.models.UT`, Xavier init, projected at init and after each step) over the same frozen
   word embeddings as the pretrained model (as the paper does), without position embeddings:
   attention and the mean are order-free, so it reads a bag of tokens ("not bad … great" and
   "bad … not great" are one input). ``positions=True`` (an option, off by default) adds the

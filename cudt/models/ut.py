@@ -280,7 +280,11 @@ def _project_ut_dict(
     # eigenvalues in [lower, clip] <=> those of (w - centre I) in [-half, half]
     centre, half = 0.5 * (clip + lower), 0.5 * (clip - lower)
     eye = jnp.eye(w.shape[-1], dtype=w.dtype)
-    out["ffn"] = _project_symmetric(w - centre * eye, half, method) + centre * eye
+    shifted = w - centre * eye
+    projected = _project_symmetric(shifted, half, method)
+    # an entry the projection left alone is w's own: (w − c) + c is not w to the last bit, so a
+    # feasible W̃_f came back 1 ulp off on its diagonal
+    out["ffn"] = jnp.where(projected == shifted, w, projected + centre * eye)
     return out
 
 

@@ -58,7 +58,7 @@ class GroupModel:
         metrics are reported); the per-state values there are then NaN but the last. For a
         model whose per-state outputs dominate the evaluation (the LLM's vocabulary readouts).
       frozen: arrays every run reads and none trains (a word-embedding table).
-      project: applied to the params after every optimizer step (or None).
+      project: applied to the params at init and after every optimizer step (or None).
       record: extra fields of every run record of this group (``blocks``, ``granularity``).
     """
 

@@ -179,6 +179,27 @@ def test_the_projection_metric_is_the_share_of_the_update_taken_back():
     assert "projection" not in m
 
 
+def test_init_projects_the_parameters_it_is_given():
+    """The first step, too, is taken in the set: init applies project_params (the text UT's
+    Xavier init started with W_f's eigenvalues in [−0.21, 1.19] where the projection keeps
+    [−0.95, 0.95], and its first gradient was taken there; found by review)."""
+
+    def problem(params, batch, key):
+        del batch, key
+        return jnp.sum(params["w"] ** 2), {"c": cudt.Constraint(params["w"][0] - 5.0)}
+
+    clip = lambda p: {"w": jnp.clip(p["w"], -1.0, 1.0)}  # noqa: E731
+    init, step = cudt.make_constrained_step(
+        problem, primal=optax.sgd(0.1), dual=cudt.dual_ascent(0.1), project_params=clip
+    )
+    given = {"w": jnp.asarray([3.0, -0.5])}
+    state = init(given, None)
+    np.testing.assert_array_equal(state.params["w"], [1.0, -0.5])
+    np.testing.assert_array_equal(given["w"], [3.0, -0.5])  # the caller's own arrays kept
+    _, metrics = step(state, None, jax.random.key(0))
+    np.testing.assert_allclose(metrics["objective"], 1.25, rtol=1e-6)  # f at the projected point
+
+
 def test_the_phase_one_objective_is_the_normalised_violation():
     losses = jnp.asarray([10.0, 8.0, 7.8, 8.0])  # ratios 0.8, 0.975, 1.026 against 0.9
     got = cudt.descent.violation(losses, 0.1)

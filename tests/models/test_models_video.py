@@ -235,6 +235,15 @@ def test_ut_project_leaves_feasible_unchanged() -> None:
     np.testing.assert_array_equal(jax.jit(ut_project)(params)["ffn"], feasible)
     init = UT(num_layers=2, dim=P).init(jax.random.key(0), _inputs())  # W̃_f = −0.9·I
     np.testing.assert_array_equal(ut_project(init)["params"]["ffn"], init["params"]["ffn"])
+    # with a lower bound too (the skip at b = 1): the shift by the interval's centre and back
+    # left the diagonal 1 ulp off
+    psd = (q * np.linspace(0.0, 0.94, P)) @ q.T
+    psd = jnp.asarray(0.5 * (psd + psd.T), jnp.float32)
+    for w in (psd, 0.1 * jnp.eye(P)):
+        params = {"attn": jnp.eye(P), "ffn": w, "bias": jnp.zeros(P)}
+        np.testing.assert_array_equal(
+            jax.jit(ut_project, static_argnames="lower")(params, lower=0.0)["ffn"], w
+        )
 
 
 def test_ut_project_tree_nested_and_stacked() -> None:
