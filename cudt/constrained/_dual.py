@@ -181,7 +181,9 @@ def nupi(learning_rate, kp=0.0, ki=1.0, ema_nu=0.0, init="sgd", project=True):
         λ ← [λ + η (K_I e_t + K_P (ξ_t − ξ_{t−1}))]₊
 
     with ``e_t = g`` the constraint values and ``ξ_{−1} = e_0`` (``init="sgd"``: the first step is
-    plain projected ascent with rate η·K_I) or ``ξ_{−1} = 0`` (``init="zeros"``). ``kp=0`` is
+    plain projected ascent with rate η·K_I) or ``ξ_{−1} = 0`` (``init="zeros"``). Cooper 1.0.1's
+    code for its SGD init sets ``ξ_0 = 0`` where its docstring says ``e_0``, so the two differ
+    from the second step on; this follows the recurrence (``ZEROS`` agrees). ``kp=0`` is
     :func:`dual_ascent` with rate ``η·ki``. Equality multipliers (:class:`cudt.FreeSign`) are not
     projected. ``project=False`` returns the raw updates (to scale them, e.g. by a schedule,
     before :func:`project_nonnegative`). ``kp`` and ``ema_nu`` may be traced arrays (a sweep,

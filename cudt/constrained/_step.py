@@ -185,7 +185,8 @@ def make_constrained_step(
       slack_optimizer: the optax optimiser of explicit slacks (``resilience_mode="slack"``),
         projected onto ``u ≥ 0``; default ``optax.sgd(1e-2)``.
       slack_restart_steps: reset explicit slacks to 0 every this many steps (the paper's
-        "resilience restarts" after each epoch); None: never.
+        "resilience restarts" after each epoch); None: never. Under ``"optimistic"`` the reset
+        is the slacks' last update, so the next extrapolation starts them at 0 too.
       jit: False returns the pure step, to be composed (``vmap`` over runs, ``scan`` over steps)
         and jitted by the caller.
       donate: the jitted step donates the input state's buffers (saves a copy of the state per
@@ -208,7 +209,8 @@ def make_constrained_step(
 
     ``metrics``: ``objective``, ``lagrangian``, ``constraints`` (name -> mean value),
     ``violation`` (name -> the RMS of h, sqrt(mean h²), in the constraint's scale), ``grad_norm`` (of the primal gradient), all measured at the
-    point the gradient was taken (before the step; the extrapolated point for ``"optimistic"``),
+    point the gradient was taken (before the step; the extrapolated point for ``"optimistic"``;
+    ``"alternating"``'s ``lagrangian`` at the new multipliers its primal step reads),
     ``projection`` with ``project_params`` (the share of the primal update it took back,
     ``‖P(θ') − θ'‖ / ‖θ' − θ‖``: 0 when the update stayed feasible) and ``aux`` when
     ``has_aux``; ``implicit`` (name -> ``{"mean", "max"}`` over the batch's rows of the implicit
