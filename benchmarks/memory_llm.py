@@ -24,7 +24,7 @@ bfloat16``).
   the dual optimiser and :func:`cudt.make_train_step`, wired as for every group), over a
   :class:`~cudt.models.llama.DecoderConfig` with Llama 3.1 8B's architecture.
 * **State bytes, exactly from shapes**: ``jax.eval_shape`` of the step's ``init`` (parameters,
-  Adam's ``mu`` and ``nu``, the ``[L+1]`` multipliers, the dual state) and of the
+  Adam's ``mu`` and ``nu``, the ``[L+1]`` multipliers (``[L]`` with LoRA), the dual state) and of the
   ``value_and_grad`` (the gradients). Under FSDP each leaf is split as ``--fsdp`` splits it
   (:func:`cudt.runner.mesh.fsdp_spec`); the frozen table stays whole on every device.
 * **Activations, from the compiler**: ``jax.jit(value_and_grad(objective)).lower(shapes)
@@ -99,6 +99,7 @@ from cudt.runner.mesh import mesh_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 GB = 1e9
+JAX_MEM_FRACTION = 0.75  # of a GPU's memory, what JAX's allocator takes unless told otherwise
 PRECISIONS = {"float32": "float32", "mixed": "bfloat16"}  # label -> compute dtype
 
 
@@ -698,12 +699,25 @@ def _table_row(
         f"{st.multipliers} B (+{st.duals - st.multipliers} B duals)",
         f"{gb(activations):.4g}{mark}",
         f"{gb(total):.4g}",
-        f"{'yes' if total <= cap else 'no'} ({100 * total / cap:.0f}%)",
+        fits(total, cap),
         f"{gb(activations_rm):.4g}{mark}",
         f"{gb(total_rm):.4g}",
-        f"{'yes' if total_rm <= cap else 'no'} ({100 * total_rm / cap:.0f}%)",
+        fits(total_rm, cap),
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def fits(total: float, capacity: float) -> str:
+    """The "fits" cell of ``total`` bytes on a device of ``capacity``: "yes" within the share
+    JAX takes by default (:data:`JAX_MEM_FRACTION`); within the device, the
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION`` it needs (a plain "yes" there was an out-of-memory
+    error at JAX's defaults; found by review); else "no". The share of the device in brackets."""
+    share = total / capacity
+    if share <= JAX_MEM_FRACTION:
+        return f"yes ({100 * share:.0f}%)"
+    if share <= 1:
+        return f"with XLA_PYTHON_CLIENT_MEM_FRACTION={math.ceil(100 * share) / 100:.2f} ({100 * share:.0f}%)"
+    return f"no ({100 * share:.0f}%)"
 
 
 def _print_table(args: argparse.Namespace, p: Plan, m: Measured) -> None:
@@ -735,11 +749,13 @@ def _print_notes(args: argparse.Namespace, p: Plan, m: Measured, slopes: dict[st
     """The table's legend, and what the CPU's compiles say about mixed precision."""
     on_cpu = jax.devices()[0].platform == "cpu"
     print(
-        "\nGB = 1e9 bytes; capacities are the nominal ones, of which JAX preallocates 75% unless "
-        "XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise. params: the trained parameters, split "
+        "\nGB = 1e9 bytes; capacities are the nominal ones, of which JAX takes 75% unless "
+        "XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise (fits: yes within 75%, else the fraction "
+        "to set). params: the trained parameters, split "
         "as --fsdp splits them, plus the frozen input embedding table, whole on every device "
         "(the runner replicates frozen tables). Adam: mu, nu (and its count and injected "
-        "learning rate). multipliers: the [L+1] float32 λ; duals: the dual optimiser's state, "
+        "learning rate). multipliers: the [L+1] float32 λ (LoRA, whose reference constraint reads "
+        "block 1: [L]); duals: the dual optimiser's state, "
         "slacks and the per-run hyperparameters. activations: XLA temp of the compiled "
         "value_and_grad at the per-device batch (under FSDP: the sharded program, gathered "
         "weights and unreduced gradients included). remat: the same program compiled with every "
