@@ -194,7 +194,8 @@ def gram_top_eigenvalue(d: jax.Array, steps: int = LANCZOS_STEPS) -> jax.Array:
 
     Error bound: the result is a Rayleigh quotient, never above the exact value (a lower
     bound). ``D = 0`` gives NaN (its power iteration divides 0 by 0; left so, as guarding it
-    moves the rounding of every DUST run: callers that can meet it test ``not ρ > x``).
+    moves the rounding of every DUST run: callers that can meet it test ``not ρ > x``). Any
+    other scale is finite up to ``‖D‖₂ ≈ 1.8e19``, where ``λ_max`` leaves float32's range.
     Lanczos (Kaniel–Paige): ``(λ₁ − θ₁)/(λ₁ − λ_n) ≤ (tan θ₀ / T_{k−1}(1 + 2γ))²``
     with ``T_j`` the Chebyshev polynomial, ``γ = (λ₁ − λ₂)/(λ₂ − λ_n)`` and θ₀ the start's angle
     to the top eigenvector, i.e. exponential in ``k·√γ`` where power iteration is in ``k·γ``;
@@ -217,6 +218,27 @@ def gram_top_eigenvalue(d: jax.Array, steps: int = LANCZOS_STEPS) -> jax.Array:
 
 
 def _lanczos_top(d: jax.Array, steps: int) -> jax.Array:
+    # ‖D‖² and its squares leave float32's range from ‖D‖ ≈ 1e9 (and vanish below ≈ 1e-10):
+    # such a D is scaled by a power of two to entries near 1 first, which is exact and undone
+    # exactly at the end; any other D is left as it is (the same bits as ever)
+    bits = jax.lax.bitcast_convert_type(jnp.max(jnp.abs(d)), jnp.int32)
+    e = jnp.clip((bits >> 23) - 127, -120, 120)  # max |D| in [2^e, 2^(e+1))
+    e = jnp.where(jnp.abs(e) > _UNSCALED_EXPONENT, e, 0)
+    top = _lanczos_top_scaled(d * _power_of_two(-e), steps)
+    return top * _power_of_two(e) * _power_of_two(e)
+
+
+#: ``max |D|`` in ``[2^-8, 2^9)`` is used as it is by :func:`gram_top_eigenvalue`.
+_UNSCALED_EXPONENT = 8
+
+
+def _power_of_two(e: jax.Array) -> jax.Array:
+    """``2^e`` in float32, exactly (its bits; ``jnp.ldexp`` goes through a float power), for
+    integer ``e`` in [-126, 127]."""
+    return jax.lax.bitcast_convert_type((e + 127) << 23, jnp.float32)
+
+
+def _lanczos_top_scaled(d: jax.Array, steps: int) -> jax.Array:
     size = d.shape[-2]
     steps = min(steps, size)
     start = _start_vector(size, d.dtype)

@@ -142,6 +142,17 @@ def test_gram_top_eigenvalue_degenerate_and_vmapped():
         np.testing.assert_array_equal(out, zero)
 
 
+@pytest.mark.parametrize("power", [-60, -20, 20, 40])
+def test_gram_top_eigenvalue_at_any_scale_is_the_unit_scale_times_its_square(power):
+    # ‖D‖ ≈ 3e9 used to give NaN (Tᵀ's squarings overflowed) and 1e9 a wrong value (the Lanczos
+    # norms did); a power of two scales λ_max by its square, exactly
+    d = _dct_like(3, layers=1, noise=0.02)[0]
+    top = linalg.gram_top_eigenvalue(d)
+    scaled = linalg.gram_top_eigenvalue(d * 2.0**power)
+    np.testing.assert_array_equal(scaled, top * 2.0 ** (2 * power))
+    np.testing.assert_allclose(scaled, _exact_top(d * 2.0**power), rtol=1e-6)
+
+
 def test_spd_solve_matches_solve_values_and_gradients():
     d = _dct_like(2, layers=1, noise=0.02)[0]
     gram = d @ d.T
