@@ -14,8 +14,19 @@ import numpy as np
 from cudt import descent
 from cudt.loop import CURVE_METRICS, LoopResult
 from cudt.metrics import applicable_steps, constraint_scales, descent_stats, feasibility
+from cudt.runner.hparams import chance_offset
 
 KINDS = {False: "ERM", True: "constrained"}
+
+
+def _reference_setting(spec, bound: float | None) -> float | str | None:
+    """A run's ``hparams.reference``: the bound where a number was asked, the spelling where it
+    depends on the data (``chance``, ``chance+0.3``: ln V moves with a seed's vocabulary, and the
+    seeds are one setting), None without a reference constraint (an ERM run, ``none``)."""
+    if bound is None or not spec.constrained:
+        return None
+    asked = spec.hp["reference"]
+    return str(asked) if chance_offset(asked) is not None else bound
 
 
 def evaluate_group(
@@ -159,7 +170,10 @@ def _run_record(task, cfg, group, program, result, r, spec, test, val, gammas, v
         "seed": int(spec.seed),
         "label": group.labels[r],
         "group": group.name,
-        "hparams": dict(hp, reference=program.references[r] if spec.constrained else None),
+        # the setting as asked (``chance`` is one setting over seeds whose data move ln V);
+        # reference_bound: the C it resolved to on this run's data
+        "hparams": dict(hp, reference=_reference_setting(spec, program.references[r])),
+        "reference_bound": program.references[r] if spec.constrained else None,
         # the ε it trained at, where --epsilon-margin moved it (None: hparams' epsilon)
         "trained_epsilon": program.trained_epsilon[r],
         "sweep_point": spec.point,

@@ -403,6 +403,20 @@ def test_bad_files_exit_2_with_one_line_before_training(checkpoint_folder, tmp_p
         assert not out.exists() or not any(out.iterdir())
 
 
+def test_seeds_on_their_own_vocabularies_are_one_setting_with_intervals(tmp_path):
+    # each seed draws its data, so the tiny decoder's vocabulary and --reference chance's ln V
+    # differ per seed: that bound used to key the setting, each seed its own, with no interval
+    argv = [*TINY, "--steps", "4", "--completions", "0", "--seeds", "2"]
+    results = run(argv, tmp_path / "out")
+    constrained = [r for r in results["runs"] if r["constrained"]]
+    assert [r["hparams"]["reference"] for r in constrained] == ["chance", "chance"]
+    bounds = [r["reference_bound"] for r in constrained]
+    assert bounds[0] != bounds[1] and all(3.0 < b < 7.0 for b in bounds)  # ln V, V ≈ 20-1000
+    kinds = {e["kind"]: e for e in results["intervals"]}
+    assert set(kinds) == {"ERM", "constrained"} and kinds["constrained"]["seeds"] == [0, 1]
+    assert kinds["constrained"]["constrained_minus_erm"]
+
+
 def test_reference_chance_plus_x_is_ln_vocab_plus_x():
     from types import SimpleNamespace
 
