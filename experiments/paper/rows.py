@@ -235,7 +235,12 @@ def _mean_row(runs: list[dict], gamma: float, fields) -> dict[str, Any]:
 def paired(c: dict | None, e: dict | None, metric: str):
     """The paired t interval over seeds of constrained minus ERM ``metric`` (rows of several
     seeds, over the seeds both have), or None (one seed, or fewer than two shared)."""
-    if not both_ok(c, e) or "per_seed" not in c or "per_seed" not in e:
+    return _seed_interval(c, e, metric) if both_ok(c, e) else None
+
+
+def _seed_interval(c: dict, e: dict, metric: str):
+    """:func:`paired` whatever the rows' status (an infeasible constrained row's seeds, too)."""
+    if "per_seed" not in c or "per_seed" not in e:
         return None
     shared = sorted(set(c["per_seed"]) & set(e["per_seed"]))
     if len(shared) < 2:
@@ -243,6 +248,13 @@ def paired(c: dict | None, e: dict | None, metric: str):
     return paired_t_interval(
         [c["per_seed"][s][metric] for s in shared], [e["per_seed"][s][metric] for s in shared]
     )
+
+
+def _interval_direction(iv, higher: bool) -> str:
+    """ "C" or "E" where the paired interval of constrained − ERM excludes 0, else "="."""
+    if iv.low > 0 or iv.high < 0:
+        return "C" if (iv.mean > 0) == higher else "E"
+    return "="
 
 
 def better(c: dict | None, e: dict | None, metric: str, higher: bool) -> str | None:
@@ -253,9 +265,7 @@ def better(c: dict | None, e: dict | None, metric: str, higher: bool) -> str | N
         return None
     iv = paired(c, e, metric)
     if iv is not None:
-        if iv.low > 0 or iv.high < 0:
-            return "C" if (iv.mean > 0) == higher else "E"
-        return "="
+        return _interval_direction(iv, higher)
     cv, ev = round(c[metric], 3), round(e[metric], 3)
     return "=" if cv == ev else ("C" if (cv > ev) == higher else "E")
 
@@ -481,8 +491,10 @@ def direction_markdown(
             if c and e and e["status"] == "ok" and metric in c:
                 diff = round(c[metric], 3) - round(e[metric], 3)
                 o = _direction(diff, higher)
-                if paired(c, e, metric) is not None:  # several seeds: level unless it excludes 0
-                    o = better(c, e, metric, higher)
+                # several seeds: level unless the interval excludes 0, an infeasible row's too
+                iv = _seed_interval(c, e, metric) if c["status"] in ("ok", "infeasible") else None
+                if iv is not None:
+                    o = _interval_direction(iv, higher)
                 od = f" ({diff:+.3f})" if signed else ""
                 group = "eligible" if c["status"] == "ok" else "infeasible"
             lost = [r["status"] for r in (c, e) if r and r["status"] != "ok"]

@@ -145,6 +145,21 @@ def test_cells_over_seeds_are_the_chosen_points_mean_and_bold_needs_a_paired_int
     assert "in 0 of 1" in text
 
 
+def test_an_infeasible_cell_over_seeds_is_level_where_its_paired_interval_spans_0():
+    """The direction table's legend: over seeds, "=" is a paired t interval spanning 0, not
+    counted; a cell with no feasible constrained run read its 3-decimal sign instead (C)."""
+    erm = _runs_over_seeds({1e-3: [10.0, 10.2, 10.1]}, False)
+    con = _runs_over_seeds({1e-3: [9.0, 11.5, 9.5]}, True, feasible=lambda lr, seed: False)
+    rows = table3.best_rows({("ucsd", 3): {"runs": erm + con}})
+    assert {r["kind"]: r for r in rows}["constrained"]["status"] == "infeasible"
+    text = table3.paper_direction_markdown(rows, ["ucsd"], ["dust"], [3], 0.15)
+    assert "| infeasible (=) /" in text and "| infeasible (C) /" not in text
+    con = _runs_over_seeds({1e-3: [9.0, 9.3, 9.1]}, True, feasible=lambda lr, seed: False)
+    rows = table3.best_rows({("ucsd", 3): {"runs": erm + con}})
+    text = table3.paper_direction_markdown(rows, ["ucsd"], ["dust"], [3], 0.15)
+    assert "| infeasible (C) /" in text  # −0.97 [−1.09, −0.84]: the seeds resolve it
+
+
 def test_a_cell_over_seeds_says_diverged_only_where_every_run_diverged():
     """Over seeds, a setting is shown only where every seed trained: one seed diverged at every
     setting is its own status, named in the legend, not "diverged" (every run)."""
