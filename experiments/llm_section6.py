@@ -41,7 +41,11 @@ SECTION6 = (
 
 def main(argv=None) -> int:
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
-    return llm_sft.main([*section6_for(argv), *argv])
+    return llm_sft.main(
+        [*section6_for(argv), *argv],
+        prog="experiments.llm_section6",
+        description=__doc__.split("\n\n")[0],
+    )
 
 
 def section6_for(argv: list[str]) -> tuple[str, ...]:

@@ -43,8 +43,10 @@ from cudt.tasks.llm_config import LLMConfig as Config
 __all__ = ["Config", "main"]
 
 
-def main(argv=None) -> int:
-    return task_main(LLMTask(), argv, __doc__.split("\n\n")[0], "experiments.llm_sft")
+def main(argv=None, *, prog: str = "experiments.llm_sft", description: str | None = None) -> int:
+    """The command; ``prog`` and ``description`` name another entry point that runs it with
+    its own flags first (``experiments.llm_section6``) in its usage and help lines."""
+    return task_main(LLMTask(), argv, description or __doc__.split("\n\n")[0], prog)
 
 
 if __name__ == "__main__":

@@ -310,6 +310,16 @@ def test_the_section6_command_is_the_issues_comparison_and_later_flags_win():
     assert (cfg.steps, cfg.epsilon, cfg.dual_scale) == (300, 0.05, "relative")
 
 
+def test_the_section6_command_names_itself_in_its_help(capsys):
+    from experiments import llm_section6
+
+    with pytest.raises(SystemExit) as stop:
+        llm_section6.main(["--help"])
+    text = capsys.readouterr().out
+    assert stop.value.code == 0 and text.startswith("usage: experiments.llm_section6 ")
+    assert "Section 6 on SmolLM2-135M-Instruct" in text
+
+
 def test_the_section6_command_with_a_file_for_every_split_deals_no_generated_set(tmp_path):
     """llm_section6 with --train-data, --val-data and --test-data: its --data tasks would have
     no split left to deal, and the user, who never passed --data, was told to drop it."""
