@@ -153,6 +153,34 @@ def _start_vector(n: int, dtype: Any, which: int = 0) -> jax.Array:
     return (v / jnp.linalg.norm(v)).astype(dtype)
 
 
+#: Where a float32 computation is used as it is: ``|x|`` in ``[2^-56, 2^56]`` (its square, and
+#: a sum of squares of such, stays inside float32's range).
+_PLAIN_EXPONENT = 56
+
+
+def _exponent(x: jax.Array) -> jax.Array:
+    """``e`` with ``|x|`` in ``[2^e, 2^(e+1))`` for a float32 ``x`` (its bits), clipped to
+    ±120; a zero gives -120."""
+    bits = jax.lax.bitcast_convert_type(jnp.abs(x).astype(jnp.float32), jnp.int32)
+    return jnp.clip((bits >> 23) - 127, -120, 120)
+
+
+def _power_of_two(e: jax.Array) -> jax.Array:
+    """``2^e`` in float32, exactly (its bits: ``jnp.ldexp`` goes through a float power), for
+    integer ``e`` in [-126, 127]."""
+    return jax.lax.bitcast_convert_type((e + 127) << 23, jnp.float32)
+
+
+def _norm(w: jax.Array) -> jax.Array:
+    """``‖w‖₂`` at any scale: the plain norm where ``max |w|`` is in range (the same bits as
+    ever), else the norm of ``w`` scaled by a power of two (its square left float32's range:
+    an overflow made ``D`` of ‖D‖ ≈ 1e10 a third of its λ_max)."""
+    e = _exponent(jnp.max(jnp.abs(w)))
+    s = _power_of_two(-e)
+    scaled = jnp.linalg.norm(w * s) / s
+    return jnp.where(jnp.abs(e) <= _PLAIN_EXPONENT, jnp.linalg.norm(w), scaled)
+
+
 def _lanczos_basis(
     matvec: Callable[[jax.Array], jax.Array], start: jax.Array, steps: int
 ) -> jax.Array:
@@ -167,10 +195,10 @@ def _lanczos_basis(
     def body(i, basis):
         q = jax.lax.dynamic_index_in_dim(basis, i, axis=0, keepdims=False)
         w = matvec(q)
-        scale = jnp.linalg.norm(w)
+        scale = _norm(w)
         for _ in range(2):
             w = w - (basis @ w) @ basis
-        norm = jnp.linalg.norm(w)
+        norm = _norm(w)
         found = norm <= 1e-5 * scale
         w = jnp.where(found, 0.0, w / jnp.where(found, 1.0, norm))
         return jax.lax.dynamic_update_index_in_dim(basis, w, i + 1, axis=0)
@@ -194,8 +222,12 @@ def gram_top_eigenvalue(d: jax.Array, steps: int = LANCZOS_STEPS) -> jax.Array:
 
     Error bound: the result is a Rayleigh quotient, never above the exact value (a lower
     bound). ``D = 0`` gives NaN (its power iteration divides 0 by 0; left so, as guarding it
-    moves the rounding of every DUST run: callers that can meet it test ``not ρ > x``). Any
-    other scale is finite up to ``‖D‖₂ ≈ 1.8e19``, where ``λ_max`` leaves float32's range.
+    moves the rounding of every DUST run: callers that can meet it test ``not ρ > x``), and
+    so does ``‖D‖₂`` below about 1e-17; it is finite up to ``‖D‖₂ ≈ 1.8e19``, where ``λ_max``
+    leaves float32's range: a
+    norm or a Ritz square out of range is taken again scaled by a power of two (exact), beside
+    the plain one, which is kept in range (a scaled ``D`` itself changed the compiled rounding
+    of DUST's tied dictionary).
     Lanczos (Kaniel–Paige): ``(λ₁ − θ₁)/(λ₁ − λ_n) ≤ (tan θ₀ / T_{k−1}(1 + 2γ))²``
     with ``T_j`` the Chebyshev polynomial, ``γ = (λ₁ − λ₂)/(λ₂ − λ_n)`` and θ₀ the start's angle
     to the top eigenvector, i.e. exponential in ``k·√γ`` where power iteration is in ``k·γ``;
@@ -218,39 +250,31 @@ def gram_top_eigenvalue(d: jax.Array, steps: int = LANCZOS_STEPS) -> jax.Array:
 
 
 def _lanczos_top(d: jax.Array, steps: int) -> jax.Array:
-    # ‖D‖² and its squares leave float32's range from ‖D‖ ≈ 1e9 (and vanish below ≈ 1e-10):
-    # such a D is scaled by a power of two to entries near 1 first, which is exact and undone
-    # exactly at the end; any other D is left as it is (the same bits as ever)
-    bits = jax.lax.bitcast_convert_type(jnp.max(jnp.abs(d)), jnp.int32)
-    e = jnp.clip((bits >> 23) - 127, -120, 120)  # max |D| in [2^e, 2^(e+1))
-    e = jnp.where(jnp.abs(e) > _UNSCALED_EXPONENT, e, 0)
-    top = _lanczos_top_scaled(d * _power_of_two(-e), steps)
-    return top * _power_of_two(e) * _power_of_two(e)
-
-
-#: ``max |D|`` in ``[2^-8, 2^9)`` is used as it is by :func:`gram_top_eigenvalue`.
-_UNSCALED_EXPONENT = 8
-
-
-def _power_of_two(e: jax.Array) -> jax.Array:
-    """``2^e`` in float32, exactly (its bits; ``jnp.ldexp`` goes through a float power), for
-    integer ``e`` in [-126, 127]."""
-    return jax.lax.bitcast_convert_type((e + 127) << 23, jnp.float32)
-
-
-def _lanczos_top_scaled(d: jax.Array, steps: int) -> jax.Array:
     size = d.shape[-2]
     steps = min(steps, size)
     start = _start_vector(size, d.dtype)
     basis = _lanczos_basis(lambda q: d @ (q @ d), start, steps)  # Q [k, P], for D Dᵀ
     qd = basis @ d
     t = qd @ qd.T  # [k, k] = Q D Dᵀ Qᵀ, positive semidefinite
+    # T's first square leaves float32's range where its trace is past 2^±56 (‖D‖ ≈ 3e9, or
+    # 1e-9): there the squarings start from T scaled by a power of two to trace ≈ 1
+    e = _exponent(jnp.trace(t))
+    v = jnp.where(
+        jnp.abs(e) <= _PLAIN_EXPONENT,
+        _ritz_vector(t, steps),
+        _ritz_vector(t * _power_of_two(-e), steps),
+    )
+    return (v @ t @ v) / jnp.sum(v * v)
+
+
+def _ritz_vector(t: jax.Array, steps: int) -> jax.Array:
+    """The top eigenvector of the PSD ``t [k, k]`` (unnormalised): power iteration by repeated
+    squaring, each square divided by its trace."""
     m = t
     for _ in range(_RITZ_SQUARINGS):
         m = m @ m
         m = m / jnp.trace(m)
-    v = m @ _start_vector(steps, d.dtype)
-    return (v @ t @ v) / jnp.sum(v * v)
+    return m @ _start_vector(steps, t.dtype)
 
 
 #: Newton–Schulz stops when ``‖I − A X‖_F`` falls below this, then takes one more step.
