@@ -224,10 +224,9 @@ def gram_top_eigenvalue(d: jax.Array, steps: int = LANCZOS_STEPS) -> jax.Array:
     bound). ``D = 0`` gives NaN (its power iteration divides 0 by 0; left so, as guarding it
     moves the rounding of every DUST run: callers that can meet it test ``not ρ > x``), and
     so does ``‖D‖₂`` below about 1e-17; it is finite up to ``‖D‖₂ ≈ 1.8e19``, where ``λ_max``
-    leaves float32's range: a
-    norm or a Ritz square out of range is taken again scaled by a power of two (exact), beside
-    the plain one, which is kept in range (a scaled ``D`` itself changed the compiled rounding
-    of DUST's tied dictionary).
+    leaves float32's range. A norm or a Ritz square out of range is taken again scaled by a
+    power of two (exact), beside the plain one, which is kept in range (a scaled ``D`` itself
+    changed the compiled rounding of DUST's tied dictionary).
     Lanczos (Kaniel–Paige): ``(λ₁ − θ₁)/(λ₁ − λ_n) ≤ (tan θ₀ / T_{k−1}(1 + 2γ))²``
     with ``T_j`` the Chebyshev polynomial, ``γ = (λ₁ − λ₂)/(λ₂ − λ_n)`` and θ₀ the start's angle
     to the top eigenvector, i.e. exponential in ``k·√γ`` where power iteration is in ``k·γ``;
