@@ -16,6 +16,7 @@ from typing import Any
 
 from cudt.io import atomic_write
 from cudt.knobs import KNOBS
+from cudt.runner.choice import choose_points
 from cudt.runner.record import KINDS
 from cudt.stats import paired_t_interval
 
@@ -49,16 +50,34 @@ NOT_APPLICABLE_LEGEND = (
 # the status of a cell over several seeds where every setting lost a seed or more (the others
 # trained): no setting is shown, since a cell needs every seed (:func:`_chosen_point`)
 SEED_DIVERGED = "seed diverged"
+# the status of a constrained cell over several seeds where a point met its constraints at every
+# seed but none also descended monotonically on validation at every seed (the runner's rule)
+NOT_MONOTONE = "not monotone"
+# the mark of a cell whose point the runner chose by its resilient fallback
+RESILIENT_MARK = " r"
 
 
 def status_legend(rows: list[dict]) -> str:
-    """The legend's words for :data:`SEED_DIVERGED`, where a row has it ("" elsewhere)."""
-    if not any(r.get("status") == SEED_DIVERGED for r in rows):
-        return ""
-    return (
-        f"; `{SEED_DIVERGED}`: at every setting one seed or more diverged (the others trained; "
-        "a setting is shown only where every seed trained)"
-    )
+    """The legend's words for :data:`SEED_DIVERGED`, :data:`NOT_MONOTONE` and
+    :data:`RESILIENT_MARK`, where a row has them ("" elsewhere)."""
+    words = ""
+    if any(r.get("status") == SEED_DIVERGED for r in rows):
+        words += (
+            f"; `{SEED_DIVERGED}`: at every setting one seed or more diverged (the others "
+            "trained; a setting is shown only where every seed trained)"
+        )
+    if any(r.get("status") == NOT_MONOTONE for r in rows):
+        words += (
+            f"; `{NOT_MONOTONE}`: a setting met its constraints at every seed, but none also "
+            "descended at every layer on validation at every seed (the best in brackets)"
+        )
+    if any(r.get("resilient") for r in rows):
+        words += (
+            f"; `{RESILIENT_MARK.strip()}`: no setting met the hard constraints at every seed; "
+            "the one chosen on the relaxed problem its resilience solved (the runner's "
+            "resilient fallback)"
+        )
+    return words
 
 
 def finite(values) -> bool:
@@ -163,38 +182,42 @@ def setting_rows(
     return rows
 
 
-def _point(run: dict) -> tuple:
-    """A run's sweep point: its hyperparameters (the seed aside)."""
-    return tuple(sorted((k, repr(v)) for k, v in (run.get("hparams") or {}).items()))
-
-
 def _chosen_point(
     runs: list[dict], constrained: bool, *, score: str, higher: bool
 ) -> tuple[list[dict] | None, dict[str, Any]]:
     """The runs (one a seed) of the sweep point shown for one setting over several seeds, and
-    its status: the point with the best mean validation ``score`` among those eligible at every
-    seed (no run diverged; for constrained, every run feasible on validation), ties in sweep
-    order; where no constrained point is, the best of the infeasible ones, flagged. The
-    one-seed table's eligibility at every seed (the runner's ``chosen_points`` also asks for
-    monotone descent on validation), so a cell is never one lucky seed."""
+    its status: the runner's own choice on validation (:func:`cudt.runner.choice.
+    choose_points`, one rule for the report and the tables: every seed eligible, i.e. not
+    diverged and, constrained, feasible and monotone on validation; the best mean ``score``;
+    where no point is, the resilient fallback, the status fields then saying ``resilient``);
+    where nothing is chosen, the best of the points that trained at every seed, flagged
+    ``infeasible`` (constrained; :data:`NOT_MONOTONE` where a point met its constraints at
+    every seed but did not descend at every layer), so a cell is never one lucky seed."""
+    [choice] = choose_points(
+        runs, score, higher_is_better=higher, min_points=1, constrained=constrained
+    )
+    if choice["hparams"] is not None:
+        shown = [r for r in runs if r["hparams"] == choice["hparams"]]
+        return shown, _status(runs, constrained, "ok") | {"resilient": choice["resilient"]}
     points: dict[tuple, list[dict]] = defaultdict(list)
     for r in runs:
-        points[_point(r)].append(r)
-
-    def alive(rs: list[dict]) -> bool:
-        return all(not r.get("diverged") and math.isfinite(num(r.get(score))) for r in rs)
+        points[tuple(sorted((k, repr(v)) for k, v in r["hparams"].items()))].append(r)
 
     def mean_score(rs: list[dict]) -> float:
         return sum(num(r[score]) for r in rs) / len(rs)
 
-    live = [rs for rs in points.values() if alive(rs)]
-    ok = [rs for rs in live if not constrained or all(r.get("feasible") for r in rs)]
-    shown = sorted(ok or (live if constrained else []), key=mean_score, reverse=higher)[:1]
-    if ok or (constrained and live):
-        word = "ok" if ok else "infeasible"
-    else:  # no point trained at every seed: "diverged" only where every run did
-        word = "diverged" if all(r.get("diverged") for r in runs) else SEED_DIVERGED
-    return (shown[0] if shown else None), _status(runs, constrained, word)
+    live = [
+        rs
+        for rs in points.values()
+        if all(not r.get("diverged") and math.isfinite(num(r.get(score))) for r in rs)
+    ]
+    if constrained and live:  # trained at every seed, no point eligible: the best, flagged
+        shown = sorted(live, key=mean_score, reverse=higher)[0]
+        feasible = any(all(r.get("feasible") for r in rs) for rs in live)
+        return shown, _status(runs, constrained, NOT_MONOTONE if feasible else "infeasible")
+    # no point trained at every seed: "diverged" only where every run did
+    word = "diverged" if all(r.get("diverged") for r in runs) else SEED_DIVERGED
+    return None, _status(runs, constrained, word)
 
 
 def _mean_row(runs: list[dict], gamma: float, fields) -> dict[str, Any]:
@@ -284,9 +307,9 @@ def selection_legend(score: str, rows: Iterable[dict], word: str) -> str:
             "no interval, so no verdict)"
         )
     return (
-        f"Per cell: the sweep point with the best mean {score} over its seeds among those where "
-        "no run diverged (and, constrained, every run met its constraints on validation), its "
-        f"mean over the seeds; **bold**: the {word} of constrained and ERM where the paired t "
+        f"Per cell: the sweep point the runner chooses, the best mean {score} over its seeds "
+        "among those where no run diverged (and, constrained, every run met its constraints "
+        f"and descended at every layer on validation), its mean over the seeds; **bold**: the {word} of constrained and ERM where the paired t "
         "interval over seeds (95 %) excludes 0, neither where it spans 0 (level)"
     )
 
@@ -374,6 +397,7 @@ def _cell(row: dict | None, metric: str) -> str:
     if row is None:
         return "—"
     na = f" n/a:{row['not_applicable']}" if row.get("not_applicable") else ""
+    na += RESILIENT_MARK if row.get("resilient") else ""
     if row["status"] == "ok":
         return f"{row[metric]:.3f}{na}"
     if metric in row:  # infeasible: the best of the infeasible runs, not eligible
@@ -492,14 +516,14 @@ def direction_markdown(
                 diff = round(c[metric], 3) - round(e[metric], 3)
                 o = _direction(diff, higher)
                 # several seeds: level unless the interval excludes 0, an infeasible row's too
-                iv = _seed_interval(c, e, metric) if c["status"] in ("ok", "infeasible") else None
+                iv = _seed_interval(c, e, metric) if c["status"] != SEED_DIVERGED else None
                 if iv is not None:
                     o = _interval_direction(iv, higher)
                 od = f" ({diff:+.3f})" if signed else ""
                 group = "eligible" if c["status"] == "ok" else "infeasible"
             lost = [r["status"] for r in (c, e) if r and r["status"] != "ok"]
             if group == "eligible":
-                shown = f"{o}{od}"
+                shown = f"{o}{od}" + (RESILIENT_MARK if c.get("resilient") else "")
             elif lost and o != "—":
                 shown = f"{lost[0]}: {o}{od}" if signed else f"{lost[0]} ({o})"
             else:
@@ -521,8 +545,13 @@ def direction_markdown(
     )
     agree, n, ours, paper_c = counts["infeasible"]
     if n:
+        which = (
+            "an eligible constrained point (the best of the others)"
+            if any(r.get("status") == NOT_MONOTONE for r in rows)
+            else "a feasible constrained run (best infeasible run)"
+        )
         lines.append(
-            f"Cells without a feasible constrained run (best infeasible run): same direction in "
-            f"{agree} of {n}; constrained {word} in {ours} here, {paper_c} in the paper."
+            f"Cells without {which}: same direction in {agree} of {n}; constrained {word} in "
+            f"{ours} here, {paper_c} in the paper."
         )
     return "\n".join(lines)

@@ -99,7 +99,9 @@ def test_the_headline_count_holds_the_vit_at_its_own_depth():
     assert "in 2 of 2 model×dataset cells with both numbers (L=3: 1/1, L=12: 1/1)" in text
 
 
-def _runs_over_seeds(rmse_by_point: dict, constrained: bool, feasible=lambda p, s: True):
+def _runs_over_seeds(
+    rmse_by_point: dict, constrained: bool, feasible=lambda p, s: True, monotone=lambda p, s: True
+):
     """A sub-run's records: one run per sweep point (lr) and seed, its mean RMSE given, its
     validation objective the RMSE / 1000 (so the best point on validation is the lowest)."""
     runs = []
@@ -113,6 +115,7 @@ def _runs_over_seeds(rmse_by_point: dict, constrained: bool, feasible=lambda p, 
                 "val_objective": v / 1000, "mean_rmse": v, "rmse": [v - 1, v + 1],
                 "test_gamma": [0.15, 0.3], "layer_loss": [[3.0, 2.0, 1.0, v]] * 2,
                 "max_multipliers": [0.5 * seed], "not_applicable": [],
+                "loss_decreases_val": monotone(lr, seed),
             })  # fmt: skip
     return runs
 
@@ -143,6 +146,44 @@ def test_cells_over_seeds_are_the_chosen_points_mean_and_bold_needs_a_paired_int
     text = table3.headline_markdown(rows, ["ucsd"], ["dust"], [3], 0.15, [0.15, 0.3])
     assert headline_cells(text)["dust-3"] == ["10.000", "10.100"]
     assert "in 0 of 1" in text
+
+
+def test_a_cell_over_seeds_is_the_runners_choice_monotone_required_resilient_marked():
+    """Over seeds the table shows the point the runner's report chooses (one rule,
+    ``choose_points``): a feasible point that does not descend at every layer on validation at
+    every seed is out; where no point is eligible but a resilient one solved its relaxed
+    problem, that point, marked ``r``; where none, the best, flagged ``not monotone``."""
+    erm = _runs_over_seeds({1e-3: [10.0, 10.2, 10.1]}, False)
+    # 2e-3 is best on validation and feasible, but not monotone at seed 1
+    con = _runs_over_seeds({1e-3: [9.0, 9.3, 9.1], 2e-3: [8.0, 8.1, 8.2]}, True,
+                           monotone=lambda lr, seed: lr == 1e-3 or seed != 1)  # fmt: skip
+    cell = {r["kind"]: r for r in table3.best_rows({("ucsd", 3): {"runs": erm + con}})}
+    assert cell["constrained"]["status"] == "ok" and cell["constrained"]["lr"] == 1e-3
+    assert cell["constrained"]["mean_rmse"] == pytest.approx(9.1333, abs=1e-4)
+    # no point monotone at every seed: the best shown, flagged, and the legend says why
+    con = _runs_over_seeds({1e-3: [9.0, 9.3, 9.1], 2e-3: [8.0, 8.1, 8.2]}, True,
+                           monotone=lambda lr, seed: seed != 1)  # fmt: skip
+    rows = table3.best_rows({("ucsd", 3): {"runs": erm + con}})
+    cell = {r["kind"]: r for r in rows}["constrained"]
+    assert (cell["status"], cell["lr"]) == ("not monotone", 2e-3)
+    text = table3.headline_markdown(rows, ["ucsd"], ["dust"], [3], 0.15, [0.15, 0.3])
+    assert headline_cells(text)["dust-3"][0] == "not monotone (8.100)"
+    assert "`not monotone`: a setting met its constraints at every seed, but none" in text
+    # the hard problem infeasible everywhere; 1e-3 trained with resilience solved its relaxed one
+    con = _runs_over_seeds({1e-3: [9.0, 9.3, 9.1], 2e-3: [8.0, 8.1, 8.2]}, True,
+                           feasible=lambda lr, seed: False)  # fmt: skip
+    for r in con:
+        resilient = r["hparams"]["lr"] == 1e-3
+        r["hparams"]["resilience"] = 10.0 if resilient else None
+        r["feasible_relaxed"], r["relaxation"] = resilient, [0.0, 0.01, 0.02]
+    rows = table3.best_rows({("ucsd", 3): {"runs": erm + con}})
+    cell = {r["kind"]: r for r in rows}["constrained"]
+    assert (cell["status"], cell["resilient"], cell["lr"]) == ("ok", True, 1e-3)
+    text = table3.headline_markdown(rows, ["ucsd"], ["dust"], [3], 0.15, [0.15, 0.3])
+    assert headline_cells(text)["dust-3"] == ["**9.133 r**", "10.100"]  # −0.97 [−1.09, −0.84]
+    assert "`r`: no setting met the hard constraints at every seed" in text
+    text = table3.paper_direction_markdown(rows, ["ucsd"], ["dust"], [3], 0.15)
+    assert "| C r /" in text
 
 
 def test_an_infeasible_cell_over_seeds_is_level_where_its_paired_interval_spans_0():
