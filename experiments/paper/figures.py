@@ -19,7 +19,8 @@ STYLE = {
 
 def draw_line(ax, style: dict, row: dict, x, y, *, has_value: bool, ms: float = 4) -> None:
     """One best run as a line in the project's convention (:mod:`cudt.runner.plots`): an infeasible
-    one dashed and named so, one without numbers (diverged) only named in the legend."""
+    one dashed and named so, one without numbers (diverged) only named in the legend; a point
+    the runner chose by its resilient fallback named so."""
     if row["status"] == "diverged" or not has_value:
         ax.plot([], [], color="0.5", ls=":", label=f"{style['label']}: {row['status']}")
         return
@@ -32,7 +33,9 @@ def draw_line(ax, style: dict, row: dict, x, y, *, has_value: bool, ms: float = 
         marker=style["marker"],
         ms=ms,
         alpha=1.0 if ok else 0.8,
-        label=style["label"] + ("" if ok else f" ({row['status']})"),
+        label=style["label"]
+        + ("" if ok else f" ({row['status']})")
+        + (" (resilient)" if row.get("resilient") else ""),
         zorder=style.get("zorder", 2),
     )
 

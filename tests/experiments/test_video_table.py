@@ -184,6 +184,16 @@ def test_a_cell_over_seeds_is_the_runners_choice_monotone_required_resilient_mar
     assert "`r`: no setting met the hard constraints at every seed" in text
     text = table3.paper_direction_markdown(rows, ["ucsd"], ["dust"], [3], 0.15)
     assert "| C r /" in text
+    import matplotlib.pyplot as plt
+
+    from experiments.paper import figures as figs
+    from experiments.paper.video_table.figures import STYLE
+
+    fig, ax = plt.subplots()
+    figs.draw_line(ax, STYLE["constrained"], cell, [0, 1], [2.0, 1.0], has_value=True)
+    (line,) = ax.lines
+    plt.close(fig)
+    assert (line.get_label(), line.get_linestyle()) == ("constrained (resilient)", "-")
 
 
 def test_an_infeasible_cell_over_seeds_is_level_where_its_paired_interval_spans_0():
