@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cudt import stats
+from cudt.metrics import feasibility
 from cudt.runner.record import KINDS, RUNNER_METRICS, run_metric
 
 
@@ -164,18 +165,36 @@ def choose_points(
     return out
 
 
-def compare_chosen(runs: list[dict], chosen: list[dict], level: float = 0.95) -> list[dict]:
+def compare_chosen(
+    runs: list[dict], chosen: list[dict], level: float = 0.95, *, tolerance: float | None = None
+) -> list[dict]:
     """Chosen constrained − chosen ERM, paired by seed: for each model × L × γ_train where both
     kinds chose a point on validation (:func:`choose_points` with ``constrained`` True and
-    False), the paired Student-t interval over the seeds the two share of every reported
+    False; ERM trained at one point: that point), the paired Student-t interval over the seeds the two share of every reported
     metric, and the counts a claim needs (seeds, the constrained point's feasibility on
     validation, each kind's monotone test losses). Seeds that drew their own data make these
-    independent replicates; the intervals are the headline, never a bootstrap over items."""
+    independent replicates; the intervals are the headline, never a bootstrap over items.
+
+    With the verdict's ``tolerance``, ``erm_feasible`` counts the ERM runs that meet the chosen
+    constrained point's own constraints on validation (its ε; its seed's reference bound, where
+    it has one): an ERM run's ``feasible`` is judged at the model's ε, which a sweep of ε need
+    not choose. None without ``tolerance`` (results.json before it) or a point without ε."""
     picks: dict[tuple, dict[str, dict]] = {}
     for c in chosen:
         if c["hparams"] is not None:
             key = (c["model"], c["layers"], c["gamma_train"])
             picks.setdefault(key, {})[c.get("kind", "constrained")] = c
+    for key, kinds in picks.items():  # ERM trained at one point: that point, nothing to choose
+        erm = {
+            tuple(sorted(r["hparams"].items(), key=lambda kv: kv[0]))
+            for r in runs
+            if not r["constrained"]
+            and (r.get("model"), r.get("layers"), r.get("gamma_train")) == key
+        }
+        if "ERM" not in kinds and len(erm) == 1:
+            model, layers, gamma_train = key
+            where = {"model": model, "layers": layers, "gamma_train": gamma_train}
+            kinds["ERM"] = where | {"kind": "ERM", "hparams": dict(next(iter(erm))), "only": True}
 
     def runs_of(c, constrained):
         point = tuple(sorted(c["hparams"].items(), key=lambda kv: kv[0]))
@@ -197,6 +216,16 @@ def compare_chosen(runs: list[dict], chosen: list[dict], level: float = 0.95) ->
         if not seeds:
             continue
         a, b = [con[s] for s in seeds], [erm[s] for s in seeds]
+        epsilon = kinds["constrained"]["hparams"].get("epsilon")
+        erm_feasible = None
+        if tolerance is not None and isinstance(epsilon, (int, float)):
+            erm_feasible = sum(
+                not e.get("diverged")
+                and feasibility(
+                    e["layer_loss_val"], epsilon, r.get("reference_bound"), tolerance
+                ).feasible
+                for r, e in zip(a, b, strict=True)
+            )
         names = list(dict.fromkeys(a[0].get("interval_metrics", []) + list(RUNNER_METRICS)))
         # a diverged run is evaluated at its last finite state: finite numbers of a run that
         # failed, left out as NaN's are (a --point given to combine is not filtered before)
@@ -222,6 +251,7 @@ def compare_chosen(runs: list[dict], chosen: list[dict], level: float = 0.95) ->
                 "gamma_train": gamma_train,
                 "constrained_hparams": kinds["constrained"]["hparams"],
                 "erm_hparams": kinds["ERM"]["hparams"],
+                "erm_chosen": not kinds["ERM"].get("only"),  # False: ERM's one point
                 "seeds": seeds,
                 "feasible": sum(bool(r.get("feasible")) for r in a),
                 # the fallback's point: judged on the relaxed problem (choose_points)
@@ -229,6 +259,7 @@ def compare_chosen(runs: list[dict], chosen: list[dict], level: float = 0.95) ->
                 # per-folder choices: how many folders' choices were resilient, of how many
                 "resilient_in": kinds["constrained"].get("resilient_in"),
                 "feasible_relaxed": sum(bool(r.get("feasible_relaxed")) for r in a),
+                "erm_feasible": erm_feasible,
                 "monotone": sum(bool(r.get("loss_decreases")) for r in a),
                 "erm_monotone": sum(bool(r.get("loss_decreases")) for r in b),
                 "constrained_minus_erm": metrics,
@@ -270,6 +301,8 @@ def comparison_lines(
         feasible = f"constrained feasible at {c['feasible']} of {n}"
         if resilient:
             feasible += f" (relaxed: {c['feasible_relaxed']} of {n})"
+        if c.get("erm_feasible") is not None:  # results.json before it: not said
+            feasible += f", ERM at {c['erm_feasible']} of {n} (the same constraints)"
         head = (
             f"{kind} at {fixed} (given, not chosen)"
             if fixed
@@ -277,7 +310,8 @@ def comparison_lines(
         )
         lines.append(
             f"{c['model']}-{c['layers']}: {head} "
-            f"− chosen ERM ({point_text(c['erm_hparams'])}), paired t over {n} seed"
+            f"− {'chosen ' if c.get('erm_chosen', True) else ''}ERM "
+            f"({point_text(c['erm_hparams'])}), paired t over {n} seed"
             f"{'s' if n != 1 else ''}: "
             + (
                 "; ".join(cells)

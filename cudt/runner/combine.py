@@ -222,7 +222,7 @@ def combine(task, folders: list[str | Path]) -> str:
     lines += _folder_lines(folders, results)
     chosen = choose_points(runs, score, higher_is_better=higher)
     chosen += choose_points(runs, score, higher_is_better=higher, constrained=False)
-    comparisons = compare_chosen(runs, chosen)
+    comparisons = compare_chosen(runs, chosen, tolerance=results[0]["config"].get("tolerance"))
     table = summary_table(task, runs, _swept(results), seed_intervals(runs), chosen, comparisons)
     return "\n".join([*lines, table])
 

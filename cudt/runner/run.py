@@ -326,7 +326,7 @@ def _results(
     intervals = seed_intervals(runs) if cfg.seeds >= 2 else []
     chosen = choose_points(runs, score, higher_is_better=higher)
     chosen += choose_points(runs, score, higher_is_better=higher, constrained=False)
-    comparisons = compare_chosen(runs, chosen)
+    comparisons = compare_chosen(runs, chosen, tolerance=cfg.tolerance)
     mark_chosen(runs, chosen)  # before the figures: they draw the unchosen lanes faint
     extras = task.config_extras(draws[next(iter(draws))], data)
     config = (

@@ -150,3 +150,33 @@ def test_interval_lines_name_every_swept_value_text_ones_too():
     assert len(set(heads)) == len(heads) == 4, heads
     assert "m-2 constrained epsilon=0.1 epsilon_schedule=linear:0@1" in heads, heads
     assert "m-2 ERM epsilon_schedule=constant" in heads, heads
+
+
+def test_erm_is_judged_at_the_chosen_points_own_constraints_in_the_comparison():
+    """An ERM run's ``feasible`` is judged at the model's ε; the comparison judges it at the
+    chosen constrained point's ε and its seed's reference bound (a sweep of ε chose 0.02 where
+    the model's ε 0.1 read every ERM run infeasible)."""
+    runs = _runs()
+    for r in runs:
+        if r["constrained"]:
+            r["hparams"]["epsilon"] = 0.02
+            # seed 3's bound is below ERM's first state's loss: it misses that constraint
+            r["reference_bound"] = 0.9 if r["seed"] == 3 else 2.0
+        else:
+            r["layer_loss_val"] = [1.0, 0.97, 0.95]  # ratios 0.97, 0.979: inside ε 0.02 only
+            r["feasible"] = False  # as judged at ε 0.1
+    (c,) = compare_chosen(runs, _chosen(runs), tolerance=0.01)
+    assert c["erm_feasible"] == 3
+    (line,) = comparison_lines([c])
+    assert "constrained feasible at 4 of 4, ERM at 3 of 4 (the same constraints)" in line, line
+    # at ε 0.1 the same ERM runs miss the first descent constraint (0.97 > 0.9 + 1 %)
+    for r in runs:
+        if r["constrained"]:
+            r["hparams"]["epsilon"] = 0.1
+    (c,) = compare_chosen(runs, _chosen(runs), tolerance=0.01)
+    assert c["erm_feasible"] == 0
+    # a comparison stored before the count (results.json re-rendered by the pages): as it was
+    (c,) = compare_chosen(runs, _chosen(runs))
+    assert c["erm_feasible"] is None
+    (line,) = comparison_lines([c])
+    assert "ERM at" not in line and "constrained feasible at 4 of 4, monotone" in line, line

@@ -29,6 +29,7 @@ from helpers import ROOT, ToyTask, assert_one_line_error, forced_devices_env, to
 
 import cudt
 from cudt.checkpoint import GroupCheckpointer
+from cudt.metrics import feasibility
 from cudt.runner.choice import choose_points
 from cudt.runner.config import SWEEPABLE
 
@@ -594,6 +595,26 @@ def test_tuned_lanes_choose_each_kind_on_validation_and_compare_the_choices(tune
                 assert r["chosen"] == (r["hparams"] == picks[kind]["hparams"]), r["label"]
     assert "chosen constrained (epsilon=" in printed and "− chosen ERM (lr=" in printed
     assert f"constrained feasible at {comparison['feasible']} of 2" in printed
+    # ERM judged at the chosen point's ε, not at the model's (its runs' own "feasible")
+    eps = picks["constrained"]["hparams"]["epsilon"]
+    erm = [r for r in runs if not r["constrained"] and r["hparams"] == picks["ERM"]["hparams"]]
+    tol = results["config"]["tolerance"]
+    met = [feasibility(r["layer_loss_val"], eps, None, tol).feasible for r in erm]
+    assert comparison["erm_feasible"] == sum(met)
+    assert f"ERM at {sum(met)} of 2 (the same constraints)" in printed
+
+
+def test_erm_at_one_point_is_compared_with_the_chosen_constrained_point(tmp_path):
+    """ERM not tuned (one point) still has its comparison with the chosen constrained point:
+    "− ERM (its one point)", not "chosen", and ERM judged at the chosen ε."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        argv = ["--tune-epsilon", "0.05,0.1", "--gamma-train", "0.3", "--steps", "24"]
+        results = toy(argv, tmp_path / "out")
+    (comparison,) = results["chosen_comparison"]
+    assert comparison["erm_chosen"] is False and comparison["seeds"] == [0, 1]
+    assert comparison["erm_feasible"] is not None
+    assert "− ERM (its one point), paired t over 2 seeds" in printed.getvalue()
 
 
 def test_a_value_the_user_sets_is_not_tuned(tmp_path):
