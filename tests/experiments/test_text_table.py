@@ -357,3 +357,57 @@ def test_figures_draw_chance_where_the_sub_runs_recorded_their_classes():
     assert line.get_label() == "chance, ln 3"
     assert np.allclose(line.get_ydata(), np.log(3))
     plt.close("all")
+
+
+def test_fig12_legend_states_the_pooled_ratios_it_draws(tmp_path, monkeypatch):
+    """Over several seeds Fig. 12 draws every seed's ratios pooled; its legend gave the row's
+    numbers, the mean over seeds of each seed's median, mean and share below 1. Two seeds of
+    30 and 10 ratios whose medians differ (0.802 and 1.051): the legend now states the pooled
+    ratios' mean and share below 1 and the histogram bin holding their median, not the mean
+    of the seeds' medians (0.927), means (0.907) or shares (70%)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    figures = importlib.import_module("experiments.paper.text_table.figures")
+    edges = table4.RATIO_EDGES
+    values = {0: [0.802] * 30, 1: [0.951] * 4 + [1.051] * 6}  # per seed, one layer
+    stats = {s: (np.mean(v), np.median(v), np.mean(np.less(v, 1))) for s, v in values.items()}
+
+    def run(kind: str, s: int) -> dict:
+        mean, median, rate = stats[s]
+        return {
+            "model": "ut", "layers": 1, "constrained": kind == "constrained",
+            "gamma_train": 1.0, "seed": s, "hparams": {"lr": 1e-3},
+            "label": f"ut-1 {kind} seed {s}", "diverged": False, "feasible": True,
+            "best": s == 0, "auc": 1.8, "val_auc": 1.8, "val_accuracy": 0.9,
+            "accuracy": [0.9, 0.8], "test_gamma": [0.5, 1.0],
+            "loss_decreases_val": True, "loss_decreases": True, "descent_rate": rate,
+            "mean_ratio": mean, "median_ratio": median, "layer_loss": [[0.7, 0.6]] * 2,
+            "max_multipliers": [1.0], "not_applicable": [],
+        }  # fmt: skip
+
+    runs = [run(k, s) for k in ("ERM", "constrained") for s in (0, 1)]
+    rows = table4.best_rows({("imdb", "ut", 1): {"config": {"out": "/x/imdb-ut1"}, "runs": runs}})
+    counts = np.zeros((len(runs), 1, edges.size), np.int64)
+    for i, r in enumerate(runs):
+        counts[i, 0, :-1] = np.histogram(values[r["seed"]], bins=edges)[0]
+    (tmp_path / "imdb-ut1").mkdir()
+    labels = np.asarray([r["label"] for r in runs], dtype=str)
+    np.savez(tmp_path / "imdb-ut1" / table4.RATIOS_FILE, edges=edges, counts=counts, labels=labels)
+
+    drawn = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: drawn.append(fig))
+    opts = table4.Table4Config(datasets=("imdb",))
+    figures.plot_fig12(rows, opts, tmp_path, tmp_path / "fig12.png")
+    [ax] = drawn[0].axes
+    shown = ax.get_legend_handles_labels()[1]
+    pooled = "mean 0.854, median in [0.8, 0.8025), 85% < 1"  # (30·0.802+4·0.951+6·1.051)/40
+    assert shown == [f"ERM: {pooled}", f"constrained: {pooled}"], shown
+    row = next(r for r in rows if r["kind"] == "ERM")
+    assert row["median_ratio"] == pytest.approx(0.9265)  # the mean of the seeds' medians
+    # one seed's run alone: its own exact numbers
+    seed_1 = {row["labels"][1]: counts[1]}
+    assert figures.ratio_stats_text(row, edges, seed_1)[1] == "mean 1.011, median 1.051, 40% < 1"
+    # an even count whose two middle ratios lie in two bins: from one's left edge to the other's
+    two = np.append(np.histogram([0.802, 0.951], bins=edges)[0], 0)
+    assert figures.binned_median(edges, two) == (0.8, 0.9525)
