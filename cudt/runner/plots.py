@@ -5,7 +5,8 @@ and show ERM and constrained side by side. Infeasible constrained runs are dashe
 legend entry ("constrained, infeasible"), diverged runs are left out of the curves and named in
 the legend, so a broken run is never mistaken for a good one. The
 lanes the runner did not choose on validation (``chosen: False``, :func:`cudt.runner.choice.
-mark_chosen`) are drawn thin and faint, so the chosen setting stands out among tuned lanes.
+mark_chosen`) are drawn thin and faint, so the chosen setting stands out among tuned lanes; the
+ratio histograms, which pool runs, leave them out (:func:`pooled_ratios`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "plot_losses_and_metric",
     "plot_metric_vs_gamma",
     "plot_ratio_histograms",
+    "pooled_ratios",
     "wrap_text",
 ]
 
@@ -305,14 +307,46 @@ def plot_losses_and_metric(
     return paths
 
 
+def pooled_ratios(runs, ratios) -> tuple[dict[tuple[str, bool], np.ndarray], dict]:
+    """What :func:`plot_ratio_histograms` draws of ``runs`` and their per-sample ``ratios``
+    (each an array, NaN where excluded, or None: diverged): the kept ratios pooled per panel
+    (:func:`panel_names`, never over γ_train) and kind, and each pool's legend name. A lane
+    the runner did not choose on validation (``chosen: False``) is left out, so where it chose
+    a point the histogram is that point's, over its seeds ("constrained, chosen point, 3 seeds
+    pooled"); where it chose none (no mark), every lane is pooled, and the name counts them."""
+    pools: dict[tuple[str, bool], list] = {}
+    for name, run, r in zip(panel_names(runs), runs, ratios, strict=True):
+        if r is not None and run.get("chosen") is not False:
+            pools.setdefault((name, bool(run["constrained"])), []).append((run, np.asarray(r)))
+    by_run, names = {}, {}
+    for key, pool in pools.items():
+        by_run[key] = np.concatenate([r[np.isfinite(r)] for _, r in pool])
+        lanes = len({repr(sorted(run.get("hparams", {}).items())) for run, _ in pool})
+        seeds = len({run.get("seed") for run, _ in pool})
+        chosen = any(run.get("chosen") for run, _ in pool)
+        if chosen:
+            parts = ["chosen point"] + ([f"{seeds} seeds pooled"] if seeds > 1 else [])
+        else:
+            counted = [f"{lanes} lanes"] * (lanes > 1) + [f"{seeds} seeds"] * (seeds > 1)
+            parts = [" × ".join(counted) + " pooled"] if counted else []
+        names[key] = ", ".join([KINDS[key[1]], *parts])
+    return by_run, names
+
+
 def plot_ratio_histograms(
-    ratios_by_run: dict[tuple[str, bool], np.ndarray], path: str | Path, *, title: str = ""
+    ratios_by_run: dict[tuple[str, bool], np.ndarray],
+    path: str | Path,
+    *,
+    title: str = "",
+    names: dict[tuple[str, bool], str] | None = None,
 ) -> None:
     """Histograms of per-sample ratios ℓ_l/ℓ_{l−1} (the paper's Figure 12), ERM vs constrained.
 
     ``ratios_by_run`` maps (model name, constrained) to a flat array of ratios; empty (every
-    run diverged): one panel that says so.
+    run diverged): one panel that says so. ``names``: each one's legend entry (by default
+    its kind; :func:`pooled_ratios` names what was pooled).
     """
+    names = names or {}
     models = sorted({m for m, _ in ratios_by_run})
     fig, axes = _axes(max(len(models), 1))
     if not models:  # every run diverged: the figure says so rather than failing the job
@@ -332,7 +366,8 @@ def plot_ratio_histograms(
                 alpha=0.55,
                 density=True,
                 color=COLORS[constrained],
-                label=f"{KINDS[constrained]} (median {np.median(r):.3f}, "
+                label=f"{names.get((model, constrained), KINDS[constrained])} "
+                f"(median {np.median(r):.3f}, "
                 f"{100 * np.mean(r < 1):.1f}% < 1{_outside(r, bins)})",
             )
         ax.axvline(1.0, color="k", lw=0.8, ls=":")

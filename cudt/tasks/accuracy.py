@@ -111,15 +111,13 @@ class AccuracyReports:
         )
         paths.append(out / "ratio_hist.png")
         at = plots.gamma_train_text(runs, cfg.gamma_train)
-        by_model: dict[tuple[str, bool], list] = {}
-        for name, run, r in zip(plots.panel_names(runs), runs, ratios, strict=True):
-            if r is not None:  # pooled over seeds and lanes, never over γ_train (a panel each)
-                kept = np.asarray(r)[np.isfinite(r)]  # the excluded ratios are NaN
-                by_model.setdefault((name, run["constrained"]), []).append(kept)
+        # pooled over seeds, never over γ_train (a panel each), nor over the lanes not chosen
+        by_model, names = plots.pooled_ratios(runs, ratios)
         plots.plot_ratio_histograms(
-            {k: np.concatenate(v) for k, v in by_model.items()},
+            by_model,
             paths[2],
             title=f"per-sample ratios ℓ_l / ℓ_(l−1) on the test set at {at}",
+            names=names,
         )
         return paths
 

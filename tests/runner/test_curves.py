@@ -419,6 +419,59 @@ def test_ratio_histogram_bins_span_the_ratios(tmp_path, monkeypatch):
     assert len(figs[0].axes[0].patches) == 11
 
 
+def test_ratio_histogram_pools_the_chosen_point_not_every_lane(tmp_path, monkeypatch):
+    """The text and LLM tasks' ``ratio_hist.png`` pooled the ratios of every lane of a model
+    (every ε swept) under one "constrained" entry, chosen or not: it pools the runs of the
+    point the runner chose on validation now (``chosen: True``; ``False``: the other lanes,
+    left out), over their seeds, and its legend says so; runs without a mark (no choice was
+    made: the ERM runs here) are pooled as before."""
+    from types import SimpleNamespace
+
+    from cudt.runner import plots
+    from cudt.tasks.accuracy import AccuracyReports
+
+    def run(constrained, seed, eps=None, chosen=None):
+        hp = {"lr": 1e-3} | ({"epsilon": eps} if constrained else {})
+        r = {"model": "ut", "layers": 3, "gamma_train": 0.5, "constrained": constrained}
+        return r | {"seed": seed, "hparams": hp} | ({} if chosen is None else {"chosen": chosen})
+
+    runs = [run(False, s) for s in (0, 1)]
+    runs += [run(True, s, 0.05, chosen=True) for s in (0, 1)]
+    runs += [run(True, s, 0.2, chosen=False) for s in (0, 1)]
+    lane = {0.05: 0.9, 0.2: 1.5}  # the chosen lane's ratios and the other's, far apart
+    ratios = [
+        np.full((8, 3), lane[r["hparams"]["epsilon"]] if r["constrained"] else 1.0) for r in runs
+    ]
+    ratios[2][0, 0] = np.nan  # an excluded ratio: left out
+
+    drawn = {}
+    monkeypatch.setattr(plots, "plot_losses_and_metric", lambda *a, **k: [tmp_path / "a.png"] * 2)
+    monkeypatch.setattr(
+        plots, "plot_ratio_histograms", lambda by_run, path, **k: drawn.update(k, by_run=by_run)
+    )
+    cfg = SimpleNamespace(gamma_train=0.5)
+    AccuracyReports().accuracy_figures(cfg, runs, ratios, tmp_path, noise="noise")
+    constrained = drawn["by_run"][("ut-3", True)]
+    assert constrained.size == 2 * 8 * 3 - 1 and np.all(constrained == 0.9)  # the chosen lane's
+    assert drawn["by_run"][("ut-3", False)].size == 2 * 8 * 3  # no choice made: all kept
+    assert drawn["names"] == {
+        ("ut-3", False): "ERM, 2 seeds pooled",
+        ("ut-3", True): "constrained, chosen point, 2 seeds pooled",
+    }
+    # no choice made among two lanes: both pooled, and the legend says so
+    unmarked = [{k: v for k, v in r.items() if k != "chosen"} for r in runs[2:]]
+    assert plots.pooled_ratios(unmarked, ratios[2:])[1] == {
+        ("ut-3", True): "constrained, 2 lanes × 2 seeds pooled"
+    }
+    # the legend reads the names
+    figs = []
+    monkeypatch.undo()
+    monkeypatch.setattr(plots.plt, "close", figs.append)
+    plots.plot_ratio_histograms(drawn["by_run"], tmp_path / "r.png", names=drawn["names"])
+    labels = figs[0].axes[0].get_legend_handles_labels()[1]
+    assert labels[1].startswith("constrained, chosen point, 2 seeds pooled (median 0.900, 100.0%")
+
+
 def test_runs_at_several_gamma_trains_get_a_panel_each(tmp_path, monkeypatch):
     """A sweep of γ_train drew both noise levels' runs in one panel, the title naming the
     config's one γ_train, and pooled their ratios into one histogram: each γ_train is a panel
