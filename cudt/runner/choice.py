@@ -165,26 +165,15 @@ def choose_points(
     return out
 
 
-def compare_chosen(
-    runs: list[dict], chosen: list[dict], level: float = 0.95, *, tolerance: float | None = None
-) -> list[dict]:
-    """Chosen constrained − chosen ERM, paired by seed: for each model × L × γ_train where both
-    kinds chose a point on validation (:func:`choose_points` with ``constrained`` True and
-    False; ERM trained at one point: that point), the paired Student-t interval over the seeds the two share of every reported
-    metric, and the counts a claim needs (seeds, the constrained point's feasibility on
-    validation, each kind's monotone test losses). Seeds that drew their own data make these
-    independent replicates; the intervals are the headline, never a bootstrap over items.
-
-    With the verdict's ``tolerance``, ``erm_feasible`` counts the ERM runs that meet the chosen
-    constrained point's own constraints on validation (its ε; its seed's reference bound, where
-    it has one): an ERM run's ``feasible`` is judged at the model's ε, which a sweep of ε need
-    not choose. None without ``tolerance`` (results.json before it) or a point without ε."""
+def _compared_points(runs: list[dict], chosen: list[dict]) -> dict[tuple, dict[str, dict]]:
+    """``{(model, L, γ_train): {kind: point}}``: each kind's chosen point, and where ERM chose
+    none but trained at one point, that point (``"only": True``: nothing to choose)."""
     picks: dict[tuple, dict[str, dict]] = {}
     for c in chosen:
         if c["hparams"] is not None:
             key = (c["model"], c["layers"], c["gamma_train"])
             picks.setdefault(key, {})[c.get("kind", "constrained")] = c
-    for key, kinds in picks.items():  # ERM trained at one point: that point, nothing to choose
+    for key, kinds in picks.items():
         erm = {
             tuple(sorted(r["hparams"].items(), key=lambda kv: kv[0]))
             for r in runs
@@ -195,6 +184,33 @@ def compare_chosen(
             model, layers, gamma_train = key
             where = {"model": model, "layers": layers, "gamma_train": gamma_train}
             kinds["ERM"] = where | {"kind": "ERM", "hparams": dict(next(iter(erm))), "only": True}
+    return picks
+
+
+def _meets(erm: dict, epsilon: float, constrained: dict, tolerance: float) -> bool:
+    """Whether an ERM run meets a constrained run's constraints on validation: its ε and
+    reference bound (that seed's), at the verdict's tolerance; a diverged run does not."""
+    if erm.get("diverged"):  # its numbers may be null in results.json
+        return False
+    losses = np.asarray(erm["layer_loss_val"], np.float64)
+    return feasibility(losses, epsilon, constrained.get("reference_bound"), tolerance).feasible
+
+
+def compare_chosen(
+    runs: list[dict], chosen: list[dict], level: float = 0.95, *, tolerance: float | None = None
+) -> list[dict]:
+    """Chosen constrained − chosen ERM, paired by seed: for each model × L × γ_train where both
+    kinds chose a point on validation (:func:`choose_points` with ``constrained`` True and
+    False; ERM trained at one point: that point), the paired Student-t interval over the seeds
+    the two share of every reported metric, and the counts a claim needs (seeds, the constrained point's feasibility on
+    validation, each kind's monotone test losses). Seeds that drew their own data make these
+    independent replicates; the intervals are the headline, never a bootstrap over items.
+
+    With the verdict's ``tolerance``, ``erm_feasible`` counts the ERM runs that meet the chosen
+    constrained point's own constraints on validation (its ε; its seed's reference bound, where
+    it has one): an ERM run's ``feasible`` is judged at the model's ε, which a sweep of ε need
+    not choose. None without ``tolerance`` (results.json before it) or a point without ε."""
+    picks = _compared_points(runs, chosen)
 
     def runs_of(c, constrained):
         point = tuple(sorted(c["hparams"].items(), key=lambda kv: kv[0]))
@@ -219,13 +235,7 @@ def compare_chosen(
         epsilon = kinds["constrained"]["hparams"].get("epsilon")
         erm_feasible = None
         if tolerance is not None and isinstance(epsilon, (int, float)):
-            erm_feasible = sum(
-                not e.get("diverged")
-                and feasibility(
-                    e["layer_loss_val"], epsilon, r.get("reference_bound"), tolerance
-                ).feasible
-                for r, e in zip(a, b, strict=True)
-            )
+            erm_feasible = sum(_meets(e, epsilon, r, tolerance) for r, e in zip(a, b, strict=True))
         names = list(dict.fromkeys(a[0].get("interval_metrics", []) + list(RUNNER_METRICS)))
         # a diverged run is evaluated at its last finite state: finite numbers of a run that
         # failed, left out as NaN's are (a --point given to combine is not filtered before)

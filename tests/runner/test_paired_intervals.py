@@ -167,6 +167,13 @@ def test_erm_is_judged_at_the_chosen_points_own_constraints_in_the_comparison():
             r["feasible"] = False  # as judged at ε 0.1
     (c,) = compare_chosen(runs, _chosen(runs), tolerance=0.01)
     assert c["erm_feasible"] == 3
+    # a diverged ERM run (results.json writes its NaN losses as null) meets nothing
+    erm0 = next(r for r in runs if not r["constrained"] and r["seed"] == 0)
+    erm0 |= {"diverged": True, "layer_loss_val": [1.0, None, None]}
+    (c,) = compare_chosen(runs, _chosen(runs), tolerance=0.01)
+    assert c["erm_feasible"] == 2
+    erm0 |= {"diverged": False, "layer_loss_val": [1.0, 0.97, 0.95]}
+    (c,) = compare_chosen(runs, _chosen(runs), tolerance=0.01)
     (line,) = comparison_lines([c])
     assert "constrained feasible at 4 of 4, ERM at 3 of 4 (the same constraints)" in line, line
     # at ε 0.1 the same ERM runs miss the first descent constraint (0.97 > 0.9 + 1 %)
