@@ -14,6 +14,7 @@ from cudt.data.text.generated import imdb_like_reviews
 from cudt.data.text.tokenized import TokenizedSplit
 from cudt.errors import UsageError
 from cudt.runner.cli import config_from_args
+from cudt.stats import paired_t_interval
 from cudt.tasks.text import TextConfig
 from experiments import text_ceiling
 
@@ -175,3 +176,25 @@ def test_the_command_reads_each_seeds_draw_and_prints_the_table(tiny_bert, tmp_p
     assert (
         len(err) == 1 and err[0].startswith("error: aclImdb folder") and "does not exist" in err[0]
     )
+
+
+def test_orders_gain_is_against_the_order_free_reader_best_on_validation_paired_over_seeds():
+    """ "Order adds N points" needs a paired interval, and its baseline is chosen on validation:
+    here the reader best on test (presence) is not the one best on validation (frequencies)."""
+    names = list(text_ceiling.READERS)
+    test = {names[0]: [0.80, 0.84, 0.82], names[1]: [0.70, 0.75, 0.71], names[2]: [0.6] * 3}
+    test[names[3]] = [0.78, 0.86, 0.80]
+    val = {names[0]: 0.7, names[1]: 0.9, names[2]: 0.5, names[3]: 0.8}
+    rows = [
+        {"reader": n, "seed": s, "test_accuracy": test[n][s], "val_accuracy": val[n]}
+        for n in names
+        for s in range(3)
+    ]
+    (_, line) = text_ceiling.order_gain_lines(rows, [0, 1, 2])
+    iv = paired_t_interval(test[names[3]], test[names[1]])
+    assert line == (
+        f"Order: {names[3]} − {names[1]} (the order-free reader best on validation): "
+        f"+0.093 [{iv.low:+.3f}, {iv.high:+.3f}], paired t over 3 seeds."
+    )
+    (_, one) = text_ceiling.order_gain_lines([r for r in rows if r["seed"] == 0], [0])
+    assert one.endswith(": +0.080 (one seed: no interval).")
