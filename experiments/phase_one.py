@@ -45,7 +45,13 @@ from cudt.runner.record import decreases, evaluation_keys
 from cudt.runner.run import data_draws, evaluation_grids
 from cudt.tasks.video import VideoConfig, VideoTask
 from experiments.paper.job import check_job_folder
-from experiments.paper.phase1 import ERM_POINT, STARTS, split_means, train_phase_one
+from experiments.paper.phase1 import (
+    ERM_POINT,
+    STARTS,
+    judged_violation,
+    split_means,
+    train_phase_one,
+)
 from experiments.paper.rows import write_text
 
 __all__ = ["judge", "main", "markdown", "run_phase_one", "settings"]
@@ -74,13 +80,13 @@ def settings(task, cfg) -> list[dict[str, Any]]:
 
 def judge(means, epsilon: float, tolerance: float) -> dict[str, Any]:
     """One split's verdict on mean losses ``[L+1]``, as the runner's: ``violation`` (the phase-I
-    objective), ``max_relative_violation`` over the judged constraints, ``feasible`` within
+    objective over the constraints the runner judges), ``max_relative_violation`` over the judged constraints, ``feasible`` within
     ``tolerance`` (:func:`cudt.metrics.feasibility`), ``monotone``, ``layer_loss``, ``ratio``."""
     m = np.asarray(means, np.float64)
     verdict = feasibility(m, np.full(m.size - 1, epsilon), None, tolerance)
     rel = np.asarray(verdict.relative_violation[1:])[np.asarray(verdict.applicable[1:])]
     return {
-        "violation": float(descent.violation(m, epsilon)),
+        "violation": float(judged_violation(m[None], epsilon)[0][0]),
         "max_relative_violation": float(rel.max()) if rel.size else None,
         "feasible": verdict.feasible,
         "monotone": decreases(m, verdict.applicable[1:]),

@@ -30,6 +30,9 @@ With ``objective="violation"`` the objective is the normalised total violation o
 constraints instead, ``Σ_l max(0, mean ℓ_l / mean ℓ_{l−1} − (1 − ε_l))`` (:func:`violation`): a
 phase-I problem, whose minimum is 0 exactly when the model can meet every constraint on the
 batch. Trained as ERM (``constrained=False``) it answers "does a feasible point exist?".
+``objective="judged_violation"`` sums only the steps the runner's verdicts judge
+(:func:`judged_steps`: not a step from a state at the loss floor, such as the clean input at
+γ_train 0), so that its minimum is 0 exactly when a point the runner calls feasible exists.
 
 With ``DescentConfig(dual_scale="relative")`` every constraint carries its :func:`scales` (the
 loss it bounds, stop-gradient): the dual step ascends ``mean ℓ_l / mean ℓ_{l−1} − (1 − ε_l)``
@@ -60,6 +63,7 @@ import numpy as np
 
 from cudt.constrained import Constraint, broadcast_schedule, is_schedule
 from cudt.descent._config import DescentConfig
+from cudt.metrics import RELATIVE_FLOOR
 
 __all__ = [
     "CONSTRAINTS",
@@ -69,6 +73,7 @@ __all__ = [
     "constraint_values",
     "constraints",
     "hparams",
+    "judged_steps",
     "loss_features",
     "metrics",
     "multipliers",
@@ -80,7 +85,7 @@ __all__ = [
 ]
 
 CONSTRAINTS = ("mean", "indexed", "tail")
-OBJECTIVES = ("loss", "violation")
+OBJECTIVES = ("loss", "violation", "judged_violation")
 RATIO_FLOOR = 1e-12
 SCALE_FLOOR = 1e-3
 
@@ -225,12 +230,28 @@ def tail_values(losses, epsilon, beta, previous=None):
     return cvar - (1.0 - epsilon)
 
 
-def violation(mean_losses, epsilon):
+def violation(mean_losses, epsilon, judged=None):
     """``Σ_l max(0, ℓ_l / ℓ_{l−1} − (1 − ε_l))`` of the mean losses ``[..., L+1]``: the descent
     constraints' total violation, each relative to the loss it must improve on (so every layer
-    counts alike whatever the loss scale); 0 exactly when all of them hold."""
+    counts alike whatever the loss scale); 0 exactly when all of them hold. ``judged [..., L]``
+    (None: every step): the steps to count (:func:`judged_steps`), the others left out."""
     prev = jnp.maximum(mean_losses[..., :-1], RATIO_FLOOR)
-    return jnp.sum(jax.nn.relu(mean_losses[..., 1:] / prev - (1.0 - epsilon)), axis=-1)
+    terms = jax.nn.relu(mean_losses[..., 1:] / prev - (1.0 - epsilon))
+    if judged is not None:
+        terms = jnp.where(judged, terms, jnp.zeros_like(terms))
+    return jnp.sum(terms, axis=-1)
+
+
+def judged_steps(mean_losses):
+    """``[..., L]``: the descent steps ``l−1 -> l`` the runner's verdicts judge, by their rule
+    (:func:`cudt.metrics.applicable_steps`): those whose earlier state's mean loss is above
+    ``RELATIVE_FLOOR`` times the largest finite mean loss of the states (1e-12 at the least); a
+    state at that floor (the clean input, ℓ_0 = 0, at γ_train 0) cannot be undercut. NaN stays
+    judged. No gradient flows through the choice."""
+    m = jax.lax.stop_gradient(mean_losses)
+    scale = jnp.max(jnp.where(jnp.isfinite(m), jnp.abs(m), 0.0), axis=-1, keepdims=True)
+    floor = jnp.maximum(RELATIVE_FLOOR * scale, 1e-12)
+    return ~(m[..., :-1] <= floor)
 
 
 def loss_features(batch, losses) -> jax.Array:
@@ -284,7 +305,9 @@ def problem(
     ``"indexed"``). ``example_ids(batch) -> [B]`` names the rows of ``"indexed"``'s table;
     ``example_features(batch, losses [B, L+1]) -> [B, ...]`` (e.g. :func:`loss_features`) gives
     its constraint the examples' features, for implicit multipliers.
-    ``objective="violation"``: the phase-I objective :func:`violation` instead of mean ℓ_L."""
+    ``objective="violation"``: the phase-I objective :func:`violation` instead of mean ℓ_L;
+    ``"judged_violation"``: the same over the steps the runner judges (:func:`judged_steps` of
+    the batch's mean losses)."""
     _check_kind(constraint)
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
@@ -350,7 +373,11 @@ def problem(
             ),
         }
         aux = {"layer_loss": mean, "constraint": jnp.concatenate([g[:1], shown])}
-        f = mean[-1] if objective == "loss" else violation(mean, epsilon)
+        if objective == "loss":
+            f = mean[-1]
+        else:
+            judged = judged_steps(mean) if objective == "judged_violation" else None
+            f = violation(mean, epsilon, judged)
         return f, cons, aux
 
     return descent_problem

@@ -76,7 +76,8 @@ def make_train_step(
         update (e.g. the UT's eigenvalue clipping, :func:`cudt.models.ut_project`).
       objective: ``"loss"`` (mean ℓ_L, the paper's) or ``"violation"`` (the constraints' total
         normalised violation, :func:`cudt.descent.violation`: a phase-I problem, trained as ERM
-        to find out whether a feasible point exists).
+        to find out whether a feasible point exists) or ``"judged_violation"`` (the same over
+        the steps the runner's verdicts judge, :func:`cudt.descent.judged_steps`).
       jit, donate: as :func:`cudt.make_constrained_step`'s (``jit=False``: the pure step, to
         ``vmap`` over runs and ``scan`` over steps).
 

@@ -1,9 +1,11 @@
 """Phase I: does a model have a point that meets every descent constraint?
 
 The phase-I problem minimises the constraints' total normalised violation,
-``Σ_l max(0, ℓ_l / ℓ_{l−1} − (1 − ε))`` (:func:`cudt.descent.violation`), trained by the same
-step as every run (:func:`cudt.make_train_step` with ``objective="violation"``, an ERM run: no
-multipliers) with the model's own projection after each update. Its minimum is 0 exactly when
+``Σ_l max(0, ℓ_l / ℓ_{l−1} − (1 − ε))`` (:func:`cudt.descent.violation`) over the steps the
+runner judges (:func:`cudt.descent.judged_steps`, each batch's means by the rule of
+:func:`cudt.metrics.applicable_steps`: not a step from a state at the loss floor, the clean
+ℓ_0 = 0 at γ_train 0), trained by the same step as every run (:func:`cudt.make_train_step`
+with ``objective="judged_violation"``, an ERM run: no multipliers) with the model's own projection after each update. Its minimum is 0 exactly when
 a feasible point exists; a run that cannot bring it to 0 from two starts, the model's
 initialisation and the ERM solution, is reported with the violation it reached.
 
@@ -95,7 +97,9 @@ def train_phase_one(
         jit=False,
     )
     erm_init, erm_step = make("loss")
-    p1_init, p1_step = make("violation")
+    # the steps the runner's verdicts judge, decided on each batch's means by their rule: a
+    # step from a state at the loss floor (ℓ_0 = 0 at γ_train 0) is no constraint to meet
+    p1_init, p1_step = make("judged_violation")
     train = jnp.asarray(train)
     num_train = train.shape[0]
 

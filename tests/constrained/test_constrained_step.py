@@ -215,6 +215,39 @@ def test_the_phase_one_objective_is_the_normalised_violation():
         cudt.descent.problem(per_sample, cfg, objective="loss_and_more")
 
 
+def test_the_judged_phase_one_objective_leaves_out_the_steps_the_runner_does_not_judge():
+    """At γ_train 0 the UT's state 0 is the clean input (ℓ_0 = 0): the runner's verdict leaves
+    layer 1's step out (cudt.metrics.applicable_steps), but the phase-I objective counted it as
+    ℓ_1 / 1e-12 ~ 1e10 and drove it (found by review: phase I ended with the judged violation
+    worse than its ERM start)."""
+    from cudt.metrics import applicable_steps
+
+    rows = [
+        [0.0, 0.01, 0.009, 0.008],  # ℓ_0 at the floor: step 1 not judged
+        [1.0, 0.5, 1e-4, 0.2],  # ℓ_2 = 1e-4 of the largest loss: at the relative floor
+        [1.0, 0.5, 0.6, jnp.nan],  # NaN stays judged
+        [10.0, 8.0, 7.8, 8.0],  # every step judged
+    ]
+    for row in rows:
+        got = np.asarray(cudt.descent.judged_steps(jnp.asarray(row, jnp.float32)))
+        np.testing.assert_array_equal(got, applicable_steps(np.asarray(row)))
+    cfg = cudt.DescentConfig(num_layers=3, epsilon=0.1)
+    per_sample = lambda params, batch, key: jnp.broadcast_to(params, (4, 4))  # noqa: E731
+    judged = cudt.descent.problem(per_sample, cfg, objective="judged_violation")
+    plain = cudt.descent.problem(per_sample, cfg, objective="violation")
+    hp = cudt.descent.hparams(cfg)
+    floor = jnp.asarray(rows[0])
+    f, _, _ = judged(floor, None, None, hp)
+    assert float(f) == 0.0  # 0.9 and 0.889 of the judged steps: met
+    assert float(plain(floor, None, None, hp)[0]) > 1e9  # the plain objective: unchanged
+    near = jnp.asarray([1e-8, 0.01, 0.0095, 0.01])  # ℓ_0 below the floor (1e-5), not 0
+    grad = jax.grad(lambda p: judged(p, None, None, hp)[0])(near)
+    assert np.all(np.isfinite(grad)) and grad[0] == 0.0  # no pull through the left-out step
+    assert jax.grad(lambda p: plain(p, None, None, hp)[0])(near)[0] < -1e9  # the plain one's
+    every = jnp.asarray(rows[3])  # where every step is judged, the two are the same
+    np.testing.assert_allclose(judged(every, None, None, hp)[0], plain(every, None, None, hp)[0])
+
+
 def test_erm_reports_its_objective_as_its_lagrangian_under_every_formulation():
     """An ERM run descends the objective alone; its reported Lagrangian says so, also where a
     penalty formulation's terms are not zero (w0 = 3 violates w0 <= 1)."""

@@ -33,6 +33,16 @@ def test_judge_is_the_runners_rule():
     assert rising["feasible"] and not rising["monotone"]
 
 
+def test_judge_reports_the_violation_of_the_steps_the_runner_judges():
+    """At γ_train 0 the clean input's ℓ_0 = 0: the verdict leaves step 1 out, and the reported
+    violation counted it as 0.01 / 1e-12 = 1e10 next to "feasible" (found by review)."""
+    verdict = phase_one.judge([0.0, 0.01, 0.009, 0.008], 0.05, 0.025)
+    assert verdict["feasible"] and verdict["violation"] == 0.0
+    assert verdict["max_relative_violation"] == pytest.approx(0.009 / 0.01 - 0.95)
+    missed = phase_one.judge([0.0, 0.01, 0.0099, 0.008], 0.05, 0.025)  # step 2: r = 0.99
+    assert missed["violation"] == pytest.approx(0.99 - 0.95, rel=1e-6)
+
+
 def test_phase_one_lowers_the_erm_points_violation(tmp_path, capsys, monkeypatch):
     out = tmp_path / "p1"
     assert phase_one.main([*TINY, "--out", str(out)]) == 0
