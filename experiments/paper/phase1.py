@@ -138,7 +138,9 @@ def split_means(model, eval_batch: int = 256):
         keep = (jnp.arange(chunk.shape[0]) < count)[:, None]
 
         def one(p):
-            out = model.eval_outputs(p, None, chunk, (idx,), gamma, key)
+            # the index array [B], as the runner passes it (cudt.runner.record): the noise of
+            # row i keyed by its example's index, whatever the batch
+            out = model.eval_outputs(p, None, chunk, idx, gamma, key)
             return jnp.sum(jnp.where(keep, out["losses"], 0.0), axis=0)
 
         return jax.vmap(one)(params)

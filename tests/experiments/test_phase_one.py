@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
 import pytest
+from helpers import finished_job
 
 from cudt.metrics import feasibility
-from experiments import phase_one
+from cudt.runner.finished import finished_run, trained_params
+from cudt.runner.run import data_draws
+from experiments import phase_one, video_denoise
+from experiments.paper.phase1 import split_means
 
 # seconds: DUST, L = 3, the smallest synthetic draw the task accepts, at a rate where its ERM
 # point (one dictionary per layer, as constrained) misses the descent constraints by far
@@ -167,3 +172,30 @@ def test_the_ut_studys_phase_one_judges_the_constraints_the_runner_judges():
         verdict = feasibility(row, np.full(2, 0.1), None, 0.0)
         assert list(verdict.applicable[1:]) == [row[0] > 0, True]
     assert judged_violation(np.array([[0.0, 0.0, 0.0]]), 0.1)[1] == [None]  # none judged
+
+
+def test_split_means_are_the_runners_validation_losses(tmp_path):
+    """Phase I's points are judged with the runner's evaluation noise: the split means of a
+    finished run's parameters are its recorded ``layer_loss_val``, whatever the cut into eval
+    batches. They passed ``(idx,)`` where the runner passes the index array, so the video models'
+    ``index[0]`` keyed every row by its batch's first example (ℓ_0 0.00062009 at eval batch 2,
+    0.00062049 at 200, the runner's 0.00062315: found by review)."""
+    argv = [
+        "--models", "ut", "--layers", "2", "--steps", "4", "--chunk-steps", "2", "--seeds",
+        "1", "--batch-size", "4", "--num-videos", "3", "--num-frames", "4", "--seq-len", "4",
+    ]  # fmt: skip
+    run = finished_job(video_denoise.main, argv, tmp_path / "run")
+    task = phase_one.VideoTask()
+    cfg, _, results = finished_run(run, task, "a test")
+    for record in results["runs"]:
+        params = trained_params(run, results, [record["label"]], cfg.steps)[record["label"]]
+        draw_cfg = data_draws(cfg)[record["seed"]]
+        data = task.load(draw_cfg)
+        model = task.build(draw_cfg, data, "ut", task.structure(cfg, "ut", record["constrained"]))
+        gamma = float(record["hparams"]["gamma_train"])
+        key = phase_one._eval_keys(task, cfg, draw_cfg, gamma)["val"]
+        val = task.split_examples(data, "val", model)
+        stacked = jax.tree.map(lambda x: x[None], params)
+        for eval_batch in (2, 5, len(val)):
+            got = split_means(model, eval_batch)(stacked, val, gamma, key)[0]
+            np.testing.assert_allclose(got, record["layer_loss_val"], rtol=1e-5)
