@@ -25,6 +25,7 @@ status 2) unless ``--overwrite``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -38,11 +39,18 @@ from cudt import descent
 from cudt.errors import UsageError
 from cudt.io import check_not_a_file, claimed_run_dir, to_jsonable, write_json_atomic
 from cudt.metrics import feasibility
-from cudt.runner.cli import config_from_args, configure_process, run_cli
+from cudt.runner.cli import (
+    config_from_args,
+    configure_process,
+    given_on_command_line,
+    run_cli,
+)
+from cudt.runner.config import RunConfig
 from cudt.runner.lock import check_free, lock_output
 from cudt.runner.provenance import provenance
 from cudt.runner.record import decreases, evaluation_keys
 from cudt.runner.run import data_draws, evaluation_grids
+from cudt.runner.sweep import parse_sweeps
 from cudt.tasks.video import VideoConfig, VideoTask
 from experiments.paper.job import check_job_folder
 from experiments.paper.phase1 import (
@@ -304,16 +312,57 @@ def markdown(result: dict, cfg) -> str:
     return "\n".join(lines) + "\n"
 
 
+# the runner's flags phase I reads (the video task's own, the data and the models, all act but
+# --select): the settings (ε, learning rate, γ_train and their grids), the steps, the seeds and
+# data draws, the verdict and the output. Phase I trains as ERM at a constant rate with no
+# multipliers and no reference, in one program, so every other flag would not act.
+READ = (
+    "seeds", "seed", "data_seed", "sweep", "model_hparams", "tune_epsilon", "kinds", "steps",
+    "batch_size", "lr", "gamma_train", "test_gammas", "epsilon", "tolerance", "eval_batch_size",
+    "out", "resume", "overwrite",
+)  # fmt: skip
+SWEPT = ("epsilon", "lr", "gamma_train")  # the --sweep names that change a setting
+
+
+def _refuse_inert(cfg, argv) -> None:
+    """Refuse (one line) a flag ``argv`` gives that would not act in phase I: a runner flag not
+    in :data:`READ`, ``--select``, or a ``--sweep`` of a name not in :data:`SWEPT`."""
+    task_own = {f.name for f in dataclasses.fields(VideoConfig)} - {
+        f.name for f in dataclasses.fields(RunConfig)
+    }
+    acting = (task_own - {"select"}) | set(READ)
+    extra = sorted(given_on_command_line(VideoConfig, argv) - acting)
+    if extra:
+        raise UsageError(
+            f"--{extra[0].replace('_', '-')} has no effect in phase I (an ERM run of the "
+            "phase-I objective at a constant rate, no multipliers, no reference): drop it"
+        )
+    if "sweep" in given_on_command_line(VideoConfig, argv):
+        for name in parse_sweeps(cfg):
+            if name not in SWEPT:
+                raise UsageError(
+                    f"--sweep {name.replace('_', '-')} has no effect in phase I (it reads "
+                    f"only the settings' {', '.join(SWEPT)}): drop it"
+                )
+
+
 def main(argv=None) -> int:
-    """The entry point: the video task's flags → phase I; bad input is one line, status 2."""
+    """The entry point: the video task's flags → phase I; bad input (a flag that would not
+    act here too) is one line, status 2, nothing written."""
     configure_process()
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         cfg, _ = config_from_args(
             VideoConfig, argv, __doc__.split("\n\n")[0], "experiments.phase_one"
         )
     except SystemExit as e:  # --help, or a bad flag (already reported in one line)
         return 0 if e.code is None else int(e.code)
-    return run_cli(lambda: run_phase_one(cfg))
+
+    def job():
+        _refuse_inert(cfg, argv)
+        return run_phase_one(cfg)
+
+    return run_cli(job)
 
 
 if __name__ == "__main__":

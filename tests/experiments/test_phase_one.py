@@ -8,7 +8,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from helpers import finished_job
+from helpers import assert_one_line_error, finished_job
 
 from cudt.metrics import feasibility
 from cudt.runner.finished import finished_run, trained_params
@@ -199,3 +199,23 @@ def test_split_means_are_the_runners_validation_losses(tmp_path):
         for eval_batch in (2, 5, len(val)):
             got = split_means(model, eval_batch)(stacked, val, gamma, key)[0]
             np.testing.assert_allclose(got, record["layer_loss_val"], rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--lr-schedule", "cosine"], "--lr-schedule has no effect in phase I"),
+        (["--epsilon-margin", "0.3"], "--epsilon-margin has no effect in phase I"),
+        (["--reference", "0.0001"], "--reference has no effect in phase I"),
+        (["--resilience", "1"], "--resilience has no effect in phase I"),
+        (["--dual-optimizer", "adam"], "--dual-optimizer has no effect in phase I"),
+        (["--sweep", "dual_lr=0.01,0.1"], "--sweep dual-lr has no effect in phase I"),
+    ],
+)
+def test_a_flag_that_would_not_act_is_refused(tmp_path, capsys, flags, says):
+    """Phase I trains as ERM at a constant rate with no multipliers and no reference: these
+    flags changed nothing and it exited 0 (identical rows with --lr-schedule cosine, or
+    --epsilon-margin 0.3 --reference 1e-4: found by review). Refused in one line, nothing
+    written; the flags that act still run (the test above)."""
+    out = tmp_path / "out"
+    assert_one_line_error(phase_one.main, [*TINY, *flags, "--out", str(out)], capsys, says, out=out)
