@@ -5,9 +5,10 @@ The phase-I problem minimises the constraints' total normalised violation,
 runner judges (:func:`cudt.descent.judged_steps`, each batch's means by the rule of
 :func:`cudt.metrics.applicable_steps`: not a step from a state at the loss floor, the clean
 ℓ_0 = 0 at γ_train 0), trained by the same step as every run (:func:`cudt.make_train_step`
-with ``objective="judged_violation"``, an ERM run: no multipliers) with the model's own projection after each update. Its minimum is 0 exactly when
-a feasible point exists; a run that cannot bring it to 0 from two starts, the model's
-initialisation and the ERM solution, is reported with the violation it reached.
+with ``objective="judged_violation"``, an ERM run: no multipliers) with the model's own
+projection after each update. Its minimum is 0 exactly when a feasible point exists; a run that
+cannot bring it to 0 from two starts, the model's initialisation and the ERM solution, is
+reported with the violation it reached.
 
 Two starts, as seeds × starts in one vmapped program:
 
