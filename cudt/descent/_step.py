@@ -74,10 +74,9 @@ def make_train_step(
         multipliers; default :func:`cudt.descent.loss_features` (``F = L``).
       project_params: applied to the parameters ``init`` is given and after every primal
         update (e.g. the UT's eigenvalue clipping, :func:`cudt.models.ut_project`).
-      objective: ``"loss"`` (mean ℓ_L, the paper's) or ``"violation"`` (the constraints' total
-        normalised violation, :func:`cudt.descent.violation`: a phase-I problem, trained as ERM
-        to find out whether a feasible point exists) or ``"judged_violation"`` (the same over
-        the steps the runner's verdicts judge, :func:`cudt.descent.judged_steps`).
+      objective: ``"loss"`` (mean ℓ_L, the paper's), ``"violation"`` (phase I, trained as ERM:
+        :func:`cudt.descent.violation`, the constraints' total normalised violation) or
+        ``"judged_violation"`` (over the steps the verdicts judge, :func:`~.judged_steps`).
       jit, donate: as :func:`cudt.make_constrained_step`'s (``jit=False``: the pure step, to
         ``vmap`` over runs and ``scan`` over steps).
 
