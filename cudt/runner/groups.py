@@ -188,10 +188,10 @@ class GroupProgram:
             # since (α/2)·‖u‖² with u ≡ 0 must stay 0, not inf·0
             "resilience": cfg.resilience if cfg.resilience_mode == "slack" else np.inf,
         }
-        # ε: each run is judged by its own (validation feasibility, the choice of a point); a
-        # constrained run trains at ε + --epsilon-margin, summed in float64 as the flag would be
-        # (--epsilon 0.02 --epsilon-margin 0.02 trains the bits of --epsilon 0.04)
+        # ε: each run judged by its own (feasibility, choice); a constrained run trains at ε +
+        # --epsilon-margin in float64, as the flag (0.02 + margin 0.02: the bits of ε 0.04)
         judged = [fill["epsilon"] if hp["epsilon"] is None else hp["epsilon"] for hp in hps]
+        self.judged_values = [float(e) for e in judged]  # as given (results.json's)
         margin = cfg.epsilon_margin
         self.trained_epsilon = [
             e + margin if s.constrained and margin else None

@@ -193,6 +193,9 @@ def _run_record(task, cfg, group, program, result, r, spec, test, val, gammas, v
         "ratios_excluded": ratio_stats.excluded + ratio_stats.non_finite,
         "ratios_total": ratio_stats.total,
         "feasible": verdict.feasible and not diverged,
+        # the ε of that verdict: the run's own, or ERM's (the model's ε, which a sweep need not
+        # choose: the chosen comparison judges ERM at the chosen point's, choice.compare_chosen)
+        "judged_epsilon": program.judged_values[r],
         "constraint_val": verdict.constraint,
         "relative_violation_val": verdict.relative_violation,
         "constraint_applicable_val": verdict.applicable,

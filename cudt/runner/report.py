@@ -175,6 +175,25 @@ def _ratio(x, pct: bool = False) -> str:
     return f"{100 * x:.1f}%" if pct else f"{x:.3f}"
 
 
+def _erm_epsilon_note(runs: list[dict]) -> list[str]:
+    """Where the constrained lanes' ε are not the one ERM's feasibility is judged at (a sweep of
+    ε, or another ε than the model's), the line that says so; none for results.json before
+    ``judged_epsilon``."""
+    erm = {r.get("judged_epsilon") for r in runs if not r["constrained"]} - {None}
+    lanes = {r.get("judged_epsilon") for r in runs if r["constrained"]} - {None}
+    if not erm or not lanes or erm == lanes:
+        return []
+
+    def text(values):
+        return ", ".join(f"{e:g}" for e in sorted(values))
+
+    return [
+        f"ERM's feasible: its descent constraints at ε {text(erm)} (the model's; the "
+        f"constrained runs' ε: {text(lanes)}); the chosen comparison counts ERM at the chosen "
+        "point's constraints"
+    ]
+
+
 def summary_table(
     task, runs: list[dict], swept: list[str], intervals=None, chosen=None, comparisons=None
 ) -> str:
@@ -248,6 +267,7 @@ def summary_table(
             f"--epsilon-margin {', '.join(f'{m:.3g}' for m in margins)}: the constrained runs "
             "trained at epsilon + margin; epsilon, feasible and the choices are at epsilon"
         )
+    notes += _erm_epsilon_note(runs)
     if resilient:
         notes.append(
             "relax u: a resilient run's largest relaxation λ/α at the end of training, in units "

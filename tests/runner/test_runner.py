@@ -615,6 +615,14 @@ def test_erm_at_one_point_is_compared_with_the_chosen_constrained_point(tmp_path
     assert comparison["erm_chosen"] is False and comparison["seeds"] == [0, 1]
     assert comparison["erm_feasible"] is not None
     assert "− ERM (its one point), paired t over 2 seeds" in printed.getvalue()
+    # the run table's ERM column is judged at the model's ε, and the notes say so
+    runs = results["runs"]
+    assert {r["judged_epsilon"] for r in runs if r["constrained"]} == {0.05, 0.1}
+    (erm_eps,) = {r["judged_epsilon"] for r in runs if not r["constrained"]}
+    assert (
+        f"ERM's feasible: its descent constraints at ε {erm_eps:g} (the model's; the "
+        "constrained runs' ε: 0.05, 0.1)" in printed.getvalue()
+    )
 
 
 def test_a_value_the_user_sets_is_not_tuned(tmp_path):
