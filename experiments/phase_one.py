@@ -50,7 +50,7 @@ from cudt.runner.lock import check_free, lock_output
 from cudt.runner.provenance import provenance
 from cudt.runner.record import decreases, evaluation_keys
 from cudt.runner.run import data_draws, evaluation_grids
-from cudt.runner.sweep import parse_sweeps
+from cudt.runner.sweep import parse_model_hparams, parse_sweeps
 from cudt.tasks.video import VideoConfig, VideoTask
 from experiments.paper.job import check_job_folder
 from experiments.paper.phase1 import (
@@ -88,8 +88,9 @@ def settings(task, cfg) -> list[dict[str, Any]]:
 
 def judge(means, epsilon: float, tolerance: float) -> dict[str, Any]:
     """One split's verdict on mean losses ``[L+1]``, as the runner's: ``violation`` (the phase-I
-    objective over the constraints the runner judges), ``max_relative_violation`` over the judged constraints, ``feasible`` within
-    ``tolerance`` (:func:`cudt.metrics.feasibility`), ``monotone``, ``layer_loss``, ``ratio``."""
+    objective over the constraints the runner judges), ``max_relative_violation`` over the
+    judged constraints, ``feasible`` within ``tolerance`` (:func:`cudt.metrics.feasibility`),
+    ``monotone``, ``layer_loss``, ``ratio``."""
     m = np.asarray(means, np.float64)
     verdict = feasibility(m, np.full(m.size - 1, epsilon), None, tolerance)
     rel = np.asarray(verdict.relative_violation[1:])[np.asarray(verdict.applicable[1:])]
@@ -326,7 +327,8 @@ SWEPT = ("epsilon", "lr", "gamma_train")  # the --sweep names that change a sett
 
 def _refuse_inert(cfg, argv) -> None:
     """Refuse (one line) a flag ``argv`` gives that would not act in phase I: a runner flag not
-    in :data:`READ`, ``--select``, or a ``--sweep`` of a name not in :data:`SWEPT`."""
+    in :data:`READ`, ``--select``, or a ``--sweep`` or ``--model-hparams`` of a name not in
+    :data:`SWEPT`."""
     task_own = {f.name for f in dataclasses.fields(VideoConfig)} - {
         f.name for f in dataclasses.fields(RunConfig)
     }
@@ -337,13 +339,18 @@ def _refuse_inert(cfg, argv) -> None:
             f"--{extra[0].replace('_', '-')} has no effect in phase I (an ERM run of the "
             "phase-I objective at a constant rate, no multipliers, no reference): drop it"
         )
-    if "sweep" in given_on_command_line(VideoConfig, argv):
-        for name in parse_sweeps(cfg):
-            if name not in SWEPT:
-                raise UsageError(
-                    f"--sweep {name.replace('_', '-')} has no effect in phase I (it reads "
-                    f"only the settings' {', '.join(SWEPT)}): drop it"
-                )
+    given = given_on_command_line(VideoConfig, argv)
+    sweeps = parse_sweeps(cfg) if "sweep" in given else {}
+    named = {f"--sweep {n.replace('_', '-')}": n for n in sweeps}
+    if "model_hparams" in given:
+        table = parse_model_hparams(cfg)
+        named |= {f"--model-hparams {m}:{n}": n for m, hp in table.items() for n in hp}
+    for shown, name in named.items():
+        if name not in SWEPT:
+            raise UsageError(
+                f"{shown} has no effect in phase I (it reads only the settings' "
+                f"{', '.join(SWEPT)}): drop it"
+            )
 
 
 def main(argv=None) -> int:

@@ -202,9 +202,10 @@ def compare_chosen(
     """Chosen constrained − chosen ERM, paired by seed: for each model × L × γ_train where both
     kinds chose a point on validation (:func:`choose_points` with ``constrained`` True and
     False; ERM trained at one point: that point), the paired Student-t interval over the seeds
-    the two share of every reported metric, and the counts a claim needs (seeds, the constrained point's feasibility on
-    validation, each kind's monotone test losses). Seeds that drew their own data make these
-    independent replicates; the intervals are the headline, never a bootstrap over items.
+    the two share of every reported metric, and the counts a claim needs (seeds, the
+    constrained point's feasibility on validation, each kind's monotone test losses). Seeds
+    that drew their own data make these independent replicates; the intervals are the
+    headline, never a bootstrap over items.
 
     With the verdict's ``tolerance``, ``erm_feasible`` counts the ERM runs that meet the chosen
     constrained point's own constraints on validation (its ε; its seed's reference bound, where

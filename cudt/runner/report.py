@@ -176,21 +176,24 @@ def _ratio(x, pct: bool = False) -> str:
 
 
 def _erm_epsilon_note(runs: list[dict]) -> list[str]:
-    """Where the constrained lanes' ε are not the one ERM's feasibility is judged at (a sweep of
-    ε, or another ε than the model's), the line that says so; none for results.json before
-    ``judged_epsilon``."""
-    erm = {r.get("judged_epsilon") for r in runs if not r["constrained"]} - {None}
-    lanes = {r.get("judged_epsilon") for r in runs if r["constrained"]} - {None}
-    if not erm or not lanes or erm == lanes:
-        return []
+    """Per model × L whose constrained runs' ε are not the one its ERM's feasibility is judged
+    at (a sweep of ε, or another ε than the model's), the line that says so; none for
+    results.json before ``judged_epsilon``."""
+    by: dict[tuple, tuple[set, set]] = {}
+    for r in runs:
+        sets = by.setdefault((r["model"], r["layers"]), (set(), set()))
+        if r.get("judged_epsilon") is not None:
+            sets[bool(r["constrained"])].add(r["judged_epsilon"])
 
     def text(values):
         return ", ".join(f"{e:g}" for e in sorted(values))
 
     return [
-        f"ERM's feasible: its descent constraints at ε {text(erm)} (the model's; the "
-        f"constrained runs' ε: {text(lanes)}); the chosen comparison counts ERM at the chosen "
-        "point's constraints"
+        f"{model}-{layers} ERM's feasible: its descent constraints at ε {text(erm)} (the "
+        f"model's; its constrained runs' ε: {text(lanes)}); the chosen comparison counts ERM at "
+        "the chosen point's constraints"
+        for (model, layers), (erm, lanes) in by.items()
+        if erm and lanes and erm != lanes
     ]
 
 

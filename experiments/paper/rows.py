@@ -36,6 +36,7 @@ RUN_COLUMNS = (
     "infeasible_runs",
     "not_applicable",
     "label",
+    "resilient",
     "sub_run",
 )
 
@@ -212,8 +213,9 @@ def _chosen_point(
         if all(not r.get("diverged") and math.isfinite(num(r.get(score))) for r in rs)
     ]
     if constrained and live:  # trained at every seed, no point eligible: the best, flagged
-        shown = sorted(live, key=mean_score, reverse=higher)[0]
-        feasible = any(all(r.get("feasible") for r in rs) for rs in live)
+        # of those feasible at every seed (then only monotone descent missed), else of all
+        feasible = [rs for rs in live if all(r.get("feasible") for r in rs)]
+        shown = sorted(feasible or live, key=mean_score, reverse=higher)[0]
         return shown, _status(runs, constrained, NOT_MONOTONE if feasible else "infeasible")
     # no point trained at every seed: "diverged" only where every run did
     word = "diverged" if all(r.get("diverged") for r in runs) else SEED_DIVERGED
@@ -309,8 +311,9 @@ def selection_legend(score: str, rows: Iterable[dict], word: str) -> str:
     return (
         f"Per cell: the sweep point the runner chooses, the best mean {score} over its seeds "
         "among those where no run diverged (and, constrained, every run met its constraints "
-        f"and descended at every layer on validation), its mean over the seeds; **bold**: the {word} of constrained and ERM where the paired t "
-        "interval over seeds (95 %) excludes 0, neither where it spans 0 (level)"
+        "and descended at every layer on validation), its mean over the seeds; **bold**: the "
+        f"{word} of constrained and ERM where the paired t interval over seeds (95 %) excludes "
+        "0, neither where it spans 0 (level)"
     )
 
 
@@ -494,7 +497,7 @@ def direction_markdown(
         )
         + (", with constrained minus ERM here and there" if signed else "")
         + f"; ✓ same direction; {flagged}: no feasible constrained run, the best infeasible "
-        "one's direction." + legend,
+        "one's direction" + status_legend(rows) + "." + legend,
         "",
         "| " + " | ".join(head) + " |",
         "|" + "|".join(["---"] * len(head)) + "|",

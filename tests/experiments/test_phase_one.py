@@ -210,6 +210,9 @@ def test_split_means_are_the_runners_validation_losses(tmp_path):
         (["--resilience", "1"], "--resilience has no effect in phase I"),
         (["--dual-optimizer", "adam"], "--dual-optimizer has no effect in phase I"),
         (["--sweep", "dual_lr=0.01,0.1"], "--sweep dual-lr has no effect in phase I"),
+        # a name the task's flags refuse, given per model instead (found by review)
+        (["--model-hparams", "dust:dual_lr=10"], "--model-hparams dust:dual_lr has no effect"),
+        (["--model-hparams", "dust:epsilon=0.05,resilience=10"], "dust:resilience has no"),
     ],
 )
 def test_a_flag_that_would_not_act_is_refused(tmp_path, capsys, flags, says):

@@ -21,6 +21,7 @@ from helpers import (
 from cudt.data import load_video_data, load_videos, synthetic_videos
 from cudt.data.video import archives
 from experiments import video_table
+from experiments.paper import rows as table_rows
 from experiments.paper import video_table as table3
 
 WRITERS = {
@@ -148,7 +149,7 @@ def test_cells_over_seeds_are_the_chosen_points_mean_and_bold_needs_a_paired_int
     assert "in 0 of 1" in text
 
 
-def test_a_cell_over_seeds_is_the_runners_choice_monotone_required_resilient_marked():
+def test_a_cell_over_seeds_is_the_runners_choice_monotone_required_resilient_marked(tmp_path):
     """Over seeds the table shows the point the runner's report chooses (one rule,
     ``choose_points``): a feasible point that does not descend at every layer on validation at
     every seed is out; where no point is eligible but a resilient one solved its relaxed
@@ -169,6 +170,20 @@ def test_a_cell_over_seeds_is_the_runners_choice_monotone_required_resilient_mar
     text = table3.headline_markdown(rows, ["ucsd"], ["dust"], [3], 0.15, [0.15, 0.3])
     assert headline_cells(text)["dust-3"][0] == "not monotone (8.100)"
     assert "`not monotone`: a setting met its constraints at every seed, but none" in text
+    # the bracketed number is a point that met its constraints, not a better infeasible one
+    con = _runs_over_seeds({1e-3: [9.0, 9.3, 9.1], 2e-3: [8.0, 8.1, 8.2]}, True,
+                           feasible=lambda lr, seed: lr == 1e-3,
+                           monotone=lambda lr, seed: seed != 1)  # fmt: skip
+    cell = {r["kind"]: r for r in table3.best_rows({("ucsd", 3): {"runs": erm + con}})}
+    assert (cell["constrained"]["status"], cell["constrained"]["lr"]) == ("not monotone", 1e-3)
+    # Fig. 3 names the hollow point by its status, not "infeasible"
+    import types
+
+    opts = types.SimpleNamespace(headline_gamma=0.15, layers=(3,), models=("dust",),
+                                 datasets=("ucsd",))  # fmt: skip
+    assert "constrained (not monotone)" in _fig3_legend(rows, opts, tmp_path)
+    text = table3.paper_direction_markdown(rows, ["ucsd"], ["dust"], [3], 0.15)
+    assert "| not monotone (" in text and "`not monotone`: a setting met its" in text
     # the hard problem infeasible everywhere; 1e-3 trained with resilience solved its relaxed one
     con = _runs_over_seeds({1e-3: [9.0, 9.3, 9.1], 2e-3: [8.0, 8.1, 8.2]}, True,
                            feasible=lambda lr, seed: False)  # fmt: skip
@@ -184,6 +199,9 @@ def test_a_cell_over_seeds_is_the_runners_choice_monotone_required_resilient_mar
     assert "`r`: no setting met the hard constraints at every seed" in text
     text = table3.paper_direction_markdown(rows, ["ucsd"], ["dust"], [3], 0.15)
     assert "| C r /" in text
+    written = csv.DictReader(table_rows.csv_text(rows, table3.CSV_COLUMNS).splitlines())
+    assert {r["kind"]: r["resilient"] for r in written} == {"ERM": "False", "constrained": "True"}
+    assert "constrained (L=3 resilient)" in _fig3_legend(rows, opts, tmp_path)
     import matplotlib.pyplot as plt
 
     from experiments.paper import figures as figs
@@ -194,6 +212,24 @@ def test_a_cell_over_seeds_is_the_runners_choice_monotone_required_resilient_mar
     (line,) = ax.lines
     plt.close(fig)
     assert (line.get_label(), line.get_linestyle()) == ("constrained (resilient)", "-")
+
+
+def _fig3_legend(rows, opts, tmp_path) -> list[str]:
+    import matplotlib.pyplot as plt
+
+    from experiments.paper.video_table.figures import plot_fig3
+
+    figs = []
+    close = plt.close
+    plt.close = figs.append  # keep the figure to read it back
+    try:
+        plot_fig3(rows, opts, tmp_path / "fig3.png")
+    finally:
+        plt.close = close
+    (ax,) = [a for a in figs[0].axes if a.get_legend() is not None]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    close(figs[0])
+    return labels
 
 
 def test_an_infeasible_cell_over_seeds_is_level_where_its_paired_interval_spans_0():

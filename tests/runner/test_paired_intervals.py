@@ -187,3 +187,21 @@ def test_erm_is_judged_at_the_chosen_points_own_constraints_in_the_comparison():
     assert c["erm_feasible"] is None
     (line,) = comparison_lines([c])
     assert "ERM at" not in line and "constrained feasible at 4 of 4, monotone" in line, line
+
+
+def test_the_erm_epsilon_note_is_per_model_where_two_models_swap_their_epsilons():
+    """ERM's feasible column is judged at the model's ε: a note names it per model × L wherever
+    that model's constrained runs trained other ε. Pooled over models, ε {0.02, 0.05} on both
+    sides hid it (found by review: the text task's UT at 0.02 beside an encoder at 0.05)."""
+    from cudt.runner.report import _erm_epsilon_note
+
+    def run(model, constrained, eps):
+        return {"model": model, "layers": 3, "constrained": constrained, "judged_epsilon": eps}
+
+    runs = [run("ut", False, 0.02), run("ut", True, 0.02), run("ut", True, 0.05)]
+    runs += [run("bert", False, 0.05), run("bert", True, 0.02), run("bert", True, 0.05)]
+    notes = _erm_epsilon_note(runs)
+    assert [n.split(" ERM's")[0] for n in notes] == ["ut-3", "bert-3"]
+    assert "at ε 0.02 (the model's; its constrained runs' ε: 0.02, 0.05)" in notes[0]
+    assert _erm_epsilon_note([r for r in runs if r["judged_epsilon"] == 0.05]) == []
+    assert _erm_epsilon_note([{**r, "judged_epsilon": None} for r in runs]) == []

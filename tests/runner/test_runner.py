@@ -620,7 +620,7 @@ def test_erm_at_one_point_is_compared_with_the_chosen_constrained_point(tmp_path
     assert {r["judged_epsilon"] for r in runs if r["constrained"]} == {0.05, 0.1}
     (erm_eps,) = {r["judged_epsilon"] for r in runs if not r["constrained"]}
     assert (
-        f"ERM's feasible: its descent constraints at ε {erm_eps:g} (the model's; the "
+        f"ERM's feasible: its descent constraints at ε {erm_eps:g} (the model's; its "
         "constrained runs' ε: 0.05, 0.1)" in printed.getvalue()
     )
 

@@ -197,6 +197,7 @@ def plot_fig12(rows, opts, out: Path, path: Path) -> None:
                 total, text = drawn_stats  # [B+1] over every layer (and seed)
                 s = STYLE[key]
                 flagged = "" if row["status"] == "ok" else f" ({row['status']})"
+                flagged += " (resilient)" if row.get("resilient") else ""
                 ax.stairs(
                     total[:-1] / (total.sum() * np.diff(edges)),
                     edges,

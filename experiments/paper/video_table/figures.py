@@ -90,6 +90,7 @@ def plot_fig3(rows, opts, path: Path) -> None:
                 ok = [L for L, r in shown.items() if r["status"] == "ok"]
                 bad = [L for L, r in shown.items() if r["status"] != "ok"]
                 lost = [f"L={L} {r['status']}" for L, r in found.items() if L not in shown]
+                lost += [f"L={L} resilient" for L in ok if shown[L].get("resilient")]
                 label = s["label"] + (f" ({', '.join(lost)})" if lost else "")
                 if not ok and not lost:
                     label = None  # only infeasible points: named by their own entry
@@ -104,16 +105,17 @@ def plot_fig3(rows, opts, path: Path) -> None:
                     )
                 elif label is not None:  # nothing to draw: named, gray, as Fig. 2 does
                     ax.plot([], [], color="0.5", ls=":", label=label)
-                if bad:
+                for status in dict.fromkeys(shown[L]["status"] for L in bad):
+                    these = [L for L in bad if shown[L]["status"] == status]
                     ax.plot(
-                        bad,
-                        [shown[L]["mean_rmse"] for L in bad],
+                        these,
+                        [shown[L]["mean_rmse"] for L in these],
                         ls="none",
                         marker=s["marker"],
                         ms=7,
                         mfc="none",
                         mec=s["color"],
-                        label=f"{s['label']} (infeasible)",
+                        label=f"{s['label']} ({status})",
                     )
             ax.set_xticks(layers)
             ax.set_title(f"{NAMES[d]} · {m.upper()}", fontsize=10)
@@ -124,8 +126,8 @@ def plot_fig3(rows, opts, path: Path) -> None:
     fig.suptitle(f"Fig. 3: mean test RMSE vs depth, γ_train = {g:g}", fontsize=11)
     figs.figure_note(
         fig,
-        f"{table_rows.shown_runs(rows, 'validation RMSE')}; hollow: no feasible constrained run "
-        "(the best infeasible one shown)",
+        f"{table_rows.shown_runs(rows, 'validation RMSE')}; hollow: no eligible constrained "
+        "run (the best of the others shown, named by its status)",
     )
     save_figure(fig, path)
 
