@@ -403,6 +403,10 @@ def test_fig12_legend_states_the_pooled_ratios_it_draws(tmp_path, monkeypatch):
     shown = ax.get_legend_handles_labels()[1]
     pooled = "mean 0.854, median in [0.8, 0.8025), 85% < 1"  # (30·0.802+4·0.951+6·1.051)/40
     assert shown == [f"ERM: {pooled}", f"constrained: {pooled}"], shown
+    # a point the runner chose by its resilient fallback is named so (its table cell: r)
+    marked = [dict(r, resilient=r["kind"] == "constrained") for r in rows]
+    figures.plot_fig12(marked, opts, tmp_path, tmp_path / "fig12.png")
+    assert drawn[1].axes[0].get_legend_handles_labels()[1][1].startswith("constrained (resilient)")
     row = next(r for r in rows if r["kind"] == "ERM")
     assert row["median_ratio"] == pytest.approx(0.9265)  # the mean of the seeds' medians
     # one seed's run alone: its own exact numbers
