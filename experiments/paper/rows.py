@@ -320,8 +320,16 @@ def selection_legend(score: str, rows: Iterable[dict], word: str) -> str:
 def shown_runs(rows: Iterable[dict], score: str) -> str:
     """What a figure's line of a setting is, for its note (one seed, or means over seeds)."""
     if several_seeds(rows):
-        return f"seeds' mean at the point best on {score}"
+        return f"seeds' mean at the point the runner chooses on {score}"
     return f"best run per setting by {score}"
+
+
+def line_note(rows: Iterable[dict], score: str) -> str:
+    """A line figure's note: what a line is (:func:`shown_runs`), and what a dashed one is."""
+    return (
+        f"{shown_runs(rows, score)}; dashed: no eligible constrained run (the best of the "
+        "others, its status in the legend)"
+    )
 
 
 def count_rule(rows: Iterable[dict]) -> str:

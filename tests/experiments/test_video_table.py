@@ -182,6 +182,11 @@ def test_a_cell_over_seeds_is_the_runners_choice_monotone_required_resilient_mar
     opts = types.SimpleNamespace(headline_gamma=0.15, layers=(3,), models=("dust",),
                                  datasets=("ucsd",))  # fmt: skip
     assert "constrained (not monotone)" in _fig3_legend(rows, opts, tmp_path)
+    # the line figures' note: the chosen point, and dashed = not eligible, not only infeasible
+    assert table_rows.line_note(rows, "validation RMSE") == (
+        "seeds' mean at the point the runner chooses on validation RMSE; dashed: no eligible "
+        "constrained run (the best of the others, its status in the legend)"
+    )
     text = table3.paper_direction_markdown(rows, ["ucsd"], ["dust"], [3], 0.15)
     assert "| not monotone (" in text and "`not monotone`: a setting met its" in text
     # the hard problem infeasible everywhere; 1e-3 trained with resilience solved its relaxed one

@@ -23,10 +23,7 @@ STYLE = figs.STYLE
 
 
 def _note(rows) -> str:
-    return (
-        f"{table_rows.shown_runs(rows, 'validation AUC')}; dashed: no feasible constrained run "
-        "(the best infeasible one shown)"
-    )
+    return table_rows.line_note(rows, "validation AUC")
 
 
 def _panels(rows, opts):

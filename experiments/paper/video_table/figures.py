@@ -38,11 +38,7 @@ def _draw(ax, key, row, x, y, ms=4) -> None:
 
 
 def _legend_note(fig, rows) -> None:
-    figs.figure_note(
-        fig,
-        f"{table_rows.shown_runs(rows, 'validation RMSE')}; dashed: no feasible constrained run "
-        "(the best infeasible one shown)",
-    )
+    figs.figure_note(fig, table_rows.line_note(rows, "validation RMSE"))
 
 
 def plot_fig2(rows, opts, path: Path) -> None:
