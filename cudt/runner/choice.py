@@ -82,6 +82,33 @@ def _best_point(points: dict, score: str, sign: float, ok) -> tuple[int, tuple |
     return len(good), (min(good, key=lambda g: (g[0], g[1])) if good else None)
 
 
+def _points(runs: list[dict]) -> dict[tuple, list[dict]]:
+    """``{point: runs}``: runs grouped by their every hyperparameter, in the runs' order."""
+    points: dict[tuple, list[dict]] = {}
+    for r in runs:
+        points.setdefault(tuple(sorted(r["hparams"].items())), []).append(r)
+    return points
+
+
+def best_trained_point(
+    runs: list[dict], score: str, *, higher_is_better: bool
+) -> tuple[list[dict] | None, bool]:
+    """Where :func:`choose_points` chose nothing for one setting's constrained runs: the best
+    mean ``score`` among the points that trained at every seed (none diverged, every ``score``
+    finite), of those feasible at every seed where there are any (then only monotone descent
+    was missed), else of all; ties by sweep order. Returns ``(its runs or None, whether
+    feasible at every seed)``, so a table can show the best of what trained, flagged."""
+    points, sign = _points(runs), -1.0 if higher_is_better else 1.0
+
+    def live(r: dict) -> bool:
+        return not r.get("diverged")
+
+    _, feasible = _best_point(points, score, sign, lambda r: live(r) and bool(r.get("feasible")))
+    _, trained = _best_point(points, score, sign, live)
+    pick = feasible or trained
+    return (pick[3] if pick else None), feasible is not None
+
+
 def choose_points(
     runs: list[dict],
     score: str,
@@ -114,12 +141,12 @@ def choose_points(
     ``mean`` and ``seeds`` are None when no point is eligible, ``relaxation`` unless the choice
     is resilient.
     """
-    groups: dict[tuple, dict[tuple, list[dict]]] = {}
+    settings: dict[tuple, list[dict]] = {}
     for r in runs:
         if r["constrained"] == constrained:
             key = (r.get("model"), r.get("layers"), r.get("gamma_train"))
-            point = tuple(sorted(r["hparams"].items(), key=lambda kv: kv[0]))
-            groups.setdefault(key, {}).setdefault(point, []).append(r)
+            settings.setdefault(key, []).append(r)
+    groups = {key: _points(rs) for key, rs in settings.items()}
     out = []
     sign = -1.0 if higher_is_better else 1.0
     for (model, layers, gamma_train), points in groups.items():

@@ -16,7 +16,7 @@ from typing import Any
 
 from cudt.io import atomic_write
 from cudt.knobs import KNOBS
-from cudt.runner.choice import choose_points
+from cudt.runner.choice import best_trained_point, choose_points
 from cudt.runner.record import KINDS
 from cudt.stats import paired_t_interval
 
@@ -200,23 +200,10 @@ def _chosen_point(
     if choice["hparams"] is not None:
         shown = [r for r in runs if r["hparams"] == choice["hparams"]]
         return shown, _status(runs, constrained, "ok") | {"resilient": choice["resilient"]}
-    points: dict[tuple, list[dict]] = defaultdict(list)
-    for r in runs:
-        points[tuple(sorted((k, repr(v)) for k, v in r["hparams"].items()))].append(r)
-
-    def mean_score(rs: list[dict]) -> float:
-        return sum(num(r[score]) for r in rs) / len(rs)
-
-    live = [
-        rs
-        for rs in points.values()
-        if all(not r.get("diverged") and math.isfinite(num(r.get(score))) for r in rs)
-    ]
-    if constrained and live:  # trained at every seed, no point eligible: the best, flagged
-        # of those feasible at every seed (then only monotone descent missed), else of all
-        feasible = [rs for rs in live if all(r.get("feasible") for r in rs)]
-        shown = sorted(feasible or live, key=mean_score, reverse=higher)[0]
-        return shown, _status(runs, constrained, NOT_MONOTONE if feasible else "infeasible")
+    if constrained:  # no point eligible: the best of those that trained at every seed, flagged
+        shown, feasible = best_trained_point(runs, score, higher_is_better=higher)
+        if shown is not None:
+            return shown, _status(runs, constrained, NOT_MONOTONE if feasible else "infeasible")
     # no point trained at every seed: "diverged" only where every run did
     word = "diverged" if all(r.get("diverged") for r in runs) else SEED_DIVERGED
     return None, _status(runs, constrained, word)
