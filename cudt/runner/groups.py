@@ -191,7 +191,8 @@ class GroupProgram:
         # ε: each run judged by its own (feasibility, choice); a constrained run trains at ε +
         # --epsilon-margin in float64, as the flag (0.02 + margin 0.02: the bits of ε 0.04)
         judged = [fill["epsilon"] if hp["epsilon"] is None else hp["epsilon"] for hp in hps]
-        self.judged_values = [float(e) for e in judged]  # as given (results.json's)
+        # as given (results.json's); the verdicts read it in float32, as the state holds ε
+        self.judged_epsilon = [float(e) for e in judged]
         margin = cfg.epsilon_margin
         self.trained_epsilon = [
             e + margin if s.constrained and margin else None
@@ -203,7 +204,6 @@ class GroupProgram:
                     f"--epsilon-margin {margin:g} trains a run at epsilon {e:g} (at least 1: a "
                     "loss below 0): pass a smaller margin"
                 )
-        self.judged_epsilon = col(judged, np.nan)
         values = {
             "reference": resolved_ref,
             "epsilon": [

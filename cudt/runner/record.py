@@ -92,7 +92,7 @@ def summarise(task, cfg, data, group, program, result, gammas, val_gammas, eval_
     run)."""
     model = group.model
     test, val = _evaluate_splits(task, cfg, data, group, result, gammas, val_gammas, eval_keys)
-    eps = np.asarray(program.judged_epsilon)  # not the trained ε + --epsilon-margin
+    eps = np.asarray(program.judged_epsilon, np.float32)  # not the trained ε + --epsilon-margin
     runs, ratios = [], []
     for r, spec in enumerate(group.specs):
         record, run_ratios = _run_record(
@@ -195,7 +195,7 @@ def _run_record(task, cfg, group, program, result, r, spec, test, val, gammas, v
         "feasible": verdict.feasible and not diverged,
         # the ε of that verdict: the run's own, or ERM's (the model's ε, which a sweep need not
         # choose: the chosen comparison judges ERM at the chosen point's, choice.compare_chosen)
-        "judged_epsilon": program.judged_values[r],
+        "judged_epsilon": program.judged_epsilon[r],
         "constraint_val": verdict.constraint,
         "relative_violation_val": verdict.relative_violation,
         "constraint_applicable_val": verdict.applicable,
