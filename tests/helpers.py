@@ -204,7 +204,19 @@ def headline_cells(text: str) -> dict[str, list[str]]:
 
 
 def cell_number(cell: str) -> float:
-    return float(cell.strip("*"))
+    """A table cell's number: bold or not, or a flagged one's in brackets."""
+    return float(cell.strip("*").rsplit("(", 1)[-1].rstrip(")"))
+
+
+def cell_status(run: dict) -> str:
+    """A paper table's status of a cell that is one run (one seed, one point; at several points
+    the best of those whose status is ok), by the runner's rule: ERM is eligible unless diverged; a constrained run must be feasible and descend at
+    every layer on validation."""
+    if not run["constrained"]:
+        return "ok"
+    if not run["feasible"]:
+        return "infeasible"
+    return "ok" if run["loss_decreases_val"] else "not monotone"
 
 
 def one_line_error(capsys) -> str:

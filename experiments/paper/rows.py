@@ -51,7 +51,7 @@ NOT_APPLICABLE_LEGEND = (
 # the status of a cell over several seeds where every setting lost a seed or more (the others
 # trained): no setting is shown, since a cell needs every seed (:func:`_chosen_point`)
 SEED_DIVERGED = "seed diverged"
-# the status of a constrained cell over several seeds where a point met its constraints at every
+# the status of a constrained cell where a point met its constraints at every
 # seed but none also descended monotonically on validation at every seed (the runner's rule)
 NOT_MONOTONE = "not monotone"
 # the mark of a cell whose point the runner chose by its resilient fallback
@@ -105,23 +105,6 @@ def peak(values) -> float:
     return max(vals) if vals else 0.0
 
 
-def best_of_setting(
-    runs: list[dict], constrained: bool, *, score: str, higher: bool
-) -> tuple[dict | None, dict[str, Any]]:
-    """The run shown for one setting (model, L, kind, γ_train) and its status fields.
-
-    The shown run is the runner's ``best`` mark (the best ``score`` among non-diverged runs that
-    are feasible, for constrained ones); where no constrained run is feasible, the best of the
-    infeasible ones, flagged (``status`` ``infeasible``); None where every run diverged."""
-    best = [r for r in runs if r.get("best")]
-    shown = best
-    if not best and constrained:  # infeasible: still show its best number, flagged
-        alive = [r for r in runs if not r.get("diverged") and math.isfinite(num(r.get(score)))]
-        shown = sorted(alive, key=lambda r: r[score], reverse=higher)[:1]
-    status = _status(runs, constrained, "ok" if best else None)
-    return (shown[0] if shown else None), status
-
-
 def _status(runs: list[dict], constrained: bool, word: str | None) -> dict[str, Any]:
     """A setting's status fields: ``word`` where given, else ``infeasible`` (a constrained run
     that did not diverge missed its constraints) or ``diverged``; how many runs of each."""
@@ -139,21 +122,21 @@ def _status(runs: list[dict], constrained: bool, word: str | None) -> dict[str, 
 def setting_rows(
     res: dict, dataset: str, sub_run: str, *, score: str, higher: bool, fields
 ) -> list[dict]:
-    """One row per (model, L, kind, γ_train) of one sub-run's ``results.json`` ``res``: its best
-    run (:func:`best_of_setting` by ``score``) and status, and (unless every run diverged) what
-    every table shows of that run; ``fields(best, i)`` adds the table's own numbers of it
-    (``i``: the index of its γ_train in its test γ grid). L is each run's own (a pretrained
-    model's depth is its checkpoint's)."""
+    """One row per (model, L, kind, γ_train) of one sub-run's ``results.json`` ``res``: the
+    point the runner's rule chooses by ``score`` (:func:`_chosen_point`, at one seed or
+    several) and its status, and (unless nothing trained) what every table shows of it: the
+    run itself at one seed, the mean over the seeds at several; ``fields(run, i)`` adds the
+    table's own numbers of a run (``i``: the index of its γ_train in its test γ grid). L is
+    each run's own (a pretrained model's depth is its checkpoint's)."""
     settings: dict[tuple, list[dict]] = defaultdict(list)
     for r in res["runs"]:
         key = (r["model"], int(r["layers"]), r["constrained"], float(r["gamma_train"]))
         settings[key].append(r)
     rows = []
     for (model, layers, constrained, gamma), runs in settings.items():
-        if len({int(r["seed"]) for r in runs}) > 1:
-            b, status = _chosen_point(runs, constrained, score=score, higher=higher)
-        else:  # one seed: the runner's best run (the best point is that run)
-            b, status = best_of_setting(runs, constrained, score=score, higher=higher)
+        b, status = _chosen_point(runs, constrained, score=score, higher=higher)
+        if b is not None and len(b) == 1:  # one seed: the chosen point is that run
+            [b] = b
         row = {
             "dataset": dataset,
             "model": model,
@@ -186,8 +169,7 @@ def setting_rows(
 def _chosen_point(
     runs: list[dict], constrained: bool, *, score: str, higher: bool
 ) -> tuple[list[dict] | None, dict[str, Any]]:
-    """The runs (one a seed) of the sweep point shown for one setting over several seeds, and
-    its status: the runner's own choice on validation (:func:`cudt.runner.choice.
+    """The runs (one a seed) of the sweep point shown for one setting, and its status: the runner's own choice on validation (:func:`cudt.runner.choice.
     choose_points`, one rule for the report and the tables: every seed eligible, i.e. not
     diverged and, constrained, feasible and monotone on validation; the best mean ``score``;
     where no point is, the resilient fallback, the status fields then saying ``resilient``);
@@ -291,9 +273,10 @@ def selection_legend(score: str, rows: Iterable[dict], word: str) -> str:
     """How a cell's run was chosen and what bold means (one seed, or means over seeds)."""
     if not several_seeds(rows):
         return (
-            f"Best run per cell by {score} among non-diverged runs, feasible ones for "
-            f"constrained; **bold**: the {word} of constrained and ERM on test data (one seed: "
-            "no interval, so no verdict)"
+            f"Per cell: the sweep point the runner chooses, the best {score} among the runs "
+            "that did not diverge (and, constrained, met their constraints and descended at "
+            f"every layer on validation); **bold**: the {word} of constrained and ERM on test "
+            "data (one seed: no interval, so no verdict)"
         )
     return (
         f"Per cell: the sweep point the runner chooses, the best mean {score} over its seeds "
@@ -308,7 +291,7 @@ def shown_runs(rows: Iterable[dict], score: str) -> str:
     """What a figure's line of a setting is, for its note (one seed, or means over seeds)."""
     if several_seeds(rows):
         return f"seeds' mean at the point the runner chooses on {score}"
-    return f"best run per setting by {score}"
+    return f"the point the runner chooses on {score}"
 
 
 def line_note(rows: Iterable[dict], score: str) -> str:

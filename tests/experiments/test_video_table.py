@@ -14,6 +14,7 @@ from helpers import (
     assert_one_line_error,
     assert_rerun_reuses,
     cell_number,
+    cell_status,
     finished_job,
     headline_cells,
 )
@@ -219,6 +220,35 @@ def test_a_cell_over_seeds_is_the_runners_choice_monotone_required_resilient_mar
     assert (line.get_label(), line.get_linestyle()) == ("constrained (resilient)", "-")
 
 
+def test_a_one_seed_cell_is_the_runners_choice_too_not_its_best_run():
+    """At one seed the rule is the same (``choose_points``): among lanes, the best validation
+    score of the runs that descend at every layer; the cell is that run (its seed, not a mean),
+    whatever the runner's ``best`` mark (feasible only) says, and the legend says the rule."""
+    from cudt.runner.choice import select_best
+
+    erm = _runs_over_seeds({1e-3: [10.0], 2e-3: [10.5]}, False)
+    # 2e-3 is best on validation and feasible, but does not descend at every layer
+    con = _runs_over_seeds({1e-3: [9.0], 2e-3: [8.0]}, True, monotone=lambda lr, s: lr == 1e-3)
+    runs = erm + con
+    select_best(runs, "val_objective", higher_is_better=False)  # as results.json marks them
+    assert [r["hparams"]["lr"] for r in con if r["best"]] == [2e-3]
+    rows = table3.best_rows({("ucsd", 3): {"runs": runs}})
+    cell = {r["kind"]: r for r in rows}
+    assert (cell["constrained"]["status"], cell["constrained"]["lr"]) == ("ok", 1e-3)
+    assert (cell["constrained"]["seed"], cell["constrained"]["mean_rmse"]) == (0, 9.0)
+    assert "per_seed" not in cell["constrained"] and cell["ERM"]["lr"] == 1e-3
+    text = table3.headline_markdown(rows, ["ucsd"], ["dust"], [3], 0.15, [0.15, 0.3])
+    assert headline_cells(text)["dust-3"] == ["**9.000**", "10.000"]
+    assert "Per cell: the sweep point the runner chooses, the best validation RMSE among" in text
+    assert table_rows.shown_runs(rows, "validation RMSE") == (
+        "the point the runner chooses on validation RMSE"
+    )
+    # no lane descends at every layer: the best feasible one, flagged, as over seeds
+    con = _runs_over_seeds({1e-3: [9.0], 2e-3: [8.0]}, True, monotone=lambda lr, s: False)
+    cell = {r["kind"]: r for r in table3.best_rows({("ucsd", 3): {"runs": erm + con}})}
+    assert (cell["constrained"]["status"], cell["constrained"]["lr"]) == ("not monotone", 2e-3)
+
+
 def _fig3_legend(rows, opts, tmp_path) -> list[str]:
     import matplotlib.pyplot as plt
 
@@ -365,21 +395,25 @@ def test_tiny_grid_writes_table_csv_and_figures(tiny_grid):
         for g in (0.09, 0.15)
     }
     assert len(rows) == 10
+    # one seed, the default's lanes (dual rates, ERM learning rates): each cell is the lane the
+    # runner's rule takes, the best validation objective among the eligible ones
+    lanes: dict[tuple, list[dict]] = {}
+    for run in results["runs"]:
+        kind = "constrained" if run["constrained"] else "ERM"
+        lanes.setdefault((run["model"], kind, run["gamma_train"]), []).append(run)
     for r in rows:
-        assert r["dataset"] == "avenue" and r["layers"] == "3" and r["status"] == "ok"
+        assert r["dataset"] == "avenue" and r["layers"] == "3" and r["sub_run"] == "avenue-L3"
         assert np.isfinite(float(r["mean_rmse"])) and np.isfinite(float(r["rmse_at_gamma_train"]))
-        assert float(r["peak_lambda"]) >= 0 and r["sub_run"] == "avenue-L3"
-    # The CSV numbers are the best runs' of results.json.
-    best = {
-        (r["model"], "constrained" if r["constrained"] else "ERM", r["gamma_train"]): r
-        for r in results["runs"]
-        if r["best"]
-    }
-    for r in rows:
-        run = best[(r["model"], r["kind"], float(r["gamma_train"]))]
-        assert float(r["mean_rmse"]) == pytest.approx(run["mean_rmse"], rel=1e-5)
-        # the ε of the run reported (one ε lane here, so the choice among lanes is
-        # tests/runner's to check, not this table's)
+        assert float(r["peak_lambda"]) >= 0
+        runs = lanes[(r["model"], r["kind"], float(r["gamma_train"]))]
+        eligible = [x for x in runs if cell_status(x) == "ok"]
+        # the lane shown (lanes whose multipliers stayed 0 train alike: any of those)
+        run = next(
+            x for x in runs if float(r["mean_rmse"]) == pytest.approx(x["mean_rmse"], rel=1e-5)
+        )
+        assert r["status"] == ("ok" if eligible else cell_status(run)), (r, runs)
+        if eligible:
+            assert run["val_objective"] == min(x["val_objective"] for x in eligible)
         eps = run["hparams"]["epsilon"]
         assert r["epsilon"] == (f"{eps:g}" if r["kind"] == "constrained" else "")
 
@@ -389,8 +423,9 @@ def test_tiny_grid_writes_table_csv_and_figures(tiny_grid):
     for model in ("dust-3", "ut-3"):
         c, e = cells[model]
         lower = min(cell_number(c), cell_number(e))
-        for cell in (c, e):  # the lower one bold (both when equal), the other not
-            assert cell.startswith("**") == (cell_number(cell) == lower), (model, c, e)
+        flagged = "(" in c + e  # a cell not eligible (its number in brackets): no bold
+        for cell in (c, e):  # else the lower one bold (both when equal), the other not
+            assert cell.startswith("**") == (not flagged and cell_number(cell) == lower), c + e
     csv_c = next(r for r in rows if r["model"] == "dust" and r["kind"] == "constrained"
                  and r["gamma_train"] == "0.15")  # fmt: skip
     assert cell_number(cells["dust-3"][0]) == pytest.approx(float(csv_c["mean_rmse"]), abs=5e-4)
