@@ -209,9 +209,10 @@ def cell_number(cell: str) -> float:
 
 
 def cell_status(run: dict) -> str:
-    """A paper table's status of a cell that is one run (one seed, one point; at several points
-    the best of those whose status is ok), by the runner's rule: ERM is eligible unless diverged; a constrained run must be feasible and descend at
-    every layer on validation."""
+    """A paper table's status of a cell that is one run (one seed, one point; at several
+    points the best of those whose status is ok), by the runner's rule: ERM is eligible
+    unless diverged; a constrained run must be feasible and descend at every layer on
+    validation."""
     if not run["constrained"]:
         return "ok"
     if not run["feasible"]:

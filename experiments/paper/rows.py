@@ -1,6 +1,6 @@
-"""The rows of a table job: what each setting shows (one seed: its best run on validation;
-several: the sweep point best on validation over the seeds, its mean, with every seed's numbers
-for the paired intervals), sorted, as CSV, and as Markdown tables (constrained vs ERM at one
+"""The rows of a table job: what each setting shows (the sweep point the runner's rule
+chooses on validation: one seed, that run; several, its mean over the seeds, with every seed's
+numbers for the paired intervals), sorted, as CSV, and as Markdown tables (constrained vs ERM at one
 γ_train, and the direction of each cell against the paper's table).
 """
 
@@ -169,9 +169,10 @@ def setting_rows(
 def _chosen_point(
     runs: list[dict], constrained: bool, *, score: str, higher: bool
 ) -> tuple[list[dict] | None, dict[str, Any]]:
-    """The runs (one a seed) of the sweep point shown for one setting, and its status: the runner's own choice on validation (:func:`cudt.runner.choice.
-    choose_points`, one rule for the report and the tables: every seed eligible, i.e. not
-    diverged and, constrained, feasible and monotone on validation; the best mean ``score``;
+    """The runs (one a seed) of the sweep point shown for one setting, and its status: the
+    runner's own choice on validation (:func:`cudt.runner.choice.choose_points`, one rule for
+    the report and the tables: every seed eligible, i.e. not diverged and, constrained,
+    feasible and monotone on validation; the best mean ``score``;
     where no point is, the resilient fallback, the status fields then saying ``resilient``);
     where nothing is chosen, the best of the points that trained at every seed, flagged
     ``infeasible`` (constrained; :data:`NOT_MONOTONE` where a point met its constraints at
@@ -186,8 +187,10 @@ def _chosen_point(
         shown, feasible = best_trained_point(runs, score, higher_is_better=higher)
         if shown is not None:
             return shown, _status(runs, constrained, NOT_MONOTONE if feasible else "infeasible")
-    # no point trained at every seed: "diverged" only where every run did
-    word = "diverged" if all(r.get("diverged") for r in runs) else SEED_DIVERGED
+    # no point trained at every seed: "diverged" only where every run did, SEED_DIVERGED where
+    # some did (over seeds); else (runs without a score) infeasible or diverged, as _status says
+    diverged = [bool(r.get("diverged")) for r in runs]
+    word = SEED_DIVERGED if any(diverged) and not all(diverged) else None
     return None, _status(runs, constrained, word)
 
 

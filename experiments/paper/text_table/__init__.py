@@ -6,10 +6,11 @@ For each (dataset, model, L) ONE :func:`cudt.runner.run` call of the text task t
 γ_train × sweep point × seed grid, ERM and constrained, as one vmapped program (the runner
 shards it over the devices), into ``<out>/<dataset>-<model>[-L<L>]/``. A sub-run whose
 ``results.json`` exists and whose config matches is reused; an interrupted one resumes from its
-checkpoints (the runner's rule); ``--overwrite`` retrains every sub-run. The best run of each
-(dataset, model, L, kind, γ_train) is the runner's ``best`` mark: the highest validation
+checkpoints (the runner's rule); ``--overwrite`` retrains every sub-run. Each (dataset, model,
+L, kind, γ_train) shows the sweep point the runner's rule chooses: the highest validation
 accuracy AUC (the paper's rule, appendix B.3: validation data scored over the same test γ grid,
-the text task's ``--select val-auc``) among non-diverged runs that are feasible (constrained).
+the text task's ``--select val-auc``) among the points whose runs did not diverge and,
+constrained, met their constraints and descended at every layer on validation.
 The test AUC in the table is never used to choose.
 
 Metric (the paper's B.3): the area under test accuracy vs test γ (trapezoid), over one γ grid
@@ -32,7 +33,7 @@ Figure 12 needs every run's per-sample ratios ℓ_l / ℓ_{l-1}, which ``results
 :class:`RatioRecordingTextTask`, the text task that also writes the histogram of every run's
 ratios (per layer, fixed bins) to ``<sub-run>/ratio_histograms.npz`` before ``results.json``.
 
-Outputs under ``<out>``: ``table4.csv`` (long format: one row per best run), ``table4.md`` (the
+Outputs under ``<out>``: ``table4.csv`` (long format: one row per cell), ``table4.md`` (the
 headline table at ``--headline-gamma``, the direction of each cell against the paper's table,
 every γ_train), ``fig1_layer_loss.png``, ``fig4_accuracy_vs_gamma.png``,
 ``fig12_ratio_hist.png``."""

@@ -1,5 +1,5 @@
-"""The text grid's rows and Markdown: the best run of each setting, the CSV columns, the headline
-table (constrained vs ERM at the headline γ_train), each cell against the paper, and the
+"""The text grid's rows and Markdown: the chosen point of each setting, the CSV columns, the
+headline table (constrained vs ERM at the headline γ_train), each cell against the paper, and the
 per-sample ratio histograms each sub-run records for Figure 12.
 """
 
@@ -86,9 +86,10 @@ def read_ratio_histograms(folder: Path) -> tuple[np.ndarray, dict[str, np.ndarra
 
 
 def best_rows(results: dict[tuple, dict]) -> list[dict]:
-    """One row per (dataset, model, L, kind, γ_train): its best run (the runner's ``best`` mark:
-    validation accuracy AUC) or, where no run is eligible, its status (``diverged``: every run
-    diverged; ``infeasible``: the best infeasible one, flagged)."""
+    """One row per (dataset, model, L, kind, γ_train): the point the runner's rule chooses by
+    validation accuracy AUC (:func:`table_rows.setting_rows`), or where none is eligible the
+    best of the others, flagged by its status (``infeasible``, ``not monotone``), or only the
+    status (``diverged``: every run diverged; ``seed diverged``: at every setting a seed did)."""
 
     def fields(b: dict, i: int) -> dict[str, Any]:
         accuracy = [table_rows.num(v) for v in b["accuracy"]]

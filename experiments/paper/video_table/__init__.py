@@ -5,11 +5,12 @@ For each (dataset, L) ONE :func:`cudt.runner.run` call trains the whole γ_train
 seed grid of each model structure as one vmapped program (the runner shards it over the
 devices), into ``<out>/<dataset>-L<L>/``. A sub-run whose ``results.json`` exists and whose
 config matches is reused; an interrupted one resumes from its checkpoints (the runner's rule);
-``--overwrite`` retrains every sub-run. The best run of each (dataset, model, L, kind, γ_train)
-is the runner's ``best`` mark: the lowest validation RMSE among non-diverged runs that are
-feasible (constrained).
+``--overwrite`` retrains every sub-run. Each (dataset, model, L, kind, γ_train) shows the
+sweep point the runner's rule chooses (:func:`cudt.runner.choice.choose_points`): the lowest
+validation RMSE among the points whose runs did not diverge and, constrained, met their
+constraints and descended at every layer on validation (one seed: that run; several: the mean).
 
-Outputs under ``<out>``: ``table3.csv`` (long format: one row per best run), ``table3.md`` (the
+Outputs under ``<out>``: ``table3.csv`` (long format: one row per cell), ``table3.md`` (the
 headline table at ``--headline-gamma``, the direction of each cell against the paper's table, and
 every γ_train), ``fig2_rmse_vs_gamma.png``, ``fig3_depth.png``, ``fig7_layer_loss.png``; with
 ``--scale tiny`` also ``data/``: tiny copies of the three datasets in their real layouts

@@ -1,4 +1,4 @@
-"""The video grid's rows and Markdown: the best run of each setting, the CSV columns, the
+"""The video grid's rows and Markdown: the chosen point of each setting, the CSV columns, the
 headline table (constrained vs ERM at the headline γ_train) and each cell against the paper.
 """
 
@@ -13,8 +13,10 @@ from experiments.paper.video_table.config import DATASETS, NAMES, PAPER_TABLE3, 
 
 
 def best_rows(results: dict[tuple[str, int], dict]) -> list[dict]:
-    """One row per (dataset, model, L, kind, γ_train): its best run (the runner's ``best`` mark)
-    or, where no run is eligible, its status (``diverged``: every run diverged; ``seed diverged``: at every setting a seed did; ``infeasible``)."""
+    """One row per (dataset, model, L, kind, γ_train): the point the runner's rule chooses by
+    validation RMSE (:func:`table_rows.setting_rows`), or where none is eligible the best of
+    the others, flagged by its status (``infeasible``, ``not monotone``), or only the status
+    (``diverged``: every run diverged; ``seed diverged``: at every setting a seed did)."""
 
     def fields(b: dict, i: int) -> dict[str, Any]:
         rmse = [table_rows.num(v) for v in b["rmse"]]
