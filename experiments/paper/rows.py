@@ -1,7 +1,7 @@
 """The rows of a table job: what each setting shows (the sweep point the runner's rule
 chooses on validation: one seed, that run; several, its mean over the seeds, with every seed's
-numbers for the paired intervals), sorted, as CSV, and as Markdown tables (constrained vs ERM at one
-γ_train, and the direction of each cell against the paper's table).
+numbers for the paired intervals), sorted, as CSV, and as Markdown tables (constrained vs ERM
+at one γ_train, and the direction of each cell against the paper's table).
 """
 
 from __future__ import annotations

@@ -233,9 +233,9 @@ def plot_fig12(rows, opts, out: Path, path: Path) -> None:
     )
     figs.figure_note(
         fig,
-        "every layer and test sample of the "
+        "every layer and test sample of "
         + (
-            "seeds' runs pooled (the median: the bin of the pooled histogram holding it)"
+            "the seeds' runs pooled (the median: the bin of the pooled histogram holding it)"
             if table_rows.several_seeds(rows)
             else table_rows.shown_runs(rows, "validation accuracy AUC")
         )
