@@ -155,7 +155,8 @@ def test_a_tables_cell_says_which_constraints_were_not_applicable():
         return {
             "model": "ut", "layers": 3, "constrained": constrained, "seed": 0, "label": "x",
             "gamma_train": 0.0, "test_gamma": [0.0, 0.1], "hparams": {}, "best": True,
-            "feasible": True, "diverged": False, "val_objective": 0.1, "mean_rmse": 2.0,
+            "feasible": True, "loss_decreases_val": True, "diverged": False,
+            "val_objective": 0.1, "mean_rmse": 2.0,
             "max_multipliers": [0.0, 1.0], "not_applicable": na, "layer_loss": [[0.0, 1.0]] * 2,
         }  # fmt: skip
 
