@@ -522,3 +522,29 @@ def test_an_out_holding_a_run_or_another_job_is_refused(tmp_path, capsys):
     with pytest.raises(KeyboardInterrupt):
         keep_or_build(tmp_path, "set", tmp_path / "set", {}, interrupted, overwrite=False)
     assert not (tmp_path / ".tmp-set").exists()  # no half-built data set left behind
+
+
+@pytest.mark.parametrize("rows", [2, 6])
+def test_a_figures_title_clears_its_panels_however_tall(rows):
+    """save_figure's layout: Fig. 7's 6 rows of panels sit under its title (tight_layout alone
+    left the top titles 2 px into it); a short figure's layout is left as tight_layout made it."""
+    import matplotlib.pyplot as plt
+
+    from experiments.paper.figures import clear_of_title, grid_axes
+
+    fig, axes = grid_axes(rows, 3, w=3.7, h=2.6)
+    for ax in axes.flat:
+        ax.semilogy([0, 1, 2], [4e-4, 3e-4, 2e-4], label="ERM")
+        ax.set_title("UCSD · DUST-5", fontsize=9)
+        ax.legend(fontsize=6)
+    fig.suptitle("Fig. 7: mean test loss per layer at γ_train = 0.15, log scale", fontsize=11)
+    fig.tight_layout(rect=(0, 0.3 / fig.get_figheight(), 1, 1))
+    laid_out = fig.subplotpars.top
+    clear_of_title(fig)
+    renderer = fig.canvas.get_renderer()
+    top = max(ax.get_tightbbox(renderer).y1 for ax in fig.axes)
+    gap = fig._suptitle.get_window_extent(renderer).y0 - top
+    plt.close(fig)
+    assert gap >= 3.9, gap
+    if rows == 2:  # already clear: unchanged
+        assert fig.subplotpars.top == laid_out
