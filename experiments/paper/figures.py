@@ -66,10 +66,11 @@ def clear_of_title(fig, pad_px: float = 4.0) -> None:
     tall figure's top panel titles inside the title (Fig. 7's 6 rows of 2.6 in: 2 px into it,
     matplotlib 3.11), a shorter one clear (then nothing moves)."""
     title = getattr(fig, "_suptitle", None)  # Figure.suptitle's artist (None: no title)
-    if title is None or not fig.axes:
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    if title is None or not shown:
         return
     renderer = fig.canvas.get_renderer()
-    top = max(ax.get_tightbbox(renderer).y1 for ax in fig.axes if ax.get_visible())
+    top = max(ax.get_tightbbox(renderer).y1 for ax in shown)
     overlap = top + pad_px - title.get_window_extent(renderer).y0
     if overlap > 0:
         fig.subplots_adjust(top=fig.subplotpars.top - overlap / (fig.get_figheight() * fig.dpi))

@@ -548,3 +548,19 @@ def test_a_figures_title_clears_its_panels_however_tall(rows):
     assert gap >= 3.9, gap
     if rows == 2:  # already clear: unchanged
         assert fig.subplotpars.top == laid_out
+
+
+def test_a_title_over_hidden_panels_only_is_left_alone():
+    """A figure whose panels are all hidden (nothing to keep clear of) keeps its layout."""
+    import matplotlib.pyplot as plt
+
+    from experiments.paper.figures import clear_of_title, grid_axes
+
+    fig, axes = grid_axes(1, 2, w=3.7, h=2.6)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    fig.suptitle("nothing to show")
+    top = fig.subplotpars.top
+    clear_of_title(fig)
+    plt.close(fig)
+    assert fig.subplotpars.top == top
