@@ -138,6 +138,13 @@ def _where_it_ran(results: dict):
     return contextlib.chdir(ran_in) if ran_in else contextlib.nullcontext()
 
 
+def resolved_where_it_ran(results: dict, paths: dict[str, Path]) -> dict[str, Path]:
+    """``paths`` (a finished run's flags as given, by name) resolved in the folder its command
+    ran in, those that exist there."""
+    with _where_it_ran(results):
+        return {k: p.expanduser().resolve() for k, p in paths.items() if p.expanduser().exists()}
+
+
 def run_data(task: Any, cfg: Any, data: Any, out: Path | None = None) -> Callable[[dict], Any]:
     """``data_of(record)``: the data a run of ``cfg`` was trained on. With ``--data-seed`` every
     run read ``data``; without it each seed drew its own (:func:`cudt.runner.run.data_draws`:

@@ -410,12 +410,29 @@ class LLMConfig(RunConfig):
         or a data file: written after training (replacing it with --overwrite-export), it
         would delete them."""
         out = Path(self.out) if self.out is not None else Path("runs") / "llm_sft-<time>"
-        named = {"--out": out, "--checkpoint": self.checkpoint}
-        named |= {f"--{k.replace('_', '-')}": getattr(self, k) for k in _DATA_FLAGS}
-        for name, value in named.items():
-            if value is not None and (name == "--out" or Path(value).expanduser().exists()):
-                self.require(
-                    not contains(self.export, value),
-                    f"--export {self.export} holds {name} {value}: writing the models there "
-                    "would replace it; pass an --export path outside it",
-                )
+        named = {"--out": out} | {
+            name: value for name, value in export_inputs(self).items() if value.exists()
+        }
+        problem = export_holds(self.export, named, "--export")
+        self.require(problem is None, problem)
+
+
+def export_inputs(cfg) -> dict[str, Path]:
+    """What an export must never replace, by the flag that names it: the base model and the data
+    files of ``cfg`` (paths as given, relative to the folder its command ran in)."""
+    named = {"--checkpoint": cfg.checkpoint} | {
+        f"--{k.replace('_', '-')}": getattr(cfg, k) for k in _DATA_FLAGS
+    }
+    return {name: Path(value).expanduser() for name, value in named.items() if value is not None}
+
+
+def export_holds(export, named: dict[str, Path], flag: str) -> str | None:
+    """The one-line refusal when the export path ``export`` (given as ``flag``) is or holds one
+    of ``named`` (``{flag: path}``), else None."""
+    for name, value in named.items():
+        if contains(export, value):
+            return (
+                f"{flag} {export} holds {name} {value}: writing the models there would replace "
+                f"it; pass {'an' if flag.startswith('-') else 'a'} {flag} path outside it"
+            )
+    return None

@@ -41,7 +41,8 @@ from cudt.models.llama import Decoder, LoraSpec, adapted, merged, save_adapters,
 from cudt.models.llama.lora import TARGETS as LORA_TARGETS
 from cudt.models.llama.save import SAVE_DTYPES, check_gguf
 from cudt.runner.cli import OneLineParser
-from cudt.runner.finished import finished_run, run_data, trained_params
+from cudt.runner.finished import finished_run, resolved_where_it_ran, run_data, trained_params
+from cudt.tasks.llm_config import export_holds, export_inputs
 from cudt.tasks.llm_data import SMOLLM2, SMOLLM2_HUB, stop_ids
 
 __all__ = [
@@ -289,6 +290,12 @@ def export_cli(task: Any, argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     check_fresh_output(args.dest, overwrite=args.overwrite, flag="DEST", replace="--overwrite")
     cfg, data, results = finished_run(args.run_dir, task, "export_decoder")
+    inputs = resolved_where_it_ran(results, export_inputs(cfg))
+    if data.decoder.path is not None:  # the file the base was read from (--checkpoint smollm2)
+        inputs["--checkpoint"] = Path(data.decoder.path).resolve()
+    problem = export_holds(args.dest, inputs, "DEST")
+    if problem is not None:
+        raise UsageError(problem)
     export_runs(
         task,
         cfg,

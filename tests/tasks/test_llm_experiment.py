@@ -157,10 +157,11 @@ def fine_tune_argv(checkpoint, data, *, max_length, steps, chunk_steps, lr) -> l
 
 @pytest.mark.slow
 def test_fine_tunes_a_hugging_face_folder_on_an_alpaca_file(
-    checkpoint_folder, tmp_path, monkeypatch
+    checkpoint_folder, tmp_path, monkeypatch, capsys
 ):
     """Its paths relative to the folder it ran in, as a user types them: the finished run is
-    exported from another folder (export_decoder reads them against the run's own cwd)."""
+    exported from another folder (export_decoder reads them against the run's own cwd), and
+    never over its base model or its data file, even with --overwrite."""
     from experiments import export_decoder
 
     folder, data = checkpoint_folder
@@ -172,6 +173,12 @@ def test_fine_tunes_a_hugging_face_folder_on_an_alpaca_file(
     label = results["runs"][0]["label"]
     assert export_decoder.main(["ft", "models", "--run", label]) == 0
     assert (tmp_path / "models" / "model.safetensors").is_file()
+    kept = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    for dest, flag in ((folder, "--checkpoint"), (folder / data.name, "--data")):
+        argv = ["ft", dest, "--run", label, "--overwrite"]
+        line = assert_one_line_error(export_decoder.main, argv, capsys, f"DEST {dest} holds")
+        assert f"holds {flag} " in line and line.endswith("pass a DEST path outside it"), line
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == kept
     assert results["provenance"]["cwd"] == str(folder.parent)
     saved = json.loads((folder / "config.json").read_text())
     assert results["config"]["decoder"]["vocab_size"] == saved["vocab_size"]
