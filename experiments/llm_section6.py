@@ -10,10 +10,11 @@ exact match and ROUGE-L), three seeds of ERM and of the constrained model traine
 program, and the problem and its dynamics chosen on validation data: the bound on the first
 block's readout, ``ℓ_1 ≤ 27`` (SmolLM2's own validation ℓ_1 at γ_train before fine-tuning);
 ε = 0.02, the largest ε of the sweep 0.01, 0.02, 0.03, 0.05 feasible at 0 % tolerance on
-validation; nuPI duals with alternating updates (the video task's dual-study choice) whose
-steps are in the loss's units (``--dual-scale absolute``: nats; with LoRA adapters, over 5
-seeds, these met every constraint within 5 % on validation at 5 seeds where the runner's
-relative steps did at 2 of 5 at rate 0.5 and 0 of 3 at 0.05), 400 steps. About 2.2 hours on a
+validation; projected dual ascent (``--dual-optimizer nupi`` at its gain K_P = 0, which is
+plain ascent, not the video task's K_P = 5) with alternating updates, whose steps are in the
+loss's units (``--dual-scale absolute``: nats; with LoRA adapters, over 5 seeds, these met
+every constraint within 5 % on validation at 5 seeds where the runner's relative steps did at 2
+of 5 at rate 0.5 and 0 of 3 at 0.05), 400 steps. About 2.2 hours on a
 2-core CPU (1.6 of training); ``--chunk-steps 100`` checkpoints every 100 steps (the same
 training up to float32 rounding). docs/results/llm.md has the sweep, the costs, the output and
 what this scales down from the paper.
@@ -32,8 +33,8 @@ SECTION6 = (
     "--max-length", "80", "--batch-size", "4", "--steps", "400", "--chunk-steps", "400",
     "--seeds", "3", "--gamma-train", "0.5", "--test-gammas", "0,0.5,1",
     "--lr", "1e-4", "--warmup-steps", "0",
-    "--dual-optimizer", "nupi", "--update", "alternating", "--dual-lr", "0.05",
-    "--dual-scale", "absolute",
+    "--dual-optimizer", "nupi", "--nupi-kp", "0", "--update", "alternating",
+    "--dual-lr", "0.05", "--dual-scale", "absolute",
     "--reference-state", "block1", "--reference", "27", "--epsilon", "0.02",
     "--eval-batch-size", "50",
 )  # fmt: skip

@@ -299,6 +299,7 @@ def test_the_section6_command_is_the_issues_comparison_and_later_flags_win():
     assert cfg.num_train >= 2000 and cfg.num_test >= 500 and cfg.completions >= 200
     assert (cfg.reference_state, cfg.reference, cfg.epsilon) == ("block1", "27", 0.02)
     assert (cfg.dual_optimizer, cfg.update, cfg.steps) == ("nupi", "alternating", 400)
+    assert cfg.nupi_kp == 0  # plain projected ascent, as the pages say (llm.md, README)
     assert (cfg.dual_scale, cfg.dual_lr) == ("absolute", 0.05)  # the page's units (llm.md)
     assert cfg.completions <= cfg.num_test  # the completed prompts are test prompts
     cfg, _ = config_from_args(
