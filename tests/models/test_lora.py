@@ -293,6 +293,8 @@ def test_the_merged_export_is_the_adapted_model_and_peft_loads_the_adapters(lora
     )
     assert tensors["base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"].shape == (16, 2)
     assert len(tensors) == 2 * 3 * 2  # A and B, 3 targets, 2 layers
+    (entry,) = json.loads((models / "export.json").read_text())["models"]
+    assert entry["lora"] == {"rank": 2, "alpha": 4.0, "targets": ["q", "v", "down"]}
 
     # cudt's adapted model: the base and the trained adapters from the run's checkpoint
     (group,) = [p for p in (out / "checkpoints").iterdir() if p.is_dir()]
