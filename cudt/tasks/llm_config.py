@@ -242,7 +242,7 @@ class LLMConfig(RunConfig):
     # making the embeddings' own readout worse
     reference: str = shared("reference", "chance")
     dual_optimizer: str = shared("dual_optimizer", "sgd")
-    # chosen by the sweep in the README (epsilon 0.1 / 0.2 / 0.3, dual lr 0.01 / 0.1)
+    # chosen by a sweep (epsilon 0.1 / 0.2 / 0.3, dual lr 0.01 / 0.1): git show dde0802:README.md
     dual_lr: float = shared("dual_lr", 0.1)
     chunk_steps: int = shared("chunk_steps", 100)
     eval_batch_size: int = shared("eval_batch_size", 100)
