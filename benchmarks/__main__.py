@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from cudt.runner.cli import exit_process
+
 SUBCOMMANDS = {
     "step": "the video step: cudt vs PyTorch + Cooper, and its FLOP rate",
     "sweep": "R runs as one program vs one after another",
@@ -58,4 +60,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

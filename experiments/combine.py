@@ -22,10 +22,9 @@ folder, against each folder's chosen ERM: a lane reported at every seed, not a c
 """
 
 import argparse
-import sys
 
 from cudt.errors import CudtError
-from cudt.runner.cli import OneLineParser, run_cli
+from cudt.runner.cli import OneLineParser, exit_process, run_cli
 from cudt.runner.combine import combine, combine_per_folder, load_results
 from cudt.tasks.llm import LLMTask
 from cudt.tasks.text import TextTask
@@ -89,4 +88,4 @@ def _report(folders, per_folder: bool = False, point=None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

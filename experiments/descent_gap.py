@@ -15,14 +15,13 @@ and on validation (0: the constraint holds with equality; constrained runs only)
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from cudt.errors import UsageError
 from cudt.metrics import applicable_steps
-from cudt.runner.cli import OneLineParser, run_cli
+from cudt.runner.cli import OneLineParser, exit_process, run_cli
 from cudt.runner.combine import load_results
 from cudt.runner.record import at_gamma_train
 
@@ -208,4 +207,4 @@ def _print_gap(args) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

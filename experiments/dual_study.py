@@ -16,8 +16,7 @@ ones. Writes study.md, study.csv, success.png, by_step_size.png and multipliers.
 and prints one headline line per setting.
 """
 
-import sys
-
+from cudt.runner.cli import exit_process
 from experiments.paper.dual_study import StudyConfig as Config
 from experiments.paper.dual_study import main as study_main
 
@@ -29,4 +28,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

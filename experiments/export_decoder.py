@@ -13,9 +13,7 @@ byte-level BPE, so not the tiny decoder's word tokenizer). ``DIR`` must not exis
 (``--overwrite``); it is written to a temporary name and renamed when complete.
 """
 
-import sys
-
-from cudt.runner.cli import configure_process, run_cli
+from cudt.runner.cli import configure_process, exit_process, run_cli
 from cudt.tasks.llm import LLMTask
 from cudt.tasks.llm_export import export_cli
 
@@ -28,4 +26,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

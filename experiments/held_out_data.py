@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from cudt.data.video.archives import AVENUE, SHANGHAITECH
 from cudt.data.video.plaza import LAYOUTS, write_plaza
 from cudt.errors import UsageError
 from cudt.io import topmost_missing
-from cudt.runner.cli import OneLineParser, run_cli
+from cudt.runner.cli import OneLineParser, exit_process, run_cli
 
 __all__ = ["main"]
 
@@ -151,4 +150,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

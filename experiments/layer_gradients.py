@@ -21,7 +21,6 @@ Nothing is trained or written; it prints one table. Bad input is one line, exit 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cudt.errors import UsageError
-from cudt.runner.cli import OneLineParser, run_cli
+from cudt.runner.cli import OneLineParser, exit_process, run_cli
 from cudt.runner.combine import load_results
 from cudt.runner.finished import finished_run, run_data, trained_params
 from cudt.runner.record import evaluation_keys
@@ -188,4 +187,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

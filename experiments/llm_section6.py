@@ -22,6 +22,7 @@ what this scales down from the paper.
 
 import sys
 
+from cudt.runner.cli import exit_process
 from experiments import llm_sft
 
 __all__ = ["SECTION6", "main", "section6_for"]
@@ -61,4 +62,4 @@ def section6_for(argv: list[str]) -> tuple[str, ...]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

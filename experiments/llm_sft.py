@@ -34,9 +34,7 @@ and the constrained model, clean and with noise on every token) and TensorBoard 
 ``--out`` (a fresh ``runs/llm_sft-<time>`` folder by default).
 """
 
-import sys
-
-from cudt.runner.cli import task_main
+from cudt.runner.cli import exit_process, task_main
 from cudt.tasks.llm import LLMTask
 from cudt.tasks.llm_config import LLMConfig as Config
 
@@ -50,4 +48,4 @@ def main(argv=None, *, prog: str = "experiments.llm_sft", description: str | Non
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

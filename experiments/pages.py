@@ -7,9 +7,8 @@
 The registry of blocks and their commands is ``experiments.paper.pages.BLOCKS``.
 """
 
-import sys
-
+from cudt.runner.cli import exit_process
 from experiments.paper.pages import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

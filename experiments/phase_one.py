@@ -42,6 +42,7 @@ from cudt.metrics import feasibility
 from cudt.runner.cli import (
     config_from_args,
     configure_process,
+    exit_process,
     given_on_command_line,
     run_cli,
 )
@@ -373,4 +374,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -31,7 +31,13 @@ import scipy.optimize
 import scipy.sparse as sp
 
 from cudt.errors import UsageError
-from cudt.runner.cli import config_from_args, configure_process, given_on_command_line, run_cli
+from cudt.runner.cli import (
+    config_from_args,
+    configure_process,
+    exit_process,
+    given_on_command_line,
+    run_cli,
+)
 from cudt.runner.provenance import provenance
 from cudt.runner.run import data_draws
 from cudt.stats import paired_t_interval, t_interval
@@ -355,4 +361,4 @@ def _read_only(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -20,9 +20,7 @@ Writes ``results.json``, ``layer_loss.png``, ``accuracy_vs_gamma.png``, ``ratio_
 per-sample descent figures beside it.
 """
 
-import sys
-
-from cudt.runner.cli import task_main
+from cudt.runner.cli import exit_process, task_main
 from cudt.tasks.text import TextConfig as Config
 from cudt.tasks.text import TextTask
 
@@ -34,4 +32,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

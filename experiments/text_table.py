@@ -22,8 +22,7 @@ fig1_layer_loss.png, fig4_accuracy_vs_gamma.png and fig12_ratio_hist.png under -
 the headline table.
 """
 
-import sys
-
+from cudt.runner.cli import exit_process
 from experiments.paper.job import table_main
 from experiments.paper.text_table import Table4Config, run_table
 
@@ -35,4 +34,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

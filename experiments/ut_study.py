@@ -21,8 +21,7 @@ Rerunning the same command with the same --out reuses finished calls and phase-I
 Writes study.md and study.csv under --out and prints the report.
 """
 
-import sys
-
+from cudt.runner.cli import exit_process
 from experiments.paper.ut_study import StudyConfig as Config
 from experiments.paper.ut_study import main as study_main
 
@@ -34,4 +33,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

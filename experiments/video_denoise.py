@@ -17,9 +17,7 @@ TensorBoard logs under ``--out`` (a fresh ``runs/video_denoise-<time>`` folder b
 prints a summary table.
 """
 
-import sys
-
-from cudt.runner.cli import task_main
+from cudt.runner.cli import exit_process, task_main
 from cudt.tasks.video import VideoConfig as Config
 from cudt.tasks.video import VideoTask
 
@@ -31,4 +29,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -17,8 +17,7 @@ interrupted ones. Writes table3.csv, table3.md, fig2_rmse_vs_gamma.png, fig3_dep
 fig7_layer_loss.png under --out and prints the headline table.
 """
 
-import sys
-
+from cudt.runner.cli import exit_process
 from experiments.paper.job import table_main
 from experiments.paper.video_table import Table3Config, run_table
 
@@ -30,4 +29,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

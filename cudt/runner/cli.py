@@ -8,13 +8,15 @@ tuples of int/float/str (comma-separated: ``--models dust,ut``). Help text comes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
 import re
 import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from cudt.errors import CudtError
 from cudt.runner.run import run
@@ -222,6 +224,20 @@ def run_cli(main: Callable[[], Any]) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def exit_process(status: int) -> NoReturn:
+    """Ends an entry point's process with ``status`` (``sys.exit(main())``'s place). After an
+    interrupt (130) it ends at once, its output flushed: the interrupt can leave jax compiling
+    on XLA's own threads, and the interpreter's shutdown frees the runtime under them (a
+    segfault, exit 139, seen on Ctrl-C during a program's first step). Everything the run
+    keeps (checkpoints, the lock's release, its curves) was settled as the interrupt unwound."""
+    if status == 130:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)
+    sys.exit(status)
 
 
 def without_flag(argv: Sequence[str], flag: str) -> list[str]:

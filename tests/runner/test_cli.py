@@ -1,4 +1,11 @@
-"""cudt.runner.cli's helpers for recorded command lines."""
+"""cudt.runner.cli's helpers: recorded command lines, and how an entry point's process ends."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from helpers import ROOT
 
 from cudt.runner.cli import without_flag
 
@@ -44,3 +51,36 @@ def test_a_flag_given_twice_takes_its_last_value_and_a_repeated_flag_adds_up():
     assert (cfg.steps, cfg.dual_lr) == (6, 1.0)
     cfg, _ = config_from_args(VideoConfig, ["--sweep", "epsilon=0.1", "--sweep", "lr=1e-3"], "")
     assert cfg.sweep == ("epsilon=0.1", "lr=1e-3")
+
+
+def test_an_interrupt_while_jax_compiles_exits_130_not_a_segfault(tmp_path):
+    """Ctrl-C during a program's compilation: run_cli prints one line and exit_process ends the
+    process with 130. The interpreter's own shutdown, with XLA still compiling on its threads,
+    crashed instead (a segfault, 139: seen on Ctrl-C during a run's first step)."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, signal, sys, threading
+            import jax, jax.numpy as jnp
+            from cudt.runner.cli import exit_process, run_cli
+
+            def main():
+                def f(x):
+                    for i in range(1500):  # seconds of compilation on any CPU
+                        x = jnp.sin(x @ x.T + i)
+                    return x
+                lowered = jax.jit(f).lower(jnp.ones((8, 8)))  # traced: the interrupt comes
+                interrupt = lambda: os.kill(os.getpid(), signal.SIGINT)  # noqa: E731
+                threading.Timer(0.2, interrupt).start()
+                lowered.compile()  # while XLA compiles
+
+            exit_process(run_cli(main))
+            """
+        )
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # this checkout's cudt
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert (done.returncode, done.stderr.strip().splitlines()[-1:]) == (130, ["interrupted"])
