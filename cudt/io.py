@@ -77,11 +77,12 @@ def _file_mode(path: Path) -> int:
         return 0o666 & ~_umask()
 
 
-def atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write, *, flag: str = "--out") -> None:
     """Writes through ``write(file)`` to a temporary name beside ``path``, then renames it.
 
     A failure (a full disk, a kill) leaves the old ``path`` untouched and no temporary behind;
-    an ``OSError`` becomes a :class:`UsageError` naming the file and the fix.
+    an ``OSError`` becomes a :class:`UsageError` naming the file and the fix (free disk space
+    or pass another ``flag``, the option that chose the folder).
     """
     path = Path(path)
     tmp = None
@@ -98,7 +99,7 @@ def atomic_write(path: Path, write) -> None:
             Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
             raise UsageError(
-                f"cannot write {path} ({e.strerror or e}): free disk space or pass a writable --out"
+                f"cannot write {path} ({e.strerror or e}): free disk space or pass a writable {flag}"
             ) from e
         raise
 

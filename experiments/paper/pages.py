@@ -452,10 +452,14 @@ def write_pages(
         if check:
             stale.append(path)
             say(f"stale: {path} is not what `python -m experiments.pages write` writes")
-        else:
-            data = new.encode("utf-8")
-            atomic_write(path, lambda f, data=data: f.write(data))
-            say(f"wrote {path}")
+            continue
+        data = new.encode("utf-8")
+        try:  # each page whole or not at all; the pages written before it stay written
+            atomic_write(path, lambda f, data=data: f.write(data), flag="--pages")
+        except UsageError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        say(f"wrote {path}")
     return 1 if stale else 0
 
 

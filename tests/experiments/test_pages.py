@@ -174,6 +174,25 @@ def test_check_detects_an_edited_number(tiny_run, tmp_path, capsys):
     assert write_pages(page.parent, runs, registry=REGISTRY, check=True) == 1
     assert "stale:" in capsys.readouterr().out
     assert page.read_text() == edited  # --check writes nothing
+    # a page that cannot be written (a file size limit: the disk full) is one line, exit 2,
+    # naming --pages; the page is left as it was, and no temporary beside it
+    script = "\n".join([
+        "import resource, signal, sys",
+        f"sys.path[:0] = [{str(ROOT / 'tests')!r}, {str(Path(__file__).parent)!r}]",
+        "from test_pages import REGISTRY",
+        "from experiments.paper.pages import write_pages",
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)",
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))",
+        f"sys.exit(write_pages({str(page.parent)!r}, {str(runs)!r}, registry=REGISTRY))",
+    ])  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"error: cannot write {page} (File too large)"), lines
+    assert lines[0].endswith("free disk space or pass a writable --pages"), lines
+    assert page.read_text() == edited and sorted(page.parent.iterdir()) == [page]
     assert write_pages(page.parent, runs, registry=REGISTRY) == 0
     assert page.read_text() == good
 
