@@ -23,6 +23,7 @@ from cudt.checkpoint import GroupCheckpointer
 from cudt.errors import CheckpointError, UsageError
 from cudt.io import to_jsonable
 from cudt.runner.groups import Group
+from cudt.runner.lock import check_free
 from cudt.runner.output import CHECKPOINTS, CONFIG_FILE
 
 __all__ = ["finished_run", "run_data", "trained_params"]
@@ -66,8 +67,10 @@ def finished_run(out: str | Path, task: Any, reader: str) -> tuple[Any, Any, dic
     ``results.json``, at their defaults the flags that would act again after training (its
     config's ``AFTER_TRAINING``: the LLM's ``--export``), its data and model loaded again,
     refused (one line, naming the command ``reader``) unless they give the fingerprint its
-    checkpoints were written with (the same training data, model and noise scale)."""
+    checkpoints were written with (the same training data, model and noise scale), or while a
+    job holds ``out`` (:func:`cudt.runner.lock.check_free`)."""
     out = Path(out).expanduser().absolute()
+    check_free(out, reader=True)  # a job on it (an --overwrite rerun) is rewriting what is read
     file = out / "results.json"
     if not file.is_file():
         raise UsageError(

@@ -276,6 +276,18 @@ def test_combine_and_the_pages_writer_refuse_a_folder_a_job_holds(holder, tmp_pa
         err = one_line_error(capsys)
         assert f"error: {folder} is being written by a job still running" in err
         assert err.endswith("wait for it to finish; nothing written")
+        # the readers of a finished run's checkpoints too: they would pair its results.json
+        # with checkpoints an --overwrite rerun is replacing
+        from experiments import export_decoder, layer_gradients
+
+        for main, argv in (
+            (export_decoder.main, [str(folder), str(tmp_path / "models")]),
+            (layer_gradients.main, [str(folder)]),
+        ):
+            assert main(argv) == 2
+            assert one_line_error(capsys).startswith(
+                f"error: {folder} is being written by a job still running (PID {holder.pid}"
+            )
         assert snapshot(tmp_path) == before
     finally:
         holder.release(folder)
