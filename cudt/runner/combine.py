@@ -89,12 +89,22 @@ def load_results(folder: str | Path) -> dict:
         if not isinstance(results, dict)
         else [k for k, kind in shape.items() if not isinstance(results.get(k), kind)]
     )
+    if not wrong:  # every run a record with what each task's runs carry
+        for i, run in enumerate(results["runs"]):
+            missing = [k for k in _RUN_FIELDS if not isinstance(run, dict) or k not in run]
+            if missing:
+                wrong = [f"runs[{i}].{k}" for k in missing]
+                break
     if wrong:  # another program's JSON, or one edited by hand: not a traceback further on
         raise UsageError(
             f"{path}: not a cudt run's results (no {', '.join(wrong)}): pass the --out folder "
             "of a finished run, or rerun that folder's command to write it again"
         )
     return results
+
+
+#: What every run of a ``results.json`` holds, whatever its task (checked before they are read).
+_RUN_FIELDS = ("label", "group", "model", "seed", "constrained", "hparams")
 
 
 def _data_seed(config: dict) -> int:
