@@ -135,9 +135,14 @@ def _write(ns) -> None:
             flags = "--dataset aclimdb"
         target = root / made.name
         made.rename(target)
-    except BaseException:
+    except BaseException as e:
         if created is not None:
             shutil.rmtree(created, ignore_errors=True)
+        if isinstance(e, OSError):  # a full disk, a file size limit (the .avi encoder's too)
+            raise UsageError(
+                f"cannot write the data set under '{root}' ({e.strerror or e}): free disk space "
+                "or pass another folder"
+            ) from e
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

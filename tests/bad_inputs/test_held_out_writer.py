@@ -4,9 +4,12 @@ tests/experiments/test_held_out_data.py; the helpers here are in refusals.py."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-from helpers import exit_status
+from helpers import ROOT, exit_status
 from refusals import check, over_cases, tree
 
 
@@ -102,3 +105,37 @@ def test_a_write_that_fails_leaves_no_folder_it_made(tmp_path, monkeypatch):
     with pytest.raises(MemoryError):
         held_out_data.main(["plaza", str(existing)])
     assert existing.is_dir() and list(existing.iterdir()) == []  # the user's own folder stays
+
+
+def test_held_out_data_on_a_full_disk(tmp_path):
+    """A write that fails on the disk (a file size limit, as a full disk fails it: the .avi
+    encoder's own error included) is one line naming the folder and the fix, exit 2, and the
+    folders the call made are gone: the user's folder holds what it held."""
+    limited = (
+        "import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64)); "
+        "os.execv(sys.executable, [sys.executable, '-m', 'experiments.held_out_data', "
+        "*sys.argv[1:]])"
+    )
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    before = tree(mine)
+    for kind in ("plaza", "forum"):
+        argv = [kind, str(mine / "new"), *(["--frames", "8"] if kind == "plaza" else [])]
+        proc = subprocess.run(
+            [sys.executable, "-c", limited, *argv],
+            cwd=ROOT,
+            env=dict(os.environ, JAX_PLATFORMS="cpu"),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        check(
+            "held-out data set on a full disk",
+            proc.returncode,
+            proc.stderr,
+            f"cannot write the data set under '{mine / 'new'}' (File too large)",
+            "free disk space or pass another folder",
+        )
+        assert tree(mine) == before
