@@ -210,7 +210,9 @@ def make_constrained_step(
     ``metrics``: ``objective``, ``lagrangian``, ``constraints`` (name -> mean value),
     ``violation`` (name -> the RMS of h, sqrt(mean h²), in the constraint's scale), ``grad_norm`` (of the primal gradient), all measured at the
     point the gradient was taken (before the step; the extrapolated point for ``"optimistic"``;
-    ``"alternating"``'s ``lagrangian`` at the new multipliers its primal step reads),
+    ``"alternating"``'s ``lagrangian`` at the new multipliers its primal step reads;
+    ``"extragradient"``'s values at θ_t, its ``grad_norm`` and ``projection`` at the
+    extrapolated point, whose gradient the step applies),
     ``projection`` with ``project_params`` (the share of the primal update it took back,
     ``‖P(θ') − θ'‖ / ‖θ' − θ‖``: 0 when the update stayed feasible) and ``aux`` when
     ``has_aux``; ``implicit`` (name -> ``{"mean", "max"}`` over the batch's rows of the implicit
