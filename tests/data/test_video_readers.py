@@ -406,3 +406,32 @@ def test_too_few_frames_for_a_sequence(datasets):
     assert "01.avi' has 6 frames, too few frames for one sequence of seq_len=7" in one_line(e)
     with pytest.raises(DataError, match=r"has 3 frames \(max_frames=3\), too few"):
         load_video_data("shanghaitech", datasets["shanghaitech"], seq_len=4, max_frames=3)
+
+
+def test_shanghaitech_validation_comes_from_every_scene_it_can(datasets):
+    """ShanghaiTech's clips are ``<scene>_<clip>`` from 13 cameras: validation is carved scene by
+    scene, so every scene is trained on (split as one list, its last ~15 % was the last
+    cameras' clips, which then went untrained). Here scene 01's two clips give 01_002 to
+    validation; scene 02's one clip stays in training."""
+    from cudt.data.video.frames import training_scenes
+
+    top = datasets["shanghaitech"]
+    assert training_scenes(top, "shanghaitech") == ["01", "01", "02"]
+    assert training_scenes(top, "shanghaitech", max_videos=2) == ["01", "01"]
+    assert training_scenes(top, "avenue") is None
+    videos = load_videos(top, dataset="shanghaitech", size=32)["train"]
+    data = load_video_data("shanghaitech", top, seq_len=2, size=32, keep_frames=True)
+    np.testing.assert_array_equal(data.frames["val"], videos[1])
+    np.testing.assert_array_equal(data.frames["train"], np.concatenate([videos[0], videos[2]]))
+
+
+def test_split_by_scene_keeps_single_clip_scenes_for_training():
+    from cudt.data.video.splits import split_by_scene, split_train_val
+
+    videos = [np.full((8, 2, 2), i, np.float32) for i in range(7)]
+    ids = lambda vs: [int(v[0, 0, 0]) for v in vs]  # noqa: E731
+    train, val = split_by_scene(videos, ["a", "a", "a", "b", "b", "c", "b"], seq_len=2)
+    assert (ids(train), ids(val)) == ([0, 1, 3, 4, 5], [2, 6])  # the last clip of a, of b
+    for scenes in (None, ["a"] * 7, list("abcdefg")):  # one scene, or none of two clips
+        got = split_by_scene(videos, scenes, seq_len=2)
+        assert [ids(x) for x in got] == [ids(x) for x in split_train_val(videos, 2)]

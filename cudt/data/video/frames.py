@@ -23,6 +23,7 @@ __all__ = [
     "VIDEO_SUFFIX",
     "load_frame_folders",
     "load_videos",
+    "training_scenes",
 ]
 
 DATASETS: tuple[str, ...] = ("synthetic", "ucsd", "frames", "avenue", "shanghaitech")
@@ -480,10 +481,31 @@ def load_videos(
             f"no test clip folders in '{test_dir}': extract the test clips there, one frame "
             "folder per clip (testing/frames/01_0014/000.jpg)"
         )
-    train_files = cap(_video_files(_child_dir(base, "training", "videos")))
+    train_files = _shanghaitech_training(base, max_videos)
     counts = [listed_frames(p) for p in train_files] + [_frame_count(d) for d in clips]
     check_fits(counts, size=size, max_frames=max_frames, what=f"--dataset shanghaitech '{base}'")
     return {
         "train": [avi(p) for p in train_files],
         "test": [_read_video(d, size, max_frames, min_frames) for d in clips],
     }
+
+
+def _shanghaitech_training(base: Path, max_videos: int | None) -> list[Path]:
+    """ShanghaiTech's training videos under ``base`` in natural order, the first ``max_videos``."""
+    files = _video_files(_child_dir(base, "training", "videos"))
+    return files if max_videos is None else files[:max_videos]
+
+
+def training_scenes(
+    root: str | Path, dataset: str, max_videos: int | None = None
+) -> list[str] | None:
+    """The scene (camera) of each training video :func:`load_videos` reads, in its order, for
+    a dataset whose videos come from several scenes and say which: ShanghaiTech's
+    ``<scene>_<clip>.avi`` (13 cameras). None for the others (one camera each; UCSD's two are
+    read apart, :func:`ucsd_subsets`)."""
+    if dataset != "shanghaitech":
+        return None
+    base = _dataset_root(_existing_root(root, dataset), dataset, _VIDEO_MARKERS[dataset])
+    if base is None:
+        return None  # load_videos says what is wrong with the folder
+    return [p.stem.split("_", 1)[0] for p in _shanghaitech_training(base, max_videos)]

@@ -17,7 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cudt.data.video.frames import _EXPECTED_LAYOUT, DATASETS, load_videos, ucsd_subsets
+from cudt.data.video.frames import (
+    _EXPECTED_LAYOUT,
+    DATASETS,
+    load_videos,
+    training_scenes,
+    ucsd_subsets,
+)
 from cudt.data.video.synthetic import synthetic_videos
 from cudt.errors import DataError
 
@@ -28,6 +34,7 @@ __all__ = [
     "make_sequences",
     "patchify",
     "perturb",
+    "split_by_scene",
     "split_train_val",
     "split_videos",
     "unpatchify",
@@ -233,7 +240,30 @@ def _real_splits(dataset, data_dir, size, max_videos, max_frames, seq_len) -> tu
             f"need at least 1 test video under '{data_dir}', found 0: add test videos "
             f"(expected {_EXPECTED_LAYOUT[dataset]})"
         )
-    return (*split_train_val(train_v, seq_len), test_v)
+    scenes = training_scenes(data_dir, dataset, max_videos)
+    return (*split_by_scene(train_v, scenes, seq_len), test_v)
+
+
+def split_by_scene(
+    videos: Sequence[np.ndarray], scenes: Sequence[str] | None, seq_len: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """:func:`split_train_val` within each scene (camera) of ``scenes`` (one name per video, in
+    its order; None: one scene), so that validation draws on every scene with two or more
+    videos and every scene is trained on: split as one list, ShanghaiTech's validation was its
+    last cameras', which then went untrained. A scene of one video stays in training; with no
+    scene of two, the whole list is split as one."""
+    if scenes is None or len(set(scenes)) < 2:
+        return split_train_val(videos, seq_len)
+    groups: dict[str, list[np.ndarray]] = {}
+    for video, scene in zip(videos, scenes, strict=True):
+        groups.setdefault(scene, []).append(video)
+    if all(len(g) < 2 for g in groups.values()):
+        return split_train_val(videos, seq_len)
+    train, val = [], []
+    for group in groups.values():
+        t, v = split_train_val(group, seq_len) if len(group) >= 2 else (group, [])
+        train, val = train + t, val + v
+    return train, val
 
 
 def load_video_data(
@@ -266,7 +296,8 @@ def load_video_data(
       the val split) and ``max_frames`` the frames per video; ``seed`` and
       ``num_videos``/``num_frames`` are not used. A UCSD folder holding both cameras
       (``UCSDped1``, ``UCSDped2``) is split camera by camera (each its own validation videos,
-      ``max_videos`` each), then joined.
+      ``max_videos`` each), then joined; ShanghaiTech's training videos scene by scene
+      (:func:`split_by_scene`: ``<scene>_<clip>.avi``, a scene of one video kept for *train*).
     """
     if dataset not in DATASETS:
         raise DataError(f"unknown dataset {dataset!r}: valid names are {', '.join(DATASETS)}")
