@@ -351,14 +351,17 @@ def alpaca_splits(
     num_test: int = 200,
     seed: int = 0,
 ) -> AlpacaSplits:
-    """Train / val / test records from an Alpaca file: :func:`load_alpaca` then
-    :func:`deal_splits` (``num_train=None``: every record not in val or test). The generated
+    """Train / val / test records from an Alpaca file: :func:`load_alpaca`, each exact repeat of
+    a record (instruction, input and output) left out after its first, then :func:`deal_splits`
+    (``num_train=None``: every record not in val or test). The generated
     sets: :func:`cudt.data.instructions.toy_splits`, :func:`cudt.data.instructions.task_splits`.
     """
     records = load_alpaca(path)
+    unique = list(dict.fromkeys(records))  # exact repeats after the first left out: dealt
+    repeats = len(records) - len(unique)  # apart, a copy in test would be a training record
     return deal_splits(
-        records,
-        f"Alpaca file {path}",
+        unique,
+        f"Alpaca file {path}" + (f" ({repeats} exact repeats left out)" if repeats else ""),
         num_train=num_train,
         num_val=num_val,
         num_test=num_test,

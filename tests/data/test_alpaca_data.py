@@ -439,3 +439,9 @@ def test_splits_are_seeded_disjoint_and_stable(generated, tmp_path):
     # too few records: the line names the file and the flags that size the splits
     with pytest.raises(UsageError, match=rf"Alpaca file {re.escape(str(path))}: cannot split 160 "):
         alpaca_splits(path, num_train=200, num_val=20, num_test=30)
+    # exact repeats in the file (real Alpaca has some): left out after the first, so that no
+    # copy of a training record is dealt into test (dealt apart, 3 copies of one record could)
+    copies = write_alpaca([*generated, *[generated[7]] * 3], tmp_path / "repeats.json")
+    got = alpaca_splits(copies, num_train=None, num_val=20, num_test=30, seed=5)
+    assert got.test == s.test and got.val == s.val and got.train == from_file.train
+    assert "(3 exact repeats left out)" in got.source and "of 160 (split seed=5)" in got.source
