@@ -353,6 +353,12 @@ def test_load_text_data_imdb_and_mnli(tfds_dirs, fmt):
             assert y == i % 3
     assert all(p.startswith("validation_matched premise") for p in nli.test.texts)
     assert isinstance(nli.test.inputs()[0], tuple)
+    # --data-dir given as the data set's own folder, one or two levels down: the same data
+    for deeper in ("imdb_reviews", "imdb_reviews/plain_text"):
+        again = load_text_data(
+            "imdb", tfds_dirs[fmt] / deeper, num_train=None, num_test=5, val_fraction=0.25
+        )
+        assert again.test.texts == sp.test.texts and again.train.texts == sp.train.texts
 
 
 def test_tfds_missing_data_fails_fast_and_names_the_fix(tmp_path):

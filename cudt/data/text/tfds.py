@@ -86,11 +86,18 @@ def _version_key(name: str) -> tuple[int, ...]:
 
 def _find_variant(spec: _TfdsSpec, root: Path) -> Path | None:
     """``root/name/config/<version>`` holding a ``dataset_info.json``: the version TFDS builds today
-    if prepared, else the newest one there; ``root`` itself when it is such a folder."""
+    if prepared, else the newest one there; ``root`` itself when it is such a folder, and
+    ``root`` one or two levels down the layout (``.../imdb_reviews``, ``.../imdb_reviews/
+    plain_text``: a --data-dir given as the data set's own folder)."""
     if (root / "dataset_info.json").is_file():
         return root
-    config_dir = root / spec.name / spec.config
-    if not config_dir.is_dir():
+    candidates = [root / spec.name / spec.config]
+    if root.name == spec.name:
+        candidates.append(root / spec.config)
+    if root.name == spec.config and root.parent.name == spec.name:
+        candidates.append(root)
+    config_dir = next((c for c in candidates if c.is_dir()), None)
+    if config_dir is None:
         return None
     if (config_dir / spec.version / "dataset_info.json").is_file():
         return config_dir / spec.version
