@@ -232,7 +232,10 @@ def test_val_comes_from_the_training_videos(datasets, name):
     videos = load_videos(datasets[name], dataset=name, size=32)
     data = load_video_data(name, datasets[name], seq_len=2, size=32)
     # 3 training videos: the first 2 train, the last one (by name) val; test = the test videos.
+    # ShanghaiTech's are scenes 01, 01, 02: scene 01's last clip is val, 02's one clip trains.
     train, val, test = videos["train"][:2], videos["train"][2:], videos["test"]
+    if name == "shanghaitech":
+        train, val = [videos["train"][0], videos["train"][2]], [videos["train"][1]]
     for got, want in ((data.train, train), (data.val, val), (data.test, test)):
         np.testing.assert_array_equal(got, make_sequences(want, 2))
     assert data.source == f"{name}:{datasets[name]}"
@@ -435,3 +438,15 @@ def test_split_by_scene_keeps_single_clip_scenes_for_training():
     for scenes in (None, ["a"] * 7, list("abcdefg")):  # one scene, or none of two clips
         got = split_by_scene(videos, scenes, seq_len=2)
         assert [ids(x) for x in got] == [ids(x) for x in split_train_val(videos, 2)]
+
+
+@pytest.mark.parametrize("name", ["avenue", "shanghaitech"])
+@pytest.mark.parametrize("wrong", ["ucsd", "frames"])
+def test_a_video_archive_read_as_frame_folders_names_its_dataset(datasets, name, wrong):
+    """--dataset ucsd or frames on Avenue's or ShanghaiTech's archive (its .avi videos): one
+    line naming the dataset to pass, where it said the videos had no image frames."""
+    for root in (datasets[name], datasets[name].parent):
+        with pytest.raises(DataError) as err:
+            load_video_data(wrong, root, seq_len=2, size=32)
+        line = one_line(err)
+        assert "archive's videos" in line and line.endswith(f"pass --dataset {name}"), line

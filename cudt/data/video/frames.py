@@ -285,6 +285,13 @@ def load_frame_folders(
             "pass one of them"
         )
     root = _existing_root(root, dataset)
+    archive = _video_archive(root)
+    if archive is not None:  # read as frame folders it says "no image frames", not which
+        other, folder = archive
+        raise DataError(
+            f"'{root}' holds the {other} archive's videos ({folder}/*{VIDEO_SUFFIX}), not "
+            f"{dataset} frame folders: pass --dataset {other}"
+        )
     splits = _split_dirs(root)
     if not splits["train"] and not splits["test"]:
         # One level down: UCSDped1/UCSDped2 (ucsd), or one dataset folder (frames).
@@ -379,6 +386,19 @@ def _video_files(folder: Path) -> list[Path]:
             "dataset's videos there or point --data-dir at the extracted dataset"
         )
     return files
+
+
+def _video_archive(root: Path) -> tuple[str, Path] | None:
+    """``(dataset, folder)`` when ``root`` (or a folder in it) holds a dataset stored as videos:
+    its training folder (``training_videos``, ``training/videos``) with ``.avi`` files."""
+    for other, marker in _VIDEO_MARKERS.items():
+        for d in [root, *_visible_dirs(root)]:
+            folder = _child_dir(d, *marker)
+            if folder is not None and any(
+                p.suffix.lower() == VIDEO_SUFFIX for p in _entries(folder) if p.is_file()
+            ):
+                return other, folder
+    return None
 
 
 def _layout_error(root: Path, dataset: str) -> DataError:
