@@ -104,7 +104,7 @@ def load_results(folder: str | Path) -> dict:
 
 
 #: What every run of a ``results.json`` holds, whatever its task (checked before they are read).
-_RUN_FIELDS = ("label", "group", "model", "seed", "constrained", "hparams")
+_RUN_FIELDS = ("label", "model", "seed", "constrained", "hparams")
 
 
 def _data_seed(config: dict) -> int:

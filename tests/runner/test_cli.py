@@ -79,7 +79,11 @@ def test_an_interrupt_while_jax_compiles_exits_130_not_a_segfault(tmp_path):
             """
         )
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT))  # this checkout's cudt
+    # this checkout's cudt, compiling as a user's process does: without the suite's cache and
+    # quick-compile settings (tests/conftest.py), under which the program compiles at once
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_ENABLE_COMPILATION_CACHE="false")
+    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_DISABLE_MOST_OPTIMIZATIONS", "XLA_FLAGS"):
+        env.pop(name, None)
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
     )

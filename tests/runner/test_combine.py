@@ -94,7 +94,7 @@ def test_folders_of_another_job_are_refused_with_one_line(folders, tmp_path, cap
     cases = [("[1, 2]", "(no experiment, config, runs)")]
     cases.append((json.dumps(without_config), "(no config)"))
     bare_run = {**results, "runs": [*results["runs"][:1], {}]}  # a run with no fields: KeyError
-    cases.append((json.dumps(bare_run), "(no runs[1].label, runs[1].group, runs[1].model,"))
+    cases.append((json.dumps(bare_run), "(no runs[1].label, runs[1].model, runs[1].seed,"))
     for text, says in cases:
         (other / "results.json").write_text(text)
         for argv in ([str(first), str(other)], [str(other), str(first)]):
