@@ -238,6 +238,11 @@ def _zero_multipliers(constraints, num_indexed: dict) -> dict:
                 )
             shape = (int(num_indexed[name]),) + tuple(c.value.shape[1:])
         else:
+            if name in num_indexed:  # a table size for a constraint with one multiplier a value
+                raise ValueError(
+                    f"constraint {name!r} is not indexed (its values carry no index): drop "
+                    f"{name!r} from num_indexed"
+                )
             shape = tuple(c.value.shape)
         mult[name] = jnp.zeros(shape, multiplier_dtype(c.value.dtype))
     return mult

@@ -54,6 +54,9 @@ def test_init_does_not_alias_and_requires_num_indexed():
     assert state.params["x"].unsafe_buffer_pointer() != params["x"].unsafe_buffer_pointer()
     with pytest.raises(ValueError, match="num_indexed"):
         init(params, _batch([0]))
+    # a table size for a constraint that is not indexed was ignored without a word
+    with pytest.raises(ValueError, match="'budget' is not indexed .*: drop 'budget' from num_"):
+        init(params, _batch([0]), num_indexed={"per_sample": 3, "budget": 3})
 
 
 def test_indexed_rows_outside_batch_bit_identical_with_adam():

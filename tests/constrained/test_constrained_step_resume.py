@@ -43,8 +43,10 @@ def _batches(n):
         )
 
 
-@pytest.mark.parametrize("update", ["simultaneous", "extragradient"])
+@pytest.mark.parametrize("update", ["simultaneous", "alternating", "extragradient", "optimistic"])
 def test_save_restore_then_continue_is_bitwise(tmp_path, update):
+    """Every update scheme's state survives a checkpoint: optimistic's last updates (the
+    state's ``prev``) included."""
     init, step = cudt.make_constrained_step(
         _problem, primal=optax.adam(1e-2), dual=cudt.dual_adam(1e-1), update=update
     )
