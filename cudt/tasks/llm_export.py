@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from cudt.data.alpaca import alpaca_chat_template
 from cudt.errors import UsageError
-from cudt.io import atomic_output, check_fresh_output, to_jsonable
+from cudt.io import atomic_output, check_creatable, check_fresh_output, to_jsonable
 from cudt.models.llama import Decoder, LoraSpec, adapted, merged, save_adapters, save_decoder
 from cudt.models.llama.lora import TARGETS as LORA_TARGETS
 from cudt.models.llama.save import SAVE_DTYPES, check_gguf
@@ -294,6 +294,7 @@ def export_cli(task: Any, argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace what DEST holds")
     args = parser.parse_args(argv)
     check_fresh_output(args.dest, overwrite=args.overwrite, flag="DEST", replace="--overwrite")
+    check_creatable(args.dest, "DEST")  # before the run's data and model are read again
     cfg, data, results = finished_run(args.run_dir, task, "export_decoder")
     inputs = resolved_where_it_ran(results, export_inputs(cfg))
     if data.decoder.path is not None:  # the file the base was read from (--checkpoint smollm2)

@@ -353,6 +353,9 @@ def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
         keeps=tmp_path,
         via=via,
     )
+    # a DEST it cannot create is refused first, before the run is read (this one is no run)
+    status, err = via([tmp_path / "run", "/proc/cudt-export"], capsys)
+    assert status == 2 and err.startswith("error: cannot write DEST /proc/cudt-export in /proc")
 
 
 def test_export_with_the_default_out_refuses_a_folder_holding_runs(tmp_path, monkeypatch, capsys):
