@@ -73,11 +73,16 @@ def _eligible(r: dict, constrained: bool, relaxed: bool = False) -> bool:
 
 def _best_point(points: dict, score: str, sign: float, ok) -> tuple[int, tuple | None]:
     """``(eligible count, (signed mean, order, point, runs) of the best or None)`` among the
-    points whose every run passes ``ok`` with a finite ``score``; ties by sweep order."""
+    points trained at every seed of the setting (every seed any of its points has: folders
+    of other grids joined by ``combine`` may leave a point a seed short, and a mean over
+    fewer seeds is no rival) whose every run passes ``ok`` with a finite ``score``; ties by
+    sweep order."""
+    seeds = {r["seed"] for rs in points.values() for r in rs}
     good = []
     for order, (point, rs) in enumerate(points.items()):
         values = np.array([run_metric(r, score) for r in rs], np.float64)
-        if all(ok(r) for r in rs) and np.all(np.isfinite(values)):
+        every_seed = {r["seed"] for r in rs} == seeds
+        if every_seed and all(ok(r) for r in rs) and np.all(np.isfinite(values)):
             good.append((sign * float(values.mean()), order, point, rs))
     return len(good), (min(good, key=lambda g: (g[0], g[1])) if good else None)
 

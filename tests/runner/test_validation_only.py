@@ -244,3 +244,20 @@ def test_the_text_summarys_monotone_column_is_the_validation_verdict():
     shown = column.cell(run)
     assert shown == column.cell(run | {"loss_decreases": not run["loss_decreases"]})
     assert column.cell(run | {"loss_decreases_val": False}) != shown
+
+
+def test_a_point_a_seed_short_is_no_rival_for_one_trained_at_every_seed():
+    """Folders of other grids joined by ``combine`` can leave a point without some seeds: its
+    mean over fewer seeds (here one good seed) does not beat a point eligible at all three."""
+    runs = [_run(s, constrained=False, val=0.3) for s in range(3)]
+    runs += [_run(s, val=0.20, epsilon=0.05) for s in range(3)]
+    runs += [_run(0, val=0.10, epsilon=0.1)]  # better, at seed 0 alone
+    (entry,) = choose_points(runs, "val_objective", higher_is_better=False)
+    assert entry["hparams"]["epsilon"] == 0.05 and entry["seeds"] == [0, 1, 2]
+    assert (entry["points"], entry["eligible"]) == (2, 1)
+    (full,) = choose_points(  # at every seed it competes, and wins
+        [*runs, _run(1, val=0.10, epsilon=0.1), _run(2, val=0.10, epsilon=0.1)],
+        "val_objective",
+        higher_is_better=False,
+    )
+    assert full["hparams"]["epsilon"] == 0.1 and full["eligible"] == 2
