@@ -377,6 +377,13 @@ def test_a_diverged_runs_row_reads_its_null_curve_entries_as_missing() -> None:
     assert row["projection_removed"] == 3.0 and row["diverged"]
     assert not row["feasible_exact"] and not row["monotone_val"]
     assert np.isnan(row["val_objective"]) and row["lambda_peak"] == 0.9
+    # scored at its last finite state, its RMSE is finite: against its seed's ERM it is no
+    # comparison, left out of the vs-ERM cells (their paired t once took it in; review)
+    erm = dict(run, constrained=False, diverged=False, rmse=[5.0], mean_rmse=6.0)
+    row = _run_row(Variant("all", 0.95, "skip"), run, erm)
+    assert np.isnan(row["id_vs_erm_pct"]) and np.isnan(row["ood_vs_erm"])
+    live = _run_row(Variant("all", 0.95, "skip"), dict(run, diverged=False), erm)
+    assert live["ood_vs_erm"] == 2.0 and np.isfinite(live["id_vs_erm_pct"])
 
 
 def test_steps_cap_the_tiny_scales_warm_up():

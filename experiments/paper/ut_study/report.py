@@ -101,7 +101,9 @@ def _run_row(variant, run: dict, erm: dict | None) -> dict[str, Any]:
         "lambda_peak": peak(run["max_multipliers"]),
         "diverged": bool(run["diverged"]),
     }
-    if erm is not None:
+    # against its seed's ERM run, when both trained: a diverged run is scored at its last
+    # finite state, numbers that are no comparison (the study's cells leave that seed out)
+    if erm is not None and not run["diverged"] and not erm.get("diverged"):
         row["id_vs_erm_pct"] = 100.0 * (row["id_rmse"] / _id_rmse(erm) - 1.0)
         row["ood_vs_erm"] = row["ood_rmse"] - num(erm["mean_rmse"])
     else:
