@@ -296,6 +296,7 @@ def compare_chosen(
                 "erm_hparams": kinds["ERM"]["hparams"],
                 "erm_chosen": not kinds["ERM"].get("only"),  # False: ERM's one point
                 "seeds": seeds,
+                "unpaired": sorted(set(con) ^ set(erm)),  # seeds of one side only: left out
                 "feasible": sum(bool(r.get("feasible")) for r in a),
                 # the fallback's point: judged on the relaxed problem (choose_points)
                 "resilient": bool(kinds["constrained"].get("resilient")),
@@ -355,7 +356,7 @@ def comparison_lines(
             f"{c['model']}-{c['layers']}: {head} "
             f"− {'chosen ' if c.get('erm_chosen', True) else ''}ERM "
             f"({point_text(c['erm_hparams'])}), paired t over {n} seed"
-            f"{'s' if n != 1 else ''}: "
+            f"{'s' if n != 1 else ''}{_unpaired(c)}: "
             + (
                 "; ".join(cells)
                 if cells
@@ -451,3 +452,13 @@ def chosen_lines(chosen: list[dict], swept: Sequence[str] = ()) -> list[str]:
             f"({seeds}; {c['eligible']} of {c['points']} points eligible: {rule})"
         )
     return lines
+
+
+def _unpaired(c: dict) -> str:
+    """`` (seed 2 left out: one side only)`` where a seed has a run of one kind alone (folders
+    of one kind joined by ``combine``); "" where every seed pairs (and before the record)."""
+    left = c.get("unpaired") or []
+    if not left:
+        return ""
+    word = "seed" if len(left) == 1 else "seeds"
+    return f" ({word} {','.join(map(str, left))} left out: one side only)"

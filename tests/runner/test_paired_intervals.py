@@ -205,3 +205,15 @@ def test_the_erm_epsilon_note_is_per_model_where_two_models_swap_their_epsilons(
     assert "at ε 0.02 (the model's; its constrained runs' ε: 0.02, 0.05)" in notes[0]
     assert _erm_epsilon_note([r for r in runs if r["judged_epsilon"] == 0.05]) == []
     assert _erm_epsilon_note([{**r, "judged_epsilon": None} for r in runs]) == []
+
+
+def test_a_seed_trained_by_one_side_only_is_named_as_left_out():
+    """Folders of one kind joined by combine: constrained at seeds 0-3, ERM at 0-2. The
+    interval pairs seeds 0-2 and the line names seed 3 as left out (it said only "over 3")."""
+    runs = [r for r in _runs() if r["constrained"] or r["seed"] < 3]
+    (c,) = compare_chosen(runs, _chosen(runs))
+    assert c["seeds"] == [0, 1, 2] and c["unpaired"] == [3]
+    (line,) = comparison_lines([c])
+    assert "paired t over 3 seeds (seed 3 left out: one side only): acc" in line, line
+    (every,) = comparison_lines(compare_chosen(_runs(), _chosen(_runs())))
+    assert "left out" not in every
