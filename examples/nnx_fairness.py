@@ -1,5 +1,5 @@
-"""A Flax NNX MLP whose mean predicted probability (the positive rate, smoothed) may differ between
-two groups by ≤ 0.05, in NNX's own loop (nnx.Optimizer, nnx.jit); `# +` lines add the constraint."""
+"""A Flax NNX MLP whose positive rate (smoothed) may differ between two groups by ≤ 0.05 (up to
+the duals' oscillation: 1e-4 over), in NNX's own loop; `# +` lines add the constraint."""
 
 import jax
 import jax.numpy as jnp

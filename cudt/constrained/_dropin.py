@@ -21,7 +21,8 @@ in λ. ``lag.dual`` is the caller's dual transformation applied per constraint, 
 this pair and simultaneous updates equals ``make_constrained_step(update="simultaneous")``.
 Indexed constraints (``num_indexed={name: N}``) need the batch's ids in the dual update,
 ``lag.dual.update(g, state, multipliers, index=ids)``: only those rows of the table and of its
-dual state move, as in the step.
+dual state move, as in the step. The ids within a batch must be distinct, as the step asks: a
+repeated id's values add up here (the table's gradient), where the step keeps one of them.
 
 What stays with :func:`cudt.make_constrained_step`: the alternating, extragradient and optimistic
 updates, explicit slacks (``resilience_mode="slack"``), a growing penalty (``growth > 1``),
