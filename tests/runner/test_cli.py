@@ -65,6 +65,10 @@ def test_an_interrupt_while_jax_compiles_exits_130_not_a_segfault(tmp_path):
             import jax, jax.numpy as jnp
             from cudt.runner.cli import exit_process, run_cli
 
+            # Ctrl-C as in a terminal: a job started in the background (nohup ... &, as CI
+            # may be) inherits SIGINT ignored, and Python then leaves it so
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
             def main():
                 def f(x):
                     for i in range(1500):  # seconds of compilation on any CPU
