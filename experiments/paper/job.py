@@ -256,9 +256,31 @@ def _refuse(sub: SubRun, what: str, diff: list[str]) -> UsageError:
     )
 
 
-def check_subrun(sub: SubRun, overwrite: bool) -> None:
+def written_since(path: Path, since: float | None) -> bool:
+    """Whether the file ``path`` was written at ``since`` (a file time) or later."""
+    try:
+        return since is not None and path.stat().st_mtime >= since
+    except OSError:
+        return False
+
+
+def _retrained(sub: SubRun, since: float) -> bool:
+    """Whether ``sub``'s folder was (re)trained from ``since`` on: its results.json, or the
+    config of the checkpoints the runner writes as it starts, is that new."""
+    return any(
+        written_since(path, since)
+        for path in (sub.out / "results.json", sub.out / CHECKPOINTS / CONFIG_FILE)
+    )
+
+
+def check_subrun(sub: SubRun, overwrite: bool, since: float | None = None) -> None:
     """Sets ``sub.finished`` (results.json of the same config: reused); refuses a folder holding
-    results or checkpoints of another config unless ``overwrite``."""
+    results or checkpoints of another config unless ``overwrite``. ``since``: the start of the
+    interrupted ``--overwrite`` this command resumes (:func:`overwrite_since`): a sub-run
+    retrained from then on is kept (reused, or its checkpoints resumed), not retrained again."""
+    if overwrite and since is not None and _retrained(sub, since):
+        overwrite = False
+        sub.cfg = dataclasses.replace(sub.cfg, overwrite=False)
     if overwrite:
         return
     results = sub.out / "results.json"
@@ -324,6 +346,27 @@ def check_job_folder(out: Path, name: str) -> None:
         raise UsageError(f"--out {out} holds a {other}, not a {name}: pass another --out")
 
 
+def _overwriting(opts) -> dict[str, Any]:
+    """The flags an ``--overwrite`` is recorded under: every one but ``--out`` (the first
+    command may have had the default folder, which the resume then names)."""
+    return to_jsonable({k: v for k, v in dataclasses.asdict(opts).items() if k != "out"})
+
+
+def overwrite_since(out: Path, opts) -> float | None:
+    """When ``--overwrite`` with these flags started on ``out`` and has not finished (the
+    record open_job keeps in job.json): the sub-runs retrained since are kept. None without
+    ``--overwrite`` or such a record."""
+    if not opts.overwrite:
+        return None
+    try:
+        record = json.loads((out / JOB_FILE).read_text(encoding="utf-8"))["overwriting"]
+        if record["flags"] == _overwriting(opts):
+            return float(record["since"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
 @contextlib.contextmanager
 def open_job(
     name: str, opts, plan: Callable[[Any, Path], list[SubRun]], what: str = "sub-runs"
@@ -332,23 +375,34 @@ def open_job(
     ``plan(opts, out)`` each checked for reuse or refusal before anything is written, and the
     ones left to train; prints how many there are and how to resume. The job holds the lock on
     its ``--out`` (:mod:`cudt.runner.lock`) until the ``with`` block ends, as each sub-run holds
-    its own folder's while it runs."""
+    its own folder's while it runs.
+
+    An ``--overwrite`` is recorded in job.json (``overwriting``: its flags and start) until the
+    job ends, so the same command after an interruption resumes it: the sub-runs retrained
+    since are kept (:func:`check_subrun`), the others retrained."""
     # the default folder is claimed now (two jobs in one second get two), gone if refused
     with claimed_run_dir(opts.out, name.replace(" ", "_")) as out:
         check_not_a_file(out)
         check_free(out)  # another job there: refused before its folders are read
         check_job_folder(out, name)
         subs = plan(opts, out)
+        since = overwrite_since(out, opts)
         for sub in subs:
-            check_subrun(sub, opts.overwrite)
+            check_subrun(sub, opts.overwrite, since)
         todo = [s for s in subs if not s.finished]
         with lock_output(out):
-            write_json_atomic(out / JOB_FILE, {"job": name})
+            record: dict[str, Any] = {"job": name}
+            write_json_atomic(out / JOB_FILE, record)
+            if opts.overwrite:  # from the file system's clock, as the sub-runs' file times
+                since = (out / JOB_FILE).stat().st_mtime if since is None else since
+                record["overwriting"] = {"flags": _overwriting(opts), "since": since}
+                write_json_atomic(out / JOB_FILE, record)
             print(
                 f"{name}: {len(subs)} {what} under {out} ({len(subs) - len(todo)} finished, "
                 f"reused; {len(todo)} to train); rerun this command with --out {out} to resume"
             )
             yield out, subs, todo
+            write_json_atomic(out / JOB_FILE, {"job": name})  # done: nothing left to resume
 
 
 class TableJob:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 
 import pytest
 from helpers import assert_one_line_error, finished_job
 from PIL import Image
 
 from experiments import dual_study
+from experiments.paper import job
 from experiments.paper.dual_study import SETTINGS, Combo, StudyConfig, combos
 from experiments.paper.dual_study.report import best, run_rows, summarise
 
@@ -90,6 +92,37 @@ def test_rerun_reuses_every_call_and_rewrites_the_same_report(study, capsys):
     printed = capsys.readouterr().out
     assert "0 to train" in printed and printed.count("reusing") == 2
     assert (study / "study.csv").read_text() == before
+
+
+def test_an_interrupted_overwrite_resumes_keeping_the_calls_retrained_since(
+    study, tmp_path, capsys, monkeypatch
+):
+    out = tmp_path / "s"
+    shutil.copytree(study, out)
+    argv = [*TINY, "--overwrite", "--out", str(out)]
+    real, calls = job.run, []
+
+    def interrupted(task, cfg, folder):  # Ctrl-C as the second call starts
+        calls.append(folder)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(task, cfg, folder)
+
+    monkeypatch.setattr(job, "run", interrupted)
+    assert dual_study.main(argv) == 130
+    record = json.loads((out / "job.json").read_text())
+    assert record["overwriting"]["flags"]["overwrite"] is True
+    erm = out / "video" / "erm" / "results.json"
+    retrained = erm.read_text()
+    monkeypatch.setattr(job, "run", real)
+    capsys.readouterr()
+    assert dual_study.main(argv) == 0  # the same command: the ERM call retrained is kept
+    printed = capsys.readouterr().out
+    assert "1 finished, reused; 1 to train" in printed and printed.count("reusing") == 1
+    assert erm.read_text() == retrained
+    assert json.loads((out / "job.json").read_text()) == {"job": "dual study"}
+    assert dual_study.main(argv) == 0  # a new --overwrite retrains every call
+    assert "0 finished, reused; 2 to train" in capsys.readouterr().out
 
 
 @pytest.mark.slow

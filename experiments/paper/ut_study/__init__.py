@@ -44,9 +44,11 @@ from experiments.paper.job import (
     open_job,
     out_flag,
     overwrite_flag,
+    overwrite_since,
     scaled,
     table_main,
     train_subruns,
+    written_since,
 )
 from experiments.paper.phase1 import phase_one
 from experiments.paper.rows import fmt, unique
@@ -274,11 +276,15 @@ def _phase_one_spec(sub: SubRun, opts: StudyConfig) -> dict[str, Any]:
     return json.loads(json.dumps(spec, default=str))
 
 
-def _saved_phase_one(sub: SubRun, opts: StudyConfig) -> dict[str, Any] | None:
+def _saved_phase_one(
+    sub: SubRun, opts: StudyConfig, since: float | None = None
+) -> dict[str, Any] | None:
     """The variant's ``phase1.json`` result of these flags (reused), None where there is none
-    (or ``--overwrite``); one of other flags is refused, as ``experiments.phase_one`` does."""
+    (or ``--overwrite``, unless it was written since the interrupted overwrite this command
+    resumes started, ``since``); one of other flags is refused, as ``experiments.phase_one``
+    does."""
     path = sub.out / "phase1.json"
-    if not path.exists() or opts.overwrite:
+    if not path.exists() or (opts.overwrite and not written_since(path, since)):
         return None
     spec = _phase_one_spec(sub, opts)
     try:
@@ -301,11 +307,11 @@ def _saved_phase_one(sub: SubRun, opts: StudyConfig) -> dict[str, Any] | None:
     return result
 
 
-def _phase_one(sub: SubRun, opts: StudyConfig) -> dict[str, Any]:
+def _phase_one(sub: SubRun, opts: StudyConfig, since: float | None) -> dict[str, Any]:
     """The variant's phase I, reused from ``phase1.json`` when it was run with the same spec."""
     from cudt.tasks.video import VideoTask
 
-    saved = _saved_phase_one(sub, opts)
+    saved = _saved_phase_one(sub, opts, since)
     if saved is not None:
         return saved
     cfg = sub.cfg
@@ -338,16 +344,17 @@ def run_study(opts: StudyConfig) -> dict[str, Any]:
     check(opts)
     with open_job("ut study", opts, plan, what="runner calls") as (out, subs, _):
         results = train_subruns(subs, lambda sub: _video_task())
+        since = overwrite_since(out, opts)  # an --overwrite: what was redone since it started
         phase1 = {}
         for k, sub in enumerate(subs, start=1):
             print(f"[{k}/{len(subs)}] {sub.name}: phase I")
-            phase1[sub.key] = _phase_one(sub, opts)
+            phase1[sub.key] = _phase_one(sub, opts, since)
         choice = report.choose(report.rows_of(subs, results), FAITHFUL, "off")
         settings = None
         if opts.settings and choice is not None:
             chosen = next(s.key[0] for s in subs if s.key[0].slug == choice["variant"])
             sub = settings_subrun(opts, chosen, out)
-            check_subrun(sub, opts.overwrite)
+            check_subrun(sub, opts.overwrite, since)
             print(f"[settings] {sub.name}: ε {fmt(opts.epsilons)} × dual rate {fmt(opts.dual_lrs)}")
             settings = (sub, train_subruns([sub], lambda sub: _video_task())[sub.key])
         written = report.write_report(
