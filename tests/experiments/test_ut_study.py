@@ -250,6 +250,28 @@ def test_ut_study_tiny_end_to_end(tmp_path) -> None:
     assert (saved.read_bytes(), saved.stat().st_mtime_ns) == before
 
 
+@pytest.mark.parametrize("bad", ["unreadable", "a file"])
+def test_a_settings_folder_the_stage_would_refuse_is_refused_before_any_training(tmp_path, bad):
+    opts = StudyConfig(
+        tyings=("attention",),
+        clips=(0.95,),
+        residuals=("skip",),
+        seeds=1,
+        scale="tiny",
+        out=str(tmp_path / "study"),
+    )
+    folder = tmp_path / "study" / "settings" / Variant("attention", 0.95, "skip").slug
+    folder.parent.mkdir(parents=True)
+    if bad == "a file":
+        folder.write_text("")
+    else:
+        folder.mkdir()
+        (folder / "results.json").write_text("{")
+    with pytest.raises(UsageError, match=bad):
+        run_study(opts)
+    assert sorted(p.name for p in (tmp_path / "study").iterdir()) == ["settings"]
+
+
 # a setting of seconds where the published UT's constrained run is infeasible (layers 3-5 rise)
 _TINY_L5 = dict(
     models=("ut",),

@@ -260,12 +260,22 @@ def settings_subrun(opts: StudyConfig, variant: Variant, out: Path) -> SubRun:
 
 def plan(opts: StudyConfig, out: Path) -> list[SubRun]:
     """One runner call per variant (ERM, hard and resilient constrained runs × seeds); a
-    variant's ``phase1.json`` of other flags is refused here, before anything is written."""
+    variant's ``phase1.json`` of other flags is refused here, before anything is written, and
+    so is every variant's settings folder the settings stage would refuse (which variant it
+    trains is known only after the variants have trained)."""
     subs = [
         SubRun(v.label, (v,), _config(opts, v, out / v.slug), out / v.slug) for v in variants(opts)
     ]
     for sub in subs:
         _saved_phase_one(sub, opts)
+        if opts.settings:
+            settings = settings_subrun(opts, sub.key[0], out)
+            need(
+                not settings.out.exists() or settings.out.is_dir(),
+                f"{settings.out} is a file, not the settings stage's folder: delete it, or "
+                "pass another --out",
+            )
+            check_subrun(settings, opts.overwrite)
     return subs
 
 
