@@ -221,6 +221,27 @@ def test_success_needs_feasible_monotone_and_finite_and_the_best_has_most():
     assert best(summaries)["combo"] == pi
 
 
+def test_a_diverged_erm_seed_is_no_reference_and_the_id_change_says_how_many_it_is_over():
+    """A diverged ERM run is scored at its last finite state: its seed's ID change went into
+    the mean as if it were a reference (found by review)."""
+    from experiments.paper.dual_study.report import _setting_markdown
+
+    setting, combo = SETTINGS["video"], Combo("lagrangian", "sgd", "simultaneous")
+    erm = [{**_run(s, None, feasible=True, decreases=True), "constrained": False} for s in (0, 1)]
+    erm.append({**_run(2, None, feasible=True, decreases=True), "constrained": False})
+    erm[2] |= {"diverged": True, "rmse": [1.0, 9.0, 3.0]}
+    runs = [_run(s, 100.0, feasible=True, decreases=True, rmse=(1.0, 2.2, 3.0)) for s in (0, 1, 2)]
+    rows = run_rows(setting, combo, {"runs": runs}, {"runs": erm})
+    assert [math.isfinite(r["id_change_pct"]) for r in rows] == [True, True, False]
+    (summary,) = summarise(rows)
+    assert math.isclose(summary["id_change_pct"], 10.0) and summary["id_change_runs"] == 2
+    erm_rows = [{"id": 2.0, "ood": 3.0, "descent_rate": 0.9, "diverged": False}] * 2
+    erm_rows.append({"id": 9.0, "ood": 3.0, "descent_rate": 0.9, "diverged": True})
+    md = "\n".join(_setting_markdown(setting, [summary], erm_rows, [0.1]))
+    assert "| +10.0% (2 of 3 runs) |" in md
+    assert "ERM reference (2 seeds; 1 diverged, left out): ID RMSE 2," in md
+
+
 def test_a_finished_text_call_is_reused_though_its_task_resolved_lr_and_length(tmp_path):
     # The text task writes the learning rate and token length it resolved (its defaults are
     # None) into results.json's config; the study compares against those, not against None.

@@ -431,3 +431,40 @@ def test_a_vs_erm_cell_says_over_how_many_seeds_when_one_is_not_finite():
     assert _versus([0.1, float("nan"), 0.3], 3).endswith(" (2 of 3 seeds)")
     assert _versus([0.1, float("nan")], 3) == "+0.100 (1 of 2 seeds)"
     assert "seeds" not in _versus([0.1, 0.2, 0.3], 3)  # every seed: as before
+
+
+def test_a_settings_cell_leaves_a_diverged_seed_out_of_its_paired_differences():
+    """A diverged run (or its seed's ERM run) is scored at its last finite state: its finite
+    numbers went into the settings cells' paired means and intervals (found by review)."""
+    from types import SimpleNamespace
+
+    from experiments.paper.ut_study.report import _settings_section
+
+    def run(seed, constrained, val, diverged=False):
+        return {
+            "seed": seed,
+            "constrained": constrained,
+            "diverged": diverged,
+            "hparams": {"epsilon": 0.1, "dual_lr": 10.0},
+            "test_gamma": [0.0, 0.5],
+            "gamma_train": 0.5,
+            "rmse": [val, val],
+            "mean_rmse": val,
+            "val_mean_rmse": val,
+            "val_objective": val,
+            "feasible": True,
+            "loss_decreases_val": True,
+            "max_multipliers": [1.0],
+        }
+
+    erm = [run(s, False, 1.0) for s in range(4)]
+    erm[3]["diverged"] = True
+    runs = [*erm, run(0, True, 1.1), run(1, True, 1.3), run(2, True, 9.0, diverged=True)]
+    runs.append(run(3, True, 1.2))
+    cfg = SimpleNamespace(seeds=4, steps=10, dual_optimizer="sgd", update="simultaneous")
+    lines = _settings_section(SimpleNamespace(name="settings", cfg=cfg), runs)
+    (row,) = [line for line in lines if line.startswith("| 0.1 | 10 |")]
+    cells = row.split(" | ")
+    assert cells[5].startswith("+0.200 [") and cells[5].endswith(" (2 of 4 seeds)")  # val vs ERM
+    assert cells[6].startswith("+20.0 % [") and cells[6].endswith(" (2 of 4 seeds)")  # ID
+    assert cells[8].startswith("+0.200 [") and cells[8].endswith(" (2 of 4 seeds)")  # OOD

@@ -107,7 +107,11 @@ def run_rows(setting, combo, results: dict, erm: dict) -> list[dict]:
     """One row per constrained run of a combination's results, with its ERM reference."""
     metric = setting.id_metric
     higher = metric == "accuracy"
-    erm_by_seed = {r["seed"]: r for r in erm["runs"] if not r["constrained"]}
+    # a diverged ERM run is scored at its last finite state: no reference (its seed's ID
+    # change is left out, and the cell says so)
+    erm_by_seed = {
+        r["seed"]: r for r in erm["runs"] if not r["constrained"] and not r.get("diverged")
+    }
     tolerance = results.get("config", {}).get("tolerance")
     rows = []
     for run in results["runs"]:
@@ -187,6 +191,9 @@ def summarise(rows: list[dict]) -> list[dict]:
                 "descent_rate": _mean(r["descent_rate"] for r in rs if not r["diverged"]),
                 "mean_ratio": _mean(r["mean_ratio"] for r in rs if not r["diverged"]),
                 "id_change_pct": _mean(r["id_change_pct"] for r in rs if not r["diverged"]),
+                "id_change_runs": sum(
+                    math.isfinite(r["id_change_pct"]) and not r["diverged"] for r in rs
+                ),
                 "ood": _mean(r["ood"] for r in rs if not r["diverged"]),
                 "val_objective": _mean(r["val_objective"] for r in rs if not r["diverged"]),
                 "peak_lambda": statistics.median([r["peak_lambda"] for r in rs]),
@@ -225,10 +232,14 @@ def _setting_markdown(setting, summaries: list[dict], erm_rows: list[dict], fact
     metric = "accuracy" if higher else "RMSE"
     lines = [f"## {setting.title}", ""]
     if erm_rows:
+        live = [r for r in erm_rows if not r.get("diverged")]  # diverged: left out, counted
+        gone = len(erm_rows) - len(live)
         lines += [
-            f"ERM reference ({len(erm_rows)} seeds): ID {metric} {_num(_mean(r['id'] for r in erm_rows), 4)}, "
-            f"OOD {metric} {_num(_mean(r['ood'] for r in erm_rows), 4)}, per-sample descent "
-            f"{100 * _mean(r['descent_rate'] for r in erm_rows):.1f}%.",
+            f"ERM reference ({len(live)} seeds"
+            + (f"; {gone} diverged, left out" if gone else "")
+            + f"): ID {metric} {_num(_mean(r['id'] for r in live), 4)}, "
+            f"OOD {metric} {_num(_mean(r['ood'] for r in live), 4)}, per-sample descent "
+            f"{100 * _mean(r['descent_rate'] for r in live):.1f}%.",
             "",
         ]
     head = (
@@ -253,7 +264,12 @@ def _setting_markdown(setting, summaries: list[dict], erm_rows: list[dict], fact
             ),
             f"{100 * s['descent_rate']:.1f}%" if math.isfinite(s["descent_rate"]) else "n/a",
             _num(s["mean_ratio"]),
-            _pct(s["id_change_pct"]),
+            _pct(s["id_change_pct"])
+            + (
+                f" ({s['id_change_runs']} of {s['runs']} runs)"
+                if s["id_change_runs"] < s["runs"]
+                else ""
+            ),
             _num(s["ood"], 4),
             _num(s["peak_lambda"]),
         ]
@@ -314,7 +330,7 @@ def collect(subs, results: dict) -> tuple[list[dict], list[dict], dict[str, list
         if sub.key[1] is None:
             erm[name] = [
                 dict(zip(("id", "ood"), _metric(r, setting.id_metric), strict=True))
-                | {"descent_rate": r["descent_rate"]}
+                | {"descent_rate": r["descent_rate"], "diverged": bool(r.get("diverged"))}
                 for r in results[sub.key]["runs"]
                 if not r["constrained"]
             ]

@@ -195,6 +195,19 @@ def choose_setting(runs: list[dict]) -> dict[str, Any] | None:
     }
 
 
+def _paired(cell: list[dict], erm: dict, difference) -> list[float]:
+    """``difference(run, ERM run)`` per run of ``cell`` whose seed has an ERM run; NaN where
+    either diverged (scored at its last finite state: no comparison), which :func:`_versus`
+    leaves out and counts."""
+    return [
+        math.nan
+        if r["diverged"] or erm[r["seed"]].get("diverged")
+        else difference(r, erm[r["seed"]])
+        for r in cell
+        if r["seed"] in erm
+    ]
+
+
 def _settings_section(sub, runs: list[dict]) -> list[str]:
     cfg = sub.cfg
     erm = {r["seed"]: r for r in runs if not r["constrained"]}
@@ -213,10 +226,13 @@ def _settings_section(sub, runs: list[dict]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (eps, rate), cell in sorted(_setting_cells(runs).items()):
-        pairs = [(r, erm[r["seed"]]) for r in cell if r["seed"] in erm]
-        val_vs = _versus([r["val_mean_rmse"] - e["val_mean_rmse"] for r, e in pairs], 3)
-        id_vs = _versus([100 * (_id_rmse(r) / _id_rmse(e) - 1) for r, e in pairs], 1, " %")
-        ood_vs = _versus([r["mean_rmse"] - e["mean_rmse"] for r, e in pairs], 3)
+        val_vs = _versus(
+            _paired(cell, erm, lambda r, e: r["val_mean_rmse"] - e["val_mean_rmse"]), 3
+        )
+        id_vs = _versus(
+            _paired(cell, erm, lambda r, e: 100 * (_id_rmse(r) / _id_rmse(e) - 1)), 1, " %"
+        )
+        ood_vs = _versus(_paired(cell, erm, lambda r, e: r["mean_rmse"] - e["mean_rmse"]), 3)
         lines.append(
             f"| {eps:g} | {rate:g} | {sum(r['feasible'] for r in cell)}/{len(cell)} | "
             f"{sum(r['loss_decreases_val'] for r in cell)}/{len(cell)} | "
