@@ -326,20 +326,25 @@ READ = (
 SWEPT = ("epsilon", "lr", "gamma_train")  # the --sweep names that change a setting
 
 
-def _refuse_inert(cfg, argv) -> None:
-    """Refuse (one line) a flag ``argv`` gives that would not act in phase I: a runner flag not
-    in :data:`READ`, ``--select``, or a ``--sweep`` or ``--model-hparams`` of a name not in
-    :data:`SWEPT`."""
+def _refuse_inert_flags(argv) -> None:
+    """Refuse (one line) a flag ``argv`` gives that would not act in phase I, a runner flag not
+    in :data:`READ` or ``--select``: before its value is read (a bad value of a flag phase I
+    does not use was reported as the value's fault)."""
     task_own = {f.name for f in dataclasses.fields(VideoConfig)} - {
         f.name for f in dataclasses.fields(RunConfig)
     }
     acting = (task_own - {"select"}) | set(READ)
-    extra = sorted(given_on_command_line(VideoConfig, argv) - acting)
+    extra = sorted(given_on_command_line(VideoConfig, argv, quiet=True) - acting)
     if extra:
         raise UsageError(
             f"--{extra[0].replace('_', '-')} has no effect in phase I (an ERM run of the "
             "phase-I objective at a constant rate, no multipliers, no reference): drop it"
         )
+
+
+def _refuse_inert(cfg, argv) -> None:
+    """Refuse (one line) a ``--sweep`` or ``--model-hparams`` of a name not in :data:`SWEPT`
+    (the flags themselves: :func:`_refuse_inert_flags`)."""
     given = given_on_command_line(VideoConfig, argv)
     sweeps = parse_sweeps(cfg) if "sweep" in given else {}
     named = {f"--sweep {n.replace('_', '-')}": n for n in sweeps}
@@ -359,6 +364,9 @@ def main(argv=None) -> int:
     act here too) is one line, status 2, nothing written."""
     configure_process()
     argv = sys.argv[1:] if argv is None else list(argv)
+    status = run_cli(lambda: _refuse_inert_flags(argv))
+    if status:
+        return status
     try:
         cfg, _ = config_from_args(
             VideoConfig, argv, __doc__.split("\n\n")[0], "experiments.phase_one"

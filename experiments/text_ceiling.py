@@ -337,20 +337,25 @@ def run_ceiling(cfg: TextConfig, argv: Sequence[str] | None = None) -> dict[str,
 def main(argv: Sequence[str] | None = None) -> int:
     """The entry point: the text task's flags → the readers' table; bad input is one line."""
     configure_process()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # a flag that would not act here is refused before its value is read (a bad value of one
+    # was reported as the value's fault)
+    status = run_cli(lambda: _read_only(argv))
+    if status:
+        return status
     try:
         cfg, _ = config_from_args(
             TextConfig, argv, __doc__.split("\n\n")[0], "experiments.text_ceiling"
         )
-        argv = list(sys.argv[1:] if argv is None else argv)
     except SystemExit as e:  # --help, or a bad flag (already reported in one line)
         return 0 if e.code is None else int(e.code)
-    return run_cli(lambda: run_ceiling(cfg, _read_only(argv)))
+    return run_cli(lambda: run_ceiling(cfg, argv))
 
 
 def _read_only(argv: list[str]) -> list[str]:
     """``argv``, unless it gives a flag that would not act here (one line naming it); the
     names as the parser read them (``--num-tr`` is ``--num-train``, which acts)."""
-    extra = sorted(given_on_command_line(TextConfig, argv) - set(READ))
+    extra = sorted(given_on_command_line(TextConfig, argv, quiet=True) - set(READ))
     if extra:
         flags = ", ".join("--" + n.replace("_", "-") for n in READ)
         raise UsageError(

@@ -88,7 +88,12 @@ def _parser_for(tp, name: str) -> Callable[[str], Any]:
 
 
 def build_parser(
-    config_cls: type, description: str, prog: str | None = None, *, defaults: bool = True
+    config_cls: type,
+    description: str,
+    prog: str | None = None,
+    *,
+    defaults: bool = True,
+    add_help: bool = True,
 ):
     """The command line of ``config_cls``: a flag per field. ``defaults=False``: a flag left out
     is left out of the namespace too (which flags the command line names)."""
@@ -96,6 +101,7 @@ def build_parser(
         prog=prog,
         description=description,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        add_help=add_help,
     )
     hints = typing.get_type_hints(config_cls)
     for f in dataclasses.fields(config_cls):
@@ -167,9 +173,25 @@ def config_from_args(
 _TUNED_BY = {"epsilon": "tune_epsilon", "dual_lr": "tune_dual_lr", "lr": "tune_lr"}
 
 
-def given_on_command_line(config_cls, argv) -> set[str]:
-    """The fields the command line names, whatever their values."""
-    return set(vars(build_parser(config_cls, "", defaults=False).parse_args(argv)))
+def given_on_command_line(config_cls, argv, *, quiet: bool = False) -> set[str]:
+    """The fields the command line names, whatever their values. ``quiet``: read before the
+    values are checked (a job refusing a flag it does not use before its value): no value is
+    parsed, and a command line argparse cannot read (``--help`` too) names none, printing
+    nothing: the parser's own answer follows."""
+    if not quiet:
+        return set(vars(build_parser(config_cls, "", defaults=False).parse_args(argv)))
+    parser = build_parser(config_cls, "", defaults=False, add_help=False)
+    for action in parser._actions:
+        action.type = action.choices = None
+
+    def unreadable(message: str):
+        raise argparse.ArgumentError(None, message)
+
+    parser.error = unreadable  # type: ignore[method-assign]
+    try:
+        return set(vars(parser.parse_args(argv)))
+    except argparse.ArgumentError:
+        return set()
 
 
 def _pin_given(cfg, given: set[str]):

@@ -210,6 +210,10 @@ def test_split_means_are_the_runners_validation_losses(tmp_path):
         (["--resilience", "1"], "--resilience has no effect in phase I"),
         (["--dual-optimizer", "adam"], "--dual-optimizer has no effect in phase I"),
         (["--sweep", "dual_lr=0.01,0.1"], "--sweep dual-lr has no effect in phase I"),
+        # refused as unused before its value is read (its bad value was the error: review)
+        (["--dual-lr", "-1"], "--dual-lr has no effect in phase I"),
+        (["--update", "sideways"], "--update has no effect in phase I"),
+        (["--chunk-steps=abc"], "--chunk-steps has no effect in phase I"),
         # a name the task's flags refuse, given per model instead (found by review)
         (["--model-hparams", "dust:dual_lr=10"], "--model-hparams dust:dual_lr has no effect"),
         (["--model-hparams", "dust:epsilon=0.05,resilience=10"], "dust:resilience has no"),

@@ -198,3 +198,13 @@ def test_orders_gain_is_against_the_order_free_reader_best_on_validation_paired_
     )
     (_, one) = text_ceiling.order_gain_lines([r for r in rows if r["seed"] == 0], [0])
     assert one.endswith(": +0.080 (one seed: no interval).")
+
+
+@pytest.mark.parametrize("flags", [["--gamma-train", "-1"], ["--update", "sideways"], ["--lr=x"]])
+def test_a_flag_it_does_not_read_is_refused_before_its_value(capsys, flags):
+    """A bad value of a flag text_ceiling ignores was reported as the value's fault, as if
+    fixing it would make the flag act (review)."""
+    assert text_ceiling.main(["--seeds", "1", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    name = flags[0].partition("=")[0]
+    assert len(err) == 1 and err[0].startswith(f"error: {name} does not act here")
