@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cudt.errors import UsageError
-from cudt.io import atomic_write
+from cudt.io import atomic_write, check_creatable
 from cudt.runner.cli import OneLineParser, without_flag
 from cudt.runner.lock import OutputInUse, check_free
 
@@ -444,6 +444,14 @@ def write_pages(
         if results is not None:
             default = render_job if block.report is not None else render_run
             bodies[name] = (block.render or default)(block, results)
+    if check and not bodies:  # a check of nothing passed: a mistyped --runs looked up to date
+        print(
+            f"error: --check: no block's results under --runs {runs}, nothing to check: make "
+            f"them with python -m experiments.pages run --runs {runs}, or pass the runs root "
+            "that made them",
+            file=sys.stderr,
+        )
+        return 2
     stale = []
     for path, (text, pieces) in parsed.items():
         new = render_page(pieces, bodies)
@@ -471,16 +479,24 @@ def run_blocks(
     say=print,
 ) -> int:
     """Runs the command of every block (all, or ``blocks``) whose results.json (a job's: its
-    report) is missing, as ``python -m MODULE FLAGS --out RUNS/<folder>``; returns 0, or 1 if a
-    command failed."""
+    report) is missing, as ``python -m MODULE FLAGS --out RUNS/<folder>``; returns 0, 1 if a
+    command failed, or 2 (nothing run) if a block's folder cannot be created under ``runs``."""
     registry = BLOCKS if registry is None else registry
-    failed = 0
+    todo = []
     for name in list(registry) if blocks is None else blocks:
-        block = registry[name]
-        path = block.results_path(Path(runs)).resolve()
+        path = registry[name].results_path(Path(runs)).resolve()
         if path.is_file():
             say(f"{name}: {path} exists: not rerun (delete it to rerun)")
-            continue
+        else:
+            todo.append((name, registry[name], path))
+    try:  # up front: an unwritable root was found by each command, after it loaded its data
+        for _, _, path in todo:
+            check_creatable(path.parent, "--runs")
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    failed = 0
+    for name, block, path in todo:
         cmd = [sys.executable, "-m", block.module, *block.argv, "--out", str(path.parent)]
         say(f"{name}: {block.command} --out {path.parent}")
         if subprocess.run(cmd, cwd=ROOT, check=False).returncode != 0:
@@ -509,11 +525,15 @@ def main(argv: Sequence[str] | None = None, registry: dict[str, Block] | None = 
     )
     ns = parser.parse_args(argv)
     blocks = None
-    if ns.blocks:
+    if ns.blocks is not None:  # --blocks '' names none (it was taken as every block)
         blocks = [b.strip() for b in ns.blocks.split(",") if b.strip()]
         unknown = [b for b in blocks if b not in registry]
         if not blocks:
-            parser.exit(2, f"error: --blocks names no block: pass some of {', '.join(registry)}\n")
+            parser.exit(
+                2,
+                f"error: --blocks names no block: name some of {', '.join(registry)}, or drop "
+                "--blocks for all of them\n",
+            )
         if unknown:
             parser.exit(
                 2, f"error: unknown block {', '.join(unknown)} (known: {', '.join(registry)})\n"

@@ -251,7 +251,12 @@ def test_missing_results_is_reported_and_the_block_left_alone(tmp_path, capsys):
     assert f"video-default: no {runs / 'video-default' / 'results.json'}" in out
     assert "left unchanged" in out
     assert page.read_bytes() == content
-    assert pages.main([*argv, "--check"]) == 0  # nothing write would change
+    # a check of no results at all passed as up to date (a mistyped --runs: review)
+    assert pages.main([*argv, "--check"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"error: --check: no block's results under --runs {runs}, nothing to check"
+    )
 
 
 @pytest.mark.parametrize(
@@ -311,6 +316,13 @@ def test_bad_command_lines_are_one_line(tmp_path, capsys):
         ([], "the following arguments are required: action, --runs"),
         (["write"], "the following arguments are required: --runs"),
         (["write", "--runs", str(tmp_path), "--blocks", ","], "--blocks names no block"),
+        # '' was taken as every block (review)
+        (["write", "--runs", str(tmp_path), "--blocks", ""], "or drop --blocks for all of them"),
+        # found by each command after it loaded its data, not before any ran (review)
+        (
+            ["run", "--runs", "/proc/cudt-runs", "--blocks", "video-default"],
+            "cannot write --runs /proc/cudt-runs/video-default",
+        ),
         (["run", "--runs", str(a_file)], f"--runs {a_file} is a file: pass a folder"),
     ):
         assert_one_line_error(pages.main, argv, capsys, words)
