@@ -342,12 +342,48 @@ def output_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(
             f"{text} exists (an earlier measurement): pass another path, or move that file away"
         )
+    if path.parent.exists() and not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{path.parent} is a file, not a folder: pass a file path")
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(
             f"the folder {path.parent} does not exist: create it, or pass a path in a folder "
             "that does"
         )
+    _check_writable(path.parent)
     return path
+
+
+def output_folder(text: str) -> Path:
+    """An argparse ``type``: a folder written in at the end (created if missing, as
+    ``--profile``'s traces), checked before anything is measured: not a file, and the nearest
+    folder of it that exists is one a file can be created in (a path under a file, or in a
+    read-only folder, failed at the end, after the timing)."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file: pass a folder")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{existing} is a file, so no folder can be made under it: pass a path in a folder"
+        )
+    _check_writable(existing)
+    return path
+
+
+def _check_writable(folder: Path) -> None:
+    """A file can be created in ``folder``: probed with an unnamed temporary file, which
+    leaves nothing behind (a folder that exists but takes no file, such as a read-only one or
+    /proc, lost the measurement at its end)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise argparse.ArgumentTypeError(
+            f"cannot write in the folder {folder} ({err.strerror or err}): pass a path in a "
+            "folder you can write to"
+        ) from None
 
 
 def parse_quick(

@@ -85,6 +85,7 @@ from benchmarks.common import (
     median,
     narrow_thread_counts,
     output_file,
+    output_folder,
     positive_float,
     positive_int,
     positive_int_list,
@@ -200,6 +201,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--profile",
         default=None,
+        type=output_folder,
         metavar="DIR",
         help="after the timed rounds, trace two cudt steps with jax's profiler (written under "
         "DIR) and print where the step spends its time: per part, matrix products vs the rest, "

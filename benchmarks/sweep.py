@@ -61,7 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=positive_int, default=3, help="interleaved calls (default 3)")
     p.add_argument(
         "--job-steps",
-        type=int,
+        type=positive_int,
         default=defaults.steps,
         help=f"steps of the end-to-end ratio (default: VideoConfig's, {defaults.steps})",
     )

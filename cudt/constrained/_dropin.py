@@ -43,7 +43,7 @@ import optax
 from cudt.constrained._constraint import Constraint, FreeSign
 from cudt.constrained._dual import check_dual
 from cudt.constrained._formulation import Lagrangian, check_formulation
-from cudt.constrained._state import _check_constraints, _zero_multipliers
+from cudt.constrained._state import _check_constraints, _zero_multipliers, check_table_shape
 from cudt.constrained._step import (
     _ascend_one,
     _dual_gradient,
@@ -116,6 +116,15 @@ def lagrangian(
                 f"problem returned constraints {sorted(cons)} but the multipliers are for "
                 f"{sorted(multipliers)}: build them with init (or cudt.init_multipliers) from "
                 "the same problem"
+            )
+        for n, c in cons.items():
+            check_table_shape(
+                n,
+                _unwrap(multipliers[n]),
+                jnp.shape(c.value),
+                c.index is not None,
+                "its multipliers",
+                "build them with init (or cudt.init_multipliers) from the same problem",
             )
         values = {n: c.value for n, c in cons.items()}
         lam = {

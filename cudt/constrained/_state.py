@@ -352,3 +352,20 @@ def _implicit_params(spec: _Spec, constraints, given: dict) -> dict:
             )
         phis[name] = _copy(phi)
     return phis
+
+
+def check_table_shape(name: str, table, value_shape, indexed: bool, what: str, fix: str) -> None:
+    """``table`` (constraint ``name``'s multipliers or slacks, ``what``) has the shape its
+    values ask: theirs, or for an indexed constraint ``[N, *values.shape[1:]]``. A table of
+    another shape broadcast against the values (a ``()`` table against ``[3]`` values trained
+    three multipliers in one, then grew) or failed deep inside with a shape error. Static:
+    checked once, while the step is traced."""
+    shape, value_shape = tuple(jnp.shape(table)), tuple(value_shape)
+    if indexed:
+        ok = len(shape) == len(value_shape) and shape[1:] == value_shape[1:]
+        rest = "".join(f", {d}" for d in value_shape[1:])
+        need = f"its indexed values of shape {value_shape} need a table [N{rest}]"
+    else:
+        ok, need = shape == value_shape, f"its values have shape {value_shape} (one per value)"
+    if not ok:
+        raise ValueError(f"constraint {name!r}: {what} have shape {shape}, where {need}: {fix}")

@@ -75,6 +75,7 @@ violation, penalty).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -92,6 +93,7 @@ from cudt.constrained._state import (
     _call,
     _init,
     _Spec,
+    check_table_shape,
     multiplier_dtype,
 )
 
@@ -342,7 +344,77 @@ def _evaluate(spec: _Spec, params, state: ConstrainedState, batch, key) -> _Eval
             f"for {sorted(state.multipliers)} (slacks on {sorted(state.slacks)}): build the "
             "state with init from the same problem"
         )
+    _check_tables(spec, state, cons)
     return _Evaluation(f, values, vjp_fn, cons, aux[0] if aux else None)
+
+
+_REBUILD = "build the state with this step's init (from the same problem and num_indexed)"
+
+
+def _short(tree_def, other) -> str:
+    """An optimiser state's structure in a line: its states' names (``(ScaleByAdamState,
+    EmptyState)``), or where those are ``other``'s too, the tree itself (cut)."""
+    names = ", ".join(re.findall(r"namedtuple\[(\w+)\]", str(tree_def)))
+    if names and names != ", ".join(re.findall(r"namedtuple\[(\w+)\]", str(other))):
+        return f"({names})"
+    text = str(tree_def)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _check_structure(got, want, what: str) -> None:
+    """``got``'s tree structure is ``want``'s (one from the step's own ``init``), else one error
+    naming ``what`` and the fix."""
+    got, want = jax.tree.structure(got), jax.tree.structure(want)
+    if got != want:
+        raise ValueError(
+            f"the state's {what} is {_short(got, want)}, where this step's optimiser keeps "
+            f"{_short(want, got)}: the state was built for another optimiser; {_REBUILD}"
+        )
+
+
+def _check_state(spec: _Spec, state) -> None:
+    """The state was built by this step's ``init``: a ``ConstrainedState``, with the previous
+    update ``"optimistic"`` steps from (and only then), and the primal optimiser's state. A state
+    of another step ran on (a simultaneous state under ``"optimistic"`` failed with an opaque
+    IndexError; an Adam state under SGD trained, under Adam SGD's failed on a missing ``mu``).
+    Static structure: checked once, while the step is traced."""
+    if not isinstance(state, ConstrainedState):
+        raise TypeError(
+            f"step takes the ConstrainedState its init returns, got {type(state).__name__}"
+        )
+    here = (state.params, state.multipliers, state.slacks)
+    if spec.update == "optimistic":
+        if jax.tree.structure(state.prev_update) != jax.tree.structure(here):
+            raise ValueError(
+                "update='optimistic' steps from the previous step's update, which this state "
+                f"does not hold (it was built for another update scheme): {_REBUILD}"
+            )
+    elif jax.tree.structure(state.prev_update) != jax.tree.structure(()):
+        raise ValueError(
+            f"the state holds an optimistic step's previous update, which this "
+            f"update={spec.update!r} step would drop (the state was built for "
+            f"update='optimistic'): {_REBUILD}"
+        )
+    want = jax.eval_shape(spec.primal.init, state.params)
+    _check_structure(state.opt_state, want, "primal optimiser state")
+
+
+def _check_tables(spec: _Spec, state: ConstrainedState, cons) -> None:
+    """The state's multiplier and slack tables have the shapes the constraints' values ask
+    (:func:`check_table_shape`), and their dual and slack optimiser states the structure this
+    step's optimisers keep. Static: checked once, while the step is traced."""
+    for n, c in cons.items():
+        m, indexed = state.multipliers[n], c.index is not None
+        if n not in spec.implicit:
+            check_table_shape(n, m, jnp.shape(c.value), indexed, "its multipliers", _REBUILD)
+        free = c.kind == "eq" or n in spec.implicit
+        want = jax.eval_shape(spec.dual.init, FreeSign(m) if free else m)
+        _check_structure(state.dual_state[n], want, f"dual optimiser state of {n!r}")
+        if n in state.slacks:
+            u = state.slacks[n]
+            check_table_shape(n, u, jnp.shape(c.value), indexed, "its slacks", _REBUILD)
+            want = jax.eval_shape(spec.slack_tx.init, u)
+            _check_structure(state.slack_state[n], want, f"slack optimiser state of {n!r}")
 
 
 def _dual_gradient(values, lam, u, cons):
@@ -695,6 +767,7 @@ _SCHEMES = {
 def _step(spec: _Spec, scheme: Callable, state: ConstrainedState, batch, key):
     """One step of ``scheme``: the key of this step, and the mask of the constraints (off for
     ERM runs and during the warm-up)."""
+    _check_state(spec, state)
     key = jax.random.fold_in(key, state.step)
     active = state.constrained
     if spec.warmup_steps > 0:

@@ -82,6 +82,11 @@ class DescentConfig:
     previous_loss: Literal["differentiable", "stop_gradient"] = "differentiable"
 
     def __post_init__(self):
+        # the numbers as Python floats, so the config is hashable and one spelling: a numpy or
+        # JAX scalar (a 0-d array) made it unhashable (no static jit argument, no JSON)
+        for name in ("reference", "resilience", "tail_beta", "slack_lr"):
+            optional = name in ("reference", "resilience")
+            object.__setattr__(self, name, _number(name, getattr(self, name), optional))
         L = self.num_layers
         if isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
             raise ValueError(f"num_layers must be an integer >= 1, got {L!r}")
@@ -141,3 +146,17 @@ class DescentConfig:
     def uses_slacks(self) -> bool:
         # Static: an ERM run in a slack-mode group keeps u = 0 (its duals are frozen).
         return self.resilience is not None and self.resilience_mode == "slack"
+
+
+def _number(name: str, value, optional: bool) -> float | None:
+    """``value`` as a Python float (None stays None where ``optional``), or one ``ValueError``
+    naming ``name``."""
+    if value is None and optional:
+        return None
+    says = f"{name} must be a number{' or None' if optional else ''}, got {value!r}"
+    if value is None or isinstance(value, (str, bytes)) or np.ndim(value) != 0:
+        raise ValueError(says)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(says) from None

@@ -339,6 +339,12 @@ def problem(
         losses = losses.astype(jnp.float32)
         mean = jnp.mean(losses, axis=0)
         epsilon = hp["epsilon"]
+        if jnp.shape(epsilon) not in ((), (L,)):  # static: checked once, while traced
+            raise ValueError(
+                f"the state's epsilon has shape {tuple(jnp.shape(epsilon))}, where this step's "
+                f"DescentConfig has num_layers={L} (epsilon [{L}]): the state was built for "
+                "another config; build it with this step's init"
+            )
         # the loss each layer must improve on: as it is (None), or a target (stop-gradient);
         # built only where used, so the paper's form compiles to the program it always did
         target = jax.lax.stop_gradient if stopped else None

@@ -232,11 +232,50 @@ class _PlainLogFormatter(ticker.LogFormatter):
         return f"{x:.3g}"
 
 
+# mantissas of a log axis's minor ticks finer than matplotlib's 2..9, tried in turn where fewer
+# than 3 of the 1..9×10^k ticks are in view: halves, then steps of 0.1, 0.2 and 0.5
+_FINE_SUBS = (
+    np.array([1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 6, 7, 8, 9]),
+    np.concatenate([np.arange(11, 20) / 10, np.arange(10, 25) / 5, np.arange(10, 20) / 2]),
+)
+
+
+class _LogMinorLocator(ticker.LogLocator):
+    """matplotlib's minor log ticks (2..9×10^k, or its linear fallback where at most one of
+    them is in view), or where those and the decades put fewer than 3 ticks in view (a loss
+    axis from 0.0865 to 0.173 showed 0.09 and 0.1 alone), the first of :data:`_FINE_SUBS`
+    that puts 3 in view."""
+
+    def __init__(self):
+        super().__init__(base=10.0, subs="auto")
+
+    def tick_values(self, vmin, vmax):
+        locs = super().tick_values(vmin, vmax)
+        lo, hi = sorted((vmin, vmax))
+        if not (np.isfinite(lo) and np.isfinite(hi) and lo > 0):
+            return locs
+        decades = 10.0 ** np.arange(np.floor(np.log10(lo)) - 1, np.ceil(np.log10(hi)) + 1)
+
+        def shown(ticks) -> int:  # with the decades (the major ticks)
+            ticks = np.unique(np.concatenate([ticks, decades]))
+            return int(np.sum((ticks >= lo) & (ticks <= hi)))
+
+        if shown(locs) >= 3:
+            return locs
+        for subs in _FINE_SUBS:
+            ticks = np.outer(decades, subs).ravel()
+            if shown(ticks) >= 3:
+                return self.raise_if_exceeds(ticks)
+        return locs
+
+
 def log_y_axis(ax) -> None:
     """A log y axis labelled in plain numbers (0.0003, 0.682: not 6.82×10⁻¹), every tick
-    labelled where it spans under a decade (matplotlib's own labels skip 0.0005 there)."""
+    labelled where it spans under a decade (matplotlib's own labels skip 0.0005 there), with
+    finer ticks where under three of 1..9×10^k are in view (:class:`_LogMinorLocator`)."""
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(_PlainLogFormatter())
+    ax.yaxis.set_minor_locator(_LogMinorLocator())
     ax.yaxis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(2, 1)))
 
 

@@ -123,6 +123,8 @@ def test_fewer_threads_than_cores_run_in_a_child_started_on_that_many(tmp_path):
         (["step", "--quick", "--json", "NOWHERE/x.json"], "the folder NOWHERE does not exist"),
         (["sweep", "--runs", "0"], "argument --runs: expected comma-separated whole numbers >= 1"),
         (["sweep", "--chunk-steps", "0"], "argument --chunk-steps: must be a whole number >= 1"),
+        # a job of -5 steps printed an end-to-end ratio after the timing
+        (["sweep", "--quick", "--job-steps", "-5"], "argument --job-steps: must be a whole number"),
         (["memory", "lm-loss", "--vocab", "0"], "argument --vocab: expected comma-separated"),
         (["memory", "llm", "--gpu-gb", "nan"], "argument --gpu-gb: must be a finite number > 0"),
         (["llm", "--lora-ranks", "8,0"], "argument --lora-ranks: expected comma-separated"),
@@ -148,6 +150,39 @@ def test_an_output_file_that_exists_is_refused_and_kept(parse, flag, tmp_path, c
     words = f"{earlier} exists (an earlier measurement): pass another path, or move that file"
     assert_one_line_error(parse, [flag, str(earlier)], capsys, f"argument {flag}: ", words)
     assert earlier.read_text() == "an earlier measurement\n"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="/proc: a folder that takes no file")
+@pytest.mark.parametrize(
+    "parse, flag",
+    [(gpu.parse_args, "--out"), (step.parse_args, "--json"), (llm.parse_args, "--json")],
+)
+def test_an_output_file_in_a_folder_that_takes_no_file_is_refused(parse, flag, capsys):
+    """A --json in a folder that exists but takes no file (/proc; a read-only one) failed when
+    written, after the timing (20 s of llm --tiny, minutes at its sizes)."""
+    words = "cannot write in the folder /proc"
+    assert_one_line_error(
+        parse, [flag, "/proc/cudt-bench.json"], capsys, f"argument {flag}: ", words
+    )
+
+
+def test_a_profile_folder_that_cannot_be_written_is_refused(tmp_path, capsys):
+    """llm --profile under a file failed in the profiler's export, after the timed rounds."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder\n")
+    for path, words in (
+        (afile / "trace", f"{afile} is a file, so no folder can be made under it"),
+        (afile, f"{afile} is a file: pass a folder"),
+    ):
+        argv = ["--tiny", "--profile", str(path)]
+        assert_one_line_error(llm.parse_args, argv, capsys, "argument --profile: ", words)
+    assert afile.read_text() == "not a folder\n"
+    if os.path.isdir("/proc"):
+        argv = ["--tiny", "--profile", "/proc/cudt-trace"]
+        assert_one_line_error(llm.parse_args, argv, capsys, "cannot write in the folder /proc")
+    new = tmp_path / "new" / "trace"  # made by the profiler: its parents need not exist
+    assert llm.parse_args(["--tiny", "--profile", str(new)]).profile == new
+    assert sorted(tmp_path.iterdir()) == [afile]  # the checks wrote nothing
 
 
 def test_memory_refuses_flags_without_a_section(capsys):

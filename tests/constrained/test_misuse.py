@@ -1,7 +1,8 @@
 """What a user of the library gets wrong, named in one line (or shown as NaN) instead of trained
 silently: a dual optimiser's name or rate, negative gains, a non-positive resilience or penalty,
 indexed ids that are not row ids of the table, a NaN constraint's violation, the arguments of
-``make_train_step`` in another order, an injected hyperparameter under another name."""
+``make_train_step`` in another order, an injected hyperparameter under another name, a state built
+by another step's ``init`` (another update scheme, optimiser, problem or config)."""
 
 from __future__ import annotations
 
@@ -156,3 +157,108 @@ def test_an_injected_hyperparameter_under_another_name_is_named():
         if hasattr(n, "hyperparams")
     ]
     assert hyper and all(float(h) == 2.0 for h in hyper)
+
+
+# -- a state built for another step: refused while the step is traced, in one line -----------------
+
+
+def vector_problem(p, batch, key):
+    return jnp.sum(p["w"] ** 2), {"c": cudt.Constraint(p["w"] - 1.0)}
+
+
+def vector_step(primal=None, dual=None, **kw):
+    primal = optax.sgd(0.1) if primal is None else primal
+    dual = cudt.dual_ascent(0.1) if dual is None else dual
+    return cudt.make_constrained_step(vector_problem, primal, dual, donate=False, **kw)
+
+
+W3 = {"w": jnp.zeros(3)}
+
+
+def test_a_state_without_the_previous_update_is_refused_by_the_optimistic_step():
+    init, _ = vector_step(update="alternating")
+    _, optimistic = vector_step(update="optimistic")
+    # was an IndexError (tuple index out of range) inside the step
+    with pytest.raises(
+        ValueError, match=r"built for another update scheme\): build the state with"
+    ):
+        optimistic(init(W3), None, jax.random.key(0))
+
+
+def test_an_optimistic_state_is_refused_by_a_step_that_would_drop_its_previous_update():
+    init, _ = vector_step(update="optimistic")
+    _, simultaneous = vector_step()
+    # was taken: the step dropped prev_update, and a scan over steps broke on its carry
+    with pytest.raises(ValueError, match="update='simultaneous' step would drop"):
+        simultaneous(init(W3), None, jax.random.key(0))
+
+
+def test_a_primal_optimiser_state_of_another_optimiser_is_refused():
+    init_adam, step_adam = vector_step(optax.adam(0.1))
+    init_sgd, step_sgd = vector_step()
+    # Adam's state under SGD trained silently; SGD's under Adam failed on a missing 'mu'
+    with pytest.raises(ValueError, match=r"primal optimiser state is \(ScaleByAdamState, Empty"):
+        step_sgd(init_adam(W3), None, jax.random.key(0))
+    with pytest.raises(ValueError, match=r"keeps \(ScaleByAdamState, EmptyState\).*this step's"):
+        step_adam(init_sgd(W3), None, jax.random.key(0))
+
+
+def test_a_dual_optimiser_state_of_another_dual_is_refused():
+    init_adam, step_adam = vector_step(dual=cudt.dual_adam(0.1))
+    init_sgd, step_sgd = vector_step()
+    with pytest.raises(ValueError, match="dual optimiser state of 'c' is .*ScaleByAdamState"):
+        step_sgd(init_adam(W3), None, jax.random.key(0))
+    with pytest.raises(ValueError, match="dual optimiser state of 'c' is"):
+        step_adam(init_sgd(W3), None, jax.random.key(0))
+
+
+def test_a_multiplier_table_of_another_shape_is_refused():
+    init, step = vector_step()
+    state = init(W3)
+    one = state.replace(multipliers={"c": jnp.zeros(())})  # broadcast: one λ for three
+    with pytest.raises(ValueError, match=r"'c': its multipliers have shape \(\), where its values"):
+        step(one, None, jax.random.key(0))
+    init_rows, step_rows = indexed_step(jit=True)
+    x, ids = jnp.full((4,), 3.0), jnp.arange(4)
+    state = init_rows({"w": jnp.ones(())}, (x, ids), num_indexed={"rows": N})
+    wide = state.replace(multipliers={"rows": jnp.zeros((N, 2))})  # [N, 2] for values [B]
+    with pytest.raises(ValueError, match=r"shape \(10, 2\), where its indexed values of shape"):
+        step_rows(wide, (x, ids), jax.random.key(0))
+
+
+def test_a_slack_table_of_another_shape_is_refused():
+    def problem(p, batch, key):
+        g = cudt.Constraint(p["w"] - 1.0, resilience=1.0, resilience_mode="slack")
+        return jnp.sum(p["w"] ** 2), {"c": g}
+
+    init, step = cudt.make_constrained_step(problem, optax.sgd(0.1), cudt.dual_ascent(0.1))
+    state = init(W3)
+    one = state.replace(
+        slacks={"c": jnp.zeros(())}, slack_state={"c": optax.sgd(0.1).init(jnp.zeros(()))}
+    )
+    with pytest.raises(ValueError, match=r"'c': its slacks have shape \(\), where its values"):
+        step(one, None, jax.random.key(0))
+
+
+def test_a_descent_state_of_another_number_of_layers_is_refused():
+    def losses(p, b, k):
+        return jnp.stack([b * p["w"] ** i for i in range(3)], 1)  # [B, 3]: two layers
+
+    def train_step(layers):
+        cfg = cudt.DescentConfig(num_layers=layers)
+        return cudt.make_train_step(losses, optax.sgd(0.1), cudt.dual_ascent(0.1), cfg)
+
+    init3, _ = train_step(3)
+    _, step2 = train_step(2)
+    # was a TypeError on broadcasting (3,) against (2,), deep in the constraint values
+    with pytest.raises(ValueError, match=r"epsilon has shape \(3,\), where this step's Descent"):
+        step2(init3({"w": jnp.ones(())}), jnp.ones(4), jax.random.key(0))
+
+
+def test_the_drop_in_lagrangian_refuses_multipliers_of_another_shape():
+    lag = cudt.lagrangian(vector_problem, cudt.dual_ascent(0.1))
+    # () trained one multiplier for three constraints; (2,) failed on broadcasting
+    for lam in (jnp.zeros(()), jnp.zeros(2)):
+        with pytest.raises(ValueError, match="its multipliers have shape .* build them with init"):
+            lag.loss(W3, {"c": lam}, None)
+    lag.loss(W3, lag.init(W3, None), None)

@@ -442,6 +442,29 @@ def test_config_is_hashable():
     assert hash(cfg) == hash(cudt.DescentConfig(num_layers=3, epsilon=[0.1, 0.2, 0.3]))
 
 
+def test_config_numbers_are_python_floats_whatever_their_spelling():
+    """reference, resilience, tail_beta and slack_lr given as ints, numpy or JAX scalars are
+    stored as floats: a 0-d array made the config unhashable (no static jit argument)."""
+    plain = cudt.DescentConfig(
+        num_layers=2, reference=1.0, resilience=2.0, tail_beta=0.5, slack_lr=0.25
+    )
+    for number in (int, np.float32, np.array, jnp.asarray):
+        cfg = cudt.DescentConfig(
+            num_layers=2,
+            reference=number(1),
+            resilience=number(2),
+            tail_beta=np.float64(0.5),
+            slack_lr=number(0.25) if number is not int else 0.25,
+        )
+        assert cfg == plain and hash(cfg) == hash(plain), number
+        for name in ("reference", "resilience", "tail_beta", "slack_lr"):
+            assert type(getattr(cfg, name)) is float, (number, name)
+        layers = jax.jit(lambda c: c.num_layers, static_argnums=0)(cfg)
+        assert layers == 2
+    with pytest.raises(ValueError, match=r"tail_beta must be a number, got \[0.5\]"):
+        cudt.DescentConfig(num_layers=2, tail_beta=[0.5])
+
+
 def test_scheduled_dual_ascent_counts_only_dual_steps_and_settles():
     """A linear dual schedule over N dual steps: the k-th dual update (after the warm-up) is
     ``lr·(1 − k/N)·g`` exactly as SGD ascent would be with that rate, and λ stands still

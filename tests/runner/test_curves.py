@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.figure import Figure
 from PIL import Image
 from tensorboardX.proto.event_pb2 import Event
 from tensorboardX.record_writer import masked_crc32c
@@ -373,6 +374,39 @@ def test_infeasible_runs_are_named_layers_are_whole_and_log_labels_plain(tmp_pat
     }
     assert len(shown) >= 2, shown
     assert all(float(text) == pytest.approx(y, rel=1e-3) for y, text in shown.items()), shown
+
+
+def test_a_loss_axis_with_two_of_the_usual_log_ticks_in_view_labels_finer_ones(
+    tmp_path, monkeypatch
+):
+    """Losses from 0.088 to 0.17 put two of the 1..9×10^k ticks in view (0.09, 0.1): the axis
+    read two labels for a factor of 2; finer ticks (0.15) are labelled there now."""
+    from cudt.runner import plots
+
+    figs = []
+    monkeypatch.setattr(plots.plt, "close", figs.append)
+    base = dict(model="ut", layers=3, seed=0, test_gamma=[0.5], gamma_train=0.5)
+    runs = [
+        dict(base, constrained=False, layer_loss=[[0.17, 0.12, 0.095, 0.088]]),
+        dict(base, constrained=True, feasible=True, layer_loss=[[0.17, 0.11, 0.092, 0.089]]),
+    ]
+    plots.plot_layer_losses(runs, tmp_path / "layer_loss.png")
+    (ax,) = figs[0].axes
+    figs[0].canvas.draw()
+    low, high = ax.get_ylim()
+    assert 0.08 < low < 0.09 and 0.15 < high < 0.2  # two of 1..9×10^k in view: 0.09, 0.1
+    shown = {
+        label.get_position()[1]: label.get_text()
+        for label in ax.get_yticklabels(minor=True) + ax.get_yticklabels()
+        if label.get_text() and low <= label.get_position()[1] <= high
+    }
+    assert len(shown) >= 3, shown
+    assert all(float(text) == pytest.approx(y, rel=1e-3) for y, text in shown.items()), shown
+    wide = Figure().add_subplot()  # an axis over decades keeps matplotlib's own ticks
+    wide.plot([0, 1], [0.01, 1.0])
+    plots.log_y_axis(wide)
+    minor = [t for t in wide.get_yticks(minor=True) if 0.01 <= t <= 1.0]
+    np.testing.assert_allclose(minor, [a * 10.0**k for k in (-2, -1) for a in range(2, 10)])
 
 
 def test_ratio_histogram_bins_span_the_ratios(tmp_path, monkeypatch):
