@@ -36,9 +36,16 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         print(usage())
         return 0
+    if not argv:  # nothing measured: a failed command, as a missing argument is elsewhere
+        print(
+            f"error: no subcommand: {usage().splitlines()[0][len('usage: ') :]} "
+            "(python -m benchmarks --help says what each measures)",
+            file=sys.stderr,
+        )
+        return 2
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         print(

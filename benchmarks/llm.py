@@ -208,6 +208,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "and the slowest thunks that are not products (XLA:CPU only; benchmarks/profile.py)",
     )
     args = p.parse_args(argv)
+    if args.tiny and args.checkpoint is not None:  # --tiny's own weights won, unsaid
+        p.error(
+            f"--tiny writes a random Llama to measure instead of a checkpoint, so --checkpoint "
+            f"{args.checkpoint} would be ignored: drop --tiny or --checkpoint"
+        )
     if args.profile is not None and jax.default_backend() != "cpu":
         p.error("--profile reads XLA:CPU's thunk events: run it on a CPU (JAX_PLATFORMS=cpu)")
     if args.lora_ranks and args.torch_threads != [0]:

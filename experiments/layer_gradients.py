@@ -77,20 +77,24 @@ def _gradients(
     One state's gradient at a time (one compiled program, the state's index an argument, the
     losses its auxiliary output: L+1 passes in all), and only the previous gradient kept: two
     gradients' memory, where the whole Jacobian would hold L+1 (for SmolLM2's 31 states, 31
-    copies of its 135M parameters)."""
+    copies of its 135M parameters).
+
+    The batch, the frozen weights and the noise key are the program's arguments, as the
+    runner's evaluation passes them: closed over, they were numpy constants inside the trace,
+    where the decoder's response readout indexes its loss mask with traced token positions
+    (a TracerArrayConversionError on every llm_sft run), and the program held a copy of them."""
     keep = (np.arange(batch.index.shape[0]) < batch.count).astype(np.float32)
 
-    def state_loss(p, state):
-        out = model.eval_outputs(
-            p, model.frozen, batch.examples, jnp.asarray(batch.index), jnp.float32(gamma), key
-        )
+    def state_loss(p, frozen, examples, index, keep, key, state):
+        out = model.eval_outputs(p, frozen, examples, index, jnp.float32(gamma), key)
         means = (out["losses"] * keep[:, None]).sum(0) / keep.sum()
         return means[state], means
 
     grad_of = jax.jit(jax.grad(state_loss, has_aux=True))
+    inputs = (model.frozen, batch.examples, jnp.asarray(batch.index), jnp.asarray(keep), key)
     losses, squares, products, before = None, [], [], None
     while losses is None or len(squares) < losses.size:
-        grads, means = grad_of(params, jnp.int32(len(squares)))
+        grads, means = grad_of(params, *inputs, jnp.int32(len(squares)))
         losses = np.asarray(means, np.float64) if losses is None else losses
         g = np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(grads)])
         squares.append(g @ g)

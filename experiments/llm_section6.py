@@ -25,7 +25,7 @@ import sys
 from cudt.runner.cli import exit_process
 from experiments import llm_sft
 
-__all__ = ["SECTION6", "main", "section6_for"]
+__all__ = ["DESCRIPTION", "SECTION6", "main", "section6_for"]
 
 SECTION6 = (
     "--checkpoint", "smollm2", "--data", "tasks",
@@ -41,12 +41,34 @@ SECTION6 = (
 )  # fmt: skip
 
 
+def _flag_lines(flags: tuple[str, ...], width: int = 76) -> str:
+    """``flags`` as indented lines of whole ``--flag value`` items (--help's)."""
+    items: list[str] = []
+    for a in flags:
+        if items and not a.startswith("--") and " " not in items[-1]:
+            items[-1] += f" {a}"
+        else:
+            items.append(a)
+    lines = [""]
+    for item in items:
+        if lines[-1] and len(lines[-1]) + 1 + len(item) > width:
+            lines.append("")
+        lines[-1] = f"{lines[-1]} {item}".strip()
+    return "\n".join(f"  {line}" for line in lines)
+
+
+# --help: what the command is and the flags it runs llm_sft with, from SECTION6 itself
+DESCRIPTION = (
+    f"{__doc__.split(chr(10) * 2)[0]}\n\nIt runs experiments.llm_sft with these flags first "
+    "(a flag given\nafter them wins; the defaults shown below are llm_sft's own):\n\n"
+    + _flag_lines(SECTION6)
+)
+
+
 def main(argv=None) -> int:
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
     return llm_sft.main(
-        [*section6_for(argv), *argv],
-        prog="experiments.llm_section6",
-        description=__doc__.split("\n\n")[0],
+        [*section6_for(argv), *argv], prog="experiments.llm_section6", description=DESCRIPTION
     )
 
 

@@ -408,12 +408,15 @@ class LLMConfig(RunConfig):
     def _check_export_apart(self) -> None:
         """--export must not hold the run (--out, or the default runs/ folder), the base model
         or a data file: written after training (replacing it with --overwrite-export), it
-        would delete them."""
+        would delete them; nor lie inside the run: its models would be written over the run's
+        own files (its checkpoints, with --overwrite-export)."""
         out = Path(self.out) if self.out is not None else Path("runs") / "llm_sft-<time>"
         named = {"--out": out} | {
             name: value for name, value in export_inputs(self).items() if value.exists()
         }
         problem = export_holds(self.export, named, "--export")
+        self.require(problem is None, problem)
+        problem = export_inside(self.export, out, "--export", "--out")
         self.require(problem is None, problem)
 
 
@@ -435,4 +438,17 @@ def export_holds(export, named: dict[str, Path], flag: str) -> str | None:
                 f"{flag} {export} holds {name} {value}: writing the models there would replace "
                 f"it; pass {'an' if flag.startswith('-') else 'a'} {flag} path outside it"
             )
+    return None
+
+
+def export_inside(export, run, flag: str, run_flag: str) -> str | None:
+    """The one-line refusal when the export path ``export`` (given as ``flag``) lies inside the
+    run's folder ``run`` (given as ``run_flag``: ``--out``, or export_decoder's ``RUN``), else
+    None: the models would go over the run's own files (``--out/checkpoints`` replaced)."""
+    if contains(run, export) and not contains(export, run):  # the run itself: export_holds
+        return (
+            f"{flag} {export} lies inside {run_flag} {run}: the models written there would "
+            f"replace or mix with the run's own files (its checkpoints); pass "
+            f"{'an' if flag.startswith('-') else 'a'} {flag} folder outside {run_flag}"
+        )
     return None

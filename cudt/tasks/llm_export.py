@@ -43,7 +43,7 @@ from cudt.models.llama.save import SAVE_DTYPES, check_gguf
 from cudt.runner.cli import OneLineParser
 from cudt.runner.finished import finished_run, resolved_where_it_ran, run_data, trained_params
 from cudt.runner.lock import check_free
-from cudt.tasks.llm_config import export_holds, export_inputs
+from cudt.tasks.llm_config import export_holds, export_inputs, export_inside
 from cudt.tasks.llm_data import SMOLLM2, SMOLLM2_HUB, stop_ids
 
 __all__ = [
@@ -294,6 +294,9 @@ def export_cli(task: Any, argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace what DEST holds")
     args = parser.parse_args(argv)
+    inside = export_inside(args.dest, args.run_dir, "DEST", "RUN")  # before --overwrite is offered
+    if inside is not None:
+        raise UsageError(inside)
     check_fresh_output(args.dest, overwrite=args.overwrite, flag="DEST", replace="--overwrite")
     check_free(Path(args.run_dir).expanduser(), reader=True)  # a job on it: nothing touched
     check_creatable(args.dest, "DEST")  # before the run's data and model are read again

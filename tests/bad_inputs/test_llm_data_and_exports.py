@@ -151,6 +151,12 @@ LLM_CASES = [
         "writing the models there would replace it; pass an --export path outside it",
     ),
     (
+        "--export inside --out",  # it trained, then wrote the models over its checkpoints
+        lambda tmp: ["--export", tmp / "out" / "checkpoints", "--overwrite-export"],
+        "--export /tmp/out/checkpoints lies inside --out /tmp/out",
+        "pass an --export folder outside --out",
+    ),
+    (
         "--export empty",
         lambda tmp: ["--export="],
         "--export needs a path",
@@ -356,6 +362,25 @@ def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
     # a DEST it cannot create is refused first, before the run is read (this one is no run)
     status, err = via([tmp_path / "run", "/proc/cudt-export"], capsys)
     assert status == 2 and err.startswith("error: cannot write DEST /proc/cudt-export in /proc")
+
+
+def test_llm_export_decoder_into_its_own_run(tmp_path, capsys):
+    """DEST inside a finished RUN (its checkpoints folder): --overwrite wrote the models over
+    the checkpoints and exited 0; refused before DEST is tried, the run byte for byte as it
+    was."""
+    from experiments import export_decoder, llm_sft
+
+    run = tmp_path / "run"
+    assert llm_sft.main([str(a) for a in [*LLM_TINY, "--out", run]]) == 0
+    refused(
+        "export_decoder into its RUN's checkpoints",
+        [run, run / "checkpoints", "--overwrite"],
+        capsys,
+        "DEST /tmp/run/checkpoints lies inside RUN /tmp/run",
+        "pass a DEST folder outside RUN",
+        keeps=tmp_path,
+        via=entry(export_decoder.main),
+    )
 
 
 def test_export_with_the_default_out_refuses_a_folder_holding_runs(tmp_path, monkeypatch, capsys):

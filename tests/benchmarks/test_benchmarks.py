@@ -64,7 +64,7 @@ def _check_header(out: str, subcommand: str, argv: str) -> None:
 
 
 def test_main_lists_the_subcommands_and_refuses_others(capsys):
-    assert cli.main([]) == 0
+    assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
     assert all(f"  {name} " in out for name in cli.SUBCOMMANDS)
     assert cli.main(["stepp"]) == 2
@@ -116,6 +116,8 @@ def test_fewer_threads_than_cores_run_in_a_child_started_on_that_many(tmp_path):
     "argv, words",
     [
         (["stepp"], "unknown subcommand 'stepp': choose from step, sweep, memory, llm, gpu"),
+        # nothing to measure: a failed command (it printed the usage and exited 0)
+        ([], "no subcommand: python -m benchmarks {step,sweep,memory,llm,gpu} [flags]"),
         (["step", "--steps", "0"], "argument --steps: must be a whole number >= 1, got '0'"),
         (["step", "--repeats", "0"], "argument --repeats: must be a whole number >= 1"),
         (["step", "--batch-size", "0"], "argument --batch-size: must be a whole number >= 1"),
@@ -129,6 +131,8 @@ def test_fewer_threads_than_cores_run_in_a_child_started_on_that_many(tmp_path):
         (["memory", "llm", "--gpu-gb", "nan"], "argument --gpu-gb: must be a finite number > 0"),
         (["llm", "--lora-ranks", "8,0"], "argument --lora-ranks: expected comma-separated"),
         (["llm", "--checkpoint", "NOWHERE/m.gguf"], "GGUF file NOWHERE/m.gguf does not exist"),
+        # --tiny measured its own random Llama and ignored the checkpoint
+        (["llm", "--tiny", "--checkpoint", "m.gguf"], "so --checkpoint m.gguf would be ignored"),
         (["gpu", "--out", "NOWHERE/gpu.md"], "argument --out: the folder NOWHERE does not exist"),
         (["gpu", "--out", "."], "argument --out: . is a folder: pass a file path"),
     ],

@@ -13,7 +13,7 @@ import pytest
 from helpers import finished_job
 
 from cudt.runner.finished import finished_run, trained_params
-from experiments import layer_gradients, video_denoise
+from experiments import layer_gradients, llm_sft, video_denoise
 
 TINY = [
     "--models", "ut", "--layers", "2", "--steps", "4", "--chunk-steps", "2", "--seeds", "1",
@@ -76,6 +76,33 @@ def test_rho_is_what_a_step_on_one_states_loss_does_to_the_state_before(run):
     change = (ahead - back) / 2
     assert change[2] == pytest.approx(-eta * norm2, rel=0.05)
     assert change[1] == pytest.approx(-eta * row["rho"] * norm2, rel=0.05)
+
+
+def test_an_llm_sft_run_is_read_on_its_own_validation_losses(tmp_path, capsys):
+    """The decoder's response readout indexes the batch's loss mask with traced positions: a
+    batch closed over by the jitted gradient (numpy inside the trace) failed on every llm_sft
+    run with a TracerArrayConversionError. On the whole validation split the losses are the
+    recorded layer_loss_val."""
+    argv = [
+        "--num-train", "8", "--num-val", "4", "--num-test", "2", "--steps", "2",
+        "--layers", "2", "--hidden", "8", "--heads", "1", "--kv-heads", "1",
+    ]  # fmt: skip
+    run = finished_job(llm_sft.main, argv, tmp_path / "run")
+    results = json.loads((run / "results.json").read_text())
+    capsys.readouterr()
+    assert layer_gradients.main([str(run)]) == 0
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()]
+    assert [(r[0][2:], int(r[1])) for r in rows if r[0].startswith("| llm-")] == [
+        (record["label"], n) for record in results["runs"] for n in (1, 2)
+    ]
+    for record in results["runs"]:
+        found = layer_gradients.layer_gradients(run, [record["label"]], 10_000)
+        assert all(r["examples"] == 4 and r["grad_norm"] > 0 for r in found)
+        np.testing.assert_allclose(
+            [found[0]["loss_before"]] + [r["loss"] for r in found],
+            record["layer_loss_val"],
+            rtol=1e-5,
+        )
 
 
 def test_bad_input_is_one_line(run, tmp_path, capsys):

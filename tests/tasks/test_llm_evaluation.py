@@ -319,6 +319,13 @@ def test_the_section6_command_names_itself_in_its_help(capsys):
     text = capsys.readouterr().out
     assert stop.value.code == 0 and text.startswith("usage: experiments.llm_section6 ")
     assert "Section 6 on SmolLM2-135M-Instruct" in text
+    # what it runs: llm_sft with every flag and value of SECTION6, in order (the defaults shown
+    # are llm_sft's), each flag on the line of its value
+    assert " ".join(llm_section6.SECTION6) in " ".join(text.split())
+    listed = text.split("these flags first", 1)[1].split("options:", 1)[0].split(":\n", 1)[1]
+    for line in listed.strip("\n").splitlines():
+        words = line.split()
+        assert len(words) % 2 == 0 and all(w.startswith("--") for w in words[::2]), line
 
 
 def test_the_section6_command_with_a_file_for_every_split_deals_no_generated_set(tmp_path):
