@@ -295,6 +295,8 @@ def response_token_losses(
       ``(ce [B, L+1], acc [B, L+1])`` float32.
     """
     vocab = _check(states, head, labels, loss_mask)
+    # numpy labels or mask (a batch closed over by a jitted caller) are indexed by traced ids
+    labels, loss_mask = jnp.asarray(labels), jnp.asarray(loss_mask)
     for name, value in (
         ("capacity", capacity),
         ("bucket_tokens", bucket_tokens),

@@ -116,6 +116,19 @@ def test_eager_matches_jit():
     np.testing.assert_allclose(acc, acc_j, atol=1e-6)
 
 
+def test_a_numpy_batch_closed_over_by_a_jitted_caller_is_read():
+    """A caller that closes over its numpy batch inside jit (experiments.layer_gradients did):
+    the readout indexes the mask and labels with traced token ids, so they must become arrays
+    (numpy raised TracerArrayConversionError)."""
+    states, head, scale, labels, mask = problem()
+    labels, mask = np.asarray(labels), np.asarray(mask, np.float32)
+    norm = lambda x: rms_norm(x, scale)
+    ce, acc = jax.jit(lambda s: response_token_losses(s, norm, head, labels, mask))(states)
+    ce_e, acc_e = response_token_losses(states, norm, head, jnp.asarray(labels), mask)
+    np.testing.assert_allclose(ce, ce_e, **TOL)
+    np.testing.assert_allclose(acc, acc_e, atol=1e-6)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("vocab_chunk", [None, 16])
 def test_bfloat16_states_and_head_give_float32_losses_and_sound_gradients(vocab_chunk):
