@@ -86,6 +86,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="the sections at their --quick sizes (llm: --tiny, B 2 x T 32, one round)",
     )
     args = p.parse_args(argv)
+    if args.small and args.llm_checkpoint is not None:  # --small's tiny Llama won, unsaid
+        p.error(
+            f"--small measures a tiny random Llama, so --llm-checkpoint {args.llm_checkpoint} "
+            "would be ignored: drop --small or --llm-checkpoint"
+        )
     args.sections = [s for s in SECTIONS if s in args.sections]
     return args
 

@@ -133,6 +133,8 @@ def test_fewer_threads_than_cores_run_in_a_child_started_on_that_many(tmp_path):
         (["llm", "--checkpoint", "NOWHERE/m.gguf"], "GGUF file NOWHERE/m.gguf does not exist"),
         # --tiny measured its own random Llama and ignored the checkpoint
         (["llm", "--tiny", "--checkpoint", "m.gguf"], "so --checkpoint m.gguf would be ignored"),
+        # --small handed llm --tiny, which measured its random Llama and dropped the checkpoint
+        (["gpu", "--small", "--llm-checkpoint", "m.gguf"], "--llm-checkpoint m.gguf would be"),
         (["gpu", "--out", "NOWHERE/gpu.md"], "argument --out: the folder NOWHERE does not exist"),
         (["gpu", "--out", "."], "argument --out: . is a folder: pass a file path"),
     ],
