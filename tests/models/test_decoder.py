@@ -485,6 +485,33 @@ def test_bad_folders_and_configs(tmp_path):
         assert expected in one_line(err), (overrides, str(err.value))
 
 
+def test_quantized_folders_are_refused_not_read_as_another_model(tmp_path):
+    """A bitsandbytes int8 folder (its weights the int8 codes, the scales apart) loaded, the codes
+    cast to float: another model, silently (found by review). Its quantization_config is
+    refused; without one, so is an integer weight, the LM head too (read apart from the rest)."""
+    config = DecoderConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=1,
+                           num_heads=2)  # fmt: skip
+    params = config.init_params(jax.random.key(0))
+    folder = write_decoder_folder(tmp_path / "quant", config, params)
+    raw = json.loads((folder / "config.json").read_text())
+    quant = {"quant_method": "bitsandbytes", "load_in_8bit": True}
+    (folder / "config.json").write_text(json.dumps(raw | {"quantization_config": quant}))
+    with pytest.raises(ModelFolderError) as err:
+        load_decoder(folder)
+    assert "quantization_config (quant_method 'bitsandbytes')" in one_line(err)
+    for leaf in ("q", "lm_head"):
+        codes = jax.tree.map(lambda a: a, params)
+        if leaf == "lm_head":
+            codes["lm_head"] = np.round(np.asarray(params["lm_head"]) * 100).astype(np.int8)
+        else:
+            kernel = np.asarray(params["blocks"]["q"]["kernel"])
+            codes["blocks"]["q"]["kernel"] = np.round(kernel * 100).astype(np.int8)
+        folder = write_decoder_folder(tmp_path / leaf, config, codes)
+        with pytest.raises(ModelFolderError) as err:
+            load_decoder(folder)
+        assert "has dtype int8, not a floating point weight" in one_line(err), leaf
+
+
 def test_a_qwen2_whose_window_starts_past_its_last_layer_is_full_attention():
     """transformers slides only the layers from max_window_layers on: with it at or past the
     last layer, use_sliding_window=true is plain attention, and was refused (found by review)."""

@@ -24,6 +24,7 @@ from cudt.models.hf import (
     Anchor,
     ModelFolderError,
     Weights,
+    check_float,
     load_folder,
     read_json,
 )
@@ -89,7 +90,7 @@ def _convert(w: Weights, c: DecoderConfig) -> Params:
                 f"tensor {_HEAD_KEY!r} has shape {list(found_head.shape)}, expected "
                 f"{[c.vocab_size, c.hidden_size]} from config.json"
             )
-        params["lm_head"] = found_head.T
+        params["lm_head"] = check_float(_HEAD_KEY, found_head).T
     return params
 
 
