@@ -379,7 +379,20 @@ class Weights:
                 for ours, theirs in names.items()
             }
 
+        self.no_layer_past(count, layer_fmt)
         return stack_layers([layer(layer_fmt.format(i)) for i in range(count)])
+
+    def no_layer_past(self, count: int, layer_fmt: str) -> None:
+        """Raise when the checkpoint holds a layer ``count`` (``layer_fmt.format(count)``): a
+        config.json with fewer layers than its weights would load as a cut-short model."""
+        beyond = self.prefix + layer_fmt.format(count)
+        extra = sorted(k for k in self.tensors if k.startswith(beyond))
+        if extra:
+            raise ModelFolderError(
+                f"{self.source.name} holds more layers than the {count} of config.json (tensor "
+                f"{extra[0]!r}): the weights do not fit config.json; pass the config.json "
+                "exported with these weights"
+            )
 
 
 def check_float(name: str, arr: np.ndarray) -> np.ndarray:

@@ -111,6 +111,18 @@ def _int8_weights(folder: Path, marker: Path) -> Path:
     return folder
 
 
+def _two_layers(folder: Path, marker: Path) -> Path:
+    """Two layers of weights, config.json's num_hidden_layers 1: it loaded as a 1-layer model."""
+    bert_folder(folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    layer0 = "encoder.layer.0."
+    second = {
+        "encoder.layer.1." + k[len(layer0) :]: v for k, v in tensors.items() if k.startswith(layer0)
+    }
+    save_file(tensors | second, str(folder / "model.safetensors"))
+    return folder
+
+
 WEIGHT_CASES = [
     # (case, build the model folder, problem, fix)
     ("model folder missing", lambda f, m: f, "does not exist", "pass a folder holding config.json"),
@@ -152,6 +164,13 @@ WEIGHT_CASES = [
         "weights missing a layer",
         lambda f, m: bert_folder(f, config={"num_hidden_layers": 2}),
         "'encoder.layer.1.attention.self.query.weight' is missing",
+        "pass the config.json exported with these weights",
+    ),
+    (
+        "weights with more layers than config.json",
+        _two_layers,
+        "model.safetensors holds more layers than the 1 of config.json (tensor "
+        "'encoder.layer.1.attention.output.LayerNorm.bias')",
         "pass the config.json exported with these weights",
     ),
     (

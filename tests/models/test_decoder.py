@@ -512,6 +512,19 @@ def test_quantized_folders_are_refused_not_read_as_another_model(tmp_path):
         assert "has dtype int8, not a floating point weight" in one_line(err), leaf
 
 
+def test_weights_with_more_layers_than_the_config_are_refused(tmp_path):
+    """A 2-layer folder whose config.json says 1 loaded as a 1-layer model, its second layer
+    dropped silently (found by review)."""
+    config = DecoderConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=2,
+                           num_heads=2)  # fmt: skip
+    folder = write_decoder_folder(tmp_path / "m", config, config.init_params(jax.random.key(0)))
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(raw | {"num_hidden_layers": 1}))
+    with pytest.raises(ModelFolderError) as err:
+        load_decoder(folder)
+    assert "holds more layers than the 1 of config.json (tensor 'model.layers.1." in one_line(err)
+
+
 def test_a_qwen2_whose_window_starts_past_its_last_layer_is_full_attention():
     """transformers slides only the layers from max_window_layers on: with it at or past the
     last layer, use_sliding_window=true is plain attention, and was refused (found by review)."""

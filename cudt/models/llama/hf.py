@@ -71,6 +71,7 @@ _ANCHOR = Anchor(
 
 def _convert(w: Weights, c: DecoderConfig) -> Params:
     """HF tensors -> our params tree (numpy), block leaves stacked to ``[L, ...]``."""
+    w.no_layer_past(c.num_layers, "layers.{}.")
     found = {}
     for name, place, transposed in hf_layout(c):
         shape = c.tensor_shape(place)
