@@ -525,6 +525,26 @@ def test_weights_with_more_layers_than_the_config_are_refused(tmp_path):
     assert "holds more layers than the 1 of config.json (tensor 'model.layers.1." in one_line(err)
 
 
+def test_a_tied_config_over_an_untied_head_is_refused(tmp_path):
+    """tie_word_embeddings true over a file whose lm_head differs from the embeddings: ours read
+    out with the embeddings, transformers 5.x with the stored head (logits 0.4 apart; found by
+    review). A stored head equal to the embeddings (some exporters keep both) still loads."""
+    config = DecoderConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=1,
+                           num_heads=2)  # fmt: skip
+    params = config.init_params(jax.random.key(0))
+    folder = write_decoder_folder(tmp_path / "m", config, params)
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(raw | {"tie_word_embeddings": True}))
+    with pytest.raises(ModelFolderError) as err:
+        load_decoder(folder)
+    assert "holds an 'lm_head.weight' that differs from them: set tie_word_embeddings" in (
+        one_line(err)
+    )
+    same = write_decoder_folder(tmp_path / "same", config, params | {"lm_head": params["embed"].T})
+    (same / "config.json").write_text(json.dumps(raw | {"tie_word_embeddings": True}))
+    assert load_decoder(same).config.tie_word_embeddings
+
+
 def test_a_qwen2_whose_window_starts_past_its_last_layer_is_full_attention():
     """transformers slides only the layers from max_window_layers on: with it at or past the
     last layer, use_sliding_window=true is plain attention, and was refused (found by review)."""

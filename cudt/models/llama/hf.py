@@ -78,6 +78,14 @@ def _convert(w: Weights, c: DecoderConfig) -> Params:
         arr = w.get(name, shape[::-1] if transposed else shape)
         found[place] = arr.T if transposed else arr
     params = params_from_places(c, found)
+    stored = w.tensors.get(_HEAD_KEY)
+    if c.tie_word_embeddings and stored is not None and not np.array_equal(stored, params["embed"]):
+        # transformers 5.x then reads the stored head, not the embeddings: another model
+        raise ModelFolderError(
+            f"config.json ties the LM head to the embeddings (tie_word_embeddings true) but "
+            f"{w.source.name} holds an {_HEAD_KEY!r} that differs from them: set "
+            "tie_word_embeddings to false in config.json"
+        )
     if not c.tie_word_embeddings:
         if _HEAD_KEY not in w.tensors:
             raise ModelFolderError(
