@@ -52,7 +52,9 @@ __all__ = [
     "Params",
     "Weights",
     "activation",
+    "check_float",
     "check_heads",
+    "check_not_quantized",
     "check_range",
     "check_shape",
     "check_sizes",
@@ -339,7 +341,7 @@ class Weights:
                 "config.json: the weights do not fit the config; pass the config.json exported "
                 "with these weights"
             )
-        return arr
+        return check_float(key, arr)
 
     def dense(self, name: str, n_in: int, n_out: int, bias: bool = True) -> dict[str, np.ndarray]:
         """A torch ``Linear`` as flax ``Dense`` params; with ``bias=False`` (a checkpoint without
@@ -377,7 +379,44 @@ class Weights:
                 for ours, theirs in names.items()
             }
 
+        self.no_layer_past(count, layer_fmt)
         return stack_layers([layer(layer_fmt.format(i)) for i in range(count)])
+
+    def no_layer_past(self, count: int, layer_fmt: str) -> None:
+        """Raise when the checkpoint holds a layer ``count`` (``layer_fmt.format(count)``): a
+        config.json with fewer layers than its weights would load as a cut-short model."""
+        beyond = self.prefix + layer_fmt.format(count)
+        extra = sorted(k for k in self.tensors if k.startswith(beyond))
+        if extra:
+            raise ModelFolderError(
+                f"{self.source.name} holds more layers than the {count} of config.json (tensor "
+                f"{extra[0]!r}): the weights do not fit config.json; pass the config.json "
+                "exported with these weights"
+            )
+
+
+def check_float(name: str, arr: np.ndarray) -> np.ndarray:
+    """``arr`` unless it is not floating point: an integer weight is a quantized code (e.g.
+    bitsandbytes int8), which cast to float is another model, not these weights."""
+    if not jnp.issubdtype(arr.dtype, jnp.floating):
+        raise ModelFolderError(
+            f"tensor {name!r} has dtype {arr.dtype}, not a floating point weight: a quantized "
+            "checkpoint is not loaded; pass the unquantized (float16, bfloat16 or float32) model"
+        )
+    return arr
+
+
+def check_not_quantized(raw: Mapping[str, Any]) -> None:
+    """Refuse a ``config.json`` with a ``quantization_config`` (bitsandbytes, GPTQ, AWQ, FP8,
+    ...): its tensors are codes and scales that only the quantizer's kernels turn into weights."""
+    quant = raw.get("quantization_config")
+    if quant is not None:
+        method = quant.get("quant_method") if isinstance(quant, Mapping) else quant
+        raise ModelFolderError(
+            f"config.json has quantization_config (quant_method {method!r}): quantized "
+            "checkpoints are not loaded; pass the unquantized (float16, bfloat16 or float32) "
+            "model folder"
+        )
 
 
 def find_prefix(
@@ -460,13 +499,16 @@ def load_folder(
 ) -> Loaded[C]:
     """Load a Hugging Face model folder, the steps every family shares, in this order (so the
     first problem found is the one reported): check the folder; parse ``config.json`` with
-    ``parse``; read ``model.safetensors`` (or its shards); find the model prefix from the
-    family's ``anchor(config)``; turn the tensors into a params tree with ``convert(weights,
-    config)`` (through :meth:`Weights.get`, which checks each name and shape); cast every leaf to
-    ``dtype``; read ``tokenizer.json`` when ``tokenizer``. Every problem raises
+    ``parse``, refusing a quantized checkpoint's (:func:`check_not_quantized`); read
+    ``model.safetensors`` (or its shards); find the model prefix from the family's
+    ``anchor(config)``; turn the tensors into a params tree with ``convert(weights, config)``
+    (through :meth:`Weights.get`, which checks each name, shape and floating dtype); cast every
+    leaf to ``dtype``; read ``tokenizer.json`` when ``tokenizer``. Every problem raises
     :class:`ModelFolderError` with a one-line fix."""
     folder, config_file = model_folder(path)
-    config = parse(read_json(config_file))
+    raw = read_json(config_file)
+    config = parse(raw)
+    check_not_quantized(raw)
     tensors, source = load_tensors(folder)
     mark = anchor(config)
     weights = Weights(tensors, find_prefix(tensors, mark.key, mark.preferred, mark.missing), source)

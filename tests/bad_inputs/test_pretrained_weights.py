@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from helpers import BERT_BLOCK, random_blocks
 from refusals import check, entry_cli, over_cases, refused, tree
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 
 import cudt
 from cudt.runner.cli import run_cli
@@ -100,6 +100,29 @@ def _broken_config(folder: Path, marker: Path) -> Path:
     return folder
 
 
+def _int8_weights(folder: Path, marker: Path) -> Path:
+    """A bitsandbytes-style int8 query weight (its codes, no quantization_config): cast to float
+    it is another model, and it loaded as one."""
+    bert_folder(folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    key = "encoder.layer.0.attention.self.query.weight"
+    tensors[key] = np.round(tensors[key] * 40).astype(np.int8)
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+def _two_layers(folder: Path, marker: Path) -> Path:
+    """Two layers of weights, config.json's num_hidden_layers 1: it loaded as a 1-layer model."""
+    bert_folder(folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    layer0 = "encoder.layer.0."
+    second = {
+        "encoder.layer.1." + k[len(layer0) :]: v for k, v in tensors.items() if k.startswith(layer0)
+    }
+    save_file(tensors | second, str(folder / "model.safetensors"))
+    return folder
+
+
 WEIGHT_CASES = [
     # (case, build the model folder, problem, fix)
     ("model folder missing", lambda f, m: f, "does not exist", "pass a folder holding config.json"),
@@ -142,6 +165,29 @@ WEIGHT_CASES = [
         lambda f, m: bert_folder(f, config={"num_hidden_layers": 2}),
         "'encoder.layer.1.attention.self.query.weight' is missing",
         "pass the config.json exported with these weights",
+    ),
+    (
+        "weights with more layers than config.json",
+        _two_layers,
+        "model.safetensors holds more layers than the 1 of config.json (tensor "
+        "'encoder.layer.1.attention.output.LayerNorm.bias')",
+        "pass the config.json exported with these weights",
+    ),
+    (
+        "quantized checkpoint",
+        lambda f, m: bert_folder(
+            f,
+            config={"quantization_config": {"quant_method": "bitsandbytes", "load_in_8bit": True}},
+        ),
+        "config.json has quantization_config (quant_method 'bitsandbytes'): quantized "
+        "checkpoints are not loaded",
+        "pass the unquantized (float16, bfloat16 or float32) model folder",
+    ),
+    (
+        "integer (quantized) weights",
+        _int8_weights,
+        "'encoder.layer.0.attention.self.query.weight' has dtype int8, not a floating point weight",
+        "pass the unquantized (float16, bfloat16 or float32) model",
     ),
     (
         "pickle checkpoint instead of safetensors",

@@ -485,6 +485,66 @@ def test_bad_folders_and_configs(tmp_path):
         assert expected in one_line(err), (overrides, str(err.value))
 
 
+def test_quantized_folders_are_refused_not_read_as_another_model(tmp_path):
+    """A bitsandbytes int8 folder (its weights the int8 codes, the scales apart) loaded, the codes
+    cast to float: another model, silently (found by review). Its quantization_config is
+    refused; without one, so is an integer weight, the LM head too (read apart from the rest)."""
+    config = DecoderConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=1,
+                           num_heads=2)  # fmt: skip
+    params = config.init_params(jax.random.key(0))
+    folder = write_decoder_folder(tmp_path / "quant", config, params)
+    raw = json.loads((folder / "config.json").read_text())
+    quant = {"quant_method": "bitsandbytes", "load_in_8bit": True}
+    (folder / "config.json").write_text(json.dumps(raw | {"quantization_config": quant}))
+    with pytest.raises(ModelFolderError) as err:
+        load_decoder(folder)
+    assert "quantization_config (quant_method 'bitsandbytes')" in one_line(err)
+    for leaf in ("q", "lm_head"):
+        codes = jax.tree.map(lambda a: a, params)
+        if leaf == "lm_head":
+            codes["lm_head"] = np.round(np.asarray(params["lm_head"]) * 100).astype(np.int8)
+        else:
+            kernel = np.asarray(params["blocks"]["q"]["kernel"])
+            codes["blocks"]["q"]["kernel"] = np.round(kernel * 100).astype(np.int8)
+        folder = write_decoder_folder(tmp_path / leaf, config, codes)
+        with pytest.raises(ModelFolderError) as err:
+            load_decoder(folder)
+        assert "has dtype int8, not a floating point weight" in one_line(err), leaf
+
+
+def test_weights_with_more_layers_than_the_config_are_refused(tmp_path):
+    """A 2-layer folder whose config.json says 1 loaded as a 1-layer model, its second layer
+    dropped silently (found by review)."""
+    config = DecoderConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=2,
+                           num_heads=2)  # fmt: skip
+    folder = write_decoder_folder(tmp_path / "m", config, config.init_params(jax.random.key(0)))
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(raw | {"num_hidden_layers": 1}))
+    with pytest.raises(ModelFolderError) as err:
+        load_decoder(folder)
+    assert "holds more layers than the 1 of config.json (tensor 'model.layers.1." in one_line(err)
+
+
+def test_a_tied_config_over_an_untied_head_is_refused(tmp_path):
+    """tie_word_embeddings true over a file whose lm_head differs from the embeddings: ours read
+    out with the embeddings, transformers 5.x with the stored head (logits 0.4 apart; found by
+    review). A stored head equal to the embeddings (some exporters keep both) still loads."""
+    config = DecoderConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=1,
+                           num_heads=2)  # fmt: skip
+    params = config.init_params(jax.random.key(0))
+    folder = write_decoder_folder(tmp_path / "m", config, params)
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(raw | {"tie_word_embeddings": True}))
+    with pytest.raises(ModelFolderError) as err:
+        load_decoder(folder)
+    assert "holds an 'lm_head.weight' that differs from them: set tie_word_embeddings" in (
+        one_line(err)
+    )
+    same = write_decoder_folder(tmp_path / "same", config, params | {"lm_head": params["embed"].T})
+    (same / "config.json").write_text(json.dumps(raw | {"tie_word_embeddings": True}))
+    assert load_decoder(same).config.tie_word_embeddings
+
+
 def test_a_qwen2_whose_window_starts_past_its_last_layer_is_full_attention():
     """transformers slides only the layers from max_window_layers on: with it at or past the
     last layer, use_sliding_window=true is plain attention, and was refused (found by review)."""

@@ -24,6 +24,7 @@ from cudt.models.hf import (
     Anchor,
     ModelFolderError,
     Weights,
+    check_float,
     load_folder,
     read_json,
 )
@@ -70,12 +71,21 @@ _ANCHOR = Anchor(
 
 def _convert(w: Weights, c: DecoderConfig) -> Params:
     """HF tensors -> our params tree (numpy), block leaves stacked to ``[L, ...]``."""
+    w.no_layer_past(c.num_layers, "layers.{}.")
     found = {}
     for name, place, transposed in hf_layout(c):
         shape = c.tensor_shape(place)
         arr = w.get(name, shape[::-1] if transposed else shape)
         found[place] = arr.T if transposed else arr
     params = params_from_places(c, found)
+    stored = w.tensors.get(_HEAD_KEY)
+    if c.tie_word_embeddings and stored is not None and not np.array_equal(stored, params["embed"]):
+        # transformers 5.x then reads the stored head, not the embeddings: another model
+        raise ModelFolderError(
+            f"config.json ties the LM head to the embeddings (tie_word_embeddings true) but "
+            f"{w.source.name} holds an {_HEAD_KEY!r} that differs from them: set "
+            "tie_word_embeddings to false in config.json"
+        )
     if not c.tie_word_embeddings:
         if _HEAD_KEY not in w.tensors:
             raise ModelFolderError(
@@ -89,7 +99,7 @@ def _convert(w: Weights, c: DecoderConfig) -> Params:
                 f"tensor {_HEAD_KEY!r} has shape {list(found_head.shape)}, expected "
                 f"{[c.vocab_size, c.hidden_size]} from config.json"
             )
-        params["lm_head"] = found_head.T
+        params["lm_head"] = check_float(_HEAD_KEY, found_head).T
     return params
 
 
