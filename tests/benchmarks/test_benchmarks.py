@@ -139,11 +139,15 @@ def test_fewer_threads_than_cores_run_in_a_child_started_on_that_many(tmp_path):
         (["gpu", "--out", "."], "argument --out: . is a folder: pass a file path"),
     ],
 )
-def test_bad_flags_are_one_line_and_exit_2_before_anything_is_measured(argv, words, capsys):
+def test_bad_flags_are_one_line_and_exit_2_before_anything_is_measured(
+    argv, words, capsys, tmp_path, monkeypatch
+):
     """A size of 0 or a negative thread count was a traceback (some after 20 s of measuring),
     an output file in a missing folder lost the whole measurement at the end, a missing
     checkpoint ended in a traceback: each is now one line, exit 2, and nothing printed on
-    stdout but the environment a subcommand reports before it loads a file."""
+    stdout but the environment a subcommand reports before it loads a file. In an empty
+    folder: a gpu.md left in the working folder would be refused first."""
+    monkeypatch.chdir(tmp_path)
     assert_one_line_error(cli.main, argv, capsys, words)
 
 
