@@ -31,7 +31,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["Shardings", "initialize_distributed", "make_shardings", "mesh_shape"]
+__all__ = [
+    "Shardings",
+    "check_job_devices",
+    "initialize_distributed",
+    "make_shardings",
+    "mesh_shape",
+]
 
 RUN, DATA = "run", "data"
 FSDP_MIN_ELEMENTS = 1024  # per run: smaller leaves are not worth a collective
@@ -195,15 +201,54 @@ def make_shardings(
 ) -> Shardings | None:
     """The shardings of a group of ``num_runs`` runs with batches of ``batch_size``, over every
     visible device (at most ``max_devices``); None with a single device (plain placement).
-    ``fsdp``: also split the run states over the data axis (see the module docstring)."""
+    ``fsdp``: also split the run states over the data axis (see the module docstring). In a
+    job of several processes the mesh holds as many devices of each process (a process with
+    none in it could not run the group's program: the job would hang), and a UsageError
+    says what to change where that cannot be (:func:`check_job_devices`)."""
     devices = jax.devices()
-    if max_devices is not None:
+    processes = jax.process_count()
+    if processes > 1:
+        check_job_devices(max_devices)
+    elif max_devices is not None:
         devices = devices[:max_devices]
-    if len(devices) == 1 and jax.process_count() == 1:
+    if len(devices) == 1 and processes == 1:
         return None
     run, data = mesh_shape(len(devices), num_runs, batch_size)
+    if processes > 1:
+        devices = _spanning_processes(devices, run, data, num_runs, batch_size)
     grid = np.asarray(devices[: run * data], dtype=object).reshape(run, data)
     return Shardings(Mesh(grid, (RUN, DATA)), fsdp=fsdp)
+
+
+def check_job_devices(max_devices: int | None) -> None:
+    """``--devices`` in a job of several processes: a cap below the job's device count would
+    leave some process out of every mesh (a hang), so it is refused."""
+    from cudt.errors import UsageError
+
+    total, processes = jax.device_count(), jax.process_count()
+    if processes > 1 and max_devices is not None and max_devices < total:
+        raise UsageError(
+            f"--devices {max_devices} in a job of {processes} processes: every process trains "
+            f"on its own devices (the job's {total}), and a process left out of the mesh would "
+            "wait forever: drop --devices, or launch fewer processes or devices"
+        )
+
+
+def _spanning_processes(devices, run: int, data: int, num_runs: int, batch_size: int) -> list:
+    """``run * data`` of a multi-process job's ``devices``, as many from each process, in
+    process order (a run's data axis then stays within a process where it can)."""
+    from cudt.errors import UsageError
+
+    processes, size = jax.process_count(), run * data
+    if size % processes:
+        raise UsageError(
+            f"a group of {num_runs} runs with batches of {batch_size} fills a mesh of {size} of "
+            f"the job's {len(devices)} devices (run {run} × data {data}: each divides the "
+            f"device count and its runs or batch), and a job of {processes} processes needs "
+            f"devices of every process in it: pass a --batch-size that {len(devices)} divides"
+        )
+    per = size // processes
+    return [d for p in range(processes) for d in [d for d in devices if d.process_index == p][:per]]
 
 
 def visible_devices() -> int:

@@ -29,7 +29,7 @@ from cudt.runner.curves import plot_training_curves, write_tensorboard
 from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups, run_group
 from cudt.runner.hparams import resolve_reference
 from cudt.runner.lock import check_free
-from cudt.runner.mesh import initialize_distributed, make_shardings
+from cudt.runner.mesh import check_job_devices, initialize_distributed, make_shardings
 from cudt.runner.output import TENSORBOARD, checkpoint_record, open_output_once
 from cudt.runner.provenance import provenance
 from cudt.runner.record import curves_of, evaluation_keys, summarise
@@ -93,6 +93,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     _check_inject_nan(task, cfg)
     if cfg.distributed:
         initialize_distributed()
+    check_job_devices(cfg.devices)  # a --devices that leaves a process out: before anything
     origin = provenance()  # the code and command that ran (after the backend starts)
     main_process = jax.process_index() == 0
     given = out_dir or cfg.out
@@ -107,6 +108,10 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     data = next(iter(datas.values()))  # what is the same in every draw (config extras)
     _print_model_defaults(cfg, specs, sweeps)
     groups = _plan_all_groups(task, cfg, specs, draws, datas, swept)
+    # before --out is opened: a job whose processes cannot all hold a group's mesh is refused
+    meshes = [
+        make_shardings(len(g.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp) for g in groups
+    ]
     if len(draws) == 1:
         fingerprint = checkpoint_record(cfg) | task.fingerprint(cfg, data)
     else:
@@ -130,9 +135,6 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         programs = [GroupProgram(task, draws[g.data_seed], datas[g.data_seed], g) for g in groups]
         for line in _warmup_warnings(cfg, groups, programs):
             say(line)
-        meshes = [
-            make_shardings(len(g.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp) for g in groups
-        ]
         if out.resuming:  # a corrupt or foreign checkpoint is refused before any training
             _check_checkpoints(out, cfg, groups, programs, meshes)
         gammas, val_gammas = evaluation_grids(task, cfg, specs)

@@ -373,7 +373,7 @@ TWO_PROCESSES = textwrap.dedent(
     from helpers import ToyTask
     from cudt.runner.cli import task_main
     argv = ["--seeds", "2", "--data-seed", "0", "--sweep", "epsilon=0.2,0.4", "--distributed",
-            "--out", sys.argv[1]]
+            "--out", sys.argv[1], *sys.argv[2:]]
     sys.exit(task_main(ToyTask(), argv, "toy", "toy"))
     """
 )
@@ -387,10 +387,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_processes(out: Path, out1: Path | None = None) -> list[subprocess.CompletedProcess]:
+def _two_processes(
+    out: Path, out1: Path | None = None, extra: tuple[str, ...] = (), timeout: float = 600
+) -> list[subprocess.CompletedProcess]:
     """One job of two processes with 2 CPU devices each, launched as a cluster scheduler
     would: the same command, told the coordinator, the process count and its own id
-    (``out1``: process 1's --out, when it is not ``out``)."""
+    (``out1``: process 1's --out, when it is not ``out``; ``extra``: flags after the job's
+    own, which a flag given twice overrides). A process still running after ``timeout``
+    seconds is killed, and its return code is the kill's."""
     code = TWO_PROCESSES.format(tests=str(ROOT / "tests"))
     port = _free_port()
     procs = []
@@ -404,7 +408,7 @@ def _two_processes(out: Path, out1: Path | None = None) -> list[subprocess.Compl
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-c", code, str(folder)],
+                [sys.executable, "-c", code, str(folder), *extra],
                 cwd=ROOT,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -414,7 +418,11 @@ def _two_processes(out: Path, out1: Path | None = None) -> list[subprocess.Compl
         )
     done = []
     for p in procs:
-        stdout, stderr = p.communicate(timeout=600)
+        try:
+            stdout, stderr = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            stdout, stderr = p.communicate()
         done.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
     return done
 
@@ -462,6 +470,46 @@ def test_a_two_process_job_gives_the_one_process_results_and_resumes(tmp_path, c
     assert "resumed from the checkpoint at step 12" in again[0].stderr
     resumed = json.loads((tmp_path / "job" / "results.json").read_text())
     assert [r["final_loss"] for r in resumed["runs"]] == [r["final_loss"] for r in job["runs"]]
+
+
+@pytest.mark.slow
+def test_a_two_process_job_whose_mesh_is_smaller_than_the_job_holds_every_process(tmp_path):
+    """6 runs with batches of 9 on the job's 4 devices fill a run 2 × data 1 mesh: one device of
+    each process (it took process 0's two, and the job waited forever at step 0). A mesh that
+    cannot hold both processes (3 runs: 1 device), and --devices below the job's 4, are refused
+    in one line by both processes, before --out is created."""
+    job = _two_processes(tmp_path / "job", extra=("--batch-size", "9"), timeout=120)
+    for p in job:
+        assert p.returncode == 0, p.stderr[-3000:]
+    results = json.loads((tmp_path / "job" / "results.json").read_text())
+    assert results["processes"] == 2 and results["devices"] == 2
+    single = toy(
+        ["--seeds", "2", "--data-seed", "0", "--sweep", "epsilon=0.2,0.4", "--batch-size", "9"],
+        tmp_path / "single",
+    )
+    for a, b in zip(single["runs"], results["runs"], strict=True):
+        assert a["label"] == b["label"]
+        np.testing.assert_allclose(a["final_loss"], b["final_loss"], rtol=1e-4)
+        np.testing.assert_allclose(a["multipliers"], b["multipliers"], rtol=1e-4, atol=1e-5)
+    for extra, message in [
+        (
+            ("--batch-size", "9", "--seeds", "1"),
+            "error: a group of 3 runs with batches of 9 fills a mesh of 1 of the job's 4 devices "
+            "(run 1 × data 1: each divides the device count and its runs or batch), and a job "
+            "of 2 processes needs devices of every process in it: pass a --batch-size that 4 "
+            "divides",
+        ),
+        (
+            ("--devices", "2"),
+            "error: --devices 2 in a job of 2 processes: every process trains on its own "
+            "devices (the job's 4), and a process left out of the mesh would wait forever: drop "
+            "--devices, or launch fewer processes or devices",
+        ),
+    ]:
+        for p in _two_processes(tmp_path / "refused", extra=extra, timeout=120):
+            assert p.returncode == 2, p.stderr[-3000:]
+            assert p.stderr.strip() == message
+        assert not (tmp_path / "refused").exists()
 
 
 @pytest.mark.slow
