@@ -632,3 +632,7 @@ def test_default_folders_claimed_in_the_same_second_are_two(tmp_path, monkeypatc
         assert out == given
         raise ValueError("refused")
     assert given.is_dir()
+    # an empty --out (an unset shell variable) is refused: it claimed a fresh runs/... folder
+    with pytest.raises(io.UsageError, match="--out needs a path"), io.claimed_run_dir("", "job"):
+        pass
+    assert not Path("runs").exists()

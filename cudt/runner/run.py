@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from cudt.checkpoint import GroupCheckpointer
 from cudt.errors import UsageError
-from cudt.io import fresh_run_dir, write_json_atomic
+from cudt.io import fresh_run_dir, given_out, write_json_atomic
 from cudt.runner.choice import choose_points, compare_chosen, mark_chosen, select_best
 from cudt.runner.curves import plot_training_curves, write_tensorboard
 from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups, run_group
@@ -95,8 +95,10 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         initialize_distributed()
     origin = provenance()  # the code and command that ran (after the backend starts)
     main_process = jax.process_index() == 0
-    given = out_dir or cfg.out
-    if given and jax.process_count() == 1:
+    given = out_dir if out_dir is not None else cfg.out
+    if given is not None:
+        given = given_out(given)  # an empty --out is refused, not read as none
+    if given is not None and jax.process_count() == 1:
         check_free(given)  # a job holds --out: refused now, before its data is read
     sweeps = parse_sweeps(cfg)
     swept = tuned_names(cfg, sweeps)
@@ -115,7 +117,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         }
     # the default folder is chosen when it is opened, and created then by a job alone on its
     # host: two jobs started in the same second get two folders
-    path = Path(given) if given else fresh_run_dir(task.name, claim=jax.process_count() == 1)
+    path = given if given is not None else fresh_run_dir(task.name, claim=jax.process_count() == 1)
     with open_output_once(path, fingerprint, cfg, main_process) as out:
         print(
             f"output: {out.path}"

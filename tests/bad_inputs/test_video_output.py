@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 from helpers import LockHolder, finished_job
-from refusals import TINY, check, cli, cli_subprocess, previous_run, refused, tree
+from refusals import (
+    TINY,
+    check,
+    cli,
+    cli_subprocess,
+    entry_cli,
+    previous_run,
+    refused,
+    tree,
+)
 
 from experiments import combine, video_denoise
 
@@ -269,6 +278,30 @@ def test_output_empty(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     status, err = cli([*TINY, "--out", ""], capsys)
     check("--out empty", status, err, "--out needs a path", "pass --out DIR, or leave it out")
+    assert not any(tmp_path.iterdir())  # no runs/ folder
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        "text_classify",
+        "llm_sft",
+        "phase_one",
+        "video_table",
+        "text_table",
+        "ut_study",
+        "dual_study",
+    ],
+)
+def test_output_empty_for_every_job(job, tmp_path, capsys, monkeypatch):
+    """``--out ""`` of the jobs whose folder cudt.io.claimed_run_dir claims (the paper jobs)
+    was read as no --out: a fresh runs/... folder was written, the job trained."""
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    main = importlib.import_module(f"experiments.{job}").main
+    status, err = entry_cli(main, ["--out", ""], capsys)
+    check(None, status, err, "--out needs a path", "pass --out DIR, or leave it out")
     assert not any(tmp_path.iterdir())  # no runs/ folder
 
 
