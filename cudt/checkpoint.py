@@ -55,7 +55,14 @@ import orbax.checkpoint as ocp
 from cudt.errors import CheckpointError, UsageError
 from cudt.io import available_memory, remove_created, topmost_missing
 
-__all__ = ["GroupCheckpointer", "PinnedOrLatest", "available_memory", "host_bytes", "save_blocks"]
+__all__ = [
+    "GroupCheckpointer",
+    "PinnedOrLatest",
+    "available_memory",
+    "host_bytes",
+    "save_blocks",
+    "unreadable_loop",
+]
 
 
 def host_bytes(states: Any) -> int:
@@ -116,6 +123,16 @@ def _error(problem: str, fix: str) -> CheckpointError:
     return CheckpointError(f"{problem}: {library}", cli=f"{problem}: {cli}")
 
 
+def unreadable_loop(where: str | os.PathLike, why: str | None = None) -> CheckpointError:
+    """The error of a checkpoint ``where`` (its step's folder) whose loop record cannot be
+    read, or (``why``) reads as JSON that is not a record of this group's runs."""
+    return _error(
+        f"checkpoint {where} is corrupt (its loop record cannot be read"
+        + (f": {why})" if why else ")"),
+        "earlier",
+    )
+
+
 class GroupCheckpointer:
     """Saves and restores the stacked states of one group of runs (e.g. the seeds of a model).
 
@@ -163,7 +180,10 @@ class GroupCheckpointer:
         latest = self.latest_step()
         if latest is not None:
             # Pins live in the checkpoints themselves, so a resumed process keeps honouring them.
-            self._policy.pinned |= set(self._read_loop(latest).get("pinned", []))
+            pinned = self._read_loop(latest).get("pinned", [])
+            if not isinstance(pinned, list) or not all(type(p) is int for p in pinned):
+                raise unreadable_loop(self.step_dir(latest), f"pinned is {pinned!r}, not steps")
+            self._policy.pinned |= set(pinned)
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -283,6 +303,8 @@ class GroupCheckpointer:
                     f"checkpoint {where} was written by a different model or optimiser ({mismatch})",
                     "elsewhere",
                 )
+        if not isinstance(restored.loop, dict):
+            raise unreadable_loop(where, f"{type(restored.loop).__name__}, not a JSON object")
         return states, dict(restored.loop)
 
     def _saved_arrays(self, step: int) -> dict[tuple[str, ...], tuple] | None:
@@ -307,10 +329,7 @@ class GroupCheckpointer:
             return dict(restored.loop)
         except Exception as e:
             _QUIET.failed = True
-            raise _error(
-                f"checkpoint {self.step_dir(step)} is corrupt (its loop record cannot be read)",
-                "earlier",
-            ) from e
+            raise unreadable_loop(self.step_dir(step)) from e
 
     def wait(self) -> None:
         """Blocks until every pending asynchronous save is committed."""

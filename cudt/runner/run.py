@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from cudt.checkpoint import GroupCheckpointer
 from cudt.errors import UsageError
 from cudt.io import fresh_run_dir, given_out, write_json_atomic
+from cudt.loop import loop_record
 from cudt.runner.choice import choose_points, compare_chosen, mark_chosen, select_best
 from cudt.runner.curves import plot_training_curves, write_tensorboard
 from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups, run_group
@@ -219,7 +220,8 @@ def _plan_all_groups(task: Task, cfg, specs, draws, datas, swept) -> list:
 
 def _check_checkpoints(out, cfg, groups, programs, meshes) -> None:
     """Restores every group's latest checkpoint, if any, onto the devices training will use
-    (from any it was saved on): a corrupt or foreign one is refused before any training."""
+    (from any it was saved on), and reads its loop record: a corrupt or foreign one is
+    refused before any training."""
     for group, program, shardings in zip(groups, programs, meshes, strict=True):
         folder = out.group_dir(group.slug)
         if folder.is_dir():
@@ -228,7 +230,9 @@ def _check_checkpoints(out, cfg, groups, programs, meshes) -> None:
                     abstract = program.abstract_states()
                     if shardings is not None:
                         abstract = shardings.abstract_states(abstract)
-                    checkpointer.restore(abstract)
+                    _, loop = checkpointer.restore(abstract)
+                    step_dir = checkpointer.step_dir(checkpointer.latest_step())
+                    loop_record(loop, program.keys.shape[0], step_dir)  # not mid-resume
 
 
 def evaluation_grids(task: Task, cfg, specs) -> tuple[list[float], list[float]]:

@@ -20,6 +20,7 @@ from refusals import (
     cli,
     cli_subprocess,
     entry_cli,
+    over_cases,
     previous_run,
     refused,
     tree,
@@ -179,6 +180,48 @@ def test_checkpoint_with_corrupt_loop_record(interrupted_run, capsys):
         [*TINY, "--out", interrupted_run],
         capsys,
         "ut-1/4 is corrupt (its loop record cannot be read",
+        "delete that folder to resume from an earlier step, or pass --overwrite",
+        keeps=interrupted_run,
+    )
+
+
+def _loop_records(edit):
+    """Each group's latest loop record (a JSON file) rewritten by ``edit``."""
+
+    def build(out: Path) -> None:
+        for record in out.glob("checkpoints/*/4/loop/metadata"):
+            record.write_text(json.dumps(edit(json.loads(record.read_text()))))
+
+    return build
+
+
+LOOP_RECORD_CASES = [
+    # (case, build(out): the edit, problem)
+    (
+        "checkpoint with an empty loop record",
+        _loop_records(lambda loop: {}),
+        "4 is corrupt (its loop record cannot be read: no list 'frozen')",
+    ),
+    (
+        "checkpoint with a loop record of other runs",
+        _loop_records(lambda loop: loop | {"frozen": [False], "divergences": [None]}),
+        "4 is corrupt (its loop record cannot be read: 'frozen' is not ",
+    ),
+]
+
+
+@pytest.mark.slow
+@over_cases(LOOP_RECORD_CASES, "case, build, problem")
+def test_checkpoint_with_a_loop_record_of_other_runs(case, build, problem, interrupted_run, capsys):
+    """A loop record that reads as JSON but is not a record of the group's runs crashed
+    mid-resume (a KeyError; one of fewer runs an IndexError after training, results half
+    written): refused as a corrupt checkpoint before any training."""
+    build(interrupted_run)
+    refused(
+        case,
+        [*TINY, "--out", interrupted_run],
+        capsys,
+        problem,
         "delete that folder to resume from an earlier step, or pass --overwrite",
         keeps=interrupted_run,
     )
