@@ -331,8 +331,9 @@ class RunConfig:
         "ut,constrained,0,30) makes the batch of that run (every sweep point of it) NaN at STEP",
     )
 
-    # Where and how the runs execute, which does not change what a run computes: in no
-    # fingerprint, so a checkpoint stays valid when only these differ (class attributes).
+    # Where and how the runs execute, and how many checkpoints are kept, which do not change
+    # what a run computes: in no fingerprint, so a checkpoint stays valid when only these differ
+    # (class attributes).
     RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
         "out",
         "overwrite",
@@ -341,6 +342,7 @@ class RunConfig:
         "devices",
         "distributed",
         "fsdp",
+        "keep_checkpoints",
     )
     # What a run does once it has trained and evaluated (write its models elsewhere): a finished
     # run read back (cudt.runner.finished) takes their defaults, so nothing is done again.

@@ -362,7 +362,8 @@ def open_output_once(path, fingerprint, cfg, main_process: bool) -> OutputDir:
     flags = dict(
         overwrite=cfg.overwrite,
         resume=cfg.resume,
-        ignore=cfg.EVALUATION_ONLY,
+        # what a resume may change: a saved config of an earlier version may record it
+        ignore=(*cfg.EVALUATION_ONLY, *cfg.RESUME_IGNORES),
         added=getattr(cfg, "ADDED", None),
         flags=[f.name for f in dataclasses.fields(cfg)],
         paths=[f.name for f in dataclasses.fields(cfg) if f.metadata.get("path")],
