@@ -306,6 +306,12 @@ def open_output(
     config = to_jsonable(config)
     saved_config = out / CHECKPOINTS / CONFIG_FILE
     finished = [name for name in RESULT_FILES if (out / name).exists()]
+    if finished and resume:  # not a conflict to settle: there is nothing left to resume
+        raise UsageError(
+            f"--resume: the run in {out} is finished (its results are in {out / finished[0]}), "
+            "so there is nothing to resume: read them there, or drop --resume and pass "
+            "--overwrite to train it again"
+        )
     if finished and not overwrite:
         raise UsageError(
             f"--out {out} already holds {finished[0]} of a finished run: pass another --out, or "

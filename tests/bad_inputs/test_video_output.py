@@ -73,6 +73,21 @@ def test_output_holding_results_is_never_overwritten(finished_run, capsys):
 
 
 @pytest.mark.slow
+def test_output_of_a_finished_run_resumed(finished_run, capsys):
+    """--resume of a finished run was told to pass --overwrite as if two runs conflicted (and
+    --overwrite with --resume is refused): it is told the run is done and where its results are."""
+    refused(
+        "--resume of a finished run",
+        [*TINY, "--resume", "--out", finished_run],
+        capsys,
+        f"--resume: the run in {finished_run} is finished (its results are in "
+        f"{finished_run / 'results.json'}), so there is nothing to resume",
+        "read them there, or drop --resume and pass --overwrite to train it again",
+        keeps=finished_run,
+    )
+
+
+@pytest.mark.slow
 def test_corrupt_checkpoint(interrupted_run, capsys):
     # The last group's latest checkpoint: found before the first group trains or writes.
     step = interrupted_run / "checkpoints" / "ut-1" / "4"
