@@ -33,7 +33,7 @@ from cudt.runner.lock import check_free
 from cudt.runner.mesh import initialize_distributed, make_shardings
 from cudt.runner.output import TENSORBOARD, checkpoint_record, open_output_once
 from cudt.runner.provenance import provenance
-from cudt.runner.record import curves_of, evaluation_keys, summarise
+from cudt.runner.record import KINDS, curves_of, evaluation_keys, summarise
 from cudt.runner.report import seed_intervals, summary_table
 from cudt.runner.sweep import model_defaults, parse_sweeps, tuned_names
 from cudt.runner.task import Task
@@ -162,7 +162,7 @@ def _check_inject_nan(task: Task, cfg) -> None:
 
 def _check_specs(task: Task, cfg, specs) -> None:
     """Refusals the runs' settings decide, before the data is read: no runs of ``--kinds``,
-    and a chance spelling of ``--reference`` on a task without a chance level (one that does
+    an ``--inject-nan`` kind its model does not train, and a chance spelling of ``--reference`` on a task without a chance level (one that does
     not override :meth:`Task.chance_level`; the others resolve with their data)."""
     if not specs:
         raise UsageError(
@@ -172,6 +172,15 @@ def _check_specs(task: Task, cfg, specs) -> None:
     if type(task).chance_level is Task.chance_level:
         for spec in specs:
             resolve_reference(spec.hp["reference"], None, task.name)
+    if cfg.inject_nan:  # a model of this run (_check_inject_nan) without runs of that kind
+        model, kind = cfg.inject_nan[:2]
+        kinds = sorted({KINDS[s.constrained] for s in specs if s.model == model})
+        if kind not in kinds:
+            raise UsageError(
+                f"--inject-nan {model},{kind}: {model} has no {kind} runs here (only "
+                f"{', '.join(kinds)}), so the fault would never fire: pass KIND {kinds[0]}, or "
+                "another MODEL"
+            )
 
 
 def _load_draws(task: Task, draws: dict[int, Any]) -> dict[int, Any]:
