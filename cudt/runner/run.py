@@ -31,7 +31,7 @@ from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups
 from cudt.runner.hparams import resolve_reference
 from cudt.runner.lock import check_free
 from cudt.runner.mesh import initialize_distributed, make_shardings
-from cudt.runner.output import TENSORBOARD, checkpoint_record, open_output_once
+from cudt.runner.output import CHECKPOINTS, TENSORBOARD, checkpoint_record, open_output_once
 from cudt.runner.provenance import provenance
 from cudt.runner.record import KINDS, curves_of, evaluation_keys, summarise
 from cudt.runner.report import seed_intervals, summary_table
@@ -119,6 +119,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     # the default folder is chosen when it is opened, and created then by a job alone on its
     # host: two jobs started in the same second get two folders
     path = given if given is not None else fresh_run_dir(task.name, claim=jax.process_count() == 1)
+    _check_group_folders(path, groups, cfg.overwrite)
     with open_output_once(path, fingerprint, cfg, main_process) as out:
         print(
             f"output: {out.path}"
@@ -147,6 +148,19 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         if main_process:
             _write_results(task, cfg, data, out, results, trained["ratios"], gammas, swept, t0)
         return results
+
+
+def _check_group_folders(path: Path, groups, overwrite: bool) -> None:
+    """A file where a group's checkpoint folder goes (``--out``'s ``checkpoints/<group>``) is
+    refused before anything is written: the group's first save failed on it, after its
+    training. ``--overwrite`` removes the checkpoints, that file with them."""
+    for group in groups:
+        folder = path / CHECKPOINTS / group.slug
+        if not overwrite and (folder.exists() or folder.is_symlink()) and not folder.is_dir():
+            raise UsageError(
+                f"--out {path}: {folder} is a file, where the checkpoints of {group.name} go: "
+                "move or delete it, or pass another --out"
+            )
 
 
 def _check_inject_nan(task: Task, cfg) -> None:

@@ -363,6 +363,22 @@ def test_output_empty_for_every_job(job, tmp_path, capsys, monkeypatch):
     assert not any(tmp_path.iterdir())  # no runs/ folder
 
 
+def test_output_with_a_file_where_a_group_checkpoints(tmp_path, capsys):
+    """A file at checkpoints/<group> failed that group's first save, after its training (and
+    the run's config.json was written): refused before anything is written."""
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "ut-1").write_text("my notes")
+    refused(
+        "a file where a group's checkpoints go",
+        [*TINY, "--out", out],
+        capsys,
+        "checkpoints/ut-1 is a file, where the checkpoints of ut-1 go",
+        "move or delete it, or pass another --out",
+        keeps=out,
+    )
+
+
 def test_output_under_a_file(tmp_path, capsys):
     """An unwritable --out that stays unwritable as root: its parent is a regular file."""
     parent = tmp_path / "notes.txt"
