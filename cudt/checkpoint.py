@@ -31,6 +31,7 @@ the checkpoint is committed); smaller states and accelerator states are saved as
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import gc
 import inspect
@@ -44,7 +45,7 @@ import time
 import traceback
 import types
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +164,8 @@ class GroupCheckpointer:
             enable_async_checkpointing=asynchronous is not False,
         )
         try:
-            self._manager = ocp.CheckpointManager(self.directory, options=options)
+            with _absl_errors_only():  # a step folder without its metadata: one warning each
+                self._manager = ocp.CheckpointManager(self.directory, options=options)
         except (OSError, ValueError) as e:
             raise _error(
                 f"cannot open checkpoint folder {self.directory} ({_os_reason(e)})", "writable"
@@ -309,17 +311,13 @@ class GroupCheckpointer:
 
     def _saved_arrays(self, step: int) -> dict[tuple[str, ...], tuple] | None:
         """``{path: (shape, dtype)}`` of the arrays saved at ``step`` (None when unreadable)."""
-        absl_logger = logging.getLogger("absl")
-        level = absl_logger.level
-        absl_logger.setLevel(logging.ERROR)  # orbax warns about optional metadata files
         try:
-            meta = ocp.StandardCheckpointer().metadata(self.step_dir(step) / "state")
+            with _absl_errors_only():  # orbax warns about optional metadata files
+                meta = ocp.StandardCheckpointer().metadata(self.step_dir(step) / "state")
             tree = getattr(meta, "item_metadata", meta)
             return None if tree is None else _leaf_specs(tree)
         except Exception:  # unreadable metadata: the full restore names the checkpoint corrupt
             return None
-        finally:
-            absl_logger.setLevel(level)
 
     def _read_loop(self, step: int) -> dict:
         try:
@@ -394,6 +392,21 @@ class GroupCheckpointer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _absl_errors_only() -> Iterator[None]:
+    """absl's (orbax's) log records below ERROR dropped inside the block: orbax warns on stderr
+    of every step folder it lists without its metadata (``Metadata file does not exist``, a
+    step half deleted, as a killed job leaves it), which this module reports in its own words
+    (a corrupt checkpoint, one line) where it matters."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _restore_target(leaf: Any) -> Any:
