@@ -31,6 +31,7 @@ the checkpoint is committed); smaller states and accelerator states are saved as
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import gc
 import inspect
@@ -44,7 +45,7 @@ import time
 import traceback
 import types
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,14 @@ import orbax.checkpoint as ocp
 from cudt.errors import CheckpointError, UsageError
 from cudt.io import available_memory, remove_created, topmost_missing
 
-__all__ = ["GroupCheckpointer", "PinnedOrLatest", "available_memory", "host_bytes", "save_blocks"]
+__all__ = [
+    "GroupCheckpointer",
+    "PinnedOrLatest",
+    "available_memory",
+    "host_bytes",
+    "save_blocks",
+    "unreadable_loop",
+]
 
 
 def host_bytes(states: Any) -> int:
@@ -116,6 +124,16 @@ def _error(problem: str, fix: str) -> CheckpointError:
     return CheckpointError(f"{problem}: {library}", cli=f"{problem}: {cli}")
 
 
+def unreadable_loop(where: str | os.PathLike, why: str | None = None) -> CheckpointError:
+    """The error of a checkpoint ``where`` (its step's folder) whose loop record cannot be
+    read, or (``why``) reads as JSON that is not a record of this group's runs."""
+    return _error(
+        f"checkpoint {where} is corrupt (its loop record cannot be read"
+        + (f": {why})" if why else ")"),
+        "earlier",
+    )
+
+
 class GroupCheckpointer:
     """Saves and restores the stacked states of one group of runs (e.g. the seeds of a model).
 
@@ -146,7 +164,8 @@ class GroupCheckpointer:
             enable_async_checkpointing=asynchronous is not False,
         )
         try:
-            self._manager = ocp.CheckpointManager(self.directory, options=options)
+            with _absl_errors_only():  # a step folder without its metadata: one warning each
+                self._manager = ocp.CheckpointManager(self.directory, options=options)
         except (OSError, ValueError) as e:
             raise _error(
                 f"cannot open checkpoint folder {self.directory} ({_os_reason(e)})", "writable"
@@ -163,7 +182,10 @@ class GroupCheckpointer:
         latest = self.latest_step()
         if latest is not None:
             # Pins live in the checkpoints themselves, so a resumed process keeps honouring them.
-            self._policy.pinned |= set(self._read_loop(latest).get("pinned", []))
+            pinned = self._read_loop(latest).get("pinned", [])
+            if not isinstance(pinned, list) or not all(type(p) is int for p in pinned):
+                raise unreadable_loop(self.step_dir(latest), f"pinned is {pinned!r}, not steps")
+            self._policy.pinned |= set(pinned)
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -283,21 +305,19 @@ class GroupCheckpointer:
                     f"checkpoint {where} was written by a different model or optimiser ({mismatch})",
                     "elsewhere",
                 )
+        if not isinstance(restored.loop, dict):
+            raise unreadable_loop(where, f"{type(restored.loop).__name__}, not a JSON object")
         return states, dict(restored.loop)
 
     def _saved_arrays(self, step: int) -> dict[tuple[str, ...], tuple] | None:
         """``{path: (shape, dtype)}`` of the arrays saved at ``step`` (None when unreadable)."""
-        absl_logger = logging.getLogger("absl")
-        level = absl_logger.level
-        absl_logger.setLevel(logging.ERROR)  # orbax warns about optional metadata files
         try:
-            meta = ocp.StandardCheckpointer().metadata(self.step_dir(step) / "state")
+            with _absl_errors_only():  # orbax warns about optional metadata files
+                meta = ocp.StandardCheckpointer().metadata(self.step_dir(step) / "state")
             tree = getattr(meta, "item_metadata", meta)
             return None if tree is None else _leaf_specs(tree)
         except Exception:  # unreadable metadata: the full restore names the checkpoint corrupt
             return None
-        finally:
-            absl_logger.setLevel(level)
 
     def _read_loop(self, step: int) -> dict:
         try:
@@ -307,10 +327,7 @@ class GroupCheckpointer:
             return dict(restored.loop)
         except Exception as e:
             _QUIET.failed = True
-            raise _error(
-                f"checkpoint {self.step_dir(step)} is corrupt (its loop record cannot be read)",
-                "earlier",
-            ) from e
+            raise unreadable_loop(self.step_dir(step)) from e
 
     def wait(self) -> None:
         """Blocks until every pending asynchronous save is committed."""
@@ -375,6 +392,21 @@ class GroupCheckpointer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _absl_errors_only() -> Iterator[None]:
+    """absl's (orbax's) log records below ERROR dropped inside the block: orbax warns on stderr
+    of every step folder it lists without its metadata (``Metadata file does not exist``, a
+    step half deleted, as a killed job leaves it), which this module reports in its own words
+    (a corrupt checkpoint, one line) where it matters."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _restore_target(leaf: Any) -> Any:

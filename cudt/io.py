@@ -30,6 +30,7 @@ __all__ = [
     "contains",
     "digest",
     "fresh_run_dir",
+    "given_out",
     "remove_created",
     "save_safetensors",
     "savefig_atomic",
@@ -282,9 +283,10 @@ def claimed_run_dir(given: str | os.PathLike | None, experiment: str) -> Iterato
     """A job's ``--out``: ``given``, or a fresh ``runs/<experiment>-<UTC time>`` created here
     atomically (:func:`fresh_run_dir` with ``claim``), so two jobs started in the same second
     get two folders. If the ``with`` block fails, the claimed folder is removed while it is
-    still empty (a refusal leaves nothing behind); ``given`` is never touched."""
-    if given:
-        yield Path(given)
+    still empty (a refusal leaves nothing behind); ``given`` is never touched, and an empty
+    one is refused (it is not "no --out": a fresh folder would be written unasked)."""
+    if given is not None:
+        yield given_out(given)
         return
     created = topmost_missing("runs")  # "runs/" too, when this job made it
     path = fresh_run_dir(experiment, claim=True)
@@ -293,6 +295,17 @@ def claimed_run_dir(given: str | os.PathLike | None, experiment: str) -> Iterato
     except BaseException:
         remove_created(path, created or path)
         raise
+
+
+def given_out(given: str | os.PathLike) -> Path:
+    """A given ``--out`` as a path; an empty one (``--out ''``, a shell variable that was
+    unset) is refused rather than read as the working folder or as no ``--out``."""
+    if not str(given).strip():
+        raise UsageError(
+            "--out needs a path: pass --out DIR, or leave it out for a fresh "
+            "runs/<experiment>-<time>"
+        )
+    return Path(given)
 
 
 def check_not_a_file(out: str | os.PathLike) -> None:

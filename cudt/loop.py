@@ -31,13 +31,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cudt.checkpoint import GroupCheckpointer
+from cudt.checkpoint import GroupCheckpointer, unreadable_loop
 
 __all__ = [
     "Divergence",
     "LoopResult",
     "chunk_boundaries",
     "describe_placement",
+    "loop_record",
     "map_runs",
     "placement",
     "sample_indices",
@@ -401,6 +402,57 @@ class _Record:
         return entry
 
 
+def loop_record(loop: Any, num_runs: int, where: Any = "") -> _Record:
+    """The loop record a checkpoint saved (``loop``, its JSON), checked against the group it
+    resumes (``num_runs`` runs): JSON that is not such a record (``{}``, another group's, an
+    edited one) raises :func:`cudt.checkpoint.unreadable_loop` naming ``where``, the step's
+    folder, as a corrupt checkpoint, before any training (it failed mid-resume)."""
+    why = _loop_problem(loop, num_runs)
+    if why is not None:
+        raise unreadable_loop(where, why)
+    return _Record.from_json(loop)
+
+
+_DIVERGENCE_FIELDS = {f.name for f in dataclasses.fields(Divergence)}
+
+
+def _loop_problem(loop: Any, num_runs: int) -> str | None:
+    """What makes ``loop`` no record of ``num_runs`` runs (None: it is one)."""
+    if not isinstance(loop, dict):
+        return f"{type(loop).__name__}, not a JSON object"
+    for key in ("frozen", "divergences", "history"):
+        if not isinstance(loop.get(key), list):
+            return f"no list {key!r}"
+    if len(loop["frozen"]) != num_runs or not all(type(f) is bool for f in loop["frozen"]):
+        return f"'frozen' is not {num_runs} true/false values, one per run"
+    if len(loop["divergences"]) != num_runs:
+        return f"'divergences' has {len(loop['divergences'])} entries for {num_runs} runs"
+    for d in loop["divergences"]:
+        if d is not None and not (isinstance(d, dict) and set(d) == _DIVERGENCE_FIELDS):
+            return f"a divergence {d!r} is not {sorted(_DIVERGENCE_FIELDS)}"
+    for key in ("history", "curves"):
+        for entry in loop.get(key) or []:
+            if not isinstance(entry, dict) or "step" not in entry:
+                return f"an entry of {key!r} has no step"
+            for name, value in entry.items():
+                if not _numbers(value, None if name == "step" else num_runs):
+                    return f"{key!r} {name} is not numbers, one row per run"
+    multipliers = loop.get("max_multipliers")
+    if multipliers is not None and not _numbers(multipliers, num_runs):
+        return "'max_multipliers' is not numbers, one row per run"
+    return None
+
+
+def _numbers(value: Any, rows: int | None) -> bool:
+    """Whether ``value`` reads as an array of numbers (None: NaN), of ``rows`` rows (None: a
+    scalar)."""
+    try:
+        array = np.asarray(value, np.float64)
+    except (TypeError, ValueError):
+        return False
+    return array.ndim == 0 if rows is None else (array.ndim >= 1 and len(array) == rows)
+
+
 def _nonfinite_rows(values: np.ndarray) -> np.ndarray:
     """``[n, ...] -> [n]``: whether each step's value holds a non-finite entry."""
     values = np.asarray(values)
@@ -428,12 +480,12 @@ def _start(checkpointer: GroupCheckpointer | None, states: Any, shardings, num_r
     if checkpointer is None or checkpointer.latest_step() is None:
         record = _Record(jnp.zeros((num_runs,), bool), [None] * num_runs)
     else:
-        states, record = _restore(checkpointer, states, here)
+        states, record = _restore(checkpointer, states, num_runs, here)
     record.interrupted = interrupted
     return states, record
 
 
-def _restore(checkpointer: GroupCheckpointer, states: Any, here: dict):
+def _restore(checkpointer: GroupCheckpointer, states: Any, num_runs: int, here: dict):
     """``(states, record)`` from ``checkpointer``'s latest checkpoint, restored into the
     structure and placement of ``states``, whose arrays are deleted first (a resume never holds
     two states)."""
@@ -443,8 +495,9 @@ def _restore(checkpointer: GroupCheckpointer, states: Any, here: dict):
             leaf.delete()
     del states
     states, loop = checkpointer.restore(target)
-    record = _Record.from_json(loop)
-    record.resumed_from = checkpointer.latest_step()
+    step = checkpointer.latest_step()
+    record = loop_record(loop, num_runs, checkpointer.step_dir(step))
+    record.resumed_from = step
     saved_on = loop.get("placement")  # absent in checkpoints of an earlier cudt
     if saved_on is not None and saved_on != here:
         record.resharded = (saved_on, here)

@@ -15,6 +15,7 @@ so an existing data set is never overwritten and an interrupted write leaves non
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import shutil
 import tempfile
@@ -33,6 +34,14 @@ __all__ = ["main"]
 _FOLDERS = {"avenue": AVENUE, "shanghaitech": SHANGHAITECH, "forum": "aclImdb"}
 
 
+def _folder(text: str) -> Path:
+    """DIR: a path (an empty one, a shell variable that was unset, would write into the
+    working folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("needs a path: pass the folder to write the data set in")
+    return Path(text)
+
+
 def _parser() -> OneLineParser:
     parser = OneLineParser(
         prog="python -m experiments.held_out_data",
@@ -42,7 +51,7 @@ def _parser() -> OneLineParser:
     )
     sets = parser.add_subparsers(dest="kind", required=True, metavar="{plaza,forum}")
     plaza = sets.add_parser("plaza", help="videos of a camera over a plaza (.avi, JPEG frames)")
-    plaza.add_argument("dir", type=Path, help="the folder to write the data set in")
+    plaza.add_argument("dir", type=_folder, help="the folder to write the data set in")
     plaza.add_argument("--layout", choices=LAYOUTS, default="avenue", help="archive layout")
     plaza.add_argument("--train-videos", type=int, default=9, help="training videos")
     plaza.add_argument("--test-videos", type=int, default=3, help="test videos")
@@ -52,7 +61,7 @@ def _parser() -> OneLineParser:
     plaza.add_argument("--fps", type=int, default=15, help="frames per second")
     plaza.add_argument("--seed", type=int, default=0, help="the data seed")
     forum = sets.add_parser("forum", help="short informal product reviews (aclImdb layout)")
-    forum.add_argument("dir", type=Path, help="the folder to write the data set in")
+    forum.add_argument("dir", type=_folder, help="the folder to write the data set in")
     forum.add_argument("--train", type=int, default=2000, help="training reviews")
     forum.add_argument("--test", type=int, default=400, help="test reviews")
     forum.add_argument("--seed", type=int, default=0, help="the data seed")

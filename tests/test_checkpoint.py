@@ -86,3 +86,25 @@ def test_restoring_from_a_folder_that_does_not_exist_leaves_none_behind(tmp_path
         with GroupCheckpointer(tmp_path / "mine") as ck:
             ck.restore(None)
     assert (tmp_path / "mine").is_dir()
+
+
+def test_a_step_without_its_metadata_brings_no_absl_warnings(tmp_path, caplog):
+    """A step folder without orbax's metadata file (a half-deleted step, as a killed job leaves
+    it) made orbax warn on stderr ('WARNING:absl:Metadata file does not exist: ...') at every
+    opening of the folder; the checkpointer says what matters in its own words."""
+    import logging
+
+    states = {"w": jnp.arange(3.0)}
+    with GroupCheckpointer(tmp_path / "ck") as ck:
+        ck.save(1, states, {"a": 1})
+        ck.save(2, states, {"a": 2})
+        ck.wait()
+    (tmp_path / "ck" / "2" / "_CHECKPOINT_METADATA").unlink()
+    absl = logging.getLogger("absl")
+    level = absl.level
+    caplog.set_level(logging.WARNING)
+    with GroupCheckpointer(tmp_path / "ck") as ck:
+        restored, loop = ck.restore(states)
+    assert [r.getMessage() for r in caplog.records if r.name == "absl"] == []
+    assert restored["w"].tolist() == [0.0, 1.0, 2.0] and loop["a"] == 2
+    assert absl.level == level  # set back: absl's own warnings elsewhere still print

@@ -144,6 +144,50 @@ def test_a_resume_frees_the_fresh_states_before_restoring_and_continues_bitwise(
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize(
+    "edit, why",
+    [
+        (lambda loop: {}, "no list 'frozen'"),
+        (lambda loop: loop | {"frozen": loop["frozen"] * 2}, "'frozen' is not 2 true/false"),
+        (
+            lambda loop: loop | {"divergences": [None] * 3, "frozen": [False] * 3},
+            "'frozen' is not 2 true/false",
+        ),
+        (
+            lambda loop: loop | {"history": [h | {"objective": [1.0]} for h in loop["history"]]},
+            "'history' objective is not numbers, one row per run",
+        ),
+    ],
+    ids=["empty", "frozen of 4 runs", "3 runs", "history of 1 run"],
+)
+def test_a_loop_record_of_other_runs_is_a_corrupt_checkpoint_before_training(tmp_path, edit, why):
+    """A checkpoint's loop record that is JSON but no record of this group's runs (``{}``, one
+    of another number of runs) failed mid-resume (a KeyError, an IndexError after training):
+    refused as a corrupt checkpoint before the first step, the folder left as it was."""
+    from cudt.checkpoint import GroupCheckpointer
+    from cudt.errors import CheckpointError
+
+    folder = tmp_path / "ck"
+    _straight_and_resumed(folder, [[1.0, 0.9], [0.8, 0.7]])  # checkpoints at 2, 4 and 6
+    record = folder / "6" / "loop" / "metadata"
+    record.write_text(json.dumps(edit(json.loads(record.read_text()))))
+    before = sorted((p, p.read_bytes() if p.is_file() else b"") for p in folder.rglob("*"))
+    data = toy_data()
+    step, states, keys = make_group([[1.0, 0.9], [0.8, 0.7]])
+    with GroupCheckpointer(folder) as ck, pytest.raises(CheckpointError) as caught:
+        train_group(
+            step,
+            states,
+            keys,
+            lambda key, s: data[sample_indices(key, s, data.shape[0], 8)],
+            8,
+            chunk_steps=2,
+            checkpointer=ck,
+        )
+    assert f"6 is corrupt (its loop record cannot be read: {why}" in str(caught.value)
+    assert sorted((p, p.read_bytes() if p.is_file() else b"") for p in folder.rglob("*")) == before
+
+
 def test_map_runs_modes_agree_and_one_run_calls_the_function_itself():
     def fn(w, x):
         return {"y": jnp.tanh(w @ x), "s": jnp.sum(w)}
@@ -632,3 +676,7 @@ def test_default_folders_claimed_in_the_same_second_are_two(tmp_path, monkeypatc
         assert out == given
         raise ValueError("refused")
     assert given.is_dir()
+    # an empty --out (an unset shell variable) is refused: it claimed a fresh runs/... folder
+    with pytest.raises(io.UsageError, match="--out needs a path"), io.claimed_run_dir("", "job"):
+        pass
+    assert not Path("runs").exists()

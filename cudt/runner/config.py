@@ -331,8 +331,9 @@ class RunConfig:
         "ut,constrained,0,30) makes the batch of that run (every sweep point of it) NaN at STEP",
     )
 
-    # Where and how the runs execute, which does not change what a run computes: in no
-    # fingerprint, so a checkpoint stays valid when only these differ (class attributes).
+    # Where and how the runs execute, and how many checkpoints are kept, which do not change
+    # what a run computes: in no fingerprint, so a checkpoint stays valid when only these differ
+    # (class attributes).
     RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
         "out",
         "overwrite",
@@ -341,6 +342,7 @@ class RunConfig:
         "devices",
         "distributed",
         "fsdp",
+        "keep_checkpoints",
     )
     # What a run does once it has trained and evaluated (write its models elsewhere): a finished
     # run read back (cudt.runner.finished) takes their defaults, so nothing is done again.
@@ -434,25 +436,7 @@ class RunConfig:
             parse_epsilon_schedule(self.epsilon_schedule, self.steps)
         except ValueError as e:
             need(False, f"--epsilon-schedule {e}")
-        if self.inject_nan is not None:
-            parts = self.inject_nan
-            ok = (
-                len(parts) == 4
-                and parts[1] in ("ERM", "constrained")
-                and parts[2].isdigit()
-                and parts[3].isdigit()
-                and int(parts[3]) >= 1
-            )
-            need(
-                ok,
-                "--inject-nan must be MODEL,KIND,SEED,STEP with KIND ERM or constrained (e.g. "
-                f"ut,constrained,0,30), got {','.join(parts)!r}",
-            )
-            need(
-                self.seed <= int(parts[2]) < self.seed + self.seeds,
-                f"--inject-nan seed {parts[2]} is not among the seeds trained "
-                f"({self.seed}..{self.seed + self.seeds - 1})",
-            )
+        self._validate_inject_nan()
         # Sweep syntax is checked here so a typo fails before any data is read.
         sweeps = parse_sweeps(self)
         own = parse_model_hparams(self)
@@ -466,6 +450,41 @@ class RunConfig:
                 "smaller margin",
             )
         self._validate_dual_dynamics(sweeps, own)
+
+    def _validate_inject_nan(self) -> None:
+        """``--inject-nan MODEL,KIND,SEED,STEP``: its syntax, and a fault this run would fire (a
+        seed, kind and step it trains: a fault that never fires passes its test vacuously); the
+        model and its runs of KIND are checked with the runs (``cudt.runner.run``)."""
+        if self.inject_nan is None:
+            return
+        need, parts = self.require, self.inject_nan
+        ok = (
+            len(parts) == 4
+            and parts[1] in ("ERM", "constrained")
+            and parts[2].isdigit()
+            and parts[3].isdigit()
+            and int(parts[3]) >= 1
+        )
+        need(
+            ok,
+            "--inject-nan must be MODEL,KIND,SEED,STEP with KIND ERM or constrained (e.g. "
+            f"ut,constrained,0,30), got {','.join(parts)!r}",
+        )
+        need(
+            self.seed <= int(parts[2]) < self.seed + self.seeds,
+            f"--inject-nan seed {parts[2]} is not among the seeds trained "
+            f"({self.seed}..{self.seed + self.seeds - 1})",
+        )
+        need(
+            int(parts[3]) <= self.steps,
+            f"--inject-nan step {parts[3]} is past the last of --steps {self.steps}, so the "
+            f"fault would never fire: pass a STEP from 1 to {self.steps}",
+        )
+        need(
+            self.kinds in ("both", parts[1].lower()),
+            f"--inject-nan kind {parts[1]} is not trained with --kinds {self.kinds}: pass KIND "
+            f"{'ERM' if self.kinds == 'erm' else 'constrained'}, or --kinds both",
+        )
 
     def _validate_dual_dynamics(self, sweeps, own) -> None:
         need = self.require

@@ -306,6 +306,12 @@ def open_output(
     config = to_jsonable(config)
     saved_config = out / CHECKPOINTS / CONFIG_FILE
     finished = [name for name in RESULT_FILES if (out / name).exists()]
+    if finished and resume:  # not a conflict to settle: there is nothing left to resume
+        raise UsageError(
+            f"--resume: the run in {out} is finished (its results are in {out / finished[0]}), "
+            "so there is nothing to resume: read them there, or drop --resume and pass "
+            "--overwrite to train it again"
+        )
     if finished and not overwrite:
         raise UsageError(
             f"--out {out} already holds {finished[0]} of a finished run: pass another --out, or "
@@ -362,7 +368,8 @@ def open_output_once(path, fingerprint, cfg, main_process: bool) -> OutputDir:
     flags = dict(
         overwrite=cfg.overwrite,
         resume=cfg.resume,
-        ignore=cfg.EVALUATION_ONLY,
+        # what a resume may change: a saved config of an earlier version may record it
+        ignore=(*cfg.EVALUATION_ONLY, *cfg.RESUME_IGNORES),
         added=getattr(cfg, "ADDED", None),
         flags=[f.name for f in dataclasses.fields(cfg)],
         paths=[f.name for f in dataclasses.fields(cfg) if f.metadata.get("path")],

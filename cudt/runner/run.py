@@ -23,16 +23,17 @@ import jax.numpy as jnp
 
 from cudt.checkpoint import GroupCheckpointer
 from cudt.errors import UsageError
-from cudt.io import fresh_run_dir, write_json_atomic
+from cudt.io import fresh_run_dir, given_out, write_json_atomic
+from cudt.loop import loop_record
 from cudt.runner.choice import choose_points, compare_chosen, mark_chosen, select_best
 from cudt.runner.curves import plot_training_curves, write_tensorboard
 from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups, run_group
 from cudt.runner.hparams import resolve_reference
 from cudt.runner.lock import check_free
 from cudt.runner.mesh import check_job_devices, initialize_distributed, make_shardings
-from cudt.runner.output import TENSORBOARD, checkpoint_record, open_output_once
+from cudt.runner.output import CHECKPOINTS, TENSORBOARD, checkpoint_record, open_output_once
 from cudt.runner.provenance import provenance
-from cudt.runner.record import curves_of, evaluation_keys, summarise
+from cudt.runner.record import KINDS, curves_of, evaluation_keys, summarise
 from cudt.runner.report import seed_intervals, summary_table
 from cudt.runner.sweep import model_defaults, parse_sweeps, tuned_names
 from cudt.runner.task import Task
@@ -96,8 +97,10 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     check_job_devices(cfg.devices)  # a --devices that leaves a process out: before anything
     origin = provenance()  # the code and command that ran (after the backend starts)
     main_process = jax.process_index() == 0
-    given = out_dir or cfg.out
-    if given and jax.process_count() == 1:
+    given = out_dir if out_dir is not None else cfg.out
+    if given is not None:
+        given = given_out(given)  # an empty --out is refused, not read as none
+    if given is not None and jax.process_count() == 1:
         check_free(given)  # a job holds --out: refused now, before its data is read
     sweeps = parse_sweeps(cfg)
     swept = tuned_names(cfg, sweeps)
@@ -120,7 +123,8 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         }
     # the default folder is chosen when it is opened, and created then by a job alone on its
     # host: two jobs started in the same second get two folders
-    path = Path(given) if given else fresh_run_dir(task.name, claim=jax.process_count() == 1)
+    path = given if given is not None else fresh_run_dir(task.name, claim=jax.process_count() == 1)
+    _check_group_folders(path, groups, cfg.overwrite)
     with open_output_once(path, fingerprint, cfg, main_process) as out:
         print(
             f"output: {out.path}"
@@ -148,6 +152,19 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         return results
 
 
+def _check_group_folders(path: Path, groups, overwrite: bool) -> None:
+    """A file where a group's checkpoint folder goes (``--out``'s ``checkpoints/<group>``) is
+    refused before anything is written: the group's first save failed on it, after its
+    training. ``--overwrite`` removes the checkpoints, that file with them."""
+    for group in groups:
+        folder = path / CHECKPOINTS / group.slug
+        if not overwrite and (folder.exists() or folder.is_symlink()) and not folder.is_dir():
+            raise UsageError(
+                f"--out {path}: {folder} is a file, where the checkpoints of {group.name} go: "
+                "move or delete it, or pass another --out"
+            )
+
+
 def _check_inject_nan(task: Task, cfg) -> None:
     """``--inject-nan MODEL,...`` names a model this run trains (the rest of its syntax is
     checked with the config)."""
@@ -161,7 +178,7 @@ def _check_inject_nan(task: Task, cfg) -> None:
 
 def _check_specs(task: Task, cfg, specs) -> None:
     """Refusals the runs' settings decide, before the data is read: no runs of ``--kinds``,
-    and a chance spelling of ``--reference`` on a task without a chance level (one that does
+    an ``--inject-nan`` kind its model does not train, and a chance spelling of ``--reference`` on a task without a chance level (one that does
     not override :meth:`Task.chance_level`; the others resolve with their data)."""
     if not specs:
         raise UsageError(
@@ -171,6 +188,15 @@ def _check_specs(task: Task, cfg, specs) -> None:
     if type(task).chance_level is Task.chance_level:
         for spec in specs:
             resolve_reference(spec.hp["reference"], None, task.name)
+    if cfg.inject_nan:  # a model of this run (_check_inject_nan) without runs of that kind
+        model, kind = cfg.inject_nan[:2]
+        kinds = sorted({KINDS[s.constrained] for s in specs if s.model == model})
+        if kind not in kinds:
+            raise UsageError(
+                f"--inject-nan {model},{kind}: {model} has no {kind} runs here (only "
+                f"{', '.join(kinds)}), so the fault would never fire: pass KIND {kinds[0]}, or "
+                "another MODEL"
+            )
 
 
 def _load_draws(task: Task, draws: dict[int, Any]) -> dict[int, Any]:
@@ -219,7 +245,8 @@ def _plan_all_groups(task: Task, cfg, specs, draws, datas, swept) -> list:
 
 def _check_checkpoints(out, cfg, groups, programs, meshes) -> None:
     """Restores every group's latest checkpoint, if any, onto the devices training will use
-    (from any it was saved on): a corrupt or foreign one is refused before any training."""
+    (from any it was saved on), and reads its loop record: a corrupt or foreign one is
+    refused before any training."""
     for group, program, shardings in zip(groups, programs, meshes, strict=True):
         folder = out.group_dir(group.slug)
         if folder.is_dir():
@@ -228,7 +255,9 @@ def _check_checkpoints(out, cfg, groups, programs, meshes) -> None:
                     abstract = program.abstract_states()
                     if shardings is not None:
                         abstract = shardings.abstract_states(abstract)
-                    checkpointer.restore(abstract)
+                    _, loop = checkpointer.restore(abstract)
+                    step_dir = checkpointer.step_dir(checkpointer.latest_step())
+                    loop_record(loop, program.keys.shape[0], step_dir)  # not mid-resume
 
 
 def evaluation_grids(task: Task, cfg, specs) -> tuple[list[float], list[float]]:

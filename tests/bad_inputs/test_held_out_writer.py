@@ -63,6 +63,12 @@ HELD_OUT_CASES = [
         "got 1 and 400",
     ),
     (
+        "held-out data folder empty",  # DIR '' (an unset shell variable): it wrote into "."
+        lambda root: ["plaza", ""],
+        "argument dir: needs a path",
+        "pass the folder to write the data set in",
+    ),
+    (
         "held-out videos in an unknown layout",
         lambda root: ["plaza", root / "new", "--layout", "ucsd"],
         "argument --layout: invalid choice: 'ucsd'",
@@ -72,11 +78,12 @@ HELD_OUT_CASES = [
 
 
 @over_cases(HELD_OUT_CASES)
-def test_held_out_data(case, build, problem, fix, tmp_path, capsys):
+def test_held_out_data(case, build, problem, fix, tmp_path, capsys, monkeypatch):
     from experiments.held_out_data import main
 
     root = tmp_path / "data"
     root.mkdir()
+    monkeypatch.chdir(root)  # what a relative (or empty) DIR would write lands here
     argv = build(root)
     before = tree(root)
     capsys.readouterr()

@@ -92,6 +92,24 @@ CONFIG_CASES = [
         "--inject-nan model 'vit' is not trained by this run",
         "name one of dust, dust-pl, ut",
     ),
+    (
+        "--inject-nan past --steps",  # the fault never fired: the test passed vacuously
+        ["--inject-nan", "ut,ERM,0,5"],
+        "--inject-nan step 5 is past the last of --steps 4, so the fault would never fire",
+        "pass a STEP from 1 to 4",
+    ),
+    (
+        "--inject-nan of a kind --kinds leaves out",
+        ["--kinds", "erm", "--inject-nan", "ut,constrained,0,3"],
+        "--inject-nan kind constrained is not trained with --kinds erm",
+        "pass KIND ERM, or --kinds both",
+    ),
+    (
+        "--inject-nan of a kind the model does not train",
+        ["--inject-nan", "dust-pl,constrained,0,3"],
+        "dust-pl has no constrained runs here (only ERM), so the fault would never fire",
+        "pass KIND ERM, or another MODEL",
+    ),
     ("seeds 0", ["--seeds", "0"], "got 0", "--seeds must be >= 1"),
     ("negative seed", ["--seed", "-1"], "got -1", "--seed must be >= 0"),
     ("steps 0", ["--steps", "0"], "got 0", "--steps must be >= 1"),

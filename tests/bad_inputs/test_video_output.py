@@ -14,7 +14,17 @@ from pathlib import Path
 
 import pytest
 from helpers import LockHolder, finished_job
-from refusals import TINY, check, cli, cli_subprocess, previous_run, refused, tree
+from refusals import (
+    TINY,
+    check,
+    cli,
+    cli_subprocess,
+    entry_cli,
+    over_cases,
+    previous_run,
+    refused,
+    tree,
+)
 
 from experiments import combine, video_denoise
 
@@ -58,6 +68,21 @@ def test_output_holding_results_is_never_overwritten(finished_run, capsys):
         capsys,
         "already holds results.json of a finished run",
         "pass another --out, or --overwrite to replace it",
+        keeps=finished_run,
+    )
+
+
+@pytest.mark.slow
+def test_output_of_a_finished_run_resumed(finished_run, capsys):
+    """--resume of a finished run was told to pass --overwrite as if two runs conflicted (and
+    --overwrite with --resume is refused): it is told the run is done and where its results are."""
+    refused(
+        "--resume of a finished run",
+        [*TINY, "--resume", "--out", finished_run],
+        capsys,
+        f"--resume: the run in {finished_run} is finished (its results are in "
+        f"{finished_run / 'results.json'}), so there is nothing to resume",
+        "read them there, or drop --resume and pass --overwrite to train it again",
         keeps=finished_run,
     )
 
@@ -175,6 +200,48 @@ def test_checkpoint_with_corrupt_loop_record(interrupted_run, capsys):
     )
 
 
+def _loop_records(edit):
+    """Each group's latest loop record (a JSON file) rewritten by ``edit``."""
+
+    def build(out: Path) -> None:
+        for record in out.glob("checkpoints/*/4/loop/metadata"):
+            record.write_text(json.dumps(edit(json.loads(record.read_text()))))
+
+    return build
+
+
+LOOP_RECORD_CASES = [
+    # (case, build(out): the edit, problem)
+    (
+        "checkpoint with an empty loop record",
+        _loop_records(lambda loop: {}),
+        "4 is corrupt (its loop record cannot be read: no list 'frozen')",
+    ),
+    (
+        "checkpoint with a loop record of other runs",
+        _loop_records(lambda loop: loop | {"frozen": [False], "divergences": [None]}),
+        "4 is corrupt (its loop record cannot be read: 'frozen' is not ",
+    ),
+]
+
+
+@pytest.mark.slow
+@over_cases(LOOP_RECORD_CASES, "case, build, problem")
+def test_checkpoint_with_a_loop_record_of_other_runs(case, build, problem, interrupted_run, capsys):
+    """A loop record that reads as JSON but is not a record of the group's runs crashed
+    mid-resume (a KeyError; one of fewer runs an IndexError after training, results half
+    written): refused as a corrupt checkpoint before any training."""
+    build(interrupted_run)
+    refused(
+        case,
+        [*TINY, "--out", interrupted_run],
+        capsys,
+        problem,
+        "delete that folder to resume from an earlier step, or pass --overwrite",
+        keeps=interrupted_run,
+    )
+
+
 @pytest.mark.slow
 def test_checkpoint_of_a_different_config(interrupted_run, capsys):
     assert video_denoise.Config().lr is None  # the run was trained with each model's default
@@ -270,6 +337,46 @@ def test_output_empty(tmp_path, capsys, monkeypatch):
     status, err = cli([*TINY, "--out", ""], capsys)
     check("--out empty", status, err, "--out needs a path", "pass --out DIR, or leave it out")
     assert not any(tmp_path.iterdir())  # no runs/ folder
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        "text_classify",
+        "llm_sft",
+        "phase_one",
+        "video_table",
+        "text_table",
+        "ut_study",
+        "dual_study",
+    ],
+)
+def test_output_empty_for_every_job(job, tmp_path, capsys, monkeypatch):
+    """``--out ""`` of the jobs whose folder cudt.io.claimed_run_dir claims (the paper jobs)
+    was read as no --out: a fresh runs/... folder was written, the job trained."""
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    main = importlib.import_module(f"experiments.{job}").main
+    status, err = entry_cli(main, ["--out", ""], capsys)
+    check(None, status, err, "--out needs a path", "pass --out DIR, or leave it out")
+    assert not any(tmp_path.iterdir())  # no runs/ folder
+
+
+def test_output_with_a_file_where_a_group_checkpoints(tmp_path, capsys):
+    """A file at checkpoints/<group> failed that group's first save, after its training (and
+    the run's config.json was written): refused before anything is written."""
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "ut-1").write_text("my notes")
+    refused(
+        "a file where a group's checkpoints go",
+        [*TINY, "--out", out],
+        capsys,
+        "checkpoints/ut-1 is a file, where the checkpoints of ut-1 go",
+        "move or delete it, or pass another --out",
+        keeps=out,
+    )
 
 
 def test_output_under_a_file(tmp_path, capsys):

@@ -730,3 +730,19 @@ def test_a_default_warmup_as_long_as_the_run_is_said_before_training(tmp_path, c
     )
     out = capsys.readouterr()
     assert "covers all" not in out.out + out.err  # 10 steps an epoch
+
+
+def test_a_resume_may_keep_another_number_of_checkpoints(tmp_path, capsys):
+    """--keep-checkpoints changes which checkpoints stay, not what a run computes: a resume
+    with another value was refused as a changed config (keep_checkpoints 2 -> 3), also for
+    checkpoints whose config.json records it (every one written before it was ignored)."""
+    argv = ["--num-examples", "40", "--seeds", "1", "--steps", "4", "--chunk-steps", "2"]
+    out = tmp_path / "o"
+    first = toy([*argv, "--keep-checkpoints", "1"], out)
+    (out / "results.json").unlink()
+    saved = out / "checkpoints" / "config.json"
+    saved.write_text(json.dumps(json.loads(saved.read_text()) | {"keep_checkpoints": 1}))
+    capsys.readouterr()
+    again = toy([*argv, "--keep-checkpoints", "3", "--resume"], out)
+    assert "toy-2: resumed from the checkpoint at step 4" in capsys.readouterr().err
+    assert again["runs"] == first["runs"]  # the same runs, nothing trained again
