@@ -366,14 +366,19 @@ def test_infeasible_runs_are_named_layers_are_whole_and_log_labels_plain(tmp_pat
     figs[0].canvas.draw()
     ticks = [t for t in ax.get_xticks() if 0 <= t <= 3]
     assert ticks and all(float(t).is_integer() for t in ticks)
+    shown = _labelled_y_ticks(ax)
+    assert len(shown) >= 2, shown
+    assert all(float(text) == pytest.approx(y, rel=1e-3) for y, text in shown.items()), shown
+
+
+def _labelled_y_ticks(ax) -> dict[float, str]:
+    """``{y: label}`` of the y ticks (major and minor) labelled within the axis' view."""
     low, high = ax.get_ylim()
-    shown = {
+    return {
         label.get_position()[1]: label.get_text()
         for label in ax.get_yticklabels(minor=True) + ax.get_yticklabels()
         if label.get_text() and low <= label.get_position()[1] <= high
     }
-    assert len(shown) >= 2, shown
-    assert all(float(text) == pytest.approx(y, rel=1e-3) for y, text in shown.items()), shown
 
 
 def test_a_loss_axis_with_two_of_the_usual_log_ticks_in_view_labels_finer_ones(
@@ -395,11 +400,7 @@ def test_a_loss_axis_with_two_of_the_usual_log_ticks_in_view_labels_finer_ones(
     figs[0].canvas.draw()
     low, high = ax.get_ylim()
     assert 0.08 < low < 0.09 and 0.15 < high < 0.2  # two of 1..9×10^k in view: 0.09, 0.1
-    shown = {
-        label.get_position()[1]: label.get_text()
-        for label in ax.get_yticklabels(minor=True) + ax.get_yticklabels()
-        if label.get_text() and low <= label.get_position()[1] <= high
-    }
+    shown = _labelled_y_ticks(ax)
     assert len(shown) >= 3, shown
     assert all(float(text) == pytest.approx(y, rel=1e-3) for y, text in shown.items()), shown
     wide = Figure().add_subplot()  # an axis over decades keeps matplotlib's own ticks
