@@ -172,7 +172,7 @@ def vector_step(primal=None, dual=None, **kw):
     return cudt.make_constrained_step(vector_problem, primal, dual, donate=False, **kw)
 
 
-W3 = {"w": jnp.zeros(3)}
+W3 = {"w": np.zeros(3, np.float32)}  # numpy: no test module starts JAX at import
 
 
 def test_a_state_without_the_previous_update_is_refused_by_the_optimistic_step():
