@@ -29,6 +29,7 @@ from cudt.runner.hparams import (
 
 __all__ = [
     "RunSpec",
+    "canonical_sweeps",
     "expand_runs",
     "is_given",
     "model_defaults",
@@ -77,6 +78,40 @@ def _parse_value(cfg, name: str, text: str, flag: str = "--sweep"):
             f"{flag} " + check.message(name, value, is_float=True, many=True).replace("_", "-")
         )
     return value
+
+
+def _canonical_value(name: str, text: str):
+    """What a swept value ``text`` names, as :func:`_parse_value` returns a valid one (a number,
+    the canonical spelling of a reference or an ε schedule, None for resilience none); text
+    that is none of these as it stands. Checks nothing."""
+    if name == "reference":
+        return normalize_reference(text) if is_reference(text) else text
+    if name == "epsilon_schedule":
+        try:
+            return normalize_epsilon_schedule(text)
+        except ValueError:
+            return text
+    if name == "resilience" and text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def canonical_sweeps(items) -> tuple[tuple[str, tuple], ...]:
+    """The lanes ``--sweep`` items name (``("dual-lr=1e-3", "epsilon=0.1, 0.2")``), however
+    spelt: ``(name, values)`` in the order they form lanes, names with underscores, values as
+    parsed, a value repeated or an empty item ignored, as cudt formed lanes before refusing
+    them (so a config saved then compares as its lanes). What a resume compares
+    (:func:`cudt.runner.output.open_output`'s ``canonical``); checks nothing."""
+    out = []
+    for item in items:
+        name, _, values = str(item).partition("=")
+        name = name.strip().replace("-", "_")
+        texts = [v.strip() for v in values.split(",") if v.strip()]
+        out.append((name, tuple(dict.fromkeys(_canonical_value(name, t) for t in texts))))
+    return tuple(out)
 
 
 def parse_sweeps(cfg) -> dict[str, tuple]:

@@ -253,6 +253,43 @@ def test_sweep_flag_errors(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_sweep_spelt_another_way_resumes_and_another_lane_order_does_not(tmp_path, capsys):
+    """A resume compares the lanes ``--sweep`` names, not its spelling (docs/runner.md): a
+    dash or an underscore, ``1e-3`` or ``0.001``, a space after a comma resume the checkpoints
+    of the raw spelling an earlier run saved (its checkpoints/config.json, which still records
+    the flags as given); values in another order put other values in the saved lanes:
+    refused, as is another value."""
+    out = tmp_path / "o"
+    first = toy(["--sweep", "dual-lr=0.001", "--sweep", "epsilon=0.2,0.4"], out)
+    saved = json.loads((out / "checkpoints" / "config.json").read_text())
+    assert saved["sweep"] == ["dual-lr=0.001", "epsilon=0.2,0.4"]  # as given, as before
+    (out / "results.json").unlink()
+    capsys.readouterr()
+    again = toy(["--resume", "--sweep", "dual_lr=1e-3", "--sweep", "epsilon=0.2, 4e-1"], out)
+    assert capsys.readouterr().err.count(": resumed from the checkpoint at step 12") == 2
+    assert [r["label"] for r in again["runs"]] == [r["label"] for r in first["runs"]]
+    assert [r["final_loss"] for r in again["runs"]] == [r["final_loss"] for r in first["runs"]]
+    (out / "results.json").unlink()
+    for sweep, words in [
+        ("epsilon=0.4,0.2", "'epsilon=0.2,0.4'] -> ['dual_lr=0.001', 'epsilon=0.4,0.2']"),
+        ("epsilon=0.2,0.3", "different config (sweep"),
+    ]:
+        argv = ["--sweep", "dual_lr=0.001", "--sweep", sweep, "--out", out]
+        assert_one_line_error(toy_main, argv, capsys, words)
+
+
+def test_the_lanes_a_resume_compares_are_the_parsed_sweeps():
+    """What a resume compares (canonical_sweeps, which checks nothing: a saved config is read
+    as it stands) is what parse_sweeps trains, name by name and value by value."""
+    from cudt.runner.sweep import canonical_sweeps, parse_sweeps
+
+    sweep = ("dual-lr=1e-3", "epsilon=0.2, 0.4", "reference=CHANCE+0.10,none,5e-1")
+    sweep += ("resilience=None,2", "epsilon_schedule=constant, LINEAR:0@4")
+    cfg = ToyTask().config_cls(sweep=sweep)
+    assert canonical_sweeps(cfg.sweep) == tuple(parse_sweeps(cfg).items())
+    assert dict(canonical_sweeps(cfg.sweep))["reference"] == ("chance+0.1", "none", "0.5")
+
+
 FOUR_DEVICES = textwrap.dedent(
     """
     import json, sys
