@@ -27,7 +27,7 @@ from cudt.runner.hparams import (
     is_reference,
     parse_epsilon_schedule,
 )
-from cudt.runner.sweep import parse_model_hparams, parse_sweeps
+from cudt.runner.sweep import canonical_sweeps, parse_model_hparams, parse_sweeps
 
 __all__ = [
     "CONSTRAINT_KINDS",
@@ -86,14 +86,16 @@ def flag(
     repeat: bool = False,
     path: bool = False,
     unordered: bool = False,
+    canonical: Callable[[Any], Any] | None = None,
     **kw,
 ):
     """A config field: its default, help text and check (applied to each element of a tuple,
     skipped for None). ``repeat``: a flag given several times (``--sweep A --sweep B``);
-    ``path``: it names a file or folder; ``unordered``: a list whose order means nothing (a
-    resume spelling either another way resumes: ``cudt.runner.output``)."""
+    ``path``: it names a file or folder; ``unordered``: a list whose order means nothing;
+    ``canonical``: what a value names, however spelt (a resume spelling any of these another
+    way resumes: ``cudt.runner.output``)."""
     metadata = {"help": help, "check": check, "repeat": repeat}
-    metadata |= {"path": path, "unordered": unordered}
+    metadata |= {"path": path, "unordered": unordered, "canonical": canonical}
     if isinstance(default, list | dict | set):
         raise TypeError("use a tuple default for a config field")
     return dataclasses.field(default=default, metadata=metadata, **kw)
@@ -140,6 +142,7 @@ class RunConfig:
         "repeat for a Cartesian product; all points x seeds train as one program per model "
         "structure",
         repeat=True,
+        canonical=canonical_sweeps,
     )
     model_hparams: tuple[str, ...] = flag(
         (),

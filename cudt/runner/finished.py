@@ -25,6 +25,7 @@ from cudt.io import to_jsonable
 from cudt.runner.groups import Group
 from cudt.runner.lock import check_free
 from cudt.runner.output import CHECKPOINTS, CONFIG_FILE
+from cudt.runner.sweep import canonical_items
 
 __all__ = ["finished_run", "run_data", "trained_params"]
 
@@ -101,6 +102,8 @@ def finished_run(out: str | Path, task: Any, reader: str) -> tuple[Any, Any, dic
         k: v for k, v in trained.items() if k in fields
     }
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()}
+    if "sweep" in kw:  # the lanes it trained (a repeated value, refused now, trained one)
+        kw["sweep"] = canonical_items(kw["sweep"])
     kw |= {k: fields[k].default for k in task.config_cls.AFTER_TRAINING}
     kw |= dict(out=str(out), overwrite=False, resume=False)
     with _where_it_ran(results):

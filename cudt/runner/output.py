@@ -20,7 +20,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -121,16 +121,28 @@ def _differences(
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
-def _as_now(old: dict, new: dict, paths: Collection[str], unordered: Collection[str]) -> dict:
+def _as_now(
+    old: dict,
+    new: dict,
+    paths: Collection[str],
+    unordered: Collection[str],
+    canonical: Mapping[str, Callable[[Any], Any]] | None = None,
+) -> dict:
     """The saved config ``old`` with what names the same thing as ``new`` written as ``new``
     writes it, so that only real differences are named: a path flag (``paths``) spelt another
     way for the same file or folder (relative or absolute, a trailing slash, a link), in the
     flag and in the records derived from it (a data source ``ucsd:<path>``); a flag whose order
-    means nothing (``unordered``) holding the same values in another order."""
+    means nothing (``unordered``) holding the same values in another order; a flag of
+    ``canonical`` (``{name: what its value names}``: ``--sweep``'s lanes) whose two values
+    name the same."""
     old = dict(old)
     for key in unordered:
         a, b = old.get(key), new.get(key)
         if isinstance(a, list) and isinstance(b, list) and a != b and sorted(a) == sorted(b):
+            old[key] = b
+    for key, meaning in (canonical or {}).items():
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, list) and isinstance(b, list) and a != b and meaning(a) == meaning(b):
             old[key] = b
     spellings = {}
     for key in paths:
@@ -209,6 +221,7 @@ def _check_same_config(
     flags: Collection[str],
     paths: Collection[str],
     unordered: Collection[str],
+    canonical: Mapping[str, Callable[[Any], Any]] | None = None,
 ) -> None:
     """Refuses checkpoints in ``out`` that ``config`` cannot resume (:func:`open_output`'s
     arguments): an unreadable saved config, an earlier state layout, other files behind the
@@ -228,7 +241,8 @@ def _check_same_config(
             f"layout ({layout}; this version writes {config['state_layout']}), which cannot "
             "be resumed: pass another --out, or --overwrite to discard them"
         )
-    diff = _differences(_as_now(old, config, paths, unordered), config, ignore, added)
+    same = _as_now(old, config, paths, unordered, canonical)
+    diff = _differences(same, config, ignore, added)
     changed = [d for d in diff if d.split(" ", 1)[0].endswith("_digest")]
     flag_changed = [d for d in diff if d.split(" ", 1)[0].split(".", 1)[0] in flags]
     # the files behind the same flags changed (the training data, a frozen base, and what
@@ -280,6 +294,7 @@ def open_output(
     flags: Collection[str] = (),
     paths: Collection[str] = (),
     unordered: Collection[str] = (),
+    canonical: Mapping[str, Callable[[Any], Any]] | None = None,
 ) -> OutputDir:
     """Checks and prepares the output folder of a run of ``config`` (a JSON-able dict).
 
@@ -298,8 +313,9 @@ def open_output(
     ``flags``: the fields the user sets (the config's): when one of them differs, the refusal
     names the config's differences, not files that changed behind the same flags (a flag such
     as ``--max-length`` changes a digest too); ``paths``: the fields naming a file or folder,
-    ``unordered``: the lists whose order means nothing (a resume spelling the same folder or
-    the same set another way resumes: :func:`_as_now`).
+    ``unordered``: the lists whose order means nothing, ``canonical``: ``{field: what its
+    value names}`` (``--sweep``'s lanes) (a resume spelling the same folder, the same set or
+    the same sweep another way resumes: :func:`_as_now`).
     """
     out = Path(out)
     check_not_a_file(out)
@@ -323,7 +339,9 @@ def open_output(
     # or protect: the folder starts afresh under the new config
     alone = saved_config.exists() and not _holds_checkpoints(out / CHECKPOINTS)
     if saved_config.exists() and not overwrite and not alone:
-        _check_same_config(out, saved_config, config, ignore, added, flags, paths, unordered)
+        _check_same_config(
+            out, saved_config, config, ignore, added, flags, paths, unordered, canonical
+        )
         resuming = True
     elif not overwrite and _holds_checkpoints(out / CHECKPOINTS):
         raise UsageError(
@@ -374,6 +392,11 @@ def open_output_once(path, fingerprint, cfg, main_process: bool) -> OutputDir:
         flags=[f.name for f in dataclasses.fields(cfg)],
         paths=[f.name for f in dataclasses.fields(cfg) if f.metadata.get("path")],
         unordered=[f.name for f in dataclasses.fields(cfg) if f.metadata.get("unordered")],
+        canonical={
+            f.name: f.metadata["canonical"]
+            for f in dataclasses.fields(cfg)
+            if f.metadata.get("canonical")
+        },
     )
     if jax.process_count() == 1:
         lock = lock_output(path)

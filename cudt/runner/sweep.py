@@ -21,6 +21,7 @@ from cudt.runner.hparams import (
     CONDITIONAL,
     CONSTRAINT_ONLY,
     SWEEPABLE,
+    chance_offset,
     is_reference,
     normalize_epsilon_schedule,
     normalize_reference,
@@ -29,6 +30,8 @@ from cudt.runner.hparams import (
 
 __all__ = [
     "RunSpec",
+    "canonical_items",
+    "canonical_sweeps",
     "expand_runs",
     "is_given",
     "model_defaults",
@@ -79,9 +82,58 @@ def _parse_value(cfg, name: str, text: str, flag: str = "--sweep"):
     return value
 
 
+def _canonical_value(name: str, text: str):
+    """What a swept value ``text`` names, as :func:`_parse_value` returns a valid one (a number,
+    the canonical spelling of a reference or an ε schedule, None for resilience none); text
+    that is none of these as it stands. Checks nothing."""
+    if name == "reference":
+        return normalize_reference(text) if is_reference(text) else text
+    if name == "epsilon_schedule":
+        try:
+            return normalize_epsilon_schedule(text)
+        except ValueError:
+            return text
+    if name == "resilience" and text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def canonical_sweeps(items) -> tuple[tuple[str, tuple], ...]:
+    """The lanes ``--sweep`` items name (``("dual-lr=1e-3", "epsilon=0.1, 0.2")``), however
+    spelt: ``(name, values)`` in the order they form lanes, names with underscores, values as
+    parsed, a value repeated or an empty item ignored, as cudt formed lanes before refusing
+    them (so a config saved then compares as its lanes). What a resume compares
+    (:func:`cudt.runner.output.open_output`'s ``canonical``); checks nothing."""
+    out = []
+    for item in items:
+        name, _, values = str(item).partition("=")
+        name = name.strip().replace("-", "_")
+        texts = [v.strip() for v in values.split(",") if v.strip()]
+        out.append((name, tuple(dict.fromkeys(_canonical_value(name, t) for t in texts))))
+    return tuple(out)
+
+
+def canonical_items(items) -> tuple[str, ...]:
+    """``--sweep`` items spelt as :func:`canonical_sweeps` reads them (``("dual_lr=0.001",
+    "epsilon=0.1,0.2")``): the same lanes, each value once, so a saved config from before
+    :func:`parse_sweeps` refused a repeat or an empty value is read back as what it trained."""
+
+    def spelt(value) -> str:
+        return "none" if value is None else repr(value) if isinstance(value, float) else value
+
+    return tuple(
+        f"{name}={','.join(spelt(v) for v in values)}" for name, values in canonical_sweeps(items)
+    )
+
+
 def parse_sweeps(cfg) -> dict[str, tuple]:
     """``{name: values}`` from ``cfg.sweep`` (``("epsilon=0.05,0.1", "lr=1e-3,3e-4")``), in the
-    order given; a ValueError names a malformed item, an unknown name or a bad value."""
+    order given; a ValueError names a malformed item, an unknown name, a bad value, an empty
+    one (``0.1,,0.2``) or a repeated one (``0.1,1e-1``), which would train fewer lanes than
+    the values given."""
     sweeps: dict[str, tuple] = {}
     for item in cfg.sweep:
         name, sep, values = item.partition("=")
@@ -92,13 +144,30 @@ def parse_sweeps(cfg) -> dict[str, tuple]:
             raise ValueError(f"--sweep {name} is not sweepable: choose from {', '.join(SWEEPABLE)}")
         if name in sweeps:
             raise ValueError(f"--sweep {name} is given twice: list all its values in one --sweep")
-        texts = [v.strip() for v in values.split(",") if v.strip()]
-        if not texts:
+        texts = [v.strip() for v in values.split(",")]
+        if not any(texts):
             raise ValueError(f"--sweep {name}= needs at least one value")
+        given = f"--sweep {name}={','.join(texts)}"
+        if not all(texts):  # the user meant a value there: they would get a lane fewer
+            raise ValueError(f"{given} has an empty value: drop the extra comma or give its value")
         parsed = [_parse_value(cfg, name, t) for t in texts]
-        unique = list(dict.fromkeys(parsed))
-        sweeps[name] = tuple(unique)
+        # a repeat (0.1,1e-1; chance,chance+0) would train one lane, not the lanes asked for
+        seen = {}
+        for text, value in zip(texts, parsed, strict=True):
+            key = _same_value(name, value)
+            if key in seen:
+                again = "" if text == seen[key] else f" (as {text})"
+                raise ValueError(f"{given} repeats {seen[key]}{again}: list each value once")
+            seen[key] = text
+        sweeps[name] = tuple(parsed)
     return sweeps
+
+
+def _same_value(name: str, value):
+    """What tells a swept value from another: the value, but a reference's bound
+    (``chance`` and ``chance+0`` are one)."""
+    offset = chance_offset(value) if name == "reference" else None
+    return ("chance", offset) if offset is not None else value
 
 
 def parse_model_hparams(cfg) -> dict[str, dict[str, Any]]:

@@ -159,6 +159,18 @@ CONFIG_CASES = [
         "--sweep epsilon must all lie in [0, 1)",
     ),
     (
+        "--sweep repeating a value",
+        ["--sweep", "epsilon=0.1,1e-1"],
+        "--sweep epsilon=0.1,1e-1 repeats 0.1 (as 1e-1)",
+        "list each value once",
+    ),
+    (
+        "--sweep with an empty value",
+        ["--sweep", "epsilon=0.1,,0.2"],
+        "--sweep epsilon=0.1,,0.2 has an empty value",
+        "drop the extra comma or give its value",
+    ),
+    (
         "--sweep resilience none with explicit slacks",
         ["--sweep", "resilience=none,2", "--resilience", "2", "--resilience-mode", "slack"],
         "none is not allowed with --resilience-mode slack",

@@ -248,9 +248,76 @@ def test_sweep_flag_errors(tmp_path, capsys):
         (["--sweep", "lr=0.1", "--sweep", "lr=0.2"], "--sweep lr is given twice"),
         (["--sweep", "lr=0.1,-1"], "--sweep lr must all be finite numbers > 0, got -1.0"),
         (["--sweep", "gamma_train=inf"], "values must be finite numbers"),
+        # a repeat or an empty value would train fewer lanes than the values given
+        (["--sweep", "epsilon=0.2,0.2"], "--sweep epsilon=0.2,0.2 repeats 0.2: list each"),
+        (["--sweep", "epsilon=0.2, 2e-1"], "epsilon=0.2,2e-1 repeats 0.2 (as 2e-1): list"),
+        (["--sweep", "reference=chance,chance+0"], "repeats chance (as chance+0)"),
+        (["--sweep", "resilience=none,2,None"], "repeats none (as None)"),
+        (["--sweep", "epsilon=0.2,,0.4"], "epsilon=0.2,,0.4 has an empty value: drop the"),
+        (["--sweep", "epsilon=0.2,0.4,"], "epsilon=0.2,0.4, has an empty value"),
     ]:
         assert_one_line_error(toy_main, [*argv, "--out", tmp_path / "o"], capsys, words)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_sweep_spelt_another_way_resumes_and_another_lane_order_does_not(tmp_path, capsys):
+    """A resume compares the lanes ``--sweep`` names, not its spelling (docs/runner.md): a
+    dash or an underscore, ``1e-3`` or ``0.001``, a space after a comma resume the checkpoints
+    of the raw spelling an earlier run saved (its checkpoints/config.json, which still records
+    the flags as given); values in another order put other values in the saved lanes:
+    refused, as is another value."""
+    out = tmp_path / "o"
+    first = toy(["--sweep", "dual-lr=0.001", "--sweep", "epsilon=0.2,0.4"], out)
+    saved = json.loads((out / "checkpoints" / "config.json").read_text())
+    assert saved["sweep"] == ["dual-lr=0.001", "epsilon=0.2,0.4"]  # as given, as before
+    (out / "results.json").unlink()
+    capsys.readouterr()
+    again = toy(["--resume", "--sweep", "dual_lr=1e-3", "--sweep", "epsilon=0.2, 4e-1"], out)
+    assert capsys.readouterr().err.count(": resumed from the checkpoint at step 12") == 2
+    assert [r["label"] for r in again["runs"]] == [r["label"] for r in first["runs"]]
+    assert [r["final_loss"] for r in again["runs"]] == [r["final_loss"] for r in first["runs"]]
+    (out / "results.json").unlink()
+    for sweep, words in [
+        ("epsilon=0.4,0.2", "'epsilon=0.2,0.4'] -> ['dual_lr=0.001', 'epsilon=0.4,0.2']"),
+        ("epsilon=0.2,0.3", "different config (sweep"),
+    ]:
+        argv = ["--sweep", "dual_lr=0.001", "--sweep", sweep, "--out", out]
+        assert_one_line_error(toy_main, argv, capsys, words)
+
+
+def test_the_lanes_a_resume_compares_are_the_parsed_sweeps():
+    """What a resume compares (canonical_sweeps, which checks nothing: a saved config is read
+    as it stands) is what parse_sweeps trains, name by name and value by value."""
+    from cudt.runner.sweep import canonical_sweeps, parse_sweeps
+
+    sweep = ("dual-lr=1e-3", "epsilon=0.2, 0.4", "reference=CHANCE+0.10,none,5e-1")
+    sweep += ("resilience=None,2", "epsilon_schedule=constant, LINEAR:0@4")
+    cfg = ToyTask().config_cls(sweep=sweep)
+    assert canonical_sweeps(cfg.sweep) == tuple(parse_sweeps(cfg).items())
+    assert dict(canonical_sweeps(cfg.sweep))["reference"] == ("chance+0.1", "none", "0.5")
+
+
+def test_a_run_saved_with_a_repeated_sweep_value_is_read_back_and_resumes(tmp_path, capsys):
+    """An earlier cudt trained ``epsilon=0.2,0.2,,2e-1,0.4`` as two lanes (a repeat and an empty
+    item dropped), which parse_sweeps refuses now: its finished run is read back
+    (finished_run) and its checkpoints resume with the two values given once."""
+    from cudt.runner.finished import finished_run
+    from cudt.runner.sweep import parse_sweeps
+
+    out = tmp_path / "o"
+    first = toy(["--sweep", "epsilon=0.2,0.4"], out)
+    for name in ("results.json", "checkpoints/config.json"):
+        record = json.loads((out / name).read_text())
+        (record["config"] if name == "results.json" else record)["sweep"] = [
+            "epsilon=0.2,0.2,,2e-1,0.4"
+        ]
+        (out / name).write_text(json.dumps(record))
+    cfg, _, _ = finished_run(out, ToyTask(), "a test")
+    assert parse_sweeps(cfg) == {"epsilon": (0.2, 0.4)}
+    (out / "results.json").unlink()
+    again = toy(["--resume", "--sweep", "epsilon=0.2,0.4"], out)
+    assert ": resumed from the checkpoint at step 12" in capsys.readouterr().err
+    assert [r["final_loss"] for r in again["runs"]] == [r["final_loss"] for r in first["runs"]]
 
 
 FOUR_DEVICES = textwrap.dedent(

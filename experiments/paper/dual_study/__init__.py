@@ -185,8 +185,8 @@ def _call_fields(setting: Setting, call: Call, opts: StudyConfig) -> dict[str, A
         fields["dual_lr"] = setting.dual_lr[call.dual_optimizer]
     if call.dual_optimizer == "nupi":
         fields["nupi_ema"] = opts.nupi_ema
-        if call.merged_duals:  # K_P = 0: projected SGD's lanes
-            sweep.append(f"nupi_kp={fmt((0.0, opts.nupi_kp))}")
+        if call.merged_duals:  # K_P = 0: projected SGD's lanes (one lane for --nupi-kp 0)
+            sweep.append(f"nupi_kp={fmt(dict.fromkeys((0.0, opts.nupi_kp)))}")
         else:
             fields["nupi_kp"] = opts.nupi_kp
     if call.schedules != ("constant",):
