@@ -383,6 +383,30 @@ def test_tfds_missing_data_fails_fast_and_names_the_fix(tmp_path):
         load_tfds_text("imdb", tmp_path, "train")
 
 
+def test_raw_files_given_to_the_other_reader_name_the_dataset_that_reads_them(tmp_path):
+    """The Stanford aclImdb folder given to --dataset imdb (or a TFDS data folder to aclimdb)
+    names the --dataset that reads it, not a `tfds build` into it; raw MultiNLI files are said
+    not to be read."""
+    base = _write_aclimdb(tmp_path / "raw", n=1)
+    for given in (base, base.parent):
+        with pytest.raises(DataError) as err:
+            load_text_data("imdb", given)
+        assert "is the Stanford aclImdb folder, which --dataset aclimdb reads: pass " in str(
+            err.value
+        ) and f"--dataset aclimdb --data-dir '{given}'" in str(err.value)
+        assert "tfds build" not in str(err.value)
+    (tmp_path / "tfds" / "imdb_reviews" / "plain_text").mkdir(parents=True)
+    with pytest.raises(DataError, match="pass --dataset imdb --data-dir '.*tfds'$"):
+        load_text_data("aclimdb", tmp_path / "tfds")
+    mnli = tmp_path / "multinli_1.0"
+    mnli.mkdir()
+    for name in ("train", "dev_matched", "dev_mismatched"):
+        (mnli / f"multinli_1.0_{name}.jsonl").write_text('{"gold_label": "-"}\n')
+    with pytest.raises(DataError, match=r"holds raw MultiNLI files \(multinli_1\.0_dev_matched"):
+        load_text_data("mnli", mnli)
+    assert sorted(p.name for p in mnli.iterdir())[0] == "multinli_1.0_dev_matched.jsonl"
+
+
 def test_tfds_bad_split_format_and_dataset_name(tfds_dirs, tmp_path):
     with pytest.raises(DataError, match=r"no split 'validation'.*test, train, unsupervised"):
         load_tfds_text("imdb", tfds_dirs["array_record"], "validation")

@@ -97,6 +97,11 @@ def read_aclimdb(
         if root.name in ("neg", "pos", "unsup") and root.parent.name in ("train", "test"):
             deep = root.parent.parent
         hint = f"'{deep}' holds it: pass --data-dir '{deep}'" if deep else _ACLIMDB_HINT
+        if deep is None and (root / "imdb_reviews").is_dir():  # a prepared TFDS data folder
+            hint = (
+                f"'{root}' holds TFDS imdb_reviews, which --dataset imdb reads: pass --dataset "
+                f"imdb --data-dir '{root}'"
+            )
         raise DataError(
             f"no {split}/ folder in '{root}' (expected aclImdb/{split}/{{neg,pos}}): {hint}"
         )

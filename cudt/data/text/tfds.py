@@ -80,6 +80,37 @@ def _prepare_hint(spec: _TfdsSpec, root: Path) -> str:
     )
 
 
+def _raw_files_hint(spec: _TfdsSpec, root: Path) -> str | None:
+    """What to do where ``root`` holds the raw files of the data set rather than a prepared TFDS
+    folder: the Stanford aclImdb folder (read by ``--dataset aclimdb``), or MultiNLI's own
+    ``.jsonl`` / GLUE's ``.tsv`` files (not read: TFDS prepares ``glue/mnli`` from GLUE's copy).
+    ``None`` elsewhere."""
+    if not root.is_dir():
+        return None
+    if spec.name == "imdb_reviews":
+        acl = root / "aclImdb" if (root / "aclImdb").is_dir() else root
+        if (acl / "train" / "neg").is_dir() or (acl / "test" / "neg").is_dir():
+            return (
+                f"'{root}' is the Stanford aclImdb folder, which --dataset aclimdb reads: pass "
+                f"--dataset aclimdb --data-dir '{root}'"
+            )
+    if spec.name == "glue":
+        raw_name = re.compile(r"(multinli_1\.0_)?(train|dev_(mis)?matched)\.(jsonl|tsv|txt)")
+        raw = sorted(
+            p.name
+            for d in (root, root / "multinli_1.0", root / "MNLI")
+            if d.is_dir()
+            for p in d.iterdir()
+            if raw_name.fullmatch(p.name)
+        )
+        if raw:
+            return (
+                f"'{root}' holds raw MultiNLI files ({', '.join(raw[:2])}), which are not read "
+                f"(only a prepared TFDS glue/mnli is): {_prepare_hint(spec, root)}"
+            )
+    return None
+
+
 def _version_key(name: str) -> tuple[int, ...]:
     return tuple(int(p) for p in name.split(".")) if re.fullmatch(r"\d+(\.\d+)*", name) else (-1,)
 
@@ -281,7 +312,7 @@ def _load_tfds(
         raise DataError(
             f"no prepared {spec.name}/{spec.config} in '{root}' (expected "
             f"{root}/{spec.name}/{spec.config}/<version>/dataset_info.json): "
-            f"{_prepare_hint(spec, root)}"
+            f"{_raw_files_hint(spec, root) or _prepare_hint(spec, root)}"
         )
 
     import tensorflow_datasets as tfds
