@@ -32,6 +32,7 @@ __all__ = [
     "RunSpec",
     "canonical_items",
     "canonical_sweeps",
+    "distinct_values",
     "expand_runs",
     "is_given",
     "model_defaults",
@@ -147,20 +148,30 @@ def parse_sweeps(cfg) -> dict[str, tuple]:
         texts = [v.strip() for v in values.split(",")]
         if not any(texts):
             raise ValueError(f"--sweep {name}= needs at least one value")
-        given = f"--sweep {name}={','.join(texts)}"
-        if not all(texts):  # the user meant a value there: they would get a lane fewer
-            raise ValueError(f"{given} has an empty value: drop the extra comma or give its value")
-        parsed = [_parse_value(cfg, name, t) for t in texts]
-        # a repeat (0.1,1e-1; chance,chance+0) would train one lane, not the lanes asked for
-        seen = {}
-        for text, value in zip(texts, parsed, strict=True):
-            key = _same_value(name, value)
-            if key in seen:
-                again = "" if text == seen[key] else f" (as {text})"
-                raise ValueError(f"{given} repeats {seen[key]}{again}: list each value once")
-            seen[key] = text
-        sweeps[name] = tuple(parsed)
+        sweeps[name] = distinct_values(
+            f"--sweep {name}={','.join(texts)}",
+            texts,
+            lambda text, name=name: _parse_value(cfg, name, text),
+            lambda value, name=name: _same_value(name, value),
+        )
     return sweeps
+
+
+def distinct_values(given: str, texts, parse, same=lambda value: value) -> tuple:
+    """The values of lanes ``texts`` (one per comma of ``given``, the flag as written), each
+    read by ``parse``; a ValueError names an empty one (``0.1,,0.2``) or a repeat (``0.1,1e-1``:
+    ``same`` tells values apart), either of which would train a lane fewer than asked for."""
+    if not all(texts):  # the user meant a value there
+        raise ValueError(f"{given} has an empty value: drop the extra comma or give its value")
+    parsed = [parse(text) for text in texts]
+    seen = {}
+    for text, value in zip(texts, parsed, strict=True):
+        key = same(value)
+        if key in seen:
+            again = "" if text == seen[key] else f" (as {text})"
+            raise ValueError(f"{given} repeats {seen[key]}{again}: list each value once")
+        seen[key] = text
+    return tuple(parsed)
 
 
 def _same_value(name: str, value):
