@@ -31,6 +31,7 @@ from cudt.runner.hparams import (
 __all__ = [
     "RunSpec",
     "canonical_items",
+    "canonical_model_hparams",
     "canonical_sweeps",
     "distinct_values",
     "expand_runs",
@@ -115,6 +116,23 @@ def canonical_sweeps(items) -> tuple[tuple[str, tuple], ...]:
         texts = [v.strip() for v in values.split(",") if v.strip()]
         out.append((name, tuple(dict.fromkeys(_canonical_value(name, t) for t in texts))))
     return tuple(out)
+
+
+def canonical_model_hparams(items) -> dict[str, dict[str, Any]]:
+    """The values ``--model-hparams`` items give (``("ut:epsilon=5e-2, dual-lr=100",)``),
+    however spelt: ``{model: {name: value}}``, names with underscores, values as
+    :func:`parse_model_hparams` reads them, in any order (a table: no lanes). What a resume
+    compares (:func:`cudt.runner.output.open_output`'s ``canonical``); checks nothing."""
+    table: dict[str, dict[str, Any]] = {}
+    for item in items:
+        model, _, rest = str(item).partition(":")
+        values = table.setdefault(model.strip(), {})
+        for pair in (p.strip() for p in rest.split(",")):
+            name, _, text = pair.partition("=")
+            name = name.strip().replace("-", "_")
+            if pair:
+                values[name] = _canonical_value(name, text.strip())
+    return table
 
 
 def canonical_items(items) -> tuple[str, ...]:
