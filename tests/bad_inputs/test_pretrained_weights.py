@@ -123,6 +123,26 @@ def _two_layers(folder: Path, marker: Path) -> Path:
     return folder
 
 
+def _sharded(folder: Path, marker: Path, edit=None, also: str | None = None) -> Path:
+    """The folder's weights in two shards and their index (``edit``: the index's text, changed;
+    ``also``: a tensor of the first shard written in the second too)."""
+    bert_folder(folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {"model-1.safetensors": names[: len(names) // 2]}
+    shards["model-2.safetensors"] = names[len(names) // 2 :]
+    index = {"weight_map": {k: shard for shard, held in shards.items() for k in held}}
+    for shard, held in shards.items():
+        save_file({k: tensors[k] for k in {*held, *([also] if also else [])}}, str(folder / shard))
+    text = json.dumps(index | {"metadata": {}}) if edit is None else edit(json.dumps(index))
+    (folder / "model.safetensors.index.json").write_text(text)
+    return folder
+
+
+QUERY = "encoder.layer.0.attention.self.query.weight"
+
+
 WEIGHT_CASES = [
     # (case, build the model folder, problem, fix)
     ("model folder missing", lambda f, m: f, "does not exist", "pass a folder holding config.json"),
@@ -200,6 +220,24 @@ WEIGHT_CASES = [
         _pickle_named_safetensors,
         "model.safetensors is a pickle (torch.save) file, not safetensors",
         "convert to safetensors",
+    ),
+    (
+        "shard outside the model folder",
+        lambda f, m: _sharded(f, m, lambda t: t.replace('"model-2.', '"../model-2.')),
+        "model.safetensors.index.json lists shard '../model-2.safetensors', outside ",
+        "re-export the model (its index names each shard by its file name in the folder)",
+    ),
+    (
+        "tensor listed twice in the shard index",
+        lambda f, m: _sharded(f, m, lambda t: t[:-2] + f', "{QUERY}": "model-2.safetensors"}}}}'),
+        f"model.safetensors.index.json lists tensor '{QUERY}' twice in its weight_map",
+        "re-export the model",
+    ),
+    (
+        "tensor in two shards",
+        lambda f, m: _sharded(f, m, also=QUERY),
+        f"tensor '{QUERY}' is in two shards of ",
+        "re-export the model (each tensor in one shard)",
     ),
     (
         "truncated safetensors",
