@@ -215,6 +215,32 @@ def model_folder(path: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     return folder, config_file
 
 
+#: the safetensors dtypes read as numpy arrays: an fp8 (F8_E4M3, F8_E5M2), fp6 or fp4 tensor is
+#: a quantized checkpoint's, which numpy cannot hold (it failed as "corrupt or truncated")
+READ_DTYPES = ("BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64")
+READ_DTYPES += ("F16", "BF16", "F32", "F64")
+
+
+def _refuse_unread_dtypes(file: pathlib.Path, header: int) -> None:
+    """Refuse a tensor of a dtype not in :data:`READ_DTYPES`, read from the file's JSON header
+    (``header`` bytes after the first 8); a header that does not parse is left to the reader
+    (corrupt or truncated)."""
+    try:
+        with open(file, "rb") as fh:
+            fh.seek(8)
+            entries = json.loads(fh.read(header).decode("utf-8"))
+        dtypes = {k: v["dtype"] for k, v in entries.items() if k != "__metadata__"}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return
+    name, dtype = next(((k, d) for k, d in dtypes.items() if d not in READ_DTYPES), (None, None))
+    if name is not None:
+        raise ModelFolderError(
+            f"tensor {name!r} in {file} has dtype {dtype}, which is not supported: quantized "
+            "(fp8) checkpoints are not loaded; pass the unquantized (float16, bfloat16 or "
+            "float32) model folder"
+        )
+
+
 def read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
     """The tensors of one safetensors file; a pickle under that name is refused, unopened."""
     import safetensors
@@ -243,6 +269,8 @@ def read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
             "safe_serialization=True) in a trusted environment)"
         )
 
+    if shaped:
+        _refuse_unread_dtypes(file, header)
     try:
         try:
             return safetensors.numpy.load_file(str(file))

@@ -8,6 +8,7 @@ import json
 import pickle
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 from helpers import BERT_BLOCK, random_blocks
 from refusals import check, entry_cli, over_cases, refused, tree
@@ -111,6 +112,17 @@ def _int8_weights(folder: Path, marker: Path) -> Path:
     return folder
 
 
+def _fp8_weights(folder: Path, marker: Path) -> Path:
+    """An fp8 (F8_E4M3) query weight, config.json without quantization_config: refused as
+    "corrupt or truncated" (numpy cannot hold it), though the file is whole."""
+    bert_folder(folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    key = "encoder.layer.0.attention.self.query.weight"
+    tensors[key] = tensors[key].astype(ml_dtypes.float8_e4m3fn)
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
 def _two_layers(folder: Path, marker: Path) -> Path:
     """Two layers of weights, config.json's num_hidden_layers 1: it loaded as a 1-layer model."""
     bert_folder(folder)
@@ -208,6 +220,13 @@ WEIGHT_CASES = [
         _int8_weights,
         "'encoder.layer.0.attention.self.query.weight' has dtype int8, not a floating point weight",
         "pass the unquantized (float16, bfloat16 or float32) model",
+    ),
+    (
+        "fp8 weights",
+        _fp8_weights,
+        "tensor 'encoder.layer.0.attention.self.query.weight' in ",
+        "model.safetensors has dtype F8_E4M3, which is not supported: quantized (fp8) checkpoints are not loaded; "
+        "pass the unquantized (float16, bfloat16 or float32) model folder",
     ),
     (
         "pickle checkpoint instead of safetensors",
