@@ -215,6 +215,32 @@ def model_folder(path: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     return folder, config_file
 
 
+#: the safetensors dtypes read as numpy arrays: an fp8 (F8_E4M3, F8_E5M2), fp6 or fp4 tensor is
+#: a quantized checkpoint's, which numpy cannot hold (it failed as "corrupt or truncated")
+READ_DTYPES = ("BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64")
+READ_DTYPES += ("F16", "BF16", "F32", "F64")
+
+
+def _refuse_unread_dtypes(file: pathlib.Path, header: int) -> None:
+    """Refuse a tensor of a dtype not in :data:`READ_DTYPES`, read from the file's JSON header
+    (``header`` bytes after the first 8); a header that does not parse is left to the reader
+    (corrupt or truncated)."""
+    try:
+        with open(file, "rb") as fh:
+            fh.seek(8)
+            entries = json.loads(fh.read(header).decode("utf-8"))
+        dtypes = {k: v["dtype"] for k, v in entries.items() if k != "__metadata__"}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return
+    name, dtype = next(((k, d) for k, d in dtypes.items() if d not in READ_DTYPES), (None, None))
+    if name is not None:
+        raise ModelFolderError(
+            f"tensor {name!r} in {file} has dtype {dtype}, which is not supported: quantized "
+            "(fp8) checkpoints are not loaded; pass the unquantized (float16, bfloat16 or "
+            "float32) model folder"
+        )
+
+
 def read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
     """The tensors of one safetensors file; a pickle under that name is refused, unopened."""
     import safetensors
@@ -243,6 +269,8 @@ def read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
             "safe_serialization=True) in a trusted environment)"
         )
 
+    if shaped:
+        _refuse_unread_dtypes(file, header)
     try:
         try:
             return safetensors.numpy.load_file(str(file))
@@ -258,6 +286,42 @@ def read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
         ) from err
 
 
+def _weight_map(index: pathlib.Path) -> dict[str, str]:
+    """The ``weight_map`` of a sharded export's index (tensor name -> shard file), refused when
+    malformed, when it lists a tensor twice (JSON keeps the last silently) or names a shard
+    outside its folder (an absolute path or ``..``: a file the folder does not hold)."""
+    twice: dict[int, str] = {}  # id of a JSON object -> a key it holds twice
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj: dict[str, Any] = {}
+        for key, value in items:
+            if key in obj:
+                twice.setdefault(id(obj), key)
+            obj[key] = value
+        return obj
+
+    try:
+        raw = json.loads(index.read_text(encoding="utf-8"), object_pairs_hook=pairs)
+        weight_map = raw["weight_map"]
+        if not all(isinstance(name, str) for name in weight_map.values()):
+            raise TypeError("its weight_map values must be file names")
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError, TypeError) as err:
+        raise ModelFolderError(f"{index} is malformed ({err}); re-export the model") from err
+    if id(weight_map) in twice:  # JSON keeps the last: one shard's copy would be dropped
+        raise ModelFolderError(
+            f"{index} lists tensor {twice[id(weight_map)]!r} twice in its weight_map: "
+            "re-export the model"
+        )
+    for shard in weight_map.values():
+        path = pathlib.PurePath(shard)
+        if path.is_absolute() or ".." in path.parts:
+            raise ModelFolderError(
+                f"{index} lists shard {shard!r}, outside {index.parent}: re-export the model "
+                "(its index names each shard by its file name in the folder)"
+            )
+    return weight_map
+
+
 def load_tensors(folder: pathlib.Path) -> tuple[dict[str, np.ndarray], pathlib.Path]:
     """``(tensors, source)`` of a folder's ``model.safetensors`` or sharded index; a folder with
     only pickle checkpoints is refused by their names (never opened)."""
@@ -266,28 +330,20 @@ def load_tensors(folder: pathlib.Path) -> tuple[dict[str, np.ndarray], pathlib.P
         return read_safetensors(single), single
     index = folder / SAFETENSORS_INDEX
     if index.is_file():
-        # Sharded export: the index maps tensor name -> shard file.
-        try:
-            shards = sorted(
-                set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-            )
-            if not all(isinstance(name, str) for name in shards):
-                raise TypeError("its weight_map values must be file names")
-        except (
-            json.JSONDecodeError,
-            UnicodeDecodeError,
-            KeyError,
-            AttributeError,
-            TypeError,
-        ) as err:
-            raise ModelFolderError(f"{index} is malformed ({err}); re-export the model") from err
         tensors: dict[str, np.ndarray] = {}
-        for shard in shards:
+        found_in: dict[str, str] = {}
+        for shard in sorted(set(_weight_map(index).values())):
             if not (folder / shard).is_file():
                 raise ModelFolderError(
                     f"shard {shard} listed in {index.name} is missing from {folder}"
                 )
-            tensors.update(read_safetensors(folder / shard))
+            for name, array in read_safetensors(folder / shard).items():
+                if name in found_in:  # one would be dropped: which is these weights is unknown
+                    raise ModelFolderError(
+                        f"tensor {name!r} is in two shards of {folder} ({found_in[name]} and "
+                        f"{shard}): re-export the model (each tensor in one shard)"
+                    )
+                found_in[name], tensors[name] = shard, array
         return tensors, index
     pickles = sorted({p.name for pat in PICKLE_PATTERNS for p in folder.glob(pat)})
     if pickles:

@@ -20,6 +20,7 @@ from typing import Any, NoReturn, TypeVar
 
 from cudt.errors import CudtError
 from cudt.runner.run import run
+from cudt.runner.sweep import distinct_values
 
 __all__ = ["OneLineParser", "config_from_args", "given_on_command_line", "run_cli", "without_flag"]
 
@@ -49,7 +50,9 @@ def _unwrap_optional(tp):
     return tp, False
 
 
-def _parser_for(tp, name: str) -> Callable[[str], Any]:
+def _parser_for(tp, name: str, lanes: bool = False) -> Callable[[str], Any]:
+    """``lanes``: a tuple whose values are lanes (``--tune-epsilon``), refused with an empty
+    value or a repeat as ``--sweep`` is (:func:`cudt.runner.sweep.distinct_values`)."""
     tp, optional = _unwrap_optional(tp)
     origin = typing.get_origin(tp)
     if origin is tuple:
@@ -57,10 +60,15 @@ def _parser_for(tp, name: str) -> Callable[[str], Any]:
         elem_parse = _parser_for(elem, name)
 
         def parse_tuple(text: str):
-            items = [t.strip() for t in text.split(",") if t.strip()]
-            if not items:
+            items = [t.strip() for t in text.split(",")]
+            if not any(items):
                 raise argparse.ArgumentTypeError("needs at least one comma-separated value")
-            return tuple(elem_parse(t) for t in items)
+            if not lanes:
+                return tuple(elem_parse(t) for t in items if t)
+            try:
+                return distinct_values(",".join(items), items, elem_parse)
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
 
         return parse_tuple
     if origin is typing.Literal:
@@ -140,7 +148,7 @@ def build_parser(
         parser.add_argument(
             flag,
             dest=f.name,
-            type=_parser_for(tp, f.name.replace("_", "-")),
+            type=_parser_for(tp, f.name.replace("_", "-"), lanes=f.name in _TUNED_BY.values()),
             default=default if defaults else argparse.SUPPRESS,
             help=help_text
             if _states_default(help_text, default)

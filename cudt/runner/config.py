@@ -27,7 +27,12 @@ from cudt.runner.hparams import (
     is_reference,
     parse_epsilon_schedule,
 )
-from cudt.runner.sweep import canonical_sweeps, parse_model_hparams, parse_sweeps
+from cudt.runner.sweep import (
+    canonical_model_hparams,
+    canonical_sweeps,
+    parse_model_hparams,
+    parse_sweeps,
+)
 
 __all__ = [
     "CONSTRAINT_KINDS",
@@ -150,6 +155,7 @@ class RunConfig:
         "of --sweep), e.g. ut:epsilon=0.05,dual_lr=100; they replace the flags' defaults for "
         "that model's runs, while a flag set to another value or a --sweep wins",
         repeat=True,
+        canonical=canonical_model_hparams,
     )
     tune_epsilon: tuple[float, ...] = flag(
         (),

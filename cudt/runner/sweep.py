@@ -31,7 +31,9 @@ from cudt.runner.hparams import (
 __all__ = [
     "RunSpec",
     "canonical_items",
+    "canonical_model_hparams",
     "canonical_sweeps",
+    "distinct_values",
     "expand_runs",
     "is_given",
     "model_defaults",
@@ -116,6 +118,23 @@ def canonical_sweeps(items) -> tuple[tuple[str, tuple], ...]:
     return tuple(out)
 
 
+def canonical_model_hparams(items) -> dict[str, dict[str, Any]]:
+    """The values ``--model-hparams`` items give (``("ut:epsilon=5e-2, dual-lr=100",)``),
+    however spelt: ``{model: {name: value}}``, names with underscores, values as
+    :func:`parse_model_hparams` reads them, in any order (a table: no lanes). What a resume
+    compares (:func:`cudt.runner.output.open_output`'s ``canonical``); checks nothing."""
+    table: dict[str, dict[str, Any]] = {}
+    for item in items:
+        model, _, rest = str(item).partition(":")
+        values = table.setdefault(model.strip(), {})
+        for pair in (p.strip() for p in rest.split(",")):
+            name, _, text = pair.partition("=")
+            name = name.strip().replace("-", "_")
+            if pair:
+                values[name] = _canonical_value(name, text.strip())
+    return table
+
+
 def canonical_items(items) -> tuple[str, ...]:
     """``--sweep`` items spelt as :func:`canonical_sweeps` reads them (``("dual_lr=0.001",
     "epsilon=0.1,0.2")``): the same lanes, each value once, so a saved config from before
@@ -147,20 +166,30 @@ def parse_sweeps(cfg) -> dict[str, tuple]:
         texts = [v.strip() for v in values.split(",")]
         if not any(texts):
             raise ValueError(f"--sweep {name}= needs at least one value")
-        given = f"--sweep {name}={','.join(texts)}"
-        if not all(texts):  # the user meant a value there: they would get a lane fewer
-            raise ValueError(f"{given} has an empty value: drop the extra comma or give its value")
-        parsed = [_parse_value(cfg, name, t) for t in texts]
-        # a repeat (0.1,1e-1; chance,chance+0) would train one lane, not the lanes asked for
-        seen = {}
-        for text, value in zip(texts, parsed, strict=True):
-            key = _same_value(name, value)
-            if key in seen:
-                again = "" if text == seen[key] else f" (as {text})"
-                raise ValueError(f"{given} repeats {seen[key]}{again}: list each value once")
-            seen[key] = text
-        sweeps[name] = tuple(parsed)
+        sweeps[name] = distinct_values(
+            f"--sweep {name}={','.join(texts)}",
+            texts,
+            lambda text, name=name: _parse_value(cfg, name, text),
+            lambda value, name=name: _same_value(name, value),
+        )
     return sweeps
+
+
+def distinct_values(given: str, texts, parse, same=lambda value: value) -> tuple:
+    """The values of lanes ``texts`` (one per comma of ``given``, the flag as written), each
+    read by ``parse``; a ValueError names an empty one (``0.1,,0.2``) or a repeat (``0.1,1e-1``:
+    ``same`` tells values apart), either of which would train a lane fewer than asked for."""
+    if not all(texts):  # the user meant a value there
+        raise ValueError(f"{given} has an empty value: drop the extra comma or give its value")
+    parsed = [parse(text) for text in texts]
+    seen = {}
+    for text, value in zip(texts, parsed, strict=True):
+        key = same(value)
+        if key in seen:
+            again = "" if text == seen[key] else f" (as {text})"
+            raise ValueError(f"{given} repeats {seen[key]}{again}: list each value once")
+        seen[key] = text
+    return tuple(parsed)
 
 
 def _same_value(name: str, value):

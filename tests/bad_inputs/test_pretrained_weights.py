@@ -8,6 +8,7 @@ import json
 import pickle
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 from helpers import BERT_BLOCK, random_blocks
 from refusals import check, entry_cli, over_cases, refused, tree
@@ -111,6 +112,17 @@ def _int8_weights(folder: Path, marker: Path) -> Path:
     return folder
 
 
+def _fp8_weights(folder: Path, marker: Path) -> Path:
+    """An fp8 (F8_E4M3) query weight, config.json without quantization_config: refused as
+    "corrupt or truncated" (numpy cannot hold it), though the file is whole."""
+    bert_folder(folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    key = "encoder.layer.0.attention.self.query.weight"
+    tensors[key] = tensors[key].astype(ml_dtypes.float8_e4m3fn)
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
 def _two_layers(folder: Path, marker: Path) -> Path:
     """Two layers of weights, config.json's num_hidden_layers 1: it loaded as a 1-layer model."""
     bert_folder(folder)
@@ -121,6 +133,26 @@ def _two_layers(folder: Path, marker: Path) -> Path:
     }
     save_file(tensors | second, str(folder / "model.safetensors"))
     return folder
+
+
+def _sharded(folder: Path, marker: Path, edit=None, also: str | None = None) -> Path:
+    """The folder's weights in two shards and their index (``edit``: the index's text, changed;
+    ``also``: a tensor of the first shard written in the second too)."""
+    bert_folder(folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {"model-1.safetensors": names[: len(names) // 2]}
+    shards["model-2.safetensors"] = names[len(names) // 2 :]
+    index = {"weight_map": {k: shard for shard, held in shards.items() for k in held}}
+    for shard, held in shards.items():
+        save_file({k: tensors[k] for k in {*held, *([also] if also else [])}}, str(folder / shard))
+    text = json.dumps(index | {"metadata": {}}) if edit is None else edit(json.dumps(index))
+    (folder / "model.safetensors.index.json").write_text(text)
+    return folder
+
+
+QUERY = "encoder.layer.0.attention.self.query.weight"
 
 
 WEIGHT_CASES = [
@@ -190,6 +222,13 @@ WEIGHT_CASES = [
         "pass the unquantized (float16, bfloat16 or float32) model",
     ),
     (
+        "fp8 weights",
+        _fp8_weights,
+        "tensor 'encoder.layer.0.attention.self.query.weight' in ",
+        "model.safetensors has dtype F8_E4M3, which is not supported: quantized (fp8) checkpoints are not loaded; "
+        "pass the unquantized (float16, bfloat16 or float32) model folder",
+    ),
+    (
         "pickle checkpoint instead of safetensors",
         _pickle_only,
         "only pytorch_model.bin: pickle checkpoints are not loaded (unsafe)",
@@ -200,6 +239,24 @@ WEIGHT_CASES = [
         _pickle_named_safetensors,
         "model.safetensors is a pickle (torch.save) file, not safetensors",
         "convert to safetensors",
+    ),
+    (
+        "shard outside the model folder",
+        lambda f, m: _sharded(f, m, lambda t: t.replace('"model-2.', '"../model-2.')),
+        "model.safetensors.index.json lists shard '../model-2.safetensors', outside ",
+        "re-export the model (its index names each shard by its file name in the folder)",
+    ),
+    (
+        "tensor listed twice in the shard index",
+        lambda f, m: _sharded(f, m, lambda t: t[:-2] + f', "{QUERY}": "model-2.safetensors"}}}}'),
+        f"model.safetensors.index.json lists tensor '{QUERY}' twice in its weight_map",
+        "re-export the model",
+    ),
+    (
+        "tensor in two shards",
+        lambda f, m: _sharded(f, m, also=QUERY),
+        f"tensor '{QUERY}' is in two shards of ",
+        "re-export the model (each tensor in one shard)",
     ),
     (
         "truncated safetensors",

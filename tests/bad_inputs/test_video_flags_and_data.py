@@ -171,6 +171,18 @@ CONFIG_CASES = [
         "drop the extra comma or give its value",
     ),
     (
+        "--tune-epsilon repeating a value",
+        ["--tune-epsilon", "0.1,1e-1"],
+        "argument --tune-epsilon: 0.1,1e-1 repeats 0.1 (as 1e-1)",
+        "list each value once",
+    ),
+    (
+        "--tune-lr with an empty value",
+        ["--tune-lr", "1,,2"],
+        "argument --tune-lr: 1,,2 has an empty value",
+        "drop the extra comma or give its value",
+    ),
+    (
         "--sweep resilience none with explicit slacks",
         ["--sweep", "resilience=none,2", "--resilience", "2", "--resilience-mode", "slack"],
         "none is not allowed with --resilience-mode slack",

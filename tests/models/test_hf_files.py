@@ -45,3 +45,18 @@ def test_a_config_that_is_not_utf8_is_one_error_naming_it(tmp_path):
     path.write_text(json.dumps({"model_type": "bert"}), encoding="utf-16")
     with pytest.raises(ModelFolderError, match="config.json is not valid JSON"):
         read_json(path)
+
+
+def test_a_shard_index_naming_a_file_outside_the_folder_is_refused_unread(tmp_path):
+    """A shard named by an absolute path (or ``..``) is a file the model folder does not
+    hold: refused, not read; the same index naming the shard by its file name loads."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    safetensors.numpy.save_file({"w": np.ones(2, np.float32)}, str(tmp_path / "w.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"w": str(tmp_path / "w.safetensors")}}))
+    with pytest.raises(ModelFolderError, match="lists shard '/.*', outside .*: re-export"):
+        load_tensors(folder)
+    (tmp_path / "w.safetensors").rename(folder / "w.safetensors")
+    index.write_text(json.dumps({"weight_map": {"w": "w.safetensors"}}))
+    np.testing.assert_array_equal(load_tensors(folder)[0]["w"], [1.0, 1.0])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, toy
+from helpers import assert_one_line_error, toy, toy_main
 
 from cudt.runner.cli import config_from_args
-from cudt.runner.sweep import model_defaults
+from cudt.runner.sweep import canonical_model_hparams, model_defaults, parse_model_hparams
 from cudt.tasks.video import VideoConfig, VideoTask
 
 
@@ -103,3 +105,36 @@ def test_the_penalty_formulation_tunes_no_dual_rate():
     for model in ("ut", "dust"):
         assert (model, True, 0) in specs and (model, True, 1) not in specs
     assert [h["dual_lr"] for h in (specs["ut", True, 0],)] == [VideoConfig().dual_lr]
+
+
+def test_model_hparams_spelt_another_way_resume_and_another_value_does_not(tmp_path, capsys):
+    """A resume compares the values --model-hparams gives, not their spelling (docs/runner.md):
+    ``5e-2`` or ``0.05``, a dash or an underscore, a space, another order of the names resume
+    the checkpoints of the raw spelling a run saved (checkpoints/config.json still records the
+    flag as given, as before); another value is refused."""
+    out = tmp_path / "o"
+    first = toy(["--seeds", "1", "--model-hparams", "toy:epsilon=0.05,dual_lr=0.5"], out)
+    saved = json.loads((out / "checkpoints" / "config.json").read_text())
+    assert saved["model_hparams"] == ["toy:epsilon=0.05,dual_lr=0.5"]  # as given, as before
+    (out / "results.json").unlink()
+    capsys.readouterr()
+    argv = ["--seeds", "1", "--resume", "--model-hparams", "toy: dual-lr=5e-1, epsilon=5e-2"]
+    again = toy(argv, out)
+    assert ": resumed from the checkpoint at step" in capsys.readouterr().err
+    assert [r["final_loss"] for r in again["runs"]] == [r["final_loss"] for r in first["runs"]]
+    (out / "results.json").unlink()
+    argv = ["--seeds", "1", "--model-hparams", "toy:epsilon=0.06,dual_lr=0.5", "--out", out]
+    assert_one_line_error(toy_main, argv, capsys, "different config (model_hparams")
+
+
+def test_the_values_a_resume_compares_are_the_parsed_model_hparams():
+    """What a resume compares (canonical_model_hparams, which checks nothing) is what
+    parse_model_hparams trains, model by model and value by value."""
+    items = ("ut:epsilon=5e-2, dual-lr=100,reference=CHANCE+0.10", "dust:resilience=None")
+    cfg, _ = config_from_args(VideoConfig, [a for i in items for a in ("--model-hparams", i)], "")
+    assert canonical_model_hparams(cfg.model_hparams) == parse_model_hparams(cfg)
+    assert canonical_model_hparams(items)["ut"] == {
+        "epsilon": 0.05,
+        "dual_lr": 100.0,
+        "reference": "chance+0.1",
+    }
