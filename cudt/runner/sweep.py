@@ -225,6 +225,8 @@ def parse_model_hparams(cfg) -> dict[str, dict[str, Any]]:
             name = name.strip().replace("-", "_")
             if not eq or not name or not text.strip():
                 raise ValueError(f"--model-hparams {model}: {pair!r} must be NAME=VALUE")
+            if name in values:  # the later value won, the earlier one lost without a word
+                raise ValueError(f"--model-hparams {model}: {name} is given twice: give it once")
             if name not in SWEEPABLE:
                 raise ValueError(
                     f"--model-hparams {model}: {name} is not a per-run hyperparameter: choose "

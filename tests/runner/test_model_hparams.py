@@ -72,6 +72,8 @@ def test_erm_runs_are_judged_by_their_models_epsilon(tmp_path):
         (["--model-hparams", "ut:depth=3"], "depth is not a per-run hyperparameter"),
         (["--model-hparams", "ut:epsilon=2"], "--model-hparams ut: epsilon"),
         (["--model-hparams", "ut:lr=1", "--model-hparams", "ut:lr=2"], "ut is given twice"),
+        # the later value won, the earlier was lost without a word
+        (["--model-hparams", "ut:epsilon=0.05,epsilon=0.1"], "ut: epsilon is given twice"),
     ],
 )
 def test_bad_model_hparams_fail_with_one_line(argv, words, capsys):
