@@ -126,6 +126,8 @@ def lagrangian(
                 "its multipliers",
                 "build them with init (or cudt.init_multipliers) from the same problem",
             )
+            if _is_free(multipliers[n]) != (c.kind == "eq"):
+                raise ValueError(_sign_error(n, c.kind))
         values = {n: c.value for n, c in cons.items()}
         lam = {
             # out-of-table ids refused when concrete, NaN when traced, as the step reads them
@@ -153,6 +155,20 @@ def lagrangian(
     return ConstrainedLoss(
         loss, _dual_transformation(dual, dual_radius, formulation, num_indexed), init
     )
+
+
+def _sign_error(name, kind) -> str:
+    """The error for a multiplier whose :class:`cudt.FreeSign` wrapping is not its constraint's
+    kind: the dual update reads the sign rule from the wrapping, so a bare equality multiplier
+    was projected to λ ≥ 0 (its constraint left unmet) and a wrapped inequality's went negative."""
+    if kind == "eq":
+        what = f"constraint {name!r} is an equality but its multipliers are not cudt.FreeSign"
+        return what + ", so the dual update would hold them >= 0: " + _BUILD
+    what = f"constraint {name!r} is an inequality but its multipliers are a cudt.FreeSign"
+    return what + ", so the dual update would let them go below 0: " + _BUILD
+
+
+_BUILD = "build them with init (or cudt.init_multipliers) from the same problem"
 
 
 def _checked(formulation, dual, dual_radius):

@@ -262,3 +262,22 @@ def test_the_drop_in_lagrangian_refuses_multipliers_of_another_shape():
         with pytest.raises(ValueError, match="its multipliers have shape .* build them with init"):
             lag.loss(W3, {"c": lam}, None)
     lag.loss(W3, lag.init(W3, None), None)
+
+
+def test_the_drop_in_lagrangian_refuses_multipliers_whose_sign_is_not_their_kind():
+    """The dual update takes its sign rule from cudt.FreeSign: a bare equality multiplier (built
+    by hand) was projected to 0, its constraint p = 3 left at p = 2 without a word."""
+
+    def problem(p, batch, key):
+        return jnp.sum((p - 2.0) ** 2), {
+            "bal": cudt.Constraint(p[0] - 3.0, kind="eq"),
+            "cap": cudt.Constraint(p[1] - 5.0),
+        }
+
+    lag, p = cudt.lagrangian(problem, cudt.dual_ascent(0.5)), jnp.zeros(2)
+    good = lag.init(p, None)
+    with pytest.raises(ValueError, match="'bal' is an equality .* not cudt.FreeSign"):
+        lag.loss(p, good | {"bal": jnp.zeros(())}, None)
+    with pytest.raises(ValueError, match="'cap' is an inequality .* a cudt.FreeSign"):
+        jax.grad(lambda m: lag.loss(p, m, None)[0])(good | {"cap": cudt.FreeSign(jnp.zeros(()))})
+    lag.loss(p, good, None)
