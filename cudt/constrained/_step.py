@@ -310,6 +310,12 @@ def _multiplier_rows(spec: _Spec, multipliers, cons):
     out = _rows_of({n: m for n, m in multipliers.items() if n not in spec.implicit}, cons)
     for n, model in spec.implicit.items():
         c = cons[n]
+        if jnp.ndim(c.value) == 0:  # φ's gradient is a mean over the batch's rows
+            raise ValueError(
+                f"implicit multipliers of {n!r}: its constraint is one value (shape ()), where "
+                "a model of the example needs one value per example [B, ...]: return the "
+                "batch's values with their features, or drop it from implicit= (a table of one)"
+            )
         out[n] = implicit_rows(model, multipliers[n], _features(cons, n), c.kind, spec.dual_radius)
         if out[n].shape != c.value.shape:  # static: checked once, while the step is traced
             raise ValueError(

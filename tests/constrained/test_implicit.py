@@ -295,6 +295,18 @@ def test_refusals():
     with pytest.raises(ValueError, match=r"'rows': the model's apply returns shape \(\d+,\)"):
         step(init(PARAMS, _batch(0)), _batch(0), jax.random.key(0))
 
+    # one value (shape ()) has no rows to average φ's gradient over: it failed with an
+    # IndexError (tuple index out of range) deep in the ascent (found by review)
+    def one_value(p, b, k):
+        return jnp.sum(p**2), {"c": cudt.Constraint(1.0 - p[0], features=jnp.ones(3))}
+
+    scalar = cudt.implicit(lambda phi, f: f @ phi, np.zeros(3, np.float32))
+    init, step = cudt.make_constrained_step(
+        one_value, optax.sgd(0.1), cudt.dual_ascent(0.1), implicit={"c": scalar}
+    )
+    with pytest.raises(ValueError, match=r"'c': its constraint is one value \(shape \(\)\)"):
+        step(init(jnp.zeros(2)), None, jax.random.key(0))
+
 
 # -- the descent problem: memory flat in N --------------------------------------------------------
 
