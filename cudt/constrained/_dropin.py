@@ -218,6 +218,26 @@ def _call(problem, has_aux, num_indexed, params, batch, key):
     return out
 
 
+def _check_dual_inputs(grads, state, multipliers):
+    """One ``ValueError`` for a dual state without a constraint's entry (was a ``KeyError``) or
+    a gradient of another shape than its multipliers: a scalar (``aux["constraints"]``'s mean
+    of a vector constraint) broadcast to every multiplier and trained them as one."""
+    missing = sorted(set(multipliers) - set(state))
+    if missing:
+        raise ValueError(
+            f"the dual state has no entry for constraints {missing}: build it with "
+            "lag.dual.init(multipliers) from these multipliers"
+        )
+    for n, m in multipliers.items():
+        got, want = jnp.shape(_unwrap(grads[n])), jnp.shape(_unwrap(m))
+        if got != want:
+            raise ValueError(
+                f"the dual update's gradient for constraint {n!r} has shape {got}, where its "
+                f"multipliers have shape {want}: pass the gradient of lag.loss with respect to "
+                'the multipliers (not aux["constraints"], their means)'
+            )
+
+
 def _dual_transformation(dual, dual_radius, formulation, num_indexed):
     """``lag.dual``: the caller's ``dual`` applied per constraint with the step's own ascent
     (``_ascend_one``), reading and writing only the batch's rows of an indexed table."""
@@ -236,6 +256,7 @@ def _dual_transformation(dual, dual_radius, formulation, num_indexed):
                 f"the dual update got no gradient for constraints {missing}: pass the gradient "
                 "of lag.loss with respect to all the multipliers (one entry per constraint)"
             )
+        _check_dual_inputs(grads, state, params)
         updates, new_state = {}, {}
         for n, m in params.items():
             lam, d, eq = _unwrap(m), _unwrap(grads[n]), _is_free(m)

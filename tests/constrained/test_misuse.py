@@ -281,3 +281,22 @@ def test_the_drop_in_lagrangian_refuses_multipliers_whose_sign_is_not_their_kind
     with pytest.raises(ValueError, match="'cap' is an inequality .* a cudt.FreeSign"):
         jax.grad(lambda m: lag.loss(p, m, None)[0])(good | {"cap": cudt.FreeSign(jnp.zeros(()))})
     lag.loss(p, good, None)
+
+
+def test_the_drop_in_dual_update_refuses_a_gradient_of_another_shape_and_a_partial_state():
+    """aux["constraints"] (each constraint's mean) passed as the dual gradient of a vector
+    constraint broadcast one value to every multiplier: two bounds p ≤ [1, 2] trained as one
+    and ended at p = [0.77, 0.77], λ = [0.38, 0.38] (KKT: p = [1, 2], λ = [1, 1])."""
+
+    def problem(p, batch, key):
+        return -jnp.sum(p), {"cap": cudt.Constraint(p - jnp.array([1.0, 2.0]))}
+
+    lag, p = cudt.lagrangian(problem, cudt.dual_ascent(0.1)), jnp.zeros(2)
+    mult = lag.init(p, None)
+    state = lag.dual.init(mult)
+    (_, aux), (_, dual_grads) = jax.value_and_grad(lag.loss, (0, 1), True)(p, mult, None)
+    with pytest.raises(ValueError, match=r"gradient for constraint 'cap' has shape \(\), where"):
+        lag.dual.update(aux["constraints"], state, mult)
+    with pytest.raises(ValueError, match=r"dual state has no entry for constraints \['cap'\]"):
+        lag.dual.update(dual_grads, {}, mult)  # was a KeyError
+    lag.dual.update(dual_grads, state, mult)
