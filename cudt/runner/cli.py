@@ -64,7 +64,11 @@ def _parser_for(tp, name: str, lanes: bool = False) -> Callable[[str], Any]:
             if not any(items):
                 raise argparse.ArgumentTypeError("needs at least one comma-separated value")
             if not lanes:
-                return tuple(elem_parse(t) for t in items if t)
+                if not all(items):  # '0.5,,1' or '0.5,': a value lost without a word
+                    raise argparse.ArgumentTypeError(
+                        f"{text} has an empty value: drop the extra comma or give its value"
+                    )
+                return tuple(elem_parse(t) for t in items)
             try:
                 return distinct_values(",".join(items), items, elem_parse)
             except ValueError as e:

@@ -183,6 +183,12 @@ CONFIG_CASES = [
         "drop the extra comma or give its value",
     ),
     (
+        "--test-gammas with an empty value",
+        ["--test-gammas", "0.5,,1"],
+        "argument --test-gammas: 0.5,,1 has an empty value",
+        "drop the extra comma or give its value",
+    ),
+    (
         "--sweep resilience none with explicit slacks",
         ["--sweep", "resilience=none,2", "--resilience", "2", "--resilience-mode", "slack"],
         "none is not allowed with --resilience-mode slack",
