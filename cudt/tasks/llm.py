@@ -127,6 +127,27 @@ def lora_lines(cfg: LLMConfig, data: LLMData, n_params: int) -> list[str]:
     ]
 
 
+def _check_lora_rank(cfg: LLMConfig, config) -> None:
+    """``--lora-rank`` at most the smaller side of every adapted projection: an adapter's update
+    ``A B`` has rank at most that, so a larger rank trains more parameters (more than the
+    projection itself) and optimiser state for nothing (PEFT takes it without a word)."""
+    spec = lora_spec(cfg)
+    if spec is None:
+        return
+    shapes = config.param_shapes()["blocks"]
+    sides = {t: shapes[t]["kernel"][1:] for t in spec.targets}
+    name = min(sides, key=lambda t: min(sides[t]))
+    n_in, n_out = sides[name]
+    fit = [t for t in spec.targets if min(sides[t]) >= spec.rank]
+    if spec.rank > min(n_in, n_out):
+        raise UsageError(
+            f"--lora-rank {spec.rank} exceeds the {name} projection of --checkpoint "
+            f"{cfg.checkpoint} ({n_in} x {n_out}), whose update A B has rank at most "
+            f"{min(n_in, n_out)}: pass --lora-rank {min(n_in, n_out)} or less"
+            + (f", or --lora-targets {','.join(fit)}" if fit else "")
+        )
+
+
 def _masked_fraction(tokens: TokenizedAlpaca) -> float:
     return float(np.mean(tokens.truncated))
 
@@ -155,6 +176,7 @@ class LLMTask(AccuracyReports, Task):
                 f"readout (--reference-state {cfg.reference_state}{why}): no descent step is "
                 "left; pass a model of 2 or more blocks, or --reference-state embeddings"
             )
+        _check_lora_rank(cfg, data.decoder.config)
         return data
 
     def describe(self, cfg, data: LLMData) -> list[str]:

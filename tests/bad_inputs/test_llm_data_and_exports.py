@@ -66,14 +66,15 @@ def _export_holding_a_run(tmp: Path) -> list:
     return ["--export", tmp / "models", "--overwrite-export"]
 
 
-def _one_block_tied_checkpoint(tmp: Path) -> list:
+def _tied_checkpoint(tmp: Path, num_layers: int = 1) -> list:
+    """A tiny tied checkpoint (D = 8) at tmp/base, with --data toy."""
     import jax
 
     from cudt.data.alpaca import AlpacaRecord, build_word_tokenizer
     from cudt.models.llama import DecoderConfig, write_decoder_folder
 
     config = DecoderConfig(
-        vocab_size=64, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=1,
+        vocab_size=64, hidden_size=8, intermediate_size=16, num_layers=num_layers, num_heads=1,
         num_kv_heads=1, tie_word_embeddings=True,
     )  # fmt: skip
     words = build_word_tokenizer([AlpacaRecord(**_record(i)) for i in range(12)])
@@ -115,7 +116,7 @@ LLM_CASES = [
     ),
     (
         "--checkpoint of 1 block whose problem starts at its readout",
-        _one_block_tied_checkpoint,
+        _tied_checkpoint,
         "--checkpoint /tmp/base has 1 block and the problem starts at its readout "
         "(--reference-state auto: its tied head reads the frozen input embeddings)",
         "pass a model of 2 or more blocks, or --reference-state embeddings",
@@ -202,6 +203,13 @@ LLM_CASES = [
         lambda tmp: ["--checkpoint", "smollm2", "--hidden", "32"],
         "--hidden sizes the tiny decoder, which --checkpoint smollm2 replaces with its own sizes",
         "drop it",
+    ),
+    (
+        "--lora-rank above a projection's rank",  # A B: rank <= 8; 10 trains more, for nothing
+        lambda tmp: [*_tied_checkpoint(tmp, num_layers=2), "--lora-rank", "10"],
+        "--lora-rank 10 exceeds the q projection of --checkpoint /tmp/base (8 x 8), whose "
+        "update A B has rank at most 8",
+        "pass --lora-rank 8 or less",
     ),
     (
         "--lora-rank without --checkpoint",

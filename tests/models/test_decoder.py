@@ -163,6 +163,25 @@ def test_loader_reads_shards_tokenizer_and_config(models, tmp_path):
     assert load_decoder(models["mistral_window"][1]).config.sliding_window == 3
 
 
+def test_a_list_of_named_chat_templates_gives_the_default_as_transformers_does(tmp_path):
+    """tokenizer_config.json may hold its templates as a list of named ones (Hermes 2 Pro Llama
+    3: default and tool_use); it was read as no template at all, so --prompt-format auto fell
+    back to Alpaca prompts without a word and chat was refused. The default is the one
+    transformers renders when no name is given."""
+    from cudt.data.alpaca import AlpacaRecord, build_word_tokenizer
+
+    config = DecoderConfig(64, 8, 16, 1, 1, 1, eos_token_id=(2,))
+    words = build_word_tokenizer([AlpacaRecord("Say hi.", "", "hi")])
+    write_decoder_folder(tmp_path, config, config.init_params(jax.random.key(0)), words)
+    default = "{% for m in messages %}User: {{ m['content'] }}\n{% endfor %}Assistant:\n"
+    named = [{"name": "tool_use", "template": "tools " + default}]
+    named.append({"name": "default", "template": default})
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
+    assert load_decoder(tmp_path).chat_template == default
+    reference = transformers.PreTrainedTokenizerFast.from_pretrained(tmp_path)
+    assert reference.get_chat_template() == default
+
+
 def test_embed_noise_embeds_and_gradients(models):
     dec = load_decoder(models["llama_tied"][1])
     ids, mask = batch("right")

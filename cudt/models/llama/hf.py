@@ -133,12 +133,18 @@ def load_decoder(
 
 
 def _chat_template(folder: pathlib.Path) -> str | None:
-    """The ``chat_template`` string of ``tokenizer_config.json`` (or ``chat_template.jinja``)."""
+    """The ``chat_template`` string of ``tokenizer_config.json`` (or ``chat_template.jinja``).
+    A list of named templates (``[{"name": "default", "template": ...}, {"name": "tool_use",
+    ...}]``, as Hermes 2 Pro Llama 3 ships) gives its ``default`` one, the template
+    transformers' ``apply_chat_template`` renders when no name is passed."""
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
         return jinja.read_text(encoding="utf-8")
     config = folder / "tokenizer_config.json"
     template = read_json(config).get("chat_template") if config.is_file() else None
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
     return template if isinstance(template, str) else None
 
 
