@@ -349,7 +349,7 @@ def test_resume_takes_a_path_spelt_another_way_and_a_list_in_another_order(tmp_p
     (tmp_path / "data").mkdir()
     (tmp_path / "alias").symlink_to(tmp_path / "data")
     shutil.copytree(tmp_path / "data", tmp_path / "copy")
-    marks = {"paths": ("data_dir",), "unordered": ("targets",)}
+    marks = {"paths": ("data_dir",), "canonical": {"targets": sorted}}
 
     def record(path, targets=("q", "v")):
         return {"data_dir": path, "source": f"ucsd:{path} (2 videos)", "targets": list(targets)}
@@ -680,3 +680,15 @@ def test_default_folders_claimed_in_the_same_second_are_two(tmp_path, monkeypatc
     with pytest.raises(io.UsageError, match="--out needs a path"), io.claimed_run_dir("", "job"):
         pass
     assert not Path("runs").exists()
+
+
+def test_a_flag_whose_order_means_nothing_resumes_in_another_order():
+    """``flag(unordered=True)`` (``--lora-targets``) compares its values sorted on a resume
+    (``open_output``'s ``canonical``), so ``v,q`` resumes a run of ``q,v``."""
+    import dataclasses
+
+    from cudt.tasks.llm_config import LLMConfig
+
+    (targets,) = [f for f in dataclasses.fields(LLMConfig) if f.name == "lora_targets"]
+    same = targets.metadata["canonical"]
+    assert same(["v", "q"]) == same(["q", "v"]) and same(["q"]) != same(["q", "v"])

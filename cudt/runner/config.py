@@ -100,7 +100,9 @@ def flag(
     ``canonical``: what a value names, however spelt (a resume spelling any of these another
     way resumes: ``cudt.runner.output``)."""
     metadata = {"help": help, "check": check, "repeat": repeat}
-    metadata |= {"path": path, "unordered": unordered, "canonical": canonical}
+    if unordered:  # the same values in another order name the same
+        canonical = sorted if canonical is None else canonical
+    metadata |= {"path": path, "canonical": canonical}
     if isinstance(default, list | dict | set):
         raise TypeError("use a tuple default for a config field")
     return dataclasses.field(default=default, metadata=metadata, **kw)

@@ -125,21 +125,15 @@ def _as_now(
     old: dict,
     new: dict,
     paths: Collection[str],
-    unordered: Collection[str],
     canonical: Mapping[str, Callable[[Any], Any]] | None = None,
 ) -> dict:
     """The saved config ``old`` with what names the same thing as ``new`` written as ``new``
     writes it, so that only real differences are named: a path flag (``paths``) spelt another
     way for the same file or folder (relative or absolute, a trailing slash, a link), in the
-    flag and in the records derived from it (a data source ``ucsd:<path>``); a flag whose order
-    means nothing (``unordered``) holding the same values in another order; a flag of
-    ``canonical`` (``{name: what its value names}``: ``--sweep``'s lanes) whose two values
-    name the same."""
+    flag and in the records derived from it (a data source ``ucsd:<path>``); a flag of
+    ``canonical`` (``{name: what its value names}``: ``--sweep``'s lanes, ``sorted`` for a list
+    whose order means nothing) whose two values name the same."""
     old = dict(old)
-    for key in unordered:
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, list) and isinstance(b, list) and a != b and sorted(a) == sorted(b):
-            old[key] = b
     for key, meaning in (canonical or {}).items():
         a, b = old.get(key), new.get(key)
         if isinstance(a, list) and isinstance(b, list) and a != b and meaning(a) == meaning(b):
@@ -220,7 +214,6 @@ def _check_same_config(
     added: Mapping[str, Any] | None,
     flags: Collection[str],
     paths: Collection[str],
-    unordered: Collection[str],
     canonical: Mapping[str, Callable[[Any], Any]] | None = None,
 ) -> None:
     """Refuses checkpoints in ``out`` that ``config`` cannot resume (:func:`open_output`'s
@@ -241,7 +234,7 @@ def _check_same_config(
             f"layout ({layout}; this version writes {config['state_layout']}), which cannot "
             "be resumed: pass another --out, or --overwrite to discard them"
         )
-    same = _as_now(old, config, paths, unordered, canonical)
+    same = _as_now(old, config, paths, canonical)
     diff = _differences(same, config, ignore, added)
     changed = [d for d in diff if d.split(" ", 1)[0].endswith("_digest")]
     flag_changed = [d for d in diff if d.split(" ", 1)[0].split(".", 1)[0] in flags]
@@ -293,7 +286,6 @@ def open_output(
     added: Mapping[str, Any] | None = None,
     flags: Collection[str] = (),
     paths: Collection[str] = (),
-    unordered: Collection[str] = (),
     canonical: Mapping[str, Callable[[Any], Any]] | None = None,
 ) -> OutputDir:
     """Checks and prepares the output folder of a run of ``config`` (a JSON-able dict).
@@ -313,9 +305,9 @@ def open_output(
     ``flags``: the fields the user sets (the config's): when one of them differs, the refusal
     names the config's differences, not files that changed behind the same flags (a flag such
     as ``--max-length`` changes a digest too); ``paths``: the fields naming a file or folder,
-    ``unordered``: the lists whose order means nothing, ``canonical``: ``{field: what its
-    value names}`` (``--sweep``'s lanes) (a resume spelling the same folder, the same set or
-    the same sweep another way resumes: :func:`_as_now`).
+    ``canonical``: ``{field: what its value names}`` (``--sweep``'s lanes; ``sorted``: a list
+    whose order means nothing) (a resume spelling the same folder, the same set or the same
+    sweep another way resumes: :func:`_as_now`).
     """
     out = Path(out)
     check_not_a_file(out)
@@ -339,9 +331,7 @@ def open_output(
     # or protect: the folder starts afresh under the new config
     alone = saved_config.exists() and not _holds_checkpoints(out / CHECKPOINTS)
     if saved_config.exists() and not overwrite and not alone:
-        _check_same_config(
-            out, saved_config, config, ignore, added, flags, paths, unordered, canonical
-        )
+        _check_same_config(out, saved_config, config, ignore, added, flags, paths, canonical)
         resuming = True
     elif not overwrite and _holds_checkpoints(out / CHECKPOINTS):
         raise UsageError(
@@ -391,7 +381,6 @@ def open_output_once(path, fingerprint, cfg, main_process: bool) -> OutputDir:
         added=getattr(cfg, "ADDED", None),
         flags=[f.name for f in dataclasses.fields(cfg)],
         paths=[f.name for f in dataclasses.fields(cfg) if f.metadata.get("path")],
-        unordered=[f.name for f in dataclasses.fields(cfg) if f.metadata.get("unordered")],
         canonical={
             f.name: f.metadata["canonical"]
             for f in dataclasses.fields(cfg)
