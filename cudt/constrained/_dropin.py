@@ -114,8 +114,7 @@ def lagrangian(
         if set(cons) != set(multipliers):
             raise ValueError(
                 f"problem returned constraints {sorted(cons)} but the multipliers are for "
-                f"{sorted(multipliers)}: build them with init (or cudt.init_multipliers) from "
-                "the same problem"
+                f"{sorted(multipliers)}: {_BUILD}"
             )
         for n, c in cons.items():
             check_table_shape(
@@ -124,7 +123,7 @@ def lagrangian(
                 jnp.shape(c.value),
                 c.index is not None,
                 "its multipliers",
-                "build them with init (or cudt.init_multipliers) from the same problem",
+                _BUILD,
             )
             if _is_free(multipliers[n]) != (c.kind == "eq"):
                 raise ValueError(_sign_error(n, c.kind))
