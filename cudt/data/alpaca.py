@@ -153,7 +153,8 @@ def _record(obj: Any, where: str) -> AlpacaRecord:
             )
     fields = {
         "instruction": obj["instruction"],
-        "input": obj.get("input", ""),
+        # null is how many exported Alpaca-style files (pandas, HF datasets) spell "no input"
+        "input": "" if obj.get("input") is None else obj["input"],
         "output": obj["output"],
     }
     for key, value in fields.items():
@@ -219,7 +220,7 @@ def load_alpaca(path: str | Path) -> tuple[AlpacaRecord, ...]:
 
     ``.jsonl`` / ``.ndjson`` files are read line by line (blank lines skipped); any other name is
     parsed as one JSON document, falling back to JSON lines when that fails and the first line is
-    an object on its own. A missing ``"input"`` means ``""``; other keys are ignored. Records come
+    an object on its own. A missing or null ``"input"`` means ``""``; other keys are ignored. Records come
     in file order. Raises :class:`AlpacaDataError` naming the file and the record index for a
     missing file, invalid JSON, an empty list, a record that is not an object, lacks
     ``"instruction"`` or ``"output"``, has a non-string field or an empty instruction.

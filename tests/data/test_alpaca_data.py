@@ -114,6 +114,10 @@ def test_alpaca_json_and_jsonl_round_trip(tmp_path):
     crlf = tmp_path / "crlf.jsonl"
     crlf.write_bytes((json.dumps(RECORDS[0], ensure_ascii=False) + "\r\n").encode() * 2)
     assert load_alpaca(crlf) == (records[0], records[0])
+    # "input": null is how pandas / Hugging Face exports spell "no input" (it was refused)
+    null = tmp_path / "null.json"
+    null.write_text(json.dumps([{"instruction": "Say hi.", "input": None, "output": "Hi."}]))
+    assert load_alpaca(null) == (AlpacaRecord("Say hi.", "", "Hi."),)
 
 
 def test_prompt_is_the_stanford_alpaca_template():
