@@ -40,6 +40,11 @@ _DATA_FLAGS = ("data", "train_data", "val_data", "test_data")
 _TINY_SIZES = ("layers", "hidden", "heads", "kv_heads", "intermediate")
 
 
+def default_lora_alpha(rank: int) -> float:
+    """LoRA's alpha when ``--lora-alpha`` is not given: 2 x rank (a scale alpha / rank of 2)."""
+    return 2.0 * rank
+
+
 @dataclasses.dataclass(frozen=True)
 class LLMConfig(RunConfig):
     """Flags of ``python -m experiments.llm_sft`` (shared ones: :class:`RunConfig`)."""
@@ -247,6 +252,15 @@ class LLMConfig(RunConfig):
     chunk_steps: int = shared("chunk_steps", 100)
     eval_batch_size: int = shared("eval_batch_size", 100)
     keep_checkpoints: int = shared("keep_checkpoints", 1)
+
+    def fingerprint(self, *, evaluation: bool = False) -> dict[str, typing.Any]:
+        """:meth:`RunConfig.fingerprint`, with ``--lora-alpha`` at 2 x rank recorded as its
+        default (None): ``--lora-alpha 16 --lora-rank 8`` trains the run the default does, so a
+        resume spelling it either way is the same run (it was refused as another config)."""
+        record = super().fingerprint(evaluation=evaluation)
+        if self.lora_rank is not None and self.lora_alpha == default_lora_alpha(self.lora_rank):
+            record["lora_alpha"] = None
+        return record
 
     def validate(self) -> None:
         self._check_sizes()

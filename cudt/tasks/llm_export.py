@@ -43,7 +43,7 @@ from cudt.models.llama.save import SAVE_DTYPES, check_gguf
 from cudt.runner.cli import OneLineParser
 from cudt.runner.finished import finished_run, resolved_where_it_ran, run_data, trained_params
 from cudt.runner.lock import check_free
-from cudt.tasks.llm_config import export_holds, export_inputs, export_inside
+from cudt.tasks.llm_config import default_lora_alpha, export_holds, export_inputs, export_inside
 from cudt.tasks.llm_data import SMOLLM2, SMOLLM2_HUB, stop_ids
 
 __all__ = [
@@ -68,7 +68,7 @@ def lora_spec(cfg: Any) -> LoraSpec | None:
     ``q,v`` is (each adapter is initialised from its place in that order)."""
     if getattr(cfg, "lora_rank", None) is None:
         return None
-    alpha = 2.0 * cfg.lora_rank if cfg.lora_alpha is None else float(cfg.lora_alpha)
+    alpha = default_lora_alpha(cfg.lora_rank) if cfg.lora_alpha is None else float(cfg.lora_alpha)
     targets = tuple(t for t in LORA_TARGETS if t in cfg.lora_targets)
     return LoraSpec(cfg.lora_rank, alpha, targets)
 

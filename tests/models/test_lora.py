@@ -270,6 +270,23 @@ def test_checkpoints_hold_the_adapters_only_and_resume_bitwise(
     assert [r["train_objective"] for r in runs] == [r["train_objective"] for r in results["runs"]]
 
 
+def test_lora_alpha_spelt_at_its_default_resumes_and_another_is_refused(lora_run, tmp_path):
+    """``--lora-alpha 4`` at rank 2 is the default's run (alpha = 2 x rank): its resume was
+    refused as another config (``lora_alpha None -> 4.0``); another alpha still is."""
+    argv, out, _, results = lora_run
+    (group,) = [p for p in (out / "checkpoints").iterdir() if p.is_dir()]
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    (again / "results.json").unlink()
+    shutil.rmtree(again / "checkpoints" / group.name / "4")
+    before = sorted(p.relative_to(again) for p in again.rglob("*"))
+    assert llm_sft.main([*argv, "--lora-alpha", "8", "--out", str(again)]) == 2
+    assert sorted(p.relative_to(again) for p in again.rglob("*")) == before
+    assert llm_sft.main([*argv, "--lora-alpha", "4", "--out", str(again)]) == 0
+    runs = json.loads((again / "results.json").read_text())["runs"]
+    assert [r["train_objective"] for r in runs] == [r["train_objective"] for r in results["runs"]]
+
+
 def test_the_merged_export_is_the_adapted_model_and_peft_loads_the_adapters(lora_run, base):
     """--export writes the merged model (transformers loads it) and, beside it, the adapters
     in PEFT's layout: transformers' base plus peft.PeftModel.from_pretrained gives cudt's
