@@ -367,6 +367,24 @@ def overwrite_since(out: Path, opts) -> float | None:
     return None
 
 
+def check_overwrite_finished(out: Path, opts) -> None:
+    """Refuse a rerun without ``--overwrite`` of a folder whose ``--overwrite`` was interrupted:
+    its sub-runs not yet retrained still hold the old results, which it would reuse beside the
+    new ones (a table half of one config, half of another)."""
+    if opts.overwrite:
+        return
+    try:
+        record = json.loads((out / JOB_FILE).read_text(encoding="utf-8"))["overwriting"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if isinstance(record, dict):
+        raise UsageError(
+            f"--out {out}: an --overwrite of this job was interrupted, so some of its sub-runs "
+            "still hold the old results: rerun with --overwrite and the same flags to finish "
+            "it, or pass another --out"
+        )
+
+
 @contextlib.contextmanager
 def open_job(
     name: str, opts, plan: Callable[[Any, Path], list[SubRun]], what: str = "sub-runs"
@@ -379,12 +397,14 @@ def open_job(
 
     An ``--overwrite`` is recorded in job.json (``overwriting``: its flags and start) until the
     job ends, so the same command after an interruption resumes it: the sub-runs retrained
-    since are kept (:func:`check_subrun`), the others retrained."""
+    since are kept (:func:`check_subrun`), the others retrained; a rerun without
+    ``--overwrite`` is refused until then (:func:`check_overwrite_finished`)."""
     # the default folder is claimed now (two jobs in one second get two), gone if refused
     with claimed_run_dir(opts.out, name.replace(" ", "_")) as out:
         check_not_a_file(out)
         check_free(out)  # another job there: refused before its folders are read
         check_job_folder(out, name)
+        check_overwrite_finished(out, opts)
         subs = plan(opts, out)
         since = overwrite_since(out, opts)
         for sub in subs:

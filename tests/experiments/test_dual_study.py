@@ -115,6 +115,11 @@ def test_an_interrupted_overwrite_resumes_keeping_the_calls_retrained_since(
     erm = out / "video" / "erm" / "results.json"
     retrained = erm.read_text()
     monkeypatch.setattr(job, "run", real)
+    # without --overwrite, the call not yet retrained would be reused with its old results
+    files = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    without = [a for a in argv if a != "--overwrite"]
+    assert_one_line_error(dual_study.main, without, capsys, "interrupted", "--overwrite")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == files
     capsys.readouterr()
     assert dual_study.main(argv) == 0  # the same command: the ERM call retrained is kept
     printed = capsys.readouterr().out
