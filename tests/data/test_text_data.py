@@ -561,6 +561,35 @@ def test_a_review_in_both_source_splits_is_held_out_not_trained_on(tmp_path):
     assert len(set(kept)) == len(kept) == len(sp.train) + len(sp.val)
 
 
+def test_validation_holds_whole_movies_where_the_urls_files_name_them(tmp_path):
+    """The archive's urls_{neg,pos}.txt name each review's movie (line i: <i>_<rating>.txt):
+    validation, carved from train, holds whole movies, so it never reads a review of a movie
+    trained on (it did review by review). Without the files the split is the one before."""
+    base = _write_aclimdb(tmp_path, n=40)
+    before = load_text_data("aclimdb", base, num_train=None, num_test=None, val_fraction=0.2)
+    assert before.val.groups is None and "whole movies" not in before.source
+    old = np.random.default_rng([0, 1]).permutation(80)[:16]  # the per-review draw, unchanged
+    pool = read_aclimdb(base, "train")
+    assert before.val.texts == pool.take(np.sort(old)).texts
+    for name in ("neg", "pos"):  # 5 reviews a movie, as the archive's up to 30
+        lines = [f"http://www.imdb.com/title/tt{name}{i // 5}/usercomments" for i in range(40)]
+        (base / "train" / f"urls_{name}.txt").write_text("\n".join(lines) + "\n")
+    for seed in range(4):
+        sp = load_text_data(
+            "aclimdb", base, num_train=None, num_test=None, val_fraction=0.2, seed=seed
+        )
+        assert not set(sp.train.groups) & set(sp.val.groups)
+        assert len(sp.val) == 20 and len(sp.train) == 60  # 16 asked: 4 whole movies
+        assert "; validation holds whole movies (4 of 16, by urls_*.txt)" in sp.source
+    (base / "train" / "pos" / "40_9.txt").write_text("a review past the urls file's lines")
+    with pytest.raises(DataError, match=r"40_9\.txt' has no line in urls_pos\.txt \(40 lines"):
+        read_aclimdb(base, "train")
+    (base / "train" / "pos" / "40_9.txt").unlink()
+    (base / "train" / "urls_neg.txt").unlink()
+    with pytest.raises(DataError, match="has urls_pos.txt but no urls_neg.txt"):
+        read_aclimdb(base, "train")
+
+
 def test_fewer_reviews_than_asked_and_one_class_splits_are_said(tmp_path):
     """A folder holding fewer reviews than asked gives all it holds and the data line says so;
     a validation or test split of one class is said there too (a constant scores it); a

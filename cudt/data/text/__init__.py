@@ -99,7 +99,10 @@ _SYNTHETIC_LABEL_NAMES = ("negative", "positive")
 
 def _split_val(pool: TextSplit, val_fraction: float, seed: int) -> tuple[TextSplit, TextSplit]:
     """Seeded random ``(train, val)`` split of ``pool``: ``round(val_fraction * N)`` go to val (at
-    least one when ``val_fraction > 0``), each part keeps the pool's order."""
+    least one when ``val_fraction > 0``), each part keeps the pool's order. A pool with
+    ``groups`` (aclImdb's movies) gives val whole groups, drawn in a seeded order until they
+    hold that many: a movie's reviews on both sides would make validation, which chooses, read
+    reviews of movies trained on."""
     n = len(pool)
     n_val = int(round(val_fraction * n))
     if val_fraction > 0:
@@ -109,8 +112,28 @@ def _split_val(pool: TextSplit, val_fraction: float, seed: int) -> tuple[TextSpl
             f"a training pool of {n} examples is too small to hold out val_fraction="
             f"{val_fraction}: use more training examples or a smaller val_fraction"
         )
+    if pool.groups is not None:
+        return _split_val_by_group(pool, n_val, seed)
     perm = np.random.default_rng([seed, 1]).permutation(n)
     return pool.take(np.sort(perm[n_val:])), pool.take(np.sort(perm[:n_val]))
+
+
+def _split_val_by_group(pool: TextSplit, n_val: int, seed: int) -> tuple[TextSplit, TextSplit]:
+    """:func:`_split_val` of a pool with ``groups``: whole groups to val until it holds
+    ``n_val`` examples or more (never the whole pool)."""
+    names, index = np.unique(np.asarray(pool.groups, dtype=object), return_inverse=True)
+    counts = np.bincount(index, minlength=len(names))
+    order = np.random.default_rng([seed, 1]).permutation(len(names))
+    taken = np.cumsum(counts[order])
+    chosen = order[: int(np.searchsorted(taken, n_val)) + 1] if n_val else order[:0]
+    if len(chosen) == len(names):
+        raise DataError(
+            f"a training pool of {len(pool)} examples from {len(names)} movies is too small to "
+            f"hold out {n_val} of them by movie: use more training examples or a smaller "
+            "val_fraction"
+        )
+    val = np.isin(index, chosen)
+    return pool.take(np.flatnonzero(~val)), pool.take(np.flatnonzero(val))
 
 
 def _fewer_than_asked(n_pool: int, num_train: int | None, n_test: int, num_test: int | None) -> str:
@@ -238,6 +261,11 @@ def load_text_data(
         if repeated:
             source += f"; {repeated} repeated training examples left out (train and val apart)"
     train, val = _split_val(pool, val_fraction, seed)
+    if val.groups is not None:
+        source += (
+            f"; validation holds whole movies ({len(set(val.groups))} of "
+            f"{len(set(pool.groups or ()))}, by urls_*.txt)"
+        )
     _check_classes(train, label_names)
     for name, split in (("validation", val), ("test", test)):
         if len(split) and len(label_names) > 1 and len(np.unique(split.labels)) == 1:

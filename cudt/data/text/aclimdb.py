@@ -81,6 +81,12 @@ def read_aclimdb(
     ``root`` is the ``aclImdb`` folder or its parent. Files are taken in name order, ``neg``
     first; ``max_examples`` keeps a seeded random subset (only those files are read). ``<br />``
     tags are replaced by spaces. The ``unsup`` folder is ignored.
+
+    Where the split has the archive's ``urls_neg.txt`` and ``urls_pos.txt`` (line ``i``: the
+    IMDb page of the movie that review ``<i>_<rating>.txt`` is about), each review's movie is
+    its ``groups`` entry, so that a validation split carved from ``train`` holds whole movies
+    (the archive has up to 30 reviews of one movie). Without them (a folder
+    :func:`write_aclimdb` wrote), ``groups`` is None.
     """
     if split not in ("train", "test"):
         raise DataError(f"aclImdb split must be 'train' or 'test', got {split!r}: pass one of them")
@@ -119,6 +125,7 @@ def read_aclimdb(
             raise DataError(f"no .txt reviews in '{folder}': {_ACLIMDB_HINT}")
         files += found
         labels += [label] * len(found)
+    movies = _movies(split_dir, files)
     keep = _subsample(len(files), max_examples, seed)
     texts = []
     for i in keep:
@@ -140,4 +147,37 @@ def read_aclimdb(
                 f"review '{files[i]}' is empty: re-extract aclImdb_v1.tar.gz or remove the file"
             )
         texts.append(text)
-    return TextSplit(texts=tuple(texts), pairs=None, labels=np.asarray(labels)[keep])
+    return TextSplit(
+        texts=tuple(texts),
+        pairs=None,
+        labels=np.asarray(labels)[keep],
+        groups=None if movies is None else tuple(movies[i] for i in keep),
+    )
+
+
+def _movies(split_dir: Path, files: list[Path]) -> list[str] | None:
+    """Each review's movie, from ``urls_{neg,pos}.txt`` (line ``i`` for ``<i>_<rating>.txt``),
+    or None where the split has neither file."""
+    urls = {name: split_dir / f"urls_{name}.txt" for name in ("neg", "pos")}
+    if not any(path.is_file() for path in urls.values()):
+        return None
+    lines = {}
+    for name, path in urls.items():
+        if not path.is_file():
+            raise DataError(
+                f"'{split_dir}' has urls_{'pos' if name == 'neg' else 'neg'}.txt but no "
+                f"urls_{name}.txt: re-extract aclImdb_v1.tar.gz, or remove both"
+            )
+        lines[name] = path.read_text(encoding="utf-8").splitlines()
+    movies = []
+    for file in files:
+        stem = file.name.split("_", 1)[0]
+        table = lines[file.parent.name]
+        if not stem.isdigit() or int(stem) >= len(table):
+            raise DataError(
+                f"review '{file}' has no line in urls_{file.parent.name}.txt ({len(table)} "
+                "lines; the archive names reviews <line>_<rating>.txt): re-extract "
+                "aclImdb_v1.tar.gz, or remove the urls files"
+            )
+        movies.append(table[int(stem)].strip())
+    return movies

@@ -49,11 +49,21 @@ class TextSplit:
     texts: tuple[str, ...]
     pairs: tuple[str, ...] | None
     labels: np.ndarray  # [N] int32
+    # what each example belongs to (aclImdb: its movie's URL), or None: a validation split
+    # holds whole groups (:func:`cudt.data.text.load_text_data`)
+    groups: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "texts", tuple(self.texts))
         if self.pairs is not None:
             object.__setattr__(self, "pairs", tuple(self.pairs))
+        if self.groups is not None:
+            object.__setattr__(self, "groups", tuple(self.groups))
+            if len(self.groups) != len(self.texts):
+                raise DataError(
+                    f"TextSplit has {len(self.texts)} texts and {len(self.groups)} groups: pass "
+                    "one group per text, or none"
+                )
         labels = np.asarray(self.labels)
         if labels.ndim != 1 or (labels.size and not np.issubdtype(labels.dtype, np.integer)):
             raise DataError(
@@ -86,6 +96,7 @@ class TextSplit:
             texts=tuple(self.texts[i] for i in idx),
             pairs=None if self.pairs is None else tuple(self.pairs[i] for i in idx),
             labels=self.labels[idx],
+            groups=None if self.groups is None else tuple(self.groups[i] for i in idx),
         )
 
 
