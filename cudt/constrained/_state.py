@@ -298,6 +298,12 @@ def _init(
     opt_state = spec.primal.init(params)
     if lr is not None:
         opt_state = set_learning_rate(opt_state, lr)
+    if penalty is not None and not spec.formulation.uses_penalty:
+        raise ValueError(
+            f"init's penalty is rho of the augmented Lagrangian or the quadratic penalty, and "
+            f"{type(spec.formulation).__name__} has none (it would sit in the state unread): "
+            "drop penalty= or pass formulation=cudt.AugmentedLagrangian(penalty=rho)"
+        )
     rho = spec.penalty if penalty is None else penalty
     concrete = _concrete(penalty) if penalty is not None else None  # a sweep's lanes: traced
     if concrete is not None and not np.all(concrete >= 0):

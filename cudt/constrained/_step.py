@@ -205,7 +205,8 @@ def make_constrained_step(
     ``hparams``: the per-run values handed to ``problem``; ``constrained=False``: an ERM run;
     ``lr``, ``dual_hparams`` (``{name: value}``, e.g. ``{"learning_rate": 0.1, "kp": 2.0}``):
     injected hyperparameters of the primal and dual optimisers; ``penalty``: ρ of every
-    constraint. Each may be an array under ``vmap`` (a sweep).
+    constraint (a formulation with one: refused under the Lagrangian, which would not read
+    it). Each may be an array under ``vmap`` (a sweep).
 
     ``multipliers``: ``{name: φ}``, the starting parameters of implicit multipliers.
 

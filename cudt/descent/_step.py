@@ -84,7 +84,8 @@ def make_train_step(
     values for one run (arrays under ``vmap``: a sweep); ``values`` are the knobs of
     :mod:`cudt.knobs` by name (``INIT_KNOBS``: ``epsilon``, ``epsilon_schedule``,
     ``reference``, ``lr``, ``dual_lr``, ``resilience``, ``penalty``, ``tail_beta``, ``nupi_kp``,
-    ``nupi_ema``), each put where its row says.
+    ``nupi_ema``), each put where its row says; ``tail_beta`` only with ``constraint="tail"``
+    (elsewhere nothing would read it: refused).
     ``reference`` NaN means no reference constraint; ``resilience`` inf means hard constraints.
     ``lr`` / ``dual_lr`` / ``nupi_*`` / ``dual_hparams`` (any other injected name: ``{name:
     value}``) need optimisers built with ``optax.inject_hyperparams``
@@ -125,7 +126,8 @@ def make_train_step(
         jit=False,
         implicit=None if model is None else {"descent": model},
     )
-    init = _descent_init(c_init, cfg, shapes, {"descent": num_examples} if table else None)
+    num_indexed = {"descent": num_examples} if table else None
+    init = _descent_init(c_init, cfg, shapes, num_indexed, constraint)
 
     def step(state: ConstrainedState, batch, key: jax.Array):
         state, m = c_step(state, batch, key)
@@ -175,7 +177,9 @@ def _implicit_model(multipliers, constraint: str, num_layers: int, example_featu
     return model, descent.loss_features if example_features is None else example_features
 
 
-def _descent_init(c_init: Callable, cfg: DescentConfig, shapes, num_indexed) -> Callable:
+def _descent_init(
+    c_init: Callable, cfg: DescentConfig, shapes, num_indexed, constraint: str
+) -> Callable:
     """:func:`make_train_step`'s ``init``: the config's per-run values, overridden by its
     arguments, handed to the constrained step's ``c_init`` with the constraints' ``shapes``."""
 
@@ -192,11 +196,18 @@ def _descent_init(c_init: Callable, cfg: DescentConfig, shapes, num_indexed) -> 
                 f"init() got an unexpected keyword argument {unknown[0]!r}: the per-run values "
                 f"are {', '.join(INIT_KNOBS)} (cudt.knobs)"
             )
+        hparams = descent.hparams(cfg, **{k.name: values.get(k.name) for k in knobs("problem")})
+        if values.get("tail_beta") is not None and constraint != "tail":
+            raise ValueError(
+                f"init's tail_beta is beta of constraint='tail' (the CVaR of the per-sample "
+                f"ratios), and this step's constraint is {constraint!r} (it would sit in the "
+                "state unread): drop tail_beta= or build the step with constraint='tail'"
+            )
         return c_init(
             params,
             constraints=shapes,
             num_indexed=num_indexed,
-            hparams=descent.hparams(cfg, **{k.name: values.get(k.name) for k in knobs("problem")}),
+            hparams=hparams,
             constrained=cfg.constrained if constrained is None else constrained,
             lr=values.get("lr"),
             dual_hparams={k.state_key or k.name: values.get(k.name) for k in knobs("dual")}

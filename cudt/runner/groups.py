@@ -146,7 +146,9 @@ def make_group_step(
         project_params=model.project,
         jit=jit,
     )
-    return functools.partial(init, epsilon=cfg.epsilon, tail_beta=cfg.tail_beta), step
+    # β where the constraint reads it (init refuses a value that nothing reads)
+    beta = {k.name: cfg.tail_beta for k in KNOBS if k.name == "tail_beta" and k.active(cfg)}
+    return functools.partial(init, epsilon=cfg.epsilon, **beta), step
 
 
 class GroupProgram:
@@ -216,9 +218,7 @@ class GroupProgram:
                 fill.get(k.name, getattr(cfg, k.name)),
             )
             for k in KNOBS
-            if k.goes != "data"
-            and (k.goes != "dual" or k.active(cfg))
-            and k.name != "epsilon_schedule"
+            if k.goes != "data" and k.active(cfg) and k.name != "epsilon_schedule"
         }
         # ε's path to its value: a schedule per run (constant lanes too) only where some run has
         # one, so a group without schedules keeps the program it always had

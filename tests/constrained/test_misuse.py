@@ -85,6 +85,29 @@ def test_negative_gains_resilience_and_penalty_are_refused():
     assert float(init({"w": jnp.ones(2)}, None, penalty=2.0).penalty["c"]) == 2.0
 
 
+def test_init_values_that_no_part_of_the_step_reads_are_refused():
+    """``penalty=`` under the Lagrangian and ``tail_beta=`` under a constraint other than
+    "tail" sat in the state unread: the run trained as if they were not given."""
+    init, _ = cudt.make_constrained_step(
+        lambda p, b, k: (jnp.sum(p["w"] ** 2), {"c": cudt.Constraint(p["w"][0] - 1.0)}),
+        optax.sgd(0.1),
+        cudt.dual_ascent(0.1),
+    )
+    with pytest.raises(ValueError, match="Lagrangian has none .*AugmentedLagrangian"):
+        init({"w": jnp.ones(2)}, None, penalty=2.0)
+    losses = lambda p, b, k: jnp.stack([jnp.ones(4), jnp.ones(4) * p["w"]], 1)  # noqa: E731
+    cfg = cudt.DescentConfig(num_layers=1, epsilon=0.1)
+    for constraint, fine in (("mean", False), ("tail", True)):
+        init, _ = cudt.make_train_step(
+            losses, optax.sgd(0.1), cudt.dual_ascent(0.1), cfg, constraint=constraint
+        )
+        if fine:
+            assert float(init({"w": jnp.ones(())}, tail_beta=0.5).hparams["tail_beta"]) == 0.5
+        else:
+            with pytest.raises(ValueError, match="constraint is 'mean' .*constraint='tail'"):
+                init({"w": jnp.ones(())}, tail_beta=0.5)
+
+
 def test_indexed_ids_outside_the_table_are_refused_or_nan_never_dropped():
     params = {"w": jnp.ones(())}
     x = jnp.full((16,), 3.0)  # every row violated
