@@ -468,3 +468,18 @@ def test_a_settings_cell_leaves_a_diverged_seed_out_of_its_paired_differences():
     assert cells[5].startswith("+0.200 [") and cells[5].endswith(" (2 of 4 seeds)")  # val vs ERM
     assert cells[6].startswith("+20.0 % [") and cells[6].endswith(" (2 of 4 seeds)")  # ID
     assert cells[8].startswith("+0.200 [") and cells[8].endswith(" (2 of 4 seeds)")  # OOD
+    # the plain means too: the diverged run's 9.0 (its last finite state) is no number to
+    # average (they read 3.150, over 4 of 4)
+    assert cells[4] == cells[7] == "1.200 (3 of 4)", row
+    from experiments.paper.ut_study.report import _per_seed
+
+    base = {"label": "UT", "resilience": "off", "kind": "constrained", "feasible_tol": False}
+    nan = float("nan")
+    rows = [
+        dict(base, seed=0, monotone_val=False, diverged=True, id_vs_erm_pct=nan, ood_vs_erm=nan),
+        dict(base, seed=1, monotone_val=True, diverged=False, id_vs_erm_pct=nan, ood_vs_erm=nan),
+    ]
+    assert [line.split(" | ", 5)[-1] for line in _per_seed(rows)[2:]] == [
+        "diverged | diverged |",  # it printed "+nan % | +nan"
+        "ERM diverged | ERM diverged |",
+    ]

@@ -236,8 +236,8 @@ def _settings_section(sub, runs: list[dict]) -> list[str]:
         lines.append(
             f"| {eps:g} | {rate:g} | {sum(r['feasible'] for r in cell)}/{len(cell)} | "
             f"{sum(r['loss_decreases_val'] for r in cell)}/{len(cell)} | "
-            f"{np.mean([r['val_mean_rmse'] for r in cell]):.3f} | {val_vs} | "
-            f"{id_vs} | {np.mean([r['mean_rmse'] for r in cell]):.3f} | {ood_vs} | "
+            f"{_mean(cell, 'val_mean_rmse'):.3f}{_over(cell)} | {val_vs} | "
+            f"{id_vs} | {_mean(cell, 'mean_rmse'):.3f}{_over(cell)} | {ood_vs} | "
             f"{max(max(r['max_multipliers']) for r in cell):.3g} |"
         )
     pick = choose_setting(runs)
@@ -256,6 +256,10 @@ def _settings_section(sub, runs: list[dict]) -> list[str]:
     for r in _setting_cells(runs)[pick["epsilon"], pick["dual_lr"]]:
         e = erm.get(r["seed"])
         if e is None:
+            continue
+        if r["diverged"] or e.get("diverged"):  # scored at a last finite state: no comparison
+            who = "diverged" if r["diverged"] else "ERM diverged"
+            lines.append(f"| {r['seed']} | {who} | | | | | |")
             continue
         lines.append(
             f"| {r['seed']} | {_id_rmse(r):.3f} | {_id_rmse(e):.3f} | "
@@ -289,8 +293,16 @@ def _versus(differences, digits: int, unit: str = "") -> str:
 
 
 def _mean(cell, key) -> float:
-    vals = [r[key] for r in cell if np.isfinite(r[key])]
+    """The mean of ``key`` over the runs of ``cell`` that did not diverge (a diverged run is
+    scored at its last finite state: no number to average with the others)."""
+    vals = [r[key] for r in cell if not r.get("diverged") and np.isfinite(r[key])]
     return float(np.mean(vals)) if vals else math.nan
+
+
+def _over(cell) -> str:
+    """`` (k of n)`` where ``k`` of the ``n`` runs of ``cell`` did not diverge; else ``""``."""
+    kept = sum(not r.get("diverged") for r in cell)
+    return f" ({kept} of {len(cell)})" if kept < len(cell) else ""
 
 
 def _count(cell, key) -> str:
@@ -313,8 +325,8 @@ def _table(rows: list[dict]) -> list[str]:
         out.append(
             f"| {name} | {res} | {_count(cell, 'feasible_exact')} | {_count(cell, 'feasible_tol')} | "
             f"{_count(cell, 'monotone_val')} | {_mean(cell, 'max_rel_violation_val'):+.3f} | "
-            f"{_mean(cell, 'id_rmse'):.3f} | {vs('id_vs_erm_pct', 1, ' %')} | "
-            f"{_mean(cell, 'ood_rmse'):.3f} | {vs('ood_vs_erm', 3)} | "
+            f"{_mean(cell, 'id_rmse'):.3f}{_over(cell)} | {vs('id_vs_erm_pct', 1, ' %')} | "
+            f"{_mean(cell, 'ood_rmse'):.3f}{_over(cell)} | {vs('ood_vs_erm', 3)} | "
             f"{_mean(cell, 'projection_removed'):.2f} | {_mean(cell, 'lambda_end'):.3g} | "
             f"{_mean(cell, 'lambda_peak'):.3g} |"
         )
@@ -327,9 +339,14 @@ def _per_seed(rows: list[dict]) -> list[str]:
     for r in rows:
         if r["kind"] != "constrained":
             continue
+        versus = (
+            f"{r['id_vs_erm_pct']:+.1f} % | {r['ood_vs_erm']:+.3f}"
+            if np.isfinite(r["ood_vs_erm"])
+            else ("diverged | diverged" if r["diverged"] else "ERM diverged | ERM diverged")
+        )
         out.append(
             f"| {r['label']} | {r['resilience']} | {r['seed']} | {'yes' if r['feasible_tol'] else 'NO'} | "
-            f"{'yes' if r['monotone_val'] else 'NO'} | {r['id_vs_erm_pct']:+.1f} % | {r['ood_vs_erm']:+.3f} |"
+            f"{'yes' if r['monotone_val'] else 'NO'} | {versus} |"
         )
     return out
 
