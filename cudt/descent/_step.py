@@ -84,8 +84,7 @@ def make_train_step(
     values for one run (arrays under ``vmap``: a sweep); ``values`` are the knobs of
     :mod:`cudt.knobs` by name (``INIT_KNOBS``: ``epsilon``, ``epsilon_schedule``,
     ``reference``, ``lr``, ``dual_lr``, ``resilience``, ``penalty``, ``tail_beta``, ``nupi_kp``,
-    ``nupi_ema``), each put where its row says; ``tail_beta`` only with ``constraint="tail"``
-    (elsewhere nothing would read it: refused).
+    ``nupi_ema``), each put where its row says (``tail_beta`` with ``constraint="tail"`` only).
     ``reference`` NaN means no reference constraint; ``resilience`` inf means hard constraints.
     ``lr`` / ``dual_lr`` / ``nupi_*`` / ``dual_hparams`` (any other injected name: ``{name:
     value}``) need optimisers built with ``optax.inject_hyperparams``
@@ -126,8 +125,7 @@ def make_train_step(
         jit=False,
         implicit=None if model is None else {"descent": model},
     )
-    num_indexed = {"descent": num_examples} if table else None
-    init = _descent_init(c_init, cfg, shapes, num_indexed, constraint)
+    init = _descent_init(c_init, cfg, shapes, constraint, num_examples if table else None)
 
     def step(state: ConstrainedState, batch, key: jax.Array):
         state, m = c_step(state, batch, key)
@@ -178,10 +176,12 @@ def _implicit_model(multipliers, constraint: str, num_layers: int, example_featu
 
 
 def _descent_init(
-    c_init: Callable, cfg: DescentConfig, shapes, num_indexed, constraint: str
+    c_init: Callable, cfg: DescentConfig, shapes, constraint: str, table_rows: int | None
 ) -> Callable:
     """:func:`make_train_step`'s ``init``: the config's per-run values, overridden by its
-    arguments, handed to the constrained step's ``c_init`` with the constraints' ``shapes``."""
+    arguments, handed to the constrained step's ``c_init`` with the constraints' ``shapes``
+    (``table_rows``: the rows of ``"indexed"``'s multiplier table, None without one)."""
+    num_indexed = None if table_rows is None else {"descent": table_rows}
 
     def init(params, *extra, constrained=None, dual_hparams=None, **values) -> ConstrainedState:
         if extra:
