@@ -24,6 +24,7 @@ from cudt.runner.hparams import (
     CONDITIONAL,
     REFERENCE_SPELLINGS,
     SWEEPABLE,
+    canonical_reference,
     is_reference,
     parse_epsilon_schedule,
 )
@@ -219,6 +220,7 @@ class RunConfig:
         "none",
         "bound C of the reference constraint E l_0 <= C: a number, none, or (classification) "
         "chance = ln(number of classes), chance+X = ln(number of classes) + X",
+        canonical=canonical_reference,
     )
     resilience: float | None = flag(
         None, "resilience alpha (none: hard constraints)", check=positive

@@ -133,6 +133,13 @@ def normalize_reference(text) -> str:
     return str(float(t))
 
 
+def canonical_reference(value: object) -> object:
+    """What a ``--reference`` value names, for a resume's comparison: its canonical spelling
+    (``CHANCE`` is ``chance``, ``.5`` is ``0.5``); a value no spelling accepts, as it stands
+    (a saved config is read as it is, never refused here)."""
+    return normalize_reference(value) if is_reference(value) else value
+
+
 def resolve_reference(value, chance_level: float | None, task: str = "this task") -> float | None:
     """The bound C named by ``value``: None for ``none`` (or None), ``chance_level + X`` for
     ``chance+X``, else the number. A UsageError for a chance spelling on a task without a chance

@@ -132,11 +132,13 @@ def _as_now(
     way for the same file or folder (relative or absolute, a trailing slash, a link), in the
     flag and in the records derived from it (a data source ``ucsd:<path>``); a flag of
     ``canonical`` (``{name: what its value names}``: ``--sweep``'s lanes, ``sorted`` for a list
-    whose order means nothing) whose two values name the same."""
+    whose order means nothing, ``--reference``'s spelling) whose two values name the same."""
     old = dict(old)
     for key, meaning in (canonical or {}).items():
         a, b = old.get(key), new.get(key)
-        if isinstance(a, list) and isinstance(b, list) and a != b and meaning(a) == meaning(b):
+        # a list (its lanes, its items) or a value (``--reference .5`` names ``0.5``)
+        same_kind = type(a) is type(b) and isinstance(a, list | str | int | float)
+        if same_kind and a != b and meaning(a) == meaning(b):
             old[key] = b
     spellings = {}
     for key in paths:

@@ -285,6 +285,23 @@ def test_a_sweep_spelt_another_way_resumes_and_another_lane_order_does_not(tmp_p
         assert_one_line_error(toy_main, argv, capsys, words)
 
 
+def test_a_reference_spelt_another_way_is_the_same_config(tmp_path, capsys):
+    """``--reference .5`` names the bound ``0.5`` names (and ``CHANCE`` the one ``chance``
+    does): a rerun spelling it another way was refused as another config, naming
+    ``reference '0.5' -> '.5'``; another bound still is."""
+    out = tmp_path / "o"
+    first = toy(["--reference", "0.5"], out)
+    for reference in (".5", "5e-1"):
+        (out / "results.json").unlink()
+        capsys.readouterr()
+        again = toy(["--resume", "--reference", reference], out)
+        assert ": resumed from the checkpoint at step" in capsys.readouterr().err
+        assert [r["final_loss"] for r in again["runs"]] == [r["final_loss"] for r in first["runs"]]
+    (out / "results.json").unlink()
+    argv = ["--reference", "0.6", "--out", out]
+    assert_one_line_error(toy_main, argv, capsys, "different config (reference '0.5' -> '0.6')")
+
+
 def test_the_lanes_a_resume_compares_are_the_parsed_sweeps():
     """What a resume compares (canonical_sweeps, which checks nothing: a saved config is read
     as it stands) is what parse_sweeps trains, name by name and value by value."""
