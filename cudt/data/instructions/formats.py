@@ -109,6 +109,22 @@ def _lookup_key(rng):
 # ---- format rewriting ------------------------------------------------------------------------
 
 
+def _both_ways(names, formats, *, draw, split_key, phrasings) -> None:
+    """Register an inverse pair of format families: ``names[0]`` rewrites a value from the first
+    of ``formats`` (``(label, writer)``) to the second, ``names[1]`` from the second to the
+    first; both draw with ``draw`` and share ``split_key`` (a rewrite and its inverse are one
+    question). ``phrasings(src, dst)`` are a family's phrasings, written in the two labels."""
+    for name, (src, show), (dst, write) in zip(names, formats, formats[::-1], strict=True):
+        _family(
+            name,
+            "format",
+            phrasings(src, dst),
+            fields=lambda a, show=show: {"data": show(a)},
+            answer=write,
+            split_key=split_key,
+        )(draw)
+
+
 def _date(rng):
     return (_int(rng, 1950, 2035), _int(rng, 1, 12), _int(rng, 1, 28))
 
@@ -125,36 +141,17 @@ def _date_key(a) -> str:
     return f"date:{_iso(a)}"
 
 
-@_family(
-    "iso_to_us_date",
-    "format",
-    [
-        "Rewrite the date {data} as MM/DD/YYYY.",
-        "Convert {data} from YYYY-MM-DD to MM/DD/YYYY.",
-        WithInput("Rewrite this YYYY-MM-DD date in the MM/DD/YYYY format."),
-    ],
-    fields=lambda a: {"data": _iso(a)},
-    answer=_us,
+_both_ways(
+    ("iso_to_us_date", "us_to_iso_date"),
+    (("YYYY-MM-DD", _iso), ("MM/DD/YYYY", _us)),
+    draw=_date,
     split_key=_date_key,
-)
-def _iso_to_us(rng):
-    return _date(rng)
-
-
-@_family(
-    "us_to_iso_date",
-    "format",
-    [
-        "Rewrite the date {data} as YYYY-MM-DD.",
-        "Convert {data} from MM/DD/YYYY to YYYY-MM-DD.",
-        WithInput("Rewrite this MM/DD/YYYY date in the YYYY-MM-DD format."),
+    phrasings=lambda src, dst: [
+        f"Rewrite the date {{data}} as {dst}.",
+        f"Convert {{data}} from {src} to {dst}.",
+        WithInput(f"Rewrite this {src} date in the {dst} format."),
     ],
-    fields=lambda a: {"data": _us(a)},
-    answer=_iso,
-    split_key=_date_key,
 )
-def _us_to_iso(rng):
-    return _date(rng)
 
 
 @_family(
@@ -180,33 +177,18 @@ def _camel(words) -> str:
     return words[0] + "".join(w.capitalize() for w in words[1:])
 
 
-@_family(
-    "snake_to_camel",
-    "format",
-    [
-        "Convert {data} from snake_case to camelCase.",
-        "Write the identifier {data} in camelCase.",
-        WithInput("Rewrite this snake_case name in camelCase."),
-    ],
-    fields=lambda a: {"data": _snake(a)},
-    answer=_camel,
-    split_key=lambda a: f"identifier:{a}",
-)
-def _snake_to_camel(rng):
+def _identifier(rng):
     return _pick(rng, WORDS, _int(rng, 2, 3))
 
 
-@_family(
-    "camel_to_snake",
-    "format",
-    [
-        "Convert {data} from camelCase to snake_case.",
-        "Write the identifier {data} in snake_case.",
-        WithInput("Rewrite this camelCase name in snake_case."),
-    ],
-    fields=lambda a: {"data": _camel(a)},
-    answer=_snake,
+_both_ways(
+    ("snake_to_camel", "camel_to_snake"),
+    (("snake_case", _snake), ("camelCase", _camel)),
+    draw=_identifier,
     split_key=lambda a: f"identifier:{a}",
+    phrasings=lambda src, dst: [
+        f"Convert {{data}} from {src} to {dst}.",
+        f"Write the identifier {{data}} in {dst}.",
+        WithInput(f"Rewrite this {src} name in {dst}."),
+    ],
 )
-def _camel_to_snake(rng):
-    return _pick(rng, WORDS, _int(rng, 2, 3))

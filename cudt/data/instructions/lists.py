@@ -11,6 +11,7 @@ from cudt.data.instructions.registry import (
     _family,
     _int,
     _join,
+    _list,
     _pick,
     ordinal,
 )
@@ -18,76 +19,40 @@ from cudt.data.instructions.registry import (
 # ---- list operations -------------------------------------------------------------------------
 
 
-def _list(args):
-    return {"data": _join(args[0])}
-
-
 def _numbers(rng, low=3, high=7, top=99):
     return (tuple(int(x) for x in rng.choice(top + 1, size=_int(rng, low, high), replace=False)),)
 
 
-@_family(
-    "sort_ascending",
-    "list",
-    [
-        "Sort these numbers from smallest to largest: {data}",
-        "Put in ascending order: {data}",
-        WithInput("Sort the numbers in ascending order."),
-        WithInput("Arrange these numbers from smallest to largest."),
+def _mirrored(names, words, answers, phrasings) -> None:
+    """Register two families of :func:`_numbers` lists that ask one question in mirrored words
+    (ascending / descending, largest / smallest): family ``names[i]`` has the phrasings
+    ``phrasings(*words[i])`` and the answer ``answers[i]``."""
+    for name, these, answer in zip(names, words, answers, strict=True):
+        _family(name, "list", phrasings(*these), fields=_list, answer=answer)(_numbers)
+
+
+_mirrored(
+    ("sort_ascending", "sort_descending"),
+    (("ascending", "smallest", "largest"), ("descending", "largest", "smallest")),
+    (lambda a: _join(sorted(a[0])), lambda a: _join(sorted(a[0], reverse=True))),
+    lambda order, first, last: [
+        f"Sort these numbers from {first} to {last}: {{data}}",
+        f"Put in {order} order: {{data}}",
+        WithInput(f"Sort the numbers in {order} order."),
+        WithInput(f"Arrange these numbers from {first} to {last}."),
     ],
-    fields=_list,
-    answer=lambda a: _join(sorted(a[0])),
 )
-def _sort_ascending(rng):
-    return _numbers(rng)
-
-
-@_family(
-    "sort_descending",
-    "list",
-    [
-        "Sort these numbers from largest to smallest: {data}",
-        "Put in descending order: {data}",
-        WithInput("Sort the numbers in descending order."),
-        WithInput("Arrange these numbers from largest to smallest."),
+_mirrored(
+    ("list_max", "list_min"),
+    (("largest", "maximum"), ("smallest", "minimum")),
+    (lambda a: str(max(a[0])), lambda a: str(min(a[0]))),
+    lambda most, extreme: [
+        f"What is the {most} number in this list: {{data}}?",
+        f"Find the {extreme} of {{data}}.",
+        WithInput(f"Give the {most} number in the list."),
+        WithInput(f"Which number is the {extreme}?"),
     ],
-    fields=_list,
-    answer=lambda a: _join(sorted(a[0], reverse=True)),
 )
-def _sort_descending(rng):
-    return _numbers(rng)
-
-
-@_family(
-    "list_max",
-    "list",
-    [
-        "What is the largest number in this list: {data}?",
-        "Find the maximum of {data}.",
-        WithInput("Give the largest number in the list."),
-        WithInput("Which number is the maximum?"),
-    ],
-    fields=_list,
-    answer=lambda a: str(max(a[0])),
-)
-def _list_max(rng):
-    return _numbers(rng)
-
-
-@_family(
-    "list_min",
-    "list",
-    [
-        "What is the smallest number in this list: {data}?",
-        "Find the minimum of {data}.",
-        WithInput("Give the smallest number in the list."),
-        WithInput("Which number is the minimum?"),
-    ],
-    fields=_list,
-    answer=lambda a: str(min(a[0])),
-)
-def _list_min(rng):
-    return _numbers(rng)
 
 
 @_family(
@@ -114,7 +79,7 @@ def _list_sum(rng):
         "Count the items in {data}.",
         WithInput("How many items does the list have?"),
     ],
-    fields=lambda a: {"data": _join(a[0])},
+    fields=_list,
     answer=lambda a: str(len(a[0])),
 )
 def _list_length(rng):

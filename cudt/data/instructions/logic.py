@@ -8,6 +8,7 @@ from cudt.data.instructions.registry import (
     _family,
     _int,
     _join,
+    _list,
     _pick,
     _yes,
 )
@@ -40,7 +41,7 @@ def _is_member(rng):
         "Of {data}, which comes first in the dictionary?",
         WithInput("Which of these words comes first alphabetically?"),
     ],
-    fields=lambda a: {"data": _join(a[0])},
+    fields=_list,
     answer=lambda a: min(a[0]),
 )
 def _first_alphabetically(rng):

@@ -71,6 +71,11 @@ def _join(values) -> str:
     return ", ".join(map(str, values))
 
 
+def _list(args) -> dict[str, str]:
+    """The fields of a family whose first argument is a list: ``data``, its items joined."""
+    return {"data": _join(args[0])}
+
+
 # --------------------------------------------------------------------------------------------------
 # Families
 # --------------------------------------------------------------------------------------------------

@@ -113,6 +113,13 @@ def split_train_val(
     return [video[: frames - n_val]], [video[frames - n_val :]]
 
 
+def _swap_blocks(x, lead, blocks, out):
+    """``x`` read as ``[*lead, a, b, c, d]`` (``blocks``), axes ``b`` and ``c`` swapped, as
+    ``[*lead, *out]``: :func:`patchify` is this with blocks ``(nh, p, nw, p)`` and
+    :func:`unpatchify` with ``(nh, nw, p, p)``, the swap being its own inverse."""
+    return x.reshape(*lead, *blocks).swapaxes(-3, -2).reshape(*lead, *out)
+
+
 def patchify(frames, patch: int = 16):
     """``[..., H, W] -> [..., (H/p)*(W/p), p*p]``: patches in row-major order, each row-major.
 
@@ -125,9 +132,7 @@ def patchify(frames, patch: int = 16):
             "of the patch size"
         )
     nh, nw = h // patch, w // patch
-    x = frames.reshape(*lead, nh, patch, nw, patch)
-    x = x.swapaxes(-3, -2)  # [..., nh, nw, p, p]
-    return x.reshape(*lead, nh * nw, patch * patch)
+    return _swap_blocks(frames, lead, (nh, patch, nw, patch), (nh * nw, patch * patch))
 
 
 def unpatchify(patches, height: int, width: int):
@@ -142,9 +147,7 @@ def unpatchify(patches, height: int, width: int):
             "height and width the patches came from"
         )
     nh, nw = height // patch, width // patch
-    x = patches.reshape(*lead, nh, nw, patch, patch)
-    x = x.swapaxes(-3, -2)  # [..., nh, p, nw, p]
-    return x.reshape(*lead, height, width)
+    return _swap_blocks(patches, lead, (nh, nw, patch, patch), (height, width))
 
 
 def make_sequences(
