@@ -299,6 +299,18 @@ def positive_int(text: str) -> int:
     return _at_least(text, 1)
 
 
+def number_flag(
+    p: argparse.ArgumentParser,
+    flag: str,
+    default: Any,
+    help: str,
+    type: Callable[[str], Any] = positive_int,
+) -> None:
+    """Adds ``flag`` to ``p``: a number read by ``type`` (default :func:`positive_int`), whose
+    help ends with its default, ``help (default N)``: the value is stated once."""
+    p.add_argument(flag, type=type, default=default, help=f"{help} (default {default})")
+
+
 def non_negative_int(text: str) -> int:
     """An argparse ``type``: a whole number >= 0."""
     return _at_least(text, 0)

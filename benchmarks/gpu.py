@@ -29,8 +29,8 @@ from benchmarks.common import (
     choice_list,
     environment,
     header,
+    number_flag,
     output_file,
-    positive_int,
     positive_int_list,
     subcommand_parser,
 )
@@ -49,26 +49,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=list(SECTIONS),
         help=f"comma-separated, measured in this order (default {','.join(SECTIONS)})",
     )
-    p.add_argument(
-        "--steps", type=positive_int, default=20, help="step: steps per block (default 20)"
-    )
-    p.add_argument("--repeats", type=positive_int, default=5, help="step: repetitions (default 5)")
+    number_flag(p, "--steps", 20, "step: steps per block")
+    number_flag(p, "--repeats", 5, "step: repetitions")
     p.add_argument(
         "--runs",
         type=positive_int_list,
         default=[1, 2, 4, 8, 16, 32, 64],
         help="sweep: R values (default 1,2,4,...,64)",
     )
-    p.add_argument(
-        "--sweep-repeats", type=positive_int, default=3, help="sweep: timed calls (default 3)"
-    )
-    p.add_argument("--llm-batch", type=positive_int, default=16, help="llm: samples (default 16)")
-    p.add_argument(
-        "--llm-seq", type=positive_int, default=256, help="llm: tokens each (default 256)"
-    )
-    p.add_argument(
-        "--llm-rounds", type=positive_int, default=5, help="llm: timed rounds (default 5)"
-    )
+    number_flag(p, "--sweep-repeats", 3, "sweep: timed calls")
+    number_flag(p, "--llm-batch", 16, "llm: samples")
+    number_flag(p, "--llm-seq", 256, "llm: tokens each")
+    number_flag(p, "--llm-rounds", 5, "llm: timed rounds")
     p.add_argument(
         "--llm-checkpoint",
         default=None,

@@ -84,6 +84,7 @@ from benchmarks.common import (
     measure_on_cores,
     median,
     narrow_thread_counts,
+    number_flag,
     output_file,
     output_folder,
     positive_float,
@@ -128,11 +129,9 @@ class PeerMismatch(SystemExit):
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = subcommand_parser("python -m benchmarks llm", __doc__)
-    p.add_argument("--batch", type=positive_int, default=4, help="samples per batch B (default 4)")
-    p.add_argument("--seq", type=positive_int, default=64, help="tokens per sample T (default 64)")
-    p.add_argument(
-        "--rounds", type=positive_int, default=3, help="interleaved timed rounds (default 3)"
-    )
+    number_flag(p, "--batch", 4, "samples per batch B")
+    number_flag(p, "--seq", 64, "tokens per sample T")
+    number_flag(p, "--rounds", 3, "interleaved timed rounds")
     p.add_argument(
         "--torch-threads",
         default=[0],

@@ -42,6 +42,7 @@ import numpy as np
 from benchmarks.common import (
     header,
     max_abs_diff,
+    number_flag,
     parse_quick,
     positive_int,
     positive_int_list,
@@ -80,23 +81,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--depths", type=positive_int_list, default=[5, 17, 33], help="L+1; default 5,17,33"
     )
-    p.add_argument("--batch", type=positive_int, default=2, help="sequences B (default 2)")
-    p.add_argument(
-        "--seq", type=positive_int, default=64, help="tokens per sequence T (default 64)"
-    )
-    p.add_argument("--dim", type=positive_int, default=128, help="model width D (default 128)")
+    number_flag(p, "--batch", 2, "sequences B")
+    number_flag(p, "--seq", 64, "tokens per sequence T")
+    number_flag(p, "--dim", 128, "model width D")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument(
         "--chunk-tokens", type=int, default=512, help="rows per chunk (default 512, the library's)"
     )
-    p.add_argument(
-        "--vocab-chunk", type=positive_int, default=8192, help="vocabulary block (default 8192)"
-    )
+    number_flag(p, "--vocab-chunk", 8192, "vocabulary block")
     p.add_argument("--time-vocab", type=positive_int, default=32768, help="V of the timed size")
     p.add_argument("--time-depth", type=positive_int, default=17, help="L+1 of the timed size")
-    p.add_argument(
-        "--repeats", type=positive_int, default=5, help="interleaved repetitions (default 5)"
-    )
+    number_flag(p, "--repeats", 5, "interleaved repetitions")
     return parse_quick(p, argv, QUICK, "tiny sizes for the tests (V 1024, L+1 3)")
 
 

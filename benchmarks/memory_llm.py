@@ -74,6 +74,7 @@ import numpy as np
 
 from benchmarks.common import (
     choice_list,
+    number_flag,
     parse_quick,
     positive_float,
     positive_int,
@@ -155,15 +156,11 @@ precision_list = choice_list(PRECISIONS, "precision")
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = subcommand_parser("python -m benchmarks memory llm", __doc__)
-    p.add_argument(
-        "--layers", type=positive_int, default=32, help="blocks L of the table (default 32)"
-    )
+    number_flag(p, "--layers", 32, "blocks L of the table")
     p.add_argument(
         "--batch", type=positive_int, default=4, help="sequences per step (default 4, the paper's)"
     )
-    p.add_argument(
-        "--seq", type=positive_int, default=512, help="tokens per sequence T (default 512)"
-    )
+    number_flag(p, "--seq", 512, "tokens per sequence T")
     p.add_argument(
         "--chunk-tokens",
         type=positive_int,
@@ -187,9 +184,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=list(PRECISIONS),
         help="float32 and/or mixed (bf16 compute, float32 state); default float32,mixed",
     )
-    p.add_argument(
-        "--gpus", type=positive_int, default=8, help="GPUs of the FSDP machine (default 8)"
-    )
+    number_flag(p, "--gpus", 8, "GPUs of the FSDP machine")
     p.add_argument(
         "--gpu-gb", type=positive_float, default=80.0, help="their memory, GB (default 80)"
     )

@@ -68,6 +68,7 @@ from benchmarks.common import (
     measure_on_cores,
     narrow_thread_counts,
     non_negative_int,
+    number_flag,
     output_file,
     parse_quick,
     positive_int,
@@ -93,12 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="default (nuPI, alternating: the video task's) and/or paper (Adam duals, "
         "simultaneous) (default default,paper)",
     )
-    p.add_argument(
-        "--steps", type=positive_int, default=10, help="steps per timed block (default 10)"
-    )
-    p.add_argument(
-        "--repeats", type=positive_int, default=7, help="interleaved repetitions (default 7)"
-    )
+    number_flag(p, "--steps", 10, "steps per timed block")
+    number_flag(p, "--repeats", 7, "interleaved repetitions")
     p.add_argument(
         "--torch-threads",
         type=int_list,
@@ -113,12 +110,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="untimed steps of each side before timing (default 20): the UT's clipping is "
         "inactive at its initial weights (W̃_f = −0.9·I) and active from the first few steps on",
     )
-    p.add_argument(
-        "--check-steps", type=positive_int, default=3, help="equal-work steps (default 3)"
-    )
-    p.add_argument(
-        "--check-epsilon", type=float, default=0.5, help="ε of the equal-work check (default 0.5)"
-    )
+    number_flag(p, "--check-steps", 3, "equal-work steps")
+    number_flag(p, "--check-epsilon", 0.5, "ε of the equal-work check", type=float)
     p.add_argument("--no-flops", dest="flops", action="store_false", help="skip the FLOP rate")
     p.add_argument("--matmul-size", type=positive_int, default=2048, help="n of the n x n matmul")
     p.add_argument(

@@ -35,6 +35,7 @@ from benchmarks.common import (
     interleave,
     max_abs_diff,
     median,
+    number_flag,
     parse_quick,
     positive_int,
     positive_int_list,
@@ -52,13 +53,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--runs", type=positive_int_list, default=[1, 2, 4, 8], help="R values (default 1,2,4,8)"
     )
-    p.add_argument(
-        "--chunk-steps", type=positive_int, default=10, help="steps per chunk (default 10)"
-    )
-    p.add_argument(
-        "--chunks", type=positive_int, default=3, help="timed chunks per call (default 3)"
-    )
-    p.add_argument("--repeats", type=positive_int, default=3, help="interleaved calls (default 3)")
+    number_flag(p, "--chunk-steps", 10, "steps per chunk")
+    number_flag(p, "--chunks", 3, "timed chunks per call")
+    number_flag(p, "--repeats", 3, "interleaved calls")
     p.add_argument(
         "--job-steps",
         type=positive_int,

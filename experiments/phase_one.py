@@ -40,11 +40,9 @@ from cudt.errors import UsageError
 from cudt.io import check_not_a_file, claimed_run_dir, to_jsonable, write_json_atomic
 from cudt.metrics import feasibility
 from cudt.runner.cli import (
-    config_from_args,
-    configure_process,
+    config_main,
     exit_process,
     given_on_command_line,
-    run_cli,
 )
 from cudt.runner.config import RunConfig
 from cudt.runner.lock import check_free, lock_output
@@ -362,23 +360,15 @@ def _refuse_inert(cfg, argv) -> None:
 def main(argv=None) -> int:
     """The entry point: the video task's flags → phase I; bad input (a flag that would not
     act here too) is one line, status 2, nothing written."""
-    configure_process()
     argv = sys.argv[1:] if argv is None else list(argv)
-    status = run_cli(lambda: _refuse_inert_flags(argv))
-    if status:
-        return status
-    try:
-        cfg, _ = config_from_args(
-            VideoConfig, argv, __doc__.split("\n\n")[0], "experiments.phase_one"
-        )
-    except SystemExit as e:  # --help, or a bad flag (already reported in one line)
-        return 0 if e.code is None else int(e.code)
 
-    def job():
+    def job(cfg):
         _refuse_inert(cfg, argv)
         return run_phase_one(cfg)
 
-    return run_cli(job)
+    return config_main(
+        VideoConfig, job, argv, __doc__, "experiments.phase_one", refuse=_refuse_inert_flags
+    )
 
 
 if __name__ == "__main__":

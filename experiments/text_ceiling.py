@@ -32,11 +32,9 @@ import scipy.sparse as sp
 
 from cudt.errors import UsageError
 from cudt.runner.cli import (
-    config_from_args,
-    configure_process,
+    config_main,
     exit_process,
     given_on_command_line,
-    run_cli,
 )
 from cudt.runner.provenance import provenance
 from cudt.runner.run import data_draws
@@ -336,20 +334,17 @@ def run_ceiling(cfg: TextConfig, argv: Sequence[str] | None = None) -> dict[str,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The entry point: the text task's flags → the readers' table; bad input is one line."""
-    configure_process()
     argv = list(sys.argv[1:] if argv is None else argv)
     # a flag that would not act here is refused before its value is read (a bad value of one
     # was reported as the value's fault)
-    status = run_cli(lambda: _read_only(argv))
-    if status:
-        return status
-    try:
-        cfg, _ = config_from_args(
-            TextConfig, argv, __doc__.split("\n\n")[0], "experiments.text_ceiling"
-        )
-    except SystemExit as e:  # --help, or a bad flag (already reported in one line)
-        return 0 if e.code is None else int(e.code)
-    return run_cli(lambda: run_ceiling(cfg, argv))
+    return config_main(
+        TextConfig,
+        lambda cfg: run_ceiling(cfg, argv),
+        argv,
+        __doc__,
+        "experiments.text_ceiling",
+        refuse=_read_only,
+    )
 
 
 def _read_only(argv: list[str]) -> list[str]:

@@ -22,15 +22,14 @@ fig1_layer_loss.png, fig4_accuracy_vs_gamma.png and fig12_ratio_hist.png under -
 the headline table.
 """
 
-from cudt.runner.cli import exit_process
-from experiments.paper.job import table_main
+from cudt.runner.cli import config_main, exit_process
 from experiments.paper.text_table import Table4Config, run_table
 
 __all__ = ["Table4Config", "main"]
 
 
 def main(argv=None) -> int:
-    return table_main(Table4Config, run_table, argv, __doc__, "experiments.text_table")
+    return config_main(Table4Config, run_table, argv, __doc__, "experiments.text_table")
 
 
 if __name__ == "__main__":

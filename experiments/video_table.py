@@ -17,15 +17,14 @@ interrupted ones. Writes table3.csv, table3.md, fig2_rmse_vs_gamma.png, fig3_dep
 fig7_layer_loss.png under --out and prints the headline table.
 """
 
-from cudt.runner.cli import exit_process
-from experiments.paper.job import table_main
+from cudt.runner.cli import config_main, exit_process
 from experiments.paper.video_table import Table3Config, run_table
 
 __all__ = ["Table3Config", "main"]
 
 
 def main(argv=None) -> int:
-    return table_main(Table3Config, run_table, argv, __doc__, "experiments.video_table")
+    return config_main(Table3Config, run_table, argv, __doc__, "experiments.video_table")
 
 
 if __name__ == "__main__":

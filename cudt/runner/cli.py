@@ -22,7 +22,14 @@ from cudt.errors import CudtError
 from cudt.runner.run import run
 from cudt.runner.sweep import distinct_values
 
-__all__ = ["OneLineParser", "config_from_args", "given_on_command_line", "run_cli", "without_flag"]
+__all__ = [
+    "OneLineParser",
+    "config_from_args",
+    "config_main",
+    "given_on_command_line",
+    "run_cli",
+    "without_flag",
+]
 
 C = TypeVar("C")
 
@@ -327,3 +334,29 @@ def task_main(task, argv: Sequence[str] | None, description: str, prog: str) -> 
     cfg, _ = config_from_args(task.config_cls, argv, description, prog)
 
     return run_cli(lambda: run(task, cfg))
+
+
+def config_main(
+    config_cls: type[C],
+    job: Callable[[C], Any],
+    argv: Sequence[str] | None,
+    doc: str,
+    prog: str,
+    *,
+    refuse: Callable[[list[str]], Any] | None = None,
+) -> int:
+    """The whole entry point of a job on ``config_cls``'s flags (described by the first
+    paragraph of ``doc``): ``refuse(argv)`` first, where given (a flag the job would not act on,
+    refused before its value is read), then the flags → ``job(cfg)``; a bad flag or input is one
+    line, status 2; ``--help``, status 0."""
+    configure_process()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if refuse is not None:
+        status = run_cli(lambda: refuse(argv))
+        if status:
+            return status
+    try:
+        cfg, _ = config_from_args(config_cls, argv, doc.split("\n\n")[0], prog)
+    except SystemExit as e:  # --help, or a bad flag (already reported in one line)
+        return 0 if e.code is None else int(e.code)
+    return run_cli(lambda: job(cfg))

@@ -3,10 +3,10 @@
 A table job is a grid of sub-runs, each ONE :func:`cudt.runner.run` call (γ_train × sweep point
 × seed as one vmapped program), in its own folder under ``--out``. Shared here: the checks of
 the grid flags, a sub-run's config and the reuse/refusal rule of its folder, the training loop
-over sub-runs, and the job itself (:class:`TableJob`, :func:`run_job`) with its entry point
-(:func:`table_main`). The rows, CSV and Markdown tables are :mod:`experiments.paper.rows`, the
-figure helpers :mod:`experiments.paper.figures`; a table module says only what is its own (grid,
-datasets, metric, the paper's table, figures).
+over sub-runs, and the job itself (:class:`TableJob`, :func:`run_job`; its entry point is
+:func:`cudt.runner.cli.config_main`). The rows, CSV and Markdown tables are
+:mod:`experiments.paper.rows`, the figure helpers :mod:`experiments.paper.figures`; a table
+module says only what is its own (grid, datasets, metric, the paper's table, figures).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Any
 
 from cudt.errors import UsageError
 from cudt.io import check_not_a_file, claimed_run_dir, to_jsonable, write_json_atomic
-from cudt.runner.cli import config_from_args, configure_process, run_cli
 from cudt.runner.config import flag
 from cudt.runner.lock import check_free, lock_output
 from cudt.runner.output import CHECKPOINTS, CONFIG_FILE, checkpoint_record
@@ -539,14 +538,3 @@ def run_job(job: TableJob, opts) -> dict[str, Any]:
         "reused": reused,
         "wall_seconds": wall,
     }
-
-
-def table_main(config_cls: type, run_table, argv: Sequence[str] | None, doc: str, prog: str) -> int:
-    """The whole entry point of a table job: flags (``config_cls``, described by the first
-    paragraph of ``doc``) → ``run_table(opts)``; a bad flag or input is one line, status 2."""
-    configure_process()
-    try:
-        opts, _ = config_from_args(config_cls, argv, doc.split("\n\n")[0], prog)
-    except SystemExit as e:  # --help, or a bad flag (already reported in one line)
-        return 0 if e.code is None else int(e.code)
-    return run_cli(lambda: run_table(opts))

@@ -36,6 +36,7 @@ from typing import Any
 from cudt.constrained import UPDATES
 from cudt.errors import UsageError
 from cudt.optim import SCHEDULES
+from cudt.runner.cli import config_main
 from cudt.runner.config import FORMULATIONS, flag
 from cudt.runner.hparams import normalize_epsilon_schedule, parse_epsilon_schedule
 from experiments.paper.dual_study import figures, report
@@ -54,7 +55,6 @@ from experiments.paper.job import (
     need,
     open_job,
     scaled,
-    table_main,
     train_subruns,
 )
 from experiments.paper.rows import fmt, unique
@@ -267,4 +267,4 @@ def run_study(opts: StudyConfig) -> dict[str, Any]:
 
 def main(argv=None, doc: str = __doc__, prog: str = "experiments.dual_study") -> int:
     """The entry point: flags → the study; a bad flag or input is one line, status 2."""
-    return table_main(StudyConfig, run_study, argv, doc, prog)
+    return config_main(StudyConfig, run_study, argv, doc, prog)

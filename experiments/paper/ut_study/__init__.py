@@ -33,6 +33,7 @@ from typing import Any
 from cudt.errors import UsageError
 from cudt.io import write_json_atomic
 from cudt.models.ut import ATTENTIONS, TYINGS
+from cudt.runner.cli import config_main
 from cudt.runner.config import flag
 from experiments.paper.job import (
     TINY_VIDEO,
@@ -46,7 +47,6 @@ from experiments.paper.job import (
     overwrite_flag,
     overwrite_since,
     scaled,
-    table_main,
     train_subruns,
     written_since,
 )
@@ -384,4 +384,4 @@ def _video_task():
 
 def main(argv=None, doc: str = __doc__, prog: str = "experiments.ut_study") -> int:
     """The entry point: flags → the study; a bad flag or input is one line, status 2."""
-    return table_main(StudyConfig, run_study, argv, doc, prog)
+    return config_main(StudyConfig, run_study, argv, doc, prog)
