@@ -156,3 +156,14 @@ def pytest_collection_modifyitems(items) -> None:
 def tiny_bert(tmp_path_factory) -> Path:
     """A random 2-block BERT folder (hidden size 32) with MiniLM's ``tokenizer.json``."""
     return write_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture
+def closed_figures(monkeypatch) -> list:
+    """The matplotlib figures the code under test closes, kept to read back: ``plt.close``
+    appends its figure here instead (the plots close each figure once it is saved)."""
+    import matplotlib.pyplot as plt
+
+    figures: list = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    return figures

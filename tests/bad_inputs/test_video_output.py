@@ -60,51 +60,72 @@ def interrupted_run(finished_run, tmp_path) -> Path:
     return out
 
 
-@pytest.mark.slow
-def test_output_holding_results_is_never_overwritten(finished_run, capsys):
-    refused(
+FINISHED_RUN_CASES = [
+    # (case, flags, problem ({run}: the finished run's folder), fix)
+    (
         "--out holds results of a finished run",
-        [*TINY, "--out", finished_run],
-        capsys,
+        [],
         "already holds results.json of a finished run",
         "pass another --out, or --overwrite to replace it",
-        keeps=finished_run,
-    )
-
-
-@pytest.mark.slow
-def test_output_of_a_finished_run_resumed(finished_run, capsys):
-    """--resume of a finished run was told to pass --overwrite as if two runs conflicted (and
-    --overwrite with --resume is refused): it is told the run is done and where its results are."""
-    refused(
+    ),
+    # --resume of a finished run was told to pass --overwrite as if two runs conflicted (and
+    # --overwrite with --resume is refused): it is told the run is done and where its results are
+    (
         "--resume of a finished run",
-        [*TINY, "--resume", "--out", finished_run],
-        capsys,
-        f"--resume: the run in {finished_run} is finished (its results are in "
-        f"{finished_run / 'results.json'}), so there is nothing to resume",
+        ["--resume"],
+        "--resume: the run in {run} is finished (its results are in {run}/results.json), so "
+        "there is nothing to resume",
         "read them there, or drop --resume and pass --overwrite to train it again",
-        keeps=finished_run,
-    )
+    ),
+]
 
 
 @pytest.mark.slow
-def test_corrupt_checkpoint(interrupted_run, capsys):
-    # The last group's latest checkpoint: found before the first group trains or writes.
-    step = interrupted_run / "checkpoints" / "ut-1" / "4"
+@over_cases(FINISHED_RUN_CASES, "case, flags, problem, fix")
+def test_output_of_a_finished_run(case, flags, problem, fix, finished_run, capsys):
+    """A finished run's folder is never written again without --overwrite."""
+    argv = [*TINY, *flags, "--out", finished_run]
+    refused(case, argv, capsys, problem.format(run=finished_run), fix, keeps=finished_run)
+
+
+def _zeroed_arrays(out: Path) -> None:
+    """The last group's latest checkpoint with its array chunks zeroed: found before the first
+    group trains or writes."""
+    step = out / "checkpoints" / "ut-1" / "4"
     for chunk in (step / "state" / "ocdbt.process_0" / "d").iterdir():
         chunk.write_bytes(b"\0" * 64)
-    refused(
-        "corrupt checkpoint",
-        [*TINY, "--out", interrupted_run],
-        capsys,
-        "ut-1/4 is corrupt (its arrays cannot be read",
-        "delete that folder to resume from an earlier step, or pass --overwrite",
-        keeps=interrupted_run,
-    )
 
 
-@pytest.mark.slow
-def test_checkpoint_of_an_older_state_layout(interrupted_run, capsys):
+def _truncated_index(out: Path) -> None:
+    state = out / "checkpoints" / "ut-1" / "4" / "state"
+    for manifest in state.rglob("manifest.ocdbt"):
+        manifest.write_bytes(manifest.read_bytes()[:10])
+
+
+def _loop_records(edit):
+    """Each group's latest loop record (a JSON file) rewritten by ``edit``."""
+
+    def build(out: Path) -> None:
+        for record in out.glob("checkpoints/*/4/loop/metadata"):
+            record.write_text(json.dumps(edit(json.loads(record.read_text()))))
+
+    return build
+
+
+def _trained_with_each_models_lr(out: Path) -> None:
+    """Nothing changed: the run was trained with each model's default lr (what --lr overrides)."""
+    assert video_denoise.Config().lr is None
+
+
+def _dust_checkpoint_as_ut(out: Path) -> None:
+    """A DUST checkpoint under the UT group's name (a folder copied from another group): its
+    arrays are compared with this model's before anything is trained."""
+    checkpoints = out / "checkpoints"
+    shutil.rmtree(checkpoints / "ut-1")
+    shutil.copytree(checkpoints / "dust-1-ERM", checkpoints / "ut-1")
+
+
+def _older_state_layout(out: Path) -> None:
     """ut-1's latest checkpoint rewritten as cudt wrote it before nuPI's gains took the knobs'
     names (``kp`` / ``ema_nu`` in the dual state, now ``nupi_kp`` / ``nupi_ema``): the same
     arrays under other names, named as such, not as a corrupt file."""
@@ -120,7 +141,7 @@ def test_checkpoint_of_an_older_state_layout(interrupted_run, capsys):
         rename = {"nupi_kp": "kp", "nupi_ema": "ema_nu"}
         return {rename.get(k, k): old_names(v) for k, v in tree.items()}
 
-    group = interrupted_run / "checkpoints" / "ut-1"
+    group = out / "checkpoints" / "ut-1"
     checkpointer = GroupCheckpointer(group)
     states, loop = checkpointer.restore(None, 4)
     checkpointer.close()
@@ -130,29 +151,106 @@ def test_checkpoint_of_an_older_state_layout(interrupted_run, capsys):
     checkpointer = GroupCheckpointer(group)
     checkpointer.save(4, old_names(states), {k: v for k, v in loop.items() if k != "pinned"})
     checkpointer.close()
-    refused(
+
+
+RESUME_ELSEWHERE = "delete that folder to resume from an earlier step, or pass --overwrite"
+SAME_FLAGS = "pass another --out, rerun with the same flags to resume, or --overwrite"
+DISCARD = "pass another --out, or --overwrite to discard it"
+
+CHECKPOINT_CASES = [
+    # (case, build(out): the interrupted run's checkpoints made so, flags, problem, fix)
+    (
+        "corrupt checkpoint",
+        _zeroed_arrays,
+        [],
+        "ut-1/4 is corrupt (its arrays cannot be read",
+        RESUME_ELSEWHERE,
+    ),
+    (
+        "checkpoint with a truncated array index",
+        _truncated_index,
+        [],
+        "ut-1/4 is corrupt (its arrays cannot be read",
+        RESUME_ELSEWHERE,
+    ),
+    (
+        "checkpoint with a corrupt loop record",
+        lambda out: (out / "checkpoints" / "ut-1" / "4" / "loop" / "metadata").write_text("{"),
+        [],
+        "ut-1/4 is corrupt (its loop record cannot be read",
+        RESUME_ELSEWHERE,
+    ),
+    # a loop record that reads as JSON but is not a record of the group's runs crashed
+    # mid-resume (a KeyError; one of fewer runs an IndexError after training, results half
+    # written): refused as a corrupt checkpoint before any training
+    (
+        "checkpoint with an empty loop record",
+        _loop_records(lambda loop: {}),
+        [],
+        "4 is corrupt (its loop record cannot be read: no list 'frozen')",
+        RESUME_ELSEWHERE,
+    ),
+    (
+        "checkpoint with a loop record of other runs",
+        _loop_records(lambda loop: loop | {"frozen": [False], "divergences": [None]}),
+        [],
+        "4 is corrupt (its loop record cannot be read: 'frozen' is not ",
+        RESUME_ELSEWHERE,
+    ),
+    (
+        "checkpoints of a different config",
+        _trained_with_each_models_lr,
+        ["--lr", 5e-4],
+        "holds checkpoints of a different config (lr None -> 0.0005)",
+        SAME_FLAGS,
+    ),
+    (
+        "checkpoints of a different model (--models)",
+        lambda out: None,
+        ["--models", "ut"],
+        "holds checkpoints of a different config (models ['dust', 'ut'] -> ['ut'])",
+        SAME_FLAGS,
+    ),
+    (
+        "checkpoint written by a different model",
+        _dust_checkpoint_as_ut,
+        [],
+        "ut-1/4 was written by a different model or optimiser (",
+        DISCARD,
+    ),
+    (
         "checkpoint of an older state layout",
-        [*TINY, "--out", interrupted_run],
-        capsys,
+        _older_state_layout,
+        [],
         "ut-1/4 was written by another version of cudt (it names dual_state/",
-        "pass another --out, or --overwrite to discard it",
-        keeps=interrupted_run,
-    )
+        DISCARD,
+    ),
+    (
+        "checkpoints without their config.json",
+        lambda out: (out / "checkpoints" / "config.json").unlink(),
+        [],
+        "holds checkpoints but no checkpoints/config.json saying which config they belong to",
+        "pass another --out, or --overwrite to discard them",
+    ),
+    (
+        "checkpoint config.json unreadable",
+        lambda out: (out / "checkpoints" / "config.json").write_text('{"lr": 0.0'),
+        [],
+        "checkpoints/config.json is unreadable",
+        "pass another --out, or --overwrite to start again",
+    ),
+]
 
 
 @pytest.mark.slow
-def test_checkpoint_with_truncated_index(interrupted_run, capsys):
-    state = interrupted_run / "checkpoints" / "ut-1" / "4" / "state"
-    for manifest in state.rglob("manifest.ocdbt"):
-        manifest.write_bytes(manifest.read_bytes()[:10])
-    refused(
-        "checkpoint with a truncated array index",
-        [*TINY, "--out", interrupted_run],
-        capsys,
-        "ut-1/4 is corrupt (its arrays cannot be read",
-        "delete that folder to resume from an earlier step, or pass --overwrite",
-        keeps=interrupted_run,
-    )
+@over_cases(CHECKPOINT_CASES, "case, build, flags, problem, fix")
+def test_checkpoints_in_out(case, build, flags, problem, fix, interrupted_run, capsys):
+    """The interrupted run's checkpoints, made by ``build`` unusable for this run (broken, of
+    another config or model, or without their config), resumed with ``flags``: refused before
+    any training, the folder as it was."""
+    build(interrupted_run)
+    argv = [*TINY, *flags, "--out", interrupted_run]
+    refused(case, argv, capsys, problem, fix, keeps=interrupted_run)
 
 
 def _orbax_read_coroutine():
@@ -185,129 +283,6 @@ def test_failed_restore_closes_orbax_reads_it_left_unstarted():
 
     assert any("never awaited" in m for m in warnings_on_collect(close=False))
     assert warnings_on_collect(close=True) == []
-
-
-@pytest.mark.slow
-def test_checkpoint_with_corrupt_loop_record(interrupted_run, capsys):
-    (interrupted_run / "checkpoints" / "ut-1" / "4" / "loop" / "metadata").write_text("{")
-    refused(
-        "checkpoint with a corrupt loop record",
-        [*TINY, "--out", interrupted_run],
-        capsys,
-        "ut-1/4 is corrupt (its loop record cannot be read",
-        "delete that folder to resume from an earlier step, or pass --overwrite",
-        keeps=interrupted_run,
-    )
-
-
-def _loop_records(edit):
-    """Each group's latest loop record (a JSON file) rewritten by ``edit``."""
-
-    def build(out: Path) -> None:
-        for record in out.glob("checkpoints/*/4/loop/metadata"):
-            record.write_text(json.dumps(edit(json.loads(record.read_text()))))
-
-    return build
-
-
-LOOP_RECORD_CASES = [
-    # (case, build(out): the edit, problem)
-    (
-        "checkpoint with an empty loop record",
-        _loop_records(lambda loop: {}),
-        "4 is corrupt (its loop record cannot be read: no list 'frozen')",
-    ),
-    (
-        "checkpoint with a loop record of other runs",
-        _loop_records(lambda loop: loop | {"frozen": [False], "divergences": [None]}),
-        "4 is corrupt (its loop record cannot be read: 'frozen' is not ",
-    ),
-]
-
-
-@pytest.mark.slow
-@over_cases(LOOP_RECORD_CASES, "case, build, problem")
-def test_checkpoint_with_a_loop_record_of_other_runs(case, build, problem, interrupted_run, capsys):
-    """A loop record that reads as JSON but is not a record of the group's runs crashed
-    mid-resume (a KeyError; one of fewer runs an IndexError after training, results half
-    written): refused as a corrupt checkpoint before any training."""
-    build(interrupted_run)
-    refused(
-        case,
-        [*TINY, "--out", interrupted_run],
-        capsys,
-        problem,
-        "delete that folder to resume from an earlier step, or pass --overwrite",
-        keeps=interrupted_run,
-    )
-
-
-@pytest.mark.slow
-def test_checkpoint_of_a_different_config(interrupted_run, capsys):
-    assert video_denoise.Config().lr is None  # the run was trained with each model's default
-    refused(
-        "checkpoints of a different config",
-        [*TINY, "--lr", 5e-4, "--out", interrupted_run],
-        capsys,
-        "holds checkpoints of a different config (lr None -> 0.0005)",
-        "pass another --out, rerun with the same flags to resume, or --overwrite",
-        keeps=interrupted_run,
-    )
-
-
-@pytest.mark.slow
-def test_checkpoint_of_a_different_model_flag(interrupted_run, capsys):
-    refused(
-        "checkpoints of a different model (--models)",
-        [*TINY, "--models", "ut", "--out", interrupted_run],
-        capsys,
-        "holds checkpoints of a different config (models ['dust', 'ut'] -> ['ut'])",
-        "pass another --out, rerun with the same flags to resume, or --overwrite",
-        keeps=interrupted_run,
-    )
-
-
-@pytest.mark.slow
-def test_checkpoint_written_by_a_different_model(interrupted_run, capsys):
-    """A DUST checkpoint under the UT group's name (a folder copied from another group): its
-    arrays are compared with this model's before anything is trained."""
-    checkpoints = interrupted_run / "checkpoints"
-    shutil.rmtree(checkpoints / "ut-1")
-    shutil.copytree(checkpoints / "dust-1-ERM", checkpoints / "ut-1")
-    refused(
-        "checkpoint written by a different model",
-        [*TINY, "--out", interrupted_run],
-        capsys,
-        "ut-1/4 was written by a different model or optimiser (",
-        "pass another --out, or --overwrite to discard it",
-        keeps=interrupted_run,
-    )
-
-
-@pytest.mark.slow
-def test_checkpoints_without_their_config(interrupted_run, capsys):
-    (interrupted_run / "checkpoints" / "config.json").unlink()
-    refused(
-        "checkpoints without their config.json",
-        [*TINY, "--out", interrupted_run],
-        capsys,
-        "holds checkpoints but no checkpoints/config.json saying which config they belong to",
-        "pass another --out, or --overwrite to discard them",
-        keeps=interrupted_run,
-    )
-
-
-@pytest.mark.slow
-def test_checkpoint_config_unreadable(interrupted_run, capsys):
-    (interrupted_run / "checkpoints" / "config.json").write_text('{"lr": 0.0')
-    refused(
-        "checkpoint config.json unreadable",
-        [*TINY, "--out", interrupted_run],
-        capsys,
-        "checkpoints/config.json is unreadable",
-        "pass another --out, or --overwrite to start again",
-        keeps=interrupted_run,
-    )
 
 
 def test_resume_with_nothing_to_resume(tmp_path, capsys):

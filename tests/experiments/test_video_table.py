@@ -307,12 +307,10 @@ def test_a_cell_over_seeds_says_diverged_only_where_every_run_diverged():
     assert "seed diverged" not in text  # the one-seed pages' legend is unchanged
 
 
-def test_fig3_names_a_cell_without_points_in_gray_not_in_its_kinds_style(tmp_path, monkeypatch):
+def test_fig3_names_a_cell_without_points_in_gray_not_in_its_kinds_style(tmp_path, closed_figures):
     """Fig. 3 (RMSE vs depth): a kind with no point to draw (its cell 'seed diverged') is a
     gray dotted legend entry, not an empty line in the kind's own colour and marker."""
     import types
-
-    import matplotlib.pyplot as plt
 
     from experiments.paper.video_table.figures import STYLE, plot_fig3
 
@@ -320,12 +318,10 @@ def test_fig3_names_a_cell_without_points_in_gray_not_in_its_kinds_style(tmp_pat
     con[1]["diverged"] = True
     rows = table3.best_rows({("ucsd", 3): {"runs": _runs_over_seeds({1e-3: [10.0, 10.2]}, False)
                                            + con}})  # fmt: skip
-    figs = []
-    monkeypatch.setattr(plt, "close", figs.append)  # keep the figure to read it back
     opts = types.SimpleNamespace(headline_gamma=0.15, layers=(3,), models=("dust",),
                                  datasets=("ucsd",))  # fmt: skip
     plot_fig3(rows, opts, tmp_path / "fig3.png")
-    (ax,) = [a for a in figs[0].axes if a.get_legend() is not None]
+    (ax,) = [a for a in closed_figures[0].axes if a.get_legend() is not None]
     entries = dict(zip([t.get_text() for t in ax.get_legend().get_texts()],
                        ax.get_legend().legend_handles, strict=True))  # fmt: skip
     (name,) = [t for t in entries if "seed diverged" in t]

@@ -232,13 +232,11 @@ def test_ragged_or_malformed_input_raises(tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
-def test_the_layer_loss_plot_starts_at_the_runs_first_state(tmp_path, monkeypatch):
+def test_the_layer_loss_plot_starts_at_the_runs_first_state(tmp_path, closed_figures):
     """A run whose problem starts at state 1 (the LLM's --reference-state block1) is drawn
     from layer 1, so its x axis is the model's; a run without ``first_state`` from layer 0."""
     from cudt.runner import plots
 
-    figs = []
-    monkeypatch.setattr(plots.plt, "close", figs.append)  # keep the figure to read it back
     base = dict(model="llm", layers=3, seed=0, test_gamma=[0.5], gamma_train=0.5)
     runs = [
         dict(base, constrained=False, layer_loss=[[4.0, 3.0, 2.0]], first_state=1),
@@ -246,18 +244,16 @@ def test_the_layer_loss_plot_starts_at_the_runs_first_state(tmp_path, monkeypatc
     ]
     plots.plot_layer_losses(runs, tmp_path / "layer_loss.png")
     assert (tmp_path / "layer_loss.png").read_bytes()[:4] == b"\x89PNG"
-    llm, ut = figs[0].axes
+    llm, ut = closed_figures[0].axes
     assert list(llm.lines[0].get_xdata()) == [1, 2, 3]
     assert list(ut.lines[0].get_xdata()) == [0, 1, 2, 3]
 
 
-def test_lanes_not_chosen_are_drawn_faint_under_their_own_legend_entry(tmp_path, monkeypatch):
+def test_lanes_not_chosen_are_drawn_faint_under_their_own_legend_entry(tmp_path, closed_figures):
     """Tuned lanes: the chosen lane of each kind at full strength, the others thin and faint
     under "<kind>, lanes not chosen"; a run with no choice made (no ``chosen`` key) as before."""
     from cudt.runner import plots
 
-    figs = []
-    monkeypatch.setattr(plots.plt, "close", figs.append)
     base = dict(model="ut", layers=2, seed=0, test_gamma=[0.0, 0.5], gamma_train=0.5)
     runs = [
         dict(base, constrained=False, chosen=True, layer_loss=[[3, 2, 1]] * 2, rmse=[1, 2]),
@@ -266,7 +262,7 @@ def test_lanes_not_chosen_are_drawn_faint_under_their_own_legend_entry(tmp_path,
     ]
     plots.plot_layer_losses(runs, tmp_path / "layer_loss.png")
     plots.plot_metric_vs_gamma(runs, tmp_path / "rmse.png", key="rmse", ylabel="RMSE")
-    for fig in figs:
+    for fig in closed_figures:
         (ax,) = fig.axes
         chosen, faint, plain = ax.lines[:3]
         assert chosen.get_alpha() == plain.get_alpha() > faint.get_alpha()
@@ -275,13 +271,11 @@ def test_lanes_not_chosen_are_drawn_faint_under_their_own_legend_entry(tmp_path,
         assert labels[:3] == ["ERM", "ERM, lanes not chosen", "constrained"]
 
 
-def test_each_diverged_lane_is_named_apart_in_the_legend(tmp_path, monkeypatch):
+def test_each_diverged_lane_is_named_apart_in_the_legend(tmp_path, closed_figures):
     """Two ε lanes of one seed that both diverged: each named with its swept values (they read
     "constrained seed 0: diverged" twice); a run without swept values by kind and seed."""
     from cudt.runner import plots
 
-    figs = []
-    monkeypatch.setattr(plots.plt, "close", figs.append)
     base = dict(model="ut", layers=2, seed=0, test_gamma=[0.5], gamma_train=0.5)
     runs = [
         dict(base, constrained=False, label="ut-2 ERM seed 0", layer_loss=[[3, 2, 1]]),
@@ -292,7 +286,7 @@ def test_each_diverged_lane_is_named_apart_in_the_legend(tmp_path, monkeypatch):
         dict(base, constrained=True, seed=1, diverged=True, label="ut-2 constrained seed 1"),
     ]
     plots.plot_layer_losses(runs, tmp_path / "layer_loss.png")
-    (ax,) = figs[0].axes
+    (ax,) = closed_figures[0].axes
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "ERM",
         "constrained seed 0 eps=0.02: diverged",
@@ -301,12 +295,10 @@ def test_each_diverged_lane_is_named_apart_in_the_legend(tmp_path, monkeypatch):
     ]
 
 
-def test_a_long_title_is_wrapped_to_a_one_panel_figure(tmp_path, monkeypatch):
+def test_a_long_title_is_wrapped_to_a_one_panel_figure(tmp_path, closed_figures):
     """The LLM's accuracy plot title (58 characters) ran off both edges of its 5-inch figure."""
     from cudt.runner import plots
 
-    figs = []
-    monkeypatch.setattr(plots.plt, "close", figs.append)
     title = "mean token accuracy vs embedding noise (γ > γ_train: OOD)"
     runs = [
         dict(model="llm", layers=2, seed=0, constrained=k, gamma_train=0.5,
@@ -316,7 +308,7 @@ def test_a_long_title_is_wrapped_to_a_one_panel_figure(tmp_path, monkeypatch):
     plots.plot_metric_vs_gamma(
         runs, tmp_path / "a.png", key="accuracy", ylabel="acc", gamma_train=0.5, title=title
     )
-    fig = figs[0]
+    fig = closed_figures[0]
     lines = fig._suptitle.get_text().replace("\xa0", " ").split("\n")
     assert len(lines) == 2 and " ".join(lines) == title
     assert lines[1] == "(γ > γ_train: OOD)"  # not broken inside "γ > γ_train'
@@ -342,14 +334,12 @@ def test_figure_text_breaks_at_spaces_but_never_inside_a_relation_or_a_short_par
     assert all(w in long.split() for line in lines for w in line.split())  # no word cut
 
 
-def test_infeasible_runs_are_named_layers_are_whole_and_log_labels_plain(tmp_path, monkeypatch):
+def test_infeasible_runs_are_named_layers_are_whole_and_log_labels_plain(tmp_path, closed_figures):
     """The dashes of an infeasible constrained run are explained by its legend entry; the
     layer axis has whole-number ticks only; a loss axis spanning less than a decade is labelled
     in plain numbers (0.682), not 6.82×10⁻¹."""
     from cudt.runner import plots
 
-    figs = []
-    monkeypatch.setattr(plots.plt, "close", figs.append)
     base = dict(model="ut", layers=3, seed=0, test_gamma=[0.5], gamma_train=0.5)
     runs = [
         dict(base, constrained=False, layer_loss=[[0.693, 0.680, 0.681, 0.683]]),
@@ -357,52 +347,49 @@ def test_infeasible_runs_are_named_layers_are_whole_and_log_labels_plain(tmp_pat
         dict(base, constrained=True, feasible=True, seed=1, layer_loss=[[0.69, 0.688, 0.687, 0.686]]),
     ]  # fmt: skip
     plots.plot_layer_losses(runs, tmp_path / "layer_loss.png", xlabel="state l (0: the input)")
-    (ax,) = figs[0].axes
+    (ax,) = closed_figures[0].axes
     assert ax.get_xlabel() == "state l (0: the input)"  # the task's name for its states
     erm, infeasible, feasible = ax.lines[:3]
     assert infeasible.get_linestyle() == "--" and feasible.get_linestyle() == "-"
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["ERM", "constrained, infeasible", "constrained"]
-    figs[0].canvas.draw()
+    closed_figures[0].canvas.draw()
     ticks = [t for t in ax.get_xticks() if 0 <= t <= 3]
     assert ticks and all(float(t).is_integer() for t in ticks)
-    shown = _labelled_y_ticks(ax)
-    assert len(shown) >= 2, shown
-    assert all(float(text) == pytest.approx(y, rel=1e-3) for y, text in shown.items()), shown
+    _assert_y_labels_read_their_ticks(ax, at_least=2)
 
 
-def _labelled_y_ticks(ax) -> dict[float, str]:
-    """``{y: label}`` of the y ticks (major and minor) labelled within the axis' view."""
+def _assert_y_labels_read_their_ticks(ax, at_least: int) -> None:
+    """At least ``at_least`` y ticks (major and minor) labelled within the axis' view, each
+    label its tick's value as a plain number (0.682, not 6.82×10⁻¹)."""
     low, high = ax.get_ylim()
-    return {
+    shown = {
         label.get_position()[1]: label.get_text()
         for label in ax.get_yticklabels(minor=True) + ax.get_yticklabels()
         if label.get_text() and low <= label.get_position()[1] <= high
     }
+    assert len(shown) >= at_least, shown
+    assert all(float(text) == pytest.approx(y, rel=1e-3) for y, text in shown.items()), shown
 
 
 def test_a_loss_axis_with_two_of_the_usual_log_ticks_in_view_labels_finer_ones(
-    tmp_path, monkeypatch
+    tmp_path, closed_figures
 ):
     """Losses from 0.088 to 0.17 put two of the 1..9×10^k ticks in view (0.09, 0.1): the axis
     read two labels for a factor of 2; finer ticks (0.15) are labelled there now."""
     from cudt.runner import plots
 
-    figs = []
-    monkeypatch.setattr(plots.plt, "close", figs.append)
     base = dict(model="ut", layers=3, seed=0, test_gamma=[0.5], gamma_train=0.5)
     runs = [
         dict(base, constrained=False, layer_loss=[[0.17, 0.12, 0.095, 0.088]]),
         dict(base, constrained=True, feasible=True, layer_loss=[[0.17, 0.11, 0.092, 0.089]]),
     ]
     plots.plot_layer_losses(runs, tmp_path / "layer_loss.png")
-    (ax,) = figs[0].axes
-    figs[0].canvas.draw()
+    (ax,) = closed_figures[0].axes
+    closed_figures[0].canvas.draw()
     low, high = ax.get_ylim()
     assert 0.08 < low < 0.09 and 0.15 < high < 0.2  # two of 1..9×10^k in view: 0.09, 0.1
-    shown = _labelled_y_ticks(ax)
-    assert len(shown) >= 3, shown
-    assert all(float(text) == pytest.approx(y, rel=1e-3) for y, text in shown.items()), shown
+    _assert_y_labels_read_their_ticks(ax, at_least=3)
     wide = Figure().add_subplot()  # an axis over decades keeps matplotlib's own ticks
     wide.plot([0, 1], [0.01, 1.0])
     plots.log_y_axis(wide)
@@ -410,13 +397,11 @@ def test_a_loss_axis_with_two_of_the_usual_log_ticks_in_view_labels_finer_ones(
     np.testing.assert_allclose(minor, [a * 10.0**k for k in (-2, -1) for a in range(2, 10)])
 
 
-def test_ratio_histogram_bins_span_the_ratios(tmp_path, monkeypatch):
+def test_ratio_histogram_bins_span_the_ratios(tmp_path, closed_figures):
     """Ratios within a few percent of 1 (a classifier's) spread over the bins instead of one
     bar of a fixed [0, 2] axis; wide ratios (up to 3) are not cut at 2."""
     from cudt.runner import plots
 
-    figs = []
-    monkeypatch.setattr(plots.plt, "close", figs.append)
     rng = np.random.default_rng(0)
     narrow = 1.0 + 0.02 * rng.standard_normal(500)
     wide = rng.uniform(0.2, 3.0, 500)
@@ -425,20 +410,20 @@ def test_ratio_histogram_bins_span_the_ratios(tmp_path, monkeypatch):
         tmp_path / "ratio_hist.png",
     )
     assert (tmp_path / "ratio_hist.png").read_bytes()[:4] == b"\x89PNG"
-    dust, ut = figs[0].axes
+    dust, ut = closed_figures[0].axes
     heights = [p.get_height() for p in ut.patches]
     assert sum(h > 0 for h in heights) > 20  # spread over many of the 60 bars
     left, right = ut.patches[0].get_x(), ut.patches[-1].get_x() + ut.patches[-1].get_width()
     assert 0.8 < left < 1.0 < right < 1.2
     assert dust.patches[-1].get_x() + dust.patches[-1].get_width() > 2.9
     # the legend under the axes, where it hides no bar; what the edge bins hold is said
-    figs[0].canvas.draw()
+    closed_figures[0].canvas.draw()
     assert ut.get_legend().get_window_extent().y1 < ut.get_window_extent().y0
     labels = [t.get_text() for t in ut.get_legend().get_texts()]
     assert all("in the edge bins" in label for label in labels), labels  # 0.5 % each side
     # two long legend labels side by side were wider than a one-panel figure: its axes
     # collapsed (matplotlib warned, constrained layout not applied); one column now
-    figs.clear()
+    closed_figures.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         spread = 0.98 + 0.15 * rng.standard_normal(1200)  # a text run's, tails past the bins
@@ -449,9 +434,9 @@ def test_ratio_histogram_bins_span_the_ratios(tmp_path, monkeypatch):
         )
     assert not [w for w in caught if "constrained_layout" in str(w.message)]
     # few ratios, few bins: 32 ratios (an LLM's) in 2 sqrt(32) = 11 bars, not 60 spikes
-    figs.clear()
+    closed_figures.clear()
     plots.plot_ratio_histograms({("llm", True): narrow[:32]}, tmp_path / "few.png")
-    assert len(figs[0].axes[0].patches) == 11
+    assert len(closed_figures[0].axes[0].patches) == 11
 
 
 def test_ratio_histogram_pools_the_chosen_point_not_every_lane(tmp_path, monkeypatch):
@@ -507,14 +492,12 @@ def test_ratio_histogram_pools_the_chosen_point_not_every_lane(tmp_path, monkeyp
     assert labels[1].startswith("constrained, chosen point, 2 seeds pooled (median 0.900, 100.0%")
 
 
-def test_runs_at_several_gamma_trains_get_a_panel_each(tmp_path, monkeypatch):
+def test_runs_at_several_gamma_trains_get_a_panel_each(tmp_path, closed_figures):
     """A sweep of γ_train drew both noise levels' runs in one panel, the title naming the
     config's one γ_train, and pooled their ratios into one histogram: each γ_train is a panel
     of its own now, with its own γ_train line, and the title says so."""
     from cudt.runner import plots
 
-    figs = []
-    monkeypatch.setattr(plots.plt, "close", figs.append)
     runs = [
         dict(model="ut", layers=2, seed=0, constrained=c, gamma_train=g, test_gamma=[0.0, 0.5],
              layer_loss=[[3, 2, 1]] * 2, rmse=[1, 2 + g])
@@ -525,7 +508,7 @@ def test_runs_at_several_gamma_trains_get_a_panel_each(tmp_path, monkeypatch):
     plots.plot_metric_vs_gamma(
         runs, tmp_path / "rmse.png", key="rmse", ylabel="RMSE", gamma_train=0.15
     )
-    axes = figs[0].axes
+    axes = closed_figures[0].axes
     assert [ax.get_title() for ax in axes] == ["ut-2, γ_train 0.09", "ut-2, γ_train 0.15"]
     for ax, g in zip(axes, (0.09, 0.15), strict=True):
         data = [line for line in ax.lines if line.get_marker() == "o"]
@@ -536,13 +519,11 @@ def test_runs_at_several_gamma_trains_get_a_panel_each(tmp_path, monkeypatch):
     assert plots.panel_names(one) == ["ut-2"] * len(one)  # one γ_train: the model's panel
 
 
-def test_the_constrained_curve_is_drawn_over_a_control_it_equals(tmp_path, monkeypatch):
+def test_the_constrained_curve_is_drawn_over_a_control_it_equals(tmp_path, closed_figures):
     """Constrained DUST with its multipliers at 0 trains as the control dust-pl: drawn after
     it at the same zorder, its line vanished; it is on top now, and the control has squares."""
     from cudt.runner import plots
 
-    figs = []
-    monkeypatch.setattr(plots.plt, "close", figs.append)
     base = dict(model="dust", layers=2, seed=0, test_gamma=[0.5], gamma_train=0.5)
     runs = [
         dict(base, constrained=True, layer_loss=[[3, 2, 1]]),
@@ -550,51 +531,43 @@ def test_the_constrained_curve_is_drawn_over_a_control_it_equals(tmp_path, monke
              model="dust-pl", layer_loss=[[3, 2, 1]]),
     ]  # fmt: skip
     plots.plot_layer_losses(runs, tmp_path / "layer_loss.png")
-    constrained, control = figs[0].axes[0].lines[:2]
+    constrained, control = closed_figures[0].axes[0].lines[:2]
     assert constrained.get_zorder() > control.get_zorder()
     assert constrained.get_marker() == "o" and control.get_marker() == "s"
 
 
-def test_constraint_zero_is_drawn_only_where_a_run_has_a_reference(tmp_path, monkeypatch):
+def test_constraint_zero_is_drawn_only_where_a_run_has_a_reference(tmp_path, closed_figures):
     """Without a reference bound (ERM, --reference none) column 0 is recorded as 0, no
     constraint: it was drawn as a flat g_0 = 0 under "0 = reference"; steps tick whole."""
-    import matplotlib.pyplot as plt
-
-    closed = []
-    monkeypatch.setattr(plt, "close", closed.append)
     with_ref = make_run("ut-2 constrained seed 0", seed=1)
     with_ref["hparams"] = {"reference": 0.7}
     without = make_run("ut-2 ERM seed 0", constrained=False)
     without["hparams"] = {"reference": None}
     plot_training_curves([with_ref, without], tmp_path / "a.png")
-    ax_lam, ax_g, bar = closed[0].axes[:3]
+    ax_lam, ax_g, bar = closed_figures[0].axes[:3]
     # constrained: L+1 g-lines and L+1 λ-lines; ERM: L g-lines (columns 1..L)
     assert len(ax_lam.lines) == L + 1
     assert len(ax_g.lines) == (L + 1) + L + 1  # + the g = 0 line
     assert bar.get_ylabel() == "constraint l (0 = reference)"
-    closed.clear()
+    closed_figures.clear()
     with_ref["hparams"] = {"reference": None}
     plot_training_curves([with_ref], tmp_path / "b.png")
-    ax_lam, ax_g, bar = closed[0].axes[:3]
+    ax_lam, ax_g, bar = closed_figures[0].axes[:3]
     assert len(ax_g.lines) == L + 1 and len(ax_lam.lines) == L
     assert bar.get_ylabel() == "constraint l (no reference)"
-    closed[0].canvas.draw()
+    closed_figures[0].canvas.draw()
     assert all(float(t).is_integer() for t in ax_g.get_xticks())
 
 
-def test_a_run_with_one_logged_step_is_drawn_as_points(tmp_path, monkeypatch):
+def test_a_run_with_one_logged_step_is_drawn_as_points(tmp_path, closed_figures):
     """One logged step (or a finite point between non-finite ones) is no line: it is marked,
     so the legend never names a run the panels do not show."""
-    import matplotlib.pyplot as plt
-
     from cudt.runner import curves
 
-    figs = []
-    monkeypatch.setattr(plt, "close", figs.append)  # keep the figure to read it back
     erm = make_run("ut-2 ERM seed 0", constrained=False, k=1, seed=1)
     runs = [make_run("ut-2 constrained seed 0", k=1), erm]
     plot_training_curves(runs, tmp_path / "one.png")
-    (fig,) = figs
+    (fig,) = closed_figures
     lam, g = fig.axes[:2]
     marked = [line for line in lam.lines + g.lines if line.get_marker() == "."]
     # λ of the constrained run's constraints 1..L, g of both runs' (ERM's too)
