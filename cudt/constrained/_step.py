@@ -416,12 +416,32 @@ def _check_tables(spec: _Spec, state: ConstrainedState, cons) -> None:
             check_table_shape(n, m, jnp.shape(c.value), indexed, "its multipliers", _REBUILD)
         free = c.kind == "eq" or n in spec.implicit
         want = jax.eval_shape(spec.dual.init, FreeSign(m) if free else m)
+        _check_kind(spec, n, c.kind, state.dual_state[n], want, m)
         _check_structure(state.dual_state[n], want, f"dual optimiser state of {n!r}")
         if n in state.slacks:
             u = state.slacks[n]
             check_table_shape(n, u, jnp.shape(c.value), indexed, "its slacks", _REBUILD)
             want = jax.eval_shape(spec.slack_tx.init, u)
             _check_structure(state.slack_state[n], want, f"slack optimiser state of {n!r}")
+
+
+def _check_kind(spec: _Spec, name: str, kind: str, got, want, table) -> None:
+    """A dual state built for the other kind of constraint (``init``'s ``constraints=`` of
+    another kind than the problem's: a stateful dual keeps equalities' moments unprojected) is
+    named as such, not as a state of another optimiser. A stateless dual (``dual_ascent``) keeps
+    no trace of the kind: its state is the same either way, and the step reads the problem's."""
+    if name in spec.implicit or jax.tree.structure(got) == jax.tree.structure(want):
+        return
+    other = jax.eval_shape(spec.dual.init, table if kind == "eq" else FreeSign(table))
+    if jax.tree.structure(got) == jax.tree.structure(other):
+        a, b = (
+            ("an equality", "an inequality") if kind == "eq" else ("an inequality", "an equality")
+        )
+        raise ValueError(
+            f"constraint {name!r} is {a}, but the state's dual optimiser state of it was built "
+            f"for {b} (init's constraints= of another kind than the problem's): pass init "
+            "constraints of the kinds the problem returns, or a batch instead"
+        )
 
 
 def _dual_gradient(values, lam, u, cons):

@@ -235,6 +235,27 @@ def test_a_dual_optimiser_state_of_another_dual_is_refused():
         step_adam(init_sgd(W3), None, jax.random.key(0))
 
 
+def test_a_dual_state_built_for_the_other_kind_of_constraint_is_named_so():
+    """init's ``constraints=`` of another kind than the problem's: a stateful dual's state was
+    refused as one "built for another optimiser" (a PyTreeDef dump); it is named as the kind.
+    A stateless dual's (dual_ascent) is the same either way, and the step reads the problem's
+    kind (left as is: nothing in the state records the kind init was given)."""
+
+    def problem(p, b, k):
+        return jnp.sum(p["w"] ** 2), {"c": cudt.Constraint(p["w"][0] - 1.0, kind=kind)}
+
+    for kind, other in (("ineq", "eq"), ("eq", "ineq")):
+        given = {"c": cudt.Constraint(jax.ShapeDtypeStruct((), jnp.float32), kind=other)}
+        init, step = cudt.make_constrained_step(problem, optax.sgd(0.1), cudt.dual_adam(0.1))
+        a, b = ("an equality", "an inequality")[:: 1 if kind == "eq" else -1]
+        with pytest.raises(ValueError, match=f"constraint 'c' is {a}, but the state's dual "
+                           f"optimiser state of it was built for {b} \\(init's constraints= "
+                           "of another kind"):  # fmt: skip
+            step(init({"w": jnp.ones(2)}, constraints=given), None, jax.random.key(0))
+        ok = {"c": cudt.Constraint(jax.ShapeDtypeStruct((), jnp.float32), kind=kind)}
+        step(init({"w": jnp.ones(2)}, constraints=ok), None, jax.random.key(0))
+
+
 def test_a_multiplier_table_of_another_shape_is_refused():
     init, step = vector_step()
     state = init(W3)
