@@ -471,6 +471,13 @@ def test_a_settings_cell_leaves_a_diverged_seed_out_of_its_paired_differences():
     # the plain means too: the diverged run's 9.0 (its last finite state) is no number to
     # average (they read 3.150, over 4 of 4)
     assert cells[4] == cells[7] == "1.200 (3 of 4)", row
+    # chosen where every constrained run is sound: ERM's mean leaves its diverged seed out
+    erm[3]["val_mean_rmse"] = 9.0
+    sound = [*erm, *(run(s, True, 1.1) for s in range(4))]
+    chosen = "\n".join(_settings_section(SimpleNamespace(name="settings", cfg=cfg), sound))
+    assert "mean RMSE 1.100; ERM's 1.000 (3 of 4))" in chosen, chosen
+    assert "| 3 | ERM diverged |" in chosen
+
     from experiments.paper.ut_study.report import _per_seed
 
     base = {"label": "UT", "resilience": "off", "kind": "constrained", "feasible_tol": False}

@@ -247,7 +247,8 @@ def _settings_section(sub, runs: list[dict]) -> list[str]:
         "",
         f"**Chosen: ε = {pick['epsilon']:g}, dual rate {pick['dual_lr']:g}** (mean validation "
         f"mean RMSE {pick['val_mean_rmse']:.3f}; ERM's "
-        f"{np.mean([e['val_mean_rmse'] for e in erm.values()]):.3f}). Its runs against ERM, per "
+        f"{_mean(list(erm.values()), 'val_mean_rmse'):.3f}{_over(list(erm.values()))}). Its "
+        "runs against ERM, per "
         "seed (test data, reported only):",
         "",
         "| seed | ID RMSE | ERM | ID vs ERM | OOD RMSE | ERM | OOD vs ERM |",
