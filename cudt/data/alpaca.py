@@ -220,9 +220,9 @@ def load_alpaca(path: str | Path) -> tuple[AlpacaRecord, ...]:
 
     ``.jsonl`` / ``.ndjson`` files are read line by line (blank lines skipped); any other name is
     parsed as one JSON document, falling back to JSON lines when that fails and the first line is
-    an object on its own. A missing or null ``"input"`` means ``""``; other keys are ignored. Records come
-    in file order. Raises :class:`AlpacaDataError` naming the file and the record index for a
-    missing file, invalid JSON, an empty list, a record that is not an object, lacks
+    an object on its own. A missing or null ``"input"`` means ``""``; other keys are ignored.
+    Records come in file order. Raises :class:`AlpacaDataError` naming the file and the record
+    index for a missing file, invalid JSON, an empty list, a record that is not an object, lacks
     ``"instruction"`` or ``"output"``, has a non-string field or an empty instruction.
     """
     path = Path(path).expanduser()
