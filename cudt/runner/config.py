@@ -536,6 +536,14 @@ class RunConfig:
     def seed_list(self) -> list[int]:
         return [self.seed + i for i in range(self.seeds)]
 
+    def resolved_defaults(self) -> dict[str, Any]:
+        """``{flag: the value it takes when not given}`` for a flag whose default (None) the
+        config resolves from its other flags (``LLMConfig``: ``--lora-alpha`` from the rank):
+        given at that value it trains the default's runs, so a resume spelling it either way
+        resumes the other's checkpoints (:func:`cudt.runner.output.open_output`; the runner
+        adds the defaults a task resolves, ``--lr``: :func:`cudt.runner.run.task_defaults`)."""
+        return {}
+
     def fingerprint(self, *, evaluation: bool = False) -> dict[str, Any]:
         """The fields a checkpoint depends on: the config minus where and how the runs execute
         (``RESUME_IGNORES``) and what only the evaluation reads (``EVALUATION_ONLY``);

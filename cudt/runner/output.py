@@ -126,14 +126,22 @@ def _as_now(
     new: dict,
     paths: Collection[str],
     canonical: Mapping[str, Callable[[Any], Any]] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> dict:
     """The saved config ``old`` with what names the same thing as ``new`` written as ``new``
     writes it, so that only real differences are named: a path flag (``paths``) spelt another
     way for the same file or folder (relative or absolute, a trailing slash, a link), in the
     flag and in the records derived from it (a data source ``ucsd:<path>``); a flag of
     ``canonical`` (``{name: what its value names}``: ``--sweep``'s lanes, ``sorted`` for a list
-    whose order means nothing, ``--reference``'s spelling) whose two values name the same."""
+    whose order means nothing, ``--reference``'s spelling) whose two values name the same; a
+    flag of ``defaults`` (``{name: the value it takes when not given}``: ``--lr`` from the
+    task, ``--lora-alpha`` from the rank) given on one side at the value the other side's
+    default (None) resolves to."""
     old = dict(old)
+    for key, value in (defaults or {}).items():
+        a, b = old.get(key), new.get(key)
+        if a != b and (value if a is None else a) == (value if b is None else b):
+            old[key] = b
     for key, meaning in (canonical or {}).items():
         a, b = old.get(key), new.get(key)
         # a list (its lanes, its items) or a value (``--reference .5`` names ``0.5``)
@@ -217,6 +225,7 @@ def _check_same_config(
     flags: Collection[str],
     paths: Collection[str],
     canonical: Mapping[str, Callable[[Any], Any]] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> None:
     """Refuses checkpoints in ``out`` that ``config`` cannot resume (:func:`open_output`'s
     arguments): an unreadable saved config, an earlier state layout, other files behind the
@@ -236,7 +245,7 @@ def _check_same_config(
             f"layout ({layout}; this version writes {config['state_layout']}), which cannot "
             "be resumed: pass another --out, or --overwrite to discard them"
         )
-    same = _as_now(old, config, paths, canonical)
+    same = _as_now(old, config, paths, canonical, defaults)
     diff = _differences(same, config, ignore, added)
     changed = [d for d in diff if d.split(" ", 1)[0].endswith("_digest")]
     flag_changed = [d for d in diff if d.split(" ", 1)[0].split(".", 1)[0] in flags]
@@ -289,6 +298,7 @@ def open_output(
     flags: Collection[str] = (),
     paths: Collection[str] = (),
     canonical: Mapping[str, Callable[[Any], Any]] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> OutputDir:
     """Checks and prepares the output folder of a run of ``config`` (a JSON-able dict).
 
@@ -308,8 +318,9 @@ def open_output(
     names the config's differences, not files that changed behind the same flags (a flag such
     as ``--max-length`` changes a digest too); ``paths``: the fields naming a file or folder,
     ``canonical``: ``{field: what its value names}`` (``--sweep``'s lanes; ``sorted``: a list
-    whose order means nothing) (a resume spelling the same folder, the same set or the same
-    sweep another way resumes: :func:`_as_now`).
+    whose order means nothing), ``defaults``: ``{field: the value it takes when not given}``
+    (a resume spelling the same folder, the same set, the same sweep another way or a default
+    out resumes: :func:`_as_now`).
     """
     out = Path(out)
     check_not_a_file(out)
@@ -333,7 +344,9 @@ def open_output(
     # or protect: the folder starts afresh under the new config
     alone = saved_config.exists() and not _holds_checkpoints(out / CHECKPOINTS)
     if saved_config.exists() and not overwrite and not alone:
-        _check_same_config(out, saved_config, config, ignore, added, flags, paths, canonical)
+        _check_same_config(
+            out, saved_config, config, ignore, added, flags, paths, canonical, defaults
+        )
         resuming = True
     elif not overwrite and _holds_checkpoints(out / CHECKPOINTS):
         raise UsageError(
@@ -368,13 +381,16 @@ def open_output(
     return OutputDir(out, resuming)
 
 
-def open_output_once(path, fingerprint, cfg, main_process: bool) -> OutputDir:
+def open_output_once(
+    path, fingerprint, cfg, main_process: bool, defaults: Mapping[str, Any] | None = None
+) -> OutputDir:
     """:func:`open_output` under the folder's lock, by process 0 of a multi-host job; the
     others wait for it, take its verdict (resuming or not) and check that the lock they see is
     their job's, so no two jobs, and no two processes of one, race on the folder. The lock is
     taken before anything is written (a job refused for it writes nothing) and held until the
     returned :class:`OutputDir` is left (``with``); a refusal while opening releases it and
-    removes a folder the lock created."""
+    removes a folder the lock created. ``defaults``: the flags' resolved defaults a task adds
+    to the config's own (``cfg.resolved_defaults()``; :func:`open_output`)."""
     flags = dict(
         overwrite=cfg.overwrite,
         resume=cfg.resume,
@@ -388,6 +404,7 @@ def open_output_once(path, fingerprint, cfg, main_process: bool) -> OutputDir:
             for f in dataclasses.fields(cfg)
             if f.metadata.get("canonical")
         },
+        defaults=cfg.resolved_defaults() | dict(defaults or {}),
     )
     if jax.process_count() == 1:
         lock = lock_output(path)

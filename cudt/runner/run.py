@@ -125,7 +125,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     # host: two jobs started in the same second get two folders
     path = given if given is not None else fresh_run_dir(task.name, claim=jax.process_count() == 1)
     _check_group_folders(path, groups, cfg.overwrite)
-    with open_output_once(path, fingerprint, cfg, main_process) as out:
+    with open_output_once(path, fingerprint, cfg, main_process, task_defaults(task, cfg)) as out:
         print(
             f"output: {out.path}"
             + (
@@ -150,6 +150,23 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         if main_process:
             _write_results(task, cfg, data, out, results, trained["ratios"], gammas, swept, t0)
         return results
+
+
+def task_defaults(task: Task, cfg) -> dict[str, Any]:
+    """The flags whose default (None) the task resolves, with the value it resolves to, where
+    giving that value trains the same runs: ``--lr`` when the models' default learning rates
+    (:meth:`Task.default_lr`) are one value, so that ``--lr 1e-3`` resumes the checkpoints of
+    a run without it, and the other way (it was refused as another config: ``lr 0.001 ->
+    None``). The runs of both spellings are compared, so a model's own ``--model-hparams`` lr
+    or a sweep of lr is accounted for (:func:`cudt.runner.output.open_output`)."""
+    if not any(f.name == "lr" for f in dataclasses.fields(cfg)):
+        return {}
+    lrs = {task.default_lr(cfg, m) for m in task.model_names(cfg)}
+    if len(lrs) != 1:  # --lr sets every model's rate: it can equal one default only
+        return {}
+    (lr,) = lrs
+    given, default = dataclasses.replace(cfg, lr=lr), dataclasses.replace(cfg, lr=None)
+    return {"lr": lr} if task.run_specs(given) == task.run_specs(default) else {}
 
 
 def _check_group_folders(path: Path, groups, overwrite: bool) -> None:

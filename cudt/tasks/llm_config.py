@@ -253,14 +253,13 @@ class LLMConfig(RunConfig):
     eval_batch_size: int = shared("eval_batch_size", 100)
     keep_checkpoints: int = shared("keep_checkpoints", 1)
 
-    def fingerprint(self, *, evaluation: bool = False) -> dict[str, typing.Any]:
-        """:meth:`RunConfig.fingerprint`, with ``--lora-alpha`` at 2 x rank recorded as its
-        default (None): ``--lora-alpha 16 --lora-rank 8`` trains the run the default does, so a
-        resume spelling it either way is the same run (it was refused as another config)."""
-        record = super().fingerprint(evaluation=evaluation)
-        if self.lora_rank is not None and self.lora_alpha == default_lora_alpha(self.lora_rank):
-            record["lora_alpha"] = None
-        return record
+    def resolved_defaults(self) -> dict[str, typing.Any]:
+        """:meth:`RunConfig.resolved_defaults`: ``--lora-alpha 16 --lora-rank 8`` trains the
+        run the default alpha (2 x rank) does, so a resume spelling it either way is the same
+        run (it was refused as another config)."""
+        if self.lora_rank is None:
+            return {}
+        return {"lora_alpha": default_lora_alpha(self.lora_rank)}
 
     def validate(self) -> None:
         self._check_sizes()

@@ -302,6 +302,37 @@ def test_a_reference_spelt_another_way_is_the_same_config(tmp_path, capsys):
     assert_one_line_error(toy_main, argv, capsys, "different config (reference '0.5' -> '0.6')")
 
 
+@dataclasses.dataclass(frozen=True)
+class _TaskLrConfig(ToyTask.config_cls):
+    lr: float | None = None  # the task's: _TaskLrToy.default_lr
+
+
+class _TaskLrToy(ToyTask):
+    config_cls = _TaskLrConfig
+
+    def default_lr(self, cfg, name):
+        return 3e-2
+
+
+def test_a_learning_rate_given_at_the_tasks_default_is_the_same_config(tmp_path, capsys):
+    """``--lr`` at the value the task's default resolves to trains the default's runs: a resume
+    either way round resumes the other's checkpoints (it was refused as another config,
+    ``lr 0.03 -> None``); another rate still is refused."""
+    for k, (given, then) in enumerate([(["--lr", "0.03"], []), ([], ["--lr", "3e-2"])]):
+        out = tmp_path / str(k)
+        first = toy(given, out, _TaskLrToy())
+        (out / "results.json").unlink()
+        capsys.readouterr()
+        again = toy(then, out, _TaskLrToy())
+        assert ": resumed from the checkpoint at step" in capsys.readouterr().err
+        assert [r["final_loss"] for r in again["runs"]] == [r["final_loss"] for r in first["runs"]]
+    (out / "results.json").unlink()
+    argv = ["--lr", "0.02", "--out", out]
+    assert_one_line_error(
+        lambda a: toy_main(a, _TaskLrToy()), argv, capsys, "different config (lr None -> 0.02)"
+    )
+
+
 def test_the_lanes_a_resume_compares_are_the_parsed_sweeps():
     """What a resume compares (canonical_sweeps, which checks nothing: a saved config is read
     as it stands) is what parse_sweeps trains, name by name and value by value."""
