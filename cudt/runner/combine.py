@@ -52,6 +52,7 @@ CONFIG_FREE = frozenset(
         "data_derived",
         "sweep",
         "sweeps",
+        "swept",
         "kinds",
         "states_at_every_gamma",
         "model_hparams",
@@ -172,9 +173,17 @@ def _load_job(task, folders: list[str | Path], own_data: bool = False) -> list[d
     return results
 
 
+def _run_identity(r: dict) -> str:
+    """What makes a run the one it is, whatever its label: model, depth, kind, seed and every
+    hyperparameter (a label names only the values its folder swept)."""
+    what = (r["model"], r.get("layers"), bool(r["constrained"]), int(r["seed"]), r["hparams"])
+    return json.dumps(what, sort_keys=True)
+
+
 def _runs(folders, results) -> list[dict]:
-    """Every run of the folders; a run (label) in two folders is refused."""
-    runs, seen = [], {}
+    """Every run of the folders; a run in two folders is refused, by its label or, where the
+    folders swept other hyperparameters (so label it otherwise), by its settings and seed."""
+    runs, seen, held = [], {}, {}
     for folder, res in zip(folders, results, strict=True):
         for r in res["runs"]:
             if r["label"] in seen:
@@ -182,7 +191,14 @@ def _runs(folders, results) -> list[dict]:
                     f"{r['label']} is in both {seen[r['label']]} and {folder}: pass each folder "
                     "once, and folders of other seeds (--seed)"
                 )
+            twin = held.get(_run_identity(r))
+            if twin is not None:
+                raise UsageError(
+                    f"{r['label']} in {folder} is {twin[0]} in {twin[1]} (the same seed and "
+                    "settings): leave one of the two folders out, or train other seeds (--seed)"
+                )
             seen[r["label"]] = folder
+            held[_run_identity(r)] = (r["label"], folder)
             runs.append(r)
     return runs
 
@@ -209,7 +225,6 @@ def combine(task, folders: list[str | Path]) -> str:
     """The summary table and footer of ``task`` over the runs of ``folders`` (see the module
     docstring); a :class:`UsageError` when the folders are not one job's."""
     results = _load_job(task, folders)
-    runs = _runs(folders, results)
     # every run's (seed, draw): one draw for all, or each seed its own; a list, not a dict by
     # seed, so that two folders' runs of one seed on two draws cannot hide one another
     draws = [
@@ -224,6 +239,7 @@ def combine(task, folders: list[str | Path]) -> str:
             "another: train every folder on each seed's own data (no --data-seed) or all with "
             f"--data-seed {_data_seed(results[0]['config'])}"
         )
+    runs = _runs(folders, results)  # after: a seed on two draws is named as such first
     # the recorded config, read as attributes (selection_for reads flags such as --select)
     score, higher = task.selection_for(types.SimpleNamespace(**results[0]["config"]))
     select_best(runs, score, higher_is_better=higher)

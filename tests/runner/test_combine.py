@@ -162,6 +162,48 @@ def test_a_folder_of_one_kind_joins_the_job(folders, tmp_path, capsys):
     assert "llm-2 constrained seed 1:" in out and "llm-2 ERM seed 1:" not in out
 
 
+def _swept_epsilon_folder(source, out, epsilons=(0.1, 0.3)):
+    """``source``'s constrained runs as a later ``--kinds constrained --sweep epsilon=...``
+    command writes them: a lane per ε, labelled ``eps=`` (ε 0.1, the task's default, the
+    source's own point)."""
+    shutil.copytree(source, out)
+    results = json.loads((out / "results.json").read_text())
+    runs = [
+        {**r, "label": f"{r['label']} eps={e:g}", "hparams": {**r["hparams"], "epsilon": e}}
+        for e in epsilons
+        for r in results["runs"]
+        if r["constrained"]
+    ]
+    sweep = {"sweeps": {"epsilon": list(epsilons)}, "swept": ["epsilon"], "kinds": "constrained"}
+    config = {**results["config"], **sweep, "sweep": ["epsilon=0.1,0.3"]}
+    (out / "results.json").write_text(json.dumps({**results, "config": config, "runs": runs}))
+    return out
+
+
+def test_a_folder_that_sweeps_joins_and_a_run_held_twice_under_another_label_is_refused(
+    folders, tmp_path, capsys
+):
+    """Another command sweeping ε (a hyperparameter either folder sweeps may differ): its
+    folder joins the job. Its lane at the default ε of a seed another folder holds is that
+    run again under another label: refused, not averaged in twice."""
+    first, rest = folders
+    assert LLMConfig().epsilon == 0.1
+    swept = _swept_epsilon_folder(rest, tmp_path / "eps")
+    # before: "differ in swept ([] vs ['epsilon'])"
+    assert combine.main([str(first), str(swept)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "4 runs of llm_sft from 2 folders:" in out
+    assert "llm-2 constrained seed 1 eps=0.3:" in out
+    # seed 1 at ε 0.1 in both: before (swept allowed), paired "by seed (0, 1, 1)" in silence
+    assert combine.main([str(first), str(rest), str(swept)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"llm-2 constrained seed 1 eps=0.1 in {swept} is llm-2 constrained seed 1 in {rest} "
+        "(the same seed and settings)" in err
+    ), err
+    assert err.count("\n") == 1, err
+
+
 def test_a_folder_written_before_a_setting_existed_joins_at_its_earlier_behaviour(
     folders, tmp_path, capsys
 ):
