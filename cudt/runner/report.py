@@ -258,9 +258,11 @@ def summary_table(
             "mean validation ℓ_{l−1} at the floor (infeasible by construction): not applicable, "
             "left out of the feasibility and monotone verdicts"
         )
+    # rounded: ε + margin − ε is the margin only to float precision (0.05 + 0.02 − 0.05 is
+    # 0.020000000000000004, 0.1 + 0.02 − 0.1 is 0.01999999999999999): one margin, said once
     margins = sorted(
         {
-            r["trained_epsilon"] - r["hparams"]["epsilon"]
+            round(r["trained_epsilon"] - r["hparams"]["epsilon"], 12)
             for r in runs
             if r.get("trained_epsilon") is not None
         }

@@ -51,3 +51,15 @@ def test_the_verdict_is_at_epsilon_and_the_summary_says_so(pair):
         np.testing.assert_allclose(shift, 0.2, atol=1e-7)  # ε 0.3 asks 0.2 more of each layer
     assert all(r["trained_epsilon"] is None for r in margin["runs"] if not r["constrained"])
     assert "--epsilon-margin 0.2: the constrained runs trained at epsilon + margin" in printed
+
+
+def test_a_margin_over_an_epsilon_sweep_is_said_once(tmp_path):
+    """ε + margin − ε differs in its last bits between ε: the note named "0.02, 0.02"."""
+    printed = io.StringIO()
+    argv = ["--seeds", "1", "--sweep", "epsilon=0.05,0.1,0.2", "--epsilon-margin", "0.02"]
+    with contextlib.redirect_stdout(printed):
+        results = toy(argv, tmp_path / "swept")
+    trained = [r["trained_epsilon"] - r["hparams"]["epsilon"] for r in _constrained(results)]
+    assert len(set(trained)) > 1  # the float sums this note reads
+    (line,) = [x for x in printed.getvalue().splitlines() if "--epsilon-margin" in x]
+    assert line.startswith("--epsilon-margin 0.02: the constrained runs trained at"), line
