@@ -370,6 +370,8 @@ def combine_per_folder(task, folders: list[str | Path], point: dict[str, str] | 
     ]
     comparisons = compare_chosen(picked, common)
     for c in comparisons:  # a pair is a folder's seed: name it so, not by its number
+        c["seeds"] = [labels[p] for p in c["seeds"]]
+        c["unpaired"] = [labels[p] for p in c["unpaired"]]  # a folder where one kind chose
         for iv in c["constrained_minus_erm"].values():
             if "seeds" in iv:
                 iv["seeds"] = [labels[p] for p in iv["seeds"]]

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+import types
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from cudt.data.alpaca import write_alpaca
 from cudt.data.instructions import generated_instructions
 from cudt.errors import UsageError
 from cudt.runner.combine import combine as combine_folders
+from cudt.runner.combine import combine_per_folder
 from cudt.tasks.llm import LLMTask
 from cudt.tasks.llm_config import LLMConfig
 from experiments import combine, llm_sft
@@ -344,3 +347,38 @@ def test_per_folder_point_reports_a_given_lane_at_every_folder(own_data, capsys)
         assert exit_status(combine.main, [*argv, str(first), str(second)]) == 2
         err = capsys.readouterr().err
         assert problem in err and err.count("\n") == 1, err
+
+
+def test_per_folder_names_a_folder_where_one_kind_chose_by_its_folder_and_seed(tmp_path):
+    """A folder whose constrained point is not eligible while its ERM chose: its seed is left
+    out of the paired t, named as the folder's seed (``data1:5``), not as the internal number
+    of its pair (it said ``seed 1 left out``: no folder has a seed 1)."""
+
+    def record(constrained, val, feasible=True):
+        return {
+            "model": "m", "layers": 2, "gamma_train": 0.0, "constrained": constrained,
+            "seed": 5, "label": f"m {constrained}", "val_objective": val, "diverged": False,
+            "hparams": {"dual_lr": 0.1 if constrained else None, "gamma_train": 0.0},
+            "feasible": feasible, "loss_decreases_val": True, "loss_decreases": True,
+        }  # fmt: skip
+
+    folders = []
+    for f in range(3):
+        folder = tmp_path / f"data{f}"
+        folder.mkdir()
+        runs = [record(True, 0.1 + 0.01 * f, feasible=f != 1), record(False, 0.3 + 0.05 * f**2)]
+        results = {"experiment": "toy", "config": {"seed": 5}, "runs": runs}
+        (folder / "results.json").write_text(json.dumps(results))
+        folders.append(folder)
+
+    @dataclasses.dataclass
+    class Config:
+        seed: int = 0
+
+    task = types.SimpleNamespace(
+        name="toy", config_cls=Config, selection_for=lambda cfg: ("val_objective", False)
+    )
+    text = combine_per_folder(task, folders)
+    assert "m-2 constrained: a point chosen in 2 of 3 folders" in text, text
+    (line,) = [x for x in text.splitlines() if x.startswith("m-2: chosen")]
+    assert "paired t over 2 seeds (seed data1:5 left out: one side only):" in line, line
