@@ -304,7 +304,5 @@ def at_gamma_train(run: dict, key: str):
 def run_metric(run: dict, name: str) -> float:
     """A run's reported metric ``name`` as a float (NaN where it is None); ``NAME@γtr`` is the
     per-test-γ metric at the run's γ_train (:func:`metric_names`)."""
-    if name.endswith("@γtr"):
-        return float(at_gamma_train(run, name[: -len("@γtr")]))
-    v = run.get(name)
+    v = at_gamma_train(run, name[: -len("@γtr")]) if name.endswith("@γtr") else run.get(name)
     return float("nan") if v is None else float(v)

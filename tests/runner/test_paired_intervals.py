@@ -89,6 +89,21 @@ def test_one_finite_seed_of_several_says_so_not_one_seed():
     assert "no interval: no metric is finite at two of its seeds" in line, line
 
 
+def test_a_per_gamma_metric_read_back_as_null_is_left_out_not_a_crash():
+    """results.json writes NaN as null, inside a per-γ list too (a diverged ERM run's
+    ``acc`` at γ_train): ``acc@γtr`` reads it as NaN, as a scalar's null is read, and the
+    chosen comparison pairs the other seeds (it raised TypeError: float() of None)."""
+    runs = _runs()
+    for r in runs:  # γ_train 0, the first of the test γs
+        r |= {"test_gamma": [0.0, 1.0], "acc": [r["acc"], 0.5], "interval_metrics": ["acc@γtr"]}
+    erm = next(r for r in runs if not r["constrained"] and r["seed"] == 3)
+    erm |= {"diverged": True, "acc": [None, 0.5]}
+    (c,) = compare_chosen(runs, _chosen(runs))
+    iv = c["constrained_minus_erm"]["acc@γtr"]
+    assert iv["seeds"] == [0, 1, 2]
+    assert np.allclose([iv["low"], iv["high"]], _t(CON[:3] - ERM[:3]))
+
+
 def test_an_erm_seed_that_diverged_leaves_the_difference_over_the_others_named():
     runs = _runs()
     next(r for r in runs if not r["constrained"] and r["seed"] == 3)["diverged"] = True
