@@ -198,9 +198,10 @@ class VideoConfig(RunConfig):
             "--dust-spread holds one-per-layer dictionaries near their mean, and --dust-dictionary "
             "shared has one: drop --dust-spread, or pass --dust-dictionary paper or per-layer",
         )
+        stored = "the frame folders" if self.dataset in ("ucsd", "frames") else "its .avi videos"
         need(
             self.dataset == "synthetic" or self.data_dir,
-            f"--dataset {self.dataset} needs --data-dir pointing at the frame folders",
+            f"--dataset {self.dataset} needs --data-dir pointing at {stored}",
         )
         need(
             self.dataset != "synthetic" or self.data_dir is None,

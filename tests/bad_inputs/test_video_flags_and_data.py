@@ -134,6 +134,12 @@ CONFIG_CASES = [
         "pointing at the frame folders",
     ),
     (
+        "video-file dataset without --data-dir",
+        ["--dataset", "avenue"],
+        "--dataset avenue needs --data-dir",
+        "pointing at its .avi videos",
+    ),
+    (
         "misspelt flag",
         ["--learning-rate", "0.1"],
         "unrecognized arguments: --learning-rate 0.1",

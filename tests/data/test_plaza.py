@@ -117,3 +117,14 @@ def test_write_plaza_is_read_back_by_the_real_reader(layout, tmp_path):
     data = load_video_data(layout, top, seq_len=4)
     # 1 training video for train and 1 held out for val, 2 windows of 4 frames, 100 patches
     assert data.train.shape == data.val.shape == data.test.shape == (200, 4, 256)
+
+
+@pytest.mark.parametrize("layout", ["avenue", "shanghaitech"])
+def test_plaza_validation_holds_out_as_many_videos_in_either_layout(layout, tmp_path):
+    """Every plaza video is a scene of its own, and the ShanghaiTech layout names it so: named
+    in pairs as two clips of one camera, the reader's split by scene held out one of each pair
+    for validation (3 of 7 training videos; the Avenue layout 1)."""
+    top = write_plaza(tmp_path, layout=layout, train_videos=7, test_videos=1, num_frames=4,
+                      height=32, width=32)  # fmt: skip
+    data = load_video_data(layout, top, seq_len=4, size=16)  # one sequence a video
+    assert (len(data.train), len(data.val), len(data.test)) == (6, 1, 1)

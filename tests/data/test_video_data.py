@@ -1,5 +1,9 @@
 """Video data: the synthetic generator, frame folders, splits, patches, sequences and noise."""
 
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -21,6 +25,8 @@ from cudt.data import (
     synthetic_videos,
     unpatchify,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # --------------------------------------------------------------------------------------------------
 # Synthetic videos
@@ -344,6 +350,36 @@ def test_empty_folder(tmp_path):
     with pytest.raises(DataError) as e:
         load_frame_folders(tmp_path, dataset="frames")
     assert "{train,test}" in one_line(e)
+
+
+def test_unreadable_folders_are_one_line_naming_them(tmp_path):
+    """A camera folder, or a video folder, the user may not list: one line naming it, where an
+    unreadable UCSDped2 was a PermissionError traceback (listing the cameras' folders came
+    before the reads that named it). Read in a child process; as root, one without the
+    capabilities that read through file permissions."""
+    ped2 = ucsd_tree(tmp_path)
+    code = (
+        "import sys\nfrom cudt.data import DataError, load_video_data\n"
+        "try:\n    load_video_data('ucsd', sys.argv[1], seq_len=2, size=16)\n"
+        "except DataError as e:\n    print(e)"
+    )
+    command = [sys.executable, "-c", code, str(tmp_path)]
+    if os.geteuid() == 0:
+        drop = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+        if shutil.which("setpriv") is None or subprocess.run([*drop, "true"]).returncode:
+            pytest.skip("root that cannot drop its capabilities reads through file permissions")
+        command = [*drop, *command]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    for locked in (ped2, ped2 / "Train" / "Train002"):
+        locked.chmod(0)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+        finally:
+            locked.chmod(0o755)
+        assert done.returncode == 0 and done.stdout.strip() == (
+            f"cannot read '{locked}' (Permission denied): check that --data-dir and its files "
+            "are readable"
+        ), done.stdout + done.stderr
 
 
 def test_corrupt_frame(tmp_path):

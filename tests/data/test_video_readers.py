@@ -450,3 +450,19 @@ def test_a_video_archive_read_as_frame_folders_names_its_dataset(datasets, name,
             load_video_data(wrong, root, seq_len=2, size=32)
         line = one_line(err)
         assert "archive's videos" in line and line.endswith(f"pass --dataset {name}"), line
+
+
+def test_frame_folders_beside_a_video_archive_are_read(datasets, tmp_path):
+    """A folder of datasets: UCSD frame folders beside the Avenue archive. --dataset ucsd reads
+    UCSDped2 there, and one level too high names the UCSD folder, where both said "pass
+    --dataset avenue"."""
+    shutil.copytree(datasets["avenue"], tmp_path / "Avenue Dataset")
+    frames = {"train": [np.full((3, 8, 8), 60, np.uint8)] * 2, "test": [np.zeros((3, 8, 8))]}
+    ucsd = archives.write_ucsd(tmp_path, frames)
+    with pytest.raises(DataError) as err:
+        load_video_data("ucsd", tmp_path, seq_len=2, size=16)
+    assert f"'{ucsd}' holds it: pass --data-dir '{ucsd}'" in one_line(err)
+    shutil.move(ucsd / "UCSDped2", tmp_path / "UCSDped2")
+    data = load_video_data("ucsd", tmp_path, seq_len=2, size=16)
+    assert (len(data.train), len(data.val), len(data.test)) == (1, 1, 1)  # a sequence a video
+    np.testing.assert_allclose(data.train, 60 / 255, atol=1e-6)

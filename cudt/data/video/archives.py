@@ -194,18 +194,28 @@ def write_avenue(
 
 
 def write_shanghaitech(
-    root: str | Path, videos: Mapping[str, Sequence], *, litter=True, rate: int = 25
+    root: str | Path,
+    videos: Mapping[str, Sequence],
+    *,
+    litter=True,
+    rate: int = 25,
+    clips_per_scene: int = 2,
 ) -> Path:
     """``root/shanghaitech/training/videos/01_001.avi`` (``rate`` frames per second) and
     ``testing/frames/01_0014/000.jpg`` with the frame and pixel masks beside them; returns the
     ``shanghaitech`` folder.
 
-    Training videos are named ``<scene>_<clip>`` with scenes 01, 02, ... taking two clips each;
-    test clips ``01_0014, 01_0015, ...`` (the scene-01 test clips of the real dataset)."""
+    Training videos are named ``<scene>_<clip>`` with scenes 01, 02, ... taking
+    ``clips_per_scene`` clips each (the reader draws validation clips from each scene: pass 1
+    for videos that share no scene); test clips ``01_0014, 01_0015, ...`` (the scene-01 test
+    clips of the real dataset)."""
+    if clips_per_scene < 1:
+        raise DataError(f"clips_per_scene must be >= 1, got {clips_per_scene}: pass 1 or more")
     top = Path(root) / SHANGHAITECH
     train, test = _videos(videos, "train"), _videos(videos, "test")
     for i, video in enumerate(train):
-        name = f"{i // 2 + 1:02d}_{i % 2 + 1:03d}.avi"
+        scene, clip = divmod(i, clips_per_scene)
+        name = f"{scene + 1:02d}_{clip + 1:03d}.avi"
         write_avi(top / "training" / "videos" / name, video, rate=rate)
     for i, video in enumerate(test):
         name = f"01_{14 + i:04d}"

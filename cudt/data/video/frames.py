@@ -285,13 +285,6 @@ def load_frame_folders(
             "pass one of them"
         )
     root = _existing_root(root, dataset)
-    archive = _video_archive(root)
-    if archive is not None:  # read as frame folders it says "no image frames", not which
-        other, folder = archive
-        raise DataError(
-            f"'{root}' holds the {other} archive's videos ({folder}/*{VIDEO_SUFFIX}), not "
-            f"{dataset} frame folders: pass --dataset {other}"
-        )
     splits = _split_dirs(root)
     if not splits["train"] and not splits["test"]:
         # One level down: UCSDped1/UCSDped2 (ucsd), or one dataset folder (frames).
@@ -308,6 +301,7 @@ def load_frame_folders(
                 splits[split].extend(dirs)
 
     videos = {split: [v for d in dirs for v in _video_dirs(d)] for split, dirs in splits.items()}
+    _refuse_video_archive(root, dataset, [v for found in videos.values() for v in found])
     if max_videos is not None:
         videos = {split: found[:max_videos] for split, found in videos.items()}
     check_fits(
@@ -388,17 +382,32 @@ def _video_files(folder: Path) -> list[Path]:
     return files
 
 
-def _video_archive(root: Path) -> tuple[str, Path] | None:
-    """``(dataset, folder)`` when ``root`` (or a folder in it) holds a dataset stored as videos:
+def _video_archives(root: Path) -> list[tuple[str, Path]]:
+    """``(dataset, folder)`` of each dataset stored as videos in ``root`` or a folder in it:
     its training folder (``training_videos``, ``training/videos``) with ``.avi`` files."""
+    found = []
     for other, marker in _VIDEO_MARKERS.items():
         for d in [root, *_visible_dirs(root)]:
             folder = _child_dir(d, *marker)
             if folder is not None and any(
                 p.suffix.lower() == VIDEO_SUFFIX for p in _entries(folder) if p.is_file()
             ):
-                return other, folder
-    return None
+                found.append((other, folder))
+    return found
+
+
+def _refuse_video_archive(root: Path, dataset: str, video_dirs: list[Path]) -> None:
+    """Frame folders read from a dataset stored as videos (its training videos' folder taken
+    for a frame folder: "no image frames"), or none found where such a dataset is: a
+    DataError naming the dataset to pass. One beside the frame folders read is left alone, as
+    is one beside a folder that holds them (the no-videos error names that folder)."""
+    for other, folder in _video_archives(root):
+        inside = any(v == folder or folder in v.parents for v in video_dirs)
+        if inside or (not video_dirs and _layout_nearby(root) is None):
+            raise DataError(
+                f"'{root}' holds the {other} archive's videos ({folder}/*{VIDEO_SUFFIX}), not "
+                f"{dataset} frame folders: pass --dataset {other}"
+            )
 
 
 def _layout_error(root: Path, dataset: str) -> DataError:

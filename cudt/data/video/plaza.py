@@ -577,8 +577,8 @@ def write_plaza(
     fps: int = 15,
 ) -> Path:
     """Plaza clips in the CUHK Avenue (``root/Avenue Dataset/training_videos/01.avi``) or
-    ShanghaiTech (``root/shanghaitech/training/videos/01_001.avi``, test clips as JPEG frame
-    folders) layout, ``.avi`` files at ``fps`` frames per second; returns the dataset folder
+    ShanghaiTech (``root/shanghaitech/training/videos/01_001.avi``, ``02_001.avi``, ...: a
+    scene each; test clips as JPEG frame folders) layout, ``.avi`` files at ``fps`` frames per second; returns the dataset folder
     (a ``--data-dir`` for ``--dataset avenue`` / ``--dataset shanghaitech``). Training videos
     are videos ``0 .. train_videos - 1`` of :func:`plaza_videos`, test videos the next ones.
     Written by :mod:`cudt.data.video.archives`' writers as a copied archive holds them: with
@@ -596,4 +596,6 @@ def write_plaza(
     split = {"train": list(videos[:train_videos]), "test": list(videos[train_videos:])}
     if layout == "avenue":
         return write_avenue(root, split, rate=fps)
-    return write_shanghaitech(root, split, rate=fps)
+    # every plaza video is a scene of its own (_render_video draws one per video): named as
+    # two clips of one camera, the reader held out one of each pair for validation (4 of 9)
+    return write_shanghaitech(root, split, rate=fps, clips_per_scene=1)

@@ -215,6 +215,14 @@ class VideoSplits:
     frames: dict[str, np.ndarray] | None = None  # split -> [F, H, W] whole frames, if kept
 
 
+def _cannot_read(e: OSError, data_dir) -> DataError:
+    """A folder or frame the user may not read, named."""
+    return DataError(
+        f"cannot read '{e.filename or data_dir}' ({e.strerror or e}): check that --data-dir "
+        "and its files are readable"
+    )
+
+
 def _real_splits(dataset, data_dir, size, max_videos, max_frames, seq_len) -> tuple:
     """``(train, val, test)`` videos of one real dataset folder (see :func:`load_video_data`)."""
     try:
@@ -226,11 +234,8 @@ def _real_splits(dataset, data_dir, size, max_videos, max_frames, seq_len) -> tu
             max_frames=max_frames,
             min_frames=seq_len,
         )
-    except OSError as e:  # e.g. a folder or frame the user may not read
-        raise DataError(
-            f"cannot read '{e.filename or data_dir}' ({e.strerror or e}): check that --data-dir "
-            "and its files are readable"
-        ) from e
+    except OSError as e:
+        raise _cannot_read(e, data_dir) from e
     train_v, test_v = folders["train"], folders["test"]
     if not train_v:
         raise DataError(
@@ -317,7 +322,10 @@ def load_video_data(
         # UCSD's two cameras (Ped1, Ped2) each give their own validation videos: read as one
         # list, the last ~15 % of it (the validation videos) were Ped2's alone
         train_v, val_v, test_v = [], [], []
-        roots = ucsd_subsets(data_dir) if dataset == "ucsd" else [data_dir]
+        try:  # listing the cameras' folders is the first read of data_dir
+            roots = ucsd_subsets(data_dir) if dataset == "ucsd" else [data_dir]
+        except OSError as e:
+            raise _cannot_read(e, data_dir) from e
         for root in roots:
             train, val, test = _real_splits(dataset, root, size, max_videos, max_frames, seq_len)
             train_v, val_v, test_v = train_v + train, val_v + val, test_v + test
