@@ -578,8 +578,9 @@ def write_plaza(
 ) -> Path:
     """Plaza clips in the CUHK Avenue (``root/Avenue Dataset/training_videos/01.avi``) or
     ShanghaiTech (``root/shanghaitech/training/videos/01_001.avi``, ``02_001.avi``, ...: a
-    scene each; test clips as JPEG frame folders) layout, ``.avi`` files at ``fps`` frames per second; returns the dataset folder
-    (a ``--data-dir`` for ``--dataset avenue`` / ``--dataset shanghaitech``). Training videos
+    scene each; test clips as JPEG frame folders) layout, ``.avi`` files at ``fps`` frames per
+    second; returns the dataset folder (a ``--data-dir`` for ``--dataset avenue`` /
+    ``--dataset shanghaitech``). Training videos
     are videos ``0 .. train_videos - 1`` of :func:`plaza_videos`, test videos the next ones.
     Written by :mod:`cudt.data.video.archives`' writers as a copied archive holds them: with
     the ground-truth placeholders and the macOS/Windows litter the readers must skip."""
