@@ -98,12 +98,15 @@ class TextConfig(RunConfig):
     )
     dataset: str = flag(
         "synthetic",
-        "synthetic (generated reviews), imdb or mnli (prepared TFDS folders), aclimdb (the "
-        "Stanford aclImdb folder)",
+        "synthetic (generated reviews), imdb or mnli (prepared TFDS folders; mnli also "
+        "MultiNLI's .jsonl or GLUE's MNLI .tsv files), aclimdb (the Stanford aclImdb folder)",
         check=one_of(*DATASETS),
     )
     data_dir: str | None = flag(
-        None, "TFDS data folder (imdb, mnli; default $TFDS_DATA_DIR) or aclImdb folder", path=True
+        None,
+        "TFDS data folder (imdb, mnli; default $TFDS_DATA_DIR), MultiNLI's or GLUE's MNLI "
+        "folder (mnli), or aclImdb folder",
+        path=True,
     )
     download: bool = flag(False, "imdb/mnli: download and prepare missing TFDS data")
     num_train: int | None = flag(

@@ -385,8 +385,8 @@ def test_tfds_missing_data_fails_fast_and_names_the_fix(tmp_path):
 
 def test_raw_files_given_to_the_other_reader_name_the_dataset_that_reads_them(tmp_path):
     """The Stanford aclImdb folder given to --dataset imdb (or a TFDS data folder to aclimdb)
-    names the --dataset that reads it, not a `tfds build` into it; raw MultiNLI files are said
-    not to be read."""
+    names the --dataset that reads it, not a `tfds build` into it; MultiNLI's own files given to
+    the TFDS reader name the reader that reads them."""
     base = _write_aclimdb(tmp_path / "raw", n=1)
     for given in (base, base.parent):
         with pytest.raises(DataError) as err:
@@ -402,8 +402,8 @@ def test_raw_files_given_to_the_other_reader_name_the_dataset_that_reads_them(tm
     mnli.mkdir()
     for name in ("train", "dev_matched", "dev_mismatched"):
         (mnli / f"multinli_1.0_{name}.jsonl").write_text('{"gold_label": "-"}\n')
-    with pytest.raises(DataError, match=r"holds raw MultiNLI files \(multinli_1\.0_dev_matched"):
-        load_text_data("mnli", mnli)
+    with pytest.raises(DataError, match=r"holds MultiNLI's own files \(multinli_1\.0_dev_match"):
+        load_tfds_text("mnli", mnli, "train")  # load_text_data reads them: test_multinli_*
     assert sorted(p.name for p in mnli.iterdir())[0] == "multinli_1.0_dev_matched.jsonl"
 
 
@@ -696,3 +696,98 @@ def test_imdb_like_reviews_are_long_mixed_and_round_trip_the_aclimdb_layout(tmp_
     pairs = TextSplit(texts=("a",), pairs=("b",), labels=np.array([0]))
     with pytest.raises(DataError, match="binary single-text"):
         write_aclimdb(tmp_path / "x", pairs, test)
+
+
+# --------------------------------------------------------------------------------------------
+# MultiNLI's own files (multinli_1.0/*.jsonl, GLUE's MNLI/*.tsv), read without TFDS
+# --------------------------------------------------------------------------------------------
+
+# (promptID, premise, hypothesis, gold_label): three hypotheses a premise, as the corpus has
+_MNLI_TRAIN = [
+    (p, f'Premise {p} says "{w}" twice.', f"Hypothesis {p}.{k} about {w}.", gold)
+    for p, w in enumerate(("rain", "trains", "it's", "tea", "ships", "maps"))
+    for k, gold in enumerate(("entailment", "neutral", "contradiction"))
+]
+_MNLI_DEV = [
+    (100, "A dev premise.", "A dev hypothesis.", "neutral"),
+    (100, "A dev premise.", "Nobody agreed here.", "-"),  # no gold label: left out
+    (101, "Another premise.", "It contradicts.", "contradiction"),
+]
+
+
+def _write_multinli(root: Path, fmt: str) -> Path:
+    """The NYU archive's ``multinli_1.0/multinli_1.0_<split>.jsonl`` (with its other fields), or
+    GLUE's ``MNLI/<split>.tsv`` (header, parse columns, unquoted fields), under ``root``."""
+    folder = root / ("multinli_1.0" if fmt == "jsonl" else "MNLI")
+    folder.mkdir(parents=True)
+    for split, rows in (("train", _MNLI_TRAIN), ("dev_matched", _MNLI_DEV)):
+        if fmt == "jsonl":
+            lines = [
+                json.dumps(
+                    {"annotator_labels": [g], "genre": "fiction", "gold_label": g,
+                     "pairID": f"{p}{k}e", "promptID": str(p), "sentence1": a,
+                     "sentence1_binary_parse": "( x )", "sentence2": b}
+                )
+                for k, (p, a, b, g) in enumerate(rows)
+            ]  # fmt: skip
+            (folder / f"multinli_1.0_{split}.jsonl").write_text("\n".join(lines) + "\n")
+        else:
+            header = "index\tpromptID\tpairID\tgenre\tsentence1_parse\tsentence1\tsentence2"
+            lines = [header + "\tlabel1\tgold_label"]
+            lines += [
+                f"{k}\t{p}\t{p}{k}e\tfiction\t( x )\t{a}\t{b}\t{g}\t{g}"
+                for k, (p, a, b, g) in enumerate(rows)
+            ]
+            (folder / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "tsv"])
+def test_multinli_own_files_are_read_as_glue_mnli_with_whole_premises_held_out(tmp_path, fmt):
+    """--dataset mnli on MultiNLI's own files: every labelled pair, GLUE's label order, quotes
+    kept as written, the unlabelled dev pair left out, and validation holding whole premises
+    (a premise's three hypotheses on both sides would let validation read trained premises)."""
+    _write_multinli(tmp_path, fmt)
+    for seed in range(4):
+        data = load_text_data(
+            "mnli", tmp_path, num_train=None, num_test=None, val_fraction=0.34, seed=seed
+        )
+        assert data.label_names == ("entailment", "neutral", "contradiction")
+        assert f"MultiNLI .{fmt} files in {tmp_path}" in data.source
+        assert "validation holds whole premises (2 of 6, by promptID)" in data.source
+        assert set(data.train.groups).isdisjoint(data.val.groups)
+        pairs = {
+            (g, a, b, int(y))
+            for split in (data.train, data.val)
+            for g, a, b, y in zip(split.groups, split.texts, split.pairs, split.labels, strict=True)
+        }
+        labels = data.label_names
+        assert pairs == {(str(p), a, b, labels.index(g)) for p, a, b, g in _MNLI_TRAIN}
+        assert data.test.texts == ("A dev premise.", "Another premise.")
+        assert data.test.pairs == ("A dev hypothesis.", "It contradicts.")
+        assert data.test.labels.tolist() == [1, 2]
+    half = load_text_data("mnli", tmp_path, num_train=9, num_test=1, seed=3)
+    assert len(half.train) + len(half.val) == 9 and len(half.test) == 1
+
+
+def _replaced(old: str, new: str):
+    return lambda f: f.write_text(f.read_text().replace(old, new, 1))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "damage", "words"),
+    [
+        ("jsonl", _replaced('"}\n', '"\n'), "train.jsonl line 1 is not JSON"),
+        ("jsonl", lambda f: f.write_text('{"gold_label": "neutral"}'), "line 1 has no 'sentence1'"),
+        ("jsonl", _replaced('l": "neutral"', 'l": "neutre"'), "gold_label 'neutre' is not one"),
+        ("jsonl", lambda f: f.unlink(), "has no multinli_1.0_train.jsonl (the train split)"),
+        ("tsv", _replaced("\tneutral\tneutral", "\tneutral"), "train.tsv line 3 has 8 fields"),
+        ("tsv", _replaced("gold_label", "label5"), "train.tsv has no 'gold_label' column"),
+        ("tsv", lambda f: f.write_bytes(b"\xff" + f.read_bytes()), "train.tsv' is not UTF-8"),
+    ],
+)
+def test_multinli_files_that_are_not_labelled_pairs_are_named(tmp_path, fmt, damage, words):
+    folder = _write_multinli(tmp_path, fmt)
+    damage(next(folder.glob("*train*")))
+    with pytest.raises(DataError, match=re.escape(words)):
+        load_text_data("mnli", tmp_path)

@@ -17,7 +17,9 @@ Sources (``load_text_data(dataset=...)``):
   :func:`synthetic_sentiment_score` (negation, intensifiers, contrast clauses, neutral filler).
 * ``"imdb"``: TFDS ``imdb_reviews/plain_text`` (25k train / 25k test reviews, neg/pos).
 * ``"mnli"``: TFDS ``glue/mnli`` (premise/hypothesis pairs; entailment/neutral/contradiction);
-  *test* is ``validation_matched`` (the GLUE test labels are hidden).
+  *test* is ``validation_matched`` (the GLUE test labels are hidden). A ``data_dir`` holding
+  MultiNLI's own ``.jsonl`` files or GLUE's ``MNLI/*.tsv`` is read without TFDS
+  (:mod:`cudt.data.text.multinli`), its validation split holding whole premises.
 * ``"aclimdb"``: the raw Stanford folder ``aclImdb/{train,test}/{pos,neg}/*.txt``, the same
   reviews as ``"imdb"`` without TFDS.
 
@@ -31,8 +33,8 @@ Modules: :mod:`~cudt.data.text.tokenized` (splits, tokens, length batches),
 :mod:`~cudt.data.text.generated` (generated reviews and their word lists),
 :mod:`~cudt.data.text.forum` (forum-style product reviews: a second generator for held-out
 checks, never used to choose anything, written in the aclImdb layout),
-:mod:`~cudt.data.text.aclimdb` (the aclImdb folder), :mod:`~cudt.data.text.tfds` (TFDS without
-TensorFlow), :mod:`~cudt.data.text.nli` (generated NLI pairs, tiny prepared-TFDS datasets).
+:mod:`~cudt.data.text.aclimdb` (the aclImdb folder), :mod:`~cudt.data.text.multinli`
+(MultiNLI's own files), :mod:`~cudt.data.text.tfds` (TFDS without TensorFlow), :mod:`~cudt.data.text.nli` (generated NLI pairs, tiny prepared-TFDS datasets).
 :func:`load_text_data` is here.
 """
 
@@ -52,6 +54,7 @@ from cudt.data.text.generated import (
     synthetic_sentiment,
     synthetic_sentiment_score,
 )
+from cudt.data.text.multinli import MULTINLI_LABELS, multinli_folder, read_multinli
 from cudt.data.text.tfds import _TFDS, _load_tfds, load_tfds_text
 from cudt.data.text.tokenized import (
     TextSplit,
@@ -75,6 +78,7 @@ __all__ = [
     "load_text_data",
     "load_tfds_text",
     "read_aclimdb",
+    "read_multinli",
     "synthetic_sentiment",
     "synthetic_sentiment_score",
     "tokenize_split",
@@ -191,6 +195,18 @@ def _without_repeats(pool):
     return pool.take(np.asarray(sorted(first.values()), dtype=np.int64)), len(pool) - len(first)
 
 
+def _multinli_splits(data_dir, num_train, num_test, seed) -> tuple:
+    """``(pool, test, label names, source)`` of MultiNLI's own files in ``data_dir``."""
+    folder, fmt = multinli_folder(data_dir)
+    pool = read_multinli(folder, "train", max_examples=num_train, seed=seed)
+    test = read_multinli(folder, "validation_matched", max_examples=num_test, seed=seed)
+    source = (
+        f"MultiNLI .{fmt} files in {folder}: train {len(pool)} -> train/val, dev_matched "
+        f"{len(test)} -> test (seed={seed})"
+    )
+    return pool, test, MULTINLI_LABELS, source
+
+
 def load_text_data(
     dataset: str = "synthetic",
     data_dir: str | Path | None = None,
@@ -211,7 +227,8 @@ def load_text_data(
     * ``"synthetic"``: :func:`synthetic_sentiment`, pool from stream 0 and test from stream 1
       with repeated texts skipped, so no review is in two splits; ``data_dir`` is not used.
     * ``"imdb"`` / ``"mnli"``: :func:`load_tfds_text` from ``data_dir``; IMDb ``train`` ->
-      train/val, ``test`` -> test; MNLI ``train`` -> train/val, ``validation_matched`` -> test.
+      train/val, ``test`` -> test; MNLI ``train`` -> train/val, ``validation_matched`` -> test
+      (MultiNLI's own files, where ``data_dir`` holds them: :func:`read_multinli`).
       ``download=True`` downloads and prepares missing data (otherwise missing data is a
       :class:`DataError` naming the fix).
     * ``"aclimdb"``: :func:`read_aclimdb` on ``data_dir``: ``train`` -> train/val, ``test`` ->
@@ -239,6 +256,8 @@ def load_text_data(
         test = read_aclimdb(data_dir, "test", max_examples=num_test, seed=seed)
         label_names = ("neg", "pos")
         source = f"aclImdb folder {data_dir}: train {len(pool)}, test {len(test)} (seed={seed})"
+    elif dataset == "mnli" and data_dir is not None and multinli_folder(data_dir) is not None:
+        pool, test, label_names, source = _multinli_splits(data_dir, num_train, num_test, seed)
     else:
         spec = _TFDS[dataset]
         pool, where, n_pool = _load_tfds(
@@ -262,9 +281,10 @@ def load_text_data(
             source += f"; {repeated} repeated training examples left out (train and val apart)"
     train, val = _split_val(pool, val_fraction, seed)
     if val.groups is not None:
+        whole, by = ("premises", "promptID") if dataset == "mnli" else ("movies", "urls_*.txt")
         source += (
-            f"; validation holds whole movies ({len(set(val.groups))} of "
-            f"{len(set(pool.groups or ()))}, by urls_*.txt)"
+            f"; validation holds whole {whole} ({len(set(val.groups))} of "
+            f"{len(set(pool.groups or ()))}, by {by})"
         )
     _check_classes(train, label_names)
     for name, split in (("validation", val), ("test", test)):

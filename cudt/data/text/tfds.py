@@ -83,7 +83,7 @@ def _prepare_hint(spec: _TfdsSpec, root: Path) -> str:
 def _raw_files_hint(spec: _TfdsSpec, root: Path) -> str | None:
     """What to do where ``root`` holds the raw files of the data set rather than a prepared TFDS
     folder: the Stanford aclImdb folder (read by ``--dataset aclimdb``), or MultiNLI's own
-    ``.jsonl`` / GLUE's ``.tsv`` files (not read: TFDS prepares ``glue/mnli`` from GLUE's copy).
+    ``.jsonl`` / GLUE's ``.tsv`` files (read by ``--dataset mnli``: :mod:`cudt.data.text.multinli`).
     ``None`` elsewhere."""
     if not root.is_dir():
         return None
@@ -105,8 +105,9 @@ def _raw_files_hint(spec: _TfdsSpec, root: Path) -> str | None:
         )
         if raw:
             return (
-                f"'{root}' holds raw MultiNLI files ({', '.join(raw[:2])}), which are not read "
-                f"(only a prepared TFDS glue/mnli is): {_prepare_hint(spec, root)}"
+                f"'{root}' holds MultiNLI's own files ({', '.join(raw[:2])}), which "
+                "load_text_data('mnli', ...) and --dataset mnli read (read_multinli), not "
+                "load_tfds_text: pass them there"
             )
     return None
 
