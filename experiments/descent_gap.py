@@ -8,9 +8,11 @@ layer l of each run: the ratio r_l = ℓ_l / ℓ_(l−1) on the training batches
 last ``--last`` logged losses, ``curves``), on validation (``layer_loss_val``) and on test at
 γ_train (``layer_loss``); its multiplier (the same mean of ``curves``' multipliers); whether the
 test loss rises there. Layers whose constraint is not applicable (the previous state's
-validation loss at the floor, as the runner reports it) are listed but left out of the summary. Then, over the pooled folders, per model × class (ERM; constrained with the multiplier
-above ``--active``, "active"; constrained below it, "inactive"), the layers, the test rises, the shifts val → test and train → test of r (mean ± sd), and the slack r − (1 − ε) on training batches
-and on validation (0: the constraint holds with equality; constrained runs only).
+validation loss at the floor, as the runner reports it) are listed but left out of the summary.
+Then, over the pooled folders, per model × class (ERM; constrained with the multiplier above
+``--active``, "active"; constrained below it, "inactive"), the layers, the test rises, the
+shifts val → test and train → test of r (mean ± sd), and the slack r − (1 − ε) on training
+batches and on validation (0: the constraint holds with equality; constrained runs only).
 """
 
 from __future__ import annotations

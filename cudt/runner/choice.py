@@ -507,11 +507,12 @@ def chosen_lines(chosen: list[dict], swept: Sequence[str] = ()) -> list[str]:
         )
         seeds = f"{c['score']} {c['mean']:.4g} over seeds {','.join(map(str, c['seeds']))}"
         if c.get("resilient"):
+            relaxed = relaxation_text(c["relaxation"], c["hparams"].get("epsilon"))
             lines.append(
                 f"{head}: no hard point eligible (0 of {c['points']}: {rule}); chosen "
                 f"resilient point on validation: {point or 'the only varied point'} "
-                f"(relaxation per layer λ/α of ℓ_(l−1), largest over seeds: "
-                f"{relaxation_text(c['relaxation'], c['hparams'].get('epsilon'))}; {seeds}; {c['resilient_eligible']} of "
+                f"(relaxation per layer λ/α of ℓ_(l−1), largest over seeds: {relaxed}; "
+                f"{seeds}; {c['resilient_eligible']} of "
                 f"{c['resilient_points']} resilient points eligible: every seed feasible with ε "
                 f"relaxed by its own λ/α and monotone on validation, then the {best})"
             )
