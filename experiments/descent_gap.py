@@ -24,7 +24,7 @@ import numpy as np
 from cudt.errors import UsageError
 from cudt.metrics import applicable_steps
 from cudt.runner.cli import OneLineParser, exit_process, run_cli
-from cudt.runner.combine import load_results
+from cudt.runner.combine import load_results, run_identity
 from cudt.runner.record import at_gamma_train
 
 __all__ = ["layer_rows", "main", "summarise"]
@@ -146,20 +146,29 @@ def _check(args) -> None:
 
 def _refuse_repeated_runs(folders, results) -> None:
     """A run that two folders both hold (a copied folder, two jobs of overlapping seeds on the
-    same data) would count twice: refused, as ``experiments.combine`` refuses it. Folders of
-    other data sets (``--per-folder``'s held-out sets) may repeat labels: they are other runs."""
-    seen: dict[tuple, str] = {}
+    same data, a later sweep's lane at a point another folder trained) would count twice:
+    refused, as ``experiments.combine`` refuses it, by its seed and settings
+    (:func:`cudt.runner.combine.run_identity`), not its label (which names only the values its
+    folder swept). Folders of other data sets (``--per-folder``'s held-out sets) hold other
+    runs."""
+    seen: dict[tuple, tuple[str, str]] = {}
     for folder, res in zip(folders, results, strict=True):
         config = res.get("config", {})
         data = tuple(str(config.get(k)) for k in ("dataset", "data_dir", "data_seed"))
         for r in res["runs"]:
-            key = (r["label"], *data)
+            key = (run_identity(r), *data)
             if key in seen:
-                raise UsageError(
-                    f"{r['label']} is in both {seen[key]} and {folder} (the same data): its "
-                    "layers would count twice; pass each run's folder once"
+                label, where = seen[key]
+                held = (
+                    f"{label} is in both {where} and {folder} (the same data)"
+                    if label == r["label"]
+                    else f"{r['label']} in {folder} is {label} in {where} (the same seed and "
+                    "settings, on the same data)"
                 )
-            seen[key] = folder
+                raise UsageError(
+                    f"{held}: its layers would count twice; pass each run's folder once"
+                )
+            seen[key] = (r["label"], folder)
 
 
 def _print_gap(args) -> None:
