@@ -8,9 +8,11 @@ layer l of each run: the ratio r_l = ℓ_l / ℓ_(l−1) on the training batches
 last ``--last`` logged losses, ``curves``), on validation (``layer_loss_val``) and on test at
 γ_train (``layer_loss``); its multiplier (the same mean of ``curves``' multipliers); whether the
 test loss rises there. Layers whose constraint is not applicable (the previous state's
-validation loss at the floor, as the runner reports it) are listed but left out of the summary. Then, over the pooled folders, per model × class (ERM; constrained with the multiplier
-above ``--active``, "active"; constrained below it, "inactive"), the layers, the test rises, the shifts val → test and train → test of r (mean ± sd), and the slack r − (1 − ε) on training batches
-and on validation (0: the constraint holds with equality; constrained runs only).
+validation loss at the floor, as the runner reports it) are listed but left out of the summary.
+Then, over the pooled folders, per model × class (ERM; constrained with the multiplier above
+``--active``, "active"; constrained below it, "inactive"), the layers, the test rises, the
+shifts val → test and train → test of r (mean ± sd), and the slack r − (1 − ε) on training
+batches and on validation (0: the constraint holds with equality; constrained runs only).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 from cudt.errors import UsageError
 from cudt.metrics import applicable_steps
 from cudt.runner.cli import OneLineParser, exit_process, run_cli
-from cudt.runner.combine import load_results
+from cudt.runner.combine import _run_data_seed, load_results, run_identity
 from cudt.runner.record import at_gamma_train
 
 __all__ = ["layer_rows", "main", "summarise"]
@@ -144,20 +146,31 @@ def _check(args) -> None:
 
 def _refuse_repeated_runs(folders, results) -> None:
     """A run that two folders both hold (a copied folder, two jobs of overlapping seeds on the
-    same data) would count twice: refused, as ``experiments.combine`` refuses it. Folders of
-    other data sets (``--per-folder``'s held-out sets) may repeat labels: they are other runs."""
-    seen: dict[tuple, str] = {}
+    same data, a later sweep's lane at a point another folder trained) would count twice:
+    refused, as ``experiments.combine`` refuses it, by its seed and settings
+    (:func:`cudt.runner.combine.run_identity`), not its label (which names only the values its
+    folder swept). Folders of other data sets (``--per-folder``'s held-out sets) hold other
+    runs."""
+    seen: dict[tuple, tuple[str, str]] = {}
     for folder, res in zip(folders, results, strict=True):
         config = res.get("config", {})
-        data = tuple(str(config.get(k)) for k in ("dataset", "data_dir", "data_seed"))
+        data = tuple(str(config.get(k)) for k in ("dataset", "data_dir"))
         for r in res["runs"]:
-            key = (r["label"], *data)
+            # the draw of the data it read: seed 0 without --data-seed read --data-seed 0's
+            draw = _run_data_seed(config, int(r["seed"])) if "seed" in config else None
+            key = (run_identity(r), *data, str(config.get("data_seed") if draw is None else draw))
             if key in seen:
-                raise UsageError(
-                    f"{r['label']} is in both {seen[key]} and {folder} (the same data): its "
-                    "layers would count twice; pass each run's folder once"
+                label, where = seen[key]
+                held = (
+                    f"{label} is in both {where} and {folder} (the same data)"
+                    if label == r["label"]
+                    else f"{r['label']} in {folder} is {label} in {where} (the same seed and "
+                    "settings, on the same data)"
                 )
-            seen[key] = folder
+                raise UsageError(
+                    f"{held}: its layers would count twice; pass each run's folder once"
+                )
+            seen[key] = (r["label"], folder)
 
 
 def _print_gap(args) -> None:

@@ -191,6 +191,8 @@ def choose_points(
                 "mean": sign * signed,
                 "seeds": sorted(int(r["seed"]) for r in rs),
             }
+        if pick is None:
+            entry["missed"] = _missed(points, score, constrained)
         if entry["resilient"]:
             entry["relaxation"] = np.max([r["relaxation"] for r in rs], axis=0).tolist()
         out.append(entry)
@@ -393,23 +395,90 @@ def relaxation_text(u, epsilon=None) -> str:
     return text
 
 
+def _missed(points: dict, score: str, constrained: bool) -> dict:
+    """Why no point of a setting is eligible (:func:`_best_point`), point by point (a point may
+    count under several): ``short``, points without a run at every seed the setting has
+    (``missing_seeds``: folders of other grids joined by ``combine``); ``diverged``, points with
+    a diverged seed; ``not_finite``, points with a seed that did not diverge yet has no finite
+    ``score``; ``constraints``, constrained points with such a seed infeasible or not monotone
+    on validation."""
+    seeds = {r["seed"] for rs in points.values() for r in rs}
+    out = {"short": 0, "diverged": 0, "not_finite": 0, "constraints": 0}
+    missing: set = set()
+    for rs in points.values():
+        live = [r for r in rs if not r.get("diverged")]
+        lacks = seeds - {r["seed"] for r in rs}
+        missing |= lacks
+        out["short"] += bool(lacks)
+        out["diverged"] += len(live) < len(rs)
+        out["not_finite"] += not all(np.isfinite(run_metric(r, score)) for r in live)
+        out["constraints"] += constrained and not all(_eligible(r, True) for r in live)
+    return out | {"missing_seeds": sorted(int(s) for s in missing)}
+
+
+def _constraint_fix(c: dict) -> str:
+    """What to pass where points miss their constraints (a smaller α where resilient lanes
+    missed their relaxed ones too)."""
+    if c.get("resilient_points"):
+        return (
+            "try smaller epsilons (--tune-epsilon 0.01,0.02), another --dual-lr, or a smaller "
+            "resilience α (more relaxation)"
+        )
+    return (
+        "try smaller epsilons (--tune-epsilon 0.01,0.02), another --dual-lr, or resilient "
+        "constraints (--sweep resilience=none,ALPHA: chosen only where no hard point is "
+        "eligible, and reported as such)"
+    )
+
+
 def _no_point_line(c: dict, head: str, rule: str) -> str:
-    """Why a setting has no chosen point, and what to pass."""
-    if c.get("kind", "constrained") != "constrained":
-        fix = ": every point diverged; try a smaller learning rate (--tune-lr 0.25,0.5)"
-    elif c.get("resilient_points"):
-        fix = (
+    """Why a setting has no chosen point (each reason :func:`_missed` found, with how many
+    points it rules out), and what to do about each."""
+    constrained = c.get("kind", "constrained") == "constrained"
+    line = f"{head}: no sweep point chosen: none of {c['points']} is eligible ({rule})"
+    if constrained and c.get("resilient_points"):
+        line += (
             f", nor any of its {c['resilient_points']} resilient points on its relaxed "
-            "constraints (ε relaxed by the run's own λ/α): try smaller epsilons (--tune-epsilon "
-            "0.01,0.02), another --dual-lr, or a smaller resilience α (more relaxation)"
+            "constraints (ε relaxed by the run's own λ/α)"
         )
-    else:
-        fix = (
-            ": try smaller epsilons (--tune-epsilon 0.01,0.02), another --dual-lr, or "
-            "resilient constraints (--sweep resilience=none,ALPHA: chosen only where no hard "
-            "point is eligible, and reported as such)"
+    missed = c.get("missed")
+    if missed is None:  # a choice results.json stored before the reasons were recorded
+        if constrained:
+            return f"{line}: {_constraint_fix(c)}"
+        return (
+            f"{line}: at every point a seed diverged, is missing or has no finite {c['score']}; "
+            "where one diverged, try a smaller learning rate (--tune-lr 0.25,0.5)"
         )
-    return f"{head}: no sweep point chosen: none of {c['points']} is eligible ({rule})" + fix
+
+    def has(n: int, what: str) -> str:
+        return f"{n} {'has' if n == 1 else 'have'} {what}"
+
+    why = []
+    if missed["short"]:
+        seeds = ",".join(map(str, missed["missing_seeds"]))
+        why.append(
+            f"{missed['short']} {'lacks' if missed['short'] == 1 else 'lack'} a run at a seed "
+            f"other points trained (missing: {seeds}): folders of other grids were joined; "
+            "train those seeds at those points too, or join only folders of the same points"
+        )
+    if missed["diverged"]:
+        dual = " or a smaller --dual-lr" if constrained else ""
+        why.append(
+            has(missed["diverged"], "a seed that diverged")
+            + f": try a smaller learning rate (--tune-lr 0.25,0.5){dual}"
+        )
+    if missed["not_finite"]:
+        why.append(
+            has(missed["not_finite"], f"a seed with no finite {c['score']} (NaN, or null in ")
+            + "results.json) though it did not diverge: check that seed's validation data and "
+            "rerun it"
+        )
+    if missed["constraints"]:
+        why.append(
+            has(missed["constraints"], "a seed infeasible or not monotone on validation")
+            + f": {_constraint_fix(c)}"
+        )
+    return f"{line}: {'; '.join(why)}"
 
 
 def chosen_lines(chosen: list[dict], swept: Sequence[str] = ()) -> list[str]:
@@ -438,11 +507,12 @@ def chosen_lines(chosen: list[dict], swept: Sequence[str] = ()) -> list[str]:
         )
         seeds = f"{c['score']} {c['mean']:.4g} over seeds {','.join(map(str, c['seeds']))}"
         if c.get("resilient"):
+            relaxed = relaxation_text(c["relaxation"], c["hparams"].get("epsilon"))
             lines.append(
                 f"{head}: no hard point eligible (0 of {c['points']}: {rule}); chosen "
                 f"resilient point on validation: {point or 'the only varied point'} "
-                f"(relaxation per layer λ/α of ℓ_(l−1), largest over seeds: "
-                f"{relaxation_text(c['relaxation'], c['hparams'].get('epsilon'))}; {seeds}; {c['resilient_eligible']} of "
+                f"(relaxation per layer λ/α of ℓ_(l−1), largest over seeds: {relaxed}; "
+                f"{seeds}; {c['resilient_eligible']} of "
                 f"{c['resilient_points']} resilient points eligible: every seed feasible with ε "
                 f"relaxed by its own λ/α and monotone on validation, then the {best})"
             )

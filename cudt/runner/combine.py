@@ -38,7 +38,14 @@ from cudt.runner.lock import check_free
 from cudt.runner.report import seed_intervals, summary_table
 from cudt.runner.sweep import SWEEPABLE
 
-__all__ = ["CONFIG_FREE", "DATA_FLAGS", "combine", "combine_per_folder", "load_results"]
+__all__ = [
+    "CONFIG_FREE",
+    "DATA_FLAGS",
+    "combine",
+    "combine_per_folder",
+    "load_results",
+    "run_identity",
+]
 
 #: Config entries that may differ between the folders of one job: the runs' seeds, sweep
 #: points and kinds (each run records its own), how and where they were executed, and which
@@ -173,7 +180,7 @@ def _load_job(task, folders: list[str | Path], own_data: bool = False) -> list[d
     return results
 
 
-def _run_identity(r: dict) -> str:
+def run_identity(r: dict) -> str:
     """What makes a run the one it is, whatever its label: model, depth, kind, seed and every
     hyperparameter (a label names only the values its folder swept)."""
     what = (r["model"], r.get("layers"), bool(r["constrained"]), int(r["seed"]), r["hparams"])
@@ -191,14 +198,14 @@ def _runs(folders, results) -> list[dict]:
                     f"{r['label']} is in both {seen[r['label']]} and {folder}: pass each folder "
                     "once, and folders of other seeds (--seed)"
                 )
-            twin = held.get(_run_identity(r))
+            twin = held.get(run_identity(r))
             if twin is not None:
                 raise UsageError(
                     f"{r['label']} in {folder} is {twin[0]} in {twin[1]} (the same seed and "
                     "settings): leave one of the two folders out, or train other seeds (--seed)"
                 )
             seen[r["label"]] = folder
-            held[_run_identity(r)] = (r["label"], folder)
+            held[run_identity(r)] = (r["label"], folder)
             runs.append(r)
     return runs
 

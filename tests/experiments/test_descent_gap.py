@@ -105,3 +105,63 @@ def test_bad_flags_and_folders_are_one_line_before_anything_is_read(run, tmp_pat
         ([], "the following arguments are required: folders"),
     ):
         assert_one_line_error(descent_gap.main, argv, capsys, words)
+
+
+def test_a_run_two_folders_hold_under_other_labels_is_refused_not_counted_twice(
+    run, tmp_path, capsys
+):
+    """A later ``--sweep epsilon=0.1,0.3`` command's folder labels its runs ``... eps=0.1``:
+    its lane at the ε another folder trained is that folder's run again (the same seed and
+    settings) under another label, refused; its lane at another ε is another run, pooled."""
+    out, results = run
+
+    def swept(name, epsilon):
+        folder = tmp_path / name
+        folder.mkdir()
+        runs = [
+            dict(
+                r,
+                label=f"{r['label']} eps={epsilon:g}",
+                hparams={**r["hparams"], "epsilon": epsilon},
+            )
+            for r in results["runs"]
+            if r["constrained"]
+        ]
+        (folder / "results.json").write_text(json.dumps(dict(results, runs=runs)))
+        return folder
+
+    again, other = swept("again", 0.1), swept("other", 0.3)
+    # before: the ERM/constrained layers of seed 0 pooled twice ("dust ERM 6" of 3 layers)
+    label = next(r["label"] for r in results["runs"] if r["constrained"])
+    assert_one_line_error(
+        descent_gap.main,
+        [str(out), str(again)],
+        capsys,
+        f"{label} eps=0.1 in {again} is {label} in {out} (the same seed and settings",
+    )
+    assert descent_gap.main([str(out), str(other), "--active", "1e9"]) == 0
+    assert "dust    inactive      6" in capsys.readouterr().out
+
+
+def test_a_seed_run_with_and_without_data_seed_of_its_own_draw_is_one_run(run, tmp_path, capsys):
+    """Seed 0 without --data-seed reads its own draw, 0: the same run as seed 0 with
+    ``--data-seed 0`` (refused, as combine refuses it, not pooled twice); with
+    ``--data-seed 3`` it read other data, another run (pooled)."""
+    out, results = run
+    assert results["config"]["data_seed"] is None and results["config"]["seed"] == 0
+
+    def drawn(data_seed):
+        folder = tmp_path / f"data{data_seed}"
+        folder.mkdir()
+        config = dict(results["config"], data_seed=data_seed, data_per_seed=False)
+        (folder / "results.json").write_text(json.dumps(dict(results, config=config)))
+        return folder
+
+    same, other = drawn(0), drawn(3)
+    label = results["runs"][0]["label"]
+    # before: the key held the recorded data_seed (None vs 0), and "dust ERM 6" printed
+    assert_one_line_error(
+        descent_gap.main, [str(out), str(same)], capsys, f"{label} is in both {out} and {same}"
+    )
+    assert descent_gap.main([str(out), str(other)]) == 0
+    assert "dust    ERM           6" in capsys.readouterr().out

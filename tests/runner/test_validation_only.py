@@ -261,3 +261,36 @@ def test_a_point_a_seed_short_is_no_rival_for_one_trained_at_every_seed():
         higher_is_better=False,
     )
     assert full["hparams"]["epsilon"] == 0.1 and full["eligible"] == 2
+
+
+def _no_point_line(runs, constrained):
+    (entry,) = choose_points(runs, "val_objective", higher_is_better=False, constrained=constrained)
+    assert entry["hparams"] is None
+    (line,) = chosen_lines([entry], ["lr", "dual_lr"])
+    return line
+
+
+def test_no_point_chosen_says_each_actual_reason_not_every_point_diverged():
+    """ERM: one point a seed short (folders of other grids joined), another with a seed whose
+    score is NaN, none diverged: the line said "every point diverged" (and to lower the
+    learning rate). Constrained: a point a seed short was put down to its constraints."""
+    erm = [_run(0, constrained=False, val=0.2, lr=0.1), _run(1, constrained=False, val=0.2, lr=0.1)]
+    erm += [_run(0, constrained=False, val=0.1, lr=0.3)]  # seed 0 alone
+    erm[1]["val_objective"] = float("nan")
+    line = _no_point_line(erm, constrained=False)
+    assert "diverged:" not in line and "every point diverged" not in line, line
+    assert "1 lacks a run at a seed other points trained (missing: 1)" in line, line
+    assert "1 has a seed with no finite val_objective" in line, line
+    # every point diverged: that, and the learning rate
+    gone = [
+        dict(_run(s, constrained=False, lr=lr), diverged=True) for s in (0, 1) for lr in (0.1, 0.3)
+    ]
+    line = _no_point_line(gone, constrained=False)
+    assert line.endswith(
+        ": 2 have a seed that diverged: try a smaller learning rate (--tune-lr 0.25,0.5)"
+    ), line
+    # constrained: one point a seed short, the other infeasible at a seed
+    con = [_run(0, dual_lr=1.0), _run(1, dual_lr=1.0, feasible=False), _run(0, dual_lr=10.0)]
+    line = _no_point_line(con, constrained=True)
+    assert "1 lacks a run at a seed other points trained (missing: 1)" in line, line
+    assert "1 has a seed infeasible or not monotone on validation: try smaller epsilons" in line
