@@ -247,16 +247,18 @@ def test_frame_order_does_not_depend_on_the_listing(tmp_path, monkeypatch):
     assert [float(v[0, 0, 0]) * 255 for v in reads[0]] == pytest.approx([10, 30, 50])
 
 
-def test_each_ucsd_camera_gives_its_own_validation_videos(tmp_path):
+@pytest.mark.parametrize("names", [("UCSDped1", "UCSDped2"), ("ped1", "ped2")])
+def test_each_ucsd_camera_gives_its_own_validation_videos(tmp_path, names):
     """The whole UCSD archive (Ped1 and Ped2): each camera's training videos are split apart,
     so validation holds both (read as one list, its last videos were Ped2's alone), and
-    ``max_videos`` caps each camera (it read Ped1's alone)."""
-    for camera, value in (("UCSDped1", 40), ("UCSDped2", 200)):
+    ``max_videos`` caps each camera (it read Ped1's alone); the same where the cameras' folders
+    were renamed (they were read as one list then)."""
+    for camera, value in zip(names, (40, 200), strict=True):
         for i in range(1, 8):
             write_video(tmp_path / camera / "Train" / f"Train{i:03d}", [value] * 4)
         write_video(tmp_path / camera / "Test" / "Test001", [value] * 4)
     data = load_video_data("ucsd", tmp_path, seq_len=4, size=16, stride=4)
-    assert "UCSDped1, UCSDped2, split apart" in data.source
+    assert f"{names[0]}, {names[1]}, split apart" in data.source
 
     def cameras(sequences):
         return sorted({round(float(v) * 255) for v in sequences[:, 0, 0]})
@@ -265,7 +267,7 @@ def test_each_ucsd_camera_gives_its_own_validation_videos(tmp_path):
     assert len(data.val) == 2 and len(data.train) == 2 * 6  # a sequence a video; 1 of 7 each
     capped = load_video_data("ucsd", tmp_path, seq_len=4, size=16, stride=4, max_videos=2)
     assert cameras(capped.train) == [40, 200] and cameras(capped.val) == [40, 200]
-    one = load_video_data("ucsd", tmp_path / "UCSDped2", seq_len=4, size=16, stride=4)
+    one = load_video_data("ucsd", tmp_path / names[1], seq_len=4, size=16, stride=4)
     assert cameras(one.val) == [200] and "split apart" not in one.source
 
 

@@ -237,16 +237,21 @@ def _existing_root(root, dataset: str) -> Path:
 
 def ucsd_subsets(root: str | Path) -> list[Path]:
     """The UCSD cameras' folders (``UCSDped1``, ``UCSDped2``) under ``root``, each holding
-    ``Train``/``Test``, when ``root`` holds more than one; else ``[root]``."""
+    ``Train``/``Test``, when ``root`` holds more than one; else ``[root]``. Folders renamed
+    (``ped1``, ``ped2``) are cameras too where no ``UCSDped*`` folder is there: the folders
+    :func:`load_frame_folders` reads, one by one."""
     root = _existing_root(root, "ucsd")
     if any(_split_dirs(root).values()):
         return [root]
-    found = [
-        d
-        for d in _visible_dirs(root)
-        if d.name.lower().startswith("ucsdped") and any(_split_dirs(d).values())
-    ]
+    found = _ucsd_cameras(root)
     return found if len(found) > 1 else [root]
+
+
+def _ucsd_cameras(root: Path) -> list[Path]:
+    """The folders under ``root`` holding ``Train``/``Test``: the ``UCSDped*`` ones where there
+    are any (a copy of the archive beside them is another folder), else all of them."""
+    nested = [d for d in _visible_dirs(root) if any(_split_dirs(d).values())]
+    return [d for d in nested if d.name.lower().startswith("ucsdped")] or nested
 
 
 def load_frame_folders(
@@ -290,7 +295,7 @@ def load_frame_folders(
         # One level down: UCSDped1/UCSDped2 (ucsd), or one dataset folder (frames).
         nested = [d for d in _visible_dirs(root) if any(_split_dirs(d).values())]
         if dataset == "ucsd":
-            nested = [d for d in nested if d.name.lower().startswith("ucsdped")] or nested
+            nested = _ucsd_cameras(root)
         elif len(nested) > 1:
             names = ", ".join(d.name for d in nested)
             raise DataError(
