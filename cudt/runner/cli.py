@@ -261,10 +261,17 @@ def run_cli(main: Callable[[], Any]) -> int:
     except CudtError as e:
         print(f"error: {e.cli or e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        # kept, with the frames its traceback holds: freed as the handler ends, they freed
+        # what XLA, still compiling on its own threads, was using (a segfault, 139, in 5 of
+        # 12 Ctrl-C's during a compilation); exit_process then ends the process at once
+        _INTERRUPTS.append(e)
         print("interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+_INTERRUPTS: list[BaseException] = []  # run_cli's interrupts, never freed (see there)
 
 
 def exit_process(status: int) -> NoReturn:
