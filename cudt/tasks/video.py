@@ -151,7 +151,11 @@ class VideoConfig(RunConfig):
     num_videos: int = flag(20, "synthetic: number of videos (a real dataset's are its own)")
     num_frames: int = flag(32, "synthetic: frames per video (a real dataset's are its own)")
     max_videos: int | None = flag(
-        None, "read at most this many videos per split", check=at_least(1)
+        None,
+        "a real dataset: read at most this many training and this many test videos (the first "
+        "by name), per camera of a UCSD folder holding both UCSDped1 and UCSDped2; validation "
+        "videos come from the training ones read",
+        check=at_least(1),
     )
     select: str = flag(
         "val-objective",
