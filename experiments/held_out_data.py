@@ -26,7 +26,7 @@ from cudt.data.text.forum import write_forum
 from cudt.data.video.archives import AVENUE, SHANGHAITECH
 from cudt.data.video.plaza import LAYOUTS, write_plaza
 from cudt.errors import UsageError
-from cudt.io import topmost_missing
+from cudt.io import available_memory, topmost_missing
 from cudt.runner.cli import OneLineParser, exit_process, run_cli
 
 __all__ = ["main"]
@@ -68,6 +68,27 @@ def _parser() -> OneLineParser:
     return parser
 
 
+# Host memory that making and writing one plaza video takes, per pixel of its frames: the float32
+# frames, and their 8-bit conversion's float64 steps (measured: 21-23 bytes at 320x180)
+_PLAZA_BYTES_PER_PIXEL = 24
+_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20))
+
+
+def _check_video_fits(ns) -> None:
+    """One plaza video is made whole before it is written (write_plaza: one at a time): a
+    request whose single video would not fit in the memory available now is refused."""
+    need = _PLAZA_BYTES_PER_PIXEL * ns.frames * ns.width * ns.height
+    available = available_memory()
+    if available is None or need <= available:
+        return
+    shown = next(f"{need / b:,.1f} {u}" for u, b in _UNITS if need >= b or u == "MiB")
+    raise UsageError(
+        f"--frames {ns.frames} at {ns.width}x{ns.height} needs about {shown} of memory (each "
+        "video is made whole before it is written), more than is available: pass fewer --frames "
+        "or a smaller --width and --height"
+    )
+
+
 def _check(ns) -> None:
     """Every refusal before anything is written."""
     if ns.seed < 0:
@@ -93,6 +114,7 @@ def _check(ns) -> None:
             )
         if ns.fps > 120:
             raise UsageError(f"--fps must be <= 120, got {ns.fps}")
+        _check_video_fits(ns)
     elif ns.train < 2 or ns.test < 2:
         raise UsageError(
             f"--train and --test must be >= 2 (a review of each label), got {ns.train} and "

@@ -148,10 +148,14 @@ class VideoConfig(RunConfig):
         "(softmax(Y W Y^T), the published code)",
         check=one_of(*ATTENTIONS),
     )
-    num_videos: int = flag(20, "synthetic: number of videos")
-    num_frames: int = flag(32, "synthetic: frames per video")
+    num_videos: int = flag(20, "synthetic: number of videos (a real dataset's are its own)")
+    num_frames: int = flag(32, "synthetic: frames per video (a real dataset's are its own)")
     max_videos: int | None = flag(
-        None, "read at most this many videos per split", check=at_least(1)
+        None,
+        "a real dataset: read at most this many training and this many test videos (the first "
+        "by name), per camera of a UCSD folder holding both UCSDped1 and UCSDped2; validation "
+        "videos come from the training ones read",
+        check=at_least(1),
     )
     select: str = flag(
         "val-objective",
@@ -223,6 +227,7 @@ class VideoConfig(RunConfig):
             self.vit_checkpoint is None or "vit" in self.models,
             "--vit-checkpoint is read with --models ...,vit only: add vit to --models or drop it",
         )
+        self._validate_dataset_flags()
         # the synthetic clips' sizes (a real dataset's own videos are checked when read)
         need(
             self.dataset != "synthetic" or self.num_videos >= 3,
@@ -232,6 +237,29 @@ class VideoConfig(RunConfig):
             self.dataset != "synthetic" or self.num_frames >= self.seq_len,
             f"--num-frames ({self.num_frames}) must be >= --seq-len ({self.seq_len})",
         )
+
+    def _validate_dataset_flags(self) -> None:
+        """A flag of one kind of dataset, set (to other than its default) with the other kind:
+        it would be ignored without a word (the synthetic clips' sizes with a real dataset, whose
+        videos are its own; the cap on the videos read with the synthetic clips)."""
+        default = {f.name: f.default for f in dataclasses.fields(self)}
+        if self.dataset == "synthetic":
+            self.require(
+                self.max_videos == default["max_videos"],
+                f"--max-videos {self.max_videos} caps the videos read from --data-dir, and "
+                "--dataset is synthetic: drop --max-videos (--num-videos sizes the synthetic "
+                "clips), or pass --dataset ucsd|frames|avenue|shanghaitech",
+            )
+            return
+        for name, what in (("num_videos", "count"), ("num_frames", "length")):
+            flag_name = "--" + name.replace("_", "-")
+            self.require(
+                getattr(self, name) == default[name],
+                f"{flag_name} {getattr(self, name)} sets the synthetic clips' {what}, and "
+                f"--dataset {self.dataset} reads its own videos from --data-dir: drop "
+                f"{flag_name}"
+                + (" (--max-videos caps the videos read)" if name == "num_videos" else ""),
+            )
 
 
 def dust_per_layer(cfg, structure) -> bool:

@@ -10,7 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from refusals import TINY, check, cli, cli_subprocess, over_cases, previous_run, refused, tree
+from refusals import (
+    TINY,
+    TINY_REAL,
+    check,
+    cli,
+    cli_subprocess,
+    over_cases,
+    previous_run,
+    refused,
+    tree,
+)
 
 # --------------------------------------------------------------------------------------------
 # Invalid flags and config values: refused before anything is read or written
@@ -138,6 +148,26 @@ CONFIG_CASES = [
         ["--dataset", "avenue"],
         "--dataset avenue needs --data-dir",
         "pointing at its .avi videos",
+    ),
+    # a flag of the other kind of dataset would be ignored without a word
+    (
+        "--num-videos with a real dataset",
+        ["--dataset", "ucsd", "--data-dir", "/tmp/data/UCSD_Anomaly_Dataset.v1p2"]
+        + ["--num-videos", "5"],
+        "--num-videos 5 sets the synthetic clips' count, and --dataset ucsd reads its own videos",
+        "drop --num-videos (--max-videos caps the videos read)",
+    ),
+    (
+        "--num-frames with a real dataset",
+        ["--dataset", "avenue", "--data-dir", "/tmp/data/avenue", "--num-frames", "16"],
+        "--num-frames 16 sets the synthetic clips' length, and --dataset avenue reads its own",
+        "drop --num-frames",
+    ),
+    (
+        "--max-videos with the synthetic dataset",
+        ["--max-videos", "2"],
+        "--max-videos 2 caps the videos read from --data-dir, and --dataset is synthetic",
+        "drop --max-videos (--num-videos sizes the synthetic clips), or pass --dataset ucsd|",
     ),
     (
         "misspelt flag",
@@ -340,9 +370,12 @@ CONFIG_CASES = [
 def test_invalid_config(case, flags, problem, fix, tmp_path, capsys, monkeypatch):
     out = previous_run(tmp_path / "out")
     before = tree(out)
+    # a real dataset's run: without TINY's synthetic clip sizes (refused there, as not acting)
+    real = "--dataset" in flags and flags[flags.index("--dataset") + 1] != "synthetic"
+    base = TINY_REAL if real else TINY
     if case == "--resume without --out":
         monkeypatch.chdir(tmp_path)
-        status, err = cli([*TINY, *flags], capsys)
+        status, err = cli([*base, *flags], capsys)
         check(case, status, err, problem, fix)
         assert not (tmp_path / "runs").exists()  # no fresh folder made to be refused
         return
@@ -350,9 +383,9 @@ def test_invalid_config(case, flags, problem, fix, tmp_path, capsys, monkeypatch
         # what jax.distributed.initialize says depends on whether this process has started
         # JAX's backend (which earlier tests do): a fresh process, as the user's, says the same
         # whatever ran before
-        status, err = cli_subprocess([*TINY, *flags, "--out", out])
+        status, err = cli_subprocess([*base, *flags, "--out", out])
     else:
-        status, err = cli([*TINY, *flags, "--out", out], capsys)
+        status, err = cli([*base, *flags, "--out", out], capsys)
     check(case, status, err, problem, fix)
     assert tree(out) == before
 
@@ -378,11 +411,14 @@ def test_a_chance_reference_is_refused_before_the_data_is_read(
 
 def test_the_synthetic_clips_sizes_do_not_hold_back_a_real_dataset():
     """--num-videos and --num-frames size the synthetic clips: a real dataset's longer
-    sequences (UCSD's videos have 120-200 frames) or its own video count are not refused by
-    their defaults (the reader checks each video's length)."""
+    sequences (UCSD's videos have 120-200 frames) are not refused by their defaults (the reader
+    checks each video's length), nor are the defaults, left as they are, refused as flags that
+    do not act (set to another value they are: test_invalid_config)."""
     from cudt.tasks.video import VideoConfig
 
-    assert VideoConfig(dataset="ucsd", data_dir="d", seq_len=40, num_videos=2).seq_len == 40
+    for dataset in ("ucsd", "frames", "avenue", "shanghaitech"):
+        assert VideoConfig(dataset=dataset, data_dir="d", seq_len=40).seq_len == 40
+    assert VideoConfig(dataset="ucsd", data_dir="d", max_videos=2).max_videos == 2
     with pytest.raises(ValueError, match=r"--num-frames \(32\) must be >= --seq-len \(40\)"):
         VideoConfig(seq_len=40)
 
@@ -596,7 +632,7 @@ def test_bad_data_folder(case, build, problem, fix, tmp_path, capsys):
     root.mkdir()
     data_dir = build(root)
     out = tmp_path / "out"
-    argv = [*TINY, "--dataset", "ucsd", "--data-dir", data_dir, "--out", out]
+    argv = [*TINY_REAL, "--dataset", "ucsd", "--data-dir", data_dir, "--out", out]
     refused(case, argv, capsys, problem, fix, keeps=root)  # the data is only read
     assert not out.exists()  # and read before --out is created
 

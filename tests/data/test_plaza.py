@@ -128,3 +128,24 @@ def test_plaza_validation_holds_out_as_many_videos_in_either_layout(layout, tmp_
                       height=32, width=32)  # fmt: skip
     data = load_video_data(layout, top, seq_len=4, size=16)  # one sequence a video
     assert (len(data.train), len(data.val), len(data.test)) == (6, 1, 1)
+
+
+@pytest.mark.parametrize("layout", ["avenue", "shanghaitech"])
+def test_write_plaza_holds_one_video_at_a_time(layout, tmp_path):
+    """write_plaza makes each video as it writes it: its peak memory does not grow with the
+    number of videos (it held them all as float32, and a uint8 copy in the writers: a
+    large --train-videos / --frames request of experiments.held_out_data ran out of memory)."""
+    import tracemalloc
+
+    one = 6 * 64 * 96 * 4  # one video's float32 frames
+    # first, a write that sets up what any first write does (the encoder's own allocations)
+    write_plaza(tmp_path / "0", layout=layout, train_videos=1, test_videos=1, num_frames=1,
+                height=32, width=32)  # fmt: skip
+    peaks = []
+    for n in (1, 6):
+        tracemalloc.start()
+        write_plaza(tmp_path / str(n), layout=layout, train_videos=n, test_videos=1, num_frames=6,
+                    **SMALL)  # fmt: skip
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert peaks[1] - peaks[0] < one, peaks  # was about one video more for each video added

@@ -271,6 +271,34 @@ def test_each_ucsd_camera_gives_its_own_validation_videos(tmp_path, names):
     assert cameras(one.val) == [200] and "split apart" not in one.source
 
 
+def test_max_videos_help_says_what_it_caps(tmp_path):
+    """--max-videos's help (the video task's and the table's) is what the reader does: it caps
+    the training and the test videos apart, and each camera of a UCSD folder holding both (the
+    help said "per split": --max-videos 2 read 4 training and 4 test videos here)."""
+    import dataclasses
+
+    from cudt.tasks.video import VideoConfig, VideoTask
+    from experiments.paper.video_table.config import Table3Config
+
+    for cls in (VideoConfig, Table3Config):
+        (field,) = [f for f in dataclasses.fields(cls) if f.name == "max_videos"]
+        text = " ".join(field.metadata["help"].split())
+        assert "training and this many test videos" in text, text
+        assert "per camera of a UCSD folder holding both UCSDped1 and UCSDped2" in text, text
+    for c, camera in enumerate(("UCSDped1", "UCSDped2")):
+        for i in range(1, 4):
+            write_video(tmp_path / camera / "Train" / f"Train{i:03d}", [40 * c + 10 * i] * 4)
+            write_video(tmp_path / camera / "Test" / f"Test{i:03d}", [100 + 40 * c + 10 * i] * 4)
+    cfg = VideoConfig(dataset="ucsd", data_dir=str(tmp_path), seq_len=4, max_videos=2)
+    data = VideoTask().load(cfg)
+
+    def videos(*splits):  # one value a video
+        return sorted({round(float(v) * 255) for s in splits for v in s[:, 0, 0]})
+
+    assert videos(data.train, data.val) == [10, 20, 50, 60]  # 2 a camera, the first by name
+    assert videos(data.test) == [110, 120, 150, 160]
+
+
 def test_load_video_data_from_folders(tmp_path):
     ucsd_tree(tmp_path)
     data = load_video_data("ucsd", tmp_path, seq_len=2, size=32)

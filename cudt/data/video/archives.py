@@ -7,7 +7,9 @@ are exercised on what a user's extracted archive holds.
 
 Every writer takes ``root`` (the folder that will hold the dataset folder) and ``videos``, a
 mapping ``{"train": [video, ...], "test": [video, ...]}`` of ``[F, H, W]`` grayscale frames
-(float in ``[0, 1]`` or uint8), and returns the dataset folder:
+(float in ``[0, 1]`` or uint8), and returns the dataset folder. A split given as
+:class:`LazyVideos` is made one video at a time as it is written (a generator's videos, which
+together may not fit in memory); the others are all checked before anything is written:
 
 * :func:`write_ucsd`: ``UCSD_Anomaly_Dataset.v1p2/UCSDped2/Train/Train001/001.tif`` (8-bit TIFF
   frames), ``Test/Test001/001.tif``, the pixel masks ``Test/Test001_gt/001.bmp`` beside the
@@ -27,7 +29,7 @@ copied archive has it (``litter=False`` leaves it out).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +41,7 @@ __all__ = [
     "AVENUE",
     "SHANGHAITECH",
     "UCSD",
+    "LazyVideos",
     "to_uint8",
     "write_avenue",
     "write_avi",
@@ -67,14 +70,39 @@ def to_uint8(frames) -> np.ndarray:
     return np.clip(np.rint(a.astype(np.float64) * 255.0), 0, 255).astype(np.uint8)
 
 
-def _videos(videos: Mapping[str, Sequence], split: str) -> list[np.ndarray]:
-    out = []
-    for i, v in enumerate(videos.get(split, ())):
-        a = to_uint8(v)
-        if a.ndim != 3 or (a.ndim == 3 and 0 in a.shape):
-            raise DataError(f"{split} video {i} has shape {a.shape}: pass [F, H, W] frames")
-        out.append(a)
-    if not out:
+class LazyVideos(Sequence):
+    """A split of ``count`` videos made as the writers reach them: ``make(i)`` returns video
+    ``i`` (``[F, H, W]``, as any entry of ``videos``). Nothing is kept: each access makes the
+    video again, so a writer holds one video at a time, not the split."""
+
+    def __init__(self, count: int, make: Callable[[int], np.ndarray]):
+        self._indices = range(count)
+        self._make = make
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, i):
+        index = self._indices[i]  # an IndexError past the end ends an iteration
+        if isinstance(index, range):
+            return LazyVideos(len(index), lambda k: self._make(index[k]))
+        return self._make(index)
+
+
+def _video8(video, split: str, i: int) -> np.ndarray:
+    a = to_uint8(video)
+    if a.ndim != 3 or (a.ndim == 3 and 0 in a.shape):
+        raise DataError(f"{split} video {i} has shape {a.shape}: pass [F, H, W] frames")
+    return a
+
+
+def _videos(videos: Mapping[str, Sequence], split: str) -> Sequence[np.ndarray]:
+    found = videos.get(split, ())
+    if isinstance(found, LazyVideos):  # each made, converted and checked as it is written
+        out = LazyVideos(len(found), lambda i: _video8(found[i], split, i))
+    else:
+        out = [_video8(v, split, i) for i, v in enumerate(found)]
+    if not len(out):
         raise DataError(f"no {split} videos to write: pass videos={{'{split}': [[F, H, W], ...]}}")
     return out
 

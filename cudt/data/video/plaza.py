@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cudt.data.video.archives import write_avenue, write_shanghaitech
+from cudt.data.video.archives import LazyVideos, write_avenue, write_shanghaitech
 from cudt.errors import DataError
 
 __all__ = ["LAYOUTS", "plaza_videos", "write_plaza"]
@@ -539,6 +539,11 @@ def _check_sizes(num_videos: int, num_frames: int, height: int, width: int, fps:
         raise DataError(f"plaza fps must be a whole number in [1, 120], got {fps}: pass e.g. 15")
 
 
+def _check_seed(seed: int) -> None:
+    if seed < 0:
+        raise DataError(f"plaza_videos needs seed >= 0, got {seed}: pass a non-negative seed")
+
+
 def plaza_videos(
     num_videos: int,
     num_frames: int,
@@ -557,8 +562,7 @@ def plaza_videos(
         ``[V, F, height, width]`` float32 in ``[0, 1]``, sensor noise included.
     """
     _check_sizes(num_videos, num_frames, height, width, fps)
-    if seed < 0:
-        raise DataError(f"plaza_videos needs seed >= 0, got {seed}: pass a non-negative seed")
+    _check_seed(seed)
     return np.stack(
         [_render_video(seed, v, num_frames, height, width, fps) for v in range(num_videos)]
     )
@@ -581,7 +585,8 @@ def write_plaza(
     scene each; test clips as JPEG frame folders) layout, ``.avi`` files at ``fps`` frames per
     second; returns the dataset folder (a ``--data-dir`` for ``--dataset avenue`` /
     ``--dataset shanghaitech``). Training videos
-    are videos ``0 .. train_videos - 1`` of :func:`plaza_videos`, test videos the next ones.
+    are videos ``0 .. train_videos - 1`` of :func:`plaza_videos`, test videos the next ones,
+    each made as it is written (one video in memory at a time, not the whole set).
     Written by :mod:`cudt.data.video.archives`' writers as a copied archive holds them: with
     the ground-truth placeholders and the macOS/Windows litter the readers must skip."""
     if layout not in LAYOUTS:
@@ -591,10 +596,17 @@ def write_plaza(
             f"write_plaza needs at least one training and one test video, got {train_videos} "
             f"and {test_videos}: pass positive counts"
         )
-    videos = plaza_videos(
-        train_videos + test_videos, num_frames, height=height, width=width, fps=fps, seed=seed
-    )
-    split = {"train": list(videos[:train_videos]), "test": list(videos[train_videos:])}
+    _check_sizes(train_videos + test_videos, num_frames, height, width, fps)
+    _check_seed(seed)
+
+    def video(v: int) -> np.ndarray:  # plaza_videos(...)[v], made alone
+        return _render_video(seed, v, num_frames, height, width, fps)
+
+    # one video in memory at a time, made as it is written: the whole set may not fit
+    split = {
+        "train": LazyVideos(train_videos, video),
+        "test": LazyVideos(test_videos, lambda i: video(train_videos + i)),
+    }
     if layout == "avenue":
         return write_avenue(root, split, rate=fps)
     # every plaza video is a scene of its own (_render_video draws one per video): named as

@@ -173,7 +173,11 @@ class Table3Config:
         "0.3, 0.45, 0.6"
     )
     tolerance: float | None = grid.tolerance_flag(f"the video task's, {VideoConfig.tolerance:g}")
-    max_videos: int | None = flag(None, "read at most this many videos per split")
+    max_videos: int | None = flag(
+        None,
+        "read at most this many training and this many test videos of each dataset (the first "
+        "by name), per camera of a UCSD folder holding both UCSDped1 and UCSDped2",
+    )
     devices: int | None = grid.devices_flag()
     overwrite: bool = grid.overwrite_flag()
 
