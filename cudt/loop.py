@@ -15,8 +15,9 @@ function of its key and step counter, so a resumed run sees exactly the batches 
 seen.
 
 A run whose watched metrics turn non-finite is *frozen*: its lane keeps computing (the runs share
-one program) but its state is kept at the last finite value, and the divergence is recorded with
-the step and the quantity; the other runs of the group finish unaffected.
+one program) but its state is kept at the last finite value, its metrics from the next step on
+are NaN (it takes no more steps), and the divergence is recorded with the step and the quantity;
+the other runs of the group finish unaffected.
 """
 
 from __future__ import annotations
@@ -560,18 +561,29 @@ class _ChunkProgram:
 
     def run_chunk(self, state, frozen, key, run, extra, data, n):
         """``n`` steps of ONE run (a ``lax.scan``); a run whose watched metrics turn non-finite
-        is frozen: its state stays that of its last finite step."""
+        is frozen: its state stays that of its last finite step, and the metrics of the steps
+        after the one that froze it are NaN (it takes no such step: recomputing its frozen
+        step gave a diverged run's curves finite values, flat, where one metric alone, the
+        gradient's norm, say, had turned non-finite)."""
 
         def body(carry, _):
-            state, frozen = carry
+            state, was_frozen = carry
             batch = self.batch(key, state.step, run, data, extra)
             new_state, metrics = self.step_fn(state, batch, key)
             finite = jnp.ones((), bool)
             for name in self.watch:
                 if name in metrics:
                     finite &= jnp.all(jnp.isfinite(metrics[name]))
-            frozen = frozen | ~finite
+            frozen = was_frozen | ~finite
             new_state = jax.tree.map(lambda new, old: jnp.where(frozen, old, new), new_state, state)
+            metrics = jax.tree.map(
+                lambda m: (
+                    jnp.where(was_frozen, jnp.nan, m)
+                    if jnp.issubdtype(m.dtype, jnp.floating)
+                    else m
+                ),
+                metrics,
+            )
             return (new_state, frozen), metrics
 
         return jax.lax.scan(body, (state, frozen), None, length=n)

@@ -233,10 +233,10 @@ def test_a_diverging_run_is_frozen_and_reported_and_others_finish():
     assert int(result.states.step[0]) == 6
 
 
-def test_a_finite_loss_with_a_non_finite_gradient_freezes_the_run_before_its_update():
-    """Run 1's extra weight v < 0 adds 0 to every loss (jnp.where picks 0) but the unpicked
-    branch's sqrt(v) sends NaN into the gradient: the run must keep its initial, finite
-    parameters (it used to store the NaN update and freeze one step late)."""
+def _a_run_with_a_non_finite_gradient():
+    """``(step, states, keys, make_batch, ws)``: two runs, run 1's extra weight v < 0 adds 0
+    to every loss (jnp.where picks 0) but the unpicked branch's sqrt(v) sends NaN into the
+    gradient."""
     data = toy_data()
 
     def losses(params, batch, key):
@@ -256,12 +256,36 @@ def test_a_finite_loss_with_a_non_finite_gradient_freezes_the_run_before_its_upd
     def make_batch(key, s):
         return data[sample_indices(key, s, data.shape[0], 8)]
 
+    return step, states, keys, make_batch, ws
+
+
+def test_a_finite_loss_with_a_non_finite_gradient_freezes_the_run_before_its_update():
+    """Run 1's loss is finite, its gradient NaN: the run must keep its initial, finite
+    parameters (it used to store the NaN update and freeze one step late)."""
+    step, states, keys, make_batch, ws = _a_run_with_a_non_finite_gradient()
     result = train_group(step, states, keys, make_batch, 4, chunk_steps=2)
     assert result.diverged.tolist() == [False, True]
     assert result.diverged_at[1]["quantity"] == "grad_norm"
     assert result.diverged_at[1]["step"] == 1
     np.testing.assert_array_equal(result.states.params["w"][1], ws[1])  # its start, exactly
     assert int(result.states.step[1]) == 0 and int(result.states.step[0]) == 4
+
+
+def test_a_frozen_run_records_no_metrics_for_the_steps_it_does_not_take():
+    """A run frozen at step 1 by its gradient alone (its loss finite) recomputes its frozen
+    step in its lane: those finite values were its curves and history for steps 2 to 6, flat,
+    as if it trained on (and the plot showed no divergence). They are NaN; step 1's own
+    metrics and the healthy run's are what they were."""
+    step, states, keys, make_batch, _ = _a_run_with_a_non_finite_gradient()
+    result = train_group(step, states, keys, make_batch, 6, chunk_steps=2, curve_every=1)
+    objective = np.asarray([c["objective"] for c in result.curves])  # [steps, runs]
+    assert [int(c["step"]) for c in result.curves] == [1, 2, 3, 4, 5, 6]
+    assert np.isfinite(objective[0, 1]) and np.isnan(objective[1:, 1]).all()
+    assert np.isfinite(objective[:, 0]).all()
+    for c in result.curves[1:]:
+        assert np.isnan(c["multipliers"][1]).all() and np.isnan(c["constraint"][1]).all()
+    history = [float(h["objective"][1]) for h in result.history]  # steps 2, 4, 6
+    assert history[0] == objective[0, 1] and np.isnan(history[1:]).all()
 
 
 def test_test_losses_are_judged_monotone_as_validation_is():
