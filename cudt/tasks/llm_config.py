@@ -235,6 +235,9 @@ class LLMConfig(RunConfig):
         "source",
         "completions",
         "completion_gamma",
+        # generation alone reads it (the tiny decoder's max_position_embeddings too, which no
+        # default rotary embedding reads): longer completions of a finished run need no retraining
+        "max_new_tokens",
         "states_at_every_gamma",
     )
     # shared fields with this experiment's defaults

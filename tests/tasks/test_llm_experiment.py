@@ -424,6 +424,30 @@ def test_seeds_on_their_own_vocabularies_are_one_setting_with_intervals(tmp_path
     assert kinds["constrained"]["constrained_minus_erm"]
 
 
+def test_max_new_tokens_is_an_evaluation_flag():
+    """--max-new-tokens is read by the completions alone: a finished run's checkpoints are
+    completed again at another length (it was in their fingerprint: "holds checkpoints of a
+    different config (max_new_tokens 4 -> 6)", found by review). Training reads nothing of
+    it: the per-sample training losses of the two configs are equal."""
+    from cudt.runner.task import RunBatch
+    from cudt.tasks.llm import LLMTask
+    from cudt.tasks.llm_config import LLMConfig
+
+    sizes = dict(num_train=8, num_val=2, num_test=2, max_length=32, layers=1, hidden=8)
+    short, long = LLMConfig(**sizes, max_new_tokens=4), LLMConfig(**sizes, max_new_tokens=3000)
+    assert short.fingerprint() == long.fingerprint()
+    assert short.fingerprint(evaluation=True) != long.fingerprint(evaluation=True)
+    task, losses = LLMTask(), []
+    for cfg in (short, long):
+        data = task.load(cfg)
+        model = task.build(cfg, data, "llm", None)
+        examples = task.split_examples(data, "train")
+        batch = RunBatch(examples, np.float32(1.0), model.frozen)
+        key = jax.random.key(0)
+        losses.append(np.asarray(model.layer_losses(model.init(key), batch, key)))
+    np.testing.assert_array_equal(losses[0], losses[1])
+
+
 def test_reference_chance_plus_x_is_ln_vocab_plus_x():
     from types import SimpleNamespace
 
