@@ -94,8 +94,8 @@ def reference_state(cfg: LLMConfig, decoder: Decoder) -> int:
 def overlap_lines(data: LLMData) -> list[str]:
     """A warning per pair of splits that share records (counted by
     :func:`cudt.data.alpaca.shared_records`): a held-out split with the training split, and the
-    test split with validation, which chooses the runs the test split reports on. They are
-    kept, and said so."""
+    test split with validation, which chooses the runs the test split reports on; and per
+    held-out split that repeats a record. They are kept, and said so."""
     lines = []
     for key, n in data.overlap.items():
         first, split = key.split("_")
@@ -106,6 +106,13 @@ def overlap_lines(data: LLMData) -> list[str]:
                 f"{'training' if first == 'train' else 'validation'} records too (the same "
                 f"instruction, input and output): their {split} scores are not {what}; remove "
                 "them from one of the two"
+            )
+    for split, n in data.repeats.items():
+        if n:
+            lines.append(
+                f"warning: {n} of {len(data.records[split])} {split} records repeat another "
+                f"{split} record (the same instruction, input and output): each repeat weighs "
+                f"again in the {split} scores; remove the repeats"
             )
     return lines
 
@@ -249,6 +256,7 @@ class LLMTask(AccuracyReports, Task):
             "reference_state": reference_state(cfg, data.decoder),
             "prompt_format": data.prompt_format,
             "data_overlap": data.overlap,
+            "data_repeats": data.repeats,
         }
 
     def finish(self, cfg, data: LLMData, results: dict, out: Path) -> None:

@@ -75,6 +75,9 @@ class LLMData:
     response_keep: tuple[int, ...] | None = None
     # records of val / test that are training records too: {"train_val": n, "train_test": n}
     overlap: dict = dataclasses.field(default_factory=dict)
+    # records of val / test that repeat an earlier one of the same split (each weighs twice or
+    # more in its scores): {"val": n, "test": n}
+    repeats: dict = dataclasses.field(default_factory=dict)
     # a digest of the pretrained weights (the checkpoints hold no frozen leaf: LoRA's base, the
     # input embeddings of a full fine-tuning); None for the tiny decoder trained from scratch
     base_digest: str | None = None
@@ -280,6 +283,7 @@ def load_data(cfg: LLMConfig) -> LLMData:
     records = {"train": splits.train, "val": splits.val, "test": splits.test}
     pairs = (("train", "val"), ("train", "test"), ("val", "test"))
     overlap = {f"{a}_{b}": shared_records(records[a], records[b]) for a, b in pairs}
+    repeats = {s: len(records[s]) - len(set(records[s])) for s in ("val", "test")}
     if cfg.checkpoint is not None:
         tok = _checkpoint_tokenizer(cfg, decoder)
         if tok.vocab_size > decoder.config.vocab_size:
@@ -328,6 +332,7 @@ def load_data(cfg: LLMConfig) -> LLMData:
         from_scratch=cfg.checkpoint is None,
         prompt_format=fmt,
         overlap=overlap,
+        repeats=repeats,
         base_digest=_base_digest(*weights) if cfg.checkpoint is not None else None,
         response_capacity=(
             response_capacities([t.loss_mask for t in tokens.values()]) if packed else None

@@ -577,6 +577,15 @@ def test_split_files_replace_their_splits_and_shared_records_are_reported(tmp_pa
     assert "warning: 3 of 9 test records are validation records too" in "\n".join(
         task.describe(cfg, data)
     )
+    assert data.repeats == {"val": 0, "test": 0}
+    # a held-out file repeating its own records: each repeat is scored again, and said so
+    files["val_data"] = str(write_alpaca(records[40:46] + records[40:42], tmp_path / "v2.json"))
+    data = task.load(LLMConfig(**files, **small))
+    assert data.repeats == {"val": 2, "test": 0} and len(data.records["val"]) == 8
+    assert "warning: 2 of 8 val records repeat another val record" in "\n".join(
+        task.describe(cfg, data)
+    )
+    assert task.config_extras(cfg, data)["data_repeats"] == {"val": 2, "test": 0}
     # the held-out files are evaluation flags (the training tokens stay, train_digest says so)
     assert "test_data" not in cfg.fingerprint() and "train_data" in cfg.fingerprint()
 
