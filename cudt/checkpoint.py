@@ -269,6 +269,14 @@ class GroupCheckpointer:
             # Compare the saved array shapes with this model's before reading any array, so a
             # checkpoint of another model is named as such, not as a corrupt file.
             saved = self._saved_arrays(step)
+            runs = None if saved is None else _other_run_count(saved, _leaf_specs(target))
+            if runs is not None:  # the same model and optimiser, stacked for another group
+                raise _error(
+                    f"checkpoint {where} holds {runs[0]} runs (the leading axis of each of its "
+                    f"arrays), and the states to restore {runs[1]}: restore it into states of "
+                    f"{runs[0]} runs (its sweep points and seeds)",
+                    "elsewhere",
+                )
             mismatch = None if saved is None else _first_mismatch(saved, _leaf_specs(target))
             if mismatch is not None:
                 raise _error(
@@ -598,6 +606,25 @@ def _first_renamed(saved: dict, expected: dict) -> str | None:
     if not old or not new:
         return None
     return f"it names {'/'.join(old[0])} where this version has {'/'.join(new[0])}"
+
+
+def _other_run_count(saved: dict, expected: dict) -> tuple[int, int] | None:
+    """``(saved runs, expected runs)`` where two ``{path: (shape, dtype)}`` maps of a group's
+    states (two arrays or more) differ only in the leading axis all their arrays share: the
+    same model and optimiser, stacked for another number of runs; None otherwise."""
+    if set(saved) != set(expected) or len(saved) < 2:
+        return None
+    leads = []
+    for specs in (saved, expected):
+        if any(len(shape) == 0 for shape, _ in specs.values()):
+            return None
+        leads.append({shape[0] for shape, _ in specs.values()})
+    if any(len(lead) != 1 for lead in leads) or leads[0] == leads[1]:
+        return None
+    rest = all(
+        saved[p][0][1:] == expected[p][0][1:] and saved[p][1] == expected[p][1] for p in saved
+    )
+    return (leads[0].pop(), leads[1].pop()) if rest else None
 
 
 def _first_mismatch(saved: dict, expected: dict) -> str | None:

@@ -47,6 +47,22 @@ def test_a_library_user_is_told_what_to_do_with_folders_the_command_line_with_it
     assert capsys.readouterr().err.strip() == f"error: {err.value.cli}"
 
 
+def test_a_checkpoint_of_another_number_of_runs_is_named_as_such(tmp_path):
+    """The same model's states stacked for 2 runs, restored into 3: it says so (it read as a
+    checkpoint "written by a different model or optimiser"); another model's still does."""
+    two = {"w": jnp.zeros((2, 4, 4)), "step": jnp.zeros(2, jnp.int32)}
+    with GroupCheckpointer(tmp_path / "ck") as ck:
+        ck.save(1, two, {})
+        ck.wait()
+        three = {"w": jnp.zeros((3, 4, 4)), "step": jnp.zeros(3, jnp.int32)}
+        with pytest.raises(CheckpointError, match=r"holds 2 runs .*, and the states to restore 3"):
+            ck.restore(three)
+        other = {"w": jnp.zeros((3, 4, 5)), "step": jnp.zeros(3, jnp.int32)}
+        with pytest.raises(CheckpointError, match="written by a different model or optimiser"):
+            ck.restore(other)
+        assert ck.restore(two)[0]["w"].shape == (2, 4, 4)
+
+
 def test_after_a_failed_save_its_unstarted_writes_are_not_reported_other_warnings_are():
     """The "coroutine ... was never awaited" of a failed save's write coroutines, which the
     garbage collector reports at some point after the one error line, is dropped; another
