@@ -267,6 +267,23 @@ def _base_digest(path, compute_dtype: str, remat: bool, untie_head: bool, base_d
     return digest(jax.tree.leaves(weights.params))
 
 
+def _check_positions(cfg: LLMConfig, max_positions: int) -> None:
+    """Refuses sequences longer than the checkpoint's positions (``max_position_embeddings``):
+    a training sequence (``--max-length``) and, where completions are generated, its prompt
+    and the tokens generated after it; past them the rotary positions are ones the model never
+    saw, and nothing said so."""
+    generated = cfg.max_new_tokens if cfg.completions else 0
+    if cfg.max_length + generated > max_positions:
+        asked = f"--max-length {cfg.max_length}" + (
+            f" + --max-new-tokens {generated} = {cfg.max_length + generated}" if generated else ""
+        )
+        raise UsageError(
+            f"{asked} positions, but {cfg.checkpoint} has {max_positions} "
+            "(max_position_embeddings): pass a smaller --max-length"
+            + (" or --max-new-tokens (or --completions 0)" if generated else "")
+        )
+
+
 def load_data(cfg: LLMConfig) -> LLMData:
     """The decoder, its tokenizer and the tokenized splits of ``cfg``; the weights are read
     first, so a bad checkpoint fails before the data."""
@@ -279,6 +296,7 @@ def load_data(cfg: LLMConfig) -> LLMData:
             cfg.base_dtype,
         )
         decoder = _pretrained(*weights)
+        _check_positions(cfg, decoder.config.max_position_embeddings)
     splits = llm_splits(cfg)
     records = {"train": splits.train, "val": splits.val, "test": splits.test}
     pairs = (("train", "val"), ("train", "test"), ("val", "test"))

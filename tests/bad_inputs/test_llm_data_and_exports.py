@@ -66,7 +66,7 @@ def _export_holding_a_run(tmp: Path) -> list:
     return ["--export", tmp / "models", "--overwrite-export"]
 
 
-def _tied_checkpoint(tmp: Path, num_layers: int = 1) -> list:
+def _tied_checkpoint(tmp: Path, num_layers: int = 1, max_positions: int = 2048) -> list:
     """A tiny tied checkpoint (D = 8) at tmp/base, with --data toy."""
     import jax
 
@@ -75,7 +75,7 @@ def _tied_checkpoint(tmp: Path, num_layers: int = 1) -> list:
 
     config = DecoderConfig(
         vocab_size=64, hidden_size=8, intermediate_size=16, num_layers=num_layers, num_heads=1,
-        num_kv_heads=1, tie_word_embeddings=True,
+        num_kv_heads=1, tie_word_embeddings=True, max_position_embeddings=max_positions,
     )  # fmt: skip
     words = build_word_tokenizer([AlpacaRecord(**_record(i)) for i in range(12)])
     write_decoder_folder(tmp / "base", config, config.init_params(jax.random.key(0)), words)
@@ -120,6 +120,16 @@ LLM_CASES = [
         "--checkpoint /tmp/base has 1 block and the problem starts at its readout "
         "(--reference-state auto: its tied head reads the frozen input embeddings)",
         "pass a model of 2 or more blocks, or --reference-state embeddings",
+    ),
+    (
+        "--checkpoint with fewer positions than asked",
+        lambda tmp: [
+            *_tied_checkpoint(tmp, num_layers=2, max_positions=32),
+            *("--max-length", "24", "--max-new-tokens", "16"),
+        ],
+        "--max-length 24 + --max-new-tokens 16 = 40 positions, but /tmp/base has 32 "
+        "(max_position_embeddings)",
+        "pass a smaller --max-length or --max-new-tokens (or --completions 0)",
     ),
     (
         "--data with all three split files",
