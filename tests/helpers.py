@@ -402,6 +402,32 @@ class ToyTask(Task):
         return [Column("final", 8, lambda r: f"{r['final_loss'][0]:.4f}")]
 
 
+def combine_toy_folders(tmp_path: Path, runs_by_folder: list[list[dict]], config=None) -> str:
+    """``combine --per-folder``'s text over folders ``data0``, ``data1``, ... of ``tmp_path``,
+    each a results.json of the given run records (and ``config``, its seed 5 by default), of a
+    task that chooses on ``val_objective``, lower is better."""
+    import types
+
+    from cudt.runner.combine import combine_per_folder
+
+    folders = []
+    for f, runs in enumerate(runs_by_folder):
+        folder = tmp_path / f"data{f}"
+        folder.mkdir()
+        results = {"experiment": "toy", "config": config or {"seed": 5}, "runs": runs}
+        (folder / "results.json").write_text(json.dumps(results))
+        folders.append(folder)
+
+    @dataclasses.dataclass
+    class Config:
+        seed: int = 0
+
+    task = types.SimpleNamespace(
+        name="toy", config_cls=Config, selection_for=lambda cfg: ("val_objective", False)
+    )
+    return combine_per_folder(task, folders)
+
+
 # A tiny text-classification run's data and batch sizes (the text task and the text table)
 TINY_TEXT = [
     "--num-train", "40", "--num-test", "20", "--max-length", "16", "--batch-size", "8",

@@ -3,20 +3,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
-import types
 
 import numpy as np
 import pytest
-from helpers import exit_status, finished_job
+from helpers import combine_toy_folders, exit_status, finished_job
 
 from cudt.data.alpaca import write_alpaca
 from cudt.data.instructions import generated_instructions
 from cudt.errors import UsageError
 from cudt.runner.combine import combine as combine_folders
-from cudt.runner.combine import combine_per_folder
 from cudt.tasks.llm import LLMTask
 from cudt.tasks.llm_config import LLMConfig
 from experiments import combine, llm_sft
@@ -362,23 +359,11 @@ def test_per_folder_names_a_folder_where_one_kind_chose_by_its_folder_and_seed(t
             "feasible": feasible, "loss_decreases_val": True, "loss_decreases": True,
         }  # fmt: skip
 
-    folders = []
-    for f in range(3):
-        folder = tmp_path / f"data{f}"
-        folder.mkdir()
-        runs = [record(True, 0.1 + 0.01 * f, feasible=f != 1), record(False, 0.3 + 0.05 * f**2)]
-        results = {"experiment": "toy", "config": {"seed": 5}, "runs": runs}
-        (folder / "results.json").write_text(json.dumps(results))
-        folders.append(folder)
-
-    @dataclasses.dataclass
-    class Config:
-        seed: int = 0
-
-    task = types.SimpleNamespace(
-        name="toy", config_cls=Config, selection_for=lambda cfg: ("val_objective", False)
-    )
-    text = combine_per_folder(task, folders)
+    runs = [
+        [record(True, 0.1 + 0.01 * f, feasible=f != 1), record(False, 0.3 + 0.05 * f**2)]
+        for f in range(3)
+    ]
+    text = combine_toy_folders(tmp_path, runs)
     assert "m-2 constrained: a point chosen in 2 of 3 folders" in text, text
     (line,) = [x for x in text.splitlines() if x.startswith("m-2: chosen")]
     assert "paired t over 2 seeds (seed data1:5 left out: one side only):" in line, line

@@ -14,7 +14,7 @@ import types
 
 import numpy as np
 import pytest
-from helpers import ToyTask, toy
+from helpers import ToyTask, combine_toy_folders, toy
 
 from cudt.runner.choice import choose_points, chosen_lines, compare_chosen, comparison_lines
 from cudt.runner.combine import combine
@@ -206,7 +206,6 @@ def test_per_folder_choices_say_resilient_and_name_each_folders_seed(tmp_path):
     meets its relaxed constraints: the comparison says the constrained side is the resilient
     fallback (in how many folders), as one job's summary does, and a metric missing in one
     folder names the folders' seeds it was measured over, not internal pair numbers."""
-    from cudt.runner.combine import combine_per_folder
 
     def record(constrained, hp, val, feasible=True, relaxed=None):
         return {
@@ -217,7 +216,7 @@ def test_per_folder_choices_say_resilient_and_name_each_folders_seed(tmp_path):
             "loss_decreases_val": True, "loss_decreases": True, "diverged": False,
         }  # fmt: skip
 
-    folders = []
+    by_folder = []
     for f in range(3):
         runs = [
             record(True, {"dual_lr": 0.1, "resilience": None}, 0.1, False),
@@ -225,22 +224,9 @@ def test_per_folder_choices_say_resilient_and_name_each_folders_seed(tmp_path):
             record(False, {"dual_lr": None, "resilience": None}, 0.3 + 0.03 * f),
         ]
         runs[2]["descent_rate"] = None if f == 1 else 0.5 + 0.1 * f  # not finite in folder 1
-        folder = tmp_path / f"data{f}"
-        folder.mkdir()
-        config = {"seed": 5, "sweeps": {"resilience": [None, 0.5]}}
-        record_ = {"experiment": "toy", "config": config, "runs": runs}
-        (folder / "results.json").write_text(json.dumps(record_))
-        folders.append(folder)
-    import dataclasses
-
-    @dataclasses.dataclass
-    class Config:
-        seed: int = 0
-
-    task = types.SimpleNamespace(
-        name="toy", config_cls=Config, selection_for=lambda cfg: ("val_objective", False)
-    )
-    text = combine_per_folder(task, folders)
+        by_folder.append(runs)
+    config = {"seed": 5, "sweeps": {"resilience": [None, 0.5]}}
+    text = combine_toy_folders(tmp_path, by_folder, config)
     (line,) = [x for x in text.splitlines() if x.startswith("m-2: chosen")]
     assert "chosen constrained, resilient in 3 of 3 folders" in line, line
     assert "(relaxed: 3 of 3)" in line, line
