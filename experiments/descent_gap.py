@@ -24,7 +24,7 @@ import numpy as np
 from cudt.errors import UsageError
 from cudt.metrics import applicable_steps
 from cudt.runner.cli import OneLineParser, exit_process, run_cli
-from cudt.runner.combine import _run_data_seed, load_results, run_identity
+from cudt.runner.combine import load_results, run_data_seed, run_identity
 from cudt.runner.record import at_gamma_train
 
 __all__ = ["layer_rows", "main", "summarise"]
@@ -157,7 +157,7 @@ def _refuse_repeated_runs(folders, results) -> None:
         data = tuple(str(config.get(k)) for k in ("dataset", "data_dir"))
         for r in res["runs"]:
             # the draw of the data it read: seed 0 without --data-seed read --data-seed 0's
-            draw = _run_data_seed(config, int(r["seed"])) if "seed" in config else None
+            draw = run_data_seed(config, int(r["seed"])) if "seed" in config else None
             key = (run_identity(r), *data, str(config.get("data_seed") if draw is None else draw))
             if key in seen:
                 label, where = seen[key]

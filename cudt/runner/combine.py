@@ -44,6 +44,7 @@ __all__ = [
     "combine",
     "combine_per_folder",
     "load_results",
+    "run_data_seed",
     "run_identity",
 ]
 
@@ -120,7 +121,7 @@ def _data_seed(config: dict) -> int:
     return int(config["seed"] if value is None else value)
 
 
-def _run_data_seed(config: dict, seed: int) -> int:
+def run_data_seed(config: dict, seed: int) -> int:
     """The draw of the data a run of ``seed`` read: its own seed's (``data_per_seed``), or the
     folder's one draw."""
     return seed if config.get("data_per_seed") else _data_seed(config)
@@ -235,7 +236,7 @@ def combine(task, folders: list[str | Path]) -> str:
     # every run's (seed, draw): one draw for all, or each seed its own; a list, not a dict by
     # seed, so that two folders' runs of one seed on two draws cannot hide one another
     draws = [
-        (int(r["seed"]), _run_data_seed(res["config"], int(r["seed"])), folder)
+        (int(r["seed"]), run_data_seed(res["config"], int(r["seed"])), folder)
         for folder, res in zip(folders, results, strict=True)
         for r in res["runs"]
     ]
