@@ -433,17 +433,21 @@ def test_output_being_written_is_not_combined(other_job, tmp_path, capsys):
     assert tree(run) == before
 
 
+FREE_DISK = "free disk space or pass a writable --out"
+
+
+def _on_a_full_disk(out: Path, max_file_bytes: int) -> tuple[int, str]:
+    """The video CLI's exit status and stderr on ``--out out``, run as a process that cannot
+    write a file past ``max_file_bytes`` (a full disk)."""
+    return cli_subprocess([*TINY, "--out", out], max_file_bytes=max_file_bytes)
+
+
 def test_disk_full_at_start(tmp_path):
     """No room even for the run's config: refused, and the new --out is removed again."""
     out = tmp_path / "run"
-    status, err = cli_subprocess([*TINY, "--out", out], max_file_bytes=200)
-    check(
-        "disk full when the run starts",
-        status,
-        err,
-        "checkpoints/config.json (File too large)",
-        "free disk space or pass a writable --out",
-    )
+    problem = "checkpoints/config.json (File too large)"
+    status, err = _on_a_full_disk(out, 200)
+    check("disk full when the run starts", status, err, problem, FREE_DISK)
     assert not out.exists()
 
 
@@ -452,15 +456,9 @@ def test_disk_full_while_checkpointing(tmp_path):
     """The disk fills up during training: the checkpoint being written is removed, no
     half-written checkpoint or result is left, and the message names the cause."""
     out = tmp_path / "run"
-    status, err = cli_subprocess([*TINY, "--out", out], max_file_bytes=100_000)
-    check(
-        "disk full while writing a checkpoint",
-        status,
-        err,
-        "cannot write checkpoints in",
-        "(File too large): free disk space or pass a writable --out",
-        progress=True,
-    )
+    problem, fix = "cannot write checkpoints in", "(File too large): " + FREE_DISK
+    status, err = _on_a_full_disk(out, 100_000)
+    check("disk full while writing a checkpoint", status, err, problem, fix, progress=True)
     assert temp_files(out) == []
     assert not any((out / name).exists() for name in RESULTS)
     steps = [p for p in (out / "checkpoints").rglob("*") if p.is_dir() and p.name.isdigit()]
@@ -473,15 +471,9 @@ def test_disk_full_while_writing_results(interrupted_run):
     """Resuming a run whose training is done, with no room for its figures: no half-written
     figure or results.json (atomic writes), and its checkpoints are untouched."""
     before = tree(interrupted_run / "checkpoints")
-    status, err = cli_subprocess([*TINY, "--out", interrupted_run], max_file_bytes=8_000)
-    check(
-        "disk full while writing results",
-        status,
-        err,
-        "cannot write " + str(interrupted_run / "layer_loss.png") + " (File too large)",
-        "free disk space or pass a writable --out",
-        progress=True,
-    )
+    problem = "cannot write " + str(interrupted_run / "layer_loss.png") + " (File too large)"
+    status, err = _on_a_full_disk(interrupted_run, 8_000)
+    check("disk full while writing results", status, err, problem, FREE_DISK, progress=True)
     assert temp_files(interrupted_run) == []
     # what training wrote (checkpoints, the training curves' logs) stays; no result file
     assert sorted(p.name for p in interrupted_run.iterdir()) == ["checkpoints", "tensorboard"]
