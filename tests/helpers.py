@@ -612,6 +612,18 @@ def snapshot(folder: Path) -> dict[str, tuple]:
 # --------------------------------------------------------------------------------------------
 
 TINY_DECODER = TINY_SIZES  # write_tiny_gguf's
+# ... as llm_sft's flags of the decoder it trains from scratch (no --checkpoint)
+TINY_DECODER_FLAGS = [
+    text
+    for name, flag in (
+        ("num_layers", "--layers"),
+        ("hidden_size", "--hidden"),
+        ("num_heads", "--heads"),
+        ("num_kv_heads", "--kv-heads"),
+        ("intermediate_size", "--intermediate"),
+    )
+    for text in (flag, str(TINY_DECODER[name]))
+]
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import combine_toy_folders, exit_status, finished_job
+from helpers import TINY_DECODER_FLAGS, combine_toy_folders, exit_status, finished_job
 
 from cudt.data.alpaca import write_alpaca
 from cudt.data.instructions import generated_instructions
@@ -20,8 +20,7 @@ from experiments import combine, llm_sft
 
 TINY = [
     "--num-train", "24", "--num-val", "4", "--num-test", "4", "--max-length", "48",
-    "--layers", "2", "--hidden", "16", "--heads", "2", "--kv-heads", "1",
-    "--intermediate", "32", "--steps", "2", "--batch-size", "4", "--completions", "0",
+    *TINY_DECODER_FLAGS, "--steps", "2", "--batch-size", "4", "--completions", "0",
     "--eval-batch-size", "4", "--test-gammas", "0,2", "--chunk-tokens", "100",
 ]  # fmt: skip
 

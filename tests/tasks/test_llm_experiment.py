@@ -20,7 +20,14 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import ROOT, TINY_DECODER, assert_one_line_error, forced_devices_env, job_results
+from helpers import (
+    ROOT,
+    TINY_DECODER,
+    TINY_DECODER_FLAGS,
+    assert_one_line_error,
+    forced_devices_env,
+    job_results,
+)
 
 from cudt.data.alpaca import build_word_tokenizer, write_alpaca
 from cudt.data.instructions import exact_answer, generated_instructions
@@ -30,14 +37,13 @@ from experiments import llm_sft
 
 TINY = [
     "--num-train", "48", "--num-val", "8", "--num-test", "8", "--max-length", "64",
-    "--layers", "2", "--hidden", "16", "--heads", "2", "--kv-heads", "1",
-    "--intermediate", "32", "--steps", "8", "--chunk-steps", "4", "--batch-size", "8",
+    *TINY_DECODER_FLAGS, "--steps", "8", "--chunk-steps", "4", "--batch-size", "8",
     "--completions", "1", "--max-new-tokens", "4", "--eval-batch-size", "8",
     "--test-gammas", "0,2", "--chunk-tokens", "100",
 ]  # fmt: skip
 
 
-SIZES = ("--layers", "--hidden", "--heads", "--kv-heads", "--intermediate")
+SIZES = tuple(TINY_DECODER_FLAGS[::2])  # the flags of its sizes
 
 
 def tiny_with(argv: list[str]) -> list[str]:
