@@ -36,8 +36,9 @@ with explicit slacks, ``(g − u)/s``), and a penalty ``(ρ/2)·h²`` and a slac
 ``(α/2)·u²`` are divided by ``s``. So with ``s`` in the units of ``g`` (say, a stop-gradient of
 the loss that ``g`` bounds), the multipliers, the dual learning rate, ρ and α are
 dimensionless: a dual rate chosen on one loss scale means the same on another (a diagonal,
-positive preconditioner of the dual ascent; its fixed points are the unscaled problem's). The
-scale is read each step, so it may follow the batch.
+positive preconditioner of the dual ascent; its fixed points are the unscaled problem's, where
+the constraint is hard: a resilient one, or a quadratic penalty, settles where the unscaled
+problem with ``α/s``, ``ρ/s`` does). The scale is read each step, so it may follow the batch.
 """
 
 from __future__ import annotations

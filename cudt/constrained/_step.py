@@ -490,12 +490,19 @@ def _minus_decay_slack(g, lam, c: Constraint):
     return g - jax.lax.stop_gradient(shift).astype(g.dtype)
 
 
-def _relaxed(values, u, lam, n, c: Constraint):
+def _relaxed(formulation, values, u, lam, rho, n, c: Constraint):
     """Constraint ``n`` as a resilient problem relaxes it, whatever the formulation: ``g − u``
-    with explicit slacks, ``g − s·λ/α`` in the decay form, else ``g`` (what a violation is
-    measured on: the same resilient problem reads the same under either form)."""
+    with explicit slacks, ``g − s·λ/α`` in the decay form (the quadratic penalty's, without λ:
+    ``g − u*`` with the slack :func:`_decay_relaxed` minimises out, ``u* = max(g, 0)·ρ/(α + ρ)``),
+    else ``g`` (what a violation is measured on: the same resilient problem reads the same
+    under either form)."""
     g = _minus_slack(values, u, n, c)
-    return g if c.has_slack or c.resilience is None else _minus_decay_slack(g, lam, c)
+    if c.has_slack or c.resilience is None:
+        return g
+    if formulation.uses_multipliers or not formulation.uses_penalty:
+        return _minus_decay_slack(g, lam, c)
+    # g − u* = g / (1 + ρ/α) where violated; α = inf (a hard run of a sweep): g
+    return jnp.where(g > 0, g / (1.0 + rho / c.resilience), g).astype(g.dtype)
 
 
 def _lagrangian(formulation, f, values, u, lam, rho, cons):
@@ -652,7 +659,7 @@ def _advance(spec: _Spec, state, active, shown: _Evaluation, shown_at, d: _Desce
         n: jnp.sqrt(
             jnp.mean(
                 form.violation(
-                    _per_scale(_relaxed(values, u, lam[n], n, c), c),
+                    _per_scale(_relaxed(form, values, u, lam[n], state.penalty[n], n, c), c),
                     lam[n],
                     c.kind,
                 )

@@ -93,9 +93,9 @@ def make_train_step(
     the ``[L+1]`` vector, index 0 the reference).
 
     ``metrics`` (:func:`cudt.descent.metrics`): ``objective`` (mean ℓ_L), ``lagrangian``,
-    ``layer_loss [L+1]``, ``constraint [L+1]`` (g), ``multipliers [L+1]`` (after the step),
-    ``grad_norm``; ``slacks [L+1]`` with explicit slacks, ``multipliers_max [L+1]`` for
-    ``"indexed"``. All are measured at the parameters before the step.
+    ``layer_loss [L+1]``, ``constraint [L+1]`` (g), ``grad_norm``, measured where the step took
+    its gradient (before the step; ``"optimistic"``: its extrapolated point), and after the step
+    ``multipliers [L+1]``, ``slacks [L+1]`` (explicit slacks), ``multipliers_max`` (indexed).
     """
     cfg = _checked(config)
     model, features = _implicit_model(multipliers, constraint, cfg.num_layers, example_features)

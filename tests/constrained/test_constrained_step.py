@@ -427,6 +427,36 @@ def test_explicit_slacks_measure_the_violation_of_the_relaxed_constraint_as_deca
     assert slack < 1.1 * decay, (slack, decay)  # ρ grows where the relaxed constraint is missed
 
 
+@pytest.mark.parametrize("scale, x", [(None, 5.0 / 3.0), (2.0, 1.8)])
+def test_a_quadratic_penalty_measures_the_relaxed_violation_in_either_resilience_form(scale, x):
+    """min (x − 2)² s.t. x − 1 ≤ u, cost (α/2)u², α = ρ = 2 (both over the scale s): under the
+    quadratic penalty both forms settle at the same x (5/3; 1.8 at s = 2), the slack at
+    u = max(g, 0)·ρ/(α + ρ) = g/2 (minimised out in the decay form), where the relaxed
+    constraint is violated by (g − u)/s. The decay form measured g/s, twice the slack form's
+    reading of the same point; a hard run (α = inf) measures g/s."""
+    g = x - 1.0
+    s = 1.0 if scale is None else scale
+    got = {}
+    for mode, alpha in (("decay", 2.0), ("slack", 2.0), ("decay", jnp.inf)):
+
+        def problem(p, batch, key, mode=mode, alpha=alpha):
+            del batch, key
+            c = cudt.Constraint(p - 1.0, resilience=alpha, resilience_mode=mode, scale=scale)
+            return (p - 2.0) ** 2, {"c": c}
+
+        init, step = cudt.make_constrained_step(
+            problem, optax.sgd(0.05), cudt.dual_ascent(0.05), cudt.QuadraticPenalty(penalty=2.0)
+        )
+        state = init(jnp.asarray(x), None)
+        if mode == "slack":
+            state = state.replace(slacks={"c": jnp.asarray(g / 2.0)})
+        _, metrics = step(state, None, jax.random.key(0))
+        got[mode, float(alpha)] = float(metrics["violation"]["c"])
+    np.testing.assert_allclose(got["decay", 2.0], g / 2.0 / s, rtol=1e-5)
+    np.testing.assert_allclose(got["slack", 2.0], got["decay", 2.0], rtol=1e-5)
+    np.testing.assert_allclose(got["decay", float("inf")], g / s, rtol=1e-5)
+
+
 def test_a_scaled_bfloat16_constraint_keeps_float32_multipliers_and_one_program():
     def problem(w, batch, key):
         del batch, key
