@@ -144,6 +144,10 @@ def test_other_flags_on_the_same_folder_are_refused_before_training(study, capsy
         (["--dual-lr-factors", "0,1"], ["--dual-lr-factors", "> 0"]),
         (["--dual-optimizers", "rmsprop"], ["--dual-optimizers", "nupi"]),
         (["--nupi-ema", "1"], ["--nupi-ema", "[0, 1)"]),
+        # read by the nupi runs only: with none they changed nothing (found by the paper-jobs
+        # review)
+        (["--dual-optimizers", "sgd", "--nupi-kp", "10"], ["--nupi-kp", "add nupi", "sgd"]),
+        (["--formulations", "penalty", "--nupi-ema", "0.5"], ["--nupi-ema", "penalty train"]),
     ],
 )
 def test_bad_flags_are_one_line_and_write_nothing(tmp_path, capsys, argv, words):
