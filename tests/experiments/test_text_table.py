@@ -126,7 +126,6 @@ def test_paper_plan_is_the_papers_grid(tmp_path):
     assert subs[0].out == tmp_path / "out" / subs[0].name
 
 
-
 def test_the_note_names_each_models_own_constraint_setting(tmp_path):
     """The note said "ε 0.05" of every row while the UT's runs train at the text task's own UT
     value, 0.02 (its model_hparams); found by the paper-jobs review. A --sweep of ε sets every
@@ -142,6 +141,7 @@ def test_the_note_names_each_models_own_constraint_setting(tmp_path):
         assert ("UT's own ε 0.02" in note) == (ut_eps == 0.02), note
         assert "MiniLM's own" not in note  # MiniLM trains at the shared ε 0.05 the note gives
         assert "ε 0.05" in note
+
 
 TINY = [
     "--models",
