@@ -231,8 +231,21 @@ def _mean_row(runs: list[dict], gamma: float, fields) -> dict[str, Any]:
 
 def paired(c: dict | None, e: dict | None, metric: str):
     """The paired t interval over seeds of constrained minus ERM ``metric`` (rows of several
-    seeds, over the seeds both have), or None (one seed, or fewer than two shared)."""
-    return _seed_interval(c, e, metric) if both_ok(c, e) else None
+    seeds, over the seeds both have), or None (one seed, fewer than two shared, or a number not
+    finite: :func:`comparable`)."""
+    return _seed_interval(c, e, metric) if comparable(c, e, metric) else None
+
+
+def _finite_metric(row: dict, metric: str) -> bool:
+    """Whether ``row`` has a finite ``metric`` (a test metric null in results.json, inf or NaN,
+    reads NaN: its seeds' mean too)."""
+    return math.isfinite(num(row.get(metric)))
+
+
+def comparable(c: dict | None, e: dict | None, metric: str) -> bool:
+    """Whether constrained and ERM are compared on ``metric``: both rows there with their
+    numbers (:func:`both_ok`), and those finite (a NaN is no side of a comparison)."""
+    return both_ok(c, e) and _finite_metric(c, metric) and _finite_metric(e, metric)
 
 
 def _seed_interval(c: dict, e: dict, metric: str):
@@ -257,8 +270,8 @@ def _interval_direction(iv, higher: bool) -> str:
 def better(c: dict | None, e: dict | None, metric: str, higher: bool) -> str | None:
     """Which of constrained ("C") and ERM ("E") has the better ``metric``, or "=" (level): over
     several seeds, only where the paired t interval excludes 0; one seed, to 3 decimals (the
-    single runs, no interval). None where the two are not both there."""
-    if not both_ok(c, e):
+    single runs, no interval). None where the two are not both there with finite numbers."""
+    if not comparable(c, e, metric):
         return None
     iv = paired(c, e, metric)
     if iv is not None:
@@ -496,7 +509,8 @@ def direction_markdown(
                 p = _direction(pdiff, higher)
                 pd = f" ({pdiff:+.3f})" if signed else ""
             o, od, group = "—", "", None
-            if c and e and e["status"] == "ok" and metric in c:
+            finite = c and e and _finite_metric(c, metric) and _finite_metric(e, metric)
+            if finite and e["status"] == "ok" and metric in c:
                 diff = round(c[metric], 3) - round(e[metric], 3)
                 o = _direction(diff, higher)
                 # several seeds: level unless the interval excludes 0, an infeasible row's too

@@ -165,3 +165,34 @@ def test_a_seed_run_with_and_without_data_seed_of_its_own_draw_is_one_run(run, t
     )
     assert descent_gap.main([str(out), str(other)]) == 0
     assert "dust    ERM           6" in capsys.readouterr().out
+
+
+def test_training_slack_is_against_the_epsilon_the_run_trained_at():
+    """A run of ``--epsilon-margin m`` trains its constraints at ε + m and is judged at ε: its
+    training batches held at their bound, r = 1 − (ε + m), read as slack −m ("0: the constraint
+    holds with equality"; found by the paper-jobs review). Training batches are measured
+    against the trained bound, validation against the judged one."""
+    eps, margin = 0.05, 0.1
+    train = [1.0, 1 - eps - margin, (1 - eps - margin) ** 2]  # at the trained bound
+    val = [1.0, 1 - eps, (1 - eps) ** 2]  # at the judged bound
+    run = {
+        "label": "m-2 constrained seed 0",
+        "model": "m",
+        "seed": 0,
+        "constrained": True,
+        "diverged": False,
+        "hparams": {"epsilon": eps},
+        "trained_epsilon": eps + margin,
+        "gamma_train": 0.5,
+        "test_gamma": [0.0, 0.5],
+        "layer_loss": [val, val],
+        "layer_loss_val": val,
+        "constraint_applicable_val": [True, True, True],
+        "curves": {"layer_loss": [train, train], "multipliers": [[0.0] * 3] * 2},
+    }
+    # None: a run without a margin, trained at ε, whose batches then sit m inside its bound
+    for trained, want in ((eps + margin, 0.0), (None, -margin)):
+        rows = descent_gap.layer_rows({"runs": [dict(run, trained_epsilon=trained)]}, last=2)
+        s = descent_gap.summarise(rows, active=1.0)["m", "inactive"]
+        assert s["train_slack"][0] == pytest.approx(want)
+        assert s["val_slack"][0] == pytest.approx(0.0)

@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import shutil
+from types import SimpleNamespace
 
 import pytest
 from helpers import assert_one_line_error, finished_job
@@ -143,6 +144,10 @@ def test_other_flags_on_the_same_folder_are_refused_before_training(study, capsy
         (["--dual-lr-factors", "0,1"], ["--dual-lr-factors", "> 0"]),
         (["--dual-optimizers", "rmsprop"], ["--dual-optimizers", "nupi"]),
         (["--nupi-ema", "1"], ["--nupi-ema", "[0, 1)"]),
+        # read by the nupi runs only: with none they changed nothing (found by the paper-jobs
+        # review)
+        (["--dual-optimizers", "sgd", "--nupi-kp", "10"], ["--nupi-kp", "add nupi", "sgd"]),
+        (["--formulations", "penalty", "--nupi-ema", "0.5"], ["--nupi-ema", "penalty train"]),
     ],
 )
 def test_bad_flags_are_one_line_and_write_nothing(tmp_path, capsys, argv, words):
@@ -245,6 +250,30 @@ def test_a_diverged_erm_seed_is_no_reference_and_the_id_change_says_how_many_it_
     md = "\n".join(_setting_markdown(setting, [summary], erm_rows, [0.1]))
     assert "| +10.0% (2 of 3 runs) |" in md
     assert "ERM reference (2 seeds; 1 diverged, left out): ID RMSE 2," in md
+
+
+def test_a_run_whose_metric_is_not_finite_is_left_out_not_a_crash():
+    """A diverged run is scored at its last finite state, whose test RMSE can be inf (null in
+    results.json): the report stopped on float(None), after every call had trained (found by
+    the paper-jobs review). Its numbers are NaN, left out of the means, as a diverged seed's."""
+    from experiments.paper.dual_study.report import _setting_markdown, collect
+
+    setting, combo = SETTINGS["video"], Combo("lagrangian", "sgd", "simultaneous")
+    erm = [{**_run(s, None, feasible=True, decreases=True), "constrained": False} for s in (0, 1)]
+    erm[1] |= {"diverged": True, "rmse": [None, None, None], "descent_rate": None}
+    runs = [_run(s, 100.0, feasible=True, decreases=True, rmse=(1.0, 2.2, 3.0)) for s in (0, 1)]
+    runs[0] |= {"diverged": True, "rmse": [1.0, None, None]}
+    rows = run_rows(setting, combo, {"runs": runs}, {"runs": erm})
+    assert math.isnan(rows[0]["id"]) and math.isnan(rows[0]["ood"])
+    assert math.isnan(rows[1]["id_change_pct"])  # seed 1's ERM run diverged: no reference
+    (summary,) = summarise(rows)
+    assert math.isclose(summary["ood"], 3.0)  # the live run's alone
+    # the ERM reference of the report, and its descent share, with no live ERM run
+    sub = SimpleNamespace(key=("video", None))
+    _, _, erm_rows = collect([sub], {sub.key: {"runs": [erm[1]]}})
+    md = "\n".join(_setting_markdown(setting, [summary], erm_rows["video"], [0.1]))
+    assert "ERM reference (0 seeds; 1 diverged, left out): ID RMSE n/a" in md
+    assert "per-sample descent n/a." in md and "nan" not in md
 
 
 def test_a_finished_text_call_is_reused_though_its_task_resolved_lr_and_length(tmp_path):

@@ -126,6 +126,23 @@ def test_paper_plan_is_the_papers_grid(tmp_path):
     assert subs[0].out == tmp_path / "out" / subs[0].name
 
 
+def test_the_note_names_each_models_own_constraint_setting(tmp_path):
+    """The note said "ε 0.05" of every row while the UT's runs train at the text task's own UT
+    value, 0.02 (its model_hparams); found by the paper-jobs review. A --sweep of ε sets every
+    model's, so the note then names no model's own."""
+    from cudt.tasks.text import TextTask
+
+    for sweep, ut_eps in (((), 0.02), (("epsilon=0.1",), 0.1)):
+        opts = table4.Table4Config(scale="tiny", datasets=("imdb",), sweep=sweep)
+        subs = {s.key[1]: s.cfg for s in table4.plan(opts, tmp_path / "out")}
+        specs = TextTask().run_specs(subs["ut"])
+        assert {s.hp["epsilon"] for s in specs if s.constrained} == {ut_eps}
+        note = table4.details_note(opts, subs["ut"])
+        assert ("UT's own ε 0.02" in note) == (ut_eps == 0.02), note
+        assert "MiniLM's own" not in note  # MiniLM trains at the shared ε 0.05 the note gives
+        assert "ε 0.05" in note
+
+
 TINY = [
     "--models",
     "minilm",

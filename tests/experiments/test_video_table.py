@@ -150,6 +150,32 @@ def test_cells_over_seeds_are_the_chosen_points_mean_and_bold_needs_a_paired_int
     assert "in 0 of 1" in text
 
 
+@pytest.mark.parametrize("seeds", [1, 3])
+def test_a_test_rmse_that_is_not_finite_is_shown_and_compared_with_nothing(seeds):
+    """A run's test RMSE can be inf (its noisiest test γ, say: null in results.json) where its
+    validation score is finite, so it is chosen: the table stopped on float(None), and a NaN
+    mean would have read as "constrained lower" at one seed and crashed the paired interval at
+    several (found by the paper-jobs review). Shown as nan, in no comparison or count."""
+    erm = _runs_over_seeds({1e-3: [10.0, 10.2, 10.1][:seeds]}, False)
+    con = _runs_over_seeds({1e-3: [9.0, 9.3, 9.1][:seeds]}, True)
+    con[-1]["mean_rmse"] = None
+    rows = table3.best_rows({("ucsd", 3): {"runs": erm + con}})
+    cell = {r["kind"]: r for r in rows}
+    assert np.isnan(cell["constrained"]["mean_rmse"]) and cell["constrained"]["status"] == "ok"
+    text = table3.headline_markdown(rows, ["ucsd"], ["dust"], [3], 0.15, [0.15, 0.3])
+    assert headline_cells(text)["dust-3"] == ["nan", "10.100" if seeds > 1 else "10.000"]
+    assert "in 0 of 0 model×dataset cells with both numbers" in text
+    text = table3.paper_direction_markdown(rows, ["ucsd"], ["dust"], [3], 0.15)
+    assert "| dust-3 | — / E |" in text and "same direction in 0 of 0" in text
+    # the other way round: ERM's not finite
+    con[-1]["mean_rmse"], erm[-1]["mean_rmse"] = 9.1, None
+    rows = table3.best_rows({("ucsd", 3): {"runs": erm + con}})
+    text = table3.headline_markdown(rows, ["ucsd"], ["dust"], [3], 0.15, [0.15, 0.3])
+    assert headline_cells(text)["dust-3"][1] == "nan" and "in 0 of 0" in text
+    text = table3.paper_direction_markdown(rows, ["ucsd"], ["dust"], [3], 0.15)
+    assert "| dust-3 | — / E |" in text
+
+
 def test_a_cell_over_seeds_is_the_runners_choice_monotone_required_resilient_marked(tmp_path):
     """Over seeds the table shows the point the runner's report chooses (one rule,
     ``choose_points``): a feasible point that does not descend at every layer on validation at

@@ -145,6 +145,21 @@ def check(opts: StudyConfig) -> None:
         f"--nupi-kp must be a finite number >= 0, got {opts.nupi_kp:g}",
     )
     need(0 <= opts.nupi_ema < 1, f"--nupi-ema must lie in [0, 1), got {opts.nupi_ema:g}")
+    # K_P and ν are read by the nupi runs alone (as the runner refuses --nupi-kp without nupi):
+    # set where the study trains none, they changed nothing and the report printed them
+    nupi = "nupi" in opts.dual_optimizers and any(f != "penalty" for f in opts.formulations)
+    for name in ("nupi_kp", "nupi_ema"):
+        flag_name = "--" + name.replace("_", "-")
+        need(
+            nupi or getattr(opts, name) == _DEFAULTS[name],
+            f"{flag_name} is read by the nupi runs only, and --dual-optimizers "
+            f"{','.join(opts.dual_optimizers)} --formulations {','.join(opts.formulations)} "
+            f"train none: add nupi to --dual-optimizers (and a formulation with multipliers), "
+            f"or drop {flag_name}",
+        )
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StudyConfig)}
 
 
 def combos(opts: StudyConfig) -> list[Combo]:

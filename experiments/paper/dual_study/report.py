@@ -66,12 +66,14 @@ CSV_COLUMNS = (
 
 
 def _metric(run: dict, name: str) -> tuple[float, float]:
-    """(ID at γ_train, OOD: mean over the test γ above it; NaN if there are none)."""
-    values = run[name]
+    """(ID at γ_train, OOD: mean over the test γ above it; NaN if there are none). A value not
+    finite (null in results.json: a diverged run scored at its last finite state, say) is NaN,
+    which the summaries leave out."""
+    values = [num(v) for v in run[name]]
     gammas = run["test_gamma"]
     gi = gammas.index(run["gamma_train"])
     above = [v for g, v in zip(gammas, values, strict=True) if g > run["gamma_train"]]
-    return float(values[gi]), float(np.mean(above)) if above else math.nan
+    return values[gi], float(np.mean(above)) if above else math.nan
 
 
 def _change_pct(value: float, erm: float, higher_is_better: bool) -> float:
@@ -223,6 +225,10 @@ def _pct(x: float) -> str:
     return "n/a" if not math.isfinite(x) else f"{x:+.1f}%"
 
 
+def _share(x: float) -> str:
+    return "n/a" if not math.isfinite(x) else f"{100 * x:.1f}%"
+
+
 def _num(x: float, digits: int = 3) -> str:
     return "n/a" if not math.isfinite(x) else f"{x:.{digits}g}"
 
@@ -239,7 +245,7 @@ def _setting_markdown(setting, summaries: list[dict], erm_rows: list[dict], fact
             + (f"; {gone} diverged, left out" if gone else "")
             + f"): ID {metric} {_num(_mean(r['id'] for r in live), 4)}, "
             f"OOD {metric} {_num(_mean(r['ood'] for r in live), 4)}, per-sample descent "
-            f"{100 * _mean(r['descent_rate'] for r in live):.1f}%.",
+            f"{_share(_mean(r['descent_rate'] for r in live))}.",
             "",
         ]
     head = (
@@ -262,7 +268,7 @@ def _setting_markdown(setting, summaries: list[dict], erm_rows: list[dict], fact
                 f"{s['by_factor'][f][0]}/{s['by_factor'][f][1]}" if f in s["by_factor"] else "-"
                 for f in factors
             ),
-            f"{100 * s['descent_rate']:.1f}%" if math.isfinite(s["descent_rate"]) else "n/a",
+            _share(s["descent_rate"]),
             _num(s["mean_ratio"]),
             _pct(s["id_change_pct"])
             + (

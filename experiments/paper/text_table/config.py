@@ -14,6 +14,7 @@ from cudt.data.text.nli import tfds_builder, tiny_splits
 from cudt.errors import DataError
 from cudt.models.classifier import GRANULARITIES
 from cudt.runner.config import flag
+from cudt.runner.sweep import parse_model_hparams
 from cudt.tasks.text import TextConfig, TextTask
 from experiments.paper import job as grid
 from experiments.paper import rows as table_rows
@@ -442,5 +443,22 @@ def details_note(opts: Table4Config, cfg: TextConfig) -> str:
     return (
         f"constraint settings: the text task's defaults (ε {cfg.epsilon:g}, reference "
         f"{cfg.reference}, dual lr {cfg.dual_lr:g}, resilience {cfg.resilience}, tolerance "
-        f"{cfg.tolerance:g}); data: {data}"
+        f"{cfg.tolerance:g}{_models_own(opts, cfg)}); data: {data}"
     )
+
+
+def _models_own(opts: Table4Config, cfg: TextConfig) -> str:
+    """The text task's per-model values (its ``model_hparams``, e.g. the UT's ε 0.02) of the
+    models in the table, less what ``--sweep`` sets: the shared ε of the note is not the UT's."""
+    swept = {s.partition("=")[0].strip().replace("-", "_") for s in opts.sweep}
+    own = []
+    for model, values in parse_model_hparams(cfg).items():
+        shown = [
+            k.replace("epsilon", "ε").replace("_", " ")
+            + (f" {v:g}" if isinstance(v, float) else f" {v}")
+            for k, v in values.items()
+            if k not in swept
+        ]
+        if model in opts.models and shown:
+            own.append(f"{MODEL_NAMES.get(model, model)}'s own {', '.join(shown)}")
+    return "".join(f"; {text}" for text in own)

@@ -21,9 +21,9 @@ def best_rows(results: dict[tuple[str, int], dict]) -> list[dict]:
     def fields(b: dict, i: int) -> dict[str, Any]:
         rmse = [table_rows.num(v) for v in b["rmse"]]
         return {
-            "mean_rmse": float(b["mean_rmse"]),
+            "mean_rmse": table_rows.num(b["mean_rmse"]),  # None: not finite
             "rmse_at_gamma_train": rmse[i],
-            "val_objective": float(b["val_objective"]),
+            "val_objective": table_rows.num(b["val_objective"]),
             "rmse": rmse,  # for Figure 2 (not in the CSV)
         }
 
@@ -91,9 +91,10 @@ def _wins(rows, datasets, models, layers, gamma):
         wins, both = out.get(L, (0, 0))
         for d in datasets:
             c, e = idx.get((d, m, L, "constrained", gamma)), idx.get((d, m, L, "ERM", gamma))
-            if table_rows.both_ok(c, e):
+            won = table_rows.better(c, e, "mean_rmse", higher=False)
+            if won is not None:  # both there, with finite numbers
                 both += 1
-                wins += table_rows.better(c, e, "mean_rmse", higher=False) == "C"
+                wins += won == "C"
         out[L] = (wins, both)
     return out
 
