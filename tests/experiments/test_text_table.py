@@ -281,6 +281,8 @@ def test_rerun_reuses_finished_subruns_and_refuses_other_flags(micro_grid, capsy
         (["--headline-gamma", "0.5"], "--headline-gamma 0.5 is not among --gamma-trains"),
         (["--sweep", "gamma_train=0,1"], "--sweep gamma_train: the training levels are"),
         (["--encoder-granularity", "layer"], "--encoder-granularity must be block or sublayer"),
+        (["--models", "ut", "--encoder-granularity", "block"], "read by the pretrained encod"),
+        (["--models", "minilm", "--layers", "5"], "--models minilm trains no UT (the encoders"),
         (["--max-length", "2"], "--max-length must be >= 4, got 2"),
         (["--data-dir", "{tmp}"], "--data-dir is read by --scale paper only"),
         (

@@ -351,6 +351,8 @@ test_bad_study_flags_fail_with_one_line_and_write_nothing = bad_flags_test(
         (["--gamma-train", "-1"], "--gamma-train must be a finite number >= 0"),
         (["--epsilon", "1.5"], "--epsilon must be a number in [0, 1)"),
         (["--dual-lr", "0"], "--dual-lr must be a finite number > 0"),
+        (["--no-settings", "--epsilons", "0.1"], "--epsilons sets the grid of the settings"),
+        (["--no-settings", "--dual-lrs", "3,10"], "--dual-lrs sets the grid of the settings"),
     ],
 )
 

@@ -477,6 +477,7 @@ def test_rerun_reuses_finished_subruns(tiny_grid, capsys):
         (["--models", "dust,lstm"], "--models: unknown model 'lstm'"),
         (["--scale", "paper", "--models", "vit", "--data-root", "{tmp}"], "needs --vit-checkpoint"),
         (["--vit-checkpoint", "{tmp}"], "--vit-checkpoint is read with --models ...,vit only"),
+        (["--models", "vit", "--layers", "5"], "--layers sets the depths of dust and ut, and"),
         (["--models", "vit", "--vit-checkpoint", "{tmp}/nope"], "holds no config.json"),
         (["--gamma-trains", "0,nan"], "--gamma-trains must all be finite numbers >= 0"),
         (["--gamma-trains", "0,-0.1,0.15"], "--gamma-trains must all be finite numbers >= 0"),

@@ -199,6 +199,17 @@ class Table4Config:
         need = grid.need
         need(self.scale in SCALES, f"--scale must be tiny or paper, got {self.scale!r}")
         scale = SCALES[self.scale]
+        models = scale["models"] if self.models is None else self.models
+        need(
+            self.layers is None or "ut" in models,
+            "--layers sets the UT's depths, and --models " + ",".join(models) + " trains no UT "
+            "(the encoders use all their blocks): drop --layers or add ut to --models",
+        )
+        need(
+            self.encoder_granularity == "sublayer" or any(m != "ut" for m in models),
+            "--encoder-granularity is read by the pretrained encoders, and --models ut trains "
+            "none: drop --encoder-granularity or add an encoder to --models",
+        )
         for name in ("models", "layers", "gamma_trains"):  # the scale's default where not given
             if getattr(self, name) is None:
                 object.__setattr__(self, name, scale[name])

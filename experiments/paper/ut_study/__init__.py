@@ -181,11 +181,21 @@ def check(opts: StudyConfig) -> None:
         all(math.isfinite(r) and r > 0 for r in opts.dual_lrs),
         "--dual-lrs must be finite numbers > 0, got " + fmt(opts.dual_lrs),
     )
+    for name in ("epsilons", "dual_lrs"):  # read by the settings stage alone
+        flag_name = "--" + name.replace("_", "-")
+        need(
+            opts.settings or getattr(opts, name) == _DEFAULTS[name],
+            f"{flag_name} sets the grid of the settings stage, which --no-settings skips: "
+            f"drop {flag_name} or --no-settings",
+        )
     need(opts.seeds >= 1, f"--seeds must be >= 1, got {opts.seeds}")
     need(opts.phase1_seeds >= 1, f"--phase1-seeds must be >= 1, got {opts.phase1_seeds}")
     for name in ("steps", "phase1_steps"):
         value = getattr(opts, name)
         need(value is None or value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StudyConfig)}
 
 
 def variants(opts: StudyConfig) -> list[Variant]:

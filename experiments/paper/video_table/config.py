@@ -24,6 +24,7 @@ DATASETS = ("ucsd", "avenue", "shanghaitech")
 
 
 UNROLLED = ("dust", "ut")  # depth = --layers
+_LAYERS = (3, 5, 7)
 
 
 TABLE_MODELS = (*UNROLLED, "vit")  # the ViT's depth is its checkpoint's (the paper's: 12)
@@ -160,7 +161,7 @@ class Table3Config:
         "Hugging Face ViT folder for --models vit (the paper: google/vit-base-patch16-224); "
         "--scale tiny without it writes a random-weight tiny ViT in that layout",
     )
-    layers: tuple[int, ...] = flag((3, 5, 7), "depths L")
+    layers: tuple[int, ...] = flag(_LAYERS, "depths L of dust and ut")
     datasets: tuple[str, ...] = grid.datasets_flag(DATASETS)
     gamma_trains: tuple[float, ...] = flag(GAMMA_TRAINS, "training perturbation levels γ_train")
     headline_gamma: float = grid.headline_flag(0.15)
@@ -199,6 +200,11 @@ class Table3Config:
         need(
             all(n >= 1 for n in self.layers),
             f"--layers must all be >= 1, got {','.join(map(str, self.layers))}",
+        )
+        need(  # the ViT's depth is its checkpoint's
+            any(m in UNROLLED for m in self.models) or self.layers == _LAYERS,
+            "--layers sets the depths of dust and ut, and --models vit trains neither (the ViT "
+            "keeps its checkpoint's depth): drop --layers or add dust or ut to --models",
         )
         grid.check_grid_flags(self, need, ("seeds", "steps", "batch_size", "max_videos", "devices"))
         need(
