@@ -590,6 +590,15 @@ def test_validation_holds_whole_movies_where_the_urls_files_name_them(tmp_path):
         read_aclimdb(base, "train")
 
 
+def test_a_urls_file_that_is_not_utf8_is_one_line(tmp_path):
+    base = _write_aclimdb(tmp_path)
+    for name in ("neg", "pos"):
+        (base / "train" / f"urls_{name}.txt").write_text("http://a\nhttp://b\n" * 2)
+    (base / "train" / "urls_neg.txt").write_bytes(b"http://a\n\xff\xfe\n")
+    with pytest.raises(DataError, match=r"urls_neg\.txt' is not UTF-8 \(invalid start byte at"):
+        read_aclimdb(base, "train")
+
+
 def test_fewer_reviews_than_asked_and_one_class_splits_are_said(tmp_path):
     """A folder holding fewer reviews than asked gives all it holds and the data line says so;
     a validation or test split of one class is said there too (a constant scores it); a
