@@ -35,7 +35,7 @@ from cudt.models.classifier import (
 from cudt.runner.config import RunConfig, at_least, flag, one_of, positive, shared
 from cudt.runner.task import EvalBatch, GroupModel, Task
 from cudt.tasks.accuracy import AccuracyReports
-from cudt.tasks.ut_flags import ut_flag
+from cudt.tasks.ut_flags import UT_FLAGS, ut_flag
 
 __all__ = [
     "DATASETS",
@@ -236,6 +236,13 @@ class TextConfig(RunConfig):
             f"--ut-positions applies to --model ut only ({self.model} adds its own position "
             "embeddings): drop it",
         )
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in UT_FLAGS:  # read by the UT alone: set for another model, it would not act
+            need(
+                self.model == "ut" or getattr(self, name) == defaults[name],
+                f"--{name.replace('_', '-')} applies to --model ut only ({self.model} has no "
+                "UT layers): drop it",
+            )
         need(
             0 < self.val_fraction < 1,
             f"--val-fraction must lie in (0, 1), got {self.val_fraction}",

@@ -361,6 +361,30 @@ def test_load_text_data_imdb_and_mnli(tfds_dirs, fmt):
         assert again.test.texts == sp.test.texts and again.train.texts == sp.train.texts
 
 
+def test_tfds_mnli_validation_holds_whole_premises(tmp_path):
+    """glue/mnli keeps no promptID: a premise's hypotheses (three of each, as in MultiNLI) are
+    kept together by the premise's text, so validation reads no premise trained on."""
+    from cudt.data.text.nli import tfds_builder
+
+    def split(name, n):
+        texts = tuple(f"{name} premise {i // 3}." for i in range(n))
+        return TextSplit(
+            texts, tuple(f"{name} hypothesis {i}." for i in range(n)), np.arange(n) % 3
+        )
+
+    splits = {"train": split("train", 60), "validation_matched": split("dev", 9)}
+    tfds_builder("mnli", splits)(
+        data_dir=str(tmp_path), file_format="array_record"
+    ).download_and_prepare()
+    for seed in range(3):
+        data = load_text_data(
+            "mnli", tmp_path, num_train=None, num_test=None, val_fraction=0.2, seed=seed
+        )
+        assert set(data.train.texts).isdisjoint(data.val.texts)
+        assert len(data.val) == 12 and len(data.train) == 48
+        assert "validation holds whole premises (4 of 20, by premise text)" in data.source
+
+
 def test_tfds_missing_data_fails_fast_and_names_the_fix(tmp_path):
     # No download is attempted (that would hang for minutes offline): the error comes at once.
     with pytest.raises(DataError) as err:
@@ -587,6 +611,15 @@ def test_validation_holds_whole_movies_where_the_urls_files_name_them(tmp_path):
     (base / "train" / "pos" / "40_9.txt").unlink()
     (base / "train" / "urls_neg.txt").unlink()
     with pytest.raises(DataError, match="has urls_pos.txt but no urls_neg.txt"):
+        read_aclimdb(base, "train")
+
+
+def test_a_urls_file_that_is_not_utf8_is_one_line(tmp_path):
+    base = _write_aclimdb(tmp_path)
+    for name in ("neg", "pos"):
+        (base / "train" / f"urls_{name}.txt").write_text("http://a\nhttp://b\n" * 2)
+    (base / "train" / "urls_neg.txt").write_bytes(b"http://a\n\xff\xfe\n")
+    with pytest.raises(DataError, match=r"urls_neg\.txt' is not UTF-8 \(invalid start byte at"):
         read_aclimdb(base, "train")
 
 

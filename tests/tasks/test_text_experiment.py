@@ -453,6 +453,18 @@ def test_build_text_model_refusals(tiny_bert):
         build_text_model("bert", num_classes=2, checkpoint=tiny_bert, granularity="layer")
 
 
+def test_ut_flags_act_for_the_ut_alone():
+    """A UT flag at its default passes for every model; another value, for the UT alone."""
+    from cudt.tasks.text import TextConfig
+
+    assert TextConfig(model="minilm", ut_b=0.5).ut_b == 0.5
+    assert TextConfig(model="ut", ut_a=2.0, ut_b=0.3, ut_tying="none", ut_skip=True).ut_b == 0.3
+    for field, value in (("ut_a", 2.0), ("ut_b", 0.3), ("ut_tying", "none"), ("ut_skip", True)):
+        flag = "--" + field.replace("_", "-")
+        with pytest.raises(ValueError, match=f"^{flag} applies to --model ut only \\(minilm"):
+            TextConfig(model="minilm", **{field: value})
+
+
 def test_help_lists_every_flag(capsys):
     out = help_text(text_classify.main, text_classify.Config, capsys)
     for flag in ("--model", "--checkpoint", "--dataset", "--data-dir", "--layers", "--granularity",
@@ -470,6 +482,15 @@ test_bad_flags_exit_2_with_one_line = bad_flags_test(
         (["--granularity", "layer"], "--granularity must be one of block, sublayer"),
         (["--layers", "3"], "--layers applies to --model ut only"),
         (["--ut-positions"], "--ut-positions applies to --model ut only"),
+        # the UT's flags set for a model without UT layers would not act (the folder is never
+        # read: the refusal comes first)
+        *(
+            (
+                ["--model", "bert", "--checkpoint", "/no/bert", *flag],
+                f"{flag[0]} applies to --model ut only (bert has no UT layers): drop it",
+            )
+            for flag in (["--ut-a", "2"], ["--ut-b", "0.3"], ["--ut-tying", "none"], ["--ut-skip"])
+        ),
         (["--model", "ut", "--layers", "0"], "--layers must be >= 1"),
         (["--gamma-train", "-1"], "--gamma-train must be a finite number >= 0"),
         # every float flag is checked by the shared config: inf and nan are refused

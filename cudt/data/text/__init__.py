@@ -19,7 +19,8 @@ Sources (``load_text_data(dataset=...)``):
 * ``"mnli"``: TFDS ``glue/mnli`` (premise/hypothesis pairs; entailment/neutral/contradiction);
   *test* is ``validation_matched`` (the GLUE test labels are hidden). A ``data_dir`` holding
   MultiNLI's own ``.jsonl`` files or GLUE's ``MNLI/*.tsv`` is read without TFDS
-  (:mod:`cudt.data.text.multinli`), its validation split holding whole premises.
+  (:mod:`cudt.data.text.multinli`). Either way the validation split holds whole premises (by
+  promptID, or by premise text where TFDS keeps no promptID).
 * ``"aclimdb"``: the raw Stanford folder ``aclImdb/{train,test}/{pos,neg}/*.txt``, the same
   reviews as ``"imdb"`` without TFDS.
 
@@ -242,6 +243,7 @@ def load_text_data(
         if value is not None and value < 1:
             raise DataError(f"{name} must be >= 1 or None, got {value}: pass a positive count")
 
+    mnli_files = dataset == "mnli" and data_dir is not None and multinli_folder(data_dir)
     if dataset == "synthetic":
         n_train = _DEFAULT_NUM_TRAIN if num_train is None else num_train
         n_test = _DEFAULT_NUM_TEST if num_test is None else num_test
@@ -256,7 +258,7 @@ def load_text_data(
         test = read_aclimdb(data_dir, "test", max_examples=num_test, seed=seed)
         label_names = ("neg", "pos")
         source = f"aclImdb folder {data_dir}: train {len(pool)}, test {len(test)} (seed={seed})"
-    elif dataset == "mnli" and data_dir is not None and multinli_folder(data_dir) is not None:
+    elif mnli_files:
         pool, test, label_names, source = _multinli_splits(data_dir, num_train, num_test, seed)
     else:
         spec = _TFDS[dataset]
@@ -281,7 +283,9 @@ def load_text_data(
             source += f"; {repeated} repeated training examples left out (train and val apart)"
     train, val = _split_val(pool, val_fraction, seed)
     if val.groups is not None:
-        whole, by = ("premises", "promptID") if dataset == "mnli" else ("movies", "urls_*.txt")
+        whole, by = ("movies", "urls_*.txt") if dataset == "aclimdb" else ("premises", "promptID")
+        if dataset == "mnli" and not mnli_files:  # TFDS glue/mnli keeps no promptID
+            by = "premise text"
         source += (
             f"; validation holds whole {whole} ({len(set(val.groups))} of "
             f"{len(set(pool.groups or ()))}, by {by})"

@@ -168,7 +168,18 @@ def _movies(split_dir: Path, files: list[Path]) -> list[str] | None:
                 f"'{split_dir}' has urls_{'pos' if name == 'neg' else 'neg'}.txt but no "
                 f"urls_{name}.txt: re-extract aclImdb_v1.tar.gz, or remove both"
             )
-        lines[name] = path.read_text(encoding="utf-8").splitlines()
+        try:
+            lines[name] = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as err:
+            raise DataError(
+                f"'{path}' is not UTF-8 ({err.reason} at byte {err.start}): re-extract "
+                "aclImdb_v1.tar.gz, or remove both urls files"
+            ) from err
+        except OSError as err:  # no permission, a broken link
+            raise DataError(
+                f"'{path}' cannot be read ({err.strerror or err}): re-extract "
+                "aclImdb_v1.tar.gz, or remove both urls files"
+            ) from err
     movies = []
     for file in files:
         stem = file.name.split("_", 1)[0]

@@ -378,6 +378,9 @@ def _load_tfds(
         texts=tuple(texts),
         pairs=tuple(pairs) if spec.pair else None,
         labels=np.asarray(labels, dtype=np.int32),
+        # glue/mnli has no promptID: a premise's text stands for it (its three hypotheses on
+        # both sides of the validation split would let validation read trained premises)
+        groups=tuple(texts) if spec.pair else None,
     )
     where = f"{info.name}/{info.config_name}:{info.version} ({fmt.value}) at {variant}"
     return out, where, n
@@ -408,7 +411,8 @@ def load_tfds_text(
     ``download=True`` downloads (and prepares as array_record, which needs no TensorFlow).
     ``max_examples`` keeps a seeded random subset (only those records are decoded); examples come
     in file order. IMDb ``<br />`` tags are replaced by spaces; unlabelled examples (label -1)
-    are dropped.
+    are dropped. MNLI's ``groups`` are its premises, so that a validation split carved from
+    train holds whole premises.
     """
     out, _, _ = _load_tfds(
         dataset, data_dir, split, download=download, max_examples=max_examples, seed=seed
