@@ -228,6 +228,7 @@ class VideoConfig(RunConfig):
             "--vit-checkpoint is read with --models ...,vit only: add vit to --models or drop it",
         )
         self._validate_dataset_flags()
+        self._validate_model_flags()
         # the synthetic clips' sizes (a real dataset's own videos are checked when read)
         need(
             self.dataset != "synthetic" or self.num_videos >= 3,
@@ -236,6 +237,27 @@ class VideoConfig(RunConfig):
         need(
             self.dataset != "synthetic" or self.num_frames >= self.seq_len,
             f"--num-frames ({self.num_frames}) must be >= --seq-len ({self.seq_len})",
+        )
+
+    def _validate_model_flags(self) -> None:
+        """A flag of one model (``--ut-…``, ``--dust-…``; ``--layers`` of both), set to other
+        than its default where ``--models`` trains no such model: it would act on nothing."""
+        default = {f.name: f.default for f in dataclasses.fields(self)}
+        for field in dataclasses.fields(self):
+            model = field.name.split("_")[0]
+            off = field.name == "dust_control" and not self.dust_control  # asks for nothing
+            if model in ("ut", "dust") and model not in self.models and not off:
+                flag_name = "--" + field.name.replace("_", "-")
+                self.require(
+                    getattr(self, field.name) == default[field.name],
+                    f"{flag_name} applies to --models ...,{model} only, and --models "
+                    f"{','.join(self.models)} trains no {model}: drop {flag_name} or add "
+                    f"{model} to --models",
+                )
+        self.require(
+            self.layers == default["layers"] or {"ut", "dust"} & set(self.models),
+            "--layers sets the depth of dust and ut, and --models vit trains neither (the ViT "
+            "keeps its checkpoint's depth): drop --layers or add dust or ut to --models",
         )
 
     def _validate_dataset_flags(self) -> None:

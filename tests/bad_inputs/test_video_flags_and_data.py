@@ -292,9 +292,15 @@ CONFIG_CASES = [
     ),
     (
         "--models naming a model twice",
-        ["--models", "ut,ut"],
-        "--models names ut twice",
+        ["--models", "dust,dust"],
+        "--models names dust twice",
         "name each model once",
+    ),
+    (
+        "a UT flag with --models dust",
+        ["--models", "dust", "--ut-b", "0.5"],
+        "--ut-b applies to --models ...,ut only, and --models dust trains no ut",
+        "drop --ut-b or add ut to --models",
     ),
     (
         "--resume without --out",

@@ -81,6 +81,13 @@ _VIDEO_TINY = TINY_VIDEO | dict(
     test_gammas=(0.0, 0.5, 1.0),
 )
 
+
+def _video_tiny(models: tuple[str, ...]) -> dict[str, Any]:
+    """:data:`_VIDEO_TINY` for a setting training ``models``: the DUST dictionary's size where
+    it trains DUST (a UT-only config refuses a DUST flag that would act on nothing)."""
+    return {k: v for k, v in _VIDEO_TINY.items() if k != "dust_atoms" or "dust" in models}
+
+
 SETTINGS: dict[str, Setting] = {
     **{
         name: Setting(
@@ -89,7 +96,7 @@ SETTINGS: dict[str, Setting] = {
             make_task=_video_task,
             config_cls=_video_config,
             fields=fields,
-            tiny=_VIDEO_TINY,
+            tiny=_video_tiny(fields["models"]),
             dual_lr={"sgd": 1000.0, "nupi": 1000.0, "adam": 1.0},
             plain="sgd",
             augmented_penalty=1000.0,

@@ -285,7 +285,10 @@ def plan(opts: Table3Config, out: Path) -> list[SubRun]:
         data = (dataset, dirs[dataset], test_gammas)
         for layers in opts.layers if unrolled else ():
             name = f"{dataset}-L{layers}"
-            cfg = _config(opts, out / name, *data, layers=layers, models=unrolled, **scale["video"])
+            video = {
+                k: v for k, v in scale["video"].items() if k != "dust_atoms" or "dust" in unrolled
+            }
+            cfg = _config(opts, out / name, *data, layers=layers, models=unrolled, **video)
             subs.append(SubRun(name, (dataset, layers), cfg, out / name))
         if "vit" in opts.models:  # one sub-run per dataset: the ViT at every γ_train
             name = f"{dataset}-vit"
