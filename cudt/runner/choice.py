@@ -221,7 +221,7 @@ def _compared_points(runs: list[dict], chosen: list[dict]) -> dict[tuple, dict[s
     return picks
 
 
-def _meets(erm: dict, epsilon: float, constrained: dict, tolerance: float) -> bool:
+def meets_constraints(erm: dict, epsilon: float, constrained: dict, tolerance: float) -> bool:
     """Whether an ERM run meets a constrained run's constraints on validation: its ε and
     reference bound (that seed's), at the verdict's tolerance; a diverged run does not."""
     if erm.get("diverged"):  # its numbers may be null in results.json
@@ -270,7 +270,9 @@ def compare_chosen(
         epsilon = kinds["constrained"]["hparams"].get("epsilon")
         erm_feasible = None
         if tolerance is not None and isinstance(epsilon, (int, float)):
-            erm_feasible = sum(_meets(e, epsilon, r, tolerance) for r, e in zip(a, b, strict=True))
+            erm_feasible = sum(
+                meets_constraints(e, epsilon, r, tolerance) for r, e in zip(a, b, strict=True)
+            )
         names = list(dict.fromkeys(a[0].get("interval_metrics", []) + list(RUNNER_METRICS)))
         # a diverged run is evaluated at its last finite state: finite numbers of a run that
         # failed, left out as NaN's are (a --point given to combine is not filtered before)

@@ -32,6 +32,7 @@ from cudt.runner.choice import (
     chosen_lines,
     compare_chosen,
     comparison_lines,
+    meets_constraints,
     select_best,
 )
 from cudt.runner.lock import check_free
@@ -319,7 +320,7 @@ def combine_per_folder(task, folders: list[str | Path], point: dict[str, str] | 
             f"--point {unknown[0]}: not a per-run hyperparameter: name one of "
             + ", ".join(SWEEPABLE)
         )
-    picked, chose, pairs, labels, resilient = [], {}, {}, {}, {}
+    picked, chose, pairs, labels, resilient, judged = [], {}, {}, {}, {}, {}
     chooses = (
         f"its ERM choosing its own point on its own validation data, its constrained runs at "
         f"{point_text}"
@@ -357,6 +358,9 @@ def combine_per_folder(task, folders: list[str | Path], point: dict[str, str] | 
                         pair = pairs.setdefault((i, int(r["seed"])), len(pairs))
                         labels[pair] = f"{Path(folder).name}:{int(r['seed'])}"
                         picked.append({**r, "hparams": {}, "seed": pair})
+                        # what ERM's feasibility is judged by: the folder's chosen ε, tolerance
+                        judge = (c["hparams"].get("epsilon"), res["config"].get("tolerance"))
+                        judged[(*group[:3], constrained, pair)] = (r, *judge)
     for (model, layers, _, kind), (n, of) in chose.items():
         if kind == "constrained" and point:
             lines.append(f"{model}-{layers} constrained: at {point_text} in {n} of {of} folders")
@@ -377,6 +381,8 @@ def combine_per_folder(task, folders: list[str | Path], point: dict[str, str] | 
         if n
     ]
     comparisons = compare_chosen(picked, common)
+    for c in comparisons:
+        c["erm_feasible"] = _erm_feasible(c, judged)
     for c in comparisons:  # a pair is a folder's seed: name it so, not by its number
         c["seeds"] = [labels[p] for p in c["seeds"]]
         c["unpaired"] = [labels[p] for p in c["unpaired"]]  # a folder where one kind chose
@@ -389,3 +395,19 @@ def combine_per_folder(task, folders: list[str | Path], point: dict[str, str] | 
     if not comparisons:
         lines.append("no seed has a chosen point of both kinds: no comparison")
     return "\n".join(lines)
+
+
+def _erm_feasible(comparison: dict, judged: dict) -> int | None:
+    """How many of a per-folder comparison's ERM runs meet the constraints of their own
+    folder's chosen constrained point (its ε, its seed's reference bound, the folder's
+    tolerance: :func:`compare_chosen`'s count, folder by folder); None where a folder's point
+    has no ε or its results.json no tolerance."""
+    where = (comparison["model"], comparison["layers"], comparison["gamma_train"])
+    count = 0
+    for pair in comparison["seeds"]:
+        constrained, epsilon, tolerance = judged[(*where, True, pair)]
+        erm = judged[(*where, False, pair)][0]
+        if not isinstance(epsilon, (int, float)) or tolerance is None:
+            return None
+        count += meets_constraints(erm, epsilon, constrained, tolerance)
+    return count

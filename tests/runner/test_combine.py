@@ -366,3 +366,29 @@ def test_per_folder_names_a_folder_where_one_kind_chose_by_its_folder_and_seed(t
     assert "m-2 constrained: a point chosen in 2 of 3 folders" in text, text
     (line,) = [x for x in text.splitlines() if x.startswith("m-2: chosen")]
     assert "paired t over 2 seeds (seed data1:5 left out: one side only):" in line, line
+
+
+def test_per_folder_counts_the_erm_runs_meeting_each_folders_chosen_constraints(tmp_path):
+    """``--per-folder`` says at how many folders' seeds ERM meets the constraints of its own
+    folder's chosen constrained point (its ε, the folder's tolerance), as one job's report
+    does: it said only the constrained count."""
+
+    def record(constrained, val, losses):
+        return {
+            "model": "m", "layers": 2, "gamma_train": 0.1, "constrained": constrained,
+            "seed": 0, "label": f"m {constrained}", "val_objective": val, "diverged": False,
+            "hparams": {"epsilon": 0.1}, "layer_loss_val": losses, "feasible": True,
+            "loss_decreases_val": True, "loss_decreases": True,
+        }  # fmt: skip
+
+    descends, stalls = [1.0, 0.8, 0.6], [1.0, 0.95, 0.5]  # layer 1: 0.95 > 0.9
+    runs = [
+        [record(True, 1.0, descends), record(False, 1.2, stalls)],
+        [record(True, 1.1, descends), record(False, 1.3, [1.0, 0.85, 0.7])],
+    ]
+    text = combine_toy_folders(tmp_path, runs, config={"seed": 0, "tolerance": 0.0})
+    assert "constrained feasible at 2 of 2, ERM at 1 of 2 (the same constraints)" in text, text
+    # a looser tolerance, read from each folder's results.json, admits the stalled layer
+    (tmp_path / "loose").mkdir()
+    loose = combine_toy_folders(tmp_path / "loose", runs, config={"seed": 0, "tolerance": 0.1})
+    assert "ERM at 2 of 2 (the same constraints)" in loose, loose
