@@ -44,15 +44,18 @@ TINY_VIDEO = dict(
 
 def scaled(fields: dict[str, Any], opts, tiny: dict[str, Any]) -> dict[str, Any]:
     """A study run's config ``fields`` at the study's ``--scale`` and ``--steps``: ``tiny``
-    over them at --scale tiny; --steps N replaces the steps, and caps the chunk at N and the
-    scale's own primal warm-up below N (the studies have no --warmup-steps to lower it: --steps 5
-    at --scale tiny was refused for a warm-up that flag would fix)."""
+    over them at --scale tiny; --steps N replaces the steps, and caps the scale's own chunk at N
+    (where it sets none, the task's stays: a chunk of N steps would checkpoint only at the end,
+    and an interrupted run resume from its start) and the scale's own primal warm-up below N (the
+    studies have no --warmup-steps to lower it: --steps 5 at --scale tiny was refused for a
+    warm-up that flag would fix)."""
     fields = dict(fields)
     if opts.scale == "tiny":
         fields |= tiny
     if opts.steps is not None:
         fields["steps"] = opts.steps
-        fields["chunk_steps"] = min(fields.get("chunk_steps", opts.steps), opts.steps)
+        if fields.get("chunk_steps") is not None:
+            fields["chunk_steps"] = min(fields["chunk_steps"], opts.steps)
         if fields.get("warmup_steps") is not None:
             fields["warmup_steps"] = min(fields["warmup_steps"], opts.steps - 1)
     return fields

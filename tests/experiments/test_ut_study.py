@@ -424,6 +424,10 @@ def test_steps_cap_the_tiny_scales_warm_up():
     assert scaled({}, opts, tiny) == tiny  # the scale's own, untouched
     opts = SimpleNamespace(scale="paper", steps=3)
     assert scaled({"warmup_steps": None}, opts, tiny)["warmup_steps"] is None  # one epoch
+    # the default scale sets no chunk: the task's (100 steps) stays, so a long run checkpoints
+    # as it goes (a chunk of --steps N steps checkpointed only at the end)
+    opts = SimpleNamespace(scale="default", steps=1000)
+    assert scaled({"warmup_steps": 10}, opts, tiny) == {"steps": 1000, "warmup_steps": 10}
 
 
 def test_a_vs_erm_cell_says_over_how_many_seeds_when_one_is_not_finite():
