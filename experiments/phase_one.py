@@ -51,7 +51,7 @@ from cudt.runner.record import decreases, evaluation_keys
 from cudt.runner.run import data_draws, evaluation_grids
 from cudt.runner.sweep import parse_model_hparams, parse_sweeps
 from cudt.tasks.video import VideoConfig, VideoTask
-from experiments.paper.job import check_job_folder
+from experiments.paper.job import JOB_FILE, check_job_folder
 from experiments.paper.phase1 import (
     ERM_POINT,
     STARTS,
@@ -219,6 +219,8 @@ def _phase_one_in(cfg: VideoConfig, out: Path) -> dict[str, Any]:
             print(f"reusing {out / RESULT} (the same flags, written meanwhile)\n")
             print(saved["markdown"])
             return saved
+        # the folder holds this job from now on: a table or study job is refused there
+        write_json_atomic(out / JOB_FILE, {"job": "phase_one"})
         rows = []
         for data_seed, draw_cfg in draws.items():
             seeds = cfg.seed_list if cfg.data_seed is not None else [data_seed]

@@ -13,7 +13,7 @@ from helpers import assert_one_line_error, finished_job
 from cudt.metrics import feasibility
 from cudt.runner.finished import finished_run, trained_params
 from cudt.runner.run import data_draws
-from experiments import phase_one, video_denoise
+from experiments import phase_one, video_denoise, video_table
 from experiments.paper.phase1 import split_means
 
 # seconds: DUST, L = 3, the smallest synthetic draw the task accepts, at a rate where its ERM
@@ -97,6 +97,10 @@ def test_phase_one_lowers_the_erm_points_violation(tmp_path, capsys, monkeypatch
     assert not (tmp_path / "none").exists()
     assert phase_one.main([*TINY, "--resume", "--out", str(out)]) == 0  # the saved one: reused
     assert "reusing" in capsys.readouterr().out
+    # a table job there is refused, as in another job's folder (phase_one wrote no job.json)
+    assert video_table.main(["--out", str(out)]) == 2
+    assert f"--out {out} holds a phase_one, not a video table" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["job.json", "phase1.json", "phase1.md"]
     # an experiment's run folder (its results.json): refused, not written into
     run_folder = tmp_path / "a-run"
     run_folder.mkdir()
