@@ -207,8 +207,8 @@ CHECKPOINT_CASES = [
     (
         "checkpoints of a different model (--models)",
         lambda out: None,
-        ["--models", "ut"],
-        "holds checkpoints of a different config (models ['dust', 'ut'] -> ['ut'])",
+        ["--models", "dust"],
+        "holds checkpoints of a different config (models ['dust', 'ut'] -> ['dust'])",
         SAME_FLAGS,
     ),
     (

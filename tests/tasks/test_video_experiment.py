@@ -41,6 +41,12 @@ TINY = [
 RUN_KEYS = RUNNER_KEYS | {"rmse"}  # and the task's metrics
 
 
+def _ut(argv: list[str]) -> list[str]:
+    """``argv`` less the DUST dictionary's size: a run of ``--models ut`` refuses a DUST flag."""
+    i = argv.index("--dust-atoms")
+    return argv[:i] + argv[i + 2 :]
+
+
 def _params(states: dict):
     """The model parameters of a restored group state (a ``cudt.ConstrainedState``)."""
     return states["params"]
@@ -144,7 +150,7 @@ def test_injected_nan_stops_one_run_keeps_its_checkpoint_others_finish(diverging
 def test_finished_output_is_never_overwritten(diverging_run, capsys):
     out, _ = diverging_run
     before = (out / "results.json").read_bytes()
-    argv = TINY + ["--models", "ut", "--steps", "20", "--out", str(out)]
+    argv = _ut(TINY) + ["--models", "ut", "--steps", "20", "--out", str(out)]
     assert video_denoise.main(argv) == 2
     assert "already holds results.json" in capsys.readouterr().err
     assert (out / "results.json").read_bytes() == before
@@ -168,7 +174,7 @@ def _cli(out: Path, *extra: str) -> list[str]:
         sys.executable,
         "-m",
         "experiments.video_denoise",
-        *TINY,
+        *_ut(TINY),
         "--models",
         "ut",
         "--seeds",
@@ -262,7 +268,7 @@ def _leaves(tree):
 def ut_runs(tmp_path_factory):
     """UT, 3 steps at --lr 0.5, evaluated in batches of 128 (one batch) and of 7 (the last one
     padded): the same training, so every number must agree."""
-    argv = TINY[:-2] + ["--models", "ut", "--steps", "3", "--chunk-steps", "1", "--seeds", "1",
+    argv = _ut(TINY[:-2]) + ["--models", "ut", "--steps", "3", "--chunk-steps", "1", "--seeds", "1",
                         "--lr", "0.5", "--warmup-steps", "0", "--test-gammas", "0,0.5",
                         "--keep-checkpoints", "3"]  # fmt: skip
     root = tmp_path_factory.mktemp("ut")
@@ -311,7 +317,7 @@ def test_select_val_mean_rmse_scores_validation_over_the_test_grid(tmp_path, ut_
     each run's score is the mean of those RMSEs, and the best mark is its minimum among the
     eligible runs; without the flag (``ut_runs``, tested at γ = 0, γ_train and 0.5), validation is
     scored at γ_train only."""
-    argv = TINY[:-2] + ["--models", "ut", "--steps", "4", "--chunk-steps", "4", "--seeds", "2",
+    argv = _ut(TINY[:-2]) + ["--models", "ut", "--steps", "4", "--chunk-steps", "4", "--seeds", "2",
                         "--warmup-steps", "0", "--eval-batch-size", "128",
                         "--test-gammas", "0,0.5,1", "--gamma-train", "0.5",
                         "--kinds", "erm"]  # fmt: skip
