@@ -141,6 +141,11 @@ def test_the_note_names_each_models_own_constraint_setting(tmp_path):
         assert ("UT's own ε 0.02" in note) == (ut_eps == 0.02), note
         assert "MiniLM's own" not in note  # MiniLM trains at the shared ε 0.05 the note gives
         assert "ε 0.05" in note
+        assert "tolerance 0.01" in note and "from --tolerance" not in note  # the task's own
+    # a --tolerance the user gave is said so, not passed off as the task's default
+    opts = table4.Table4Config(scale="tiny", datasets=("imdb",), tolerance=0.1)
+    (sub, *_) = table4.plan(opts, tmp_path / "given")
+    assert "tolerance 0.1 from --tolerance" in table4.details_note(opts, sub.cfg)
 
 
 TINY = [

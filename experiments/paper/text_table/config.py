@@ -451,10 +451,11 @@ def details_note(opts: Table4Config, cfg: TextConfig) -> str:
         if opts.scale == "tiny"
         else f"TFDS data in {opts.data_dir}"
     )
+    given = "" if opts.tolerance is None else " from --tolerance"  # not the task's default
     return (
         f"constraint settings: the text task's defaults (ε {cfg.epsilon:g}, reference "
         f"{cfg.reference}, dual lr {cfg.dual_lr:g}, resilience {cfg.resilience}, tolerance "
-        f"{cfg.tolerance:g}{_models_own(opts, cfg)}); data: {data}"
+        f"{cfg.tolerance:g}{given}{_models_own(opts, cfg)}); data: {data}"
     )
 
 
