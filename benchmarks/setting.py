@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from benchmarks.common import choice_list, positive_int, subcommand_parser
 from cudt.knobs import knob_names
-from cudt.runner.config import RunConfig
+from cudt.runner.config import RunConfig, field_defaults
 from cudt.runner.groups import Group, GroupProgram, name_group
 from cudt.runner.sweep import model_defaults
 from cudt.runner.task import GroupModel, RunBatch
@@ -49,7 +49,7 @@ __all__ = [
 
 # The dual fields a dynamics sets; "paper" takes RunConfig's own defaults of them.
 _DUAL_FIELDS = ("dual_optimizer", "update", *knob_names("dual"))
-_SHARED = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+_SHARED = field_defaults(RunConfig)
 DYNAMICS = {
     "video default": {},
     "paper": {name: _SHARED[name] for name in _DUAL_FIELDS},

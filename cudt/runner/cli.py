@@ -219,12 +219,12 @@ def _pin_given(cfg, given: set[str]):
     otherwise be tuned over 0.03 and 0.1): its tuned grid is emptied and the models' own
     values of it (``--model-hparams``) dropped, as for any other value. A ``--sweep`` of it
     is left to the sweep's own check."""
-    from cudt.runner.config import RunConfig
+    from cudt.runner.config import RunConfig, field_defaults
     from cudt.runner.sweep import parse_sweeps
 
     if not isinstance(cfg, RunConfig):  # a job's own options (a study's), not a run's
         return cfg
-    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    defaults = field_defaults(cfg)
     swept = parse_sweeps(cfg)
     pinned = [
         n

@@ -2,7 +2,8 @@
 
 A task's config is a frozen dataclass that subclasses :class:`RunConfig` and adds its own
 fields. Every field is declared with :func:`flag`: its help text, and its check (``positive``,
-``at_least(n)``, ``in_range(lo, hi)``, ``one_of(...)``). The checks run in
+``at_least(n)``, ``in_range(lo, hi)``, ``one_of(...)``) and where it acts (``needs``: a
+:class:`Needs`, refused set where nothing reads it). The checks run in
 ``RunConfig.__post_init__`` for the base fields and the task's alike, and every float field
 (scalar, optional or tuple) rejects NaN and infinities whatever its own check says. A task
 changes the default of a shared field with :func:`shared` (``steps: int = shared("steps",
@@ -38,13 +39,16 @@ from cudt.runner.sweep import (
 __all__ = [
     "CONSTRAINT_KINDS",
     "FORMULATIONS",
+    "Needs",
     "RunConfig",
     "at_least",
+    "field_defaults",
     "flag",
     "in_range",
     "one_of",
     "positive",
     "shared",
+    "unmet_needs",
 ]
 
 
@@ -84,11 +88,26 @@ def one_of(*choices) -> Check:
     return Check(lambda v: v in choices, f"be one of {', '.join(map(str, choices))}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Needs:
+    """Where a flag acts (:func:`flag`'s ``needs``): ``ok(cfg)``, whether a config of these
+    values reads the field, and ``says``, the one-line refusal when the field is set where
+    ``ok`` is false (what was set, why it acts on nothing there, and the fix): a string, or
+    ``says(cfg, flag)`` (``flag``: its spelling, ``--ut-b``)."""
+
+    ok: Callable[[Any], bool]
+    says: str | Callable[[Any, str], str]
+
+    def message(self, cfg, flag: str) -> str:
+        return self.says if isinstance(self.says, str) else self.says(cfg, flag)
+
+
 def flag(
     default,
     help: str,
     *,
     check: Check | None = None,
+    needs: Needs | None = None,
     repeat: bool = False,
     path: bool = False,
     unordered: bool = False,
@@ -96,17 +115,40 @@ def flag(
     **kw,
 ):
     """A config field: its default, help text and check (applied to each element of a tuple,
-    skipped for None). ``repeat``: a flag given several times (``--sweep A --sweep B``);
-    ``path``: it names a file or folder; ``unordered``: a list whose order means nothing;
-    ``canonical``: what a value names, however spelt (a resume spelling any of these another
-    way resumes: ``cudt.runner.output``)."""
-    metadata = {"help": help, "check": check, "repeat": repeat}
+    skipped for None). ``needs``: where the flag acts (:class:`Needs`, e.g. ``--ut-b`` where
+    ``--models`` trains a UT); set to other than its default where ``needs.ok`` is false, it
+    would act on nothing, and the config is refused with ``needs.says`` (:func:`unmet_needs`,
+    run by every :class:`RunConfig`; a job's own options call it in their checks).
+    ``repeat``: a flag given several times (``--sweep A --sweep B``); ``path``: it names a file
+    or folder; ``unordered``: a list whose order means nothing; ``canonical``: what a value
+    names, however spelt (a resume spelling any of these another way resumes:
+    ``cudt.runner.output``)."""
+    metadata = {"help": help, "check": check, "needs": needs, "repeat": repeat}
     if unordered:  # the same values in another order name the same
         canonical = sorted if canonical is None else canonical
     metadata |= {"path": path, "canonical": canonical}
     if isinstance(default, list | dict | set):
         raise TypeError("use a tuple default for a config field")
     return dataclasses.field(default=default, metadata=metadata, **kw)
+
+
+def field_defaults(config) -> dict[str, Any]:
+    """``{field: default}`` of a config dataclass (a class or an instance): for a task's config,
+    the task's own defaults (:func:`shared`)."""
+    return {f.name: f.default for f in dataclasses.fields(config)}
+
+
+def unmet_needs(config) -> str | None:
+    """The refusal of the first field of ``config`` (a dataclass of :func:`flag` fields) set to
+    other than its default where its ``needs`` is not met, else None: a flag that would act on
+    nothing."""
+    defaults = field_defaults(config)
+    for f in dataclasses.fields(config):
+        needs = f.metadata.get("needs")
+        if needs is None or getattr(config, f.name) == defaults[f.name] or needs.ok(config):
+            continue
+        return needs.message(config, _flag_name(f.name))
+    return None
 
 
 def shared(name: str, default):
@@ -392,6 +434,8 @@ class RunConfig:
                     raise ValueError(f"{name} must {what}, got {v}")
                 raise ValueError(check.message(name, v, is_float=is_float, many=many))
         self._validate_shared()
+        unmet = unmet_needs(self)  # a task's flag set where nothing reads it (its needs)
+        self.require(unmet is None, unmet or "")
         self.validate()
 
     @staticmethod
@@ -501,8 +545,7 @@ class RunConfig:
 
     def _validate_dual_dynamics(self, sweeps, own) -> None:
         need = self.require
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        base = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+        defaults, base = field_defaults(self), field_defaults(RunConfig)
 
         def given(name):  # swept, or set to a value other than the task's default and the
             # shared one (a task whose default is nupi may still be run with sgd and K_P = 0)
