@@ -13,7 +13,16 @@ from cudt.data.instructions import FAMILIES
 from cudt.errors import UsageError
 from cudt.io import check_creatable, check_fresh_output, contains
 from cudt.models.llama.lora import TARGETS as LORA_TARGETS
-from cudt.runner.config import RunConfig, at_least, flag, non_negative, one_of, positive, shared
+from cudt.runner.config import (
+    Needs,
+    RunConfig,
+    at_least,
+    flag,
+    non_negative,
+    one_of,
+    positive,
+    shared,
+)
 
 __all__ = ["DTYPES", "GENERATED_DATA", "SPLITS", "TASKS", "TOY", "LLMConfig", "split_files"]
 
@@ -36,8 +45,21 @@ def split_files(cfg: LLMConfig) -> dict[str, str]:
 _DATA_FLAGS = ("data", "train_data", "val_data", "test_data")
 
 
-# the tiny decoder's sizes (no --checkpoint)
-_TINY_SIZES = ("layers", "hidden", "heads", "kv_heads", "intermediate")
+# the tiny decoder's sizes (no --checkpoint): a pretrained one brings its own
+_TINY = Needs(
+    lambda c: c.checkpoint is None,
+    lambda c, name: (
+        f"{name} sizes the tiny decoder, which --checkpoint {c.checkpoint} replaces with its "
+        "own sizes: drop it"
+    ),
+)
+
+
+# the shape of LoRA adapters (--lora-rank): full fine-tuning has none
+_LORA = Needs(
+    lambda c: c.lora_rank is not None,
+    lambda c, name: f"{name} shapes LoRA adapters: pass --lora-rank R too, or drop it",
+)
 
 
 def default_lora_alpha(rank: int) -> float:
@@ -93,11 +115,15 @@ class LLMConfig(RunConfig):
     max_length: int = flag(
         96, "tokens per example (the prompt is cut from the left first)", check=at_least(4)
     )
-    layers: int = flag(4, "tiny decoder (no --checkpoint): blocks L", check=at_least(1))
-    hidden: int = flag(64, "tiny decoder: hidden size D", check=at_least(2))
-    heads: int = flag(4, "tiny decoder: attention heads", check=at_least(1))
-    kv_heads: int = flag(2, "tiny decoder: key/value heads (grouped-query)", check=at_least(1))
-    intermediate: int = flag(128, "tiny decoder: SwiGLU width", check=at_least(1))
+    layers: int = flag(
+        4, "tiny decoder (no --checkpoint): blocks L", check=at_least(1), needs=_TINY
+    )
+    hidden: int = flag(64, "tiny decoder: hidden size D", check=at_least(2), needs=_TINY)
+    heads: int = flag(4, "tiny decoder: attention heads", check=at_least(1), needs=_TINY)
+    kv_heads: int = flag(
+        2, "tiny decoder: key/value heads (grouped-query)", check=at_least(1), needs=_TINY
+    )
+    intermediate: int = flag(128, "tiny decoder: SwiGLU width", check=at_least(1), needs=_TINY)
     compute_dtype: str = flag(
         "float32",
         "float32, or bfloat16: mixed precision (bf16 matmuls, float32 master weights, optimizer "
@@ -134,6 +160,18 @@ class LLMConfig(RunConfig):
         "per-layer loss (--readout-tokens response): readout rows per bucket, so padding costs "
         "less than one bucket; default: 128 on a CPU, 1024 on an accelerator",
         check=at_least(1),
+        needs=Needs(
+            lambda c: c.readout_tokens == "response" and c.vocab_chunk is None,
+            lambda c, _: (
+                "--bucket-tokens sizes the buckets of the response readout; "
+                + (
+                    "--vocab-chunk reads out at every position, in chunks"
+                    if c.vocab_chunk is not None
+                    else "--readout-tokens all reads out at every position, in chunks"
+                )
+                + ": drop --bucket-tokens"
+            ),
+        ),
     )
     train_embeddings: bool = flag(
         False,
@@ -186,12 +224,18 @@ class LLMConfig(RunConfig):
         "--export writes the merged model and the adapters in PEFT's layout (default: full "
         "fine-tuning)",
         check=at_least(1),
+        needs=Needs(
+            lambda c: c.checkpoint is not None,
+            "--lora-rank adapts a pretrained model: pass --checkpoint FOLDER, model.gguf or "
+            "smollm2",
+        ),
     )
     lora_alpha: float | None = flag(
         None,
         "LoRA's alpha: the adapters' update is scaled by alpha / rank (default: 2 x rank, a "
         "scale of 2 at every rank, as PEFT's common alpha 16 at rank 8)",
         check=positive,
+        needs=_LORA,
     )
     base_dtype: str = flag(
         "float32",
@@ -200,12 +244,18 @@ class LLMConfig(RunConfig):
         "forward casts the weights to bfloat16 anyway, so the step is the same to rounding; "
         "the noise scale is then the std of the bfloat16 embedding table)",
         check=one_of(*DTYPES),
+        needs=Needs(
+            lambda c: c.lora_rank is not None,
+            "--base-dtype stores the frozen base of LoRA adapters (full fine-tuning trains "
+            "float32 weights): pass --lora-rank R too, or drop it",
+        ),
     )
     lora_targets: tuple[str, ...] = flag(
         LORA_TARGETS,
         "the projections LoRA adapts, comma-separated, of q,k,v,o,gate,up,down (default: all "
         "of them, every linear map of every block)",
         check=one_of(*LORA_TARGETS),
+        needs=_LORA,
         unordered=True,
     )
     export: str | None = flag(
@@ -215,7 +265,14 @@ class LLMConfig(RunConfig):
         "naming them; it must not exist or be empty (--overwrite-export); from a finished "
         "--out: python -m experiments.export_decoder OUT DIR",
     )
-    overwrite_export: bool = flag(False, "replace what the --export folder holds")
+    overwrite_export: bool = flag(
+        False,
+        "replace what the --export folder holds",
+        needs=Needs(
+            lambda c: c.export is not None,
+            "--overwrite-export replaces what --export holds: pass --export DIR or drop it",
+        ),
+    )
     # where the models go after training: neither training nor evaluation reads them
     RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
         *RunConfig.RESUME_IGNORES,
@@ -269,32 +326,11 @@ class LLMConfig(RunConfig):
         self._check_data_files()
         self._check_lora()
         self._check_export()
-        self.require(
-            self.bucket_tokens is None
-            or (self.readout_tokens == "response" and self.vocab_chunk is None),
-            "--bucket-tokens sizes the buckets of the response readout; "
-            + (
-                "--vocab-chunk reads out at every position, in chunks"
-                if self.vocab_chunk is not None
-                else "--readout-tokens all reads out at every position, in chunks"
-            )
-            + ": drop --bucket-tokens",
-        )
 
     def _check_sizes(self) -> None:
         """The tiny decoder's sizes (a pretrained one brings its own: a size flag beside
-        ``--checkpoint`` would be ignored, so it is refused)."""
+        ``--checkpoint`` is refused by its ``needs``)."""
         need = self.require
-        if self.checkpoint is not None:
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            given = [n for n in _TINY_SIZES if getattr(self, n) != defaults[n]]
-            need(
-                not given,
-                f"--{given[0].replace('_', '-')} sizes the tiny decoder, which --checkpoint "
-                f"{self.checkpoint} replaces with its own sizes: drop it"
-                if given
-                else "",
-            )
         need(
             self.checkpoint is not None or self.hidden % self.heads == 0,
             f"--hidden {self.hidden} is not divisible by --heads {self.heads}: pick sizes that "
@@ -347,25 +383,10 @@ class LLMConfig(RunConfig):
         )
 
     def _check_lora(self) -> None:
-        """The LoRA flags: each with --lora-rank, and --lora-rank with a pretrained model."""
+        """--lora-rank with what it trains (each LoRA flag needs --lora-rank, and --lora-rank a
+        pretrained model: their ``needs``)."""
         need = self.require
-        if self.lora_rank is None:
-            need(
-                self.lora_alpha is None and self.lora_targets == LORA_TARGETS,
-                "--lora-alpha and --lora-targets shape LoRA adapters: pass --lora-rank R too, "
-                "or drop them",
-            )
-            need(
-                self.base_dtype == "float32",
-                "--base-dtype stores the frozen base of LoRA adapters (full fine-tuning trains "
-                "float32 weights): pass --lora-rank R too, or drop it",
-            )
-        else:
-            need(
-                self.checkpoint is not None,
-                "--lora-rank adapts a pretrained model: pass --checkpoint FOLDER, model.gguf "
-                "or smollm2",
-            )
+        if self.lora_rank is not None:
             need(
                 not self.train_embeddings and not self.untie_head,
                 "--lora-rank trains adapters only, the base frozen: drop "
@@ -378,12 +399,9 @@ class LLMConfig(RunConfig):
             )
 
     def _check_export(self) -> None:
-        """--export: a path apart from the run, the base and the data, written after training."""
+        """--export: a path apart from the run, the base and the data, written after training
+        (--overwrite-export needs it: its ``needs``)."""
         need = self.require
-        need(
-            self.export is not None or not self.overwrite_export,
-            "--overwrite-export replaces what --export holds: pass --export DIR or drop it",
-        )
         if self.export is not None:
             need(
                 not self.distributed,

@@ -32,10 +32,10 @@ from cudt.models.classifier import (
     cross_entropy,
     make_layer_losses,
 )
-from cudt.runner.config import RunConfig, at_least, flag, one_of, positive, shared
+from cudt.runner.config import Needs, RunConfig, at_least, flag, one_of, positive, shared
 from cudt.runner.task import EvalBatch, GroupModel, Task
 from cudt.tasks.accuracy import AccuracyReports
-from cudt.tasks.ut_flags import UT_FLAGS, ut_flag
+from cudt.tasks.ut_flags import ut_flag
 
 __all__ = [
     "DATASETS",
@@ -66,6 +66,18 @@ def train_embeddings_of(cfg) -> bool:
 # Appendix B.5 / Figure 12: constrained RoBERTa on IMDb, per-sample ratios on the test set.
 PAPER_DESCENT = {"descent_rate": 0.708, "mean_ratio": 0.87, "median_ratio": 0.82}
 PAPER_DESCENT_SOURCE = "paper, constrained RoBERTa on IMDb (Fig. 12)"
+
+
+def _for_ut(why: str) -> Needs:
+    """A flag of the UT's (``--layers``, ``--ut-…``): it acts with ``--model ut`` alone; ``why``
+    it acts on nothing in another model (``{model}``: that model)."""
+    return Needs(
+        lambda c: c.model == "ut",
+        lambda c, name: f"{name} applies to --model ut only ({why.format(model=c.model)}): drop it",
+    )
+
+
+_UT = _for_ut("{model} has no UT layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +119,25 @@ class TextConfig(RunConfig):
         "TFDS data folder (imdb, mnli; default $TFDS_DATA_DIR), MultiNLI's or GLUE's MNLI "
         "folder (mnli), or aclImdb folder",
         path=True,
+        needs=Needs(
+            lambda c: c.dataset != "synthetic",
+            lambda c, _: (
+                f"--data-dir {c.data_dir} is read only by a real dataset, and --dataset "
+                "is synthetic: pass --dataset imdb|mnli|aclimdb, or drop --data-dir"
+            ),
+        ),
     )
-    download: bool = flag(False, "imdb/mnli: download and prepare missing TFDS data")
+    download: bool = flag(
+        False,
+        "imdb/mnli: download and prepare missing TFDS data",
+        needs=Needs(
+            lambda c: c.dataset in ("imdb", "mnli"),
+            lambda c, _: (
+                f"--download prepares the TFDS data sets imdb and mnli, not --dataset "
+                f"{c.dataset}: drop --download"
+            ),
+        ),
+    )
     num_train: int | None = flag(
         2000,
         "training pool (train + val) drawn from the source; none: all of it",
@@ -130,6 +159,7 @@ class TextConfig(RunConfig):
         None,
         "ut: unrolled layers L (default 3); pretrained encoders use their blocks",
         check=at_least(1),
+        needs=_for_ut("{model} uses all its blocks"),
     )
     granularity: str = flag(
         "block",
@@ -155,24 +185,27 @@ class TextConfig(RunConfig):
         "scale is fixed from that table); default: on for ut (over frozen embeddings a UT reads "
         "little more than their mean, docs/results/text.md), off for pretrained encoders",
     )
-    ut_a: float = ut_flag("ut_a", 1.0)
+    ut_a: float = ut_flag("ut_a", 1.0, needs=_UT)
     ut_b: float = ut_flag(
         "ut_b",
         0.5,
         "at b = 1 (the published code) W_f has eigenvalues of both signs and every other state "
         "reads backwards through the shared head; at 0.5 (the default) W_f is positive definite",
+        needs=_UT,
     )
-    ut_tying: str = ut_flag("ut_tying", "all")
+    ut_tying: str = ut_flag("ut_tying", "all", needs=_UT)
     ut_skip: bool = ut_flag(
         "ut_skip",
         False,
         "at --ut-b 1 the feed-forward matrix is then kept PSD, W_f = I - W in [0.05, 1]",
+        needs=_UT,
     )
     ut_positions: bool = flag(
         False,
         "ut: add the encoder's pretrained position embeddings (frozen) to the perturbed word "
         "embeddings, so the UT reads word order; off, attention and the mean pooling make it a "
         "bag-of-tokens reader (docs/results/text.md)",
+        needs=_for_ut("{model} adds its own position embeddings"),
     )
     head_norm: bool = flag(
         False,
@@ -217,32 +250,6 @@ class TextConfig(RunConfig):
             self.dataset != "aclimdb" or self.data_dir,
             "--dataset aclimdb needs --data-dir pointing at the aclImdb folder",
         )
-        need(
-            self.dataset != "synthetic" or self.data_dir is None,
-            f"--data-dir {self.data_dir} is read only by a real dataset, and --dataset is "
-            "synthetic: pass --dataset imdb|mnli|aclimdb, or drop --data-dir",
-        )
-        need(
-            not self.download or self.dataset in ("imdb", "mnli"),
-            f"--download prepares the TFDS data sets imdb and mnli, not --dataset "
-            f"{self.dataset}: drop --download",
-        )
-        need(
-            self.layers is None or self.model == "ut",
-            f"--layers applies to --model ut only ({self.model} uses all its blocks): drop it",
-        )
-        need(
-            not self.ut_positions or self.model == "ut",
-            f"--ut-positions applies to --model ut only ({self.model} adds its own position "
-            "embeddings): drop it",
-        )
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for name in UT_FLAGS:  # read by the UT alone: set for another model, it would not act
-            need(
-                self.model == "ut" or getattr(self, name) == defaults[name],
-                f"--{name.replace('_', '-')} applies to --model ut only ({self.model} has no "
-                "UT layers): drop it",
-            )
         need(
             0 < self.val_fraction < 1,
             f"--val-fraction must lie in (0, 1), got {self.val_fraction}",

@@ -1,10 +1,11 @@
 """The UT's flags, declared once for the tasks that train a UT (text and video): each task
-gives its own default and, where its data needs one, a note of its own."""
+gives its own default, where the flags act (its UT) and, where its data needs one, a note of
+its own."""
 
 from __future__ import annotations
 
 from cudt.models.ut import TYINGS
-from cudt.runner.config import flag, one_of
+from cudt.runner.config import Needs, flag, one_of
 
 # name -> (help, check)
 UT_FLAGS = {
@@ -24,8 +25,9 @@ UT_FLAGS = {
 }
 
 
-def ut_flag(name: str, default, note: str = ""):
+def ut_flag(name: str, default, note: str = "", *, needs: Needs):
     """The config field of ``--ut-…`` (:data:`UT_FLAGS`) with this task's default; ``note``:
-    what the task adds about its own data or default."""
+    what the task adds about its own data or default; ``needs``: when the task trains a UT
+    (set otherwise, the flag is refused: :func:`cudt.runner.config.flag`)."""
     help, check = UT_FLAGS[name]
-    return flag(default, f"{help}; {note}" if note else help, check=check)
+    return flag(default, f"{help}; {note}" if note else help, check=check, needs=needs)

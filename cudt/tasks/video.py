@@ -24,7 +24,16 @@ from cudt.models import DUST, UT, ViT, hold_dictionaries_near, load_vit, ut_proj
 from cudt.models.dust import INITIAL_CODES
 from cudt.models.ut import ATTENTIONS
 from cudt.runner import plots
-from cudt.runner.config import RunConfig, at_least, flag, in_range, non_negative, one_of, shared
+from cudt.runner.config import (
+    Needs,
+    RunConfig,
+    at_least,
+    flag,
+    in_range,
+    non_negative,
+    one_of,
+    shared,
+)
 from cudt.runner.record import at_gamma_train
 from cudt.runner.report import Column
 from cudt.runner.task import GroupModel, Task
@@ -48,6 +57,33 @@ MODELS = ("dust", "ut", "vit")
 CONTROL = "dust-pl"  # ERM DUST with one dictionary per layer: the control of constrained DUST
 
 
+def _for_model(model: str) -> Needs:
+    """A flag of one model's (``--ut-…``, ``--dust-…``): it acts where ``--models`` trains it."""
+    return Needs(
+        lambda c: model in c.models,
+        lambda c, name: (
+            f"{name} applies to --models ...,{model} only, and --models "
+            f"{','.join(c.models)} trains no {model}: drop {name} or add {model} to --models"
+        ),
+    )
+
+
+_UT, _DUST = _for_model("ut"), _for_model("dust")
+_REAL = "ucsd|frames|avenue|shanghaitech"  # --dataset's real datasets, in a message
+
+
+def _of_synthetic(field: str, what: str, hint: str = "") -> Needs:
+    """A size of the synthetic clips (``--num-videos``, ``--num-frames``): a real dataset's
+    videos are its own."""
+    return Needs(
+        lambda c: c.dataset == "synthetic",
+        lambda c, name: (
+            f"{name} {getattr(c, field)} sets the synthetic clips' {what}, and "
+            f"--dataset {c.dataset} reads its own videos from --data-dir: drop {name}{hint}"
+        ),
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class VideoConfig(RunConfig):
     """Flags of ``python -m experiments.video_denoise`` (shared ones: :class:`RunConfig`)."""
@@ -60,7 +96,18 @@ class VideoConfig(RunConfig):
         "testing/frames/<clip>/*.jpg); validation videos come from the training ones",
         check=one_of(*DATASETS),
     )
-    data_dir: str | None = flag(None, "folder of the dataset (frames or videos)", path=True)
+    data_dir: str | None = flag(
+        None,
+        "folder of the dataset (frames or videos)",
+        path=True,
+        needs=Needs(
+            lambda c: c.dataset != "synthetic",
+            lambda c, _: (
+                f"--data-dir {c.data_dir} is read only by a real dataset, and --dataset "
+                f"is synthetic: pass --dataset {_REAL}, or drop --data-dir"
+            ),
+        ),
+    )
     models: tuple[str, ...] = flag(
         ("dust", "ut"),
         "comma-separated models: dust, ut, vit (a pretrained ViT from --vit-checkpoint, fine-tuned "
@@ -72,20 +119,33 @@ class VideoConfig(RunConfig):
         "Hugging Face ViT folder (config.json, model.safetensors, preprocessor_config.json) for "
         "--models vit; its depth is the model's own (--layers is for dust and ut)",
         path=True,
+        needs=Needs(
+            lambda c: "vit" in c.models,
+            "--vit-checkpoint is read with --models ...,vit only: add vit to --models or drop it",
+        ),
     )
     layers: int = flag(
         5,
         "number of unrolled layers L (the paper's 3, 5, 7)",
         check=at_least(1),
+        needs=Needs(
+            lambda c: bool({"ut", "dust"} & set(c.models)),
+            "--layers sets the depth of dust and ut, and --models vit trains neither (the ViT "
+            "keeps its checkpoint's depth): drop --layers or add dust or ut to --models",
+        ),
     )
     seq_len: int = flag(8, "frames per sequence T", check=at_least(1))
     dust_atoms: int = flag(
-        20, "DUST overcomplete DCT atoms per dimension (K = atoms^2)", check=at_least(1)
+        20,
+        "DUST overcomplete DCT atoms per dimension (K = atoms^2)",
+        check=at_least(1),
+        needs=_DUST,
     )
     dust_dictionary: str = flag(
         "paper",
         "paper (shared for ERM, one per layer when constrained), shared, or per-layer",
         check=one_of("paper", "shared", "per-layer"),
+        needs=_DUST,
     )
     dust_spread: float | None = flag(
         None,
@@ -93,14 +153,18 @@ class VideoConfig(RunConfig):
         "dictionary (Frobenius norms) after every optimizer step: 0 ties them, none leaves "
         "them free (the paper's)",
         check=non_negative,
+        needs=_DUST,
     )
-    dust_threshold: float = flag(0.01, "DUST soft threshold tau", check=non_negative)
+    dust_threshold: float = flag(0.01, "DUST soft threshold tau", check=non_negative, needs=_DUST)
     dust_initial_code: str = flag(
         "dual",
         "DUST state 0: dual (the input reconstructed exactly), adjoint, or zero (the paper's, "
         "Appendix C.3: a blank state 0, so a gamma_train = 0 constraint is not vacuous)",
         check=one_of(*INITIAL_CODES),
+        needs=_DUST,
     )
+    # no needs: --no-dust-control asks for nothing, and the default trains the control only
+    # where --models trains dust
     dust_control: bool = flag(
         True,
         "with --dust-dictionary paper, also train ERM DUST with one dictionary per layer "
@@ -112,17 +176,19 @@ class VideoConfig(RunConfig):
         0.25,
         "the published code uses 1: then layer 1 averages all T frames and no later layer can "
         "lower the loss on this data",
+        needs=_UT,
     )
-    ut_b: float = ut_flag("ut_b", 1.0)
+    ut_b: float = ut_flag("ut_b", 1.0, needs=_UT)
     # The UT of the study (python -m experiments.ut_study, docs/results/video.md): the shared
     # attention of the paper's Section 4 and the residual energy step of eq. 48; the published
     # UT (--ut-tying all --no-ut-skip) cannot meet the descent constraints here.
-    ut_tying: str = ut_flag("ut_tying", "attention")
-    ut_skip: bool = ut_flag("ut_skip", True)
+    ut_tying: str = ut_flag("ut_tying", "attention", needs=_UT)
+    ut_skip: bool = ut_flag("ut_skip", True, needs=_UT)
     ut_ffn_init: float = flag(
         0.9,
         "the UT layer's linear map at init, c*I (0.9: a mild contraction; 1 with --ut-skip: "
         "the identity, each layer starts as its attention step alone)",
+        needs=_UT,
     )
     ut_clip: float = flag(
         0.95,
@@ -131,11 +197,13 @@ class VideoConfig(RunConfig):
         "1) to [0, clip], so W_f = I - sym(W~_f) lies in [1 - clip, 1]: the gradient step of a "
         "convex energy; 0: no projection",
         check=non_negative,
+        needs=_UT,
     )
     ut_reinject: float = flag(
         0.0,
         "UT data-fidelity step after every layer, Y <- (1-beta) Y + beta X (X the noisy input)",
         check=in_range(0.0, 1.0),
+        needs=_UT,
     )
     # The kernel of the energy the paper's UT unrolls (Appendix C.2, eq. 45: a sum of scaled
     # distances between the frames). At the paper's noise the published dot scores make the
@@ -147,15 +215,32 @@ class VideoConfig(RunConfig):
         "energy of Yang et al. that the paper's UT unrolls, Appendix C.2) or dot "
         "(softmax(Y W Y^T), the published code)",
         check=one_of(*ATTENTIONS),
+        needs=_UT,
     )
-    num_videos: int = flag(20, "synthetic: number of videos (a real dataset's are its own)")
-    num_frames: int = flag(32, "synthetic: frames per video (a real dataset's are its own)")
+    num_videos: int = flag(
+        20,
+        "synthetic: number of videos (a real dataset's are its own)",
+        needs=_of_synthetic("num_videos", "count", " (--max-videos caps the videos read)"),
+    )
+    num_frames: int = flag(
+        32,
+        "synthetic: frames per video (a real dataset's are its own)",
+        needs=_of_synthetic("num_frames", "length"),
+    )
     max_videos: int | None = flag(
         None,
         "a real dataset: read at most this many training and this many test videos (the first "
         "by name), per camera of a UCSD folder holding both UCSDped1 and UCSDped2; validation "
         "videos come from the training ones read",
         check=at_least(1),
+        needs=Needs(
+            lambda c: c.dataset != "synthetic",
+            lambda c, _: (
+                f"--max-videos {c.max_videos} caps the videos read from --data-dir, "
+                "and --dataset is synthetic: drop --max-videos (--num-videos sizes the synthetic "
+                f"clips), or pass --dataset {_REAL}"
+            ),
+        ),
     )
     select: str = flag(
         "val-objective",
@@ -208,11 +293,6 @@ class VideoConfig(RunConfig):
             f"--dataset {self.dataset} needs --data-dir pointing at {stored}",
         )
         need(
-            self.dataset != "synthetic" or self.data_dir is None,
-            f"--data-dir {self.data_dir} is read only by a real dataset, and --dataset is "
-            "synthetic: pass --dataset ucsd|frames|avenue|shanghaitech, or drop --data-dir",
-        )
-        need(
             self.dust_atoms >= PATCH,
             f"--dust-atoms {self.dust_atoms} is below the patch side {PATCH}: the overcomplete "
             f"DCT dictionary needs at least {PATCH} atoms per dimension; pass --dust-atoms "
@@ -223,12 +303,6 @@ class VideoConfig(RunConfig):
             "--models vit needs --vit-checkpoint FOLDER (a Hugging Face ViT folder with "
             "config.json and model.safetensors)",
         )
-        need(
-            self.vit_checkpoint is None or "vit" in self.models,
-            "--vit-checkpoint is read with --models ...,vit only: add vit to --models or drop it",
-        )
-        self._validate_dataset_flags()
-        self._validate_model_flags()
         # the synthetic clips' sizes (a real dataset's own videos are checked when read)
         need(
             self.dataset != "synthetic" or self.num_videos >= 3,
@@ -238,50 +312,6 @@ class VideoConfig(RunConfig):
             self.dataset != "synthetic" or self.num_frames >= self.seq_len,
             f"--num-frames ({self.num_frames}) must be >= --seq-len ({self.seq_len})",
         )
-
-    def _validate_model_flags(self) -> None:
-        """A flag of one model (``--ut-…``, ``--dust-…``; ``--layers`` of both), set to other
-        than its default where ``--models`` trains no such model: it would act on nothing."""
-        default = {f.name: f.default for f in dataclasses.fields(self)}
-        for field in dataclasses.fields(self):
-            model = field.name.split("_")[0]
-            off = field.name == "dust_control" and not self.dust_control  # asks for nothing
-            if model in ("ut", "dust") and model not in self.models and not off:
-                flag_name = "--" + field.name.replace("_", "-")
-                self.require(
-                    getattr(self, field.name) == default[field.name],
-                    f"{flag_name} applies to --models ...,{model} only, and --models "
-                    f"{','.join(self.models)} trains no {model}: drop {flag_name} or add "
-                    f"{model} to --models",
-                )
-        self.require(
-            self.layers == default["layers"] or {"ut", "dust"} & set(self.models),
-            "--layers sets the depth of dust and ut, and --models vit trains neither (the ViT "
-            "keeps its checkpoint's depth): drop --layers or add dust or ut to --models",
-        )
-
-    def _validate_dataset_flags(self) -> None:
-        """A flag of one kind of dataset, set (to other than its default) with the other kind:
-        it would be ignored without a word (the synthetic clips' sizes with a real dataset, whose
-        videos are its own; the cap on the videos read with the synthetic clips)."""
-        default = {f.name: f.default for f in dataclasses.fields(self)}
-        if self.dataset == "synthetic":
-            self.require(
-                self.max_videos == default["max_videos"],
-                f"--max-videos {self.max_videos} caps the videos read from --data-dir, and "
-                "--dataset is synthetic: drop --max-videos (--num-videos sizes the synthetic "
-                "clips), or pass --dataset ucsd|frames|avenue|shanghaitech",
-            )
-            return
-        for name, what in (("num_videos", "count"), ("num_frames", "length")):
-            flag_name = "--" + name.replace("_", "-")
-            self.require(
-                getattr(self, name) == default[name],
-                f"{flag_name} {getattr(self, name)} sets the synthetic clips' {what}, and "
-                f"--dataset {self.dataset} reads its own videos from --data-dir: drop "
-                f"{flag_name}"
-                + (" (--max-videos caps the videos read)" if name == "num_videos" else ""),
-            )
 
 
 def dust_per_layer(cfg, structure) -> bool:

@@ -236,8 +236,8 @@ LLM_CASES = [
     (
         "--lora-alpha without --lora-rank",
         lambda tmp: ["--lora-alpha", "16"],
-        "--lora-alpha and --lora-targets shape LoRA adapters",
-        "pass --lora-rank R too, or drop them",
+        "--lora-alpha shapes LoRA adapters",
+        "pass --lora-rank R too, or drop it",
     ),
     (
         "--bucket-tokens where every position is read out",

@@ -6,6 +6,9 @@ import dataclasses
 import pytest
 
 from cudt.runner.config import Needs, RunConfig, flag, unmet_needs
+from cudt.tasks.llm_config import LLMConfig
+from cudt.tasks.text import TextConfig
+from cudt.tasks.video import VideoConfig
 
 _FAST = Needs(lambda c: c.mode == "fast", "--level is read in --mode fast only: drop it")
 
@@ -29,3 +32,51 @@ def test_a_flag_is_refused_set_where_its_needs_are_false_and_kept_at_its_default
     with pytest.raises(ValueError, match="^--label x: slow$"):  # the message of the values
         _Toy(label="x")
     assert unmet_needs(_Toy(mode="fast", level=2)) is None
+
+
+# Another value of each UT and DUST flag: a new one fails here until it declares where it acts.
+_VIDEO_VALUES = {
+    "ut": dict(
+        ut_a=0.5, ut_b=0.5, ut_tying="all", ut_skip=False, ut_ffn_init=1.0, ut_clip=0.5,
+        ut_reinject=0.1, ut_attention="dot",
+    ),
+    "dust": dict(
+        dust_atoms=16, dust_dictionary="shared", dust_spread=0.1, dust_threshold=0.02,
+        dust_initial_code="zero",
+    ),
+}  # fmt: skip
+
+
+def test_every_video_model_flag_acts_on_its_model_alone():
+    named = {f.name for f in dataclasses.fields(VideoConfig) if f.name.startswith(("ut_", "dust_"))}
+    # --no-dust-control asks for nothing, and its default trains the control where dust is
+    assert named - {"dust_control"} == {*_VIDEO_VALUES["ut"], *_VIDEO_VALUES["dust"]}
+    for model, other in (("ut", "dust"), ("dust", "ut")):
+        for name, value in _VIDEO_VALUES[model].items():
+            if name != "dust_spread":  # one-per-layer dictionaries: not with "shared"
+                VideoConfig(models=(model,), **{name: value})
+            flag_name = "--" + name.replace("_", "-")
+            with pytest.raises(ValueError, match=f"^{flag_name} applies to --models ...,{model}"):
+                VideoConfig(models=(other,), **{name: value})
+
+
+def test_every_text_ut_flag_acts_with_the_ut_alone():
+    values = dict(ut_a=2.0, ut_b=0.3, ut_tying="none", ut_skip=True, ut_positions=True, layers=3)
+    named = {f.name for f in dataclasses.fields(TextConfig) if f.name.startswith("ut_")}
+    assert named | {"layers"} == set(values)
+    for name, value in values.items():
+        TextConfig(model="ut", **{name: value})
+        flag_name = "--" + name.replace("_", "-")
+        with pytest.raises(ValueError, match=f"^{flag_name} applies to --model ut only"):
+            TextConfig(model="minilm", **{name: value})
+
+
+def test_each_lora_flag_without_a_rank_is_named_alone():
+    """It named both --lora-alpha and --lora-targets whichever was set."""
+    for name, value in (("lora_alpha", 4.0), ("lora_targets", ("q", "v"))):
+        flag_name = "--" + name.replace("_", "-")
+        with pytest.raises(
+            ValueError, match=f"^{flag_name} shapes LoRA adapters: pass --lora-rank R too"
+        ):
+            LLMConfig(**{name: value})
+    LLMConfig(checkpoint="smollm2", lora_rank=8, lora_alpha=4.0, lora_targets=("q", "v"))
