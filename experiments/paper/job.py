@@ -23,7 +23,7 @@ from typing import Any
 
 from cudt.errors import UsageError
 from cudt.io import check_not_a_file, claimed_run_dir, to_jsonable, write_json_atomic
-from cudt.runner.config import flag
+from cudt.runner.config import flag, unmet_needs
 from cudt.runner.lock import check_free, lock_output
 from cudt.runner.output import CHECKPOINTS, CONFIG_FILE, checkpoint_record
 from cudt.runner.run import run
@@ -114,6 +114,13 @@ def need(ok: bool, message: str) -> None:
     """The one-line UsageError ``message`` unless ``ok``."""
     if not ok:
         raise UsageError(message)
+
+
+def check_needs(opts) -> None:
+    """A job's flag set where nothing reads it (its ``needs``: :func:`cudt.runner.config.flag`):
+    the one-line UsageError."""
+    unmet = unmet_needs(opts)
+    need(unmet is None, unmet or "")
 
 
 def check_known(name: str, what: str, values, known: Sequence[str], hint: str = "") -> None:

@@ -5,10 +5,12 @@ import dataclasses
 
 import pytest
 
-from cudt.runner.config import Needs, RunConfig, flag, unmet_needs
+from cudt.errors import UsageError
+from cudt.runner.config import Needs, RunConfig, field_defaults, flag, unmet_needs
 from cudt.tasks.llm_config import LLMConfig
 from cudt.tasks.text import TextConfig
 from cudt.tasks.video import VideoConfig
+from experiments.paper.job import check_needs
 
 _FAST = Needs(lambda c: c.mode == "fast", "--level is read in --mode fast only: drop it")
 
@@ -32,6 +34,19 @@ def test_a_flag_is_refused_set_where_its_needs_are_false_and_kept_at_its_default
     with pytest.raises(ValueError, match="^--label x: slow$"):  # the message of the values
         _Toy(label="x")
     assert unmet_needs(_Toy(mode="fast", level=2)) is None
+
+
+def test_a_jobs_own_options_share_the_check_with_their_defaults():
+    @dataclasses.dataclass(frozen=True)
+    class Options:  # no RunConfig: a job calls the check itself
+        mode: str = flag("slow", "slow or fast")
+        level: int = flag(1, "how fast", needs=_FAST)
+
+    assert field_defaults(Options) == {"mode": "slow", "level": 1}
+    check_needs(Options(mode="fast", level=2))
+    check_needs(Options(level=1))
+    with pytest.raises(UsageError, match="^--level is read in --mode fast only"):
+        check_needs(Options(level=2))
 
 
 # Another value of each UT and DUST flag: a new one fails here until it declares where it acts.

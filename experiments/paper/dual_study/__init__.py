@@ -37,7 +37,7 @@ from cudt.constrained import UPDATES
 from cudt.errors import UsageError
 from cudt.optim import SCHEDULES
 from cudt.runner.cli import config_main
-from cudt.runner.config import FORMULATIONS, flag
+from cudt.runner.config import FORMULATIONS, Needs, flag
 from cudt.runner.hparams import normalize_epsilon_schedule, parse_epsilon_schedule
 from experiments.paper.dual_study import figures, report
 from experiments.paper.dual_study.settings import (
@@ -51,6 +51,7 @@ from experiments.paper.dual_study.settings import (
 from experiments.paper.job import (
     SubRun,
     check_known,
+    check_needs,
     devices_flag,
     need,
     open_job,
@@ -71,6 +72,23 @@ __all__ = [
     "plan",
     "run_study",
 ]
+
+
+def _trains_nupi(opts) -> bool:
+    """Whether the study trains a nupi run (the penalty formulation has no dual optimiser)."""
+    return "nupi" in opts.dual_optimizers and any(f != "penalty" for f in opts.formulations)
+
+
+# K_P and nu are read by the nupi runs alone (as the runner refuses --nupi-kp without nupi): set
+# where the study trains none, they would change nothing and the report would print them
+_NUPI = Needs(
+    _trains_nupi,
+    lambda o, name: (
+        f"{name} is read by the nupi runs only, and --dual-optimizers "
+        f"{','.join(o.dual_optimizers)} --formulations {','.join(o.formulations)} train none: add "
+        f"nupi to --dual-optimizers (and a formulation with multipliers), or drop {name}"
+    ),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +121,8 @@ class StudyConfig:
     lr_schedule: str = flag(
         "constant", "primal learning-rate schedule of every run (constant: the study's question)"
     )
-    nupi_kp: float = flag(5.0, "K_P of the nupi runs")
-    nupi_ema: float = flag(0.0, "EMA factor nu of the nupi runs")
+    nupi_kp: float = flag(5.0, "K_P of the nupi runs", needs=_NUPI)
+    nupi_ema: float = flag(0.0, "EMA factor nu of the nupi runs", needs=_NUPI)
     steps: int | None = flag(None, "training steps per run (default: the setting's)")
     scale: str = flag(
         "default",
@@ -145,21 +163,7 @@ def check(opts: StudyConfig) -> None:
         f"--nupi-kp must be a finite number >= 0, got {opts.nupi_kp:g}",
     )
     need(0 <= opts.nupi_ema < 1, f"--nupi-ema must lie in [0, 1), got {opts.nupi_ema:g}")
-    # K_P and ν are read by the nupi runs alone (as the runner refuses --nupi-kp without nupi):
-    # set where the study trains none, they changed nothing and the report printed them
-    nupi = "nupi" in opts.dual_optimizers and any(f != "penalty" for f in opts.formulations)
-    for name in ("nupi_kp", "nupi_ema"):
-        flag_name = "--" + name.replace("_", "-")
-        need(
-            nupi or getattr(opts, name) == _DEFAULTS[name],
-            f"{flag_name} is read by the nupi runs only, and --dual-optimizers "
-            f"{','.join(opts.dual_optimizers)} --formulations {','.join(opts.formulations)} "
-            f"train none: add nupi to --dual-optimizers (and a formulation with multipliers), "
-            f"or drop {flag_name}",
-        )
-
-
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StudyConfig)}
+    check_needs(opts)  # --nupi-kp, --nupi-ema: read by the nupi runs alone
 
 
 def combos(opts: StudyConfig) -> list[Combo]:

@@ -13,7 +13,7 @@ from typing import Any
 from cudt.data.text.nli import tfds_builder, tiny_splits
 from cudt.errors import DataError
 from cudt.models.classifier import GRANULARITIES
-from cudt.runner.config import flag
+from cudt.runner.config import Needs, flag
 from cudt.runner.sweep import parse_model_hparams
 from cudt.tasks.text import TextConfig, TextTask
 from experiments.paper import job as grid
@@ -134,6 +134,15 @@ PAPER_TABLE4 = table_rows.paper_table(_PAPER_ROWS, DATASETS)  # the paper's orde
 _CHECKPOINT_FLAGS = {"distilbert": "checkpoint_distilbert", "roberta": "checkpoint_roberta"}
 
 
+def _trains(test, what: str) -> Needs:
+    """A flag of some of the models (``test(model)``: it acts in that model's sub-runs); ``what``:
+    what the flag is to them, and the fix, after ``--models X trains``."""
+    return Needs(
+        lambda o: any(test(m) for m in o.setting("models")),
+        lambda o, name: what.format(flag=name, models=",".join(o.setting("models"))),
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Table4Config:
     """Flags of ``python -m experiments.text_table``."""
@@ -148,6 +157,11 @@ class Table4Config:
         None,
         "--scale paper: TFDS data folder holding prepared imdb_reviews/plain_text and glue/mnli "
         "(tfds build ... --file_format array_record)",
+        needs=Needs(
+            lambda o: o.scale == "paper",
+            "--data-dir is read by --scale paper only (--scale tiny writes its own data under "
+            "<out>/data): drop --data-dir or pass --scale paper",
+        ),
     )
     checkpoint_distilbert: str | None = flag(
         None,
@@ -167,12 +181,23 @@ class Table4Config:
         "distilbert,roberta,ut)",
     )
     layers: tuple[int, ...] | None = flag(
-        None, "UT depths L (default: tiny 3, paper 3,5,7,9); the encoders use all their blocks"
+        None,
+        "UT depths L (default: tiny 3, paper 3,5,7,9); the encoders use all their blocks",
+        needs=_trains(
+            lambda m: m == "ut",
+            "{flag} sets the UT's depths, and --models {models} trains no UT (the encoders use "
+            "all their blocks): drop {flag} or add ut to --models",
+        ),
     )
     encoder_granularity: str = flag(
         "sublayer",
         "constraints of the pretrained encoders: sublayer (attention and MLP of each block: "
         "the paper's L = 12 for DistilBERT, 24 for RoBERTa) or block",
+        needs=_trains(
+            lambda m: m != "ut",
+            "{flag} is read by the pretrained encoders, and --models {models} trains none: drop "
+            "{flag} or add an encoder to --models",
+        ),
     )
     datasets: tuple[str, ...] = grid.datasets_flag(DATASETS)
     gamma_trains: tuple[float, ...] | None = flag(
@@ -199,17 +224,7 @@ class Table4Config:
         need = grid.need
         need(self.scale in SCALES, f"--scale must be tiny or paper, got {self.scale!r}")
         scale = SCALES[self.scale]
-        models = scale["models"] if self.models is None else self.models
-        need(
-            self.layers is None or "ut" in models,
-            "--layers sets the UT's depths, and --models " + ",".join(models) + " trains no UT "
-            "(the encoders use all their blocks): drop --layers or add ut to --models",
-        )
-        need(
-            self.encoder_granularity == "sublayer" or any(m != "ut" for m in models),
-            "--encoder-granularity is read by the pretrained encoders, and --models ut trains "
-            "none: drop --encoder-granularity or add an encoder to --models",
-        )
+        grid.check_needs(self)  # before the scale's defaults fill --models and --layers
         for name in ("models", "layers", "gamma_trains"):  # the scale's default where not given
             if getattr(self, name) is None:
                 object.__setattr__(self, name, scale[name])
@@ -255,11 +270,6 @@ class Table4Config:
                 f"--models {','.join(self.models)} needs {', '.join(missing)} (a Hugging Face "
                 "folder: config.json, model.safetensors, tokenizer.json): pass it, or drop the "
                 "model (minilm stands in for both at --scale tiny)",
-            )
-            need(
-                self.data_dir is None,
-                "--data-dir is read by --scale paper only (--scale tiny writes its own data "
-                "under <out>/data): drop --data-dir or pass --scale paper",
             )
         read = {_checkpoint_source(self, model) for model in self.models}
         ignored = [m for m in (*_CHECKPOINT_FLAGS, "minilm") if m not in read]

@@ -34,11 +34,12 @@ from cudt.errors import UsageError
 from cudt.io import write_json_atomic
 from cudt.models.ut import ATTENTIONS, TYINGS
 from cudt.runner.cli import config_main
-from cudt.runner.config import flag
+from cudt.runner.config import Needs, flag
 from experiments.paper.job import (
     TINY_VIDEO,
     SubRun,
     check_known,
+    check_needs,
     check_subrun,
     devices_flag,
     need,
@@ -58,6 +59,14 @@ __all__ = ["RESIDUALS", "StudyConfig", "Variant", "main", "plan", "run_study"]
 
 RESIDUALS = ("none", "skip")
 TINY = TINY_VIDEO | dict(eval_batch_size=128)  # --scale tiny
+# the settings stage's grid: --no-settings skips the stage
+_SETTINGS = Needs(
+    lambda o: o.settings,
+    lambda o, name: (
+        f"{name} sets the grid of the settings stage, which --no-settings skips: drop {name} "
+        "or --no-settings"
+    ),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +118,12 @@ class StudyConfig:
     epsilons: tuple[float, ...] = flag(
         (0.02, 0.05, 0.1, 0.2),
         "the settings stage: descent factors eps tried on the chosen UT (hard constraints)",
+        needs=_SETTINGS,
     )
     dual_lrs: tuple[float, ...] = flag(
-        (3.0, 10.0, 30.0, 100.0), "the settings stage: dual rates tried on the chosen UT"
+        (3.0, 10.0, 30.0, 100.0),
+        "the settings stage: dual rates tried on the chosen UT",
+        needs=_SETTINGS,
     )
     gamma_train: float | None = flag(
         None, "training noise level gamma_train (default: the video default's)"
@@ -181,21 +193,12 @@ def check(opts: StudyConfig) -> None:
         all(math.isfinite(r) and r > 0 for r in opts.dual_lrs),
         "--dual-lrs must be finite numbers > 0, got " + fmt(opts.dual_lrs),
     )
-    for name in ("epsilons", "dual_lrs"):  # read by the settings stage alone
-        flag_name = "--" + name.replace("_", "-")
-        need(
-            opts.settings or getattr(opts, name) == _DEFAULTS[name],
-            f"{flag_name} sets the grid of the settings stage, which --no-settings skips: "
-            f"drop {flag_name} or --no-settings",
-        )
+    check_needs(opts)  # --epsilons, --dual-lrs: read by the settings stage alone
     need(opts.seeds >= 1, f"--seeds must be >= 1, got {opts.seeds}")
     need(opts.phase1_seeds >= 1, f"--phase1-seeds must be >= 1, got {opts.phase1_seeds}")
     for name in ("steps", "phase1_steps"):
         value = getattr(opts, name)
         need(value is None or value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value}")
-
-
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StudyConfig)}
 
 
 def variants(opts: StudyConfig) -> list[Variant]:

@@ -14,7 +14,7 @@ from typing import Any
 from cudt.data.video import archives
 from cudt.errors import DataError, UsageError
 from cudt.models.vit import write_vit_folder
-from cudt.runner.config import flag
+from cudt.runner.config import Needs, flag
 from cudt.tasks.video import CONTROL, VideoConfig, test_gamma_grid
 from experiments.paper import job as grid
 from experiments.paper import rows as table_rows
@@ -149,6 +149,11 @@ class Table3Config:
         None,
         "--scale paper: folder holding UCSD_Anomaly_Dataset.v1p2, 'Avenue Dataset' and "
         "shanghaitech as their archives extract",
+        needs=Needs(
+            lambda o: o.scale == "paper",
+            "--data-root is read by --scale paper only (--scale tiny writes its own data under "
+            "<out>/data): drop --data-root or pass --scale paper",
+        ),
     )
     out: str | None = grid.out_flag("video_table")
     models: tuple[str, ...] = flag(
@@ -160,8 +165,20 @@ class Table3Config:
         None,
         "Hugging Face ViT folder for --models vit (the paper: google/vit-base-patch16-224); "
         "--scale tiny without it writes a random-weight tiny ViT in that layout",
+        needs=Needs(
+            lambda o: "vit" in o.models,
+            "--vit-checkpoint is read with --models ...,vit only: add vit to --models or drop it",
+        ),
     )
-    layers: tuple[int, ...] = flag(_LAYERS, "depths L of dust and ut")
+    layers: tuple[int, ...] = flag(
+        _LAYERS,
+        "depths L of dust and ut",
+        needs=Needs(  # the ViT's depth is its checkpoint's
+            lambda o: any(m in UNROLLED for m in o.models),
+            "--layers sets the depths of dust and ut, and --models vit trains neither (the ViT "
+            "keeps its checkpoint's depth): drop --layers or add dust or ut to --models",
+        ),
+    )
     datasets: tuple[str, ...] = grid.datasets_flag(DATASETS)
     gamma_trains: tuple[float, ...] = flag(GAMMA_TRAINS, "training perturbation levels γ_train")
     headline_gamma: float = grid.headline_flag(0.15)
@@ -186,10 +203,7 @@ class Table3Config:
         need = grid.need
         need(self.scale in SCALES, f"--scale must be tiny or paper, got {self.scale!r}")
         grid.check_known("datasets", "dataset", self.datasets, DATASETS)
-        need(
-            self.vit_checkpoint is None or "vit" in self.models,
-            "--vit-checkpoint is read with --models ...,vit only: add vit to --models or drop it",
-        )
+        grid.check_needs(self)  # --vit-checkpoint, --layers, --data-root: where they act
         need(
             self.scale == "tiny" or "vit" not in self.models or self.vit_checkpoint,
             "--scale paper --models vit needs --vit-checkpoint FOLDER (a Hugging Face ViT "
@@ -201,17 +215,7 @@ class Table3Config:
             all(n >= 1 for n in self.layers),
             f"--layers must all be >= 1, got {','.join(map(str, self.layers))}",
         )
-        need(  # the ViT's depth is its checkpoint's
-            any(m in UNROLLED for m in self.models) or self.layers == _LAYERS,
-            "--layers sets the depths of dust and ut, and --models vit trains neither (the ViT "
-            "keeps its checkpoint's depth): drop --layers or add dust or ut to --models",
-        )
         grid.check_grid_flags(self, need, ("seeds", "steps", "batch_size", "max_videos", "devices"))
-        need(
-            self.scale == "paper" or self.data_root is None,
-            "--data-root is read by --scale paper only (--scale tiny writes its own data under "
-            "<out>/data): drop --data-root or pass --scale paper",
-        )
         grid.keep_unique(self)
 
 
