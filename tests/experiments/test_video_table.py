@@ -333,6 +333,22 @@ def test_a_cell_over_seeds_says_diverged_only_where_every_run_diverged():
     assert "seed diverged" not in text  # the one-seed pages' legend is unchanged
 
 
+def test_a_cell_without_a_finite_score_is_not_called_diverged():
+    """No run diverged, yet none has a finite validation score (null in results.json): no point
+    is chosen, and the cell says so, not "diverged" (ERM has no constraints to call it
+    infeasible; the constrained runs here met theirs)."""
+    erm = _runs_over_seeds({1e-3: [10.0, 10.2]}, False)
+    con = _runs_over_seeds({1e-3: [9.0, 9.3]}, True)
+    for run in erm + con:
+        run["val_objective"] = None
+    rows = table3.best_rows({("ucsd", 3): {"runs": erm + con}})
+    for cell in rows:
+        assert (cell["status"], cell["diverged_runs"]) == ("no finite score", 0), cell
+    text = table3.headline_markdown(rows, ["ucsd"], ["dust"], [3], 0.15, [0.15, 0.3])
+    assert headline_cells(text)["dust-3"] == ["no finite score", "no finite score"]
+    assert "`no finite score`: no run diverged" in text and "seed diverged" not in text
+
+
 def test_fig3_names_a_cell_without_points_in_gray_not_in_its_kinds_style(tmp_path, closed_figures):
     """Fig. 3 (RMSE vs depth): a kind with no point to draw (its cell 'seed diverged') is a
     gray dotted legend entry, not an empty line in the kind's own colour and marker."""
