@@ -328,6 +328,8 @@ def train_subruns(subs: list[SubRun], make_task: Callable[[SubRun], Any]) -> dic
 # A job's --out says which job it holds (written when the job starts): another job's folder,
 # or one sub-run's, is refused instead of being written into.
 JOB_FILE = "job.json"
+# job.json's list of the finished job's sub-run folders, relative to its --out
+SUBRUNS = "subruns"
 
 
 def check_job_folder(out: Path, name: str) -> None:
@@ -400,7 +402,8 @@ def open_job(
     An ``--overwrite`` is recorded in job.json (``overwriting``: its flags and start) until the
     job ends, so the same command after an interruption resumes it: the sub-runs retrained
     since are kept (:func:`check_subrun`), the others retrained; a rerun without
-    ``--overwrite`` is refused until then (:func:`check_overwrite_finished`)."""
+    ``--overwrite`` is refused until then (:func:`check_overwrite_finished`). When the job ends,
+    job.json lists its sub-runs' folders (:data:`SUBRUNS`)."""
     # the default folder is claimed now (two jobs in one second get two), gone if refused
     with claimed_run_dir(opts.out, name.replace(" ", "_")) as out:
         check_not_a_file(out)
@@ -424,7 +427,10 @@ def open_job(
                 f"reused; {len(todo)} to train); rerun this command with --out {out} to resume"
             )
             yield out, subs, todo
-            write_json_atomic(out / JOB_FILE, {"job": name})  # done: nothing left to resume
+            # done: nothing left to resume; the sub-runs this job has, for what reads its report
+            # (experiments.pages): folders of an earlier grid left in --out are not among them
+            done = {"job": name, SUBRUNS: [s.out.relative_to(out).as_posix() for s in subs]}
+            write_json_atomic(out / JOB_FILE, done)
 
 
 class TableJob:
