@@ -410,6 +410,42 @@ def test_a_constrained_line_equal_to_the_control_is_drawn_on_top():
     assert constrained.get_zorder() > control.get_zorder()
 
 
+@pytest.mark.parametrize("scale", ["tiny", "paper"])
+def test_the_headline_gamma_chooses_what_is_reported_not_what_trains(tmp_path, scale):
+    """--headline-gamma picks which trained γ_train the headline table and figures show; each
+    sub-run trains every --gamma-trains level (its sweep). So neither a sub-run's config nor
+    its default test grid depends on it, and a finished --out is re-reported at another
+    headline γ (it set the config's γ_train, and at paper scale the grid: refused as another
+    config, or retrained with --overwrite)."""
+    from cudt.io import to_jsonable
+    from experiments.paper.job import check_subrun
+
+    def subs(headline: float):
+        opts = table3.Table3Config(
+            scale=scale, datasets=("avenue",), models=("ut",), layers=(3,),
+            gamma_trains=(0.0, 0.09, 0.15), headline_gamma=headline,
+            data_root=str(tmp_path) if scale == "paper" else None,
+        )  # fmt: skip
+        return table3.plan(opts, tmp_path / "out")
+
+    (first,) = subs(0.15)
+    first.out.mkdir(parents=True)
+    saved = {"config": to_jsonable(first.cfg.fingerprint(evaluation=True) | first.resolved)}
+    (first.out / "results.json").write_text(json.dumps(saved))
+    for headline in (0.0, 0.09):
+        (sub,) = subs(headline)
+        assert sub.cfg.fingerprint(evaluation=True) == first.cfg.fingerprint(evaluation=True)
+        check_subrun(sub, overwrite=False)
+        assert sub.finished  # reused as it is: nothing to retrain
+    # a sub-run an older table wrote, its config's γ_train its --headline-gamma: reused too
+    (first.out / "results.json").write_text(
+        json.dumps({"config": saved["config"] | {"gamma_train": 0.09}})
+    )
+    (sub,) = subs(0.09)
+    check_subrun(sub, overwrite=False)
+    assert sub.finished
+
+
 @pytest.fixture(scope="module")
 def tiny_grid(tmp_path_factory):
     return finished_job(video_table.main, TINY, tmp_path_factory.mktemp("table3") / "out")
