@@ -75,7 +75,12 @@ def datasets_flag(datasets: Sequence[str]):
 
 
 def headline_flag(default: float):
-    return flag(default, "the γ_train of the headline table and the figures")
+    return flag(
+        default,
+        "the γ_train (one of --gamma-trains) whose cells the headline table and the figures "
+        "show: reporting only, every --gamma-trains level trains, so a finished --out is "
+        "re-reported at another without retraining",
+    )
 
 
 def sweep_flag(example: str):
@@ -202,12 +207,15 @@ class SubRun:
 
 def subrun_config(config_cls: type, opts, out: Path, **fields) -> Any:
     """The task config (``config_cls``) of one sub-run writing to ``out``: ``fields``, and what
-    every table passes down (its γ_train levels as a sweep, the headline γ_train, ``--sweep``,
-    ``--tolerance``, ``--devices``, ``--overwrite``); a config the task refuses is one
-    UsageError line, before anything is written."""
+    every table passes down (its γ_train levels as a sweep, ``--sweep``, ``--tolerance``,
+    ``--devices``, ``--overwrite``); a config the task refuses is one UsageError line, before
+    anything is written. Not ``--headline-gamma``, which only chooses what the report shows."""
     kw = dict(
         sweep=(f"gamma_train={fmt(opts.gamma_trains)}", *opts.sweep),
-        gamma_train=opts.headline_gamma,  # the sub-run's own plots mark this γ
+        # every run's γ_train is the sweep's (its plots mark each run's own): the config's is
+        # a placeholder, one of the levels, fixed by them alone so that the headline γ (once
+        # put here) moves no fingerprint; the largest, the default headline of both tables
+        gamma_train=max(opts.gamma_trains),
         devices=opts.devices,
         out=str(out),
         overwrite=opts.overwrite,
@@ -265,6 +273,14 @@ def _refuse(sub: SubRun, what: str, diff: list[str]) -> UsageError:
     )
 
 
+def _sweeps_gamma_train(cfg) -> bool:
+    """Whether ``cfg``'s sweep sets every run's γ_train (a table's sub-run)."""
+    return any(
+        item.partition("=")[0].strip().replace("-", "_") == "gamma_train"
+        for item in getattr(cfg, "sweep", ())
+    )
+
+
 def written_since(path: Path, since: float | None) -> bool:
     """Whether the file ``path`` was written at ``since`` (a file time) or later."""
     try:
@@ -300,7 +316,10 @@ def check_subrun(sub: SubRun, overwrite: bool, since: float | None = None) -> No
             raise UsageError(
                 f"{results} is unreadable ({e}): delete {sub.out}, or pass --overwrite"
             ) from e
-        diff = _differences(saved, sub.cfg.fingerprint(evaluation=True) | sub.resolved)
+        want = sub.cfg.fingerprint(evaluation=True) | sub.resolved
+        if _sweeps_gamma_train(sub.cfg):  # no run trains at it (subrun_config); an older
+            want.pop("gamma_train")  # table put its --headline-gamma there
+        diff = _differences(saved, want)
         if diff:
             raise _refuse(sub, "results", diff)
         sub.finished = True
@@ -335,6 +354,8 @@ def train_subruns(subs: list[SubRun], make_task: Callable[[SubRun], Any]) -> dic
 # A job's --out says which job it holds (written when the job starts): another job's folder,
 # or one sub-run's, is refused instead of being written into.
 JOB_FILE = "job.json"
+# job.json's list of the finished job's sub-run folders, relative to its --out
+SUBRUNS = "subruns"
 
 
 def check_job_folder(out: Path, name: str) -> None:
@@ -407,7 +428,8 @@ def open_job(
     An ``--overwrite`` is recorded in job.json (``overwriting``: its flags and start) until the
     job ends, so the same command after an interruption resumes it: the sub-runs retrained
     since are kept (:func:`check_subrun`), the others retrained; a rerun without
-    ``--overwrite`` is refused until then (:func:`check_overwrite_finished`)."""
+    ``--overwrite`` is refused until then (:func:`check_overwrite_finished`). When the job ends,
+    job.json lists its sub-runs' folders (:data:`SUBRUNS`)."""
     # the default folder is claimed now (two jobs in one second get two), gone if refused
     with claimed_run_dir(opts.out, name.replace(" ", "_")) as out:
         check_not_a_file(out)
@@ -431,7 +453,10 @@ def open_job(
                 f"reused; {len(todo)} to train); rerun this command with --out {out} to resume"
             )
             yield out, subs, todo
-            write_json_atomic(out / JOB_FILE, {"job": name})  # done: nothing left to resume
+            # done: nothing left to resume; the sub-runs this job has, for what reads its report
+            # (experiments.pages): folders of an earlier grid left in --out are not among them
+            done = {"job": name, SUBRUNS: [s.out.relative_to(out).as_posix() for s in subs]}
+            write_json_atomic(out / JOB_FILE, done)
 
 
 class TableJob:

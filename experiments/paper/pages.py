@@ -16,8 +16,9 @@ nothing and exits 1 when a page differs from what ``write`` would make.
 
 A block of a *job* (a paper table, the dual study) names in ``Block.report`` the report the job
 writes from its runner calls' results.json (``table3.md``, ``study.md``); it reads that report
-and every call's results.json under ``RUNS/<block>``: its header gives their commits, machines
-and dates, the report follows with its headings one level down (:func:`render_job`).
+and the results.json of every call the job has (those its ``job.json`` lists, not folders of an
+earlier grid left in ``RUNS/<block>``): its header gives their commits, machines and dates, the
+report follows with its headings one level down (:func:`render_job`).
 """
 
 from __future__ import annotations
@@ -370,6 +371,21 @@ def render_page(pieces: list, bodies: dict[str, str]) -> str:
     return "".join(out)
 
 
+def _job_subruns(folder: Path) -> list[Path]:
+    """The results.json of the sub-runs the job in ``folder`` has: those its job.json lists
+    (written as the job ends), not the folders of an earlier grid left beside them; every
+    results.json under ``folder`` where it lists none (a job from before the list)."""
+    from experiments.paper.job import JOB_FILE, SUBRUNS
+
+    try:
+        listed = json.loads((folder / JOB_FILE).read_text(encoding="utf-8"))[SUBRUNS]
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = None
+    if not isinstance(listed, list) or not all(isinstance(s, str) for s in listed):
+        return sorted(folder.rglob("results.json"))
+    return sorted(folder / sub / "results.json" for sub in listed)
+
+
 def _load_results(block: Block, runs: Path, say) -> dict | None:
     path = block.results_path(runs)
     if not path.is_file():
@@ -381,8 +397,8 @@ def _load_results(block: Block, runs: Path, say) -> dict | None:
     try:
         if block.report is None:
             results = json.loads(path.read_text())
-        else:  # a job: its report, and every sub-run's results.json under its folder
-            subruns = sorted(path.parent.rglob("results.json"))
+        else:  # a job: its report, and its sub-runs' results.json
+            subruns = _job_subruns(path.parent)
             results = {
                 "markdown": path.read_text(encoding="utf-8"),
                 "subruns": [json.loads(p.read_text()) for p in subruns],

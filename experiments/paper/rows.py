@@ -54,13 +54,16 @@ SEED_DIVERGED = "seed diverged"
 # the status of a constrained cell where a point met its constraints at every
 # seed but none also descended monotonically on validation at every seed (the runner's rule)
 NOT_MONOTONE = "not monotone"
+# the status of a cell where no run diverged, yet no point has a finite validation score at
+# every seed (NaN, or null in results.json), so nothing is chosen or shown
+NO_SCORE = "no finite score"
 # the mark of a cell whose point the runner chose by its resilient fallback
 RESILIENT_MARK = " r"
 
 
 def status_legend(rows: list[dict]) -> str:
-    """The legend's words for :data:`SEED_DIVERGED`, :data:`NOT_MONOTONE` and
-    :data:`RESILIENT_MARK`, where a row has them ("" elsewhere)."""
+    """The legend's words for :data:`SEED_DIVERGED`, :data:`NOT_MONOTONE`, :data:`NO_SCORE`
+    and :data:`RESILIENT_MARK`, where a row has them ("" elsewhere)."""
     words = ""
     if any(r.get("status") == SEED_DIVERGED for r in rows):
         words += (
@@ -71,6 +74,11 @@ def status_legend(rows: list[dict]) -> str:
         words += (
             f"; `{NOT_MONOTONE}`: a setting met its constraints at every seed, but none also "
             "descended at every layer on validation at every seed (the best in brackets)"
+        )
+    if any(r.get("status") == NO_SCORE for r in rows):
+        words += (
+            f"; `{NO_SCORE}`: no run diverged, but no setting has a finite validation score at "
+            "every seed (NaN, or null in results.json): check that validation data and rerun"
         )
     if any(r.get("resilient") for r in rows):
         words += (
@@ -107,12 +115,14 @@ def peak(values) -> float:
 
 def _status(runs: list[dict], constrained: bool, word: str | None) -> dict[str, Any]:
     """A setting's status fields: ``word`` where given, else ``infeasible`` (a constrained run
-    that did not diverge missed its constraints) or ``diverged``; how many runs of each."""
+    that did not diverge missed its constraints), ``diverged`` (every run did) or
+    :data:`NO_SCORE` (none did, yet none was shown); how many runs of each."""
     infeasible = sum(
         (not r.get("diverged")) and constrained and not r.get("feasible") for r in runs
     )
+    diverged = all(r.get("diverged") for r in runs)
     return {
-        "status": word or ("infeasible" if infeasible else "diverged"),
+        "status": word or ("infeasible" if infeasible else "diverged" if diverged else NO_SCORE),
         "runs": len(runs),
         "diverged_runs": sum(bool(r.get("diverged")) for r in runs),
         "infeasible_runs": infeasible,
@@ -188,7 +198,8 @@ def _chosen_point(
         if shown is not None:
             return shown, _status(runs, constrained, NOT_MONOTONE if feasible else "infeasible")
     # no point trained at every seed: "diverged" only where every run did, SEED_DIVERGED where
-    # some did (over seeds); else (runs without a score) infeasible or diverged, as _status says
+    # some did (over seeds); where none did (runs without a finite score), infeasible or
+    # NO_SCORE, as _status says
     diverged = [bool(r.get("diverged")) for r in runs]
     word = SEED_DIVERGED if any(diverged) and not all(diverged) else None
     return None, _status(runs, constrained, word)

@@ -126,7 +126,9 @@ def test_an_interrupted_overwrite_resumes_keeping_the_calls_retrained_since(
     printed = capsys.readouterr().out
     assert "1 finished, reused; 1 to train" in printed and printed.count("reusing") == 1
     assert erm.read_text() == retrained
-    assert json.loads((out / "job.json").read_text()) == {"job": "dual study"}
+    # done: the calls this job has, which experiments.pages reads (not an earlier grid's)
+    calls = ["video/erm", "video/lagrangian-nupi-alternating"]
+    assert json.loads((out / "job.json").read_text()) == {"job": "dual study", "subruns": calls}
     assert dual_study.main(argv) == 0  # a new --overwrite retrains every call
     assert "0 finished, reused; 2 to train" in capsys.readouterr().out
 

@@ -383,6 +383,35 @@ def _job_runs(tmp_path: Path, argv=JOB_ARGV, commits=("a" * 40, "b" * 40)) -> Pa
     return runs
 
 
+def test_a_jobs_header_counts_only_the_calls_the_job_has(tmp_path):
+    """A folder of an earlier grid left in the job's --out (a combination the study no longer
+    runs; one made with other flags) is not one of the job's runner calls: the header counts,
+    dates and names the commits of the calls the finished job lists in job.json only."""
+    from experiments.paper.job import JOB_FILE, SUBRUNS
+
+    runs = _job_runs(tmp_path)
+    folder = runs / "job"
+    for name, argv in (("video/old", JOB_ARGV), ("ut/erm", ("--settings", "ut"))):
+        (folder / name).mkdir(parents=True)
+        stale = {
+            "commit": "c" * 40, "dirty": False, "cpu": "Old CPU", "cores": 8, "backend": "cpu",
+            "argv": ["/x/experiments/dual_study.py", *argv, "--out", str(folder)],
+            "started_utc": "2026-11-20T05:00:00+00:00",
+        }  # fmt: skip
+        (folder / name / "results.json").write_text(json.dumps({"provenance": stale}))
+    (folder / JOB_FILE).write_text(
+        json.dumps({"job": "dual study", SUBRUNS: ["video/erm", "video/nupi"]})
+    )
+    page = tmp_path / "pages" / "p.md"
+    page.parent.mkdir()
+    page.write_text("<!-- generated:job -->\n<!-- end:job -->\n")
+    assert write_pages(page.parent, runs, registry=JOB) == 0
+    head = page.read_text().splitlines()[1]
+    assert ": 2 runner calls at commit aaaaaaa and commit bbbbbbb; Test CPU, 2 cores" in head
+    assert "ccccccc" not in head and "Old CPU" not in head and "2026-11-20" not in head
+    assert "started 2026-11-27 06:30 UTC" in head
+
+
 def test_a_jobs_block_is_its_report_under_its_calls_provenance(tmp_path, capsys):
     runs = _job_runs(tmp_path)
     page = tmp_path / "pages" / "p.md"

@@ -31,7 +31,7 @@ def _row(variant: Variant, resilience: str, seed: int, *, feasible: bool, val: f
         "monotone_val": feasible,
         "val_objective": val,
         "id_rmse": test,
-        "ood_rmse": test,
+        "mean_rmse": test,
     }
 
 
@@ -66,7 +66,7 @@ def test_the_choice_reads_validation_only_and_prefers_the_faithful_ut() -> None:
     for _ in range(5):
         shaken = copy.deepcopy(rows)
         for r in shaken:
-            r["id_rmse"], r["ood_rmse"] = float(rng.uniform(0, 100)), float(rng.uniform(0, 100))
+            r["id_rmse"], r["mean_rmse"] = float(rng.uniform(0, 100)), float(rng.uniform(0, 100))
         assert choose(shaken, FAITHFUL) == picked
     # a validation verdict does: one infeasible seed of the faithful cell -> the closest other
     broken = copy.deepcopy(rows)
@@ -364,23 +364,46 @@ def test_the_vs_erm_columns_carry_a_paired_interval_over_seeds() -> None:
     from cudt.stats import t_interval
     from experiments.paper.ut_study.report import _table
 
-    def row(seed, ood_vs, id_vs):
+    def row(seed, mean_vs, id_vs):
         return {
             "variant": "v", "label": "UT", "kind": "constrained", "resilience": "off",
             "seed": seed, "feasible_exact": True, "feasible_tol": True, "monotone_val": True,
-            "max_rel_violation_val": -0.1, "id_rmse": 4.0, "ood_rmse": 5.0,
-            "id_vs_erm_pct": id_vs, "ood_vs_erm": ood_vs, "projection_removed": 0.0,
+            "max_rel_violation_val": -0.1, "id_rmse": 4.0, "mean_rmse": 5.0,
+            "id_vs_erm_pct": id_vs, "mean_rmse_vs_erm": mean_vs, "projection_removed": 0.0,
             "lambda_end": 0.1, "lambda_peak": 0.2,
         }  # fmt: skip
 
-    ood, ids = [-0.30, -0.25, -0.35], [1.0, -3.0, 4.0]
-    line = _table([row(s, o, i) for s, (o, i) in enumerate(zip(ood, ids, strict=True))])[2]
-    iv = t_interval(ood)
+    means, ids = [-0.30, -0.25, -0.35], [1.0, -3.0, 4.0]
+    line = _table([row(s, o, i) for s, (o, i) in enumerate(zip(means, ids, strict=True))])[2]
+    iv = t_interval(means)
     assert f"| {iv.mean:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}] |" in line, line  # excludes 0
     iv = t_interval(ids)
     assert f"| {iv.mean:+.1f} % [{iv.low:+.1f} %, {iv.high:+.1f} %] level |" in line, line
     one = _table([row(0, -0.3, 1.0)])[2]  # one seed: the mean alone
     assert "| -0.300 |" in one and "| +1.0 % |" in one, one
+
+
+def test_no_column_calls_the_mean_over_every_test_gamma_ood() -> None:
+    """OOD means the test levels above γ_train (the dual study's, the paper's); the study's
+    RMSE beside ID is the mean over the whole test grid, γ_train and below included, so it is
+    named for what it is in the row, the CSV and every table (it was "OOD RMSE")."""
+    from experiments.paper.ut_study.report import CSV_COLUMNS, _per_seed, _run_row, _table
+
+    run = {
+        "constrained": True, "seed": 0, "hparams": {"resilience": None}, "diverged": False,
+        "feasible": True, "loss_decreases_val": True, "val_objective": 1.0,
+        "relative_violation_val": [0.0, -0.1], "constraint_applicable_val": [1, 1],
+        "test_gamma": [0.0, 0.15, 0.3], "gamma_train": 0.15, "rmse": [5.0, 6.0, 20.0],
+        "mean_rmse": 31.0 / 3, "multipliers": [0.0, 0.5], "max_multipliers": [0.0, 0.7],
+        "curves": {"projection": [0.1]},
+    }  # fmt: skip
+    erm = dict(run, constrained=False, rmse=[5.0, 5.0, 21.0], mean_rmse=31.0 / 3)
+    row = _run_row(Variant("all", 0.95, "skip"), run, erm)
+    assert row["mean_rmse"] == pytest.approx(31.0 / 3) and row["mean_rmse_vs_erm"] == 0.0
+    assert not any("ood" in k for k in [*row, *CSV_COLUMNS])
+    lines = [*_table([row]), *_per_seed([row])]
+    assert not any("OOD" in line for line in lines), lines
+    assert "mean RMSE (all γ) | mean RMSE vs ERM" in lines[0]
 
 
 def test_a_diverged_runs_row_reads_its_null_curve_entries_as_missing() -> None:
@@ -405,9 +428,9 @@ def test_a_diverged_runs_row_reads_its_null_curve_entries_as_missing() -> None:
     # comparison, left out of the vs-ERM cells (their paired t once took it in; review)
     erm = dict(run, constrained=False, diverged=False, rmse=[5.0], mean_rmse=6.0)
     row = _run_row(Variant("all", 0.95, "skip"), run, erm)
-    assert np.isnan(row["id_vs_erm_pct"]) and np.isnan(row["ood_vs_erm"])
+    assert np.isnan(row["id_vs_erm_pct"]) and np.isnan(row["mean_rmse_vs_erm"])
     live = _run_row(Variant("all", 0.95, "skip"), dict(run, diverged=False), erm)
-    assert live["ood_vs_erm"] == 2.0 and np.isfinite(live["id_vs_erm_pct"])
+    assert live["mean_rmse_vs_erm"] == 2.0 and np.isfinite(live["id_vs_erm_pct"])
 
 
 def test_steps_cap_the_tiny_scales_warm_up():
@@ -473,7 +496,7 @@ def test_a_settings_cell_leaves_a_diverged_seed_out_of_its_paired_differences():
     cells = row.split(" | ")
     assert cells[5].startswith("+0.200 [") and cells[5].endswith(" (2 of 4 seeds)")  # val vs ERM
     assert cells[6].startswith("+20.0 % [") and cells[6].endswith(" (2 of 4 seeds)")  # ID
-    assert cells[8].startswith("+0.200 [") and cells[8].endswith(" (2 of 4 seeds)")  # OOD
+    assert cells[8].startswith("+0.200 [") and cells[8].endswith(" (2 of 4 seeds)")  # mean RMSE
     # the plain means too: the diverged run's 9.0 (its last finite state) is no number to
     # average (they read 3.150, over 4 of 4)
     assert cells[4] == cells[7] == "1.200 (3 of 4)", row
@@ -488,9 +511,10 @@ def test_a_settings_cell_leaves_a_diverged_seed_out_of_its_paired_differences():
 
     base = {"label": "UT", "resilience": "off", "kind": "constrained", "feasible_tol": False}
     nan = float("nan")
+    versus = dict(id_vs_erm_pct=nan, mean_rmse_vs_erm=nan)
     rows = [
-        dict(base, seed=0, monotone_val=False, diverged=True, id_vs_erm_pct=nan, ood_vs_erm=nan),
-        dict(base, seed=1, monotone_val=True, diverged=False, id_vs_erm_pct=nan, ood_vs_erm=nan),
+        dict(base, seed=0, monotone_val=False, diverged=True, **versus),
+        dict(base, seed=1, monotone_val=True, diverged=False, **versus),
     ]
     assert [line.split(" | ", 5)[-1] for line in _per_seed(rows)[2:]] == [
         "diverged | diverged |",  # it printed "+nan % | +nan"

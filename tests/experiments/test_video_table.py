@@ -333,6 +333,22 @@ def test_a_cell_over_seeds_says_diverged_only_where_every_run_diverged():
     assert "seed diverged" not in text  # the one-seed pages' legend is unchanged
 
 
+def test_a_cell_without_a_finite_score_is_not_called_diverged():
+    """No run diverged, yet none has a finite validation score (null in results.json): no point
+    is chosen, and the cell says so, not "diverged" (ERM has no constraints to call it
+    infeasible; the constrained runs here met theirs)."""
+    erm = _runs_over_seeds({1e-3: [10.0, 10.2]}, False)
+    con = _runs_over_seeds({1e-3: [9.0, 9.3]}, True)
+    for run in erm + con:
+        run["val_objective"] = None
+    rows = table3.best_rows({("ucsd", 3): {"runs": erm + con}})
+    for cell in rows:
+        assert (cell["status"], cell["diverged_runs"]) == ("no finite score", 0), cell
+    text = table3.headline_markdown(rows, ["ucsd"], ["dust"], [3], 0.15, [0.15, 0.3])
+    assert headline_cells(text)["dust-3"] == ["no finite score", "no finite score"]
+    assert "`no finite score`: no run diverged" in text and "seed diverged" not in text
+
+
 def test_fig3_names_a_cell_without_points_in_gray_not_in_its_kinds_style(tmp_path, closed_figures):
     """Fig. 3 (RMSE vs depth): a kind with no point to draw (its cell 'seed diverged') is a
     gray dotted legend entry, not an empty line in the kind's own colour and marker."""
@@ -392,6 +408,42 @@ def test_a_constrained_line_equal_to_the_control_is_drawn_on_top():
     constrained, control = ax.lines
     plt.close(fig)
     assert constrained.get_zorder() > control.get_zorder()
+
+
+@pytest.mark.parametrize("scale", ["tiny", "paper"])
+def test_the_headline_gamma_chooses_what_is_reported_not_what_trains(tmp_path, scale):
+    """--headline-gamma picks which trained γ_train the headline table and figures show; each
+    sub-run trains every --gamma-trains level (its sweep). So neither a sub-run's config nor
+    its default test grid depends on it, and a finished --out is re-reported at another
+    headline γ (it set the config's γ_train, and at paper scale the grid: refused as another
+    config, or retrained with --overwrite)."""
+    from cudt.io import to_jsonable
+    from experiments.paper.job import check_subrun
+
+    def subs(headline: float):
+        opts = table3.Table3Config(
+            scale=scale, datasets=("avenue",), models=("ut",), layers=(3,),
+            gamma_trains=(0.0, 0.09, 0.15), headline_gamma=headline,
+            data_root=str(tmp_path) if scale == "paper" else None,
+        )  # fmt: skip
+        return table3.plan(opts, tmp_path / "out")
+
+    (first,) = subs(0.15)
+    first.out.mkdir(parents=True)
+    saved = {"config": to_jsonable(first.cfg.fingerprint(evaluation=True) | first.resolved)}
+    (first.out / "results.json").write_text(json.dumps(saved))
+    for headline in (0.0, 0.09):
+        (sub,) = subs(headline)
+        assert sub.cfg.fingerprint(evaluation=True) == first.cfg.fingerprint(evaluation=True)
+        check_subrun(sub, overwrite=False)
+        assert sub.finished  # reused as it is: nothing to retrain
+    # a sub-run an older table wrote, its config's γ_train its --headline-gamma: reused too
+    (first.out / "results.json").write_text(
+        json.dumps({"config": saved["config"] | {"gamma_train": 0.09}})
+    )
+    (sub,) = subs(0.09)
+    check_subrun(sub, overwrite=False)
+    assert sub.finished
 
 
 @pytest.fixture(scope="module")

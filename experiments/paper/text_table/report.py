@@ -89,7 +89,8 @@ def best_rows(results: dict[tuple, dict]) -> list[dict]:
     """One row per (dataset, model, L, kind, γ_train): the point the runner's rule chooses by
     validation accuracy AUC (:func:`table_rows.setting_rows`), or where none is eligible the
     best of the others, flagged by its status (``infeasible``, ``not monotone``), or only the
-    status (``diverged``: every run diverged; ``seed diverged``: at every setting a seed did)."""
+    status (``diverged``: every run diverged; ``seed diverged``: at every setting a seed did;
+    ``no finite score``: none diverged, none has a finite validation AUC)."""
 
     def fields(b: dict, i: int) -> dict[str, Any]:
         accuracy = [table_rows.num(v) for v in b["accuracy"]]

@@ -15,8 +15,8 @@ says whether the variant has a feasible point at all.
 
 The report (``study.md``, ``study.csv``, :mod:`experiments.paper.ut_study.report`) gives per variant
 and resilience: feasibility (validation, at 0 % and at the runner's tolerance), monotone
-validation loss, ID and OOD RMSE against the ERM of the same variant and seed (test data:
-reported only), the share of each primal update the projection takes back, the multipliers'
+validation loss, ID RMSE (at γ_train) and the mean RMSE over the whole test γ grid against the
+ERM of the same variant and seed (test data: reported only), the share of each primal update the projection takes back, the multipliers'
 end and peak values, and phase I's violation. Every verdict and the choice of the UT read
 validation data only (:func:`experiments.paper.ut_study.report.choose`).
 """
