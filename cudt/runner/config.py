@@ -394,6 +394,15 @@ class RunConfig:
         self._validate_shared()
         self.validate()
 
+    @classmethod
+    def idle_flags(cls, values: typing.Mapping[str, Any]) -> tuple[str, ...]:
+        """The flags that act on nothing in a config of ``values`` (``{field: value}``, a
+        missing field at its default): a model's flags where no such model trains. Set on a
+        command line, such a flag is refused (the task's ``validate``); recorded by an earlier
+        version that accepted it, it is read back at its default (a finished run:
+        :func:`cudt.runner.finished.finished_run`; a resume ignores it). None here."""
+        return ()
+
     @staticmethod
     def require(condition, message: str) -> None:
         """Cross-field checks: ``message`` (the flag, the problem and the fix) unless true."""

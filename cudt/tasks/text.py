@@ -206,6 +206,14 @@ class TextConfig(RunConfig):
     eval_batch_size: int = shared("eval_batch_size", 64)
     keep_checkpoints: int = shared("keep_checkpoints", 1)
 
+    @classmethod
+    def idle_flags(cls, values) -> tuple[str, ...]:
+        """The UT's flags (``--ut-…``, ``--layers``) where ``--model`` is not ut."""
+        model = values.get(
+            "model", next(f.default for f in dataclasses.fields(cls) if f.name == "model")
+        )
+        return () if model == "ut" else (*UT_FLAGS, "ut_positions", "layers")
+
     def validate(self) -> None:
         need = self.require
         need(

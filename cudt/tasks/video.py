@@ -239,21 +239,30 @@ class VideoConfig(RunConfig):
             f"--num-frames ({self.num_frames}) must be >= --seq-len ({self.seq_len})",
         )
 
+    @classmethod
+    def idle_flags(cls, values) -> tuple[str, ...]:
+        """A model's flags (``--ut-…``, ``--dust-…``; ``--layers`` of both) where ``--models``
+        trains no such model."""
+        fields = dataclasses.fields(cls)
+        models = set(values.get("models", next(f.default for f in fields if f.name == "models")))
+        idle = [f.name for f in fields if f.name.split("_")[0] in {"ut", "dust"} - models]
+        return (*idle, "layers") if not {"ut", "dust"} & models else tuple(idle)
+
     def _validate_model_flags(self) -> None:
-        """A flag of one model (``--ut-…``, ``--dust-…``; ``--layers`` of both), set to other
-        than its default where ``--models`` trains no such model: it would act on nothing."""
+        """A flag that acts on nothing (:meth:`idle_flags`), set to other than its default."""
         default = {f.name: f.default for f in dataclasses.fields(self)}
-        for field in dataclasses.fields(self):
-            model = field.name.split("_")[0]
-            off = field.name == "dust_control" and not self.dust_control  # asks for nothing
-            if model in ("ut", "dust") and model not in self.models and not off:
-                flag_name = "--" + field.name.replace("_", "-")
-                self.require(
-                    getattr(self, field.name) == default[field.name],
-                    f"{flag_name} applies to --models ...,{model} only, and --models "
-                    f"{','.join(self.models)} trains no {model}: drop {flag_name} or add "
-                    f"{model} to --models",
-                )
+        for name in self.idle_flags({"models": self.models}):
+            off = name == "dust_control" and not self.dust_control  # asks for nothing
+            if name == "layers" or off:
+                continue
+            flag_name = "--" + name.replace("_", "-")
+            model = name.split("_")[0]
+            self.require(
+                getattr(self, name) == default[name],
+                f"{flag_name} applies to --models ...,{model} only, and --models "
+                f"{','.join(self.models)} trains no {model}: drop {flag_name} or add "
+                f"{model} to --models",
+            )
         self.require(
             self.layers == default["layers"] or {"ut", "dust"} & set(self.models),
             "--layers sets the depth of dust and ut, and --models vit trains neither (the ViT "
