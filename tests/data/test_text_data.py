@@ -29,7 +29,7 @@ from cudt.data import (
     synthetic_sentiment_score,
     tokenize_split,
 )
-from cudt.data.text import aclimdb, generated
+from cudt.data.text import aclimdb, generated, source_fingerprint
 from cudt.data.text import tfds as tfds_reader
 
 # --------------------------------------------------------------------------------------------------
@@ -341,6 +341,11 @@ def test_load_text_data_imdb_and_mnli(tfds_dirs, fmt):
     assert not set(sp.train.texts) & set(sp.val.texts)
     assert sp.num_classes == 2 and sp.label_names == ("neg", "pos")
     assert f"imdb_reviews/plain_text:1.0.0 ({fmt})" in sp.source and "20 of 20" in sp.source
+    # TFDS records no movie: the data line says validation holds reviews one by one (as the
+    # aclImdb line names the movies it holds whole), a note a run's fingerprint leaves out
+    note = "; validation holds single reviews (TFDS imdb_reviews records no movie, so"
+    assert note in sp.source and note not in source_fingerprint(sp.source)
+    assert source_fingerprint(sp.source).endswith("-> test (seed=0)")
 
     nli = load_text_data("mnli", tfds_dirs[fmt], num_train=12, num_test=None, val_fraction=0.25)
     assert (len(nli.train), len(nli.val), len(nli.test)) == (9, 3, 6)
@@ -592,6 +597,7 @@ def test_validation_holds_whole_movies_where_the_urls_files_name_them(tmp_path):
     base = _write_aclimdb(tmp_path, n=40)
     before = load_text_data("aclimdb", base, num_train=None, num_test=None, val_fraction=0.2)
     assert before.val.groups is None and "whole movies" not in before.source
+    assert "; validation holds single reviews (no urls_*.txt names" in before.source
     old = np.random.default_rng([0, 1]).permutation(80)[:16]  # the per-review draw, unchanged
     pool = read_aclimdb(base, "train")
     assert before.val.texts == pool.take(np.sort(old)).texts
