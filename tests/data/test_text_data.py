@@ -793,7 +793,7 @@ def test_multinli_own_files_are_read_as_glue_mnli_with_whole_premises_held_out(t
         )
         assert data.label_names == ("entailment", "neutral", "contradiction")
         assert f"MultiNLI .{fmt} files in {tmp_path}" in data.source
-        assert "validation holds whole premises (2 of 6, by promptID)" in data.source
+        assert "validation holds whole premises (2 of 6, by premise text)" in data.source
         assert set(data.train.groups).isdisjoint(data.val.groups)
         pairs = {
             (g, a, b, int(y))
@@ -801,12 +801,37 @@ def test_multinli_own_files_are_read_as_glue_mnli_with_whole_premises_held_out(t
             for g, a, b, y in zip(split.groups, split.texts, split.pairs, split.labels, strict=True)
         }
         labels = data.label_names
-        assert pairs == {(str(p), a, b, labels.index(g)) for p, a, b, g in _MNLI_TRAIN}
+        assert pairs == {(a, a, b, labels.index(g)) for p, a, b, g in _MNLI_TRAIN}
         assert data.test.texts == ("A dev premise.", "Another premise.")
         assert data.test.pairs == ("A dev hypothesis.", "It contradicts.")
         assert data.test.labels.tolist() == [1, 2]
     half = load_text_data("mnli", tmp_path, num_train=9, num_test=1, seed=3)
     assert len(half.train) + len(half.val) == 9 and len(half.test) == 1
+
+
+def test_a_premise_written_under_two_prompt_ids_is_on_one_side(tmp_path):
+    """MultiNLI's own files are grouped by premise text, as TFDS glue/mnli is (one rule): a
+    premise written under two promptIDs (short ones recur) was on both sides of the
+    validation split when the files were grouped by promptID."""
+    folder = tmp_path / "multinli_1.0"
+    folder.mkdir()
+    labels = ("entailment", "neutral", "contradiction")
+    rows = [  # promptIDs 2k and 2k + 1: one premise text
+        {"promptID": str(p), "sentence1": f"Premise {p // 2}.", "sentence2": f"H {p}.{k}.",
+         "gold_label": gold}
+        for p in range(10)
+        for k, gold in enumerate(labels)
+    ]  # fmt: skip
+    dev = {"promptID": "99", "sentence1": "Dev.", "sentence2": "H.", "gold_label": "neutral"}
+    for split, lines in (("train", rows), ("dev_matched", [dev])):
+        text = "\n".join(json.dumps(r) for r in lines) + "\n"
+        (folder / f"multinli_1.0_{split}.jsonl").write_text(text)
+    for seed in range(4):
+        data = load_text_data(
+            "mnli", tmp_path, num_train=None, num_test=None, val_fraction=0.2, seed=seed
+        )
+        assert set(data.train.texts).isdisjoint(data.val.texts)
+        assert "validation holds whole premises (1 of 5, by premise text)" in data.source
 
 
 def _replaced(old: str, new: str):

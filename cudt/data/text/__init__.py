@@ -21,7 +21,7 @@ Sources (``load_text_data(dataset=...)``):
   *test* is ``validation_matched`` (the GLUE test labels are hidden). A ``data_dir`` holding
   MultiNLI's own ``.jsonl`` files or GLUE's ``MNLI/*.tsv`` is read without TFDS
   (:mod:`cudt.data.text.multinli`). Either way the validation split holds whole premises (by
-  promptID, or by premise text where TFDS keeps no promptID).
+  premise text: TFDS keeps no promptID, and one premise can be written under two).
 * ``"aclimdb"``: the raw Stanford folder ``aclImdb/{train,test}/{pos,neg}/*.txt``, the same
   reviews as ``"imdb"`` without TFDS; validation holds whole movies where its
   ``urls_{neg,pos}.txt`` name them.
@@ -120,14 +120,13 @@ def source_fingerprint(source: str) -> str:
     return source
 
 
-def _grouping(dataset: str, mnli_files: bool, pool: TextSplit, val: TextSplit) -> str:
+def _grouping(dataset: str, pool: TextSplit, val: TextSplit) -> str:
     """The data line's words on what the validation split holds whole: aclImdb's movies (by
-    its urls files), MultiNLI's premises; or that it holds single reviews (:data:`UNGROUPED`)."""
+    its urls files), MNLI's premises (by their text, from either reader); or that it holds
+    single reviews (:data:`UNGROUPED`)."""
     if val.groups is None:
         return UNGROUPED.get(dataset, "") if len(val) else ""
-    whole, by = ("movies", "urls_*.txt") if dataset == "aclimdb" else ("premises", "promptID")
-    if dataset == "mnli" and not mnli_files:  # TFDS glue/mnli keeps no promptID
-        by = "premise text"
+    whole, by = ("movies", "urls_*.txt") if dataset == "aclimdb" else ("premises", "premise text")
     return (
         f"; validation holds whole {whole} ({len(set(val.groups))} of "
         f"{len(set(pool.groups or ()))}, by {by})"
@@ -319,7 +318,7 @@ def load_text_data(
         if repeated:
             source += f"; {repeated} repeated training examples left out (train and val apart)"
     train, val = _split_val(pool, val_fraction, seed)
-    source += _grouping(dataset, bool(mnli_files), pool, val)
+    source += _grouping(dataset, pool, val)
     _check_classes(train, label_names)
     for name, split in (("validation", val), ("test", test)):
         if len(split) and len(label_names) > 1 and len(np.unique(split.labels)) == 1:
