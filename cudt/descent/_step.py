@@ -63,13 +63,13 @@ def make_train_step(
       config: the constraints; its ε, reference, resilience, β and constrained are the
         *defaults* of the per-run values that ``init`` puts in the state; the rest (layers,
         warm-up, resilience mode, slack rate and restarts) is static.
-      constraint: ``"mean"`` (the paper's), ``"indexed"`` (per example: needs ``num_examples``
-        and ``example_ids``) or ``"tail"`` (CVaR of the per-sample ratios).
+      constraint: ``"mean"`` (the paper's), ``"indexed"`` (per example: a table needs
+        ``num_examples`` and ``example_ids``) or ``"tail"`` (CVaR of the per-sample ratios).
       formulation, update: as :func:`cudt.make_constrained_step`'s.
       multipliers: ``"indexed"``'s multipliers: ``"table"`` (one per example and layer, the
         table of ``num_examples`` rows), ``"implicit"`` (a model of the examples' features,
         :func:`cudt.implicit_mlp` from ``example_features`` to the ``L`` layers' λ, the same
-        size whatever the data set) or a :func:`cudt.implicit` model of one's own.
+        size whatever the data set, no ``example_ids``) or a :func:`cudt.implicit` model.
       example_features: ``(batch, losses [B, L+1]) -> [B, F]``, the features of implicit
         multipliers; default :func:`cudt.descent.loss_features` (``F = L``).
       project_params: applied to the parameters ``init`` is given and after every primal
@@ -106,7 +106,7 @@ def make_train_step(
         layer_losses,
         cfg,
         constraint,
-        example_ids=example_ids,
+        example_ids=example_ids or (None if model is None else _no_rows),
         example_features=features,
         objective=objective,
     )
@@ -134,6 +134,12 @@ def make_train_step(
     if jit:
         step = jax.jit(step, donate_argnums=(0,) if donate else ())
     return init, step
+
+
+def _no_rows(batch) -> None:
+    """The ids of implicit multipliers' examples where none were given: none (the constraint is
+    not indexed; the model reads the examples' features)."""
+    return None
 
 
 def _checked(config) -> DescentConfig:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -437,6 +438,20 @@ class RunConfig:
         unmet = unmet_needs(self)  # a task's flag set where nothing reads it (its needs)
         self.require(unmet is None, unmet or "")
         self.validate()
+
+    @classmethod
+    def idle_flags(cls, values: typing.Mapping[str, Any]) -> tuple[str, ...]:
+        """The fields that act on nothing in a config of ``values`` (``{field: value}``, a
+        missing field at its default): those whose ``needs`` (:func:`flag`) is not met. Set on a
+        command line, such a flag is refused (:func:`unmet_needs`); recorded by an earlier
+        version that accepted it, it is read back at its default (a finished run:
+        :func:`cudt.runner.finished.finished_run`; a resume ignores it)."""
+        view = types.SimpleNamespace(**(field_defaults(cls) | dict(values)))
+        return tuple(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.metadata.get("needs") is not None and not f.metadata["needs"].ok(view)
+        )
 
     @staticmethod
     def require(condition, message: str) -> None:

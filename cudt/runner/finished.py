@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import jax
 from cudt.checkpoint import GroupCheckpointer
 from cudt.errors import CheckpointError, UsageError
 from cudt.io import to_jsonable
+from cudt.runner.config import field_defaults
 from cudt.runner.groups import Group
 from cudt.runner.lock import check_free
 from cudt.runner.output import CHECKPOINTS, CONFIG_FILE
@@ -105,6 +107,7 @@ def finished_run(out: str | Path, task: Any, reader: str) -> tuple[Any, Any, dic
     if "sweep" in kw:  # the lanes it trained (a repeated value, refused now, trained one)
         kw["sweep"] = canonical_items(kw["sweep"])
     kw |= {k: fields[k].default for k in task.config_cls.AFTER_TRAINING}
+    kw |= _idle_at_default(task.config_cls, kw, file)
     kw |= dict(out=str(out), overwrite=False, resume=False)
     with _where_it_ran(results):
         try:
@@ -114,6 +117,22 @@ def finished_run(out: str | Path, task: Any, reader: str) -> tuple[Any, Any, dic
         data = task.load(cfg)
         _check_trained_on(task, cfg, data, trained, out)
     return cfg, data, results
+
+
+def _idle_at_default(config_cls: Any, kw: dict, file: Path) -> dict:
+    """``{flag: its default}`` of the flags in ``kw`` (a finished run's config) that act on
+    nothing (``config_cls.idle_flags``) and were recorded at another value (accepted by an
+    earlier version; refused on a command line now), each named in a note on stderr."""
+    defaults = field_defaults(config_cls)
+    idle = [k for k in config_cls.idle_flags(kw) if k in kw and kw[k] != defaults[k]]
+    if idle:
+        shown = ", ".join(f"--{k.replace('_', '-')} {kw[k]}" for k in idle)
+        print(
+            f"note: {file} records {shown}, which acted on nothing in that run (an earlier "
+            "cudt accepted it): read at its default",
+            file=sys.stderr,
+        )
+    return {k: defaults[k] for k in idle}
 
 
 def _check_trained_on(task: Any, cfg: Any, data: Any, trained: dict, out: Path) -> None:

@@ -394,8 +394,13 @@ def open_output_once(
     flags = dict(
         overwrite=cfg.overwrite,
         resume=cfg.resume,
-        # what a resume may change: a saved config of an earlier version may record it
-        ignore=(*cfg.EVALUATION_ONLY, *cfg.RESUME_IGNORES),
+        # what a resume may change: a saved config of an earlier version may record it, and
+        # a flag that acts on nothing here (an earlier version accepted it: refused now)
+        ignore=(
+            *cfg.EVALUATION_ONLY,
+            *cfg.RESUME_IGNORES,
+            *cfg.idle_flags(dataclasses.asdict(cfg)),
+        ),
         added=getattr(cfg, "ADDED", None),
         flags=[f.name for f in dataclasses.fields(cfg)],
         paths=[f.name for f in dataclasses.fields(cfg) if f.metadata.get("path")],

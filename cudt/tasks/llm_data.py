@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -127,6 +128,27 @@ def _template_bos(decoder: Decoder, tok: InstructionTokenizer) -> int | None:
     name = tok.tokenizer.id_to_token(bos) or ""
     first = name and written.startswith(name)
     return bos if first and written[len(name) :] == chat_prompt(probe, decoder, tok, "") else None
+
+
+# a chat template's markers: <|im_start|> (ChatML), <|start_header_id|> (Llama 3), <|user|>,
+# and <start_of_turn>, <s>, </s> (Gemma, Llama 2)
+_MARKER = re.compile(r"<\|[^<>|\s]+\|>|</?[A-Za-z_]+>")
+
+
+def _check_chat_markers(cfg: LLMConfig, decoder: Decoder, tok: InstructionTokenizer) -> None:
+    """Refuses a chat template that writes a marker (``<|im_start|>``) the tokenizer has no
+    token for: each prompt would spell it in pieces of text, which the model never read as its
+    turns' markers (a base model's file that carries an instruct model's template)."""
+    written = chat_prompt(AlpacaRecord("x", "", ""), decoder, tok)
+    for marker in dict.fromkeys(_MARKER.findall(written)):
+        pieces = tok.encode_batch([marker], specials=True)[0]
+        if len(pieces) > 1:
+            raise UsageError(
+                f"the chat template of {cfg.checkpoint} writes {marker}, which its tokenizer "
+                f"has no token for (chat prompts would spell it in {len(pieces)} pieces of "
+                "text): pass --prompt-format alpaca, or a checkpoint whose tokenizer holds its "
+                "template's markers"
+            )
 
 
 def train_digest(tokens: TokenizedAlpaca) -> str:
@@ -323,6 +345,7 @@ def load_data(cfg: LLMConfig) -> LLMData:
                 f"--prompt-format chat: {cfg.checkpoint or 'the tiny decoder'} has no chat "
                 "template; pass --prompt-format alpaca"
             )
+        _check_chat_markers(cfg, decoder, tok)
         # the template writes any BOS: as the tokenizer's BOS where it writes bos_token first
         # (Llama 3's), kept when a long prompt is cut from the left, else none
         tok = dataclasses.replace(tok, bos_id=_template_bos(decoder, tok))

@@ -20,7 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from cudt.data.text import TEXT_DATASETS as DATASETS
-from cudt.data.text import TextSplits, length_batches, load_text_data, tokenize_splits
+from cudt.data.text import (
+    TextSplits,
+    length_batches,
+    load_text_data,
+    source_fingerprint,
+    tokenize_splits,
+)
 from cudt.errors import UsageError
 from cudt.io import digest
 from cudt.models.classifier import (
@@ -339,7 +345,7 @@ class TextTask(AccuracyReports, Task):
         train = data.tokens["train"]
         return {
             "encoder_folder": str(data.model.encoder.path),
-            "data_source": data.source.source,
+            "data_source": source_fingerprint(data.source.source),
             "train_shape": list(train.ids.shape),
             "noise_unit": data.model.noise_unit,
             # the contents behind the paths: the pretrained weights (the frozen parts are read

@@ -82,6 +82,15 @@ def _tied_checkpoint(tmp: Path, num_layers: int = 1, max_positions: int = 2048) 
     return ["--checkpoint", tmp / "base", "--data", "toy"]
 
 
+def _template_without_its_markers(tmp: Path) -> list:
+    """The tiny checkpoint with a ChatML template, whose markers its word tokenizer lacks."""
+    from cudt.models.llama.gguf import CHATML
+
+    flags = _tied_checkpoint(tmp, num_layers=2)
+    (tmp / "base" / "chat_template.jinja").write_text(CHATML)
+    return flags
+
+
 LLM_CASES = [
     # (case, build(tmp) -> flags, problem, fix)
     (
@@ -220,6 +229,13 @@ LLM_CASES = [
         "--lora-rank 10 exceeds the q projection of --checkpoint /tmp/base (8 x 8), whose "
         "update A B has rank at most 8",
         "pass --lora-rank 8 or less",
+    ),
+    (
+        "--checkpoint whose tokenizer lacks its chat template's markers",
+        _template_without_its_markers,
+        "the chat template of /tmp/base writes <|im_start|>, which its tokenizer has no token "
+        "for (chat prompts would spell it in 3 pieces of text)",
+        "pass --prompt-format alpaca, or a checkpoint whose tokenizer holds its template's markers",
     ),
     (
         "--lora-rank without --checkpoint",

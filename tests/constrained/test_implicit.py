@@ -320,7 +320,7 @@ def _layer_losses(params, batch, key):
     return jnp.stack(losses, -1)
 
 
-def _descent_step(multipliers, num_examples=None):
+def _descent_step(multipliers, num_examples=None, example_ids=lambda b: b["ids"]):
     cfg = cudt.DescentConfig(num_layers=2, epsilon=0.1)
     return cudt.make_train_step(
         _layer_losses,
@@ -329,7 +329,7 @@ def _descent_step(multipliers, num_examples=None):
         cfg,
         constraint="indexed",
         num_examples=num_examples,
-        example_ids=lambda b: b["ids"],
+        example_ids=example_ids,
         multipliers=multipliers,
     )
 
@@ -372,6 +372,27 @@ def test_the_descent_step_trains_implicit_multipliers():
             cudt.DescentConfig(num_layers=2),
             multipliers="implicit",
         )
+
+
+def test_implicit_multipliers_need_no_example_ids():
+    """Implicit multipliers read the examples' features, never their ids: a batch without ids
+    and a step without example_ids train bit for bit as with them; a table still needs them."""
+    params = [jnp.eye(4) * 1.2, jnp.eye(4) * 1.2]
+    ends = []
+    for ids in (True, False):
+        init, step = _descent_step("implicit", example_ids=(lambda b: b["ids"]) if ids else None)
+        state = init(params)
+        for i in range(3):
+            batch = {"x": 0.1 * jax.random.normal(jax.random.key(i), (8, 4))}
+            state, m = step(
+                state, batch | ({"ids": jnp.arange(8)} if ids else {}), jax.random.key(0)
+            )
+        ends.append((state.multipliers, state.params, m["multipliers"]))
+    assert float(jnp.max(ends[1][2][1:])) > 0
+    for a, b in zip(jax.tree.leaves(ends[0]), jax.tree.leaves(ends[1]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="needs example_ids"):
+        _descent_step("table", 8, example_ids=None)
 
 
 # -- the runner ------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from cudt.data import (
     synthetic_sentiment_score,
     tokenize_split,
 )
-from cudt.data.text import aclimdb, generated
+from cudt.data.text import aclimdb, generated, source_fingerprint
 from cudt.data.text import tfds as tfds_reader
 
 # --------------------------------------------------------------------------------------------------
@@ -341,6 +341,11 @@ def test_load_text_data_imdb_and_mnli(tfds_dirs, fmt):
     assert not set(sp.train.texts) & set(sp.val.texts)
     assert sp.num_classes == 2 and sp.label_names == ("neg", "pos")
     assert f"imdb_reviews/plain_text:1.0.0 ({fmt})" in sp.source and "20 of 20" in sp.source
+    # TFDS records no movie: the data line says validation holds reviews one by one (as the
+    # aclImdb line names the movies it holds whole), a note a run's fingerprint leaves out
+    note = "; validation holds single reviews (TFDS imdb_reviews records no movie, so"
+    assert note in sp.source and note not in source_fingerprint(sp.source)
+    assert source_fingerprint(sp.source).endswith("-> test (seed=0)")
 
     nli = load_text_data("mnli", tfds_dirs[fmt], num_train=12, num_test=None, val_fraction=0.25)
     assert (len(nli.train), len(nli.val), len(nli.test)) == (9, 3, 6)
@@ -592,6 +597,7 @@ def test_validation_holds_whole_movies_where_the_urls_files_name_them(tmp_path):
     base = _write_aclimdb(tmp_path, n=40)
     before = load_text_data("aclimdb", base, num_train=None, num_test=None, val_fraction=0.2)
     assert before.val.groups is None and "whole movies" not in before.source
+    assert "; validation holds single reviews (no urls_*.txt names" in before.source
     old = np.random.default_rng([0, 1]).permutation(80)[:16]  # the per-review draw, unchanged
     pool = read_aclimdb(base, "train")
     assert before.val.texts == pool.take(np.sort(old)).texts
@@ -787,7 +793,7 @@ def test_multinli_own_files_are_read_as_glue_mnli_with_whole_premises_held_out(t
         )
         assert data.label_names == ("entailment", "neutral", "contradiction")
         assert f"MultiNLI .{fmt} files in {tmp_path}" in data.source
-        assert "validation holds whole premises (2 of 6, by promptID)" in data.source
+        assert "validation holds whole premises (2 of 6, by premise text)" in data.source
         assert set(data.train.groups).isdisjoint(data.val.groups)
         pairs = {
             (g, a, b, int(y))
@@ -795,12 +801,37 @@ def test_multinli_own_files_are_read_as_glue_mnli_with_whole_premises_held_out(t
             for g, a, b, y in zip(split.groups, split.texts, split.pairs, split.labels, strict=True)
         }
         labels = data.label_names
-        assert pairs == {(str(p), a, b, labels.index(g)) for p, a, b, g in _MNLI_TRAIN}
+        assert pairs == {(a, a, b, labels.index(g)) for p, a, b, g in _MNLI_TRAIN}
         assert data.test.texts == ("A dev premise.", "Another premise.")
         assert data.test.pairs == ("A dev hypothesis.", "It contradicts.")
         assert data.test.labels.tolist() == [1, 2]
     half = load_text_data("mnli", tmp_path, num_train=9, num_test=1, seed=3)
     assert len(half.train) + len(half.val) == 9 and len(half.test) == 1
+
+
+def test_a_premise_written_under_two_prompt_ids_is_on_one_side(tmp_path):
+    """MultiNLI's own files are grouped by premise text, as TFDS glue/mnli is (one rule): a
+    premise written under two promptIDs (short ones recur) was on both sides of the
+    validation split when the files were grouped by promptID."""
+    folder = tmp_path / "multinli_1.0"
+    folder.mkdir()
+    labels = ("entailment", "neutral", "contradiction")
+    rows = [  # promptIDs 2k and 2k + 1: one premise text
+        {"promptID": str(p), "sentence1": f"Premise {p // 2}.", "sentence2": f"H {p}.{k}.",
+         "gold_label": gold}
+        for p in range(10)
+        for k, gold in enumerate(labels)
+    ]  # fmt: skip
+    dev = {"promptID": "99", "sentence1": "Dev.", "sentence2": "H.", "gold_label": "neutral"}
+    for split, lines in (("train", rows), ("dev_matched", [dev])):
+        text = "\n".join(json.dumps(r) for r in lines) + "\n"
+        (folder / f"multinli_1.0_{split}.jsonl").write_text(text)
+    for seed in range(4):
+        data = load_text_data(
+            "mnli", tmp_path, num_train=None, num_test=None, val_fraction=0.2, seed=seed
+        )
+        assert set(data.train.texts).isdisjoint(data.val.texts)
+        assert "validation holds whole premises (1 of 5, by premise text)" in data.source
 
 
 def _replaced(old: str, new: str):

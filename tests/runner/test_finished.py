@@ -3,14 +3,22 @@ command ran in, every seed's own draw included."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from cudt.data.text import write_aclimdb
 from cudt.data.text.generated import imdb_like_reviews
+from cudt.errors import UsageError
+from cudt.io import to_jsonable
 from cudt.runner.finished import finished_run, run_data
-from cudt.tasks.text import TextTask
+from cudt.runner.output import CHECKPOINTS, CONFIG_FILE, checkpoint_record, open_output_once
+from cudt.tasks.text import TextConfig, TextTask
+from cudt.tasks.video import VideoConfig, VideoTask
 from experiments import text_classify
 
 
@@ -35,3 +43,51 @@ def test_relative_paths_are_read_where_the_run_ran_for_every_seed(tiny_bert, tmp
     assert sorted(draws) == [0, 1]
     ids = [draws[s].tokens["train"].ids for s in (0, 1)]
     assert ids[0].shape != ids[1].shape or not np.array_equal(*ids)  # each seed's own draw
+
+
+# -- a flag an earlier cudt accepted where it acted on nothing --------------------------------------
+
+VIDEO = dict(models=("ut",), layers=2, num_videos=3, num_frames=4, seq_len=4)
+
+
+def _recorded(folder, cfg, fingerprint, **earlier):
+    """``folder`` as a run of ``cfg`` leaves it, its records holding ``earlier`` (flags an
+    earlier cudt accepted): ``results.json`` and ``checkpoints/config.json`` over a step."""
+    (folder / CHECKPOINTS / "ut-2" / "4").mkdir(parents=True)
+    record = checkpoint_record(cfg) | fingerprint | earlier
+    (folder / CHECKPOINTS / CONFIG_FILE).write_text(json.dumps(to_jsonable(record)))
+    config = to_jsonable(dataclasses.asdict(cfg) | earlier)
+    results = {"experiment": "video_denoise", "config": config, "runs": []}
+    (folder / "results.json").write_text(json.dumps(results))
+
+
+def test_a_recorded_flag_that_acted_on_nothing_is_read_at_its_default(tmp_path, capsys):
+    """A --models ut run recorded with --dust-atoms 16 (accepted before the video task refused
+    a DUST flag without dust, ecfe38e) is read back, the flag at its default with a note; a
+    command line giving it is still refused."""
+    task = VideoTask()
+    cfg = VideoConfig(**VIDEO, out=str(tmp_path))
+    _recorded(tmp_path, cfg, task.fingerprint(cfg, task.load(cfg)), dust_atoms=16)
+    got, _, _ = finished_run(tmp_path, task, "a test")
+    assert got == cfg and got.dust_atoms == 20
+    assert "records --dust-atoms 16, which acted on nothing" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--dust-atoms applies to --models ...,dust only"):
+        VideoConfig(**VIDEO, dust_atoms=16)
+
+
+def test_a_resume_ignores_a_recorded_flag_that_acted_on_nothing(tmp_path):
+    """Evaluated again (its folder without results.json, rerun), such a run resumes: the flag
+    cannot be given (refused) and, left out, was 'a different config'. A flag that acts is
+    still compared: the same record under --models dust,ut is another config."""
+    cases = [
+        (VideoConfig(**VIDEO, out=str(tmp_path / "v")), {"dust_atoms": 16}),
+        (TextConfig(model="minilm", out=str(tmp_path / "t")), {"ut_a": 0.5, "ut_skip": True}),
+    ]
+    for cfg, earlier in cases:
+        _recorded(Path(cfg.out), cfg, {}, **earlier)
+        (Path(cfg.out) / "results.json").unlink()
+        with open_output_once(Path(cfg.out), checkpoint_record(cfg), cfg, True) as out:
+            assert out.resuming
+    other = VideoConfig(**{**VIDEO, "models": ("dust", "ut")}, out=str(tmp_path / "v"))
+    with pytest.raises(UsageError, match="different config.*dust_atoms 16 -> 20"):
+        open_output_once(tmp_path / "v", checkpoint_record(other), other, True)

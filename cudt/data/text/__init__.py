@@ -15,14 +15,16 @@ Sources (``load_text_data(dataset=...)``):
 * ``"synthetic"`` (default, no download): :func:`synthetic_sentiment`, generated mini movie
   reviews whose binary label follows from their content by the rule in
   :func:`synthetic_sentiment_score` (negation, intensifiers, contrast clauses, neutral filler).
-* ``"imdb"``: TFDS ``imdb_reviews/plain_text`` (25k train / 25k test reviews, neg/pos).
+* ``"imdb"``: TFDS ``imdb_reviews/plain_text`` (25k train / 25k test reviews, neg/pos). It
+  records no movie, so the validation split holds single reviews (the data line says so).
 * ``"mnli"``: TFDS ``glue/mnli`` (premise/hypothesis pairs; entailment/neutral/contradiction);
   *test* is ``validation_matched`` (the GLUE test labels are hidden). A ``data_dir`` holding
   MultiNLI's own ``.jsonl`` files or GLUE's ``MNLI/*.tsv`` is read without TFDS
   (:mod:`cudt.data.text.multinli`). Either way the validation split holds whole premises (by
-  promptID, or by premise text where TFDS keeps no promptID).
+  premise text: TFDS keeps no promptID, and one premise can be written under two).
 * ``"aclimdb"``: the raw Stanford folder ``aclImdb/{train,test}/{pos,neg}/*.txt``, the same
-  reviews as ``"imdb"`` without TFDS.
+  reviews as ``"imdb"`` without TFDS; validation holds whole movies where its
+  ``urls_{neg,pos}.txt`` name them.
 
 TFDS data is read from a prepared ``data_dir`` (``DATA_DIR/imdb_reviews/plain_text/1.0.0/``,
 ``DATA_DIR/glue/mnli/2.0.0/``) without TensorFlow: ``array_record`` and ``parquet`` through
@@ -80,6 +82,7 @@ __all__ = [
     "load_tfds_text",
     "read_aclimdb",
     "read_multinli",
+    "source_fingerprint",
     "synthetic_sentiment",
     "synthetic_sentiment_score",
     "tokenize_split",
@@ -95,6 +98,39 @@ TEXT_DATASETS: tuple[str, ...] = ("synthetic", "imdb", "mnli", "aclimdb")
 _DEFAULT_NUM_TRAIN = 4000
 _DEFAULT_NUM_TEST = 1000
 _SYNTHETIC_LABEL_NAMES = ("negative", "positive")
+
+
+# The data line's note where a review data set's validation split holds reviews one by one (no
+# movie recorded: one movie's reviews can sit on both sides). It describes the split every
+# version drew, so a run's fingerprint leaves it out (:func:`source_fingerprint`).
+UNGROUPED = {
+    "imdb": "; validation holds single reviews (TFDS imdb_reviews records no movie, so one "
+    "movie's reviews can be in train and validation)",
+    "aclimdb": "; validation holds single reviews (no urls_*.txt names their movies, so one "
+    "movie's reviews can be in train and validation)",
+}
+
+
+def source_fingerprint(source: str) -> str:
+    """``source`` (:attr:`TextSplits.source`, the data line) as a run's fingerprint records it:
+    without the note :data:`UNGROUPED`, which names no change of the data (checkpoints written
+    before the note resume)."""
+    for note in UNGROUPED.values():
+        source = source.replace(note, "")
+    return source
+
+
+def _grouping(dataset: str, pool: TextSplit, val: TextSplit) -> str:
+    """The data line's words on what the validation split holds whole: aclImdb's movies (by
+    its urls files), MNLI's premises (by their text, from either reader); or that it holds
+    single reviews (:data:`UNGROUPED`)."""
+    if val.groups is None:
+        return UNGROUPED.get(dataset, "") if len(val) else ""
+    whole, by = ("movies", "urls_*.txt") if dataset == "aclimdb" else ("premises", "premise text")
+    return (
+        f"; validation holds whole {whole} ({len(set(val.groups))} of "
+        f"{len(set(pool.groups or ()))}, by {by})"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -282,14 +318,7 @@ def load_text_data(
         if repeated:
             source += f"; {repeated} repeated training examples left out (train and val apart)"
     train, val = _split_val(pool, val_fraction, seed)
-    if val.groups is not None:
-        whole, by = ("movies", "urls_*.txt") if dataset == "aclimdb" else ("premises", "promptID")
-        if dataset == "mnli" and not mnli_files:  # TFDS glue/mnli keeps no promptID
-            by = "premise text"
-        source += (
-            f"; validation holds whole {whole} ({len(set(val.groups))} of "
-            f"{len(set(pool.groups or ()))}, by {by})"
-        )
+    source += _grouping(dataset, pool, val)
     _check_classes(train, label_names)
     for name, split in (("validation", val), ("test", test)):
         if len(split) and len(label_names) > 1 and len(np.unique(split.labels)) == 1:

@@ -6,8 +6,10 @@ the folder holds them (a prepared TFDS ``glue/mnli`` otherwise: :mod:`cudt.data.
 Labels follow TFDS ``glue/mnli``: 0 entailment, 1 neutral, 2 contradiction. Pairs whose
 annotators did not agree (``gold_label`` ``-``: 185 of dev_matched's 10,000, none in train) are
 left out, as GLUE leaves them out, so the splits hold GLUE's 392,702 / 9,815 pairs. Each pair's
-premise (``promptID``: three hypotheses were written for each) is its ``groups`` entry, so that a
-validation split carved from train holds whole premises.
+premise text is its ``groups`` entry, so that a validation split carved from train holds whole
+premises (three hypotheses were written for each): by its text, not its ``promptID``, as TFDS
+``glue/mnli`` (which keeps no promptID) is split, so that a premise written under two promptIDs
+is not on both sides.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def read_multinli(
         raise DataError(f"'{folder}' has no {path.name} (the {split} split): {_HINT}")
     rows = _jsonl_rows(path) if fmt == "jsonl" else _tsv_rows(path)
     try:
-        texts, pairs, labels, prompts = _labelled(path, rows)
+        texts, pairs, labels = _labelled(path, rows)
     except UnicodeDecodeError as err:
         raise DataError(
             f"'{path}' is not UTF-8 ({err.reason} at byte {err.start}): {_HINT}"
@@ -84,13 +86,13 @@ def read_multinli(
         texts=tuple(texts[i] for i in keep),
         pairs=tuple(pairs[i] for i in keep),
         labels=np.asarray(labels, np.int32)[keep],
-        groups=tuple(prompts[i] for i in keep),
+        groups=tuple(texts[i] for i in keep),  # the premise: the TFDS reader's groups too
     )
 
 
-def _labelled(path: Path, rows) -> tuple[list[str], list[str], list[int], list[str]]:
-    """Premises, hypotheses, labels and premise ids of ``rows``, the unlabelled left out."""
-    texts, pairs, labels, prompts = [], [], [], []
+def _labelled(path: Path, rows) -> tuple[list[str], list[str], list[int]]:
+    """Premises, hypotheses and labels of ``rows``, the unlabelled left out."""
+    texts, pairs, labels = [], [], []
     for line, row in rows:
         gold = row["gold_label"]
         if gold == "-":  # the annotators did not agree: no label (GLUE leaves it out)
@@ -103,11 +105,10 @@ def _labelled(path: Path, rows) -> tuple[list[str], list[str], list[int], list[s
         texts.append(row["sentence1"])
         pairs.append(row["sentence2"])
         labels.append(MULTINLI_LABELS.index(gold))
-        prompts.append(row["promptID"])
-    return texts, pairs, labels, prompts
+    return texts, pairs, labels
 
 
-_KEYS = ("sentence1", "sentence2", "gold_label", "promptID")
+_KEYS = ("sentence1", "sentence2", "gold_label")
 
 
 def _checked(path: Path, line: int, row: dict) -> dict[str, str]:

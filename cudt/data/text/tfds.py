@@ -378,8 +378,9 @@ def _load_tfds(
         texts=tuple(texts),
         pairs=tuple(pairs) if spec.pair else None,
         labels=np.asarray(labels, dtype=np.int32),
-        # glue/mnli has no promptID: a premise's text stands for it (its three hypotheses on
-        # both sides of the validation split would let validation read trained premises)
+        # the premise's text, as MultiNLI's own files' pairs are grouped (glue/mnli keeps no
+        # promptID): its three hypotheses on both sides of the validation split would let
+        # validation read trained premises
         groups=tuple(texts) if spec.pair else None,
     )
     where = f"{info.name}/{info.config_name}:{info.version} ({fmt.value}) at {variant}"
