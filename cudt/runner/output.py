@@ -19,6 +19,7 @@ import dataclasses
 import json
 import os
 import re
+import secrets
 import shutil
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
@@ -42,6 +43,7 @@ from cudt.runner.lock import OutputLock, check_job_token, lock_output
 __all__ = [
     "CHECKPOINTS",
     "CONFIG_FILE",
+    "OPENED",
     "STATE_LAYOUT",
     "TENSORBOARD",
     "OutputDir",
@@ -98,6 +100,11 @@ def checkpoint_record(cfg) -> dict[str, Any]:
 
 #: the key of ``checkpoints/config.json`` holding the evaluation-only flags' values
 EVALUATION_FLAGS = "evaluation_flags"
+#: the key of ``checkpoints/config.json`` holding a token of the run call that wrote it (a fresh
+#: start, not a resume: never compared): a job resuming an interrupted ``--overwrite`` tells by
+#: it which of its calls were started afresh since (experiments.paper.job), by content, which a
+#: copied folder keeps, where file times change
+OPENED = "opened"
 
 
 def _differences(
@@ -108,7 +115,7 @@ def _differences(
     a field of ``added`` (``{name: the earlier versions' behaviour}``) the old config lacks
     while the new one keeps that value."""
     added = dict(added or {})
-    keys = sorted((set(old) | set(new)) - set(ignore) - {EVALUATION_FLAGS})
+    keys = sorted((set(old) | set(new)) - set(ignore) - {EVALUATION_FLAGS, OPENED})
     keys = [k for k in keys if not (k in added and k not in old and new.get(k) == added[k])]
     # nested records (a fingerprint per data draw: ``data_per_seed``) compared field by field,
     # so that their digests follow the same rule and a difference is named where it is
@@ -369,7 +376,7 @@ def open_output(
             shutil.rmtree(out / "tensorboard", ignore_errors=True)
         if not resuming:
             (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
-            write_json_atomic(saved_config, config)
+            write_json_atomic(saved_config, config | {OPENED: secrets.token_hex(8)})
     except (CudtError, OSError) as e:
         remove_created(out, created)  # a full disk, say: leave no empty folders behind
         if isinstance(e, OSError):

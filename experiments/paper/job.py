@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,7 +27,7 @@ from cudt.errors import UsageError
 from cudt.io import check_not_a_file, claimed_run_dir, to_jsonable, write_json_atomic
 from cudt.runner.config import flag
 from cudt.runner.lock import check_free, lock_output
-from cudt.runner.output import CHECKPOINTS, CONFIG_FILE, checkpoint_record
+from cudt.runner.output import CHECKPOINTS, CONFIG_FILE, OPENED, TENSORBOARD, checkpoint_record
 from cudt.runner.run import run
 from experiments.paper.rows import HPARAMS, csv_text, finite, fmt, unique, write_text
 
@@ -258,29 +260,62 @@ def _refuse(sub: SubRun, what: str, diff: list[str]) -> UsageError:
     )
 
 
-def written_since(path: Path, since: float | None) -> bool:
-    """Whether the file ``path`` was written at ``since`` (a file time) or later."""
+@dataclasses.dataclass(frozen=True)
+class OverwriteStart:
+    """What the outputs under a job's ``out`` were when an ``--overwrite`` of it started, by
+    content (``states``: path under ``out`` → :func:`output_state`), so that a resume of it
+    tells what was redone since: not by file times, which a copied folder (``cp -r``) makes
+    all new, so that every call not yet retrained read as retrained."""
+
+    out: Path
+    states: dict[str, str]
+
+    @classmethod
+    def take(cls, out: Path) -> OverwriteStart:
+        """The outputs under ``out`` now: every runner call's checkpoints and phase I."""
+        states = {}
+        for folder, dirs, files in os.walk(out):
+            here = Path(folder)
+            paths = [here / CHECKPOINTS] if CHECKPOINTS in dirs else []
+            paths += [here / n for n in files if n in REDONE_FILES]
+            for path in paths:
+                state = output_state(path)
+                if state is not None:
+                    states[path.relative_to(out).as_posix()] = state
+            dirs[:] = [d for d in dirs if d not in (CHECKPOINTS, TENSORBOARD)]
+        return cls(out, states)
+
+    def redone(self, path: Path) -> bool:
+        """Whether ``path`` (a call's checkpoints folder, a phase I file) was written afresh
+        since the ``--overwrite`` started."""
+        now = output_state(path)
+        return now is not None and now != self.states.get(path.relative_to(self.out).as_posix())
+
+
+# the files a job writes beside its runner calls' that an --overwrite redoes (ut_study's)
+REDONE_FILES = ("phase1.json",)
+
+
+def output_state(path: Path) -> str | None:
+    """A call's checkpoints folder: the token of the run that started it (``OPENED``, written
+    anew by each fresh start, kept by a resume); a file: its SHA-256. None where there is none
+    (or a record from before the token)."""
     try:
-        return since is not None and path.stat().st_mtime >= since
-    except OSError:
-        return False
+        if path.name == CHECKPOINTS:
+            token = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8")).get(OPENED)
+            return token if isinstance(token, str) else None
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
-def _retrained(sub: SubRun, since: float) -> bool:
-    """Whether ``sub``'s folder was (re)trained from ``since`` on: its results.json, or the
-    config of the checkpoints the runner writes as it starts, is that new."""
-    return any(
-        written_since(path, since)
-        for path in (sub.out / "results.json", sub.out / CHECKPOINTS / CONFIG_FILE)
-    )
-
-
-def check_subrun(sub: SubRun, overwrite: bool, since: float | None = None) -> None:
+def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = None) -> None:
     """Sets ``sub.finished`` (results.json of the same config: reused); refuses a folder holding
-    results or checkpoints of another config unless ``overwrite``. ``since``: the start of the
-    interrupted ``--overwrite`` this command resumes (:func:`overwrite_since`): a sub-run
-    retrained from then on is kept (reused, or its checkpoints resumed), not retrained again."""
-    if overwrite and since is not None and _retrained(sub, since):
+    results or checkpoints of another config unless ``overwrite``. ``since``: what the
+    interrupted ``--overwrite`` this command resumes found (:func:`overwrite_since`): a sub-run
+    started afresh since (its checkpoints' token is new) is kept (reused, or its checkpoints
+    resumed), not retrained again."""
+    if overwrite and since is not None and since.redone(sub.out / CHECKPOINTS):
         overwrite = False
         sub.cfg = dataclasses.replace(sub.cfg, overwrite=False)
     if overwrite:
@@ -354,17 +389,19 @@ def _overwriting(opts) -> dict[str, Any]:
     return to_jsonable({k: v for k, v in dataclasses.asdict(opts).items() if k != "out"})
 
 
-def overwrite_since(out: Path, opts) -> float | None:
-    """When ``--overwrite`` with these flags started on ``out`` and has not finished (the
-    record open_job keeps in job.json): the sub-runs retrained since are kept. None without
-    ``--overwrite`` or such a record."""
+def overwrite_since(out: Path, opts) -> OverwriteStart | None:
+    """What ``--overwrite`` with these flags found on ``out`` when it started, where it has not
+    finished (the record open_job keeps in job.json): the sub-runs retrained since are kept.
+    None without ``--overwrite`` or such a record (one from before the record's ``before``:
+    every sub-run is retrained)."""
     if not opts.overwrite:
         return None
     try:
         record = json.loads((out / JOB_FILE).read_text(encoding="utf-8"))["overwriting"]
-        if record["flags"] == _overwriting(opts):
-            return float(record["since"])
-    except (OSError, ValueError, KeyError, TypeError):
+        before = record["before"]
+        if record["flags"] == _overwriting(opts) and isinstance(before, dict):
+            return OverwriteStart(out, {str(k): str(v) for k, v in before.items()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     return None
 
@@ -415,9 +452,9 @@ def open_job(
         with lock_output(out):
             record: dict[str, Any] = {"job": name}
             write_json_atomic(out / JOB_FILE, record)
-            if opts.overwrite:  # from the file system's clock, as the sub-runs' file times
-                since = (out / JOB_FILE).stat().st_mtime if since is None else since
-                record["overwriting"] = {"flags": _overwriting(opts), "since": since}
+            if opts.overwrite:  # what it replaces, as it is before anything is retrained
+                since = OverwriteStart.take(out) if since is None else since
+                record["overwriting"] = {"flags": _overwriting(opts), "before": since.states}
                 write_json_atomic(out / JOB_FILE, record)
             print(
                 f"{name}: {len(subs)} {what} under {out} ({len(subs) - len(todo)} finished, "

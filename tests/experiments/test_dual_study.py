@@ -111,10 +111,16 @@ def test_an_interrupted_overwrite_resumes_keeping_the_calls_retrained_since(
 
     monkeypatch.setattr(job, "run", interrupted)
     assert dual_study.main(argv) == 130
+    # resumed in a copy made as `cp -r` makes one: every file's time is the copy's (the calls
+    # not yet retrained read as retrained since when file times told it)
+    interrupted_out, out = out, tmp_path / "copy"
+    shutil.copytree(interrupted_out, out, copy_function=shutil.copy)
+    argv = [*TINY, "--overwrite", "--out", str(out)]
     record = json.loads((out / "job.json").read_text())
     assert record["overwriting"]["flags"]["overwrite"] is True
     erm = out / "video" / "erm" / "results.json"
     retrained = erm.read_text()
+    old = (out / "video" / "lagrangian-nupi-alternating" / "results.json").read_text()
     monkeypatch.setattr(job, "run", real)
     # without --overwrite, the call not yet retrained would be reused with its old results
     files = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
@@ -126,6 +132,7 @@ def test_an_interrupted_overwrite_resumes_keeping_the_calls_retrained_since(
     printed = capsys.readouterr().out
     assert "1 finished, reused; 1 to train" in printed and printed.count("reusing") == 1
     assert erm.read_text() == retrained
+    assert (out / "video" / "lagrangian-nupi-alternating" / "results.json").read_text() != old
     assert json.loads((out / "job.json").read_text()) == {"job": "dual study"}
     assert dual_study.main(argv) == 0  # a new --overwrite retrains every call
     assert "0 finished, reused; 2 to train" in capsys.readouterr().out

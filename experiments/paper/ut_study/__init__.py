@@ -37,6 +37,7 @@ from cudt.runner.cli import config_main
 from cudt.runner.config import flag
 from experiments.paper.job import (
     TINY_VIDEO,
+    OverwriteStart,
     SubRun,
     check_known,
     check_subrun,
@@ -48,7 +49,6 @@ from experiments.paper.job import (
     overwrite_since,
     scaled,
     train_subruns,
-    written_since,
 )
 from experiments.paper.phase1 import phase_one
 from experiments.paper.rows import fmt, unique
@@ -297,14 +297,14 @@ def _phase_one_spec(sub: SubRun, opts: StudyConfig) -> dict[str, Any]:
 
 
 def _saved_phase_one(
-    sub: SubRun, opts: StudyConfig, since: float | None = None
+    sub: SubRun, opts: StudyConfig, since: OverwriteStart | None = None
 ) -> dict[str, Any] | None:
     """The variant's ``phase1.json`` result of these flags (reused), None where there is none
-    (or ``--overwrite``, unless it was written since the interrupted overwrite this command
-    resumes started, ``since``); one of other flags is refused, as ``experiments.phase_one``
-    does."""
+    (or ``--overwrite``, unless it was written afresh since the interrupted overwrite this
+    command resumes started, ``since``); one of other flags is refused, as
+    ``experiments.phase_one`` does."""
     path = sub.out / "phase1.json"
-    if not path.exists() or (opts.overwrite and not written_since(path, since)):
+    if not path.exists() or (opts.overwrite and not (since and since.redone(path))):
         return None
     spec = _phase_one_spec(sub, opts)
     try:
@@ -327,7 +327,7 @@ def _saved_phase_one(
     return result
 
 
-def _phase_one(sub: SubRun, opts: StudyConfig, since: float | None) -> dict[str, Any]:
+def _phase_one(sub: SubRun, opts: StudyConfig, since: OverwriteStart | None) -> dict[str, Any]:
     """The variant's phase I, reused from ``phase1.json`` when it was run with the same spec."""
     from cudt.tasks.video import VideoTask
 
