@@ -43,6 +43,7 @@ from cudt.runner.lock import OutputLock, check_job_token, lock_output
 __all__ = [
     "CHECKPOINTS",
     "CONFIG_FILE",
+    "JOB_FILE",
     "OPENED",
     "STATE_LAYOUT",
     "TENSORBOARD",
@@ -54,6 +55,9 @@ __all__ = [
 
 CHECKPOINTS = "checkpoints"
 CONFIG_FILE = "config.json"
+# a paper job's record in its --out (experiments.paper.job): its runner calls each have a folder
+# of their own under it, never that folder itself
+JOB_FILE = "job.json"
 TENSORBOARD = "tensorboard"  # <out>/tensorboard/<run label>/events.out.tfevents.*
 
 
@@ -294,6 +298,19 @@ def _evaluation_flags_moved(old: dict, new: dict) -> list[str]:
     ]
 
 
+def _check_not_a_job(out: Path) -> None:
+    """Refuses the ``--out`` of a paper job (a table, a study: its :data:`JOB_FILE`), which a
+    run written into would make the job refuse its own folder."""
+    try:
+        job = json.loads((out / JOB_FILE).read_text(encoding="utf-8")).get("job")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(job, str) and job:
+        raise UsageError(
+            f"--out {out} holds a {job} ({JOB_FILE}), not a run's folder: pass another --out"
+        )
+
+
 def open_output(
     out: str | Path,
     config: dict[str, Any],
@@ -331,6 +348,7 @@ def open_output(
     """
     out = Path(out)
     check_not_a_file(out)
+    _check_not_a_job(out)
     config = to_jsonable(config)
     saved_config = out / CHECKPOINTS / CONFIG_FILE
     finished = [name for name in RESULT_FILES if (out / name).exists()]

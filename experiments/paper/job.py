@@ -27,7 +27,14 @@ from cudt.errors import UsageError
 from cudt.io import check_not_a_file, claimed_run_dir, to_jsonable, write_json_atomic
 from cudt.runner.config import flag
 from cudt.runner.lock import check_free, lock_output
-from cudt.runner.output import CHECKPOINTS, CONFIG_FILE, OPENED, TENSORBOARD, checkpoint_record
+from cudt.runner.output import (
+    CHECKPOINTS,
+    CONFIG_FILE,
+    JOB_FILE,
+    OPENED,
+    TENSORBOARD,
+    checkpoint_record,
+)
 from cudt.runner.run import run
 from experiments.paper.rows import HPARAMS, csv_text, finite, fmt, unique, write_text
 
@@ -360,9 +367,9 @@ def train_subruns(subs: list[SubRun], make_task: Callable[[SubRun], Any]) -> dic
     return results
 
 
-# A job's --out says which job it holds (written when the job starts): another job's folder,
-# or one sub-run's, is refused instead of being written into.
-JOB_FILE = "job.json"
+# A job's --out says which job it holds (written when the job starts, JOB_FILE): another job's
+# folder, or one sub-run's, is refused instead of being written into, and the runner refuses a
+# job's folder as a run's --out (cudt.runner.output).
 
 
 def check_job_folder(out: Path, name: str) -> None:
