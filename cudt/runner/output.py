@@ -277,6 +277,16 @@ def _check_same_config(
             f"({'; '.join(changed + derived)}): restore the files they were trained on, "
             "pass another --out, or --overwrite to discard them"
         )
+    # fields an earlier cudt recorded that this one has not (a setting since removed): no flag
+    # of this version resumes them ("rerun with the same flags" cannot be followed)
+    gone = [d for d in diff if d.split(" ", 1)[0].split(".", 1)[0] not in config]
+    if diff and len(gone) == len(diff):
+        named = "; ".join(d.rsplit(" -> ", 1)[0] for d in gone[:4])
+        raise UsageError(
+            f"--out {out} holds checkpoints of an earlier cudt, with settings this version no "
+            f"longer has ({named}{f'; and {len(gone) - 4} more' if len(gone) > 4 else ''}): "
+            "pass another --out, or --overwrite to discard them"
+        )
     diff = flag_changed + [d for d in diff if d not in flag_changed]  # the flags first
     if diff:
         raise UsageError(

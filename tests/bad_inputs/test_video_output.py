@@ -212,6 +212,14 @@ CHECKPOINT_CASES = [
         SAME_FLAGS,
     ),
     (
+        "checkpoints of an earlier cudt with a setting since removed",
+        lambda out: _record_in_checkpoints_config(out, removed_setting=3),
+        [],
+        "holds checkpoints of an earlier cudt, with settings this version no longer has "
+        "(removed_setting 3)",
+        "pass another --out, or --overwrite to discard them",
+    ),
+    (
         "checkpoint written by a different model",
         _dust_checkpoint_as_ut,
         [],
@@ -240,6 +248,12 @@ CHECKPOINT_CASES = [
         "pass another --out, or --overwrite to start again",
     ),
 ]
+
+
+def _record_in_checkpoints_config(out: Path, **fields) -> None:
+    """``fields`` added to the checkpoints' config.json, as an earlier cudt recorded them."""
+    path = out / "checkpoints" / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | fields))
 
 
 @pytest.mark.slow
