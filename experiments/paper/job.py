@@ -250,12 +250,15 @@ def keep_or_build(root: Path, name: str, top: Path, spec: dict, build, *, overwr
     return top
 
 
-def _differences(saved: dict, want: dict[str, Any]) -> list[str]:
-    want = to_jsonable(want)
+def _differences(saved: dict, want: dict[str, Any], added: dict[str, Any]) -> list[str]:
+    """``want``'s fields that ``saved`` records otherwise; a field missing there reads None, as
+    the runner's resume rule, but for one a later cudt added (``added``: the config's ``ADDED``,
+    the value that is what earlier versions did) kept at that value."""
+    want, added = to_jsonable(want), to_jsonable(added)
     return [
         f"{k}: {saved.get(k)!r} there, {v!r} now"
         for k, v in want.items()
-        if saved.get(k) != v  # a field missing there reads None, as the runner's resume rule
+        if saved.get(k) != v and not (k not in saved and k in added and added[k] == v)
     ]
 
 
@@ -335,7 +338,8 @@ def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = No
             raise UsageError(
                 f"{results} is unreadable ({e}): delete {sub.out}, or pass --overwrite"
             ) from e
-        diff = _differences(saved, sub.cfg.fingerprint(evaluation=True) | sub.resolved)
+        want = sub.cfg.fingerprint(evaluation=True) | sub.resolved
+        diff = _differences(saved, want, getattr(sub.cfg, "ADDED", {}))
         if diff:
             raise _refuse(sub, "results", diff)
         sub.finished = True
@@ -348,7 +352,8 @@ def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = No
             raise UsageError(
                 f"{saved_config} is unreadable ({e}): delete {sub.out}, or pass --overwrite"
             ) from e
-        diff = _differences(saved, checkpoint_record(sub.cfg))  # the runner's own record
+        # the runner's own record
+        diff = _differences(saved, checkpoint_record(sub.cfg), getattr(sub.cfg, "ADDED", {}))
         if diff:
             raise _refuse(sub, "checkpoints", diff)
 
