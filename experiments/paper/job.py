@@ -250,10 +250,12 @@ def keep_or_build(root: Path, name: str, top: Path, spec: dict, build, *, overwr
     return top
 
 
-def _differences(saved: dict, want: dict[str, Any], added: dict[str, Any]) -> list[str]:
+def config_differences(saved: dict, want: dict[str, Any], added: dict[str, Any]) -> list[str]:
     """``want``'s fields that ``saved`` records otherwise; a field missing there reads None, as
     the runner's resume rule, but for one a later cudt added (``added``: the config's ``ADDED``,
-    the value that is what earlier versions did) kept at that value."""
+    the value that is what earlier versions did) kept at that value. A field only ``saved``
+    records (one this cudt no longer has) is not compared: these are results, reused as
+    they are (the runner refuses to resume such checkpoints, naming it)."""
     want, added = to_jsonable(want), to_jsonable(added)
     return [
         f"{k}: {saved.get(k)!r} there, {v!r} now"
@@ -339,7 +341,7 @@ def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = No
                 f"{results} is unreadable ({e}): delete {sub.out}, or pass --overwrite"
             ) from e
         want = sub.cfg.fingerprint(evaluation=True) | sub.resolved
-        diff = _differences(saved, want, getattr(sub.cfg, "ADDED", {}))
+        diff = config_differences(saved, want, getattr(sub.cfg, "ADDED", {}))
         if diff:
             raise _refuse(sub, "results", diff)
         sub.finished = True
@@ -353,7 +355,7 @@ def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = No
                 f"{saved_config} is unreadable ({e}): delete {sub.out}, or pass --overwrite"
             ) from e
         # the runner's own record
-        diff = _differences(saved, checkpoint_record(sub.cfg), getattr(sub.cfg, "ADDED", {}))
+        diff = config_differences(saved, checkpoint_record(sub.cfg), getattr(sub.cfg, "ADDED", {}))
         if diff:
             raise _refuse(sub, "checkpoints", diff)
 

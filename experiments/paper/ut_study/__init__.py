@@ -41,6 +41,7 @@ from experiments.paper.job import (
     SubRun,
     check_known,
     check_subrun,
+    config_differences,
     devices_flag,
     need,
     open_job,
@@ -313,13 +314,16 @@ def _saved_phase_one(
         result = saved["result"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{path} is unreadable ({e}): delete it, or pass --overwrite") from e
-    if old != spec:
-        names = {"steps": "phase I steps", "seeds": "phase I seeds", "config": "the runs' config"}
-        diff = [
-            f"{names[k]}: {old.get(k)!r} there, {v!r} now" if k != "config" else names[k]
-            for k, v in spec.items()
-            if old.get(k) != v
-        ]
+    names = {"steps": "phase I steps", "seeds": "phase I seeds"}
+    diff = [
+        f"{names[k]}: {old.get(k)!r} there, {spec[k]!r} now" for k in names if old.get(k) != spec[k]
+    ]
+    try:  # a field a later cudt added, kept at what earlier versions did, is no difference
+        if config_differences(old["config"], spec["config"], type(sub.cfg).ADDED):
+            diff.append("the runs' config")
+    except (KeyError, TypeError, AttributeError) as e:
+        raise UsageError(f"{path} is unreadable ({e}): delete it, or pass --overwrite") from e
+    if diff:
         raise UsageError(
             f"{path} holds phase I of other flags ({'; '.join(diff)}): rerun with the flags "
             "that made it, pass another --out, or --overwrite"
