@@ -51,7 +51,7 @@ from cudt.runner.record import decreases, evaluation_keys
 from cudt.runner.run import data_draws, evaluation_grids
 from cudt.runner.sweep import parse_model_hparams, parse_sweeps
 from cudt.tasks.video import VideoConfig, VideoTask
-from experiments.paper.job import JOB_FILE, check_job_folder
+from experiments.paper.job import JOB_FILE, check_job_folder, config_differences
 from experiments.paper.phase1 import (
     ERM_POINT,
     STARTS,
@@ -128,12 +128,13 @@ def _finished(out: Path, cfg) -> dict | None:
         return None
     try:
         saved = json.loads(path.read_text())
-        same = saved["spec"] == _spec(cfg)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        spec = saved["spec"]
+        # a field a later cudt added, kept at what earlier versions did, is no difference
+        diff = config_differences(spec["config"], _spec(cfg)["config"], type(cfg).ADDED)
+        same = spec["job"] == "phase_one" and not diff
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UsageError(f"{path} is unreadable ({e}): delete it, or pass --overwrite") from e
     if not same:
-        old, new = saved["spec"]["config"], _spec(cfg)["config"]
-        diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in new.items() if old.get(k) != v]
         raise UsageError(
             f"{path} holds phase I of other flags ({'; '.join(diff[:3]) or 'another job'}): "
             "rerun with the flags that made it, pass another --out, or --overwrite"

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import os
 import re
+import secrets
 import shutil
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
@@ -42,6 +43,8 @@ from cudt.runner.lock import OutputLock, check_job_token, lock_output
 __all__ = [
     "CHECKPOINTS",
     "CONFIG_FILE",
+    "JOB_FILE",
+    "OPENED",
     "STATE_LAYOUT",
     "TENSORBOARD",
     "OutputDir",
@@ -52,6 +55,9 @@ __all__ = [
 
 CHECKPOINTS = "checkpoints"
 CONFIG_FILE = "config.json"
+# a paper job's record in its --out (experiments.paper.job): its runner calls each have a folder
+# of their own under it, never that folder itself
+JOB_FILE = "job.json"
 TENSORBOARD = "tensorboard"  # <out>/tensorboard/<run label>/events.out.tfevents.*
 
 
@@ -98,6 +104,11 @@ def checkpoint_record(cfg) -> dict[str, Any]:
 
 #: the key of ``checkpoints/config.json`` holding the evaluation-only flags' values
 EVALUATION_FLAGS = "evaluation_flags"
+#: the key of ``checkpoints/config.json`` holding a token of the run call that wrote it (a fresh
+#: start, not a resume: never compared): a job resuming an interrupted ``--overwrite`` tells by
+#: it which of its calls were started afresh since (experiments.paper.job), by content, which a
+#: copied folder keeps, where file times change
+OPENED = "opened"
 
 
 def _differences(
@@ -108,7 +119,7 @@ def _differences(
     a field of ``added`` (``{name: the earlier versions' behaviour}``) the old config lacks
     while the new one keeps that value."""
     added = dict(added or {})
-    keys = sorted((set(old) | set(new)) - set(ignore) - {EVALUATION_FLAGS})
+    keys = sorted((set(old) | set(new)) - set(ignore) - {EVALUATION_FLAGS, OPENED})
     keys = [k for k in keys if not (k in added and k not in old and new.get(k) == added[k])]
     # nested records (a fingerprint per data draw: ``data_per_seed``) compared field by field,
     # so that their digests follow the same rule and a difference is named where it is
@@ -266,6 +277,16 @@ def _check_same_config(
             f"({'; '.join(changed + derived)}): restore the files they were trained on, "
             "pass another --out, or --overwrite to discard them"
         )
+    # fields an earlier cudt recorded that this one has not (a setting since removed): no flag
+    # of this version resumes them ("rerun with the same flags" cannot be followed)
+    gone = [d for d in diff if d.split(" ", 1)[0].split(".", 1)[0] not in config]
+    if diff and len(gone) == len(diff):
+        named = "; ".join(d.rsplit(" -> ", 1)[0] for d in gone[:4])
+        raise UsageError(
+            f"--out {out} holds checkpoints of an earlier cudt, with settings this version no "
+            f"longer has ({named}{f'; and {len(gone) - 4} more' if len(gone) > 4 else ''}): "
+            "pass another --out, or --overwrite to discard them"
+        )
     diff = flag_changed + [d for d in diff if d not in flag_changed]  # the flags first
     if diff:
         raise UsageError(
@@ -285,6 +306,19 @@ def _evaluation_flags_moved(old: dict, new: dict) -> list[str]:
         for k in sorted(set(before) & set(now))
         if before[k] != now[k]
     ]
+
+
+def _check_not_a_job(out: Path) -> None:
+    """Refuses the ``--out`` of a paper job (a table, a study: its :data:`JOB_FILE`), which a
+    run written into would make the job refuse its own folder."""
+    try:
+        job = json.loads((out / JOB_FILE).read_text(encoding="utf-8")).get("job")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(job, str) and job:
+        raise UsageError(
+            f"--out {out} holds a {job} ({JOB_FILE}), not a run's folder: pass another --out"
+        )
 
 
 def open_output(
@@ -324,6 +358,7 @@ def open_output(
     """
     out = Path(out)
     check_not_a_file(out)
+    _check_not_a_job(out)
     config = to_jsonable(config)
     saved_config = out / CHECKPOINTS / CONFIG_FILE
     finished = [name for name in RESULT_FILES if (out / name).exists()]
@@ -369,7 +404,7 @@ def open_output(
             shutil.rmtree(out / "tensorboard", ignore_errors=True)
         if not resuming:
             (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
-            write_json_atomic(saved_config, config)
+            write_json_atomic(saved_config, config | {OPENED: secrets.token_hex(8)})
     except (CudtError, OSError) as e:
         remove_created(out, created)  # a full disk, say: leave no empty folders behind
         if isinstance(e, OSError):

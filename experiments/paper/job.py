@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,7 +27,14 @@ from cudt.errors import UsageError
 from cudt.io import check_not_a_file, claimed_run_dir, to_jsonable, write_json_atomic
 from cudt.runner.config import flag, unmet_needs
 from cudt.runner.lock import check_free, lock_output
-from cudt.runner.output import CHECKPOINTS, CONFIG_FILE, checkpoint_record
+from cudt.runner.output import (
+    CHECKPOINTS,
+    CONFIG_FILE,
+    JOB_FILE,
+    OPENED,
+    TENSORBOARD,
+    checkpoint_record,
+)
 from cudt.runner.run import run
 from experiments.paper.rows import HPARAMS, csv_text, finite, fmt, unique, write_text
 
@@ -256,12 +265,17 @@ def keep_or_build(root: Path, name: str, top: Path, spec: dict, build, *, overwr
     return top
 
 
-def _differences(saved: dict, want: dict[str, Any]) -> list[str]:
-    want = to_jsonable(want)
+def config_differences(saved: dict, want: dict[str, Any], added: dict[str, Any]) -> list[str]:
+    """``want``'s fields that ``saved`` records otherwise; a field missing there reads None, as
+    the runner's resume rule, but for one a later cudt added (``added``: the config's ``ADDED``,
+    the value that is what earlier versions did) kept at that value. A field only ``saved``
+    records (one this cudt no longer has) is not compared: these are results, reused as
+    they are (the runner refuses to resume such checkpoints, naming it)."""
+    want, added = to_jsonable(want), to_jsonable(added)
     return [
         f"{k}: {saved.get(k)!r} there, {v!r} now"
         for k, v in want.items()
-        if saved.get(k) != v  # a field missing there reads None, as the runner's resume rule
+        if saved.get(k) != v and not (k not in saved and k in added and added[k] == v)
     ]
 
 
@@ -281,29 +295,62 @@ def _sweeps_gamma_train(cfg) -> bool:
     )
 
 
-def written_since(path: Path, since: float | None) -> bool:
-    """Whether the file ``path`` was written at ``since`` (a file time) or later."""
+@dataclasses.dataclass(frozen=True)
+class OverwriteStart:
+    """What the outputs under a job's ``out`` were when an ``--overwrite`` of it started, by
+    content (``states``: path under ``out`` → :func:`output_state`), so that a resume of it
+    tells what was redone since: not by file times, which a copied folder (``cp -r``) makes
+    all new, so that every call not yet retrained read as retrained."""
+
+    out: Path
+    states: dict[str, str]
+
+    @classmethod
+    def take(cls, out: Path) -> OverwriteStart:
+        """The outputs under ``out`` now: every runner call's checkpoints and phase I."""
+        states = {}
+        for folder, dirs, files in os.walk(out):
+            here = Path(folder)
+            paths = [here / CHECKPOINTS] if CHECKPOINTS in dirs else []
+            paths += [here / n for n in files if n in REDONE_FILES]
+            for path in paths:
+                state = output_state(path)
+                if state is not None:
+                    states[path.relative_to(out).as_posix()] = state
+            dirs[:] = [d for d in dirs if d not in (CHECKPOINTS, TENSORBOARD)]
+        return cls(out, states)
+
+    def redone(self, path: Path) -> bool:
+        """Whether ``path`` (a call's checkpoints folder, a phase I file) was written afresh
+        since the ``--overwrite`` started."""
+        now = output_state(path)
+        return now is not None and now != self.states.get(path.relative_to(self.out).as_posix())
+
+
+# the files a job writes beside its runner calls' that an --overwrite redoes (ut_study's)
+REDONE_FILES = ("phase1.json",)
+
+
+def output_state(path: Path) -> str | None:
+    """A call's checkpoints folder: the token of the run that started it (``OPENED``, written
+    anew by each fresh start, kept by a resume); a file: its SHA-256. None where there is none
+    (or a record from before the token)."""
     try:
-        return since is not None and path.stat().st_mtime >= since
-    except OSError:
-        return False
+        if path.name == CHECKPOINTS:
+            token = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8")).get(OPENED)
+            return token if isinstance(token, str) else None
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
-def _retrained(sub: SubRun, since: float) -> bool:
-    """Whether ``sub``'s folder was (re)trained from ``since`` on: its results.json, or the
-    config of the checkpoints the runner writes as it starts, is that new."""
-    return any(
-        written_since(path, since)
-        for path in (sub.out / "results.json", sub.out / CHECKPOINTS / CONFIG_FILE)
-    )
-
-
-def check_subrun(sub: SubRun, overwrite: bool, since: float | None = None) -> None:
+def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = None) -> None:
     """Sets ``sub.finished`` (results.json of the same config: reused); refuses a folder holding
-    results or checkpoints of another config unless ``overwrite``. ``since``: the start of the
-    interrupted ``--overwrite`` this command resumes (:func:`overwrite_since`): a sub-run
-    retrained from then on is kept (reused, or its checkpoints resumed), not retrained again."""
-    if overwrite and since is not None and _retrained(sub, since):
+    results or checkpoints of another config unless ``overwrite``. ``since``: what the
+    interrupted ``--overwrite`` this command resumes found (:func:`overwrite_since`): a sub-run
+    started afresh since (its checkpoints' token is new) is kept (reused, or its checkpoints
+    resumed), not retrained again."""
+    if overwrite and since is not None and since.redone(sub.out / CHECKPOINTS):
         overwrite = False
         sub.cfg = dataclasses.replace(sub.cfg, overwrite=False)
     if overwrite:
@@ -319,7 +366,7 @@ def check_subrun(sub: SubRun, overwrite: bool, since: float | None = None) -> No
         want = sub.cfg.fingerprint(evaluation=True) | sub.resolved
         if _sweeps_gamma_train(sub.cfg):  # no run trains at it (subrun_config); an older
             want.pop("gamma_train")  # table put its --headline-gamma there
-        diff = _differences(saved, want)
+        diff = config_differences(saved, want, getattr(sub.cfg, "ADDED", {}))
         if diff:
             raise _refuse(sub, "results", diff)
         sub.finished = True
@@ -332,7 +379,8 @@ def check_subrun(sub: SubRun, overwrite: bool, since: float | None = None) -> No
             raise UsageError(
                 f"{saved_config} is unreadable ({e}): delete {sub.out}, or pass --overwrite"
             ) from e
-        diff = _differences(saved, checkpoint_record(sub.cfg))  # the runner's own record
+        # the runner's own record
+        diff = config_differences(saved, checkpoint_record(sub.cfg), getattr(sub.cfg, "ADDED", {}))
         if diff:
             raise _refuse(sub, "checkpoints", diff)
 
@@ -351,9 +399,9 @@ def train_subruns(subs: list[SubRun], make_task: Callable[[SubRun], Any]) -> dic
     return results
 
 
-# A job's --out says which job it holds (written when the job starts): another job's folder,
-# or one sub-run's, is refused instead of being written into.
-JOB_FILE = "job.json"
+# A job's --out says which job it holds (written when the job starts, JOB_FILE): another job's
+# folder, or one sub-run's, is refused instead of being written into, and the runner refuses a
+# job's folder as a run's --out (cudt.runner.output).
 # job.json's list of the finished job's sub-run folders, relative to its --out
 SUBRUNS = "subruns"
 
@@ -382,17 +430,19 @@ def _overwriting(opts) -> dict[str, Any]:
     return to_jsonable({k: v for k, v in dataclasses.asdict(opts).items() if k != "out"})
 
 
-def overwrite_since(out: Path, opts) -> float | None:
-    """When ``--overwrite`` with these flags started on ``out`` and has not finished (the
-    record open_job keeps in job.json): the sub-runs retrained since are kept. None without
-    ``--overwrite`` or such a record."""
+def overwrite_since(out: Path, opts) -> OverwriteStart | None:
+    """What ``--overwrite`` with these flags found on ``out`` when it started, where it has not
+    finished (the record open_job keeps in job.json): the sub-runs retrained since are kept.
+    None without ``--overwrite`` or such a record (one from before the record's ``before``:
+    every sub-run is retrained)."""
     if not opts.overwrite:
         return None
     try:
         record = json.loads((out / JOB_FILE).read_text(encoding="utf-8"))["overwriting"]
-        if record["flags"] == _overwriting(opts):
-            return float(record["since"])
-    except (OSError, ValueError, KeyError, TypeError):
+        before = record["before"]
+        if record["flags"] == _overwriting(opts) and isinstance(before, dict):
+            return OverwriteStart(out, {str(k): str(v) for k, v in before.items()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     return None
 
@@ -444,9 +494,9 @@ def open_job(
         with lock_output(out):
             record: dict[str, Any] = {"job": name}
             write_json_atomic(out / JOB_FILE, record)
-            if opts.overwrite:  # from the file system's clock, as the sub-runs' file times
-                since = (out / JOB_FILE).stat().st_mtime if since is None else since
-                record["overwriting"] = {"flags": _overwriting(opts), "since": since}
+            if opts.overwrite:  # what it replaces, as it is before anything is retrained
+                since = OverwriteStart.take(out) if since is None else since
+                record["overwriting"] = {"flags": _overwriting(opts), "before": since.states}
                 write_json_atomic(out / JOB_FILE, record)
             print(
                 f"{name}: {len(subs)} {what} under {out} ({len(subs) - len(todo)} finished, "

@@ -212,6 +212,14 @@ CHECKPOINT_CASES = [
         SAME_FLAGS,
     ),
     (
+        "checkpoints of an earlier cudt with a setting since removed",
+        lambda out: _record_in_checkpoints_config(out, removed_setting=3),
+        [],
+        "holds checkpoints of an earlier cudt, with settings this version no longer has "
+        "(removed_setting 3)",
+        "pass another --out, or --overwrite to discard them",
+    ),
+    (
         "checkpoint written by a different model",
         _dust_checkpoint_as_ut,
         [],
@@ -240,6 +248,12 @@ CHECKPOINT_CASES = [
         "pass another --out, or --overwrite to start again",
     ),
 ]
+
+
+def _record_in_checkpoints_config(out: Path, **fields) -> None:
+    """``fields`` added to the checkpoints' config.json, as an earlier cudt recorded them."""
+    path = out / "checkpoints" / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | fields))
 
 
 @pytest.mark.slow
@@ -478,3 +492,23 @@ def test_disk_full_while_writing_results(interrupted_run):
     # what training wrote (checkpoints, the training curves' logs) stays; no result file
     assert sorted(p.name for p in interrupted_run.iterdir()) == ["checkpoints", "tensorboard"]
     assert tree(interrupted_run / "checkpoints") == before
+
+
+def test_output_of_a_paper_job(tmp_path, capsys):
+    """A run written into a table's or a study's --out (exit 0, beside the job's report) made
+    the job refuse its own folder ("holds a run of an experiment ... pass the dual study's own
+    --out") from then on."""
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "job.json").write_text('{"job": "dual study"}')
+    (out / "study.md").write_text("# the study")
+    before = tree(out)
+    status, err = cli([*TINY, "--out", out], capsys)
+    check(
+        "--out holds a table or study job",
+        status,
+        err,
+        "holds a dual study (job.json), not a run's folder",
+        "pass another --out",
+    )
+    assert tree(out) == before

@@ -12,6 +12,7 @@ import pytest
 from helpers import assert_one_line_error, finished_job
 from PIL import Image
 
+from cudt.runner.output import checkpoint_record
 from experiments import dual_study
 from experiments.paper import job
 from experiments.paper.dual_study import SETTINGS, Combo, StudyConfig, combos
@@ -111,10 +112,16 @@ def test_an_interrupted_overwrite_resumes_keeping_the_calls_retrained_since(
 
     monkeypatch.setattr(job, "run", interrupted)
     assert dual_study.main(argv) == 130
+    # resumed in a copy made as `cp -r` makes one: every file's time is the copy's (the calls
+    # not yet retrained read as retrained since when file times told it)
+    interrupted_out, out = out, tmp_path / "copy"
+    shutil.copytree(interrupted_out, out, copy_function=shutil.copy)
+    argv = [*TINY, "--overwrite", "--out", str(out)]
     record = json.loads((out / "job.json").read_text())
     assert record["overwriting"]["flags"]["overwrite"] is True
     erm = out / "video" / "erm" / "results.json"
     retrained = erm.read_text()
+    old = (out / "video" / "lagrangian-nupi-alternating" / "results.json").read_text()
     monkeypatch.setattr(job, "run", real)
     # without --overwrite, the call not yet retrained would be reused with its old results
     files = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
@@ -126,6 +133,7 @@ def test_an_interrupted_overwrite_resumes_keeping_the_calls_retrained_since(
     printed = capsys.readouterr().out
     assert "1 finished, reused; 1 to train" in printed and printed.count("reusing") == 1
     assert erm.read_text() == retrained
+    assert (out / "video" / "lagrangian-nupi-alternating" / "results.json").read_text() != old
     # done: the calls this job has, which experiments.pages reads (not an earlier grid's)
     calls = ["video/erm", "video/lagrangian-nupi-alternating"]
     assert json.loads((out / "job.json").read_text()) == {"job": "dual study", "subruns": calls}
@@ -297,6 +305,32 @@ def test_a_finished_text_call_is_reused_though_its_task_resolved_lr_and_length(t
         (sub.out / "results.json").write_text(json.dumps({"config": written}))
         check_subrun(sub, overwrite=False)
         assert sub.finished
+
+
+def test_calls_from_before_a_field_was_added_are_reused_and_resumed(tmp_path):
+    # A field a later cudt added (ADDED: the value earlier versions had) is missing from the
+    # records of a call trained before it; the runner resumes such checkpoints, so the job
+    # reuses or resumes the call too (it refused both: "epsilon_margin: None there, 0.0 now").
+    from experiments.paper.dual_study import plan
+    from experiments.paper.job import check_subrun
+
+    opts = StudyConfig(settings=("video",), scale="tiny", out=str(tmp_path))
+    finished, interrupted = plan(opts, tmp_path)[:2]
+    for sub in (finished, interrupted):
+        assert set(type(sub.cfg).ADDED) <= set(sub.cfg.fingerprint())
+        sub.out.mkdir(parents=True)
+    added = type(finished.cfg).ADDED
+    written = finished.cfg.fingerprint(evaluation=True)
+    written = {k: v for k, v in written.items() if k not in added}
+    (finished.out / "results.json").write_text(json.dumps({"config": written}, default=str))
+    check_subrun(finished, overwrite=False)
+    assert finished.finished
+    record = checkpoint_record(interrupted.cfg)
+    record = {k: v for k, v in record.items() if k not in added}
+    (interrupted.out / "checkpoints").mkdir()
+    (interrupted.out / "checkpoints" / "config.json").write_text(json.dumps(record, default=str))
+    check_subrun(interrupted, overwrite=False)  # not refused: the runner resumes them
+    assert not interrupted.finished
 
 
 def test_combinations_that_share_a_program_are_one_call(tmp_path):

@@ -4,6 +4,7 @@ validation by the runner's rule, test reported; reuse, refusal and bad input."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -96,6 +97,17 @@ def test_phase_one_lowers_the_erm_points_violation(tmp_path, capsys, monkeypatch
     assert "holds no phase I result of these flags to reuse" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
     assert phase_one.main([*TINY, "--resume", "--out", str(out)]) == 0  # the saved one: reused
+    assert "reusing" in capsys.readouterr().out
+    # a result from before a config field was added (RunConfig.ADDED, kept at the earlier
+    # behaviour's value) is reused, as the runner resumes such checkpoints (it was refused)
+    older = tmp_path / "older"
+    shutil.copytree(out, older)
+    saved = json.loads(before)
+    saved["spec"]["config"] = {
+        k: v for k, v in saved["spec"]["config"].items() if k not in phase_one.VideoConfig.ADDED
+    }
+    (older / "phase1.json").write_text(json.dumps(saved))
+    assert phase_one.main([*TINY, "--out", str(older)]) == 0
     assert "reusing" in capsys.readouterr().out
     # a table job there is refused, as in another job's folder (phase_one wrote no job.json)
     assert video_table.main(["--out", str(out)]) == 2

@@ -520,3 +520,24 @@ def test_a_settings_cell_leaves_a_diverged_seed_out_of_its_paired_differences():
         "diverged | diverged |",  # it printed "+nan % | +nan"
         "ERM diverged | ERM diverged |",
     ]
+
+
+def test_a_phase_one_from_before_a_config_field_was_added_is_reused(tmp_path):
+    """A variant's phase1.json whose runs' config lacks a field a later cudt added (ADDED, kept
+    at the earlier behaviour's value) is reused, as the runner resumes such checkpoints; it
+    was refused ("holds phase I of other flags (the runs' config)")."""
+    from experiments.paper.ut_study import _phase_one_spec, _saved_phase_one, plan
+
+    opts = StudyConfig(scale="tiny", out=str(tmp_path))
+    sub = plan(opts, tmp_path)[0]
+    spec = _phase_one_spec(sub, opts)
+    added = type(sub.cfg).ADDED
+    assert set(added) <= set(spec["config"])
+    spec["config"] = {k: v for k, v in spec["config"].items() if k not in added}
+    sub.out.mkdir(parents=True)
+    (sub.out / "phase1.json").write_text(json.dumps({"spec": spec, "result": {"rows": []}}))
+    assert _saved_phase_one(sub, opts) == {"rows": []}
+    spec["steps"] += 1  # another phase I is still refused
+    (sub.out / "phase1.json").write_text(json.dumps({"spec": spec, "result": {"rows": []}}))
+    with pytest.raises(UsageError, match="phase I steps"):
+        _saved_phase_one(sub, opts)

@@ -37,10 +37,12 @@ from cudt.runner.cli import config_main
 from cudt.runner.config import Needs, flag
 from experiments.paper.job import (
     TINY_VIDEO,
+    OverwriteStart,
     SubRun,
     check_known,
     check_needs,
     check_subrun,
+    config_differences,
     devices_flag,
     need,
     open_job,
@@ -49,7 +51,6 @@ from experiments.paper.job import (
     overwrite_since,
     scaled,
     train_subruns,
-    written_since,
 )
 from experiments.paper.phase1 import phase_one
 from experiments.paper.rows import fmt, unique
@@ -300,14 +301,14 @@ def _phase_one_spec(sub: SubRun, opts: StudyConfig) -> dict[str, Any]:
 
 
 def _saved_phase_one(
-    sub: SubRun, opts: StudyConfig, since: float | None = None
+    sub: SubRun, opts: StudyConfig, since: OverwriteStart | None = None
 ) -> dict[str, Any] | None:
     """The variant's ``phase1.json`` result of these flags (reused), None where there is none
-    (or ``--overwrite``, unless it was written since the interrupted overwrite this command
-    resumes started, ``since``); one of other flags is refused, as ``experiments.phase_one``
-    does."""
+    (or ``--overwrite``, unless it was written afresh since the interrupted overwrite this
+    command resumes started, ``since``); one of other flags is refused, as
+    ``experiments.phase_one`` does."""
     path = sub.out / "phase1.json"
-    if not path.exists() or (opts.overwrite and not written_since(path, since)):
+    if not path.exists() or (opts.overwrite and not (since and since.redone(path))):
         return None
     spec = _phase_one_spec(sub, opts)
     try:
@@ -316,13 +317,16 @@ def _saved_phase_one(
         result = saved["result"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{path} is unreadable ({e}): delete it, or pass --overwrite") from e
-    if old != spec:
-        names = {"steps": "phase I steps", "seeds": "phase I seeds", "config": "the runs' config"}
-        diff = [
-            f"{names[k]}: {old.get(k)!r} there, {v!r} now" if k != "config" else names[k]
-            for k, v in spec.items()
-            if old.get(k) != v
-        ]
+    names = {"steps": "phase I steps", "seeds": "phase I seeds"}
+    diff = [
+        f"{names[k]}: {old.get(k)!r} there, {spec[k]!r} now" for k in names if old.get(k) != spec[k]
+    ]
+    try:  # a field a later cudt added, kept at what earlier versions did, is no difference
+        if config_differences(old["config"], spec["config"], type(sub.cfg).ADDED):
+            diff.append("the runs' config")
+    except (KeyError, TypeError, AttributeError) as e:
+        raise UsageError(f"{path} is unreadable ({e}): delete it, or pass --overwrite") from e
+    if diff:
         raise UsageError(
             f"{path} holds phase I of other flags ({'; '.join(diff)}): rerun with the flags "
             "that made it, pass another --out, or --overwrite"
@@ -330,7 +334,7 @@ def _saved_phase_one(
     return result
 
 
-def _phase_one(sub: SubRun, opts: StudyConfig, since: float | None) -> dict[str, Any]:
+def _phase_one(sub: SubRun, opts: StudyConfig, since: OverwriteStart | None) -> dict[str, Any]:
     """The variant's phase I, reused from ``phase1.json`` when it was run with the same spec."""
     from cudt.tasks.video import VideoTask
 
