@@ -100,7 +100,7 @@ LLM_CASES = [
         "--test-data file empty",
         _empty_file,
         "--test-data: '/tmp/data/test.jsonl' is empty",
-        "it must hold a JSON list of records",
+        "it must hold one JSON record per line",
     ),
     (
         "--test-data without --train-data or --data",
