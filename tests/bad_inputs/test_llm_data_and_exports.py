@@ -382,10 +382,11 @@ def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
     assert status == 2 and err.startswith("error: cannot write DEST /proc/cudt-export in /proc")
 
 
-def test_llm_export_decoder_into_its_own_run(tmp_path, capsys):
+def test_llm_export_decoder_into_its_own_run_or_to_gguf(tmp_path, capsys):
     """DEST inside a finished RUN (its checkpoints folder): --overwrite wrote the models over
     the checkpoints and exited 0; refused before DEST is tried, the run byte for byte as it
-    was."""
+    was. A .gguf DEST of the tiny decoder's word tokenizer: its fix is a DEST folder (it named
+    writing "the GGUF file without a tokenizer", which no flag does)."""
     from experiments import export_decoder, llm_sft
 
     run = tmp_path / "run"
@@ -396,6 +397,16 @@ def test_llm_export_decoder_into_its_own_run(tmp_path, capsys):
         capsys,
         "DEST /tmp/run/checkpoints lies inside RUN /tmp/run",
         "pass a DEST folder outside RUN",
+        keeps=tmp_path,
+        via=entry(export_decoder.main),
+    )
+    refused(
+        "export_decoder of the word tokenizer to a .gguf file",
+        [run, tmp_path / "model.gguf", "--run", "llm-1 ERM seed 0"],
+        capsys,
+        "DEST /tmp/model.gguf: a GGUF file holds byte-level BPE tokenizers (llama.cpp's gpt2 "
+        "model), not 'WordLevel' ones",
+        "pass a DEST path without .gguf (a folder)",
         keeps=tmp_path,
         via=entry(export_decoder.main),
     )
