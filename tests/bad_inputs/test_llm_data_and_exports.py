@@ -382,15 +382,18 @@ def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
     assert status == 2 and err.startswith("error: cannot write DEST /proc/cudt-export in /proc")
 
 
-def test_llm_export_decoder_into_its_own_run_or_to_gguf(tmp_path, capsys):
+def test_llm_export_decoder_into_its_own_run_or_to_gguf_or_without_its_data(tmp_path, capsys):
     """DEST inside a finished RUN (its checkpoints folder): --overwrite wrote the models over
     the checkpoints and exited 0; refused before DEST is tried, the run byte for byte as it
     was. A .gguf DEST of the tiny decoder's word tokenizer: its fix is a DEST folder (it named
-    writing "the GGUF file without a tokenizer", which no flag does)."""
+    writing "the GGUF file without a tokenizer", which no flag does). A data file of the run
+    gone since: restore it (it named --test-data's fix, "pass the path of a JSON file")."""
     from experiments import export_decoder, llm_sft
 
     run = tmp_path / "run"
-    assert llm_sft.main([str(a) for a in [*LLM_TINY, "--out", run]]) == 0
+    test = _alpaca_file(tmp_path / "data", "test.json", [_record(i) for i in range(2)])
+    argv = [*LLM_TINY, "--data", "toy", "--test-data", test, "--out", run]
+    assert llm_sft.main([str(a) for a in argv]) == 0
     refused(
         "export_decoder into its RUN's checkpoints",
         [run, run / "checkpoints", "--overwrite"],
@@ -407,6 +410,16 @@ def test_llm_export_decoder_into_its_own_run_or_to_gguf(tmp_path, capsys):
         "DEST /tmp/model.gguf: a GGUF file holds byte-level BPE tokenizers (llama.cpp's gpt2 "
         "model), not 'WordLevel' ones",
         "pass a DEST path without .gguf (a folder)",
+        keeps=tmp_path,
+        via=entry(export_decoder.main),
+    )
+    test.unlink()
+    refused(
+        "export_decoder of a run whose data file is gone",
+        [run, tmp_path / "models"],
+        capsys,
+        "--test-data: Alpaca data file '/tmp/data/test.json' does not exist",
+        "export_decoder reads the files of the run in /tmp/run again; restore them",
         keeps=tmp_path,
         via=entry(export_decoder.main),
     )
