@@ -436,3 +436,26 @@ def test_export_with_the_default_out_refuses_a_folder_holding_runs(tmp_path, mon
         status, err = entry(llm_sft.main)([*LLM_TINY, "--export", export], capsys)
         assert status == 2 and f"--export {export} holds --out runs/llm_sft-<time>" in err, err
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["llm_sft-earlier", "runs"]
+
+
+def test_llm_export_into_the_empty_working_folder(tmp_path, monkeypatch, capsys):
+    """--export . in an empty working folder (found by the export review): it trained, then
+    failed to rename the models over "." ("cannot write . (File exists): free disk space");
+    the folder's absolute path was replaced, the shell's working folder deleted. Refused
+    before training, as export_decoder's DEST is."""
+    from experiments import export_decoder, llm_sft
+
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    refused(
+        "--export the empty working folder",
+        [*LLM_TINY, "--out", tmp_path / "out", "--export", "."],
+        capsys,
+        "--export . is the working folder /tmp/here",
+        "the output is renamed into place, replacing that folder; pass a new folder inside "
+        "it, such as models",
+        keeps=tmp_path,
+        via=entry(llm_sft.main),
+    )
+    status, err = entry(export_decoder.main)([tmp_path / "out", tmp_path / "here"], capsys)
+    assert status == 2 and "is the working folder" in err, err  # (before the run is read)
