@@ -219,6 +219,10 @@ class NoChosenRun(UsageError):
     """No run of a finished experiment was chosen on validation: the user names one."""
 
 
+class EveryRunDiverged(UsageError):
+    """Every run of a finished experiment diverged: no run's weights are a model to export."""
+
+
 def _runs_to_export(
     results: dict, labels: Sequence[str] | None, out: Path, dest: Path, flag: str, single: bool
 ) -> list[dict]:
@@ -230,6 +234,11 @@ def _runs_to_export(
         missing = next(label for label, r in zip(labels, runs, strict=True) if r is None)
         raise UsageError(
             f"{out} has no run {missing!r}: pass one of {', '.join(map(repr, by_label))}"
+        )
+    if not runs and all(r.get("diverged") for r in results["runs"]):
+        raise EveryRunDiverged(  # naming one (--run) would export the weights it diverged with
+            f"{out} has no model to export: every run diverged: train again with other "
+            "settings (a lower --lr, say)"
         )
     if not runs:
         raise NoChosenRun(
