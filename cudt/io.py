@@ -110,7 +110,8 @@ def check_fresh_output(
 ) -> Path:
     """``path`` as an output to create: refused (one line naming ``flag``) when it holds
     something already (a file, or a folder that is not empty) unless ``overwrite`` (the fix
-    names ``replace``, the way to ask for that), or when its folder is a file."""
+    names ``replace``, the way to ask for that), when its folder is a file, or when it is the
+    working folder (written by renaming a new folder over it)."""
     path = Path(path).expanduser()
     parent = next((p for p in path.parents if p.exists()), None)
     if parent is not None and not parent.is_dir():
@@ -123,6 +124,11 @@ def check_fresh_output(
         )
     if taken and path.is_dir():
         _check_replaceable(path, flag)
+    elif path.is_dir() and contains(path, Path.cwd()):  # an empty working folder: "." too
+        raise UsageError(
+            f"{flag} {path} is the working folder {Path.cwd()}: the output is renamed into "
+            f"place, replacing that folder; pass a new folder inside it, such as {path / 'models'}"
+        )
     return path
 
 

@@ -238,10 +238,12 @@ def load_alpaca(path: str | Path) -> tuple[AlpacaRecord, ...]:
         raise AlpacaDataError(
             f"'{path}' is not UTF-8 ({err.reason} at byte {err.start}): re-save it as UTF-8 JSON"
         ) from err
-    if not text.strip():
-        raise AlpacaDataError(f"'{path}' is empty: it must hold a JSON list of records")
+    lines = path.suffix.lower() in (".jsonl", ".ndjson")
+    if not text.strip():  # the layout its name says: a JSON list in a .jsonl file is refused
+        layout = "one JSON record per line" if lines else "a JSON list of records"
+        raise AlpacaDataError(f"'{path}' is empty: it must hold {layout}")
 
-    if path.suffix.lower() in (".jsonl", ".ndjson"):
+    if lines:
         items = _parse_json_lines(text, path)
         if len(items) == 1 and isinstance(items[0][0], list):  # a JSON list on one line
             raise AlpacaDataError(

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 
 from cudt.checkpoint import GroupCheckpointer
-from cudt.errors import CheckpointError, UsageError
+from cudt.errors import CheckpointError, CudtError, UsageError
 from cudt.io import to_jsonable
 from cudt.runner.config import field_defaults
 from cudt.runner.groups import Group
@@ -114,7 +114,7 @@ def finished_run(out: str | Path, task: Any, reader: str) -> tuple[Any, Any, dic
             cfg = task.config_cls(**kw)
         except ValueError as err:
             raise UsageError(f"{file}'s config is not one this cudt runs ({err})") from err
-        data = task.load(cfg)
+        data = _load_again(task, cfg, out, reader)
         _check_trained_on(task, cfg, data, trained, out)
     return cfg, data, results
 
@@ -133,6 +133,18 @@ def _idle_at_default(config_cls: Any, kw: dict, file: Path) -> dict:
             file=sys.stderr,
         )
     return {k: defaults[k] for k in idle}
+
+
+def _load_again(task: Any, cfg: Any, out: Path, reader: str) -> Any:
+    """``task.load(cfg)`` of a finished run; a file it read gone or changed since is refused
+    with its problem and the reader's fix (restore it), not the fix of the run's own command
+    (a flag's path to pass, which ``reader`` takes none of)."""
+    try:
+        return task.load(cfg)
+    except CudtError as err:
+        problem = str(err.cli or err).rpartition(": ")[0] or str(err)
+        err.cli = f"{problem}: {reader} reads the files of the run in {out} again; restore them"
+        raise
 
 
 def _check_trained_on(task: Any, cfg: Any, data: Any, trained: dict, out: Path) -> None:
@@ -194,7 +206,7 @@ def run_data(task: Any, cfg: Any, data: Any, out: Path | None = None) -> Callabl
                 draws[seed] = task.load(draw)
                 return draws[seed]
             with _where_it_ran(results):
-                draws[seed] = task.load(draw)
+                draws[seed] = _load_again(task, draw, out, "this command")
             _check_trained_on(task, draw, draws[seed], trained, out)
         return draws[seed]
 

@@ -68,7 +68,13 @@ from cudt.tasks.accuracy import AccuracyReports, feasibility_lines
 from cudt.tasks.llm_completions import completion_lines, greedy_completions, paired_lines
 from cudt.tasks.llm_config import LLMConfig
 from cudt.tasks.llm_data import LLMData, load_data, train_digest
-from cudt.tasks.llm_export import NoChosenRun, decoder_params, export_runs, lora_spec
+from cudt.tasks.llm_export import (
+    EveryRunDiverged,
+    NoChosenRun,
+    decoder_params,
+    export_runs,
+    lora_spec,
+)
 
 __all__ = ["LLMTask", "reference_state"]
 
@@ -277,9 +283,9 @@ class LLMTask(AccuracyReports, Task):
             again = f"python -m experiments.export_decoder {out} {cfg.export}"
             if isinstance(err, NoChosenRun):  # its own line says how: naming a run
                 again += " --run LABEL"
+            retry = "" if isinstance(err, EveryRunDiverged) else f"; export it again with {again}"
             raise UsageError(
-                f"{err.cli or err} (the run itself is complete in {out}; export it again "
-                f"with {again})"
+                f"{err.cli or err} (the run itself is complete in {out}{retry})"
             ) from err
 
     def chance_level(self, data: LLMData) -> float:

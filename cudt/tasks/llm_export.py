@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from cudt.data.alpaca import alpaca_chat_template
 from cudt.errors import UsageError
 from cudt.io import atomic_output, check_creatable, check_fresh_output, to_jsonable
+from cudt.models.hf import ModelFolderError
 from cudt.models.llama import Decoder, LoraSpec, adapted, merged, save_adapters, save_decoder
 from cudt.models.llama.lora import TARGETS as LORA_TARGETS
 from cudt.models.llama.save import SAVE_DTYPES, check_gguf
@@ -152,7 +153,7 @@ def export_runs(
     by_label = {r["label"]: r for r in results["runs"]}
     runs = _runs_to_export(results, labels, out, dest, flag, single)
     if single and dest.suffix.lower() == ".gguf":
-        check_gguf(data_of(runs[0]).decoder, dest)  # before the checkpoints are read
+        _check_gguf(data_of(runs[0]).decoder, dest, flag)  # before the checkpoints are read
     trained = trained_params(Path(out), results, [r["label"] for r in runs], cfg.steps)
     score, higher = task.selection_for(cfg)
     lora = lora_spec(cfg)
@@ -201,8 +202,25 @@ def export_runs(
     return dest
 
 
+def _check_gguf(decoder: Decoder, dest: Path, flag: str) -> None:
+    """:func:`check_gguf`, its refusal's fix in the command's words: the library's ("save a
+    Hugging Face folder instead", "or write the GGUF file without a tokenizer", which no flag
+    does) is a ``flag`` path without ``.gguf``."""
+    try:
+        check_gguf(decoder, dest)
+    except ModelFolderError as err:
+        if not dest.is_dir():  # (a folder named .gguf: its own fix, a file's path)
+            problem = str(err).rpartition(": ")[0] or str(err)
+            err.cli = f"{flag} {dest}: {problem}: pass a {flag} path without .gguf (a folder)"
+        raise
+
+
 class NoChosenRun(UsageError):
     """No run of a finished experiment was chosen on validation: the user names one."""
+
+
+class EveryRunDiverged(UsageError):
+    """Every run of a finished experiment diverged: no run's weights are a model to export."""
 
 
 def _runs_to_export(
@@ -216,6 +234,11 @@ def _runs_to_export(
         missing = next(label for label, r in zip(labels, runs, strict=True) if r is None)
         raise UsageError(
             f"{out} has no run {missing!r}: pass one of {', '.join(map(repr, by_label))}"
+        )
+    if not runs and all(r.get("diverged") for r in results["runs"]):
+        raise EveryRunDiverged(  # naming one (--run) would export the weights it diverged with
+            f"{out} has no model to export: every run diverged: train again with other "
+            "settings (a lower --lr, say)"
         )
     if not runs:
         raise NoChosenRun(

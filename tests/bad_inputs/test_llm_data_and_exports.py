@@ -109,7 +109,7 @@ LLM_CASES = [
         "--test-data file empty",
         _empty_file,
         "--test-data: '/tmp/data/test.jsonl' is empty",
-        "it must hold a JSON list of records",
+        "it must hold one JSON record per line",
     ),
     (
         "--test-data without --train-data or --data",
@@ -398,20 +398,44 @@ def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
     assert status == 2 and err.startswith("error: cannot write DEST /proc/cudt-export in /proc")
 
 
-def test_llm_export_decoder_into_its_own_run(tmp_path, capsys):
+def test_llm_export_decoder_into_its_own_run_or_to_gguf_or_without_its_data(tmp_path, capsys):
     """DEST inside a finished RUN (its checkpoints folder): --overwrite wrote the models over
     the checkpoints and exited 0; refused before DEST is tried, the run byte for byte as it
-    was."""
+    was. A .gguf DEST of the tiny decoder's word tokenizer: its fix is a DEST folder (it named
+    writing "the GGUF file without a tokenizer", which no flag does). A data file of the run
+    gone since: restore it (it named --test-data's fix, "pass the path of a JSON file")."""
     from experiments import export_decoder, llm_sft
 
     run = tmp_path / "run"
-    assert llm_sft.main([str(a) for a in [*LLM_TINY, "--out", run]]) == 0
+    test = _alpaca_file(tmp_path / "data", "test.json", [_record(i) for i in range(2)])
+    argv = [*LLM_TINY, "--data", "toy", "--test-data", test, "--out", run]
+    assert llm_sft.main([str(a) for a in argv]) == 0
     refused(
         "export_decoder into its RUN's checkpoints",
         [run, run / "checkpoints", "--overwrite"],
         capsys,
         "DEST /tmp/run/checkpoints lies inside RUN /tmp/run",
         "pass a DEST folder outside RUN",
+        keeps=tmp_path,
+        via=entry(export_decoder.main),
+    )
+    refused(
+        "export_decoder of the word tokenizer to a .gguf file",
+        [run, tmp_path / "model.gguf", "--run", "llm-1 ERM seed 0"],
+        capsys,
+        "DEST /tmp/model.gguf: a GGUF file holds byte-level BPE tokenizers (llama.cpp's gpt2 "
+        "model), not 'WordLevel' ones",
+        "pass a DEST path without .gguf (a folder)",
+        keeps=tmp_path,
+        via=entry(export_decoder.main),
+    )
+    test.unlink()
+    refused(
+        "export_decoder of a run whose data file is gone",
+        [run, tmp_path / "models"],
+        capsys,
+        "--test-data: Alpaca data file '/tmp/data/test.json' does not exist",
+        "export_decoder reads the files of the run in /tmp/run again; restore them",
         keeps=tmp_path,
         via=entry(export_decoder.main),
     )
@@ -428,3 +452,26 @@ def test_export_with_the_default_out_refuses_a_folder_holding_runs(tmp_path, mon
         status, err = entry(llm_sft.main)([*LLM_TINY, "--export", export], capsys)
         assert status == 2 and f"--export {export} holds --out runs/llm_sft-<time>" in err, err
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["llm_sft-earlier", "runs"]
+
+
+def test_llm_export_into_the_empty_working_folder(tmp_path, monkeypatch, capsys):
+    """--export . in an empty working folder (found by the export review): it trained, then
+    failed to rename the models over "." ("cannot write . (File exists): free disk space");
+    the folder's absolute path was replaced, the shell's working folder deleted. Refused
+    before training, as export_decoder's DEST is."""
+    from experiments import export_decoder, llm_sft
+
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    refused(
+        "--export the empty working folder",
+        [*LLM_TINY, "--out", tmp_path / "out", "--export", "."],
+        capsys,
+        "--export . is the working folder /tmp/here",
+        "the output is renamed into place, replacing that folder; pass a new folder inside "
+        "it, such as models",
+        keeps=tmp_path,
+        via=entry(llm_sft.main),
+    )
+    status, err = entry(export_decoder.main)([tmp_path / "out", tmp_path / "here"], capsys)
+    assert status == 2 and "is the working folder" in err, err  # (before the run is read)

@@ -147,7 +147,9 @@ def test_prompt_is_the_stanford_alpaca_template():
             r"'{path}' is not valid JSON .*line 1 column .*: fix",
         ),
         ("empty.json", "[]", r"'{path}' holds no records: add"),
-        ("blank.json", "  \n", r"'{path}' is empty"),
+        ("blank.json", "  \n", r"'{path}' is empty: it must hold a JSON list of records$"),
+        # not "a JSON list", which a .jsonl file refuses (found by the export review)
+        ("blank.jsonl", "\n\n", r"'{path}' is empty: it must hold one JSON record per line$"),
         (
             "dict.json",
             '{"instruction": "a"}',

@@ -35,7 +35,10 @@ from cudt.models.hf import ModelFolderError
 from cudt.models.llama import (
     Decoder,
     DecoderConfig,
+    LoraSpec,
+    adapted,
     apply_chat_template,
+    init_adapters,
     load_decoder,
     smollm2_gguf_path,
     write_tiny_gguf,
@@ -224,6 +227,10 @@ def test_an_output_that_holds_something_is_refused_and_kept(tmp_path):
         cudt.save_decoder(dec, None, tmp_path / "words.gguf")  # a word-level tokenizer
     with pytest.raises(ModelFolderError, match="params do not fit the config"):
         cudt.save_decoder(dec, {"embed": dec.params["embed"]}, tmp_path / "nothing")
+    # the forward's LoRA params: the fix is merged, not init_params (found by the export review)
+    adapters = init_adapters(dec.config, LoraSpec(2, 4.0, ("q",)), jax.random.key(1))
+    with pytest.raises(ModelFolderError, match=r"hold LoRA factors .*: save merged\(base, "):
+        cudt.save_decoder(dec, adapted(dec.params, adapters, 2.0), tmp_path / "adapted")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "model"]
 
 

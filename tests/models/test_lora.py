@@ -350,3 +350,23 @@ def test_the_adapters_name_their_base_for_any_folder(tmp_path, monkeypatch):
     assert adapter_base("base/", relative) == str(tmp_path.resolve() / "base")
     assert adapter_base("./base", SimpleNamespace(path=None)) == str(tmp_path.resolve() / "base")
     assert adapter_base(SMOLLM2, SimpleNamespace(path=Path("x.gguf"))) == SMOLLM2_HUB
+
+
+def test_adapters_saved_with_another_spec_are_refused(tmp_path):
+    """PEFT loads an adapter folder whose tensors are not its config's without a word (a
+    target the config leaves out is skipped; found by the export review): save_adapters
+    refuses adapters of other targets or another rank than its spec, and writes nothing."""
+    from cudt.errors import UsageError
+    from cudt.models.llama import save_adapters
+
+    config = tiny_config()
+    adapters = random_adapters(config, LoraSpec(2, 4.0, ("q", "v", "down")))
+    for spec, words in (
+        (LoraSpec(2, 4.0, ("q", "v")), "the adapters are on q, v, down, the spec's targets q, v"),
+        (LoraSpec(3, 4.0, ("q", "v", "down")), "the adapters have rank 2, the spec's rank is 3"),
+    ):
+        with pytest.raises(UsageError, match=words):
+            save_adapters(tmp_path / "adapter", adapters, spec)
+        assert not (tmp_path / "adapter").exists()
+    save_adapters(tmp_path / "adapter", adapters, LoraSpec(2, 4.0, ("v", "down", "q")))
+    assert (tmp_path / "adapter" / ADAPTER_WEIGHTS).is_file()

@@ -749,7 +749,8 @@ def test_export_of_a_seed_gives_the_model_that_seed_trained_on_its_own_data(tmp_
 
 def test_export_after_a_run_with_no_chosen_run_says_to_name_one(tmp_path):
     """Every run missed its constraints (none chosen on validation): the line's retry command
-    names a run, as its own advice does (the bare command failed the same way)."""
+    names a run, as its own advice does (the bare command failed the same way). Every run
+    diverged: no run to name, nor a retry (found by the export review)."""
     from cudt.errors import UsageError
     from cudt.tasks.llm import LLMTask
     from cudt.tasks.llm_config import LLMConfig
@@ -760,6 +761,14 @@ def test_export_after_a_run_with_no_chosen_run_says_to_name_one(tmp_path):
         LLMTask().finish(cfg, None, results, tmp_path / "run")
     line = str(err.value)
     assert "has no chosen run" in line and line.endswith(f"{tmp_path / 'models'} --run LABEL)")
+    assert not (tmp_path / "models").exists()
+    # every run diverged: no run to name (--run exported the weights it diverged with)
+    results["runs"][0]["diverged"] = True
+    with pytest.raises(UsageError) as err:
+        LLMTask().finish(cfg, None, results, tmp_path / "run")
+    line = str(err.value)
+    assert "has no model to export: every run diverged: train again with other settings" in line
+    assert "--run" not in line and line.endswith(f"complete in {tmp_path / 'run'})"), line
     assert not (tmp_path / "models").exists()
 
 

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cudt.errors import UsageError
 from cudt.io import atomic_output, save_safetensors
 from cudt.models.llama.config import DecoderConfig, Params
 from cudt.models.llama.hf import HF_LINEAR
@@ -151,7 +152,10 @@ def save_adapters(
 ) -> pathlib.Path:
     """Write ``adapter_config.json`` + ``adapter_model.safetensors`` to the folder ``path``
     (atomically): what ``peft.PeftModel.from_pretrained(model, path)`` applies to the base
-    model (``base``: its name or path, recorded in the config). Returns the folder."""
+    model (``base``: its name or path, recorded in the config). Returns the folder.
+    ``adapters`` must be those of ``spec`` (its targets, rank ``r``), which the config names:
+    PEFT loads other tensors without a word, and skips or mis-scales them."""
+    _check_spec(adapters, spec)
     tensors = peft_tensors(adapters)
     raw = json.dumps(adapter_config(spec, base), indent=2) + "\n"
 
@@ -161,3 +165,19 @@ def save_adapters(
         (target / ADAPTER_CONFIG).write_text(raw, encoding="utf-8")
 
     return atomic_output(path, write, overwrite=overwrite, flag="save_adapters:")
+
+
+def _check_spec(adapters: Params, spec: LoraSpec) -> None:
+    """Refuse (one line) adapters that are not ``spec``'s: other targets or another rank."""
+    if set(adapters) != set(spec.targets):
+        on = sorted(adapters, key=lambda t: TARGETS.index(t) if t in TARGETS else len(TARGETS))
+        raise UsageError(
+            f"save_adapters: the adapters are on {', '.join(on)}, the spec's targets "
+            f"{', '.join(spec.targets)}: pass the LoraSpec they were made with"
+        )
+    ranks = sorted({int(np.shape(ab["a"])[-1]) for ab in adapters.values()})
+    if ranks != [spec.rank]:
+        raise UsageError(
+            f"save_adapters: the adapters have rank {', '.join(map(str, ranks))}, the spec's "
+            f"rank is {spec.rank}: pass the LoraSpec they were made with"
+        )

@@ -59,6 +59,7 @@ def save_decoder(
     Returns the path; every problem is one :class:`~cudt.CudtError` line, and nothing is left
     at ``path``."""
     params = decoder.params if params is None else params
+    _refuse_adapted(params)
     decoder.config.check_params(params)
     name = _dtype_name(dtype)
     template = decoder.chat_template if chat_template is None else chat_template
@@ -102,6 +103,20 @@ def check_gguf(decoder: Decoder, path: pathlib.Path) -> None:
     if decoder.tokenizer is not None:
         tokenizer_to_gguf(decoder.tokenizer)
         gguf_pre_tokenizer(decoder.tokenizer)
+
+
+def _refuse_adapted(params: Params) -> None:
+    """Refuse (one line) the params :func:`~cudt.models.llama.adapted` gives, LoRA's factors
+    beside the kernels: no file holds them so, and check_params's fix (init_params) is not
+    theirs."""
+    blocks = params.get("blocks") if isinstance(params, dict) else None
+    if isinstance(blocks, dict) and any(
+        isinstance(b, dict) and "lora_a" in b for b in blocks.values()
+    ):
+        raise ModelFolderError(
+            "these params hold LoRA factors beside their kernels (adapted's, what the forward "
+            "reads): save merged(base, adapters, spec.scale), the kernels W + s·A B"
+        )
 
 
 def _check_fits_float16(params: Params, *, matrices_only: bool) -> None:
