@@ -73,14 +73,17 @@ def main(argv=None) -> int:
 
 
 def section6_for(argv: list[str]) -> tuple[str, ...]:
-    """:data:`SECTION6` for these flags: without its ``--data tasks`` when they give every
-    split a file of its own (``--train-data``, ``--val-data``, ``--test-data``) and no
-    ``--data``, which would then have no split left to deal."""
+    """:data:`SECTION6` for these flags: without the size of a split they give a file of its
+    own (``--num-test 500`` beside ``--test-data``: the file is every record of it), nor its
+    ``--data tasks`` when they give every split a file (``--train-data``, ``--val-data``,
+    ``--test-data``) and no ``--data``, which would then have no split left to deal."""
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
-    if {"--train-data", "--val-data", "--test-data"} <= given and "--data" not in given:
-        i = SECTION6.index("--data")
-        return SECTION6[:i] + SECTION6[i + 2 :]
-    return SECTION6
+    files = {s for s in ("train", "val", "test") if f"--{s}-data" in given}
+    drop = {f"--num-{s}" for s in files}
+    if len(files) == 3 and "--data" not in given:
+        drop.add("--data")
+    pairs = zip(SECTION6[::2], SECTION6[1::2], strict=True)
+    return tuple(x for name, value in pairs if name not in drop for x in (name, value))
 
 
 if __name__ == "__main__":

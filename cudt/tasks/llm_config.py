@@ -62,6 +62,18 @@ _LORA = Needs(
 )
 
 
+def _dealt(split: str) -> Needs:
+    """A split's size (``--num-train``…), read where the split is dealt from ``--data``: a file
+    of its own (``--train-data``…) is every record of it."""
+    return Needs(
+        lambda c: getattr(c, f"{split}_data") is None,
+        lambda c, name: (
+            f"{name} sizes the {split} split dealt from --data, and --{split}-data gives that "
+            "split as every record of its file: drop " + name
+        ),
+    )
+
+
 def default_lora_alpha(rank: int) -> float:
     """LoRA's alpha when ``--lora-alpha`` is not given: 2 x rank (a scale alpha / rank of 2)."""
     return 2.0 * rank
@@ -97,21 +109,32 @@ class LLMConfig(RunConfig):
     train_data: str | None = flag(
         None,
         "the training split from a file of your own (Alpaca JSON list or JSON lines, every "
-        "record; --num-train then unused); the splits without a file of their own are dealt "
-        "from --data as before",
+        "record; --num-train, which sizes a dealt split, is refused beside it); the splits "
+        "without a file of their own are dealt from --data as before",
         path=True,
     )
     val_data: str | None = flag(
-        None, "the validation split from a file (as --train-data; --num-val then unused)", path=True
+        None,
+        "the validation split from a file (as --train-data; --num-val refused beside it)",
+        path=True,
     )
     test_data: str | None = flag(
-        None, "the test split from a file (as --train-data; --num-test then unused)", path=True
+        None,
+        "the test split from a file (as --train-data; --num-test refused beside it)",
+        path=True,
     )
     num_train: int | None = flag(
-        2000, "training records; none: every record not in val or test", check=at_least(1)
+        2000,
+        "training records; none: every record not in val or test",
+        check=at_least(1),
+        needs=_dealt("train"),
     )
-    num_val: int = flag(200, "validation records (feasibility, best run)", check=at_least(1))
-    num_test: int = flag(200, "test records (accuracy vs gamma)", check=at_least(1))
+    num_val: int = flag(
+        200, "validation records (feasibility, best run)", check=at_least(1), needs=_dealt("val")
+    )
+    num_test: int = flag(
+        200, "test records (accuracy vs gamma)", check=at_least(1), needs=_dealt("test")
+    )
     max_length: int = flag(
         96, "tokens per example (the prompt is cut from the left first)", check=at_least(4)
     )

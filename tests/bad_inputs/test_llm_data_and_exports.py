@@ -13,6 +13,17 @@ LLM_TINY = ["--num-train", "8", "--num-val", "2", "--num-test", "2", "--steps", 
             "--layers", "1", "--hidden", "8", "--heads", "1", "--kv-heads", "1"]  # fmt: skip
 
 
+def _tiny_beside(flags: list) -> list:
+    """LLM_TINY without the size of a split ``flags`` give a file of its own (``--num-test``
+    beside ``--test-data`` is refused: the file is every record of it), nor the tiny decoder's
+    sizes beside a ``--checkpoint``, which brings its own."""
+    given = {str(f) for f in flags}
+    tiny = LLM_TINY if "--checkpoint" not in given else LLM_TINY[: LLM_TINY.index("--layers")]
+    pairs = zip(tiny[::2], tiny[1::2], strict=True)
+    drop = {f"--num-{s}" for s in ("train", "val", "test") if f"--{s}-data" in given}
+    return [x for name, value in pairs if name not in drop for x in (name, value)]
+
+
 def _alpaca_file(folder: Path, name: str, records: list) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / name).write_text(json.dumps(records))
@@ -117,6 +128,20 @@ LLM_CASES = [
         "--test-data without --train-data or --data would train on the 8 small toy templates",
         "pass --train-data FILE or --data FILE (or --data toy / tasks to train on a generated",
     ),
+    (
+        "--num-test beside --test-data",
+        lambda tmp: [
+            "--data",
+            "toy",
+            "--num-test",
+            "5",
+            "--test-data",
+            _alpaca_file(tmp / "data", "test.json", [_record(0)]),
+        ],
+        "--num-test sizes the test split dealt from --data, and --test-data gives that split as "
+        "every record of its file",
+        "drop --num-test",
+    ),  # fmt: skip
     (
         "--train-data without --data or held-out files",
         lambda tmp: ["--train-data", _alpaca_file(tmp / "data", "train.json", [_record(0)])],
@@ -361,9 +386,7 @@ def test_llm_files_and_exports(case, build, problem, fix, tmp_path, capsys):
     from experiments import llm_sft
 
     flags = build(tmp_path)
-    # a --checkpoint brings its own sizes (the tiny decoder's are refused beside it)
-    tiny = LLM_TINY if "--checkpoint" not in flags else LLM_TINY[: LLM_TINY.index("--layers")]
-    argv = [*tiny, *flags, "--out", tmp_path / "out"]
+    argv = [*_tiny_beside(flags), *flags, "--out", tmp_path / "out"]
     refused(case, argv, capsys, problem, fix, keeps=tmp_path, via=entry(llm_sft.main))
 
 
@@ -408,7 +431,8 @@ def test_llm_export_decoder_into_its_own_run_or_to_gguf_or_without_its_data(tmp_
 
     run = tmp_path / "run"
     test = _alpaca_file(tmp_path / "data", "test.json", [_record(i) for i in range(2)])
-    argv = [*LLM_TINY, "--data", "toy", "--test-data", test, "--out", run]
+    flags = ["--data", "toy", "--test-data", test]
+    argv = [*_tiny_beside(flags), *flags, "--out", run]
     assert llm_sft.main([str(a) for a in argv]) == 0
     refused(
         "export_decoder into its RUN's checkpoints",

@@ -341,8 +341,14 @@ def test_the_section6_command_with_a_file_for_every_split_deals_no_generated_set
     cfg, _ = config_from_args(LLMConfig, [*section6_for(files), *files], "", "x")
     assert cfg.data is None and cfg.test_data == str(tmp_path / "test.json")
     assert cfg.epsilon == 0.02 and cfg.checkpoint == "smollm2"  # the rest of the command kept
-    assert section6_for(files[:4]) == SECTION6  # --data deals the split without a file
-    assert section6_for([*files, "--data=alpaca.json"]) == SECTION6  # the user's own --data
+    # --data deals the split without a file, at the command's size; a file is every record
+    two = section6_for(files[:4])
+    assert "--data" in two and "--num-test" in two
+    assert "--num-train" not in two and "--num-val" not in two
+    config_from_args(LLMConfig, [*two, *files[:4]], "", "x")  # accepted
+    own = dict(zip(*[iter(section6_for([*files, "--data=alpaca.json"]))] * 2, strict=True))
+    sizes = ("--num-train", "--num-val", "--num-test")  # the user's own --data: only the sizes go
+    assert own == {k: v for k, v in zip(*[iter(SECTION6)] * 2, strict=True) if k not in sizes}
 
 
 def test_completions_are_taken_once_per_gamma_at_the_largest_gamma_of_the_jobs_grid():
