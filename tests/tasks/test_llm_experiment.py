@@ -67,8 +67,12 @@ def run(argv, out: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
+    """TINY in ``ROOT/run``, its chosen runs exported after training into ``ROOT/models``
+    (``--export``). A loose tolerance (an evaluation flag): the 8-step constrained run counts
+    as feasible, so both kinds are chosen and exported."""
     out = tmp_path_factory.mktemp("llm") / "run"
-    return out, run(TINY, out)
+    argv = [*TINY, "--tolerance", "10", "--export", str(out.parent / "models")]
+    return out, run(argv, out)
 
 
 @pytest.mark.slow
@@ -625,7 +629,9 @@ def test_export_flags_are_checked_when_the_config_is_made(tmp_path):
 
 
 @pytest.mark.slow
-def test_export_writes_the_chosen_runs_that_transformers_runs_as_trained(tmp_path, capsys):
+def test_export_writes_the_chosen_runs_that_transformers_runs_as_trained(
+    tiny_run, tmp_path, capsys
+):
     """--export after training: the best constrained and the best ERM run on validation, each a
     folder transformers loads as the trained model (logits within 1e-4, the same greedy
     tokens), whose tokenizer and chat template give the prompts it was trained on; read again
@@ -640,9 +646,8 @@ def test_export_writes_the_chosen_runs_that_transformers_runs_as_trained(tmp_pat
     from cudt.tasks.llm_config import LLMConfig
     from experiments import export_decoder
 
-    out, dest = tmp_path / "run", tmp_path / "models"
-    # a loose tolerance: the 8-step constrained run counts as feasible, so both kinds are chosen
-    results = run([*TINY, "--tolerance", "10", "--export", str(dest)], out)
+    out, results = tiny_run  # --tolerance 10: both kinds chosen
+    dest = out.parent / "models"
     chosen = [r for r in results["runs"] if r["best"]]
     assert sorted(r["constrained"] for r in chosen) == [False, True]
     manifest = json.loads((dest / "export.json").read_text())
