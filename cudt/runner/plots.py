@@ -16,7 +16,6 @@ import textwrap
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib import ticker
 
@@ -135,10 +134,20 @@ def _line(run, seen: set) -> dict:
 
 
 def _axes(n):
+    # pyplot here, not at import: ~0.4 s of CPU that a process drawing nothing (a refusal, a
+    # --help, a process killed while it trains) need not pay
+    import matplotlib.pyplot as plt
+
     # constrained layout: laid out while the figure is drawn for saving, where tight_layout()
     # draws it once more beforehand (half of a figure's time)
     fig, axes = plt.subplots(1, n, figsize=(5.0 * n, 3.8), squeeze=False, layout="constrained")
     return fig, axes[0]
+
+
+def _close(fig) -> None:
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
 
 
 def _legend_below(ax) -> None:
@@ -186,7 +195,7 @@ def _per_model(runs, path: str | Path, title: str, draw, finish) -> None:
         _legend_below(ax)
     _suptitle(fig, title)
     savefig_atomic(fig, path, dpi=110, bbox_inches="tight")  # the legends below, the labels
-    plt.close(fig)
+    _close(fig)
 
 
 def plot_layer_losses(
@@ -416,4 +425,4 @@ def plot_ratio_histograms(
         _legend_below(ax)
     _suptitle(fig, title)
     savefig_atomic(fig, path, dpi=110, bbox_inches="tight")  # the legends below, the labels
-    plt.close(fig)
+    _close(fig)

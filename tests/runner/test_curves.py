@@ -447,6 +447,8 @@ def test_ratio_histogram_pools_the_chosen_point_not_every_lane(tmp_path, monkeyp
     made: the ERM runs here) are pooled as before."""
     from types import SimpleNamespace
 
+    import matplotlib.pyplot as plt
+
     from cudt.runner import plots
     from cudt.tasks.accuracy import AccuracyReports
 
@@ -486,7 +488,7 @@ def test_ratio_histogram_pools_the_chosen_point_not_every_lane(tmp_path, monkeyp
     # the legend reads the names
     figs = []
     monkeypatch.undo()
-    monkeypatch.setattr(plots.plt, "close", figs.append)
+    monkeypatch.setattr(plt, "close", figs.append)
     plots.plot_ratio_histograms(drawn["by_run"], tmp_path / "r.png", names=drawn["names"])
     labels = figs[0].axes[0].get_legend_handles_labels()[1]
     assert labels[1].startswith("constrained, chosen point, 2 seeds pooled (median 0.900, 100.0%")

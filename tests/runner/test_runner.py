@@ -481,17 +481,24 @@ def test_learning_rate_needs_an_injected_optimizer():
 
 TWO_PROCESSES = textwrap.dedent(
     """
-    import sys
+    import json, sys
     import jax
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     sys.path.insert(0, {tests!r})
     from helpers import ToyTask
     from cudt.runner.cli import task_main
-    argv = ["--seeds", "2", "--data-seed", "0", "--sweep", "epsilon=0.2,0.4", "--distributed",
-            "--out", sys.argv[1], *sys.argv[2:]]
-    sys.exit(task_main(ToyTask(), argv, "toy", "toy"))
+    statuses = []
+    for k, (out, *extra) in enumerate(json.loads(sys.argv[1])):
+        if k:
+            print({mark!r}, file=sys.stderr, flush=True)
+        argv = ["--seeds", "2", "--data-seed", "0", "--sweep", "epsilon=0.2,0.4",
+                "--distributed", "--out", out, *extra]
+        statuses.append(task_main(ToyTask(), argv, "toy", "toy"))
+    print(json.dumps(statuses))
+    sys.exit(statuses[-1])
     """
 )
+JOB_MARK = "--- the next job of this process ---"
 
 
 def _free_port() -> int:
@@ -503,18 +510,26 @@ def _free_port() -> int:
 
 
 def _two_processes(
-    out: Path, out1: Path | None = None, extra: tuple[str, ...] = (), timeout: float = 600
+    out: Path,
+    out1: Path | None = None,
+    extra: tuple[str, ...] = (),
+    timeout: float = 600,
+    then: tuple[tuple[Path, tuple[str, ...]], ...] = (),
 ) -> list[subprocess.CompletedProcess]:
     """One job of two processes with 2 CPU devices each, launched as a cluster scheduler
     would: the same command, told the coordinator, the process count and its own id
     (``out1``: process 1's --out, when it is not ``out``; ``extra``: flags after the job's
-    own, which a flag given twice overrides). A process still running after ``timeout``
-    seconds is killed, and its return code is the kill's."""
-    code = TWO_PROCESSES.format(tests=str(ROOT / "tests"))
+    own, which a flag given twice overrides). ``then``: ``(out, extra)`` of more jobs the same
+    two processes run after it, one after the other (a process's start, its imports and the
+    job's connection are seconds each); :func:`_jobs` splits what they returned and printed.
+    A process still running after ``timeout`` seconds is killed, and its return code is the
+    kill's (else the last job's status)."""
+    code = TWO_PROCESSES.format(tests=str(ROOT / "tests"), mark=JOB_MARK)
     port = _free_port()
     procs = []
     for pid in (0, 1):
         folder = out if pid == 0 or out1 is None else out1
+        jobs = [[str(folder), *extra], *([str(o), *e] for o, e in then)]
         env = forced_devices_env(
             2,
             JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
@@ -523,7 +538,7 @@ def _two_processes(
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-c", code, str(folder), *extra],
+                [sys.executable, "-c", code, json.dumps(jobs)],
                 cwd=ROOT,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -540,6 +555,14 @@ def _two_processes(
             stdout, stderr = p.communicate()
         done.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
     return done
+
+
+def _jobs(p: subprocess.CompletedProcess) -> list[tuple[int, str]]:
+    """``(status, stderr)`` of each job a process of :func:`_two_processes` ran, in order."""
+    statuses = json.loads(p.stdout.strip().splitlines()[-1])
+    parts = p.stderr.split(JOB_MARK + "\n")
+    assert len(parts) == len(statuses), p.stderr[-3000:]
+    return list(zip(statuses, parts, strict=True))
 
 
 @pytest.mark.slow
@@ -593,20 +616,7 @@ def test_a_two_process_job_whose_mesh_is_smaller_than_the_job_holds_every_proces
     each process (it took process 0's two, and the job waited forever at step 0). A mesh that
     cannot hold both processes (3 runs: 1 device), and --devices below the job's 4, are refused
     in one line by both processes, before --out is created."""
-    job = _two_processes(tmp_path / "job", extra=("--batch-size", "9"), timeout=120)
-    for p in job:
-        assert p.returncode == 0, p.stderr[-3000:]
-    results = json.loads((tmp_path / "job" / "results.json").read_text())
-    assert results["processes"] == 2 and results["devices"] == 2
-    single = toy(
-        ["--seeds", "2", "--data-seed", "0", "--sweep", "epsilon=0.2,0.4", "--batch-size", "9"],
-        tmp_path / "single",
-    )
-    for a, b in zip(single["runs"], results["runs"], strict=True):
-        assert a["label"] == b["label"]
-        np.testing.assert_allclose(a["final_loss"], b["final_loss"], rtol=1e-4)
-        np.testing.assert_allclose(a["multipliers"], b["multipliers"], rtol=1e-4, atol=1e-5)
-    for extra, message in [
+    refusals = [
         (
             ("--batch-size", "9", "--seeds", "1"),
             "error: a group of 3 runs with batches of 9 fills a mesh of 1 of the job's 4 devices "
@@ -620,11 +630,29 @@ def test_a_two_process_job_whose_mesh_is_smaller_than_the_job_holds_every_proces
             "devices (the job's 4), and a process left out of the mesh would wait forever: drop "
             "--devices, or launch fewer processes or devices",
         ),
-    ]:
-        for p in _two_processes(tmp_path / "refused", extra=extra, timeout=120):
-            assert p.returncode == 2, p.stderr[-3000:]
-            assert p.stderr.strip() == message
-        assert not (tmp_path / "refused").exists()
+    ]
+    # the refused jobs in the job's own two processes, after it: a fresh pair for each cost
+    # seconds of start and imports (what the refusals check is the same)
+    then = tuple((tmp_path / "refused", extra) for extra, _ in refusals)
+    job = _two_processes(tmp_path / "job", extra=("--batch-size", "9"), timeout=300, then=then)
+    for p in job:
+        assert p.returncode == 2, p.stderr[-3000:]
+        (status, stderr), *refused = _jobs(p)
+        assert status == 0, stderr[-3000:]
+        for (status, stderr), (_, message) in zip(refused, refusals, strict=True):
+            assert status == 2, stderr[-3000:]
+            assert stderr.strip() == message
+    assert not (tmp_path / "refused").exists()
+    results = json.loads((tmp_path / "job" / "results.json").read_text())
+    assert results["processes"] == 2 and results["devices"] == 2
+    single = toy(
+        ["--seeds", "2", "--data-seed", "0", "--sweep", "epsilon=0.2,0.4", "--batch-size", "9"],
+        tmp_path / "single",
+    )
+    for a, b in zip(single["runs"], results["runs"], strict=True):
+        assert a["label"] == b["label"]
+        np.testing.assert_allclose(a["final_loss"], b["final_loss"], rtol=1e-4)
+        np.testing.assert_allclose(a["multipliers"], b["multipliers"], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow

@@ -67,8 +67,12 @@ def run(argv, out: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
+    """TINY in ``ROOT/run``, its chosen runs exported after training into ``ROOT/models``
+    (``--export``). A loose tolerance (an evaluation flag): the 8-step constrained run counts
+    as feasible, so both kinds are chosen and exported."""
     out = tmp_path_factory.mktemp("llm") / "run"
-    return out, run(TINY, out)
+    argv = [*TINY, "--tolerance", "10", "--export", str(out.parent / "models")]
+    return out, run(argv, out)
 
 
 @pytest.mark.slow
@@ -416,11 +420,20 @@ def test_bad_files_exit_2_with_one_line_before_training(checkpoint_folder, tmp_p
         assert not out.exists() or not any(out.iterdir())
 
 
-def test_seeds_on_their_own_vocabularies_are_one_setting_with_intervals(tmp_path):
+@pytest.fixture(scope="module")
+def two_seeds_run(tmp_path_factory):
+    """TINY for 4 steps with two seeds, each on its own draw of the data (its own vocabulary
+    and frozen embeddings), its chosen runs exported after training (``--export``, into
+    ``ROOT/m``): ``(ROOT, results)``, the run in ``ROOT/run``. No completions: none is read."""
+    root = tmp_path_factory.mktemp("seeds")
+    argv = [*TINY, "--steps", "4", "--completions", "0", "--seeds", "2"]
+    return root, run([*argv, "--export", str(root / "m")], root / "run")
+
+
+def test_seeds_on_their_own_vocabularies_are_one_setting_with_intervals(two_seeds_run):
     # each seed draws its data, so the tiny decoder's vocabulary and --reference chance's ln V
     # differ per seed: that bound used to key the setting, each seed its own, with no interval
-    argv = [*TINY, "--steps", "4", "--completions", "0", "--seeds", "2"]
-    results = run(argv, tmp_path / "out")
+    _, results = two_seeds_run
     constrained = [r for r in results["runs"] if r["constrained"]]
     assert [r["hparams"]["reference"] for r in constrained] == ["chance", "chance"]
     bounds = [r["reference_bound"] for r in constrained]
@@ -616,7 +629,9 @@ def test_export_flags_are_checked_when_the_config_is_made(tmp_path):
 
 
 @pytest.mark.slow
-def test_export_writes_the_chosen_runs_that_transformers_runs_as_trained(tmp_path, capsys):
+def test_export_writes_the_chosen_runs_that_transformers_runs_as_trained(
+    tiny_run, tmp_path, capsys
+):
     """--export after training: the best constrained and the best ERM run on validation, each a
     folder transformers loads as the trained model (logits within 1e-4, the same greedy
     tokens), whose tokenizer and chat template give the prompts it was trained on; read again
@@ -631,9 +646,8 @@ def test_export_writes_the_chosen_runs_that_transformers_runs_as_trained(tmp_pat
     from cudt.tasks.llm_config import LLMConfig
     from experiments import export_decoder
 
-    out, dest = tmp_path / "run", tmp_path / "models"
-    # a loose tolerance: the 8-step constrained run counts as feasible, so both kinds are chosen
-    results = run([*TINY, "--tolerance", "10", "--export", str(dest)], out)
+    out, results = tiny_run  # --tolerance 10: both kinds chosen
+    dest = out.parent / "models"
     chosen = [r for r in results["runs"] if r["best"]]
     assert sorted(r["constrained"] for r in chosen) == [False, True]
     manifest = json.loads((dest / "export.json").read_text())
@@ -702,7 +716,9 @@ def test_export_writes_the_chosen_runs_that_transformers_runs_as_trained(tmp_pat
 
 
 @pytest.mark.slow
-def test_export_of_a_seed_gives_the_model_that_seed_trained_on_its_own_data(tmp_path):
+def test_export_of_a_seed_gives_the_model_that_seed_trained_on_its_own_data(
+    two_seeds_run, tmp_path
+):
     """Each seed draws its own data (and the tiny decoder's frozen embeddings from it): the
     export of seed 1's run, after training and from the finished --out, carries seed 1's
     embeddings and parameters, not seed 0's."""
@@ -712,8 +728,8 @@ def test_export_of_a_seed_gives_the_model_that_seed_trained_on_its_own_data(tmp_
     from cudt.tasks.llm_config import LLMConfig
     from experiments import export_decoder
 
-    out = tmp_path / "run"
-    results = run([*TINY, "--seeds", "2", "--kinds", "erm", "--export", str(tmp_path / "m")], out)
+    root, results = two_seeds_run
+    out = root / "run"
     shape = dict(
         num_train=48, num_val=8, num_test=8, max_length=64, layers=2, hidden=16, heads=2,
         kv_heads=1, intermediate=32,
@@ -728,11 +744,14 @@ def test_export_of_a_seed_gives_the_model_that_seed_trained_on_its_own_data(tmp_
         assert export_decoder.main([str(out), str(dest), "--run", label]) == 0
         tensors = safetensors.numpy.load_file(dest / "model.safetensors")
         np.testing.assert_array_equal(tensors["model.embed_tokens.weight"], embed[seed])
-    # --export after training: the chosen run (of either seed) with its own seed's draw
-    (best,) = [r for r in results["runs"] if r["best"]]
-    folder = tmp_path / "m" / best["label"].replace(" ", "-")
-    tensors = safetensors.numpy.load_file(folder / "model.safetensors")
-    np.testing.assert_array_equal(tensors["model.embed_tokens.weight"], embed[best["seed"]])
+    # --export after training: each chosen run (of either seed) with its own seed's draw
+    chosen = [r for r in results["runs"] if r["best"]]
+    exported = json.loads((root / "m" / "export.json").read_text())["models"]
+    assert chosen and [m["label"] for m in exported] == [r["label"] for r in chosen]
+    for best in chosen:
+        folder = root / "m" / best["label"].replace(" ", "-")
+        tensors = safetensors.numpy.load_file(folder / "model.safetensors")
+        np.testing.assert_array_equal(tensors["model.embed_tokens.weight"], embed[best["seed"]])
     # --export after training, where the chosen run is not of the first draw's seed: its data
     # are drawn again from the run's config, which (its --out now holding results.json) once
     # failed --export's own check, "--out holds a finished run", after training
