@@ -48,6 +48,7 @@ __all__ = [
     "in_range",
     "one_of",
     "positive",
+    "read_by_real_data",
     "shared",
     "unmet_needs",
 ]
@@ -101,6 +102,18 @@ class Needs:
 
     def message(self, cfg, flag: str) -> str:
         return self.says if isinstance(self.says, str) else self.says(cfg, flag)
+
+
+def read_by_real_data(real: str) -> Needs:
+    """``--data-dir``'s :class:`Needs` in a task with a ``synthetic`` dataset: it is read by a
+    real one only (``real``: their names as the fix spells them, ``imdb|mnli``)."""
+    return Needs(
+        lambda c: c.dataset != "synthetic",
+        lambda c, _: (
+            f"--data-dir {c.data_dir} is read only by a real dataset, and --dataset is "
+            f"synthetic: pass --dataset {real}, or drop --data-dir"
+        ),
+    )
 
 
 def flag(

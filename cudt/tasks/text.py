@@ -38,7 +38,16 @@ from cudt.models.classifier import (
     cross_entropy,
     make_layer_losses,
 )
-from cudt.runner.config import Needs, RunConfig, at_least, flag, one_of, positive, shared
+from cudt.runner.config import (
+    Needs,
+    RunConfig,
+    at_least,
+    flag,
+    one_of,
+    positive,
+    read_by_real_data,
+    shared,
+)
 from cudt.runner.task import EvalBatch, GroupModel, Task
 from cudt.tasks.accuracy import AccuracyReports
 from cudt.tasks.ut_flags import ut_flag
@@ -125,13 +134,7 @@ class TextConfig(RunConfig):
         "TFDS data folder (imdb, mnli; default $TFDS_DATA_DIR), MultiNLI's or GLUE's MNLI "
         "folder (mnli), or aclImdb folder",
         path=True,
-        needs=Needs(
-            lambda c: c.dataset != "synthetic",
-            lambda c, _: (
-                f"--data-dir {c.data_dir} is read only by a real dataset, and --dataset "
-                "is synthetic: pass --dataset imdb|mnli|aclimdb, or drop --data-dir"
-            ),
-        ),
+        needs=read_by_real_data("imdb|mnli|aclimdb"),
     )
     download: bool = flag(
         False,

@@ -32,6 +32,7 @@ from cudt.runner.config import (
     in_range,
     non_negative,
     one_of,
+    read_by_real_data,
     shared,
 )
 from cudt.runner.record import at_gamma_train
@@ -100,13 +101,7 @@ class VideoConfig(RunConfig):
         None,
         "folder of the dataset (frames or videos)",
         path=True,
-        needs=Needs(
-            lambda c: c.dataset != "synthetic",
-            lambda c, _: (
-                f"--data-dir {c.data_dir} is read only by a real dataset, and --dataset "
-                f"is synthetic: pass --dataset {_REAL}, or drop --data-dir"
-            ),
-        ),
+        needs=read_by_real_data(_REAL),
     )
     models: tuple[str, ...] = flag(
         ("dust", "ut"),

@@ -95,3 +95,13 @@ def test_each_lora_flag_without_a_rank_is_named_alone():
         ):
             LLMConfig(**{name: value})
     LLMConfig(checkpoint="smollm2", lora_rank=8, lora_alpha=4.0, lora_targets=("q", "v"))
+
+
+def test_a_data_folder_is_read_by_a_real_dataset_alone_in_video_and_text():
+    """One declaration (read_by_real_data) for both tasks; the fix names each task's own data."""
+    for config, real in ((VideoConfig, "ucsd|frames"), (TextConfig, "imdb|mnli|aclimdb")):
+        with pytest.raises(ValueError, match=f"^--data-dir d is read only by a real .* {real}"):
+            config(dataset="synthetic", data_dir="d")
+    assert RunConfig.idle_flags({}) == ()
+    assert "data_dir" in VideoConfig.idle_flags({"dataset": "synthetic"})
+    assert "data_dir" not in TextConfig.idle_flags({"dataset": "imdb"})
