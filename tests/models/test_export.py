@@ -212,7 +212,10 @@ def test_an_output_that_holds_something_is_refused_and_kept(tmp_path):
     folder = cudt.save_decoder(dec, None, tmp_path / "model")
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     other = dataclasses.replace(dec, params=dec.config.init_params(jax.random.key(9)))
-    with pytest.raises(cudt.UsageError, match="already exists and is not empty"):
+    with pytest.raises(
+        cudt.UsageError,
+        match="already exists and is not empty: pass another path, or overwrite=True to",
+    ):
         cudt.save_decoder(other, None, folder)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     cudt.save_decoder(other, None, folder, overwrite=True)  # replaced whole

@@ -164,7 +164,9 @@ def save_adapters(
         save_safetensors(tensors, target / ADAPTER_WEIGHTS, metadata={"format": "pt"})
         (target / ADAPTER_CONFIG).write_text(raw, encoding="utf-8")
 
-    return atomic_output(path, write, overwrite=overwrite, flag="save_adapters:")
+    return atomic_output(
+        path, write, overwrite=overwrite, flag="save_adapters:", replace="overwrite=True"
+    )
 
 
 def _check_spec(adapters: Params, spec: LoraSpec) -> None:

@@ -90,7 +90,9 @@ def save_decoder(
                 raw = tokenizer_config(decoder.config, decoder.tokenizer, template)
                 _write_json(target / "tokenizer_config.json", raw)
 
-    return atomic_output(path, write, overwrite=overwrite, flag="save_decoder:")
+    return atomic_output(
+        path, write, overwrite=overwrite, flag="save_decoder:", replace="overwrite=True"
+    )
 
 
 def check_gguf(decoder: Decoder, path: pathlib.Path) -> None:
