@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -251,6 +252,13 @@ def _runs_to_export(
             f"{flag} {dest}: several models go to a folder; a .gguf file holds one run: pass "
             "--run LABEL"
         )
+    for r in runs:  # named with --run (never chosen): its last good state, said so
+        if r.get("diverged"):
+            print(
+                f"warning: {r['label']} diverged in training: its model is the state of its "
+                "last good checkpoint, not a trained model",
+                file=sys.stderr,
+            )
     return runs
 
 

@@ -766,10 +766,11 @@ def test_export_of_a_seed_gives_the_model_that_seed_trained_on_its_own_data(
     np.testing.assert_array_equal(got, embed[1])
 
 
-def test_export_after_a_run_with_no_chosen_run_says_to_name_one(tmp_path):
+def test_export_after_a_run_with_no_chosen_run_says_to_name_one(tmp_path, capsys):
     """Every run missed its constraints (none chosen on validation): the line's retry command
     names a run, as its own advice does (the bare command failed the same way). Every run
-    diverged: no run to name, nor a retry (found by the export review)."""
+    diverged: no run to name, nor a retry (found by the export review); one named with --run is
+    exported with a warning that it diverged."""
     from cudt.errors import UsageError
     from cudt.tasks.llm import LLMTask
     from cudt.tasks.llm_config import LLMConfig
@@ -789,6 +790,16 @@ def test_export_after_a_run_with_no_chosen_run_says_to_name_one(tmp_path):
     assert "has no model to export: every run diverged: train again with other settings" in line
     assert "--run" not in line and line.endswith(f"complete in {tmp_path / 'run'})"), line
     assert not (tmp_path / "models").exists()
+    # named with --run (export_decoder), a diverged run is exported with a warning saying so
+    from cudt.tasks.llm_export import _runs_to_export
+
+    label = "llm-4 constrained seed 0"
+    runs = _runs_to_export(results, [label], tmp_path, tmp_path / "m", "DEST", True)
+    assert runs == results["runs"]
+    assert f"warning: {label} diverged in training" in capsys.readouterr().err
+    results["runs"][0]["diverged"] = False
+    _runs_to_export(results, [label], tmp_path, tmp_path / "m", "DEST", True)
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_the_description_says_whether_the_backward_keeps_the_logits():
