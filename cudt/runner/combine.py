@@ -169,10 +169,12 @@ def _load_job(task, folders: list[str | Path], own_data: bool = False) -> list[d
             # flag the task resolved (lr's default): that is a setting like any other
             derived = set(config.get("data_derived", [])) | set(base.get("data_derived", []))
             swept |= derived - flags
+        # a flag that acted on nothing in both (recorded by a cudt that accepted it)
+        idle = set(task.config_cls.idle_flags(config)) & set(task.config_cls.idle_flags(base))
         differ = sorted(
             k
             for k in set(config) | set(base)
-            if k not in free | swept and config.get(k) != base.get(k)
+            if k not in free | swept | idle and config.get(k) != base.get(k)
         )
         if differ:
             shown = ", ".join(f"{k} ({base.get(k)!r} vs {config.get(k)!r})" for k in differ[:3])

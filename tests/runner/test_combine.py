@@ -227,6 +227,23 @@ def test_a_folder_written_before_a_setting_existed_joins_at_its_earlier_behaviou
     assert "differ in epsilon_margin (0.0 vs 0.01)" in capsys.readouterr().err
 
 
+def test_folders_differing_in_a_flag_that_acted_on_nothing_join(folders, tmp_path, capsys):
+    """A flag whose needs neither run met (--lora-alpha without --lora-rank, recorded by a cudt
+    that accepted it) is no difference; the same flag where it acts is one."""
+    first, rest = folders
+    other = tmp_path / "other"
+    shutil.copytree(rest, other)
+    results = json.loads((other / "results.json").read_text())
+    results["config"]["lora_alpha"] = 4.0
+    (other / "results.json").write_text(json.dumps(results))
+    assert combine.main([str(first), str(other)]) == 0
+    assert "4 runs of llm_sft from 2 folders:" in capsys.readouterr().out
+    results["config"]["lora_rank"] = 8  # it acts there: another job
+    (other / "results.json").write_text(json.dumps(results))
+    assert combine.main([str(first), str(other)]) == 2
+    assert "differ in lora_alpha (None vs 4.0)" in capsys.readouterr().err
+
+
 def test_each_seed_draws_its_own_data_and_equals_its_own_command(folders, tmp_path, capsys):
     """Without --data-seed every seed reads its own draw of the data: seed 1 of ``--seeds 2``
     is exactly ``--seed 1 --seeds 1``, which combines with seed 0's own command."""
