@@ -170,7 +170,8 @@ def _load_job(task, folders: list[str | Path], own_data: bool = False) -> list[d
             derived = set(config.get("data_derived", [])) | set(base.get("data_derived", []))
             swept |= derived - flags
         # a flag that acted on nothing in both (recorded by a cudt that accepted it)
-        idle = set(task.config_cls.idle_flags(config)) & set(task.config_cls.idle_flags(base))
+        idle_flags = getattr(task.config_cls, "idle_flags", lambda values: ())
+        idle = set(idle_flags(config)) & set(idle_flags(base))
         differ = sorted(
             k
             for k in set(config) | set(base)
