@@ -203,6 +203,16 @@ def test_a_folder_that_sweeps_joins_and_a_run_held_twice_under_another_label_is_
     assert err.count("\n") == 1, err
 
 
+def _copy_recording(source, out, **config):
+    """A copy of the run folder ``source`` at ``out`` whose results.json records ``config``
+    (as an earlier cudt, or another command, would have written it)."""
+    shutil.copytree(source, out)
+    results = json.loads((out / "results.json").read_text())
+    results["config"].update(config)
+    (out / "results.json").write_text(json.dumps(results))
+    return out
+
+
 def test_a_folder_written_before_a_setting_existed_joins_at_its_earlier_behaviour(
     folders, tmp_path, capsys
 ):
@@ -218,11 +228,7 @@ def test_a_folder_written_before_a_setting_existed_joins_at_its_earlier_behaviou
     (older / "results.json").write_text(json.dumps(results))
     assert combine.main([str(older), str(rest)]) == 0
     assert "4 runs of llm_sft from 2 folders:" in capsys.readouterr().out
-    later = tmp_path / "later"
-    shutil.copytree(rest, later)
-    results = json.loads((later / "results.json").read_text())
-    results["config"]["epsilon_margin"] = 0.01
-    (later / "results.json").write_text(json.dumps(results))
+    later = _copy_recording(rest, tmp_path / "later", epsilon_margin=0.01)
     assert combine.main([str(older), str(later)]) == 2
     assert "differ in epsilon_margin (0.0 vs 0.01)" in capsys.readouterr().err
 
@@ -231,16 +237,11 @@ def test_folders_differing_in_a_flag_that_acted_on_nothing_join(folders, tmp_pat
     """A flag whose needs neither run met (--lora-alpha without --lora-rank, recorded by a cudt
     that accepted it) is no difference; the same flag where it acts is one."""
     first, rest = folders
-    other = tmp_path / "other"
-    shutil.copytree(rest, other)
-    results = json.loads((other / "results.json").read_text())
-    results["config"]["lora_alpha"] = 4.0
-    (other / "results.json").write_text(json.dumps(results))
+    other = _copy_recording(rest, tmp_path / "other", lora_alpha=4.0)
     assert combine.main([str(first), str(other)]) == 0
     assert "4 runs of llm_sft from 2 folders:" in capsys.readouterr().out
-    results["config"]["lora_rank"] = 8  # it acts there: another job
-    (other / "results.json").write_text(json.dumps(results))
-    assert combine.main([str(first), str(other)]) == 2
+    acting = _copy_recording(other, tmp_path / "acting", lora_rank=8)  # it acts: another job
+    assert combine.main([str(first), str(acting)]) == 2
     assert "differ in lora_alpha (None vs 4.0)" in capsys.readouterr().err
 
 
