@@ -16,6 +16,13 @@ class CudtError(ValueError):
 
     cli: str | None = None
 
+    def fix_in_words(self, fix: str, where: str = "") -> None:
+        """Sets ``cli`` to this error's problem (its message up to the last ``": "``: the fix
+        every message ends with), preceded by ``where`` and followed by ``fix``: the command's
+        own fix where the library's names something the command does not take."""
+        problem = str(self.cli or self).rpartition(": ")[0] or str(self)
+        self.cli = f"{where}{problem}: {fix}"
+
 
 class UsageError(CudtError):
     """Bad flags, config values or output folders."""

@@ -142,8 +142,7 @@ def _load_again(task: Any, cfg: Any, out: Path, reader: str) -> Any:
     try:
         return task.load(cfg)
     except CudtError as err:
-        problem = str(err.cli or err).rpartition(": ")[0] or str(err)
-        err.cli = f"{problem}: {reader} reads the files of the run in {out} again; restore them"
+        err.fix_in_words(f"{reader} reads the files of the run in {out} again; restore them")
         raise
 
 

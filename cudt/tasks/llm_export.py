@@ -211,8 +211,7 @@ def _check_gguf(decoder: Decoder, dest: Path, flag: str) -> None:
         check_gguf(decoder, dest)
     except ModelFolderError as err:
         if not dest.is_dir():  # (a folder named .gguf: its own fix, a file's path)
-            problem = str(err).rpartition(": ")[0] or str(err)
-            err.cli = f"{flag} {dest}: {problem}: pass a {flag} path without .gguf (a folder)"
+            err.fix_in_words(f"pass a {flag} path without .gguf (a folder)", f"{flag} {dest}: ")
         raise
 
 
