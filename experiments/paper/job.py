@@ -25,7 +25,7 @@ from typing import Any
 
 from cudt.errors import UsageError
 from cudt.io import check_not_a_file, claimed_run_dir, to_jsonable, write_json_atomic
-from cudt.runner.config import flag, unmet_needs
+from cudt.runner.config import Needs, flag, unmet_needs
 from cudt.runner.lock import check_free, lock_output
 from cudt.runner.output import (
     CHECKPOINTS,
@@ -76,6 +76,22 @@ def out_flag(job: str):
         None,
         f"output folder (default: a fresh runs/{job}-<time>); rerun the same command with "
         "the same --out to reuse finished sub-runs and resume interrupted ones",
+    )
+
+
+def paper_data_flag(help: str):
+    """The folder of the real data a table job reads at ``--scale paper`` (``help``: what it
+    holds); set at --scale tiny, which writes its own data, it is refused."""
+    return flag(
+        None,
+        "--scale paper: " + help,
+        needs=Needs(
+            lambda o: o.scale == "paper",
+            lambda _, name: (
+                f"{name} is read by --scale paper only (--scale tiny writes its own data under "
+                f"<out>/data): drop {name} or pass --scale paper"
+            ),
+        ),
     )
 
 

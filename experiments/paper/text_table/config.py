@@ -153,15 +153,9 @@ class Table4Config:
         "data written under <out>/data, small settings, minutes on a CPU; paper: the "
         "pretrained folders, the TFDS data under --data-dir, 5 seeds per setting",
     )
-    data_dir: str | None = flag(
-        None,
-        "--scale paper: TFDS data folder holding prepared imdb_reviews/plain_text and glue/mnli "
-        "(tfds build ... --file_format array_record)",
-        needs=Needs(
-            lambda o: o.scale == "paper",
-            "--data-dir is read by --scale paper only (--scale tiny writes its own data under "
-            "<out>/data): drop --data-dir or pass --scale paper",
-        ),
+    data_dir: str | None = grid.paper_data_flag(
+        "TFDS data folder holding prepared imdb_reviews/plain_text and glue/mnli (tfds build "
+        "... --file_format array_record)"
     )
     checkpoint_distilbert: str | None = flag(
         None,

@@ -145,15 +145,9 @@ class Table3Config:
         "small settings, a few minutes on a CPU; paper: the real datasets under --data-root, "
         "800 steps, 5 seeds",
     )
-    data_root: str | None = flag(
-        None,
-        "--scale paper: folder holding UCSD_Anomaly_Dataset.v1p2, 'Avenue Dataset' and "
-        "shanghaitech as their archives extract",
-        needs=Needs(
-            lambda o: o.scale == "paper",
-            "--data-root is read by --scale paper only (--scale tiny writes its own data under "
-            "<out>/data): drop --data-root or pass --scale paper",
-        ),
+    data_root: str | None = grid.paper_data_flag(
+        "folder holding UCSD_Anomaly_Dataset.v1p2, 'Avenue Dataset' and shanghaitech as their "
+        "archives extract"
     )
     out: str | None = grid.out_flag("video_table")
     models: tuple[str, ...] = flag(
