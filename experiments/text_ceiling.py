@@ -285,7 +285,7 @@ def markdown(result: dict) -> str:
 def order_gain_lines(rows: list[dict], seeds: list[int]) -> list[str]:
     """What reading order adds: each order-reading reader's test accuracy minus the order-free
     reader best on validation (mean over the seeds; test data only report), with the paired t
-    interval over the seeds (each seed its own draw of the data)."""
+    interval over the seeds (each seed its own draw of the data), ``level`` where it spans 0."""
     by = {
         reader: [next(r for r in rows if r["reader"] == reader and r["seed"] == s) for s in seeds]
         for reader in READERS
@@ -301,8 +301,10 @@ def order_gain_lines(rows: list[dict], seeds: list[int]) -> list[str]:
         diff = float(np.mean(a) - np.mean(b))
         if len(seeds) > 1:
             iv = paired_t_interval(a, b)
+            level = " level" if iv.low <= 0 <= iv.high else ""  # no gain claimed where it spans 0
             shown = (
-                f"{iv.mean:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}], paired t over {len(seeds)} seeds"
+                f"{iv.mean:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}]{level}, paired t over "
+                f"{len(seeds)} seeds"
             )
         else:
             shown = f"{diff:+.3f} (one seed: no interval)"

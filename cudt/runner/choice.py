@@ -332,6 +332,9 @@ def comparison_lines(
 
     lines = []
     for c in comparisons:
+        # a model × L compared at several γ_train: its lines say which, where no point does
+        named = point is None and "gamma_train" in swept
+        where = f"{c['model']}-{c['layers']}" + ("" if named else at_gamma(c, comparisons))
         n = len(c["seeds"])
         cells = []
         for name, iv in c["constrained_minus_erm"].items():
@@ -357,7 +360,7 @@ def comparison_lines(
             else f"chosen {kind} ({point_text(c['constrained_hparams'])})"
         )
         lines.append(
-            f"{c['model']}-{c['layers']}: {head} "
+            f"{where}: {head} "
             f"− {'chosen ' if c.get('erm_chosen', True) else ''}ERM "
             f"({point_text(c['erm_hparams'])}), paired t over {n} seed"
             f"{'s' if n != 1 else ''}{_unpaired(c)}: "
@@ -372,6 +375,17 @@ def comparison_lines(
             f"{c['monotone']} of {n}; ERM monotone (test) at {c['erm_monotone']} of {n}"
         )
     return lines
+
+
+def at_gamma(c: dict, entries: Sequence[dict]) -> str:
+    """`` at gamma_train=0.3`` where ``entries`` hold ``c``'s model and L at several γ_train
+    (a choice and a comparison each), so that its line says which; else ""."""
+    gammas = {
+        e["gamma_train"] for e in entries if (e["model"], e["layers"]) == (c["model"], c["layers"])
+    }
+    if len(gammas) < 2 or c["gamma_train"] is None:
+        return ""
+    return f" at gamma_train={c['gamma_train']:g}"
 
 
 def _hparam_text(value) -> str:

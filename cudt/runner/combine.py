@@ -28,6 +28,7 @@ from pathlib import Path
 from cudt.errors import UsageError
 from cudt.runner.choice import (
     _hparam_text,
+    at_gamma,
     choose_points,
     chosen_lines,
     compare_chosen,
@@ -364,11 +365,7 @@ def combine_per_folder(task, folders: list[str | Path], point: dict[str, str] | 
                         # what ERM's feasibility is judged by: the folder's chosen ε, tolerance
                         judge = (c["hparams"].get("epsilon"), res["config"].get("tolerance"))
                         judged[(*group[:3], constrained, pair)] = (r, *judge)
-    for (model, layers, _, kind), (n, of) in chose.items():
-        if kind == "constrained" and point:
-            lines.append(f"{model}-{layers} constrained: at {point_text} in {n} of {of} folders")
-        else:
-            lines.append(f"{model}-{layers} {kind}: a point chosen in {n} of {of} folders")
+    lines += _chose_lines(chose, point_text)
     common = [
         {
             "model": m,
@@ -398,6 +395,22 @@ def combine_per_folder(task, folders: list[str | Path], point: dict[str, str] | 
     if not comparisons:
         lines.append("no seed has a chosen point of both kinds: no comparison")
     return "\n".join(lines)
+
+
+def _chose_lines(chose: dict[tuple, list[int]], point_text: str) -> list[str]:
+    """In how many folders each model × L (× γ_train, where it has several) × kind chose a
+    point (``chose``: ``{(model, L, γ_train, kind): [chose, folders]}``), or has the
+    constrained point ``point_text`` names."""
+    settings = [{"model": m, "layers": L, "gamma_train": g} for m, L, g, _ in chose]
+    lines = []
+    for (model, layers, gamma_train, kind), (n, of) in chose.items():
+        setting = {"model": model, "layers": layers, "gamma_train": gamma_train}
+        where = f"{model}-{layers}{at_gamma(setting, settings)}"
+        if kind == "constrained" and point_text:
+            lines.append(f"{where} constrained: at {point_text} in {n} of {of} folders")
+        else:
+            lines.append(f"{where} {kind}: a point chosen in {n} of {of} folders")
+    return lines
 
 
 def _erm_feasible(comparison: dict, judged: dict) -> int | None:

@@ -35,13 +35,18 @@ def _setting_key(run: dict, keep=lambda name: True) -> tuple:
 
 def seed_intervals(runs: list[dict], level: float = 0.95) -> list[dict]:
     """One entry per model × kind × sweep point with at least two seeds (diverged runs left
-    out): the mean and Student-t interval over seeds of every reported metric, and for a
+    out, their seeds in ``diverged_seeds``): the mean and Student-t interval over seeds of
+    every reported metric, and for a
     constrained setting, of constrained − ERM paired by seed (the ERM runs of the same model,
     L and non-constraint hyperparameters)."""
     groups: dict[tuple, list[dict]] = {}
+    diverged: dict[tuple, list[int]] = {}  # left out, and named on the setting's line
     for r in runs:
-        if not r.get("diverged"):
-            groups.setdefault((r["constrained"], *_setting_key(r)), []).append(r)
+        key = (r["constrained"], *_setting_key(r))
+        if r.get("diverged"):
+            diverged.setdefault(key, []).append(int(r["seed"]))
+        else:
+            groups.setdefault(key, []).append(r)
     erm_by: dict[tuple, dict[int, dict]] = {}
     for r in runs:
         if not r["constrained"] and not r.get("diverged"):
@@ -49,6 +54,7 @@ def seed_intervals(runs: list[dict], level: float = 0.95) -> list[dict]:
             erm_by.setdefault(key, {})[int(r["seed"])] = r
     out = []
     for (constrained, model, layers, hp), rs in groups.items():
+        left_out = sorted(diverged.get((constrained, model, layers, hp), []))
         seeds = sorted({int(r["seed"]) for r in rs})
         if len(seeds) < 2 or len(seeds) != len(rs):
             continue
@@ -83,6 +89,7 @@ def seed_intervals(runs: list[dict], level: float = 0.95) -> list[dict]:
                 "gamma_train": rs[0].get("gamma_train"),
                 "hparams": dict(hp),
                 "seeds": seeds,
+                **({"diverged_seeds": left_out} if left_out else {}),
                 "method": "t",
                 "level": level,
                 "metrics": metrics,
@@ -122,8 +129,15 @@ def interval_lines(intervals: list[dict], swept: Sequence[str] = ()) -> list[str
         )
         head = f"{e['model']}-{e['layers']} {e['kind']}" + (f" {point}" if point else "")
         pct = f"{100 * e['level']:g}%"
+        gone = e.get("diverged_seeds") or []  # results.json before the record: not said
+        left_out = (
+            f" ({'seed' if len(gone) == 1 else 'seeds'} {','.join(map(str, gone))} diverged: "
+            "left out)"
+            if gone
+            else ""
+        )
         line = (
-            f"{head}: mean [{pct} Student-t interval] over {len(e['seeds'])} seeds: "
+            f"{head}: mean [{pct} Student-t interval] over {len(e['seeds'])} seeds{left_out}: "
             + "; ".join(cell(n, iv) for n, iv in e["metrics"].items())
         )
         if e["constrained_minus_erm"]:

@@ -198,6 +198,15 @@ def test_orders_gain_is_against_the_order_free_reader_best_on_validation_paired_
     )
     (_, one) = text_ceiling.order_gain_lines([r for r in rows if r["seed"] == 0], [0])
     assert one.endswith(": +0.080 (one seed: no interval).")
+    # a gain whose interval spans 0 is level, as every claim line says (it printed the
+    # interval alone: "+0.010 [-0.104, +0.124], paired t over 3 seeds.")
+    for r in rows:
+        if r["reader"] == names[3]:
+            r["test_accuracy"] = [0.75, 0.71, 0.73][r["seed"]]
+    (_, line) = text_ceiling.order_gain_lines(rows, [0, 1, 2])
+    iv = paired_t_interval([0.75, 0.71, 0.73], test[names[1]])
+    assert iv.low < 0 < iv.high
+    assert line.endswith(f"+0.010 [{iv.low:+.3f}, {iv.high:+.3f}] level, paired t over 3 seeds.")
 
 
 @pytest.mark.parametrize("flags", [["--gamma-train", "-1"], ["--update", "sideways"], ["--lr=x"]])

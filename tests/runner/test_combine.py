@@ -410,3 +410,32 @@ def test_per_folder_counts_the_erm_runs_meeting_each_folders_chosen_constraints(
     (tmp_path / "loose").mkdir()
     loose = combine_toy_folders(tmp_path / "loose", runs, config={"seed": 0, "tolerance": 0.1})
     assert "ERM at 2 of 2 (the same constraints)" in loose, loose
+
+
+def test_per_folder_names_the_gamma_train_of_each_settings_lines(tmp_path):
+    """Folders that train a model at two γ_train (a sweep of it): each γ_train is its own
+    choice and comparison, and ``--per-folder``'s lines say which (its point is "each folder's
+    chosen point", which names no γ_train): they read as one setting's twice, opposite claims
+    under one name ("m-2: chosen constrained ... acc +0.5" and "m-2: ... acc -0.5")."""
+
+    def record(constrained, gamma, f):
+        acc = 0.5 + (0.5 if gamma == 0 else -0.5) * constrained + 0.01 * f * constrained
+        return {
+            "model": "m", "layers": 2, "gamma_train": gamma, "constrained": constrained,
+            "seed": 5, "label": f"m {constrained} {gamma}", "val_objective": 0.1 + gamma,
+            "diverged": False, "hparams": {"gamma_train": gamma}, "feasible": True,
+            "loss_decreases_val": True, "loss_decreases": True, "interval_metrics": ["acc"],
+            "acc": acc,
+        }  # fmt: skip
+
+    runs = [[record(c, g, f) for c in (True, False) for g in (0.0, 1.0)] for f in range(3)]
+    text = combine_toy_folders(
+        tmp_path, runs, config={"seed": 5, "sweeps": {"gamma_train": [0, 1]}}
+    )
+    for gamma in (0, 1):
+        for kind in ("constrained", "ERM"):
+            assert f"m-2 at gamma_train={gamma} {kind}: a point chosen in 3 of 3 folders" in text
+    lines = {x.split(":")[0]: x for x in text.splitlines() if ": chosen constrained" in x}
+    assert sorted(lines) == ["m-2 at gamma_train=0", "m-2 at gamma_train=1"], text
+    assert "acc +0.51 [" in lines["m-2 at gamma_train=0"]
+    assert "acc -0.49 [" in lines["m-2 at gamma_train=1"]

@@ -120,6 +120,21 @@ def test_an_erm_seed_that_diverged_leaves_the_difference_over_the_others_named()
     assert "constrained − ERM, paired by seed: acc" in interval_lines([whole])[0]
 
 
+def test_a_constrained_seed_that_diverged_is_named_on_its_line_not_dropped_in_silence():
+    """A setting's interval over the seeds that did not diverge says which seed it left out: it
+    read "over 3 seeds: acc ..." of a four-seed job, the interval of the survivors alone."""
+    runs = _runs()
+    next(r for r in runs if r["constrained"] and r["seed"] == 2)["diverged"] = True
+    (con,) = [e for e in seed_intervals(runs) if e["constrained"]]
+    assert con["seeds"] == [0, 1, 3] and con["diverged_seeds"] == [2]
+    assert np.isclose(con["metrics"]["acc"]["low"], _t(CON[[0, 1, 3]])[0])
+    line = interval_lines([con])[0]
+    assert "over 3 seeds (seed 2 diverged: left out): acc" in line, line
+    (erm,) = [e for e in seed_intervals(runs) if not e["constrained"]]
+    assert "diverged_seeds" not in erm
+    assert "over 4 seeds: acc" in interval_lines([erm])[0]
+
+
 def test_a_difference_whose_interval_spans_zero_is_marked_level():
     """The per-point interval lines mark a constrained − ERM interval that spans 0 ``level``,
     as the chosen runs' comparison lines do; one that excludes 0 is not marked."""
