@@ -19,6 +19,7 @@ import numpy as np
 
 from cudt.data.video import DATASETS, VideoSplits, load_video_data, perturb
 from cudt.errors import UsageError
+from cudt.io import digest
 from cudt.metrics import rmse_255
 from cudt.models import DUST, UT, ViT, hold_dictionaries_near, load_vit, ut_projection
 from cudt.models.dust import INITIAL_CODES
@@ -434,10 +435,15 @@ class VideoTask(Task):
         ]
 
     def fingerprint(self, cfg, data) -> dict[str, Any]:
+        # what the models train on (the ViT: whole frames, with a video's last frames that no
+        # sequence holds): a frame edited or added there left sigma_x and the shape as they
+        # were, and a run resumed over other footage
+        trained_on = [data.train] + ([data.frames["train"]] if data.frames is not None else [])
         return {
             "data_source": data.source,
             "sigma_x": data.sigma,
             "train_shape": list(data.train.shape),
+            "train_digest": digest(trained_on),
         }
 
     def config_extras(self, cfg, data) -> dict[str, Any]:

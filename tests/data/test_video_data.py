@@ -314,6 +314,29 @@ def test_load_video_data_from_folders(tmp_path):
     assert data.source.startswith("ucsd:")
 
 
+def test_a_training_frame_edited_changes_the_fingerprint_a_resume_checks(tmp_path):
+    """A training frame that no sequence holds (a video's last frames, past its last window)
+    is one the ViT trains on: edited or re-extracted, the data's fingerprint (what a resumed
+    run is checked against) changed nowhere, sigma_x and the shape being the same."""
+    from cudt.tasks.video import VideoData, VideoTask
+
+    write_video(tmp_path / "train" / "01", [10, 20, 30, 40, 50])  # windows of 2: frames 1-4
+    write_video(tmp_path / "train" / "02", [60, 70])
+    write_video(tmp_path / "test" / "01", [80, 90])
+
+    def fingerprint():
+        splits = load_video_data("frames", tmp_path, seq_len=2, size=16, keep_frames=True)
+        data = VideoData(**{k: getattr(splits, k) for k in VideoSplits.__dataclass_fields__})
+        return VideoTask().fingerprint(None, data)
+
+    before = fingerprint()
+    assert fingerprint() == before  # the same folder, the same fingerprint
+    Image.new("L", (48, 36), 99).save(tmp_path / "train" / "01" / "005.tif")
+    after = fingerprint()
+    assert after["sigma_x"] == before["sigma_x"] and after["train_shape"] == before["train_shape"]
+    assert after["train_digest"] != before["train_digest"]
+
+
 def test_split_train_val():
     videos = [np.full((4, 16, 16), i, np.float32) for i in range(20)]
     for n, n_val in ((2, 1), (3, 1), (7, 1), (10, 2), (16, 2), (20, 3)):

@@ -466,3 +466,25 @@ def test_frame_folders_beside_a_video_archive_are_read(datasets, tmp_path):
     data = load_video_data("ucsd", tmp_path, seq_len=2, size=16)
     assert (len(data.train), len(data.val), len(data.test)) == (1, 1, 1)  # a sequence a video
     np.testing.assert_allclose(data.train, 60 / 255, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["avenue", "shanghaitech"])
+def test_a_video_dataset_given_as_frame_folders_names_the_dataset_that_reads_them(tmp_path, name):
+    """Avenue or ShanghaiTech with their frames extracted (``training/frames/01/0000.jpg``, as
+    the usual preprocessed copies ship): --dataset avenue or shanghaitech named only the
+    missing .avi folder and said to point --data-dir at the extracted dataset, which it was;
+    it names --dataset frames, which reads that folder (UCSD's Train/: --dataset ucsd)."""
+    frames = np.zeros((3, 16, 16), np.uint8)
+    for split, clips in (("training", ("01", "02")), ("testing", ("01",))):
+        for clip in clips:
+            archives.write_frames(tmp_path / name / split / "frames" / clip, frames)
+    for root in (tmp_path / name, tmp_path):
+        with pytest.raises(DataError) as err:
+            load_videos(root, dataset=name)
+        assert "(it holds the videos as folders of frames: pass --dataset frames)" in one_line(err)
+    data = load_video_data("frames", tmp_path / name, seq_len=2, size=16)
+    assert (len(data.train), len(data.val), len(data.test)) == (1, 1, 1)
+    ucsd = archives.write_ucsd(tmp_path / "u", {"train": [frames] * 2, "test": [frames]})
+    with pytest.raises(DataError) as err:
+        load_videos(ucsd / "UCSDped2", dataset=name)
+    assert "pass --dataset ucsd)" in one_line(err)

@@ -415,6 +415,18 @@ def _refuse_video_archive(root: Path, dataset: str, video_dirs: list[Path]) -> N
             )
 
 
+def _frame_folders_reader(root: Path) -> str | None:
+    """The dataset that reads ``root`` where it, or a folder in it, holds training videos as
+    folders of image frames: ``ucsd`` (UCSD's ``Train/``), else ``frames`` (Avenue or
+    ShanghaiTech with their frames extracted, ``training/frames/01/0000.jpg``); None elsewhere."""
+    for d in [root, *_visible_dirs(root)]:
+        for split_dir in _split_dirs(d)["train"]:
+            videos = _video_dirs(split_dir)
+            if videos and _frame_count(videos[0]):
+                return "ucsd" if split_dir.name == "Train" else "frames"
+    return None
+
+
 def _layout_error(root: Path, dataset: str) -> DataError:
     """No ``dataset`` layout under ``root``: name the folder expected, and a wrong dataset name."""
     hint = ""
@@ -422,6 +434,9 @@ def _layout_error(root: Path, dataset: str) -> DataError:
         candidates = [root, *_visible_dirs(root)]
         if other != dataset and any(_child_dir(d, *marker) for d in candidates):
             hint = f" (this looks like the {other} layout: pass --dataset {other})"
+    reader = _frame_folders_reader(root)
+    if not hint and reader is not None:
+        hint = f" (it holds the videos as folders of frames: pass --dataset {reader})"
     return DataError(
         f"no {'/'.join(_VIDEO_MARKERS[dataset])}/ folder under '{root}' or its subfolders{hint}: "
         f"expected the {dataset} layout {_EXPECTED_LAYOUT[dataset]}; point --data-dir at the "
