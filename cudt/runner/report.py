@@ -36,9 +36,8 @@ def _setting_key(run: dict, keep=lambda name: True) -> tuple:
 def seed_intervals(runs: list[dict], level: float = 0.95) -> list[dict]:
     """One entry per model × kind × sweep point with at least two seeds (diverged runs left
     out, their seeds in ``diverged_seeds``): the mean and Student-t interval over seeds of
-    every reported metric, and for a
-    constrained setting, of constrained − ERM paired by seed (the ERM runs of the same model,
-    L and non-constraint hyperparameters)."""
+    every reported metric, and for a constrained setting, of constrained − ERM paired by seed
+    (the ERM runs of the same model, L and non-constraint hyperparameters)."""
     groups: dict[tuple, list[dict]] = {}
     diverged: dict[tuple, list[int]] = {}  # left out, and named on the setting's line
     for r in runs:
