@@ -102,6 +102,15 @@ def test_a_data_folder_is_read_by_a_real_dataset_alone_in_video_and_text():
     for config, real in ((VideoConfig, "ucsd|frames"), (TextConfig, "imdb|mnli|aclimdb")):
         with pytest.raises(ValueError, match=f"^--data-dir d is read only by a real .* {real}"):
             config(dataset="synthetic", data_dir="d")
-    assert RunConfig.idle_flags({}) == ()
     assert "data_dir" in VideoConfig.idle_flags({"dataset": "synthetic"})
     assert "data_dir" not in TextConfig.idle_flags({"dataset": "imdb"})
+
+
+def test_a_shared_flag_at_either_default_is_not_given():
+    """The video task's default is nupi with K_P = 5: with sgd, K_P at 5 (the task's default)
+    or at 0 (every other task's, which the dual study pins) acts on nothing and is accepted;
+    another value is refused with the knob's own message."""
+    VideoConfig(dual_optimizer="sgd")
+    VideoConfig(dual_optimizer="sgd", nupi_kp=0.0)
+    with pytest.raises(ValueError, match="^--nupi-kp is a gain of --dual-optimizer nupi: pass"):
+        VideoConfig(dual_optimizer="sgd", nupi_kp=2.0)

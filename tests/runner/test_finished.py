@@ -91,3 +91,27 @@ def test_a_resume_ignores_a_recorded_flag_that_acted_on_nothing(tmp_path):
     other = VideoConfig(**{**VIDEO, "models": ("dust", "ut")}, out=str(tmp_path / "v"))
     with pytest.raises(UsageError, match="different config.*dust_atoms 16 -> 20"):
         open_output_once(tmp_path / "v", checkpoint_record(other), other, True)
+
+
+def test_a_knob_of_another_setting_is_read_and_resumed_at_its_default(tmp_path, capsys):
+    """A knob's row says where it acts (cudt.knobs), and its flag's needs is that rule: --nupi-kp
+    with --dual-optimizer sgd acts on nothing. The video task's K_P is 5, the dual study pins 0
+    for its sgd runs (both accepted: 0 is every other task's default), and either resumes the
+    other; a K_P an earlier cudt accepted is read back at the default with a note. Before, the
+    knob was no idle flag: 'a different config ... nupi_kp 0.0 -> 5.0', and the re-read was
+    'not one this cudt runs'."""
+    task = VideoTask()
+    cfg = VideoConfig(**VIDEO, dual_optimizer="sgd", out=str(tmp_path / "r"))
+    _recorded(Path(cfg.out), cfg, {}, nupi_kp=0.0)
+    (Path(cfg.out) / "results.json").unlink()
+    with open_output_once(Path(cfg.out), checkpoint_record(cfg), cfg, True) as out:
+        assert out.resuming
+    for recorded, noted in ((0.0, False), (2.0, True)):
+        folder = tmp_path / f"kp{recorded:g}"
+        folder.mkdir()
+        cfg = VideoConfig(**VIDEO, dual_optimizer="sgd", out=str(folder))
+        _recorded(folder, cfg, task.fingerprint(cfg, task.load(cfg)), nupi_kp=recorded)
+        got, _, _ = finished_run(folder, task, "a test")
+        assert got.nupi_kp == (5.0 if noted else 0.0)
+        err = capsys.readouterr().err
+        assert ("records --nupi-kp 2.0, which acted on nothing" in err) == noted, err
