@@ -114,3 +114,29 @@ def test_a_shared_flag_at_either_default_is_not_given():
     VideoConfig(dual_optimizer="sgd", nupi_kp=0.0)
     with pytest.raises(ValueError, match="^--nupi-kp is a gain of --dual-optimizer nupi: pass"):
         VideoConfig(dual_optimizer="sgd", nupi_kp=2.0)
+
+
+def test_the_embeddings_and_the_head_are_trained_by_full_fine_tuning_alone():
+    """--train-embeddings and --untie-head act where the whole model trains (their needs, once
+    a hand-written check): refused with LoRA adapters, and idle there for a resume."""
+    for name in ("train_embeddings", "untie_head"):
+        flag_name = "--" + name.replace("_", "-")
+        with pytest.raises(
+            ValueError,
+            match=f"^--lora-rank trains adapters only, the base frozen: drop {flag_name}$",
+        ):
+            LLMConfig(checkpoint="smollm2", lora_rank=8, **{name: True})
+        LLMConfig(checkpoint="smollm2", **{name: True})
+    idle = LLMConfig.idle_flags({"checkpoint": "smollm2", "lora_rank": 8})
+    assert {"train_embeddings", "untie_head"} <= set(idle)
+
+
+def test_the_text_tables_checkpoint_flags_declare_where_they_are_read():
+    """Each --checkpoint-... is read where a sub-run loads that folder: its needs (once a
+    hand-written check after the others), naming every unread one together."""
+    from experiments.paper.text_table.config import Table4Config
+
+    declared = {f.name for f in dataclasses.fields(Table4Config) if f.metadata.get("needs")}
+    assert {"checkpoint_distilbert", "checkpoint_roberta", "checkpoint_minilm"} <= declared
+    with pytest.raises(UsageError, match="^--checkpoint-distilbert, --checkpoint-roberta would"):
+        Table4Config(models=("minilm",), checkpoint_distilbert="a", checkpoint_roberta="b")
