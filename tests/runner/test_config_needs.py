@@ -140,3 +140,16 @@ def test_the_text_tables_checkpoint_flags_declare_where_they_are_read():
     assert {"checkpoint_distilbert", "checkpoint_roberta", "checkpoint_minilm"} <= declared
     with pytest.raises(UsageError, match="^--checkpoint-distilbert, --checkpoint-roberta would"):
         Table4Config(models=("minilm",), checkpoint_distilbert="a", checkpoint_roberta="b")
+
+
+def test_a_dust_spread_acts_on_one_per_layer_dictionaries_alone():
+    """--dust-spread needs DUST and a dictionary per layer (its needs, once a hand-written
+    check in validate): refused with --dust-dictionary shared in the same words, idle there."""
+    dust = dict(models=("dust",))
+    VideoConfig(**dust, dust_dictionary="per-layer", dust_spread=0.1)
+    with pytest.raises(ValueError, match="^--dust-spread holds one-per-layer dictionaries near"):
+        VideoConfig(**dust, dust_dictionary="shared", dust_spread=0.1)
+    with pytest.raises(ValueError, match="^--dust-spread applies to --models ...,dust only"):
+        VideoConfig(models=("ut",), dust_spread=0.1)
+    assert "dust_spread" in VideoConfig.idle_flags({**dust, "dust_dictionary": "shared"})
+    assert "dust_spread" not in VideoConfig.idle_flags(dust)
