@@ -75,6 +75,26 @@ def test_a_recorded_flag_that_acted_on_nothing_is_read_at_its_default(tmp_path, 
         VideoConfig(**VIDEO, dust_atoms=16)
 
 
+def test_a_recorded_setting_this_cudt_no_longer_has_is_named_in_a_note(tmp_path, capsys):
+    """A run recorded with a setting since removed (no ADDED entry can say what it did) is read
+    without it, saying so as its resume's refusal names it; before, it was dropped without a
+    word. A run recorded by this cudt gets no note (a real run: the text task's test above)."""
+    task = VideoTask()
+    cfg = VideoConfig(**VIDEO, out=str(tmp_path))
+    fingerprint = task.fingerprint(cfg, task.load(cfg))
+    _recorded(tmp_path, cfg, fingerprint, ut_gate="sigmoid")
+    got, _, _ = finished_run(tmp_path, task, "a test")
+    assert got == cfg
+    err = capsys.readouterr().err
+    assert (
+        f"note: {tmp_path / 'results.json'} records settings this cudt no longer has (ut_gate "
+        "'sigmoid'): read without them"
+    ) in err
+    (tmp_path / "results.json").unlink()  # its checkpoints resumed: refused, naming it
+    with pytest.raises(UsageError, match=r"settings this version no longer has \(ut_gate 'sigm"):
+        open_output_once(tmp_path, checkpoint_record(cfg) | fingerprint, cfg, True)
+
+
 def test_a_resume_ignores_a_recorded_flag_that_acted_on_nothing(tmp_path):
     """Evaluated again (its folder without results.json, rerun), such a run resumes: the flag
     cannot be given (refused) and, left out, was 'a different config'. A flag that acts is
