@@ -11,7 +11,9 @@ train state (or, for ``gamma_train``, in the batch), so a sweep is a vmap over r
 - ``constrained_only``: ERM runs neither sweep it nor carry it (None in their ``hparams``);
 - ``needs``: ``(field, values)`` when the knob only acts with some settings (the config's
   ``field`` one of ``values``): otherwise a run carries None for it and setting it is an error;
-  ``role`` and ``where`` word that error;
+  ``role`` and ``where`` word that error. It is written here alone: the knob's flag takes it as
+  its ``needs`` (:func:`cudt.runner.config.knob_needs`), as do the checks of ``--sweep`` and
+  ``--model-hparams``;
 - ``goes``: where ``init`` puts it: ``problem`` (:func:`cudt.descent.hparams`, handed to the
   problem), ``primal`` / ``dual`` (an injected hyperparameter of that optimiser, under
   ``state_key`` where optax names it otherwise), ``penalty`` (the formulation's ρ) or ``data``

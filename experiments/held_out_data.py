@@ -10,7 +10,9 @@ them under ``DIR`` and prints the flags that read it back::
 
 Bad input is one line ``error: <problem>: <fix>`` and exit status 2, with nothing written; the
 data set is written into a temporary folder inside ``DIR`` and renamed into place when complete,
-so an existing data set is never overwritten and an interrupted write leaves none behind.
+so an existing data set is never overwritten and an interrupted write leaves none behind. A
+call holds ``DIR``'s lock while it writes (the runner's ``--out`` lock, ``cudt.runner.lock``): a
+second call on the folder, or a run whose ``--out`` it is, is refused naming the first.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from cudt.data.text.forum import write_forum
 from cudt.data.video.archives import AVENUE, SHANGHAITECH
 from cudt.data.video.plaza import LAYOUTS, write_plaza
 from cudt.errors import UsageError
-from cudt.io import available_memory, topmost_missing
+from cudt.io import available_memory, remove_created, topmost_missing
 from cudt.runner.cli import OneLineParser, exit_process, run_cli
+from cudt.runner.lock import lock_output
 
 __all__ = ["main"]
 
@@ -123,7 +126,12 @@ def _check(ns) -> None:
     root = ns.dir.expanduser()
     if root.exists() and not root.is_dir():
         raise UsageError(f"'{root}' is a file, not a folder: pass a folder to write the data in")
-    target = root / _FOLDERS[ns.layout if ns.kind == "plaza" else "forum"]
+    _check_target(ns)
+
+
+def _check_target(ns) -> None:
+    """The data set's folder is not there yet: a data set is never overwritten."""
+    target = ns.dir.expanduser() / _FOLDERS[ns.layout if ns.kind == "plaza" else "forum"]
     if target.exists() or target.is_symlink():
         raise UsageError(
             f"'{target}' already exists: pass another folder or remove it (a data set is never "
@@ -132,11 +140,30 @@ def _check(ns) -> None:
 
 
 def _write(ns) -> None:
+    """Checks ``ns``, then writes its data set under DIR holding DIR's lock (the runner's
+    ``--out`` lock, :func:`cudt.runner.lock.lock_output`): a second writer on the folder is
+    refused naming the first, having written nothing, and a failed write leaves nothing behind
+    (nor removes what another writer made there)."""
     _check(ns)
     root = ns.dir.expanduser()
     created = topmost_missing(root)  # removed again if the writing fails: nothing left behind
     try:
         root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(
+            f"cannot write to '{root}' ({e.strerror or e}): pass a writable folder"
+        ) from e
+    try:
+        with lock_output(root, what="DIR"):
+            _check_target(ns)  # again under the lock: another writer may have finished since
+            _write_locked(ns, root)
+    except BaseException:  # refused or failed: the folders it made, while empty
+        remove_created(root, created)
+        raise
+
+
+def _write_locked(ns, root: Path) -> None:
+    try:
         staging = Path(tempfile.mkdtemp(prefix=".held-out-", suffix=".tmp", dir=root))
     except OSError as e:
         raise UsageError(
@@ -167,8 +194,6 @@ def _write(ns) -> None:
         target = root / made.name
         made.rename(target)
     except BaseException as e:
-        if created is not None:
-            shutil.rmtree(created, ignore_errors=True)
         if isinstance(e, OSError):  # a full disk, a file size limit (the .avi encoder's too)
             raise UsageError(
                 f"cannot write the data set under '{root}' ({e.strerror or e}): free disk space "

@@ -41,6 +41,25 @@ def test_the_runner_reads_the_table():
     assert SHORT == {k.name: k.short for k in KNOBS}
 
 
+def test_a_knobs_flag_acts_where_its_row_says():
+    """Where a knob acts is written once, in its row: its flag's ``needs`` (the one check that
+    refuses a flag set where it acts on nothing, and a resume's and a re-read's idle flags) is
+    that rule with the row's message."""
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    for k in KNOBS:
+        needs = fields[k.name].metadata["needs"]
+        assert (needs is None) == (k.needs is None), k.name
+        if needs is not None:
+            assert needs.ok == k.active and needs.message(None, k.flag) == k.off_message()
+    # the shared defaults (lagrangian, mean, adam) read none of the conditional knobs
+    assert set(RunConfig.idle_flags({})) == {k.name for k in KNOBS if k.needs}
+    on = dict(formulation="augmented", constraint="tail", dual_optimizer="nupi")
+    assert RunConfig.idle_flags(on) == ()
+    with pytest.raises(ValueError, match="^--tail-beta is the beta of --constraint tail: pass"):
+        RunConfig(tail_beta=0.3)
+    assert RunConfig(**on, tail_beta=0.3, penalty=2.0, nupi_kp=1.0, nupi_ema=0.5).penalty == 2.0
+
+
 def test_off_messages_are_the_documented_errors():
     errors = (ROOT / "docs" / "errors.md").read_text()
     documented = [k for k in KNOBS if k.needs and f"`error: {k.flag} " in errors]

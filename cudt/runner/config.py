@@ -3,7 +3,8 @@
 A task's config is a frozen dataclass that subclasses :class:`RunConfig` and adds its own
 fields. Every field is declared with :func:`flag`: its help text, and its check (``positive``,
 ``at_least(n)``, ``in_range(lo, hi)``, ``one_of(...)``) and where it acts (``needs``: a
-:class:`Needs`, refused set where nothing reads it). The checks run in
+:class:`Needs`, refused set where nothing reads it; a knob's is its row's,
+:func:`knob_needs`). The checks run in
 ``RunConfig.__post_init__`` for the base fields and the task's alike, and every float field
 (scalar, optional or tuple) rejects NaN and infinities whatever its own check says. A task
 changes the default of a shared field with :func:`shared` (``steps: int = shared("steps",
@@ -46,6 +47,8 @@ __all__ = [
     "field_defaults",
     "flag",
     "in_range",
+    "is_given",
+    "knob_needs",
     "one_of",
     "positive",
     "read_by_real_data",
@@ -152,17 +155,40 @@ def field_defaults(config) -> dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(config)}
 
 
+def is_given(config, name: str, value) -> bool:
+    """Whether ``value`` of field ``name`` of ``config`` (a dataclass of :func:`flag` fields, a
+    class or an instance) sets it: other than its default, and, for a field of
+    :class:`RunConfig` whose default the task changed (:func:`shared`), other than RunConfig's
+    own too, the value every other task runs it at (a task whose default is nupi may still be
+    run with sgd and a gain at its neutral 0)."""
+    if value == field_defaults(config)[name]:
+        return False
+    cls = config if isinstance(config, type) else type(config)
+    if not issubclass(cls, RunConfig):
+        return True
+    base = field_defaults(RunConfig)
+    return name not in base or value != base[name]
+
+
 def unmet_needs(config) -> str | None:
-    """The refusal of the first field of ``config`` (a dataclass of :func:`flag` fields) set to
-    other than its default where its ``needs`` is not met, else None: a flag that would act on
+    """The refusal of the first field of ``config`` (a dataclass of :func:`flag` fields) set
+    (:func:`is_given`) where its ``needs`` is not met, else None: a flag that would act on
     nothing."""
-    defaults = field_defaults(config)
     for f in dataclasses.fields(config):
         needs = f.metadata.get("needs")
-        if needs is None or getattr(config, f.name) == defaults[f.name] or needs.ok(config):
+        value = getattr(config, f.name)
+        if needs is None or not is_given(config, f.name, value) or needs.ok(config):
             continue
         return needs.message(config, _flag_name(f.name))
     return None
+
+
+def knob_needs(name: str) -> Needs:
+    """The :class:`Needs` of the flag of a knob that acts only with some settings: its row of
+    :data:`cudt.knobs.KNOBS` (``needs``: the rule, written there alone; ``off_message``: the
+    refusal), which the sweep's and ``--model-hparams``'s checks read as well."""
+    (knob,) = (k for k in CONDITIONAL if k.name == name)
+    return Needs(knob.active, knob.off_message())
 
 
 def shared(name: str, default):
@@ -306,6 +332,7 @@ class RunConfig:
         0.1,
         "beta of --constraint tail: the mean of the largest ceil(beta*B) ratios of a batch",
         check=Check(lambda v: 0 < v <= 1, "lie in (0, 1]"),
+        needs=knob_needs("tail_beta"),
     )
     formulation: str = flag(
         "lagrangian",
@@ -314,7 +341,10 @@ class RunConfig:
         check=one_of(*FORMULATIONS),
     )
     penalty: float = flag(
-        1.0, "penalty coefficient rho of --formulation augmented or penalty", check=non_negative
+        1.0,
+        "penalty coefficient rho of --formulation augmented or penalty",
+        check=non_negative,
+        needs=knob_needs("penalty"),
     )
     update: str = flag(
         "simultaneous",
@@ -328,9 +358,17 @@ class RunConfig:
         "adam (the paper), sgd or nupi (PI control: --nupi-kp, --nupi-ema)",
         check=one_of(*DUAL_OPTIMIZERS),
     )
-    nupi_kp: float = flag(0.0, "proportional gain K_P of --dual-optimizer nupi", check=non_negative)
+    nupi_kp: float = flag(
+        0.0,
+        "proportional gain K_P of --dual-optimizer nupi",
+        check=non_negative,
+        needs=knob_needs("nupi_kp"),
+    )
     nupi_ema: float = flag(
-        0.0, "EMA factor nu of the error in --dual-optimizer nupi", check=in_range(0.0, 1.0)
+        0.0,
+        "EMA factor nu of the error in --dual-optimizer nupi",
+        check=in_range(0.0, 1.0),
+        needs=knob_needs("nupi_ema"),
     )
     dual_scale: str = flag(
         "relative",
@@ -573,14 +611,9 @@ class RunConfig:
 
     def _validate_dual_dynamics(self, sweeps, own) -> None:
         need = self.require
-        defaults, base = field_defaults(self), field_defaults(RunConfig)
-
-        def given(name):  # swept, or set to a value other than the task's default and the
-            # shared one (a task whose default is nupi may still be run with sgd and K_P = 0)
-            return name in sweeps or getattr(self, name) not in (defaults[name], base[name])
-
-        for knob in CONDITIONAL:  # a knob set where it does not act (cudt.knobs: its needs)
-            need(knob.active(self) or not given(knob.name), knob.off_message())
+        for knob in CONDITIONAL:  # a knob swept where it does not act (cudt.knobs: its needs;
+            # its flag set there: the flag's needs, the same row, unmet_needs)
+            need(knob.active(self) or knob.name not in sweeps, knob.off_message())
             for model, values in own.items():  # a model's own value of it, the same
                 need(
                     knob.active(self) or knob.name not in values,

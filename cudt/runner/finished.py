@@ -23,10 +23,10 @@ import jax
 from cudt.checkpoint import GroupCheckpointer
 from cudt.errors import CheckpointError, CudtError, UsageError
 from cudt.io import to_jsonable
-from cudt.runner.config import field_defaults
+from cudt.runner.config import field_defaults, is_given
 from cudt.runner.groups import Group
 from cudt.runner.lock import check_free
-from cudt.runner.output import CHECKPOINTS, CONFIG_FILE
+from cudt.runner.output import CHECKPOINTS, CONFIG_FILE, checkpoint_record
 from cudt.runner.sweep import canonical_items
 
 __all__ = ["finished_run", "run_data", "trained_params"]
@@ -116,7 +116,28 @@ def finished_run(out: str | Path, task: Any, reader: str) -> tuple[Any, Any, dic
             raise UsageError(f"{file}'s config is not one this cudt runs ({err})") from err
         data = _load_again(task, cfg, out, reader)
         _check_trained_on(task, cfg, data, trained, out)
+    _note_removed(task, cfg, data, saved, trained, file)
     return cfg, data, results
+
+
+def _note_removed(task: Any, cfg: Any, data: Any, saved: dict, trained: dict, file: Path) -> None:
+    """A note on stderr naming the settings an earlier cudt recorded (in ``results.json`` and
+    the checkpoints' record alike) that this one no longer has: the run is read without them,
+    as no flag of this version can give them (a resume of its checkpoints is refused, naming
+    them: :func:`cudt.runner.output.open_output`)."""
+    # the record's keys now: the config's, the data's fingerprint (or one per seed's draw)
+    now = {*checkpoint_record(cfg), *to_jsonable(task.fingerprint(cfg, data)), "data_per_seed"}
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    derived = set(saved.get("data_derived") or ())  # what the task derived from the data
+    gone = sorted(k for k in set(saved) & set(trained) if k not in fields | now | derived)
+    if gone:
+        shown = "; ".join(f"{k} {saved[k]!r}" for k in gone[:4])
+        more = f"; and {len(gone) - 4} more" if len(gone) > 4 else ""
+        print(
+            f"note: {file} records settings this cudt no longer has ({shown}{more}): read "
+            "without them",
+            file=sys.stderr,
+        )
 
 
 def _idle_at_default(config_cls: Any, kw: dict, file: Path) -> dict:
@@ -124,7 +145,7 @@ def _idle_at_default(config_cls: Any, kw: dict, file: Path) -> dict:
     nothing (``config_cls.idle_flags``) and were recorded at another value (accepted by an
     earlier version; refused on a command line now), each named in a note on stderr."""
     defaults = field_defaults(config_cls)
-    idle = [k for k in config_cls.idle_flags(kw) if k in kw and kw[k] != defaults[k]]
+    idle = [k for k in config_cls.idle_flags(kw) if k in kw and is_given(config_cls, k, kw[k])]
     if idle:
         shown = ", ".join(f"--{k.replace('_', '-')} {kw[k]}" for k in idle)
         print(

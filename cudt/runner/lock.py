@@ -155,15 +155,17 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _in_use(out: Path, holder: Holder | None, why: str = "", *, reader: bool = False):
+def _in_use(
+    out: Path, holder: Holder | None, why: str = "", *, reader: bool = False, what: str = "--out"
+):
     who = holder.describe() if holder is not None else f"not yet named in {out / LOCK_FILE}"
     if reader:  # combine, the pages' writer: they read a folder, and a job is writing it
         return OutputInUse(
             f"{out} is being written by a job still running ({who}{why}): wait for it to finish"
         )
     return OutputInUse(
-        f"--out {out} is in use by another job ({who}{why}): wait for it to finish (or stop "
-        "it), or pass another --out"
+        f"{what} {out} is in use by another job ({who}{why}): wait for it to finish (or stop "
+        f"it), or pass another {what}"
     )
 
 
@@ -272,10 +274,12 @@ def _same_file(fd: int, path: Path) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def lock_output(out: str | os.PathLike, *, say=None) -> OutputLock:
+def lock_output(out: str | os.PathLike, *, say=None, what: str = "--out") -> OutputLock:
     """Takes the lock on ``out`` (creating the folder if needed) or raises :class:`OutputInUse`
     naming its holder, having created and changed nothing. A stale lock (its process gone) is
-    taken over with one line through ``say`` (default: stderr)."""
+    taken over with one line through ``say`` (default: stderr). ``what``: the folder's name in
+    the messages, the flag or argument that gave it (``--out``; ``DIR`` of the held-out data's
+    writer)."""
     out = Path(out)
     say = say or (lambda line: print(line, file=sys.stderr))
     check_not_a_file(out)
@@ -290,13 +294,13 @@ def lock_output(out: str | os.PathLike, *, say=None) -> OutputLock:
             continue
         except OSError as e:
             raise UsageError(
-                f"cannot write to --out {out} ({e.strerror or e}): pass a writable folder"
+                f"cannot write to {what} {out} ({e.strerror or e}): pass a writable folder"
             ) from e
         had = _try_flock(fd, fcntl.LOCK_EX)
         if had is False:
             text = _read(out / LOCK_FILE)
             os.close(fd)
-            raise _in_use(out, Holder.parse(text) if text else None)
+            raise _in_use(out, Holder.parse(text) if text else None, what=what)
         if not _same_file(fd, out / LOCK_FILE):
             os.close(fd)  # its holder removed it between our open and flock: start again
             continue
@@ -304,7 +308,7 @@ def lock_output(out: str | os.PathLike, *, say=None) -> OutputLock:
         holder, how = _judge(out, text, flock_works=had is True)
         if holder is not None:
             os.close(fd)
-            raise _in_use(out, holder, how)
+            raise _in_use(out, holder, how, what=what)
         if not _same_file(fd, out / LOCK_FILE):
             os.close(fd)  # its job ended while we watched it, removing the file: start again
             continue
@@ -315,12 +319,12 @@ def lock_output(out: str | os.PathLike, *, say=None) -> OutputLock:
             os.close(fd)
             remove_created(out, created)
             raise UsageError(
-                f"cannot write to --out {out} ({e.strerror or e}): free disk space or pass a "
-                "writable --out"
+                f"cannot write to {what} {out} ({e.strerror or e}): free disk space or pass a "
+                f"writable {what}"
             ) from e
         if how:
             old = Holder.parse(text)
-            say(f"warning: --out {out}: took over the lock of {old.describe()}, {how}")
+            say(f"warning: {what} {out}: took over the lock of {old.describe()}, {how}")
         return lock
 
 

@@ -55,6 +55,14 @@ _TINY = Needs(
 )
 
 
+# what full fine-tuning trains besides the blocks: LoRA adapters (--lora-rank) leave the base
+# frozen, so nothing reads it there
+_FULL = Needs(
+    lambda c: c.lora_rank is None,
+    lambda c, name: f"--lora-rank trains adapters only, the base frozen: drop {name}",
+)
+
+
 # the shape of LoRA adapters (--lora-rank): full fine-tuning has none
 _LORA = Needs(
     lambda c: c.lora_rank is not None,
@@ -200,6 +208,7 @@ class LLMConfig(RunConfig):
         False,
         "also train the input embedding table (frozen by default, as in the text task: it fixes "
         "the noise scale; a tied LM head is then frozen too)",
+        needs=_FULL,
     )
     noise_scale: float | None = flag(
         None,
@@ -231,6 +240,7 @@ class LLMConfig(RunConfig):
         False,
         "a checkpoint with a tied LM head gets its own trainable head, a copy of the embeddings "
         "(the embeddings' readout then moves with training; the input embeddings stay frozen)",
+        needs=_FULL,
     )
     states_at_every_gamma: bool = flag(
         False,
@@ -406,15 +416,10 @@ class LLMConfig(RunConfig):
         )
 
     def _check_lora(self) -> None:
-        """--lora-rank with what it trains (each LoRA flag needs --lora-rank, and --lora-rank a
-        pretrained model: their ``needs``)."""
+        """--lora-rank's targets (each LoRA flag needs --lora-rank, --lora-rank a pretrained
+        model, and --train-embeddings and --untie-head full fine-tuning: their ``needs``)."""
         need = self.require
         if self.lora_rank is not None:
-            need(
-                not self.train_embeddings and not self.untie_head,
-                "--lora-rank trains adapters only, the base frozen: drop "
-                + ("--train-embeddings" if self.train_embeddings else "--untie-head"),
-            )
             need(
                 len(set(self.lora_targets)) == len(self.lora_targets),
                 f"--lora-targets {','.join(self.lora_targets)} names a projection twice: name "

@@ -71,6 +71,17 @@ def _for_model(model: str) -> Needs:
 
 
 _UT, _DUST = _for_model("ut"), _for_model("dust")
+# --dust-spread: DUST's one-per-layer dictionaries, which --dust-dictionary shared has not
+_SPREAD = Needs(
+    lambda c: _DUST.ok(c) and c.dust_dictionary != "shared",
+    lambda c, name: (
+        _DUST.message(c, name)
+        if not _DUST.ok(c)
+        else "--dust-spread holds one-per-layer dictionaries near their mean, and "
+        "--dust-dictionary shared has one: drop --dust-spread, or pass --dust-dictionary "
+        "paper or per-layer"
+    ),
+)
 _REAL = "ucsd|frames|avenue|shanghaitech"  # --dataset's real datasets, in a message
 
 
@@ -149,7 +160,7 @@ class VideoConfig(RunConfig):
         "dictionary (Frobenius norms) after every optimizer step: 0 ties them, none leaves "
         "them free (the paper's)",
         check=non_negative,
-        needs=_DUST,
+        needs=_SPREAD,
     )
     dust_threshold: float = flag(0.01, "DUST soft threshold tau", check=non_negative, needs=_DUST)
     dust_initial_code: str = flag(
@@ -278,11 +289,6 @@ class VideoConfig(RunConfig):
 
     def validate(self) -> None:
         need = self.require
-        need(
-            self.dust_spread is None or self.dust_dictionary != "shared",
-            "--dust-spread holds one-per-layer dictionaries near their mean, and --dust-dictionary "
-            "shared has one: drop --dust-spread, or pass --dust-dictionary paper or per-layer",
-        )
         stored = "the frame folders" if self.dataset in ("ucsd", "frames") else "its .avi videos"
         need(
             self.dataset == "synthetic" or self.data_dir,

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import ROOT, exit_status
+from helpers import ROOT, LockHolder, exit_status
 from refusals import check, over_cases, tree
 
 
@@ -125,10 +125,12 @@ def test_a_write_that_fails_leaves_no_folder_it_made(tmp_path, monkeypatch):
 def test_held_out_data_on_a_full_disk(tmp_path):
     """A write that fails on the disk (a file size limit, as a full disk fails it: the .avi
     encoder's own error included) is one line naming the folder and the fix, exit 2, and the
-    folders the call made are gone: the user's folder holds what it held."""
+    folders the call made are gone: the user's folder holds what it held. 200 bytes: room
+    for the folder's lock record (about 135 bytes and the host name, at most 64), not for the
+    data (a video; dozens of the default forum's 2,400 reviews are longer)."""
     limited = (
         "import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-        "resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64)); "
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200)); "
         "os.execv(sys.executable, [sys.executable, '-m', 'experiments.held_out_data', "
         "*sys.argv[1:]])"
     )
@@ -154,3 +156,33 @@ def test_held_out_data_on_a_full_disk(tmp_path):
             "free disk space or pass another folder",
         )
         assert tree(mine) == before
+
+
+def test_held_out_data_in_a_folder_another_writer_holds(tmp_path, capsys):
+    """A second writer on a folder is refused, naming the first, having written nothing: it
+    takes the runner's --out lock. Without it both wrote, and the one that lost the rename
+    said 'Directory not empty: free disk space' and removed the folder it had made, with the
+    first one's finished data set in it."""
+    from experiments.held_out_data import main
+
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "notes.txt").write_text("my notes")
+    other = LockHolder()  # another held_out_data call (or a run) writing in the folder
+    try:
+        other.hold(root)
+        before = {k: v for k, v in tree(root).items() if k != "cudt.lock"}
+        capsys.readouterr()
+        status = exit_status(main, ["forum", str(root), "--train", "4", "--test", "4"])
+        check(
+            "held-out data folder in use by another writer",
+            status,
+            capsys.readouterr().err,
+            f"DIR {root} is in use by another job (PID {other.pid} on host ",
+            "wait for it to finish (or stop it), or pass another DIR",
+        )
+        assert {k: v for k, v in tree(root).items() if k != "cudt.lock"} == before
+    finally:
+        other.close()
+    assert exit_status(main, ["forum", str(root), "--train", "4", "--test", "4"]) == 0
+    assert sorted(p.name for p in root.iterdir()) == ["aclImdb", "notes.txt"]  # lock released

@@ -102,6 +102,54 @@ def test_a_data_folder_is_read_by_a_real_dataset_alone_in_video_and_text():
     for config, real in ((VideoConfig, "ucsd|frames"), (TextConfig, "imdb|mnli|aclimdb")):
         with pytest.raises(ValueError, match=f"^--data-dir d is read only by a real .* {real}"):
             config(dataset="synthetic", data_dir="d")
-    assert RunConfig.idle_flags({}) == ()
     assert "data_dir" in VideoConfig.idle_flags({"dataset": "synthetic"})
     assert "data_dir" not in TextConfig.idle_flags({"dataset": "imdb"})
+
+
+def test_a_shared_flag_at_either_default_is_not_given():
+    """The video task's default is nupi with K_P = 5: with sgd, K_P at 5 (the task's default)
+    or at 0 (every other task's, which the dual study pins) acts on nothing and is accepted;
+    another value is refused with the knob's own message."""
+    VideoConfig(dual_optimizer="sgd")
+    VideoConfig(dual_optimizer="sgd", nupi_kp=0.0)
+    with pytest.raises(ValueError, match="^--nupi-kp is a gain of --dual-optimizer nupi: pass"):
+        VideoConfig(dual_optimizer="sgd", nupi_kp=2.0)
+
+
+def test_the_embeddings_and_the_head_are_trained_by_full_fine_tuning_alone():
+    """--train-embeddings and --untie-head act where the whole model trains (their needs, once
+    a hand-written check): refused with LoRA adapters, and idle there for a resume."""
+    for name in ("train_embeddings", "untie_head"):
+        flag_name = "--" + name.replace("_", "-")
+        with pytest.raises(
+            ValueError,
+            match=f"^--lora-rank trains adapters only, the base frozen: drop {flag_name}$",
+        ):
+            LLMConfig(checkpoint="smollm2", lora_rank=8, **{name: True})
+        LLMConfig(checkpoint="smollm2", **{name: True})
+    idle = LLMConfig.idle_flags({"checkpoint": "smollm2", "lora_rank": 8})
+    assert {"train_embeddings", "untie_head"} <= set(idle)
+
+
+def test_the_text_tables_checkpoint_flags_declare_where_they_are_read():
+    """Each --checkpoint-... is read where a sub-run loads that folder: its needs (once a
+    hand-written check after the others), naming every unread one together."""
+    from experiments.paper.text_table.config import Table4Config
+
+    declared = {f.name for f in dataclasses.fields(Table4Config) if f.metadata.get("needs")}
+    assert {"checkpoint_distilbert", "checkpoint_roberta", "checkpoint_minilm"} <= declared
+    with pytest.raises(UsageError, match="^--checkpoint-distilbert, --checkpoint-roberta would"):
+        Table4Config(models=("minilm",), checkpoint_distilbert="a", checkpoint_roberta="b")
+
+
+def test_a_dust_spread_acts_on_one_per_layer_dictionaries_alone():
+    """--dust-spread needs DUST and a dictionary per layer (its needs, once a hand-written
+    check in validate): refused with --dust-dictionary shared in the same words, idle there."""
+    dust = dict(models=("dust",))
+    VideoConfig(**dust, dust_dictionary="per-layer", dust_spread=0.1)
+    with pytest.raises(ValueError, match="^--dust-spread holds one-per-layer dictionaries near"):
+        VideoConfig(**dust, dust_dictionary="shared", dust_spread=0.1)
+    with pytest.raises(ValueError, match="^--dust-spread applies to --models ...,dust only"):
+        VideoConfig(models=("ut",), dust_spread=0.1)
+    assert "dust_spread" in VideoConfig.idle_flags({**dust, "dust_dictionary": "shared"})
+    assert "dust_spread" not in VideoConfig.idle_flags(dust)

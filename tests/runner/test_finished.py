@@ -75,6 +75,26 @@ def test_a_recorded_flag_that_acted_on_nothing_is_read_at_its_default(tmp_path, 
         VideoConfig(**VIDEO, dust_atoms=16)
 
 
+def test_a_recorded_setting_this_cudt_no_longer_has_is_named_in_a_note(tmp_path, capsys):
+    """A run recorded with a setting since removed (no ADDED entry can say what it did) is read
+    without it, saying so as its resume's refusal names it; before, it was dropped without a
+    word. A run recorded by this cudt gets no note (a real run: the text task's test above)."""
+    task = VideoTask()
+    cfg = VideoConfig(**VIDEO, out=str(tmp_path))
+    fingerprint = task.fingerprint(cfg, task.load(cfg))
+    _recorded(tmp_path, cfg, fingerprint, ut_gate="sigmoid")
+    got, _, _ = finished_run(tmp_path, task, "a test")
+    assert got == cfg
+    err = capsys.readouterr().err
+    assert (
+        f"note: {tmp_path / 'results.json'} records settings this cudt no longer has (ut_gate "
+        "'sigmoid'): read without them"
+    ) in err
+    (tmp_path / "results.json").unlink()  # its checkpoints resumed: refused, naming it
+    with pytest.raises(UsageError, match=r"settings this version no longer has \(ut_gate 'sigm"):
+        open_output_once(tmp_path, checkpoint_record(cfg) | fingerprint, cfg, True)
+
+
 def test_a_resume_ignores_a_recorded_flag_that_acted_on_nothing(tmp_path):
     """Evaluated again (its folder without results.json, rerun), such a run resumes: the flag
     cannot be given (refused) and, left out, was 'a different config'. A flag that acts is
@@ -91,3 +111,27 @@ def test_a_resume_ignores_a_recorded_flag_that_acted_on_nothing(tmp_path):
     other = VideoConfig(**{**VIDEO, "models": ("dust", "ut")}, out=str(tmp_path / "v"))
     with pytest.raises(UsageError, match="different config.*dust_atoms 16 -> 20"):
         open_output_once(tmp_path / "v", checkpoint_record(other), other, True)
+
+
+def test_a_knob_of_another_setting_is_read_and_resumed_at_its_default(tmp_path, capsys):
+    """A knob's row says where it acts (cudt.knobs), and its flag's needs is that rule: --nupi-kp
+    with --dual-optimizer sgd acts on nothing. The video task's K_P is 5, the dual study pins 0
+    for its sgd runs (both accepted: 0 is every other task's default), and either resumes the
+    other; a K_P an earlier cudt accepted is read back at the default with a note. Before, the
+    knob was no idle flag: 'a different config ... nupi_kp 0.0 -> 5.0', and the re-read was
+    'not one this cudt runs'."""
+    task = VideoTask()
+    cfg = VideoConfig(**VIDEO, dual_optimizer="sgd", out=str(tmp_path / "r"))
+    _recorded(Path(cfg.out), cfg, {}, nupi_kp=0.0)
+    (Path(cfg.out) / "results.json").unlink()
+    with open_output_once(Path(cfg.out), checkpoint_record(cfg), cfg, True) as out:
+        assert out.resuming
+    for recorded, noted in ((0.0, False), (2.0, True)):
+        folder = tmp_path / f"kp{recorded:g}"
+        folder.mkdir()
+        cfg = VideoConfig(**VIDEO, dual_optimizer="sgd", out=str(folder))
+        _recorded(folder, cfg, task.fingerprint(cfg, task.load(cfg)), nupi_kp=recorded)
+        got, _, _ = finished_run(folder, task, "a test")
+        assert got.nupi_kp == (5.0 if noted else 0.0)
+        err = capsys.readouterr().err
+        assert ("records --nupi-kp 2.0, which acted on nothing" in err) == noted, err

@@ -143,6 +143,32 @@ def _trains(test, what: str) -> Needs:
     )
 
 
+def _read_by_a_sub_run(source: str) -> Needs:
+    """``--checkpoint-<source>``: read where a sub-run loads that folder (a model of it, or the
+    UT reading its word embeddings: :func:`_checkpoint_source`)."""
+    return Needs(lambda o: source in _sources(o), lambda o, _: _unread_checkpoints(o))
+
+
+def _sources(opts) -> set[str]:
+    return {_checkpoint_source(opts, model) for model in opts.setting("models")}
+
+
+def _unread_checkpoints(opts) -> str:
+    """The refusal of every ``--checkpoint-...`` given that no sub-run reads, named together."""
+    read = _sources(opts)
+    unread = [
+        f"--checkpoint-{m}"
+        for m in ("distilbert", "roberta", "minilm")
+        if m not in read and getattr(opts, f"checkpoint_{m}") is not None
+    ]
+    return (
+        f"{', '.join(unread)} would be read by no sub-run (--models "
+        f"{','.join(opts.setting('models'))} at --scale {opts.scale}; the UT reads "
+        f"{_checkpoint_source(opts, 'ut')}'s word embeddings): add the model to --models, "
+        "or drop the flag"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Table4Config:
     """Flags of ``python -m experiments.text_table``."""
@@ -161,12 +187,16 @@ class Table4Config:
         None,
         "Hugging Face DistilBERT folder (config.json, model.safetensors, tokenizer.json); at "
         "--scale paper the UT reads its word embeddings too, as the paper",
+        needs=_read_by_a_sub_run("distilbert"),
     )
-    checkpoint_roberta: str | None = flag(None, "Hugging Face RoBERTa folder")
+    checkpoint_roberta: str | None = flag(
+        None, "Hugging Face RoBERTa folder", needs=_read_by_a_sub_run("roberta")
+    )
     checkpoint_minilm: str | None = flag(
         None,
         "the BERT folder of the minilm rows, whose word embeddings the UT reads at --scale tiny "
         "(default: all-MiniLM-L6-v2 from its pip package)",
+        needs=_read_by_a_sub_run("minilm"),
     )
     out: str | None = grid.out_flag("text_table")
     models: tuple[str, ...] | None = flag(
@@ -265,16 +295,6 @@ class Table4Config:
                 "folder: config.json, model.safetensors, tokenizer.json): pass it, or drop the "
                 "model (minilm stands in for both at --scale tiny)",
             )
-        read = {_checkpoint_source(self, model) for model in self.models}
-        ignored = [m for m in (*_CHECKPOINT_FLAGS, "minilm") if m not in read]
-        ignored = [f"--checkpoint-{m}" for m in ignored if getattr(self, f"checkpoint_{m}")]
-        need(
-            not ignored,
-            f"{', '.join(ignored)} would be read by no sub-run (--models {','.join(self.models)} "
-            f"at --scale {self.scale}; the UT reads "
-            f"{_checkpoint_source(self, 'ut')}'s word embeddings): add the model to --models, "
-            "or drop the flag",
-        )
         grid.keep_unique(self)
 
     def setting(self, name: str):
