@@ -50,6 +50,7 @@ __all__ = [
     "OutputDir",
     "check_same_data",
     "checkpoint_record",
+    "described_alike",
     "open_output",
     "open_output_once",
 ]
@@ -130,7 +131,25 @@ def _differences(
     # with the test count) is no more a difference there than at the top
     keys = sorted(k for k in set(old) | set(new) if k.rsplit(".", 1)[-1] not in ignore)
     keys = [k for k in keys if not k.endswith("_digest") or (k in old and k in new)]
+    keys = [k for k in keys if not described_alike(k, old, new)]
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+#: A data record's line on where its data lies (``data_source``: the folder, a user's home
+#: expanded in it, the file format it was prepared in) beside the record's digest of what it
+#: holds: no difference where that digest is the same on both sides, which decides (the same
+#: data under another home or in another format resumes; other data differs in its digest).
+DESCRIBED_BY = {"data_source": "train_digest"}
+
+
+def described_alike(key: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether ``key`` of two data records (flat: ``data_per_seed.0.data_source``) is a line
+    of :data:`DESCRIBED_BY` whose record's digest both sides hold alike, so not compared."""
+    head, _, name = key.rpartition(".")
+    if name not in DESCRIBED_BY:
+        return False
+    digest = f"{head}.{DESCRIBED_BY[name]}" if head else DESCRIBED_BY[name]
+    return digest in old and digest in new and old[digest] == new[digest]
 
 
 def _as_now(
