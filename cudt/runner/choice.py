@@ -231,7 +231,12 @@ def meets_constraints(erm: dict, epsilon: float, constrained: dict, tolerance: f
 
 
 def compare_chosen(
-    runs: list[dict], chosen: list[dict], level: float = 0.95, *, tolerance: float | None = None
+    runs: list[dict],
+    chosen: list[dict],
+    level: float = 0.95,
+    *,
+    tolerance: float | None = None,
+    data_draw: int | None = None,
 ) -> list[dict]:
     """Chosen constrained − chosen ERM, paired by seed: for each model × L × γ_train where both
     kinds chose a point on validation (:func:`choose_points` with ``constrained`` True and
@@ -244,7 +249,9 @@ def compare_chosen(
     With the verdict's ``tolerance``, ``erm_feasible`` counts the ERM runs that meet the chosen
     constrained point's own constraints on validation (its ε; its seed's reference bound, where
     it has one): an ERM run's ``feasible`` is judged at the model's ε, which a sweep of ε need
-    not choose. None without ``tolerance`` (results.json before it) or a point without ε."""
+    not choose. None without ``tolerance`` (results.json before it) or a point without ε.
+    ``data_draw``: the one draw of the data every run read (``--data-seed``), recorded where
+    the seeds are several (:func:`one_draw`)."""
     picks = _compared_points(runs, chosen)
 
     def runs_of(c, constrained):
@@ -305,9 +312,24 @@ def compare_chosen(
                 "monotone": sum(bool(r.get("loss_decreases")) for r in a),
                 "erm_monotone": sum(bool(r.get("loss_decreases")) for r in b),
                 "constrained_minus_erm": metrics,
+                **one_draw(seeds, data_draw),
             }
         )
     return out
+
+
+def one_draw(seeds: Sequence[int], data_draw: int | None) -> dict:
+    """``{"data_draw": D}`` for an interval over two or more ``seeds`` that all read one draw
+    of the data (``--data-seed D``): they replicate the initialisation and the batch order,
+    not the data, as the lines then say (:func:`draw_text`); else ``{}``."""
+    return {"data_draw": int(data_draw)} if data_draw is not None and len(seeds) >= 2 else {}
+
+
+def draw_text(entry: dict) -> str:
+    """`` on one data draw (data seed 0)`` after "over N seeds" where the seeds shared one
+    draw of the data (:func:`one_draw`), else ""."""
+    draw = entry.get("data_draw")
+    return f" on one data draw (data seed {draw})" if draw is not None else ""
 
 
 #: a line's words where no metric has an interval over two or more seeds
@@ -390,7 +412,7 @@ def comparison_lines(
             f"{where}: {head} "
             f"− {'chosen ' if c.get('erm_chosen', True) else ''}ERM "
             f"({point_text(c['erm_hparams'])}), paired t over {n} seed"
-            f"{'s' if n != 1 else ''}{_unpaired(c)}: "
+            f"{'s' if n != 1 else ''}{draw_text(c)}{_unpaired(c)}: "
             + (
                 "; ".join(cells)
                 if cells

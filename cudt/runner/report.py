@@ -17,7 +17,9 @@ from cudt.runner.choice import (
     NO_FINITE_INTERVAL,
     chosen_lines,
     comparison_lines,
+    draw_text,
     finite_interval,
+    one_draw,
     over_seeds,
 )
 from cudt.runner.hparams import CONSTRAINT_ONLY
@@ -38,12 +40,15 @@ def _setting_key(run: dict, keep=lambda name: True) -> tuple:
     return (run["model"], run["layers"], hp)
 
 
-def seed_intervals(runs: list[dict], level: float = 0.95) -> list[dict]:
+def seed_intervals(
+    runs: list[dict], level: float = 0.95, *, data_draw: int | None = None
+) -> list[dict]:
     """One entry per model × kind × sweep point with at least two seeds (diverged runs left
     out, their seeds in ``diverged_seeds``): the mean and Student-t interval over seeds of
     every reported metric, and for a
     constrained setting, of constrained − ERM paired by seed (the ERM runs of the same model,
-    L and non-constraint hyperparameters)."""
+    L and non-constraint hyperparameters). ``data_draw``: the one draw of the data every run
+    read (``--data-seed``; None where each seed drew its own), recorded (``data_draw``)."""
     groups: dict[tuple, list[dict]] = {}
     diverged: dict[tuple, list[int]] = {}  # left out, and named on the setting's line
     for r in runs:
@@ -95,6 +100,7 @@ def seed_intervals(runs: list[dict], level: float = 0.95) -> list[dict]:
                 "gamma_train": rs[0].get("gamma_train"),
                 "hparams": dict(hp),
                 "seeds": seeds,
+                **one_draw(seeds, data_draw),
                 **({"diverged_seeds": left_out} if left_out else {}),
                 "method": "t",
                 "level": level,
@@ -144,7 +150,8 @@ def interval_lines(intervals: list[dict], swept: Sequence[str] = ()) -> list[str
             else ""
         )
         line = (
-            f"{head}: mean [{pct} Student-t interval] over {len(e['seeds'])} seeds{left_out}: "
+            f"{head}: mean [{pct} Student-t interval] over {len(e['seeds'])} seeds"
+            f"{draw_text(e)}{left_out}: "
             + ("; ".join(cell(n, iv) for n, iv in e["metrics"].items()) or NO_FINITE_INTERVAL)
         )
         if e["constrained_minus_erm"]:

@@ -400,10 +400,11 @@ def _results(
     runs = trained["runs"]
     score, higher = task.selection_for(cfg)
     select_best(runs, score, higher_is_better=higher)
-    intervals = seed_intervals(runs) if cfg.seeds >= 2 else []
+    # --data-seed: every seed read one draw (the intervals say so)
+    intervals = seed_intervals(runs, data_draw=cfg.data_seed) if cfg.seeds >= 2 else []
     chosen = choose_points(runs, score, higher_is_better=higher)
     chosen += choose_points(runs, score, higher_is_better=higher, constrained=False)
-    comparisons = compare_chosen(runs, chosen, tolerance=cfg.tolerance)
+    comparisons = compare_chosen(runs, chosen, tolerance=cfg.tolerance, data_draw=cfg.data_seed)
     mark_chosen(runs, chosen)  # before the figures: they draw the unchosen lanes faint
     extras = task.config_extras(draws[next(iter(draws))], data)
     config = (

@@ -279,3 +279,15 @@ def test_a_seed_trained_by_one_side_only_is_named_as_left_out():
     assert "paired t over 3 seeds (seed 3 left out: one side only): acc" in line, line
     (every,) = comparison_lines(compare_chosen(_runs(), _chosen(_runs())))
     assert "left out" not in every
+
+
+def test_the_chosen_comparison_over_seeds_on_one_draw_says_so():
+    """Seeds on one draw of the data (--data-seed): the paired comparison over them measures the
+    initialisation and the batch order, and its line says so, as the interval lines do."""
+    runs = _runs()
+    (c,) = compare_chosen(runs, _chosen(runs), data_draw=0)
+    assert c["data_draw"] == 0
+    (line,) = comparison_lines([c])
+    assert "paired t over 4 seeds on one data draw (data seed 0): acc" in line, line
+    (own,) = comparison_lines(compare_chosen(runs, _chosen(runs)))
+    assert "paired t over 4 seeds: acc" in own, own
