@@ -231,7 +231,12 @@ def meets_constraints(erm: dict, epsilon: float, constrained: dict, tolerance: f
 
 
 def compare_chosen(
-    runs: list[dict], chosen: list[dict], level: float = 0.95, *, tolerance: float | None = None
+    runs: list[dict],
+    chosen: list[dict],
+    level: float = 0.95,
+    *,
+    tolerance: float | None = None,
+    data_draw: int | None = None,
 ) -> list[dict]:
     """Chosen constrained − chosen ERM, paired by seed: for each model × L × γ_train where both
     kinds chose a point on validation (:func:`choose_points` with ``constrained`` True and
@@ -244,7 +249,9 @@ def compare_chosen(
     With the verdict's ``tolerance``, ``erm_feasible`` counts the ERM runs that meet the chosen
     constrained point's own constraints on validation (its ε; its seed's reference bound, where
     it has one): an ERM run's ``feasible`` is judged at the model's ε, which a sweep of ε need
-    not choose. None without ``tolerance`` (results.json before it) or a point without ε."""
+    not choose. None without ``tolerance`` (results.json before it) or a point without ε.
+    ``data_draw``: the one draw of the data every run read (``--data-seed``), recorded where
+    the seeds are several (:func:`one_draw`)."""
     picks = _compared_points(runs, chosen)
 
     def runs_of(c, constrained):
@@ -281,16 +288,10 @@ def compare_chosen(
         )
         metrics = {}
         for name in names:
-            va = np.array([run_metric(r, name) for r in a], np.float64)
             vb = np.array([run_metric(r, name) for r in b], np.float64)
-            # over the seeds where both trained and are finite, which it then names
-            ok = np.isfinite(va) & np.isfinite(vb) & trained
-            if ok.sum() >= 2:
-                metrics[name] = stats.paired_t_interval(va[ok], vb[ok], level).as_dict() | {
-                    "erm_mean": float(vb[ok].mean())
-                }
-                if not ok.all():
-                    metrics[name]["seeds"] = [s for s, k in zip(seeds, ok, strict=True) if k]
+            iv, ok = finite_interval(seeds, [run_metric(r, name) for r in a], vb, level, trained)
+            if iv is not None:
+                metrics[name] = iv | {"erm_mean": float(vb[ok].mean())}
         out.append(
             {
                 "model": model,
@@ -311,9 +312,59 @@ def compare_chosen(
                 "monotone": sum(bool(r.get("loss_decreases")) for r in a),
                 "erm_monotone": sum(bool(r.get("loss_decreases")) for r in b),
                 "constrained_minus_erm": metrics,
+                **one_draw(seeds, data_draw),
             }
         )
     return out
+
+
+def one_draw(seeds: Sequence[int], data_draw: int | None) -> dict:
+    """``{"data_draw": D}`` for an interval over two or more ``seeds`` that all read one draw
+    of the data (``--data-seed D``): they replicate the initialisation and the batch order,
+    not the data, as the lines then say (:func:`draw_text`); else ``{}``."""
+    return {"data_draw": int(data_draw)} if data_draw is not None and len(seeds) >= 2 else {}
+
+
+def draw_text(entry: dict) -> str:
+    """`` on one data draw (data seed 0)`` after "over N seeds" where the seeds shared one
+    draw of the data (:func:`one_draw`), else ""."""
+    draw = entry.get("data_draw")
+    return f" on one data draw (data seed {draw})" if draw is not None else ""
+
+
+#: a line's words where no metric has an interval over two or more seeds
+NO_FINITE_INTERVAL = "no interval: no metric is finite at two of its seeds"
+
+
+def finite_interval(
+    seeds: Sequence[int], a, b=None, level: float = 0.95, keep=None
+) -> tuple[dict | None, np.ndarray]:
+    """The Student-t interval of a metric over ``seeds`` (its values ``a``, one per seed; of
+    ``a − b`` paired by seed where ``b`` is given), over the seeds where the values are finite
+    (and ``keep``): None where fewer than two are; the seeds it is over named (``"seeds"``)
+    where it leaves some out, as the lines then say (:func:`over_seeds`). And that mask."""
+    a = np.asarray(a, np.float64)
+    ok = np.isfinite(a) if keep is None else np.isfinite(a) & np.asarray(keep, bool)
+    if b is not None:
+        b = np.asarray(b, np.float64)
+        ok &= np.isfinite(b)
+    if ok.sum() < 2:
+        return None, ok
+    iv = (
+        stats.t_interval(a[ok], level)
+        if b is None
+        else stats.paired_t_interval(a[ok], b[ok], level)
+    )
+    iv = iv.as_dict()
+    if not ok.all():
+        iv["seeds"] = [int(s) for s, k in zip(seeds, ok, strict=True) if k]
+    return iv, ok
+
+
+def over_seeds(iv: dict) -> str:
+    """`` (over seeds 0, 2)`` after an interval over some of its seeds (:func:`finite_interval`:
+    the others not finite), else ""."""
+    return f" (over seeds {', '.join(map(str, iv['seeds']))})" if "seeds" in iv else ""
 
 
 def comparison_lines(
@@ -341,9 +392,7 @@ def comparison_lines(
             text = f"{name} {iv['mean']:+.4g} [{iv['low']:+.4g}, {iv['high']:+.4g}]"
             if iv["low"] <= 0 <= iv["high"]:
                 text += " level"
-            if "seeds" in iv:  # not finite at the others
-                text += f" (over seeds {', '.join(map(str, iv['seeds']))})"
-            cells.append(text)
+            cells.append(text + over_seeds(iv))  # not finite at the others
         resilient = c.get("resilient", False)  # results.json before the fallback: hard
         kind = "constrained, resilient" if resilient else "constrained"
         if resilient and c.get("resilient_in"):
@@ -363,13 +412,13 @@ def comparison_lines(
             f"{where}: {head} "
             f"− {'chosen ' if c.get('erm_chosen', True) else ''}ERM "
             f"({point_text(c['erm_hparams'])}), paired t over {n} seed"
-            f"{'s' if n != 1 else ''}{_unpaired(c)}: "
+            f"{'s' if n != 1 else ''}{draw_text(c)}{_unpaired(c)}: "
             + (
                 "; ".join(cells)
                 if cells
                 else "no interval with one seed"
                 if n == 1
-                else "no interval: no metric is finite at two of its seeds"
+                else NO_FINITE_INTERVAL
             )
             + f" | {feasible}, monotone (test) at "
             f"{c['monotone']} of {n}; ERM monotone (test) at {c['erm_monotone']} of {n}"

@@ -261,8 +261,13 @@ def combine(task, folders: list[str | Path]) -> str:
     lines += _folder_lines(folders, results)
     chosen = choose_points(runs, score, higher_is_better=higher)
     chosen += choose_points(runs, score, higher_is_better=higher, constrained=False)
-    comparisons = compare_chosen(runs, chosen, tolerance=results[0]["config"].get("tolerance"))
-    table = summary_table(task, runs, _swept(results), seed_intervals(runs), chosen, comparisons)
+    # one draw of the data for every seed (--data-seed on every command): the lines say so
+    one = {d for _, d, _ in draws}
+    data_draw = next(iter(one)) if len(one) == 1 else None
+    tolerance = results[0]["config"].get("tolerance")
+    comparisons = compare_chosen(runs, chosen, tolerance=tolerance, data_draw=data_draw)
+    intervals = seed_intervals(runs, data_draw=data_draw)
+    table = summary_table(task, runs, _swept(results), intervals, chosen, comparisons)
     return "\n".join([*lines, table])
 
 

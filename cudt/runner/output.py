@@ -48,7 +48,9 @@ __all__ = [
     "STATE_LAYOUT",
     "TENSORBOARD",
     "OutputDir",
+    "check_same_data",
     "checkpoint_record",
+    "described_alike",
     "open_output",
     "open_output_once",
 ]
@@ -129,7 +131,25 @@ def _differences(
     # with the test count) is no more a difference there than at the top
     keys = sorted(k for k in set(old) | set(new) if k.rsplit(".", 1)[-1] not in ignore)
     keys = [k for k in keys if not k.endswith("_digest") or (k in old and k in new)]
+    keys = [k for k in keys if not described_alike(k, old, new)]
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+#: A data record's line on where its data lies (``data_source``: the folder, a user's home
+#: expanded in it, the file format it was prepared in) beside the record's digest of what it
+#: holds: no difference where that digest is the same on both sides, which decides (the same
+#: data under another home or in another format resumes; other data differs in its digest).
+DESCRIBED_BY = {"data_source": "train_digest"}
+
+
+def described_alike(key: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether ``key`` of two data records (flat: ``data_per_seed.0.data_source``) is a line
+    of :data:`DESCRIBED_BY` whose record's digest both sides hold alike, so not compared."""
+    head, _, name = key.rpartition(".")
+    if name not in DESCRIBED_BY:
+        return False
+    digest = f"{head}.{DESCRIBED_BY[name]}" if head else DESCRIBED_BY[name]
+    return digest in old and digest in new and old[digest] == new[digest]
 
 
 def _as_now(
@@ -237,10 +257,12 @@ def _check_same_config(
     paths: Collection[str],
     canonical: Mapping[str, Callable[[Any], Any]] | None = None,
     defaults: Mapping[str, Any] | None = None,
+    only: Collection[str] | None = None,
 ) -> None:
     """Refuses checkpoints in ``out`` that ``config`` cannot resume (:func:`open_output`'s
     arguments): an unreadable saved config, an earlier state layout, other files behind the
-    same flags, or another config (the flags' differences first)."""
+    same flags, or another config (the flags' differences first). ``only``: the fields
+    compared (the data's: :func:`check_same_data`), the state layout not."""
     try:
         old = json.loads(saved_config.read_text())
         if not isinstance(old, dict):
@@ -250,13 +272,17 @@ def _check_same_config(
             f"{saved_config} is unreadable ({e}): pass another --out, or --overwrite to start again"
         ) from e
     layout = old.get("state_layout", 1)
-    if layout != config.get("state_layout", layout):
+    if only is None and layout != config.get("state_layout", layout):
         raise UsageError(
             f"--out {out} holds checkpoints of an earlier cudt whose train state has another "
             f"layout ({layout}; this version writes {config['state_layout']}), which cannot "
             "be resumed: pass another --out, or --overwrite to discard them"
         )
     same = _as_now(old, config, paths, canonical, defaults)
+    if only is not None:  # the other fields as now (their spellings respelt by _as_now first)
+        same = {k: v for k, v in same.items() if k in only} | {
+            k: v for k, v in config.items() if k not in only
+        }
     diff = _differences(same, config, ignore, added)
     changed = [d for d in diff if d.split(" ", 1)[0].endswith("_digest")]
     flag_changed = [d for d in diff if d.split(" ", 1)[0].split(".", 1)[0] in flags]
@@ -416,19 +442,10 @@ def open_output(
     return OutputDir(out, resuming)
 
 
-def open_output_once(
-    path, fingerprint, cfg, main_process: bool, defaults: Mapping[str, Any] | None = None
-) -> OutputDir:
-    """:func:`open_output` under the folder's lock, by process 0 of a multi-host job; the
-    others wait for it, take its verdict (resuming or not) and check that the lock they see is
-    their job's, so no two jobs, and no two processes of one, race on the folder. The lock is
-    taken before anything is written (a job refused for it writes nothing) and held until the
-    returned :class:`OutputDir` is left (``with``); a refusal while opening releases it and
-    removes a folder the lock created. ``defaults``: the flags' resolved defaults a task adds
-    to the config's own (``cfg.resolved_defaults()``; :func:`open_output`)."""
-    flags = dict(
-        overwrite=cfg.overwrite,
-        resume=cfg.resume,
+def _resume_rules(cfg, defaults: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What a saved config may differ in from ``cfg``'s and still resume (:func:`open_output`'s
+    ``ignore``, ``added``, ``flags``, ``paths``, ``canonical``, ``defaults``)."""
+    return dict(
         # what a resume may change: a saved config of an earlier version may record it, and
         # a flag that acts on nothing here (an earlier version accepted it: refused now)
         ignore=(
@@ -446,6 +463,38 @@ def open_output_once(
         },
         defaults=cfg.resolved_defaults() | dict(defaults or {}),
     )
+
+
+def check_same_data(
+    out: str | Path,
+    fingerprint: dict[str, Any],
+    data: Collection[str],
+    cfg,
+    defaults: Mapping[str, Any] | None = None,
+) -> None:
+    """Refuses, as a resume of them would (:func:`open_output`), the checkpoints in ``out``
+    where their record names other data than ``fingerprint`` (what a run of ``cfg`` records
+    now: :func:`checkpoint_record` and the task's fingerprint) on its fields ``data`` (the
+    task's): for a finished run whose results are reused (``experiments.paper.job``), whose
+    config its results.json decides. Nothing where no record is left."""
+    out = Path(out)
+    saved = out / CHECKPOINTS / CONFIG_FILE
+    if saved.is_file():
+        rules = _resume_rules(cfg, defaults)
+        _check_same_config(out, saved, to_jsonable(fingerprint), **rules, only=data)
+
+
+def open_output_once(
+    path, fingerprint, cfg, main_process: bool, defaults: Mapping[str, Any] | None = None
+) -> OutputDir:
+    """:func:`open_output` under the folder's lock, by process 0 of a multi-host job; the
+    others wait for it, take its verdict (resuming or not) and check that the lock they see is
+    their job's, so no two jobs, and no two processes of one, race on the folder. The lock is
+    taken before anything is written (a job refused for it writes nothing) and held until the
+    returned :class:`OutputDir` is left (``with``); a refusal while opening releases it and
+    removes a folder the lock created. ``defaults``: the flags' resolved defaults a task adds
+    to the config's own (``cfg.resolved_defaults()``; :func:`open_output`)."""
+    flags = dict(overwrite=cfg.overwrite, resume=cfg.resume, **_resume_rules(cfg, defaults))
     if jax.process_count() == 1:
         lock = lock_output(path)
         try:

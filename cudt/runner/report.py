@@ -13,8 +13,15 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from cudt import stats
-from cudt.runner.choice import chosen_lines, comparison_lines
+from cudt.runner.choice import (
+    NO_FINITE_INTERVAL,
+    chosen_lines,
+    comparison_lines,
+    draw_text,
+    finite_interval,
+    one_draw,
+    over_seeds,
+)
 from cudt.runner.hparams import CONSTRAINT_ONLY
 from cudt.runner.record import KINDS, RUNNER_METRICS, run_metric
 
@@ -33,11 +40,15 @@ def _setting_key(run: dict, keep=lambda name: True) -> tuple:
     return (run["model"], run["layers"], hp)
 
 
-def seed_intervals(runs: list[dict], level: float = 0.95) -> list[dict]:
+def seed_intervals(
+    runs: list[dict], level: float = 0.95, *, data_draw: int | None = None
+) -> list[dict]:
     """One entry per model × kind × sweep point with at least two seeds (diverged runs left
     out, their seeds in ``diverged_seeds``): the mean and Student-t interval over seeds of
     every reported metric, and for a constrained setting, of constrained − ERM paired by seed
-    (the ERM runs of the same model, L and non-constraint hyperparameters)."""
+    (the ERM runs of the same model, L and non-constraint hyperparameters). ``data_draw``: the
+    one draw of the data every run read (``--data-seed``; None where each seed drew its own),
+    recorded (``data_draw``)."""
     groups: dict[tuple, list[dict]] = {}
     diverged: dict[tuple, list[int]] = {}  # left out, and named on the setting's line
     for r in runs:
@@ -60,25 +71,26 @@ def seed_intervals(runs: list[dict], level: float = 0.95) -> list[dict]:
         rs = sorted(rs, key=lambda r: int(r["seed"]))
         names = list(dict.fromkeys(rs[0].get("interval_metrics", []) + list(RUNNER_METRICS)))
 
-        def finite_values(items, name):
-            vals = np.array([run_metric(r, name) for r in items], np.float64)
-            return vals if np.all(np.isfinite(vals)) else None
+        def values(items, name):
+            return [run_metric(r, name) for r in items]
 
+        # each over the seeds where it is finite, which it then names (as compare_chosen's)
         metrics = {}
         for name in names:
-            vals = finite_values(rs, name)
-            if vals is not None:
-                metrics[name] = stats.t_interval(vals, level).as_dict()
+            iv, _ = finite_interval(seeds, values(rs, name), level=level)
+            if iv is not None:
+                metrics[name] = iv
         minus_erm = {}
         partners = erm_by.get(_setting_key(rs[0], lambda k: k not in CONSTRAINT_ONLY), {})
         # paired over the seeds both kinds trained without diverging; the others are named
         paired = [r for r in rs if int(r["seed"]) in partners]
         if constrained and len(paired) >= 2:
             erm = [partners[int(r["seed"])] for r in paired]
+            on = [int(r["seed"]) for r in paired]
             for name in names:
-                a, b = finite_values(paired, name), finite_values(erm, name)
-                if a is not None and b is not None:
-                    minus_erm[name] = stats.paired_t_interval(a, b, level).as_dict()
+                iv, _ = finite_interval(on, values(paired, name), values(erm, name), level)
+                if iv is not None:
+                    minus_erm[name] = iv
         out.append(
             {
                 "model": model,
@@ -88,6 +100,7 @@ def seed_intervals(runs: list[dict], level: float = 0.95) -> list[dict]:
                 "gamma_train": rs[0].get("gamma_train"),
                 "hparams": dict(hp),
                 "seeds": seeds,
+                **one_draw(seeds, data_draw),
                 **({"diverged_seeds": left_out} if left_out else {}),
                 "method": "t",
                 "level": level,
@@ -117,9 +130,10 @@ def interval_lines(intervals: list[dict], swept: Sequence[str] = ()) -> list[str
 
     def cell(name, iv, difference=False):
         if iv["low"] is None:
-            return f"{name} {iv['mean']:.4g}"
+            return f"{name} {iv['mean']:.4g}" + over_seeds(iv)
         text = f"{name} {iv['mean']:.4g} [{iv['low']:.4g}, {iv['high']:.4g}]"
-        return text + (" level" if difference and iv["low"] <= 0 <= iv["high"] else "")
+        level = " level" if difference and iv["low"] <= 0 <= iv["high"] else ""
+        return text + level + over_seeds(iv)  # not finite at the others
 
     lines = []
     for e in intervals:
@@ -136,8 +150,9 @@ def interval_lines(intervals: list[dict], swept: Sequence[str] = ()) -> list[str
             else ""
         )
         line = (
-            f"{head}: mean [{pct} Student-t interval] over {len(e['seeds'])} seeds{left_out}: "
-            + "; ".join(cell(n, iv) for n, iv in e["metrics"].items())
+            f"{head}: mean [{pct} Student-t interval] over {len(e['seeds'])} seeds"
+            f"{draw_text(e)}{left_out}: "
+            + ("; ".join(cell(n, iv) for n, iv in e["metrics"].items()) or NO_FINITE_INTERVAL)
         )
         if e["constrained_minus_erm"]:
             over = e.get("paired_seeds")

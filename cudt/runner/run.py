@@ -31,14 +31,27 @@ from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups
 from cudt.runner.hparams import resolve_reference
 from cudt.runner.lock import check_free
 from cudt.runner.mesh import check_job_devices, initialize_distributed, make_shardings
-from cudt.runner.output import CHECKPOINTS, TENSORBOARD, checkpoint_record, open_output_once
+from cudt.runner.output import (
+    CHECKPOINTS,
+    TENSORBOARD,
+    check_same_data,
+    checkpoint_record,
+    open_output_once,
+)
 from cudt.runner.provenance import provenance
 from cudt.runner.record import KINDS, curves_of, evaluation_keys, summarise
 from cudt.runner.report import seed_intervals, summary_table
 from cudt.runner.sweep import model_defaults, parse_sweeps, tuned_names
 from cudt.runner.task import Task
 
-__all__ = ["data_draws", "evaluation_grids", "inert_warnings", "run"]
+__all__ = [
+    "check_reused",
+    "data_draws",
+    "data_record",
+    "evaluation_grids",
+    "inert_warnings",
+    "run",
+]
 
 
 def data_draws(cfg) -> dict[int, Any]:
@@ -50,6 +63,27 @@ def data_draws(cfg) -> dict[int, Any]:
     if cfg.data_seed is not None:
         return {cfg.data_seed: cfg}
     return {s: dataclasses.replace(cfg, data_seed=s) for s in cfg.seed_list}
+
+
+def data_record(task: Task, draws: dict[int, Any], datas: dict[int, Any]) -> dict[str, Any]:
+    """What a run's checkpoints record of the data its draws (:func:`data_draws`, loaded:
+    ``datas``) give: the task's fingerprint, one per draw (``data_per_seed``) where each seed
+    drew its own."""
+    if len(draws) == 1:
+        ((seed, data),) = datas.items()
+        return task.fingerprint(draws[seed], data)
+    return {"data_per_seed": {str(k): task.fingerprint(draws[k], d) for k, d in datas.items()}}
+
+
+def check_reused(task: Task, cfg, out: str | Path) -> None:
+    """Refuses to reuse the finished run of ``cfg`` in ``out`` (a paper job's sub-run, its
+    config matched) where the data ``cfg`` reads now is not what its checkpoints were trained
+    on: the refusal a resume of them makes (:func:`cudt.runner.output.check_same_data`), so a
+    table does not mix results of old and new files behind the same flags."""
+    draws = data_draws(cfg)
+    now = data_record(task, draws, {k: task.load(d) for k, d in draws.items()})
+    fingerprint = checkpoint_record(cfg) | now
+    check_same_data(out, fingerprint, now, cfg, task_defaults(task, cfg))
 
 
 def say(line: str) -> None:
@@ -115,12 +149,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     meshes = [
         make_shardings(len(g.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp) for g in groups
     ]
-    if len(draws) == 1:
-        fingerprint = checkpoint_record(cfg) | task.fingerprint(cfg, data)
-    else:
-        fingerprint = checkpoint_record(cfg) | {
-            "data_per_seed": {str(k): task.fingerprint(draws[k], d) for k, d in datas.items()}
-        }
+    fingerprint = checkpoint_record(cfg) | data_record(task, draws, datas)
     # the default folder is chosen when it is opened, and created then by a job alone on its
     # host: two jobs started in the same second get two folders
     path = given if given is not None else fresh_run_dir(task.name, claim=jax.process_count() == 1)
@@ -371,10 +400,11 @@ def _results(
     runs = trained["runs"]
     score, higher = task.selection_for(cfg)
     select_best(runs, score, higher_is_better=higher)
-    intervals = seed_intervals(runs) if cfg.seeds >= 2 else []
+    # --data-seed: every seed read one draw (the intervals say so)
+    intervals = seed_intervals(runs, data_draw=cfg.data_seed) if cfg.seeds >= 2 else []
     chosen = choose_points(runs, score, higher_is_better=higher)
     chosen += choose_points(runs, score, higher_is_better=higher, constrained=False)
-    comparisons = compare_chosen(runs, chosen, tolerance=cfg.tolerance)
+    comparisons = compare_chosen(runs, chosen, tolerance=cfg.tolerance, data_draw=cfg.data_seed)
     mark_chosen(runs, chosen)  # before the figures: they draw the unchosen lanes faint
     extras = task.config_extras(draws[next(iter(draws))], data)
     config = (

@@ -450,7 +450,11 @@ class VideoTask(Task):
             "sigma_x": data.sigma,
             "train_shape": list(data.train.shape),
             "train_digest": digest(trained_on),
-        }
+        } | (
+            # the pretrained weights the ViT starts from (--vit-checkpoint: a folder whose files
+            # may change behind the same path), as the text task's encoder_digest
+            {} if data.vit is None else {"vit_digest": digest(jax.tree.leaves(data.vit.params))}
+        )
 
     def config_extras(self, cfg, data) -> dict[str, Any]:
         return {"sigma_x": data.sigma, "data_source": data.source}

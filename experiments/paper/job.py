@@ -35,7 +35,7 @@ from cudt.runner.output import (
     TENSORBOARD,
     checkpoint_record,
 )
-from cudt.runner.run import run
+from cudt.runner.run import check_reused, run
 from experiments.paper.rows import HPARAMS, csv_text, finite, fmt, unique, write_text
 
 # --scale tiny of a study's runs of the video task: seconds per run (the tests)
@@ -403,7 +403,12 @@ def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = No
 
 def train_subruns(subs: list[SubRun], make_task: Callable[[SubRun], Any]) -> dict[tuple, dict]:
     """Trains every unfinished sub-run with the shared runner and the task ``make_task(sub)``
-    (a finished one is reused); returns ``{sub.key: its results.json}``."""
+    (a finished one is reused, refused first where its checkpoints were trained on other data
+    than its config reads now: :func:`cudt.runner.run.check_reused`); returns ``{sub.key: its
+    results.json}``."""
+    for sub in subs:  # before anything trains
+        if sub.finished:
+            check_reused(make_task(sub), sub.cfg, sub.out)
     results = {}
     for k, sub in enumerate(subs, start=1):
         if sub.finished:

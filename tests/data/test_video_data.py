@@ -337,6 +337,44 @@ def test_a_training_frame_edited_changes_the_fingerprint_a_resume_checks(tmp_pat
     assert after["train_digest"] != before["train_digest"]
 
 
+def test_other_vit_weights_at_the_same_path_are_refused_on_resume_older_runs_resume(tmp_path):
+    """The ViT's pretrained weights are in the fingerprint (vit_digest), as the text encoder's
+    are: a resume with other weights written to the same --vit-checkpoint folder is refused
+    (its models not yet started would start from them); a run recorded before the digest
+    resumes (a *_digest one side lacks is not compared)."""
+    import json
+
+    from cudt.errors import UsageError
+    from cudt.models.vit.weights import write_vit_folder
+    from cudt.runner.output import checkpoint_record, open_output_once
+    from cudt.tasks.video import VideoConfig, VideoTask
+
+    folder = write_vit_folder(tmp_path / "vit", seed=0)
+    out = tmp_path / "run"
+    cfg = VideoConfig(
+        models=("vit",), vit_checkpoint=str(folder), num_videos=3, num_frames=8, seq_len=4
+    )
+    task = VideoTask()
+
+    def resume() -> bool:
+        record = checkpoint_record(cfg) | task.fingerprint(cfg, task.load(cfg))
+        with open_output_once(out, record, cfg, main_process=True) as opened:
+            return opened.resuming
+
+    assert not resume()  # a fresh folder: its record written
+    (out / "checkpoints" / "vit-12" / "4").mkdir(parents=True)  # a step saved
+    assert resume()
+    saved = out / "checkpoints" / "config.json"
+    assert "vit_digest" in json.loads(saved.read_text())
+    write_vit_folder(folder, seed=1)  # other weights, the same path
+    refused = r"trained on other files than its flags name now \(vit_digest"
+    with pytest.raises(UsageError, match=refused):
+        resume()
+    older = {k: v for k, v in json.loads(saved.read_text()).items() if k != "vit_digest"}
+    saved.write_text(json.dumps(older))  # as a run from before the digest recorded it
+    assert resume()
+
+
 def test_split_train_val():
     videos = [np.full((4, 16, 16), i, np.float32) for i in range(20)]
     for n, n_val in ((2, 1), (3, 1), (7, 1), (10, 2), (16, 2), (20, 3)):

@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import TINY_DECODER_FLAGS, combine_toy_folders, exit_status, finished_job
+from helpers import TINY_DECODER_FLAGS, combine_toy_folders, exit_status, finished_job, toy
 
 from cudt.data.alpaca import write_alpaca
 from cudt.data.instructions import generated_instructions
@@ -68,6 +68,25 @@ def test_two_folders_report_as_one_job_with_intervals_over_their_seeds(folders, 
         assert len(values) == 2
         (line,) = [x for x in out.splitlines() if x.startswith(f"llm-2 {kind}: mean [95% ")]
         assert f"val_objective {iv.mean:.4g} [{iv.low:.4g}, {iv.high:.4g}]" in line, line
+
+
+def test_seeds_on_one_draw_of_the_data_say_so_on_their_interval_lines(folders, tmp_path, capsys):
+    """Seeds that read one draw of the data (--data-seed, in one command or over folders)
+    replicate the initialisation and the batch order only: the interval lines say so, and
+    results.json's entries record the draw; they read "over 2 seeds" as if each seed had drawn
+    its own data."""
+    assert combine.main([str(f) for f in folders]) == 0  # seed 0's own draw, seed 1 on it
+    out = capsys.readouterr().out
+    for kind in ("ERM", "constrained"):
+        (line,) = [x for x in out.splitlines() if x.startswith(f"llm-2 {kind}: mean [95% ")]
+        assert "over 2 seeds on one data draw (data seed 0): " in line, line
+    # one command, --data-seed: its results.json (which the pages print) and its summary
+    results = toy(["--seeds", "2", "--data-seed", "0", "--steps", "4"], tmp_path / "toy")
+    assert [e["data_draw"] for e in results["intervals"]] == [0, 0]
+    lines = [x for x in capsys.readouterr().out.splitlines() if "Student-t interval" in x]
+    assert len(lines) == 2
+    assert all("over 2 seeds on one data draw (data seed 0): " in x for x in lines), lines
+    # (each seed on its own draw, nothing is said: test_each_seed_draws_its_own_data_...)
 
 
 def test_folders_of_another_job_are_refused_with_one_line(folders, tmp_path, capsys):
@@ -263,7 +282,9 @@ def test_each_seed_draws_its_own_data_and_equals_its_own_command(folders, tmp_pa
             assert twin[key] == run[key], key
     first, _ = folders  # seed 0 on its own data
     assert combine.main([str(first), str(alone)]) == 0
-    assert "4 runs of llm_sft from 2 folders:" in capsys.readouterr().out
+    joined = capsys.readouterr().out
+    assert "4 runs of llm_sft from 2 folders:" in joined
+    assert "over 2 seeds: " in joined and "one data draw" not in joined  # each its own draw
     # what each draw derives from its data may differ; a flag the task resolved may not
     other = tmp_path / "other-lr"
     shutil.copytree(alone, other)

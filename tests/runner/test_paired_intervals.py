@@ -135,6 +135,38 @@ def test_a_constrained_seed_that_diverged_is_named_on_its_line_not_dropped_in_si
     assert "over 4 seeds: acc" in interval_lines([erm])[0]
 
 
+def test_a_metric_not_finite_at_one_seed_keeps_its_interval_over_the_others_named():
+    """A setting's interval line, as the chosen comparison's: a metric not finite at one
+    surviving seed is the interval over the others, which the line names (it vanished from
+    the line in silence, the paired difference with it, where compare_chosen named them)."""
+    runs = _runs()
+    next(r for r in runs if r["constrained"] and r["seed"] == 3)["acc"] = float("nan")
+    (con,) = [e for e in seed_intervals(runs) if e["constrained"]]
+    iv, diff = con["metrics"]["acc"], con["constrained_minus_erm"]["acc"]
+    assert iv["seeds"] == diff["seeds"] == [0, 1, 2] and iv["n"] == 3
+    assert np.allclose([iv["low"], iv["high"]], _t(CON[:3]))
+    assert np.allclose([diff["low"], diff["high"]], _t(CON[:3] - ERM[:3]))
+    line = interval_lines([con])[0]
+    assert "over 4 seeds: acc 0.4992 [-0.1946, 1.193] (over seeds 0, 1, 2)" in line, line
+    assert "paired by seed: acc 0.2276 [-1.573, 2.028] level (over seeds 0, 1, 2)" in line, line
+    # the chosen comparison says it the same way
+    (compared,) = comparison_lines(compare_chosen(runs, _chosen(runs)))
+    assert "level (over seeds 0, 1, 2)" in compared
+    # finite at one seed alone: no interval, and the line says so as the comparison's does
+    for r in runs:
+        if r["constrained"] and r["seed"] > 0:
+            r["acc"] = float("nan")
+    (con,) = [e for e in seed_intervals(runs) if e["constrained"]]
+    assert con["metrics"] == {} and con["constrained_minus_erm"] == {}
+    assert interval_lines([con])[0].endswith(
+        "over 4 seeds: no interval: no metric is finite at two of its seeds"
+    )
+    # every seed finite: no seeds named
+    (whole,) = [e for e in seed_intervals(_runs()) if e["constrained"]]
+    assert "seeds" not in whole["metrics"]["acc"]
+    assert "(over seeds" not in interval_lines([whole])[0]
+
+
 def test_a_difference_whose_interval_spans_zero_is_marked_level():
     """The per-point interval lines mark a constrained − ERM interval that spans 0 ``level``,
     as the chosen runs' comparison lines do; one that excludes 0 is not marked."""
@@ -247,3 +279,15 @@ def test_a_seed_trained_by_one_side_only_is_named_as_left_out():
     assert "paired t over 3 seeds (seed 3 left out: one side only): acc" in line, line
     (every,) = comparison_lines(compare_chosen(_runs(), _chosen(_runs())))
     assert "left out" not in every
+
+
+def test_the_chosen_comparison_over_seeds_on_one_draw_says_so():
+    """Seeds on one draw of the data (--data-seed): the paired comparison over them measures the
+    initialisation and the batch order, and its line says so, as the interval lines do."""
+    runs = _runs()
+    (c,) = compare_chosen(runs, _chosen(runs), data_draw=0)
+    assert c["data_draw"] == 0
+    (line,) = comparison_lines([c])
+    assert "paired t over 4 seeds on one data draw (data seed 0): acc" in line, line
+    (own,) = comparison_lines(compare_chosen(runs, _chosen(runs)))
+    assert "paired t over 4 seeds: acc" in own, own
