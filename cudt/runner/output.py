@@ -258,6 +258,7 @@ def _check_same_config(
     canonical: Mapping[str, Callable[[Any], Any]] | None = None,
     defaults: Mapping[str, Any] | None = None,
     only: Collection[str] | None = None,
+    name: str | None = None,
 ) -> None:
     """Refuses checkpoints in ``out`` that ``config`` cannot resume (:func:`open_output`'s
     arguments): an unreadable saved config, an earlier state layout, other files behind the
@@ -274,7 +275,7 @@ def _check_same_config(
     layout = old.get("state_layout", 1)
     if only is None and layout != config.get("state_layout", layout):
         raise UsageError(
-            f"--out {out} holds checkpoints of an earlier cudt whose train state has another "
+            f"{name or f'--out {out}'} holds checkpoints of an earlier cudt whose train state has another "
             f"layout ({layout}; this version writes {config['state_layout']}), which cannot "
             "be resumed: pass another --out, or --overwrite to discard them"
         )
@@ -292,14 +293,14 @@ def _check_same_config(
         moved = _evaluation_flags_moved(old, config)
         if moved:  # no file changed: an evaluation-only flag moved the training examples
             raise UsageError(
-                f"--out {out} holds checkpoints trained on other examples than this command "
+                f"{name or f'--out {out}'} holds checkpoints trained on other examples than this command "
                 f"gives: {', '.join(moved)} changes this data's training split "
                 f"({'; '.join(changed[:2])}): rerun with the values they were trained with "
                 "to resume, pass another --out, or --overwrite to discard them"
             )
         derived = [d for d in diff if d not in changed][:3]
         raise UsageError(
-            f"--out {out} holds checkpoints trained on other files than its flags name now "
+            f"{name or f'--out {out}'} holds checkpoints trained on other files than its flags name now "
             f"({'; '.join(changed + derived)}): restore the files they were trained on, "
             "pass another --out, or --overwrite to discard them"
         )
@@ -309,14 +310,14 @@ def _check_same_config(
     if diff and len(gone) == len(diff):
         named = "; ".join(d.rsplit(" -> ", 1)[0] for d in gone[:4])
         raise UsageError(
-            f"--out {out} holds checkpoints of an earlier cudt, with settings this version no "
+            f"{name or f'--out {out}'} holds checkpoints of an earlier cudt, with settings this version no "
             f"longer has ({named}{f'; and {len(gone) - 4} more' if len(gone) > 4 else ''}): "
             "pass another --out, or --overwrite to discard them"
         )
     diff = flag_changed + [d for d in diff if d not in flag_changed]  # the flags first
     if diff:
         raise UsageError(
-            f"--out {out} holds checkpoints of a different config ({'; '.join(diff[:4])}"
+            f"{name or f'--out {out}'} holds checkpoints of a different config ({'; '.join(diff[:4])}"
             f"{f'; and {len(diff) - 4} more' if len(diff) > 4 else ''}): "
             "pass another --out, rerun with the same flags to resume, or --overwrite to "
             "discard them"
@@ -471,17 +472,19 @@ def check_same_data(
     data: Collection[str],
     cfg,
     defaults: Mapping[str, Any] | None = None,
+    name: str | None = None,
 ) -> None:
     """Refuses, as a resume of them would (:func:`open_output`), the checkpoints in ``out``
     where their record names other data than ``fingerprint`` (what a run of ``cfg`` records
     now: :func:`checkpoint_record` and the task's fingerprint) on its fields ``data`` (the
     task's): for a finished run whose results are reused (``experiments.paper.job``), whose
-    config its results.json decides. Nothing where no record is left."""
+    config its results.json decides; ``name``: what the refusal calls ``out`` (``--out OUT``).
+    Nothing where no record is left."""
     out = Path(out)
     saved = out / CHECKPOINTS / CONFIG_FILE
     if saved.is_file():
         rules = _resume_rules(cfg, defaults)
-        _check_same_config(out, saved, to_jsonable(fingerprint), **rules, only=data)
+        _check_same_config(out, saved, to_jsonable(fingerprint), **rules, only=data, name=name)
 
 
 def open_output_once(

@@ -75,15 +75,16 @@ def data_record(task: Task, draws: dict[int, Any], datas: dict[int, Any]) -> dic
     return {"data_per_seed": {str(k): task.fingerprint(draws[k], d) for k, d in datas.items()}}
 
 
-def check_reused(task: Task, cfg, out: str | Path) -> None:
+def check_reused(task: Task, cfg, out: str | Path, name: str | None = None) -> None:
     """Refuses to reuse the finished run of ``cfg`` in ``out`` (a paper job's sub-run, its
     config matched) where the data ``cfg`` reads now is not what its checkpoints were trained
     on: the refusal a resume of them makes (:func:`cudt.runner.output.check_same_data`), so a
-    table does not mix results of old and new files behind the same flags."""
+    table does not mix results of old and new files behind the same flags. ``name``: what the
+    refusal calls ``out`` (``--out OUT``)."""
     draws = data_draws(cfg)
     now = data_record(task, draws, {k: task.load(d) for k, d in draws.items()})
     fingerprint = checkpoint_record(cfg) | now
-    check_same_data(out, fingerprint, now, cfg, task_defaults(task, cfg))
+    check_same_data(out, fingerprint, now, cfg, task_defaults(task, cfg), name)
 
 
 def say(line: str) -> None:

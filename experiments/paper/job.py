@@ -408,7 +408,8 @@ def train_subruns(subs: list[SubRun], make_task: Callable[[SubRun], Any]) -> dic
     results.json}``."""
     for sub in subs:  # before anything trains
         if sub.finished:
-            check_reused(make_task(sub), sub.cfg, sub.out)
+            # the user's --out is the job's: the refusal names the sub-run's folder in it
+            check_reused(make_task(sub), sub.cfg, sub.out, f"the finished sub-run {sub.out}")
     results = {}
     for k, sub in enumerate(subs, start=1):
         if sub.finished:

@@ -55,6 +55,7 @@ def test_a_finished_subrun_over_other_files_is_refused_not_reused(tmp_path, caps
     with pytest.raises(UsageError) as refused:
         train_subruns([later], lambda s: task)
     message = str(refused.value)
+    assert message.startswith(f"the finished sub-run {later.out} holds checkpoints"), message
     assert "trained on other files than its flags name now (train_digest" in message
     assert "restore the files they were trained on" in message and "--overwrite" in message
     assert "reusing" not in capsys.readouterr().out
