@@ -118,8 +118,9 @@ def check_fresh_output(
         raise UsageError(f"{flag} {path}: {parent} is a file, not a folder: pass another path")
     taken = path.is_file() or (path.is_dir() and any(path.iterdir()))
     if taken and not overwrite:
+        what = "is a file already" if path.is_file() else "already exists and is not empty"
         raise UsageError(
-            f"{flag} {path} already exists and is not empty: pass another path"
+            f"{flag} {path} {what}: pass another path"
             + (f", or {replace} to replace it" if replace else ", or delete it first")
         )
     if taken and path.is_dir():

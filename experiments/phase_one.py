@@ -327,15 +327,20 @@ READ = (
 SWEPT = ("epsilon", "lr", "gamma_train")  # the --sweep names that change a setting
 
 
+def _acting() -> set[str]:
+    """The flags phase I reads (``--help`` lists these only): the video task's own but
+    ``--select``, and the runner's in :data:`READ`."""
+    task_own = {f.name for f in dataclasses.fields(VideoConfig)} - {
+        f.name for f in dataclasses.fields(RunConfig)
+    }
+    return (task_own - {"select"}) | set(READ)
+
+
 def _refuse_inert_flags(argv) -> None:
     """Refuse (one line) a flag ``argv`` gives that would not act in phase I, a runner flag not
     in :data:`READ` or ``--select``: before its value is read (a bad value of a flag phase I
     does not use was reported as the value's fault)."""
-    task_own = {f.name for f in dataclasses.fields(VideoConfig)} - {
-        f.name for f in dataclasses.fields(RunConfig)
-    }
-    acting = (task_own - {"select"}) | set(READ)
-    extra = sorted(given_on_command_line(VideoConfig, argv, quiet=True) - acting)
+    extra = sorted(given_on_command_line(VideoConfig, argv, quiet=True) - _acting())
     if extra:
         raise UsageError(
             f"--{extra[0].replace('_', '-')} has no effect in phase I (an ERM run of the "
@@ -370,7 +375,13 @@ def main(argv=None) -> int:
         return run_phase_one(cfg)
 
     return config_main(
-        VideoConfig, job, argv, __doc__, "experiments.phase_one", refuse=_refuse_inert_flags
+        VideoConfig,
+        job,
+        argv,
+        __doc__,
+        "experiments.phase_one",
+        refuse=_refuse_inert_flags,
+        shown=_acting(),
     )
 
 

@@ -346,6 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         __doc__,
         "experiments.text_ceiling",
         refuse=_read_only,
+        shown=READ,
     )
 
 

@@ -15,7 +15,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from cudt.errors import CudtError
@@ -113,9 +113,12 @@ def build_parser(
     *,
     defaults: bool = True,
     add_help: bool = True,
+    shown: Collection[str] | None = None,
 ):
     """The command line of ``config_cls``: a flag per field. ``defaults=False``: a flag left out
-    is left out of the namespace too (which flags the command line names)."""
+    is left out of the namespace too (which flags the command line names). ``shown``: the
+    fields ``--help`` lists (a job that reads only some); the others still parse, so that the
+    job refuses them in its own words."""
     parser = OneLineParser(
         prog=prog,
         description=description,
@@ -123,6 +126,7 @@ def build_parser(
         add_help=add_help,
     )
     hints = typing.get_type_hints(config_cls)
+    actions = {}
     for f in dataclasses.fields(config_cls):
         flag = "--" + f.name.replace("_", "-")
         tp = hints[f.name]
@@ -130,7 +134,7 @@ def build_parser(
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if tp is bool or tp == (bool | None):  # None: a default that depends on other flags
             on = flag if default else "--no-" + flag[2:]  # the spelling the default is
-            parser.add_argument(
+            actions[f.name] = parser.add_argument(
                 flag,
                 dest=f.name,
                 action=argparse.BooleanOptionalAction,
@@ -141,7 +145,7 @@ def build_parser(
             )
             continue
         if f.metadata.get("repeat"):
-            parser.add_argument(
+            actions[f.name] = parser.add_argument(
                 flag,
                 dest=f.name,
                 action="append",
@@ -153,27 +157,34 @@ def build_parser(
             )
             continue
         if isinstance(default, tuple):
-            shown = ",".join(map(str, default)) or "none"
+            on = ",".join(map(str, default)) or "none"
         else:
-            shown = default
-        parser.add_argument(
+            on = default
+        actions[f.name] = parser.add_argument(
             flag,
             dest=f.name,
             type=_parser_for(tp, f.name.replace("_", "-"), lanes=f.name in _TUNED_BY.values()),
             default=default if defaults else argparse.SUPPRESS,
             help=help_text
             if _states_default(help_text, default)
-            else f"{help_text} (default: {shown})",
+            else f"{help_text} (default: {on})",
             metavar=f.name.upper(),
         )
+    for name, action in actions.items():
+        if shown is not None and name not in shown:
+            action.help = argparse.SUPPRESS
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 
 def config_from_args(
-    config_cls: type[C], argv: Sequence[str] | None, description: str, prog: str | None = None
+    config_cls: type[C],
+    argv: Sequence[str] | None,
+    description: str,
+    prog: str | None = None,
+    shown: Collection[str] | None = None,
 ) -> tuple[C, argparse.Namespace]:
-    parser = build_parser(config_cls, description, prog)
+    parser = build_parser(config_cls, description, prog, shown=shown)
     ns = parser.parse_args(argv)
     for f in dataclasses.fields(config_cls):
         if f.metadata.get("repeat"):
@@ -351,11 +362,12 @@ def config_main(
     prog: str,
     *,
     refuse: Callable[[list[str]], Any] | None = None,
+    shown: Collection[str] | None = None,
 ) -> int:
     """The whole entry point of a job on ``config_cls``'s flags (described by the first
     paragraph of ``doc``): ``refuse(argv)`` first, where given (a flag the job would not act on,
     refused before its value is read), then the flags → ``job(cfg)``; a bad flag or input is one
-    line, status 2; ``--help``, status 0."""
+    line, status 2; ``--help``, status 0, listing the fields ``shown`` (default: all)."""
     configure_process()
     argv = list(sys.argv[1:] if argv is None else argv)
     if refuse is not None:
@@ -363,7 +375,7 @@ def config_main(
         if status:
             return status
     try:
-        cfg, _ = config_from_args(config_cls, argv, doc.split("\n\n")[0], prog)
+        cfg, _ = config_from_args(config_cls, argv, doc.split("\n\n")[0], prog, shown)
     except SystemExit as e:  # --help, or a bad flag (already reported in one line)
         return 0 if e.code is None else int(e.code)
     return run_cli(lambda: job(cfg))

@@ -213,7 +213,12 @@ class RunConfig:
     """What every experiment shares: runs, training, constraints, evaluation and output."""
 
     # -- runs --------------------------------------------------------------------------------
-    seeds: int = flag(2, "seeds per setting, trained together (vmap)", check=at_least(1))
+    seeds: int = flag(
+        2,
+        "seeds per setting: each seed on its own draw of the data is its own program, trained "
+        "after the others (with --data-seed, the seeds are lanes of one program)",
+        check=at_least(1),
+    )
     seed: int = flag(
         0, "first seed; each seed also seeds its data unless --data-seed", check=non_negative
     )
@@ -229,8 +234,8 @@ class RunConfig:
     sweep: tuple[str, ...] = flag(
         (),
         "NAME=V1,V2,...: train every value of NAME (one of " + ", ".join(SWEEPABLE) + "); "
-        "repeat for a Cartesian product; all points x seeds train as one program per model "
-        "structure",
+        "repeat for a Cartesian product; all points train as lanes of one program per model "
+        "structure and draw of the data (each seed's own, or --data-seed's)",
         repeat=True,
         canonical=canonical_sweeps,
     )

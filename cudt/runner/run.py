@@ -97,7 +97,7 @@ def inert_warnings(task: Task, cfg, groups) -> list[str]:
     """One line per (group, γ_train) whose constrained runs would train a descent constraint
     after a state whose loss is ~0 by construction (:meth:`Task.inert_states`): ℓ_l ≤ (1 − ε)·0
     is infeasible; the runner reports it as not applicable (``n/a``), and says so before
-    training."""
+    training; once, though each seed's draw of the data has its groups."""
     lines = []
     for group in groups:
         for g in sorted({float(s.hp["gamma_train"]) for s in group.specs if s.constrained}):
@@ -108,19 +108,21 @@ def inert_warnings(task: Task, cfg, groups) -> list[str]:
                     f"ℓ_{state + 1} ≤ (1 − ε)·ℓ_{state} is infeasible by construction; it is "
                     "trained as asked and reported n/a"
                 )
-    return lines
+    return list(dict.fromkeys(lines))
 
 
 def _warmup_warnings(cfg, groups, programs) -> list[str]:
     """One line per group whose constrained runs would never leave the warm-up: the task's
-    default (one epoch; an explicit --warmup-steps that long is refused with the config)."""
-    return [
+    default (one epoch; an explicit --warmup-steps that long is refused with the config); once,
+    though each seed's draw of the data has its groups."""
+    lines = [
         f"warning: {g.model_name}-{g.model.num_layers}: the warm-up, one epoch of {p.warmup} "
         f"steps, covers all {cfg.steps} --steps, so the multipliers stay 0 and the constrained "
         f"runs train as ERM: pass --warmup-steps below {cfg.steps}, or more --steps"
         for g, p in zip(groups, programs, strict=True)
         if p.warmup >= cfg.steps and any(s.constrained for s in g.specs)
     ]
+    return list(dict.fromkeys(lines))
 
 
 def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from cudt.errors import UsageError
 from cudt.io import check_not_a_file, claimed_run_dir, to_jsonable, write_json_atomic
+from cudt.knobs import KNOBS
 from cudt.runner.config import Needs, flag, unmet_needs
 from cudt.runner.lock import check_free, lock_output
 from cudt.runner.output import (
@@ -108,12 +109,19 @@ def headline_flag(default: float):
     )
 
 
-def sweep_flag(example: str):
+def sweepable_in(task_config: type) -> tuple[str, ...]:
+    """The knobs a table's sub-runs can sweep: those that act under the task's own formulation,
+    constraint kind and dual optimiser, which every table trains (it has no flag for them)."""
+    cfg = task_config()
+    return tuple(k.name for k in KNOBS if k.name in HPARAMS and k.active(cfg))
+
+
+def sweep_flag(example: str, task_config: type):
     """``--sweep``, repeatable (``example``: a single value, in its help)."""
     return flag(
         (),
-        "NAME=V1,V2,...: also sweep NAME (" + ", ".join(HPARAMS) + ") in every sub-run; "
-        f"a single value fixes it (e.g. {example})",
+        "NAME=V1,V2,...: also sweep NAME (" + ", ".join(sweepable_in(task_config)) + ") in "
+        f"every sub-run; a single value fixes it (e.g. {example})",
         repeat=True,
     )
 
@@ -169,10 +177,13 @@ def keep_unique(opts, names: Sequence[str] = ("datasets", "models", "layers", "g
         object.__setattr__(opts, name, unique(getattr(opts, name)))
 
 
-def check_grid_flags(opts, need: Callable[[bool, str], None], counts: Sequence[str]) -> None:
+def check_grid_flags(
+    opts, need: Callable[[bool, str], None], counts: Sequence[str], task_config: type
+) -> None:
     """The checks every table config shares: γ_train levels, the headline γ, test γ, the
-    tolerance, the positive counts named in ``counts``, and no ``--sweep gamma_train`` (the
-    levels are ``--gamma-trains``). ``need(ok, message)`` raises the one-line error."""
+    tolerance, the positive counts named in ``counts``, no ``--sweep gamma_train`` (the
+    levels are ``--gamma-trains``) and no ``--sweep`` of a knob that does not act under
+    ``task_config``'s settings. ``need(ok, message)`` raises the one-line error."""
     gammas = opts.gamma_trains
     need(
         finite(gammas) and all(g >= 0 for g in gammas),
@@ -211,6 +222,15 @@ def check_grid_flags(opts, need: Callable[[bool, str], None], counts: Sequence[s
             "--sweep gamma_train: the training levels are --gamma-trains (every sub-run "
             "sweeps them): pass --gamma-trains " + item.partition("=")[2],
         )
+        knob = next((k for k in KNOBS if k.name == name), None)
+        if knob is not None and knob.needs is not None:
+            field, _ = knob.needs
+            need(
+                name in sweepable_in(task_config),
+                f"--sweep {name} does not act in this table's runs, which train "
+                f"--{field.replace('_', '-')} {getattr(task_config(), field)} (the task's; the "
+                f"table has no flag for it): sweep one of {', '.join(sweepable_in(task_config))}",
+            )
 
 
 @dataclasses.dataclass

@@ -246,3 +246,15 @@ def test_a_flag_that_would_not_act_is_refused(tmp_path, capsys, flags, says):
     written; the flags that act still run (the test above)."""
     out = tmp_path / "out"
     assert_one_line_error(phase_one.main, [*TINY, *flags, "--out", str(out)], capsys, says, out=out)
+
+
+def test_help_lists_the_flags_that_act_and_no_other(capsys):
+    """--help listed every flag of the video task, --chunk-steps and --dual-lr among them, each
+    refused as having no effect in phase I: it now lists the ones phase I reads."""
+    import re
+
+    assert phase_one.main(["--help"]) == 0
+    listed = set(re.findall(r"^  (--[a-z-]+)", capsys.readouterr().out, re.M))
+    assert listed == {"--" + name.replace("_", "-") for name in phase_one._acting()}
+    assert {"--layers", "--steps", "--epsilon", "--dataset", "--out"} <= listed
+    assert not listed & {"--chunk-steps", "--dual-lr", "--constraint", "--select", "--update"}

@@ -217,3 +217,11 @@ def test_a_flag_it_does_not_read_is_refused_before_its_value(capsys, flags):
     err = capsys.readouterr().err.strip().splitlines()
     name = flags[0].partition("=")[0]
     assert len(err) == 1 and err[0].startswith(f"error: {name} does not act here")
+
+
+def test_help_lists_the_flags_it_reads_and_no_other(capsys):
+    """--help listed every flag of the text task (--out, --steps, --dual-lr, ...), each refused
+    as 'does not act here': it now lists the ones text_ceiling reads."""
+    assert text_ceiling.main(["--help"]) == 0
+    listed = set(re.findall(r"^  (--[a-z-]+)", capsys.readouterr().out, re.M))
+    assert listed == {"--" + name.replace("_", "-") for name in text_ceiling.READ}

@@ -285,6 +285,11 @@ def test_rerun_reuses_finished_subruns_and_refuses_other_flags(micro_grid, capsy
         (["--gamma-trains", "0,nan"], "--gamma-trains must all be finite numbers >= 0"),
         (["--headline-gamma", "0.5"], "--headline-gamma 0.5 is not among --gamma-trains"),
         (["--sweep", "gamma_train=0,1"], "--sweep gamma_train: the training levels are"),
+        (
+            ["--sweep", "nupi_kp=0,1"],
+            "--sweep nupi_kp does not act in this table's runs, which "
+            "train --dual-optimizer adam (the task's; the table has no flag for it): sweep one of",
+        ),
         (["--encoder-granularity", "layer"], "--encoder-granularity must be block or sublayer"),
         (["--models", "ut", "--encoder-granularity", "block"], "read by the pretrained encod"),
         (["--models", "minilm", "--layers", "5"], "--models minilm trains no UT (the encoders"),

@@ -4,6 +4,7 @@ tiny end-to-end grid (CSV, Markdown, figures), reuse of finished sub-runs, refus
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -537,6 +538,14 @@ def test_rerun_reuses_finished_subruns(tiny_grid, capsys):
         (["--scale", "paper"], "--scale paper needs --data-root DIR"),
         (["--scale", "paper", "--data-root", "{tmp}/nope"], "/nope' does not exist"),
         (["--scale", "paper", "--data-root", "{tmp}"], "has no 'Avenue Dataset' folder"),
+        # the help listed penalty and tail_beta, and the refusal asked for --formulation or
+        # --constraint, flags the table does not have
+        (
+            ["--sweep", "penalty=0.1,1"],
+            "--sweep penalty does not act in this table's runs, "
+            "which train --formulation lagrangian (the task's; the table has no flag for it)",
+        ),
+        (["--sweep", "tail-beta=0.1"], "train --constraint mean (the task's; the table has no"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, message):
@@ -639,3 +648,15 @@ def test_a_title_over_hidden_panels_only_is_left_alone():
     clear_of_title(fig)
     plt.close(fig)
     assert fig.subplotpars.top == top
+
+
+def test_the_sweep_help_names_what_the_tables_runs_can_sweep():
+    """The tables train the task's formulation, constraint kind and dual optimiser: --sweep's
+    help named penalty and tail_beta (and, for text, nuPI's gains), which act in none of them."""
+    video = dict((f.name, f) for f in dataclasses.fields(table3.Table3Config))["sweep"]
+    assert "nupi_kp" in video.metadata["help"] and "penalty" not in video.metadata["help"]
+    assert "tail_beta" not in video.metadata["help"]
+    from experiments.paper.text_table.config import Table4Config
+
+    text = dict((f.name, f) for f in dataclasses.fields(Table4Config))["sweep"]
+    assert "dual_lr" in text.metadata["help"] and "nupi_kp" not in text.metadata["help"]

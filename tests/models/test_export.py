@@ -221,6 +221,12 @@ def test_an_output_that_holds_something_is_refused_and_kept(tmp_path):
     cudt.save_decoder(other, None, folder, overwrite=True)  # replaced whole
     after = load_decoder(folder).params["embed"]
     np.testing.assert_array_equal(after, other.params["embed"])
+    # a file, even an empty one, is named as one (it read "already exists and is not empty")
+    (tmp_path / "a_file").touch()
+    with pytest.raises(cudt.UsageError, match=r"a_file is a file already: pass another path, or"):
+        cudt.save_decoder(dec, None, tmp_path / "a_file")
+    assert (tmp_path / "a_file").read_bytes() == b""
+    (tmp_path / "a_file").unlink()
     # an empty folder is taken; bad input leaves nothing, not even a temporary
     (tmp_path / "empty").mkdir()
     cudt.save_decoder(dec, None, tmp_path / "empty")

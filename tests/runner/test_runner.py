@@ -875,6 +875,19 @@ def test_a_default_warmup_as_long_as_the_run_is_said_before_training(tmp_path, c
     assert "covers all" not in out.out + out.err  # 10 steps an epoch
 
 
+def test_a_warning_of_every_seeds_groups_is_said_once(tmp_path, capsys):
+    """Each seed draws its own data, so each has its groups; the warm-up's warning, the same
+    for each, was printed once per seed (twice per model with --seeds 2)."""
+    from helpers import ToyConfig
+
+    from cudt.runner.run import run
+
+    cfg = ToyConfig(num_examples=200, seeds=2, warmup_steps=None, out=str(tmp_path / "o"))
+    run(ToyTask(), cfg)
+    err = capsys.readouterr().err
+    assert err.count("covers all 12 --steps") == 1, err
+
+
 def test_a_resume_may_keep_another_number_of_checkpoints(tmp_path, capsys):
     """--keep-checkpoints changes which checkpoints stay, not what a run computes: a resume
     with another value was refused as a changed config (keep_checkpoints 2 -> 3), also for

@@ -228,7 +228,7 @@ class Table4Config:
         None, "training perturbation levels γ_train (default: tiny 0,1; paper 0,0.2,...,1)"
     )
     headline_gamma: float = grid.headline_flag(1.0)
-    sweep: tuple[str, ...] = grid.sweep_flag("dual_lr=0.05")
+    sweep: tuple[str, ...] = grid.sweep_flag("dual_lr=0.05", TextConfig)
     seeds: int | None = grid.seeds_flag()
     steps: int | None = flag(None, "training steps per run (default: tiny 40, paper 2000)")
     batch_size: int | None = flag(None, "examples per batch (default: tiny 8, paper 32)")
@@ -262,7 +262,9 @@ class Table4Config:
             self.encoder_granularity in GRANULARITIES,
             f"--encoder-granularity must be block or sublayer, got {self.encoder_granularity!r}",
         )
-        grid.check_grid_flags(self, need, ("seeds", "steps", "batch_size", "num_test", "devices"))
+        grid.check_grid_flags(
+            self, need, ("seeds", "steps", "batch_size", "num_test", "devices"), TextConfig
+        )
         for name, low in (("num_train", 2), ("max_length", 4)):
             value = getattr(self, name)
             need(

@@ -176,7 +176,7 @@ class Table3Config:
     datasets: tuple[str, ...] = grid.datasets_flag(DATASETS)
     gamma_trains: tuple[float, ...] = flag(GAMMA_TRAINS, "training perturbation levels γ_train")
     headline_gamma: float = grid.headline_flag(0.15)
-    sweep: tuple[str, ...] = grid.sweep_flag("epsilon=0.05")
+    sweep: tuple[str, ...] = grid.sweep_flag("epsilon=0.05", VideoConfig)
     seeds: int | None = grid.seeds_flag()
     steps: int | None = flag(None, "training steps per run (default: tiny 60, paper 800)")
     batch_size: int | None = flag(None, "examples per batch (default 32)")
@@ -209,7 +209,9 @@ class Table3Config:
             all(n >= 1 for n in self.layers),
             f"--layers must all be >= 1, got {','.join(map(str, self.layers))}",
         )
-        grid.check_grid_flags(self, need, ("seeds", "steps", "batch_size", "max_videos", "devices"))
+        grid.check_grid_flags(
+            self, need, ("seeds", "steps", "batch_size", "max_videos", "devices"), VideoConfig
+        )
         grid.keep_unique(self)
 
 
