@@ -115,10 +115,14 @@ def train_phase_one(
 
     def one_seed(key):
         params = model.init(jax.random.fold_in(key, 1))
-        from_init, obj_init = run(p1_step, p1_init(params), key, steps)
         erm, obj_loss = run(erm_step, erm_init(params), key, steps)
-        from_erm, obj_erm = run(p1_step, p1_init(erm.params), jax.random.fold_in(key, 2), steps)
-        return (from_init.params, from_erm.params, erm.params), (obj_init, obj_erm, obj_loss)
+        # both phase-I runs (from the init, from the ERM point) as one loop over the starts: the
+        # step is compiled once, not once per start (the same computation on each)
+        starts = jax.tree.map(lambda *s: jnp.stack(s), p1_init(params), p1_init(erm.params))
+        keys = jnp.stack([key, jax.random.fold_in(key, 2)])
+        (ends, objs) = jax.lax.map(lambda sk: run(p1_step, *sk, steps), (starts, keys))
+        from_init, from_erm = (jax.tree.map(lambda a, i=i: a[i], ends.params) for i in (0, 1))
+        return (from_init, from_erm, erm.params), (objs[0], objs[1], obj_loss)
 
     ids = range(seeds) if isinstance(seeds, int) else seeds
     keys = jnp.stack([jax.random.key(int(s)) for s in ids])
