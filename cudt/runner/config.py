@@ -47,11 +47,11 @@ __all__ = [
     "field_defaults",
     "flag",
     "in_range",
-    "is_given",
     "knob_needs",
     "one_of",
     "positive",
     "read_by_real_data",
+    "sets_field",
     "shared",
     "unmet_needs",
 ]
@@ -155,7 +155,7 @@ def field_defaults(config) -> dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(config)}
 
 
-def is_given(config, name: str, value) -> bool:
+def sets_field(config, name: str, value) -> bool:
     """Whether ``value`` of field ``name`` of ``config`` (a dataclass of :func:`flag` fields, a
     class or an instance) sets it: other than its default, and, for a field of
     :class:`RunConfig` whose default the task changed (:func:`shared`), other than RunConfig's
@@ -172,12 +172,12 @@ def is_given(config, name: str, value) -> bool:
 
 def unmet_needs(config) -> str | None:
     """The refusal of the first field of ``config`` (a dataclass of :func:`flag` fields) set
-    (:func:`is_given`) where its ``needs`` is not met, else None: a flag that would act on
+    (:func:`sets_field`) where its ``needs`` is not met, else None: a flag that would act on
     nothing."""
     for f in dataclasses.fields(config):
         needs = f.metadata.get("needs")
         value = getattr(config, f.name)
-        if needs is None or not is_given(config, f.name, value) or needs.ok(config):
+        if needs is None or not sets_field(config, f.name, value) or needs.ok(config):
             continue
         return needs.message(config, _flag_name(f.name))
     return None

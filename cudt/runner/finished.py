@@ -23,7 +23,7 @@ import jax
 from cudt.checkpoint import GroupCheckpointer
 from cudt.errors import CheckpointError, CudtError, UsageError
 from cudt.io import to_jsonable
-from cudt.runner.config import field_defaults, is_given
+from cudt.runner.config import field_defaults, sets_field
 from cudt.runner.groups import Group
 from cudt.runner.lock import check_free
 from cudt.runner.output import CHECKPOINTS, CONFIG_FILE, checkpoint_record, described_alike
@@ -145,7 +145,7 @@ def _idle_at_default(config_cls: Any, kw: dict, file: Path) -> dict:
     nothing (``config_cls.idle_flags``) and were recorded at another value (accepted by an
     earlier version; refused on a command line now), each named in a note on stderr."""
     defaults = field_defaults(config_cls)
-    idle = [k for k in config_cls.idle_flags(kw) if k in kw and is_given(config_cls, k, kw[k])]
+    idle = [k for k in config_cls.idle_flags(kw) if k in kw and sets_field(config_cls, k, kw[k])]
     if idle:
         shown = ", ".join(f"--{k.replace('_', '-')} {kw[k]}" for k in idle)
         print(
