@@ -272,10 +272,11 @@ def _check_same_config(
         raise UsageError(
             f"{saved_config} is unreadable ({e}): pass another --out, or --overwrite to start again"
         ) from e
+    who = name or f"--out {out}"  # what the refusals call the folder
     layout = old.get("state_layout", 1)
     if only is None and layout != config.get("state_layout", layout):
         raise UsageError(
-            f"{name or f'--out {out}'} holds checkpoints of an earlier cudt whose train state has another "
+            f"{who} holds checkpoints of an earlier cudt whose train state has another "
             f"layout ({layout}; this version writes {config['state_layout']}), which cannot "
             "be resumed: pass another --out, or --overwrite to discard them"
         )
@@ -293,14 +294,14 @@ def _check_same_config(
         moved = _evaluation_flags_moved(old, config)
         if moved:  # no file changed: an evaluation-only flag moved the training examples
             raise UsageError(
-                f"{name or f'--out {out}'} holds checkpoints trained on other examples than this command "
+                f"{who} holds checkpoints trained on other examples than this command "
                 f"gives: {', '.join(moved)} changes this data's training split "
                 f"({'; '.join(changed[:2])}): rerun with the values they were trained with "
                 "to resume, pass another --out, or --overwrite to discard them"
             )
         derived = [d for d in diff if d not in changed][:3]
         raise UsageError(
-            f"{name or f'--out {out}'} holds checkpoints trained on other files than its flags name now "
+            f"{who} holds checkpoints trained on other files than its flags name now "
             f"({'; '.join(changed + derived)}): restore the files they were trained on, "
             "pass another --out, or --overwrite to discard them"
         )
@@ -310,14 +311,14 @@ def _check_same_config(
     if diff and len(gone) == len(diff):
         named = "; ".join(d.rsplit(" -> ", 1)[0] for d in gone[:4])
         raise UsageError(
-            f"{name or f'--out {out}'} holds checkpoints of an earlier cudt, with settings this version no "
+            f"{who} holds checkpoints of an earlier cudt, with settings this version no "
             f"longer has ({named}{f'; and {len(gone) - 4} more' if len(gone) > 4 else ''}): "
             "pass another --out, or --overwrite to discard them"
         )
     diff = flag_changed + [d for d in diff if d not in flag_changed]  # the flags first
     if diff:
         raise UsageError(
-            f"{name or f'--out {out}'} holds checkpoints of a different config ({'; '.join(diff[:4])}"
+            f"{who} holds checkpoints of a different config ({'; '.join(diff[:4])}"
             f"{f'; and {len(diff) - 4} more' if len(diff) > 4 else ''}): "
             "pass another --out, rerun with the same flags to resume, or --overwrite to "
             "discard them"
