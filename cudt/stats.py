@@ -28,6 +28,7 @@ import numpy as np
 __all__ = [
     "Interval",
     "bootstrap_interval",
+    "level_mark",
     "paired_bootstrap_interval",
     "paired_t_interval",
     "t_interval",
@@ -75,6 +76,14 @@ class Interval:
             "level": float(self.level),
             "text": str(self),
         }
+
+
+def level_mark(iv: Interval | dict) -> str:
+    """`` level`` where an interval (an :class:`Interval`, or its :meth:`Interval.as_dict`)
+    spans 0, so no difference is claimed; else "" (one without bounds too). Every claim line
+    marks its intervals by it."""
+    low, high = (iv.low, iv.high) if isinstance(iv, Interval) else (iv["low"], iv["high"])
+    return " level" if low is not None and high is not None and low <= 0 <= high else ""
 
 
 def _check_level(level: float) -> float:

@@ -38,7 +38,7 @@ from cudt.runner.cli import (
 )
 from cudt.runner.provenance import provenance
 from cudt.runner.run import data_draws
-from cudt.stats import paired_t_interval, t_interval
+from cudt.stats import level_mark, paired_t_interval, t_interval
 from cudt.tasks.text import TextConfig, TextTask
 
 __all__ = [
@@ -301,7 +301,7 @@ def order_gain_lines(rows: list[dict], seeds: list[int]) -> list[str]:
         diff = float(np.mean(a) - np.mean(b))
         if len(seeds) > 1:
             iv = paired_t_interval(a, b)
-            level = " level" if iv.low <= 0 <= iv.high else ""  # no gain claimed where it spans 0
+            level = level_mark(iv)  # no gain claimed where it spans 0
             shown = (
                 f"{iv.mean:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}]{level}, paired t over "
                 f"{len(seeds)} seeds"

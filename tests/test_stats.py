@@ -116,3 +116,10 @@ def test_one_value_gives_no_interval():
 def test_bad_input_raises_value_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_level_mark_reads_an_interval_or_its_record_and_marks_only_those_spanning_zero():
+    spans, above = stats.t_interval([-1.0, 1.0, 0.5]), stats.t_interval([1.0, 1.1, 1.2])
+    assert stats.level_mark(spans) == stats.level_mark(spans.as_dict()) == " level"
+    assert stats.level_mark(above) == stats.level_mark(above.as_dict()) == ""
+    assert stats.level_mark({"low": None, "high": None}) == ""  # one value: no bounds, no claim

@@ -390,9 +390,7 @@ def comparison_lines(
         cells = []
         for name, iv in c["constrained_minus_erm"].items():
             text = f"{name} {iv['mean']:+.4g} [{iv['low']:+.4g}, {iv['high']:+.4g}]"
-            if iv["low"] <= 0 <= iv["high"]:
-                text += " level"
-            cells.append(text + over_seeds(iv))  # not finite at the others
+            cells.append(text + stats.level_mark(iv) + over_seeds(iv))  # not finite at the others
         resilient = c.get("resilient", False)  # results.json before the fallback: hard
         kind = "constrained, resilient" if resilient else "constrained"
         if resilient and c.get("resilient_in"):

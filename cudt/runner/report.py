@@ -24,6 +24,7 @@ from cudt.runner.choice import (
 )
 from cudt.runner.hparams import CONSTRAINT_ONLY
 from cudt.runner.record import KINDS, RUNNER_METRICS, run_metric
+from cudt.stats import level_mark
 
 __all__ = [
     "Column",
@@ -132,7 +133,7 @@ def interval_lines(intervals: list[dict], swept: Sequence[str] = ()) -> list[str
         if iv["low"] is None:
             return f"{name} {iv['mean']:.4g}" + over_seeds(iv)
         text = f"{name} {iv['mean']:.4g} [{iv['low']:.4g}, {iv['high']:.4g}]"
-        level = " level" if difference and iv["low"] <= 0 <= iv["high"] else ""
+        level = level_mark(iv) if difference else ""
         return text + level + over_seeds(iv)  # not finite at the others
 
     lines = []

@@ -29,7 +29,7 @@ import numpy as np
 
 from cudt.runner.choice import choose_points
 from cudt.runner.record import at_gamma_train
-from cudt.stats import t_interval
+from cudt.stats import level_mark, t_interval
 from experiments.paper.rows import csv_text, num, peak, write_text
 
 __all__ = ["CSV_COLUMNS", "choose", "choose_setting", "rows_of", "write_report"]
@@ -288,11 +288,7 @@ def _versus(differences, digits: int, unit: str = "") -> str:
     if len(vals) < 2:
         return num(float(np.mean(vals))) + over
     iv = t_interval(vals)
-    return (
-        f"{num(iv.mean)} [{num(iv.low)}, {num(iv.high)}]"
-        + (" level" if iv.low <= 0 <= iv.high else "")
-        + over
-    )
+    return f"{num(iv.mean)} [{num(iv.low)}, {num(iv.high)}]" + level_mark(iv) + over
 
 
 def _mean(cell, key) -> float:
