@@ -115,21 +115,23 @@ def finished_run(out: str | Path, task: Any, reader: str) -> tuple[Any, Any, dic
         except ValueError as err:
             raise UsageError(f"{file}'s config is not one this cudt runs ({err})") from err
         data = _load_again(task, cfg, out, reader)
-        _check_trained_on(task, cfg, data, trained, out)
-    _note_removed(task, cfg, data, saved, trained, file)
+        # once: it digests the training data and the pretrained weights
+        now = to_jsonable(task.fingerprint(cfg, data))
+        _check_trained_on(cfg, now, trained, out)
+    _note_removed(cfg, now, saved, trained, file)
     return cfg, data, results
 
 
-def _note_removed(task: Any, cfg: Any, data: Any, saved: dict, trained: dict, file: Path) -> None:
+def _note_removed(cfg: Any, now: dict, saved: dict, trained: dict, file: Path) -> None:
     """A note on stderr naming the settings an earlier cudt recorded (in ``results.json`` and
     the checkpoints' record alike) that this one no longer has: the run is read without them,
     as no flag of this version can give them (a resume of its checkpoints is refused, naming
     them: :func:`cudt.runner.output.open_output`)."""
     # the record's keys now: the config's, the data's fingerprint (or one per seed's draw)
-    now = {*checkpoint_record(cfg), *to_jsonable(task.fingerprint(cfg, data)), "data_per_seed"}
+    known = {*checkpoint_record(cfg), *now, "data_per_seed"}
     fields = {f.name for f in dataclasses.fields(cfg)}
     derived = set(saved.get("data_derived") or ())  # what the task derived from the data
-    gone = sorted(k for k in set(saved) & set(trained) if k not in fields | now | derived)
+    gone = sorted(k for k in set(saved) & set(trained) if k not in fields | known | derived)
     if gone:
         shown = "; ".join(f"{k} {saved[k]!r}" for k in gone[:4])
         more = f"; and {len(gone) - 4} more" if len(gone) > 4 else ""
@@ -167,14 +169,13 @@ def _load_again(task: Any, cfg: Any, out: Path, reader: str) -> Any:
         raise
 
 
-def _check_trained_on(task: Any, cfg: Any, data: Any, trained: dict, out: Path) -> None:
-    """A one-line :class:`UsageError` unless ``data`` (the draw of ``cfg.data_rng_seed``)
-    gives what the data and weights gave when the checkpoints were written (``trained``, the
+def _check_trained_on(cfg: Any, now: dict, trained: dict, out: Path) -> None:
+    """A one-line :class:`UsageError` unless ``now`` (the task's fingerprint of the data of
+    ``cfg.data_rng_seed``'s draw, as JSON) is what the data and weights gave when the checkpoints were written (``trained``, the
     checkpoints' record: the training tokens, the vocabulary, the noise scale; per seed when
     each seed drew its own data), evaluation-only values aside."""
     per_seed = trained.get("data_per_seed")
     expected = per_seed.get(str(cfg.data_rng_seed), {}) if per_seed else trained
-    now = to_jsonable(task.fingerprint(cfg, data))
     diff = [
         f"{k} {expected.get(k)!r} -> {v!r}"
         for k, v in now.items()
@@ -230,7 +231,7 @@ def run_data(task: Any, cfg: Any, data: Any, out: Path | None = None) -> Callabl
                 return draws[seed]
             with _where_it_ran(results):
                 draws[seed] = _load_again(task, draw, out, "this command")
-            _check_trained_on(task, draw, draws[seed], trained, out)
+            _check_trained_on(draw, to_jsonable(task.fingerprint(draw, draws[seed])), trained, out)
         return draws[seed]
 
     return data_of

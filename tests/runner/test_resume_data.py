@@ -11,6 +11,7 @@ import pytest
 
 from cudt.data.text.nli import tfds_builder, tiny_splits
 from cudt.errors import UsageError
+from cudt.io import to_jsonable
 from cudt.runner.finished import _check_trained_on
 from cudt.runner.output import checkpoint_record, open_output_once
 from cudt.tasks.text import TextConfig, TextTask
@@ -50,10 +51,12 @@ def test_the_same_text_data_elsewhere_or_in_another_format_resumes(
         assert now["data_source"] != trained["data_source"]  # the line names where it lies
         assert now["train_digest"] == trained["train_digest"]
         assert resumes(now)
-        _check_trained_on(task, cfg, task.load(cfg), trained, out)  # read back: not refused
+        _check_trained_on(
+            cfg, to_jsonable(task.fingerprint(cfg, task.load(cfg))), trained, out
+        )  # read back: not refused
     _prepare(tmp_path / "d" / "tensorflow_datasets", "array_record", num_train=48)
     other = fingerprint(tmp_path / "d")  # other reviews: 40 of 48
     with pytest.raises(UsageError, match=r"trained on other files .*\(train_digest"):
         resumes(other)
     with pytest.raises(UsageError, match=r"trained on other data .*train_digest"):
-        _check_trained_on(task, cfg, task.load(cfg), trained, out)
+        _check_trained_on(cfg, to_jsonable(task.fingerprint(cfg, task.load(cfg))), trained, out)
