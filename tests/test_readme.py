@@ -284,3 +284,28 @@ def test_the_constrained_pages_own_dual_chains_are_duals_the_step_takes():
     assert jnp.allclose(updates["c"], 0.1 * (0.5 - 2.0 / 10.0))  # ascent on g − λ/α
     with pytest.raises(ValueError, match="goes on after cudt.project_nonnegative"):
         check_dual(optax.chain(cudt.project_nonnegative(), optax.scale(2.0)))
+
+
+def test_a_blocks_unmarked_level_intervals_are_named_beside_it():
+    """The runner marks a constrained − ERM interval spanning 0 ``level``; a generated block
+    written before it did (docs/results/llm.md's llm-section6-2epochs: ``auc 0.002731 [-0.02704,
+    0.0325]``, its results.json not kept) cannot be rewritten, so the prose just above the block
+    names each such interval."""
+    item = re.compile(r"(\w[\w@γ]*) (-?[\d.e+-]+) \[(-?[\d.e+-]+), (-?[\d.e+-]+)\]( level)?")
+    checked = 0
+    for page in sorted((ROOT / "docs" / "results").glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for m in re.finditer(
+            r"\n\n((?:[^\n]+\n)+)\n<!-- generated:([\w.-]+)[^\n]*\n(.*?)<!-- end:", text, re.S
+        ):
+            before, name, body = m.groups()
+            for line in re.findall(r"constrained − ERM, paired by seed: ([^\n]*)", body):
+                checked += 1
+                unmarked = [
+                    metric
+                    for metric, _, low, high, level in item.findall(line)
+                    if float(low) <= 0 <= float(high) and not level
+                ]
+                missing = [u for u in unmarked if f"{u}'s" not in before]
+                assert not missing, f"{page.name} {name}: unmarked level intervals {missing}"
+    assert checked >= 1
