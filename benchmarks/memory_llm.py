@@ -188,9 +188,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--gpu-gb", type=positive_float, default=80.0, help="their memory, GB (default 80)"
     )
-    p.add_argument(
-        "--h200-gb", type=positive_float, default=141.0, help="one H200's memory, GB (141)"
-    )
+    p.add_argument("--h200-gb", type=positive_float, default=141.0, help="one H200's memory, GB")
     p.add_argument(
         "--lora-rank",
         type=positive_int_list,

@@ -2,7 +2,8 @@
 
     python -m experiments.pages run --runs DIR     # the blocks' commands whose results are missing
     python -m experiments.pages write --runs DIR   # rewrite every block whose results exist
-    python -m experiments.pages write --runs DIR --check   # exit 1 if a page is stale
+    python -m experiments.pages write --runs DIR --check   # exit 1 if a page is stale, 2 if a
+                                                           # block has no results to check
 
 The registry of blocks and their commands is ``experiments.paper.pages.BLOCKS``.
 """

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import re
 import subprocess
+import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -217,3 +220,92 @@ def test_each_row_of_the_cooper_table_names_tests_that_exist():
             assert len(found) == 1, (file, found)
             source = found[0].read_text(encoding="utf-8")
             assert not test or f"def {test}(" in source, (file, test)
+
+
+def _pages_text() -> str:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return "\n".join(p.read_text(encoding="utf-8") for p in pages)
+
+
+def test_every_public_name_is_on_a_page_and_every_name_a_page_gives_exists():
+    """``cudt.constraint_values``, ``project_nonnegative`` and ``resilience_decay`` were exported
+    and named on no page (nor ``Decoder``): each of ``cudt.__all__`` is named in README.md or
+    docs/, and each dotted ``cudt.``, ``experiments.`` or ``benchmarks.`` name a page gives
+    is a module or one of its attributes (``cudt.lock``, a lock file's name, aside)."""
+    import importlib
+
+    import cudt
+
+    text = _pages_text()
+    unnamed = [n for n in cudt.__all__ if not re.search(rf"(?<![\w.]){n}(?!\w)|cudt\.{n}\b", text)]
+    assert not unnamed, f"exported by cudt, named on no page: {unnamed}"
+    gone = set()
+    for dotted in set(re.findall(r"\b(?:cudt|experiments|benchmarks)(?:\.[A-Za-z_]\w*)+", text)):
+        if dotted == "cudt.lock":
+            continue
+        parts = dotted.split(".")
+        for i in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for name in parts[i:]:
+                obj = getattr(obj, name, gone)
+                if obj is gone:
+                    break
+            break
+        if obj is gone:
+            gone.add(dotted)
+    assert not gone, f"named on a page, not in the code: {sorted(gone)}"
+
+
+def test_the_constrained_pages_own_dual_chains_are_duals_the_step_takes():
+    """docs/constrained.md's chains of ``resilience_decay`` and ``project_nonnegative`` run as
+    written and are duals ``make_constrained_step`` accepts (a chain not ending in the
+    projection is refused), each decaying or projecting as the page says."""
+    import jax.numpy as jnp
+    import optax
+
+    import cudt
+    from cudt.constrained._dual import check_dual
+
+    page = (ROOT / "docs" / "constrained.md").read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "ramped" in b]
+    namespace: dict = {}
+    exec(
+        compile("import optax, cudt\n" + textwrap.dedent(block), "constrained.md", "exec"),
+        namespace,
+    )
+    lam, g = {"c": jnp.array(2.0)}, {"c": jnp.array(0.5)}
+    for name in ("decayed", "ramped"):
+        check_dual(namespace[name])
+    decayed = namespace["decayed"]
+    updates, _ = decayed.update(g, decayed.init(lam), lam)
+    assert jnp.allclose(updates["c"], 0.1 * (0.5 - 2.0 / 10.0))  # ascent on g − λ/α
+    with pytest.raises(ValueError, match="goes on after cudt.project_nonnegative"):
+        check_dual(optax.chain(cudt.project_nonnegative(), optax.scale(2.0)))
+
+
+def test_a_blocks_unmarked_level_intervals_are_named_beside_it():
+    """The runner marks a constrained − ERM interval spanning 0 ``level``; a generated block
+    written before it did (docs/results/llm.md's llm-section6-2epochs: ``auc 0.002731 [-0.02704,
+    0.0325]``, its results.json not kept) cannot be rewritten, so the prose just above the block
+    names each such interval."""
+    item = re.compile(r"(\w[\w@γ]*) (-?[\d.e+-]+) \[(-?[\d.e+-]+), (-?[\d.e+-]+)\]( level)?")
+    checked = 0
+    for page in sorted((ROOT / "docs" / "results").glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for m in re.finditer(
+            r"\n\n((?:[^\n]+\n)+)\n<!-- generated:([\w.-]+)[^\n]*\n(.*?)<!-- end:", text, re.S
+        ):
+            before, name, body = m.groups()
+            for line in re.findall(r"constrained − ERM, paired by seed: ([^\n]*)", body):
+                checked += 1
+                unmarked = [
+                    metric
+                    for metric, _, low, high, level in item.findall(line)
+                    if float(low) <= 0 <= float(high) and not level
+                ]
+                missing = [u for u in unmarked if f"{u}'s" not in before]
+                assert not missing, f"{page.name} {name}: unmarked level intervals {missing}"
+    assert checked >= 1

@@ -37,8 +37,45 @@ C = TypeVar("C")
 _KINDS = {int: ("an integer", "a whole number"), float: ("a number", "a number such as 0.01")}
 
 
+def shown_default(action: argparse.Action) -> str | None:
+    """How ``--help`` writes a flag's default: ``action.shown_default`` where set (a default the
+    value does not say: ``--lr``'s None is the task's rate), a ``--flag/--no-flag``'s spelling,
+    a list comma-separated ("none" when empty), else the value; None where there is none to
+    show (None, a flag that only switches something on)."""
+    given = getattr(action, "shown_default", None)
+    default = action.default
+    if given is not None or default is None or default is argparse.SUPPRESS:
+        return given
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return action.option_strings[0 if default else 1]
+    if action.nargs == 0:  # store_true, store_false: the default is not giving it
+        return None
+    if isinstance(default, tuple | list):
+        return ",".join(map(str, default)) or "none"
+    return str(default)
+
+
+class _ShowsDefaults(argparse.HelpFormatter):
+    """Every flag's help ends in its default, ``(default: 256)``, unless its words say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = shown_default(action)
+        if shown is None or _states_default(text, action.default):
+            return text
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad command line as one line, ``error: <message>``, status 2."""
+    """argparse that reports a bad command line as one line, ``error: <message>``, status 2,
+    and whose ``--help`` gives every flag's default (:func:`shown_default`), whatever its
+    ``formatter_class`` (which still lays out the description)."""
+
+    def _get_formatter(self):
+        cls = self.formatter_class
+        if not issubclass(cls, _ShowsDefaults):
+            cls = type(f"ShowsDefaults{cls.__name__}", (_ShowsDefaults, cls), {})
+        return cls(prog=self.prog)
 
     def error(self, message: str):
         missing = re.match(r"argument (--[\w-]+): expected one argument$", message)
@@ -122,58 +159,41 @@ def build_parser(
     parser = OneLineParser(
         prog=prog,
         description=description,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         add_help=add_help,
     )
     hints = typing.get_type_hints(config_cls)
-    actions = {}
     for f in dataclasses.fields(config_cls):
         flag = "--" + f.name.replace("_", "-")
         tp = hints[f.name]
         help_text = f.metadata.get("help", "")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        given = default if defaults else argparse.SUPPRESS
         if tp is bool or tp == (bool | None):  # None: a default that depends on other flags
-            on = flag if default else "--no-" + flag[2:]  # the spelling the default is
-            actions[f.name] = parser.add_argument(
-                flag,
-                dest=f.name,
-                action=argparse.BooleanOptionalAction,
-                default=default if defaults else argparse.SUPPRESS,
-                help=help_text
-                if default is None or _states_default(help_text, default)
-                else f"{help_text} (default: {on})",
+            action = parser.add_argument(
+                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=given
             )
-            continue
-        if f.metadata.get("repeat"):
-            actions[f.name] = parser.add_argument(
+        elif f.metadata.get("repeat"):
+            action = parser.add_argument(
                 flag,
                 dest=f.name,
                 action="append",
                 type=str,
                 default=None if defaults else argparse.SUPPRESS,
-                help=f"{help_text} (repeatable"
-                + (f"; default: {' '.join(default)})" if default else ")"),
                 metavar=f.name.upper(),
             )
-            continue
-        if isinstance(default, tuple):
-            on = ",".join(map(str, default)) or "none"
+            help_text += " (repeatable" + (f"; default: {' '.join(default)})" if default else ")")
         else:
-            on = default
-        actions[f.name] = parser.add_argument(
-            flag,
-            dest=f.name,
-            type=_parser_for(tp, f.name.replace("_", "-"), lanes=f.name in _TUNED_BY.values()),
-            default=default if defaults else argparse.SUPPRESS,
-            help=help_text
-            if _states_default(help_text, default)
-            else f"{help_text} (default: {on})",
-            metavar=f.name.upper(),
-        )
-    for name, action in actions.items():
-        if shown is not None and name not in shown:
-            action.help = argparse.SUPPRESS
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+            action = parser.add_argument(
+                flag,
+                dest=f.name,
+                type=_parser_for(tp, f.name.replace("_", "-"), lanes=f.name in _TUNED_BY.values()),
+                default=given,
+                metavar=f.name.upper(),
+            )
+        action.help = help_text if shown is None or f.name in shown else argparse.SUPPRESS
+        # a default the value does not say (None: the task's rate), in words (shown_default)
+        action.shown_default = f.metadata.get("default_text")
     return parser
 
 

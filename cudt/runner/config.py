@@ -129,6 +129,7 @@ def flag(
     path: bool = False,
     unordered: bool = False,
     canonical: Callable[[Any], Any] | None = None,
+    default_text: str | None = None,
     **kw,
 ):
     """A config field: its default, help text and check (applied to each element of a tuple,
@@ -139,8 +140,10 @@ def flag(
     ``repeat``: a flag given several times (``--sweep A --sweep B``); ``path``: it names a file
     or folder; ``unordered``: a list whose order means nothing; ``canonical``: what a value
     names, however spelt (a resume spelling any of these another way resumes:
-    ``cudt.runner.output``)."""
+    ``cudt.runner.output``); ``default_text``: the default as ``--help`` gives it where the
+    value does not say it (None standing for a rule: ``--lr``'s "the task's")."""
     metadata = {"help": help, "check": check, "needs": needs, "repeat": repeat}
+    metadata |= {"default_text": default_text}
     if unordered:  # the same values in another order name the same
         canonical = sorted if canonical is None else canonical
     metadata |= {"path": path, "canonical": canonical}
@@ -191,10 +194,15 @@ def knob_needs(name: str) -> Needs:
     return Needs(knob.active, knob.off_message())
 
 
-def shared(name: str, default):
-    """A shared field of :class:`RunConfig` with another default (same help and check)."""
+def shared(name: str, default, default_text: str | None = None):
+    """A shared field of :class:`RunConfig` with another default (same help and check);
+    ``default_text``: that default in ``--help``'s words where the value does not say it (a
+    task's rule for ``--lr``'s None)."""
     base = {f.name: f for f in dataclasses.fields(RunConfig)}[name]
-    return dataclasses.field(default=default, metadata=base.metadata)
+    metadata = dict(base.metadata)
+    if default_text is not None:
+        metadata["default_text"] = default_text
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def _is_float_type(tp) -> bool:
@@ -278,7 +286,9 @@ class RunConfig:
     # -- training ----------------------------------------------------------------------------
     steps: int = flag(800, "training steps per run", check=at_least(1))
     batch_size: int = flag(32, "examples per batch", check=at_least(1))
-    lr: float | None = flag(None, "primal Adam learning rate (default: the task's)", check=positive)
+    lr: float | None = flag(
+        None, "primal Adam learning rate", check=positive, default_text="the task's, per model"
+    )
     lr_schedule: str = flag(
         "constant",
         "primal learning-rate schedule over --steps: constant, cosine or linear (decay to 0)",
@@ -286,7 +296,7 @@ class RunConfig:
     )
     gamma_train: float = flag(0.5, "training perturbation level gamma", check=non_negative)
     test_gammas: tuple[float, ...] | None = flag(
-        None, "test perturbation levels (default: the task's grid)", check=non_negative
+        None, "test perturbation levels", check=non_negative, default_text="the task's grid"
     )
     # -- constraints -------------------------------------------------------------------------
     epsilon: float = flag(0.1, "descent factor: l_l <= (1-eps) l_{l-1}", check=in_range(0.0, 1.0))

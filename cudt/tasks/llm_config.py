@@ -334,7 +334,13 @@ class LLMConfig(RunConfig):
     seeds: int = shared("seeds", 1)
     steps: int = shared("steps", 800)
     batch_size: int = shared("batch_size", 16)
+    lr: float | None = shared(
+        "lr", None, "3e-3 (the tiny decoder), 1e-5 with --checkpoint, 2e-4 with --lora-rank"
+    )
     gamma_train: float = shared("gamma_train", 1.0)
+    test_gammas: tuple[float, ...] | None = shared(
+        "test_gammas", None, "0,0.5,1,1.5,2 and --gamma-train"
+    )
     epsilon: float = shared("epsilon", 0.1)
     # ln V, the paper's C = 12 for Llama 3 (ln 128256 = 11.76): without it descent is met by
     # making the embeddings' own readout worse

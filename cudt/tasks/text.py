@@ -233,6 +233,10 @@ class TextConfig(RunConfig):
     seeds: int = shared("seeds", 1)
     steps: int = shared("steps", 320)
     batch_size: int = shared("batch_size", 16)
+    lr: float | None = shared("lr", None, "2e-4 for minilm, 1e-3 for ut, 1e-4 for the others")
+    test_gammas: tuple[float, ...] | None = shared(
+        "test_gammas", None, "0,0.5,1,1.5,2 and --gamma-train"
+    )
     lr_schedule: str = shared("lr_schedule", "cosine")
     reference: str = shared("reference", "chance+0.3")
     epsilon: float = shared("epsilon", 0.05)

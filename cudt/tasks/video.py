@@ -257,7 +257,10 @@ class VideoConfig(RunConfig):
         check=one_of("val-objective", "val-mean-rmse"),
     )
     # shared fields with this experiment's defaults
-    lr: float | None = shared("lr", None)
+    lr: float | None = shared("lr", None, "1e-3, 1e-4 for the ViT (fine-tuned)")
+    test_gammas: tuple[float, ...] | None = shared(
+        "test_gammas", None, "0, 0.5, 1, 1.5, 2, 3 and 4 times --gamma-train (0 to 0.3 at 0)"
+    )
     # The default is the paper's training noise (Table 3's γ_train = 0.15; the test γ grid
     # 0-0.6 is then out of distribution above it), L = 5 after 400 steps. The dual dynamics
     # are the winner of experiments.dual_study (docs/results/dual_study.md): nuPI (K_P = 5)

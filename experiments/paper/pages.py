@@ -12,7 +12,8 @@ and its renderer. ``run`` makes the missing results (``python -m MODULE FLAGS --
 RUNS/<block>``); ``write`` rewrites every block whose results exist, its header read from the
 run's ``provenance`` record (commit, machine, date) and its table from
 :func:`cudt.runner.report.summary_table`, the runner's own summary; ``write --check`` writes
-nothing and exits 1 when a page differs from what ``write`` would make.
+nothing and exits 1 when a page differs from what ``write`` would make, 2 when a block's results
+are missing (a block it cannot check does not pass).
 
 A block of a *job* (a paper table, the dual study) names in ``Block.report`` the report the job
 writes from its runner calls' results.json (``table3.md``, ``study.md``); it reads that report
@@ -386,11 +387,11 @@ def _job_subruns(folder: Path) -> list[Path]:
     return sorted(folder / sub / "results.json" for sub in listed)
 
 
-def _load_results(block: Block, runs: Path, say) -> dict | None:
+def _load_results(block: Block, runs: Path, say, left: str = "left unchanged") -> dict | None:
     path = block.results_path(runs)
     if not path.is_file():
         say(
-            f"{block.name}: no {path}: block left unchanged (make it: python -m "
+            f"{block.name}: no {path}: block {left} (make it: python -m "
             f"experiments.pages run --runs {runs} --blocks {block.name})"
         )
         return None
@@ -404,7 +405,7 @@ def _load_results(block: Block, runs: Path, say) -> dict | None:
                 "subruns": [json.loads(p.read_text()) for p in subruns],
             }
     except (OSError, ValueError) as e:
-        say(f"{block.name}: cannot read {path} ({e}): block left unchanged")
+        say(f"{block.name}: cannot read {path} ({e}): block {left}")
         return None
     why = _mismatch(block, results)
     if why:  # the wrong folder (another command's results): not a block to leave quietly
@@ -425,9 +426,10 @@ def write_pages(
     say=print,
 ) -> int:
     """Rewrites the blocks (all, or those named in ``blocks``) of every ``pages/*.md`` whose
-    results exist; ``check``: writes nothing, returns 1 when a page would change. Returns 0, 1
-    (check: stale), or 2 (a malformed marker, a block's folder locked by a job still running,
-    or holding another command's results: nothing written)."""
+    results exist; ``check``: writes nothing, returns 1 when a page would change, else 2 when a
+    block of a page has no readable results (it could not be checked). Returns 0, 1 (check:
+    stale), or 2 (check: a block not checked; a malformed marker, a block's folder locked by a
+    job still running, or holding another command's results: nothing written)."""
     registry = BLOCKS if registry is None else registry
     parsed = {}
     for path in sorted(Path(pages).glob("*.md")):
@@ -453,7 +455,9 @@ def write_pages(
             say(f"{name}: in no page under {pages}: nothing to write")
             continue
         try:
-            results = _load_results(block, Path(runs), say)
+            results = _load_results(
+                block, Path(runs), say, "not checked" if check else "left unchanged"
+            )
         except UsageError as e:
             print(f"error: {e}; nothing written", file=sys.stderr)
             return 2
@@ -468,6 +472,7 @@ def write_pages(
             file=sys.stderr,
         )
         return 2
+    unchecked = [n for n in wanted if n in found and n not in bodies]
     stale = []
     for path, (text, pieces) in parsed.items():
         new = render_page(pieces, bodies)
@@ -484,7 +489,20 @@ def write_pages(
             print(f"error: {e}", file=sys.stderr)
             return 2
         say(f"wrote {path}")
-    return 1 if stale else 0
+    if check and unchecked:  # a block without results passed as up to date: it was not read
+        _say_unchecked(unchecked, [n for n in wanted if n in bodies], runs)
+    return 1 if stale else 2 if check and unchecked else 0
+
+
+def _say_unchecked(unchecked: Sequence[str], checked: Sequence[str], runs: Path) -> None:
+    n = len(unchecked) + len(checked)
+    print(
+        f"error: --check: {len(unchecked)} of the {n} blocks not checked, their results missing "
+        f"or unreadable under --runs {runs} ({', '.join(unchecked)}): make them with python -m "
+        f"experiments.pages run --runs {runs} --blocks {','.join(unchecked)}, or check the "
+        f"others alone with --blocks {','.join(checked)}",
+        file=sys.stderr,
+    )
 
 
 def run_blocks(
@@ -537,7 +555,10 @@ def main(argv: Sequence[str] | None = None, registry: dict[str, Block] | None = 
     )
     parser.add_argument("--pages", type=Path, default=PAGES, help="the pages folder")
     parser.add_argument(
-        "--check", action="store_true", help="write: write nothing, exit 1 if a page is stale"
+        "--check",
+        action="store_true",
+        help="write: write nothing, exit 1 if a page is stale, 2 if a block has no results to "
+        "check it against",
     )
     ns = parser.parse_args(argv)
     blocks = None

@@ -278,15 +278,24 @@ def _interval_direction(iv, higher: bool) -> str:
     return "="
 
 
+def _over_seeds(c: dict, e: dict) -> bool:
+    """Whether either row is a mean over seeds (then only a paired interval decides)."""
+    return "per_seed" in c or "per_seed" in e
+
+
 def better(c: dict | None, e: dict | None, metric: str, higher: bool) -> str | None:
     """Which of constrained ("C") and ERM ("E") has the better ``metric``, or "=" (level): over
-    several seeds, only where the paired t interval excludes 0; one seed, to 3 decimals (the
-    single runs, no interval). None where the two are not both there with finite numbers."""
+    several seeds, only where the paired t interval excludes 0 (level where there is none: a
+    row of means beside a single run, or fewer than two seeds shared); two single runs (one
+    seed, as the tables' legend says: no interval), to 3 decimals. None where the two are not
+    both there with finite numbers."""
     if not comparable(c, e, metric):
         return None
     iv = paired(c, e, metric)
     if iv is not None:
         return _interval_direction(iv, higher)
+    if _over_seeds(c, e):  # seeds' means without an interval: 3 decimals would decide on noise
+        return "="
     cv, ev = round(c[metric], 3), round(e[metric], 3)
     return "=" if cv == ev else ("C" if (cv > ev) == higher else "E")
 
@@ -415,10 +424,11 @@ def _cell(row: dict | None, metric: str) -> str:
 
 def _pair_cells(c: dict | None, e: dict | None, metric: str, higher: bool) -> tuple[str, str]:
     """Constrained and ERM cells, the better ``metric`` bold: one seed, to 3 decimals (both
-    when equal); several, only where the paired t interval over seeds excludes 0."""
+    when equal); several, only where the paired t interval over seeds excludes 0 (neither
+    where there is none)."""
     cc, ec = _cell(c, metric), _cell(e, metric)
     won = better(c, e, metric, higher)
-    several = paired(c, e, metric) is not None
+    several = bool(c and e) and _over_seeds(c, e)  # "=": level, neither bold
     if won == "C" or (won == "=" and not several):
         cc = f"**{cc}**"
     if won == "E" or (won == "=" and not several):

@@ -443,3 +443,37 @@ def test_a_jobs_block_is_its_report_under_its_calls_provenance(tmp_path, capsys)
     (runs / "job" / "study.md").unlink()
     assert write_pages(page.parent, runs, registry=JOB) == 0
     assert f"no {runs / 'job' / 'study.md'}" in capsys.readouterr().out
+
+
+def test_check_of_a_block_without_results_does_not_pass(tmp_path, capsys):
+    """``write --check`` with one block's results missing passed (exit 0, the block "left
+    unchanged"): a check that could not compare a block must not pass in silence."""
+    runs = _job_runs(tmp_path)
+    other = Block("other", "experiments.dual_study", ("--seeds", "1"), lambda: None, report="r.md")
+    registry = {**JOB, "other": other}
+    page = tmp_path / "pages" / "p.md"
+    page.parent.mkdir()
+    page.write_text(
+        "<!-- generated:job -->\n<!-- end:job -->\n<!-- generated:other -->\nx 1\n"
+        "<!-- end:other -->\n"
+    )
+    assert write_pages(page.parent, runs, registry=registry) == 0  # write: the block left alone
+    assert "other: no " in capsys.readouterr().out and "x 1" in page.read_text()
+    written = page.read_text()
+    assert write_pages(page.parent, runs, registry=registry, check=True) == 2
+    out, err = capsys.readouterr()
+    assert f"other: no {runs / 'other' / 'r.md'}: block not checked" in out
+    assert err == (
+        f"error: --check: 1 of the 2 blocks not checked, their results missing or unreadable "
+        f"under --runs {runs} (other): make them with python -m experiments.pages run --runs "
+        f"{runs} --blocks other, or check the others alone with --blocks job\n"
+    )
+    assert page.read_text() == written  # nothing written
+    # the blocks that have results, named: checked, up to date
+    assert write_pages(page.parent, runs, blocks=["job"], registry=registry, check=True) == 0
+    # a stale page as well: exit 1 (stale), the unchecked block still named
+    page.write_text(written.replace("10.55", "10.56"))
+    capsys.readouterr()
+    assert write_pages(page.parent, runs, registry=registry, check=True) == 1
+    out, err = capsys.readouterr()
+    assert "stale: " in out and "1 of the 2 blocks not checked" in err

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from helpers import ROOT
 
 from cudt.runner.cli import without_flag
@@ -92,3 +93,62 @@ def test_an_interrupt_while_jax_compiles_exits_130_not_a_segfault(tmp_path):
         [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
     )
     assert (done.returncode, done.stderr.strip().splitlines()[-1:]) == (130, ["interrupted"])
+
+
+# every entry point: python -m experiments.X, python -m benchmarks SUBCOMMAND [SECTION]
+ENTRY_POINTS = [
+    *(
+        (f"experiments.{p.stem}", [])
+        for p in sorted((ROOT / "experiments").glob("*.py"))
+        if p.stem != "__init__"
+    ),
+    *(("benchmarks.__main__", s) for s in (["step"], ["sweep"], ["llm"], ["gpu"])),
+    *(("benchmarks.__main__", ["memory", s]) for s in ("lm-loss", "llm")),
+]
+
+
+@pytest.mark.parametrize("module, args", ENTRY_POINTS, ids=lambda v: " ".join(v) or "-")
+def test_every_flag_of_every_entry_point_shows_its_default(module, args, monkeypatch, capsys):
+    """``--lr`` said "(default: the task's)", ``layer_gradients --examples`` (256), ``descent_gap
+    --active``, ``pages --pages`` and four benchmark flags gave no default: every flag of every
+    entry point's ``--help`` whose default is a value (or a rule in words: ``shown_default``)
+    says it, through the one formatter of :class:`OneLineParser`."""
+    import argparse
+    import importlib
+
+    from cudt.runner.cli import OneLineParser
+
+    shown = []
+    format_help = argparse.ArgumentParser.format_help
+
+    def record(parser):
+        shown.append(parser)
+        return format_help(parser)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "format_help", record)
+    main = importlib.import_module(module).main
+    try:
+        assert main([*args, "--help"]) == 0
+    except SystemExit as e:
+        assert e.code in (0, None)
+    out = capsys.readouterr().out
+    assert len(shown) == 1, module  # the --help printed is this parser's
+    (parser,) = shown
+    assert isinstance(parser, OneLineParser), type(parser)
+    formatter = parser._get_formatter()
+    missing = []
+    for action in parser._actions:
+        if action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
+            continue
+        has_one = getattr(action, "shown_default", None) is not None or (
+            action.default not in (None, argparse.SUPPRESS)
+            and (action.nargs != 0 or isinstance(action, argparse.BooleanOptionalAction))
+        )
+        if has_one and "default" not in formatter._expand_help(action):
+            missing.append(action.option_strings[0])
+    assert not missing, f"{module} {' '.join(args)}: no default in the help of {missing}"
+    flat = " ".join(out.split())
+    if module == "experiments.layer_gradients":
+        assert "validation examples (the first N) (default: 256)" in flat
+    if module == "experiments.video_denoise":
+        assert "primal Adam learning rate (default: 1e-3, 1e-4 for the ViT" in flat
