@@ -375,6 +375,50 @@ def test_other_vit_weights_at_the_same_path_are_refused_on_resume_older_runs_res
     assert resume()
 
 
+def test_another_vit_config_at_the_same_path_is_refused_on_resume_older_runs_resume(tmp_path):
+    """The ViT's config.json and preprocessor_config.json are in the fingerprint
+    (vit_config_digest): the same weights under another pixel mean/std or activation are
+    another model, and a resume over them is refused; a run recorded before the digest
+    resumes."""
+    import json
+
+    from cudt.errors import UsageError
+    from cudt.models.vit.weights import write_vit_folder
+    from cudt.runner.output import checkpoint_record, open_output_once
+    from cudt.tasks.video import VideoConfig, VideoTask
+
+    folder = write_vit_folder(tmp_path / "vit", seed=0)
+    out = tmp_path / "run"
+    cfg = VideoConfig(
+        models=("vit",), vit_checkpoint=str(folder), num_videos=3, num_frames=8, seq_len=4
+    )
+    task = VideoTask()
+
+    def resume() -> bool:
+        record = checkpoint_record(cfg) | task.fingerprint(cfg, task.load(cfg))
+        with open_output_once(out, record, cfg, main_process=True) as opened:
+            return opened.resuming
+
+    assert not resume()
+    (out / "checkpoints" / "vit-12" / "4").mkdir(parents=True)  # a step saved
+    saved = out / "checkpoints" / "config.json"
+    pre = folder / "preprocessor_config.json"
+    original = pre.read_text()
+    pre.write_text(json.dumps(json.loads(original) | {"image_mean": [0.485, 0.456, 0.406]}))
+    refused = r"trained on other files than its flags name now \(vit_config_digest"
+    with pytest.raises(UsageError, match=refused):
+        resume()
+    pre.write_text(original)
+    assert resume()  # the same files again
+    config = folder / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"hidden_act": "relu"}))
+    with pytest.raises(UsageError, match=refused):
+        resume()
+    older = {k: v for k, v in json.loads(saved.read_text()).items() if k != "vit_config_digest"}
+    saved.write_text(json.dumps(older))  # as a run from before the digest recorded it
+    assert resume()
+
+
 def test_split_train_val():
     videos = [np.full((4, 16, 16), i, np.float32) for i in range(20)]
     for n, n_val in ((2, 1), (3, 1), (7, 1), (10, 2), (16, 2), (20, 3)):
