@@ -26,6 +26,7 @@ import types
 from pathlib import Path
 
 from cudt.errors import UsageError
+from cudt.knobs import KNOBS
 from cudt.runner.choice import (
     _hparam_text,
     at_gamma,
@@ -111,7 +112,36 @@ def load_results(folder: str | Path) -> dict:
             f"{path}: not a cudt run's results (no {', '.join(wrong)}): pass the --out folder "
             "of a finished run, or rerun that folder's command to write it again"
         )
+    _idle_as_none(results, types.SimpleNamespace(**results["config"]))
     return results
+
+
+#: The records of a run's setting in results.json (its runs', chosen points', comparisons').
+_HPARAMS_RECORDS = frozenset({"hparams", "constrained_hparams", "erm_hparams"})
+
+
+def _idle_as_none(record, config: types.SimpleNamespace) -> None:
+    """Every setting recorded in ``record`` (results.json, walked) with the knobs that act on
+    nothing in ``config`` None, as a run records them now (:meth:`cudt.knobs.Knob.acts`): an
+    earlier cudt recorded --dual-lr (and nuPI's gains) under --formulation penalty, so its runs
+    would be other points than a later folder's of the same setting."""
+    if isinstance(record, list):
+        for item in record:
+            _idle_as_none(item, config)
+        return
+    if not isinstance(record, dict):
+        return
+    for key, value in record.items():
+        if key not in _HPARAMS_RECORDS or not isinstance(value, dict):
+            _idle_as_none(value, config)
+            continue
+        for knob in KNOBS:
+            try:
+                idle = knob.name in value and not knob.acts(config)
+            except AttributeError:  # a config from before the setting it needs: as recorded
+                idle = False
+            if idle:
+                value[knob.name] = None
 
 
 #: What every run of a ``results.json`` holds, whatever its task (checked before they are read).

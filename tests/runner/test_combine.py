@@ -8,7 +8,14 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import TINY_DECODER_FLAGS, combine_toy_folders, exit_status, finished_job, toy
+from helpers import (
+    TINY_DECODER_FLAGS,
+    ToyTask,
+    combine_toy_folders,
+    exit_status,
+    finished_job,
+    toy,
+)
 
 from cudt.data.alpaca import write_alpaca
 from cudt.data.instructions import generated_instructions
@@ -460,3 +467,31 @@ def test_per_folder_names_the_gamma_train_of_each_settings_lines(tmp_path):
     assert sorted(lines) == ["m-2 at gamma_train=0", "m-2 at gamma_train=1"], text
     assert "acc +0.51 [" in lines["m-2 at gamma_train=0"]
     assert "acc -0.49 [" in lines["m-2 at gamma_train=1"]
+
+
+def test_a_penalty_run_records_no_dual_steps_and_an_earlier_folder_joins_a_later(tmp_path):
+    """--formulation penalty has no multipliers: its runs record None for --dual-lr (the dual
+    knobs, cudt.knobs: Knob.acts), which acts on nothing there. A folder an earlier cudt wrote,
+    recording --dual-lr under penalty, is read as a later one records it, so the seeds of the
+    two are one setting's: intervals over both, not two points of one seed each."""
+    from cudt.runner.combine import load_results
+
+    source = tmp_path / "both"
+    argv = ["--seeds", "2", "--steps", "4", "--kinds", "constrained", "--formulation", "penalty"]
+    results = toy(argv, source)
+    assert {r["hparams"]["dual_lr"] for r in results["runs"]} == {None}
+    assert {r["hparams"]["nupi_kp"] for r in results["runs"]} == {None}
+    folders = []
+    for seed in (0, 1):  # the job's two seeds as two folders
+        folder = tmp_path / f"seed{seed}"
+        folder.mkdir()
+        runs = [r for r in results["runs"] if r["seed"] == seed]
+        if seed == 0:  # as an earlier cudt recorded it
+            runs = [r | {"hparams": r["hparams"] | {"dual_lr": 0.2}} for r in runs]
+        kept = {k: results[k] for k in ("experiment", "config", "provenance")}
+        (folder / "results.json").write_text(json.dumps(kept | {"runs": runs}))
+        folders.append(folder)
+    assert {r["hparams"]["dual_lr"] for r in load_results(folders[0])["runs"]} == {None}
+    text = combine_folders(ToyTask(), folders)
+    (line,) = [x for x in text.splitlines() if x.startswith("toy-2 constrained: mean [95% ")]
+    assert "over 2 seeds" in line, text
