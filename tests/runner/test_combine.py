@@ -87,6 +87,11 @@ def test_seeds_on_one_draw_of_the_data_say_so_on_their_interval_lines(folders, t
     for kind in ("ERM", "constrained"):
         (line,) = [x for x in out.splitlines() if x.startswith(f"llm-2 {kind}: mean [95% ")]
         assert "over 2 seeds on one data draw (data seed 0): " in line, line
+    # the LLM footer's paired lines too (its runs record the draw each read: data_draw)
+    (paired,) = [x for x in out.splitlines() if x.startswith("constrained − ERM, paired by")]
+    assert paired.startswith(
+        "constrained − ERM, paired by seed (0, 1) and prompt on one data draw (data seed 0): "
+    ), paired
     # one command, --data-seed: its results.json (which the pages print) and its summary
     results = toy(["--seeds", "2", "--data-seed", "0", "--steps", "4"], tmp_path / "toy")
     assert [e["data_draw"] for e in results["intervals"]] == [0, 0]
