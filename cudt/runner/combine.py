@@ -37,6 +37,7 @@ from cudt.runner.choice import (
     meets_constraints,
     select_best,
 )
+from cudt.runner.finished import removed_settings
 from cudt.runner.lock import check_free
 from cudt.runner.report import seed_intervals, summary_table
 from cudt.runner.sweep import SWEEPABLE
@@ -209,11 +210,33 @@ def _load_job(task, folders: list[str | Path], own_data: bool = False) -> list[d
             if k not in free | swept | idle and config.get(k) != base.get(k)
         )
         if differ:
-            shown = ", ".join(f"{k} ({base.get(k)!r} vs {config.get(k)!r})" for k in differ[:3])
-            raise UsageError(
-                f"{folders[0]} and {folder} differ in {shown}: they are not one job's runs"
-            )
+            _refuse_differences(task, folders[0], folder, base, config, differ)
     return results
+
+
+def _refuse_differences(task, first, folder, base: dict, config: dict, differ: list) -> None:
+    """The one-line refusal of two folders whose configs differ in ``differ``; a setting an
+    earlier cudt recorded that this one no longer has (:func:`removed_settings`) is named as
+    removed, not as a setting the other folder left unset (None)."""
+    gone = set(removed_settings(task.config_cls, base))
+    gone |= set(removed_settings(task.config_cls, config))
+    differ = [k for k in differ if k not in gone] + [k for k in differ if k in gone]  # flags first
+    shown = ", ".join(
+        f"{k} ({base.get(k)!r} vs {config.get(k)!r}"
+        + (
+            "; a setting removed from cudt, which an earlier version recorded)"
+            if k in gone
+            else ")"
+        )
+        for k in differ[:3]
+    )
+    fix = (
+        "; train the seeds of the folder that records it again with this cudt, or combine only "
+        "folders that record the same"
+        if gone & set(differ[:3])
+        else ""
+    )
+    raise UsageError(f"{first} and {folder} differ in {shown}: they are not one job's runs{fix}")
 
 
 def run_identity(r: dict) -> str:

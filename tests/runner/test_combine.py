@@ -264,6 +264,27 @@ def test_a_folder_written_before_a_setting_existed_joins_at_its_earlier_behaviou
     assert "differ in epsilon_margin (0.0 vs 0.01)" in capsys.readouterr().err
 
 
+def test_a_folder_recording_a_setting_since_removed_is_refused_naming_it_removed(
+    folders, tmp_path, capsys
+):
+    """Seeds an earlier cudt trained under a setting it has since removed (ut_gate here) are
+    not one job's runs with seeds of this cudt: refused in one line that says the setting was
+    removed (not "None", as if the later folder had left a setting unset), with the fix; two
+    folders recording the same value of it join, as before."""
+    first, rest = folders
+    older = _copy_recording(first, tmp_path / "older", ut_gate="sigmoid")
+    for pair, values in (((older, rest), "'sigmoid' vs None"), ((rest, older), "None vs 'sigm")):
+        assert combine.main([str(f) for f in pair]) == 2
+        err = capsys.readouterr().err
+        assert f"differ in ut_gate ({values}" in err, err
+        assert "a setting removed from cudt, which an earlier version recorded)" in err, err
+        assert err.rstrip().endswith("or combine only folders that record the same"), err
+        assert len(err.strip().splitlines()) == 1
+    both = _copy_recording(rest, tmp_path / "both", ut_gate="sigmoid")
+    assert combine.main([str(older), str(both)]) == 0
+    assert "4 runs of llm_sft from 2 folders:" in capsys.readouterr().out
+
+
 def test_folders_differing_in_a_flag_that_acted_on_nothing_join(folders, tmp_path, capsys):
     """A flag whose needs neither run met (--lora-alpha without --lora-rank, recorded by a cudt
     that accepted it) is no difference; the same flag where it acts is one."""
