@@ -188,7 +188,7 @@ def test_videos_that_would_not_fit_in_memory_are_refused_before_decoding(
     """The frames are counted before any is decoded (the .avi headers, the frame folders'
     files); videos that would not fit in the memory available now, as frames and their
     sequences, are refused in one line naming the sizes and the --max-videos that fits, and
-    that --max-videos then reads. (Full ShanghaiTech at 160x160 would need about 60 GiB.)"""
+    that --max-videos then reads. (Full ShanghaiTech at 160x160 would need about 91 GiB.)"""
     from cudt.data.video import frames
     from cudt.data.video.avi import listed_frames
 
