@@ -18,7 +18,10 @@ train state (or, for ``gamma_train``, in the batch), so a sweep is a vmap over r
   problem), ``primal`` / ``dual`` (an injected hyperparameter of that optimiser, under
   ``state_key`` where optax names it otherwise), ``penalty`` (the formulation's ρ) or ``data``
   (handed to the batch, not the state). ``slack`` names the explicit slacks' optimiser: no knob
-  goes there yet.
+  goes there yet. A ``dual`` knob steps the multipliers, and ``--formulation penalty`` has none
+  (:data:`NO_MULTIPLIERS`): there it acts on nothing (:meth:`Knob.acts`), its flag accepted
+  (the dual optimiser's state keeps its value, unread), a sweep of it refused, a run's
+  ``hparams`` recording None for it.
 
 A new knob is one row here plus its use where it ``goes``.
 """
@@ -28,9 +31,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["GOES", "KNOBS", "Knob", "knob_names", "knobs"]
+__all__ = ["GOES", "KNOBS", "NO_MULTIPLIERS", "Knob", "knob_names", "knobs"]
 
 GOES = ("problem", "primal", "dual", "penalty", "slack", "data")
+# (field, values): the formulations without multipliers, where the knobs that go to the dual
+# optimiser (its steps of the multipliers) act on nothing
+NO_MULTIPLIERS = ("formulation", ("penalty",))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +58,14 @@ class Knob:
     def active(self, cfg: Any) -> bool:
         """Whether the knob acts in a run of ``cfg`` (any object with the ``needs`` field)."""
         return self.needs is None or getattr(cfg, self.needs[0]) in self.needs[1]
+
+    def acts(self, cfg: Any) -> bool:
+        """Whether a run of ``cfg`` reads the knob: :meth:`active`, and a knob of the
+        multipliers' steps (``goes`` dual) under a formulation that has multipliers. One that
+        does not act is None in a run's ``hparams`` and is not swept; :meth:`active` alone
+        decides where its flag is refused and whether the state holds a place for it."""
+        field, values = NO_MULTIPLIERS
+        return self.active(cfg) and (self.goes != "dual" or getattr(cfg, field, None) not in values)
 
     def off_message(self) -> str:
         """The error for setting the knob where it does not act (``needs`` is not met)."""

@@ -138,3 +138,27 @@ def test_a_checkpoint_of_the_old_names_is_refused_as_such(tmp_path):
     finally:
         reader.close()
     assert "names hyperparams/ema_nu where this version has hyperparams/nupi_ema" in str(err.value)
+
+
+def test_the_multipliers_steps_act_on_nothing_under_penalty_and_are_recorded_none():
+    """--formulation penalty has no multipliers: the dual knobs (--dual-lr, nuPI's gains) act
+    on nothing there (Knob.acts), so each run's hparams record None for them, as for a knob
+    whose setting is off; their flags are still accepted (active: the state keeps a place)
+    and a sweep of them refused. Under a formulation with multipliers they are recorded."""
+    from cudt.runner.sweep import expand_runs
+
+    def recorded(**kw) -> dict:
+        cfg = RunConfig(kinds="constrained", seeds=1, tune_epsilon=(), tune_dual_lr=(), **kw)
+        (spec,) = expand_runs(cfg, ["ut"], lambda model: 1e-3, kinds=lambda model: (True,))
+        return {n: spec.hp[n] for n in ("dual_lr", "nupi_kp", "nupi_ema", "penalty")}
+
+    nupi = dict(dual_optimizer="nupi", nupi_kp=1.0, nupi_ema=0.5)
+    assert recorded(formulation="penalty", dual_lr=0.01, **nupi) == dict(
+        dual_lr=None, nupi_kp=None, nupi_ema=None, penalty=1.0
+    )
+    assert recorded(formulation="augmented", dual_lr=0.01, **nupi) == dict(
+        dual_lr=0.01, nupi_kp=1.0, nupi_ema=0.5, penalty=1.0
+    )
+    assert [k.name for k in KNOBS if k.active(RunConfig()) and not k.acts(RunConfig())] == []
+    with pytest.raises(ValueError, match="^dual_lr varies the multipliers' steps and --form"):
+        RunConfig(formulation="penalty", sweep=("dual_lr=0.1,0.2",))

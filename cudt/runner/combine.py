@@ -26,6 +26,7 @@ import types
 from pathlib import Path
 
 from cudt.errors import UsageError
+from cudt.knobs import KNOBS
 from cudt.runner.choice import (
     _hparam_text,
     at_gamma,
@@ -36,6 +37,7 @@ from cudt.runner.choice import (
     meets_constraints,
     select_best,
 )
+from cudt.runner.finished import removed_settings
 from cudt.runner.lock import check_free
 from cudt.runner.report import seed_intervals, summary_table
 from cudt.runner.sweep import SWEEPABLE
@@ -111,7 +113,36 @@ def load_results(folder: str | Path) -> dict:
             f"{path}: not a cudt run's results (no {', '.join(wrong)}): pass the --out folder "
             "of a finished run, or rerun that folder's command to write it again"
         )
+    _idle_as_none(results, types.SimpleNamespace(**results["config"]))
     return results
+
+
+#: The records of a run's setting in results.json (its runs', chosen points', comparisons').
+_HPARAMS_RECORDS = frozenset({"hparams", "constrained_hparams", "erm_hparams"})
+
+
+def _idle_as_none(record, config: types.SimpleNamespace) -> None:
+    """Every setting recorded in ``record`` (results.json, walked) with the knobs that act on
+    nothing in ``config`` None, as a run records them now (:meth:`cudt.knobs.Knob.acts`): an
+    earlier cudt recorded --dual-lr (and nuPI's gains) under --formulation penalty, so its runs
+    would be other points than a later folder's of the same setting."""
+    if isinstance(record, list):
+        for item in record:
+            _idle_as_none(item, config)
+        return
+    if not isinstance(record, dict):
+        return
+    for key, value in record.items():
+        if key not in _HPARAMS_RECORDS or not isinstance(value, dict):
+            _idle_as_none(value, config)
+            continue
+        for knob in KNOBS:
+            try:
+                idle = knob.name in value and not knob.acts(config)
+            except AttributeError:  # a config from before the setting it needs: as recorded
+                idle = False
+            if idle:
+                value[knob.name] = None
 
 
 #: What every run of a ``results.json`` holds, whatever its task (checked before they are read).
@@ -179,11 +210,33 @@ def _load_job(task, folders: list[str | Path], own_data: bool = False) -> list[d
             if k not in free | swept | idle and config.get(k) != base.get(k)
         )
         if differ:
-            shown = ", ".join(f"{k} ({base.get(k)!r} vs {config.get(k)!r})" for k in differ[:3])
-            raise UsageError(
-                f"{folders[0]} and {folder} differ in {shown}: they are not one job's runs"
-            )
+            _refuse_differences(task, folders[0], folder, base, config, differ)
     return results
+
+
+def _refuse_differences(task, first, folder, base: dict, config: dict, differ: list) -> None:
+    """The one-line refusal of two folders whose configs differ in ``differ``; a setting an
+    earlier cudt recorded that this one no longer has (:func:`removed_settings`) is named as
+    removed, not as a setting the other folder left unset (None)."""
+    gone = set(removed_settings(task.config_cls, base))
+    gone |= set(removed_settings(task.config_cls, config))
+    differ = [k for k in differ if k not in gone] + [k for k in differ if k in gone]  # flags first
+    shown = ", ".join(
+        f"{k} ({base.get(k)!r} vs {config.get(k)!r}"
+        + (
+            "; a setting removed from cudt, which an earlier version recorded)"
+            if k in gone
+            else ")"
+        )
+        for k in differ[:3]
+    )
+    fix = (
+        "; train the seeds of the folder that records it again with this cudt, or combine only "
+        "folders that record the same"
+        if gone & set(differ[:3])
+        else ""
+    )
+    raise UsageError(f"{first} and {folder} differ in {shown}: they are not one job's runs{fix}")
 
 
 def run_identity(r: dict) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 
 from cudt.constrained import RESILIENCE_MODES, UPDATES
 from cudt.descent import CONSTRAINTS, DUAL_SCALES, PREVIOUS_LOSSES
+from cudt.knobs import KNOBS
 from cudt.optim import DUAL_OPTIMIZERS, SCHEDULES
 from cudt.runner.hparams import (
     CONDITIONAL,
@@ -634,14 +635,15 @@ class RunConfig:
                     knob.active(self) or knob.name not in values,
                     f"--model-hparams {model}: {knob.off_message()}",
                 )
-        if self.formulation == "penalty":  # no multipliers: lanes of dual steps are one run
-            for name in ("dual_lr", "nupi_kp", "nupi_ema"):
-                need(
-                    name not in sweeps and not any(name in values for values in own.values()),
-                    f"{name} varies the multipliers' steps and --formulation penalty has none "
-                    "(its lanes would train one problem): drop it from --sweep and "
-                    "--model-hparams, or pass --formulation lagrangian or augmented",
-                )
+        # the multipliers' steps of a formulation without multipliers (cudt.knobs: Knob.acts):
+        # lanes of them would train one problem
+        for name in (k.name for k in KNOBS if k.active(self) and not k.acts(self)):
+            need(
+                name not in sweeps and not any(name in values for values in own.values()),
+                f"{name} varies the multipliers' steps and --formulation {self.formulation} has "
+                "none (its lanes would train one problem): drop it from --sweep and "
+                "--model-hparams, or pass --formulation lagrangian or augmented",
+            )
 
     def validate(self) -> None:
         """Cross-field checks of a task's config: raise ValueError with the flag and the fix."""

@@ -29,7 +29,30 @@ from cudt.runner.lock import check_free
 from cudt.runner.output import CHECKPOINTS, CONFIG_FILE, checkpoint_record, described_alike
 from cudt.runner.sweep import canonical_items
 
-__all__ = ["finished_run", "run_data", "trained_params"]
+__all__ = [
+    "RESULTS_CONFIG_EXTRAS",
+    "finished_run",
+    "removed_settings",
+    "run_data",
+    "trained_params",
+]
+
+#: What results.json's config records besides the config's fields and what the task derived
+#: from the data (its ``data_derived``): the runner's (:func:`cudt.runner.run.run`'s results).
+RESULTS_CONFIG_EXTRAS = frozenset(
+    {"data_derived", "test_gamma", "val_gamma", "out", "sweeps", "swept", "data_per_seed"}
+)
+
+
+def removed_settings(config_cls: Any, saved: dict) -> list[str]:
+    """The keys of ``saved`` (a results.json config) naming settings this cudt no longer has:
+    not a field of ``config_cls``, nor what the runner records beside them
+    (:data:`RESULTS_CONFIG_EXTRAS`), nor what the task derived from the data. An earlier cudt
+    recorded them; no flag of this one gives them (a resume of such a run is refused, a
+    finished run is read without them, combine names them)."""
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    derived = set(saved.get("data_derived") or ())
+    return sorted(k for k in saved if k not in fields | RESULTS_CONFIG_EXTRAS | derived)
 
 
 def trained_params(out: Path, results: dict, labels: Sequence[str], steps: int) -> dict[str, Any]:
@@ -129,9 +152,7 @@ def _note_removed(cfg: Any, now: dict, saved: dict, trained: dict, file: Path) -
     them: :func:`cudt.runner.output.open_output`)."""
     # the record's keys now: the config's, the data's fingerprint (or one per seed's draw)
     known = {*checkpoint_record(cfg), *now, "data_per_seed"}
-    fields = {f.name for f in dataclasses.fields(cfg)}
-    derived = set(saved.get("data_derived") or ())  # what the task derived from the data
-    gone = sorted(k for k in set(saved) & set(trained) if k not in fields | known | derived)
+    gone = [k for k in removed_settings(type(cfg), saved) if k in trained and k not in known]
     if gone:
         shown = "; ".join(f"{k} {saved[k]!r}" for k in gone[:4])
         more = f"; and {len(gone) - 4} more" if len(gone) > 4 else ""

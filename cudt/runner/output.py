@@ -480,12 +480,18 @@ def check_same_data(
     now: :func:`checkpoint_record` and the task's fingerprint) on its fields ``data`` (the
     task's): for a finished run whose results are reused (``experiments.paper.job``), whose
     config its results.json decides; ``name``: what the refusal calls ``out`` (``--out OUT``).
-    Nothing where no record is left."""
+    A folder whose record is gone is refused too: nothing else records what its results were
+    trained on, so they cannot be checked (results.json holds the config, not the data's)."""
     out = Path(out)
     saved = out / CHECKPOINTS / CONFIG_FILE
-    if saved.is_file():
-        rules = _resume_rules(cfg, defaults)
-        _check_same_config(out, saved, to_jsonable(fingerprint), **rules, only=data, name=name)
+    if not saved.is_file():
+        raise UsageError(
+            f"{name or f'--out {out}'} has no {CHECKPOINTS}/{CONFIG_FILE}, the record of the "
+            "data it was trained on, so its results cannot be checked against the files its "
+            f"flags name now: restore that file, or delete {out} to train it again"
+        )
+    rules = _resume_rules(cfg, defaults)
+    _check_same_config(out, saved, to_jsonable(fingerprint), **rules, only=data, name=name)
 
 
 def open_output_once(

@@ -168,6 +168,9 @@ def _run_record(task, cfg, group, program, result, r, spec, test, val, gammas, v
         **model.record,
         "constrained": spec.constrained,
         "seed": int(spec.seed),
+        # the draw of the data it read (cfg is the draw's): seeds on one draw (--data-seed)
+        # replicate the initialisation and batch order only, as a task's footer then says
+        "data_draw": int(cfg.data_rng_seed),
         "label": group.labels[r],
         "group": group.name,
         # the setting as asked (``chance`` is one setting over seeds whose data move ln V);

@@ -18,7 +18,6 @@ from typing import Any
 from cudt.errors import UsageError
 from cudt.knobs import KNOBS
 from cudt.runner.hparams import (
-    CONDITIONAL,
     CONSTRAINT_ONLY,
     SWEEPABLE,
     chance_offset,
@@ -276,8 +275,9 @@ class RunSpec:
 def base_hparams(cfg, lr: float) -> dict[str, Any]:
     hp = {name: getattr(cfg, name) for name in SWEEPABLE}
     hp["lr"] = lr
-    # the settings of a formulation, constraint kind or dual optimiser that is not used: none
-    hp |= {k.name: None for k in CONDITIONAL if not k.active(cfg)}
+    # the settings of a formulation, constraint kind or dual optimiser that is not used, and
+    # the multipliers' steps of a formulation without them: none (cudt.knobs: Knob.acts)
+    hp |= {k.name: None for k in KNOBS if not k.acts(cfg)}
     if hp["reference"] is not None:
         hp["reference"] = normalize_reference(hp["reference"])
     hp["epsilon_schedule"] = normalize_epsilon_schedule(hp["epsilon_schedule"])
@@ -340,7 +340,7 @@ def tuned_grid(cfg, sweeps: dict[str, tuple], constrained: bool, lr: float) -> d
         if cfg.tune_epsilon and not is_given(cfg, "epsilon", sweeps):
             grid["epsilon"] = tuple(dict.fromkeys(float(e) for e in cfg.tune_epsilon))
         # the penalty formulation has no multipliers: its dual rates would be equal lanes
-        multipliers = getattr(cfg, "formulation", "lagrangian") != "penalty"
+        multipliers = next(k for k in KNOBS if k.name == "dual_lr").acts(cfg)
         if cfg.tune_dual_lr and multipliers and not is_given(cfg, "dual_lr", sweeps):
             grid["dual_lr"] = tuple(dict.fromkeys(float(r) for r in cfg.tune_dual_lr))
         return grid

@@ -11,6 +11,7 @@ from cudt import stats
 from cudt.data.alpaca import AlpacaRecord, InstructionTokenizer, prompt_batches
 from cudt.data.instructions import exact_answer
 from cudt.metrics import rouge_l
+from cudt.runner.choice import draw_text, one_draw
 from cudt.tasks.accuracy import paired_difference, paired_with_erm
 from cudt.tasks.llm_data import LLMData, stop_ids
 from cudt.tasks.llm_export import decoder_params, lora_spec
@@ -147,10 +148,15 @@ def paired_lines(runs: list[dict]) -> list[str]:
         if not all("prompt_accuracy" in r for r in cons + erm):
             continue
         seeds = ", ".join(str(r["seed"]) for r in cons)
+        # one draw of the data for every seed (--data-seed, each run's data_draw; not said for
+        # runs recorded before it), as the runner's interval lines say
+        draws = {r.get("data_draw") for r in cons + erm}
+        draw = draw_text(one_draw([r["seed"] for r in cons], next(iter(draws))))
+        draw = draw if len(draws) == 1 else ""
         lines.append(
             f"constrained − ERM{' (' + name + ')' if name else ''}, paired by seed ({seeds}) and "
-            "prompt: 95 % paired t interval over seeds; beside it, the bootstrap over seeds and "
-            "prompts:"
+            f"prompt{draw}: 95 % paired t interval over seeds; beside it, the bootstrap over "
+            "seeds and prompts:"
         )
         for gi, g in enumerate(cons[0]["test_gamma"]):
             a = [r["prompt_accuracy"][gi] for r in cons]

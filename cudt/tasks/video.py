@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from typing import Any, ClassVar
 
 import jax
@@ -404,6 +405,26 @@ def vit_denoiser(vit, sigma: float) -> GroupModel:
     )
 
 
+def _vit_fingerprint(vit: ViT) -> dict[str, str]:
+    """What the ViT a run fine-tunes is, read from its --vit-checkpoint folder (whose files may
+    change behind the same path), as the text task's encoder_digest: its pretrained weights
+    (``vit_digest``) and, in ``vit_config_digest``, its config.json and
+    preprocessor_config.json as parsed (the patch and image size, the activation, the pixel
+    mean and std: another model over the same weights). A record from before the second (a
+    ``*_digest`` one side lacks is not compared) resumes."""
+    setup = json.dumps(
+        {
+            "config": dataclasses.asdict(vit.config),
+            "preprocessor": dataclasses.asdict(vit.preprocessor),
+        },
+        sort_keys=True,
+    )
+    return {
+        "vit_digest": digest(jax.tree.leaves(vit.params)),
+        "vit_config_digest": digest([np.frombuffer(setup.encode(), np.uint8)]),
+    }
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class VideoData(VideoSplits):
     """The video task's data: the splits and, with ``--models vit``, the pretrained ViT."""
@@ -453,11 +474,7 @@ class VideoTask(Task):
             "sigma_x": data.sigma,
             "train_shape": list(data.train.shape),
             "train_digest": digest(trained_on),
-        } | (
-            # the pretrained weights the ViT starts from (--vit-checkpoint: a folder whose files
-            # may change behind the same path), as the text task's encoder_digest
-            {} if data.vit is None else {"vit_digest": digest(jax.tree.leaves(data.vit.params))}
-        )
+        } | ({} if data.vit is None else _vit_fingerprint(data.vit))
 
     def config_extras(self, cfg, data) -> dict[str, Any]:
         return {"sigma_x": data.sigma, "data_source": data.source}

@@ -337,6 +337,41 @@ def test_a_training_frame_edited_changes_the_fingerprint_a_resume_checks(tmp_pat
     assert after["train_digest"] != before["train_digest"]
 
 
+@pytest.mark.parametrize("keep_frames", [False, True])
+def test_the_memory_check_counts_the_peak_that_preparing_the_data_holds(
+    tmp_path, monkeypatch, keep_frames
+):
+    """What load_video_data holds at its peak (measured: the decoded frames, the sequences
+    joined, the float64 pass of sigma_x over the training sequences and, for the ViT,
+    keep_frames' copy of the frames) is what the check before decoding counts: with less
+    memory available than that peak the videos are refused, not read into an OOM."""
+    import tracemalloc
+
+    from cudt.data.video import frames
+
+    for split, videos in (("train", 6), ("test", 3)):
+        for v in range(videos):
+            write_video(tmp_path / split / f"{v:02d}", [(v * 7 + i) % 255 for i in range(16)])
+    monkeypatch.setattr(frames, "available_memory", lambda: None)  # unknown: not checked
+
+    def load():
+        return load_video_data("frames", tmp_path, seq_len=4, size=32, keep_frames=keep_frames)
+
+    load()  # the imports and caches a first call makes, out of the measure
+    tracemalloc.start()
+    try:
+        data = load()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    frames_bytes = 9 * 16 * 32 * 32 * 4  # every decoded float32 frame
+    assert peak > 2 * frames_bytes + (frames_bytes if keep_frames else 0)  # more than 8 B/pixel
+    assert (data.frames is not None) == keep_frames
+    monkeypatch.setattr(frames, "available_memory", lambda: peak - 1)
+    with pytest.raises(DataError, match="need about .* of memory at 32x32"):
+        load()
+
+
 def test_other_vit_weights_at_the_same_path_are_refused_on_resume_older_runs_resume(tmp_path):
     """The ViT's pretrained weights are in the fingerprint (vit_digest), as the text encoder's
     are: a resume with other weights written to the same --vit-checkpoint folder is refused
@@ -371,6 +406,50 @@ def test_other_vit_weights_at_the_same_path_are_refused_on_resume_older_runs_res
     with pytest.raises(UsageError, match=refused):
         resume()
     older = {k: v for k, v in json.loads(saved.read_text()).items() if k != "vit_digest"}
+    saved.write_text(json.dumps(older))  # as a run from before the digest recorded it
+    assert resume()
+
+
+def test_another_vit_config_at_the_same_path_is_refused_on_resume_older_runs_resume(tmp_path):
+    """The ViT's config.json and preprocessor_config.json are in the fingerprint
+    (vit_config_digest): the same weights under another pixel mean/std or activation are
+    another model, and a resume over them is refused; a run recorded before the digest
+    resumes."""
+    import json
+
+    from cudt.errors import UsageError
+    from cudt.models.vit.weights import write_vit_folder
+    from cudt.runner.output import checkpoint_record, open_output_once
+    from cudt.tasks.video import VideoConfig, VideoTask
+
+    folder = write_vit_folder(tmp_path / "vit", seed=0)
+    out = tmp_path / "run"
+    cfg = VideoConfig(
+        models=("vit",), vit_checkpoint=str(folder), num_videos=3, num_frames=8, seq_len=4
+    )
+    task = VideoTask()
+
+    def resume() -> bool:
+        record = checkpoint_record(cfg) | task.fingerprint(cfg, task.load(cfg))
+        with open_output_once(out, record, cfg, main_process=True) as opened:
+            return opened.resuming
+
+    assert not resume()
+    (out / "checkpoints" / "vit-12" / "4").mkdir(parents=True)  # a step saved
+    saved = out / "checkpoints" / "config.json"
+    pre = folder / "preprocessor_config.json"
+    original = pre.read_text()
+    pre.write_text(json.dumps(json.loads(original) | {"image_mean": [0.485, 0.456, 0.406]}))
+    refused = r"trained on other files than its flags name now \(vit_config_digest"
+    with pytest.raises(UsageError, match=refused):
+        resume()
+    pre.write_text(original)
+    assert resume()  # the same files again
+    config = folder / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"hidden_act": "relu"}))
+    with pytest.raises(UsageError, match=refused):
+        resume()
+    older = {k: v for k, v in json.loads(saved.read_text()).items() if k != "vit_config_digest"}
     saved.write_text(json.dumps(older))  # as a run from before the digest recorded it
     assert resume()
 

@@ -61,3 +61,31 @@ def test_a_finished_subrun_over_other_files_is_refused_not_reused(tmp_path, caps
     assert "reusing" not in capsys.readouterr().out
     file.write_text("1.0")  # restored: reused again
     assert train_subruns([sub()], lambda s: task)[("toy",)]["runs"] == trained["runs"]
+
+
+def test_a_finished_subrun_without_its_checkpoints_record_is_refused(tmp_path, capsys):
+    """A finished sub-run whose checkpoints/config.json is gone (the record of the data it was
+    trained on; results.json holds the config alone) cannot be checked: it is refused, naming
+    the folder and the fix, not reused unchecked over files that may have changed."""
+    file = tmp_path / "scale.txt"
+    file.write_text("1.0")
+    task = FileToy(file)
+    out = tmp_path / "sub"
+    cfg = ToyConfig(out=str(out), seeds=1, kinds="erm", steps=4, test_gammas=(0.0,))
+    first = SubRun("toy", ("toy",), cfg, out)
+    check_subrun(first, overwrite=False)
+    train_subruns([first], lambda s: task)
+    (out / "checkpoints" / "config.json").unlink()
+    file.write_text("3.0")  # other data behind the same flags, nothing left to tell
+    later = SubRun("toy", ("toy",), cfg, out)
+    check_subrun(later, overwrite=False)
+    assert later.finished  # by its config
+    capsys.readouterr()
+    with pytest.raises(UsageError) as refused:
+        train_subruns([later], lambda s: task)
+    assert str(refused.value) == (
+        f"the finished sub-run {out} has no checkpoints/config.json, the record of the data it "
+        "was trained on, so its results cannot be checked against the files its flags name "
+        f"now: restore that file, or delete {out} to train it again"
+    )
+    assert "reusing" not in capsys.readouterr().out

@@ -8,7 +8,14 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import TINY_DECODER_FLAGS, combine_toy_folders, exit_status, finished_job, toy
+from helpers import (
+    TINY_DECODER_FLAGS,
+    ToyTask,
+    combine_toy_folders,
+    exit_status,
+    finished_job,
+    toy,
+)
 
 from cudt.data.alpaca import write_alpaca
 from cudt.data.instructions import generated_instructions
@@ -80,6 +87,11 @@ def test_seeds_on_one_draw_of_the_data_say_so_on_their_interval_lines(folders, t
     for kind in ("ERM", "constrained"):
         (line,) = [x for x in out.splitlines() if x.startswith(f"llm-2 {kind}: mean [95% ")]
         assert "over 2 seeds on one data draw (data seed 0): " in line, line
+    # the LLM footer's paired lines too (its runs record the draw each read: data_draw)
+    (paired,) = [x for x in out.splitlines() if x.startswith("constrained − ERM, paired by")]
+    assert paired.startswith(
+        "constrained − ERM, paired by seed (0, 1) and prompt on one data draw (data seed 0): "
+    ), paired
     # one command, --data-seed: its results.json (which the pages print) and its summary
     results = toy(["--seeds", "2", "--data-seed", "0", "--steps", "4"], tmp_path / "toy")
     assert [e["data_draw"] for e in results["intervals"]] == [0, 0]
@@ -250,6 +262,27 @@ def test_a_folder_written_before_a_setting_existed_joins_at_its_earlier_behaviou
     later = _copy_recording(rest, tmp_path / "later", epsilon_margin=0.01)
     assert combine.main([str(older), str(later)]) == 2
     assert "differ in epsilon_margin (0.0 vs 0.01)" in capsys.readouterr().err
+
+
+def test_a_folder_recording_a_setting_since_removed_is_refused_naming_it_removed(
+    folders, tmp_path, capsys
+):
+    """Seeds an earlier cudt trained under a setting it has since removed (ut_gate here) are
+    not one job's runs with seeds of this cudt: refused in one line that says the setting was
+    removed (not "None", as if the later folder had left a setting unset), with the fix; two
+    folders recording the same value of it join, as before."""
+    first, rest = folders
+    older = _copy_recording(first, tmp_path / "older", ut_gate="sigmoid")
+    for pair, values in (((older, rest), "'sigmoid' vs None"), ((rest, older), "None vs 'sigm")):
+        assert combine.main([str(f) for f in pair]) == 2
+        err = capsys.readouterr().err
+        assert f"differ in ut_gate ({values}" in err, err
+        assert "a setting removed from cudt, which an earlier version recorded)" in err, err
+        assert err.rstrip().endswith("or combine only folders that record the same"), err
+        assert len(err.strip().splitlines()) == 1
+    both = _copy_recording(rest, tmp_path / "both", ut_gate="sigmoid")
+    assert combine.main([str(older), str(both)]) == 0
+    assert "4 runs of llm_sft from 2 folders:" in capsys.readouterr().out
 
 
 def test_folders_differing_in_a_flag_that_acted_on_nothing_join(folders, tmp_path, capsys):
@@ -460,3 +493,31 @@ def test_per_folder_names_the_gamma_train_of_each_settings_lines(tmp_path):
     assert sorted(lines) == ["m-2 at gamma_train=0", "m-2 at gamma_train=1"], text
     assert "acc +0.51 [" in lines["m-2 at gamma_train=0"]
     assert "acc -0.49 [" in lines["m-2 at gamma_train=1"]
+
+
+def test_a_penalty_run_records_no_dual_steps_and_an_earlier_folder_joins_a_later(tmp_path):
+    """--formulation penalty has no multipliers: its runs record None for --dual-lr (the dual
+    knobs, cudt.knobs: Knob.acts), which acts on nothing there. A folder an earlier cudt wrote,
+    recording --dual-lr under penalty, is read as a later one records it, so the seeds of the
+    two are one setting's: intervals over both, not two points of one seed each."""
+    from cudt.runner.combine import load_results
+
+    source = tmp_path / "both"
+    argv = ["--seeds", "2", "--steps", "4", "--kinds", "constrained", "--formulation", "penalty"]
+    results = toy(argv, source)
+    assert {r["hparams"]["dual_lr"] for r in results["runs"]} == {None}
+    assert {r["hparams"]["nupi_kp"] for r in results["runs"]} == {None}
+    folders = []
+    for seed in (0, 1):  # the job's two seeds as two folders
+        folder = tmp_path / f"seed{seed}"
+        folder.mkdir()
+        runs = [r for r in results["runs"] if r["seed"] == seed]
+        if seed == 0:  # as an earlier cudt recorded it
+            runs = [r | {"hparams": r["hparams"] | {"dual_lr": 0.2}} for r in runs]
+        kept = {k: results[k] for k in ("experiment", "config", "provenance")}
+        (folder / "results.json").write_text(json.dumps(kept | {"runs": runs}))
+        folders.append(folder)
+    assert {r["hparams"]["dual_lr"] for r in load_results(folders[0])["runs"]} == {None}
+    text = combine_folders(ToyTask(), folders)
+    (line,) = [x for x in text.splitlines() if x.startswith("toy-2 constrained: mean [95% ")]
+    assert "over 2 seeds" in line, text

@@ -99,23 +99,34 @@ def _video_dirs(split_dir: Path) -> list[Path]:
     return dirs
 
 
-# Bytes a frame takes per pixel while the data is prepared: the decoded float32 frames and the
-# float32 patch sequences made from them (cudt.data.video.splits.load_video_data) are held at once.
-_BYTES_PER_PIXEL = 2 * 4
+# Bytes a frame takes per pixel at the peak of preparing the data (measured with tracemalloc,
+# cudt.data.video.splits.load_video_data): the decoded float32 frames (4) while a split's float32
+# sequences are made, held twice as they are joined (8); then, the frames freed, the sequences (4)
+# and the float64 pass over the training ones that gives the noise scale sigma_x (8). Each
+# bounds the peak where (nearly) every frame trains.
+_BYTES_PER_PIXEL = 12
+# with keep_frames (the ViT's whole frames, a float32 copy kept beside the sequences)
+_BYTES_PER_PIXEL_KEEPING_FRAMES = _BYTES_PER_PIXEL + 4
 
 
 def check_fits(
-    frame_counts: list[int | None], *, size: int, max_frames: int | None, what: str
+    frame_counts: list[int | None],
+    *,
+    size: int,
+    max_frames: int | None,
+    what: str,
+    keep_frames: bool = False,
 ) -> None:
     """Before decoding: a :class:`DataError` where the videos (their frame counts, listed
     without decoding; None: unknown, left out) would not fit in the memory available now as
-    ``size x size`` frames and their sequences, naming the sizes and the ``--max-videos`` that
-    fits. Full ShanghaiTech at 160x160 holds about 317,000 frames: 60 GiB so prepared."""
+    ``size x size`` frames and their sequences (and, ``keep_frames``, a copy of the frames),
+    naming the sizes and the ``--max-videos`` that fits. Full ShanghaiTech at 160x160 holds
+    about 317,000 frames: 91 GiB so prepared."""
     counts = [min(n, max_frames) if max_frames is not None else n for n in frame_counts if n]
     available = available_memory()
     if not counts or available is None:
         return
-    per_frame = size * size * _BYTES_PER_PIXEL
+    per_frame = size * size * (_BYTES_PER_PIXEL_KEEPING_FRAMES if keep_frames else _BYTES_PER_PIXEL)
     need = sum(counts) * per_frame
     if need <= available:
         return
@@ -123,7 +134,8 @@ def check_fits(
     fit = max(1, int(available // per_video) // 2)  # --max-videos caps each of train and test
     raise DataError(
         f"{what}: {len(counts)} videos of {sum(counts):,} frames need about {_size(need)} of "
-        f"memory at {size}x{size} (the frames and their sequences), and {_size(available)} is "
+        f"memory at {size}x{size} (the frames and their sequences"
+        f"{', and the frames kept for the ViT' if keep_frames else ''}), and {_size(available)} is "
         f"available: pass --max-videos {fit} (videos per split) or run where more memory is free"
     )
 
@@ -262,6 +274,7 @@ def load_frame_folders(
     max_videos: int | None = None,
     max_frames: int | None = None,
     min_frames: int = 1,
+    keep_frames: bool = False,
 ) -> dict[str, list[np.ndarray]]:
     """Read train/test videos stored as folders of frames.
 
@@ -279,6 +292,8 @@ def load_frame_folders(
     Each frame is converted to grayscale ``L``, resized to ``size x size`` (bilinear) and scaled by
     1/255; a 16-bit frame by 1/65535 and a float frame as it is (values in [0, 1]). ``max_videos`` caps the videos per split, ``max_frames`` the frames per video (the first
     ones); a video with fewer than ``min_frames`` frames is refused (naming its folder).
+    ``keep_frames``: the caller keeps a copy of the frames too (``load_video_data``'s): counted
+    by the check that they fit in memory (:func:`check_fits`), made before decoding.
 
     Returns:
         ``{"train": [[F, size, size] float32, ...], "test": [...]}``; a split without a folder is an
@@ -314,6 +329,7 @@ def load_frame_folders(
         size=size,
         max_frames=max_frames,
         what=f"--dataset {dataset} '{root}'",
+        keep_frames=keep_frames,
     )
     out = {
         split: [_read_video(v, size, max_frames, min_frames) for v in found]
@@ -452,6 +468,7 @@ def load_videos(
     max_videos: int | None = None,
     max_frames: int | None = None,
     min_frames: int = 1,
+    keep_frames: bool = False,
 ) -> dict[str, list[np.ndarray]]:
     """Train/test videos of a real dataset in the layout its archive extracts to.
 
@@ -470,7 +487,7 @@ def load_videos(
     are decoded with PyAV (:func:`cudt.data.video.avi.read_avi`), frame folders as for UCSD; both give
     grayscale ``[F, size, size]`` float32 in ``[0, 1]``. ``max_videos`` caps the videos per split,
     ``max_frames`` the frames per video (the first ones); a video with fewer than ``min_frames``
-    frames is refused.
+    frames is refused; ``keep_frames`` as for :func:`load_frame_folders`.
 
     Returns:
         ``{"train": [[F, size, size], ...], "test": [...]}``.
@@ -489,6 +506,7 @@ def load_videos(
             max_videos=max_videos,
             max_frames=max_frames,
             min_frames=min_frames,
+            keep_frames=keep_frames,
         )
     # PyAV loads only for the datasets stored as videos
     from cudt.data.video.avi import listed_frames, read_avi
@@ -512,7 +530,8 @@ def load_videos(
         train_files = cap(_video_files(_child_dir(base, "training_videos")))
         test_files = cap(_video_files(test_dir))
         counts = [listed_frames(p) for p in train_files + test_files]
-        check_fits(counts, size=size, max_frames=max_frames, what=f"--dataset avenue '{base}'")
+        fits = dict(size=size, max_frames=max_frames, keep_frames=keep_frames)
+        check_fits(counts, **fits, what=f"--dataset avenue '{base}'")
         return {"train": [avi(p) for p in train_files], "test": [avi(p) for p in test_files]}
 
     base = _dataset_root(root, dataset, _VIDEO_MARKERS[dataset])
@@ -532,7 +551,8 @@ def load_videos(
         )
     train_files = _shanghaitech_training(base, max_videos)
     counts = [listed_frames(p) for p in train_files] + [_frame_count(d) for d in clips]
-    check_fits(counts, size=size, max_frames=max_frames, what=f"--dataset shanghaitech '{base}'")
+    fits = dict(size=size, max_frames=max_frames, keep_frames=keep_frames)
+    check_fits(counts, **fits, what=f"--dataset shanghaitech '{base}'")
     return {
         "train": [avi(p) for p in train_files],
         "test": [_read_video(d, size, max_frames, min_frames) for d in clips],

@@ -223,7 +223,7 @@ def _cannot_read(e: OSError, data_dir) -> DataError:
     )
 
 
-def _real_splits(dataset, data_dir, size, max_videos, max_frames, seq_len) -> tuple:
+def _real_splits(dataset, data_dir, size, max_videos, max_frames, seq_len, keep_frames) -> tuple:
     """``(train, val, test)`` videos of one real dataset folder (see :func:`load_video_data`)."""
     try:
         folders = load_videos(
@@ -233,6 +233,7 @@ def _real_splits(dataset, data_dir, size, max_videos, max_frames, seq_len) -> tu
             max_videos=max_videos,
             max_frames=max_frames,
             min_frames=seq_len,
+            keep_frames=keep_frames,
         )
     except OSError as e:
         raise _cannot_read(e, data_dir) from e
@@ -310,8 +311,9 @@ def load_video_data(
     if dataset not in DATASETS:
         raise DataError(f"unknown dataset {dataset!r}: valid names are {', '.join(DATASETS)}")
     if dataset == "synthetic":
-        videos = synthetic_videos(num_videos, num_frames, size=size, seed=seed)
-        train_v, val_v, test_v = split_videos(videos)
+        train_v, val_v, test_v = split_videos(
+            synthetic_videos(num_videos, num_frames, size=size, seed=seed)
+        )
         source = f"synthetic(num_videos={num_videos}, num_frames={num_frames}, seed={seed})"
     else:
         if data_dir is None:
@@ -327,7 +329,9 @@ def load_video_data(
         except OSError as e:
             raise _cannot_read(e, data_dir) from e
         for root in roots:
-            train, val, test = _real_splits(dataset, root, size, max_videos, max_frames, seq_len)
+            train, val, test = _real_splits(
+                dataset, root, size, max_videos, max_frames, seq_len, keep_frames
+            )
             train_v, val_v, test_v = train_v + train, val_v + val, test_v + test
         source = f"{dataset}:{data_dir}"
         if len(roots) > 1:  # the cameras read, each split apart
@@ -341,6 +345,9 @@ def load_video_data(
             name: np.concatenate([np.asarray(v, np.float32) for v in videos])
             for name, videos in (("train", train_v), ("val", val_v), ("test", test_v))
         }
+    # the decoded videos freed before the float64 pass of the noise scale over the training
+    # sequences: the peak the memory check counts (cudt.data.video.frames.check_fits)
+    del train_v, val_v, test_v
     return VideoSplits(
         train=train,
         val=val,
