@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import jax
@@ -150,6 +151,30 @@ def pytest_collection_modifyitems(items) -> None:
         return 2, -len(tests)
 
     items[:] = [item for tests in sorted(files.values(), key=rank) for item in tests]
+
+
+_START = time.monotonic()
+_WORKERS: dict[str, list[float]] = {}  # xdist worker -> [seconds in tests, last report]
+
+
+def pytest_runtest_logreport(report) -> None:
+    """In xdist's controller: each worker's time in tests (setup, call, teardown) and when it
+    last reported, for the summary below."""
+    node = getattr(report, "node", None)
+    if node is not None:
+        busy = _WORKERS.setdefault(node.gateway.id, [0.0, 0.0])
+        busy[0] += report.duration
+        busy[1] = time.monotonic() - _START
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """One line: each worker's seconds in tests and when its last test ended. With
+    ``--dist loadfile`` a worker holds a file to its end, so a worker that ends long before
+    the other sat idle: a heavy file handed out late (see the ordering above)."""
+    if _WORKERS:
+        parts = [f"{w} {busy:.0f} s in tests, done at {end:.0f} s"
+                 for w, (busy, end) in sorted(_WORKERS.items())]  # fmt: skip
+        terminalreporter.write_line("workers: " + "; ".join(parts))
 
 
 @pytest.fixture(scope="session")

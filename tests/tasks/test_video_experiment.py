@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -267,7 +268,9 @@ def _leaves(tree):
 @pytest.fixture(scope="module")
 def ut_runs(tmp_path_factory):
     """UT, 3 steps at --lr 0.5, evaluated in batches of 128 (one batch) and of 7 (the last one
-    padded): the same training, so every number must agree."""
+    padded): the same trained parameters, so every number must agree. The second evaluation
+    is the first run's finished checkpoints evaluated again (--eval-batch-size changes no
+    checkpoint), not the same 3 steps trained a second time."""
     argv = _ut(TINY[:-2]) + ["--models", "ut", "--steps", "3", "--chunk-steps", "1", "--seeds", "1",
                         "--lr", "0.5", "--warmup-steps", "0", "--test-gammas", "0,0.5",
                         "--keep-checkpoints", "3"]  # fmt: skip
@@ -275,6 +278,8 @@ def ut_runs(tmp_path_factory):
     results = {}
     for size in (128, 7):
         out = root / str(size)
+        if size == 7:  # the trained run, less its results: evaluated again, in batches of 7
+            shutil.copytree(root / "128" / "checkpoints", out / "checkpoints")
         assert video_denoise.main([*argv, "--eval-batch-size", str(size), "--out", str(out)]) == 0
         results[size] = json.loads((out / "results.json").read_text())
     return root, results
