@@ -107,7 +107,11 @@ ENTRY_POINTS = [
 ]
 
 
-@pytest.mark.parametrize("module, args", ENTRY_POINTS, ids=lambda v: " ".join(v) or "-")
+@pytest.mark.parametrize(
+    "module, args",
+    ENTRY_POINTS,
+    ids=[" ".join([m.removesuffix(".__main__"), *a]) for m, a in ENTRY_POINTS],
+)
 def test_every_flag_of_every_entry_point_shows_its_default(module, args, monkeypatch, capsys):
     """``--lr`` said "(default: the task's)", ``layer_gradients --examples`` (256), ``descent_gap
     --active``, ``pages --pages`` and four benchmark flags gave no default: every flag of every
