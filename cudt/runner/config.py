@@ -473,6 +473,13 @@ class RunConfig:
     # What only the evaluation after training reads: not in a checkpoint's fingerprint, so a
     # finished run's checkpoints can be evaluated again with other values (docs/runner.md).
     EVALUATION_ONLY: typing.ClassVar[tuple[str, ...]] = ("test_gammas", "tolerance")
+    # The fields of a checkpoint's record naming where files lie (a path flag, a line of the
+    # task's fingerprint derived from one: the data's ``data_source``), each with the digests
+    # of what they hold (``{field: (digest, *more)}``): a resume, and a finished run read
+    # back, compare the digests, not the paths (the same files copied or moved elsewhere
+    # resume), and the path where the first digest is not recorded on both sides (an older
+    # record). One entry per pair: cudt.runner.output.described_alike.
+    DESCRIBED_BY: typing.ClassVar[dict[str, tuple[str, ...]]] = {"data_source": ("train_digest",)}
     # Fields a later version added, each with the value that is what earlier versions did: a
     # checkpoint written before the field existed resumes when the run keeps that value.
     ADDED: typing.ClassVar[dict[str, typing.Any]] = {
