@@ -189,10 +189,11 @@ def unmet_needs(config) -> str | None:
 
 def knob_needs(name: str) -> Needs:
     """The :class:`Needs` of the flag of a knob that acts only with some settings: its row of
-    :data:`cudt.knobs.KNOBS` (``needs``: the rule, written there alone; ``off_message``: the
+    :data:`cudt.knobs.KNOBS` (``needs``, and a ``dual`` knob's formulation with multipliers:
+    the rule, written there alone, :meth:`~cudt.knobs.Knob.acts`; ``idle_message``: the
     refusal), which the sweep's and ``--model-hparams``'s checks read as well."""
-    (knob,) = (k for k in CONDITIONAL if k.name == name)
-    return Needs(knob.active, knob.off_message())
+    (knob,) = (k for k in KNOBS if k.name == name and (k.needs is not None or k.goes == "dual"))
+    return Needs(knob.acts, lambda cfg, _: knob.idle_message(cfg))
 
 
 def shared(name: str, default, default_text: str | None = None):
@@ -401,7 +402,7 @@ class RunConfig:
         "or stop_gradient (a target: the Lagrangian's gradient only lowers losses)",
         check=one_of(*PREVIOUS_LOSSES),
     )
-    dual_lr: float = flag(5e-2, "dual learning rate", check=positive)
+    dual_lr: float = flag(5e-2, "dual learning rate", check=positive, needs=knob_needs("dual_lr"))
     dual_lr_schedule: str = flag(
         "constant",
         "dual learning-rate schedule over the steps after the warm-up: constant, cosine or "
