@@ -19,9 +19,10 @@ train state (or, for ``gamma_train``, in the batch), so a sweep is a vmap over r
   ``state_key`` where optax names it otherwise), ``penalty`` (the formulation's ρ) or ``data``
   (handed to the batch, not the state). ``slack`` names the explicit slacks' optimiser: no knob
   goes there yet. A ``dual`` knob steps the multipliers, and ``--formulation penalty`` has none
-  (:data:`NO_MULTIPLIERS`): there it acts on nothing (:meth:`Knob.acts`), its flag accepted
-  (the dual optimiser's state keeps its value, unread), a sweep of it refused, a run's
-  ``hparams`` recording None for it.
+  (:data:`NO_MULTIPLIERS`): there it acts on nothing (:meth:`Knob.acts`), its flag set to
+  another value than its default refused as any knob's where it acts on nothing
+  (:meth:`Knob.idle_message`), a sweep of it refused, a run's ``hparams`` recording None for
+  it (the dual optimiser's state keeps a place for it, unread).
 
 A new knob is one row here plus its use where it ``goes``.
 """
@@ -62,8 +63,9 @@ class Knob:
     def acts(self, cfg: Any) -> bool:
         """Whether a run of ``cfg`` reads the knob: :meth:`active`, and a knob of the
         multipliers' steps (``goes`` dual) under a formulation that has multipliers. One that
-        does not act is None in a run's ``hparams`` and is not swept; :meth:`active` alone
-        decides where its flag is refused and whether the state holds a place for it."""
+        does not act is None in a run's ``hparams``, is not swept, and its flag is refused
+        (:meth:`idle_message`); :meth:`active` alone decides whether the state holds a place
+        for it."""
         field, values = NO_MULTIPLIERS
         return self.active(cfg) and (self.goes != "dual" or getattr(cfg, field, None) not in values)
 
@@ -73,6 +75,18 @@ class Knob:
         where = f"--{field.replace('_', '-')} {' or '.join(values)}"
         fix = where if len(values) == 1 else "one of them"
         return f"{self.flag} is {self.role} of {where}: pass {fix} or drop it"
+
+    def idle_message(self, cfg: Any) -> str:
+        """The error for setting the knob in a run of ``cfg`` that does not read it
+        (:meth:`acts`): its ``needs`` unmet (:meth:`off_message`), or a knob of the
+        multipliers' steps under a formulation without multipliers."""
+        if not self.active(cfg):
+            return self.off_message()
+        field, _ = NO_MULTIPLIERS
+        return (
+            f"{self.flag} steps the multipliers and --{field} {getattr(cfg, field)} has none (it "
+            f"would act on nothing): drop {self.flag}, or pass --{field} lagrangian or augmented"
+        )
 
 
 KNOBS = (

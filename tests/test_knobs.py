@@ -46,13 +46,20 @@ def test_a_knobs_flag_acts_where_its_row_says():
     refuses a flag set where it acts on nothing, and a resume's and a re-read's idle flags) is
     that rule with the row's message."""
     fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    penalty = RunConfig(formulation="penalty", dual_optimizer="nupi")
     for k in KNOBS:
         needs = fields[k.name].metadata["needs"]
-        assert (needs is None) == (k.needs is None), k.name
+        # a knob with a setting it needs, and the multipliers' steps (none under penalty)
+        assert (needs is None) == (k.needs is None and k.goes != "dual"), k.name
         if needs is not None:
-            assert needs.ok == k.active and needs.message(None, k.flag) == k.off_message()
+            assert needs.ok == k.acts, k.name
+            for cfg in (RunConfig(), penalty):
+                if not k.acts(cfg):
+                    assert needs.message(cfg, k.flag) == k.idle_message(cfg), k.name
     # the shared defaults (lagrangian, mean, adam) read none of the conditional knobs
     assert set(RunConfig.idle_flags({})) == {k.name for k in KNOBS if k.needs}
+    dual = {k.name for k in KNOBS if k.goes == "dual"}
+    assert set(RunConfig.idle_flags(dataclasses.asdict(penalty))) == dual | {"tail_beta"}
     on = dict(formulation="augmented", constraint="tail", dual_optimizer="nupi")
     assert RunConfig.idle_flags(on) == ()
     with pytest.raises(ValueError, match="^--tail-beta is the beta of --constraint tail: pass"):
@@ -143,8 +150,9 @@ def test_a_checkpoint_of_the_old_names_is_refused_as_such(tmp_path):
 def test_the_multipliers_steps_act_on_nothing_under_penalty_and_are_recorded_none():
     """--formulation penalty has no multipliers: the dual knobs (--dual-lr, nuPI's gains) act
     on nothing there (Knob.acts), so each run's hparams record None for them, as for a knob
-    whose setting is off; their flags are still accepted (active: the state keeps a place)
-    and a sweep of them refused. Under a formulation with multipliers they are recorded."""
+    whose setting is off, and their flags set to another value are refused as such a knob's
+    (the state keeps a place for them: active), a sweep of them too. Under a formulation with
+    multipliers they are recorded."""
     from cudt.runner.sweep import expand_runs
 
     def recorded(**kw) -> dict:
@@ -153,9 +161,18 @@ def test_the_multipliers_steps_act_on_nothing_under_penalty_and_are_recorded_non
         return {n: spec.hp[n] for n in ("dual_lr", "nupi_kp", "nupi_ema", "penalty")}
 
     nupi = dict(dual_optimizer="nupi", nupi_kp=1.0, nupi_ema=0.5)
-    assert recorded(formulation="penalty", dual_lr=0.01, **nupi) == dict(
+    assert recorded(formulation="penalty", dual_optimizer="nupi") == dict(
         dual_lr=None, nupi_kp=None, nupi_ema=None, penalty=1.0
     )
+    for name, value in (("dual_lr", 0.01), ("nupi_kp", 1.0), ("nupi_ema", 0.5)):
+        flag = "--" + name.replace("_", "-")
+        with pytest.raises(ValueError) as err:
+            RunConfig(formulation="penalty", dual_optimizer="nupi", **{name: value})
+        assert str(err.value) == (
+            f"{flag} steps the multipliers and --formulation penalty has none (it would act on "
+            f"nothing): drop {flag}, or pass --formulation lagrangian or augmented"
+        )
+    assert RunConfig(formulation="penalty", dual_lr=RunConfig().dual_lr).dual_lr == 0.05
     assert recorded(formulation="augmented", dual_lr=0.01, **nupi) == dict(
         dual_lr=0.01, nupi_kp=1.0, nupi_ema=0.5, penalty=1.0
     )

@@ -189,10 +189,11 @@ def unmet_needs(config) -> str | None:
 
 def knob_needs(name: str) -> Needs:
     """The :class:`Needs` of the flag of a knob that acts only with some settings: its row of
-    :data:`cudt.knobs.KNOBS` (``needs``: the rule, written there alone; ``off_message``: the
+    :data:`cudt.knobs.KNOBS` (``needs``, and a ``dual`` knob's formulation with multipliers:
+    the rule, written there alone, :meth:`~cudt.knobs.Knob.acts`; ``idle_message``: the
     refusal), which the sweep's and ``--model-hparams``'s checks read as well."""
-    (knob,) = (k for k in CONDITIONAL if k.name == name)
-    return Needs(knob.active, knob.off_message())
+    (knob,) = (k for k in KNOBS if k.name == name and (k.needs is not None or k.goes == "dual"))
+    return Needs(knob.acts, lambda cfg, _: knob.idle_message(cfg))
 
 
 def shared(name: str, default, default_text: str | None = None):
@@ -401,7 +402,7 @@ class RunConfig:
         "or stop_gradient (a target: the Lagrangian's gradient only lowers losses)",
         check=one_of(*PREVIOUS_LOSSES),
     )
-    dual_lr: float = flag(5e-2, "dual learning rate", check=positive)
+    dual_lr: float = flag(5e-2, "dual learning rate", check=positive, needs=knob_needs("dual_lr"))
     dual_lr_schedule: str = flag(
         "constant",
         "dual learning-rate schedule over the steps after the warm-up: constant, cosine or "
@@ -473,6 +474,13 @@ class RunConfig:
     # What only the evaluation after training reads: not in a checkpoint's fingerprint, so a
     # finished run's checkpoints can be evaluated again with other values (docs/runner.md).
     EVALUATION_ONLY: typing.ClassVar[tuple[str, ...]] = ("test_gammas", "tolerance")
+    # The fields of a checkpoint's record naming where files lie (a path flag, a line of the
+    # task's fingerprint derived from one: the data's ``data_source``), each with the digests
+    # of what they hold (``{field: (digest, *more)}``): a resume, and a finished run read
+    # back, compare the digests, not the paths (the same files copied or moved elsewhere
+    # resume), and the path where the first digest is not recorded on both sides (an older
+    # record). One entry per pair: cudt.runner.output.described_alike.
+    DESCRIBED_BY: typing.ClassVar[dict[str, tuple[str, ...]]] = {"data_source": ("train_digest",)}
     # Fields a later version added, each with the value that is what earlier versions did: a
     # checkpoint written before the field existed resumes when the run keeps that value.
     ADDED: typing.ClassVar[dict[str, typing.Any]] = {

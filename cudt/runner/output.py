@@ -21,7 +21,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,12 +114,17 @@ OPENED = "opened"
 
 
 def _differences(
-    old: dict, new: dict, ignore: Collection[str] = (), added: Mapping[str, Any] | None = None
+    old: dict,
+    new: dict,
+    ignore: Collection[str] = (),
+    added: Mapping[str, Any] | None = None,
+    described_by: Mapping[str, Sequence[str]] | None = None,
 ) -> list[str]:
     """The fields that differ, but ``ignore``, a ``*_digest`` one side does not record (a
-    digest is an extra check a later version adds: checkpoints written before it resume), and
-    a field of ``added`` (``{name: the earlier versions' behaviour}``) the old config lacks
-    while the new one keeps that value."""
+    digest is an extra check a later version adds: checkpoints written before it resume), a
+    field of ``added`` (``{name: the earlier versions' behaviour}``) the old config lacks
+    while the new one keeps that value, and a line on where files lie whose digests are alike
+    (``described_by``: :func:`described_alike`)."""
     added = dict(added or {})
     keys = sorted((set(old) | set(new)) - set(ignore) - {EVALUATION_FLAGS, OPENED})
     keys = [k for k in keys if not (k in added and k not in old and new.get(k) == added[k])]
@@ -131,25 +136,43 @@ def _differences(
     # with the test count) is no more a difference there than at the top
     keys = sorted(k for k in set(old) | set(new) if k.rsplit(".", 1)[-1] not in ignore)
     keys = [k for k in keys if not k.endswith("_digest") or (k in old and k in new)]
-    keys = [k for k in keys if not described_alike(k, old, new)]
+    keys = [k for k in keys if not described_alike(k, old, new, described_by or {})]
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
-#: A data record's line on where its data lies (``data_source``: the folder, a user's home
-#: expanded in it, the file format it was prepared in) beside the record's digest of what it
-#: holds: no difference where that digest is the same on both sides, which decides (the same
-#: data under another home or in another format resumes; other data differs in its digest).
-DESCRIBED_BY = {"data_source": "train_digest"}
-
-
-def described_alike(key: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether ``key`` of two data records (flat: ``data_per_seed.0.data_source``) is a line
-    of :data:`DESCRIBED_BY` whose record's digest both sides hold alike, so not compared."""
+def described_alike(
+    key: str,
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    described_by: Mapping[str, Sequence[str]],
+) -> bool:
+    """Whether ``key`` of two records (flat: ``data_per_seed.0.data_source``) is a line on
+    where files lie (``described_by``: a config's ``DESCRIBED_BY``, ``{line: (digest, *more)}``)
+    whose digests of what they hold decide, alike on both sides: the first digest recorded by
+    both, and each other one that both record. A digest beside the line's (its record, or
+    every draw's record under it: a flag's ``data_per_seed.*.train_digest``) is what counts."""
     head, _, name = key.rpartition(".")
-    if name not in DESCRIBED_BY:
+    if name not in described_by:
         return False
-    digest = f"{head}.{DESCRIBED_BY[name]}" if head else DESCRIBED_BY[name]
-    return digest in old and digest in new and old[digest] == new[digest]
+    first, *more = described_by[name]
+    prefix = f"{head}." if head else ""
+    old_first, new_first = _digests(old, prefix, first), _digests(new, prefix, first)
+    if not old_first or old_first != new_first:  # not recorded (an older record), or other
+        return False
+    for other in more:
+        a, b = _digests(old, prefix, other), _digests(new, prefix, other)
+        if a and b and a != b:
+            return False
+    return True
+
+
+def _digests(record: Mapping[str, Any], prefix: str, name: str) -> dict[str, Any]:
+    """The digests ``name`` of the flat ``record`` under ``prefix``: its own, or its draws'."""
+    return {
+        k: v
+        for k, v in record.items()
+        if k.startswith(prefix) and (k == prefix + name or k.endswith(f".{name}"))
+    }
 
 
 def _as_now(
@@ -259,6 +282,7 @@ def _check_same_config(
     defaults: Mapping[str, Any] | None = None,
     only: Collection[str] | None = None,
     name: str | None = None,
+    described_by: Mapping[str, Sequence[str]] | None = None,
 ) -> None:
     """Refuses checkpoints in ``out`` that ``config`` cannot resume (:func:`open_output`'s
     arguments): an unreadable saved config, an earlier state layout, other files behind the
@@ -285,7 +309,7 @@ def _check_same_config(
         same = {k: v for k, v in same.items() if k in only} | {
             k: v for k, v in config.items() if k not in only
         }
-    diff = _differences(same, config, ignore, added)
+    diff = _differences(same, config, ignore, added, described_by)
     changed = [d for d in diff if d.split(" ", 1)[0].endswith("_digest")]
     flag_changed = [d for d in diff if d.split(" ", 1)[0].split(".", 1)[0] in flags]
     # the files behind the same flags changed (the training data, a frozen base, and what
@@ -361,6 +385,7 @@ def open_output(
     paths: Collection[str] = (),
     canonical: Mapping[str, Callable[[Any], Any]] | None = None,
     defaults: Mapping[str, Any] | None = None,
+    described_by: Mapping[str, Sequence[str]] | None = None,
 ) -> OutputDir:
     """Checks and prepares the output folder of a run of ``config`` (a JSON-able dict).
 
@@ -382,7 +407,9 @@ def open_output(
     ``canonical``: ``{field: what its value names}`` (``--sweep``'s lanes; ``sorted``: a list
     whose order means nothing), ``defaults``: ``{field: the value it takes when not given}``
     (a resume spelling the same folder, the same set, the same sweep another way or a default
-    out resumes: :func:`_as_now`).
+    out resumes: :func:`_as_now`); ``described_by``: ``{field: (digest, *more)}``, the fields
+    naming where files lie that are no difference where the digests of what they hold are
+    alike (the config's ``DESCRIBED_BY``: :func:`described_alike`).
     """
     out = Path(out)
     check_not_a_file(out)
@@ -408,8 +435,9 @@ def open_output(
     alone = saved_config.exists() and not _holds_checkpoints(out / CHECKPOINTS)
     if saved_config.exists() and not overwrite and not alone:
         _check_same_config(
-            out, saved_config, config, ignore, added, flags, paths, canonical, defaults
-        )
+            out, saved_config, config, ignore, added, flags, paths, canonical, defaults,
+            described_by=described_by,
+        )  # fmt: skip
         resuming = True
     elif not overwrite and _holds_checkpoints(out / CHECKPOINTS):
         raise UsageError(
@@ -446,7 +474,8 @@ def open_output(
 
 def _resume_rules(cfg, defaults: Mapping[str, Any] | None) -> dict[str, Any]:
     """What a saved config may differ in from ``cfg``'s and still resume (:func:`open_output`'s
-    ``ignore``, ``added``, ``flags``, ``paths``, ``canonical``, ``defaults``)."""
+    ``ignore``, ``added``, ``flags``, ``paths``, ``canonical``, ``defaults``,
+    ``described_by``)."""
     return dict(
         # what a resume may change: a saved config of an earlier version may record it, and
         # a flag that acts on nothing here (an earlier version accepted it: refused now)
@@ -464,6 +493,7 @@ def _resume_rules(cfg, defaults: Mapping[str, Any] | None) -> dict[str, Any]:
             if f.metadata.get("canonical")
         },
         defaults=cfg.resolved_defaults() | dict(defaults or {}),
+        described_by=cfg.DESCRIBED_BY,
     )
 
 

@@ -313,6 +313,14 @@ class LLMConfig(RunConfig):
         "overwrite_export",
     )
     AFTER_TRAINING: typing.ClassVar[tuple[str, ...]] = ("export", "overwrite_export")
+    # where the base model and the training records lie: what they hold decides a resume
+    # (RunConfig.DESCRIBED_BY; --val-data and --test-data are evaluation-only)
+    DESCRIBED_BY: typing.ClassVar[dict[str, tuple[str, ...]]] = {
+        **RunConfig.DESCRIBED_BY,
+        "checkpoint": ("base_digest",),
+        "data": ("train_digest",),
+        "train_data": ("train_digest",),
+    }
     # --num-val, --num-test, --val-data, --test-data and the data's description with their
     # counts ("source"): the checkpoints' train_digest holds them to the training tokens
     # (LLMTask.fingerprint)

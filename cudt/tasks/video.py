@@ -290,6 +290,13 @@ class VideoConfig(RunConfig):
 
     # --dust-spread came later; a checkpoint from before it held per-layer dictionaries free.
     ADDED: ClassVar[dict[str, Any]] = {**RunConfig.ADDED, "dust_spread": None}
+    # where the ViT's folder and the videos lie: what they hold decides a resume
+    # (RunConfig.DESCRIBED_BY)
+    DESCRIBED_BY: ClassVar[dict[str, tuple[str, ...]]] = {
+        **RunConfig.DESCRIBED_BY,
+        "vit_checkpoint": ("vit_digest", "vit_config_digest"),
+        "data_dir": ("train_digest",),
+    }
 
     def validate(self) -> None:
         need = self.require

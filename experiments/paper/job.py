@@ -399,7 +399,7 @@ def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = No
             raise UsageError(
                 f"{results} is unreadable ({e}): delete {sub.out}, or pass --overwrite"
             ) from e
-        want = sub.cfg.fingerprint(evaluation=True) | sub.resolved
+        want = _read(sub.cfg, sub.cfg.fingerprint(evaluation=True) | sub.resolved)
         if _sweeps_gamma_train(sub.cfg):  # no run trains at it (subrun_config); an older
             want.pop("gamma_train")  # table put its --headline-gamma there
         diff = config_differences(saved, want, getattr(sub.cfg, "ADDED", {}))
@@ -416,9 +416,19 @@ def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = No
                 f"{saved_config} is unreadable ({e}): delete {sub.out}, or pass --overwrite"
             ) from e
         # the runner's own record
-        diff = config_differences(saved, checkpoint_record(sub.cfg), getattr(sub.cfg, "ADDED", {}))
+        want = _read(sub.cfg, checkpoint_record(sub.cfg))
+        diff = config_differences(saved, want, getattr(sub.cfg, "ADDED", {}))
         if diff:
             raise _refuse(sub, "checkpoints", diff)
+
+
+def _read(cfg, record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` (of a sub-run's ``cfg``) without the flags that act on nothing in ``cfg``
+    (``idle_flags``: the multipliers' steps under the penalty formulation), which the runner's
+    resume does not compare either: a call an earlier version recorded at another value of
+    one (a job that passed it there, refused now) is reused or resumed."""
+    idle = set(type(cfg).idle_flags(dataclasses.asdict(cfg)))
+    return {k: v for k, v in record.items() if k not in idle}
 
 
 def train_subruns(subs: list[SubRun], make_task: Callable[[SubRun], Any]) -> dict[tuple, dict]:

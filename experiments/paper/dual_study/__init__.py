@@ -35,6 +35,7 @@ from typing import Any
 
 from cudt.constrained import UPDATES
 from cudt.errors import UsageError
+from cudt.knobs import knob_names
 from cudt.optim import SCHEDULES
 from cudt.runner.cli import config_main
 from cudt.runner.config import FORMULATIONS, Needs, flag
@@ -240,7 +241,8 @@ def plan(opts: StudyConfig, out: Path) -> list[SubRun]:
     for name in unique(opts.settings):
         setting = SETTINGS[name]
         # Every dual setting is pinned, so a study does not change when a task's defaults do
-        # (the ERM runs and the penalty record plain projected ascent; they use no multipliers).
+        # (the ERM runs and the penalty record plain projected ascent; they use no multipliers,
+        # and the penalty's call takes no value of their steps: recorded None, refused if set).
         plain = dict(
             formulation="lagrangian",
             update="simultaneous",
@@ -254,7 +256,10 @@ def plan(opts: StudyConfig, out: Path) -> list[SubRun]:
         subs.append(SubRun(f"{name} ERM", (name, None), cfg, folder, setting.resolved(cfg)))
         for call in calls(setting, combos(opts), opts.nupi_kp):
             folder = out / name / call.slug
-            cfg = _config(setting, opts, folder, **(plain | _call_fields(setting, call, opts)))
+            fields = plain | _call_fields(setting, call, opts)
+            if call.formulation == "penalty":  # no multipliers: their steps' knobs are refused
+                fields = {k: v for k, v in fields.items() if k not in knob_names("dual")}
+            cfg = _config(setting, opts, folder, **fields)
             subs.append(
                 SubRun(f"{name} {call.label}", (name, call), cfg, folder, setting.resolved(cfg))
             )
