@@ -372,14 +372,9 @@ def test_the_memory_check_counts_the_peak_that_preparing_the_data_holds(
         load()
 
 
-def test_other_vit_weights_at_the_same_path_are_refused_on_resume_older_runs_resume(tmp_path):
-    """The ViT's pretrained weights are in the fingerprint (vit_digest), as the text encoder's
-    are: a resume with other weights written to the same --vit-checkpoint folder is refused
-    (its models not yet started would start from them); a run recorded before the digest
-    resumes (a *_digest one side lacks is not compared)."""
-    import json
-
-    from cudt.errors import UsageError
+def _vit_run(tmp_path):
+    """A ViT run's folder over a ViT folder written at seed 0: ``resume()`` opens the folder as
+    the runner does and says whether it resumes (the first call writes the record)."""
     from cudt.models.vit.weights import write_vit_folder
     from cudt.runner.output import checkpoint_record, open_output_once
     from cudt.tasks.video import VideoConfig, VideoTask
@@ -396,6 +391,20 @@ def test_other_vit_weights_at_the_same_path_are_refused_on_resume_older_runs_res
         with open_output_once(out, record, cfg, main_process=True) as opened:
             return opened.resuming
 
+    return folder, out, resume
+
+
+def test_other_vit_weights_at_the_same_path_are_refused_on_resume_older_runs_resume(tmp_path):
+    """The ViT's pretrained weights are in the fingerprint (vit_digest), as the text encoder's
+    are: a resume with other weights written to the same --vit-checkpoint folder is refused
+    (its models not yet started would start from them); a run recorded before the digest
+    resumes (a *_digest one side lacks is not compared)."""
+    import json
+
+    from cudt.errors import UsageError
+    from cudt.models.vit.weights import write_vit_folder
+
+    folder, out, resume = _vit_run(tmp_path)
     assert not resume()  # a fresh folder: its record written
     (out / "checkpoints" / "vit-12" / "4").mkdir(parents=True)  # a step saved
     assert resume()
@@ -418,22 +427,8 @@ def test_another_vit_config_at_the_same_path_is_refused_on_resume_older_runs_res
     import json
 
     from cudt.errors import UsageError
-    from cudt.models.vit.weights import write_vit_folder
-    from cudt.runner.output import checkpoint_record, open_output_once
-    from cudt.tasks.video import VideoConfig, VideoTask
 
-    folder = write_vit_folder(tmp_path / "vit", seed=0)
-    out = tmp_path / "run"
-    cfg = VideoConfig(
-        models=("vit",), vit_checkpoint=str(folder), num_videos=3, num_frames=8, seq_len=4
-    )
-    task = VideoTask()
-
-    def resume() -> bool:
-        record = checkpoint_record(cfg) | task.fingerprint(cfg, task.load(cfg))
-        with open_output_once(out, record, cfg, main_process=True) as opened:
-            return opened.resuming
-
+    folder, out, resume = _vit_run(tmp_path)
     assert not resume()
     (out / "checkpoints" / "vit-12" / "4").mkdir(parents=True)  # a step saved
     saved = out / "checkpoints" / "config.json"
