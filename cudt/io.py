@@ -31,6 +31,7 @@ __all__ = [
     "digest",
     "fresh_run_dir",
     "given_out",
+    "json_digest",
     "remove_created",
     "save_safetensors",
     "savefig_atomic",
@@ -50,6 +51,14 @@ def digest(arrays) -> str:
     for a in arrays:  # their bytes read in place: a copy of a large training set costs its size
         h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
     return h.hexdigest()[:16]
+
+
+def json_digest(value: Any) -> str:
+    """:func:`digest` of a JSON value (keys sorted): a model's settings as parsed from its
+    files (its config.json: another activation or layer-norm eps over the same weights is
+    another model), so that neither the files' key order nor keys the loader ignores count."""
+    text = json.dumps(value, sort_keys=True)
+    return digest([np.frombuffer(text.encode(), np.uint8)])
 
 
 def to_jsonable(obj: Any) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -75,16 +76,20 @@ def data_record(task: Task, draws: dict[int, Any], datas: dict[int, Any]) -> dic
     return {"data_per_seed": {str(k): task.fingerprint(draws[k], d) for k, d in datas.items()}}
 
 
-def check_reused(task: Task, cfg, out: str | Path, name: str | None = None) -> None:
+def check_reused(
+    task: Task, cfg, out: str | Path, name: str | None = None, flags: Collection[str] = ()
+) -> None:
     """Refuses to reuse the finished run of ``cfg`` in ``out`` (a paper job's sub-run, its
     config matched) where the data ``cfg`` reads now is not what its checkpoints were trained
     on: the refusal a resume of them makes (:func:`cudt.runner.output.check_same_data`), so a
-    table does not mix results of old and new files behind the same flags. ``name``: what the
-    refusal calls ``out`` (``--out OUT``)."""
+    table does not mix results of old and new files behind the same flags; ``flags``: path
+    flags that name other places than the record, compared as a resume compares them (alike
+    where the digests of what they hold are). ``name``: what the refusal calls ``out``
+    (``--out OUT``)."""
     draws = data_draws(cfg)
     now = data_record(task, draws, {k: task.load(d) for k, d in draws.items()})
     fingerprint = checkpoint_record(cfg) | now
-    check_same_data(out, fingerprint, now, cfg, task_defaults(task, cfg), name)
+    check_same_data(out, fingerprint, [*now, *flags], cfg, task_defaults(task, cfg), name)
 
 
 def say(line: str) -> None:

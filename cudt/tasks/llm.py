@@ -42,6 +42,7 @@ The task is four modules beside this one: its flags (:mod:`cudt.tasks.llm_config
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from pathlib import Path
@@ -53,7 +54,7 @@ import numpy as np
 
 from cudt.data.alpaca import TokenizedAlpaca
 from cudt.errors import CudtError, UsageError
-from cudt.io import atomic_write
+from cudt.io import atomic_write, json_digest
 from cudt.lm_loss import (
     default_chunk_tokens,
     kept_logit_rows,
@@ -165,6 +166,20 @@ def _masked_fraction(tokens: TokenizedAlpaca) -> float:
     return float(np.mean(tokens.truncated))
 
 
+def _base_fingerprint(data: LLMData) -> dict[str, str]:
+    """What the pretrained base a run starts from is, read from --checkpoint (a folder, or a
+    GGUF file, whose contents may change behind the same path): its weights (``base_digest``)
+    and, in ``base_config_digest``, its config as parsed (config.json, or the GGUF file's
+    metadata: rope_theta, rms_norm_eps, tie_word_embeddings; another model over the same
+    weights). Its tokenizer and chat template act through the training tokens
+    (``train_digest``). A record from before the second (a ``*_digest`` one side lacks is not
+    compared) resumes."""
+    return {
+        "base_digest": data.base_digest,
+        "base_config_digest": json_digest(dataclasses.asdict(data.decoder.config)),
+    }
+
+
 class LLMTask(AccuracyReports, Task):
     name = "llm_sft"
     config_cls = LLMConfig
@@ -250,7 +265,7 @@ class LLMTask(AccuracyReports, Task):
             "train_digest": train_digest(data.tokens["train"]),
             "noise_unit": data.noise_unit,
             "prompt_format": data.prompt_format,
-        } | ({"base_digest": data.base_digest} if data.base_digest is not None else {})
+        } | ({} if data.base_digest is None else _base_fingerprint(data))
 
     def config_extras(self, cfg, data: LLMData) -> dict[str, Any]:
         return {

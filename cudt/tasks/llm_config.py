@@ -317,7 +317,7 @@ class LLMConfig(RunConfig):
     # (RunConfig.DESCRIBED_BY; --val-data and --test-data are evaluation-only)
     DESCRIBED_BY: typing.ClassVar[dict[str, tuple[str, ...]]] = {
         **RunConfig.DESCRIBED_BY,
-        "checkpoint": ("base_digest",),
+        "checkpoint": ("base_digest", "base_config_digest"),
         "data": ("train_digest",),
         "train_data": ("train_digest",),
     }

@@ -28,7 +28,7 @@ from cudt.data.text import (
     tokenize_splits,
 )
 from cudt.errors import UsageError
-from cudt.io import digest
+from cudt.io import digest, json_digest
 from cudt.models.classifier import (
     GRANULARITIES,
     MODELS,
@@ -113,8 +113,8 @@ class TextConfig(RunConfig):
     # default) and the data's: what they hold decides a resume (RunConfig.DESCRIBED_BY)
     DESCRIBED_BY: ClassVar[dict[str, tuple[str, ...]]] = {
         **RunConfig.DESCRIBED_BY,
-        "checkpoint": ("encoder_digest",),
-        "encoder_folder": ("encoder_digest",),
+        "checkpoint": ("encoder_digest", "encoder_config_digest"),
+        "encoder_folder": ("encoder_digest", "encoder_config_digest"),
         "data_dir": ("train_digest",),
     }
 
@@ -364,8 +364,11 @@ class TextTask(AccuracyReports, Task):
             "train_shape": list(train.ids.shape),
             "noise_unit": data.model.noise_unit,
             # the contents behind the paths: the pretrained weights (the frozen parts are read
-            # from them again on resume) and the training examples
+            # from them again on resume), its config.json as parsed (the activation, the
+            # layer-norm eps: another model over the same weights; a record from before it
+            # resumes) and the training examples (the tokenizer's ids of them)
             "encoder_digest": digest(jax.tree.leaves(data.model.encoder.params)),
+            "encoder_config_digest": json_digest(dataclasses.asdict(data.model.encoder.config)),
             "train_digest": digest((train.ids, train.mask, train.labels)),
         } | (
             {} if data.model.trained_ids is None else {"trained_rows": len(data.model.trained_ids)}

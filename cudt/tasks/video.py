@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from typing import Any, ClassVar
 
 import jax
@@ -20,7 +19,7 @@ import numpy as np
 
 from cudt.data.video import DATASETS, VideoSplits, load_video_data, perturb
 from cudt.errors import UsageError
-from cudt.io import digest
+from cudt.io import digest, json_digest
 from cudt.metrics import rmse_255
 from cudt.models import DUST, UT, ViT, hold_dictionaries_near, load_vit, ut_projection
 from cudt.models.dust import INITIAL_CODES
@@ -419,16 +418,13 @@ def _vit_fingerprint(vit: ViT) -> dict[str, str]:
     preprocessor_config.json as parsed (the patch and image size, the activation, the pixel
     mean and std: another model over the same weights). A record from before the second (a
     ``*_digest`` one side lacks is not compared) resumes."""
-    setup = json.dumps(
-        {
-            "config": dataclasses.asdict(vit.config),
-            "preprocessor": dataclasses.asdict(vit.preprocessor),
-        },
-        sort_keys=True,
-    )
+    setup = {
+        "config": dataclasses.asdict(vit.config),
+        "preprocessor": dataclasses.asdict(vit.preprocessor),
+    }
     return {
         "vit_digest": digest(jax.tree.leaves(vit.params)),
-        "vit_config_digest": digest([np.frombuffer(setup.encode(), np.uint8)]),
+        "vit_config_digest": json_digest(setup),
     }
 
 

@@ -248,6 +248,9 @@ class SubRun:
     out: Path
     resolved: dict[str, Any] = dataclasses.field(default_factory=dict)
     finished: bool = False
+    # path flags (``--data-dir``, ``--checkpoint``) that name other folders than its record:
+    # the digests of what they hold decide, checked as a resume checks them (train_subruns)
+    moved: tuple[str, ...] = ()
 
 
 def subrun_config(config_cls: type, opts, out: Path, **fields) -> Any:
@@ -313,6 +316,17 @@ def config_differences(saved: dict, want: dict[str, Any], added: dict[str, Any])
         for k, v in want.items()
         if saved.get(k) != v and not (k not in saved and k in added and added[k] == v)
     ]
+
+
+def _differences_but_moved(sub: SubRun, saved: dict, want: dict[str, Any]) -> list[str]:
+    """:func:`config_differences` of ``sub``'s record, but for a path flag that names another
+    place (one of the config's ``DESCRIBED_BY``, recorded there): set aside in ``sub.moved``,
+    for the digests of what it holds to decide (:func:`train_subruns`), as a resume's do."""
+    described = getattr(type(sub.cfg), "DESCRIBED_BY", {})
+    now = to_jsonable(want)
+    sub.moved = tuple(k for k in now if k in described and k in saved and saved[k] != now[k])
+    kept = {k: v for k, v in want.items() if k not in sub.moved}
+    return config_differences(saved, kept, getattr(sub.cfg, "ADDED", {}))
 
 
 def _refuse(sub: SubRun, what: str, diff: list[str]) -> UsageError:
@@ -402,7 +416,7 @@ def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = No
         want = _read(sub.cfg, sub.cfg.fingerprint(evaluation=True) | sub.resolved)
         if _sweeps_gamma_train(sub.cfg):  # no run trains at it (subrun_config); an older
             want.pop("gamma_train")  # table put its --headline-gamma there
-        diff = config_differences(saved, want, getattr(sub.cfg, "ADDED", {}))
+        diff = _differences_but_moved(sub, saved, want)
         if diff:
             raise _refuse(sub, "results", diff)
         sub.finished = True
@@ -417,7 +431,7 @@ def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = No
             ) from e
         # the runner's own record
         want = _read(sub.cfg, checkpoint_record(sub.cfg))
-        diff = config_differences(saved, want, getattr(sub.cfg, "ADDED", {}))
+        diff = _differences_but_moved(sub, saved, want)
         if diff:
             raise _refuse(sub, "checkpoints", diff)
 
@@ -437,9 +451,11 @@ def train_subruns(subs: list[SubRun], make_task: Callable[[SubRun], Any]) -> dic
     than its config reads now: :func:`cudt.runner.run.check_reused`); returns ``{sub.key: its
     results.json}``."""
     for sub in subs:  # before anything trains
-        if sub.finished:
-            # the user's --out is the job's: the refusal names the sub-run's folder in it
-            check_reused(make_task(sub), sub.cfg, sub.out, f"the finished sub-run {sub.out}")
+        if sub.finished or sub.moved:
+            # the user's --out is the job's: the refusal names the sub-run's folder in it; a
+            # path flag moved (sub.moved) is no difference where the digests are alike
+            name = f"the {'finished ' if sub.finished else ''}sub-run {sub.out}"
+            check_reused(make_task(sub), sub.cfg, sub.out, name, flags=sub.moved)
     results = {}
     for k, sub in enumerate(subs, start=1):
         if sub.finished:

@@ -3,13 +3,18 @@ does its data, checked as the runner checks a resume (cudt.runner.run.check_reus
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import shutil
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from helpers import ToyConfig, ToyTask
 
 from cudt.errors import UsageError
 from cudt.io import digest
+from cudt.runner.config import flag
 from experiments.paper.job import SubRun, check_subrun, train_subruns
 
 
@@ -89,3 +94,66 @@ def test_a_finished_subrun_without_its_checkpoints_record_is_refused(tmp_path, c
         f"now: restore that file, or delete {out} to train it again"
     )
     assert "reusing" not in capsys.readouterr().out
+
+
+@dataclasses.dataclass(frozen=True)
+class PathToyConfig(ToyConfig):
+    """The toy's config naming the file it reads (a path flag, as --data-dir), which and the
+    fingerprint's line of it (``data_file``) the digest of what it holds describes."""
+
+    DESCRIBED_BY: ClassVar[dict[str, tuple[str, ...]]] = {
+        **ToyConfig.DESCRIBED_BY,
+        "scale_file": ("train_digest",),
+        "data_file": ("train_digest",),
+    }
+    scale_file: str = flag("scale.txt", "the file whose number scales the examples", path=True)
+
+
+class PathToy(FileToy):
+    """:class:`FileToy` reading its config's ``--scale-file``."""
+
+    def __init__(self):
+        pass
+
+    def load(self, cfg):
+        self.file = Path(cfg.scale_file)
+        return super().load(cfg)
+
+
+def test_a_subrun_whose_files_moved_is_reused_and_resumed_as_the_runner_resumes(tmp_path):
+    """A job rerun with a sub-run's path flag naming a copy of its files elsewhere reuses the
+    finished sub-run, and resumes one interrupted, as the runner's resume does (the digests
+    decide, DESCRIBED_BY); other files there are refused before anything trains, and so are
+    other flags."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "scale.txt").write_text("1.0")
+    task = PathToy()
+
+    def sub(folder: str, name: str = "sub", **flags) -> SubRun:
+        out = tmp_path / name
+        cfg = PathToyConfig(**{
+            "out": str(out), "seeds": 1, "kinds": "erm", "steps": 4, "test_gammas": (0.0,),
+            "scale_file": str(tmp_path / folder / "scale.txt"), **flags,
+        })  # fmt: skip
+        planned = SubRun("toy", ("toy",), cfg, out)
+        check_subrun(planned, overwrite=False)
+        return planned
+
+    trained = train_subruns([sub("a")], lambda s: task)[("toy",)]
+    moved = sub("b")
+    assert moved.finished
+    assert train_subruns([moved], lambda s: task)[("toy",)]["runs"] == trained["runs"]
+    (tmp_path / "b" / "scale.txt").write_text("3.0")  # other data there
+    with pytest.raises(UsageError, match=r"different config \(scale_file .* train_digest"):
+        train_subruns([sub("b")], lambda s: task)
+    with pytest.raises(UsageError, match=r"results of another config \(steps: 4 there, 6 now"):
+        sub("a", steps=6)
+    (tmp_path / "b" / "scale.txt").write_text("1.0")
+    shutil.copytree(tmp_path / "sub", tmp_path / "cut")  # a sub-run interrupted: checkpoints
+    (tmp_path / "cut" / "results.json").unlink()
+    config = tmp_path / "cut" / "checkpoints" / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"out": str(tmp_path / "cut")}))
+    resumed = sub("b", "cut")
+    assert not resumed.finished
+    assert train_subruns([resumed], lambda s: task)[("toy",)]["runs"] == trained["runs"]

@@ -156,6 +156,85 @@ def test_the_same_base_model_and_records_elsewhere_resume(tmp_path):
         _resumes(task, dataclasses.replace(moved, checkpoint=str(other)), out)
 
 
+def _edit_json(path, **fields) -> None:
+    path.write_text(json.dumps(json.loads(path.read_text()) | fields))
+
+
+def _without(saved, name: str) -> None:
+    """The checkpoints' record as a run from before ``name`` was recorded wrote it."""
+    saved.write_text(json.dumps({k: v for k, v in json.loads(saved.read_text()).items()
+                                 if k != name}))  # fmt: skip
+
+
+def test_another_encoder_config_over_the_same_weights_is_refused_older_runs_resume(tmp_path):
+    """The encoder's config.json as parsed is in the fingerprint (encoder_config_digest): the
+    same weights under another activation or layer-norm eps, at the same --checkpoint or a
+    copy's, are another model, refused on resume and on reading the run back; key order
+    does not count, and a run recorded before the digest resumes."""
+    bert = write_tiny_bert(tmp_path / "bert")
+    task, out = TextTask(), tmp_path / "run"
+    cfg = TextConfig(model="bert", checkpoint=str(bert), num_train=16, num_test=8, max_length=16)
+    trained = to_jsonable(task.fingerprint(cfg, task.load(cfg)))
+    _started(task, cfg, out)
+    config = bert / "config.json"
+    original = json.loads(config.read_text())
+    config.write_text(json.dumps(dict(reversed(original.items()))))  # the same, reordered
+    assert _resumes(task, cfg, out)
+    _edit_json(config, hidden_act="relu")
+    refused = r"trained on other files than its flags name now \(encoder_config_digest"
+    with pytest.raises(UsageError, match=refused):
+        _resumes(task, cfg, out)
+    with pytest.raises(UsageError, match=r"trained on other data .*encoder_config_digest"):
+        _check_trained_on(cfg, to_jsonable(task.fingerprint(cfg, task.load(cfg))), trained, out)
+    config.write_text(json.dumps(original))
+    copy = shutil.copytree(bert, tmp_path / "copy")
+    copied = dataclasses.replace(cfg, checkpoint=str(copy))
+    assert _resumes(task, copied, out)  # the same model elsewhere
+    _edit_json(copy / "config.json", layer_norm_eps=1e-5)
+    with pytest.raises(UsageError, match=r"different config \(checkpoint .*encoder_config_d"):
+        _resumes(task, copied, out)
+    _edit_json(config, hidden_act="relu")
+    _without(out / "checkpoints" / "config.json", "encoder_config_digest")
+    assert _resumes(task, cfg, out)  # recorded before the digest: the weights decide
+
+
+def test_another_base_config_over_the_same_weights_is_refused_older_runs_resume(tmp_path):
+    """The LLM base's config as parsed (config.json, or a GGUF file's metadata, which
+    base_digest, of the weights, misses) is in the fingerprint (base_config_digest): a copy
+    with another rms_norm_eps or rope_theta over the same weights is refused on resume, by
+    that digest alone; a run recorded before the digest resumes."""
+    pytest.importorskip("gguf")
+    from cudt.models.llama import load_decoder, write_gguf, write_tiny_gguf
+
+    records = generated_instructions(40, seed=0)
+    write_alpaca(records, tmp_path / "alpaca.json")
+    tok = build_word_tokenizer(records)
+    config = DecoderConfig(vocab_size=tok.get_vocab_size(), **TINY_DECODER)
+    write_decoder_folder(tmp_path / "a", config, config.init_params(jax.random.key(3)), tok)
+    texts = [f"{r.instruction} {r.input} {r.output}" for r in records]
+    write_tiny_gguf(tmp_path / "a" / "base.gguf", texts, jax.random.key(3))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    base = load_decoder(tmp_path / "a" / "base.gguf")  # its tensors and tokenizer again
+    other = dataclasses.replace(base.config, rope_theta=5e5)
+    write_gguf(tmp_path / "b" / "base.gguf", other, base.params, tokenizer=base.tokenizer,
+               chat_template=base.chat_template)  # fmt: skip
+    _edit_json(tmp_path / "b" / "config.json", rms_norm_eps=1e-3)
+    task = LLMTask()
+    sizes = dict(num_train=24, num_val=4, num_test=4, max_length=64, batch_size=4)
+    for name in ("", "base.gguf"):  # the folder, the GGUF file
+        cfg = LLMConfig(
+            checkpoint=str(tmp_path / "a" / name), data=str(tmp_path / "alpaca.json"), **sizes
+        )
+        out = tmp_path / f"run{name}"
+        _started(task, cfg, out)
+        moved = dataclasses.replace(cfg, checkpoint=str(tmp_path / "b" / name))
+        alone = r"different config \(checkpoint '[^']*' -> '[^']*'; base_config_digest '\w+' ->"
+        with pytest.raises(UsageError, match=alone):
+            _resumes(task, moved, out)
+        _without(out / "checkpoints" / "config.json", "base_config_digest")
+        assert _resumes(task, moved, out)  # recorded before the digest: the weights decide
+
+
 def _ucsd(root) -> None:
     """A UCSD Ped2 folder: two training and one test video of 3 frames."""
     for split, video, value in (("Train", "Train001", 10), ("Train", "Train002", 60),
