@@ -126,15 +126,15 @@ def check_fresh_output(
     if parent is not None and not parent.is_dir():
         raise UsageError(f"{flag} {path}: {parent} is a file, not a folder: pass another path")
     taken = path.is_file() or (path.is_dir() and any(path.iterdir()))
+    if taken and path.is_dir():  # never replaced: refused before ``replace`` is offered
+        _check_replaceable(path, flag)
     if taken and not overwrite:
         what = "is a file already" if path.is_file() else "already exists and is not empty"
         raise UsageError(
             f"{flag} {path} {what}: pass another path"
             + (f", or {replace} to replace it" if replace else ", or delete it first")
         )
-    if taken and path.is_dir():
-        _check_replaceable(path, flag)
-    elif path.is_dir() and contains(path, Path.cwd()):  # an empty working folder: "." too
+    if not taken and path.is_dir() and contains(path, Path.cwd()):  # an empty working folder
         raise UsageError(
             f"{flag} {path} is the working folder {Path.cwd()}: the output is renamed into "
             f"place, replacing that folder; pass a new folder inside it, such as {path / 'models'}"

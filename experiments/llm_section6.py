@@ -22,7 +22,7 @@ what this scales down from the paper.
 
 import sys
 
-from cudt.runner.cli import exit_process
+from cudt.runner.cli import exit_process, given_on_command_line
 from experiments import llm_sft
 
 __all__ = ["DESCRIPTION", "SECTION6", "main", "section6_for"]
@@ -76,8 +76,10 @@ def section6_for(argv: list[str]) -> tuple[str, ...]:
     """:data:`SECTION6` for these flags: without the size of a split they give a file of its
     own (``--num-test 500`` beside ``--test-data``: the file is every record of it), nor its
     ``--data tasks`` when they give every split a file (``--train-data``, ``--val-data``,
-    ``--test-data``) and no ``--data``, which would then have no split left to deal."""
-    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    ``--test-data``) and no ``--data``, which would then have no split left to deal. A flag
+    counts however argparse reads it (``--test-d`` is ``--test-data``)."""
+    fields = given_on_command_line(llm_sft.Config, argv, quiet=True)
+    given = {"--" + f.replace("_", "-") for f in fields}
     files = {s for s in ("train", "val", "test") if f"--{s}-data" in given}
     drop = {f"--num-{s}" for s in files}
     if len(files) == 3 and "--data" not in given:

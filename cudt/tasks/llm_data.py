@@ -20,6 +20,7 @@ from cudt.data.alpaca import (
     AlpacaSplits,
     InstructionTokenizer,
     TokenizedAlpaca,
+    alpaca_chat_template,
     alpaca_prompt,
     alpaca_splits,
     build_word_tokenizer,
@@ -96,16 +97,28 @@ def _prompter(
     return functools.partial(chat_prompt, decoder=decoder, tok=tok)
 
 
+# the chat templates cudt writes for a model trained on Alpaca prompts (llm_export), with and
+# without a BOS: a user turn's ``input`` key is the record's input
+_ALPACA_TEMPLATES = frozenset(alpaca_chat_template(bos) for bos in (True, False))
+
+
 def chat_prompt(
     record: AlpacaRecord, decoder: Decoder, tok: InstructionTokenizer, bos_token: str | None = None
 ) -> str:
     """``record`` as one user turn (the instruction, then its input after a blank line) in the
     model's chat template, with the opening of the assistant turn; the template writes any BOS
-    itself (``bos_token``: the decoder's BOS, unless given), so the tokenizer adds none."""
-    content = f"{record.instruction}\n\n{record.input}" if record.input else record.instruction
+    itself (``bos_token``: the decoder's BOS, unless given), so the tokenizer adds none. The
+    Alpaca template of a model exported from Alpaca prompts (:func:`alpaca_chat_template`)
+    reads the input from the turn's ``input`` key: it gets the instruction and the input apart,
+    so its prompts are the ones it was trained on."""
+    if decoder.chat_template in _ALPACA_TEMPLATES:
+        message = {"role": "user", "content": record.instruction, "input": record.input}
+    else:
+        content = f"{record.instruction}\n\n{record.input}" if record.input else record.instruction
+        message = {"role": "user", "content": content}
     name = tok.tokenizer.id_to_token
     return apply_chat_template(
-        [{"role": "user", "content": content}],
+        [message],
         decoder.chat_template,
         add_generation_prompt=True,
         bos_token=bos_token

@@ -494,6 +494,30 @@ def test_a_replacement_never_deletes_a_run_or_the_working_folder(tmp_path, monke
     assert (tmp_path / "runs" / "a" / "notes.txt").exists()
 
 
+def test_a_folder_never_replaced_is_refused_without_offering_to_replace_it(tmp_path, monkeypatch):
+    """A folder holding a run or the working folder was first refused as "not empty: pass
+    another path, or --overwrite to replace it", and then, with --overwrite, as one that is
+    never replaced: the first line named a fix that does not work."""
+    from cudt.io import check_fresh_output
+
+    run = tmp_path / "runs" / "a" / "run"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text("{}")
+    (tmp_path / "work" / "here").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "work" / "here")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "notes.txt").write_text("mine")
+    for folder, words in (
+        (tmp_path / "runs", "holds an experiment's run"),
+        (tmp_path / "work", "holds the working folder"),
+        (tmp_path / "elsewhere", "already exists and is not empty: pass another path, or --ow"),
+    ):
+        for overwrite in (False, True)[: 1 if folder.name == "elsewhere" else 2]:
+            with pytest.raises(cudt.UsageError) as err:
+                check_fresh_output(folder, overwrite=overwrite, flag="DEST", replace="--ow")
+            assert words in str(err.value), (folder, overwrite, str(err.value))
+
+
 def test_a_full_disk_while_writing_safetensors_is_an_os_error(tmp_path):
     """safetensors reports a failed write (a full disk) as its own error, not an OSError, so
     an export on a full disk ended in a traceback; it is the OSError that atomic_output turns

@@ -351,6 +351,20 @@ def test_the_section6_command_with_a_file_for_every_split_deals_no_generated_set
     assert own == {k: v for k, v in zip(*[iter(SECTION6)] * 2, strict=True) if k not in sizes}
 
 
+def test_the_section6_command_reads_an_abbreviated_file_flag_as_argparse_does(tmp_path):
+    """``--test-d FILE`` is ``--test-data FILE`` to argparse; the command kept its ``--num-test
+    500`` beside it and was refused with ``drop --num-test``, a flag the user never passed."""
+    from cudt.runner.cli import config_from_args
+    from experiments.llm_section6 import section6_for
+
+    (tmp_path / "test.json").write_text('[{"instruction": "Say 1.", "output": "1"}]')
+    for given in (["--test-d", str(tmp_path / "test.json")], [f"--test-dat={tmp_path}/test.json"]):
+        flags = section6_for(given)
+        assert "--num-test" not in flags and "--num-train" in flags, given
+        cfg, _ = config_from_args(LLMConfig, [*flags, *given], "", "x")  # accepted
+        assert cfg.test_data == str(tmp_path / "test.json") and cfg.data == "tasks"
+
+
 def test_completions_are_taken_once_per_gamma_at_the_largest_gamma_of_the_jobs_grid():
     """Completions at γ = 0 and the largest test γ of the job: of every γ_train it trains (a
     sweep of them, not the flag's alone), and each γ once (--completion-gamma 0 generated and

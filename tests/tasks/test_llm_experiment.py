@@ -623,6 +623,29 @@ def test_export_flags_are_checked_when_the_config_is_made(tmp_path):
     assert not {"export", "overwrite_export"} & set(cfg.fingerprint(evaluation=True))
 
 
+def test_an_exported_model_read_as_a_checkpoint_gets_the_prompts_it_was_trained_on(tmp_path):
+    """A model exported from Alpaca prompts carries a chat template that reads a turn's input
+    from its ``input`` key. Read again as --checkpoint (chat prompts), a record with an input
+    was one turn "instruction\\n\\ninput", written without the template's Input section: not
+    the prompts it was trained on (the slow export test compared records without input)."""
+    from cudt.models.llama import save_decoder
+    from cudt.tasks.llm import LLMTask
+    from cudt.tasks.llm_config import LLMConfig
+    from cudt.tasks.llm_export import trained_decoder
+
+    task = LLMTask()
+    sizes = dict(num_train=48, num_val=8, num_test=8, max_length=64)
+    data = task.load(LLMConfig(**sizes, layers=2, hidden=16, heads=2, kv_heads=1, intermediate=32))
+    folder = save_decoder(trained_decoder(data, data.decoder.params), None, tmp_path / "model")
+    again = task.load(LLMConfig(checkpoint=str(folder), **sizes))
+    assert again.prompt_format == "chat"
+    for split in ("train", "test"):
+        assert any(r.input for r in data.records[split])
+        for name in ("input_ids", "loss_mask"):
+            ours, trained = getattr(again.tokens[split], name), getattr(data.tokens[split], name)
+            np.testing.assert_array_equal(ours, trained, err_msg=f"{split} {name}")
+
+
 # --------------------------------------------------------------------------------------------
 # --export and experiments.export_decoder
 # --------------------------------------------------------------------------------------------
@@ -695,8 +718,8 @@ def test_export_writes_the_chosen_runs_that_transformers_runs_as_trained(
         LLMConfig(checkpoint=str(folder), num_train=48, num_val=8, num_test=8, max_length=64)
     )
     assert again.prompt_format == "chat"
-    plain = [j for j, r in enumerate(data.records["test"]) if not r.input]
-    np.testing.assert_array_equal(again.tokens["test"].input_ids[plain], t.input_ids[plain])
+    assert any(r.input for r in data.records["test"])  # records with an input too
+    np.testing.assert_array_equal(again.tokens["test"].input_ids, t.input_ids)
     # from the finished --out: the same bytes
     single = tmp_path / "one"
     twice = ["--run", constrained["label"]] * 2  # the same model, once
