@@ -250,6 +250,17 @@ def test_the_headline_interval_is_the_paired_t_over_seeds_and_says_level_across_
     assert "+0.3000, one seed: no t interval; bootstrap over prompts [+0.3000, +0.3000]" in one
 
 
+def test_one_seed_and_one_prompt_say_there_is_no_interval_rather_than_nan():
+    """A single test prompt and one seed: nothing to resample, so the line says so in words."""
+    runs = [fake_run(k, 0, np.array([[0.4], [0.3]]) + 0.1 * k, [0.0], k) for k in (False, True)]
+    for r in runs:
+        r["completions"] = [c for c in r["completions"] if c["prompt_index"] == 0]
+    lines = [ln for ln in paired_lines(runs) if ln.startswith("  ")]
+    assert len(lines) == 6  # token accuracy, exact match and ROUGE-L at the two γ
+    assert all("nan" not in ln and "one seed and one prompt: no interval" in ln for ln in lines)
+    assert "token accuracy γ=0: +0.1000, one seed and one prompt: no interval" in lines[0]
+
+
 def test_feasibility_is_reported_at_zero_and_at_the_tolerance():
     erm = fake_run(False, 0, np.zeros((2, 4)), [0.0, 0.1, -0.2], False)
     within = fake_run(True, 0, np.zeros((2, 4)), [0.0, -0.01, 0.02], True)  # +2 %: tol only
