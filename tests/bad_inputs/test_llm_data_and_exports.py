@@ -405,6 +405,15 @@ def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
         keeps=tmp_path,  # models/ not made, run/ untouched
         via=via,
     )
+    refused(
+        "export_decoder of a RUN folder that does not exist",
+        [tmp_path / "gone", tmp_path / "models"],
+        capsys,
+        "/tmp/gone does not exist",
+        "pass the --out folder of a finished experiments.llm_sft run",
+        keeps=tmp_path,
+        via=via,
+    )
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "notes.txt").write_text("mine")
     refused(
