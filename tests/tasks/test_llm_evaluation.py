@@ -322,6 +322,18 @@ def test_the_section6_command_is_the_issues_comparison_and_later_flags_win():
     assert (cfg.steps, cfg.epsilon, cfg.dual_scale) == (300, 0.05, "relative")
 
 
+def test_the_checkpoint_help_says_lora_rank_keeps_the_base_frozen(capsys):
+    """--checkpoint is fine-tuned whole only without --lora-rank: its help says both."""
+    from experiments import llm_sft
+
+    with pytest.raises(SystemExit):
+        llm_sft.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    help_ = text.split("--checkpoint CHECKPOINT ", 1)[1].split(" --", 1)[0]
+    assert "fine-tune whole" not in help_
+    assert "whole, or frozen under LoRA adapters with --lora-rank" in text
+
+
 def test_the_section6_command_names_itself_in_its_help(capsys):
     from experiments import llm_section6
 
