@@ -104,6 +104,7 @@ from benchmarks.peer import (
 )
 from benchmarks.profile import print_profile, trace_thunks
 from benchmarks.step import ProductFloor
+from cudt.errors import UsageError
 from cudt.lm_loss import default_bucket_tokens, keeps_logits
 from cudt.models.llama import smollm2_gguf_path, write_decoder_folder
 from cudt.models.llama import write_tiny_gguf as tiny_gguf
@@ -798,9 +799,33 @@ def compiled_memory(side: CudtSide) -> dict[str, int]:
     return out
 
 
+def check_lora_ranks(ranks: list[int], side: CudtSide, model: str) -> None:
+    """Every rank of ``--lora-ranks`` at most the smaller side of each projection of ``model``
+    (every one is adapted), refused in this command's flags before any LoRA side is built (the
+    task's own refusal names its ``--lora-rank`` and the temporary ``--tiny`` file)."""
+    shapes = side.data.decoder.config.param_shapes()["blocks"]
+    sides = {t: shapes[t]["kernel"][1:] for t in side.cfg.lora_targets}
+    name = min(sides, key=lambda t: min(sides[t]))
+    most = min(sides[name])
+    if max(ranks) > most:
+        raise UsageError(
+            f"--lora-ranks {','.join(map(str, ranks))}: rank {max(ranks)} exceeds the {name} "
+            f"projection of {model} ({sides[name][0]} x {sides[name][1]}), whose update A B has "
+            f"rank at most {most}: pass --lora-ranks of {most} or less"
+        )
+
+
 def run_lora(args: argparse.Namespace, checkpoint: Path) -> dict:
     """``--lora-ranks``: cudt's full fine-tuning step against LoRA steps, the same batch."""
     sides = {"full": build_cudt(checkpoint, args.batch, args.seq, args.chunk_tokens, args.dtype)}
+    model = (
+        "--tiny's random Llama"
+        if args.tiny
+        else f"--checkpoint {args.checkpoint}"
+        if args.checkpoint
+        else "SmolLM2-135M-Instruct"
+    )
+    check_lora_ranks(args.lora_ranks, sides["full"], model)
     for r in args.lora_ranks:
         sides[f"LoRA r={r}"] = build_cudt(
             checkpoint, args.batch, args.seq, args.chunk_tokens, args.dtype, lora_rank=r

@@ -209,10 +209,34 @@ def model_folder(path: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
         )
     config_file = folder / "config.json"
     if not config_file.is_file():
-        raise ModelFolderError(
-            f"{folder} has no config.json: pass a Hugging Face model folder (save_pretrained)"
-        )
+        raise ModelFolderError(_no_config(folder))
     return folder, config_file
+
+
+def _no_config(folder: pathlib.Path) -> str:
+    """Why ``folder`` (no config.json) is no model folder: PEFT's LoRA adapters (an export's
+    ``<model>/adapter/``), or a folder of model folders (an export's root), named as such."""
+    adapter = folder / "adapter_config.json"
+    if adapter.is_file():
+        try:
+            base = json.loads(adapter.read_text(encoding="utf-8")).get("base_model_name_or_path")
+        except (OSError, ValueError, AttributeError):
+            base = None
+        merged = folder.parent if (folder.parent / "config.json").is_file() else None
+        instead = [f"the merged model beside them, {merged}"] if merged else []
+        instead += [f"their base {base} (with --lora-rank, to train adapters anew)"] if base else []
+        return f"{folder} holds LoRA adapters (PEFT's adapter_config.json), not a model: pass " + (
+            ", or ".join(instead) if instead else "a Hugging Face model folder"
+        )
+    models = sorted(p.parent.name for p in folder.glob("*/config.json"))
+    if models:
+        what = "an export (export.json)" if (folder / "export.json").is_file() else "a folder"
+        return (
+            f"{folder} has no config.json: it is {what} of model folders "
+            f"({', '.join(models[:3])}{', ...' if len(models) > 3 else ''}); pass one of them, "
+            f"e.g. {folder / models[0]}"
+        )
+    return f"{folder} has no config.json: pass a Hugging Face model folder (save_pretrained)"
 
 
 #: the safetensors dtypes read as numpy arrays: an fp8 (F8_E4M3, F8_E5M2), fp6 or fp4 tensor is

@@ -98,6 +98,11 @@ def finished_run(out: str | Path, task: Any, reader: str) -> tuple[Any, Any, dic
     out = Path(out).expanduser().absolute()
     check_free(out, reader=True)  # a job on it (an --overwrite rerun) is rewriting what is read
     file = out / "results.json"
+    if not out.is_dir():
+        raise UsageError(
+            f"{out} {'is a file, not a folder' if out.exists() else 'does not exist'}: pass the "
+            f"--out folder of a finished experiments.{task.name} run"
+        )
     if not file.is_file():
         raise UsageError(
             f"{out} holds no results.json: pass the --out folder of a finished "

@@ -15,7 +15,8 @@ decoder, :meth:`cudt.models.llama.Decoder.generate`).
 
 Without ``--checkpoint`` the model is a tiny decoder trained from scratch with a word-level
 tokenizer of the generated instruction set (no download; small enough for a CPU). With ``--checkpoint`` a Hugging Face Llama / Mistral / Qwen2 folder or a GGUF file
-is fine-tuned whole, with its own tokenizer; ``--data`` reads ``alpaca_data.json``, and
+is fine-tuned, with its own tokenizer (whole, or with ``--lora-rank`` the base frozen and
+LoRA adapters trained); ``--data`` reads ``alpaca_data.json``, and
 ``--data tasks`` selects the generated task families of :mod:`cudt.data.instructions` (exact
 answers, train and test disjoint by item) instead of the toy set; ``--train-data``,
 ``--val-data``, ``--test-data`` give a split as a file of your own (records it shares with

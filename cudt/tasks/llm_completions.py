@@ -142,7 +142,7 @@ def paired_lines(runs: list[dict]) -> list[str]:
     Each line's interval is the 95 % paired t interval over the seeds' means (the seeds are
     the replicates), "level" when it spans 0; the two-level bootstrap over
     seeds and prompts stands beside it, never instead of it (with one seed it is the only
-    interval: over prompts)."""
+    interval: over prompts; with one seed and one prompt there is none, and the line says so)."""
     lines = []
     for name, cons, erm in paired_with_erm(runs):
         if not all("prompt_accuracy" in r for r in cons + erm):
@@ -180,6 +180,11 @@ def _paired_line(what: str, a, b) -> str:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     boot = paired_difference(a, b)
     t = stats.paired_t_interval(a.mean(axis=1), b.mean(axis=1))
+    if a.size < 2:  # one seed and one prompt: nothing to resample, no interval of either kind
+        return (
+            f"  {what}: {boot.mean:+.4f}, one seed and one prompt: no interval  "
+            f"(constrained {a.mean():.4f}, ERM {b.mean():.4f}; 1 prompt x 1 seed)"
+        )
     if a.shape[0] < 2:
         head = f"{boot.mean:+.4f}, one seed: no t interval; bootstrap over prompts"
     else:

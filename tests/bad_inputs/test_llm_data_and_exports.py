@@ -102,7 +102,48 @@ def _template_without_its_markers(tmp: Path) -> list:
     return flags
 
 
+def _an_export(tmp: Path) -> Path:
+    """An export as export_decoder writes one of a LoRA run, of the tiny checkpoint at
+    tmp/base: models/export.json and models/<run>/ (the merged model, its adapters in
+    adapter/). The folder of models."""
+    import shutil
+
+    import jax
+
+    from cudt.models.llama import DecoderConfig, LoraSpec, init_adapters, save_adapters
+
+    _tied_checkpoint(tmp)
+    model = tmp / "models" / "llm-1-constrained-seed-0"
+    shutil.copytree(tmp / "base", model)
+    (tmp / "models" / "export.json").write_text('{"models": [{"folder": "' + model.name + '"}]}')
+    config = DecoderConfig.from_dict(json.loads((model / "config.json").read_text()))
+    spec = LoraSpec(2, 4.0, ("q", "v"))
+    adapters = init_adapters(config, spec, jax.random.key(0))
+    save_adapters(model / "adapter", adapters, spec, base=str(tmp / "base"))
+    return tmp / "models"
+
+
 LLM_CASES = [
+    (
+        "--checkpoint at an export's folder of models",
+        lambda tmp: ["--checkpoint", _an_export(tmp), "--data", "toy"],
+        "/tmp/models has no config.json: it is an export (export.json) of model folders "
+        "(llm-1-constrained-seed-0)",
+        "pass one of them, e.g. /tmp/models/llm-1-constrained-seed-0",
+    ),
+    (
+        "--checkpoint at an export's LoRA adapters",
+        lambda tmp: [
+            "--checkpoint",
+            _an_export(tmp) / "llm-1-constrained-seed-0" / "adapter",
+            "--data",
+            "toy",
+        ],  # fmt: skip
+        "/tmp/models/llm-1-constrained-seed-0/adapter holds LoRA adapters (PEFT's "
+        "adapter_config.json), not a model",
+        "pass the merged model beside them, /tmp/models/llm-1-constrained-seed-0, or their "
+        "base /tmp/base (with --lora-rank, to train adapters anew)",
+    ),
     # (case, build(tmp) -> flags, problem, fix)
     (
         "--train-data record without output",
@@ -403,6 +444,15 @@ def test_llm_export_of_a_folder_that_is_no_finished_run(tmp_path, capsys):
         "/tmp/run holds no results.json",
         "pass the --out folder of a finished experiments.llm_sft run",
         keeps=tmp_path,  # models/ not made, run/ untouched
+        via=via,
+    )
+    refused(
+        "export_decoder of a RUN folder that does not exist",
+        [tmp_path / "gone", tmp_path / "models"],
+        capsys,
+        "/tmp/gone does not exist",
+        "pass the --out folder of a finished experiments.llm_sft run",
+        keeps=tmp_path,
         via=via,
     )
     (tmp_path / "models").mkdir()

@@ -151,6 +151,20 @@ def test_bad_flags_are_one_line_and_exit_2_before_anything_is_measured(
     assert_one_line_error(cli.main, argv, capsys, words)
 
 
+def test_llm_lora_ranks_above_a_projection_name_the_benchmarks_own_flags(capsys):
+    """A rank the tiny Llama's projections cannot take was the task's refusal passed through,
+    naming --lora-rank and --checkpoint of a temporary file: flags this command does not have.
+    It names --lora-ranks and --tiny, before any LoRA side is built."""
+    err = assert_one_line_error(
+        cli.main,
+        ["llm", "--tiny", "--lora-ranks", "4,32"],
+        capsys,
+        "--lora-ranks 4,32: rank 32 exceeds the k projection of --tiny's random Llama (16 x 8)",
+        "pass --lora-ranks of 8 or less",
+    )
+    assert "--lora-rank " not in err and "--checkpoint" not in err and "tiny.gguf" not in err
+
+
 @pytest.mark.parametrize("parse, flag", [(gpu.parse_args, "--out"), (step.parse_args, "--json")])
 def test_an_output_file_that_exists_is_refused_and_kept(parse, flag, tmp_path, capsys):
     """A second ``gpu`` run on the default gpu.md replaced the first one's figures at its end

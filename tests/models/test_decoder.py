@@ -470,6 +470,24 @@ def write_config(folder: pathlib.Path, **overrides) -> pathlib.Path:
     return folder
 
 
+def test_an_exports_root_or_adapter_folder_is_named_with_what_to_load(tmp_path):
+    """An export's folder of models and a model's PEFT adapters hold no config.json: each is
+    named as what it is, with the folder to load instead (not "pass a model folder")."""
+    model = write_config(tmp_path / "export" / "llm-2-ERM-seed-0")
+    (tmp_path / "export" / "export.json").write_text("{}")
+    with pytest.raises(ModelFolderError) as err:
+        load_decoder(tmp_path / "export")
+    assert "is an export (export.json) of model folders (llm-2-ERM-seed-0)" in one_line(err)
+    assert f"pass one of them, e.g. {model}" in one_line(err)
+    (model / "adapter").mkdir()
+    adapter = {"peft_type": "LORA", "base_model_name_or_path": "my/base"}
+    (model / "adapter" / "adapter_config.json").write_text(json.dumps(adapter))
+    with pytest.raises(ModelFolderError) as err:
+        load_decoder(model / "adapter")
+    assert "holds LoRA adapters (PEFT's adapter_config.json), not a model" in one_line(err)
+    assert f"pass the merged model beside them, {model}, or their base my/base" in str(err.value)
+
+
 def test_bad_folders_and_configs(tmp_path):
     with pytest.raises(ModelFolderError) as err:
         load_decoder(tmp_path / "nope")

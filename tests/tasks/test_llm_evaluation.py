@@ -250,6 +250,17 @@ def test_the_headline_interval_is_the_paired_t_over_seeds_and_says_level_across_
     assert "+0.3000, one seed: no t interval; bootstrap over prompts [+0.3000, +0.3000]" in one
 
 
+def test_one_seed_and_one_prompt_say_there_is_no_interval_rather_than_nan():
+    """A single test prompt and one seed: nothing to resample, so the line says so in words."""
+    runs = [fake_run(k, 0, np.array([[0.4], [0.3]]) + 0.1 * k, [0.0], k) for k in (False, True)]
+    for r in runs:
+        r["completions"] = [c for c in r["completions"] if c["prompt_index"] == 0]
+    lines = [ln for ln in paired_lines(runs) if ln.startswith("  ")]
+    assert len(lines) == 6  # token accuracy, exact match and ROUGE-L at the two γ
+    assert all("nan" not in ln and "one seed and one prompt: no interval" in ln for ln in lines)
+    assert "token accuracy γ=0: +0.1000, one seed and one prompt: no interval" in lines[0]
+
+
 def test_feasibility_is_reported_at_zero_and_at_the_tolerance():
     erm = fake_run(False, 0, np.zeros((2, 4)), [0.0, 0.1, -0.2], False)
     within = fake_run(True, 0, np.zeros((2, 4)), [0.0, -0.01, 0.02], True)  # +2 %: tol only
@@ -309,6 +320,18 @@ def test_the_section6_command_is_the_issues_comparison_and_later_flags_win():
         "x",
     )
     assert (cfg.steps, cfg.epsilon, cfg.dual_scale) == (300, 0.05, "relative")
+
+
+def test_the_checkpoint_help_says_lora_rank_keeps_the_base_frozen(capsys):
+    """--checkpoint is fine-tuned whole only without --lora-rank: its help says both."""
+    from experiments import llm_sft
+
+    with pytest.raises(SystemExit):
+        llm_sft.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    help_ = text.split("--checkpoint CHECKPOINT ", 1)[1].split(" --", 1)[0]
+    assert "fine-tune whole" not in help_
+    assert "whole, or frozen under LoRA adapters with --lora-rank" in text
 
 
 def test_the_section6_command_names_itself_in_its_help(capsys):
