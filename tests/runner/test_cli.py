@@ -1,6 +1,7 @@
 """cudt.runner.cli's helpers: recorded command lines, and how an entry point's process ends."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -156,3 +157,37 @@ def test_every_flag_of_every_entry_point_shows_its_default(module, args, monkeyp
         assert "validation examples (the first N) (default: 256)" in flat
     if module == "experiments.video_denoise":
         assert "primal Adam learning rate (default: 1e-3, 1e-4 for the ViT" in flat
+
+
+@pytest.mark.parametrize(
+    "task, cases",
+    [
+        ("video", [({}, "vit"), ({}, "ut")]),
+        ("text", [({}, "ut"), ({}, "minilm"), ({}, "bert")]),
+        (
+            "llm",
+            [
+                ({}, "llm"),
+                ({"checkpoint": "x"}, "llm"),
+                ({"checkpoint": "x", "lora_rank": 8}, "llm"),
+            ],
+        ),
+    ],
+)
+def test_the_helps_words_for_the_lr_default_name_each_rate_the_task_uses(task, cases):
+    """``--lr``'s help gives the task's default rates in words (``shared(..., default_text)``);
+    the rates themselves are ``Task.default_lr``: every rate it returns is in those words, so
+    the two cannot drift apart unseen."""
+    import dataclasses
+
+    from cudt.tasks.llm import LLMTask
+    from cudt.tasks.text import TextTask
+    from cudt.tasks.video import VideoTask
+
+    task = {"video": VideoTask, "text": TextTask, "llm": LLMTask}[task]()
+    (field,) = (f for f in dataclasses.fields(task.config_cls) if f.name == "lr")
+    words = field.metadata["default_text"]
+    rates = {float(r) for r in re.findall(r"\d+(?:\.\d+)?e-\d+", words)}
+    for overrides, name in cases:
+        cfg = dataclasses.replace(task.config_cls(), **overrides)
+        assert task.default_lr(cfg, name) in rates, (name, overrides, words)
