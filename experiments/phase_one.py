@@ -48,10 +48,10 @@ from cudt.runner.config import RunConfig
 from cudt.runner.lock import check_free, lock_output
 from cudt.runner.provenance import provenance
 from cudt.runner.record import decreases, evaluation_keys
-from cudt.runner.run import data_draws, evaluation_grids
+from cudt.runner.run import data_draws, data_record, evaluation_grids
 from cudt.runner.sweep import parse_model_hparams, parse_sweeps
 from cudt.tasks.video import VideoConfig, VideoTask
-from experiments.paper.job import JOB_FILE, check_job_folder, config_differences
+from experiments.paper.job import JOB_FILE, check_job_folder, differences_by_content
 from experiments.paper.phase1 import (
     ERM_POINT,
     STARTS,
@@ -116,13 +116,22 @@ def _eval_keys(task, cfg, draw_cfg, gamma_train: float) -> dict[str, jax.Array]:
     }
 
 
-def _spec(cfg) -> dict[str, Any]:
-    return {"job": "phase_one", "config": to_jsonable(cfg.fingerprint(evaluation=True))}
+def _spec(cfg, data: dict[str, Any]) -> dict[str, Any]:
+    """What a result is of: the flags, and the data's record (``data``: the task's fingerprint
+    of each draw, its digests, as a run's checkpoints record it)."""
+    return {
+        "job": "phase_one",
+        "config": to_jsonable(cfg.fingerprint(evaluation=True)),
+        "data": to_jsonable(data),
+    }
 
 
-def _finished(out: Path, cfg) -> dict | None:
-    """The result in ``out`` of the same flags (reused), None when there is none; a result of
-    other flags is refused unless ``--overwrite``."""
+def _finished(out: Path, cfg, data: dict[str, Any]) -> dict | None:
+    """The result in ``out`` of the same flags and data (reused), None when there is none; a
+    result of other flags is refused unless ``--overwrite``. ``data``: the data's record now
+    (:func:`cudt.runner.run.data_record`): the files decide by what they hold, as a run's
+    resume decides (a ``--data-dir`` naming a copy is reused, other files at the same path
+    refused); a result from before the record compares the paths as written."""
     path = out / RESULT
     if not path.exists() or cfg.overwrite:
         return None
@@ -130,10 +139,18 @@ def _finished(out: Path, cfg) -> dict | None:
         saved = json.loads(path.read_text())
         spec = saved["spec"]
         # a field a later cudt added, kept at what earlier versions did, is no difference
-        diff = config_differences(spec["config"], _spec(cfg)["config"], type(cfg).ADDED)
+        diff, other_files = differences_by_content(
+            type(cfg), spec["config"], _spec(cfg, data)["config"], spec.get("data"), data
+        )
         same = spec["job"] == "phase_one" and not diff
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UsageError(f"{path} is unreadable ({e}): delete it, or pass --overwrite") from e
+    if same and other_files:
+        raise UsageError(
+            f"{path} holds phase I of other files than the flags name now "
+            f"({'; '.join(other_files[:3])}): restore the files it was computed on, pass "
+            "another --out, or --overwrite"
+        )
     if not same:
         raise UsageError(
             f"{path} holds phase I of other flags ({'; '.join(diff[:3]) or 'another job'}): "
@@ -199,7 +216,10 @@ def _phase_one_in(cfg: VideoConfig, out: Path) -> dict[str, Any]:
     check_not_a_file(out)
     check_free(out)
     check_job_folder(out, "phase_one")  # not into a run's folder, nor another job's
-    saved = _finished(out, cfg)
+    draws = data_draws(cfg)
+    datas = {d: task.load(c) for d, c in draws.items()}  # bad data: refused before writing
+    record = to_jsonable(data_record(task, draws, datas))  # what a saved result is checked by
+    saved = _finished(out, cfg, record)
     if saved is None and cfg.resume:
         raise UsageError(
             f"--resume: --out {out} holds no phase I result of these flags to reuse: drop "
@@ -211,11 +231,9 @@ def _phase_one_in(cfg: VideoConfig, out: Path) -> dict[str, Any]:
         return saved
     plan = settings(task, cfg)
     origin = provenance()
-    draws = data_draws(cfg)
-    datas = {d: task.load(c) for d, c in draws.items()}  # bad data: refused before writing
     with lock_output(out):
         # again under the lock: a job on this folder may have finished since the check above
-        saved = _finished(out, cfg)
+        saved = _finished(out, cfg, record)
         if saved is not None:
             print(f"reusing {out / RESULT} (the same flags, written meanwhile)\n")
             print(saved["markdown"])
@@ -235,7 +253,7 @@ def _phase_one_in(cfg: VideoConfig, out: Path) -> dict[str, Any]:
                 )
         wall = time.perf_counter() - t0
         result = {
-            "spec": _spec(cfg),
+            "spec": _spec(cfg, record),
             "provenance": origin,
             "tolerance": cfg.tolerance,
             "steps": cfg.steps,

@@ -53,6 +53,7 @@ __all__ = [
     "described_alike",
     "open_output",
     "open_output_once",
+    "record_differences",
 ]
 
 CHECKPOINTS = "checkpoints"
@@ -138,6 +139,16 @@ def _differences(
     keys = [k for k in keys if not k.endswith("_digest") or (k in old and k in new)]
     keys = [k for k in keys if not described_alike(k, old, new, described_by or {})]
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+def record_differences(
+    old: dict, new: dict, described_by: Mapping[str, Sequence[str]] | None = None
+) -> list[str]:
+    """``["field OLD -> NEW", ...]``: what two records of the data a run reads (the task's
+    fingerprint, or one per draw under ``data_per_seed``) differ in, by a resume's rule: a
+    digest one side does not record is no difference, nor a line on where files lie whose
+    digests are alike (``described_by``: the config's ``DESCRIBED_BY``)."""
+    return _differences(old, new, described_by=described_by)
 
 
 def described_alike(

@@ -35,6 +35,7 @@ from cudt.runner.output import (
     OPENED,
     TENSORBOARD,
     checkpoint_record,
+    record_differences,
 )
 from cudt.runner.run import check_reused, run
 from experiments.paper.rows import HPARAMS, csv_text, finite, fmt, unique, write_text
@@ -316,6 +317,35 @@ def config_differences(saved: dict, want: dict[str, Any], added: dict[str, Any])
         for k, v in want.items()
         if saved.get(k) != v and not (k not in saved and k in added and added[k] == v)
     ]
+
+
+def moved_paths(config_cls: type, saved: dict, want: dict[str, Any]) -> tuple[str, ...]:
+    """The path flags of ``want`` (a config's record) that name another place than ``saved``
+    records: those of ``config_cls.DESCRIBED_BY``, for the digests of what they hold to decide
+    whether they differ, as a resume's do (:func:`cudt.runner.output.described_alike`)."""
+    described = getattr(config_cls, "DESCRIBED_BY", {})
+    now = to_jsonable(want)
+    return tuple(k for k in now if k in described and k in saved and saved[k] != now[k])
+
+
+def differences_by_content(
+    config_cls: type, saved: dict, want: dict[str, Any], saved_data: dict | None, data: dict
+) -> tuple[list[str], list[str]]:
+    """:func:`config_differences` of a record that also holds the data's (``saved_data``: the
+    task's fingerprint of each draw, as a run's checkpoints record it) against ``want`` and the
+    data read now (``data``), and the data's differences: the files decide by what they hold,
+    as a resume decides (a path flag naming a copy is no difference, other files behind the
+    same path are). A record without the data's (``saved_data`` None: an earlier cudt's)
+    compares the paths as written."""
+    added = getattr(config_cls, "ADDED", {})
+    if saved_data is None:
+        return config_differences(saved, want, added), []
+    moved = moved_paths(config_cls, saved, want)
+    kept = {k: v for k, v in want.items() if k not in moved}
+    described = getattr(config_cls, "DESCRIBED_BY", {})
+    return config_differences(saved, kept, added), record_differences(
+        to_jsonable(saved_data), to_jsonable(data), described
+    )
 
 
 def _differences_but_moved(sub: SubRun, saved: dict, want: dict[str, Any]) -> list[str]:

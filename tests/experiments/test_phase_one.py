@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from helpers import assert_one_line_error, finished_job
 
+from cudt.io import to_jsonable
 from cudt.metrics import feasibility
 from cudt.runner.finished import finished_run, trained_params
-from cudt.runner.run import data_draws
+from cudt.runner.run import data_draws, data_record
 from experiments import phase_one, video_denoise, video_table
 from experiments.paper.phase1 import split_means
 
@@ -258,3 +259,41 @@ def test_help_lists_the_flags_that_act_and_no_other(capsys):
     assert listed == {"--" + name.replace("_", "-") for name in phase_one._acting()}
     assert {"--layers", "--steps", "--epsilon", "--dataset", "--out"} <= listed
     assert not listed & {"--chunk-steps", "--dual-lr", "--constraint", "--select", "--update"}
+
+
+def test_a_saved_result_is_checked_by_what_its_data_holds_not_where_it_lies(tmp_path):
+    """A phase1.json is reused where --data-dir names a copy of its frames (refused as "other
+    flags", data_dir's path), and refused where other frames lie at the same path (reused in
+    silence: phase1.json recorded no digest), as a run's resume decides; one from before the
+    record keeps the path comparison."""
+    from cudt.data.video import archives, synthetic_videos
+    from cudt.errors import UsageError
+
+    def frames(root, seed):
+        videos = list(synthetic_videos(3, 8, size=32, seed=seed))
+        return archives.write_ucsd(root, {"train": videos[:2], "test": videos[2:]})
+
+    top, copy = frames(tmp_path / "a", 3), frames(tmp_path / "b", 3)
+
+    def finished(data_dir, saved=None):
+        cfg = phase_one.VideoConfig(
+            dataset="ucsd", data_dir=str(data_dir), models=("ut",), out=str(tmp_path / "p")
+        )
+        draws = data_draws(cfg)
+        data = {d: phase_one.VideoTask().load(c) for d, c in draws.items()}
+        record = to_jsonable(data_record(phase_one.VideoTask(), draws, data))
+        if saved is not None:
+            (tmp_path / "p").mkdir(exist_ok=True)
+            (tmp_path / "p" / "phase1.json").write_text(json.dumps({"spec": saved}))
+        return phase_one._finished(tmp_path / "p", cfg, record), cfg, record
+
+    _, cfg, record = finished(top)
+    spec = phase_one._spec(cfg, record)
+    assert finished(copy, spec)[0] == {"spec": spec}  # the same frames elsewhere: reused
+    frames(tmp_path / "b", 4)  # other frames at the copy's path
+    with pytest.raises(UsageError, match=r"phase I of other files than the flags name now \("):
+        finished(copy, spec)
+    older = {k: v for k, v in spec.items() if k != "data"}  # no digests: the path decides
+    assert finished(top, older)[0] == {"spec": older}
+    with pytest.raises(UsageError, match=r"phase I of other flags \(data_dir: "):
+        finished(top.parent.parent / "b" / top.name, older)
