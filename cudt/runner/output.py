@@ -43,6 +43,7 @@ from cudt.runner.lock import OutputLock, check_job_token, lock_output
 __all__ = [
     "CHECKPOINTS",
     "CONFIG_FILE",
+    "DATA_RECORD",
     "JOB_FILE",
     "OPENED",
     "STATE_LAYOUT",
@@ -105,6 +106,10 @@ def checkpoint_record(cfg) -> dict[str, Any]:
     return cfg.fingerprint() | {"state_layout": STATE_LAYOUT, EVALUATION_FLAGS: evaluation}
 
 
+#: the key of ``results.json`` holding the data the run was trained on, as its checkpoints'
+#: record holds it (the task's fingerprint, or one per draw: its digests), so that a finished
+#: run whose checkpoints were deleted can still be checked by what its files hold
+DATA_RECORD = "data_record"
 #: the key of ``checkpoints/config.json`` holding the evaluation-only flags' values
 EVALUATION_FLAGS = "evaluation_flags"
 #: the key of ``checkpoints/config.json`` holding a token of the run call that wrote it (a fresh
@@ -283,7 +288,7 @@ def _holds_checkpoints(folder: Path) -> bool:
 
 def _check_same_config(
     out: Path,
-    saved_config: Path,
+    saved_config: Path | dict,
     config: dict,
     ignore: Collection[str],
     added: Mapping[str, Any] | None,
@@ -294,13 +299,17 @@ def _check_same_config(
     only: Collection[str] | None = None,
     name: str | None = None,
     described_by: Mapping[str, Sequence[str]] | None = None,
+    held: str = "checkpoints",
 ) -> None:
     """Refuses checkpoints in ``out`` that ``config`` cannot resume (:func:`open_output`'s
     arguments): an unreadable saved config, an earlier state layout, other files behind the
     same flags, or another config (the flags' differences first). ``only``: the fields
-    compared (the data's: :func:`check_same_data`), the state layout not."""
+    compared (the data's: :func:`check_same_data`), the state layout not; ``saved_config``:
+    the record's file, or the record itself (``held``: what the refusals say ``out`` holds)."""
     try:
-        old = json.loads(saved_config.read_text())
+        old = saved_config
+        if isinstance(old, Path):
+            old = json.loads(old.read_text())
         if not isinstance(old, dict):
             raise ValueError(f"a JSON {type(old).__name__}, not an object")
     except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
@@ -329,14 +338,14 @@ def _check_same_config(
         moved = _evaluation_flags_moved(old, config)
         if moved:  # no file changed: an evaluation-only flag moved the training examples
             raise UsageError(
-                f"{who} holds checkpoints trained on other examples than this command "
+                f"{who} holds {held} trained on other examples than this command "
                 f"gives: {', '.join(moved)} changes this data's training split "
                 f"({'; '.join(changed[:2])}): rerun with the values they were trained with "
                 "to resume, pass another --out, or --overwrite to discard them"
             )
         derived = [d for d in diff if d not in changed][:3]
         raise UsageError(
-            f"{who} holds checkpoints trained on other files than its flags name now "
+            f"{who} holds {held} trained on other files than its flags name now "
             f"({'; '.join(changed + derived)}): restore the files they were trained on, "
             "pass another --out, or --overwrite to discard them"
         )
@@ -346,14 +355,14 @@ def _check_same_config(
     if diff and len(gone) == len(diff):
         named = "; ".join(d.rsplit(" -> ", 1)[0] for d in gone[:4])
         raise UsageError(
-            f"{who} holds checkpoints of an earlier cudt, with settings this version no "
+            f"{who} holds {held} of an earlier cudt, with settings this version no "
             f"longer has ({named}{f'; and {len(gone) - 4} more' if len(gone) > 4 else ''}): "
             "pass another --out, or --overwrite to discard them"
         )
     diff = flag_changed + [d for d in diff if d not in flag_changed]  # the flags first
     if diff:
         raise UsageError(
-            f"{who} holds checkpoints of a different config ({'; '.join(diff[:4])}"
+            f"{who} holds {held} of a different config ({'; '.join(diff[:4])}"
             f"{f'; and {len(diff) - 4} more' if len(diff) > 4 else ''}): "
             "pass another --out, rerun with the same flags to resume, or --overwrite to "
             "discard them"
@@ -521,18 +530,37 @@ def check_same_data(
     now: :func:`checkpoint_record` and the task's fingerprint) on its fields ``data`` (the
     task's): for a finished run whose results are reused (``experiments.paper.job``), whose
     config its results.json decides; ``name``: what the refusal calls ``out`` (``--out OUT``).
-    A folder whose record is gone is refused too: nothing else records what its results were
-    trained on, so they cannot be checked (results.json holds the config, not the data's)."""
+    A folder whose record is gone (its checkpoints deleted to save disk) is checked by its
+    results.json, which records the data too (:data:`DATA_RECORD`); one from before that
+    record is refused: nothing else says what its results were trained on."""
     out = Path(out)
-    saved = out / CHECKPOINTS / CONFIG_FILE
+    saved: Path | dict | None = out / CHECKPOINTS / CONFIG_FILE
+    held = "checkpoints"
     if not saved.is_file():
+        saved, held = _results_record(out), "results"
+    if saved is None:
         raise UsageError(
             f"{name or f'--out {out}'} has no {CHECKPOINTS}/{CONFIG_FILE}, the record of the "
             "data it was trained on, so its results cannot be checked against the files its "
             f"flags name now: restore that file, or delete {out} to train it again"
         )
     rules = _resume_rules(cfg, defaults)
-    _check_same_config(out, saved, to_jsonable(fingerprint), **rules, only=data, name=name)
+    fingerprint = to_jsonable(fingerprint)
+    _check_same_config(out, saved, fingerprint, **rules, only=data, name=name, held=held)
+
+
+def _results_record(out: Path) -> dict | None:
+    """What a finished run's results.json records of its config and the data it was trained
+    on, as its checkpoints' record holds them; None where it holds no data record (written
+    before :data:`DATA_RECORD`) or cannot be read."""
+    try:
+        results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        config, record = results["config"], results[DATA_RECORD]
+        if isinstance(config, dict) and isinstance(record, dict):
+            return config | record
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
 
 
 def open_output_once(

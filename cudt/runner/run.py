@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from cudt.checkpoint import GroupCheckpointer
 from cudt.errors import UsageError
-from cudt.io import fresh_run_dir, given_out, write_json_atomic
+from cudt.io import fresh_run_dir, given_out, to_jsonable, write_json_atomic
 from cudt.loop import loop_record
 from cudt.runner.choice import choose_points, compare_chosen, mark_chosen, select_best
 from cudt.runner.curves import plot_training_curves, write_tensorboard
@@ -34,6 +34,7 @@ from cudt.runner.lock import check_free
 from cudt.runner.mesh import check_job_devices, initialize_distributed, make_shardings
 from cudt.runner.output import (
     CHECKPOINTS,
+    DATA_RECORD,
     TENSORBOARD,
     check_same_data,
     checkpoint_record,
@@ -157,7 +158,8 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     meshes = [
         make_shardings(len(g.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp) for g in groups
     ]
-    fingerprint = checkpoint_record(cfg) | data_record(task, draws, datas)
+    trained_on = data_record(task, draws, datas)
+    fingerprint = checkpoint_record(cfg) | trained_on
     # the default folder is chosen when it is opened, and created then by a job alone on its
     # host: two jobs started in the same second get two folders
     path = given if given is not None else fresh_run_dir(task.name, claim=jax.process_count() == 1)
@@ -183,6 +185,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             task, cfg, out, draws, datas, groups, programs, meshes, gammas, val_gammas
         )
         results = _results(task, cfg, out, draws, data, sweeps, swept, gammas, val_gammas, trained)
+        results[DATA_RECORD] = to_jsonable(trained_on)  # checked when its checkpoints are gone
         results["provenance"] = origin
         if main_process:
             _write_results(task, cfg, data, out, results, trained["ratios"], gammas, swept, t0)

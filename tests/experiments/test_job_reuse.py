@@ -70,8 +70,9 @@ def test_a_finished_subrun_over_other_files_is_refused_not_reused(tmp_path, caps
 
 def test_a_finished_subrun_without_its_checkpoints_record_is_refused(tmp_path, capsys):
     """A finished sub-run whose checkpoints/config.json is gone (the record of the data it was
-    trained on; results.json holds the config alone) cannot be checked: it is refused, naming
-    the folder and the fix, not reused unchecked over files that may have changed."""
+    trained on) and whose results.json is from before it recorded the data too cannot be
+    checked: it is refused, naming the folder and the fix, not reused unchecked over files
+    that may have changed."""
     file = tmp_path / "scale.txt"
     file.write_text("1.0")
     task = FileToy(file)
@@ -81,6 +82,9 @@ def test_a_finished_subrun_without_its_checkpoints_record_is_refused(tmp_path, c
     check_subrun(first, overwrite=False)
     train_subruns([first], lambda s: task)
     (out / "checkpoints" / "config.json").unlink()
+    results = json.loads((out / "results.json").read_text())
+    del results["data_record"]  # an earlier cudt's: the config alone
+    (out / "results.json").write_text(json.dumps(results))
     file.write_text("3.0")  # other data behind the same flags, nothing left to tell
     later = SubRun("toy", ("toy",), cfg, out)
     check_subrun(later, overwrite=False)
@@ -94,6 +98,34 @@ def test_a_finished_subrun_without_its_checkpoints_record_is_refused(tmp_path, c
         f"now: restore that file, or delete {out} to train it again"
     )
     assert "reusing" not in capsys.readouterr().out
+
+
+def test_a_finished_subrun_whose_checkpoints_were_deleted_is_checked_by_its_results(tmp_path):
+    """A finished sub-run whose checkpoints/ was deleted to save disk is checked by what its
+    results.json records of its data (refused for want of checkpoints/config.json): reused
+    over the same files, refused over other files behind the same flags."""
+    file = tmp_path / "scale.txt"
+    file.write_text("1.0")
+    task = FileToy(file)
+    out = tmp_path / "sub"
+    cfg = ToyConfig(out=str(out), seeds=1, kinds="erm", steps=4, test_gammas=(0.0,))
+
+    def sub() -> SubRun:
+        planned = SubRun("toy", ("toy",), cfg, out)
+        check_subrun(planned, overwrite=False)
+        assert planned.finished or not (out / "results.json").exists()
+        return planned
+
+    trained = train_subruns([sub()], lambda s: task)[("toy",)]
+    shutil.rmtree(out / "checkpoints")
+    assert train_subruns([sub()], lambda s: task)[("toy",)]["runs"] == trained["runs"]
+    file.write_text("3.0")  # the same flags, other data
+    with pytest.raises(UsageError) as refused:
+        train_subruns([sub()], lambda s: task)
+    assert str(refused.value).startswith(
+        f"the finished sub-run {out} holds results trained on other files than its flags name "
+        "now (train_digest "
+    ), refused.value
 
 
 @dataclasses.dataclass(frozen=True)
