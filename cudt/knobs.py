@@ -19,10 +19,12 @@ train state (or, for ``gamma_train``, in the batch), so a sweep is a vmap over r
   ``state_key`` where optax names it otherwise), ``penalty`` (the formulation's ρ) or ``data``
   (handed to the batch, not the state). ``slack`` names the explicit slacks' optimiser: no knob
   goes there yet. A ``dual`` knob steps the multipliers, and ``--formulation penalty`` has none
-  (:data:`NO_MULTIPLIERS`): there it acts on nothing (:meth:`Knob.acts`), its flag set to
-  another value than its default refused as any knob's where it acts on nothing
-  (:meth:`Knob.idle_message`), a sweep of it refused, a run's ``hparams`` recording None for
-  it (the dual optimiser's state keeps a place for it, unread).
+  (:data:`NO_MULTIPLIERS`): there it acts on nothing (:meth:`Knob.acts`), its flag named on
+  the command line (or set in code to another value than its default) refused as any knob's
+  where it acts on nothing (:meth:`Knob.idle_message`), a sweep of it refused, a run's
+  ``hparams`` recording None for it (the dual optimiser's state keeps a place for it, unread). The flags of the multipliers'
+  steps that are no knob (one value per run call: :data:`DUAL_FLAGS`) follow the same rule
+  (:func:`multipliers_in`, :func:`no_multipliers_message`).
 
 A new knob is one row here plus its use where it ``goes``.
 """
@@ -32,12 +34,44 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["GOES", "KNOBS", "NO_MULTIPLIERS", "Knob", "knob_names", "knobs"]
+__all__ = [
+    "DUAL_FLAGS",
+    "GOES",
+    "KNOBS",
+    "NO_MULTIPLIERS",
+    "Knob",
+    "knob_names",
+    "knobs",
+    "multipliers_in",
+    "no_multipliers_message",
+]
 
 GOES = ("problem", "primal", "dual", "penalty", "slack", "data")
 # (field, values): the formulations without multipliers, where the knobs that go to the dual
 # optimiser (its steps of the multipliers) act on nothing
 NO_MULTIPLIERS = ("formulation", ("penalty",))
+# the run flags that only step the multipliers and are no knob (one value per run call): the
+# dual optimiser, its rate's schedule, the tuned dual-rate lanes; under NO_MULTIPLIERS they act
+# on nothing, as the ``dual`` knobs (--update is not one: extragradient and optimistic steps
+# extrapolate the parameters too)
+DUAL_FLAGS = ("dual_optimizer", "dual_lr_schedule", "tune_dual_lr")
+
+
+def multipliers_in(cfg: Any) -> bool:
+    """Whether a run of ``cfg`` has multipliers to step (its formulation not one of
+    :data:`NO_MULTIPLIERS`): where the dual knobs and :data:`DUAL_FLAGS` act."""
+    field, values = NO_MULTIPLIERS
+    return getattr(cfg, field, None) not in values
+
+
+def no_multipliers_message(flag: str, cfg: Any) -> str:
+    """The error for setting ``flag`` (``--dual-lr``), which steps the multipliers, in a run of
+    ``cfg`` that has none (:func:`multipliers_in`)."""
+    field, _ = NO_MULTIPLIERS
+    return (
+        f"{flag} steps the multipliers and --{field} {getattr(cfg, field)} has none (it "
+        f"would act on nothing): drop {flag}, or pass --{field} lagrangian or augmented"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +100,7 @@ class Knob:
         does not act is None in a run's ``hparams``, is not swept, and its flag is refused
         (:meth:`idle_message`); :meth:`active` alone decides whether the state holds a place
         for it."""
-        field, values = NO_MULTIPLIERS
-        return self.active(cfg) and (self.goes != "dual" or getattr(cfg, field, None) not in values)
+        return self.active(cfg) and (self.goes != "dual" or multipliers_in(cfg))
 
     def off_message(self) -> str:
         """The error for setting the knob where it does not act (``needs`` is not met)."""
@@ -82,11 +115,7 @@ class Knob:
         multipliers' steps under a formulation without multipliers."""
         if not self.active(cfg):
             return self.off_message()
-        field, _ = NO_MULTIPLIERS
-        return (
-            f"{self.flag} steps the multipliers and --{field} {getattr(cfg, field)} has none (it "
-            f"would act on nothing): drop {self.flag}, or pass --{field} lagrangian or augmented"
-        )
+        return no_multipliers_message(self.flag, cfg)
 
 
 KNOBS = (

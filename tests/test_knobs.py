@@ -14,11 +14,14 @@ import pytest
 import cudt
 from cudt import descent
 from cudt.constrained._state import _is_injected
-from cudt.knobs import GOES, KNOBS, knob_names
+from cudt.knobs import DUAL_FLAGS, GOES, KNOBS, knob_names
 from cudt.optim import dual_optimizer, primal_optimizer
+from cudt.runner.cli import config_from_args
 from cudt.runner.config import RunConfig
 from cudt.runner.hparams import CONSTRAINT_ONLY, SWEEPABLE
 from cudt.runner.sweep import SHORT
+from cudt.tasks.llm_config import LLMConfig
+from cudt.tasks.video import VideoConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +49,7 @@ def test_a_knobs_flag_acts_where_its_row_says():
     refuses a flag set where it acts on nothing, and a resume's and a re-read's idle flags) is
     that rule with the row's message."""
     fields = {f.name: f for f in dataclasses.fields(RunConfig)}
-    penalty = RunConfig(formulation="penalty", dual_optimizer="nupi")
+    penalty = VideoConfig(formulation="penalty")  # its dual optimiser: nupi, the task's
     for k in KNOBS:
         needs = fields[k.name].metadata["needs"]
         # a knob with a setting it needs, and the multipliers' steps (none under penalty)
@@ -59,7 +62,8 @@ def test_a_knobs_flag_acts_where_its_row_says():
     # the shared defaults (lagrangian, mean, adam) read none of the conditional knobs
     assert set(RunConfig.idle_flags({})) == {k.name for k in KNOBS if k.needs}
     dual = {k.name for k in KNOBS if k.goes == "dual"}
-    assert set(RunConfig.idle_flags(dataclasses.asdict(penalty))) == dual | {"tail_beta"}
+    idle = set(RunConfig.idle_flags(dataclasses.asdict(penalty)))
+    assert idle == dual | {"tail_beta", *DUAL_FLAGS}
     on = dict(formulation="augmented", constraint="tail", dual_optimizer="nupi")
     assert RunConfig.idle_flags(on) == ()
     with pytest.raises(ValueError, match="^--tail-beta is the beta of --constraint tail: pass"):
@@ -161,13 +165,13 @@ def test_the_multipliers_steps_act_on_nothing_under_penalty_and_are_recorded_non
         return {n: spec.hp[n] for n in ("dual_lr", "nupi_kp", "nupi_ema", "penalty")}
 
     nupi = dict(dual_optimizer="nupi", nupi_kp=1.0, nupi_ema=0.5)
-    assert recorded(formulation="penalty", dual_optimizer="nupi") == dict(
+    assert recorded(formulation="penalty") == dict(
         dual_lr=None, nupi_kp=None, nupi_ema=None, penalty=1.0
     )
     for name, value in (("dual_lr", 0.01), ("nupi_kp", 1.0), ("nupi_ema", 0.5)):
         flag = "--" + name.replace("_", "-")
-        with pytest.raises(ValueError) as err:
-            RunConfig(formulation="penalty", dual_optimizer="nupi", **{name: value})
+        with pytest.raises(ValueError) as err:  # the video task's dual optimiser is nupi
+            VideoConfig(formulation="penalty", **{name: value})
         assert str(err.value) == (
             f"{flag} steps the multipliers and --formulation penalty has none (it would act on "
             f"nothing): drop {flag}, or pass --formulation lagrangian or augmented"
@@ -179,3 +183,34 @@ def test_the_multipliers_steps_act_on_nothing_under_penalty_and_are_recorded_non
     assert [k.name for k in KNOBS if k.active(RunConfig()) and not k.acts(RunConfig())] == []
     with pytest.raises(ValueError, match="^dual_lr varies the multipliers' steps and --form"):
         RunConfig(formulation="penalty", sweep=("dual_lr=0.1,0.2",))
+
+
+@pytest.mark.parametrize(
+    "config_cls, flags",
+    [
+        (VideoConfig, ["--dual-optimizer", "sgd"]),
+        (VideoConfig, ["--dual-optimizer", "nupi"]),  # the task's own default
+        (VideoConfig, ["--dual-lr-schedule", "cosine"]),
+        (VideoConfig, ["--tune-dual-lr", "0.1,1"]),
+        (LLMConfig, ["--dual-lr", "0.05"]),  # RunConfig's default, the LLM task's too
+        (VideoConfig, ["--nupi-kp", "0"]),
+    ],
+)
+def test_a_flag_of_the_multipliers_steps_named_under_penalty_is_refused(config_cls, flags, capsys):
+    """The penalty has no multipliers: every flag that only steps them (the dual knobs, and
+    DUAL_FLAGS: the dual optimiser, its rate's schedule, the tuned dual rates) named on the
+    command line is refused, whatever its value; they were accepted in silence (the three of
+    DUAL_FLAGS at any value, a dual knob at its default). A config built in code at their
+    defaults still passes, and they are idle (a resume and a job's reuse ignore them)."""
+    flag = flags[0]
+    with pytest.raises(SystemExit) as exit_:
+        config_from_args(config_cls, ["--formulation", "penalty", *flags], "", "x")
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: {flag} steps the multipliers and --formulation penalty has none (it would act "
+        f"on nothing): drop {flag}, or pass --formulation lagrangian or augmented\n"
+    )
+    config_from_args(config_cls, ["--formulation", "augmented", *flags], "", "x")  # acts there
+    assert config_cls(formulation="penalty").formulation == "penalty"
+    idle = config_cls.idle_flags({"formulation": "penalty"})
+    assert {*DUAL_FLAGS, *knob_names("dual")} <= set(idle)

@@ -204,6 +204,8 @@ def config_from_args(
     prog: str | None = None,
     shown: Collection[str] | None = None,
 ) -> tuple[C, argparse.Namespace]:
+    from cudt.runner.config import unmet_needs
+
     parser = build_parser(config_cls, description, prog, shown=shown)
     ns = parser.parse_args(argv)
     for f in dataclasses.fields(config_cls):
@@ -212,7 +214,13 @@ def config_from_args(
             setattr(ns, f.name, tuple(given) if given else f.default)
     try:
         cfg = config_cls(**vars(ns))
-        cfg = _pin_given(cfg, given_on_command_line(config_cls, argv))
+        given = given_on_command_line(config_cls, argv)
+        # a flag named where it acts on nothing is refused whatever its value (the config
+        # refused values other than its default alone: --dual-lr 0.05 under the penalty)
+        idle = unmet_needs(cfg, given)
+        if idle:
+            raise ValueError(idle)
+        cfg = _pin_given(cfg, given)
     except (ValueError, TypeError) as e:
         parser.exit(2, f"error: {e}\n")
     return cfg, ns

@@ -17,12 +17,12 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from cudt.constrained import RESILIENCE_MODES, UPDATES
 from cudt.descent import CONSTRAINTS, DUAL_SCALES, PREVIOUS_LOSSES
-from cudt.knobs import KNOBS
+from cudt.knobs import DUAL_FLAGS, KNOBS, multipliers_in, no_multipliers_message
 from cudt.optim import DUAL_OPTIMIZERS, SCHEDULES
 from cudt.runner.hparams import (
     CONDITIONAL,
@@ -174,16 +174,21 @@ def sets_field(config, name: str, value) -> bool:
     return name not in base or value != base[name]
 
 
-def unmet_needs(config) -> str | None:
+def unmet_needs(config, given: Collection[str] | None = None) -> str | None:
     """The refusal of the first field of ``config`` (a dataclass of :func:`flag` fields) set
-    (:func:`sets_field`) where its ``needs`` is not met, else None: a flag that would act on
-    nothing."""
+    where its ``needs`` is not met, else None: a flag that would act on nothing. Set: named on
+    the command line (``given``: the fields argparse saw, whatever their values), else, for a
+    config built in code, other than its default (:func:`sets_field`)."""
     for f in dataclasses.fields(config):
         needs = f.metadata.get("needs")
-        value = getattr(config, f.name)
-        if needs is None or not sets_field(config, f.name, value) or needs.ok(config):
+        if needs is None or needs.ok(config):
             continue
-        return needs.message(config, _flag_name(f.name))
+        if given is None:
+            set_ = sets_field(config, f.name, getattr(config, f.name))
+        else:
+            set_ = f.name in given
+        if set_:
+            return needs.message(config, _flag_name(f.name))
     return None
 
 
@@ -194,6 +199,14 @@ def knob_needs(name: str) -> Needs:
     refusal), which the sweep's and ``--model-hparams``'s checks read as well."""
     (knob,) = (k for k in KNOBS if k.name == name and (k.needs is not None or k.goes == "dual"))
     return Needs(knob.acts, lambda cfg, _: knob.idle_message(cfg))
+
+
+def dual_needs(name: str) -> Needs:
+    """The :class:`Needs` of a flag of :data:`cudt.knobs.DUAL_FLAGS` (``name``), which steps
+    the multipliers and is no knob: the rule and refusal of the ``dual`` knobs
+    (:func:`cudt.knobs.multipliers_in`), written there alone."""
+    assert name in DUAL_FLAGS, name
+    return Needs(multipliers_in, lambda cfg, flag: no_multipliers_message(flag, cfg))
 
 
 def shared(name: str, default, default_text: str | None = None):
@@ -271,6 +284,7 @@ class RunConfig:
         "--tune-epsilon) when --dual-lr is not set, one point chosen on validation by the same "
         "rule; give ERM as many lanes with --tune-lr; empty (the shared default): --dual-lr",
         check=positive,
+        needs=dual_needs("tune_dual_lr"),
     )
     tune_lr: tuple[float, ...] = flag(
         (),
@@ -374,6 +388,7 @@ class RunConfig:
         "adam",
         "adam (the paper), sgd or nupi (PI control: --nupi-kp, --nupi-ema)",
         check=one_of(*DUAL_OPTIMIZERS),
+        needs=dual_needs("dual_optimizer"),
     )
     nupi_kp: float = flag(
         0.0,
@@ -408,6 +423,7 @@ class RunConfig:
         "dual learning-rate schedule over the steps after the warm-up: constant, cosine or "
         "linear (decay to 0: the multipliers settle before the end)",
         check=one_of(*SCHEDULES),
+        needs=dual_needs("dual_lr_schedule"),
     )
     warmup_steps: int | None = flag(
         None, "primal warm-up steps with duals frozen (default: one epoch)", check=non_negative

@@ -457,9 +457,11 @@ def test_every_combination_of_the_default_grid_has_its_own_colour():
 
 
 def test_the_penalty_call_passes_no_dual_rate_and_an_earlier_one_that_did_is_reused(tmp_path):
-    # --formulation penalty has no multipliers: --dual-lr there acts on nothing and is refused
-    # (cudt.knobs: Knob.acts), so the penalty's call takes the task's (recorded None); a call
-    # an earlier study trained with the pinned rate (1000) is still reused, and resumed.
+    # --formulation penalty has no multipliers: --dual-lr and --dual-optimizer there act on
+    # nothing and are refused (cudt.knobs: Knob.acts, DUAL_FLAGS), so the penalty's call takes
+    # the task's (the rate recorded None); a call an earlier study trained with the pinned rate
+    # (1000) and dual optimiser (sgd, the video's nupi pinned away) is still reused, and
+    # resumed. (plan() passed sgd there, refused since: a ValueError.)
     from experiments.paper.dual_study import plan
     from experiments.paper.job import check_subrun
 
@@ -467,15 +469,16 @@ def test_the_penalty_call_passes_no_dual_rate_and_an_earlier_one_that_did_is_reu
     (penalty,) = plan(opts, tmp_path)[1:]
     assert penalty.cfg.formulation == "penalty"
     assert penalty.cfg.dual_lr == type(penalty.cfg)().dual_lr
-    earlier = SETTINGS["video"].dual_lr["sgd"]
+    assert penalty.cfg.dual_optimizer == type(penalty.cfg)().dual_optimizer != "sgd"
+    earlier = {"dual_lr": SETTINGS["video"].dual_lr["sgd"], "dual_optimizer": "sgd"}
     penalty.out.mkdir(parents=True)
-    written = penalty.cfg.fingerprint(evaluation=True) | {"dual_lr": earlier}
+    written = penalty.cfg.fingerprint(evaluation=True) | earlier
     (penalty.out / "results.json").write_text(json.dumps({"config": written}, default=str))
     check_subrun(penalty, overwrite=False)
     assert penalty.finished
     (penalty.out / "results.json").unlink()
     (penalty.out / "checkpoints").mkdir()
-    record = checkpoint_record(penalty.cfg) | {"dual_lr": earlier}
+    record = checkpoint_record(penalty.cfg) | earlier
     (penalty.out / "checkpoints" / "config.json").write_text(json.dumps(record, default=str))
     penalty.finished = False
     check_subrun(penalty, overwrite=False)  # not refused: the runner resumes them

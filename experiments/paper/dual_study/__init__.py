@@ -35,7 +35,7 @@ from typing import Any
 
 from cudt.constrained import UPDATES
 from cudt.errors import UsageError
-from cudt.knobs import knob_names
+from cudt.knobs import DUAL_FLAGS, knob_names
 from cudt.optim import SCHEDULES
 from cudt.runner.cli import config_main
 from cudt.runner.config import FORMULATIONS, Needs, flag
@@ -235,6 +235,10 @@ def _config(setting: Setting, opts: StudyConfig, out: Path, **fields) -> Any:
         raise UsageError(f"{setting.name}: {e}") from None
 
 
+# what steps the multipliers: the penalty's call passes none of it (it has none to step)
+DUAL_STEPS = (*knob_names("dual"), *DUAL_FLAGS)
+
+
 def plan(opts: StudyConfig, out: Path) -> list[SubRun]:
     """One sub-run per (setting, combination), after each setting's ERM sub-run."""
     subs = []
@@ -257,8 +261,8 @@ def plan(opts: StudyConfig, out: Path) -> list[SubRun]:
         for call in calls(setting, combos(opts), opts.nupi_kp):
             folder = out / name / call.slug
             fields = plain | _call_fields(setting, call, opts)
-            if call.formulation == "penalty":  # no multipliers: their steps' knobs are refused
-                fields = {k: v for k, v in fields.items() if k not in knob_names("dual")}
+            if call.formulation == "penalty":  # no multipliers: their steps' flags are refused
+                fields = {k: v for k, v in fields.items() if k not in DUAL_STEPS}
             cfg = _config(setting, opts, folder, **fields)
             subs.append(
                 SubRun(f"{name} {call.label}", (name, call), cfg, folder, setting.resolved(cfg))
