@@ -60,6 +60,8 @@ __all__ = [
 
 CONSTRAINT_KINDS = CONSTRAINTS  # the descent problem's constraint kinds
 FORMULATIONS = ("lagrangian", "augmented", "penalty")
+# --inject-nan's KIND as the runs name their kinds (cudt.runner.record.KINDS)
+INJECT_KINDS = ("ERM", "constrained")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -621,17 +623,22 @@ class RunConfig:
         if self.inject_nan is None:
             return
         need, parts = self.require, self.inject_nan
+        # KIND in any case (--kinds spells it erm): kept as the runs name their kinds
+        kinds = {k.lower(): k for k in INJECT_KINDS}
+        if len(parts) == 4 and parts[1].lower() in kinds:
+            parts = (parts[0], kinds[parts[1].lower()], *parts[2:])
+            object.__setattr__(self, "inject_nan", parts)  # frozen: set once, validated
         ok = (
             len(parts) == 4
-            and parts[1] in ("ERM", "constrained")
+            and parts[1] in INJECT_KINDS
             and parts[2].isdigit()
             and parts[3].isdigit()
             and int(parts[3]) >= 1
         )
         need(
             ok,
-            "--inject-nan must be MODEL,KIND,SEED,STEP with KIND ERM or constrained (e.g. "
-            f"ut,constrained,0,30), got {','.join(parts)!r}",
+            "--inject-nan must be MODEL,KIND,SEED,STEP with KIND erm or constrained (any case; "
+            f"e.g. ut,constrained,0,30), got {','.join(parts)!r}",
         )
         need(
             self.seed <= int(parts[2]) < self.seed + self.seeds,

@@ -902,3 +902,22 @@ def test_a_resume_may_keep_another_number_of_checkpoints(tmp_path, capsys):
     again = toy([*argv, "--keep-checkpoints", "3", "--resume"], out)
     assert "toy-2: resumed from the checkpoint at step 4" in capsys.readouterr().err
     assert again["runs"] == first["runs"]  # the same runs, nothing trained again
+
+
+def test_inject_nans_kind_is_read_in_any_case_as_kinds_spells_it(tmp_path, capsys):
+    """--inject-nan's KIND was ERM or constrained exactly, while --kinds spells it erm: the
+    fault of toy,erm,0,2 was refused as malformed. Any case is read now, as the same fault (the
+    ERM run diverges, the constrained one does not); a kind of neither names the ones it reads."""
+    from helpers import ToyConfig
+
+    from cudt.runner.cli import config_from_args
+
+    argv = ["--seeds", "1", "--steps", "4"]
+    spelt = [config_from_args(ToyConfig, [*argv, "--inject-nan", f"toy,{k},0,2"], "", "t")[0]
+             for k in ("ERM", "erm", "Erm")]  # fmt: skip
+    assert {c.inject_nan for c in spelt} == {("toy", "ERM", "0", "2")}
+    results = toy([*argv, "--inject-nan", "toy,erm,0,2"], tmp_path / "r")
+    assert {r["constrained"]: r["diverged"] for r in results["runs"]} == {False: True, True: False}
+    bad = [*argv, "--inject-nan", "toy,both,0,2", "--out", str(tmp_path / "b")]
+    says = "with KIND erm or constrained (any case; e.g. ut,constrained,0,30), got 'toy,both,0,2'"
+    assert_one_line_error(toy_main, bad, capsys, says, out=tmp_path / "b")
