@@ -348,15 +348,16 @@ def differences_by_content(
     )
 
 
-def _differences_but_moved(sub: SubRun, saved: dict, want: dict[str, Any]) -> list[str]:
+def _differences_but_moved(
+    sub: SubRun, saved: dict, want: dict[str, Any]
+) -> tuple[list[str], tuple[str, ...]]:
     """:func:`config_differences` of ``sub``'s record, but for a path flag that names another
-    place (one of the config's ``DESCRIBED_BY``, recorded there): set aside in ``sub.moved``,
-    for the digests of what it holds to decide (:func:`train_subruns`), as a resume's do."""
-    described = getattr(type(sub.cfg), "DESCRIBED_BY", {})
-    now = to_jsonable(want)
-    sub.moved = tuple(k for k in now if k in described and k in saved and saved[k] != now[k])
-    kept = {k: v for k, v in want.items() if k not in sub.moved}
-    return config_differences(saved, kept, getattr(sub.cfg, "ADDED", {}))
+    place (one of the config's ``DESCRIBED_BY``, recorded there), and those flags: set aside,
+    for the digests of what they hold to decide (the caller's ``sub.moved``, read by
+    :func:`train_subruns`), as a resume's do."""
+    moved = moved_paths(type(sub.cfg), saved, want)
+    kept = {k: v for k, v in want.items() if k not in moved}
+    return config_differences(saved, kept, getattr(sub.cfg, "ADDED", {})), moved
 
 
 def _refuse(sub: SubRun, what: str, diff: list[str]) -> UsageError:
@@ -430,6 +431,7 @@ def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = No
     interrupted ``--overwrite`` this command resumes found (:func:`overwrite_since`): a sub-run
     started afresh since (its checkpoints' token is new) is kept (reused, or its checkpoints
     resumed), not retrained again."""
+    sub.finished, sub.moved = False, ()  # this check's alone, not an earlier one's
     if overwrite and since is not None and since.redone(sub.out / CHECKPOINTS):
         overwrite = False
         sub.cfg = dataclasses.replace(sub.cfg, overwrite=False)
@@ -446,7 +448,7 @@ def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = No
         want = _read(sub.cfg, sub.cfg.fingerprint(evaluation=True) | sub.resolved)
         if _sweeps_gamma_train(sub.cfg):  # no run trains at it (subrun_config); an older
             want.pop("gamma_train")  # table put its --headline-gamma there
-        diff = _differences_but_moved(sub, saved, want)
+        diff, sub.moved = _differences_but_moved(sub, saved, want)
         if diff:
             raise _refuse(sub, "results", diff)
         sub.finished = True
@@ -461,7 +463,7 @@ def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = No
             ) from e
         # the runner's own record
         want = _read(sub.cfg, checkpoint_record(sub.cfg))
-        diff = _differences_but_moved(sub, saved, want)
+        diff, sub.moved = _differences_but_moved(sub, saved, want)
         if diff:
             raise _refuse(sub, "checkpoints", diff)
 

@@ -189,3 +189,41 @@ def test_a_subrun_whose_files_moved_is_reused_and_resumed_as_the_runner_resumes(
     resumed = sub("b", "cut")
     assert not resumed.finished
     assert train_subruns([resumed], lambda s: task)[("toy",)]["runs"] == trained["runs"]
+
+
+def test_a_subruns_check_is_its_own_not_an_earlier_ones(tmp_path):
+    """The differences of a sub-run's record leave the sub-run as it was (its path flags that
+    moved are returned, check_subrun assigns them), and a check keeps nothing of an earlier
+    one: after a check that found the finished sub-run at a copy of its files, an --overwrite
+    check left it finished and moved, and train_subruns reused it instead of retraining."""
+    from experiments.paper.job import _differences_but_moved
+
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "scale.txt").write_text("1.0")
+    task = PathToy()
+
+    def sub(folder: str, overwrite: bool = False) -> SubRun:
+        cfg = PathToyConfig(**{
+            "out": str(tmp_path / "sub"), "seeds": 1, "kinds": "erm", "steps": 4,
+            "test_gammas": (0.0,), "scale_file": str(tmp_path / folder / "scale.txt"),
+            "overwrite": overwrite,
+        })  # fmt: skip
+        return SubRun("toy", ("toy",), cfg, tmp_path / "sub")
+
+    first = sub("a")
+    check_subrun(first, overwrite=False)
+    trained = train_subruns([first], lambda s: task)[("toy",)]["runs"]
+    moved = sub("b")
+    saved = json.loads((moved.out / "results.json").read_text())["config"]
+    want = moved.cfg.fingerprint(evaluation=True)
+    assert _differences_but_moved(moved, saved, want) == ([], ("scale_file",))
+    assert moved.moved == () and not moved.finished  # untouched
+    check_subrun(moved, overwrite=False)
+    assert moved.finished and moved.moved == ("scale_file",)
+    moved.cfg = dataclasses.replace(moved.cfg, overwrite=True)
+    check_subrun(moved, overwrite=True)  # retrained: nothing of the check before
+    assert not moved.finished and moved.moved == ()
+    (tmp_path / "b" / "scale.txt").write_text("3.0")  # retrained, on these
+    retrained = train_subruns([moved], lambda s: task)[("toy",)]["runs"]
+    assert [r["final_loss"] for r in retrained] != [r["final_loss"] for r in trained]
