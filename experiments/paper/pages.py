@@ -553,7 +553,9 @@ def main(argv: Sequence[str] | None = None, registry: dict[str, Block] | None = 
     parser.add_argument(
         "--blocks", help=f"comma-separated block names (default: all of {', '.join(registry)})"
     )
-    parser.add_argument("--pages", type=Path, default=PAGES, help="the pages folder")
+    pages_flag = parser.add_argument("--pages", type=Path, default=PAGES, help="the pages folder")
+    # as the other defaults are shown: not this checkout's absolute path
+    pages_flag.shown_default = f"{PAGES.relative_to(ROOT).as_posix()} of this checkout"
     parser.add_argument(
         "--check",
         action="store_true",

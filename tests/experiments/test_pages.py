@@ -339,6 +339,17 @@ def test_entry_point_help():
     assert "write" in out and "--check" in out and "--runs" in out
 
 
+def test_help_shows_the_pages_default_in_the_checkout_not_its_absolute_path(capsys):
+    """--pages' default was shown as this checkout's absolute path (/home/.../docs/results),
+    unlike every other default: it is docs/results, shown so."""
+    with pytest.raises(SystemExit) as done:
+        pages.main(["--help"])
+    assert done.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--pages PAGES the pages folder (default: docs/results of this checkout)" in out
+    assert str(ROOT) not in out
+
+
 JOB_ARGV = ("--settings", "video", "--seeds", "3")
 JOB = {"job": Block("job", "experiments.dual_study", JOB_ARGV, lambda: None, report="study.md")}
 REPORT = """# Dual-dynamics study
