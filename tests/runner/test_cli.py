@@ -191,3 +191,37 @@ def test_the_helps_words_for_the_lr_default_name_each_rate_the_task_uses(task, c
     for overrides, name in cases:
         cfg = dataclasses.replace(task.config_cls(), **overrides)
         assert task.default_lr(cfg, name) in rates, (name, overrides, words)
+
+
+def _numbers(words: str) -> set[float]:
+    return {float(n) for n in re.findall(r"\d+(?:\.\d+)?", words)}
+
+
+def test_the_helps_words_for_the_test_gammas_default_name_each_tasks_grid():
+    """``--test-gammas``' help gives each task's default grid in words (``shared(...,
+    default_text)``, a table's ``test_gammas_flag``); the grids themselves are the tasks'
+    ``test_gamma_grid`` and the tables' scales: every level (for the video task, every factor
+    of γ_train, and the range at γ_train 0) is in those words, so they cannot drift apart
+    unseen, as --lr's words and ``default_lr`` cannot."""
+    import dataclasses
+
+    from cudt.tasks import accuracy, video
+    from cudt.tasks.llm_config import LLMConfig
+    from cudt.tasks.text import TextConfig
+    from experiments.paper.text_table.config import Table4Config
+    from experiments.paper.video_table.config import SCALES, Table3Config
+
+    def words(config_cls) -> str:
+        (field,) = (f for f in dataclasses.fields(config_cls) if f.name == "test_gammas")
+        return field.metadata["default_text"] or field.metadata["help"]
+
+    for config_cls in (TextConfig, LLMConfig):
+        assert set(accuracy.test_gamma_grid(0.0)) <= _numbers(words(config_cls)), config_cls
+    said = _numbers(words(video.VideoConfig))
+    factors = {g / 0.5 for g in video.test_gamma_grid(0.5)}
+    assert factors <= said
+    at_zero = video.test_gamma_grid(0.0)
+    assert f"{min(at_zero):g} to {max(at_zero):g} at 0" in words(video.VideoConfig)
+    table = words(Table3Config)
+    assert factors | set(SCALES["tiny"]["test_gammas"]) <= _numbers(table)
+    assert set(accuracy.test_gamma_grid(0.0)) <= _numbers(words(Table4Config))
