@@ -36,6 +36,7 @@ from typing import Any
 
 __all__ = [
     "DUAL_FLAGS",
+    "DUAL_STEPS",
     "GOES",
     "KNOBS",
     "NO_MULTIPLIERS",
@@ -140,3 +141,8 @@ def knobs(goes: str | None = None) -> tuple[Knob, ...]:
 
 def knob_names(goes: str | None = None) -> tuple[str, ...]:
     return tuple(k.name for k in knobs(goes))
+
+
+# every run flag that steps the multipliers (the dual knobs and :data:`DUAL_FLAGS`): a call
+# under NO_MULTIPLIERS passes none of them (the dual study's penalty call, llm_section6's)
+DUAL_STEPS = (*knob_names("dual"), *DUAL_FLAGS)

@@ -21,8 +21,10 @@ what this scales down from the paper.
 """
 
 import sys
+import types
 
-from cudt.runner.cli import exit_process, given_on_command_line
+from cudt.knobs import DUAL_STEPS, multipliers_in
+from cudt.runner.cli import command_line_words, exit_process
 from experiments import llm_sft
 
 __all__ = ["DESCRIPTION", "SECTION6", "main", "section6_for"]
@@ -76,14 +78,17 @@ def section6_for(argv: list[str]) -> tuple[str, ...]:
     """:data:`SECTION6` for these flags: without the size of a split they give a file of its
     own (``--num-test 500`` beside ``--test-data``: the file is every record of it), nor its
     ``--data tasks`` when they give every split a file (``--train-data``, ``--val-data``,
-    ``--test-data``) and no ``--data``, which would then have no split left to deal. A flag
-    counts however argparse reads it (``--test-d`` is ``--test-data``)."""
-    fields = given_on_command_line(llm_sft.Config, argv, quiet=True)
-    given = {"--" + f.replace("_", "-") for f in fields}
+    ``--test-data``) and no ``--data``, which would then have no split left to deal, nor its
+    dual steps under a ``--formulation`` without multipliers (``penalty``: they would act on
+    nothing). A flag counts however argparse reads it (``--test-d`` is ``--test-data``)."""
+    words = command_line_words(llm_sft.Config, argv)
+    given = {"--" + f.replace("_", "-") for f in words}
     files = {s for s in ("train", "val", "test") if f"--{s}-data" in given}
     drop = {f"--num-{s}" for s in files}
     if len(files) == 3 and "--data" not in given:
         drop.add("--data")
+    if not multipliers_in(types.SimpleNamespace(**words)):
+        drop |= {"--" + f.replace("_", "-") for f in DUAL_STEPS}
     pairs = zip(SECTION6[::2], SECTION6[1::2], strict=True)
     return tuple(x for name, value in pairs if name not in drop for x in (name, value))
 

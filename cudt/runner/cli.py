@@ -24,6 +24,7 @@ from cudt.runner.sweep import distinct_values
 
 __all__ = [
     "OneLineParser",
+    "command_line_words",
     "config_from_args",
     "config_main",
     "given_on_command_line",
@@ -238,6 +239,14 @@ def given_on_command_line(config_cls, argv, *, quiet: bool = False) -> set[str]:
     nothing: the parser's own answer follows."""
     if not quiet:
         return set(vars(build_parser(config_cls, "", defaults=False).parse_args(argv)))
+    return set(command_line_words(config_cls, argv))
+
+
+def command_line_words(config_cls, argv) -> dict[str, typing.Any]:
+    """The fields the command line names, each with its words as written (a string, or a
+    list of them for a flag that takes several), read as :func:`given_on_command_line`'s
+    ``quiet`` reads them: nothing parsed or checked, and an unreadable command line names
+    none (a job deciding what to pass before the run's own parser answers)."""
     parser = build_parser(config_cls, "", defaults=False, add_help=False)
     for action in parser._actions:
         action.type = action.choices = None
@@ -247,9 +256,9 @@ def given_on_command_line(config_cls, argv, *, quiet: bool = False) -> set[str]:
 
     parser.error = unreadable  # type: ignore[method-assign]
     try:
-        return set(vars(parser.parse_args(argv)))
+        return vars(parser.parse_args(argv))
     except argparse.ArgumentError:
-        return set()
+        return {}
 
 
 def _pin_given(cfg, given: set[str]):

@@ -434,3 +434,18 @@ def test_an_auc_over_one_gamma_is_not_a_number():
     from cudt.metrics import trapezoid_auc
 
     assert np.isnan(trapezoid_auc([1.0], [0.7])) and trapezoid_auc([0, 1], [1, 0]) == 0.5
+
+
+def test_the_section6_command_under_penalty_passes_none_of_its_dual_steps():
+    """``llm_section6 --formulation penalty`` (the penalty method as a control): the command's
+    own ``--dual-optimizer nupi --nupi-kp 0 --dual-lr 0.05`` step multipliers the penalty has
+    none of, and the user, who passed none of them, was told to drop ``--dual-optimizer``."""
+    from cudt.runner.cli import config_from_args
+    from experiments.llm_section6 import SECTION6, section6_for
+
+    for given in (["--formulation", "penalty"], ["--form=penalty", "--penalty", "2"]):
+        flags = section6_for(given)
+        assert not {"--dual-optimizer", "--nupi-kp", "--dual-lr"} & set(flags), given
+        cfg, _ = config_from_args(LLMConfig, [*flags, *given], "", "x")  # accepted
+        assert cfg.formulation == "penalty" and cfg.epsilon == 0.02
+    assert section6_for(["--formulation", "augmented"]) == SECTION6  # it has multipliers

@@ -35,7 +35,7 @@ from typing import Any
 
 from cudt.constrained import UPDATES
 from cudt.errors import UsageError
-from cudt.knobs import DUAL_FLAGS, knob_names
+from cudt.knobs import DUAL_STEPS
 from cudt.optim import SCHEDULES
 from cudt.runner.cli import config_main
 from cudt.runner.config import FORMULATIONS, Needs, flag
@@ -233,10 +233,6 @@ def _config(setting: Setting, opts: StudyConfig, out: Path, **fields) -> Any:
         return cls(**kw)
     except ValueError as e:
         raise UsageError(f"{setting.name}: {e}") from None
-
-
-# what steps the multipliers: the penalty's call passes none of it (it has none to step)
-DUAL_STEPS = (*knob_names("dual"), *DUAL_FLAGS)
 
 
 def plan(opts: StudyConfig, out: Path) -> list[SubRun]:
