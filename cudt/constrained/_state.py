@@ -322,11 +322,13 @@ def _init(
         dual_state=dual_state,
         slacks=slacks,
         slack_state={n: spec.slack_tx.init(u) for n, u in slacks.items()},
-        penalty={n: jnp.asarray(rho, jnp.float32) for n in mult},
+        # jnp.array copies: a caller's float32 rho (or bool constrained) kept as it is was one
+        # buffer in several fields (a donating step refused it) and the caller's to lose
+        penalty={n: jnp.array(rho, jnp.float32) for n in mult},
         violation={n: jnp.asarray(jnp.inf, jnp.float32) for n in mult},
         prev_update=prev,
         hparams=_copy(hparams),
-        constrained=jnp.asarray(constrained, bool),
+        constrained=jnp.array(constrained, bool),
     )
 
 

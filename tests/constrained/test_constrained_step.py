@@ -59,6 +59,25 @@ def test_init_does_not_alias_and_requires_num_indexed():
         init(params, _batch([0]), num_indexed={"per_sample": 3, "budget": 3})
 
 
+def test_init_copies_a_callers_penalty_and_constrained_arrays_the_step_donates():
+    # a float32 rho was one buffer in every constraint's penalty: the donating step failed
+    # ("Attempt to donate the same buffer twice"); a bool constrained array was the caller's,
+    # deleted by the first step
+    init, step = cudt.make_constrained_step(
+        _problem,
+        primal=optax.sgd(0.1),
+        dual=cudt.dual_ascent(0.1),
+        formulation=cudt.AugmentedLagrangian(penalty=1.0),
+    )
+    params = {"x": jnp.array(0.0), "y": jnp.array(0.0)}
+    rho, on = jnp.asarray(2.0, jnp.float32), jnp.asarray(True)
+    state = init(params, _batch([0]), num_indexed={"per_sample": 3}, penalty=rho, constrained=on)
+    for t in range(2):
+        state, _ = step(state, _batch([t]), jax.random.key(t))
+    assert float(rho) == 2.0 and bool(on)
+    assert float(state.penalty["budget"]) == 2.0
+
+
 def test_indexed_rows_outside_batch_bit_identical_with_adam():
     init, step = cudt.make_constrained_step(
         _problem, primal=optax.sgd(0.1), dual=cudt.dual_adam(0.1)
