@@ -25,7 +25,7 @@ from cudt.constrained._formulation import check_formulation
 from cudt.constrained._implicit import Implicit
 from cudt.constrained._schedule import values_at
 
-__all__ = ["UPDATES", "ConstrainedState", "set_learning_rate"]
+__all__ = ["UPDATES", "ConstrainedState", "check_objective", "set_learning_rate"]
 
 UPDATES = ("simultaneous", "alternating", "extragradient", "optimistic")
 
@@ -220,8 +220,19 @@ def _call(spec: _Spec, params, batch, key, hparams, step=0):
             + (f" of {len(out)} items" if isinstance(out, tuple) else "")
             + ("" if spec.has_aux else ": pass has_aux=True if it returns a third output")
         )
+    check_objective(out[0])
     _check_constraints(out[1])
     return out
+
+
+def check_objective(f) -> None:
+    """The problem's objective is one number: per-example losses ``[B]`` failed inside the
+    Lagrangian's gradient ("Gradient only defined for scalar-output functions")."""
+    if jnp.ndim(f) != 0:
+        raise ValueError(
+            f"problem's objective must be a scalar, got shape {tuple(jnp.shape(f))}: return "
+            "its mean (jnp.mean of per-example losses)"
+        )
 
 
 def _zero_multipliers(constraints, num_indexed: dict) -> dict:

@@ -344,3 +344,18 @@ def test_the_drop_in_dual_update_refuses_a_gradient_of_another_shape_and_a_parti
     with pytest.raises(ValueError, match=r"dual state has no entry for constraints \['cap'\]"):
         lag.dual.update(dual_grads, {}, mult)  # was a KeyError
     lag.dual.update(dual_grads, state, mult)
+
+
+def test_an_objective_of_per_example_losses_is_named_by_the_step_and_the_drop_in():
+    # per-example losses [B] as the objective failed inside the Lagrangian's gradient:
+    # "TypeError: Gradient only defined for scalar-output functions. Output had shape: (2,)."
+    def problem(w, batch, key):
+        return w**2, {"norm": cudt.Constraint(jnp.sum(w**2) - 1.0)}
+
+    says = r"problem's objective must be a scalar, got shape \(2,\): return its mean"
+    init, _ = cudt.make_constrained_step(problem, optax.sgd(0.1), cudt.dual_ascent(0.1))
+    with pytest.raises(ValueError, match=says):
+        init(jnp.zeros(2), None)
+    lag = cudt.lagrangian(problem, cudt.dual_ascent(0.1))
+    with pytest.raises(ValueError, match=says):
+        lag.init(jnp.zeros(2), None)
