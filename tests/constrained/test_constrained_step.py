@@ -623,3 +623,35 @@ def test_the_violation_metric_is_what_the_step_measured_also_for_erm_and_in_warm
     )
     state, metrics = step(init(jnp.array(0.0), None), None, jax.random.key(0))
     assert float(metrics["violation"]["lo"]) == 1.0 and float(state.multipliers["lo"]) == 0.0
+
+
+@pytest.mark.parametrize("update", cudt.constrained.UPDATES)
+def test_an_integer_constraint_trains_as_its_float_value_does(update):
+    # a count (int32, constant in the parameters) failed inside the step's VJP: "grad requires
+    # real- or complex-valued inputs ... but got int32"; the drop-in Lagrangian took it
+    def problem(cast):
+        def f(p, batch, key):
+            count = jnp.sum(batch > 0) - 1
+            return jnp.sum(p**2), {
+                "count": cudt.Constraint(count.astype(jnp.float32) if cast else count),
+                "x": cudt.Constraint(1.0 - p[0]),
+            }
+
+        return f
+
+    states = []
+    for cast in (False, True):
+        init, step = cudt.make_constrained_step(
+            problem(cast),
+            optax.sgd(0.1),
+            cudt.dual_ascent(0.1),
+            cudt.AugmentedLagrangian(penalty=1.0),
+            update,
+        )
+        state = init(jnp.zeros(2), jnp.ones(3))
+        for t in range(3):
+            state, _ = step(state, jnp.ones(3), jax.random.key(t))
+        states.append(state)
+    np.testing.assert_allclose(states[0].multipliers["count"], 0.6, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1]), strict=True):
+        np.testing.assert_array_equal(a, b)
