@@ -326,10 +326,16 @@ def problem(
     def descent_problem(params, batch, key, hp):
         losses = layer_losses(params, batch, key)
         if losses.ndim != 2 or losses.shape[1] != L + 1:
+            # the models' states are [L+1, B, ...]: losses taken from them come out [L+1, B]
+            transposed = losses.ndim == 2 and losses.shape[0] == L + 1
+            fix = (
+                f"return losses.T (these look like [{L + 1}, B], a state's losses a row)"
+                if transposed
+                else "check num_layers in DescentConfig matches the model"
+            )
             raise ValueError(
                 f"layer_losses must return per-sample losses of shape [B, {L + 1}] "
-                f"(layers 0..{L}), got {losses.shape}: check num_layers in DescentConfig matches "
-                "the model"
+                f"(layers 0..{L}), got {losses.shape}: {fix}"
             )
         if not jnp.issubdtype(losses.dtype, jnp.floating):
             raise TypeError(
