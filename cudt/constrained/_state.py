@@ -70,11 +70,13 @@ def set_learning_rate(opt_state, value, name: str = "learning_rate", what: str =
     ``ValueError`` naming the fix (and ``what`` asked) when no such hyperparameter is in the
     state, or when a concrete learning rate is not > 0.
     """
-    found = []
+    found, scheduled = [], []
 
     def put(node):
         if _is_injected(node) and name in node.hyperparams:
             found.append(node)
+            if name in node.hyperparams_states:  # a schedule: recomputed at every update
+                scheduled.append(node)
             hyper = dict(node.hyperparams)
             hyper[name] = jnp.asarray(value, jnp.float32).reshape(jnp.shape(hyper[name]))
             return node._replace(hyperparams=hyper)
@@ -86,6 +88,13 @@ def set_learning_rate(opt_state, value, name: str = "learning_rate", what: str =
             if not np.all(ok(np.asarray(value, np.float64))):  # concrete (not a sweep's)
                 raise ValueError(f"{what} must be {says}, got {np.asarray(value).tolist()}")
     new_state = jax.tree.map(put, opt_state, is_leaf=_is_injected)
+    if scheduled:  # the value set was overwritten by the schedule's at the first update
+        raise ValueError(
+            f"cannot set {what}: the optimiser's injected {name!r} is a schedule, which it "
+            "recomputes at every update (the value set would be ignored): inject a number and "
+            "chain the schedule's factor, e.g. optax.chain(optax.inject_hyperparams(optax.adam)"
+            "(learning_rate=1e-3), optax.scale_by_schedule(...)), as cudt.optim does"
+        )
     if not found:
         kept = sorted(
             {

@@ -359,3 +359,22 @@ def test_an_objective_of_per_example_losses_is_named_by_the_step_and_the_drop_in
     lag = cudt.lagrangian(problem, cudt.dual_ascent(0.1))
     with pytest.raises(ValueError, match=says):
         lag.init(jnp.zeros(2), None)
+
+
+def test_a_scheduled_injected_rate_is_refused_not_overwritten():
+    # optax recomputes a scheduled injected hyperparameter at every update: init's lr=10 was
+    # set in the state, then overwritten by the schedule's 0.1 at the first step, silently
+    def problem(p, batch, key):
+        return jnp.sum(p**2), {"n": cudt.Constraint(1.0 - p[0])}
+
+    ramp = optax.linear_schedule(0.1, 0.0, 100)
+    scheduled = optax.inject_hyperparams(optax.sgd)(learning_rate=ramp)
+    init, _ = cudt.make_constrained_step(problem, scheduled, cudt.dual_ascent(0.1))
+    with pytest.raises(ValueError, match="cannot set lr: the optimiser's injected 'learning_rate'"):
+        init(jnp.ones(2), None, lr=10.0)
+    init(jnp.ones(2), None)  # the schedule alone is fine
+    dual = optax.inject_hyperparams(cudt.dual_ascent)(learning_rate=ramp)
+    cfg = cudt.DescentConfig(num_layers=2)
+    init, _ = cudt.make_train_step(lambda p, b, k: p * b, optax.sgd(0.1), dual, cfg)
+    with pytest.raises(ValueError, match="the dual's learning_rate: .* is a schedule"):
+        init(jnp.ones(3), dual_lr=10.0)
