@@ -378,3 +378,11 @@ def test_a_scheduled_injected_rate_is_refused_not_overwritten():
     init, _ = cudt.make_train_step(lambda p, b, k: p * b, optax.sgd(0.1), dual, cfg)
     with pytest.raises(ValueError, match="the dual's learning_rate: .* is a schedule"):
         init(jnp.ones(3), dual_lr=10.0)
+
+
+def test_an_index_given_as_a_list_is_named():
+    # a list of ids failed in the step's gather: "Using a non-tuple sequence for
+    # multidimensional indexing is not allowed"
+    with pytest.raises(ValueError, match="index must be an integer array, got a list: pass index="):
+        cudt.Constraint(jnp.ones(3), index=[0, 1, 2])
+    cudt.Constraint(jnp.ones(3), index=np.arange(3))  # an array of ids, numpy's too, is fine
