@@ -126,6 +126,20 @@ def _copy(tree):
     return jax.tree.map(lambda x: jnp.array(x, copy=True) if hasattr(x, "shape") else x, tree)
 
 
+def _fresh_hyperparams(opt_state):
+    """``opt_state`` with every injected hyperparameter in a buffer of its own: optax keeps a
+    rate given as an array (``inject_hyperparams(adam)(learning_rate=jnp.asarray(1e-3))``) as
+    that very array, so the donating step deleted the caller's and, shared by the dual states
+    of two constraints, refused it ("Attempt to donate the same buffer twice")."""
+
+    def fresh(node):
+        if _is_injected(node):
+            return node._replace(hyperparams=_copy(dict(node.hyperparams)))
+        return node
+
+    return jax.tree.map(fresh, opt_state, is_leaf=_is_injected)
+
+
 def _check_takes_hparams(problem) -> None:
     """``problem`` must take a fourth argument when a run holds ``hparams``."""
     try:
@@ -303,7 +317,9 @@ def _init(
     mult = _zero_multipliers(tables, {n: v for n, v in num_indexed.items() if n not in phis})
     mult = {n: phis[n] if n in phis else mult[n] for n in constraints}
     dual_state = {
-        n: spec.dual.init(FreeSign(m) if constraints[n].kind == "eq" or n in phis else m)
+        n: _fresh_hyperparams(
+            spec.dual.init(FreeSign(m) if constraints[n].kind == "eq" or n in phis else m)
+        )
         for n, m in mult.items()
     }
     for name, value in dict(dual_hparams or {}).items():
@@ -315,7 +331,7 @@ def _init(
     params = _copy(params)
     if spec.project_params is not None:  # every iterate in the set, the first one too
         params = spec.project_params(params)
-    opt_state = spec.primal.init(params)
+    opt_state = _fresh_hyperparams(spec.primal.init(params))
     if lr is not None:
         opt_state = set_learning_rate(opt_state, lr)
     if penalty is not None and not spec.formulation.uses_penalty:

@@ -655,3 +655,21 @@ def test_an_integer_constraint_trains_as_its_float_value_does(update):
     np.testing.assert_allclose(states[0].multipliers["count"], 0.6, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1]), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_injected_rate_given_as_an_array_survives_the_donating_step():
+    # optax keeps such a rate as the caller's own array: two constraints' dual states shared it
+    # ("Attempt to donate the same buffer twice"), and a second init read the primal rate the
+    # first step had donated ("Buffer has been deleted or donated")
+    rate = jnp.asarray(0.1, jnp.float32)
+    init, step = cudt.make_constrained_step(
+        _problem,
+        optax.inject_hyperparams(optax.adam)(learning_rate=rate),
+        optax.inject_hyperparams(cudt.dual_ascent)(learning_rate=rate),
+    )
+    params = {"x": jnp.array(0.0), "y": jnp.array(0.0)}
+    for _ in range(2):
+        state = init(params, _batch([0]), num_indexed={"per_sample": 3})
+        state, _ = step(state, _batch([0]), jax.random.key(0))
+    np.testing.assert_allclose(state.multipliers["budget"], 0.1)
+    assert float(rate) == np.float32(0.1)
