@@ -258,6 +258,27 @@ def check_objective(f) -> None:
         )
 
 
+def _constraints_of(spec: _Spec, params, batch, key, hparams) -> dict:
+    """The problem's constraints, from one abstract evaluation on ``batch``. Without a batch
+    (``init(params)``, as :func:`cudt.make_train_step`'s init is called) a problem that reads
+    it failed inside itself ("cannot unpack non-iterable NoneType object"): named here."""
+    if batch is None:
+        problem = spec.problem
+
+        def without_batch(*args):
+            try:
+                return problem(*args)
+            except (TypeError, AttributeError, IndexError, KeyError) as err:
+                raise TypeError(
+                    f"init evaluates the problem on a batch to find its constraints' shapes, "
+                    f"and got none ({type(err).__name__}: {err}): pass one, init(params, "
+                    "batch), or init(params, constraints={name: cudt.Constraint(...)})"
+                ) from err
+
+        spec = dataclasses.replace(spec, problem=without_batch)
+    return jax.eval_shape(functools.partial(_call, spec), params, batch, key, hparams)[1]
+
+
 def _zero_multipliers(constraints, num_indexed: dict) -> dict:
     """``{name: 0}`` shaped like each constraint's values (indexed: a table of ``N`` rows)."""
     unknown = set(num_indexed) - set(constraints)
@@ -310,7 +331,7 @@ def _init(
     num_indexed = dict(num_indexed or {})
     if constraints is None:
         key = jax.random.key(0) if key is None else key
-        constraints = jax.eval_shape(functools.partial(_call, spec), params, batch, key, hparams)[1]
+        constraints = _constraints_of(spec, params, batch, key, hparams)
     _check_constraints(constraints)
     phis = _implicit_params(spec, constraints, dict(multipliers or {}))
     tables = {n: c for n, c in constraints.items() if n not in phis}

@@ -386,3 +386,16 @@ def test_an_index_given_as_a_list_is_named():
     with pytest.raises(ValueError, match="index must be an integer array, got a list: pass index="):
         cudt.Constraint(jnp.ones(3), index=[0, 1, 2])
     cudt.Constraint(jnp.ones(3), index=np.arange(3))  # an array of ids, numpy's too, is fine
+
+
+def test_init_without_the_batch_its_problem_reads_says_to_pass_one():
+    # make_train_step's init takes the params alone; make_constrained_step's init(params) ran
+    # the problem on batch=None: "TypeError: cannot unpack non-iterable NoneType object"
+    def problem(w, batch, key):
+        x, y = batch
+        return jnp.mean((x @ w - y) ** 2), {"norm": cudt.Constraint(jnp.sum(w**2) - 1.0)}
+
+    init, _ = cudt.make_constrained_step(problem, optax.sgd(0.1), cudt.dual_ascent(0.1))
+    with pytest.raises(TypeError, match=r"got none \(TypeError: cannot unpack .*init\(params, b"):
+        init(jnp.zeros(2))
+    init(jnp.zeros(2), (jnp.ones((4, 2)), jnp.ones(4)))
