@@ -378,7 +378,7 @@ def _init(
         multipliers=mult,
         dual_state=dual_state,
         slacks=slacks,
-        slack_state={n: spec.slack_tx.init(u) for n, u in slacks.items()},
+        slack_state={n: _fresh_hyperparams(spec.slack_tx.init(u)) for n, u in slacks.items()},
         # jnp.array copies: a caller's float32 rho (or bool constrained) kept as it is was one
         # buffer in several fields (a donating step refused it) and the caller's to lose
         penalty={n: jnp.array(rho, jnp.float32) for n in mult},

@@ -673,3 +673,15 @@ def test_an_injected_rate_given_as_an_array_survives_the_donating_step():
         state, _ = step(state, _batch([0]), jax.random.key(0))
     np.testing.assert_allclose(state.multipliers["budget"], 0.1)
     assert float(rate) == np.float32(0.1)
+    # the explicit slacks' optimiser alike: two slack constraints shared its rate
+    slack = cudt.Constraint(jnp.ones(()), resilience=1.0, resilience_mode="slack")
+    init, step = cudt.make_constrained_step(
+        lambda p, b, k: (jnp.sum(p**2), {"a": slack, "b": slack}),
+        optax.sgd(0.1),
+        cudt.dual_ascent(0.1),
+        slack_optimizer=optax.inject_hyperparams(optax.sgd)(learning_rate=rate),
+    )
+    state = init(jnp.zeros(2), None)
+    for _ in range(2):
+        state, _ = step(state, None, jax.random.key(0))
+    np.testing.assert_allclose(state.slacks["a"], 0.01, rtol=1e-6)  # 0.1 · λ_1 = 0.1 · 0.1
