@@ -267,6 +267,10 @@ def _constraints_of(spec: _Spec, params, batch, key, hparams) -> dict:
 
         def without_batch(*args):
             try:
+                inspect.signature(problem).bind(*args)
+            except (TypeError, ValueError):  # called with too few arguments: its own error
+                return problem(*args)
+            try:
                 return problem(*args)
             except (TypeError, AttributeError, IndexError, KeyError) as err:
                 raise TypeError(

@@ -399,3 +399,9 @@ def test_init_without_the_batch_its_problem_reads_says_to_pass_one():
     with pytest.raises(TypeError, match=r"got none \(TypeError: cannot unpack .*init\(params, b"):
         init(jnp.zeros(2))
     init(jnp.zeros(2), (jnp.ones((4, 2)), jnp.ones(4)))
+    # a call the problem's signature refuses is not about the batch: its own error stays
+    init, _ = cudt.make_constrained_step(
+        lambda w, b, k, hp: problem(w, b, k), optax.sgd(0.1), cudt.dual_ascent(0.1)
+    )
+    with pytest.raises(TypeError, match=r"^\S*<lambda>\(\) missing 1 required positional arg"):
+        init(jnp.zeros(2))
