@@ -312,6 +312,19 @@ def _checked_losses(losses, L: int):
     return losses
 
 
+def _rows_of(example_ids, batch, table: bool):
+    """``example_ids(batch)``: the batch's rows of ``"indexed"``'s table (``table``), where
+    None was taken for a constraint that is not indexed and refused as a state built for
+    another problem ("build the state with this step's init")."""
+    index = example_ids(batch)
+    if index is None and table:
+        raise ValueError(
+            "example_ids(batch) returned None: constraint='indexed' with a multiplier table "
+            "needs each example's row, integer ids [B]; return them (e.g. batch['ids'])"
+        )
+    return index
+
+
 def problem(
     layer_losses: Callable[[Any, Any, jax.Array], jax.Array],
     config: DescentConfig,
@@ -374,7 +387,7 @@ def problem(
             current = losses[:, 1:]  # sliced first, as always (see constraint_values)
             prev = losses[:, :-1] if target is None else target(losses[:, :-1])
             descent = current - (1.0 - epsilon) * prev  # [B, L]
-            index = example_ids(batch)
+            index = _rows_of(example_ids, batch, table=example_features is None)
             if example_features is not None:
                 features = jax.lax.stop_gradient(example_features(batch, losses))
         else:

@@ -405,3 +405,22 @@ def test_init_without_the_batch_its_problem_reads_says_to_pass_one():
     )
     with pytest.raises(TypeError, match=r"^\S*<lambda>\(\) missing 1 required positional arg"):
         init(jnp.zeros(2))
+
+
+def test_example_ids_that_return_none_are_named_not_called_another_problems_state():
+    # constraint="indexed" with example_ids returning None (the batch's ids not found) said
+    # "its multipliers have shape (10, 2), where its values have shape (4, 2) ...: build the
+    # state with this step's init", which it was
+    cfg = cudt.DescentConfig(num_layers=2, epsilon=0.5)
+    init, step = cudt.make_train_step(
+        lambda p, b, k: (b["x"][:, None] * p[None, :]) ** 2,
+        optax.sgd(0.1),
+        cudt.dual_ascent(0.1),
+        cfg,
+        constraint="indexed",
+        num_examples=10,
+        example_ids=lambda b: b.get("id"),  # the batch calls them "ids"
+    )
+    batch = {"x": jnp.ones(4), "ids": jnp.arange(4)}
+    with pytest.raises(ValueError, match=r"example_ids\(batch\) returned None: .*integer ids"):
+        step(init(jnp.array([1.0, 0.9, 0.95])), batch, jax.random.key(0))
