@@ -244,9 +244,7 @@ def train_group(
         gives each run the results of the run trained alone bit for bit, ``"vmap"`` up to
         float rounding).
     """
-    if run_axis not in RUN_AXIS_MODES:
-        raise ValueError(f"run_axis must be one of {RUN_AXIS_MODES}, got {run_axis!r}")
-    num_runs = keys.shape[0]
+    num_runs = _check_group(states, keys, run_axis)
     every = checkpoint_every or chunk_steps
     curve_every = curve_every or max(1, -(-chunk_steps // 10))
     here = placement(shardings)
@@ -288,6 +286,28 @@ def train_group(
     if checkpointer is not None:
         checkpointer.wait()
     return record.result(states, fetch)
+
+
+def _check_group(states: Any, keys: Any, run_axis: str) -> int:
+    """The number of runs R, after one error for arguments that are not a group: ``keys``
+    ``[R]`` and ``states`` stacked on a leading axis of R (one run's state, from ``init`` alone,
+    failed deep inside with "tuple index out of range"; R keys for another number of states,
+    with "scan got values with different leading axis sizes")."""
+    if run_axis not in RUN_AXIS_MODES:
+        raise ValueError(f"run_axis must be one of {RUN_AXIS_MODES}, got {run_axis!r}")
+    if jnp.ndim(keys) == 0:
+        raise ValueError("keys must be one key per run, [R]: pass jax.random.split(key, R)")
+    num_runs = keys.shape[0]
+    for path, leaf in jax.tree_util.tree_leaves_with_path(states):
+        shape = getattr(leaf, "shape", None)
+        if shape is not None and shape[:1] != (num_runs,):
+            raise ValueError(
+                f"states must be {num_runs} runs' states stacked on a leading axis (one per "
+                f"key), but states{jax.tree_util.keystr(path)} has shape {tuple(shape)}: "
+                "stack them, jax.vmap(lambda e: init(params, epsilon=e))(values), or pass "
+                "one key per run"
+            )
+    return num_runs
 
 
 @dataclasses.dataclass

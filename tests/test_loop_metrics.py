@@ -717,3 +717,20 @@ def test_a_flag_whose_order_means_nothing_resumes_in_another_order():
     (targets,) = [f for f in dataclasses.fields(LLMConfig) if f.name == "lora_targets"]
     same = targets.metadata["canonical"]
     assert same(["v", "q"]) == same(["q", "v"]) and same(["q"]) != same(["q", "v"])
+
+
+def test_a_group_that_is_not_stacked_states_and_their_keys_is_named():
+    # one run's state (init alone) failed with "IndexError: tuple index out of range"; three
+    # states with two keys with "scan got values with different leading axis sizes: 3, ..., 2"
+    data = toy_data()
+    step, states, keys = make_group([[1.0, 0.9], [0.8, 0.7], [0.9, 0.9]])
+
+    def make_batch(key, s):
+        return data[sample_indices(key, s, data.shape[0], 8)]
+
+    one = jax.tree.map(lambda x: x[0], states)
+    for group, ks, got in ((one, keys[:1], r"\(\)"), (states, keys[:2], r"\(3,\)")):
+        with pytest.raises(
+            ValueError, match=rf"stacked on a leading axis .*states.step has shape {got}"
+        ):
+            train_group(step, group, ks, make_batch, 2, chunk_steps=2)

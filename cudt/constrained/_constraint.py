@@ -124,6 +124,11 @@ class Constraint:
         """``index``: integer ids, one per value (``[B]`` against values ``[B, ...]``); checked
         on whatever has a dtype and shape (arrays, tracers, shape structs)."""
         ids, value = self.index, self.value
+        if isinstance(ids, (list, tuple)):  # failed in the step: "non-tuple sequence for ..."
+            raise ValueError(
+                f"Constraint index must be an integer array, got a {type(ids).__name__}: pass "
+                "index=jnp.asarray(ids)"
+            )
         if not (hasattr(ids, "dtype") and hasattr(ids, "shape")):
             return
         if not np.issubdtype(ids.dtype, np.integer):

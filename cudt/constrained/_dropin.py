@@ -43,7 +43,12 @@ import optax
 from cudt.constrained._constraint import Constraint, FreeSign
 from cudt.constrained._dual import check_dual
 from cudt.constrained._formulation import Lagrangian, check_formulation
-from cudt.constrained._state import _check_constraints, _zero_multipliers, check_table_shape
+from cudt.constrained._state import (
+    _check_constraints,
+    _zero_multipliers,
+    check_objective,
+    check_table_shape,
+)
 from cudt.constrained._step import (
     _ascend_one,
     _dual_gradient,
@@ -197,6 +202,7 @@ def _call(problem, has_aux, num_indexed, params, batch, key):
             f"{', aux' if has_aux else ''}): got {type(out).__name__}"
             + ("" if has_aux else "; pass has_aux=True if it returns a third output")
         )
+    check_objective(out[0])
     _check_constraints(out[1])
     cons = out[1]
     for name, c in cons.items():

@@ -25,7 +25,7 @@ from cudt.constrained._formulation import check_formulation
 from cudt.constrained._implicit import Implicit
 from cudt.constrained._schedule import values_at
 
-__all__ = ["UPDATES", "ConstrainedState", "set_learning_rate"]
+__all__ = ["UPDATES", "ConstrainedState", "check_objective", "set_learning_rate"]
 
 UPDATES = ("simultaneous", "alternating", "extragradient", "optimistic")
 
@@ -70,11 +70,13 @@ def set_learning_rate(opt_state, value, name: str = "learning_rate", what: str =
     ``ValueError`` naming the fix (and ``what`` asked) when no such hyperparameter is in the
     state, or when a concrete learning rate is not > 0.
     """
-    found = []
+    found, scheduled = [], []
 
     def put(node):
         if _is_injected(node) and name in node.hyperparams:
             found.append(node)
+            if name in node.hyperparams_states:  # a schedule: recomputed at every update
+                scheduled.append(node)
             hyper = dict(node.hyperparams)
             hyper[name] = jnp.asarray(value, jnp.float32).reshape(jnp.shape(hyper[name]))
             return node._replace(hyperparams=hyper)
@@ -86,6 +88,13 @@ def set_learning_rate(opt_state, value, name: str = "learning_rate", what: str =
             if not np.all(ok(np.asarray(value, np.float64))):  # concrete (not a sweep's)
                 raise ValueError(f"{what} must be {says}, got {np.asarray(value).tolist()}")
     new_state = jax.tree.map(put, opt_state, is_leaf=_is_injected)
+    if scheduled:  # the value set was overwritten by the schedule's at the first update
+        raise ValueError(
+            f"cannot set {what}: the optimiser's injected {name!r} is a schedule, which it "
+            "recomputes at every update (the value set would be ignored): inject a number and "
+            "chain the schedule's factor, e.g. optax.chain(optax.inject_hyperparams(optax.adam)"
+            "(learning_rate=1e-3), optax.scale_by_schedule(...)), as cudt.optim does"
+        )
     if not found:
         kept = sorted(
             {
@@ -115,6 +124,20 @@ def _copy(tree):
     """Fresh buffers for every array leaf: a donating step may delete what the state holds,
     and the caller's arrays must stay the caller's."""
     return jax.tree.map(lambda x: jnp.array(x, copy=True) if hasattr(x, "shape") else x, tree)
+
+
+def _fresh_hyperparams(opt_state):
+    """``opt_state`` with every injected hyperparameter in a buffer of its own: optax keeps a
+    rate given as an array (``inject_hyperparams(adam)(learning_rate=jnp.asarray(1e-3))``) as
+    that very array, so the donating step deleted the caller's and, shared by the dual states
+    of two constraints, refused it ("Attempt to donate the same buffer twice")."""
+
+    def fresh(node):
+        if _is_injected(node):
+            return node._replace(hyperparams=_copy(dict(node.hyperparams)))
+        return node
+
+    return jax.tree.map(fresh, opt_state, is_leaf=_is_injected)
 
 
 def _check_takes_hparams(problem) -> None:
@@ -220,8 +243,44 @@ def _call(spec: _Spec, params, batch, key, hparams, step=0):
             + (f" of {len(out)} items" if isinstance(out, tuple) else "")
             + ("" if spec.has_aux else ": pass has_aux=True if it returns a third output")
         )
+    check_objective(out[0])
     _check_constraints(out[1])
     return out
+
+
+def check_objective(f) -> None:
+    """The problem's objective is one number: per-example losses ``[B]`` failed inside the
+    Lagrangian's gradient ("Gradient only defined for scalar-output functions")."""
+    if jnp.ndim(f) != 0:
+        raise ValueError(
+            f"problem's objective must be a scalar, got shape {tuple(jnp.shape(f))}: return "
+            "its mean (jnp.mean of per-example losses)"
+        )
+
+
+def _constraints_of(spec: _Spec, params, batch, key, hparams) -> dict:
+    """The problem's constraints, from one abstract evaluation on ``batch``. Without a batch
+    (``init(params)``, as :func:`cudt.make_train_step`'s init is called) a problem that reads
+    it failed inside itself ("cannot unpack non-iterable NoneType object"): named here."""
+    if batch is None:
+        problem = spec.problem
+
+        def without_batch(*args):
+            try:
+                inspect.signature(problem).bind(*args)
+            except (TypeError, ValueError):  # called with too few arguments: its own error
+                return problem(*args)
+            try:
+                return problem(*args)
+            except (TypeError, AttributeError, IndexError, KeyError) as err:
+                raise TypeError(
+                    f"init evaluates the problem on a batch to find its constraints' shapes, "
+                    f"and got none ({type(err).__name__}: {err}): pass one, init(params, "
+                    "batch), or init(params, constraints={name: cudt.Constraint(...)})"
+                ) from err
+
+        spec = dataclasses.replace(spec, problem=without_batch)
+    return jax.eval_shape(functools.partial(_call, spec), params, batch, key, hparams)[1]
 
 
 def _zero_multipliers(constraints, num_indexed: dict) -> dict:
@@ -276,14 +335,16 @@ def _init(
     num_indexed = dict(num_indexed or {})
     if constraints is None:
         key = jax.random.key(0) if key is None else key
-        constraints = jax.eval_shape(functools.partial(_call, spec), params, batch, key, hparams)[1]
+        constraints = _constraints_of(spec, params, batch, key, hparams)
     _check_constraints(constraints)
     phis = _implicit_params(spec, constraints, dict(multipliers or {}))
     tables = {n: c for n, c in constraints.items() if n not in phis}
     mult = _zero_multipliers(tables, {n: v for n, v in num_indexed.items() if n not in phis})
     mult = {n: phis[n] if n in phis else mult[n] for n in constraints}
     dual_state = {
-        n: spec.dual.init(FreeSign(m) if constraints[n].kind == "eq" or n in phis else m)
+        n: _fresh_hyperparams(
+            spec.dual.init(FreeSign(m) if constraints[n].kind == "eq" or n in phis else m)
+        )
         for n, m in mult.items()
     }
     for name, value in dict(dual_hparams or {}).items():
@@ -295,7 +356,7 @@ def _init(
     params = _copy(params)
     if spec.project_params is not None:  # every iterate in the set, the first one too
         params = spec.project_params(params)
-    opt_state = spec.primal.init(params)
+    opt_state = _fresh_hyperparams(spec.primal.init(params))
     if lr is not None:
         opt_state = set_learning_rate(opt_state, lr)
     if penalty is not None and not spec.formulation.uses_penalty:
@@ -321,12 +382,14 @@ def _init(
         multipliers=mult,
         dual_state=dual_state,
         slacks=slacks,
-        slack_state={n: spec.slack_tx.init(u) for n, u in slacks.items()},
-        penalty={n: jnp.asarray(rho, jnp.float32) for n in mult},
+        slack_state={n: _fresh_hyperparams(spec.slack_tx.init(u)) for n, u in slacks.items()},
+        # jnp.array copies: a caller's float32 rho (or bool constrained) kept as it is was one
+        # buffer in several fields (a donating step refused it) and the caller's to lose
+        penalty={n: jnp.array(rho, jnp.float32) for n in mult},
         violation={n: jnp.asarray(jnp.inf, jnp.float32) for n in mult},
         prev_update=prev,
         hparams=_copy(hparams),
-        constrained=jnp.asarray(constrained, bool),
+        constrained=jnp.array(constrained, bool),
     )
 
 

@@ -339,7 +339,7 @@ def _evaluate(spec: _Spec, params, state: ConstrainedState, batch, key) -> _Eval
 
     def outputs(p):
         f, cons, *aux = _call(spec, p, batch, key, state.hparams, state.step)
-        return (f, {n: c.value for n, c in cons.items()}), (cons, aux)
+        return (f, {n: _inexact(c.value) for n, c in cons.items()}), (cons, aux)
 
     (f, values), vjp_fn, (cons, aux) = jax.vjp(outputs, params, has_aux=True)
     if set(cons) != set(state.multipliers) or {n for n, c in cons.items() if c.has_slack} != set(
@@ -353,6 +353,14 @@ def _evaluate(spec: _Spec, params, state: ConstrainedState, batch, key) -> _Eval
         )
     _check_tables(spec, state, cons)
     return _Evaluation(f, values, vjp_fn, cons, aux[0] if aux else None)
+
+
+def _inexact(value):
+    """A constraint's values as the VJP differentiates them: an integer or bool value (a count,
+    constant in the parameters) as float32, as the drop-in Lagrangian reads it (its VJP failed:
+    "grad requires real- or complex-valued inputs")."""
+    value = jnp.asarray(value)
+    return value if jnp.issubdtype(value.dtype, jnp.inexact) else value.astype(jnp.float32)
 
 
 _REBUILD = "build the state with this step's init (from the same problem and num_indexed)"

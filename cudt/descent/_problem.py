@@ -290,6 +290,41 @@ def scales(mean_losses, reference, has_reference):
     return jnp.concatenate([ref[None], jnp.maximum(mean[:-1], floor)])
 
 
+def _checked_losses(losses, L: int):
+    """``layer_losses``'s output, after one error unless it is floating-point ``[B, L+1]``."""
+    if losses.ndim != 2 or losses.shape[1] != L + 1:
+        # the models' states are [L+1, B, ...]: losses taken from them come out [L+1, B]
+        transposed = losses.ndim == 2 and losses.shape[0] == L + 1
+        fix = (
+            f"return losses.T (these look like [{L + 1}, B], a state's losses a row)"
+            if transposed
+            else "check num_layers in DescentConfig matches the model"
+        )
+        raise ValueError(
+            f"layer_losses must return per-sample losses of shape [B, {L + 1}] "
+            f"(layers 0..{L}), got {losses.shape}: {fix}"
+        )
+    if not jnp.issubdtype(losses.dtype, jnp.floating):
+        raise TypeError(
+            f"layer_losses must return floating-point losses, got {losses.dtype}: integers "
+            "carry no gradient; compute the losses in float"
+        )
+    return losses
+
+
+def _rows_of(example_ids, batch, table: bool):
+    """``example_ids(batch)``: the batch's rows of ``"indexed"``'s table (``table``), where
+    None was taken for a constraint that is not indexed and refused as a state built for
+    another problem ("build the state with this step's init")."""
+    index = example_ids(batch)
+    if index is None and table:
+        raise ValueError(
+            "example_ids(batch) returned None: constraint='indexed' with a multiplier table "
+            "needs each example's row, integer ids [B]; return them (e.g. batch['ids'])"
+        )
+    return index
+
+
 def problem(
     layer_losses: Callable[[Any, Any, jax.Array], jax.Array],
     config: DescentConfig,
@@ -325,18 +360,7 @@ def problem(
 
     def descent_problem(params, batch, key, hp):
         losses = layer_losses(params, batch, key)
-        if losses.ndim != 2 or losses.shape[1] != L + 1:
-            raise ValueError(
-                f"layer_losses must return per-sample losses of shape [B, {L + 1}] "
-                f"(layers 0..{L}), got {losses.shape}: check num_layers in DescentConfig matches "
-                "the model"
-            )
-        if not jnp.issubdtype(losses.dtype, jnp.floating):
-            raise TypeError(
-                f"layer_losses must return floating-point losses, got {losses.dtype}: integers "
-                "carry no gradient; compute the losses in float"
-            )
-        losses = losses.astype(jnp.float32)
+        losses = _checked_losses(losses, L).astype(jnp.float32)
         mean = jnp.mean(losses, axis=0)
         epsilon = hp["epsilon"]
         if jnp.shape(epsilon) not in ((), (L,)):  # static: checked once, while traced
@@ -363,7 +387,7 @@ def problem(
             current = losses[:, 1:]  # sliced first, as always (see constraint_values)
             prev = losses[:, :-1] if target is None else target(losses[:, :-1])
             descent = current - (1.0 - epsilon) * prev  # [B, L]
-            index = example_ids(batch)
+            index = _rows_of(example_ids, batch, table=example_features is None)
             if example_features is not None:
                 features = jax.lax.stop_gradient(example_features(batch, losses))
         else:

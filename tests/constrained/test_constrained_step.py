@@ -59,6 +59,25 @@ def test_init_does_not_alias_and_requires_num_indexed():
         init(params, _batch([0]), num_indexed={"per_sample": 3, "budget": 3})
 
 
+def test_init_copies_a_callers_penalty_and_constrained_arrays_the_step_donates():
+    # a float32 rho was one buffer in every constraint's penalty: the donating step failed
+    # ("Attempt to donate the same buffer twice"); a bool constrained array was the caller's,
+    # deleted by the first step
+    init, step = cudt.make_constrained_step(
+        _problem,
+        primal=optax.sgd(0.1),
+        dual=cudt.dual_ascent(0.1),
+        formulation=cudt.AugmentedLagrangian(penalty=1.0),
+    )
+    params = {"x": jnp.array(0.0), "y": jnp.array(0.0)}
+    rho, on = jnp.asarray(2.0, jnp.float32), jnp.asarray(True)
+    state = init(params, _batch([0]), num_indexed={"per_sample": 3}, penalty=rho, constrained=on)
+    for t in range(2):
+        state, _ = step(state, _batch([t]), jax.random.key(t))
+    assert float(rho) == 2.0 and bool(on)
+    assert float(state.penalty["budget"]) == 2.0
+
+
 def test_indexed_rows_outside_batch_bit_identical_with_adam():
     init, step = cudt.make_constrained_step(
         _problem, primal=optax.sgd(0.1), dual=cudt.dual_adam(0.1)
@@ -604,3 +623,65 @@ def test_the_violation_metric_is_what_the_step_measured_also_for_erm_and_in_warm
     )
     state, metrics = step(init(jnp.array(0.0), None), None, jax.random.key(0))
     assert float(metrics["violation"]["lo"]) == 1.0 and float(state.multipliers["lo"]) == 0.0
+
+
+@pytest.mark.parametrize("update", cudt.constrained.UPDATES)
+def test_an_integer_constraint_trains_as_its_float_value_does(update):
+    # a count (int32, constant in the parameters) failed inside the step's VJP: "grad requires
+    # real- or complex-valued inputs ... but got int32"; the drop-in Lagrangian took it
+    def problem(cast):
+        def f(p, batch, key):
+            count = jnp.sum(batch > 0) - 1
+            return jnp.sum(p**2), {
+                "count": cudt.Constraint(count.astype(jnp.float32) if cast else count),
+                "x": cudt.Constraint(1.0 - p[0]),
+            }
+
+        return f
+
+    states = []
+    for cast in (False, True):
+        init, step = cudt.make_constrained_step(
+            problem(cast),
+            optax.sgd(0.1),
+            cudt.dual_ascent(0.1),
+            cudt.AugmentedLagrangian(penalty=1.0),
+            update,
+        )
+        state = init(jnp.zeros(2), jnp.ones(3))
+        for t in range(3):
+            state, _ = step(state, jnp.ones(3), jax.random.key(t))
+        states.append(state)
+    np.testing.assert_allclose(states[0].multipliers["count"], 0.6, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1]), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_an_injected_rate_given_as_an_array_survives_the_donating_step():
+    # optax keeps such a rate as the caller's own array: two constraints' dual states shared it
+    # ("Attempt to donate the same buffer twice"), and a second init read the primal rate the
+    # first step had donated ("Buffer has been deleted or donated")
+    rate = jnp.asarray(0.1, jnp.float32)
+    init, step = cudt.make_constrained_step(
+        _problem,
+        optax.inject_hyperparams(optax.adam)(learning_rate=rate),
+        optax.inject_hyperparams(cudt.dual_ascent)(learning_rate=rate),
+    )
+    params = {"x": jnp.array(0.0), "y": jnp.array(0.0)}
+    for _ in range(2):
+        state = init(params, _batch([0]), num_indexed={"per_sample": 3})
+        state, _ = step(state, _batch([0]), jax.random.key(0))
+    np.testing.assert_allclose(state.multipliers["budget"], 0.1)
+    assert float(rate) == np.float32(0.1)
+    # the explicit slacks' optimiser alike: two slack constraints shared its rate
+    slack = cudt.Constraint(jnp.ones(()), resilience=1.0, resilience_mode="slack")
+    init, step = cudt.make_constrained_step(
+        lambda p, b, k: (jnp.sum(p**2), {"a": slack, "b": slack}),
+        optax.sgd(0.1),
+        cudt.dual_ascent(0.1),
+        slack_optimizer=optax.inject_hyperparams(optax.sgd)(learning_rate=rate),
+    )
+    state = init(jnp.zeros(2), None)
+    for _ in range(2):
+        state, _ = step(state, None, jax.random.key(0))
+    np.testing.assert_allclose(state.slacks["a"], 0.01, rtol=1e-6)  # 0.1 · λ_1 = 0.1 · 0.1

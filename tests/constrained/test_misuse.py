@@ -344,3 +344,83 @@ def test_the_drop_in_dual_update_refuses_a_gradient_of_another_shape_and_a_parti
     with pytest.raises(ValueError, match=r"dual state has no entry for constraints \['cap'\]"):
         lag.dual.update(dual_grads, {}, mult)  # was a KeyError
     lag.dual.update(dual_grads, state, mult)
+
+
+def test_an_objective_of_per_example_losses_is_named_by_the_step_and_the_drop_in():
+    # per-example losses [B] as the objective failed inside the Lagrangian's gradient:
+    # "TypeError: Gradient only defined for scalar-output functions. Output had shape: (2,)."
+    def problem(w, batch, key):
+        return w**2, {"norm": cudt.Constraint(jnp.sum(w**2) - 1.0)}
+
+    says = r"problem's objective must be a scalar, got shape \(2,\): return its mean"
+    init, _ = cudt.make_constrained_step(problem, optax.sgd(0.1), cudt.dual_ascent(0.1))
+    with pytest.raises(ValueError, match=says):
+        init(jnp.zeros(2), None)
+    lag = cudt.lagrangian(problem, cudt.dual_ascent(0.1))
+    with pytest.raises(ValueError, match=says):
+        lag.init(jnp.zeros(2), None)
+
+
+def test_a_scheduled_injected_rate_is_refused_not_overwritten():
+    # optax recomputes a scheduled injected hyperparameter at every update: init's lr=10 was
+    # set in the state, then overwritten by the schedule's 0.1 at the first step, silently
+    def problem(p, batch, key):
+        return jnp.sum(p**2), {"n": cudt.Constraint(1.0 - p[0])}
+
+    ramp = optax.linear_schedule(0.1, 0.0, 100)
+    scheduled = optax.inject_hyperparams(optax.sgd)(learning_rate=ramp)
+    init, _ = cudt.make_constrained_step(problem, scheduled, cudt.dual_ascent(0.1))
+    with pytest.raises(ValueError, match="cannot set lr: the optimiser's injected 'learning_rate'"):
+        init(jnp.ones(2), None, lr=10.0)
+    init(jnp.ones(2), None)  # the schedule alone is fine
+    dual = optax.inject_hyperparams(cudt.dual_ascent)(learning_rate=ramp)
+    cfg = cudt.DescentConfig(num_layers=2)
+    init, _ = cudt.make_train_step(lambda p, b, k: p * b, optax.sgd(0.1), dual, cfg)
+    with pytest.raises(ValueError, match="the dual's learning_rate: .* is a schedule"):
+        init(jnp.ones(3), dual_lr=10.0)
+
+
+def test_an_index_given_as_a_list_is_named():
+    # a list of ids failed in the step's gather: "Using a non-tuple sequence for
+    # multidimensional indexing is not allowed"
+    with pytest.raises(ValueError, match="index must be an integer array, got a list: pass index="):
+        cudt.Constraint(jnp.ones(3), index=[0, 1, 2])
+    cudt.Constraint(jnp.ones(3), index=np.arange(3))  # an array of ids, numpy's too, is fine
+
+
+def test_init_without_the_batch_its_problem_reads_says_to_pass_one():
+    # make_train_step's init takes the params alone; make_constrained_step's init(params) ran
+    # the problem on batch=None: "TypeError: cannot unpack non-iterable NoneType object"
+    def problem(w, batch, key):
+        x, y = batch
+        return jnp.mean((x @ w - y) ** 2), {"norm": cudt.Constraint(jnp.sum(w**2) - 1.0)}
+
+    init, _ = cudt.make_constrained_step(problem, optax.sgd(0.1), cudt.dual_ascent(0.1))
+    with pytest.raises(TypeError, match=r"got none \(TypeError: cannot unpack .*init\(params, b"):
+        init(jnp.zeros(2))
+    init(jnp.zeros(2), (jnp.ones((4, 2)), jnp.ones(4)))
+    # a call the problem's signature refuses is not about the batch: its own error stays
+    init, _ = cudt.make_constrained_step(
+        lambda w, b, k, hp: problem(w, b, k), optax.sgd(0.1), cudt.dual_ascent(0.1)
+    )
+    with pytest.raises(TypeError, match=r"^\S*<lambda>\(\) missing 1 required positional arg"):
+        init(jnp.zeros(2))
+
+
+def test_example_ids_that_return_none_are_named_not_called_another_problems_state():
+    # constraint="indexed" with example_ids returning None (the batch's ids not found) said
+    # "its multipliers have shape (10, 2), where its values have shape (4, 2) ...: build the
+    # state with this step's init", which it was
+    cfg = cudt.DescentConfig(num_layers=2, epsilon=0.5)
+    init, step = cudt.make_train_step(
+        lambda p, b, k: (b["x"][:, None] * p[None, :]) ** 2,
+        optax.sgd(0.1),
+        cudt.dual_ascent(0.1),
+        cfg,
+        constraint="indexed",
+        num_examples=10,
+        example_ids=lambda b: b.get("id"),  # the batch calls them "ids"
+    )
+    batch = {"x": jnp.ones(4), "ids": jnp.arange(4)}
+    with pytest.raises(ValueError, match=r"example_ids\(batch\) returned None: .*integer ids"):
+        step(init(jnp.array([1.0, 0.9, 0.95])), batch, jax.random.key(0))

@@ -411,6 +411,15 @@ def test_wrong_loss_shape_is_a_clear_error():
     init, step = cudt.make_train_step(layer_losses, optax.sgd(0.1), cudt.dual_ascent(0.1), cfg)
     with pytest.raises(ValueError, match=r"shape \[B, 5\].*num_layers"):
         step(init(params0()), make_batch(0), jax.random.key(0))
+    # per-layer losses taken from the model's states [L+1, B, ...] come out [L+1, B]: the
+    # message said to check num_layers, which was already right
+    cfg = cudt.DescentConfig(num_layers=L)
+    transposed = lambda p, b, k: layer_losses(p, b, k).T  # noqa: E731
+    init, step = cudt.make_train_step(transposed, optax.sgd(0.1), cudt.dual_ascent(0.1), cfg)
+    with pytest.raises(
+        ValueError, match=rf"shape \[B, {L + 1}\].*got \({L + 1}, \d+\): return losses.T"
+    ):
+        step(init(params0()), make_batch(0), jax.random.key(0))
 
 
 @pytest.mark.parametrize(
