@@ -209,6 +209,14 @@ def _descent_init(
                 f"ratios), and this step's constraint is {constraint!r} (it would sit in the "
                 "state unread): drop tail_beta= or build the step with constraint='tail'"
             )
+        named = {k.state_key or k.name: values.get(k.name) for k in knobs("dual")}
+        twice = sorted(n for n in dict(dual_hparams or {}) if named.get(n) is not None)
+        if twice:  # the dict's value silently won over the keyword's
+            knob = next(k.name for k in knobs("dual") if (k.state_key or k.name) == twice[0])
+            raise ValueError(
+                f"init got the dual optimiser's {twice[0]!r} twice, as {knob}= and in "
+                "dual_hparams: pass it once"
+            )
         return c_init(
             params,
             constraints=shapes,
@@ -216,8 +224,7 @@ def _descent_init(
             hparams=hparams,
             constrained=cfg.constrained if constrained is None else constrained,
             lr=values.get("lr"),
-            dual_hparams={k.state_key or k.name: values.get(k.name) for k in knobs("dual")}
-            | dict(dual_hparams or {}),
+            dual_hparams=named | dict(dual_hparams or {}),
             penalty=values.get("penalty"),
         )
 

@@ -108,6 +108,19 @@ def test_init_values_that_no_part_of_the_step_reads_are_refused():
                 init({"w": jnp.ones(())}, tail_beta=0.5)
 
 
+def test_a_dual_rate_given_twice_to_init_is_refused():
+    """``init(dual_lr=a, dual_hparams={"learning_rate": b})`` trained at b, a dropped unseen."""
+    losses = lambda p, b, k: jnp.stack([jnp.ones(4), jnp.ones(4) * p["w"]], 1)  # noqa: E731
+    dual = optax.inject_hyperparams(cudt.dual_ascent)(learning_rate=0.1)
+    init, _ = cudt.make_train_step(
+        losses, optax.sgd(0.1), dual, cudt.DescentConfig(num_layers=1, epsilon=0.1)
+    )
+    with pytest.raises(ValueError, match="'learning_rate' twice, as dual_lr= and in dual_hparams"):
+        init({"w": jnp.ones(())}, dual_lr=0.5, dual_hparams={"learning_rate": 0.2})
+    once = init({"w": jnp.ones(())}, dual_hparams={"learning_rate": 0.2})  # once is fine
+    assert float(once.dual_state["descent"].hyperparams["learning_rate"]) == pytest.approx(0.2)
+
+
 def test_indexed_ids_outside_the_table_are_refused_or_nan_never_dropped():
     params = {"w": jnp.ones(())}
     x = jnp.full((16,), 3.0)  # every row violated
