@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import os
 import shutil
 import subprocess
@@ -151,6 +152,17 @@ def pytest_collection_modifyitems(items) -> None:
         return 2, -len(tests)
 
     items[:] = [item for tests in sorted(files.values(), key=rank) for item in tests]
+
+
+def pytest_collection_finish(session) -> None:
+    """The objects alive once every test module is imported (jax, numpy, matplotlib, the
+    modules themselves: about 200,000) moved out of the garbage collector's reach
+    (``gc.freeze``): they live to the end anyway, and each full collection walked them all
+    again. Measured (tests/runner/test_runner.py and test_combine.py in one process, -n 0):
+    5.1 s in full collections, 3.6 s with them frozen. Nothing is collected differently but
+    garbage left over from the imports (collected first)."""
+    gc.collect()
+    gc.freeze()
 
 
 _START = time.monotonic()
