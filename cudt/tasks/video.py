@@ -569,10 +569,11 @@ class VideoTask(Task):
         return ("val_objective", False)
 
     def val_metrics(self, cfg, val, val_gammas, gamma_train):
-        """Where validation was scored over the test grid: its RMSE at each γ and their
-        mean, the validation twin of the table's meanRMSE. Only then: validation scored at a
-        swept γ_train's values alone is no test grid."""
-        if cfg.select != "val-mean-rmse" or len(val_gammas) < 2:
+        """Where validation was scored over the test grid (``--select val-mean-rmse``): its
+        RMSE at each γ and their mean, the validation twin of the table's meanRMSE. A grid of
+        γ_train alone (``--test-gammas`` naming only it) is one too: its mean is the RMSE at
+        γ_train, as the table's meanRMSE is (unlike an AUC, a mean needs no second γ)."""
+        if cfg.select != "val-mean-rmse":
             return {}
         rmse = [float(rmse_255(pg[:, -1].mean())) for pg in val["losses"]]
         return {"val_rmse_by_gamma": rmse, "val_mean_rmse": float(np.mean(rmse))}
