@@ -314,6 +314,21 @@ def test_load_video_data_from_folders(tmp_path):
     assert data.source.startswith("ucsd:")
 
 
+def test_a_real_data_set_is_the_same_footage_at_every_seed(tmp_path):
+    """docs/runner.md: a real video data set is split by name, so its seeds read the same
+    videos (the page said each seed drew its own split of the videos); the synthetic clips are
+    drawn per seed."""
+    ucsd_tree(tmp_path)
+    a, b = (load_video_data("ucsd", tmp_path, seq_len=2, size=32, seed=s) for s in (0, 1))
+    for split in ("train", "val", "test"):
+        np.testing.assert_array_equal(getattr(a, split), getattr(b, split))
+    x, y = (load_video_data(seq_len=2, num_videos=3, num_frames=2, size=32, seed=s) for s in (0, 1))
+    assert not np.array_equal(x.train, y.train)
+    page = " ".join((ROOT / "docs" / "runner.md").read_text().split())
+    assert "split by video name, the same at every seed" in page
+    assert "the train/validation/test split of the videos" not in page
+
+
 def test_a_training_frame_edited_changes_the_fingerprint_a_resume_checks(tmp_path):
     """A training frame that no sequence holds (a video's last frames, past its last window)
     is one the ViT trains on: edited or re-extracted, the data's fingerprint (what a resumed
