@@ -461,11 +461,16 @@ class VideoTask(Task):
         return 1e-4 if name == "vit" else 1e-3
 
     def describe(self, cfg, data) -> list[str]:
-        return [
+        lines = [
             f"data: {data.source}: train {data.train.shape[0]} / val {data.val.shape[0]} / test "
             f"{data.test.shape[0]} sequences of {data.seq_len}x{data.train.shape[-1]}; "
             f"sigma_x = {data.sigma:.4f}"
         ]
+        if data.frames is not None:  # the ViT reads whole frames, not the sequences
+            counts = " / ".join(f"{k} {len(data.frames[k])}" for k in ("train", "val", "test"))
+            size = "x".join(map(str, data.frames["train"].shape[1:]))
+            lines.append(f"the ViT's data: {counts} whole frames of {size}")
+        return lines
 
     def fingerprint(self, cfg, data) -> dict[str, Any]:
         # what the models train on (the ViT: whole frames, with a video's last frames that no

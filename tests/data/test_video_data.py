@@ -409,6 +409,24 @@ def _vit_run(tmp_path):
     return folder, out, resume
 
 
+def test_the_data_line_names_the_frames_the_vit_reads(tmp_path):
+    """The ViT trains on whole frames; the data line counted only the patch sequences DUST and
+    the UT read ("train 100 / val 100 / test 100 sequences of 4x256" for 8 frames a split)."""
+    from cudt.models.vit.weights import write_vit_folder
+    from cudt.tasks.video import VideoConfig, VideoTask
+
+    folder = write_vit_folder(tmp_path / "vit", seed=0)
+    task = VideoTask()
+    cfg = VideoConfig(
+        models=("vit",), vit_checkpoint=str(folder), num_videos=3, num_frames=8, seq_len=4
+    )
+    lines = task.describe(cfg, task.load(cfg))
+    assert lines[0].startswith("data: synthetic(") and "sequences of 4x256" in lines[0]
+    assert lines[1] == "the ViT's data: train 8 / val 8 / test 8 whole frames of 160x160"
+    plain = VideoConfig(num_videos=3, num_frames=8, seq_len=4)
+    assert len(task.describe(plain, task.load(plain))) == 1  # no ViT: the sequences alone
+
+
 def test_other_vit_weights_at_the_same_path_are_refused_on_resume_older_runs_resume(tmp_path):
     """The ViT's pretrained weights are in the fingerprint (vit_digest), as the text encoder's
     are: a resume with other weights written to the same --vit-checkpoint folder is refused
