@@ -466,6 +466,11 @@ class VideoTask(Task):
             f"{data.test.shape[0]} sequences of {data.seq_len}x{data.train.shape[-1]}; "
             f"sigma_x = {data.sigma:.4f}"
         ]
+        if data.unused_frames:  # each video's end that fills no sequence: not trained on
+            lines[0] += (
+                f"; {data.unused_frames:,} of {data.num_frames:,} frames fill no whole sequence "
+                f"of {data.seq_len} (each video's last frames) and are left out"
+            )
         if data.frames is not None:  # the ViT reads whole frames, not the sequences
             counts = " / ".join(f"{k} {len(data.frames[k])}" for k in ("train", "val", "test"))
             size = "x".join(map(str, data.frames["train"].shape[1:]))

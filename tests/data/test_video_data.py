@@ -314,6 +314,28 @@ def test_load_video_data_from_folders(tmp_path):
     assert data.source.startswith("ucsd:")
 
 
+def test_the_frames_no_sequence_holds_are_counted_and_said(tmp_path):
+    """A video's last F mod T frames fill no sequence and were left out without a word (a
+    12-frame video at --seq-len 8: a third of it); the data line now counts them."""
+    from cudt.data.video.splits import _unused_frames
+    from cudt.tasks.video import VideoConfig, VideoTask
+
+    for frames, seq_len, stride in [(12, 8, 8), (16, 8, 8), (10, 3, 2), (10, 3, 5), (2, 3, 3)]:
+        starts = range(0, frames - seq_len + 1, stride)
+        covered = {f for s in starts for f in range(s, s + seq_len)}
+        assert _unused_frames(frames, seq_len, stride) == frames - len(covered)
+    ucsd_tree(tmp_path)  # four videos of 3 frames: at seq_len 2 each leaves its last one out
+    data = load_video_data("ucsd", tmp_path, seq_len=2, size=32)
+    assert (data.num_frames, data.unused_frames) == (12, 4)
+    cfg = VideoConfig(dataset="ucsd", data_dir=str(tmp_path), seq_len=2)
+    (line,) = VideoTask().describe(cfg, VideoTask().load(cfg))
+    assert line.endswith(
+        "; 4 of 12 frames fill no whole sequence of 2 (each video's last frames) and are left out"
+    )
+    whole = load_video_data(seq_len=4, num_videos=3, num_frames=8, size=32)  # 8 = 2 x 4
+    assert (whole.num_frames, whole.unused_frames) == (24, 0)
+
+
 def test_a_real_data_set_is_the_same_footage_at_every_seed(tmp_path):
     """docs/runner.md: a real video data set is split by name, so its seeds read the same
     videos (the page said each seed drew its own split of the videos); the synthetic clips are
