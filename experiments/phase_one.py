@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -269,6 +270,16 @@ def _phase_one_in(cfg: VideoConfig, out: Path) -> dict[str, Any]:
     return result
 
 
+def _command(argv) -> str:
+    """The command a result was made by, as a shell reruns it: ``python -m
+    experiments.phase_one`` for the script's path ``python -m`` puts in ``sys.argv[0]``, and
+    every argument quoted (a ``--data-dir`` with a space in it stays one argument)."""
+    argv = list(argv or [])
+    if argv and Path(argv[0]).name == "phase_one.py":
+        argv = ["python", "-m", "experiments.phase_one", *argv[1:]]
+    return shlex.join(argv)
+
+
 def _num(x) -> str:
     return "n/a" if x is None else f"{x:+.4f}"
 
@@ -290,7 +301,7 @@ def markdown(result: dict, cfg) -> str:
     lines = [
         f"# Phase I, {cfg.dataset}, L = {cfg.layers}",
         "",
-        f"`{' '.join(origin.get('argv') or [])}` at commit {commit}, {result['steps']} steps "
+        f"`{_command(origin.get('argv'))}` at commit {commit}, {result['steps']} steps "
         f"from each start, {result['wall_seconds']:.0f} s wall. Feasible: every constraint "
         f"within {result['tolerance']:g} of ℓ_(l−1) (the runner's rule); viol.: the phase-I "
         "objective left (at start: the ERM point's, before phase I); rel.: the largest relative violation; mono.: losses fall at every "

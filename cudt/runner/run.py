@@ -13,6 +13,7 @@ results.json is written last, so its presence means a complete run.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import sys
 import time
 from collections.abc import Collection
@@ -170,7 +171,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             + (
                 " (resuming)"
                 if out.resuming
-                else f" (if interrupted, rerun with --out {out.path} to resume)"
+                else f" (if interrupted, rerun with --out {shlex.quote(str(out.path))} to resume)"
             )
         )
         for line in inert_warnings(task, cfg, groups):
@@ -468,6 +469,6 @@ def _write_results(task: Task, cfg, data, out, results, ratios, gammas, swept, t
     comparisons = results.get("chosen_comparison", [])
     print(summary_table(task, runs, swept, intervals, chosen, comparisons))
     names = ", ".join(str(p) for p in [out.path / "results.json", *figures])
-    print(f"training curves: tensorboard --logdir {out.path / TENSORBOARD}")
+    print(f"training curves: tensorboard --logdir {shlex.quote(str(out.path / TENSORBOARD))}")
     print(f"wrote {names} in {results['wall_seconds']:.0f}s")
     task.finish(cfg, data, results, out.path)

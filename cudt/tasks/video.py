@@ -461,11 +461,21 @@ class VideoTask(Task):
         return 1e-4 if name == "vit" else 1e-3
 
     def describe(self, cfg, data) -> list[str]:
-        return [
+        lines = [
             f"data: {data.source}: train {data.train.shape[0]} / val {data.val.shape[0]} / test "
             f"{data.test.shape[0]} sequences of {data.seq_len}x{data.train.shape[-1]}; "
             f"sigma_x = {data.sigma:.4f}"
         ]
+        if data.unused_frames:  # each video's end that fills no sequence: not trained on
+            lines[0] += (
+                f"; {data.unused_frames:,} of {data.num_frames:,} frames fill no whole sequence "
+                f"of {data.seq_len} (each video's last frames) and are left out"
+            )
+        if data.frames is not None:  # the ViT reads whole frames, not the sequences
+            counts = " / ".join(f"{k} {len(data.frames[k])}" for k in ("train", "val", "test"))
+            size = "x".join(map(str, data.frames["train"].shape[1:]))
+            lines.append(f"the ViT's data: {counts} whole frames of {size}")
+        return lines
 
     def fingerprint(self, cfg, data) -> dict[str, Any]:
         # what the models train on (the ViT: whole frames, with a video's last frames that no
@@ -569,10 +579,11 @@ class VideoTask(Task):
         return ("val_objective", False)
 
     def val_metrics(self, cfg, val, val_gammas, gamma_train):
-        """Where validation was scored over the test grid: its RMSE at each γ and their
-        mean, the validation twin of the table's meanRMSE. Only then: validation scored at a
-        swept γ_train's values alone is no test grid."""
-        if cfg.select != "val-mean-rmse" or len(val_gammas) < 2:
+        """Where validation was scored over the test grid (``--select val-mean-rmse``): its
+        RMSE at each γ and their mean, the validation twin of the table's meanRMSE. A grid of
+        γ_train alone (``--test-gammas`` naming only it) is one too: its mean is the RMSE at
+        γ_train, as the table's meanRMSE is (unlike an AUC, a mean needs no second γ)."""
+        if cfg.select != "val-mean-rmse":
             return {}
         rmse = [float(rmse_255(pg[:, -1].mean())) for pg in val["losses"]]
         return {"val_rmse_by_gamma": rmse, "val_mean_rmse": float(np.mean(rmse))}

@@ -314,6 +314,43 @@ def test_load_video_data_from_folders(tmp_path):
     assert data.source.startswith("ucsd:")
 
 
+def test_the_frames_no_sequence_holds_are_counted_and_said(tmp_path):
+    """A video's last F mod T frames fill no sequence and were left out without a word (a
+    12-frame video at --seq-len 8: a third of it); the data line now counts them."""
+    from cudt.data.video.splits import _unused_frames
+    from cudt.tasks.video import VideoConfig, VideoTask
+
+    for frames, seq_len, stride in [(12, 8, 8), (16, 8, 8), (10, 3, 2), (10, 3, 5), (2, 3, 3)]:
+        starts = range(0, frames - seq_len + 1, stride)
+        covered = {f for s in starts for f in range(s, s + seq_len)}
+        assert _unused_frames(frames, seq_len, stride) == frames - len(covered)
+    ucsd_tree(tmp_path)  # four videos of 3 frames: at seq_len 2 each leaves its last one out
+    data = load_video_data("ucsd", tmp_path, seq_len=2, size=32)
+    assert (data.num_frames, data.unused_frames) == (12, 4)
+    cfg = VideoConfig(dataset="ucsd", data_dir=str(tmp_path), seq_len=2)
+    (line,) = VideoTask().describe(cfg, VideoTask().load(cfg))
+    assert line.endswith(
+        "; 4 of 12 frames fill no whole sequence of 2 (each video's last frames) and are left out"
+    )
+    whole = load_video_data(seq_len=4, num_videos=3, num_frames=8, size=32)  # 8 = 2 x 4
+    assert (whole.num_frames, whole.unused_frames) == (24, 0)
+
+
+def test_a_real_data_set_is_the_same_footage_at_every_seed(tmp_path):
+    """docs/runner.md: a real video data set is split by name, so its seeds read the same
+    videos (the page said each seed drew its own split of the videos); the synthetic clips are
+    drawn per seed."""
+    ucsd_tree(tmp_path)
+    a, b = (load_video_data("ucsd", tmp_path, seq_len=2, size=32, seed=s) for s in (0, 1))
+    for split in ("train", "val", "test"):
+        np.testing.assert_array_equal(getattr(a, split), getattr(b, split))
+    x, y = (load_video_data(seq_len=2, num_videos=3, num_frames=2, size=32, seed=s) for s in (0, 1))
+    assert not np.array_equal(x.train, y.train)
+    page = " ".join((ROOT / "docs" / "runner.md").read_text().split())
+    assert "split by video name, the same at every seed" in page
+    assert "the train/validation/test split of the videos" not in page
+
+
 def test_a_training_frame_edited_changes_the_fingerprint_a_resume_checks(tmp_path):
     """A training frame that no sequence holds (a video's last frames, past its last window)
     is one the ViT trains on: edited or re-extracted, the data's fingerprint (what a resumed
@@ -392,6 +429,24 @@ def _vit_run(tmp_path):
             return opened.resuming
 
     return folder, out, resume
+
+
+def test_the_data_line_names_the_frames_the_vit_reads(tmp_path):
+    """The ViT trains on whole frames; the data line counted only the patch sequences DUST and
+    the UT read ("train 100 / val 100 / test 100 sequences of 4x256" for 8 frames a split)."""
+    from cudt.models.vit.weights import write_vit_folder
+    from cudt.tasks.video import VideoConfig, VideoTask
+
+    folder = write_vit_folder(tmp_path / "vit", seed=0)
+    task = VideoTask()
+    cfg = VideoConfig(
+        models=("vit",), vit_checkpoint=str(folder), num_videos=3, num_frames=8, seq_len=4
+    )
+    lines = task.describe(cfg, task.load(cfg))
+    assert lines[0].startswith("data: synthetic(") and "sequences of 4x256" in lines[0]
+    assert lines[1] == "the ViT's data: train 8 / val 8 / test 8 whole frames of 160x160"
+    plain = VideoConfig(num_videos=3, num_frames=8, seq_len=4)
+    assert len(task.describe(plain, task.load(plain))) == 1  # no ViT: the sequences alone
 
 
 def test_other_vit_weights_at_the_same_path_are_refused_on_resume_older_runs_resume(tmp_path):

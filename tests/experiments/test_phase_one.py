@@ -138,6 +138,21 @@ def test_phase_one_lowers_the_erm_points_violation(tmp_path, capsys, monkeypatch
     assert (late / "phase1.json").read_bytes() == before
 
 
+def test_the_table_names_the_command_as_a_shell_reruns_it():
+    """phase1.md's command line joined the recorded argv with spaces: a --data-dir with a space
+    in it read as two arguments, under the script's path where ``python -m`` was typed (found
+    by helper V's walk)."""
+    from types import SimpleNamespace
+
+    argv = ["/src/experiments/phase_one.py", "--dataset", "avenue", "--data-dir", "/d/my data"]
+    result = {"provenance": {"argv": argv}, "steps": 10, "wall_seconds": 1.0, "rows": []}
+    md = phase_one.markdown(
+        result | {"tolerance": 0.025}, SimpleNamespace(dataset="avenue", layers=3)
+    )
+    line = "`python -m experiments.phase_one --dataset avenue --data-dir '/d/my data'` at commit"
+    assert line in md
+
+
 def test_the_tables_tell_settings_apart_that_differ_in_lr_or_gamma_train():
     """A sweep over γ_train (or the learning rate) gives settings that differ in it alone: each
     is a row of its own, and a summary row counts its own seeds (they were pooled: "1 of 2")."""

@@ -225,3 +225,19 @@ def test_the_helps_words_for_the_test_gammas_default_name_each_tasks_grid():
     table = words(Table3Config)
     assert factors | set(SCALES["tiny"]["test_gammas"]) <= _numbers(table)
     assert set(accuracy.test_gamma_grid(0.0)) <= _numbers(words(Table4Config))
+
+
+def test_the_commands_a_run_prints_quote_an_out_with_a_space(tmp_path, capsys):
+    """The resume hint and the tensorboard line are commands to paste: an --out with a space
+    in it was printed bare, and the pasted line read two arguments (found by helper V's walk)."""
+    import shlex
+
+    from helpers import toy
+
+    out = tmp_path / "my runs" / "toy a"
+    toy(["--seeds", "1", "--steps", "4", "--chunk-steps", "4"], out)
+    printed = capsys.readouterr().out
+    resume = re.search(r"rerun with (--out .*) to resume\)", printed).group(1)
+    assert shlex.split(resume) == ["--out", str(out)]
+    logdir = re.search(r"training curves: (tensorboard .*)", printed).group(1)
+    assert shlex.split(logdir) == ["tensorboard", "--logdir", str(out / "tensorboard")]

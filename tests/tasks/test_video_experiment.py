@@ -18,6 +18,7 @@ from helpers import ROOT, RUNNER_KEYS, help_text, job_results
 from PIL import Image
 
 from cudt.checkpoint import GroupCheckpointer
+from cudt.tasks.video import VideoTask
 from experiments import video_denoise
 
 TINY = [
@@ -352,6 +353,25 @@ def test_select_val_mean_rmse_scores_validation_over_the_test_grid(tmp_path, ut_
     assert results["config"]["test_gamma"] == [0.0, gamma_train, 0.5]  # γ_train joins the grid
     assert results["config"]["val_gamma"] == [gamma_train]
     assert all("val_mean_rmse" not in r for r in results["runs"])
+
+
+def test_select_val_mean_rmse_over_a_grid_of_gamma_train_alone_scores_validation():
+    """``--test-gammas`` naming γ_train alone: the grid's mean RMSE is the RMSE at γ_train (the
+    table's meanRMSE is). Validation had no val_mean_rmse there, so no point was ever chosen,
+    each setting named as "a seed with no finite val_mean_rmse ... check that seed's validation
+    data" (found by helper V's walk)."""
+    task = VideoTask()
+    cfg = video_denoise.Config(select="val-mean-rmse", test_gammas=(0.15,))
+    grid = task.test_gamma_grid(cfg, cfg.gamma_train)
+    val_gammas = task.val_gammas(cfg, [cfg.gamma_train], grid)
+    assert grid == val_gammas == [0.15]
+    losses = np.full((1, 5, cfg.layers + 1), 4e-4)  # [Gv, N, L+1]: RMSE 255 · 0.02 = 5.1
+    metrics = task.val_metrics(cfg, {"losses": losses}, val_gammas, cfg.gamma_train)
+    assert metrics["val_rmse_by_gamma"] == pytest.approx([5.1])
+    assert metrics["val_mean_rmse"] == pytest.approx(5.1)
+    assert task.selection_for(cfg) == ("val_mean_rmse", False)
+    # the default selection scores nothing more on validation
+    assert task.val_metrics(video_denoise.Config(), {"losses": losses}, [0.15], 0.15) == {}
 
 
 def test_the_default_gamma_grid_holds_gamma_train_exactly():

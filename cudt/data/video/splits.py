@@ -213,6 +213,20 @@ class VideoSplits:
     frame_size: int
     source: str
     frames: dict[str, np.ndarray] | None = None  # split -> [F, H, W] whole frames, if kept
+    # frames read, and of them the frames in no sequence (a video's last F mod T with the
+    # default stride): left out of the sequences, said in the task's data line
+    num_frames: int = 0
+    unused_frames: int = 0
+
+
+def _unused_frames(num_frames: int, seq_len: int, stride: int) -> int:
+    """The frames of a video of ``num_frames`` that no window of :func:`make_sequences`
+    holds (its end, and with a stride above ``seq_len`` the gaps between windows)."""
+    if num_frames < seq_len:
+        return num_frames
+    windows = (num_frames - seq_len) // stride + 1
+    covered = windows * seq_len if stride >= seq_len else (windows - 1) * stride + seq_len
+    return num_frames - covered
 
 
 def _cannot_read(e: OSError, data_dir) -> DataError:
@@ -339,6 +353,9 @@ def load_video_data(
     train = make_sequences(train_v, seq_len, stride=stride, patch=patch)
     val = make_sequences(val_v, seq_len, stride=stride, patch=patch)
     test = make_sequences(test_v, seq_len, stride=stride, patch=patch)
+    videos = [*train_v, *val_v, *test_v]
+    step = seq_len if stride is None else stride
+    unused = sum(_unused_frames(len(v), seq_len, step) for v in videos)
     frames = None
     if keep_frames:
         frames = {
@@ -347,7 +364,8 @@ def load_video_data(
         }
     # the decoded videos freed before the float64 pass of the noise scale over the training
     # sequences: the peak the memory check counts (cudt.data.video.frames.check_fits)
-    del train_v, val_v, test_v
+    num_frames = sum(len(v) for v in videos)
+    del train_v, val_v, test_v, videos
     return VideoSplits(
         train=train,
         val=val,
@@ -358,6 +376,8 @@ def load_video_data(
         frame_size=size,
         source=source,
         frames=frames,
+        num_frames=num_frames,
+        unused_frames=unused,
     )
 
 
