@@ -151,7 +151,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     specs = task.run_specs(cfg)
     _check_specs(task, cfg, specs)
     draws = data_draws(cfg)
-    datas = _load_draws(task, draws)
+    datas, trained_on = _load_draws(task, draws)
     data = next(iter(datas.values()))  # what is the same in every draw (config extras)
     _print_model_defaults(cfg, specs, sweeps)
     groups = _plan_all_groups(task, cfg, specs, draws, datas, swept)
@@ -159,7 +159,6 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     meshes = [
         make_shardings(len(g.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp) for g in groups
     ]
-    trained_on = data_record(task, draws, datas)
     fingerprint = checkpoint_record(cfg) | trained_on
     # the default folder is chosen when it is opened, and created then by a job alone on its
     # host: two jobs started in the same second get two folders
@@ -257,16 +256,28 @@ def _check_specs(task: Task, cfg, specs) -> None:
             )
 
 
-def _load_draws(task: Task, draws: dict[int, Any]) -> dict[int, Any]:
-    """``{data seed: data}``: each draw's data, described as it is read."""
-    datas = {}
+def _load_draws(task: Task, draws: dict[int, Any]) -> tuple[dict[int, Any], dict[str, Any]]:
+    """``{data seed: data}`` and their :func:`data_record`: each draw's data, described, and
+    where the seeds' draws hold the same training examples (a real data set split by its
+    videos' names, whatever the seed), said so rather than called fresh."""
+    datas = {data_seed: task.load(draw_cfg) for data_seed, draw_cfg in draws.items()}
+    record = data_record(task, draws, datas)
+    digests = [r.get("train_digest") for r in record.get("data_per_seed", {}).values()]
+    fresh = None if None in digests else len(set(digests)) == len(digests)
     for data_seed, draw_cfg in draws.items():
-        datas[data_seed] = task.load(draw_cfg)
         if len(draws) > 1:
-            print(f"seed {data_seed}'s data (fresh per seed; --data-seed D shares one draw):")
+            print(f"seed {data_seed}'s data" + (":" if fresh is None else f" ({_DRAWS[fresh]}):"))
         for line in task.describe(draw_cfg, datas[data_seed]):
             say(line)
-    return datas
+    return datas, record
+
+
+_DRAWS = {
+    True: "fresh per seed; --data-seed D shares one draw",
+    False: "the same training examples at every seed: this data's split does not depend on "
+    "the seed, so the seeds vary initialisation, batches and noise, not the data; "
+    "replicates over data: one folder per seed, then experiments.combine --per-folder",
+}
 
 
 def _print_model_defaults(cfg, specs, sweeps) -> None:

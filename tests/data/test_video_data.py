@@ -351,6 +351,28 @@ def test_a_real_data_set_is_the_same_footage_at_every_seed(tmp_path):
     assert "the train/validation/test split of the videos" not in page
 
 
+def test_the_runner_says_when_its_seeds_read_the_same_training_examples(tmp_path, capsys):
+    """The runner headed each seed's data line "fresh per seed" on a real data set too, whose
+    seeds read the same videos: it now says so, where the draws' training examples agree."""
+    from cudt.runner.cli import config_from_args
+    from cudt.runner.run import _load_draws, data_draws
+    from cudt.tasks.video import VideoConfig, VideoTask
+
+    ucsd_tree(tmp_path)
+    tiny = ["--seq-len", "2", "--seeds", "2", "--models", "ut"]
+    for flags, fresh in (
+        (["--dataset", "ucsd", "--data-dir", str(tmp_path)], False),
+        (["--num-videos", "3", "--num-frames", "4"], True),
+    ):
+        cfg, _ = config_from_args(VideoConfig, [*tiny, *flags], "", "x")
+        _, record = _load_draws(VideoTask(), data_draws(cfg))
+        heads = [ln for ln in capsys.readouterr().out.splitlines() if "'s data" in ln]
+        assert [h.split(" (")[0] for h in heads] == ["seed 0's data", "seed 1's data"], heads
+        assert all(("fresh per seed" in h) == fresh for h in heads), heads
+        assert all(("the same training examples" in h) != fresh for h in heads), heads
+        assert len(record["data_per_seed"]) == 2
+
+
 def test_a_training_frame_edited_changes_the_fingerprint_a_resume_checks(tmp_path):
     """A training frame that no sequence holds (a video's last frames, past its last window)
     is one the ViT trains on: edited or re-extracted, the data's fingerprint (what a resumed
