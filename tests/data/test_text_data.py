@@ -737,6 +737,27 @@ def test_imdb_like_reviews_are_long_mixed_and_round_trip_the_aclimdb_layout(tmp_
         write_aclimdb(tmp_path / "x", pairs, test)
 
 
+def test_write_aclimdb_refuses_a_folder_that_holds_reviews(tmp_path):
+    """A second write_aclimdb into the same root left the first data set's files beside the
+    new ones (200 reviews, then 100: read_aclimdb read 200, a mixture); refused, and the
+    folder is left as it was."""
+    from cudt.data.text import imdb_like_reviews, write_aclimdb
+
+    first, _ = imdb_like_reviews(20, seed=0)
+    test, _ = imdb_like_reviews(4, seed=0, stream=1)
+    root = write_aclimdb(tmp_path, first, test)
+    before = sorted(p.relative_to(root) for p in root.rglob("*.txt"))
+    second, _ = imdb_like_reviews(10, seed=1)
+    with pytest.raises(DataError, match="already holds reviews: writing more there would mix"):
+        write_aclimdb(tmp_path, second, test)
+    assert sorted(p.relative_to(root) for p in root.rglob("*.txt")) == before
+    assert len(read_aclimdb(tmp_path, "train")) == 20
+    empty = tmp_path / "empty"
+    for name in ("train/neg", "test/pos"):  # folders without reviews are written into
+        (empty / "aclImdb" / name).mkdir(parents=True)
+    assert len(read_aclimdb(write_aclimdb(empty, second, test), "train")) == 10
+
+
 # --------------------------------------------------------------------------------------------
 # MultiNLI's own files (multinli_1.0/*.jsonl, GLUE's MNLI/*.tsv), read without TFDS
 # --------------------------------------------------------------------------------------------
