@@ -629,6 +629,18 @@ def test_a_urls_file_that_is_not_utf8_is_one_line(tmp_path):
         read_aclimdb(base, "train")
 
 
+def test_a_byte_order_mark_in_a_urls_file_is_no_part_of_the_first_movie(tmp_path):
+    """A urls file saved with a BOM named its first line's movie "\\ufeffhttp://…": that
+    review was another movie than the next ones of the same page, which validation could then
+    split from it (a movie on both sides)."""
+    base = _write_aclimdb(tmp_path)
+    for name in ("neg", "pos"):
+        path = base / "train" / f"urls_{name}.txt"
+        path.write_text("\ufeffhttp://a\nhttp://a\nhttp://b\nhttp://b\n", encoding="utf-8")
+    split = read_aclimdb(base, "train")
+    assert sorted(set(split.groups)) == ["http://a", "http://b"]
+
+
 def test_fewer_reviews_than_asked_and_one_class_splits_are_said(tmp_path):
     """A folder holding fewer reviews than asked gives all it holds and the data line says so;
     a validation or test split of one class is said there too (a constant scores it); a

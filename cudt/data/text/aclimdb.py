@@ -179,7 +179,8 @@ def _movies(split_dir: Path, files: list[Path]) -> list[str] | None:
                 f"urls_{name}.txt: re-extract aclImdb_v1.tar.gz, or remove both"
             )
         try:
-            lines[name] = path.read_text(encoding="utf-8").splitlines()
+            # a BOM (an editor's) is no part of the first movie's URL, as of a review's text
+            lines[name] = path.read_text(encoding="utf-8-sig").splitlines()
         except UnicodeDecodeError as err:
             raise DataError(
                 f"'{path}' is not UTF-8 ({err.reason} at byte {err.start}): re-extract "
