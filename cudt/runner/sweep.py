@@ -301,6 +301,7 @@ def expand_runs(cfg, models, default_lr, kinds=None) -> list[RunSpec]:
     twice = next((m for i, m in enumerate(models) if m in models[:i]), None)
     if twice is not None:  # its runs would train twice under one label
         raise UsageError(f"--models names {twice} twice: name each model once")
+    _refuse_idle_tunes(cfg, models, sweeps)
     specs = []
     for model in models:
         own = model_defaults(cfg, model, sweeps)
@@ -328,6 +329,37 @@ def expand_runs(cfg, models, default_lr, kinds=None) -> list[RunSpec]:
                 for seed in cfg.seed_list:
                     specs.append(RunSpec(model, constrained, seed, items, point))
     return specs
+
+
+# each per-run hyperparameter the runner tunes, and its grid flag
+_TUNE_FLAGS = {"epsilon": "tune_epsilon", "dual_lr": "tune_dual_lr", "lr": "tune_lr"}
+
+
+def _refuse_idle_tunes(cfg, models, sweeps: dict[str, tuple]) -> None:
+    """A :class:`UsageError` where a grid the user gave (``--tune-epsilon`` and the others, set
+    to other than the task's default) tunes no model: each has its own value of it
+    (``--model-hparams``, the text UT's ``epsilon=0.02`` by default), which is not tuned, so the
+    flag was accepted and its values not trained (a grid of that value alone, or ``--tune-lr
+    1``, asks for what is trained)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    for name, grid in _TUNE_FLAGS.items():
+        values = getattr(cfg, grid, ())
+        if not values or values == defaults.get(grid) or is_given(cfg, name, sweeps):
+            continue
+        own = [(m, model_defaults(cfg, m, sweeps).get(name)) for m in models]
+        if not own or any(value is None for _, value in own):
+            continue
+        asked = {float(v) for v in values}
+        if all(asked == ({1.0} if name == "lr" else {float(v)}) for _, v in own):
+            continue
+        model, value = own[0]
+        flag = "--" + grid.replace("_", "-")
+        raise UsageError(
+            f"{flag} tunes no model: {', '.join(m for m, _ in own)} "
+            f"{'trains its' if len(own) == 1 else 'train their'} own {name} (--model-hparams "
+            f"{model}:{name}={value:g}), which is not tuned: pass --model-hparams {model}: "
+            f"(no model's own values) to tune {name}, or drop {flag}"
+        )
 
 
 def tuned_grid(cfg, sweeps: dict[str, tuple], constrained: bool, lr: float) -> dict[str, tuple]:

@@ -629,6 +629,18 @@ def test_a_urls_file_that_is_not_utf8_is_one_line(tmp_path):
         read_aclimdb(base, "train")
 
 
+def test_a_byte_order_mark_in_a_urls_file_is_no_part_of_the_first_movie(tmp_path):
+    """A urls file saved with a BOM named its first line's movie "\\ufeffhttp://…": that
+    review was another movie than the next ones of the same page, which validation could then
+    split from it (a movie on both sides)."""
+    base = _write_aclimdb(tmp_path)
+    for name in ("neg", "pos"):
+        path = base / "train" / f"urls_{name}.txt"
+        path.write_text("\ufeffhttp://a\nhttp://a\nhttp://b\nhttp://b\n", encoding="utf-8")
+    split = read_aclimdb(base, "train")
+    assert sorted(set(split.groups)) == ["http://a", "http://b"]
+
+
 def test_fewer_reviews_than_asked_and_one_class_splits_are_said(tmp_path):
     """A folder holding fewer reviews than asked gives all it holds and the data line says so;
     a validation or test split of one class is said there too (a constant scores it); a
@@ -735,6 +747,27 @@ def test_imdb_like_reviews_are_long_mixed_and_round_trip_the_aclimdb_layout(tmp_
     pairs = TextSplit(texts=("a",), pairs=("b",), labels=np.array([0]))
     with pytest.raises(DataError, match="binary single-text"):
         write_aclimdb(tmp_path / "x", pairs, test)
+
+
+def test_write_aclimdb_refuses_a_folder_that_holds_reviews(tmp_path):
+    """A second write_aclimdb into the same root left the first data set's files beside the
+    new ones (200 reviews, then 100: read_aclimdb read 200, a mixture); refused, and the
+    folder is left as it was."""
+    from cudt.data.text import imdb_like_reviews, write_aclimdb
+
+    first, _ = imdb_like_reviews(20, seed=0)
+    test, _ = imdb_like_reviews(4, seed=0, stream=1)
+    root = write_aclimdb(tmp_path, first, test)
+    before = sorted(p.relative_to(root) for p in root.rglob("*.txt"))
+    second, _ = imdb_like_reviews(10, seed=1)
+    with pytest.raises(DataError, match="already holds reviews: writing more there would mix"):
+        write_aclimdb(tmp_path, second, test)
+    assert sorted(p.relative_to(root) for p in root.rglob("*.txt")) == before
+    assert len(read_aclimdb(tmp_path, "train")) == 20
+    empty = tmp_path / "empty"
+    for name in ("train/neg", "test/pos"):  # folders without reviews are written into
+        (empty / "aclImdb" / name).mkdir(parents=True)
+    assert len(read_aclimdb(write_aclimdb(empty, second, test), "train")) == 10
 
 
 # --------------------------------------------------------------------------------------------

@@ -141,3 +141,35 @@ def test_the_values_a_resume_compares_are_the_parsed_model_hparams():
         "dual_lr": 100.0,
         "reference": "chance+0.1",
     }
+
+
+def test_a_tuned_grid_that_no_model_trains_is_refused(tmp_path, capsys):
+    """The text UT trains its own ε 0.02 (the task's --model-hparams), which is not tuned: a
+    user's --tune-epsilon 0.02,0.1 trained one constrained lane, at 0.02, with no choice made
+    and no line saying so (exit 0; --tune-epsilon 0.1 alone trained 0.02). Refused before
+    --out; a grid of the model's own value, or --model-hparams ut:, trains as asked."""
+    from cudt.tasks.text import TextConfig, TextTask
+    from experiments import text_classify
+
+    out = tmp_path / "out"
+    for grid in ("0.02,0.1", "0.1"):
+        argv = ["--model", "ut", "--tune-epsilon", grid, "--out", out]
+        assert_one_line_error(
+            text_classify.main, argv, capsys, "--tune-epsilon tunes no model", "ut:", out=out
+        )
+
+    def epsilons(*argv):
+        cfg, _ = config_from_args(TextConfig, ["--seeds", "1", *argv], "text")
+        return [s.hp["epsilon"] for s in TextTask().run_specs(cfg) if s.constrained]
+
+    assert epsilons("--model", "ut", "--tune-epsilon", "0.02") == [0.02]
+    assert epsilons("--model", "ut", "--tune-epsilon", "0.02,0.1", "--model-hparams", "ut:") == [
+        0.02,
+        0.1,
+    ]
+    assert epsilons("--model", "minilm", "--tune-epsilon", "0.02,0.1") == [0.02, 0.1]
+    cfg, _ = config_from_args(
+        TextConfig, ["--model", "ut", "--tune-lr", "1,2", "--model-hparams", "ut:lr=0.01"], "text"
+    )
+    with pytest.raises(ValueError, match="--tune-lr tunes no model: ut trains its own lr"):
+        TextTask().run_specs(cfg)

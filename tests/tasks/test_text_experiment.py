@@ -30,6 +30,7 @@ from helpers import (
     help_text,
     job_results,
     write_tiny_bert,
+    write_tiny_folder,
 )
 from PIL import Image
 
@@ -42,6 +43,7 @@ from cudt.models.classifier import (
     cross_entropy,
     make_layer_losses,
 )
+from cudt.models.encoders import minilm_path
 from cudt.runner.hparams import resolve_reference
 from experiments import text_classify
 
@@ -531,6 +533,20 @@ def test_bad_checkpoints_and_data_fail_before_touching_out(tiny_bert, tmp_path, 
     for argv, words in cases:
         assert_one_line_error(
             text_classify.main, [*TINY, *argv, "--out", out], capsys, words, out=out
+        )
+
+
+def test_a_tokenizer_past_the_checkpoints_vocabulary_is_refused(tmp_path, capsys):
+    """A folder whose tokenizer.json is another model's (MiniLM's 30,522 word pieces over a
+    100-row table): its ids past the table were gathered under jit as NaN, and the run trained
+    to DIVERGED rows and exit 0. Refused before --out, naming the tokenizer."""
+    folder = write_tiny_folder(tmp_path / "bert", vocab=100)
+    shutil.copy(minilm_path() / "tokenizer.json", folder / "tokenizer.json")
+    out = tmp_path / "out"
+    for model in ("bert", "ut"):
+        argv = [*TINY, "--model", model, "--checkpoint", str(folder), "--out", out]
+        assert_one_line_error(
+            text_classify.main, argv, capsys, "tokenizer.json", "past the 100 rows", out=out
         )
 
 

@@ -28,17 +28,27 @@ def write_aclimdb(
 
     ``ratings`` (per split, 1-10) name the files as the real archive does; without them
     negative reviews get rating 1 and positive ones 10. Texts are written as given (UTF-8).
+    A folder that already holds reviews is refused: the new ones would be read with them.
     """
     base = Path(root).expanduser() / "aclImdb"
-    for name, split, split_ratings in (
+    splits = (
         ("train", train, None if ratings is None else ratings[0]),
         ("test", test, None if ratings is None else ratings[1]),
-    ):
+    )
+    for name, split, _ in splits:
         if split.pairs is not None or (len(split) and int(split.labels.max()) > 1):
             raise DataError(
                 f"write_aclimdb writes binary single-text splits; the {name} split has pairs or "
                 "labels above 1: pass neg (0) / pos (1) reviews"
             )
+    held = [base / s / f for s in ("train", "test") for f in ("neg", "pos")]
+    if any(next(folder.glob("*.txt"), None) is not None for folder in held if folder.is_dir()):
+        raise DataError(
+            f"'{base}' already holds reviews: writing more there would mix the two data sets "
+            "(read_aclimdb reads every .txt; some files would be replaced); pass another root, "
+            "or remove that aclImdb folder first"
+        )
+    for name, split, split_ratings in splits:
         for folder in ("neg", "pos"):
             (base / name / folder).mkdir(parents=True, exist_ok=True)
         for i, (text, label) in enumerate(zip(split.texts, split.labels, strict=True)):
@@ -169,7 +179,8 @@ def _movies(split_dir: Path, files: list[Path]) -> list[str] | None:
                 f"urls_{name}.txt: re-extract aclImdb_v1.tar.gz, or remove both"
             )
         try:
-            lines[name] = path.read_text(encoding="utf-8").splitlines()
+            # a BOM (an editor's) is no part of the first movie's URL, as of a review's text
+            lines[name] = path.read_text(encoding="utf-8-sig").splitlines()
         except UnicodeDecodeError as err:
             raise DataError(
                 f"'{path}' is not UTF-8 ({err.reason} at byte {err.start}): re-extract "

@@ -338,6 +338,14 @@ class Encoder(FolderModel[EncoderConfig]):
         except Exception as err:  # tokenizers raises plain Exception subclasses
             raise EncoderError(f"tokenization failed: {err}") from err
         ids = np.asarray([e.ids for e in encodings], dtype=np.int32).reshape(-1, max_length)
+        if ids.size and int(ids.max()) >= self.config.vocab_size:  # compiled, it would read NaN
+            top = int(ids.max())
+            raise EncoderError(
+                f"the tokenizer.json of {self.path} gives token id {top} "
+                f"({tok.id_to_token(top)!r}), past the {self.config.vocab_size} rows of the "
+                "model's word embeddings (config.json vocab_size): it is another model's "
+                "tokenizer; put this checkpoint's own tokenizer.json in the folder"
+            )
         mask = np.asarray([e.attention_mask for e in encodings], np.int32).reshape(ids.shape)
         if return_token_type_ids:
             types = np.asarray([e.type_ids for e in encodings], np.int32).reshape(ids.shape)
