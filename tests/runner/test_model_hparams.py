@@ -168,6 +168,13 @@ def test_a_tuned_grid_that_no_model_trains_is_refused(tmp_path, capsys):
         0.1,
     ]
     assert epsilons("--model", "minilm", "--tune-epsilon", "0.02,0.1") == [0.02, 0.1]
+    # what a setting with no eligible point is told to pass (cudt.runner.choice) trains as asked
+    # over the model's own value (it named --tune-epsilon, refused above for the text UT)
+    from cudt.runner.choice import _SMALLER
+
+    sweep = _SMALLER.split(", chosen")[0].split()
+    assert sweep == ["--sweep", "epsilon=0.01,0.02"]
+    assert epsilons("--model", "ut", *sweep) == [0.01, 0.02]
     cfg, _ = config_from_args(
         TextConfig, ["--model", "ut", "--tune-lr", "1,2", "--model-hparams", "ut:lr=0.01"], "text"
     )

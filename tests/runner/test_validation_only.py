@@ -140,7 +140,7 @@ def test_the_runners_chosen_sweep_point_needs_every_seed_and_reads_no_test_numbe
     assert rate is None and pick["eligible"] == 0 and pick["points"] == 3
     (line,) = chosen_lines([pick], ["dual_lr"])
     assert "no sweep point chosen: none of 3 is eligible" in line
-    assert "try smaller epsilons (--tune-epsilon" in line  # and what to pass
+    assert "try smaller epsilons (--sweep epsilon=" in line  # and what to pass
     (line,) = chosen_lines([_chosen(_points())[1]], ["dual_lr"])
     assert "chosen on validation: dual_lr=10 (val_objective 0.101 over seeds 0,1,2" in line
     # a swept value of None (e.g. resilience off) is named, not dropped
