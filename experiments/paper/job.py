@@ -337,27 +337,23 @@ def differences_by_content(
     as a resume decides (a path flag naming a copy is no difference, other files behind the
     same path are). A record without the data's (``saved_data`` None: an earlier cudt's)
     compares the paths as written."""
-    added = getattr(config_cls, "ADDED", {})
     if saved_data is None:
-        return config_differences(saved, want, added), []
-    moved = moved_paths(config_cls, saved, want)
-    kept = {k: v for k, v in want.items() if k not in moved}
+        return config_differences(saved, want, getattr(config_cls, "ADDED", {})), []
+    diff, _ = _differences_but_moved(config_cls, saved, want)
     described = getattr(config_cls, "DESCRIBED_BY", {})
-    return config_differences(saved, kept, added), record_differences(
-        to_jsonable(saved_data), to_jsonable(data), described
-    )
+    return diff, record_differences(to_jsonable(saved_data), to_jsonable(data), described)
 
 
 def _differences_but_moved(
-    sub: SubRun, saved: dict, want: dict[str, Any]
+    config_cls: type, saved: dict, want: dict[str, Any]
 ) -> tuple[list[str], tuple[str, ...]]:
-    """:func:`config_differences` of ``sub``'s record, but for a path flag that names another
-    place (one of the config's ``DESCRIBED_BY``, recorded there), and those flags: set aside,
-    for the digests of what they hold to decide (the caller's ``sub.moved``, read by
+    """:func:`config_differences` of a record of ``config_cls``, but for a path flag that
+    names another place (one of its ``DESCRIBED_BY``, recorded there), and those flags: set
+    aside, for the digests of what they hold to decide (a sub-run's ``moved``, read by
     :func:`train_subruns`), as a resume's do."""
-    moved = moved_paths(type(sub.cfg), saved, want)
+    moved = moved_paths(config_cls, saved, want)
     kept = {k: v for k, v in want.items() if k not in moved}
-    return config_differences(saved, kept, getattr(sub.cfg, "ADDED", {})), moved
+    return config_differences(saved, kept, getattr(config_cls, "ADDED", {})), moved
 
 
 def _refuse(sub: SubRun, what: str, diff: list[str]) -> UsageError:
@@ -448,7 +444,7 @@ def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = No
         want = _read(sub.cfg, sub.cfg.fingerprint(evaluation=True) | sub.resolved)
         if _sweeps_gamma_train(sub.cfg):  # no run trains at it (subrun_config); an older
             want.pop("gamma_train")  # table put its --headline-gamma there
-        diff, sub.moved = _differences_but_moved(sub, saved, want)
+        diff, sub.moved = _differences_but_moved(type(sub.cfg), saved, want)
         if diff:
             raise _refuse(sub, "results", diff)
         sub.finished = True
@@ -463,7 +459,7 @@ def check_subrun(sub: SubRun, overwrite: bool, since: OverwriteStart | None = No
             ) from e
         # the runner's own record
         want = _read(sub.cfg, checkpoint_record(sub.cfg))
-        diff, sub.moved = _differences_but_moved(sub, saved, want)
+        diff, sub.moved = _differences_but_moved(type(sub.cfg), saved, want)
         if diff:
             raise _refuse(sub, "checkpoints", diff)
 

@@ -217,7 +217,7 @@ def test_a_subruns_check_is_its_own_not_an_earlier_ones(tmp_path):
     moved = sub("b")
     saved = json.loads((moved.out / "results.json").read_text())["config"]
     want = moved.cfg.fingerprint(evaluation=True)
-    assert _differences_but_moved(moved, saved, want) == ([], ("scale_file",))
+    assert _differences_but_moved(type(moved.cfg), saved, want) == ([], ("scale_file",))
     assert moved.moved == () and not moved.finished  # untouched
     check_subrun(moved, overwrite=False)
     assert moved.finished and moved.moved == ("scale_file",)
