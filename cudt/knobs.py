@@ -14,6 +14,8 @@ train state (or, for ``gamma_train``, in the batch), so a sweep is a vmap over r
   ``role`` and ``where`` word that error. It is written here alone: the knob's flag takes it as
   its ``needs`` (:func:`cudt.runner.config.knob_needs`), as do the checks of ``--sweep`` and
   ``--model-hparams``;
+- ``tuned_by``: the flag whose grid the runner tunes it over as lanes chosen on validation
+  (``tune_epsilon``; :data:`TUNED_BY`, read by the sweep's grids and the command line's pins);
 - ``goes``: where ``init`` puts it: ``problem`` (:func:`cudt.descent.hparams`, handed to the
   problem), ``primal`` / ``dual`` (an injected hyperparameter of that optimiser, under
   ``state_key`` where optax names it otherwise), ``penalty`` (the formulation's ρ) or ``data``
@@ -40,6 +42,7 @@ __all__ = [
     "GOES",
     "KNOBS",
     "NO_MULTIPLIERS",
+    "TUNED_BY",
     "Knob",
     "knob_names",
     "knobs",
@@ -86,6 +89,7 @@ class Knob:
     needs: tuple[str, tuple[str, ...]] | None = None
     role: str = ""  # what it is to the setting it needs: "the beta", "rho", "a gain"
     state_key: str | None = None  # its name in the optimiser's state, where optax fixes one
+    tuned_by: str | None = None  # the flag whose grid the runner tunes it over (--tune-epsilon)
 
     @property
     def flag(self) -> str:
@@ -120,11 +124,13 @@ class Knob:
 
 
 KNOBS = (
-    Knob("epsilon", "eps", "problem"),
+    Knob("epsilon", "eps", "problem", tuned_by="tune_epsilon"),
     Knob("epsilon_schedule", "sched", "problem"),
     Knob("reference", "C", "problem"),
-    Knob("lr", "lr", "primal", constrained_only=False, state_key="learning_rate"),
-    Knob("dual_lr", "dlr", "dual", state_key="learning_rate"),
+    Knob(
+        "lr", "lr", "primal", constrained_only=False, state_key="learning_rate", tuned_by="tune_lr"
+    ),
+    Knob("dual_lr", "dlr", "dual", state_key="learning_rate", tuned_by="tune_dual_lr"),
     Knob("resilience", "alpha", "problem"),
     Knob("gamma_train", "gamma", "data", constrained_only=False),
     Knob("penalty", "rho", "penalty", needs=("formulation", ("augmented", "penalty")), role="rho"),
@@ -146,3 +152,6 @@ def knob_names(goes: str | None = None) -> tuple[str, ...]:
 # every run flag that steps the multipliers (the dual knobs and :data:`DUAL_FLAGS`): a call
 # under NO_MULTIPLIERS passes none of them (the dual study's penalty call, llm_section6's)
 DUAL_STEPS = (*knob_names("dual"), *DUAL_FLAGS)
+
+# each knob the runner tunes as lanes chosen on validation, and its grid's flag
+TUNED_BY = {k.name: k.tuned_by for k in KNOBS if k.tuned_by}

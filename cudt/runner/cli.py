@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from cudt.errors import CudtError
+from cudt.knobs import TUNED_BY
 from cudt.runner.run import run
 from cudt.runner.sweep import distinct_values
 
@@ -188,7 +189,7 @@ def build_parser(
             action = parser.add_argument(
                 flag,
                 dest=f.name,
-                type=_parser_for(tp, f.name.replace("_", "-"), lanes=f.name in _TUNED_BY.values()),
+                type=_parser_for(tp, f.name.replace("_", "-"), lanes=f.name in TUNED_BY.values()),
                 default=given,
                 metavar=f.name.upper(),
             )
@@ -225,11 +226,6 @@ def config_from_args(
     except (ValueError, TypeError) as e:
         parser.exit(2, f"error: {e}\n")
     return cfg, ns
-
-
-#: the per-run hyperparameters the runner tunes as lanes unless the user sets them, and the
-#: grid flag of each (``cudt.runner.sweep.tuned_grid``)
-_TUNED_BY = {"epsilon": "tune_epsilon", "dual_lr": "tune_dual_lr", "lr": "tune_lr"}
 
 
 def given_on_command_line(config_cls, argv, *, quiet: bool = False) -> set[str]:
@@ -276,12 +272,12 @@ def _pin_given(cfg, given: set[str]):
     swept = parse_sweeps(cfg)
     pinned = [
         n
-        for n in _TUNED_BY
+        for n in TUNED_BY
         if n in given and n not in swept and n in defaults and getattr(cfg, n) == defaults[n]
     ]
     if not pinned:
         return cfg
-    changes: dict[str, Any] = {_TUNED_BY[n]: () for n in pinned if getattr(cfg, _TUNED_BY[n], ())}
+    changes: dict[str, Any] = {TUNED_BY[n]: () for n in pinned if getattr(cfg, TUNED_BY[n], ())}
     if getattr(cfg, "model_hparams", ()):
         changes["model_hparams"] = tuple(
             item

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from cudt.errors import UsageError
-from cudt.knobs import KNOBS
+from cudt.knobs import KNOBS, TUNED_BY
 from cudt.runner.hparams import (
     CONSTRAINT_ONLY,
     SWEEPABLE,
@@ -331,10 +331,6 @@ def expand_runs(cfg, models, default_lr, kinds=None) -> list[RunSpec]:
     return specs
 
 
-# each per-run hyperparameter the runner tunes, and its grid flag
-_TUNE_FLAGS = {"epsilon": "tune_epsilon", "dual_lr": "tune_dual_lr", "lr": "tune_lr"}
-
-
 def _refuse_idle_tunes(cfg, models, sweeps: dict[str, tuple]) -> None:
     """A :class:`UsageError` where a grid the user gave (``--tune-epsilon`` and the others, set
     to other than the task's default) tunes no model: each has its own value of it
@@ -342,7 +338,7 @@ def _refuse_idle_tunes(cfg, models, sweeps: dict[str, tuple]) -> None:
     flag was accepted and its values not trained (a grid of that value alone, or ``--tune-lr
     1``, asks for what is trained)."""
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
-    for name, grid in _TUNE_FLAGS.items():
+    for name, grid in TUNED_BY.items():
         values = getattr(cfg, grid, ())
         if not values or values == defaults.get(grid) or is_given(cfg, name, sweeps):
             continue
