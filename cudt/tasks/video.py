@@ -470,6 +470,7 @@ class VideoTask(Task):
             lines[0] += (
                 f"; {data.unused_frames:,} of {data.num_frames:,} frames fill no whole sequence "
                 f"of {data.seq_len} (each video's last frames) and are left out"
+                + (" of the sequences (the ViT's whole frames hold them)" if data.frames else "")
             )
         if data.frames is not None:  # the ViT reads whole frames, not the sequences
             counts = " / ".join(f"{k} {len(data.frames[k])}" for k in ("train", "val", "test"))

@@ -1,5 +1,6 @@
 """Video data: the synthetic generator, frame folders, splits, patches, sequences and noise."""
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -467,6 +468,9 @@ def test_the_data_line_names_the_frames_the_vit_reads(tmp_path):
     lines = task.describe(cfg, task.load(cfg))
     assert lines[0].startswith("data: synthetic(") and "sequences of 4x256" in lines[0]
     assert lines[1] == "the ViT's data: train 8 / val 8 / test 8 whole frames of 160x160"
+    odd = dataclasses.replace(cfg, num_frames=7)  # 7 = 4 + 3: each video's last 3 frames
+    head = task.describe(odd, task.load(odd))[0]  # are in no sequence, in the ViT's frames
+    assert head.endswith("are left out of the sequences (the ViT's whole frames hold them)")
     plain = VideoConfig(num_videos=3, num_frames=8, seq_len=4)
     assert len(task.describe(plain, task.load(plain))) == 1  # no ViT: the sequences alone
 
