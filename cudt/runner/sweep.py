@@ -361,20 +361,19 @@ def _refuse_idle_tunes(cfg, models, sweeps: dict[str, tuple]) -> None:
 def tuned_grid(cfg, sweeps: dict[str, tuple], constrained: bool, lr: float) -> dict[str, tuple]:
     """The values a kind's runs train as lanes for the runner to choose from on validation
     (``--tune-epsilon`` × ``--tune-dual-lr`` for the constrained runs, ``--tune-lr`` factors of
-    ``lr`` for ERM's), unless the user set or swept that hyperparameter: ``{name: values}``, or
-    ``{}``."""
-    if constrained:
-        grid = {}
-        if cfg.tune_epsilon and not is_given(cfg, "epsilon", sweeps):
-            grid["epsilon"] = tuple(dict.fromkeys(float(e) for e in cfg.tune_epsilon))
-        # the penalty formulation has no multipliers: its dual rates would be equal lanes
-        multipliers = next(k for k in KNOBS if k.name == "dual_lr").acts(cfg)
-        if cfg.tune_dual_lr and multipliers and not is_given(cfg, "dual_lr", sweeps):
-            grid["dual_lr"] = tuple(dict.fromkeys(float(r) for r in cfg.tune_dual_lr))
-        return grid
-    if not constrained and cfg.tune_lr and not is_given(cfg, "lr", sweeps):
-        return {"lr": tuple(dict.fromkeys(float(lr * f) for f in cfg.tune_lr))}
-    return {}
+    ``lr`` for ERM's: :data:`cudt.knobs.TUNED_BY`), unless the user set or swept that
+    hyperparameter or the run does not read it (the dual rate under the penalty formulation,
+    whose lanes would be equal): ``{name: values}``, or ``{}``."""
+    grid = {}
+    for knob in KNOBS:
+        values = getattr(cfg, knob.tuned_by) if knob.tuned_by else ()
+        # a constrained run tunes its own knobs; ERM those both kinds read (its learning rate)
+        if not values or knob.constrained_only != constrained or not knob.acts(cfg):
+            continue
+        if not is_given(cfg, knob.name, sweeps):
+            scale = 1.0 if knob.constrained_only else lr  # a shared knob's grid is factors
+            grid[knob.name] = tuple(dict.fromkeys(float(scale * v) for v in values))
+    return grid
 
 
 def tuned_names(cfg, sweeps: dict[str, tuple]) -> list[str]:
