@@ -24,6 +24,7 @@ from cudt.models.llama import DecoderConfig, write_decoder_folder
 from cudt.models.vit.weights import write_vit_folder
 from cudt.runner.finished import _check_trained_on
 from cudt.runner.output import checkpoint_record, described_alike, open_output_once
+from cudt.runner.run import data_draws, data_record
 from cudt.tasks.llm import LLMTask
 from cudt.tasks.llm_config import LLMConfig
 from cudt.tasks.text import TextConfig, TextTask
@@ -286,3 +287,31 @@ def test_a_flag_over_each_draws_record_is_alike_where_every_draws_digest_is():
     assert not described_alike("data", old, old | {"data_per_seed.1.train_digest": "z"}, table)
     assert not described_alike("data", {"data": "a"}, {"data": "b"}, table)  # none recorded
     assert not described_alike("num_train", old, old | {"num_train": 3}, table)
+
+
+def test_another_seed_range_is_named_by_its_seeds_once_not_field_by_field(tmp_path):
+    """Checkpoints of seeds 0-1 (each seed its own draw) resumed with another seed range: the
+    refusal names the seeds the folder lacks or holds beyond the command once (before: a
+    ``data_per_seed.N.field None -> ...`` line per field of each such draw, "and 9 more"); a
+    draw both hold is still compared field by field."""
+    task, out = VideoTask(), tmp_path / "run"
+    base = VideoConfig(models=("dust",), num_videos=3, num_frames=8, seq_len=4, seeds=2)
+
+    def record(cfg):
+        draws = data_draws(cfg)
+        datas = {s: task.load(d) for s, d in draws.items()}
+        return checkpoint_record(cfg) | data_record(task, draws, datas)
+
+    with open_output_once(out, record(base), base, True) as opened:
+        assert not opened.resuming
+    (out / "checkpoints" / "g-2" / "4").mkdir(parents=True)  # a step saved
+    for changes, words in (
+        ({"seeds": 4}, "(seeds 2 -> 4; seeds 2-3 are not in this folder)"),
+        ({"seeds": 1}, "(seeds 2 -> 1; seed 1 is in this folder, not in this command)"),
+        ({"seed": 1, "seeds": 3}, "seed 0 -> 1; seeds 2 -> 3; seeds 2-3 are not in this folder; "),
+        ({"num_frames": 9}, "(num_frames 8 -> 9)"),  # both draws' records changed: the flag
+    ):
+        cfg = dataclasses.replace(base, **changes)
+        with pytest.raises(UsageError) as e:
+            open_output_once(out, record(cfg), cfg, True)
+        assert words in str(e.value) and "None" not in str(e.value), str(e.value)
