@@ -78,6 +78,25 @@ def train_embeddings_of(cfg) -> bool:
     return cfg.model == "ut" if cfg.train_embeddings is None else cfg.train_embeddings
 
 
+def _check_text_room(cfg, model, data, max_length: int) -> None:
+    """Refuses a ``--max-length`` that leaves no token of some text of an input: the
+    tokenizer's template takes its special tokens first (RoBERTa's sentence pairs 4, ``<s> a
+    </s></s> b </s>``; BERT's 3), and a pair needs a token of each text, so every input
+    would be the template alone (or one text of two), the same for every label."""
+    processor = getattr(model.encoder.tokenizer, "post_processor", None)
+    pairs = data.train.pairs is not None
+    special = 0 if processor is None else processor.num_special_tokens_to_add(pairs)
+    texts = 2 if pairs else 1
+    if max_length - special < texts:
+        what = "sentence pairs, each of whose 2 texts needs" if pairs else "texts, which need"
+        raise UsageError(
+            f"--max-length {max_length} leaves {max(max_length - special, 0)} of its tokens to "
+            f"the text of {model.name}'s {what} one (its template's special tokens take "
+            f"{special}): pass --max-length {special + texts} or more (--dataset "
+            f"{cfg.dataset}'s default: {DEFAULT_MAX_LENGTH[cfg.dataset]})"
+        )
+
+
 # Appendix B.5 / Figure 12: constrained RoBERTa on IMDb, per-sample ratios on the test set.
 PAPER_DESCENT = {"descent_rate": 0.708, "mean_ratio": 0.87, "median_ratio": 0.82}
 PAPER_DESCENT_SOURCE = "paper, constrained RoBERTa on IMDb (Fig. 12)"
@@ -330,6 +349,7 @@ class TextTask(AccuracyReports, Task):
                 f"--max-length {max_length} exceeds the {model.encoder.config.max_length} "
                 f"positions of {model.encoder.path}: pass a smaller --max-length"
             )
+        _check_text_room(cfg, model, data, max_length)
         tokens = tokenize_splits(model, data, max_length)
         if model.train_embeddings:  # only rows a training batch can read (classifier.py)
             model = dataclasses.replace(model, trained_ids=np.unique(tokens["train"].ids))
