@@ -187,8 +187,10 @@ class TextConfig(RunConfig):
     )
     max_length: int | None = flag(
         None,
-        "tokens per text (truncated / padded); default: 64 for synthetic, 128 for mnli, 256 for "
-        "imdb and aclimdb (64 tokens are the plot summary of most reviews, not their verdict)",
+        "tokens per text (truncated / padded), at most the encoder's positions (MiniLM's 512; "
+        "--model ut's too, which tokenizes as its encoder does); default: 64 for synthetic, "
+        "128 for mnli, 256 for imdb and aclimdb (64 tokens are the plot summary of most "
+        "reviews, not their verdict)",
         check=at_least(4),
     )
     layers: int | None = flag(
@@ -344,10 +346,19 @@ class TextTask(AccuracyReports, Task):
             positions=cfg.ut_positions,
         )
         max_length = max_length_of(cfg)
-        if max_length > model.encoder.config.max_length:
+        positions = model.encoder.config.max_length
+        if max_length > positions:
+            # the UT reads no position without --ut-positions, but tokenizes as the encoder
+            # whose vocabulary it reads, which caps its inputs at its positions
+            why = (
+                f", whose tokenizer --model ut reads (with or without --ut-positions: it "
+                f"tokenizes as that encoder does, {positions} tokens at most)"
+                if model.ut is not None
+                else ""
+            )
             raise UsageError(
-                f"--max-length {max_length} exceeds the {model.encoder.config.max_length} "
-                f"positions of {model.encoder.path}: pass a smaller --max-length"
+                f"--max-length {max_length} exceeds the {positions} positions of "
+                f"{model.encoder.path}{why}: pass --max-length {positions} or less"
             )
         _check_text_room(cfg, model, data, max_length)
         tokens = tokenize_splits(model, data, max_length)

@@ -572,6 +572,21 @@ def test_a_max_length_that_leaves_a_pairs_text_no_token_is_refused(tiny_bert, tm
     assert ids.shape[1] == 6 and np.all(ids[:, [1, 4]] != 102) and np.all(ids[:, 2:4] == 102)
 
 
+def test_the_uts_length_cap_is_its_tokenizers_and_the_help_and_error_say_so(tmp_path, capsys):
+    """--model ut without --ut-positions reads no position, yet its --max-length is capped at
+    the encoder's positions (it tokenizes as that encoder does): the refusal said only
+    "exceeds the 512 positions of <MiniLM>: pass a smaller --max-length", as if the UT read
+    them; it now says why, and the number to pass, as the help does."""
+    out = tmp_path / "out"
+    argv = [*TINY, "--model", "ut", "--max-length", "513", "--out", out]
+    words = "whose tokenizer --model ut reads (with or without --ut-positions: it tokenizes "
+    assert_one_line_error(text_classify.main, argv, capsys, words, out=out)
+    with pytest.raises(SystemExit):
+        text_classify.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "at most the encoder's positions (MiniLM's 512; --model ut's too," in help_text
+
+
 def test_a_tokenizer_past_the_checkpoints_vocabulary_is_refused(tmp_path, capsys):
     """A folder whose tokenizer.json is another model's (MiniLM's 30,522 word pieces over a
     100-row table): its ids past the table were gathered under jit as NaN, and the run trained
