@@ -11,6 +11,7 @@ import shutil
 import sys
 
 import jax
+import numpy as np
 import pytest
 from helpers import TINY_DECODER, write_tiny_bert
 from PIL import Image
@@ -155,6 +156,28 @@ def test_the_same_base_model_and_records_elsewhere_resume(tmp_path):
     write_decoder_folder(other, config, config.init_params(jax.random.key(4)), tok)
     with pytest.raises(UsageError, match=r"different config \(checkpoint .* base_digest"):
         _resumes(task, dataclasses.replace(moved, checkpoint=str(other)), out)
+
+
+def test_a_base_model_replaced_at_the_same_path_is_read_again_not_served_stale(tmp_path):
+    """The pretrained weights are read once per process, keyed by the path alone: a folder
+    rewritten there with other weights gave the first ones and their base_digest again (a
+    resume over the other weights passed as the same). Keyed by its files' state too."""
+    from cudt.tasks.llm_data import load_data
+
+    records = generated_instructions(40, seed=0)
+    tok = build_word_tokenizer(records)
+    config = DecoderConfig(vocab_size=tok.get_vocab_size(), **TINY_DECODER)
+    write_alpaca(records, tmp_path / "alpaca.json")
+    sizes = dict(num_train=24, num_val=4, num_test=4, max_length=48, batch_size=4)
+    cfg = LLMConfig(checkpoint=str(tmp_path / "llama"), data=str(tmp_path / "alpaca.json"), **sizes)
+    seen = []
+    for key in (3, 4, 4):
+        params = config.init_params(jax.random.key(key))
+        write_decoder_folder(tmp_path / "llama", config, params, tok)
+        data = load_data(cfg)
+        np.testing.assert_array_equal(data.decoder.params["embed"], params["embed"])
+        seen.append(data.base_digest)
+    assert seen[0] != seen[1] == seen[2]  # the same weights written again: the same digest
 
 
 def _edit_json(path, **fields) -> None:
