@@ -97,6 +97,25 @@ def _check_text_room(cfg, model, data, max_length: int) -> None:
         )
 
 
+#: What the UT reads of its encoder's config.json: the vocabulary and the width of its word
+#: table, the pad id its tokenizer pads with, the architecture (RoBERTa's position ids) and,
+#: with --ut-positions, the positions' table.
+_UT_READS = ("model_type", "vocab_size", "hidden_size", "pad_token_id")
+
+
+def _encoder_config_digest(model) -> dict[str, str]:
+    """The digest of the encoder's config.json as parsed: the whole of it for a pretrained
+    encoder (``encoder_config_digest``: another activation over the same weights is another
+    model), the fields the UT reads for ``--model ut`` (``ut_encoder_config_digest``: its
+    blocks' settings are no part of the UT's run; another key, so a record of the whole
+    config, an earlier cudt's, is no difference either: a digest one side lacks)."""
+    config = dataclasses.asdict(model.encoder.config)
+    if model.ut is None:
+        return {"encoder_config_digest": json_digest(config)}
+    reads = (*_UT_READS, "max_position_embeddings") if model.positions else _UT_READS
+    return {"ut_encoder_config_digest": json_digest({k: config[k] for k in reads})}
+
+
 # Appendix B.5 / Figure 12: constrained RoBERTa on IMDb, per-sample ratios on the test set.
 PAPER_DESCENT = {"descent_rate": 0.708, "mean_ratio": 0.87, "median_ratio": 0.82}
 PAPER_DESCENT_SOURCE = "paper, constrained RoBERTa on IMDb (Fig. 12)"
@@ -132,8 +151,8 @@ class TextConfig(RunConfig):
     # default) and the data's: what they hold decides a resume (RunConfig.DESCRIBED_BY)
     DESCRIBED_BY: ClassVar[dict[str, tuple[str, ...]]] = {
         **RunConfig.DESCRIBED_BY,
-        "checkpoint": ("encoder_digest", "encoder_config_digest"),
-        "encoder_folder": ("encoder_digest", "encoder_config_digest"),
+        "checkpoint": ("encoder_digest", "encoder_config_digest", "ut_encoder_config_digest"),
+        "encoder_folder": ("encoder_digest", "encoder_config_digest", "ut_encoder_config_digest"),
         "data_dir": ("train_digest",),
     }
 
@@ -399,7 +418,7 @@ class TextTask(AccuracyReports, Task):
             # layer-norm eps: another model over the same weights; a record from before it
             # resumes) and the training examples (the tokenizer's ids of them)
             "encoder_digest": digest(jax.tree.leaves(data.model.encoder.params)),
-            "encoder_config_digest": json_digest(dataclasses.asdict(data.model.encoder.config)),
+            **_encoder_config_digest(data.model),
             "train_digest": digest((train.ids, train.mask, train.labels)),
         } | (
             {} if data.model.trained_ids is None else {"trained_rows": len(data.model.trained_ids)}

@@ -190,6 +190,31 @@ def _without(saved, name: str) -> None:
                                  if k != name}))  # fmt: skip
 
 
+def test_a_ut_resumes_over_an_encoder_config_change_it_does_not_read(tmp_path):
+    """--model ut reads its encoder's vocabulary and word table, not its blocks: the whole
+    config.json was digested (encoder_config_digest), so another activation or layer-norm eps
+    refused the resume ("trained on other files ... (encoder_config_digest"). It resumes; a
+    field the UT reads (the pad id its tokenizer pads with) is still refused, and a record of
+    the whole config (an earlier cudt's) resumes."""
+    bert = write_tiny_bert(tmp_path / "bert")
+    task, out = TextTask(), tmp_path / "run"
+    cfg = TextConfig(model="ut", checkpoint=str(bert), num_train=16, num_test=8, max_length=16)
+    _started(task, cfg, out)
+    config = bert / "config.json"
+    original = json.loads(config.read_text())
+    config.write_text(json.dumps(original | {"layer_norm_eps": 1e-5, "hidden_act": "relu"}))
+    assert _resumes(task, cfg, out)
+    saved = out / "checkpoints" / "config.json"
+    record = json.loads(saved.read_text())
+    _without(saved, "ut_encoder_config_digest")  # an earlier cudt's record: the whole config's
+    _edit_json(saved, encoder_config_digest="856051353a5695b8")
+    assert _resumes(task, cfg, out)
+    saved.write_text(json.dumps(record))
+    config.write_text(json.dumps(original | {"pad_token_id": 3}))
+    with pytest.raises(UsageError, match=r"other files than .*ut_encoder_config_digest"):
+        _resumes(task, cfg, out)
+
+
 def test_another_encoder_config_over_the_same_weights_is_refused_older_runs_resume(tmp_path):
     """The encoder's config.json as parsed is in the fingerprint (encoder_config_digest): the
     same weights under another activation or layer-norm eps, at the same --checkpoint or a
