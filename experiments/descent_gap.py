@@ -19,15 +19,20 @@ on validation at the ε it is judged at.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
 
 from cudt.errors import UsageError
+from cudt.knobs import KNOBS, TUNED_BY
 from cudt.metrics import applicable_steps
 from cudt.runner.cli import OneLineParser, exit_process, run_cli
-from cudt.runner.combine import load_results, run_data_seed, run_identity
+from cudt.runner.combine import CONFIG_FREE, load_results, run_data_seed, run_identity
+from cudt.runner.config import RunConfig
 from cudt.runner.record import at_gamma_train
+from experiments.combine import TASKS
 
 __all__ = ["layer_rows", "main", "summarise"]
 
@@ -159,13 +164,16 @@ def _refuse_repeated_runs(folders, results) -> None:
     """A run that two folders both hold (a copied folder, two jobs of overlapping seeds on the
     same data, a later sweep's lane at a point another folder trained) would count twice:
     refused, as ``experiments.combine`` refuses it, by its seed and settings
-    (:func:`cudt.runner.combine.run_identity`), not its label (which names only the values its
-    folder swept). Folders of other data sets (``--per-folder``'s held-out sets) hold other
-    runs."""
+    (:func:`cudt.runner.combine.run_identity`) and the folder's settings (:func:`_settings`),
+    not its label (which names only the values its folder swept). Folders of other data sets
+    (``--per-folder``'s held-out sets), or of other settings (``--steps``), hold other runs."""
     seen: dict[tuple, tuple[str, str]] = {}
     for folder, res in zip(folders, results, strict=True):
         config = res.get("config", {})
-        data = tuple(str(config.get(k)) for k in ("dataset", "data_dir"))
+        data = (
+            *(str(config.get(k)) for k in ("dataset", "data_dir")),
+            _settings(res.get("experiment"), config),
+        )
         for r in res["runs"]:
             # the draw of the data it read: seed 0 without --data-seed read --data-seed 0's
             draw = run_data_seed(config, int(r["seed"])) if "seed" in config else None
@@ -182,6 +190,22 @@ def _refuse_repeated_runs(folders, results) -> None:
                     f"{held}: its layers would count twice; pass each run's folder once"
                 )
             seen[key] = (r["label"], folder)
+
+
+def _settings(experiment, config: dict) -> str:
+    """What a folder's runs were trained with besides each run's own identity, as
+    ``experiments.combine`` compares two folders' configs (an entry a later cudt added at what
+    earlier versions did, ``ADDED``): all but :data:`CONFIG_FREE`, the flags that act on
+    nothing, the knobs and models each run records itself (and the tune grids that chose
+    them), what only the evaluation reads, and what each draw derived from its data (its data
+    seed is in the key). Two folders that differ in ``--steps`` hold other runs."""
+    cls = TASKS[experiment].config_cls if experiment in TASKS else RunConfig
+    config = {**getattr(cls, "ADDED", {}), **config}
+    flags = {f.name for f in dataclasses.fields(cls)}
+    free = CONFIG_FREE | {k.name for k in KNOBS} | set(TUNED_BY.values())
+    free |= {"models", "layers", *cls.EVALUATION_ONLY, *cls.idle_flags(config)}
+    free |= set(config.get("data_derived", [])) - flags
+    return json.dumps({k: v for k, v in config.items() if k not in free}, sort_keys=True)
 
 
 def _print_gap(args) -> None:

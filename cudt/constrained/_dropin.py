@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from cudt.constrained._constraint import Constraint, FreeSign
@@ -243,6 +244,22 @@ def _check_dual_inputs(grads, state, multipliers):
             )
 
 
+def _check_update_index(name: str, ids) -> None:
+    """The dual update's ids of an indexed constraint, as ``Constraint(index=...)`` takes them:
+    an integer array. A list failed in the gather ("non-tuple sequence for multidimensional
+    indexing"), a tuple indexed one axis per entry ("Too many indices")."""
+    if isinstance(ids, (list, tuple)):
+        raise ValueError(
+            f"the dual update's index for constraint {name!r} must be an integer array, got a "
+            f"{type(ids).__name__}: pass index=jnp.asarray(ids)"
+        )
+    if hasattr(ids, "dtype") and not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(
+            f"the dual update's index for constraint {name!r} must hold integer row ids, got "
+            f"dtype {ids.dtype}: pass index=ids.astype(jnp.int32)"
+        )
+
+
 def _dual_transformation(dual, dual_radius, formulation, num_indexed):
     """``lag.dual``: the caller's ``dual`` applied per constraint with the step's own ascent
     (``_ascend_one``), reading and writing only the batch's rows of an indexed table."""
@@ -273,6 +290,7 @@ def _dual_transformation(dual, dual_radius, formulation, num_indexed):
                         f"constraint {n!r} is indexed: pass the batch's ids, "
                         "dual.update(grads, state, multipliers, index=ids)"
                     )
+                _check_update_index(n, ids)
                 d = d[ids]
             if not formulation.uses_multipliers:
                 new, new_state[n] = lam, state[n]

@@ -32,11 +32,12 @@ class DescentConfig:
     """What the constrained step enforces. Hashable, so it can be a static argument.
 
     The static structure, fixed for every run of one compiled step: ``num_layers``,
-    ``resilience_mode`` (with explicit slacks, ``resilience`` too), ``slack_lr``,
+    ``resilience_mode`` (``"slack"``: a slack u per constraint in the state), ``slack_lr``,
     ``slack_restart_steps``, ``warmup_steps`` and ``dual_scale``. ``epsilon``, ``reference``,
     ``resilience``, ``tail_beta`` and ``constrained`` are per-run values (the knobs of
     :mod:`cudt.knobs`, arrays in the state): here only the defaults ``init`` uses where a run
-    gives none (the runner gives every run its own).
+    gives none (the runner gives every run its own). α is a run's with explicit slacks too
+    (their cost (α/2)‖u‖² reads it), finite there, as this default must be.
 
     Attributes:
       num_layers: L, the number of layers (per-layer losses have L+1 columns).

@@ -7,7 +7,7 @@ seeds 1 and 2 of ``--seed 0 --seeds 3`` (each seed on its own draw of the data),
 machine or later; with ``--data-seed 0`` on every command, all on seed 0's draw.
 :func:`combine` reads each folder's ``results.json``, checks that they are the
 same experiment on the same data with the same settings (everything but the runs' seeds, the
-sweep points, a hyperparameter either folder sweeps, and where and how the runs were
+sweep points, a hyperparameter either folder sweeps, the tune grids, and where and how the runs were
 executed; a setting a later version added counts as its earlier behaviour in a folder written
 before it, ``RunConfig.ADDED``), and prints the experiment's summary
 table and footer over all their runs: the best run of each setting chosen again (on validation
@@ -26,7 +26,7 @@ import types
 from pathlib import Path
 
 from cudt.errors import UsageError
-from cudt.knobs import KNOBS
+from cudt.knobs import KNOBS, TUNED_BY
 from cudt.runner.choice import (
     _hparam_text,
     at_gamma,
@@ -196,7 +196,9 @@ def _load_job(task, folders: list[str | Path], own_data: bool = False) -> list[d
                 f"{folder}: data seed {_data_seed(config)}, not {_data_seed(base)} as in "
                 f"{folders[0]}: train the other seeds with --data-seed {_data_seed(base)}"
             )
-        swept = set(config.get("sweeps", {})) | set(base.get("sweeps", {}))  # per-run values
+        # per-run values: a sweep's, and the tune grids' (each run records the point it trained
+        # at; a point a folder's grid lacks is a seed short, no rival in choose_points)
+        swept = set(config.get("sweeps", {})) | set(base.get("sweeps", {})) | _TUNE_FLAGS
         if fresh or own_data:  # what each draw's data gives (σ_x, a vocabulary), but not a
             # flag the task resolved (lr's default): that is a setting like any other
             derived = set(config.get("data_derived", [])) | set(base.get("data_derived", []))
@@ -269,13 +271,26 @@ def _runs(folders, results) -> list[dict]:
     return runs
 
 
+#: The flags of the grids the runner tunes knobs over (--tune-dual-lr): they may differ
+#: between the folders of one job, whose lines then name each folder's.
+_TUNE_FLAGS = frozenset(TUNED_BY.values())
+
+
 def _folder_lines(folders, results) -> list[str]:
+    """A line per folder: its seeds and commit, and its tune grids where the folders' differ."""
+    grids = [{k: res["config"].get(k) for k in sorted(_TUNE_FLAGS)} for res in results]
+    differ = [k for k in sorted(_TUNE_FLAGS) if any(g[k] != grids[0][k] for g in grids)]
     lines = []
-    for folder, res in zip(folders, results, strict=True):
+    for folder, res, grid in zip(folders, results, grids, strict=True):
         seeds = sorted({int(r["seed"]) for r in res["runs"]})
         commit = (res.get("provenance") or {}).get("commit", "?")
-        lines.append(f"  {folder}: seeds {seeds}, commit {str(commit)[:12]}")
+        tuned = "".join(f", --{k.replace('_', '-')} {_grid_text(grid[k])}" for k in differ)
+        lines.append(f"  {folder}: seeds {seeds}, commit {str(commit)[:12]}{tuned}")
     return lines
+
+
+def _grid_text(values) -> str:
+    return "-" if not values else ",".join(f"{v:g}" for v in values)
 
 
 def _swept(results) -> list[str]:

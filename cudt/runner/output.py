@@ -136,14 +136,73 @@ def _differences(
     keys = [k for k in keys if not (k in added and k not in old and new.get(k) == added[k])]
     # nested records (a fingerprint per data draw: ``data_per_seed``) compared field by field,
     # so that their digests follow the same rule and a difference is named where it is
-    old = _flat({k: old[k] for k in keys if k in old})
-    new = _flat({k: new[k] for k in keys if k in new})
+    old = {k: old[k] for k in keys if k in old}
+    new = {k: new[k] for k in keys if k in new}
+    apart, draws = _seeds_apart(old.get(_PER_SEED), new.get(_PER_SEED))
+    old, new = _flat(old), _flat(new)
     # ``ignore`` inside them too: an evaluation-only field of a draw's record (its description
     # with the test count) is no more a difference there than at the top
     keys = sorted(k for k in set(old) | set(new) if k.rsplit(".", 1)[-1] not in ignore)
     keys = [k for k in keys if not k.endswith("_digest") or (k in old and k in new)]
     keys = [k for k in keys if not described_alike(k, old, new, described_by or {})]
-    return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+    keys = [k for k in keys if not k.startswith(draws)]  # a draw one side lacks: named once
+    diff = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+    return diff + apart
+
+
+#: the key of a record holding one fingerprint of the data per seed's draw (``{seed: ...}``)
+_PER_SEED = "data_per_seed"
+
+
+def _seeds_apart(old, new) -> tuple[list[str], tuple[str, ...]]:
+    """The seeds whose draw of the data one record holds (``data_per_seed``: ``{seed: its
+    fingerprint}``) and the other not (another seed range): a line each way, naming them once,
+    and the flat keys' prefixes of their draws (whose every field differs from None: not named
+    one by one)."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return [], ()
+    new_only, old_only = _by_seed(set(new) - set(old)), _by_seed(set(old) - set(new))
+    lines = [f"{_seeds_text(new_only)} not in this folder"] if new_only else []
+    if old_only:
+        lines.append(f"{_seeds_text(old_only)} in this folder, not in this command")
+    return lines, tuple(f"{_PER_SEED}.{k}." for k in new_only + old_only)
+
+
+def _per_seed_form(old: dict, new: dict) -> tuple[dict, dict]:
+    """``old`` and ``new``, where one holds a fingerprint per seed's draw (``data_per_seed``)
+    and the other its one seed's draw at the top (a run of one seed, each drawing its own
+    data: ``data_seed`` None), with that draw under its seed as the other holds them, so that
+    another seed range is named by its seeds (:func:`_seeds_apart`), not field by field."""
+    pair = [old, new]
+    for i, (one, many) in enumerate(((old, new), (new, old))):
+        draws = many.get(_PER_SEED)
+        if _PER_SEED in one or not isinstance(draws, dict) or one.get("data_seed") is not None:
+            continue
+        fields = {k for d in draws.values() if isinstance(d, dict) for k in d}
+        if "seed" not in one or not fields & set(one):
+            continue
+        draw = {k: v for k, v in one.items() if k in fields}
+        rest = {k: v for k, v in one.items() if k not in fields}
+        pair[i] = rest | {_PER_SEED: {str(one["seed"]): draw}}
+    return pair[0], pair[1]
+
+
+def _by_seed(keys: set[str]) -> list[str]:
+    return sorted(keys, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k))
+
+
+def _seeds_text(keys: list[str]) -> str:
+    """``["2", "3", "5"]`` as ``seeds 2-3, 5 are`` (``seed 2 is`` for one)."""
+    parts, run = [], []
+    for k in keys:
+        if run and k.isdigit() and run[-1].isdigit() and int(k) == int(run[-1]) + 1:
+            run.append(k)
+            continue
+        if run:
+            parts.append(run[0] if len(run) == 1 else f"{run[0]}-{run[-1]}")
+        run = [k]
+    parts.append(run[0] if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return f"seed {parts[0]} is" if len(keys) == 1 else f"seeds {', '.join(parts)} are"
 
 
 def record_differences(
@@ -329,6 +388,7 @@ def _check_same_config(
         same = {k: v for k, v in same.items() if k in only} | {
             k: v for k, v in config.items() if k not in only
         }
+    same, config = _per_seed_form(same, config)
     diff = _differences(same, config, ignore, added, described_by)
     changed = [d for d in diff if d.split(" ", 1)[0].endswith("_digest")]
     flag_changed = [d for d in diff if d.split(" ", 1)[0].split(".", 1)[0] in flags]

@@ -278,11 +278,35 @@ def untied(decoder: Decoder) -> Decoder:
     return dataclasses.replace(decoder, config=config, params=params)
 
 
-@functools.lru_cache(maxsize=1)
+def _files_state(path: Path) -> tuple:
+    """What the checkpoint behind ``path`` holds now, as the file system tells it cheaply: each
+    file's (name, size, mtime, inode), the folder's files or the one file (a GGUF). A key of the
+    weights' caches beside the path, so that a checkpoint replaced at the same path is read
+    again, not served stale within a process."""
+    path = Path(path).expanduser()
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    state = []
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:  # gone, or a broken link: load_decoder names it
+            continue
+        if not f.is_dir():
+            state.append((f.name, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(state)
+
+
 def _pretrained(path, compute_dtype: str, remat: bool, untie_head: bool, base_dtype: str):
-    """The pretrained decoder, read once per process: every seed's draw of the data (the
-    runner loads one per seed) trains from the same weights (``init`` copies them); its
-    weights in ``base_dtype`` (``--base-dtype``: bfloat16 only for a frozen LoRA base)."""
+    """The pretrained decoder, read once per process while its files are unchanged
+    (:func:`_files_state`): every seed's draw of the data (the runner loads one per seed)
+    trains from the same weights (``init`` copies them); its weights in ``base_dtype``
+    (``--base-dtype``: bfloat16 only for a frozen LoRA base)."""
+    return _pretrained_read(path, compute_dtype, remat, untie_head, base_dtype, _files_state(path))
+
+
+@functools.lru_cache(maxsize=1)
+def _pretrained_read(path, compute_dtype, remat, untie_head, base_dtype, files_state):
+    del files_state  # a key only
     decoder = dataclasses.replace(
         load_decoder(path, dtype=DTYPES[compute_dtype], param_dtype=DTYPES[base_dtype]),
         remat=remat,
@@ -292,13 +316,18 @@ def _pretrained(path, compute_dtype: str, remat: bool, untie_head: bool, base_dt
     return untied(decoder) if untie_head else decoder
 
 
-@functools.lru_cache(maxsize=1)
 def _base_digest(path, compute_dtype: str, remat: bool, untie_head: bool, base_dtype: str) -> str:
     """A digest of the pretrained weights (every leaf's bytes, in tree order, in their
     ``--base-dtype``): what the checkpoints were trained from, whatever path names them. They
     hold no frozen leaf (LoRA's base; a full fine-tuning's input embeddings), which resuming and
-    exporting read again from ``--checkpoint``."""
-    weights = _pretrained(path, compute_dtype, remat, untie_head, base_dtype)
+    exporting read again from ``--checkpoint``. Cached as :func:`_pretrained` is."""
+    state = _files_state(path)
+    return _base_digest_of(path, compute_dtype, remat, untie_head, base_dtype, state)
+
+
+@functools.lru_cache(maxsize=1)
+def _base_digest_of(path, compute_dtype, remat, untie_head, base_dtype, files_state) -> str:
+    weights = _pretrained_read(path, compute_dtype, remat, untie_head, base_dtype, files_state)
     return digest(jax.tree.leaves(weights.params))
 
 

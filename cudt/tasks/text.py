@@ -78,6 +78,44 @@ def train_embeddings_of(cfg) -> bool:
     return cfg.model == "ut" if cfg.train_embeddings is None else cfg.train_embeddings
 
 
+def _check_text_room(cfg, model, data, max_length: int) -> None:
+    """Refuses a ``--max-length`` that leaves no token of some text of an input: the
+    tokenizer's template takes its special tokens first (RoBERTa's sentence pairs 4, ``<s> a
+    </s></s> b </s>``; BERT's 3), and a pair needs a token of each text, so every input
+    would be the template alone (or one text of two), the same for every label."""
+    processor = getattr(model.encoder.tokenizer, "post_processor", None)
+    pairs = data.train.pairs is not None
+    special = 0 if processor is None else processor.num_special_tokens_to_add(pairs)
+    texts = 2 if pairs else 1
+    if max_length - special < texts:
+        what = "sentence pairs, each of whose 2 texts needs" if pairs else "texts, which need"
+        raise UsageError(
+            f"--max-length {max_length} leaves {max(max_length - special, 0)} of its tokens to "
+            f"the text of {model.name}'s {what} one (its template's special tokens take "
+            f"{special}): pass --max-length {special + texts} or more (--dataset "
+            f"{cfg.dataset}'s default: {DEFAULT_MAX_LENGTH[cfg.dataset]})"
+        )
+
+
+#: What the UT reads of its encoder's config.json: the vocabulary and the width of its word
+#: table, the pad id its tokenizer pads with, the architecture (RoBERTa's position ids) and,
+#: with --ut-positions, the positions' table.
+_UT_READS = ("model_type", "vocab_size", "hidden_size", "pad_token_id")
+
+
+def _encoder_config_digest(model) -> dict[str, str]:
+    """The digest of the encoder's config.json as parsed: the whole of it for a pretrained
+    encoder (``encoder_config_digest``: another activation over the same weights is another
+    model), the fields the UT reads for ``--model ut`` (``ut_encoder_config_digest``: its
+    blocks' settings are no part of the UT's run; another key, so a record of the whole
+    config, an earlier cudt's, is no difference either: a digest one side lacks)."""
+    config = dataclasses.asdict(model.encoder.config)
+    if model.ut is None:
+        return {"encoder_config_digest": json_digest(config)}
+    reads = (*_UT_READS, "max_position_embeddings") if model.positions else _UT_READS
+    return {"ut_encoder_config_digest": json_digest({k: config[k] for k in reads})}
+
+
 # Appendix B.5 / Figure 12: constrained RoBERTa on IMDb, per-sample ratios on the test set.
 PAPER_DESCENT = {"descent_rate": 0.708, "mean_ratio": 0.87, "median_ratio": 0.82}
 PAPER_DESCENT_SOURCE = "paper, constrained RoBERTa on IMDb (Fig. 12)"
@@ -113,8 +151,8 @@ class TextConfig(RunConfig):
     # default) and the data's: what they hold decides a resume (RunConfig.DESCRIBED_BY)
     DESCRIBED_BY: ClassVar[dict[str, tuple[str, ...]]] = {
         **RunConfig.DESCRIBED_BY,
-        "checkpoint": ("encoder_digest", "encoder_config_digest"),
-        "encoder_folder": ("encoder_digest", "encoder_config_digest"),
+        "checkpoint": ("encoder_digest", "encoder_config_digest", "ut_encoder_config_digest"),
+        "encoder_folder": ("encoder_digest", "encoder_config_digest", "ut_encoder_config_digest"),
         "data_dir": ("train_digest",),
     }
 
@@ -168,8 +206,10 @@ class TextConfig(RunConfig):
     )
     max_length: int | None = flag(
         None,
-        "tokens per text (truncated / padded); default: 64 for synthetic, 128 for mnli, 256 for "
-        "imdb and aclimdb (64 tokens are the plot summary of most reviews, not their verdict)",
+        "tokens per text (truncated / padded), at most the encoder's positions (MiniLM's 512; "
+        "--model ut's too, which tokenizes as its encoder does); default: 64 for synthetic, "
+        "128 for mnli, 256 for imdb and aclimdb (64 tokens are the plot summary of most "
+        "reviews, not their verdict)",
         check=at_least(4),
     )
     layers: int | None = flag(
@@ -325,11 +365,21 @@ class TextTask(AccuracyReports, Task):
             positions=cfg.ut_positions,
         )
         max_length = max_length_of(cfg)
-        if max_length > model.encoder.config.max_length:
-            raise UsageError(
-                f"--max-length {max_length} exceeds the {model.encoder.config.max_length} "
-                f"positions of {model.encoder.path}: pass a smaller --max-length"
+        positions = model.encoder.config.max_length
+        if max_length > positions:
+            # the UT reads no position without --ut-positions, but tokenizes as the encoder
+            # whose vocabulary it reads, which caps its inputs at its positions
+            why = (
+                f", whose tokenizer --model ut reads (with or without --ut-positions: it "
+                f"tokenizes as that encoder does, {positions} tokens at most)"
+                if model.ut is not None
+                else ""
             )
+            raise UsageError(
+                f"--max-length {max_length} exceeds the {positions} positions of "
+                f"{model.encoder.path}{why}: pass --max-length {positions} or less"
+            )
+        _check_text_room(cfg, model, data, max_length)
         tokens = tokenize_splits(model, data, max_length)
         if model.train_embeddings:  # only rows a training batch can read (classifier.py)
             model = dataclasses.replace(model, trained_ids=np.unique(tokens["train"].ids))
@@ -368,7 +418,7 @@ class TextTask(AccuracyReports, Task):
             # layer-norm eps: another model over the same weights; a record from before it
             # resumes) and the training examples (the tokenizer's ids of them)
             "encoder_digest": digest(jax.tree.leaves(data.model.encoder.params)),
-            "encoder_config_digest": json_digest(dataclasses.asdict(data.model.encoder.config)),
+            **_encoder_config_digest(data.model),
             "train_digest": digest((train.ids, train.mask, train.labels)),
         } | (
             {} if data.model.trained_ids is None else {"trained_rows": len(data.model.trained_ids)}

@@ -356,7 +356,7 @@ def test_llm_resume_over_another_base(tmp_path, capsys, case, lora):
     from cudt.models.llama import DecoderConfig, write_decoder_folder
     from cudt.runner.cli import config_from_args
     from cudt.runner.output import checkpoint_record
-    from cudt.tasks import llm, llm_config, llm_data
+    from cudt.tasks import llm, llm_config
     from experiments import llm_sft
 
     base = tmp_path / "base"
@@ -378,10 +378,8 @@ def test_llm_resume_over_another_base(tmp_path, capsys, case, lora):
     record = checkpoint_record(cfg) | task.fingerprint(cfg, task.load(cfg))
     (tmp_path / "out" / "checkpoints" / "llm-1" / "1").mkdir(parents=True)  # a saved step
     (tmp_path / "out" / "checkpoints" / "config.json").write_text(json.dumps(record))
-    # the same folder, other weights (this process read the first ones: read them again)
+    # the same folder, other weights (read again: the cache is keyed by the files' state)
     write_decoder_folder(base, config, config.init_params(jax.random.key(1)), words)
-    llm_data._pretrained.cache_clear()
-    llm_data._base_digest.cache_clear()
     refused(
         case,
         argv,

@@ -3,6 +3,7 @@ make_constrained_step (simultaneous, same optimisers, same problem) to 1e-6; bad
 clear ValueError."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import jax
@@ -194,3 +195,25 @@ def test_bad_input_is_one_clear_value_error():
     with pytest.raises(ValueError, match="unknown formulation") as refused:
         cudt.lagrangian(_toy, cudt.dual_ascent(0.1), formulation=object())
     assert "\n" not in str(refused.value)
+
+
+def test_the_dual_updates_index_given_as_a_list_is_named_as_constraints_is():
+    """``lag.dual.update(..., index=[0, 1, 2, 3])`` failed in the gather ("Using a non-tuple
+    sequence for multidimensional indexing"; a tuple: "Too many indices"): one line naming the
+    constraint and the fix, as ``Constraint(index=[...])`` gives; an array of ids updates."""
+    params, batch = jnp.zeros(3), (jnp.ones((4, 3)), jnp.arange(4))  # every row violated
+    lag = cudt.lagrangian(_toy, cudt.dual_ascent(0.1), num_indexed={"row": 4})
+    mult = lag.init(params, batch)
+    (_, _), (_, dg) = jax.value_and_grad(lag.loss, (0, 1), True)(params, mult, batch)
+    state = lag.dual.init(mult)
+    for index, says in (
+        ([0, 1, 2, 3], "got a list: pass index=jnp.asarray(ids)"),
+        ((0, 1, 2, 3), "got a tuple: pass index=jnp.asarray(ids)"),
+        ({"row": [0, 1, 2, 3]}, "got a list: pass index=jnp.asarray(ids)"),
+        (jnp.arange(4.0), "must hold integer row ids, got dtype float32"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(says)) as refused:
+            lag.dual.update(dg, state, mult, index=index)
+        assert "constraint 'row'" in str(refused.value) and "\n" not in str(refused.value)
+    upd, _ = lag.dual.update(dg, state, mult, index=np.arange(4))  # numpy's ids too
+    assert float(jnp.abs(upd["row"]).max()) > 0

@@ -770,6 +770,35 @@ def test_write_aclimdb_refuses_a_folder_that_holds_reviews(tmp_path):
     assert len(read_aclimdb(write_aclimdb(empty, second, test), "train")) == 10
 
 
+def test_write_aclimdb_writes_nothing_read_aclimdb_refuses(tmp_path):
+    """An empty text (or one of ``<br />`` tags only) was written as an empty review file, and
+    a split of one label left an empty neg/ or pos/ folder: read_aclimdb refused both ("review
+    '...1_1.txt' is empty", "no .txt reviews in"). Refused by the writer, nothing written."""
+    from cudt.data.text import imdb_like_reviews, write_aclimdb
+    from cudt.data.text.tokenized import TextSplit
+
+    def split(texts, labels):
+        return TextSplit(texts=tuple(texts), pairs=None, labels=np.asarray(labels), groups=None)
+
+    test, _ = imdb_like_reviews(4, seed=0, stream=1)
+    for i, (train, words) in enumerate(
+        (
+            (split(["a fine film", "", "bad"], [1, 0, 0]), "the train split's text 1 is empty"),
+            (split(["a fine film", "<br /> ", "bad"], [1, 0, 0]), "train split's text 1 is emp"),
+            (split(["a fine film"], [1]), "the train split has no neg review (label 0)"),
+            (split([], []), "the train split has no neg review (label 0)"),
+        )
+    ):
+        with pytest.raises(DataError, match=re.escape(words)):
+            write_aclimdb(tmp_path / str(i), train, test)
+        assert not (tmp_path / str(i)).exists()
+    good = split(["a fine film", "bad <br /> film"], [1, 0])
+    assert read_aclimdb(write_aclimdb(tmp_path / "good", good, test), "train").texts == (
+        "bad film",
+        "a fine film",
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # MultiNLI's own files (multinli_1.0/*.jsonl, GLUE's MNLI/*.tsv), read without TFDS
 # --------------------------------------------------------------------------------------------

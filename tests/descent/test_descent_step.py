@@ -370,3 +370,27 @@ def test_stopped_previous_loss_keeps_the_values_and_cuts_the_gradient_to_the_ear
         np.testing.assert_allclose(grad_s[1:], own[1:], rtol=1e-4, atol=1e-6)
     with pytest.raises(ValueError, match="previous_loss must be one of"):
         cudt.DescentConfig(num_layers=L, previous_loss="detached")
+
+
+def test_with_explicit_slacks_alpha_is_a_runs_value_not_the_programs():
+    """DescentConfig's docstring listed ``resilience`` as static "with explicit slacks": it is
+    a run's value there too (their cost (α/2)‖u‖² reads the state's α), so two lanes of one
+    compiled step at α 0.5 and 4 grow other slacks, each as that run alone."""
+    assert "(with explicit slacks, ``resilience`` too)" not in cudt.DescentConfig.__doc__
+    cfg = cudt.DescentConfig(
+        num_layers=L, epsilon=0.6, resilience=1.0, resilience_mode="slack", slack_lr=0.5
+    )
+    init, step = cudt.make_train_step(
+        _layer_losses, primal_optimizer(1e-2), cudt.dual_ascent(0.5), cfg, jit=False
+    )
+    alphas = jnp.asarray([0.5, 4.0])
+    lanes = jax.vmap(lambda a: init(PARAMS, resilience=a))(alphas)
+    vstep = jax.jit(jax.vmap(step, in_axes=(0, None, None)))
+    alone = [init(PARAMS, resilience=a) for a in alphas]
+    for t in range(6):
+        lanes, _ = vstep(lanes, _batch(t % 2), jax.random.key(t))
+        alone = [jax.jit(step)(s, _batch(t % 2), jax.random.key(t))[0] for s in alone]
+    u = np.asarray(cudt.descent.slacks(lanes))
+    assert float(np.abs(u[0] - u[1]).max()) > 1e-3  # the α of each lane, not the config's 1
+    for r, s in enumerate(alone):
+        np.testing.assert_allclose(u[r], cudt.descent.slacks(s), rtol=1e-5, atol=1e-6)

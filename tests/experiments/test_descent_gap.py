@@ -196,3 +196,29 @@ def test_training_slack_is_against_the_epsilon_the_run_trained_at():
         s = descent_gap.summarise(rows, active=1.0)["m", "inactive"]
         assert s["train_slack"][0] == pytest.approx(want)
         assert s["val_slack"][0] == pytest.approx(0.0)
+
+
+def test_folders_of_other_settings_hold_other_runs_and_a_free_difference_does_not(
+    run, tmp_path, capsys
+):
+    """Two folders whose runs share seed, model and hyperparameters but not ``--steps`` trained
+    other runs: pooled (before: refused as "the same seed and settings", the key held only
+    the hyperparameters). A folder that differs only in how it ran (``--chunk-steps``, its
+    ``--out``) or its tune grid holds the same runs: still refused."""
+    out, results = run
+
+    def copy(name, **changes):
+        folder = tmp_path / name
+        folder.mkdir()
+        config = dict(results["config"], **changes)
+        (folder / "results.json").write_text(json.dumps(dict(results, config=config)))
+        return folder
+
+    longer = copy("longer", steps=results["config"]["steps"] + 10)
+    assert descent_gap.main([str(out), str(longer)]) == 0
+    assert "dust    ERM           6" in capsys.readouterr().out
+    same = copy("same", chunk_steps=5, out="elsewhere", tune_epsilon=[0.1, 0.3], models=["dust"])
+    label = results["runs"][0]["label"]
+    assert_one_line_error(
+        descent_gap.main, [str(out), str(same)], capsys, f"{label} is in both {out} and {same}"
+    )

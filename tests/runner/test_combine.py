@@ -234,6 +234,34 @@ def test_a_folder_that_sweeps_joins_and_a_run_held_twice_under_another_label_is_
     assert err.count("\n") == 1, err
 
 
+def test_folders_of_other_tune_grids_join_and_name_each_folders_grid(folders, tmp_path, capsys):
+    """Seeds tuned over other grids (``--tune-dual-lr``): each run records the point it trained
+    at, and a point one folder's grid lacks is a seed short, no rival for the point chosen over
+    every seed (:func:`cudt.runner.choice.choose_points`): joined (before: refused, "differ in
+    tune_dual_lr"), each folder's line naming its grid."""
+    first, rest = folders
+    other = tmp_path / "grid"
+    shutil.copytree(rest, other)
+    results = json.loads((other / "results.json").read_text())
+    runs = [r for r in results["runs"] if not r["constrained"]] + [
+        {**r, "label": f"{r['label']} dlr={d:g}", "hparams": {**r["hparams"], "dual_lr": d}}
+        for d in (0.1, 0.3)
+        for r in results["runs"]
+        if r["constrained"]
+    ]
+    config = {**results["config"], "tune_dual_lr": [0.1, 0.3]}
+    (other / "results.json").write_text(json.dumps({**results, "config": config, "runs": runs}))
+    assert combine.main([str(first), str(other)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "5 runs of llm_sft from 2 folders:" in out
+    assert f"  {first}: seeds [0], commit " in out and out.count("--tune-dual-lr") == 2
+    assert ", --tune-dual-lr -\n" in out and ", --tune-dual-lr 0.1,0.3\n" in out
+    assert "llm-2 constrained seed 1 dlr=0.3:" in out
+    # one grid in every folder: the lines are as before
+    assert combine.main([str(f) for f in folders]) == 0
+    assert "--tune-" not in capsys.readouterr().out
+
+
 def _copy_recording(source, out, **config):
     """A copy of the run folder ``source`` at ``out`` whose results.json records ``config``
     (as an earlier cudt, or another command, would have written it)."""

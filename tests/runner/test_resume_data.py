@@ -11,6 +11,7 @@ import shutil
 import sys
 
 import jax
+import numpy as np
 import pytest
 from helpers import TINY_DECODER, write_tiny_bert
 from PIL import Image
@@ -24,6 +25,7 @@ from cudt.models.llama import DecoderConfig, write_decoder_folder
 from cudt.models.vit.weights import write_vit_folder
 from cudt.runner.finished import _check_trained_on
 from cudt.runner.output import checkpoint_record, described_alike, open_output_once
+from cudt.runner.run import data_draws, data_record
 from cudt.tasks.llm import LLMTask
 from cudt.tasks.llm_config import LLMConfig
 from cudt.tasks.text import TextConfig, TextTask
@@ -156,6 +158,28 @@ def test_the_same_base_model_and_records_elsewhere_resume(tmp_path):
         _resumes(task, dataclasses.replace(moved, checkpoint=str(other)), out)
 
 
+def test_a_base_model_replaced_at_the_same_path_is_read_again_not_served_stale(tmp_path):
+    """The pretrained weights are read once per process, keyed by the path alone: a folder
+    rewritten there with other weights gave the first ones and their base_digest again (a
+    resume over the other weights passed as the same). Keyed by its files' state too."""
+    from cudt.tasks.llm_data import load_data
+
+    records = generated_instructions(40, seed=0)
+    tok = build_word_tokenizer(records)
+    config = DecoderConfig(vocab_size=tok.get_vocab_size(), **TINY_DECODER)
+    write_alpaca(records, tmp_path / "alpaca.json")
+    sizes = dict(num_train=24, num_val=4, num_test=4, max_length=48, batch_size=4)
+    cfg = LLMConfig(checkpoint=str(tmp_path / "llama"), data=str(tmp_path / "alpaca.json"), **sizes)
+    seen = []
+    for key in (3, 4, 4):
+        params = config.init_params(jax.random.key(key))
+        write_decoder_folder(tmp_path / "llama", config, params, tok)
+        data = load_data(cfg)
+        np.testing.assert_array_equal(data.decoder.params["embed"], params["embed"])
+        seen.append(data.base_digest)
+    assert seen[0] != seen[1] == seen[2]  # the same weights written again: the same digest
+
+
 def _edit_json(path, **fields) -> None:
     path.write_text(json.dumps(json.loads(path.read_text()) | fields))
 
@@ -164,6 +188,31 @@ def _without(saved, name: str) -> None:
     """The checkpoints' record as a run from before ``name`` was recorded wrote it."""
     saved.write_text(json.dumps({k: v for k, v in json.loads(saved.read_text()).items()
                                  if k != name}))  # fmt: skip
+
+
+def test_a_ut_resumes_over_an_encoder_config_change_it_does_not_read(tmp_path):
+    """--model ut reads its encoder's vocabulary and word table, not its blocks: the whole
+    config.json was digested (encoder_config_digest), so another activation or layer-norm eps
+    refused the resume ("trained on other files ... (encoder_config_digest"). It resumes; a
+    field the UT reads (the pad id its tokenizer pads with) is still refused, and a record of
+    the whole config (an earlier cudt's) resumes."""
+    bert = write_tiny_bert(tmp_path / "bert")
+    task, out = TextTask(), tmp_path / "run"
+    cfg = TextConfig(model="ut", checkpoint=str(bert), num_train=16, num_test=8, max_length=16)
+    _started(task, cfg, out)
+    config = bert / "config.json"
+    original = json.loads(config.read_text())
+    config.write_text(json.dumps(original | {"layer_norm_eps": 1e-5, "hidden_act": "relu"}))
+    assert _resumes(task, cfg, out)
+    saved = out / "checkpoints" / "config.json"
+    record = json.loads(saved.read_text())
+    _without(saved, "ut_encoder_config_digest")  # an earlier cudt's record: the whole config's
+    _edit_json(saved, encoder_config_digest="856051353a5695b8")
+    assert _resumes(task, cfg, out)
+    saved.write_text(json.dumps(record))
+    config.write_text(json.dumps(original | {"pad_token_id": 3}))
+    with pytest.raises(UsageError, match=r"other files than .*ut_encoder_config_digest"):
+        _resumes(task, cfg, out)
 
 
 def test_another_encoder_config_over_the_same_weights_is_refused_older_runs_resume(tmp_path):
@@ -286,3 +335,31 @@ def test_a_flag_over_each_draws_record_is_alike_where_every_draws_digest_is():
     assert not described_alike("data", old, old | {"data_per_seed.1.train_digest": "z"}, table)
     assert not described_alike("data", {"data": "a"}, {"data": "b"}, table)  # none recorded
     assert not described_alike("num_train", old, old | {"num_train": 3}, table)
+
+
+def test_another_seed_range_is_named_by_its_seeds_once_not_field_by_field(tmp_path):
+    """Checkpoints of seeds 0-1 (each seed its own draw) resumed with another seed range: the
+    refusal names the seeds the folder lacks or holds beyond the command once (before: a
+    ``data_per_seed.N.field None -> ...`` line per field of each such draw, "and 9 more"); a
+    draw both hold is still compared field by field."""
+    task, out = VideoTask(), tmp_path / "run"
+    base = VideoConfig(models=("dust",), num_videos=3, num_frames=8, seq_len=4, seeds=2)
+
+    def record(cfg):
+        draws = data_draws(cfg)
+        datas = {s: task.load(d) for s, d in draws.items()}
+        return checkpoint_record(cfg) | data_record(task, draws, datas)
+
+    with open_output_once(out, record(base), base, True) as opened:
+        assert not opened.resuming
+    (out / "checkpoints" / "g-2" / "4").mkdir(parents=True)  # a step saved
+    for changes, words in (
+        ({"seeds": 4}, "(seeds 2 -> 4; seeds 2-3 are not in this folder)"),
+        ({"seeds": 1}, "(seeds 2 -> 1; seed 1 is in this folder, not in this command)"),
+        ({"seed": 1, "seeds": 3}, "seed 0 -> 1; seeds 2 -> 3; seeds 2-3 are not in this folder; "),
+        ({"num_frames": 9}, "(num_frames 8 -> 9)"),  # both draws' records changed: the flag
+    ):
+        cfg = dataclasses.replace(base, **changes)
+        with pytest.raises(UsageError) as e:
+            open_output_once(out, record(cfg), cfg, True)
+        assert words in str(e.value) and "None" not in str(e.value), str(e.value)

@@ -536,6 +536,57 @@ def test_bad_checkpoints_and_data_fail_before_touching_out(tiny_bert, tmp_path, 
         )
 
 
+def test_a_max_length_that_leaves_a_pairs_text_no_token_is_refused(tiny_bert, tmp_path, capsys):
+    """RoBERTa's sentence-pair template takes 4 special tokens (``<s> a </s></s> b </s>``): at
+    --max-length 4 every input was the template alone and at 5 one text of the two, the same
+    for every label, and the run trained on them with nothing said (the data line: "4 tokens
+    (100% of train texts fill or exceed them)"). Refused before --out, naming the length that
+    holds a token of each text; BERT's 3-token template likewise."""
+    from tokenizers import Tokenizer, processors
+
+    from cudt.data.text.nli import tfds_builder, tiny_splits
+    from cudt.tasks.text import TextConfig, TextTask
+
+    vocab = json.loads((minilm_path() / "config.json").read_text())["vocab_size"]
+    roberta = write_tiny_folder(tmp_path / "roberta", "roberta", vocab=vocab)
+    tok = Tokenizer.from_file(str(minilm_path() / "tokenizer.json"))
+    tok.post_processor = processors.RobertaProcessing(("[SEP]", 102), ("[CLS]", 101))
+    tok.save(str(roberta / "tokenizer.json"))
+    data = tmp_path / "tfds"
+    builder = tfds_builder("mnli", tiny_splits("mnli", 40, 20))
+    builder(data_dir=str(data), file_format="array_record").download_and_prepare()
+    mnli = ["--dataset", "mnli", "--data-dir", str(data)]
+    out = tmp_path / "out"
+    for model, length, words in (
+        (["--model", "roberta", "--checkpoint", str(roberta)], "4", "leaves 0 of its tokens"),
+        (["--model", "roberta", "--checkpoint", str(roberta)], "5", "special tokens take 4): pa"),
+        (["--model", "bert", "--checkpoint", str(tiny_bert)], "4", "pass --max-length 5 or mo"),
+    ):
+        argv = [*TINY, *model, *mnli, "--max-length", length, "--out", out]
+        assert_one_line_error(text_classify.main, argv, capsys, words, out=out)
+    cfg = TextConfig(
+        model="roberta", checkpoint=str(roberta), dataset="mnli", data_dir=str(data),
+        num_train=40, num_test=20, max_length=6,
+    )  # fmt: skip
+    ids = TextTask().load(cfg).tokens["train"].ids  # a token of each text: [0 a 2 2 b 2]
+    assert ids.shape[1] == 6 and np.all(ids[:, [1, 4]] != 102) and np.all(ids[:, 2:4] == 102)
+
+
+def test_the_uts_length_cap_is_its_tokenizers_and_the_help_and_error_say_so(tmp_path, capsys):
+    """--model ut without --ut-positions reads no position, yet its --max-length is capped at
+    the encoder's positions (it tokenizes as that encoder does): the refusal said only
+    "exceeds the 512 positions of <MiniLM>: pass a smaller --max-length", as if the UT read
+    them; it now says why, and the number to pass, as the help does."""
+    out = tmp_path / "out"
+    argv = [*TINY, "--model", "ut", "--max-length", "513", "--out", out]
+    words = "whose tokenizer --model ut reads (with or without --ut-positions: it tokenizes "
+    assert_one_line_error(text_classify.main, argv, capsys, words, out=out)
+    with pytest.raises(SystemExit):
+        text_classify.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "at most the encoder's positions (MiniLM's 512; --model ut's too," in help_text
+
+
 def test_a_tokenizer_past_the_checkpoints_vocabulary_is_refused(tmp_path, capsys):
     """A folder whose tokenizer.json is another model's (MiniLM's 30,522 word pieces over a
     100-row table): its ids past the table were gathered under jit as NaN, and the run trained

@@ -29,6 +29,10 @@ def write_aclimdb(
     ``ratings`` (per split, 1-10) name the files as the real archive does; without them
     negative reviews get rating 1 and positive ones 10. Texts are written as given (UTF-8).
     A folder that already holds reviews is refused: the new ones would be read with them.
+    Nothing :func:`read_aclimdb` refuses is written: an empty text (or one of ``<br />`` tags
+    and spaces only), or a split without a negative or a positive review, is refused before
+    any file is (not skipped: the files' ids, ratings and counts would no longer be the
+    split's).
     """
     base = Path(root).expanduser() / "aclImdb"
     splits = (
@@ -36,11 +40,7 @@ def write_aclimdb(
         ("test", test, None if ratings is None else ratings[1]),
     )
     for name, split, _ in splits:
-        if split.pairs is not None or (len(split) and int(split.labels.max()) > 1):
-            raise DataError(
-                f"write_aclimdb writes binary single-text splits; the {name} split has pairs or "
-                "labels above 1: pass neg (0) / pos (1) reviews"
-            )
+        _check_writable(name, split)
     held = [base / s / f for s in ("train", "test") for f in ("neg", "pos")]
     if any(next(folder.glob("*.txt"), None) is not None for folder in held if folder.is_dir()):
         raise DataError(
@@ -56,6 +56,27 @@ def write_aclimdb(
             path = base / name / ("pos" if label else "neg") / f"{i}_{rating}.txt"
             path.write_text(text, encoding="utf-8")
     return base
+
+
+def _check_writable(name: str, split: TextSplit) -> None:
+    """Refuses a split :func:`read_aclimdb` could not read back (see :func:`write_aclimdb`)."""
+    if split.pairs is not None or (len(split) and int(split.labels.max()) > 1):
+        raise DataError(
+            f"write_aclimdb writes binary single-text splits; the {name} split has pairs or "
+            "labels above 1: pass neg (0) / pos (1) reviews"
+        )
+    empty = next((i for i, t in enumerate(split.texts) if not _clean_review(t)), None)
+    if empty is not None:
+        raise DataError(
+            f"the {name} split's text {empty} is empty (or only <br /> tags and spaces), "
+            "which read_aclimdb refuses to read: drop it from the split, or give it words"
+        )
+    for label, folder in enumerate(("neg", "pos")):
+        if not np.any(np.asarray(split.labels) == label):
+            raise DataError(
+                f"the {name} split has no {folder} review (label {label}), and read_aclimdb "
+                f"refuses an empty {name}/{folder} folder: pass reviews of both labels"
+            )
 
 
 # --------------------------------------------------------------------------------------------------
