@@ -7,9 +7,10 @@ seeds 1 and 2 of ``--seed 0 --seeds 3`` (each seed on its own draw of the data),
 machine or later; with ``--data-seed 0`` on every command, all on seed 0's draw.
 :func:`combine` reads each folder's ``results.json``, checks that they are the
 same experiment on the same data with the same settings (everything but the runs' seeds, the
-sweep points, a hyperparameter either folder sweeps, the tune grids, and where and how the runs were
-executed; a setting a later version added counts as its earlier behaviour in a folder written
-before it, ``RunConfig.ADDED``), and prints the experiment's summary
+sweep points, a hyperparameter either folder sweeps, the tune grids, where and how the runs
+were executed, and a path spelt otherwise whose files' digests are alike; a setting a later
+version added counts as its earlier behaviour in a folder written before it,
+``RunConfig.ADDED``), and prints the experiment's summary
 table and footer over all their runs: the best run of each setting chosen again (on validation
 data, as every run does), the sweep point chosen over every seed, the intervals over seeds,
 the paired constrained − ERM intervals. It writes nothing, and refuses a folder a job is still
@@ -39,6 +40,7 @@ from cudt.runner.choice import (
 )
 from cudt.runner.finished import removed_settings
 from cudt.runner.lock import check_free
+from cudt.runner.output import DATA_RECORD, described_alike
 from cudt.runner.report import seed_intervals, summary_table
 from cudt.runner.sweep import SWEEPABLE
 
@@ -211,9 +213,27 @@ def _load_job(task, folders: list[str | Path], own_data: bool = False) -> list[d
             for k in set(config) | set(base)
             if k not in free | swept | idle and config.get(k) != base.get(k)
         )
+        # a path spelt otherwise (another working folder, another machine's mount) naming
+        # the files the other folder's runs trained on (their digests alike): a resume's rule
+        differ = [k for k in differ if not _same_files(task.config_cls, k, first, res)]
         if differ:
             _refuse_differences(task, folders[0], folder, base, config, differ)
     return results
+
+
+def _same_files(config_cls: type, key: str, first: dict, other: dict) -> bool:
+    """Whether the path flag ``key`` names, in two folders' results, files whose digests
+    (the config's ``DESCRIBED_BY``: the training data's, the weights') each folder's data
+    record holds alike (:func:`cudt.runner.output.described_alike`)."""
+
+    def flat(record: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in record.items():
+            out |= flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
+        return out
+
+    records = [flat(r.get(DATA_RECORD) or {}) for r in (first, other)]
+    return described_alike(key, *records, getattr(config_cls, "DESCRIBED_BY", {}))
 
 
 def _refuse_differences(task, first, folder, base: dict, config: dict, differ: list) -> None:

@@ -128,9 +128,14 @@ def finished_run(out: str | Path, task: Any, reader: str) -> tuple[Any, Any, dic
     # the flags as given: the checkpoints' record (results.json holds some resolved: the
     # learning rate, the reference state), and the evaluation's from results.json
     fields = {f.name: f for f in dataclasses.fields(task.config_cls)}
-    kw = {k: v for k, v in saved.items() if k in fields} | {
-        k: v for k, v in trained.items() if k in fields
-    }
+    # but the paths as results.json's command gave them: relative to its provenance's cwd,
+    # where they are read, while the record's are the first start's (a resume elsewhere)
+    paths = set(getattr(task.config_cls, "DESCRIBED_BY", {}))
+    kw = (
+        {k: v for k, v in saved.items() if k in fields}
+        | {k: v for k, v in trained.items() if k in fields}
+        | {k: v for k, v in saved.items() if k in fields and k in paths}
+    )
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()}
     if "sweep" in kw:  # the lanes it trained (a repeated value, refused now, trained one)
         kw["sweep"] = canonical_items(kw["sweep"])

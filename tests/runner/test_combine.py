@@ -272,6 +272,31 @@ def _copy_recording(source, out, **config):
     return out
 
 
+def test_seeds_trained_on_one_file_spelt_otherwise_join(tmp_path, monkeypatch, capsys):
+    """A job's seeds as commands on other machines or from other folders: the same data file
+    at another path (a copy, a path relative to another folder) joins, as a resume would take
+    it (its digests decide); it was refused, "differ in data". Other data there is refused."""
+    records = generated_instructions(40, seed=10)
+    first, later, other = (tmp_path / n for n in ("first", "later", "other"))
+    for folder in (first, later, other):
+        (folder / "data").mkdir(parents=True)
+        these = records if folder != other else generated_instructions(40, seed=11)
+        write_alpaca(these, folder / "data" / "alpaca.json")
+    runs = []
+    for i, folder in enumerate((first, later, other)):
+        monkeypatch.chdir(folder)
+        argv = [*TINY, "--data", "data/alpaca.json" if i != 1 else "./data//alpaca.json"]
+        argv += ["--data-seed", "0", "--seed", str(min(i, 1)), "--seeds", "1"]
+        runs.append(finished_job(llm_sft.main, argv, tmp_path / f"seed{i}"))
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert combine.main([str(runs[0]), str(runs[1])]) == 0
+    assert "4 runs of llm_sft from 2 folders:" in capsys.readouterr().out
+    assert combine.main([str(runs[0]), str(runs[2])]) == 2
+    err = capsys.readouterr().err
+    assert "they are not one job's runs" in err and err.count("\n") == 1, err
+
+
 def test_a_folder_written_before_a_setting_existed_joins_at_its_earlier_behaviour(
     folders, tmp_path, capsys
 ):

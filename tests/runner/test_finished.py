@@ -45,6 +45,36 @@ def test_relative_paths_are_read_where_the_run_ran_for_every_seed(tiny_bert, tmp
     assert ids[0].shape != ids[1].shape or not np.array_equal(*ids)  # each seed's own draw
 
 
+def test_a_run_finished_from_another_folder_is_read_where_that_command_ran(
+    tiny_bert, tmp_path, monkeypatch
+):
+    """A batch job started in one folder and resumed from another (its paths spelt relative to
+    each): results.json, its provenance's cwd and its paths are the resume's, the checkpoints'
+    record the first start's. The paths were read from the record against the resume's cwd,
+    where they name nothing: the finished run could not be read back (export_decoder,
+    layer_gradients)."""
+    ran, later = tmp_path / "ran", tmp_path / "later"
+    shutil.copytree(tiny_bert, ran / "bert")
+    train, train_ratings = imdb_like_reviews(60, seed=0, stream=0, short=True)
+    test, test_ratings = imdb_like_reviews(20, seed=0, stream=1, short=True)
+    write_aclimdb(ran / "data", train, test, ratings=(train_ratings, test_ratings))
+    later.mkdir()
+    out = str(tmp_path / "run")
+    common = ["--model", "bert", "--dataset", "aclimdb", "--num-train", "40", "--num-test", "20"]
+    common += ["--kinds", "erm", "--steps", "2", "--max-length", "32", "--out", out]
+    monkeypatch.chdir(ran)
+    assert text_classify.main([*common, "--checkpoint", "bert", "--data-dir", "data/aclImdb"]) == 0
+    (tmp_path / "run" / "results.json").unlink()  # as if killed after its last checkpoint
+    monkeypatch.chdir(later)  # the same files, spelt from here: the resume evaluates them
+    there = ["--checkpoint", "../ran/bert", "--data-dir", "../ran/data/aclImdb"]
+    assert text_classify.main([*common, *there]) == 0
+    monkeypatch.chdir(tmp_path)
+    cfg, data, results = finished_run(tmp_path / "run", TextTask(), "a test")
+    assert results["provenance"]["cwd"] == str(later)
+    assert (cfg.checkpoint, cfg.data_dir) == ("../ran/bert", "../ran/data/aclImdb")
+    assert data.tokens["train"].ids.shape[0] > 0
+
+
 # -- a flag an earlier cudt accepted where it acted on nothing --------------------------------------
 
 VIDEO = dict(models=("ut",), layers=2, num_videos=3, num_frames=4, seq_len=4)
