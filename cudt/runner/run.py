@@ -165,14 +165,10 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     path = given if given is not None else fresh_run_dir(task.name, claim=jax.process_count() == 1)
     _check_group_folders(path, groups, cfg.overwrite)
     with open_output_once(path, fingerprint, cfg, main_process, task_defaults(task, cfg)) as out:
-        print(
-            f"output: {out.path}"
-            + (
-                " (resuming)"
-                if out.resuming
-                else f" (if interrupted, rerun with --out {shlex.quote(str(out.path))} to resume)"
-            )
-        )
+        # the command's --out only: a caller's out_dir (a paper job's sub-run) is resumed by
+        # rerunning the caller, which says how
+        hint = f" (if interrupted, rerun with --out {shlex.quote(str(out.path))} to resume)"
+        print(f"output: {out.path}" + (" (resuming)" if out.resuming else "" if out_dir else hint))
         for line in inert_warnings(task, cfg, groups):
             say(line)
         programs = [GroupProgram(task, draws[g.data_seed], datas[g.data_seed], g) for g in groups]

@@ -25,13 +25,22 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import ROOT, ToyTask, assert_one_line_error, forced_devices_env, toy, toy_main
+from helpers import (
+    ROOT,
+    ToyConfig,
+    ToyTask,
+    assert_one_line_error,
+    forced_devices_env,
+    toy,
+    toy_main,
+)
 
 import cudt
 from cudt.checkpoint import GroupCheckpointer
 from cudt.metrics import feasibility
 from cudt.runner.choice import choose_points
 from cudt.runner.config import SWEEPABLE
+from cudt.runner.run import run
 
 
 @pytest.mark.slow
@@ -921,3 +930,14 @@ def test_inject_nans_kind_is_read_in_any_case_as_kinds_spells_it(tmp_path, capsy
     bad = [*argv, "--inject-nan", "toy,both,0,2", "--out", str(tmp_path / "b")]
     says = "with KIND erm or constrained (any case; e.g. ut,constrained,0,30), got 'toy,both,0,2'"
     assert_one_line_error(toy_main, bad, capsys, says, out=tmp_path / "b")
+
+
+def test_the_resume_hint_names_the_commands_out_not_a_callers(tmp_path, capsys):
+    """A paper job's sub-run (``run(task, cfg, out_dir)``) is resumed by rerunning the job: its
+    ``--out`` of the sub-folder alone would not resume the job. The command's own ``--out``
+    gets the hint."""
+    toy_main(["--steps", "4", "--seeds", "1", "--out", str(tmp_path / "cli")])
+    assert "(if interrupted, rerun with --out" in capsys.readouterr().out
+    run(ToyTask(), ToyConfig(steps=4, seeds=1), tmp_path / "sub")
+    out = capsys.readouterr().out
+    assert f"output: {tmp_path / 'sub'}\n" in out and "rerun with --out" not in out
