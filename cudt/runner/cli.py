@@ -299,7 +299,8 @@ def _drop_names(item: str, names: Sequence[str]) -> str | None:
 
 
 def run_cli(main: Callable[[], Any]) -> int:
-    """Runs ``main``; a :class:`cudt.errors.CudtError` (bad input) prints one line, exits 2."""
+    """Runs ``main``; a :class:`cudt.errors.CudtError` (bad input) prints one line, exits 2; a
+    reader of stdout that left (``| head``) ends it quietly, 141 as on SIGPIPE."""
     try:
         main()
     except CudtError as e:
@@ -312,6 +313,11 @@ def run_cli(main: Callable[[], Any]) -> int:
         _INTERRUPTS.append(e)
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader of stdout left (``| head``): quiet, as a Unix tool ends on SIGPIPE; stdout
+        # pointed at /dev/null, so that the interpreter's last flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return 0
 
 

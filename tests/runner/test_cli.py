@@ -241,3 +241,26 @@ def test_the_commands_a_run_prints_quote_an_out_with_a_space(tmp_path, capsys):
     assert shlex.split(resume) == ["--out", str(out)]
     logdir = re.search(r"training curves: (tensorboard .*)", printed).group(1)
     assert shlex.split(logdir) == ["tensorboard", "--logdir", str(out / "tensorboard")]
+
+
+def test_an_entry_point_whose_reader_leaves_ends_quietly():
+    """``python -m experiments.combine … | head``: once head has its lines, the entry point's
+    next print finds the pipe closed; it ends with 141 (SIGPIPE's status), not a traceback."""
+    code = textwrap.dedent("""
+        from cudt.runner.cli import exit_process, run_cli
+        def main():
+            for i in range(200_000):
+                print("line", i)
+        exit_process(run_cli(main))
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline() == "line 0\n"
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert (proc.wait(timeout=60), err) == (141, "")
