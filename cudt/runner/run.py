@@ -33,6 +33,7 @@ from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups
 from cudt.runner.hparams import resolve_reference
 from cudt.runner.lock import check_free
 from cudt.runner.mesh import check_job_devices, initialize_distributed, make_shardings
+from cudt.runner.model_check import check_model
 from cudt.runner.output import (
     CHECKPOINTS,
     DATA_RECORD,
@@ -296,7 +297,8 @@ def _print_model_defaults(cfg, specs, sweeps) -> None:
 
 def _plan_all_groups(task: Task, cfg, specs, draws, datas, swept) -> list:
     """The training groups of every draw of the data, built and named; every run's reference
-    resolves before anything is written."""
+    resolves, and each model gives what the runner reads (:func:`check_model`), before
+    anything is written."""
     groups = []
     for data_seed in draws:  # one set of groups per draw of the data
         mine = [s for s in specs if len(draws) == 1 or s.seed == data_seed]
@@ -306,6 +308,8 @@ def _plan_all_groups(task: Task, cfg, specs, draws, datas, swept) -> list:
                 draws[data_seed], datas[data_seed], group.model_name, group.structure
             )
             name_group(group, swept, data_seed if len(draws) > 1 else None)
+            if not any(g.model_name == group.model_name for g in groups):  # once a model
+                check_model(task, draws[data_seed], datas[data_seed], group.model)
             for spec in group.specs:  # every reference resolves before anything is written
                 task.resolve_reference(spec.hp["reference"], datas[data_seed])
             groups.append(group)

@@ -7,6 +7,7 @@ config, so the page cannot drift from a task that works.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -69,3 +70,49 @@ def test_a_task_without_fingerprint_cannot_be_made():
     forgetful = type("Forgetful", (Task,), {h: getattr(example, h) for h in hooks})
     with pytest.raises(TypeError, match="fingerprint"):
         forgetful()
+
+
+def _broken(example, fault: str):
+    """The example task with one thing its model gives the runner wrong (``fault``)."""
+
+    class Broken(example):
+        def load(self, cfg):
+            data = super().load(cfg)
+            if fault == "empty val":
+                data["val"] = {k: v[:0] for k, v in data["val"].items()}
+            return data
+
+        def build(self, cfg, data, name, structure):
+            model = super().build(cfg, data, name, structure)
+            losses, outputs = model.layer_losses, model.eval_outputs
+            if fault == "[L+1, B]":
+                losses = lambda p, b, k: model.layer_losses(p, b, k).T  # noqa: E731
+            if fault == "[B, L]":
+                losses = lambda p, b, k: model.layer_losses(p, b, k)[:, 1:]  # noqa: E731
+            if fault == "no losses":
+                outputs = lambda *a: {"loss": model.eval_outputs(*a)["losses"]}  # noqa: E731
+            return dataclasses.replace(model, layer_losses=losses, eval_outputs=outputs)
+
+    return Broken()
+
+
+@pytest.mark.parametrize(
+    ("fault", "words"),
+    [
+        ("[L+1, B]", "layer_losses has shape (4, 16), not [B, L+1] = [16, 4]"),
+        ("[B, L]", "layer_losses has shape (16, 3), not [B, L+1] = [16, 4]"),
+        ("no losses", "eval_outputs returns ['loss'], without 'losses'"),
+        ("empty val", "the val split has no examples"),
+    ],
+)
+def test_a_model_the_runner_cannot_read_is_refused_before_anything_is_written(
+    tmp_path, capsys, fault, words
+):
+    # found only by training (a traceback, --out written) or after it (the training lost)
+    task = _broken(example_namespace()["SineTask"], fault)
+    out = tmp_path / "sine"
+    argv = ["--seeds", "1", "--steps", "4", "--batch-size", "16", "--out", str(out)]
+    assert task_main(task, argv, "sine", "sine") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: sine model 'mlp': ") and words in err, err
+    assert len(err.splitlines()) == 1 and not out.exists()
