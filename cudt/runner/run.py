@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from cudt.checkpoint import GroupCheckpointer
 from cudt.errors import UsageError
-from cudt.io import fresh_run_dir, given_out, to_jsonable, write_json_atomic
+from cudt.io import digest, fresh_run_dir, given_out, to_jsonable, write_json_atomic
 from cudt.loop import loop_record
 from cudt.runner.choice import choose_points, compare_chosen, mark_chosen, select_best
 from cudt.runner.curves import plot_training_curves, write_tensorboard
@@ -53,6 +53,7 @@ __all__ = [
     "data_draws",
     "data_record",
     "evaluation_grids",
+    "examples_digests",
     "inert_warnings",
     "run",
 ]
@@ -77,6 +78,31 @@ def data_record(task: Task, draws: dict[int, Any], datas: dict[int, Any]) -> dic
         ((seed, data),) = datas.items()
         return task.fingerprint(draws[seed], data)
     return {"data_per_seed": {str(k): task.fingerprint(draws[k], d) for k, d in datas.items()}}
+
+
+def examples_digests(task: Task, datas: dict[int, Any], groups, record: dict) -> dict:
+    """``record`` (:func:`data_record`) with the runner's own digest of each draw's training
+    examples, ``examples_digest``, where the task's fingerprint holds no ``train_digest``: a
+    task whose fingerprint does not name its data (``{}``, or a file's path alone) is still
+    refused a resume over other training examples behind the same flags. The examples are
+    those its models train on (:meth:`Task.train_examples` of each group of the draw), each
+    array once."""
+    per_seed = record.get("data_per_seed")
+    out = dict(record) if per_seed is None else {**record, "data_per_seed": dict(per_seed)}
+    for seed, data in datas.items():
+        own = out if per_seed is None else out["data_per_seed"][str(seed)]
+        if "train_digest" in own:
+            continue
+        arrays: dict[int, Any] = {}  # kept alive while listed, so an id names one array
+        for group in (g for g in groups if g.data_seed == seed):
+            for leaf in jax.tree.leaves(task.train_examples(data, group.model)):
+                arrays.setdefault(id(leaf), leaf)
+        mine = {**own, "examples_digest": digest(list(arrays.values()))}
+        if per_seed is None:
+            out = mine
+        else:
+            out["data_per_seed"][str(seed)] = mine
+    return out
 
 
 def check_reused(
@@ -156,6 +182,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     data = next(iter(datas.values()))  # what is the same in every draw (config extras)
     _print_model_defaults(cfg, specs, sweeps)
     groups = _plan_all_groups(task, cfg, specs, draws, datas, swept)
+    trained_on = examples_digests(task, datas, groups, trained_on)
     # before --out is opened: a job whose processes cannot all hold a group's mesh is refused
     meshes = [
         make_shardings(len(g.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp) for g in groups

@@ -13,6 +13,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cudt.runner import Task
@@ -116,3 +117,43 @@ def test_a_model_the_runner_cannot_read_is_refused_before_anything_is_written(
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: sine model 'mlp': ") and words in err, err
     assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_a_task_whose_fingerprint_names_no_data_is_not_resumed_over_other_examples(
+    tmp_path, capsys
+):
+    # a user's task reading its examples from a file at one path, whose fingerprint forgets
+    # them ({}): the runner's digest of the training examples refuses a resume over other ones
+    example = example_namespace()["SineTask"]
+    source = tmp_path / "data.npz"
+
+    class FromFile(example):
+        def load(self, cfg):
+            with np.load(source) as f:
+                return {s: {"x": f[s], "y": np.sin(3.0 * f[s])} for s in ("train", "val", "test")}
+
+        def fingerprint(self, cfg, data):
+            return {}
+
+    def write(seed):
+        rng = np.random.default_rng(seed)
+        np.savez(source, **{s: rng.uniform(-1, 1, (32, 1)).astype(np.float32) for s in "abc"})
+        with np.load(source) as f:  # as train, val, test
+            np.savez(source, train=f["a"], val=f["b"], test=f["c"])
+
+    out = tmp_path / "run"
+    argv = ["--seeds", "1", "--steps", "4", "--chunk-steps", "2", "--out", str(out)]
+    write(0)
+    assert task_main(FromFile(), argv, "sine", "sine") == 0
+    (out / "results.json").unlink()  # the same command would resume its checkpoints
+    write(1)  # other examples at the same path, behind the same flags
+    capsys.readouterr()
+    assert task_main(FromFile(), argv, "sine", "sine") == 2
+    err = capsys.readouterr().err
+    assert "trained on other files" in err and "examples_digest" in err, err
+    assert not (out / "results.json").exists()
+    write(0)  # the examples it was trained on: resumed
+    assert task_main(FromFile(), argv, "sine", "sine") == 0
+    assert "resumed from the checkpoint at step 4" in capsys.readouterr().err
+    saved = json.loads((out / "checkpoints" / "config.json").read_text())
+    assert len(saved["examples_digest"]) == 16
