@@ -157,3 +157,21 @@ def test_a_task_whose_fingerprint_names_no_data_is_not_resumed_over_other_exampl
     assert "resumed from the checkpoint at step 4" in capsys.readouterr().err
     saved = json.loads((out / "checkpoints" / "config.json").read_text())
     assert len(saved["examples_digest"]) == 16
+
+
+def test_a_task_of_your_own_is_combined_in_python_as_the_refusal_says(tmp_path, capsys):
+    # experiments.combine knows cudt's tasks only: its refusal names what to call instead
+    from cudt.runner.combine import combine
+    from experiments.combine import main as combine_main
+
+    task = example_namespace()["SineTask"]()
+    folders = [str(tmp_path / "s0"), str(tmp_path / "s1")]
+    tiny = ["--steps", "4", "--chunk-steps", "2", "--examples", "32", "--seeds", "1"]
+    for seed, out in enumerate(folders):
+        assert task_main(task, [*tiny, "--seed", str(seed), "--out", out], "sine", "sine") == 0
+    capsys.readouterr()
+    assert combine_main(folders) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown experiment 'sine'" in err and "cudt.runner.combine.combine(" in err, err
+    report = combine(task, folders)
+    assert "mlp-3 constrained: mean [95% Student-t interval] over 2 seeds" in report
