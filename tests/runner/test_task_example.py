@@ -175,3 +175,24 @@ def test_a_task_of_your_own_is_combined_in_python_as_the_refusal_says(tmp_path, 
     assert "unknown experiment 'sine'" in err and "cudt.runner.combine.combine(" in err, err
     report = combine(task, folders)
     assert "mlp-3 constrained: mean [95% Student-t interval] over 2 seeds" in report
+
+
+def test_a_test_example_with_a_nan_is_named_as_such_under_the_table(tmp_path, capsys):
+    # a bad value in the user's test data: its ratios were said to be "below the floor", and
+    # the floor itself fell to 1e-12 (every state's mean was NaN)
+    example = example_namespace()["SineTask"]
+
+    class OneBadValue(example):
+        def load(self, cfg):
+            data = super().load(cfg)
+            data["test"]["x"][5] = np.nan
+            return data
+
+    out = tmp_path / "sine"
+    argv = ["--seeds", "1", "--steps", "4", "--examples", "32", "--out", str(out)]
+    assert task_main(OneBadValue(), argv, "sine", "sine") == 0
+    text = capsys.readouterr().out
+    # at 4 steps some early states' losses are near 0 too: below the floor, named apart
+    assert "; 3 with a non-finite loss); descent and mean/median r are over the rest" in text
+    for run in json.loads((out / "results.json").read_text())["runs"]:
+        assert run["ratios_non_finite"] == 3 and run["ratio_floor"] > 1e-6
