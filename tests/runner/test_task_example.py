@@ -196,3 +196,16 @@ def test_a_test_example_with_a_nan_is_named_as_such_under_the_table(tmp_path, ca
     assert "; 3 with a non-finite loss); descent and mean/median r are over the rest" in text
     for run in json.loads((out / "results.json").read_text())["runs"]:
         assert run["ratios_non_finite"] == 3 and run["ratio_floor"] > 1e-6
+
+
+def test_a_task_without_its_config_class_is_named_in_one_line(tmp_path, capsys):
+    # config_cls left at the base class's None: a TypeError from typing.get_type_hints
+    example = example_namespace()["SineTask"]
+    forgetful = type("NoConfig", (example,), {"config_cls": None})()
+    assert task_main(forgetful, ["--out", str(tmp_path / "run")], "sine", "sine") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "error: NoConfig.config_cls is None, not a subclass of cudt.runner.RunConfig: set "
+        "config_cls to the task's config class (docs/design.md)"
+    )
+    assert not (tmp_path / "run").exists()
