@@ -187,6 +187,7 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     meshes = [
         make_shardings(len(g.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp) for g in groups
     ]
+    gammas, val_gammas = evaluation_grids(task, cfg, specs)  # a bad grid: before --out
     fingerprint = checkpoint_record(cfg) | trained_on
     # the default folder is chosen when it is opened, and created then by a job alone on its
     # host: two jobs started in the same second get two folders
@@ -208,7 +209,6 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             say(line)
         if out.resuming:  # a corrupt or foreign checkpoint is refused before any training
             _check_checkpoints(out, cfg, groups, programs, meshes)
-        gammas, val_gammas = evaluation_grids(task, cfg, specs)
         trained = _train_and_evaluate(
             task, cfg, out, draws, datas, groups, programs, meshes, gammas, val_gammas
         )
@@ -363,9 +363,19 @@ def _check_checkpoints(out, cfg, groups, programs, meshes) -> None:
 def evaluation_grids(task: Task, cfg, specs) -> tuple[list[float], list[float]]:
     """``(test γs, validation γs)`` every run of ``specs`` is evaluated at: one test grid for
     every run, the union of their grids, so runs swept over γ_train are evaluated (and
-    compiled) alike; the task's validation γs and every γ_train."""
+    compiled) alike; the task's validation γs and every γ_train. A task's grid without its
+    γ_train or a ``--test-gammas`` value (a grid that ignores the flag) is refused."""
     gamma_trains = sorted({float(s.hp["gamma_train"]) for s in specs})
-    gammas = sorted({g for gt in gamma_trains for g in task.test_gamma_grid(cfg, gt)})
+    grids = {gt: [float(g) for g in task.test_gamma_grid(cfg, gt)] for gt in gamma_trains}
+    for gt, grid in grids.items():  # a run's γ_train is where its descent is judged
+        left_out = [g for g in [gt, *(cfg.test_gammas or ())] if g not in grid]
+        if left_out:
+            raise UsageError(
+                f"{task.name}'s test_gamma_grid(cfg, {gt:g}) is {grid}, without "
+                f"{', '.join(f'{g:g}' for g in left_out)}: return a grid holding the run's "
+                "gamma_train and every --test-gammas value"
+            )
+    gammas = sorted({g for grid in grids.values() for g in grid})
     val_gammas = sorted(set(task.val_gammas(cfg, gamma_trains, gammas)) | set(gamma_trains))
     return gammas, val_gammas
 

@@ -209,3 +209,24 @@ def test_a_task_without_its_config_class_is_named_in_one_line(tmp_path, capsys):
         "config_cls to the task's config class (docs/design.md)"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_the_example_reads_test_gammas_and_a_grid_that_does_not_is_refused(tmp_path, capsys):
+    # the example's grid once ignored --test-gammas (accepted, evaluated at 0, γ, 2γ all the
+    # same); a grid without γ_train failed after training (0.3 is not in list)
+    example = example_namespace()["SineTask"]
+    tiny = ["--seeds", "1", "--steps", "4", "--examples", "32", "--test-gammas", "0,0.5"]
+    out = tmp_path / "sine"
+    assert task_main(example(), [*tiny, "--out", str(out)], "sine", "sine") == 0
+    (run, *_) = json.loads((out / "results.json").read_text())["runs"]
+    assert run["test_gamma"] == [0.0, 0.1, 0.5]
+    capsys.readouterr()
+    fixed = type("Fixed", (example,), {"test_gamma_grid": lambda self, cfg, g: [0.0, 1.0]})
+    for argv, missing in (([], "0.1"), (["--test-gammas", "0,0.5"], "0.1, 0.5")):
+        out = tmp_path / f"fixed{len(argv)}"
+        assert task_main(fixed(), [*tiny[:6], *argv, "--out", str(out)], "sine", "sine") == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(
+            f"error: sine's test_gamma_grid(cfg, 0.1) is [0.0, 1.0], without {missing}: "
+        ), err
+        assert not out.exists()
