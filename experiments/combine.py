@@ -8,7 +8,8 @@ as separate commands, each seed on its own draw of the data, or all on ``--data-
 Prints the experiment's summary table and footer over every run of the folders (intervals over
 seeds, paired constrained − ERM intervals, the best run and the sweep point chosen on
 validation data); it refuses folders of another experiment, other data or other settings. One
-folder: its report again, as this version writes it. :mod:`cudt.runner.combine`.
+folder: its report again, as this version writes it. :mod:`cudt.runner.combine`; a task of
+your own (not one of cudt's): ``print(cudt.runner.combine.combine(YourTask(), folders))``.
 
 ``--per-folder``: folders on different data sets (a held-out data set per seed, each command
 with its own ``--data-dir``): each folder's point is chosen on its own validation data, and the
@@ -80,7 +81,11 @@ def _point(text: str) -> dict[str, str]:
 def _report(folders, per_folder: bool = False, point=None) -> None:
     name = load_results(folders[0]).get("experiment")
     if name not in TASKS:
-        raise CudtError(f"{folders[0]}: unknown experiment {name!r}")
+        raise CudtError(
+            f"{folders[0]}: unknown experiment {name!r} (this command knows "
+            f"{', '.join(TASKS)}): combine a task of your own in Python, "
+            "print(cudt.runner.combine.combine(YourTask(), folders)) (or combine_per_folder)"
+        )
     if per_folder:
         print(combine_per_folder(TASKS[name](), folders, point))
     else:

@@ -387,8 +387,18 @@ def configure_process() -> None:
 
 def task_main(task, argv: Sequence[str] | None, description: str, prog: str) -> int:
     """The whole entry point of an experiment: flags → config → :func:`cudt.runner.run`."""
+    from cudt.runner.config import RunConfig
+
     configure_process()
-    cfg, _ = config_from_args(task.config_cls, argv, description, prog)
+    cls = task.config_cls
+    if not (isinstance(cls, type) and issubclass(cls, RunConfig)):  # its flags come from it
+        print(
+            f"error: {type(task).__name__}.config_cls is {cls!r}, not a subclass of "
+            "cudt.runner.RunConfig: set config_cls to the task's config class (docs/design.md)",
+            file=sys.stderr,
+        )
+        return 2
+    cfg, _ = config_from_args(cls, argv, description, prog)
 
     return run_cli(lambda: run(task, cfg))
 

@@ -194,6 +194,7 @@ def _run_record(task, cfg, group, program, result, r, spec, test, val, gammas, v
         "median_ratio": ratio_stats.median_ratio,
         "ratio_floor": ratio_stats.floor,
         "ratios_excluded": ratio_stats.excluded + ratio_stats.non_finite,
+        "ratios_non_finite": ratio_stats.non_finite,  # of those: a NaN or infinite loss
         "ratios_total": ratio_stats.total,
         "feasible": verdict.feasible and not diverged,
         # the ε of that verdict: the run's own, or ERM's (the model's ε, which a sweep need not

@@ -311,10 +311,15 @@ def summary_table(
         )
     for r in runs:
         if r.get("ratios_excluded"):
+            # a record from before ratios_non_finite counted the floor's alone
+            non_finite = r.get("ratios_non_finite") or 0
+            below = r["ratios_excluded"] - non_finite
+            why = [f"denominator ℓ_(l−1) below {r['ratio_floor']:.3g}"] if below else []
+            why += [f"{non_finite} with a non-finite loss"] if non_finite else []
             notes.append(
                 f"{r['label']}: per-sample ratios excluded: {r['ratios_excluded']} of "
-                f"{r['ratios_total']} (denominator ℓ_(l−1) below {r['ratio_floor']:.3g}); "
-                "descent and mean/median r are over the rest"
+                f"{r['ratios_total']} ({'; '.join(why)}); descent and mean/median r are over "
+                "the rest"
             )
     notes += interval_lines(intervals or [], swept)
     notes += chosen_lines(chosen or [], swept)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from cudt.checkpoint import GroupCheckpointer
 from cudt.errors import UsageError
-from cudt.io import fresh_run_dir, given_out, to_jsonable, write_json_atomic
+from cudt.io import digest, fresh_run_dir, given_out, to_jsonable, write_json_atomic
 from cudt.loop import loop_record
 from cudt.runner.choice import choose_points, compare_chosen, mark_chosen, select_best
 from cudt.runner.curves import plot_training_curves, write_tensorboard
@@ -33,6 +33,7 @@ from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups
 from cudt.runner.hparams import resolve_reference
 from cudt.runner.lock import check_free
 from cudt.runner.mesh import check_job_devices, initialize_distributed, make_shardings
+from cudt.runner.model_check import check_model
 from cudt.runner.output import (
     CHECKPOINTS,
     DATA_RECORD,
@@ -52,6 +53,7 @@ __all__ = [
     "data_draws",
     "data_record",
     "evaluation_grids",
+    "examples_digests",
     "inert_warnings",
     "run",
 ]
@@ -76,6 +78,31 @@ def data_record(task: Task, draws: dict[int, Any], datas: dict[int, Any]) -> dic
         ((seed, data),) = datas.items()
         return task.fingerprint(draws[seed], data)
     return {"data_per_seed": {str(k): task.fingerprint(draws[k], d) for k, d in datas.items()}}
+
+
+def examples_digests(task: Task, datas: dict[int, Any], groups, record: dict) -> dict:
+    """``record`` (:func:`data_record`) with the runner's own digest of each draw's training
+    examples, ``examples_digest``, where the task's fingerprint holds no ``train_digest``: a
+    task whose fingerprint does not name its data (``{}``, or a file's path alone) is still
+    refused a resume over other training examples behind the same flags. The examples are
+    those its models train on (:meth:`Task.train_examples` of each group of the draw), each
+    array once."""
+    per_seed = record.get("data_per_seed")
+    out = dict(record) if per_seed is None else {**record, "data_per_seed": dict(per_seed)}
+    for seed, data in datas.items():
+        own = out if per_seed is None else out["data_per_seed"][str(seed)]
+        if "train_digest" in own:
+            continue
+        arrays: dict[int, Any] = {}  # kept alive while listed, so an id names one array
+        for group in (g for g in groups if g.data_seed == seed):
+            for leaf in jax.tree.leaves(task.train_examples(data, group.model)):
+                arrays.setdefault(id(leaf), leaf)
+        mine = {**own, "examples_digest": digest(list(arrays.values()))}
+        if per_seed is None:
+            out = mine
+        else:
+            out["data_per_seed"][str(seed)] = mine
+    return out
 
 
 def check_reused(
@@ -155,10 +182,12 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     data = next(iter(datas.values()))  # what is the same in every draw (config extras)
     _print_model_defaults(cfg, specs, sweeps)
     groups = _plan_all_groups(task, cfg, specs, draws, datas, swept)
+    trained_on = examples_digests(task, datas, groups, trained_on)
     # before --out is opened: a job whose processes cannot all hold a group's mesh is refused
     meshes = [
         make_shardings(len(g.specs), cfg.batch_size, cfg.devices, fsdp=cfg.fsdp) for g in groups
     ]
+    gammas, val_gammas = evaluation_grids(task, cfg, specs)  # a bad grid: before --out
     fingerprint = checkpoint_record(cfg) | trained_on
     # the default folder is chosen when it is opened, and created then by a job alone on its
     # host: two jobs started in the same second get two folders
@@ -176,7 +205,6 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
             say(line)
         if out.resuming:  # a corrupt or foreign checkpoint is refused before any training
             _check_checkpoints(out, cfg, groups, programs, meshes)
-        gammas, val_gammas = evaluation_grids(task, cfg, specs)
         trained = _train_and_evaluate(
             task, cfg, out, draws, datas, groups, programs, meshes, gammas, val_gammas
         )
@@ -292,7 +320,8 @@ def _print_model_defaults(cfg, specs, sweeps) -> None:
 
 def _plan_all_groups(task: Task, cfg, specs, draws, datas, swept) -> list:
     """The training groups of every draw of the data, built and named; every run's reference
-    resolves before anything is written."""
+    resolves, and each model gives what the runner reads (:func:`check_model`), before
+    anything is written."""
     groups = []
     for data_seed in draws:  # one set of groups per draw of the data
         mine = [s for s in specs if len(draws) == 1 or s.seed == data_seed]
@@ -302,6 +331,8 @@ def _plan_all_groups(task: Task, cfg, specs, draws, datas, swept) -> list:
                 draws[data_seed], datas[data_seed], group.model_name, group.structure
             )
             name_group(group, swept, data_seed if len(draws) > 1 else None)
+            if not any(g.model_name == group.model_name for g in groups):  # once a model
+                check_model(task, draws[data_seed], datas[data_seed], group.model)
             for spec in group.specs:  # every reference resolves before anything is written
                 task.resolve_reference(spec.hp["reference"], datas[data_seed])
             groups.append(group)
@@ -328,9 +359,19 @@ def _check_checkpoints(out, cfg, groups, programs, meshes) -> None:
 def evaluation_grids(task: Task, cfg, specs) -> tuple[list[float], list[float]]:
     """``(test γs, validation γs)`` every run of ``specs`` is evaluated at: one test grid for
     every run, the union of their grids, so runs swept over γ_train are evaluated (and
-    compiled) alike; the task's validation γs and every γ_train."""
+    compiled) alike; the task's validation γs and every γ_train. A task's grid without its
+    γ_train or a ``--test-gammas`` value (a grid that ignores the flag) is refused."""
     gamma_trains = sorted({float(s.hp["gamma_train"]) for s in specs})
-    gammas = sorted({g for gt in gamma_trains for g in task.test_gamma_grid(cfg, gt)})
+    grids = {gt: [float(g) for g in task.test_gamma_grid(cfg, gt)] for gt in gamma_trains}
+    for gt, grid in grids.items():  # a run's γ_train is where its descent is judged
+        left_out = [g for g in [gt, *(cfg.test_gammas or ())] if g not in grid]
+        if left_out:
+            raise UsageError(
+                f"{task.name}'s test_gamma_grid(cfg, {gt:g}) is {grid}, without "
+                f"{', '.join(f'{g:g}' for g in left_out)}: return a grid holding the run's "
+                "gamma_train and every --test-gammas value"
+            )
+    gammas = sorted({g for grid in grids.values() for g in grid})
     val_gammas = sorted(set(task.val_gammas(cfg, gamma_trains, gammas)) | set(gamma_trains))
     return gammas, val_gammas
 

@@ -113,8 +113,11 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def fingerprint(self, cfg, data) -> dict[str, Any]:
         """What checkpoints depend on besides the config (the data's source and shape,
-        pretrained folders): a resumed run whose fingerprint differs is refused. ``{}`` only
-        when the config alone determines the data."""
+        pretrained folders; data read from files by a digest of what they hold,
+        ``train_digest``: :func:`cudt.io.digest`): a resumed run whose fingerprint differs is
+        refused. ``{}`` only when the config alone determines the data. Where it gives no
+        ``train_digest`` the runner adds its own digest of the training examples
+        (``examples_digest``: :func:`cudt.runner.run.examples_digests`)."""
 
     def describe(self, cfg, data) -> list[str]:
         """Lines printed once the data (and models) are read."""

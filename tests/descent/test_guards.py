@@ -169,3 +169,13 @@ def test_a_tables_cell_says_which_constraints_were_not_applicable():
     (line,) = table_lines(rows, {"d": "D"}, ["d"], [("ut-3", "ut", 3)], [0.0], metric="mean_rmse", higher=False, label_gamma=False)[2:]  # fmt: skip
     assert "2.000 n/a:1" in line and line.count("n/a") == 1
     assert "not_applicable" in csv_text(rows, ["model", "kind", "not_applicable"]).splitlines()[0]
+
+
+def test_a_sample_with_non_finite_losses_leaves_the_floor_on_the_others_scale():
+    # its NaN made every state's mean NaN, and the floor fell to 1e-12: the 1e-9 denominator
+    # below was kept, a ratio of 5e8 owning the mean
+    losses = np.array([[1.0, 0.5], [1e-9, 0.5], [np.nan, np.nan], [1.0, 0.5]])
+    s = descent_stats(losses)
+    assert s.floor == pytest.approx(RELATIVE_FLOOR * 0.6666666666666666)
+    assert (s.excluded, s.non_finite, s.total) == (1, 1, 4)
+    assert s.mean_ratio == pytest.approx(0.5)

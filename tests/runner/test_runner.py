@@ -49,7 +49,8 @@ def test_evaluation_compiles_once_per_group(tmp_path):
     task = ToyTask()
     results = toy(["--num-examples", "80", "--seeds", "1"], tmp_path / "o", task)
     assert len(results["runs"][0]["test_gamma"]) == 3
-    assert task.eval_traces == 1
+    # one abstract trace before --out is opened (cudt.runner.model_check), one compilation
+    assert task.eval_traces == 2
 
 
 def test_figures_get_each_runs_test_ratios_by_sample_and_layer(tmp_path):
