@@ -80,6 +80,24 @@ def test_no_figures_draws_no_png_and_writes_the_same_results(tmp_path, capsys):
     assert json.dumps(_results_but_timing(again)) == json.dumps(_results_but_timing(drawn))
 
 
+def test_no_figures_still_writes_the_tasks_other_files(tmp_path):
+    """What a task writes that is no figure (``Task.outputs``: the LLM's completions.md, the
+    text table's ratio histograms) is written and listed under ``--no-figures`` too; its
+    ``figures`` are not called."""
+
+    class Notes(ToyTask):
+        def figures(self, cfg, runs, ratios, out, gammas):
+            raise AssertionError("figures drawn under --no-figures")
+
+        def outputs(self, cfg, runs, ratios, out, gammas):
+            (out / "notes.md").write_text(f"{len(runs)} runs, {len(ratios)} ratios\n")
+            return [out / "notes.md"]
+
+    results = toy(["--seeds", "1", "--steps", "4"], tmp_path / "o", Notes())
+    assert results["files"] == ["notes.md"]
+    assert (tmp_path / "o" / "notes.md").read_text() == "2 runs, 2 ratios\n"
+
+
 def test_figures_get_each_runs_test_ratios_by_sample_and_layer(tmp_path):
     """``Task.figures`` gets every run's test ratios as ``[N, L]`` (NaN where excluded): a
     figure per layer needs the layer (the text table's histograms once reshaped a flat list of
