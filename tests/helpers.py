@@ -472,7 +472,9 @@ def toy_main(argv, task=None) -> int:
 
 
 def toy(argv, out, task=None) -> dict:
-    return job_results(lambda a: toy_main(a, task), argv, out)
+    """The toy job's results.json, run on ``argv`` without its figures (``--figures`` in
+    ``argv`` draws them: a test that reads them)."""
+    return job_results(lambda a: toy_main(a, task), ["--no-figures", *argv], out)
 
 
 def watch_opens_forbid_unpickling(monkeypatch) -> list[str]:

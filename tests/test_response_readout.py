@@ -306,7 +306,7 @@ def test_erm_lanes_take_the_plain_last_layer_gradient_without_the_intermediate_r
     cfg = cudt.DescentConfig(num_layers=2, epsilon=0.1, reference=None)
     init, step = cudt.make_train_step(layer_losses, optax.sgd(lr), cudt.dual_ascent(0.1), cfg)
     state, metrics = step(init(params, constrained=False), None, jax.random.key(0))
-    grads = jax.grad(last_layer_loss)(params)
+    grads = jax.jit(jax.grad(last_layer_loss))(params)  # jitted: op by op took seconds
     for new, old, g in zip(
         jax.tree.leaves(state.params), jax.tree.leaves(params), jax.tree.leaves(grads), strict=True
     ):
@@ -332,8 +332,10 @@ def test_accuracy_breaks_ties_to_the_lowest_id_as_argmax_does(fn):
     states = jnp.zeros((2, 1, 4, d)).at[:, :, :, 0].set(2.0)  # logits: 2 at ids 3, 7, 9; else 0
     labels = jnp.array([[3, 7, 9, 0]])
     mask = jnp.ones((1, 4), bool)
-    _, acc = fn(states, lambda x: x, head, labels, mask)
-    _, acc_naive = naive_layer_token_losses(states, lambda x: x, head, labels, mask)
+    # jitted: op by op took seconds
+    _, acc = jax.jit(lambda *a: fn(a[0], lambda x: x, *a[1:]))(states, head, labels, mask)
+    naive = jax.jit(lambda *a: naive_layer_token_losses(a[0], lambda x: x, *a[1:]))
+    _, acc_naive = naive(states, head, labels, mask)
     np.testing.assert_array_equal(acc, acc_naive)
     np.testing.assert_allclose(acc, [[0.25, 0.25]])  # only label 3 (the lowest tied id) hits
 

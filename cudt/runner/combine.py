@@ -73,6 +73,7 @@ CONFIG_FREE = frozenset(
         "out",
         "overwrite",
         "resume",
+        "figures",
         "eval_batch_size",
         "chunk_steps",
         "checkpoint_every",

@@ -467,19 +467,26 @@ class RunConfig:
         "checkpoints of the same config)",
     )
     overwrite: bool = flag(False, "discard results and checkpoints already in --out")
+    figures: bool = flag(
+        True,
+        "draw the PNG figures; --no-figures skips them (a batch job), results.json the same. No "
+        "command redraws them from results.json: rerun the command without --no-figures on a "
+        "copy of --out without its results.json, which trains nothing (docs/runner.md)",
+    )
     inject_nan: tuple[str, ...] | None = flag(
         None,
         "fault injection for testing divergence handling: MODEL,KIND,SEED,STEP (e.g. "
         "ut,constrained,0,30) makes the batch of that run (every sweep point of it) NaN at STEP",
     )
 
-    # Where and how the runs execute, and how many checkpoints are kept, which do not change
-    # what a run computes: in no fingerprint, so a checkpoint stays valid when only these differ
-    # (class attributes).
+    # Where and how the runs execute, how many checkpoints are kept and whether figures are
+    # drawn, which do not change what a run computes: in no fingerprint, so a checkpoint stays
+    # valid when only these differ (class attributes).
     RESUME_IGNORES: typing.ClassVar[tuple[str, ...]] = (
         "out",
         "overwrite",
         "resume",
+        "figures",
         "eval_batch_size",
         "devices",
         "distributed",

@@ -497,15 +497,17 @@ def _results(
 
 
 def _write_results(task: Task, cfg, data, out, results, ratios, gammas, swept, t0) -> None:
-    """The figures, the training curves, results.json (last: a complete run), the summary
-    table, and what the task writes from the finished run."""
+    """The figures (none with ``--no-figures``), the training curves, results.json (last: a
+    complete run), the summary table, and what the task writes from the finished run."""
     runs = results["runs"]
-    figures = task.figures(cfg, runs, ratios, out.path, gammas)
-    curve_runs = [r for r in runs if r["curves"]["step"]]
-    figures.append(out.path / "training_curves.png")
-    plot_training_curves(
-        curve_runs, figures[-1], title="multipliers and constraint values during training"
-    )
+    figures = task.figures(cfg, runs, ratios, out.path, gammas) if cfg.figures else []
+    figures += task.outputs(cfg, runs, ratios, out.path, gammas)
+    if cfg.figures:
+        curve_runs = [r for r in runs if r["curves"]["step"]]
+        figures.append(out.path / "training_curves.png")
+        plot_training_curves(
+            curve_runs, figures[-1], title="multipliers and constraint values during training"
+        )
     # what --overwrite removes with the results (cudt.runner.output.open_output)
     results["files"] = [
         p.relative_to(out.path).as_posix() for p in figures if p.is_relative_to(out.path)

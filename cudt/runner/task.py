@@ -91,7 +91,8 @@ class Task(abc.ABC):
     * report: :meth:`test_gamma_grid` (required), :meth:`val_gammas`, :meth:`selection_for`,
       :meth:`val_metrics`, :meth:`run_metrics`, :meth:`trained_outputs`,
       :meth:`config_extras`, :meth:`results_extras`, :meth:`metric_columns`,
-      :meth:`after_columns`, :meth:`table_footer`, :meth:`figures`, :meth:`finish`.
+      :meth:`after_columns`, :meth:`table_footer`, :meth:`figures`, :meth:`outputs`,
+      :meth:`finish`.
 
     Flags and their checks live in ``config_cls`` (choice checks in ``flag(check=one_of(…))``);
     the runner checks what every task shares (``--inject-nan``'s model among
@@ -266,7 +267,15 @@ class Task(abc.ABC):
         """Writes the task's figures into ``out``; returns their paths. ``ratios``: per run (in
         ``runs``' order), its test ratios ``ℓ_l / ℓ_(l−1)`` ``[N, L]``, NaN where a ratio is
         excluded (its ``ℓ_(l−1)`` below the floor: :func:`cudt.metrics.descent_stats`), or None
-        for a diverged run."""
+        for a diverged run. Not called under ``--no-figures``: a file that is no figure goes in
+        :meth:`outputs`."""
+        return []
+
+    def outputs(self, cfg, runs, ratios, out: Path, gammas) -> list[Path]:
+        """Writes into ``out`` the task's files from the evaluation that are no figure (the LLM
+        task's ``completions.md``), with or without ``--no-figures``; returns the paths to list
+        in results.json's ``files`` (what ``--overwrite`` removes). Arguments as
+        :meth:`figures`'."""
         return []
 
     def finish(self, cfg, data, results: dict, out: Path) -> None:

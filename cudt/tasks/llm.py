@@ -481,12 +481,12 @@ class LLMTask(AccuracyReports, Task):
         return "\n".join(lines + completion_lines(runs, first_only=True))
 
     def figures(self, cfg, runs, ratios, out: Path, gammas):
-        paths = self.accuracy_figures(cfg, runs, ratios, out, noise="embedding noise")
-        if any(r.get("completions") for r in runs):
-            text = "\n".join(
-                ["# Greedy completions of held-out prompts", ""] + completion_lines(runs)
-            )
-            data = (text + "\n").encode()
-            atomic_write(out / "completions.md", lambda f: f.write(data))
-            paths.append(out / "completions.md")
-        return paths
+        return self.accuracy_figures(cfg, runs, ratios, out, noise="embedding noise")
+
+    def outputs(self, cfg, runs, ratios, out: Path, gammas):
+        if not any(r.get("completions") for r in runs):
+            return []
+        text = "\n".join(["# Greedy completions of held-out prompts", ""] + completion_lines(runs))
+        data = (text + "\n").encode()
+        atomic_write(out / "completions.md", lambda f: f.write(data))
+        return [out / "completions.md"]

@@ -145,6 +145,24 @@ def devices_flag():
     return flag(None, "use at most this many devices (default: every visible one)")
 
 
+def figures_flag(own: str | None):
+    """``--figures`` / ``--no-figures`` of a job, passed to its runner calls (the runner's
+    ``--no-figures``); ``own``: what the job draws itself (None: nothing), which the same
+    command without the flag draws, reusing every finished runner call."""
+    if own is None:
+        later = "no command redraws them from results.json (docs/runner.md, Outputs)"
+    else:
+        later = (
+            f"the same command without it reuses every runner call and draws {own} (a runner "
+            "call's own: docs/runner.md, Outputs)"
+        )
+    what = "each runner call's figures" if own is None else f"{own} and each runner call's"
+    return flag(
+        True,
+        f"draw {what}; --no-figures skips them (a batch job: the same results and tables): {later}",
+    )
+
+
 def overwrite_flag():
     return flag(False, "retrain every sub-run, discarding results already in --out")
 
@@ -257,7 +275,7 @@ class SubRun:
 def subrun_config(config_cls: type, opts, out: Path, **fields) -> Any:
     """The task config (``config_cls``) of one sub-run writing to ``out``: ``fields``, and what
     every table passes down (its γ_train levels as a sweep, ``--sweep``, ``--tolerance``,
-    ``--devices``, ``--overwrite``); a config the task refuses is one UsageError line, before
+    ``--devices``, ``--figures``, ``--overwrite``); a config the task refuses is one UsageError line, before
     anything is written. Not ``--headline-gamma``, which only chooses what the report shows."""
     kw = dict(
         sweep=(f"gamma_train={fmt(opts.gamma_trains)}", *opts.sweep),
@@ -266,6 +284,7 @@ def subrun_config(config_cls: type, opts, out: Path, **fields) -> Any:
         # put here) moves no fingerprint; the largest, the default headline of both tables
         gamma_train=max(opts.gamma_trains),
         devices=opts.devices,
+        figures=opts.figures,
         out=str(out),
         overwrite=opts.overwrite,
         **fields,
@@ -522,8 +541,10 @@ def check_job_folder(out: Path, name: str) -> None:
 
 def _overwriting(opts) -> dict[str, Any]:
     """The flags an ``--overwrite`` is recorded under: every one but ``--out`` (the first
-    command may have had the default folder, which the resume then names)."""
-    return to_jsonable({k: v for k, v in dataclasses.asdict(opts).items() if k != "out"})
+    command may have had the default folder, which the resume then names) and ``--figures``
+    (the same results with or without them)."""
+    kept = {k: v for k, v in dataclasses.asdict(opts).items() if k not in ("out", "figures")}
+    return to_jsonable(kept)
 
 
 def overwrite_since(out: Path, opts) -> OverwriteStart | None:
@@ -702,7 +723,8 @@ def run_job(job: TableJob, opts) -> dict[str, Any]:
         paths = {"csv": out / f"{job.table}.csv", "md": out / f"{job.table}.md"}
         write_text(paths["csv"], csv_text(rows, job.csv_columns))
         write_text(paths["md"], markdown)
-        paths |= job.figures(rows, opts, out)
+        if opts.figures:
+            paths |= job.figures(rows, opts, out)
         wall = time.perf_counter() - t0
         print()
         print(headline)

@@ -160,8 +160,13 @@ class MarkerError(ValueError):
 
 
 def _flags_of(argv: Sequence[str]) -> list[str]:
-    """A recorded command line's flags without ``--out DIR`` (where it wrote changes nothing)."""
-    return without_flag(list(argv)[1:], "--out")
+    """A recorded command line's flags without ``--out DIR`` (where it wrote changes nothing)
+    and ``--no-figures`` (the same results.json, and a page shows no figure)."""
+    return [a for a in without_flag(list(argv)[1:], "--out") if a not in NO_RESULT_FLAGS]
+
+
+#: the runner's flags that leave results.json as it is (cudt.runner.config: ``figures``)
+NO_RESULT_FLAGS = ("--figures", "--no-figures")
 
 
 def _utc(text: str) -> str:

@@ -433,6 +433,7 @@ def test_a_tiny_video_run_with_implicit_multipliers(tmp_path):
     argv = ["--models", "ut", "--layers", "2", "--steps", "4", "--chunk-steps", "2"]
     argv += ["--seeds", "1", "--batch-size", "4", "--num-videos", "3", "--num-frames", "4"]
     argv += ["--seq-len", "4", "--constraint", "indexed", "--multipliers", "implicit"]
+    argv += ["--no-figures"]
     assert video_denoise.main([*argv, "--out", str(tmp_path / "o")]) == 0
     results = json.loads((tmp_path / "o" / "results.json").read_text())
     assert results["config"]["multipliers"] == "implicit"

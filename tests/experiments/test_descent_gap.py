@@ -17,6 +17,7 @@ TINY = [
     *("--chunk-steps", "20", "--warmup-steps", "5", "--eval-batch-size", "128"),
     *("--tune-epsilon", "0.1", "--tune-dual-lr", "0.03", "--tune-lr", "1", "--seeds", "1"),
     "--no-dust-control",
+    "--no-figures",  # the job reads the checkpoints
 ]
 
 

@@ -101,7 +101,8 @@ def test_an_interrupted_overwrite_resumes_keeping_the_calls_retrained_since(
 ):
     out = tmp_path / "s"
     shutil.copytree(study, out)
-    argv = [*TINY, "--overwrite", "--out", str(out)]
+    # without figures: the resume below draws them, an overwrite of the same flags all the same
+    argv = [*TINY, "--overwrite", "--no-figures", "--out", str(out)]
     real, calls = job.run, []
 
     def interrupted(task, cfg, folder):  # Ctrl-C as the second call starts
@@ -407,7 +408,8 @@ def test_epsilon_schedules_are_lanes_of_each_call_and_the_report_says_how_soon(t
     columns of how soon the training batches meet the final ε."""
     out = tmp_path / "s"
     argv = [*TINY, "--dual-lr-factors", "1", "--epsilon-schedules", "constant,linear:0@6"]
-    assert dual_study.main([*argv, "--out", str(out)]) == 0
+    assert dual_study.main([*argv, "--no-figures", "--out", str(out)]) == 0
+    assert not list(out.rglob("*.png"))
     combo = json.loads((out / "video" / "lagrangian-nupi-alternating" / "results.json").read_text())
     assert "epsilon_schedule=constant,linear:0@6" in combo["config"]["sweep"]
     assert sorted(r["hparams"]["epsilon_schedule"] for r in combo["runs"]) == [

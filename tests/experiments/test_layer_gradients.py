@@ -18,6 +18,7 @@ from experiments import layer_gradients, llm_sft, video_denoise
 TINY = [
     "--models", "ut", "--layers", "2", "--steps", "4", "--chunk-steps", "2", "--seeds", "1",
     "--batch-size", "4", "--num-videos", "3", "--num-frames", "4", "--seq-len", "4",
+    "--no-figures",  # the job reads the checkpoints
 ]  # fmt: skip
 
 
@@ -85,7 +86,7 @@ def test_an_llm_sft_run_is_read_on_its_own_validation_losses(tmp_path, capsys):
     recorded layer_loss_val."""
     argv = [
         "--num-train", "8", "--num-val", "4", "--num-test", "2", "--steps", "2",
-        "--layers", "2", "--hidden", "8", "--heads", "1", "--kv-heads", "1",
+        "--layers", "2", "--hidden", "8", "--heads", "1", "--kv-heads", "1", "--no-figures",
     ]  # fmt: skip
     run = finished_job(llm_sft.main, argv, tmp_path / "run")
     results = json.loads((run / "results.json").read_text())

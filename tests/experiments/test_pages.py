@@ -216,6 +216,15 @@ def test_results_without_provenance_or_of_another_command(tiny_run, tmp_path, ca
     assert write_pages(page.parent, runs, registry=other) == 2  # one line, nothing written
     assert "was made with flags" in capsys.readouterr().err
     assert page.read_bytes() == before
+    # the block's command made with --no-figures (the same results.json): its results
+    assert write_pages(page.parent, runs, registry=REGISTRY) == 0
+    before = page.read_bytes()
+    made = json.loads((runs / "tiny" / "results.json").read_text())
+    made["provenance"]["argv"].insert(1, "--no-figures")
+    (bare / "tiny" / "results.json").write_text(json.dumps(made))
+    capsys.readouterr()
+    assert write_pages(page.parent, bare, registry=REGISTRY) == 0, capsys.readouterr().err
+    assert page.read_bytes() == before
     # results of another program (here: run in-process by pytest): refused, left alone
     results["provenance"] = {"argv": ["/usr/bin/pytest", *TINY]}
     (bare / "tiny" / "results.json").write_text(json.dumps(results))

@@ -274,6 +274,7 @@ def test_ratio_histograms_count_each_layer_without_the_excluded_ratios():
 def test_rerun_reuses_finished_subruns_and_refuses_other_flags(micro_grid, capsys):
     out, argv = micro_grid
     subs = ["imdb-minilm", "mnli-minilm"]
+    argv = [*argv, "--no-figures"]  # a batch rerun: reused the same
     assert_rerun_reuses(text_table.main, argv, out, subs, "MiniLM-4", capsys)
 
 

@@ -203,9 +203,11 @@ def test_ut_study_tiny_end_to_end(tmp_path) -> None:
         phase1_steps=10,
         epsilons=(0.05, 0.1),
         dual_lrs=(100.0,),
+        figures=False,  # none read here: every runner call draws none
         out=str(tmp_path / "study"),
     )
     first = run_study(opts)
+    assert not list((tmp_path / "study").rglob("*.png"))
     md = (tmp_path / "study" / "study.md").read_text()
     assert "## Phase I" in md and "tying all, clip 0.95, skip" in md
     assert "γ_train = 0.5, dot attention" in md  # the flags reached every runner call

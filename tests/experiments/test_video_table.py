@@ -519,7 +519,7 @@ def test_tiny_grid_writes_table_csv_and_figures(tiny_grid):
 
 @pytest.mark.slow
 def test_rerun_reuses_finished_subruns(tiny_grid, capsys):
-    argv = TINY + ["--out", str(tiny_grid)]
+    argv = TINY + ["--no-figures", "--out", str(tiny_grid)]  # a batch rerun: reused the same
     assert_rerun_reuses(video_table.main, argv, tiny_grid, ["avenue-L3"], "dust-3", capsys)
 
 

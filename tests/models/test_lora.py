@@ -210,6 +210,7 @@ RUN = [
     "--steps", "4", "--chunk-steps", "2", "--keep-checkpoints", "2", "--batch-size", "4",
     "--completions", "0", "--test-gammas", "0,1", "--kinds", "constrained", "--lr", "3e-2",
     "--tolerance", "10", "--lora-rank", "2", "--lora-targets", "q,v,down",
+    "--no-figures",  # no test here reads them
 ]  # fmt: skip
 
 

@@ -420,6 +420,7 @@ def test_vit_denoiser_in_the_video_experiment(tmp_path: pathlib.Path) -> None:
         "--num-frames", "8", "--seq-len", "4", "--batch-size", "4", "--steps", "6",
         "--chunk-steps", "3", "--seeds", "1", "--warmup-steps", "2", "--eval-batch-size", "8",
         "--tune-epsilon", "0.1", "--tune-dual-lr", "0.03", "--tune-lr", "1", "--out", str(out),
+        "--no-figures",
     ]  # fmt: skip
     assert video_denoise.main(argv) == 0
     results = json.loads((out / "results.json").read_text())

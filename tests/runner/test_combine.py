@@ -29,6 +29,7 @@ TINY = [
     "--num-train", "24", "--num-val", "4", "--num-test", "4", "--max-length", "48",
     *TINY_DECODER_FLAGS, "--steps", "2", "--batch-size", "4", "--completions", "0",
     "--eval-batch-size", "4", "--test-gammas", "0,2", "--chunk-tokens", "100",
+    "--no-figures",  # combine reads results.json alone
 ]  # fmt: skip
 
 

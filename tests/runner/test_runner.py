@@ -31,6 +31,7 @@ from helpers import (
     ToyTask,
     assert_one_line_error,
     forced_devices_env,
+    job_results,
     toy,
     toy_main,
 )
@@ -53,6 +54,53 @@ def test_evaluation_compiles_once_per_group(tmp_path):
     assert task.eval_traces == 2
 
 
+def _results_but_timing(results: dict) -> dict:
+    """results.json without what differs between any two runs of one command (the timings,
+    the provenance, ``--out``), what says whether figures were drawn (the flag, the files)."""
+    drop = {"wall_seconds", "train_seconds", "eval_seconds", "provenance", "files"}
+    config = {k: v for k, v in results["config"].items() if k not in ("out", "figures")}
+    return {k: v for k, v in results.items() if k not in drop} | {"config": config}
+
+
+def test_no_figures_draws_no_png_and_writes_the_same_results(tmp_path, capsys):
+    """``--no-figures`` (a batch job) writes no PNG and the results.json the run that draws
+    them writes; the same command without it, on a copy of the folder without its results.json,
+    draws them later and trains nothing (the flag's help says so)."""
+    argv = ["--seeds", "1", "--steps", "8"]
+    drawn = job_results(toy_main, argv, tmp_path / "drawn")
+    bare = job_results(toy_main, [*argv, "--no-figures"], tmp_path / "bare")
+    assert sorted(p.name for p in (tmp_path / "drawn").glob("*.png")) == drawn["files"] != []
+    assert not list((tmp_path / "bare").rglob("*.png")) and bare["files"] == []
+    assert bare["config"]["figures"] is False and drawn["config"]["figures"] is True
+    assert json.dumps(_results_but_timing(bare)) == json.dumps(_results_but_timing(drawn))
+    later = tmp_path / "later"
+    shutil.copytree(tmp_path / "bare", later)
+    (later / "results.json").unlink()
+    capsys.readouterr()
+    again = job_results(toy_main, argv, later)
+    assert "toy-2: resumed from the checkpoint at step 8" in capsys.readouterr().err
+    assert sorted(p.name for p in later.glob("*.png")) == again["files"] == drawn["files"]
+    assert json.dumps(_results_but_timing(again)) == json.dumps(_results_but_timing(drawn))
+
+
+def test_no_figures_still_writes_the_tasks_other_files(tmp_path):
+    """What a task writes that is no figure (``Task.outputs``: the LLM's completions.md, the
+    text table's ratio histograms) is written and listed under ``--no-figures`` too; its
+    ``figures`` are not called."""
+
+    class Notes(ToyTask):
+        def figures(self, cfg, runs, ratios, out, gammas):
+            raise AssertionError("figures drawn under --no-figures")
+
+        def outputs(self, cfg, runs, ratios, out, gammas):
+            (out / "notes.md").write_text(f"{len(runs)} runs, {len(ratios)} ratios\n")
+            return [out / "notes.md"]
+
+    results = toy(["--seeds", "1", "--steps", "4"], tmp_path / "o", Notes())
+    assert results["files"] == ["notes.md"]
+    assert (tmp_path / "o" / "notes.md").read_text() == "2 runs, 2 ratios\n"
+
+
 def test_figures_get_each_runs_test_ratios_by_sample_and_layer(tmp_path):
     """``Task.figures`` gets every run's test ratios as ``[N, L]`` (NaN where excluded): a
     figure per layer needs the layer (the text table's histograms once reshaped a flat list of
@@ -64,7 +112,8 @@ def test_figures_get_each_runs_test_ratios_by_sample_and_layer(tmp_path):
             seen.extend(ratios)
             return []
 
-    toy(["--num-examples", "40", "--seeds", "1", "--layers", "3"], tmp_path / "o", Recording())
+    argv = ["--num-examples", "40", "--seeds", "1", "--layers", "3", "--figures"]
+    toy(argv, tmp_path / "o", Recording())
     assert len(seen) == 2  # ERM and constrained
     assert all(np.asarray(r).shape == (40, 3) for r in seen)
 
@@ -103,7 +152,7 @@ def sweep_run(tmp_path_factory):
     apart (12 steps met no constraint: the choice then had nothing to choose)."""
     out = tmp_path_factory.mktemp("toy") / "sweep"
     argv = [*SWEEP_STEPS, "--sweep", "epsilon=0.05,0.4", "--sweep", "lr=0.03,0.01"]
-    argv += ["--gamma-train", "0.3"]
+    argv += ["--gamma-train", "0.3", "--figures"]  # test_outputs_curves_and_table reads them
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         results = toy(argv, out)

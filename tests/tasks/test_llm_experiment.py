@@ -40,6 +40,7 @@ TINY = [
     *TINY_DECODER_FLAGS, "--steps", "8", "--chunk-steps", "4", "--batch-size", "8",
     "--completions", "1", "--max-new-tokens", "4", "--eval-batch-size", "8",
     "--test-gammas", "0,2", "--chunk-tokens", "100",
+    "--no-figures",  # only tiny_run's are read: it draws them
 ]  # fmt: skip
 
 
@@ -51,8 +52,9 @@ def tiny_with(argv: list[str]) -> list[str]:
     checkpoint brings its own, and the sizes are refused with it)."""
     if "--checkpoint" not in argv:
         return [*TINY, *argv]
-    pairs = zip(TINY[::2], TINY[1::2], strict=True)
-    return [*(x for f, v in pairs if f not in SIZES for x in (f, v)), *argv]
+    flags = TINY[:-1]  # the flag/value pairs, less the closing --no-figures
+    pairs = zip(flags[::2], flags[1::2], strict=True)
+    return [*(x for f, v in pairs if f not in SIZES for x in (f, v)), TINY[-1], *argv]
 
 
 def layer_loss(r: dict) -> np.ndarray:
@@ -71,7 +73,7 @@ def tiny_run(tmp_path_factory):
     (``--export``). A loose tolerance (an evaluation flag): the 8-step constrained run counts
     as feasible, so both kinds are chosen and exported."""
     out = tmp_path_factory.mktemp("llm") / "run"
-    argv = [*TINY, "--tolerance", "10", "--export", str(out.parent / "models")]
+    argv = [*TINY, "--figures", "--tolerance", "10", "--export", str(out.parent / "models")]
     return out, run(argv, out)
 
 

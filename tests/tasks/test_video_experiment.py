@@ -22,6 +22,7 @@ from cudt.tasks.video import VideoTask
 from experiments import video_denoise
 
 TINY = [
+    "--no-figures",  # only diverging_run's are read (test_plots_are_real_pngs): it draws them
     "--layers",
     "3",
     "--num-videos",
@@ -59,6 +60,7 @@ def diverging_run(tmp_path_factory):
     """UT and DUST, ERM and constrained, 2 seeds; seed 1 of constrained UT is poisoned at 12."""
     out = tmp_path_factory.mktemp("vd") / "run"
     argv = TINY + [
+        "--figures",
         "--models",
         "dust,ut",
         "--steps",

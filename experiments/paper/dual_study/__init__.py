@@ -54,6 +54,7 @@ from experiments.paper.job import (
     check_known,
     check_needs,
     devices_flag,
+    figures_flag,
     need,
     open_job,
     scaled,
@@ -130,6 +131,7 @@ class StudyConfig:
         "default (each setting's own data and steps) or tiny (seconds per run: tests, a laptop)",
     )
     devices: int | None = devices_flag()
+    figures: bool = figures_flag("the study's figures")
     out: str | None = flag(
         None,
         "output folder (default: a fresh runs/dual_study-<time>); rerun with the same --out to "
@@ -225,6 +227,7 @@ def _config(setting: Setting, opts: StudyConfig, out: Path, **fields) -> Any:
         seeds=opts.seeds,
         lr_schedule=opts.lr_schedule,
         devices=opts.devices,
+        figures=opts.figures,
         out=str(out),
         overwrite=opts.overwrite,
     )
@@ -274,7 +277,7 @@ def run_study(opts: StudyConfig) -> dict[str, Any]:
     with open_job("dual study", opts, plan, what="runner calls") as (out, subs, todo):
         results = train_subruns(subs, lambda sub: SETTINGS[sub.key[0]].make_task())
         rows, summaries, erm = report.collect(subs, results)
-        figure_paths = figures.write_figures(opts, rows, summaries, out)
+        figure_paths = figures.write_figures(opts, rows, summaries, out) if opts.figures else {}
         written = report.write_report(
             opts, subs, rows, summaries, erm, figure_paths, out, time.perf_counter() - t0
         )

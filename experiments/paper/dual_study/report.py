@@ -379,9 +379,10 @@ def write_report(
         mine = [s for s in summaries if s["setting"] == name]
         parts += _setting_markdown(SETTINGS[name], mine, erm.get(name, []), factors)
     paths = {"csv": out / "study.csv", "md": out / "study.md"} | figure_paths
-    parts += ["## Figures", ""] + [
-        f"![{k}]({p.name})" for k, p in paths.items() if p.suffix == ".png"
-    ]
+    if opts.figures:  # none drawn under --no-figures: no heading for them
+        parts += ["## Figures", ""] + [
+            f"![{k}]({p.name})" for k, p in paths.items() if p.suffix == ".png"
+        ]
     parts += ["", f"Wall time of the job that wrote this: {wall:.0f} s."]
     markdown = "\n".join(parts) + "\n"
     csv_rows = [

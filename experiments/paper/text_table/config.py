@@ -242,6 +242,7 @@ class Table4Config:
     )
     tolerance: float | None = grid.tolerance_flag(f"the text task's, {TextConfig.tolerance:g}")
     devices: int | None = grid.devices_flag()
+    figures: bool = grid.figures_flag("the table's figures")
     overwrite: bool = grid.overwrite_flag()
 
     def __post_init__(self):

@@ -60,17 +60,18 @@ def ratio_histograms(runs: list[dict], ratios: list) -> tuple[np.ndarray, list[s
 
 class RatioRecordingTextTask(TextTask):
     """The text task, also writing every run's per-sample ratio histograms (:func:`ratio_
-    histograms`) to ``ratio_histograms.npz`` beside its figures, before ``results.json``."""
+    histograms`) to ``ratio_histograms.npz`` beside its figures, before ``results.json`` (with
+    or without ``--no-figures``: the table's Figure 12 is drawn from it)."""
 
-    def figures(self, cfg, runs, ratios, out, gammas):
-        paths = super().figures(cfg, runs, ratios, out, gammas)
+    def outputs(self, cfg, runs, ratios, out, gammas):
+        paths = super().outputs(cfg, runs, ratios, out, gammas)
         counts, labels = ratio_histograms(runs, ratios)
 
         def write(f):
             np.savez(f, edges=RATIO_EDGES, counts=counts, labels=np.asarray(labels, dtype=str))
 
         atomic_write(Path(out) / RATIOS_FILE, write)
-        return paths
+        return paths  # not in results.json's files: rewritten by the run that replaces it
 
 
 def read_ratio_histograms(folder: Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:

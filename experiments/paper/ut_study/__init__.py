@@ -44,6 +44,7 @@ from experiments.paper.job import (
     check_subrun,
     config_differences,
     devices_flag,
+    figures_flag,
     need,
     open_job,
     out_flag,
@@ -156,6 +157,7 @@ class StudyConfig:
     phase1_seeds: int = flag(1, "seeds of each variant's phase I")
     scale: str = flag("default", "default (the video default) or tiny (seconds: tests)")
     devices: int | None = devices_flag()
+    figures: bool = figures_flag(None)
     out: str | None = out_flag("ut_study")
     overwrite: bool = overwrite_flag()
 
@@ -249,6 +251,7 @@ def _config(opts: StudyConfig, variant: Variant, out: Path):
     if opts.resilience is not None:
         kw["sweep"] = (f"resilience=none,{opts.resilience:g}",)
     kw |= dict(seeds=opts.seeds, devices=opts.devices, out=str(out), overwrite=opts.overwrite)
+    kw["figures"] = opts.figures
     try:
         return VideoConfig(**kw)
     except ValueError as e:

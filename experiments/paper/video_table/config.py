@@ -191,6 +191,7 @@ class Table3Config:
         "by name), per camera of a UCSD folder holding both UCSDped1 and UCSDped2",
     )
     devices: int | None = grid.devices_flag()
+    figures: bool = grid.figures_flag("the table's figures")
     overwrite: bool = grid.overwrite_flag()
 
     def __post_init__(self):
