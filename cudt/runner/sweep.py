@@ -294,9 +294,17 @@ def expand_runs(cfg, models, default_lr, kinds=None) -> list[RunSpec]:
     if cfg.model_hparams != default:  # the user's own table must name models this run trains
         unknown = [m for m in parse_model_hparams(cfg) if m not in models]
         if unknown:
+            # how a run trains another model: --models (video), --model (text), or not at all
+            train = (
+                f", or train it: --models {','.join((*cfg.models, unknown[0]))}"
+                if hasattr(cfg, "models")
+                else f", or train it: --model {unknown[0]}"
+                if hasattr(cfg, "model")
+                else ""
+            )
             raise UsageError(
                 f"--model-hparams names {unknown[0]}, which this run does not train (models: "
-                f"{', '.join(models)}): drop it or add the model"
+                f"{', '.join(models)}): drop it{train}"
             )
     twice = next((m for i, m in enumerate(models) if m in models[:i]), None)
     if twice is not None:  # its runs would train twice under one label

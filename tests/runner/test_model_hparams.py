@@ -82,8 +82,18 @@ def test_bad_model_hparams_fail_with_one_line(argv, words, capsys):
 
 def test_a_model_the_run_does_not_train_is_refused():
     cfg, _ = config_from_args(VideoConfig, ["--models", "dust", "--model-hparams", "vit:lr=1"], "v")
-    with pytest.raises(ValueError, match="names vit, which this run does not train"):
+    with pytest.raises(ValueError, match="names vit, which this run does not train") as e:
         VideoTask().run_specs(cfg)
+    assert str(e.value).endswith("drop it, or train it: --models dust,vit")
+
+
+def test_a_model_a_task_without_model_flags_lacks_is_refused_without_offering_one(capsys):
+    """The toy task (a task of one's own) trains its one model: no flag adds another, so the
+    refusal offers none."""
+    message = assert_one_line_error(
+        toy_main, ["--model-hparams", "other:lr=1"], capsys, "names other"
+    )
+    assert message.endswith("which this run does not train (models: toy): drop it")
 
 
 def test_a_models_own_learning_rate_wins_over_a_task_default_that_is_not_none():
