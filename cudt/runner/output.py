@@ -183,6 +183,10 @@ def _per_seed_form(old: dict, new: dict) -> tuple[dict, dict]:
             continue
         draw = {k: v for k, v in one.items() if k in fields}
         rest = {k: v for k, v in one.items() if k not in fields}
+        # a draw's field that is a flag too (the LLM's checkpoint, prompt_format): the other's
+        # top holds the flag as given, this one's top the draw's value over it; compared in
+        # the draw, not named as a flag that changed
+        rest |= {k: many[k] for k in draw if k in many}
         pair[i] = rest | {_PER_SEED: {str(one["seed"]): draw}}
     return pair[0], pair[1]
 

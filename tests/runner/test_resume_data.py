@@ -363,3 +363,31 @@ def test_another_seed_range_is_named_by_its_seeds_once_not_field_by_field(tmp_pa
         with pytest.raises(UsageError) as e:
             open_output_once(out, record(cfg), cfg, True)
         assert words in str(e.value) and "None" not in str(e.value), str(e.value)
+
+
+def test_a_seed_range_change_names_no_flag_a_draws_record_also_holds(tmp_path):
+    """The LLM's fingerprint holds two flags (--checkpoint, --prompt-format): a one-seed
+    folder resumed with --seeds 2 named them as changed (``checkpoint None -> '.../llama';
+    prompt_format None -> 'auto'``), their values moved into the draw's record; a
+    checkpoint that did change is still named, in the draw."""
+    records = generated_instructions(40, seed=0)
+    tok = build_word_tokenizer(records)
+    config = DecoderConfig(vocab_size=tok.get_vocab_size(), **TINY_DECODER)
+    for name, key in (("a", 3), ("b", 4)):
+        write_decoder_folder(tmp_path / name, config, config.init_params(jax.random.key(key)), tok)
+    task, out = LLMTask(), tmp_path / "run"
+    sizes = dict(data="tasks", num_train=24, num_val=4, num_test=4, max_length=48, batch_size=4)
+    base = LLMConfig(checkpoint=str(tmp_path / "a"), **sizes)
+
+    def record(cfg):
+        draws = data_draws(cfg)
+        datas = {s: task.load(d) for s, d in draws.items()}
+        return checkpoint_record(cfg) | data_record(task, draws, datas)
+
+    _started(task, base, out)
+    seeds_only = "(seeds 1 -> 2; seed 1 is not in this folder)"
+    for checkpoint, words in (("a", seeds_only), ("b", "data_per_seed.0.checkpoint")):
+        cfg = dataclasses.replace(base, seeds=2, checkpoint=str(tmp_path / checkpoint))
+        with pytest.raises(UsageError) as e:
+            open_output_once(out, record(cfg), cfg, True)
+        assert words in str(e.value) and "None" not in str(e.value), str(e.value)
