@@ -312,10 +312,11 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def _flat(record: dict, prefix: str = "") -> dict:
-    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``."""
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``; an empty record inside one holds no field (a
+    draw's fingerprint ``{}``, which a later record's ``examples_digest`` adds to)."""
     out = {}
     for k, v in record.items():
-        if isinstance(v, dict) and v:
+        if isinstance(v, dict) and (v or prefix):
             out |= _flat(v, f"{prefix}{k}.")
         else:
             out[f"{prefix}{k}"] = v

@@ -230,3 +230,30 @@ def test_the_example_reads_test_gammas_and_a_grid_that_does_not_is_refused(tmp_p
             f"error: sine's test_gamma_grid(cfg, 0.1) is [0.0, 1.0], without {missing}: "
         ), err
         assert not out.exists()
+
+
+def test_seeds_of_a_task_whose_fingerprint_is_empty_resume_a_record_without_examples_digest(
+    tmp_path, capsys
+):
+    # fingerprint() {} (the config alone draws the data), each seed its own draw: a record
+    # from before examples_digest holds {} per draw, which resumes as a digest one side lacks
+    # does (before: refused, "data_per_seed.0 {} -> None; data_per_seed.1 {} -> None")
+    example = example_namespace()["SineTask"]
+
+    class NoData(example):
+        def fingerprint(self, cfg, data):
+            return {}
+
+    out = tmp_path / "run"
+    argv = ["--seeds", "2", "--steps", "4", "--chunk-steps", "2", "--examples", "32"]
+    argv += ["--no-figures", "--out", str(out)]
+    assert task_main(NoData(), argv, "sine", "sine") == 0
+    (out / "results.json").unlink()  # the same command would resume its checkpoints
+    path = out / "checkpoints" / "config.json"
+    saved = json.loads(path.read_text())
+    assert sorted(saved["data_per_seed"]) == ["0", "1"]
+    saved["data_per_seed"] = {seed: {} for seed in saved["data_per_seed"]}  # the earlier record
+    path.write_text(json.dumps(saved))
+    capsys.readouterr()
+    assert task_main(NoData(), argv, "sine", "sine") == 0, capsys.readouterr().err
+    assert "resumed from the checkpoint at step 4" in capsys.readouterr().err
