@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from cudt.checkpoint import GroupCheckpointer
 from cudt.errors import UsageError
 from cudt.io import digest, fresh_run_dir, given_out, to_jsonable, write_json_atomic
-from cudt.loop import loop_record
+from cudt.loop import describe_placement, loop_record, placement
 from cudt.runner.choice import choose_points, compare_chosen, mark_chosen, select_best
 from cudt.runner.curves import plot_training_curves, write_tensorboard
 from cudt.runner.groups import GroupProgram, fault_runs, name_group, plan_groups, run_group
@@ -159,6 +159,19 @@ def _warmup_warnings(cfg, groups, programs) -> list[str]:
     return list(dict.fromkeys(lines))
 
 
+def _placement_lines(groups, meshes) -> list[str]:
+    """Where each group's runs train, one line a group, on more than one device: ``placement:
+    dust-5 (4 runs): 4 devices (mesh run 2 × data 2)`` (``run`` splits the group's
+    runs, ``data`` each run's batch; docs/runner.md, Devices). None on one device."""
+    if all(m is None for m in meshes):
+        return []
+    return [
+        f"placement: {g.name} ({len(g.specs)} run{'s' if len(g.specs) != 1 else ''}): "
+        f"{describe_placement(placement(m))}"
+        for g, m in zip(groups, meshes, strict=True)
+    ]
+
+
 def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Runs the whole experiment of ``cfg`` (a ``task.config_cls``); returns the results."""
     t0 = time.perf_counter()
@@ -198,6 +211,8 @@ def run(task: Task, cfg, out_dir: str | Path | None = None) -> dict[str, Any]:
         # rerunning the caller, which says how
         hint = f" (if interrupted, rerun with --out {shlex.quote(str(out.path))} to resume)"
         print(f"output: {out.path}" + (" (resuming)" if out.resuming else "" if out_dir else hint))
+        for line in _placement_lines(groups, meshes):
+            print(line)
         for line in inert_warnings(task, cfg, groups):
             say(line)
         programs = [GroupProgram(task, draws[g.data_seed], datas[g.data_seed], g) for g in groups]

@@ -467,6 +467,13 @@ def test_four_cpu_devices_give_the_one_device_results(tmp_path):
         np.testing.assert_allclose(a["final_loss"], b["final_loss"], rtol=1e-4)
         np.testing.assert_allclose(a["multipliers"], b["multipliers"], rtol=1e-4, atol=1e-5)
         assert a["feasible"] == b["feasible"]
+    # where the lanes went, a line a group on more than one device (none with --devices 1)
+    placed = [line for line in proc.stdout.splitlines() if line.startswith("placement:")]
+    # (each seed's draw a group of 3 runs: 4 devices split no 3 lanes, so each run's batch)
+    assert placed == [
+        *(f"placement: toy-2 data {k} (3 runs): 4 devices (mesh run 1 × data 4)" for k in (0, 1)),
+        "placement: toy-2 (2 runs): 4 devices (mesh run 2 × data 2, FSDP)",
+    ]
     # --fsdp: the states split over (run, data); the same runs as on one device
     assert both["mesh"] == {"run": 2, "data": 2}
     assert both["specs"] == [["run", None, "data"], ["run"]]
