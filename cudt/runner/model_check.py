@@ -68,9 +68,11 @@ def check_model(task: Task, cfg, data, model: GroupModel) -> None:
         )
     _check_losses(f"{who}: eval_outputs' 'losses'", outputs["losses"], rows, model.num_layers)
     for name, value in outputs.items():
-        if len(value.shape) != 2 or value.shape[0] != rows:
+        shape = getattr(value, "shape", None)  # None, a dict: not an array
+        if shape is None or len(shape) != 2 or shape[0] != rows:
+            got = f"has shape {tuple(shape)}" if shape is not None else f"is {type(value).__name__}"
             raise UsageError(
-                f"{who}: eval_outputs' {name!r} has shape {tuple(value.shape)}, not [B, S] "
+                f"{who}: eval_outputs' {name!r} {got}, not an array [B, S] "
                 f"(B = {rows}, the batch's examples): return one row per example"
             )
 

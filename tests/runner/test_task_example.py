@@ -92,6 +92,9 @@ def _broken(example, fault: str):
                 losses = lambda p, b, k: model.layer_losses(p, b, k)[:, 1:]  # noqa: E731
             if fault == "no losses":
                 outputs = lambda *a: {"loss": model.eval_outputs(*a)["losses"]}  # noqa: E731
+            if fault in ("a None output", "a scalar output"):
+                extra = None if fault == "a None output" else 1.0
+                outputs = lambda *a: {**model.eval_outputs(*a), "extra": extra}  # noqa: E731
             return dataclasses.replace(model, layer_losses=losses, eval_outputs=outputs)
 
     return Broken()
@@ -103,6 +106,8 @@ def _broken(example, fault: str):
         ("[L+1, B]", "layer_losses has shape (4, 16), not [B, L+1] = [16, 4]"),
         ("[B, L]", "layer_losses has shape (16, 3), not [B, L+1] = [16, 4]"),
         ("no losses", "eval_outputs returns ['loss'], without 'losses'"),
+        ("a None output", "eval_outputs' 'extra' is NoneType, not an array [B, S]"),
+        ("a scalar output", "eval_outputs' 'extra' has shape (), not an array [B, S]"),
         ("empty val", "the val split has no examples"),
     ],
 )
