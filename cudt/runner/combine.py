@@ -42,7 +42,7 @@ from cudt.runner.finished import removed_settings
 from cudt.runner.lock import check_free
 from cudt.runner.output import DATA_RECORD, described_alike
 from cudt.runner.report import seed_intervals, summary_table
-from cudt.runner.sweep import SWEEPABLE
+from cudt.runner.sweep import SWEEPABLE, label_suffix
 
 __all__ = [
     "CONFIG_FREE",
@@ -269,6 +269,20 @@ def run_identity(r: dict) -> str:
     return json.dumps(what, sort_keys=True)
 
 
+def _lane_order(runs: list[dict]) -> list[dict]:
+    """``runs`` of one draw of the data in the order one job over all their seeds lists them:
+    each setting (model, kind, sweep point: a label without its seed) in the order first met,
+    its seeds ascending within it, not folder by folder."""
+
+    def setting(run: dict) -> str:
+        return run["label"].partition(" seed ")[0] + " " + label_suffix(run["label"])
+
+    first: dict[str, int] = {}
+    for run in runs:
+        first.setdefault(setting(run), len(first))
+    return sorted(runs, key=lambda run: (first[setting(run)], int(run["seed"])))
+
+
 def _runs(folders, results) -> list[dict]:
     """Every run of the folders; a run in two folders is refused, by its label or, where the
     folders swept other hyperparameters (so label it otherwise), by its settings and seed."""
@@ -342,6 +356,8 @@ def combine(task, folders: list[str | Path]) -> str:
             f"--data-seed {_data_seed(results[0]['config'])}"
         )
     runs = _runs(folders, results)  # after: a seed on two draws is named as such first
+    if len({d for _, d, _ in draws}) == 1:  # one draw: one job's groups hold every seed
+        runs = _lane_order(runs)
     # the recorded config, read as attributes (selection_for reads flags such as --select)
     score, higher = task.selection_for(types.SimpleNamespace(**results[0]["config"]))
     select_best(runs, score, higher_is_better=higher)

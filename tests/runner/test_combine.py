@@ -575,3 +575,23 @@ def test_a_penalty_run_records_no_dual_steps_and_an_earlier_folder_joins_a_later
     text = combine_folders(ToyTask(), folders)
     (line,) = [x for x in text.splitlines() if x.startswith("toy-2 constrained: mean [95% ")]
     assert "over 2 seeds" in line, text
+
+
+def test_folders_of_one_draw_list_their_runs_as_one_job_over_their_seeds(tmp_path, capsys):
+    """``--data-seed 0`` jobs of seeds 0-1 and 2-3 report as the one job of seeds 0-3: each
+    setting's seeds together (they were listed folder by folder: ERM 0, 1, constrained 0, 1,
+    ERM 2, 3, …)."""
+
+    def rows(text: str) -> list[str]:
+        return [x for x in text.splitlines() if x.startswith("  toy ")]
+
+    base = ["--data-seed", "0", "--steps", "4"]
+    toy([*base, "--seeds", "4"], tmp_path / "one")
+    one_job = rows(capsys.readouterr().out)
+    toy([*base, "--seeds", "2"], tmp_path / "a")
+    toy([*base, "--seed", "2", "--seeds", "2"], tmp_path / "b")
+    joined = rows(combine_folders(ToyTask(), [tmp_path / "a", tmp_path / "b"]))
+    assert [x.split()[2:4] for x in joined] == [
+        [kind, str(seed)] for kind in ("ERM", "constrained") for seed in range(4)
+    ]
+    assert joined == one_job
