@@ -79,9 +79,10 @@ def descent_stats(per_sample_losses: np.ndarray, floor: float | None = None) -> 
     """Descent statistics from per-sample losses [N, L+1] (the paper's 70.8% / 0.87 / 0.82).
 
     ``floor``: the smallest denominator ℓ_{l−1} a ratio may have (default :func:`loss_floor` of
-    the per-state means of the finite losses, RELATIVE_FLOOR of the largest). Excluded ratios are NaN in ``ratios``,
-    counted in ``excluded`` and left out of every statistic; so are the steps with a NaN or
-    infinite loss on either side (a sample poisoned by a bad label), counted in ``non_finite``."""
+    the per-state means of the finite losses, RELATIVE_FLOOR of the largest). Excluded ratios
+    are NaN in ``ratios``, counted in ``excluded`` and left out of every statistic; so are the
+    steps with a NaN or infinite loss on either side (a sample poisoned by a bad label),
+    counted in ``non_finite``."""
     losses = np.asarray(per_sample_losses, np.float64)
     if losses.ndim != 2 or losses.shape[1] < 2:
         raise ValueError(f"per-sample losses must be [N, L+1] with L >= 1, got {losses.shape}")

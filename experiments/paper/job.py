@@ -275,8 +275,9 @@ class SubRun:
 def subrun_config(config_cls: type, opts, out: Path, **fields) -> Any:
     """The task config (``config_cls``) of one sub-run writing to ``out``: ``fields``, and what
     every table passes down (its γ_train levels as a sweep, ``--sweep``, ``--tolerance``,
-    ``--devices``, ``--figures``, ``--overwrite``); a config the task refuses is one UsageError line, before
-    anything is written. Not ``--headline-gamma``, which only chooses what the report shows."""
+    ``--devices``, ``--figures``, ``--overwrite``); a config the task refuses is one UsageError
+    line, before anything is written. Not ``--headline-gamma``, which only chooses what the
+    report shows."""
     kw = dict(
         sweep=(f"gamma_train={fmt(opts.gamma_trains)}", *opts.sweep),
         # every run's γ_train is the sweep's (its plots mark each run's own): the config's is
